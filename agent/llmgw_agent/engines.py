@@ -1,0 +1,350 @@
+"""Engine adapters: how each engine is started, told its key, checked for readiness and measured.
+
+Facts come from /work/shared/engines.md (see docs/engines.md). Adapters are pure: they turn a ShardSpec and a
+LaunchContext into argv, environment and files; the supervisor does the I/O. `metric_mapping(name)` is the
+function the router reuses to read an engine's /metrics.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from llmgw_agent.protocol import ENGINE_NAMES, ShardSpec
+
+
+class SpecError(ValueError):
+    """A shard spec this engine cannot run (unknown arg, unsupported topology)."""
+
+
+@dataclass(frozen=True)
+class MetricMapping:
+    """Prometheus sample names an engine serves. Running and waiting are mandatory; the rest may be None.
+
+    `kv_usage` is a 0..1 ratio; `kv_usage_alternatives` are older names tried in order when the first is
+    absent (vLLM renamed its gauge in 2025). Counter names are given as exposed, with `_total`.
+    """
+
+    metrics_path: str
+    running: str
+    waiting: str
+    kv_usage: str | None
+    prompt_tokens: str | None
+    generation_tokens: str | None
+    kv_usage_alternatives: tuple[str, ...] = ()
+    # llama.cpp guards /metrics with its key; vLLM, SGLang and TRT-LLM leave it open.
+    metrics_needs_key: bool = False
+
+
+@dataclass(frozen=True)
+class LaunchContext:
+    host: str
+    port: int
+    model_path: str | None  # local weights (file or directory); None means "let the engine resolve the name"
+    workdir: str  # per-shard directory the supervisor owns (config files go here)
+    binary: str | None = None  # the engine's executable (or python for sglang) from the agent config
+    python: str = field(default_factory=lambda: sys.executable)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[str, str]  # name within workdir -> content, written before start
+    health_path: str
+    metrics_path: str
+    # True when the engine has no way to take its key other than argv (SGLang) or none at all (TRT-LLM).
+    key_exposure: str = "environment"
+
+
+_ArgFlags = Mapping[str, str]
+
+
+def _extra_flags(engine: str, args: Mapping[str, Any], known: _ArgFlags) -> list[str]:
+    """Translate spec.args into flags via an allowlist, so a cluster repo cannot inject arbitrary options."""
+    out: list[str] = []
+    for key in sorted(args):
+        if key not in known:
+            raise SpecError(
+                f"{engine}: unknown arg {key!r} in profile args; known: {', '.join(sorted(known)) or 'none'}"
+            )
+        value = args[key]
+        flag = known[key]
+        if isinstance(value, bool):
+            if value:
+                out.append(flag)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                out += [flag, str(item)]
+        else:
+            out += [flag, str(value)]
+    return out
+
+
+def _gpu_env(spec: ShardSpec) -> dict[str, str]:
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus)} if spec.gpus else {}
+
+
+def _served(spec: ShardSpec) -> str:
+    return spec.served_model_name or spec.model
+
+
+def _model_arg(spec: ShardSpec, ctx: LaunchContext) -> str:
+    return ctx.model_path or spec.model
+
+
+# ---------------- sim ----------------
+
+SIM_ARGS: dict[str, str] = {}  # sim options are typed below, not free flags
+_SIM_NUMERIC = {
+    "prefill_ms_per_token": "--prefill-ms-per-token",
+    "decode_ms_per_token": "--decode-ms-per-token",
+    "max_concurrency": "--max-concurrency",
+    "prefix_cache": "--prefix-cache",
+    "max_tokens_default": "--max-tokens-default",
+}
+
+
+def _sim_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
+    argv = [ctx.python, "-m", "llmgw_agent.sim", "--host", ctx.host, "--port", str(ctx.port)]
+    argv += ["--model", _served(spec), "--api-key-env", "VLLM_API_KEY"]
+    args = dict(spec.args)
+    if "max_concurrency" not in args and spec.slots:
+        args["max_concurrency"] = spec.slots
+    argv += _extra_flags("sim", args, _SIM_NUMERIC)
+    env = {"VLLM_API_KEY": spec.api_key} if spec.api_key else {}
+    return LaunchPlan(argv, env, {}, "/health", "/metrics")
+
+
+# ---------------- llama.cpp ----------------
+
+LLAMACPP_ARGS = {
+    "n_gpu_layers": "-ngl",
+    "split_mode": "--split-mode",
+    "embeddings": "--embeddings",
+    "rerank": "--rerank",
+    "lora": "--lora",
+    "lora_init_without_apply": "--lora-init-without-apply",
+    "chat_template_file": "--chat-template-file",
+    "batch_size": "-b",
+    "ubatch_size": "-ub",
+}
+
+
+def _llamacpp_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
+    if spec.shard_count > 1:
+        raise SpecError("llamacpp: llama-server never spans nodes; shard_count must be 1")
+    if int(spec.args.get("tensor_parallel_size", 1)) > 1:
+        raise SpecError("llamacpp: tensor parallelism is not supported; it splits across local GPUs itself")
+    if not ctx.model_path:
+        raise SpecError("llamacpp: needs a local GGUF file (source.path or source.url)")
+    binary = ctx.binary or "llama-server"
+    argv = [binary, "-m", ctx.model_path, "--host", ctx.host, "--port", str(ctx.port)]
+    argv += ["-c", str(spec.context_length or 0)]
+    if spec.slots:
+        argv += ["-np", str(spec.slots)]
+    if spec.cpu_cores:
+        argv += ["-t", str(spec.cpu_cores)]
+    argv += ["--metrics", "-a", _served(spec)]
+    args = {k: v for k, v in spec.args.items() if k != "tensor_parallel_size"}
+    argv += _extra_flags("llamacpp", args, LLAMACPP_ARGS)
+    env = _gpu_env(spec)
+    if spec.api_key:
+        env["LLAMA_API_KEY"] = spec.api_key
+    return LaunchPlan(argv, env, {}, "/health", "/metrics")
+
+
+# ---------------- vLLM ----------------
+
+VLLM_ARGS = {
+    "tensor_parallel_size": "-tp",
+    "pipeline_parallel_size": "-pp",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "quantization": "--quantization",
+    "chat_template": "--chat-template",
+    "enable_lora": "--enable-lora",
+    "max_loras": "--max-loras",
+    "max_lora_rank": "--max-lora-rank",
+    "lora_modules": "--lora-modules",
+}
+
+
+def _vllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
+    if spec.shard_count > 1:
+        raise SpecError(
+            "vllm: multi-node shards are not implemented by this agent yet; shard_count must be 1"
+        )
+    binary = ctx.binary or "vllm"
+    argv = [binary, "serve", _model_arg(spec, ctx), "--served-model-name", _served(spec)]
+    argv += ["--host", ctx.host, "--port", str(ctx.port)]
+    args = dict(spec.args)
+    if "tensor_parallel_size" not in args and len(spec.gpus) > 1:
+        args["tensor_parallel_size"] = len(spec.gpus)
+    if spec.context_length:
+        argv += ["--max-model-len", str(spec.context_length)]
+    if spec.slots:
+        argv += ["--max-num-seqs", str(spec.slots)]
+    argv += _extra_flags("vllm", args, VLLM_ARGS)
+    env = _gpu_env(spec)
+    if spec.api_key:
+        # By environment: the command line is readable by every user on the node.
+        env["VLLM_API_KEY"] = spec.api_key
+    if args.get("enable_lora"):
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    return LaunchPlan(argv, env, {}, "/health", "/metrics")
+
+
+# ---------------- SGLang ----------------
+
+SGLANG_ARGS = {
+    "tensor_parallel_size": "--tp-size",
+    "pipeline_parallel_size": "--pp-size",
+    "mem_fraction_static": "--mem-fraction-static",
+    "quantization": "--quantization",
+    "chat_template": "--chat-template",
+    "enable_lora": "--enable-lora",
+    "lora_paths": "--lora-paths",
+    "max_loras_per_batch": "--max-loras-per-batch",
+}
+
+
+def _sglang_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
+    if spec.shard_count > 1:
+        raise SpecError(
+            "sglang: multi-node shards are not implemented by this agent yet; shard_count must be 1"
+        )
+    python = ctx.binary or "python3"
+    argv = [python, "-m", "sglang.launch_server", "--model-path", _model_arg(spec, ctx)]
+    argv += ["--served-model-name", _served(spec), "--host", ctx.host, "--port", str(ctx.port)]
+    args = dict(spec.args)
+    if "tensor_parallel_size" not in args and len(spec.gpus) > 1:
+        args["tensor_parallel_size"] = len(spec.gpus)
+    if spec.context_length:
+        argv += ["--context-length", str(spec.context_length)]
+    if spec.slots:
+        argv += ["--max-running-requests", str(spec.slots)]
+    argv += _extra_flags("sglang", args, SGLANG_ARGS)
+    argv.append("--enable-metrics")
+    exposure = "environment"
+    if spec.api_key:
+        # SGLang has no environment variable for its key (none found): argv is the only way.
+        argv += ["--api-key", spec.api_key]
+        exposure = "argv"
+    return LaunchPlan(argv, _gpu_env(spec), {}, "/health", "/metrics", key_exposure=exposure)
+
+
+# ---------------- TensorRT-LLM ----------------
+
+TRTLLM_ARGS = {
+    "tensor_parallel_size": "--tp_size",
+    "pipeline_parallel_size": "--pp_size",
+    "kv_cache_free_gpu_memory_fraction": "--kv_cache_free_gpu_memory_fraction",
+    "max_num_tokens": "--max_num_tokens",
+    "backend": "--backend",
+}
+TRTLLM_CONFIG = "trtllm-extra.yaml"
+
+
+def _trtllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
+    if spec.shard_count > 1:
+        raise SpecError(
+            "trtllm: multi-node (MPI) shards are not implemented by this agent; shard_count must be 1"
+        )
+    binary = ctx.binary or "trtllm-serve"
+    argv = [binary, _model_arg(spec, ctx), "--host", ctx.host, "--port", str(ctx.port)]
+    args = dict(spec.args)
+    args.setdefault("backend", "pytorch")
+    if "tensor_parallel_size" not in args and len(spec.gpus) > 1:
+        args["tensor_parallel_size"] = len(spec.gpus)
+    if spec.context_length:
+        argv += ["--max_seq_len", str(spec.context_length)]
+    if spec.slots:
+        argv += ["--max_batch_size", str(spec.slots)]
+    argv += ["--served_model_name", _served(spec)]
+    argv += _extra_flags("trtllm", args, TRTLLM_ARGS)
+    argv += ["--config", f"{ctx.workdir}/{TRTLLM_CONFIG}"]
+    # Prometheus is mounted at /prometheus/metrics only with return_perf_metrics.
+    files = {TRTLLM_CONFIG: "return_perf_metrics: true\nenable_iter_perf_stats: true\n"}
+    exposure = "none" if spec.api_key else "environment"
+    return LaunchPlan(argv, _gpu_env(spec), files, "/health", "/prometheus/metrics", key_exposure=exposure)
+
+
+# ---------------- registry ----------------
+
+_MAPPINGS: dict[str, MetricMapping] = {
+    "sim": MetricMapping(
+        "/metrics",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+    ),
+    "llamacpp": MetricMapping(
+        "/metrics",
+        "llamacpp:requests_processing",
+        "llamacpp:requests_deferred",
+        None,  # llama.cpp publishes no KV-cache ratio
+        "llamacpp:prompt_tokens_total",
+        "llamacpp:tokens_predicted_total",
+        metrics_needs_key=True,
+    ),
+    "vllm": MetricMapping(
+        "/metrics",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        kv_usage_alternatives=("vllm:gpu_cache_usage_perc",),
+    ),
+    "sglang": MetricMapping(
+        "/metrics",
+        "sglang:num_running_reqs",
+        "sglang:num_queue_reqs",
+        "sglang:token_usage",
+        "sglang:prompt_tokens_total",
+        "sglang:generation_tokens_total",
+    ),
+    "trtllm": MetricMapping(
+        "/prometheus/metrics",
+        "trtllm_num_requests_running",
+        "trtllm_num_requests_waiting",
+        "trtllm_kv_cache_utilization",
+        "trtllm_prompt_tokens_total",
+        "trtllm_generation_tokens_total",
+    ),
+}
+
+_PLANNERS: dict[str, Callable[[ShardSpec, LaunchContext], LaunchPlan]] = {
+    "sim": _sim_plan,
+    "llamacpp": _llamacpp_plan,
+    "vllm": _vllm_plan,
+    "sglang": _sglang_plan,
+    "trtllm": _trtllm_plan,
+}
+
+# Executables looked up on PATH for the inventory (never run). sim is built in; sglang is a module.
+EXECUTABLES: dict[str, tuple[str, ...]] = {
+    "llamacpp": ("llama-server",),
+    "vllm": ("vllm",),
+    "trtllm": ("trtllm-serve",),
+}
+
+
+def metric_mapping(engine: str) -> MetricMapping:
+    """The metric names `engine` serves; raises KeyError naming the known engines."""
+    try:
+        return _MAPPINGS[engine]
+    except KeyError:
+        raise KeyError(f"unknown engine {engine!r}; known: {', '.join(ENGINE_NAMES)}") from None
+
+
+def launch_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
+    """argv, environment and files to start `spec` on this node. Raises SpecError when it cannot run."""
+    planner = _PLANNERS.get(spec.engine)
+    if planner is None:
+        raise SpecError(f"unknown engine {spec.engine!r}; known: {', '.join(ENGINE_NAMES)}")
+    return planner(spec, ctx)

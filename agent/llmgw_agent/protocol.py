@@ -1,0 +1,199 @@
+"""The wire protocol between an agent and the controller.
+
+JSON messages over one WebSocket (`/agent/v1`), each carrying a `type` discriminator. The controller imports
+these models, so they are the single definition of the protocol. Fields the machine may not report are
+Optional: absent (None) means unknown, never zero or empty.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+PROTOCOL_VERSION = 1
+AGENT_PATH = "/agent/v1"
+
+EngineName = Literal["sim", "llamacpp", "vllm", "sglang", "trtllm"]
+ENGINE_NAMES: tuple[str, ...] = ("sim", "llamacpp", "vllm", "sglang", "trtllm")
+ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
+Action = Literal["start_shard", "stop_shard", "list_shards", "engine_check"]
+
+
+class _Model(BaseModel):
+    # Unknown fields are ignored so an older peer can read a newer peer's messages.
+    model_config = ConfigDict(extra="ignore")
+
+
+# ---- inventory ----
+
+
+class Disk(_Model):
+    path: str
+    filesystem_id: str | None = None
+    total_bytes: int | None = None
+    free_bytes: int | None = None
+    shared: bool | None = None
+    fstype: str | None = None
+
+
+class Gpu(_Model):
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    memory_bytes: int | None = None
+    gpu_class: str | None = Field(default=None, alias="class")
+    utilisation: float | None = None
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class EngineInstall(_Model):
+    path: str | None = None
+    version: str | None = None
+
+
+class Inventory(_Model):
+    cpu_cores: int | None = None
+    memory_bytes: int | None = None
+    disks: list[Disk] | None = None
+    # None: nvidia-smi absent or failed (unknown); []: it ran and reported no card.
+    gpus: list[Gpu] | None = None
+    engines: dict[str, EngineInstall] | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+# ---- shards ----
+
+
+class WeightSource(_Model):
+    path: str | None = None
+    url: str | None = None
+    sha256: str | None = None
+    size: int | None = None
+
+
+class ShardSpec(_Model):
+    replica_id: str
+    shard_rank: int = 0
+    shard_count: int = 1
+    model: str
+    profile: str = ""
+    engine: EngineName
+    engine_version: str | None = None
+    source: WeightSource | None = None
+    context_length: int | None = None
+    slots: int | None = None
+    cpu_cores: int | None = None
+    gpus: list[int] = Field(default_factory=list)
+    args: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    # The engine's own key: passed by environment where the engine allows, never logged.
+    api_key: str | None = Field(default=None, repr=False)
+    fingerprint: str = ""
+    served_model_name: str | None = None
+
+    @property
+    def shard_id(self) -> str:
+        return f"{self.replica_id}-{self.shard_rank}"
+
+
+class ShardStatus(_Model):
+    replica_id: str
+    shard_rank: int = 0
+    model: str
+    engine: EngineName
+    state: ShardState
+    pid: int | None = None
+    host: str | None = None
+    port: int | None = None
+    base_url: str | None = None
+    metrics_path: str | None = None
+    fingerprint: str = ""
+    started_at: float | None = None
+    exit_code: int | None = None
+    last_output_lines: list[str] = Field(default_factory=list)
+    fetch_bytes_done: int | None = None
+    fetch_bytes_total: int | None = None
+    message: str = ""
+
+    @property
+    def shard_id(self) -> str:
+        return f"{self.replica_id}-{self.shard_rank}"
+
+
+# ---- agent -> controller ----
+
+
+class Register(_Model):
+    type: Literal["register"] = "register"
+    node: str
+    agent_version: str
+    protocol_version: int = PROTOCOL_VERSION
+    inventory: Inventory
+    shards: list[ShardStatus] = Field(default_factory=list)
+
+
+class Heartbeat(_Model):
+    type: Literal["heartbeat"] = "heartbeat"
+    shards: list[ShardStatus] = Field(default_factory=list)
+    inventory: Inventory | None = None
+
+
+class ShardUpdate(_Model):
+    type: Literal["shard_update"] = "shard_update"
+    shard: ShardStatus
+
+
+class Reply(_Model):
+    type: Literal["reply"] = "reply"
+    id: str
+    ok: bool
+    error: str = ""
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---- controller -> agent ----
+
+
+class Welcome(_Model):
+    type: Literal["welcome"] = "welcome"
+    heartbeat_interval_s: float = 5.0
+    protocol_version: int = PROTOCOL_VERSION
+
+
+class Refused(_Model):
+    type: Literal["refused"] = "refused"
+    reason: str
+
+
+class Command(_Model):
+    type: Literal["command"] = "command"
+    id: str
+    action: Action
+    spec: ShardSpec | None = None
+    replica_id: str | None = None
+    shard_rank: int | None = None
+    engine: EngineName | None = None
+
+
+AgentMessage = Annotated[Register | Heartbeat | ShardUpdate | Reply, Field(discriminator="type")]
+ControllerMessage = Annotated[Welcome | Refused | Command, Field(discriminator="type")]
+
+_AGENT_ADAPTER: TypeAdapter[AgentMessage] = TypeAdapter(AgentMessage)
+_CONTROLLER_ADAPTER: TypeAdapter[ControllerMessage] = TypeAdapter(ControllerMessage)
+
+
+def parse_agent_message(data: str | bytes) -> Register | Heartbeat | ShardUpdate | Reply:
+    """Parse a message an agent sent (used by the controller). Raises pydantic.ValidationError."""
+    return _AGENT_ADAPTER.validate_json(data)
+
+
+def parse_controller_message(data: str | bytes) -> Welcome | Refused | Command:
+    """Parse a message the controller sent (used by the agent). Raises pydantic.ValidationError."""
+    return _CONTROLLER_ADAPTER.validate_json(data)
+
+
+def dump(message: BaseModel) -> str:
+    """Serialise a message for the wire (aliases used, e.g. Gpu.class)."""
+    return message.model_dump_json(by_alias=True)

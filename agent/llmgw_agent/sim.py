@@ -1,0 +1,446 @@
+"""The simulated engine: an OpenAI-compatible aiohttp server with a latency model and vLLM's metric names.
+
+Run as `llmgw-agent sim-engine ...` or `python -m llmgw_agent.sim ...`. It lets the whole system and the
+scheduling benchmarks run without GPUs; everything it says is marked simulated (`owned_by: llmgw-sim`, Greek-letter
+output). Timing is deterministic given the inputs (see sim_model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from llmgw_agent.sim_model import (
+    LatencyConfig,
+    PrefixCache,
+    Timing,
+    embedding,
+    output_tokens,
+    plan_timing,
+    tokenize,
+)
+
+OWNED_BY = "llmgw-sim"
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+
+
+def openai_error(status: int, message: str, type_: str, code: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
+    return web.json_response(body, status=status)
+
+
+@dataclass
+class SimStats:
+    running: int = 0
+    kv_tokens: int = 0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_finished: int = 0
+    ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
+    ttft_sum: float = 0.0
+    ttft_count: int = 0
+
+    def observe_ttft(self, seconds: float) -> None:
+        for i, bound in enumerate(TTFT_BUCKETS):
+            if seconds <= bound:
+                self.ttft_counts[i] += 1
+        self.ttft_sum += seconds
+        self.ttft_count += 1
+
+
+class FifoSlots:
+    """At most `limit` holders; waiters are admitted strictly in arrival order."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._queue)
+
+    async def acquire(self) -> None:
+        if self.held < self.limit and not self._queue:
+            self.held += 1
+            return
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queue.append(fut)
+        try:
+            await fut
+        except asyncio.CancelledError:
+            if fut in self._queue:
+                self._queue.remove(fut)
+            elif fut.done() and not fut.cancelled():
+                self.release()  # admitted and cancelled at once: hand the slot on
+            raise
+
+    def release(self) -> None:
+        while self._queue:
+            fut = self._queue.popleft()
+            if not fut.done():
+                fut.set_result(None)  # the slot passes straight to the next waiter
+                return
+        self.held -= 1
+
+
+@dataclass
+class Work:
+    prompt: list[str]
+    max_tokens: int
+    timing: Timing | None = None
+    queue_ms: float = 0.0
+    started: float = 0.0
+
+
+class SimEngine:
+    def __init__(self, model: str, cfg: LatencyConfig, api_key: str | None) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.api_key = api_key
+        self.cache = PrefixCache(cfg.block_size, cfg.capacity_blocks)
+        self.slots = FifoSlots(cfg.max_concurrency)
+        self.stats = SimStats()
+        self.created = int(time.time())
+
+    # ---- the model ----
+
+    async def admit(self, work: Work) -> None:
+        """Wait for a slot (FIFO), then pay prefill for the uncached part of the prompt."""
+        arrived = time.monotonic()
+        await self.slots.acquire()
+        self.stats.running += 1
+        work.started = time.monotonic()
+        work.queue_ms = (work.started - arrived) * 1000
+        cached = self.cache.lookup(work.prompt)
+        work.timing = plan_timing(self.cfg, len(work.prompt), cached)
+        self.stats.kv_tokens += len(work.prompt) + work.max_tokens
+        self.stats.prompt_tokens += len(work.prompt)
+        try:
+            await asyncio.sleep(work.timing.prefill_ms / 1000)
+        except BaseException:  # the client went away during prefill: give the slot back
+            self.finish(work, 0)
+            raise
+        self.cache.insert(work.prompt)
+
+    def finish(self, work: Work, generated: int) -> None:
+        self.stats.running -= 1
+        self.stats.kv_tokens -= len(work.prompt) + work.max_tokens
+        self.stats.requests_finished += 1
+        self.slots.release()
+
+    async def decode_one(self) -> None:
+        self.stats.generation_tokens += 1
+        await asyncio.sleep(self.cfg.decode_ms_per_token / 1000)
+
+    def usage(self, work: Work, completion_tokens: int) -> dict[str, Any]:
+        assert work.timing is not None
+        return {
+            "prompt_tokens": len(work.prompt),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(work.prompt) + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": work.timing.cached_tokens},
+        }
+
+    def sim_info(self, work: Work, completion_tokens: int) -> dict[str, Any]:
+        assert work.timing is not None
+        return {
+            "queue_ms": round(work.queue_ms, 3),
+            "prefill_ms": work.timing.prefill_ms,
+            "decode_ms": completion_tokens * work.timing.decode_ms_per_token,
+            "cached_tokens": work.timing.cached_tokens,
+        }
+
+    # ---- HTTP ----
+
+    def check_auth(self, request: web.Request) -> web.Response | None:
+        if not self.api_key:
+            return None
+        if request.headers.get("Authorization", "") != f"Bearer {self.api_key}":
+            return openai_error(
+                401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
+            )
+        return None
+
+    async def read_body(self, request: web.Request) -> dict[str, Any] | web.Response:
+        denied = self.check_auth(request)
+        if denied is not None:
+            return denied
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return openai_error(400, "request body is not valid JSON", "invalid_request_error")
+        if not isinstance(body, dict):
+            return openai_error(400, "request body must be a JSON object", "invalid_request_error")
+        if body.get("model") not in (self.model, None):
+            return openai_error(
+                404,
+                f"The model `{body.get('model')}` does not exist.",
+                "invalid_request_error",
+                "model_not_found",
+            )
+        return body
+
+    def max_tokens(self, body: dict[str, Any]) -> int | web.Response:
+        raw = body.get("max_completion_tokens", body.get("max_tokens", self.cfg.default_max_tokens))
+        if not isinstance(raw, int) or raw < 0:
+            return openai_error(400, "max_tokens must be a non-negative integer", "invalid_request_error")
+        return raw
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self.read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return openai_error(400, "messages must be a non-empty list", "invalid_request_error")
+        parts: list[str] = []
+        for m in messages:
+            content = m.get("content", "") if isinstance(m, dict) else ""
+            if isinstance(content, list):  # content parts: keep the text ones
+                content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+            parts.append(f"{m.get('role', 'user') if isinstance(m, dict) else 'user'}: {content}")
+        return await self.generate(request, body, tokenize("\n".join(parts)), chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self.read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        prompt = body.get("prompt", "")
+        if isinstance(prompt, list):
+            prompt = " ".join(str(p) for p in prompt)
+        return await self.generate(request, body, tokenize(str(prompt)), chat=False)
+
+    async def generate(
+        self, request: web.Request, body: dict[str, Any], prompt: list[str], chat: bool
+    ) -> web.StreamResponse:
+        max_tokens = self.max_tokens(body)
+        if isinstance(max_tokens, web.Response):
+            return max_tokens
+        work = Work(prompt, max_tokens)
+        if body.get("stream"):
+            return await self.stream(request, body, work, chat)
+        await self.admit(work)
+        words = output_tokens(prompt, max_tokens)
+        try:
+            self.stats.observe_ttft(time.monotonic() - work.started + work.queue_ms / 1000)
+            for _ in words:
+                await self.decode_one()
+        finally:
+            self.finish(work, len(words))
+        text = " ".join(words)
+        rid = uuid.uuid4().hex
+        if chat:
+            choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+            obj, prefix = "chat.completion", "chatcmpl-"
+        else:
+            choice, obj, prefix = {"index": 0, "text": text}, "text_completion", "cmpl-"
+        choice["finish_reason"] = "length"
+        choice["logprobs"] = None
+        resp = {
+            "id": prefix + rid,
+            "object": obj,
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": self.usage(work, len(words)),
+            "llmgw_sim": self.sim_info(work, len(words)),
+        }
+        return web.json_response(resp, headers=self._headers(work))
+
+    def _headers(self, work: Work) -> dict[str, str]:
+        assert work.timing is not None
+        return {
+            "x-llmgw-sim-cached-tokens": str(work.timing.cached_tokens),
+            "x-llmgw-sim-prefill-ms": f"{work.timing.prefill_ms:g}",
+        }
+
+    async def stream(
+        self, request: web.Request, body: dict[str, Any], work: Work, chat: bool
+    ) -> web.StreamResponse:
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        created = int(time.time())
+        await self.admit(work)
+        words = output_tokens(work.prompt, work.max_tokens)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **self._headers(work)})
+        sent = 0
+        try:
+            await resp.prepare(request)
+            self.stats.observe_ttft(time.monotonic() - work.started + work.queue_ms / 1000)
+
+            async def send(choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> None:
+                chunk = {
+                    "id": rid,
+                    "object": obj,
+                    "created": created,
+                    "model": self.model,
+                    "choices": choices,
+                }
+                if include_usage:
+                    chunk["usage"] = None
+                chunk.update(extra or {})
+                await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
+
+            if chat:
+                await send(
+                    [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+                )
+            for i, word in enumerate(words):
+                await self.decode_one()
+                piece = word if i == 0 else " " + word
+                delta: dict[str, Any] = {"delta": {"content": piece}} if chat else {"text": piece}
+                await send([{"index": 0, **delta, "finish_reason": None, "logprobs": None}])
+                sent += 1
+            last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
+            await send([{"index": 0, **last, "finish_reason": "length", "logprobs": None}])
+            if include_usage:
+                await send([], {"usage": self.usage(work, sent), "llmgw_sim": self.sim_info(work, sent)})
+            await resp.write(b"data: [DONE]\n\n")
+        finally:
+            self.finish(work, sent)
+        return resp
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await self.read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        raw = body.get("input", "")
+        inputs = raw if isinstance(raw, list) else [raw]
+        data = [
+            {"object": "embedding", "index": i, "embedding": embedding(str(text))}
+            for i, text in enumerate(inputs)
+        ]
+        tokens = sum(len(tokenize(str(t))) for t in inputs)
+        self.stats.prompt_tokens += tokens
+        return web.json_response(
+            {
+                "object": "list",
+                "data": data,
+                "model": self.model,
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        denied = self.check_auth(request)
+        if denied is not None:
+            return denied
+        card = {"id": self.model, "object": "model", "created": self.created, "owned_by": OWNED_BY}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(text=self.render_metrics(), content_type="text/plain", charset="utf-8")
+
+    def render_metrics(self) -> str:
+        labels = f'model_name="{self.model}",engine="0"'
+        s = self.stats
+        kv = min(s.kv_tokens / self.cfg.kv_capacity_tokens, 1.0) if self.cfg.kv_capacity_tokens else 0.0
+        lines: list[str] = []
+
+        def family(name: str, kind: str, help_: str, value: float) -> None:
+            lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value!r}"])
+
+        family(
+            "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", s.running
+        )
+        family(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            self.slots.waiting,
+        )
+        family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", float(kv))
+        family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", s.prompt_tokens)
+        family("vllm:generation_tokens_total", "counter", "Number of generation tokens.", s.generation_tokens)
+        family(
+            "vllm:prefix_cache_queries_total",
+            "counter",
+            "Prefix cache queries, in tokens.",
+            self.cache.queries_tokens,
+        )
+        family(
+            "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", self.cache.hits_tokens
+        )
+        family("vllm:request_success_total", "counter", "Count of finished requests.", s.requests_finished)
+        name = "vllm:time_to_first_token_seconds"
+        lines += [f"# HELP {name} Histogram of time to first token in seconds.", f"# TYPE {name} histogram"]
+        for bound, count in zip(TTFT_BUCKETS, s.ttft_counts, strict=True):
+            lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {float(count)!r}')
+        lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(s.ttft_count)!r}')
+        lines.append(f"{name}_count{{{labels}}} {float(s.ttft_count)!r}")
+        lines.append(f"{name}_sum{{{labels}}} {s.ttft_sum!r}")
+        return "\n".join(lines) + "\n"
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics)
+        return app
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="llmgw-agent sim-engine", description=__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", required=True, help="the model name it serves")
+    p.add_argument(
+        "--api-key-env", default="VLLM_API_KEY", help="environment variable holding the key (unset: no key)"
+    )
+    p.add_argument("--prefill-ms-per-token", type=float, default=1.0)
+    p.add_argument("--decode-ms-per-token", type=float, default=10.0)
+    p.add_argument("--max-concurrency", type=int, default=4)
+    p.add_argument(
+        "--prefix-cache", type=int, default=4096, help="cache capacity in blocks (0: no prefix cache)"
+    )
+    p.add_argument("--block-size", type=int, default=16, help="tokens per prefix-cache block")
+    p.add_argument("--kv-capacity-tokens", type=int, default=65536)
+    p.add_argument("--max-tokens-default", type=int, default=16)
+    return p
+
+
+def engine_from_args(ns: argparse.Namespace) -> SimEngine:
+    if ns.max_concurrency < 1:
+        raise SystemExit("--max-concurrency must be at least 1")
+    cfg = LatencyConfig(
+        prefill_ms_per_token=ns.prefill_ms_per_token,
+        decode_ms_per_token=ns.decode_ms_per_token,
+        max_concurrency=ns.max_concurrency,
+        block_size=ns.block_size,
+        capacity_blocks=ns.prefix_cache,
+        kv_capacity_tokens=ns.kv_capacity_tokens,
+        default_max_tokens=ns.max_tokens_default,
+    )
+    return SimEngine(ns.model, cfg, os.environ.get(ns.api_key_env) or None)
+
+
+def run(ns: argparse.Namespace) -> None:
+    engine = engine_from_args(ns)
+    print(f"llmgw sim engine: model {ns.model} on http://{ns.host}:{ns.port}", flush=True)
+    web.run_app(engine.app(), host=ns.host, port=ns.port, print=None, access_log=None)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

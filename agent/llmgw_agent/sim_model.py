@@ -1,0 +1,105 @@
+"""The simulated engine's latency model and prefix cache, without I/O.
+
+Deterministic given its inputs: a request's prefill costs `prefill_ms_per_token` per prompt token not covered by
+the longest cached prefix, each output token costs `decode_ms_per_token`, at most `max_concurrency` sequences run
+at once and the rest wait in arrival order. The prefix cache works like vLLM's: prompts are cut into blocks of
+`block_size` tokens, each block is named by a hash chained over the blocks before it, and a prompt reuses the
+longest run of leading blocks already cached. The cache holds at most `capacity_blocks` blocks, least recently
+used evicted first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+# The sim's whole vocabulary: output is plainly not a model's.
+VOCABULARY: tuple[str, ...] = (
+    "alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa", "lambda", "mu",
+    "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi", "chi", "psi", "omega",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LatencyConfig:
+    prefill_ms_per_token: float = 1.0
+    decode_ms_per_token: float = 10.0
+    max_concurrency: int = 4
+    block_size: int = 16
+    capacity_blocks: int = 4096
+    kv_capacity_tokens: int = 65536
+    default_max_tokens: int = 16
+
+
+def tokenize(text: str) -> list[str]:
+    """Whitespace words stand in for tokens: cheap, deterministic, and a grown prompt keeps its prefix."""
+    return text.split()
+
+
+def block_hashes(tokens: list[str], block_size: int) -> list[str]:
+    """One chained hash per full block, so a block's hash names the whole prefix up to its end."""
+    out: list[str] = []
+    prev = ""
+    for start in range(0, len(tokens) - len(tokens) % block_size, block_size):
+        h = hashlib.sha256(prev.encode())
+        h.update("\x00".join(tokens[start : start + block_size]).encode())
+        prev = h.hexdigest()
+        out.append(prev)
+    return out
+
+
+class PrefixCache:
+    """LRU set of block hashes; `lookup` counts the cached leading tokens, `insert` records a prompt."""
+
+    def __init__(self, block_size: int, capacity_blocks: int) -> None:
+        self.block_size = block_size
+        self.capacity_blocks = capacity_blocks
+        self._blocks: OrderedDict[str, None] = OrderedDict()
+        self.hits_tokens = 0
+        self.queries_tokens = 0
+
+    def lookup(self, tokens: list[str]) -> int:
+        hits = 0
+        for h in block_hashes(tokens, self.block_size):
+            if h not in self._blocks:
+                break
+            self._blocks.move_to_end(h)
+            hits += 1
+        cached = hits * self.block_size
+        self.queries_tokens += len(tokens)
+        self.hits_tokens += cached
+        return cached
+
+    def insert(self, tokens: list[str]) -> None:
+        if self.capacity_blocks <= 0:
+            return
+        for h in block_hashes(tokens, self.block_size):
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        while len(self._blocks) > self.capacity_blocks:
+            self._blocks.popitem(last=False)
+
+
+@dataclass(frozen=True)
+class Timing:
+    prompt_tokens: int
+    cached_tokens: int
+    prefill_ms: float
+    decode_ms_per_token: float
+
+
+def plan_timing(cfg: LatencyConfig, prompt_tokens: int, cached_tokens: int) -> Timing:
+    uncached = max(prompt_tokens - cached_tokens, 0)
+    return Timing(prompt_tokens, cached_tokens, uncached * cfg.prefill_ms_per_token, cfg.decode_ms_per_token)
+
+
+def output_tokens(prompt: list[str], count: int) -> list[str]:
+    """Deterministic output from the fixed vocabulary, seeded by the prompt."""
+    seed = int.from_bytes(hashlib.sha256(" ".join(prompt).encode()).digest()[:8], "big")
+    return [VOCABULARY[(seed + i * 7) % len(VOCABULARY)] for i in range(count)]
+
+
+def embedding(text: str, dims: int = 8) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    return [round((digest[i % len(digest)] - 127.5) / 127.5, 6) for i in range(dims)]

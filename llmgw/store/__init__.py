@@ -1,0 +1,45 @@
+"""The llmgw store: SQLite by default, PostgreSQL by DSN; one set of queries, versioned migrations."""
+
+from llmgw.store.db import DEFAULT_DSN, DEFAULT_STATE_DIR, Dsn, StoreError, StoreUnavailable, parse_dsn
+from llmgw.store.records import (
+    USAGE_GROUPS,
+    ApiKey,
+    Event,
+    KeyLookup,
+    KeyState,
+    Lease,
+    LeaseResult,
+    NodeRecord,
+    ReplicaRecord,
+    Revision,
+    ShareGrant,
+    UsageGroup,
+    UsageRecord,
+    UsageTotal,
+)
+from llmgw.store.store import TABLES, Store
+
+__all__ = [
+    "DEFAULT_DSN",
+    "DEFAULT_STATE_DIR",
+    "TABLES",
+    "USAGE_GROUPS",
+    "ApiKey",
+    "Dsn",
+    "Event",
+    "KeyLookup",
+    "KeyState",
+    "Lease",
+    "LeaseResult",
+    "NodeRecord",
+    "ReplicaRecord",
+    "Revision",
+    "ShareGrant",
+    "Store",
+    "StoreError",
+    "StoreUnavailable",
+    "UsageGroup",
+    "UsageRecord",
+    "UsageTotal",
+    "parse_dsn",
+]

@@ -1,0 +1,253 @@
+"""The two database backends behind one small async interface.
+
+Every query in the store is written once, with `?` placeholders; the PostgreSQL backend rewrites them to
+psycopg's `%s` in `_to_pyformat`, the only place the dialects differ at run time. SQLite runs in one worker
+thread (sqlite3 connections are not safe to share between threads, and one writer is all SQLite allows
+anyway); PostgreSQL uses one psycopg async connection, reopened after the server goes away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import psycopg
+
+Dialect = Literal["sqlite", "postgres"]
+Params = Sequence[Any]
+Row = tuple[Any, ...]
+
+DEFAULT_STATE_DIR = Path(".llmgw") / "state"
+DEFAULT_DSN = f"sqlite:///{DEFAULT_STATE_DIR / 'llmgw.db'}"
+
+
+class StoreError(Exception):
+    """A store operation failed (bad DSN, constraint, schema from the future, ...)."""
+
+
+class StoreUnavailable(StoreError):
+    """The database could not be reached or did not answer; the operation may be retried."""
+
+
+@dataclass(frozen=True)
+class Dsn:
+    dialect: Dialect
+    target: str  # a filesystem path for SQLite, a libpq conninfo/URL for PostgreSQL
+
+    def redacted(self) -> str:
+        """The DSN without a password, for messages and logs."""
+        if self.dialect == "sqlite":
+            return f"sqlite:///{self.target}"
+        try:
+            info = psycopg.conninfo.conninfo_to_dict(self.target)
+        except psycopg.ProgrammingError:
+            return "postgresql://(unparseable)"
+        info.pop("password", None)
+        host = info.get("host", "")
+        return f"postgresql://{info.get('user', '')}@{host}:{info.get('port', '')}/{info.get('dbname', '')}"
+
+
+def parse_dsn(text: str) -> Dsn:
+    """`postgresql://...`/`postgres://...` is PostgreSQL; `sqlite:///path`, `sqlite://path` or a path is SQLite.
+
+    `@/path/to/file` reads the DSN from that file, so a password stays out of flags and shell history.
+    """
+    text = text.strip()
+    if not text:
+        raise StoreError("empty store DSN: expected sqlite:///path/to/file.db, a path, or postgresql://...")
+    if text.startswith("@"):
+        path = Path(text[1:])
+        try:
+            return parse_dsn(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise StoreError(f"cannot read the store DSN from {path}: {exc.strerror}") from exc
+    if text.startswith(("postgresql://", "postgres://")):
+        return Dsn("postgres", text)
+    if text.startswith("sqlite://"):
+        rest = text[len("sqlite://") :]
+        # SQLAlchemy's convention: sqlite:///rel/file.db is relative, sqlite:////abs/file.db is absolute.
+        path = rest[1:] if rest.startswith("/") else rest
+        if not path:
+            raise StoreError(f"store DSN {text!r} names no file: expected sqlite:///path/to/file.db")
+        return Dsn("sqlite", path)
+    if "://" in text:
+        raise StoreError(f"unknown store DSN scheme in {text.split('://')[0]!r}: use sqlite:/// or postgresql://")
+    return Dsn("sqlite", text)
+
+
+class Tx(Protocol):
+    """One transaction: statements run in order and commit together."""
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]: ...
+    async def execute(self, sql: str, params: Params = ()) -> int: ...
+    async def executemany(self, sql: str, rows: Sequence[Params]) -> None: ...
+
+
+class Backend(Protocol):
+    dialect: Dialect
+    dsn: Dsn
+
+    def tx(self) -> contextlib.AbstractAsyncContextManager[Tx]: ...
+    async def close(self) -> None: ...
+
+
+def _to_pyformat(sql: str) -> str:
+    """`?` placeholders to psycopg's `%s` (a literal `%` must then be doubled)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+# ---------------------------------------------------------------------------------------------- SQLite
+
+
+class _SqliteTx:
+    def __init__(self, backend: SqliteBackend) -> None:
+        self._b = backend
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        def run(conn: sqlite3.Connection) -> list[Row]:
+            return [tuple(r) for r in conn.execute(sql, tuple(params)).fetchall()]
+
+        return await self._b.call(run)
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        return await self._b.call(lambda conn: conn.execute(sql, tuple(params)).rowcount)
+
+    async def executemany(self, sql: str, rows: Sequence[Params]) -> None:
+        await self._b.call(lambda conn: conn.executemany(sql, [tuple(r) for r in rows]))
+
+
+class SqliteBackend:
+    dialect: Dialect = "sqlite"
+
+    def __init__(self, dsn: Dsn) -> None:
+        self.dsn = dsn
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llmgw-sqlite")
+        self._conn: sqlite3.Connection | None = None
+        self._lock = asyncio.Lock()
+
+    def _connect(self) -> sqlite3.Connection:
+        path = Path(self.dsn.target)
+        if str(path) != ":memory:":
+            path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves so every transaction is explicit.
+        conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=10.0)
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA journal_mode = WAL")  # readers (the CLI) do not block the writer
+        conn.execute("PRAGMA busy_timeout = 10000")
+        return conn
+
+    async def call(self, fn: Any) -> Any:
+        def run() -> Any:
+            if self._conn is None:
+                self._conn = self._connect()
+            return fn(self._conn)
+
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, run)
+        except sqlite3.OperationalError as exc:
+            raise StoreUnavailable(f"SQLite store {self.dsn.target}: {exc}") from exc
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"SQLite store {self.dsn.target}: {exc}") from exc
+
+    @contextlib.asynccontextmanager
+    async def tx(self) -> AsyncIterator[Tx]:
+        async with self._lock:
+            # BEGIN IMMEDIATE takes the write lock up front, so two processes never both read then write.
+            await self.call(lambda c: c.execute("BEGIN IMMEDIATE"))
+            try:
+                yield _SqliteTx(self)
+            except BaseException:
+                with contextlib.suppress(StoreError):
+                    await self.call(lambda c: c.execute("ROLLBACK"))
+                raise
+            await self.call(lambda c: c.execute("COMMIT"))
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+        async with self._lock:
+            await asyncio.get_running_loop().run_in_executor(self._pool, shut)
+        self._pool.shutdown(wait=True)
+
+
+# ---------------------------------------------------------------------------------------------- PostgreSQL
+
+
+class _PgTx:
+    def __init__(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self._conn = conn
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[Row]:
+        cur = await self._conn.execute(_to_pyformat(sql), tuple(params))
+        return [tuple(r) for r in await cur.fetchall()]
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        cur = await self._conn.execute(_to_pyformat(sql), tuple(params))
+        return cur.rowcount
+
+    async def executemany(self, sql: str, rows: Sequence[Params]) -> None:
+        async with self._conn.cursor() as cur:
+            await cur.executemany(_to_pyformat(sql), [tuple(r) for r in rows])
+
+
+class PostgresBackend:
+    dialect: Dialect = "postgres"
+
+    def __init__(self, dsn: Dsn, connect_timeout: float = 5.0) -> None:
+        self.dsn = dsn
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._lock = asyncio.Lock()
+        self._connect_timeout = connect_timeout
+
+    async def _connection(self) -> psycopg.AsyncConnection[Any]:
+        if self._conn is None or self._conn.closed:
+            try:
+                self._conn = await psycopg.AsyncConnection.connect(
+                    self.dsn.target, autocommit=True, connect_timeout=max(1, int(self._connect_timeout))
+                )
+            except psycopg.Error as exc:
+                raise StoreUnavailable(f"PostgreSQL store {self.dsn.redacted()}: {exc}") from exc
+        return self._conn
+
+    @contextlib.asynccontextmanager
+    async def tx(self) -> AsyncIterator[Tx]:
+        async with self._lock:
+            conn = await self._connection()
+            try:
+                async with conn.transaction():
+                    yield _PgTx(conn)
+            except psycopg.OperationalError as exc:
+                # The server went away: drop the connection so the next call reconnects.
+                await self._drop()
+                raise StoreUnavailable(f"PostgreSQL store {self.dsn.redacted()}: {exc}") from exc
+            except psycopg.Error as exc:
+                if conn.closed or conn.broken:
+                    await self._drop()
+                    raise StoreUnavailable(f"PostgreSQL store {self.dsn.redacted()}: {exc}") from exc
+                raise StoreError(f"PostgreSQL store {self.dsn.redacted()}: {exc}") from exc
+
+    async def _drop(self) -> None:
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+            self._conn = None
+
+    async def close(self) -> None:
+        async with self._lock:
+            await self._drop()
+
+
+def open_backend(dsn: str | Dsn) -> Backend:
+    parsed = dsn if isinstance(dsn, Dsn) else parse_dsn(dsn)
+    if parsed.dialect == "postgres":
+        return PostgresBackend(parsed)
+    return SqliteBackend(parsed)

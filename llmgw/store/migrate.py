@@ -1,0 +1,86 @@
+"""Versioned migrations: numbered SQL files applied in order, each once, recorded in `schema_version`.
+
+Running them is idempotent, so every process calls `migrate` at start-up; a store written by a newer
+llmgw (a version we do not know) is refused rather than half-understood.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from importlib import resources
+
+from llmgw.store.db import Backend, StoreError
+
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+
+# Created here rather than in a migration because it records the migrations themselves. BIGINT, not INTEGER:
+# INTEGER is 64 bits in SQLite but 32 in PostgreSQL.
+_SCHEMA_VERSION = """
+CREATE TABLE IF NOT EXISTS schema_version (
+    version    BIGINT PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at DOUBLE PRECISION NOT NULL
+)
+"""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+def split_statements(sql: str) -> tuple[str, ...]:
+    """Statements of a migration file; `--` comment lines dropped, split on `;` (none occur inside strings)."""
+    lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
+    return tuple(s.strip() for s in "\n".join(lines).split(";") if s.strip())
+
+
+def load_migrations() -> list[Migration]:
+    found: list[Migration] = []
+    for entry in resources.files("llmgw.store").joinpath("migrations").iterdir():
+        match = _NAME.match(entry.name)
+        if match is None:
+            continue
+        found.append(Migration(int(match.group(1)), match.group(2), split_statements(entry.read_text("utf-8"))))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise StoreError(f"two migrations share a number: {versions}")
+    return found
+
+
+async def current_version(db: Backend) -> int:
+    async with db.tx() as tx:
+        await tx.execute(_SCHEMA_VERSION)
+        rows = await tx.fetch("SELECT COALESCE(MAX(version), 0) FROM schema_version")
+    return int(rows[0][0])
+
+
+async def migrate(db: Backend, migrations: list[Migration] | None = None) -> list[int]:
+    """Apply every migration not yet applied, each in its own transaction; returns the versions applied."""
+    todo = load_migrations() if migrations is None else migrations
+    have = await current_version(db)
+    known = max((m.version for m in todo), default=0)
+    if have > known:
+        raise StoreError(
+            f"the store {db.dsn.redacted()} is at schema version {have}, newer than this llmgw knows "
+            f"({known}); upgrade llmgw before using this store"
+        )
+    applied: list[int] = []
+    for migration in todo:
+        if migration.version <= have:
+            continue
+        async with db.tx() as tx:
+            for statement in migration.statements:
+                await tx.execute(statement)
+            await tx.execute(
+                "INSERT INTO schema_version (version, name, applied_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (version) DO NOTHING",
+                (migration.version, migration.name, time.time()),
+            )
+        applied.append(migration.version)
+    return applied

@@ -1,0 +1,443 @@
+"""The store: every query llmgw runs, written once for SQLite and PostgreSQL, behind typed methods.
+
+Nothing outside this package writes SQL. Times are passed in by the caller (a clock at the edge), so tests
+choose them and two processes agree on what "expired" means only through the values they pass.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from llmgw.store.db import Backend, Dsn, Row, StoreError, open_backend
+from llmgw.store.migrate import current_version, migrate
+from llmgw.store.records import (
+    USAGE_GROUPS,
+    ApiKey,
+    Event,
+    KeyLookup,
+    Lease,
+    LeaseResult,
+    NodeRecord,
+    ReplicaRecord,
+    Revision,
+    ShareGrant,
+    UsageGroup,
+    UsageRecord,
+    UsageTotal,
+)
+
+# Every table, parents before children (usage references api_keys). `store move` copies in this order and
+# a test derives the foreign keys from the schema to check it.
+TABLES: tuple[str, ...] = (
+    "revisions",
+    "nodes",
+    "replicas",
+    "events",
+    "api_keys",
+    "usage",
+    "limit_counters",
+    "leases",
+)
+
+# Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
+# and not a fragment of SQL.
+_GROUP_COLUMN: dict[UsageGroup, str] = {
+    "project": "project",
+    "team": "team",
+    "org": "org",
+    "key": "COALESCE(key_id, '')",
+    "model": "model",
+}
+_LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
+
+_KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at"
+_USAGE_COLUMNS = (
+    "id, time, request_id, project, team, org, key_id, model, tokens_in, tokens_out, cost, latency_ms, "
+    "status, fallback_used, router_id"
+)
+
+
+def _key(row: Row) -> ApiKey:
+    return ApiKey(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
+
+
+class Store:
+    """Typed access to the llmgw database. Open with `await Store.open(dsn)`; close with `await close()`."""
+
+    def __init__(self, db: Backend) -> None:
+        self.db = db
+
+    @classmethod
+    async def open(cls, dsn: str | Dsn, *, migrate_schema: bool = True) -> Store:
+        store = cls(open_backend(dsn))
+        if migrate_schema:
+            try:
+                await store.migrate()
+            except BaseException:
+                await store.close()
+                raise
+        return store
+
+    @property
+    def dsn(self) -> Dsn:
+        return self.db.dsn
+
+    async def migrate(self) -> list[int]:
+        return await migrate(self.db)
+
+    async def schema_version(self) -> int:
+        return await current_version(self.db)
+
+    async def close(self) -> None:
+        await self.db.close()
+
+    async def row_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        async with self.db.tx() as tx:
+            for table in TABLES:
+                counts[table] = int((await tx.fetch(f"SELECT COUNT(*) FROM {table}"))[0][0])
+        return counts
+
+    # ------------------------------------------------------------------------------------ revisions
+
+    async def record_revision(self, revision: Revision) -> None:
+        async with self.db.tx() as tx:
+            await tx.execute(
+                "INSERT INTO revisions (sha, source, applied_at, applied_by, status, errors) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (sha) DO UPDATE SET source = excluded.source, "
+                "applied_at = excluded.applied_at, applied_by = excluded.applied_by, "
+                "status = excluded.status, errors = excluded.errors",
+                (
+                    revision.sha,
+                    revision.source,
+                    revision.applied_at,
+                    revision.applied_by,
+                    revision.status,
+                    json.dumps(list(revision.errors)),
+                ),
+            )
+
+    async def list_revisions(self, limit: int = 50, status: str | None = None) -> list[Revision]:
+        where, params = ("WHERE status = ?", [status]) if status else ("", [])
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                "SELECT sha, source, applied_at, applied_by, status, errors FROM revisions "
+                f"{where} ORDER BY applied_at DESC, sha LIMIT ?",
+                (*params, limit),
+            )
+        return [Revision(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5]))) for r in rows]
+
+    async def last_accepted_revision(self) -> Revision | None:
+        found = await self.list_revisions(limit=1, status="accepted")
+        return found[0] if found else None
+
+    # ------------------------------------------------------------------------------------ nodes
+
+    async def upsert_node(self, name: str, state: str, inventory: dict[str, Any], now: float) -> None:
+        """Record a node seen now; `first_seen` is kept from the first time."""
+        async with self.db.tx() as tx:
+            await tx.execute(
+                "INSERT INTO nodes (name, first_seen, last_seen, state, inventory) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET last_seen = excluded.last_seen, state = excluded.state, "
+                "inventory = excluded.inventory",
+                (name, now, now, state, json.dumps(inventory, sort_keys=True)),
+            )
+
+    async def set_node_state(self, name: str, state: str) -> bool:
+        async with self.db.tx() as tx:
+            return await tx.execute("UPDATE nodes SET state = ? WHERE name = ?", (state, name)) > 0
+
+    async def list_nodes(self) -> list[NodeRecord]:
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                "SELECT name, first_seen, last_seen, state, inventory FROM nodes ORDER BY name"
+            )
+        return [NodeRecord(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+
+    async def delete_node(self, name: str) -> bool:
+        async with self.db.tx() as tx:
+            return await tx.execute("DELETE FROM nodes WHERE name = ?", (name,)) > 0
+
+    # ------------------------------------------------------------------------------------ replicas
+
+    async def upsert_replica(self, replica: ReplicaRecord) -> None:
+        async with self.db.tx() as tx:
+            await tx.execute(
+                "INSERT INTO replicas (id, model, profile, nodes, state, fingerprint, created_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET model = excluded.model, "
+                "profile = excluded.profile, nodes = excluded.nodes, state = excluded.state, "
+                "fingerprint = excluded.fingerprint, updated_at = excluded.updated_at",
+                (
+                    replica.id,
+                    replica.model,
+                    replica.profile,
+                    json.dumps(list(replica.nodes)),
+                    replica.state,
+                    replica.fingerprint,
+                    replica.created_at,
+                    replica.updated_at,
+                ),
+            )
+
+    async def list_replicas(self, model: str | None = None) -> list[ReplicaRecord]:
+        where, params = ("WHERE model = ?", (model,)) if model else ("", ())
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                "SELECT id, model, profile, nodes, state, fingerprint, created_at, updated_at FROM replicas "
+                f"{where} ORDER BY model, id",
+                params,
+            )
+        return [ReplicaRecord(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], r[5], r[6], r[7]) for r in rows]
+
+    async def delete_replica(self, replica_id: str) -> bool:
+        async with self.db.tx() as tx:
+            return await tx.execute("DELETE FROM replicas WHERE id = ?", (replica_id,)) > 0
+
+    # ------------------------------------------------------------------------------------ events
+
+    async def add_event(self, kind: str, obj: str, message: str, now: float) -> Event:
+        event = Event(uuid.uuid4().hex, now, kind, obj, message)
+        async with self.db.tx() as tx:
+            await tx.execute(
+                "INSERT INTO events (id, time, kind, object, message) VALUES (?, ?, ?, ?, ?)",
+                (event.id, event.time, event.kind, event.object, event.message),
+            )
+        return event
+
+    async def recent_events(self, limit: int = 100, since: float | None = None) -> list[Event]:
+        """Newest first."""
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                "SELECT id, time, kind, object, message FROM events WHERE time >= ? "
+                "ORDER BY time DESC, id LIMIT ?",
+                (since if since is not None else float("-inf"), limit),
+            )
+        return [Event(*r) for r in rows]
+
+    async def prune_events(self, before: float) -> int:
+        async with self.db.tx() as tx:
+            return await tx.execute("DELETE FROM events WHERE time < ?", (before,))
+
+    # ------------------------------------------------------------------------------------ api keys
+
+    async def insert_key(self, key: ApiKey, key_hash: str) -> None:
+        async with self.db.tx() as tx:
+            await tx.execute(
+                f"INSERT INTO api_keys ({_KEY_COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    key.id,
+                    key.prefix,
+                    key.project,
+                    key.name,
+                    key.created_at,
+                    key.expires_at,
+                    key.revoked_at,
+                    key_hash,
+                ),
+            )
+
+    async def get_key(self, key_id: str) -> ApiKey | None:
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = ?", (key_id,))
+        return _key(rows[0]) if rows else None
+
+    async def list_keys(self, project: str | None = None) -> list[ApiKey]:
+        where, params = ("WHERE project = ?", (project,)) if project else ("", ())
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                f"SELECT {_KEY_COLUMNS} FROM api_keys {where} ORDER BY created_at, id", params
+            )
+        return [_key(r) for r in rows]
+
+    async def revoke_key(self, key_id: str, now: float) -> bool:
+        """Revoke; false when there is no such key. Revoking twice keeps the first time."""
+        async with self.db.tx() as tx:
+            await tx.execute(
+                "UPDATE api_keys SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (now, key_id)
+            )
+            rows = await tx.fetch("SELECT 1 FROM api_keys WHERE id = ?", (key_id,))
+        return bool(rows)
+
+    async def lookup_key(self, key_hash: str, now: float) -> KeyLookup | None:
+        """The key with this hash and its state at `now`; None when no key has it (the router's 401 unknown)."""
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE hash = ?", (key_hash,))
+        if not rows:
+            return None
+        key = _key(rows[0])
+        return KeyLookup(key.id, key.project, key.state(now), key.expires_at)
+
+    # ------------------------------------------------------------------------------------ usage
+
+    async def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        """Write a batch in one transaction. Idempotent: a record already written (same id) is skipped."""
+        if not records:
+            return
+        rows = [
+            (
+                r.id,
+                r.time,
+                r.request_id,
+                r.project,
+                r.team,
+                r.org,
+                r.key_id,
+                r.model,
+                r.tokens_in,
+                r.tokens_out,
+                r.cost,
+                r.latency_ms,
+                r.status,
+                int(r.fallback_used),
+                r.router_id,
+            )
+            for r in records
+        ]
+        async with self.db.tx() as tx:
+            await tx.executemany(
+                f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (id) DO NOTHING",
+                rows,
+            )
+
+    async def list_usage(self, since: float | None = None, limit: int = 1000) -> list[UsageRecord]:
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                f"SELECT {_USAGE_COLUMNS} FROM usage WHERE time >= ? ORDER BY time, id LIMIT ?",
+                (since if since is not None else float("-inf"), limit),
+            )
+        return [
+            UsageRecord(
+                id=r[0],
+                time=r[1],
+                request_id=r[2],
+                project=r[3],
+                team=r[4],
+                org=r[5],
+                key_id=r[6],
+                model=r[7],
+                tokens_in=r[8],
+                tokens_out=r[9],
+                cost=r[10],
+                latency_ms=r[11],
+                status=r[12],
+                fallback_used=bool(r[13]),
+                router_id=r[14],
+            )
+            for r in rows
+        ]
+
+    async def usage_totals(
+        self, by: UsageGroup, since: float | None = None, until: float | None = None
+    ) -> list[UsageTotal]:
+        """Totals grouped by one column. Grouped by ordinal so both databases see the same expression."""
+        if by not in USAGE_GROUPS:
+            raise StoreError(f"cannot group usage by {by!r}: expected one of {', '.join(USAGE_GROUPS)}")
+        column = _GROUP_COLUMN[by]
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                f"SELECT {column}, COUNT(*), CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), "
+                "CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), CAST(COALESCE(SUM(cost), 0) AS DOUBLE PRECISION), "
+                "CAST(COALESCE(AVG(latency_ms), 0) AS DOUBLE PRECISION), "
+                "CAST(COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0) AS BIGINT) "
+                "FROM usage WHERE time >= ? AND time < ? GROUP BY 1 ORDER BY 1",
+                (
+                    since if since is not None else float("-inf"),
+                    until if until is not None else float("inf"),
+                ),
+            )
+        return [UsageTotal(str(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]), int(r[6])) for r in rows]
+
+    async def spend(self, level: str, name: str, since: float, until: float | None = None) -> float:
+        """Money spent by one tenant (project, team or org) in [since, until): the budget's source of truth."""
+        column = _LEVEL_COLUMN.get(level)
+        if column is None:
+            raise StoreError(f"unknown tenant level {level!r}: expected project, team or org")
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                f"SELECT CAST(COALESCE(SUM(cost), 0) AS DOUBLE PRECISION) FROM usage "
+                f"WHERE {column} = ? AND time >= ? AND time < ?",
+                (name, since, until if until is not None else float("inf")),
+            )
+        return float(rows[0][0])
+
+    # ------------------------------------------------------------------------------------ limit shares
+
+    async def take_share(
+        self, limit_key: str, window_start: float, window_end: float, want: int, limit: int, now: float
+    ) -> ShareGrant:
+        """Atomically take up to `want` units of `limit` in this window; one statement, so racing takers
+        together never get more than `limit` (the UPDATE sees the row as the previous taker left it)."""
+        if want < 0 or limit < 0:
+            raise StoreError(f"take_share({limit_key!r}): want and limit must be >= 0, got {want}, {limit}")
+        first = min(want, limit)
+        t = "limit_counters.taken"
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                "INSERT INTO limit_counters (limit_key, window_start, window_end, taken, granted, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (limit_key, window_start) DO UPDATE SET "
+                f"taken = CASE WHEN {t} + ? <= ? THEN {t} + ? WHEN {t} >= ? THEN {t} ELSE ? END, "
+                f"granted = CASE WHEN {t} + ? <= ? THEN ? WHEN {t} >= ? THEN 0 ELSE ? - {t} END, "
+                "updated_at = excluded.updated_at RETURNING taken, granted",
+                (
+                    limit_key, window_start, window_end, first, first, now,
+                    want, limit, want, limit, limit,
+                    want, limit, want, limit, limit,
+                ),
+            )  # fmt: skip
+        return ShareGrant(granted=int(rows[0][1]), taken=int(rows[0][0]))
+
+    async def seed_counter(
+        self, limit_key: str, window_start: float, window_end: float, taken: int, now: float
+    ) -> bool:
+        """Create a window's row already `taken` units in (from usage), unless it exists. True if created."""
+        async with self.db.tx() as tx:
+            count = await tx.execute(
+                "INSERT INTO limit_counters (limit_key, window_start, window_end, taken, granted, updated_at) "
+                "VALUES (?, ?, ?, ?, 0, ?) ON CONFLICT (limit_key, window_start) DO NOTHING",
+                (limit_key, window_start, window_end, taken, now),
+            )
+        return count > 0
+
+    async def counter_taken(self, limit_key: str, window_start: float) -> int | None:
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                "SELECT taken FROM limit_counters WHERE limit_key = ? AND window_start = ?",
+                (limit_key, window_start),
+            )
+        return int(rows[0][0]) if rows else None
+
+    async def prune_counters(self, before: float) -> int:
+        """Drop windows that ended before `before`."""
+        async with self.db.tx() as tx:
+            return await tx.execute("DELETE FROM limit_counters WHERE window_end < ?", (before,))
+
+    # ------------------------------------------------------------------------------------ leases
+
+    async def acquire_lease(self, name: str, holder: str, ttl: float, now: float) -> LeaseResult:
+        """Take or renew `name` for `holder` until now+ttl, in one statement: it succeeds when the lease is
+        free, expired, or already this holder's. Otherwise the current holder is returned, unchanged."""
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
+                "WHERE leases.expires_at <= ? OR leases.holder = excluded.holder RETURNING holder, expires_at",
+                (name, holder, now + ttl, now),
+            )
+            if rows:
+                return LeaseResult(True, Lease(name, str(rows[0][0]), float(rows[0][1])))
+            current = await tx.fetch("SELECT holder, expires_at FROM leases WHERE name = ?", (name,))
+        lease = Lease(name, str(current[0][0]), float(current[0][1])) if current else None
+        return LeaseResult(False, lease)
+
+    async def release_lease(self, name: str, holder: str) -> bool:
+        async with self.db.tx() as tx:
+            return await tx.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)) > 0
+
+    async def get_lease(self, name: str) -> Lease | None:
+        async with self.db.tx() as tx:
+            rows = await tx.fetch("SELECT holder, expires_at FROM leases WHERE name = ?", (name,))
+        return Lease(name, str(rows[0][0]), float(rows[0][1])) if rows else None

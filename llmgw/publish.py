@@ -1,0 +1,103 @@
+"""What the controller publishes to routers, and what a static snapshot file holds.
+
+`RouterSnapshot` is the whole state a router needs: router settings, the models as clients see them, routing
+policies, tenants and the ready endpoints. The controller fills it from the Catalog and its live replicas; a
+router with no controller reads it from a JSON (or YAML) file. It is self-contained on purpose: parsing it needs
+only the config models, never the Catalog, so the router does not need the cluster repo.
+
+Every push is a complete snapshot (never a delta): a router that missed one is correct again after the next.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmgw.config.models import (
+    Capability,
+    MetricMapping,
+    OrganizationSpec,
+    Prices,
+    ProjectSpec,
+    RouterSettings,
+    RoutingPolicySpec,
+    SecretRef,
+    TeamSpec,
+)
+
+__all__ = [
+    "SNAPSHOT_SCHEMA_VERSION",
+    "Endpoint",
+    "EndpointState",
+    "PublishedModel",
+    "PublishedProvider",
+    "RouterSnapshot",
+    "Tenants",
+]
+
+SNAPSHOT_SCHEMA_VERSION = 1
+
+EndpointState = Literal["ready", "draining", "starting"]
+
+
+class _Wire(BaseModel):
+    # Unknown keys are ignored on the wire: a newer controller may publish fields an older router does not
+    # know, and the router must keep serving rather than refuse the snapshot.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class PublishedProvider(_Wire):
+    """An external OpenAI-compatible service serving a model (or a fallback) instead of replicas."""
+
+    url: str = Field(description="Base URL including /v1, e.g. https://api.example.com/v1")
+    model: str = Field(description="Model name at the provider; the router rewrites requests to it")
+    key: SecretRef | None = Field(None, description="Where the provider's key is; read by the router")
+
+
+class PublishedModel(_Wire):
+    """A model as routers see it: what clients may ask for and how to route it."""
+
+    aliases: list[str] = Field(default_factory=list)
+    context_length: int = Field(ge=1)
+    capabilities: list[Capability] = Field(default_factory=lambda: ["chat", "completions"])
+    prices: Prices = Field(default_factory=Prices)
+    fallbacks: list[str] = Field(default_factory=list, description="Model names tried in this order")
+    routing_policy: str | None = Field(None, description="Policy name; None means the router's default")
+    on_demand: bool = Field(False, description="scaling.min is 0: the first request asks for a load")
+    simulated: bool = Field(False, description="Served by the sim engine (published as such in /v1/models)")
+    provider: PublishedProvider | None = None
+
+
+class Tenants(_Wire):
+    organizations: dict[str, OrganizationSpec] = Field(default_factory=dict)
+    teams: dict[str, TeamSpec] = Field(default_factory=dict)
+    projects: dict[str, ProjectSpec] = Field(default_factory=dict)
+
+
+class Endpoint(_Wire):
+    """A replica the router may send requests to."""
+
+    replica_id: str
+    model: str
+    engine: str = Field(description="sim, llamacpp, vllm, sglang or trtllm: picks the metric mapping")
+    base_url: str = Field(description="http://host:port of the engine (without /v1)")
+    metrics_path: str | None = Field(None, description="Path of Prometheus metrics (default: the engine's)")
+    api_key: str | None = Field(None, description="The engine's own key; never the client's")
+    weight: float = Field(1.0, gt=0)
+    slots: int | None = Field(None, ge=1, description="Concurrent sequences; None when unknown")
+    simulated: bool = False
+    state: EndpointState = "ready"
+
+
+class RouterSnapshot(_Wire):
+    schema_version: int = SNAPSHOT_SCHEMA_VERSION
+    revision: str = Field(description="Cluster repo revision this snapshot was built from")
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    models: dict[str, PublishedModel] = Field(default_factory=dict)
+    policies: dict[str, RoutingPolicySpec] = Field(default_factory=dict)
+    tenants: Tenants = Field(default_factory=Tenants)
+    endpoints: list[Endpoint] = Field(default_factory=list)
+    metric_mappings: dict[str, MetricMapping] = Field(
+        default_factory=dict, description="Per-engine overrides of the built-in metric names"
+    )

@@ -1,3 +1,3 @@
-"""Fixtures shared by every test directory."""
+"""Fixtures shared by every test directory (tests/ is on sys.path: pytest's prepend import mode)."""
 
-from tests.fixtures.postgres import pg_dsn, pg_server  # noqa: F401  (registers the PostgreSQL fixtures)
+from fixtures.postgres import pg_dsn, pg_server  # noqa: F401  (registers the PostgreSQL fixtures)

@@ -1,0 +1,176 @@
+"""Every store method, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+from llmgw.store import (
+    TABLES,
+    ApiKey,
+    ReplicaRecord,
+    Revision,
+    Store,
+    StoreError,
+    UsageRecord,
+    parse_dsn,
+)
+from llmgw.store.migrate import load_migrations, migrate
+
+
+async def test_migrations_are_idempotent(store: Store) -> None:
+    version = await store.schema_version()
+    assert version == max(m.version for m in load_migrations())
+    assert await store.migrate() == []  # nothing left to apply
+    assert await migrate(store.db) == []
+    assert await store.schema_version() == version
+    assert set((await store.row_counts()).keys()) == set(TABLES)
+
+
+async def test_store_from_the_future_is_refused(store: Store) -> None:
+    async with store.db.tx() as tx:
+        await tx.execute("INSERT INTO schema_version (version, name, applied_at) VALUES (9999, 'future', 0)")
+    with pytest.raises(StoreError, match="newer than this llmgw knows"):
+        await store.migrate()
+
+
+def test_move_order_respects_foreign_keys() -> None:
+    """Derived from the migrations, not restated: every referenced table is copied before its referrer."""
+    sql = "\n".join(f.read_text("utf-8") for f in resources.files("llmgw.store").joinpath("migrations").iterdir())
+    tables = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", sql, re.S)
+    assert {name for name, _ in tables} == set(TABLES)
+    for name, body in tables:
+        for parent in re.findall(r"REFERENCES (\w+)", body):
+            assert TABLES.index(parent) < TABLES.index(name), f"{name} references {parent}"
+
+
+async def test_revisions(store: Store) -> None:
+    await store.record_revision(Revision("a" * 40, "git@x:repo", 10.0, "controller-1", "accepted"))
+    await store.record_revision(Revision("b" * 40, "git@x:repo", 20.0, "controller-1", "refused", ("bad: x",)))
+    revs = await store.list_revisions()
+    assert [r.sha[0] for r in revs] == ["b", "a"]
+    assert revs[0].errors == ("bad: x",)
+    last = await store.last_accepted_revision()
+    assert last is not None and last.sha == "a" * 40
+
+
+async def test_nodes_keep_first_seen(store: Store) -> None:
+    await store.upsert_node("n1", "Ready", {"cpu": 8}, now=1.0)
+    await store.upsert_node("n1", "Ready", {"cpu": 16}, now=5.0)
+    assert await store.set_node_state("n1", "Unreachable")
+    assert not await store.set_node_state("nope", "Lost")
+    [node] = await store.list_nodes()
+    assert (node.first_seen, node.last_seen, node.state, node.inventory) == (1.0, 5.0, "Unreachable", {"cpu": 16})
+    assert await store.delete_node("n1")
+    assert await store.list_nodes() == []
+
+
+async def test_replicas(store: Store) -> None:
+    r = ReplicaRecord("r1", "sim-chat", "sim", ("n1", "n2"), "starting", "fp1", 1.0, 1.0)
+    await store.upsert_replica(r)
+    await store.upsert_replica(ReplicaRecord("r1", "sim-chat", "sim", ("n1",), "ready", "fp2", 9.0, 2.0))
+    await store.upsert_replica(ReplicaRecord("r2", "other", "sim", (), "ready", "fp", 1.0, 1.0))
+    [got] = await store.list_replicas(model="sim-chat")
+    assert (got.nodes, got.state, got.fingerprint, got.created_at, got.updated_at) == (("n1",), "ready", "fp2", 1.0, 2.0)
+    assert len(await store.list_replicas()) == 2
+    assert await store.delete_replica("r1")
+    assert [x.id for x in await store.list_replicas()] == ["r2"]
+
+
+async def test_events(store: Store) -> None:
+    for i in range(5):
+        await store.add_event("replica", f"r{i}", f"message {i}", now=float(i))
+    recent = await store.recent_events(limit=3)
+    assert [e.object for e in recent] == ["r4", "r3", "r2"]
+    assert [e.object for e in await store.recent_events(since=3.0)] == ["r4", "r3"]
+    assert await store.prune_events(before=2.0) == 2
+    assert len(await store.recent_events()) == 3
+
+
+async def test_keys(store: Store) -> None:
+    key = ApiKey("key_1", "sk-llmgw-abcd", "playground", "ci", 1.0, 100.0, None)
+    await store.insert_key(key, "h" * 64)
+    assert await store.get_key("key_1") == key
+    found = await store.lookup_key("h" * 64, now=50.0)
+    assert found is not None and (found.project, found.state) == ("playground", "active")
+    expired = await store.lookup_key("h" * 64, now=100.0)
+    assert expired is not None and expired.state == "expired"
+    assert await store.lookup_key("x" * 64, now=1.0) is None
+    assert await store.revoke_key("key_1", now=60.0)
+    assert await store.revoke_key("key_1", now=70.0)  # still there; the first time is kept
+    assert not await store.revoke_key("key_nope", now=70.0)
+    revoked = await store.lookup_key("h" * 64, now=61.0)
+    assert revoked is not None and revoked.state == "revoked"
+    [listed] = await store.list_keys(project="playground")
+    assert listed.revoked_at == 60.0
+    assert await store.list_keys(project="other") == []
+
+
+async def test_usage_insert_is_idempotent_and_totals_add_up(store: Store) -> None:
+    await store.insert_key(ApiKey("k1", "sk-llmgw-x", "p1", "", 0.0, None, None), "h1")
+    records = [
+        UsageRecord(time=float(i), request_id=f"req{i}", project="p1" if i % 2 else "p2", team="t", org="o",
+                    key_id="k1" if i % 2 else None, model="m", status=200 if i < 8 else 500,
+                    tokens_in=10 + i, tokens_out=i, cost=0.5, latency_ms=100.0, fallback_used=i == 3)
+        for i in range(10)
+    ]  # fmt: skip
+    await store.insert_usage(records)
+    await store.insert_usage(records[:4])  # a retried batch: not counted twice
+    assert len(await store.list_usage()) == 10
+    by_project = {t.group: t for t in await store.usage_totals("project")}
+    assert by_project["p1"].requests == 5 and by_project["p2"].requests == 5
+    assert sum(t.tokens_in for t in by_project.values()) == sum(r.tokens_in for r in records)
+    assert sum(t.tokens_out for t in by_project.values()) == sum(r.tokens_out for r in records)
+    assert by_project["p1"].errors + by_project["p2"].errors == 2
+    [org] = await store.usage_totals("org", since=5.0)
+    assert (org.group, org.requests, org.cost) == ("o", 5, 2.5)
+    keys = {t.group: t.requests for t in await store.usage_totals("key")}
+    assert keys == {"": 5, "k1": 5}
+    assert await store.spend("project", "p1", since=0.0) == pytest.approx(2.5)
+    assert await store.spend("team", "t", since=0.0, until=4.0) == pytest.approx(2.0)
+    with pytest.raises(StoreError):
+        await store.usage_totals("user")  # type: ignore[arg-type]
+    back = (await store.list_usage(since=3.0, limit=1))[0]
+    assert back == records[3]
+
+
+async def test_take_share_never_grants_past_the_limit(store: Store) -> None:
+    grants = [await store.take_share("p:rpm", 0.0, 60.0, 4, 10, now=1.0) for _ in range(4)]
+    assert [g.granted for g in grants] == [4, 4, 2, 0]
+    assert [g.taken for g in grants] == [4, 8, 10, 10]
+    other = await store.take_share("p:rpm", 60.0, 120.0, 4, 10, now=61.0)
+    assert (other.granted, other.taken) == (4, 4)  # a new window starts empty
+    assert await store.counter_taken("p:rpm", 0.0) == 10
+    assert not await store.seed_counter("p:rpm", 0.0, 60.0, 3, now=1.0)  # exists: left alone
+    assert await store.seed_counter("p:budget", 0.0, 86400.0, 7, now=1.0)
+    assert (await store.take_share("p:budget", 0.0, 86400.0, 5, 10, now=2.0)).granted == 3
+    assert await store.prune_counters(before=100.0) == 1
+
+
+async def test_lease_held_by_one_until_expiry(store: Store) -> None:
+    a = await store.acquire_lease("leader", "a", ttl=10.0, now=100.0)
+    assert a.held and a.current is not None and a.current.holder == "a"
+    b = await store.acquire_lease("leader", "b", ttl=10.0, now=105.0)
+    assert not b.held and b.current is not None and b.current.holder == "a"
+    renewed = await store.acquire_lease("leader", "a", ttl=10.0, now=108.0)
+    assert renewed.held and renewed.current is not None and renewed.current.expires_at == 118.0
+    assert not (await store.acquire_lease("leader", "b", ttl=10.0, now=117.9)).held
+    taken = await store.acquire_lease("leader", "b", ttl=10.0, now=118.0)
+    assert taken.held and taken.current is not None and taken.current.holder == "b"
+    assert not await store.release_lease("leader", "a")
+    assert await store.release_lease("leader", "b")
+    assert await store.get_lease("leader") is None
+
+
+def test_parse_dsn() -> None:
+    assert parse_dsn("sqlite:///rel/x.db").target == "rel/x.db"
+    assert parse_dsn("sqlite:////abs/x.db").target == "/abs/x.db"
+    assert parse_dsn("/abs/x.db").dialect == "sqlite"
+    pg = parse_dsn("postgresql://u:secret@h:5/db")
+    assert pg.dialect == "postgres" and "secret" not in pg.redacted()
+    with pytest.raises(StoreError, match="unknown store DSN scheme"):
+        parse_dsn("mysql://x")
+    with pytest.raises(StoreError, match="empty"):
+        parse_dsn("  ")

@@ -1,0 +1,275 @@
+"""The agent daemon: connect out to a controller, register, heartbeat, run commands, report shard changes.
+
+Controller addresses are tried in turn with jittered exponential backoff; a standby answers Refused and the agent
+moves on to the next address. Engines keep running while the agent is disconnected or restarting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import random
+import signal
+import ssl
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from llmgw_agent import __version__, config, inventory
+from llmgw_agent.engines import EXECUTABLES, SpecError
+from llmgw_agent.protocol import (
+    Command,
+    Heartbeat,
+    Inventory,
+    Refused,
+    Register,
+    Reply,
+    ShardStatus,
+    ShardUpdate,
+    Welcome,
+    dump,
+    parse_controller_message,
+)
+from llmgw_agent.supervisor import Supervisor, SupervisorConfig
+
+log = logging.getLogger("llmgw_agent")
+INVENTORY_EVERY = 12  # heartbeats between inventory refreshes
+
+
+class RefusedError(Exception):
+    pass
+
+
+def ssl_context(cfg: config.AgentConfig) -> ssl.SSLContext | None:
+    if cfg.tls is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=cfg.tls.ca)
+    ctx.load_cert_chain(cfg.tls.cert, cfg.tls.key)
+    return ctx
+
+
+def next_backoff(current: float, maximum: float) -> float:
+    return min(current * 2, maximum)
+
+
+def jittered(delay: float, rng: random.Random) -> float:
+    # Spread reconnects so a restarted controller is not hit by every agent in the same instant.
+    return delay * rng.uniform(0.5, 1.5)
+
+
+class Agent:
+    def __init__(self, cfg: config.AgentConfig) -> None:
+        self.cfg = cfg
+        self.updates: asyncio.Queue[ShardStatus] = asyncio.Queue()
+        self.supervisor = Supervisor(
+            SupervisorConfig(
+                state_dir=Path(cfg.state_dir),
+                advertise_host=cfg.advertise_host,
+                bind_host=cfg.bind_host,
+                port_range=cfg.port_range,
+                engine_binaries={k: v.path for k, v in cfg.engines.items() if v.path},
+                weights_dir=Path(cfg.weights_dir) if cfg.weights_dir else None,
+                ready_timeout_s=cfg.ready_timeout_s,
+                stop_grace_s=cfg.stop_grace_s,
+            ),
+            self.updates.put_nowait,
+        )
+        self.inventory: Inventory | None = None
+        self.connected = asyncio.Event()
+        self._rng = random.Random()
+
+    async def collect_inventory(self) -> Inventory:
+        engines = {k: v.model_dump() for k, v in self.cfg.engines.items()}
+        return await asyncio.to_thread(
+            inventory.collect, self.cfg.model_dirs, engines, self.cfg.labels, self.cfg.inventory_override
+        )
+
+    async def run(self) -> None:
+        adopted = self.supervisor.adopt()
+        for status in adopted:
+            log.info("re-adopted shard %s (pid %s)", status.shard_id, status.pid)
+        self.inventory = await self.collect_inventory()
+        urls = self.cfg.controller_urls()
+        backoff, index = 0.5, 0
+        try:
+            while True:
+                url = urls[index % len(urls)]
+                try:
+                    await self.session(url)
+                    backoff = 0.5  # it was up: come back quickly
+                except RefusedError as exc:
+                    log.info("controller %s refused: %s", url, exc)
+                except (TimeoutError, aiohttp.ClientError, OSError, ValidationError) as exc:
+                    log.warning("controller %s: %s", url, exc or type(exc).__name__)
+                self.connected.clear()
+                index += 1
+                await asyncio.sleep(jittered(backoff, self._rng))
+                backoff = next_backoff(backoff, self.cfg.max_backoff_s)
+        finally:
+            await self.supervisor.close()
+
+    def _headers(self) -> dict[str, str]:
+        if not self.cfg.token_file:
+            return {}
+        token = Path(self.cfg.token_file).read_text().strip()  # re-read each time: tokens rotate
+        return {"Authorization": f"Bearer {token}"}
+
+    async def session(self, url: str) -> None:
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as http,
+            http.ws_connect(
+                url, headers=self._headers(), ssl=ssl_context(self.cfg) or True, heartbeat=30
+            ) as ws,
+        ):
+            assert self.inventory is not None
+            while not self.updates.empty():  # Register carries the current state of every shard
+                self.updates.get_nowait()
+            register = Register(
+                node=self.cfg.node,
+                agent_version=__version__,
+                inventory=self.inventory,
+                shards=self.supervisor.statuses(),
+            )
+            await ws.send_str(dump(register))
+            first = await asyncio.wait_for(ws.receive(), timeout=30)
+            if first.type != aiohttp.WSMsgType.TEXT:
+                raise aiohttp.ClientError(f"connection closed before welcome ({first.type.name})")
+            msg = parse_controller_message(first.data)
+            if isinstance(msg, Refused):
+                raise RefusedError(msg.reason)
+            if not isinstance(msg, Welcome):
+                raise aiohttp.ClientError(f"expected welcome, got {msg.type}")
+            log.info("registered with %s as %s", url, self.cfg.node)
+            self.connected.set()
+            await self._serve(ws, msg.heartbeat_interval_s)
+
+    async def _serve(self, ws: aiohttp.ClientWebSocketResponse, interval: float) -> None:
+        lock = asyncio.Lock()
+
+        async def send(text: str) -> None:
+            async with lock:
+                await ws.send_str(text)
+
+        tasks = [
+            asyncio.create_task(self._heartbeats(send, interval)),
+            asyncio.create_task(self._forward_updates(send)),
+        ]
+        commands: set[asyncio.Task[None]] = set()
+        try:
+            async for raw in ws:
+                if raw.type != aiohttp.WSMsgType.TEXT:
+                    break
+                try:
+                    msg = parse_controller_message(raw.data)
+                except ValidationError as exc:
+                    log.warning("ignoring a message the agent cannot read: %s", exc.errors()[:1])
+                    continue
+                if isinstance(msg, Command):
+                    task = asyncio.create_task(self._command(send, msg))
+                    commands.add(task)
+                    task.add_done_callback(commands.discard)
+                elif isinstance(msg, Refused):
+                    raise RefusedError(msg.reason)
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    async def _heartbeats(self, send: Any, interval: float) -> None:
+        beats = 0
+        while True:
+            await asyncio.sleep(interval)
+            beats += 1
+            inv = None
+            if beats % INVENTORY_EVERY == 0:
+                inv = self.inventory = await self.collect_inventory()
+            await send(dump(Heartbeat(shards=self.supervisor.statuses(), inventory=inv)))
+
+    async def _forward_updates(self, send: Any) -> None:
+        while True:
+            status = await self.updates.get()
+            await send(dump(ShardUpdate(shard=status)))
+
+    async def _command(self, send: Any, cmd: Command) -> None:
+        try:
+            payload = await self.execute(cmd)
+            reply = Reply(id=cmd.id, ok=True, payload=payload)
+        except (SpecError, RuntimeError, ValueError, OSError) as exc:
+            reply = Reply(id=cmd.id, ok=False, error=str(exc))
+        except Exception as exc:  # a bug must not take the connection down; say what happened
+            log.exception("command %s failed", cmd.action)
+            reply = Reply(id=cmd.id, ok=False, error=f"internal error: {type(exc).__name__}")
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await send(dump(reply))
+
+    async def execute(self, cmd: Command) -> dict[str, Any]:
+        if cmd.action == "start_shard":
+            if cmd.spec is None:
+                raise ValueError("start_shard needs a spec")
+            return {"shard": self.supervisor.start(cmd.spec).model_dump(mode="json")}
+        if cmd.action == "stop_shard":
+            replica = cmd.replica_id or (cmd.spec.replica_id if cmd.spec else None)
+            if not replica:
+                raise ValueError("stop_shard needs replica_id")
+            stopped = await self.supervisor.stop(replica, cmd.shard_rank)
+            return {"shards": [s.model_dump(mode="json") for s in stopped]}
+        if cmd.action == "list_shards":
+            return {"shards": [s.model_dump(mode="json") for s in self.supervisor.statuses()]}
+        if cmd.action == "engine_check":
+            return await self.engine_check(cmd.engine or (cmd.spec.engine if cmd.spec else None))
+        raise ValueError(f"unknown action {cmd.action}")
+
+    async def engine_check(self, engine: str | None) -> dict[str, Any]:
+        """Run the engine's `--version`: only on request, by someone who meant to run the engine."""
+        if engine is None:
+            raise ValueError("engine_check needs an engine")
+        if engine == "sim":
+            return {"engine": "sim", "ok": True, "version": __version__}
+        conf = self.cfg.engines.get(engine)
+        path = conf.path if conf and conf.path else None
+        if path is None:
+            import shutil
+
+            path = next((p for n in EXECUTABLES.get(engine, ()) if (p := shutil.which(n))), None)
+        if path is None:
+            return {"engine": engine, "ok": False, "output": "not installed (not configured, not on PATH)"}
+        argv = [path, "-m", "sglang.version"] if engine == "sglang" else [path, "--version"]
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            out, _ = await asyncio.wait_for(proc.communicate(), timeout=30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            return {"engine": engine, "ok": False, "output": "--version did not finish in 30s"}
+        text = out.decode("utf-8", "replace")[-4000:]
+        return {"engine": engine, "ok": proc.returncode == 0, "path": path, "output": text}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    config.add_arguments(p)
+
+
+async def _main(cfg: config.AgentConfig) -> None:
+    agent = Agent(cfg)
+    task = asyncio.create_task(agent.run())
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # Leave engines running: the next agent re-adopts them.
+        loop.add_signal_handler(sig, task.cancel)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
+def run_from_args(ns: argparse.Namespace) -> None:
+    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    cfg = config.load(ns)
+    asyncio.run(_main(cfg))

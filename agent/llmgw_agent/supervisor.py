@@ -1,0 +1,454 @@
+"""Engine supervision: start, wait ready, watch, stop, and re-adopt after an agent restart.
+
+Each engine runs in its own session (so its own process group), with its output appended to a log file in the
+shard's work directory rather than a pipe: an engine must survive the agent's exit, and a pipe whose reader died
+would kill it with SIGPIPE. The last lines are read back from that file. Each running shard is persisted as JSON in
+the state dir; a restarted agent re-adopts an engine only when its pid is alive and /proc/PID/stat shows the same
+start time, so a recycled pid is never mistaken for the engine (and never signalled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from llmgw_agent import engines, weights
+from llmgw_agent.protocol import ShardSpec, ShardStatus
+
+log = logging.getLogger(__name__)
+OUTPUT_LINES = 50
+OUTPUT_FILE = "output.log"
+
+
+def proc_start_time(pid: int) -> int | None:
+    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), or None when there is no such pid."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+    fields = raw[raw.rfind(")") + 2 :].split()
+    if len(fields) < 20 or fields[0] == "Z":
+        return None  # a zombie has exited
+    return int(fields[19])
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def tail_lines(path: Path, count: int = OUTPUT_LINES) -> list[str]:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(f.tell() - 64 * 1024, 0))
+            data = f.read()
+    except FileNotFoundError:
+        return []
+    return [line.decode("utf-8", "replace") for line in data.splitlines()[-count:]]
+
+
+@dataclass
+class SupervisorConfig:
+    state_dir: Path
+    advertise_host: str
+    bind_host: str = "0.0.0.0"
+    port_range: tuple[int, int] = (20000, 20999)
+    engine_binaries: dict[str, str] = field(default_factory=dict)
+    weights_dir: Path | None = None
+    ready_timeout_s: float = 600.0
+    stop_grace_s: float = 10.0
+    poll_interval_s: float = 0.5
+
+
+@dataclass
+class Shard:
+    spec: ShardSpec
+    status: ShardStatus
+    workdir: Path
+    health_path: str = "/health"
+    probe_url: str | None = None  # where the agent itself checks readiness (loopback when bound to all)
+    pgid: int | None = None
+    start_ticks: int | None = None
+    proc: asyncio.subprocess.Process | None = None
+    task: asyncio.Task[None] | None = None
+    exited: asyncio.Event = field(default_factory=asyncio.Event)
+    stopping: bool = False
+
+
+class Supervisor:
+    def __init__(self, cfg: SupervisorConfig, on_update: Callable[[ShardStatus], None]) -> None:
+        self.cfg = cfg
+        self.on_update = on_update
+        self.shards: dict[str, Shard] = {}
+        (cfg.state_dir / "shards").mkdir(parents=True, exist_ok=True)
+        (cfg.state_dir / "work").mkdir(parents=True, exist_ok=True)
+
+    # ---- queries ----
+
+    def statuses(self) -> list[ShardStatus]:
+        for shard in self.shards.values():
+            self._refresh_output(shard)
+        return [s.status.model_copy() for s in self.shards.values()]
+
+    def _refresh_output(self, shard: Shard) -> None:
+        if shard.status.state in ("starting", "ready", "failed", "stopping"):
+            shard.status.last_output_lines = tail_lines(shard.workdir / OUTPUT_FILE)
+
+    def _set(self, shard: Shard, **changes: Any) -> None:
+        for key, value in changes.items():
+            setattr(shard.status, key, value)
+        self.on_update(shard.status.model_copy())
+
+    # ---- start ----
+
+    def start(self, spec: ShardSpec) -> ShardStatus:
+        """Begin starting a shard (fetch, launch, wait ready) in the background; returns its first status."""
+        existing = self.shards.get(spec.shard_id)
+        if existing and existing.status.state in ("fetching", "starting", "ready", "stopping"):
+            if existing.spec.fingerprint == spec.fingerprint:
+                return existing.status.model_copy()  # idempotent: the controller may repeat itself
+            raise RuntimeError(
+                f"shard {spec.shard_id} is {existing.status.state} with another profile; stop it first"
+            )
+        engines.launch_plan(spec, self._context(spec, 0))  # refuse an impossible spec before anything runs
+        status = ShardStatus(
+            replica_id=spec.replica_id,
+            shard_rank=spec.shard_rank,
+            model=spec.model,
+            engine=spec.engine,
+            state="fetching" if spec.source and spec.source.url else "starting",
+            fingerprint=spec.fingerprint,
+            host=self.cfg.advertise_host,
+        )
+        shard = Shard(spec, status, self.cfg.state_dir / "work" / spec.shard_id)
+        self.shards[spec.shard_id] = shard
+        shard.task = asyncio.create_task(self._run(shard), name=f"shard-{spec.shard_id}")
+        self.on_update(status.model_copy())
+        return status.model_copy()
+
+    def _context(self, spec: ShardSpec, port: int, model_path: str | None = None) -> engines.LaunchContext:
+        workdir = str(self.cfg.state_dir / "work" / spec.shard_id)
+        if model_path is None and spec.source:
+            model_path = spec.source.path or "(fetched)"
+        return engines.LaunchContext(
+            self.cfg.bind_host, port, model_path, workdir, self.cfg.engine_binaries.get(spec.engine)
+        )
+
+    async def _run(self, shard: Shard) -> None:
+        try:
+            model_path = await self._fetch(shard)
+            await self._launch(shard, model_path)
+            await self._wait_ready(shard)
+            if shard.proc is not None:
+                await shard.proc.wait()
+            else:
+                await self._poll_exit(shard)
+            self._exited(shard, shard.proc.returncode if shard.proc else None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # reported to the controller, never raised into the loop
+            log.warning("shard %s failed: %s", shard.spec.shard_id, exc)
+            self._set(shard, state="failed", message=str(exc))
+            shard.exited.set()
+
+    async def _fetch(self, shard: Shard) -> str | None:
+        source = shard.spec.source
+        if source is None:
+            return None
+        cache = self.cfg.weights_dir or (self.cfg.state_dir / "weights")
+
+        def progress(done: int, total: int | None) -> None:
+            shard.status.fetch_bytes_done, shard.status.fetch_bytes_total = done, total
+
+        if source.url:
+            reporter = asyncio.create_task(self._report_progress(shard))
+            try:
+                return await weights.resolve(source, cache, progress)
+            finally:
+                reporter.cancel()
+        return await weights.resolve(source, cache, progress)
+
+    async def _report_progress(self, shard: Shard) -> None:
+        last = -1
+        while True:
+            await asyncio.sleep(1.0)
+            if shard.status.fetch_bytes_done != last:
+                last = shard.status.fetch_bytes_done or 0
+                self.on_update(shard.status.model_copy())
+
+    def _pick_port(self) -> int:
+        used = {s.status.port for s in self.shards.values() if s.status.state not in ("stopped", "failed")}
+        lo, hi = self.cfg.port_range
+        for port in range(lo, hi + 1):
+            if port in used:
+                continue
+            with socket.socket() as sock:
+                try:
+                    sock.bind((self.cfg.bind_host, port))
+                except OSError:
+                    continue
+            return port
+        raise RuntimeError(f"no free port in {lo}-{hi} on {self.cfg.bind_host}")
+
+    async def _launch(self, shard: Shard, model_path: str | None) -> None:
+        spec = shard.spec
+        port = self._pick_port()
+        ctx = self._context(spec, port, model_path)
+        plan = engines.launch_plan(spec, ctx)
+        shard.workdir.mkdir(parents=True, exist_ok=True)
+        for name, content in plan.files.items():
+            (shard.workdir / name).write_text(content)
+        if plan.key_exposure != "environment" and spec.api_key:
+            log.warning(
+                "shard %s: %s takes no key by environment (%s)", spec.shard_id, spec.engine, plan.key_exposure
+            )
+        env = {**os.environ, **spec.env, **plan.env}
+        log.info("starting shard %s: %s", spec.shard_id, " ".join(_redact(plan.argv, spec.api_key)))
+        with (shard.workdir / OUTPUT_FILE).open("wb") as out:
+            shard.proc = await asyncio.create_subprocess_exec(
+                *plan.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+                env=env,
+                cwd=shard.workdir,
+                start_new_session=True,
+            )
+        pid = shard.proc.pid
+        shard.pgid = pid
+        shard.start_ticks = proc_start_time(pid)
+        shard.health_path = plan.health_path
+        probe_host = "127.0.0.1" if self.cfg.bind_host in ("0.0.0.0", "::") else self.cfg.bind_host
+        shard.status.host = self.cfg.advertise_host
+        self._set(
+            shard,
+            state="starting",
+            pid=pid,
+            port=port,
+            base_url=f"http://{self.cfg.advertise_host}:{port}",
+            metrics_path=plan.metrics_path,
+            started_at=time.time(),
+            message="",
+        )
+        shard.probe_url = f"http://{probe_host}:{port}{plan.health_path}"
+        self._persist(shard)
+
+    async def _wait_ready(self, shard: Shard) -> None:
+        url = shard.probe_url
+        if url is None:
+            raise RuntimeError("no readiness URL recorded for this shard")
+        deadline = time.monotonic() + self.cfg.ready_timeout_s
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                if shard.proc is not None and shard.proc.returncode is not None:
+                    return  # _run reports the exit
+                if shard.proc is None and not self._alive(shard):
+                    return
+                with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    async with session.get(url) as resp:
+                        if resp.status == 200:
+                            self._set(shard, state="ready", message="")
+                            self._persist(shard)
+                            return
+                if time.monotonic() > deadline:
+                    raise RuntimeError(await self._give_up(shard))
+                await asyncio.sleep(self.cfg.poll_interval_s)
+
+    async def _give_up(self, shard: Shard) -> str:
+        msg = f"not ready within {self.cfg.ready_timeout_s:g}s ({shard.status.engine} health check)"
+        await self._terminate(shard)
+        shard.status.last_output_lines = tail_lines(shard.workdir / OUTPUT_FILE)
+        self._forget(shard)
+        return msg
+
+    def _alive(self, shard: Shard) -> bool:
+        pid = shard.status.pid
+        return pid is not None and proc_start_time(pid) == shard.start_ticks
+
+    async def _poll_exit(self, shard: Shard) -> None:
+        # Not our child (or not yet reaped): /proc is the only signal there is, so poll it.
+        while self._alive(shard):  # noqa: ASYNC110
+            await asyncio.sleep(self.cfg.poll_interval_s)
+
+    def _exited(self, shard: Shard, code: int | None) -> None:
+        lines = tail_lines(shard.workdir / OUTPUT_FILE)
+        self._forget(shard)
+        shard.exited.set()
+        if shard.stopping:
+            self._set(shard, state="stopped", exit_code=code, last_output_lines=lines, message="stopped")
+            return
+        how = "exit status unknown (adopted process)" if code is None else _describe(code)
+        self._set(
+            shard, state="failed", exit_code=code, last_output_lines=lines, message=f"engine exited: {how}"
+        )
+
+    # ---- stop ----
+
+    async def stop(self, replica_id: str, shard_rank: int | None = None) -> list[ShardStatus]:
+        """Stop every shard of `replica_id` on this node (or one rank): SIGTERM the group, SIGKILL after grace."""
+        found = [
+            s
+            for s in self.shards.values()
+            if s.spec.replica_id == replica_id and shard_rank in (None, s.spec.shard_rank)
+        ]
+        for shard in found:
+            await self._stop_one(shard)
+        return [s.status.model_copy() for s in found]
+
+    async def _stop_one(self, shard: Shard) -> None:
+        if shard.status.state in ("stopped", "failed") and not (shard.pgid and self._alive(shard)):
+            shard.status.state = "stopped"
+            return
+        shard.stopping = True
+        self._set(shard, state="stopping")
+        if shard.task and shard.status.pid is None:
+            shard.task.cancel()  # still fetching
+            with contextlib.suppress(asyncio.CancelledError):
+                await shard.task
+            self._set(shard, state="stopped", message="stopped while fetching")
+            return
+        await self._terminate(shard)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(shard.exited.wait(), timeout=5)
+        if shard.status.state != "stopped":
+            self._forget(shard)
+            self._set(shard, state="stopped", message="stopped")
+
+    async def _terminate(self, shard: Shard) -> None:
+        pgid = shard.pgid
+        if pgid is None or not (shard.proc is not None or self._alive(shard)):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        if not await self._wait_group_gone(shard, self.cfg.stop_grace_s):
+            log.warning(
+                "shard %s ignored SIGTERM for %gs: SIGKILL", shard.spec.shard_id, self.cfg.stop_grace_s
+            )
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            await self._wait_group_gone(shard, 10.0)
+
+    async def _wait_group_gone(self, shard: Shard, limit_s: float) -> bool:
+        assert shard.pgid is not None
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            if shard.proc is not None and shard.proc.returncode is None:
+                # Our own child: reap it, or its zombie keeps the group "alive".
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(shard.proc.wait()), 0.1)
+            if not group_alive(shard.pgid):
+                return True
+            await asyncio.sleep(0.05)
+        return not group_alive(shard.pgid)
+
+    # ---- persistence and adoption ----
+
+    def _state_file(self, shard_id: str) -> Path:
+        return self.cfg.state_dir / "shards" / f"{shard_id}.json"
+
+    def _persist(self, shard: Shard) -> None:
+        record = {
+            "spec": shard.spec.model_dump(
+                mode="json", exclude={"api_key"}
+            ),  # the key is never written to disk
+            "status": shard.status.model_dump(mode="json", exclude={"last_output_lines"}),
+            "pid": shard.status.pid,
+            "pgid": shard.pgid,
+            "start_ticks": shard.start_ticks,
+            "port": shard.status.port,
+            "health_path": shard.health_path,
+            "probe_url": shard.probe_url,
+            "started_at": shard.status.started_at,
+        }
+        path = self._state_file(shard.spec.shard_id)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        os.replace(tmp, path)
+
+    def _forget(self, shard: Shard) -> None:
+        self._state_file(shard.spec.shard_id).unlink(missing_ok=True)
+
+    def adopt(self) -> list[ShardStatus]:
+        """Re-adopt engines recorded in the state dir that are still the same running process."""
+        adopted: list[ShardStatus] = []
+        for path in sorted((self.cfg.state_dir / "shards").glob("*.json")):
+            try:
+                record = json.loads(path.read_text())
+                spec = ShardSpec.model_validate(record["spec"])
+                status = ShardStatus.model_validate(record["status"])
+                pid, ticks = int(record["pid"]), record["start_ticks"]
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("ignoring unreadable shard state %s: %s", path, exc)
+                continue
+            if ticks is None or proc_start_time(pid) != ticks:
+                log.info("shard %s: pid %s is gone or is another process; not adopting", spec.shard_id, pid)
+                path.unlink(missing_ok=True)
+                continue
+            shard = Shard(spec, status, self.cfg.state_dir / "work" / spec.shard_id)
+            shard.pgid, shard.start_ticks = record.get("pgid") or pid, ticks
+            shard.health_path = record.get("health_path", "/health")
+            shard.probe_url = record.get("probe_url")
+            shard.status.message = "adopted after agent restart"
+            self.shards[spec.shard_id] = shard
+            shard.task = asyncio.create_task(self._watch_adopted(shard), name=f"adopted-{spec.shard_id}")
+            adopted.append(status.model_copy())
+        return adopted
+
+    async def _watch_adopted(self, shard: Shard) -> None:
+        try:
+            if shard.status.state != "ready" and shard.probe_url:
+                await self._wait_ready(shard)
+            await self._poll_exit(shard)
+            self._exited(shard, None)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._set(shard, state="failed", message=str(exc))
+            shard.exited.set()
+
+    async def close(self) -> None:
+        """Stop watching; engines keep running (they are re-adopted by the next agent)."""
+        for shard in self.shards.values():
+            if shard.task:
+                shard.task.cancel()
+        for shard in self.shards.values():
+            if shard.task:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await shard.task
+
+    async def stop_all(self) -> None:
+        for shard in list(self.shards.values()):
+            await self._stop_one(shard)
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _redact(argv: list[str], secret: str | None) -> list[str]:
+    return [("***" if secret and a == secret else a) for a in argv]

@@ -1,0 +1,174 @@
+"""Model weights: a local path used in place, or an http(s) URL fetched into a cache named by its hash.
+
+Downloads go to `NAME.part` and are renamed only once size and sha256 (when declared) check out; an interrupted
+download resumes with a Range request. Only files this module wrote are ever deleted: a local source is never
+touched. Link-local and cloud metadata addresses are refused as sources (a profile must not be a way to read a
+node's cloud credentials), including after redirects and DNS resolution.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ipaddress
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import unquote, urljoin, urlsplit
+
+import aiohttp
+
+from llmgw_agent.protocol import WeightSource
+
+Progress = Callable[[int, int | None], None]
+CHUNK = 1 << 20
+MAX_REDIRECTS = 5
+_REFUSED_HOSTS = {"metadata.google.internal", "metadata", "metadata.azure.internal"}
+_LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+
+
+class WeightsError(Exception):
+    """A source that cannot be used; the message says which and why."""
+
+
+def refused_address(host: str) -> str | None:
+    """Why `host` (a name or literal address) is refused as a weights source, or None when it is allowed."""
+    name = host.strip("[]").rstrip(".").lower()
+    if name in _REFUSED_HOSTS:
+        return f"{host} is a cloud metadata service"
+    try:
+        addr = ipaddress.ip_address(name.split("%")[0])
+    except ValueError:
+        return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    if any(addr in net for net in _LINK_LOCAL if net.version == addr.version):
+        return f"{host} is link-local (cloud metadata services live there)"
+    return None
+
+
+def check_url(url: str) -> None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise WeightsError(f"weights source {url!r}: only http(s) URLs or local paths are allowed")
+    reason = refused_address(parts.hostname)
+    if reason:
+        raise WeightsError(f"weights source {url!r} refused: {reason}")
+
+
+async def _check_resolved(url: str) -> None:
+    host = urlsplit(url).hostname or ""
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError as exc:
+        raise WeightsError(f"weights source {url!r}: cannot resolve {host}: {exc}") from exc
+    for info in infos:
+        reason = refused_address(str(info[4][0]))
+        if reason:
+            raise WeightsError(f"weights source {url!r} refused: {host} resolves to {reason}")
+
+
+def cache_path(cache_dir: Path, url: str) -> Path:
+    """Where `url` lands: a directory named by the hash of the source, keeping the file's own name."""
+    digest = hashlib.sha256(url.encode()).hexdigest()[:24]
+    name = unquote(Path(urlsplit(url).path).name) or "weights"
+    return cache_dir / digest / name
+
+
+def _sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _verify_sync(path: Path, source: WeightSource, what: str) -> None:
+    if source.size is not None:
+        size = path.stat().st_size
+        if size != source.size:
+            raise WeightsError(f"{what}: size {size} bytes, declared {source.size}")
+    if source.sha256:
+        actual = _sha256_of(path)
+        if actual.lower() != source.sha256.lower():
+            raise WeightsError(f"{what}: sha256 {actual}, declared {source.sha256}")
+
+
+async def _verify(path: Path, source: WeightSource, what: str) -> None:
+    # Hashing gigabytes must not stall the agent's heartbeats.
+    await asyncio.to_thread(_verify_sync, path, source, what)
+
+
+def _local_kind(path: Path) -> str:
+    return "file" if path.is_file() else "dir" if path.exists() else "missing"
+
+
+async def resolve(
+    source: WeightSource, cache_dir: Path, progress: Progress, session: aiohttp.ClientSession | None = None
+) -> str:
+    """The local path the engine should load, fetching first when the source is a URL."""
+    if source.path:
+        path = Path(source.path)
+        kind = _local_kind(path)
+        if kind == "missing":
+            raise WeightsError(f"weights path {source.path} does not exist on this node")
+        if kind == "file":
+            await _verify(path, source, f"weights path {source.path}")
+        return str(path)
+    if not source.url:
+        raise WeightsError("weights source names neither a path nor a url")
+    check_url(source.url)
+    final = cache_path(cache_dir, source.url)
+    if final.exists():
+        await _verify(final, source, f"cached {final}")
+        progress(final.stat().st_size, final.stat().st_size)
+        return str(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    own = session is None
+    session = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=60, sock_connect=30))
+    try:
+        await _download(session, source.url, final, source, progress)
+    finally:
+        if own:
+            await session.close()
+    return str(final)
+
+
+async def _download(
+    session: aiohttp.ClientSession, url: str, final: Path, source: WeightSource, progress: Progress
+) -> None:
+    part = final.with_name(final.name + ".part")
+    done = part.stat().st_size if part.exists() else 0
+    target = url
+    for _ in range(MAX_REDIRECTS + 1):
+        check_url(target)
+        await _check_resolved(target)
+        headers = {"Range": f"bytes={done}-"} if done else {}
+        async with session.get(target, headers=headers, allow_redirects=False) as resp:
+            if resp.status in (301, 302, 303, 307, 308):
+                target = urljoin(target, resp.headers.get("Location", ""))
+                continue
+            if resp.status == 416 and done:
+                break  # the .part already holds everything; verified below
+            if resp.status not in (200, 206):
+                raise WeightsError(f"fetching {url}: HTTP {resp.status}")
+            if resp.status == 200:
+                done = 0  # the server ignored Range: start over
+            total = (done + resp.content_length) if resp.content_length is not None else source.size
+            progress(done, total)
+            with part.open("ab" if done else "wb") as f:
+                async for chunk in resp.content.iter_chunked(CHUNK):
+                    f.write(chunk)
+                    done += len(chunk)
+                    progress(done, total)
+            break
+    else:
+        raise WeightsError(f"fetching {url}: more than {MAX_REDIRECTS} redirects")
+    try:
+        await _verify(part, source, f"download of {url}")
+    except WeightsError:
+        part.unlink(missing_ok=True)  # ours, and wrong: do not resume from it
+        raise
+    os.replace(part, final)

@@ -1,0 +1,50 @@
+"""Small helpers for the agent tests: wait for a condition with a deadline, free ports, process checks."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+async def wait_for(
+    predicate: Callable[[], T | Awaitable[T]], limit_s: float = 20.0, what: str = "condition"
+) -> T:
+    """Poll `predicate` (sync or async) until it returns something truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,196 @@
+"""The simulated engine: OpenAI shapes, auth, FIFO queueing beyond its concurrency, prefix cache, vLLM metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from aiohttp import web
+from llmgw_agent.sim import SimEngine
+from llmgw_agent.sim_model import VOCABULARY, LatencyConfig, PrefixCache, block_hashes, tokenize
+from prometheus_client.parser import text_string_to_metric_families
+
+from .helpers import wait_for
+
+
+async def serve(engine: SimEngine) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(engine.app())
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return runner, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def sim() -> AsyncIterator[tuple[SimEngine, str]]:
+    cfg = LatencyConfig(prefill_ms_per_token=1.0, decode_ms_per_token=20.0, max_concurrency=1, block_size=4)
+    engine = SimEngine("sim-model", cfg, api_key="k-test")
+    runner, url = await serve(engine)
+    yield engine, url
+    await runner.cleanup()
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": "Bearer k-test"}
+
+
+async def metrics(http: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    async with http.get(f"{url}/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    return {s.name: s.value for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+async def test_metrics_parse_with_vllm_names(sim: tuple[SimEngine, str]) -> None:
+    _, url = sim
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/metrics") as resp:  # open without the key, like vLLM
+            text = await resp.text()
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        samples = {s.name for f in families.values() for s in f.samples}
+    for name in (
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+        "vllm:prefix_cache_hits_total",
+        "vllm:prefix_cache_queries_total",
+        "vllm:time_to_first_token_seconds_count",
+    ):
+        assert name in samples, name
+    assert families["vllm:time_to_first_token_seconds"].type == "histogram"
+    assert families["vllm:num_requests_running"].type == "gauge"
+
+
+async def test_key_required_with_openai_error_shape(sim: tuple[SimEngine, str]) -> None:
+    _, url = sim
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{url}/v1/models") as resp:
+            assert resp.status == 401
+            body = await resp.json()
+        assert body["error"]["code"] == "invalid_api_key" and body["error"]["type"] == "invalid_request_error"
+        async with http.get(f"{url}/health") as resp:
+            assert resp.status == 200
+        async with http.get(f"{url}/v1/models", headers=auth()) as resp:
+            models = await resp.json()
+    assert models["data"][0]["owned_by"] == "llmgw-sim"
+
+
+async def test_openai_client_chat_completions_embeddings_and_stream(sim: tuple[SimEngine, str]) -> None:
+    _, url = sim
+    client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="k-test")
+    try:
+        chat = await client.chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "hello there"}], max_tokens=3
+        )
+        words = (chat.choices[0].message.content or "").split()
+        assert len(words) == 3 and set(words) <= set(VOCABULARY)
+        assert chat.usage is not None and chat.usage.completion_tokens == 3
+        assert chat.usage.prompt_tokens == len(tokenize("user: hello there"))
+
+        comp = await client.completions.create(model="sim-model", prompt="a b c", max_tokens=2)
+        assert (
+            comp.usage is not None
+            and comp.usage.prompt_tokens == 3
+            and len(comp.choices[0].text.split()) == 2
+        )
+
+        emb = await client.embeddings.create(model="sim-model", input=["x y", "z"])
+        assert len(emb.data) == 2 and emb.usage.prompt_tokens == 3
+
+        stream = await client.chat.completions.create(
+            model="sim-model",
+            messages=[{"role": "user", "content": "stream please"}],
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        pieces: list[str] = []
+        usage: Any = None
+        async for chunk in stream:
+            if chunk.choices:
+                pieces.append(chunk.choices[0].delta.content or "")
+            if chunk.usage is not None:
+                usage = chunk.usage
+        assert len("".join(pieces).split()) == 4
+        assert usage is not None and usage.completion_tokens == 4
+        with pytest.raises(openai.NotFoundError):
+            await client.chat.completions.create(model="other", messages=[{"role": "user", "content": "x"}])
+    finally:
+        await client.close()
+
+
+async def test_queues_beyond_concurrency_in_arrival_order(sim: tuple[SimEngine, str]) -> None:
+    engine, url = sim  # max_concurrency=1
+    finished: list[str] = []
+
+    async def call(http: aiohttp.ClientSession, name: str) -> dict[str, Any]:
+        body = {"model": "sim-model", "prompt": f"request {name}", "max_tokens": 5}
+        async with http.post(f"{url}/v1/completions", json=body, headers=auth()) as resp:
+            data: dict[str, Any] = await resp.json()
+        finished.append(name)
+        return data
+
+    async with aiohttp.ClientSession() as http:
+        first = asyncio.create_task(call(http, "a"))
+        await wait_for(lambda: engine.stats.running == 1, what="a running")
+        second = asyncio.create_task(call(http, "b"))
+        await wait_for(lambda: engine.slots.waiting == 1, what="b waiting")
+        third = asyncio.create_task(call(http, "c"))
+        await wait_for(lambda: engine.slots.waiting == 2, what="c waiting")
+        seen = await metrics(http, url)
+        assert seen["vllm:num_requests_running"] == 1
+        assert seen["vllm:num_requests_waiting"] == 2
+        await asyncio.gather(first, second, third)
+        after = await metrics(http, url)
+    assert finished == ["a", "b", "c"]
+    assert after["vllm:num_requests_waiting"] == 0 and after["vllm:num_requests_running"] == 0
+    assert after["vllm:generation_tokens_total"] == 15
+
+
+async def test_repeated_prefix_pays_less_prefill(sim: tuple[SimEngine, str]) -> None:
+    _, url = sim  # block_size=4, 1 ms per prompt token
+    history = [{"role": "user", "content": " ".join(f"w{i}" for i in range(30))}]
+    async with aiohttp.ClientSession() as http:
+
+        async def chat(messages: list[dict[str, str]]) -> dict[str, Any]:
+            body = {"model": "sim-model", "messages": messages, "max_tokens": 2}
+            async with http.post(f"{url}/v1/chat/completions", json=body, headers=auth()) as resp:
+                assert resp.headers["x-llmgw-sim-cached-tokens"] is not None
+                data: dict[str, Any] = await resp.json()
+                return data
+
+        cold = await chat(history)
+        warm = await chat(history)
+        grown = await chat(
+            [*history, {"role": "assistant", "content": "alpha beta"}, {"role": "user", "content": "more"}]
+        )
+        after = await metrics(http, url)
+    assert cold["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert cold["llmgw_sim"]["prefill_ms"] == cold["usage"]["prompt_tokens"] * 1.0
+    assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert warm["llmgw_sim"]["prefill_ms"] < cold["llmgw_sim"]["prefill_ms"]
+    # The grown conversation reuses the first turn's cached blocks and pays only for what is new.
+    assert (
+        grown["usage"]["prompt_tokens_details"]["cached_tokens"]
+        >= warm["usage"]["prompt_tokens_details"]["cached_tokens"]
+    )
+    assert grown["llmgw_sim"]["prefill_ms"] < grown["usage"]["prompt_tokens"] * 1.0
+    assert after["vllm:prefix_cache_hits_total"] > 0
+
+
+def test_prefix_cache_is_lru_bounded_and_longest_prefix() -> None:
+    cache = PrefixCache(block_size=2, capacity_blocks=3)
+    a = ["a", "b", "c", "d", "e", "f"]
+    cache.insert(a)
+    assert cache.lookup(a) == 6
+    assert cache.lookup(["a", "b", "c", "d", "x", "y"]) == 4  # longest cached prefix, block-aligned
+    cache.insert(["q", "r", "s", "t"])  # two new blocks push out the least recently used
+    assert cache.lookup(a) < 6
+    assert len(block_hashes(["a", "b", "c"], 2)) == 1  # a partial block is never cached

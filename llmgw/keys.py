@@ -1,0 +1,83 @@
+"""API keys: made here, shown once, stored only as a hash.
+
+A key is `sk-llmgw-` followed by 32 random bytes, URL-safe base64 (43 characters). The prefix lets secret
+scanners recognise a leaked key. The store keeps the SHA-256 of the whole key: the key carries 256 bits of
+randomness, so a fast unsalted hash cannot be brute-forced and needs no salt or slow KDF — and a fast hash
+is what lets the router look a key up by its hash on every request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+
+from llmgw.store import ApiKey, KeyLookup, Store, StoreError
+
+KEY_PREFIX = "sk-llmgw-"
+KEY_RANDOM_BYTES = 32
+DISPLAY_CHARS = 4  # characters after the prefix kept for display ("sk-llmgw-AbCd...")
+
+_DURATION = re.compile(r"^([0-9]+)(s|m|h|d|w)$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+@dataclass(frozen=True)
+class NewKey:
+    """A freshly made key. `plaintext` exists only here: print it once, never log or store it."""
+
+    key: ApiKey
+    plaintext: str
+
+
+def generate_key() -> str:
+    return KEY_PREFIX + secrets.token_urlsafe(KEY_RANDOM_BYTES)
+
+
+def hash_key(plaintext: str) -> str:
+    """The hash the store keeps and the router looks up (hex SHA-256 of the whole key)."""
+    return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
+
+
+def looks_like_key(text: str) -> bool:
+    """Cheap shape check before any lookup: a bearer token that is not ours is 'unknown' without a query."""
+    return text.startswith(KEY_PREFIX) and len(text) >= len(KEY_PREFIX) + 40
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in `30d`, `12h`, `90m`, `2w`, `45s`."""
+    match = _DURATION.match(text.strip())
+    if match is None or int(match.group(1)) == 0:
+        raise ValueError(f"not a duration: {text!r} (expected a positive whole number and a unit: 45s, 90m, 12h, 30d, 2w)")
+    return int(match.group(1)) * _UNITS[match.group(2)]
+
+
+async def create_key(
+    store: Store, project: str, now: float, *, name: str = "", expires_in: float | None = None
+) -> NewKey:
+    if not project:
+        raise StoreError("a key needs a project")
+    plaintext = generate_key()
+    key = ApiKey(
+        id="key_" + secrets.token_hex(8),
+        prefix=plaintext[: len(KEY_PREFIX) + DISPLAY_CHARS],
+        project=project,
+        name=name,
+        created_at=now,
+        expires_at=now + expires_in if expires_in is not None else None,
+        revoked_at=None,
+    )
+    await store.insert_key(key, hash_key(plaintext))
+    return NewKey(key, plaintext)
+
+
+async def lookup(store: Store, plaintext: str, now: float) -> KeyLookup | None:
+    """The router's entry point: the key's project and state (active, revoked, expired), or None if unknown.
+
+    The router caches the answer in memory by hash; `expires_at` is returned so a cached active key can
+    still turn expired without asking the store again.
+    """
+    if not looks_like_key(plaintext):
+        return None
+    return await store.lookup_key(hash_key(plaintext), now)

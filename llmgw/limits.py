@@ -1,0 +1,241 @@
+"""Tenant limits and the admission decision. Pure: no I/O, no clock — values in, a value out.
+
+The tenant chain is Organization > Team > Project. Every level may set rpm, tpm, concurrency and a budget per
+period; a level's limit is one pool shared by everything beneath it, so a request is charged to every level
+of its chain and is refused when any level has run out. `decide` names the level and limit that refused and
+says when to retry, with the x-ratelimit-* header values OpenAI's clients already understand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Level = Literal["organization", "team", "project"]
+Metric = Literal["requests", "tokens", "concurrency", "budget"]
+METRICS: tuple[Metric, ...] = ("concurrency", "requests", "tokens", "budget")
+MINUTE = 60.0
+MICROS = 1_000_000  # budgets are counted in millionths of the currency unit, so counters stay integers
+
+
+@dataclass(frozen=True)
+class Budget:
+    amount: float  # money per period, in the currency of the model prices
+    period_seconds: float
+
+
+@dataclass(frozen=True)
+class LevelLimits:
+    """None means "no limit at this level" (not zero: zero refuses everything)."""
+
+    rpm: int | None = None
+    tpm: int | None = None
+    concurrency: int | None = None
+    budget: Budget | None = None
+
+
+@dataclass(frozen=True)
+class Tenant:
+    level: Level
+    name: str
+    limits: LevelLimits = field(default_factory=LevelLimits)
+
+    @property
+    def key(self) -> str:
+        return f"{self.level}:{self.name}"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """What a request is expected to cost before it runs (prompt estimate + max output tokens)."""
+
+    tokens: int
+    cost: float = 0.0
+
+    @property
+    def cost_micros(self) -> int:
+        return to_micros(self.cost)
+
+
+@dataclass(frozen=True)
+class Meter:
+    """One limit of one level as the deciding router sees it now.
+
+    `available` is what this router may spend right now (its share); `remaining` is its best knowledge of what
+    is left for everyone (for headers); `reset_at` is when the window ends (None: not windowed).
+    """
+
+    limit: float
+    available: float
+    reset_at: float | None
+    remaining: float | None = None
+
+
+@dataclass(frozen=True)
+class LevelState:
+    tenant: Tenant
+    meters: dict[Metric, Meter]
+
+
+@dataclass(frozen=True)
+class Allowed:
+    headers: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Refused:
+    level: Level
+    tenant: str
+    metric: Metric
+    limit: float
+    retry_after: int  # whole seconds, at least 1
+    message: str
+    headers: dict[str, str]
+    never_fits: bool = False  # the request alone is larger than the limit: retrying will not help
+
+
+Decision = Allowed | Refused
+
+
+def window_bounds(now: float, length: float) -> tuple[float, float]:
+    """The fixed window holding `now`: windows are aligned to the epoch so every router agrees on them."""
+    start = math.floor(now / length) * length
+    return start, start + length
+
+
+def to_micros(amount: float) -> int:
+    return math.ceil(round(amount * MICROS, 6))
+
+
+def request_cost(tokens_in: int, tokens_out: int, input_per_million: float, output_per_million: float) -> float:
+    return (tokens_in * input_per_million + tokens_out * output_per_million) / 1_000_000
+
+
+def limit_key(tenant: Tenant, metric: Metric) -> str:
+    """The store's name for one pooled limit (a row per window in limit_counters)."""
+    return f"{tenant.key}:{metric}"
+
+
+def windowed_limits(tenant: Tenant) -> list[tuple[Metric, int, float]]:
+    """(metric, limit in units, window length) for every counted limit the tenant sets."""
+    out: list[tuple[Metric, int, float]] = []
+    lim = tenant.limits
+    if lim.rpm is not None:
+        out.append(("requests", lim.rpm, MINUTE))
+    if lim.tpm is not None:
+        out.append(("tokens", lim.tpm, MINUTE))
+    if lim.budget is not None:
+        out.append(("budget", to_micros(lim.budget.amount), lim.budget.period_seconds))
+    return out
+
+
+def need(metric: Metric, estimate: Estimate) -> float:
+    if metric in ("requests", "concurrency"):
+        return 1
+    if metric == "tokens":
+        return estimate.tokens
+    return estimate.cost_micros
+
+
+def format_reset(seconds: float) -> str:
+    """OpenAI's spelling of a reset time: 1s, 6m0s, 1h2m3s, 20ms."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    total = math.ceil(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    if minutes:
+        return f"{minutes}m{secs}s"
+    return f"{secs}s"
+
+
+def _tightest(states: Sequence[LevelState], metric: Metric) -> Meter | None:
+    found = [s.meters[metric] for s in states if metric in s.meters]
+    if not found:
+        return None
+    return min(found, key=lambda m: m.remaining if m.remaining is not None else m.available)
+
+
+def rate_headers(states: Sequence[LevelState], estimate: Estimate, now: float, charged: bool) -> dict[str, str]:
+    """x-ratelimit-{limit,remaining,reset}-{requests,tokens} from the tightest level; absent when unlimited."""
+    headers: dict[str, str] = {}
+    for metric, suffix in (("requests", "requests"), ("tokens", "tokens")):
+        meter = _tightest(states, metric)  # type: ignore[arg-type]
+        if meter is None:
+            continue
+        left = meter.remaining if meter.remaining is not None else meter.available
+        if charged:
+            left -= need(metric, estimate)  # type: ignore[arg-type]
+        headers[f"x-ratelimit-limit-{suffix}"] = str(int(meter.limit))
+        headers[f"x-ratelimit-remaining-{suffix}"] = str(max(0, math.floor(left)))
+        reset = (meter.reset_at - now) if meter.reset_at is not None else 0.0
+        headers[f"x-ratelimit-reset-{suffix}"] = format_reset(max(0.0, reset))
+    return headers
+
+
+_WHAT = {
+    "requests": "requests per minute",
+    "tokens": "tokens per minute",
+    "concurrency": "concurrent requests",
+    "budget": "budget",
+}
+
+
+def _refusal(state: LevelState, metric: Metric, meter: Meter, estimate: Estimate, now: float) -> Refused:
+    tenant = state.tenant
+    needed = need(metric, estimate)
+    never = metric in ("tokens", "budget") and needed > meter.limit
+    if metric == "concurrency" or meter.reset_at is None:
+        retry = 1
+    else:
+        retry = max(1, math.ceil(meter.reset_at - now))
+    if metric == "budget":
+        limit_text = f"budget of {meter.limit / MICROS:g} for this period"
+    else:
+        limit_text = f"{int(meter.limit)} {_WHAT[metric]}"
+    if never:
+        message = (
+            f"This request needs {_amount(metric, needed)}, more than {tenant.level} {tenant.name!r} allows "
+            f"in total ({limit_text}); it can never be served as it is — ask for fewer tokens."
+        )
+    else:
+        message = (
+            f"Rate limit reached: {tenant.level} {tenant.name!r} has used its {limit_text}. "
+            f"Retry after {retry} s."
+        )
+    return Refused(tenant.level, tenant.name, metric, meter.limit, retry, message, {}, never)
+
+
+def _amount(metric: Metric, value: float) -> str:
+    if metric == "budget":
+        return f"an estimated {value / MICROS:g} of budget"
+    return f"{int(value)} tokens"
+
+
+def decide(states: Sequence[LevelState], estimate: Estimate, now: float) -> Decision:
+    """Allow the request, or refuse it naming the level and limit.
+
+    Every level of the chain is checked; when several refuse, the one that frees up last is named (retrying
+    earlier would only be refused again by it), ties going to the most specific level.
+    """
+    worst: Refused | None = None
+    for state in reversed(states):  # project first: the most specific level wins ties
+        for metric in METRICS:
+            meter = state.meters.get(metric)
+            if meter is None or meter.available >= need(metric, estimate):
+                continue
+            refused = _refusal(state, metric, meter, estimate, now)
+            if worst is None or refused.retry_after > worst.retry_after:
+                worst = refused
+    if worst is None:
+        return Allowed(rate_headers(states, estimate, now, charged=True))
+    headers = rate_headers(states, estimate, now, charged=False)
+    headers["retry-after"] = str(worst.retry_after)
+    return Refused(
+        worst.level, worst.tenant, worst.metric, worst.limit, worst.retry_after, worst.message, headers,
+        worst.never_fits,
+    )  # fmt: skip

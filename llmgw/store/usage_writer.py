@@ -1,0 +1,140 @@
+"""Usage records written in batches, off the request path.
+
+`record()` only appends to memory and never waits; a background task writes a batch when `batch_size`
+records are waiting or `flush_interval` seconds have passed. When the store fails the batch stays in memory
+(bounded by `max_pending`) and is retried with backoff, so a brief outage loses nothing; inserts are
+idempotent (each record carries its own id), so a batch whose commit reply was lost is not counted twice.
+`close()` flushes what is left before returning.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmgw.store.db import StoreError
+from llmgw.store.records import UsageRecord
+
+log = logging.getLogger(__name__)
+
+
+class UsageSink(Protocol):
+    async def insert_usage(self, records: Sequence[UsageRecord]) -> None: ...
+
+
+@dataclass(frozen=True)
+class WriterStats:
+    pending: int
+    written: int
+    dropped: int  # only when more than max_pending records waited through a long outage
+    failures: int
+
+
+class UsageWriter:
+    def __init__(
+        self,
+        sink: UsageSink,
+        *,
+        batch_size: int = 200,
+        flush_interval: float = 1.0,
+        max_pending: int = 100_000,
+        retry_initial: float = 0.2,
+        retry_max: float = 5.0,
+    ) -> None:
+        if batch_size < 1 or max_pending < batch_size:
+            raise ValueError(f"batch_size must be >= 1 and <= max_pending, got {batch_size}, {max_pending}")
+        self._sink = sink
+        self._batch_size = batch_size
+        self._interval = flush_interval
+        self._max_pending = max_pending
+        self._retry_initial = retry_initial
+        self._retry_max = retry_max
+        self._pending: deque[UsageRecord] = deque()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._written = 0
+        self._dropped = 0
+        self._failures = 0
+
+    @property
+    def stats(self) -> WriterStats:
+        return WriterStats(len(self._pending), self._written, self._dropped, self._failures)
+
+    def record(self, rec: UsageRecord) -> None:
+        """Queue one record; never blocks. Past `max_pending` the new record is dropped (and counted):
+        the oldest may be in a batch being written right now."""
+        if len(self._pending) >= self._max_pending:
+            self._dropped += 1
+            if self._dropped == 1 or self._dropped % 1000 == 0:
+                log.error("usage writer full (%d waiting): %d records dropped", self._max_pending, self._dropped)
+            return
+        self._pending.append(rec)
+        if len(self._pending) >= self._batch_size:
+            self._wake.set()
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="llmgw-usage-writer")
+
+    async def flush(self) -> None:
+        """Write everything waiting now (raises if the store fails; the records stay queued)."""
+        while self._pending:
+            await self._write_one_batch()
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop the background task and flush what is left, retrying until `timeout`."""
+        self._closing = True
+        if self._task is not None:
+            self._wake.set()
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        delay = self._retry_initial
+        while self._pending:
+            try:
+                await self._write_one_batch()
+            except StoreError:
+                if loop.time() + delay > deadline:
+                    log.error("usage writer closing with %d records unwritten", len(self._pending))
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._retry_max)
+
+    async def _write_one_batch(self) -> None:
+        batch = [self._pending[i] for i in range(min(self._batch_size, len(self._pending)))]
+        try:
+            await self._sink.insert_usage(batch)
+        except StoreError:
+            self._failures += 1
+            raise
+        # Written: remove exactly those (new records were only appended behind them meanwhile).
+        for _ in batch:
+            self._pending.popleft()
+        self._written += len(batch)
+
+    async def _run(self) -> None:
+        delay = self._retry_initial
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self._interval)
+            self._wake.clear()
+            try:
+                while self._pending:
+                    await self._write_one_batch()
+                    if len(self._pending) < self._batch_size:
+                        break
+                delay = self._retry_initial
+            except Exception as exc:  # kept and retried, never dropped: a bug here must not lose usage
+                log.warning("usage write failed, %d records kept for retry: %s", len(self._pending), exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._retry_max)
+                self._wake.set()

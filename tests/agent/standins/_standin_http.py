@@ -1,0 +1,73 @@
+"""Shared HTTP server for the engine stand-ins (stdlib only: they run under any python3)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def serve(
+    host: str,
+    port: int,
+    *,
+    name: str,
+    model: str,
+    metrics_path: str | None,
+    metrics_text: str,
+    api_key: str | None,
+    guarded_prefixes: tuple[str, ...] = ("/v1",),
+    warmup_s: float = 0.0,
+    warmup_headers: dict[str, str] | None = None,
+) -> None:
+    started = time.monotonic()
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            sys.stdout.write(f"{name}: {format % args}\n")
+            sys.stdout.flush()
+
+        def _send(
+            self, status: int, body: str, ctype: str = "application/json", extra: dict[str, str] | None = None
+        ) -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            warming = time.monotonic() - started < warmup_s
+            if self.path == "/health":
+                if warming:
+                    self._send(503, "", extra=warmup_headers)
+                else:
+                    self._send(200, "")
+                return
+            if metrics_path and self.path == metrics_path:
+                self._send(200, metrics_text, "text/plain; version=0.0.4")
+                return
+            guarded = self.path.startswith(guarded_prefixes) and api_key
+            if guarded and self.headers.get("Authorization") != f"Bearer {api_key}":
+                self._send(
+                    401, json.dumps({"error": {"message": "Unauthorized", "type": "invalid_request_error"}})
+                )
+                return
+            if self.path == "/v1/models":
+                self._send(
+                    200,
+                    json.dumps(
+                        {"object": "list", "data": [{"id": model, "object": "model", "owned_by": name}]}
+                    ),
+                )
+                return
+            self._send(404, json.dumps({"error": {"message": "not found"}}))
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    print(f"{name}: serving {model} on http://{host}:{port} (pid {os.getpid()})", flush=True)
+    server.serve_forever()

@@ -83,6 +83,7 @@ class _Share:
     taken: int = 0  # the pool's total taken, as of our last renewal
     grace_used: bool = False
     seeded: bool = False
+    answered: bool = False  # the store has answered in this window, so `taken` is its word
 
 
 @dataclass(frozen=True)
@@ -167,6 +168,8 @@ class Limiter:
         key = limit_key(tenant, metric)
         size = self._policy.size(metric, share.limit)
         want = max(wanted - share.balance, size)
+        if share.answered and share.taken >= share.limit:
+            return  # the pool is empty until the window ends (nobody gives units back): do not ask again
         if now >= self._store_down_until:
             try:
                 if metric == "budget" and not share.seeded:
@@ -181,11 +184,11 @@ class Limiter:
             else:
                 share.balance += grant.granted
                 share.taken = grant.taken
+                share.answered = True
                 return
         if self._policy.grace and not share.grace_used:
             share.grace_used = True
             share.balance += size
-            share.taken = min(share.limit, share.taken + size)
 
     async def _seed_budget(self, tenant: Tenant, key: str, share: _Share, now: float) -> None:
         """A budget window's first row starts at what usage says was spent in it, so spend recorded before

@@ -1,0 +1,39 @@
+"""Placement: choosing nodes for replicas, a pure function with a reason for every node it rejects.
+
+See docs/placement.md for the filters, their words, and why GPU replicas bin-pack while CPU replicas spread.
+"""
+
+from llmgw.placement.place import (
+    ACTIVE_STATES,
+    Explanation,
+    IdFactory,
+    Placement,
+    PlacementResult,
+    Placer,
+    ProfileExplanation,
+    ShardPlacement,
+    Unplaced,
+    active_count,
+    explain,
+    place,
+    sequential_ids,
+)
+from llmgw.placement.rooms import NodeVerdict, version_matches
+
+__all__ = [
+    "ACTIVE_STATES",
+    "Explanation",
+    "IdFactory",
+    "NodeVerdict",
+    "Placement",
+    "PlacementResult",
+    "Placer",
+    "ProfileExplanation",
+    "ShardPlacement",
+    "Unplaced",
+    "active_count",
+    "explain",
+    "place",
+    "sequential_ids",
+    "version_matches",
+]

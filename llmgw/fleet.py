@@ -1,0 +1,255 @@
+"""Value types of the live fleet, as the pure decision modules see it.
+
+Two layers. `NodeView`, `ReplicaView` and friends are small frozen dataclasses the decisions read (placement,
+reconcile, plan); `LiveState` is the pydantic model at the boundary: the admin API returns it and
+`llmgw plan --state FILE` reads it, and it converts to the views.
+
+Unknown is not zero: every inventory field is Optional and None means "the agent did not report it"; the
+decisions accept a node on an unknown field and say so, they never read None as 0 or as empty.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from llmgw.config.models import ModelSpec, Source
+
+__all__ = [
+    "GIB",
+    "DesiredNode",
+    "GpuView",
+    "LiveGpu",
+    "LiveNode",
+    "LiveReplica",
+    "LiveShard",
+    "LiveState",
+    "ModelEntry",
+    "ModelState",
+    "NodeState",
+    "NodeView",
+    "ReplicaState",
+    "ReplicaView",
+    "ShardState",
+    "ShardView",
+    "weights_key",
+]
+
+GIB = 1024**3
+NodeState = Literal["Ready", "Unreachable", "Lost"]
+ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
+# The controller's own word for where a replica is in its life; a failed shard overrides it (see effective_state).
+ReplicaState = Literal["pending", "starting", "ready", "failed", "draining", "stopping", "stopped"]
+
+
+class ModelEntry(NamedTuple):
+    """One desired model: its spec and the fingerprint of each of its profiles (by profile name)."""
+
+    spec: ModelSpec
+    fingerprints: Mapping[str, str]
+
+
+def weights_key(source: Source | None) -> str | None:
+    """The name a model's weights go by in a node's `weights` set: the sha256 when given, else a hash of
+    where they come from. None for a model without a source (sim)."""
+    if source is None:
+        return None
+    if source.sha256:
+        return source.sha256
+    where = source.url if source.url is not None else f"path:{source.path}"
+    return hashlib.sha256(where.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- views
+
+
+@dataclass(frozen=True, slots=True)
+class GpuView:
+    index: int
+    gpu_class: str | None = None
+    memory_bytes: int | None = None
+    # In use by something other than a replica the controller knows (a foreign process, a fault).
+    allocated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """A node as placement sees it. Inventory fields are None when the agent did not report them."""
+
+    name: str
+    state: NodeState = "Ready"
+    labels: Mapping[str, str] = field(default_factory=dict)
+    cordoned: bool = False
+    fabric: str | None = None
+    cpu_cores: int | None = None
+    memory_bytes: int | None = None
+    # Free bytes on the filesystem the weights cache lives on.
+    disk_free_bytes: int | None = None
+    gpus: tuple[GpuView, ...] | None = None
+    # Engine name -> version (None: installed, version not reported). None: engines not reported at all.
+    engines: Mapping[str, str | None] | None = None
+    # weights_key() of the weights the node already holds. None: the node was never asked to look.
+    weights: frozenset[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ShardView:
+    node: str
+    rank: int = 0
+    gpus: tuple[int, ...] = ()
+    state: ShardState = "starting"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaView:
+    id: str
+    model: str
+    profile: str
+    fingerprint: str = ""  # "" = unknown (adopted from an older agent): never stale
+    shards: tuple[ShardView, ...] = ()
+    state: ReplicaState = "starting"
+    created_at: float = 0.0
+    adopted: bool = False  # found running after a controller restart: kept, never restarted
+    stale: bool = False  # already marked "stale profile" by the controller
+    ready_since: float | None = None
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(s.node for s in self.shards)
+
+    def effective_state(self) -> ReplicaState:
+        """The replica's state with its shards taken into account: one failed shard fails the replica."""
+        if self.state in ("draining", "stopping", "stopped"):
+            return self.state
+        if any(s.state == "failed" for s in self.shards):
+            return "failed"
+        if self.shards and all(s.state == "ready" for s in self.shards):
+            return "ready"
+        return self.state if self.state in ("failed", "pending") else "starting"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelState:
+    """Backoff carried on the model, not on the replica that was destroyed (a new replica starts at zero)."""
+
+    failures: int = 0
+    not_before: float = 0.0  # no replacement placed before this time
+    counted: frozenset[str] = frozenset()  # failed replica ids already counted
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredNode:
+    """A node as the cluster repo declares it (for `plan`: bootstrap, drain, labels, cordon)."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    fabric: str | None = None
+    cordoned: bool = False
+
+
+# ---------------------------------------------------------------------------------------------- boundary
+
+
+class _Live(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LiveGpu(_Live):
+    index: int
+    gpu_class: str | None = None
+    memory_bytes: int | None = None
+    allocated: bool = False
+
+
+class LiveNode(_Live):
+    name: str
+    state: NodeState = "Ready"
+    labels: dict[str, str] = Field(default_factory=dict)
+    cordoned: bool = False
+    fabric: str | None = None
+    cpu_cores: int | None = None
+    memory_bytes: int | None = None
+    disk_free_bytes: int | None = None
+    gpus: list[LiveGpu] | None = None
+    engines: dict[str, str | None] | None = None
+    weights: list[str] | None = None
+
+    def view(self) -> NodeView:
+        return NodeView(
+            name=self.name,
+            state=self.state,
+            labels=dict(self.labels),
+            cordoned=self.cordoned,
+            fabric=self.fabric,
+            cpu_cores=self.cpu_cores,
+            memory_bytes=self.memory_bytes,
+            disk_free_bytes=self.disk_free_bytes,
+            gpus=None
+            if self.gpus is None
+            else tuple(GpuView(g.index, g.gpu_class, g.memory_bytes, g.allocated) for g in self.gpus),
+            engines=None if self.engines is None else dict(self.engines),
+            weights=None if self.weights is None else frozenset(self.weights),
+        )
+
+
+class LiveShard(_Live):
+    node: str
+    rank: int = 0
+    gpus: list[int] = Field(default_factory=list)
+    state: ShardState = "starting"
+
+
+class LiveReplica(_Live):
+    id: str
+    model: str
+    profile: str
+    fingerprint: str = ""
+    shards: list[LiveShard] = Field(default_factory=list)
+    state: ReplicaState = "starting"
+    created_at: float = 0.0
+    adopted: bool = False
+    stale: bool = False
+    ready_since: float | None = None
+
+    def view(self) -> ReplicaView:
+        return ReplicaView(
+            id=self.id,
+            model=self.model,
+            profile=self.profile,
+            fingerprint=self.fingerprint,
+            shards=tuple(ShardView(s.node, s.rank, tuple(s.gpus), s.state) for s in self.shards),
+            state=self.state,
+            created_at=self.created_at,
+            adopted=self.adopted,
+            stale=self.stale,
+            ready_since=self.ready_since,
+        )
+
+
+class LiveState(_Live):
+    """What the fleet is running, as the controller knows it: the input of `llmgw plan`."""
+
+    revision: str | None = Field(None, description="Applied revision of the cluster repo (commit SHA)")
+    catalog_fingerprint: str | None = Field(None, description="Fingerprint of the applied catalog")
+    taken_at: float = Field(0.0, description="Unix time the snapshot was taken")
+    nodes: list[LiveNode] = Field(default_factory=list)
+    replicas: list[LiveReplica] = Field(default_factory=list)
+
+    def node_views(self) -> tuple[NodeView, ...]:
+        return tuple(n.view() for n in sorted(self.nodes, key=lambda n: n.name))
+
+    def replica_views(self) -> tuple[ReplicaView, ...]:
+        return tuple(r.view() for r in sorted(self.replicas, key=lambda r: r.id))
+
+    def content_hash(self) -> str:
+        """A hash of everything but the time it was taken: a saved plan is stale when this changes."""
+        body = self.model_dump(mode="json", exclude={"taken_at"})
+        body["nodes"].sort(key=lambda n: n["name"])
+        body["replicas"].sort(key=lambda r: r["id"])
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,368 @@
+"""Choosing nodes for replicas: a pure function of (models, nodes, current replicas).
+
+Profiles are tried in the model's preference order; the first that fits wins. Among the nodes that fit:
+- GPU replicas bin-pack: the node with the fewest free GPUs of the class that still fit, so whole nodes stay
+  free for the large profiles that need them;
+- CPU replicas spread: the node with the fewest replicas of this model, then the most free cores;
+- either way a model's replicas go to different nodes where possible (it is the first key), then a node that
+  already holds the weights, then the name, so the answer is the same every time.
+A multi-node profile needs `nodes` nodes of one fabric, each fitting `gpus` GPUs: eight free cards split over
+two fabrics are not eight cards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from llmgw.config.models import Profile
+from llmgw.fleet import ModelEntry, NodeView, ReplicaView, weights_key
+from llmgw.placement.rooms import (
+    NodeVerdict,
+    Room,
+    build_rooms,
+    fit_check,
+    gpus_needed,
+    static_fits,
+    verdict,
+)
+
+# Replicas in these states count toward a model's running replicas.
+ACTIVE_STATES = frozenset({"pending", "starting", "ready"})
+
+
+@dataclass(frozen=True, slots=True)
+class ShardPlacement:
+    node: str
+    rank: int
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one new replica goes, and why there."""
+
+    replica_id: str
+    model: str
+    profile: str
+    fingerprint: str
+    shards: tuple[ShardPlacement, ...]
+    why: str
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(s.node for s in self.shards)
+
+    def start_order(self) -> tuple[ShardPlacement, ...]:
+        """Workers before rank 0: their ranks rendezvous, and the head must find them attached."""
+        return tuple(sorted(self.shards, key=lambda s: (s.rank == 0, s.rank)))
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileExplanation:
+    profile: str
+    verdicts: tuple[NodeVerdict, ...]
+    summary: str  # e.g. "2 of 5 nodes fit", or why a multi-node profile has no fabric
+
+
+@dataclass(frozen=True, slots=True)
+class Explanation:
+    """Per profile per node, accepted or rejected with reasons; and where one more replica would go."""
+
+    model: str
+    profiles: tuple[ProfileExplanation, ...]
+    chosen: Placement | None
+    problem: str = ""  # model-level reason (unknown model, no profiles)
+
+    def rejections(self) -> dict[str, dict[str, str]]:
+        """profile -> node -> reasons in words, for the rejected nodes only."""
+        return {p.profile: {v.node: v.words() for v in p.verdicts if not v.accepted} for p in self.profiles}
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    model: str
+    missing: int  # replicas that could not be placed
+    explanation: Explanation
+
+
+@dataclass(frozen=True, slots=True)
+class PlacementResult:
+    placements: tuple[Placement, ...]
+    unplaced: tuple[Unplaced, ...]
+
+
+IdFactory = Callable[[str, str], str]  # (model, profile) -> new replica id
+
+
+def sequential_ids(existing: Iterable[str]) -> IdFactory:
+    """Deterministic ids `model-profile-N`, never one already in use."""
+    used = set(existing)
+    counters: dict[str, int] = {}
+
+    def new_id(model: str, profile: str) -> str:
+        stem = f"{model}-{profile}"
+        n = counters.get(stem, 0)
+        while True:
+            n += 1
+            candidate = f"{stem}-{n}"
+            if candidate not in used:
+                counters[stem] = n
+                used.add(candidate)
+                return candidate
+
+    return new_id
+
+
+class Placer:
+    """One placement pass: rooms built once, each placement taken out of them before the next."""
+
+    def __init__(
+        self,
+        models: Mapping[str, ModelEntry],
+        nodes: Iterable[NodeView],
+        replicas: Iterable[ReplicaView],
+        new_id: IdFactory | None = None,
+    ) -> None:
+        replicas = tuple(replicas)
+        self.models = models
+        self.rooms: dict[str, Room] = build_rooms(nodes, replicas, models)
+        self._ordered = list(self.rooms.values())
+        self._static: dict[tuple[object, ...], list[Room]] = {}
+        self.new_id = new_id or sequential_ids(r.id for r in replicas)
+
+    # ------------------------------------------------------------------------------------------ placing
+
+    def place_one(self, model: str) -> Placement | None:
+        """Place one more replica of `model`, taking its room; None when no profile fits anywhere."""
+        entry = self.models.get(model)
+        if entry is None:
+            return None
+        wkey = weights_key(entry.spec.source)
+        for profile in entry.spec.profiles:
+            chosen = self._choose(model, profile, wkey)
+            if chosen is None:
+                continue
+            rooms, gpus, why = chosen
+            shards = tuple(
+                ShardPlacement(r.name, rank, g) for rank, (r, g) in enumerate(zip(rooms, gpus, strict=True))
+            )
+            for room, taken in zip(rooms, gpus, strict=True):
+                room.take(model, profile, taken, wkey)
+            return Placement(
+                replica_id=self.new_id(model, profile.name),
+                model=model,
+                profile=profile.name,
+                fingerprint=entry.fingerprints.get(profile.name, ""),
+                shards=shards,
+                why=why,
+            )
+        return None
+
+    def _candidates(self, profile: Profile, wkey: str | None) -> list[Room]:
+        key = (
+            profile.engine,
+            profile.engine_version,
+            tuple(sorted(profile.node_selector.items())),
+            profile.gpu_class,
+            gpus_needed(profile),
+        )
+        static = self._static.get(key)
+        if static is None:
+            static = [r for r in self._ordered if static_fits(r.node, profile)]
+            self._static[key] = static
+        fits = fit_check(profile, wkey)
+        return [r for r in static if fits(r)]
+
+    def _choose(
+        self, model: str, profile: Profile, wkey: str | None
+    ) -> tuple[list[Room], list[tuple[int, ...]], str] | None:
+        candidates = self._candidates(profile, wkey)
+        if not candidates:
+            return None
+        rank = _ranking(model, profile, wkey)
+        if profile.nodes > 1:
+            rooms = _pick_fabric(candidates, profile.nodes, rank)
+            if rooms is None:
+                return None
+        else:
+            rooms = [min(candidates, key=rank)]
+        gpus = [_pick_gpus(r, profile) for r in rooms]
+        return rooms, gpus, _why(model, profile, rooms, wkey)
+
+    # ------------------------------------------------------------------------------------------ explaining
+
+    def explain(self, model: str) -> Explanation:
+        """Every profile against every node, without taking anything; and where one more would go."""
+        entry = self.models.get(model)
+        if entry is None:
+            return Explanation(model, (), None, problem="not in the catalog")
+        if not entry.spec.profiles:
+            return Explanation(model, (), None, problem="has no profiles (served by a provider)")
+        wkey = weights_key(entry.spec.source)
+        profiles = tuple(self._explain_profile(p, wkey) for p in entry.spec.profiles)
+        chosen = None
+        for profile in entry.spec.profiles:
+            found = self._choose(model, profile, wkey)
+            if found is not None:
+                rooms, gpus, why = found
+                shards = tuple(
+                    ShardPlacement(r.name, i, g) for i, (r, g) in enumerate(zip(rooms, gpus, strict=True))
+                )
+                fingerprint = entry.fingerprints.get(profile.name, "")
+                chosen = Placement("(next)", model, profile.name, fingerprint, shards, why)
+                break
+        return Explanation(model, profiles, chosen)
+
+    def _explain_profile(self, profile: Profile, wkey: str | None) -> ProfileExplanation:
+        verdicts = [verdict(r, profile, wkey) for r in self._ordered]
+        fit = [v for v in verdicts if v.accepted]
+        if profile.nodes <= 1:
+            summary = f"{len(fit)} of {len(verdicts)} nodes fit"
+            return ProfileExplanation(profile.name, tuple(verdicts), summary)
+        # Multi-node: a node that fits but has no fabric cannot join; say so on the node.
+        by_fabric: dict[str, int] = {}
+        out: list[NodeVerdict] = []
+        for v in verdicts:
+            fabric = self.rooms[v.node].node.fabric
+            if v.accepted and fabric is None:
+                reason = f"no fabric declared, a {profile.nodes}-node replica needs one"
+                v = NodeVerdict(v.node, False, (reason,), v.notes)
+            elif v.accepted and fabric is not None:
+                by_fabric[fabric] = by_fabric.get(fabric, 0) + 1
+            out.append(v)
+        parts = ", ".join(f"{f} has {n}" for f, n in sorted(by_fabric.items())) or "no fabric has any"
+        summary = f"needs {profile.nodes} nodes of one fabric that fit: {parts}"
+        return ProfileExplanation(profile.name, tuple(out), summary)
+
+
+def _ranking(model: str, profile: Profile, wkey: str | None) -> Callable[[Room], tuple[object, ...]]:
+    if gpus_needed(profile):
+        cls = profile.gpu_class
+
+        def binpack(r: Room) -> tuple[object, ...]:
+            return (r.per_model.get(model, 0), r.free_gpu_count(cls), not r.has_weights(wkey), r.name)
+
+        return binpack
+
+    def spread(r: Room) -> tuple[object, ...]:
+        cores = r.cpu_free
+        return (
+            r.per_model.get(model, 0),
+            cores is None,  # a node that said how many cores it has ranks before one that did not
+            -(cores or 0),
+            not r.has_weights(wkey),
+            r.name,
+        )
+
+    return spread
+
+
+def _pick_fabric(
+    candidates: list[Room], count: int, rank: Callable[[Room], tuple[object, ...]]
+) -> list[Room] | None:
+    groups: dict[str, list[Room]] = {}
+    for room in candidates:
+        if room.node.fabric is not None:
+            groups.setdefault(room.node.fabric, []).append(room)
+    best: tuple[tuple[object, ...], list[Room]] | None = None
+    for fabric in sorted(groups):
+        rooms = sorted(groups[fabric], key=rank)[:count]
+        if len(rooms) < count:
+            continue
+        score = (tuple(rank(r) for r in rooms), fabric)
+        if best is None or score < best[0]:
+            best = (score, rooms)
+    return None if best is None else best[1]
+
+
+def _pick_gpus(room: Room, profile: Profile) -> tuple[int, ...]:
+    need = gpus_needed(profile)
+    if not need:
+        return ()
+    if profile.gpu_class is not None:
+        free = room.free_gpus.get(profile.gpu_class, [])
+    else:
+        free = sorted(i for v in room.free_gpus.values() for i in v)
+    return tuple(free[:need])
+
+
+def _why(model: str, profile: Profile, rooms: list[Room], wkey: str | None) -> str:
+    """Why these nodes, in words (computed before the room is taken)."""
+    room = rooms[0]
+    need = gpus_needed(profile)
+    others = room.per_model.get(model, 0)
+    if need:
+        cls = profile.gpu_class or "GPUs"
+        if len(rooms) > 1:
+            text = f"bin-pack: fabric {room.node.fabric} has {len(rooms)} nodes with {need} free {cls} each"
+        else:
+            free = room.free_gpu_count(profile.gpu_class)
+            text = f"bin-pack: fewest free {cls} that fit ({free} free, needs {need})"
+    else:
+        cores = "unknown" if room.cpu_free is None else str(room.cpu_free)
+        text = f"spread: {others} replicas of {model} there, {cores} free CPU cores"
+    if need and others:
+        text += f"; {others} replicas of {model} there already (no node without one fits)"
+    if room.has_weights(wkey):
+        text += "; weights already there"
+    return text
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+
+
+def active_count(model: str, replicas: Iterable[ReplicaView], lost_nodes: frozenset[str]) -> int:
+    """Replicas of `model` that are running or on their way, not failed, not on a Lost node."""
+    return sum(
+        1
+        for r in replicas
+        if r.model == model
+        and r.effective_state() in ACTIVE_STATES
+        and not any(s.node in lost_nodes for s in r.shards)
+    )
+
+
+def place(
+    models: Mapping[str, ModelEntry],
+    nodes: Iterable[NodeView],
+    replicas: Iterable[ReplicaView],
+    wanted: Mapping[str, int] | None = None,
+    new_id: IdFactory | None = None,
+) -> PlacementResult:
+    """Place new replicas: `wanted` per model (default: what is missing to reach scaling.min).
+
+    Models in name order, one replica of each per round, so a large model early in the alphabet does not
+    take the room of every model after it.
+    """
+    nodes = tuple(nodes)
+    replicas = tuple(replicas)
+    if wanted is None:
+        lost = frozenset(n.name for n in nodes if n.state == "Lost")
+        wanted = {m: max(0, e.spec.scaling.min - active_count(m, replicas, lost)) for m, e in models.items()}
+    placer = Placer(models, nodes, replicas, new_id)
+    remaining = {m: n for m, n in sorted(wanted.items()) if n > 0 and m in models}
+    placements: list[Placement] = []
+    failed: dict[str, int] = {}
+    while remaining:
+        for model in list(remaining):
+            placement = placer.place_one(model)
+            if placement is None:
+                failed[model] = remaining.pop(model)
+                continue
+            placements.append(placement)
+            remaining[model] -= 1
+            if remaining[model] == 0:
+                del remaining[model]
+    unplaced = tuple(Unplaced(m, n, placer.explain(m)) for m, n in sorted(failed.items()))
+    return PlacementResult(tuple(placements), unplaced)
+
+
+def explain(
+    model: str,
+    models: Mapping[str, ModelEntry],
+    nodes: Iterable[NodeView],
+    replicas: Iterable[ReplicaView],
+) -> Explanation:
+    """For `llmgw explain MODEL`: every profile against every node, with reasons, and the node it would pick."""
+    return Placer(models, nodes, replicas).explain(model)

@@ -64,6 +64,10 @@ class AgentProcs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        # Engines outlive agents by design: kill every one the agent recorded or reported.
+        for record in (self.tmp / "state" / "shards").glob("*.json"):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                self.engine_pids.add(int(json.loads(record.read_text())["pgid"]))
         for pid in self.engine_pids:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)

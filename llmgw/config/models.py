@@ -43,6 +43,9 @@ class Strict(BaseModel):
 class SecretRef(Strict):
     """Where a secret lives. Secrets are never written literally in the cluster repo."""
 
+    # The schema says "exactly one of" too, so editors and plain jsonschema catch it.
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["file"]}, {"required": ["env"]}]})
+
     file: str | None = Field(
         None, description="Path to a file holding the secret (relative to the repo root)"
     )
@@ -140,6 +143,15 @@ class SshSettings(Strict):
 
 
 class NodeSpec(Strict):
+    """How the controller reaches the machine, and where replicas may go on it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"not": {"properties": {"local": {"const": True}}, "required": ["local"]}},
+            "then": {"required": ["address"]},
+        }
+    )
+
     local: bool = Field(False, description="The machine `llmgw up` runs on; needs no SSH")
     address: str | None = Field(None, description="Host name or IP address (required unless local)")
     ssh: SshSettings | None = None
@@ -161,6 +173,10 @@ DEFAULT_CAPABILITIES: tuple[Capability, ...] = ("chat", "completions")
 
 
 class Source(Strict):
+    """Where the weights come from: a path already on the node, or a URL the agent fetches."""
+
+    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["path"]}, {"required": ["url"]}]})
+
     path: str | None = Field(None, description="Weights already on the node (file or directory)")
     url: str | None = Field(None, description="http(s) URL the agent fetches (resumable) into its cache")
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="Checked after fetch when given")
@@ -297,6 +313,12 @@ class TeamSpec(Strict):
 
 
 class ProjectSpec(Strict):
+    """A project sits under exactly one parent: a team, or an organization directly."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"oneOf": [{"required": ["team"]}, {"required": ["organization"]}]}
+    )
+
     team: Name | None = Field(None, description="Team this project belongs to")
     organization: Name | None = Field(None, description="Organization, for a project directly under one")
     models: list[str] | None = Field(None, description="Allowed models (unset: as its team)")

@@ -1,0 +1,270 @@
+"""The immutable Catalog: what the cluster repo declares, checked as a whole, with lookups others need.
+
+Built only by `Catalog.build(documents)`, which runs every whole-repo check and raises `CatalogError` (holding
+every problem) instead of returning a catalog that could surprise someone later: a typo in a fallback stops a
+deployment rather than surfacing during the outage that needs the fallback. A new revision of the repo is a new
+Catalog; nothing in one ever changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
+
+from llmgw.config.errors import SemanticError
+from llmgw.config.models import (
+    Cluster,
+    ClusterSpec,
+    Limits,
+    Model,
+    ModelSpec,
+    Node,
+    NodeSpec,
+    Organization,
+    Profile,
+    Project,
+    RoutingPolicy,
+    RoutingPolicySpec,
+    Team,
+)
+from llmgw.config.semantic import Document, check
+from llmgw.errors import CatalogError
+
+__all__ = [
+    "Catalog",
+    "CatalogError",
+    "ModelEntry",
+    "NodeEntry",
+    "ProfileEntry",
+    "Tenant",
+    "TenantChain",
+    "profile_fingerprint",
+]
+
+_BUILD_KEY = object()  # only Catalog.build has it: no unchecked Catalog can exist
+
+
+def profile_fingerprint(profile: Profile, spec: ModelSpec) -> str:
+    """sha256 of what a running replica depends on: the profile, the model's source and context length.
+
+    Fields left at their defaults are omitted, so spelling out a default does not change the fingerprint.
+    """
+    canonical = {
+        "profile": profile.model_dump(mode="json", by_alias=True, exclude_defaults=True),
+        "source": spec.source.model_dump(mode="json", exclude_defaults=True) if spec.source else None,
+        "context_length": spec.context_length,
+    }
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ProfileEntry:
+    profile: Profile
+    fingerprint: str
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    spec: ModelSpec
+    labels: Mapping[str, str]
+    profiles: tuple[ProfileEntry, ...]
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        return tuple(self.spec.aliases)
+
+    @property
+    def on_demand(self) -> bool:
+        return self.spec.scaling.min == 0 and self.spec.scaling.max > 0
+
+    def profile(self, name: str) -> ProfileEntry | None:
+        return next((entry for entry in self.profiles if entry.name == name), None)
+
+
+@dataclass(frozen=True)
+class NodeEntry:
+    name: str
+    labels: Mapping[str, str]
+    spec: NodeSpec
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """An organization, team or project. `models` None means "as the parent" (all, at the top)."""
+
+    kind: str  # Organization, Team or Project
+    name: str
+    parent: str | None  # team or organization name; None for an organization
+    parent_kind: str | None  # Team or Organization; None for an organization
+    models: tuple[str, ...] | None
+    limits: Limits
+    labels: Mapping[str, str]
+
+
+class TenantChain(NamedTuple):
+    project: Tenant
+    team: Tenant | None
+    organization: Tenant
+
+
+_DEFAULT_POLICY = RoutingPolicySpec()
+
+
+@dataclass(frozen=True)
+class Catalog:
+    models: Mapping[str, ModelEntry]
+    aliases: Mapping[str, str]  # alias -> model name
+    policies: Mapping[str, RoutingPolicySpec]
+    cluster: ClusterSpec
+    cluster_name: str | None  # None: the repo has no Cluster document and defaults apply
+    nodes: Mapping[str, NodeEntry]
+    organizations: Mapping[str, Tenant]
+    teams: Mapping[str, Tenant]
+    projects: Mapping[str, Tenant]
+    revision: str | None = None
+    warnings: tuple[SemanticError, ...] = ()
+    _key: object = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self._key is not _BUILD_KEY:
+            raise TypeError("build a Catalog with Catalog.build(documents)")
+
+    # ------------------------------------------------------------------------------------------ construction
+
+    @classmethod
+    def build(cls, documents: Sequence[Document], revision: str | None = None) -> Catalog:
+        """The catalog of `documents`, or CatalogError holding every whole-repo problem (warnings do not stop
+        it and are kept in `warnings`)."""
+        problems = check(documents)
+        errors = [p for p in problems if p.severity == "error"]
+        if errors:
+            raise CatalogError(errors)
+        models: dict[str, ModelEntry] = {}
+        aliases: dict[str, str] = {}
+        policies: dict[str, RoutingPolicySpec] = {}
+        nodes: dict[str, NodeEntry] = {}
+        tenants: dict[str, dict[str, Tenant]] = {"Organization": {}, "Team": {}, "Project": {}}
+        cluster: Cluster | None = None
+        for doc in documents:
+            name = doc.metadata.name
+            labels = MappingProxyType(dict(doc.metadata.labels))
+            if isinstance(doc, Model):
+                entries = tuple(ProfileEntry(p, profile_fingerprint(p, doc.spec)) for p in doc.spec.profiles)
+                models[name] = ModelEntry(name, doc.spec, labels, entries)
+                aliases.update({alias: name for alias in doc.spec.aliases})
+            elif isinstance(doc, RoutingPolicy):
+                policies[name] = doc.spec
+            elif isinstance(doc, Node):
+                nodes[name] = NodeEntry(name, labels, doc.spec)
+            elif isinstance(doc, Cluster):
+                cluster = doc
+            elif isinstance(doc, Organization | Team | Project):
+                tenants[doc.kind][name] = _tenant(doc, labels)
+        return cls(
+            models=MappingProxyType(models),
+            aliases=MappingProxyType(aliases),
+            policies=MappingProxyType(policies),
+            cluster=cluster.spec if cluster else ClusterSpec(),
+            cluster_name=cluster.metadata.name if cluster else None,
+            nodes=MappingProxyType(nodes),
+            organizations=MappingProxyType(tenants["Organization"]),
+            teams=MappingProxyType(tenants["Team"]),
+            projects=MappingProxyType(tenants["Project"]),
+            revision=revision,
+            warnings=tuple(problems),
+            _key=_BUILD_KEY,
+        )
+
+    def with_revision(self, revision: str | None) -> Catalog:
+        return dataclasses.replace(self, revision=revision, _key=_BUILD_KEY)
+
+    # ------------------------------------------------------------------------------------------ models
+
+    def resolve(self, name: str) -> ModelEntry | None:
+        """The model a client's name (a model name or an alias) stands for."""
+        entry = self.models.get(name)
+        if entry is None and name in self.aliases:
+            entry = self.models.get(self.aliases[name])
+        return entry
+
+    def fallback_chain(self, name: str) -> tuple[str, ...]:
+        """Model names to try, in order, when `name` cannot serve: its own fallbacks first (in the order
+        written), then theirs, each once, never `name` itself. Empty for an unknown name."""
+        entry = self.resolve(name)
+        if entry is None:
+            return ()
+        chain: list[str] = []
+        seen = {entry.name}
+        queue = [entry]
+        while queue:
+            current = queue.pop(0)
+            for fallback in current.spec.fallbacks:
+                target = self.resolve(fallback)
+                if target is not None and target.name not in seen:
+                    seen.add(target.name)
+                    chain.append(target.name)
+                    queue.append(target)
+        return tuple(chain)
+
+    def policy_name_for(self, model: str) -> str | None:
+        """The RoutingPolicy a model uses: its own, else the cluster's default; None for built-in defaults."""
+        entry = self.resolve(model)
+        if entry is not None and entry.spec.routing_policy is not None:
+            return entry.spec.routing_policy
+        return self.cluster.router.default_policy
+
+    def policy_for(self, model: str) -> RoutingPolicySpec:
+        name = self.policy_name_for(model)
+        return self.policies[name] if name is not None else _DEFAULT_POLICY
+
+    # ------------------------------------------------------------------------------------------ tenants
+
+    def tenant_chain(self, project: str) -> TenantChain:
+        """The project, its team (None for a project directly under an organization) and its organization.
+        KeyError for an unknown project."""
+        proj = self.projects[project]
+        team = self.teams[proj.parent] if proj.parent_kind == "Team" and proj.parent is not None else None
+        org_name = team.parent if team is not None else proj.parent
+        if org_name is None or org_name not in self.organizations:
+            raise KeyError(f"project {project} has no organization")  # prevented by the checks
+        return TenantChain(proj, team, self.organizations[org_name])
+
+    def allowed(self, project: str, model_name: str) -> bool:
+        """May keys of `project` use `model_name` (a name or alias)? Every level that lists models must allow
+        it (a level without a list inherits its parent's); unknown projects and models are refused."""
+        entry = self.resolve(model_name)
+        if entry is None or project not in self.projects:
+            return False
+        names = {model_name, entry.name, *entry.spec.aliases}
+        for tenant in self.tenant_chain(project):
+            if tenant is None or tenant.models is None:
+                continue
+            if not any(fnmatch.fnmatchcase(name, pattern) for pattern in tenant.models for name in names):
+                return False
+        return True
+
+
+def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Tenant:
+    parent: str | None = None
+    parent_kind: str | None = None
+    if isinstance(doc, Team):
+        parent, parent_kind = doc.spec.organization, "Organization"
+    elif isinstance(doc, Project):
+        if doc.spec.team is not None:
+            parent, parent_kind = doc.spec.team, "Team"
+        else:
+            parent, parent_kind = doc.spec.organization, "Organization"
+    models = tuple(doc.spec.models) if doc.spec.models is not None else None
+    return Tenant(doc.kind, doc.metadata.name, parent, parent_kind, models, doc.spec.limits, labels)

@@ -1,0 +1,25 @@
+"""The `llmgw` command: one typer app; each command group lives in its own module and is registered here.
+
+Keep this file thin: adding a command is one import and one registration line.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from llmgw.cli import schemas, validate
+
+app = typer.Typer(
+    name="llmgw",
+    help="Declarative, git-driven controller for a fleet of LLM inference engines.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("validate")(validate.validate)
+app.add_typer(schemas.app, name="schemas")
+
+
+def main() -> None:
+    app()

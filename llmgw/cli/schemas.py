@@ -1,0 +1,46 @@
+"""`llmgw schemas write [DIR]` and `llmgw schemas docs [FILE]`: regenerate the committed schemas and reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmgw.config.docs import render_reference
+from llmgw.config.schemas import all_schemas, render
+
+app = typer.Typer(
+    help="JSON Schemas of the cluster repo, generated from the config models.", no_args_is_help=True
+)
+
+
+def write_schemas(directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, schema in all_schemas().items():
+        target = directory / name
+        target.write_text(render(schema), encoding="utf-8")
+        written.append(target)
+    return written
+
+
+@app.command("write")
+def write(
+    directory: Annotated[Path, typer.Argument(help="Where to write the *.schema.json files")] = Path(
+        "schemas"
+    ),
+) -> None:
+    """Write one JSON Schema per kind, plus cluster-repo.schema.json for files mixing kinds."""
+    for target in write_schemas(directory):
+        typer.echo(f"wrote {target}")
+
+
+@app.command("docs")
+def docs(
+    target: Annotated[Path, typer.Argument(help="Markdown file to write")] = Path("docs/cluster-repo.md"),
+) -> None:
+    """Write the cluster repo reference (every kind and field) generated from the schemas."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render_reference(), encoding="utf-8")
+    typer.echo(f"wrote {target}")

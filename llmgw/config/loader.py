@@ -1,0 +1,179 @@
+"""The one validation pipeline, over file contents already read (pure; `files.load_repo` reads a directory).
+
+YAML with positions -> document shape -> JSON Schema -> pydantic -> whole-repo checks (the Catalog). Every
+problem of every stage is collected, mapped to file:line:col, and returned at once; nothing raises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from llmgw.catalog import Catalog
+from llmgw.config.errors import ConfigError, SemanticError, format_path
+from llmgw.config.models import DOCUMENT_KINDS
+from llmgw.config.schemas import kind_schema
+from llmgw.config.semantic import Document, check
+from llmgw.config.validation import DocumentChecker, make_validators
+from llmgw.config.yamlpos import ParsedDocument, Positions, parse_yaml
+from llmgw.errors import CatalogError
+
+
+@dataclass(frozen=True)
+class LoadedDocument:
+    file: str
+    index: int  # position of the document in its file, from 0
+    kind: str
+    name: str
+    document: BaseModel  # one of the kinds in llmgw.config.models
+    positions: Positions
+
+
+@dataclass(frozen=True)
+class Repo:
+    root: str
+    documents: tuple[LoadedDocument, ...]
+    catalog: Catalog
+    revision: str | None
+
+    def counts(self) -> dict[str, int]:
+        counts = Counter(doc.kind for doc in self.documents)
+        return {kind: counts[kind] for kind in DOCUMENT_KINDS if counts[kind]}
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Either a valid `repo`, or the `errors` that prevent one; `warnings` never block."""
+
+    repo: Repo | None
+    errors: tuple[ConfigError, ...]
+    warnings: tuple[ConfigError, ...]
+    files: int
+
+    @property
+    def documents(self) -> tuple[LoadedDocument, ...]:
+        """The valid repo's documents; empty when there are errors."""
+        return self.repo.documents if self.repo is not None else ()
+
+    @property
+    def catalog(self) -> Catalog | None:
+        return self.repo.catalog if self.repo is not None else None
+
+    @property
+    def ok(self) -> bool:
+        return self.repo is not None and not self.errors
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "files": self.files,
+            "documents": self.repo.counts() if self.repo else {},
+            "revision": self.repo.revision if self.repo else None,
+            "errors": len(self.errors),
+            "warnings": len(self.warnings),
+        }
+
+
+def content_hash_of(files: Mapping[str, bytes]) -> str:
+    """A revision id for a plain directory: sha256 over each file's path and contents, in path order."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        body = files[name]
+        digest.update(f"{name}\0{len(body)}\0".encode())
+        digest.update(body)
+    return "sha256:" + digest.hexdigest()
+
+
+def default_schemas() -> dict[str, dict[str, Any]]:
+    """Kind -> schema, generated from the models (identical to schemas/ while that is not stale)."""
+    return {kind: kind_schema(kind) for kind in DOCUMENT_KINDS}
+
+
+def validate_files(
+    files: Mapping[str, bytes],
+    *,
+    root: str = ".",
+    revision: str | None = None,
+    schemas: Mapping[str, Mapping[str, Any]] | None = None,
+) -> LoadResult:
+    """Validate a cluster repo given as {display path: contents}. `revision` defaults to a content hash."""
+    checker = DocumentChecker(make_validators(schemas if schemas is not None else default_schemas()))
+    errors: list[ConfigError] = []
+    good: list[LoadedDocument] = []
+    broken: dict[str, set[str]] = {}
+    for name in sorted(files):
+        parsed, parse_errors = parse_yaml(name, files[name])
+        errors.extend(parse_errors)
+        for doc in parsed:
+            loaded = _check_document(checker, doc, errors)
+            if loaded is not None:
+                good.append(loaded)
+            else:
+                _remember_broken(doc, broken)
+    tolerate = {kind: frozenset(names) for kind, names in broken.items()}
+    semantic = check([d.document for d in good], tolerate)  # type: ignore[misc]
+    mapped = [_position(good, problem) for problem in semantic]
+    errors.extend(e for e in mapped if e.severity == "error")
+    warnings = tuple(sorted({e for e in mapped if e.severity == "warning"}, key=_order))
+    unique_errors = tuple(sorted(set(errors), key=_order))
+    if unique_errors:
+        return LoadResult(None, unique_errors, warnings, len(files))
+    revision = revision if revision is not None else content_hash_of(files)
+    try:
+        catalog = Catalog.build([d.document for d in good], revision=revision)  # type: ignore[misc]
+    except CatalogError as exc:  # the same checks ran above; kept so a disagreement cannot pass silently
+        return LoadResult(None, tuple(_position(good, p) for p in exc.errors), warnings, len(files))
+    repo = Repo(root, tuple(good), catalog, revision)
+    return LoadResult(repo, (), warnings, len(files))
+
+
+def _check_document(
+    checker: DocumentChecker, doc: ParsedDocument, errors: list[ConfigError]
+) -> LoadedDocument | None:
+    if not doc.ok:
+        return None
+    model, doc_errors = checker.check(doc)
+    errors.extend(doc_errors)
+    if model is None:
+        return None
+    typed: Document = model  # type: ignore[assignment]
+    return LoadedDocument(doc.file, doc.index, typed.kind, typed.metadata.name, model, doc.positions)
+
+
+def _remember_broken(doc: ParsedDocument, broken: dict[str, set[str]]) -> None:
+    """Names a failed document would have defined, so references to it are not reported as missing too."""
+    data = doc.data
+    if not isinstance(data, dict) or not isinstance(data.get("kind"), str):
+        return
+    kind = data["kind"]
+    names = broken.setdefault(kind, set())
+    metadata = data.get("metadata")
+    if isinstance(metadata, dict) and isinstance(metadata.get("name"), str):
+        names.add(metadata["name"])
+    spec = data.get("spec")
+    if kind == "Model" and isinstance(spec, dict) and isinstance(spec.get("aliases"), list):
+        names.update(a for a in spec["aliases"] if isinstance(a, str))
+
+
+def _position(good: list[LoadedDocument], problem: SemanticError) -> ConfigError:
+    doc = good[problem.document]
+    pos = doc.positions.value(problem.path)
+    if problem.path and problem.path[-1] == "name":
+        pos = doc.positions.value(problem.path)
+    return ConfigError(
+        doc.file,
+        pos.line,
+        pos.col,
+        format_path(problem.path),
+        problem.message,
+        problem.hint,
+        problem.severity,
+    )
+
+
+def _order(error: ConfigError) -> tuple[str, int, int, str, str]:
+    return (error.file, error.line, error.col, error.path, error.message)

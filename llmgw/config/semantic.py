@@ -1,0 +1,358 @@
+"""Whole-repo checks: what no single document can know (names unique, references resolve, no loops) and the
+profile arithmetic. Pure: documents in, a list of SemanticError out; `Catalog.build` refuses any error.
+
+`tolerate` names documents that exist but failed an earlier stage: references to them are not reported again
+as "missing", since the real problem is already reported where it is.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from llmgw.config.errors import PathPart, SemanticError
+from llmgw.config.models import (
+    CPU_ENGINES,
+    Cluster,
+    Model,
+    Organization,
+    Profile,
+    Project,
+    RoutingPolicy,
+    Team,
+)
+from llmgw.config.models import (
+    Document as DocumentUnion,
+)
+from llmgw.config.validation import did_you_mean
+
+Document = DocumentUnion
+_MIG = re.compile(r"(^mig-)|(\d+g\.\d+gb)", re.IGNORECASE)
+GPU_ENGINES = frozenset({"vllm", "sglang", "trtllm"})
+
+
+def is_mig_class(gpu_class: str) -> bool:
+    """MIG slices (`a100-1g.10gb`, `mig-3g.40gb`) are one device each: they cannot be combined."""
+    return bool(_MIG.search(gpu_class))
+
+
+@dataclass
+class _Checker:
+    documents: Sequence[Document]
+    tolerate: Mapping[str, frozenset[str]]
+    errors: list[SemanticError] = field(default_factory=list)
+    model_names: dict[str, int] = field(default_factory=dict)  # name or alias -> document index
+    canonical: dict[str, str] = field(default_factory=dict)  # name or alias -> model name
+
+    def add(
+        self,
+        index: int,
+        path: tuple[PathPart, ...],
+        message: str,
+        hint: str | None = None,
+        *,
+        warning: bool = False,
+    ) -> None:
+        doc = self.documents[index]
+        self.errors.append(
+            SemanticError(
+                index,
+                path,
+                message,
+                hint,
+                "warning" if warning else "error",
+                subject=f"{doc.kind} {doc.metadata.name}",
+            )
+        )
+
+    def tolerated(self, kind: str, name: str) -> bool:
+        return name in self.tolerate.get(kind, frozenset())
+
+    def names_of(self, kind: type[Document]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for index, doc in enumerate(self.documents):
+            if isinstance(doc, kind) and doc.metadata.name not in out:
+                out[doc.metadata.name] = index
+        return out
+
+
+def check(
+    documents: Sequence[Document], tolerate: Mapping[str, frozenset[str]] | None = None
+) -> list[SemanticError]:
+    """Every whole-repo problem of `documents` (errors and warnings)."""
+    checker = _Checker(documents, tolerate or {})
+    _unique_names(checker)
+    _model_names(checker)
+    for index, doc in enumerate(documents):
+        if isinstance(doc, Model):
+            _model(checker, index, doc)
+    _fallback_cycles(checker)
+    _references(checker)
+    return checker.errors
+
+
+def _unique_names(c: _Checker) -> None:
+    seen: dict[tuple[str, str], int] = {}
+    cluster_first: int | None = None
+    for index, doc in enumerate(c.documents):
+        if isinstance(doc, Cluster):
+            if cluster_first is not None:
+                first = c.documents[cluster_first].metadata.name
+                c.add(
+                    index,
+                    ("kind",),
+                    f"a second Cluster document (the first is `{first}`)",
+                    "keep exactly one",
+                )
+                continue
+            cluster_first = index
+        if isinstance(doc, Model):
+            continue  # models share one namespace with aliases: see _model_names
+        key = (doc.kind, doc.metadata.name)
+        if key in seen:
+            c.add(
+                index,
+                ("metadata", "name"),
+                f"{doc.kind} `{doc.metadata.name}` is defined twice",
+                "rename one",
+            )
+        else:
+            seen[key] = index
+
+
+def _model_names(c: _Checker) -> None:
+    for index, doc in enumerate(c.documents):
+        if not isinstance(doc, Model):
+            continue
+        name = doc.metadata.name
+        if name in c.model_names:
+            other = c.canonical[name]
+            what = "model" if other == name else f"an alias of model `{other}`"
+            c.add(index, ("metadata", "name"), f"model name `{name}` is already used by {what}", "rename one")
+            continue
+        c.model_names[name] = index
+        c.canonical[name] = name
+    for index, doc in enumerate(c.documents):
+        if not isinstance(doc, Model):
+            continue
+        for pos, alias in enumerate(doc.spec.aliases):
+            path = ("spec", "aliases", pos)
+            if alias == doc.metadata.name:
+                c.add(index, path, f"alias `{alias}` is the model's own name", "remove it")
+            elif alias in c.canonical:
+                other = c.canonical[alias]
+                what = (
+                    f"the name of model `{other}`"
+                    if other == alias
+                    else f"already an alias of model `{other}`"
+                )
+                c.add(
+                    index,
+                    path,
+                    f"alias `{alias}` is {what}",
+                    "names and aliases must be unique across models",
+                )
+            else:
+                c.canonical[alias] = doc.metadata.name
+                c.model_names[alias] = index
+
+
+def _model(c: _Checker, index: int, doc: Model) -> None:
+    spec = doc.spec
+    scaling = spec.scaling
+    if scaling.min > scaling.max:
+        c.add(
+            index,
+            ("spec", "scaling", "min"),
+            f"min {scaling.min} is above max {scaling.max}",
+            "make min <= max",
+        )
+    if scaling.min == 0 and scaling.max > 0 and scaling.idle_timeout is None:
+        c.add(
+            index,
+            ("spec", "scaling"),
+            "an on-demand model (min 0) needs `idle_timeout`",
+            "add e.g. `idle_timeout: 10m`, after which unused replicas stop",
+        )
+    if not spec.profiles and spec.provider is None:
+        c.add(
+            index,
+            ("spec",),
+            "a model needs `profiles` or a `provider`",
+            "add a profile, e.g. {name: cpu, engine: llamacpp}",
+        )
+    profile_names: set[str] = set()
+    for pos, profile in enumerate(spec.profiles):
+        path: tuple[PathPart, ...] = ("spec", "profiles", pos)
+        if profile.name in profile_names:
+            c.add(
+                index,
+                (*path, "name"),
+                f"profile `{profile.name}` is defined twice in this model",
+                "rename one",
+            )
+        profile_names.add(profile.name)
+        if spec.source is None and profile.engine != "sim":
+            c.add(
+                index,
+                (*path, "engine"),
+                f"engine {profile.engine} needs weights but the model has no `source`",
+                "add `spec.source: {path: ...}` or `{url: ...}`",
+            )
+        _profile(c, index, path, profile)
+    for pos, fallback in enumerate(spec.fallbacks):
+        path = ("spec", "fallbacks", pos)
+        target = c.canonical.get(fallback)
+        if target is None:
+            if not c.tolerated("Model", fallback):
+                hint = did_you_mean(fallback, c.canonical) or "name a model or an alias defined in the repo"
+                c.add(index, path, f"fallback `{fallback}` is not a model or alias", hint)
+        elif target == doc.metadata.name:
+            c.add(index, path, f"fallback `{fallback}` is this model itself", "remove it")
+
+
+def _profile(c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile) -> None:
+    if p.gpu_class is None:
+        if p.engine not in CPU_ENGINES:
+            c.add(
+                index,
+                (*path, "gpu_class"),
+                f"engine {p.engine} needs a GPU: the profile has no `gpu_class`",
+                "add e.g. `gpu_class: h100-80g` and `gpus`",
+            )
+        elif p.gpus:
+            c.add(
+                index,
+                (*path, "gpus"),
+                f"gpus {p.gpus} without a `gpu_class`",
+                "name the gpu_class, or remove gpus for a CPU profile",
+            )
+    else:
+        if p.gpus < 1:
+            c.add(index, (*path, "gpus"), "a GPU profile needs gpus >= 1", f"add `gpus: {p.tp * p.pp}`")
+        elif p.gpus * p.nodes != p.tp * p.pp:
+            c.add(
+                index,
+                (*path, "gpus"),
+                f"gpus x nodes ({p.gpus} x {p.nodes}) must equal tp x pp ({p.tp} x {p.pp})",
+                "every GPU of the replica holds one tensor/pipeline shard",
+            )
+        if is_mig_class(p.gpu_class) and (p.gpus > 1 or p.nodes > 1):
+            c.add(
+                index,
+                (*path, "gpus"),
+                f"MIG class `{p.gpu_class}` takes exactly one device",
+                "use gpus: 1, tp: 1, nodes: 1",
+            )
+    if p.engine == "llamacpp":
+        if p.tp > 1:
+            c.add(index, (*path, "tp"), f"llama.cpp does not do tensor parallelism (tp {p.tp})", "use tp: 1")
+        if p.nodes > 1:
+            c.add(
+                index,
+                (*path, "nodes"),
+                f"llama.cpp does not run across nodes (nodes {p.nodes})",
+                "use nodes: 1",
+            )
+
+
+def _fallback_cycles(c: _Checker) -> None:
+    graph: dict[str, list[tuple[int, str]]] = {}
+    for index, doc in enumerate(c.documents):
+        if isinstance(doc, Model) and c.model_names.get(doc.metadata.name) == index:
+            edges = []
+            for pos, name in enumerate(doc.spec.fallbacks):
+                target = c.canonical.get(name)
+                if target is not None and target != doc.metadata.name:
+                    edges.append((pos, target))
+            graph[doc.metadata.name] = edges
+    done: set[str] = set()
+    reported: set[frozenset[str]] = set()
+    for start in graph:
+        stack: list[tuple[str, int]] = []  # (model, fallback position taken)
+        _walk(c, graph, start, stack, done, reported)
+
+
+def _walk(
+    c: _Checker,
+    graph: Mapping[str, list[tuple[int, str]]],
+    node: str,
+    stack: list[tuple[str, int]],
+    done: set[str],
+    reported: set[frozenset[str]],
+) -> None:
+    if node in done:
+        return
+    on_stack = [name for name, _ in stack]
+    if node in on_stack:
+        loop = on_stack[on_stack.index(node) :]
+        key = frozenset(loop)
+        if key not in reported:
+            reported.add(key)
+            first, pos = stack[on_stack.index(node)]
+            route = " -> ".join([*loop, node])
+            c.add(
+                c.model_names[first],
+                ("spec", "fallbacks", pos),
+                f"fallbacks loop: {route}",
+                "break the loop by removing one fallback",
+            )
+        return
+    for pos, target in graph.get(node, []):
+        stack.append((node, pos))
+        _walk(c, graph, target, stack, done, reported)
+        stack.pop()
+    done.add(node)
+
+
+def _references(c: _Checker) -> None:
+    policies = c.names_of(RoutingPolicy)
+    orgs = c.names_of(Organization)
+    teams = c.names_of(Team)
+
+    def policy(index: int, path: tuple[PathPart, ...], name: str | None) -> None:
+        if name is not None and name not in policies and not c.tolerated("RoutingPolicy", name):
+            c.add(
+                index,
+                path,
+                f"routing policy `{name}` is not defined",
+                did_you_mean(name, policies) or "add a RoutingPolicy document with that name",
+            )
+
+    for index, doc in enumerate(c.documents):
+        if isinstance(doc, Cluster):
+            policy(index, ("spec", "router", "default_policy"), doc.spec.router.default_policy)
+        elif isinstance(doc, Model):
+            policy(index, ("spec", "routing_policy"), doc.spec.routing_policy)
+        elif isinstance(doc, Team):
+            _parent(c, index, ("spec", "organization"), "Organization", doc.spec.organization, orgs)
+        elif isinstance(doc, Project):
+            if doc.spec.team is not None:
+                _parent(c, index, ("spec", "team"), "Team", doc.spec.team, teams)
+            if doc.spec.organization is not None:
+                _parent(c, index, ("spec", "organization"), "Organization", doc.spec.organization, orgs)
+        if isinstance(doc, Organization | Team | Project) and doc.spec.models is not None:
+            for pos, pattern in enumerate(doc.spec.models):
+                matched = any(fnmatch.fnmatchcase(name, pattern) for name in c.canonical)
+                if not matched and not c.tolerated("Model", pattern):
+                    c.add(
+                        index,
+                        ("spec", "models", pos),
+                        f"`{pattern}` matches no model or alias",
+                        did_you_mean(pattern, c.canonical),
+                        warning=True,
+                    )
+
+
+def _parent(
+    c: _Checker, index: int, path: tuple[PathPart, ...], kind: str, name: str, known: Mapping[str, int]
+) -> None:
+    if name not in known and not c.tolerated(kind, name):
+        c.add(
+            index,
+            path,
+            f"{kind} `{name}` is not defined",
+            did_you_mean(name, known) or f"add a {kind} document named `{name}`",
+        )

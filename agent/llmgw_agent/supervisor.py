@@ -212,6 +212,7 @@ class Supervisor:
     async def _launch(self, shard: Shard, model_path: str | None) -> None:
         spec = shard.spec
         port = self._pick_port()
+        shard.status.port = port  # claimed before the next await, so a concurrent start picks another
         ctx = self._context(spec, port, model_path)
         plan = engines.launch_plan(spec, ctx)
         shard.workdir.mkdir(parents=True, exist_ok=True)

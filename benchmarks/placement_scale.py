@@ -12,7 +12,7 @@ import statistics
 import time
 
 from llmgw.config.models import ModelSpec
-from llmgw.fleet import GIB, GpuView, ModelEntry, NodeView
+from llmgw.fleet import GIB, GpuView, ModelView, NodeView
 from llmgw.placement import place
 
 CLASSES = ("h100-80g", "a100-80g", "l40s-48g")
@@ -37,7 +37,7 @@ def fleet(n_nodes: int) -> list[NodeView]:
     return nodes
 
 
-def catalog(n_models: int) -> dict[str, ModelEntry]:
+def catalog(n_models: int) -> dict[str, ModelView]:
     models = {}
     for i in range(n_models):
         gpus = (1, 2, 4, 8)[i % 4]
@@ -82,7 +82,7 @@ def catalog(n_models: int) -> dict[str, ModelEntry]:
         spec = ModelSpec.model_validate(
             {"context_length": 8192, "scaling": {"min": replicas, "max": replicas}, "profiles": profiles}
         )
-        models[f"model-{i:03d}"] = ModelEntry(spec, {p["name"]: f"fp{i}{p['name']}" for p in profiles})
+        models[f"model-{i:03d}"] = ModelView(spec, {p["name"]: f"fp{i}{p['name']}" for p in profiles})
     return models
 
 

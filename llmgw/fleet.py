@@ -14,11 +14,14 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmgw.config.models import ModelSpec, Source
+
+if TYPE_CHECKING:  # only for annotations: the adapters below read two attributes of a Catalog
+    from llmgw.catalog import Catalog
 
 __all__ = [
     "GIB",
@@ -29,14 +32,16 @@ __all__ = [
     "LiveReplica",
     "LiveShard",
     "LiveState",
-    "ModelEntry",
     "ModelState",
+    "ModelView",
     "NodeState",
     "NodeView",
     "ReplicaState",
     "ReplicaView",
     "ShardState",
     "ShardView",
+    "desired_nodes",
+    "model_views",
     "weights_key",
 ]
 
@@ -47,11 +52,27 @@ ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "sto
 ReplicaState = Literal["pending", "starting", "ready", "failed", "draining", "stopping", "stopped"]
 
 
-class ModelEntry(NamedTuple):
+class ModelView(NamedTuple):
     """One desired model: its spec and the fingerprint of each of its profiles (by profile name)."""
 
     spec: ModelSpec
     fingerprints: Mapping[str, str]
+
+
+def model_views(catalog: Catalog) -> dict[str, ModelView]:
+    """The catalog's models as the decisions read them: spec and profile fingerprints."""
+    return {
+        name: ModelView(entry.spec, {p.name: p.fingerprint for p in entry.profiles})
+        for name, entry in sorted(catalog.models.items())
+    }
+
+
+def desired_nodes(catalog: Catalog) -> dict[str, DesiredNode]:
+    """The catalog's Node documents as `plan` reads them."""
+    return {
+        name: DesiredNode(name, dict(node.labels), node.spec.fabric, node.spec.cordoned)
+        for name, node in sorted(catalog.nodes.items())
+    }
 
 
 def weights_key(source: Source | None) -> str | None:

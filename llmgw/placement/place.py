@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.config.models import Profile
-from llmgw.fleet import ModelEntry, NodeView, ReplicaView, weights_key
+from llmgw.fleet import ModelView, NodeView, ReplicaView, weights_key
 from llmgw.placement.rooms import (
     NodeVerdict,
     Room,
@@ -119,7 +119,7 @@ class Placer:
 
     def __init__(
         self,
-        models: Mapping[str, ModelEntry],
+        models: Mapping[str, ModelView],
         nodes: Iterable[NodeView],
         replicas: Iterable[ReplicaView],
         new_id: IdFactory | None = None,
@@ -324,7 +324,7 @@ def active_count(model: str, replicas: Iterable[ReplicaView], lost_nodes: frozen
 
 
 def place(
-    models: Mapping[str, ModelEntry],
+    models: Mapping[str, ModelView],
     nodes: Iterable[NodeView],
     replicas: Iterable[ReplicaView],
     wanted: Mapping[str, int] | None = None,
@@ -360,7 +360,7 @@ def place(
 
 def explain(
     model: str,
-    models: Mapping[str, ModelEntry],
+    models: Mapping[str, ModelView],
     nodes: Iterable[NodeView],
     replicas: Iterable[ReplicaView],
 ) -> Explanation:

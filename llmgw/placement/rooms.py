@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llmgw.config.models import Profile
-from llmgw.fleet import GIB, ModelEntry, NodeView, ReplicaView
+from llmgw.fleet import GIB, ModelView, NodeView, ReplicaView
 
 # Engines built into the agent: installed everywhere.
 BUILTIN_ENGINES = frozenset({"sim"})
@@ -95,7 +95,7 @@ def gpus_needed(profile: Profile) -> int:
 
 
 def build_rooms(
-    nodes: Iterable[NodeView], replicas: Iterable[ReplicaView], models: Mapping[str, ModelEntry]
+    nodes: Iterable[NodeView], replicas: Iterable[ReplicaView], models: Mapping[str, ModelView]
 ) -> dict[str, Room]:
     """Rooms for every node, with what current replicas hold already taken out."""
     rooms: dict[str, Room] = {}
@@ -131,7 +131,7 @@ def build_rooms(
 _NO_PROFILE = Profile(name="unknown", engine="sim")
 
 
-def _find_profile(entry: ModelEntry | None, name: str) -> Profile | None:
+def _find_profile(entry: ModelView | None, name: str) -> Profile | None:
     if entry is None:
         return None
     for profile in entry.spec.profiles:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from llmgw.config.models import ModelSpec, Profile
-from llmgw.fleet import GIB, GpuView, ModelEntry, NodeView, ReplicaView, ShardView
+from llmgw.fleet import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
 
 
 def gpu_node(
@@ -48,14 +48,14 @@ def cpu_profile(name: str = "cpu", cores: int = 4, memory_gb: float | None = 8, 
     return Profile(name=name, cpu_cores=cores, min_memory_gb=memory_gb, **kw)
 
 
-def entry(*profiles: Profile, min: int = 1, max: int | None = None, **spec: Any) -> ModelEntry:
+def entry(*profiles: Profile, min: int = 1, max: int | None = None, **spec: Any) -> ModelView:
     scaling = dict(spec.pop("scaling", {}))
     scaling.setdefault("min", min)
     scaling.setdefault("max", max if max is not None else builtins_max(min, 1))
     model = ModelSpec.model_validate(
         {"context_length": 4096, "scaling": scaling, "profiles": [p.model_dump() for p in profiles], **spec}
     )
-    return ModelEntry(model, {p.name: f"fp-{p.name}-{p.gpus}-{p.cpu_cores}" for p in profiles})
+    return ModelView(model, {p.name: f"fp-{p.name}-{p.gpus}-{p.cpu_cores}" for p in profiles})
 
 
 def builtins_max(a: int, b: int) -> int:

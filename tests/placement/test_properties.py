@@ -50,7 +50,7 @@ def fleets(draw):
     return nodes, models
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(fleets())
 def test_never_over_allocates(fleet):
     nodes, models = fleet

@@ -1,0 +1,367 @@
+"""The reconciler's decisions: desired against live, one pass, as values.
+
+`reconcile(...)` is pure: it takes the catalog view, the nodes, the replicas, the backoff carried per model,
+when each model was last used, what is being asked for, the time and a seeded random source, and returns the
+actions to carry out (frozen values), the new backoff state and when to wake up next. The controller's I/O
+shell carries the actions out through the agents; tests carry them out on a fake fleet with a fake clock.
+
+Rules (each learned the hard way, see docs/placement.md):
+- scale to `scaling.min`; on-demand models (min 0) start up to `max` only when asked and stop after
+  `idle_timeout` without use;
+- one failed shard fails the whole replica: every shard is stopped and the replica replaced, after a jittered
+  exponential backoff carried on the model (not on the replica that was just destroyed);
+- replicas on a Lost node are replaced elsewhere; on an Unreachable node they are left alone (a network blip
+  must not tear down replicas that are serving);
+- replicas of models no longer in the catalog are stopped;
+- scale-down drains before stopping;
+- a replica whose profile fingerprint differs from the catalog's is marked stale; it is restarted only when
+  the model says `restart_on_profile_change`, one at a time, with its replacement placed beside it first when
+  there is room;
+- adopted replicas (found running after a controller restart) are kept and never restarted.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal, TypeVar
+
+from llmgw.config.models import duration_seconds
+from llmgw.fleet import ModelView, ModelState, NodeView, ReplicaView
+from llmgw.placement import IdFactory, Placement, Placer, ShardPlacement
+
+__all__ = [
+    "Action",
+    "BackoffPolicy",
+    "Decision",
+    "MarkStale",
+    "RestartReplica",
+    "StartReplica",
+    "StopReplica",
+    "Wait",
+    "is_stale",
+    "reconcile",
+]
+
+Mode = Literal["run", "plan"]
+_GONE = frozenset({"draining", "stopping", "stopped"})
+
+
+@dataclass(frozen=True, slots=True)
+class StartReplica:
+    placement: Placement
+    reason: str
+
+    @property
+    def shards_in_start_order(self) -> tuple[ShardPlacement, ...]:
+        """Workers before rank 0."""
+        return self.placement.start_order()
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplica:
+    replica_id: str
+    reason: str
+    drain: bool  # let in-flight requests finish first (scale-down, removed model); False for failed ones
+
+
+@dataclass(frozen=True, slots=True)
+class MarkStale:
+    replica_id: str
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RestartReplica:
+    """Drain and stop a stale replica; its replacement is a StartReplica (this pass or the next)."""
+
+    replica_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    model: str
+    until: float | None  # None: until something changes (a node, the catalog)
+    reason: str
+
+
+Action = StartReplica | StopReplica | MarkStale | RestartReplica | Wait
+A = TypeVar("A", StartReplica, StopReplica, MarkStale, RestartReplica, Wait)
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffPolicy:
+    """Delay before replacing a failed replica: base * factor^(failures-1), capped, jittered by +-jitter."""
+
+    base: float = 5.0
+    factor: float = 2.0
+    cap: float = 300.0
+    jitter: float = 0.2
+    reset_after: float = 600.0  # a replica ready this long forgets the model's failures
+
+    def delay(self, failures: int, rng: random.Random) -> float:
+        raw = min(self.cap, self.base * self.factor ** max(0, failures - 1))
+        return min(self.cap, raw * (1.0 + self.jitter * (2.0 * rng.random() - 1.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    actions: tuple[Action, ...]
+    backoff: Mapping[str, ModelState]
+    wake_at: float | None  # the next time something is due (backoff end, idle deadline); None: nothing
+
+    def of(self, kind: type[A]) -> list[A]:
+        """The actions of one kind, in order."""
+        return [a for a in self.actions if isinstance(a, kind)]
+
+
+def is_stale(replica: ReplicaView, entry: ModelView) -> bool:
+    """Profile gone, or fingerprint differs. An empty fingerprint is unknown (older agent), not stale."""
+    if all(p.name != replica.profile for p in entry.spec.profiles):
+        return True
+    wanted = entry.fingerprints.get(replica.profile, "")
+    return bool(replica.fingerprint) and bool(wanted) and replica.fingerprint != wanted
+
+
+@dataclass(slots=True)
+class _ModelPass:
+    """The working notes of one model in one pass."""
+
+    name: str
+    entry: ModelView
+    state: ModelState
+    alive: list[ReplicaView] = field(default_factory=list)
+    actions: list[Action] = field(default_factory=list)
+    start_reasons: list[str] = field(default_factory=list)  # one per replica to place, in order
+    wakes: list[float] = field(default_factory=list)
+
+
+def reconcile(
+    models: Mapping[str, ModelView],
+    nodes: Iterable[NodeView],
+    replicas: Iterable[ReplicaView],
+    *,
+    now: float,
+    rng: random.Random,
+    backoff: Mapping[str, ModelState] | None = None,
+    last_used: Mapping[str, float] | None = None,
+    demand: Mapping[str, int] | None = None,
+    policy: BackoffPolicy | None = None,
+    new_id: IdFactory | None = None,
+    mode: Mode = "run",
+) -> Decision:
+    """One reconcile pass. `demand`: replicas asked for per model (the router's on-demand signal);
+    `last_used`: when each model last served a request. `mode="plan"` shows the whole way to the desired
+    state: every stale restart at once, no backoff, no idle stops (they are runtime, not repo changes)."""
+    nodes = tuple(nodes)
+    replicas = tuple(sorted(replicas, key=lambda r: r.id))
+    policy = policy or BackoffPolicy()
+    backoff = backoff or {}
+    last_used = last_used or {}
+    demand = demand or {}
+    node_state = {n.name: n.state for n in nodes}
+
+    actions: list[Action] = list(_removed_models(models, replicas))
+    passes = []
+    for name in sorted(models):
+        mp = _ModelPass(name, models[name], backoff.get(name, ModelState()))
+        mine = [r for r in replicas if r.model == name]
+        _failed_and_lost(mp, mine, node_state, now, rng, policy)
+        _reset_backoff(mp, now, policy)
+        _unreachable(mp, node_state)
+        restarts = _stale(mp, mode)
+        _scale(mp, restarts, now, last_used.get(name), demand.get(name, 0), mode)
+        passes.append(mp)
+
+    placer = Placer(models, nodes, replicas, new_id)
+    _place_all(passes, placer)
+    for mp in passes:
+        actions.extend(mp.actions)
+    new_backoff = {mp.name: mp.state for mp in passes if mp.state != ModelState()}
+    wakes = [w for mp in passes for w in mp.wakes if w > now]
+    return Decision(tuple(_ordered(actions)), new_backoff, min(wakes) if wakes else None)
+
+
+def _ordered(actions: Sequence[Action]) -> list[Action]:
+    """Stops first (they free room), then marks and restarts, then starts, then waits."""
+    rank = {StopReplica: 0, MarkStale: 1, RestartReplica: 2, StartReplica: 3, Wait: 4}
+    return sorted(actions, key=lambda a: rank[type(a)])
+
+
+def _removed_models(models: Mapping[str, ModelView], replicas: Sequence[ReplicaView]) -> Iterable[Action]:
+    for r in replicas:
+        if r.model in models or r.effective_state() in _GONE:
+            continue
+        failed = r.effective_state() == "failed"
+        yield StopReplica(r.id, f"model {r.model} is no longer in the cluster repo", drain=not failed)
+
+
+def _failed_and_lost(
+    mp: _ModelPass,
+    mine: Sequence[ReplicaView],
+    node_state: Mapping[str, str],
+    now: float,
+    rng: random.Random,
+    policy: BackoffPolicy,
+) -> None:
+    present = {r.id for r in mine}
+    state = replace(mp.state, counted=frozenset(i for i in mp.state.counted if i in present))
+    for r in mine:
+        eff = r.effective_state()
+        if eff in _GONE:
+            continue
+        if eff == "failed":
+            mp.actions.append(StopReplica(r.id, _failure_words(r), drain=False))
+            mp.start_reasons.append(f"replaces {r.id} (failed)")
+            if r.id not in state.counted:
+                failures = state.failures + 1
+                state = ModelState(
+                    failures=failures,
+                    not_before=now + policy.delay(failures, rng),
+                    counted=state.counted | {r.id},
+                )
+            continue
+        lost = sorted({s.node for s in r.shards if node_state.get(s.node, "Lost") == "Lost"})
+        if lost:
+            where = ", ".join(lost)
+            mp.actions.append(StopReplica(r.id, f"node {where} is Lost; replaced elsewhere", drain=False))
+            mp.start_reasons.append(f"replaces {r.id} (node {where} is Lost)")
+            continue
+        mp.alive.append(r)
+    mp.state = state
+
+
+def _failure_words(r: ReplicaView) -> str:
+    failed = [s for s in r.shards if s.state == "failed"]
+    if not failed:
+        return "replica failed"
+    which = ", ".join(f"shard {s.rank} on {s.node}" for s in failed)
+    others = "; stopping every shard" if len(r.shards) > 1 else ""
+    return f"{which} failed{others}"
+
+
+def _reset_backoff(mp: _ModelPass, now: float, policy: BackoffPolicy) -> None:
+    if mp.state.failures == 0:
+        return
+    since = [r.ready_since for r in mp.alive if r.ready_since is not None and r.effective_state() == "ready"]
+    if any(now - s >= policy.reset_after for s in since):
+        mp.state = ModelState(counted=mp.state.counted)
+    elif since:
+        mp.wakes.append(min(since) + policy.reset_after)
+
+
+def _unreachable(mp: _ModelPass, node_state: Mapping[str, str]) -> None:
+    for r in mp.alive:
+        away = sorted({s.node for s in r.shards if node_state.get(s.node) == "Unreachable"})
+        if away:
+            reason = f"{r.id} is on Unreachable node {', '.join(away)}: kept until the node is Lost"
+            mp.actions.append(Wait(mp.name, None, reason))
+
+
+def _stale(mp: _ModelPass, mode: Mode) -> list[ReplicaView]:
+    """Mark stale replicas; return the ones to restart (and take them out of `alive`)."""
+    stale = [r for r in mp.alive if is_stale(r, mp.entry)]
+    for r in stale:
+        if not r.stale:
+            mp.actions.append(MarkStale(r.id, f"profile {r.profile} changed since {r.id} was placed"))
+    if not mp.entry.spec.restart_on_profile_change:
+        return []
+    candidates = [r for r in stale if not r.adopted]
+    if mode == "run":
+        # One at a time, and only while every other replica is ready, so the model keeps serving.
+        others_ready = all(r.effective_state() == "ready" for r in mp.alive if r not in candidates[:1])
+        candidates = candidates[:1] if others_ready else []
+    for r in candidates:
+        mp.alive.remove(r)
+        mp.actions.append(RestartReplica(r.id, f"profile {r.profile} changed (restart_on_profile_change)"))
+        mp.start_reasons.insert(0, f"replaces {r.id} (stale profile)")
+    return candidates
+
+
+def _scale(
+    mp: _ModelPass,
+    restarts: Sequence[ReplicaView],
+    now: float,
+    last_used: float | None,
+    asked: int,
+    mode: Mode,
+) -> None:
+    scaling = mp.entry.spec.scaling
+    if not mp.entry.spec.profiles:  # served by a provider
+        return
+    count = len(mp.alive) + len(restarts)  # a restarted replica keeps its place in the count
+    target = max(scaling.min, min(count, scaling.max))
+    idle_words = ""
+    if mode == "run":
+        target = max(target, min(asked, scaling.max))
+        if scaling.idle_timeout is not None and count > scaling.min:
+            idle = duration_seconds(scaling.idle_timeout)
+            created = [r.created_at for r in mp.alive]
+            activity = max([last_used if last_used is not None else -math.inf, *created])
+            if now - activity >= idle:
+                target = max(scaling.min, min(asked, scaling.max))
+                idle_words = f" (unused for {scaling.idle_timeout})"
+            else:
+                mp.wakes.append(activity + idle)
+    have = len(mp.alive)
+    if have < target:
+        _want(mp, target - have, target, asked, now, mode)
+    elif have > target:
+        _scale_down(mp, have - target, target, idle_words)
+    else:
+        mp.start_reasons.clear()
+
+
+def _want(mp: _ModelPass, missing: int, target: int, asked: int, now: float, mode: Mode) -> None:
+    if mode == "run" and mp.state.not_before > now:
+        failures = mp.state.failures
+        mp.actions.append(
+            Wait(mp.name, mp.state.not_before, f"backing off after {failures} failure{'s' * (failures != 1)}")
+        )
+        mp.wakes.append(mp.state.not_before)
+        mp.start_reasons.clear()
+        return
+    scaling = mp.entry.spec.scaling
+    default = f"scale to min {scaling.min}" if target <= scaling.min else f"asked for ({asked} wanted)"
+    reasons = mp.start_reasons[:missing]
+    reasons += [default] * (missing - len(reasons))
+    mp.start_reasons = reasons
+
+
+def _scale_down(mp: _ModelPass, extra: int, target: int, idle_words: str) -> None:
+    mp.start_reasons.clear()
+
+    def order(r: ReplicaView) -> tuple[object, ...]:
+        # Not-yet-ready first, then stale, then ours before adopted ones, then the newest.
+        return (r.effective_state() == "ready", not is_stale(r, mp.entry), r.adopted, -r.created_at, r.id)
+
+    for r in sorted(mp.alive, key=order)[:extra]:
+        mp.alive.remove(r)
+        mp.actions.append(StopReplica(r.id, f"scale down to {target}{idle_words}", drain=True))
+
+
+def _place_all(passes: Sequence[_ModelPass], placer: Placer) -> None:
+    """Round-robin over models, one replica each per round, every placement taken out of the rooms."""
+    queue = {mp.name: mp for mp in passes if mp.start_reasons}
+    progress = {name: 0 for name in queue}
+    while queue:
+        for name in list(queue):
+            mp = queue[name]
+            i = progress[name]
+            placement = placer.place_one(name)
+            if placement is None:
+                missing = len(mp.start_reasons) - i
+                reason = (
+                    f"{missing} replica{'s' * (missing != 1)} cannot be placed: no node fits any profile "
+                    f"(llmgw explain {name})"
+                )
+                mp.actions.append(Wait(name, None, reason))
+                del queue[name]
+                continue
+            mp.actions.append(StartReplica(placement, mp.start_reasons[i]))
+            progress[name] = i + 1
+            if progress[name] == len(mp.start_reasons):
+                del queue[name]

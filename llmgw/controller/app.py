@@ -1,0 +1,234 @@
+"""The controller's aiohttp app factory and the in-process entry points.
+
+`start_controller(settings)` starts everything (store, listeners, the source, reconcile and liveness loops)
+and returns a handle; `llmgw controller` and `llmgw up` both use it. Every background loop lives in the app's
+cleanup_ctx, so stopping the runner stops them all; no globals.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl
+from collections.abc import AsyncIterator, Callable, Coroutine
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from llmgw_agent.protocol import AGENT_PATH
+
+from llmgw.controller import admin, views
+from llmgw.controller.core import Controller, admin_token_from
+from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.reconciler import Reconciler
+from llmgw.controller.routers import router_stream
+from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.source import DirectorySource, GitSource, Source, SourceUnavailable
+from llmgw.store.store import Store
+
+log = logging.getLogger("llmgw.controller")
+
+SOURCE: web.AppKey[Source] = web.AppKey("source", object)  # type: ignore[arg-type]
+RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler", Reconciler)
+ROUTER_PATH = "/router/v1"
+EXPIRE_EVERY_S = 0.5
+
+
+def make_source(settings: ControllerSettings) -> Source:
+    if settings.source_kind() == "git":
+        return GitSource(
+            settings.repo, settings.branch, settings.subpath, settings.state_dir, settings.poll_s
+        )
+    root = Path(settings.repo).expanduser() / settings.subpath
+    return DirectorySource(root, settings.dir_poll_s)
+
+
+def make_app(controller: Controller, source: Source) -> web.Application:
+    app = web.Application(client_max_size=32 * 1024 * 1024)
+    app[admin.CONTROLLER] = controller
+    app[admin.POLL_NOW] = asyncio.Event()
+    app[SOURCE] = source
+    app[RECONCILER] = Reconciler(controller)
+    app.router.add_get(AGENT_PATH, lambda r: controller.hub.handle(r))
+    app.router.add_get(ROUTER_PATH, lambda r: router_stream(r, controller))
+    app.router.add_get("/healthz", _healthz)
+    admin.add_routes(app)
+    app.cleanup_ctx.append(_background("source", _source_loop))
+    app.cleanup_ctx.append(_background("reconcile", _reconcile_loop))
+    app.cleanup_ctx.append(_background("liveness", _liveness_loop))
+    return app
+
+
+def make_metrics_app(controller: Controller) -> web.Application:
+    app = web.Application()
+
+    async def metrics(_: web.Request) -> web.Response:
+        refresh_metrics(controller)
+        return web.Response(body=controller.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    c = request.app[admin.CONTROLLER]
+    return web.json_response({"ok": True, "applied": c.desired.revision if c.desired else None})
+
+
+Loop = Callable[[web.Application], Coroutine[Any, Any, None]]
+
+
+def _background(name: str, loop: Loop) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.get_running_loop().create_task(loop(app), name=f"llmgw-controller-{name}")
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return ctx
+
+
+async def _source_loop(app: web.Application) -> None:
+    c = app[admin.CONTROLLER]
+    source = app[SOURCE]
+    poll_now = app[admin.POLL_NOW]
+    while True:
+        try:
+            checkout = await source.poll()
+            c.metrics.source_up.set(1)
+            await c.offer(checkout)
+        except SourceUnavailable as exc:
+            c.metrics.source_up.set(0)
+            c.set_source_error(str(exc))
+        except Exception:  # a bug here must not stop the controller following the repo; retried next poll
+            log.exception("polling %s failed; retrying at the next poll", source.description)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(poll_now.wait(), timeout=source.interval_s)
+        poll_now.clear()
+
+
+async def _reconcile_loop(app: web.Application) -> None:
+    await app[RECONCILER].run()
+
+
+async def _liveness_loop(app: web.Application) -> None:
+    c = app[admin.CONTROLLER]
+    while True:
+        c.hub.expire()
+        c.metrics.agent_connections.set(sum(1 for n in c.hub.nodes.values() if n.connected))
+        await asyncio.sleep(EXPIRE_EVERY_S)
+
+
+def refresh_metrics(c: Controller) -> None:
+    """State gauges recomputed from the controller at scrape time."""
+    m = c.metrics
+    m.revision_applied_info.clear()
+    if c.desired is not None:
+        m.revision_applied_info.labels(c.desired.revision).set(1)
+    m.sync_status.clear()
+    m.sync_status.labels(c.sync_status()).set(1)
+    for state in ("Ready", "Unreachable", "Lost"):
+        m.nodes.labels(state).set(sum(1 for n in c.hub.nodes.values() if n.state == state))
+    m.replicas.clear()
+    counts: dict[tuple[str, str], int] = {}
+    for rec in c.replicas.values():
+        key = (rec.model, views.replica_state(c, rec))
+        counts[key] = counts.get(key, 0) + 1
+    for (model, state), n in counts.items():
+        m.replicas.labels(model, state).set(n)
+    m.model_health.clear()
+    if c.desired is not None:
+        for name in c.desired.models:
+            m.model_health.labels(name, views.model_health(c, name)["health"]).set(1)
+    m.gpus.clear()
+    for link in c.hub.nodes.values():
+        taken = {g for r in c.replicas.values() if r.node == link.name for g in r.gpus}
+        for gpu in link.inventory.gpus or []:
+            allocated = "true" if gpu.index in taken else "false"
+            m.gpus.labels(link.name, gpu.gpu_class or "unknown", allocated).inc()
+    m.agent_connections.set(sum(1 for n in c.hub.nodes.values() if n.connected))
+
+
+def tls_context(settings: ControllerSettings) -> ssl.SSLContext | None:
+    if settings.tls_cert is None:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None)
+    if settings.tls_client_ca is not None:
+        ctx.load_verify_locations(str(settings.tls_client_ca))
+        # Optional at the TLS layer so the admin API works without one; the agent endpoint demands it.
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx
+
+
+@dataclass
+class RunningController:
+    """A started controller: its URLs, admin token and the object itself (for `llmgw up` and tests)."""
+
+    controller: Controller
+    url: str
+    metrics_url: str | None
+    admin_token: str
+    _runners: list[web.AppRunner]
+
+    async def stop(self) -> None:
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+        await self.controller.hub.close()
+        await self.controller.store.close()
+
+
+async def start_controller(settings: ControllerSettings) -> RunningController:
+    """Open the store, start listeners and loops; returns once the listeners are bound."""
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    token = admin_token_from(settings)
+    store = await Store.open(settings.store)
+    controller = Controller(settings, store, ControllerMetrics(), admin_token=token)
+    try:
+        for record in await store.list_replicas():
+            controller.worker_state.known_records[record.id] = record
+        last = await store.last_accepted_revision()
+        if last is not None:
+            log.info("last applied revision in the store: %s from %s", last.sha[:12], last.source)
+    except Exception as exc:
+        log.warning("could not read earlier state from the store: %s", exc)
+    runners: list[web.AppRunner] = []
+    try:
+        app = make_app(controller, make_source(settings))
+        url = await _serve(app, settings.listen_hostport, tls_context(settings), runners)
+        metrics_url = None
+        if settings.metrics_hostport is not None:
+            metrics_url = await _serve(make_metrics_app(controller), settings.metrics_hostport, None, runners)
+    except BaseException:
+        for runner in reversed(runners):
+            await runner.cleanup()
+        await store.close()
+        raise
+    log.info("controller listening on %s (metrics %s)", url, metrics_url or "off")
+    return RunningController(controller, url, metrics_url, token, runners)
+
+
+async def _serve(
+    app: web.Application, hostport: tuple[str, int], ctx: ssl.SSLContext | None, runners: list[web.AppRunner]
+) -> str:
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    runners.append(runner)
+    site = web.TCPSite(runner, hostport[0], hostport[1], ssl_context=ctx)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    scheme = "https" if ctx else "http"
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}"
+
+
+async def run_controller(settings: ControllerSettings, stop: asyncio.Event | None = None) -> None:
+    """Run until `stop` is set (or the task is cancelled); everything started is stopped on the way out."""
+    running = await start_controller(settings)
+    try:
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await running.stop()

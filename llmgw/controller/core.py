@@ -1,0 +1,270 @@
+"""The controller's state and the revision pipeline: one object the app factory builds and passes down.
+
+`Controller.desired` is the immutable desired state; a new revision replaces the reference in one assignment,
+so a reader that took it finishes on the one it took. Everything the admin API shows is derived from this
+object plus what the hub reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from llmgw.controller.desired import Desired, RepoInvalid, build_desired
+from llmgw.controller.hub import AgentHub, HubTimings
+from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.secrets import SecretError, load_or_create, read_secret
+from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.source import Checkout
+from llmgw.fleet import ModelState
+from llmgw.placement import ShardPlacement
+from llmgw.store.records import ReplicaRecord, Revision
+from llmgw.store.store import Store
+
+log = logging.getLogger("llmgw.controller")
+
+DEFAULT_TIMINGS = HubTimings(heartbeat_interval_s=5.0, unreachable_after_s=20.0, lost_after_s=300.0)
+
+
+@dataclass(frozen=True)
+class SeenRevision:
+    revision: str
+    where: str
+    at: float
+
+
+@dataclass(frozen=True)
+class RefusedRevision:
+    revision: str
+    where: str
+    at: float
+    errors: tuple[str, ...]
+
+
+@dataclass
+class ReplicaRec:
+    """One replica the controller started or adopted. Shard states are read from the hub, not kept here."""
+
+    id: str
+    model: str
+    profile: str
+    fingerprint: str
+    created_at: float
+    shards: tuple[ShardPlacement, ...]
+    adopted: bool = False
+    stopping: bool = False
+    error: str = ""
+    start_sent_at: float = 0.0
+    ready_since: float | None = None
+
+    @property
+    def node(self) -> str:
+        """The node of rank 0 (where the endpoint is)."""
+        return next((s.node for s in self.shards if s.rank == 0), self.shards[0].node if self.shards else "")
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(s.node for s in self.shards)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(g for s in self.shards for g in s.gpus)
+
+
+@dataclass
+class WorkerState:
+    """What the reconcile worker carries between passes (touched only by it and the demand endpoints)."""
+
+    demand: dict[str, float] = field(default_factory=dict)  # model -> monotonic time of last demand
+    used: dict[str, float] = field(default_factory=dict)  # model -> monotonic time last used by a router
+    backoff: dict[str, ModelState] = field(default_factory=dict)
+    unplaceable: dict[str, dict[str, str]] = field(default_factory=dict)
+    targets: dict[str, int] = field(default_factory=dict)
+    passes: int = 0
+    last_pass_at: float | None = None
+    last_actions: list[str] = field(default_factory=list)
+    stored_states: dict[str, str] = field(default_factory=dict)  # replica id -> state last written
+    known_records: dict[str, ReplicaRecord] = field(default_factory=dict)  # from the store at start
+
+
+@dataclass
+class EventLog:
+    """Recent events in memory (the store keeps them too); newest last."""
+
+    items: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=500))
+
+
+class Controller:
+    def __init__(
+        self,
+        settings: ControllerSettings,
+        store: Store,
+        metrics: ControllerMetrics,
+        *,
+        admin_token: str,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.admin_token = admin_token
+        self.clock = clock
+        self.wall = wall
+        self.desired: Desired | None = None
+        self.applied_at: float | None = None
+        self.seen: SeenRevision | None = None
+        self.refused: RefusedRevision | None = None
+        self.source_error: str | None = None
+        self.replicas: dict[str, ReplicaRec] = {}
+        self.events = EventLog()
+        self.changed = asyncio.Event()
+        self.change_listeners: list[Callable[[], None]] = []
+        self.worker_state = WorkerState()
+        self.hub = AgentHub(
+            tokens=self.agent_tokens,
+            timings=self.timings,
+            clock=clock,
+            on_change=self.notify,
+            require_client_cert=settings.tls_client_ca is not None,
+        )
+        self._generated_secret: str | None = None
+
+    # ---------------------------------------------------------------------------------- wiring
+
+    def notify(self, why: str = "") -> None:
+        """Something changed: wake the reconcile worker and the router publisher."""
+        self.changed.set()
+        for listener in self.change_listeners:
+            listener()
+
+    def timings(self) -> HubTimings:
+        d = self.desired
+        if d is None:
+            return DEFAULT_TIMINGS
+        return HubTimings(d.heartbeat_interval_s, d.unreachable_after_s, d.lost_after_s)
+
+    def agent_tokens(self) -> tuple[str, ...]:
+        """Agents and routers present the Cluster's token when it declares one, or the admin token."""
+        tokens = [self.admin_token]
+        d = self.desired
+        if d is not None and d.cluster.controller.token is not None:
+            try:
+                tokens.append(read_secret(d.cluster.controller.token, d.root))
+            except SecretError as exc:
+                log.warning("cluster token unavailable: %s", exc)
+        return tuple(tokens)
+
+    def cluster_secret(self) -> str:
+        d = self.desired
+        if d is not None and d.cluster.secret is not None:
+            return read_secret(d.cluster.secret, d.root)
+        if self._generated_secret is None:
+            self._generated_secret = load_or_create(self.settings.state_dir / "cluster-secret")
+        return self._generated_secret
+
+    async def event(self, kind: str, obj: str, message: str) -> None:
+        now = self.wall()
+        self.events.items.append({"time": now, "kind": kind, "object": obj, "message": message})
+        try:
+            await self.store.add_event(kind, obj, message, now)
+        except Exception as exc:  # the store being down must not stop the controller acting
+            log.warning("could not record event in the store: %s", exc)
+
+    # ---------------------------------------------------------------------------------- revisions
+
+    async def offer(self, checkout: Checkout, *, force: bool = False) -> str:
+        """Take a revision from a source: 'unchanged', 'applied' or 'refused'."""
+        self.source_error = None
+        self.seen = SeenRevision(checkout.revision, checkout.where, self.wall())
+        current = self.desired.revision if self.desired else None
+        if not force and checkout.revision == current:
+            return "unchanged"
+        if not force and self.refused is not None and self.refused.revision == checkout.revision:
+            return "refused"  # already said once; not again every poll
+        try:
+            desired = await asyncio.to_thread(build_desired, checkout.root, checkout.revision, checkout.where)
+        except RepoInvalid as exc:
+            await self._refuse(checkout, exc.errors)
+            return "refused"
+        await self._apply(desired)
+        return "applied"
+
+    async def _refuse(self, checkout: Checkout, errors: list[str]) -> None:
+        self.refused = RefusedRevision(checkout.revision, checkout.where, self.wall(), tuple(errors))
+        self.metrics.revision_refused.set(1)
+        log.warning(
+            "revision %s from %s refused (%d error(s)); still serving %s: %s",
+            checkout.revision[:12],
+            checkout.where,
+            len(errors),
+            self.desired.revision[:12] if self.desired else "nothing",
+            errors[0] if errors else "",
+        )
+        await self._record(
+            Revision(checkout.revision, checkout.where, self.wall(), "controller", "refused", tuple(errors))
+        )
+        await self.event(
+            "revision_refused",
+            checkout.revision[:12],
+            f"{len(errors)} error(s): {errors[0] if errors else ''}",
+        )
+        self.notify("revision refused")
+
+    async def _apply(self, desired: Desired) -> None:
+        previous = self.desired
+        self.desired = desired  # the one atomic swap; readers keep what they took
+        self.applied_at = self.wall()
+        if self.refused is not None:
+            self.refused = None
+            self.metrics.revision_refused.set(0)
+        log.info(
+            "revision %s from %s applied (was %s)",
+            desired.revision[:12],
+            desired.source,
+            previous.revision[:12] if previous else "none",
+        )
+        await self._record(Revision(desired.revision, desired.source, self.wall(), "controller", "accepted"))
+        await self.event("revision_applied", desired.revision[:12], f"from {desired.source}")
+        self.notify("revision applied")
+
+    async def _record(self, revision: Revision) -> None:
+        try:
+            await self.store.record_revision(revision)
+        except Exception as exc:  # recorded later is better than not applying; said loudly
+            log.warning("could not record revision %s in the store: %s", revision.sha[:12], exc)
+
+    def set_source_error(self, message: str) -> None:
+        if message != self.source_error:
+            log.warning(
+                "cluster repo unavailable, keeping revision %s: %s",
+                self.desired.revision[:12] if self.desired else "none",
+                message,
+            )
+        self.source_error = message
+
+    def sync_status(self) -> str:
+        if self.desired is None or self.seen is None:
+            return "Unknown"
+        return "Synced" if self.seen.revision == self.desired.revision else "OutOfSync"
+
+
+def admin_token_from(settings: ControllerSettings) -> str:
+    """The admin token from --admin-token-file, or one generated once into the state dir."""
+    if settings.admin_token_file is not None:
+        try:
+            token = settings.admin_token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise SecretError(
+                f"cannot read --admin-token-file {settings.admin_token_file}: {exc.strerror}"
+            ) from exc
+        if not token:
+            raise SecretError(f"--admin-token-file {settings.admin_token_file} is empty")
+        return token
+    return load_or_create(Path(settings.state_dir) / "admin-token")

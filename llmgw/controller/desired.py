@@ -1,0 +1,90 @@
+"""The desired state the controller serves: one immutable value per applied revision.
+
+`build_desired` runs the same pipeline as `llmgw validate` (`llmgw.config.load_repo`), so the controller and
+the CLI can never disagree about what is valid; it raises RepoInvalid with every error found.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from llmgw.catalog import Catalog, ModelEntry
+from llmgw.config import content_hash, load_repo
+from llmgw.config.models import ClusterSpec, duration_seconds
+from llmgw.fleet import ModelView, model_views
+
+
+class RepoInvalid(Exception):
+    """A revision failed validation. `errors` are `file:line:col path: message` lines."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__(f"{len(errors)} error(s) in the cluster repo")
+        self.errors = errors
+
+
+@dataclass(frozen=True)
+class Desired:
+    """Everything one revision asks for. Never mutated: a new revision is a new Desired."""
+
+    revision: str
+    source: str  # where it came from ("git URL@branch", "dir PATH", "apply PATH")
+    root: Path  # the checked-out tree (secret files are relative to it)
+    catalog: Catalog
+
+    @property
+    def cluster(self) -> ClusterSpec:
+        return self.catalog.cluster
+
+    @property
+    def cluster_name(self) -> str:
+        return self.catalog.cluster_name or "default"
+
+    @property
+    def models(self) -> Mapping[str, ModelEntry]:
+        return self.catalog.models
+
+    def resolve(self, name: str) -> ModelEntry | None:
+        return self.catalog.resolve(name)
+
+    @functools.cached_property
+    def fleet_models(self) -> Mapping[str, ModelView]:
+        """The models as placement reads them: spec and per-profile fingerprints."""
+        return model_views(self.catalog)
+
+    def fingerprint(self, model: str, profile: str) -> str | None:
+        entry = self.catalog.models.get(model)
+        found = entry.profile(profile) if entry else None
+        return found.fingerprint if found else None
+
+    # Timings from the Cluster document, in seconds.
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return duration_seconds(self.cluster.controller.heartbeat_interval)
+
+    @property
+    def unreachable_after_s(self) -> float:
+        return duration_seconds(self.cluster.controller.unreachable_after)
+
+    @property
+    def lost_after_s(self) -> float:
+        return duration_seconds(self.cluster.controller.lost_after)
+
+    @property
+    def resync_interval_s(self) -> float:
+        return duration_seconds(self.cluster.controller.resync_interval)
+
+
+def tree_hash(root: Path) -> str:
+    """The revision of a plain directory: the same content hash `llmgw validate` reports."""
+    return content_hash(root)
+
+
+def build_desired(root: Path, revision: str, source: str) -> Desired:
+    result = load_repo(root, revision)
+    if not result.ok or result.repo is None:
+        errors = [str(e) for e in result.errors if e.severity == "error"] or ["the cluster repo did not load"]
+        raise RepoInvalid(errors)
+    return Desired(revision, source, root, result.repo.catalog.with_revision(revision))

@@ -1,0 +1,304 @@
+"""The agent hub: the WebSocket agents connect to, node liveness, and commands with replies.
+
+One record per node (`NodeLink`); the hub never decides anything about replicas, it only reports what agents
+say (`on_change` is called after every state change so the reconciler can run) and carries commands out.
+Node liveness has two stages far apart: Unreachable after `unreachable_after` without a heartbeat (replicas
+kept, nothing new placed there), Lost after `lost_after` (its replicas are given up and placed elsewhere).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from aiohttp import WSMsgType, web
+from llmgw_agent.protocol import (
+    PROTOCOL_VERSION,
+    Command,
+    Heartbeat,
+    Inventory,
+    Refused,
+    Register,
+    Reply,
+    ShardSpec,
+    ShardStatus,
+    ShardUpdate,
+    Welcome,
+    dump,
+    parse_agent_message,
+)
+from pydantic import ValidationError
+
+log = logging.getLogger("llmgw.controller.hub")
+
+NodeState = Literal["Ready", "Unreachable", "Lost"]
+NODE_STATES: tuple[NodeState, ...] = ("Ready", "Unreachable", "Lost")
+REGISTER_TIMEOUT_S = 10.0
+
+
+class AgentError(Exception):
+    """A command could not be carried out on a node (not connected, refused, timed out)."""
+
+
+@dataclass
+class NodeLink:
+    """What the controller knows of one node, as its agent last said."""
+
+    name: str
+    inventory: Inventory
+    agent_version: str
+    address: str
+    connected_at: float
+    last_seen: float
+    state: NodeState = "Ready"
+    shards: dict[str, ShardStatus] = field(default_factory=dict)
+    ws: web.WebSocketResponse | None = None
+    pending: dict[str, asyncio.Future[Reply]] = field(default_factory=dict)
+    registered_shards: tuple[str, ...] = ()  # shard ids the agent reported at its last Register
+
+    @property
+    def connected(self) -> bool:
+        return self.ws is not None and not self.ws.closed
+
+
+@dataclass(frozen=True)
+class HubTimings:
+    heartbeat_interval_s: float
+    unreachable_after_s: float
+    lost_after_s: float
+
+
+class AgentHub:
+    """Owns the node links. `clock` is monotonic seconds; `tokens()` the tokens agents may present."""
+
+    def __init__(
+        self,
+        *,
+        tokens: Callable[[], tuple[str, ...]],
+        timings: Callable[[], HubTimings],
+        clock: Callable[[], float],
+        on_change: Callable[[str], None],
+        require_client_cert: bool = False,
+    ) -> None:
+        self._tokens = tokens
+        self._timings = timings
+        self._clock = clock
+        self._on_change = on_change
+        self._require_client_cert = require_client_cert
+        self.nodes: dict[str, NodeLink] = {}
+        self.on_register: Callable[[NodeLink, Register], None] | None = None
+
+    # ---------------------------------------------------------------------------------- connection
+
+    def authorised(self, request: web.Request) -> str | None:
+        """None when the agent may connect, else why not (said to it in a Refused message)."""
+        if self._require_client_cert:
+            transport = request.transport
+            peercert = transport.get_extra_info("peercert") if transport else None
+            if not peercert:
+                return "a client certificate signed by the cluster CA is required"
+        header = request.headers.get("Authorization", "")
+        scheme, _, presented = header.partition(" ")
+        allowed = self._tokens()
+        if not allowed:
+            return "the controller has no agent token configured; refusing every agent"
+        if scheme.lower() != "bearer" or not presented:
+            return "missing Authorization: Bearer <token>"
+        if not any(hmac.compare_digest(presented.encode(), t.encode()) for t in allowed):
+            return "wrong token"
+        return None
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=16 * 1024 * 1024)
+        await ws.prepare(request)
+        peer = request.remote or "?"
+        refusal = self.authorised(request)
+        if refusal is not None:
+            log.warning("agent from %s refused: %s", peer, refusal)
+            await ws.send_str(dump(Refused(reason=refusal)))
+            await ws.close()
+            return ws
+        register = await self._receive_register(ws, peer)
+        if register is None:
+            return ws
+        link = self._attach(register, ws, peer)
+        try:
+            await self._serve(link, ws)
+        finally:
+            self._detach(link, ws)
+        return ws
+
+    async def _receive_register(self, ws: web.WebSocketResponse, peer: str) -> Register | None:
+        try:
+            msg = await ws.receive(timeout=REGISTER_TIMEOUT_S)
+        except TimeoutError:
+            await self._refuse(ws, "no register message within 10s")
+            return None
+        if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+            return None
+        try:
+            first = parse_agent_message(msg.data)
+        except ValidationError as exc:
+            await self._refuse(ws, f"first message is not a valid register: {exc.errors()[0]['msg']}")
+            return None
+        if not isinstance(first, Register):
+            await self._refuse(ws, f"first message must be register, got {first.type}")
+            return None
+        if first.protocol_version != PROTOCOL_VERSION:
+            await self._refuse(
+                ws,
+                f"protocol version {first.protocol_version} not supported; this controller speaks {PROTOCOL_VERSION}",
+            )
+            return None
+        log.info("agent %s registered from %s with %d shard(s)", first.node, peer, len(first.shards))
+        return first
+
+    async def _refuse(self, ws: web.WebSocketResponse, reason: str) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await ws.send_str(dump(Refused(reason=reason)))
+        await ws.close()
+
+    def _attach(self, register: Register, ws: web.WebSocketResponse, peer: str) -> NodeLink:
+        now = self._clock()
+        old = self.nodes.get(register.node)
+        if old is not None and old.ws is not None and old.ws is not ws:
+            # A reconnect replaces the old link (the agent restarted, or the network came back).
+            self._fail_pending(old, "the agent reconnected")
+            asyncio.get_running_loop().create_task(old.ws.close())
+        link = NodeLink(
+            name=register.node,
+            inventory=register.inventory,
+            agent_version=register.agent_version,
+            address=peer,
+            connected_at=now,
+            last_seen=now,
+            shards={s.shard_id: s for s in register.shards},
+            ws=ws,
+            registered_shards=tuple(s.shard_id for s in register.shards),
+        )
+        self.nodes[register.node] = link
+        if self.on_register is not None:
+            self.on_register(link, register)
+        asyncio.get_running_loop().create_task(
+            ws.send_str(dump(Welcome(heartbeat_interval_s=self._timings().heartbeat_interval_s)))
+        )
+        self._on_change(f"node {register.node} registered")
+        return link
+
+    async def _serve(self, link: NodeLink, ws: web.WebSocketResponse) -> None:
+        async for msg in ws:
+            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue
+            try:
+                message = parse_agent_message(msg.data)
+            except ValidationError as exc:
+                log.warning("node %s sent an invalid message: %s", link.name, exc.errors()[0]["msg"])
+                continue
+            if self.nodes.get(link.name) is not link:
+                return  # replaced by a newer connection
+            self._receive(link, message)
+
+    def _receive(self, link: NodeLink, message: Register | Heartbeat | ShardUpdate | Reply) -> None:
+        link.last_seen = self._clock()
+        came_back = link.state != "Ready"
+        link.state = "Ready"
+        if isinstance(message, Heartbeat):
+            before = {k: (s.state, s.pid) for k, s in link.shards.items()}
+            link.shards = {s.shard_id: s for s in message.shards}
+            if message.inventory is not None:
+                link.inventory = message.inventory
+            if came_back or before != {k: (s.state, s.pid) for k, s in link.shards.items()}:
+                self._on_change(f"node {link.name} heartbeat changed shards")
+        elif isinstance(message, ShardUpdate):
+            link.shards[message.shard.shard_id] = message.shard
+            self._on_change(f"shard {message.shard.shard_id} is {message.shard.state}")
+        elif isinstance(message, Reply):
+            future = link.pending.pop(message.id, None)
+            if future is not None and not future.done():
+                future.set_result(message)
+        elif came_back:
+            self._on_change(f"node {link.name} is back")
+
+    def _detach(self, link: NodeLink, ws: web.WebSocketResponse) -> None:
+        if link.ws is ws:
+            link.ws = None
+            self._fail_pending(link, "the agent disconnected")
+            log.info("agent %s disconnected", link.name)
+            self._on_change(f"node {link.name} disconnected")
+
+    @staticmethod
+    def _fail_pending(link: NodeLink, why: str) -> None:
+        for future in link.pending.values():
+            if not future.done():
+                future.set_exception(AgentError(f"node {link.name}: {why}"))
+        link.pending.clear()
+
+    async def close(self) -> None:
+        for link in list(self.nodes.values()):
+            self._fail_pending(link, "the controller is stopping")
+            if link.ws is not None:
+                with contextlib.suppress(Exception):
+                    await link.ws.close()
+
+    # ---------------------------------------------------------------------------------- liveness
+
+    def expire(self) -> list[tuple[str, NodeState]]:
+        """Move silent nodes to Unreachable, then Lost; returns the (node, new state) changes."""
+        now = self._clock()
+        timings = self._timings()
+        changes: list[tuple[str, NodeState]] = []
+        for link in self.nodes.values():
+            silent = now - link.last_seen
+            state: NodeState = "Ready"
+            if silent >= timings.lost_after_s:
+                state = "Lost"
+            elif silent >= timings.unreachable_after_s:
+                state = "Unreachable"
+            if state != link.state:
+                link.state = state
+                changes.append((link.name, state))
+        for name, state in changes:
+            log.warning("node %s is %s (no heartbeat)", name, state) if state != "Ready" else None
+            self._on_change(f"node {name} is {state}")
+        return changes
+
+    # ---------------------------------------------------------------------------------- commands
+
+    async def command(self, node: str, command: Command, wait_s: float) -> Reply:
+        link = self.nodes.get(node)
+        if link is None or link.ws is None or link.ws.closed:
+            raise AgentError(f"node {node} is not connected")
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        link.pending[command.id] = future
+        try:
+            await link.ws.send_str(dump(command))
+            return await asyncio.wait_for(future, wait_s)
+        except TimeoutError as exc:
+            raise AgentError(f"node {node} did not answer {command.action} within {wait_s:.0f}s") from exc
+        except (ConnectionError, RuntimeError) as exc:
+            raise AgentError(f"node {node}: sending {command.action} failed: {exc}") from exc
+        finally:
+            link.pending.pop(command.id, None)
+
+    async def start_shard(self, node: str, spec: ShardSpec, wait_s: float) -> Reply:
+        return await self._checked(node, Command(id=_cid(), action="start_shard", spec=spec), wait_s)
+
+    async def stop_shard(self, node: str, replica_id: str, rank: int, wait_s: float) -> Reply:
+        cmd = Command(id=_cid(), action="stop_shard", replica_id=replica_id, shard_rank=rank)
+        return await self._checked(node, cmd, wait_s)
+
+    async def _checked(self, node: str, command: Command, wait_s: float) -> Reply:
+        reply = await self.command(node, command, wait_s)
+        if not reply.ok:
+            raise AgentError(f"node {node} refused {command.action}: {reply.error or 'no reason given'}")
+        return reply
+
+
+def _cid() -> str:
+    return uuid.uuid4().hex[:12]

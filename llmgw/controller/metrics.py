@@ -1,0 +1,61 @@
+"""The controller's Prometheus metrics, in their own registry (never the process-global one).
+
+Gauges describing state (nodes, replicas, health, GPUs) are recomputed from the controller at scrape time,
+so they can never drift from what the admin API says; counters are incremented where things happen.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+PREFIX = "llmgw_controller_"
+
+
+class ControllerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.revision_applied_info = Gauge(
+            PREFIX + "revision_applied_info",
+            "The applied cluster repo revision (value 1)",
+            ["revision"],
+            registry=r,
+        )
+        self.revision_refused = Gauge(
+            PREFIX + "revision_refused", "1 while the newest revision seen was refused as invalid", registry=r
+        )
+        self.sync_status = Gauge(
+            PREFIX + "sync_status",
+            "1 for the current sync status (Synced, OutOfSync, Unknown)",
+            ["status"],
+            registry=r,
+        )
+        self.source_up = Gauge(
+            PREFIX + "source_up", "1 when the cluster repo could be read at the last poll", registry=r
+        )
+        self.nodes = Gauge(
+            PREFIX + "nodes", "Nodes by state (Ready, Unreachable, Lost)", ["state"], registry=r
+        )
+        self.replicas = Gauge(
+            PREFIX + "replicas", "Replicas by model and state", ["model", "state"], registry=r
+        )
+        self.model_health = Gauge(
+            PREFIX + "model_health", "1 for each model's current health", ["model", "health"], registry=r
+        )
+        self.reconcile_passes = Counter(PREFIX + "reconcile_passes", "Reconcile passes run", registry=r)
+        self.reconcile_errors = Counter(
+            PREFIX + "reconcile_errors",
+            "Reconcile actions that failed (each is retried after a backoff)",
+            registry=r,
+        )
+        self.gpus = Gauge(
+            PREFIX + "gpus",
+            "GPUs per node and class, allocated or not",
+            ["node", "class", "allocated"],
+            registry=r,
+        )
+        self.agent_connections = Gauge(PREFIX + "agent_connections", "Agents connected now", registry=r)
+        self.router_connections = Gauge(PREFIX + "router_connections", "Routers subscribed now", registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,320 @@
+"""The reconcile worker: one loop, one pass at a time, on every change and on a timer.
+
+A pass builds views, asks the pure decision (`decide.reconcile`) what to do, and starts each action as a task
+whose outcome comes back as a change (so a slow agent never blocks the next pass). A failed action is never
+logged and forgotten: it marks the replica or model and sets a backoff after which the pass tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Coroutine
+from typing import Any
+
+from llmgw_agent.protocol import Register, ShardSpec, WeightSource
+
+from llmgw.controller import views
+from llmgw.controller.core import Controller, ReplicaRec
+from llmgw.controller.decide import ForgetReplica, StartReplica, StopReplica, next_backoff, reconcile
+from llmgw.controller.hub import AgentError, NodeLink
+from llmgw.controller.secrets import SecretError
+from llmgw.placement import Placement, ShardPlacement
+from llmgw.security import engine_key
+from llmgw.store.records import ReplicaRecord
+
+log = logging.getLogger("llmgw.controller.reconcile")
+
+STOP_RETRY_S = 5.0
+ADOPTABLE = frozenset({"fetching", "starting", "ready"})
+
+
+def new_replica_id(model: str, profile: str) -> str:
+    return f"{model}-{profile}-{uuid.uuid4().hex[:6]}"
+
+
+class Reconciler:
+    def __init__(self, controller: Controller, rng: random.Random | None = None) -> None:
+        self.c = controller
+        self.rng = rng or random.Random()
+        self.tasks: set[asyncio.Task[None]] = set()
+        controller.hub.on_register = self.adopt
+
+    # ---------------------------------------------------------------------------------- loop
+
+    async def run(self) -> None:
+        c = self.c
+        while True:
+            try:
+                wake = await self.pass_once()
+            except Exception:  # a bug in one pass must not end reconciling; the next pass starts afresh
+                log.exception("reconcile pass failed; retrying in 1s")
+                c.metrics.reconcile_errors.inc()
+                wake = 1.0
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(c.changed.wait(), timeout=wake)
+            c.changed.clear()
+
+    async def pass_once(self) -> float:
+        """One pass; returns seconds until the next timed pass."""
+        c = self.c
+        d = c.desired
+        if d is None:
+            return 5.0
+        ws = c.worker_state
+        replicas = views.replica_views(c)
+        for r in replicas:
+            rec = c.replicas.get(r.id)
+            if r.effective_state() == "ready" and rec is not None:
+                ws.backoff.pop(r.model, None)
+                if rec.ready_since is None:
+                    rec.ready_since = c.wall()
+        result = reconcile(
+            d,
+            views.node_views(c),
+            replicas,
+            now=c.clock(),
+            demand=ws.demand,
+            used=ws.used,
+            backoff=ws.backoff,
+            new_id=new_replica_id,
+        )
+        ws.passes += 1
+        ws.last_pass_at = c.wall()
+        ws.unplaceable = {k: dict(v) for k, v in result.unplaceable.items()}
+        ws.targets = dict(result.targets)
+        if result.actions:
+            ws.last_actions = [_describe(a) for a in result.actions]
+        c.metrics.reconcile_passes.inc()
+        for action in result.actions:
+            if isinstance(action, StartReplica):
+                await self._start(action.placement)
+            elif isinstance(action, StopReplica):
+                await self._stop(action)
+            else:
+                await self._forget(action)
+        await self._persist_states()
+        wake = [d.resync_interval_s]
+        if any(r.state == "pending" for r in replicas):
+            wake.append(1.0)
+        if result.wake_in is not None:
+            wake.append(max(0.05, result.wake_in))
+        return min(wake)
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        for task in list(self.tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    # ---------------------------------------------------------------------------------- actions
+
+    async def _start(self, placement: Placement) -> None:
+        c = self.c
+        d = c.desired
+        assert d is not None
+        try:
+            key = engine_key(c.cluster_secret().encode(), placement.replica_id)
+        except SecretError as exc:
+            self._fail_model(placement.model, placement.replica_id, f"cannot start {placement.model}: {exc}")
+            return
+        rec = ReplicaRec(
+            id=placement.replica_id,
+            model=placement.model,
+            profile=placement.profile,
+            fingerprint=placement.fingerprint,
+            created_at=c.wall(),
+            shards=placement.shards,
+            start_sent_at=c.clock(),
+        )
+        c.replicas[rec.id] = rec
+        await self._upsert(rec, "pending")
+        await c.event(
+            "replica_start", rec.id, f"{rec.model}/{rec.profile} on {', '.join(rec.nodes)}: {placement.why}"
+        )
+        specs = [(s, self._spec(placement, s, key)) for s in placement.start_order()]
+        self._spawn(self._send_start(rec, specs))
+
+    def _spec(self, placement: Placement, shard: ShardPlacement, key: str) -> ShardSpec:
+        d = self.c.desired
+        assert d is not None
+        model = d.models[placement.model]
+        entry = model.profile(placement.profile)
+        assert entry is not None
+        profile = entry.profile
+        src = model.spec.source
+        cluster_engine = d.cluster.engines.get(profile.engine)
+        return ShardSpec(
+            replica_id=placement.replica_id,
+            shard_rank=shard.rank,
+            shard_count=len(placement.shards),
+            model=placement.model,
+            profile=profile.name,
+            engine=profile.engine,
+            engine_version=profile.engine_version or (cluster_engine.version if cluster_engine else None),
+            source=None
+            if src is None
+            else WeightSource(path=src.path, url=src.url, sha256=src.sha256, size=src.size_bytes),
+            context_length=model.spec.context_length,
+            slots=profile.slots,
+            cpu_cores=profile.cpu_cores,
+            gpus=list(shard.gpus),
+            args=dict(profile.args),
+            env=dict(profile.env),
+            api_key=key,
+            fingerprint=placement.fingerprint,
+            served_model_name=placement.model,
+        )
+
+    async def _send_start(self, rec: ReplicaRec, specs: list[tuple[ShardPlacement, ShardSpec]]) -> None:
+        c = self.c
+        try:
+            for shard, spec in specs:  # workers before rank 0
+                await c.hub.start_shard(shard.node, spec, c.settings.command_timeout_s)
+        except AgentError as exc:
+            rec.error = str(exc)
+            c.metrics.reconcile_errors.inc()
+            log.warning("starting replica %s failed, retried after backoff: %s", rec.id, exc)
+            await c.event("replica_start_failed", rec.id, str(exc))
+        c.notify("start sent")
+
+    async def _stop(self, action: StopReplica) -> None:
+        c = self.c
+        rec = c.replicas.get(action.replica_id)
+        if rec is None:
+            return
+        if action.failed:
+            ws = c.worker_state
+            ws.backoff[rec.model] = next_backoff(ws.backoff.get(rec.model), rec.id, c.clock(), self.rng)
+            status = views.shard_status(c, rec)
+            detail = rec.error or (status.message if status else "") or "engine exited"
+            wait = ws.backoff[rec.model].not_before - c.clock()
+            await c.event("replica_failed", rec.id, f"{detail}; a replacement is placed in {wait:.1f}s")
+        rec.stopping = True
+        await c.event("replica_stop", rec.id, action.reason)
+        self._spawn(self._send_stop(rec))
+
+    async def _send_stop(self, rec: ReplicaRec) -> None:
+        c = self.c
+        pending = sorted(rec.shards, key=lambda s: s.rank)
+        while pending and rec.id in c.replicas:
+            shard = pending[0]
+            link = c.hub.nodes.get(shard.node)
+            if link is None or link.state == "Lost":
+                pending.pop(0)  # nothing to tell; the node's agent forgets it or we adopt and stop it later
+                continue
+            try:
+                await c.hub.stop_shard(shard.node, rec.id, shard.rank, c.settings.command_timeout_s)
+            except AgentError as exc:
+                c.metrics.reconcile_errors.inc()
+                log.info("stopping replica %s failed, retrying in %.0fs: %s", rec.id, STOP_RETRY_S, exc)
+                await asyncio.sleep(STOP_RETRY_S)
+                continue
+            pending.pop(0)
+        await self._drop(rec)
+        c.notify("replica stopped")
+
+    async def _forget(self, action: ForgetReplica) -> None:
+        rec = self.c.replicas.get(action.replica_id)
+        if rec is not None:
+            await self.c.event("replica_lost", rec.id, action.reason)
+            await self._drop(rec)
+
+    async def _drop(self, rec: ReplicaRec) -> None:
+        c = self.c
+        if c.replicas.get(rec.id) is not rec:
+            return
+        del c.replicas[rec.id]
+        c.worker_state.stored_states.pop(rec.id, None)
+        for shard in rec.shards:
+            link = c.hub.nodes.get(shard.node)
+            if link is not None:
+                link.shards.pop(f"{rec.id}-{shard.rank}", None)
+        try:
+            await c.store.delete_replica(rec.id)
+        except Exception as exc:
+            log.warning("could not delete replica %s from the store: %s", rec.id, exc)
+
+    def _fail_model(self, model: str, replica_id: str, message: str) -> None:
+        ws = self.c.worker_state
+        ws.backoff[model] = next_backoff(ws.backoff.get(model), replica_id, self.c.clock(), self.rng)
+        self.c.metrics.reconcile_errors.inc()
+        log.warning("%s", message)
+
+    # ---------------------------------------------------------------------------------- adoption
+
+    def adopt(self, link: NodeLink, register: Register) -> None:
+        """Shards an agent reports at Register that this controller does not know: adopted, never restarted."""
+        c = self.c
+        for shard in register.shards:
+            if shard.replica_id in c.replicas or shard.state not in ADOPTABLE:
+                continue
+            known = c.worker_state.known_records.get(shard.replica_id)
+            profile = known.profile if known else self._profile_by_fingerprint(shard.model, shard.fingerprint)
+            rec = ReplicaRec(
+                id=shard.replica_id,
+                model=shard.model,
+                profile=profile,
+                fingerprint=shard.fingerprint,
+                created_at=known.created_at if known else c.wall(),
+                shards=(ShardPlacement(link.name, shard.shard_rank, ()),),
+                adopted=True,
+                start_sent_at=c.clock(),
+            )
+            c.replicas[rec.id] = rec
+            log.info("adopted replica %s (%s, pid %s) on %s", rec.id, rec.model, shard.pid, link.name)
+            self._spawn(c.event("replica_adopted", rec.id, f"found running on {link.name} (pid {shard.pid})"))
+
+    def _profile_by_fingerprint(self, model: str, fingerprint: str) -> str:
+        d = self.c.desired
+        entry = d.models.get(model) if d else None
+        if entry is None:
+            return ""
+        match = next((p.name for p in entry.profiles if p.fingerprint == fingerprint), None)
+        return match or (entry.profiles[0].name if entry.profiles else "")
+
+    # ---------------------------------------------------------------------------------- store
+
+    async def _persist_states(self) -> None:
+        stored = self.c.worker_state.stored_states
+        for rec in list(self.c.replicas.values()):
+            state = views.replica_state(self.c, rec)
+            if stored.get(rec.id) != state:
+                await self._upsert(rec, state)
+
+    async def _upsert(self, rec: ReplicaRec, state: str) -> None:
+        c = self.c
+        try:
+            await c.store.upsert_replica(
+                ReplicaRecord(
+                    rec.id,
+                    rec.model,
+                    rec.profile,
+                    rec.nodes,
+                    state + (" (adopted)" if rec.adopted else ""),
+                    rec.fingerprint,
+                    rec.created_at,
+                    c.wall(),
+                )
+            )
+            c.worker_state.stored_states[rec.id] = state
+        except Exception as exc:
+            log.warning("could not record replica %s in the store: %s", rec.id, exc)
+
+
+def _describe(action: StartReplica | StopReplica | ForgetReplica) -> str:
+    if isinstance(action, StartReplica):
+        p = action.placement
+        return f"start {p.replica_id} ({p.model}/{p.profile}) on {', '.join(p.nodes)}"
+    if isinstance(action, StopReplica):
+        return f"stop {action.replica_id}: {action.reason}"
+    return f"forget {action.replica_id}: {action.reason}"

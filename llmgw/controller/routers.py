@@ -1,0 +1,202 @@
+"""The router stream: routers are told (not asked) the catalog and the ready endpoints on every change.
+
+`/router/v1` is a WebSocket; the controller sends a full snapshot on connect and again whenever its content
+changes (a new revision, an endpoint ready or gone). Routers may send `{"type": "usage", "models": [...]}`
+(models used since the last message, so idle_timeout knows) and `{"type": "demand", "model": NAME}` on the
+same socket; both also exist as HTTP endpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from llmgw.config.models import OrganizationSpec, ProjectSpec, TeamSpec
+from llmgw.controller import views
+from llmgw.controller.core import Controller
+from llmgw.controller.secrets import SecretError
+from llmgw.publish import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
+from llmgw.security import engine_key
+
+log = logging.getLogger("llmgw.controller.routers")
+
+
+def endpoints(c: Controller) -> list[Endpoint]:
+    """Ready replicas as the router sees them; each carries its engine key (the router holds it, no one else)."""
+    d = c.desired
+    out: list[Endpoint] = []
+    try:
+        secret = c.cluster_secret().encode()
+    except SecretError as exc:
+        log.warning("no endpoints published: %s", exc)
+        return out
+    for rec in sorted(c.replicas.values(), key=lambda r: r.id):
+        shard = views.shard_status(c, rec)
+        if shard is None or shard.state != "ready" or rec.stopping or shard.base_url is None:
+            continue
+        if views.replica_state(c, rec) != "ready":
+            continue
+        entry = d.models.get(rec.model) if d else None
+        profile = entry.profile(rec.profile) if entry else None
+        out.append(
+            Endpoint(
+                replica_id=rec.id,
+                model=rec.model,
+                engine=shard.engine,
+                base_url=shard.base_url,
+                metrics_path=shard.metrics_path,
+                api_key=engine_key(secret, rec.id),
+                weight=profile.profile.weight if profile else 1.0,
+                slots=profile.profile.slots if profile else None,
+                simulated=shard.engine == "sim",
+            )
+        )
+    return out
+
+
+def snapshot(c: Controller) -> RouterSnapshot | None:
+    d = c.desired
+    if d is None:
+        return None
+    cat = d.catalog
+    models = {
+        name: PublishedModel(
+            aliases=list(m.aliases),
+            context_length=m.spec.context_length,
+            capabilities=list(m.spec.capabilities),
+            prices=m.spec.prices,
+            fallbacks=list(m.spec.fallbacks),
+            routing_policy=cat.policy_name_for(name),
+            on_demand=m.spec.scaling.min == 0 and bool(m.spec.profiles),
+            simulated=bool(m.spec.profiles) and all(p.profile.engine == "sim" for p in m.profiles),
+            provider=None
+            if m.spec.provider is None
+            else PublishedProvider(
+                url=m.spec.provider.url, model=m.spec.provider.model, key=m.spec.provider.key
+            ),
+        )
+        for name, m in cat.models.items()
+    }
+    tenants = Tenants(
+        organizations={
+            n: OrganizationSpec(models=_l(t.models), limits=t.limits) for n, t in cat.organizations.items()
+        },
+        teams={
+            n: TeamSpec(organization=t.parent or "", models=_l(t.models), limits=t.limits)
+            for n, t in cat.teams.items()
+        },
+        projects={
+            n: ProjectSpec(
+                team=t.parent if t.parent_kind == "Team" else None,
+                organization=t.parent if t.parent_kind == "Organization" else None,
+                models=_l(t.models),
+                limits=t.limits,
+            )
+            for n, t in cat.projects.items()
+        },
+    )
+    mappings = {k: v.metrics for k, v in cat.cluster.engines.items() if v.metrics is not None}
+    return RouterSnapshot(
+        revision=d.revision,
+        router=cat.cluster.router,
+        models=models,
+        policies=dict(cat.policies),
+        tenants=tenants,
+        endpoints=endpoints(c),
+        metric_mappings=mappings,
+    )
+
+
+def _l(models: tuple[str, ...] | None) -> list[str] | None:
+    return None if models is None else list(models)
+
+
+def _digest(data: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+def token_ok(c: Controller, request: web.Request) -> bool:
+    import hmac
+
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not presented:
+        return False
+    return any(hmac.compare_digest(presented.encode(), t.encode()) for t in c.agent_tokens())
+
+
+async def router_stream(request: web.Request, c: Controller) -> web.StreamResponse:
+    if not token_ok(c, request):
+        raise web.HTTPUnauthorized(text="missing or wrong Authorization: Bearer token\n")
+    ws = web.WebSocketResponse(heartbeat=30.0)
+    await ws.prepare(request)
+    wake = asyncio.Event()
+    c.change_listeners.append(wake.set)
+    c.metrics.router_connections.inc()
+    reader = asyncio.get_running_loop().create_task(_read_router(ws, c))
+    try:
+        sent = ""
+        while not ws.closed and not reader.done():
+            snap = snapshot(c)
+            data = {} if snap is None else snap.model_dump(mode="json")
+            digest = _digest(data)
+            if snap is not None and digest != sent:
+                await ws.send_str(json.dumps(data))
+                sent = digest
+            wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=5.0)
+    except (ConnectionError, RuntimeError):
+        pass
+    finally:
+        c.change_listeners.remove(wake.set)
+        c.metrics.router_connections.dec()
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+    return ws
+
+
+async def _read_router(ws: web.WebSocketResponse, c: Controller) -> None:
+    async for msg in ws:
+        if msg.type != WSMsgType.TEXT:
+            continue
+        try:
+            data = json.loads(msg.data)
+        except ValueError:
+            continue
+        if data.get("type") == "usage":
+            note_usage(c, data.get("models", []))
+        elif data.get("type") == "demand" and isinstance(data.get("model"), str):
+            note_demand(c, data["model"])
+
+
+def note_usage(c: Controller, models: Any) -> int:
+    """Models used (a list of names, or a map of name -> count); returns how many were known."""
+    d = c.desired
+    names = list(models) if isinstance(models, list | dict) else []
+    known = 0
+    for name in names:
+        view = d.resolve(str(name)) if d else None
+        if view is not None:
+            c.worker_state.used[view.name] = c.clock()
+            known += 1
+    return known
+
+
+def note_demand(c: Controller, name: str) -> str | None:
+    """A router wants an on-demand model loaded; returns the model's name, or None when unknown."""
+    d = c.desired
+    view = d.resolve(name) if d else None
+    if view is None:
+        return None
+    first = view.name not in c.worker_state.demand
+    c.worker_state.demand[view.name] = c.clock()
+    if first or not any(r.model == view.name for r in c.replicas.values()):
+        c.notify(f"demand for {view.name}")
+    return view.name

@@ -1,0 +1,111 @@
+"""Machine-local controller settings, parsed once at the edge (flags or a small YAML file).
+
+Cluster-wide settings (heartbeat interval, unreachable/lost times, token, secret) come from the repo's
+`Cluster` document instead; these are only what differs per machine running a controller.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+class SettingsError(ValueError):
+    """A controller setting is wrong; the message says which and what would be right."""
+
+
+def parse_duration(text: str | float | int) -> float:
+    """Seconds in `30s`, `500ms`, `2m`, or a bare number of seconds."""
+    if isinstance(text, int | float):
+        return float(text)
+    match = _DURATION.match(text)
+    if match is None:
+        raise SettingsError(f"not a duration: {text!r} (expected e.g. 500ms, 30s, 2m)")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+def parse_hostport(text: str, what: str) -> tuple[str, int]:
+    """`host:port` (IPv6 as `[::1]:7070`); port 0 asks the OS for a free one."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise SettingsError(f"{what}: {text!r} is not host:port (e.g. 127.0.0.1:7070)")
+    return host.strip("[]"), int(port)
+
+
+class ControllerSettings(BaseModel):
+    """Everything `llmgw controller` needs to start. Frozen: built once, passed down."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    repo: str = Field(
+        description="git URL, or a local path (a git work tree or, with source=directory, a plain directory)"
+    )
+    source: Literal["auto", "git", "directory"] = Field(
+        "auto", description="auto: git when `repo` is a URL or a git work tree, else directory"
+    )
+    branch: str = "main"
+    subpath: str = "."
+    poll_s: float = Field(30.0, gt=0, description="How often the git remote is fetched")
+    dir_poll_s: float = Field(1.0, gt=0, description="How often a plain directory is checked for changes")
+    store: str = Field(description="Store DSN: sqlite:///path, a path, postgresql://..., or @file")
+    listen: str = "127.0.0.1:7070"
+    metrics_listen: str | None = "127.0.0.1:9090"
+    admin_token_file: Path | None = None
+    state_dir: Path = Path(".llmgw/controller")
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_client_ca: Path | None = Field(None, description="CA that agent client certificates must chain to")
+    command_timeout_s: float = Field(30.0, gt=0, description="How long an agent has to answer a command")
+    apply_from_admin: bool = Field(True, description="Accept POST /api/v1/apply")
+
+    @field_validator("listen", "metrics_listen")
+    @classmethod
+    def _hostport(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_hostport(value, "listen address")
+        return value
+
+    @property
+    def listen_hostport(self) -> tuple[str, int]:
+        return parse_hostport(self.listen, "--listen")
+
+    @property
+    def metrics_hostport(self) -> tuple[str, int] | None:
+        return (
+            None if self.metrics_listen is None else parse_hostport(self.metrics_listen, "--metrics-listen")
+        )
+
+    def source_kind(self) -> Literal["git", "directory"]:
+        if self.source != "auto":
+            return self.source
+        if "://" in self.repo or self.repo.startswith("git@"):
+            return "git"
+        return "git" if (Path(self.repo) / ".git").exists() else "directory"
+
+
+def load_settings_file(path: Path) -> dict[str, object]:
+    """A small YAML file of the same keys as the flags (flags given on the command line win)."""
+    from ruamel.yaml import YAML
+
+    try:
+        data = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SettingsError(f"cannot read controller settings {path}: {exc.strerror}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"{path}: expected a mapping of settings (repo:, store:, listen:, ...)")
+    out: dict[str, object] = {}
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name in ("poll", "dir_poll", "command_timeout"):
+            out[f"{name}_s"] = parse_duration(value)
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,120 @@
+"""Where revisions come from: a git branch (gitpython) or a plain directory.
+
+A source only fetches and says which revision is current and where its tree is; validating and applying is
+the controller's job. gitpython blocks, so every git call runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from llmgw.controller.desired import tree_hash
+
+
+class SourceUnavailable(Exception):
+    """The source could not be read right now (remote unreachable, directory missing); retried next poll."""
+
+
+@dataclass(frozen=True)
+class Checkout:
+    revision: str
+    root: Path  # the tree to validate (sub-path applied)
+    where: str  # where it came from, for the store and status ("git URL@branch", "dir PATH")
+
+
+class Source(Protocol):
+    description: str
+    interval_s: float
+
+    async def poll(self) -> Checkout: ...
+
+
+def _redact_url(url: str) -> str:
+    """https://user:token@host/x -> https://host/x: credentials never reach logs or the status page."""
+    return re.sub(r"//[^/@]+@", "//", url)
+
+
+class GitSource:
+    """A clone of one branch under `state_dir`, fetched every poll; a revision is the commit SHA."""
+
+    def __init__(self, url: str, branch: str, subpath: str, state_dir: Path, interval_s: float) -> None:
+        self.url = url
+        self.branch = branch
+        self.subpath = subpath
+        self.interval_s = interval_s
+        key = hashlib.sha256(f"{url}\0{branch}".encode()).hexdigest()[:12]
+        self.clone_dir = state_dir / "repo" / key
+        self.description = f"git {_redact_url(url)}@{branch}" + (
+            "" if subpath in ("", ".") else f":{subpath}"
+        )
+
+    async def poll(self) -> Checkout:
+        return await asyncio.to_thread(self._poll_sync)
+
+    def _poll_sync(self) -> Checkout:
+        import git
+
+        try:
+            if not (self.clone_dir / ".git").exists():
+                self.clone_dir.parent.mkdir(parents=True, exist_ok=True)
+                repo = git.Repo.clone_from(self.url, self.clone_dir, branch=self.branch, no_checkout=True)
+            else:
+                repo = git.Repo(self.clone_dir)
+            repo.remotes.origin.fetch(self.branch, prune=True)
+            head = repo.commit(f"origin/{self.branch}")
+            repo.git.checkout("--force", "--detach", head.hexsha)
+            repo.git.clean("-fdx")
+        except (git.GitCommandError, git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError) as exc:
+            raise SourceUnavailable(f"{self.description}: {_redact_url(_first_line(exc))}") from exc
+        root = (self.clone_dir / self.subpath).resolve()
+        if not root.is_dir():
+            raise SourceUnavailable(
+                f"{self.description}: sub-path {self.subpath!r} does not exist at {head.hexsha[:12]}"
+            )
+        return Checkout(head.hexsha, root, self.description)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(getattr(exc, "stderr", "") or exc).strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
+
+
+class DirectorySource:
+    """A plain directory (development, `llmgw up`): the revision is a hash of the YAML content.
+
+    Polled every second: file sizes and mtimes are cheap, and only a change there costs a content hash.
+    """
+
+    def __init__(self, path: Path, interval_s: float = 1.0) -> None:
+        self.path = path.resolve()
+        self.interval_s = interval_s
+        self.description = f"dir {self.path}"
+        self._stamp: tuple[tuple[str, int, int], ...] | None = None
+        self._revision: str | None = None
+
+    async def poll(self) -> Checkout:
+        return await asyncio.to_thread(self._poll_sync)
+
+    def _poll_sync(self) -> Checkout:
+        if not self.path.is_dir():
+            raise SourceUnavailable(f"{self.description}: not a directory")
+        try:
+            stamp = tuple(
+                sorted(
+                    (str(p.relative_to(self.path)), p.stat().st_mtime_ns, p.stat().st_size)
+                    for p in self.path.rglob("*")
+                    if p.suffix in (".yaml", ".yml") and p.is_file()
+                )
+            )
+            if stamp != self._stamp or self._revision is None:
+                self._revision = tree_hash(self.path)
+                self._stamp = stamp
+        except OSError as exc:
+            raise SourceUnavailable(f"{self.description}: {exc}") from exc
+        return Checkout(self._revision, self.path, self.description)

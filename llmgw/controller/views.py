@@ -1,0 +1,276 @@
+"""Read-only views of the controller: what the decisions read, and what the admin API shows.
+
+Functions of a Controller taken at one moment; they never change it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from llmgw_agent.protocol import ShardStatus
+
+from llmgw.fleet import (
+    GpuView,
+    LiveGpu,
+    LiveNode,
+    LiveReplica,
+    LiveShard,
+    LiveState,
+    NodeView,
+    ReplicaState,
+    ReplicaView,
+    ShardView,
+)
+from llmgw.fleet import ShardState as FleetShardState
+from llmgw.placement import ACTIVE_STATES
+
+if TYPE_CHECKING:
+    from llmgw.controller.core import Controller, ReplicaRec
+
+PENDING_GRACE_S = 60.0  # a started shard the agent never reported is failed after this
+
+
+def shard_status(c: Controller, rec: ReplicaRec, rank: int = 0) -> ShardStatus | None:
+    shard = next((s for s in rec.shards if s.rank == rank), None)
+    link = c.hub.nodes.get(shard.node) if shard else None
+    return None if link is None else link.shards.get(f"{rec.id}-{rank}")
+
+
+def replica_view(c: Controller, rec: ReplicaRec) -> ReplicaView:
+    shards: list[ShardView] = []
+    reported = False
+    for placed in rec.shards:
+        status = shard_status(c, rec, placed.rank)
+        state: FleetShardState = "starting"
+        if status is not None:
+            reported = True
+            state = "failed" if status.state == "stopped" and not rec.stopping else status.state
+        shards.append(ShardView(placed.node, placed.rank, placed.gpus, state))
+    overall: ReplicaState = "starting"
+    if rec.stopping:
+        overall = "stopping"
+    elif rec.error:
+        overall = "failed"
+    elif not reported:
+        waited = c.clock() - rec.start_sent_at
+        overall = "failed" if waited > PENDING_GRACE_S + c.settings.command_timeout_s else "pending"
+    return ReplicaView(
+        id=rec.id,
+        model=rec.model,
+        profile=rec.profile,
+        fingerprint=rec.fingerprint,
+        shards=tuple(shards),
+        state=overall,
+        created_at=rec.created_at,
+        adopted=rec.adopted,
+        stale=stale(c, rec),
+        ready_since=rec.ready_since,
+    )
+
+
+def replica_state(c: Controller, rec: ReplicaRec) -> str:
+    """The replica's state in words: the fleet's states, plus `lost` and `unknown` (node Unreachable)."""
+    states = {c.hub.nodes[n].state if n in c.hub.nodes else "Lost" for n in rec.nodes}
+    if "Lost" in states:
+        return "lost"
+    view = replica_view(c, rec)
+    state = view.effective_state()
+    if "Unreachable" in states and state != "stopping":
+        return "unknown"
+    return state
+
+
+def node_views(c: Controller) -> list[NodeView]:
+    d = c.desired
+    out: list[NodeView] = []
+    for link in c.hub.nodes.values():
+        inv = link.inventory
+        declared = d.catalog.nodes.get(link.name) if d else None
+        labels = dict(inv.labels)
+        if declared is not None:
+            labels.update(declared.labels)
+        disks = [x.free_bytes for x in inv.disks or [] if x.free_bytes is not None]
+        out.append(
+            NodeView(
+                name=link.name,
+                state=link.state,
+                labels=labels,
+                cordoned=bool(declared and declared.spec.cordoned),
+                fabric=declared.spec.fabric if declared else None,
+                cpu_cores=inv.cpu_cores,
+                memory_bytes=inv.memory_bytes,
+                disk_free_bytes=max(disks) if disks else None,
+                gpus=None
+                if inv.gpus is None
+                else tuple(GpuView(g.index, g.gpu_class, g.memory_bytes) for g in inv.gpus),
+                engines=None if inv.engines is None else {k: v.version for k, v in inv.engines.items()},
+            )
+        )
+    return sorted(out, key=lambda n: n.name)
+
+
+def replica_views(c: Controller) -> list[ReplicaView]:
+    return [replica_view(c, r) for r in sorted(c.replicas.values(), key=lambda r: r.id)]
+
+
+def stale(c: Controller, rec: ReplicaRec) -> bool:
+    """A replica whose profile changed since it was placed. An empty fingerprint is unknown, not stale."""
+    d = c.desired
+    if d is None or not rec.fingerprint or rec.model not in d.models:
+        return False
+    return d.fingerprint(rec.model, rec.profile) != rec.fingerprint
+
+
+def replica_json(c: Controller, rec: ReplicaRec) -> dict[str, Any]:
+    shard = shard_status(c, rec)
+    state = replica_state(c, rec)
+    failed = state == "failed"
+    return {
+        "id": rec.id,
+        "model": rec.model,
+        "profile": rec.profile,
+        "node": rec.node,
+        "nodes": list(rec.nodes),
+        "state": state,
+        "adopted": rec.adopted,
+        "stale_profile": stale(c, rec),
+        "fingerprint": rec.fingerprint,
+        "pid": shard.pid if shard else None,
+        "base_url": shard.base_url if shard else None,
+        "gpus": list(rec.gpus),
+        "error": rec.error or (shard.message if shard and failed else ""),
+        "last_output_lines": shard.last_output_lines[-10:] if shard and failed else [],
+        "age_s": round(c.wall() - rec.created_at, 1),
+    }
+
+
+def model_health(c: Controller, name: str) -> dict[str, Any]:
+    """Argo CD's words: Healthy, Progressing, Degraded, Missing."""
+    d = c.desired
+    assert d is not None
+    from llmgw.controller.decide import model_target
+
+    model = d.models[name]
+    states = [replica_state(c, r) for r in c.replicas.values() if r.model == name]
+    ready = states.count("ready")
+    live = sum(1 for s in states if s in ACTIVE_STATES)
+    ws = c.worker_state
+    target = model_target(d, name, ws.demand, ws.used, c.clock())
+    if not model.spec.profiles or ready >= target:
+        health = "Healthy"
+    elif name in ws.unplaceable or (name in ws.backoff and live < target) or "failed" in states:
+        health = "Degraded"
+    elif live > 0:
+        health = "Progressing"
+    else:
+        health = "Missing"
+    return {
+        "model": name,
+        "health": health,
+        "ready": ready,
+        "replicas": len(states),
+        "target": target,
+        "min": model.spec.scaling.min,
+        "max": model.spec.scaling.max,
+        "unplaceable": dict(ws.unplaceable.get(name, {})),
+        "failures": ws.backoff[name].failures if name in ws.backoff else 0,
+        "stale_replicas": sum(1 for r in c.replicas.values() if r.model == name and stale(c, r)),
+    }
+
+
+def status_json(c: Controller) -> dict[str, Any]:
+    d = c.desired
+    return {
+        "applied": None
+        if d is None
+        else {
+            "revision": d.revision,
+            "source": d.source,
+            "applied_at": c.applied_at,
+            "cluster": d.cluster_name,
+        },
+        "seen": None
+        if c.seen is None
+        else {"revision": c.seen.revision, "source": c.seen.where, "at": c.seen.at},
+        "sync": c.sync_status(),
+        "source_error": c.source_error,
+        "refused": None
+        if c.refused is None
+        else {
+            "revision": c.refused.revision,
+            "source": c.refused.where,
+            "at": c.refused.at,
+            "errors": list(c.refused.errors),
+        },
+        "models": [model_health(c, n) for n in sorted(d.models)] if d else [],
+        "nodes": {
+            s: sum(1 for n in c.hub.nodes.values() if n.state == s) for s in ("Ready", "Unreachable", "Lost")
+        },
+        "replicas": len(c.replicas),
+        "reconcile": {
+            "passes": c.worker_state.passes,
+            "last_pass_at": c.worker_state.last_pass_at,
+            "last_actions": list(c.worker_state.last_actions),
+        },
+    }
+
+
+def nodes_json(c: Controller) -> list[dict[str, Any]]:
+    d = c.desired
+    out: list[dict[str, Any]] = []
+    for view in node_views(c):
+        link = c.hub.nodes[view.name]
+        out.append(
+            {
+                "name": view.name,
+                "state": view.state,
+                "connected": link.connected,
+                "declared": bool(d and view.name in d.catalog.nodes),
+                "address": link.address,
+                "agent_version": link.agent_version,
+                "last_seen_s": round(c.clock() - link.last_seen, 1),
+                "labels": dict(view.labels),
+                "inventory": link.inventory.model_dump(mode="json", by_alias=True),
+                "shards": len(link.shards),
+                "replicas": sorted(r.id for r in c.replicas.values() if view.name in r.nodes),
+            }
+        )
+    return out
+
+
+def live_state(c: Controller) -> LiveState:
+    """What `llmgw plan` compares the repo against. Secrets (engine keys) are never part of it."""
+    d = c.desired
+    nodes = [
+        LiveNode(
+            name=n.name,
+            state=n.state,
+            labels=dict(n.labels),
+            cordoned=n.cordoned,
+            fabric=n.fabric,
+            cpu_cores=n.cpu_cores,
+            memory_bytes=n.memory_bytes,
+            disk_free_bytes=n.disk_free_bytes,
+            gpus=None
+            if n.gpus is None
+            else [LiveGpu(index=g.index, gpu_class=g.gpu_class, memory_bytes=g.memory_bytes) for g in n.gpus],
+            engines=None if n.engines is None else dict(n.engines),
+        )
+        for n in node_views(c)
+    ]
+    replicas = [
+        LiveReplica(
+            id=v.id,
+            model=v.model,
+            profile=v.profile,
+            fingerprint=v.fingerprint,
+            shards=[LiveShard(node=s.node, rank=s.rank, gpus=list(s.gpus), state=s.state) for s in v.shards],
+            state=v.state,
+            created_at=v.created_at,
+            adopted=v.adopted,
+            stale=v.stale,
+            ready_since=v.ready_since,
+        )
+        for v in replica_views(c)
+    ]
+    return LiveState(revision=d.revision if d else None, taken_at=c.wall(), nodes=nodes, replicas=replicas)

@@ -12,7 +12,7 @@ import hmac
 import ipaddress
 from urllib.parse import urlsplit
 
-__all__ = ["ENGINE_KEY_PREFIX", "engine_key", "forbidden_address_reason", "hash_api_key"]
+__all__ = ["ENGINE_KEY_PREFIX", "engine_key", "forbidden_address_reason"]
 
 ENGINE_KEY_PREFIX = "llmgw-ek-"
 
@@ -32,11 +32,6 @@ def engine_key(cluster_secret: bytes, replica_id: str) -> str:
         raise ValueError("engine_key needs a non-empty cluster secret")
     digest = hmac.new(cluster_secret, replica_id.encode("utf-8"), hashlib.sha256).hexdigest()
     return ENGINE_KEY_PREFIX + digest
-
-
-def hash_api_key(key: str) -> str:
-    """How an API key is stored and looked up: sha256 of the key's UTF-8 bytes, lower-case hex."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def forbidden_address_reason(url_or_host: str) -> str | None:

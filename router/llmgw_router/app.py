@@ -1,0 +1,158 @@
+"""The aiohttp applications: the OpenAI API and, on its own listener, the metrics. An app factory, state under
+typed AppKeys, every background loop started and cancelled in cleanup_ctx; no singletons."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from llmgw_router.link import ControllerLink
+from llmgw_router.scrape import scrape_loop
+from llmgw_router.service import Kind, Router
+
+__all__ = ["ROUTER", "Listeners", "create_app", "create_metrics_app", "serve"]
+
+log = logging.getLogger(__name__)
+
+ROUTER = web.AppKey("router", Router)
+LINK = web.AppKey("link", ControllerLink)
+_TASKS = web.AppKey("tasks", list)
+
+
+def _handler(kind: Kind) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await request.app[ROUTER].handle(request, kind)
+
+    return handle
+
+
+async def _models(request: web.Request) -> web.Response:
+    return await request.app[ROUTER].models(request)
+
+
+async def _health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def _ready(request: web.Request) -> web.Response:
+    router = request.app[ROUTER]
+    if router.table is None:
+        return web.json_response({"status": "waiting for a snapshot"}, status=503)
+    return web.json_response({"status": "ready", "revision": router.table.snapshot.revision})
+
+
+async def _client_session(app: web.Application) -> AsyncIterator[None]:
+    router = app[ROUTER]
+    opts = router.options
+    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=opts.connect_timeout, sock_read=opts.read_timeout
+    )
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+        router.session = session
+        tasks: list[asyncio.Task[None]] = []
+        if app.get(_SCRAPE, True):
+            tasks.append(
+                asyncio.create_task(
+                    scrape_loop(
+                        session,
+                        lambda: router.table,
+                        router.metrics,
+                        router.clock,
+                        router.admission.notify_all,
+                    )
+                )
+            )
+        link = app.get(LINK)
+        if link is not None:
+            tasks.append(asyncio.create_task(link.run(session)))
+        app[_TASKS] = tasks
+        yield
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        router.session = None
+
+
+_SCRAPE = web.AppKey("scrape", bool)
+
+
+def create_app(router: Router, link: ControllerLink | None = None, scrape: bool = True) -> web.Application:
+    # The body limit is enforced by the request path from the snapshot's max_body_bytes; aiohttp's own
+    # limit only matters for request.read(), which the router does not use.
+    app = web.Application(client_max_size=1 << 40)
+    app[ROUTER] = router
+    app[_SCRAPE] = scrape
+    if link is not None:
+        app[LINK] = link
+    app.cleanup_ctx.append(_client_session)
+    app.router.add_post("/v1/chat/completions", _handler("chat"))
+    app.router.add_post("/v1/completions", _handler("completions"))
+    app.router.add_post("/v1/embeddings", _handler("embeddings"))
+    app.router.add_get("/v1/models", _models)
+    app.router.add_get("/health", _health)
+    app.router.add_get("/ready", _ready)
+    return app
+
+
+def create_metrics_app(router: Router) -> web.Application:
+    async def metrics(request: web.Request) -> web.Response:
+        body = generate_latest(router.metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+@dataclass
+class Listeners:
+    """What `serve` bound: the ports actually in use (useful with port 0) and a way to stop."""
+
+    api_port: int
+    metrics_port: int
+    runners: list[web.AppRunner]
+
+    async def close(self) -> None:
+        for runner in self.runners:
+            await runner.cleanup()
+
+
+async def serve(
+    router: Router, listen: str, metrics_listen: str, link: ControllerLink | None = None, scrape: bool = True
+) -> Listeners:
+    """Start the API and metrics listeners. A client that goes away cancels its handler (and so the upstream
+    request): handler_cancellation is on."""
+    api = web.AppRunner(create_app(router, link, scrape), handler_cancellation=True, access_log=None)
+    met = web.AppRunner(create_metrics_app(router), access_log=None)
+    ports = []
+    for runner, address in ((api, listen), (met, metrics_listen)):
+        await runner.setup()
+        host, port = _split(address)
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        ports.append(sockets[0].getsockname()[1] if sockets else port)
+    log.info(
+        "router API on %s:%d, metrics on %s:%d",
+        _split(listen)[0],
+        ports[0],
+        _split(metrics_listen)[0],
+        ports[1],
+    )
+    return Listeners(ports[0], ports[1], [api, met])

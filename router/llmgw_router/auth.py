@@ -1,0 +1,143 @@
+"""API keys: `Authorization: Bearer KEY` -> the key's project, through a small cache in front of a key store.
+
+The store holds only sha256 hashes; the router hashes what it is sent and looks that up. Answers (including
+"no such key") are cached in memory for a short time so the hot path touches the store once per key per TTL,
+and revocation takes effect within the TTL. Keys and Authorization headers never reach logs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from llmgw.keys import hash_key
+from llmgw.store.records import KeyLookup
+from llmgw_router.errors import ApiError
+
+__all__ = ["Authenticator", "KeyStore", "Principal", "StaticKeys", "StoreKeys", "auth_disabled_principal"]
+
+log = logging.getLogger(__name__)
+
+
+class KeyStore(Protocol):
+    async def lookup_key(self, key_hash: str) -> KeyLookup | None: ...
+
+
+@dataclass(frozen=True)
+class Principal:
+    key_id: str | None
+    project: str | None  # None only when auth is disabled
+
+
+def auth_disabled_principal() -> Principal:
+    return Principal(None, None)
+
+
+class StoreKeys:
+    """Key lookups through the store (hashes only)."""
+
+    def __init__(self, store: Any, clock: Callable[[], float] = time.time) -> None:
+        self._store = store
+        self._clock = clock
+
+    async def lookup_key(self, key_hash: str) -> KeyLookup | None:
+        found: KeyLookup | None = await self._store.lookup_key(key_hash, self._clock())
+        return found
+
+
+class StaticKeys:
+    """Keys from a file of hashes, for a router with no store. One key per line: `SHA256HEX PROJECT [KEY_ID]`."""
+
+    def __init__(self, entries: dict[str, KeyLookup]) -> None:
+        self._entries = entries
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> StaticKeys:
+        entries: dict[str, KeyLookup] = {}
+        for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
+            line = raw.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            digest = parts[0].removeprefix("sha256:").lower()
+            if (
+                len(parts) not in (2, 3)
+                or len(digest) != 64
+                or any(c not in "0123456789abcdef" for c in digest)
+            ):
+                raise ValueError(
+                    f"{path}:{number}: expected `SHA256HEX PROJECT [KEY_ID]` (64 hex digits), got {len(parts)} fields"
+                )
+            key_id = parts[2] if len(parts) == 3 else digest[:12]
+            entries[digest] = KeyLookup(key_id=key_id, project=parts[1], state="active", expires_at=None)
+        return cls(entries)
+
+    async def lookup_key(self, key_hash: str) -> KeyLookup | None:
+        return self._entries.get(key_hash)
+
+
+class Authenticator:
+    """Answers who is calling. With `store=None` authentication is disabled and every request is anonymous."""
+
+    def __init__(
+        self,
+        store: KeyStore | None,
+        clock: Callable[[], float] = time.time,
+        ttl: float = 10.0,
+        negative_ttl: float = 2.0,
+        max_entries: int = 100_000,
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._ttl = ttl
+        self._negative_ttl = negative_ttl
+        self._max_entries = max_entries
+        self._cache: dict[str, tuple[float, KeyLookup | None]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        return self._store is not None
+
+    async def authenticate(self, header: str | None) -> Principal:
+        if self._store is None:
+            return auth_disabled_principal()
+        if not header:
+            raise ApiError(
+                401,
+                "Missing API key: send it as `Authorization: Bearer YOUR_KEY`.",
+                "missing_api_key",
+            )
+        scheme, _, token = header.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError(
+                401,
+                "Malformed Authorization header: expected `Authorization: Bearer YOUR_KEY`.",
+                "invalid_api_key",
+            )
+        digest = hash_key(token)
+        now = self._clock()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] > now:
+            found = cached[1]
+        else:
+            found = await self._store.lookup_key(digest)
+            if len(self._cache) >= self._max_entries:
+                self._cache.clear()  # bounded memory under a flood of random keys; refilled on demand
+            self._cache[digest] = (now + (self._ttl if found else self._negative_ttl), found)
+        return _principal(found, token, now)
+
+
+def _principal(found: KeyLookup | None, token: str, now: float) -> Principal:
+    shown = token[:8] + "..." if len(token) > 12 else "(short key)"
+    if found is None:
+        raise ApiError(401, f"Incorrect API key provided: {shown} is not a known key.", "invalid_api_key")
+    if found.state == "revoked":
+        raise ApiError(401, f"API key {shown} (id {found.key_id}) has been revoked.", "key_revoked")
+    if found.state == "expired" or (found.expires_at is not None and found.expires_at <= now):
+        raise ApiError(401, f"API key {shown} (id {found.key_id}) has expired.", "key_expired")
+    return Principal(found.key_id, found.project)

@@ -1,0 +1,137 @@
+"""The controller's stream: a WebSocket at ws://CONTROLLER/router/v1.
+
+Down (controller -> router): a complete RouterSnapshot as JSON on connect and on every change (either bare or
+wrapped as {"type": "snapshot", "snapshot": {...}}). Up (router -> controller):
+  {"type": "hello", "router_id": ID, "revision": REV|null}   on connect
+  {"type": "load", "model": NAME}                            an on-demand model was asked for
+  {"type": "use", "last_used": {MODEL: unix_seconds}}       every use_interval, models used since the last one
+While disconnected the router keeps serving the last snapshot and reconnects with a capped backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from llmgw.publish import RouterSnapshot
+
+__all__ = ["ControllerLink", "controller_url"]
+
+log = logging.getLogger(__name__)
+
+
+def controller_url(address: str) -> str:
+    """`host:port`, `http://host:port` or a full ws URL -> the router stream's ws:// URL."""
+    if address.startswith(("ws://", "wss://")):
+        return address
+    if address.startswith("http://"):
+        address = "ws://" + address.removeprefix("http://")
+    elif address.startswith("https://"):
+        address = "wss://" + address.removeprefix("https://")
+    else:
+        address = "ws://" + address
+    return address.rstrip("/") + "/router/v1"
+
+
+class ControllerLink:
+    """ControllerCallbacks over the stream, plus the loop that keeps it connected."""
+
+    def __init__(
+        self,
+        url: str,
+        router_id: str,
+        token: str | None,
+        on_snapshot: Callable[[RouterSnapshot], None],
+        last_used: Callable[[], dict[str, float]],
+        on_connected: Callable[[bool], None] = lambda _: None,
+        use_interval: float = 10.0,
+        max_backoff: float = 10.0,
+    ) -> None:
+        self.url = url
+        self.router_id = router_id
+        self._token = token
+        self._on_snapshot = on_snapshot
+        self._last_used = last_used
+        self._on_connected = on_connected
+        self._use_interval = use_interval
+        self._max_backoff = max_backoff
+        self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
+        self.revision: str | None = None
+
+    def request_load(self, model: str) -> None:
+        try:
+            self._outbox.put_nowait({"type": "load", "model": model})
+        except asyncio.QueueFull:
+            log.warning(
+                "controller outbox full; load request for %s dropped (it is asked again later)", model
+            )
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        backoff = 0.2
+        while True:
+            try:
+                await self._session(session)
+                backoff = 0.2  # a session that worked starts the backoff again
+            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+                log.warning("controller stream %s: %s; serving the last snapshot, retrying", self.url, exc)
+            finally:
+                self._on_connected(False)
+            await asyncio.sleep(backoff * (0.5 + random.random()))
+            backoff = min(backoff * 2, self._max_backoff)
+
+    async def _session(self, session: aiohttp.ClientSession) -> None:
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        async with session.ws_connect(self.url, headers=headers, heartbeat=10.0) as ws:
+            log.info("connected to the controller at %s", self.url)
+            self._on_connected(True)
+            await ws.send_json({"type": "hello", "router_id": self.router_id, "revision": self.revision})
+            sender = asyncio.create_task(self._send(ws))
+            try:
+                async for msg in ws:
+                    if msg.type == aiohttp.WSMsgType.TEXT:
+                        self._receive(msg.data)
+                    elif msg.type in (aiohttp.WSMsgType.ERROR, aiohttp.WSMsgType.CLOSE):
+                        break
+            finally:
+                sender.cancel()
+                await asyncio.gather(sender, return_exceptions=True)
+
+    def _receive(self, text: str) -> None:
+        try:
+            raw = json.loads(text)
+            if isinstance(raw, dict) and raw.get("type") == "snapshot":
+                raw = raw.get("snapshot")
+            elif isinstance(raw, dict) and "type" in raw:
+                return  # a message kind this router does not know: ignored, not fatal
+            snapshot = RouterSnapshot.model_validate(raw)
+        except (ValueError, ValidationError) as exc:
+            log.warning("controller sent a snapshot this router cannot read; keeping the last one: %s", exc)
+            return
+        try:
+            self._on_snapshot(snapshot)
+        except ValueError as exc:
+            log.warning("snapshot %s refused; keeping the last one: %s", snapshot.revision, exc)
+            return
+        self.revision = snapshot.revision
+
+    async def _send(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        reported: dict[str, float] = {}
+        while True:
+            try:
+                async with asyncio.timeout(self._use_interval):
+                    msg = await self._outbox.get()
+                await ws.send_json(msg)
+                continue
+            except TimeoutError:
+                pass
+            fresh = {m: t for m, t in self._last_used().items() if reported.get(m) != t}
+            if fresh:
+                await ws.send_json({"type": "use", "last_used": fresh})
+                reported.update(fresh)

@@ -1,0 +1,168 @@
+"""Send one request to one endpoint and pass the answer back: whole, or as a stream event by event.
+
+The only place that talks HTTP to engines on the request path and the only place that translates aiohttp's
+client errors: a failure before any byte reached the client becomes `UpstreamUnavailable` (the caller may
+retry elsewhere); after that the stream just ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+__all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "forward"]
+
+_RETRYABLE_STATUS = frozenset({502, 503})
+_FLUSH_WITHOUT_SEPARATOR = 64 * 1024
+
+
+class UpstreamUnavailable(Exception):
+    """The endpoint could not be reached or failed before the client saw anything: safe to retry elsewhere."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class UpstreamCall:
+    url: str
+    payload: bytes
+    headers: dict[str, str]
+    stream: bool
+    strip_usage_chunk: bool  # we asked for usage and the client did not: drop that extra event
+    rewrite_model: str | None  # a provider's answers carry its own model name; show ours
+    reply_headers: dict[str, str]
+    retry_on_5xx: bool
+
+
+@dataclass
+class ProxyResult:
+    response: web.StreamResponse
+    status: int
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    first_byte_at: float | None = None
+    upstream_failed: bool = False  # a stream broke after it had started
+
+
+def _usage(obj: Any) -> tuple[int | None, int | None]:
+    if not isinstance(obj, dict):
+        return None, None
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        return None, None
+    prompt = usage.get("prompt_tokens")
+    completion = usage.get("completion_tokens", 0)
+    return (
+        prompt if isinstance(prompt, int) else None,
+        completion if isinstance(completion, int) else None,
+    )
+
+
+async def forward(session: aiohttp.ClientSession, request: web.Request, call: UpstreamCall) -> ProxyResult:
+    try:
+        upstream = await session.post(call.url, data=call.payload, headers=call.headers)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise UpstreamUnavailable(f"connect failed: {type(exc).__name__}") from None
+    async with upstream:
+        if upstream.status in _RETRYABLE_STATUS and call.retry_on_5xx:
+            raise UpstreamUnavailable(f"engine answered {upstream.status}")
+        if call.stream and upstream.status == 200:
+            return await _stream(request, upstream, call)
+        try:
+            data = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise UpstreamUnavailable(f"connection lost: {type(exc).__name__}") from None
+    result = ProxyResult(web.Response(), upstream.status)
+    if upstream.status == 200:
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            obj = None
+        result.prompt_tokens, result.completion_tokens = _usage(obj)
+        if call.rewrite_model is not None and isinstance(obj, dict):
+            obj["model"] = call.rewrite_model
+            data = json.dumps(obj).encode()
+    content_type = upstream.headers.get("Content-Type", "application/json")
+    result.response = web.Response(
+        status=upstream.status, body=data, headers={"Content-Type": content_type, **call.reply_headers}
+    )
+    return result
+
+
+def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes | None:
+    """Take usage from the stream's usage event; return the event to send (None to drop it)."""
+    if call.rewrite_model is None and b'"usage"' not in event:
+        return event
+    body = event.strip()
+    if not body.startswith(b"data:"):
+        return event
+    payload = body[5:].strip()
+    if payload == b"[DONE]":
+        return event
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return event
+    prompt, completion = _usage(obj)
+    is_usage_event = prompt is not None and isinstance(obj, dict) and not obj.get("choices")
+    if prompt is not None:
+        result.prompt_tokens, result.completion_tokens = prompt, completion
+    if is_usage_event and call.strip_usage_chunk:
+        return None
+    if call.rewrite_model is not None and isinstance(obj, dict):
+        obj["model"] = call.rewrite_model
+        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+    return event
+
+
+async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, call: UpstreamCall) -> ProxyResult:
+    # Wait for the first bytes before answering the client: a replica that dies before producing anything is
+    # still a retry, not a broken stream.
+    try:
+        first = await upstream.content.readany()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise UpstreamUnavailable(f"connection lost before the first byte: {type(exc).__name__}") from None
+    if not first:
+        raise UpstreamUnavailable("engine closed the stream before sending anything")
+    resp = web.StreamResponse(
+        status=200,
+        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **call.reply_headers},
+    )
+    result = ProxyResult(resp, 200)
+    await resp.prepare(request)
+    buf = first
+    try:
+        while True:
+            out: list[bytes] = []
+            while True:
+                i = buf.find(b"\n\n")
+                if i < 0:
+                    break
+                event = _scan_event(buf[: i + 2], result, call)
+                buf = buf[i + 2 :]
+                if event is not None:
+                    out.append(event)
+            if len(buf) > _FLUSH_WITHOUT_SEPARATOR:
+                out.append(buf)
+                buf = b""
+            if out:
+                await resp.write(b"".join(out))
+                if result.first_byte_at is None:
+                    result.first_byte_at = time.monotonic()
+            data = await upstream.content.readany()
+            if not data:
+                break
+            buf += data
+        if buf:
+            await resp.write(buf)
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, TimeoutError):
+        result.upstream_failed = True  # the client has bytes already: the stream just ends
+    await resp.write_eof()
+    return result

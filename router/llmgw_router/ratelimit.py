@@ -1,0 +1,123 @@
+"""Tenant limits on the request path: the store's pooled limiter (llmgw.store.limiter) behind one interface.
+
+With a store, limits are pools shared by every router (each leases shares). With no store, the same limiter
+runs against `MemoryCounters`, which grants this router the whole pool: one router, one pool. Budgets in
+that mode count only what this router process has spent since it started.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmgw.config.models import Limits, duration_seconds
+from llmgw.limits import Budget, Estimate, LevelLimits, Refused, Tenant
+from llmgw.store.limiter import Admission, CounterStore, SharePolicy
+from llmgw.store.limiter import Limiter as PoolLimiter
+from llmgw.store.records import ShareGrant
+from llmgw_router.errors import ApiError
+from llmgw_router.tenancy import TenantChain
+
+__all__ = ["Lease", "Limiter", "MemoryCounters", "NoLimits", "TenantLimiter", "memory_limiter", "tenants_of"]
+
+
+@dataclass(frozen=True)
+class Lease:
+    admission: Admission | None
+
+
+class Limiter(Protocol):
+    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
+        """Let the request in (a Lease) or raise a 429 ApiError naming the limit."""
+
+    def release(self, lease: Lease, tokens_used: int, cost: float) -> None: ...
+
+
+class NoLimits:
+    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
+        return Lease(None)
+
+    def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
+        return None
+
+
+def _level_limits(limits: Limits) -> LevelLimits:
+    budget = None
+    if limits.budget is not None:
+        budget = Budget(limits.budget.amount, duration_seconds(limits.budget.period))
+    return LevelLimits(limits.rpm, limits.tpm, limits.concurrency, budget)
+
+
+_LEVELS = {"project": "project", "team": "team", "org": "organization"}
+
+
+def tenants_of(chain: TenantChain) -> tuple[Tenant, ...]:
+    """The chain as the limiter's tenants, organization first."""
+    out = []
+    for key, limits in reversed(chain.limits):
+        kind, _, name = key.partition(":")
+        out.append(Tenant(_LEVELS[kind], name, _level_limits(limits)))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+class TenantLimiter:
+    def __init__(self, pool: PoolLimiter) -> None:
+        self._pool = pool
+        self._tenants: dict[TenantChain, tuple[Tenant, ...]] = {}
+
+    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
+        tenants = self._tenants.get(chain)
+        if tenants is None:
+            if len(self._tenants) > 10_000:
+                self._tenants.clear()
+            tenants = self._tenants[chain] = tenants_of(chain)
+        if not any(t.limits != LevelLimits() for t in tenants):
+            return Lease(None)
+        got = await self._pool.admit(tenants, Estimate(tokens, cost))
+        if isinstance(got, Refused):
+            headers = dict(got.headers)
+            headers["Retry-After"] = str(got.retry_after)
+            raise ApiError(429, got.message, "rate_limit_exceeded", type_="rate_limit_error", headers=headers)
+        return Lease(got)
+
+    def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
+        if lease.admission is not None:
+            self._pool.finish(lease.admission, tokens_used, cost)
+
+
+class MemoryCounters(CounterStore):
+    """The limiter's counter store for a router with no store: windows kept in memory, one router's pool."""
+
+    def __init__(self) -> None:
+        self._taken: dict[tuple[str, float], int] = {}
+
+    async def take_share(
+        self, limit_key: str, window_start: float, window_end: float, want: int, limit: int, now: float
+    ) -> ShareGrant:
+        key = (limit_key, window_start)
+        if len(self._taken) > 100_000:  # old windows: drop them all, current ones are re-taken on demand
+            self._taken = {k: v for k, v in self._taken.items() if k[1] >= window_start}
+        taken = self._taken.get(key, 0)
+        granted = max(0, min(want, limit - taken))
+        self._taken[key] = taken + granted
+        return ShareGrant(granted, taken + granted)
+
+    async def seed_counter(
+        self, limit_key: str, window_start: float, window_end: float, taken: int, now: float
+    ) -> bool:
+        key = (limit_key, window_start)
+        if key in self._taken:
+            return False
+        self._taken[key] = taken
+        return True
+
+    async def spend(self, level: str, name: str, since: float, until: float | None = None) -> float:
+        return 0.0
+
+
+def memory_limiter(clock: Callable[[], float]) -> TenantLimiter:
+    # The whole pool in one share: nobody else takes from it.
+    return TenantLimiter(
+        PoolLimiter(MemoryCounters(), clock=clock, policy=SharePolicy(fraction=1.0, budget_fraction=1.0))
+    )

@@ -1,0 +1,251 @@
+"""Choose an endpoint for one request: filter -> score -> pick. Pure: candidates and a policy in, a Decision out.
+
+A strategy is only a RoutingPolicy's scorer weights and picker; chat, batch and long-context traffic run the
+same code with different weights. Every Decision carries its rationale (each scorer's value per endpoint and
+how many endpoints each filter dropped), because tuning weights without it is guesswork.
+
+Stale endpoints (not scraped lately) count as saturated: they are dropped while a fresh one remains and score
+as full otherwise. Unknown readings (never scraped yet, KV not published) score neutral, never as idle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from llmgw.config.models import RoutingPolicySpec
+
+__all__ = [
+    "KV_PENALTY",
+    "SCORERS",
+    "Candidate",
+    "Decision",
+    "EndpointScore",
+    "RequestInfo",
+    "bounded_load_target",
+    "schedule",
+]
+
+SCORERS = ("queue", "kv", "inflight", "load", "weight", "session")
+# Above the KV ceiling an endpoint is about to preempt or refuse sequences: worse than any other reading.
+KV_PENALTY = -10.0
+_NEUTRAL = 0.5
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: str
+    inflight: int = 0  # requests this router has in flight to it
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    slots: int | None = None
+    weight: float = 1.0
+    ready: bool = True
+    breaker_open: bool = False
+    stale: bool = False
+
+    @property
+    def full(self) -> bool:
+        return self.slots is not None and self.inflight >= self.slots
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    session_key: str | None = None
+    exclude: frozenset[str] = frozenset()  # endpoints this request already failed on
+    rr_counter: int = 0  # the caller's round-robin position for this model
+
+
+@dataclass(frozen=True)
+class EndpointScore:
+    id: str
+    scores: dict[str, float]
+    total: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    endpoint: str | None
+    picker: str
+    winning_scorer: str
+    scores: tuple[EndpointScore, ...] = ()
+    dropped: dict[str, int] = field(default_factory=dict)
+    session_target: str | None = None
+
+    def rationale(self) -> str:
+        """One line for a debug header or a log: the choice, what decided it, scores, filters."""
+        parts = [f"endpoint={self.endpoint}", f"picker={self.picker}", f"by={self.winning_scorer}"]
+        if self.session_target is not None:
+            parts.append(f"session_target={self.session_target}")
+        for s in self.scores:
+            inner = ",".join(f"{k}:{v:.3g}" for k, v in s.scores.items())
+            parts.append(f"{s.id}={s.total:.3g}[{inner}]")
+        parts.extend(f"dropped_{k}={v}" for k, v in self.dropped.items() if v)
+        return "; ".join(parts)
+
+
+def _hash64(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "big")
+
+
+def bounded_load_target(key: str, loads: Sequence[tuple[str, int]], load_bound: float) -> str | None:
+    """Consistent hashing with bounded load: the first endpoint in the key's rendezvous order whose load,
+    with this request added, stays within ceil(load_bound * mean) (the mean also counting this request).
+
+    Rendezvous (highest-random-weight) hashing moves only the keys of an endpoint that came or went. Some
+    endpoint always has room: the least loaded one is at most floor(total/n) < ceil(bound*(total+1)/n).
+    """
+    if not loads:
+        return None
+    total = sum(load for _, load in loads) + 1
+    ceiling = math.ceil(load_bound * total / len(loads))
+    order = sorted(loads, key=lambda item: _hash64(f"{key}\x00{item[0]}"), reverse=True)
+    for endpoint, load in order:
+        if load + 1 <= ceiling:
+            return endpoint
+    return order[0][0]  # unreachable by the argument above; kept so the function is total
+
+
+def _filter(cands: Sequence[Candidate], info: RequestInfo) -> tuple[list[Candidate], dict[str, int]]:
+    dropped = {"excluded": 0, "not_ready": 0, "breaker_open": 0, "stale": 0, "full": 0}
+    keep: list[Candidate] = []
+    for c in cands:
+        if c.id in info.exclude:
+            dropped["excluded"] += 1
+        elif not c.ready:
+            dropped["not_ready"] += 1
+        elif c.breaker_open:
+            dropped["breaker_open"] += 1
+        else:
+            keep.append(c)
+    # Saturation filters only narrow: a stale or full endpoint is still better than refusing outright.
+    fresh = [c for c in keep if not c.stale]
+    if fresh:
+        dropped["stale"] = len(keep) - len(fresh)
+        keep = fresh
+    roomy = [c for c in keep if not c.full]
+    if roomy:
+        dropped["full"] = len(keep) - len(roomy)
+        keep = roomy
+    return keep, dropped
+
+
+def _scores(
+    c: Candidate, policy: RoutingPolicySpec, max_weight: float, target: str | None
+) -> dict[str, float]:
+    if c.stale:  # saturated by definition: nothing we read from it can be trusted
+        queue = kv = load = 0.0
+    else:
+        queue = _NEUTRAL if c.waiting is None else 1.0 / (1.0 + c.waiting)
+        if c.kv_usage is None:
+            kv = _NEUTRAL
+        else:
+            kv = KV_PENALTY if c.kv_usage > policy.kv_ceiling else 1.0 - c.kv_usage
+        if c.running is None:
+            load = _NEUTRAL
+        elif c.slots:
+            load = 1.0 - min(1.0, c.running / c.slots)
+        else:
+            load = 1.0 / (1.0 + c.running)
+    return {
+        "queue": queue,
+        "kv": kv,
+        "inflight": 1.0 / (1.0 + c.inflight),
+        "load": load,
+        "weight": c.weight / max_weight if max_weight > 0 else 1.0,
+        "session": 1.0 if c.id == target else 0.0,
+    }
+
+
+def _weights(policy: RoutingPolicySpec, has_session: bool) -> dict[str, float]:
+    w = policy.weights
+    weights = {
+        "queue": w.queue,
+        "kv": w.kv,
+        "inflight": w.inflight,
+        "load": w.load,
+        "weight": w.weight,
+        "session": w.session if has_session else 0.0,
+    }
+    if not any(weights.values()):
+        weights["inflight"] = 1.0  # a policy with no weights still spreads load
+    return weights
+
+
+def _pick(
+    scored: list[EndpointScore],
+    policy: RoutingPolicySpec,
+    info: RequestInfo,
+    rng: random.Random,
+    target: str | None,
+) -> EndpointScore:
+    n = len(scored)
+    if n == 1:
+        return scored[0]
+    picker = policy.picker
+    if picker == "max_score":
+        best = max(s.total for s in scored)
+        return rng.choice([s for s in scored if s.total == best])
+    if picker == "p2c":
+        first = next((s for s in scored if s.id == target), None)
+        if first is None:
+            a, b = rng.sample(scored, 2)
+        else:
+            a, b = first, rng.choice([s for s in scored if s is not first])
+        return a if a.total >= b.total else b
+    if picker == "softmax":
+        top = max(s.total for s in scored)
+        weights = [math.exp((s.total - top) / policy.softmax_temperature) for s in scored]
+        return rng.choices(scored, weights=weights, k=1)[0]
+    if picker == "round_robin":
+        ordered = sorted(scored, key=lambda s: s.id)
+        return ordered[info.rr_counter % n]
+    return rng.choice(scored)  # random
+
+
+def _winner_reason(
+    chosen: EndpointScore, scored: list[EndpointScore], weights: dict[str, float], picker: str
+) -> str:
+    if len(scored) == 1:
+        return "only"
+    others = [s for s in scored if s is not chosen]
+    best_name, best_gain = picker, 0.0
+    for name, weight in weights.items():
+        if not weight:
+            continue
+        mean_other = sum(o.scores[name] for o in others) / len(others)
+        gain = weight * (chosen.scores[name] - mean_other)
+        if gain > best_gain:
+            best_name, best_gain = name, gain
+    return best_name
+
+
+def schedule(
+    candidates: Sequence[Candidate], policy: RoutingPolicySpec, info: RequestInfo, rng: random.Random
+) -> Decision:
+    """Filter, score and pick. `Decision.endpoint` is None when every candidate was filtered out."""
+    kept, dropped = _filter(candidates, info)
+    if not kept:
+        return Decision(None, policy.picker, "none", (), dropped)
+    has_session = info.session_key is not None and policy.weights.session > 0
+    target = (
+        bounded_load_target(
+            info.session_key or "", [(c.id, c.inflight) for c in kept], policy.session.load_bound
+        )
+        if has_session
+        else None
+    )
+    weights = _weights(policy, has_session)
+    max_weight = max(c.weight for c in kept)
+    scored = []
+    for c in kept:
+        raw = _scores(c, policy, max_weight, target)
+        total = sum(weights[name] * value for name, value in raw.items())
+        scored.append(EndpointScore(c.id, raw, total))
+    chosen = _pick(scored, policy, info, rng, target)
+    reason = _winner_reason(chosen, scored, weights, policy.picker)
+    return Decision(chosen.id, policy.picker, reason, tuple(scored), dropped, target)

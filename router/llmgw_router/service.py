@@ -1,0 +1,591 @@
+"""The request path, in the design's order (cheapest refusal first):
+
+body size -> parse -> resolve model -> context length -> auth -> allowlist -> limits -> admission -> schedule ->
+proxy -> account.
+
+`Router` holds the live state of one router process (no globals): the routing table from the last snapshot,
+the live endpoint records, and the small interfaces to the outside (keys, limits, usage, controller).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import os
+import random
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import aiohttp
+from aiohttp import web
+
+from llmgw.config.models import SecretRef
+from llmgw.publish import PublishedModel, RouterSnapshot
+from llmgw.security import forbidden_address_reason
+from llmgw.store.records import UsageRecord
+from llmgw_router import breaker as brk
+from llmgw_router.admission import Admission
+from llmgw_router.auth import Authenticator, Principal
+from llmgw_router.errors import ApiError, error_response
+from llmgw_router.metrics import RouterMetrics
+from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
+from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
+from llmgw_router.ratelimit import Lease, Limiter, NoLimits
+from llmgw_router.scheduler import Decision, RequestInfo, schedule
+from llmgw_router.state import LiveEndpoint, RoutingTable
+from llmgw_router.tenancy import TenantChain, allowed, tenant_chain
+
+__all__ = ["Kind", "Router", "RouterOptions"]
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["chat", "completions", "embeddings"]
+_PATHS: dict[str, str] = {
+    "chat": "/chat/completions",
+    "completions": "/completions",
+    "embeddings": "/embeddings",
+}
+_DEFAULT_MAX_BODY = 4 * 1024 * 1024
+_LOAD_REQUEST_INTERVAL = 10.0
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    router_id: str = "router"
+    on_demand_wait: float = 5.0  # how long the first request for an on-demand model waits for a replica
+    loading_retry_after: int = 10
+    debug_token: str | None = None  # requests sending it in x-llmgw-debug get the decision's rationale
+    breaker: brk.BreakerPolicy = field(default_factory=brk.BreakerPolicy)
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0
+
+
+@dataclass
+class _Call:
+    """One request's bookkeeping, filled in as it goes down the path."""
+
+    request_id: str
+    started: float
+    model: str = "unknown"
+    served: str | None = None
+    principal: Principal | None = None
+    chain: TenantChain | None = None
+    estimate: int = 0
+    status: int = 500
+    code: str = ""
+    result: ProxyResult | None = None
+    lease: Lease | None = None
+
+
+class Router:
+    def __init__(
+        self,
+        options: RouterOptions | None = None,
+        auth: Authenticator | None = None,
+        limiter: Limiter | None = None,
+        usage: UsageSink | None = None,
+        controller: ControllerCallbacks | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.options = options or RouterOptions()
+        self.auth = auth or Authenticator(None)
+        self.limiter: Limiter = limiter or NoLimits()
+        self.usage: UsageSink = usage or NullUsage()
+        self.controller: ControllerCallbacks = controller or NoController()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.table: RoutingTable | None = None
+        self.admission = Admission(256, on_reject=self._on_reject)
+        self.metrics = RouterMetrics(lambda: self.table, lambda: float(self.admission.depth), clock)
+        self.session: aiohttp.ClientSession | None = None
+        self.last_used: dict[str, float] = {}
+        self._rr: dict[str, int] = {}
+        self._load_requested: dict[str, float] = {}
+        self._snapshot_changed = asyncio.Event()
+
+    # ------------------------------------------------------------------ snapshot
+
+    def apply_snapshot(self, snapshot: RouterSnapshot) -> None:
+        previous = {ep.id: ep for ep in self.table.all_endpoints()} if self.table else {}
+        keys = {name: _provider_key(m) for name, m in snapshot.models.items() if m.provider is not None}
+        for name, m in snapshot.models.items():
+            if m.provider is not None and (why := forbidden_address_reason(m.provider.url)):
+                raise ValueError(f"model {name}: provider url refused: {why}")
+        self.table = RoutingTable.build(snapshot, previous, self.clock(), keys)
+        self.admission.queue_size = snapshot.router.admission.queue_size
+        self.metrics.set_revision(snapshot.revision)
+        self._snapshot_changed.set()
+        self._snapshot_changed = asyncio.Event()
+        self.admission.notify_all()
+        log.info(
+            "snapshot %s: %d models, %d endpoints",
+            snapshot.revision,
+            len(snapshot.models),
+            len(snapshot.endpoints),
+        )
+
+    @staticmethod
+    def _estimate_cost(model: PublishedModel, tokens: int) -> float:
+        # Charged against budgets up front at the dearer price, corrected when the request ends.
+        p = model.prices
+        return tokens * max(p.input_per_million, p.output_per_million) / 1e6
+
+    def _on_reject(self, reason: str) -> None:
+        self.metrics.rejections.labels(reason).inc()
+
+    # ------------------------------------------------------------------ simple pages
+
+    async def models(self, request: web.Request) -> web.Response:
+        table = self.table
+        if table is None:
+            return error_response(_not_ready())
+        try:
+            principal = await self.auth.authenticate(request.headers.get("Authorization"))
+        except ApiError as err:
+            return error_response(err)
+        now = self.clock()
+        data = []
+        for name, model in table.models.items():
+            if principal.project is not None and not allowed(
+                table.snapshot.tenants, principal.project, table.names_of[name]
+            ):
+                continue
+            if not (model.on_demand or self._can_answer(table, name, now)):
+                continue
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "llmgw-simulated" if model.simulated else "llmgw",
+                    "context_length": model.context_length,
+                    "capabilities": list(model.capabilities),
+                    "aliases": list(model.aliases),
+                    "on_demand": model.on_demand,
+                }
+            )
+        return web.json_response({"object": "list", "data": data})
+
+    def _can_answer(self, table: RoutingTable, model: str, now: float) -> bool:
+        return any(
+            ep.spec.state == "ready" and not ep.breaker.is_open(now) for ep in table.endpoints.get(model, ())
+        )
+
+    # ------------------------------------------------------------------ the request path
+
+    async def handle(self, request: web.Request, kind: Kind) -> web.StreamResponse:
+        call = _Call(request.headers.get("x-request-id") or uuid.uuid4().hex, time.monotonic())
+        try:
+            response = await self._handle(request, kind, call)
+            call.status = response.status
+            return response
+        except ApiError as err:
+            call.status, call.code = err.status, err.code or ""
+            return error_response(err)
+        except asyncio.CancelledError:
+            call.status, call.code = 499, "client_closed_request"
+            raise
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+            call.status, call.code = 499, "client_closed_request"
+            raise
+        except Exception:
+            log.exception("request %s failed inside the router", call.request_id)
+            call.status, call.code = 500, "internal_error"
+            return error_response(
+                ApiError(500, "Internal error in the router.", "internal_error", "server_error")
+            )
+        finally:
+            self._account(call)
+
+    async def _handle(self, request: web.Request, kind: Kind, call: _Call) -> web.StreamResponse:
+        table = self.table
+        if table is None:
+            raise _not_ready()
+        raw = await _read_body(request, table.snapshot.router.max_body_bytes if table else _DEFAULT_MAX_BODY)
+        body = _parse(raw)
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise ApiError(
+                400, "The request needs a `model` field naming a model.", "missing_model", param="model"
+            )
+        canonical = table.resolve(name)
+        if canonical is None:
+            raise ApiError(
+                404,
+                f"The model `{name}` does not exist or you do not have access to it.",
+                "model_not_found",
+                param="model",
+            )
+        call.model = canonical
+        model = table.models[canonical]
+        if kind not in model.capabilities:
+            raise ApiError(
+                400, f"Model `{canonical}` does not support {kind}.", "unsupported_capability", param="model"
+            )
+        call.estimate = _check_context(raw, body, model, canonical)
+        call.principal = await self.auth.authenticate(request.headers.get("Authorization"))
+        project = call.principal.project
+        if project is not None:
+            tenants = table.snapshot.tenants
+            if not allowed(
+                tenants, project, table.names_of[canonical] + ((name,) if name != canonical else ())
+            ):
+                raise ApiError(
+                    403,
+                    f"Project `{project}` may not use model `{canonical}`.",
+                    "model_not_allowed",
+                    "permission_error",
+                    param="model",
+                )
+            call.chain = tenant_chain(tenants, project)
+            if call.chain is None and (tenants.projects or tenants.teams or tenants.organizations):
+                raise ApiError(
+                    403,
+                    f"Project `{project}` is not in the cluster repo.",
+                    "unknown_project",
+                    "permission_error",
+                )
+            if call.chain is not None:
+                call.lease = await self.limiter.acquire(
+                    call.chain, call.estimate, self._estimate_cost(model, call.estimate)
+                )
+        return await self._forward(request, kind, table, canonical, raw, body, call)
+
+    async def _forward(
+        self,
+        request: web.Request,
+        kind: Kind,
+        table: RoutingTable,
+        canonical: str,
+        raw: bytes,
+        body: dict[str, Any],
+        call: _Call,
+    ) -> web.StreamResponse:
+        info = RequestInfo(session_key=_session_key(request, body, table.policy_for(canonical)))
+        debug = (
+            self.options.debug_token is not None
+            and request.headers.get("x-llmgw-debug") == self.options.debug_token
+        )
+        client_stream = body.get("stream") is True and kind != "embeddings"
+        stream_opts = body.get("stream_options")
+        client_usage = isinstance(stream_opts, dict) and stream_opts.get("include_usage") is True
+        for attempt in (0, 1):
+            ep, served, decision = await self._pick(table, canonical, kind, call.estimate, info)
+            call.served = served
+            self.last_used[served] = self.clock()
+            upstream_model = ep.upstream_model or served
+            reply = {"x-request-id": call.request_id, "x-llmgw-model": served}
+            if served != canonical:
+                reply["x-llmgw-fallback"] = served
+            if debug:
+                reply["x-llmgw-decision"] = decision.rationale()
+            payload = raw
+            if body.get("model") != upstream_model or (client_stream and not client_usage):
+                changed = dict(body, model=upstream_model)
+                if client_stream and not client_usage:
+                    changed["stream_options"] = {
+                        **(stream_opts if isinstance(stream_opts, dict) else {}),
+                        "include_usage": True,
+                    }
+                payload = json.dumps(changed).encode()
+            key = ep.provider_key if ep.is_provider else ep.spec.api_key
+            headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
+            up = UpstreamCall(
+                url=ep.api_base + _PATHS[kind],
+                payload=payload,
+                headers=headers,
+                stream=client_stream,
+                strip_usage_chunk=client_stream and not client_usage,
+                rewrite_model=served if ep.is_provider else None,
+                reply_headers=reply,
+                retry_on_5xx=attempt == 0,
+            )
+            try:
+                assert self.session is not None, "the client session is opened by the app's cleanup_ctx"
+                call.result = await forward(self.session, request, up)
+            except UpstreamUnavailable as exc:
+                self._failed(ep, exc.reason)
+                if attempt == 1:
+                    raise ApiError(
+                        502,
+                        f"The engine serving `{served}` could not be reached ({exc.reason}); retried once.",
+                        "upstream_unavailable",
+                        "server_error",
+                    ) from None
+                info = RequestInfo(info.session_key, info.exclude | {ep.id}, info.rr_counter)
+                self.metrics.retries.labels(canonical).inc()
+                continue
+            finally:
+                self._release(ep, served)
+            if call.result.status >= 500 or call.result.upstream_failed:
+                self._failed(ep, f"status {call.result.status}")
+            else:
+                ep.breaker = brk.on_success(ep.breaker)
+            return call.result.response
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    # ------------------------------------------------------------------ scheduling, admission, fallbacks
+
+    def _claim(
+        self, table: RoutingTable, model: str, info: RequestInfo, need_room: bool
+    ) -> tuple[LiveEndpoint, Decision] | None:
+        """Schedule among `model`'s endpoints and take the chosen one (inflight + 1). No await inside: the
+        choice and the claim happen in one step of the event loop."""
+        endpoints = table.endpoints.get(model, ())
+        if not endpoints:
+            return None
+        now = self.clock()
+        rr = self._rr.get(model, 0)
+        self._rr[model] = rr + 1
+        cands = [ep.candidate(now, table.stale_after) for ep in endpoints]
+        info = RequestInfo(info.session_key, info.exclude, rr)
+        decision = schedule(cands, table.policy_for(model), info, self.rng)
+        if decision.endpoint is None:
+            return None
+        index = next(i for i, c in enumerate(cands) if c.id == decision.endpoint)
+        chosen, ep = cands[index], endpoints[index]
+        if need_room and (chosen.full or chosen.stale):
+            return None
+        ok, ep.breaker = brk.allow(ep.breaker, now, self.options.breaker)
+        if not ok:
+            return None
+        ep.inflight += 1
+        self.metrics.decisions.labels(model, decision.winning_scorer).inc()
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("decision for %s: %s", model, decision.rationale())
+        return ep, decision
+
+    def _release(self, ep: LiveEndpoint, model: str) -> None:
+        ep.inflight -= 1
+        self.admission.notify(model)
+
+    def _failed(self, ep: LiveEndpoint, reason: str) -> None:
+        ep.breaker = brk.on_failure(ep.breaker, self.clock(), self.options.breaker)
+        log.warning("endpoint %s (%s) failed: %s", ep.id, ep.spec.model, reason)
+
+    def _chain(self, table: RoutingTable, canonical: str, kind: Kind, estimate: int) -> list[str]:
+        chain = [canonical]
+        for fb in table.models[canonical].fallbacks:
+            m = table.models.get(fb)
+            if m is not None and fb not in chain and kind in m.capabilities and estimate <= m.context_length:
+                chain.append(fb)
+        return chain
+
+    def _schedulable(self, table: RoutingTable, model: str, exclude: frozenset[str]) -> bool:
+        now = self.clock()
+        return any(
+            ep.spec.state == "ready" and not ep.breaker.is_open(now) and ep.id not in exclude
+            for ep in table.endpoints.get(model, ())
+        )
+
+    async def _pick(
+        self, table: RoutingTable, canonical: str, kind: Kind, estimate: int, info: RequestInfo
+    ) -> tuple[LiveEndpoint, str, Decision]:
+        chain = self._chain(table, canonical, kind, estimate)
+        on_demand = [
+            m for m in chain if table.models[m].on_demand and not self._schedulable(table, m, frozenset())
+        ]
+        for m in on_demand:
+            self._ask_load(m)
+        for m in chain:  # first choice: a model in the chain with room now
+            got = self._claim(table, m, info, need_room=True)
+            if got is not None:
+                return self._picked(canonical, m, got)
+        for m in chain:  # then wait in line for the first that has endpoints at all
+            if self._schedulable(table, m, info.exclude):
+                cell: list[tuple[LiveEndpoint, Decision]] = []
+
+                def has_room(m: str = m, cell: list[tuple[LiveEndpoint, Decision]] = cell) -> bool:
+                    got = self._claim(table, m, info, need_room=True)
+                    if got is not None:
+                        cell.append(got)
+                    return got is not None
+
+                await self.admission.wait(m, has_room, table.admission_timeout)
+                return self._picked(canonical, m, cell[0])
+        if on_demand:
+            return await self._wait_for_load(canonical, on_demand, info)
+        names = ", ".join(f"`{m}`" for m in chain)
+        raise ApiError(
+            503,
+            f"No endpoint can serve {names} right now.",
+            "model_unavailable",
+            "server_error",
+            headers={"Retry-After": "5"},
+        )
+
+    def _picked(
+        self, canonical: str, served: str, got: tuple[LiveEndpoint, Decision]
+    ) -> tuple[LiveEndpoint, str, Decision]:
+        if served != canonical:
+            self.metrics.fallbacks.labels(canonical, served).inc()
+        return got[0], served, got[1]
+
+    def _ask_load(self, model: str) -> None:
+        now = self.clock()
+        if now - self._load_requested.get(model, -1e18) >= _LOAD_REQUEST_INTERVAL:
+            self._load_requested[model] = now
+            log.info("asking the controller to load on-demand model %s", model)
+            self.controller.request_load(model)
+
+    async def _wait_for_load(
+        self, canonical: str, models: list[str], info: RequestInfo
+    ) -> tuple[LiveEndpoint, str, Decision]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.options.on_demand_wait
+        while (remaining := deadline - loop.time()) > 0:
+            changed = self._snapshot_changed
+            try:
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
+            except TimeoutError:
+                break
+            table = self.table
+            assert table is not None
+            for m in models:
+                got = self._claim(table, m, info, need_room=False) if m in table.models else None
+                if got is not None:
+                    return self._picked(canonical, m, got)
+        raise ApiError(
+            503,
+            f"model is loading: `{models[0]}` has no replica yet; retry in {self.options.loading_retry_after} s.",
+            "model_loading",
+            "server_error",
+            headers={"Retry-After": str(self.options.loading_retry_after)},
+        )
+
+    # ------------------------------------------------------------------ accounting
+
+    def _account(self, call: _Call) -> None:
+        elapsed = time.monotonic() - call.started
+        result = call.result
+        prompt = result.prompt_tokens if result and result.prompt_tokens is not None else None
+        completion = result.completion_tokens if result and result.completion_tokens is not None else 0
+        m = self.metrics
+        m.requests.labels(call.model, str(call.status), call.code).inc()
+        m.duration.labels(call.model).observe(elapsed)
+        if result is not None and result.first_byte_at is not None:
+            m.ttft.labels(call.model).observe(result.first_byte_at - call.started)
+        served = call.served or call.model
+        if prompt is not None:
+            m.observe_tokens(served, prompt, completion)
+        used = (prompt if prompt is not None else call.estimate) + completion
+        table = self.table
+        prices = table.models[served].prices if table is not None and served in table.models else None
+        cost = 0.0
+        if prices is not None and prompt is not None:
+            cost = (prompt * prices.input_per_million + completion * prices.output_per_million) / 1e6
+        if call.lease is not None:
+            self.limiter.release(call.lease, used, cost)
+        principal = call.principal
+        if principal is None or principal.project is None or table is None:
+            return
+        chain = call.chain
+        self.usage.record(
+            UsageRecord(
+                time=self.clock(),
+                request_id=call.request_id,
+                project=principal.project,
+                model=served,
+                status=call.status,
+                team=(chain.team or "") if chain else "",
+                org=(chain.org or "") if chain else "",
+                key_id=principal.key_id,
+                tokens_in=prompt or 0,
+                tokens_out=completion,
+                cost=cost,
+                latency_ms=elapsed * 1000,
+                fallback_used=served != call.model,
+                router_id=self.options.router_id,
+            )
+        )
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _not_ready() -> ApiError:
+    return ApiError(
+        503,
+        "The router has no snapshot yet; retry shortly.",
+        "router_not_ready",
+        "server_error",
+        headers={"Retry-After": "1"},
+    )
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    too_big = ApiError(413, f"Request body larger than {limit} bytes.", "request_too_large")
+    if request.content_length is not None and request.content_length > limit:
+        raise too_big
+    buf = bytearray()
+    async for chunk in request.content.iter_any():
+        buf += chunk
+        if len(buf) > limit:
+            raise too_big
+    return bytes(buf)
+
+
+def _parse(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise ApiError(400, f"The request body is not valid JSON: {exc}.", "invalid_json") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "The request body must be a JSON object.", "invalid_json")
+    return body
+
+
+def _check_context(raw: bytes, body: dict[str, Any], model: PublishedModel, name: str) -> int:
+    """Estimated tokens the request needs: bytes/4 plus 10% (an estimate a few percent out must not refuse a
+    valid request) plus the completion it asks for. Returns the estimate; raises when over the context."""
+    prompt = int(len(raw) / 4 * 1.1)
+    wanted = body.get("max_completion_tokens", body.get("max_tokens"))
+    completion = wanted if isinstance(wanted, int) and wanted > 0 else 0
+    needed = prompt + completion
+    if needed > model.context_length:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {model.context_length} tokens, but the request needs about "
+            f"{needed} ({prompt} estimated for the prompt, {completion} for the completion). Shorten the "
+            f"messages or lower max_tokens.",
+            "context_length_exceeded",
+            param="messages",
+        )
+    return needed
+
+
+def _session_key(request: web.Request, body: dict[str, Any], policy: Any) -> str | None:
+    if policy.weights.session <= 0:
+        return None
+    settings = policy.session
+    header = request.headers.get(settings.header)
+    if header:
+        return str(header)
+    user = body.get("user")
+    if settings.use_user_field and isinstance(user, str) and user:
+        return "user:" + user
+    head = body.get("messages") or body.get("prompt")
+    if isinstance(head, list):
+        head = head[: settings.prefix_messages]
+    if head is None:
+        return None
+    return "head:" + hashlib.blake2b(json.dumps(head, sort_keys=True).encode(), digest_size=12).hexdigest()
+
+
+def _provider_key(model: PublishedModel) -> str | None:
+    ref: SecretRef | None = model.provider.key if model.provider else None
+    if ref is None:
+        return None
+    if ref.file is not None:
+        return Path(ref.file).expanduser().read_text().strip()
+    return os.environ.get(ref.env or "") or None

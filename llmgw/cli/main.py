@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from llmgw.cli import schemas, validate
+from llmgw.cli import schemas, store_cmds, validate
 
 app = typer.Typer(
     name="llmgw",
@@ -19,6 +19,7 @@ app = typer.Typer(
 
 app.command("validate")(validate.validate)
 app.add_typer(schemas.app, name="schemas")
+store_cmds.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,210 @@
+"""`llmgw keys ...`, `llmgw usage` and `llmgw store ...`: the store's commands.
+
+The store comes from `--store DSN`, else the LLMGW_STORE environment variable, else the single-machine
+default `sqlite:///.llmgw/state/llmgw.db` (relative to the working directory). Errors say which of those
+chose the address, because "cannot open" is only useful next to where the address came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import datetime as dt
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmgw import keys as keymod
+from llmgw.store import DEFAULT_DSN, USAGE_GROUPS, ApiKey, Store, StoreError, UsageGroup
+from llmgw.store.move import move_store
+
+T = TypeVar("T")
+
+keys_app = typer.Typer(help="API keys: create (shown once), list, revoke.", no_args_is_help=True)
+store_app = typer.Typer(help="The store: migrate it, or move it to another database.", no_args_is_help=True)
+
+StoreOpt = Annotated[
+    str | None,
+    typer.Option("--store", help=f"Store DSN (sqlite:///path or postgresql://...); env LLMGW_STORE; default {DEFAULT_DSN}"),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+
+
+def _resolve(store: str | None) -> tuple[str, str]:
+    if store:
+        return store, "--store"
+    env = os.environ.get("LLMGW_STORE")
+    if env:
+        return env, "LLMGW_STORE"
+    return DEFAULT_DSN, "the default"
+
+
+def _run(store: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
+    dsn, source = _resolve(store)
+
+    async def go() -> T:
+        opened = await Store.open(dsn)
+        try:
+            return await action(opened)
+        finally:
+            await opened.close()
+
+    try:
+        return asyncio.run(go())
+    except StoreError as exc:
+        _fail(f"{exc} (store chosen by {source})")
+
+
+def _fail(message: str) -> Any:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(1)
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _key_json(key: ApiKey, now: float) -> dict[str, Any]:
+    return {
+        "id": key.id,
+        "prefix": key.prefix,
+        "project": key.project,
+        "name": key.name,
+        "state": key.state(now),
+        "created_at": _when(key.created_at),
+        "expires_at": _when(key.expires_at) or None,
+        "revoked_at": _when(key.revoked_at) or None,
+    }
+
+
+@keys_app.command("create")
+def keys_create(
+    project: Annotated[str, typer.Option("--project", help="Project the key spends against.")],
+    name: Annotated[str, typer.Option("--name", help="A label for the key.")] = "",
+    expires: Annotated[str | None, typer.Option("--expires", help="Lifetime such as 30d, 12h, 2w.")] = None,
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a key and print it once: only its hash is kept."""
+    try:
+        expires_in = keymod.parse_duration(expires) if expires else None
+    except ValueError as exc:
+        _fail(f"--expires: {exc}")
+    new = _run(store, lambda s: keymod.create_key(s, project, time.time(), name=name, expires_in=expires_in))
+    if as_json:
+        print(json.dumps({**_key_json(new.key, time.time()), "key": new.plaintext}))
+        return
+    print(new.plaintext)
+    Console(stderr=True).print(
+        f"key {new.key.id} for project {project!r}"
+        + (f", expires {_when(new.key.expires_at)}" if new.key.expires_at else "")
+        + ". This is the only time the key is shown: store it now.",
+        highlight=False,
+    )
+
+
+@keys_app.command("list")
+def keys_list(
+    project: Annotated[str | None, typer.Option("--project", help="Only this project's keys.")] = None,
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List keys (prefix only; the keys themselves are not kept)."""
+    found = _run(store, lambda s: s.list_keys(project))
+    now = time.time()
+    if as_json:
+        print(json.dumps([_key_json(k, now) for k in found], indent=2))
+        return
+    table = Table("ID", "Prefix", "Project", "Name", "State", "Created", "Expires")
+    for k in found:
+        table.add_row(k.id, k.prefix + "…", k.project, k.name, k.state(now), _when(k.created_at), _when(k.expires_at))
+    Console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (see keys list).")], store: StoreOpt = None) -> None:
+    """Revoke a key: the router answers 401 "revoked" from then on (after its cache expires)."""
+    if not _run(store, lambda s: s.revoke_key(key_id, time.time())):
+        _fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
+    print(f"revoked {key_id}")
+
+
+def usage(
+    by: Annotated[str, typer.Option("--by", help="Group by project, team, org, key or model.")] = "project",
+    since: Annotated[str | None, typer.Option("--since", help="Only the last 7d, 24h, ...")] = None,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,
+    store: StoreOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Requests, tokens and cost, grouped."""
+    if by not in USAGE_GROUPS:
+        _fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}")
+    group: UsageGroup = by  # type: ignore[assignment]
+    try:
+        start = time.time() - keymod.parse_duration(since) if since else None
+    except ValueError as exc:
+        _fail(f"--since: {exc}")
+    totals = _run(store, lambda s: s.usage_totals(group, since=start))
+    header = [by, "requests", "errors", "tokens_in", "tokens_out", "cost", "avg_latency_ms"]
+    rows = [
+        [t.group, t.requests, t.errors, t.tokens_in, t.tokens_out, round(t.cost, 6), round(t.avg_latency_ms, 1)]
+        for t in totals
+    ]
+    if as_json:
+        print(json.dumps([dict(zip(header, r, strict=True)) for r in rows], indent=2))
+    elif as_csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(header)
+        writer.writerows(rows)
+    else:
+        table = Table(*header)
+        for r in rows:
+            table.add_row(*(str(v) for v in r))
+        Console().print(table)
+
+
+@store_app.command("migrate")
+def store_migrate(store: StoreOpt = None) -> None:
+    """Bring the store's schema up to date (also done by every process at start-up)."""
+
+    async def go(s: Store) -> tuple[list[int], int]:
+        return await s.migrate(), await s.schema_version()
+
+    # Store.open already migrates; report the resulting version.
+    _, version = _run(store, go)
+    print(f"store at schema version {version}")
+
+
+@store_app.command("move")
+def store_move(
+    to: Annotated[str, typer.Option("--to", help="Destination DSN; must be empty.")],
+    store: StoreOpt = None,
+) -> None:
+    """Copy every table to another store (for example SQLite to PostgreSQL). Stop the writers first."""
+    console = Console(stderr=True)
+
+    async def go(src: Store) -> dict[str, int]:
+        dst = await Store.open(to)
+        try:
+            report = await move_store(src, dst, lambda t, n: console.print(f"copied {t}: {n} rows", highlight=False))
+        finally:
+            await dst.close()
+        return report.copied
+
+    copied = _run(store, go)
+    print(f"moved {sum(copied.values())} rows; point --store / LLMGW_STORE at the new store")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(keys_app, name="keys")
+    app.add_typer(store_app, name="store")
+    app.command("usage")(usage)

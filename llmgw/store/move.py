@@ -1,0 +1,75 @@
+"""`llmgw store move`: copy every table from one store to another, parents before children.
+
+Keys are stored hashed, so a store that is recreated instead of copied cannot give them back: every user
+would need a new key. One transaction per table rather than one for the whole copy, so a large usage table
+does not have to fit in one transaction; a failed copy is therefore partial, which is why the destination
+must start empty (start again by dropping and recreating it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from llmgw.store.db import StoreError
+from llmgw.store.store import TABLES, Store
+
+# Column lists per table (a test checks them against the migrations). The first column orders the paging.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "revisions": ("sha", "source", "applied_at", "applied_by", "status", "errors"),
+    "nodes": ("name", "first_seen", "last_seen", "state", "inventory"),
+    "replicas": ("id", "model", "profile", "nodes", "state", "fingerprint", "created_at", "updated_at"),
+    "events": ("id", "time", "kind", "object", "message"),
+    "api_keys": ("id", "prefix", "hash", "project", "name", "created_at", "expires_at", "revoked_at"),
+    "usage": (
+        "id", "time", "request_id", "project", "team", "org", "key_id", "model", "tokens_in", "tokens_out",
+        "cost", "latency_ms", "status", "fallback_used", "router_id",
+    ),
+    "limit_counters": ("limit_key", "window_start", "window_end", "taken", "granted", "updated_at"),
+    "leases": ("name", "holder", "expires_at"),
+}  # fmt: skip
+_ORDER = {"limit_counters": "limit_key, window_start"}
+PAGE = 1000
+
+
+@dataclass(frozen=True)
+class MoveReport:
+    copied: dict[str, int]
+
+
+async def move_store(
+    src: Store, dst: Store, progress: Callable[[str, int], None] | None = None
+) -> MoveReport:
+    """Copy src into dst (both already migrated). Refuses a destination holding any row."""
+    if src.dsn == dst.dsn:
+        raise StoreError(f"source and destination are the same store ({src.dsn.redacted()})")
+    src_version, dst_version = await src.schema_version(), await dst.schema_version()
+    if src_version != dst_version:
+        raise StoreError(f"schema versions differ: source {src_version}, destination {dst_version}")
+    nonempty = {t: n for t, n in (await dst.row_counts()).items() if n}
+    if nonempty:
+        listed = ", ".join(f"{t} ({n} rows)" for t, n in nonempty.items())
+        raise StoreError(
+            f"the destination {dst.dsn.redacted()} is not empty: {listed}. "
+            "store move copies into an empty store only; drop and recreate it, or pick another"
+        )
+    copied: dict[str, int] = {}
+    for table in TABLES:
+        cols = ", ".join(COLUMNS[table])
+        order = _ORDER.get(table, COLUMNS[table][0])
+        marks = ", ".join("?" for _ in COLUMNS[table])
+        count = 0
+        async with dst.db.tx() as out:
+            while True:
+                async with src.db.tx() as inp:
+                    rows = await inp.fetch(
+                        f"SELECT {cols} FROM {table} ORDER BY {order} LIMIT ? OFFSET ?", (PAGE, count)
+                    )
+                if not rows:
+                    break
+                await out.executemany(f"INSERT INTO {table} ({cols}) VALUES ({marks})", rows)
+                count += len(rows)
+        copied[table] = count
+        if progress is not None:
+            progress(table, count)
+    return MoveReport(copied)

@@ -1,0 +1,134 @@
+"""The store's commands through typer's CliRunner, and `store move` SQLite -> PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from llmgw import keys
+from llmgw.cli.main import app
+from llmgw.store import Store, UsageRecord
+from llmgw.store.move import COLUMNS
+
+runner = CliRunner()
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = runner.invoke(app, list(args))
+    return result.exit_code, result.stdout
+
+
+@pytest.fixture
+def sqlite_dsn(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'state' / 'llmgw.db'}"
+
+
+def test_keys_create_list_revoke(sqlite_dsn: str) -> None:
+    code, out = invoke("keys", "create", "--project", "playground", "--name", "ci", "--expires", "30d",
+                       "--store", sqlite_dsn)  # fmt: skip
+    assert code == 0
+    plaintext = out.strip().splitlines()[0]
+    assert plaintext.startswith("sk-llmgw-")
+    code, out = invoke("keys", "list", "--json", "--store", sqlite_dsn)
+    [listed] = json.loads(out)
+    assert (listed["project"], listed["name"], listed["state"]) == ("playground", "ci", "active")
+    assert plaintext not in out and listed["expires_at"]
+    code, out = invoke("keys", "list", "--store", sqlite_dsn)
+    assert code == 0 and listed["id"] in out
+    assert invoke("keys", "revoke", listed["id"], "--store", sqlite_dsn)[0] == 0
+    [after] = json.loads(invoke("keys", "list", "--json", "--store", sqlite_dsn)[1])
+    assert after["state"] == "revoked"
+    code, _ = invoke("keys", "revoke", "key_nope", "--store", sqlite_dsn)
+    assert code == 1
+
+
+def test_store_from_environment(sqlite_dsn: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLMGW_STORE", sqlite_dsn)
+    assert invoke("keys", "create", "--project", "p")[0] == 0
+    assert len(json.loads(invoke("keys", "list", "--json", "--store", sqlite_dsn)[1])) == 1
+
+
+def test_bad_expiry_and_bad_group_are_errors(sqlite_dsn: str) -> None:
+    assert invoke("keys", "create", "--project", "p", "--expires", "soon", "--store", sqlite_dsn)[0] == 1
+    assert invoke("usage", "--by", "user", "--store", sqlite_dsn)[0] == 1
+
+
+def test_usage_by_project_csv_and_json(sqlite_dsn: str) -> None:
+    async def seed() -> None:
+        store = await Store.open(sqlite_dsn)
+        import time as _t
+
+        now = _t.time()
+        await store.insert_usage([
+            UsageRecord(time=now - i, request_id=f"r{i}", project="a" if i % 2 else "b", model="m",
+                        status=200, tokens_in=10, tokens_out=5, cost=0.25)
+            for i in range(6)
+        ])  # fmt: skip
+        await store.insert_usage([UsageRecord(time=now - 30 * 86400, request_id="old", project="a", model="m", status=200)])
+        await store.close()
+
+    asyncio.run(seed())
+    code, out = invoke("usage", "--by", "project", "--since", "7d", "--csv", "--store", sqlite_dsn)
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert lines[0].startswith("project,requests") and lines[1].startswith("a,3,0,30,15,0.75")
+    code, out = invoke("usage", "--by", "model", "--json", "--store", sqlite_dsn)
+    assert json.loads(out) == [{"model": "m", "requests": 7, "errors": 0, "tokens_in": 60, "tokens_out": 30,
+                                "cost": 1.5, "avg_latency_ms": 0.0}]  # fmt: skip
+    assert invoke("usage", "--store", sqlite_dsn)[0] == 0
+
+
+def test_store_migrate(sqlite_dsn: str) -> None:
+    code, out = invoke("store", "migrate", "--store", sqlite_dsn)
+    assert code == 0 and "schema version 1" in out
+
+
+def test_move_columns_match_the_schema(sqlite_dsn: str) -> None:
+    async def columns() -> dict[str, tuple[str, ...]]:
+        store = await Store.open(sqlite_dsn)
+        found = {}
+        async with store.db.tx() as tx:
+            for table in COLUMNS:
+                found[table] = tuple(r[1] for r in await tx.fetch(f"PRAGMA table_info({table})"))
+        await store.close()
+        return found
+
+    assert asyncio.run(columns()) == COLUMNS
+
+
+@pytest.mark.postgres
+def test_store_move_sqlite_to_postgres_keeps_keys_usable(sqlite_dsn: str, pg_dsn: str) -> None:
+    code, out = invoke("keys", "create", "--project", "playground", "--store", sqlite_dsn)
+    plaintext = out.strip().splitlines()[0]
+
+    async def seed() -> None:
+        store = await Store.open(sqlite_dsn)
+        key = await keys.lookup(store, plaintext, now=1.0)
+        assert key is not None
+        await store.insert_usage([UsageRecord(time=1.0, request_id="r", project="playground", model="m",
+                                              status=200, key_id=key.key_id, tokens_in=7)])  # fmt: skip
+        await store.acquire_lease("leader", "a", 10.0, now=1.0)
+        await store.close()
+
+    asyncio.run(seed())
+    code, out = invoke("store", "move", "--to", pg_dsn, "--store", sqlite_dsn)
+    assert code == 0, out
+
+    async def check() -> None:
+        store = await Store.open(pg_dsn)
+        found = await keys.lookup(store, plaintext, now=2.0)
+        assert found is not None and (found.project, found.state) == ("playground", "active")
+        [total] = await store.usage_totals("key")
+        assert (total.group, total.tokens_in) == (found.key_id, 7)
+        assert (await store.row_counts())["leases"] == 1
+        await store.close()
+
+    asyncio.run(check())
+    code, _ = invoke("store", "move", "--to", pg_dsn, "--store", sqlite_dsn)
+    assert code == 1  # the destination is no longer empty
+    result = runner.invoke(app, ["store", "move", "--to", pg_dsn, "--store", sqlite_dsn])
+    assert "not empty" in result.output

@@ -1,0 +1,100 @@
+"""The batched usage writer: off the request path, nothing lost across a store outage, flushed on close."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from llmgw.store import Store, UsageRecord
+from llmgw.store.usage_writer import UsageWriter
+
+from .fakes import FakeStore, wait_for
+
+
+def rec(i: int, project: str = "p") -> UsageRecord:
+    return UsageRecord(time=float(i), request_id=f"r{i}", project=project, model="m", status=200,
+                       tokens_in=i, tokens_out=2 * i, cost=0.001)  # fmt: skip
+
+
+async def test_batches_by_size_and_by_time() -> None:
+    fake = FakeStore()
+    writer = UsageWriter(fake, batch_size=10, flush_interval=0.05)
+    await writer.start()
+    for i in range(25):
+        writer.record(rec(i))
+    await wait_for(lambda: len(fake.usage) == 25)  # 2 full batches, then the rest on the timer
+    assert writer.stats.written == 25 and writer.stats.pending == 0
+    await writer.close()
+
+
+async def test_nothing_lost_across_an_outage() -> None:
+    fake = FakeStore(down=True)
+    writer = UsageWriter(fake, batch_size=10, flush_interval=0.01, retry_initial=0.01, retry_max=0.05)
+    await writer.start()
+    for i in range(100):
+        writer.record(rec(i))
+    await wait_for(lambda: writer.stats.failures >= 3)
+    assert fake.usage == {} and writer.stats.pending == 100
+    fake.down = False
+    await wait_for(lambda: len(fake.usage) == 100)
+    assert sum(r.tokens_in for r in fake.usage.values()) == sum(range(100))
+    assert writer.stats.dropped == 0
+    await writer.close()
+
+
+async def test_close_flushes_what_is_left() -> None:
+    fake = FakeStore()
+    writer = UsageWriter(fake, batch_size=1000, flush_interval=3600)
+    await writer.start()
+    for i in range(7):
+        writer.record(rec(i))
+    await writer.close()
+    assert len(fake.usage) == 7
+
+
+async def test_bounded_memory_drops_and_counts_past_the_bound() -> None:
+    fake = FakeStore(down=True)
+    writer = UsageWriter(fake, batch_size=2, max_pending=5)
+    for i in range(8):
+        writer.record(rec(i))
+    assert writer.stats.pending == 5 and writer.stats.dropped == 3
+    fake.down = False
+    await writer.flush()
+    assert sorted(r.request_id for r in fake.usage.values()) == [f"r{i}" for i in range(5)]
+
+
+async def test_usage_totals_match_the_requests_made(store: Store) -> None:
+    writer = UsageWriter(store, batch_size=16, flush_interval=0.02)
+    await writer.start()
+    for i in range(50):
+        writer.record(rec(i, project="a" if i % 3 else "b"))
+    await writer.close()
+    totals = await store.usage_totals("project")
+    assert sum(t.requests for t in totals) == 50
+    assert sum(t.tokens_in for t in totals) == sum(range(50))
+    assert sum(t.tokens_out for t in totals) == 2 * sum(range(50))
+
+
+@pytest.mark.postgres
+async def test_nothing_lost_when_postgresql_stops_and_starts(pg_server, pg_dsn) -> None:  # type: ignore[no-untyped-def]
+    if not pg_server.controllable:
+        pytest.skip("an external PostgreSQL (LLMGW_TEST_PG_DSN) is not ours to stop")
+    store = await Store.open(pg_dsn)
+    writer = UsageWriter(store, batch_size=5, flush_interval=0.02, retry_initial=0.05, retry_max=0.2)
+    await writer.start()
+    try:
+        for i in range(10):
+            writer.record(rec(i))
+        await wait_for(lambda: writer.stats.written == 10)
+        await asyncio.to_thread(pg_server.stop)
+        for i in range(10, 40):
+            writer.record(rec(i))
+        await wait_for(lambda: writer.stats.failures >= 2)
+        await asyncio.to_thread(pg_server.start)
+        await wait_for(lambda: writer.stats.written == 40, timeout=30)
+    finally:
+        await writer.close()
+    rows = await store.list_usage()
+    await store.close()
+    assert sorted(r.request_id for r in rows) == sorted(f"r{i}" for i in range(40))

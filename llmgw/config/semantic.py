@@ -129,8 +129,15 @@ def _model_names(c: _Checker) -> None:
         name = doc.metadata.name
         if name in c.model_names:
             other = c.canonical[name]
-            what = "model" if other == name else f"an alias of model `{other}`"
-            c.add(index, ("metadata", "name"), f"model name `{name}` is already used by {what}", "rename one")
+            if other == name:
+                c.add(index, ("metadata", "name"), f"model `{name}` is defined twice", "rename one")
+            else:
+                c.add(
+                    index,
+                    ("metadata", "name"),
+                    f"model name `{name}` is an alias of model `{other}`",
+                    "rename one",
+                )
             continue
         c.model_names[name] = index
         c.canonical[name] = name

@@ -225,11 +225,18 @@ def _yaml_error(file: str, exc: Exception) -> ConfigError:
         return ConfigError(file, mark.line + 1, mark.column + 1, "", f"duplicate key `{key}`", hint)
     if isinstance(exc, MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
-        problem = exc.problem or "YAML syntax error"
-        context = f" {exc.context}" if exc.context else ""
-        return ConfigError(
-            file, mark.line + 1, mark.column + 1, "", f"YAML syntax error: {problem}{context}", None
-        )
+        problem = exc.problem or "invalid YAML"
+        hint = None
+        started = exc.context_mark
+        if exc.context and started is not None and started.line != mark.line:
+            what = (
+                str(exc.context)
+                .removeprefix("while parsing ")
+                .removeprefix("while scanning ")
+                .removeprefix("a ")
+            )
+            hint = f"check the {what} that starts at line {started.line + 1}"
+        return ConfigError(file, mark.line + 1, mark.column + 1, "", f"YAML syntax error: {problem}", hint)
     mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
     line, col = (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
     detail = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__

@@ -1,0 +1,302 @@
+"""The observability kit holds together: promtool accepts the rules, the rule unit tests and the scrape
+config; the Grafana dashboard loads and its queries parse; and every metric an alert or a panel names is one
+docs/metrics.md documents, so the three cannot drift apart silently.
+
+promtool comes from Debian's `prometheus` package (scripts/install-system-deps.sh). Where it is missing the
+promtool tests skip with the reason locally, and fail when CI or LLMGW_REQUIRE_TOOLS is set, so CI never
+passes by skipping them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llmgw_router.metrics import RouterMetrics
+from ruamel.yaml import YAML
+
+from llmgw.controller.metrics import ControllerMetrics
+
+ROOT = Path(__file__).resolve().parents[2]
+KIT = ROOT / "observability"
+RULES = KIT / "alerts.rules.yml"
+CONFIG = KIT / "prometheus.yml"
+DASHBOARD = KIT / "grafana-dashboard.json"
+RULE_TESTS = sorted((KIT / "tests").glob("*.yml"))
+METRICS_DOC = ROOT / "docs" / "metrics.md"
+ALERTS_DOC = ROOT / "docs" / "alerts.md"
+
+METRIC_NAME = re.compile(r"\bllmgw_[a-z0-9_]+")
+# A documented metric is a table row whose first cell is the name in backticks and second its type.
+DOC_ROW = re.compile(r"^\|\s*`(llmgw_[a-z0-9_]+)`\s*\|\s*(counter|gauge|histogram|info)\s*\|", re.MULTILINE)
+HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
+SEVERITIES = {"critical", "warning", "info"}
+
+
+def _tools_required() -> bool:
+    return any(
+        os.environ.get(name, "").lower() not in ("", "0", "false", "no")
+        for name in ("CI", "LLMGW_REQUIRE_TOOLS")
+    )
+
+
+@pytest.fixture(scope="module")
+def promtool() -> str:
+    found = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
+    if found is None:
+        reason = "promtool not found (Debian package `prometheus`; run scripts/install-system-deps.sh)"
+        if _tools_required():
+            pytest.fail(f"{reason}; CI or LLMGW_REQUIRE_TOOLS is set, so this is an error, not a skip")
+        pytest.skip(reason)
+    return found
+
+
+def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=240, check=False)
+
+
+def _load_yaml(path: Path) -> Any:
+    return YAML(typ="safe").load(path.read_text())
+
+
+@dataclass(frozen=True)
+class Rule:
+    alert: str
+    expr: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+
+def _alert_rules() -> list[Rule]:
+    rules = []
+    for group in _load_yaml(RULES)["groups"]:
+        for raw in group["rules"]:
+            assert "alert" in raw, (
+                f"{RULES.name}: group {group['name']} has a recording rule; keep alerts only"
+            )
+            rules.append(
+                Rule(raw["alert"], raw["expr"], raw.get("labels") or {}, raw.get("annotations") or {})
+            )
+    return rules
+
+
+def _dashboard() -> dict[str, Any]:
+    loaded = json.loads(DASHBOARD.read_text())
+    assert isinstance(loaded, dict)
+    return loaded
+
+
+def _panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])  # panels inside a collapsed row
+
+
+def _dashboard_queries(dashboard: dict[str, Any]) -> list[tuple[str, str]]:
+    """(where, PromQL) for every panel target and every query variable."""
+    queries = [
+        (f"panel {panel['id']} {panel['title']!r} target {target['refId']}", target["expr"])
+        for panel in _panels(dashboard)
+        for target in panel.get("targets", [])
+    ]
+    for var in dashboard["templating"]["list"]:
+        if var["type"] == "query":
+            query = var["query"]["query"] if isinstance(var["query"], dict) else var["query"]
+            queries.append((f"variable {var['name']}", query))
+    return queries
+
+
+PENDING_HEADING = "## Not exported yet"
+
+
+def _doc_sections() -> tuple[dict[str, str], dict[str, str]]:
+    """(exported, pending): metric -> type, from the tables above and below the "Not exported yet" heading."""
+    text = METRICS_DOC.read_text()
+    exported, _, pending = text.partition(PENDING_HEADING)
+    return dict(DOC_ROW.findall(exported)), dict(DOC_ROW.findall(pending))
+
+
+def _documented_metrics() -> dict[str, str]:
+    exported, pending = _doc_sections()
+    return exported | pending
+
+
+def _exported_by_code() -> dict[str, str]:
+    """metric -> type for every family the controller's and the router's registries publish."""
+    registries = [ControllerMetrics().registry, RouterMetrics(lambda: None, lambda: 0.0).registry]
+    suffix = {"counter": "_total", "info": "_info"}
+    return {
+        family.name + suffix.get(family.type, ""): family.type
+        for registry in registries
+        for family in registry.collect()
+    }
+
+
+def _grafana_to_promql(expr: str) -> str:
+    """Replace Grafana's template variables by values Prometheus accepts, so promtool can parse the query."""
+    expr = re.sub(r"\$__(rate_)?interval|\$__range", "5m", expr)
+    return re.sub(r"\$\{?\w+\}?", ".*", expr)
+
+
+# ------------------------------------------------------------------------------------------------ promtool
+
+
+def test_promtool_accepts_the_alert_rules(promtool: str) -> None:
+    result = _run(promtool, "check", "rules", RULES)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"SUCCESS: {len(_alert_rules())} rules found" in result.stdout
+
+
+def test_promtool_rule_unit_tests_pass(promtool: str) -> None:
+    assert RULE_TESTS, "observability/tests/ holds no promtool test files"
+    result = _run(promtool, "test", "rules", *RULE_TESTS)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_accepts_the_scrape_config(promtool: str) -> None:
+    result = _run(promtool, "check", "config", CONFIG)
+    assert result.returncode == 0, result.stdout + result.stderr
+    config = _load_yaml(CONFIG)
+    assert {job["job_name"] for job in config["scrape_configs"]} == {"llmgw-controller", "llmgw-router"}
+    assert config["rule_files"] == [RULES.name]
+
+
+def test_promtool_parses_every_dashboard_query(promtool: str, tmp_path: Path) -> None:
+    # promtool has no offline "parse this expression"; a recording rule per query gets the same parser.
+    queries = _dashboard_queries(_dashboard())
+    rules = [
+        {"record": f"dashboard:query_{i}", "expr": _grafana_to_promql(q)}
+        for i, (_, q) in enumerate(queries)
+        if not q.startswith("label_values(")
+    ]
+    path = tmp_path / "dashboard-queries.rules.yml"
+    path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
+    result = _run(promtool, "check", "rules", path)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ------------------------------------------------------------------------------------- rules and their tests
+
+
+def test_every_alert_has_severity_summary_description_and_runbook() -> None:
+    rules = _alert_rules()
+    names = [r.alert for r in rules]
+    assert len(names) == len(set(names)), f"alert names repeat: {names}"
+    for rule in rules:
+        assert rule.labels.get("severity") in SEVERITIES, (
+            f"{rule.alert}: severity must be one of {SEVERITIES}"
+        )
+        for key in ("summary", "description", "runbook"):
+            assert rule.annotations.get(key, "").strip(), f"{rule.alert}: annotation {key!r} is missing"
+        assert rule.annotations["runbook"] == f"docs/alerts.md#{rule.alert.lower()}", rule.alert
+
+
+def test_every_alert_has_a_firing_and_a_quiet_case() -> None:
+    firing: set[str] = set()
+    quiet: set[str] = set()
+    for path in RULE_TESTS:
+        for case in _load_yaml(path)["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (firing if check.get("exp_alerts") else quiet).add(check["alertname"])
+    alerts = {r.alert for r in _alert_rules()}
+    assert alerts - firing == set(), "alerts with no promtool case where they fire"
+    assert alerts - quiet == set(), "alerts with no promtool case where they stay quiet"
+    assert (firing | quiet) - alerts == set(), "promtool cases for alerts that do not exist"
+
+
+def test_every_alert_is_explained_in_docs_alerts() -> None:
+    headings = set(re.findall(r"^## (Llmgw\w+)\s*$", ALERTS_DOC.read_text(), re.MULTILINE))
+    alerts = {r.alert for r in _alert_rules()}
+    assert alerts - headings == set(), "alerts without a `## Name` section in docs/alerts.md"
+    assert headings - alerts == set(), "docs/alerts.md explains alerts the rules do not have"
+
+
+# ----------------------------------------------------------------------------- dashboard and metric names
+
+
+def test_dashboard_loads_with_unique_panels_on_the_chosen_datasource() -> None:
+    dashboard = _dashboard()
+    assert dashboard["uid"] and dashboard["title"]
+    panels = list(_panels(dashboard))
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    assert any(
+        v["type"] == "datasource" and v["name"] == "datasource" for v in dashboard["templating"]["list"]
+    )
+    for panel in panels:
+        if panel["type"] == "row":
+            continue
+        assert panel.get("targets"), f"panel {panel['title']!r} has no query"
+        assert panel["datasource"]["uid"] == "${datasource}", f"panel {panel['title']!r} pins a datasource"
+
+
+def _undocumented(where_and_queries: list[tuple[str, str]], documented: dict[str, str]) -> list[str]:
+    allowed = set(documented)
+    allowed |= {
+        name + suffix
+        for name, kind in documented.items()
+        if kind == "histogram"
+        for suffix in HISTOGRAM_SERIES
+    }
+    return [
+        f"{where}: {name}"
+        for where, query in where_and_queries
+        for name in METRIC_NAME.findall(query)
+        if name not in allowed
+    ]
+
+
+def test_metrics_doc_lists_metrics_once() -> None:
+    names = [name for name, _ in DOC_ROW.findall(METRICS_DOC.read_text())]
+    assert len(names) > 20, "docs/metrics.md table rows not found: | `name` | type | labels | meaning |"
+    assert len(names) == len(set(names)), "a metric is documented twice"
+
+
+def test_metrics_doc_lists_exactly_what_the_code_exports() -> None:
+    exported, pending = _doc_sections()
+    code = _exported_by_code()
+    assert sorted(set(code) - set(exported)) == [], "exported by the code, missing from docs/metrics.md"
+    assert sorted(set(exported) - set(code)) == [], (
+        "documented in docs/metrics.md but not exported (move it under 'Not exported yet' or fix the name)"
+    )
+    wrong_type = {
+        name: (exported[name], kind) for name, kind in code.items() if exported.get(name, kind) != kind
+    }
+    assert wrong_type == {}, "documented type differs from the exported one: (documented, exported)"
+    assert sorted(set(pending) & set(code)) == [], (
+        "now exported: move these rows from 'Not exported yet' into their process's table"
+    )
+
+
+def test_every_metric_in_an_alert_is_documented() -> None:
+    used = [(f"alert {r.alert}", r.expr) for r in _alert_rules()]
+    assert _undocumented(used, _documented_metrics()) == []
+
+
+def test_every_metric_in_the_dashboard_is_documented() -> None:
+    assert _undocumented(_dashboard_queries(_dashboard()), _documented_metrics()) == []
+
+
+def test_the_name_check_catches_an_undocumented_metric() -> None:
+    # Guards the guard: a typo in a query must be reported, including a histogram suffix on a non-histogram.
+    documented = {
+        "llmgw_router_requests_total": "counter",
+        "llmgw_router_request_duration_seconds": "histogram",
+    }
+    queries = [
+        ("ok", "rate(llmgw_router_requests_total[5m]) + llmgw_router_request_duration_seconds_bucket"),
+        ("typo", "rate(llmgw_router_request_total[5m])"),
+        ("suffix", "llmgw_router_requests_total_count"),
+    ]
+    assert _undocumented(queries, documented) == [
+        "typo: llmgw_router_request_total",
+        "suffix: llmgw_router_requests_total_count",
+    ]

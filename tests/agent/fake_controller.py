@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,18 +33,19 @@ class FakeController:
     heartbeats: list[Heartbeat] = field(default_factory=list)
     updates: list[ShardStatus] = field(default_factory=list)
     auth_seen: list[str] = field(default_factory=list)
+    peer_certs: list[Any] = field(default_factory=list)
     ws: web.WebSocketResponse | None = None
     replies: dict[str, asyncio.Future[Reply]] = field(default_factory=dict)
     _ids: itertools.count[int] = field(default_factory=itertools.count)
     runner: web.AppRunner | None = None
     url: str = ""
 
-    async def start(self) -> str:
+    async def start(self, ssl_context: ssl.SSLContext | None = None) -> str:
         app = web.Application()
         app.router.add_get(AGENT_PATH, self.handle)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=ssl_context)
         await site.start()
         port = self.runner.addresses[0][1]
         self.url = f"127.0.0.1:{port}"
@@ -57,6 +59,8 @@ class FakeController:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         self.auth_seen.append(request.headers.get("Authorization", ""))
+        if request.transport is not None:
+            self.peer_certs.append(request.transport.get_extra_info("peercert"))
         if self.token and request.headers.get("Authorization") != f"Bearer {self.token}":
             return web.Response(status=401, text="bad token")
         ws = web.WebSocketResponse()

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from llmgw_router.metrics import RouterMetrics
+from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 
 from llmgw.controller.metrics import ControllerMetrics
@@ -181,6 +182,22 @@ def test_promtool_parses_every_dashboard_query(promtool: str, tmp_path: Path) ->
     path.write_text(json.dumps({"groups": [{"name": "dashboard", "rules": rules}]}))
     result = _run(promtool, "check", "rules", path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_promtool_lints_the_exported_metrics(promtool: str) -> None:
+    # Naming and HELP conventions (counters end in _total, units in names) checked on a real exposition.
+    controller = ControllerMetrics()
+    router = RouterMetrics(lambda: None, lambda: 0.0)
+    controller.nodes.labels("Ready").set(3)
+    controller.reconcile_passes.inc()
+    router.requests.labels("sim-chat", "200", "").inc()
+    router.duration.labels("sim-chat").observe(0.25)
+    router.observe_tokens("sim-chat", 12, 34)
+    exposition = generate_latest(controller.registry) + generate_latest(router.registry)
+    result = subprocess.run(
+        [promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=240, check=False
+    )
+    assert result.returncode == 0, (result.stdout + result.stderr).decode()
 
 
 # ------------------------------------------------------------------------------------- rules and their tests

@@ -57,8 +57,12 @@ class StaticKeys:
 
     @classmethod
     def from_file(cls, path: str | Path) -> StaticKeys:
+        return cls.from_file_lines(Path(path).read_text().splitlines(), str(path))
+
+    @classmethod
+    def from_file_lines(cls, lines: list[str], path: str = "keys") -> StaticKeys:
         entries: dict[str, KeyLookup] = {}
-        for number, raw in enumerate(Path(path).read_text().splitlines(), start=1):
+        for number, raw in enumerate(lines, start=1):
             line = raw.split("#", 1)[0].strip()
             if not line:
                 continue

@@ -1,10 +1,9 @@
 """The controller's stream: a WebSocket at ws://CONTROLLER/router/v1.
 
 Down (controller -> router): a complete RouterSnapshot as JSON on connect and on every change (either bare or
-wrapped as {"type": "snapshot", "snapshot": {...}}). Up (router -> controller):
-  {"type": "hello", "router_id": ID, "revision": REV|null}   on connect
-  {"type": "load", "model": NAME}                            an on-demand model was asked for
-  {"type": "use", "last_used": {MODEL: unix_seconds}}       every use_interval, models used since the last one
+wrapped as {"type": "snapshot", "snapshot": {...}}). Up (router -> controller), as llmgw.controller.routers reads:
+  {"type": "demand", "model": NAME}        an on-demand model was asked for (sent again while it stays asked)
+  {"type": "usage", "models": [NAME...]}  every use_interval, the models used since the last message
 While disconnected the router keeps serving the last snapshot and reconnects with a capped backoff.
 """
 
@@ -67,7 +66,7 @@ class ControllerLink:
 
     def request_load(self, model: str) -> None:
         try:
-            self._outbox.put_nowait({"type": "load", "model": model})
+            self._outbox.put_nowait({"type": "demand", "model": model})
         except asyncio.QueueFull:
             log.warning(
                 "controller outbox full; load request for %s dropped (it is asked again later)", model
@@ -91,7 +90,6 @@ class ControllerLink:
         async with session.ws_connect(self.url, headers=headers, heartbeat=10.0) as ws:
             log.info("connected to the controller at %s", self.url)
             self._on_connected(True)
-            await ws.send_json({"type": "hello", "router_id": self.router_id, "revision": self.revision})
             sender = asyncio.create_task(self._send(ws))
             try:
                 async for msg in ws:
@@ -133,5 +131,5 @@ class ControllerLink:
                 pass
             fresh = {m: t for m, t in self._last_used().items() if reported.get(m) != t}
             if fresh:
-                await ws.send_json({"type": "use", "last_used": fresh})
+                await ws.send_json({"type": "usage", "models": sorted(fresh)})
                 reported.update(fresh)

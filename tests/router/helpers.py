@@ -1,0 +1,131 @@
+"""Helpers for router tests: sim engines as real processes, a router served in the test's loop, deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import aiohttp
+
+T = TypeVar("T")
+
+
+async def wait_for(
+    predicate: Callable[[], T | Awaitable[T]], limit_s: float = 30.0, what: str = "condition"
+) -> T:
+    """Poll `predicate` until it returns something truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = predicate()
+        if isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value  # type: ignore[return-value]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class SimProcess:
+    model: str
+    port: int
+    key: str
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+
+
+def start_sim(
+    model: str, key: str, *, decode_ms: float = 1.0, concurrency: int = 8, extra: list[str] | None = None
+) -> SimProcess:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "llmgw_agent.sim",
+        "--port",
+        str(port),
+        "--model",
+        model,
+        "--decode-ms-per-token",
+        str(decode_ms),
+        "--prefill-ms-per-token",
+        "0.01",
+        "--max-concurrency",
+        str(concurrency),
+        *(extra or []),
+    ]
+    env = dict(os.environ, VLLM_API_KEY=key)
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return SimProcess(model, port, key, proc)
+
+
+async def wait_healthy(sims: list[SimProcess], limit_s: float = 60.0) -> None:
+    async with aiohttp.ClientSession() as session:
+
+        async def up(s: SimProcess) -> bool:
+            if s.proc.poll() is not None:
+                raise AssertionError(f"sim engine for {s.model} exited with {s.proc.returncode}")
+            try:
+                async with session.get(s.base_url + "/health") as r:
+                    return r.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        for s in sims:
+            await wait_for(lambda s=s: up(s), limit_s, f"sim engine {s.model} on port {s.port}")
+
+
+def endpoint(s: SimProcess, replica_id: str, slots: int | None = 8, **kw: Any) -> dict[str, Any]:
+    return {
+        "replica_id": replica_id,
+        "model": s.model,
+        "engine": "sim",
+        "base_url": s.base_url,
+        "api_key": s.key,
+        "slots": slots,
+        "simulated": True,
+        **kw,
+    }
+
+
+def wait_healthy_sync(sims: list[SimProcess], limit_s: float = 60.0) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + limit_s
+    for s in sims:
+        while True:
+            if s.proc.poll() is not None:
+                raise AssertionError(f"sim engine for {s.model} exited with {s.proc.returncode}")
+            try:
+                with urllib.request.urlopen(s.base_url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for sim engine {s.model} on port {s.port}")
+            time.sleep(0.05)

@@ -317,3 +317,53 @@ def test_the_name_check_catches_an_undocumented_metric() -> None:
         "typo: llmgw_router_request_total",
         "suffix: llmgw_router_requests_total_count",
     ]
+
+
+SELECTOR = re.compile(r"\b(llmgw_[a-z0-9_]+)\{([^}]*)\}")
+MATCHER = re.compile(r'(\w+)\s*(=~|!~|!=|=)\s*"([^"]*)"')
+
+
+def _doc_rows() -> dict[str, str]:
+    """metric -> its whole table row in docs/metrics.md (labels and meaning, where label values are listed)."""
+    return {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"^\|\s*`(llmgw_[a-z0-9_]+)`.*$", METRICS_DOC.read_text(), re.M)
+    }
+
+
+def _unlisted_label_values(where_and_queries: list[tuple[str, str]], rows: dict[str, str]) -> list[str]:
+    """Label values a query matches on that the metric's row in docs/metrics.md does not list in backticks.
+
+    Only literal alternatives are checked (`state="ready"`, `reason=~"queue_full|timeout"`); patterns such as
+    `status=~"5.."` and Grafana variables are left alone.
+    """
+    out = []
+    for where, query in where_and_queries:
+        for metric, matchers in SELECTOR.findall(query):
+            for label, op, value in MATCHER.findall(matchers):
+                if op not in ("=", "=~") or "$" in value or label in ("job", "instance"):
+                    continue
+                for alternative in value.split("|") if op == "=~" else [value]:
+                    if re.fullmatch(r"[\w:-]+", alternative) and f"`{alternative}`" not in rows.get(
+                        metric, ""
+                    ):
+                        out.append(f"{where}: {metric}{{{label}={alternative!r}}}")
+    return out
+
+
+def test_every_label_value_an_alert_matches_is_documented() -> None:
+    # A renamed state ("ready" -> "Ready") would silently stop an alert from ever firing.
+    used = [(f"alert {r.alert}", r.expr) for r in _alert_rules()]
+    assert _unlisted_label_values(used, _doc_rows()) == []
+
+
+def test_every_label_value_a_panel_matches_is_documented() -> None:
+    assert _unlisted_label_values(_dashboard_queries(_dashboard()), _doc_rows()) == []
+
+
+def test_the_label_value_check_catches_a_renamed_state() -> None:
+    rows = {"llmgw_controller_nodes": "| `llmgw_controller_nodes` | gauge | `state` | `Ready`, `Lost` |"}
+    queries = [
+        ("q", 'llmgw_controller_nodes{state="Lost"} + llmgw_controller_nodes{state=~"Ready|Gone",job="x"}')
+    ]
+    assert _unlisted_label_values(queries, rows) == ["q: llmgw_controller_nodes{state='Gone'}"]

@@ -106,6 +106,7 @@ class NodeView:
     state: NodeState = "Ready"
     labels: Mapping[str, str] = field(default_factory=dict)
     cordoned: bool = False
+    cordon_reason: str = ""  # words shown instead of plain "cordoned", e.g. "no longer declared"
     fabric: str | None = None
     cpu_cores: int | None = None
     memory_bytes: int | None = None
@@ -260,6 +261,9 @@ class LiveState(_Live):
     taken_at: float = Field(0.0, description="Unix time the snapshot was taken")
     nodes: list[LiveNode] = Field(default_factory=list)
     replicas: list[LiveReplica] = Field(default_factory=list)
+    models: dict[str, ModelSpec] | None = Field(
+        None, description="Models of the applied revision (what `plan` diffs against); None: not known"
+    )
 
     def node_views(self) -> tuple[NodeView, ...]:
         return tuple(n.view() for n in sorted(self.nodes, key=lambda n: n.name))
@@ -270,7 +274,7 @@ class LiveState(_Live):
     def content_hash(self) -> str:
         """A hash of everything but the time it was taken: a saved plan is stale when this changes."""
         body = self.model_dump(mode="json", exclude={"taken_at"})
-        body["nodes"].sort(key=lambda n: n["name"])
+        body["nodes"].sort(key=lambda n: n["name"])  # the order the controller lists them in is not state
         body["replicas"].sort(key=lambda r: r["id"])
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()

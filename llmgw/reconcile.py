@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
 from llmgw.config.models import duration_seconds
-from llmgw.fleet import ModelView, ModelState, NodeView, ReplicaView
+from llmgw.fleet import ModelState, ModelView, NodeView, ReplicaView
 from llmgw.placement import IdFactory, Placement, Placer, ShardPlacement
 
 __all__ = [
@@ -112,6 +112,7 @@ class Decision:
     actions: tuple[Action, ...]
     backoff: Mapping[str, ModelState]
     wake_at: float | None  # the next time something is due (backoff end, idle deadline); None: nothing
+    unplaced: Mapping[str, int] = field(default_factory=dict)  # model -> replicas no node could take
 
     def of(self, kind: type[A]) -> list[A]:
         """The actions of one kind, in order."""
@@ -177,12 +178,13 @@ def reconcile(
         passes.append(mp)
 
     placer = Placer(models, nodes, replicas, new_id)
-    _place_all(passes, placer)
+    unplaced = _place_all(passes, placer)
     for mp in passes:
         actions.extend(mp.actions)
     new_backoff = {mp.name: mp.state for mp in passes if mp.state != ModelState()}
     wakes = [w for mp in passes for w in mp.wakes if w > now]
-    return Decision(tuple(_ordered(actions)), new_backoff, min(wakes) if wakes else None)
+    wake_at = min(wakes) if wakes else None
+    return Decision(tuple(_ordered(actions)), new_backoff, wake_at, unplaced)
 
 
 def _ordered(actions: Sequence[Action]) -> list[Action]:
@@ -343,8 +345,10 @@ def _scale_down(mp: _ModelPass, extra: int, target: int, idle_words: str) -> Non
         mp.actions.append(StopReplica(r.id, f"scale down to {target}{idle_words}", drain=True))
 
 
-def _place_all(passes: Sequence[_ModelPass], placer: Placer) -> None:
-    """Round-robin over models, one replica each per round, every placement taken out of the rooms."""
+def _place_all(passes: Sequence[_ModelPass], placer: Placer) -> dict[str, int]:
+    """Round-robin over models, one replica each per round, every placement taken out of the rooms.
+    Returns the replicas that could not be placed, per model."""
+    unplaced: dict[str, int] = {}
     queue = {mp.name: mp for mp in passes if mp.start_reasons}
     progress = {name: 0 for name in queue}
     while queue:
@@ -359,9 +363,11 @@ def _place_all(passes: Sequence[_ModelPass], placer: Placer) -> None:
                     f"(llmgw explain {name})"
                 )
                 mp.actions.append(Wait(name, None, reason))
+                unplaced[name] = missing
                 del queue[name]
                 continue
             mp.actions.append(StartReplica(placement, mp.start_reasons[i]))
             progress[name] = i + 1
             if progress[name] == len(mp.start_reasons):
                 del queue[name]
+    return unplaced

@@ -300,12 +300,16 @@ def _why(model: str, profile: Profile, rooms: list[Room], wkey: str | None) -> s
             free = room.free_gpu_count(profile.gpu_class)
             text = f"bin-pack: fewest free {cls} that fit ({free} free, needs {need})"
     else:
-        cores = "unknown" if room.cpu_free is None else str(room.cpu_free)
-        text = f"spread: {others} replicas of {model} there, {cores} free CPU cores"
+        text = f"spread: {others} replicas of {model} there"
+        if room.cpu_free is not None:
+            text += f", {room.cpu_free} free CPU cores"
     if need and others:
         text += f"; {others} replicas of {model} there already (no node without one fits)"
     if room.has_weights(wkey):
         text += "; weights already there"
+    notes = sorted({n for r in rooms for n in verdict(r, profile, wkey).notes})
+    if notes:
+        text += f" ({'; '.join(notes)})"
     return text
 
 

@@ -226,7 +226,7 @@ def verdict(room: Room, profile: Profile, weights_key: str | None) -> NodeVerdic
     if node.state != "Ready":
         reasons.append(f"node is {node.state}")
     if node.cordoned:
-        reasons.append("cordoned")
+        reasons.append(node.cordon_reason or "cordoned")
     for key, value in sorted(profile.node_selector.items()):
         if node.labels.get(key) != value:
             reasons.append(f"does not carry {key}={value}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from llmgw.config.models import ModelSpec, Profile
@@ -55,7 +56,12 @@ def entry(*profiles: Profile, min: int = 1, max: int | None = None, **spec: Any)
     model = ModelSpec.model_validate(
         {"context_length": 4096, "scaling": scaling, "profiles": [p.model_dump() for p in profiles], **spec}
     )
-    return ModelView(model, {p.name: f"fp-{p.name}-{p.gpus}-{p.cpu_cores}" for p in profiles})
+    return ModelView(model, {p.name: fingerprint(p) for p in profiles})
+
+
+def fingerprint(profile: Profile) -> str:
+    """Stands in for catalog.profile_fingerprint: any change to the profile changes it."""
+    return hashlib.sha256(profile.model_dump_json().encode()).hexdigest()[:12]
 
 
 def builtins_max(a: int, b: int) -> int:

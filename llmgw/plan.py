@@ -1,0 +1,588 @@
+"""`llmgw plan`: the difference between the cluster repo and the live fleet, as a value, and its renderings.
+
+`make_plan(...)` is pure. It diffs the desired models against the applied ones (which fields changed; secrets
+are shown as `(secret)`, never their references or values), runs the reconciler in plan mode over the live
+snapshot (replicas to start and where and why, to stop, to restart for a stale profile), compares declared nodes
+with the nodes seen (bootstrap, drain), and explains every model that cannot be placed, node by node.
+Renderers: `render_text` (Terraform's symbols and summary line), `render_json` (stable keys),
+`render_markdown` (a pull-request comment: summary, table, details collapsed).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from llmgw.config.models import ModelSpec, SecretRef
+from llmgw.fleet import DesiredNode, LiveState, ModelView, NodeView, ReplicaView, ShardView
+from llmgw.placement import Placer
+from llmgw.reconcile import RestartReplica, StartReplica, StopReplica, is_stale, reconcile
+
+__all__ = [
+    "FieldChange",
+    "ModelChange",
+    "NodeChange",
+    "Plan",
+    "ReplicaRestart",
+    "ReplicaStart",
+    "ReplicaStop",
+    "StaleReplica",
+    "Unplaceable",
+    "make_plan",
+    "render",
+    "render_json",
+    "render_markdown",
+    "render_text",
+]
+
+SECRET = "(secret)"
+ABSENT = "(absent)"
+# Keys whose values are masked even where the schema allows a literal (engine env, args).
+_SECRET_WORDS = re.compile(r"(key|token|secret|password|passwd|credential)", re.IGNORECASE)
+
+
+# ---------------------------------------------------------------------------------------------- values
+
+
+@dataclass(frozen=True, slots=True)
+class FieldChange:
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChange:
+    model: str
+    change: Literal["add", "change", "remove"]
+    fields: tuple[FieldChange, ...] = ()
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStart:
+    replica_id: str
+    model: str
+    profile: str
+    nodes: tuple[str, ...]
+    gpus: tuple[tuple[int, ...], ...]
+    reason: str  # why a replica is started
+    why_there: str  # why on these nodes
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStop:
+    replica_id: str
+    model: str
+    profile: str
+    nodes: tuple[str, ...]
+    reason: str
+    drain: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRestart:
+    replica_id: str
+    model: str
+    profile: str
+    nodes: tuple[str, ...]
+    reason: str
+    new_nodes: tuple[str, ...]  # where its replacement goes; () when it cannot be placed yet
+
+
+@dataclass(frozen=True, slots=True)
+class StaleReplica:
+    """A stale-profile replica that is kept: shown so the cluster never reads as matching its repo."""
+
+    replica_id: str
+    model: str
+    profile: str
+    nodes: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    node: str
+    change: Literal["bootstrap", "drain"]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaceable:
+    model: str
+    missing: int
+    # profile -> (summary, node -> reasons in words)
+    profiles: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...]
+    problem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    revision: str | None
+    live_revision: str | None
+    live_state_hash: str
+    models_known: bool  # False: the applied models were not in the live state, so no model diff
+    models: tuple[ModelChange, ...]
+    starts: tuple[ReplicaStart, ...]
+    restarts: tuple[ReplicaRestart, ...]
+    stops: tuple[ReplicaStop, ...]
+    stale: tuple[StaleReplica, ...]
+    nodes: tuple[NodeChange, ...]
+    unplaceable: tuple[Unplaceable, ...]
+
+    @property
+    def has_changes(self) -> bool:
+        """Terraform's exit code 2: something would change."""
+        return bool(self.models or self.starts or self.restarts or self.stops or self.nodes)
+
+    def summary(self) -> str:
+        if not self.has_changes and not self.unplaceable:
+            return "No changes. The fleet matches the cluster repo."
+        text = (
+            f"Plan: {len(self.starts)} to start, {len(self.restarts)} to restart, {len(self.stops)} to stop."
+        )
+        if self.unplaceable:
+            n = len(self.unplaceable)
+            text += f" {n} model{'s' * (n != 1)} cannot be placed."
+        return text
+
+
+# ---------------------------------------------------------------------------------------------- diff
+
+
+def make_plan(
+    desired: Mapping[str, ModelView],
+    live: LiveState,
+    *,
+    nodes: Mapping[str, DesiredNode] | None = None,
+    previous: Mapping[str, ModelSpec] | None = None,
+    revision: str | None = None,
+) -> Plan:
+    """The plan from `live` to `desired`. `previous` (default: the live state's applied models) is what the
+    model diff compares with; `nodes` are the declared nodes (None: not compared, live nodes used as they are)."""
+    previous = previous if previous is not None else live.models
+    node_views = _node_views(live, nodes)
+    replicas = live.replica_views()
+    decision = reconcile(desired, node_views, replicas, now=live.taken_at, rng=random.Random(0), mode="plan")
+    by_id = {r.id: r for r in replicas}
+    starts, restarts = _starts_and_restarts(decision.of(StartReplica), decision.of(RestartReplica), by_id)
+    stops = tuple(
+        ReplicaStop(
+            a.replica_id,
+            by_id[a.replica_id].model,
+            by_id[a.replica_id].profile,
+            by_id[a.replica_id].nodes,
+            a.reason,
+            a.drain,
+        )
+        for a in decision.of(StopReplica)
+    )
+    restarted = {r.replica_id for r in restarts}
+    stale = tuple(
+        StaleReplica(r.id, r.model, r.profile, r.nodes, _stale_words(r, desired[r.model]))
+        for r in replicas
+        if r.model in desired
+        and r.id not in restarted
+        and r.effective_state() not in ("stopping", "stopped")
+        and is_stale(r, desired[r.model])
+        and r.id not in {s.replica_id for s in stops}
+    )
+    return Plan(
+        revision=revision,
+        live_revision=live.revision,
+        live_state_hash=live.content_hash(),
+        models_known=previous is not None,
+        models=_model_changes(desired, previous) if previous is not None else (),
+        starts=starts,
+        restarts=restarts,
+        stops=stops,
+        stale=stale,
+        nodes=_node_changes(live, nodes),
+        unplaceable=_unplaceable(decision.unplaced, desired, node_views, replicas, decision.of(StartReplica)),
+    )
+
+
+def _node_views(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> tuple[NodeView, ...]:
+    """Live nodes with the repo's word on labels, fabric and cordon; an undeclared node takes nothing new."""
+    views = []
+    for node in live.node_views():
+        if declared is None:
+            views.append(node)
+            continue
+        d = declared.get(node.name)
+        if d is None:
+            views.append(replace(node, cordoned=True, cordon_reason="no longer declared"))
+        else:
+            labels = {**node.labels, **d.labels}
+            views.append(replace(node, labels=labels, fabric=d.fabric or node.fabric, cordoned=d.cordoned))
+    return tuple(views)
+
+
+def _starts_and_restarts(
+    starts: list[StartReplica], restarts: list[RestartReplica], by_id: Mapping[str, ReplicaView]
+) -> tuple[tuple[ReplicaStart, ...], tuple[ReplicaRestart, ...]]:
+    replacement: dict[str, StartReplica] = {}
+    plain: list[ReplicaStart] = []
+    for s in starts:
+        match = re.fullmatch(r"replaces (\S+) \(stale profile\)", s.reason)
+        if match is not None:
+            replacement[match.group(1)] = s
+            continue
+        p = s.placement
+        plain.append(
+            ReplicaStart(
+                p.replica_id, p.model, p.profile, p.nodes, tuple(x.gpus for x in p.shards), s.reason, p.why
+            )
+        )
+    out = []
+    for r in restarts:
+        old = by_id[r.replica_id]
+        new = replacement.get(r.replica_id)
+        out.append(
+            ReplicaRestart(
+                r.replica_id, old.model, old.profile, old.nodes, r.reason, new.placement.nodes if new else ()
+            )
+        )
+    return tuple(plain), tuple(out)
+
+
+def _stale_words(r: ReplicaView, view: ModelView) -> str:
+    if r.adopted:
+        return "profile changed; kept (adopted replicas are never restarted)"
+    if view.spec.restart_on_profile_change:
+        return "profile changed; restarted once the model's other replicas are ready"
+    return "profile changed; kept (restart_on_profile_change is off)"
+
+
+def _node_changes(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> tuple[NodeChange, ...]:
+    if declared is None:
+        return ()
+    seen = {n.name for n in live.nodes}
+    out = [NodeChange(n, "bootstrap", "declared, never seen") for n in sorted(declared) if n not in seen]
+    for n in sorted(seen - set(declared)):
+        count = sum(1 for r in live.replicas if any(s.node == n for s in r.shards))
+        running = f" ({count} replica{'s' * (count != 1)} there)" if count else ""
+        out.append(NodeChange(n, "drain", f"seen, no longer declared{running}"))
+    return tuple(out)
+
+
+def _unplaceable(
+    unplaced: Mapping[str, int],
+    desired: Mapping[str, ModelView],
+    nodes: Iterable[NodeView],
+    replicas: Iterable[ReplicaView],
+    starts: list[StartReplica],
+) -> tuple[Unplaceable, ...]:
+    if not unplaced:
+        return ()
+    # Explain against the fleet as it will be once the planned replicas are started.
+    planned = [
+        ReplicaView(
+            s.placement.replica_id,
+            s.placement.model,
+            s.placement.profile,
+            shards=tuple(ShardView(x.node, x.rank, x.gpus) for x in s.placement.shards),
+        )
+        for s in starts
+    ]
+    placer = Placer(desired, nodes, [*replicas, *planned])
+    out = []
+    for model, missing in sorted(unplaced.items()):
+        exp = placer.explain(model)
+        profiles = tuple(
+            (p.profile, p.summary, tuple((v.node, v.words()) for v in p.verdicts if not v.accepted))
+            for p in exp.profiles
+        )
+        out.append(Unplaceable(model, missing, profiles, exp.problem))
+    return tuple(out)
+
+
+def _model_changes(
+    desired: Mapping[str, ModelView], previous: Mapping[str, ModelSpec]
+) -> tuple[ModelChange, ...]:
+    out = []
+    for name in sorted(set(desired) | set(previous)):
+        if name not in previous:
+            out.append(ModelChange(name, "add", summary=_model_summary(desired[name].spec)))
+        elif name not in desired:
+            out.append(ModelChange(name, "remove", summary=_model_summary(previous[name])))
+        else:
+            fields = _field_changes(previous[name], desired[name].spec)
+            if fields:
+                out.append(ModelChange(name, "change", fields))
+    return tuple(out)
+
+
+def _model_summary(spec: ModelSpec) -> str:
+    profiles = ", ".join(p.name for p in spec.profiles) or "none (provider)"
+    return f"profiles: {profiles}; scaling {spec.scaling.min}..{spec.scaling.max}"
+
+
+def _field_changes(old: ModelSpec, new: ModelSpec) -> tuple[FieldChange, ...]:
+    before, after = _flatten(old), _flatten(new)
+    changes = []
+    for path in sorted(set(before) | set(after)):
+        a, b = before.get(path), after.get(path)
+        if a == b:
+            continue
+        secret = (a is not None and a[1]) or (b is not None and b[1])
+        shown_old = ABSENT if a is None else (SECRET if secret else a[0])
+        shown_new = ABSENT if b is None else (SECRET if secret else b[0])
+        changes.append(FieldChange(path, shown_old, shown_new))
+    return tuple(changes)
+
+
+def _flatten(value: Any, path: str = "") -> dict[str, tuple[str, bool]]:
+    """path -> (value as JSON, is secret). Profiles are keyed by name so a reorder reads as one change."""
+    if isinstance(value, SecretRef):
+        return {path: (json.dumps(value.model_dump(exclude_none=True), sort_keys=True), True)}
+    if isinstance(value, BaseModel):
+        out: dict[str, tuple[str, bool]] = {}
+        for name, info in type(value).model_fields.items():
+            key = info.alias or name
+            out.update(_flatten(getattr(value, name), f"{path}.{key}" if path else key))
+        return out
+    if isinstance(value, dict):
+        out = {}
+        for k in sorted(value):
+            sub = _flatten(value[k], f"{path}.{k}")
+            if _SECRET_WORDS.search(str(k)):
+                sub = {p: (v, True) for p, (v, _) in sub.items()}
+            out.update(sub)
+        return out
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(v, BaseModel) and hasattr(v, "name") for v in value)
+    ):
+        out = {}
+        for v in value:
+            out.update(_flatten(v, f"{path}[{v.name}]"))
+        if [v.name for v in value] != sorted(v.name for v in value):
+            out[f"{path}.order"] = (json.dumps([v.name for v in value]), False)
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, BaseModel) for v in value):
+        return {path: (json.dumps([v.model_dump(mode="json") for v in value], sort_keys=True), False)}
+    return {path: (json.dumps(value, sort_keys=True, default=str), False)}
+
+
+# ---------------------------------------------------------------------------------------------- rendering
+
+Format = Literal["text", "json", "markdown"]
+
+
+def render(plan: Plan, fmt: Format) -> str:
+    if fmt == "json":
+        return render_json(plan)
+    if fmt == "markdown":
+        return render_markdown(plan)
+    return render_text(plan)
+
+
+def _where(nodes: tuple[str, ...]) -> str:
+    return "+".join(nodes) if nodes else "(nowhere yet)"
+
+
+def _lines(plan: Plan) -> list[str]:
+    """The body shared by text and the markdown details: one line per change, Terraform's symbols."""
+    out: list[str] = []
+    if not plan.models_known:
+        out += ["Models: the applied models are not in the live state; no model diff.", ""]
+    if plan.models:
+        out.append("Models:")
+        for m in plan.models:
+            symbol = {"add": "+", "change": "~", "remove": "-"}[m.change]
+            out.append(f"  {symbol} model {m.model}" + (f" ({m.summary})" if m.summary else ""))
+            out += [f"      ~ {f.path}: {f.old} -> {f.new}" for f in m.fields]
+        out.append("")
+    if plan.starts or plan.restarts or plan.stops or plan.stale:
+        out.append("Replicas:")
+        for s in plan.starts:
+            out.append(f"  + start {s.replica_id} ({s.model}/{s.profile}) on {_where(s.nodes)}: {s.reason}")
+            out.append(f"      why there: {s.why_there}")
+        for r in plan.restarts:
+            new = f"; replacement on {_where(r.new_nodes)}" if r.new_nodes else "; replaced once room is free"
+            out.append(
+                f"  -/+ restart {r.replica_id} ({r.model}/{r.profile}) on {_where(r.nodes)}: {r.reason}{new}"
+            )
+        for sp in plan.stops:
+            drain = " (drain first)" if sp.drain else ""
+            out.append(
+                f"  - stop {sp.replica_id} ({sp.model}/{sp.profile}) on {_where(sp.nodes)}: {sp.reason}{drain}"
+            )
+        for st in plan.stale:
+            out.append(
+                f"  ~ stale {st.replica_id} ({st.model}/{st.profile}) on {_where(st.nodes)}: {st.reason}"
+            )
+        out.append("")
+    if plan.nodes:
+        out.append("Nodes:")
+        for n in plan.nodes:
+            symbol = "+" if n.change == "bootstrap" else "-"
+            out.append(f"  {symbol} {n.change} {n.node}: {n.reason}")
+        out.append("")
+    if plan.unplaceable:
+        out.append("Cannot be placed:")
+        for u in plan.unplaceable:
+            out.append(
+                f"  ! {u.model}: {u.missing} replica{'s' * (u.missing != 1)}"
+                + (f" ({u.problem})" if u.problem else "")
+            )
+            for profile, summary, rejected in u.profiles:
+                out.append(f"      profile {profile} ({summary}):")
+                out += [f"        {node}: {words}" for node, words in rejected]
+        out.append("")
+    return out
+
+
+def render_text(plan: Plan) -> str:
+    head = f"llmgw plan: revision {plan.revision or '(working tree)'} against applied {plan.live_revision or '(none)'}"
+    body = _lines(plan)
+    return "\n".join([head, "", *body, plan.summary()]) + "\n"
+
+
+def to_dict(plan: Plan) -> dict[str, Any]:
+    return {
+        "revision": plan.revision,
+        "live_revision": plan.live_revision,
+        "live_state_hash": plan.live_state_hash,
+        "has_changes": plan.has_changes,
+        "summary": plan.summary(),
+        "models_known": plan.models_known,
+        "models": [
+            {
+                "model": m.model,
+                "change": m.change,
+                "summary": m.summary,
+                "fields": [{"path": f.path, "old": f.old, "new": f.new} for f in m.fields],
+            }
+            for m in plan.models
+        ],
+        "replicas": {
+            "start": [
+                {
+                    "id": s.replica_id,
+                    "model": s.model,
+                    "profile": s.profile,
+                    "nodes": list(s.nodes),
+                    "gpus": [list(g) for g in s.gpus],
+                    "reason": s.reason,
+                    "why_there": s.why_there,
+                }
+                for s in plan.starts
+            ],
+            "restart": [
+                {
+                    "id": r.replica_id,
+                    "model": r.model,
+                    "profile": r.profile,
+                    "nodes": list(r.nodes),
+                    "reason": r.reason,
+                    "new_nodes": list(r.new_nodes),
+                }
+                for r in plan.restarts
+            ],
+            "stop": [
+                {
+                    "id": s.replica_id,
+                    "model": s.model,
+                    "profile": s.profile,
+                    "nodes": list(s.nodes),
+                    "reason": s.reason,
+                    "drain": s.drain,
+                }
+                for s in plan.stops
+            ],
+            "stale": [
+                {
+                    "id": s.replica_id,
+                    "model": s.model,
+                    "profile": s.profile,
+                    "nodes": list(s.nodes),
+                    "reason": s.reason,
+                }
+                for s in plan.stale
+            ],
+        },
+        "nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.nodes],
+        "unplaceable": [
+            {
+                "model": u.model,
+                "missing": u.missing,
+                "problem": u.problem,
+                "profiles": [
+                    {"profile": p, "summary": s, "rejected": {node: words for node, words in rejected}}
+                    for p, s, rejected in u.profiles
+                ],
+            }
+            for u in plan.unplaceable
+        ],
+    }
+
+
+def render_json(plan: Plan) -> str:
+    return json.dumps(to_dict(plan), indent=2, sort_keys=True) + "\n"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(plan: Plan) -> str:
+    """For a pull-request comment: the summary, one table row per change, the full text folded away."""
+    out = ["### llmgw plan", "", f"**{plan.summary()}**", ""]
+    rows: list[tuple[str, str, str, str]] = []
+    for m in plan.models:
+        symbol = {"add": "+", "change": "~", "remove": "-"}[m.change]
+        detail = m.summary or ", ".join(f.path for f in m.fields)
+        rows.append((symbol, f"model `{m.model}`", "", detail))
+    for s in plan.starts:
+        rows.append(("+", f"start `{s.replica_id}`", _where(s.nodes), f"{s.reason}; {s.why_there}"))
+    for r in plan.restarts:
+        rows.append(("-/+", f"restart `{r.replica_id}`", _where(r.nodes), r.reason))
+    for sp in plan.stops:
+        rows.append(
+            (
+                "-",
+                f"stop `{sp.replica_id}`",
+                _where(sp.nodes),
+                sp.reason + (" (drain first)" if sp.drain else ""),
+            )
+        )
+    for st in plan.stale:
+        rows.append(("~", f"stale `{st.replica_id}`", _where(st.nodes), st.reason))
+    for n in plan.nodes:
+        rows.append(("+" if n.change == "bootstrap" else "-", f"{n.change} `{n.node}`", n.node, n.reason))
+    for u in plan.unplaceable:
+        rows.append(
+            (
+                "!",
+                f"cannot place `{u.model}`",
+                "",
+                f"{u.missing} replica{'s' * (u.missing != 1)}; see details",
+            )
+        )
+    if rows:
+        out += ["| | change | where | why |", "| --- | --- | --- | --- |"]
+        out += [f"| `{a}` | {_cell(b)} | {_cell(c)} | {_cell(d)} |" for a, b, c, d in rows]
+        out.append("")
+    revision = plan.revision or "(working tree)"
+    out += [
+        "<details><summary>Details</summary>",
+        "",
+        "```text",
+        render_text(plan).rstrip("\n"),
+        "```",
+        "",
+        "</details>",
+        "",
+        f"<sub>revision {revision}, live state {plan.live_state_hash[:12]}</sub>",
+    ]
+    return "\n".join(out) + "\n"

@@ -1,0 +1,224 @@
+"""`llmgw plan` as a value and its three renderings, held by golden files.
+
+Regenerate the golden files after an intended change with `LLMGW_UPDATE_GOLDEN=1 pytest tests/plan`
+and read the diff before committing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from placement.builders import cpu_profile, entry, gpu_profile
+
+from llmgw.config.models import ModelSpec
+from llmgw.fleet import GIB, DesiredNode, LiveGpu, LiveNode, LiveReplica, LiveShard, LiveState, ModelView
+from llmgw.plan import Plan, make_plan, render, render_json, render_markdown, render_text
+
+GOLDEN = Path(__file__).parent / "golden"
+CPU_ONLY = {"role": "cpu"}
+
+
+def golden(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("LLMGW_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"{path} missing: run with LLMGW_UPDATE_GOLDEN=1 once and read it"
+    assert text == path.read_text()
+
+
+def provider(env: str) -> dict:
+    return {"url": "https://api.example.com/v1", "model": "gpt-x", "key": {"env": env}}
+
+
+def desired_models() -> dict[str, ModelView]:
+    qwen_gpu = gpu_profile("gpu", gpus=4, args={"max_model_len": 16384})
+    return {
+        "big": entry(gpu_profile("h100x8", gpus=8), gpu_profile("a100x8", gpus=8, gpu_class="a100-80g")),
+        "ext": entry(min=0, max=0, provider=provider("EXT_KEY_NEW")),
+        "gemma": entry(cpu_profile(cores=2, memory_gb=2, node_selector=CPU_ONLY), min=2, max=2),
+        "qwen": entry(qwen_gpu, restart_on_profile_change=True),
+        "sim-chat": entry(cpu_profile("sim", engine="sim", cores=1, memory_gb=None)),
+        "tiny": entry(cpu_profile(cores=1, memory_gb=1)),
+    }
+
+
+def previous_models() -> dict[str, ModelSpec]:
+    old_qwen = gpu_profile("gpu", gpus=4, args={"max_model_len": 8192})
+    return {
+        "big": desired_models()["big"].spec,
+        "ext": entry(min=0, max=0, provider=provider("EXT_KEY_OLD")).spec,
+        "gemma": entry(cpu_profile(cores=2, memory_gb=2, node_selector=CPU_ONLY), min=1, max=2).spec,
+        "old": entry(cpu_profile(cores=2, memory_gb=2)).spec,
+        "qwen": entry(old_qwen, restart_on_profile_change=True).spec,
+        "tiny": entry(cpu_profile(cores=1, memory_gb=1)).spec,
+    }
+
+
+def live_state() -> LiveState:
+    desired = desired_models()
+    old_qwen_fp = entry(gpu_profile("gpu", gpus=4, args={"max_model_len": 8192})).fingerprints["gpu"]
+    h100 = [LiveGpu(index=i, gpu_class="h100-80g", memory_bytes=80 * GIB) for i in range(8)]
+    a100 = [LiveGpu(index=i, gpu_class="a100-80g", memory_bytes=80 * GIB, allocated=i < 2) for i in range(8)]
+    engines = {"vllm": "0.10.1", "llamacpp": "b11434"}
+    return LiveState(
+        revision="1f2e3d4c5b6a",
+        catalog_fingerprint="cafe",
+        taken_at=1_780_000_000.0,
+        nodes=[
+            LiveNode(
+                name="gpu-1", cpu_cores=64, memory_bytes=512 * GIB, gpus=h100, engines=engines, fabric="ib-a"
+            ),
+            LiveNode(
+                name="gpu-2", cpu_cores=64, memory_bytes=512 * GIB, gpus=a100, engines={"vllm": "0.9.0"}
+            ),
+            LiveNode(
+                name="cpu-1", cpu_cores=8, memory_bytes=16 * GIB, gpus=[], engines={"llamacpp": "b11434"}
+            ),
+            LiveNode(
+                name="cpu-2", cpu_cores=None, memory_bytes=None, gpus=[], engines={"llamacpp": "b11434"}
+            ),
+            LiveNode(name="retired", state="Unreachable", cpu_cores=4, memory_bytes=8 * GIB, gpus=[]),
+        ],
+        replicas=[
+            LiveReplica(
+                id="gemma-cpu-1",
+                model="gemma",
+                profile="cpu",
+                fingerprint=desired["gemma"].fingerprints["cpu"],
+                shards=[LiveShard(node="cpu-1", state="ready")],
+                state="ready",
+            ),
+            LiveReplica(
+                id="qwen-gpu-1",
+                model="qwen",
+                profile="gpu",
+                fingerprint=old_qwen_fp,
+                shards=[LiveShard(node="gpu-1", gpus=[0, 1, 2, 3], state="ready")],
+                state="ready",
+            ),
+            LiveReplica(
+                id="old-cpu-1",
+                model="old",
+                profile="cpu",
+                fingerprint="0123abcd",
+                shards=[LiveShard(node="cpu-1", state="ready")],
+                state="ready",
+            ),
+            LiveReplica(
+                id="tiny-cpu-1",
+                model="tiny",
+                profile="cpu",
+                fingerprint="from-an-older-revision",
+                shards=[LiveShard(node="cpu-2", state="ready")],
+                state="ready",
+                adopted=True,
+            ),
+        ],
+        models=previous_models(),
+    )
+
+
+def declared_nodes() -> dict[str, DesiredNode]:
+    names = ["gpu-1", "gpu-2", "cpu-1", "cpu-2", "gpu-new"]
+    return {
+        n: DesiredNode(
+            n, labels={} if n.startswith("gpu") else CPU_ONLY, fabric="ib-a" if n.startswith("gpu") else None
+        )
+        for n in names
+    }
+
+
+@pytest.fixture
+def plan() -> Plan:
+    return make_plan(desired_models(), live_state(), nodes=declared_nodes(), revision="9a8b7c6d5e4f")
+
+
+def test_plan_value(plan):
+    assert [(m.model, m.change) for m in plan.models] == [
+        ("ext", "change"),
+        ("gemma", "change"),
+        ("old", "remove"),
+        ("qwen", "change"),
+        ("sim-chat", "add"),
+    ]
+    gemma = next(m for m in plan.models if m.model == "gemma")
+    assert [(f.path, f.old, f.new) for f in gemma.fields] == [("scaling.min", "1", "2")]
+    assert [(s.model, s.nodes) for s in plan.starts] == [("gemma", ("cpu-2",)), ("sim-chat", ("gpu-1",))]
+    assert [(r.replica_id, r.new_nodes) for r in plan.restarts] == [("qwen-gpu-1", ("gpu-1",))]
+    assert [(s.replica_id, s.drain) for s in plan.stops] == [("old-cpu-1", True)]
+    assert [s.replica_id for s in plan.stale] == ["tiny-cpu-1"]  # adopted: shown, never restarted
+    assert [(n.node, n.change) for n in plan.nodes] == [("gpu-new", "bootstrap"), ("retired", "drain")]
+    (big,) = plan.unplaceable
+    reasons = {p: dict(rejected) for p, _, rejected in big.profiles}
+    assert reasons["h100x8"]["gpu-1"] == "has 0 free h100-80g, needs 8"
+    assert (
+        reasons["a100x8"]["gpu-2"] == "has vllm 0.9.0, needs 0.10.1" or "6 free" in reasons["a100x8"]["gpu-2"]
+    )
+    assert reasons["h100x8"]["retired"].startswith("node is Unreachable; no longer declared;")
+    assert plan.summary() == "Plan: 2 to start, 1 to restart, 1 to stop. 1 model cannot be placed."
+    assert plan.has_changes
+
+
+def test_secrets_are_never_printed(plan):
+    ext = next(m for m in plan.models if m.model == "ext")
+    assert [(f.path, f.old, f.new) for f in ext.fields] == [("provider.key", "(secret)", "(secret)")]
+    for fmt in ("text", "json", "markdown"):
+        out = render(plan, fmt)  # type: ignore[arg-type]
+        assert "EXT_KEY" not in out
+
+
+def test_golden_text(plan):
+    golden("plan.txt", render_text(plan))
+
+
+def test_golden_json(plan):
+    text = render_json(plan)
+    assert list(json.loads(text)) == sorted(json.loads(text))
+    golden("plan.json", text)
+
+
+def test_golden_markdown(plan):
+    golden("plan.md", render_markdown(plan))
+
+
+def test_saved_state_round_trips_and_its_hash_ignores_the_time():
+    state = live_state()
+    golden("state.json", state.model_dump_json(indent=2, by_alias=True) + "\n")
+    again = LiveState.model_validate_json((GOLDEN / "state.json").read_text())
+    assert again.content_hash() == state.content_hash()
+    assert again.model_copy(update={"taken_at": 1.0}).content_hash() == state.content_hash()
+    moved = again.model_copy(update={"replicas": again.replicas[:-1]})
+    assert moved.content_hash() != state.content_hash()
+
+
+def test_no_changes():
+    desired = {"tiny": entry(cpu_profile(cores=1, memory_gb=1))}
+    live = LiveState(
+        revision="abc",
+        nodes=[LiveNode(name="n", cpu_cores=4, memory_bytes=8 * GIB, engines={"llamacpp": "b1"})],
+        replicas=[
+            LiveReplica(
+                id="tiny-cpu-1",
+                model="tiny",
+                profile="cpu",
+                fingerprint=desired["tiny"].fingerprints["cpu"],
+                shards=[LiveShard(node="n", state="ready")],
+                state="ready",
+            )
+        ],
+        models={"tiny": desired["tiny"].spec},
+    )
+    plan = make_plan(desired, live, nodes={"n": DesiredNode("n")}, revision="abc")
+    assert not plan.has_changes
+    assert render_text(plan).endswith("No changes. The fleet matches the cluster repo.\n")
+    assert json.loads(render_json(plan))["has_changes"] is False
+
+
+def test_without_applied_models_there_is_no_model_diff():
+    live = live_state().model_copy(update={"models": None})
+    plan = make_plan(desired_models(), live)
+    assert plan.models == () and not plan.models_known
+    assert "no model diff" in render_text(plan)

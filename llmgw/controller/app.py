@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import ssl
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -51,8 +52,8 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     app[RECONCILER] = Reconciler(controller)
-    app.router.add_get(AGENT_PATH, lambda r: controller.hub.handle(r))
-    app.router.add_get(ROUTER_PATH, lambda r: router_stream(r, controller))
+    app.router.add_get(AGENT_PATH, controller.hub.handle)
+    app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
     admin.add_routes(app)
     app.cleanup_ctx.append(_background("source", _source_loop))

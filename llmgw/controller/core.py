@@ -201,10 +201,10 @@ class Controller:
         self.metrics.revision_refused.set(1)
         log.warning(
             "revision %s from %s refused (%d error(s)); still serving %s: %s",
-            checkout.revision[:12],
+            short(checkout.revision),
             checkout.where,
             len(errors),
-            self.desired.revision[:12] if self.desired else "nothing",
+            short(self.desired.revision if self.desired else None),
             errors[0] if errors else "",
         )
         await self._record(
@@ -212,7 +212,7 @@ class Controller:
         )
         await self.event(
             "revision_refused",
-            checkout.revision[:12],
+            short(checkout.revision),
             f"{len(errors)} error(s): {errors[0] if errors else ''}",
         )
         self.notify("revision refused")
@@ -226,25 +226,25 @@ class Controller:
             self.metrics.revision_refused.set(0)
         log.info(
             "revision %s from %s applied (was %s)",
-            desired.revision[:12],
+            short(desired.revision),
             desired.source,
-            previous.revision[:12] if previous else "none",
+            short(previous.revision if previous else None),
         )
         await self._record(Revision(desired.revision, desired.source, self.wall(), "controller", "accepted"))
-        await self.event("revision_applied", desired.revision[:12], f"from {desired.source}")
+        await self.event("revision_applied", short(desired.revision), f"from {desired.source}")
         self.notify("revision applied")
 
     async def _record(self, revision: Revision) -> None:
         try:
             await self.store.record_revision(revision)
         except Exception as exc:  # recorded later is better than not applying; said loudly
-            log.warning("could not record revision %s in the store: %s", revision.sha[:12], exc)
+            log.warning("could not record revision %s in the store: %s", short(revision.sha), exc)
 
     def set_source_error(self, message: str) -> None:
         if message != self.source_error:
             log.warning(
                 "cluster repo unavailable, keeping revision %s: %s",
-                self.desired.revision[:12] if self.desired else "none",
+                short(self.desired.revision if self.desired else None),
                 message,
             )
         self.source_error = message
@@ -253,6 +253,13 @@ class Controller:
         if self.desired is None or self.seen is None:
             return "Unknown"
         return "Synced" if self.seen.revision == self.desired.revision else "OutOfSync"
+
+
+def short(revision: str | None) -> str:
+    """A revision for messages: 12 hex digits of a SHA or of a content hash (`sha256:...`)."""
+    if revision is None:
+        return "none"
+    return revision.split(":", 1)[-1][:12]
 
 
 def admin_token_from(settings: ControllerSettings) -> str:

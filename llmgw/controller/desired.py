@@ -85,6 +85,9 @@ def tree_hash(root: Path) -> str:
 def build_desired(root: Path, revision: str, source: str) -> Desired:
     result = load_repo(root, revision)
     if not result.ok or result.repo is None:
-        errors = [str(e) for e in result.errors if e.severity == "error"] or ["the cluster repo did not load"]
+        # Paths relative to the repo root: where the clone lives on the controller means nothing to the author.
+        prefix = str(root).rstrip("/") + "/"
+        errors = [str(e).replace(prefix, "") for e in result.errors if e.severity == "error"]
+        errors = errors or ["the cluster repo did not load"]
         raise RepoInvalid(errors)
     return Desired(revision, source, root, result.repo.catalog.with_revision(revision))

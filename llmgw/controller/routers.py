@@ -130,7 +130,7 @@ def token_ok(c: Controller, request: web.Request) -> bool:
     return any(hmac.compare_digest(presented.encode(), t.encode()) for t in c.agent_tokens())
 
 
-async def router_stream(request: web.Request, c: Controller) -> web.StreamResponse:
+async def router_stream(request: web.Request, *, c: Controller) -> web.StreamResponse:
     if not token_ok(c, request):
         raise web.HTTPUnauthorized(text="missing or wrong Authorization: Bearer token\n")
     ws = web.WebSocketResponse(heartbeat=30.0)

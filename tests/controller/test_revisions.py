@@ -1,0 +1,138 @@
+"""Revisions: a valid one is applied, an invalid one refused while the last good one keeps serving."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from llmgw.config import content_hash
+from llmgw.controller.core import short
+
+from .helpers import Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
+
+BROKEN = model_yaml("sim-b").replace("context_length: 4096", "context_length: 4096\n  colour: blue")
+
+
+async def test_directory_revision_refused_then_fixed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)})
+    running, admin = await start(settings_for(tmp_path, repo.path))
+    try:
+        good = content_hash(repo.path)
+        status = await wait_for(
+            lambda: _applied(admin, good), what="the first revision applied"
+        )
+        assert status["sync"] == "Synced"
+        assert [m["model"] for m in status["models"]] == ["sim-a"]
+
+        caplog.set_level(logging.WARNING, logger="llmgw.controller")
+        repo.write({"models/b.yaml": BROKEN})
+        bad = content_hash(repo.path)
+        status = await wait_for(lambda: _refused(admin, bad), what="the broken revision refused")
+        assert status["applied"]["revision"] == good  # the last good revision keeps serving
+        assert status["sync"] == "OutOfSync"
+        assert any("models/b.yaml:" in e and "colour" in e for e in status["refused"]["errors"])
+        assert "llmgw_controller_revision_refused 1.0" in await admin.metrics()
+        # Several more polls of the same broken revision: still one warning, not one per poll.
+        seen_at = status["seen"]["at"]
+        await wait_for(
+            lambda: _seen_after(admin, seen_at, polls=3), what="three more polls of the broken revision"
+        )
+        warnings = [r for r in caplog.records if "refused" in r.getMessage() and short(bad) in r.getMessage()]
+        assert len(warnings) == 1
+
+        repo.write({"models/b.yaml": model_yaml("sim-b", min_=0)})
+        fixed = content_hash(repo.path)
+        status = await wait_for(lambda: _applied(admin, fixed), what="the fixed revision applied")
+        assert status["refused"] is None
+        assert sorted(m["model"] for m in status["models"]) == ["sim-a", "sim-b"]
+        assert "llmgw_controller_revision_refused 0.0" in await admin.metrics()
+        assert f'llmgw_controller_revision_applied_info{{revision="{fixed}"}} 1.0' in await admin.metrics()
+    finally:
+        await running.stop()
+
+
+async def test_git_source_follows_the_branch_and_survives_an_unreachable_remote(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "origin", use_git=True)
+    first = repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)}, "first")
+    settings = settings_for(tmp_path, repo.path, poll_s=3600.0)  # only the webhook makes it poll again
+    running, admin = await start(settings)
+    try:
+        await wait_for(lambda: _applied(admin, first), what="the first commit applied")
+        second = repo.write({"models/b.yaml": model_yaml("sim-b", min_=0)}, "add sim-b")
+        async with aiohttp.ClientSession() as s, s.post(running.url + "/api/v1/webhook") as r:
+            assert r.status == 202
+        status = await wait_for(lambda: _applied(admin, second), what="the second commit applied after the webhook")
+        assert status["applied"]["source"].startswith("git ")
+
+        bad = repo.write({"models/c.yaml": BROKEN.replace("sim-b", "sim-c")}, "broken")
+        await admin.post("/api/v1/webhook")
+        status = await wait_for(lambda: _refused(admin, bad), what="the broken commit refused")
+        assert status["applied"]["revision"] == second
+
+        revisions = await running.controller.store.list_revisions()
+        recorded = {r.sha: r.status for r in revisions}
+        assert recorded[first] == "accepted" and recorded[second] == "accepted" and recorded[bad] == "refused"
+
+        shutil.move(str(repo.path), str(tmp_path / "moved"))  # the remote is gone
+        await admin.post("/api/v1/webhook")
+        status = await wait_for(
+            lambda: _status_where(admin, lambda s: s["source_error"]), what="the source error shown"
+        )
+        assert status["applied"]["revision"] == second
+        assert "llmgw_controller_source_up 0.0" in await admin.metrics()
+    finally:
+        await running.stop()
+
+
+async def test_admin_needs_the_token_and_apply_takes_a_directory(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)})
+    running, admin = await start(settings_for(tmp_path, repo.path, dir_poll_s=3600.0))
+    try:
+        await wait_for(lambda: _applied(admin, content_hash(repo.path)), what="the first revision applied")
+        async with aiohttp.ClientSession() as s:
+            for path in ("/api/v1/status", "/api/v1/nodes", "/api/v1/state"):
+                async with s.get(running.url + path) as r:
+                    assert r.status == 401
+            async with s.get(running.url + "/api/v1/status", headers={"Authorization": "Bearer nope"}) as r:
+                assert r.status == 401
+
+        other = Repo(tmp_path / "other", use_git=False)
+        other.write({"cluster.yaml": cluster_yaml(), "m.yaml": model_yaml("sim-z", min_=0)})
+        reply = await admin.post("/api/v1/apply", {"path": str(other.path)}, expect=200)
+        assert reply["result"] == "applied"
+        status = await admin.get("/api/v1/status")
+        assert [m["model"] for m in status["models"]] == ["sim-z"]
+
+        files = {"cluster.yaml": cluster_yaml(), "m.yaml": BROKEN}
+        reply = await admin.post("/api/v1/apply", {"files": files}, expect=422)
+        assert reply["result"] == "refused" and any("colour" in e for e in reply["errors"])
+        assert [m["model"] for m in (await admin.get("/api/v1/status"))["models"]] == ["sim-z"]
+        await admin.post("/api/v1/apply", {"files": {"../escape.yaml": "x"}}, expect=400)
+    finally:
+        await running.stop()
+
+
+async def _applied(admin, revision: str):  # type: ignore[no-untyped-def]
+    status = await admin.get("/api/v1/status")
+    return status if status["applied"] and status["applied"]["revision"] == revision else None
+
+
+async def _refused(admin, revision: str):  # type: ignore[no-untyped-def]
+    status = await admin.get("/api/v1/status")
+    return status if status["refused"] and status["refused"]["revision"] == revision else None
+
+
+async def _status_where(admin, predicate):  # type: ignore[no-untyped-def]
+    status = await admin.get("/api/v1/status")
+    return status if predicate(status) else None
+
+
+async def _seen_after(admin, at: float, polls: int) -> bool:  # type: ignore[no-untyped-def]
+    status = await admin.get("/api/v1/status")
+    return bool(status["seen"]["at"] > at + polls * 0.2)

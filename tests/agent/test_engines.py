@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import aiohttp
@@ -181,7 +181,9 @@ async def test_standin_refuses_an_unknown_flag(supervisor: tuple[Supervisor, lis
     assert any("unrecognized arguments: --not-a-vllm-flag" in line for line in failed.last_output_lines)
 
 
-def _with_extra_flag(planner):  # type: ignore[no-untyped-def]
+def _with_extra_flag(
+    planner: Callable[[ShardSpec, LaunchContext], engines.LaunchPlan],
+) -> Callable[[ShardSpec, LaunchContext], engines.LaunchPlan]:
     def plan(s: ShardSpec, ctx: LaunchContext) -> engines.LaunchPlan:
         p = planner(s, ctx)
         return engines.LaunchPlan(

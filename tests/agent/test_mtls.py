@@ -11,7 +11,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from .fake_controller import FakeController
 from .helpers import wait_for
@@ -45,8 +45,8 @@ def issue(tmp: Path) -> dict[str, str]:
     paths = {"ca": str(tmp / "ca.pem")}
     Path(paths["ca"]).write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     for who, usage in (
-        ("server", x509.ExtendedKeyUsageOID.SERVER_AUTH),
-        ("client", x509.ExtendedKeyUsageOID.CLIENT_AUTH),
+        ("server", ExtendedKeyUsageOID.SERVER_AUTH),
+        ("client", ExtendedKeyUsageOID.CLIENT_AUTH),
     ):
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (

@@ -80,7 +80,7 @@ async def test_sigkill_after_grace_takes_the_whole_group(sup: tuple[Supervisor, 
     s.start(ShardSpec(replica_id="st", model="m", engine="vllm"))
     ready = await wait_for(lambda: next((x for x in s.statuses() if x.state in ("ready", "failed")), None))
     assert ready.state == "ready", ready.last_output_lines
-    child = await wait_for(lambda: child_pid(s.statuses()[0].last_output_lines), what="child pid")
+    child: int = await wait_for(lambda: child_pid(s.statuses()[0].last_output_lines), what="child pid")
     assert ready.pid is not None and pid_alive(child)
     (stopped,) = await s.stop("st")
     assert stopped.state == "stopped"

@@ -240,7 +240,9 @@ class Agent:
             path = next((p for n in EXECUTABLES.get(engine, ()) if (p := shutil.which(n))), None)
         if path is None:
             return {"engine": engine, "ok": False, "output": "not installed (not configured, not on PATH)"}
-        argv = [path, "-m", "sglang.version"] if engine == "sglang" else [path, "--version"]
+        # SGLang is a module, not a binary: ask the configured python to import it and say its version.
+        sglang = [path, "-c", "import sglang; print(sglang.__version__)"]
+        argv = sglang if engine == "sglang" else [path, "--version"]
         proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True
         )

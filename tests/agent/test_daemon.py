@@ -218,6 +218,8 @@ async def test_bad_spec_is_refused_with_a_clear_error(ctl: FakeController, agent
     await registered(ctl)
     reply = await ctl.command("start_shard", spec=sim_spec(args={"not_an_option": 1}))
     assert not reply.ok and "unknown arg 'not_an_option'" in reply.error
+    check = await ctl.command("engine_check", engine="trtllm")
+    assert check.ok and check.payload["ok"] is False and "not installed" in check.payload["output"]
 
 
 def llama_binary() -> str:

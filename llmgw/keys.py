@@ -49,7 +49,9 @@ def parse_duration(text: str) -> float:
     """Seconds in `30d`, `12h`, `90m`, `2w`, `45s`."""
     match = _DURATION.match(text.strip())
     if match is None or int(match.group(1)) == 0:
-        raise ValueError(f"not a duration: {text!r} (expected a positive whole number and a unit: 45s, 90m, 12h, 30d, 2w)")
+        raise ValueError(
+            f"not a duration: {text!r} (expected a positive whole number and a unit: 45s, 90m, 12h, 30d, 2w)"
+        )
     return int(match.group(1)) * _UNITS[match.group(2)]
 
 

@@ -109,7 +109,9 @@ def to_micros(amount: float) -> int:
     return math.ceil(round(amount * MICROS, 6))
 
 
-def request_cost(tokens_in: int, tokens_out: int, input_per_million: float, output_per_million: float) -> float:
+def request_cost(
+    tokens_in: int, tokens_out: int, input_per_million: float, output_per_million: float
+) -> float:
     return (tokens_in * input_per_million + tokens_out * output_per_million) / 1_000_000
 
 
@@ -160,7 +162,9 @@ def _tightest(states: Sequence[LevelState], metric: Metric) -> Meter | None:
     return min(found, key=lambda m: m.remaining if m.remaining is not None else m.available)
 
 
-def rate_headers(states: Sequence[LevelState], estimate: Estimate, now: float, charged: bool) -> dict[str, str]:
+def rate_headers(
+    states: Sequence[LevelState], estimate: Estimate, now: float, charged: bool
+) -> dict[str, str]:
     """x-ratelimit-{limit,remaining,reset}-{requests,tokens} from the tightest level; absent when unlimited."""
     headers: dict[str, str] = {}
     for metric, suffix in (("requests", "requests"), ("tokens", "tokens")):

@@ -15,11 +15,11 @@ import os
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from llmgw import keys as keymod
 from llmgw.store import DEFAULT_DSN, USAGE_GROUPS, ApiKey, Store, StoreError, UsageGroup
@@ -32,7 +32,10 @@ store_app = typer.Typer(help="The store: migrate it, or move it to another datab
 
 StoreOpt = Annotated[
     str | None,
-    typer.Option("--store", help=f"Store DSN (sqlite:///path or postgresql://...); env LLMGW_STORE; default {DEFAULT_DSN}"),
+    typer.Option(
+        "--store",
+        help=f"Store DSN (sqlite:///path or postgresql://...); env LLMGW_STORE; default {DEFAULT_DSN}",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -62,7 +65,7 @@ def _run(store: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
         _fail(f"{exc} (store chosen by {source})")
 
 
-def _fail(message: str) -> Any:
+def _fail(message: str) -> NoReturn:
     Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(1)
 
@@ -124,14 +127,19 @@ def keys_list(
     if as_json:
         print(json.dumps([_key_json(k, now) for k in found], indent=2))
         return
-    table = Table("ID", "Prefix", "Project", "Name", "State", "Created", "Expires")
+    table = Table(Column("ID", no_wrap=True), Column("Prefix", no_wrap=True), "Project", "Name", "State",
+                  "Created", "Expires")  # fmt: skip
     for k in found:
-        table.add_row(k.id, k.prefix + "…", k.project, k.name, k.state(now), _when(k.created_at), _when(k.expires_at))
+        table.add_row(
+            k.id, k.prefix + "…", k.project, k.name, k.state(now), _when(k.created_at), _when(k.expires_at)
+        )
     Console().print(table)
 
 
 @keys_app.command("revoke")
-def keys_revoke(key_id: Annotated[str, typer.Argument(help="The key's id (see keys list).")], store: StoreOpt = None) -> None:
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (see keys list).")], store: StoreOpt = None
+) -> None:
     """Revoke a key: the router answers 401 "revoked" from then on (after its cache expires)."""
     if not _run(store, lambda s: s.revoke_key(key_id, time.time())):
         _fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
@@ -148,7 +156,7 @@ def usage(
     """Requests, tokens and cost, grouped."""
     if by not in USAGE_GROUPS:
         _fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}")
-    group: UsageGroup = by  # type: ignore[assignment]
+    group: UsageGroup = by  # narrowed by the membership test above
     try:
         start = time.time() - keymod.parse_duration(since) if since else None
     except ValueError as exc:
@@ -156,7 +164,15 @@ def usage(
     totals = _run(store, lambda s: s.usage_totals(group, since=start))
     header = [by, "requests", "errors", "tokens_in", "tokens_out", "cost", "avg_latency_ms"]
     rows = [
-        [t.group, t.requests, t.errors, t.tokens_in, t.tokens_out, round(t.cost, 6), round(t.avg_latency_ms, 1)]
+        [
+            t.group,
+            t.requests,
+            t.errors,
+            t.tokens_in,
+            t.tokens_out,
+            round(t.cost, 6),
+            round(t.avg_latency_ms, 1),
+        ]
         for t in totals
     ]
     if as_json:
@@ -195,7 +211,9 @@ def store_move(
     async def go(src: Store) -> dict[str, int]:
         dst = await Store.open(to)
         try:
-            report = await move_store(src, dst, lambda t, n: console.print(f"copied {t}: {n} rows", highlight=False))
+            report = await move_store(
+                src, dst, lambda t, n: console.print(f"copied {t}: {n} rows", highlight=False)
+            )
         finally:
             await dst.close()
         return report.copied

@@ -11,17 +11,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar
 
 import psycopg
 
 Dialect = Literal["sqlite", "postgres"]
 Params = Sequence[Any]
 Row = tuple[Any, ...]
+T = TypeVar("T")
 
 DEFAULT_STATE_DIR = Path(".llmgw") / "state"
 DEFAULT_DSN = f"sqlite:///{DEFAULT_STATE_DIR / 'llmgw.db'}"
@@ -62,11 +63,11 @@ def parse_dsn(text: str) -> Dsn:
     if not text:
         raise StoreError("empty store DSN: expected sqlite:///path/to/file.db, a path, or postgresql://...")
     if text.startswith("@"):
-        path = Path(text[1:])
+        source = Path(text[1:])
         try:
-            return parse_dsn(path.read_text(encoding="utf-8"))
+            return parse_dsn(source.read_text(encoding="utf-8"))
         except OSError as exc:
-            raise StoreError(f"cannot read the store DSN from {path}: {exc.strerror}") from exc
+            raise StoreError(f"cannot read the store DSN from {source}: {exc.strerror}") from exc
     if text.startswith(("postgresql://", "postgres://")):
         return Dsn("postgres", text)
     if text.startswith("sqlite://"):
@@ -77,7 +78,9 @@ def parse_dsn(text: str) -> Dsn:
             raise StoreError(f"store DSN {text!r} names no file: expected sqlite:///path/to/file.db")
         return Dsn("sqlite", path)
     if "://" in text:
-        raise StoreError(f"unknown store DSN scheme in {text.split('://')[0]!r}: use sqlite:/// or postgresql://")
+        raise StoreError(
+            f"unknown store DSN scheme in {text.split('://')[0]!r}: use sqlite:/// or postgresql://"
+        )
     return Dsn("sqlite", text)
 
 
@@ -142,8 +145,8 @@ class SqliteBackend:
         conn.execute("PRAGMA busy_timeout = 10000")
         return conn
 
-    async def call(self, fn: Any) -> Any:
-        def run() -> Any:
+    async def call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        def run() -> T:
             if self._conn is None:
                 self._conn = self._connect()
             return fn(self._conn)

@@ -135,7 +135,7 @@ class Limiter:
                     share = self._share(limit_key(tenant, metric), limit, length, now)
                     wanted = need(metric, estimate)
                     if share.balance < wanted:
-                        await self._renew(tenant, metric, share, int(math.ceil(wanted)), now)
+                        await self._renew(tenant, metric, share, math.ceil(wanted), now)
             states = [self._state(tenant, now) for tenant in chain]
             decision = decide(states, estimate, now)
             if isinstance(decision, Refused):
@@ -174,10 +174,10 @@ class Limiter:
             try:
                 if metric == "budget" and not share.seeded:
                     await self._seed_budget(tenant, key, share, now)
-                grant = await asyncio.wait_for(
-                    self._store.take_share(key, share.window_start, share.window_end, want, share.limit, now),
-                    self._timeout,
-                )
+                async with asyncio.timeout(self._timeout):
+                    grant = await self._store.take_share(
+                        key, share.window_start, share.window_end, want, share.limit, now
+                    )
             except (StoreUnavailable, TimeoutError) as exc:
                 self._store_down_until = now + self._retry_interval
                 log.warning("limit store unreachable, serving on held shares: %s", exc)
@@ -193,13 +193,10 @@ class Limiter:
     async def _seed_budget(self, tenant: Tenant, key: str, share: _Share, now: float) -> None:
         """A budget window's first row starts at what usage says was spent in it, so spend recorded before
         the row existed (or before a store move) counts."""
-        spent = await asyncio.wait_for(
-            self._store.spend(tenant.level, tenant.name, share.window_start, share.window_end), self._timeout
-        )
-        await asyncio.wait_for(
-            self._store.seed_counter(key, share.window_start, share.window_end, math.ceil(spent * MICROS), now),
-            self._timeout,
-        )
+        async with asyncio.timeout(self._timeout):
+            spent = await self._store.spend(tenant.level, tenant.name, share.window_start, share.window_end)
+            taken = math.ceil(spent * MICROS)
+            await self._store.seed_counter(key, share.window_start, share.window_end, taken, now)
         share.seeded = True
 
     def _state(self, tenant: Tenant, now: float) -> LevelState:
@@ -213,13 +210,15 @@ class Limiter:
             meters["concurrency"] = Meter(tenant.limits.concurrency, tenant.limits.concurrency - used, None)
         return LevelState(tenant, meters)
 
-    def _charge(self, chain: tuple[Tenant, ...], estimate: Estimate, allowed: Allowed, now: float) -> Admission:
+    def _charge(
+        self, chain: tuple[Tenant, ...], estimate: Estimate, allowed: Allowed, now: float
+    ) -> Admission:
         charged: dict[str, float] = {}
         for tenant in chain:
             for metric, _limit, _length in windowed_limits(tenant):
                 key = limit_key(tenant, metric)
                 share = self._shares[key]
-                share.balance -= int(math.ceil(need(metric, estimate)))
+                share.balance -= math.ceil(need(metric, estimate))
                 charged[key] = share.window_start
             if tenant.limits.concurrency is not None:
                 self._inflight[tenant.key] = self._inflight.get(tenant.key, 0) + 1

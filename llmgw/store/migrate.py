@@ -45,7 +45,9 @@ def load_migrations() -> list[Migration]:
         match = _NAME.match(entry.name)
         if match is None:
             continue
-        found.append(Migration(int(match.group(1)), match.group(2), split_statements(entry.read_text("utf-8"))))
+        found.append(
+            Migration(int(match.group(1)), match.group(2), split_statements(entry.read_text("utf-8")))
+        )
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):

@@ -190,7 +190,9 @@ class Store:
                 f"{where} ORDER BY model, id",
                 params,
             )
-        return [ReplicaRecord(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], r[5], r[6], r[7]) for r in rows]
+        return [
+            ReplicaRecord(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], r[5], r[6], r[7]) for r in rows
+        ]
 
     async def delete_replica(self, replica_id: str) -> bool:
         async with self.db.tx() as tx:
@@ -349,7 +351,10 @@ class Store:
                     until if until is not None else float("inf"),
                 ),
             )
-        return [UsageTotal(str(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]), int(r[6])) for r in rows]
+        return [
+            UsageTotal(str(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]), int(r[6]))
+            for r in rows
+        ]
 
     async def spend(self, level: str, name: str, since: float, until: float | None = None) -> float:
         """Money spent by one tenant (project, team or org) in [since, until): the budget's source of truth."""

@@ -58,6 +58,7 @@ class UsageWriter:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._closed = asyncio.Event()  # cuts a retry back-off short at shutdown
         self._written = 0
         self._dropped = 0
         self._failures = 0
@@ -72,7 +73,9 @@ class UsageWriter:
         if len(self._pending) >= self._max_pending:
             self._dropped += 1
             if self._dropped == 1 or self._dropped % 1000 == 0:
-                log.error("usage writer full (%d waiting): %d records dropped", self._max_pending, self._dropped)
+                log.error(
+                    "usage writer full (%d waiting): %d records dropped", self._max_pending, self._dropped
+                )
             return
         self._pending.append(rec)
         if len(self._pending) >= self._batch_size:
@@ -87,17 +90,18 @@ class UsageWriter:
         while self._pending:
             await self._write_one_batch()
 
-    async def close(self, timeout: float = 10.0) -> None:
-        """Stop the background task and flush what is left, retrying until `timeout`."""
+    async def close(self, flush_within: float = 10.0) -> None:
+        """Stop the background task and flush what is left, retrying for up to `flush_within` seconds."""
         self._closing = True
+        self._closed.set()
         if self._task is not None:
+            # Not Task.cancel(): asyncio.wait_for in 3.11 can swallow a cancel that races a set event, and
+            # the loop would then run on forever. A flag the loop checks cannot be lost.
             self._wake.set()
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._task
             self._task = None
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        deadline = loop.time() + flush_within
         delay = self._retry_initial
         while self._pending:
             try:
@@ -123,10 +127,13 @@ class UsageWriter:
 
     async def _run(self) -> None:
         delay = self._retry_initial
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
             self._wake.clear()
+            if self._closing:
+                return  # close() writes what is left, with its own deadline
             try:
                 while self._pending:
                     await self._write_one_batch()
@@ -135,6 +142,8 @@ class UsageWriter:
                 delay = self._retry_initial
             except Exception as exc:  # kept and retried, never dropped: a bug here must not lose usage
                 log.warning("usage write failed, %d records kept for retry: %s", len(self._pending), exc)
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._closed.wait()
                 delay = min(delay * 2, self._retry_max)
                 self._wake.set()

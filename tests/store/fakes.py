@@ -33,7 +33,9 @@ class FakeStore:
         self.counters[(limit_key, window_start)] = taken + granted
         return ShareGrant(granted, taken + granted)
 
-    async def seed_counter(self, limit_key: str, window_start: float, window_end: float, taken: int, now: float) -> bool:
+    async def seed_counter(
+        self, limit_key: str, window_start: float, window_end: float, taken: int, now: float
+    ) -> bool:
         await self._enter()
         if (limit_key, window_start) in self.counters:
             return False
@@ -52,12 +54,12 @@ class FakeStore:
             self.usage.setdefault(r.id, r)
 
 
-async def wait_for(predicate: object, timeout: float = 10.0, interval: float = 0.02) -> None:
-    """Wait until predicate() is true, failing after `timeout` seconds (a deadline, not a sleep-and-hope)."""
+async def wait_for(predicate: object, within: float = 10.0, interval: float = 0.02) -> None:
+    """Wait until predicate() is true, failing after `within` seconds (a deadline, not a sleep-and-hope)."""
     assert callable(predicate)
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
+    deadline = loop.time() + within
     while not predicate():
         if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
+            raise AssertionError(f"condition not met within {within} s")
         await asyncio.sleep(interval)

@@ -14,7 +14,7 @@ from llmgw.cli.main import app
 from llmgw.store import Store, UsageRecord
 from llmgw.store.move import COLUMNS
 
-runner = CliRunner()
+runner = CliRunner(env={"COLUMNS": "200"})
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -68,7 +68,9 @@ def test_usage_by_project_csv_and_json(sqlite_dsn: str) -> None:
                         status=200, tokens_in=10, tokens_out=5, cost=0.25)
             for i in range(6)
         ])  # fmt: skip
-        await store.insert_usage([UsageRecord(time=now - 30 * 86400, request_id="old", project="a", model="m", status=200)])
+        await store.insert_usage(
+            [UsageRecord(time=now - 30 * 86400, request_id="old", project="a", model="m", status=200)]
+        )
         await store.close()
 
     asyncio.run(seed())

@@ -9,7 +9,9 @@ from llmgw.store import Store
 
 
 async def test_key_lifecycle(store: Store) -> None:
-    new = await keys.create_key(store, "playground", now=1000.0, name="ci", expires_in=keys.parse_duration("30d"))
+    new = await keys.create_key(
+        store, "playground", now=1000.0, name="ci", expires_in=keys.parse_duration("30d")
+    )
     assert new.plaintext.startswith("sk-llmgw-") and len(new.plaintext) >= len("sk-llmgw-") + 43
     assert new.key.prefix == new.plaintext[:13]
     # Only the hash is stored: the plaintext appears in no column of the row.
@@ -18,7 +20,11 @@ async def test_key_lifecycle(store: Store) -> None:
     assert all(new.plaintext not in str(v) for v in rows[0])
 
     found = await keys.lookup(store, new.plaintext, now=2000.0)
-    assert found is not None and (found.key_id, found.project, found.state) == (new.key.id, "playground", "active")
+    assert found is not None and (found.key_id, found.project, found.state) == (
+        new.key.id,
+        "playground",
+        "active",
+    )
     expired = await keys.lookup(store, new.plaintext, now=1000.0 + 30 * 86400)
     assert expired is not None and expired.state == "expired"
     assert await keys.lookup(store, "sk-llmgw-" + "x" * 43, now=2000.0) is None

@@ -96,7 +96,9 @@ def test_shares_never_let_concurrent_takers_exceed_limit_plus_margin(
     async def run() -> tuple[int, bool]:
         fake = FakeStore()
         # retry_interval 0: every wave asks the store again, the worst case for double grants
-        limiters = [Limiter(fake, clock=lambda: T0, policy=policy, retry_interval=0.0) for _ in range(routers)]
+        limiters = [
+            Limiter(fake, clock=lambda: T0, policy=policy, retry_interval=0.0) for _ in range(routers)
+        ]
         total, outage = 0, False
         for size, down in waves:
             fake.down = down

@@ -38,7 +38,9 @@ async def test_store_from_the_future_is_refused(store: Store) -> None:
 
 def test_move_order_respects_foreign_keys() -> None:
     """Derived from the migrations, not restated: every referenced table is copied before its referrer."""
-    sql = "\n".join(f.read_text("utf-8") for f in resources.files("llmgw.store").joinpath("migrations").iterdir())
+    sql = "\n".join(
+        f.read_text("utf-8") for f in resources.files("llmgw.store").joinpath("migrations").iterdir()
+    )
     tables = re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \((.*?)\n\);", sql, re.S)
     assert {name for name, _ in tables} == set(TABLES)
     for name, body in tables:
@@ -48,7 +50,9 @@ def test_move_order_respects_foreign_keys() -> None:
 
 async def test_revisions(store: Store) -> None:
     await store.record_revision(Revision("a" * 40, "git@x:repo", 10.0, "controller-1", "accepted"))
-    await store.record_revision(Revision("b" * 40, "git@x:repo", 20.0, "controller-1", "refused", ("bad: x",)))
+    await store.record_revision(
+        Revision("b" * 40, "git@x:repo", 20.0, "controller-1", "refused", ("bad: x",))
+    )
     revs = await store.list_revisions()
     assert [r.sha[0] for r in revs] == ["b", "a"]
     assert revs[0].errors == ("bad: x",)
@@ -62,7 +66,12 @@ async def test_nodes_keep_first_seen(store: Store) -> None:
     assert await store.set_node_state("n1", "Unreachable")
     assert not await store.set_node_state("nope", "Lost")
     [node] = await store.list_nodes()
-    assert (node.first_seen, node.last_seen, node.state, node.inventory) == (1.0, 5.0, "Unreachable", {"cpu": 16})
+    assert (node.first_seen, node.last_seen, node.state, node.inventory) == (
+        1.0,
+        5.0,
+        "Unreachable",
+        {"cpu": 16},
+    )
     assert await store.delete_node("n1")
     assert await store.list_nodes() == []
 
@@ -73,7 +82,13 @@ async def test_replicas(store: Store) -> None:
     await store.upsert_replica(ReplicaRecord("r1", "sim-chat", "sim", ("n1",), "ready", "fp2", 9.0, 2.0))
     await store.upsert_replica(ReplicaRecord("r2", "other", "sim", (), "ready", "fp", 1.0, 1.0))
     [got] = await store.list_replicas(model="sim-chat")
-    assert (got.nodes, got.state, got.fingerprint, got.created_at, got.updated_at) == (("n1",), "ready", "fp2", 1.0, 2.0)
+    assert (got.nodes, got.state, got.fingerprint, got.created_at, got.updated_at) == (
+        ("n1",),
+        "ready",
+        "fp2",
+        1.0,
+        2.0,
+    )
     assert len(await store.list_replicas()) == 2
     assert await store.delete_replica("r1")
     assert [x.id for x in await store.list_replicas()] == ["r2"]

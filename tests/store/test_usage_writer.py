@@ -92,7 +92,7 @@ async def test_nothing_lost_when_postgresql_stops_and_starts(pg_server, pg_dsn) 
             writer.record(rec(i))
         await wait_for(lambda: writer.stats.failures >= 2)
         await asyncio.to_thread(pg_server.start)
-        await wait_for(lambda: writer.stats.written == 40, timeout=30)
+        await wait_for(lambda: writer.stats.written == 40, within=30)
     finally:
         await writer.close()
     rows = await store.list_usage()

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, NamedTuple
 
@@ -201,6 +201,29 @@ class LiveNode(_Live):
     engines: dict[str, str | None] | None = None
     weights: list[str] | None = None
 
+    @classmethod
+    def from_view(cls, n: NodeView) -> LiveNode:
+        return cls(
+            name=n.name,
+            state=n.state,
+            labels=dict(n.labels),
+            cordoned=n.cordoned,
+            fabric=n.fabric,
+            cpu_cores=n.cpu_cores,
+            memory_bytes=n.memory_bytes,
+            disk_free_bytes=n.disk_free_bytes,
+            gpus=None
+            if n.gpus is None
+            else [
+                LiveGpu(
+                    index=g.index, gpu_class=g.gpu_class, memory_bytes=g.memory_bytes, allocated=g.allocated
+                )
+                for g in n.gpus
+            ],
+            engines=None if n.engines is None else dict(n.engines),
+            weights=None if n.weights is None else sorted(n.weights),
+        )
+
     def view(self) -> NodeView:
         return NodeView(
             name=self.name,
@@ -238,6 +261,21 @@ class LiveReplica(_Live):
     stale: bool = False
     ready_since: float | None = None
 
+    @classmethod
+    def from_view(cls, r: ReplicaView) -> LiveReplica:
+        return cls(
+            id=r.id,
+            model=r.model,
+            profile=r.profile,
+            fingerprint=r.fingerprint,
+            shards=[LiveShard(node=s.node, rank=s.rank, gpus=list(s.gpus), state=s.state) for s in r.shards],
+            state=r.state,
+            created_at=r.created_at,
+            adopted=r.adopted,
+            stale=r.stale,
+            ready_since=r.ready_since,
+        )
+
     def view(self) -> ReplicaView:
         return ReplicaView(
             id=self.id,
@@ -264,6 +302,27 @@ class LiveState(_Live):
     models: dict[str, ModelSpec] | None = Field(
         None, description="Models of the applied revision (what `plan` diffs against); None: not known"
     )
+
+    @classmethod
+    def from_views(
+        cls,
+        nodes: Iterable[NodeView],
+        replicas: Iterable[ReplicaView],
+        *,
+        revision: str | None,
+        taken_at: float,
+        models: Mapping[str, ModelSpec] | None = None,
+        catalog_fingerprint: str | None = None,
+    ) -> LiveState:
+        """The snapshot of the views the controller already builds for placement."""
+        return cls(
+            revision=revision,
+            catalog_fingerprint=catalog_fingerprint,
+            taken_at=taken_at,
+            nodes=[LiveNode.from_view(n) for n in nodes],
+            replicas=[LiveReplica.from_view(r) for r in replicas],
+            models=None if models is None else dict(models),
+        )
 
     def node_views(self) -> tuple[NodeView, ...]:
         return tuple(n.view() for n in sorted(self.nodes, key=lambda n: n.name))

@@ -65,6 +65,9 @@ class StopReplica:
     replica_id: str
     reason: str
     drain: bool  # let in-flight requests finish first (scale-down, removed model); False for failed ones
+    # The replica's node is Lost: nothing can be told to it, drop the record (the agent, if it returns,
+    # reports a replica nobody knows and it is stopped as an orphan then).
+    forget: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,7 +232,8 @@ def _failed_and_lost(
         lost = sorted({s.node for s in r.shards if node_state.get(s.node, "Lost") == "Lost"})
         if lost:
             where = ", ".join(lost)
-            mp.actions.append(StopReplica(r.id, f"node {where} is Lost; replaced elsewhere", drain=False))
+            reason = f"node {where} is Lost; replaced elsewhere"
+            mp.actions.append(StopReplica(r.id, reason, drain=False, forget=True))
             mp.start_reasons.append(f"replaces {r.id} (node {where} is Lost)")
             continue
         mp.alive.append(r)

@@ -189,7 +189,9 @@ def test_lost_node_replicas_move_unreachable_ones_stay():
     ]
     f.nodes["a"] = replace(f.nodes["a"], state="Lost")
     d = f.step()
-    assert d.of(StopReplica) == [StopReplica(on_a.id, "node a is Lost; replaced elsewhere", drain=False)]
+    assert d.of(StopReplica) == [
+        StopReplica(on_a.id, "node a is Lost; replaced elsewhere", drain=False, forget=True)
+    ]
     (start,) = d.of(StartReplica)
     assert start.placement.nodes == ("c",)
     assert start.reason == f"replaces {on_a.id} (node a is Lost)"

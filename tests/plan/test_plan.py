@@ -222,3 +222,17 @@ def test_without_applied_models_there_is_no_model_diff():
     plan = make_plan(desired_models(), live)
     assert plan.models == () and not plan.models_known
     assert "no model diff" in render_text(plan)
+
+
+def test_live_state_from_views_round_trips():
+    state = live_state()
+    again = LiveState.from_views(
+        state.node_views(),
+        state.replica_views(),
+        revision=state.revision,
+        taken_at=state.taken_at,
+        models=state.models,
+        catalog_fingerprint=state.catalog_fingerprint,
+    )
+    assert again.content_hash() == state.content_hash()
+    assert again.node_views() == state.node_views()

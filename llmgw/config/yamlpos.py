@@ -215,14 +215,15 @@ _DUPLICATE = re.compile(r'found duplicate key "(.*)" with value')
 
 
 def _yaml_error(file: str, exc: Exception) -> ConfigError:
+    hint: str | None
     if isinstance(exc, DuplicateKeyError):
         mark = exc.problem_mark
         match = _DUPLICATE.search(str(exc.problem or ""))
         key = match.group(1) if match else "?"
         first = exc.context_mark
-        hint = f"it is already set at line {first.line + 1}; keep one" if first is not None else "keep one"
+        where = f"it is already set at line {first.line + 1}; keep one" if first is not None else "keep one"
         # The ruamel message quotes both values; ours does not, since a value might be a secret.
-        return ConfigError(file, mark.line + 1, mark.column + 1, "", f"duplicate key `{key}`", hint)
+        return ConfigError(file, mark.line + 1, mark.column + 1, "", f"duplicate key `{key}`", where)
     if isinstance(exc, MarkedYAMLError) and exc.problem_mark is not None:
         mark = exc.problem_mark
         problem = exc.problem or "invalid YAML"

@@ -87,7 +87,9 @@ def test_anchors_and_aliases_work_in_valid_documents() -> None:
 
 
 def test_empty_documents_and_comment_only_files_are_skipped() -> None:
-    result = validate_files({"a.yaml": b"# nothing here\n", "b.yaml": b"---\n---\n" + model().encode() + b"---\n"})
+    result = validate_files(
+        {"a.yaml": b"# nothing here\n", "b.yaml": b"---\n---\n" + model().encode() + b"---\n"}
+    )
     assert result.ok and result.repo is not None
     assert [d.name for d in result.repo.documents] == ["m"]
 

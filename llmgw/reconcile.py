@@ -116,6 +116,7 @@ class Decision:
     backoff: Mapping[str, ModelState]
     wake_at: float | None  # the next time something is due (backoff end, idle deadline); None: nothing
     unplaced: Mapping[str, int] = field(default_factory=dict)  # model -> replicas no node could take
+    targets: Mapping[str, int] = field(default_factory=dict)  # model -> replicas it should have now
 
     def of(self, kind: type[A]) -> list[A]:
         """The actions of one kind, in order."""
@@ -141,6 +142,7 @@ class _ModelPass:
     actions: list[Action] = field(default_factory=list)
     start_reasons: list[str] = field(default_factory=list)  # one per replica to place, in order
     wakes: list[float] = field(default_factory=list)
+    target: int = 0
 
 
 def reconcile(
@@ -156,10 +158,13 @@ def reconcile(
     policy: BackoffPolicy | None = None,
     new_id: IdFactory | None = None,
     mode: Mode = "run",
+    idle_default: float | None = None,
 ) -> Decision:
     """One reconcile pass. `demand`: replicas asked for per model (the router's on-demand signal);
     `last_used`: when each model last served a request. `mode="plan"` shows the whole way to the desired
-    state: every stale restart at once, no backoff, no idle stops (they are runtime, not repo changes)."""
+    state: every stale restart at once, no backoff, no idle stops (they are runtime, not repo changes).
+    `idle_default`: seconds unused after which replicas above min stop, for models without `idle_timeout`
+    (None: they stay)."""
     nodes = tuple(nodes)
     replicas = tuple(sorted(replicas, key=lambda r: r.id))
     policy = policy or BackoffPolicy()
@@ -177,7 +182,7 @@ def reconcile(
         _reset_backoff(mp, now, policy)
         _unreachable(mp, node_state)
         restarts = _stale(mp, mode)
-        _scale(mp, restarts, now, last_used.get(name), demand.get(name, 0), mode)
+        _scale(mp, restarts, now, last_used.get(name), demand.get(name, 0), mode, idle_default)
         passes.append(mp)
 
     placer = Placer(models, nodes, replicas, new_id)
@@ -187,7 +192,8 @@ def reconcile(
     new_backoff = {mp.name: mp.state for mp in passes if mp.state != ModelState()}
     wakes = [w for mp in passes for w in mp.wakes if w > now]
     wake_at = min(wakes) if wakes else None
-    return Decision(tuple(_ordered(actions)), new_backoff, wake_at, unplaced)
+    targets = {mp.name: mp.target for mp in passes}
+    return Decision(tuple(_ordered(actions)), new_backoff, wake_at, unplaced, targets)
 
 
 def _ordered(actions: Sequence[Action]) -> list[Action]:
@@ -294,6 +300,7 @@ def _scale(
     last_used: float | None,
     asked: int,
     mode: Mode,
+    idle_default: float | None,
 ) -> None:
     scaling = mp.entry.spec.scaling
     if not mp.entry.spec.profiles:  # served by a provider
@@ -303,15 +310,16 @@ def _scale(
     idle_words = ""
     if mode == "run":
         target = max(target, min(asked, scaling.max))
-        if scaling.idle_timeout is not None and count > scaling.min:
-            idle = duration_seconds(scaling.idle_timeout)
+        idle = duration_seconds(scaling.idle_timeout) if scaling.idle_timeout is not None else idle_default
+        if idle is not None and count > scaling.min:
             created = [r.created_at for r in mp.alive]
             activity = max([last_used if last_used is not None else -math.inf, *created])
             if now - activity >= idle:
                 target = max(scaling.min, min(asked, scaling.max))
-                idle_words = f" (unused for {scaling.idle_timeout})"
+                idle_words = f" (unused for {scaling.idle_timeout or f'{idle:g}s'})"
             else:
                 mp.wakes.append(activity + idle)
+    mp.target = target
     have = len(mp.alive)
     if have < target:
         _want(mp, target - have, target, asked, now, mode)

@@ -311,3 +311,19 @@ def test_two_models_never_get_the_same_gpus_in_one_pass():
     f.step()
     gpus = [set(r.shards[0].gpus) for r in f.replicas.values()]
     assert len(gpus) == 2 and not gpus[0] & gpus[1]
+
+
+def test_idle_default_stops_on_demand_replicas_without_idle_timeout():
+    view = entry(cpu_profile(), scaling={"min": 0, "max": 1})
+    f = fleet({"m": view}, cpu_node("a"))
+    f.demand = {"m": 1}
+    f.step()
+    f.ready_all()
+    f.demand = {}
+    kept = reconcile(f.models, f.nodes.values(), f.replicas.values(), now=f.now + 10_000, rng=f.rng)
+    assert kept.actions == () and kept.targets == {"m": 1}
+    d = reconcile(
+        f.models, f.nodes.values(), f.replicas.values(), now=f.now + 300, rng=f.rng, idle_default=300.0
+    )
+    assert d.of(StopReplica) == [StopReplica("m-cpu-1", "scale down to 0 (unused for 300s)", drain=True)]
+    assert d.targets == {"m": 0}

@@ -55,6 +55,7 @@ up: env llamacpp model
 
 schemas: $(STAMP)
 	$(BIN)/llmgw schemas write schemas
+	$(BIN)/llmgw schemas docs docs/cluster-repo.md
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache

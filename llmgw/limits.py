@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from llmgw.config import models as config
+
 Level = Literal["organization", "team", "project"]
 Metric = Literal["requests", "tokens", "concurrency", "budget"]
 METRICS: tuple[Metric, ...] = ("concurrency", "requests", "tokens", "budget")
@@ -34,6 +36,17 @@ class LevelLimits:
     tpm: int | None = None
     concurrency: int | None = None
     budget: Budget | None = None
+
+
+def level_limits(declared: config.Limits) -> LevelLimits:
+    """The limits a tenant document declares (`spec.limits` of an Organization, Team or Project)."""
+    budget = declared.budget
+    return LevelLimits(
+        rpm=declared.rpm,
+        tpm=declared.tpm,
+        concurrency=declared.concurrency,
+        budget=Budget(budget.amount, config.duration_seconds(budget.period)) if budget is not None else None,
+    )
 
 
 @dataclass(frozen=True)

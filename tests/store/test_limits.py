@@ -100,3 +100,12 @@ def test_unlimited_tenant_has_no_headers() -> None:
 
 def test_format_reset() -> None:
     assert [format_reset(s) for s in (0.02, 1, 59.2, 360, 3723)] == ["20ms", "1s", "1m0s", "6m0s", "1h2m3s"]
+
+
+def test_level_limits_from_the_cluster_repo_document() -> None:
+    from llmgw.config import models as config
+    from llmgw.limits import level_limits
+
+    declared = config.Limits(rpm=600, tpm=200000, budget=config.Budget(amount=500, period="30d"))
+    assert level_limits(declared) == LevelLimits(rpm=600, tpm=200000, budget=Budget(500, 30 * 86400))
+    assert level_limits(config.Limits()) == LevelLimits()  # absent stays absent, not zero

@@ -13,6 +13,13 @@ from llmgw.placement import place
 from .builders import cpu_profile, entry, gpu_profile, replica
 
 CLASSES = ["h100-80g", "a100-40g"]
+ENGINE_SETS = [
+    {"vllm": "0.10.1", "llamacpp": "b1"},
+    {"vllm": "0.10.1", "llamacpp": "b1"},
+    {"vllm": "0.9.0"},
+    {"vllm": None, "llamacpp": None},
+    None,
+]
 
 
 @st.composite
@@ -30,7 +37,10 @@ def fleets(draw):
                 cpu_cores=draw(st.one_of(st.none(), st.integers(0, 32))),
                 memory_bytes=draw(st.one_of(st.none(), st.integers(0, 64).map(lambda g: g * GIB))),
                 gpus=tuple(GpuView(j, cls, None, j in allocated) for j in range(n_gpus)),
-                engines={"vllm": "0.10.1", "llamacpp": "b1"},
+                engines=draw(st.sampled_from(ENGINE_SETS)),
+                state=draw(st.sampled_from(["Ready", "Ready", "Ready", "Unreachable", "Lost"])),
+                cordoned=draw(st.booleans()) and draw(st.booleans()),
+                labels=draw(st.sampled_from([{}, {"ram": "32g"}])),
             )
         )
     models = {}
@@ -42,9 +52,14 @@ def fleets(draw):
                 nodes=draw(st.integers(1, 2)),
                 cpu_cores=draw(st.one_of(st.none(), st.integers(1, 8))),
                 min_memory_gb=draw(st.one_of(st.none(), st.integers(1, 32))),
+                engine_version=draw(st.sampled_from([None, "0.10"])),
             )
         else:
-            prof = cpu_profile(cores=draw(st.integers(1, 16)), memory_gb=draw(st.integers(1, 32)))
+            prof = cpu_profile(
+                cores=draw(st.integers(1, 16)),
+                memory_gb=draw(st.integers(1, 32)),
+                node_selector=draw(st.sampled_from([{}, {"ram": "32g"}])),
+            )
         n = draw(st.integers(1, 4))
         models[f"m{i}"] = entry(prof, min=n, max=n)
     return nodes, models
@@ -100,3 +115,18 @@ def test_never_over_allocates(fleet):
             assert cores[name] <= node.cpu_cores
         if node.memory_bytes is not None:
             assert memory[name] <= node.memory_bytes
+
+
+@settings(max_examples=100, deadline=None)
+@given(fleets(), st.data())
+def test_fast_filters_and_words_agree(fleet, data):
+    """The placement pass uses the cheap filters; explain uses the worded ones. They must never disagree."""
+    from llmgw.placement.rooms import build_rooms, dynamic_fits, static_fits, verdict
+
+    nodes, models = fleet
+    rooms = build_rooms(nodes, [], models)
+    for view in models.values():
+        for profile in view.spec.profiles:
+            for room in rooms.values():
+                fast = static_fits(room.node, profile) and dynamic_fits(room, profile, None)
+                assert fast == verdict(room, profile, None).accepted

@@ -115,8 +115,13 @@ def test_shares_never_let_concurrent_takers_exceed_limit_plus_margin(
 
 
 async def test_two_routers_on_the_real_store(store: Store) -> None:
-    routers = [Limiter(store, clock=lambda: T0 + 1), Limiter(store, clock=lambda: T0 + 1)]
-    assert await admit_many(routers, chain(rpm=30), 80, Estimate(1)) == 30
+    """The two-router test: each router has its own connection; rpm 30 lets 30 through both together."""
+    second = await Store.open(store.dsn)
+    try:
+        routers = [Limiter(store, clock=lambda: T0 + 1), Limiter(second, clock=lambda: T0 + 1)]
+        assert await admit_many(routers, chain(rpm=30), 80, Estimate(1)) == 30
+    finally:
+        await second.close()
     assert await store.counter_taken("project:playground:requests", T0) == 30
 
 

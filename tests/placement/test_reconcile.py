@@ -327,3 +327,22 @@ def test_idle_default_stops_on_demand_replicas_without_idle_timeout():
     )
     assert d.of(StopReplica) == [StopReplica("m-cpu-1", "scale down to 0 (unused for 300s)", drain=True)]
     assert d.targets == {"m": 0}
+
+
+def test_replicas_on_lost_nodes_are_forgotten_even_when_draining_or_removed():
+    nodes = [cpu_node("a", state="Lost"), cpu_node("b")]
+    draining = replica("m-cpu-1", "m", "cpu", ("a", ()), state="draining")
+    orphan = replica("gone-cpu-1", "gone", "cpu", ("a", ()))
+    d = reconcile(
+        {"m": entry(cpu_profile(), min=0, max=1)}, nodes, [draining, orphan], now=0.0, rng=random.Random(0)
+    )
+    assert d.of(StopReplica) == [
+        StopReplica(
+            "gone-cpu-1",
+            "model gone is no longer in the cluster repo; node a is Lost",
+            drain=False,
+            forget=True,
+        ),
+        StopReplica("m-cpu-1", "node a is Lost; replaced elsewhere", drain=False, forget=True),
+    ]
+    assert d.of(StartReplica) == []  # the draining one was on its way out: not replaced

@@ -26,7 +26,7 @@ import aiohttp
 from aiohttp import web
 
 from llmgw.config.models import SecretRef
-from llmgw.publish import PublishedModel, RouterSnapshot
+from llmgw.publish import PublishedModel, RouterSnapshot, Tenants
 from llmgw.security import forbidden_address_reason
 from llmgw.store.records import UsageRecord
 from llmgw_router import breaker as brk
@@ -153,8 +153,12 @@ class Router:
         now = self.clock()
         data = []
         for name, model in table.models.items():
-            if principal.project is not None and not allowed(
-                table.snapshot.tenants, principal.project, table.names_of[name]
+            tenants = table.snapshot.tenants
+            project = principal.project
+            if (
+                project is not None
+                and _has_tenants(tenants)
+                and not allowed(tenants, project, table.names_of[name])
             ):
                 continue
             if not (model.on_demand or self._can_answer(table, name, now)):
@@ -232,8 +236,12 @@ class Router:
         call.estimate = _check_context(raw, body, model, canonical)
         call.principal = await self.auth.authenticate(request.headers.get("Authorization"))
         project = call.principal.project
-        if project is not None:
-            tenants = table.snapshot.tenants
+        tenants = table.snapshot.tenants
+        if project is not None and project not in tenants.projects and _has_tenants(tenants):
+            raise ApiError(
+                403, f"Project `{project}` is not in the cluster repo.", "unknown_project", "permission_error"
+            )
+        if project is not None and project in tenants.projects:
             if not allowed(
                 tenants, project, table.names_of[canonical] + ((name,) if name != canonical else ())
             ):
@@ -245,13 +253,6 @@ class Router:
                     param="model",
                 )
             call.chain = tenant_chain(tenants, project)
-            if call.chain is None and (tenants.projects or tenants.teams or tenants.organizations):
-                raise ApiError(
-                    403,
-                    f"Project `{project}` is not in the cluster repo.",
-                    "unknown_project",
-                    "permission_error",
-                )
             if call.chain is not None:
                 call.lease = await self.limiter.acquire(
                     call.chain, call.estimate, self._estimate_cost(model, call.estimate)
@@ -511,6 +512,11 @@ class Router:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+
+def _has_tenants(tenants: Tenants) -> bool:
+    # A snapshot with no tenants at all (a static router with a keys file) lets every key use every model.
+    return bool(tenants.projects or tenants.teams or tenants.organizations)
 
 
 def _not_ready() -> ApiError:

@@ -13,8 +13,6 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import aiohttp
-
 T = TypeVar("T")
 
 
@@ -28,7 +26,7 @@ async def wait_for(
         if isinstance(value, Awaitable):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
         await asyncio.sleep(0.02)
@@ -80,22 +78,6 @@ def start_sim(
     env = dict(os.environ, VLLM_API_KEY=key)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return SimProcess(model, port, key, proc)
-
-
-async def wait_healthy(sims: list[SimProcess], limit_s: float = 60.0) -> None:
-    async with aiohttp.ClientSession() as session:
-
-        async def up(s: SimProcess) -> bool:
-            if s.proc.poll() is not None:
-                raise AssertionError(f"sim engine for {s.model} exited with {s.proc.returncode}")
-            try:
-                async with session.get(s.base_url + "/health") as r:
-                    return r.status == 200
-            except aiohttp.ClientError:
-                return False
-
-        for s in sims:
-            await wait_for(lambda s=s: up(s), limit_s, f"sim engine {s.model} on port {s.port}")
 
 
 def endpoint(s: SimProcess, replica_id: str, slots: int | None = 8, **kw: Any) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -235,11 +234,14 @@ async def test_rate_limit_is_429_with_retry_after_and_ratelimit_headers(
 async def test_fallback_serves_and_says_so(gateway: tuple[Router, str, FakeController]) -> None:
     router, url, _ = gateway
     body = {"model": "no-replicas", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
-    async with aiohttp.ClientSession() as s, s.post(
-        url + "/v1/chat/completions",
-        json=body,
-        headers={"Authorization": f"Bearer {KEY_P1}", "x-llmgw-debug": "dbg"},
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            url + "/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {KEY_P1}", "x-llmgw-debug": "dbg"},
+        ) as r,
+    ):
         assert r.status == 200
         assert r.headers["x-llmgw-fallback"] == "sim-chat"
         assert (await r.json())["model"] == "sim-chat"
@@ -335,7 +337,7 @@ async def test_admission_queue_full_is_429_with_retry_after(sims: list[SimProces
 
 async def test_queued_request_waits_for_room_instead_of_failing(sims: list[SimProcess]) -> None:
     snap = snapshot(sims, endpoints=[endpoint(sims[0], "rep-a", slots=1)])
-    router, listeners, _ = await start_router(snap)
+    _, listeners, _ = await start_router(snap)
     url = f"http://127.0.0.1:{listeners.api_port}"
     try:
         async with client(url) as c:
@@ -387,7 +389,7 @@ async def test_engine_gets_its_own_key_never_the_clients(sims: list[SimProcess])
     # An endpoint published with the wrong engine key is refused by the engine: proof the router sends the
     # engine key (and that the client's key, which the engine does not know, is not what got through above).
     snap = snapshot(sims, endpoints=[endpoint(sims[0], "rep-a", api_key="wrong")])
-    router, listeners, _ = await start_router(snap)
+    _, listeners, _ = await start_router(snap)
     try:
         async with aiohttp.ClientSession() as s:
             body = {"model": "sim-chat", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
@@ -402,19 +404,29 @@ async def test_engine_gets_its_own_key_never_the_clients(sims: list[SimProcess])
         await listeners.close()
 
 
-async def test_health_ready_and_metrics_listener(gateway: tuple[Router, str, FakeController]) -> None:
-    router, url, _ = gateway
-    async with aiohttp.ClientSession() as s:
-        async with s.get(url + "/health") as r:
-            assert r.status == 200
-        async with s.get(url + "/ready") as r:
-            assert r.status == 200 and (await r.json())["revision"] == "test-1"
-        async with s.get(url + "/metrics") as r:
-            assert r.status == 404  # metrics live on their own listener only
-    await wait_for(
-        lambda: all(ep.sample is not None for ep in router.table.all_endpoints() if not ep.is_provider),
-        30,
-        "a scrape",
-    )  # type: ignore[union-attr]
-    text = json.dumps([ep.sample.running for ep in router.table.all_endpoints()])  # type: ignore[union-attr]
-    assert text
+async def test_health_ready_and_metrics_listener(sims: list[SimProcess]) -> None:
+    router = Router(RouterOptions(), Authenticator(keys()))
+    listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")
+    url = f"http://127.0.0.1:{listeners.api_port}"
+    try:
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/health") as r:
+                assert r.status == 200
+            async with s.get(url + "/ready") as r:
+                assert r.status == 503  # no snapshot yet
+            router.apply_snapshot(snapshot(sims))
+            async with s.get(url + "/ready") as r:
+                assert r.status == 200 and (await r.json())["revision"] == "test-1"
+            async with s.get(url + "/metrics") as r:
+                assert r.status == 404  # metrics live on their own listener only
+            table = router.table
+            assert table is not None
+            await wait_for(lambda: all(ep.sample is not None for ep in table.all_endpoints()), 30, "a scrape")
+            async with s.get(f"http://127.0.0.1:{listeners.metrics_port}/metrics") as r:
+                text = await r.text()
+        assert 'llmgw_router_endpoint_state{endpoint="rep-a",model="sim-chat",state="ready"} 1.0' in text
+        assert 'llmgw_router_endpoint_running{endpoint="rep-a",model="sim-chat"}' in text
+        assert 'llmgw_router_metrics_contract_violations{endpoint="rep-a",model="sim-chat"} 0.0' in text
+        assert 'llmgw_router_snapshot_info{revision="test-1"} 1.0' in text
+    finally:
+        await listeners.close()

@@ -15,7 +15,7 @@ PICKERS = ("max_score", "p2c", "softmax", "round_robin", "random")
 
 
 def policy(picker: str = "max_score", **weights: float) -> RoutingPolicySpec:
-    return RoutingPolicySpec(picker=picker, weights=ScorerWeights(**weights))  # type: ignore[arg-type]
+    return RoutingPolicySpec(picker=picker, weights=ScorerWeights(**weights))
 
 
 def test_queue_scorer_prefers_the_shorter_queue() -> None:
@@ -148,7 +148,7 @@ def test_pickers_return_only_filtered_endpoints_and_never_stale_while_fresh_exis
     cands: list[Candidate], picker: str, seed: int, session: str | None, excluded: set[str]
 ) -> None:
     p = RoutingPolicySpec(
-        picker=picker,  # type: ignore[arg-type]
+        picker=picker,
         weights=ScorerWeights(queue=1, kv=1, inflight=1, load=1, weight=0.5, session=2),
         session=SessionSettings(load_bound=1.25),
     )

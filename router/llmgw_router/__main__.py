@@ -1,0 +1,3 @@
+from llmgw_router.main import main
+
+main()

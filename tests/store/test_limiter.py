@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -146,3 +147,26 @@ async def test_budget_survives_a_router_restart_and_counts_recorded_usage(store:
     restarted = Limiter(store, clock=lambda: now)
     again = await restarted.admit(tenants, est)
     assert isinstance(again, Refused) and again.metric == "budget"
+
+
+@pytest.mark.postgres
+async def test_outage_rule_when_postgresql_really_stops(pg_server, pg_dsn) -> None:  # type: ignore[no-untyped-def]
+    if not pg_server.controllable:
+        pytest.skip("an external PostgreSQL (LLMGW_TEST_PG_DSN) is not ours to stop")
+    store = await Store.open(pg_dsn)
+    now = [T0]
+    router = Limiter(store, clock=lambda: now[0], policy=SharePolicy(fraction=0.1), retry_interval=1.0)
+    tenants = chain(rpm=100)
+    try:
+        assert isinstance(await router.admit(tenants, Estimate(1)), Admission)  # holds 10, spent 1
+        await asyncio.to_thread(pg_server.stop)
+        try:
+            served = [isinstance(await router.admit(tenants, Estimate(1)), Admission) for _ in range(30)]
+        finally:
+            await asyncio.to_thread(pg_server.start)
+        assert sum(served) == 9 + 10  # the held share, then one grace share, then refusals
+        now[0] += 2  # past the retry interval: the store answers again and the pool continues
+        assert isinstance(await router.admit(tenants, Estimate(1)), Admission)
+        assert await store.counter_taken("project:playground:requests", T0) == 20
+    finally:
+        await store.close()

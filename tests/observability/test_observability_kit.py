@@ -10,9 +10,7 @@ passes by skipping them.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +23,8 @@ from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 
 from llmgw.controller.metrics import ControllerMetrics
+
+from .tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "observability"
@@ -42,22 +42,9 @@ HISTOGRAM_SERIES = ("_bucket", "_sum", "_count")
 SEVERITIES = {"critical", "warning", "info"}
 
 
-def _tools_required() -> bool:
-    return any(
-        os.environ.get(name, "").lower() not in ("", "0", "false", "no")
-        for name in ("CI", "LLMGW_REQUIRE_TOOLS")
-    )
-
-
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    found = shutil.which("promtool") or ("/usr/bin/promtool" if Path("/usr/bin/promtool").exists() else None)
-    if found is None:
-        reason = "promtool not found (Debian package `prometheus`; run scripts/install-system-deps.sh)"
-        if _tools_required():
-            pytest.fail(f"{reason}; CI or LLMGW_REQUIRE_TOOLS is set, so this is an error, not a skip")
-        pytest.skip(reason)
-    return found
+    return require_tool("promtool")
 
 
 def _run(*args: str | Path) -> subprocess.CompletedProcess[str]:
@@ -367,3 +354,17 @@ def test_the_label_value_check_catches_a_renamed_state() -> None:
         ("q", 'llmgw_controller_nodes{state="Lost"} + llmgw_controller_nodes{state=~"Ready|Gone",job="x"}')
     ]
     assert _unlisted_label_values(queries, rows) == ["q: llmgw_controller_nodes{state='Gone'}"]
+
+
+def test_a_missing_tool_skips_locally_and_fails_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("LLMGW_REQUIRE_TOOLS", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="not found"):
+        require_tool("llmgw-no-such-tool")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="error, not a skip"):
+        require_tool("llmgw-no-such-tool")
+    monkeypatch.setenv("CI", "false")
+    monkeypatch.setenv("LLMGW_REQUIRE_TOOLS", "1")
+    with pytest.raises(pytest.fail.Exception):
+        require_tool("llmgw-no-such-tool")

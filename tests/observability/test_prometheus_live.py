@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import shutil
 import socket
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,6 +25,8 @@ from ruamel.yaml import YAML
 
 from llmgw.controller.metrics import ControllerMetrics
 
+from .tools import require_tool
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,24 +34,9 @@ KIT = ROOT / "observability"
 DEADLINE_S = 120.0  # Prometheus starts in well under a second when idle; the shared machine can be very busy
 
 
-def _tools_required() -> bool:
-    return any(
-        os.environ.get(name, "").lower() not in ("", "0", "false", "no")
-        for name in ("CI", "LLMGW_REQUIRE_TOOLS")
-    )
-
-
 @pytest.fixture(scope="module")
 def prometheus_bin() -> str:
-    found = shutil.which("prometheus") or (
-        "/usr/bin/prometheus" if Path("/usr/bin/prometheus").exists() else None
-    )
-    if found is None:
-        reason = "prometheus not found (Debian package `prometheus`; run scripts/install-system-deps.sh)"
-        if _tools_required():
-            pytest.fail(f"{reason}; CI or LLMGW_REQUIRE_TOOLS is set, so this is an error, not a skip")
-        pytest.skip(reason)
-    return found
+    return require_tool("prometheus")
 
 
 async def wait_for(what: str, probe: Callable[[], Awaitable[Any]], within: float = DEADLINE_S) -> Any:

@@ -98,3 +98,16 @@ def test_schemas_refuse_typos_and_literal_secrets() -> None:
     assert not Draft202012Validator(combined).is_valid(cluster)
     cluster["spec"] = {"secret": {"env": "LLMGW_SECRET"}}
     assert Draft202012Validator(combined).is_valid(cluster)
+
+
+def test_schemas_commands_write_what_is_committed(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from llmgw.cli.main import app
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["schemas", "write", str(tmp_path / "schemas")]).exit_code == 0
+    assert runner.invoke(app, ["schemas", "docs", str(tmp_path / "ref.md")]).exit_code == 0
+    for committed in SCHEMAS.glob("*.json"):
+        assert (tmp_path / "schemas" / committed.name).read_text() == committed.read_text()
+    assert (tmp_path / "ref.md").read_text() == (ROOT / "docs" / "cluster-repo.md").read_text()

@@ -8,12 +8,15 @@ Prints a small table (best and median of R passes, replicas placed, unplaced) an
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import time
+from collections.abc import Callable
 
 from llmgw.config.models import ModelSpec
-from llmgw.fleet import GIB, GpuView, ModelView, NodeView
-from llmgw.placement import place
+from llmgw.fleet import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
+from llmgw.placement import PlacementResult, place
+from llmgw.reconcile import Decision, StartReplica, reconcile
 
 CLASSES = ("h100-80g", "a100-80g", "l40s-48g")
 
@@ -86,6 +89,15 @@ def catalog(n_models: int) -> dict[str, ModelView]:
     return models
 
 
+def timed(repeat: int, fn: Callable[[], object]) -> tuple[list[float], object]:
+    times, result = [], None
+    for _ in range(repeat):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return times, result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--nodes", type=int, default=1000)
@@ -93,23 +105,40 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     nodes, models = fleet(args.nodes), catalog(args.models)
-    times = []
-    result = None
-    for _ in range(args.repeat):
-        start = time.perf_counter()
-        result = place(models, nodes, [])
-        times.append(time.perf_counter() - start)
-    assert result is not None
     wanted = sum(e.spec.scaling.min for e in models.values())
-    gpus = sum(len(s.gpus) for p in result.placements for s in p.shards)
-    median = statistics.median(times)
+
+    place_times, placed = timed(args.repeat, lambda: place(models, nodes, []))
+    assert isinstance(placed, PlacementResult)
+    running = [
+        ReplicaView(
+            p.replica_id,
+            p.model,
+            p.profile,
+            p.fingerprint,
+            tuple(ShardView(s.node, s.rank, s.gpus, "ready") for s in p.shards),
+            "ready",
+        )
+        for p in placed.placements
+    ]
+    rng = random.Random(0)
+    cold, _ = timed(args.repeat, lambda: reconcile(models, nodes, [], now=0.0, rng=rng))
+    warm, converged = timed(args.repeat, lambda: reconcile(models, nodes, running, now=0.0, rng=rng))
+    assert isinstance(converged, Decision) and not converged.of(StartReplica)
+
+    gpus = sum(len(s.gpus) for p in placed.placements for s in p.shards)
+    unplaced = sum(u.missing for u in placed.unplaced)
     print(
-        f"{'nodes':>8} {'models':>7} {'wanted':>7} {'placed':>7} {'unplaced':>9} {'gpus':>6} {'best s':>8} {'median s':>9}"
+        f"{args.nodes} nodes x 8 GPUs, {args.models} models, {wanted} replicas wanted, "
+        f"{len(placed.placements)} placed ({gpus} GPUs), {unplaced} unplaced"
     )
-    print(
-        f"{args.nodes:>8} {args.models:>7} {wanted:>7} {len(result.placements):>7} "
-        f"{sum(u.missing for u in result.unplaced):>9} {gpus:>6} {min(times):>8.3f} {median:>9.3f}"
-    )
+    print(f"{'pass':<34} {'best s':>8} {'median s':>9}")
+    for name, times in (
+        ("place, empty fleet", place_times),
+        ("reconcile, empty fleet", cold),
+        ("reconcile, converged fleet", warm),
+    ):
+        print(f"{name:<34} {min(times):>8.3f} {statistics.median(times):>9.3f}")
+    median = statistics.median(place_times)
     print(f"placement_scale: nodes={args.nodes} models={args.models} seconds={median:.3f}")
 
 

@@ -241,7 +241,8 @@ def _ranking(model: str, profile: Profile, wkey: str | None) -> Callable[[Room],
         cls = profile.gpu_class
 
         def binpack(r: Room) -> tuple[object, ...]:
-            return (r.per_model.get(model, 0), r.free_gpu_count(cls), not r.has_weights(wkey), r.name)
+            free = len(r.free_gpus.get(cls) or ()) if cls is not None else r.free_gpu_count(None)
+            return (r.per_model.get(model, 0), free, not r.has_weights(wkey), r.name)
 
         return binpack
 

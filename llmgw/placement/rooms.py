@@ -42,6 +42,7 @@ class NodeVerdict:
 class Room:
     """The free resources of one node during a pass (mutable, private to the pass)."""
 
+    name: str
     node: NodeView
     free_gpus: dict[str | None, list[int]]  # class -> free device indices, ascending
     cpu_free: int | None
@@ -51,10 +52,6 @@ class Room:
     cpu_reserved: int = 0
     mem_reserved: int = 0
     per_model: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def name(self) -> str:
-        return self.node.name
 
     def free_gpu_count(self, gpu_class: str | None) -> int:
         if gpu_class is None:
@@ -105,6 +102,7 @@ def build_rooms(
             if not gpu.allocated:
                 free.setdefault(gpu.gpu_class, []).append(gpu.index)
         rooms[node.name] = Room(
+            name=node.name,
             node=node,
             free_gpus=free,
             cpu_free=node.cpu_cores,
@@ -190,13 +188,14 @@ def fit_check(profile: Profile, weights_key: str | None) -> Callable[[Room], boo
     disk = None if profile.disk_gb is None else profile.disk_gb * GIB
 
     def fits(room: Room) -> bool:
-        if need:
-            if room.node.gpus is None:
-                return False
-            free = room.free_gpus.get(cls) if cls is not None else None
-            count = room.free_gpu_count(None) if cls is None else (len(free) if free else 0)
-            if count < need:
-                return False
+        if need:  # a node that did not report GPUs has none free
+            if cls is None:
+                if room.free_gpu_count(None) < need:
+                    return False
+            else:
+                free = room.free_gpus.get(cls)
+                if free is None or len(free) < need:
+                    return False
         if mem is not None and room.mem_free is not None and room.mem_free < mem:
             return False
         if cores is not None and room.cpu_free is not None and room.cpu_free < cores:

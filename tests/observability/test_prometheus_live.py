@@ -1,6 +1,6 @@
-"""A real Prometheus runs the shipped configuration and rules against the controller's and the router's real
-metric registries, served on loopback: the targets come up, every rule loads and evaluates without error, and
-alerts go pending from series exactly as the code exports them (label names and values included).
+"""A real Prometheus runs the shipped configuration and rules against the router's real metrics app and the
+controller's real metric registry, served on loopback: the targets come up, every rule loads and evaluates
+without error, and alerts go pending from series exactly as the code exports them.
 
 The registries are filled the way the controller and the router fill them; the processes themselves are
 exercised by their own tests and by the end-to-end test of `llmgw up`.
@@ -9,6 +9,7 @@ exercised by their own tests and by the end-to-end test of `llmgw up`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -19,7 +20,9 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from llmgw_router.metrics import RouterMetrics
+from llmgw_router.app import create_metrics_app
+from llmgw_router.errors import ApiError
+from llmgw_router.service import Router
 from prometheus_client import CollectorRegistry, generate_latest
 from ruamel.yaml import YAML
 
@@ -59,18 +62,22 @@ def _free_port() -> int:
         return port
 
 
-async def _serve(registry: CollectorRegistry) -> tuple[web.AppRunner, str]:
-    async def metrics(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(registry), content_type="text/plain", charset="utf-8")
-
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
     runner = web.AppRunner(app)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     host, port = runner.addresses[0][:2]
     return runner, f"{host}:{port}"
+
+
+def _registry_app(registry: CollectorRegistry) -> web.Application:
+    async def metrics(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(registry), content_type="text/plain", charset="utf-8")
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app
 
 
 def _config_for(targets: dict[str, str], rules: Path) -> dict[str, Any]:
@@ -85,13 +92,18 @@ def _config_for(targets: dict[str, str], rules: Path) -> dict[str, Any]:
 
 
 @pytest.fixture
-async def exporters() -> AsyncIterator[tuple[ControllerMetrics, RouterMetrics, dict[str, str]]]:
+async def exporters() -> AsyncIterator[tuple[ControllerMetrics, Router, dict[str, str]]]:
+    # The router's own metrics app; the controller's registry alone, since its app recomputes the state
+    # gauges from a running controller on every scrape (the controller's tests cover that wiring).
+    router = Router()
     controller = ControllerMetrics()
-    router = RouterMetrics(lambda: None, lambda: 0.0)
     runners = []
     targets = {}
-    for job, registry in (("llmgw-controller", controller.registry), ("llmgw-router", router.registry)):
-        runner, address = await _serve(registry)
+    for job, app in (
+        ("llmgw-controller", _registry_app(controller.registry)),
+        ("llmgw-router", create_metrics_app(router)),
+    ):
+        runner, address = await _serve(app)
         runners.append(runner)
         targets[job] = address
     yield controller, router, targets
@@ -101,7 +113,7 @@ async def exporters() -> AsyncIterator[tuple[ControllerMetrics, RouterMetrics, d
 
 @pytest.fixture
 async def prometheus(
-    prometheus_bin: str, exporters: tuple[ControllerMetrics, RouterMetrics, dict[str, str]], tmp_path: Path
+    prometheus_bin: str, exporters: tuple[ControllerMetrics, Router, dict[str, str]], tmp_path: Path
 ) -> AsyncIterator[str]:
     rules = tmp_path / "alerts.rules.yml"
     rules.write_text((KIT / "alerts.rules.yml").read_text())
@@ -142,7 +154,7 @@ async def _api(session: aiohttp.ClientSession, url: str) -> Any:
 
 
 async def test_real_prometheus_loads_the_kit_and_alerts_on_exported_series(
-    exporters: tuple[ControllerMetrics, RouterMetrics, dict[str, str]], prometheus: str
+    exporters: tuple[ControllerMetrics, Router, dict[str, str]], prometheus: str
 ) -> None:
     controller, router, _ = exporters
     # A refused revision and a Lost node, set as the controller sets them; the repo is readable and one
@@ -152,7 +164,18 @@ async def test_real_prometheus_loads_the_kit_and_alerts_on_exported_series(
     controller.sync_status.labels("OutOfSync").set(1)
     for state, count in (("Ready", 1), ("Unreachable", 0), ("Lost", 1)):
         controller.nodes.labels(state).set(count)
-    router.requests.labels("sim-chat", "200", "").inc()
+    router.metrics.requests.labels("sim-chat", "200", "").inc()
+    # A router whose admission queue is full refuses every request: through its own admission path, so the
+    # reason label is the one the code writes.
+    router.admission.queue_size = 0
+
+    async def refuse_forever() -> None:
+        while True:
+            with contextlib.suppress(ApiError):
+                await router.admission.wait("sim-chat", lambda: False, 1.0)
+            await asyncio.sleep(0.1)
+
+    refusing = asyncio.create_task(refuse_forever())
 
     async with aiohttp.ClientSession() as session:
 
@@ -174,7 +197,8 @@ async def test_real_prometheus_loads_the_kit_and_alerts_on_exported_series(
         async def pending_alerts() -> Any:
             data = await _api(session, f"{prometheus}/api/v1/alerts")
             names = {a["labels"]["alertname"] for a in data["alerts"]} if data else set()
-            return names if {"LlmgwRevisionRefused", "LlmgwNodeLost"} <= names else None
+            expected = {"LlmgwRevisionRefused", "LlmgwNodeLost", "LlmgwAdmissionQueueSaturated"}
+            return names if expected <= names else None
 
         await wait_for("both targets up", targets_up)
         rules = await wait_for("every rule evaluated once", rules_evaluated)
@@ -182,7 +206,14 @@ async def test_real_prometheus_loads_the_kit_and_alerts_on_exported_series(
         assert {r["name"] for r in rules} == {r["alert"] for g in shipped["groups"] for r in g["rules"]}
         assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 
-        names = await wait_for("LlmgwRevisionRefused and LlmgwNodeLost pending", pending_alerts)
+        try:
+            names = await wait_for(
+                "the refused revision, the lost node and the full queue to alert", pending_alerts
+            )
+        finally:
+            refusing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await refusing
         # Quiet where nothing is wrong: the repo is readable, both scrape targets answer.
         assert "LlmgwClusterRepoUnreachable" not in names
         assert "LlmgwControllerDown" not in names

@@ -15,12 +15,21 @@ import random
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel
 
 from llmgw.config.models import ModelSpec, SecretRef
-from llmgw.fleet import DesiredNode, LiveState, ModelView, NodeView, ReplicaView, ShardView
+from llmgw.fleet import (
+    DesiredNode,
+    LiveState,
+    ModelView,
+    NodeView,
+    ReplicaView,
+    ShardView,
+    desired_nodes,
+    model_views,
+)
 from llmgw.placement import Placer
 from llmgw.reconcile import RestartReplica, StartReplica, StopReplica, is_stale, reconcile
 
@@ -34,12 +43,17 @@ __all__ = [
     "ReplicaStop",
     "StaleReplica",
     "Unplaceable",
+    "exit_code",
     "make_plan",
+    "plan_for_catalog",
     "render",
     "render_json",
     "render_markdown",
     "render_text",
 ]
+
+if TYPE_CHECKING:
+    from llmgw.catalog import Catalog
 
 SECRET = "(secret)"
 ABSENT = "(absent)"
@@ -207,6 +221,16 @@ def make_plan(
         nodes=_node_changes(live, nodes),
         unplaceable=_unplaceable(decision.unplaced, desired, node_views, replicas, decision.of(StartReplica)),
     )
+
+
+def plan_for_catalog(catalog: Catalog, live: LiveState) -> Plan:
+    """The plan from `live` to a validated catalog (its models and declared nodes, its revision)."""
+    return make_plan(model_views(catalog), live, nodes=desired_nodes(catalog), revision=catalog.revision)
+
+
+def exit_code(plan: Plan) -> int:
+    """`--detailed-exitcode`, as Terraform: 0 nothing to change, 2 changes (1 is left for errors)."""
+    return 2 if plan.has_changes else 0
 
 
 def _node_views(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> tuple[NodeView, ...]:

@@ -199,6 +199,8 @@ class Placer:
             return Explanation(model, (), None, problem="not in the catalog")
         if not entry.spec.profiles:
             return Explanation(model, (), None, problem="has no profiles (served by a provider)")
+        if not self.rooms:
+            return Explanation(model, (), None, problem="no node has been seen")
         wkey = weights_key(entry.spec.source)
         profiles = tuple(self._explain_profile(p, wkey) for p in entry.spec.profiles)
         chosen = None

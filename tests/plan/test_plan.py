@@ -15,7 +15,16 @@ from placement.builders import cpu_profile, entry, gpu_profile
 
 from llmgw.config.models import ModelSpec
 from llmgw.fleet import GIB, DesiredNode, LiveGpu, LiveNode, LiveReplica, LiveShard, LiveState, ModelView
-from llmgw.plan import Plan, make_plan, render, render_json, render_markdown, render_text
+from llmgw.plan import (
+    Plan,
+    exit_code,
+    make_plan,
+    plan_for_catalog,
+    render,
+    render_json,
+    render_markdown,
+    render_text,
+)
 
 GOLDEN = Path(__file__).parent / "golden"
 CPU_ONLY = {"role": "cpu"}
@@ -236,3 +245,17 @@ def test_live_state_from_views_round_trips():
     )
     assert again.content_hash() == state.content_hash()
     assert again.node_views() == state.node_views()
+
+
+def test_plan_for_the_example_cluster_repo_against_an_empty_fleet():
+    from llmgw.config import load_repo
+
+    root = Path(__file__).parents[2] / "examples" / "cluster-repo"
+    loaded = load_repo(root, revision="abc123")
+    assert loaded.catalog is not None, loaded.errors
+    plan = plan_for_catalog(loaded.catalog, LiveState(revision=None, models={}))
+    assert {m.model for m in plan.models if m.change == "add"} == set(loaded.catalog.models)
+    assert [n.change for n in plan.nodes] == ["bootstrap"] * len(loaded.catalog.nodes)
+    assert plan.starts == () and len(plan.unplaceable) >= 1  # no node has been seen yet
+    assert exit_code(plan) == 2
+    assert exit_code(make_plan({}, LiveState())) == 0

@@ -187,26 +187,15 @@ def make_plan(
     decision = reconcile(desired, node_views, replicas, now=live.taken_at, rng=random.Random(0), mode="plan")
     by_id = {r.id: r for r in replicas}
     starts, restarts = _starts_and_restarts(decision.of(StartReplica), decision.of(RestartReplica), by_id)
-    stops = tuple(
-        ReplicaStop(
-            a.replica_id,
-            by_id[a.replica_id].model,
-            by_id[a.replica_id].profile,
-            by_id[a.replica_id].nodes,
-            a.reason,
-            a.drain,
-        )
-        for a in decision.of(StopReplica)
-    )
-    restarted = {r.replica_id for r in restarts}
+    stops = tuple(_stop(a, by_id[a.replica_id]) for a in decision.of(StopReplica))
+    leaving = {r.replica_id for r in restarts} | {s.replica_id for s in stops}
     stale = tuple(
         StaleReplica(r.id, r.model, r.profile, r.nodes, _stale_words(r, desired[r.model]))
         for r in replicas
         if r.model in desired
-        and r.id not in restarted
+        and r.id not in leaving
         and r.effective_state() not in ("stopping", "stopped")
         and is_stale(r, desired[r.model])
-        and r.id not in {s.replica_id for s in stops}
     )
     return Plan(
         revision=revision,
@@ -254,10 +243,10 @@ def _starts_and_restarts(
 ) -> tuple[tuple[ReplicaStart, ...], tuple[ReplicaRestart, ...]]:
     replacement: dict[str, StartReplica] = {}
     plain: list[ReplicaStart] = []
+    restarted = {r.replica_id for r in restarts}
     for s in starts:
-        match = re.fullmatch(r"replaces (\S+) \(stale profile\)", s.reason)
-        if match is not None:
-            replacement[match.group(1)] = s
+        if s.replaces is not None and s.replaces in restarted:
+            replacement[s.replaces] = s
             continue
         p = s.placement
         plain.append(
@@ -275,6 +264,10 @@ def _starts_and_restarts(
             )
         )
     return tuple(plain), tuple(out)
+
+
+def _stop(a: StopReplica, r: ReplicaView) -> ReplicaStop:
+    return ReplicaStop(a.replica_id, r.model, r.profile, r.nodes, a.reason, a.drain)
 
 
 def _stale_words(r: ReplicaView, view: ModelView) -> str:

@@ -53,6 +53,7 @@ _GONE = frozenset({"draining", "stopping", "stopped"})
 class StartReplica:
     placement: Placement
     reason: str
+    replaces: str | None = None  # the failed, lost or stale replica this one takes the place of
 
     @property
     def shards_in_start_order(self) -> tuple[ShardPlacement, ...]:
@@ -140,7 +141,8 @@ class _ModelPass:
     state: ModelState
     alive: list[ReplicaView] = field(default_factory=list)
     actions: list[Action] = field(default_factory=list)
-    start_reasons: list[str] = field(default_factory=list)  # one per replica to place, in order
+    # One per replica to place, in order: (reason, id of the replica it replaces or None).
+    start_reasons: list[tuple[str, str | None]] = field(default_factory=list)
     wakes: list[float] = field(default_factory=list)
     target: int = 0
 
@@ -240,13 +242,13 @@ def _failed_and_lost(
             reason = f"node {where} is Lost; replaced elsewhere"
             mp.actions.append(StopReplica(r.id, reason, drain=False, forget=True))
             if eff not in _GONE:
-                mp.start_reasons.append(f"replaces {r.id} (node {where} is Lost)")
+                mp.start_reasons.append((f"replaces {r.id} (node {where} is Lost)", r.id))
             continue
         if eff in _GONE:
             continue
         if eff == "failed":
             mp.actions.append(StopReplica(r.id, _failure_words(r), drain=False))
-            mp.start_reasons.append(f"replaces {r.id} (failed)")
+            mp.start_reasons.append((f"replaces {r.id} (failed)", r.id))
             if r.id not in state.counted:
                 failures = state.failures + 1
                 state = ModelState(
@@ -302,7 +304,7 @@ def _stale(mp: _ModelPass, mode: Mode) -> list[ReplicaView]:
     for r in candidates:
         mp.alive.remove(r)
         mp.actions.append(RestartReplica(r.id, f"profile {r.profile} changed (restart_on_profile_change)"))
-        mp.start_reasons.insert(0, f"replaces {r.id} (stale profile)")
+        mp.start_reasons.insert(0, (f"replaces {r.id} (stale profile)", r.id))
     return candidates
 
 
@@ -354,7 +356,7 @@ def _want(mp: _ModelPass, missing: int, target: int, asked: int, now: float, mod
     scaling = mp.entry.spec.scaling
     default = f"scale to min {scaling.min}" if target <= scaling.min else f"asked for ({asked} wanted)"
     reasons = mp.start_reasons[:missing]
-    reasons += [default] * (missing - len(reasons))
+    reasons += [(default, None)] * (missing - len(reasons))
     mp.start_reasons = reasons
 
 
@@ -391,7 +393,8 @@ def _place_all(passes: Sequence[_ModelPass], placer: Placer) -> dict[str, int]:
                 unplaced[name] = missing
                 del queue[name]
                 continue
-            mp.actions.append(StartReplica(placement, mp.start_reasons[i]))
+            reason, replaces = mp.start_reasons[i]
+            mp.actions.append(StartReplica(placement, reason, replaces))
             progress[name] = i + 1
             if progress[name] == len(mp.start_reasons):
                 del queue[name]

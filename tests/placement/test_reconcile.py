@@ -195,6 +195,7 @@ def test_lost_node_replicas_move_unreachable_ones_stay():
     (start,) = d.of(StartReplica)
     assert start.placement.nodes == ("c",)
     assert start.reason == f"replaces {on_a.id} (node a is Lost)"
+    assert start.replaces == on_a.id
     assert f.backoff == {}  # a lost node is not the model's failure
 
 
@@ -235,6 +236,7 @@ def test_stale_profile_is_marked_and_restarted_only_on_request():
     assert [a.replica_id for a in d.of(RestartReplica)] == ["m-cpu-1"]
     (start,) = d.of(StartReplica)
     assert start.reason == "replaces m-cpu-1 (stale profile)"
+    assert start.replaces == "m-cpu-1"
     assert start.placement.fingerprint == changed.fingerprints["cpu"]
     assert start.placement.nodes == ("c",)
     # while the replacement starts, the other stale one waits

@@ -176,9 +176,12 @@ class RunningController:
     _runners: list[web.AppRunner]
 
     async def stop(self) -> None:
+        # Open WebSockets first: the runner would otherwise wait for them to end on their own.
+        await self.controller.hub.close()
+        for ws in list(self.controller.router_sockets):
+            await ws.close()
         for runner in reversed(self._runners):
             await runner.cleanup()
-        await self.controller.hub.close()
         await self.controller.store.close()
 
 
@@ -191,6 +194,10 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     try:
         for record in await store.list_replicas():
             controller.worker_state.known_records[record.id] = record
+        ws = controller.worker_state
+        ws.expected_nodes = {n.name for n in await store.list_nodes() if n.state != "Lost"}
+        ws.settle_until = controller.clock() + settings.settle_s
+        ws.stored_nodes = {n.name: n.state for n in await store.list_nodes()}
         last = await store.last_accepted_revision()
         if last is not None:
             log.info("last applied revision in the store: %s from %s", last.sha[:12], last.source)
@@ -215,7 +222,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
 async def _serve(
     app: web.Application, hostport: tuple[str, int], ctx: ssl.SSLContext | None, runners: list[web.AppRunner]
 ) -> str:
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
     runners.append(runner)
     site = web.TCPSite(runner, hostport[0], hostport[1], ssl_context=ctx)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from llmgw.controller.desired import Desired, RepoInvalid, build_desired
 from llmgw.controller.hub import AgentHub, HubTimings
 from llmgw.controller.metrics import ControllerMetrics
@@ -91,6 +93,11 @@ class WorkerState:
     last_actions: list[str] = field(default_factory=list)
     stored_states: dict[str, str] = field(default_factory=dict)  # replica id -> state last written
     known_records: dict[str, ReplicaRecord] = field(default_factory=dict)  # from the store at start
+    # Nodes that were up before this controller started: no replica is started until they are back (or the
+    # settle window ends), so their running replicas are adopted instead of being placed a second time.
+    expected_nodes: set[str] = field(default_factory=set)
+    settle_until: float = 0.0
+    stored_nodes: dict[str, str] = field(default_factory=dict)  # node -> state last written
 
 
 @dataclass
@@ -126,6 +133,7 @@ class Controller:
         self.events = EventLog()
         self.changed = asyncio.Event()
         self.change_listeners: list[Callable[[], None]] = []
+        self.router_sockets: set[web.WebSocketResponse] = set()
         self.worker_state = WorkerState()
         self.hub = AgentHub(
             tokens=self.agent_tokens,

@@ -93,6 +93,7 @@ class AgentHub:
         self._require_client_cert = require_client_cert
         self.nodes: dict[str, NodeLink] = {}
         self.on_register: Callable[[NodeLink, Register], None] | None = None
+        self.closing = False
 
     # ---------------------------------------------------------------------------------- connection
 
@@ -118,7 +119,7 @@ class AgentHub:
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=16 * 1024 * 1024)
         await ws.prepare(request)
         peer = request.remote or "?"
-        refusal = self.authorised(request)
+        refusal = "the controller is stopping" if self.closing else self.authorised(request)
         if refusal is not None:
             log.warning("agent from %s refused: %s", peer, refusal)
             await ws.send_str(dump(Refused(reason=refusal)))
@@ -240,6 +241,7 @@ class AgentHub:
         link.pending.clear()
 
     async def close(self) -> None:
+        self.closing = True
         for link in list(self.nodes.values()):
             self._fail_pending(link, "the controller is stopping")
             if link.ws is not None:

@@ -89,7 +89,10 @@ class Reconciler:
         if result.actions:
             ws.last_actions = [_describe(a) for a in result.actions]
         c.metrics.reconcile_passes.inc()
+        settling = self._settling()
         for action in result.actions:
+            if settling and isinstance(action, StartReplica):
+                continue  # placed once the nodes that were up have had their chance to report
             if isinstance(action, StartReplica):
                 await self._start(action.placement)
             elif isinstance(action, StopReplica):
@@ -97,12 +100,22 @@ class Reconciler:
             else:
                 await self._forget(action)
         await self._persist_states()
-        wake = [d.resync_interval_s]
+        wake = [d.resync_interval_s] + ([0.5] if settling else [])
         if any(r.state == "pending" for r in replicas):
             wake.append(1.0)
         if result.wake_in is not None:
             wake.append(max(0.05, result.wake_in))
         return min(wake)
+
+    def _settling(self) -> bool:
+        ws = self.c.worker_state
+        if not ws.expected_nodes or self.c.clock() >= ws.settle_until:
+            return False
+        back = {n for n, link in self.c.hub.nodes.items() if link.connected}
+        if ws.expected_nodes <= back:
+            ws.expected_nodes = set()
+            return False
+        return True
 
     async def close(self) -> None:
         for task in list(self.tasks):
@@ -285,6 +298,15 @@ class Reconciler:
     # ---------------------------------------------------------------------------------- store
 
     async def _persist_states(self) -> None:
+        c = self.c
+        for name, link in list(c.hub.nodes.items()):
+            if c.worker_state.stored_nodes.get(name) != link.state:
+                try:
+                    inventory = link.inventory.model_dump(mode="json", by_alias=True)
+                    await c.store.upsert_node(name, link.state, inventory, c.wall())
+                    c.worker_state.stored_nodes[name] = link.state
+                except Exception as exc:
+                    log.warning("could not record node %s in the store: %s", name, exc)
         stored = self.c.worker_state.stored_states
         for rec in list(self.c.replicas.values()):
             state = views.replica_state(self.c, rec)

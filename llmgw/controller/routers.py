@@ -137,6 +137,7 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
     await ws.prepare(request)
     wake = asyncio.Event()
     c.change_listeners.append(wake.set)
+    c.router_sockets.add(ws)
     c.metrics.router_connections.inc()
     reader = asyncio.get_running_loop().create_task(_read_router(ws, c))
     try:
@@ -155,6 +156,7 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
         pass
     finally:
         c.change_listeners.remove(wake.set)
+        c.router_sockets.discard(ws)
         c.metrics.router_connections.dec()
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):

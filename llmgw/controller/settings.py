@@ -62,6 +62,9 @@ class ControllerSettings(BaseModel):
     tls_key: Path | None = None
     tls_client_ca: Path | None = Field(None, description="CA that agent client certificates must chain to")
     command_timeout_s: float = Field(30.0, gt=0, description="How long an agent has to answer a command")
+    settle_s: float = Field(
+        30.0, ge=0, description="After a start, wait this long for known nodes to reconnect before placing"
+    )
     apply_from_admin: bool = Field(True, description="Accept POST /api/v1/apply")
 
     @field_validator("listen", "metrics_listen")

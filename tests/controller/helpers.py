@@ -13,15 +13,13 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import git
 
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.settings import ControllerSettings
-
-T = TypeVar("T")
 
 CLUSTER = """\
 apiVersion: llmgw/v1
@@ -56,9 +54,7 @@ def cluster_yaml(unreachable: str = "2s", lost: str = "4s") -> str:
     return CLUSTER % {"unreachable": unreachable, "lost": lost}
 
 
-async def wait_for(
-    predicate: Callable[[], T | Awaitable[T]], limit_s: float = 30.0, what: str = "condition"
-) -> T:
+async def wait_for(predicate: Callable[[], Any], limit_s: float = 30.0, what: str = "condition") -> Any:
     """Poll `predicate` (sync or async) until it returns something truthy; fail naming `what` at the deadline."""
     deadline = time.monotonic() + limit_s
     last: Any = None
@@ -67,7 +63,7 @@ async def wait_for(
         if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
             value = await value
         if value:
-            return value  # type: ignore[return-value]
+            return value
         last = value
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {limit_s}s waiting for {what} (last: {last!r})")
@@ -116,7 +112,10 @@ class Admin:
             return await r.json()
 
     async def post(self, path: str, body: Any = None, expect: int | None = None) -> Any:
-        async with aiohttp.ClientSession() as s, s.post(self.url + path, json=body, headers=self.headers) as r:
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(self.url + path, json=body, headers=self.headers) as r,
+        ):
             if expect is not None:
                 assert r.status == expect, f"POST {path}: {r.status} {await r.text()}"
             return await r.json()

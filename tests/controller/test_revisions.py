@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -12,20 +13,20 @@ import pytest
 from llmgw.config import content_hash
 from llmgw.controller.core import short
 
-from .helpers import Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
+from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
 
 BROKEN = model_yaml("sim-b").replace("context_length: 4096", "context_length: 4096\n  colour: blue")
 
 
-async def test_directory_revision_refused_then_fixed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+async def test_directory_revision_refused_then_fixed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     repo = Repo(tmp_path / "repo", use_git=False)
     repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)})
     running, admin = await start(settings_for(tmp_path, repo.path))
     try:
         good = content_hash(repo.path)
-        status = await wait_for(
-            lambda: _applied(admin, good), what="the first revision applied"
-        )
+        status = await wait_for(lambda: _applied(admin, good), what="the first revision applied")
         assert status["sync"] == "Synced"
         assert [m["model"] for m in status["models"]] == ["sim-a"]
 
@@ -58,7 +59,9 @@ async def test_directory_revision_refused_then_fixed(tmp_path: Path, caplog: pyt
 
 async def test_git_source_follows_the_branch_and_survives_an_unreachable_remote(tmp_path: Path) -> None:
     repo = Repo(tmp_path / "origin", use_git=True)
-    first = repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)}, "first")
+    first = repo.write(
+        {"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)}, "first"
+    )
     settings = settings_for(tmp_path, repo.path, poll_s=3600.0)  # only the webhook makes it poll again
     running, admin = await start(settings)
     try:
@@ -66,7 +69,9 @@ async def test_git_source_follows_the_branch_and_survives_an_unreachable_remote(
         second = repo.write({"models/b.yaml": model_yaml("sim-b", min_=0)}, "add sim-b")
         async with aiohttp.ClientSession() as s, s.post(running.url + "/api/v1/webhook") as r:
             assert r.status == 202
-        status = await wait_for(lambda: _applied(admin, second), what="the second commit applied after the webhook")
+        status = await wait_for(
+            lambda: _applied(admin, second), what="the second commit applied after the webhook"
+        )
         assert status["applied"]["source"].startswith("git ")
 
         bad = repo.write({"models/c.yaml": BROKEN.replace("sim-b", "sim-c")}, "broken")
@@ -118,21 +123,21 @@ async def test_admin_needs_the_token_and_apply_takes_a_directory(tmp_path: Path)
         await running.stop()
 
 
-async def _applied(admin, revision: str):  # type: ignore[no-untyped-def]
+async def _applied(admin: Admin, revision: str) -> Any:
     status = await admin.get("/api/v1/status")
     return status if status["applied"] and status["applied"]["revision"] == revision else None
 
 
-async def _refused(admin, revision: str):  # type: ignore[no-untyped-def]
+async def _refused(admin: Admin, revision: str) -> Any:
     status = await admin.get("/api/v1/status")
     return status if status["refused"] and status["refused"]["revision"] == revision else None
 
 
-async def _status_where(admin, predicate):  # type: ignore[no-untyped-def]
+async def _status_where(admin: Admin, predicate: Any) -> Any:
     status = await admin.get("/api/v1/status")
     return status if predicate(status) else None
 
 
-async def _seen_after(admin, at: float, polls: int) -> bool:  # type: ignore[no-untyped-def]
+async def _seen_after(admin: Admin, at: float, polls: int) -> bool:
     status = await admin.get("/api/v1/status")
     return bool(status["seen"]["at"] > at + polls * 0.2)

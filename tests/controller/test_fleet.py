@@ -1,0 +1,202 @@
+"""The controller with real agents (several on this machine, fake inventories) and sim engines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Fleet:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.repo = Repo(tmp / "origin", use_git=True)
+        self.port = free_port()
+        self.settings = settings_for(tmp, self.repo.path, listen=f"127.0.0.1:{self.port}")
+        self.agents = Agents(tmp, tmp / "token")
+        self.running: Any = None
+        self.admin: Admin | None = None
+
+    async def start_controller(self) -> Admin:
+        self.running, self.admin = await start(self.settings)
+        return self.admin
+
+    async def stop_controller(self) -> None:
+        if self.running is not None:
+            await self.running.stop()
+            self.running = None
+
+    def start_agent(self, node: str) -> None:
+        self.agents.start(node, f"127.0.0.1:{self.port}")
+
+    async def wait_ready(self, model: str, count: int, what: str = "") -> list[dict[str, Any]]:
+        assert self.admin is not None
+        admin = self.admin
+
+        async def ready() -> list[dict[str, Any]] | None:
+            items = await admin.replicas(model)
+            good = [r for r in items if r["state"] == "ready"]
+            return good if len(good) == count and len(items) == count else None
+
+        found: list[dict[str, Any]] = await wait_for(ready, 60, what or f"{count} ready replicas of {model}")
+        return found
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    f = Fleet(tmp_path)
+    try:
+        yield f
+    finally:
+        await f.stop_controller()
+        f.agents.cleanup()
+
+
+async def _bring_up(fleet: Fleet, nodes: list[str], lost: str = "4s") -> Admin:
+    """Controller on a repo with no models, agents connected, then the model committed (so placement sees
+    every node, as it would on a running cluster)."""
+    fleet.repo.write({"cluster.yaml": cluster_yaml(unreachable="2s", lost=lost)}, "cluster")
+    admin = await fleet.start_controller()
+    for node in nodes:
+        fleet.start_agent(node)
+
+    async def all_ready() -> bool:
+        return all([await admin.node_state(n) == "Ready" for n in nodes])
+
+    await wait_for(all_ready, 30, f"nodes {nodes} Ready")
+    return admin
+
+
+async def test_min_two_placed_on_two_nodes_replaced_after_kill_and_stopped_on_removal(fleet: Fleet) -> None:
+    admin = await _bring_up(fleet, ["n1", "n2"])
+    fleet.repo.write({"models/a.yaml": model_yaml("sim-a", min_=2)}, "add sim-a")
+    ready = await fleet.wait_ready("sim-a", 2)
+    assert sorted(r["node"] for r in ready) == ["n1", "n2"]
+    assert all(r["pid"] and pid_alive(r["pid"]) for r in ready)
+
+    # Routers are told: the snapshot carries both endpoints, each with the key its engine demands.
+    snap = await _router_snapshot(fleet, lambda s: len(s["endpoints"]) == 2)
+    assert {e["replica_id"] for e in snap["endpoints"]} == {r["id"] for r in ready}
+    endpoint = snap["endpoints"][0]
+    async with aiohttp.ClientSession() as s:
+        async with s.get(endpoint["base_url"] + "/v1/models") as r:
+            assert r.status == 401  # the engine refuses anyone without its key
+        headers = {"Authorization": f"Bearer {endpoint['api_key']}"}
+        async with s.get(endpoint["base_url"] + "/v1/models", headers=headers) as r:
+            assert r.status == 200
+
+    victim = ready[0]
+    os.kill(victim["pid"], signal.SIGKILL)
+    replaced = await wait_for(
+        lambda: _ready_without(admin, "sim-a", victim["id"], 2), 60, "the killed replica replaced"
+    )
+    assert victim["id"] not in {r["id"] for r in replaced}
+    events = (await admin.get("/api/v1/events"))["events"]
+    assert any(e["kind"] == "replica_failed" and e["object"] == victim["id"] for e in events)
+
+    pids = [r["pid"] for r in replaced]
+    fleet.repo.write({"models/a.yaml": None}, "remove sim-a")
+    await wait_for(lambda: _none_of(admin, "sim-a"), 60, "sim-a's replicas stopped")
+    await wait_for(lambda: not any(pid_alive(p) for p in pids), 30, "the engines gone")
+
+
+async def test_stopped_agent_goes_unreachable_then_lost_and_its_replicas_move(fleet: Fleet) -> None:
+    admin = await _bring_up(fleet, ["n1", "n2", "n3"], lost="5s")
+    fleet.repo.write({"models/a.yaml": model_yaml("sim-a", min_=2)}, "add sim-a")
+    ready = await fleet.wait_ready("sim-a", 2)
+    gone = ready[0]["node"]
+    fleet.agents.stop(gone, signal.SIGKILL)  # silent, as a machine that lost its network
+
+    await wait_for(lambda: _node_is(admin, gone, "Unreachable"), 30, f"{gone} Unreachable")
+    # Unreachable is not Lost: its replica is kept, nothing is started in its place yet.
+    items = await admin.replicas("sim-a")
+    assert {r["id"] for r in items} == {r["id"] for r in ready}
+    await wait_for(lambda: _node_is(admin, gone, "Lost"), 30, f"{gone} Lost")
+
+    moved = await fleet.wait_ready("sim-a", 2, "sim-a ready again without the lost node")
+    assert gone not in {r["node"] for r in moved}
+    assert len({r["node"] for r in moved}) == 2
+    metrics = await admin.metrics()
+    assert 'llmgw_controller_nodes{state="Lost"} 1.0' in metrics
+
+
+async def test_controller_restart_adopts_running_engines(fleet: Fleet) -> None:
+    admin = await _bring_up(fleet, ["n1", "n2"])
+    fleet.repo.write({"models/a.yaml": model_yaml("sim-a", min_=2)}, "add sim-a")
+    before = {r["id"]: r["pid"] for r in await fleet.wait_ready("sim-a", 2)}
+
+    await fleet.stop_controller()
+    admin = await fleet.start_controller()
+
+    async def adopted() -> list[dict[str, Any]] | None:
+        items = await admin.replicas("sim-a")
+        ok = len(items) == 2 and all(r["adopted"] and r["state"] == "ready" for r in items)
+        return items if ok else None
+
+    items = await wait_for(adopted, 60, "both replicas adopted")
+    assert {r["id"]: r["pid"] for r in items} == before
+    # Several passes later nothing was restarted or added.
+    passes = (await admin.get("/api/v1/status"))["reconcile"]["passes"]
+    await wait_for(lambda: _passes_over(admin, passes + 3), 30, "three more reconcile passes")
+    assert {r["id"]: r["pid"] for r in await admin.replicas("sim-a")} == before
+    assert all(pid_alive(p) for p in before.values())
+    events = (await admin.get("/api/v1/events"))["events"]
+    assert not any(e["kind"] == "replica_start" for e in events)
+    assert sum(e["kind"] == "replica_adopted" for e in events) == 2
+
+
+async def _router_snapshot(fleet: Fleet, predicate: Any) -> dict[str, Any]:
+    assert fleet.running is not None
+    url = fleet.running.url + "/router/v1"
+    headers = {"Authorization": f"Bearer {fleet.running.admin_token}"}
+    async with aiohttp.ClientSession() as s, s.ws_connect(url, headers=headers) as ws:
+        while True:
+            msg = await ws.receive(timeout=30)
+            assert msg.type == aiohttp.WSMsgType.TEXT, msg
+            snap: dict[str, Any] = json.loads(msg.data)
+            if predicate(snap):
+                return snap
+
+
+async def _ready_without(admin: Admin, model: str, gone: str, count: int) -> list[dict[str, Any]] | None:
+    items = await admin.replicas(model)
+    ready = [r for r in items if r["state"] == "ready"]
+    ok = len(items) == count and len(ready) == count and gone not in {r["id"] for r in items}
+    return ready if ok else None
+
+
+async def _none_of(admin: Admin, model: str) -> bool:
+    return not await admin.replicas(model)
+
+
+async def _node_is(admin: Admin, node: str, state: str) -> bool:
+    return await admin.node_state(node) == state
+
+
+async def _passes_over(admin: Admin, n: int) -> bool:
+    return bool((await admin.get("/api/v1/status"))["reconcile"]["passes"] >= n)

@@ -128,8 +128,16 @@ class Placer:
         self.models = models
         self.rooms: dict[str, Room] = build_rooms(nodes, replicas, models)
         self._ordered = list(self.rooms.values())
-        self._static: dict[tuple[object, ...], list[Room]] = {}
+        self._static: dict[tuple[object, ...], tuple[list[Room], frozenset[str]]] = {}
+        # GPU class -> free count -> rooms: bin-packing looks at the fullest rooms first and can stop there.
+        self._buckets: dict[str, dict[int, dict[str, Room]]] = {}
+        for room in self._ordered:
+            for cls, free in room.free_gpus.items():
+                if cls is not None:
+                    self._buckets.setdefault(cls, {}).setdefault(len(free), {})[room.name] = room
         self.new_id = new_id or sequential_ids(r.id for r in replicas)
+
+    use_buckets = True  # tests turn it off to hold the bucketed search to the plain one
 
     # ------------------------------------------------------------------------------------------ placing
 
@@ -148,7 +156,9 @@ class Placer:
                 ShardPlacement(r.name, rank, g) for rank, (r, g) in enumerate(zip(rooms, gpus, strict=True))
             )
             for room, taken in zip(rooms, gpus, strict=True):
+                before = {cls: len(free) for cls, free in room.free_gpus.items()}
                 room.take(model, profile, taken, wkey)
+                self._rebucket(room, before)
             return Placement(
                 replica_id=self.new_id(model, profile.name),
                 model=model,
@@ -159,7 +169,16 @@ class Placer:
             )
         return None
 
-    def _candidates(self, profile: Profile, wkey: str | None) -> list[Room]:
+    def _rebucket(self, room: Room, before: Mapping[str | None, int]) -> None:
+        for cls, free in room.free_gpus.items():
+            if cls is None or before.get(cls) == len(free):
+                continue
+            buckets = self._buckets[cls]
+            buckets[before[cls]].pop(room.name, None)
+            buckets.setdefault(len(free), {})[room.name] = room
+
+    def _static_fit(self, profile: Profile) -> tuple[list[Room], frozenset[str]]:
+        """The rooms passing the filters that do not change in a pass, once per profile shape."""
         key = (
             profile.engine,
             profile.engine_version,
@@ -167,26 +186,56 @@ class Placer:
             profile.gpu_class,
             gpus_needed(profile),
         )
-        static = self._static.get(key)
-        if static is None:
-            static = [r for r in self._ordered if static_fits(r.node, profile)]
-            self._static[key] = static
+        found = self._static.get(key)
+        if found is None:
+            rooms = [r for r in self._ordered if static_fits(r.node, profile)]
+            found = (rooms, frozenset(r.name for r in rooms))
+            self._static[key] = found
+        return found
+
+    def _candidates(self, profile: Profile, wkey: str | None) -> list[Room]:
         fits = fit_check(profile, wkey)
-        return [r for r in static if fits(r)]
+        return [r for r in self._static_fit(profile)[0] if fits(r)]
+
+    def _binpack_one(self, model: str, profile: Profile, wkey: str | None) -> Room | None:
+        """The room `min(candidates, key=binpack)` would give, looking at the fullest rooms first: a room
+        without a replica of this model in the lowest bucket that has one cannot be beaten further up."""
+        assert profile.gpu_class is not None
+        static = self._static_fit(profile)[1]
+        fits = fit_check(profile, wkey)
+        rank = _ranking(model, profile, wkey)
+        buckets = self._buckets.get(profile.gpu_class, {})
+        best: tuple[tuple[object, ...], Room] | None = None
+        for count in sorted(c for c in buckets if c >= gpus_needed(profile)):
+            for room in buckets[count].values():
+                if room.name in static and fits(room):
+                    key = rank(room)
+                    if best is None or key < best[0]:
+                        best = (key, room)
+            if best is not None and best[0][0] == 0:
+                break
+        return None if best is None else best[1]
 
     def _choose(
         self, model: str, profile: Profile, wkey: str | None
     ) -> tuple[list[Room], list[tuple[int, ...]], str] | None:
-        candidates = self._candidates(profile, wkey)
-        if not candidates:
-            return None
         rank = _ranking(model, profile, wkey)
-        if profile.nodes > 1:
-            rooms = _pick_fabric(candidates, profile.nodes, rank)
-            if rooms is None:
+        if profile.nodes == 1 and profile.gpu_class is not None and self.use_buckets:
+            room = self._binpack_one(model, profile, wkey)
+            if room is None:
                 return None
+            rooms = [room]
         else:
-            rooms = [min(candidates, key=rank)]
+            candidates = self._candidates(profile, wkey)
+            if not candidates:
+                return None
+            if profile.nodes > 1:
+                picked = _pick_fabric(candidates, profile.nodes, rank)
+                if picked is None:
+                    return None
+                rooms = picked
+            else:
+                rooms = [min(candidates, key=rank)]
         gpus = [_pick_gpus(r, profile) for r in rooms]
         return rooms, gpus, _why(model, profile, rooms, wkey)
 

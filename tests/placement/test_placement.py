@@ -278,3 +278,11 @@ def test_fast_filters_agree_with_the_words():
         for room in rooms.values():
             fast = static_fits(room.node, profile) and dynamic_fits(room, profile, None)
             assert fast == verdict(room, profile, None).accepted, (profile.name, room.name)
+
+
+def test_bucketed_search_prefers_an_emptier_node_without_the_model():
+    """The fullest bucket holds a node with this model already; a node further up without it wins."""
+    models = {"m": entry(gpu_profile(gpus=2), min=3, max=3)}
+    nodes = [gpu_node("a"), gpu_node("b", allocated=(0,)), gpu_node("c", allocated=(0, 1, 2))]
+    placed = [p.nodes[0] for p in place(models, nodes, []).placements]
+    assert placed == ["c", "b", "a"]

@@ -130,3 +130,16 @@ def test_fast_filters_and_words_agree(fleet, data):
             for room in rooms.values():
                 fast = static_fits(room.node, profile) and dynamic_fits(room, profile, None)
                 assert fast == verdict(room, profile, None).accepted
+
+
+@settings(max_examples=100, deadline=None)
+@given(fleets())
+def test_bucketed_bin_pack_chooses_as_the_plain_search_does(fleet):
+    from llmgw.placement import Placer
+
+    nodes, models = fleet
+    fast, plain = Placer(models, nodes, []), Placer(models, nodes, [])
+    plain.use_buckets = False
+    for _round in range(3):
+        for name in sorted(models):
+            assert fast.place_one(name) == plain.place_one(name)

@@ -61,6 +61,8 @@ class ReplicaRec:
     shards: tuple[ShardPlacement, ...]
     adopted: bool = False
     stopping: bool = False
+    draining: bool = False
+    stale: bool = False
     error: str = ""
     start_sent_at: float = 0.0
     ready_since: float | None = None
@@ -83,8 +85,9 @@ class ReplicaRec:
 class WorkerState:
     """What the reconcile worker carries between passes (touched only by it and the demand endpoints)."""
 
-    demand: dict[str, float] = field(default_factory=dict)  # model -> monotonic time of last demand
-    used: dict[str, float] = field(default_factory=dict)  # model -> monotonic time last used by a router
+    demand: dict[str, float] = field(default_factory=dict)  # model -> wall time of the last demand
+    used: dict[str, float] = field(default_factory=dict)  # model -> wall time last used through a router
+    waits: dict[str, str] = field(default_factory=dict)  # model -> why nothing is done for it now
     backoff: dict[str, ModelState] = field(default_factory=dict)
     unplaceable: dict[str, dict[str, str]] = field(default_factory=dict)
     targets: dict[str, int] = field(default_factory=dict)

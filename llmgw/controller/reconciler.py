@@ -12,17 +12,27 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from llmgw_agent.protocol import Register, ShardSpec, WeightSource
 
 from llmgw.controller import views
 from llmgw.controller.core import Controller, ReplicaRec
-from llmgw.controller.decide import ForgetReplica, StartReplica, StopReplica, next_backoff, reconcile
 from llmgw.controller.hub import AgentError, NodeLink
 from llmgw.controller.secrets import SecretError
+from llmgw.fleet import NodeView, ReplicaView
 from llmgw.placement import Placement, ShardPlacement
+from llmgw.placement import explain as placement_explain
+from llmgw.reconcile import (
+    BackoffPolicy,
+    MarkStale,
+    RestartReplica,
+    StartReplica,
+    StopReplica,
+    Wait,
+    reconcile,
+)
 from llmgw.security import engine_key
 from llmgw.store.records import ReplicaRecord
 
@@ -30,6 +40,7 @@ log = logging.getLogger("llmgw.controller.reconcile")
 
 STOP_RETRY_S = 5.0
 ADOPTABLE = frozenset({"fetching", "starting", "ready"})
+DEMAND_FRESH_S = 60.0  # a router's demand for an on-demand model, before a replica exists, counts this long
 
 
 def new_replica_id(model: str, profile: str) -> str:
@@ -65,47 +76,85 @@ class Reconciler:
         if d is None:
             return 5.0
         ws = c.worker_state
+        now = c.wall()
+        nodes = views.node_views(c)
         replicas = views.replica_views(c)
         for r in replicas:
             rec = c.replicas.get(r.id)
-            if r.effective_state() == "ready" and rec is not None:
-                ws.backoff.pop(r.model, None)
-                if rec.ready_since is None:
-                    rec.ready_since = c.wall()
-        result = reconcile(
-            d,
-            views.node_views(c),
+            if rec is not None and rec.ready_since is None and r.effective_state() == "ready":
+                rec.ready_since = now
+        decision = reconcile(
+            d.fleet_models,
+            nodes,
             replicas,
-            now=c.clock(),
-            demand=ws.demand,
-            used=ws.used,
+            now=now,
+            rng=self.rng,
             backoff=ws.backoff,
+            last_used=self._last_used(),
+            demand=self._demand(now),
+            policy=BackoffPolicy(base=c.settings.backoff_base_s),
             new_id=new_replica_id,
         )
+        ws.backoff = dict(decision.backoff)
+        ws.targets = dict(decision.targets)
         ws.passes += 1
-        ws.last_pass_at = c.wall()
-        ws.unplaceable = {k: dict(v) for k, v in result.unplaceable.items()}
-        ws.targets = dict(result.targets)
-        if result.actions:
-            ws.last_actions = [_describe(a) for a in result.actions]
+        ws.last_pass_at = now
+        ws.waits = {a.model: a.reason for a in decision.actions if isinstance(a, Wait)}
+        ws.unplaceable = self._why_unplaced(decision.unplaced, nodes, replicas)
+        acting = [a for a in decision.actions if not isinstance(a, Wait)]
+        if acting:
+            ws.last_actions = [_describe(a) for a in acting]
         c.metrics.reconcile_passes.inc()
         settling = self._settling()
-        for action in result.actions:
-            if settling and isinstance(action, StartReplica):
-                continue  # placed once the nodes that were up have had their chance to report
+        for action in acting:
             if isinstance(action, StartReplica):
-                await self._start(action.placement)
+                if not settling:  # placed once the nodes that were up have had their chance to report
+                    await self._start(action)
             elif isinstance(action, StopReplica):
-                await self._stop(action)
-            else:
-                await self._forget(action)
+                await self._stop(action.replica_id, action.reason, drain=action.drain, forget=action.forget)
+            elif isinstance(action, RestartReplica):
+                await self._stop(action.replica_id, action.reason, drain=True, forget=False)
+            elif isinstance(action, MarkStale):
+                await self._mark_stale(action)
         await self._persist_states()
         wake = [d.resync_interval_s] + ([0.5] if settling else [])
         if any(r.state == "pending" for r in replicas):
             wake.append(1.0)
-        if result.wake_in is not None:
-            wake.append(max(0.05, result.wake_in))
+        if decision.wake_at is not None:
+            wake.append(max(0.05, decision.wake_at - now))
         return min(wake)
+
+    def _demand(self, now: float) -> dict[str, int]:
+        """A model asked for recently, with nothing running yet, wants one replica (the router's signal)."""
+        c = self.c
+        running = {r.model for r in c.replicas.values() if not r.stopping}
+        return {
+            m: 1 for m, at in c.worker_state.demand.items() if now - at < DEMAND_FRESH_S and m not in running
+        }
+
+    def _last_used(self) -> dict[str, float]:
+        ws = self.c.worker_state
+        return {m: max(ws.used.get(m, 0.0), ws.demand.get(m, 0.0)) for m in {*ws.used, *ws.demand}}
+
+    def _why_unplaced(
+        self, unplaced: Mapping[str, int], nodes: list[NodeView], replicas: list[ReplicaView]
+    ) -> dict[str, dict[str, str]]:
+        d = self.c.desired
+        out: dict[str, dict[str, str]] = {}
+        if d is None:
+            return out
+        for model in unplaced:
+            found = placement_explain(model, d.fleet_models, nodes, replicas)
+            reasons: dict[str, str] = {}
+            for profile, by_node in found.rejections().items():
+                for node, why in by_node.items():
+                    reasons.setdefault(node, f"{profile}: {why}")
+            if not nodes:
+                reasons["*"] = "no node is connected"
+            if found.problem:
+                reasons["*"] = found.problem
+            out[model] = reasons
+        return out
 
     def _settling(self) -> bool:
         ws = self.c.worker_state
@@ -131,14 +180,18 @@ class Reconciler:
 
     # ---------------------------------------------------------------------------------- actions
 
-    async def _start(self, placement: Placement) -> None:
+    async def _start(self, action: StartReplica) -> None:
+        placement = action.placement
         c = self.c
         d = c.desired
         assert d is not None
         try:
             key = engine_key(c.cluster_secret().encode(), placement.replica_id)
         except SecretError as exc:
-            self._fail_model(placement.model, placement.replica_id, f"cannot start {placement.model}: {exc}")
+            # Nothing was started, so the next pass (at the latest the resync) decides to start it again.
+            c.metrics.reconcile_errors.inc()
+            c.worker_state.waits[placement.model] = f"cannot start: {exc}"
+            log.warning("cannot start a replica of %s: %s", placement.model, exc)
             return
         rec = ReplicaRec(
             id=placement.replica_id,
@@ -200,24 +253,37 @@ class Reconciler:
             await c.event("replica_start_failed", rec.id, str(exc))
         c.notify("start sent")
 
-    async def _stop(self, action: StopReplica) -> None:
+    async def _stop(self, replica_id: str, reason: str, *, drain: bool, forget: bool) -> None:
         c = self.c
-        rec = c.replicas.get(action.replica_id)
-        if rec is None:
+        rec = c.replicas.get(replica_id)
+        if rec is None or rec.stopping:
             return
-        if action.failed:
-            ws = c.worker_state
-            ws.backoff[rec.model] = next_backoff(ws.backoff.get(rec.model), rec.id, c.clock(), self.rng)
+        if forget:
+            await c.event("replica_lost", rec.id, reason)
+            await self._drop(rec)
+            return
+        if views.replica_view(c, rec).effective_state() == "failed":
             status = views.shard_status(c, rec)
             detail = rec.error or (status.message if status else "") or "engine exited"
-            wait = ws.backoff[rec.model].not_before - c.clock()
-            await c.event("replica_failed", rec.id, f"{detail}; a replacement is placed in {wait:.1f}s")
+            await c.event("replica_failed", rec.id, f"{reason}: {detail}")
         rec.stopping = True
-        await c.event("replica_stop", rec.id, action.reason)
+        rec.draining = drain
+        await c.event("replica_stop", rec.id, reason + (" (draining first)" if drain else ""))
+        c.notify("replica stopping")  # routers drop it from their endpoints now
         self._spawn(self._send_stop(rec))
+
+    async def _mark_stale(self, action: MarkStale) -> None:
+        rec = self.c.replicas.get(action.replica_id)
+        if rec is not None and not rec.stale:
+            rec.stale = True
+            await self.c.event("replica_stale", rec.id, action.reason or "stale profile")
 
     async def _send_stop(self, rec: ReplicaRec) -> None:
         c = self.c
+        if rec.draining:
+            # Routers were told to stop sending it requests; those in flight get this long to finish.
+            await asyncio.sleep(c.settings.drain_s)
+            rec.draining = False
         pending = sorted(rec.shards, key=lambda s: s.rank)
         while pending and rec.id in c.replicas:
             shard = pending[0]
@@ -236,12 +302,6 @@ class Reconciler:
         await self._drop(rec)
         c.notify("replica stopped")
 
-    async def _forget(self, action: ForgetReplica) -> None:
-        rec = self.c.replicas.get(action.replica_id)
-        if rec is not None:
-            await self.c.event("replica_lost", rec.id, action.reason)
-            await self._drop(rec)
-
     async def _drop(self, rec: ReplicaRec) -> None:
         c = self.c
         if c.replicas.get(rec.id) is not rec:
@@ -256,12 +316,6 @@ class Reconciler:
             await c.store.delete_replica(rec.id)
         except Exception as exc:
             log.warning("could not delete replica %s from the store: %s", rec.id, exc)
-
-    def _fail_model(self, model: str, replica_id: str, message: str) -> None:
-        ws = self.c.worker_state
-        ws.backoff[model] = next_backoff(ws.backoff.get(model), replica_id, self.c.clock(), self.rng)
-        self.c.metrics.reconcile_errors.inc()
-        log.warning("%s", message)
 
     # ---------------------------------------------------------------------------------- adoption
 
@@ -333,10 +387,14 @@ class Reconciler:
             log.warning("could not record replica %s in the store: %s", rec.id, exc)
 
 
-def _describe(action: StartReplica | StopReplica | ForgetReplica) -> str:
+def _describe(action: StartReplica | StopReplica | RestartReplica | MarkStale | Wait) -> str:
     if isinstance(action, StartReplica):
         p = action.placement
-        return f"start {p.replica_id} ({p.model}/{p.profile}) on {', '.join(p.nodes)}"
+        return f"start {p.replica_id} ({p.model}/{p.profile}) on {', '.join(p.nodes)}: {action.reason}"
     if isinstance(action, StopReplica):
-        return f"stop {action.replica_id}: {action.reason}"
-    return f"forget {action.replica_id}: {action.reason}"
+        return f"{'forget' if action.forget else 'stop'} {action.replica_id}: {action.reason}"
+    if isinstance(action, RestartReplica):
+        return f"restart {action.replica_id}: {action.reason}"
+    if isinstance(action, MarkStale):
+        return f"mark {action.replica_id} stale: {action.reason}"
+    return f"wait {action.model}: {action.reason}"

@@ -186,7 +186,7 @@ def note_usage(c: Controller, models: Any) -> int:
     for name in names:
         view = d.resolve(str(name)) if d else None
         if view is not None:
-            c.worker_state.used[view.name] = c.clock()
+            c.worker_state.used[view.name] = c.wall()
             known += 1
     return known
 
@@ -198,7 +198,7 @@ def note_demand(c: Controller, name: str) -> str | None:
     if view is None:
         return None
     first = view.name not in c.worker_state.demand
-    c.worker_state.demand[view.name] = c.clock()
+    c.worker_state.demand[view.name] = c.wall()
     if first or not any(r.model == view.name for r in c.replicas.values()):
         c.notify(f"demand for {view.name}")
     return view.name

@@ -65,6 +65,8 @@ class ControllerSettings(BaseModel):
     settle_s: float = Field(
         30.0, ge=0, description="After a start, wait this long for known nodes to reconnect before placing"
     )
+    drain_s: float = Field(10.0, ge=0, description="A replica scaled down gets this long to finish requests")
+    backoff_base_s: float = Field(5.0, gt=0, description="First delay before replacing a failed replica")
     apply_from_admin: bool = Field(True, description="Accept POST /api/v1/apply")
 
     @field_validator("listen", "metrics_listen")

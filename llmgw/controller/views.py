@@ -11,10 +11,6 @@ from llmgw_agent.protocol import ShardStatus
 
 from llmgw.fleet import (
     GpuView,
-    LiveGpu,
-    LiveNode,
-    LiveReplica,
-    LiveShard,
     LiveState,
     NodeView,
     ReplicaState,
@@ -47,7 +43,9 @@ def replica_view(c: Controller, rec: ReplicaRec) -> ReplicaView:
             state = "failed" if status.state == "stopped" and not rec.stopping else status.state
         shards.append(ShardView(placed.node, placed.rank, placed.gpus, state))
     overall: ReplicaState = "starting"
-    if rec.stopping:
+    if rec.draining:
+        overall = "draining"
+    elif rec.stopping:
         overall = "stopping"
     elif rec.error:
         overall = "failed"
@@ -63,7 +61,7 @@ def replica_view(c: Controller, rec: ReplicaRec) -> ReplicaView:
         state=overall,
         created_at=rec.created_at,
         adopted=rec.adopted,
-        stale=stale(c, rec),
+        stale=rec.stale,
         ready_since=rec.ready_since,
     )
 
@@ -148,17 +146,15 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
     """Argo CD's words: Healthy, Progressing, Degraded, Missing."""
     d = c.desired
     assert d is not None
-    from llmgw.controller.decide import model_target
-
     model = d.models[name]
     states = [replica_state(c, r) for r in c.replicas.values() if r.model == name]
     ready = states.count("ready")
     live = sum(1 for s in states if s in ACTIVE_STATES)
     ws = c.worker_state
-    target = model_target(d, name, ws.demand, ws.used, c.clock())
+    target = ws.targets.get(name, model.spec.scaling.min)
     if not model.spec.profiles or ready >= target:
         health = "Healthy"
-    elif name in ws.unplaceable or (name in ws.backoff and live < target) or "failed" in states:
+    elif name in ws.unplaceable or (ws.backoff.get(name) and live < target) or "failed" in states:
         health = "Degraded"
     elif live > 0:
         health = "Progressing"
@@ -174,6 +170,7 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
         "max": model.spec.scaling.max,
         "unplaceable": dict(ws.unplaceable.get(name, {})),
         "failures": ws.backoff[name].failures if name in ws.backoff else 0,
+        "waiting": ws.waits.get(name),
         "stale_replicas": sum(1 for r in c.replicas.values() if r.model == name and stale(c, r)),
     }
 
@@ -241,36 +238,10 @@ def nodes_json(c: Controller) -> list[dict[str, Any]]:
 def live_state(c: Controller) -> LiveState:
     """What `llmgw plan` compares the repo against. Secrets (engine keys) are never part of it."""
     d = c.desired
-    nodes = [
-        LiveNode(
-            name=n.name,
-            state=n.state,
-            labels=dict(n.labels),
-            cordoned=n.cordoned,
-            fabric=n.fabric,
-            cpu_cores=n.cpu_cores,
-            memory_bytes=n.memory_bytes,
-            disk_free_bytes=n.disk_free_bytes,
-            gpus=None
-            if n.gpus is None
-            else [LiveGpu(index=g.index, gpu_class=g.gpu_class, memory_bytes=g.memory_bytes) for g in n.gpus],
-            engines=None if n.engines is None else dict(n.engines),
-        )
-        for n in node_views(c)
-    ]
-    replicas = [
-        LiveReplica(
-            id=v.id,
-            model=v.model,
-            profile=v.profile,
-            fingerprint=v.fingerprint,
-            shards=[LiveShard(node=s.node, rank=s.rank, gpus=list(s.gpus), state=s.state) for s in v.shards],
-            state=v.state,
-            created_at=v.created_at,
-            adopted=v.adopted,
-            stale=v.stale,
-            ready_since=v.ready_since,
-        )
-        for v in replica_views(c)
-    ]
-    return LiveState(revision=d.revision if d else None, taken_at=c.wall(), nodes=nodes, replicas=replicas)
+    return LiveState.from_views(
+        node_views(c),
+        replica_views(c),
+        revision=d.revision if d else None,
+        taken_at=c.wall(),
+        models={name: m.spec for name, m in d.models.items()} if d else None,
+    )

@@ -147,6 +147,8 @@ def settings_for(tmp: Path, repo: Path, **extra: Any) -> ControllerSettings:
         "admin_token_file": token,
         "state_dir": tmp / "controller-state",
         "command_timeout_s": 10.0,
+        "drain_s": 0.3,
+        "backoff_base_s": 0.5,
     }
     values.update(extra)
     return ControllerSettings(**values)

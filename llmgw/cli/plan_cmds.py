@@ -1,0 +1,351 @@
+"""`llmgw plan` and `llmgw apply`: the pull-request workflow, with Terraform's conventions.
+
+`plan` validates the cluster repo with the one pipeline, takes the live state from the controller (or a saved
+snapshot, for CI without access to the cluster) and prints the difference; `--detailed-exitcode` gives 0 (no
+changes), 1 (error), 2 (changes). `--out FILE` saves a plan that `apply` refuses once the live state moved on.
+
+`apply` validates again (an invalid repo is never sent), sends the revision to the controller and, with
+`--wait`, follows sync and per-model health until Synced and Healthy, Degraded, or the timeout.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import socket
+import sys
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from llmgw.cli import admin_client, follow
+from llmgw.cli.admin_client import AdminClient, AdminError
+from llmgw.config import LoadResult, load_repo
+from llmgw.fleet import LiveState
+
+PLAN_FORMAT = "llmgw-plan/v1"
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
+
+
+class PlanFormat(StrEnum):
+    text = "text"
+    json = "json"
+    markdown = "markdown"
+
+
+class Send(StrEnum):
+    auto = "auto"
+    path = "path"
+    files = "files"
+
+
+class Refused(Exception):
+    """The command cannot go on; the message says why and what to do. Exit code 1."""
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)
+    app.command("apply")(apply)
+
+
+# ------------------------------------------------------------------------------------------------ options
+
+PathArg = Annotated[Path, typer.Argument(help="Cluster repo directory (or one YAML file)")]
+ControllerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--controller",
+        envvar=admin_client.CONTROLLER_ENV,
+        help="Controller URL or host:port (default: the Cluster document's controller.address)",
+    ),
+]
+TokenOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        help=f"Admin token file (default: ${admin_client.TOKEN_ENV}, else the token a local controller made)",
+    ),
+]
+RevisionOpt = Annotated[
+    str | None,
+    typer.Option(help="Revision to report and apply (e.g. the commit SHA); default: the YAML content hash"),
+]
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+
+def plan(
+    path: PathArg = Path("."),
+    controller: ControllerOpt = None,
+    state: Annotated[
+        Path | None, typer.Option("--state", help="Plan against a saved live state (JSON) instead")
+    ] = None,
+    output: Annotated[PlanFormat, typer.Option("--format", "-f", help="text, json, or markdown")] = (
+        PlanFormat.text
+    ),
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Save the plan for `llmgw apply PLANFILE`")
+    ] = None,
+    save_state: Annotated[
+        Path | None, typer.Option("--save-state", help="Also write the live state taken to FILE (JSON)")
+    ] = None,
+    detailed_exitcode: Annotated[
+        bool, typer.Option("--detailed-exitcode", help="Exit 0 no changes, 1 error, 2 changes")
+    ] = False,
+    token_file: TokenOpt = None,
+    revision: RevisionOpt = None,
+) -> None:
+    """Show what applying the cluster repo would change in the fleet."""
+    from llmgw import plan as plans
+
+    result = load_repo(path, revision=revision)
+    if not result.ok or result.repo is None:
+        _invalid(result, output)
+        raise typer.Exit(1)
+    catalog = result.repo.catalog
+    try:
+        if state is not None:
+            if controller is not None:
+                raise Refused("give --controller or --state, not both")
+            live = _read_state(state)
+            source = f"saved state {state}"
+        else:
+            client = _client(controller, token_file, path, catalog.cluster.controller.address)
+            live = client.state()
+            source = client.url
+        if save_state is not None:
+            save_state.write_text(live.model_dump_json(indent=2) + "\n", encoding="utf-8")
+        made = plans.plan_for_catalog(catalog, live)
+        if out is not None:
+            _write_plan_file(out, path, result, made, source)
+    except (AdminError, Refused) as exc:
+        _fail(str(exc))
+    typer.echo(plans.render(made, output.value), nl=False)
+    if out is not None:
+        typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
+    raise typer.Exit(plans.exit_code(made) if detailed_exitcode else 0)
+
+
+def _invalid(result: LoadResult, output: PlanFormat) -> None:
+    """The validate output on stderr; for markdown also a short comment body on stdout, for the PR."""
+    from llmgw.cli import validate as v
+
+    typer.echo(v.render(result, v.Format.text), nl=False, err=True)
+    if output is PlanFormat.markdown:
+        lines = ["### llmgw plan", "", f"**The cluster repo is invalid: {len(result.errors)} error(s).**", ""]
+        lines += ["```text", *(e.format_text() for e in result.errors), "```"]
+        typer.echo("\n".join(lines))
+    elif output is PlanFormat.json:
+        typer.echo(v.render(result, v.Format.json), nl=False)
+
+
+def _read_state(path: Path) -> LiveState:
+    try:
+        return LiveState.model_validate_json(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise Refused(f"cannot read the saved live state {path}: {exc.strerror or exc}") from exc
+    except ValueError as exc:
+        first = str(exc).splitlines()[0:3]
+        raise Refused(
+            f"{path} is not a live state (write one with `llmgw plan --save-state FILE`): {' '.join(first)}"
+        ) from exc
+
+
+# ------------------------------------------------------------------------------------------------ plan files
+
+
+def plan_digest(plan_dict: dict[str, Any]) -> str:
+    """What the plan would do, without the hashes that name the inputs: equal digests, equal actions."""
+    body = {k: v for k, v in plan_dict.items() if k not in ("live_state_hash",)}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def _write_plan_file(out: Path, path: Path, result: LoadResult, made: Any, source: str) -> None:
+    from llmgw.config import content_hash
+    from llmgw.plan import to_dict
+
+    assert result.repo is not None
+    body = to_dict(made)
+    saved = {
+        "format": PLAN_FORMAT,
+        "created_at": time.time(),
+        "repo": {
+            "path": str(path.resolve()),
+            "revision": result.repo.revision,
+            "content_hash": content_hash(path),
+        },
+        "live": {"source": source, "revision": made.live_revision, "state_hash": made.live_state_hash},
+        "digest": plan_digest(body),
+        "plan": body,
+    }
+    out.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def read_plan_file(path: Path) -> dict[str, Any] | None:
+    """The saved plan at `path`, or None when it is not a plan file (then it is a repo path)."""
+    if not path.is_file() or path.suffix in (".yaml", ".yml"):
+        return None
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(body, dict) or body.get("format") != PLAN_FORMAT:
+        return None
+    return body
+
+
+def check_plan_current(saved: dict[str, Any], result: LoadResult, live: LiveState) -> None:
+    """Refuse a saved plan made against another repo content or another live state."""
+    from llmgw.config import content_hash
+    from llmgw.plan import plan_for_catalog, to_dict
+
+    assert result.repo is not None
+    repo = saved["repo"]
+    if content_hash(repo["path"]) != repo["content_hash"]:
+        raise Refused(
+            f"the cluster repo at {repo['path']} changed after the plan was made; "
+            "run `llmgw plan --out FILE` again and apply the new plan"
+        )
+    was = saved["live"]
+    if live.revision != was["revision"]:
+        raise Refused(
+            f"the saved plan is stale: it was made against revision {_short(was['revision'])}, and the "
+            f"controller has applied {_short(live.revision)} since; run `llmgw plan --out FILE` again"
+        )
+    if live.content_hash() == was["state_hash"]:
+        return
+    # The fleet moved (a replica became ready, a node's free disk changed): fine only if the plan did not.
+    now = to_dict(plan_for_catalog(result.repo.catalog, live))
+    if plan_digest(now) != saved["digest"]:
+        raise Refused(
+            f"the saved plan is stale: the live state changed after it was made (state "
+            f"{was['state_hash'][:12]} -> {live.content_hash()[:12]}) and the plan would now be different "
+            f"({now['summary']}); run `llmgw plan --out FILE` again"
+        )
+
+
+def _content_hash(path: Path) -> str:
+    from llmgw.config import content_hash
+
+    return content_hash(path)
+
+
+def _short(revision: str | None) -> str:
+    return "none" if revision is None else revision.split(":", 1)[-1][:12]
+
+
+# ------------------------------------------------------------------------------------------------ apply
+
+
+def apply(
+    target: Annotated[
+        Path, typer.Argument(help="Cluster repo directory, or a plan file from `plan --out`")
+    ] = (Path(".")),
+    controller: ControllerOpt = None,
+    wait: Annotated[bool, typer.Option("--wait", help="Follow until Synced and Healthy")] = False,
+    timeout: Annotated[str, typer.Option(help="How long --wait waits (e.g. 90s, 10m)")] = "10m",
+    token_file: TokenOpt = None,
+    revision: RevisionOpt = None,
+    send: Annotated[
+        Send,
+        typer.Option(
+            help="How the repo reaches the controller: its path (a controller on this machine), its files, "
+            "or auto (path for a loopback controller)"
+        ),
+    ] = Send.auto,
+    interval: Annotated[
+        float, typer.Option(help="Seconds between status polls with --wait", hidden=True)
+    ] = 1.0,
+) -> None:
+    """Send the cluster repo (or a saved plan) to the controller; with --wait, follow it to Healthy."""
+    from llmgw.controller.settings import SettingsError, parse_duration
+
+    try:
+        limit_s = parse_duration(timeout)
+    except SettingsError as exc:
+        _fail(f"--timeout: {exc}")
+    saved = read_plan_file(target)
+    path = Path(saved["repo"]["path"]) if saved else target
+    if saved is not None and revision is None:
+        revision = saved["repo"]["revision"]
+    result = load_repo(path, revision=revision)
+    if not result.ok or result.repo is None:
+        from llmgw.cli import validate as v
+
+        typer.echo(v.render(result, v.Format.text), nl=False, err=True)
+        typer.echo("Nothing was applied: the cluster repo is invalid.", err=True)
+        raise typer.Exit(1)
+    rev = result.repo.revision or _content_hash(path)
+    try:
+        client = _client(controller, token_file, path, result.repo.catalog.cluster.controller.address)
+        if saved is not None:
+            check_plan_current(saved, result, client.state())
+        reply = _send(client, path, rev, send)
+    except (AdminError, Refused) as exc:
+        _fail(str(exc))
+    if reply.get("result") == "refused":
+        errors = [str(e) for e in reply.get("errors", [])]
+        typer.echo(f"The controller refused revision {_short(rev)}:", err=True)
+        for line in errors:
+            typer.echo(f"  {line}", err=True)
+        raise typer.Exit(1)
+    word = {"applied": "applied", "unchanged": "already applied"}.get(str(reply.get("result")), "sent")
+    typer.echo(f"Revision {_short(rev)} {word} on {client.url}.")
+    if not wait:
+        raise typer.Exit(0)
+    raise typer.Exit(follow.follow(client, rev, limit_s, interval, sys.stdout.isatty()))
+
+
+def _send(client: AdminClient, path: Path, revision: str, send: Send) -> dict[str, Any]:
+    body: dict[str, Any] = {"revision": revision, "source": f"llmgw apply by {_who()}"}
+    if send is Send.auto:
+        host = client.url.split("://", 1)[-1].rsplit(":", 1)[0]
+        send = Send.path if host in LOOPBACK else Send.files
+    if send is Send.path:
+        body["path"] = str(path.resolve() if path.is_dir() else path.resolve().parent)
+        if not path.is_dir():
+            raise Refused("--send path needs a repo directory; use --send files for a single YAML file")
+    else:
+        body["files"] = repo_files(path)
+    status, reply = client.post("/api/v1/apply", body, ok=(200, 422))
+    if not isinstance(reply, dict):
+        raise Refused(f"the controller answered {status} without a JSON object")
+    return reply
+
+
+def repo_files(path: Path) -> dict[str, str]:
+    """The YAML files the loader reads, by path relative to the repo (what `--send files` uploads)."""
+    from llmgw.config.files import yaml_files
+
+    if path.is_file():
+        return {path.name: path.read_text(encoding="utf-8")}
+    return {str(p.relative_to(path)): p.read_text(encoding="utf-8") for p in yaml_files(path)}
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+# ------------------------------------------------------------------------------------------------ shared
+
+
+def _client(controller: str | None, token_file: Path | None, repo: Path, declared: str) -> AdminClient:
+    env = admin_client.environ()
+    token = admin_client.resolve_token(
+        token_file, env, admin_client.default_token_files(repo.resolve(), Path.cwd())
+    )
+    return AdminClient(controller or declared, token)
+
+
+def _fail(message: str) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(1)

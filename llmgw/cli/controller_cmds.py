@@ -1,0 +1,350 @@
+"""`llmgw controller` (run it) and the read-only views of a running one: `status`, `nodes`, `replicas`,
+`models`, `explain MODEL`. Each view prints a rich table, or the admin API's JSON with `--json`.
+
+The controller is found at `--controller URL`, else $LLMGW_CONTROLLER, else http://127.0.0.1:7070 (the
+Cluster document's default address); the admin token as llmgw.cli.admin_client resolves it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from llmgw.cli.admin_client import (
+    CONTROLLER_ENV,
+    AdminClient,
+    AdminError,
+    default_token_files,
+    environ,
+    resolve_token,
+)
+
+DEFAULT_CONTROLLER = "http://127.0.0.1:7070"
+
+ControllerOpt = Annotated[
+    str | None,
+    typer.Option("--controller", help=f"Controller URL (env {CONTROLLER_ENV}; default {DEFAULT_CONTROLLER})"),
+]
+TokenOpt = Annotated[
+    Path | None, typer.Option("--token-file", help="File holding the admin token (env LLMGW_TOKEN)")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the admin API's JSON instead of a table.")]
+
+HEALTH_STYLE = {"Healthy": "green", "Progressing": "yellow", "Degraded": "red", "Missing": "red"}
+STATE_STYLE = {"Ready": "green", "ready": "green", "Unreachable": "yellow", "Lost": "red", "failed": "red"}
+
+
+def register(app: typer.Typer) -> None:
+    app.command("controller")(controller)
+    app.command("status")(status)
+    app.command("nodes")(nodes)
+    app.command("replicas")(replicas)
+    app.command("models")(models)
+    app.command("explain")(explain)
+
+
+# ---------------------------------------------------------------------------------------------- run
+
+
+def controller(
+    repo: Annotated[str | None, typer.Option("--repo", help="Cluster repo: a git URL, or a path")] = None,
+    branch: Annotated[str | None, typer.Option("--branch", help="Branch to follow (default main)")] = None,
+    subpath: Annotated[
+        str | None, typer.Option("--subpath", help="Directory of the repo holding the YAML")
+    ] = None,
+    poll: Annotated[
+        str | None, typer.Option("--poll", help="How often to fetch the remote, e.g. 30s")
+    ] = None,
+    source: Annotated[str | None, typer.Option("--source", help="auto, git or directory")] = None,
+    store: Annotated[
+        str | None, typer.Option("--store", help="Store DSN: sqlite:///path, postgresql://..., @file")
+    ] = None,
+    listen: Annotated[
+        str | None, typer.Option("--listen", help="host:port for agents, routers, admin API")
+    ] = None,
+    metrics_listen: Annotated[
+        str | None, typer.Option("--metrics-listen", help="host:port of /metrics")
+    ] = None,
+    admin_token_file: Annotated[
+        Path | None, typer.Option("--admin-token-file", help="File with the admin token")
+    ] = None,
+    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Clone, generated secrets")] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option("--tls-cert", help="Serve TLS with this certificate")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Key of --tls-cert")] = None,
+    tls_client_ca: Annotated[
+        Path | None, typer.Option("--tls-client-ca", help="Agents need a cert from this CA")
+    ] = None,
+    config: Annotated[
+        Path | None, typer.Option("--config", help="YAML file of these settings (flags win)")
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+) -> None:
+    """Run the controller: follow the cluster repo, place replicas through agents, tell routers."""
+    from pydantic import ValidationError
+
+    from llmgw.controller.app import run_controller
+    from llmgw.controller.settings import (
+        ControllerSettings,
+        SettingsError,
+        load_settings_file,
+        parse_duration,
+    )
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        values: dict[str, Any] = load_settings_file(config) if config else {}
+        flags = {
+            "repo": repo,
+            "branch": branch,
+            "subpath": subpath,
+            "poll_s": parse_duration(poll) if poll else None,
+            "source": source,
+            "store": store,
+            "listen": listen,
+            "metrics_listen": metrics_listen,
+            "admin_token_file": admin_token_file,
+            "state_dir": state_dir,
+            "tls_cert": tls_cert,
+            "tls_key": tls_key,
+            "tls_client_ca": tls_client_ca,
+        }
+        values.update({k: v for k, v in flags.items() if v is not None})
+        values.setdefault("store", "sqlite:///.llmgw/state/llmgw.db")
+        if "repo" not in values:
+            _fail("--repo is required (a git URL, or a path to the cluster repo)")
+        settings = ControllerSettings(**values)
+    except (SettingsError, ValueError) as exc:
+        if isinstance(exc, ValidationError):
+            first = exc.errors()[0]
+            _fail(f"controller setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        _fail(str(exc))
+    asyncio.run(_run_until_signal(run_controller, settings))
+
+
+async def _run_until_signal(run: Any, settings: Any) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await run(settings, stop)
+
+
+# ---------------------------------------------------------------------------------------------- views
+
+
+def _client(controller_url: str | None, token_file: Path | None) -> AdminClient:
+    env = environ()
+    url = controller_url or env.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER
+    try:
+        token = resolve_token(token_file, env, default_token_files(None, Path.cwd()))
+    except AdminError as exc:
+        _fail(str(exc))
+    return AdminClient(url, token)
+
+
+def _get(client: AdminClient, path: str) -> Any:
+    try:
+        return client.get(path)
+    except AdminError as exc:
+        _fail(str(exc))
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(1)
+
+
+def _print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def _styled(value: str, styles: dict[str, str]) -> str:
+    style = styles.get(value)
+    return f"[{style}]{value}[/{style}]" if style else value
+
+
+def _short(revision: str | None) -> str:
+    return "-" if not revision else revision.split(":", 1)[-1][:12]
+
+
+def _ago(at: float | None) -> str:
+    if not at:
+        return "-"
+    seconds = max(0.0, time.time() - at)
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m ago"
+    return f"{seconds / 3600:.1f}h ago"
+
+
+def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Applied revision, sync (Synced/OutOfSync) and every model's health."""
+    data = _get(_client(controller, token_file), "/api/v1/status")
+    if as_json:
+        _print_json(data)
+        return
+    console = Console()
+    applied, seen = data.get("applied"), data.get("seen")
+    console.print(
+        f"revision [bold]{_short(applied and applied['revision'])}[/bold] applied {_ago(applied and applied['applied_at'])}"
+        f" from {applied['source'] if applied else '-'}",
+        highlight=False,
+    )
+    sync = data.get("sync", "Unknown")
+    console.print(
+        f"sync     {_styled(sync, {'Synced': 'green', 'OutOfSync': 'yellow'})} (seen {_short(seen and seen['revision'])})",
+        highlight=False,
+    )
+    nodes = data.get("nodes", {})
+    console.print(
+        f"nodes    {nodes.get('Ready', 0)} Ready, {nodes.get('Unreachable', 0)} Unreachable, {nodes.get('Lost', 0)} Lost"
+    )
+    if data.get("source_error"):
+        console.print(f"[yellow]cluster repo unavailable:[/yellow] {data['source_error']}", highlight=False)
+    refused = data.get("refused")
+    if refused:
+        console.print(
+            f"[red]revision {_short(refused['revision'])} refused[/red] ({len(refused['errors'])} error(s)):"
+        )
+        for line in refused["errors"]:
+            console.print(f"  {line}", highlight=False, markup=False)
+    table = Table("MODEL", "HEALTH", "READY", "TARGET", "MIN/MAX", "NOTE")
+    for m in data.get("models", []):
+        note = m.get("waiting") or ("; ".join(f"{n}: {w}" for n, w in m.get("unplaceable", {}).items()) or "")
+        if m.get("stale_replicas"):
+            note = f"{m['stale_replicas']} stale profile" + (f"; {note}" if note else "")
+        table.add_row(
+            m["model"],
+            _styled(m["health"], HEALTH_STYLE),
+            str(m["ready"]),
+            str(m["target"]),
+            f"{m['min']}/{m['max']}",
+            note,
+        )
+    console.print(table)
+
+
+def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Nodes, their state (Ready/Unreachable/Lost), inventory and replicas."""
+    data = _get(_client(controller, token_file), "/api/v1/nodes")
+    if as_json:
+        _print_json(data)
+        return
+    table = Table("NODE", "STATE", "SEEN", "CPU", "MEMORY", "GPUS", "ENGINES", "REPLICAS")
+    for n in data["nodes"]:
+        inv = n.get("inventory", {})
+        mem = inv.get("memory_bytes")
+        gpus = inv.get("gpus")
+        engines = inv.get("engines")
+        table.add_row(
+            n["name"] + ("" if n.get("declared") else " (undeclared)"),
+            _styled(n["state"], STATE_STYLE),
+            f"{n['last_seen_s']}s ago",
+            "?" if inv.get("cpu_cores") is None else str(inv["cpu_cores"]),
+            "?" if mem is None else f"{mem / 1024**3:.0f} GiB",
+            "?" if gpus is None else (", ".join(g.get("class") or "?" for g in gpus) or "none"),
+            "?" if engines is None else ", ".join(sorted(engines)),
+            str(len(n.get("replicas", []))),
+        )
+    Console().print(table)
+
+
+def replicas(
+    controller: ControllerOpt = None,
+    token_file: TokenOpt = None,
+    as_json: JsonOpt = False,
+    model: Annotated[str | None, typer.Option("--model", help="Only this model's replicas")] = None,
+) -> None:
+    """Replicas: model, profile, node, state, adopted, stale profile."""
+    path = "/api/v1/replicas" + (f"?model={model}" if model else "")
+    data = _get(_client(controller, token_file), path)
+    if as_json:
+        _print_json(data)
+        return
+    table = Table("REPLICA", "MODEL", "PROFILE", "NODE", "STATE", "PID", "NOTE")
+    for r in data["replicas"]:
+        notes = [w for w, on in (("adopted", r["adopted"]), ("stale profile", r["stale_profile"])) if on]
+        if r.get("error"):
+            notes.append(r["error"])
+        table.add_row(
+            r["id"],
+            r["model"],
+            r["profile"],
+            ", ".join(r["nodes"]),
+            _styled(r["state"], STATE_STYLE),
+            str(r["pid"] or "-"),
+            "; ".join(notes),
+        )
+    Console().print(table)
+
+
+def models(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
+    """Models of the applied revision with their health and profiles."""
+    data = _get(_client(controller, token_file), "/api/v1/models")
+    if as_json:
+        _print_json(data)
+        return
+    table = Table("MODEL", "ALIASES", "HEALTH", "READY", "MIN/MAX", "PROFILES", "FALLBACKS")
+    for m in data["models"]:
+        table.add_row(
+            m["model"],
+            ", ".join(m["aliases"]),
+            _styled(m["health"], HEALTH_STYLE),
+            f"{m['ready']}/{m['target']}",
+            f"{m['min']}/{m['max']}",
+            ", ".join(f"{p['name']} ({p['engine']})" for p in m["profiles"]) or (m.get("provider") or "-"),
+            ", ".join(m["fallbacks"]),
+        )
+    Console().print(table)
+
+
+def explain(
+    model: Annotated[str, typer.Argument(help="Model name or alias")],
+    controller: ControllerOpt = None,
+    token_file: TokenOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Where one more replica of MODEL would go, and why every other node would not take it."""
+    client = _client(controller, token_file)
+    try:
+        data = client.explain(model)
+    except AdminError as exc:
+        _fail(str(exc))
+    if data is None:
+        _fail(f"model {model!r} is not in the applied revision (llmgw models lists them)")
+    if as_json:
+        _print_json(data)
+        return
+    console = Console()
+    health = data["health"]
+    console.print(
+        f"[bold]{data['model']}[/bold] {_styled(health['health'], HEALTH_STYLE)}: "
+        f"{health['ready']} ready of {health['target']}",
+        highlight=False,
+    )
+    if data.get("problem"):
+        console.print(data["problem"])
+    chosen = data.get("would_place")
+    if chosen:
+        console.print(
+            f"one more would go to {', '.join(chosen['nodes'])} ({chosen['profile']}): {chosen['why']}"
+        )
+    else:
+        console.print("[red]no node can take one more replica[/red]")
+    for profile in data["profiles"]:
+        table = Table("NODE", "FITS", "WHY", title=f"profile {profile['profile']}: {profile['summary']}")
+        for v in profile["nodes"]:
+            table.add_row(v["node"], "[green]yes[/green]" if v["accepted"] else "[red]no[/red]", v["words"])
+        console.print(table)

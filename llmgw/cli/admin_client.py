@@ -57,7 +57,7 @@ def default_token_files(repo: Path | None, cwd: Path) -> list[Path]:
     """Where `llmgw up` / `llmgw controller` leave the admin token they generate, in the order looked at."""
     places = [cwd / DEFAULT_STATE_DIR / TOKEN_FILE_NAME]
     if repo is not None:
-        base = repo if repo.is_dir() else repo.parent
+        base = repo.parent if repo.is_file() else repo
         places.append(base / DEFAULT_STATE_DIR / TOKEN_FILE_NAME)
     out: list[Path] = []
     for p in places:

@@ -37,13 +37,14 @@ spec: {address: 10.0.0.2}
 
 def sim_model(name: str, cores: int = 1, decode_ms: int = 1, restart: bool = False, min_: int = 1) -> str:
     extra = "\n  restart_on_profile_change: true" if restart else ""
+    idle = ", idle_timeout: 10m" if min_ == 0 else ""
     return f"""\
 apiVersion: llmgw/v1
 kind: Model
 metadata: {{name: {name}}}
 spec:
   context_length: 4096
-  scaling: {{min: {min_}, max: {max(min_, 1)}}}{extra}
+  scaling: {{min: {min_}, max: {max(min_, 1)}{idle}}}{extra}
   profiles:
     - {{name: sim, engine: sim, cpu_cores: {cores}, args: {{decode_ms_per_token: {decode_ms}}}}}
 """

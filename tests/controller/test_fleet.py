@@ -33,11 +33,11 @@ def pid_alive(pid: int) -> bool:
 
 
 class Fleet:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, dsn: str) -> None:
         self.tmp = tmp
         self.repo = Repo(tmp / "origin", use_git=True)
         self.port = free_port()
-        self.settings = settings_for(tmp, self.repo.path, listen=f"127.0.0.1:{self.port}")
+        self.settings = settings_for(tmp, self.repo.path, listen=f"127.0.0.1:{self.port}", store=dsn)
         self.agents = Agents(tmp, tmp / "token")
         self.running: Any = None
         self.admin: Admin | None = None
@@ -69,7 +69,18 @@ class Fleet:
 
 @pytest.fixture
 async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    f = Fleet(tmp_path)
+    f = Fleet(tmp_path, f"sqlite:///{tmp_path / 'controller.db'}")
+    try:
+        yield f
+    finally:
+        await f.stop_controller()
+        f.agents.cleanup()
+
+
+@pytest.fixture
+async def fleet_any_store(tmp_path: Path, controller_dsn: str) -> AsyncIterator[Fleet]:
+    """A fleet whose controller keeps its state in SQLite or in PostgreSQL."""
+    f = Fleet(tmp_path, controller_dsn)
     try:
         yield f
     finally:
@@ -145,7 +156,8 @@ async def test_stopped_agent_goes_unreachable_then_lost_and_its_replicas_move(fl
     assert 'llmgw_controller_nodes{state="Lost"} 1.0' in metrics
 
 
-async def test_controller_restart_adopts_running_engines(fleet: Fleet) -> None:
+async def test_controller_restart_adopts_running_engines(fleet_any_store: Fleet) -> None:
+    fleet = fleet_any_store
     admin = await _bring_up(fleet, ["n1", "n2"])
     fleet.repo.write({"models/a.yaml": model_yaml("sim-a", min_=2)}, "add sim-a")
     before = {r["id"]: r["pid"] for r in await fleet.wait_ready("sim-a", 2)}

@@ -57,12 +57,15 @@ async def test_directory_revision_refused_then_fixed(
         await running.stop()
 
 
-async def test_git_source_follows_the_branch_and_survives_an_unreachable_remote(tmp_path: Path) -> None:
+async def test_git_source_follows_the_branch_and_survives_an_unreachable_remote(
+    tmp_path: Path, controller_dsn: str
+) -> None:
     repo = Repo(tmp_path / "origin", use_git=True)
     first = repo.write(
         {"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)}, "first"
     )
-    settings = settings_for(tmp_path, repo.path, poll_s=3600.0)  # only the webhook makes it poll again
+    # poll_s: only the webhook makes it poll again
+    settings = settings_for(tmp_path, repo.path, poll_s=3600.0, store=controller_dsn)
     running, admin = await start(settings)
     try:
         await wait_for(lambda: _applied(admin, first), what="the first commit applied")

@@ -97,7 +97,11 @@ def explain_lines(client: AdminClient, status: dict[str, Any]) -> list[str]:
             continue
         if found and found.get("problem"):
             out.append(f"  {found['problem']}")
-        for p in (found or {}).get("profiles", []) if found and found.get("would_place") is None else []:
+        # The node reasons, unless the status already gave them.
+        shown = bool(m.get("unplaceable"))
+        for p in (
+            found.get("profiles", []) if found and not shown and found.get("would_place") is None else []
+        ):
             out.append(f"  profile {p['profile']}: {p['summary']}")
             out += [f"    {n['node']}: {n['words']}" for n in p["nodes"] if not n["accepted"]]
         for r in replicas:
@@ -174,8 +178,14 @@ def _display(tty: bool) -> tuple[Callable[[Progress | None, str], None], Callabl
     live = Live(console=Console(), auto_refresh=False, transient=False)
     live.start()
 
+    kept: list[Progress] = []
+
     def fancy(p: Progress | None, note: str) -> None:
-        table = Table(title=note or (f"{p.sync} · applied {short(p.applied)}" if p else ""), expand=False)
+        if p is not None:
+            kept[:] = [p]
+        p = kept[0] if kept else None  # a poll that failed keeps the last table, with the note under it
+        title = f"{p.sync} · applied {short(p.applied)}" if p else "waiting for the controller"
+        table = Table(title=title, caption=note or None, expand=False)
         table.add_column("model")
         table.add_column("health")
         table.add_column("ready", justify="right")

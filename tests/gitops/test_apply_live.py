@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from controller.helpers import Admin, Agents, Repo, settings_for, start, wait_for
 from controller.test_fleet import free_port
+
 from gitops.repo_fixture import sim_model
 
 pytestmark = pytest.mark.integration
@@ -108,7 +108,10 @@ class Cluster:
             health = {m["model"]: m["health"] for m in s["models"]}
             return s if ok and all(health.get(m) == "Healthy" for m in models) else None
 
-        return await wait_for(healthy, 60, f"revision {revision[:12]} Synced with {models} Healthy")
+        found: dict[str, Any] = await wait_for(
+            healthy, 60, f"revision {revision[:12]} Synced with {models} Healthy"
+        )
+        return found
 
 
 @pytest.fixture
@@ -190,14 +193,14 @@ async def test_an_invalid_repo_is_refused_with_its_errors_and_nothing_changes(cl
     cli = cluster.cli
     broken = sim_model("sim-b").replace("context_length", "context_lenght")
     sha = cluster.repo.write({"models/sim-b.yaml": broken}, "a typo")
-    code, out, err = await cli("apply", "repo", "--wait", "--revision", sha)
+    code, _, err = await cli("apply", "repo", "--wait", "--revision", sha)
     assert code == 1
     assert "models/sim-b.yaml:5:3" in err and "context_lenght" in err
     assert "Nothing was applied" in err
     status = await cluster.status()
     assert status["applied"]["revision"] == cluster.first and status["refused"] is None
 
-    code, out, err = await cli("plan", "repo", "--detailed-exitcode")
+    code, _out, err = await cli("plan", "repo", "--detailed-exitcode")
     assert code == 1 and "context_lenght" in err
 
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from gitops.repo_fixture import live_state, sim_model, write_repo
 from llmgw.cli import admin_client, follow
 from llmgw.cli.main import app
-from llmgw.cli.plan_cmds import check_plan_current, read_plan_file, Refused
+from llmgw.cli.plan_cmds import Refused, check_plan_current, read_plan_file
 from llmgw.config import load_repo
 
 SUMMARY = "Plan: 1 to start, 1 to restart, 1 to stop. 1 model cannot be placed."
@@ -23,7 +23,8 @@ SUMMARY = "Plan: 1 to start, 1 to restart, 1 to stop. 1 model cannot be placed."
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    return write_repo(tmp_path / "repo")
+    root: Path = write_repo(tmp_path / "repo")
+    return root
 
 
 @pytest.fixture
@@ -144,7 +145,7 @@ def test_plan_file_refuses_when_the_live_state_moved_on(tmp_path: Path, repo: Pa
     with pytest.raises(Refused, match="live state changed after it was made"):
         check_plan_current(saved, loaded, moved)
     # Another revision was applied meanwhile.
-    with pytest.raises(Refused, match="re-run|again") as info:
+    with pytest.raises(Refused, match=r"run `llmgw plan --out FILE` again") as info:
         check_plan_current(saved, loaded, live.model_copy(update={"revision": "f00d" * 10}))
     assert "f00df00df00d" in str(info.value)
     # The repo changed after the plan.
@@ -156,7 +157,7 @@ def test_plan_file_refuses_when_the_live_state_moved_on(tmp_path: Path, repo: Pa
 def test_apply_refuses_an_invalid_repo_before_talking_to_anyone(repo: Path) -> None:
     (repo / "models" / "bad.yaml").write_text(sim_model("bad").replace("cpu_cores", "cpu_coers"))
     # An unreachable controller: the test fails if apply tried to reach it before validating.
-    code, out, err = run("apply", str(repo), "--controller", "http://127.0.0.1:1", env={"LLMGW_TOKEN": "t"})
+    code, _out, err = run("apply", str(repo), "--controller", "http://127.0.0.1:1", env={"LLMGW_TOKEN": "t"})
     assert code == 1
     assert "models/bad.yaml" in err and "cpu_coers" in err
     assert "Nothing was applied" in err and "cannot reach" not in err

@@ -166,7 +166,9 @@ async def apply(request: web.Request) -> web.Response:
         return _error(400, str(exc))
     revision = str(body.get("revision") or tree_hash(root))
     where = str(body.get("source") or f"apply {root}")
-    result = await c.offer(Checkout(revision, root, where), force=bool(body.get("force", False)))
+    result = await c.offer(
+        Checkout(revision, root, where), force=bool(body.get("force", False)), from_source=False
+    )
     payload: dict[str, Any] = {"result": result, "revision": revision}
     if result == "refused" and c.refused is not None:
         payload["errors"] = list(c.refused.errors)

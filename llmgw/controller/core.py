@@ -190,10 +190,18 @@ class Controller:
 
     # ---------------------------------------------------------------------------------- revisions
 
-    async def offer(self, checkout: Checkout, *, force: bool = False) -> str:
-        """Take a revision from a source: 'unchanged', 'applied' or 'refused'."""
-        self.source_error = None
-        self.seen = SeenRevision(checkout.revision, checkout.where, self.wall())
+    async def offer(self, checkout: Checkout, *, force: bool = False, from_source: bool = True) -> str:
+        """Take a revision: 'unchanged', 'applied' or 'refused'.
+
+        From the source, only a revision it did not show before is considered, so a revision applied through
+        the admin API is not undone by the next poll of an unchanged source. `seen` is the source's alone.
+        """
+        if from_source:
+            self.source_error = None
+            previous = self.seen
+            self.seen = SeenRevision(checkout.revision, checkout.where, self.wall())
+            if not force and previous is not None and previous.revision == checkout.revision:
+                return "unchanged"
         current = self.desired.revision if self.desired else None
         if not force and checkout.revision == current:
             return "unchanged"

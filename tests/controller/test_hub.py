@@ -1,0 +1,207 @@
+"""The agent hub and the router stream against scripted WebSocket peers (no agent process): refusals,
+commands with replies, shard updates feeding the live state, and the snapshot routers receive."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from llmgw_agent.protocol import (
+    PROTOCOL_VERSION,
+    Command,
+    Heartbeat,
+    Inventory,
+    Register,
+    Reply,
+    ShardStatus,
+    dump,
+    parse_controller_message,
+)
+
+from llmgw.security import engine_key
+
+from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
+
+
+@pytest.fixture
+async def ctl(tmp_path: Path) -> AsyncIterator[Admin]:
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write(
+        {"cluster.yaml": cluster_yaml(unreachable="1s", lost="2s"), "a.yaml": model_yaml("sim-a", min_=1)}
+    )
+    running, admin = await start(settings_for(tmp_path, repo.path))
+    await wait_for(lambda: running.controller.desired is not None, 10, "a revision applied")
+    try:
+        yield admin
+    finally:
+        await running.stop()
+
+
+class FakeAgent:
+    """Speaks the agent side of the protocol by hand; answers commands and reports shards as told."""
+
+    def __init__(self, admin: Admin, node: str, token: str | None = None) -> None:
+        self.url = admin.url.replace("http://", "ws://") + "/agent/v1"
+        self.node = node
+        self.token = token if token is not None else admin.running.admin_token
+        self.commands: list[Command] = []
+        self.shards: dict[str, ShardStatus] = {}
+
+    async def connect(self, shards: list[ShardStatus] | None = None, version: int = PROTOCOL_VERSION) -> Any:
+        self.session = aiohttp.ClientSession()
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        self.ws = await self.session.ws_connect(self.url, headers=headers)
+        register = Register(
+            node=self.node,
+            agent_version="test",
+            protocol_version=version,
+            inventory=Inventory(cpu_cores=4, memory_bytes=8 * 1024**3, gpus=[]),
+            shards=shards or [],
+        )
+        await self.ws.send_str(dump(register))
+        msg = await self.ws.receive(timeout=10)
+        return parse_controller_message(msg.data)
+
+    async def serve(self) -> None:
+        """Answer start_shard by reporting the shard ready; heartbeat every 0.2s."""
+
+        async def beat() -> None:
+            while True:
+                await self.ws.send_str(dump(Heartbeat(shards=list(self.shards.values()))))
+                await asyncio.sleep(0.2)
+
+        beats = asyncio.create_task(beat())
+        try:
+            async for msg in self.ws:
+                cmd = parse_controller_message(msg.data)
+                assert isinstance(cmd, Command)
+                self.commands.append(cmd)
+                if cmd.action == "start_shard" and cmd.spec is not None:
+                    spec = cmd.spec
+                    self.shards[spec.shard_id] = ShardStatus(
+                        replica_id=spec.replica_id, model=spec.model, engine=spec.engine, state="ready", pid=4242,
+                        base_url="http://127.0.0.1:9", fingerprint=spec.fingerprint,
+                    )  # fmt: skip
+                elif cmd.action == "stop_shard":
+                    self.shards.pop(f"{cmd.replica_id}-{cmd.shard_rank or 0}", None)
+                await self.ws.send_str(dump(Reply(id=cmd.id, ok=True)))
+        finally:
+            beats.cancel()
+
+    async def close(self) -> None:
+        await self.ws.close()
+        await self.session.close()
+
+
+async def test_agents_without_the_token_or_with_another_protocol_are_refused(ctl: Admin) -> None:
+    for token, version, words in (
+        ("", PROTOCOL_VERSION, "missing Authorization"),
+        ("wrong", PROTOCOL_VERSION, "wrong token"),
+        (None, PROTOCOL_VERSION + 1, "protocol version"),
+    ):
+        agent = FakeAgent(ctl, "n1", token=token)
+        reply = await agent.connect(version=version)
+        assert reply.type == "refused" and words in reply.reason
+        await agent.close()
+    assert (await ctl.get("/api/v1/nodes"))["nodes"] == []
+
+
+async def test_register_start_ready_published_then_unreachable_and_lost(ctl: Admin) -> None:
+    agent = FakeAgent(ctl, "n1")
+    welcome = await agent.connect()
+    assert welcome.type == "welcome" and welcome.heartbeat_interval_s == pytest.approx(0.2)
+    serving = asyncio.create_task(agent.serve())
+    try:
+        replicas = await wait_for(lambda: ctl.replicas("sim-a", "ready"), 10, "the replica ready")
+        rid = replicas[0]["id"]
+        start = next(c for c in agent.commands if c.action == "start_shard")
+        assert start.spec is not None and start.spec.model == "sim-a" and start.spec.cpu_cores == 1
+        secret = (ctl.running.controller.cluster_secret()).encode()
+        assert start.spec.api_key == engine_key(secret, rid)
+
+        snap = await _snapshot(ctl)
+        assert [e["replica_id"] for e in snap["endpoints"]] == [rid]
+        assert snap["endpoints"][0]["api_key"] == engine_key(secret, rid)
+        assert "sim-a" in snap["models"]
+        state = await ctl.get("/api/v1/state")
+        assert [r["id"] for r in state["replicas"]] == [rid]
+        assert "api_key" not in json.dumps(state)  # plan's snapshot carries no secrets
+    finally:
+        serving.cancel()
+        await agent.close()
+    await wait_for(lambda: _node(ctl, "n1", "Unreachable"), 10, "n1 Unreachable")
+    await wait_for(lambda: _node(ctl, "n1", "Lost"), 10, "n1 Lost")
+    await wait_for(lambda: _none(ctl), 10, "the replica on the lost node forgotten")
+
+
+async def test_shards_reported_at_register_are_adopted_not_started(ctl: Admin) -> None:
+    running = ShardStatus(
+        replica_id="sim-a-sim-old",
+        model="sim-a",
+        engine="sim",
+        state="ready",
+        pid=777,
+        base_url="http://127.0.0.1:9",
+    )
+    agent = FakeAgent(ctl, "n1")
+    agent.shards[running.shard_id] = running
+    await agent.connect(shards=[running])
+    serving = asyncio.create_task(agent.serve())
+    try:
+        items = await wait_for(lambda: ctl.replicas("sim-a", "ready"), 10, "the adopted replica")
+        assert [(r["id"], r["adopted"], r["pid"]) for r in items] == [("sim-a-sim-old", True, 777)]
+        passes = ctl.running.controller.worker_state.passes
+        await wait_for(lambda: ctl.running.controller.worker_state.passes > passes + 2, 10, "more passes")
+        assert not [c for c in agent.commands if c.action == "start_shard"]
+    finally:
+        serving.cancel()
+        await agent.close()
+
+
+async def test_demand_starts_an_on_demand_model(ctl: Admin, tmp_path: Path) -> None:
+    files = {"cluster.yaml": cluster_yaml(), "b.yaml": model_yaml("sim-b", min_=0)}
+    await ctl.post("/api/v1/apply", {"files": files}, expect=200)
+    agent = FakeAgent(ctl, "n1")
+    await agent.connect()
+    serving = asyncio.create_task(agent.serve())
+    try:
+        passes = ctl.running.controller.worker_state.passes
+        await wait_for(lambda: ctl.running.controller.worker_state.passes > passes + 1, 10, "passes")
+        assert await ctl.replicas("sim-b") == []  # nothing until asked
+        async with aiohttp.ClientSession() as s:
+            async with s.post(ctl.url + "/api/v1/demand/sim-b") as r:
+                assert r.status == 401
+            async with s.post(ctl.url + "/api/v1/demand/nope", headers=ctl.headers) as r:
+                assert r.status == 404
+        reply = await ctl.post("/api/v1/demand/sim-b", expect=202)
+        assert reply["model"] == "sim-b"
+        await wait_for(lambda: ctl.replicas("sim-b", "ready"), 10, "sim-b loaded on demand")
+        assert (await ctl.post("/api/v1/usage-seen", {"models": ["sim-b", "nope"]}, expect=200))["known"] == 1
+    finally:
+        serving.cancel()
+        await agent.close()
+
+
+async def _snapshot(ctl: Admin) -> dict[str, Any]:
+    url = ctl.url.replace("http://", "ws://") + "/router/v1"
+    async with aiohttp.ClientSession() as s:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await s.ws_connect(url)  # no token
+        assert refused.value.status == 401
+    async with aiohttp.ClientSession() as s, s.ws_connect(url, headers=ctl.headers) as ws:
+        msg = await ws.receive(timeout=5)
+        snap: dict[str, Any] = json.loads(msg.data)
+        return snap
+
+
+async def _node(ctl: Admin, name: str, state: str) -> bool:
+    return await ctl.node_state(name) == state
+
+
+async def _none(ctl: Admin) -> bool:
+    return not await ctl.replicas()

@@ -48,6 +48,12 @@ class ControllerMetrics:
             "Reconcile actions that failed (each is retried after a backoff)",
             registry=r,
         )
+        self.replica_restarts = Counter(
+            PREFIX + "replica_restarts",
+            "Replicas of a model started again after their engine exited or failed",
+            ["model"],
+            registry=r,
+        )
         self.gpus = Gauge(
             PREFIX + "gpus",
             "GPUs per node and class, allocated or not",

@@ -266,6 +266,7 @@ class Reconciler:
             status = views.shard_status(c, rec)
             detail = rec.error or (status.message if status else "") or "engine exited"
             await c.event("replica_failed", rec.id, f"{reason}: {detail}")
+            c.metrics.replica_restarts.labels(rec.model).inc()  # its replacement follows (after backoff)
         rec.stopping = True
         rec.draining = drain
         await c.event("replica_stop", rec.id, reason + (" (draining first)" if drain else ""))

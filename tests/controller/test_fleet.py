@@ -129,6 +129,7 @@ async def test_min_two_placed_on_two_nodes_replaced_after_kill_and_stopped_on_re
     assert victim["id"] not in {r["id"] for r in replaced}
     events = (await admin.get("/api/v1/events"))["events"]
     assert any(e["kind"] == "replica_failed" and e["object"] == victim["id"] for e in events)
+    assert 'llmgw_controller_replica_restarts_total{model="sim-a"} 1.0' in await admin.metrics()
 
     pids = [r["pid"] for r in replaced]
     fleet.repo.write({"models/a.yaml": None}, "remove sim-a")

@@ -109,7 +109,7 @@ def load_settings_file(path: Path) -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
-        if name in ("poll", "dir_poll", "command_timeout"):
+        if name in ("poll", "dir_poll", "command_timeout", "settle", "drain", "backoff_base"):
             out[f"{name}_s"] = parse_duration(value)
         else:
             out[name] = value

@@ -85,6 +85,9 @@ def controller(
     tls_client_ca: Annotated[
         Path | None, typer.Option("--tls-client-ca", help="Agents need a cert from this CA")
     ] = None,
+    ca_dir: Annotated[
+        Path | None, typer.Option("--ca-dir", help="Cluster CA directory: TLS, node certificates required")
+    ] = None,
     config: Annotated[
         Path | None, typer.Option("--config", help="YAML file of these settings (flags win)")
     ] = None,
@@ -118,6 +121,7 @@ def controller(
             "tls_cert": tls_cert,
             "tls_key": tls_key,
             "tls_client_ca": tls_client_ca,
+            "ca_dir": ca_dir,
         }
         values.update({k: v for k, v in flags.items() if v is not None})
         values.setdefault("store", "sqlite:///.llmgw/state/llmgw.db")

@@ -153,16 +153,42 @@ def refresh_metrics(c: Controller) -> None:
     m.agent_connections.set(sum(1 for n in c.hub.nodes.values() if n.connected))
 
 
-def tls_context(settings: ControllerSettings) -> ssl.SSLContext | None:
+def tls_setup(
+    settings: ControllerSettings,
+) -> tuple[ssl.SSLContext | None, Callable[[bytes | None], str] | None]:
+    """The listener's TLS context and, with mutual TLS, the check that names the node a certificate proves.
+
+    Client certificates are optional at the TLS layer so the admin API works without one; the agent endpoint
+    refuses an agent without a valid one (and one whose certificate names another node)."""
+    if settings.ca_dir is not None:
+        from llmgw.nodes.ca import ClusterCA
+
+        ca = ClusterCA.open(settings.ca_dir, create=False)
+        ctx = ca.server_context([settings.listen])
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+        return ctx, lambda der: ca.check_peer(der).node
     if settings.tls_cert is None:
-        return None
+        return None, None
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(str(settings.tls_cert), str(settings.tls_key) if settings.tls_key else None)
-    if settings.tls_client_ca is not None:
-        ctx.load_verify_locations(str(settings.tls_client_ca))
-        # Optional at the TLS layer so the admin API works without one; the agent endpoint demands it.
-        ctx.verify_mode = ssl.CERT_OPTIONAL
-    return ctx
+    if settings.tls_client_ca is None:
+        return ctx, None
+    ctx.load_verify_locations(str(settings.tls_client_ca))
+    ctx.verify_mode = ssl.CERT_OPTIONAL
+    return ctx, _certificate_node
+
+
+def _certificate_node(der: bytes | None) -> str:
+    """The node a client certificate names (its CN); the chain was verified in the handshake."""
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    if not der:
+        raise ValueError("no client certificate presented")
+    names = x509.load_der_x509_certificate(der).subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+    if not names:
+        raise ValueError("the certificate names no node (no CN)")
+    return str(names[0].value)
 
 
 @dataclass
@@ -189,8 +215,9 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     """Open the store, start listeners and loops; returns once the listeners are bound."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     token = admin_token_from(settings)
+    ctx, peer_check = tls_setup(settings)
     store = await Store.open(settings.store)
-    controller = Controller(settings, store, ControllerMetrics(), admin_token=token)
+    controller = Controller(settings, store, ControllerMetrics(), admin_token=token, peer_check=peer_check)
     try:
         for record in await store.list_replicas():
             controller.worker_state.known_records[record.id] = record
@@ -206,7 +233,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     runners: list[web.AppRunner] = []
     try:
         app = make_app(controller, make_source(settings))
-        url = await _serve(app, settings.listen_hostport, tls_context(settings), runners)
+        url = await _serve(app, settings.listen_hostport, ctx, runners)
         metrics_url = None
         if settings.metrics_hostport is not None:
             metrics_url = await _serve(make_metrics_app(controller), settings.metrics_hostport, None, runners)

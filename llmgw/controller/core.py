@@ -120,6 +120,7 @@ class Controller:
         admin_token: str,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        peer_check: Callable[[bytes | None], str] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -143,7 +144,7 @@ class Controller:
             timings=self.timings,
             clock=clock,
             on_change=self.notify,
-            require_client_cert=settings.tls_client_ca is not None,
+            peer_check=peer_check,
         )
         self._generated_secret: str | None = None
 

@@ -84,13 +84,14 @@ class AgentHub:
         timings: Callable[[], HubTimings],
         clock: Callable[[], float],
         on_change: Callable[[str], None],
-        require_client_cert: bool = False,
+        peer_check: Callable[[bytes | None], str] | None = None,
     ) -> None:
         self._tokens = tokens
         self._timings = timings
         self._clock = clock
         self._on_change = on_change
-        self._require_client_cert = require_client_cert
+        # With mutual TLS: the node name a client certificate proves, or PeerRejected/ValueError with why not.
+        self._peer_check = peer_check
         self.nodes: dict[str, NodeLink] = {}
         self.on_register: Callable[[NodeLink, Register], None] | None = None
         self.closing = False
@@ -99,11 +100,6 @@ class AgentHub:
 
     def authorised(self, request: web.Request) -> str | None:
         """None when the agent may connect, else why not (said to it in a Refused message)."""
-        if self._require_client_cert:
-            transport = request.transport
-            peercert = transport.get_extra_info("peercert") if transport else None
-            if not peercert:
-                return "a client certificate signed by the cluster CA is required"
         header = request.headers.get("Authorization", "")
         scheme, _, presented = header.partition(" ")
         allowed = self._tokens()
@@ -128,12 +124,32 @@ class AgentHub:
         register = await self._receive_register(ws, peer)
         if register is None:
             return ws
+        refusal = self._certificate_refusal(request, register.node)
+        if refusal is not None:
+            log.warning("agent %s from %s refused: %s", register.node, peer, refusal)
+            await self._refuse(ws, refusal)
+            return ws
         link = self._attach(register, ws, peer)
         try:
             await self._serve(link, ws)
         finally:
             self._detach(link, ws)
         return ws
+
+    def _certificate_refusal(self, request: web.Request, node: str) -> str | None:
+        """With mutual TLS, the certificate must name the node the agent registers as (and not be revoked)."""
+        if self._peer_check is None:
+            return None
+        transport = request.transport
+        ssl_object = transport.get_extra_info("ssl_object") if transport else None
+        der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+        try:
+            named = self._peer_check(der)
+        except Exception as exc:  # PeerRejected, CAError, a malformed certificate: all refusals
+            return f"client certificate refused: {exc}"
+        if named != node:
+            return f"the client certificate is for node {named!r}, not {node!r}"
+        return None
 
     async def _receive_register(self, ws: web.WebSocketResponse, peer: str) -> Register | None:
         try:

@@ -61,6 +61,11 @@ class ControllerSettings(BaseModel):
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = Field(None, description="CA that agent client certificates must chain to")
+    ca_dir: Path | None = Field(
+        None,
+        description="The cluster CA directory (llmgw.nodes.ca): serve TLS with its controller certificate and "
+        "require node certificates from agents, revocations honoured",
+    )
     command_timeout_s: float = Field(30.0, gt=0, description="How long an agent has to answer a command")
     settle_s: float = Field(
         30.0, ge=0, description="After a start, wait this long for known nodes to reconnect before placing"

@@ -205,3 +205,36 @@ async def _node(ctl: Admin, name: str, state: str) -> bool:
 
 async def _none(ctl: Admin) -> bool:
     return not await ctl.replicas()
+
+
+async def test_mutual_tls_requires_a_certificate_naming_the_node(tmp_path: Path) -> None:
+    from llmgw.nodes.ca import ClusterCA, client_context
+
+    ca = ClusterCA.open(tmp_path / "ca")
+    n1 = ca.node_cert("n1")
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml(), "a.yaml": model_yaml("sim-a", min_=0)})
+    running, _ = await start(settings_for(tmp_path, repo.path, ca_dir=tmp_path / "ca"))
+    assert running.url.startswith("https://")
+    url = running.url.replace("https://", "wss://") + "/agent/v1"
+    headers = {"Authorization": f"Bearer {running.admin_token}"}
+    trust_only = __import__("ssl").create_default_context(cafile=str(ca.cert_path))
+    with_cert = client_context(n1.cert_path, n1.key_path, ca.cert_path)
+
+    async def register(node: str, ctx: Any) -> Any:
+        async with aiohttp.ClientSession() as s, s.ws_connect(url, headers=headers, ssl=ctx) as ws:
+            inv = Inventory(cpu_cores=1)
+            await ws.send_str(dump(Register(node=node, agent_version="t", inventory=inv)))
+            return parse_controller_message((await ws.receive(timeout=10)).data)
+
+    try:
+        refused = await register("n1", trust_only)
+        assert refused.type == "refused" and "no client certificate" in refused.reason
+        refused = await register("n2", with_cert)
+        assert refused.type == "refused" and "for node 'n1', not 'n2'" in refused.reason
+        assert (await register("n1", with_cert)).type == "welcome"
+        ca.revoke("n1")
+        refused = await register("n1", with_cert)
+        assert refused.type == "refused" and "revoked" in refused.reason
+    finally:
+        await running.stop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -155,12 +156,25 @@ class RouterMetrics:
         )
         r.register(_EndpointCollector(table, clock))
 
+        # labels() costs a lock and a dict build per call; the request path asks for the same few children
+        # over and over, so they are kept (bounded by models x statuses x codes, a small set).
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def child(self, metric: Counter | Histogram, *labels: str) -> Any:
+        key = (metric._name, *labels)
+        found = self._children.get(key)
+        if found is None:
+            if len(self._children) > 50_000:
+                self._children.clear()
+            found = self._children[key] = metric.labels(*labels)
+        return found
+
     def set_revision(self, revision: str) -> None:
         self.snapshot_revision.clear()
         self.snapshot_revision.labels(revision).set(1)
 
     def observe_tokens(self, model: str, prompt: int, completion: int) -> None:
         if prompt:
-            self.tokens.labels(model, "prompt").inc(prompt)
+            self.child(self.tokens, model, "prompt").inc(prompt)
         if completion:
-            self.tokens.labels(model, "completion").inc(completion)
+            self.child(self.tokens, model, "completion").inc(completion)

@@ -39,7 +39,7 @@ from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, f
 from llmgw_router.ratelimit import Lease, Limiter, NoLimits
 from llmgw_router.scheduler import Decision, RequestInfo, schedule
 from llmgw_router.state import LiveEndpoint, RoutingTable
-from llmgw_router.tenancy import TenantChain, allowed, tenant_chain
+from llmgw_router.tenancy import TenantChain
 
 __all__ = ["Kind", "Router", "RouterOptions"]
 
@@ -155,11 +155,7 @@ class Router:
         for name, model in table.models.items():
             tenants = table.snapshot.tenants
             project = principal.project
-            if (
-                project is not None
-                and _has_tenants(tenants)
-                and not allowed(tenants, project, table.names_of[name])
-            ):
+            if project is not None and _has_tenants(tenants) and not table.allowed(project, name, name):
                 continue
             if not (model.on_demand or self._can_answer(table, name, now)):
                 continue
@@ -242,9 +238,7 @@ class Router:
                 403, f"Project `{project}` is not in the cluster repo.", "unknown_project", "permission_error"
             )
         if project is not None and project in tenants.projects:
-            if not allowed(
-                tenants, project, table.names_of[canonical] + ((name,) if name != canonical else ())
-            ):
+            if not table.allowed(project, canonical, name):
                 raise ApiError(
                     403,
                     f"Project `{project}` may not use model `{canonical}`.",
@@ -252,7 +246,7 @@ class Router:
                     "permission_error",
                     param="model",
                 )
-            call.chain = tenant_chain(tenants, project)
+            call.chain = table.chain(project)
             if call.chain is not None:
                 call.lease = await self.limiter.acquire(
                     call.chain, call.estimate, self._estimate_cost(model, call.estimate)
@@ -360,7 +354,7 @@ class Router:
         if not ok:
             return None
         ep.inflight += 1
-        self.metrics.decisions.labels(model, decision.winning_scorer).inc()
+        self.metrics.child(self.metrics.decisions, model, decision.winning_scorer).inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("decision for %s: %s", model, decision.rationale())
         return ep, decision
@@ -472,10 +466,10 @@ class Router:
         prompt = result.prompt_tokens if result and result.prompt_tokens is not None else None
         completion = result.completion_tokens if result and result.completion_tokens is not None else 0
         m = self.metrics
-        m.requests.labels(call.model, str(call.status), call.code).inc()
-        m.duration.labels(call.model).observe(elapsed)
+        m.child(m.requests, call.model, str(call.status), call.code).inc()
+        m.child(m.duration, call.model).observe(elapsed)
         if result is not None and result.first_byte_at is not None:
-            m.ttft.labels(call.model).observe(result.first_byte_at - call.started)
+            m.child(m.ttft, call.model).observe(result.first_byte_at - call.started)
         served = call.served or call.model
         if prompt is not None:
             m.observe_tokens(served, prompt, completion)
@@ -531,8 +525,10 @@ def _not_ready() -> ApiError:
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
     too_big = ApiError(413, f"Request body larger than {limit} bytes.", "request_too_large")
-    if request.content_length is not None and request.content_length > limit:
-        raise too_big
+    if request.content_length is not None:
+        if request.content_length > limit:
+            raise too_big
+        return await request.read()
     buf = bytearray()
     async for chunk in request.content.iter_any():
         buf += chunk

@@ -17,6 +17,7 @@ from llmgw.publish import Endpoint, PublishedModel, RouterSnapshot
 from llmgw_router.breaker import BreakerState
 from llmgw_router.scheduler import Candidate
 from llmgw_router.scrape_parse import MetricNames, Sample
+from llmgw_router.tenancy import TenantChain, allowed, tenant_chain
 
 __all__ = ["LiveEndpoint", "RoutingTable", "metric_names_for"]
 
@@ -96,6 +97,27 @@ class RoutingTable:
     scrape_interval: float
     stale_after: float
     admission_timeout: float
+    # Decisions that depend only on this snapshot, memoised: the request path asks the same few questions.
+    _allowed: dict[tuple[str, str, str], bool] = field(default_factory=dict, compare=False, repr=False)
+    _chains: dict[str, TenantChain | None] = field(default_factory=dict, compare=False, repr=False)
+
+    def allowed(self, project: str, model: str, asked_as: str) -> bool:
+        """May `project` use `model` (asked for by the name `asked_as`)? Per the snapshot's tenants."""
+        key = (project, model, asked_as)
+        found = self._allowed.get(key)
+        if found is None:
+            if len(self._allowed) > 100_000:
+                self._allowed.clear()
+            names = self.names_of[model] + ((asked_as,) if asked_as != model else ())
+            found = self._allowed[key] = allowed(self.snapshot.tenants, project, names)
+        return found
+
+    def chain(self, project: str) -> TenantChain | None:
+        if project not in self._chains:
+            if len(self._chains) > 100_000:
+                self._chains.clear()
+            self._chains[project] = tenant_chain(self.snapshot.tenants, project)
+        return self._chains[project]
 
     @property
     def models(self) -> dict[str, PublishedModel]:

@@ -1,0 +1,254 @@
+"""SSH to a node: connect with the host key checked, run commands, compare and write files.
+
+The words of every failure are for an operator: what happened, where, and what to do
+("ssh: permission denied for llmgw@10.0.0.5:22"). Host keys are checked against the key pinned in the Node or a
+known_hosts file; an unknown or different key is refused unless the caller explicitly asked for the insecure
+option (tests and first contact on a trusted network only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import shlex
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncssh
+
+from llmgw.config.models import Node, SecretRef
+
+
+class StepFailed(Exception):
+    """A step could not be done; the message is what the operator reads."""
+
+
+@dataclass(frozen=True)
+class SshTarget:
+    node: str
+    host: str
+    port: int
+    user: str
+    identity_file: Path | None = None
+    identity_text: str | None = None  # key read from an environment variable
+    host_key: str | None = None  # pinned `ssh-ed25519 AAAA...`
+    known_hosts: Path | None = None
+    insecure_accept_host_key: bool = False
+    connect_timeout: float = 15.0
+
+    @property
+    def where(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+    def __repr__(self) -> str:  # never show key material
+        return f"SshTarget({self.node!r}, {self.where})"
+
+
+def _resolve(path: str, repo_root: Path) -> Path:
+    expanded = Path(os.path.expanduser(path))
+    return expanded if expanded.is_absolute() else repo_root / expanded
+
+
+def target_for(
+    node: Node,
+    repo_root: Path,
+    env: Mapping[str, str],
+    *,
+    insecure_accept_host_key: bool = False,
+) -> SshTarget:
+    """The SSH target a Node document describes. File references are relative to the repo root."""
+    spec = node.spec
+    name = node.metadata.name
+    if spec.local or not spec.address:
+        raise StepFailed(f"node {name} is local: it needs no SSH bootstrap")
+    ssh = spec.ssh
+    identity_file: Path | None = None
+    identity_text: str | None = None
+    ref: SecretRef | None = ssh.identity if ssh else None
+    if ref is not None and ref.file is not None:
+        identity_file = _resolve(ref.file, repo_root)
+    elif ref is not None and ref.env is not None:
+        identity_text = env.get(ref.env)
+        if not identity_text:
+            raise StepFailed(f"ssh: node {name}'s identity is read from ${ref.env}, which is not set")
+    known_hosts = _resolve(ssh.known_hosts, repo_root) if ssh and ssh.known_hosts else None
+    return SshTarget(
+        node=name,
+        host=spec.address,
+        port=ssh.port if ssh else 22,
+        user=ssh.user if ssh else "llmgw",
+        identity_file=identity_file,
+        identity_text=identity_text,
+        host_key=ssh.host_key if ssh else None,
+        known_hosts=known_hosts,
+        insecure_accept_host_key=insecure_accept_host_key,
+    )
+
+
+class _HostKeyRecorder(asyncssh.SSHClient):
+    """Remembers the key the server presented when it was not trusted, to name it in the error."""
+
+    def __init__(self) -> None:
+        self.seen: asyncssh.SSHKey | None = None
+
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
+        self.seen = key
+        return False
+
+
+def _trusted_keys(target: SshTarget) -> tuple[list[asyncssh.SSHKey], str]:
+    """The keys the node may present, and where they came from (for the error message)."""
+    if target.host_key:
+        try:
+            return [asyncssh.import_public_key(target.host_key)], "the key pinned in the Node"
+        except (asyncssh.KeyImportError, ValueError) as exc:
+            raise StepFailed(f"node {target.node}: ssh.host_key is not a public key: {exc}") from exc
+    path = target.known_hosts or Path.home() / ".ssh" / "known_hosts"
+    if not path.exists():
+        return [], f"{path} (missing)"
+    try:
+        matched = asyncssh.read_known_hosts(str(path)).match(target.host, target.host, target.port)
+    except (OSError, ValueError) as exc:
+        raise StepFailed(f"ssh: cannot read known_hosts {path}: {exc}") from exc
+    return list(matched[0]), str(path)
+
+
+def _client_keys(target: SshTarget) -> list[asyncssh.SSHKey] | None:
+    if target.identity_text is not None:
+        try:
+            return [asyncssh.import_private_key(target.identity_text)]
+        except (asyncssh.KeyImportError, ValueError) as exc:
+            raise StepFailed(f"ssh: node {target.node}'s identity is not a private key: {exc}") from exc
+    if target.identity_file is not None:
+        try:
+            return [asyncssh.read_private_key(str(target.identity_file))]
+        except FileNotFoundError:
+            raise StepFailed(f"ssh: identity file {target.identity_file} not found") from None
+        except (OSError, asyncssh.KeyImportError, ValueError) as exc:
+            raise StepFailed(f"ssh: cannot read identity file {target.identity_file}: {exc}") from exc
+    return None  # asyncssh then uses the controller user's default keys and agent
+
+
+async def connect(target: SshTarget) -> asyncssh.SSHClientConnection:
+    """Connect and authenticate, or raise StepFailed with the reason in an operator's words."""
+    client_keys = _client_keys(target)
+    recorder = _HostKeyRecorder()
+    if target.insecure_accept_host_key:
+        known_hosts: object = None
+        trusted: list[asyncssh.SSHKey] = []
+        source = ""
+    else:
+        trusted, source = _trusted_keys(target)
+        known_hosts = (trusted, [], [])
+    try:
+        return await asyncio.wait_for(
+            asyncssh.connect(
+                target.host,
+                target.port,
+                username=target.user,
+                client_keys=client_keys,
+                known_hosts=known_hosts,
+                client_factory=lambda: recorder,
+                agent_path=None if client_keys else (),
+                connect_timeout=target.connect_timeout,
+                login_timeout=target.connect_timeout,
+                # Only the configured key: trying every key in ~/.ssh can lock an account out.
+                preferred_auth="publickey",
+                config=[],
+            ),
+            target.connect_timeout + 5,
+        )
+    except asyncssh.HostKeyNotVerifiable:
+        got = recorder.seen.get_fingerprint("sha256") if recorder.seen else "an unreadable key"
+        if not trusted:
+            raise StepFailed(
+                f"host key for {target.host} is unknown: no key for it in {source}; got {got}. "
+                "Pin it in the Node's ssh.host_key or add it to known_hosts"
+            ) from None
+        expected = ", ".join(k.get_fingerprint("sha256") for k in trusted)
+        raise StepFailed(
+            f"host key mismatch for {target.host}: expected {expected} ({source}), got {got}"
+        ) from None
+    except asyncssh.PermissionDenied:
+        raise StepFailed(f"ssh: permission denied for {target.where}") from None
+    except ConnectionRefusedError:
+        raise StepFailed(f"ssh: connection refused at {target.host}:{target.port}") from None
+    except socket.gaierror as exc:
+        raise StepFailed(f"ssh: cannot resolve {target.host}: {exc.strerror}") from None
+    except (TimeoutError, asyncssh.ConnectionLost):
+        raise StepFailed(
+            f"ssh: no answer from {target.host}:{target.port} within {target.connect_timeout:g}s"
+        ) from None
+    except asyncssh.DisconnectError as exc:
+        raise StepFailed(f"ssh: {target.where} closed the connection: {exc.reason}") from None
+    except OSError as exc:
+        raise StepFailed(f"ssh: cannot reach {target.host}:{target.port}: {exc.strerror or exc}") from None
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    data: bytes
+    mode: int
+
+
+class Remote:
+    """Commands and files on a connected node. Every method raises StepFailed with the command's words."""
+
+    def __init__(self, conn: asyncssh.SSHClientConnection, target: SshTarget) -> None:
+        self.conn = conn
+        self.target = target
+
+    async def run(self, command: str, *, check: bool = True, input: str | None = None) -> str:
+        result = await self.conn.run(command, check=False, input=input)
+        out = str(result.stdout or "")
+        if check and result.exit_status != 0:
+            err = (str(result.stderr or "") or out).strip().splitlines()
+            detail = err[-1] if err else f"exit status {result.exit_status}"
+            raise StepFailed(f"on {self.target.node}: `{command.split()[0]}` failed: {detail}")
+        return out
+
+    async def status(self, command: str) -> tuple[int, str]:
+        """Exit status and combined output, for commands whose failure is an answer."""
+        result = await self.conn.run(command + " 2>&1", check=False)
+        return int(result.exit_status or 0), str(result.stdout or "")
+
+    async def file_states(self, paths: list[str]) -> dict[str, tuple[str, int]]:
+        """sha256 and permission bits of those of `paths` that exist."""
+        if not paths:
+            return {}
+        script = (
+            "for f in " + " ".join(shlex.quote(p) for p in paths) + '; do if [ -f "$f" ]; then '
+            'echo "$(sha256sum < "$f" | cut -d" " -f1) $(stat -c %a "$f") $f"; fi; done'
+        )
+        states: dict[str, tuple[str, int]] = {}
+        for line in (await self.run(script)).splitlines():
+            sha, mode, path = line.split(" ", 2)
+            states[path] = (sha, int(mode, 8))
+        return states
+
+    async def put(self, file: RemoteFile) -> None:
+        """Write a file atomically, created with its final mode (secrets are never briefly readable)."""
+        tmp = file.path + ".llmgw-tmp"
+        parent = file.path.rsplit("/", 1)[0] or "/"
+        await self.run(f"mkdir -p {shlex.quote(parent)} && rm -f {shlex.quote(tmp)}")
+        async with self.conn.start_sftp_client() as sftp:
+            attrs = asyncssh.SFTPAttrs(permissions=file.mode)
+            async with sftp.open(tmp, "wb", attrs) as fh:
+                await fh.write(file.data)
+            await sftp.chmod(tmp, file.mode)
+            await sftp.posix_rename(tmp, file.path)
+
+    async def sync_files(self, files: list[RemoteFile]) -> list[str]:
+        """Write the files whose content or mode differs; returns the paths written (empty: unchanged)."""
+        states = await self.file_states([f.path for f in files])
+        written = []
+        for f in files:
+            want = (hashlib.sha256(f.data).hexdigest(), f.mode)
+            if states.get(f.path) != want:
+                await self.put(f)
+                written.append(f.path)
+        return written

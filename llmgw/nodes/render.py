@@ -1,0 +1,223 @@
+"""What bootstrap writes on a node, as pure functions of the settings: paths, agent config, unit, supervisor.
+
+Rendering is deterministic (sorted keys, no timestamps) so a second bootstrap produces the same bytes and the
+hash comparison finds nothing to write.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where everything lives under the install prefix on a node (default /opt/llmgw)."""
+
+    prefix: str = "/opt/llmgw"
+    unit_name: str = "llmgw-agent"
+
+    @property
+    def wheels(self) -> str:
+        return f"{self.prefix}/wheels"
+
+    @property
+    def venv(self) -> str:
+        return f"{self.prefix}/venv"
+
+    @property
+    def agent_bin(self) -> str:
+        return f"{self.venv}/bin/llmgw-agent"
+
+    @property
+    def installed_marker(self) -> str:
+        return f"{self.venv}/.llmgw-wheelhouse"
+
+    @property
+    def etc(self) -> str:
+        return f"{self.prefix}/etc"
+
+    @property
+    def config(self) -> str:
+        return f"{self.etc}/agent.json"
+
+    @property
+    def tls_cert(self) -> str:
+        return f"{self.etc}/tls/agent.crt"
+
+    @property
+    def tls_key(self) -> str:
+        return f"{self.etc}/tls/agent.key"
+
+    @property
+    def tls_ca(self) -> str:
+        return f"{self.etc}/tls/ca.crt"
+
+    @property
+    def token(self) -> str:
+        return f"{self.etc}/token"
+
+    @property
+    def state(self) -> str:
+        return f"{self.prefix}/state"
+
+    @property
+    def models(self) -> str:
+        return f"{self.prefix}/models"
+
+    @property
+    def weights(self) -> str:
+        return f"{self.prefix}/weights"
+
+    @property
+    def supervisor(self) -> str:
+        return f"{self.prefix}/bin/llmgw-agent-supervise"
+
+    @property
+    def run(self) -> str:
+        return f"{self.prefix}/run"
+
+    @property
+    def supervisor_pid(self) -> str:
+        return f"{self.run}/supervisor.pid"
+
+    @property
+    def log(self) -> str:
+        return f"{self.prefix}/log/agent.log"
+
+    @property
+    def unit_path(self) -> str:
+        return f"/etc/systemd/system/{self.unit_name}.service"
+
+    def removable(self) -> list[str]:
+        """What teardown removes; weights and models stay unless asked."""
+        return [
+            self.venv,
+            self.wheels,
+            self.etc,
+            self.state,
+            f"{self.prefix}/bin",
+            self.run,
+            f"{self.prefix}/log",
+        ]
+
+    def kept(self) -> list[str]:
+        return [self.weights, self.models]
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What goes into the agent's config file (llmgw_agent.config.AgentConfig, JSON)."""
+
+    node: str
+    controllers: tuple[str, ...]
+    mode: str  # "tls" or "token"
+    advertise_host: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    engines: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+
+
+def agent_config(layout: Layout, settings: AgentSettings) -> bytes:
+    doc: dict[str, object] = {
+        "node": settings.node,
+        "controllers": list(settings.controllers),
+        "state_dir": layout.state,
+        "model_dirs": [layout.models],
+        "weights_dir": layout.weights,
+        "advertise_host": settings.advertise_host,
+        "labels": dict(settings.labels),
+        "engines": {name: dict(conf) for name, conf in settings.engines.items()},
+    }
+    if settings.mode == "tls":
+        doc["tls"] = {"cert": layout.tls_cert, "key": layout.tls_key, "ca": layout.tls_ca}
+    else:
+        doc["token_file"] = layout.token
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def systemd_unit(layout: Layout, node: str) -> bytes:
+    # KillMode=process: stopping or restarting the agent leaves its engines running; the next agent re-adopts
+    # them (the agent is built for that), so an agent upgrade does not drop replicas.
+    return f"""[Unit]
+Description=llmgw agent (node {node})
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+ExecStart={layout.agent_bin} run --config {layout.config}
+Restart=always
+RestartSec=2
+KillMode=process
+UMask=0077
+
+[Install]
+WantedBy=multi-user.target
+""".encode()
+
+
+def supervisor_script(layout: Layout) -> bytes:
+    """A small restart loop for machines without systemd: restarts the agent with backoff, stops on TERM."""
+    q = shlex.quote
+    return f"""#!/bin/sh
+# Written by llmgw bootstrap: keeps the agent running where systemd does not.
+umask 077
+agent_pid=
+trap 'if [ -n "$agent_pid" ]; then kill -TERM "$agent_pid" 2>/dev/null; wait "$agent_pid"; fi; exit 0' TERM INT
+delay=1
+while :; do
+    started=$(date +%s)
+    {q(layout.agent_bin)} run --config {q(layout.config)} &
+    agent_pid=$!
+    wait "$agent_pid"
+    status=$?
+    agent_pid=
+    echo "llmgw-agent-supervise: agent exited with status $status; restarting in ${{delay}}s" >&2
+    # A run that lasted a minute was healthy: start the backoff over.
+    if [ $(( $(date +%s) - started )) -ge 60 ]; then delay=1; fi
+    sleep "$delay"
+    delay=$(( delay * 2 )); if [ "$delay" -gt 30 ]; then delay=30; fi
+done
+""".encode()
+
+
+def start_supervisor_command(layout: Layout) -> str:
+    # Separate statements on purpose: `a && b & c` would background the whole `a && b` as a subshell holding
+    # the SSH channel's output open, and the command would never return.
+    q = shlex.quote
+    log_dir = layout.log.rsplit("/", 1)[0]
+    return (
+        f"mkdir -p {q(layout.run)} {q(log_dir)} || exit 1\n"
+        f"setsid nohup {q(layout.supervisor)} >> {q(layout.log)} 2>&1 < /dev/null &\n"
+        f"echo $! > {q(layout.supervisor_pid)}\n"
+    )
+
+
+def _is_supervisor(layout: Layout) -> str:
+    # The pid's argv must have the script as one whole argument: a shell whose command line merely mentions
+    # the path (or a recycled pid) is not the supervisor.
+    return f"tr '\\0' '\\n' < /proc/$pid/cmdline 2>/dev/null | grep -qxF {shlex.quote(layout.supervisor)}"
+
+
+def supervisor_alive_command(layout: Layout) -> str:
+    """Prints `alive PID` when the pid file names a running supervisor."""
+    return (
+        f"pid=$(cat {shlex.quote(layout.supervisor_pid)} 2>/dev/null) && [ -n \"$pid\" ] && "
+        f"{_is_supervisor(layout)} && echo alive $pid; true"
+    )
+
+
+def stop_supervisor_command(layout: Layout) -> str:
+    """Stops the supervisor (its TERM trap stops the agent first); prints `stopped` when one was running."""
+    q = shlex.quote
+    return (
+        f"pid=$(cat {q(layout.supervisor_pid)} 2>/dev/null)\n"
+        f'if [ -n "$pid" ] && {_is_supervisor(layout)}; then\n'
+        f'  kill -TERM "$pid"; i=0\n'
+        f'  while kill -0 "$pid" 2>/dev/null && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done\n'
+        f'  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"\n'
+        f"  echo stopped\n"
+        f"fi\n"
+        f"rm -f {q(layout.supervisor_pid)}\n"
+    )

@@ -1,0 +1,19 @@
+"""Fixtures for the node tests: a real sshd, the agent wheelhouse (built once, cached across sessions)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from fixtures.sshd import sshd_server  # noqa: F401  (registers the fixture)
+
+from llmgw.nodes import wheels
+
+
+@pytest.fixture(scope="session")
+def wheelhouse() -> wheels.Wheelhouse:
+    # pip wheel on 2 cores costs seconds, not minutes, once pip's cache is warm; keyed by the agent's source,
+    # so an unchanged agent reuses the same files across sessions.
+    cache = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw")) / "test-wheelhouse"
+    return wheels.build(cache)

@@ -1,0 +1,173 @@
+"""Bootstrap over a real OpenSSH server on loopback into a temporary prefix.
+
+The agent installs from the local wheelhouse with no index, starts as a supervised background process (no
+systemd here), and registers over mutual TLS with a hub that checks its certificate. A second run changes
+nothing; a wrong key, a closed port and a wrong host key are reported with their reasons and do not stop the
+good node; teardown stops and removes the agent, keeps the weights and revokes the certificate.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives.serialization import Encoding
+from fixtures.sshd import SshServer, keygen
+
+from llmgw.nodes import render
+from llmgw.nodes.bootstrap import (
+    BootstrapOptions,
+    NodeResult,
+    TeardownOptions,
+    bootstrap_many,
+    bootstrap_node,
+    teardown_node,
+)
+from llmgw.nodes.ca import ClusterCA, PeerRejected
+from llmgw.nodes.remote import SshTarget
+from llmgw.nodes.wheels import Wheelhouse
+
+from .agent_hub import HubStub
+
+pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900)]
+
+STEPS = ["connect", "check", "wheels", "venv", "agent", "credentials", "config", "service", "register"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _modes(layout: render.Layout) -> dict[str, int]:
+    paths = {"key": layout.tls_key, "cert": layout.tls_cert, "ca": layout.tls_ca, "config": layout.config}
+    return {name: stat.S_IMODE(Path(p).stat().st_mode) for name, p in paths.items()}
+
+
+def _read(path: str) -> str:
+    return Path(path).read_text().strip()
+
+
+def _exists(*paths: str) -> list[bool]:
+    return [Path(p).exists() for p in paths]
+
+
+def _stop_leftover(layout: render.Layout) -> None:
+    """Test hygiene: never leave an agent running, even when an assertion failed before teardown."""
+    pid_file = Path(layout.supervisor_pid)
+    if pid_file.exists():
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+@pytest.fixture
+async def hub(tmp_path: Path) -> AsyncIterator[HubStub]:
+    hub = HubStub(ClusterCA.open(tmp_path / "controller" / "ca"))
+    await hub.start()
+    yield hub
+    await hub.stop()
+
+
+def _statuses(result: NodeResult) -> dict[str, str]:
+    return {s.name: s.status for s in result.steps}
+
+
+async def test_bootstrap_registers_over_mtls_then_changes_nothing_and_tears_down(
+    sshd_server: SshServer, wheelhouse: Wheelhouse, hub: HubStub, tmp_path: Path
+) -> None:
+    layout = render.Layout(prefix=str(tmp_path / "opt-llmgw"))
+    opts = BootstrapOptions(
+        controllers=(f"127.0.0.1:{hub.port}",),
+        wheelhouse=wheelhouse,
+        registered=hub.registered,
+        ca=hub.ca,
+        layout=layout,
+        register_timeout=90,
+        labels={"node-a": {"zone": "test"}},
+    )
+    good = SshTarget(
+        "node-a",
+        sshd_server.host,
+        sshd_server.port,
+        sshd_server.user,
+        identity_file=sshd_server.client_key,
+        host_key=sshd_server.host_key_line,
+    )
+    keygen(tmp_path / "stranger")
+    wrong_key = SshTarget(
+        "node-b",
+        sshd_server.host,
+        sshd_server.port,
+        sshd_server.user,
+        identity_file=tmp_path / "stranger",
+        known_hosts=sshd_server.known_hosts,
+    )
+    closed = _free_port()
+    refused = SshTarget(
+        "node-c",
+        "127.0.0.1",
+        closed,
+        "llmgw",
+        identity_file=sshd_server.client_key,
+        host_key=sshd_server.host_key_line,
+    )
+    other_host = SshTarget(
+        "node-d",
+        sshd_server.host,
+        sshd_server.port,
+        sshd_server.user,
+        identity_file=sshd_server.client_key,
+        host_key=(tmp_path / "stranger.pub").read_text().strip(),
+    )
+    try:
+        first = await bootstrap_many([good, wrong_key, refused, other_host], opts)
+
+        assert first["node-a"].ok, first["node-a"].steps
+        assert [s.name for s in first["node-a"].steps] == STEPS
+        assert _statuses(first["node-a"])["agent"] == "changed"
+        assert _statuses(first["node-a"])["register"] == "changed"
+        assert "background process" in next(s.detail for s in first["node-a"].steps if s.name == "service")
+        assert await hub.registered("node-a", float("-inf"))
+
+        assert first["node-b"].failure == f"ssh: permission denied for root@127.0.0.1:{sshd_server.port}"
+        assert first["node-c"].failure == f"ssh: connection refused at 127.0.0.1:{closed}"
+        failure_d = first["node-d"].failure or ""
+        assert failure_d.startswith("host key mismatch for 127.0.0.1: expected SHA256:")
+        assert ", got SHA256:" in failure_d
+        for name in ("node-b", "node-c", "node-d"):
+            assert _statuses(first[name])["check"] == "skipped"
+
+        # Credentials and config are private to root on the node.
+        assert _modes(layout) == dict.fromkeys(["key", "cert", "ca", "config"], 0o600)
+        # Installed with no index: the venv holds exactly the wheelhouse's agent.
+        assert _read(layout.installed_marker) == wheelhouse.digest
+
+        second = await bootstrap_node(good, opts)
+        assert _statuses(second) == dict.fromkeys(STEPS, "unchanged"), second.steps
+
+        issued = hub.ca.node_cert("node-a")
+        down = await teardown_node(good, TeardownOptions(layout=layout, ca=hub.ca))
+        assert {s.name: s.status for s in down.steps} == {
+            "connect": "unchanged",
+            "stop": "changed",
+            "remove": "changed",
+            "weights": "unchanged",
+            "revoke": "changed",
+        }, down.steps
+        assert _exists(layout.venv, layout.etc, layout.supervisor_pid) == [False, False, False]
+        der = x509.load_pem_x509_certificate(issued.cert_pem).public_bytes(Encoding.DER)
+        with pytest.raises(PeerRejected, match="revoked"):
+            hub.ca.check_peer(der)
+        again = await teardown_node(good, TeardownOptions(layout=layout, ca=hub.ca))
+        assert all(s.status == "unchanged" for s in again.steps), again.steps
+    finally:
+        _stop_leftover(layout)

@@ -134,13 +134,20 @@ async def state(request: web.Request) -> web.Response:
 
 
 async def events(request: web.Request) -> web.Response:
+    """Recent events, newest first: from the store (they survive a restart), else from memory."""
     c = _admin(request)
     try:
         limit = max(1, min(1000, int(request.query.get("limit", "100"))))
     except ValueError:
         return _error(400, "limit must be a whole number between 1 and 1000")
-    items = list(c.events.items)[-limit:]
-    return web.json_response({"events": items[::-1]})
+    try:
+        stored = await c.store.recent_events(limit=limit)
+        stored.sort(key=lambda e: -e.time)
+        items = [{"time": e.time, "kind": e.kind, "object": e.object, "message": e.message} for e in stored]
+    except Exception as exc:  # the store down: what this process saw is still worth showing
+        log.warning("events from the store unavailable, showing this process's: %s", exc)
+        items = list(c.events.items)[-limit:][::-1]
+    return web.json_response({"events": items})
 
 
 async def webhook(request: web.Request) -> web.Response:

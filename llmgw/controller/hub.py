@@ -282,7 +282,9 @@ class AgentHub:
                 link.state = state
                 changes.append((link.name, state))
         for name, state in changes:
-            log.warning("node %s is %s (no heartbeat)", name, state) if state != "Ready" else None
+            log.warning(
+                "node %s is %s (no heartbeat for %s)", name, state, "long" if state == "Lost" else "a while"
+            )
             self._on_change(f"node {name} is {state}")
         return changes
 

@@ -324,7 +324,14 @@ class Reconciler:
         """Shards an agent reports at Register that this controller does not know: adopted, never restarted."""
         c = self.c
         for shard in register.shards:
-            if shard.replica_id in c.replicas or shard.state not in ADOPTABLE:
+            if shard.state not in ADOPTABLE:
+                continue
+            existing = c.replicas.get(shard.replica_id)
+            if existing is not None:
+                # Another shard of a multi-node replica adopted from another node: add where this one runs.
+                if existing.adopted and shard.shard_rank not in {s.rank for s in existing.shards}:
+                    placed = ShardPlacement(link.name, shard.shard_rank, ())
+                    existing.shards = tuple(sorted((*existing.shards, placed), key=lambda s: s.rank))
                 continue
             known = c.worker_state.known_records.get(shard.replica_id)
             profile = known.profile if known else self._profile_by_fingerprint(shard.model, shard.fingerprint)

@@ -51,6 +51,7 @@ class FakeAgent:
         self.token = token if token is not None else admin.running.admin_token
         self.commands: list[Command] = []
         self.shards: dict[str, ShardStatus] = {}
+        self.refuse_start = ""
 
     async def connect(self, shards: list[ShardStatus] | None = None, version: int = PROTOCOL_VERSION) -> Any:
         self.session = aiohttp.ClientSession()
@@ -81,6 +82,9 @@ class FakeAgent:
                 cmd = parse_controller_message(msg.data)
                 assert isinstance(cmd, Command)
                 self.commands.append(cmd)
+                if cmd.action == "start_shard" and self.refuse_start:
+                    await self.ws.send_str(dump(Reply(id=cmd.id, ok=False, error=self.refuse_start)))
+                    continue
                 if cmd.action == "start_shard" and cmd.spec is not None:
                     spec = cmd.spec
                     self.shards[spec.shard_id] = ShardStatus(
@@ -238,3 +242,41 @@ async def test_mutual_tls_requires_a_certificate_naming_the_node(tmp_path: Path)
         assert refused.type == "refused" and "revoked" in refused.reason
     finally:
         await running.stop()
+
+
+async def test_a_refused_start_is_retried_after_a_backoff_not_dropped(ctl: Admin) -> None:
+    agent = FakeAgent(ctl, "n1")
+    agent.refuse_start = "sim: unknown arg 'colour'"
+    await agent.connect()
+    serving = asyncio.create_task(agent.serve())
+    try:
+
+        def starts() -> int:
+            return sum(1 for c in agent.commands if c.action == "start_shard")
+
+        await wait_for(lambda: starts() >= 3, 20, "the start tried three times")
+        status = await ctl.get("/api/v1/status")
+        model = status["models"][0]
+        assert model["health"] == "Degraded" and model["failures"] >= 2
+        events = (await ctl.get("/api/v1/events"))["events"]
+        assert any(e["kind"] == "replica_start_failed" and "unknown arg" in e["message"] for e in events)
+        assert "llmgw_controller_reconcile_errors_total" in await ctl.metrics()
+
+        agent.refuse_start = ""  # fixed: the next try succeeds
+        await wait_for(lambda: ctl.replicas("sim-a", "ready"), 20, "sim-a ready once starts succeed")
+        healthy = (await ctl.get("/api/v1/status"))["models"][0]
+        assert healthy["health"] == "Healthy"
+    finally:
+        serving.cancel()
+        await agent.close()
+
+
+async def test_routers_report_use_on_the_stream(ctl: Admin) -> None:
+    url = ctl.url.replace("http://", "ws://") + "/router/v1"
+    controller = ctl.running.controller
+    async with aiohttp.ClientSession() as s, s.ws_connect(url, headers=ctl.headers) as ws:
+        first = json.loads((await ws.receive(timeout=5)).data)
+        assert first["revision"] == controller.desired.revision
+        await ws.send_str(json.dumps({"type": "usage", "models": ["sim-a", "unknown"]}))
+        await wait_for(lambda: "sim-a" in controller.worker_state.used, 5, "use of sim-a noted")
+        assert "unknown" not in controller.worker_state.used

@@ -276,7 +276,7 @@ async def test_routers_report_use_on_the_stream(ctl: Admin) -> None:
     controller = ctl.running.controller
     async with aiohttp.ClientSession() as s, s.ws_connect(url, headers=ctl.headers) as ws:
         first = json.loads((await ws.receive(timeout=5)).data)
-        assert first["revision"] == controller.desired.revision
+        assert controller.desired is not None and first["revision"] == controller.desired.revision
         await ws.send_str(json.dumps({"type": "usage", "models": ["sim-a", "unknown"]}))
         await wait_for(lambda: "sim-a" in controller.worker_state.used, 5, "use of sim-a noted")
         assert "unknown" not in controller.worker_state.used

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from llmgw.cli import controller_cmds, plan_cmds, schemas, store_cmds, validate
+from llmgw.cli import controller_cmds, node_cmds, plan_cmds, schemas, store_cmds, validate
 
 app = typer.Typer(
     name="llmgw",
@@ -22,6 +22,7 @@ app.add_typer(schemas.app, name="schemas")
 store_cmds.register(app)
 plan_cmds.register(app)
 controller_cmds.register(app)
+node_cmds.register(app)
 
 
 def main() -> None:

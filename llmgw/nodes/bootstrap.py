@@ -63,7 +63,7 @@ class NodeResult:
 class BootstrapOptions:
     controllers: tuple[str, ...]  # host:port agents dial
     wheelhouse: Wheelhouse
-    registered: Registered
+    registered: Registered | None  # None: do not wait (the step reports skipped)
     ca: ClusterCA | None = None  # mutual TLS when set
     token: str | None = None  # development mode when no CA
     layout: render.Layout = field(default_factory=render.Layout)
@@ -371,12 +371,14 @@ class _Run:
         return "changed", f"{self.layout.unit_name} enabled and (re)started"
 
     async def register(self, remote: Remote) -> tuple[Status, str]:
-        node, since = self.target.node, self.started_at
-        if since == float("-inf") and await self.opts.registered(node, since):
+        node, since, registered = self.target.node, self.started_at, self.opts.registered
+        if registered is None:
+            return "skipped", "not waited for"
+        if since == float("-inf") and await registered(node, since):
             return "unchanged", "registered with the controller"
         deadline = time.monotonic() + self.opts.register_timeout
         while time.monotonic() < deadline:
-            if await self.opts.registered(node, since):
+            if await registered(node, since):
                 return "changed", "registered with the controller"
             await asyncio.sleep(0.25)
         _, tail = await remote.status(f"tail -n 5 {shlex.quote(self.layout.log)}")

@@ -203,7 +203,7 @@ def _is_supervisor(layout: Layout) -> str:
 def supervisor_alive_command(layout: Layout) -> str:
     """Prints `alive PID` when the pid file names a running supervisor."""
     return (
-        f"pid=$(cat {shlex.quote(layout.supervisor_pid)} 2>/dev/null) && [ -n \"$pid\" ] && "
+        f'pid=$(cat {shlex.quote(layout.supervisor_pid)} 2>/dev/null) && [ -n "$pid" ] && '
         f"{_is_supervisor(layout)} && echo alive $pid; true"
     )
 

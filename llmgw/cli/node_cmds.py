@@ -1,0 +1,303 @@
+"""`llmgw node add`, `llmgw node bootstrap`, `llmgw engine-check`: nodes joining over SSH.
+
+`node add` only writes a Node document into the cluster repo for review (GitOps: the controller bootstraps it
+once it is committed). `node bootstrap` runs the same steps now, from this machine, for an operator who needs
+the node at once. Both read the repo with the same loader the controller uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal, NoReturn, cast
+
+import typer
+from rich.console import Console
+from ruamel.yaml import YAML
+
+from llmgw.config import load_repo
+from llmgw.config.models import NAME_PATTERN, Cluster, Node, SecretRef
+from llmgw.config.schemas import ID_BASE, schema_file_name
+
+RepoOpt = Annotated[Path, typer.Option("--repo", help="Cluster repo directory")]
+StateOpt = Annotated[
+    Path, typer.Option("--state-dir", help="Controller state dir (holds the cluster CA in ca/)")
+]
+DEFAULT_STATE = Path(".llmgw/state")
+ServiceMode = Literal["auto", "systemd", "process"]
+
+node_app = typer.Typer(help="Nodes joining the cluster over SSH.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(node_app, name="node")
+    app.command("engine-check")(engine_check)
+
+
+def _fail(message: str) -> NoReturn:
+    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------------------- node add
+
+
+def _schema_comment(repo: Path) -> str:
+    """Point editors at the Node schema: the repo's own copy when it carries one, else the published one."""
+    local = repo / "schemas" / schema_file_name("Node")
+    ref = f"../schemas/{schema_file_name('Node')}" if local.exists() else ID_BASE + schema_file_name("Node")
+    return f"# yaml-language-server: $schema={ref}\n"
+
+
+def _labels(items: list[str]) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            _fail(f"--label {item!r}: write KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def node_document(
+    name: str,
+    address: str,
+    user: str,
+    port: int,
+    identity_file: str | None,
+    labels: dict[str, str],
+    host_key: str | None,
+    fabric: str | None,
+) -> dict[str, Any]:
+    ssh: dict[str, Any] = {"user": user, "port": port}
+    if identity_file:
+        ssh["identity"] = {"file": identity_file}
+    if host_key:
+        ssh["host_key"] = host_key
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = labels
+    spec: dict[str, Any] = {"address": address, "ssh": ssh}
+    if fabric:
+        spec["fabric"] = fabric
+    return {"apiVersion": "llmgw/v1", "kind": "Node", "metadata": metadata, "spec": spec}
+
+
+def render_node(repo: Path, doc: dict[str, Any]) -> str:
+    Node.model_validate(doc)  # the same model the loader checks, so what is written validates
+    yaml = YAML()
+    yaml.default_flow_style = False
+    out = io.StringIO()
+    yaml.dump(doc, out)
+    name = doc["metadata"]["name"]
+    return (
+        _schema_comment(repo)
+        + f"# Written by `llmgw node add {name}`: review, commit, and the controller bootstraps it.\n"
+        + out.getvalue()
+    )
+
+
+@node_app.command("add")
+def node_add(
+    name: Annotated[str, typer.Argument(help="Node name (lower-case letters, digits, . _ -)")],
+    address: Annotated[str, typer.Option("--address", help="Host name or IP address")],
+    user: Annotated[str, typer.Option("--user", help="SSH user the controller logs in as")],
+    port: Annotated[int, typer.Option("--port", help="SSH port")] = 22,
+    identity_file: Annotated[
+        str | None, typer.Option("--identity-file", help="Private key file (relative to the repo root)")
+    ] = None,
+    label: Annotated[
+        list[str] | None, typer.Option("--labels", "--label", help="KEY=VALUE, repeatable")
+    ] = None,
+    host_key: Annotated[
+        str | None, typer.Option("--host-key", help="Pin the node's host key (`ssh-ed25519 AAAA...`)")
+    ] = None,
+    fabric: Annotated[str | None, typer.Option("--fabric", help="Interconnect this node shares")] = None,
+    repo: RepoOpt = Path("."),
+) -> None:
+    """Write nodes/NAME.yaml into the cluster repo for review; never overwrites."""
+    if not re.fullmatch(NAME_PATTERN, name):
+        _fail(f"node name {name!r}: use lower-case letters, digits, '.', '_' and '-' (at most 63)")
+    if not repo.is_dir():
+        _fail(f"--repo {repo}: not a directory")
+    path = repo / "nodes" / f"{name}.yaml"
+    if path.exists():
+        _fail(f"{path} exists; edit it instead (node add never overwrites)")
+    loaded = load_repo(repo)
+    if any(d.kind == "Node" and d.name == name for d in loaded.documents):
+        other = next(d.file for d in loaded.documents if d.kind == "Node" and d.name == name)
+        _fail(f"a Node named {name} is already declared in {other}")
+    doc = node_document(name, address, user, port, identity_file, _labels(label or []), host_key, fabric)
+    try:
+        text = render_node(repo, doc)
+    except ValueError as exc:
+        _fail(f"the node would not validate: {exc}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("x", encoding="utf-8") as fh:  # "x": a file appearing meanwhile is not overwritten
+        fh.write(text)
+    typer.echo(f"wrote {path}; review and commit it (or run `llmgw node bootstrap {name}` now)")
+
+
+# ---------------------------------------------------------------------------------------------- bootstrap
+
+
+def _load(repo: Path, name: str) -> tuple[Node, Cluster | None]:
+    result = load_repo(repo)
+    if not result.ok:
+        first = result.errors[0].format_text() if result.errors else "invalid"
+        _fail(f"the cluster repo {repo} does not validate ({len(result.errors)} errors); first: {first}")
+    node = next((d.document for d in result.documents if d.kind == "Node" and d.name == name), None)
+    if not isinstance(node, Node):
+        known = ", ".join(d.name for d in result.documents if d.kind == "Node") or "none"
+        _fail(f"no Node named {name} in {repo} (nodes: {known})")
+    cluster = next((d.document for d in result.documents if d.kind == "Cluster"), None)
+    return node, cluster if isinstance(cluster, Cluster) else None
+
+
+def _secret(ref: SecretRef, repo: Path) -> str:
+    if ref.env is not None:
+        value = os.environ.get(ref.env, "").strip()
+        if not value:
+            _fail(f"the agent token is read from ${ref.env}, which is not set")
+        return value
+    assert ref.file is not None
+    path = Path(os.path.expanduser(ref.file))
+    path = path if path.is_absolute() else repo / path
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        _fail(f"cannot read the agent token file {path}: {exc.strerror or exc}")
+
+
+@node_app.command("bootstrap")
+def node_bootstrap(
+    name: Annotated[str, typer.Argument(help="Node declared in the repo")],
+    repo: RepoOpt = Path("."),
+    state_dir: StateOpt = DEFAULT_STATE,
+    wheelhouse: Annotated[
+        Path | None,
+        typer.Option("--wheelhouse", help="Prebuilt agent wheels (default: built into STATE/wheelhouse)"),
+    ] = None,
+    prefix: Annotated[str, typer.Option("--prefix", help="Install prefix on the node")] = "/opt/llmgw",
+    auth: Annotated[str, typer.Option("--auth", help="tls (cluster CA) or token (development)")] = "tls",
+    service: Annotated[str, typer.Option("--service", help="auto, systemd or process")] = "auto",
+    controller: Annotated[
+        str | None, typer.Option("--controller", help="Admin URL to watch for registration")
+    ] = None,
+    token_file: Annotated[Path | None, typer.Option("--token-file", help="Admin token file")] = None,
+    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the agent to register")] = True,
+    register_timeout: Annotated[float, typer.Option("--register-timeout", help="Seconds")] = 120.0,
+    insecure_accept_host_key: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-accept-host-key", help="Accept any host key (first contact on a trusted network)"
+        ),
+    ] = False,
+) -> None:
+    """Bootstrap one node now: check, install the agent, configure, start, wait for it to register."""
+    from llmgw.cli.admin_client import AdminClient, AdminError, default_token_files, environ, resolve_token
+    from llmgw.nodes import wheels
+    from llmgw.nodes.bootstrap import BootstrapOptions, Step, bootstrap_node
+    from llmgw.nodes.ca import ClusterCA
+    from llmgw.nodes.remote import StepFailed, target_for
+    from llmgw.nodes.render import Layout
+
+    if auth not in ("tls", "token") or service not in ("auto", "systemd", "process"):
+        _fail("--auth takes tls or token; --service takes auto, systemd or process")
+    node, cluster = _load(repo, name)
+    settings = cluster.spec if cluster is not None else None
+    address = settings.controller.address if settings else "127.0.0.1:7070"
+    ca = ClusterCA.open(state_dir / "ca") if auth == "tls" else None
+    token = None
+    if auth == "token":
+        if settings is None or settings.controller.token is None:
+            _fail("--auth token needs spec.controller.token in the Cluster document")
+        token = _secret(settings.controller.token, repo)
+    try:
+        target = target_for(node, repo, os.environ, insecure_accept_host_key=insecure_accept_host_key)
+        house = wheels.load(wheelhouse) if wheelhouse else wheels.build(state_dir / "wheelhouse")
+    except (StepFailed, wheels.WheelhouseError) as exc:
+        _fail(str(exc))
+
+    client: AdminClient | None = None
+    if wait:
+        env = environ()
+        try:
+            admin_token = resolve_token(token_file, env, default_token_files(repo, Path.cwd()))
+        except AdminError as exc:
+            _fail(f"{exc} (or pass --no-wait)")
+        client = AdminClient(controller or f"http://{address}", admin_token)
+
+    async def registered(node_name: str, since: float) -> bool:
+        # The admin API has no registration time comparable to ours: a Ready node is taken as registered.
+        assert client is not None
+        try:
+            data = await asyncio.to_thread(client.get, "/api/v1/nodes")
+        except AdminError:
+            return False
+        return any(n.get("name") == node_name and n.get("state") == "Ready" for n in data.get("nodes", []))
+
+    console = Console()
+    style = {"changed": "yellow", "unchanged": "green", "failed": "red", "skipped": "dim"}
+
+    def on_step(node_name: str, step: Step) -> None:
+        console.print(
+            f"{node_name}  {step.name:<12} [{style[step.status]}]{step.status:<9}[/]  {step.detail}",
+            highlight=False,
+        )
+
+    opts = BootstrapOptions(
+        controllers=(address,),
+        wheelhouse=house,
+        registered=registered if wait else None,
+        ca=ca,
+        token=token,
+        layout=Layout(prefix=prefix),
+        service=cast(ServiceMode, service),  # checked above
+        register_timeout=register_timeout,
+        labels={name: dict(node.metadata.labels)},
+        engines={
+            e: {"path": s.path, "version": s.version}
+            for e, s in (settings.engines if settings else {}).items()
+        },
+        on_step=on_step,
+    )
+    result = asyncio.run(bootstrap_node(target, opts))
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+# ---------------------------------------------------------------------------------------------- engine-check
+
+
+def engine_check(
+    node_name: Annotated[str, typer.Argument(metavar="NODE", help="Node declared in the repo")],
+    engine: Annotated[str, typer.Argument(metavar="ENGINE", help="sim, llamacpp, vllm, sglang or trtllm")],
+    repo: RepoOpt = Path("."),
+    prefix: Annotated[str, typer.Option("--prefix", help="Install prefix on the node")] = "/opt/llmgw",
+    insecure_accept_host_key: Annotated[
+        bool, typer.Option("--insecure-accept-host-key", help="Accept any host key")
+    ] = False,
+) -> None:
+    """Run ENGINE's version (or help) on NODE over SSH and print what it says."""
+    from llmgw.nodes.engines import check_local, check_remote
+    from llmgw.nodes.remote import StepFailed, target_for
+    from llmgw.nodes.render import Layout
+
+    node, cluster = _load(repo, node_name)
+    engines = {str(k): v for k, v in cluster.spec.engines.items()} if cluster is not None else {}
+    try:
+        if node.spec.local:
+            result = asyncio.run(check_local(node_name, engine, engines))
+        else:
+            target = target_for(node, repo, os.environ, insecure_accept_host_key=insecure_accept_host_key)
+            result = asyncio.run(check_remote(target, engine, engines, Layout(prefix=prefix)))
+    except StepFailed as exc:
+        _fail(str(exc))
+    typer.echo(f"$ {result.command}   # on {node_name}")
+    typer.echo(result.output)
+    if not result.ok:
+        raise typer.Exit(1)

@@ -1,0 +1,92 @@
+"""The pure parts of bootstrap: reading the probe, wheel compatibility, rendering, engine commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llmgw.config.models import EngineSettings
+from llmgw.nodes import render
+from llmgw.nodes.bootstrap import parse_probe
+from llmgw.nodes.engines import engine_command
+from llmgw.nodes.remote import StepFailed
+from llmgw.nodes.wheels import Wheelhouse, compatibility_problem
+
+PROBE = """arch=x86_64
+mem_kb=16303120
+uid=0
+systemd=offline
+python=3.10.12 /usr/bin/python3
+python=3.12.3 /usr/bin/python3.12
+python=3.11.9 /usr/local/bin/python3.11
+"""
+
+
+def test_probe_prefers_the_python_the_wheels_were_built_for() -> None:
+    m = parse_probe(PROBE, wanted=(3, 11))
+    assert (m.python, m.python_version) == ("/usr/local/bin/python3.11", (3, 11, 9))
+    assert m.memory_bytes == 16303120 * 1024 and m.arch == "x86_64" and m.root
+    assert m.nvidia_smi is None
+    assert not m.systemd  # installed but not init: no units can be started
+    assert parse_probe(PROBE, wanted=None).python == "/usr/bin/python3.12"
+
+
+def test_probe_sees_systemd_running_and_nvidia_smi() -> None:
+    m = parse_probe(
+        "arch=aarch64\nsystemd=degraded\nnvidia_smi=/usr/bin/nvidia-smi\npython=3.11.2 /usr/bin/python3\n",
+        None,
+    )
+    assert m.systemd and m.nvidia_smi == "/usr/bin/nvidia-smi" and m.memory_bytes is None
+
+
+def test_probe_without_python_311_says_so() -> None:
+    with pytest.raises(StepFailed, match=r"python3 3.11\+ not found \(3.10.12 at /usr/bin/python3\)"):
+        parse_probe("arch=x86_64\npython=3.10.12 /usr/bin/python3\n", None)
+    with pytest.raises(StepFailed, match="no python3 on PATH"):
+        parse_probe("arch=x86_64\n", None)
+
+
+def _house(*names: str) -> Wheelhouse:
+    return Wheelhouse(Path("/w"), dict.fromkeys(names, "0" * 64), names[0], "0.1.0", "x")
+
+
+def test_compatibility_of_compiled_wheels() -> None:
+    house = _house("llmgw_agent-0.1.0-py3-none-any.whl", "yarl-1.9-cp311-cp311-manylinux_2_17_x86_64.whl")
+    assert compatibility_problem(house, (3, 11), "x86_64") is None
+    assert "node has Python 3.12" in (compatibility_problem(house, (3, 12), "x86_64") or "")
+    assert "node is aarch64" in (compatibility_problem(house, (3, 11), "aarch64") or "")
+    assert compatibility_problem(_house("llmgw_agent-0.1.0-py3-none-any.whl"), (3, 13), "riscv64") is None
+
+
+def test_rendering_is_deterministic_and_matches_the_agent_config_model() -> None:
+    from llmgw_agent.config import AgentConfig
+
+    layout = render.Layout(prefix="/srv/llmgw")
+    settings = render.AgentSettings(
+        node="gpu-1", controllers=("10.0.0.1:7070",), mode="tls", advertise_host="10.0.0.5",
+        labels={"zone": "a"}, engines={"llamacpp": {"path": "/usr/bin/llama-server", "version": "b11434"}},
+    )  # fmt: skip
+    first = render.agent_config(layout, settings)
+    assert first == render.agent_config(layout, settings)
+    conf = AgentConfig.model_validate(json.loads(first))
+    assert conf.tls is not None and conf.tls.key == "/srv/llmgw/etc/tls/agent.key"
+    assert conf.controller_urls() == ["wss://10.0.0.1:7070/agent/v1"]
+    token = render.agent_config(layout, render.AgentSettings("n", ("c:1",), "token", "h"))
+    assert AgentConfig.model_validate(json.loads(token)).token_file == "/srv/llmgw/etc/token"
+    unit = render.systemd_unit(layout, "gpu-1").decode()
+    assert "ExecStart=/srv/llmgw/venv/bin/llmgw-agent run --config /srv/llmgw/etc/agent.json" in unit
+    assert "KillMode=process" in unit
+
+
+def test_engine_commands() -> None:
+    assert engine_command("llamacpp", None, "agent") == "llama-server --version"
+    assert engine_command("llamacpp", EngineSettings(path="/opt/ll/llama-server"), "a") == (
+        "/opt/ll/llama-server --version"
+    )
+    assert (
+        engine_command("sim", None, "/p/venv/bin/llmgw-agent") == "/p/venv/bin/llmgw-agent sim-engine --help"
+    )
+    with pytest.raises(StepFailed, match="unknown engine"):
+        engine_command("tgi", None, "a")

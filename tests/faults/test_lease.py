@@ -1,0 +1,210 @@
+"""The leader lease: the pure decision, and the loop against a real store (SQLite and PostgreSQL), including
+a PostgreSQL that is really stopped: the holder keeps its claim until its own expiry minus the margin."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from llmgw.controller.lease import (
+    STANDBY_REFUSAL,
+    LeaderLease,
+    Leadership,
+    LeaseConfig,
+    decide,
+    leader_address,
+)
+from llmgw.store import Lease, LeaseResult, Store
+
+CFG = LeaseConfig(ttl_s=15.0, renew_s=3.0, margin_s=3.0)
+
+
+class Clock:
+    def __init__(self, t: float = 1000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def standby(holder: str = "me@a") -> Leadership:
+    return Leadership(role="standby", holder=holder)
+
+
+def test_taking_makes_leader_until_sent_at_plus_ttl_minus_margin() -> None:
+    s = decide(
+        standby(), now=101.0, cfg=CFG, result=LeaseResult(True, Lease("l", "me@a", 115.0)), sent_at=100.0
+    )
+    assert s.leading and s.leader == "me@a" and s.valid_until == 100.0 + 15.0 - 3.0 and s.since == 101.0
+
+
+def test_someone_else_holding_makes_standby_naming_them() -> None:
+    leader = Leadership(role="leader", holder="me@a", leader="me@a", valid_until=200.0)
+    s = decide(leader, now=150.0, cfg=CFG, result=LeaseResult(False, Lease("l", "other@b", 160.0)))
+    assert not s.leading and s.leader == "other@b" and s.since == 150.0
+
+
+def test_store_error_keeps_a_valid_claim_then_steps_down() -> None:
+    leader = Leadership(role="leader", holder="me@a", leader="me@a", valid_until=112.0)
+    kept = decide(leader, now=111.9, cfg=CFG, error="connection refused")
+    assert kept.leading and kept.error == "connection refused"
+    gone = decide(kept, now=112.0, cfg=CFG, error="connection refused")
+    assert not gone.leading and gone.leader is None and gone.error == "connection refused"
+    # A standby never becomes leader from an error.
+    assert not decide(standby(), now=1.0, cfg=CFG, error="x").leading
+
+
+def test_a_tick_past_validity_steps_down() -> None:
+    leader = Leadership(role="leader", holder="me@a", leader="me@a", valid_until=112.0)
+    assert decide(leader, now=111.0, cfg=CFG).leading
+    assert not decide(leader, now=112.5, cfg=CFG).leading
+
+
+def test_timings_that_cannot_renew_in_time_are_refused() -> None:
+    with pytest.raises(ValueError, match="renew"):
+        LeaseConfig(ttl_s=5.0, renew_s=3.0, margin_s=3.0)
+
+
+def test_leader_address_from_holder() -> None:
+    assert leader_address("abc@http://10.0.0.1:7070") == "http://10.0.0.1:7070"
+    assert leader_address(None) is None and leader_address("nohost") is None
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    dsn = f"sqlite:///{tmp_path / 'l.db'}" if request.param == "sqlite" else request.getfixturevalue("pg_dsn")
+    opened = await Store.open(dsn)
+    yield opened
+    await opened.close()
+
+
+async def test_two_controllers_one_leader_and_takeover_after_expiry(store: Store) -> None:
+    wall, mono = Clock(5000.0), Clock(10.0)
+    changes: list[tuple[str, str]] = []
+    a = LeaderLease(
+        store,
+        "http://a:7070",
+        CFG,
+        wall=wall,
+        clock=mono,
+        on_change=lambda o, n: changes.append(("a", n.role)),
+    )
+    b = LeaderLease(store, "http://b:7070", CFG, wall=wall, clock=mono)
+    assert a.holder != b.holder and a.holder.endswith("@http://a:7070")
+    await a.attempt()
+    await b.attempt()
+    assert a.leading() and not b.leading()
+    assert b.state.leader == a.holder
+    assert b.refusal() == f"{STANDBY_REFUSAL} (the leader is http://a:7070)"
+    assert a.refusal() is None
+    assert a.status()["role"] == "leader" and b.status()["leader_address"] == "http://a:7070"
+    # a renews while b keeps trying: still one leader.
+    for _ in range(3):
+        wall.t += 3.0
+        mono.t += 3.0
+        await a.attempt()
+        await b.attempt()
+        assert a.leading() and not b.leading()
+    # a dies (stops renewing): b takes over once the stored claim has expired, not before.
+    wall.t += 14.9
+    mono.t += 14.9
+    await b.attempt()
+    assert not b.leading()
+    wall.t += 0.2
+    mono.t += 0.2
+    await b.attempt()
+    assert b.leading()
+    # a, if it wakes up, already stepped down on its own clock and then learns who leads.
+    a.tick()
+    assert not a.leading()
+    await a.attempt()
+    assert not a.leading() and a.state.leader == b.holder
+    assert changes == [("a", "leader"), ("a", "standby")]
+
+
+async def test_a_restarted_controller_does_not_inherit_its_old_claim(store: Store) -> None:
+    wall, mono = Clock(5000.0), Clock(10.0)
+    first = LeaderLease(store, "http://a:7070", CFG, wall=wall, clock=mono)
+    await first.attempt()
+    assert first.leading()
+    again = LeaderLease(store, "http://a:7070", CFG, wall=wall, clock=mono)  # same address, new process
+    await again.attempt()
+    assert not again.leading()
+
+
+async def test_release_lets_a_standby_lead_at_once(store: Store) -> None:
+    wall, mono = Clock(5000.0), Clock(10.0)
+    a = LeaderLease(store, "http://a:7070", CFG, wall=wall, clock=mono)
+    b = LeaderLease(store, "http://b:7070", CFG, wall=wall, clock=mono)
+    await a.attempt()
+    await a.release()
+    assert not a.leading()
+    await b.attempt()
+    assert b.leading()
+
+
+@pytest.mark.postgres
+@pytest.mark.integration
+async def test_postgres_stopped_the_leader_keeps_its_claim_then_steps_down(pg_server, pg_dsn: str) -> None:  # type: ignore[no-untyped-def]
+    """A real outage: the claim survives store errors for ttl - margin from the last renewal, then goes."""
+    if not pg_server.controllable:
+        pytest.skip("external PostgreSQL: cannot stop it")
+    store = await Store.open(pg_dsn)
+    mono = Clock(10.0)
+    lease = LeaderLease(store, "http://a:7070", CFG, clock=mono)
+    try:
+        await lease.attempt()
+        assert lease.leading()
+        await asyncio.to_thread(pg_server.stop)
+        try:
+            mono.t += 6.0
+            await lease.attempt()
+            assert lease.leading(), "an unreachable store is no evidence someone else leads"
+            assert lease.state.error is not None and lease.failures == 1
+            assert lease.status()["store_error"]
+            mono.t += 6.0  # 12 s after the last renewal: past ttl - margin
+            await lease.attempt()
+            assert not lease.leading() and lease.state.leader is None
+        finally:
+            await asyncio.to_thread(pg_server.start)
+        # The store is back: the same process takes the lease again (it expired, or is still its own).
+        mono.t += 1.0
+        await lease.attempt()
+        assert lease.leading() and lease.state.error is None
+    finally:
+        await store.close()
+
+
+async def test_run_loop_renews_and_steps_down_when_the_store_fails(tmp_path: Path) -> None:
+    """The loop with real time and short timings: leads, then a store that raises makes it step down."""
+    store = await Store.open(f"sqlite:///{tmp_path / 'l.db'}")
+    cfg = LeaseConfig(ttl_s=1.0, renew_s=0.1, margin_s=0.2)
+    roles: list[str] = []
+    lease = LeaderLease(store, "http://a:7070", cfg, on_change=lambda o, n: roles.append(n.role))
+    task = asyncio.create_task(lease.run())
+    try:
+        await _until(lease.leading, 5.0)
+
+        async def broken(*_: object) -> LeaseResult:
+            raise ConnectionError("store down")
+
+        store.acquire_lease = broken  # type: ignore[method-assign]
+        await _until(lambda: not lease.leading(), 5.0)
+        assert roles == ["leader", "standby"]
+        assert lease.state.error == "store down"
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await store.close()
+
+
+async def _until(predicate: object, limit_s: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + limit_s
+    while not predicate():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)

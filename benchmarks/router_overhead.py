@@ -36,8 +36,9 @@ from pathlib import Path
 
 MODEL = "bench-model"
 LITELLM_VENV = Path(tempfile.gettempdir()) / "llmgw-bench-litellm"
+LITELLM_KEY = "sk-bench-litellm-master"
 
-MOCK = r'''
+MOCK = r"""
 import json, sys
 from aiohttp import web
 CHAT = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "bench-model",
@@ -71,10 +72,10 @@ app.router.add_post("/v1/chat/completions", chat)
 app.router.add_get("/v1/models", models)
 app.router.add_get("/metrics", metrics)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
-'''
+"""
 
 # The floor: the least a Python proxy can do (read, forward, stream back), about 20 lines.
-FLOOR = r'''
+FLOOR = r"""
 import sys, aiohttp
 from aiohttp import web
 UP = sys.argv[2]
@@ -95,7 +96,7 @@ app = web.Application()
 app.cleanup_ctx.append(session_ctx)
 app.router.add_post("/v1/chat/completions", proxy)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
-'''
+"""
 
 WRK_LUA = """
 wrk.method = "POST"
@@ -111,9 +112,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, limit_s: float = 120.0, headers: dict[str, str] | None = None) -> None:
+def wait_http(
+    url: str,
+    limit_s: float = 120.0,
+    headers: dict[str, str] | None = None,
+    proc: subprocess.Popen[bytes] | None = None,
+) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the process serving {url} exited with {proc.returncode}")
         try:
             req = urllib.request.Request(url, headers=headers or {})
             with urllib.request.urlopen(req, timeout=5) as r:
@@ -141,7 +149,11 @@ def _ms(text: str) -> float:
 
 
 def wrk(url: str, stream: bool, conns: int, duration: float, key: str | None) -> Result:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "Say hello in five words."}], "max_tokens": 16}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Say hello in five words."}],
+        "max_tokens": 16,
+    }
     if stream:
         body["stream"] = True
     auth = f'wrk.headers["Authorization"] = "Bearer {key}"' if key else ""
@@ -152,7 +164,10 @@ def wrk(url: str, stream: bool, conns: int, duration: float, key: str | None) ->
     try:
         out = subprocess.run(
             ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration:g}s", "--latency", "-s", script, url],
-            capture_output=True, text=True, timeout=duration + 60, check=True,
+            capture_output=True,
+            text=True,
+            timeout=duration + 60,
+            check=True,
         ).stdout
     finally:
         os.unlink(script)
@@ -173,7 +188,12 @@ def wrk(url: str, stream: bool, conns: int, duration: float, key: str | None) ->
 
 def _show_error(url: str, body: dict[str, object], key: str | None, out: str) -> None:
     """wrk saw errors: say which (its summary line and one request's answer), so a number is never silently bad."""
-    print("  wrk: " + " | ".join(line.strip() for line in out.splitlines() if "error" in line.lower() or "Non-2xx" in line))
+    print(
+        "  wrk: "
+        + " | ".join(
+            line.strip() for line in out.splitlines() if "error" in line.lower() or "Non-2xx" in line
+        )
+    )
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
@@ -190,10 +210,14 @@ class Procs:
         self.procs: list[subprocess.Popen[bytes]] = []
         self.logs = logs
 
-    def start(self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None
+    ) -> subprocess.Popen[bytes]:
         # Output to a file, never a pipe nobody reads: a full pipe would stall the process mid-benchmark.
         with open(self.logs / f"proc-{len(self.procs)}.log", "wb") as log:
-            p = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            p = subprocess.Popen(
+                argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
         self.procs.append(p)
         return p
 
@@ -230,18 +254,39 @@ def start_llmgw(procs: Procs, work: Path, upstream: str) -> tuple[str, str]:
         "router": {"default_policy": "balanced"},
         "tenants": {
             "organizations": {"acme": {"limits": {"rpm": 100_000_000}}},
-            "projects": {"bench": {"organization": "acme", "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000}}},
+            "projects": {
+                "bench": {"organization": "acme", "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000}}
+            },
         },
         "endpoints": [
-            {"replica_id": "mock-0", "model": MODEL, "engine": "vllm", "base_url": upstream, "api_key": "engine-key"}
+            {
+                "replica_id": "mock-0",
+                "model": MODEL,
+                "engine": "vllm",
+                "base_url": upstream,
+                "api_key": "engine-key",
+            }
         ],
     }
     (work / "snapshot.json").write_text(json.dumps(snapshot))
     port = free_port()
-    procs.start([
-        sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn,
-        "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}", "--log-level", "WARNING",
-    ])
+    procs.start(
+        [
+            sys.executable,
+            "-m",
+            "llmgw_router",
+            "--snapshot",
+            str(work / "snapshot.json"),
+            "--store",
+            dsn,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            f"127.0.0.1:{free_port()}",
+            "--log-level",
+            "WARNING",
+        ]
+    )
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/ready")
     return url, key
@@ -255,8 +300,11 @@ def start_litellm(procs: Procs, work: Path, upstream: str) -> str | None:
             print(f"installing LiteLLM into {LITELLM_VENV} (throwaway venv) ...", flush=True)
             subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True, timeout=300)
             subprocess.run(
-                [str(py), "-m", "pip", "install", "-q", "litellm[proxy]"], check=True, timeout=1800,
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                [str(py), "-m", "pip", "install", "-q", "litellm[proxy]"],
+                check=True,
+                timeout=1800,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
             )
         config = work / "litellm.yaml"
         config.write_text(
@@ -269,14 +317,23 @@ def start_litellm(procs: Procs, work: Path, upstream: str) -> str | None:
             "general_settings:\n  disable_spend_logs: true\n"
         )
         port = free_port()
-        env = dict(os.environ, LITELLM_LOG="ERROR")
+        # LiteLLM refuses to start without a master key; clients then present it as their key.
+        env = dict(os.environ, LITELLM_LOG="ERROR", LITELLM_MASTER_KEY=LITELLM_KEY)
         env.pop("DATABASE_URL", None)
-        procs.start([str(litellm), "--config", str(config), "--port", str(port), "--num_workers", "1"], env=env, cwd=str(work))
+        proc = procs.start(
+            [str(litellm), "--config", str(config), "--port", str(port), "--num_workers", "1"],
+            env=env,
+            cwd=str(work),
+        )
         url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health/liveliness", limit_s=300)
+        wait_http(url + "/health/liveliness", limit_s=300, proc=proc)
         return url
     except Exception as exc:
-        print(f"LiteLLM skipped: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+        tail = ""
+        logs = sorted(work.glob("proc-*.log"))
+        if logs:
+            tail = " | ".join(logs[-1].read_text(errors="replace").strip().splitlines()[-3:])
+        print(f"LiteLLM skipped: {type(exc).__name__}: {str(exc)[:300]} {tail[:400]}", flush=True)
         return None
 
 
@@ -303,16 +360,26 @@ def main() -> None:
         floor = f"http://127.0.0.1:{floor_port}"
         llmgw, key = start_llmgw(procs, work, upstream)
         litellm = None if args.no_litellm else start_litellm(procs, work, upstream)
-        targets: dict[str, tuple[str, str | None]] = {"direct": (upstream, None), "floor": (floor, None), "llmgw": (llmgw, key)}
+        targets: dict[str, tuple[str, str | None]] = {
+            "direct": (upstream, None),
+            "floor": (floor, None),
+            "llmgw": (llmgw, key),
+        }
         if litellm:
-            targets["litellm"] = (litellm, "engine-key")
+            targets["litellm"] = (litellm, LITELLM_KEY)
         results: dict[tuple[str, bool, int], Result] = {}
         for stream in (False, True):
             for conns in levels:
                 for name, (base, k) in targets.items():
-                    wrk(base + "/v1/chat/completions", stream, conns, 1.0, k)  # warm up connections and caches
-                    results[(name, stream, conns)] = wrk(base + "/v1/chat/completions", stream, conns, args.duration, k)
-        print(f"\n{'mode':<10}{'target':<9}{'conc':>5}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s':>10}{'errors':>8}")
+                    wrk(
+                        base + "/v1/chat/completions", stream, conns, 1.0, k
+                    )  # warm up connections and caches
+                    results[(name, stream, conns)] = wrk(
+                        base + "/v1/chat/completions", stream, conns, args.duration, k
+                    )
+        print(
+            f"\n{'mode':<10}{'target':<9}{'conc':>5}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s':>10}{'errors':>8}"
+        )
         for stream in (False, True):
             for conns in levels:
                 base = results[("direct", stream, conns)]
@@ -320,8 +387,10 @@ def main() -> None:
                     r = results[(name, stream, conns)]
                     added50 = r.p50_ms - base.p50_ms if name != "direct" else 0.0
                     added99 = r.p99_ms - base.p99_ms if name != "direct" else 0.0
-                    print(f"{'stream' if stream else 'whole':<10}{name:<9}{conns:>5}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}"
-                          f"{added50:>9.2f}{added99:>9.2f}{r.rps:>10.0f}{r.errors:>8}")
+                    print(
+                        f"{'stream' if stream else 'whole':<10}{name:<9}{conns:>5}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}"
+                        f"{added50:>9.2f}{added99:>9.2f}{r.rps:>10.0f}{r.errors:>8}"
+                    )
         c1 = levels[0]
         c16 = 16 if 16 in levels else levels[-1]
         added = results[("llmgw", False, c1)].p50_ms - results[("direct", False, c1)].p50_ms

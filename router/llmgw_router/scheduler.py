@@ -111,6 +111,8 @@ def bounded_load_target(key: str, loads: Sequence[tuple[str, int]], load_bound: 
 
 
 def _filter(cands: Sequence[Candidate], info: RequestInfo) -> tuple[list[Candidate], dict[str, int]]:
+    """Drop what cannot serve (excluded, not ready, breaker open) and narrow to fresh endpoints. The full
+    filter comes later, in `schedule`, because a session's target may stay eligible when full."""
     dropped = {"excluded": 0, "not_ready": 0, "breaker_open": 0, "stale": 0, "full": 0}
     keep: list[Candidate] = []
     for c in cands:
@@ -127,11 +129,14 @@ def _filter(cands: Sequence[Candidate], info: RequestInfo) -> tuple[list[Candida
     if fresh:
         dropped["stale"] = len(keep) - len(fresh)
         keep = fresh
-    roomy = [c for c in keep if not c.full]
-    if roomy:
-        dropped["full"] = len(keep) - len(roomy)
-        keep = roomy
     return keep, dropped
+
+
+def _within_own_bound(c: Candidate, load_bound: float) -> bool:
+    """A session may queue briefly on its own (full) endpoint rather than lose its prefix cache elsewhere,
+    up to load_bound times the endpoint's slots: waiting for a slot costs less than prefilling the history
+    again, until the engine's queue grows."""
+    return c.slots is None or c.inflight + 1 <= math.ceil(c.slots * load_bound)
 
 
 def _scores(
@@ -228,17 +233,23 @@ def schedule(
     candidates: Sequence[Candidate], policy: RoutingPolicySpec, info: RequestInfo, rng: random.Random
 ) -> Decision:
     """Filter, score and pick. `Decision.endpoint` is None when every candidate was filtered out."""
-    kept, dropped = _filter(candidates, info)
-    if not kept:
+    usable, dropped = _filter(candidates, info)
+    if not usable:
         return Decision(None, policy.picker, "none", (), dropped)
     has_session = info.session_key is not None and policy.weights.session > 0
-    target = (
-        bounded_load_target(
-            info.session_key or "", [(c.id, c.inflight) for c in kept], policy.session.load_bound
-        )
-        if has_session
-        else None
-    )
+    target = None
+    if has_session:
+        # With every endpoint beyond its own bound there is no target: the request waits like any other.
+        bound = policy.session.load_bound
+        eligible = [(c.id, c.inflight) for c in usable if _within_own_bound(c, bound)]
+        target = bounded_load_target(info.session_key or "", eligible, bound)
+    # The full filter only narrows, and spares a session's target: the caller forwards a session to its
+    # target even when full, and the engine queues it briefly (within the bounds above).
+    kept = [c for c in usable if not c.full or c.id == target]
+    if kept:
+        dropped["full"] = len(usable) - len(kept)
+    else:
+        kept = usable
     weights = _weights(policy, has_session)
     max_weight = max(c.weight for c in kept)
     scored = []

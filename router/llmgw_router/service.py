@@ -348,7 +348,8 @@ class Router:
             return None
         index = next(i for i, c in enumerate(cands) if c.id == decision.endpoint)
         chosen, ep = cands[index], endpoints[index]
-        if need_room and (chosen.full or chosen.stale):
+        # A session's target is forwarded even when full: the scheduler bounds that queue (scheduler.py).
+        if need_room and (chosen.full or chosen.stale) and chosen.id != decision.session_target:
             return None
         ok, ep.breaker = brk.allow(ep.breaker, now, self.options.breaker)
         if not ok:

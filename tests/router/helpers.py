@@ -11,14 +11,10 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
-async def wait_for(
-    predicate: Callable[[], T | Awaitable[T]], limit_s: float = 30.0, what: str = "condition"
-) -> T:
+async def wait_for(predicate: Callable[[], Any], limit_s: float = 30.0, what: str = "condition") -> Any:
     """Poll `predicate` until it returns something truthy; fail naming `what` at the deadline."""
     deadline = time.monotonic() + limit_s
     while True:

@@ -430,3 +430,88 @@ async def test_health_ready_and_metrics_listener(sims: list[SimProcess]) -> None
         assert 'llmgw_router_snapshot_info{revision="test-1"} 1.0' in text
     finally:
         await listeners.close()
+
+
+async def test_client_disconnect_cancels_the_upstream_request(sims: list[SimProcess]) -> None:
+    slow = start_sim("sim-slow", "k-slow", decode_ms=50.0)
+    snap = snapshot(
+        sims,
+        models={"sim-slow": {"context_length": 8192}},
+        tenants={},
+        endpoints=[endpoint(slow, "rep-slow")],
+    )
+    router, listeners, _ = await start_router(snap)
+    url = f"http://127.0.0.1:{listeners.api_port}"
+    try:
+        wait_healthy_sync([slow])
+        body = {
+            "model": "sim-slow",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 4000,
+            "stream": True,
+        }
+
+        async def engine_running() -> float:
+            async with aiohttp.ClientSession() as s, s.get(slow.base_url + "/metrics") as r:
+                text = await r.text()
+            line = next(ln for ln in text.splitlines() if ln.startswith("vllm:num_requests_running"))
+            return float(line.split()[-1])
+
+        async with aiohttp.ClientSession() as s:
+            resp = await s.post(
+                url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY_P1}"}
+            )
+            assert resp.status == 200
+            await resp.content.readany()  # the stream has started
+            assert await engine_running() == 1
+            resp.close()  # the client goes away ~200 s before the generation would end
+        table = router.table
+        assert table is not None
+        await wait_for(lambda: table.endpoints["sim-slow"][0].inflight == 0, 30, "the router to let go")
+
+        async def engine_idle() -> bool:
+            return await engine_running() == 0
+
+        await wait_for(engine_idle, 30, "the engine to drop the cancelled request")
+    finally:
+        await listeners.close()
+        slow.kill()
+
+
+async def test_external_provider_as_a_model_and_as_a_fallback(
+    sims: list[SimProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLMGW_TEST_PROVIDER_KEY", sims[0].key)  # the provider (a sim) demands its key
+    models = snapshot(sims).model_dump(mode="json")["models"]
+    models["ext"] = {
+        "context_length": 2048,
+        "provider": {
+            "url": sims[0].base_url + "/v1",
+            "model": "sim-chat",
+            "key": {"env": "LLMGW_TEST_PROVIDER_KEY"},
+        },
+    }
+    models["no-replicas"]["fallbacks"] = ["ext"]
+    snap = snapshot(sims, models=models, tenants={})
+    router, listeners, _ = await start_router(snap)
+    try:
+        async with client(f"http://127.0.0.1:{listeners.api_port}") as c:
+            direct = await c.chat.completions.create(
+                model="ext", messages=[{"role": "user", "content": "x"}], max_tokens=2
+            )
+            assert direct.model == "ext"  # the provider's own name is not shown
+            fb = await c.chat.completions.with_raw_response.create(
+                model="no-replicas", messages=[{"role": "user", "content": "x"}], max_tokens=2
+            )
+            assert fb.headers["x-llmgw-fallback"] == "ext" and fb.parse().model == "ext"
+            stream = await c.chat.completions.create(
+                model="ext", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
+            )
+            assert {chunk.model async for chunk in stream} == {"ext"}
+        with pytest.raises(ValueError, match="metadata"):
+            bad = dict(
+                models, ext=dict(models["ext"], provider={"url": "http://169.254.169.254/v1", "model": "m"})
+            )
+            router.apply_snapshot(snapshot(sims, models=bad, tenants={}))
+    finally:
+        await listeners.close()

@@ -23,10 +23,12 @@ from llmgw.config.models import NAME_PATTERN, Cluster, Node, SecretRef
 from llmgw.config.schemas import ID_BASE, schema_file_name
 
 RepoOpt = Annotated[Path, typer.Option("--repo", help="Cluster repo directory")]
-StateOpt = Annotated[
-    Path, typer.Option("--state-dir", help="Controller state dir (holds the cluster CA in ca/)")
+CaOpt = Annotated[
+    Path,
+    typer.Option("--ca-dir", help="The cluster CA directory (the controller's ca_dir; created if absent)"),
 ]
-DEFAULT_STATE = Path(".llmgw/state")
+# The controller's default state dir, so an operator beside it needs no flags.
+DEFAULT_STATE = Path(".llmgw/controller")
 ServiceMode = Literal["auto", "systemd", "process"]
 
 node_app = typer.Typer(help="Nodes joining the cluster over SSH.", no_args_is_help=True)
@@ -176,10 +178,12 @@ def _secret(ref: SecretRef, repo: Path) -> str:
 def node_bootstrap(
     name: Annotated[str, typer.Argument(help="Node declared in the repo")],
     repo: RepoOpt = Path("."),
-    state_dir: StateOpt = DEFAULT_STATE,
+    ca_dir: CaOpt = DEFAULT_STATE / "ca",
     wheelhouse: Annotated[
         Path | None,
-        typer.Option("--wheelhouse", help="Prebuilt agent wheels (default: built into STATE/wheelhouse)"),
+        typer.Option(
+            "--wheelhouse", help="Prebuilt agent wheels (default: built into .llmgw/controller/wheelhouse)"
+        ),
     ] = None,
     prefix: Annotated[str, typer.Option("--prefix", help="Install prefix on the node")] = "/opt/llmgw",
     auth: Annotated[str, typer.Option("--auth", help="tls (cluster CA) or token (development)")] = "tls",
@@ -210,15 +214,16 @@ def node_bootstrap(
     node, cluster = _load(repo, name)
     settings = cluster.spec if cluster is not None else None
     address = settings.controller.address if settings else "127.0.0.1:7070"
-    ca = ClusterCA.open(state_dir / "ca") if auth == "tls" else None
+    ca = ClusterCA.open(ca_dir) if auth == "tls" else None
     token = None
-    if auth == "token":
-        if settings is None or settings.controller.token is None:
-            _fail("--auth token needs spec.controller.token in the Cluster document")
+    if auth == "token" and (settings is None or settings.controller.token is None):
+        _fail("--auth token needs spec.controller.token in the Cluster document")
+    if settings is not None and settings.controller.token is not None:
+        # Written beside the certificate too: the controller's hub asks agents for both.
         token = _secret(settings.controller.token, repo)
     try:
         target = target_for(node, repo, os.environ, insecure_accept_host_key=insecure_accept_host_key)
-        house = wheels.load(wheelhouse) if wheelhouse else wheels.build(state_dir / "wheelhouse")
+        house = wheels.load(wheelhouse) if wheelhouse else wheels.build(DEFAULT_STATE / "wheelhouse")
     except (StepFailed, wheels.WheelhouseError) as exc:
         _fail(str(exc))
 

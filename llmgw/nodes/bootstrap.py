@@ -65,7 +65,7 @@ class BootstrapOptions:
     wheelhouse: Wheelhouse
     registered: Registered | None  # None: do not wait (the step reports skipped)
     ca: ClusterCA | None = None  # mutual TLS when set
-    token: str | None = None  # development mode when no CA
+    token: str | None = None  # bearer token: alone (development) or beside TLS when the hub asks for both
     layout: render.Layout = field(default_factory=render.Layout)
     service: Literal["auto", "systemd", "process"] = "auto"
     register_timeout: float = 120.0
@@ -298,31 +298,34 @@ class _Run:
 
     async def credentials(self, remote: Remote) -> tuple[Status, str]:
         lay = self.layout
+        files: list[RemoteFile] = []
+        what: list[str] = []
         if self.opts.ca is not None:
             issued = self.opts.ca.node_cert(self.target.node)
-            files = [
+            files += [
                 RemoteFile(lay.tls_cert, issued.cert_pem, 0o600),
                 RemoteFile(lay.tls_key, issued.key_pem, 0o600),
                 RemoteFile(lay.tls_ca, self.opts.ca.cert_pem, 0o600),
             ]
-            what = f"client certificate CN={self.target.node}, serial {issued.serial:x}"
-        elif self.opts.token:
-            files = [RemoteFile(lay.token, self.opts.token.encode() + b"\n", 0o600)]
-            what = "agent token"
-        else:
+            what.append(f"client certificate CN={self.target.node}, serial {issued.serial:x}")
+        if self.opts.token:
+            files.append(RemoteFile(lay.token, self.opts.token.encode() + b"\n", 0o600))
+            what.append("agent token")
+        if not files:
             raise StepFailed("the controller has neither a cluster CA nor an agent token to give the node")
         await remote.run(f"mkdir -p {shlex.quote(lay.etc)} && chmod 700 {shlex.quote(lay.etc)}")
         written = await remote.sync_files(files)
         if written:
             self.restart = True
-            return "changed", f"wrote {what}"
-        return "unchanged", what
+            return "changed", "wrote " + " and ".join(what)
+        return "unchanged", " and ".join(what)
 
     async def config(self, remote: Remote) -> tuple[Status, str]:
         settings = render.AgentSettings(
             node=self.target.node,
             controllers=self.opts.controllers,
-            mode="tls" if self.opts.ca is not None else "token",
+            tls=self.opts.ca is not None,
+            token=bool(self.opts.token),
             advertise_host=self.target.host,
             labels=self.opts.labels.get(self.target.node, {}),
             engines=self.opts.engines,

@@ -113,7 +113,8 @@ class AgentSettings:
 
     node: str
     controllers: tuple[str, ...]
-    mode: str  # "tls" or "token"
+    tls: bool  # client certificate files under etc/tls
+    token: bool  # bearer token in etc/token (alone in development; beside TLS where the hub wants both)
     advertise_host: str
     labels: Mapping[str, str] = field(default_factory=dict)
     engines: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
@@ -130,9 +131,9 @@ def agent_config(layout: Layout, settings: AgentSettings) -> bytes:
         "labels": dict(settings.labels),
         "engines": {name: dict(conf) for name, conf in settings.engines.items()},
     }
-    if settings.mode == "tls":
+    if settings.tls:
         doc["tls"] = {"cert": layout.tls_cert, "key": layout.tls_key, "ca": layout.tls_ca}
-    else:
+    if settings.token:
         doc["token_file"] = layout.token
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 

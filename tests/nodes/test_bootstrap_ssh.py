@@ -171,3 +171,71 @@ async def test_bootstrap_registers_over_mtls_then_changes_nothing_and_tears_down
         assert all(s.status == "unchanged" for s in again.steps), again.steps
     finally:
         _stop_leftover(layout)
+
+
+CLUSTER_YAML = """apiVersion: llmgw/v1
+kind: Cluster
+metadata: {name: ssh-test}
+spec:
+  controller: {address: "127.0.0.1:7070"}
+"""
+
+
+async def test_bootstrapped_agent_registers_with_the_real_controller_over_mtls(
+    sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path
+) -> None:
+    from llmgw.controller.app import start_controller
+    from llmgw.controller.settings import ControllerSettings
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "cluster.yaml").write_text(CLUSTER_YAML)
+    ca = ClusterCA.open(tmp_path / "ca")
+    (tmp_path / "admin-token").write_text("admin-token-for-test\n")
+    settings = ControllerSettings(
+        repo=str(repo),
+        store=f"sqlite:///{tmp_path / 'controller.db'}",
+        listen="127.0.0.1:0",
+        metrics_listen=None,
+        admin_token_file=tmp_path / "admin-token",
+        state_dir=tmp_path / "controller-state",
+        ca_dir=tmp_path / "ca",
+        dir_poll_s=0.2,
+    )
+    running = await start_controller(settings)
+    layout = render.Layout(prefix=str(tmp_path / "opt-llmgw"))
+    hub = running.controller.hub
+
+    async def registered(node: str, since: float) -> bool:
+        link = hub.nodes.get(node)
+        return link is not None and link.connected and link.connected_at >= since
+
+    target = SshTarget(
+        "ssh-real",
+        sshd_server.host,
+        sshd_server.port,
+        sshd_server.user,
+        identity_file=sshd_server.client_key,
+        known_hosts=sshd_server.known_hosts,
+    )
+    try:
+        assert running.url.startswith("https://")
+        opts = BootstrapOptions(
+            controllers=(running.url.removeprefix("https://"),),
+            wheelhouse=wheelhouse,
+            registered=registered,
+            ca=ca,
+            token=running.admin_token,  # this hub asks agents for a bearer token beside the certificate
+            layout=layout,
+            register_timeout=90,
+        )
+        result = await bootstrap_node(target, opts)
+        assert result.ok, result.steps
+        assert _statuses(result)["register"] == "changed"
+        link = hub.nodes["ssh-real"]
+        assert link.inventory.cpu_cores is not None  # the agent's own Register, not a stand-in
+        down = await teardown_node(target, TeardownOptions(layout=layout, ca=ca))
+        assert _statuses(down)["revoke"] == "changed"
+    finally:
+        _stop_leftover(layout)
+        await running.stop()

@@ -78,7 +78,7 @@ def test_bootstrap_command_then_engine_check_over_ssh(
     state = tmp_path / "state"
     layout = render.Layout(prefix=prefix)
     boot = [
-        "node", "bootstrap", "ssh-1", "--repo", str(repo), "--state-dir", str(state), "--prefix", prefix,
+        "node", "bootstrap", "ssh-1", "--repo", str(repo), "--ca-dir", str(state / "ca"), "--prefix", prefix,
         "--wheelhouse", str(wheelhouse.directory), "--no-wait",
     ]  # fmt: skip
     try:

@@ -65,7 +65,7 @@ def test_rendering_is_deterministic_and_matches_the_agent_config_model() -> None
 
     layout = render.Layout(prefix="/srv/llmgw")
     settings = render.AgentSettings(
-        node="gpu-1", controllers=("10.0.0.1:7070",), mode="tls", advertise_host="10.0.0.5",
+        node="gpu-1", controllers=("10.0.0.1:7070",), tls=True, token=False, advertise_host="10.0.0.5",
         labels={"zone": "a"}, engines={"llamacpp": {"path": "/usr/bin/llama-server", "version": "b11434"}},
     )  # fmt: skip
     first = render.agent_config(layout, settings)
@@ -73,8 +73,10 @@ def test_rendering_is_deterministic_and_matches_the_agent_config_model() -> None
     conf = AgentConfig.model_validate(json.loads(first))
     assert conf.tls is not None and conf.tls.key == "/srv/llmgw/etc/tls/agent.key"
     assert conf.controller_urls() == ["wss://10.0.0.1:7070/agent/v1"]
-    token = render.agent_config(layout, render.AgentSettings("n", ("c:1",), "token", "h"))
-    assert AgentConfig.model_validate(json.loads(token)).token_file == "/srv/llmgw/etc/token"
+    token = AgentConfig.model_validate_json(
+        render.agent_config(layout, render.AgentSettings("n", ("c:1",), False, True, "h"))
+    )
+    assert (token.token_file, token.tls) == ("/srv/llmgw/etc/token", None)
     unit = render.systemd_unit(layout, "gpu-1").decode()
     assert "ExecStart=/srv/llmgw/venv/bin/llmgw-agent run --config /srv/llmgw/etc/agent.json" in unit
     assert "KillMode=process" in unit

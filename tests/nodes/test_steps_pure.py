@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.config.models import EngineSettings
+from llmgw.config.models import EngineSettings, Node
 from llmgw.nodes import render
 from llmgw.nodes.bootstrap import parse_probe
 from llmgw.nodes.engines import engine_command
-from llmgw.nodes.remote import StepFailed
+from llmgw.nodes.remote import StepFailed, target_for
 from llmgw.nodes.wheels import Wheelhouse, compatibility_problem
 
 PROBE = """arch=x86_64
@@ -92,3 +92,37 @@ def test_engine_commands() -> None:
     )
     with pytest.raises(StepFailed, match="unknown engine"):
         engine_command("tgi", None, "a")
+
+
+def _node(ssh: dict[str, object]) -> Node:
+    return Node.model_validate(
+        {"apiVersion": "llmgw/v1", "kind": "Node", "metadata": {"name": "gpu-1"},
+         "spec": {"address": "10.0.0.5", "ssh": ssh}}
+    )  # fmt: skip
+
+
+def test_target_reads_file_references_relative_to_the_repo(tmp_path: Path) -> None:
+    node = _node({"user": "ops", "port": 2222, "identity": {"file": "keys/id"}, "known_hosts": "ssh/kh"})
+    target = target_for(node, tmp_path, {})
+    assert (target.where, target.identity_file, target.known_hosts) == (
+        "ops@10.0.0.5:2222",
+        tmp_path / "keys" / "id",
+        tmp_path / "ssh" / "kh",
+    )
+    assert not target.insecure_accept_host_key
+
+
+def test_target_identity_from_the_environment_is_never_shown() -> None:
+    node = _node({"identity": {"env": "GPU1_KEY"}})
+    with pytest.raises(StepFailed, match=r"\$GPU1_KEY, which is not set"):
+        target_for(node, Path("."), {})
+    target = target_for(node, Path("."), {"GPU1_KEY": "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret"})
+    assert "secret" not in repr(target) and target.identity_text is not None
+
+
+def test_a_local_node_needs_no_ssh() -> None:
+    local = Node.model_validate(
+        {"apiVersion": "llmgw/v1", "kind": "Node", "metadata": {"name": "here"}, "spec": {"local": True}}
+    )
+    with pytest.raises(StepFailed, match="is local"):
+        target_for(local, Path("."), {})

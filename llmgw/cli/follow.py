@@ -70,7 +70,13 @@ def progress(status: dict[str, Any], revision: str, *, was_applied: bool) -> Pro
     )
     if degraded:
         return Progress("failed", applied, sync, models, degraded)
-    missing = [f"sync is {sync}"] if sync != "Synced" else []
+    seen = status.get("seen") or {}
+    missing = []
+    if sync != "Synced":
+        missing.append(
+            f"sync is {sync}: the controller's source ({seen.get('source', 'unknown')}) is at "
+            f"{short(seen.get('revision'))}, applied is {short(applied)}"
+        )
     missing += [
         f"model {m.name} is {m.health} ({m.ready}/{m.target} ready)" for m in models if m.health != "Healthy"
     ]

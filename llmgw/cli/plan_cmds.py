@@ -10,6 +10,7 @@ changes), 1 (error), 2 (changes). `--out FILE` saves a plan that `apply` refuses
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
 import json
@@ -118,6 +119,11 @@ def plan(
             client = _client(controller, token_file, path, catalog.cluster.controller.address)
             live = client.state()
             source = client.url
+            named = None if revision is not None else revision_like_source(path, client.status())
+            if named is not None:
+                result = load_repo(path, revision=named)
+                assert result.repo is not None
+                catalog = result.repo.catalog
         if save_state is not None:
             save_state.write_text(live.model_dump_json(indent=2) + "\n", encoding="utf-8")
         made = plans.plan_for_catalog(catalog, live)
@@ -280,12 +286,17 @@ def apply(
         typer.echo(v.render(result, v.Format.text), nl=False, err=True)
         typer.echo("Nothing was applied: the cluster repo is invalid.", err=True)
         raise typer.Exit(1)
-    rev = result.repo.revision or _content_hash(path)
     try:
         client = _client(controller, token_file, path, result.repo.catalog.cluster.controller.address)
+        if revision is None and saved is None:
+            named = revision_like_source(path, client.status())
+            result = result if named is None else load_repo(path, revision=named)
         if saved is not None:
             check_plan_current(saved, result, client.state())
+        assert result.repo is not None
+        rev = result.repo.revision or _content_hash(path)
         reply = _send(client, path, rev, send)
+        _nudge(client)
     except (AdminError, Refused) as exc:
         _fail(str(exc))
     if reply.get("result") == "refused":
@@ -299,6 +310,30 @@ def apply(
     if not wait:
         raise typer.Exit(0)
     raise typer.Exit(follow.follow(client, rev, limit_s, interval, sys.stdout.isatty()))
+
+
+def revision_like_source(path: Path, status: dict[str, Any]) -> str | None:
+    """The commit SHA of a clean git checkout at `path` when the controller follows git, else None (the
+    content hash). Sync compares the applied revision with the source's, so both must name it the same way:
+    a SHA for a git source, a content hash for a directory (`llmgw up`)."""
+    seen = status.get("seen") or {}
+    if not str(seen.get("source") or "").startswith("git "):
+        return None
+    import git
+
+    try:
+        repo = git.Repo(path if path.is_dir() else path.parent, search_parent_directories=True)
+        if repo.is_dirty(untracked_files=True):
+            return None  # what is applied is not a commit; its content hash says so
+        return str(repo.head.commit.hexsha)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
+        return None
+
+
+def _nudge(client: AdminClient) -> None:
+    """Ask the controller to read its source now, so sync compares against the branch as it is."""
+    with contextlib.suppress(AdminError):  # only a hint: the next poll does the same
+        client.post("/api/v1/webhook", {}, ok=(200, 202))
 
 
 def _send(client: AdminClient, path: Path, revision: str, send: Send) -> dict[str, Any]:

@@ -130,17 +130,17 @@ async def test_a_new_model_in_a_commit_is_planned_then_applied_to_synced_and_hea
     cluster: Cluster,
 ) -> None:
     cli = cluster.cli
-    code, out, err = await cli("plan", "repo", "--detailed-exitcode", "--revision", cluster.first)
+    code, out, err = await cli("plan", "repo", "--detailed-exitcode")
     assert (code, out.strip().splitlines()[-1]) == (0, "No changes. The fleet matches the cluster repo."), err
 
     second = cluster.repo.write({"models/sim-b.yaml": sim_model("sim-b")}, "add sim-b")
-    code, out, err = await cli("plan", "repo", "--detailed-exitcode", "--revision", second)
+    code, out, err = await cli("plan", "repo", "--detailed-exitcode")
     assert code == 2, err
     assert "+ model sim-b" in out and "+ start sim-b-" in out and "on local" in out
     assert out.strip().splitlines()[-1] == "Plan: 1 to start, 0 to restart, 0 to stop."
     assert (await cluster.status())["applied"]["revision"] == cluster.first  # planning changes nothing
 
-    code, out, err = await cli("apply", "repo", "--wait", "--timeout", "90s", "--revision", second)
+    code, out, err = await cli("apply", "repo", "--wait", "--timeout", "90s")
     assert code == 0, out + err
     assert f"Revision {second[:12]} applied" in out
     assert "Synced and every model is Healthy" in out
@@ -152,7 +152,7 @@ async def test_a_new_model_in_a_commit_is_planned_then_applied_to_synced_and_hea
     assert [r["state"] for r in await cluster.admin.replicas("sim-b")] == ["ready"]
 
     # The saved state a CI job without cluster access plans against gives the same answer.
-    code, out, err = await cli("plan", "repo", "--save-state", "state.json", "--revision", second)
+    code, out, err = await cli("plan", "repo", "--save-state", "state.json")
     assert code == 0 and out.strip().endswith("No changes. The fleet matches the cluster repo."), err
     code, out, _ = await cli(
         "plan", "repo", "--state", "state.json", "--detailed-exitcode", "--revision", second
@@ -162,12 +162,13 @@ async def test_a_new_model_in_a_commit_is_planned_then_applied_to_synced_and_hea
 
 async def test_a_plan_file_made_before_another_change_is_refused(cluster: Cluster) -> None:
     cli = cluster.cli
-    cluster.repo.write({"models/sim-b.yaml": sim_model("sim-b")}, "add sim-b")
+    sha = cluster.repo.write({"models/sim-b.yaml": sim_model("sim-b")}, "add sim-b")
     code, _, err = await cli("plan", "repo", "--out", "ok.json")
     assert code == 0, err
     code, out, err = await cli("apply", "ok.json", "--wait", "--timeout", "90s")
     assert code == 0, out + err  # a fresh plan applies, though heartbeats went on meanwhile
     applied = (await cluster.status())["applied"]["revision"]
+    assert applied == sha  # named as the controller's git source names it, so sync compares like with like
 
     cluster.repo.write({"models/sim-c.yaml": sim_model("sim-c")}, "add sim-c")
     code, _, err = await cli("plan", "repo", "--out", "stale.json")

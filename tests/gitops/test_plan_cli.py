@@ -183,16 +183,17 @@ def test_token_order_and_messages(tmp_path: Path) -> None:
     assert str(cands[0]) in str(info.value)
 
 
-def test_token_file_location_agrees_with_the_controller() -> None:
+def test_token_file_location_agrees_with_the_controller(tmp_path: Path) -> None:
     """plan/apply find the token `llmgw up`/`llmgw controller` generate: the same default place."""
+    from llmgw.controller.core import admin_token_from
     from llmgw.controller.settings import ControllerSettings
 
     assert ControllerSettings.model_fields["state_dir"].default == admin_client.DEFAULT_STATE_DIR
-    import inspect
-
-    from llmgw.controller import core
-
-    assert f'"{admin_client.TOKEN_FILE_NAME}"' in inspect.getsource(core.admin_token_from)
+    settings = ControllerSettings(repo=".", store="sqlite:///x.db", state_dir=tmp_path / "state")
+    token = admin_token_from(settings)
+    made = tmp_path / "state" / admin_client.TOKEN_FILE_NAME
+    assert made.read_text().strip() == token
+    assert admin_client.resolve_token(None, {}, [made]).value == token
 
 
 def test_progress_verdicts() -> None:
@@ -216,4 +217,4 @@ def test_progress_verdicts() -> None:
     p = follow.progress(refused, rev, was_applied=False)
     assert p.phase == "failed" and "x.yaml:1:1 no" in p.why
     out_of_sync = follow.progress(base | {"sync": "OutOfSync"}, rev, was_applied=True)
-    assert out_of_sync.phase == "waiting" and "sync is OutOfSync" in out_of_sync.why
+    assert out_of_sync.phase == "waiting" and out_of_sync.why[0].startswith("sync is OutOfSync")

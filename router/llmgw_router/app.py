@@ -13,6 +13,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from llmgw.httplog import quiet_bad_requests
 from llmgw_router.link import ControllerLink
 from llmgw_router.scrape import scrape_loop
 from llmgw_router.service import Kind, Router
@@ -137,6 +138,7 @@ async def serve(
 ) -> Listeners:
     """Start the API and metrics listeners. A client that goes away cancels its handler (and so the upstream
     request): handler_cancellation is on."""
+    quiet_bad_requests()  # a malformed request is one warning line, not an ERROR traceback per attempt
     api = web.AppRunner(create_app(router, link, scrape), handler_cancellation=True, access_log=None)
     met = web.AppRunner(create_metrics_app(router), access_log=None)
     ports = []

@@ -79,12 +79,16 @@ async def forward(session: aiohttp.ClientSession, request: web.Request, call: Up
             data = await upstream.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise UpstreamUnavailable(f"connection lost: {type(exc).__name__}") from None
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        obj = None
+    if not isinstance(obj, dict):
+        # Truncated JSON, an HTML error page, a proxy's banner: not an answer the client can use, and not one
+        # to pass on as if it were. The caller retries elsewhere or answers 502 in OpenAI's shape.
+        raise UpstreamUnavailable(f"engine answered {upstream.status} with a body that is not a JSON object")
     result = ProxyResult(web.Response(), upstream.status)
     if upstream.status == 200:
-        try:
-            obj = json.loads(data)
-        except ValueError:
-            obj = None
         result.prompt_tokens, result.completion_tokens = _usage(obj)
         if call.rewrite_model is not None and isinstance(obj, dict):
             obj["model"] = call.rewrite_model
@@ -122,6 +126,15 @@ def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes 
     return event
 
 
+_SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
+
+
+def _looks_like_sse(first: bytes) -> bool:
+    """The first bytes of a stream start an SSE field (or could, if the chunk is that short)."""
+    head = first.lstrip()[:6]
+    return not head or any(f.startswith(head) or head.startswith(f) for f in _SSE_FIELDS)
+
+
 async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, call: UpstreamCall) -> ProxyResult:
     # Wait for the first bytes before answering the client: a replica that dies before producing anything is
     # still a retry, not a broken stream.
@@ -131,6 +144,8 @@ async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, call: 
         raise UpstreamUnavailable(f"connection lost before the first byte: {type(exc).__name__}") from None
     if not first:
         raise UpstreamUnavailable("engine closed the stream before sending anything")
+    if not _looks_like_sse(first):
+        raise UpstreamUnavailable("engine's stream is not server-sent events")
     resp = web.StreamResponse(
         status=200,
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **call.reply_headers},

@@ -545,7 +545,34 @@ def _parse(raw: bytes) -> dict[str, Any]:
         raise ApiError(400, f"The request body is not valid JSON: {exc}.", "invalid_json") from None
     if not isinstance(body, dict):
         raise ApiError(400, "The request body must be a JSON object.", "invalid_json")
+    _check_types(body)
     return body
+
+
+# Fields the router itself acts on: checked strictly here, because an engine that coerces them differently
+# ("stream": "yes" streams in one and not in the other) would answer in a shape the router does not expect,
+# and a client's typo must never count as the engine failing (which would open its breaker for everyone).
+_TYPED_FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
+    ("stream", (bool,), "a boolean"),
+    ("stream_options", (dict,), "an object"),
+    ("max_tokens", (int,), "a whole number"),
+    ("max_completion_tokens", (int,), "a whole number"),
+)
+
+
+def _check_types(body: dict[str, Any]) -> None:
+    for name, types, words in _TYPED_FIELDS:
+        value = body.get(name)
+        if value is None:
+            continue
+        wrong = not isinstance(value, types) or (types == (int,) and isinstance(value, bool))
+        if wrong or (types == (int,) and value < 0):
+            raise ApiError(
+                400,
+                f"`{name}` must be {words}{' >= 0' if types == (int,) else ''}, got {json.dumps(value)[:40]}.",
+                "invalid_type",
+                param=name,
+            )
 
 
 def _check_context(raw: bytes, body: dict[str, Any], model: PublishedModel, name: str) -> int:

@@ -131,6 +131,7 @@ class Controller:
         self.desired: Desired | None = None
         self.applied_at: float | None = None
         self.seen: SeenRevision | None = None
+        self.source_revision: str | None = None  # what the source showed at its last poll
         self.refused: RefusedRevision | None = None
         self.source_error: str | None = None
         self.replicas: dict[str, ReplicaRec] = {}
@@ -194,15 +195,19 @@ class Controller:
     async def offer(self, checkout: Checkout, *, force: bool = False, from_source: bool = True) -> str:
         """Take a revision: 'unchanged', 'applied' or 'refused'.
 
-        From the source, only a revision it did not show before is considered, so a revision applied through
-        the admin API is not undone by the next poll of an unchanged source. `seen` is the source's alone.
+        `seen` is the newest revision offered by either way in (the source, or POST /api/v1/apply). From the
+        source, only a revision it did not show before is considered, so a revision applied through the admin
+        API is not undone by the next poll of an unchanged source.
         """
+        now = self.wall()
         if from_source:
             self.source_error = None
-            previous = self.seen
-            self.seen = SeenRevision(checkout.revision, checkout.where, self.wall())
-            if not force and previous is not None and previous.revision == checkout.revision:
+            previous, self.source_revision = self.source_revision, checkout.revision
+            if not force and previous == checkout.revision:
+                if self.seen is not None and self.seen.revision == checkout.revision:
+                    self.seen = SeenRevision(checkout.revision, checkout.where, now)  # polled again just now
                 return "unchanged"
+        self.seen = SeenRevision(checkout.revision, checkout.where, now)
         current = self.desired.revision if self.desired else None
         if not force and checkout.revision == current:
             return "unchanged"

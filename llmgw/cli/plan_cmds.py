@@ -73,7 +73,10 @@ TokenOpt = Annotated[
 ]
 RevisionOpt = Annotated[
     str | None,
-    typer.Option(help="Revision to report and apply (e.g. the commit SHA); default: the YAML content hash"),
+    typer.Option(
+        help="Revision to report and apply; default: the commit SHA of a clean checkout when the controller "
+        "follows git, else the YAML content hash (as the controller's source names it)"
+    ),
 ]
 
 

@@ -57,7 +57,7 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     admin.add_routes(app)
     app.cleanup_ctx.append(_background("source", _source_loop))
-    app.cleanup_ctx.append(_background("reconcile", _reconcile_loop))
+    app.cleanup_ctx.append(_reconcile_ctx)
     app.cleanup_ctx.append(_background("liveness", _liveness_loop))
     return app
 
@@ -111,8 +111,14 @@ async def _source_loop(app: web.Application) -> None:
         poll_now.clear()
 
 
-async def _reconcile_loop(app: web.Application) -> None:
-    await app[RECONCILER].run()
+async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:
+    reconciler = app[RECONCILER]
+    task = asyncio.get_running_loop().create_task(reconciler.run(), name="llmgw-controller-reconcile")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await reconciler.close()  # commands in flight (starts, drains, stops) end with it
 
 
 async def _liveness_loop(app: web.Application) -> None:

@@ -280,3 +280,71 @@ async def test_routers_report_use_on_the_stream(ctl: Admin) -> None:
         await ws.send_str(json.dumps({"type": "usage", "models": ["sim-a", "unknown"]}))
         await wait_for(lambda: "sim-a" in controller.worker_state.used, 5, "use of sim-a noted")
         assert "unknown" not in controller.worker_state.used
+
+
+async def test_changed_profile_marks_stale_and_restarts_only_when_asked(ctl: Admin) -> None:
+    agent = FakeAgent(ctl, "n1")
+    await agent.connect()
+    serving = asyncio.create_task(agent.serve())
+    try:
+        first = (await wait_for(lambda: ctl.replicas("sim-a", "ready"), 10, "sim-a ready"))[0]
+        changed = model_yaml("sim-a", min_=1).replace("decode_ms_per_token: 1", "decode_ms_per_token: 2")
+        await ctl.post(
+            "/api/v1/apply", {"files": {"cluster.yaml": cluster_yaml(), "a.yaml": changed}}, expect=200
+        )
+
+        async def stale() -> Any:
+            items = await ctl.replicas("sim-a")
+            return items if items and items[0]["stale_profile"] else None
+
+        items = await wait_for(stale, 10, "the replica shown as stale profile")
+        assert [r["id"] for r in items] == [first["id"]]  # shown, not churned
+        events = (await ctl.get("/api/v1/events"))["events"]
+        assert any(e["kind"] == "replica_stale" and e["object"] == first["id"] for e in events)
+
+        restart = changed.replace("  scaling:", "  restart_on_profile_change: true\n  scaling:")
+        await ctl.post(
+            "/api/v1/apply", {"files": {"cluster.yaml": cluster_yaml(), "a.yaml": restart}}, expect=200
+        )
+
+        async def replaced() -> Any:
+            items = await ctl.replicas("sim-a")
+            ok = [r for r in items if r["state"] == "ready" and not r["stale_profile"]]
+            return ok if len(items) == 1 and ok and ok[0]["id"] != first["id"] else None
+
+        await wait_for(replaced, 20, "the stale replica replaced")
+    finally:
+        serving.cancel()
+        await agent.close()
+
+
+async def test_scale_down_drains_before_stopping(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml(), "a.yaml": model_yaml("sim-a", min_=2)})
+    running, admin = await start(settings_for(tmp_path, repo.path, drain_s=3.0))
+    agent = FakeAgent(admin, "n1")
+    await agent.connect()
+    serving = asyncio.create_task(agent.serve())
+    try:
+        await wait_for(lambda: _count(admin, "ready", 2), 10, "two ready")
+        repo.write({"a.yaml": model_yaml("sim-a", min_=1)})
+        draining = (await wait_for(lambda: admin.replicas("sim-a", "draining"), 10, "one replica draining"))[
+            0
+        ]
+        # Routers are told at once; the engine is not stopped until the drain time is over.
+        snap = await _snapshot(admin)
+        assert draining["id"] not in {e["replica_id"] for e in snap["endpoints"]}
+        assert len(snap["endpoints"]) == 1
+        assert not [c for c in agent.commands if c.action == "stop_shard"]
+        await wait_for(
+            lambda: [c for c in agent.commands if c.action == "stop_shard"], 10, "the stop after draining"
+        )
+        await wait_for(lambda: _count(admin, None, 1), 10, "one replica left")
+    finally:
+        serving.cancel()
+        await agent.close()
+        await running.stop()
+
+
+async def _count(admin: Admin, state: str | None, n: int) -> bool:
+    return len(await admin.replicas("sim-a", state)) == n

@@ -382,11 +382,11 @@ def main() -> None:
         )
         for stream in (False, True):
             for conns in levels:
-                base = results[("direct", stream, conns)]
+                ref = results[("direct", stream, conns)]
                 for name in targets:
                     r = results[(name, stream, conns)]
-                    added50 = r.p50_ms - base.p50_ms if name != "direct" else 0.0
-                    added99 = r.p99_ms - base.p99_ms if name != "direct" else 0.0
+                    added50 = r.p50_ms - ref.p50_ms if name != "direct" else 0.0
+                    added99 = r.p99_ms - ref.p99_ms if name != "direct" else 0.0
                     print(
                         f"{'stream' if stream else 'whole':<10}{name:<9}{conns:>5}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}"
                         f"{added50:>9.2f}{added99:>9.2f}{r.rps:>10.0f}{r.errors:>8}"

@@ -132,11 +132,24 @@ def _filter(cands: Sequence[Candidate], info: RequestInfo) -> tuple[list[Candida
     return keep, dropped
 
 
-def _within_own_bound(c: Candidate, load_bound: float) -> bool:
-    """A session may queue briefly on its own (full) endpoint rather than lose its prefix cache elsewhere,
-    up to load_bound times the endpoint's slots: waiting for a slot costs less than prefilling the history
-    again, until the engine's queue grows."""
-    return c.slots is None or c.inflight + 1 <= math.ceil(c.slots * load_bound)
+def _session_target(key: str, usable: Sequence[Candidate], load_bound: float) -> str | None:
+    """Where a session goes: the first endpoint in the key's rendezvous order that is not overloaded.
+
+    With declared slots, overloaded means past load_bound times its own slots: waiting briefly for a slot on
+    the replica holding the conversation's prefix costs less than prefilling the history elsewhere, and the
+    bound keeps that engine queue short. A mean-based bound on raw inflight would move sessions off a
+    replica that still has free slots (at a mean of 2 in flight, 1.25x allows 3) and off larger replicas.
+    An endpoint without slots gets the bound of bounded-load consistent hashing (`bounded_load_target`), so
+    with no slots anywhere the two agree. None when every endpoint is past its bound: the request then waits
+    like any other.
+    """
+    total = sum(c.inflight for c in usable) + 1
+    mean_ceiling = math.ceil(load_bound * total / len(usable))
+    for c in sorted(usable, key=lambda c: _hash64(f"{key}\x00{c.id}"), reverse=True):
+        ceiling = mean_ceiling if c.slots is None else math.ceil(c.slots * load_bound)
+        if c.inflight + 1 <= ceiling:
+            return c.id
+    return None
 
 
 def _scores(
@@ -237,12 +250,9 @@ def schedule(
     if not usable:
         return Decision(None, policy.picker, "none", (), dropped)
     has_session = info.session_key is not None and policy.weights.session > 0
-    target = None
-    if has_session:
-        # With every endpoint beyond its own bound there is no target: the request waits like any other.
-        bound = policy.session.load_bound
-        eligible = [(c.id, c.inflight) for c in usable if _within_own_bound(c, bound)]
-        target = bounded_load_target(info.session_key or "", eligible, bound)
+    target = (
+        _session_target(info.session_key or "", usable, policy.session.load_bound) if has_session else None
+    )
     # The full filter only narrows, and spares a session's target: the caller forwards a session to its
     # target even when full, and the engine queues it briefly (within the bounds above).
     kept = [c for c in usable if not c.full or c.id == target]

@@ -114,10 +114,16 @@ class Router:
 
     def apply_snapshot(self, snapshot: RouterSnapshot) -> None:
         previous = {ep.id: ep for ep in self.table.all_endpoints()} if self.table else {}
-        keys = {name: _provider_key(m) for name, m in snapshot.models.items() if m.provider is not None}
+        keys: dict[str, str | None] = {}
         for name, m in snapshot.models.items():
-            if m.provider is not None and (why := forbidden_address_reason(m.provider.url)):
+            if m.provider is None:
+                continue
+            if why := forbidden_address_reason(m.provider.url):
                 raise ValueError(f"model {name}: provider url refused: {why}")
+            try:
+                keys[name] = _provider_key(m)
+            except ValueError as exc:
+                raise ValueError(f"model {name}: {exc}") from None
         self.table = RoutingTable.build(snapshot, previous, self.clock(), keys)
         self.admission.queue_size = snapshot.router.admission.queue_size
         self.metrics.set_revision(snapshot.revision)
@@ -617,5 +623,13 @@ def _provider_key(model: PublishedModel) -> str | None:
     if ref is None:
         return None
     if ref.file is not None:
-        return Path(ref.file).expanduser().read_text().strip()
-    return os.environ.get(ref.env or "") or None
+        try:
+            return Path(ref.file).expanduser().read_text().strip()
+        except OSError as exc:
+            raise ValueError(f"provider key file {ref.file}: {exc.strerror}") from None
+    value = os.environ.get(ref.env or "")
+    if not value:
+        log.warning(
+            "provider key variable %s is unset or empty; the provider is called without a key", ref.env
+        )
+    return value or None

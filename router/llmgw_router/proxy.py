@@ -49,6 +49,7 @@ class ProxyResult:
     completion_tokens: int | None = None
     first_byte_at: float | None = None
     upstream_failed: bool = False  # a stream broke after it had started
+    client_gone: bool = False  # the client disconnected mid-stream (its upstream request is closed with it)
 
 
 def _usage(obj: Any) -> tuple[int | None, int | None]:
@@ -177,7 +178,14 @@ async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, call: 
             buf += data
         if buf:
             await resp.write(buf)
+    except ConnectionResetError:  # the client left: drop the upstream connection so the engine stops too
+        result.client_gone = True
+        upstream.close()
+        return result
     except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, TimeoutError):
         result.upstream_failed = True  # the client has bytes already: the stream just ends
-    await resp.write_eof()
+    try:
+        await resp.write_eof()
+    except ConnectionResetError:
+        result.client_gone = True
     return result

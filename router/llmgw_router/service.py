@@ -190,7 +190,8 @@ class Router:
         call = _Call(request.headers.get("x-request-id") or uuid.uuid4().hex, time.monotonic())
         try:
             response = await self._handle(request, kind, call)
-            call.status = response.status
+            gone = call.result is not None and call.result.client_gone
+            call.status, call.code = (499, "client_closed_request") if gone else (response.status, call.code)
             return response
         except ApiError as err:
             call.status, call.code = err.status, err.code or ""

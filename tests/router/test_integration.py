@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -515,3 +516,58 @@ async def test_external_provider_as_a_model_and_as_a_fallback(
             router.apply_snapshot(snapshot(sims, models=bad, tenants={}))
     finally:
         await listeners.close()
+
+
+async def test_session_header_keeps_a_conversation_on_one_endpoint(sims: list[SimProcess]) -> None:
+    snap = snapshot(
+        sims,
+        policies={"sticky": {"picker": "p2c", "weights": {"session": 10, "inflight": 1}}},
+        router={"max_body_bytes": 100_000, "default_policy": "sticky"},
+    )
+    _, listeners, _ = await start_router(snap)
+    url = f"http://127.0.0.1:{listeners.api_port}/v1/chat/completions"
+    body = {"model": "sim-chat", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    try:
+        chosen: dict[str, set[str]] = {"s1": set(), "s2": set(), "s3": set()}
+        async with aiohttp.ClientSession() as s:
+            for _ in range(5):
+                for session in chosen:
+                    headers = {
+                        "Authorization": f"Bearer {KEY_P1}",
+                        "x-llmgw-debug": "dbg",
+                        "x-session-id": session,
+                    }
+                    async with s.post(url, json=body, headers=headers) as r:
+                        assert r.status == 200
+                        decision = r.headers["x-llmgw-decision"]
+                        chosen[session].add(decision.split(";")[0].removeprefix("endpoint="))
+                        assert "session_target=" in decision
+        assert all(len(endpoints) == 1 for endpoints in chosen.values()), chosen
+    finally:
+        await listeners.close()
+
+
+async def test_a_model_with_no_endpoint_and_no_fallback_is_503_model_unavailable(
+    gateway: tuple[Router, str, FakeController],
+) -> None:
+    _, url, _ = gateway
+    async with client(url, KEY_P2) as c:
+        with pytest.raises(openai.InternalServerError) as err:
+            await c.chat.completions.create(
+                model="other", messages=[{"role": "user", "content": "x"}], max_tokens=1
+            )
+    assert err.value.status_code == 503 and err.value.code == "model_unavailable"
+    assert err.value.response.headers["Retry-After"]
+
+
+def test_static_snapshot_files_in_yaml_and_json(tmp_path: Path, sims: list[SimProcess]) -> None:
+    from llmgw_router.main import load_snapshot_file
+
+    snap = snapshot(sims)
+    (tmp_path / "s.json").write_text(snap.model_dump_json())
+    assert load_snapshot_file(tmp_path / "s.json") == snap
+    (tmp_path / "s.yaml").write_text("revision: y\nmodels:\n  m: {context_length: 10}\n")
+    assert load_snapshot_file(tmp_path / "s.yaml").models["m"].context_length == 10
+    (tmp_path / "bad.yaml").write_text("models: {m: {}}\n")
+    with pytest.raises(ValueError, match=r"bad\.yaml: not a router snapshot"):
+        load_snapshot_file(tmp_path / "bad.yaml")

@@ -12,6 +12,7 @@ from llmgw_agent.protocol import ShardStatus
 from llmgw.fleet import (
     GpuView,
     LiveState,
+    ModelState,
     NodeView,
     ReplicaState,
     ReplicaView,
@@ -142,6 +143,11 @@ def replica_json(c: Controller, rec: ReplicaRec) -> dict[str, Any]:
     }
 
 
+def failing(state: ModelState | None) -> bool:
+    """The model has failed replicas not yet forgotten (see BackoffPolicy.reset_after)."""
+    return state is not None and state.failures > 0
+
+
 def model_health(c: Controller, name: str) -> dict[str, Any]:
     """Argo CD's words: Healthy, Progressing, Degraded, Missing."""
     d = c.desired
@@ -154,7 +160,9 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
     target = ws.targets.get(name, model.spec.scaling.min)
     if not model.spec.profiles or ready >= target:
         health = "Healthy"
-    elif name in ws.unplaceable or (ws.backoff.get(name) and live < target) or "failed" in states:
+    elif name in ws.unplaceable or failing(ws.backoff.get(name)) or "failed" in states:
+        # A model whose replicas keep failing stays Degraded while its next attempt starts: "Progressing"
+        # between two crashes would hide a crash loop from anyone looking at the status between them.
         health = "Degraded"
     elif live > 0:
         health = "Progressing"

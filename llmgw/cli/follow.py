@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import typer
@@ -36,6 +36,10 @@ class Progress:
     sync: str
     models: tuple[ModelLine, ...]
     why: tuple[str, ...]  # what is missing (waiting) or what went wrong (failed)
+
+    @property
+    def degraded(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.models if m.health == "Degraded")
 
     def line(self) -> str:
         """One plain line: what a log of a CI job shows."""
@@ -65,11 +69,6 @@ def progress(status: dict[str, Any], revision: str, *, was_applied: bool) -> Pro
             why = f"revision {short(revision)} was replaced by {short(applied)} (from {seen})"
             return Progress("failed", applied, sync, models, (why,))
         return Progress("waiting", applied, sync, (), (f"revision {short(revision)} is not applied yet",))
-    degraded = tuple(
-        f"model {m.name} is Degraded ({m.ready}/{m.target} ready)" for m in models if m.health == "Degraded"
-    )
-    if degraded:
-        return Progress("failed", applied, sync, models, degraded)
     seen = status.get("seen") or {}
     missing = []
     if sync != "Synced":
@@ -81,6 +80,23 @@ def progress(status: dict[str, Any], revision: str, *, was_applied: bool) -> Pro
         f"model {m.name} is {m.health} ({m.ready}/{m.target} ready)" for m in models if m.health != "Healthy"
     ]
     return Progress("done" if not missing else "waiting", applied, sync, models, tuple(missing))
+
+
+def give_up(p: Progress, since: dict[str, float], now: float, grace_s: float) -> Progress:
+    """`p`, failed when a model has been Degraded for `grace_s` or more. `since` (model -> when it turned
+    Degraded) is updated: a start that failed once is retried by the controller, so one Degraded poll is not
+    yet a verdict; one that stays Degraded is."""
+    for name in [n for n in since if n not in p.degraded]:
+        del since[name]
+    for name in p.degraded:
+        since.setdefault(name, now)
+    stuck = {n for n in p.degraded if now - since[n] >= grace_s}
+    if p.phase != "waiting" or not stuck:
+        return p
+    why = tuple(
+        f"model {m.name} is Degraded ({m.ready}/{m.target} ready)" for m in p.models if m.name in stuck
+    )
+    return replace(p, phase="failed", why=why)
 
 
 def explain_lines(client: AdminClient, status: dict[str, Any]) -> list[str]:
@@ -125,12 +141,14 @@ def follow(
     timeout_s: float,
     interval_s: float,
     tty: bool,
+    degraded_s: float = 30.0,
     clock: Callable[[], float] = time.monotonic,
 ) -> int:
     """Poll until done, failed or timed out; draw progress; say what is missing. The exit code."""
     deadline = clock() + timeout_s
     draw, close = _display(tty)
     was_applied = False
+    degraded_since: dict[str, float] = {}
     last: Progress | None = None
     status: dict[str, Any] = {}
     try:
@@ -141,6 +159,7 @@ def follow(
                 draw(None, f"(controller not answering: {exc})")
             else:
                 last = progress(status, revision, was_applied=was_applied)
+                last = give_up(last, degraded_since, clock(), degraded_s)
                 was_applied = was_applied or last.applied == revision
                 draw(last, "")
                 if last.phase != "waiting":

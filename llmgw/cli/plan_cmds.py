@@ -258,6 +258,9 @@ def apply(
     controller: ControllerOpt = None,
     wait: Annotated[bool, typer.Option("--wait", help="Follow until Synced and Healthy")] = False,
     timeout: Annotated[str, typer.Option(help="How long --wait waits (e.g. 90s, 10m)")] = "10m",
+    degraded_for: Annotated[
+        str, typer.Option(help="With --wait, give up once a model has been Degraded this long (0s: at once)")
+    ] = "30s",
     token_file: TokenOpt = None,
     revision: RevisionOpt = None,
     send: Annotated[
@@ -276,8 +279,9 @@ def apply(
 
     try:
         limit_s = parse_duration(timeout)
+        degraded_s = parse_duration(degraded_for)
     except SettingsError as exc:
-        _fail(f"--timeout: {exc}")
+        _fail(f"--timeout/--degraded-for: {exc}")
     saved = read_plan_file(target)
     path = Path(saved["repo"]["path"]) if saved else target
     if saved is not None and revision is None:
@@ -312,7 +316,7 @@ def apply(
     typer.echo(f"Revision {_short(rev)} {word} on {client.url}.")
     if not wait:
         raise typer.Exit(0)
-    raise typer.Exit(follow.follow(client, rev, limit_s, interval, sys.stdout.isatty()))
+    raise typer.Exit(follow.follow(client, rev, limit_s, interval, sys.stdout.isatty(), degraded_s))
 
 
 def revision_like_source(path: Path, status: dict[str, Any]) -> str | None:

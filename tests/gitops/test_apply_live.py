@@ -7,7 +7,11 @@ the token (the Cluster document's address and the default token file are what th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import socket
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -61,6 +65,57 @@ class Cli:
         return proc.returncode, out.decode(), err.decode()
 
 
+class PortsOfItsOwn(Agents):  # type: ignore[misc]
+    """The controller tests' agents (their cleanup too), with engine ports from a range found free now rather
+    than a fixed one: other suites on this machine use the fixed ranges at the same time."""
+
+    def start(self, node: str, controller_url: str, cpu_cores: int = 4) -> subprocess.Popen[bytes]:
+        base = self.tmp / "agents" / node
+        base.mkdir(parents=True, exist_ok=True)
+        override = base / "inventory.json"
+        override.write_text(json.dumps({"cpu_cores": cpu_cores, "memory_bytes": 16 * 1024**3, "gpus": []}))
+        lo = free_port_range(40)
+        cfg = {
+            "node": node,
+            "controllers": [controller_url],
+            "token_file": str(self.token_file),
+            "state_dir": str(base / "state"),
+            "advertise_host": "127.0.0.1",
+            "bind_host": "127.0.0.1",
+            "port_range": [lo, lo + 39],
+            "inventory_override": str(override),
+            "ready_timeout_s": 60,
+            "stop_grace_s": 3,
+            "max_backoff_s": 0.5,
+        }
+        config = base / "agent.json"
+        config.write_text(json.dumps(cfg))
+        log = (base / "agent.log").open("ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llmgw_agent.main", "run", "--config", str(config)], stdout=log, stderr=log
+        )
+        log.close()  # the child holds its own descriptor
+        self.procs[node] = proc
+        return proc
+
+
+def free_port_range(count: int) -> int:
+    """The first of `count` consecutive ports that are all free to bind now."""
+    for _ in range(50):
+        lo: int = free_port()
+        if lo + count > 65535:
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(lo, lo + count):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            return lo
+        except OSError:
+            continue
+    raise AssertionError(f"no {count} consecutive free ports found")
+
+
 class Cluster:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -68,7 +123,7 @@ class Cluster:
         self.repo = Repo(tmp / "repo", use_git=True)
         self.state_dir = tmp / ".llmgw" / "controller"  # the default, relative to where the CLI runs
         self.cli = Cli(tmp)
-        self.agents = Agents(tmp, self.state_dir / "admin-token")
+        self.agents = PortsOfItsOwn(tmp, self.state_dir / "admin-token")
         self.running: Any = None
         self.admin: Admin | None = None
         self.first = ""
@@ -204,10 +259,19 @@ async def test_an_invalid_repo_is_refused_with_its_errors_and_nothing_changes(cl
     code, _out, err = await cli("plan", "repo", "--detailed-exitcode")
     assert code == 1 and "context_lenght" in err
 
+    cluster.repo.write({"models/sim-b.yaml": sim_model("sim-b")}, "fixed")
+    (cluster.tmp / "wrong").write_text("not-the-token\n")
+    code, out, err = await cli("apply", "repo", "--token-file", "wrong")
+    assert code == 1 and "refused the admin token from --token-file wrong" in err
+    assert "not-the-token" not in out + err
+    assert (await cluster.status())["applied"]["revision"] == cluster.first
+
 
 async def test_apply_wait_says_why_a_model_cannot_become_healthy(cluster: Cluster) -> None:
     sha = cluster.repo.write({"models/huge.yaml": sim_model("huge", cores=64)}, "a model too big")
-    code, out, err = await cluster.cli("apply", "repo", "--wait", "--timeout", "60s", "--revision", sha)
+    code, out, err = await cluster.cli(
+        "apply", "repo", "--wait", "--timeout", "60s", "--degraded-for", "1s", "--revision", sha
+    )
     assert code == 1, out + err
     assert "model huge is Degraded (0/1 ready)" in err
     assert "local" in err and "needs 64" in err  # the node's reason, from the controller's explain

@@ -209,7 +209,17 @@ def test_progress_verdicts() -> None:
     p = follow.progress(base | {"models": slow}, rev, was_applied=True)
     assert p.phase == "waiting" and p.why == ("model a is Progressing (0/1 ready)",)
     bad = [{"model": "a", "health": "Degraded", "ready": 0, "target": 1}]
-    assert follow.progress(base | {"models": bad}, rev, was_applied=True).phase == "failed"
+    degraded = follow.progress(base | {"models": bad}, rev, was_applied=True)
+    assert degraded.phase == "waiting" and degraded.degraded == ("a",)
+    # Degraded for less than the grace: still waiting (the controller retries); for longer: failed.
+    since: dict[str, float] = {}
+    assert follow.give_up(degraded, since, 100.0, 30.0).phase == "waiting"
+    assert follow.give_up(degraded, since, 129.0, 30.0).phase == "waiting"
+    assert follow.give_up(p, since, 131.0, 30.0).phase == "waiting" and since == {}  # recovered: reset
+    assert follow.give_up(degraded, since, 140.0, 30.0).phase == "waiting"
+    failed = follow.give_up(degraded, since, 170.0, 30.0)
+    assert failed.phase == "failed" and failed.why == ("model a is Degraded (0/1 ready)",)
+    assert follow.give_up(degraded, {}, 0.0, 0.0).phase == "failed"
     refused = base | {
         "applied": {"revision": "old"},
         "refused": {"revision": rev, "errors": ["x.yaml:1:1 no"]},
@@ -218,3 +228,11 @@ def test_progress_verdicts() -> None:
     assert p.phase == "failed" and "x.yaml:1:1 no" in p.why
     out_of_sync = follow.progress(base | {"sync": "OutOfSync"}, rev, was_applied=True)
     assert out_of_sync.phase == "waiting" and out_of_sync.why[0].startswith("sync is OutOfSync")
+
+
+def test_an_unreachable_controller_is_exit_1_saying_where(repo: Path) -> None:
+    code, out, err = run(
+        "plan", str(repo), "--detailed-exitcode", "--controller", "127.0.0.1:1", env={"LLMGW_TOKEN": "t0k3n"}
+    )
+    assert code == 1 and out == ""
+    assert "cannot reach the controller at http://127.0.0.1:1" in err and "t0k3n" not in err

@@ -347,7 +347,7 @@ def _send(client: AdminClient, path: Path, revision: str, send: Send) -> dict[st
     body: dict[str, Any] = {"revision": revision, "source": f"llmgw apply by {_who()}"}
     if send is Send.auto:
         host = client.url.split("://", 1)[-1].rsplit(":", 1)[0]
-        send = Send.path if host in LOOPBACK else Send.files
+        send = Send.path if host in LOOPBACK and path.is_dir() else Send.files
     if send is Send.path:
         body["path"] = str(path.resolve() if path.is_dir() else path.resolve().parent)
         if not path.is_dir():

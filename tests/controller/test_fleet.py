@@ -89,10 +89,11 @@ async def fleet_any_store(tmp_path: Path, controller_dsn: str) -> AsyncIterator[
         f.agents.cleanup()
 
 
-async def _bring_up(fleet: Fleet, nodes: list[str], lost: str = "4s") -> Admin:
+async def _bring_up(fleet: Fleet, nodes: list[str], unreachable: str = "10s", lost: str = "60s") -> Admin:
     """Controller on a repo with no models, agents connected, then the model committed (so placement sees
     every node, as it would on a running cluster)."""
-    fleet.repo.write({"cluster.yaml": cluster_yaml(unreachable="2s", lost=lost)}, "cluster")
+    # Long expiry unless the test is about expiry: a loaded machine must not make a node look Lost.
+    fleet.repo.write({"cluster.yaml": cluster_yaml(unreachable=unreachable, lost=lost)}, "cluster")
     admin = await fleet.start_controller()
     for node in nodes:
         fleet.start_agent(node)
@@ -139,7 +140,7 @@ async def test_min_two_placed_on_two_nodes_replaced_after_kill_and_stopped_on_re
 
 
 async def test_stopped_agent_goes_unreachable_then_lost_and_its_replicas_move(fleet: Fleet) -> None:
-    admin = await _bring_up(fleet, ["n1", "n2", "n3"], lost="5s")
+    admin = await _bring_up(fleet, ["n1", "n2", "n3"], unreachable="2s", lost="5s")
     fleet.repo.write({"models/a.yaml": model_yaml("sim-a", min_=2)}, "add sim-a")
     ready = await fleet.wait_ready("sim-a", 2)
     gone = ready[0]["node"]

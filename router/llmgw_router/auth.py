@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmgw.keys import hash_key
+from llmgw.store.db import StoreError
 from llmgw.store.records import KeyLookup
 from llmgw_router.errors import ApiError
 
@@ -101,6 +102,7 @@ class Authenticator:
         self._negative_ttl = negative_ttl
         self._max_entries = max_entries
         self._cache: dict[str, tuple[float, KeyLookup | None]] = {}
+        self._store_error: str | None = None  # set while the key store is unreachable
 
     @property
     def enabled(self) -> bool:
@@ -129,11 +131,41 @@ class Authenticator:
         if cached is not None and cached[0] > now:
             found = cached[1]
         else:
-            found = await self._store.lookup_key(digest)
+            try:
+                found = await self._store.lookup_key(digest)
+            except StoreError as exc:
+                return self._store_down(digest, token, now, cached, exc)
+            if self._store_error is not None:
+                log.warning("key store reachable again")
+                self._store_error = None
             if len(self._cache) >= self._max_entries:
                 self._cache.clear()  # bounded memory under a flood of random keys; refilled on demand
             self._cache[digest] = (now + (self._ttl if found else self._negative_ttl), found)
         return _principal(found, token, now)
+
+    def _store_down(
+        self,
+        digest: str,
+        token: str,
+        now: float,
+        cached: tuple[float, KeyLookup | None] | None,
+        exc: Exception,
+    ) -> Principal:
+        """The store is unreachable: a key answered before keeps its last answer (an outage must not turn
+        every request into an error; a key revoked meanwhile is refused once the store is back). A key never
+        seen is a 503 the client may retry, never a 500."""
+        if self._store_error is None:
+            log.warning("key store unreachable, serving keys from the last answers: %s", exc)
+        self._store_error = str(exc)
+        if cached is not None and cached[1] is not None:
+            return _principal(cached[1], token, now)
+        raise ApiError(
+            503,
+            "The key store is unreachable right now, so this key cannot be checked; retry shortly.",
+            "key_store_unavailable",
+            "server_error",
+            headers={"Retry-After": "5"},
+        )
 
 
 def _principal(found: KeyLookup | None, token: str, now: float) -> Principal:

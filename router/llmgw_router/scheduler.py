@@ -146,7 +146,7 @@ def _session_target(key: str, usable: Sequence[Candidate], load_bound: float) ->
     total = sum(c.inflight for c in usable) + 1
     mean_ceiling = math.ceil(load_bound * total / len(usable))
     for c in sorted(usable, key=lambda c: _hash64(f"{key}\x00{c.id}"), reverse=True):
-        ceiling = mean_ceiling if c.slots is None else math.ceil(c.slots * load_bound)
+        ceiling = mean_ceiling if c.slots is None else max(mean_ceiling, math.ceil(c.slots * load_bound))
         if c.inflight + 1 <= ceiling:
             return c.id
     return None

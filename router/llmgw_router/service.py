@@ -284,6 +284,8 @@ class Router:
             self.last_used[served] = self.clock()
             upstream_model = ep.upstream_model or served
             reply = {"x-request-id": call.request_id, "x-llmgw-model": served}
+            if call.lease is not None and call.lease.admission is not None:
+                reply.update(call.lease.admission.headers)  # x-ratelimit-* on every answer, as OpenAI does
             if served != canonical:
                 reply["x-llmgw-fallback"] = served
             if debug:

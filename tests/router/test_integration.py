@@ -224,6 +224,8 @@ async def test_rate_limit_is_429_with_retry_after_and_ratelimit_headers(
     async with aiohttp.ClientSession() as s:
         async with s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
             assert r.status == 200
+            assert r.headers["x-ratelimit-limit-requests"] == "1"
+            assert r.headers["x-ratelimit-remaining-requests"] == "0"
         async with s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
             err = (await r.json())["error"]
             assert r.status == 429 and err["code"] == "rate_limit_exceeded"

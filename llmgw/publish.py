@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmgw.config.models import (
+    DEFAULT_CAPABILITIES,
     Capability,
     MetricMapping,
     OrganizationSpec,
@@ -60,7 +61,7 @@ class PublishedModel(_Wire):
 
     aliases: list[str] = Field(default_factory=list)
     context_length: int = Field(ge=1)
-    capabilities: list[Capability] = Field(default_factory=lambda: ["chat", "completions"])
+    capabilities: list[Capability] = Field(default_factory=lambda: list(DEFAULT_CAPABILITIES))
     prices: Prices = Field(default_factory=Prices)
     fallbacks: list[str] = Field(default_factory=list, description="Model names tried in this order")
     routing_policy: str | None = Field(None, description="Policy name; None means the router's default")

@@ -305,7 +305,12 @@ class SessionSettings(Strict):
     header: str = Field("x-session-id", description="Request header that names a session")
     use_user_field: bool = Field(True, description="Use the request's `user` field when no header is sent")
     prefix_messages: int = Field(2, ge=1, description="Else hash the conversation's first N messages")
-    load_bound: float = Field(1.25, gt=1.0, description="No endpoint above this times the mean load")
+    load_bound: float = Field(
+        1.25,
+        gt=1.0,
+        description="A session moves when its endpoint's in-flight requests pass this times the mean "
+        "(or, when larger, this times the endpoint's slots)",
+    )
 
 
 class RoutingPolicySpec(Strict):

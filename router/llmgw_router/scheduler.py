@@ -135,13 +135,13 @@ def _filter(cands: Sequence[Candidate], info: RequestInfo) -> tuple[list[Candida
 def _session_target(key: str, usable: Sequence[Candidate], load_bound: float) -> str | None:
     """Where a session goes: the first endpoint in the key's rendezvous order that is not overloaded.
 
-    With declared slots, overloaded means past load_bound times its own slots: waiting briefly for a slot on
-    the replica holding the conversation's prefix costs less than prefilling the history elsewhere, and the
-    bound keeps that engine queue short. A mean-based bound on raw inflight would move sessions off a
-    replica that still has free slots (at a mean of 2 in flight, 1.25x allows 3) and off larger replicas.
-    An endpoint without slots gets the bound of bounded-load consistent hashing (`bounded_load_target`), so
-    with no slots anywhere the two agree. None when every endpoint is past its bound: the request then waits
-    like any other.
+    Overloaded: in-flight requests (this one included) past load_bound times the mean, as in bounded-load
+    consistent hashing (`bounded_load_target`), and, for an endpoint with declared slots, also past
+    load_bound times its slots. The slot bound matters at small counts, where a mean of 2 in flight lets
+    1.25x allow only 3, which would move sessions off a replica with free slots. A full target keeps its
+    session (the engine queues it briefly): waiting for a slot on the replica holding the conversation's
+    prefix costs less than prefilling the history elsewhere. None when every endpoint is past its bound:
+    the request then waits like any other. benchmarks/scheduling.py measured why (docs/routing.md).
     """
     total = sum(c.inflight for c in usable) + 1
     mean_ceiling = math.ceil(load_bound * total / len(usable))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from llmgw.cli import controller_cmds, node_cmds, plan_cmds, schemas, store_cmds, validate
+from llmgw.cli import controller_cmds, node_cmds, plan_cmds, schemas, store_cmds, up_cmd, validate
 
 app = typer.Typer(
     name="llmgw",
@@ -23,6 +23,7 @@ store_cmds.register(app)
 plan_cmds.register(app)
 controller_cmds.register(app)
 node_cmds.register(app)
+up_cmd.register(app)
 
 
 def main() -> None:

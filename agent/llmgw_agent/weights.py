@@ -105,12 +105,17 @@ def _local_kind(path: Path) -> str:
     return "file" if path.is_file() else "dir" if path.exists() else "missing"
 
 
+def _node_path(text: str) -> Path:
+    """`~` is this node's home: the example repo's model path starts with it."""
+    return Path(text).expanduser()
+
+
 async def resolve(
     source: WeightSource, cache_dir: Path, progress: Progress, session: aiohttp.ClientSession | None = None
 ) -> str:
     """The local path the engine should load, fetching first when the source is a URL."""
     if source.path:
-        path = Path(source.path)
+        path = _node_path(source.path)
         kind = _local_kind(path)
         if kind == "missing":
             raise WeightsError(f"weights path {source.path} does not exist on this node")

@@ -20,13 +20,14 @@ from typing import Any
 from aiohttp import web
 from llmgw_agent.protocol import AGENT_PATH
 
-from llmgw.controller import admin, views
+from llmgw.controller import admin, lease, views
 from llmgw.controller.core import Controller, admin_token_from
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconciler import Reconciler
 from llmgw.controller.routers import router_stream
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.source import DirectorySource, GitSource, Source, SourceUnavailable
+from llmgw.httplog import quiet_bad_requests
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.controller")
@@ -56,6 +57,8 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
     admin.add_routes(app)
+    if controller.lease is not None:
+        app.middlewares.append(lease.standby_middleware(controller, ROUTER_PATH))
     app.cleanup_ctx.append(_background("source", _source_loop))
     app.cleanup_ctx.append(_reconcile_ctx)
     app.cleanup_ctx.append(_background("liveness", _liveness_loop))
@@ -206,8 +209,15 @@ class RunningController:
     metrics_url: str | None
     admin_token: str
     _runners: list[web.AppRunner]
+    _lease_task: asyncio.Task[None] | None = None
 
     async def stop(self) -> None:
+        if self._lease_task is not None and self.controller.lease is not None:
+            # Give the lease up first, so a standby leads at its next try rather than after the ttl.
+            self._lease_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._lease_task
+            await self.controller.lease.release()
         # Open WebSockets first: the runner would otherwise wait for them to end on their own.
         await self.controller.hub.close()
         for ws in list(self.controller.router_sockets):
@@ -224,6 +234,8 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     ctx, peer_check = tls_setup(settings)
     store = await Store.open(settings.store)
     controller = Controller(settings, store, ControllerMetrics(), admin_token=token, peer_check=peer_check)
+    if settings.ha:
+        lease.attach(controller)  # a standby until the first attempt wins: nothing placed before that
     try:
         for record in await store.list_replicas():
             controller.worker_state.known_records[record.id] = record
@@ -249,12 +261,19 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         await store.close()
         raise
     log.info("controller listening on %s (metrics %s)", url, metrics_url or "off")
-    return RunningController(controller, url, metrics_url, token, runners)
+    lease_task = None
+    if controller.lease is not None:
+        controller.lease.set_address(settings.advertise or url)
+        lease_task = asyncio.get_running_loop().create_task(
+            controller.lease.run(), name="llmgw-controller-lease"
+        )
+    return RunningController(controller, url, metrics_url, token, runners, lease_task)
 
 
 async def _serve(
     app: web.Application, hostport: tuple[str, int], ctx: ssl.SSLContext | None, runners: list[web.AppRunner]
 ) -> str:
+    quiet_bad_requests()  # a malformed request is one warning line, not an ERROR traceback per attempt
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=5.0)
     await runner.setup()
     runners.append(runner)

@@ -20,6 +20,7 @@ from aiohttp import web
 
 from llmgw.controller.desired import Desired, RepoInvalid, build_desired
 from llmgw.controller.hub import AgentHub, HubTimings
+from llmgw.controller.lease import LeaderLease
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.secrets import SecretError, load_or_create, read_secret
 from llmgw.controller.settings import ControllerSettings
@@ -148,6 +149,18 @@ class Controller:
             peer_check=peer_check,
         )
         self._generated_secret: str | None = None
+        self.lease: LeaderLease | None = None  # set by lease.attach with settings.ha; None: always the leader
+        self.background: set[asyncio.Task[Any]] = set()  # short tasks to keep a reference to until done
+
+    def leading(self) -> bool:
+        """Whether this controller may place, stop and command agents now (see llmgw.controller.lease)."""
+        return self.lease is None or self.lease.leading()
+
+    def leadership(self) -> dict[str, object]:
+        """For status: the role and who leads (one controller without ha always leads)."""
+        if self.lease is None:
+            return {"role": "leader", "ha": False}
+        return {"ha": True, **self.lease.status()}
 
     # ---------------------------------------------------------------------------------- wiring
 

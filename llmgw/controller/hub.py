@@ -95,6 +95,8 @@ class AgentHub:
         self.nodes: dict[str, NodeLink] = {}
         self.on_register: Callable[[NodeLink, Register], None] | None = None
         self.closing = False
+        # With ha: why this controller refuses agents now (a standby), or None; see llmgw.controller.lease.
+        self.gate: Callable[[], str | None] | None = None
 
     # ---------------------------------------------------------------------------------- connection
 
@@ -116,8 +118,13 @@ class AgentHub:
         await ws.prepare(request)
         peer = request.remote or "?"
         refusal = "the controller is stopping" if self.closing else self.authorised(request)
+        standby = False
+        if refusal is None and self.gate is not None:
+            refusal = self.gate()  # a standby: the agent moves to its next controller address
+            standby = refusal is not None
         if refusal is not None:
-            log.warning("agent from %s refused: %s", peer, refusal)
+            # A standby turning agents away is its normal work, not a warning.
+            (log.info if standby else log.warning)("agent from %s refused: %s", peer, refusal)
             await ws.send_str(dump(Refused(reason=refusal)))
             await ws.close()
             return ws

@@ -19,22 +19,31 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from llmgw.store.records import LeaseResult
 from llmgw.store.store import Store
 
+if TYPE_CHECKING:
+    from llmgw.controller.core import Controller
+
 __all__ = [
     "LEASE_NAME",
+    "LOADING_NODE",
     "STANDBY_REFUSAL",
     "LeaderLease",
     "Leadership",
     "LeaseConfig",
+    "attach",
     "decide",
     "leader_address",
     "make_holder",
+    "standby_middleware",
 ]
 
 log = logging.getLogger("llmgw.controller.lease")
@@ -126,6 +135,7 @@ def decide(
 
 
 StateListener = Callable[[Leadership, Leadership], None]
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class LeaderLease:
@@ -156,6 +166,11 @@ class LeaderLease:
     @property
     def holder(self) -> str:
         return self.state.holder
+
+    def set_address(self, address: str) -> None:
+        """Where this controller is, once its listener is bound (port 0); only before the first attempt."""
+        if self.attempts == 0:
+            self.state = replace(self.state, holder=make_holder(address))
 
     def leading(self) -> bool:
         """True only while this process holds an unexpired claim (checked against the clock, not the loop)."""
@@ -244,3 +259,95 @@ class LeaderLease:
             "valid_for_s": round(max(0.0, s.valid_until - self.clock()), 3) if leading else None,
             "store_error": s.error,
         }
+
+
+# ---------------------------------------------------------------------------------------------- wiring
+# How a controller acts on its role. Kept here so app.py and core.py only hold the hooks.
+
+LOADING_NODE = "\0loading earlier state"  # an expected node that never connects: holds placement meanwhile
+_READ_ONLY_OK = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def attach(c: Controller) -> LeaderLease:
+    """Give controller `c` a lease from its settings: standby until the first attempt wins."""
+    s = c.settings
+    cfg = LeaseConfig(ttl_s=s.lease_ttl_s, renew_s=s.lease_renew_s, margin_s=min(3.0, s.lease_ttl_s / 5))
+    lease = LeaderLease(
+        c.store, s.advertise or s.listen, cfg, clock=c.clock, on_change=lambda o, n: _role_changed(c, n)
+    )
+    c.lease = lease
+    c.hub.gate = lease.refusal
+    c.metrics.is_leader.set(0)
+    return lease
+
+
+def _role_changed(c: Controller, new: Leadership) -> None:
+    c.metrics.is_leader.set(1 if new.leading else 0)
+    if new.leading:
+        # Nothing is placed until the nodes that were up have reconnected here (or settle_s passed), so the
+        # engines they run are adopted, not started a second time.
+        ws = c.worker_state
+        ws.expected_nodes = {LOADING_NODE}
+        ws.settle_until = c.clock() + c.settings.settle_s
+        _spawn(c, _take_over(c))
+    else:
+        _step_down(c)
+    c.notify("leadership changed")
+
+
+async def _take_over(c: Controller) -> None:
+    """A new leader reads what the last one left in the store: replicas (for adoption) and the nodes it knew."""
+    ws = c.worker_state
+    try:
+        nodes = await c.store.list_nodes()
+        for record in await c.store.list_replicas():
+            ws.known_records[record.id] = record
+        ws.stored_nodes = {n.name: n.state for n in nodes}
+        ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
+    except Exception as exc:  # the store is what elected us, so this is a blip: settle_s bounds the wait
+        log.warning("new leader could not read earlier state from the store (%s); waiting settle_s", exc)
+        ws.expected_nodes = set()
+    ws.settle_until = c.clock() + c.settings.settle_s
+    await c.event("leader", c.lease.holder if c.lease else "", "this controller leads")
+    c.notify("took over")
+
+
+def _spawn(c: Controller, coro: Coroutine[Any, Any, Any]) -> None:
+    task = asyncio.get_running_loop().create_task(coro)
+    c.background.add(task)  # a reference until done, so it is not collected half-way
+    task.add_done_callback(c.background.discard)
+
+
+def _step_down(c: Controller) -> None:
+    """No longer the leader: let agents and routers go (they find the leader), forget the live view."""
+    for link in c.hub.nodes.values():
+        if link.ws is not None and not link.ws.closed:
+            _spawn(c, link.ws.close())
+    for ws in list(c.router_sockets):
+        _spawn(c, ws.close())
+    c.hub.nodes.clear()
+    c.replicas.clear()
+    c.worker_state.stored_states.clear()
+
+
+def standby_middleware(c: Controller, router_path: str) -> Middleware:
+    """On a standby: the admin API reads, never writes; routers are sent away (they keep their snapshot)."""
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        lease = c.lease
+        if lease is None or lease.leading():
+            return await handler(request)
+        path = request.path
+        writes = (
+            path.startswith("/api/") and request.method not in _READ_ONLY_OK and path != "/api/v1/webhook"
+        )
+        if writes or path == router_path:
+            where = leader_address(lease.state.leader)
+            message = "this controller is a standby (read-only)" + (
+                f"; the leader is {where}" if where else "; no leader is known right now"
+            )
+            return web.json_response({"error": {"message": message, "leader": where}}, status=503)
+        return await handler(request)
+
+    return middleware

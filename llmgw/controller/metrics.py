@@ -62,6 +62,12 @@ class ControllerMetrics:
         )
         self.agent_connections = Gauge(PREFIX + "agent_connections", "Agents connected now", registry=r)
         self.router_connections = Gauge(PREFIX + "router_connections", "Routers subscribed now", registry=r)
+        self.is_leader = Gauge(
+            PREFIX + "is_leader",
+            "1 while this controller leads (always, without ha); 0 on a standby",
+            registry=r,
+        )
+        self.is_leader.set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

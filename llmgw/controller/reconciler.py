@@ -75,6 +75,8 @@ class Reconciler:
         d = c.desired
         if d is None:
             return 5.0
+        if not c.leading():
+            return 1.0  # a standby decides nothing; woken when it becomes the leader
         ws = c.worker_state
         now = c.wall()
         nodes = views.node_views(c)

@@ -73,6 +73,16 @@ class ControllerSettings(BaseModel):
     drain_s: float = Field(10.0, ge=0, description="A replica scaled down gets this long to finish requests")
     backoff_base_s: float = Field(5.0, gt=0, description="First delay before replacing a failed replica")
     apply_from_admin: bool = Field(True, description="Accept POST /api/v1/apply")
+    ha: bool = Field(
+        False,
+        description="Two or more controllers share one (PostgreSQL) store: only the holder of the leader lease "
+        "places replicas and accepts agents; the others stand by (read-only admin API)",
+    )
+    lease_ttl_s: float = Field(15.0, gt=0, description="With ha: how long a leader's claim lasts unrenewed")
+    lease_renew_s: float = Field(3.0, gt=0, description="With ha: how often the claim is renewed (or tried)")
+    advertise: str | None = Field(
+        None, description="With ha: the address others are told to reach this controller at (default: listen)"
+    )
 
     @field_validator("listen", "metrics_listen")
     @classmethod
@@ -114,7 +124,16 @@ def load_settings_file(path: Path) -> dict[str, object]:
     out: dict[str, object] = {}
     for key, value in data.items():
         name = str(key).replace("-", "_")
-        if name in ("poll", "dir_poll", "command_timeout", "settle", "drain", "backoff_base"):
+        if name in (
+            "poll",
+            "dir_poll",
+            "command_timeout",
+            "settle",
+            "drain",
+            "backoff_base",
+            "lease_ttl",
+            "lease_renew",
+        ):
             out[f"{name}_s"] = parse_duration(value)
         else:
             out[name] = value

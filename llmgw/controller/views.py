@@ -198,6 +198,7 @@ def status_json(c: Controller) -> dict[str, Any]:
         if c.seen is None
         else {"revision": c.seen.revision, "source": c.seen.where, "at": c.seen.at},
         "sync": c.sync_status(),
+        "leadership": c.leadership(),
         "source_error": c.source_error,
         "refused": None
         if c.refused is None

@@ -171,7 +171,10 @@ class Agents:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.count = 0
 
-    def start(self, node: str, controller_url: str, cpu_cores: int = 4) -> subprocess.Popen[bytes]:
+    def start(
+        self, node: str, controller_url: str | list[str], cpu_cores: int = 4
+    ) -> subprocess.Popen[bytes]:
+        """Start node `node`'s agent; a list of controller addresses is tried in turn (a leader and standbys)."""
         base = self.tmp / "agents" / node
         base.mkdir(parents=True, exist_ok=True)
         override = base / "inventory.json"
@@ -180,7 +183,7 @@ class Agents:
         lo = 23000 + 100 * index
         cfg = {
             "node": node,
-            "controllers": [controller_url],
+            "controllers": [controller_url] if isinstance(controller_url, str) else list(controller_url),
             "token_file": str(self.token_file),
             "state_dir": str(base / "state"),
             "advertise_host": "127.0.0.1",

@@ -1,0 +1,179 @@
+"""Two controllers on one PostgreSQL store, as real processes: one leads, the other stands by (refuses agents,
+read-only admin API). The leader is killed with -9: the standby leads within seconds, the agents move to it,
+and no replica is restarted (same replica ids, same engine PIDs)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from controller.helpers import Agents, Repo, cluster_yaml, model_yaml
+
+from faults.cluster import pid_alive
+from faults.procs import ControllerProc, start_controller_proc, wait_sync
+
+pytestmark = [pytest.mark.integration, pytest.mark.postgres]
+
+TOKEN = "failover-token"
+TTL_S = 3.0
+
+
+def get(c: ControllerProc, path: str) -> Any:
+    req = urllib.request.Request(c.url + path, headers=c.admin_headers)
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def post(c: ControllerProc, path: str, body: Any) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        c.url + path,
+        data=json.dumps(body).encode(),
+        headers={**c.admin_headers, "Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return int(r.status), json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), json.loads(exc.read())
+
+
+def role(c: ControllerProc) -> str | None:
+    try:
+        return str(get(c, "/api/v1/status")["leadership"]["role"])
+    except (urllib.error.URLError, OSError, KeyError):
+        return None
+
+
+def ready_replicas(c: ControllerProc, model: str, count: int) -> dict[str, int] | None:
+    try:
+        items = get(c, "/api/v1/replicas")["replicas"]
+    except (urllib.error.URLError, OSError):
+        return None
+    mine = [r for r in items if r["model"] == model]
+    ok = len(mine) == count and all(r["state"] == "ready" and r["pid"] for r in mine)
+    return {r["id"]: r["pid"] for r in mine} if ok else None
+
+
+class Pair:
+    def __init__(self, tmp: Path, dsn: str) -> None:
+        self.tmp = tmp
+        self.dsn = dsn
+        (tmp / "token").write_text(TOKEN + "\n")
+        self.repo = Repo(tmp / "origin", use_git=True)
+        self.procs: list[ControllerProc] = []
+        self.agents = Agents(tmp, tmp / "token")
+
+    def start(self, name: str) -> ControllerProc:
+        settings = {
+            "repo": str(self.repo.path),
+            "poll_s": 0.3,
+            "store": self.dsn,
+            "admin_token_file": str(self.tmp / "token"),
+            "state_dir": str(self.tmp / f"state-{name}"),
+            "command_timeout_s": 10.0,
+            "drain_s": 0.3,
+            "backoff_base_s": 0.5,
+            "settle_s": 20.0,
+            "ha": True,
+            "lease_ttl_s": TTL_S,
+            "lease_renew_s": 0.5,
+        }
+        c = start_controller_proc(self.tmp / f"controller-{name}.log", settings, TOKEN)
+        self.procs.append(c)
+        return c
+
+    def close(self) -> None:
+        for c in self.procs:
+            c.kill()
+        self.agents.cleanup()
+
+
+@pytest.fixture
+def pair(tmp_path: Path, pg_dsn: str) -> Iterator[Pair]:
+    p = Pair(tmp_path, pg_dsn)
+    try:
+        yield p
+    finally:
+        p.close()
+
+
+def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -> None:
+    pair.repo.write({"cluster.yaml": cluster_yaml(unreachable="2s", lost="60s")}, "cluster")
+    a = pair.start("a")
+    wait_sync(lambda: role(a) == "leader", 30, "controller a to lead")
+    b = pair.start("b")
+    wait_sync(lambda: role(b) == "standby", 30, "controller b to stand by")
+
+    # The standby names the leader, serves reads, refuses writes, and turns agents away.
+    status = get(b, "/api/v1/status")["leadership"]
+    assert status["leader_address"] == a.url and status["ha"] is True
+    code, body = post(b, "/api/v1/apply", {"path": str(pair.repo.path)})
+    assert code == 503 and a.url in body["error"]["message"] and "standby" in body["error"]["message"]
+
+    for node in ("n1", "n2"):
+        pair.agents.start(node, [b.url, a.url])  # the standby first: it must send them on
+    pair.repo.write({"models/a.yaml": model_yaml("sim-a", min_=2)}, "add sim-a")
+    before = wait_sync(lambda: ready_replicas(a, "sim-a", 2), 90, "two replicas ready on the leader")
+    assert get(b, "/api/v1/nodes")["nodes"] == [], "a standby holds no agent"
+    logs = "".join(p.read_text() for p in pair.tmp.glob("agents/*/agent-*.log"))
+    assert "standby: try the next controller address" in logs
+
+    killed_at, killed_wall = time.monotonic(), time.time()
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait(10)
+    wait_sync(lambda: role(b) == "leader", 30, "controller b to lead after a was killed")
+    led_after = time.monotonic() - killed_at
+    after = wait_sync(lambda: ready_replicas(b, "sim-a", 2), 60, "the replicas adopted by b")
+    assert after == before, "same replicas, same engine processes: nothing restarted"
+    assert all(pid_alive(pid) for pid in before.values())
+    events = [e for e in get(b, "/api/v1/events?limit=1000")["events"] if e["time"] >= killed_wall]
+    assert not any(e["kind"] == "replica_start" for e in events), [
+        e for e in events if e["kind"] == "replica_start"
+    ]
+    assert sum(e["kind"] == "replica_adopted" for e in events) == 2
+    # The new leader keeps it that way over further passes.
+    passes = get(b, "/api/v1/status")["reconcile"]["passes"]
+    wait_sync(lambda: get(b, "/api/v1/status")["reconcile"]["passes"] >= passes + 3, 30, "more passes")
+    assert ready_replicas(b, "sim-a", 2) == before
+    assert led_after < TTL_S + 10, f"b took {led_after:.1f}s to lead"  # generous: ttl + renew + start-up
+
+    # The killed controller comes back as a standby: it does not take the lease back.
+    a2 = pair.start("a")
+    wait_sync(lambda: role(a2) == "standby", 30, "the restarted controller to stand by")
+    assert get(a2, "/api/v1/status")["leadership"]["leader_address"] == b.url
+    assert role(b) == "leader"
+
+
+def test_graceful_stop_hands_over_at_once(pair: Pair) -> None:
+    pair.repo.write({"cluster.yaml": cluster_yaml()}, "cluster")
+    a = pair.start("a")
+    wait_sync(lambda: role(a) == "leader", 30, "controller a to lead")
+    b = pair.start("b")
+    wait_sync(lambda: role(b) == "standby", 30, "controller b to stand by")
+    a.stop()  # SIGTERM: the lease is released on the way out
+    assert "Traceback" not in a.text()
+    stopped = time.monotonic()
+    wait_sync(lambda: role(b) == "leader", 30, "b to lead after a stopped")
+    # Released, not expired: b leads at its next try (renew 0.5 s), well inside the ttl.
+    assert time.monotonic() - stopped < TTL_S
+
+
+def test_is_leader_metric_matches_the_role(pair: Pair) -> None:
+    """Without killing anything: is_leader on /metrics matches the role in status, on both."""
+    pair.repo.write({"cluster.yaml": cluster_yaml()}, "cluster")
+    a = pair.start("a")
+    wait_sync(lambda: role(a) == "leader", 30, "a leads")
+    b = pair.start("b")
+    wait_sync(lambda: role(b) == "standby", 30, "b stands by")
+    for c, expect in ((a, "1.0"), (b, "0.0")):
+        with urllib.request.urlopen(c.metrics_url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        assert f"llmgw_controller_is_leader {expect}" in text

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shlex
 import signal
@@ -198,12 +199,6 @@ class Progress:
         c = running.controller
         if c.desired is not None:
             self.say("revision", f"revision {short(c.desired.revision)} applied from {c.desired.source}")
-        if c.refused is not None:
-            errors = "\n  ".join(c.refused.errors[:20])
-            self.say(
-                "refused",
-                f"revision {short(c.refused.revision)} refused, still serving the last good one:\n  {errors}",
-            )
         for name, link in sorted(c.hub.nodes.items()):
             self.say(f"node:{name}", f"node {name}: {link.state}")
         if not c.hub.nodes:  # "not placed: no node has been seen" would only alarm while the agent connects
@@ -355,8 +350,8 @@ async def stop_engines(agent_state: Path, grace_s: float = 10.0) -> int:
         lambda _status: None,
     )
     adopted = supervisor.adopt()
-    try:
-        await supervisor.stop_all()
+    try:  # all at once: each engine gets its own grace, not the sum of the others'
+        await asyncio.gather(*(supervisor.stop(s.replica_id, s.shard_rank) for s in adopted))
     finally:
         await supervisor.close()
     return len(adopted)
@@ -445,6 +440,11 @@ def run_up(settings: UpSettings, out: TextIO = sys.stdout, err: TextIO = sys.std
     """Validate, start everything, show progress until SIGINT/SIGTERM, stop everything. The exit code."""
     from llmgw.cli.validate import Format, render
 
+    # Warnings of the parts (a refused revision with its errors, an engine that failed) go to `err` in the
+    # progress lines' format; their info chatter stays out of a newcomer's terminal.
+    logging.basicConfig(
+        level=logging.WARNING, format="[%(asctime)s] %(name)s: %(message)s", datefmt="%H:%M:%S", stream=err
+    )
     result = load_repo(settings.repo)
     if not result.ok:
         err.write(render(result, Format.text))

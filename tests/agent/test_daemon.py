@@ -270,6 +270,15 @@ async def test_real_llama_server(ctl: FakeController, agents: AgentProcs) -> Non
     names = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
     for name in (mapping.running, mapping.waiting, mapping.prompt_tokens, mapping.generation_tokens):
         assert name in names
+    # Killed with -9: reported failed, with llama-server's own last lines.
+    assert status.pid is not None
+    since = len(ctl.updates)
+    os.kill(status.pid, signal.SIGKILL)
+    failed = await until_state(ctl, "rep-llama", "failed", since=since)
+    assert failed.exit_code == -9
+    assert any("listening on" in line for line in failed.last_output_lines), failed.last_output_lines
+
+    again = await start_ready(ctl, agents, spec)
     reply = await ctl.command("stop_shard", replica_id="rep-llama")
     assert reply.ok
-    assert status.pid is not None and not group_alive(status.pid)
+    assert again.pid is not None and not group_alive(again.pid)

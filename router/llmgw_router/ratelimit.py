@@ -76,7 +76,9 @@ class TenantLimiter:
             return Lease(None)
         got = await self._pool.admit(tenants, Estimate(tokens, cost))
         if isinstance(got, Refused):
-            headers = dict(got.headers)
+            # One Retry-After: the decision's headers already carry it (a second, differently cased key
+            # would go out as a second header line, read by clients as "60, 60").
+            headers = {k: v for k, v in got.headers.items() if k.lower() != "retry-after"}
             headers["Retry-After"] = str(got.retry_after)
             raise ApiError(429, got.message, "rate_limit_exceeded", type_="rate_limit_error", headers=headers)
         return Lease(got)

@@ -1,0 +1,239 @@
+"""Helpers for tenancy tests: router processes over a store, the snapshot they serve, the CLI, windows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import openai
+from router.helpers import SimProcess, endpoint, free_port
+from typer.testing import CliRunner
+
+from llmgw import keys
+from llmgw.cli.main import app
+from llmgw.limits import MINUTE
+from llmgw.store import Store
+
+T = TypeVar("T")
+
+FAST = "sim-chat"  # answers in a few ms
+SLOW = "sim-slow"  # 50 ms per token: a stream with many tokens stays in flight until the test closes it
+OTHER = "sim-other"  # a model some projects may not use
+PRICE = 1_000_000.0  # per million tokens in and out: one unit of money per token, so costs are exact integers
+BUDGET = 300.0
+
+
+def wait_sync(predicate: Callable[[], T | None], limit_s: float, what: str) -> T:
+    """Poll `predicate` until it returns something truthy; fail naming `what` at the deadline."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def tenants() -> dict[str, Any]:
+    """One tree for every test; each test spends from its own project, so tests never share a pool."""
+    return {
+        "organizations": {"acme": {}, "pooled-org": {"limits": {"rpm": 6}}},
+        "teams": {
+            "research": {"organization": "acme"},
+            "pooled": {"organization": "acme", "limits": {"rpm": 6}},
+            "left": {"organization": "pooled-org"},
+            "right": {"organization": "pooled-org"},
+        },
+        "projects": {
+            "keys": {"team": "research", "models": [FAST]},
+            "usage": {"team": "research", "models": ["sim-chat", "sim-slow"]},
+            "rpm": {"team": "research", "limits": {"rpm": 5}},
+            "tpm": {"team": "research", "limits": {"tpm": 400}},
+            "conc": {"team": "research", "limits": {"concurrency": 2}},
+            # tpm far above anything spent: only there so the answers carry x-ratelimit-*-tokens headers
+            "budget": {
+                "team": "research",
+                "limits": {"budget": {"amount": BUDGET, "period": "30d"}, "tpm": 10**6},
+            },
+            "shared": {"team": "research", "limits": {"rpm": 10}},
+            "team-a": {"team": "pooled"},
+            "team-b": {"team": "pooled"},
+            "org-a": {"team": "left"},
+            "org-b": {"team": "right"},
+        },
+    }
+
+
+def snapshot(fast: SimProcess, slow: SimProcess) -> dict[str, Any]:
+    model = {"context_length": 8192, "capabilities": ["chat", "completions"], "simulated": True}
+    prices = {"input_per_million": PRICE, "output_per_million": PRICE}
+    return {
+        "revision": "tenancy-1",
+        "router": {"scrape_interval": "1s"},
+        "models": {
+            FAST: {**model, "prices": prices},
+            SLOW: {**model, "prices": prices},
+            OTHER: model,
+        },
+        "tenants": tenants(),
+        "endpoints": [
+            endpoint(fast, "fast-0"),
+            endpoint(slow, "slow-0"),
+            endpoint(fast, "other-0") | {"model": OTHER},
+        ],
+    }
+
+
+# ---------------------------------------------------------------------------------------------- routers
+
+
+@dataclass
+class RouterProc:
+    proc: subprocess.Popen[bytes]
+    log: Path
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def client(self, key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=60)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        """SIGTERM and wait: the usage writer flushes on the way out."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def _health(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def start_router(tmp: Path, snap: dict[str, Any], dsn: str, name: str = "router-1") -> RouterProc:
+    """`llmgw-router --snapshot FILE --store DSN` as a process on fresh ports; waits until /health answers."""
+    snap_file = tmp / "snapshot.json"
+    if not snap_file.exists():
+        snap_file.write_text(json.dumps(snap))
+    port, metrics = free_port(), free_port()
+    log = tmp / f"{name}.log"
+    handle = log.open("ab")
+    argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(snap_file), "--store", dsn,
+            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics}",
+            "--router-id", name]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
+    handle.close()
+    router = RouterProc(proc, log, port)
+    try:
+        wait_sync(lambda: _health(port) or proc.poll() is not None, 60, f"{name} /health")
+    except AssertionError:
+        router.stop()
+        raise
+    assert proc.poll() is None, f"{name} exited at start:\n{router.text()[-3000:]}"
+    return router
+
+
+# ---------------------------------------------------------------------------------------------- CLI, keys
+
+runner = CliRunner(env={"COLUMNS": "200"})
+
+
+def cli(*args: str) -> str:
+    result = runner.invoke(app, list(args))
+    assert result.exit_code == 0, f"llmgw {' '.join(args)} failed ({result.exit_code}): {result.output}"
+    return result.stdout
+
+
+def create_key(dsn: str, project: str) -> str:
+    """A key made as an operator makes one: `llmgw keys create --project P --json`."""
+    made = json.loads(cli("keys", "create", "--project", project, "--name", "test", "--store", dsn, "--json"))
+    assert made["key"].startswith("sk-llmgw-")
+    return str(made["key"])
+
+
+def create_expired_key(dsn: str, project: str) -> str:
+    """Through the keys API: a key created a minute ago that lived ten seconds."""
+
+    async def go() -> str:
+        store = await Store.open(dsn)
+        try:
+            made = await keys.create_key(store, project, time.time() - 60, expires_in=10)
+            return made.plaintext
+        finally:
+            await store.close()
+
+    return asyncio.run(go())
+
+
+def usage_rows(dsn: str, by: str = "project") -> dict[str, dict[str, Any]]:
+    rows = json.loads(cli("usage", "--by", by, "--json", "--store", dsn))
+    return {row[by]: row for row in rows}
+
+
+# ---------------------------------------------------------------------------------------------- windows
+
+
+def window_of(t: float) -> int:
+    """The index of the fixed minute window holding `t`, as the limiter aligns them (to the epoch)."""
+    return int(t // MINUTE)
+
+
+def fresh_window(after: int = -1, headroom: float = 20.0) -> int:
+    """Wait (bounded: at most one window) until the current minute window is later than `after` and has at
+    least `headroom` seconds left; return its index."""
+    while True:
+        now = time.time()
+        current = window_of(now)
+        if current > after and (current + 1) * MINUTE - now >= headroom:
+            return current
+        time.sleep(min(1.0, (current + 1) * MINUTE - now + 0.01))
+
+
+def in_one_window(run: Callable[[], T], headroom: float = 20.0, attempts: int = 3) -> T:
+    """Run `run` so that it starts and ends within one minute window that nothing touched before.
+
+    Windows are fixed and aligned to the epoch: a run split by a window boundary would see two pools. Such a
+    run is discarded and repeated in the next untouched window, so the test's assertions always hold for one.
+    Each attempt must spend from pools only this test uses.
+    """
+    touched = -1
+    for _ in range(attempts):
+        start = fresh_window(touched, headroom)
+        result = run()
+        end = window_of(time.time())
+        if end == start:
+            return result
+        touched = end
+    raise AssertionError(f"{attempts} attempts each crossed a minute boundary despite {headroom}s headroom")
+
+
+def error_of(exc: openai.APIStatusError) -> dict[str, Any]:
+    body = exc.body
+    assert isinstance(body, dict), f"not an OpenAI error body: {body!r}"
+    err = body.get("error", body)
+    assert isinstance(err, dict)
+    return err

@@ -81,6 +81,7 @@ class RepoFacts:
     local_node: str
     project: str | None
     revision: str
+    example_model: str  # for the printed examples: a real (non-sim) model when the repo has one
 
 
 def repo_facts(result: LoadResult) -> RepoFacts:
@@ -102,7 +103,10 @@ def repo_facts(result: LoadResult) -> RepoFacts:
             f"{result.repo.root}: no Node document has `spec.local: true`; `llmgw up` runs its agent as that "
             "node (add e.g. nodes/local.yaml: kind: Node, metadata.name: local, spec.local: true)"
         )
-    return RepoFacts(cluster, local, project, result.repo.revision or "")
+    models = result.repo.catalog.models
+    real = [n for n, m in sorted(models.items()) if any(p.profile.engine != "sim" for p in m.profiles)]
+    example = (real or sorted(models) or ["MODEL"])[0]
+    return RepoFacts(cluster, local, project, result.repo.revision or "", example)
 
 
 # ---------------------------------------------------------------------------------------------- progress
@@ -483,7 +487,7 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
         print(f"router: {router.base_url} (metrics {router.metrics_url})", file=out)
         if facts.project is not None:
             key, created = await ensure_key(settings.store_dsn, settings.key_file, facts.project, time.time())
-            print(usage_text(router.base_url, key, facts.project, _example_model(running)), file=out)
+            print(usage_text(router.base_url, key, facts.project, facts.example_model), file=out)
             how = "created" if created else "reused"
             print(f"(key {how}; kept in {settings.key_file}, mode 0600)", file=out)
         else:
@@ -589,14 +593,3 @@ async def _watch(
             await asyncio.wait_for(stop.wait(), PROGRESS_EVERY_S)
     print("stopping: router, controller, agent, engines", file=out, flush=True)
     return 0
-
-
-def _example_model(running: RunningController) -> str:
-    """A model for the printed examples: a real one when the repo has one, else the first."""
-    d = running.controller.desired
-    if d is None or not d.models:
-        return "MODEL"
-    for name, entry in sorted(d.models.items()):
-        if any(p.profile.engine != "sim" for p in entry.profiles):
-            return name
-    return sorted(d.models)[0]

@@ -44,6 +44,7 @@ def test_example_repo_facts() -> None:
     facts = repo_facts(load_repo(EXAMPLE))
     assert facts.local_node == "local"
     assert facts.project == "playground"
+    assert facts.example_model == "gemma-3-270m"  # the real model, not a simulated one
     assert facts.cluster.router.listen == "127.0.0.1:8080"
 
 

@@ -246,23 +246,39 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
     if as_json:
         _print_json(data)
         return
-    table = Table("NODE", "STATE", "SEEN", "CPU", "MEMORY", "GPUS", "ENGINES", "REPLICAS")
+    table = Table("NODE", "STATE", "SEEN", "CPU", "MEMORY", "GPUS", "ENGINES", "REPLICAS", "BOOTSTRAP")
     for n in data["nodes"]:
-        inv = n.get("inventory", {})
+        inv = n.get("inventory") or {}
         mem = inv.get("memory_bytes")
         gpus = inv.get("gpus")
         engines = inv.get("engines")
         table.add_row(
             n["name"] + ("" if n.get("declared") else " (undeclared)"),
             _styled(n["state"], STATE_STYLE),
-            f"{n['last_seen_s']}s ago",
+            "never" if n.get("last_seen_s") is None else f"{n['last_seen_s']}s ago",
             "?" if inv.get("cpu_cores") is None else str(inv["cpu_cores"]),
             "?" if mem is None else f"{mem / 1024**3:.0f} GiB",
             "?" if gpus is None else (", ".join(g.get("class") or "?" for g in gpus) or "none"),
             "?" if engines is None else ", ".join(sorted(engines)),
             str(len(n.get("replicas", []))),
+            _node_ops_words(n),
         )
     Console().print(table)
+
+
+def _node_ops_words(node: dict[str, Any]) -> str:
+    """The node's SSH bootstrap or removal in a few words (the message is what the operator acts on)."""
+    removal, boot = node.get("removal"), node.get("bootstrap")
+    if removal:
+        return f"removal {removal['state']}: {removal['message']}"
+    if not boot:
+        return ""
+    words = str(boot["state"]) + (
+        f": {boot['message']}" if boot["state"] != "done" and boot["message"] else ""
+    )
+    if boot["state"] == "failed" and boot.get("retry_in_s") is not None:
+        words += f" (retry in {boot['retry_in_s']:.0f}s)"
+    return words
 
 
 def replicas(

@@ -62,6 +62,7 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.cleanup_ctx.append(_background("source", _source_loop))
     app.cleanup_ctx.append(_reconcile_ctx)
     app.cleanup_ctx.append(_background("liveness", _liveness_loop))
+    app.cleanup_ctx.append(_nodes_ctx)
     return app
 
 
@@ -122,6 +123,19 @@ async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:
     with contextlib.suppress(asyncio.CancelledError):
         await task
     await reconciler.close()  # commands in flight (starts, drains, stops) end with it
+
+
+async def _nodes_ctx(app: web.Application) -> AsyncIterator[None]:
+    """SSH bootstrap of the repo's remote Nodes and teardown of removed ones (llmgw.controller.nodes_loop)."""
+    from llmgw.controller.nodes_loop import NodesLoop  # asyncssh and the bootstrap steps: loaded only here
+
+    nodes = NodesLoop(app[admin.CONTROLLER], app[RECONCILER].drain_node)
+    task = asyncio.get_running_loop().create_task(nodes.run(), name="llmgw-controller-nodes")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    await nodes.close()  # bootstraps and teardowns in flight end with it
 
 
 async def _liveness_loop(app: web.Application) -> None:

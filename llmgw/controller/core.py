@@ -14,7 +14,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -29,6 +29,9 @@ from llmgw.fleet import ModelState
 from llmgw.placement import ShardPlacement
 from llmgw.store.records import ReplicaRecord, Revision
 from llmgw.store.store import Store
+
+if TYPE_CHECKING:
+    from llmgw.controller.nodes_loop import NodeOps
 
 log = logging.getLogger("llmgw.controller")
 
@@ -141,6 +144,7 @@ class Controller:
         self.change_listeners: list[Callable[[], None]] = []
         self.router_sockets: set[web.WebSocketResponse] = set()
         self.worker_state = WorkerState()
+        self.bootstrap: dict[str, NodeOps] = {}  # per node: SSH bootstrap and removal (nodes_loop)
         self.hub = AgentHub(
             tokens=self.agent_tokens,
             timings=self.timings,

@@ -62,6 +62,12 @@ class ControllerMetrics:
         )
         self.agent_connections = Gauge(PREFIX + "agent_connections", "Agents connected now", registry=r)
         self.router_connections = Gauge(PREFIX + "router_connections", "Routers subscribed now", registry=r)
+        self.node_bootstrap = Gauge(
+            PREFIX + "node_bootstrap",
+            "1 for each declared remote node's bootstrap state (pending, running, done, failed)",
+            ["node", "state"],
+            registry=r,
+        )
         self.is_leader = Gauge(
             PREFIX + "is_leader",
             "1 while this controller leads (always, without ha); 0 on a standby",

@@ -275,6 +275,14 @@ class Reconciler:
         c.notify("replica stopping")  # routers drop it from their endpoints now
         self._spawn(self._send_stop(rec))
 
+    async def drain_node(self, node: str, reason: str) -> int:
+        """Drain and stop every replica with a shard on `node` (a Node removed from the repo); the views cordon
+        the node, so the next pass places their replacements elsewhere. Returns how many were asked to stop."""
+        recs = [r for r in self.c.replicas.values() if node in r.nodes and not r.stopping]
+        for rec in recs:
+            await self._stop(rec.id, reason, drain=True, forget=False)
+        return len(recs)
+
     async def _mark_stale(self, action: MarkStale) -> None:
         rec = self.c.replicas.get(action.replica_id)
         if rec is not None and not rec.stale:

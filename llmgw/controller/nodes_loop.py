@@ -221,7 +221,10 @@ class NodesLoop:
     async def pass_once(self) -> None:
         c = self.c
         d = c.desired
-        if d is None or not c.settings.bootstrap_nodes or not c.leading():
+        if d is None or not c.settings.bootstrap_nodes:
+            return
+        if not c.leading():
+            self._stand_down()
             return
         now = c.clock()
         remote = {n: e for n, e in d.catalog.nodes.items() if not e.spec.local}
@@ -242,6 +245,15 @@ class NodesLoop:
         for name in sorted(set(self.known) - set(remote)):
             await self._advance_removal(name, now)
         self.publish_metrics()
+
+    def _stand_down(self) -> None:
+        """No longer the leader: the new leader does the SSH work; two controllers must not act on one node."""
+        for name, task in list(self.tasks.items()):
+            task.cancel()
+            op = self.c.bootstrap.get(name)
+            if op is not None and op.removal is None:
+                op.state, op.message = "pending", "left to the leader"
+        self.c.metrics.node_bootstrap.clear()
 
     def _remember(self, d: Desired, remote: Mapping[str, NodeEntry]) -> None:
         if d.revision == self._remembered:
@@ -267,6 +279,8 @@ class NodesLoop:
     def publish_metrics(self) -> None:
         gauge = self.c.metrics.node_bootstrap
         gauge.clear()
+        if not self.c.leading():
+            return  # a standby's view of the nodes is not the cluster's: it reports none
         for name, op in self.c.bootstrap.items():
             if op.removal is None:
                 gauge.labels(name, op.state).set(1)

@@ -167,6 +167,12 @@ async def test_unreachable_node_is_reported_per_node_and_retried_after_a_backoff
         c.leading = lambda: True  # type: ignore[method-assign]
         await loop.pass_once()
         assert set(loop.tasks) == {"gone"}  # the leader does
+        task = loop.tasks["gone"]
+        c.leading = lambda: False  # type: ignore[method-assign]
+        await loop.pass_once()  # stepped down: its attempt ends, left to the new leader
+        await wait_for(task.done, 5, "the attempt cancelled")
+        assert task.cancelled() and c.bootstrap["gone"].state == "pending"
+        assert "llmgw_controller_node_bootstrap{" not in await admin.metrics()
         await loop.close()
     finally:
         await running.stop()

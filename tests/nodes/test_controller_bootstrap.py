@@ -19,7 +19,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from controller.helpers import Admin, Repo, settings_for, start, wait_for
+from controller.helpers import Admin, Repo, model_yaml, settings_for, start, wait_for
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from fixtures.sshd import SshServer, keygen
@@ -95,6 +95,14 @@ def _write(path: str, data: bytes) -> None:
     Path(path).write_bytes(data)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return not _read(f"/proc/{pid}/stat").split(b") ")[-1].startswith(b"Z")
+
+
 def _exists(path: str) -> bool:
     return Path(path).exists()
 
@@ -132,6 +140,7 @@ async def test_controller_bootstraps_reports_failures_and_tears_down_removed_nod
             "agent-token": "agent-token-for-test\n",
             "nodes/good.yaml": _node("good", sshd_server, sshd_server.client_key),
             "nodes/bad.yaml": _node("bad", sshd_server, tmp_path / "stranger"),
+            "models/echo.yaml": model_yaml("echo", min_=1),
         }
     )
     ca_dir = tmp_path / "ca"
@@ -188,6 +197,13 @@ async def test_controller_bootstraps_reports_failures_and_tears_down_removed_nod
         assert first_link.connected
         assert _agent_processes(layout.prefix)
 
+        # The model's replica runs on the node that joined; removal must drain it first.
+        replica = await wait_for(
+            lambda: admin.replicas("echo", "ready"), 120, "a ready replica of echo on good"
+        )
+        assert replica[0]["node"] == "good"
+        engine_pid = replica[0]["pid"]
+
         # Weights survive removal.
         _write(f"{layout.weights}/model.gguf", b"weights")
 
@@ -210,6 +226,11 @@ async def test_controller_bootstraps_reports_failures_and_tears_down_removed_nod
         kinds = [(e["kind"], e["object"]) for e in running.controller.events.items]
         for kind in ("node_joined", "node_removing", "node_removed"):
             assert (kind, "good") in kinds
+        stops = [e for e in running.controller.events.items if e["kind"] == "replica_stop"]
+        assert [e["object"] for e in stops] == [replica[0]["id"]]
+        assert "node removed from the repo (draining first)" in stops[0]["message"]
+        assert kinds.index(("replica_stop", replica[0]["id"])) < kinds.index(("node_removed", "good"))
+        assert not _alive(engine_pid)  # stopped through its agent, not orphaned by the teardown
         assert ("node_bootstrap_failed", "bad") in kinds
     finally:
         _stop_leftover(layout)

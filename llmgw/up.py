@@ -523,6 +523,8 @@ def run_up(settings: UpSettings, out: TextIO = sys.stdout, err: TextIO = sys.std
     except UpError as exc:
         print(f"llmgw up: {exc}", file=err)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before the handlers were in place: nothing was started yet
+        return 130
 
 
 @dataclass

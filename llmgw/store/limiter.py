@@ -34,6 +34,7 @@ from llmgw.limits import (
     decide,
     limit_key,
     need,
+    to_micros,
     window_bounds,
     windowed_limits,
 )
@@ -87,6 +88,42 @@ class _Share:
 
 
 @dataclass(frozen=True)
+class _Pool:
+    """One pooled limit of one level: its store key, what it counts, its size and window length."""
+
+    key: str
+    metric: Metric
+    limit: int
+    length: float
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What admitting a request of one chain touches, worked out once per chain instead of per request (the
+    keys, limits and windows of every level were recomputed several times on each request's hot path)."""
+
+    chain: tuple[Tenant, ...]
+    pools: tuple[tuple[Tenant, tuple[_Pool, ...]], ...]  # per level, in chain order
+    corrected: tuple[_Pool, ...]  # tokens and budget pools: charged on the estimate, corrected by `finish`
+    capped: tuple[Tenant, ...]  # levels with a concurrency limit
+
+    @classmethod
+    def of(cls, chain: tuple[Tenant, ...]) -> _Plan:
+        pools = tuple(
+            (t, tuple(_Pool(limit_key(t, m), m, limit, length) for m, limit, length in windowed_limits(t)))
+            for t in chain
+        )
+        corrected = tuple(p for _, ps in pools for p in ps if p.metric in ("tokens", "budget"))
+        capped = tuple(t for t in chain if t.limits.concurrency is not None)
+        return cls(chain, pools, corrected, capped)
+
+
+def _needs(estimate: Estimate) -> dict[Metric, float]:
+    """What the request takes from each counted limit (as `need` says), once per request."""
+    return {"requests": 1, "tokens": estimate.tokens, "budget": estimate.cost_micros}
+
+
+@dataclass(frozen=True)
 class Admission:
     """A request let in: hand it back to `finish` when the request ends (whatever its outcome)."""
 
@@ -117,6 +154,7 @@ class Limiter:
         self._timeout = store_timeout
         self._retry_interval = retry_interval
         self._shares: dict[str, _Share] = {}
+        self._plans: dict[int, _Plan] = {}  # by id of the chain: callers pass the same tuple for a project
         self._inflight: dict[str, int] = {}
         self._store_down_until = -math.inf
         self._lock = asyncio.Lock()
@@ -125,43 +163,75 @@ class Limiter:
     def store_reachable(self) -> bool:
         return self._clock() >= self._store_down_until
 
+    def budget_spent(self, tenant: Tenant) -> int | None:
+        """Micro-units of `tenant`'s budget pool spent in the current period, as this router last learnt it:
+        the pool's total granted at the last renewal, less what this router holds unspent (so another
+        router's unspent share counts as spent, at most one share each). None when unknown: no budget, or
+        the store has not answered for it in the current period (a grace share is not the store's word)."""
+        budget = tenant.limits.budget
+        share = self._shares.get(limit_key(tenant, "budget"))
+        if budget is None or share is None or not share.answered:
+            return None
+        if share.window_end - share.window_start != budget.period_seconds:
+            return None  # the period changed with a new revision: the held share counts another window
+        if not share.window_start <= self._clock() < share.window_end:
+            return None
+        return max(0, share.taken - share.balance)
+
     async def admit(self, chain: Sequence[Tenant], estimate: Estimate) -> Admission | Refused:
         """Let a request in, or refuse it naming the level and limit. Charges every level of the chain."""
         chain = tuple(chain)
         async with self._lock:
             now = self._clock()
-            for tenant in chain:
-                for metric, limit, length in windowed_limits(tenant):
-                    share = self._share(limit_key(tenant, metric), limit, length, now)
-                    wanted = need(metric, estimate)
+            plan = self._plan(chain)
+            needs = _needs(estimate)
+            for tenant, pools in plan.pools:
+                for pool in pools:
+                    share = self._share(pool, now)
+                    wanted = needs[pool.metric]
                     if share.balance < wanted:
-                        await self._renew(tenant, metric, share, math.ceil(wanted), now)
-            states = [self._state(tenant, now) for tenant in chain]
+                        await self._renew(tenant, pool.metric, share, math.ceil(wanted), now)
+            states = [self._state(tenant, pools) for tenant, pools in plan.pools]
             decision = decide(states, estimate, now)
             if isinstance(decision, Refused):
                 return decision
-            return self._charge(chain, estimate, decision, now)
+            return self._charge(plan, estimate, needs, decision)
 
     def finish(self, admission: Admission, tokens: int, cost: float) -> None:
         """The request ended: release its concurrency and correct the token and budget estimates."""
-        for tenant in admission.chain:
-            if tenant.limits.concurrency is not None:
-                self._inflight[tenant.key] = max(0, self._inflight.get(tenant.key, 0) - 1)
-            for metric, actual in (("tokens", tokens), ("budget", math.ceil(cost * MICROS))):
-                key = limit_key(tenant, metric)  # type: ignore[arg-type]
-                share = self._shares.get(key)
-                if share is None or admission.charged.get(key) != share.window_start:
-                    continue  # the window it was charged in is over: nothing left to correct
-                estimated = need(metric, admission.estimate)  # type: ignore[arg-type]
-                share.balance -= int(actual - estimated)
+        plan = self._plan(admission.chain)
+        for tenant in plan.capped:
+            self._inflight[tenant.key] = max(0, self._inflight.get(tenant.key, 0) - 1)
+        actual: dict[Metric, int] = {"tokens": tokens, "budget": to_micros(cost)}
+        for pool in plan.corrected:
+            share = self._shares.get(pool.key)
+            if share is None or admission.charged.get(pool.key) != share.window_start:
+                continue  # the window it was charged in is over: nothing left to correct
+            estimated = need(pool.metric, admission.estimate)
+            share.balance -= int(actual[pool.metric] - estimated)
 
-    def _share(self, key: str, limit: int, length: float, now: float) -> _Share:
-        start, end = window_bounds(now, length)
-        share = self._shares.get(key)
-        if share is None or share.window_start != start:
-            share = _Share(start, end, limit)  # a new window: last window's balance and debt are gone
-            self._shares[key] = share
-        share.limit = limit  # a limit changed by a new revision applies at once
+    def _plan(self, chain: tuple[Tenant, ...]) -> _Plan:
+        plan = self._plans.get(id(chain))
+        if plan is None or plan.chain is not chain:  # the plan holds the chain, so its id is not reused
+            if len(self._plans) > 10_000:
+                self._plans.clear()  # callers building a new tuple per request: bounded, rebuilt on demand
+            plan = self._plans[id(chain)] = _Plan.of(chain)
+        return plan
+
+    def _share(self, pool: _Pool, now: float) -> _Share:
+        share = self._shares.get(pool.key)
+        if (
+            share is None
+            or not share.window_start <= now < share.window_end
+            or share.window_end - share.window_start != pool.length
+        ):
+            start, end = window_bounds(now, pool.length)
+            if share is None or share.window_start != start:
+                share = _Share(
+                    start, end, pool.limit
+                )  # a new window: last window's balance and debt are gone
+                self._shares[pool.key] = share
+        share.limit = pool.limit  # a limit changed by a new revision applies at once
         return share
 
     async def _renew(self, tenant: Tenant, metric: Metric, share: _Share, wanted: int, now: float) -> None:
@@ -199,27 +269,26 @@ class Limiter:
             await self._store.seed_counter(key, share.window_start, share.window_end, taken, now)
         share.seeded = True
 
-    def _state(self, tenant: Tenant, now: float) -> LevelState:
+    def _state(self, tenant: Tenant, pools: tuple[_Pool, ...]) -> LevelState:
         meters: dict[Metric, Meter] = {}
-        for metric, limit, _length in windowed_limits(tenant):
-            share = self._shares[limit_key(tenant, metric)]
+        for pool in pools:
+            share = self._shares[pool.key]
             left = max(0, share.limit - share.taken) + share.balance
-            meters[metric] = Meter(limit, share.balance, share.window_end, left)
-        if tenant.limits.concurrency is not None:
-            used = self._inflight.get(tenant.key, 0)
-            meters["concurrency"] = Meter(tenant.limits.concurrency, tenant.limits.concurrency - used, None)
+            meters[pool.metric] = Meter(share.limit, share.balance, share.window_end, left)
+        cap = tenant.limits.concurrency
+        if cap is not None:
+            meters["concurrency"] = Meter(cap, cap - self._inflight.get(tenant.key, 0), None)
         return LevelState(tenant, meters)
 
     def _charge(
-        self, chain: tuple[Tenant, ...], estimate: Estimate, allowed: Allowed, now: float
+        self, plan: _Plan, estimate: Estimate, needs: dict[Metric, float], allowed: Allowed
     ) -> Admission:
         charged: dict[str, float] = {}
-        for tenant in chain:
-            for metric, _limit, _length in windowed_limits(tenant):
-                key = limit_key(tenant, metric)
-                share = self._shares[key]
-                share.balance -= math.ceil(need(metric, estimate))
-                charged[key] = share.window_start
-            if tenant.limits.concurrency is not None:
-                self._inflight[tenant.key] = self._inflight.get(tenant.key, 0) + 1
-        return Admission(chain, estimate, allowed.headers, charged)
+        for _tenant, pools in plan.pools:
+            for pool in pools:
+                share = self._shares[pool.key]
+                share.balance -= math.ceil(needs[pool.metric])
+                charged[pool.key] = share.window_start
+        for tenant in plan.capped:
+            self._inflight[tenant.key] = self._inflight.get(tenant.key, 0) + 1
+        return Admission(plan.chain, estimate, allowed.headers, charged)

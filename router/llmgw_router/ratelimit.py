@@ -7,19 +7,30 @@ that mode count only what this router process has spent since it started.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from llmgw.config.models import Limits, duration_seconds
-from llmgw.limits import Budget, Estimate, LevelLimits, Refused, Tenant
+from llmgw.limits import Budget, Estimate, Level, LevelLimits, Refused, Tenant, to_micros
+from llmgw.publish import Tenants
 from llmgw.store.limiter import Admission, CounterStore, SharePolicy
 from llmgw.store.limiter import Limiter as PoolLimiter
 from llmgw.store.records import ShareGrant
 from llmgw_router.errors import ApiError
 from llmgw_router.tenancy import TenantChain
 
-__all__ = ["Lease", "Limiter", "MemoryCounters", "NoLimits", "TenantLimiter", "memory_limiter", "tenants_of"]
+__all__ = [
+    "Lease",
+    "Limiter",
+    "MemoryCounters",
+    "NoLimits",
+    "TenantLimiter",
+    "budget_levels",
+    "budget_use",
+    "memory_limiter",
+    "tenants_of",
+]
 
 
 @dataclass(frozen=True)
@@ -33,12 +44,18 @@ class Limiter(Protocol):
 
     def release(self, lease: Lease, tokens_used: int, cost: float) -> None: ...
 
+    def budget_spent(self, tenant: Tenant) -> int | None:
+        """Micro-units of the tenant's budget spent in the current period; None when unknown."""
+
 
 class NoLimits:
     async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
         return Lease(None)
 
     def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
+        return None
+
+    def budget_spent(self, tenant: Tenant) -> int | None:
         return None
 
 
@@ -64,15 +81,23 @@ def tenants_of(chain: TenantChain) -> tuple[Tenant, ...]:
 class TenantLimiter:
     def __init__(self, pool: PoolLimiter) -> None:
         self._pool = pool
-        self._tenants: dict[TenantChain, tuple[Tenant, ...]] = {}
+        # By id of the chain (the routing table hands out one chain object per project and revision), so
+        # the hot path does not hash the chain's limits on every request. Entry: (chain, tenants, limited).
+        self._tenants: dict[int, tuple[TenantChain, tuple[Tenant, ...], bool]] = {}
 
     async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
-        tenants = self._tenants.get(chain)
-        if tenants is None:
+        found = self._tenants.get(id(chain))
+        if found is None or found[0] is not chain:  # the entry holds the chain, so its id is not reused
             if len(self._tenants) > 10_000:
                 self._tenants.clear()
-            tenants = self._tenants[chain] = tenants_of(chain)
-        if not any(t.limits != LevelLimits() for t in tenants):
+            tenants = tenants_of(chain)
+            found = self._tenants[id(chain)] = (
+                chain,
+                tenants,
+                any(t.limits != LevelLimits() for t in tenants),
+            )
+        _chain, tenants, limited = found
+        if not limited:
             return Lease(None)
         got = await self._pool.admit(tenants, Estimate(tokens, cost))
         if isinstance(got, Refused):
@@ -86,6 +111,38 @@ class TenantLimiter:
     def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
         if lease.admission is not None:
             self._pool.finish(lease.admission, tokens_used, cost)
+
+    def budget_spent(self, tenant: Tenant) -> int | None:
+        return self._pool.budget_spent(tenant)
+
+
+def budget_levels(tenants: Tenants) -> list[Tenant]:
+    """Every organization, team and project of the snapshot that declares a budget, as limiter tenants."""
+    levels: list[tuple[Level, Mapping[str, Any]]] = [
+        ("organization", tenants.organizations),
+        ("team", tenants.teams),
+        ("project", tenants.projects),
+    ]
+    return [
+        Tenant(level, name, _level_limits(spec.limits))
+        for level, specs in levels
+        for name, spec in specs.items()
+        if spec.limits.budget is not None
+    ]
+
+
+def budget_use(limiter: Limiter, tenants: Tenants) -> list[tuple[str, str, float]]:
+    """(level, name, spent / amount) for every level with a budget whose spend this router knows; a level
+    whose spend is unknown (no request of it seen in this period) is left out rather than shown as 0."""
+    out = []
+    for tenant in budget_levels(tenants):
+        spent = limiter.budget_spent(tenant)
+        amount = to_micros(tenant.limits.budget.amount) if tenant.limits.budget else 0
+        if spent is None:
+            continue
+        # A zero budget refuses everything: nothing is spent, so it is as used up as a budget can be.
+        out.append((tenant.level, tenant.name, spent / amount if amount else 1.0))
+    return out
 
 
 class MemoryCounters(CounterStore):

@@ -1,0 +1,71 @@
+"""The limiter's per-chain plan (worked out once per chain, found by the chain's identity): reusing one chain
+object, as the router does, decides exactly as a fresh chain per request does; a new chain with other limits
+(a new revision) applies at once."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from llmgw_router.ratelimit import MemoryCounters
+
+from llmgw.limits import Budget, Estimate, LevelLimits, Refused, Tenant
+from llmgw.store.limiter import Admission, Limiter
+
+T0 = 1_200_000.0  # the start of a minute window
+
+
+def chain(rpm: int = 20, tpm: int = 500, concurrency: int = 3, budget: float = 0.05) -> tuple[Tenant, ...]:
+    return (
+        Tenant("organization", "acme", LevelLimits(budget=Budget(budget, 3600))),
+        Tenant("team", "research", LevelLimits(concurrency=concurrency)),
+        Tenant("project", "p", LevelLimits(rpm=rpm, tpm=tpm)),
+    )
+
+
+ops = st.lists(
+    st.tuples(
+        st.integers(1, 120),  # estimated tokens
+        st.integers(0, 150),  # tokens really used
+        st.booleans(),  # finish it at once (else it stays in flight a while)
+        st.sampled_from([0.0, 0.5, 20.0]),  # clock step before it
+    ),
+    max_size=60,
+)
+
+
+async def _run(steps: list[tuple[int, int, bool, float]], reuse: bool) -> list[object]:
+    now = [T0]
+    limiter = Limiter(MemoryCounters(), clock=lambda: now[0])
+    shared = chain()
+    out: list[object] = []
+    held: list[Admission] = []
+    for estimate, used, at_once, step in steps:
+        now[0] += step
+        got = await limiter.admit(shared if reuse else chain(), Estimate(estimate, estimate / 1e4))
+        if isinstance(got, Refused):
+            out.append((got.level, got.metric, got.retry_after, got.headers))
+            if held:
+                limiter.finish(held.pop(0), used, used / 1e4)
+            continue
+        out.append(got.headers)
+        if at_once:
+            limiter.finish(got, used, used / 1e4)
+        else:
+            held.append(got)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops)
+async def test_one_chain_object_decides_as_fresh_chains_do(steps: list[tuple[int, int, bool, float]]) -> None:
+    assert await _run(steps, reuse=True) == await _run(steps, reuse=False)
+
+
+async def test_a_new_revision_s_limits_apply_at_once() -> None:
+    limiter = Limiter(MemoryCounters(), clock=lambda: T0 + 1)
+    old = chain(rpm=5, concurrency=100)
+    for _ in range(3):
+        assert isinstance(await limiter.admit(old, Estimate(1)), Admission)
+    tighter = await limiter.admit(chain(rpm=3, concurrency=100), Estimate(1))
+    assert isinstance(tighter, Refused) and (tighter.metric, tighter.limit) == ("requests", 3)
+    assert isinstance(await limiter.admit(chain(rpm=10, concurrency=100), Estimate(1)), Admission)

@@ -7,7 +7,6 @@ the epoch, so tests counting against rpm or tpm run inside one untouched window 
 from __future__ import annotations
 
 import math
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -126,18 +125,23 @@ def test_concurrency_refuses_while_slow_requests_are_in_flight(
             for stream in streams:
                 stream.close()
 
-            def admitted() -> bool:
+            again: list[openai.Stream[ChatCompletionChunk]] = []
+
+            def holds_another() -> bool:
                 try:
-                    _ask(client)
+                    stream = client.chat.completions.create(
+                        model=SLOW, messages=HELLO, max_tokens=1000, stream=True
+                    )
                 except openai.RateLimitError:
                     return False
-                return True
+                next(iter(stream))
+                again.append(stream)
+                return len(again) == 2
 
-            # the router notices the closed streams and gives their slots back
-            wait_sync(admitted, 20, "a request admitted once the slow ones were closed")
-            # and both slots are free again: two in flight at once pass
-            with ThreadPoolExecutor(2) as pool:
-                assert all(a.choices for a, _ in pool.map(lambda _: _ask(client), range(2)))
+            # the router notices the closed streams and gives both slots back: two slow streams fit again
+            wait_sync(holds_another, 20, "both slots back once the slow streams were closed")
+            for stream in again:
+                stream.close()
     finally:
         assert router.stop() == 0, router.text()[-3000:]
 

@@ -7,7 +7,7 @@ snapshot leaves the metrics with it instead of lingering at its last value.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -82,12 +82,31 @@ class _EndpointCollector(Collector):
         yield from families
 
 
+class _BudgetCollector(Collector):
+    """Budget use read from the limiter at collection time, so it is current after every admission and
+    finish, and a level whose budget a new snapshot removes loses its series at once."""
+
+    def __init__(self, use: Callable[[], Iterable[tuple[str, str, float]]]) -> None:
+        self._use = use
+
+    def collect(self) -> Iterator[Metric]:
+        ratio = GaugeMetricFamily(
+            PREFIX + "budget_used_ratio",
+            "Share of the budget of the current period spent, by level and tenant (0..1, above when overrun)",
+            labels=["level", "tenant"],
+        )
+        for level, tenant, used in self._use():
+            ratio.add_metric([level, tenant], used)
+        yield ratio
+
+
 class RouterMetrics:
     def __init__(
         self,
         table: Callable[[], RoutingTable | None],
         queue_depth: Callable[[], float],
         clock: Callable[[], float] = time.time,
+        budgets: Callable[[], Iterable[tuple[str, str, float]]] = tuple,
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
@@ -155,6 +174,7 @@ class RouterMetrics:
             PREFIX + "controller_connected", "1 while the controller stream is connected", registry=r
         )
         r.register(_EndpointCollector(table, clock))
+        r.register(_BudgetCollector(budgets))
 
         # labels() costs a lock and a dict build per call; the request path asks for the same few children
         # over and over, so they are kept (bounded by models x statuses x codes, a small set).

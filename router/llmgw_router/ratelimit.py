@@ -134,12 +134,12 @@ def budget_levels(tenants: Tenants) -> list[Tenant]:
 def budget_use(limiter: Limiter, tenants: Tenants) -> list[tuple[str, str, float]]:
     """(level, name, spent / amount) for every level with a budget whose spend this router knows; a level
     whose spend is unknown (no request of it seen in this period) is left out rather than shown as 0."""
-    out = []
+    out: list[tuple[str, str, float]] = []
     for tenant in budget_levels(tenants):
         spent = limiter.budget_spent(tenant)
-        amount = to_micros(tenant.limits.budget.amount) if tenant.limits.budget else 0
         if spent is None:
             continue
+        amount = to_micros(tenant.limits.budget.amount) if tenant.limits.budget else 0
         # A zero budget refuses everything: nothing is spent, so it is as used up as a budget can be.
         out.append((tenant.level, tenant.name, spent / amount if amount else 1.0))
     return out

@@ -36,7 +36,7 @@ from llmgw_router.errors import ApiError, error_response
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
 from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
-from llmgw_router.ratelimit import Lease, Limiter, NoLimits
+from llmgw_router.ratelimit import Lease, Limiter, NoLimits, budget_use
 from llmgw_router.scheduler import Decision, RequestInfo, schedule
 from llmgw_router.state import LiveEndpoint, RoutingTable
 from llmgw_router.tenancy import TenantChain
@@ -103,7 +103,9 @@ class Router:
         self.rng = rng or random.Random()
         self.table: RoutingTable | None = None
         self.admission = Admission(256, on_reject=self._on_reject)
-        self.metrics = RouterMetrics(lambda: self.table, lambda: float(self.admission.depth), clock)
+        self.metrics = RouterMetrics(
+            lambda: self.table, lambda: float(self.admission.depth), clock, budgets=self._budget_use
+        )
         self.session: aiohttp.ClientSession | None = None
         self.last_used: dict[str, float] = {}
         self._rr: dict[str, int] = {}
@@ -136,6 +138,10 @@ class Router:
             len(snapshot.models),
             len(snapshot.endpoints),
         )
+
+    def _budget_use(self) -> list[tuple[str, str, float]]:
+        table = self.table
+        return budget_use(self.limiter, table.snapshot.tenants) if table is not None else []
 
     @staticmethod
     def _estimate_cost(model: PublishedModel, tokens: int) -> float:

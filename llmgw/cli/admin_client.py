@@ -72,7 +72,7 @@ def resolve_token(token_file: Path | None, env: Mapping[str, str], candidates: S
     if token_file is not None:
         return Token(_read_token(token_file, "--token-file"), f"--token-file {token_file}")
     if env.get(TOKEN_ENV, "").strip():
-        return Token(env[TOKEN_ENV].strip(), f"${TOKEN_ENV}")
+        return Token(_checked(env[TOKEN_ENV].strip(), f"${TOKEN_ENV}"), f"${TOKEN_ENV}")
     for path in candidates:
         if path.is_file():
             return Token(_read_token(path, "the controller's token file"), str(path))
@@ -88,8 +88,29 @@ def _read_token(path: Path, what: str) -> str:
         value = path.read_text(encoding="utf-8").strip()
     except OSError as exc:
         raise AdminError(f"cannot read {what} {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise AdminError(
+            f"{what} {path} is not UTF-8 text (byte {exc.start}): it should hold the token on one line"
+        ) from None
     if not value:
-        raise AdminError(f"{what} {path} is empty")
+        raise AdminError(f"{what} {path} is empty: it should hold the token on one line")
+    return _checked(value, f"{what} {path}")
+
+
+def _checked(value: str, where: str) -> str:
+    """The token as it goes into the Authorization header, which takes one line of printable ASCII (a bad
+    one would fail deep in urllib with a ValueError that shows the token)."""
+    if "\n" in value or "\r" in value:
+        raise AdminError(
+            f"{where} has a line break inside the token: a token is one line (in a file, a trailing newline "
+            "is fine)"
+        )
+    bad = next((i for i, c in enumerate(value) if not " " <= c <= "~"), None)
+    if bad is not None:
+        raise AdminError(
+            f"{where}: character {bad + 1} of the token is U+{ord(value[bad]):04X}, which cannot go in an "
+            "HTTP header: a token is printable ASCII"
+        )
     return value
 
 

@@ -205,8 +205,11 @@ class NodesLoop:
                 await self.pass_once()
             except Exception:  # a bug in one pass must not end bootstrapping; the next pass starts afresh
                 log.exception("node bootstrap pass failed; retrying in %.0fs", TICK_S)
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that arrives as the event is
+            # set (it is set on every heartbeat), and the app's shutdown would wait for this task forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=TICK_S)
+                async with asyncio.timeout(TICK_S):
+                    await self.wake.wait()
             self.wake.clear()
 
     async def close(self) -> None:

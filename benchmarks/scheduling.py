@@ -73,6 +73,7 @@ from llmgw.config.models import RoutingPolicySpec
 MODEL = "bench-chat"
 BLOCK = 16  # the sim's prefix-cache block size (its default)
 MAX_TOKENS = 8
+TURNS = 4  # per multi-turn conversation
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES_FILE = ROOT / "examples" / "cluster-repo" / "policies" / "routing.yaml"
 
@@ -151,7 +152,6 @@ def strategies(policies: dict[str, RoutingPolicySpec], with_noslots: bool) -> li
 @dataclass
 class Turn:
     text: str  # the user's message for this turn
-    max_tokens: int = MAX_TOKENS
 
 
 @dataclass
@@ -170,7 +170,7 @@ def make_conversations(
     workload: str, rate: float, window: float, rng: random.Random, salt: str
 ) -> list[Conversation]:
     """Poisson arrivals of requests (short, mix) or of conversations at rate/turns (multiturn)."""
-    turns_per = 4 if workload == "multiturn" else 1
+    turns_per = TURNS if workload == "multiturn" else 1
     out: list[Conversation] = []
     t = rng.expovariate(rate / turns_per)
     i = 0
@@ -196,7 +196,7 @@ def mean_prompt_tokens(workload: str) -> float:
     if workload == "mix":
         return 0.85 * 62 + 0.15 * 902
     # multiturn: turn k holds k user messages (49 words each) and k-1 replies (MAX_TOKENS + 1 words)
-    per_turn = [k * 49 + (k - 1) * (MAX_TOKENS + 1) for k in range(1, 5)]
+    per_turn = [k * 49 + (k - 1) * (MAX_TOKENS + 1) for k in range(1, TURNS + 1)]
     return sum(per_turn) / len(per_turn)
 
 

@@ -185,3 +185,23 @@ def test_pickers_return_only_filtered_endpoints_and_never_stale_while_fresh_exis
         # only a session's own target may be full (its bounds: the unit test above)
         assert not chosen.full or chosen.id == d.session_target
     assert sum(d.dropped.values()) + len(d.scores) == len(cands)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    loads=st.lists(st.integers(0, 12), min_size=1, max_size=8),
+    key=st.text(max_size=8),
+    bound=st.floats(1.01, 3.0),
+)
+def test_without_slots_the_session_target_is_the_bounded_load_target(
+    loads: list[int], key: str, bound: float
+) -> None:
+    cands = [Candidate(f"e{i}", inflight=n) for i, n in enumerate(loads)]
+    p = RoutingPolicySpec(
+        picker="max_score",
+        weights=ScorerWeights(session=10),
+        session=SessionSettings(load_bound=bound),
+    )
+    d = schedule(cands, p, RequestInfo(session_key=key), random.Random(0))
+    expected = bounded_load_target(key, [(c.id, c.inflight) for c in cands], bound)
+    assert d.session_target == expected and d.endpoint == expected

@@ -18,7 +18,13 @@ from llmgw.config.schemas import all_schemas, render
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = ROOT / "schemas"
 EXAMPLE = ROOT / "examples" / "cluster-repo"
-EXAMPLE_FILES = sorted(EXAMPLE.rglob("*.yaml"))
+# Cluster documents only: dot-files and dot-directories (.github workflows, .pre-commit-config.yaml) are
+# tooling the loader skips too.
+EXAMPLE_FILES = sorted(
+    p
+    for p in EXAMPLE.rglob("*.yaml")
+    if not any(part.startswith(".") for part in p.relative_to(EXAMPLE).parts)
+)
 MODELINE = re.compile(r"^# yaml-language-server: \$schema=(\S+)$")
 REGENERATE = "stale: run `make schemas` (llmgw schemas write && llmgw schemas docs) and commit the result"
 

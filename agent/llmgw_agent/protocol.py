@@ -110,6 +110,9 @@ class ShardStatus(_Model):
     base_url: str | None = None
     metrics_path: str | None = None
     fingerprint: str = ""
+    # The GPU indices the shard was started on (its ShardSpec's), so a controller that adopts it after a
+    # restart counts them as taken. Empty from an agent that predates the field: unknown, not "no GPU".
+    gpus: list[int] = Field(default_factory=list)
     started_at: float | None = None
     exit_code: int | None = None
     last_output_lines: list[str] = Field(default_factory=list)

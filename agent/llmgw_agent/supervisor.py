@@ -137,6 +137,7 @@ class Supervisor:
             engine=spec.engine,
             state="fetching" if spec.source and spec.source.url else "starting",
             fingerprint=spec.fingerprint,
+            gpus=list(spec.gpus),
             host=self.cfg.advertise_host,
         )
         shard = Shard(spec, status, self.cfg.state_dir / "work" / spec.shard_id)
@@ -410,6 +411,7 @@ class Supervisor:
             shard.health_path = record.get("health_path", "/health")
             shard.probe_url = record.get("probe_url")
             shard.status.message = "adopted after agent restart"
+            shard.status.gpus = list(spec.gpus)  # a record written before statuses carried them has the spec's
             self.shards[spec.shard_id] = shard
             shard.task = asyncio.create_task(self._watch_adopted(shard), name=f"adopted-{spec.shard_id}")
             adopted.append(status.model_copy())

@@ -340,7 +340,7 @@ class Reconciler:
             if existing is not None:
                 # Another shard of a multi-node replica adopted from another node: add where this one runs.
                 if existing.adopted and shard.shard_rank not in {s.rank for s in existing.shards}:
-                    placed = ShardPlacement(link.name, shard.shard_rank, ())
+                    placed = ShardPlacement(link.name, shard.shard_rank, tuple(shard.gpus))
                     existing.shards = tuple(sorted((*existing.shards, placed), key=lambda s: s.rank))
                 continue
             known = c.worker_state.known_records.get(shard.replica_id)
@@ -351,7 +351,9 @@ class Reconciler:
                 profile=profile,
                 fingerprint=shard.fingerprint,
                 created_at=known.created_at if known else c.wall(),
-                shards=(ShardPlacement(link.name, shard.shard_rank, ()),),
+                # The GPUs the agent says the shard holds: placement counts them as taken (with none, a
+                # restarted controller would place another replica on the same cards).
+                shards=(ShardPlacement(link.name, shard.shard_rank, tuple(shard.gpus)),),
                 adopted=True,
                 start_sent_at=c.clock(),
             )

@@ -144,3 +144,42 @@ def test_protocol_round_trip() -> None:
     )
     assert isinstance(cmd, Command) and cmd.spec is not None and cmd.spec.shard_id == "r-0"
     assert "k-9f8e7d" not in repr(cmd.spec)  # the key stays out of reprs (and so out of logs)
+
+
+async def test_a_shard_reports_the_gpus_of_its_spec_and_keeps_them_in_its_record(
+    sup: tuple[Supervisor, list[ShardStatus]],
+) -> None:
+    s, updates = sup
+    first = s.start(ShardSpec(replica_id="g", model="m", engine="vllm", gpus=[1, 3]))
+    assert first.gpus == [1, 3] and updates[0].gpus == [1, 3]
+    record_file = s.cfg.state_dir / "shards" / "g-0.json"
+    await wait_for(lambda: record_file.exists(), what="the shard's state record")
+    record = json.loads(record_file.read_text())
+    assert record["spec"]["gpus"] == [1, 3] and record["status"]["gpus"] == [1, 3]
+
+
+async def test_an_adopted_shard_reports_its_specs_gpus_even_from_an_older_record(tmp_path: Path) -> None:
+    # A record an older agent wrote: its status has no `gpus`, its spec has. This process stands in for the
+    # engine (same pid and start time), so it is adopted; the supervisor is closed, never told to stop it.
+    state = tmp_path / "state"
+    (state / "shards").mkdir(parents=True)
+    me = os.getpid()
+    spec = ShardSpec(replica_id="old", model="m", engine="sim", gpus=[0, 2])
+    status = ShardStatus(replica_id="old", model="m", engine="sim", state="ready", pid=me).model_dump()
+    del status["gpus"]
+    record = {
+        "spec": spec.model_dump(),
+        "status": status,
+        "pid": me,
+        "pgid": me,
+        "start_ticks": proc_start_time(me),
+    }
+    (state / "shards" / "old-0.json").write_text(json.dumps(record))
+    s = Supervisor(SupervisorConfig(state_dir=state, advertise_host="127.0.0.1"), lambda _: None)
+    try:
+        (adopted,) = s.adopt()
+        assert adopted.gpus == [0, 2]
+        assert [x.gpus for x in s.statuses()] == [[0, 2]]
+        assert parse_agent_message(dump(Heartbeat(shards=s.statuses()))).shards[0].gpus == [0, 2]  # type: ignore[union-attr]
+    finally:
+        await s.close()

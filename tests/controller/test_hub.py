@@ -14,6 +14,7 @@ import pytest
 from llmgw_agent.protocol import (
     PROTOCOL_VERSION,
     Command,
+    Gpu,
     Heartbeat,
     Inventory,
     Register,
@@ -23,6 +24,8 @@ from llmgw_agent.protocol import (
     parse_controller_message,
 )
 
+from llmgw.controller import views
+from llmgw.placement.rooms import build_rooms
 from llmgw.security import engine_key
 
 from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
@@ -53,7 +56,12 @@ class FakeAgent:
         self.shards: dict[str, ShardStatus] = {}
         self.refuse_start = ""
 
-    async def connect(self, shards: list[ShardStatus] | None = None, version: int = PROTOCOL_VERSION) -> Any:
+    async def connect(
+        self,
+        shards: list[ShardStatus] | None = None,
+        version: int = PROTOCOL_VERSION,
+        gpus: list[Gpu] | None = None,
+    ) -> Any:
         self.session = aiohttp.ClientSession()
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         self.ws = await self.session.ws_connect(self.url, headers=headers)
@@ -61,7 +69,7 @@ class FakeAgent:
             node=self.node,
             agent_version="test",
             protocol_version=version,
-            inventory=Inventory(cpu_cores=4, memory_bytes=8 * 1024**3, gpus=[]),
+            inventory=Inventory(cpu_cores=4, memory_bytes=8 * 1024**3, gpus=gpus or []),
             shards=shards or [],
         )
         await self.ws.send_str(dump(register))
@@ -162,6 +170,30 @@ async def test_shards_reported_at_register_are_adopted_not_started(ctl: Admin) -
         passes = ctl.running.controller.worker_state.passes
         await wait_for(lambda: ctl.running.controller.worker_state.passes > passes + 2, 10, "more passes")
         assert not [c for c in agent.commands if c.action == "start_shard"]
+    finally:
+        serving.cancel()
+        await agent.close()
+
+
+async def test_an_adopted_shards_gpus_count_as_allocated(ctl: Admin) -> None:
+    # As after a controller restart: the agent reports a running shard holding GPUs 0 and 2 of three.
+    running = ShardStatus(
+        replica_id="sim-a-sim-gpu", model="sim-a", engine="sim", state="ready", pid=778,
+        base_url="http://127.0.0.1:9", gpus=[0, 2],
+    )  # fmt: skip
+    agent = FakeAgent(ctl, "n1")
+    agent.shards[running.shard_id] = running
+    await agent.connect(shards=[running], gpus=[Gpu(index=i, gpu_class="l4") for i in range(3)])
+    serving = asyncio.create_task(agent.serve())
+    try:
+        items = await wait_for(lambda: ctl.replicas("sim-a", "ready"), 10, "the adopted replica")
+        assert [(r["id"], r["adopted"], r["gpus"]) for r in items] == [("sim-a-sim-gpu", True, [0, 2])]
+        c = ctl.running.controller
+        (view,) = views.replica_views(c)
+        assert [s.gpus for s in view.shards] == [(0, 2)]
+        # What placement starts from: only GPU 1 is free on n1.
+        rooms = build_rooms(views.node_views(c), views.replica_views(c), {})
+        assert rooms["n1"].free_gpus == {"l4": [1]}
     finally:
         serving.cancel()
         await agent.close()

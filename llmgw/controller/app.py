@@ -111,7 +111,8 @@ async def _source_loop(app: web.Application) -> None:
         except Exception:  # a bug here must not stop the controller following the repo; retried next poll
             log.exception("polling %s failed; retrying at the next poll", source.description)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(poll_now.wait(), timeout=source.interval_s)
+            async with asyncio.timeout(source.interval_s):
+                await poll_now.wait()
         poll_now.clear()
 
 

@@ -66,7 +66,9 @@ class Reconciler:
                 c.metrics.reconcile_errors.inc()
                 wake = 1.0
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(c.changed.wait(), timeout=wake)
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races the event
+                async with asyncio.timeout(wake):
+                    await c.changed.wait()
             c.changed.clear()
 
     async def pass_once(self) -> float:

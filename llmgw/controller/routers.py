@@ -151,7 +151,8 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
                 sent = digest
             wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), timeout=5.0)
+                async with asyncio.timeout(5.0):
+                    await wake.wait()
     except (ConnectionError, RuntimeError):
         pass
     finally:

@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import hmac
 import logging
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from llmgw.controller.source import Checkout
 
 log = logging.getLogger("llmgw.controller.admin")
 
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CONTROLLER: web.AppKey[Controller] = web.AppKey("controller", Controller)
 POLL_NOW: web.AppKey[asyncio.Event] = web.AppKey("poll_now", asyncio.Event)
 
@@ -223,7 +225,38 @@ async def usage_seen(request: web.Request) -> web.Response:
     return web.json_response({"known": known})
 
 
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error from this app is JSON (`{"error": {"message": ...}}`), including aiohttp's own 404, 405
+    and 413, and a bug is a 500 with no traceback in the body (it goes to the log)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        if exc.status == 404:
+            message = f"no such endpoint: {request.method} {request.path} (see docs/controller.md)"
+        elif exc.status == 405:
+            message = (
+                f"{request.method} is not allowed on {request.path}; allowed: {exc.headers.get('Allow', '')}"
+            )
+        elif exc.status == 413:
+            message = f"request body too large (the limit is {request.app._client_max_size} bytes)"
+        else:
+            message = exc.reason
+        keep = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+        return web.json_response({"error": {"message": message}}, status=exc.status, headers=keep)
+    except ConnectionResetError:
+        # The client went away while sending its body: nobody is left to answer, and it is not our error.
+        log.info("admin request %s %s: the client went away", request.method, request.path)
+        return web.Response(status=400)
+    except Exception:
+        log.exception("admin request %s %s failed", request.method, request.path)
+        return _error(500, "internal error in the controller (its log has the details)")
+
+
 def add_routes(app: web.Application) -> None:
+    app.middlewares.append(json_errors)
     app.router.add_get("/api/v1/status", status)
     app.router.add_get("/api/v1/nodes", nodes)
     app.router.add_get("/api/v1/replicas", replicas)

@@ -18,7 +18,9 @@ ENGINE_KEY_PREFIX = "llmgw-ek-"
 
 # Cloud metadata services answer on these addresses; a URL from the cluster repo must never reach them
 # through the router (it would hand the instance's credentials to whoever can edit a provider URL).
-_METADATA_HOSTS = frozenset({"metadata.google.internal", "metadata", "instance-data"})
+_METADATA_HOSTS = frozenset(
+    {"metadata.google.internal", "metadata.azure.internal", "metadata", "instance-data"}
+)
 _METADATA_ADDRESSES = (
     ipaddress.ip_address("169.254.169.254"),
     ipaddress.ip_address("fd00:ec2::254"),
@@ -43,13 +45,15 @@ def forbidden_address_reason(url_or_host: str) -> str | None:
     host = urlsplit(url_or_host).hostname if "//" in url_or_host else url_or_host
     if not host:
         return f"{url_or_host!r} names no host"
-    host = host.strip("[]").lower()
+    host = host.strip("[]").rstrip(".").lower()
     if host in _METADATA_HOSTS:
         return f"{host} is a cloud metadata service"
     try:
-        addr = ipaddress.ip_address(host)
+        addr = ipaddress.ip_address(host.split("%")[0])  # fe80::1%eth0 is link-local too
     except ValueError:
         return None
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # ::ffff:169.254.169.254 reaches the same service
     if addr in _METADATA_ADDRESSES:
         return f"{addr} is a cloud metadata service address"
     if addr.is_link_local:

@@ -26,6 +26,8 @@ CHUNK = 1 << 20
 MAX_REDIRECTS = 5
 _REFUSED_HOSTS = {"metadata.google.internal", "metadata", "metadata.azure.internal"}
 _LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
+# Metadata services outside link-local: AWS's IPv6 endpoint and Alibaba Cloud's (as llmgw.security lists them).
+_METADATA_ADDRESSES = (ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200"))
 
 
 class WeightsError(Exception):
@@ -43,6 +45,8 @@ def refused_address(host: str) -> str | None:
         return None
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped
+    if addr in _METADATA_ADDRESSES:
+        return f"{host} is a cloud metadata service address"
     if any(addr in net for net in _LINK_LOCAL if net.version == addr.version):
         return f"{host} is link-local (cloud metadata services live there)"
     return None

@@ -27,6 +27,7 @@ from llmgw.config.models import (
     Document as DocumentUnion,
 )
 from llmgw.config.validation import did_you_mean
+from llmgw.security import forbidden_address_reason
 
 Document = DocumentUnion
 _MIG = re.compile(r"(^mig-)|(\d+g\.\d+gb)", re.IGNORECASE)
@@ -190,6 +191,7 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
             "a model needs `profiles` or a `provider`",
             "add a profile, e.g. {name: cpu, engine: llamacpp}",
         )
+    _addresses(c, index, doc)
     profile_names: set[str] = set()
     for pos, profile in enumerate(spec.profiles):
         path: tuple[PathPart, ...] = ("spec", "profiles", pos)
@@ -218,6 +220,22 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
                 c.add(index, path, f"fallback `{fallback}` is not a model or alias", hint)
         elif target == doc.metadata.name:
             c.add(index, path, f"fallback `{fallback}` is this model itself", "remove it")
+
+
+def _addresses(c: _Checker, index: int, doc: Model) -> None:
+    """A weights URL or provider URL must not reach a link-local or cloud metadata address: whoever can edit
+    the repo would otherwise have nodes or routers fetch the instance's credentials. Said here, at review
+    time, rather than by an agent refusing the fetch minutes after the merge."""
+    spec = doc.spec
+    urls: list[tuple[tuple[PathPart, ...], str]] = []
+    if spec.source is not None and spec.source.url:
+        urls.append((("spec", "source", "url"), spec.source.url))
+    if spec.provider is not None:
+        urls.append((("spec", "provider", "url"), spec.provider.url))
+    for path, url in urls:
+        why = forbidden_address_reason(url)
+        if why is not None:
+            c.add(index, path, f"{url} is refused: {why}", "use the model's own mirror or provider address")
 
 
 def _profile(c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile) -> None:

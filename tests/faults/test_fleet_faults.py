@@ -223,9 +223,11 @@ async def test_crash_looping_engine_backs_off_degrades_and_raises_the_alert(
                 "interval": "1m",
                 "input_series": [
                     {
-                        "series": 'llmgw_controller_replica_restarts_total{model="crashy",instance="c1"}',
+                        "series": 'llmgw_controller_replica_restarts_total{model="crashy",instance="c1",job="llmgw"}',
                         "values": f"{values} {values.split()[-1]}x20",
-                    }
+                    },
+                    # The one controller leads (rules that read only the leader see it).
+                    {"series": 'llmgw_controller_is_leader{instance="c1",job="llmgw"}', "values": "1x30"},
                 ],
                 "alert_rule_test": [
                     {

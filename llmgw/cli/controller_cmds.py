@@ -88,6 +88,16 @@ def controller(
     ca_dir: Annotated[
         Path | None, typer.Option("--ca-dir", help="Cluster CA directory: TLS, node certificates required")
     ] = None,
+    ha: Annotated[
+        bool | None,
+        typer.Option(
+            "--ha/--no-ha", help="Share the store with other controllers: lead by lease, else stand by"
+        ),
+    ] = None,
+    advertise: Annotated[
+        str | None,
+        typer.Option("--advertise", help="With --ha: the URL others are told to reach this one at"),
+    ] = None,
     config: Annotated[
         Path | None, typer.Option("--config", help="YAML file of these settings (flags win)")
     ] = None,
@@ -122,6 +132,8 @@ def controller(
             "tls_key": tls_key,
             "tls_client_ca": tls_client_ca,
             "ca_dir": ca_dir,
+            "ha": ha,
+            "advertise": advertise,
         }
         values.update({k: v for k, v in flags.items() if v is not None})
         values.setdefault("store", "sqlite:///.llmgw/state/llmgw.db")
@@ -215,6 +227,12 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
     console.print(
         f"nodes    {nodes.get('Ready', 0)} Ready, {nodes.get('Unreachable', 0)} Unreachable, {nodes.get('Lost', 0)} Lost"
     )
+    lead = data.get("leadership") or {}
+    if lead.get("ha"):
+        where = lead.get("leader_address") or "unknown"
+        console.print(f"role     {lead.get('role')} (leader: {where})", highlight=False)
+        if lead.get("store_error"):
+            console.print(f"[yellow]lease store error:[/yellow] {lead['store_error']}", highlight=False)
     if data.get("source_error"):
         console.print(f"[yellow]cluster repo unavailable:[/yellow] {data['source_error']}", highlight=False)
     refused = data.get("refused")

@@ -131,6 +131,7 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     a.proc.wait(10)
     wait_sync(lambda: role(b) == "leader", 30, "controller b to lead after a was killed")
     led_after = time.monotonic() - killed_at
+    print(f"failover: the standby led {led_after:.1f}s after the leader was killed (ttl {TTL_S}s)")
     after = wait_sync(lambda: ready_replicas(b, "sim-a", 2), 60, "the replicas adopted by b")
     assert after == before, "same replicas, same engine processes: nothing restarted"
     assert all(pid_alive(pid) for pid in before.values())

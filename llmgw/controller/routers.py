@@ -130,6 +130,17 @@ def token_ok(c: Controller, request: web.Request) -> bool:
     return any(hmac.compare_digest(presented.encode(), t.encode()) for t in c.agent_tokens())
 
 
+def fleet_incomplete(c: Controller) -> bool:
+    """Just started (or just took over as leader): nodes that were up have not all reconnected and the settle
+    window is open. What this controller knows of the replicas is then a part of the fleet, and a snapshot
+    from it would tell routers to drop endpoints that are serving; routers keep their last one meanwhile."""
+    ws = c.worker_state
+    if not ws.expected_nodes or c.clock() >= ws.settle_until:
+        return False
+    back = {name for name, link in c.hub.nodes.items() if link.connected}
+    return not ws.expected_nodes <= back
+
+
 async def router_stream(request: web.Request, *, c: Controller) -> web.StreamResponse:
     if not token_ok(c, request):
         raise web.HTTPUnauthorized(text="missing or wrong Authorization: Bearer token\n")
@@ -143,7 +154,7 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
     try:
         sent = ""
         while not ws.closed and not reader.done():
-            snap = snapshot(c)
+            snap = None if fleet_incomplete(c) else snapshot(c)
             data = {} if snap is None else snap.model_dump(mode="json")
             digest = _digest(data)
             if snap is not None and digest != sent:

@@ -142,12 +142,22 @@ async def test_controller_gone_engines_keep_serving_through_the_router(
             assert await _answered(client, "sim-a", 40) == 40
             assert all(pid_alive(p) for p in before.values())
 
-            await cluster.start_controller()
+            # The controller comes back before the agents do (theirs is the longer backoff): the router
+            # reconnects to a controller that knows no replica yet, and must not be told "no endpoints".
+            agents = [p.pid for p in cluster.agents.procs.values()]
+            for pid in agents:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                await cluster.start_controller()
+                await asyncio.to_thread(
+                    lambda: wait_for_sync(lambda: _router_connected(router.metrics) == 1.0, 30, "router back")
+                )
+                assert await _answered(client, "sim-a", 20) == 20
+            finally:
+                for pid in agents:
+                    os.kill(pid, signal.SIGCONT)
             await cluster.wait_ready("sim-a", 2, "replicas adopted by the restarted controller")
             assert pids(await cluster.wait_ready("sim-a", 2)) == before
-            await asyncio.to_thread(
-                lambda: wait_for_sync(lambda: _router_connected(router.metrics) == 1.0, 30, "router back")
-            )
             assert await _answered(client, "sim-a", 10) == 10
     finally:
         router.stop()

@@ -195,6 +195,13 @@ class Controller:
         d = self.desired
         if d is not None and d.cluster.secret is not None:
             return read_secret(d.cluster.secret, d.root)
+        if self.settings.ha:
+            # A generated secret lives on one machine: a new leader would derive other engine keys and
+            # routers would be told keys the running engines refuse.
+            raise SecretError(
+                "with ha, the Cluster document must declare `secret` ({file: PATH} or {env: NAME}, the same "
+                "on every controller): engine keys are derived from it"
+            )
         if self._generated_secret is None:
             self._generated_secret = load_or_create(self.settings.state_dir / "cluster-secret")
         return self._generated_secret

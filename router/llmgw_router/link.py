@@ -13,7 +13,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -44,7 +44,7 @@ class ControllerLink:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         router_id: str,
         token: str | None,
         on_snapshot: Callable[[RouterSnapshot], None],
@@ -53,7 +53,12 @@ class ControllerLink:
         use_interval: float = 10.0,
         max_backoff: float = 10.0,
     ) -> None:
-        self.url = url
+        # Several addresses with standby controllers: tried in turn; a standby refuses the stream (503) and a
+        # dead one does not answer, and the answer to both is the next address.
+        self.urls = [url] if isinstance(url, str) else list(url)
+        if not self.urls:
+            raise ValueError("ControllerLink needs at least one controller address")
+        self._index = 0
         self.router_id = router_id
         self._token = token
         self._on_snapshot = on_snapshot
@@ -63,6 +68,11 @@ class ControllerLink:
         self._max_backoff = max_backoff
         self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
         self.revision: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The address in use (or tried next)."""
+        return self.urls[self._index % len(self.urls)]
 
     def request_load(self, model: str) -> None:
         try:
@@ -82,6 +92,10 @@ class ControllerLink:
                 log.warning("controller stream %s: %s; serving the last snapshot, retrying", self.url, exc)
             finally:
                 self._on_connected(False)
+            self._index += 1
+            if len(self.urls) > 1 and self._index % len(self.urls):
+                await asyncio.sleep(0.05)  # the next address has not been tried yet: no reason to wait
+                continue
             await asyncio.sleep(backoff * (0.5 + random.random()))
             backoff = min(backoff * 2, self._max_backoff)
 

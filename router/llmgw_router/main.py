@@ -52,7 +52,12 @@ def load_snapshot_file(path: str | Path) -> RouterSnapshot:
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="llmgw-router", description=__doc__)
     source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--controller", metavar="ADDR", help="controller address (host:port or ws:// URL)")
+    source.add_argument(
+        "--controller",
+        metavar="ADDR",
+        action="append",
+        help="controller address (host:port or ws:// URL); repeat for standby controllers, tried in turn",
+    )
     source.add_argument("--snapshot", metavar="FILE", help="static RouterSnapshot file (JSON or YAML)")
     p.add_argument(
         "--listen", help="host:port of the OpenAI API (default: the snapshot's, else 127.0.0.1:8080)"
@@ -121,7 +126,7 @@ async def _amain(ns: argparse.Namespace) -> None:
         router = Router(options, Authenticator(keys), limiter, usage)
         if ns.controller:
             link = ControllerLink(
-                controller_url(ns.controller),
+                [controller_url(a) for a in ns.controller],
                 ns.router_id,
                 _read_secret(ns.token_file),
                 router.apply_snapshot,

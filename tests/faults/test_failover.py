@@ -13,15 +13,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from controller.helpers import Agents, Repo, cluster_yaml, model_yaml
 
 from faults.cluster import pid_alive
-from faults.procs import ControllerProc, start_controller_proc, wait_sync
+from faults.procs import ControllerProc, RouterProc, start_controller_proc, start_router_proc, wait_sync
+from llmgw.keys import hash_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
 TOKEN = "failover-token"
+KEY = "sk-llmgw-" + "h" * 43
 TTL_S = 3.0
 
 
@@ -62,6 +65,22 @@ def ready_replicas(c: ControllerProc, model: str, count: int) -> dict[str, int] 
     return {r["id"]: r["pid"] for r in mine} if ok else None
 
 
+def _answers(client: openai.OpenAI) -> bool:
+    try:
+        r = client.completions.create(model="sim-a", prompt="failover", max_tokens=2)
+    except openai.APIError:
+        return False
+    return bool(r.choices and r.choices[0].text)
+
+
+def _metric(url: str, name: str) -> float | None:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return None
+
+
 class Pair:
     def __init__(self, tmp: Path, dsn: str) -> None:
         self.tmp = tmp
@@ -70,6 +89,12 @@ class Pair:
         self.repo = Repo(tmp / "origin", use_git=True)
         self.procs: list[ControllerProc] = []
         self.agents = Agents(tmp, tmp / "token")
+        self.routers: list[RouterProc] = []
+
+    def cluster(self, **timings: str) -> str:
+        """The Cluster document, with the secret every controller derives engine keys from (ha needs one)."""
+        (self.tmp / "cluster-secret").write_text("failover-cluster-secret\n")
+        return cluster_yaml(**timings) + f"  secret: {{file: {self.tmp / 'cluster-secret'}}}\n"
 
     def start(self, name: str) -> ControllerProc:
         settings = {
@@ -91,6 +116,8 @@ class Pair:
         return c
 
     def close(self) -> None:
+        for r in self.routers:
+            r.stop()
         for c in self.procs:
             c.kill()
         self.agents.cleanup()
@@ -106,7 +133,7 @@ def pair(tmp_path: Path, pg_dsn: str) -> Iterator[Pair]:
 
 
 def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -> None:
-    pair.repo.write({"cluster.yaml": cluster_yaml(unreachable="2s", lost="60s")}, "cluster")
+    pair.repo.write({"cluster.yaml": pair.cluster(unreachable="2s", lost="60s")}, "cluster")
     a = pair.start("a")
     wait_sync(lambda: role(a) == "leader", 30, "controller a to lead")
     b = pair.start("b")
@@ -126,11 +153,27 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     logs = "".join(p.read_text() for p in pair.tmp.glob("agents/*/agent-*.log"))
     assert "standby: try the next controller address" in logs
 
+    # A router told both addresses: it follows whichever leads, and serves throughout.
+    (pair.tmp / "keys").write_text(f"{hash_key(KEY)} p1 key-1\n")
+    router = start_router_proc(
+        pair.tmp / "router.log",
+        ["--controller", b.url, "--controller", a.url, "--token-file", str(pair.tmp / "token"),
+         "--keys-file", str(pair.tmp / "keys")],
+    )  # fmt: skip
+    pair.routers.append(router)
+    client = openai.OpenAI(base_url=router.api + "/v1", api_key=KEY, max_retries=0, timeout=30)
+    wait_sync(lambda: _answers(client), 30, "sim-a through the router")
+
     killed_at, killed_wall = time.monotonic(), time.time()
     a.proc.send_signal(signal.SIGKILL)
     a.proc.wait(10)
-    wait_sync(lambda: role(b) == "leader", 30, "controller b to lead after a was killed")
+    answered = 0
+    while role(b) != "leader":  # every request during the failover is answered, from the last snapshot
+        assert _answers(client), "a request failed during the failover"
+        answered += 1
+        assert time.monotonic() - killed_at < 30, "controller b did not lead within 30s"
     led_after = time.monotonic() - killed_at
+    assert answered > 0
     print(f"failover: the standby led {led_after:.1f}s after the leader was killed (ttl {TTL_S}s)")
     after = wait_sync(lambda: ready_replicas(b, "sim-a", 2), 60, "the replicas adopted by b")
     assert after == before, "same replicas, same engine processes: nothing restarted"
@@ -146,6 +189,10 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     assert ready_replicas(b, "sim-a", 2) == before
     assert led_after < TTL_S + 10, f"b took {led_after:.1f}s to lead"  # generous: ttl + renew + start-up
 
+    wait_sync(lambda: _metric(b.metrics_url, "llmgw_controller_router_connections") == 1.0, 30, "router on b")
+    for _ in range(10):
+        assert _answers(client)
+
     # The killed controller comes back as a standby: it does not take the lease back.
     a2 = pair.start("a")
     wait_sync(lambda: role(a2) == "standby", 30, "the restarted controller to stand by")
@@ -154,7 +201,7 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
 
 
 def test_graceful_stop_hands_over_at_once(pair: Pair) -> None:
-    pair.repo.write({"cluster.yaml": cluster_yaml()}, "cluster")
+    pair.repo.write({"cluster.yaml": pair.cluster()}, "cluster")
     a = pair.start("a")
     wait_sync(lambda: role(a) == "leader", 30, "controller a to lead")
     b = pair.start("b")
@@ -169,7 +216,7 @@ def test_graceful_stop_hands_over_at_once(pair: Pair) -> None:
 
 def test_is_leader_metric_matches_the_role(pair: Pair) -> None:
     """Without killing anything: is_leader on /metrics matches the role in status, on both."""
-    pair.repo.write({"cluster.yaml": cluster_yaml()}, "cluster")
+    pair.repo.write({"cluster.yaml": pair.cluster()}, "cluster")
     a = pair.start("a")
     wait_sync(lambda: role(a) == "leader", 30, "a leads")
     b = pair.start("b")

@@ -107,6 +107,11 @@ class Agent:
                     log.warning("controller %s: %s", url, exc or type(exc).__name__)
                 self.connected.clear()
                 index += 1
+                if len(urls) > 1 and index % len(urls):
+                    # The next address has not been tried this round: the delay exists to stop hammering one
+                    # controller, and after a failover the new leader should not wait out a grown backoff.
+                    await asyncio.sleep(0.05)
+                    continue
                 await asyncio.sleep(jittered(backoff, self._rng))
                 backoff = next_backoff(backoff, self.cfg.max_backoff_s)
         finally:

@@ -225,3 +225,37 @@ def test_is_leader_metric_matches_the_role(pair: Pair) -> None:
         with urllib.request.urlopen(c.metrics_url + "/metrics", timeout=5) as r:
             text = r.read().decode()
         assert f"llmgw_controller_is_leader {expect}" in text
+
+
+def test_store_lost_the_leader_steps_down_and_leadership_returns_without_restarts(
+    pair: Pair, pg_server
+) -> None:  # type: ignore[no-untyped-def]
+    """PostgreSQL stopped for longer than the lease: the leader keeps its claim until its validity ends, then
+    steps down (nobody places while the store is gone); when it is back one controller leads again and adopts
+    the same engines."""
+    if not pg_server.controllable:
+        pytest.skip("external PostgreSQL: cannot stop it")
+    pair.repo.write({"cluster.yaml": pair.cluster(unreachable="5s", lost="120s")}, "cluster")
+    a = pair.start("a")
+    wait_sync(lambda: role(a) == "leader", 30, "controller a to lead")
+    b = pair.start("b")
+    wait_sync(lambda: role(b) == "standby", 30, "controller b to stand by")
+    pair.agents.start("n1", [a.url, b.url])
+    pair.repo.write({"models/a.yaml": model_yaml("sim-a", min_=1)}, "add sim-a")
+    before = wait_sync(lambda: ready_replicas(a, "sim-a", 1), 90, "one replica ready on the leader")
+
+    pg_server.stop()
+    try:
+        stopped = time.monotonic()
+        wait_sync(lambda: role(a) == "standby", 30, "the leader to step down without its store")
+        stepped_after = time.monotonic() - stopped
+        lead = get(a, "/api/v1/status")["leadership"]
+        assert lead["store_error"], lead
+        assert role(b) == "standby", "no store, no new leader"
+        assert stepped_after > 1.0, "the claim is kept while it is valid, not dropped at the first error"
+        assert all(pid_alive(p) for p in before.values()), "engines keep running without a leader"
+    finally:
+        pg_server.start()
+    leader = wait_sync(lambda: next((c for c in (a, b) if role(c) == "leader"), None), 60, "a leader again")
+    after = wait_sync(lambda: ready_replicas(leader, "sim-a", 1), 60, "the replica adopted again")
+    assert after == before

@@ -78,8 +78,10 @@ def make_metrics_app(controller: Controller) -> web.Application:
 
 
 async def _healthz(request: web.Request) -> web.Response:
+    """No token: for load balancers. `role` lets one send agents and routers to the leader only."""
     c = request.app[admin.CONTROLLER]
-    return web.json_response({"ok": True, "applied": c.desired.revision if c.desired else None})
+    role = "leader" if c.leading() else "standby"
+    return web.json_response({"ok": True, "applied": c.desired.revision if c.desired else None, "role": role})
 
 
 Loop = Callable[[web.Application], Coroutine[Any, Any, None]]

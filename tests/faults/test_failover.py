@@ -140,6 +140,8 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     wait_sync(lambda: role(b) == "standby", 30, "controller b to stand by")
 
     # The standby names the leader, serves reads, refuses writes, and turns agents away.
+    health = {c.url: json.loads(urllib.request.urlopen(c.url + "/healthz", timeout=5).read()) for c in (a, b)}
+    assert health[a.url]["role"] == "leader" and health[b.url]["role"] == "standby"  # no token needed
     status = get(b, "/api/v1/status")["leadership"]
     assert status["leader_address"] == a.url and status["ha"] is True
     code, body = post(b, "/api/v1/apply", {"path": str(pair.repo.path)})

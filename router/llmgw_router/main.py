@@ -94,6 +94,7 @@ async def _amain(ns: argparse.Namespace) -> None:
         keys: KeyStore | None = None
         limiter: Limiter = memory_limiter(time.time)
         usage: UsageSink | None = None
+        writer: Any = None  # the store's UsageWriter, when there is a store
         if ns.store:
             from llmgw.store.limiter import Limiter as PoolLimiter
             from llmgw.store.store import Store
@@ -124,6 +125,8 @@ async def _amain(ns: argparse.Namespace) -> None:
         )
         link: ControllerLink | None = None
         router = Router(options, Authenticator(keys), limiter, usage)
+        if writer is not None:
+            router.metrics.usage_pending.set_function(lambda: writer.stats.pending if writer else 0)
         if ns.controller:
             link = ControllerLink(
                 [controller_url(a) for a in ns.controller],

@@ -140,6 +140,11 @@ class RouterMetrics:
             PREFIX + "admission_queue_depth", "Requests waiting in the admission queue", registry=r
         )
         self.queue_depth.set_function(queue_depth)
+        self.usage_pending = Gauge(
+            PREFIX + "usage_pending",
+            "Usage records waiting to be written to the store (grows while the store is unreachable)",
+            registry=r,
+        )
         self.rejections = Counter(
             PREFIX + "admission_rejections",
             "Requests refused at admission, by reason",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 from pathlib import Path
 
 import openai
@@ -21,6 +22,14 @@ from llmgw.store import KeyLookup, Store, StoreUnavailable
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
 OUTAGE_S = 10.0
+
+
+def _pending(metrics_url: str) -> float | None:
+    with urllib.request.urlopen(metrics_url + "/metrics", timeout=5) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("llmgw_router_usage_pending "):
+                return float(line.split()[1])
+    return None
 
 
 async def _usage_count(dsn: str) -> int:
@@ -83,6 +92,8 @@ async def test_store_unreachable_for_ten_seconds_loses_no_usage_record(
                         await one(f"during {during}")
                         during += 1
                     assert during > 10
+                    backlog = await asyncio.to_thread(_pending, router.metrics)
+                    assert backlog is not None and backlog > 0, "the backlog is visible on /metrics"
                 finally:
                     await asyncio.to_thread(pg_server.start)
                 for i in range(20):
@@ -93,6 +104,7 @@ async def test_store_unreachable_for_ten_seconds_loses_no_usage_record(
                 await asyncio.sleep(0.2)
                 count = await _usage_count(pg_dsn)
             assert count == made, f"{made} requests answered, {count} usage records written"
+            assert await asyncio.to_thread(_pending, router.metrics) == 0
         finally:
             router.stop()
         log = router.text()

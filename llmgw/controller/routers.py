@@ -40,7 +40,9 @@ def endpoints(c: Controller) -> list[Endpoint]:
         shard = views.shard_status(c, rec)
         if shard is None or shard.state != "ready" or rec.stopping or shard.base_url is None:
             continue
-        if views.replica_state(c, rec) != "ready":
+        # `unknown` is a ready replica on an Unreachable node: its agent is silent, not necessarily its engine.
+        # Routers keep it (they see the engine themselves: scrapes and the breaker) until the node is Lost.
+        if views.replica_state(c, rec) not in ("ready", "unknown"):
             continue
         entry = d.models.get(rec.model) if d else None
         profile = entry.profile(rec.profile) if entry else None

@@ -389,3 +389,54 @@ spec:
     finally:
         assert server.runner is not None
         await server.runner.cleanup()
+
+
+async def test_agent_cut_off_its_engines_keep_serving_through_the_router(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The agent's link to a running controller is gone (the agent frozen, as a partition looks from the
+    controller): the node goes Unreachable, and its engines, still healthy, keep being routed to."""
+    admin = await cluster.bring_up(["n1"], {"models/a.yaml": model_yaml("sim-a", min_=1)})
+    before = pids(await cluster.wait_ready("sim-a", 1))
+    (tmp_path / "keys").write_text(f"{hash_key(KEY)} p1 key-1\n")
+    router = start_router_proc(
+        tmp_path / "router.log",
+        [
+            "--controller",
+            cluster.address,
+            "--token-file",
+            str(tmp_path / "token"),
+            "--keys-file",
+            str(tmp_path / "keys"),
+        ],
+    )
+    agent = cluster.agents.procs["n1"].pid
+    try:
+        async with _client(router.api) as client:
+
+            async def routed() -> bool:
+                try:
+                    return await _answered(client, "sim-a", 1) == 1
+                except openai.APIError:
+                    return False
+
+            await wait_for(routed, 30, "sim-a through the router")
+            os.kill(agent, signal.SIGSTOP)
+            try:
+                await wait_for(lambda: _node_state_is(cluster, "n1", "Unreachable"), 30, "n1 Unreachable")
+                passes = (await admin.get("/api/v1/status"))["reconcile"]["passes"]
+                await wait_for(lambda: _passes_over(cluster, passes + 2), 30, "passes after Unreachable")
+                assert await _answered(client, "sim-a", 20) == 20
+                assert (await admin.replicas("sim-a"))[0]["id"] in before, "kept, not replaced"
+            finally:
+                os.kill(agent, signal.SIGCONT)
+            await wait_for(lambda: _node_state_is(cluster, "n1", "Ready"), 30, "n1 Ready again")
+            assert pids(await cluster.wait_ready("sim-a", 1)) == before
+            assert await _answered(client, "sim-a", 5) == 5
+    finally:
+        router.stop()
+
+
+async def _node_state_is(cluster: Cluster, node: str, state: str) -> bool:
+    assert cluster.admin is not None
+    return await cluster.admin.node_state(node) == state

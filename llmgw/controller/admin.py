@@ -181,6 +181,9 @@ async def apply(request: web.Request) -> web.Response:
     payload: dict[str, Any] = {"result": result, "revision": revision}
     if result == "refused" and c.refused is not None:
         payload["errors"] = list(c.refused.errors)
+        first = c.refused.errors[0] if c.refused.errors else ""
+        # The same `error.message` as every other error of this API, beside the full list.
+        payload["error"] = {"message": f"revision refused ({len(c.refused.errors)} error(s)): {first}"}
         return web.json_response(payload, status=422)
     return web.json_response(payload)
 

@@ -23,7 +23,7 @@ from faults.procs import (
     status_of,
     wait_sync,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 pytestmark = pytest.mark.integration
@@ -151,6 +151,7 @@ APPLY = st.fixed_dictionaries(
 
 @FUZZ
 @given(path=st.sampled_from(POSTS), doc=APPLY | JSON)
+@example(path="/api/v1/apply", doc={"files": {"a.yaml": "kind: [unclosed"}})  # a refused revision: 422
 def test_wrong_types_never_500(controller: ControllerProc, path: str, doc: Any) -> None:
     status, body = call(controller, "POST", path, json.dumps(doc).encode())
     if status in (200, 202):

@@ -411,7 +411,9 @@ class Supervisor:
             shard.health_path = record.get("health_path", "/health")
             shard.probe_url = record.get("probe_url")
             shard.status.message = "adopted after agent restart"
-            shard.status.gpus = list(spec.gpus)  # a record written before statuses carried them has the spec's
+            shard.status.gpus = list(
+                spec.gpus
+            )  # a record written before statuses carried them has the spec's
             self.shards[spec.shard_id] = shard
             shard.task = asyncio.create_task(self._watch_adopted(shard), name=f"adopted-{spec.shard_id}")
             adopted.append(status.model_copy())

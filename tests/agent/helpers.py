@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -26,12 +25,6 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
         await asyncio.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pid_alive(pid: int) -> bool:

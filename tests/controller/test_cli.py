@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import free_port
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
@@ -21,12 +21,6 @@ from llmgw.cli.main import app
 from .helpers import Agents, Repo, cluster_yaml, model_yaml
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Cli:
@@ -60,7 +54,7 @@ def controller_proc(tmp_path: Path) -> Iterator[tuple[str, Path, Repo, Agents, s
     repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=1)})
     token = tmp_path / "token"
     token.write_text("cli-token\n")
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "controller.log").open("wb")
     cmd = [
         sys.executable, "-c", "from llmgw.cli.main import main; main()", "controller",

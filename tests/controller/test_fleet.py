@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,16 +12,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from support import free_port
 
 from .helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pid_alive(pid: int) -> bool:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from controller.helpers import Admin, Agents, Repo, cluster_yaml, settings_for, start, wait_for
+from support import free_port
 
-from faults.procs import free_port
 from llmgw.controller.app import RunningController
 
 __all__ = ["Cluster", "pid_alive", "wait_for"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from support import free_port
 
 # The controller's own entry point (`llmgw controller`) may not exist in every checkout; this runs the same
 # `run_controller` the CLI wraps, stopping cleanly on SIGTERM (SIGKILL is the point of some tests).
@@ -42,12 +43,6 @@ async def main():
     await run_controller(settings, stop)
 asyncio.run(main())
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_sync(predicate: Callable[[], Any], limit_s: float, what: str) -> Any:

@@ -20,9 +20,10 @@ import pytest
 from aiohttp import web
 from controller.helpers import model_yaml
 from observability.tools import require_tool
+from support import free_port
 
 from faults.cluster import Cluster, pid_alive, wait_for
-from faults.procs import free_port, start_router_proc
+from faults.procs import start_router_proc
 from llmgw.keys import hash_key
 
 pytestmark = pytest.mark.integration

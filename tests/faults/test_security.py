@@ -25,9 +25,10 @@ from llmgw_agent.weights import WeightsError, check_url
 from llmgw_router.service import Router
 from observability.tools import tools_required
 from router.helpers import start_sim, wait_healthy_sync
+from support import free_port
 
 from faults.cluster import Cluster, wait_for
-from faults.procs import free_port, http_status, start_router_proc, wait_sync
+from faults.procs import http_status, start_router_proc, wait_sync
 from llmgw.config import load_repo
 from llmgw.keys import create_key, hash_key
 from llmgw.publish import RouterSnapshot

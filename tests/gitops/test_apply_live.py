@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from controller.helpers import Admin, Agents, Repo, settings_for, start, wait_for
-from controller.test_fleet import free_port
+from support import free_port
 
 from gitops.repo_fixture import sim_model
 

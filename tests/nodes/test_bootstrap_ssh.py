@@ -19,6 +19,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from fixtures.sshd import SshServer, keygen
+from support import free_port
 
 from llmgw.nodes import render
 from llmgw.nodes.bootstrap import (
@@ -38,14 +39,6 @@ from .agent_hub import HubStub
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900)]
 
 STEPS = ["connect", "check", "wheels", "venv", "agent", "credentials", "config", "service", "register"]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _modes(layout: render.Layout) -> dict[str, int]:
@@ -111,7 +104,7 @@ async def test_bootstrap_registers_over_mtls_then_changes_nothing_and_tears_down
         identity_file=tmp_path / "stranger",
         known_hosts=sshd_server.known_hosts,
     )
-    closed = _free_port()
+    closed = free_port()
     refused = SshTarget(
         "node-c",
         "127.0.0.1",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import ssl
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from controller.helpers import Admin, Repo, model_yaml, settings_for, start, wai
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from fixtures.sshd import SshServer, keygen
+from support import free_port
 
 from llmgw.controller.app import RunningController
 from llmgw.nodes import render
@@ -30,12 +30,6 @@ from llmgw.nodes.ca import ClusterCA, PeerRejected
 from llmgw.nodes.wheels import Wheelhouse
 
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(600)]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _cluster(port: int) -> str:
@@ -131,7 +125,7 @@ async def _node_json(admin: Admin, name: str) -> dict[str, Any] | None:
 async def test_controller_bootstraps_reports_failures_and_tears_down_removed_nodes(
     sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     keygen(tmp_path / "stranger")
     repo = Repo(tmp_path / "repo", use_git=False)
     repo.write(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -25,6 +24,7 @@ from llmgw_router.errors import ApiError
 from llmgw_router.service import Router
 from prometheus_client import CollectorRegistry, generate_latest
 from ruamel.yaml import YAML
+from support import free_port
 
 from llmgw.controller.metrics import ControllerMetrics
 
@@ -53,13 +53,6 @@ async def wait_for(what: str, probe: Callable[[], Awaitable[Any]], within: float
             return last
         await asyncio.sleep(0.2)
     pytest.fail(f"gave up after {within:.0f} s waiting for {what}; last seen: {last!r}")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -119,7 +112,7 @@ async def prometheus(
     rules.write_text((KIT / "alerts.rules.yml").read_text())
     config = tmp_path / "prometheus.yml"
     config.write_text(json.dumps(_config_for(exporters[2], rules)))
-    port = _free_port()
+    port = free_port()
     log = (tmp_path / "prometheus.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
         prometheus_bin,

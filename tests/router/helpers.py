@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+
+from support import free_port
 
 
 async def wait_for(predicate: Callable[[], Any], limit_s: float = 30.0, what: str = "condition") -> Any:
@@ -26,12 +27,6 @@ async def wait_for(predicate: Callable[[], Any], limit_s: float = 30.0, what: st
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
         await asyncio.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import openai
-from router.helpers import SimProcess, endpoint, free_port
+from router.helpers import SimProcess, endpoint
+from support import free_port
 from typer.testing import CliRunner
 
 from llmgw import keys

@@ -1,0 +1,53 @@
+"""Helpers every test directory shares: a free loopback port and waiting for a condition with a deadline.
+
+Imported as `from support import ...`: tests/ has no __init__.py, so pytest's rootdir-based import mode puts
+tests/ itself on sys.path (the same way tests/gitops imports `controller.helpers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+
+def free_port() -> int:
+    """A port nothing listens on right now, picked by the kernel (bind to port 0 on loopback)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _timed_out(limit_s: float, what: str, last: Any) -> AssertionError:
+    return AssertionError(f"timed out after {limit_s}s waiting for {what} (last: {last!r})")
+
+
+async def wait_for(
+    predicate: Callable[[], Any], limit_s: float = 30.0, what: str = "condition", *, interval: float = 0.05
+) -> Any:
+    """Poll `predicate` (plain or returning an awaitable) until it gives something truthy and return that;
+    at the deadline fail naming `what` and the last value seen."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = predicate()
+        if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise _timed_out(limit_s, what, value)
+        await asyncio.sleep(interval)
+
+
+def wait_until(predicate: Callable[[], Any], limit_s: float, what: str, *, interval: float = 0.05) -> Any:
+    """`wait_for` for synchronous tests (blocks the thread): poll until truthy, return the value."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise _timed_out(limit_s, what, value)
+        time.sleep(interval)

@@ -14,20 +14,19 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support import free_port, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp, pytest.mark.timeout(600)]
 
@@ -38,22 +37,6 @@ GEMMA = "gemma-3-270m"
 START_S = 60.0  # up to the printed key (controller, router, key; no model needed)
 LOAD_S = 240.0  # every model Healthy: llama.cpp loads gemma in well under a minute on 2 idle cores
 STOP_S = 60.0  # engines get a 10 s grace each, the agent 15 s
-
-T = TypeVar("T")
-
-
-def wait_for(predicate: Callable[[], T | None], limit_s: float, what: str) -> T:
-    """Poll until `predicate` returns something truthy; fail naming `what` (and the last value) at the deadline."""
-    deadline = time.monotonic() + limit_s
-    last: Any = None
-    while True:
-        value = predicate()
-        if value:
-            return value
-        last = value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s}s waiting for {what} (last: {last!r})")
-        time.sleep(0.1)
 
 
 def tools_required() -> bool:
@@ -69,12 +52,6 @@ def require(condition: bool, reason: str) -> None:
     if tools_required():
         pytest.fail(f"{reason}; CI or LLMGW_REQUIRE_TOOLS is set, so this is an error, not a skip")
     pytest.skip(reason)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def alive(pid: int) -> bool:
@@ -171,7 +148,7 @@ class Up:
             return found
 
         try:
-            return wait_for(find, limit_s, what)
+            return wait_until(find, limit_s, what)
         except AssertionError as exc:
             raise AssertionError(
                 f"{exc}\n--- llmgw up printed:\n{self.output()}\n--- agent log:\n{self.agent_log()}"
@@ -348,7 +325,7 @@ def test_router_metrics_show_the_llamacpp_replica_scraped(up: Up) -> None:
         scraped = "llmgw_router_endpoint_running" in out and "llmgw_router_endpoint_waiting" in out
         return out if scraped else None
 
-    samples = wait_for(gemma_samples, 30, f"scraped endpoint gauges for {GEMMA}")
+    samples = wait_until(gemma_samples, 30, f"scraped endpoint gauges for {GEMMA}")
     ready = [s for s in samples["llmgw_router_endpoint_state"] if s.labels["state"] == "ready"]
     assert len(ready) == 1 and ready[0].value == 1.0
     assert samples["llmgw_router_endpoint_running"][0].value >= 0

@@ -25,7 +25,7 @@ def _timed_out(limit_s: float, what: str, last: Any) -> AssertionError:
 
 
 async def wait_for(
-    predicate: Callable[[], Any], limit_s: float = 30.0, what: str = "condition", *, interval: float = 0.05
+    predicate: Callable[[], Any], limit_s: float = 30.0, what: str = "condition", *, interval: float = 0.02
 ) -> Any:
     """Poll `predicate` (plain or returning an awaitable) until it gives something truthy and return that;
     at the deadline fail naming `what` and the last value seen."""

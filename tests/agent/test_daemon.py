@@ -17,9 +17,10 @@ import pytest
 from llmgw_agent.engines import metric_mapping
 from llmgw_agent.protocol import ShardStatus
 from prometheus_client.parser import text_string_to_metric_families
+from support import wait_for
 
 from .fake_controller import FakeController
-from .helpers import group_alive, pid_alive, wait_for
+from .helpers import group_alive, pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -138,7 +139,7 @@ async def test_register_heartbeat_start_kill_and_stop(ctl: FakeController, agent
     assert ctl.auth_seen[-1] == "Bearer agent-token"
     assert reg.inventory.memory_bytes and reg.inventory.cpu_cores
     assert reg.inventory.engines is not None and "sim" in reg.inventory.engines
-    await wait_for(lambda: len(ctl.heartbeats) >= 2, what="two heartbeats")
+    await wait_for(lambda: len(ctl.heartbeats) >= 2, limit_s=20, what="two heartbeats")
 
     status = await start_ready(ctl, agents, sim_spec())
     async with aiohttp.ClientSession() as http:

@@ -13,8 +13,9 @@ from llmgw_agent.engines import LaunchContext, SpecError, launch_plan, metric_ma
 from llmgw_agent.protocol import ShardSpec, ShardStatus, WeightSource
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from prometheus_client.parser import text_string_to_metric_families
+from support import wait_for
 
-from .helpers import group_alive, read_cmdline, wait_for
+from .helpers import group_alive, read_cmdline
 
 STANDINS = Path(__file__).parent / "standins"
 
@@ -134,7 +135,9 @@ async def test_standin_started_by_supervisor(
     env = {"PYTHONPATH": str(STANDINS)} if engine == "sglang" else {}
     s = spec(engine, slots=4, context_length=1024, env=env, source=WeightSource(path=str(weights)))
     sup.start(s)
-    status = await wait_for(lambda: next((x for x in sup.statuses() if x.state in ("ready", "failed")), None))
+    status = await wait_for(
+        lambda: next((x for x in sup.statuses() if x.state in ("ready", "failed")), None), limit_s=20
+    )
     assert status.state == "ready", status.last_output_lines
     mapping = metric_mapping(engine)
     assert status.metrics_path == mapping.metrics_path
@@ -174,7 +177,7 @@ async def test_standin_refuses_an_unknown_flag(supervisor: tuple[Supervisor, lis
     engines._PLANNERS["vllm"] = _with_extra_flag(engines._PLANNERS["vllm"])
     try:
         sup.start(spec("vllm"))
-        failed = await wait_for(lambda: next((u for u in updates if u.state == "failed"), None))
+        failed = await wait_for(lambda: next((u for u in updates if u.state == "failed"), None), limit_s=20)
     finally:
         engines._PLANNERS["vllm"] = engines._vllm_plan
     assert failed.exit_code == 2

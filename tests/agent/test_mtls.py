@@ -12,9 +12,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from support import wait_for
 
 from .fake_controller import FakeController
-from .helpers import wait_for
 from .test_daemon import AgentProcs
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,7 @@ from aiohttp import web
 from llmgw_agent.sim import SimEngine
 from llmgw_agent.sim_model import VOCABULARY, LatencyConfig, PrefixCache, block_hashes, tokenize
 from prometheus_client.parser import text_string_to_metric_families
-
-from .helpers import wait_for
+from support import wait_for
 
 
 async def serve(engine: SimEngine) -> tuple[web.AppRunner, str]:
@@ -139,11 +138,11 @@ async def test_queues_beyond_concurrency_in_arrival_order(sim: tuple[SimEngine, 
 
     async with aiohttp.ClientSession() as http:
         first = asyncio.create_task(call(http, "a"))
-        await wait_for(lambda: engine.stats.running == 1, what="a running")
+        await wait_for(lambda: engine.stats.running == 1, limit_s=20, what="a running")
         second = asyncio.create_task(call(http, "b"))
-        await wait_for(lambda: engine.slots.waiting == 1, what="b waiting")
+        await wait_for(lambda: engine.slots.waiting == 1, limit_s=20, what="b waiting")
         third = asyncio.create_task(call(http, "c"))
-        await wait_for(lambda: engine.slots.waiting == 2, what="c waiting")
+        await wait_for(lambda: engine.slots.waiting == 2, limit_s=20, what="c waiting")
         seen = await metrics(http, url)
         assert seen["vllm:num_requests_running"] == 1
         assert seen["vllm:num_requests_waiting"] == 2

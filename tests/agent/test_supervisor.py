@@ -22,8 +22,9 @@ from llmgw_agent.protocol import (
     parse_controller_message,
 )
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig, proc_start_time, tail_lines
+from support import wait_for
 
-from .helpers import group_alive, pid_alive, wait_for
+from .helpers import group_alive, pid_alive
 
 # An "engine" that ignores SIGTERM and has a child of its own: only SIGKILL to the group ends both.
 STUBBORN = r"""
@@ -78,9 +79,13 @@ def child_pid(lines: list[str]) -> int | None:
 async def test_sigkill_after_grace_takes_the_whole_group(sup: tuple[Supervisor, list[ShardStatus]]) -> None:
     s, _ = sup
     s.start(ShardSpec(replica_id="st", model="m", engine="vllm"))
-    ready = await wait_for(lambda: next((x for x in s.statuses() if x.state in ("ready", "failed")), None))
+    ready = await wait_for(
+        lambda: next((x for x in s.statuses() if x.state in ("ready", "failed")), None), limit_s=20
+    )
     assert ready.state == "ready", ready.last_output_lines
-    child: int = await wait_for(lambda: child_pid(s.statuses()[0].last_output_lines), what="child pid")
+    child: int = await wait_for(
+        lambda: child_pid(s.statuses()[0].last_output_lines), limit_s=20, what="child pid"
+    )
     assert ready.pid is not None and pid_alive(child)
     (stopped,) = await s.stop("st")
     assert stopped.state == "stopped"
@@ -95,7 +100,7 @@ async def test_not_ready_by_the_deadline_fails_and_leaves_nothing(
     s, updates = sup
     s.cfg.ready_timeout_s = 2
     s.start(ShardSpec(replica_id="slow", model="m", engine="vllm", env={"NEVER_READY": "1"}))
-    failed = await wait_for(lambda: next((u for u in updates if u.state == "failed"), None))
+    failed = await wait_for(lambda: next((u for u in updates if u.state == "failed"), None), limit_s=20)
     assert "not ready within 2s" in failed.message
     starting = next(u for u in updates if u.pid)
     assert starting.pid is not None and not group_alive(starting.pid)
@@ -153,7 +158,7 @@ async def test_a_shard_reports_the_gpus_of_its_spec_and_keeps_them_in_its_record
     first = s.start(ShardSpec(replica_id="g", model="m", engine="vllm", gpus=[1, 3]))
     assert first.gpus == [1, 3] and updates[0].gpus == [1, 3]
     record_file = s.cfg.state_dir / "shards" / "g-0.json"
-    await wait_for(lambda: record_file.exists(), what="the shard's state record")
+    await wait_for(lambda: record_file.exists(), limit_s=20, what="the shard's state record")
     record = json.loads(record_file.read_text())
     assert record["spec"]["gpus"] == [1, 3] and record["status"]["gpus"] == [1, 3]
 

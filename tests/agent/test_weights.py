@@ -11,8 +11,9 @@ from aiohttp import web
 from llmgw_agent import weights
 from llmgw_agent.protocol import ShardSpec, ShardStatus, WeightSource
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
+from support import wait_for
 
-from .helpers import part_files, read_bytes, wait_for
+from .helpers import part_files, read_bytes
 
 BLOB = bytes(range(256)) * 4096  # 1 MiB
 SHA = hashlib.sha256(BLOB).hexdigest()
@@ -142,7 +143,9 @@ async def test_fetch_progress_on_shard_status(server: FileServer, tmp_path: Path
     try:
         first = sup.start(spec)
         assert first.state == "fetching"
-        ready = await wait_for(lambda: next((u for u in updates if u.state in ("ready", "failed")), None))
+        ready = await wait_for(
+            lambda: next((u for u in updates if u.state in ("ready", "failed")), None), limit_s=20
+        )
         assert ready.state == "ready", ready.message
         assert ready.fetch_bytes_done == len(BLOB) and ready.fetch_bytes_total == len(BLOB)
     finally:

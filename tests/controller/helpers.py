@@ -1,17 +1,14 @@
 """Helpers for the controller tests: a cluster repo on disk (plain or git), a controller in this process,
-agents as real processes, and waiting for conditions with deadlines (never sleeping and hoping)."""
+and agents as real processes (waiting with deadlines is `support.wait_for`)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,22 +49,6 @@ spec:
 
 def cluster_yaml(unreachable: str = "2s", lost: str = "4s") -> str:
     return CLUSTER % {"unreachable": unreachable, "lost": lost}
-
-
-async def wait_for(predicate: Callable[[], Any], limit_s: float = 30.0, what: str = "condition") -> Any:
-    """Poll `predicate` (sync or async) until it returns something truthy; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + limit_s
-    last: Any = None
-    while True:
-        value = predicate()
-        if asyncio.iscoroutine(value) or isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        last = value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s}s waiting for {what} (last: {last!r})")
-        await asyncio.sleep(0.05)
 
 
 class Repo:

@@ -11,6 +11,7 @@ import socket
 from pathlib import Path
 
 import asyncssh
+from support import wait_for
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
@@ -24,7 +25,7 @@ from llmgw.controller.nodes_loop import (
     to_bootstrap,
 )
 
-from .helpers import Repo, settings_for, start, wait_for
+from .helpers import Repo, settings_for, start
 
 
 def test_only_nodes_without_a_live_agent_are_bootstrapped() -> None:

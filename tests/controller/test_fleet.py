@@ -12,9 +12,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from support import free_port
+from support import free_port, wait_for
 
-from .helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
+from .helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start
 
 pytestmark = pytest.mark.integration
 

@@ -23,12 +23,13 @@ from llmgw_agent.protocol import (
     dump,
     parse_controller_message,
 )
+from support import wait_for
 
 from llmgw.controller import views
 from llmgw.placement.rooms import build_rooms
 from llmgw.security import engine_key
 
-from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
+from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start
 
 
 @pytest.fixture

@@ -9,11 +9,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from support import wait_for
 
 from llmgw.config import content_hash
 from llmgw.controller.core import short
 
-from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start, wait_for
+from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start
 
 BROKEN = model_yaml("sim-b").replace("context_length: 4096", "context_length: 4096\n  colour: blue")
 

@@ -7,12 +7,12 @@ import os
 from pathlib import Path
 from typing import Any
 
-from controller.helpers import Admin, Agents, Repo, cluster_yaml, settings_for, start, wait_for
-from support import free_port
+from controller.helpers import Admin, Agents, Repo, cluster_yaml, settings_for, start
+from support import free_port, wait_for
 
 from llmgw.controller.app import RunningController
 
-__all__ = ["Cluster", "pid_alive", "wait_for"]
+__all__ = ["Cluster", "pid_alive"]
 
 
 def pid_alive(pid: int) -> bool:

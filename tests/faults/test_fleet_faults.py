@@ -20,9 +20,9 @@ import pytest
 from aiohttp import web
 from controller.helpers import model_yaml
 from observability.tools import require_tool
-from support import free_port
+from support import free_port, wait_for
 
-from faults.cluster import Cluster, pid_alive, wait_for
+from faults.cluster import Cluster, pid_alive
 from faults.procs import start_router_proc
 from llmgw.keys import hash_key
 

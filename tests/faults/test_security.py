@@ -25,9 +25,9 @@ from llmgw_agent.weights import WeightsError, check_url
 from llmgw_router.service import Router
 from observability.tools import tools_required
 from router.helpers import start_sim, wait_healthy_sync
-from support import free_port
+from support import free_port, wait_for
 
-from faults.cluster import Cluster, wait_for
+from faults.cluster import Cluster
 from faults.procs import http_status, start_router_proc, wait_sync
 from llmgw.config import load_repo
 from llmgw.keys import create_key, hash_key

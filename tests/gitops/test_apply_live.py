@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from controller.helpers import Admin, Agents, Repo, settings_for, start, wait_for
-from support import free_port
+from controller.helpers import Admin, Agents, Repo, settings_for, start
+from support import free_port, wait_for
 
 from gitops.repo_fixture import sim_model
 

@@ -18,11 +18,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from controller.helpers import Admin, Repo, model_yaml, settings_for, start, wait_for
+from controller.helpers import Admin, Repo, model_yaml, settings_for, start
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from fixtures.sshd import SshServer, keygen
-from support import free_port
+from support import free_port, wait_for
 
 from llmgw.controller.app import RunningController
 from llmgw.nodes import render

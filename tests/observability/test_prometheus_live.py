@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from llmgw_router.errors import ApiError
 from llmgw_router.service import Router
 from prometheus_client import CollectorRegistry, generate_latest
 from ruamel.yaml import YAML
-from support import free_port
+from support import free_port, wait_for
 
 from llmgw.controller.metrics import ControllerMetrics
 
@@ -40,19 +40,6 @@ DEADLINE_S = 120.0  # Prometheus starts in well under a second when idle; the sh
 @pytest.fixture(scope="module")
 def prometheus_bin() -> str:
     return require_tool("prometheus")
-
-
-async def wait_for(what: str, probe: Callable[[], Awaitable[Any]], within: float = DEADLINE_S) -> Any:
-    """Call `probe` until it returns something truthy; fail naming `what` and the last value at the deadline."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    last: Any = None
-    while loop.time() < deadline:
-        last = await probe()
-        if last:
-            return last
-        await asyncio.sleep(0.2)
-    pytest.fail(f"gave up after {within:.0f} s waiting for {what}; last seen: {last!r}")
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -193,15 +180,18 @@ async def test_real_prometheus_loads_the_kit_and_alerts_on_exported_series(
             expected = {"LlmgwRevisionRefused", "LlmgwNodeLost", "LlmgwAdmissionQueueSaturated"}
             return names if expected <= names else None
 
-        await wait_for("both targets up", targets_up)
-        rules = await wait_for("every rule evaluated once", rules_evaluated)
+        await wait_for(targets_up, DEADLINE_S, "both targets up", interval=0.2)
+        rules = await wait_for(rules_evaluated, DEADLINE_S, "every rule evaluated once", interval=0.2)
         shipped = YAML(typ="safe").load((KIT / "alerts.rules.yml").read_text())
         assert {r["name"] for r in rules} == {r["alert"] for g in shipped["groups"] for r in g["rules"]}
         assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
 
         try:
             names = await wait_for(
-                "the refused revision, the lost node and the full queue to alert", pending_alerts
+                pending_alerts,
+                DEADLINE_S,
+                "the refused revision, the lost node and the full queue to alert",
+                interval=0.2,
             )
         finally:
             refusing.cancel()

@@ -1,32 +1,16 @@
-"""Helpers for router tests: sim engines as real processes, a router served in the test's loop, deadlines."""
+"""Helpers for router tests: sim engines as real processes, a router served in the test's loop."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 from support import free_port
-
-
-async def wait_for(predicate: Callable[[], Any], limit_s: float = 30.0, what: str = "condition") -> Any:
-    """Poll `predicate` until it returns something truthy; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = predicate()
-        if isinstance(value, Awaitable):
-            value = await value
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @dataclass

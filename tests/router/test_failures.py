@@ -22,12 +22,12 @@ from llmgw_router.app import serve
 from llmgw_router.link import ControllerLink, controller_url
 from llmgw_router.scrape import scrape_once
 from llmgw_router.service import Router, RouterOptions
-from support import free_port
+from support import free_port, wait_for
 
 from llmgw.keys import hash_key
 from llmgw.publish import RouterSnapshot
 
-from .helpers import endpoint, start_sim, wait_for, wait_healthy_sync
+from .helpers import endpoint, start_sim, wait_healthy_sync
 
 pytestmark = pytest.mark.integration
 

@@ -14,11 +14,12 @@ from llmgw_router.app import Listeners, serve
 from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.ratelimit import memory_limiter
 from llmgw_router.service import Router, RouterOptions
+from support import wait_for
 
 from llmgw.keys import hash_key
 from llmgw.publish import RouterSnapshot
 
-from .helpers import SimProcess, endpoint, start_sim, wait_for, wait_healthy_sync
+from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 
 pytestmark = pytest.mark.integration
 

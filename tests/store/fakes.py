@@ -52,14 +52,3 @@ class FakeStore:
         await self._enter()
         for r in records:
             self.usage.setdefault(r.id, r)
-
-
-async def wait_for(predicate: object, within: float = 10.0, interval: float = 0.02) -> None:
-    """Wait until predicate() is true, failing after `within` seconds (a deadline, not a sleep-and-hope)."""
-    assert callable(predicate)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {within} s")
-        await asyncio.sleep(interval)

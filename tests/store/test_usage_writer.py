@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from support import wait_for
 
 from llmgw.store import Store, UsageRecord
 from llmgw.store.usage_writer import UsageWriter
 
-from .fakes import FakeStore, wait_for
+from .fakes import FakeStore
 
 
 def rec(i: int, project: str = "p") -> UsageRecord:
@@ -23,7 +24,8 @@ async def test_batches_by_size_and_by_time() -> None:
     await writer.start()
     for i in range(25):
         writer.record(rec(i))
-    await wait_for(lambda: len(fake.usage) == 25)  # 2 full batches, then the rest on the timer
+    # 2 full batches, then the rest on the timer
+    await wait_for(lambda: len(fake.usage) == 25, 10, "25 records stored")
     assert writer.stats.written == 25 and writer.stats.pending == 0
     await writer.close()
 
@@ -34,10 +36,10 @@ async def test_nothing_lost_across_an_outage() -> None:
     await writer.start()
     for i in range(100):
         writer.record(rec(i))
-    await wait_for(lambda: writer.stats.failures >= 3)
+    await wait_for(lambda: writer.stats.failures >= 3, 10, "3 failed flushes")
     assert fake.usage == {} and writer.stats.pending == 100
     fake.down = False
-    await wait_for(lambda: len(fake.usage) == 100)
+    await wait_for(lambda: len(fake.usage) == 100, 10, "100 records stored")
     assert sum(r.tokens_in for r in fake.usage.values()) == sum(range(100))
     assert writer.stats.dropped == 0
     await writer.close()
@@ -86,13 +88,13 @@ async def test_nothing_lost_when_postgresql_stops_and_starts(pg_server, pg_dsn) 
     try:
         for i in range(10):
             writer.record(rec(i))
-        await wait_for(lambda: writer.stats.written == 10)
+        await wait_for(lambda: writer.stats.written == 10, 10, "10 records written")
         await asyncio.to_thread(pg_server.stop)
         for i in range(10, 40):
             writer.record(rec(i))
-        await wait_for(lambda: writer.stats.failures >= 2)
+        await wait_for(lambda: writer.stats.failures >= 2, 10, "2 failed flushes")
         await asyncio.to_thread(pg_server.start)
-        await wait_for(lambda: writer.stats.written == 40, within=30)
+        await wait_for(lambda: writer.stats.written == 40, 30, "all 40 records written")
     finally:
         await writer.close()
     rows = await store.list_usage()

@@ -7,13 +7,12 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import free_port
+from support import free_port, wait_until
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
@@ -35,17 +34,6 @@ class Cli:
 
     def json(self, *args: str) -> Any:
         return json.loads(self.run(*args, "--json"))
-
-
-def _wait(predicate: Any, limit_s: float, what: str) -> Any:
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture
@@ -81,14 +69,14 @@ def test_views_of_a_running_controller(controller_proc: Any) -> None:
         result = cli.runner.invoke(app, ["status", "--json", *cli.base])
         return result.exit_code == 0
 
-    _wait(reachable, 30, "the controller answering")
+    wait_until(reachable, 30, "the controller answering", interval=0.1)
     agents.start("n1", url.removeprefix("http://"))
 
     def healthy() -> Any:
         status = cli.json("status")
         return status if status["models"] and status["models"][0]["health"] == "Healthy" else None
 
-    status = _wait(healthy, 60, "sim-a Healthy")
+    status = wait_until(healthy, 60, "sim-a Healthy", interval=0.1)
     assert status["sync"] == "Synced"
     text = cli.run("status")
     assert "sim-a" in text and "Healthy" in text and "Synced" in text
@@ -115,10 +103,11 @@ def test_views_of_a_running_controller(controller_proc: Any) -> None:
 def test_controller_stops_cleanly_on_sigterm(tmp_path: Path, controller_proc: Any) -> None:
     url, token, _, _, proc = controller_proc
     cli = Cli(url, token)
-    _wait(
+    wait_until(
         lambda: cli.runner.invoke(app, ["status", "--json", *cli.base]).exit_code == 0,
         30,
         "the controller up",
+        interval=0.1,
     )
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=20) == 0

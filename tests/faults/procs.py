@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from support import free_port
+from support import free_port, wait_until
 
 # The controller's own entry point (`llmgw controller`) may not exist in every checkout; this runs the same
 # `run_controller` the CLI wraps, stopping cleanly on SIGTERM (SIGKILL is the point of some tests).
@@ -43,17 +43,6 @@ async def main():
     await run_controller(settings, stop)
 asyncio.run(main())
 """
-
-
-def wait_sync(predicate: Callable[[], Any], limit_s: float, what: str) -> Any:
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def http_status(url: str, headers: dict[str, str] | None = None) -> int | None:
@@ -133,7 +122,7 @@ def start_controller_proc(log: Path, settings: dict[str, Any], token: str) -> Co
     )
     c = ControllerProc(proc, log, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}", token)
     try:
-        wait_sync(lambda: http_status(c.url + "/healthz") == 200 or not c.alive(), 60, "controller /healthz")
+        wait_until(lambda: http_status(c.url + "/healthz") == 200 or not c.alive(), 60, "controller /healthz")
     except AssertionError:
         c.kill()
         raise
@@ -164,7 +153,7 @@ def start_router_proc(log: Path, args: list[str]) -> RouterProc:
     proc = subprocess.Popen(argv, stdout=handle, stderr=handle)
     r = RouterProc(proc, log, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mport}")
     try:
-        wait_sync(lambda: http_status(r.api + "/health") == 200 or not r.alive(), 60, "router /health")
+        wait_until(lambda: http_status(r.api + "/health") == 200 or not r.alive(), 60, "router /health")
     except AssertionError:
         r.kill()
         raise

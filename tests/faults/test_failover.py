@@ -16,9 +16,10 @@ from typing import Any
 import openai
 import pytest
 from controller.helpers import Agents, Repo, cluster_yaml, model_yaml
+from support import wait_until
 
 from faults.cluster import pid_alive
-from faults.procs import ControllerProc, RouterProc, start_controller_proc, start_router_proc, wait_sync
+from faults.procs import ControllerProc, RouterProc, start_controller_proc, start_router_proc
 from llmgw.keys import hash_key
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
@@ -135,9 +136,9 @@ def pair(tmp_path: Path, pg_dsn: str) -> Iterator[Pair]:
 def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -> None:
     pair.repo.write({"cluster.yaml": pair.cluster(unreachable="2s", lost="60s")}, "cluster")
     a = pair.start("a")
-    wait_sync(lambda: role(a) == "leader", 30, "controller a to lead")
+    wait_until(lambda: role(a) == "leader", 30, "controller a to lead")
     b = pair.start("b")
-    wait_sync(lambda: role(b) == "standby", 30, "controller b to stand by")
+    wait_until(lambda: role(b) == "standby", 30, "controller b to stand by")
 
     # The standby names the leader, serves reads, refuses writes, and turns agents away.
     health = {c.url: json.loads(urllib.request.urlopen(c.url + "/healthz", timeout=5).read()) for c in (a, b)}
@@ -150,7 +151,7 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     for node in ("n1", "n2"):
         pair.agents.start(node, [b.url, a.url])  # the standby first: it must send them on
     pair.repo.write({"models/a.yaml": model_yaml("sim-a", min_=2)}, "add sim-a")
-    before = wait_sync(lambda: ready_replicas(a, "sim-a", 2), 90, "two replicas ready on the leader")
+    before = wait_until(lambda: ready_replicas(a, "sim-a", 2), 90, "two replicas ready on the leader")
     assert get(b, "/api/v1/nodes")["nodes"] == [], "a standby holds no agent"
     logs = "".join(p.read_text() for p in pair.tmp.glob("agents/*/agent-*.log"))
     assert "standby: try the next controller address" in logs
@@ -164,7 +165,7 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     )  # fmt: skip
     pair.routers.append(router)
     client = openai.OpenAI(base_url=router.api + "/v1", api_key=KEY, max_retries=0, timeout=30)
-    wait_sync(lambda: _answers(client), 30, "sim-a through the router")
+    wait_until(lambda: _answers(client), 30, "sim-a through the router")
 
     killed_at, killed_wall = time.monotonic(), time.time()
     a.proc.send_signal(signal.SIGKILL)
@@ -177,7 +178,7 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     led_after = time.monotonic() - killed_at
     assert answered > 0
     print(f"failover: the standby led {led_after:.1f}s after the leader was killed (ttl {TTL_S}s)")
-    after = wait_sync(lambda: ready_replicas(b, "sim-a", 2), 60, "the replicas adopted by b")
+    after = wait_until(lambda: ready_replicas(b, "sim-a", 2), 60, "the replicas adopted by b")
     assert after == before, "same replicas, same engine processes: nothing restarted"
     assert all(pid_alive(pid) for pid in before.values())
     events = [e for e in get(b, "/api/v1/events?limit=1000")["events"] if e["time"] >= killed_wall]
@@ -187,17 +188,19 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     assert sum(e["kind"] == "replica_adopted" for e in events) == 2
     # The new leader keeps it that way over further passes.
     passes = get(b, "/api/v1/status")["reconcile"]["passes"]
-    wait_sync(lambda: get(b, "/api/v1/status")["reconcile"]["passes"] >= passes + 3, 30, "more passes")
+    wait_until(lambda: get(b, "/api/v1/status")["reconcile"]["passes"] >= passes + 3, 30, "more passes")
     assert ready_replicas(b, "sim-a", 2) == before
     assert led_after < TTL_S + 10, f"b took {led_after:.1f}s to lead"  # generous: ttl + renew + start-up
 
-    wait_sync(lambda: _metric(b.metrics_url, "llmgw_controller_router_connections") == 1.0, 30, "router on b")
+    wait_until(
+        lambda: _metric(b.metrics_url, "llmgw_controller_router_connections") == 1.0, 30, "router on b"
+    )
     for _ in range(10):
         assert _answers(client)
 
     # The killed controller comes back as a standby: it does not take the lease back.
     a2 = pair.start("a")
-    wait_sync(lambda: role(a2) == "standby", 30, "the restarted controller to stand by")
+    wait_until(lambda: role(a2) == "standby", 30, "the restarted controller to stand by")
     assert get(a2, "/api/v1/status")["leadership"]["leader_address"] == b.url
     assert role(b) == "leader"
 
@@ -205,13 +208,13 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
 def test_graceful_stop_hands_over_at_once(pair: Pair) -> None:
     pair.repo.write({"cluster.yaml": pair.cluster()}, "cluster")
     a = pair.start("a")
-    wait_sync(lambda: role(a) == "leader", 30, "controller a to lead")
+    wait_until(lambda: role(a) == "leader", 30, "controller a to lead")
     b = pair.start("b")
-    wait_sync(lambda: role(b) == "standby", 30, "controller b to stand by")
+    wait_until(lambda: role(b) == "standby", 30, "controller b to stand by")
     a.stop()  # SIGTERM: the lease is released on the way out
     assert "Traceback" not in a.text()
     stopped = time.monotonic()
-    wait_sync(lambda: role(b) == "leader", 30, "b to lead after a stopped")
+    wait_until(lambda: role(b) == "leader", 30, "b to lead after a stopped")
     # Released, not expired: b leads at its next try (renew 0.5 s), well inside the ttl.
     assert time.monotonic() - stopped < TTL_S
 
@@ -220,9 +223,9 @@ def test_is_leader_metric_matches_the_role(pair: Pair) -> None:
     """Without killing anything: is_leader on /metrics matches the role in status, on both."""
     pair.repo.write({"cluster.yaml": pair.cluster()}, "cluster")
     a = pair.start("a")
-    wait_sync(lambda: role(a) == "leader", 30, "a leads")
+    wait_until(lambda: role(a) == "leader", 30, "a leads")
     b = pair.start("b")
-    wait_sync(lambda: role(b) == "standby", 30, "b stands by")
+    wait_until(lambda: role(b) == "standby", 30, "b stands by")
     for c, expect in ((a, "1.0"), (b, "0.0")):
         with urllib.request.urlopen(c.metrics_url + "/metrics", timeout=5) as r:
             text = r.read().decode()
@@ -239,17 +242,17 @@ def test_store_lost_the_leader_steps_down_and_leadership_returns_without_restart
         pytest.skip("external PostgreSQL: cannot stop it")
     pair.repo.write({"cluster.yaml": pair.cluster(unreachable="5s", lost="120s")}, "cluster")
     a = pair.start("a")
-    wait_sync(lambda: role(a) == "leader", 30, "controller a to lead")
+    wait_until(lambda: role(a) == "leader", 30, "controller a to lead")
     b = pair.start("b")
-    wait_sync(lambda: role(b) == "standby", 30, "controller b to stand by")
+    wait_until(lambda: role(b) == "standby", 30, "controller b to stand by")
     pair.agents.start("n1", [a.url, b.url])
     pair.repo.write({"models/a.yaml": model_yaml("sim-a", min_=1)}, "add sim-a")
-    before = wait_sync(lambda: ready_replicas(a, "sim-a", 1), 90, "one replica ready on the leader")
+    before = wait_until(lambda: ready_replicas(a, "sim-a", 1), 90, "one replica ready on the leader")
 
     pg_server.stop()
     try:
         stopped = time.monotonic()
-        wait_sync(lambda: role(a) == "standby", 30, "the leader to step down without its store")
+        wait_until(lambda: role(a) == "standby", 30, "the leader to step down without its store")
         stepped_after = time.monotonic() - stopped
         lead = get(a, "/api/v1/status")["leadership"]
         assert lead["store_error"], lead
@@ -258,6 +261,6 @@ def test_store_lost_the_leader_steps_down_and_leadership_returns_without_restart
         assert all(pid_alive(p) for p in before.values()), "engines keep running without a leader"
     finally:
         pg_server.start()
-    leader = wait_sync(lambda: next((c for c in (a, b) if role(c) == "leader"), None), 60, "a leader again")
-    after = wait_sync(lambda: ready_replicas(leader, "sim-a", 1), 60, "the replica adopted again")
+    leader = wait_until(lambda: next((c for c in (a, b) if role(c) == "leader"), None), 60, "a leader again")
+    after = wait_until(lambda: ready_replicas(leader, "sim-a", 1), 60, "the replica adopted again")
     assert after == before

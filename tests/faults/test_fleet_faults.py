@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 from controller.helpers import model_yaml
 from observability.tools import require_tool
-from support import free_port, wait_for
+from support import free_port, wait_for, wait_until
 
 from faults.cluster import Cluster, pid_alive
 from faults.procs import start_router_proc
@@ -135,7 +135,7 @@ async def test_controller_gone_engines_keep_serving_through_the_router(
 
             await cluster.stop_controller()
             await asyncio.to_thread(
-                lambda: wait_for_sync(
+                lambda: wait_until(
                     lambda: _router_connected(router.metrics) == 0.0, 30, "router sees it gone"
                 )
             )
@@ -151,7 +151,7 @@ async def test_controller_gone_engines_keep_serving_through_the_router(
             try:
                 await cluster.start_controller()
                 await asyncio.to_thread(
-                    lambda: wait_for_sync(lambda: _router_connected(router.metrics) == 1.0, 30, "router back")
+                    lambda: wait_until(lambda: _router_connected(router.metrics) == 1.0, 30, "router back")
                 )
                 assert await _answered(client, "sim-a", 20) == 20
             finally:
@@ -163,13 +163,6 @@ async def test_controller_gone_engines_keep_serving_through_the_router(
     finally:
         router.stop()
     assert "Traceback" not in router.text()
-
-
-def wait_for_sync(predicate: Any, limit_s: float, what: str) -> None:
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out after {limit_s}s waiting for {what}"
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------ an engine crash-looping

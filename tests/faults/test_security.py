@@ -25,10 +25,10 @@ from llmgw_agent.weights import WeightsError, check_url
 from llmgw_router.service import Router
 from observability.tools import tools_required
 from router.helpers import start_sim, wait_healthy_sync
-from support import free_port, wait_for
+from support import free_port, wait_for, wait_until
 
 from faults.cluster import Cluster
-from faults.procs import http_status, start_router_proc, wait_sync
+from faults.procs import http_status, start_router_proc
 from llmgw.config import load_repo
 from llmgw.keys import create_key, hash_key
 from llmgw.publish import RouterSnapshot
@@ -173,7 +173,7 @@ def test_llama_server_refuses_without_its_key(tmp_path: Path) -> None:
         proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
     base = f"http://127.0.0.1:{port}"
     try:
-        wait_sync(lambda: http_status(base + "/health") == 200, 120, "llama-server to load the model")
+        wait_until(lambda: http_status(base + "/health") == 200, 120, "llama-server to load the model")
         for path in ("/v1/models", "/metrics"):
             assert http_status(base + path) == 401, path
             assert http_status(base + path, {"Authorization": "Bearer wrong"}) == 401, path

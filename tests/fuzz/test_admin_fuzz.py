@@ -21,10 +21,10 @@ from faults.procs import (
     raw_request,
     start_controller_proc,
     status_of,
-    wait_sync,
 )
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from support import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerP
         "settle_s": 0,
     }
     c = start_controller_proc(tmp / "controller.log", settings, TOKEN)
-    wait_sync(lambda: _status_applied(c), 30, "the repo applied")
+    wait_until(lambda: _status_applied(c), 30, "the repo applied")
     yield c
     c.stop()
     log = c.text()
@@ -187,7 +187,7 @@ def test_huge_and_invalid_utf8_bodies(controller: ControllerProc) -> None:
     assert_json_error(status, body, (400,))
     status, body = call(controller, "POST", "/api/v1/apply", b'{"files": {"a.yaml": "\xc3\x28"}}')
     assert_json_error(status, body, (400,))
-    wait_sync(lambda: open_fds(controller.pid) <= before + FD_TOLERANCE, 15, "fds back")
+    wait_until(lambda: open_fds(controller.pid) <= before + FD_TOLERANCE, 15, "fds back")
 
 
 HEADER_VALUES = st.sampled_from(
@@ -228,7 +228,7 @@ def test_slow_and_abandoned_clients(controller: ControllerProc) -> None:
     assert status_of(reply) == 200 and json.loads(body_of(reply))["known"] == 1
     for _ in range(10):
         raw_request(port, request[: len(request) - 5], timeout=0.2)
-    wait_sync(
+    wait_until(
         lambda: open_fds(controller.pid) <= before + FD_TOLERANCE, 20, "fds back after abandoned clients"
     )
     assert controller.alive()
@@ -260,5 +260,5 @@ def test_agent_and_router_streams_refuse_without_a_token(controller: ControllerP
 
 
 def test_no_descriptor_leak_over_the_module(controller: ControllerProc) -> None:
-    wait_sync(lambda: open_fds(controller.pid) <= 40, 20, "controller fds under 40")
+    wait_until(lambda: open_fds(controller.pid) <= 40, 20, "controller fds under 40")
     assert controller.alive()

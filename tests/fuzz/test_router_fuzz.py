@@ -25,11 +25,11 @@ from faults.procs import (
     raw_request,
     start_router_proc,
     status_of,
-    wait_sync,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from router.helpers import SimProcess, start_sim, wait_healthy_sync
+from support import wait_until
 
 from llmgw.keys import hash_key
 
@@ -138,7 +138,7 @@ def assert_openai_error(status: int, body: bytes, *, allowed: tuple[int, ...] = 
 
 
 def fds_settle(router: RouterProc, before: int) -> None:
-    wait_sync(lambda: open_fds(router.pid) <= before + FD_TOLERANCE, 15, f"router fds back near {before}")
+    wait_until(lambda: open_fds(router.pid) <= before + FD_TOLERANCE, 15, f"router fds back near {before}")
 
 
 def test_fds_baseline_and_valid_request(router: RouterProc) -> None:
@@ -378,7 +378,7 @@ def test_an_html_metrics_page_counts_as_a_scrape_failure_not_a_crash(
     router: RouterProc, engine: FakeEngine
 ) -> None:
     engine.behave["/metrics"] = _metrics_html
-    wait_sync(lambda: engine.requests.count("/metrics") >= 3, 20, "the router to scrape the fake engine")
+    wait_until(lambda: engine.requests.count("/metrics") >= 3, 20, "the router to scrape the fake engine")
 
     def scrape_errors() -> float:
         with urllib.request.urlopen(router.metrics + "/metrics", timeout=10) as r:
@@ -387,7 +387,7 @@ def test_an_html_metrics_page_counts_as_a_scrape_failure_not_a_crash(
         lines += [ln for ln in text.splitlines() if ln.startswith("llmgw_router_scrape_errors_total{")]
         return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if "broken-" in ln)
 
-    assert wait_sync(lambda: scrape_errors() > 0, 20, "the HTML page to count as a scrape problem")
+    assert wait_until(lambda: scrape_errors() > 0, 20, "the HTML page to count as a scrape problem")
     ok, _ = post(router, "/v1/completions", json.dumps({"model": "sim-chat", "prompt": "hi"}).encode())
     assert ok == 200 and router.alive()
 
@@ -395,5 +395,5 @@ def test_an_html_metrics_page_counts_as_a_scrape_failure_not_a_crash(
 def test_no_descriptor_leak_over_the_whole_module(router: RouterProc) -> None:
     """Last in the module: after everything above, the router's descriptors are back near a fresh baseline."""
     baseline = 40  # listeners, the sim and fake engine pools, the log, the loop's own: well under this
-    wait_sync(lambda: open_fds(router.pid) <= baseline, 20, f"router fds under {baseline}")
+    wait_until(lambda: open_fds(router.pid) <= baseline, 20, f"router fds under {baseline}")
     assert router.alive()

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 import openai
 from router.helpers import SimProcess, endpoint
-from support import free_port
+from support import free_port, wait_until
 from typer.testing import CliRunner
 
 from llmgw import keys
@@ -32,18 +32,6 @@ SLOW = "sim-slow"  # 50 ms per token: a stream with many tokens stays in flight 
 OTHER = "sim-other"  # a model some projects may not use
 PRICE = 1_000_000.0  # per million tokens in and out: one unit of money per token, so costs are exact integers
 BUDGET = 300.0
-
-
-def wait_sync(predicate: Callable[[], T | None], limit_s: float, what: str) -> T:
-    """Poll `predicate` until it returns something truthy; fail naming `what` at the deadline."""
-    deadline = time.monotonic() + limit_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {limit_s}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def tenants() -> dict[str, Any]:
@@ -150,7 +138,7 @@ def start_router(tmp: Path, snap: dict[str, Any], dsn: str, name: str = "router-
     handle.close()
     router = RouterProc(proc, log, port)
     try:
-        wait_sync(lambda: _health(port) or proc.poll() is not None, 60, f"{name} /health")
+        wait_until(lambda: _health(port) or proc.poll() is not None, 60, f"{name} /health")
     except AssertionError:
         router.stop()
         raise

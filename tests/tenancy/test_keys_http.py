@@ -11,8 +11,9 @@ from typing import Any
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
+from support import wait_until
 
-from .helpers import FAST, OTHER, cli, create_expired_key, create_key, error_of, start_router, wait_sync
+from .helpers import FAST, OTHER, cli, create_expired_key, create_key, error_of, start_router
 
 pytestmark = pytest.mark.integration
 
@@ -83,7 +84,7 @@ def test_key_lifecycle(store_dsn: str, snap: dict[str, Any], tmp_path: Path) -> 
                     return exc
                 return None
 
-            late = wait_sync(refused, 20, "the revoked key to be refused")
+            late = wait_until(refused, 20, "the revoked key to be refused")
         assert late.status_code == 401 and error_of(late)["code"] == "key_revoked"
     finally:
         assert router.stop() == 0, router.text()[-3000:]

@@ -13,6 +13,7 @@ from typing import Any
 import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
+from support import wait_until
 
 from .helpers import (
     BUDGET,
@@ -23,7 +24,6 @@ from .helpers import (
     error_of,
     in_one_window,
     start_router,
-    wait_sync,
 )
 
 pytestmark = pytest.mark.integration
@@ -139,7 +139,7 @@ def test_concurrency_refuses_while_slow_requests_are_in_flight(
                 return len(again) == 2
 
             # the router notices the closed streams and gives both slots back: two slow streams fit again
-            wait_sync(holds_another, 20, "both slots back once the slow streams were closed")
+            wait_until(holds_another, 20, "both slots back once the slow streams were closed")
             for stream in again:
                 stream.close()
     finally:

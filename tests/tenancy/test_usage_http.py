@@ -8,8 +8,9 @@ from typing import Any
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
+from support import wait_until
 
-from .helpers import FAST, OTHER, PRICE, SLOW, create_key, start_router, usage_rows, wait_sync
+from .helpers import FAST, OTHER, PRICE, SLOW, create_key, start_router, usage_rows
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +62,7 @@ def test_usage_totals_match_the_requests_made(store_dsn: str, snap: dict[str, An
             row = usage_rows(store_dsn).get("usage")
             return row if row is not None and row["requests"] == made else None
 
-        row = wait_sync(flushed, 30, f"{made} usage records of project usage")
+        row = wait_until(flushed, 30, f"{made} usage records of project usage")
     finally:
         assert router.stop() == 0, router.text()[-3000:]
     assert usage_rows(store_dsn)["usage"]["requests"] == made, "nothing counted twice at shutdown"

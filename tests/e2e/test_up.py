@@ -105,7 +105,7 @@ class Up:
 
     @property
     def state_dir(self) -> Path:
-        return self.tmp / "state"
+        return self.tmp / ".llmgw"  # the default, in the working directory: what `make up` does
 
     def start(self) -> None:
         self.runs += 1
@@ -114,8 +114,6 @@ class Up:
             *llmgw_command(),
             "up",
             str(EXAMPLE),
-            "--state-dir",
-            str(self.state_dir),
             "--router-listen",
             f"127.0.0.1:{self.ports['router']}",
             "--router-metrics-listen",
@@ -248,6 +246,24 @@ def test_all_models_become_healthy_with_one_line_per_change(up: Up) -> None:
     lines = [line for line in up.output().splitlines() if f"model {GEMMA}:" in line]
     assert lines[-1].endswith(f"model {GEMMA}: Healthy, 1/1 ready"), lines
     assert len(lines) == len(set(lines)), f"a line printed twice in a row is a flood: {lines}"
+
+
+def test_status_finds_the_admin_token_with_no_flag(up: Up) -> None:
+    up.printed(r"all \d+ models Healthy", LOAD_S, "every model Healthy")
+    assert f"need --controller http://127.0.0.1:{up.ports['controller']}" in up.output()
+    assert "--token-file" not in up.output(), "the token is where `llmgw status` looks: no flag needed"
+    url = f"http://127.0.0.1:{up.ports['controller']}"
+    done = subprocess.run(
+        [*llmgw_command(), "status", "--controller", url],
+        cwd=up.tmp,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "LLMGW_TOKEN"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Synced" in done.stdout and GEMMA in done.stdout
 
 
 def test_lists_models(up: Up) -> None:

@@ -7,6 +7,7 @@ tests/ itself on sys.path (the same way tests/gitops imports `controller.helpers
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -18,6 +19,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists (a zombie still counts; tests/faults/cluster.py has a stricter one)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def _timed_out(limit_s: float, what: str, last: Any) -> AssertionError:

@@ -1,16 +1,8 @@
-"""Small helpers for the agent tests: process checks and file reads (waiting and ports: tests/support.py)."""
+"""Helpers for the agent tests: process groups and file reads (waiting, ports, pids: tests/support.py)."""
 
 from __future__ import annotations
 
 import os
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def group_alive(pgid: int) -> bool:

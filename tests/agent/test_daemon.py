@@ -17,10 +17,10 @@ import pytest
 from llmgw_agent.engines import metric_mapping
 from llmgw_agent.protocol import ShardStatus
 from prometheus_client.parser import text_string_to_metric_families
-from support import wait_for
+from support import pid_alive, wait_for
 
 from .fake_controller import FakeController
-from .helpers import group_alive, pid_alive
+from .helpers import group_alive
 
 pytestmark = pytest.mark.integration
 

@@ -22,9 +22,9 @@ from llmgw_agent.protocol import (
     parse_controller_message,
 )
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig, proc_start_time, tail_lines
-from support import wait_for
+from support import pid_alive, wait_for
 
-from .helpers import group_alive, pid_alive
+from .helpers import group_alive
 
 # An "engine" that ignores SIGTERM and has a child of its own: only SIGKILL to the group ends both.
 STUBBORN = r"""

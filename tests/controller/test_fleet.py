@@ -12,19 +12,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from support import free_port, wait_for
+from support import free_port, pid_alive, wait_for
 
 from .helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start
 
 pytestmark = pytest.mark.integration
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 class Fleet:

@@ -177,6 +177,13 @@ def refresh_metrics(c: Controller) -> None:
             allocated = "true" if gpu.index in taken else "false"
             m.gpus.labels(link.name, gpu.gpu_class or "unknown", allocated).inc()
     m.agent_connections.set(sum(1 for n in c.hub.nodes.values() if n.connected))
+    # From the same records as the admin API, so the two never disagree; a standby's view of the nodes is not
+    # the cluster's, so it reports none.
+    m.node_bootstrap.clear()
+    if c.leading():
+        for name, op in c.bootstrap.items():
+            if op.removal is None:
+                m.node_bootstrap.labels(name, op.state).set(1)
 
 
 def tls_setup(

@@ -247,7 +247,6 @@ class NodesLoop:
             self._spawn(name, functools.partial(self._bootstrap, name))
         for name in sorted(set(self.known) - set(remote)):
             await self._advance_removal(name, now)
-        self.publish_metrics()
 
     def _stand_down(self) -> None:
         """No longer the leader: the new leader does the SSH work; two controllers must not act on one node."""
@@ -256,7 +255,6 @@ class NodesLoop:
             op = self.c.bootstrap.get(name)
             if op is not None and op.removal is None:
                 op.state, op.message = "pending", "left to the leader"
-        self.c.metrics.node_bootstrap.clear()
 
     def _remember(self, d: Desired, remote: Mapping[str, NodeEntry]) -> None:
         if d.revision == self._remembered:
@@ -274,19 +272,9 @@ class NodesLoop:
                 await work()
             finally:
                 self.tasks.pop(name, None)
-                self.publish_metrics()
                 self.wake.set()
 
         self.tasks[name] = asyncio.get_running_loop().create_task(wrapped(), name=f"llmgw-node-{name}")
-
-    def publish_metrics(self) -> None:
-        gauge = self.c.metrics.node_bootstrap
-        gauge.clear()
-        if not self.c.leading():
-            return  # a standby's view of the nodes is not the cluster's: it reports none
-        for name, op in self.c.bootstrap.items():
-            if op.removal is None:
-                gauge.labels(name, op.state).set(1)
 
     # ------------------------------------------------------------------------------------------ bootstrap
 
@@ -305,7 +293,6 @@ class NodesLoop:
         c = self.c
         op = c.bootstrap[name]
         op.state, op.step, op.message = "pending", "", "waiting for a free bootstrap slot"
-        self.publish_metrics()
         async with self._slots:
             d = c.desired
             entry = d.catalog.nodes.get(name) if d is not None else None
@@ -313,7 +300,6 @@ class NodesLoop:
                 return
             op.state, op.attempts, op.retry_at = "running", op.attempts + 1, None
             op.message = "connecting"
-            self.publish_metrics()
             result: NodeResult | None = None
             try:
                 target = target_for(node_document(name, entry), d.root, self.env)

@@ -157,6 +157,13 @@ async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, call: 
     try:
         while True:
             out: list[bytes] = []
+            if call.rewrite_model is None and b'"usage"' not in buf:
+                # No complete event here can need a change (_scan_event would return each as it is): pass
+                # them on in one piece instead of splitting and scanning event by event.
+                i = buf.rfind(b"\n\n")
+                if i >= 0:
+                    out.append(buf[: i + 2])
+                    buf = buf[i + 2 :]
             while True:
                 i = buf.find(b"\n\n")
                 if i < 0:

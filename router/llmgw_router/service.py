@@ -16,7 +16,6 @@ import logging
 import os
 import random
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -193,7 +192,7 @@ class Router:
     # ------------------------------------------------------------------ the request path
 
     async def handle(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        call = _Call(request.headers.get("x-request-id") or uuid.uuid4().hex, time.monotonic())
+        call = _Call(request.headers.get("x-request-id") or _new_request_id(), time.monotonic())
         try:
             response = await self._handle(request, kind, call)
             gone = call.result is not None and call.result.client_gone
@@ -522,6 +521,15 @@ class Router:
 
 
 # ---------------------------------------------------------------------------------------------- helpers
+
+
+# A random UUID4 in hex, the same text uuid.uuid4().hex gives, without building a UUID object (half the cost).
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _new_request_id() -> str:
+    return f"{int.from_bytes(os.urandom(16)) & _UUID4_CLEAR | _UUID4_SET:032x}"
 
 
 def _has_tenants(tenants: Tenants) -> bool:

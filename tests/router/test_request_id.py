@@ -1,0 +1,13 @@
+"""The router's own request ids: random UUID4s in hex, as uuid.uuid4().hex would give."""
+
+import uuid
+
+from llmgw_router.service import _new_request_id
+
+
+def test_request_ids_are_uuid4_hex_and_distinct() -> None:
+    ids = [_new_request_id() for _ in range(2000)]
+    assert len(set(ids)) == len(ids)
+    for rid in ids:
+        parsed = uuid.UUID(hex=rid)
+        assert parsed.hex == rid and parsed.version == 4 and parsed.variant == uuid.RFC_4122

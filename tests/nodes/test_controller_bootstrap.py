@@ -74,10 +74,13 @@ def _agent_processes(prefix: str) -> list[int]:
 
 
 def _stop_leftover(layout: render.Layout) -> None:
-    """Test hygiene: never leave an agent running, even when an assertion failed before teardown."""
+    """Test hygiene: never leave an agent running, even when an assertion failed before teardown.
+
+    SIGKILL, not SIGTERM: the supervise loop restarts an agent that exits, and a shell waiting on its child
+    does not act on SIGTERM until the child ends (a failed CI run left both behind)."""
     for pid in _agent_processes(layout.prefix):
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGKILL)
 
 
 def _read(path: str) -> bytes:

@@ -156,6 +156,20 @@ def _llamacpp_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     return LaunchPlan(argv, env, {}, "/health", "/metrics")
 
 
+def _gpu_engine_args(spec: ShardSpec, engine: str) -> dict[str, Any]:
+    """A single-node GPU engine's options, with tensor parallelism defaulting to the shard's GPU count.
+
+    Multi-node shards are refused: the agent does not launch Ray/MPI/rendezvous worlds yet."""
+    if spec.shard_count > 1:
+        raise SpecError(
+            f"{engine}: multi-node shards are not implemented by this agent yet; shard_count must be 1"
+        )
+    args = dict(spec.args)
+    if "tensor_parallel_size" not in args and len(spec.gpus) > 1:
+        args["tensor_parallel_size"] = len(spec.gpus)
+    return args
+
+
 # ---------------- vLLM ----------------
 
 VLLM_ARGS = {
@@ -172,16 +186,10 @@ VLLM_ARGS = {
 
 
 def _vllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
-    if spec.shard_count > 1:
-        raise SpecError(
-            "vllm: multi-node shards are not implemented by this agent yet; shard_count must be 1"
-        )
     binary = ctx.binary or "vllm"
     argv = [binary, "serve", _model_arg(spec, ctx), "--served-model-name", _served(spec)]
     argv += ["--host", ctx.host, "--port", str(ctx.port)]
-    args = dict(spec.args)
-    if "tensor_parallel_size" not in args and len(spec.gpus) > 1:
-        args["tensor_parallel_size"] = len(spec.gpus)
+    args = _gpu_engine_args(spec, "vllm")
     if spec.context_length:
         argv += ["--max-model-len", str(spec.context_length)]
     if spec.slots:
@@ -211,16 +219,10 @@ SGLANG_ARGS = {
 
 
 def _sglang_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
-    if spec.shard_count > 1:
-        raise SpecError(
-            "sglang: multi-node shards are not implemented by this agent yet; shard_count must be 1"
-        )
     python = ctx.binary or "python3"
     argv = [python, "-m", "sglang.launch_server", "--model-path", _model_arg(spec, ctx)]
     argv += ["--served-model-name", _served(spec), "--host", ctx.host, "--port", str(ctx.port)]
-    args = dict(spec.args)
-    if "tensor_parallel_size" not in args and len(spec.gpus) > 1:
-        args["tensor_parallel_size"] = len(spec.gpus)
+    args = _gpu_engine_args(spec, "sglang")
     if spec.context_length:
         argv += ["--context-length", str(spec.context_length)]
     if spec.slots:
@@ -248,16 +250,10 @@ TRTLLM_CONFIG = "trtllm-extra.yaml"
 
 
 def _trtllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
-    if spec.shard_count > 1:
-        raise SpecError(
-            "trtllm: multi-node (MPI) shards are not implemented by this agent; shard_count must be 1"
-        )
     binary = ctx.binary or "trtllm-serve"
     argv = [binary, _model_arg(spec, ctx), "--host", ctx.host, "--port", str(ctx.port)]
-    args = dict(spec.args)
+    args = _gpu_engine_args(spec, "trtllm")
     args.setdefault("backend", "pytorch")
-    if "tensor_parallel_size" not in args and len(spec.gpus) > 1:
-        args["tensor_parallel_size"] = len(spec.gpus)
     if spec.context_length:
         argv += ["--max_seq_len", str(spec.context_length)]
     if spec.slots:

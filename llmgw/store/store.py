@@ -54,6 +54,9 @@ _GROUP_COLUMN: dict[UsageGroup, str] = {
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
 _KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at"
+# 15 columns x 60 rows stays under SQLite's oldest bound-parameter limit (999).
+_USAGE_ROWS_PER_INSERT = 60
+_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 15) + ")"
 _USAGE_COLUMNS = (
     "id, time, request_id, project, team, org, key_id, model, tokens_in, tokens_out, cost, latency_ms, "
     "status, fallback_used, router_id"
@@ -298,12 +301,18 @@ class Store:
             )
             for r in records
         ]
-        async with self.db.tx() as tx:
-            await tx.executemany(
-                f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (id) DO NOTHING",
-                rows,
+        # Many rows per statement: SQLite's executemany steps (and drops and retakes the GIL) once per row,
+        # which contends with the router's event loop; one statement per chunk does it once per chunk.
+        statements = []
+        for i in range(0, len(rows), _USAGE_ROWS_PER_INSERT):
+            chunk = rows[i : i + _USAGE_ROWS_PER_INSERT]
+            sql = (
+                f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES "
+                + ", ".join([_USAGE_ROW_PLACEHOLDERS] * len(chunk))
+                + " ON CONFLICT (id) DO NOTHING"
             )
+            statements.append((sql, [value for row in chunk for value in row]))
+        await self.db.run_in_tx(statements)
 
     async def list_usage(self, since: float | None = None, limit: int = 1000) -> list[UsageRecord]:
         async with self.db.tx() as tx:

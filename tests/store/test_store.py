@@ -152,6 +152,34 @@ async def test_usage_insert_is_idempotent_and_totals_add_up(store: Store) -> Non
     assert back == records[3]
 
 
+async def test_a_batch_larger_than_one_insert_statement_is_written_whole_or_not_at_all(store: Store) -> None:
+    records = [UsageRecord(time=float(i), request_id=f"r{i}", project="p", model="m", status=200, tokens_in=i)
+               for i in range(150)]  # fmt: skip
+    await store.insert_usage(records)  # three statements of at most 60 rows, one transaction
+    await store.insert_usage(records[50:130])  # a retried batch across statement boundaries: skipped
+    written = await store.list_usage(limit=1000)
+    assert [r.request_id for r in written] == [f"r{i}" for i in range(150)]
+    bad = [*records[:70], UsageRecord(time=1.0, request_id="x", project="p", model="m", status=200,
+                                      key_id="no-such-key")]  # fmt: skip
+    with pytest.raises(StoreError):
+        await store.insert_usage(bad)  # the foreign key fails in the second statement
+    assert len(await store.list_usage(limit=1000)) == 150  # and the first statement was rolled back with it
+
+
+def test_usage_ids_are_uuid7_and_grow_with_time() -> None:
+    import uuid
+
+    from llmgw.store.records import time_ordered_id
+
+    first = time_ordered_id()
+    parsed = uuid.UUID(first)
+    assert (parsed.version, parsed.variant) == (7, uuid.RFC_4122)
+    assert len({time_ordered_id() for _ in range(10_000)}) == 10_000
+    later = UsageRecord(time=0.0, request_id="r", project="p", model="m", status=200)
+    # The first 48 bits are milliseconds: a later id never sorts before an id from an earlier millisecond.
+    assert int(later.id[:12], 16) >= int(first[:12], 16)
+
+
 async def test_take_share_never_grants_past_the_limit(store: Store) -> None:
     grants = [await store.take_share("p:rpm", 0.0, 60.0, 4, 10, now=1.0) for _ in range(4)]
     assert [g.granted for g in grants] == [4, 4, 2, 0]

@@ -54,8 +54,15 @@ def allow(state: BreakerState, now: float, policy: BreakerPolicy) -> tuple[bool,
     return False, state
 
 
+_CLOSED = BreakerState()
+
+
 def on_success(state: BreakerState) -> BreakerState:
-    return BreakerState() if state != BreakerState() else state
+    # Nearly every request ends on a closed breaker with no failures: keep that state without comparing
+    # (or building) a new one.
+    if state is _CLOSED or (state.mode == "closed" and state.failures == 0):
+        return state
+    return _CLOSED
 
 
 def on_failure(state: BreakerState, now: float, policy: BreakerPolicy) -> BreakerState:

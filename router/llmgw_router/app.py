@@ -56,7 +56,11 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=opts.connect_timeout, sock_read=opts.read_timeout
     )
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout, auto_decompress=False) as session:
+    # No cookie jar: a cookie one engine or provider sets must not ride along on other tenants' requests,
+    # and filtering an empty jar on every request is work for nothing.
+    async with aiohttp.ClientSession(
+        connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
+    ) as session:
         router.session = session
         tasks: list[asyncio.Task[None]] = []
         if app.get(_SCRAPE, True):

@@ -197,24 +197,35 @@ class Router:
             response = await self._handle(request, kind, call)
             gone = call.result is not None and call.result.client_gone
             call.status, call.code = (499, "client_closed_request") if gone else (response.status, call.code)
-            return response
         except ApiError as err:
             call.status, call.code = err.status, err.code or ""
-            return error_response(err)
+            response = error_response(err)
         except asyncio.CancelledError:
             call.status, call.code = 499, "client_closed_request"
+            self._account(call)
             raise
         except (ConnectionResetError, aiohttp.ClientConnectionResetError):
             call.status, call.code = 499, "client_closed_request"
+            self._account(call)
             raise
         except Exception:
             log.exception("request %s failed inside the router", call.request_id)
             call.status, call.code = 500, "internal_error"
-            return error_response(
+            response = error_response(
                 ApiError(500, "Internal error in the router.", "internal_error", "server_error")
             )
+        # Send the answer before the bookkeeping (metrics, limits, usage): the client need not wait for it.
+        # aiohttp then finds the response already sent and only finishes the connection.
+        try:
+            if not response.prepared:
+                await response.prepare(request)
+                await response.write_eof()
+        except (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError):
+            call.status, call.code = 499, "client_closed_request"
+            raise
         finally:
             self._account(call)
+        return response
 
     async def _handle(self, request: web.Request, kind: Kind, call: _Call) -> web.StreamResponse:
         table = self.table

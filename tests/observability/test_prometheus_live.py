@@ -145,6 +145,8 @@ async def test_real_prometheus_loads_the_kit_and_alerts_on_exported_series(
     for state, count in (("Ready", 1), ("Unreachable", 0), ("Lost", 1)):
         controller.nodes.labels(state).set(count)
     router.metrics.requests.labels("sim-chat", "200", "").inc()
+    # A router holding usage records the store has not taken (set from the writer in llmgw_router.main).
+    router.metrics.usage_pending.set_function(lambda: 5000)
     # A router whose admission queue is full refuses every request: through its own admission path, so the
     # reason label is the one the code writes.
     router.admission.queue_size = 0
@@ -177,7 +179,12 @@ async def test_real_prometheus_loads_the_kit_and_alerts_on_exported_series(
         async def pending_alerts() -> Any:
             data = await _api(session, f"{prometheus}/api/v1/alerts")
             names = {a["labels"]["alertname"] for a in data["alerts"]} if data else set()
-            expected = {"LlmgwRevisionRefused", "LlmgwNodeLost", "LlmgwAdmissionQueueSaturated"}
+            expected = {
+                "LlmgwRevisionRefused",
+                "LlmgwNodeLost",
+                "LlmgwAdmissionQueueSaturated",
+                "LlmgwUsageNotWritten",
+            }
             return names if expected <= names else None
 
         await wait_for(targets_up, DEADLINE_S, "both targets up", interval=0.2)
@@ -190,7 +197,7 @@ async def test_real_prometheus_loads_the_kit_and_alerts_on_exported_series(
             names = await wait_for(
                 pending_alerts,
                 DEADLINE_S,
-                "the refused revision, the lost node and the full queue to alert",
+                "the refused revision, the lost node, the full queue and the usage backlog to alert",
                 interval=0.2,
             )
         finally:

@@ -345,7 +345,8 @@ def _nudge(client: AdminClient) -> None:
 
 def _send(client: AdminClient, path: Path, revision: str, send: Send) -> dict[str, Any]:
     body: dict[str, Any] = {"revision": revision, "source": f"llmgw apply by {_who()}"}
-    if send is Send.auto:
+    auto = send is Send.auto
+    if auto:
         host = client.url.split("://", 1)[-1].rsplit(":", 1)[0]
         send = Send.path if host in LOOPBACK and path.is_dir() else Send.files
     if send is Send.path:
@@ -354,10 +355,24 @@ def _send(client: AdminClient, path: Path, revision: str, send: Send) -> dict[st
             raise Refused("--send path needs a repo directory; use --send files for a single YAML file")
     else:
         body["files"] = repo_files(path)
-    status, reply = client.post("/api/v1/apply", body, ok=(200, 422))
+    try:
+        status, reply = client.post("/api/v1/apply", body, ok=(200, 422))
+    except AdminError as exc:
+        # A local controller reads by path only inside its own repo (and its apply_paths): a checkout
+        # elsewhere goes as files, as it would to a remote controller.
+        if not (auto and "path" in body and _path_not_allowed(exc)):
+            raise
+        del body["path"]
+        body["files"] = repo_files(path)
+        status, reply = client.post("/api/v1/apply", body, ok=(200, 422))
     if not isinstance(reply, dict):
         raise Refused(f"the controller answered {status} without a JSON object")
     return reply
+
+
+def _path_not_allowed(exc: AdminError) -> bool:
+    error = exc.body.get("error") if isinstance(exc.body, dict) else None
+    return exc.status == 400 and isinstance(error, dict) and "allowed" in error
 
 
 def repo_files(path: Path) -> dict[str, str]:

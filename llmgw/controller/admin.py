@@ -171,6 +171,10 @@ async def apply(request: web.Request) -> web.Response:
         return _error(400, "body must be a JSON object")
     try:
         root = _apply_root(c, body)
+    except PathNotAllowed as exc:
+        # `allowed` lets a client that sent a path (`llmgw apply`) fall back to sending the files.
+        message = {"message": str(exc), "allowed": [str(p) for p in exc.allowed]}
+        return web.json_response({"error": message}, status=400)
     except ValueError as exc:
         return _error(400, str(exc))
     revision = str(body.get("revision") or tree_hash(root))
@@ -188,9 +192,34 @@ async def apply(request: web.Request) -> web.Response:
     return web.json_response(payload)
 
 
+class PathNotAllowed(ValueError):
+    """`{"path": DIR}` names a directory outside the ones this controller applies from."""
+
+    def __init__(self, message: str, allowed: tuple[Path, ...]) -> None:
+        super().__init__(message)
+        self.allowed = allowed
+
+
+def allowed_path(path: Path, roots: tuple[Path, ...]) -> bool:
+    """Whether resolved `path` is one of `roots` or inside one (both resolved, so `..` and symlinks that
+    lead out are already followed to where they really point)."""
+    return any(path == root or root in path.parents for root in roots)
+
+
 def _apply_root(c: Controller, body: dict[str, Any]) -> Path:
     if isinstance(body.get("path"), str):
+        # Only the controller's own repo (and configured `apply_paths`): the admin token must not turn into
+        # "read and echo back YAML errors from any directory on this machine", nor walk "/".
         root = Path(body["path"]).expanduser().resolve()
+        roots = c.settings.apply_roots()
+        if not allowed_path(root, roots):
+            where = ", ".join(str(r) for r in roots) or "none (the controller follows a git URL)"
+            raise PathNotAllowed(
+                f"path {root} is outside the directories this controller applies from ({where}); send the "
+                'files instead ({"files": {...}}, `llmgw apply --send files`) or add the directory to the '
+                "controller's apply_paths setting",
+                roots,
+            )
         if not root.is_dir():
             raise ValueError(f"path {root} is not a directory the controller can read")
         return root

@@ -93,6 +93,11 @@ class ControllerSettings(BaseModel):
     drain_s: float = Field(10.0, ge=0, description="A replica scaled down gets this long to finish requests")
     backoff_base_s: float = Field(5.0, gt=0, description="First delay before replacing a failed replica")
     apply_from_admin: bool = Field(True, description="Accept POST /api/v1/apply")
+    apply_paths: tuple[Path, ...] = Field(
+        (),
+        description='Directories besides the controller\'s own repo that POST /api/v1/apply may read as {"path": DIR} '
+        "(that directory or one under it); anything else is refused, send the files instead",
+    )
     ha: bool = Field(
         False,
         description="Two or more controllers share one (PostgreSQL) store: only the holder of the leader lease "
@@ -120,6 +125,19 @@ class ControllerSettings(BaseModel):
         return (
             None if self.metrics_listen is None else parse_hostport(self.metrics_listen, "--metrics-listen")
         )
+
+    def local_repo(self) -> Path | None:
+        """The repo as a directory on this machine (a work tree or a plain directory); None for a git URL."""
+        if "://" in self.repo or self.repo.startswith("git@"):
+            return None
+        return Path(self.repo).expanduser().resolve()
+
+    def apply_roots(self) -> tuple[Path, ...]:
+        """The directories POST /api/v1/apply may read by path: the controller's own repo (the checkout an
+        operator edits next to `llmgw up`) and the configured `apply_paths`, resolved (symlinks followed)."""
+        own = self.local_repo()
+        roots = ([own] if own is not None else []) + [p.expanduser().resolve() for p in self.apply_paths]
+        return tuple(dict.fromkeys(roots))
 
     def source_kind(self) -> Literal["git", "directory"]:
         if self.source != "auto":

@@ -98,7 +98,7 @@ async def test_git_source_follows_the_branch_and_survives_an_unreachable_remote(
         await running.stop()
 
 
-async def test_admin_needs_the_token_and_apply_takes_a_directory(tmp_path: Path) -> None:
+async def test_admin_needs_the_token_and_apply_takes_files(tmp_path: Path) -> None:
     repo = Repo(tmp_path / "repo", use_git=False)
     repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)})
     running, admin = await start(settings_for(tmp_path, repo.path, dir_poll_s=3600.0))
@@ -111,9 +111,8 @@ async def test_admin_needs_the_token_and_apply_takes_a_directory(tmp_path: Path)
             async with s.get(running.url + "/api/v1/status", headers={"Authorization": "Bearer nope"}) as r:
                 assert r.status == 401
 
-        other = Repo(tmp_path / "other", use_git=False)
-        other.write({"cluster.yaml": cluster_yaml(), "m.yaml": model_yaml("sim-z", min_=0)})
-        reply = await admin.post("/api/v1/apply", {"path": str(other.path)}, expect=200)
+        files = {"cluster.yaml": cluster_yaml(), "m.yaml": model_yaml("sim-z", min_=0)}
+        reply = await admin.post("/api/v1/apply", {"files": files}, expect=200)
         assert reply["result"] == "applied"
         status = await admin.get("/api/v1/status")
         assert [m["model"] for m in status["models"]] == ["sim-z"]
@@ -123,6 +122,36 @@ async def test_admin_needs_the_token_and_apply_takes_a_directory(tmp_path: Path)
         assert reply["result"] == "refused" and any("colour" in e for e in reply["errors"])
         assert [m["model"] for m in (await admin.get("/api/v1/status"))["models"]] == ["sim-z"]
         await admin.post("/api/v1/apply", {"files": {"../escape.yaml": "x"}}, expect=400)
+    finally:
+        await running.stop()
+
+
+async def test_apply_by_path_reads_only_the_controllers_own_repo_and_apply_paths(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)})
+    extra = Repo(tmp_path / "ci-checkouts", use_git=False)
+    extra.write({"job-1/cluster.yaml": cluster_yaml(), "job-1/m.yaml": model_yaml("sim-x", min_=0)})
+    outside = Repo(tmp_path / "elsewhere", use_git=False)
+    outside.write({"cluster.yaml": cluster_yaml(), "m.yaml": model_yaml("sim-z", min_=0)})
+    (extra.path / "escape").symlink_to(outside.path)  # inside by name, outside once resolved
+    settings = settings_for(tmp_path, repo.path, dir_poll_s=3600.0, apply_paths=[extra.path])
+    running, admin = await start(settings)
+    try:
+        await wait_for(lambda: _applied(admin, content_hash(repo.path)), what="the first revision applied")
+        for path in ("/", str(outside.path), str(repo.path / ".." / "elsewhere"), str(extra.path / "escape")):
+            reply = await admin.post("/api/v1/apply", {"path": path}, expect=400)
+            message = reply["error"]["message"]
+            assert "outside the directories this controller applies from" in message, message
+            assert str(repo.path.resolve()) in message and str(extra.path.resolve()) in message
+            assert reply["error"]["allowed"] == [str(repo.path.resolve()), str(extra.path.resolve())]
+        assert [m["model"] for m in (await admin.get("/api/v1/status"))["models"]] == ["sim-a"]
+
+        reply = await admin.post("/api/v1/apply", {"path": str(extra.path / "job-1")}, expect=200)
+        assert reply["result"] == "applied"
+        assert [m["model"] for m in (await admin.get("/api/v1/status"))["models"]] == ["sim-x"]
+        reply = await admin.post("/api/v1/apply", {"path": str(repo.path)}, expect=200)
+        assert reply["result"] == "applied"
+        assert [m["model"] for m in (await admin.get("/api/v1/status"))["models"]] == ["sim-a"]
     finally:
         await running.stop()
 

@@ -18,6 +18,8 @@ from llmgw.config import models as config
 Level = Literal["organization", "team", "project"]
 Metric = Literal["requests", "tokens", "concurrency", "budget"]
 METRICS: tuple[Metric, ...] = ("concurrency", "requests", "tokens", "budget")
+RateMetric = Literal["requests", "tokens"]
+RATE_HEADER_METRICS: tuple[RateMetric, ...] = ("requests", "tokens")  # the x-ratelimit-* headers OpenAI sends
 MINUTE = 60.0
 MICROS = 1_000_000  # budgets are counted in millionths of the currency unit, so counters stay integers
 
@@ -188,18 +190,32 @@ def rate_headers(
 ) -> dict[str, str]:
     """x-ratelimit-{limit,remaining,reset}-{requests,tokens} from the tightest level; absent when unlimited."""
     headers: dict[str, str] = {}
-    for metric, suffix in (("requests", "requests"), ("tokens", "tokens")):
-        meter = _tightest(states, metric)  # type: ignore[arg-type]
+    for metric in RATE_HEADER_METRICS:
+        meter = _tightest(states, metric)
         if meter is None:
             continue
         left = meter.remaining if meter.remaining is not None else meter.available
         if charged:
-            left -= need(metric, estimate)  # type: ignore[arg-type]
-        headers[f"x-ratelimit-limit-{suffix}"] = str(int(meter.limit))
-        headers[f"x-ratelimit-remaining-{suffix}"] = str(max(0, math.floor(left)))
+            left -= need(metric, estimate)
         reset = (meter.reset_at - now) if meter.reset_at is not None else 0.0
-        headers[f"x-ratelimit-reset-{suffix}"] = format_reset(max(0.0, reset))
+        put_rate_headers(headers, metric, meter.limit, left, reset)
     return headers
+
+
+_HEADER_NAMES = {
+    m: (f"x-ratelimit-limit-{m}", f"x-ratelimit-remaining-{m}", f"x-ratelimit-reset-{m}")
+    for m in RATE_HEADER_METRICS
+}
+
+
+def put_rate_headers(
+    headers: dict[str, str], metric: RateMetric, limit: float, left: float, reset_in: float
+) -> None:
+    """The three x-ratelimit-* headers of one metric, as OpenAI spells them."""
+    limit_name, remaining_name, reset_name = _HEADER_NAMES[metric]
+    headers[limit_name] = str(int(limit))
+    headers[remaining_name] = str(max(0, math.floor(left)))
+    headers[reset_name] = format_reset(max(0.0, reset_in))
 
 
 _WHAT = {

@@ -24,6 +24,7 @@ from typing import Protocol
 
 from llmgw.limits import (
     MICROS,
+    RATE_HEADER_METRICS,
     Allowed,
     Estimate,
     LevelState,
@@ -34,6 +35,7 @@ from llmgw.limits import (
     decide,
     limit_key,
     need,
+    put_rate_headers,
     to_micros,
     window_bounds,
     windowed_limits,
@@ -183,6 +185,15 @@ class Limiter:
     async def admit(self, chain: Sequence[Tenant], estimate: Estimate) -> Admission | Refused:
         """Let a request in, or refuse it naming the level and limit. Charges every level of the chain."""
         chain = tuple(chain)
+        if not self._lock.locked():
+            # The common case (every share covers the request, nothing capped is full) needs no store and
+            # no await: decided here in one step of the event loop. Anything else takes the path below.
+            now = self._clock()
+            plan = self._plan(chain)
+            needs = _needs(estimate)
+            admitted = self._admit_from_shares(plan, estimate, needs, now)
+            if admitted is not None:
+                return admitted
         async with self._lock:
             now = self._clock()
             plan = self._plan(chain)
@@ -198,6 +209,36 @@ class Limiter:
             if isinstance(decision, Refused):
                 return decision
             return self._charge(plan, estimate, needs, decision)
+
+    def _admit_from_shares(
+        self, plan: _Plan, estimate: Estimate, needs: dict[Metric, float], now: float
+    ) -> Admission | None:
+        """Admit without renewing anything, or None when a share falls short or a concurrency cap is
+        reached. When every share covers the request `decide` can only allow it, so this skips building
+        its inputs and sets the same headers it would: the tightest level per metric, after the charge."""
+        tightest: dict[Metric, tuple[_Share, float]] = {}
+        for _tenant, pools in plan.pools:
+            for pool in pools:
+                share = self._share(pool, now)
+                if share.balance < needs[pool.metric]:
+                    return None
+                if pool.metric != "budget":
+                    left = max(0, share.limit - share.taken) + share.balance
+                    best = tightest.get(pool.metric)
+                    if best is None or left < best[1]:
+                        tightest[pool.metric] = (share, left)
+        for tenant in plan.capped:
+            cap = tenant.limits.concurrency
+            if cap is not None and cap - self._inflight.get(tenant.key, 0) < 1:
+                return None
+        headers: dict[str, str] = {}
+        for metric in RATE_HEADER_METRICS:
+            found = tightest.get(metric)
+            if found is not None:
+                put_rate_headers(
+                    headers, metric, found[0].limit, found[1] - needs[metric], found[0].window_end - now
+                )
+        return self._charge(plan, estimate, needs, Allowed(headers))
 
     def finish(self, admission: Admission, tokens: int, cost: float) -> None:
         """The request ended: release its concurrency and correct the token and budget estimates."""

@@ -33,9 +33,29 @@ ops = st.lists(
 )
 
 
-async def _run(steps: list[tuple[int, int, bool, float]], reuse: bool) -> list[object]:
+class GeneralPathOnly(Limiter):
+    """The limiter with its no-wait path switched off: every request goes through `decide`."""
+
+    def _admit_from_shares(self, *args: object) -> None:
+        return None
+
+
+class CountingFastPath(Limiter):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.fast = 0
+
+    def _admit_from_shares(self, *args: object) -> Admission | None:
+        got = super()._admit_from_shares(*args)  # type: ignore[arg-type]
+        self.fast += got is not None
+        return got
+
+
+async def _run(
+    steps: list[tuple[int, int, bool, float]], reuse: bool, kind: type[Limiter] = Limiter
+) -> list[object]:
     now = [T0]
-    limiter = Limiter(MemoryCounters(), clock=lambda: now[0])
+    limiter = kind(MemoryCounters(), clock=lambda: now[0])
     shared = chain()
     out: list[object] = []
     held: list[Admission] = []
@@ -59,6 +79,24 @@ async def _run(steps: list[tuple[int, int, bool, float]], reuse: bool) -> list[o
 @given(ops)
 async def test_one_chain_object_decides_as_fresh_chains_do(steps: list[tuple[int, int, bool, float]]) -> None:
     assert await _run(steps, reuse=True) == await _run(steps, reuse=False)
+
+
+@settings(max_examples=80, deadline=None)
+@given(ops)
+async def test_admitting_without_waiting_decides_as_decide_does(
+    steps: list[tuple[int, int, bool, float]],
+) -> None:
+    # Same answers, same x-ratelimit-* headers, same refusals, whether or not the shortcut is taken.
+    assert await _run(steps, reuse=True) == await _run(steps, reuse=True, kind=GeneralPathOnly)
+
+
+async def test_most_requests_take_the_shortcut() -> None:
+    limiter = CountingFastPath(MemoryCounters(), clock=lambda: T0 + 1)
+    for _ in range(50):
+        assert isinstance(
+            await limiter.admit(chain(rpm=1000, tpm=10**6, concurrency=100), Estimate(10)), Admission
+        )
+    assert limiter.fast >= 40  # only the requests that found a share short went to the store
 
 
 async def test_a_new_revision_s_limits_apply_at_once() -> None:

@@ -207,8 +207,14 @@ class Controller:
         return self._generated_secret
 
     async def event(self, kind: str, obj: str, message: str) -> None:
+        """Kept in memory here, and in the store only by the leader: a standby follows the repo too, and its
+        "revision_applied" beside the leader's would tell operators reading `llmgw events` of an act no one
+        did on the fleet. A standby logs it instead."""
         now = self.wall()
         self.events.items.append({"time": now, "kind": kind, "object": obj, "message": message})
+        if not self.leading():
+            log.info("standby, not recorded in the store: %s %s: %s", kind, obj, message)
+            return
         try:
             await self.store.add_event(kind, obj, message, now)
         except Exception as exc:  # the store being down must not stop the controller acting
@@ -279,11 +285,20 @@ class Controller:
             desired.source,
             short(previous.revision if previous else None),
         )
-        await self._record(Revision(desired.revision, desired.source, self.wall(), "controller", "accepted"))
-        await self.event("revision_applied", short(desired.revision), f"from {desired.source}")
+        await self.record_applied(desired, f"from {desired.source}")
         self.notify("revision applied")
 
+    async def record_applied(self, desired: Desired, message: str) -> None:
+        """The revision this controller serves, in the store's history and events (only when leading)."""
+        await self._record(Revision(desired.revision, desired.source, self.wall(), "controller", "accepted"))
+        await self.event("revision_applied", short(desired.revision), message)
+
     async def _record(self, revision: Revision) -> None:
+        """Revision history is the leader's: a standby's "accepted" would move `applied_at` of a revision the
+        fleet may not run (the leader may still be on another). A new leader records what it serves when it
+        takes over (`llmgw.controller.lease`)."""
+        if not self.leading():
+            return
         try:
             await self.store.record_revision(revision)
         except Exception as exc:  # recorded later is better than not applying; said loudly

@@ -309,7 +309,23 @@ async def _take_over(c: Controller) -> None:
         ws.expected_nodes = set()
     ws.settle_until = c.clock() + c.settings.settle_s
     await c.event("leader", c.lease.holder if c.lease else "", "this controller leads")
+    await _record_serving(c)
     c.notify("took over")
+
+
+async def _record_serving(c: Controller) -> None:
+    """A standby applies revisions without recording them (core.Controller._record); once it leads, the one it
+    serves goes into the history unless the last leader already recorded it as the newest accepted."""
+    d = c.desired
+    if d is None:
+        return
+    try:
+        last = await c.store.last_accepted_revision()
+    except Exception as exc:  # the next revision applied is recorded; this one said in the log
+        log.warning("new leader could not read the revision history (%s); serving %s", exc, d.revision)
+        return
+    if last is None or last.sha != d.revision:
+        await c.record_applied(d, f"from {d.source}, on taking over as leader")
 
 
 def _spawn(c: Controller, coro: Coroutine[Any, Any, Any]) -> None:

@@ -177,6 +177,28 @@ class DesiredNode:
 # ---------------------------------------------------------------------------------------------- boundary
 
 
+IfUndeclared = Literal["remove", "keep"]
+
+
+def undeclared_words(action: IfUndeclared | None, replicas: int) -> str:
+    """What happens to a node the repo does not declare, in words for status and plan (one rule, one text)."""
+    there = f"{replicas} replica{'s' * (replicas != 1)}"
+    if action == "remove":
+        return (
+            f"no longer declared: cordoned, its {there} drained and placed elsewhere, then its agent removed"
+        )
+    if action == "keep":
+        running = (
+            f"its {there} {'keeps' if replicas == 1 else 'keep'} running" if replicas else "no replicas there"
+        )
+        return (
+            f"not declared in the repo, left as it is: {running} and it takes new ones like any agent with "
+            "the token; the controller removes only remote nodes its applied revision declared (declare it "
+            "and remove it again while a controller runs, or stop its agent)"
+        )
+    return f"seen, no longer declared ({there} there)" if replicas else "seen, no longer declared"
+
+
 class _Live(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -200,6 +222,12 @@ class LiveNode(_Live):
     gpus: list[LiveGpu] | None = None
     engines: dict[str, str | None] | None = None
     weights: list[str] | None = None
+    if_undeclared: IfUndeclared | None = Field(
+        None,
+        description="What the controller does while the repo does not declare this node: remove (drain its "
+        "replicas, then remove its agent over SSH: a remote node its applied revision declares, or one being "
+        "removed now) or keep (left as it is, taking replicas like any agent with the token); None: not said",
+    )
 
     @classmethod
     def from_view(cls, n: NodeView) -> LiveNode:
@@ -334,6 +362,9 @@ class LiveState(_Live):
         """A hash of everything but the time it was taken: a saved plan is stale when this changes."""
         body = self.model_dump(mode="json", exclude={"taken_at"})
         body["nodes"].sort(key=lambda n: n["name"])  # the order the controller lists them in is not state
+        for node in body["nodes"]:
+            if node.get("if_undeclared") is None:  # as before the field existed: saved plans stay current
+                node.pop("if_undeclared", None)
         body["replicas"].sort(key=lambda r: r["id"])
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()

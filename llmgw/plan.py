@@ -29,6 +29,7 @@ from llmgw.fleet import (
     ShardView,
     desired_nodes,
     model_views,
+    undeclared_words,
 )
 from llmgw.placement import Placer
 from llmgw.reconcile import RestartReplica, StartReplica, StopReplica, is_stale, reconcile
@@ -123,8 +124,11 @@ class StaleReplica:
 
 @dataclass(frozen=True, slots=True)
 class NodeChange:
+    """`keep`: a node the repo does not declare that the controller leaves as it is — not a change, shown so
+    nobody reads "no changes" as "that machine is out of the fleet"."""
+
     node: str
-    change: Literal["bootstrap", "drain"]
+    change: Literal["bootstrap", "drain", "keep"]
     reason: str
 
 
@@ -150,6 +154,7 @@ class Plan:
     stale: tuple[StaleReplica, ...]
     nodes: tuple[NodeChange, ...]
     unplaceable: tuple[Unplaceable, ...]
+    kept: tuple[NodeChange, ...] = ()  # undeclared nodes left as they are (change "keep")
 
     @property
     def has_changes(self) -> bool:
@@ -157,7 +162,13 @@ class Plan:
         return bool(self.models or self.starts or self.restarts or self.stops or self.nodes)
 
     def summary(self) -> str:
+        n = len(self.kept)
+        kept = (
+            f" {n} node{'s' * (n != 1)} not declared in the repo left as {'they are' if n != 1 else 'it is'}."
+        )
         if not self.has_changes and not self.unplaceable:
+            if self.kept:
+                return "No changes." + kept
             return "No changes. The fleet matches the cluster repo."
         text = (
             f"Plan: {len(self.starts)} to start, {len(self.restarts)} to restart, {len(self.stops)} to stop."
@@ -165,7 +176,7 @@ class Plan:
         if self.unplaceable:
             n = len(self.unplaceable)
             text += f" {n} model{'s' * (n != 1)} cannot be placed."
-        return text
+        return text + (kept if self.kept else "")
 
 
 # ---------------------------------------------------------------------------------------------- diff
@@ -186,6 +197,7 @@ def make_plan(
     replicas = live.replica_views()
     decision = reconcile(desired, node_views, replicas, now=live.taken_at, rng=random.Random(0), mode="plan")
     by_id = {r.id: r for r in replicas}
+    node_changes = _node_changes(live, nodes)
     starts, restarts = _starts_and_restarts(decision.of(StartReplica), decision.of(RestartReplica), by_id)
     stops = tuple(_stop(a, by_id[a.replica_id]) for a in decision.of(StopReplica))
     leaving = {r.replica_id for r in restarts} | {s.replica_id for s in stops}
@@ -207,8 +219,9 @@ def make_plan(
         restarts=restarts,
         stops=stops,
         stale=stale,
-        nodes=_node_changes(live, nodes),
+        nodes=tuple(n for n in node_changes if n.change != "keep"),
         unplaceable=_unplaceable(decision.unplaced, desired, node_views, replicas, decision.of(StartReplica)),
+        kept=tuple(n for n in node_changes if n.change == "keep"),
     )
 
 
@@ -223,14 +236,18 @@ def exit_code(plan: Plan) -> int:
 
 
 def _node_views(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> tuple[NodeView, ...]:
-    """Live nodes with the repo's word on labels, fabric and cordon; an undeclared node takes nothing new."""
+    """Live nodes with the repo's word on labels, fabric and cordon. An undeclared node takes nothing new
+    unless the controller says it keeps such a node as it is (`LiveNode.if_undeclared`)."""
     views = []
+    keep = {n.name for n in live.nodes if n.if_undeclared == "keep"}
     for node in live.node_views():
         if declared is None:
             views.append(node)
             continue
         d = declared.get(node.name)
-        if d is None:
+        if d is None and node.name in keep:
+            views.append(node)
+        elif d is None:
             views.append(replace(node, cordoned=True, cordon_reason="no longer declared"))
         else:
             labels = {**node.labels, **d.labels}
@@ -281,12 +298,12 @@ def _stale_words(r: ReplicaView, view: ModelView) -> str:
 def _node_changes(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> tuple[NodeChange, ...]:
     if declared is None:
         return ()
-    seen = {n.name for n in live.nodes}
+    seen = {n.name: n for n in live.nodes}
     out = [NodeChange(n, "bootstrap", "declared, never seen") for n in sorted(declared) if n not in seen]
-    for n in sorted(seen - set(declared)):
+    for n in sorted(set(seen) - set(declared)):
         count = sum(1 for r in live.replicas if any(s.node == n for s in r.shards))
-        running = f" ({count} replica{'s' * (count != 1)} there)" if count else ""
-        out.append(NodeChange(n, "drain", f"seen, no longer declared{running}"))
+        action = seen[n].if_undeclared
+        out.append(NodeChange(n, "keep" if action == "keep" else "drain", undeclared_words(action, count)))
     return tuple(out)
 
 
@@ -445,6 +462,10 @@ def _lines(plan: Plan) -> list[str]:
             symbol = "+" if n.change == "bootstrap" else "-"
             out.append(f"  {symbol} {n.change} {n.node}: {n.reason}")
         out.append("")
+    if plan.kept:
+        out.append("Nodes left as they are:")
+        out += [f"  = keep {n.node}: {n.reason}" for n in plan.kept]
+        out.append("")
     if plan.unplaceable:
         out.append("Cannot be placed:")
         for u in plan.unplaceable:
@@ -529,6 +550,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             ],
         },
         "nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.nodes],
+        "kept_nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.kept],
         "unplaceable": [
             {
                 "model": u.model,
@@ -577,6 +599,8 @@ def render_markdown(plan: Plan) -> str:
         rows.append(("~", f"stale `{st.replica_id}`", _where(st.nodes), st.reason))
     for n in plan.nodes:
         rows.append(("+" if n.change == "bootstrap" else "-", f"{n.change} `{n.node}`", n.node, n.reason))
+    for n in plan.kept:
+        rows.append(("=", f"keep `{n.node}`", n.node, n.reason))
     for u in plan.unplaceable:
         rows.append(
             (

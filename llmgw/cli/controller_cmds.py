@@ -227,6 +227,10 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
     console.print(
         f"nodes    {nodes.get('Ready', 0)} Ready, {nodes.get('Unreachable', 0)} Unreachable, {nodes.get('Lost', 0)} Lost"
     )
+    for n in data.get("undeclared_nodes") or []:
+        # What the controller will (and will not) do with a node the repo does not declare.
+        label = "removing" if n.get("action") == "remove" else "undeclared"
+        console.print(f"  [yellow]{label}[/yellow] {n['node']}: {n['message']}", highlight=False)
     lead = data.get("leadership") or {}
     if lead.get("ha"):
         where = lead.get("leader_address") or "unknown"
@@ -271,7 +275,7 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
         gpus = inv.get("gpus")
         engines = inv.get("engines")
         table.add_row(
-            n["name"] + ("" if n.get("declared") else " (undeclared)"),
+            n["name"] + _undeclared_mark(n),
             _styled(n["state"], STATE_STYLE),
             "never" if n.get("last_seen_s") is None else f"{n['last_seen_s']}s ago",
             "?" if inv.get("cpu_cores") is None else str(inv["cpu_cores"]),
@@ -282,6 +286,12 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
             _node_ops_words(n),
         )
     Console().print(table)
+
+
+def _undeclared_mark(node: dict[str, Any]) -> str:
+    if node.get("declared"):
+        return ""
+    return " (removing)" if node.get("if_undeclared") == "remove" else " (undeclared, kept)"
 
 
 def _node_ops_words(node: dict[str, Any]) -> str:

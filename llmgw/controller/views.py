@@ -11,12 +11,14 @@ from llmgw_agent.protocol import ShardStatus
 
 from llmgw.fleet import (
     GpuView,
+    IfUndeclared,
     LiveState,
     ModelState,
     NodeView,
     ReplicaState,
     ReplicaView,
     ShardView,
+    undeclared_words,
 )
 from llmgw.fleet import ShardState as FleetShardState
 from llmgw.placement import ACTIVE_STATES
@@ -112,6 +114,35 @@ def node_views(c: Controller) -> list[NodeView]:
 def _removing(c: Controller, node: str) -> bool:
     op = c.bootstrap.get(node)
     return op is not None and op.removal is not None
+
+
+def if_undeclared(c: Controller, node: str) -> IfUndeclared:
+    """What this controller does with `node` while the repo does not declare it. It removes only remote nodes
+    its applied revision declares (or that it is removing now): those it saw the repo ask for and can reach
+    over SSH (nodes_loop). Any other agent with the token — a node removed from the repo while no controller
+    ran, a `local: true` node, one that never was declared — is left as it is, on purpose: a repo that does
+    not know a machine cannot say to stop what runs there."""
+    if _removing(c, node):
+        return "remove"
+    d = c.desired
+    entry = d.catalog.nodes.get(node) if d else None
+    remote = entry is not None and not entry.spec.local
+    return "remove" if remote and c.settings.bootstrap_nodes else "keep"
+
+
+def undeclared_json(c: Controller) -> list[dict[str, Any]]:
+    """Connected nodes the applied revision does not declare, and what happens to them (for status)."""
+    d = c.desired
+    out: list[dict[str, Any]] = []
+    for name in sorted(c.hub.nodes):
+        if d is not None and name in d.catalog.nodes:
+            continue
+        count = sum(1 for r in c.replicas.values() if name in r.nodes)
+        action = if_undeclared(c, name)
+        out.append(
+            {"node": name, "replicas": count, "action": action, "message": undeclared_words(action, count)}
+        )
+    return out
 
 
 def replica_views(c: Controller) -> list[ReplicaView]:
@@ -218,6 +249,7 @@ def status_json(c: Controller) -> dict[str, Any]:
         "nodes": {
             s: sum(1 for n in c.hub.nodes.values() if n.state == s) for s in ("Ready", "Unreachable", "Lost")
         },
+        "undeclared_nodes": undeclared_json(c),
         "replicas": len(c.replicas),
         "reconcile": {
             "passes": c.worker_state.passes,
@@ -238,6 +270,7 @@ def nodes_json(c: Controller) -> list[dict[str, Any]]:
                 "state": view.state,
                 "connected": link.connected,
                 "declared": bool(d and view.name in d.catalog.nodes),
+                "if_undeclared": if_undeclared(c, view.name),
                 "address": link.address,
                 "agent_version": link.agent_version,
                 "last_seen_s": round(c.clock() - link.last_seen, 1),
@@ -274,6 +307,7 @@ def _unlinked_nodes_json(c: Controller) -> list[dict[str, Any]]:
                 "state": "NotJoined" if entry is not None else "Removed",
                 "connected": False,
                 "declared": entry is not None,
+                "if_undeclared": if_undeclared(c, name),
                 "address": entry.spec.address if entry is not None else None,
                 "agent_version": None,
                 "last_seen_s": None,
@@ -290,10 +324,12 @@ def _unlinked_nodes_json(c: Controller) -> list[dict[str, Any]]:
 def live_state(c: Controller) -> LiveState:
     """What `llmgw plan` compares the repo against. Secrets (engine keys) are never part of it."""
     d = c.desired
-    return LiveState.from_views(
+    state = LiveState.from_views(
         node_views(c),
         replica_views(c),
         revision=d.revision if d else None,
         taken_at=c.wall(),
         models={name: m.spec for name, m in d.models.items()} if d else None,
     )
+    nodes = [n.model_copy(update={"if_undeclared": if_undeclared(c, n.name)}) for n in state.nodes]
+    return state.model_copy(update={"nodes": nodes})

@@ -62,7 +62,7 @@ def controller_proc(tmp_path: Path) -> Iterator[tuple[str, Path, Repo, Agents, s
 
 
 def test_views_of_a_running_controller(controller_proc: Any) -> None:
-    url, token, _, agents, _ = controller_proc
+    url, token, repo, agents, _ = controller_proc
     cli = Cli(url, token)
 
     def reachable() -> bool:
@@ -81,8 +81,17 @@ def test_views_of_a_running_controller(controller_proc: Any) -> None:
     text = cli.run("status")
     assert "sim-a" in text and "Healthy" in text and "Synced" in text
 
+    # n1 is not declared in the repo: status, nodes and plan say the controller leaves it as it is.
+    said = " ".join(text.split())
+    assert "undeclared n1: not declared in the repo, left as it is: its 1 replica keeps running" in said
     assert "n1" in cli.run("nodes")
-    assert [n["name"] for n in cli.json("nodes")["nodes"]] == ["n1"]
+    listed = cli.json("nodes")["nodes"]
+    assert [(n["name"], n["declared"], n["if_undeclared"]) for n in listed] == [("n1", False, "keep")]
+    result = cli.runner.invoke(app, ["plan", str(repo.path), "--detailed-exitcode", *cli.base])
+    planned = " ".join(result.output.split())
+    assert result.exit_code == 0, result.output
+    assert "= keep n1: not declared in the repo" in planned and "drain n1" not in planned
+    assert "No changes. 1 node not declared in the repo left as it is." in planned
     replicas = cli.json("replicas")["replicas"]
     assert len(replicas) == 1 and replicas[0]["state"] == "ready" and replicas[0]["node"] == "n1"
     assert replicas[0]["id"] in cli.run("replicas")

@@ -14,6 +14,10 @@ import aiohttp
 import pytest
 from support import free_port, pid_alive, wait_for
 
+from llmgw.config import load_repo
+from llmgw.fleet import LiveState
+from llmgw.plan import plan_for_catalog
+
 from .helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start
 
 pytestmark = pytest.mark.integration
@@ -170,6 +174,41 @@ async def test_controller_restart_adopts_running_engines(fleet_any_store: Fleet)
     events = [e for e in (await admin.get("/api/v1/events"))["events"] if e["time"] >= restarted_at]
     assert not any(e["kind"] == "replica_start" for e in events)
     assert sum(e["kind"] == "replica_adopted" for e in events) == 2
+
+
+async def test_a_node_removed_while_no_controller_ran_is_kept_and_said_so(fleet: Fleet) -> None:
+    """The rule (docs/controller.md, Leaving): the controller removes only remote nodes its applied revision
+    declared; a node whose Node went while no controller ran is an undeclared agent like any other, left as
+    it is. What must not happen is a status or plan that reads as if it were drained."""
+    node = "apiVersion: llmgw/v1\nkind: Node\nmetadata: {name: n1}\nspec: {local: true}\n"
+    fleet.repo.write({"cluster.yaml": cluster_yaml(unreachable="10s", lost="60s"), "nodes/n1.yaml": node})
+    admin = await fleet.start_controller()
+    fleet.start_agent("n1")
+    await wait_for(lambda: _node_is(admin, "n1", "Ready"), 30, "n1 Ready")
+    fleet.repo.write({"models/a.yaml": model_yaml("sim-a", min_=1)}, "add sim-a")
+    before = {r["id"]: r["pid"] for r in await fleet.wait_ready("sim-a", 1)}
+    assert (await admin.get("/api/v1/status"))["undeclared_nodes"] == []
+
+    await fleet.stop_controller()
+    fleet.repo.write({"nodes/n1.yaml": None}, "remove n1")
+    admin = await fleet.start_controller()
+    items = await fleet.wait_ready("sim-a", 1, "the replica on n1 adopted")
+    assert {r["id"]: r["pid"] for r in items} == before and items[0]["adopted"]
+    passes = (await admin.get("/api/v1/status"))["reconcile"]["passes"]
+    await wait_for(lambda: _passes_over(admin, passes + 3), 30, "three more reconcile passes")
+    assert {r["id"]: r["pid"] for r in await admin.replicas("sim-a")} == before
+    assert all(pid_alive(p) for p in before.values())
+
+    (kept,) = (await admin.get("/api/v1/status"))["undeclared_nodes"]
+    assert (kept["node"], kept["replicas"], kept["action"]) == ("n1", 1, "keep")
+    assert kept["message"].startswith("not declared in the repo, left as it is: its 1 replica keeps running")
+    live = LiveState.model_validate(await admin.get("/api/v1/state"))
+    assert [(n.name, n.if_undeclared) for n in live.nodes] == [("n1", "keep")]
+    loaded = load_repo(fleet.repo.path)
+    assert loaded.catalog is not None, loaded.errors
+    plan = plan_for_catalog(loaded.catalog, live)
+    assert plan.nodes == () and plan.stops == () and [n.node for n in plan.kept] == ["n1"]
+    assert plan.summary() == "No changes. 1 node not declared in the repo left as it is."
 
 
 async def _router_snapshot(fleet: Fleet, predicate: Any) -> dict[str, Any]:

@@ -14,7 +14,17 @@ import pytest
 from placement.builders import cpu_profile, entry, gpu_profile
 
 from llmgw.config.models import ModelSpec
-from llmgw.fleet import GIB, DesiredNode, LiveGpu, LiveNode, LiveReplica, LiveShard, LiveState, ModelView
+from llmgw.fleet import (
+    GIB,
+    DesiredNode,
+    IfUndeclared,
+    LiveGpu,
+    LiveNode,
+    LiveReplica,
+    LiveShard,
+    LiveState,
+    ModelView,
+)
 from llmgw.plan import (
     Plan,
     exit_code,
@@ -224,6 +234,52 @@ def test_no_changes():
     assert not plan.has_changes
     assert render_text(plan).endswith("No changes. The fleet matches the cluster repo.\n")
     assert json.loads(render_json(plan))["has_changes"] is False
+
+
+def test_undeclared_nodes_say_whether_the_controller_removes_or_keeps_them():
+    desired = {"tiny": entry(cpu_profile(cores=1, memory_gb=1), min=2, max=2)}
+    fp = desired["tiny"].fingerprints["cpu"]
+
+    def node(name: str, action: IfUndeclared | None) -> LiveNode:
+        return LiveNode(
+            name=name, cpu_cores=4, memory_bytes=8 * GIB, engines={"llamacpp": "b1"}, if_undeclared=action
+        )
+
+    def replica(name: str) -> LiveReplica:
+        shard = LiveShard(node=name, state="ready")
+        return LiveReplica(id=f"tiny-{name}", model="tiny", profile="cpu", fingerprint=fp, shards=[shard])
+
+    live = LiveState(
+        revision="abc",
+        nodes=[node("n", None), node("kept", "keep"), node("leaving", "remove")],
+        replicas=[replica("kept"), replica("leaving")],
+        models={"tiny": desired["tiny"].spec},
+    )
+    plan = make_plan(desired, live, nodes={"n": DesiredNode("n")}, revision="abc")
+    assert [(n.node, n.change) for n in plan.nodes] == [("leaving", "drain")]
+    assert "then its agent removed" in plan.nodes[0].reason
+    assert [(n.node, n.change) for n in plan.kept] == [("kept", "keep")]
+    assert plan.kept[0].reason.startswith(
+        "not declared in the repo, left as it is: its 1 replica keeps running"
+    )
+    assert plan.starts == () and plan.stops == ()  # the leaving node's replica is drained by the controller
+    text = render_text(plan)
+    assert "  = keep kept: not declared in the repo, left as it is" in text
+    assert text.rstrip().endswith("1 node not declared in the repo left as it is.")
+    assert json.loads(render_json(plan))["kept_nodes"][0]["node"] == "kept"
+    assert "| `=` | keep `kept` |" in render_markdown(plan)
+
+    # Beside n, a kept node.
+    only = live.model_copy(update={"nodes": [node("n", None), node("kept", "keep")], "replicas": []})
+    quiet = make_plan(desired, only, nodes={"n": DesiredNode("n")}, revision="abc")
+    assert quiet.nodes == () and [n.node for n in quiet.kept] == ["kept"]
+    # A kept node is not cordoned: CPU replicas spread over it and n, as the controller would place them.
+    assert sorted(s.nodes for s in quiet.starts) == [("kept",), ("n",)]
+    assert quiet.summary().endswith("1 node not declared in the repo left as it is.")
+    # Nothing to do: the summary still does not say the fleet matches the repo, and the exit code is 0.
+    idle = make_plan({}, only.model_copy(update={"models": {}}), nodes={"n": DesiredNode("n")}, revision="a")
+    assert idle.summary() == "No changes. 1 node not declared in the repo left as it is."
+    assert exit_code(idle) == 0
 
 
 def test_without_applied_models_there_is_no_model_diff():

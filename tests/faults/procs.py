@@ -27,6 +27,8 @@ from typing import Any
 from aiohttp import web
 from support import free_port, wait_until
 
+from llmgw.keys import hash_key
+
 # The controller's own entry point (`llmgw controller`) may not exist in every checkout; this runs the same
 # `run_controller` the CLI wraps, stopping cleanly on SIGTERM (SIGKILL is the point of some tests).
 _CONTROLLER_MAIN = """
@@ -159,6 +161,19 @@ def start_router_proc(log: Path, args: list[str]) -> RouterProc:
         raise
     assert r.alive(), f"router exited at start:\n{r.text()[-3000:]}"
     return r
+
+
+def start_router_following(tmp: Path, controllers: list[str], key: str) -> RouterProc:
+    """A router process that takes its snapshots from `controllers` (in that order, with the admin token in
+    tmp/token) and accepts one API key, `key`, for project p1 (key id key-1) from tmp/keys; its log is
+    tmp/router.log. Returns once /health answers: the router has no endpoints until the controller sends them,
+    so the caller waits for its model to be served."""
+    keys = tmp / "keys"
+    keys.write_text(f"{hash_key(key)} p1 key-1\n")
+    follow = [arg for url in controllers for arg in ("--controller", url)]
+    return start_router_proc(
+        tmp / "router.log", [*follow, "--token-file", str(tmp / "token"), "--keys-file", str(keys)]
+    )
 
 
 Handler = Callable[[web.Request], Any]

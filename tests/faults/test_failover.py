@@ -19,8 +19,7 @@ from controller.helpers import Agents, Repo, cluster_yaml, model_yaml
 from support import wait_until
 
 from faults.cluster import pid_alive
-from faults.procs import ControllerProc, RouterProc, start_controller_proc, start_router_proc
-from llmgw.keys import hash_key
+from faults.procs import ControllerProc, RouterProc, start_controller_proc, start_router_following
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
@@ -157,12 +156,7 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     assert "standby: try the next controller address" in logs
 
     # A router told both addresses: it follows whichever leads, and serves throughout.
-    (pair.tmp / "keys").write_text(f"{hash_key(KEY)} p1 key-1\n")
-    router = start_router_proc(
-        pair.tmp / "router.log",
-        ["--controller", b.url, "--controller", a.url, "--token-file", str(pair.tmp / "token"),
-         "--keys-file", str(pair.tmp / "keys")],
-    )  # fmt: skip
+    router = start_router_following(pair.tmp, [b.url, a.url], KEY)
     pair.routers.append(router)
     client = openai.OpenAI(base_url=router.api + "/v1", api_key=KEY, max_retries=0, timeout=30)
     wait_until(lambda: _answers(client), 30, "sim-a through the router")

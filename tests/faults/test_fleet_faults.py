@@ -23,8 +23,7 @@ from observability.tools import require_tool
 from support import free_port, wait_for, wait_until
 
 from faults.cluster import Cluster, pid_alive
-from faults.procs import start_router_proc
-from llmgw.keys import hash_key
+from faults.procs import start_router_following
 
 pytestmark = pytest.mark.integration
 
@@ -109,18 +108,7 @@ async def test_controller_gone_engines_keep_serving_through_the_router(
 ) -> None:
     await cluster.bring_up(["n1", "n2"], {"models/a.yaml": model_yaml("sim-a", min_=2)})
     before = pids(await cluster.wait_ready("sim-a", 2))
-    (tmp_path / "keys").write_text(f"{hash_key(KEY)} p1 key-1\n")
-    router = start_router_proc(
-        tmp_path / "router.log",
-        [
-            "--controller",
-            cluster.address,
-            "--token-file",
-            str(tmp_path / "token"),
-            "--keys-file",
-            str(tmp_path / "keys"),
-        ],
-    )
+    router = start_router_following(tmp_path, [cluster.address], KEY)
     try:
         async with _client(router.api) as client:
 
@@ -392,18 +380,7 @@ async def test_agent_cut_off_its_engines_keep_serving_through_the_router(
     controller): the node goes Unreachable, and its engines, still healthy, keep being routed to."""
     admin = await cluster.bring_up(["n1"], {"models/a.yaml": model_yaml("sim-a", min_=1)})
     before = pids(await cluster.wait_ready("sim-a", 1))
-    (tmp_path / "keys").write_text(f"{hash_key(KEY)} p1 key-1\n")
-    router = start_router_proc(
-        tmp_path / "router.log",
-        [
-            "--controller",
-            cluster.address,
-            "--token-file",
-            str(tmp_path / "token"),
-            "--keys-file",
-            str(tmp_path / "keys"),
-        ],
-    )
+    router = start_router_following(tmp_path, [cluster.address], KEY)
     agent = cluster.agents.procs["n1"].pid
     try:
         async with _client(router.api) as client:

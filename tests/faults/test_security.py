@@ -28,7 +28,7 @@ from router.helpers import start_sim, wait_healthy_sync
 from support import free_port, wait_for, wait_until
 
 from faults.cluster import Cluster
-from faults.procs import http_status, start_router_proc
+from faults.procs import http_status, start_router_following
 from llmgw.config import load_repo
 from llmgw.keys import create_key, hash_key
 from llmgw.publish import RouterSnapshot
@@ -289,18 +289,7 @@ async def test_no_secret_in_logs_plans_or_errors(tmp_path: Path, caplog: pytest.
         ready = await cluster.wait_ready("sim-a", 1)
         ek = engine_key(secret.encode(), ready[0]["id"])
 
-        (tmp_path / "keys").write_text(f"{hash_key(KEY)} p1 key-1\n")
-        router = start_router_proc(
-            tmp_path / "router.log",
-            [
-                "--controller",
-                cluster.address,
-                "--token-file",
-                str(tmp_path / "token"),
-                "--keys-file",
-                str(tmp_path / "keys"),
-            ],
-        )
+        router = start_router_following(tmp_path, [cluster.address], KEY)
         errors: list[str] = []
         try:
             async with openai.AsyncOpenAI(base_url=router.api + "/v1", api_key=KEY, max_retries=0) as client:

@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw.httplog import quiet_bad_requests
+from llmgw_router.http1 import EngineClient
 from llmgw_router.link import ControllerLink
 from llmgw_router.scrape import scrape_loop
 from llmgw_router.service import Kind, Router
@@ -62,6 +63,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
     ) as session:
         router.session = session
+        router.engines = EngineClient(opts.connect_timeout, opts.read_timeout)
         tasks: list[asyncio.Task[None]] = []
         if app.get(_SCRAPE, True):
             tasks.append(
@@ -86,6 +88,8 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         router.session = None
+        router.engines.close()
+        router.engines = None
 
 
 _SCRAPE = web.AppKey("scrape", bool)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 from aiohttp import web
+
+from llmgw_router.http1 import EngineClient, UpstreamHttpError
 
 __all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "forward"]
 
@@ -68,20 +70,72 @@ def _usage(obj: Any) -> tuple[int | None, int | None]:
     )
 
 
-async def forward(session: aiohttp.ClientSession, request: web.Request, call: UpstreamCall) -> ProxyResult:
+class Upstream(Protocol):
+    """An engine's answer being read: the lean engine client's response or an aiohttp one, adapted."""
+
+    status: int
+
+    def header(self, name: str, default: str = "") -> str: ...
+    async def read(self) -> bytes: ...
+    async def readany(self) -> bytes: ...
+    def close(self) -> None: ...
+    def release(self) -> None: ...
+
+
+class _AiohttpUpstream:
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+
+    def header(self, name: str, default: str = "") -> str:
+        return self._response.headers.get(name, default)
+
+    async def read(self) -> bytes:
+        return await self._response.read()
+
+    async def readany(self) -> bytes:
+        return await self._response.content.readany()
+
+    def close(self) -> None:
+        self._response.close()
+
+    def release(self) -> None:
+        self._response.release()
+
+
+async def _open(session: aiohttp.ClientSession, engines: EngineClient | None, call: UpstreamCall) -> Upstream:
+    if engines is not None and engines.handles(call.url):
+        return await engines.post(call.url, call.payload, call.headers)
+    return _AiohttpUpstream(await session.post(call.url, data=call.payload, headers=call.headers))
+
+
+async def forward(
+    session: aiohttp.ClientSession,
+    request: web.Request,
+    call: UpstreamCall,
+    engines: EngineClient | None = None,
+) -> ProxyResult:
+    """Send `call` to its endpoint: plain-http engines through `engines` (the lean client), everything else
+    (providers over TLS) through the aiohttp `session`."""
     try:
-        upstream = await session.post(call.url, data=call.payload, headers=call.headers)
+        upstream = await _open(session, engines, call)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise UpstreamUnavailable(f"connect failed: {type(exc).__name__}") from None
-    async with upstream:
+        raise UpstreamUnavailable(f"connect failed: {_reason(exc)}") from None
+    try:
         if upstream.status in _RETRYABLE_STATUS and call.retry_on_5xx:
             raise UpstreamUnavailable(f"engine answered {upstream.status}")
         if call.stream and upstream.status == 200:
-            return await _stream(request, upstream, call)
+            streamed = await _stream(request, upstream, call)
+            upstream.release()  # back to the pool when the stream ended cleanly; closed otherwise
+            return streamed
         try:
             data = await upstream.read()
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise UpstreamUnavailable(f"connection lost: {type(exc).__name__}") from None
+            raise UpstreamUnavailable(f"connection lost: {_reason(exc)}") from None
+    except BaseException:
+        upstream.close()
+        raise
+    upstream.release()
     try:
         obj = json.loads(data)
     except ValueError:
@@ -96,7 +150,7 @@ async def forward(session: aiohttp.ClientSession, request: web.Request, call: Up
         if call.rewrite_model is not None and isinstance(obj, dict):
             obj["model"] = call.rewrite_model
             data = json.dumps(obj).encode()
-    content_type = upstream.headers.get("Content-Type", "application/json")
+    content_type = upstream.header("Content-Type", "application/json")
     result.response = web.Response(
         status=upstream.status, body=data, headers={"Content-Type": content_type, **call.reply_headers}
     )
@@ -138,13 +192,18 @@ def _looks_like_sse(first: bytes) -> bool:
     return not head or any(f.startswith(head) or head.startswith(f) for f in _SSE_FIELDS)
 
 
-async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, call: UpstreamCall) -> ProxyResult:
+def _reason(exc: BaseException) -> str:
+    # The lean client's errors say what happened; aiohttp's class names do.
+    return str(exc) if isinstance(exc, UpstreamHttpError) else type(exc).__name__
+
+
+async def _stream(request: web.Request, upstream: Upstream, call: UpstreamCall) -> ProxyResult:
     # Wait for the first bytes before answering the client: a replica that dies before producing anything is
     # still a retry, not a broken stream.
     try:
-        first = await upstream.content.readany()
+        first = await upstream.readany()
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise UpstreamUnavailable(f"connection lost before the first byte: {type(exc).__name__}") from None
+        raise UpstreamUnavailable(f"connection lost before the first byte: {_reason(exc)}") from None
     if not first:
         raise UpstreamUnavailable("engine closed the stream before sending anything")
     if not _looks_like_sse(first):
@@ -181,7 +240,7 @@ async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, call: 
                 await resp.write(b"".join(out))
                 if result.first_byte_at is None:
                     result.first_byte_at = time.monotonic()
-            data = await upstream.content.readany()
+            data = await upstream.readany()
             if not data:
                 break
             buf += data
@@ -191,7 +250,13 @@ async def _stream(request: web.Request, upstream: aiohttp.ClientResponse, call: 
         result.client_gone = True
         upstream.close()
         return result
-    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError, TimeoutError):
+    except (
+        aiohttp.ClientPayloadError,
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientOSError,
+        UpstreamHttpError,
+        TimeoutError,
+    ):
         result.upstream_failed = True  # the client has bytes already: the stream just ends
     try:
         await resp.write_eof()

@@ -32,6 +32,7 @@ from llmgw_router import breaker as brk
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator, Principal
 from llmgw_router.errors import ApiError, error_response
+from llmgw_router.http1 import EngineClient
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
 from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
@@ -106,6 +107,7 @@ class Router:
             lambda: self.table, lambda: float(self.admission.depth), clock, budgets=self._budget_use
         )
         self.session: aiohttp.ClientSession | None = None
+        self.engines: EngineClient | None = None  # plain-http engines; opened with the session
         self.last_used: dict[str, float] = {}
         self._rr: dict[str, int] = {}
         self._load_requested: dict[str, float] = {}
@@ -192,7 +194,7 @@ class Router:
     # ------------------------------------------------------------------ the request path
 
     async def handle(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        call = _Call(request.headers.get("x-request-id") or _new_request_id(), time.monotonic())
+        call = _Call(_request_id(request.headers.get("x-request-id")), time.monotonic())
         try:
             response = await self._handle(request, kind, call)
             gone = call.result is not None and call.result.client_gone
@@ -331,7 +333,7 @@ class Router:
             )
             try:
                 assert self.session is not None, "the client session is opened by the app's cleanup_ctx"
-                call.result = await forward(self.session, request, up)
+                call.result = await forward(self.session, request, up, self.engines)
             except UpstreamUnavailable as exc:
                 self._failed(ep, exc.reason)
                 if attempt == 1:
@@ -543,6 +545,17 @@ _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
 
 def _new_request_id() -> str:
     return f"{random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
+
+
+_REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+
+
+def _request_id(sent: str | None) -> str:
+    """The client's x-request-id when it is a plain token (it goes to the engine, into logs and usage rows),
+    else a new one."""
+    if sent and len(sent) <= 128 and _REQUEST_ID_CHARS.issuperset(sent):
+        return sent
+    return _new_request_id()
 
 
 def _has_tenants(tenants: Tenants) -> bool:

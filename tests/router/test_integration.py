@@ -408,6 +408,23 @@ async def test_engine_gets_its_own_key_never_the_clients(sims: list[SimProcess])
         await listeners.close()
 
 
+async def test_a_plain_request_id_is_kept_and_anything_else_replaced(
+    gateway: tuple[Router, str, FakeController],
+) -> None:
+    # The client's x-request-id goes to the engine, into logs and usage rows: only plain tokens pass.
+    _, url, _ = gateway
+    body = {"model": "sim-chat", "messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
+    async with aiohttp.ClientSession() as s:
+        for sent, kept in (("trace-42.a:b_c", True), ("x" * 200, False), ("a b;c", False)):
+            headers = {"Authorization": f"Bearer {KEY_P1}", "x-request-id": sent}
+            async with s.post(url + "/v1/chat/completions", json=body, headers=headers) as r:
+                assert r.status == 200
+                answered = r.headers["x-request-id"]
+            assert (answered == sent) is kept
+            if not kept:
+                assert len(answered) == 32 and all(ch in "0123456789abcdef" for ch in answered)
+
+
 async def test_health_ready_and_metrics_listener(sims: list[SimProcess]) -> None:
     router = Router(RouterOptions(), Authenticator(keys()))
     listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")

@@ -99,7 +99,12 @@ class Admission:
             queue.remove(me)
             if not queue:
                 self._waiters.pop(model, None)
-            elif not admitted and me.fut.done() and not me.fut.cancelled():
+            elif admitted:
+                # Room may be left for more than one (a new endpoint, several slots freed by one reading):
+                # the next waiter looks too. Its wake-up counts as passed on all but once already, so when
+                # no room is left this costs at most two more scheduler runs, not a walk down the queue.
+                self._wake(queue, 0, PASS_ON_LIMIT - 1)
+            elif me.fut.done() and not me.fut.cancelled():
                 # Leaving with a wake-up it did not use (timed out or cancelled meanwhile): pass it on.
                 self._wake(queue, 0, me.fut.result())
 

@@ -65,7 +65,9 @@ async def test_a_slot_the_front_waiter_cannot_use_goes_to_the_next_and_the_front
     slots.free = 1
     adm.notify("m")
     await asyncio.wait_for(b, DEADLINE_S)
-    assert slots.admitted == ["b"] and slots.tried == ["a", "b"]
+    await _settle()
+    # After `b`, the queue looks once more in case room was left (`a` again, then `c`): there was none.
+    assert slots.admitted == ["b"] and slots.tried == ["a", "b", "a", "c"]
     assert not a.done() and not c.done() and adm.depth == 2  # one slot, one admission
 
     # `a` kept its place at the front: the next slot it can use is its own, before `c` who came later.
@@ -130,3 +132,20 @@ async def test_a_waiter_cancelled_while_holding_a_wake_up_passes_it_on() -> None
         await a
     await asyncio.wait_for(b, DEADLINE_S)
     assert slots.admitted == ["b"] and slots.tried == ["b"] and adm.depth == 0
+
+
+async def test_room_for_several_admits_several_from_one_wake_up() -> None:
+    # A new endpoint with free slots arrives as one notification (a snapshot, a scrape): every waiter that
+    # fits goes in now, not one per later release or per scrape.
+    adm = Admission(10)
+    slots = Slots()
+    tasks = await _queue(adm, slots, *((name, lambda: True) for name in "abcd"))
+    slots.free = 3
+    adm.notify("m")
+    await asyncio.wait_for(asyncio.gather(*tasks[:3]), DEADLINE_S)
+    await _settle()
+    assert slots.admitted == ["a", "b", "c"] and not tasks[3].done() and adm.depth == 1
+    assert slots.tried == ["a", "b", "c", "d"]  # `d` looked once, found no room, and waits on
+    slots.free = 1
+    adm.notify("m")
+    await asyncio.wait_for(tasks[3], DEADLINE_S)

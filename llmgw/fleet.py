@@ -117,6 +117,8 @@ class NodeView:
     engines: Mapping[str, str | None] | None = None
     # weights_key() of the weights the node already holds. None: the node was never asked to look.
     weights: frozenset[str] | None = None
+    # Removed from the repo: its replicas are replaced elsewhere first, then stopped (make-before-break).
+    leaving: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -247,8 +247,8 @@ def _node_views(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> 
         d = declared.get(node.name)
         if d is None and node.name in keep:
             views.append(node)
-        elif d is None:
-            views.append(replace(node, cordoned=True, cordon_reason="no longer declared"))
+        elif d is None:  # drained: its replicas are replaced elsewhere first, as the controller does
+            views.append(replace(node, cordoned=True, cordon_reason="no longer declared", leaving=True))
         else:
             labels = {**node.labels, **d.labels}
             views.append(replace(node, labels=labels, fabric=d.fabric or node.fabric, cordoned=d.cordoned))

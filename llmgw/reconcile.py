@@ -13,6 +13,8 @@ Rules (each learned the hard way, see docs/placement.md):
 - replicas on a Lost node are replaced elsewhere; on an Unreachable node they are left alone (a network blip
   must not tear down replicas that are serving);
 - replicas of models no longer in the catalog are stopped;
+- replicas on a node removed from the repo (`NodeView.leaving`) are replaced elsewhere first and stopped once
+  the model has its target ready without them (make-before-break); right away when nothing can replace them;
 - scale-down drains before stopping;
 - a replica whose profile fingerprint differs from the catalog's is marked stale; it is restarted only when
   the model says `restart_on_profile_change`, one at a time, with its replacement placed beside it first when
@@ -145,6 +147,7 @@ class _ModelPass:
     start_reasons: list[tuple[str, str | None]] = field(default_factory=list)
     wakes: list[float] = field(default_factory=list)
     target: int = 0
+    leaving: list[ReplicaView] = field(default_factory=list)  # on nodes removed from the repo
 
 
 def reconcile(
@@ -174,6 +177,7 @@ def reconcile(
     last_used = last_used or {}
     demand = demand or {}
     node_state = {n.name: n.state for n in nodes}
+    leaving_nodes = frozenset(n.name for n in nodes if n.leaving)
 
     actions: list[Action] = list(_removed_models(models, replicas, node_state))
     passes = []
@@ -183,6 +187,7 @@ def reconcile(
         _failed_and_lost(mp, mine, node_state, now, rng, policy)
         _reset_backoff(mp, now, policy)
         _unreachable(mp, node_state)
+        _leaving(mp, leaving_nodes)
         restarts = _stale(mp, mode)
         _scale(mp, restarts, now, last_used.get(name), demand.get(name, 0), mode, idle_default)
         passes.append(mp)
@@ -190,6 +195,7 @@ def reconcile(
     placer = Placer(models, nodes, replicas, new_id)
     unplaced = _place_all(passes, placer)
     for mp in passes:
+        _release_leaving(mp, leaving_nodes, unplaced.get(mp.name, 0))
         actions.extend(mp.actions)
     new_backoff = {mp.name: mp.state for mp in passes if mp.state != ModelState()}
     wakes = [w for mp in passes for w in mp.wakes if w > now]
@@ -288,6 +294,44 @@ def _unreachable(mp: _ModelPass, node_state: Mapping[str, str]) -> None:
             mp.actions.append(Wait(mp.name, None, reason))
 
 
+def _leaving(mp: _ModelPass, leaving_nodes: frozenset[str]) -> None:
+    """Take replicas on nodes removed from the repo out of `alive` and ask for their replacements; they keep
+    serving until `_release_leaving` lets them go."""
+    if not leaving_nodes:
+        return
+    for r in [r for r in mp.alive if any(s.node in leaving_nodes for s in r.shards)]:
+        mp.alive.remove(r)
+        mp.leaving.append(r)
+        where = ", ".join(sorted({s.node for s in r.shards if s.node in leaving_nodes}))
+        mp.start_reasons.append((f"replaces {r.id} (node {where} removed from the repo)", r.id))
+
+
+def _release_leaving(mp: _ModelPass, leaving_nodes: frozenset[str], unplaced: int) -> None:
+    """Make-before-break: leaving replicas keep serving while they stand in for replicas elsewhere that are
+    not ready yet, so a model at min 1 is never without a ready replica. What the model will have elsewhere
+    is its target less what no node can take (in backoff or settling too: those are still coming); leaving
+    replicas beyond what covers the gap to that, and any not serving anyway, are stopped now. So with no
+    room elsewhere they go at once: waiting would only hold up the node's removal."""
+
+    def where(r: ReplicaView) -> str:
+        return ", ".join(sorted({s.node for s in r.shards if s.node in leaving_nodes}))
+
+    ready = sum(1 for r in mp.alive if r.effective_state() == "ready")
+    serving = [r for r in mp.leaving if r.effective_state() == "ready"]
+    keep = max(0, mp.target - unplaced - ready)
+    tail = f"; {unplaced} replacement(s) cannot be placed (llmgw explain {mp.name})" if unplaced else ""
+    for r in mp.leaving:
+        if r not in serving:
+            reason = f"node {where(r)} removed from the repo; not serving, stopped without waiting"
+        elif serving.index(r) >= keep:
+            reason = f"node {where(r)} removed from the repo; {ready} ready replica(s) elsewhere{tail}"
+        else:
+            words = f"{r.id} on removed node {where(r)} serves until its replacement is ready"
+            mp.actions.append(Wait(mp.name, None, words))
+            continue
+        mp.actions.append(StopReplica(r.id, reason, drain=True))
+
+
 def _stale(mp: _ModelPass, mode: Mode) -> list[ReplicaView]:
     """Mark stale replicas; return the ones to restart (and take them out of `alive`)."""
     stale = [r for r in mp.alive if is_stale(r, mp.entry)]
@@ -320,7 +364,8 @@ def _scale(
     scaling = mp.entry.spec.scaling
     if not mp.entry.spec.profiles:  # served by a provider
         return
-    count = len(mp.alive) + len(restarts)  # a restarted replica keeps its place in the count
+    # A restarted replica, and one on a leaving node, keeps its place in the count: both are replaced.
+    count = len(mp.alive) + len(restarts) + len(mp.leaving)
     target = max(scaling.min, min(count, scaling.max))
     idle_words = ""
     if mode == "run":

@@ -7,8 +7,9 @@ and keeps what an operator needs to see per node (`NodeOps`, shown by the admin 
   at once, each on its own; a failing node is retried after a jittered exponential backoff (never a hot loop);
 - a node whose agent is connected is not touched; one that was up before this controller started gets the
   settle window to reconnect first;
-- a Node removed from the repo is cordoned (views), its replicas drained by the reconciler, then its agent is
-  stopped and removed over SSH (weights kept), its certificate revoked and its live link closed;
+- a Node removed from the repo is cordoned and marked leaving (views): the reconciler replaces its replicas
+  elsewhere before it drains them (make-before-break); then its agent is stopped and removed over SSH
+  (weights kept), its certificate revoked and its live link closed;
 - only the leader acts (`Controller.leading()`); a standby shows what it knows and does nothing.
 
 The decisions (`to_bootstrap`, `removal_step`) are pure; `NodesLoop` is the I/O shell around them.
@@ -56,6 +57,9 @@ BOOTSTRAP_STATES: tuple[BootstrapState, ...] = ("pending", "running", "done", "f
 TICK_S = 1.0  # backoff ends and drains are noticed at least this often
 RETRY_CAP_S = 300.0
 DRAIN_GRACE_S = 30.0  # beyond drain_s + command_timeout_s: a drain that cannot finish does not block removal
+# A removed node's replicas serve until their replacements elsewhere are ready (the reconciler's
+# make-before-break); past this they are drained and stopped anyway (a replacement that never gets ready).
+REPLACE_WAIT_S = 600.0
 
 DrainNode = Callable[[str, str], Awaitable[int]]
 
@@ -74,6 +78,7 @@ class NodeOps:
     removal: RemovalState | None = None
     removal_message: str = ""
     drain_started: float | None = None  # monotonic
+    forced: bool = False  # its replicas were stopped without waiting any longer for their replacements
 
     def bootstrap_json(self, now: float) -> dict[str, Any]:
         retry = None if self.retry_at is None or self.state != "failed" else max(0.0, self.retry_at - now)
@@ -126,14 +131,20 @@ def to_bootstrap(
     return out
 
 
-def removal_step(op: NodeOps, replicas_left: int, *, now: float, drain_timeout: float) -> str:
-    """`drain` (cordon and drain its replicas), `teardown` (stop and remove the agent), or `wait`."""
+def removal_step(
+    op: NodeOps, replicas_left: int, *, now: float, drain_timeout: float, replace_wait: float = 0.0
+) -> str:
+    """`drain` (cordon it: the reconciler replaces its replicas elsewhere, then stops them), `force` (stop
+    the ones left now: their replacements took longer than `replace_wait`), `teardown` (stop and remove the
+    agent, once none is left or the stops had `drain_timeout`), or `wait`."""
     if op.removal is None:
         return "drain"
     if op.removal == "draining":
         started = op.drain_started if op.drain_started is not None else now
-        if replicas_left == 0 or now - started >= drain_timeout:
+        if replicas_left == 0 or now - started >= replace_wait + drain_timeout:
             return "teardown"
+        if now - started >= replace_wait and not op.forced:
+            return "force"
     return "wait"
 
 
@@ -384,18 +395,28 @@ class NodesLoop:
         op = c.bootstrap.setdefault(name, NodeOps(name))
         left = sum(1 for r in c.replicas.values() if name in r.nodes)
         timeout = c.settings.drain_s + c.settings.command_timeout_s + DRAIN_GRACE_S
-        step = removal_step(op, left, now=now, drain_timeout=timeout)
+        step = removal_step(op, left, now=now, drain_timeout=timeout, replace_wait=REPLACE_WAIT_S)
         if step == "drain":
             task = self.tasks.get(name)
             if task is not None:  # a bootstrap of a node no longer wanted
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
-            op.removal, op.drain_started = "draining", now
-            c.notify("node removed")  # the views cordon it from now on
-            drained = await self.drain_node(name, "node removed from the repo")
-            op.removal_message = f"draining {drained} replica(s)" if drained else "no replicas to drain"
+            op.removal, op.drain_started, op.forced = "draining", now, False
+            # The views cordon it and mark it leaving from now on: the reconciler places replacements
+            # elsewhere and stops each replica here once they are ready (make-before-break).
+            c.notify("node removed")
+            op.removal_message = (
+                f"{left} replica(s) replaced elsewhere first, then drained and stopped"
+                if left
+                else "no replicas to drain"
+            )
             await c.event("node_removing", name, f"removed from the repo; {op.removal_message}")
+        elif step == "force":
+            op.forced = True
+            drained = await self.drain_node(name, "node removed from the repo; replacement not ready in time")
+            op.removal_message = f"draining {drained} replica(s) whose replacements were not ready in time"
+            log.warning("removing node %s: %s", name, op.removal_message)
         elif step == "teardown":
             op.removal, op.removal_message = "removing", "stopping and removing the agent over ssh"
             self._spawn(name, functools.partial(self._teardown, name, left))

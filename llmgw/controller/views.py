@@ -98,6 +98,7 @@ def node_views(c: Controller) -> list[NodeView]:
                 labels=labels,
                 cordoned=bool(declared and declared.spec.cordoned) or _removing(c, link.name),
                 cordon_reason="removed from the repo" if _removing(c, link.name) else "",
+                leaving=_removing(c, link.name),
                 fabric=declared.spec.fabric if declared else None,
                 cpu_cores=inv.cpu_cores,
                 memory_bytes=inv.memory_bytes,

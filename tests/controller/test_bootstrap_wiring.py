@@ -45,15 +45,19 @@ def test_only_nodes_without_a_live_agent_are_bootstrapped() -> None:
     assert "waiting" in to_bootstrap(declared, links, ops, now=50.0, busy=(), settling=())
 
 
-def test_removal_drains_then_tears_down() -> None:
+def test_removal_replaces_then_drains_then_tears_down() -> None:
     op = NodeOps("gone")
-    assert removal_step(op, 2, now=0.0, drain_timeout=60.0) == "drain"
+    t = {"drain_timeout": 60.0, "replace_wait": 600.0}
+    assert removal_step(op, 2, now=0.0, **t) == "drain"
     op.removal, op.drain_started = "draining", 0.0
-    assert removal_step(op, 2, now=10.0, drain_timeout=60.0) == "wait"
-    assert removal_step(op, 0, now=10.0, drain_timeout=60.0) == "teardown"
-    assert removal_step(op, 1, now=60.0, drain_timeout=60.0) == "teardown"  # a stuck drain does not block
+    assert removal_step(op, 2, now=10.0, **t) == "wait"  # the reconciler replaces them, then stops them
+    assert removal_step(op, 0, now=10.0, **t) == "teardown"
+    assert removal_step(op, 1, now=600.0, **t) == "force"  # a replacement that never gets ready
+    op.forced = True
+    assert removal_step(op, 1, now=610.0, **t) == "wait"
+    assert removal_step(op, 1, now=660.0, **t) == "teardown"  # a stuck drain does not block
     op.removal = "removing"
-    assert removal_step(op, 0, now=70.0, drain_timeout=60.0) == "wait"
+    assert removal_step(op, 0, now=700.0, **t) == "wait"
 
 
 def test_retry_delay_grows_is_jittered_and_capped() -> None:

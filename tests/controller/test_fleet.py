@@ -211,6 +211,39 @@ async def test_a_node_removed_while_no_controller_ran_is_kept_and_said_so(fleet:
     assert plan.summary() == "No changes. 1 node not declared in the repo left as it is."
 
 
+async def test_a_removed_nodes_replica_is_replaced_before_it_stops(fleet: Fleet) -> None:
+    """Make-before-break: a model at min 1 on a node removed from the repo keeps a ready replica throughout."""
+    # The agents connect before their Nodes are declared, so nothing is bootstrapped over SSH; teardown's
+    # SSH later finds nobody on `closed` (the removal ends failed, after the drain this test is about).
+    admin = await _bring_up(fleet, ["n1", "n2"])
+    closed = free_port()
+    node = "apiVersion: llmgw/v1\nkind: Node\nmetadata: {name: %s}\nspec: {address: 127.0.0.1, ssh: {port: %d}}\n"
+    fleet.repo.write({f"nodes/{n}.yaml": node % (n, closed) for n in ("n1", "n2")}, "declare n1, n2")
+
+    async def declared() -> bool:
+        return all(n["declared"] for n in (await admin.get("/api/v1/nodes"))["nodes"])
+
+    await wait_for(declared, 30, "n1 and n2 declared")
+    fleet.repo.write({"models/a.yaml": model_yaml("sim-a", min_=1)}, "add sim-a")
+    (old,) = await fleet.wait_ready("sim-a", 1)
+    gone = old["node"]
+    fleet.repo.write({f"nodes/{gone}.yaml": None}, f"remove {gone}")
+
+    async def moved() -> list[dict[str, Any]] | None:
+        items = await admin.replicas("sim-a")
+        ready = [r for r in items if r["state"] == "ready"]
+        assert ready, f"no ready replica of sim-a while {gone} was removed: {items}"
+        return ready if [r["id"] for r in items] == [r["id"] for r in ready] != [old["id"]] else None
+
+    (new,) = await wait_for(moved, 60, f"sim-a moved off {gone}")
+    assert new["node"] != gone and new["id"] != old["id"]
+    kinds = [
+        (e["kind"], e["object"]) for e in reversed((await admin.get("/api/v1/events?limit=200"))["events"])
+    ]
+    assert kinds.index(("replica_start", new["id"])) < kinds.index(("replica_stop", old["id"]))
+    assert ("node_removing", gone) in kinds
+
+
 async def _router_snapshot(fleet: Fleet, predicate: Any) -> dict[str, Any]:
     assert fleet.running is not None
     url = fleet.running.url + "/router/v1"

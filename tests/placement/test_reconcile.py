@@ -199,6 +199,90 @@ def test_lost_node_replicas_move_unreachable_ones_stay():
     assert f.backoff == {}  # a lost node is not the model's failure
 
 
+def _leave(f: FakeFleet, node: str) -> None:
+    """The node is removed from the repo: the controller cordons it and marks it leaving."""
+    f.nodes[node] = replace(f.nodes[node], cordoned=True, leaving=True)
+
+
+def test_a_removed_nodes_replica_stops_only_once_its_replacement_is_ready():
+    f = fleet({"m": entry(cpu_profile(), min=1, max=1)}, cpu_node("a"), cpu_node("b"))
+    f.step()
+    f.ready_all()
+    (old,) = f.of_model("m")
+    _leave(f, old.shards[0].node)
+    d = f.step()
+    (start,) = d.of(StartReplica)
+    assert start.placement.nodes != old.nodes and start.replaces == old.id
+    assert start.reason == f"replaces {old.id} (node {old.shards[0].node} removed from the repo)"
+    assert d.of(StopReplica) == []  # make before break: the old one keeps serving meanwhile
+    assert [w.reason for w in d.of(Wait)] == [
+        f"{old.id} on removed node {old.shards[0].node} serves until its replacement is ready"
+    ]
+    d = f.step()  # the replacement is starting: still nothing stopped, nothing started twice
+    assert d.of(StopReplica) == [] and d.of(StartReplica) == []
+    f.ready_all()
+    d = f.step()
+    assert d.of(StopReplica) == [
+        StopReplica(
+            old.id,
+            f"node {old.shards[0].node} removed from the repo; 1 ready replica(s) elsewhere",
+            drain=True,
+        )
+    ]
+    assert d.of(StartReplica) == [] and [r.shards[0].node for r in f.of_model("m")] == list(
+        start.placement.nodes
+    )
+
+
+def test_a_removed_nodes_replicas_go_as_far_as_what_replaces_them_is_ready():
+    f = fleet({"m": entry(cpu_profile(), min=2, max=2)}, cpu_node("a", cores=4), cpu_node("b", cores=4))
+    f.step()
+    f.ready_all()
+    # Room for only one replacement elsewhere: one leaving replica has nothing coming and goes now, the
+    # other serves until its replacement on c is ready.
+    f.nodes["c"] = cpu_node("c", cores=4)
+    _leave(f, "a")
+    _leave(f, "b")
+    d = f.step()
+    assert [s.placement.nodes for s in d.of(StartReplica)] == [("c",)]
+    (stop,) = d.of(StopReplica)
+    assert stop.reason.endswith(
+        "0 ready replica(s) elsewhere; 1 replacement(s) cannot be placed (llmgw explain m)"
+    )
+    d = f.step()  # c is starting: the one left keeps serving
+    assert d.of(StopReplica) == [] and d.of(StartReplica) == []
+    assert len([r for r in f.of_model("m") if r.state == "ready"]) == 1
+    f.ready_all()
+    (stop,) = f.step().of(StopReplica)
+    assert "1 ready replica(s) elsewhere" in stop.reason
+    assert [r.shards[0].node for r in f.of_model("m")] == ["c"]
+
+
+def test_a_removed_nodes_replica_waits_through_its_models_backoff():
+    f = fleet({"m": entry(cpu_profile(), min=2, max=2)}, cpu_node("a"), cpu_node("b"), cpu_node("c"))
+    f.step()
+    f.ready_all()
+    on_a = next(r for r in f.of_model("m") if r.shards[0].node == "a")
+    on_b = next(r for r in f.of_model("m") if r.shards[0].node == "b")
+    f.fail_shard(on_b.id, 0)
+    f.step()  # b's replica failed: replaced at once (first failure) ...
+    f.fail_shard(f.of_model("m")[-1].id, 0)
+    f.step()  # ... and that one too: now the model backs off
+    _leave(f, "a")
+    d = f.step()
+    assert d.of(StartReplica) == [] and any("backing off" in w.reason for w in d.of(Wait))
+    assert [a.replica_id for a in d.of(StopReplica) if a.replica_id == on_a.id] == []
+
+
+def test_a_removed_nodes_replica_that_is_not_serving_stops_at_once():
+    f = fleet({"m": entry(cpu_profile(), min=1, max=1)}, cpu_node("a"), cpu_node("b"))
+    f.step()  # starting, not ready
+    (old,) = f.of_model("m")
+    _leave(f, old.shards[0].node)
+    d = f.step()
+    assert [a.replica_id for a in d.of(StopReplica)] == [old.id] and len(d.of(StartReplica)) == 1
+
+
 def test_adopted_replicas_are_kept_and_never_restarted():
     view = entry(cpu_profile(), restart_on_profile_change=True)
     adopted = replica("old-1", "m", "cpu", ("a", ()), fingerprint="fp-from-before", adopted=True)

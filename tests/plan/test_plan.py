@@ -262,7 +262,11 @@ def test_undeclared_nodes_say_whether_the_controller_removes_or_keeps_them():
     assert plan.kept[0].reason.startswith(
         "not declared in the repo, left as it is: its 1 replica keeps running"
     )
-    assert plan.starts == () and plan.stops == ()  # the leaving node's replica is drained by the controller
+    # The leaving node's replica is replaced elsewhere first (make-before-break): a start, no stop yet.
+    assert [(s.model, s.nodes, s.reason) for s in plan.starts] == [
+        ("tiny", ("n",), "replaces tiny-leaving (node leaving removed from the repo)")
+    ]
+    assert plan.stops == ()
     text = render_text(plan)
     assert "  = keep kept: not declared in the repo, left as it is" in text
     assert text.rstrip().endswith("1 node not declared in the repo left as it is.")

@@ -120,6 +120,10 @@ class UsageRecord:
 
 @dataclass(frozen=True)
 class UsageTotal:
+    """One group's totals. Grouped by key, `group` is the key id ("" for requests made without a key) and
+    `key_name`/`key_project` come from api_keys: None when the key is not there (deleted by hand), so an
+    unknown name is not mistaken for a key whose name is empty. Other groupings leave them None."""
+
     group: str
     requests: int
     tokens_in: int
@@ -127,6 +131,8 @@ class UsageTotal:
     cost: float
     avg_latency_ms: float
     errors: int
+    key_name: str | None = None
+    key_project: str | None = None
 
 
 @dataclass(frozen=True)

@@ -44,13 +44,16 @@ TABLES: tuple[str, ...] = (
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
 # and not a fragment of SQL.
-_GROUP_COLUMN: dict[UsageGroup, str] = {
-    "project": "project",
-    "team": "team",
-    "org": "org",
-    "key": "COALESCE(key_id, '')",
-    "model": "model",
+# Grouped by key, the key's name and project come along from api_keys by a LEFT JOIN, so usage of a key
+# no longer in api_keys (or of no key) still counts, with NULL name and project.
+_GROUP_COLUMNS: dict[UsageGroup, tuple[str, ...]] = {
+    "project": ("u.project",),
+    "team": ("u.team",),
+    "org": ("u.org",),
+    "key": ("COALESCE(u.key_id, '')", "k.name", "k.project"),
+    "model": ("u.model",),
 }
+_GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.id = u.key_id"}
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
 _KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at"
@@ -344,26 +347,37 @@ class Store:
     async def usage_totals(
         self, by: UsageGroup, since: float | None = None, until: float | None = None
     ) -> list[UsageTotal]:
-        """Totals grouped by one column. Grouped by ordinal so both databases see the same expression."""
+        """Totals grouped by one column (by key: also the key's name and project, see UsageTotal).
+        Grouped by ordinal so both databases see the same expression."""
         if by not in USAGE_GROUPS:
             raise StoreError(f"cannot group usage by {by!r}: expected one of {', '.join(USAGE_GROUPS)}")
-        column = _GROUP_COLUMN[by]
+        columns = _GROUP_COLUMNS[by]
+        n = len(columns)
         async with self.db.tx() as tx:
             rows = await tx.fetch(
-                f"SELECT {column}, COUNT(*), CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), "
-                "CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), CAST(COALESCE(SUM(cost), 0) AS DOUBLE PRECISION), "
-                "CAST(COALESCE(AVG(latency_ms), 0) AS DOUBLE PRECISION), "
-                "CAST(COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0) AS BIGINT) "
-                "FROM usage WHERE time >= ? AND time < ? GROUP BY 1 ORDER BY 1",
+                f"SELECT {', '.join(columns)}, COUNT(*), CAST(COALESCE(SUM(u.tokens_in), 0) AS BIGINT), "
+                "CAST(COALESCE(SUM(u.tokens_out), 0) AS BIGINT), "
+                "CAST(COALESCE(SUM(u.cost), 0) AS DOUBLE PRECISION), "
+                "CAST(COALESCE(AVG(u.latency_ms), 0) AS DOUBLE PRECISION), "
+                "CAST(COALESCE(SUM(CASE WHEN u.status >= 400 THEN 1 ELSE 0 END), 0) AS BIGINT) "
+                f"FROM {_GROUP_FROM.get(by, 'usage u')} WHERE u.time >= ? AND u.time < ? "
+                f"GROUP BY {', '.join(str(i) for i in range(1, n + 1))} ORDER BY 1",
                 (
                     since if since is not None else float("-inf"),
                     until if until is not None else float("inf"),
                 ),
             )
-        return [
-            UsageTotal(str(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4]), float(r[5]), int(r[6]))
-            for r in rows
-        ]
+        totals = []
+        for r in rows:
+            name, project = (r[1], r[2]) if by == "key" else (None, None)
+            requests, tokens_in, tokens_out, cost, latency, errors = r[n:]
+            totals.append(
+                UsageTotal(
+                    str(r[0]), int(requests), int(tokens_in), int(tokens_out), float(cost), float(latency),
+                    int(errors), key_name=name, key_project=project,
+                )
+            )  # fmt: skip
+        return totals
 
     async def spend(self, level: str, name: str, since: float, until: float | None = None) -> float:
         """Money spent by one tenant (project, team or org) in [since, until): the budget's source of truth."""

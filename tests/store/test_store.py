@@ -20,6 +20,8 @@ from llmgw.store import (
 )
 from llmgw.store.migrate import load_migrations, migrate
 
+from .orphans import delete_key_behind_the_foreign_key
+
 
 async def test_migrations_are_idempotent(store: Store) -> None:
     version = await store.schema_version()
@@ -142,14 +144,35 @@ async def test_usage_insert_is_idempotent_and_totals_add_up(store: Store) -> Non
     assert by_project["p1"].errors + by_project["p2"].errors == 2
     [org] = await store.usage_totals("org", since=5.0)
     assert (org.group, org.requests, org.cost) == ("o", 5, 2.5)
-    keys = {t.group: t.requests for t in await store.usage_totals("key")}
-    assert keys == {"": 5, "k1": 5}
+    keys = {t.group: (t.requests, t.key_name, t.key_project) for t in await store.usage_totals("key")}
+    assert keys == {"": (5, None, None), "k1": (5, "", "p1")}  # no key: no name; k1's name is empty
+    assert {t.key_name for t in await store.usage_totals("project")} == {None}
     assert await store.spend("project", "p1", since=0.0) == pytest.approx(2.5)
     assert await store.spend("team", "t", since=0.0, until=4.0) == pytest.approx(2.0)
     with pytest.raises(StoreError):
         await store.usage_totals("user")  # type: ignore[arg-type]
     back = (await store.list_usage(since=3.0, limit=1))[0]
     assert back == records[3]
+
+
+async def test_usage_by_key_names_each_key_and_still_counts_keys_gone_from_the_store(store: Store) -> None:
+    await store.insert_key(ApiKey("key_a", "sk-llmgw-a", "search", "ci", 0.0, None, None), "ha")
+    await store.insert_key(ApiKey("key_b", "sk-llmgw-b", "chat", "web", 0.0, None, None), "hb")
+    await store.insert_usage([
+        UsageRecord(time=float(i), request_id=f"r{i}", project=project, model="m", status=200, key_id=key,
+                    tokens_in=10, cost=1.0)
+        for i, (key, project) in enumerate(
+            [("key_a", "search"), ("key_a", "search"), ("key_b", "chat"), (None, "open")]
+        )
+    ])  # fmt: skip
+    await delete_key_behind_the_foreign_key(store, "key_b")
+    totals = await store.usage_totals("key")
+    assert [(t.group, t.key_name, t.key_project, t.requests, t.tokens_in) for t in totals] == [
+        ("", None, None, 1, 10),  # no key
+        ("key_a", "ci", "search", 2, 20),
+        ("key_b", None, None, 1, 10),  # its key is gone: name and project unknown, usage still counted
+    ]
+    assert sum(t.cost for t in totals) == 4.0
 
 
 async def test_a_batch_larger_than_one_insert_statement_is_written_whole_or_not_at_all(store: Store) -> None:

@@ -19,10 +19,11 @@ from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column, Table
 
 from llmgw import keys as keymod
-from llmgw.store import DEFAULT_DSN, USAGE_GROUPS, ApiKey, Store, StoreError, UsageGroup
+from llmgw.store import DEFAULT_DSN, USAGE_GROUPS, ApiKey, Store, StoreError, UsageGroup, UsageTotal
 from llmgw.store.move import move_store
 
 T = TypeVar("T")
@@ -146,6 +147,25 @@ def keys_revoke(
     print(f"revoked {key_id}")
 
 
+# How the table and CSV show what JSON gives as null: a request made without a key, and a key whose row
+# is gone from api_keys (its name and project are unknown, which is not the same as empty).
+NO_KEY = "(no key)"
+KEY_NOT_IN_STORE = "(key not in store)"
+UNKNOWN = "(unknown)"
+
+
+def _key_columns(t: UsageTotal, *, labelled: bool) -> list[str | None]:
+    """key, name, project of a by-key total: JSON keeps nulls, the table and CSV say what they mean."""
+    key_id = t.group or None
+    if not labelled:
+        return [key_id, t.key_name, t.key_project]
+    if key_id is None:
+        return [NO_KEY, "", ""]
+    if t.key_name is None:
+        return [key_id, KEY_NOT_IN_STORE, UNKNOWN]
+    return [key_id, t.key_name, t.key_project]
+
+
 def usage(
     by: Annotated[str, typer.Option("--by", help="Group by project, team, org, key or model.")] = "project",
     since: Annotated[str | None, typer.Option("--since", help="Only the last 7d, 24h, ...")] = None,
@@ -153,7 +173,7 @@ def usage(
     store: StoreOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Requests, tokens and cost, grouped."""
+    """Requests, tokens and cost, grouped (by key: with each key's name and project)."""
     if by not in USAGE_GROUPS:
         _fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}")
     group: UsageGroup = by  # narrowed by the membership test above
@@ -162,10 +182,11 @@ def usage(
     except ValueError as exc:
         _fail(f"--since: {exc}")
     totals = _run(store, lambda s: s.usage_totals(group, since=start))
-    header = [by, "requests", "errors", "tokens_in", "tokens_out", "cost", "avg_latency_ms"]
+    header = [*(["key", "name", "project"] if group == "key" else [by]), "requests", "errors", "tokens_in",
+              "tokens_out", "cost", "avg_latency_ms"]  # fmt: skip
     rows = [
         [
-            t.group,
+            *(_key_columns(t, labelled=not as_json) if group == "key" else [t.group]),
             t.requests,
             t.errors,
             t.tokens_in,
@@ -184,7 +205,7 @@ def usage(
     else:
         table = Table(*header)
         for r in rows:
-            table.add_row(*(str(v) for v in r))
+            table.add_row(*(escape(str(v)) for v in r))  # a key's name is operator text, not markup
         Console().print(table)
 
 

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from llmgw import keys
+from llmgw.cli import store_cmds as cli
 from llmgw.cli.main import app
-from llmgw.store import Store, UsageRecord
+from llmgw.store import ApiKey, Store, UsageRecord
 from llmgw.store.move import COLUMNS
+
+from .orphans import delete_key_behind_the_foreign_key
 
 runner = CliRunner(env={"COLUMNS": "200"})
 
@@ -82,6 +86,43 @@ def test_usage_by_project_csv_and_json(sqlite_dsn: str) -> None:
     assert json.loads(out) == [{"model": "m", "requests": 7, "errors": 0, "tokens_in": 60, "tokens_out": 30,
                                 "cost": 1.5, "avg_latency_ms": 0.0}]  # fmt: skip
     assert invoke("usage", "--store", sqlite_dsn)[0] == 0
+
+
+def test_usage_by_key_shows_each_keys_name_and_project(store_dsn: str) -> None:
+    async def seed() -> None:
+        store = await Store.open(store_dsn)
+        await store.insert_key(ApiKey("key_a", "sk-llmgw-a", "search", "[ci]", 0.0, None, None), "ha")
+        await store.insert_key(ApiKey("key_b", "sk-llmgw-b", "chat", "web", 0.0, None, None), "hb")
+        await store.insert_usage([
+            UsageRecord(time=time.time() - 60, request_id=f"r{i}", project="p", model="m", status=200,
+                        key_id=key, tokens_in=10)
+            for i, key in enumerate(["key_a", "key_a", "key_b", None])
+        ])  # fmt: skip
+        await delete_key_behind_the_foreign_key(store, "key_b")
+        await store.close()
+
+    asyncio.run(seed())
+    code, out = invoke("usage", "--by", "key", "--json", "--store", store_dsn)
+    assert code == 0, out
+    assert [(r["key"], r["name"], r["project"], r["requests"]) for r in json.loads(out)] == [
+        (None, None, None, 1),  # no key: null, not ""
+        ("key_a", "[ci]", "search", 2),
+        ("key_b", None, None, 1),  # gone from api_keys: unknown, not empty
+    ]
+    code, out = invoke("usage", "--by", "key", "--csv", "--store", store_dsn)
+    assert code == 0
+    assert out.splitlines() == [
+        "key,name,project,requests,errors,tokens_in,tokens_out,cost,avg_latency_ms",
+        f"{cli.NO_KEY},,,1,0,10,0,0.0,0.0",
+        "key_a,[ci],search,2,0,20,0,0.0,0.0",
+        f"key_b,{cli.KEY_NOT_IN_STORE},{cli.UNKNOWN},1,0,10,0,0.0,0.0",
+    ]
+    code, out = invoke("usage", "--by", "key", "--since", "1d", "--store", store_dsn)
+    assert code == 0
+    table = {line.split("│")[1].strip(): line for line in out.splitlines() if line.count("│") > 3}
+    assert "[ci]" in table["key_a"] and "search" in table["key_a"]
+    assert cli.KEY_NOT_IN_STORE in table["key_b"] and cli.UNKNOWN in table["key_b"]
+    assert cli.NO_KEY in table
 
 
 def test_store_migrate(sqlite_dsn: str) -> None:

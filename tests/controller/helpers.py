@@ -203,3 +203,15 @@ class Agents:
                 pgid = int(json.loads(record.read_text())["pgid"])
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, signal.SIGKILL)
+
+
+async def status_if_applied(admin: Admin, revision: str) -> Any:
+    """The controller's status once it has applied `revision`, else None (for wait_for)."""
+    status = await admin.get("/api/v1/status")
+    return status if status["applied"] and status["applied"]["revision"] == revision else None
+
+
+async def status_if_refused(admin: Admin, revision: str) -> Any:
+    """The controller's status once it has refused `revision`, else None (for wait_for)."""
+    status = await admin.get("/api/v1/status")
+    return status if status["refused"] and status["refused"]["revision"] == revision else None

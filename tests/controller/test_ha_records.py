@@ -15,7 +15,16 @@ from support import wait_for
 from llmgw.config import content_hash
 from llmgw.controller.core import short
 
-from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start
+from .helpers import (
+    Admin,
+    Repo,
+    cluster_yaml,
+    model_yaml,
+    settings_for,
+    start,
+    status_if_applied,
+    status_if_refused,
+)
 
 BROKEN = model_yaml("sim-c", min_=0).replace("context_length: 4096", "context_length: 4096\n  colour: blue")
 
@@ -23,16 +32,6 @@ BROKEN = model_yaml("sim-c", min_=0).replace("context_length: 4096", "context_le
 async def _role(admin: Admin, role: str) -> Any:
     status = await admin.get("/api/v1/status")
     return status if status["leadership"]["role"] == role else None
-
-
-async def _applied(admin: Admin, revision: str) -> Any:
-    status = await admin.get("/api/v1/status")
-    return status if status["applied"] and status["applied"]["revision"] == revision else None
-
-
-async def _refused(admin: Admin, revision: str) -> Any:
-    status = await admin.get("/api/v1/status")
-    return status if status["refused"] and status["refused"]["revision"] == revision else None
 
 
 async def test_only_the_leader_records_revisions_and_events(tmp_path: Path, controller_dsn: str) -> None:
@@ -58,17 +57,21 @@ async def test_only_the_leader_records_revisions_and_events(tmp_path: Path, cont
     a_running, b = True, None
     try:
         await wait_for(lambda: _role(admin_a, "leader"), what="controller a to lead")
-        await wait_for(lambda: _applied(admin_a, rev_a), what="a to apply its revision")
+        await wait_for(lambda: status_if_applied(admin_a, rev_a), what="a to apply its revision")
         b, admin_b = await start(settings("b", repo_b))
         await wait_for(lambda: _role(admin_b, "standby"), what="controller b to stand by")
-        await wait_for(lambda: _applied(admin_b, rev_b), what="the standby to apply its revision locally")
+        await wait_for(
+            lambda: status_if_applied(admin_b, rev_b), what="the standby to apply its revision locally"
+        )
         repo_b.write({"models/c.yaml": BROKEN})
         bad_b = content_hash(repo_b.path)
-        await wait_for(lambda: _refused(admin_b, bad_b), what="the standby to refuse a broken revision")
+        await wait_for(
+            lambda: status_if_refused(admin_b, bad_b), what="the standby to refuse a broken revision"
+        )
         # The leader writes: a new revision of its own is recorded while the standby's never are.
         repo_a.write({"models/a2.yaml": model_yaml("sim-a2", min_=0)})
         rev_a2 = content_hash(repo_a.path)
-        await wait_for(lambda: _applied(admin_a, rev_a2), what="a to apply its second revision")
+        await wait_for(lambda: status_if_applied(admin_a, rev_a2), what="a to apply its second revision")
 
         store = a.controller.store
         recorded = {r.sha: r.status for r in await store.list_revisions()}

@@ -14,7 +14,16 @@ from support import wait_for
 from llmgw.config import content_hash
 from llmgw.controller.core import short
 
-from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start
+from .helpers import (
+    Admin,
+    Repo,
+    cluster_yaml,
+    model_yaml,
+    settings_for,
+    start,
+    status_if_applied,
+    status_if_refused,
+)
 
 BROKEN = model_yaml("sim-b").replace("context_length: 4096", "context_length: 4096\n  colour: blue")
 
@@ -27,14 +36,14 @@ async def test_directory_revision_refused_then_fixed(
     running, admin = await start(settings_for(tmp_path, repo.path))
     try:
         good = content_hash(repo.path)
-        status = await wait_for(lambda: _applied(admin, good), what="the first revision applied")
+        status = await wait_for(lambda: status_if_applied(admin, good), what="the first revision applied")
         assert status["sync"] == "Synced"
         assert [m["model"] for m in status["models"]] == ["sim-a"]
 
         caplog.set_level(logging.WARNING, logger="llmgw.controller")
         repo.write({"models/b.yaml": BROKEN})
         bad = content_hash(repo.path)
-        status = await wait_for(lambda: _refused(admin, bad), what="the broken revision refused")
+        status = await wait_for(lambda: status_if_refused(admin, bad), what="the broken revision refused")
         assert status["applied"]["revision"] == good  # the last good revision keeps serving
         assert status["sync"] == "OutOfSync"
         assert any("models/b.yaml:" in e and "colour" in e for e in status["refused"]["errors"])
@@ -49,7 +58,7 @@ async def test_directory_revision_refused_then_fixed(
 
         repo.write({"models/b.yaml": model_yaml("sim-b", min_=0)})
         fixed = content_hash(repo.path)
-        status = await wait_for(lambda: _applied(admin, fixed), what="the fixed revision applied")
+        status = await wait_for(lambda: status_if_applied(admin, fixed), what="the fixed revision applied")
         assert status["refused"] is None
         assert sorted(m["model"] for m in status["models"]) == ["sim-a", "sim-b"]
         assert "llmgw_controller_revision_refused 0.0" in await admin.metrics()
@@ -69,18 +78,18 @@ async def test_git_source_follows_the_branch_and_survives_an_unreachable_remote(
     settings = settings_for(tmp_path, repo.path, poll_s=3600.0, store=controller_dsn)
     running, admin = await start(settings)
     try:
-        await wait_for(lambda: _applied(admin, first), what="the first commit applied")
+        await wait_for(lambda: status_if_applied(admin, first), what="the first commit applied")
         second = repo.write({"models/b.yaml": model_yaml("sim-b", min_=0)}, "add sim-b")
         async with aiohttp.ClientSession() as s, s.post(running.url + "/api/v1/webhook") as r:
             assert r.status == 202
         status = await wait_for(
-            lambda: _applied(admin, second), what="the second commit applied after the webhook"
+            lambda: status_if_applied(admin, second), what="the second commit applied after the webhook"
         )
         assert status["applied"]["source"].startswith("git ")
 
         bad = repo.write({"models/c.yaml": BROKEN.replace("sim-b", "sim-c")}, "broken")
         await admin.post("/api/v1/webhook")
-        status = await wait_for(lambda: _refused(admin, bad), what="the broken commit refused")
+        status = await wait_for(lambda: status_if_refused(admin, bad), what="the broken commit refused")
         assert status["applied"]["revision"] == second
 
         revisions = await running.controller.store.list_revisions()
@@ -103,7 +112,9 @@ async def test_admin_needs_the_token_and_apply_takes_files(tmp_path: Path) -> No
     repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)})
     running, admin = await start(settings_for(tmp_path, repo.path, dir_poll_s=3600.0))
     try:
-        await wait_for(lambda: _applied(admin, content_hash(repo.path)), what="the first revision applied")
+        await wait_for(
+            lambda: status_if_applied(admin, content_hash(repo.path)), what="the first revision applied"
+        )
         async with aiohttp.ClientSession() as s:
             for path in ("/api/v1/status", "/api/v1/nodes", "/api/v1/state"):
                 async with s.get(running.url + path) as r:
@@ -137,7 +148,9 @@ async def test_apply_by_path_reads_only_the_controllers_own_repo_and_apply_paths
     settings = settings_for(tmp_path, repo.path, dir_poll_s=3600.0, apply_paths=[extra.path])
     running, admin = await start(settings)
     try:
-        await wait_for(lambda: _applied(admin, content_hash(repo.path)), what="the first revision applied")
+        await wait_for(
+            lambda: status_if_applied(admin, content_hash(repo.path)), what="the first revision applied"
+        )
         for path in ("/", str(outside.path), str(repo.path / ".." / "elsewhere"), str(extra.path / "escape")):
             reply = await admin.post("/api/v1/apply", {"path": path}, expect=400)
             message = reply["error"]["message"]
@@ -154,16 +167,6 @@ async def test_apply_by_path_reads_only_the_controllers_own_repo_and_apply_paths
         assert [m["model"] for m in (await admin.get("/api/v1/status"))["models"]] == ["sim-a"]
     finally:
         await running.stop()
-
-
-async def _applied(admin: Admin, revision: str) -> Any:
-    status = await admin.get("/api/v1/status")
-    return status if status["applied"] and status["applied"]["revision"] == revision else None
-
-
-async def _refused(admin: Admin, revision: str) -> Any:
-    status = await admin.get("/api/v1/status")
-    return status if status["refused"] and status["refused"]["revision"] == revision else None
 
 
 async def _status_where(admin: Admin, predicate: Any) -> Any:

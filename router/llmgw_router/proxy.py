@@ -1,8 +1,8 @@
 """Send one request to one endpoint and pass the answer back: whole, or as a stream event by event.
 
-The only place that talks HTTP to engines on the request path and the only place that translates aiohttp's
-client errors: a failure before any byte reached the client becomes `UpstreamUnavailable` (the caller may
-retry elsewhere); after that the stream just ends.
+The only place that talks HTTP to engines on the request path (engines through `llmgw_router.http1`, providers
+through aiohttp) and the only place that translates either client's errors: a failure before any byte reached
+the client becomes `UpstreamUnavailable` (the caller may retry elsewhere); after that the stream just ends.
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ the router went away) or TimeoutError.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
@@ -72,6 +74,7 @@ class _Connection(asyncio.Protocol):
         self.buf = bytearray()
         self.eof = False
         self.error: BaseException | None = None
+        self.idle_since = 0.0  # when it went back to the pool
         self._waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -260,10 +263,21 @@ class EngineResponse:
 class EngineClient:
     """Pooled keep-alive connections per engine address. One per router process; close() at shutdown."""
 
-    def __init__(self, connect_timeout: float, read_timeout: float, max_idle_per_engine: int = 256) -> None:
+    def __init__(
+        self,
+        connect_timeout: float,
+        read_timeout: float,
+        max_idle_per_engine: int = 256,
+        idle_timeout: float = 15.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self._max_idle = max_idle_per_engine
+        # An idle connection older than this is not reused (aiohttp's keep-alive default too): a node that
+        # vanished without closing its sockets would otherwise take a request into a read timeout.
+        self._idle_timeout = idle_timeout
+        self._clock = clock
         self._idle: dict[tuple[str, int], deque[_Connection]] = {}
         self._targets: dict[str, _Target] = {}
         self._closed = False
@@ -339,6 +353,12 @@ class EngineClient:
         idle = self._idle.get(key)
         while idle:
             conn = idle.pop()  # the most recently used: the least likely to have been timed out
+            if self._clock() - conn.idle_since > self._idle_timeout:
+                idle.append(conn)  # it and every one older: put back only to be closed with them
+                for old in idle:
+                    old.close()
+                idle.clear()
+                return None
             if conn.usable:
                 return conn
             conn.close()
@@ -352,6 +372,7 @@ class EngineClient:
         if len(idle) >= self._max_idle:
             conn.close()
             return
+        conn.idle_since = self._clock()
         idle.append(conn)
 
     def close(self) -> None:

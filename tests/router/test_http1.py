@@ -208,6 +208,20 @@ async def test_a_pooled_connection_closed_as_it_is_reused_is_retried_once_on_a_n
         assert engine.connections == 2
 
 
+async def test_a_connection_idle_past_the_idle_timeout_is_closed_not_reused() -> None:
+    # A node that vanished without closing its sockets leaves pooled connections that look alive.
+    now = [1000.0]
+    aging = EngineClient(connect_timeout=2.0, read_timeout=2.0, idle_timeout=15.0, clock=lambda: now[0])
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    async with await engine_with(answers(reply, reply, reply)) as engine:
+        for step in (0.0, 14.0, 16.0):  # reused after 14 s idle, not after 16 s
+            now[0] += step
+            async with await aging.post(engine.url, b"{}", {}) as resp:
+                assert await resp.read() == b"{}"
+        assert engine.connections == 2
+    aging.close()
+
+
 async def test_an_engine_dying_mid_body_is_an_upstream_error(client: EngineClient) -> None:
     reply = b'HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{"partial'
     async with await engine_with(answers(reply, then_close=True)) as engine:

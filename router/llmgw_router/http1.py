@@ -235,10 +235,17 @@ class EngineResponse:
         return bytes(out)
 
     def release(self) -> None:
-        """Done with the response: the connection is reused if the body was read to its end."""
+        """Done with the response: the connection is reused if the body was read to its end (the end may be
+        in the buffer unread, as after a stream's [DONE]: it is consumed here, without waiting)."""
         conn, self._conn = self._conn, None
         if conn is None:
             return
+        if not self._done and conn.buf:
+            try:
+                self._take(conn)
+            except UpstreamHttpError:
+                conn.close()
+                return
         if self._done and self._keep_alive and not conn.buf and conn.usable:
             self._client._put_back(conn)
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -54,6 +55,7 @@ class ProxyResult:
     first_byte_at: float | None = None
     upstream_failed: bool = False  # a stream broke after it had started
     client_gone: bool = False  # the client disconnected mid-stream (its upstream request is closed with it)
+    finished: bool = False  # the client has the whole answer (a stream's `data: [DONE]` went out)
 
 
 def _usage(obj: Any) -> tuple[int | None, int | None]:
@@ -114,9 +116,11 @@ async def forward(
     request: web.Request,
     call: UpstreamCall,
     engines: EngineClient | None = None,
+    streaming: Callable[[ProxyResult], None] | None = None,
 ) -> ProxyResult:
     """Send `call` to its endpoint: plain-http engines through `engines` (the lean client), everything else
-    (providers over TLS) through the aiohttp `session`."""
+    (providers over TLS) through the aiohttp `session`. `streaming` is handed the result as soon as a stream
+    starts, so what it learns (usage, whether the client got the end) outlives a cancelled handler."""
     try:
         upstream = await _open(session, engines, call)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -125,8 +129,10 @@ async def forward(
         if upstream.status in _RETRYABLE_STATUS and call.retry_on_5xx:
             raise UpstreamUnavailable(f"engine answered {upstream.status}")
         if call.stream and upstream.status == 200:
-            streamed = await _stream(request, upstream, call)
-            upstream.release()  # back to the pool when the stream ended cleanly; closed otherwise
+            streamed = await _stream(request, upstream, call, streaming)
+            # Back to the pool when the engine's message is complete (after [DONE] its end is usually
+            # in already); closed otherwise. Not waited for: the client and the accounting come first.
+            upstream.release()
             return streamed
         try:
             data = await upstream.read()
@@ -197,7 +203,12 @@ def _reason(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, UpstreamHttpError) else type(exc).__name__
 
 
-async def _stream(request: web.Request, upstream: Upstream, call: UpstreamCall) -> ProxyResult:
+async def _stream(
+    request: web.Request,
+    upstream: Upstream,
+    call: UpstreamCall,
+    started: Callable[[ProxyResult], None] | None,
+) -> ProxyResult:
     # Wait for the first bytes before answering the client: a replica that dies before producing anything is
     # still a retry, not a broken stream.
     try:
@@ -213,6 +224,8 @@ async def _stream(request: web.Request, upstream: Upstream, call: UpstreamCall) 
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **call.reply_headers},
     )
     result = ProxyResult(resp, 200)
+    if started is not None:
+        started(result)
     await resp.prepare(request)
     buf = first
     try:
@@ -237,14 +250,21 @@ async def _stream(request: web.Request, upstream: Upstream, call: UpstreamCall) 
                 out.append(buf)
                 buf = b""
             if out:
-                await resp.write(b"".join(out))
+                chunk = b"".join(out)
+                await resp.write(chunk)
                 if result.first_byte_at is None:
                     result.first_byte_at = time.monotonic()
+                if b"data: [DONE]" in chunk:
+                    # The OpenAI stream's last event: end the client's answer now rather than after the
+                    # engine's end of message. A client may hang up right after [DONE]; waiting for the
+                    # engine's final bytes first made that look like a request cut short (499, no usage).
+                    result.finished = True
+                    break
             data = await upstream.readany()
             if not data:
                 break
             buf += data
-        if buf:
+        if buf and not result.finished:
             await resp.write(buf)
     except ConnectionResetError:  # the client left: drop the upstream connection so the engine stops too
         result.client_gone = True

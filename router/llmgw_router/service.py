@@ -82,6 +82,17 @@ class _Call:
     result: ProxyResult | None = None
     lease: Lease | None = None
 
+    def streaming(self, result: ProxyResult) -> None:
+        """A stream started: keep its result now, so a handler cancelled later still accounts its usage."""
+        self.result = result
+
+
+def _gone(call: _Call) -> tuple[int, str]:
+    """Status for a request whose client went away: 499, unless it had the whole answer already."""
+    if call.result is not None and call.result.finished:
+        return 200, ""
+    return 499, "client_closed_request"
+
 
 class Router:
     def __init__(
@@ -198,16 +209,12 @@ class Router:
         try:
             response = await self._handle(request, kind, call)
             gone = call.result is not None and call.result.client_gone
-            call.status, call.code = (499, "client_closed_request") if gone else (response.status, call.code)
+            call.status, call.code = _gone(call) if gone else (response.status, call.code)
         except ApiError as err:
             call.status, call.code = err.status, err.code or ""
             response = error_response(err)
-        except asyncio.CancelledError:
-            call.status, call.code = 499, "client_closed_request"
-            self._account(call)
-            raise
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError):
-            call.status, call.code = 499, "client_closed_request"
+        except (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError):
+            call.status, call.code = _gone(call)
             self._account(call)
             raise
         except Exception:
@@ -223,7 +230,7 @@ class Router:
                 await response.prepare(request)
                 await response.write_eof()
         except (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError):
-            call.status, call.code = 499, "client_closed_request"
+            call.status, call.code = _gone(call)
             raise
         finally:
             self._account(call)
@@ -333,7 +340,7 @@ class Router:
             )
             try:
                 assert self.session is not None, "the client session is opened by the app's cleanup_ctx"
-                call.result = await forward(self.session, request, up, self.engines)
+                call.result = await forward(self.session, request, up, self.engines, call.streaming)
             except UpstreamUnavailable as exc:
                 self._failed(ep, exc.reason)
                 if attempt == 1:

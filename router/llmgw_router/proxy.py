@@ -56,6 +56,7 @@ class ProxyResult:
     upstream_failed: bool = False  # a stream broke after it had started
     client_gone: bool = False  # the client disconnected mid-stream (its upstream request is closed with it)
     finished: bool = False  # the client has the whole answer (a stream's `data: [DONE]` went out)
+    events: int = 0  # stream events forwarded to the client (what a stream cut short is charged by)
 
 
 def _usage(obj: Any) -> tuple[int | None, int | None]:
@@ -251,6 +252,7 @@ async def _stream(
                 buf = b""
             if out:
                 chunk = b"".join(out)
+                result.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
                 await resp.write(chunk)
                 if result.first_byte_at is None:
                     result.first_byte_at = time.monotonic()

@@ -76,7 +76,8 @@ class _Call:
     served: str | None = None
     principal: Principal | None = None
     chain: TenantChain | None = None
-    estimate: int = 0
+    estimate: int = 0  # tokens: the prompt's estimate plus the completion asked for
+    prompt_estimate: int = 0
     status: int = 500
     code: str = ""
     result: ProxyResult | None = None
@@ -261,7 +262,8 @@ class Router:
             raise ApiError(
                 400, f"Model `{canonical}` does not support {kind}.", "unsupported_capability", param="model"
             )
-        call.estimate = _check_context(raw, body, model, canonical)
+        call.prompt_estimate, completion_wanted = _check_context(raw, body, model, canonical)
+        call.estimate = call.prompt_estimate + completion_wanted
         call.principal = await self.auth.authenticate(request.headers.get("Authorization"))
         project = call.principal.project
         tenants = table.snapshot.tenants
@@ -500,6 +502,11 @@ class Router:
         result = call.result
         prompt = result.prompt_tokens if result and result.prompt_tokens is not None else None
         completion = result.completion_tokens if result and result.completion_tokens is not None else 0
+        if prompt is None and result is not None and result.events:
+            # A stream cut short (the client left, the engine broke) never got to its usage event, yet the
+            # engine did the work: charge the prompt's estimate and a token per event forwarded, rather
+            # than nothing (which would make leaving just before the end a way around budgets).
+            prompt, completion = call.prompt_estimate, result.events
         m = self.metrics
         m.child(m.requests, call.model, str(call.status), call.code).inc()
         m.child(m.duration, call.model).observe(elapsed)
@@ -631,9 +638,10 @@ def _check_types(body: dict[str, Any]) -> None:
             )
 
 
-def _check_context(raw: bytes, body: dict[str, Any], model: PublishedModel, name: str) -> int:
+def _check_context(raw: bytes, body: dict[str, Any], model: PublishedModel, name: str) -> tuple[int, int]:
     """Estimated tokens the request needs: bytes/4 plus 10% (an estimate a few percent out must not refuse a
-    valid request) plus the completion it asks for. Returns the estimate; raises when over the context."""
+    valid request) plus the completion it asks for. Returns (prompt estimate, completion asked for); raises
+    when their sum is over the context."""
     prompt = int(len(raw) / 4 * 1.1)
     wanted = body.get("max_completion_tokens", body.get("max_tokens"))
     completion = wanted if isinstance(wanted, int) and wanted > 0 else 0
@@ -647,7 +655,7 @@ def _check_context(raw: bytes, body: dict[str, Any], model: PublishedModel, name
             "context_length_exceeded",
             param="messages",
         )
-    return needed
+    return prompt, completion
 
 
 def _session_key(request: web.Request, body: dict[str, Any], policy: Any) -> str | None:

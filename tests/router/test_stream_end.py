@@ -55,6 +55,8 @@ class HoldingEngine:
 
     def __init__(self) -> None:
         self.finish = asyncio.Event()
+        self.before: list[bytes] = EVENTS  # sent at once
+        self.after: list[bytes] = []  # sent once `finish` is set
         self.port = 0
         self.server: asyncio.Server | None = None
 
@@ -78,10 +80,12 @@ class HoldingEngine:
                 writer.write(
                     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
                 )
-                for event in EVENTS:
+                for event in self.before:
                     writer.write(b"%x\r\n%s\r\n" % (len(event), event))
                     await writer.drain()
                 await self.finish.wait()
+                for event in self.after:
+                    writer.write(b"%x\r\n%s\r\n" % (len(event), event))
                 writer.write(b"0\r\n\r\n")
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -118,7 +122,13 @@ async def gateway() -> AsyncIterator[tuple[str, list[UsageRecord], HoldingEngine
             RouterSnapshot.model_validate(
                 {
                     "revision": "r1",
-                    "models": {"m": {"context_length": 2048, "capabilities": ["chat"]}},
+                    "models": {
+                        "m": {
+                            "context_length": 2048,
+                            "capabilities": ["chat"],
+                            "prices": {"input_per_million": 1.0, "output_per_million": 2.0},
+                        }
+                    },
                     "tenants": {"organizations": {"o": {}}, "projects": {"p1": {"organization": "o"}}},
                     "endpoints": [
                         {
@@ -177,3 +187,25 @@ async def test_a_client_hanging_up_right_after_done_is_accounted_as_served(
     await wait_for(lambda: records, DEADLINE_S, "the request accounted")
     engine.finish.set()
     assert (records[0].status, records[0].tokens_in, records[0].tokens_out) == (200, 12, 1)
+
+
+async def test_a_stream_cut_short_is_charged_an_estimate_not_nothing(
+    gateway: tuple[str, list[UsageRecord], HoldingEngine],
+) -> None:
+    # The client leaves after three events, before the usage event: the engine did the work, so the record
+    # carries the prompt's estimate and a token per event forwarded (leaving early must not be free).
+    url, records, engine = gateway
+    engine.before, engine.after = [EVENTS[0]] * 3, EVENTS[1:]
+    async with aiohttp.ClientSession() as s:
+        resp = await s.post(url, json=BODY, headers={"Authorization": f"Bearer {KEY}"})
+        seen = b""
+        while seen.count(b"data:") < 3:
+            chunk = await resp.content.readany()
+            assert chunk, seen
+            seen += chunk
+        resp.close()
+    await wait_for(lambda: records, DEADLINE_S, "the request accounted")
+    engine.finish.set()
+    rec = records[0]
+    assert (rec.status, rec.tokens_out) == (499, 3)
+    assert rec.tokens_in > 0 and rec.cost == (rec.tokens_in * 1.0 + 3 * 2.0) / 1e6

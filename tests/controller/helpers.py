@@ -160,8 +160,7 @@ class Agents:
         base.mkdir(parents=True, exist_ok=True)
         override = base / "inventory.json"
         override.write_text(json.dumps({"cpu_cores": cpu_cores, "memory_bytes": 16 * 1024**3, "gpus": []}))
-        index = sorted({*self.procs, node}).index(node)
-        lo = 23000 + 100 * index
+        lo, hi = self.port_range(node)
         cfg = {
             "node": node,
             "controllers": [controller_url] if isinstance(controller_url, str) else list(controller_url),
@@ -169,7 +168,7 @@ class Agents:
             "state_dir": str(base / "state"),
             "advertise_host": "127.0.0.1",
             "bind_host": "127.0.0.1",
-            "port_range": [lo, lo + 99],
+            "port_range": [lo, hi],
             "inventory_override": str(override),
             "ready_timeout_s": 60,
             "stop_grace_s": 3,
@@ -184,8 +183,14 @@ class Agents:
             stdout=log,
             stderr=log,
         )
+        log.close()  # the child holds its own descriptor
         self.procs[node] = proc
         return proc
+
+    def port_range(self, node: str) -> tuple[int, int]:
+        """Engine ports for `node`'s agent: a fixed block of 100 per node, by the node's place in name order."""
+        lo = 23000 + 100 * sorted({*self.procs, node}).index(node)
+        return lo, lo + 99
 
     def stop(self, node: str, sig: int = signal.SIGTERM) -> None:
         proc = self.procs[node]

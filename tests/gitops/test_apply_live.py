@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import socket
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -69,34 +67,9 @@ class PortsOfItsOwn(Agents):  # type: ignore[misc]
     """The controller tests' agents (their cleanup too), with engine ports from a range found free now rather
     than a fixed one: other suites on this machine use the fixed ranges at the same time."""
 
-    def start(self, node: str, controller_url: str, cpu_cores: int = 4) -> subprocess.Popen[bytes]:
-        base = self.tmp / "agents" / node
-        base.mkdir(parents=True, exist_ok=True)
-        override = base / "inventory.json"
-        override.write_text(json.dumps({"cpu_cores": cpu_cores, "memory_bytes": 16 * 1024**3, "gpus": []}))
+    def port_range(self, node: str) -> tuple[int, int]:
         lo = free_port_range(40)
-        cfg = {
-            "node": node,
-            "controllers": [controller_url],
-            "token_file": str(self.token_file),
-            "state_dir": str(base / "state"),
-            "advertise_host": "127.0.0.1",
-            "bind_host": "127.0.0.1",
-            "port_range": [lo, lo + 39],
-            "inventory_override": str(override),
-            "ready_timeout_s": 60,
-            "stop_grace_s": 3,
-            "max_backoff_s": 0.5,
-        }
-        config = base / "agent.json"
-        config.write_text(json.dumps(cfg))
-        log = (base / "agent.log").open("ab")
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llmgw_agent.main", "run", "--config", str(config)], stdout=log, stderr=log
-        )
-        log.close()  # the child holds its own descriptor
-        self.procs[node] = proc
-        return proc
+        return lo, lo + 39
 
 
 def free_port_range(count: int) -> int:

@@ -93,6 +93,18 @@ async def _answered(client: openai.AsyncOpenAI, model: str, n: int) -> int:
     return ok
 
 
+async def _wait_routed(client: openai.AsyncOpenAI, model: str, what: str) -> None:
+    """Wait until a request for `model` is answered through the router (refusals meanwhile are expected)."""
+
+    async def routed() -> bool:
+        try:
+            return await _answered(client, model, 1) == 1
+        except openai.APIError:
+            return False
+
+    await wait_for(routed, 30, what)
+
+
 def _router_connected(metrics_url: str) -> float | None:
     import urllib.request
 
@@ -111,14 +123,7 @@ async def test_controller_gone_engines_keep_serving_through_the_router(
     router = start_router_following(tmp_path, [cluster.address], KEY)
     try:
         async with _client(router.api) as client:
-
-            async def routed() -> bool:
-                try:
-                    return await _answered(client, "sim-a", 1) == 1
-                except openai.APIError:
-                    return False
-
-            await wait_for(routed, 30, "the router to get sim-a's endpoints from the controller")
+            await _wait_routed(client, "sim-a", "the router to get sim-a's endpoints from the controller")
             assert await _answered(client, "sim-a", 10) == 10
 
             await cluster.stop_controller()
@@ -384,14 +389,7 @@ async def test_agent_cut_off_its_engines_keep_serving_through_the_router(
     agent = cluster.agents.procs["n1"].pid
     try:
         async with _client(router.api) as client:
-
-            async def routed() -> bool:
-                try:
-                    return await _answered(client, "sim-a", 1) == 1
-                except openai.APIError:
-                    return False
-
-            await wait_for(routed, 30, "sim-a through the router")
+            await _wait_routed(client, "sim-a", "sim-a through the router")
             os.kill(agent, signal.SIGSTOP)
             try:
                 await wait_for(lambda: _node_state_is(cluster, "n1", "Unreachable"), 30, "n1 Unreachable")

@@ -76,12 +76,17 @@ class _Call:
     served: str | None = None
     principal: Principal | None = None
     chain: TenantChain | None = None
-    estimate: int = 0  # tokens: the prompt's estimate plus the completion asked for
-    prompt_estimate: int = 0
+    prompt_estimate: int = 0  # tokens, from the body's size
+    completion_wanted: int = 0  # max_tokens / max_completion_tokens, 0 when not given
     status: int = 500
     code: str = ""
     result: ProxyResult | None = None
     lease: Lease | None = None
+
+    @property
+    def estimate(self) -> int:
+        """Tokens the request may take: charged at admission, corrected at the end."""
+        return self.prompt_estimate + self.completion_wanted
 
     def streaming(self, result: ProxyResult) -> None:
         """A stream started: keep its result now, so a handler cancelled later still accounts its usage."""
@@ -262,8 +267,7 @@ class Router:
             raise ApiError(
                 400, f"Model `{canonical}` does not support {kind}.", "unsupported_capability", param="model"
             )
-        call.prompt_estimate, completion_wanted = _check_context(raw, body, model, canonical)
-        call.estimate = call.prompt_estimate + completion_wanted
+        call.prompt_estimate, call.completion_wanted = _check_context(raw, body, model, canonical)
         call.principal = await self.auth.authenticate(request.headers.get("Authorization"))
         project = call.principal.project
         tenants = table.snapshot.tenants

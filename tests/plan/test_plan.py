@@ -177,16 +177,33 @@ def test_plan_value(plan):
         reasons["a100x8"]["gpu-2"] == "has vllm 0.9.0, needs 0.10.1" or "6 free" in reasons["a100x8"]["gpu-2"]
     )
     assert reasons["h100x8"]["retired"].startswith("node is Unreachable; no longer declared;")
-    assert plan.summary() == "Plan: 2 to start, 1 to restart, 1 to stop. 1 model cannot be placed."
+    assert plan.summary() == (
+        "Plan: 2 to start, 1 to restart, 1 to stop. Configuration: 3 models to change. 1 model cannot be placed."
+    )
     assert plan.has_changes
 
 
-def test_secrets_are_never_printed(plan):
+def test_secret_references_are_shown_by_name_and_never_resolved(plan, monkeypatch):
+    # A reviewer must see that a key now comes from another variable; what the variable holds is never read.
+    monkeypatch.setenv("EXT_KEY_NEW", "sk-live-value-never-printed")
     ext = next(m for m in plan.models if m.model == "ext")
-    assert [(f.path, f.old, f.new) for f in ext.fields] == [("provider.key", "(secret)", "(secret)")]
+    assert [(f.path, f.old, f.new) for f in ext.fields] == [
+        ("provider.key", "{env: EXT_KEY_OLD}", "{env: EXT_KEY_NEW}")
+    ]
     for fmt in ("text", "json", "markdown"):
         out = render(plan, fmt)  # type: ignore[arg-type]
-        assert "EXT_KEY" not in out
+        assert "{env: EXT_KEY_NEW}" in out and "sk-live-value-never-printed" not in out
+
+
+def test_secret_looking_literals_are_masked():
+    old = entry(cpu_profile(cores=1, memory_gb=1, env={"HF_TOKEN": "hf_old_literal"}))
+    new = entry(cpu_profile(cores=1, memory_gb=1, env={"HF_TOKEN": "hf_new_literal"}))
+    plan = make_plan({"m": new}, LiveState(models={"m": old.spec}))
+    (change,) = plan.models
+    assert [(f.path, f.old, f.new) for f in change.fields] == [
+        ("profiles[cpu].env.HF_TOKEN", "(secret)", "(secret)")
+    ]
+    assert "hf_new_literal" not in render_text(plan) + render_json(plan) + render_markdown(plan)
 
 
 def test_golden_text(plan):

@@ -11,11 +11,13 @@ and read the diff. The end-to-end test at the bottom does the same against a rea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -331,3 +333,151 @@ def test_i6_a_state_without_applied_documents_is_never_no_changes(repo: Path) ->
     code, out, err = plan_cli("repo", "--state", "old.json", "--detailed-exitcode", cwd=repo.parent)
     assert code == 2, out + err
     assert "No changes" not in out and "were not compared" in out.strip().splitlines()[-1]
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "cluster-repo"
+# The example's gemma, served by the sim engine: planning needs no llama.cpp, and nothing else of it changes.
+GEMMA_ON_SIM = """\
+apiVersion: llmgw/v1
+kind: Model
+metadata:
+  name: gemma-3-270m
+spec:
+  aliases: [gemma]
+  context_length: 2048
+  prices: {input_per_million: 0.02, output_per_million: 0.04}
+  scaling: {min: 1, max: 1}
+  fallbacks: [sim-chat]
+  class: interactive
+  profiles:
+    - {name: cpu, engine: sim, cpu_cores: 1, args: {decode_ms_per_token: 1}}
+"""
+
+
+async def cli(cwd: Path, *args: str) -> tuple[int, str, str]:
+    """`llmgw ARGS` as a subprocess, without blocking the controller that runs in this event loop."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
+    proc = await asyncio.create_subprocess_exec(
+        LLMGW, *args, cwd=cwd, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 180)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.mark.integration
+async def test_i6_live_controller_plans_the_issues_tenant_commit_and_exits_2(tmp_path: Path) -> None:
+    """As the issue tried it: a real controller following a git copy of the example repo and a real agent
+    running its models; a commit that removes gemma from playground's allowlist and cuts its rpm from 600 to
+    60, then one that changes a policy's weights and the Cluster's default_policy. `llmgw plan` (found by the
+    Cluster's address and the controller's token file, as a new user runs it) shows each and exits 2; once
+    applied, the plan is "No changes" again, so the live side reports the applied documents."""
+    from controller.helpers import Repo, settings_for, start
+    from gitops.test_apply_live import PortsOfItsOwn
+    from support import free_port, wait_for
+
+    port = free_port()
+    repo = Repo(tmp_path / "repo", use_git=True)
+    files = {
+        str(p.relative_to(EXAMPLE)): p.read_text()
+        for p in EXAMPLE.rglob("*.yaml")
+        if ".pre-commit" not in p.name
+    }
+    files["cluster.yaml"] = files["cluster.yaml"].replace("127.0.0.1:7070", f"127.0.0.1:{port}")
+    files["models/gemma.yaml"] = GEMMA_ON_SIM
+    first = repo.write(files, "the example repo")
+    state_dir = tmp_path / ".llmgw" / "controller"  # where the CLI run from tmp_path finds the admin token
+    settings = settings_for(
+        tmp_path,
+        repo.path,
+        listen=f"127.0.0.1:{port}",
+        admin_token_file=None,
+        state_dir=state_dir,
+        poll_s=3600.0,  # read once at start: later commits reach it only by `llmgw apply`
+        settle_s=0.0,
+    )
+    agents = PortsOfItsOwn(tmp_path, state_dir / "admin-token")
+    running, admin = await start(settings)
+    try:
+        agents.start("local", f"127.0.0.1:{port}", cpu_cores=8)
+        await _wait_synced_and_healthy(admin, first, wait_for)
+        code, out, err = await cli(tmp_path, "plan", "repo", "--detailed-exitcode")
+        assert (code, out.strip().splitlines()[-1]) == (
+            0,
+            "No changes. The fleet matches the cluster repo.",
+        ), out + err
+
+        tenants = (repo.path / "tenants" / "acme.yaml").read_text()
+        edited = tenants.replace('models: [gemma, "sim-*"]', 'models: ["sim-*"]').replace(
+            "rpm: 600", "rpm: 60"
+        )
+        assert edited != tenants
+        repo.write({"tenants/acme.yaml": edited}, "playground: no gemma, 60 rpm")
+        code, out, err = await cli(tmp_path, "plan", "repo", "--detailed-exitcode")
+        assert code == 2, out + err
+        assert "  ~ Project playground\n" in out
+        assert "      ~ spec.limits.rpm: 600 -> 60\n" in out
+        assert '      ~ spec.models: ["gemma", "sim-*"] -> ["sim-*"]\n' in out
+        assert out.strip().splitlines()[-1] == (
+            "Plan: 0 to start, 0 to restart, 0 to stop. Configuration: 1 Project to change."
+        )
+
+        policies = (repo.path / "policies" / "routing.yaml").read_text()
+        cluster = (repo.path / "cluster.yaml").read_text()
+        second = repo.write(
+            {
+                "policies/routing.yaml": policies.replace("    kv: 2 ", "    kv: 3 ", 1),
+                "cluster.yaml": cluster.replace("default_policy: balanced", "default_policy: session"),
+            },
+            "weights and default policy",
+        )
+        code, out, err = await cli(tmp_path, "plan", "repo", "--detailed-exitcode", "-f", "json")
+        assert code == 2, out + err
+        body = json.loads(out)
+        changed = {
+            (d["kind"], d["name"], f["path"], f["old"], f["new"])
+            for d in body["documents"]
+            for f in d["fields"]
+        }
+        assert changed == {
+            ("Project", "playground", "spec.limits.rpm", "600", "60"),
+            ("Project", "playground", "spec.models", '["gemma", "sim-*"]', '["sim-*"]'),
+            ("RoutingPolicy", "balanced", "spec.weights.kv", "2.0", "3.0"),
+            ("Cluster", "laptop", "spec.router.default_policy", '"balanced"', '"session"'),
+        }
+        code, out, err = await cli(tmp_path, "plan", "repo", "--detailed-exitcode", "-f", "markdown")
+        assert code == 2, out + err
+        table = out.split("<details>")[0]
+        assert (
+            '| `~` | Cluster `laptop` |  | `spec.router.default_policy`: "balanced" -> "session" |' in table
+        )
+
+        code, out, err = await cli(tmp_path, "apply", "repo", "--wait", "--timeout", "90s")
+        assert code == 0, out + err
+        await _wait_synced_and_healthy(admin, second, wait_for)
+        code, out, err = await cli(tmp_path, "plan", "repo", "--detailed-exitcode")
+        assert (code, out.strip().splitlines()[-1]) == (
+            0,
+            "No changes. The fleet matches the cluster repo.",
+        ), out + err
+    finally:
+        await running.stop()
+        agents.cleanup()
+
+
+async def _wait_synced_and_healthy(admin: Any, revision: str, wait_for: Any) -> None:
+    async def ready() -> bool:
+        s = await admin.get("/api/v1/status")
+        synced = (s["applied"] or {}).get("revision") == revision and s["sync"] == "Synced"
+        health = {m["model"]: m["health"] for m in s["models"]}
+        wanted = ("gemma-3-270m", "sim-chat", "sim-embed")
+        return synced and all(health.get(m) == "Healthy" for m in wanted)
+
+    await wait_for(ready, 120, f"revision {revision[:12]} Synced with its models Healthy")

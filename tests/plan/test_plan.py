@@ -336,3 +336,64 @@ def test_plan_for_the_example_cluster_repo_against_an_empty_fleet():
     assert plan.starts == () and len(plan.unplaceable) >= 1  # no node has been seen yet
     assert exit_code(plan) == 2
     assert exit_code(make_plan({}, LiveState())) == 0
+
+
+def _catalog(tmp_path: Path, files: dict[str, str]):  # type: ignore[no-untyped-def]
+    from llmgw.config import load_repo
+
+    for rel, text in files.items():
+        (tmp_path / rel).write_text(text)
+    loaded = load_repo(tmp_path)
+    assert loaded.catalog is not None, [str(e) for e in loaded.errors]
+    return loaded.catalog
+
+
+MODEL_DOC = """\
+apiVersion: llmgw/v1
+kind: Model
+metadata: {name: m, labels: {tier: %s}}
+spec:
+  context_length: 4096
+  scaling: {min: 0, max: 0}
+  provider: {url: "https://api.example.com/v1", model: x}
+"""
+PROJECT_DOC = """\
+apiVersion: llmgw/v1
+kind: Organization
+metadata: {name: acme}
+---
+apiVersion: llmgw/v1
+kind: Project
+metadata: {name: p}
+spec: {organization: acme%s}
+"""
+
+
+def test_spelling_out_a_default_or_reordering_is_no_change(tmp_path):
+    from llmgw.plan import catalog_documents, document_changes
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    before = _catalog(tmp_path / "a", {"m.yaml": MODEL_DOC % "gold", "t.yaml": PROJECT_DOC % ""})
+    after = _catalog(
+        tmp_path / "b",
+        {"m.yaml": MODEL_DOC % "gold", "t.yaml": PROJECT_DOC % ", limits: {rpm: null}, models: null"},
+    )
+    assert document_changes(catalog_documents(before), catalog_documents(after)) == ()
+
+
+def test_a_models_labels_are_compared_its_spec_is_the_model_diffs(tmp_path):
+    from llmgw.plan import catalog_documents
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    before = _catalog(tmp_path / "a", {"m.yaml": MODEL_DOC % "gold"})
+    after = _catalog(tmp_path / "b", {"m.yaml": MODEL_DOC % "silver"})
+    live = LiveState(models={"m": before.models["m"].spec}, documents=catalog_documents(before))
+    plan = plan_for_catalog(after, live)
+    assert plan.models == ()
+    assert [(d.kind, d.name, [(f.path, f.old, f.new) for f in d.fields]) for d in plan.documents] == [
+        ("Model", "m", [("metadata.labels.tier", '"gold"', '"silver"')])
+    ]
+    assert exit_code(plan) == 2
+    assert exit_code(plan_for_catalog(before, live)) == 0

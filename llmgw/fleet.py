@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -332,6 +332,12 @@ class LiveState(_Live):
     models: dict[str, ModelSpec] | None = Field(
         None, description="Models of the applied revision (what `plan` diffs against); None: not known"
     )
+    documents: dict[str, dict[str, Any]] | None = Field(
+        None,
+        description="Every document of the applied revision as canonical JSON keyed `Kind/name` (what `plan` "
+        "diffs tenants, policies, nodes and Cluster settings against; secret references by name, never values); "
+        "None: not known",
+    )
 
     @classmethod
     def from_views(
@@ -343,6 +349,7 @@ class LiveState(_Live):
         taken_at: float,
         models: Mapping[str, ModelSpec] | None = None,
         catalog_fingerprint: str | None = None,
+        documents: Mapping[str, dict[str, Any]] | None = None,
     ) -> LiveState:
         """The snapshot of the views the controller already builds for placement."""
         return cls(
@@ -352,6 +359,7 @@ class LiveState(_Live):
             nodes=[LiveNode.from_view(n) for n in nodes],
             replicas=[LiveReplica.from_view(r) for r in replicas],
             models=None if models is None else dict(models),
+            documents=None if documents is None else dict(documents),
         )
 
     def node_views(self) -> tuple[NodeView, ...]:
@@ -368,5 +376,7 @@ class LiveState(_Live):
             if node.get("if_undeclared") is None:  # as before the field existed: saved plans stay current
                 node.pop("if_undeclared", None)
         body["replicas"].sort(key=lambda r: r["id"])
+        if body.get("documents") is None:  # as before the field existed: saved plans stay current
+            body.pop("documents", None)
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()

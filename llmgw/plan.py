@@ -1,9 +1,14 @@
 """`llmgw plan`: the difference between the cluster repo and the live fleet, as a value, and its renderings.
 
-`make_plan(...)` is pure. It diffs the desired models against the applied ones (which fields changed; secrets
-are shown as `(secret)`, never their references or values), runs the reconciler in plan mode over the live
-snapshot (replicas to start and where and why, to stop, to restart for a stale profile), compares declared nodes
-with the nodes seen (bootstrap, drain), and explains every model that cannot be placed, node by node.
+`make_plan(...)` is pure. It diffs the desired models against the applied ones (which fields changed), and every
+other document the controller reads — Cluster, Node, RoutingPolicy, Organization, Team, Project, a Model's labels —
+against the applied revision's documents (`catalog_documents`, which the controller's live state carries), field
+by field; runs the reconciler in plan mode over the live snapshot (replicas to start and where and why, to stop,
+to restart for a stale profile), compares declared nodes with the nodes seen (bootstrap, drain), and explains
+every model that cannot be placed, node by node. A secret reference is shown as what it names (`{file: name}`,
+`{env: NAME}`): the plan never resolves one, so no secret value can reach it; a literal under a secret-looking
+key (engine env, args) is shown as `(secret)`. "No changes" means the two revisions are equal in everything the
+controller reads.
 Renderers: `render_text` (Terraform's symbols and summary line), `render_json` (stable keys),
 `render_markdown` (a pull-request comment: summary, table, details collapsed).
 """
@@ -17,9 +22,18 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
-from llmgw.config.models import ModelSpec, SecretRef
+from llmgw.config.models import (
+    ClusterSpec,
+    ModelSpec,
+    NodeSpec,
+    OrganizationSpec,
+    ProjectSpec,
+    RoutingPolicySpec,
+    SecretRef,
+    TeamSpec,
+)
 from llmgw.fleet import (
     DesiredNode,
     LiveState,
@@ -35,6 +49,7 @@ from llmgw.placement import Placer
 from llmgw.reconcile import RestartReplica, StartReplica, StopReplica, is_stale, reconcile
 
 __all__ = [
+    "DocumentChange",
     "FieldChange",
     "ModelChange",
     "NodeChange",
@@ -44,6 +59,7 @@ __all__ = [
     "ReplicaStop",
     "StaleReplica",
     "Unplaceable",
+    "catalog_documents",
     "exit_code",
     "make_plan",
     "plan_for_catalog",
@@ -78,6 +94,17 @@ class ModelChange:
     change: Literal["add", "change", "remove"]
     fields: tuple[FieldChange, ...] = ()
     summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentChange:
+    """A document of the repo other than a model's spec, changed field by field (`path`s start `spec.` or
+    `metadata.labels.`). The controller applies these without touching a replica, and they are still changes."""
+
+    kind: str
+    name: str
+    change: Literal["add", "change", "remove"]
+    fields: tuple[FieldChange, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,11 +182,37 @@ class Plan:
     nodes: tuple[NodeChange, ...]
     unplaceable: tuple[Unplaceable, ...]
     kept: tuple[NodeChange, ...] = ()  # undeclared nodes left as they are (change "keep")
+    documents: tuple[DocumentChange, ...] = ()
+    # False: the repo's documents were to be compared but the live state does not carry the applied ones (a
+    # state saved by an older controller), so nothing can say they are equal.
+    documents_known: bool = True
 
     @property
     def has_changes(self) -> bool:
-        """Terraform's exit code 2: something would change."""
-        return bool(self.models or self.starts or self.restarts or self.stops or self.nodes)
+        """Terraform's exit code 2: something would change (or, documents unknown, may change)."""
+        return bool(
+            self.models
+            or self.documents
+            or not self.documents_known
+            or self.starts
+            or self.restarts
+            or self.stops
+            or self.nodes
+        )
+
+    def configuration_words(self) -> str:
+        """ " Configuration: 1 model, 2 Projects to change." for what changes without a replica action."""
+        counts: dict[str, int] = {}
+        for m in self.models:
+            if m.change == "change":
+                counts["model"] = counts.get("model", 0) + 1
+        for d in self.documents:
+            counts[d.kind] = counts.get(d.kind, 0) + 1
+        if not counts:
+            return ""
+        order = sorted(counts, key=lambda k: (_KIND_ORDER.get(k, len(_KIND_ORDER)), k))
+        parts = [f"{counts[k]} {k}{'s' * (counts[k] != 1)}" for k in order]
+        return f" Configuration: {', '.join(parts)} to change."
 
     def summary(self) -> str:
         n = len(self.kept)
@@ -173,6 +226,9 @@ class Plan:
         text = (
             f"Plan: {len(self.starts)} to start, {len(self.restarts)} to restart, {len(self.stops)} to stop."
         )
+        text += self.configuration_words()
+        if not self.documents_known:
+            text += f" {UNKNOWN_DOCUMENTS}."
         if self.unplaceable:
             n = len(self.unplaceable)
             text += f" {n} model{'s' * (n != 1)} cannot be placed."
@@ -189,9 +245,12 @@ def make_plan(
     nodes: Mapping[str, DesiredNode] | None = None,
     previous: Mapping[str, ModelSpec] | None = None,
     revision: str | None = None,
+    documents: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Plan:
     """The plan from `live` to `desired`. `previous` (default: the live state's applied models) is what the
-    model diff compares with; `nodes` are the declared nodes (None: not compared, live nodes used as they are)."""
+    model diff compares with; `nodes` are the declared nodes (None: not compared, live nodes used as they are);
+    `documents` are the repo's documents as `catalog_documents` gives them, compared with the live state's
+    (None: not compared)."""
     previous = previous if previous is not None else live.models
     node_views = _node_views(live, nodes)
     replicas = live.replica_views()
@@ -222,12 +281,25 @@ def make_plan(
         nodes=tuple(n for n in node_changes if n.change != "keep"),
         unplaceable=_unplaceable(decision.unplaced, desired, node_views, replicas, decision.of(StartReplica)),
         kept=tuple(n for n in node_changes if n.change == "keep"),
+        documents=(
+            document_changes(live.documents, documents)
+            if documents is not None and live.documents is not None
+            else ()
+        ),
+        documents_known=documents is None or live.documents is not None,
     )
 
 
 def plan_for_catalog(catalog: Catalog, live: LiveState) -> Plan:
-    """The plan from `live` to a validated catalog (its models and declared nodes, its revision)."""
-    return make_plan(model_views(catalog), live, nodes=desired_nodes(catalog), revision=catalog.revision)
+    """The plan from `live` to a validated catalog (its models, declared nodes and other documents, its
+    revision)."""
+    return make_plan(
+        model_views(catalog),
+        live,
+        nodes=desired_nodes(catalog),
+        revision=catalog.revision,
+        documents=catalog_documents(catalog),
+    )
 
 
 def exit_code(plan: Plan) -> int:
@@ -360,34 +432,52 @@ def _model_summary(spec: ModelSpec) -> str:
 
 
 def _field_changes(old: ModelSpec, new: ModelSpec) -> tuple[FieldChange, ...]:
-    before, after = _flatten(old), _flatten(new)
+    return _field_diff(_flatten(old), _flatten(new))
+
+
+def _field_diff(
+    before: Mapping[str, tuple[str, bool]],
+    after: Mapping[str, tuple[str, bool]],
+    *,
+    absent_old: bool = False,
+    absent_new: bool = False,
+) -> tuple[FieldChange, ...]:
+    """The paths whose values differ, sorted; a secret-looking literal on either side is shown as `(secret)`.
+    `absent_old`/`absent_new`: that side is a document that does not exist (its defaults were compared)."""
     changes = []
     for path in sorted(set(before) | set(after)):
         a, b = before.get(path), after.get(path)
         if a == b:
             continue
         secret = (a is not None and a[1]) or (b is not None and b[1])
-        shown_old = ABSENT if a is None else (SECRET if secret else a[0])
-        shown_new = ABSENT if b is None else (SECRET if secret else b[0])
+        shown_old = ABSENT if a is None or absent_old else (SECRET if secret else a[0])
+        shown_new = ABSENT if b is None or absent_new else (SECRET if secret else b[0])
         changes.append(FieldChange(path, shown_old, shown_new))
     return tuple(changes)
 
 
+def secret_ref_words(ref: SecretRef) -> str:
+    """`{file: name}` or `{env: NAME}`: what a reference names, never what it resolves to."""
+    return f"{{file: {ref.file}}}" if ref.file is not None else f"{{env: {ref.env}}}"
+
+
 def _flatten(value: Any, path: str = "") -> dict[str, tuple[str, bool]]:
-    """path -> (value as JSON, is secret). Profiles are keyed by name so a reorder reads as one change."""
+    """path -> (value as JSON, is secret). Profiles are keyed by name so a reorder reads as one change. A secret
+    reference is not secret: it is shown as what it names, so a reviewer sees a key moved to another file."""
     if isinstance(value, SecretRef):
-        return {path: (json.dumps(value.model_dump(exclude_none=True), sort_keys=True), True)}
+        return {path: (secret_ref_words(value), False)}
     if isinstance(value, BaseModel):
         out: dict[str, tuple[str, bool]] = {}
         for name, info in type(value).model_fields.items():
             key = info.alias or name
-            out.update(_flatten(getattr(value, name), f"{path}.{key}" if path else key))
+            # getattr's default: `model_construct()` leaves required fields unset (the defaults of a kind).
+            out.update(_flatten(getattr(value, name, None), f"{path}.{key}" if path else key))
         return out
     if isinstance(value, dict):
         out = {}
         for k in sorted(value):
             sub = _flatten(value[k], f"{path}.{k}")
-            if _SECRET_WORDS.search(str(k)):
+            if _SECRET_WORDS.search(str(k)) and not isinstance(value[k], SecretRef):
                 sub = {p: (v, True) for p, (v, _) in sub.items()}
             out.update(sub)
         return out
@@ -407,6 +497,126 @@ def _flatten(value: Any, path: str = "") -> dict[str, tuple[str, bool]]:
     return {path: (json.dumps(value, sort_keys=True, default=str), False)}
 
 
+# ---------------------------------------------------------------------------------------------- documents
+
+UNKNOWN_DOCUMENTS = (
+    "The applied Cluster, nodes, routing policies and tenants are not in the live state (saved by an older "
+    "controller?): they were not compared"
+)
+# The order a reviewer reads a plan in: cluster-wide first, tenants from the top, models last.
+_KIND_ORDER = {
+    k: i
+    for i, k in enumerate(
+        ("Cluster", "Node", "RoutingPolicy", "Organization", "Team", "Project", "Model", "model")
+    )
+}
+_SPECS: dict[str, type[BaseModel]] = {
+    "Cluster": ClusterSpec,
+    "Node": NodeSpec,
+    "Model": ModelSpec,
+    "RoutingPolicy": RoutingPolicySpec,
+    "Organization": OrganizationSpec,
+    "Team": TeamSpec,
+    "Project": ProjectSpec,
+}
+
+
+def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
+    """Every document of a validated catalog, as canonical JSON keyed `Kind/name`: what the controller reads of
+    it (spec with its defaults filled in, labels), so two revisions the controller treats alike compare equal.
+    The controller's live state carries these for its applied revision; `plan` diffs them with the repo's."""
+    out: dict[str, dict[str, Any]] = {}
+
+    def put(kind: str, name: str, spec: BaseModel, labels: Mapping[str, str]) -> None:
+        out[f"{kind}/{name}"] = {
+            "kind": kind,
+            "name": name,
+            "labels": dict(sorted(labels.items())),
+            "spec": spec.model_dump(mode="json", by_alias=True),
+        }
+
+    put("Cluster", catalog.cluster_name or "default", catalog.cluster, {})
+    for name, node in catalog.nodes.items():
+        put("Node", name, node.spec, node.labels)
+    for name, policy in catalog.policies.items():
+        put("RoutingPolicy", name, policy, {})
+    for name, model in catalog.models.items():
+        put("Model", name, model.spec, model.labels)
+    for tenants in (catalog.organizations, catalog.teams, catalog.projects):
+        for name, t in tenants.items():
+            models = list(t.models) if t.models is not None else None
+            spec: BaseModel
+            if t.kind == "Organization":
+                spec = OrganizationSpec(models=models, limits=t.limits)
+            elif t.kind == "Team":
+                spec = TeamSpec(organization=t.parent or "", models=models, limits=t.limits)
+            else:
+                team = t.parent if t.parent_kind == "Team" else None
+                org = t.parent if t.parent_kind == "Organization" else None
+                spec = ProjectSpec(team=team, organization=org, models=models, limits=t.limits)
+            put(t.kind, name, spec, t.labels)
+    return dict(sorted(out.items()))
+
+
+def document_changes(
+    applied: Mapping[str, Mapping[str, Any]], desired: Mapping[str, Mapping[str, Any]]
+) -> tuple[DocumentChange, ...]:
+    """Per-document field changes from the applied documents to the desired ones, sorted by kind and name.
+    A Model's spec is the model diff's (`ModelChange`); here only its labels, and no add/remove of models."""
+    out = []
+    for key in set(applied) | set(desired):
+        old, new = applied.get(key), desired.get(key)
+        doc = new if new is not None else old
+        assert doc is not None
+        kind, name = str(doc.get("kind")), str(doc.get("name"))
+        model = kind == "Model"
+        if model and (old is None or new is None):
+            continue
+        before = _document_fields(kind, old, with_spec=not model) if old is not None else None
+        after = _document_fields(kind, new, with_spec=not model) if new is not None else None
+        if before is None:
+            fields = _field_diff(_default_fields(kind), after or {}, absent_old=True)
+            out.append(DocumentChange(kind, name, "add", fields))
+        elif after is None:
+            fields = _field_diff(before, _default_fields(kind), absent_new=True)
+            out.append(DocumentChange(kind, name, "remove", fields))
+        elif fields := _field_diff(before, after):
+            out.append(DocumentChange(kind, name, "change", fields))
+    return tuple(sorted(out, key=lambda d: (_KIND_ORDER.get(d.kind, len(_KIND_ORDER)), d.kind, d.name)))
+
+
+def _document_fields(kind: str, doc: Mapping[str, Any], *, with_spec: bool) -> dict[str, tuple[str, bool]]:
+    labels = doc.get("labels") or {}
+    out = {f"metadata.labels.{k}": (json.dumps(labels[k]), False) for k in sorted(labels)}
+    if not with_spec:
+        return out
+    spec = doc.get("spec") or {}
+    spec_type = _SPECS.get(kind)
+    try:
+        if spec_type is None:
+            raise ValueError(kind)
+        out.update(_flatten(spec_type.model_validate(spec), "spec"))
+    except (ValidationError, ValueError):
+        # Written by another version of llmgw: compared as JSON, every value under a secret-looking key masked.
+        out.update(_flatten_json(spec, "spec", secret=False))
+    return out
+
+
+def _default_fields(kind: str) -> dict[str, tuple[str, bool]]:
+    """The fields a kind has before anything is written: an added or removed document lists what differs."""
+    spec_type = _SPECS.get(kind)
+    return {} if spec_type is None else _flatten(spec_type.model_construct(), "spec")
+
+
+def _flatten_json(value: Any, path: str, *, secret: bool) -> dict[str, tuple[str, bool]]:
+    if isinstance(value, dict) and value:
+        out: dict[str, tuple[str, bool]] = {}
+        for k in sorted(value):
+            out.update(_flatten_json(value[k], f"{path}.{k}", secret=secret or bool(_SECRET_WORDS.search(k))))
+        return out
+    return {path: (json.dumps(value, sort_keys=True), secret)}
+
+
 # ---------------------------------------------------------------------------------------------- rendering
 
 Format = Literal["text", "json", "markdown"]
@@ -418,6 +628,18 @@ def render(plan: Plan, fmt: Format) -> str:
     if fmt == "markdown":
         return render_markdown(plan)
     return render_text(plan)
+
+
+_SYMBOL = {"add": "+", "change": "~", "remove": "-"}
+
+
+def _field_words(d: DocumentChange, f: FieldChange) -> str:
+    """`old -> new` for a change; only the value that exists for an added or removed document."""
+    if d.change == "add":
+        return f.new
+    if d.change == "remove":
+        return f.old
+    return f"{f.old} -> {f.new}"
 
 
 def _where(nodes: tuple[str, ...]) -> str:
@@ -435,6 +657,14 @@ def _lines(plan: Plan) -> list[str]:
             symbol = {"add": "+", "change": "~", "remove": "-"}[m.change]
             out.append(f"  {symbol} model {m.model}" + (f" ({m.summary})" if m.summary else ""))
             out += [f"      ~ {f.path}: {f.old} -> {f.new}" for f in m.fields]
+        out.append("")
+    if not plan.documents_known:
+        out += [f"Configuration: {UNKNOWN_DOCUMENTS}.", ""]
+    if plan.documents:
+        out.append("Configuration:")
+        for d in plan.documents:
+            out.append(f"  {_SYMBOL[d.change]} {d.kind} {d.name}")
+            out += [f"      {_SYMBOL[d.change]} {f.path}: {_field_words(d, f)}" for f in d.fields]
         out.append("")
     if plan.starts or plan.restarts or plan.stops or plan.stale:
         out.append("Replicas:")
@@ -549,6 +779,16 @@ def to_dict(plan: Plan) -> dict[str, Any]:
                 for s in plan.stale
             ],
         },
+        "documents_known": plan.documents_known,
+        "documents": [
+            {
+                "kind": d.kind,
+                "name": d.name,
+                "change": d.change,
+                "fields": [{"path": f.path, "old": f.old, "new": f.new} for f in d.fields],
+            }
+            for d in plan.documents
+        ],
         "nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.nodes],
         "kept_nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.kept],
         "unplaceable": [
@@ -578,10 +818,14 @@ def render_markdown(plan: Plan) -> str:
     """For a pull-request comment: the summary, one table row per change, the full text folded away."""
     out = ["### llmgw plan", "", f"**{plan.summary()}**", ""]
     rows: list[tuple[str, str, str, str]] = []
+    for d in plan.documents:
+        detail = "; ".join(f"`{f.path}`: {_field_words(d, f)}" for f in d.fields) or d.change
+        rows.append((_SYMBOL[d.change], f"{d.kind} `{d.name}`", "", detail))
+    if not plan.documents_known:
+        rows.append(("?", "Cluster, nodes, policies, tenants", "", UNKNOWN_DOCUMENTS))
     for m in plan.models:
-        symbol = {"add": "+", "change": "~", "remove": "-"}[m.change]
-        detail = m.summary or ", ".join(f.path for f in m.fields)
-        rows.append((symbol, f"model `{m.model}`", "", detail))
+        detail = m.summary or "; ".join(f"`{f.path}`: {f.old} -> {f.new}" for f in m.fields)
+        rows.append((_SYMBOL[m.change], f"model `{m.model}`", "", detail))
     for s in plan.starts:
         rows.append(("+", f"start `{s.replica_id}`", _where(s.nodes), f"{s.reason}; {s.why_there}"))
     for r in plan.restarts:

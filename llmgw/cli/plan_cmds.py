@@ -87,7 +87,12 @@ def plan(
     path: PathArg = Path("."),
     controller: ControllerOpt = None,
     state: Annotated[
-        Path | None, typer.Option("--state", help="Plan against a saved live state (JSON) instead")
+        Path | None,
+        typer.Option(
+            "--state",
+            help="Plan against a saved live state (JSON, from --save-state: it holds the applied revision's "
+            "documents) instead",
+        ),
     ] = None,
     output: Annotated[PlanFormat, typer.Option("--format", "-f", help="text, json, or markdown")] = (
         PlanFormat.text

@@ -22,6 +22,7 @@ from llmgw.fleet import (
 )
 from llmgw.fleet import ShardState as FleetShardState
 from llmgw.placement import ACTIVE_STATES
+from llmgw.plan import catalog_documents
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller, ReplicaRec
@@ -331,6 +332,8 @@ def live_state(c: Controller) -> LiveState:
         revision=d.revision if d else None,
         taken_at=c.wall(),
         models={name: m.spec for name, m in d.models.items()} if d else None,
+        # Nothing applied yet: no document, so every one the repo declares is planned as added.
+        documents=catalog_documents(d.catalog) if d else {},
     )
     nodes = [n.model_copy(update={"if_undeclared": if_undeclared(c, n.name)}) for n in state.nodes]
     return state.model_copy(update={"nodes": nodes})

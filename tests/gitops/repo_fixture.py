@@ -13,6 +13,7 @@ from pathlib import Path
 
 from llmgw.config import load_repo
 from llmgw.fleet import LiveNode, LiveReplica, LiveShard, LiveState, model_views
+from llmgw.plan import catalog_documents
 
 CLUSTER = """\
 apiVersion: llmgw/v1
@@ -100,4 +101,6 @@ def live_state(root: Path) -> LiveState:
             ),
         ],
         models=previous,
+        # Cluster and nodes as the repo declares them: the plan's changes are the models' and replicas'.
+        documents=catalog_documents(loaded.repo.catalog),
     )

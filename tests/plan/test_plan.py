@@ -177,16 +177,33 @@ def test_plan_value(plan):
         reasons["a100x8"]["gpu-2"] == "has vllm 0.9.0, needs 0.10.1" or "6 free" in reasons["a100x8"]["gpu-2"]
     )
     assert reasons["h100x8"]["retired"].startswith("node is Unreachable; no longer declared;")
-    assert plan.summary() == "Plan: 2 to start, 1 to restart, 1 to stop. 1 model cannot be placed."
+    assert plan.summary() == (
+        "Plan: 2 to start, 1 to restart, 1 to stop. Configuration: 3 models to change. 1 model cannot be placed."
+    )
     assert plan.has_changes
 
 
-def test_secrets_are_never_printed(plan):
+def test_secret_references_are_shown_by_name_and_never_resolved(plan, monkeypatch):
+    # A reviewer must see that a key now comes from another variable; what the variable holds is never read.
+    monkeypatch.setenv("EXT_KEY_NEW", "sk-live-value-never-printed")
     ext = next(m for m in plan.models if m.model == "ext")
-    assert [(f.path, f.old, f.new) for f in ext.fields] == [("provider.key", "(secret)", "(secret)")]
+    assert [(f.path, f.old, f.new) for f in ext.fields] == [
+        ("provider.key", "{env: EXT_KEY_OLD}", "{env: EXT_KEY_NEW}")
+    ]
     for fmt in ("text", "json", "markdown"):
         out = render(plan, fmt)  # type: ignore[arg-type]
-        assert "EXT_KEY" not in out
+        assert "{env: EXT_KEY_NEW}" in out and "sk-live-value-never-printed" not in out
+
+
+def test_secret_looking_literals_are_masked():
+    old = entry(cpu_profile(cores=1, memory_gb=1, env={"HF_TOKEN": "hf_old_literal"}))
+    new = entry(cpu_profile(cores=1, memory_gb=1, env={"HF_TOKEN": "hf_new_literal"}))
+    plan = make_plan({"m": new}, LiveState(models={"m": old.spec}))
+    (change,) = plan.models
+    assert [(f.path, f.old, f.new) for f in change.fields] == [
+        ("profiles[cpu].env.HF_TOKEN", "(secret)", "(secret)")
+    ]
+    assert "hf_new_literal" not in render_text(plan) + render_json(plan) + render_markdown(plan)
 
 
 def test_golden_text(plan):
@@ -319,3 +336,64 @@ def test_plan_for_the_example_cluster_repo_against_an_empty_fleet():
     assert plan.starts == () and len(plan.unplaceable) >= 1  # no node has been seen yet
     assert exit_code(plan) == 2
     assert exit_code(make_plan({}, LiveState())) == 0
+
+
+def _catalog(tmp_path: Path, files: dict[str, str]):  # type: ignore[no-untyped-def]
+    from llmgw.config import load_repo
+
+    for rel, text in files.items():
+        (tmp_path / rel).write_text(text)
+    loaded = load_repo(tmp_path)
+    assert loaded.catalog is not None, [str(e) for e in loaded.errors]
+    return loaded.catalog
+
+
+MODEL_DOC = """\
+apiVersion: llmgw/v1
+kind: Model
+metadata: {name: m, labels: {tier: %s}}
+spec:
+  context_length: 4096
+  scaling: {min: 0, max: 0}
+  provider: {url: "https://api.example.com/v1", model: x}
+"""
+PROJECT_DOC = """\
+apiVersion: llmgw/v1
+kind: Organization
+metadata: {name: acme}
+---
+apiVersion: llmgw/v1
+kind: Project
+metadata: {name: p}
+spec: {organization: acme%s}
+"""
+
+
+def test_spelling_out_a_default_or_reordering_is_no_change(tmp_path):
+    from llmgw.plan import catalog_documents, document_changes
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    before = _catalog(tmp_path / "a", {"m.yaml": MODEL_DOC % "gold", "t.yaml": PROJECT_DOC % ""})
+    after = _catalog(
+        tmp_path / "b",
+        {"m.yaml": MODEL_DOC % "gold", "t.yaml": PROJECT_DOC % ", limits: {rpm: null}, models: null"},
+    )
+    assert document_changes(catalog_documents(before), catalog_documents(after)) == ()
+
+
+def test_a_models_labels_are_compared_its_spec_is_the_model_diffs(tmp_path):
+    from llmgw.plan import catalog_documents
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    before = _catalog(tmp_path / "a", {"m.yaml": MODEL_DOC % "gold"})
+    after = _catalog(tmp_path / "b", {"m.yaml": MODEL_DOC % "silver"})
+    live = LiveState(models={"m": before.models["m"].spec}, documents=catalog_documents(before))
+    plan = plan_for_catalog(after, live)
+    assert plan.models == ()
+    assert [(d.kind, d.name, [(f.path, f.old, f.new) for f in d.fields]) for d in plan.documents] == [
+        ("Model", "m", [("metadata.labels.tier", '"gold"', '"silver"')])
+    ]
+    assert exit_code(plan) == 2
+    assert exit_code(plan_for_catalog(before, live)) == 0

@@ -200,9 +200,9 @@ async def test_m9_pooled_connection_with_unsolicited_bytes_is_dropped(client: En
             assert await resp.read() == b'{"ok":1}'
         conn = client._idle[("127.0.0.1", int(engine.url.split(":")[2].split("/")[0]))][0]  # pooled
         engine.send_after.set()
-        async with asyncio.timeout(5):
-            while not conn.buf:  # the stray bytes reached the pooled connection
-                await asyncio.sleep(0.01)
+        if not conn.buf:  # wait until the stray bytes reached the pooled connection
+            await conn.wait_for_data(5.0, asyncio.get_running_loop().time() + 5.0)
+        assert conn.buf.startswith(b"HTTP/1.1 200")
         async with await client.post(engine.url, b"{}", {}) as resp:
             assert await resp.read() == b'{"ok":1}'
         assert engine.connections == 2

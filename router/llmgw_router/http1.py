@@ -32,9 +32,7 @@ the router went away) or TimeoutError.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import re
-import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -42,7 +40,7 @@ from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
-from llmgw.security import forbidden_address_reason
+from llmgw_router.egress import checked_address
 
 __all__ = ["EngineClient", "EngineResponse", "UpstreamHttpError"]
 
@@ -426,7 +424,7 @@ class EngineClient:
         key = (target.host, target.port)
         try:
             async with asyncio.timeout(self.connect_timeout):
-                address = await _checked_address(loop, target.host, target.port)
+                address = await checked_address(loop, target.host, target.port)
                 _transport, conn = await loop.create_connection(
                     lambda: _Connection(key), address, target.port
                 )
@@ -470,24 +468,6 @@ class EngineClient:
             for conn in idle:
                 conn.close()
         self._idle.clear()
-
-
-async def _checked_address(loop: asyncio.AbstractEventLoop, host: str, port: int) -> str:
-    """The address to connect to for `host`: resolved, and refused (OSError) when any address it resolves to
-    is forbidden. The caller connects to the returned literal, so the address checked is the one used."""
-    try:
-        ipaddress.ip_address(host.split("%")[0])
-    except ValueError:
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addresses = [str(info[4][0]) for info in infos]
-    else:
-        addresses = [host]
-    if not addresses:
-        raise OSError(f"{host} resolves to no address")
-    for address in addresses:
-        if why := forbidden_address_reason(address):
-            raise OSError(f"{host} resolves to a forbidden address: {why}")
-    return addresses[0]
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:

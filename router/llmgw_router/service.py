@@ -63,7 +63,9 @@ class RouterOptions:
     debug_token: str | None = None  # requests sending it in x-llmgw-debug get the decision's rationale
     breaker: brk.BreakerPolicy = field(default_factory=brk.BreakerPolicy)
     connect_timeout: float = 5.0
-    read_timeout: float = 600.0
+    read_timeout: float = 600.0  # idle: the longest silence of an engine while an answer is expected
+    request_deadline: float = 3600.0  # an engine's whole answer, stream or not, however steadily it comes
+    write_timeout: float = 30.0  # a stream's client that accepts no byte for this long is cut off
 
 
 @dataclass
@@ -346,7 +348,14 @@ class Router:
             )
             try:
                 assert self.session is not None, "the client session is opened by the app's cleanup_ctx"
-                call.result = await forward(self.session, request, up, self.engines, call.streaming)
+                call.result = await forward(
+                    self.session,
+                    request,
+                    up,
+                    self.engines,
+                    call.streaming,
+                    write_timeout=self.options.write_timeout,
+                )
             except UpstreamUnavailable as exc:
                 self._failed(ep, exc.reason)
                 if attempt == 1:

@@ -1,0 +1,55 @@
+"""Every connection the router opens is checked at connect time against the forbidden-address rules.
+
+The snapshot's URLs are checked when a snapshot is applied, but only as written: a name, or a numeric form
+that getaddrinfo reads as an address (`2852039166` is 169.254.169.254), passes that check. So the check is
+made again on the address actually connected to: `checked_socket` is aiohttp's socket factory (providers,
+scrapes, the controller link), called with each resolved address just before connecting; `checked_address`
+resolves for the lean engine client, which then connects to the literal it checked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import socket
+
+from aiohappyeyeballs import AddrInfoType
+
+from llmgw.security import forbidden_address_reason
+
+__all__ = ["ForbiddenAddress", "checked_address", "checked_socket"]
+
+
+class ForbiddenAddress(OSError):
+    """A connection would go to a link-local or metadata address."""
+
+    def __init__(self, host: str, why: str) -> None:
+        super().__init__(errno.EACCES, f"{host} is a forbidden address for the router: {why}")
+
+
+def checked_socket(addr_info: AddrInfoType) -> socket.socket:
+    """aiohttp's `socket_factory`: a socket for `addr_info`, refused when its address is forbidden."""
+    family, type_, proto, _, sockaddr = addr_info
+    address = str(sockaddr[0])
+    if why := forbidden_address_reason(address):
+        raise ForbiddenAddress(address, why)
+    return socket.socket(family=family, type=type_, proto=proto)
+
+
+async def checked_address(loop: asyncio.AbstractEventLoop, host: str, port: int) -> str:
+    """The address to connect to for `host`: resolved, and refused when any address it resolves to is
+    forbidden (a name with one good and one bad address is refused: which one is used is not ours to pick)."""
+    try:
+        ipaddress.ip_address(host.split("%")[0])
+    except ValueError:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = [str(info[4][0]) for info in infos]
+    else:
+        addresses = [host]
+    if not addresses:
+        raise OSError(errno.EHOSTUNREACH, f"{host} resolves to no address")
+    for address in addresses:
+        if why := forbidden_address_reason(address):
+            raise ForbiddenAddress(f"{host} ({address})" if address != host else host, why)
+    return addresses[0]

@@ -14,7 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw.httplog import quiet_bad_requests
-from llmgw_router.egress import checked_socket
+from llmgw_router.egress import client_connector
 from llmgw_router.http1 import EngineClient
 from llmgw_router.link import ControllerLink
 from llmgw_router.scrape import scrape_loop
@@ -56,7 +56,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
     opts = router.options
     # Every address is checked as it is connected to (egress.py): a name or numeric form in the snapshot
     # that resolves to a link-local or metadata address is refused there.
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, socket_factory=checked_socket)
+    connector = client_connector()
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=opts.connect_timeout, sock_read=opts.read_timeout
     )

@@ -14,11 +14,13 @@ import errno
 import ipaddress
 import socket
 
+import aiohttp
+import aiohttp.abc
 from aiohappyeyeballs import AddrInfoType
 
 from llmgw.security import forbidden_address_reason
 
-__all__ = ["ForbiddenAddress", "checked_address", "checked_socket"]
+__all__ = ["ForbiddenAddress", "checked_addresses", "checked_socket", "client_connector"]
 
 
 class ForbiddenAddress(OSError):
@@ -37,9 +39,16 @@ def checked_socket(addr_info: AddrInfoType) -> socket.socket:
     return socket.socket(family=family, type=type_, proto=proto)
 
 
-async def checked_address(loop: asyncio.AbstractEventLoop, host: str, port: int) -> str:
-    """The address to connect to for `host`: resolved, and refused when any address it resolves to is
-    forbidden (a name with one good and one bad address is refused: which one is used is not ours to pick)."""
+def client_connector(resolver: aiohttp.abc.AbstractResolver | None = None) -> aiohttp.TCPConnector:
+    """The router's aiohttp connector: every address it connects to passes `checked_socket`. (aiohttp
+    itself refuses legacy numeric IPv4 forms in URLs; names are resolved by `resolver`, the default one
+    unless a test gives its own.)"""
+    return aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, resolver=resolver, socket_factory=checked_socket)
+
+
+async def checked_addresses(loop: asyncio.AbstractEventLoop, host: str, port: int) -> list[str]:
+    """The addresses to connect to for `host`, in order: resolved, and refused when any of them is forbidden
+    (a name with one good and one bad address is refused: which one a connection uses is not ours to pick)."""
     try:
         ipaddress.ip_address(host.split("%")[0])
     except ValueError:
@@ -52,4 +61,4 @@ async def checked_address(loop: asyncio.AbstractEventLoop, host: str, port: int)
     for address in addresses:
         if why := forbidden_address_reason(address):
             raise ForbiddenAddress(f"{host} ({address})" if address != host else host, why)
-    return addresses[0]
+    return list(dict.fromkeys(addresses))

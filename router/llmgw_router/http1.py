@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
-from llmgw_router.egress import checked_address
+from llmgw_router.egress import checked_addresses
 
 __all__ = ["EngineClient", "EngineResponse", "UpstreamHttpError"]
 
@@ -424,10 +424,16 @@ class EngineClient:
         key = (target.host, target.port)
         try:
             async with asyncio.timeout(self.connect_timeout):
-                address = await checked_address(loop, target.host, target.port)
-                _transport, conn = await loop.create_connection(
-                    lambda: _Connection(key), address, target.port
-                )
+                addresses = await checked_addresses(loop, target.host, target.port)
+                for i, address in enumerate(addresses):  # in order, as create_connection would
+                    try:
+                        _transport, conn = await loop.create_connection(
+                            lambda: _Connection(key), address, target.port
+                        )
+                        break
+                    except OSError:
+                        if i == len(addresses) - 1:
+                            raise
         except OSError as exc:
             raise UpstreamHttpError(
                 f"connect to {target.host}:{target.port} failed: {exc.strerror or exc}"

@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import web
 
 from llmgw_router.egress import ForbiddenAddress
+from llmgw_router.errors import ApiError, error_response
 from llmgw_router.http1 import EngineClient, UpstreamHttpError
 
 __all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "forward"]
@@ -156,10 +157,17 @@ async def forward(
         if upstream.status in _RETRYABLE_STATUS and call.retry_on_5xx:
             raise UpstreamUnavailable(f"engine answered {upstream.status}")
         if 300 <= upstream.status < 400:
-            where = upstream.header("Location")[:200]
-            raise UpstreamUnavailable(
-                f"answered {upstream.status} to {where!r}; the router follows no redirects"
+            # Not followed, not relayed (its body may be the redirect target's bait), not retried elsewhere
+            # (the endpoint answered; it answered wrongly): a 502 the client can read.
+            upstream.close()
+            err = ApiError(
+                502,
+                f"The upstream answered {upstream.status} (a redirect); the router follows no redirects.",
+                "upstream_redirect",
+                "server_error",
+                headers=call.reply_headers,
             )
+            return ProxyResult(error_response(err), 502)
         if call.stream and upstream.status == 200:
             streamed = await _stream(request, upstream, call, streaming, write_timeout)
             # Back to the pool when the engine's message is complete (after [DONE] its end is usually

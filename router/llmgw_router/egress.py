@@ -46,19 +46,20 @@ def client_connector(resolver: aiohttp.abc.AbstractResolver | None = None) -> ai
     return aiohttp.TCPConnector(limit=0, ttl_dns_cache=300, resolver=resolver, socket_factory=checked_socket)
 
 
-async def checked_addresses(loop: asyncio.AbstractEventLoop, host: str, port: int) -> list[str]:
-    """The addresses to connect to for `host`, in order: resolved, and refused when any of them is forbidden
-    (a name with one good and one bad address is refused: which one a connection uses is not ours to pick)."""
+async def checked_addresses(loop: asyncio.AbstractEventLoop, host: str, port: int) -> list[AddrInfoType]:
+    """getaddrinfo's answers for `host`, in order, refused when any of them is forbidden (a name with one
+    good and one bad address is refused: which one a connection uses is not ours to pick)."""
     try:
         ipaddress.ip_address(host.split("%")[0])
     except ValueError:
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-        addresses = [str(info[4][0]) for info in infos]
+        flags = 0
     else:
-        addresses = [host]
-    if not addresses:
+        flags = socket.AI_NUMERICHOST  # a literal: no lookup
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=flags)
+    if not infos:
         raise OSError(errno.EHOSTUNREACH, f"{host} resolves to no address")
-    for address in addresses:
+    for info in infos:
+        address = str(info[4][0])
         if why := forbidden_address_reason(address):
             raise ForbiddenAddress(f"{host} ({address})" if address != host else host, why)
-    return list(dict.fromkeys(addresses))
+    return infos

@@ -33,12 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
+
+from aiohappyeyeballs import AddrInfoType
 
 from llmgw_router.egress import checked_addresses
 
@@ -48,8 +51,9 @@ _MAX_HEAD = 64 * 1024  # status line and headers; an engine's are a few hundred 
 _MAX_TRAILER = 8 * 1024  # trailer section after the last chunk; engines send none
 _MAX_BODY = 64 * 1024 * 1024  # a body read whole (non-stream answers); an embedding batch is a few MiB
 _MAX_CHUNK_LINE = 1024
-_PAUSE_ABOVE = 256 * 1024  # unread bytes in a connection's buffer before the socket is paused
-_RESUME_BELOW = 64 * 1024
+_PAUSE_ABOVE = 64 * 1024  # unread bytes in a connection's buffer before the socket is paused
+_RESUME_BELOW = 16 * 1024
+_SOCKET_RCVBUF = 64 * 1024
 _DIGITS = re.compile(rb"[0-9]+")  # not int(): it takes "+3", "-3", "1_0" and spaces
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")  # not int(x, 16): it takes "0x3", "+3", "_"
 
@@ -424,15 +428,14 @@ class EngineClient:
         key = (target.host, target.port)
         try:
             async with asyncio.timeout(self.connect_timeout):
-                addresses = await checked_addresses(loop, target.host, target.port)
-                for i, address in enumerate(addresses):  # in order, as create_connection would
+                infos = await checked_addresses(loop, target.host, target.port)
+                for i, info in enumerate(infos):  # in order, as create_connection would
                     try:
-                        _transport, conn = await loop.create_connection(
-                            lambda: _Connection(key), address, target.port
-                        )
+                        sock = await _open_socket(loop, info)
+                        _transport, conn = await loop.create_connection(lambda: _Connection(key), sock=sock)
                         break
                     except OSError:
-                        if i == len(addresses) - 1:
+                        if i == len(infos) - 1:
                             raise
         except OSError as exc:
             raise UpstreamHttpError(
@@ -474,6 +477,23 @@ class EngineClient:
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+
+async def _open_socket(loop: asyncio.AbstractEventLoop, info: AddrInfoType) -> socket.socket:
+    """A connected socket whose receive buffer is fixed at _SOCKET_RCVBUF: with reading paused, the kernel
+    would otherwise grow it (tcp_rmem allows tens of MiB) and hold for a stalled stream what the router
+    itself no longer does. An engine's stream is far slower than what that window allows on a LAN."""
+    family, type_, proto, _, sockaddr = info
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_RCVBUF)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await loop.sock_connect(sock, sockaddr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:

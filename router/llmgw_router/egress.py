@@ -55,7 +55,7 @@ async def checked_addresses(loop: asyncio.AbstractEventLoop, host: str, port: in
         flags = 0
     else:
         flags = socket.AI_NUMERICHOST  # a literal: no lookup
-    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=flags)
+    infos: list[AddrInfoType] = list(await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=flags))
     if not infos:
         raise OSError(errno.EHOSTUNREACH, f"{host} resolves to no address")
     for info in infos:

@@ -32,6 +32,7 @@ from llmgw_router import breaker as brk
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator, Principal
 from llmgw_router.errors import ApiError, error_response
+from llmgw_router.fields import plan_fields
 from llmgw_router.http1 import EngineClient
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
@@ -355,6 +356,16 @@ class Router:
                     self.engines,
                     call.streaming,
                     write_timeout=self.options.write_timeout,
+                    fields=None
+                    if ep.is_provider
+                    else plan_fields(
+                        ep.spec.engine,
+                        kind,
+                        body,
+                        table.snapshot.router.allowed_request_fields,
+                        call.principal.project if call.principal else None,
+                        ep.spec.api_key,
+                    ),
                 )
             except UpstreamUnavailable as exc:
                 self._failed(ep, exc.reason)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import re
+import socket
 from urllib.parse import urlsplit
 
 __all__ = ["ENGINE_KEY_PREFIX", "engine_key", "forbidden_address_reason"]
@@ -28,6 +30,9 @@ _METADATA_ADDRESSES = (
 )
 
 
+_NUMERIC_PART = re.compile(r"0[xX][0-9a-fA-F]*|[0-9]+")
+
+
 def engine_key(cluster_secret: bytes, replica_id: str) -> str:
     """The key replica `replica_id`'s engine demands: HMAC-SHA256 of the id under the secret, hex, prefixed."""
     if not cluster_secret:
@@ -36,11 +41,25 @@ def engine_key(cluster_secret: bytes, replica_id: str) -> str:
     return ENGINE_KEY_PREFIX + digest
 
 
+def _inet_aton_form(host: str) -> ipaddress.IPv4Address | None:
+    """The address of a legacy numeric IPv4 form (decimal `2852039166`, octal or hex parts, `a.b.c` short
+    forms) that getaddrinfo connects to though ipaddress refuses it; None for anything else."""
+    parts = host.split(".")
+    if not 1 <= len(parts) <= 4 or not all(_NUMERIC_PART.fullmatch(p) for p in parts):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
 def forbidden_address_reason(url_or_host: str) -> str | None:
     """Why the router must not send requests to this URL or host (link-local or a metadata service); or None.
 
-    Only literal addresses and well-known metadata names are checked: resolving names here would make a
-    pure check do I/O, and a name resolving to a link-local address is caught by the operator's egress rules.
+    Pure: literal addresses (including the numeric forms getaddrinfo accepts, such as `2852039166` or
+    `0251.0376.0251.0376` for 169.254.169.254) and well-known metadata names. Names are not resolved here;
+    the router checks every resolved address again as it connects (llmgw_router.egress), so a name that
+    resolves to a forbidden address is refused there.
     """
     host = urlsplit(url_or_host).hostname if "//" in url_or_host else url_or_host
     if not host:
@@ -51,7 +70,10 @@ def forbidden_address_reason(url_or_host: str) -> str | None:
     try:
         addr = ipaddress.ip_address(host.split("%")[0])  # fe80::1%eth0 is link-local too
     except ValueError:
-        return None
+        loose = _inet_aton_form(host)
+        if loose is None:
+            return None
+        addr = loose
     if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
         addr = addr.ipv4_mapped  # ::ffff:169.254.169.254 reaches the same service
     if addr in _METADATA_ADDRESSES:

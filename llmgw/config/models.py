@@ -100,6 +100,11 @@ class AdmissionSettings(Strict):
     timeout: Duration = Field("30s", description="Longest a request waits in the admission queue")
 
 
+RequestFieldName = Annotated[
+    str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="A top-level request body field")
+]
+
+
 class RouterSettings(Strict):
     """Where the router listens, its default routing policy and admission queue."""
 
@@ -112,6 +117,13 @@ class RouterSettings(Strict):
         "5s", description="An endpoint not scraped for this long counts as saturated"
     )
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings, description="Admission queue")
+    allowed_request_fields: list[RequestFieldName] = Field(
+        default_factory=list,
+        description=(
+            "Top-level request fields forwarded to engines besides OpenAI's and each engine's sampling "
+            "parameters (e.g. chat_template_kwargs); others are dropped and named in x-llmgw-dropped-fields"
+        ),
+    )
 
 
 class MetricMapping(Strict):

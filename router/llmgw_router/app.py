@@ -14,6 +14,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw.httplog import quiet_bad_requests
+from llmgw_router.egress import client_connector
 from llmgw_router.http1 import EngineClient
 from llmgw_router.link import ControllerLink
 from llmgw_router.scrape import scrape_loop
@@ -53,7 +54,9 @@ async def _ready(request: web.Request) -> web.Response:
 async def _client_session(app: web.Application) -> AsyncIterator[None]:
     router = app[ROUTER]
     opts = router.options
-    connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=300)
+    # Every address is checked as it is connected to (egress.py): a name or numeric form in the snapshot
+    # that resolves to a link-local or metadata address is refused there.
+    connector = client_connector()
     timeout = aiohttp.ClientTimeout(
         total=None, sock_connect=opts.connect_timeout, sock_read=opts.read_timeout
     )
@@ -63,7 +66,9 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
         connector=connector, timeout=timeout, auto_decompress=False, cookie_jar=aiohttp.DummyCookieJar()
     ) as session:
         router.session = session
-        router.engines = EngineClient(opts.connect_timeout, opts.read_timeout)
+        router.engines = EngineClient(
+            opts.connect_timeout, opts.read_timeout, request_deadline=opts.request_deadline
+        )
         tasks: list[asyncio.Task[None]] = []
         if app.get(_SCRAPE, True):
             tasks.append(

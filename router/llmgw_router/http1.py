@@ -11,6 +11,20 @@ aiohttp), POST only, no redirects, no proxies, no compression (the router asks f
 Content-Length, chunked or closed-delimited. A connection goes back to the pool only after its response was
 read to the end with keep-alive; anything unexpected closes it.
 
+Strict by design, because an engine (or a proxy in front of one) may be buggy or compromised: Content-Length
+is digits only, Content-Length together with Transfer-Encoding is refused (RFC 9112 §6.3: such a message may
+be smuggling, and its connection is never reused), chunk sizes are hex digits only, the head, a trailer
+section and a body read whole are capped, each request has an overall deadline besides the idle timeout, and
+a pooled connection that received bytes while idle is dropped (they would be parsed as the next answer).
+
+Back-pressure: while more than `_PAUSE_ABOVE` bytes wait unread in a connection's buffer, reading from the
+socket is paused, so a client of the router that stops reading stops the engine (through TCP) instead of
+growing the router's memory.
+
+Every new connection goes to an address checked against `forbidden_address_reason` after resolving the
+name (a literal such as `2852039166` is 169.254.169.254 to getaddrinfo), and the checked address is the one
+connected to, so no later resolution can differ.
+
 Errors are `UpstreamHttpError` (an OSError, never a ConnectionResetError: that one means the *client* of
 the router went away) or TimeoutError.
 """
@@ -18,6 +32,8 @@ the router went away) or TimeoutError.
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
 import time
 from collections import deque
 from collections.abc import Callable
@@ -25,9 +41,21 @@ from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
+from aiohappyeyeballs import AddrInfoType
+
+from llmgw_router.egress import checked_addresses
+
 __all__ = ["EngineClient", "EngineResponse", "UpstreamHttpError"]
 
 _MAX_HEAD = 64 * 1024  # status line and headers; an engine's are a few hundred bytes
+_MAX_TRAILER = 8 * 1024  # trailer section after the last chunk; engines send none
+_MAX_BODY = 64 * 1024 * 1024  # a body read whole (non-stream answers); an embedding batch is a few MiB
+_MAX_CHUNK_LINE = 1024
+_PAUSE_ABOVE = 64 * 1024  # unread bytes in a connection's buffer before the socket is paused
+_RESUME_BELOW = 16 * 1024
+_SOCKET_RCVBUF = 64 * 1024
+_DIGITS = re.compile(rb"[0-9]+")  # not int(): it takes "+3", "-3", "1_0" and spaces
+_HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")  # not int(x, 16): it takes "0x3", "+3", "_"
 
 
 class UpstreamHttpError(OSError):
@@ -75,6 +103,7 @@ class _Connection(asyncio.Protocol):
         self.eof = False
         self.error: BaseException | None = None
         self.idle_since = 0.0  # when it went back to the pool
+        self.paused = False  # reading from the socket is paused: the buffer is over _PAUSE_ABOVE
         self._waiter: asyncio.Future[None] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -83,7 +112,17 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        if len(self.buf) > _PAUSE_ABOVE and not self.paused and self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
         self._wake()
+
+    def drained(self) -> None:
+        """The reader took bytes out of the buffer: read from the socket again once it is low."""
+        if self.paused and len(self.buf) < _RESUME_BELOW and self.transport is not None:
+            self.paused = False
+            if not self.transport.is_closing():
+                self.transport.resume_reading()
 
     def eof_received(self) -> bool:
         self.eof = True
@@ -105,13 +144,19 @@ class _Connection(asyncio.Protocol):
     def usable(self) -> bool:
         return not self.eof and self.transport is not None and not self.transport.is_closing()
 
-    async def wait_for_data(self, idle_limit: float) -> None:
-        """Return when more bytes arrived or the connection ended; TimeoutError after `idle_limit` seconds of silence."""
+    async def wait_for_data(self, idle_limit: float, deadline: float) -> None:
+        """Return when more bytes arrived or the connection ended; TimeoutError after `idle_limit` seconds of
+        silence or at `deadline` (the loop's clock), whichever is first."""
         if self.eof:
             raise UpstreamHttpError(self._ended())
-        waiter = self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        left = deadline - loop.time()
+        if left <= 0:
+            raise TimeoutError("the engine's answer took longer than the request deadline")
+        self.drained()  # waiting with a full buffer would wait forever
+        waiter = self._waiter = loop.create_future()
         try:
-            async with asyncio.timeout(idle_limit):
+            async with asyncio.timeout(min(idle_limit, left)):
                 await waiter
         finally:
             self._waiter = None
@@ -129,23 +174,36 @@ class EngineResponse:
     """The engine's answer: status and headers at once, the body through `read`/`readany`. Release it
     (or use `async with`) so its connection goes back to the pool."""
 
-    def __init__(self, client: EngineClient, conn: _Connection, status: int, headers: dict[str, str]) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        conn: _Connection,
+        status: int,
+        headers: dict[str, str],
+        deadline: float = float("inf"),
+    ) -> None:
         self.status = status
         self.headers = headers  # names lower-cased
         self._client = client
         self._conn: _Connection | None = conn
+        self._deadline = deadline  # the loop's clock: the whole answer must be in by then
         self._keep_alive = headers.get("connection", "").lower() != "close"
         length = headers.get("content-length")
-        self._chunked = "chunked" in headers.get("transfer-encoding", "").lower()
+        coding = headers.get("transfer-encoding")
+        if coding is not None and length is not None:
+            # RFC 9112 §6.3: a sender of both is broken or smuggling; the caller closes the connection.
+            raise UpstreamHttpError("the engine sent both Content-Length and Transfer-Encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            raise UpstreamHttpError(f"unsupported Transfer-Encoding {coding[:40]!r} (only chunked)")
+        self._chunked = coding is not None
         self._left: int | None = None  # Content-Length body: bytes still to come
         self._chunk_left = 0  # chunked body: bytes left in the current chunk (then its CRLF)
         self._done = status in (204, 304)
         if not self._chunked and not self._done:
             if length is not None:
-                try:
-                    self._left = int(length)
-                except ValueError:
-                    raise UpstreamHttpError(f"bad Content-Length {length!r}") from None
+                if not _DIGITS.fullmatch(length.encode("latin-1")):
+                    raise UpstreamHttpError(f"bad Content-Length {length[:40]!r} (digits only)")
+                self._left = int(length)
                 self._done = self._left == 0
             else:
                 self._keep_alive = False  # the body ends when the engine closes the connection
@@ -169,11 +227,19 @@ class EngineResponse:
             if conn.eof and not self._chunked and self._left is None:
                 self._done = True  # closed-delimited body: EOF is its end
                 return b""
-            await conn.wait_for_data(self._client.read_timeout)
+            await conn.wait_for_data(self._client.read_timeout, self._deadline)
 
-    async def read(self) -> bytes:
+    async def read(self, limit: int = _MAX_BODY) -> bytes:
+        """The whole body; UpstreamHttpError when it is longer than `limit` bytes (a non-stream answer of an
+        engine is small: this bounds what a broken one can make the router hold)."""
+        if self._left is not None and self._left > limit:
+            raise UpstreamHttpError(f"the engine's body of {self._left} bytes is over the {limit}-byte limit")
         parts = []
+        size = 0
         while data := await self.readany():
+            size += len(data)
+            if size > limit:
+                raise UpstreamHttpError(f"the engine's body is over the {limit}-byte limit")
             parts.append(data)
         return b"".join(parts)
 
@@ -181,17 +247,20 @@ class EngineResponse:
         buf = conn.buf
         if not buf:
             return b""
-        if not self._chunked:
-            if self._left is None:
-                data = bytes(buf)
-                buf.clear()
+        try:
+            if not self._chunked:
+                if self._left is None:
+                    data = bytes(buf)
+                    buf.clear()
+                    return data
+                data = bytes(buf[: self._left])
+                del buf[: len(data)]
+                self._left -= len(data)
+                self._done = self._left == 0
                 return data
-            data = bytes(buf[: self._left])
-            del buf[: len(data)]
-            self._left -= len(data)
-            self._done = self._left == 0
-            return data
-        return self._take_chunks(buf)
+            return self._take_chunks(buf)
+        finally:
+            conn.drained()
 
     def _take_chunks(self, buf: bytearray) -> bytes:
         out = bytearray()
@@ -212,20 +281,25 @@ class EngineResponse:
                 del buf[:2]
                 self._chunk_left = 0
                 continue
-            end = buf.find(b"\r\n")
+            end = buf.find(b"\r\n", 0, _MAX_CHUNK_LINE + 2)
             if end < 0:
-                if len(buf) > 1024:
+                if len(buf) > _MAX_CHUNK_LINE:
                     raise UpstreamHttpError("chunked body: chunk size line too long")
                 break
-            size_text = bytes(buf[:end]).split(b";", 1)[0].strip()
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise UpstreamHttpError(f"chunked body: bad chunk size {size_text[:20]!r}") from None
+            # chunk-size [ BWS ";" extension ]: the size is hex digits and nothing else.
+            size_text = bytes(buf[:end]).split(b";", 1)[0].rstrip(b" \t")
+            if not _HEX.fullmatch(size_text):
+                raise UpstreamHttpError(f"chunked body: bad chunk size {size_text[:20]!r} (hex digits only)")
+            size = int(size_text, 16)
             if size == 0:
                 # The last chunk: skip any trailers up to the empty line that ends the message.
-                trailer_end = buf.find(b"\r\n\r\n", end)
+                if buf[end : end + 4] == b"\r\n\r\n":
+                    trailer_end = end
+                else:
+                    trailer_end = buf.find(b"\r\n\r\n", end, end + _MAX_TRAILER + 4)
                 if trailer_end < 0:
+                    if len(buf) - end > _MAX_TRAILER:
+                        raise UpstreamHttpError(f"chunked body: trailer section over {_MAX_TRAILER} bytes")
                     break  # not all here yet
                 del buf[: trailer_end + 4]
                 self._done = True
@@ -277,9 +351,13 @@ class EngineClient:
         max_idle_per_engine: int = 256,
         idle_timeout: float = 15.0,
         clock: Callable[[], float] = time.monotonic,
+        request_deadline: float = 3600.0,
     ) -> None:
         self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
+        self.read_timeout = read_timeout  # idle: the longest silence while an answer is expected
+        # From sending the request to the end of its answer, however steadily the bytes come: an engine
+        # dribbling a byte a minute would otherwise hold a request (and its endpoint slot) forever.
+        self.request_deadline = request_deadline
         self._max_idle = max_idle_per_engine
         # An idle connection older than this is not reused (aiohttp's keep-alive default too): a node that
         # vanished without closing its sockets would otherwise take a request into a read timeout.
@@ -309,35 +387,38 @@ class EngineClient:
             head += _header_line(name, value)
         head += b"\r\n"
         message = bytes(head) + body
+        deadline = asyncio.get_running_loop().time() + self.request_deadline
         conn = self._take_idle((target.host, target.port))
         if conn is not None:
             try:
-                return await self._exchange(conn, message, reused=True)
+                return await self._exchange(conn, message, reused=True, deadline=deadline)
             except _StaleConnection:
                 # The engine closed this idle connection as we picked it up (its keep-alive timeout): the
                 # request never reached it, so sending it on a fresh connection is safe.
                 pass
         conn = await self._connect(target)
-        return await self._exchange(conn, message, reused=False)
+        return await self._exchange(conn, message, reused=False, deadline=deadline)
 
-    async def _exchange(self, conn: _Connection, message: bytes, reused: bool) -> EngineResponse:
+    async def _exchange(
+        self, conn: _Connection, message: bytes, reused: bool, deadline: float
+    ) -> EngineResponse:
         assert conn.transport is not None
         conn.transport.write(message)
         try:
             while True:
-                end = conn.buf.find(b"\r\n\r\n")
+                end = conn.buf.find(b"\r\n\r\n", 0, _MAX_HEAD)
                 if end >= 0:
                     status, headers = _parse_head(bytes(conn.buf[:end]))
                     del conn.buf[: end + 4]
                     if 100 <= status < 200:
                         continue  # an interim answer (100 Continue): the real one follows
-                    return EngineResponse(self, conn, status, headers)
+                    return EngineResponse(self, conn, status, headers, deadline)
                 if len(conn.buf) > _MAX_HEAD:
-                    raise UpstreamHttpError("the engine's response headers are too large")
+                    raise UpstreamHttpError(f"the engine's response head is over {_MAX_HEAD} bytes")
                 if conn.eof:
                     stale = reused and not conn.buf and not isinstance(conn.error, TimeoutError)
                     raise (_StaleConnection if stale else UpstreamHttpError)(conn._ended())
-                await conn.wait_for_data(self.read_timeout)
+                await conn.wait_for_data(self.read_timeout, deadline)
         except BaseException:
             conn.close()
             raise
@@ -347,9 +428,15 @@ class EngineClient:
         key = (target.host, target.port)
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _transport, conn = await loop.create_connection(
-                    lambda: _Connection(key), target.host, target.port
-                )
+                infos = await checked_addresses(loop, target.host, target.port)
+                for i, info in enumerate(infos):  # in order, as create_connection would
+                    try:
+                        sock = await _open_socket(loop, info)
+                        _transport, conn = await loop.create_connection(lambda: _Connection(key), sock=sock)
+                        break
+                    except OSError:
+                        if i == len(infos) - 1:
+                            raise
         except OSError as exc:
             raise UpstreamHttpError(
                 f"connect to {target.host}:{target.port} failed: {exc.strerror or exc}"
@@ -366,8 +453,10 @@ class EngineClient:
                     old.close()
                 idle.clear()
                 return None
-            if conn.usable:
+            if conn.usable and not conn.buf:
                 return conn
+            # Closed, or bytes arrived while it sat idle (a stray CRLF, a proxy's 408): those would be read
+            # as the next request's answer.
             conn.close()
         return None
 
@@ -388,6 +477,23 @@ class EngineClient:
             for conn in idle:
                 conn.close()
         self._idle.clear()
+
+
+async def _open_socket(loop: asyncio.AbstractEventLoop, info: AddrInfoType) -> socket.socket:
+    """A connected socket whose receive buffer is fixed at _SOCKET_RCVBUF: with reading paused, the kernel
+    would otherwise grow it (tcp_rmem allows tens of MiB) and hold for a stalled stream what the router
+    itself no longer does. An engine's stream is far slower than what that window allows on a LAN."""
+    family, type_, proto, _, sockaddr = info
+    sock = socket.socket(family, type_, proto)
+    try:
+        sock.setblocking(False)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_RCVBUF)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        await loop.sock_connect(sock, sockaddr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str]]:

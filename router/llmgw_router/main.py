@@ -78,6 +78,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--on-demand-wait", type=float, default=5.0, help="seconds a request waits for an on-demand load"
     )
+    p.add_argument(
+        "--write-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a streaming client may accept no bytes before it is cut off and its slot freed",
+    )
+    p.add_argument(
+        "--request-deadline",
+        type=float,
+        default=3600.0,
+        help="seconds an engine's whole answer may take (besides the idle read timeout)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -122,6 +134,8 @@ async def _amain(ns: argparse.Namespace) -> None:
             router_id=ns.router_id,
             on_demand_wait=ns.on_demand_wait,
             debug_token=_read_secret(ns.debug_token_file),
+            write_timeout=ns.write_timeout,
+            request_deadline=ns.request_deadline,
         )
         link: ControllerLink | None = None
         router = Router(options, Authenticator(keys), limiter, usage)

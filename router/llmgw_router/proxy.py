@@ -7,6 +7,8 @@ the client becomes `UpstreamUnavailable` (the caller may retry elsewhere); after
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -16,12 +18,33 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from llmgw_router.egress import ForbiddenAddress
+from llmgw_router.errors import ApiError, error_response
+from llmgw_router.fields import DROPPED_HEADER, FieldPlan, apply_plan
 from llmgw_router.http1 import EngineClient, UpstreamHttpError
 
 __all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "forward"]
 
 _RETRYABLE_STATUS = frozenset({502, 503})
 _FLUSH_WITHOUT_SEPARATOR = 64 * 1024
+DEFAULT_WRITE_TIMEOUT = 30.0
+
+
+class _ClientStalled(ConnectionResetError):
+    """The client accepted none of a write for the write timeout: treated as gone (it is cut off)."""
+
+
+async def _write(request: web.Request, resp: web.StreamResponse, chunk: bytes, limit_s: float) -> None:
+    """One write to the client, bounded in time. aiohttp waits (drain) while the client's TCP window is
+    closed; without a bound a client that stops reading holds its endpoint slot for as long as it likes."""
+    try:
+        async with asyncio.timeout(limit_s):
+            await resp.write(chunk)
+    except TimeoutError:
+        transport = request.transport
+        if transport is not None:
+            transport.abort()  # drop what is queued for it: nothing more is sent to this client
+        raise _ClientStalled(f"the client read nothing for {limit_s:g}s") from None
 
 
 class UpstreamUnavailable(Exception):
@@ -106,10 +129,28 @@ class _AiohttpUpstream:
         self._response.release()
 
 
+def _with_fields(call: UpstreamCall, plan: FieldPlan) -> UpstreamCall:
+    try:
+        obj = json.loads(call.payload)
+    except ValueError:
+        return call  # the router built this payload from a parsed object: cannot happen
+    if not isinstance(obj, dict):
+        return call
+    apply_plan(obj, plan)
+    reply = call.reply_headers
+    if plan.drop:
+        # Never silently: the client learns which of its fields the engine did not get.
+        reply = {**reply, DROPPED_HEADER: ",".join(plan.drop)}
+    return dataclasses.replace(call, payload=json.dumps(obj).encode(), reply_headers=reply)
+
+
 async def _open(session: aiohttp.ClientSession, engines: EngineClient | None, call: UpstreamCall) -> Upstream:
     if engines is not None and engines.handles(call.url):
         return await engines.post(call.url, call.payload, call.headers)
-    return _AiohttpUpstream(await session.post(call.url, data=call.payload, headers=call.headers))
+    # No redirects: a provider's 302 to a metadata service or an internal host would have the router fetch
+    # it and relay the answer to the tenant. A 3xx is an upstream error (forward).
+    response = await session.post(call.url, data=call.payload, headers=call.headers, allow_redirects=False)
+    return _AiohttpUpstream(response)
 
 
 async def forward(
@@ -118,10 +159,17 @@ async def forward(
     call: UpstreamCall,
     engines: EngineClient | None = None,
     streaming: Callable[[ProxyResult], None] | None = None,
+    *,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    fields: FieldPlan | None = None,
 ) -> ProxyResult:
     """Send `call` to its endpoint: plain-http engines through `engines` (the lean client), everything else
     (providers over TLS) through the aiohttp `session`. `streaming` is handed the result as soon as a stream
-    starts, so what it learns (usage, whether the client got the end) outlives a cancelled handler."""
+    starts, so what it learns (usage, whether the client got the end) outlives a cancelled handler.
+    A stream whose client takes longer than `write_timeout` seconds to accept one write is cut off.
+    `fields` (fields.py) names what the engine must not get and the cache salt it must."""
+    if fields is not None:
+        call = _with_fields(call, fields)
     try:
         upstream = await _open(session, engines, call)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -129,8 +177,20 @@ async def forward(
     try:
         if upstream.status in _RETRYABLE_STATUS and call.retry_on_5xx:
             raise UpstreamUnavailable(f"engine answered {upstream.status}")
+        if 300 <= upstream.status < 400:
+            # Not followed, not relayed (its body may be the redirect target's bait), not retried elsewhere
+            # (the endpoint answered; it answered wrongly): a 502 the client can read.
+            upstream.close()
+            err = ApiError(
+                502,
+                f"The upstream answered {upstream.status} (a redirect); the router follows no redirects.",
+                "upstream_redirect",
+                "server_error",
+                headers=call.reply_headers,
+            )
+            return ProxyResult(error_response(err), 502)
         if call.stream and upstream.status == 200:
-            streamed = await _stream(request, upstream, call, streaming)
+            streamed = await _stream(request, upstream, call, streaming, write_timeout)
             # Back to the pool when the engine's message is complete (after [DONE] its end is usually
             # in already); closed otherwise. Not waited for: the client and the accounting come first.
             upstream.release()
@@ -200,8 +260,11 @@ def _looks_like_sse(first: bytes) -> bool:
 
 
 def _reason(exc: BaseException) -> str:
-    # The lean client's errors say what happened; aiohttp's class names do.
-    return str(exc) if isinstance(exc, UpstreamHttpError) else type(exc).__name__
+    # The lean client's errors say what happened; aiohttp's class names do, except a refused address.
+    if isinstance(exc, UpstreamHttpError):
+        return str(exc)
+    cause = getattr(exc, "os_error", None)
+    return str(cause) if isinstance(cause, ForbiddenAddress) else type(exc).__name__
 
 
 async def _stream(
@@ -209,6 +272,7 @@ async def _stream(
     upstream: Upstream,
     call: UpstreamCall,
     started: Callable[[ProxyResult], None] | None,
+    write_timeout: float,
 ) -> ProxyResult:
     # Wait for the first bytes before answering the client: a replica that dies before producing anything is
     # still a retry, not a broken stream.
@@ -253,7 +317,7 @@ async def _stream(
             if out:
                 chunk = b"".join(out)
                 result.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
-                await resp.write(chunk)
+                await _write(request, resp, chunk, write_timeout)
                 if result.first_byte_at is None:
                     result.first_byte_at = time.monotonic()
                 if b"data: [DONE]" in chunk:
@@ -267,8 +331,8 @@ async def _stream(
                 break
             buf += data
         if buf and not result.finished:
-            await resp.write(buf)
-    except ConnectionResetError:  # the client left: drop the upstream connection so the engine stops too
+            await _write(request, resp, buf, write_timeout)
+    except ConnectionResetError:  # the client left (or stalled): drop the upstream so the engine stops too
         result.client_gone = True
         upstream.close()
         return result
@@ -281,7 +345,18 @@ async def _stream(
     ):
         result.upstream_failed = True  # the client has bytes already: the stream just ends
     try:
-        await resp.write_eof()
+        await _write_eof(request, resp, write_timeout)
     except ConnectionResetError:
         result.client_gone = True
     return result
+
+
+async def _write_eof(request: web.Request, resp: web.StreamResponse, limit_s: float) -> None:
+    # The end of the stream waits for the client too (drain).
+    try:
+        async with asyncio.timeout(limit_s):
+            await resp.write_eof()
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise _ClientStalled(f"the client read nothing for {limit_s:g}s") from None

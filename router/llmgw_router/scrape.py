@@ -14,11 +14,15 @@ from collections.abc import Callable
 
 import aiohttp
 
+from llmgw_router.egress import ForbiddenAddress
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.scrape_parse import Sample, ScrapeError, parse_metrics
 from llmgw_router.state import LiveEndpoint, RoutingTable
 
-__all__ = ["scrape_loop", "scrape_once"]
+__all__ = ["MAX_SCRAPE_BYTES", "scrape_loop", "scrape_once"]
+
+# vLLM's page with its histograms is a few hundred KiB; a page past this is not a metrics page.
+MAX_SCRAPE_BYTES = 8 * 1024 * 1024
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +32,31 @@ async def _fetch(session: aiohttp.ClientSession, ep: LiveEndpoint, limit_seconds
     # llama.cpp guards /metrics with its key; the others ignore it, so it is always sent.
     headers = {"Authorization": f"Bearer {ep.spec.api_key}"} if ep.spec.api_key else {}
     try:
+        # No redirects: an engine (or whoever answers at its address) must not point the router elsewhere.
         async with session.get(
-            ep.metrics_url, headers=headers, timeout=aiohttp.ClientTimeout(total=limit_seconds)
+            ep.metrics_url,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=limit_seconds),
+            allow_redirects=False,
         ) as resp:
             if resp.status != 200:
                 return ScrapeError(f"{ep.metrics_url} answered {resp.status}")
-            return await resp.text(errors="replace")
+            body = bytearray()
+            async for data in resp.content.iter_any():
+                body += data
+                if len(body) > MAX_SCRAPE_BYTES:
+                    return ScrapeError(f"{ep.metrics_url} sent more than {MAX_SCRAPE_BYTES} bytes")
+            return body.decode("utf-8", errors="replace")
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        return ScrapeError(f"{ep.metrics_url} unreachable: {type(exc).__name__}")
+        return ScrapeError(f"{ep.metrics_url} unreachable: {_why(exc)}")
+
+
+def _why(exc: BaseException) -> str:
+    # A refused address says which rule refused it; other failures are named by their kind.
+    cause = getattr(exc, "os_error", None)
+    if isinstance(cause, ForbiddenAddress):
+        return str(cause)
+    return type(exc).__name__
 
 
 def _note(ep: LiveEndpoint, result: Sample | ScrapeError, now: float, metrics: RouterMetrics) -> None:

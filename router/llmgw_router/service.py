@@ -32,6 +32,7 @@ from llmgw_router import breaker as brk
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator, Principal
 from llmgw_router.errors import ApiError, error_response
+from llmgw_router.fields import plan_fields
 from llmgw_router.http1 import EngineClient
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
@@ -63,7 +64,9 @@ class RouterOptions:
     debug_token: str | None = None  # requests sending it in x-llmgw-debug get the decision's rationale
     breaker: brk.BreakerPolicy = field(default_factory=brk.BreakerPolicy)
     connect_timeout: float = 5.0
-    read_timeout: float = 600.0
+    read_timeout: float = 600.0  # idle: the longest silence of an engine while an answer is expected
+    request_deadline: float = 3600.0  # an engine's whole answer, stream or not, however steadily it comes
+    write_timeout: float = 30.0  # a stream's client that accepts no byte for this long is cut off
 
 
 @dataclass
@@ -346,7 +349,24 @@ class Router:
             )
             try:
                 assert self.session is not None, "the client session is opened by the app's cleanup_ctx"
-                call.result = await forward(self.session, request, up, self.engines, call.streaming)
+                call.result = await forward(
+                    self.session,
+                    request,
+                    up,
+                    self.engines,
+                    call.streaming,
+                    write_timeout=self.options.write_timeout,
+                    fields=None
+                    if ep.is_provider
+                    else plan_fields(
+                        ep.spec.engine,
+                        kind,
+                        body,
+                        table.snapshot.router.allowed_request_fields,
+                        call.principal.project if call.principal else None,
+                        ep.spec.api_key,
+                    ),
+                )
             except UpstreamUnavailable as exc:
                 self._failed(ep, exc.reason)
                 if attempt == 1:

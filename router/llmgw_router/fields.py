@@ -1,0 +1,180 @@
+"""Which request fields reach an engine, and the per-project prefix-cache salt for vLLM.
+
+A tenant's body is forwarded to engines that read far more than OpenAI's fields, and some of those reach
+past the tenant's own request: a request-supplied `chat_template` (vLLM's GHSA-6fvq-23cw-5628 class; SGLang
+reads `chat_template_kwargs.chat_template`), `priority` (scheduling against other tenants), llama.cpp's
+`id_slot` (the slot holding another tenant's cached prompt), `kv_transfer_params`, `vllm_xargs`. So each
+engine gets OpenAI's fields for the endpoint plus the sampling parameters it documents; everything else is
+dropped, named in the answer's `x-llmgw-dropped-fields` header (never silently), unless the Cluster's
+`spec.router.allowed_request_fields` names it.
+
+vLLM shares its prefix cache across requests; a tenant that can time a cache hit learns whether another
+sent the same prefix. vLLM keys the cache by `cache_salt` as well, so the router sets it on every request
+to a vLLM engine: an HMAC of the project under the engine's key (a secret derived from the cluster secret,
+the same for every router), replacing whatever the client sent. Pure functions: no I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import secrets
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["DROPPED_HEADER", "FieldPlan", "allowed_fields", "cache_salt", "plan_fields"]
+
+DROPPED_HEADER = "x-llmgw-dropped-fields"
+
+_CHAT = frozenset(
+    [
+        "model",
+        "messages",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "user",
+        "seed",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "response_format",
+        "functions",
+        "function_call",
+        "reasoning_effort",
+        "metadata",
+        "store",
+        "service_tier",
+        "modalities",
+        "prediction",
+    ]
+)
+_COMPLETIONS = frozenset(
+    [
+        "model",
+        "prompt",
+        "suffix",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "n",
+        "stream",
+        "stream_options",
+        "logprobs",
+        "echo",
+        "stop",
+        "presence_penalty",
+        "frequency_penalty",
+        "best_of",
+        "logit_bias",
+        "user",
+        "seed",
+    ]
+)
+_EMBEDDINGS = frozenset(["model", "input", "encoding_format", "dimensions", "user"])
+_OPENAI = {"chat": _CHAT, "completions": _COMPLETIONS, "embeddings": _EMBEDDINGS}
+
+# Sampling and output-shaping parameters each engine documents, none of which reaches beyond the request.
+_ENGINE_EXTRAS: Mapping[str, frozenset[str]] = {
+    "vllm": frozenset(
+        [
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "min_tokens",
+            "stop_token_ids",
+            "ignore_eos",
+            "skip_special_tokens",
+            "include_stop_str_in_output",
+            "guided_json",
+            "guided_regex",
+            "guided_choice",
+            "guided_grammar",
+            "structured_outputs",
+        ]
+    ),
+    "sglang": frozenset(
+        [
+            "top_k",
+            "min_p",
+            "repetition_penalty",
+            "min_tokens",
+            "stop_token_ids",
+            "ignore_eos",
+            "skip_special_tokens",
+            "regex",
+            "ebnf",
+            "json_schema",
+        ]
+    ),
+    "llamacpp": frozenset(
+        ["top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "grammar", "json_schema"]
+    ),
+    "trtllm": frozenset(["top_k", "min_p", "repetition_penalty"]),
+    "sim": frozenset(),
+}
+_SALTED_ENGINES = frozenset({"vllm"})
+
+# With no engine key (a cluster without a secret), salts are keyed by this process's own secret: still
+# one salt per project, but not the same across routers.
+_PROCESS_SECRET = secrets.token_bytes(32)
+
+
+@dataclass(frozen=True, slots=True)
+class FieldPlan:
+    """What to change in one engine request: the top-level fields to drop, and the salt to set."""
+
+    drop: tuple[str, ...]
+    salt: str | None
+
+
+@functools.lru_cache(maxsize=256)
+def allowed_fields(engine: str, kind: str, operator_allowed: tuple[str, ...]) -> frozenset[str]:
+    """The top-level fields forwarded to `engine` for requests of `kind`."""
+    return _OPENAI.get(kind, _CHAT) | _ENGINE_EXTRAS.get(engine, frozenset()) | frozenset(operator_allowed)
+
+
+@functools.lru_cache(maxsize=4096)
+def cache_salt(engine_key: str | None, project: str) -> str:
+    """vLLM's `cache_salt` for `project`: an HMAC of the project name, hex. Not guessable without the key,
+    though no client can set it anyway (the router replaces it)."""
+    key = engine_key.encode() if engine_key else _PROCESS_SECRET
+    return hmac.new(key, b"llmgw-cache-salt\0" + project.encode(), hashlib.sha256).hexdigest()
+
+
+def plan_fields(
+    engine: str,
+    kind: str,
+    body: Mapping[str, Any],
+    operator_allowed: Iterable[str],
+    project: str | None,
+    engine_key: str | None,
+) -> FieldPlan | None:
+    """What the request to `engine` must lose or gain; None when it goes as it is (the common case, decided
+    without copying the body)."""
+    allowed = allowed_fields(engine, kind, tuple(operator_allowed))
+    salted = engine in _SALTED_ENGINES and kind != "embeddings"
+    drop = tuple(k for k in body if k not in allowed or (salted and k == "cache_salt"))
+    if not drop and not salted:
+        return None
+    return FieldPlan(drop, cache_salt(engine_key, project or "") if salted else None)
+
+
+def apply_plan(obj: dict[str, Any], plan: FieldPlan) -> None:
+    """Drop and set, in place, on the parsed request body."""
+    for name in plan.drop:
+        obj.pop(name, None)
+    if plan.salt is not None:
+        obj["cache_salt"] = plan.salt

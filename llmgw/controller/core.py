@@ -162,13 +162,12 @@ class Controller:
         )
         self._generated_secret: str | None = None
         self.lease: LeaderLease | None = None  # set by lease.attach with settings.ha; None: always the leader
-        self.background: set[asyncio.Task[Any]] = set()
+        self.background: set[asyncio.Task[Any]] = set()  # short tasks to keep a reference to until done
         # History records the store has not taken yet (it was down), oldest first; retried until written.
         self.pending_revisions: deque[Revision] = deque(maxlen=REVISION_QUEUE_MAX)
         self.revision_write_error: str | None = None
-        self._revision_retry: asyncio.Task[None] | None = (
-            None  # short tasks to keep a reference to until done
-        )
+        self._revision_retry: asyncio.Task[None] | None = None
+        self._revision_lock = asyncio.Lock()
 
     def leading(self) -> bool:
         """Whether this controller may place, stop and command agents now (see llmgw.controller.lease)."""
@@ -345,15 +344,16 @@ class Controller:
 
     async def flush_revisions(self) -> bool:
         """Write queued history records, oldest first; False (the rest kept) when the store refuses."""
-        while self.pending_revisions:
-            try:
-                await self.store.record_revision(self.pending_revisions[0])
-            except Exception as exc:
-                self.revision_write_error = str(exc)
-                return False
-            self.pending_revisions.popleft()
-        self.revision_write_error = None
-        return True
+        async with self._revision_lock:  # one writer: two would write the head twice and drop the next
+            while self.pending_revisions:
+                try:
+                    await self.store.record_revision(self.pending_revisions[0])
+                except Exception as exc:
+                    self.revision_write_error = str(exc)
+                    return False
+                self.pending_revisions.popleft()
+            self.revision_write_error = None
+            return True
 
     def _start_revision_retry(self) -> None:
         if self._revision_retry is not None and not self._revision_retry.done():

@@ -16,7 +16,8 @@ from aiohttp import web
 from controller.helpers import cluster_yaml, model_yaml
 from typer.testing import CliRunner
 
-from llmgw.cli.admin_client import AdminError, Token, choose_controller, controller_url, plaintext_warning
+from llmgw.cli import admin_client
+from llmgw.cli.admin_client import AdminError, Token
 from llmgw.cli.main import app
 
 SECRET = "pr-job-token-value"
@@ -101,6 +102,7 @@ async def test_l5_an_explicit_controller_gets_the_token(tmp_path: Path, trap: Tr
 
 
 def test_l5_a_local_controllers_own_token_may_use_a_loopback_declared_address() -> None:
+    choose_controller = admin_client.choose_controller
     local = Token("t", "/x/.llmgw/controller/admin-token", explicit=False)
     assert choose_controller(None, "127.0.0.1:7070", local) == "127.0.0.1:7070"
     with pytest.raises(AdminError, match="used only when it is on this machine"):
@@ -115,6 +117,7 @@ def test_l5_a_local_controllers_own_token_may_use_a_loopback_declared_address() 
 
 
 def test_l5_no_silent_http_for_a_host_that_is_not_loopback() -> None:
+    controller_url, plaintext_warning = admin_client.controller_url, admin_client.plaintext_warning
     with pytest.raises(AdminError, match=r"has no scheme: write https://ctl\.example\.invalid:7070"):
         controller_url("ctl.example.invalid:7070")
     assert controller_url("127.0.0.1:7070") == "http://127.0.0.1:7070"

@@ -333,7 +333,19 @@ class Controller:
         not silently miss a revision the fleet ran. Each record keeps its id, so a retry is written once."""
         if not self.leading():
             return
+        if len(self.pending_revisions) == REVISION_QUEUE_MAX:
+            lost = self.pending_revisions[0]
+            log.error(
+                "revision history queue full: dropping the oldest unwritten record (%s by %s at %s)",
+                short(lost.sha),
+                lost.applied_by,
+                lost.applied_at,
+            )
+        behind = bool(self.pending_revisions)
         self.pending_revisions.append(revision)
+        if behind:  # the retry is writing older records: this one goes after them, without waiting here
+            self._start_revision_retry()
+            return
         if not await self.flush_revisions():
             log.warning(
                 "could not record revision %s in the store; %d record(s) queued, retrying",

@@ -11,10 +11,15 @@ Where the admin token comes from, first found wins:
    `llmgw up` (or `llmgw controller` with its defaults) from either place, no flag is needed.
 
 The token is never printed: error messages say where it came from, not what it is.
+
+Where it is sent: a token given by flag or environment goes only to a controller named by flag or
+`LLMGW_CONTROLLER` (`choose_controller`), never to the address the cluster repo declares, which whoever
+edits the repo (a pull request) chooses. `http://` to a host that is not loopback is said out loud.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import ssl
@@ -33,6 +38,7 @@ CONTROLLER_ENV = "LLMGW_CONTROLLER"
 # llmgw.controller.core.admin_token_from generates: a test checks they agree.
 DEFAULT_STATE_DIR = Path(".llmgw") / "controller"
 TOKEN_FILE_NAME = "admin-token"
+DEFAULT_CONTROLLER = "http://127.0.0.1:7070"
 
 
 class AdminError(Exception):
@@ -48,6 +54,7 @@ class AdminError(Exception):
 class Token:
     value: str
     source: str  # where it came from, for messages (never the value)
+    explicit: bool = True  # from --token-file or the environment; False: a local controller's own file
 
     def __repr__(self) -> str:  # keep the value out of tracebacks and logs
         return f"Token(source={self.source!r})"
@@ -75,7 +82,7 @@ def resolve_token(token_file: Path | None, env: Mapping[str, str], candidates: S
         return Token(_checked(env[TOKEN_ENV].strip(), f"${TOKEN_ENV}"), f"${TOKEN_ENV}")
     for path in candidates:
         if path.is_file():
-            return Token(_read_token(path, "the controller's token file"), str(path))
+            return Token(_read_token(path, "the controller's token file"), str(path), explicit=False)
     looked = ", ".join(str(p) for p in candidates)
     raise AdminError(
         f"no admin token: give --token-file FILE or set {TOKEN_ENV} "
@@ -114,12 +121,68 @@ def _checked(value: str, where: str) -> str:
     return value
 
 
+def is_loopback_host(host: str) -> bool:
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def url_host(url: str) -> str:
+    """The host of `scheme://host:port/...` or `host:port` (IPv6 in brackets kept without them)."""
+    rest = url.split("://", 1)[-1].split("/", 1)[0].rsplit("@", 1)[-1]
+    if rest.startswith("["):
+        return rest[1 : rest.find("]")]
+    return rest.rsplit(":", 1)[0] if rest.count(":") == 1 else rest
+
+
 def controller_url(address: str) -> str:
-    """`host:port` (as a Cluster document declares it) -> `http://host:port`; a URL is kept as it is."""
+    """`host:port` -> `http://host:port` for a loopback host; a URL is kept as it is. A bare host:port
+    elsewhere is refused: whether the token may travel in plain text is the user's to say (https:// or
+    http://), not a default's."""
     address = address.strip().rstrip("/")
     if "://" in address:
         return address
+    if not is_loopback_host(url_host(address)):
+        raise AdminError(
+            f"controller address {address!r} has no scheme: write https://{address} (or http://{address} "
+            "to send the admin token in plain text on purpose)"
+        )
     return f"http://{address}"
+
+
+def plaintext_warning(url: str) -> str | None:
+    """What to tell the user before an admin token goes over plain http to another machine."""
+    if url.startswith("http://") and not is_loopback_host(url_host(url)):
+        return (
+            f"sending the admin token to {url} over plain http: anyone on the path can read it (use https://)"
+        )
+    return None
+
+
+def choose_controller(explicit: str | None, declared: str | None, token: Token) -> str:
+    """Where a command sends `token`: the controller named by flag or $LLMGW_CONTROLLER; the cluster repo's
+    declared `controller.address` only for a local controller's own token file and a loopback address.
+
+    The repo is what a pull request edits: a PR job with the token in its environment and no explicit
+    controller would otherwise send the token wherever the PR's cluster.yaml says."""
+    if explicit:
+        return explicit
+    if token.explicit:
+        raise AdminError(
+            f"the admin token from {token.source} is sent only to a controller named explicitly: give "
+            f"--controller URL or set {CONTROLLER_ENV} (the cluster repo's controller.address is not used "
+            "for it: whoever edits the repo, e.g. in a pull request, chooses that address)"
+        )
+    if declared and is_loopback_host(url_host(declared)):
+        return declared
+    raise AdminError(
+        f"no controller named: give --controller URL or set {CONTROLLER_ENV} (the cluster repo's "
+        f"controller.address {declared!r} is used only when it is on this machine)"
+    )
 
 
 class AdminClient:
@@ -190,7 +253,7 @@ class AdminClient:
             reason = getattr(exc, "reason", exc)
             raise AdminError(
                 f"cannot reach the controller at {self.url}: {reason}; is it running? "
-                f"(--controller URL, or {CONTROLLER_ENV}; default: the Cluster document's controller.address)"
+                f"(--controller URL, or {CONTROLLER_ENV})"
             ) from exc
 
 

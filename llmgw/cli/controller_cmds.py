@@ -25,6 +25,7 @@ from llmgw.cli.admin_client import (
     AdminError,
     default_token_files,
     environ,
+    plaintext_warning,
     resolve_token,
 )
 
@@ -77,6 +78,13 @@ def controller(
     admin_token_file: Annotated[
         Path | None, typer.Option("--admin-token-file", help="File with the admin token")
     ] = None,
+    admin_tokens_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--admin-tokens-file",
+            help="YAML: more admin tokens, name -> {scope: plan|apply|admin, sha256: HEX | file: PATH}",
+        ),
+    ] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Clone, generated secrets")] = None,
     tls_cert: Annotated[
         Path | None, typer.Option("--tls-cert", help="Serve TLS with this certificate")
@@ -127,6 +135,7 @@ def controller(
             "listen": listen,
             "metrics_listen": metrics_listen,
             "admin_token_file": admin_token_file,
+            "admin_tokens_file": admin_tokens_file,
             "state_dir": state_dir,
             "tls_cert": tls_cert,
             "tls_key": tls_key,
@@ -140,6 +149,10 @@ def controller(
         if "repo" not in values:
             _fail("--repo is required (a git URL, or a path to the cluster repo)")
         settings = ControllerSettings(**values)
+        if settings.admin_tokens_file is not None:
+            from llmgw.controller.admin_tokens import check_tokens_file
+
+            check_tokens_file(settings.admin_tokens_file)  # a mistake here is said now, not as a traceback
     except (SettingsError, ValueError) as exc:
         if isinstance(exc, ValidationError):
             first = exc.errors()[0]
@@ -164,9 +177,13 @@ def _client(controller_url: str | None, token_file: Path | None) -> AdminClient:
     url = controller_url or env.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER
     try:
         token = resolve_token(token_file, env, default_token_files(None, Path.cwd()))
+        client = AdminClient(url, token)
     except AdminError as exc:
         _fail(str(exc))
-    return AdminClient(url, token)
+    warning = plaintext_warning(client.url)
+    if warning is not None:
+        Console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    return client
 
 
 def _get(client: AdminClient, path: str) -> Any:

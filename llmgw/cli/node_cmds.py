@@ -189,7 +189,12 @@ def node_bootstrap(
     auth: Annotated[str, typer.Option("--auth", help="tls (cluster CA) or token (development)")] = "tls",
     service: Annotated[str, typer.Option("--service", help="auto, systemd or process")] = "auto",
     controller: Annotated[
-        str | None, typer.Option("--controller", help="Admin URL to watch for registration")
+        str | None,
+        typer.Option(
+            "--controller",
+            envvar="LLMGW_CONTROLLER",
+            help="Admin URL to watch for registration (needed with --token-file or $LLMGW_TOKEN)",
+        ),
     ] = None,
     token_file: Annotated[Path | None, typer.Option("--token-file", help="Admin token file")] = None,
     wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the agent to register")] = True,
@@ -202,7 +207,14 @@ def node_bootstrap(
     ] = False,
 ) -> None:
     """Bootstrap one node now: check, install the agent, configure, start, wait for it to register."""
-    from llmgw.cli.admin_client import AdminClient, AdminError, default_token_files, environ, resolve_token
+    from llmgw.cli.admin_client import (
+        AdminClient,
+        AdminError,
+        choose_controller,
+        default_token_files,
+        environ,
+        resolve_token,
+    )
     from llmgw.nodes import wheels
     from llmgw.nodes.bootstrap import BootstrapOptions, Step, bootstrap_node
     from llmgw.nodes.ca import ClusterCA
@@ -232,9 +244,10 @@ def node_bootstrap(
         env = environ()
         try:
             admin_token = resolve_token(token_file, env, default_token_files(repo, Path.cwd()))
+            # The repo's controller.address only for a local controller's own token (L5, admin_client).
+            client = AdminClient(choose_controller(controller, address, admin_token), admin_token)
         except AdminError as exc:
             _fail(f"{exc} (or pass --no-wait)")
-        client = AdminClient(controller or f"http://{address}", admin_token)
 
     async def registered(node_name: str, since: float) -> bool:
         # The admin API has no registration time comparable to ours: a Ready node is taken as registered.

@@ -61,7 +61,8 @@ ControllerOpt = Annotated[
     typer.Option(
         "--controller",
         envvar=admin_client.CONTROLLER_ENV,
-        help="Controller URL or host:port (default: the Cluster document's controller.address)",
+        help="Controller URL (https://host:port); needed whenever the token comes from --token-file or "
+        "$LLMGW_TOKEN (default then: none; else the Cluster's controller.address when it is loopback)",
     ),
 ]
 TokenOpt = Annotated[
@@ -278,6 +279,14 @@ def apply(
     interval: Annotated[
         float, typer.Option(help="Seconds between status polls with --wait", hidden=True)
     ] = 1.0,
+    actor: Annotated[
+        str | None,
+        typer.Option(
+            "--actor",
+            help="Who is applying, for the revision history beside the token's name (default: "
+            "github-run:$GITHUB_RUN_ID in GitHub Actions, else user@host)",
+        ),
+    ] = None,
 ) -> None:
     """Send the cluster repo (or a saved plan) to the controller; with --wait, follow it to Healthy."""
     from llmgw.controller.settings import SettingsError, parse_duration
@@ -307,7 +316,7 @@ def apply(
             check_plan_current(saved, result, client.state())
         assert result.repo is not None
         rev = result.repo.revision or _content_hash(path)
-        reply = _send(client, path, rev, send)
+        reply = _send(client, path, rev, send, actor or _actor(admin_client.environ()))
         _nudge(client)
     except (AdminError, Refused) as exc:
         _fail(str(exc))
@@ -317,6 +326,8 @@ def apply(
         for line in errors:
             typer.echo(f"  {line}", err=True)
         raise typer.Exit(1)
+    # The controller names what it applied (an unverifiable label becomes apply:<content hash>): follow that.
+    rev = str(reply.get("revision") or rev)
     word = {"applied": "applied", "unchanged": "already applied"}.get(str(reply.get("result")), "sent")
     typer.echo(f"Revision {_short(rev)} {word} on {client.url}.")
     if not wait:
@@ -348,8 +359,17 @@ def _nudge(client: AdminClient) -> None:
         client.post("/api/v1/webhook", {}, ok=(200, 202))
 
 
-def _send(client: AdminClient, path: Path, revision: str, send: Send) -> dict[str, Any]:
-    body: dict[str, Any] = {"revision": revision, "source": f"llmgw apply by {_who()}"}
+def _actor(env: Any) -> str:
+    """What the history records beside the token's name: the CI run, else the user and host."""
+    run = str(env.get("GITHUB_RUN_ID", "")).strip()
+    if run:
+        repo = str(env.get("GITHUB_REPOSITORY", "")).strip()
+        return f"github-run:{run}" + (f" ({repo})" if repo else "")
+    return _who()
+
+
+def _send(client: AdminClient, path: Path, revision: str, send: Send, actor: str = "") -> dict[str, Any]:
+    body: dict[str, Any] = {"revision": revision, "source": f"llmgw apply by {_who()}", "actor": actor}
     auto = send is Send.auto
     if auto:
         host = client.url.split("://", 1)[-1].rsplit(":", 1)[0]
@@ -401,11 +421,17 @@ def _who() -> str:
 
 
 def _client(controller: str | None, token_file: Path | None, repo: Path, declared: str) -> AdminClient:
+    """The admin client: the token goes to the repo-declared address only when it is a local controller's
+    own token and that address is loopback (admin_client.choose_controller)."""
     env = admin_client.environ()
     token = admin_client.resolve_token(
         token_file, env, admin_client.default_token_files(repo.resolve(), Path.cwd())
     )
-    return AdminClient(controller or declared, token)
+    client = AdminClient(admin_client.choose_controller(controller, declared, token), token)
+    warning = admin_client.plaintext_warning(client.url)
+    if warning is not None:
+        typer.echo(f"warning: {warning}", err=True)
+    return client
 
 
 def _fail(message: str) -> NoReturn:

@@ -1,6 +1,11 @@
 """`llmgw keys ...`, `llmgw usage` and `llmgw store ...`: the store's commands.
 
-The store comes from `--store DSN`, else the LLMGW_STORE environment variable, else the single-machine
+`llmgw keys` talks to the controller's admin API (`--controller`/LLMGW_CONTROLLER, default the local
+controller on 127.0.0.1:7070, with an `admin`-scope token): the controller writes the key into the store its
+routers read. Only with `--store DSN` (or LLMGW_STORE) does it open a store directly, for an operator who
+means that store; without either it never makes a local SQLite file that no router reads.
+
+For the other commands the store comes from `--store DSN`, else the LLMGW_STORE environment variable, else the single-machine
 default `sqlite:///.llmgw/state/llmgw.db` (relative to the working directory). Errors say which of those
 chose the address, because "cannot open" is only useful next to where the address came from.
 """
@@ -14,7 +19,9 @@ import json
 import os
 import sys
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -23,6 +30,7 @@ from rich.markup import escape
 from rich.table import Column, Table
 
 from llmgw import keys as keymod
+from llmgw.cli import admin_client
 from llmgw.store import DEFAULT_DSN, USAGE_GROUPS, ApiKey, Store, StoreError, UsageGroup, UsageTotal
 from llmgw.store.move import move_store
 
@@ -39,6 +47,63 @@ StoreOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+KeysStoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar="LLMGW_STORE",
+        help="Open this store directly (sqlite:///path or postgresql://...) instead of asking the controller",
+    ),
+]
+ControllerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--controller",
+        envvar=admin_client.CONTROLLER_ENV,
+        help=f"The controller's admin URL (default {admin_client.DEFAULT_CONTROLLER}); needs an admin token",
+    ),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        help=f"Admin token file (default: ${admin_client.TOKEN_ENV}, else the token a local controller made)",
+    ),
+]
+
+
+def _controller(controller: str | None, token_file: Path | None) -> admin_client.AdminClient:
+    env = admin_client.environ()
+    try:
+        token = admin_client.resolve_token(
+            token_file, env, admin_client.default_token_files(None, Path.cwd())
+        )
+        client = admin_client.AdminClient(controller or admin_client.DEFAULT_CONTROLLER, token)
+    except admin_client.AdminError as exc:
+        _fail(f"{exc} (keys are made through the controller; --store DSN opens a store directly)")
+    warning = admin_client.plaintext_warning(client.url)
+    if warning is not None:
+        Console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    return client
+
+
+def _api(client: admin_client.AdminClient, method: str, path: str, payload: Any = None) -> Any:
+    try:
+        if method == "GET":
+            return client.get(path)
+        return client.post(path, payload, ok=(200, 201))[1]
+    except admin_client.AdminError as exc:
+        hint = ""
+        if exc.status is None:
+            hint = " (keys are made through the controller's admin API; --store DSN opens a store directly)"
+        _fail(f"{exc}{hint}")
+
+
+def _api_key(body: dict[str, Any]) -> ApiKey:
+    return ApiKey(
+        body["id"], body["prefix"], body["project"], body["name"], body["created_at"],
+        body["expires_at"], body["revoked_at"],
+    )  # fmt: skip
 
 
 def _resolve(store: str | None) -> tuple[str, str]:
@@ -95,7 +160,9 @@ def keys_create(
     project: Annotated[str, typer.Option("--project", help="Project the key spends against.")],
     name: Annotated[str, typer.Option("--name", help="A label for the key.")] = "",
     expires: Annotated[str | None, typer.Option("--expires", help="Lifetime such as 30d, 12h, 2w.")] = None,
-    store: StoreOpt = None,
+    store: KeysStoreOpt = None,
+    controller: ControllerOpt = None,
+    token_file: TokenFileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create a key and print it once: only its hash is kept."""
@@ -103,7 +170,14 @@ def keys_create(
         expires_in = keymod.parse_duration(expires) if expires else None
     except ValueError as exc:
         _fail(f"--expires: {exc}")
-    new = _run(store, lambda s: keymod.create_key(s, project, time.time(), name=name, expires_in=expires_in))
+    if store is None:
+        body = {"project": project, "name": name, "expires_in_s": expires_in}
+        made = _api(_controller(controller, token_file), "POST", "/api/v1/keys", body)
+        new = keymod.NewKey(_api_key(made), str(made["key"]))
+    else:
+        new = _run(
+            store, lambda s: keymod.create_key(s, project, time.time(), name=name, expires_in=expires_in)
+        )
     if as_json:
         print(json.dumps({**_key_json(new.key, time.time()), "key": new.plaintext}))
         return
@@ -119,11 +193,18 @@ def keys_create(
 @keys_app.command("list")
 def keys_list(
     project: Annotated[str | None, typer.Option("--project", help="Only this project's keys.")] = None,
-    store: StoreOpt = None,
+    store: KeysStoreOpt = None,
+    controller: ControllerOpt = None,
+    token_file: TokenFileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """List keys (prefix only; the keys themselves are not kept)."""
-    found = _run(store, lambda s: s.list_keys(project))
+    if store is None:
+        query = f"?project={urllib.parse.quote(project)}" if project else ""
+        listed = _api(_controller(controller, token_file), "GET", f"/api/v1/keys{query}")
+        found = [_api_key(k) for k in listed["keys"]]
+    else:
+        found = _run(store, lambda s: s.list_keys(project))
     now = time.time()
     if as_json:
         print(json.dumps([_key_json(k, now) for k in found], indent=2))
@@ -139,10 +220,15 @@ def keys_list(
 
 @keys_app.command("revoke")
 def keys_revoke(
-    key_id: Annotated[str, typer.Argument(help="The key's id (see keys list).")], store: StoreOpt = None
+    key_id: Annotated[str, typer.Argument(help="The key's id (see keys list).")],
+    store: KeysStoreOpt = None,
+    controller: ControllerOpt = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Revoke a key: the router answers 401 "revoked" from then on (after its cache expires)."""
-    if not _run(store, lambda s: s.revoke_key(key_id, time.time())):
+    if store is None:
+        _api(_controller(controller, token_file), "POST", f"/api/v1/keys/{urllib.parse.quote(key_id)}/revoke")
+    elif not _run(store, lambda s: s.revoke_key(key_id, time.time())):
         _fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
     print(f"revoked {key_id}")
 

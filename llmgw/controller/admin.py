@@ -1,44 +1,94 @@
-"""The admin API (`/api/v1/...`): token required; JSON only; errors never carry a traceback."""
+"""The admin API (`/api/v1/...`): token required; JSON only; errors never carry a traceback.
+
+Every endpoint declares the scope it needs (`ROUTES`): `plan` reads, `apply` applies revisions, `admin` does
+everything else, API keys included (llmgw.controller.admin_tokens). A token without the scope gets 403 saying
+which scope it has and which the endpoint needs; an unknown token gets 401.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import hmac
+import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
+from llmgw import keys as keymod
 from llmgw import placement
 from llmgw.controller import views
+from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import Controller
 from llmgw.controller.desired import tree_hash
 from llmgw.controller.routers import note_demand, note_usage, token_ok
-from llmgw.controller.source import Checkout
+from llmgw.controller.source import Checkout, GitSource, Source
+from llmgw.store import ApiKey, StoreError
 
 log = logging.getLogger("llmgw.controller.admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 CONTROLLER: web.AppKey[Controller] = web.AppKey("controller", Controller)
 POLL_NOW: web.AppKey[asyncio.Event] = web.AppKey("poll_now", asyncio.Event)
+SOURCE: web.AppKey[Source] = web.AppKey("source", object)  # type: ignore[arg-type]
+GIT_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1 or SHA-256 object names
+ACTOR_DETAIL_MAX = 200
+PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-def _admin(request: web.Request) -> Controller:
+def _caller(request: web.Request, need: Scope) -> tuple[Controller, Principal]:
+    """The controller and who is calling, when their token has scope `need`; else 401 or 403."""
     c = request.app[CONTROLLER]
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.encode(), c.admin_token.encode()):
+    principal = c.admin_tokens.principal(presented) if scheme.lower() == "bearer" and presented else None
+    if principal is None:
         raise web.HTTPUnauthorized(
             text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
             content_type="application/json",
         )
-    return c
+    if not allows(principal.scope, need):
+        message = (
+            f"token {principal.name!r} has scope {principal.scope}; {request.method} {request.path} needs "
+            f"scope {need} (scopes: plan reads, apply also applies revisions, admin does everything; "
+            "see docs/controller.md, Admin tokens)"
+        )
+        raise web.HTTPForbidden(
+            text=json.dumps({"error": {"message": message, "scope": principal.scope, "needs": need}}),
+            content_type="application/json",
+        )
+    return c, principal
+
+
+def _scoped(need: Scope, handler: Handler) -> Handler:
+    """`handler` behind the check that the caller's token has scope `need` (the route table's)."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        request[PRINCIPAL] = _caller(request, need)[1]
+        return await handler(request)
+
+    return checked
+
+
+def _admin(request: web.Request) -> Controller:
+    """The controller, for a handler the route table put behind a scope check (fails closed without one)."""
+    if PRINCIPAL not in request:
+        raise web.HTTPUnauthorized(
+            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
+            content_type="application/json",
+        )
+    return request.app[CONTROLLER]
+
+
+def _principal(request: web.Request) -> Principal:
+    _admin(request)
+    return request[PRINCIPAL]
 
 
 def _router_or_admin(request: web.Request) -> Controller:
@@ -160,7 +210,7 @@ async def webhook(request: web.Request) -> web.Response:
 
 
 async def apply(request: web.Request) -> web.Response:
-    c = _admin(request)
+    c, principal = _admin(request), _principal(request)
     if not c.settings.apply_from_admin:
         return _error(403, "this controller does not accept revisions over the admin API")
     try:
@@ -177,12 +227,25 @@ async def apply(request: web.Request) -> web.Response:
         return web.json_response({"error": message}, status=400)
     except ValueError as exc:
         return _error(400, str(exc))
-    revision = str(body.get("revision") or tree_hash(root))
+    asked = body.get("revision")
+    if asked is not None and not isinstance(asked, str):
+        return _error(400, "revision must be a string (a git commit SHA of the source, or left out)")
+    try:
+        revision = await label_for_apply(request.app.get(SOURCE), root, asked or None)
+    except LabelRefused as exc:
+        return web.json_response({"error": {"message": str(exc)}}, status=409)
     where = str(body.get("source") or f"apply {root}")
+    detail = str(body.get("actor") or "")[:ACTOR_DETAIL_MAX]
     result = await c.offer(
-        Checkout(revision, root, where), force=bool(body.get("force", False)), from_source=False
+        Checkout(revision, root, where),
+        force=bool(body.get("force", False)),
+        from_source=False,
+        actor=principal.name,
+        actor_detail=detail,
     )
-    payload: dict[str, Any] = {"result": result, "revision": revision}
+    payload: dict[str, Any] = {"result": result, "revision": revision, "actor": principal.name}
+    if asked and asked != revision:
+        payload["asked_revision"] = asked
     if result == "refused" and c.refused is not None:
         payload["errors"] = list(c.refused.errors)
         first = c.refused.errors[0] if c.refused.errors else ""
@@ -190,6 +253,50 @@ async def apply(request: web.Request) -> web.Response:
         payload["error"] = {"message": f"revision refused ({len(c.refused.errors)} error(s)): {first}"}
         return web.json_response(payload, status=422)
     return web.json_response(payload)
+
+
+class LabelRefused(ValueError):
+    """An admin apply asked for a git SHA label that the files it sent are not."""
+
+
+async def label_for_apply(source: Source | None, root: Path, asked: str | None) -> str:
+    """The label an admin apply is recorded and served under.
+
+    * `apply:<content hash>` by default: it says an admin sent it, and what it was;
+    * the content hash itself (`sha256:...`) when the controller follows a directory: that is exactly what
+      its own source calls the same tree, so `llmgw up` + `llmgw apply` stay Synced;
+    * a git commit SHA only when the controller follows git and that commit of its branch has exactly these
+      files: otherwise the fleet would run content never in git under a commit's name, and show Synced.
+    A SHA that does not match is refused (409), anything else is relabelled `apply:<content hash>`.
+    """
+    content = tree_hash(root)
+    default = "apply:" + content.split(":", 1)[-1]
+    if asked is None or asked == default:
+        return default
+    if GIT_SHA.match(asked):
+        if not isinstance(source, GitSource):
+            raise LabelRefused(
+                f"revision {asked[:12]} looks like a git commit, but this controller follows "
+                f"{getattr(source, 'description', 'no git branch')}: it cannot check that the files sent "
+                "are that commit; leave --revision out (it is recorded as apply:<content hash>)"
+            )
+        at_commit = await source.content_hash_at(asked)
+        if at_commit is None:
+            raise LabelRefused(
+                f"revision {asked[:12]} is not a commit of {source.description} (fetched just now): an "
+                "apply may carry a commit's name only when the controller's branch has that commit; push "
+                "it first, or leave --revision out (it is recorded as apply:<content hash>)"
+            )
+        if at_commit != content:
+            raise LabelRefused(
+                f"the files sent are not commit {asked[:12]} of {source.description} (their content hash "
+                f"is {content.split(':', 1)[-1][:12]}, the commit's is {at_commit.split(':', 1)[-1][:12]}); "
+                "apply a clean checkout of that commit, or leave --revision out"
+            )
+        return asked
+    if asked == content and not isinstance(source, GitSource):
+        return content
+    return default
 
 
 class PathNotAllowed(ValueError):
@@ -237,6 +344,73 @@ def _apply_root(c: Controller, body: dict[str, Any]) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(text, encoding="utf-8")
     return root
+
+
+# ------------------------------------------------------------------------------------------------ keys
+
+
+def _key_json(key: ApiKey, now: float) -> dict[str, Any]:
+    return {
+        "id": key.id,
+        "prefix": key.prefix,
+        "project": key.project,
+        "name": key.name,
+        "state": key.state(now),
+        "created_at": key.created_at,
+        "expires_at": key.expires_at,
+        "revoked_at": key.revoked_at,
+    }
+
+
+async def keys_create(request: web.Request) -> web.Response:
+    """A key for a project, returned once in `key` (the store keeps only its hash)."""
+    c, principal = _admin(request), _principal(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        return _error(400, 'body must be JSON: {"project": NAME, "name": LABEL, "expires_in_s": SECONDS}')
+    if not isinstance(body, dict) or not isinstance(body.get("project"), str) or not body["project"]:
+        return _error(400, 'give "project": the project the key spends against')
+    project, name = body["project"], str(body.get("name") or "")
+    expires = body.get("expires_in_s")
+    if expires is not None and (not isinstance(expires, int | float) or expires <= 0):
+        return _error(400, "expires_in_s must be a positive number of seconds")
+    d = c.desired
+    known = sorted(d.catalog.projects) if d is not None else []
+    if d is not None and known and project not in d.catalog.projects:
+        return _error(
+            404, f"project {project!r} is not in the applied revision (projects: {', '.join(known)})"
+        )
+    now = c.wall()
+    try:
+        new = await keymod.create_key(c.store, project, now, name=name, expires_in=expires)
+    except StoreError as exc:
+        return _error(503, f"the store did not take the key: {exc}")
+    await c.event("key_created", new.key.id, f"for project {project} by {principal.name}")
+    return web.json_response({**_key_json(new.key, now), "key": new.plaintext}, status=201)
+
+
+async def keys_list(request: web.Request) -> web.Response:
+    c = _admin(request)
+    try:
+        found = await c.store.list_keys(request.query.get("project") or None)
+    except StoreError as exc:
+        return _error(503, f"the store is unavailable: {exc}")
+    now = c.wall()
+    return web.json_response({"keys": [_key_json(k, now) for k in found]})
+
+
+async def keys_revoke(request: web.Request) -> web.Response:
+    c, principal = _admin(request), _principal(request)
+    key_id = request.match_info["key_id"]
+    try:
+        revoked = await c.store.revoke_key(key_id, c.wall())
+    except StoreError as exc:
+        return _error(503, f"the store is unavailable: {exc}")
+    if not revoked:
+        return _error(404, f"no key with id {key_id!r} (see `llmgw keys list`)")
+    await c.event("key_revoked", key_id, f"by {principal.name}")
+    return web.json_response({"revoked": key_id})
 
 
 async def demand(request: web.Request) -> web.Response:
@@ -287,16 +461,27 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         return _error(500, "internal error in the controller (its log has the details)")
 
 
+# Every admin endpoint and the scope it needs; None: authenticated otherwise (the webhook carries no trust,
+# demand and usage-seen take a router's token). A test checks that every route is in this table.
+ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
+    ("GET", "/api/v1/status", status, "plan"),
+    ("GET", "/api/v1/nodes", nodes, "plan"),
+    ("GET", "/api/v1/replicas", replicas, "plan"),
+    ("GET", "/api/v1/models", models, "plan"),
+    ("GET", "/api/v1/explain/{model}", explain, "plan"),
+    ("GET", "/api/v1/state", state, "plan"),
+    ("GET", "/api/v1/events", events, "plan"),
+    ("POST", "/api/v1/apply", apply, "apply"),
+    ("GET", "/api/v1/keys", keys_list, "admin"),
+    ("POST", "/api/v1/keys", keys_create, "admin"),
+    ("POST", "/api/v1/keys/{key_id}/revoke", keys_revoke, "admin"),
+    ("POST", "/api/v1/webhook", webhook, None),
+    ("POST", "/api/v1/demand/{model}", demand, None),
+    ("POST", "/api/v1/usage-seen", usage_seen, None),
+)
+
+
 def add_routes(app: web.Application) -> None:
     app.middlewares.append(json_errors)
-    app.router.add_get("/api/v1/status", status)
-    app.router.add_get("/api/v1/nodes", nodes)
-    app.router.add_get("/api/v1/replicas", replicas)
-    app.router.add_get("/api/v1/models", models)
-    app.router.add_get("/api/v1/explain/{model}", explain)
-    app.router.add_get("/api/v1/state", state)
-    app.router.add_get("/api/v1/events", events)
-    app.router.add_post("/api/v1/webhook", webhook)
-    app.router.add_post("/api/v1/apply", apply)
-    app.router.add_post("/api/v1/demand/{model}", demand)
-    app.router.add_post("/api/v1/usage-seen", usage_seen)
+    for method, path, handler, scope in ROUTES:
+        app.router.add_route(method, path, handler if scope is None else _scoped(scope, handler))

@@ -21,6 +21,7 @@ from aiohttp import web
 from llmgw_agent.protocol import AGENT_PATH
 
 from llmgw.controller import admin, lease, views
+from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.core import Controller, admin_token_from
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconciler import Reconciler
@@ -32,7 +33,7 @@ from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.controller")
 
-SOURCE: web.AppKey[Source] = web.AppKey("source", object)  # type: ignore[arg-type]
+SOURCE = admin.SOURCE
 RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler", Reconciler)
 ROUTER_PATH = "/router/v1"
 EXPIRE_EVERY_S = 0.5
@@ -248,6 +249,7 @@ class RunningController:
             await ws.close()
         for runner in reversed(self._runners):
             await runner.cleanup()
+        await self.controller.stop_background()
         await self.controller.store.close()
 
 
@@ -255,9 +257,12 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     """Open the store, start listeners and loops; returns once the listeners are bound."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     token = admin_token_from(settings)
+    tokens = AdminTokens.load(token, settings.admin_tokens_file)
     ctx, peer_check = tls_setup(settings)
     store = await Store.open(settings.store)
-    controller = Controller(settings, store, ControllerMetrics(), admin_token=token, peer_check=peer_check)
+    controller = Controller(
+        settings, store, ControllerMetrics(), admin_token=token, admin_tokens=tokens, peer_check=peer_check
+    )
     if settings.ha:
         lease.attach(controller)  # a standby until the first attempt wins: nothing placed before that
     try:

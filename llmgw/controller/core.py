@@ -8,6 +8,7 @@ object plus what the hub reports.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.desired import Desired, RepoInvalid, build_desired
 from llmgw.controller.hub import AgentHub, HubTimings
 from llmgw.controller.lease import LeaderLease
@@ -34,6 +36,10 @@ if TYPE_CHECKING:
     from llmgw.controller.nodes_loop import NodeOps
 
 log = logging.getLogger("llmgw.controller")
+
+REVISION_QUEUE_MAX = 10_000  # a store down for days: the oldest records go first, said in the log
+REVISION_RETRY_FIRST_S = 0.5
+REVISION_RETRY_MAX_S = 30.0
 
 DEFAULT_TIMINGS = HubTimings(heartbeat_interval_s=5.0, unreachable_after_s=20.0, lost_after_s=300.0)
 
@@ -122,6 +128,7 @@ class Controller:
         metrics: ControllerMetrics,
         *,
         admin_token: str,
+        admin_tokens: AdminTokens | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         peer_check: Callable[[bytes | None], str] | None = None,
@@ -129,7 +136,8 @@ class Controller:
         self.settings = settings
         self.store = store
         self.metrics = metrics
-        self.admin_token = admin_token
+        self.admin_token = admin_token  # the `admin` token; agents and routers may present it too
+        self.admin_tokens = admin_tokens or AdminTokens.single(admin_token)
         self.clock = clock
         self.wall = wall
         self.desired: Desired | None = None
@@ -155,6 +163,11 @@ class Controller:
         self._generated_secret: str | None = None
         self.lease: LeaderLease | None = None  # set by lease.attach with settings.ha; None: always the leader
         self.background: set[asyncio.Task[Any]] = set()  # short tasks to keep a reference to until done
+        # History records the store has not taken yet (it was down), oldest first; retried until written.
+        self.pending_revisions: deque[Revision] = deque(maxlen=REVISION_QUEUE_MAX)
+        self.revision_write_error: str | None = None
+        self._revision_retry: asyncio.Task[None] | None = None
+        self._revision_lock = asyncio.Lock()
 
     def leading(self) -> bool:
         """Whether this controller may place, stop and command agents now (see llmgw.controller.lease)."""
@@ -222,8 +235,19 @@ class Controller:
 
     # ---------------------------------------------------------------------------------- revisions
 
-    async def offer(self, checkout: Checkout, *, force: bool = False, from_source: bool = True) -> str:
+    async def offer(
+        self,
+        checkout: Checkout,
+        *,
+        force: bool = False,
+        from_source: bool = True,
+        actor: str = "controller",
+        actor_detail: str = "",
+    ) -> str:
         """Take a revision: 'unchanged', 'applied' or 'refused'.
+
+        `actor` is who the history records: `controller` for its own source, an admin token's name for
+        POST /api/v1/apply; `actor_detail` what that client said about itself (a CI run), not trusted.
 
         `seen` is the newest revision offered by either way in (the source, or POST /api/v1/apply). From the
         source, only a revision it did not show before is considered, so a revision applied through the admin
@@ -246,12 +270,12 @@ class Controller:
         try:
             desired = await asyncio.to_thread(build_desired, checkout.root, checkout.revision, checkout.where)
         except RepoInvalid as exc:
-            await self._refuse(checkout, exc.errors)
+            await self._refuse(checkout, exc.errors, actor, actor_detail)
             return "refused"
-        await self._apply(desired)
+        await self._apply(desired, actor, actor_detail)
         return "applied"
 
-    async def _refuse(self, checkout: Checkout, errors: list[str]) -> None:
+    async def _refuse(self, checkout: Checkout, errors: list[str], actor: str, actor_detail: str) -> None:
         self.refused = RefusedRevision(checkout.revision, checkout.where, self.wall(), tuple(errors))
         self.metrics.revision_refused.set(1)
         log.warning(
@@ -263,7 +287,9 @@ class Controller:
             errors[0] if errors else "",
         )
         await self._record(
-            Revision(checkout.revision, checkout.where, self.wall(), "controller", "refused", tuple(errors))
+            Revision(
+                checkout.revision, checkout.where, self.wall(), actor, "refused", tuple(errors), actor_detail
+            )
         )
         await self.event(
             "revision_refused",
@@ -272,7 +298,7 @@ class Controller:
         )
         self.notify("revision refused")
 
-    async def _apply(self, desired: Desired) -> None:
+    async def _apply(self, desired: Desired, actor: str, actor_detail: str) -> None:
         previous = self.desired
         self.desired = desired  # the one atomic swap; readers keep what they took
         self.applied_at = self.wall()
@@ -285,24 +311,89 @@ class Controller:
             desired.source,
             short(previous.revision if previous else None),
         )
-        await self.record_applied(desired, f"from {desired.source}")
+        by = "" if actor == "controller" else f" by {actor}" + (f" ({actor_detail})" if actor_detail else "")
+        await self.record_applied(desired, f"from {desired.source}{by}", actor, actor_detail)
         self.notify("revision applied")
 
-    async def record_applied(self, desired: Desired, message: str) -> None:
+    async def record_applied(
+        self, desired: Desired, message: str, actor: str = "controller", actor_detail: str = ""
+    ) -> None:
         """The revision this controller serves, in the store's history and events (only when leading)."""
-        await self._record(Revision(desired.revision, desired.source, self.wall(), "controller", "accepted"))
+        await self._record(
+            Revision(desired.revision, desired.source, self.wall(), actor, "accepted", (), actor_detail)
+        )
         await self.event("revision_applied", short(desired.revision), message)
 
     async def _record(self, revision: Revision) -> None:
         """Revision history is the leader's: a standby's "accepted" would move `applied_at` of a revision the
         fleet may not run (the leader may still be on another). A new leader records what it serves when it
-        takes over (`llmgw.controller.lease`)."""
+        takes over (`llmgw.controller.lease`).
+
+        A write that fails (the store down) is queued and retried in order until it lands: the history must
+        not silently miss a revision the fleet ran. Each record keeps its id, so a retry is written once."""
         if not self.leading():
             return
-        try:
-            await self.store.record_revision(revision)
-        except Exception as exc:  # recorded later is better than not applying; said loudly
-            log.warning("could not record revision %s in the store: %s", short(revision.sha), exc)
+        if len(self.pending_revisions) == REVISION_QUEUE_MAX:
+            lost = self.pending_revisions[0]
+            log.error(
+                "revision history queue full: dropping the oldest unwritten record (%s by %s at %s)",
+                short(lost.sha),
+                lost.applied_by,
+                lost.applied_at,
+            )
+        behind = bool(self.pending_revisions)
+        self.pending_revisions.append(revision)
+        if behind:  # the retry is writing older records: this one goes after them, without waiting here
+            self._start_revision_retry()
+            return
+        if not await self.flush_revisions():
+            log.warning(
+                "could not record revision %s in the store; %d record(s) queued, retrying",
+                short(revision.sha),
+                len(self.pending_revisions),
+            )
+            self._start_revision_retry()
+
+    async def flush_revisions(self) -> bool:
+        """Write queued history records, oldest first; False (the rest kept) when the store refuses."""
+        async with self._revision_lock:  # one writer: two would write the head twice and drop the next
+            while self.pending_revisions:
+                try:
+                    await self.store.record_revision(self.pending_revisions[0])
+                except Exception as exc:
+                    self.revision_write_error = str(exc)
+                    return False
+                self.pending_revisions.popleft()
+            self.revision_write_error = None
+            return True
+
+    def _start_revision_retry(self) -> None:
+        if self._revision_retry is not None and not self._revision_retry.done():
+            return
+        self._revision_retry = asyncio.get_running_loop().create_task(
+            self._retry_revisions(), name="llmgw-revision-retry"
+        )
+
+    async def _retry_revisions(self) -> None:
+        delay = REVISION_RETRY_FIRST_S
+        while not await self.flush_revisions():
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, REVISION_RETRY_MAX_S)
+        log.info("revision history caught up with the store")
+
+    async def stop_background(self) -> None:
+        """Stop the retry task (a controller shutting down; what is still queued is logged)."""
+        task, self._revision_retry = self._revision_retry, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.pending_revisions:
+            log.warning(
+                "stopping with %d revision record(s) not written to the store: %s",
+                len(self.pending_revisions),
+                ", ".join(f"{short(r.sha)} by {r.applied_by}" for r in self.pending_revisions),
+            )
 
     def set_source_error(self, message: str) -> None:
         if message != self.source_error:

@@ -57,6 +57,11 @@ class ControllerSettings(BaseModel):
     listen: str = "127.0.0.1:7070"
     metrics_listen: str | None = "127.0.0.1:9090"
     admin_token_file: Path | None = None
+    admin_tokens_file: Path | None = Field(
+        None,
+        description="More admin tokens, named and scoped (plan, apply, admin): a YAML mapping of name to "
+        "{scope, sha256} or {scope, file} (llmgw.controller.admin_tokens); the admin token stays `admin`",
+    )
     state_dir: Path = Path(".llmgw/controller")
     tls_cert: Path | None = None
     tls_key: Path | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -49,6 +50,7 @@ class GitSource:
         self.interval_s = interval_s
         key = hashlib.sha256(f"{url}\0{branch}".encode()).hexdigest()[:12]
         self.clone_dir = state_dir / "repo" / key
+        self._lock = threading.Lock()
         self.description = f"git {_redact_url(url)}@{branch}" + (
             "" if subpath in ("", ".") else f":{subpath}"
         )
@@ -56,7 +58,52 @@ class GitSource:
     async def poll(self) -> Checkout:
         return await asyncio.to_thread(self._poll_sync)
 
+    async def content_hash_at(self, sha: str) -> str | None:
+        """The content hash of the YAML tree at commit `sha` (sub-path applied), when the followed branch
+        as fetched now contains that commit; None when it does not (or the source cannot be read).
+
+        What lets an admin apply carry a git SHA as its label only when the files it sent are that commit's
+        (llmgw.controller.admin)."""
+        return await asyncio.to_thread(self._content_hash_at_sync, sha)
+
+    def _content_hash_at_sync(self, sha: str) -> str | None:
+        import io
+        import tarfile
+        import tempfile
+
+        import git
+
+        with self._lock:
+            try:
+                if not (self.clone_dir / ".git").exists():
+                    return None
+                repo = git.Repo(self.clone_dir)
+                repo.remotes.origin.fetch(self.branch, prune=True)
+                commit = repo.commit(sha)
+                if commit.hexsha != sha or not repo.is_ancestor(commit, repo.commit(f"origin/{self.branch}")):
+                    return None
+                archive = io.BytesIO()
+                repo.archive(archive, treeish=commit.hexsha, format="tar")
+            except (
+                git.GitCommandError,
+                git.InvalidGitRepositoryError,
+                git.NoSuchPathError,
+                git.exc.BadName,
+                git.exc.BadObject,
+                ValueError,
+            ):
+                return None
+        archive.seek(0)
+        with tempfile.TemporaryDirectory(prefix="llmgw-verify-") as tmp, tarfile.open(fileobj=archive) as tar:
+            tar.extractall(tmp, filter="data")
+            root = Path(tmp) / self.subpath
+            return tree_hash(root) if root.is_dir() else None
+
     def _poll_sync(self) -> Checkout:
+        with self._lock:  # one git operation at a time on the clone (the poll, or a verification)
+            return self._poll_locked()
+
+    def _poll_locked(self) -> Checkout:
         import git
 
         try:

@@ -5,6 +5,14 @@ directory; a node installs from it with `pip install --no-index --find-links`. T
 the agent's source, so an unchanged agent reuses the same wheel files byte for byte — which is what lets a
 second bootstrap see identical hashes and change nothing. Compiled wheels match the controller's Python and
 architecture; `compatibility_problem` says so before a node is touched.
+
+What nodes install is pinned and hash-checked, not whatever the index serves that day:
+* `pip wheel` runs with a constraints file of every distribution installed beside the controller
+  (`installed_pins`), so the agent's dependencies are the versions the controller itself runs and was tested
+  with (above the advisory floors in pyproject.toml), and a build that resolves anything else is refused;
+* the manifest records each wheel's sha256, `load` re-checks every file against it before a wheelhouse is
+  used (a wheel changed on disk after the build is refused, never shipped), and `requirements.txt` beside
+  the wheels lists each with its hash for `pip install --require-hashes --no-index`.
 """
 
 from __future__ import annotations
@@ -21,7 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MANIFEST = "wheelhouse.json"
+REQUIREMENTS = "requirements.txt"
+CONSTRAINTS = "constraints.txt"
 AGENT_DIST = "llmgw_agent"
+# Never pinned from the controller's environment: the agent itself (built from source here), and llmgw's
+# own distributions (an editable install's version says nothing about a wheel).
+_NOT_PINNED = {"llmgw", "llmgw-agent", "llmgw-router"}
 
 
 class WheelhouseError(Exception):
@@ -84,7 +97,55 @@ def load(directory: Path) -> Wheelhouse:
     missing = [name for name in house.wheels if not (directory / name).is_file()]
     if missing:
         raise WheelhouseError(f"agent wheelhouse {directory} lacks {', '.join(missing)}; rebuild it")
+    changed = [name for name, sha in house.wheels.items() if sha256_file(directory / name) != sha]
+    if changed:
+        raise WheelhouseError(
+            f"agent wheelhouse {directory}: {', '.join(changed)} no longer match(es) the sha256 recorded "
+            f"in {MANIFEST} when it was built; not shipping it to nodes (delete the directory to rebuild)"
+        )
     return house
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def installed_pins() -> dict[str, str]:
+    """name -> version of every distribution installed beside this llmgw (what `pip freeze` would say)."""
+    from importlib import metadata
+
+    pins: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata["Name"]
+        if name and canonical(name) not in _NOT_PINNED:
+            pins.setdefault(canonical(name), dist.version)
+    return dict(sorted(pins.items()))
+
+
+def _wheel_name_version(file_name: str) -> tuple[str, str]:
+    parts = file_name[: -len(".whl")].split("-")
+    return canonical(parts[0]), parts[1]
+
+
+def requirements_text(wheels: dict[str, str]) -> str:
+    """`name==version --hash=sha256:...` per wheel: for `pip install --require-hashes --no-index`."""
+    lines = []
+    for file_name, sha in sorted(wheels.items()):
+        name, version = _wheel_name_version(file_name)
+        lines.append(f"{name}=={version} --hash=sha256:{sha}\n")
+    return "".join(lines)
+
+
+def _pin_problems(wheels: dict[str, str], pins: dict[str, str]) -> list[str]:
+    """Dependency wheels whose version is not the one the controller runs (the constraints were not kept)."""
+    out = []
+    for file_name in sorted(wheels):
+        name, version = _wheel_name_version(file_name)
+        if name in _NOT_PINNED or name not in pins:
+            continue
+        if canonical(version) != canonical(pins[name]):
+            out.append(f"{file_name} (the controller runs {name} {pins[name]})")
+    return out
 
 
 def build(directory: Path, source: Path | None = None, *, python: str = sys.executable) -> Wheelhouse:
@@ -97,7 +158,10 @@ def build(directory: Path, source: Path | None = None, *, python: str = sys.exec
         raise WheelhouseError(
             "the agent's source is not beside this llmgw install; give a prebuilt wheelhouse directory"
         )
-    wanted = source_digest(source)
+    pins = installed_pins()
+    constraints = "".join(f"{name}=={version}\n" for name, version in pins.items())
+    # Keyed by the pins too: upgrading a dependency beside the controller rebuilds what nodes get.
+    wanted = hashlib.sha256(f"{source_digest(source)}\0{constraints}".encode()).hexdigest()
     try:
         existing = load(directory)
         if existing.source_digest == wanted:
@@ -109,8 +173,21 @@ def build(directory: Path, source: Path | None = None, *, python: str = sys.exec
         copy = Path(tmp) / "agent"
         shutil.copytree(source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
         out = Path(tmp) / "wheels"
+        constraints_file = Path(tmp) / CONSTRAINTS
+        constraints_file.write_text(constraints, encoding="utf-8")
         proc = subprocess.run(
-            [python, "-m", "pip", "wheel", "--quiet", "--wheel-dir", str(out), str(copy)],
+            [
+                python,
+                "-m",
+                "pip",
+                "wheel",
+                "--quiet",
+                "--wheel-dir",
+                str(out),
+                "--constraint",
+                str(constraints_file),
+                str(copy),
+            ],
             capture_output=True,
             text=True,
             env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
@@ -121,6 +198,12 @@ def build(directory: Path, source: Path | None = None, *, python: str = sys.exec
         agents = [name for name in wheels if name.startswith(AGENT_DIST + "-")]
         if len(agents) != 1:
             raise WheelhouseError(f"pip wheel produced {len(agents)} agent wheels in {out}")
+        unpinned = _pin_problems(wheels, pins)
+        if unpinned:
+            raise WheelhouseError(
+                "pip wheel resolved agent dependencies other than the versions installed beside the "
+                f"controller: {', '.join(unpinned)}"
+            )
         manifest = {
             "wheels": wheels,
             "agent_wheel": agents[0],
@@ -128,6 +211,8 @@ def build(directory: Path, source: Path | None = None, *, python: str = sys.exec
             "source_digest": wanted,
         }
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        (out / REQUIREMENTS).write_text(requirements_text(wheels))
+        (out / CONSTRAINTS).write_text(constraints)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(out, directory)

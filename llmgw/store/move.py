@@ -16,7 +16,9 @@ from llmgw.store.store import TABLES, Store
 
 # Column lists per table (a test checks them against the migrations). The first column orders the paging.
 COLUMNS: dict[str, tuple[str, ...]] = {
-    "revisions": ("sha", "source", "applied_at", "applied_by", "status", "errors"),
+    "revision_events": (
+        "id", "revision", "source", "applied_at", "actor", "actor_detail", "status", "errors",
+    ),
     "nodes": ("name", "first_seen", "last_seen", "state", "inventory"),
     "replicas": ("id", "model", "profile", "nodes", "state", "fingerprint", "created_at", "updated_at"),
     "events": ("id", "time", "kind", "object", "message"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -13,14 +14,27 @@ UsageGroup = Literal["project", "team", "org", "key", "model"]
 USAGE_GROUPS: tuple[UsageGroup, ...] = ("project", "team", "org", "key", "model")
 
 
+def _revision_id() -> str:
+    return "rev_" + uuid.uuid4().hex
+
+
 @dataclass(frozen=True)
 class Revision:
+    """One application (or refusal) of a revision: an append-only history row.
+
+    `sha` is the revision's label (a git commit SHA, a content hash `sha256:...`, or `apply:<hash>` for an
+    admin apply); `applied_by` the authenticated actor (`controller`, or an admin token's name);
+    `actor_detail` what the client said about itself (a CI run id), recorded but not trusted. `id` is made
+    once, so retrying the write of the same record cannot add it twice."""
+
     sha: str
     source: str
     applied_at: float
     applied_by: str
     status: RevisionStatus
     errors: tuple[str, ...] = ()
+    actor_detail: str = ""
+    id: str = field(default_factory=_revision_id)
 
 
 @dataclass(frozen=True)

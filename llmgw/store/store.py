@@ -32,7 +32,7 @@ from llmgw.store.records import (
 # Every table, parents before children (usage references api_keys). `store move` copies in this order and
 # a test derives the foreign keys from the schema to check it.
 TABLES: tuple[str, ...] = (
-    "revisions",
+    "revision_events",
     "nodes",
     "replicas",
     "events",
@@ -110,31 +110,33 @@ class Store:
     # ------------------------------------------------------------------------------------ revisions
 
     async def record_revision(self, revision: Revision) -> None:
+        """Append one history row; the same record written twice (a retry) is kept once."""
         async with self.db.tx() as tx:
             await tx.execute(
-                "INSERT INTO revisions (sha, source, applied_at, applied_by, status, errors) "
-                "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (sha) DO UPDATE SET source = excluded.source, "
-                "applied_at = excluded.applied_at, applied_by = excluded.applied_by, "
-                "status = excluded.status, errors = excluded.errors",
+                "INSERT INTO revision_events (id, revision, source, applied_at, actor, actor_detail, status, "
+                "errors) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
                 (
+                    revision.id,
                     revision.sha,
                     revision.source,
                     revision.applied_at,
                     revision.applied_by,
+                    revision.actor_detail,
                     revision.status,
                     json.dumps(list(revision.errors)),
                 ),
             )
 
     async def list_revisions(self, limit: int = 50, status: str | None = None) -> list[Revision]:
+        """History rows, newest first (every application, so a label may appear more than once)."""
         where, params = ("WHERE status = ?", [status]) if status else ("", [])
         async with self.db.tx() as tx:
             rows = await tx.fetch(
-                "SELECT sha, source, applied_at, applied_by, status, errors FROM revisions "
-                f"{where} ORDER BY applied_at DESC, sha LIMIT ?",
+                "SELECT revision, source, applied_at, actor, status, errors, actor_detail, id "
+                f"FROM revision_events {where} ORDER BY applied_at DESC, id LIMIT ?",
                 (*params, limit),
             )
-        return [Revision(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5]))) for r in rows]
+        return [Revision(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), r[6], r[7]) for r in rows]
 
     async def last_accepted_revision(self) -> Revision | None:
         found = await self.list_revisions(limit=1, status="accepted")

@@ -236,7 +236,9 @@ async def test_an_invalid_repo_is_refused_with_its_errors_and_nothing_changes(cl
 
     cluster.repo.write({"models/sim-b.yaml": sim_model("sim-b")}, "fixed")
     (cluster.tmp / "wrong").write_text("not-the-token\n")
-    code, out, err = await cli("apply", "repo", "--token-file", "wrong")
+    # A token given by flag goes only to a controller named explicitly (never to the repo's address).
+    url = f"http://127.0.0.1:{cluster.port}"
+    code, out, err = await cli("apply", "repo", "--token-file", "wrong", "--controller", url)
     assert code == 1 and "refused the admin token from --token-file wrong" in err
     assert "not-the-token" not in out + err
     assert (await cluster.status())["applied"]["revision"] == cluster.first

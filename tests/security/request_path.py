@@ -32,7 +32,9 @@ def model(name: str, **spec: Any) -> Model:
     return _doc(Model, name, spec)  # type: ignore[no-any-return]
 
 
-def catalog(*models: Model, project: dict[str, Any] | None = None, cluster: dict[str, Any] | None = None) -> Catalog:
+def catalog(
+    *models: Model, project: dict[str, Any] | None = None, cluster: dict[str, Any] | None = None
+) -> Catalog:
     """The models, an organization `org` and a project `tenant` under it (spec `project`, default: no lists)."""
     docs: list[Any] = [*models, _doc(Organization, "org", {})]
     docs.append(_doc(Project, "tenant", {"organization": "org", **(project or {})}))

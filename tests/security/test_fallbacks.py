@@ -39,7 +39,10 @@ def chat(name: str, max_tokens: int = 1) -> dict[str, Any]:
 
 
 async def post(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any], dict[str, str]]:
-    async with aiohttp.ClientSession() as s, s.post(url + "/v1/chat/completions", json=body, headers=AUTH) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url + "/v1/chat/completions", json=body, headers=AUTH) as r,
+    ):
         return r.status, await r.json(), dict(r.headers)
 
 
@@ -67,7 +70,9 @@ async def test_h2_fallback_of_a_fallback_is_followed(sims: dict[str, SimProcess]
     assert headers["x-llmgw-fallback"] == "c" and body["model"] == "c"
 
 
-async def test_h2_parked_model_min_0_max_0_answers_at_once_without_a_load(sims: dict[str, SimProcess]) -> None:
+async def test_h2_parked_model_min_0_max_0_answers_at_once_without_a_load(
+    sims: dict[str, SimProcess],
+) -> None:
     # Scaled to zero on purpose: there is nothing to wait for, so the answer is "unavailable" now, not a load
     # request and a wait (on_demand_wait is 30 s here: a wrong router would answer `model_loading` after it).
     cat = catalog(model("a", scaling={"min": 0, "max": 0}))
@@ -96,7 +101,9 @@ async def test_h2_disallowed_fallback_is_skipped_when_the_allowed_model_is_full(
     router, listeners, _, url = await start_router(snap)
     try:
         async with aiohttp.ClientSession() as s:
-            first = asyncio.create_task(s.post(url + "/v1/chat/completions", json=chat("a", 200), headers=AUTH))
+            first = asyncio.create_task(
+                s.post(url + "/v1/chat/completions", json=chat("a", 200), headers=AUTH)
+            )
             await wait_for(lambda: router.table is not None and router.table.endpoints["a"][0].inflight == 1,
                            30, "a's only slot taken")  # fmt: skip
             async with s.post(url + "/v1/chat/completions", json=chat("a"), headers=AUTH) as r:

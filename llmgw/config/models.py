@@ -300,15 +300,6 @@ class ModelSpec(Strict):
         default_factory=list, description="Ways this model can run, in preference order"
     )
 
-    @model_validator(mode="after")
-    def _output_fits_context(self) -> ModelSpec:
-        if self.max_output_tokens is not None and self.max_output_tokens >= self.context_length:
-            raise ValueError(
-                f"max_output_tokens ({self.max_output_tokens}) must be below context_length "
-                f"({self.context_length}): a completion that long leaves no room for the prompt"
-            )
-        return self
-
 
 # ---------------------------------------------------------------------------------------------------- Routing
 

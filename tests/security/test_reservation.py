@@ -21,6 +21,7 @@ from llmgw_router.tenancy import TenantChain
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import wait_for
 
+from llmgw.errors import CatalogError
 from llmgw.limits import Tenant
 
 from .request_path import KEY, catalog, model, published, start_router
@@ -163,8 +164,11 @@ async def test_h5_n_that_is_not_a_whole_number_is_refused(sim: SimProcess, field
 
 
 def test_h5_max_output_tokens_must_leave_room_for_a_prompt() -> None:
-    with pytest.raises(ValueError, match=r"max_output_tokens \(2048\) must be below context_length \(2048\)"):
-        model("m", context_length=2048, max_output_tokens=2048)
+    with pytest.raises(CatalogError) as refused:
+        catalog(model("m", context_length=2048, max_output_tokens=2048))
+    (problem,) = refused.value.errors
+    assert problem.path == ("spec", "max_output_tokens")
+    assert "leaves no room for a prompt in context_length 2048" in problem.message
 
 
 async def test_h5_cluster_default_project_concurrency_applies_when_a_project_sets_none(

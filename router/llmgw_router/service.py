@@ -673,11 +673,17 @@ def _check_types(body: dict[str, Any]) -> None:
             )
 
 
+# OpenAI's /v1/completions generates 16 tokens when max_tokens is not given (vLLM does the same; llama.cpp would
+# run to the end of the context): kept as the cap such a request reserves and is sent.
+_COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
 def _check_context(raw: bytes, body: dict[str, Any], kind: Kind, model: PublishedModel, call: _Call) -> None:
     """Fill in what the request may cost: the prompt's estimate (bytes/4 plus 10%, so an estimate a few
     percent out does not refuse a valid request), the completion per sequence (what the client asked, else
     the model's `max_output_tokens`, else whatever the context leaves after the prompt: what the engine
-    would really generate), and how many sequences (`n`, `best_of`). Raises when it cannot fit."""
+    would really generate; at most 16 for legacy completions, that API's default), and how many sequences
+    (`n`, `best_of`). Raises when it cannot fit."""
     call.prompt_estimate = prompt = int(len(raw) / 4 * 1.1)
     if kind == "embeddings":
         call.completion_asked, call.completion_cap, call.sequences = None, 0, 1
@@ -696,7 +702,13 @@ def _check_context(raw: bytes, body: dict[str, Any], kind: Kind, model: Publishe
                 param="max_tokens",
             )
         room = model.context_length - prompt
-        call.completion_cap = asked if asked is not None else min(room, cap if cap is not None else room)
+        if asked is not None:
+            call.completion_cap = asked
+        else:
+            limits = [room, *(() if cap is None else (cap,))]
+            if kind == "completions":  # the legacy API's documented default, which clients rely on
+                limits.append(_COMPLETIONS_DEFAULT_MAX_TOKENS)
+            call.completion_cap = min(limits)
     completion = call.completion_cap
     if prompt + completion > model.context_length or (
         asked is None and kind != "embeddings" and completion < 1

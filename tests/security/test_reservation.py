@@ -3,7 +3,7 @@
 A request without `max_tokens` reserves the rest of the context after its prompt (or the model's
 `max_output_tokens`) and that cap is sent to the engine, so the reservation bounds the spend; `n` and
 `best_of` multiply it. A Cluster-wide default concurrency applies to projects that declare none. Real sim
-engines (which generate exactly `max_tokens` tokens, or 16 when none is sent) behind a router on loopback.
+engines (which generate exactly `max_tokens` tokens, or 100 when none is sent) behind a router on loopback.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from .request_path import KEY, catalog, model, published, start_router
 pytestmark = pytest.mark.integration
 
 AUTH = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
-SIM_DEFAULT_MAX_TOKENS = 16  # what the sim generates when it is sent no max_tokens
+SIM_DEFAULT_MAX_TOKENS = 100  # what the sim generates when it is sent no max_tokens
 
 
 class Recording:
@@ -107,6 +107,23 @@ async def test_h5_model_max_output_tokens_caps_the_reservation_and_is_sent(sim: 
     assert status == 200, body
     assert [tokens for tokens, _ in limiter.reserved] == [prompt_estimate(raw) + 40]
     assert body["usage"]["completion_tokens"] == 40
+
+
+async def test_h5_legacy_completion_without_max_tokens_reserves_and_is_sent_that_api_default(
+    sim: SimProcess,
+) -> None:
+    raw = json.dumps({"model": "m", "prompt": "hello"}).encode()
+    cat = catalog(model("m", context_length=8192), project={"limits": {"tpm": 10**9}})
+    limiter = Recording()
+    _, listeners, _, url = await start_router(published(cat, [endpoint(sim, "m-0")]), limiter=limiter)
+    try:
+        async with aiohttp.ClientSession() as s, s.post(url + "/v1/completions", data=raw, headers=AUTH) as r:
+            status, body = r.status, await r.json()
+    finally:
+        await listeners.close()
+    assert status == 200, body
+    assert [tokens for tokens, _ in limiter.reserved] == [prompt_estimate(raw) + 16]
+    assert body["usage"]["completion_tokens"] == 16
 
 
 async def test_h5_client_max_tokens_is_kept_and_reserved_as_asked(sim: SimProcess) -> None:

@@ -18,10 +18,11 @@ from typing import Any
 
 import aiohttp
 import pytest
+from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, start
 from llmgw_router.auth import Authenticator, StaticKeys, StoreKeys
 from llmgw_router.errors import ApiError
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
-from support import free_port, wait_until
+from support import free_port, wait_for, wait_until
 
 from llmgw import jsonsafe
 from llmgw.keys import create_key, hash_key
@@ -169,6 +170,27 @@ def test_m7_shared_loader_refuses_deep_nesting_as_a_value_error() -> None:
     for text in ("[" * (limit + 1) + "]" * (limit + 1), DEEP):
         with pytest.raises(ValueError, match="nest deeper than"):
             jsonsafe.loads(text)
+
+
+async def test_m7_controller_router_stream_survives_deep_and_non_object_messages(tmp_path: Path) -> None:
+    # The controller reads routers' messages with the same loader: a message nested too deeply, or one that is
+    # not an object, is dropped; the stream stays open and the next message is read.
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml(), "a.yaml": model_yaml("sim-a", min_=0)})
+    running, admin = await start(settings_for(tmp_path, repo.path))
+    try:
+        controller = running.controller
+        await wait_for(lambda: controller.desired is not None, 10, "a revision applied")
+        url = admin.url.replace("http://", "ws://") + "/router/v1"
+        async with aiohttp.ClientSession() as s, s.ws_connect(url, headers=admin.headers) as ws:
+            await ws.receive(timeout=5)  # the first snapshot
+            await ws.send_str(DEEP.decode())
+            await ws.send_str("[1, 2]")
+            await ws.send_str(json.dumps({"type": "usage", "models": ["sim-a"]}))
+            await wait_for(lambda: "sim-a" in controller.worker_state.used, 10, "use of sim-a noted")
+            assert not ws.closed
+    finally:
+        await running.stop()
 
 
 # ---------------------------------------------------------------------------------------------- M8

@@ -336,7 +336,7 @@ class Router:
                 reply["x-llmgw-decision"] = decision.rationale()
             payload = raw
             # A request that names no max_tokens is sent the cap it reserved: the reservation bounds the spend.
-            cap = _sent_cap(table.models.get(served), call) if kind != "embeddings" else None
+            cap = _sent_cap(table.models.get(served), call, ep.is_provider) if kind != "embeddings" else None
             if body.get("model") != upstream_model or (client_stream and not client_usage) or cap is not None:
                 changed = dict(body, model=upstream_model)
                 if cap is not None:
@@ -741,15 +741,24 @@ def _fits(model: PublishedModel, call: _Call) -> bool:
     return asked <= room and (model.max_output_tokens is None or asked <= model.max_output_tokens)
 
 
-def _sent_cap(model: PublishedModel | None, call: _Call) -> int | None:
-    """The max_tokens to send to the engine of `model`: None when the client set one (it is sent as it is),
-    else the reserved cap, lowered to what the serving model's context and own cap allow (never raised: the
-    reservation was made for the requested model)."""
+def _sent_cap(model: PublishedModel | None, call: _Call, provider: bool) -> int | None:
+    """The max_tokens to send to an engine of `model` for a request that set none (None: send nothing): the
+    reserved cap, lowered to what the serving model's context and own cap allow, never raised (the
+    reservation was made for the requested model).
+
+    Not sent when the context is what binds and a replica serves: the agent starts engines with the model's
+    `context_length` as their limit, so prompt plus completion already stops there, which is exactly what was
+    reserved (the prompt's estimate plus the rest of the context); and a number derived from the estimate
+    would make vLLM refuse every prompt the estimate under-counts (text in scripts of three UTF-8 bytes per
+    token). A provider's real context is not ours to know, so it is always sent the cap."""
     if call.completion_asked is not None or model is None:
         return None
-    cap = min(call.completion_cap, model.context_length - call.prompt_estimate)
+    room = model.context_length - call.prompt_estimate
+    cap = min(call.completion_cap, room)
     if model.max_output_tokens is not None:
         cap = min(cap, model.max_output_tokens)
+    if cap >= room and not provider:
+        return None
     return max(cap, 1)
 
 

@@ -96,9 +96,29 @@ async def test_h5_request_without_max_tokens_reserves_the_rest_of_the_context(si
     raw = raw_chat()
     status, body, limiter = await serve_one(sim, raw, context_length=300)
     assert status == 200, body
-    room = 300 - prompt_estimate(raw)
-    assert [tokens for tokens, _ in limiter.reserved] == [300]  # the prompt plus all the room it leaves
-    assert body["usage"]["completion_tokens"] == room  # and the engine was sent that cap
+    # The prompt's estimate plus all the room it leaves: the whole context, which the engine (started with
+    # `context_length` as its limit) cannot exceed, so nothing is sent for it to enforce.
+    assert [tokens for tokens, _ in limiter.reserved] == [300]
+    assert body["usage"]["completion_tokens"] == SIM_DEFAULT_MAX_TOKENS
+
+
+async def test_h5_provider_without_max_tokens_is_sent_the_rest_of_the_context(
+    sim: SimProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A provider's real context is not ours to know (it may be far larger than declared): it is sent the cap.
+    monkeypatch.setenv("LLMGW_SECRET_SIM_KEY", sim.key)
+    provider = {"url": sim.base_url + "/v1", "model": "m", "key": {"env": "LLMGW_SECRET_SIM_KEY"}}
+    cat = catalog(model("ext", context_length=300, profiles=[], provider=provider))
+    limiter = Recording()
+    _, listeners, _, url = await start_router(published(cat, []), limiter=limiter)
+    raw = json.dumps({"model": "ext", "messages": [{"role": "user", "content": "hello"}]}).encode()
+    try:
+        status, body = await post(url, raw)
+    finally:
+        await listeners.close()
+    assert status == 200, body
+    assert [tokens for tokens, _ in limiter.reserved] == [300]
+    assert body["usage"]["completion_tokens"] == 300 - prompt_estimate(raw)
 
 
 async def test_h5_model_max_output_tokens_caps_the_reservation_and_is_sent(sim: SimProcess) -> None:

@@ -548,6 +548,10 @@ class Router:
         if prompt is not None:
             m.observe_tokens(served, prompt, completion)
         used = (prompt if prompt is not None else call.estimate) + completion
+        if call.served is None:
+            # Refused after admission (queue, no endpoint) before any engine saw it: the reservation, which may
+            # be the whole context, is given back rather than spent.
+            used = 0
         table = self.table
         prices = table.models[served].prices if table is not None and served in table.models else None
         cost = 0.0

@@ -164,6 +164,18 @@ async def test_h5_n_and_best_of_multiply_the_reservation(
     assert [tokens for tokens, _ in limiter.reserved] == [prompt_estimate(raw) + 10 * sequences]
 
 
+async def test_h5_a_request_no_engine_saw_gives_its_whole_reservation_back() -> None:
+    # Reserving the whole context must not make refusals costly: a request answered 503 before any engine saw
+    # it spends nothing, so a client retrying against a model with no replica is not locked out by tpm.
+    cat = catalog(model("m", context_length=600), project={"limits": {"tpm": 1000}})
+    _, listeners, _, url = await start_router(published(cat, []))
+    try:
+        answers = [await post(url, raw_chat()) for _ in range(3)]
+    finally:
+        await listeners.close()
+    assert [(status, body["error"]["code"]) for status, body in answers] == [(503, "model_unavailable")] * 3
+
+
 async def test_h5_budget_cannot_be_outrun_by_leaving_out_max_tokens(sim: SimProcess) -> None:
     # One unit of money per token; 100 units left. A short prompt with no max_tokens may generate about 2000
     # tokens, so it is refused up front rather than admitted on a 10-token estimate.

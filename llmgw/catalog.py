@@ -231,6 +231,15 @@ class Catalog:
 
     # ------------------------------------------------------------------------------------------ tenants
 
+    def project_limits(self, project: str) -> Limits:
+        """The project's limits as enforced: its own, with the Cluster's tenancy defaults filling what it
+        leaves unset. KeyError for an unknown project."""
+        limits = self.projects[project].limits
+        default = self.cluster.tenancy.default_project_concurrency
+        if limits.concurrency is None and default is not None:
+            limits = limits.model_copy(update={"concurrency": default})
+        return limits
+
     def tenant_chain(self, project: str) -> TenantChain:
         """The project, its team (None for a project directly under an organization) and its organization.
         KeyError for an unknown project."""

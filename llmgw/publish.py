@@ -63,9 +63,18 @@ class PublishedModel(_Wire):
     context_length: int = Field(ge=1)
     capabilities: list[Capability] = Field(default_factory=lambda: list(DEFAULT_CAPABILITIES))
     prices: Prices = Field(default_factory=Prices)
-    fallbacks: list[str] = Field(default_factory=list, description="Model names tried in this order")
+    max_output_tokens: int | None = Field(
+        None, ge=1, description="Completion cap: reserved and sent when a request names no max_tokens"
+    )
+    fallbacks: list[str] = Field(
+        default_factory=list,
+        description="The resolved fallback chain (Catalog.fallback_chain): model names, never aliases, "
+        "transitive, in order. The router tries exactly these, skipping the ones a project may not use",
+    )
     routing_policy: str | None = Field(None, description="Policy name; None means the router's default")
-    on_demand: bool = Field(False, description="scaling.min is 0: the first request asks for a load")
+    on_demand: bool = Field(
+        False, description="Catalog's on_demand (scaling min 0, max > 0): the first request asks for a load"
+    )
     simulated: bool = Field(False, description="Served by the sim engine (published as such in /v1/models)")
     provider: PublishedProvider | None = None
 

@@ -144,11 +144,23 @@ class EngineSettings(Strict):
     metrics: MetricMapping | None = Field(None, description="Override of the engine's built-in metric names")
 
 
+class TenancySettings(Strict):
+    """Defaults for tenants that leave a limit unset."""
+
+    default_project_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="Requests in flight at once for a project that declares no `limits.concurrency` "
+        "(unset: no limit)",
+    )
+
+
 class ClusterSpec(Strict):
     """Cluster-wide settings; every field has a default."""
 
     controller: ControllerSettings = Field(default_factory=ControllerSettings)
     router: RouterSettings = Field(default_factory=RouterSettings)
+    tenancy: TenancySettings = Field(default_factory=TenancySettings, description="Tenant defaults")
     engines: dict[EngineName, EngineSettings] = Field(
         default_factory=dict, description="Engines nodes run, by name (sim, llamacpp, vllm, sglang, trtllm)"
     )
@@ -272,6 +284,12 @@ class ModelSpec(Strict):
     source: Source | None = Field(None, description="Where the weights come from (not needed by sim)")
     provider: Provider | None = Field(None, description="Served by an external provider instead of replicas")
     context_length: int = Field(ge=1, description="Longest prompt plus completion, in tokens")
+    max_output_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Longest completion a request may ask for; also what a request that names no "
+        "max_tokens reserves and is sent (unset: the context length minus the prompt)",
+    )
     capabilities: list[Capability] = Field(
         default_factory=lambda: list(DEFAULT_CAPABILITIES), description="API endpoints the model serves"
     )

@@ -184,6 +184,14 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
             "an on-demand model (min 0) needs `idle_timeout`",
             "add e.g. `idle_timeout: 10m`, after which unused replicas stop",
         )
+    if spec.max_output_tokens is not None and spec.max_output_tokens >= spec.context_length:
+        c.add(
+            index,
+            ("spec", "max_output_tokens"),
+            f"max_output_tokens {spec.max_output_tokens} leaves no room for a prompt in context_length "
+            f"{spec.context_length}",
+            f"make it below {spec.context_length}, or leave it unset to let a request use what its prompt leaves",
+        )
     if not spec.profiles and spec.provider is None:
         c.add(
             index,

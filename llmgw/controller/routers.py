@@ -17,6 +17,8 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from llmgw import jsonsafe
+from llmgw.catalog import Catalog
 from llmgw.config.models import OrganizationSpec, ProjectSpec, TeamSpec
 from llmgw.controller import views
 from llmgw.controller.core import Controller
@@ -67,15 +69,33 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
     if d is None:
         return None
     cat = d.catalog
-    models = {
+    mappings = {k: v.metrics for k, v in cat.cluster.engines.items() if v.metrics is not None}
+    return RouterSnapshot(
+        revision=d.revision,
+        router=cat.cluster.router,
+        models=published_models(cat),
+        policies=dict(cat.policies),
+        tenants=published_tenants(cat),
+        endpoints=endpoints(c),
+        metric_mappings=mappings,
+    )
+
+
+def published_models(cat: Catalog) -> dict[str, PublishedModel]:
+    """The models as routers see them: every decision that needs the whole repo (the fallback chain,
+    whether a model loads on demand) made here, so routers only follow it."""
+    return {
         name: PublishedModel(
             aliases=list(m.aliases),
             context_length=m.spec.context_length,
             capabilities=list(m.spec.capabilities),
             prices=m.spec.prices,
-            fallbacks=list(m.spec.fallbacks),
+            max_output_tokens=m.spec.max_output_tokens,
+            # Resolved here, once: aliases to names, transitively. Routers follow it as published.
+            fallbacks=list(cat.fallback_chain(name)),
             routing_policy=cat.policy_name_for(name),
-            on_demand=m.spec.scaling.min == 0 and bool(m.spec.profiles),
+            # `min 0, max 0` is parked, not on demand: a request for it must not ask for (and wait on) a load.
+            on_demand=m.on_demand and bool(m.spec.profiles),
             simulated=bool(m.spec.profiles) and all(p.profile.engine == "sim" for p in m.profiles),
             provider=None
             if m.spec.provider is None
@@ -85,7 +105,10 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
         )
         for name, m in cat.models.items()
     }
-    tenants = Tenants(
+
+
+def published_tenants(cat: Catalog) -> Tenants:
+    return Tenants(
         organizations={
             n: OrganizationSpec(models=_l(t.models), limits=t.limits) for n, t in cat.organizations.items()
         },
@@ -98,20 +121,10 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
                 team=t.parent if t.parent_kind == "Team" else None,
                 organization=t.parent if t.parent_kind == "Organization" else None,
                 models=_l(t.models),
-                limits=t.limits,
+                limits=cat.project_limits(n),  # the Cluster's tenancy defaults applied
             )
             for n, t in cat.projects.items()
         },
-    )
-    mappings = {k: v.metrics for k, v in cat.cluster.engines.items() if v.metrics is not None}
-    return RouterSnapshot(
-        revision=d.revision,
-        router=cat.cluster.router,
-        models=models,
-        policies=dict(cat.policies),
-        tenants=tenants,
-        endpoints=endpoints(c),
-        metric_mappings=mappings,
     )
 
 
@@ -183,8 +196,10 @@ async def _read_router(ws: web.WebSocketResponse, c: Controller) -> None:
         if msg.type != WSMsgType.TEXT:
             continue
         try:
-            data = json.loads(msg.data)
+            data = jsonsafe.loads(msg.data)  # a router's message nested too deeply is dropped, not a crash
         except ValueError:
+            continue
+        if not isinstance(data, dict):
             continue
         if data.get("type") == "usage":
             note_usage(c, data.get("models", []))

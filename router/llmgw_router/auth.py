@@ -1,20 +1,24 @@
 """API keys: `Authorization: Bearer KEY` -> the key's project, through a small cache in front of a key store.
 
-The store holds only sha256 hashes; the router hashes what it is sent and looks that up. Answers (including
-"no such key") are cached in memory for a short time so the hot path touches the store once per key per TTL,
-and revocation takes effect within the TTL. Keys and Authorization headers never reach logs.
+The store holds only sha256 hashes; the router hashes what it is sent and looks that up. A token that cannot
+be a key (`llmgw.keys.looks_like_key`: not `sk-llmgw-` and 40+ characters) is refused without a lookup, so a
+flood of random tokens costs the store nothing. Answers (including "no such key") are cached in memory for a
+short time so the hot path touches the store once per key per TTL, and revocation takes effect within the TTL;
+the cache is bounded and evicts the least recently used entry, so a flood of well-shaped random keys pushes out
+only colder entries, never every tenant's key at once. Keys and Authorization headers never reach logs.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmgw.keys import hash_key
+from llmgw.keys import hash_key, looks_like_key
 from llmgw.store.db import StoreError
 from llmgw.store.records import KeyLookup
 from llmgw_router.errors import ApiError
@@ -25,6 +29,9 @@ log = logging.getLogger(__name__)
 
 
 class KeyStore(Protocol):
+    """Where key hashes are looked up. A store that answers any token cheaply (an in-memory file) sets a class
+    attribute `any_token = True`; for every other store a token without our key shape is refused unasked."""
+
     async def lookup_key(self, key_hash: str) -> KeyLookup | None: ...
 
 
@@ -53,7 +60,12 @@ class StoreKeys:
 
 
 class StaticKeys:
-    """Keys from a file of hashes, for a router with no store. One key per line: `SHA256HEX PROJECT [KEY_ID]`."""
+    """Keys from a file of hashes, for a router with no store. One key per line: `SHA256HEX PROJECT [KEY_ID]`.
+
+    The file may hold the hash of any token an operator chose (not only `sk-llmgw-` keys), and a lookup is a
+    dict access, so tokens are not shape-checked against it."""
+
+    any_token = True
 
     def __init__(self, entries: dict[str, KeyLookup]) -> None:
         self._entries = entries
@@ -103,7 +115,9 @@ class Authenticator:
         self._ttl = ttl
         self._negative_ttl = negative_ttl
         self._max_entries = max_entries
-        self._cache: dict[str, tuple[float, KeyLookup | None]] = {}
+        self._cache: OrderedDict[str, tuple[float, KeyLookup | None]] = OrderedDict()  # least recent first
+        # Only our own key shape is worth a store query; an in-memory keys file answers any token for free.
+        self._shape_checked = not getattr(store, "any_token", False)
         self._store_error: str | None = None  # set while the key store is unreachable
 
     @property
@@ -127,9 +141,13 @@ class Authenticator:
                 "Malformed Authorization header: expected `Authorization: Bearer YOUR_KEY`.",
                 "invalid_api_key",
             )
+        if self._shape_checked and not looks_like_key(token):
+            return _principal(None, token, 0.0)  # raises 401: no key has this shape, so no lookup
         digest = hash_key(token)
         now = self._clock()
         cached = self._cache.get(digest)
+        if cached is not None:
+            self._cache.move_to_end(digest)
         if cached is not None and cached[0] > now:
             found = cached[1]
         else:
@@ -140,9 +158,10 @@ class Authenticator:
             if self._store_error is not None:
                 log.warning("key store reachable again")
                 self._store_error = None
-            if len(self._cache) >= self._max_entries:
-                self._cache.clear()  # bounded memory under a flood of random keys; refilled on demand
             self._cache[digest] = (now + (self._ttl if found else self._negative_ttl), found)
+            self._cache.move_to_end(digest)
+            while len(self._cache) > self._max_entries:
+                self._cache.popitem(last=False)  # bounded memory: the least recently used key goes first
         return _principal(found, token, now)
 
     def _store_down(

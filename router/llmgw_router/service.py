@@ -1,7 +1,8 @@
-"""The request path, in the design's order (cheapest refusal first):
+"""The request path, in the design's order (cheapest refusal first, and nothing about the catalog before auth):
 
-body size -> parse -> resolve model -> context length -> auth -> allowlist -> limits -> admission -> schedule ->
-proxy -> account.
+body size -> parse (JSON shape) -> auth -> resolve model -> allowlist -> capability -> context length and
+reservation -> fallback chain (the published one, minus what the project may not use) -> limits -> admission ->
+schedule -> proxy -> account.
 
 `Router` holds the live state of one router process (no globals): the routing table from the last snapshot,
 the live endpoint records, and the small interfaces to the outside (keys, limits, usage, controller).
@@ -24,6 +25,7 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
+from llmgw import jsonsafe
 from llmgw.config.models import SecretRef
 from llmgw.publish import PublishedModel, RouterSnapshot, Tenants
 from llmgw.security import forbidden_address_reason
@@ -79,8 +81,11 @@ class _Call:
     served: str | None = None
     principal: Principal | None = None
     chain: TenantChain | None = None
+    serving: tuple[str, ...] = ()  # the requested model, then the fallbacks this request may use, in order
     prompt_estimate: int = 0  # tokens, from the body's size
-    completion_wanted: int = 0  # max_tokens / max_completion_tokens, 0 when not given
+    completion_asked: int | None = None  # max_completion_tokens / max_tokens; None when the client set none
+    completion_cap: int = 0  # the most tokens one sequence may generate: what was asked, else the model's cap
+    sequences: int = 1  # n / best_of: completions generated at once
     status: int = 500
     code: str = ""
     result: ProxyResult | None = None
@@ -88,8 +93,9 @@ class _Call:
 
     @property
     def estimate(self) -> int:
-        """Tokens the request may take: charged at admission, corrected at the end."""
-        return self.prompt_estimate + self.completion_wanted
+        """Tokens the request may take: reserved at admission, corrected at the end. A request that names no
+        max_tokens is sent the cap it reserved, so the engine cannot spend more than this."""
+        return self.prompt_estimate + self.completion_cap * self.sequences
 
     def streaming(self, result: ProxyResult) -> None:
         """A stream started: keep its result now, so a handler cancelled later still accounts its usage."""
@@ -165,10 +171,12 @@ class Router:
         return budget_use(self.limiter, table.snapshot.tenants) if table is not None else []
 
     @staticmethod
-    def _estimate_cost(model: PublishedModel, tokens: int) -> float:
-        # Charged against budgets up front at the dearer price, corrected when the request ends.
-        p = model.prices
-        return tokens * max(p.input_per_million, p.output_per_million) / 1e6
+    def _estimate_cost(models: list[PublishedModel], tokens: int) -> float:
+        # Charged against budgets up front at the dearest price of any model that may serve the request (a
+        # fallback may cost more than the model asked for), corrected when the request ends.
+        return (
+            tokens * max(max(m.prices.input_per_million, m.prices.output_per_million) for m in models) / 1e6
+        )
 
     def _on_reject(self, reason: str) -> None:
         self.metrics.rejections.labels(reason).inc()
@@ -251,6 +259,9 @@ class Router:
             raise _not_ready()
         raw = await _read_body(request, table.snapshot.router.max_body_bytes if table else _DEFAULT_MAX_BODY)
         body = _parse(raw)
+        # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
+        # which models exist (404) nor their context lengths (400).
+        call.principal = await self.auth.authenticate(request.headers.get("Authorization"))
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(
@@ -266,31 +277,33 @@ class Router:
             )
         call.model = canonical
         model = table.models[canonical]
-        if kind not in model.capabilities:
-            raise ApiError(
-                400, f"Model `{canonical}` does not support {kind}.", "unsupported_capability", param="model"
-            )
-        call.prompt_estimate, call.completion_wanted = _check_context(raw, body, model, canonical)
-        call.principal = await self.auth.authenticate(request.headers.get("Authorization"))
         project = call.principal.project
         tenants = table.snapshot.tenants
         if project is not None and project not in tenants.projects and _has_tenants(tenants):
             raise ApiError(
                 403, f"Project `{project}` is not in the cluster repo.", "unknown_project", "permission_error"
             )
-        if project is not None and project in tenants.projects:
-            if not table.allowed(project, canonical, name):
-                raise ApiError(
-                    403,
-                    f"Project `{project}` may not use model `{canonical}`.",
-                    "model_not_allowed",
-                    "permission_error",
-                    param="model",
-                )
-            call.chain = table.chain(project)
+        tenant_project = project if project is not None and project in tenants.projects else None
+        if tenant_project is not None and not table.allowed(tenant_project, canonical, name):
+            raise ApiError(
+                403,
+                f"Project `{tenant_project}` may not use model `{canonical}`.",
+                "model_not_allowed",
+                "permission_error",
+                param="model",
+            )
+        if kind not in model.capabilities:
+            raise ApiError(
+                400, f"Model `{canonical}` does not support {kind}.", "unsupported_capability", param="model"
+            )
+        _check_context(raw, body, kind, model, call)
+        call.serving = self._chain(table, canonical, kind, call, tenant_project)
+        if tenant_project is not None:
+            call.chain = table.chain(tenant_project)
             if call.chain is not None:
+                serving = [table.models[m] for m in call.serving]
                 call.lease = await self.limiter.acquire(
-                    call.chain, call.estimate, self._estimate_cost(model, call.estimate)
+                    call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
                 )
         return await self._forward(request, kind, table, canonical, raw, body, call)
 
@@ -313,7 +326,7 @@ class Router:
         stream_opts = body.get("stream_options")
         client_usage = isinstance(stream_opts, dict) and stream_opts.get("include_usage") is True
         for attempt in (0, 1):
-            ep, served, decision = await self._pick(table, canonical, kind, call.estimate, info)
+            ep, served, decision = await self._pick(table, canonical, call.serving, info)
             call.served = served
             self.last_used[served] = self.clock()
             upstream_model = ep.upstream_model or served
@@ -325,8 +338,12 @@ class Router:
             if debug:
                 reply["x-llmgw-decision"] = decision.rationale()
             payload = raw
-            if body.get("model") != upstream_model or (client_stream and not client_usage):
+            # A request that names no max_tokens is sent the cap it reserved: the reservation bounds the spend.
+            cap = _sent_cap(table.models.get(served), call, ep.is_provider) if kind != "embeddings" else None
+            if body.get("model") != upstream_model or (client_stream and not client_usage) or cap is not None:
                 changed = dict(body, model=upstream_model)
+                if cap is not None:
+                    changed["max_tokens"] = cap
                 if client_stream and not client_usage:
                     changed["stream_options"] = {
                         **(stream_opts if isinstance(stream_opts, dict) else {}),
@@ -428,13 +445,23 @@ class Router:
         ep.breaker = brk.on_failure(ep.breaker, self.clock(), self.options.breaker)
         log.warning("endpoint %s (%s) failed: %s", ep.id, ep.spec.model, reason)
 
-    def _chain(self, table: RoutingTable, canonical: str, kind: Kind, estimate: int) -> list[str]:
+    def _chain(
+        self, table: RoutingTable, canonical: str, kind: Kind, call: _Call, project: str | None
+    ) -> tuple[str, ...]:
+        """The requested model, then its fallback chain as published (the controller's catalog resolved the
+        aliases and followed it transitively), minus every model this request cannot use: one `project` may
+        not use (a full allowed model must never hand its traffic to a model the project was not given), one
+        without the capability, one whose context cannot hold the request. `project` is None when no tenants
+        apply (auth disabled, or a snapshot without tenants)."""
         chain = [canonical]
         for fb in table.models[canonical].fallbacks:
             m = table.models.get(fb)
-            if m is not None and fb not in chain and kind in m.capabilities and estimate <= m.context_length:
-                chain.append(fb)
-        return chain
+            if m is None or fb in chain or kind not in m.capabilities or not _fits(m, call):
+                continue
+            if project is not None and not table.allowed(project, fb, fb):
+                continue
+            chain.append(fb)
+        return tuple(chain)
 
     def _schedulable(self, table: RoutingTable, model: str, exclude: frozenset[str]) -> bool:
         now = self.clock()
@@ -444,9 +471,10 @@ class Router:
         )
 
     async def _pick(
-        self, table: RoutingTable, canonical: str, kind: Kind, estimate: int, info: RequestInfo
+        self, table: RoutingTable, canonical: str, chain: tuple[str, ...], info: RequestInfo
     ) -> tuple[LiveEndpoint, str, Decision]:
-        chain = self._chain(table, canonical, kind, estimate)
+        # `chain` holds only models the request may use, so a load is never asked for a model the project
+        # was not given. `on_demand` is the catalog's: a `min 0, max 0` model is parked and never waited on.
         on_demand = [
             m for m in chain if table.models[m].on_demand and not self._schedulable(table, m, frozenset())
         ]
@@ -540,6 +568,10 @@ class Router:
         if prompt is not None:
             m.observe_tokens(served, prompt, completion)
         used = (prompt if prompt is not None else call.estimate) + completion
+        if call.served is None:
+            # Refused after admission (queue, no endpoint) before any engine saw it: the reservation, which may
+            # be the whole context, is given back rather than spent.
+            used = 0
         table = self.table
         prices = table.models[served].prices if table is not None and served in table.models else None
         cost = 0.0
@@ -627,7 +659,7 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
 
 def _parse(raw: bytes) -> dict[str, Any]:
     try:
-        body = json.loads(raw)
+        body = jsonsafe.loads(raw)
     except ValueError as exc:
         raise ApiError(400, f"The request body is not valid JSON: {exc}.", "invalid_json") from None
     if not isinstance(body, dict):
@@ -644,6 +676,9 @@ _TYPED_FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
     ("stream_options", (dict,), "an object"),
     ("max_tokens", (int,), "a whole number"),
     ("max_completion_tokens", (int,), "a whole number"),
+    # Multiply the reservation: an engine that read "8" as 8 would generate eight times what was reserved.
+    ("n", (int,), "a whole number"),
+    ("best_of", (int,), "a whole number"),
 )
 
 
@@ -662,24 +697,93 @@ def _check_types(body: dict[str, Any]) -> None:
             )
 
 
-def _check_context(raw: bytes, body: dict[str, Any], model: PublishedModel, name: str) -> tuple[int, int]:
-    """Estimated tokens the request needs: bytes/4 plus 10% (an estimate a few percent out must not refuse a
-    valid request) plus the completion it asks for. Returns (prompt estimate, completion asked for); raises
-    when their sum is over the context."""
-    prompt = int(len(raw) / 4 * 1.1)
-    wanted = body.get("max_completion_tokens", body.get("max_tokens"))
-    completion = wanted if isinstance(wanted, int) and wanted > 0 else 0
-    needed = prompt + completion
-    if needed > model.context_length:
+# OpenAI's /v1/completions generates 16 tokens when max_tokens is not given (vLLM does the same; llama.cpp would
+# run to the end of the context): kept as the cap such a request reserves and is sent.
+_COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+
+
+def _check_context(raw: bytes, body: dict[str, Any], kind: Kind, model: PublishedModel, call: _Call) -> None:
+    """Fill in what the request may cost: the prompt's estimate (bytes/4 plus 10%, so an estimate a few
+    percent out does not refuse a valid request), the completion per sequence (what the client asked, else
+    the model's `max_output_tokens`, else whatever the context leaves after the prompt: what the engine
+    would really generate; at most 16 for legacy completions, that API's default), and how many sequences
+    (`n`, `best_of`). Raises when it cannot fit."""
+    call.prompt_estimate = prompt = int(len(raw) / 4 * 1.1)
+    if kind == "embeddings":
+        call.completion_asked, call.completion_cap, call.sequences = None, 0, 1
+        asked: int | None = None
+    else:
+        asked = _asked(body)
+        call.completion_asked = asked
+        call.sequences = max([1, *(v for k in ("n", "best_of") if isinstance(v := body.get(k), int))])
+        cap = model.max_output_tokens
+        if asked is not None and cap is not None and asked > cap:
+            raise ApiError(
+                400,
+                f"max_tokens is {asked}, but this model generates at most {cap} tokens per request; "
+                f"ask for {cap} or fewer.",
+                "max_tokens_too_large",
+                param="max_tokens",
+            )
+        room = model.context_length - prompt
+        if asked is not None:
+            call.completion_cap = asked
+        else:
+            limits = [room, *(() if cap is None else (cap,))]
+            if kind == "completions":  # the legacy API's documented default, which clients rely on
+                limits.append(_COMPLETIONS_DEFAULT_MAX_TOKENS)
+            call.completion_cap = min(limits)
+    completion = call.completion_cap
+    if prompt + completion > model.context_length or (
+        asked is None and kind != "embeddings" and completion < 1
+    ):
         raise ApiError(
             400,
             f"This model's maximum context length is {model.context_length} tokens, but the request needs about "
-            f"{needed} ({prompt} estimated for the prompt, {completion} for the completion). Shorten the "
-            f"messages or lower max_tokens.",
+            f"{prompt + max(completion, 1)} ({prompt} estimated for the prompt, {max(completion, 1)} for the "
+            f"completion). Shorten the messages or lower max_tokens.",
             "context_length_exceeded",
             param="messages",
         )
-    return prompt, completion
+
+
+def _asked(body: dict[str, Any]) -> int | None:
+    """The completion length the client asked for (either spelling; types were checked), None when unset."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _fits(model: PublishedModel, call: _Call) -> bool:
+    """May `model` serve this request as a fallback: does its context hold the prompt and what was asked?"""
+    room = model.context_length - call.prompt_estimate
+    asked = call.completion_asked
+    if asked is None:  # sent a cap of its own (at least one token), or an embedding (no completion)
+        return room >= (1 if call.completion_cap else 0)
+    return asked <= room and (model.max_output_tokens is None or asked <= model.max_output_tokens)
+
+
+def _sent_cap(model: PublishedModel | None, call: _Call, provider: bool) -> int | None:
+    """The max_tokens to send to an engine of `model` for a request that set none (None: send nothing): the
+    reserved cap, lowered to what the serving model's context and own cap allow, never raised (the
+    reservation was made for the requested model).
+
+    Not sent when the context is what binds and a replica serves: the agent starts engines with the model's
+    `context_length` as their limit, so prompt plus completion already stops there, which is exactly what was
+    reserved (the prompt's estimate plus the rest of the context); and a number derived from the estimate
+    would make vLLM refuse every prompt the estimate under-counts (text in scripts of three UTF-8 bytes per
+    token). A provider's real context is not ours to know, so it is always sent the cap."""
+    if call.completion_asked is not None or model is None:
+        return None
+    room = model.context_length - call.prompt_estimate
+    cap = min(call.completion_cap, room)
+    if model.max_output_tokens is not None:
+        cap = min(cap, model.max_output_tokens)
+    if cap >= room and not provider:
+        return None
+    return max(cap, 1)
 
 
 def _session_key(request: web.Request, body: dict[str, Any], policy: Any) -> str | None:

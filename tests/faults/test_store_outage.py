@@ -128,17 +128,18 @@ class FlakyKeys:
 
 async def test_key_cache_outlives_an_outage_and_an_unseen_key_is_a_503() -> None:
     now = [1000.0]
-    keys = FlakyKeys({hash_key("sk-known"): KeyLookup("k1", "p1", "active", None)})
+    known, never_seen = "sk-llmgw-" + "k" * 43, "sk-llmgw-" + "n" * 43  # key-shaped: others are never looked up
+    keys = FlakyKeys({hash_key(known): KeyLookup("k1", "p1", "active", None)})
     auth = Authenticator(keys, clock=lambda: now[0], ttl=10.0)
-    assert (await auth.authenticate("Bearer sk-known")).project == "p1"
+    assert (await auth.authenticate(f"Bearer {known}")).project == "p1"
     keys.down = True
     now[0] += 60.0  # long past the cache's TTL
-    assert (await auth.authenticate("Bearer sk-known")).project == "p1"
+    assert (await auth.authenticate(f"Bearer {known}")).project == "p1"
     with pytest.raises(ApiError) as caught:
-        await auth.authenticate("Bearer sk-never-seen")
+        await auth.authenticate(f"Bearer {never_seen}")
     assert caught.value.status == 503 and caught.value.code == "key_store_unavailable"
     assert caught.value.headers["Retry-After"]
     keys.down = False
     with pytest.raises(ApiError) as caught:
-        await auth.authenticate("Bearer sk-never-seen")
+        await auth.authenticate(f"Bearer {never_seen}")
     assert caught.value.status == 401

@@ -564,7 +564,10 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
             how = "created" if created else "reused"
             print(f"(key {how}; kept in {settings.key_file}, mode 0600)", file=out)
         else:
-            print("no Project in the repo, so no key: add one, then `llmgw keys create --project PROJECT`", file=out)
+            print(
+                "no Project in the repo, so no key: add one, then `llmgw keys create --project PROJECT`",
+                file=out,
+            )
         llamacpp = llamacpp_binary() if settings.llamacpp else None
         argv = agent_argv(
             settings, facts.local_node, running.url, settings.controller_dir / "admin-token", llamacpp

@@ -128,7 +128,10 @@ class FlakyKeys:
 
 async def test_key_cache_outlives_an_outage_and_an_unseen_key_is_a_503() -> None:
     now = [1000.0]
-    known, never_seen = "sk-llmgw-" + "k" * 43, "sk-llmgw-" + "n" * 43  # key-shaped: others are never looked up
+    known, never_seen = (
+        "sk-llmgw-" + "k" * 43,
+        "sk-llmgw-" + "n" * 43,
+    )  # key-shaped: others are never looked up
     keys = FlakyKeys({hash_key(known): KeyLookup("k1", "p1", "active", None)})
     auth = Authenticator(keys, clock=lambda: now[0], ttl=10.0)
     assert (await auth.authenticate(f"Bearer {known}")).project == "p1"

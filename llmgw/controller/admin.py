@@ -18,8 +18,8 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw import jsonsafe, placement
 from llmgw import keys as keymod
-from llmgw import placement
 from llmgw.controller import views
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import Controller
@@ -214,7 +214,7 @@ async def apply(request: web.Request) -> web.Response:
     if not c.settings.apply_from_admin:
         return _error(403, "this controller does not accept revisions over the admin API")
     try:
-        body = await request.json()
+        body = jsonsafe.loads(await request.read())
     except ValueError:
         return _error(400, 'body must be JSON: {"path": DIR} or {"files": {"rel/path.yaml": "..."}}')
     if not isinstance(body, dict):
@@ -366,7 +366,7 @@ async def keys_create(request: web.Request) -> web.Response:
     """A key for a project, returned once in `key` (the store keeps only its hash)."""
     c, principal = _admin(request), _principal(request)
     try:
-        body = await request.json()
+        body = jsonsafe.loads(await request.read())
     except ValueError:
         return _error(400, 'body must be JSON: {"project": NAME, "name": LABEL, "expires_in_s": SECONDS}')
     if not isinstance(body, dict) or not isinstance(body.get("project"), str) or not body["project"]:
@@ -424,7 +424,7 @@ async def demand(request: web.Request) -> web.Response:
 async def usage_seen(request: web.Request) -> web.Response:
     c = _router_or_admin(request)
     try:
-        body = await request.json()
+        body = jsonsafe.loads(await request.read())
     except ValueError:
         return _error(400, 'body must be JSON: {"models": ["name", ...]}')
     known = note_usage(c, body.get("models", []) if isinstance(body, dict) else [])

@@ -264,3 +264,13 @@ def test_a_wrong_tokens_file_names_the_token_and_the_rule(tmp_path: Path, text: 
     with pytest.raises(AdminTokenError) as caught:
         AdminTokens.load("own", path)
     assert str(path) in str(caught.value) and says in str(caught.value)
+
+
+@pytest.mark.parametrize("path", ["/api/v1/apply", "/api/v1/keys"])
+async def test_m7_admin_api_answers_deeply_nested_json_with_400(controller: Controller, path: str) -> None:
+    """The admin API reads bodies with the depth-safe loader: a 200,000-deep array is a 400, not a 500."""
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": "application/json"}
+    deep = "[" * 200_000 + "]" * 200_000
+    async with aiohttp.ClientSession() as s, s.post(controller.url + path, data=deep, headers=headers) as r:
+        assert r.status == 400, await r.text()
+        assert "JSON" in (await r.json())["error"]["message"]

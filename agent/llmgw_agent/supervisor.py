@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from llmgw_agent import engines, weights
+from llmgw_agent.passthrough import ENGINE_HOST, KEY_ON_ARGV, PassThrough, key_digest, needs_passthrough
 from llmgw_agent.protocol import ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,10 @@ def tail_lines(path: Path, count: int = OUTPUT_LINES) -> list[str]:
 class SupervisorConfig:
     state_dir: Path
     advertise_host: str
-    bind_host: str = "0.0.0.0"
+    # The serving address routers reach: the pass-through (or, where the engine's own key covers every path and
+    # the address is loopback, the engine itself) listens here. None: the advertised address. Listening on all
+    # addresses (0.0.0.0, ::) is an explicit choice, never the default.
+    bind_host: str | None = None
     port_range: tuple[int, int] = (20000, 20999)
     engine_binaries: dict[str, str] = field(default_factory=dict)
     weights_dir: Path | None = None
@@ -85,7 +89,10 @@ class Shard:
     status: ShardStatus
     workdir: Path
     health_path: str = "/health"
-    probe_url: str | None = None  # where the agent itself checks readiness (loopback when bound to all)
+    probe_url: str | None = None  # where the agent itself checks readiness (the engine's own loopback port)
+    engine_port: int | None = None  # the engine's loopback port when a pass-through fronts it
+    key_digest: str | None = None  # sha256 of the engine key, for the pass-through (the key is never persisted)
+    passthrough: PassThrough | None = None
     pgid: int | None = None
     start_ticks: int | None = None
     proc: asyncio.subprocess.Process | None = None
@@ -146,13 +153,17 @@ class Supervisor:
         self.on_update(status.model_copy())
         return status.model_copy()
 
-    def _context(self, spec: ShardSpec, port: int, model_path: str | None = None) -> engines.LaunchContext:
+    @property
+    def serving_host(self) -> str:
+        return self.cfg.bind_host or self.cfg.advertise_host
+
+    def _context(
+        self, spec: ShardSpec, port: int, model_path: str | None = None, host: str = ENGINE_HOST
+    ) -> engines.LaunchContext:
         workdir = str(self.cfg.state_dir / "work" / spec.shard_id)
         if model_path is None and spec.source:
             model_path = spec.source.path or "(fetched)"
-        return engines.LaunchContext(
-            self.cfg.bind_host, port, model_path, workdir, self.cfg.engine_binaries.get(spec.engine)
-        )
+        return engines.LaunchContext(host, port, model_path, workdir, self.cfg.engine_binaries.get(spec.engine))
 
     async def _run(self, shard: Shard) -> None:
         try:
@@ -163,11 +174,13 @@ class Supervisor:
                 await shard.proc.wait()
             else:
                 await self._poll_exit(shard)
+            await _close_passthrough(shard)
             self._exited(shard, shard.proc.returncode if shard.proc else None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # reported to the controller, never raised into the loop
             log.warning("shard %s failed: %s", shard.spec.shard_id, exc)
+            await _close_passthrough(shard)
             self._set(shard, state="failed", message=str(exc))
             shard.exited.set()
 
@@ -196,30 +209,48 @@ class Supervisor:
                 last = shard.status.fetch_bytes_done or 0
                 self.on_update(shard.status.model_copy())
 
-    def _pick_port(self) -> int:
-        used = {s.status.port for s in self.shards.values() if s.status.state not in ("stopped", "failed")}
+    def _pick_port(self, host: str, taken: frozenset[int] = frozenset()) -> int:
+        used = {
+            p
+            for s in self.shards.values()
+            if s.status.state not in ("stopped", "failed")
+            for p in (s.status.port, s.engine_port)
+            if p is not None
+        } | taken
         lo, hi = self.cfg.port_range
         for port in range(lo, hi + 1):
             if port in used:
                 continue
-            with socket.socket() as sock:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
                 try:
-                    sock.bind((self.cfg.bind_host, port))
+                    sock.bind((host, port))
                 except OSError:
                     continue
             return port
-        raise RuntimeError(f"no free port in {lo}-{hi} on {self.cfg.bind_host}")
+        raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
 
     async def _launch(self, shard: Shard, model_path: str | None) -> None:
         spec = shard.spec
-        port = self._pick_port()
+        serving = self.serving_host
+        fronted = needs_passthrough(spec.engine, serving)
+        port = self._pick_port(serving)
         shard.status.port = port  # claimed before the next await, so a concurrent start picks another
-        ctx = self._context(spec, port, model_path)
-        plan = engines.launch_plan(spec, ctx)
+        if fronted:
+            shard.engine_port = self._pick_port(ENGINE_HOST, frozenset({port}))
+            shard.key_digest = key_digest(spec.api_key) if spec.api_key else None
+            # The pass-through is the key check for every path; an argv-only key would only leak through /proc.
+            launch_spec = spec.model_copy(update={"api_key": None}) if spec.engine in KEY_ON_ARGV else spec
+            ctx = self._context(launch_spec, shard.engine_port, model_path)
+            shard.passthrough = PassThrough(serving, port, shard.engine_port, shard.key_digest)
+            await shard.passthrough.start()
+        else:
+            launch_spec = spec
+            ctx = self._context(spec, port, model_path, host=serving)
+        plan = engines.launch_plan(launch_spec, ctx)
         shard.workdir.mkdir(parents=True, exist_ok=True)
         for name, content in plan.files.items():
             (shard.workdir / name).write_text(content)
-        if plan.key_exposure != "environment" and spec.api_key:
+        if plan.key_exposure != "environment" and launch_spec.api_key:
             log.warning(
                 "shard %s: %s takes no key by environment (%s)", spec.shard_id, spec.engine, plan.key_exposure
             )
@@ -239,7 +270,7 @@ class Supervisor:
         shard.pgid = pid
         shard.start_ticks = proc_start_time(pid)
         shard.health_path = plan.health_path
-        probe_host = "127.0.0.1" if self.cfg.bind_host in ("0.0.0.0", "::") else self.cfg.bind_host
+        probe_host = ctx.host
         shard.status.host = self.cfg.advertise_host
         self._set(
             shard,
@@ -251,7 +282,7 @@ class Supervisor:
             started_at=time.time(),
             message="",
         )
-        shard.probe_url = f"http://{probe_host}:{port}{plan.health_path}"
+        shard.probe_url = f"http://{probe_host}:{ctx.port}{plan.health_path}"
         self._persist(shard)
 
     async def _wait_ready(self, shard: Shard) -> None:
@@ -279,6 +310,7 @@ class Supervisor:
     async def _give_up(self, shard: Shard) -> str:
         msg = f"not ready within {self.cfg.ready_timeout_s:g}s ({shard.status.engine} health check)"
         await self._terminate(shard)
+        await _close_passthrough(shard)
         shard.status.last_output_lines = tail_lines(shard.workdir / OUTPUT_FILE)
         self._forget(shard)
         return msg
@@ -330,6 +362,7 @@ class Supervisor:
             self._set(shard, state="stopped", message="stopped while fetching")
             return
         await self._terminate(shard)
+        await _close_passthrough(shard)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(shard.exited.wait(), timeout=5)
         if shard.status.state != "stopped":
@@ -380,6 +413,8 @@ class Supervisor:
             "port": shard.status.port,
             "health_path": shard.health_path,
             "probe_url": shard.probe_url,
+            "engine_port": shard.engine_port,
+            "key_digest": shard.key_digest,
             "started_at": shard.status.started_at,
         }
         path = self._state_file(shard.spec.shard_id)
@@ -410,6 +445,8 @@ class Supervisor:
             shard.pgid, shard.start_ticks = record.get("pgid") or pid, ticks
             shard.health_path = record.get("health_path", "/health")
             shard.probe_url = record.get("probe_url")
+            shard.engine_port = record.get("engine_port")
+            shard.key_digest = record.get("key_digest")
             shard.status.message = "adopted after agent restart"
             shard.status.gpus = list(
                 spec.gpus
@@ -421,13 +458,21 @@ class Supervisor:
 
     async def _watch_adopted(self, shard: Shard) -> None:
         try:
+            if shard.engine_port is not None and shard.status.port is not None:
+                # The engine outlived the agent; its pass-through did not: listen again on the same port.
+                shard.passthrough = PassThrough(
+                    self.serving_host, shard.status.port, shard.engine_port, shard.key_digest
+                )
+                await shard.passthrough.start()
             if shard.status.state != "ready" and shard.probe_url:
                 await self._wait_ready(shard)
             await self._poll_exit(shard)
+            await _close_passthrough(shard)
             self._exited(shard, None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            await _close_passthrough(shard)
             self._set(shard, state="failed", message=str(exc))
             shard.exited.set()
 
@@ -440,10 +485,17 @@ class Supervisor:
             if shard.task:
                 with contextlib.suppress(asyncio.CancelledError):
                     await shard.task
+            await _close_passthrough(shard)
 
     async def stop_all(self) -> None:
         for shard in list(self.shards.values()):
             await self._stop_one(shard)
+
+
+async def _close_passthrough(shard: Shard) -> None:
+    passthrough, shard.passthrough = shard.passthrough, None
+    if passthrough is not None:
+        await passthrough.close()
 
 
 def _describe(code: int) -> str:

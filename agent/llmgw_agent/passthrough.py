@@ -17,6 +17,7 @@ import hmac
 import ipaddress
 import json
 import logging
+from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
@@ -87,9 +88,9 @@ def _unauthorized() -> web.Response:
     return web.Response(status=401, text=json.dumps(body), content_type="application/json")
 
 
-def _forwarded(headers: CIMultiDict[str] | object) -> CIMultiDict[str]:
+def _forwarded(headers: Mapping[str, str]) -> CIMultiDict[str]:
     out: CIMultiDict[str] = CIMultiDict()
-    for name, value in headers.items():  # type: ignore[attr-defined]
+    for name, value in headers.items():
         if name.lower() not in _HOP_BY_HOP:
             out.add(name, value)
     return out

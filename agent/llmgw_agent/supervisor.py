@@ -91,7 +91,9 @@ class Shard:
     health_path: str = "/health"
     probe_url: str | None = None  # where the agent itself checks readiness (the engine's own loopback port)
     engine_port: int | None = None  # the engine's loopback port when a pass-through fronts it
-    key_digest: str | None = None  # sha256 of the engine key, for the pass-through (the key is never persisted)
+    key_digest: str | None = (
+        None  # sha256 of the engine key, for the pass-through (the key is never persisted)
+    )
     passthrough: PassThrough | None = None
     pgid: int | None = None
     start_ticks: int | None = None
@@ -163,7 +165,9 @@ class Supervisor:
         workdir = str(self.cfg.state_dir / "work" / spec.shard_id)
         if model_path is None and spec.source:
             model_path = spec.source.path or "(fetched)"
-        return engines.LaunchContext(host, port, model_path, workdir, self.cfg.engine_binaries.get(spec.engine))
+        return engines.LaunchContext(
+            host, port, model_path, workdir, self.cfg.engine_binaries.get(spec.engine)
+        )
 
     async def _run(self, shard: Shard) -> None:
         try:

@@ -122,7 +122,9 @@ async def test_m1_sim_engine_listens_on_loopback_and_every_path_needs_the_key(
         key = {"Authorization": f"Bearer {KEY}"}
         async with http.get(base + "/metrics", headers=key) as resp:
             assert resp.status == 200 and "vllm:num_requests_running" in await resp.text()
-        async with http.post(base + "/v1/chat/completions", json={**chat, "stream": True}, headers=key) as resp:
+        async with http.post(
+            base + "/v1/chat/completions", json={**chat, "stream": True}, headers=key
+        ) as resp:
             assert resp.status == 200 and resp.headers["Content-Type"].startswith("text/event-stream")
             events = await _stream_text(resp)
     assert events[-1] == "[DONE]" and len(events) >= 3

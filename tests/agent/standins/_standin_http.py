@@ -79,7 +79,13 @@ def serve(
                     401, json.dumps({"error": {"message": "Unauthorized", "type": "invalid_request_error"}})
                 )
                 return
-            if self.path not in ("/v1/completions", "/v1/chat/completions", "/invocations", "/pooling", "/score"):
+            if self.path not in (
+                "/v1/completions",
+                "/v1/chat/completions",
+                "/invocations",
+                "/pooling",
+                "/score",
+            ):
                 self._send(404, json.dumps({"error": {"message": "not found"}}))
                 return
             words = [f"w{i}" for i in range(int(request.get("max_tokens") or 4))]

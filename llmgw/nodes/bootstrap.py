@@ -514,13 +514,8 @@ async def _remove(remote: Remote, opts: TeardownOptions, record: Callable[[str, 
         stopped.append("supervisor stopped")
     record("stop", "changed" if stopped else "unchanged", ", ".join(stopped) or "no agent running")
     paths = lay.removable() + (lay.kept() if opts.remove_weights else [])
-    present = (
-        await remote.run(
-            "for p in " + " ".join(map(shlex.quote, paths)) + '; do [ -e "$p" ] && echo "$p"; done; true'
-        )
-    ).split()
+    present = [p for p in (await remote.run(render.remove_command(paths))).split("\0") if p]
     if present:
-        await remote.run("rm -rf " + " ".join(map(shlex.quote, present)))
         record("remove", "changed", "removed " + ", ".join(present))
     else:
         record("remove", "unchanged", "nothing left to remove")

@@ -15,12 +15,32 @@ from dataclasses import dataclass, field
 AGENT_USER = "llmgw"
 
 
+def prefix_problem(prefix: str) -> str | None:
+    """Why `prefix` cannot be an install prefix (teardown removes paths under it, as root), or None."""
+    if not prefix.startswith("/"):
+        return f"node prefix {prefix!r} must be an absolute path (e.g. /opt/llmgw)"
+    if any(c.isspace() or c == "\0" for c in prefix):
+        return f"node prefix {prefix!r} must not contain whitespace (e.g. /opt/llmgw)"
+    parts = [p for p in prefix.split("/") if p]
+    if not parts:
+        return "node prefix '/' would put the agent's directories at the root: give a directory such as /opt/llmgw"
+    if any(p in (".", "..") for p in parts):
+        return f"node prefix {prefix!r} must not contain `.` or `..` segments (e.g. /opt/llmgw)"
+    return None
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where everything lives under the install prefix on a node (default /opt/llmgw)."""
 
     prefix: str = "/opt/llmgw"
     unit_name: str = "llmgw-agent"
+
+    def __post_init__(self) -> None:
+        problem = prefix_problem(self.prefix)
+        if problem:
+            raise ValueError(problem)
+        object.__setattr__(self, "prefix", self.prefix.rstrip("/"))
 
     @property
     def wheels(self) -> str:
@@ -226,6 +246,17 @@ while :; do
     delay=$(( delay * 2 )); if [ "$delay" -gt 30 ]; then delay=30; fi
 done
 """.encode()
+
+
+def remove_command(paths: list[str]) -> str:
+    """Remove those of `paths` that exist; print each removed path followed by a NUL.
+
+    The paths are quoted into the script and never re-read from its output, so no path is ever split at a
+    space into others (`/opt/my llmgw` must not become `rm -rf /opt/my`)."""
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    return (
+        f'for p in {quoted}; do if [ -e "$p" ]; then rm -rf -- "$p" && printf \'%s\\0\' "$p"; fi; done; true'
+    )
 
 
 def account_command(layout: Layout) -> str:

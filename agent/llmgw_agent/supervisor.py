@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from llmgw_agent import engines, weights
+from llmgw_agent import engines, redact, weights
 from llmgw_agent.passthrough import ENGINE_HOST, KEY_ON_ARGV, PassThrough, key_digest, needs_passthrough
 from llmgw_agent.protocol import ShardSpec, ShardStatus
 
@@ -95,6 +95,9 @@ class Shard:
         None  # sha256 of the engine key, for the pass-through (the key is never persisted)
     )
     passthrough: PassThrough | None = None
+    # Hides the engine key and secret-looking env values in the output tail (rebuilt from the spec on adoption,
+    # when the key itself is no longer known: the patterns still apply).
+    redact: Callable[[str], str] = field(default=lambda line: line)
     pgid: int | None = None
     start_ticks: int | None = None
     proc: asyncio.subprocess.Process | None = None
@@ -120,7 +123,7 @@ class Supervisor:
 
     def _refresh_output(self, shard: Shard) -> None:
         if shard.status.state in ("starting", "ready", "failed", "stopping"):
-            shard.status.last_output_lines = tail_lines(shard.workdir / OUTPUT_FILE)
+            shard.status.last_output_lines = _tail(shard)
 
     def _set(self, shard: Shard, **changes: Any) -> None:
         for key, value in changes.items():
@@ -259,6 +262,7 @@ class Supervisor:
                 "shard %s: %s takes no key by environment (%s)", spec.shard_id, spec.engine, plan.key_exposure
             )
         env = {**os.environ, **spec.env, **plan.env}
+        shard.redact = redact.redactor(redact.secret_values(env, extra=[spec.api_key]))
         log.info("starting shard %s: %s", spec.shard_id, " ".join(_redact(plan.argv, spec.api_key)))
         with (shard.workdir / OUTPUT_FILE).open("wb") as out:
             shard.proc = await asyncio.create_subprocess_exec(
@@ -315,7 +319,7 @@ class Supervisor:
         msg = f"not ready within {self.cfg.ready_timeout_s:g}s ({shard.status.engine} health check)"
         await self._terminate(shard)
         await _close_passthrough(shard)
-        shard.status.last_output_lines = tail_lines(shard.workdir / OUTPUT_FILE)
+        shard.status.last_output_lines = _tail(shard)
         self._forget(shard)
         return msg
 
@@ -329,7 +333,7 @@ class Supervisor:
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     def _exited(self, shard: Shard, code: int | None) -> None:
-        lines = tail_lines(shard.workdir / OUTPUT_FILE)
+        lines = _tail(shard)
         self._forget(shard)
         shard.exited.set()
         if shard.stopping:
@@ -447,6 +451,7 @@ class Supervisor:
                 continue
             shard = Shard(spec, status, self.cfg.state_dir / "work" / spec.shard_id)
             shard.pgid, shard.start_ticks = record.get("pgid") or pid, ticks
+            shard.redact = redact.redactor(redact.secret_values(os.environ, spec.env))
             shard.health_path = record.get("health_path", "/health")
             shard.probe_url = record.get("probe_url")
             shard.engine_port = record.get("engine_port")
@@ -494,6 +499,10 @@ class Supervisor:
     async def stop_all(self) -> None:
         for shard in list(self.shards.values()):
             await self._stop_one(shard)
+
+
+def _tail(shard: Shard) -> list[str]:
+    return [shard.redact(line) for line in tail_lines(shard.workdir / OUTPUT_FILE)]
 
 
 async def _close_passthrough(shard: Shard) -> None:

@@ -169,3 +169,63 @@ def test_m1_passthrough_key_check_is_exact() -> None:
     assert authorized(f"Bearer {KEY}", digest) and authorized(f"bearer {KEY}", digest)
     for header in (None, "", KEY, f"Bearer {KEY}x", f"Basic {KEY}", "Bearer ", f"Bearer {KEY[:-1]}"):
         assert not authorized(header, digest), header
+
+
+NODE = """\
+apiVersion: llmgw/v1
+kind: Node
+metadata: {name: gpu-1}
+spec:
+  address: 10.0.0.5
+"""
+
+
+def test_m1_listening_on_all_addresses_is_a_warning_with_its_place() -> None:
+    from llmgw.config import validate_files
+
+    result = validate_files({"n.yaml": (NODE + "  serving_listen_all: true\n").encode()})
+    assert result.ok
+    assert [str(w) for w in result.warnings] == [
+        "n.yaml:6:23: warning: spec.serving_listen_all: the agent accepts engine traffic on every address of "
+        "this node (0.0.0.0) (set `serving_address` to the address routers reach instead, unless NAT hides it "
+        "from the node)"
+    ]
+    refused = validate_files({"n.yaml": (NODE + "  serving_address: 0.0.0.0\n").encode()})
+    assert not refused.ok
+    assert "spec.serving_address: `0.0.0.0` is not an address routers can reach" in str(refused.errors[0])
+
+
+def test_m1_bootstrap_writes_the_serving_address_and_bind_all_only_by_opt_in() -> None:
+    from llmgw.nodes import render
+
+    layout = render.Layout()
+    base = {"node": "gpu-1", "controllers": ("10.0.0.1:7070",), "tls": True, "token": False}
+    default = json.loads(render.agent_config(layout, render.AgentSettings(**base, advertise_host="10.1.0.5")))
+    assert default["advertise_host"] == "10.1.0.5" and "bind_host" not in default
+    assert AgentConfig.model_validate(default).bind_host is None
+    opted = render.AgentSettings(**base, advertise_host="203.0.113.7", bind_host="0.0.0.0")
+    assert json.loads(render.agent_config(layout, opted))["bind_host"] == "0.0.0.0"
+
+
+@pytest.mark.parametrize(
+    ("engine", "arg"),
+    [
+        ("vllm", "distributed_executor_backend"),
+        ("vllm", "kv_events_config"),
+        ("vllm", "master_addr"),
+        ("sglang", "dist_init_addr"),
+        ("sglang", "nnodes"),
+        ("trtllm", "mpi_hosts"),
+    ],
+)
+def test_m1_agent_opens_no_distributed_sockets(engine: str, arg: str) -> None:
+    """No multi-node engine is started by this agent, and no option that opens a rendezvous or publisher socket
+    gets through the argument allowlists."""
+    from llmgw_agent.engines import LaunchContext, SpecError, launch_plan
+    from llmgw_agent.protocol import ShardSpec
+
+    ctx = LaunchContext("127.0.0.1", 20001, "/models/m", "/state/work/r1-0", None)
+    with pytest.raises(SpecError, match="unknown arg"):
+        launch_plan(ShardSpec(replica_id="r1", model="m", engine=engine, args={arg: "x"}), ctx)  # type: ignore[arg-type]
+    with pytest.raises(SpecError, match="multi-node shards are not implemented"):
+        launch_plan(ShardSpec(replica_id="r1", model="m", engine=engine, shard_count=2), ctx)  # type: ignore[arg-type]

@@ -6,18 +6,28 @@ own keys do not: vLLM guards only its API prefixes (`/invocations`, `/pooling`, 
 SGLang leaves `/metrics` open, TRT-LLM has no key at all. Bodies stream both ways chunk by chunk, never buffered,
 so a token the engine writes reaches the router as soon as it is read.
 
-Only a digest of the key is held (and persisted for re-adoption after an agent restart), so the key itself never
-reaches the state directory.
+It runs as `python -m llmgw_agent.passthrough --listen-host H --listen-port P --engine-port Q -- ENGINE ARGV`:
+the agent starts that in the engine's place, in the engine's session and process group, and it starts the engine
+as its child. So it lives exactly as long as the engine: it survives an agent restart or a frozen agent (traffic
+goes on, as it did when routers reached engines directly), is re-adopted with the engine, stops with the
+group, and exits with the engine's status. It is given only the key's SHA-256 digest, by environment (removed
+before the engine starts), never the key.
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import hashlib
 import hmac
 import ipaddress
 import json
 import logging
-from collections.abc import Mapping
+import os
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
@@ -26,6 +36,7 @@ from multidict import CIMultiDict
 log = logging.getLogger(__name__)
 
 ENGINE_HOST = "127.0.0.1"
+DIGEST_ENV = "LLMGW_ENGINE_KEY_SHA256"
 ALL_ADDRESSES = frozenset({"0.0.0.0", "::", ""})
 # Engines whose own key guards every path that can run or reveal inference (llama.cpp: all but /health and
 # the model list). On a loopback serving address these need no pass-through; every other engine does.
@@ -154,3 +165,59 @@ class PassThrough:
             return response
         finally:
             upstream.release()
+
+
+def fronted_argv(
+    python: str, listen_host: str, listen_port: int, engine_port: int, engine: Sequence[str]
+) -> list[str]:
+    """The command that runs `engine` behind a pass-through on (listen_host, listen_port).
+
+    The pass-through imports this very package from where the agent has it: the environment it starts with is
+    the engine's, whose PYTHONPATH (an engine's own, e.g. SGLang's) may not hold the agent."""
+    here = str(Path(__file__).resolve().parent.parent)
+    code = f"import sys; sys.path.insert(0, {here!r}); from llmgw_agent.passthrough import main; main()"
+    head = [python, "-c", code, "--listen-host", listen_host]
+    return [*head, "--listen-port", str(listen_port), "--engine-port", str(engine_port), "--", *engine]
+
+
+async def _front(ns: argparse.Namespace, command: list[str], digest: str | None) -> int:
+    front = PassThrough(ns.listen_host, ns.listen_port, ns.engine_port, digest)
+    try:
+        await front.start()  # before the engine: by the time it is healthy, routers can reach it
+    except OSError as exc:
+        print(f"llmgw pass-through: cannot listen on {ns.listen_host}:{ns.listen_port}: {exc}", flush=True)
+        return 1
+    print(
+        f"llmgw pass-through: {ns.listen_host}:{ns.listen_port} -> {ENGINE_HOST}:{ns.engine_port}", flush=True
+    )
+    engine = await asyncio.create_subprocess_exec(*command, stdin=asyncio.subprocess.DEVNULL)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # The group got the signal too; wait for the engine to finish its own shutdown, then go.
+        loop.add_signal_handler(sig, lambda: None)
+    code = await engine.wait()
+    await front.close()
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m llmgw_agent.passthrough", description=__doc__)
+    p.add_argument("--listen-host", required=True)
+    p.add_argument("--listen-port", type=int, required=True)
+    p.add_argument("--engine-port", type=int, required=True)
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- ENGINE ARGV")
+    ns = p.parse_args(argv)
+    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not command:
+        p.error("give the engine's command after --")
+    digest = os.environ.pop(DIGEST_ENV, None) or None
+    logging.basicConfig(level=logging.WARNING, format="llmgw pass-through: %(message)s")
+    code = asyncio.run(_front(ns, command, digest))
+    if code < 0:  # killed by a signal: die of the same one, so the agent reports it as such
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -18,7 +18,7 @@ _MIN_SECRET = 6  # shorter values are too likely to be ordinary words or numbers
 _BEARER = re.compile(r"(?i)(\bbearer\s+)[^\s'\",]+")
 _NAMED = re.compile(
     r"(?i)(\b[\w.-]*?(?:api[_-]?key|token|secret|passw(?:or)?d|credentials?)['\"]?\s*[=:]\s*['\"]?)"
-    r"(?!none\b|null\b|\*\*\*)([^\s'\",}]+)"
+    r"(?!none\b|null\b|\*\*\*|\d+\b)([^\s'\",}]+)"  # a bare number is a count or an id, not a secret
 )
 _FLAG = re.compile(r"(?i)(--(?:api[_-]?key|token|password|secret)[\w-]*(?:=|\s+))(?!\*\*\*)(\S+)")
 

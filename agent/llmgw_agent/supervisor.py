@@ -25,7 +25,14 @@ from typing import Any
 import aiohttp
 
 from llmgw_agent import engines, redact, weights
-from llmgw_agent.passthrough import ENGINE_HOST, KEY_ON_ARGV, PassThrough, key_digest, needs_passthrough
+from llmgw_agent.passthrough import (
+    DIGEST_ENV,
+    ENGINE_HOST,
+    KEY_ON_ARGV,
+    fronted_argv,
+    key_digest,
+    needs_passthrough,
+)
 from llmgw_agent.protocol import ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -91,10 +98,6 @@ class Shard:
     health_path: str = "/health"
     probe_url: str | None = None  # where the agent itself checks readiness (the engine's own loopback port)
     engine_port: int | None = None  # the engine's loopback port when a pass-through fronts it
-    key_digest: str | None = (
-        None  # sha256 of the engine key, for the pass-through (the key is never persisted)
-    )
-    passthrough: PassThrough | None = None
     # Hides the engine key and secret-looking env values in the output tail (rebuilt from the spec on adoption,
     # when the key itself is no longer known: the patterns still apply).
     redact: Callable[[str], str] = field(default=lambda line: line)
@@ -181,13 +184,11 @@ class Supervisor:
                 await shard.proc.wait()
             else:
                 await self._poll_exit(shard)
-            await _close_passthrough(shard)
             self._exited(shard, shard.proc.returncode if shard.proc else None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # reported to the controller, never raised into the loop
             log.warning("shard %s failed: %s", shard.spec.shard_id, exc)
-            await _close_passthrough(shard)
             self._set(shard, state="failed", message=str(exc))
             shard.exited.set()
 
@@ -244,16 +245,19 @@ class Supervisor:
         shard.status.port = port  # claimed before the next await, so a concurrent start picks another
         if fronted:
             shard.engine_port = self._pick_port(ENGINE_HOST, frozenset({port}))
-            shard.key_digest = key_digest(spec.api_key) if spec.api_key else None
             # The pass-through is the key check for every path; an argv-only key would only leak through /proc.
             launch_spec = spec.model_copy(update={"api_key": None}) if spec.engine in KEY_ON_ARGV else spec
             ctx = self._context(launch_spec, shard.engine_port, model_path)
-            shard.passthrough = PassThrough(serving, port, shard.engine_port, shard.key_digest)
-            await shard.passthrough.start()
         else:
             launch_spec = spec
             ctx = self._context(spec, port, model_path, host=serving)
         plan = engines.launch_plan(launch_spec, ctx)
+        argv, front_env = plan.argv, {}
+        if fronted:
+            # The pass-through runs in the engine's own process group, in front of it: it outlives the agent as
+            # the engine does (a restarted or frozen agent does not stop traffic) and is stopped with it.
+            argv = fronted_argv(ctx.python, serving, port, ctx.port, plan.argv)
+            front_env = {DIGEST_ENV: key_digest(spec.api_key)} if spec.api_key else {}
         shard.workdir.mkdir(parents=True, exist_ok=True)
         for name, content in plan.files.items():
             (shard.workdir / name).write_text(content)
@@ -261,12 +265,12 @@ class Supervisor:
             log.warning(
                 "shard %s: %s takes no key by environment (%s)", spec.shard_id, spec.engine, plan.key_exposure
             )
-        env = {**os.environ, **spec.env, **plan.env}
+        env = {**os.environ, **spec.env, **plan.env, **front_env}
         shard.redact = redact.redactor(redact.secret_values(env, extra=[spec.api_key]))
-        log.info("starting shard %s: %s", spec.shard_id, " ".join(_redact(plan.argv, spec.api_key)))
+        log.info("starting shard %s: %s", spec.shard_id, " ".join(_redact(argv, spec.api_key)))
         with (shard.workdir / OUTPUT_FILE).open("wb") as out:
             shard.proc = await asyncio.create_subprocess_exec(
-                *plan.argv,
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
@@ -318,7 +322,6 @@ class Supervisor:
     async def _give_up(self, shard: Shard) -> str:
         msg = f"not ready within {self.cfg.ready_timeout_s:g}s ({shard.status.engine} health check)"
         await self._terminate(shard)
-        await _close_passthrough(shard)
         shard.status.last_output_lines = _tail(shard)
         self._forget(shard)
         return msg
@@ -370,7 +373,6 @@ class Supervisor:
             self._set(shard, state="stopped", message="stopped while fetching")
             return
         await self._terminate(shard)
-        await _close_passthrough(shard)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(shard.exited.wait(), timeout=5)
         if shard.status.state != "stopped":
@@ -422,7 +424,6 @@ class Supervisor:
             "health_path": shard.health_path,
             "probe_url": shard.probe_url,
             "engine_port": shard.engine_port,
-            "key_digest": shard.key_digest,
             "started_at": shard.status.started_at,
         }
         path = self._state_file(shard.spec.shard_id)
@@ -455,7 +456,6 @@ class Supervisor:
             shard.health_path = record.get("health_path", "/health")
             shard.probe_url = record.get("probe_url")
             shard.engine_port = record.get("engine_port")
-            shard.key_digest = record.get("key_digest")
             shard.status.message = "adopted after agent restart"
             shard.status.gpus = list(
                 spec.gpus
@@ -467,21 +467,13 @@ class Supervisor:
 
     async def _watch_adopted(self, shard: Shard) -> None:
         try:
-            if shard.engine_port is not None and shard.status.port is not None:
-                # The engine outlived the agent; its pass-through did not: listen again on the same port.
-                shard.passthrough = PassThrough(
-                    self.serving_host, shard.status.port, shard.engine_port, shard.key_digest
-                )
-                await shard.passthrough.start()
             if shard.status.state != "ready" and shard.probe_url:
                 await self._wait_ready(shard)
             await self._poll_exit(shard)
-            await _close_passthrough(shard)
             self._exited(shard, None)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            await _close_passthrough(shard)
             self._set(shard, state="failed", message=str(exc))
             shard.exited.set()
 
@@ -494,7 +486,6 @@ class Supervisor:
             if shard.task:
                 with contextlib.suppress(asyncio.CancelledError):
                     await shard.task
-            await _close_passthrough(shard)
 
     async def stop_all(self) -> None:
         for shard in list(self.shards.values()):
@@ -503,12 +494,6 @@ class Supervisor:
 
 def _tail(shard: Shard) -> list[str]:
     return [shard.redact(line) for line in tail_lines(shard.workdir / OUTPUT_FILE)]
-
-
-async def _close_passthrough(shard: Shard) -> None:
-    passthrough, shard.passthrough = shard.passthrough, None
-    if passthrough is not None:
-        await passthrough.close()
 
 
 def _describe(code: int) -> str:

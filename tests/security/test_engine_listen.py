@@ -51,6 +51,20 @@ def listening_sockets(pid: int) -> set[tuple[str, int]]:
     return found
 
 
+def children(parent: int) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    raw = f.read()
+            except OSError:
+                continue
+            if int(raw[raw.rfind(")") + 2 :].split()[1]) == parent:
+                found.append(int(name))
+    return found
+
+
 def _address(hexaddr: str, width: int) -> str:
     raw = bytes.fromhex(hexaddr)
     if width == 8:
@@ -85,12 +99,13 @@ async def _start(ctl: FakeController, agents: AgentProcs, spec: dict[str, Any]) 
     status = await start_ready(ctl, agents, spec)
     assert status.base_url == f"http://{SERVING}:{status.port}"
     assert status.pid is not None
-    engine_sockets = listening_sockets(status.pid)
+    # The shard's process is the pass-through; the engine is its child, in the same process group.
+    assert listening_sockets(status.pid) == {(SERVING, status.port)}
+    (engine_pid,) = children(status.pid)
+    engine_sockets = listening_sockets(engine_pid)
     assert engine_sockets, "the engine listens somewhere"
     assert {addr for addr, _ in engine_sockets} == {"127.0.0.1"}, engine_sockets
-    assert status.port not in {port for _, port in engine_sockets}  # routers' port is the agent's
-    agent_pid = agents.procs[-1].pid
-    assert (SERVING, status.port) in listening_sockets(agent_pid)
+    assert status.port not in {port for _, port in engine_sockets}
     ((_, engine_port),) = engine_sockets
     return status.base_url or "", engine_port
 

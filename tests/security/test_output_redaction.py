@@ -18,6 +18,8 @@ from llmgw_agent.redact import MASK, redactor, secret_values
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from support import wait_for
 
+from .test_engine_listen import children
+
 KEY = "engine-key-0123456789abcdef"
 HERE = Path(__file__).parent
 AGENT_STANDINS = HERE.parent / "agent" / "standins"
@@ -71,6 +73,7 @@ def test_l3_patterns_catch_secrets_the_agent_did_not_hand_out() -> None:
     assert redact('{"token": "abc12345"}') == f'{{"token": "{MASK}"}}'
     assert redact("x-api-key: abcdefg") == f"x-api-key: {MASK}"
     assert redact("api_key=None") == "api_key=None"
+    assert redact("control-looking token:    128 '</s>'") == "control-looking token:    128 '</s>'"
     assert redact("threads 12345678") == "threads 12345678"  # not a secret-looking name
 
 
@@ -87,5 +90,8 @@ async def test_l3_sglang_key_is_not_on_argv(supervisor: Supervisor, tmp_path: Pa
     )
     assert ready.state == "ready", ready.last_output_lines
     assert ready.pid is not None
-    argv = read_bytes(f"/proc/{ready.pid}/cmdline").split(b"\0")
-    assert b"--api-key" not in argv and KEY.encode() not in argv
+    # The shard's process (the pass-through) and the engine under it.
+    for pid in [ready.pid, *children(ready.pid)]:
+        argv = read_bytes(f"/proc/{pid}/cmdline").split(b"\0")
+        assert b"--api-key" not in argv and KEY.encode() not in argv
+    assert any(b"sglang.launch_server" in read_bytes(f"/proc/{p}/cmdline") for p in children(ready.pid))

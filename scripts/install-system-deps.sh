@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs the system programs the test suite runs for real: PostgreSQL 15 server binaries, OpenSSH's sshd,
-# promtool (Debian's `prometheus` package) and wrk. Nothing is started here: the tests start their own
+# promtool (Debian's `prometheus` package), wrk and systemd-analyze (Debian's `systemd`: it verifies the agent's
+# unit files without systemd running). Nothing is started here: the tests start their own
 # PostgreSQL (initdb + pg_ctl on a free port) and sshd (own config on a loopback port).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system deps: all present"

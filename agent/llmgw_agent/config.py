@@ -34,7 +34,9 @@ class AgentConfig(BaseModel):
     model_dirs: list[str] = Field(default_factory=list)
     weights_dir: str | None = None
     advertise_host: str = "127.0.0.1"
-    bind_host: str = "0.0.0.0"
+    # Where routers' connections are accepted (the pass-through in front of each engine); engines themselves
+    # listen on 127.0.0.1. None: advertise_host. 0.0.0.0 or :: (every address) only when set explicitly.
+    bind_host: str | None = None
     port_range: tuple[int, int] = (20000, 20999)
     inventory_override: str | None = None
     engines: dict[str, EngineConf] = Field(default_factory=dict)
@@ -75,7 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", action="append", help="directory holding models (repeatable)")
     p.add_argument("--weights-dir", help="cache for fetched weights (default: STATE_DIR/weights)")
     p.add_argument("--advertise-host", help="address routers use to reach this node's engines")
-    p.add_argument("--bind-host", help="address engines listen on (default 0.0.0.0)")
+    p.add_argument(
+        "--bind-host",
+        help="serving address routers connect to (default: the advertised address; 0.0.0.0 only if you mean it)",
+    )
     p.add_argument("--port-range", help="engine ports, LO-HI")
     p.add_argument("--inventory-override", help="JSON file replacing measured inventory fields")
     p.add_argument(

@@ -24,7 +24,15 @@ from typing import Any
 
 import aiohttp
 
-from llmgw_agent import engines, weights
+from llmgw_agent import engines, redact, weights
+from llmgw_agent.passthrough import (
+    DIGEST_ENV,
+    ENGINE_HOST,
+    KEY_ON_ARGV,
+    fronted_argv,
+    key_digest,
+    needs_passthrough,
+)
 from llmgw_agent.protocol import ShardSpec, ShardStatus
 
 log = logging.getLogger(__name__)
@@ -70,7 +78,10 @@ def tail_lines(path: Path, count: int = OUTPUT_LINES) -> list[str]:
 class SupervisorConfig:
     state_dir: Path
     advertise_host: str
-    bind_host: str = "0.0.0.0"
+    # The serving address routers reach: the pass-through (or, where the engine's own key covers every path and
+    # the address is loopback, the engine itself) listens here. None: the advertised address. Listening on all
+    # addresses (0.0.0.0, ::) is an explicit choice, never the default.
+    bind_host: str | None = None
     port_range: tuple[int, int] = (20000, 20999)
     engine_binaries: dict[str, str] = field(default_factory=dict)
     weights_dir: Path | None = None
@@ -85,7 +96,11 @@ class Shard:
     status: ShardStatus
     workdir: Path
     health_path: str = "/health"
-    probe_url: str | None = None  # where the agent itself checks readiness (loopback when bound to all)
+    probe_url: str | None = None  # where the agent itself checks readiness (the engine's own loopback port)
+    engine_port: int | None = None  # the engine's loopback port when a pass-through fronts it
+    # Hides the engine key and secret-looking env values in the output tail (rebuilt from the spec on adoption,
+    # when the key itself is no longer known: the patterns still apply).
+    redact: Callable[[str], str] = field(default=lambda line: line)
     pgid: int | None = None
     start_ticks: int | None = None
     proc: asyncio.subprocess.Process | None = None
@@ -111,7 +126,7 @@ class Supervisor:
 
     def _refresh_output(self, shard: Shard) -> None:
         if shard.status.state in ("starting", "ready", "failed", "stopping"):
-            shard.status.last_output_lines = tail_lines(shard.workdir / OUTPUT_FILE)
+            shard.status.last_output_lines = _tail(shard)
 
     def _set(self, shard: Shard, **changes: Any) -> None:
         for key, value in changes.items():
@@ -146,12 +161,18 @@ class Supervisor:
         self.on_update(status.model_copy())
         return status.model_copy()
 
-    def _context(self, spec: ShardSpec, port: int, model_path: str | None = None) -> engines.LaunchContext:
+    @property
+    def serving_host(self) -> str:
+        return self.cfg.bind_host or self.cfg.advertise_host
+
+    def _context(
+        self, spec: ShardSpec, port: int, model_path: str | None = None, host: str = ENGINE_HOST
+    ) -> engines.LaunchContext:
         workdir = str(self.cfg.state_dir / "work" / spec.shard_id)
         if model_path is None and spec.source:
             model_path = spec.source.path or "(fetched)"
         return engines.LaunchContext(
-            self.cfg.bind_host, port, model_path, workdir, self.cfg.engine_binaries.get(spec.engine)
+            host, port, model_path, workdir, self.cfg.engine_binaries.get(spec.engine)
         )
 
     async def _run(self, shard: Shard) -> None:
@@ -196,38 +217,60 @@ class Supervisor:
                 last = shard.status.fetch_bytes_done or 0
                 self.on_update(shard.status.model_copy())
 
-    def _pick_port(self) -> int:
-        used = {s.status.port for s in self.shards.values() if s.status.state not in ("stopped", "failed")}
+    def _pick_port(self, host: str, taken: frozenset[int] = frozenset()) -> int:
+        used = {
+            p
+            for s in self.shards.values()
+            if s.status.state not in ("stopped", "failed")
+            for p in (s.status.port, s.engine_port)
+            if p is not None
+        } | taken
         lo, hi = self.cfg.port_range
         for port in range(lo, hi + 1):
             if port in used:
                 continue
-            with socket.socket() as sock:
+            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
                 try:
-                    sock.bind((self.cfg.bind_host, port))
+                    sock.bind((host, port))
                 except OSError:
                     continue
             return port
-        raise RuntimeError(f"no free port in {lo}-{hi} on {self.cfg.bind_host}")
+        raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
 
     async def _launch(self, shard: Shard, model_path: str | None) -> None:
         spec = shard.spec
-        port = self._pick_port()
+        serving = self.serving_host
+        fronted = needs_passthrough(spec.engine, serving)
+        port = self._pick_port(serving)
         shard.status.port = port  # claimed before the next await, so a concurrent start picks another
-        ctx = self._context(spec, port, model_path)
-        plan = engines.launch_plan(spec, ctx)
+        if fronted:
+            shard.engine_port = self._pick_port(ENGINE_HOST, frozenset({port}))
+            # The pass-through is the key check for every path; an argv-only key would only leak through /proc.
+            launch_spec = spec.model_copy(update={"api_key": None}) if spec.engine in KEY_ON_ARGV else spec
+            ctx = self._context(launch_spec, shard.engine_port, model_path)
+        else:
+            launch_spec = spec
+            ctx = self._context(spec, port, model_path, host=serving)
+        plan = engines.launch_plan(launch_spec, ctx)
+        argv, front_env = plan.argv, {}
+        if fronted:
+            # The pass-through runs in the engine's own process group, in front of it: it outlives the agent as
+            # the engine does (a restarted or frozen agent does not stop traffic) and is stopped with it.
+            argv = fronted_argv(ctx.python, serving, port, ctx.port, plan.argv)
+            front_env = {DIGEST_ENV: key_digest(spec.api_key)} if spec.api_key else {}
         shard.workdir.mkdir(parents=True, exist_ok=True)
         for name, content in plan.files.items():
             (shard.workdir / name).write_text(content)
-        if plan.key_exposure != "environment" and spec.api_key:
+        if plan.key_exposure != "environment" and launch_spec.api_key:
             log.warning(
                 "shard %s: %s takes no key by environment (%s)", spec.shard_id, spec.engine, plan.key_exposure
             )
-        env = {**os.environ, **spec.env, **plan.env}
-        log.info("starting shard %s: %s", spec.shard_id, " ".join(_redact(plan.argv, spec.api_key)))
+        env = {**os.environ, **spec.env, **plan.env, **front_env}
+        shard.redact = redact.redactor(redact.secret_values(env, extra=[spec.api_key]))
+        log.info("starting shard %s: %s", spec.shard_id, " ".join(_redact(argv, spec.api_key)))
         with (shard.workdir / OUTPUT_FILE).open("wb") as out:
             shard.proc = await asyncio.create_subprocess_exec(
-                *plan.argv,
+                *argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=asyncio.subprocess.STDOUT,
@@ -239,7 +282,7 @@ class Supervisor:
         shard.pgid = pid
         shard.start_ticks = proc_start_time(pid)
         shard.health_path = plan.health_path
-        probe_host = "127.0.0.1" if self.cfg.bind_host in ("0.0.0.0", "::") else self.cfg.bind_host
+        probe_host = ctx.host
         shard.status.host = self.cfg.advertise_host
         self._set(
             shard,
@@ -251,7 +294,7 @@ class Supervisor:
             started_at=time.time(),
             message="",
         )
-        shard.probe_url = f"http://{probe_host}:{port}{plan.health_path}"
+        shard.probe_url = f"http://{probe_host}:{ctx.port}{plan.health_path}"
         self._persist(shard)
 
     async def _wait_ready(self, shard: Shard) -> None:
@@ -279,7 +322,7 @@ class Supervisor:
     async def _give_up(self, shard: Shard) -> str:
         msg = f"not ready within {self.cfg.ready_timeout_s:g}s ({shard.status.engine} health check)"
         await self._terminate(shard)
-        shard.status.last_output_lines = tail_lines(shard.workdir / OUTPUT_FILE)
+        shard.status.last_output_lines = _tail(shard)
         self._forget(shard)
         return msg
 
@@ -293,7 +336,7 @@ class Supervisor:
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     def _exited(self, shard: Shard, code: int | None) -> None:
-        lines = tail_lines(shard.workdir / OUTPUT_FILE)
+        lines = _tail(shard)
         self._forget(shard)
         shard.exited.set()
         if shard.stopping:
@@ -380,6 +423,7 @@ class Supervisor:
             "port": shard.status.port,
             "health_path": shard.health_path,
             "probe_url": shard.probe_url,
+            "engine_port": shard.engine_port,
             "started_at": shard.status.started_at,
         }
         path = self._state_file(shard.spec.shard_id)
@@ -408,8 +452,10 @@ class Supervisor:
                 continue
             shard = Shard(spec, status, self.cfg.state_dir / "work" / spec.shard_id)
             shard.pgid, shard.start_ticks = record.get("pgid") or pid, ticks
+            shard.redact = redact.redactor(redact.secret_values(os.environ, spec.env))
             shard.health_path = record.get("health_path", "/health")
             shard.probe_url = record.get("probe_url")
+            shard.engine_port = record.get("engine_port")
             shard.status.message = "adopted after agent restart"
             shard.status.gpus = list(
                 spec.gpus
@@ -444,6 +490,10 @@ class Supervisor:
     async def stop_all(self) -> None:
         for shard in list(self.shards.values()):
             await self._stop_one(shard)
+
+
+def _tail(shard: Shard) -> list[str]:
+    return [shard.redact(line) for line in tail_lines(shard.workdir / OUTPUT_FILE)]
 
 
 def _describe(code: int) -> str:

@@ -219,10 +219,12 @@ def node_bootstrap(
     from llmgw.nodes.bootstrap import BootstrapOptions, Step, bootstrap_node
     from llmgw.nodes.ca import ClusterCA
     from llmgw.nodes.remote import StepFailed, target_for
-    from llmgw.nodes.render import Layout
+    from llmgw.nodes.render import Layout, prefix_problem
 
     if auth not in ("tls", "token") or service not in ("auto", "systemd", "process"):
         _fail("--auth takes tls or token; --service takes auto, systemd or process")
+    if problem := prefix_problem(prefix):
+        _fail(f"--prefix: {problem}")
     node, cluster = _load(repo, name)
     settings = cluster.spec if cluster is not None else None
     address = settings.controller.address if settings else "127.0.0.1:7070"
@@ -303,8 +305,10 @@ def engine_check(
     """Run ENGINE's version (or help) on NODE over SSH and print what it says."""
     from llmgw.nodes.engines import check_local, check_remote
     from llmgw.nodes.remote import StepFailed, target_for
-    from llmgw.nodes.render import Layout
+    from llmgw.nodes.render import Layout, prefix_problem
 
+    if problem := prefix_problem(prefix):
+        _fail(f"--prefix: {problem}")
     node, cluster = _load(repo, node_name)
     engines = {str(k): v for k, v in cluster.spec.engines.items()} if cluster is not None else {}
     try:

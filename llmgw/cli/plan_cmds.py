@@ -118,6 +118,8 @@ def plan(
         _invalid(result, output)
         raise typer.Exit(1)
     catalog = result.repo.catalog
+    for warning in result.warnings:  # e.g. a node serving on every address: reviewers see it on the plan too
+        typer.echo(warning.format_text(), err=True)
     try:
         if state is not None:
             if controller is not None:

@@ -196,6 +196,18 @@ class NodeSpec(Strict):
     address: str | None = Field(None, description="Host name or IP address (required unless local)")
     ssh: SshSettings | None = Field(None, description="SSH settings (remote nodes)")
     fabric: str | None = Field(None, description="Nodes sharing a fabric have a fast interconnect")
+    serving_address: str | None = Field(
+        None,
+        min_length=1,
+        pattern=r"^[^\s/]+$",
+        description="Address routers reach this node's engines at; the agent's key-checking pass-through "
+        "listens there and engines themselves only on 127.0.0.1 (default: `address`; 127.0.0.1 for `local`)",
+    )
+    serving_listen_all: bool = Field(
+        False,
+        description="Listen on every address (0.0.0.0) instead of `serving_address`, e.g. behind NAT; "
+        "validate and plan warn about it",
+    )
     cordoned: bool = Field(False, description="No new replicas are placed here; running ones stay")
 
     @model_validator(mode="after")

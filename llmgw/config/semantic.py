@@ -17,6 +17,7 @@ from llmgw.config.models import (
     CPU_ENGINES,
     Cluster,
     Model,
+    Node,
     Organization,
     Profile,
     Project,
@@ -89,6 +90,8 @@ def check(
     for index, doc in enumerate(documents):
         if isinstance(doc, Model):
             _model(checker, index, doc)
+        elif isinstance(doc, Node):
+            _node_serving(checker, index, doc)
     _fallback_cycles(checker)
     _references(checker)
     return checker.errors
@@ -165,6 +168,25 @@ def _model_names(c: _Checker) -> None:
             else:
                 c.canonical[alias] = doc.metadata.name
                 c.model_names[alias] = index
+
+
+def _node_serving(c: _Checker, index: int, doc: Node) -> None:
+    # Engines are behind the agent's key check either way; listening everywhere still widens who can try keys.
+    if doc.spec.serving_listen_all:
+        c.add(
+            index,
+            ("spec", "serving_listen_all"),
+            "the agent accepts engine traffic on every address of this node (0.0.0.0)",
+            "set `serving_address` to the address routers reach instead, unless NAT hides it from the node",
+            warning=True,
+        )
+    if doc.spec.serving_address in ("0.0.0.0", "::"):
+        c.add(
+            index,
+            ("spec", "serving_address"),
+            f"`{doc.spec.serving_address}` is not an address routers can reach",
+            "give the node's address on the routers' network, or `serving_listen_all: true` to listen on all",
+        )
 
 
 def _model(c: _Checker, index: int, doc: Model) -> None:

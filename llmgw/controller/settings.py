@@ -114,6 +114,16 @@ class ControllerSettings(BaseModel):
         None, description="With ha: the address others are told to reach this controller at (default: listen)"
     )
 
+    @field_validator("node_prefix")
+    @classmethod
+    def _node_prefix(cls, value: str) -> str:
+        from llmgw.nodes.render import prefix_problem
+
+        problem = prefix_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @field_validator("listen", "metrics_listen")
     @classmethod
     def _hostport(cls, value: str | None) -> str | None:

@@ -92,7 +92,18 @@ class Machine:
         return f"python {v} at {self.python}, {self.arch}, {mem}, {gpu}, {init}"
 
 
-_PROBE = r"""
+_PRIVATE_CHECK = (
+    "import os, sys\n"
+    "d = os.path.realpath(sys.executable)\n"
+    "while d != '/':\n"
+    "    d = os.path.dirname(d)\n"
+    "    if not os.stat(d).st_mode & 1: sys.exit(0)\n"
+    "sys.exit(1)\n"
+)
+_PROBE = (
+    "PRIVATE_CHECK="
+    + shlex.quote(_PRIVATE_CHECK)
+    + r"""
 echo "arch=$(uname -m)"
 echo "mem_kb=$(awk '/^MemTotal:/{print $2}' /proc/meminfo 2>/dev/null)"
 echo "uid=$(id -u)"
@@ -102,18 +113,24 @@ for p in python3 python3.13 python3.12 python3.11 /usr/bin/python3; do
   path=$(command -v "$p" 2>/dev/null) || continue
   v=$("$path" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null) || continue
   echo "python=$v $path"
+  # Whether another account may run it (every directory up to the real interpreter searchable by others).
+  "$path" -c "$PRIVATE_CHECK" 2>/dev/null && echo "python_private=$path"
 done
 true
 """
+)
 
 
 def parse_probe(output: str, wanted: tuple[int, int] | None) -> Machine:
     """The machine from the probe's output. Prefers the Python the wheels were built for."""
     values: dict[str, str] = {}
     pythons: list[tuple[tuple[int, int, int], str]] = []
+    private: set[str] = set()
     for line in output.splitlines():
         key, _, value = line.partition("=")
-        if key == "python":
+        if key == "python_private":
+            private.add(value)
+        elif key == "python":
             version, _, path = value.partition(" ")
             parts = tuple(int(x) for x in version.split("."))
             if len(parts) == 3:
@@ -124,6 +141,16 @@ def parse_probe(output: str, wanted: tuple[int, int] | None) -> Machine:
     if not usable:
         found = ", ".join(f"{'.'.join(map(str, v))} at {p}" for v, p in pythons) or "no python3 on PATH"
         raise StepFailed(f"python3 3.11+ not found ({found}); install python3.11 or newer")
+    if values.get("uid") == "0":
+        # Logged in as root, the agent runs as the llmgw account: a python under root's home is not for it.
+        public = [p for p in usable if p[1] not in private]
+        if not public:
+            found = ", ".join(p for _, p in usable)
+            raise StepFailed(
+                f"python3 3.11+ is only in directories the {render.AGENT_USER} account may not enter ({found}); "
+                "install python3 and python3-venv system-wide"
+            )
+        usable = public
     matching = [p for p in usable if wanted is not None and p[0][:2] == wanted]
     chosen_version, chosen_path = (matching or usable)[0]
     mem_kb = values.get("mem_kb", "")
@@ -180,6 +207,7 @@ class _Run:
             ("agent", self.agent),
             ("credentials", self.credentials),
             ("config", self.config),
+            ("account", self.account),
             ("service", self.service),
             ("register", self.register),
         ]
@@ -326,14 +354,21 @@ class _Run:
             controllers=self.opts.controllers,
             tls=self.opts.ca is not None,
             token=bool(self.opts.token),
-            advertise_host=self.target.host,
+            advertise_host=self.target.serving_address or self.target.host,
+            bind_host="0.0.0.0" if self.target.serving_listen_all else None,
             labels=self.opts.labels.get(self.target.node, {}),
             engines=self.opts.engines,
         )
         files = [RemoteFile(self.layout.config, render.agent_config(self.layout, settings), 0o600)]
         if self.service_mode() == "systemd":
             files.append(
-                RemoteFile(self.layout.unit_path, render.systemd_unit(self.layout, self.target.node), 0o644)
+                RemoteFile(
+                    self.layout.unit_path,
+                    render.systemd_unit(
+                        self.layout, self.target.node, gpus=self.machine.nvidia_smi is not None
+                    ),
+                    0o644,
+                )
             )
         else:
             files.append(RemoteFile(self.layout.supervisor, render.supervisor_script(self.layout), 0o755))
@@ -345,6 +380,23 @@ class _Run:
             return "changed", "wrote " + ", ".join(written)
         return "unchanged", self.layout.config
 
+    async def account(self, remote: Remote) -> tuple[Status, str]:
+        """Logged in as root: the agent and its engines still run as the unprivileged `llmgw` account."""
+        if not self.machine.root:
+            return "unchanged", f"the agent runs as {self.target.user}, the account bootstrap logs in as"
+        code, out = await remote.status(render.account_command(self.layout))
+        if code != 0:
+            raise StepFailed(
+                f"preparing the {render.AGENT_USER} account on {self.target.node}: {out.strip()[-400:]}"
+            )
+        done = set(out.split())
+        if done & {"created", "owned"}:
+            self.restart = True
+            what = ["created the account"] if "created" in done else []
+            what += ["gave it the state, weights and config"] if "owned" in done else []
+            return "changed", f"{render.AGENT_USER}: " + ", ".join(what)
+        return "unchanged", f"runs as {render.AGENT_USER}"
+
     async def service(self, remote: Remote) -> tuple[Status, str]:
         if self.service_mode() == "systemd":
             return await self._systemd(remote)
@@ -354,7 +406,7 @@ class _Run:
         if alive:
             await remote.run(render.stop_supervisor_command(self.layout))
         self.started_at = time.monotonic()
-        await remote.run(render.start_supervisor_command(self.layout))
+        await remote.run(render.start_supervisor_command(self.layout, as_agent_user=self.machine.root))
         alive = (await remote.run(render.supervisor_alive_command(self.layout))).split()
         if not alive:
             raise StepFailed(
@@ -462,13 +514,8 @@ async def _remove(remote: Remote, opts: TeardownOptions, record: Callable[[str, 
         stopped.append("supervisor stopped")
     record("stop", "changed" if stopped else "unchanged", ", ".join(stopped) or "no agent running")
     paths = lay.removable() + (lay.kept() if opts.remove_weights else [])
-    present = (
-        await remote.run(
-            "for p in " + " ".join(map(shlex.quote, paths)) + '; do [ -e "$p" ] && echo "$p"; done; true'
-        )
-    ).split()
+    present = [p for p in (await remote.run(render.remove_command(paths))).split("\0") if p]
     if present:
-        await remote.run("rm -rf " + " ".join(map(shlex.quote, present)))
         record("remove", "changed", "removed " + ", ".join(present))
     else:
         record("remove", "unchanged", "nothing left to remove")

@@ -38,6 +38,8 @@ class SshTarget:
     known_hosts: Path | None = None
     insecure_accept_host_key: bool = False
     connect_timeout: float = 15.0
+    serving_address: str | None = None  # where routers reach engines (default: host)
+    serving_listen_all: bool = False  # the Node's explicit opt-in to listen on every address
 
     @property
     def where(self) -> str:
@@ -85,6 +87,8 @@ def target_for(
         host_key=ssh.host_key if ssh else None,
         known_hosts=known_hosts,
         insecure_accept_host_key=insecure_accept_host_key,
+        serving_address=spec.serving_address,
+        serving_listen_all=spec.serving_listen_all,
     )
 
 

@@ -11,6 +11,23 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+# The unprivileged account the agent and its engines run as wherever bootstrap logs in as root.
+AGENT_USER = "llmgw"
+
+
+def prefix_problem(prefix: str) -> str | None:
+    """Why `prefix` cannot be an install prefix (teardown removes paths under it, as root), or None."""
+    if not prefix.startswith("/"):
+        return f"node prefix {prefix!r} must be an absolute path (e.g. /opt/llmgw)"
+    if any(c.isspace() or c == "\0" for c in prefix):
+        return f"node prefix {prefix!r} must not contain whitespace (e.g. /opt/llmgw)"
+    parts = [p for p in prefix.split("/") if p]
+    if not parts:
+        return "node prefix '/' would put the agent's directories at the root: give a directory such as /opt/llmgw"
+    if any(p in (".", "..") for p in parts):
+        return f"node prefix {prefix!r} must not contain `.` or `..` segments (e.g. /opt/llmgw)"
+    return None
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -18,6 +35,12 @@ class Layout:
 
     prefix: str = "/opt/llmgw"
     unit_name: str = "llmgw-agent"
+
+    def __post_init__(self) -> None:
+        problem = prefix_problem(self.prefix)
+        if problem:
+            raise ValueError(problem)
+        object.__setattr__(self, "prefix", self.prefix.rstrip("/"))
 
     @property
     def wheels(self) -> str:
@@ -117,6 +140,8 @@ class AgentSettings:
     token: bool  # bearer token in etc/token (alone in development; beside TLS where the hub wants both)
     advertise_host: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    # Where the agent's pass-through listens: None is advertise_host; "0.0.0.0" only by the Node's opt-in.
+    bind_host: str | None = None
     engines: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
 
 
@@ -131,6 +156,8 @@ def agent_config(layout: Layout, settings: AgentSettings) -> bytes:
         "labels": dict(settings.labels),
         "engines": {name: dict(conf) for name, conf in settings.engines.items()},
     }
+    if settings.bind_host is not None:
+        doc["bind_host"] = settings.bind_host
     if settings.tls:
         doc["tls"] = {"cert": layout.tls_cert, "key": layout.tls_key, "ca": layout.tls_ca}
     if settings.token:
@@ -138,20 +165,58 @@ def agent_config(layout: Layout, settings: AgentSettings) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
-def systemd_unit(layout: Layout, node: str) -> bytes:
-    # KillMode=process: stopping or restarting the agent leaves its engines running; the next agent re-adopts
-    # them (the agent is built for that), so an agent upgrade does not drop replicas.
+def systemd_unit(layout: Layout, node: str, *, gpus: bool = False) -> bytes:
+    """The agent's unit. Engines are the agent's children, so they inherit its user and its sandbox.
+
+    KillMode=process: stopping or restarting the agent leaves its engines running; the next agent re-adopts
+    them (the agent is built for that), so an agent upgrade does not drop replicas. The sandbox: an
+    unprivileged user, no privilege gain (setuid binaries do nothing), the whole file system read-only except
+    the state directory (work dirs, engine logs, shard records) and the weights cache, a private /tmp, no home
+    directories, no capabilities; devices are the standard pseudo-devices plus, on GPU nodes, the NVIDIA ones.
+    """
+    if gpus:
+        devices = (
+            "DevicePolicy=closed\n"
+            "DeviceAllow=char-nvidia-frontend rw\n"
+            "DeviceAllow=char-nvidia-uvm rw\n"
+            "DeviceAllow=char-nvidia-caps rw\n"
+            "DeviceAllow=char-nvidia-nvswitch rw\n"
+        )
+    else:
+        devices = "PrivateDevices=yes\n"
     return f"""[Unit]
 Description=llmgw agent (node {node})
 After=network-online.target
 Wants=network-online.target
 
 [Service]
+User={AGENT_USER}
+Group={AGENT_USER}
+Environment=HOME={layout.state}
 ExecStart={layout.agent_bin} run --config {layout.config}
 Restart=always
 RestartSec=2
 KillMode=process
 UMask=0077
+NoNewPrivileges=yes
+ProtectSystem=strict
+ReadWritePaths={layout.state} {layout.weights}
+ProtectHome=yes
+PrivateTmp=yes
+{devices}CapabilityBoundingSet=
+AmbientCapabilities=
+RestrictSUIDSGID=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectKernelLogs=yes
+ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
+LockPersonality=yes
+RestrictRealtime=yes
+RestrictNamespaces=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
+SystemCallArchitectures=native
 
 [Install]
 WantedBy=multi-user.target
@@ -183,14 +248,65 @@ done
 """.encode()
 
 
-def start_supervisor_command(layout: Layout) -> str:
+def remove_command(paths: list[str]) -> str:
+    """Remove those of `paths` that exist; print each removed path followed by a NUL.
+
+    The paths are quoted into the script and never re-read from its output, so no path is ever split at a
+    space into others (`/opt/my llmgw` must not become `rm -rf /opt/my`)."""
+    quoted = " ".join(shlex.quote(p) for p in paths)
+    return (
+        f'for p in {quoted}; do if [ -e "$p" ]; then rm -rf -- "$p" && printf \'%s\\0\' "$p"; fi; done; true'
+    )
+
+
+def account_command(layout: Layout) -> str:
+    """Run as root: create the agent's account if missing, own what it writes, let it reach the prefix.
+
+    Prints `created` and `owned` when it changed something, so a second bootstrap reports `unchanged`. The
+    venv, wheels and scripts stay root's: the agent cannot rewrite its own code. Fails, saying why, when the
+    account cannot reach the prefix (a parent directory it may not search)."""
+    q = shlex.quote
+    u = AGENT_USER
+    # The run and log dirs stay root's: only root's shell writes the pid file and opens the log.
+    owned = " ".join(q(p) for p in (layout.etc, layout.state, layout.weights))
+    return (
+        f"if ! id -u {u} >/dev/null 2>&1; then\n"
+        f"  shell=$(command -v nologin || echo /bin/false)\n"
+        f'  useradd --system --user-group --home-dir {q(layout.state)} --no-create-home --shell "$shell" {u}'
+        f" || exit 1\n"
+        f"  echo created\n"
+        f"fi\n"
+        f"mkdir -p {owned} {q(layout.models)} || exit 1\n"
+        f'if [ -n "$(find {owned} \\( ! -user {u} -o ! -group {u} \\) -print -quit)" ]; then\n'
+        f"  chown -R {u}:{u} {owned} || exit 1\n"
+        f"  echo owned\n"
+        f"fi\n"
+        f'if [ "$(stat -c %G {q(layout.prefix)})" != {u} ]; then chgrp {u} {q(layout.prefix)} && echo owned; fi\n'
+        f"chmod g+x,o-rwx {q(layout.prefix)} || exit 1\n"
+        f"as_agent='setpriv --reuid={u} --regid={u} --init-groups'\n"
+        f"$as_agent test -r {q(layout.config)} || "
+        f"{{ echo 'the {u} account cannot read {layout.config}: a parent of {layout.prefix} is not searchable'"
+        f" >&2; exit 1; }}\n"
+        f"$as_agent {q(layout.venv)}/bin/python -c '' || "
+        f"{{ echo 'the {u} account cannot run {layout.venv}/bin/python (is its interpreter in a private "
+        f"directory?)' >&2; exit 1; }}\n"
+    )
+
+
+def start_supervisor_command(layout: Layout, *, as_agent_user: bool = False) -> str:
     # Separate statements on purpose: `a && b & c` would background the whole `a && b` as a subshell holding
-    # the SSH channel's output open, and the command would never return.
+    # the SSH channel's output open, and the command would never return. setpriv execs (no fork), so $! is
+    # the supervisor itself and the pid check still finds it.
     q = shlex.quote
     log_dir = layout.log.rsplit("/", 1)[0]
+    drop = (
+        f"setpriv --reuid={AGENT_USER} --regid={AGENT_USER} --init-groups --reset-env -- "
+        if as_agent_user
+        else ""
+    )
     return (
         f"mkdir -p {q(layout.run)} {q(log_dir)} || exit 1\n"
-        f"setsid nohup {q(layout.supervisor)} >> {q(layout.log)} 2>&1 < /dev/null &\n"
+        f"setsid nohup {drop}{q(layout.supervisor)} >> {q(layout.log)} 2>&1 < /dev/null &\n"
         f"echo $! > {q(layout.supervisor_pid)}\n"
     )
 

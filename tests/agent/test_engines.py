@@ -142,12 +142,15 @@ async def test_standin_started_by_supervisor(
     mapping = metric_mapping(engine)
     assert status.metrics_path == mapping.metrics_path
     async with aiohttp.ClientSession() as http:
+        # Reached through the agent's pass-through: every path needs the key, metrics included (M1).
         async with http.get(f"{status.base_url}{status.metrics_path}") as resp:
+            assert resp.status == 401
+        key = {"Authorization": "Bearer sekrit"}
+        async with http.get(f"{status.base_url}{status.metrics_path}", headers=key) as resp:
             assert resp.status == 200
             text = await resp.text()
-        if engine != "trtllm":  # TRT-LLM has no key of its own
-            async with http.get(f"{status.base_url}/v1/models") as resp:
-                assert resp.status == 401
+        async with http.get(f"{status.base_url}/v1/models") as resp:
+            assert resp.status == 401  # TRT-LLM too, which has no key of its own
             async with http.get(
                 f"{status.base_url}/v1/models", headers={"Authorization": "Bearer sekrit"}
             ) as resp:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,3 +20,13 @@ def wheelhouse() -> wheels.Wheelhouse:
     # so an unchanged agent reuses the same files across sessions.
     cache = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw")) / "test-wheelhouse"
     return wheels.build(cache)
+
+
+@pytest.fixture
+def node_root() -> Iterator[Path]:
+    """A directory every account may search, as /opt is on a node. Bootstrapping as root runs the agent as the
+    unprivileged `llmgw` account, which cannot enter pytest's private tmp_path; prefixes go here instead."""
+    root = Path(tempfile.mkdtemp(prefix="llmgw-node-", dir="/tmp"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

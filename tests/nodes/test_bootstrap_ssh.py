@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import stat
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from fixtures.sshd import SshServer, keygen
-from support import free_port
+from support import free_port, wait_for
 
 from llmgw.nodes import render
 from llmgw.nodes.bootstrap import (
@@ -38,12 +39,37 @@ from .agent_hub import HubStub
 
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900)]
 
-STEPS = ["connect", "check", "wheels", "venv", "agent", "credentials", "config", "service", "register"]
+STEPS = [
+    "connect", "check", "wheels", "venv", "agent", "credentials", "config", "account", "service", "register",
+]  # fmt: skip
 
 
 def _modes(layout: render.Layout) -> dict[str, int]:
     paths = {"key": layout.tls_key, "cert": layout.tls_cert, "ca": layout.tls_ca, "config": layout.config}
     return {name: stat.S_IMODE(Path(p).stat().st_mode) for name, p in paths.items()}
+
+
+def _uid(pid: int) -> int:
+    """The real uid of `pid`, from /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no Uid line for pid {pid}")
+
+
+def _owner(path: str) -> int:
+    return os.stat(path).st_uid
+
+
+def _children(parent: int) -> list[int]:
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat_line = (proc / "stat").read_text()
+                if int(stat_line[stat_line.rfind(")") + 2 :].split()[1]) == parent:
+                    found.append(int(proc.name))
+    return found
 
 
 def _read(path: str) -> str:
@@ -75,9 +101,9 @@ def _statuses(result: NodeResult) -> dict[str, str]:
 
 
 async def test_bootstrap_registers_over_mtls_then_changes_nothing_and_tears_down(
-    sshd_server: SshServer, wheelhouse: Wheelhouse, hub: HubStub, tmp_path: Path
+    sshd_server: SshServer, wheelhouse: Wheelhouse, hub: HubStub, tmp_path: Path, node_root: Path
 ) -> None:
-    layout = render.Layout(prefix=str(tmp_path / "opt-llmgw"))
+    layout = render.Layout(prefix=str(node_root / "opt-llmgw"))
     opts = BootstrapOptions(
         controllers=(f"127.0.0.1:{hub.port}",),
         wheelhouse=wheelhouse,
@@ -130,6 +156,15 @@ async def test_bootstrap_registers_over_mtls_then_changes_nothing_and_tears_down
         assert _statuses(first["node-a"])["register"] == "changed"
         assert "background process" in next(s.detail for s in first["node-a"].steps if s.name == "service")
         assert await hub.registered("node-a", float("-inf"))
+        # Logged in as root, yet the supervisor and the agent run as the unprivileged llmgw account (M6).
+        agent_uid = pwd.getpwnam(render.AGENT_USER).pw_uid
+        supervisor = int(_read(layout.supervisor_pid))
+        agent = await wait_for(
+            lambda: _children(supervisor), limit_s=30, what="the agent under its supervisor"
+        )
+        assert agent_uid != 0
+        assert {_uid(pid) for pid in [supervisor, *agent]} == {agent_uid}
+        assert _owner(layout.state) == agent_uid and _owner(layout.venv) == 0
 
         assert first["node-b"].failure == f"ssh: permission denied for root@127.0.0.1:{sshd_server.port}"
         assert first["node-c"].failure == f"ssh: connection refused at 127.0.0.1:{closed}"
@@ -175,7 +210,7 @@ spec:
 
 
 async def test_bootstrapped_agent_registers_with_the_real_controller_over_mtls(
-    sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path
+    sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path, node_root: Path
 ) -> None:
     from llmgw.controller.app import start_controller
     from llmgw.controller.settings import ControllerSettings
@@ -196,7 +231,7 @@ async def test_bootstrapped_agent_registers_with_the_real_controller_over_mtls(
         dir_poll_s=0.2,
     )
     running = await start_controller(settings)
-    layout = render.Layout(prefix=str(tmp_path / "opt-llmgw"))
+    layout = render.Layout(prefix=str(node_root / "opt-llmgw"))
     hub = running.controller.hub
 
     async def registered(node: str, since: float) -> bool:

@@ -67,14 +67,14 @@ def test_node_add_refuses_a_name_declared_elsewhere_and_a_bad_name(repo: Path) -
 @pytest.mark.integration
 @pytest.mark.timeout(600)
 def test_bootstrap_command_then_engine_check_over_ssh(
-    repo: Path, sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path
+    repo: Path, sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path, node_root: Path
 ) -> None:
     runner = CliRunner()
     s = sshd_server
     add = ["node", "add", "ssh-1", "--address", s.host, "--port", str(s.port), "--user", s.user]
     add += ["--identity-file", str(s.client_key), "--host-key", s.host_key_line, "--repo", str(repo)]
     assert runner.invoke(app, add).exit_code == 0
-    prefix = str(tmp_path / "prefix")
+    prefix = str(node_root / "prefix")
     state = tmp_path / "state"
     layout = render.Layout(prefix=prefix)
     boot = [
@@ -90,7 +90,7 @@ def test_bootstrap_command_then_engine_check_over_ssh(
         lines = [line.split() for line in second.output.splitlines() if line.startswith("ssh-1")]
         assert {line[1]: line[2] for line in lines} == {
             **dict.fromkeys(["connect", "check", "wheels", "venv", "agent", "credentials"], "unchanged"),
-            **dict.fromkeys(["config", "service"], "unchanged"),
+            **dict.fromkeys(["config", "account", "service"], "unchanged"),
             "register": "skipped",
         }
 

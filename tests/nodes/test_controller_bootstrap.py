@@ -126,7 +126,7 @@ async def _node_json(admin: Admin, name: str) -> dict[str, Any] | None:
 
 
 async def test_controller_bootstraps_reports_failures_and_tears_down_removed_nodes(
-    sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path
+    sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path, node_root: Path
 ) -> None:
     port = free_port()
     keygen(tmp_path / "stranger")
@@ -142,7 +142,7 @@ async def test_controller_bootstraps_reports_failures_and_tears_down_removed_nod
     )
     ca_dir = tmp_path / "ca"
     ca = ClusterCA.open(ca_dir)
-    layout = render.Layout(prefix=str(tmp_path / "opt-llmgw"))
+    layout = render.Layout(prefix=str(node_root / "opt-llmgw"))
     settings = settings_for(
         tmp_path,
         repo.path,

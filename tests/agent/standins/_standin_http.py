@@ -68,6 +68,40 @@ def serve(
                 return
             self._send(404, json.dumps({"error": {"message": "not found"}}))
 
+        def do_POST(self) -> None:
+            # As vLLM does: the key guards only the API prefixes, so `/invocations` (SageMaker's entry point,
+            # a full completion), `/pooling` and `/score` answer anyone who can reach the port.
+            length = int(self.headers.get("Content-Length") or 0)
+            request = json.loads(self.rfile.read(length) or b"{}")
+            guarded = self.path.startswith(guarded_prefixes) and api_key
+            if guarded and self.headers.get("Authorization") != f"Bearer {api_key}":
+                self._send(
+                    401, json.dumps({"error": {"message": "Unauthorized", "type": "invalid_request_error"}})
+                )
+                return
+            if self.path not in (
+                "/v1/completions",
+                "/v1/chat/completions",
+                "/invocations",
+                "/pooling",
+                "/score",
+            ):
+                self._send(404, json.dumps({"error": {"message": "not found"}}))
+                return
+            words = [f"w{i}" for i in range(int(request.get("max_tokens") or 4))]
+            if not request.get("stream"):
+                body = {"object": "text_completion", "model": model, "choices": [{"text": " ".join(words)}]}
+                self._send(200, json.dumps(body))
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for word in [*words, None]:
+                data = "[DONE]" if word is None else json.dumps({"choices": [{"text": word}]})
+                event = f"data: {data}\n\n".encode()
+                self.wfile.write(event)  # HTTP/1.0: the body ends when the connection closes
+                self.wfile.flush()
+
     server = ThreadingHTTPServer((host, port), Handler)
     print(f"{name}: serving {model} on http://{host}:{port} (pid {os.getpid()})", flush=True)
     server.serve_forever()

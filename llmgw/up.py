@@ -337,6 +337,15 @@ def agent_argv(
     return argv
 
 
+def write_private(path: Path, text: str) -> Path:
+    """`text` into `path`, mode 0600 from its creation (a token is never briefly readable by others)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    return path
+
+
 def hold_state_dir(state_dir: Path) -> TextIO:
     """An exclusive lock on the state dir for as long as the returned file is open: two `up`s on one state
     dir would run two agents over the same engines."""
@@ -566,9 +575,11 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
         else:
             print("no Project in the repo, so no key: add one, then `llmgw keys create PROJECT`", file=out)
         llamacpp = llamacpp_binary() if settings.llamacpp else None
-        argv = agent_argv(
-            settings, facts.local_node, running.url, settings.controller_dir / "admin-token", llamacpp
+        # The agent gets its node's own token, not the admin token: it opens the hub for this node only.
+        node_token_file = write_private(
+            settings.controller_dir / "node-token", running.controller.node_token(facts.local_node)
         )
+        argv = agent_argv(settings, facts.local_node, running.url, node_token_file, llamacpp)
         agent_log = settings.agent_dir / "agent.log"
         parts.agent = start_agent(argv, agent_log)
         (settings.state_dir / AGENT_PID_FILE).write_text(f"{parts.agent.pid}\n", encoding="ascii")
@@ -608,7 +619,8 @@ async def _start_router(
     listen = settings.router_listen or cluster.router.listen
     metrics = settings.router_metrics_listen or cluster.router.metrics_listen
     try:
-        return await start_router(listen, metrics, running.url, running.admin_token, settings.store_dsn)
+        token = running.controller.router_token()  # a router's credential, not the admin token
+        return await start_router(listen, metrics, running.url, token, settings.store_dsn)
     except OSError as exc:
         raise UpError(
             f"cannot start the router on {listen} (metrics {metrics}): {exc.strerror or exc} "

@@ -9,8 +9,9 @@ dir, through the agent's own supervisor (SIGTERM to each engine's process group,
 
 State lives under one directory (default `.llmgw`), laid out so the other commands find it with no flags
 when run from the same working directory: the store at `state/llmgw.db` (the store's default DSN), the
-controller's admin token at `controller/admin-token` (where `llmgw plan/apply/status` look), the agent's
-state at `agent/`, and the example key at `up/api-key` (mode 0600; reused by the next `up`). `up/lock` keeps a
+controller's admin token at `controller/admin-token` (where `llmgw plan/apply/status` look), the local
+node's own token at `controller/node-token` (the agent's credential; the router is given the router token in
+memory, and neither holds the admin token), the agent's state at `agent/`, and the example key at `up/api-key` (mode 0600; reused by the next `up`). `up/lock` keeps a
 second `up` off the same state dir; `up/agent.pid` lets the next `up` stop an agent a killed `up` left behind
 (its engines are then adopted by the new agent, not restarted).
 """
@@ -59,6 +60,7 @@ class UpSettings:
     controller_listen: str | None = None
     controller_metrics_listen: str | None = None
     llamacpp: bool = True
+    insecure_token_only_remote_nodes: bool = False
 
     @property
     def store_dsn(self) -> str:
@@ -603,6 +605,11 @@ async def _start_controller(settings: UpSettings, cluster: ClusterSpec) -> Runni
         listen=settings.controller_listen or cluster.controller.address,
         metrics_listen=settings.controller_metrics_listen or cluster.controller.metrics_listen,
         state_dir=settings.controller_dir,
+        # The local agent and router dial the controller over loopback without certificates, so `up` serves
+        # no TLS; a remote Node it is asked to bootstrap over a network is then refused (its token would
+        # cross in clear) unless the operator says --insecure-token-only-remote-nodes.
+        default_ca=False,
+        insecure_token_only_remote_nodes=settings.insecure_token_only_remote_nodes,
     )
     try:
         return await start_controller(controller_settings)

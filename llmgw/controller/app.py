@@ -22,6 +22,7 @@ from llmgw_agent.protocol import AGENT_PATH
 
 from llmgw.controller import admin, lease, views
 from llmgw.controller.core import Controller, admin_token_from
+from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconciler import Reconciler
 from llmgw.controller.routers import node_credential, router_credential, router_stream
@@ -308,9 +309,7 @@ def with_default_ca(settings: ControllerSettings) -> ControllerSettings:
     """Remote nodes default to mutual TLS: with no CA and no TLS of its own, a controller whose repo declares
     remote Nodes dialling a non-loopback address uses (creating it the first time) the CA in STATE_DIR/ca.
     Without it their agents would send their token in clear and take commands from whoever answers."""
-    from llmgw.controller.nodes_loop import loopback_address
-
-    if settings.ca_dir is not None or settings.tls_cert is not None:
+    if settings.ca_dir is not None:
         return settings
     if settings.insecure_token_only_remote_nodes:
         log.warning(
@@ -318,6 +317,8 @@ def with_default_ca(settings: ControllerSettings) -> ControllerSettings:
             "agents dial this controller with a bearer token in clear; anyone on the path can read it and "
             "pose as the controller"
         )
+        return settings
+    if settings.tls_cert is not None or not settings.default_ca:
         return settings
     found = repo_remote_nodes(settings)
     if found is None or not found[1] or loopback_address(found[0]):

@@ -15,6 +15,7 @@ machine holds is refused from then on, even if a node of that name is declared a
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import os
@@ -39,6 +40,24 @@ def valid_node_name(name: str) -> str | None:
         f"node name {name[:80]!r} is not a valid name (lower-case letters, digits, '.', '_' and '-', "
         "at most 63, starting and ending with a letter or digit)"
     )
+
+
+def loopback_address(address: str) -> bool:
+    """Whether `host:port` names this machine only (agents dialling it never cross a network)."""
+    host = _host(address)
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _host(address: str) -> str:
+    """The host of `host:port`, `[v6]:port` or a bare host (as llmgw.nodes.ca.split_host)."""
+    if address.startswith("["):
+        return address[1 : address.index("]")]
+    return address.rsplit(":", 1)[0] if address.count(":") == 1 else address
 
 
 def same(presented: str, expected: str) -> bool:

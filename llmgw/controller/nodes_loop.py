@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import dataclasses
 import functools
-import ipaddress
 import logging
 import os
 import random
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from llmgw.config.models import Metadata, Node
+from llmgw.controller.credentials import loopback_address
 from llmgw.controller.secrets import SecretError
 from llmgw.controller.settings import ControllerSettings
 from llmgw.nodes import wheels
@@ -41,7 +41,7 @@ from llmgw.nodes.bootstrap import (
     bootstrap_node,
     teardown_node,
 )
-from llmgw.nodes.ca import CAError, ClusterCA, split_host
+from llmgw.nodes.ca import CAError, ClusterCA
 from llmgw.nodes.remote import SshTarget, StepFailed, target_for
 from llmgw.nodes.render import Layout
 from llmgw.reconcile import BackoffPolicy
@@ -158,17 +158,6 @@ def retry_delay(failures: int, base: float, rng: random.Random) -> float:
 def _summary(result: NodeResult) -> str:
     changed = [s.name for s in result.steps if s.status == "changed"]
     return "changed " + ", ".join(changed) if changed else "nothing to change"
-
-
-def loopback_address(address: str) -> bool:
-    """Whether `host:port` names this machine only (agents dialling it never cross a network)."""
-    host = split_host(address)
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def remote_link_problem(node: str, address: str, has_ca: bool, settings: ControllerSettings) -> str | None:

@@ -66,6 +66,12 @@ class ControllerSettings(BaseModel):
         description="The cluster CA directory (llmgw.nodes.ca): serve TLS with its controller certificate and "
         "require node certificates from agents, revocations honoured",
     )
+    default_ca: bool = Field(
+        True,
+        description="With neither ca_dir nor TLS of its own: use (creating it) STATE_DIR/ca when the repo declares "
+        "remote Nodes dialling a non-loopback controller address (`llmgw up` turns this off: its local agent "
+        "and router dial it over loopback without certificates)",
+    )
     insecure_token_only_remote_nodes: bool = Field(
         False,
         description="INSECURE: bootstrap remote Nodes without the cluster CA, their agents dialling a "

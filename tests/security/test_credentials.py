@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import socket
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from llmgw.controller.core import Controller
 from llmgw.controller.hub import AgentHub, HubTimings, NodeLink
 from llmgw.controller.nodes_loop import NodesLoop
 from llmgw.nodes import render
+from llmgw.nodes.ca import ClusterCA, IssuedCert
 
 KEY = "sk-llmgw-" + "c" * 43
 
@@ -87,6 +89,52 @@ async def test_h1_node_token_cannot_open_router_stream(tmp_path: Path) -> None:
                 headers = {"Authorization": f"Bearer {token}"}
                 async with s.post(running.url + path, json=body, headers=headers) as r:
                     assert r.status == 401, path
+    finally:
+        await running.stop()
+
+
+async def test_h1_router_stream_needs_a_router_certificate_with_a_ca(tmp_path: Path) -> None:
+    """With the cluster CA, `/router/v1` asks for a client certificate of the router role beside the token:
+    a node's certificate (which every node holds) does not open it, nor does a router's open the hub."""
+    ca = ClusterCA.open(tmp_path / "ca")
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml()})
+    running, _ = await start(settings_for(tmp_path, repo.path, ca_dir=tmp_path / "ca"))
+    url = running.url.replace("https://", "wss://") + "/router/v1"
+
+    def ctx(issued: IssuedCert | None) -> ssl.SSLContext:
+        c = ssl.create_default_context(cafile=str(ca.cert_path))
+        if issued is not None:
+            c.load_cert_chain(str(issued.cert_path), str(issued.key_path))
+        return c
+
+    async def status(issued: IssuedCert | None) -> int:
+        headers = {"Authorization": f"Bearer {running.controller.router_token()}"}
+        async with aiohttp.ClientSession() as s:
+            try:
+                async with s.ws_connect(url, headers=headers, ssl=ctx(issued)) as ws:
+                    await ws.close()
+                    return 101
+            except aiohttp.WSServerHandshakeError as exc:
+                return exc.status
+
+    try:
+        await wait_for(lambda: running.controller.desired, 10, "the repo applied")
+        router_cert = ca.router_cert("r1")
+        assert await status(None) == 401
+        assert await status(ca.node_cert("n1")) == 401
+        assert await status(router_cert) == 101
+        hub = running.url.replace("https://", "wss://") + "/agent/v1"
+        register = {"type": "register", "protocol_version": PROTOCOL_VERSION, "node": "n1",
+                    "agent_version": "t", "inventory": {}, "shards": []}  # fmt: skip
+        headers = {"Authorization": f"Bearer {running.controller.node_token('n1')}"}
+        async with (
+            aiohttp.ClientSession() as s,
+            s.ws_connect(hub, headers=headers, ssl=ctx(router_cert)) as ws,
+        ):
+            await ws.send_str(json.dumps(register))
+            answer = json.loads((await ws.receive(timeout=10)).data)
+        assert answer["type"] == "refused" and "not a node" in answer["reason"], answer
     finally:
         await running.stop()
 
@@ -276,7 +324,9 @@ async def test_m4_remote_node_defaults_to_mtls(tmp_path: Path) -> None:
         await running.stop()
 
 
-async def test_m4_token_only_remote_node_needs_the_explicit_setting(tmp_path: Path) -> None:
+async def test_m4_token_only_remote_node_needs_the_explicit_setting(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     repo = Repo(tmp_path / "repo", use_git=False)
     key = tmp_path / "key"
     key.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
@@ -292,9 +342,12 @@ async def test_m4_token_only_remote_node_needs_the_explicit_setting(tmp_path: Pa
             bootstrap_nodes=False,
             insecure_token_only_remote_nodes=insecure,
         )
+        caplog.clear()
         running, _ = await start(settings)
         try:
             assert running.url.startswith("http://")
+            warned = [r for r in caplog.records if "INSECURE: insecure_token_only_remote_nodes" in r.message]
+            assert len(warned) == (1 if insecure else 0)  # said once, at start, when it is set
             repo.write({"nodes/far.yaml": _remote_node("far", _closed_port(), key)})
             c = running.controller
             await wait_for(functools.partial(_declares, c, "far"), 10, "far applied")

@@ -7,6 +7,7 @@ and a flood of them is one poll; `/healthz` tells only liveness; node names are 
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import hmac
@@ -21,10 +22,12 @@ import asyncssh
 import openai
 import pytest
 from controller.helpers import Agents, Repo, cluster_yaml, model_yaml, settings_for, start
-from faults.procs import start_router_following
+from faults.procs import RouterProc, start_router_following, start_router_proc
 from llmgw_agent.protocol import PROTOCOL_VERSION, Inventory
 from support import wait_for
+from typer.testing import CliRunner
 
+from llmgw.cli.main import app
 from llmgw.controller.app import RunningController
 from llmgw.controller.core import Controller
 from llmgw.controller.hub import AgentHub, HubTimings, NodeLink
@@ -137,6 +140,55 @@ async def test_h1_router_stream_needs_a_router_certificate_with_a_ca(tmp_path: P
         assert answer["type"] == "refused" and "not a node" in answer["reason"], answer
     finally:
         await running.stop()
+
+
+async def test_h1_router_process_follows_a_ca_controller_with_its_certificate(tmp_path: Path) -> None:
+    """A real router process with `llmgw node router-cert`'s files and the router token opens the stream of
+    a controller with the cluster CA (it shows connected); the same router with a node's certificate does not."""
+    ca = ClusterCA.open(tmp_path / "ca")
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml()})
+    running, _ = await start(settings_for(tmp_path, repo.path, ca_dir=tmp_path / "ca"))
+    routers = []
+    try:
+        await wait_for(lambda: running.controller.desired, 10, "the repo applied")
+        out = tmp_path / "router-tls"
+        cli = ["node", "router-cert", "r1", "--out", str(out), "--ca-dir", str(tmp_path / "ca")]
+        result = await asyncio.to_thread(CliRunner().invoke, app, cli)
+        assert result.exit_code == 0, result.output
+        token = tmp_path / "router-token"
+        token.write_text(running.controller.router_token() + "\n")
+        node = ca.node_cert("n1")
+        for name, cert, key in (
+            ("router", out / "router.crt", out / "router.key"),
+            ("node", node.cert_path, node.key_path),
+        ):
+            keys = tmp_path / f"keys-{name}"
+            keys.write_text(f"{'0' * 64} p1 key-1\n")
+            args = ["--controller", running.url, "--token-file", str(token), "--keys-file", str(keys),
+                    "--controller-ca", str(out / "ca.crt"), "--controller-cert", str(cert),
+                    "--controller-key", str(key)]  # fmt: skip
+            routers.append(start_router_proc(tmp_path / f"router-{name}.log", args))
+        with_router_cert, with_node_cert = routers
+
+        def connected(r: RouterProc) -> bool:
+            return "llmgw_router_controller_connected 1.0" in _metrics(r)
+
+        await wait_for(lambda: connected(with_router_cert), 30, "the router connected with its certificate")
+        # The controller refused the one with a node's certificate, with the words it logs.
+        await wait_for(lambda: "401" in (tmp_path / "router-node.log").read_text(), 30, "the refusal")
+        assert not connected(with_node_cert)
+    finally:
+        for r in routers:
+            r.kill()
+        await running.stop()
+
+
+def _metrics(r: RouterProc) -> str:
+    import urllib.request
+
+    with urllib.request.urlopen(r.metrics + "/metrics", timeout=5) as answer:
+        return str(answer.read().decode())
 
 
 async def test_h1_node_token_registers_only_its_own_node(tmp_path: Path) -> None:

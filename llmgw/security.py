@@ -2,7 +2,12 @@
 
 Engine keys are derived, not stored: the router must send the right key to replicas it never saw start
 (adopted after a controller restart, placed by another controller), and an HMAC of the replica id under the
-cluster secret gives that without a table to keep in step. A key taken from one node opens that replica only.
+cluster secret gives that without a table to keep in step. A key taken from one node opens that replica only
+(and a replica's id is never reused, so the keys a torn-down node held open nothing once its replicas stop).
+
+Node and router tokens are derived the same way, each under its own label so no token is another's key: a node
+token names one node (and a generation the controller bumps when it tears the node down), the router token
+opens the router stream. A node never holds the router token, the cluster secret or another node's token.
 """
 
 from __future__ import annotations
@@ -14,9 +19,19 @@ import re
 import socket
 from urllib.parse import urlsplit
 
-__all__ = ["ENGINE_KEY_PREFIX", "engine_key", "forbidden_address_reason"]
+__all__ = [
+    "ENGINE_KEY_PREFIX",
+    "NODE_TOKEN_PREFIX",
+    "ROUTER_TOKEN_PREFIX",
+    "engine_key",
+    "forbidden_address_reason",
+    "node_token",
+    "router_token",
+]
 
 ENGINE_KEY_PREFIX = "llmgw-ek-"
+NODE_TOKEN_PREFIX = "llmgw-nt-"
+ROUTER_TOKEN_PREFIX = "llmgw-rt-"
 
 # Cloud metadata services answer on these addresses; a URL from the cluster repo must never reach them
 # through the router (it would hand the instance's credentials to whoever can edit a provider URL).
@@ -51,6 +66,25 @@ def _inet_aton_form(host: str) -> ipaddress.IPv4Address | None:
         return ipaddress.IPv4Address(socket.inet_aton(host))
     except OSError:
         return None
+
+
+def node_token(cluster_secret: bytes, node: str, generation: int = 0) -> str:
+    """The bearer token node `node`'s agent presents: it opens the agent hub for that node name only.
+
+    `generation` is bumped when the node is torn down, so the token a removed machine kept is refused even
+    if a node of the same name is declared (and bootstrapped with the next generation's token) later."""
+    if not cluster_secret:
+        raise ValueError("node_token needs a non-empty cluster secret")
+    label = f"llmgw node token\0{node}\0{generation}".encode()
+    return NODE_TOKEN_PREFIX + hmac.new(cluster_secret, label, hashlib.sha256).hexdigest()
+
+
+def router_token(cluster_secret: bytes) -> str:
+    """The bearer token routers present on the router stream (which carries every engine key)."""
+    if not cluster_secret:
+        raise ValueError("router_token needs a non-empty cluster secret")
+    label = b"llmgw router token\0"
+    return ROUTER_TOKEN_PREFIX + hmac.new(cluster_secret, label, hashlib.sha256).hexdigest()
 
 
 def forbidden_address_reason(url_or_host: str) -> str | None:

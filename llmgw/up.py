@@ -9,8 +9,9 @@ dir, through the agent's own supervisor (SIGTERM to each engine's process group,
 
 State lives under one directory (default `.llmgw`), laid out so the other commands find it with no flags
 when run from the same working directory: the store at `state/llmgw.db` (the store's default DSN), the
-controller's admin token at `controller/admin-token` (where `llmgw plan/apply/status` look), the agent's
-state at `agent/`, and the example key at `up/api-key` (mode 0600; reused by the next `up`). `up/lock` keeps a
+controller's admin token at `controller/admin-token` (where `llmgw plan/apply/status` look), the local
+node's own token at `controller/node-token` (the agent's credential; the router is given the router token in
+memory, and neither holds the admin token), the agent's state at `agent/`, and the example key at `up/api-key` (mode 0600; reused by the next `up`). `up/lock` keeps a
 second `up` off the same state dir; `up/agent.pid` lets the next `up` stop an agent a killed `up` left behind
 (its engines are then adopted by the new agent, not restarted).
 """
@@ -59,6 +60,7 @@ class UpSettings:
     controller_listen: str | None = None
     controller_metrics_listen: str | None = None
     llamacpp: bool = True
+    insecure_token_only_remote_nodes: bool = False
 
     @property
     def store_dsn(self) -> str:
@@ -337,6 +339,15 @@ def agent_argv(
     return argv
 
 
+def write_private(path: Path, text: str) -> Path:
+    """`text` into `path`, mode 0600 from its creation (a token is never briefly readable by others)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    return path
+
+
 def hold_state_dir(state_dir: Path) -> TextIO:
     """An exclusive lock on the state dir for as long as the returned file is open: two `up`s on one state
     dir would run two agents over the same engines."""
@@ -569,9 +580,11 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
                 file=out,
             )
         llamacpp = llamacpp_binary() if settings.llamacpp else None
-        argv = agent_argv(
-            settings, facts.local_node, running.url, settings.controller_dir / "admin-token", llamacpp
+        # The agent gets its node's own token, not the admin token: it opens the hub for this node only.
+        node_token_file = write_private(
+            settings.controller_dir / "node-token", running.controller.node_token(facts.local_node)
         )
+        argv = agent_argv(settings, facts.local_node, running.url, node_token_file, llamacpp)
         agent_log = settings.agent_dir / "agent.log"
         parts.agent = start_agent(argv, agent_log)
         (settings.state_dir / AGENT_PID_FILE).write_text(f"{parts.agent.pid}\n", encoding="ascii")
@@ -595,6 +608,11 @@ async def _start_controller(settings: UpSettings, cluster: ClusterSpec) -> Runni
         listen=settings.controller_listen or cluster.controller.address,
         metrics_listen=settings.controller_metrics_listen or cluster.controller.metrics_listen,
         state_dir=settings.controller_dir,
+        # The local agent and router dial the controller over loopback without certificates, so `up` serves
+        # no TLS; a remote Node it is asked to bootstrap over a network is then refused (its token would
+        # cross in clear) unless the operator says --insecure-token-only-remote-nodes.
+        default_ca=False,
+        insecure_token_only_remote_nodes=settings.insecure_token_only_remote_nodes,
     )
     try:
         return await start_controller(controller_settings)
@@ -611,7 +629,8 @@ async def _start_router(
     listen = settings.router_listen or cluster.router.listen
     metrics = settings.router_metrics_listen or cluster.router.metrics_listen
     try:
-        return await start_router(listen, metrics, running.url, running.admin_token, settings.store_dsn)
+        token = running.controller.router_token()  # a router's credential, not the admin token
+        return await start_router(listen, metrics, running.url, token, settings.store_dsn)
     except OSError as exc:
         raise UpError(
             f"cannot start the router on {listen} (metrics {metrics}): {exc.strerror or exc} "

@@ -96,6 +96,13 @@ def controller(
     ca_dir: Annotated[
         Path | None, typer.Option("--ca-dir", help="Cluster CA directory: TLS, node certificates required")
     ] = None,
+    insecure_token_only_remote_nodes: Annotated[
+        bool | None,
+        typer.Option(
+            "--insecure-token-only-remote-nodes",
+            help="INSECURE: bootstrap remote Nodes with a bearer token in clear, no cluster CA",
+        ),
+    ] = None,
     ha: Annotated[
         bool | None,
         typer.Option(
@@ -141,6 +148,7 @@ def controller(
             "tls_key": tls_key,
             "tls_client_ca": tls_client_ca,
             "ca_dir": ca_dir,
+            "insecure_token_only_remote_nodes": insecure_token_only_remote_nodes,
             "ha": ha,
             "advertise": advertise,
         }

@@ -174,6 +174,38 @@ def _secret(ref: SecretRef, repo: Path) -> str:
         _fail(f"cannot read the agent token file {path}: {exc.strerror or exc}")
 
 
+@node_app.command("router-cert")
+def node_router_cert(
+    name: Annotated[str, typer.Argument(help="The router's name (its certificate says router:NAME)")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write router.crt, router.key, ca.crt")],
+    ca_dir: CaOpt = DEFAULT_STATE / "ca",
+) -> None:
+    """Issue a router's client certificate from the cluster CA: with a CA, the controller's router stream
+    (which carries every engine key) asks for one beside the router token; a node's certificate does not do."""
+    import os
+
+    from llmgw.nodes.ca import CAError, ClusterCA
+
+    try:
+        ca = ClusterCA.open(ca_dir, create=False)
+        issued = ca.router_cert(name)
+    except CAError as exc:
+        _fail(str(exc))
+    out.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for file, data, mode in (
+        ("router.crt", issued.cert_pem, 0o644),
+        ("router.key", issued.key_pem, 0o600),
+        ("ca.crt", ca.cert_pem, 0o644),
+    ):
+        fd = os.open(out / file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    typer.echo(
+        f"router:{name} (serial {issued.serial:x}) in {out}: llmgw-router --controller-cert {out}/router.crt "
+        f"--controller-key {out}/router.key --controller-ca {out}/ca.crt"
+    )
+
+
 @node_app.command("bootstrap")
 def node_bootstrap(
     name: Annotated[str, typer.Argument(help="Node declared in the repo")],

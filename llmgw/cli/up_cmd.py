@@ -53,6 +53,13 @@ def up(
     no_llamacpp: Annotated[
         bool, typer.Option("--no-llamacpp", help="Do not offer llama.cpp to the agent (sim models only)")
     ] = False,
+    insecure_token_only_remote_nodes: Annotated[
+        bool,
+        typer.Option(
+            "--insecure-token-only-remote-nodes",
+            help="INSECURE: bootstrap the repo's remote Nodes with a bearer token sent in clear (no CA)",
+        ),
+    ] = False,
 ) -> None:
     """Run the controller, a router and a local agent on this machine until Ctrl-C, following PATH
     (a change to a file is a new revision). Prints the OpenAI base URL and a key for the repo's first project."""
@@ -66,5 +73,6 @@ def up(
         controller_listen=controller_listen,
         controller_metrics_listen=controller_metrics_listen,
         llamacpp=not no_llamacpp,
+        insecure_token_only_remote_nodes=insecure_token_only_remote_nodes,
     )
     raise typer.Exit(run_up(settings))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -203,10 +204,37 @@ async def events(request: web.Request) -> web.Response:
 
 
 async def webhook(request: web.Request) -> web.Response:
-    """Only triggers a poll: the body is not trusted for anything, so it needs no signature."""
+    """Only triggers a poll (the body is not trusted for anything), and no more than one per
+    `webhook_min_interval` however many arrive. With `webhook_secret_file` set it must carry GitHub's
+    `X-Hub-Signature-256: sha256=HEX`, the HMAC-SHA256 of the body under that secret."""
+    c = request.app[CONTROLLER]
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    holder = c.admin_tokens.principal(presented) if scheme.lower() == "bearer" else None
+    operator = holder is not None and allows(holder.scope, "apply")  # whoever may apply may ask for a poll
+    if c.settings.webhook_secret_file is not None and not operator:  # `llmgw apply` asks with its token
+        refusal = webhook_signature_refusal(
+            c.settings.webhook_secret_file, await request.read(), request.headers.get("X-Hub-Signature-256")
+        )
+        if refusal is not None:
+            log.warning("webhook from %s refused: %s", request.remote, refusal)
+            return _error(401, refusal)
     trigger = request.app[POLL_NOW]
     trigger.set()
     return web.json_response({"polling": True}, status=202)
+
+
+def webhook_signature_refusal(secret_file: Path, body: bytes, header: str | None) -> str | None:
+    """None when `header` is GitHub's signature of `body` under the secret in `secret_file`, else why not."""
+    try:
+        secret = secret_file.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        return f"the controller cannot read its webhook secret ({exc.strerror}); refusing every webhook"
+    if not header or not header.startswith("sha256="):
+        return "X-Hub-Signature-256: sha256=<hmac of the body> is required (the webhook secret is set)"
+    expected = "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    if not hmac.compare_digest(header.strip().encode(), expected.encode()):
+        return "X-Hub-Signature-256 does not match the body under the webhook secret"
+    return None
 
 
 async def apply(request: web.Request) -> web.Response:

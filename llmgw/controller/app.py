@@ -23,9 +23,10 @@ from llmgw_agent.protocol import AGENT_PATH
 from llmgw.controller import admin, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.core import Controller, admin_token_from
+from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconciler import Reconciler
-from llmgw.controller.routers import router_stream
+from llmgw.controller.routers import node_credential, router_credential, router_stream
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.source import DirectorySource, GitSource, Source, SourceUnavailable
 from llmgw.httplog import quiet_bad_requests
@@ -57,6 +58,9 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.router.add_get(AGENT_PATH, controller.hub.handle)
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/healthz/leader", _healthz_leader)
+    app.router.add_get("/api/v1/credentials/router", router_credential)
+    app.router.add_get("/api/v1/credentials/node/{node}", node_credential)
     admin.add_routes(app)
     if controller.lease is not None:
         app.middlewares.append(lease.standby_middleware(controller, ROUTER_PATH))
@@ -79,10 +83,16 @@ def make_metrics_app(controller: Controller) -> web.Application:
 
 
 async def _healthz(request: web.Request) -> web.Response:
-    """No token: for load balancers. `role` lets one send agents and routers to the leader only."""
+    """Liveness only, with no token (for load balancers and probes): the applied revision and the role are
+    in the authenticated `/api/v1/status`. A load balancer that must send traffic to the leader only asks
+    `/healthz/leader` (200 leading, 503 standing by), which says no more than that one bit."""
+    return web.json_response({"ok": True})
+
+
+async def _healthz_leader(request: web.Request) -> web.Response:
     c = request.app[admin.CONTROLLER]
-    role = "leader" if c.leading() else "standby"
-    return web.json_response({"ok": True, "applied": c.desired.revision if c.desired else None, "role": role})
+    leading = c.leading()
+    return web.json_response({"ok": leading}, status=200 if leading else 503)
 
 
 Loop = Callable[[web.Application], Coroutine[Any, Any, None]]
@@ -103,7 +113,12 @@ async def _source_loop(app: web.Application) -> None:
     c = app[admin.CONTROLLER]
     source = app[SOURCE]
     poll_now = app[admin.POLL_NOW]
+    loop = asyncio.get_running_loop()
+    # A webhook asks for a poll sooner, never more often than this: a flood of them is one poll per gap.
+    gap = min(c.settings.webhook_min_interval_s, source.interval_s)
     while True:
+        polled_at = loop.time()
+        c.metrics.source_polls.inc()
         try:
             checkout = await source.poll()
             c.metrics.source_up.set(1)
@@ -116,6 +131,9 @@ async def _source_loop(app: web.Application) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(source.interval_s):
                 await poll_now.wait()
+        early = polled_at + gap - loop.time()
+        if poll_now.is_set() and early > 0:
+            await asyncio.sleep(early)  # webhooks arriving meanwhile are folded into the one poll below
         poll_now.clear()
 
 
@@ -187,17 +205,31 @@ def refresh_metrics(c: Controller) -> None:
                 m.node_bootstrap.labels(name, op.state).set(1)
 
 
+PeerCheck = Callable[[bytes | None], str]
+
+
+def router_tls_check(settings: ControllerSettings) -> PeerCheck | None:
+    """With the cluster CA: the check `/router/v1` makes of a router's client certificate (its role)."""
+    if settings.ca_dir is None:
+        return None
+    from llmgw.nodes.ca import ClusterCA
+
+    ca = ClusterCA.open(settings.ca_dir, create=False)
+    return ca.check_router
+
+
 def tls_setup(
     settings: ControllerSettings,
-) -> tuple[ssl.SSLContext | None, Callable[[bytes | None], str] | None]:
+) -> tuple[ssl.SSLContext | None, PeerCheck | None]:
     """The listener's TLS context and, with mutual TLS, the check that names the node a certificate proves.
 
     Client certificates are optional at the TLS layer so the admin API works without one; the agent endpoint
-    refuses an agent without a valid one (and one whose certificate names another node)."""
+    refuses an agent without a valid one (and one whose certificate names another node), and with the
+    cluster CA the router stream refuses a client without a router's certificate."""
     if settings.ca_dir is not None:
         from llmgw.nodes.ca import ClusterCA
 
-        ca = ClusterCA.open(settings.ca_dir, create=False)
+        ca = ClusterCA.open(settings.ca_dir, create=settings.ca_dir == default_ca_dir(settings))
         ctx = ca.server_context([settings.listen])
         ctx.verify_mode = ssl.CERT_OPTIONAL
         return ctx, lambda der: ca.check_peer(der).node
@@ -253,9 +285,60 @@ class RunningController:
         await self.controller.store.close()
 
 
+def default_ca_dir(settings: ControllerSettings) -> Path:
+    return settings.state_dir / "ca"
+
+
+def repo_remote_nodes(settings: ControllerSettings) -> tuple[str, list[str]] | None:
+    """The controller address and the remote Nodes of the repo as it is on disk now (a local repo, or the
+    clone an earlier run left in the state dir); None when it cannot be read yet."""
+    from llmgw.config import load_repo
+
+    local = settings.local_repo()
+    if local is None:
+        clone = GitSource(settings.repo, settings.branch, settings.subpath, settings.state_dir, 1.0).clone_dir
+        local = clone if clone.is_dir() else None
+    if local is None:
+        return None
+    catalog = load_repo(local / settings.subpath).catalog
+    if catalog is None:
+        return None
+    remote = sorted(n for n, e in catalog.nodes.items() if not e.spec.local)
+    return catalog.cluster.controller.address, remote
+
+
+def with_default_ca(settings: ControllerSettings) -> ControllerSettings:
+    """Remote nodes default to mutual TLS: with no CA and no TLS of its own, a controller whose repo declares
+    remote Nodes dialling a non-loopback address uses (creating it the first time) the CA in STATE_DIR/ca.
+    Without it their agents would send their token in clear and take commands from whoever answers."""
+    if settings.ca_dir is not None:
+        return settings
+    if settings.insecure_token_only_remote_nodes:
+        log.warning(
+            "INSECURE: insecure_token_only_remote_nodes is set: remote nodes get no certificates and their "
+            "agents dial this controller with a bearer token in clear; anyone on the path can read it and "
+            "pose as the controller"
+        )
+        return settings
+    if settings.tls_cert is not None or not settings.default_ca:
+        return settings
+    found = repo_remote_nodes(settings)
+    if found is None or not found[1] or loopback_address(found[0]):
+        return settings
+    ca_dir = default_ca_dir(settings)
+    log.info(
+        "the repo declares remote nodes (%s) dialling %s: mutual TLS with the cluster CA in %s",
+        ", ".join(found[1]),
+        found[0],
+        ca_dir,
+    )
+    return settings.model_copy(update={"ca_dir": ca_dir})
+
+
 async def start_controller(settings: ControllerSettings) -> RunningController:
     """Open the store, start listeners and loops; returns once the listeners are bound."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
+    settings = with_default_ca(settings)
     token = admin_token_from(settings)
     tokens = AdminTokens.load(token, settings.admin_tokens_file)
     ctx, peer_check = tls_setup(settings)
@@ -263,6 +346,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     controller = Controller(
         settings, store, ControllerMetrics(), admin_token=token, admin_tokens=tokens, peer_check=peer_check
     )
+    controller.router_peer_check = router_tls_check(settings)
     if settings.ha:
         lease.attach(controller)  # a standby until the first attempt wins: nothing placed before that
     try:

@@ -20,6 +20,14 @@ from typing import TYPE_CHECKING, Any
 from aiohttp import web
 
 from llmgw.controller.admin_tokens import AdminTokens
+from llmgw.controller.credentials import (
+    GENERATIONS_FILE,
+    Grant,
+    NodeGenerations,
+    hub_grant,
+    node_token_refusal,
+    router_token_ok,
+)
 from llmgw.controller.desired import Desired, RepoInvalid, build_desired
 from llmgw.controller.hub import AgentHub, HubTimings
 from llmgw.controller.lease import LeaderLease
@@ -29,6 +37,7 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.source import Checkout
 from llmgw.fleet import ModelState
 from llmgw.placement import ShardPlacement
+from llmgw.security import node_token, router_token
 from llmgw.store.records import ReplicaRecord, Revision
 from llmgw.store.store import Store
 
@@ -153,14 +162,19 @@ class Controller:
         self.router_sockets: set[web.WebSocketResponse] = set()
         self.worker_state = WorkerState()
         self.bootstrap: dict[str, NodeOps] = {}  # per node: SSH bootstrap and removal (nodes_loop)
+        self.node_generations = NodeGenerations(Path(settings.state_dir) / GENERATIONS_FILE)
         self.hub = AgentHub(
-            tokens=self.agent_tokens,
+            grant=self._hub_grant,
+            node_check=self._node_check,
             timings=self.timings,
             clock=clock,
             on_change=self.notify,
             peer_check=peer_check,
+            declared=self._declared_nodes,
         )
         self._generated_secret: str | None = None
+        # With the cluster CA: the router a client certificate names, or an exception saying why it is none.
+        self.router_peer_check: Callable[[bytes | None], str] | None = None
         self.lease: LeaderLease | None = None  # set by lease.attach with settings.ha; None: always the leader
         self.background: set[asyncio.Task[Any]] = set()  # short tasks to keep a reference to until done
         # History records the store has not taken yet (it was down), oldest first; retried until written.
@@ -193,16 +207,52 @@ class Controller:
             return DEFAULT_TIMINGS
         return HubTimings(d.heartbeat_interval_s, d.unreachable_after_s, d.lost_after_s)
 
-    def agent_tokens(self) -> tuple[str, ...]:
-        """Agents and routers present the Cluster's token when it declares one, or the admin token."""
-        tokens = [self.admin_token]
+    def shared_token(self) -> str | None:
+        """The Cluster's `spec.controller.token` when it declares one: it opens the agent hub for any node
+        name (agents installed by hand); bootstrap gives nodes their own token instead."""
         d = self.desired
-        if d is not None and d.cluster.controller.token is not None:
-            try:
-                tokens.append(read_secret(d.cluster.controller.token, d.root))
-            except SecretError as exc:
-                log.warning("cluster token unavailable: %s", exc)
-        return tuple(tokens)
+        if d is None or d.cluster.controller.token is None:
+            return None
+        try:
+            return read_secret(d.cluster.controller.token, d.root)
+        except SecretError as exc:
+            log.warning("cluster token unavailable: %s", exc)
+            return None
+
+    def _secret_or_none(self) -> bytes | None:
+        try:
+            return self.cluster_secret().encode()
+        except SecretError as exc:
+            log.warning("node and router tokens cannot be checked: %s", exc)
+            return None
+
+    def _hub_grant(self, presented: str) -> Grant | None:
+        return hub_grant(presented, admin=self.admin_token, shared=self.shared_token())
+
+    def _node_check(self, presented: str, node: str) -> str | None:
+        secret = self._secret_or_none()
+        if secret is None:
+            return "the controller has no cluster secret to check node tokens with"
+        return node_token_refusal(presented, node, secret, self.node_generations.get(node))
+
+    def _declared_nodes(self) -> frozenset[str]:
+        d = self.desired
+        return frozenset(d.catalog.nodes) if d is not None else frozenset()
+
+    def node_token(self, node: str) -> str:
+        """Node `node`'s token of its current generation (what bootstrap writes to it)."""
+        return node_token(self.cluster_secret().encode(), node, self.node_generations.get(node))
+
+    def revoke_node_token(self, node: str) -> int:
+        """The node is torn down: the token it holds stops opening the hub. Returns the new generation."""
+        return self.node_generations.bump(node)
+
+    def router_token(self) -> str:
+        return router_token(self.cluster_secret().encode())
+
+    def router_token_ok(self, presented: str) -> bool:
+        """The router stream and the routers' signals: the router token, or the admin token."""
+        return router_token_ok(presented, admin=self.admin_token, secret=self._secret_or_none())
 
     def cluster_secret(self) -> str:
         d = self.desired

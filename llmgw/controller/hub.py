@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -35,11 +34,14 @@ from llmgw_agent.protocol import (
 )
 from pydantic import ValidationError
 
+from llmgw.controller.credentials import Grant, valid_node_name
+
 log = logging.getLogger("llmgw.controller.hub")
 
 NodeState = Literal["Ready", "Unreachable", "Lost"]
 NODE_STATES: tuple[NodeState, ...] = ("Ready", "Unreachable", "Lost")
 REGISTER_TIMEOUT_S = 10.0
+MAX_NODES = 4096  # links kept at once; a flood of made-up names past this is refused
 
 
 class AgentError(Exception):
@@ -75,23 +77,33 @@ class HubTimings:
 
 
 class AgentHub:
-    """Owns the node links. `clock` is monotonic seconds; `tokens()` the tokens agents may present."""
+    """Owns the node links. `clock` is monotonic seconds.
+
+    `grant(token)` says what a presented bearer token may do before the agent names itself (None: nothing);
+    `node_check(token, node)` then says why a token that opens one node only is not `node`'s (None: it is).
+    """
 
     def __init__(
         self,
         *,
-        tokens: Callable[[], tuple[str, ...]],
+        grant: Callable[[str], Grant | None],
+        node_check: Callable[[str, str], str | None],
         timings: Callable[[], HubTimings],
         clock: Callable[[], float],
         on_change: Callable[[str], None],
         peer_check: Callable[[bytes | None], str] | None = None,
+        declared: Callable[[], Collection[str]] = frozenset,
+        max_nodes: int = MAX_NODES,
     ) -> None:
-        self._tokens = tokens
+        self._grant = grant
+        self._node_check = node_check
         self._timings = timings
         self._clock = clock
         self._on_change = on_change
         # With mutual TLS: the node name a client certificate proves, or PeerRejected/ValueError with why not.
         self._peer_check = peer_check
+        self._declared = declared  # Nodes of the applied revision: their links are kept however long silent
+        self.max_nodes = max_nodes
         self.nodes: dict[str, NodeLink] = {}
         self.on_register: Callable[[NodeLink, Register], None] | None = None
         self.closing = False
@@ -100,41 +112,54 @@ class AgentHub:
 
     # ---------------------------------------------------------------------------------- connection
 
-    def authorised(self, request: web.Request) -> str | None:
-        """None when the agent may connect, else why not (said to it in a Refused message)."""
+    def authorised(self, request: web.Request) -> tuple[str, Grant] | str:
+        """The token and what it allows when the agent may go on to register, else why not (said to it)."""
         header = request.headers.get("Authorization", "")
         scheme, _, presented = header.partition(" ")
-        allowed = self._tokens()
-        if not allowed:
-            return "the controller has no agent token configured; refusing every agent"
         if scheme.lower() != "bearer" or not presented:
             return "missing Authorization: Bearer <token>"
-        if not any(hmac.compare_digest(presented.encode(), t.encode()) for t in allowed):
+        grant = self._grant(presented)
+        if grant is None:
             return "wrong token"
+        return presented, grant
+
+    def _name_refusal(self, node: str, presented: str, grant: Grant) -> str | None:
+        """Why an agent authorised with `grant` may not register as `node`, or None."""
+        bad = valid_node_name(node)
+        if bad is not None:
+            return bad
+        if not grant.any_node:
+            refusal = self._node_check(presented, node)
+            if refusal is not None:
+                return refusal
+        if node not in self.nodes and len(self.nodes) >= self.max_nodes:
+            return f"the controller already knows {len(self.nodes)} nodes (its limit); refusing a new one"
         return None
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=16 * 1024 * 1024)
         await ws.prepare(request)
         peer = request.remote or "?"
-        refusal = "the controller is stopping" if self.closing else self.authorised(request)
-        standby = False
-        if refusal is None and self.gate is not None:
-            refusal = self.gate()  # a standby: the agent moves to its next controller address
-            standby = refusal is not None
-        if refusal is not None:
-            # A standby turning agents away is its normal work, not a warning.
-            (log.info if standby else log.warning)("agent from %s refused: %s", peer, refusal)
-            await ws.send_str(dump(Refused(reason=refusal)))
-            await ws.close()
+        auth = "the controller is stopping" if self.closing else self.authorised(request)
+        if isinstance(auth, str):
+            log.warning("agent from %s refused: %s", peer, auth)
+            await self._refuse(ws, auth)
             return ws
         register = await self._receive_register(ws, peer)
         if register is None:
             return ws
-        refusal = self._certificate_refusal(request, register.node)
+        refusal = self._name_refusal(register.node, *auth) or self._certificate_refusal(
+            request, register.node
+        )
         if refusal is not None:
-            log.warning("agent %s from %s refused: %s", register.node, peer, refusal)
+            log.warning("agent %r from %s refused: %s", register.node[:80], peer, refusal)
             await self._refuse(ws, refusal)
+            return ws
+        # Only now, the agent's credential checked for the name it gave, may a standby say who leads.
+        standby = self.gate() if self.gate is not None else None
+        if standby is not None:
+            log.info("agent %s from %s refused: %s", register.node, peer, standby)  # a standby's normal work
+            await self._refuse(ws, standby)
             return ws
         link = self._attach(register, ws, peer)
         try:
@@ -180,7 +205,7 @@ class AgentHub:
                 f"protocol version {first.protocol_version} not supported; this controller speaks {PROTOCOL_VERSION}",
             )
             return None
-        log.info("agent %s registered from %s with %d shard(s)", first.node, peer, len(first.shards))
+        log.info("agent %r registered from %s with %d shard(s)", first.node[:80], peer, len(first.shards))
         return first
 
     async def _refuse(self, ws: web.WebSocketResponse, reason: str) -> None:
@@ -288,12 +313,28 @@ class AgentHub:
             if state != link.state:
                 link.state = state
                 changes.append((link.name, state))
+        self._prune(now, timings)
         for name, state in changes:
             log.warning(
                 "node %s is %s (no heartbeat for %s)", name, state, "long" if state == "Lost" else "a while"
             )
             self._on_change(f"node {name} is {state}")
         return changes
+
+    def _prune(self, now: float, timings: HubTimings) -> None:
+        """Forget undeclared nodes silent for twice the lost time: the reconciler gave their replicas up at
+        Lost, and a name an agent once said must not stay in memory (and the admin API) for ever."""
+        declared = self._declared()
+        for name, link in list(self.nodes.items()):
+            if (
+                name not in declared
+                and not link.connected
+                and link.state == "Lost"
+                and now - link.last_seen >= 2 * timings.lost_after_s
+            ):
+                del self.nodes[name]
+                log.info("forgot node %s: undeclared and silent since long", name)
+                self._on_change(f"node {name} forgotten")
 
     # ---------------------------------------------------------------------------------- commands
 

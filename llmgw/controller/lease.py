@@ -359,11 +359,20 @@ def standby_middleware(c: Controller, router_path: str) -> Middleware:
             path.startswith("/api/") and request.method not in _READ_ONLY_OK and path != "/api/v1/webhook"
         )
         if writes or path == router_path:
-            where = leader_address(lease.state.leader)
+            # The leader's address is for those who may talk to it: an anonymous caller learns only that
+            # this one stands by (it must not map the cluster from a standby it can reach).
+            where = leader_address(lease.state.leader) if _credentialed(c, request) else None
+            known = "; no leader is known right now" if lease.state.leader is None else ""
             message = "this controller is a standby (read-only)" + (
-                f"; the leader is {where}" if where else "; no leader is known right now"
+                f"; the leader is {where}" if where else known
             )
             return web.json_response({"error": {"message": message, "leader": where}}, status=503)
         return await handler(request)
 
     return middleware
+
+
+def _credentialed(c: Controller, request: web.Request) -> bool:
+    """The request carries the admin token or a router's: it may be told where the leader is."""
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and bool(presented) and c.router_token_ok(presented)

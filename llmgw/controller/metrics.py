@@ -33,6 +33,11 @@ class ControllerMetrics:
         self.source_up = Gauge(
             PREFIX + "source_up", "1 when the cluster repo could be read at the last poll", registry=r
         )
+        self.source_polls = Counter(
+            PREFIX + "source_polls",
+            "Polls of the cluster repo (timed, or asked for by a webhook)",
+            registry=r,
+        )
         self.nodes = Gauge(
             PREFIX + "nodes", "Nodes by state (Ready, Unreachable, Lost)", ["state"], registry=r
         )

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from llmgw.config.models import Metadata, Node
-from llmgw.controller.secrets import SecretError, read_secret
+from llmgw.controller.credentials import loopback_address
+from llmgw.controller.secrets import SecretError
+from llmgw.controller.settings import ControllerSettings
 from llmgw.nodes import wheels
 from llmgw.nodes.bootstrap import (
     BootstrapOptions,
@@ -156,6 +158,21 @@ def retry_delay(failures: int, base: float, rng: random.Random) -> float:
 def _summary(result: NodeResult) -> str:
     changed = [s.name for s in result.steps if s.status == "changed"]
     return "changed " + ", ".join(changed) if changed else "nothing to change"
+
+
+def remote_link_problem(node: str, address: str, has_ca: bool, settings: ControllerSettings) -> str | None:
+    """Why node `node` must not be bootstrapped to dial `address` as things are set, or None.
+
+    Token only (no cluster CA) over a network, the node's token crosses it in clear and anyone on the path can
+    play the controller and send `start_shard`: refused unless the operator asked for it by name."""
+    if has_ca or loopback_address(address) or settings.insecure_token_only_remote_nodes:
+        return None
+    return (
+        f"node {node}: the controller has no cluster CA, and its agent would dial {address} with a bearer token "
+        "in clear (anyone on the path could read it and pose as the controller); give the controller a CA "
+        "(ca_dir, created in STATE_DIR/ca by default when the repo declares remote Nodes) or, knowingly, set "
+        "insecure_token_only_remote_nodes"
+    )
 
 
 def node_document(name: str, entry: NodeEntry) -> Node:
@@ -346,17 +363,11 @@ class NodesLoop:
         c = self.c
         s = c.settings
         ca = ClusterCA.open(s.ca_dir, create=False) if s.ca_dir is not None else None
-        token = read_secret(d.cluster.controller.token, d.root) if d.cluster.controller.token else None
-        if ca is None and token is None:
-            raise StepFailed(
-                f"the controller has neither a cluster CA (ca_dir) nor spec.controller.token to give {name}; "
-                "set ca_dir in the controller settings or declare the token in the Cluster"
-            )
-        if token is None:
-            raise StepFailed(
-                f"the controller asks agents for a bearer token beside their certificate, but the Cluster "
-                f"declares no spec.controller.token; declare one so {name}'s agent can connect"
-            )
+        problem = remote_link_problem(name, d.cluster.controller.address, ca is not None, s)
+        if problem is not None:
+            raise StepFailed(problem)
+        # The node's own token (never the Cluster's shared one): it opens the hub for this node name only.
+        token = c.node_token(name)
         hub = c.hub
 
         async def registered(node: str, since: float) -> bool:
@@ -432,10 +443,13 @@ class NodesLoop:
             ca = None
             log.warning("cannot open the cluster CA to revoke %s's certificate: %s", name, exc)
         result = await teardown_node(target, TeardownOptions(layout=Layout(prefix=s.node_prefix), ca=ca))
+        # Whether or not the machine could be reached: the token it holds must not open the hub again.
+        generation = c.revoke_node_token(name)
+        log.info("node %s: token of generation %d revoked", name, generation - 1)
         await self._close_link(name)
         self.known.pop(name, None)
         revoked = any(st.name == "revoke" and st.status == "changed" for st in result.steps)
-        tail = "; certificate revoked" if revoked else ""
+        tail = "; node token revoked" + ("; certificate revoked" if revoked else "")
         if left:
             tail += f"; {left} replica(s) had not drained in time"
         if result.ok:

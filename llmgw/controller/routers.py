@@ -22,6 +22,7 @@ from llmgw.catalog import Catalog
 from llmgw.config.models import OrganizationSpec, ProjectSpec, TeamSpec
 from llmgw.controller import views
 from llmgw.controller.core import Controller
+from llmgw.controller.credentials import same, valid_node_name
 from llmgw.controller.secrets import SecretError
 from llmgw.publish import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
 from llmgw.security import engine_key
@@ -137,12 +138,47 @@ def _digest(data: dict[str, Any]) -> str:
 
 
 def token_ok(c: Controller, request: web.Request) -> bool:
-    import hmac
-
+    """A router's credential (the router token, or the admin token): never a node's, since the stream
+    carries every replica's engine key."""
     scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not presented:
         return False
-    return any(hmac.compare_digest(presented.encode(), t.encode()) for t in c.agent_tokens())
+    return c.router_token_ok(presented)
+
+
+def _admin_only(request: web.Request) -> Controller:
+    from llmgw.controller.admin import CONTROLLER  # admin imports this module
+
+    c = request.app[CONTROLLER]
+    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not same(presented, c.admin_token):
+        raise web.HTTPUnauthorized(
+            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
+            content_type="application/json",
+        )
+    return c
+
+
+async def router_credential(request: web.Request) -> web.Response:
+    """GET /api/v1/credentials/router (admin): the token routers present on `/router/v1`."""
+    c = _admin_only(request)
+    try:
+        return web.json_response({"token": c.router_token()})
+    except SecretError as exc:
+        return web.json_response({"error": {"message": str(exc)}}, status=503)
+
+
+async def node_credential(request: web.Request) -> web.Response:
+    """GET /api/v1/credentials/node/NAME (admin): node NAME's token, for an agent installed by hand."""
+    c = _admin_only(request)
+    node = request.match_info["node"]
+    bad = valid_node_name(node)
+    if bad is not None:
+        return web.json_response({"error": {"message": bad}}, status=400)
+    try:
+        return web.json_response({"node": node, "token": c.node_token(node)})
+    except SecretError as exc:
+        return web.json_response({"error": {"message": str(exc)}}, status=503)
 
 
 def fleet_incomplete(c: Controller) -> bool:
@@ -156,9 +192,28 @@ def fleet_incomplete(c: Controller) -> bool:
     return not ws.expected_nodes <= back
 
 
+def router_certificate_refusal(c: Controller, request: web.Request) -> str | None:
+    """With the cluster CA, a router also proves its role with a client certificate (`router:NAME`); a
+    node's certificate (or none) does not open the stream that carries every engine key."""
+    if c.router_peer_check is None:
+        return None
+    transport = request.transport
+    ssl_object = transport.get_extra_info("ssl_object") if transport else None
+    der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+    try:
+        c.router_peer_check(der)
+    except Exception as exc:  # PeerRejected, a malformed certificate: all refusals
+        return f"client certificate refused: {exc}"
+    return None
+
+
 async def router_stream(request: web.Request, *, c: Controller) -> web.StreamResponse:
     if not token_ok(c, request):
-        raise web.HTTPUnauthorized(text="missing or wrong Authorization: Bearer token\n")
+        raise web.HTTPUnauthorized(text="missing or wrong Authorization: Bearer token (a router's)\n")
+    refusal = router_certificate_refusal(c, request)
+    if refusal is not None:
+        log.warning("router stream from %s refused: %s", request.remote, refusal)
+        raise web.HTTPUnauthorized(text=refusal + "\n")
     ws = web.WebSocketResponse(heartbeat=30.0)
     await ws.prepare(request)
     wake = asyncio.Event()

@@ -71,6 +71,26 @@ class ControllerSettings(BaseModel):
         description="The cluster CA directory (llmgw.nodes.ca): serve TLS with its controller certificate and "
         "require node certificates from agents, revocations honoured",
     )
+    default_ca: bool = Field(
+        True,
+        description="With neither ca_dir nor TLS of its own: use (creating it) STATE_DIR/ca when the repo declares "
+        "remote Nodes dialling a non-loopback controller address (`llmgw up` turns this off: its local agent "
+        "and router dial it over loopback without certificates)",
+    )
+    insecure_token_only_remote_nodes: bool = Field(
+        False,
+        description="INSECURE: bootstrap remote Nodes without the cluster CA, their agents dialling a "
+        "non-loopback controller address with a bearer token in clear (anyone on the path can read it and pose "
+        "as the controller). Without it such nodes are refused; with it the controller warns at start",
+    )
+    webhook_secret_file: Path | None = Field(
+        None,
+        description="File holding the webhook secret: POST /api/v1/webhook then needs a GitHub "
+        "X-Hub-Signature-256 (HMAC-SHA256 of the body) made with it",
+    )
+    webhook_min_interval_s: float = Field(
+        5.0, ge=0, description="Webhooks closer together than this start at most one poll between them"
+    )
     bootstrap_nodes: bool = Field(
         True, description="Bootstrap the repo's remote Nodes over SSH, and tear down the ones removed from it"
     )
@@ -186,6 +206,7 @@ def load_settings_file(path: Path) -> dict[str, object]:
             "backoff_base",
             "lease_ttl",
             "lease_renew",
+            "webhook_min_interval",
         ):
             out[f"{name}_s"] = parse_duration(value)
         else:

@@ -36,6 +36,9 @@ LEAF_VALIDITY = dt.timedelta(days=397)
 # A leaf this close to expiry is reissued by the next bootstrap (or controller start).
 RENEW_BEFORE = dt.timedelta(days=30)
 CONTROLLER_NAME = "llmgw-controller"
+# A router's certificate names `router:NAME`: a colon is never in a node name, so no node certificate can be
+# taken for a router's (which opens the router stream and its engine keys), nor the other way round.
+ROUTER_PREFIX = "router:"
 
 
 class CAError(Exception):
@@ -289,6 +292,13 @@ class ClusterCA:
         d = self.directory / "nodes"
         return self._issue(node, d / f"{node}.crt", d / f"{node}.key", None)
 
+    def router_cert(self, name: str) -> IssuedCert:
+        """The client certificate of router `name` (CN = `router:NAME`): the role `/router/v1` asks for."""
+        if not name or "/" in name or name.startswith(".") or ":" in name:
+            raise CAError(f"cannot issue a router certificate named {name!r}")
+        d = self.directory / "routers"
+        return self._issue(ROUTER_PREFIX + name, d / f"{name}.crt", d / f"{name}.key", None)
+
     # ------------------------------------------------------------------ revocation
 
     @property
@@ -343,9 +353,23 @@ class ClusterCA:
             raise PeerRejected(f"certificate for {node!r} is not from this cluster's CA")
         if cert.serial_number in self.revoked():
             raise PeerRejected(f"certificate for node {node!r} (serial {cert.serial_number:x}) is revoked")
-        if not node or node == CONTROLLER_NAME:
+        if not node or node == CONTROLLER_NAME or node.startswith(ROUTER_PREFIX):
             raise PeerRejected(f"certificate names {node!r}, not a node")
         return PeerIdentity(node=node, serial=cert.serial_number)
+
+    def check_router(self, der: bytes | None) -> str:
+        """The router a client certificate names (its role checked, not revoked), or PeerRejected."""
+        if not der:
+            raise PeerRejected("no client certificate presented (the router stream needs a router's)")
+        cert = x509.load_der_x509_certificate(der)
+        name = cert_common_name(cert)
+        if cert.issuer != self._cert.subject:
+            raise PeerRejected(f"certificate for {name!r} is not from this cluster's CA")
+        if not name.startswith(ROUTER_PREFIX):
+            raise PeerRejected(f"certificate names {name!r}, not a router (a router's names router:NAME)")
+        if cert.serial_number in self.revoked():
+            raise PeerRejected(f"certificate for {name!r} (serial {cert.serial_number:x}) is revoked")
+        return name.removeprefix(ROUTER_PREFIX)
 
     # ------------------------------------------------------------------ TLS contexts
 

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import random
+import ssl
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,6 +53,7 @@ class ControllerLink:
         on_connected: Callable[[bool], None] = lambda _: None,
         use_interval: float = 10.0,
         max_backoff: float = 10.0,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         # Several addresses with standby controllers: tried in turn; a standby refuses the stream (503) and a
         # dead one does not answer, and the answer to both is the next address.
@@ -59,6 +61,8 @@ class ControllerLink:
         if not self.urls:
             raise ValueError("ControllerLink needs at least one controller address")
         self._index = 0
+        # With the cluster CA: its certificate to verify the controller, and this router's (router:NAME).
+        self._ssl = ssl_context
         self.router_id = router_id
         self._token = token
         self._on_snapshot = on_snapshot
@@ -101,7 +105,8 @@ class ControllerLink:
 
     async def _session(self, session: aiohttp.ClientSession) -> None:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-        async with session.ws_connect(self.url, headers=headers, heartbeat=10.0) as ws:
+        tls: ssl.SSLContext | bool = self._ssl if self._ssl is not None else True
+        async with session.ws_connect(self.url, headers=headers, heartbeat=10.0, ssl=tls) as ws:
             log.info("connected to the controller at %s", self.url)
             self._on_connected(True)
             sender = asyncio.create_task(self._send(ws))

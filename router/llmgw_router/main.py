@@ -14,6 +14,7 @@ import json
 import logging
 import signal
 import socket
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -68,7 +69,16 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--store", metavar="DSN", help="store DSN: keys, pooled limits and usage")
     p.add_argument("--keys-file", metavar="FILE", help="with no store: lines of `SHA256HEX PROJECT [KEY_ID]`")
     p.add_argument("--no-auth", action="store_true", help="serve without API keys (development only)")
-    p.add_argument("--token-file", metavar="FILE", help="token presented to the controller")
+    p.add_argument(
+        "--token-file", metavar="FILE", help="the router token presented to the controller (never a node's)"
+    )
+    p.add_argument("--controller-ca", metavar="FILE", help="CA certificate the controller's must chain to")
+    p.add_argument(
+        "--controller-cert",
+        metavar="FILE",
+        help="this router's client certificate (router:NAME, `llmgw node router-cert`), asked for with a CA",
+    )
+    p.add_argument("--controller-key", metavar="FILE", help="the key of --controller-cert")
     p.add_argument(
         "--debug-token-file", metavar="FILE", help="requests sending this in x-llmgw-debug get the decision"
     )
@@ -92,6 +102,20 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def controller_tls(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The context for the controller stream: the cluster CA and this router's certificate; None for the
+    system defaults (no flags)."""
+    if ca is None and cert is None:
+        return None
+    if (cert is None) != (key is None):
+        raise ValueError("--controller-cert and --controller-key go together")
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    if cert is not None and key is not None:
+        ctx.load_cert_chain(cert, key)
+    return ctx
 
 
 def _read_secret(path: str | None) -> str | None:
@@ -149,6 +173,7 @@ async def _amain(ns: argparse.Namespace) -> None:
                 router.apply_snapshot,
                 lambda: dict(router.last_used),
                 lambda up: router.metrics.controller_connected.set(1 if up else 0),
+                ssl_context=controller_tls(ns.controller_ca, ns.controller_cert, ns.controller_key),
             )
             router.controller = link
         elif snapshot is not None:

@@ -274,7 +274,9 @@ class NodesLoop:
         for name, entry in remote.items():
             # A problem here (identity variable unset) is reported by the node's bootstrap attempt.
             with contextlib.suppress(StepFailed):
-                self.known[name] = pin_identity(target_for(node_document(name, entry), d.root, self.env))
+                self.known[name] = pin_identity(target_for(
+                    node_document(name, entry), d.root, self.env, secrets=self.c.settings.secret_policy()
+                ))
 
     def _spawn(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         # The coroutine is made inside the task, so a task cancelled before it ran leaves none unawaited.
@@ -313,7 +315,9 @@ class NodesLoop:
             op.message = "connecting"
             result: NodeResult | None = None
             try:
-                target = target_for(node_document(name, entry), d.root, self.env)
+                target = target_for(
+                    node_document(name, entry), d.root, self.env, secrets=self.c.settings.secret_policy()
+                )
                 op.message = f"connecting to {target.where}"
                 opts = await self._options(d, name, entry)
                 await c.event("node_bootstrap", name, f"attempt {op.attempts} over ssh {target.where}")
@@ -346,7 +350,7 @@ class NodesLoop:
         c = self.c
         s = c.settings
         ca = ClusterCA.open(s.ca_dir, create=False) if s.ca_dir is not None else None
-        token = read_secret(d.cluster.controller.token, d.root) if d.cluster.controller.token else None
+        token = read_secret(d.cluster.controller.token, s.secret_policy()) if d.cluster.controller.token else None
         if ca is None and token is None:
             raise StepFailed(
                 f"the controller has neither a cluster CA (ca_dir) nor spec.controller.token to give {name}; "

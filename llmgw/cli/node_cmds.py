@@ -20,8 +20,8 @@ from ruamel.yaml import YAML
 
 from llmgw.config import load_repo
 from llmgw.config.models import NAME_PATTERN, Cluster, Node, SecretRef
-from llmgw.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy, SecretRefError, resolve
 from llmgw.config.schemas import ID_BASE, schema_file_name
+from llmgw.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy, SecretRefError, resolve
 
 RepoOpt = Annotated[Path, typer.Option("--repo", help="Cluster repo directory")]
 CaOpt = Annotated[

@@ -274,9 +274,11 @@ class NodesLoop:
         for name, entry in remote.items():
             # A problem here (identity variable unset) is reported by the node's bootstrap attempt.
             with contextlib.suppress(StepFailed):
-                self.known[name] = pin_identity(target_for(
-                    node_document(name, entry), d.root, self.env, secrets=self.c.settings.secret_policy()
-                ))
+                self.known[name] = pin_identity(
+                    target_for(
+                        node_document(name, entry), d.root, self.env, secrets=self.c.settings.secret_policy()
+                    )
+                )
 
     def _spawn(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         # The coroutine is made inside the task, so a task cancelled before it ran leaves none unawaited.
@@ -350,7 +352,9 @@ class NodesLoop:
         c = self.c
         s = c.settings
         ca = ClusterCA.open(s.ca_dir, create=False) if s.ca_dir is not None else None
-        token = read_secret(d.cluster.controller.token, s.secret_policy()) if d.cluster.controller.token else None
+        token = (
+            read_secret(d.cluster.controller.token, s.secret_policy()) if d.cluster.controller.token else None
+        )
         if ca is None and token is None:
             raise StepFailed(
                 f"the controller has neither a cluster CA (ca_dir) nor spec.controller.token to give {name}; "

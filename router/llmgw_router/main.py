@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw.publish import RouterSnapshot
+from llmgw.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw_router.app import serve
 from llmgw_router.auth import Authenticator, KeyStore, StaticKeys, StoreKeys
 from llmgw_router.link import ControllerLink, controller_url
@@ -78,8 +79,28 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--on-demand-wait", type=float, default=5.0, help="seconds a request waits for an on-demand load"
     )
+    p.add_argument(
+        "--state-dir",
+        default=".llmgw/router",
+        help="the router's own files: the usage spool, the default secrets directory",
+    )
+    p.add_argument(
+        "--secrets-dir",
+        help="the repo's provider keys {file: NAME} are read here, NAME relative to it (default STATE_DIR/secrets)",
+    )
+    p.add_argument(
+        "--secret-env-prefix",
+        default=DEFAULT_ENV_PREFIX,
+        help="the repo's provider keys {env: NAME} must name a variable with this prefix",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def secret_policy(ns: argparse.Namespace) -> SecretPolicy:
+    """Where this router reads provider keys from: its flags, never the repo (made absolute at start)."""
+    base = Path(ns.secrets_dir) if ns.secrets_dir else Path(ns.state_dir) / "secrets"
+    return SecretPolicy(base, ns.secret_env_prefix).absolute()
 
 
 def _read_secret(path: str | None) -> str | None:
@@ -122,6 +143,7 @@ async def _amain(ns: argparse.Namespace) -> None:
             router_id=ns.router_id,
             on_demand_wait=ns.on_demand_wait,
             debug_token=_read_secret(ns.debug_token_file),
+            secrets=secret_policy(ns),
         )
         link: ControllerLink | None = None
         router = Router(options, Authenticator(keys), limiter, usage)

@@ -105,11 +105,26 @@ def test_bootstrap_command_then_engine_check_over_ssh(
             "register": "skipped",
         }
 
-        sim = runner.invoke(app, ["engine-check", "ssh-1", "sim", "--repo", str(repo), "--prefix", prefix, "--secrets-dir", str(secrets)])
+        sim = runner.invoke(
+            app,
+            [
+                "engine-check",
+                "ssh-1",
+                "sim",
+                "--repo",
+                str(repo),
+                "--prefix",
+                prefix,
+                "--secrets-dir",
+                str(secrets),
+            ],
+        )
         assert sim.exit_code == 0, sim.output
         assert "sim-engine" in sim.output and "usage" in sim.output.lower()
 
-        missing = runner.invoke(app, ["engine-check", "ssh-1", "vllm", "--repo", str(repo), "--secrets-dir", str(secrets)])
+        missing = runner.invoke(
+            app, ["engine-check", "ssh-1", "vllm", "--repo", str(repo), "--secrets-dir", str(secrets)]
+        )
         assert missing.exit_code == 1
         assert "vllm not found on ssh-1" in missing.output
     finally:

@@ -12,8 +12,8 @@ from llmgw.nodes import render
 from llmgw.nodes.bootstrap import parse_probe
 from llmgw.nodes.engines import engine_command
 from llmgw.nodes.remote import StepFailed, target_for
-from llmgw.secretrefs import SecretPolicy
 from llmgw.nodes.wheels import Wheelhouse, compatibility_problem
+from llmgw.secretrefs import SecretPolicy
 
 PROBE = """arch=x86_64
 mem_kb=16303120

@@ -462,6 +462,7 @@ async def start_router(
     token: str,
     dsn: str,
     secrets: SecretPolicy | None = None,
+    usage_spool: Path | None = None,
 ) -> LocalRouter:
     from llmgw_router.app import serve
     from llmgw_router.auth import Authenticator, StoreKeys
@@ -478,7 +479,7 @@ async def start_router(
     try:
         store = await Store.open(dsn)
         stack.push_async_callback(store.close)
-        writer = UsageWriter(store)
+        writer = UsageWriter(store, spool_dir=usage_spool)
         await writer.start()
         stack.push_async_callback(writer.close)
         router = Router(
@@ -633,6 +634,7 @@ async def _start_router(
             running.admin_token,
             settings.store_dsn,
             running.controller.settings.secret_policy(),  # one directory for the controller and router
+            (settings.router_dir / "usage-spool").absolute(),
         )
     except OSError as exc:
         raise UpError(

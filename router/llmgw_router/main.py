@@ -93,6 +93,19 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=DEFAULT_ENV_PREFIX,
         help="the repo's provider keys {env: NAME} must name a variable with this prefix",
     )
+    p.add_argument(
+        "--usage-spool",
+        metavar="DIR",
+        help="with --store: usage records are appended here before they are batched to the store, and what "
+        "a killed router left is written at start (default STATE_DIR/usage-spool/ROUTER_ID; one router each)",
+    )
+    p.add_argument(
+        "--usage-flush-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="usage is batched to the store at least this often (and fsynced in the spool before each batch)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -119,14 +132,19 @@ async def _amain(ns: argparse.Namespace) -> None:
         if ns.store:
             from llmgw.store.limiter import Limiter as PoolLimiter
             from llmgw.store.store import Store
+            from llmgw.store.usage_spool import SpoolError
             from llmgw.store.usage_writer import UsageWriter
 
             store = await Store.open(ns.store)
             stack.push_async_callback(store.close)
             keys = StoreKeys(store)
             limiter = TenantLimiter(PoolLimiter(store))
-            writer = UsageWriter(store)
-            await writer.start()
+            spool = Path(ns.usage_spool or Path(ns.state_dir) / "usage-spool" / ns.router_id)
+            writer = UsageWriter(store, flush_interval=ns.usage_flush_interval, spool_dir=spool.absolute())
+            try:
+                await writer.start()
+            except SpoolError as exc:
+                raise ValueError(str(exc)) from None
             stack.push_async_callback(writer.close)
             usage = writer
         elif ns.keys_file:

@@ -507,6 +507,10 @@ class Router:
             # engine did the work: charge the prompt's estimate and a token per event forwarded, rather
             # than nothing (which would make leaving just before the end a way around budgets).
             prompt, completion = call.prompt_estimate, result.events
+        elif prompt is None and result is not None and call.status == 200:
+            # Answered without `usage` (a provider that omits it, a client gone before the body was read):
+            # the estimate reserved for it, not zero, so a missing field is no way around budgets.
+            prompt, completion = call.prompt_estimate, call.completion_wanted
         m = self.metrics
         m.child(m.requests, call.model, str(call.status), call.code).inc()
         m.child(m.duration, call.model).observe(elapsed)

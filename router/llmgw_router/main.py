@@ -110,6 +110,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return p
 
 
+def usage_spool_dir(ns: argparse.Namespace) -> Path:
+    """This router's usage spool: one per router id, so routers sharing a state dir never share a spool."""
+    return Path(ns.usage_spool or Path(ns.state_dir) / "usage-spool" / ns.router_id).absolute()
+
+
 def secret_policy(ns: argparse.Namespace) -> SecretPolicy:
     """Where this router reads provider keys from: its flags, never the repo (made absolute at start)."""
     base = Path(ns.secrets_dir) if ns.secrets_dir else Path(ns.state_dir) / "secrets"
@@ -139,8 +144,7 @@ async def _amain(ns: argparse.Namespace) -> None:
             stack.push_async_callback(store.close)
             keys = StoreKeys(store)
             limiter = TenantLimiter(PoolLimiter(store))
-            spool = Path(ns.usage_spool or Path(ns.state_dir) / "usage-spool" / ns.router_id)
-            writer = UsageWriter(store, flush_interval=ns.usage_flush_interval, spool_dir=spool.absolute())
+            writer = UsageWriter(store, flush_interval=ns.usage_flush_interval, spool_dir=usage_spool_dir(ns))
             try:
                 await writer.start()
             except SpoolError as exc:

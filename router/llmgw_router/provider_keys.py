@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import Gauge
 
 from llmgw.publish import PublishedModel, RouterSnapshot
 from llmgw.secretrefs import SecretPolicy, SecretRefError, resolve
@@ -74,19 +74,11 @@ def usable_providers(
 
 @dataclass
 class ProviderHealth:
-    """The gauge and the log-once memory of dropped providers, kept across snapshots."""
+    """The gauge (llmgw_router_provider_unavailable) and the log-once memory of dropped providers, kept
+    across snapshots."""
 
-    registry: CollectorRegistry
-    gauge: Gauge = field(init=False)
+    gauge: Gauge
     reported: dict[str, str] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.gauge = Gauge(
-            "llmgw_router_provider_unavailable",
-            "1 while a provider model's endpoint is dropped (its key unreadable or refused, or its URL refused)",
-            ["model"],
-            registry=self.registry,
-        )
 
     def update(self, unavailable: Mapping[str, str]) -> None:
         for name, why in unavailable.items():

@@ -129,7 +129,7 @@ class Router:
         self._rr: dict[str, int] = {}
         self._load_requested: dict[str, float] = {}
         self._snapshot_changed = asyncio.Event()
-        self.provider_health = ProviderHealth(self.metrics.registry)
+        self.provider_health = ProviderHealth(self.metrics.provider_unavailable)
 
     # ------------------------------------------------------------------ snapshot
 

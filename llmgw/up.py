@@ -463,6 +463,7 @@ async def start_router(
     dsn: str,
     secrets: SecretPolicy | None = None,
     usage_spool: Path | None = None,
+    grace_ledger: Path | None = None,
 ) -> LocalRouter:
     from llmgw_router.app import serve
     from llmgw_router.auth import Authenticator, StoreKeys
@@ -472,6 +473,7 @@ async def start_router(
     from llmgw_router.service import Router, RouterOptions
 
     from llmgw.store import Store
+    from llmgw.store.grace_ledger import GraceLedger
     from llmgw.store.limiter import Limiter as PoolLimiter
     from llmgw.store.usage_writer import UsageWriter
 
@@ -487,7 +489,9 @@ async def start_router(
             if secrets is None
             else RouterOptions(router_id="llmgw-up", secrets=secrets),
             Authenticator(StoreKeys(store)),
-            TenantLimiter(PoolLimiter(store)),
+            TenantLimiter(
+                PoolLimiter(store, grace_ledger=GraceLedger(grace_ledger) if grace_ledger else None)
+            ),
             writer,
         )
         link = ControllerLink(
@@ -635,6 +639,7 @@ async def _start_router(
             settings.store_dsn,
             running.controller.settings.secret_policy(),  # one directory for the controller and router
             (settings.router_dir / "usage-spool").absolute(),
+            (settings.router_dir / "grace.jsonl").absolute(),
         )
     except OSError as exc:
         raise UpError(

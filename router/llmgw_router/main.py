@@ -110,6 +110,11 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return p
 
 
+def grace_ledger_path(ns: argparse.Namespace) -> Path:
+    """The outage grace shares this router id took (docs/tenancy.md): kept across its restarts."""
+    return (Path(ns.state_dir) / "grace" / f"{ns.router_id}.jsonl").absolute()
+
+
 def usage_spool_dir(ns: argparse.Namespace) -> Path:
     """This router's usage spool: one per router id, so routers sharing a state dir never share a spool."""
     return Path(ns.usage_spool or Path(ns.state_dir) / "usage-spool" / ns.router_id).absolute()
@@ -135,6 +140,7 @@ async def _amain(ns: argparse.Namespace) -> None:
         usage: UsageSink | None = None
         writer: Any = None  # the store's UsageWriter, when there is a store
         if ns.store:
+            from llmgw.store.grace_ledger import GraceLedger
             from llmgw.store.limiter import Limiter as PoolLimiter
             from llmgw.store.store import Store
             from llmgw.store.usage_spool import SpoolError
@@ -143,7 +149,7 @@ async def _amain(ns: argparse.Namespace) -> None:
             store = await Store.open(ns.store)
             stack.push_async_callback(store.close)
             keys = StoreKeys(store)
-            limiter = TenantLimiter(PoolLimiter(store))
+            limiter = TenantLimiter(PoolLimiter(store, grace_ledger=GraceLedger(grace_ledger_path(ns))))
             writer = UsageWriter(store, flush_interval=ns.usage_flush_interval, spool_dir=usage_spool_dir(ns))
             try:
                 await writer.start()

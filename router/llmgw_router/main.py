@@ -82,7 +82,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--state-dir",
         default=".llmgw/router",
-        help="the router's own files: the usage spool, the default secrets directory",
+        help="the router's own files: the usage spool, the outage grace ledger, the default secrets directory",
     )
     p.add_argument(
         "--secrets-dir",

@@ -75,8 +75,9 @@ class UpSettings:
 
     @property
     def secrets_dir(self) -> Path:
-        """The repo's `{file: NAME}` secrets, for the controller and the router alike (outside the repo)."""
-        return self.state_dir / "secrets"
+        """The repo's `{file: NAME}` secrets, for the controller and the router alike (outside the repo): the
+        controller's default, so `llmgw node bootstrap` finds them where `up` does."""
+        return self.controller_dir / "secrets"
 
     @property
     def router_dir(self) -> Path:

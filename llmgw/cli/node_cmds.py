@@ -21,6 +21,7 @@ from ruamel.yaml import YAML
 from llmgw.config import load_repo
 from llmgw.config.models import NAME_PATTERN, Cluster, Node, SecretRef
 from llmgw.config.schemas import ID_BASE, schema_file_name
+from llmgw.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy, SecretRefError, resolve
 
 RepoOpt = Annotated[Path, typer.Option("--repo", help="Cluster repo directory")]
 CaOpt = Annotated[
@@ -109,7 +110,8 @@ def node_add(
     user: Annotated[str, typer.Option("--user", help="SSH user the controller logs in as")],
     port: Annotated[int, typer.Option("--port", help="SSH port")] = 22,
     identity_file: Annotated[
-        str | None, typer.Option("--identity-file", help="Private key file (relative to the repo root)")
+        str | None,
+        typer.Option("--identity-file", help="Private key file: its name under the controller's secrets dir"),
     ] = None,
     label: Annotated[
         list[str] | None, typer.Option("--labels", "--label", help="KEY=VALUE, repeatable")
@@ -159,19 +161,28 @@ def _load(repo: Path, name: str) -> tuple[Node, Cluster | None]:
     return node, cluster if isinstance(cluster, Cluster) else None
 
 
-def _secret(ref: SecretRef, repo: Path) -> str:
-    if ref.env is not None:
-        value = os.environ.get(ref.env, "").strip()
-        if not value:
-            _fail(f"the agent token is read from ${ref.env}, which is not set")
-        return value
-    assert ref.file is not None
-    path = Path(os.path.expanduser(ref.file))
-    path = path if path.is_absolute() else repo / path
+def _secret(ref: SecretRef, secrets: SecretPolicy) -> str:
     try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        _fail(f"cannot read the agent token file {path}: {exc.strerror or exc}")
+        return resolve(ref, secrets)
+    except SecretRefError as exc:
+        _fail(f"the agent token (spec.controller.token): {exc}")
+
+
+def _policy(secrets_dir: Path, env_prefix: str) -> SecretPolicy:
+    return SecretPolicy(secrets_dir, env_prefix).absolute()
+
+
+SecretsDirOpt = Annotated[
+    Path,
+    typer.Option(
+        "--secrets-dir",
+        help="Where the repo's {file: NAME} secret references are (the controller's secrets_dir)",
+    ),
+]
+EnvPrefixOpt = Annotated[
+    str,
+    typer.Option("--secret-env-prefix", help="Prefix the repo's {env: NAME} references must have"),
+]
 
 
 @node_app.command("router-cert")
@@ -237,6 +248,8 @@ def node_bootstrap(
             "--insecure-accept-host-key", help="Accept any host key (first contact on a trusted network)"
         ),
     ] = False,
+    secrets_dir: SecretsDirOpt = DEFAULT_STATE / "secrets",
+    secret_env_prefix: EnvPrefixOpt = DEFAULT_ENV_PREFIX,
 ) -> None:
     """Bootstrap one node now: check, install the agent, configure, start, wait for it to register."""
     from llmgw.cli.admin_client import (
@@ -258,6 +271,7 @@ def node_bootstrap(
     if problem := prefix_problem(prefix):
         _fail(f"--prefix: {problem}")
     node, cluster = _load(repo, name)
+    secrets = _policy(secrets_dir, secret_env_prefix)
     settings = cluster.spec if cluster is not None else None
     address = settings.controller.address if settings else "127.0.0.1:7070"
     ca = ClusterCA.open(ca_dir) if auth == "tls" else None
@@ -266,9 +280,11 @@ def node_bootstrap(
         _fail("--auth token needs spec.controller.token in the Cluster document")
     if settings is not None and settings.controller.token is not None:
         # Written beside the certificate too: the controller's hub asks agents for both.
-        token = _secret(settings.controller.token, repo)
+        token = _secret(settings.controller.token, secrets)
     try:
-        target = target_for(node, repo, os.environ, insecure_accept_host_key=insecure_accept_host_key)
+        target = target_for(
+            node, repo, os.environ, secrets=secrets, insecure_accept_host_key=insecure_accept_host_key
+        )
         house = wheels.load(wheelhouse) if wheelhouse else wheels.build(DEFAULT_STATE / "wheelhouse")
     except (StepFailed, wheels.WheelhouseError) as exc:
         _fail(str(exc))
@@ -333,6 +349,8 @@ def engine_check(
     insecure_accept_host_key: Annotated[
         bool, typer.Option("--insecure-accept-host-key", help="Accept any host key")
     ] = False,
+    secrets_dir: SecretsDirOpt = DEFAULT_STATE / "secrets",
+    secret_env_prefix: EnvPrefixOpt = DEFAULT_ENV_PREFIX,
 ) -> None:
     """Run ENGINE's version (or help) on NODE over SSH and print what it says."""
     from llmgw.nodes.engines import check_local, check_remote
@@ -347,7 +365,13 @@ def engine_check(
         if node.spec.local:
             result = asyncio.run(check_local(node_name, engine, engines))
         else:
-            target = target_for(node, repo, os.environ, insecure_accept_host_key=insecure_accept_host_key)
+            target = target_for(
+                node,
+                repo,
+                os.environ,
+                secrets=_policy(secrets_dir, secret_env_prefix),
+                insecure_accept_host_key=insecure_accept_host_key,
+            )
             result = asyncio.run(check_remote(target, engine, engines, Layout(prefix=prefix)))
     except StepFailed as exc:
         _fail(str(exc))

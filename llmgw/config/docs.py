@@ -32,7 +32,9 @@ spec: {}               # the kind's fields, below
 ```
 
 Secrets are never written in the repo: where a field takes a secret, write `{env: NAME}` (an environment
-variable of the process that needs it) or `{file: PATH}`. A literal string there is an error.
+variable of the process that needs it, named with its secret prefix, `LLMGW_SECRET_` by default) or
+`{file: NAME}` (a file in that process's secrets directory). A literal string there is an error, and so is a
+reference that would reach outside what the operator gave (see [Secret references](#secret-references)).
 
 `llmgw validate [PATH]` checks a repo in one pass and reports every problem with `file:line:col`, the path
 inside the document, what is wrong and what would be right:
@@ -51,6 +53,29 @@ Editors: start each file with `# yaml-language-server: $schema=<relative path>/s
 """
 
 _PATTERNS = {NAME_PATTERN: "name", DURATION_PATTERN: "duration", r"^[0-9a-f]{64}$": "sha256 hex"}
+
+
+_SECRET_REFS = """
+### Secret references
+
+A secret ref is a mapping with exactly one key, `file` or `env`. Where the secrets are is the operator's choice,
+made in the settings of the processes that read them (the controller: `secrets_dir` and `secret_env_prefix`,
+flags `--secrets-dir`, `--secret-env-prefix`; the router: the same flags), never in the repo, so whoever can
+edit the repo can name only secrets the operator put there for it:
+
+- `{file: NAME}` is a file under the secrets directory (default `STATE_DIR/secrets`: `.llmgw/controller/secrets`
+  for `llmgw controller`, `llmgw node bootstrap` and both parts of `llmgw up`; `.llmgw/router/secrets` for
+  `llmgw-router`). `NAME` may name a subdirectory (`providers/openai`). An absolute path, `..`, a leading `~` and
+  a symbolic link that leads out of the directory are refused. The directory is outside the git clone the
+  controller follows (which is cleaned on every poll), so nothing needs committing.
+- `{env: NAME}` is a variable of the process that starts with the secret prefix (`LLMGW_SECRET_` by default):
+  `{env: LLMGW_SECRET_OPENAI}`, never `{env: AWS_SECRET_ACCESS_KEY}`.
+
+`llmgw validate` refuses an absolute path, `..` and a variable without the default prefix, with the file,
+line and field (`models/ext.yaml:9:10: spec.provider.key.file: absolute secret file path ...`); the controller
+and router check again when they read a reference (a symlink is only seen then). A provider key a router
+cannot read drops that provider on that router alone (`llmgw_router_provider_unavailable`), not the revision.
+"""
 
 
 def _resolve(schema: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
@@ -138,8 +163,5 @@ def render_reference() -> str:
         parts.append("| Field | Type | Default | Description |\n|---|---|---|---|\n")
         rows = [r for r in _rows(schema, schema, "") if not r.startswith(("| `apiVersion`", "| `kind`"))]
         parts.append("\n".join(rows) + "\n")
-    parts.append(
-        "\n### Secret references\n\nA secret ref is a mapping with exactly one key: `env` (an environment variable "
-        "name) or `file` (a path, relative to the repo root unless absolute).\n"
-    )
+    parts.append(_SECRET_REFS)
     return "".join(parts)

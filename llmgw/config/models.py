@@ -47,9 +47,15 @@ class SecretRef(Strict):
     model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["file"]}, {"required": ["env"]}]})
 
     file: str | None = Field(
-        None, description="Path to a file holding the secret (relative to the repo root)"
+        None,
+        description="Name of a file holding the secret, relative to the secrets directory of the controller "
+        "and router processes (their setting, not the repo's); absolute paths and `..` are refused",
     )
-    env: str | None = Field(None, description="Name of an environment variable holding the secret")
+    env: str | None = Field(
+        None,
+        description="Name of an environment variable holding the secret; it must start with the processes' "
+        "secret prefix (LLMGW_SECRET_ by default)",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SecretRef:

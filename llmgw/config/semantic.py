@@ -12,6 +12,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel
+
 from llmgw.config.errors import PathPart, SemanticError
 from llmgw.config.models import (
     CPU_ENGINES,
@@ -22,12 +24,14 @@ from llmgw.config.models import (
     Profile,
     Project,
     RoutingPolicy,
+    SecretRef,
     Team,
 )
 from llmgw.config.models import (
     Document as DocumentUnion,
 )
 from llmgw.config.validation import did_you_mean
+from llmgw.secretrefs import ref_problem
 from llmgw.security import forbidden_address_reason
 
 Document = DocumentUnion
@@ -94,6 +98,8 @@ def check(
             _node_serving(checker, index, doc)
     _fallback_cycles(checker)
     _references(checker)
+    for index, doc in enumerate(documents):
+        _secret_refs(checker, index, doc, ())
     return checker.errors
 
 
@@ -250,6 +256,26 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
                 c.add(index, path, f"fallback `{fallback}` is not a model or alias", hint)
         elif target == doc.metadata.name:
             c.add(index, path, f"fallback `{fallback}` is this model itself", "remove it")
+
+
+def _secret_refs(c: _Checker, index: int, value: object, path: tuple[PathPart, ...]) -> None:
+    """Every SecretRef in a document stays inside what the controller and router processes allow (their
+    secrets directory, their env prefix); said at review time, and checked again when the process reads it.
+    The prefix checked here is the default one (`llmgw validate` runs without the processes' settings)."""
+    if isinstance(value, SecretRef):
+        problem = ref_problem(value)
+        if problem is not None:
+            c.add(index, (*path, problem.field), problem.message, problem.hint)
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            _secret_refs(c, index, getattr(value, name), (*path, name))
+    elif isinstance(value, list | tuple):
+        for pos, item in enumerate(value):
+            _secret_refs(c, index, item, (*path, pos))
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str):
+                _secret_refs(c, index, item, (*path, key))
 
 
 def _addresses(c: _Checker, index: int, doc: Model) -> None:

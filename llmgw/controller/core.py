@@ -214,7 +214,7 @@ class Controller:
         if d is None or d.cluster.controller.token is None:
             return None
         try:
-            return read_secret(d.cluster.controller.token, d.root)
+            return read_secret(d.cluster.controller.token, self.settings.secret_policy())
         except SecretError as exc:
             log.warning("cluster token unavailable: %s", exc)
             return None
@@ -257,7 +257,7 @@ class Controller:
     def cluster_secret(self) -> str:
         d = self.desired
         if d is not None and d.cluster.secret is not None:
-            return read_secret(d.cluster.secret, d.root)
+            return read_secret(d.cluster.secret, self.settings.secret_policy())
         if self.settings.ha:
             # A generated secret lives on one machine: a new leader would derive other engine keys and
             # routers would be told keys the running engines refuse.

@@ -291,7 +291,11 @@ class NodesLoop:
         for name, entry in remote.items():
             # A problem here (identity variable unset) is reported by the node's bootstrap attempt.
             with contextlib.suppress(StepFailed):
-                self.known[name] = pin_identity(target_for(node_document(name, entry), d.root, self.env))
+                self.known[name] = pin_identity(
+                    target_for(
+                        node_document(name, entry), d.root, self.env, secrets=self.c.settings.secret_policy()
+                    )
+                )
 
     def _spawn(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
         # The coroutine is made inside the task, so a task cancelled before it ran leaves none unawaited.
@@ -330,7 +334,9 @@ class NodesLoop:
             op.message = "connecting"
             result: NodeResult | None = None
             try:
-                target = target_for(node_document(name, entry), d.root, self.env)
+                target = target_for(
+                    node_document(name, entry), d.root, self.env, secrets=self.c.settings.secret_policy()
+                )
                 op.message = f"connecting to {target.where}"
                 opts = await self._options(d, name, entry)
                 await c.event("node_bootstrap", name, f"attempt {op.attempts} over ssh {target.where}")

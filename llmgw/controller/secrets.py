@@ -4,30 +4,24 @@ from __future__ import annotations
 
 import os
 import secrets
+from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.config.models import SecretRef
+from llmgw.secretrefs import SecretPolicy, SecretRefError, resolve
 
 
 class SecretError(Exception):
     """A secret could not be read; the message names where it was looked for, never its value."""
 
 
-def read_secret(ref: SecretRef, root: Path, environ: dict[str, str] | None = None) -> str:
-    """A SecretRef's value: `file` is relative to the cluster repo root, `env` names a variable."""
-    if ref.env is not None:
-        env = os.environ if environ is None else environ
-        value = env.get(ref.env)
-        if not value:
-            raise SecretError(f"environment variable {ref.env} is not set (named by the cluster repo)")
-        return value.strip()
-    assert ref.file is not None
-    path = Path(ref.file).expanduser()
-    path = path if path.is_absolute() else root / path
+def read_secret(ref: SecretRef, policy: SecretPolicy, environ: Mapping[str, str] | None = None) -> str:
+    """A SecretRef's value, confined to the controller's secrets directory and env prefix (never the repo
+    root: a git clone is cleaned on every poll, and `..` from it reaches the controller's own state)."""
     try:
-        return path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise SecretError(f"cannot read secret file {path}: {exc.strerror}") from exc
+        return resolve(ref, policy, environ)
+    except SecretRefError as exc:
+        raise SecretError(str(exc)) from None
 
 
 def load_or_create(path: Path, nbytes: int = 32) -> str:

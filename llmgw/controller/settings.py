@@ -12,6 +12,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llmgw.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
+
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
@@ -63,6 +65,16 @@ class ControllerSettings(BaseModel):
         "{scope, sha256} or {scope, file} (llmgw.controller.admin_tokens); the admin token stays `admin`",
     )
     state_dir: Path = Path(".llmgw/controller")
+    secrets_dir: Path | None = Field(
+        None,
+        description="Where the repo's `{file: NAME}` secret references are read from, NAME relative to it "
+        "(default: state_dir/secrets, outside any clone); absolute paths, `..` and links out are refused",
+    )
+    secret_env_prefix: str = Field(
+        DEFAULT_ENV_PREFIX,
+        min_length=1,
+        description="The repo's `{env: NAME}` references may only name variables with this prefix",
+    )
     tls_cert: Path | None = None
     tls_key: Path | None = None
     tls_client_ca: Path | None = Field(None, description="CA that agent client certificates must chain to")
@@ -160,6 +172,11 @@ class ControllerSettings(BaseModel):
         return (
             None if self.metrics_listen is None else parse_hostport(self.metrics_listen, "--metrics-listen")
         )
+
+    def secret_policy(self) -> SecretPolicy:
+        """Where this controller reads the repo's secret references from (made absolute once)."""
+        base = self.secrets_dir if self.secrets_dir is not None else self.state_dir / "secrets"
+        return SecretPolicy(base, self.secret_env_prefix).absolute()
 
     def local_repo(self) -> Path | None:
         """The repo as a directory on this machine (a work tree or a plain directory); None for a git URL."""

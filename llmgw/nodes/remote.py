@@ -20,6 +20,7 @@ from pathlib import Path
 import asyncssh
 
 from llmgw.config.models import Node, SecretRef
+from llmgw.secretrefs import SecretPolicy, SecretRefError, resolve, resolve_path
 
 
 class StepFailed(Exception):
@@ -59,9 +60,11 @@ def target_for(
     repo_root: Path,
     env: Mapping[str, str],
     *,
+    secrets: SecretPolicy,
     insecure_accept_host_key: bool = False,
 ) -> SshTarget:
-    """The SSH target a Node document describes. File references are relative to the repo root."""
+    """The SSH target a Node document describes. The identity is a secret reference, confined to the
+    process's secrets directory and env prefix; `known_hosts` (public keys) is relative to the repo root."""
     spec = node.spec
     name = node.metadata.name
     if spec.local or not spec.address:
@@ -70,12 +73,13 @@ def target_for(
     identity_file: Path | None = None
     identity_text: str | None = None
     ref: SecretRef | None = ssh.identity if ssh else None
-    if ref is not None and ref.file is not None:
-        identity_file = _resolve(ref.file, repo_root)
-    elif ref is not None and ref.env is not None:
-        identity_text = env.get(ref.env)
-        if not identity_text:
-            raise StepFailed(f"ssh: node {name}'s identity is read from ${ref.env}, which is not set")
+    try:
+        if ref is not None and ref.file is not None:
+            identity_file = resolve_path(ref, secrets)
+        elif ref is not None and ref.env is not None:
+            identity_text = resolve(ref, secrets, env)
+    except SecretRefError as exc:
+        raise StepFailed(f"ssh: node {name}'s identity (spec.ssh.identity): {exc}") from None
     known_hosts = _resolve(ssh.known_hosts, repo_root) if ssh and ssh.known_hosts else None
     return SshTarget(
         node=name,

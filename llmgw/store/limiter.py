@@ -7,7 +7,8 @@ against units it was granted, so with the store reachable the pool is never exce
 
 Outage rule: when the store cannot be reached, a router keeps serving on the share it holds; when that
 runs out it may take ONE grace share per limit per window on its own authority, then refuses. So during an
-outage a pool can be exceeded by at most one grace share per router per window, and never more.
+outage a pool can be exceeded by at most one grace share per router per window, and never more. With a
+`GraceLedger` that holds across restarts of the router (a restarted process does not take another).
 Tokens and budget are charged on an estimate at admission and corrected when the request finishes
 (`finish`): an overrun becomes debt, paid from the next share before anything else is admitted.
 """
@@ -41,6 +42,7 @@ from llmgw.limits import (
     windowed_limits,
 )
 from llmgw.store.db import StoreUnavailable
+from llmgw.store.grace_ledger import GraceLedger
 from llmgw.store.records import ShareGrant
 
 log = logging.getLogger(__name__)
@@ -151,12 +153,14 @@ class Limiter:
         policy: SharePolicy | None = None,
         store_timeout: float = 2.0,
         retry_interval: float = 1.0,
+        grace_ledger: GraceLedger | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
         self._policy = policy or SharePolicy()
         self._timeout = store_timeout
         self._retry_interval = retry_interval
+        self._grace_ledger = grace_ledger  # grace shares taken, kept across restarts (None: memory only)
         self._shares: dict[str, _Share] = {}
         self._plans: dict[int, _Plan] = {}  # by id of the chain: callers pass the same tuple for a project
         self._inflight: dict[str, int] = {}
@@ -301,7 +305,11 @@ class Limiter:
                 return
         if self._policy.grace and not share.grace_used:
             share.grace_used = True
-            share.balance += size
+            ledger = self._grace_ledger
+            if ledger is None or await asyncio.to_thread(
+                ledger.take, key, share.window_start, share.window_end, now
+            ):
+                share.balance += size
 
     async def _seed_budget(self, tenant: Tenant, key: str, share: _Share, now: float) -> None:
         """A budget window's first row starts at what usage says was spent in it, so spend recorded before

@@ -5,6 +5,10 @@ records are waiting or `flush_interval` seconds have passed. When the store fail
 (bounded by `max_pending`) and is retried with backoff, so a brief outage loses nothing; inserts are
 idempotent (each record carries its own id), so a batch whose commit reply was lost is not counted twice.
 `close()` flushes what is left before returning.
+
+With `spool_dir` every record is also appended to a local spool (llmgw.store.usage_spool) before `record()`
+returns, and the spool left by a killed process is written first at `start()`: SIGKILL loses no record, a
+machine crash at most those since the last fsync (once per flush, before each batch goes to the store).
 """
 
 from __future__ import annotations
@@ -15,10 +19,12 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from llmgw.store.db import StoreError
 from llmgw.store.records import UsageRecord
+from llmgw.store.usage_spool import UsageSpool, fsync_file
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +51,7 @@ class UsageWriter:
         max_pending: int = 100_000,
         retry_initial: float = 0.2,
         retry_max: float = 5.0,
+        spool_dir: Path | None = None,
     ) -> None:
         if batch_size < 1 or max_pending < batch_size:
             raise ValueError(f"batch_size must be >= 1 and <= max_pending, got {batch_size}, {max_pending}")
@@ -55,6 +62,8 @@ class UsageWriter:
         self._retry_initial = retry_initial
         self._retry_max = retry_max
         self._pending: deque[UsageRecord] = deque()
+        self._spool = UsageSpool(spool_dir) if spool_dir is not None else None
+        self._segments: deque[int] = deque()  # with a spool: the segment of each pending record
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -77,11 +86,21 @@ class UsageWriter:
                     "usage writer full (%d waiting): %d records dropped", self._max_pending, self._dropped
                 )
             return
+        if self._spool is not None:
+            self._segments.append(self._spool.append(rec))
         self._pending.append(rec)
         if len(self._pending) >= self._batch_size:
             self._wake.set()
 
     async def start(self) -> None:
+        """Open the spool (raises SpoolError when another router holds it) and queue what it holds, then
+        start writing in the background."""
+        if self._spool is not None and self._task is None:
+            left = self._spool.open()
+            self._pending.extendleft(rec for rec, _ in reversed(left))
+            self._segments.extendleft(seq for _, seq in reversed(left))
+            if self._pending:
+                self._wake.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name="llmgw-usage-writer")
 
@@ -112,6 +131,8 @@ class UsageWriter:
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self._retry_max)
+        if self._spool is not None:
+            self._spool.close(everything_written=not self._pending)
 
     async def _write_one_batch(self) -> None:
         batch = [self._pending[i] for i in range(min(self._batch_size, len(self._pending)))]
@@ -124,6 +145,10 @@ class UsageWriter:
         for _ in batch:
             self._pending.popleft()
         self._written += len(batch)
+        if self._spool is not None:
+            for _ in batch:
+                self._segments.popleft()
+            self._spool.release(self._segments[0] if self._segments else None)
 
     async def _run(self) -> None:
         delay = self._retry_initial
@@ -134,6 +159,11 @@ class UsageWriter:
             self._wake.clear()
             if self._closing:
                 return  # close() writes what is left, with its own deadline
+            if self._spool is not None:
+                # The records about to be sent are on disk first, fsynced off the event loop.
+                closed = self._spool.rotate()
+                if closed is not None:
+                    await asyncio.to_thread(fsync_file, closed)
             try:
                 while self._pending:
                     await self._write_one_batch()

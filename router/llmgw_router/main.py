@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw.publish import RouterSnapshot
+from llmgw.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw_router.app import serve
 from llmgw_router.auth import Authenticator, KeyStore, StaticKeys, StoreKeys
 from llmgw_router.link import ControllerLink, controller_url
@@ -100,6 +101,33 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=3600.0,
         help="seconds an engine's whole answer may take (besides the idle read timeout)",
     )
+    p.add_argument(
+        "--state-dir",
+        default=".llmgw/router",
+        help="the router's own files: the usage spool, the outage grace ledger, the default secrets directory",
+    )
+    p.add_argument(
+        "--secrets-dir",
+        help="the repo's provider keys {file: NAME} are read here, NAME relative to it (default STATE_DIR/secrets)",
+    )
+    p.add_argument(
+        "--secret-env-prefix",
+        default=DEFAULT_ENV_PREFIX,
+        help="the repo's provider keys {env: NAME} must name a variable with this prefix",
+    )
+    p.add_argument(
+        "--usage-spool",
+        metavar="DIR",
+        help="with --store: usage records are appended here before they are batched to the store, and what "
+        "a killed router left is written at start (default STATE_DIR/usage-spool/ROUTER_ID; one router each)",
+    )
+    p.add_argument(
+        "--usage-flush-interval",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="usage is batched to the store at least this often (and fsynced in the spool before each batch)",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
 
@@ -118,6 +146,22 @@ def controller_tls(ca: str | None, cert: str | None, key: str | None) -> ssl.SSL
     return ctx
 
 
+def grace_ledger_path(ns: argparse.Namespace) -> Path:
+    """The outage grace shares this router id took (docs/tenancy.md): kept across its restarts."""
+    return (Path(ns.state_dir) / "grace" / f"{ns.router_id}.jsonl").absolute()
+
+
+def usage_spool_dir(ns: argparse.Namespace) -> Path:
+    """This router's usage spool: one per router id, so routers sharing a state dir never share a spool."""
+    return Path(ns.usage_spool or Path(ns.state_dir) / "usage-spool" / ns.router_id).absolute()
+
+
+def secret_policy(ns: argparse.Namespace) -> SecretPolicy:
+    """Where this router reads provider keys from: its flags, never the repo (made absolute at start)."""
+    base = Path(ns.secrets_dir) if ns.secrets_dir else Path(ns.state_dir) / "secrets"
+    return SecretPolicy(base, ns.secret_env_prefix).absolute()
+
+
 def _read_secret(path: str | None) -> str | None:
     return Path(path).expanduser().read_text().strip() if path else None
 
@@ -132,16 +176,21 @@ async def _amain(ns: argparse.Namespace) -> None:
         usage: UsageSink | None = None
         writer: Any = None  # the store's UsageWriter, when there is a store
         if ns.store:
+            from llmgw.store.grace_ledger import GraceLedger
             from llmgw.store.limiter import Limiter as PoolLimiter
             from llmgw.store.store import Store
+            from llmgw.store.usage_spool import SpoolError
             from llmgw.store.usage_writer import UsageWriter
 
             store = await Store.open(ns.store)
             stack.push_async_callback(store.close)
             keys = StoreKeys(store)
-            limiter = TenantLimiter(PoolLimiter(store))
-            writer = UsageWriter(store)
-            await writer.start()
+            limiter = TenantLimiter(PoolLimiter(store, grace_ledger=GraceLedger(grace_ledger_path(ns))))
+            writer = UsageWriter(store, flush_interval=ns.usage_flush_interval, spool_dir=usage_spool_dir(ns))
+            try:
+                await writer.start()
+            except SpoolError as exc:
+                raise ValueError(str(exc)) from None
             stack.push_async_callback(writer.close)
             usage = writer
         elif ns.keys_file:
@@ -160,6 +209,7 @@ async def _amain(ns: argparse.Namespace) -> None:
             debug_token=_read_secret(ns.debug_token_file),
             write_timeout=ns.write_timeout,
             request_deadline=ns.request_deadline,
+            secrets=secret_policy(ns),
         )
         link: ControllerLink | None = None
         router = Router(options, Authenticator(keys), limiter, usage)

@@ -136,6 +136,12 @@ class RouterMetrics:
             ["model", "direction"],
             registry=r,
         )
+        self.provider_unavailable = Gauge(
+            PREFIX + "provider_unavailable",
+            "1 while a provider model's endpoint is dropped (its key unreadable or refused, or its URL refused)",
+            ["model"],
+            registry=r,
+        )
         self.queue_depth = Gauge(
             PREFIX + "admission_queue_depth", "Requests waiting in the admission queue", registry=r
         )

@@ -14,21 +14,18 @@ import asyncio
 import hashlib
 import json
 import logging
-import os
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal
 
 import aiohttp
 from aiohttp import web
 
 from llmgw import jsonsafe
-from llmgw.config.models import SecretRef
 from llmgw.publish import PublishedModel, RouterSnapshot, Tenants
-from llmgw.security import forbidden_address_reason
+from llmgw.secretrefs import SecretPolicy
 from llmgw.store.records import UsageRecord
 from llmgw_router import breaker as brk
 from llmgw_router.admission import Admission
@@ -38,6 +35,7 @@ from llmgw_router.fields import plan_fields
 from llmgw_router.http1 import EngineClient
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
+from llmgw_router.provider_keys import DEFAULT_SECRETS_DIR, ProviderHealth, usable_providers
 from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
 from llmgw_router.ratelimit import Lease, Limiter, NoLimits, budget_use
 from llmgw_router.scheduler import Decision, RequestInfo, schedule
@@ -69,6 +67,8 @@ class RouterOptions:
     read_timeout: float = 600.0  # idle: the longest silence of an engine while an answer is expected
     request_deadline: float = 3600.0  # an engine's whole answer, stream or not, however steadily it comes
     write_timeout: float = 30.0  # a stream's client that accepts no byte for this long is cut off
+    # Where the repo's provider keys may be read from: the router's settings, never the repo's.
+    secrets: SecretPolicy = field(default_factory=lambda: SecretPolicy(DEFAULT_SECRETS_DIR).absolute())
 
 
 @dataclass
@@ -138,22 +138,18 @@ class Router:
         self._rr: dict[str, int] = {}
         self._load_requested: dict[str, float] = {}
         self._snapshot_changed = asyncio.Event()
+        self.provider_health = ProviderHealth(self.metrics.provider_unavailable)
 
     # ------------------------------------------------------------------ snapshot
 
     def apply_snapshot(self, snapshot: RouterSnapshot) -> None:
         previous = {ep.id: ep for ep in self.table.all_endpoints()} if self.table else {}
-        keys: dict[str, str | None] = {}
-        for name, m in snapshot.models.items():
-            if m.provider is None:
-                continue
-            if why := forbidden_address_reason(m.provider.url):
-                raise ValueError(f"model {name}: provider url refused: {why}")
-            try:
-                keys[name] = _provider_key(m)
-            except ValueError as exc:
-                raise ValueError(f"model {name}: {exc}") from None
-        self.table = RoutingTable.build(snapshot, previous, self.clock(), keys)
+        # A provider whose key or URL cannot be used is dropped alone; the rest of the snapshot (allowlists,
+        # limits) still applies rather than leaving this router on the previous revision's policy.
+        usable = usable_providers(snapshot, self.options.secrets)
+        self.provider_health.update(usable.unavailable)
+        snapshot = usable.snapshot
+        self.table = RoutingTable.build(snapshot, previous, self.clock(), usable.keys)
         self.admission.queue_size = snapshot.router.admission.queue_size
         self.metrics.set_revision(snapshot.revision)
         self._snapshot_changed.set()
@@ -559,6 +555,10 @@ class Router:
             # engine did the work: charge the prompt's estimate and a token per event forwarded, rather
             # than nothing (which would make leaving just before the end a way around budgets).
             prompt, completion = call.prompt_estimate, result.events
+        elif prompt is None and result is not None and call.status == 200:
+            # Answered without `usage` (a provider that omits it, a client gone before the body was read):
+            # the estimate reserved for it, not zero, so a missing field is no way around budgets.
+            prompt, completion = call.prompt_estimate, call.completion_cap * call.sequences
         m = self.metrics
         m.child(m.requests, call.model, str(call.status), call.code).inc()
         m.child(m.duration, call.model).observe(elapsed)
@@ -802,20 +802,3 @@ def _session_key(request: web.Request, body: dict[str, Any], policy: Any) -> str
     if head is None:
         return None
     return "head:" + hashlib.blake2b(json.dumps(head, sort_keys=True).encode(), digest_size=12).hexdigest()
-
-
-def _provider_key(model: PublishedModel) -> str | None:
-    ref: SecretRef | None = model.provider.key if model.provider else None
-    if ref is None:
-        return None
-    if ref.file is not None:
-        try:
-            return Path(ref.file).expanduser().read_text().strip()
-        except OSError as exc:
-            raise ValueError(f"provider key file {ref.file}: {exc.strerror}") from None
-    value = os.environ.get(ref.env or "")
-    if not value:
-        log.warning(
-            "provider key variable %s is unset or empty; the provider is called without a key", ref.env
-        )
-    return value or None

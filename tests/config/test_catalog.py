@@ -265,7 +265,7 @@ def test_build_refuses_with_every_problem(documents: list[Any], words: str) -> N
 
 
 def test_a_model_served_by_a_provider_needs_no_profile() -> None:
-    provider = {"url": "https://api.example.com/v1", "model": "x", "key": {"env": "KEY"}}
+    provider = {"url": "https://api.example.com/v1", "model": "x", "key": {"env": "LLMGW_SECRET_KEY"}}
     catalog = Catalog.build([model("ext", profiles=[], provider=provider)])
     assert catalog.models["ext"].profiles == ()
 

@@ -127,6 +127,7 @@ def settings_for(tmp: Path, repo: Path, **extra: Any) -> ControllerSettings:
         "metrics_listen": "127.0.0.1:0",
         "admin_token_file": token,
         "state_dir": tmp / "controller-state",
+        "secrets_dir": tmp / "secrets",  # the repo's {file: NAME} secrets: outside the repo, as in production
         "command_timeout_s": 10.0,
         "drain_s": 0.3,
         "backoff_base_s": 0.5,

@@ -94,7 +94,7 @@ kind: Node
 metadata: {{name: {name}, labels: {{zone: a}}}}
 spec:
   address: 127.0.0.1
-  ssh: {{user: llmgw, port: {port}, identity: {{file: {key}}}, host_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"}}
+  ssh: {{user: llmgw, port: {port}, identity: {{file: {key.name}}}, host_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"}}
 """
 
 
@@ -113,13 +113,14 @@ def _fake_wheelhouse(path: Path) -> Path:
 
 async def test_unreachable_node_is_reported_per_node_and_retried_after_a_backoff(tmp_path: Path) -> None:
     repo = Repo(tmp_path / "repo", use_git=False)
-    key = tmp_path / "key"
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "agent-token").write_text("agent-token-for-test\n")
+    key = tmp_path / "secrets" / "key"
     key.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
     port = _closed_port()
     repo.write(
         {
             "cluster.yaml": CLUSTER,
-            "agent-token": "agent-token-for-test\n",
             "nodes/gone.yaml": _node("gone", port, key),
             "nodes/here.yaml": "apiVersion: llmgw/v1\nkind: Node\nmetadata: {name: here}\nspec: {local: true}\n",
         }

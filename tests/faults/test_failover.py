@@ -100,7 +100,7 @@ class Pair:
     def cluster(self, **timings: str) -> str:
         """The Cluster document, with the secret every controller derives engine keys from (ha needs one)."""
         (self.tmp / "cluster-secret").write_text("failover-cluster-secret\n")
-        return cluster_yaml(**timings) + f"  secret: {{file: {self.tmp / 'cluster-secret'}}}\n"
+        return cluster_yaml(**timings) + "  secret: {file: cluster-secret}\n"
 
     def start(self, name: str) -> ControllerProc:
         settings = {
@@ -109,6 +109,7 @@ class Pair:
             "store": self.dsn,
             "admin_token_file": str(self.tmp / "token"),
             "state_dir": str(self.tmp / f"state-{name}"),
+            "secrets_dir": str(self.tmp),  # every controller reads the same cluster-secret
             "command_timeout_s": 10.0,
             "drain_s": 0.3,
             "backoff_base_s": 0.5,

@@ -251,12 +251,15 @@ spec:
     text = "\n".join(str(e) for e in result.errors)
     assert "models/bad.yaml:6" in text and "spec.source.url" in text and "refused" in text, text
     assert "spec.provider.url" in text, text
-    # The router refuses a snapshot whose provider points there.
+    # The router never calls a provider that points there: it drops that provider alone (M11: the rest of
+    # the snapshot still applies), marks the model unavailable and says why.
     snap = RouterSnapshot.model_validate(
         {"revision": "r", "models": {"m": {"context_length": 10, "provider": {"url": url, "model": "x"}}}}
     )
-    with pytest.raises(ValueError, match="refused"):
-        Router().apply_snapshot(snap)
+    router = Router()
+    router.apply_snapshot(snap)
+    assert router.table is not None and router.table.endpoints["m"] == ()
+    assert "refused" in router.provider_health.reported["m"]
 
 
 def test_ordinary_addresses_are_allowed() -> None:
@@ -278,9 +281,10 @@ async def test_no_secret_in_logs_plans_or_errors(tmp_path: Path, caplog: pytest.
     caplog.set_level(logging.INFO)
     cluster = Cluster(tmp_path)
     secret = "cluster-secret-" + "q" * 40
-    (tmp_path / "secret").write_text(secret + "\n")
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "cluster-secret").write_text(secret + "\n")  # settings_for's secrets_dir
     try:
-        repo_cluster = cluster_yaml() + f"  secret: {{file: {tmp_path / 'secret'}}}\n"
+        repo_cluster = cluster_yaml() + "  secret: {file: cluster-secret}\n"
         cluster.repo.write({"cluster.yaml": repo_cluster}, "cluster")
         admin = await cluster.start_controller()
         cluster.agents.start("n1", cluster.address)

@@ -116,12 +116,12 @@ def test_a_broken_state_file_or_both_sources_is_an_error(tmp_path: Path, repo: P
 def test_secrets_never_printed(tmp_path: Path, repo: Path, state: Path) -> None:
     (repo / "models" / "ext.yaml").write_text(
         "apiVersion: llmgw/v1\nkind: Model\nmetadata: {name: ext}\nspec:\n  context_length: 4096\n"
-        "  provider: {url: 'https://api.example.com/v1', model: gpt-x, key: {env: SUPER_SECRET_NAME}}\n"
+        "  provider: {url: 'https://api.example.com/v1', model: gpt-x, key: {env: LLMGW_SECRET_SUPER_NAME}}\n"
     )
     for fmt in ("text", "json", "markdown"):
         code, out, err = run("plan", str(repo), "--state", str(state), "--format", fmt)
         assert code == 0, err
-        assert "ext" in out and "SUPER_SECRET_NAME" not in out + err
+        assert "ext" in out and "LLMGW_SECRET_SUPER_NAME" not in out + err
 
 
 def test_plan_file_refuses_when_the_live_state_moved_on(tmp_path: Path, repo: Path, state: Path) -> None:

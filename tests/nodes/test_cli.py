@@ -18,6 +18,7 @@ from llmgw.nodes.bootstrap import TeardownOptions, teardown_node
 from llmgw.nodes.ca import ClusterCA
 from llmgw.nodes.remote import target_for
 from llmgw.nodes.wheels import Wheelhouse
+from llmgw.secretrefs import SecretPolicy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 
@@ -25,6 +26,15 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     return Path(shutil.copytree(EXAMPLE, tmp_path / "repo"))
+
+
+def _secrets_with_key(tmp: Path, s: SshServer) -> Path:
+    """The secrets directory the CLI reads the Node's `identity: {file: id_ed25519}` from (outside the repo)."""
+    secrets = tmp / "secrets"
+    secrets.mkdir(exist_ok=True)
+    shutil.copy(s.client_key, secrets / "id_ed25519")
+    (secrets / "id_ed25519").chmod(0o600)
+    return secrets
 
 
 def test_node_add_writes_a_document_validate_accepts_and_never_overwrites(repo: Path) -> None:
@@ -72,14 +82,15 @@ def test_bootstrap_command_then_engine_check_over_ssh(
     runner = CliRunner()
     s = sshd_server
     add = ["node", "add", "ssh-1", "--address", s.host, "--port", str(s.port), "--user", s.user]
-    add += ["--identity-file", str(s.client_key), "--host-key", s.host_key_line, "--repo", str(repo)]
+    secrets = _secrets_with_key(tmp_path, s)
+    add += ["--identity-file", "id_ed25519", "--host-key", s.host_key_line, "--repo", str(repo)]
     assert runner.invoke(app, add).exit_code == 0
     prefix = str(node_root / "prefix")
     state = tmp_path / "state"
     layout = render.Layout(prefix=prefix)
     boot = [
         "node", "bootstrap", "ssh-1", "--repo", str(repo), "--ca-dir", str(state / "ca"), "--prefix", prefix,
-        "--wheelhouse", str(wheelhouse.directory), "--no-wait",
+        "--wheelhouse", str(wheelhouse.directory), "--no-wait", "--secrets-dir", str(secrets),
     ]  # fmt: skip
     try:
         first = runner.invoke(app, boot)
@@ -94,17 +105,32 @@ def test_bootstrap_command_then_engine_check_over_ssh(
             "register": "skipped",
         }
 
-        sim = runner.invoke(app, ["engine-check", "ssh-1", "sim", "--repo", str(repo), "--prefix", prefix])
+        sim = runner.invoke(
+            app,
+            [
+                "engine-check",
+                "ssh-1",
+                "sim",
+                "--repo",
+                str(repo),
+                "--prefix",
+                prefix,
+                "--secrets-dir",
+                str(secrets),
+            ],
+        )
         assert sim.exit_code == 0, sim.output
         assert "sim-engine" in sim.output and "usage" in sim.output.lower()
 
-        missing = runner.invoke(app, ["engine-check", "ssh-1", "vllm", "--repo", str(repo)])
+        missing = runner.invoke(
+            app, ["engine-check", "ssh-1", "vllm", "--repo", str(repo), "--secrets-dir", str(secrets)]
+        )
         assert missing.exit_code == 1
         assert "vllm not found on ssh-1" in missing.output
     finally:
         node = next(d.document for d in load_repo(repo).documents if d.name == "ssh-1" and d.kind == "Node")
         assert isinstance(node, Node)
-        target = target_for(node, repo, {})
+        target = target_for(node, repo, {}, secrets=SecretPolicy(secrets))
         down = asyncio.run(
             teardown_node(target, TeardownOptions(layout=layout, ca=ClusterCA.open(state / "ca")))
         )
@@ -126,8 +152,10 @@ def test_engine_check_runs_llama_server_version_over_ssh(repo: Path, sshd_server
     s = sshd_server
     runner = CliRunner()
     add = ["node", "add", "ssh-2", "--address", s.host, "--port", str(s.port), "--user", s.user]
-    add += ["--identity-file", str(s.client_key), "--host-key", s.host_key_line, "--repo", str(repo)]
+    secrets = _secrets_with_key(repo.parent, s)
+    add += ["--identity-file", "id_ed25519", "--host-key", s.host_key_line, "--repo", str(repo)]
     assert runner.invoke(app, add).exit_code == 0
-    out = runner.invoke(app, ["engine-check", "ssh-2", "llamacpp", "--repo", str(repo)])
+    check = ["engine-check", "ssh-2", "llamacpp", "--repo", str(repo), "--secrets-dir", str(secrets)]
+    out = runner.invoke(app, check)
     assert out.exit_code == 0, out.output
     assert f"{binary} --version" in out.output and "version" in out.output.split("\n", 1)[1]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import ssl
 from pathlib import Path
@@ -56,7 +57,7 @@ spec:
   ssh:
     user: {ssh.user}
     port: {ssh.port}
-    identity: {{file: {key}}}
+    identity: {{file: {key.name}}}
     host_key: "{ssh.host_key_line}"
 """
 
@@ -129,14 +130,18 @@ async def test_controller_bootstraps_reports_failures_and_tears_down_removed_nod
     sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path, node_root: Path
 ) -> None:
     port = free_port()
-    keygen(tmp_path / "stranger")
+    secrets = tmp_path / "secrets"  # the controller's secrets_dir (settings_for): the repo names files in it
+    secrets.mkdir()
+    (secrets / "agent-token").write_text("agent-token-for-test\n")
+    keygen(secrets / "stranger")
+    shutil.copy(sshd_server.client_key, secrets / "client")
+    (secrets / "client").chmod(0o600)
     repo = Repo(tmp_path / "repo", use_git=False)
     repo.write(
         {
             "cluster.yaml": _cluster(port),
-            "agent-token": "agent-token-for-test\n",
-            "nodes/good.yaml": _node("good", sshd_server, sshd_server.client_key),
-            "nodes/bad.yaml": _node("bad", sshd_server, tmp_path / "stranger"),
+            "nodes/good.yaml": _node("good", sshd_server, secrets / "client"),
+            "nodes/bad.yaml": _node("bad", sshd_server, secrets / "stranger"),
             "models/echo.yaml": model_yaml("echo", min_=1),
         }
     )

@@ -13,6 +13,7 @@ from llmgw.nodes.bootstrap import parse_probe
 from llmgw.nodes.engines import engine_command
 from llmgw.nodes.remote import StepFailed, target_for
 from llmgw.nodes.wheels import Wheelhouse, compatibility_problem
+from llmgw.secretrefs import SecretPolicy
 
 PROBE = """arch=x86_64
 mem_kb=16303120
@@ -101,22 +102,27 @@ def _node(ssh: dict[str, object]) -> Node:
     )  # fmt: skip
 
 
-def test_target_reads_file_references_relative_to_the_repo(tmp_path: Path) -> None:
+def test_target_reads_the_identity_from_the_secrets_dir_and_known_hosts_from_the_repo(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets"
+    (secrets / "keys").mkdir(parents=True)
+    (secrets / "keys" / "id").write_text("key\n")
     node = _node({"user": "ops", "port": 2222, "identity": {"file": "keys/id"}, "known_hosts": "ssh/kh"})
-    target = target_for(node, tmp_path, {})
+    target = target_for(node, tmp_path / "repo", {}, secrets=SecretPolicy(secrets))
     assert (target.where, target.identity_file, target.known_hosts) == (
         "ops@10.0.0.5:2222",
-        tmp_path / "keys" / "id",
-        tmp_path / "ssh" / "kh",
+        (secrets / "keys" / "id").resolve(),
+        tmp_path / "repo" / "ssh" / "kh",
     )
     assert not target.insecure_accept_host_key
 
 
 def test_target_identity_from_the_environment_is_never_shown() -> None:
-    node = _node({"identity": {"env": "GPU1_KEY"}})
-    with pytest.raises(StepFailed, match=r"\$GPU1_KEY, which is not set"):
-        target_for(node, Path("."), {})
-    target = target_for(node, Path("."), {"GPU1_KEY": "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret"})
+    node = _node({"identity": {"env": "LLMGW_SECRET_GPU1_KEY"}})
+    policy = SecretPolicy(Path("/nonexistent"))
+    with pytest.raises(StepFailed, match=r"LLMGW_SECRET_GPU1_KEY is not set"):
+        target_for(node, Path("."), {}, secrets=policy)
+    env = {"LLMGW_SECRET_GPU1_KEY": "-----BEGIN OPENSSH PRIVATE KEY-----\nsecret"}
+    target = target_for(node, Path("."), env, secrets=policy)
     assert "secret" not in repr(target) and target.identity_text is not None
 
 
@@ -125,4 +131,4 @@ def test_a_local_node_needs_no_ssh() -> None:
         {"apiVersion": "llmgw/v1", "kind": "Node", "metadata": {"name": "here"}, "spec": {"local": True}}
     )
     with pytest.raises(StepFailed, match="is local"):
-        target_for(local, Path("."), {})
+        target_for(local, Path("."), {}, secrets=SecretPolicy(Path("/nonexistent")))

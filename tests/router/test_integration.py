@@ -502,14 +502,14 @@ async def test_client_disconnect_cancels_the_upstream_request(sims: list[SimProc
 async def test_external_provider_as_a_model_and_as_a_fallback(
     sims: list[SimProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("LLMGW_TEST_PROVIDER_KEY", sims[0].key)  # the provider (a sim) demands its key
+    monkeypatch.setenv("LLMGW_SECRET_TEST_PROVIDER", sims[0].key)  # the provider (a sim) demands its key
     models = snapshot(sims).model_dump(mode="json")["models"]
     models["ext"] = {
         "context_length": 2048,
         "provider": {
             "url": sims[0].base_url + "/v1",
             "model": "sim-chat",
-            "key": {"env": "LLMGW_TEST_PROVIDER_KEY"},
+            "key": {"env": "LLMGW_SECRET_TEST_PROVIDER"},
         },
     }
     models["no-replicas"]["fallbacks"] = ["ext"]
@@ -529,11 +529,13 @@ async def test_external_provider_as_a_model_and_as_a_fallback(
                 model="ext", messages=[{"role": "user", "content": "x"}], max_tokens=2, stream=True
             )
             assert {chunk.model async for chunk in stream} == {"ext"}
-        with pytest.raises(ValueError, match="metadata"):
-            bad = dict(
-                models, ext=dict(models["ext"], provider={"url": "http://169.254.169.254/v1", "model": "m"})
-            )
-            router.apply_snapshot(snapshot(sims, models=bad, tenants={}))
+        # A provider URL at a metadata address is never called: that provider is dropped, the rest applies.
+        bad = dict(
+            models, ext=dict(models["ext"], provider={"url": "http://169.254.169.254/v1", "model": "m"})
+        )
+        router.apply_snapshot(snapshot(sims, models=bad, tenants={}))
+        assert router.table is not None and router.table.endpoints["ext"] == ()
+        assert "metadata" in router.provider_health.reported["ext"]
     finally:
         await listeners.close()
 

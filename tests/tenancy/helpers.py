@@ -133,7 +133,7 @@ def start_router(tmp: Path, snap: dict[str, Any], dsn: str, name: str = "router-
     handle = log.open("ab")
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(snap_file), "--store", dsn,
             "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics}",
-            "--router-id", name]  # fmt: skip
+            "--router-id", name, "--state-dir", str(tmp / f"{name}-state")]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
     handle.close()
     router = RouterProc(proc, log, port)

@@ -271,7 +271,7 @@ kind: Node
 metadata: {{name: {name}}}
 spec:
   address: 127.0.0.1
-  ssh: {{user: llmgw, port: {port}, identity: {{file: {key}}}, host_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"}}
+  ssh: {{user: llmgw, port: {port}, identity: {{file: {key.name}}}, host_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"}}
 """
 
 
@@ -298,7 +298,8 @@ async def test_h1_torn_down_node_token_is_refused(tmp_path: Path) -> None:
     """The node is removed from the repo and torn down (its SSH is gone, as for a stolen machine): the token
     it kept no longer opens the hub, while its certificate-less link is closed."""
     repo = Repo(tmp_path / "repo", use_git=False)
-    key = tmp_path / "key"
+    key = tmp_path / "secrets" / "key"  # settings_for's secrets directory: {file: key} names it
+    key.parent.mkdir(exist_ok=True)
     key.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
     repo.write(
         {
@@ -337,7 +338,8 @@ async def test_m4_remote_node_defaults_to_mtls(tmp_path: Path) -> None:
     """A repo whose remote Nodes dial a non-loopback address: the controller makes its CA and serves TLS,
     and bootstrap gives the node a certificate and an agent config with tls and the CA."""
     repo = Repo(tmp_path / "repo", use_git=False)
-    key = tmp_path / "key"
+    key = tmp_path / "secrets" / "key"  # settings_for's secrets directory: {file: key} names it
+    key.parent.mkdir(exist_ok=True)
     key.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
     repo.write(
         {
@@ -380,7 +382,8 @@ async def test_m4_token_only_remote_node_needs_the_explicit_setting(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     repo = Repo(tmp_path / "repo", use_git=False)
-    key = tmp_path / "key"
+    key = tmp_path / "secrets" / "key"  # settings_for's secrets directory: {file: key} names it
+    key.parent.mkdir(exist_ok=True)
     key.write_bytes(asyncssh.generate_private_key("ssh-ed25519").export_private_key())
     repo.write({"cluster.yaml": _cluster_at("192.0.2.10:7070")})  # no Node yet: no CA at start
     for insecure in (False, True):

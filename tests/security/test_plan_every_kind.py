@@ -121,7 +121,7 @@ spec:
   provider:
     url: https://backup.example.com/v1
     model: gpt-y
-    key: {env: BACKUP_KEY}
+    key: {env: LLMGW_SECRET_BACKUP_KEY}
 """,
 }
 
@@ -222,7 +222,9 @@ def golden(name: str, text: str) -> None:
 
 def plan_cli(*args: str, cwd: Path) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
-    env["BACKUP_KEY"] = SECRET_VALUE  # set, so a plan that resolved `{env: BACKUP_KEY}` would show it
+    env["LLMGW_SECRET_BACKUP_KEY"] = (
+        SECRET_VALUE  # set, so a plan that resolved `{env: LLMGW_SECRET_BACKUP_KEY}` would show it
+    )
     done = subprocess.run(
         [LLMGW, "plan", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
     )

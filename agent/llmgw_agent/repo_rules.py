@@ -86,7 +86,7 @@ _FORBIDDEN_PREFIXES: tuple[tuple[str, str], ...] = (
 )
 # Words (between underscores) that make a name under a tuning prefix refused: they name a file or directory to
 # read or write, code to load, an address to bind or call, a secret, or a switch that lifts a guard.
-_REFUSED_WORDS = frozenset(
+REFUSED_WORDS = frozenset(
     {
         "PATH", "DIR", "FILE", "ROOT", "CACHE", "LIB", "SO", "PLUGIN", "PLUGINS", "PRELOAD", "CONFIG",
         "MODULE", "HOST", "IP", "PORT", "ADDR", "ADDRESS", "URL", "URI", "ENDPOINT", "IFNAME",
@@ -112,7 +112,7 @@ _HF_ENV = frozenset(
 _TORCH_ENV = frozenset({"PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING"})
 
 
-# engine -> (exact names, tuning prefixes whose names pass unless a word of _REFUSED_WORDS is in them)
+# engine -> (exact names, tuning prefixes whose names pass unless a word of REFUSED_WORDS is in them)
 ENGINE_ENV: Mapping[str, tuple[frozenset[str], tuple[str, ...]]] = {
     "sim": (_COMMON_ENV, ()),
     "llamacpp": (_COMMON_ENV | _HF_ENV, ("GGML_",)),
@@ -152,7 +152,7 @@ def env_name_problem(engine: str, name: str) -> str | None:
     for prefix in prefixes:
         if name.startswith(prefix) and len(name) > len(prefix):
             words = set(name[len(prefix) :].split("_"))
-            refused = sorted(words & _REFUSED_WORDS)
+            refused = sorted(words & REFUSED_WORDS)
             if refused:
                 return (
                     f"{name} is refused: a {prefix}* name with `{refused[0]}` in it names a path, code, an "

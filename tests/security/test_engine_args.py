@@ -4,13 +4,17 @@ file:line and the field path; the agent re-checks a ShardSpec handed to it direc
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
 import pytest
+from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, start
+from controller.test_hub import FakeAgent
 from llmgw_agent.engines import LaunchContext, SpecError, check_path_args, launch_plan
 from llmgw_agent.protocol import ShardSpec, ShardStatus, WeightSource
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
+from support import wait_for
 
 from .repo_attack import CPU_PROFILE, GPU_PROFILE, attack_repo, model, validate
 
@@ -109,3 +113,45 @@ def test_agent_passes_trust_remote_code_only_when_the_shardspec_says_granted() -
     granted = asked.model_copy(update={"trust_remote_code": True})
     assert "--trust-remote-code" in launch_plan(granted, CTX).argv
     assert "--trust-remote-code" not in launch_plan(asked.model_copy(update={"args": {}}), CTX).argv
+
+
+@pytest.mark.integration
+async def test_controller_says_in_the_shardspec_which_models_the_cluster_grants_trust_remote_code(
+    tmp_path: Path,
+) -> None:
+    """The grant travels from the Cluster document to the agent in ShardSpec.trust_remote_code, per model; the
+    profile's env reaches the agent as written (only allowlisted names could pass validate)."""
+    granted = model_yaml("granted", min_=1).replace(
+        "args: {decode_ms_per_token: 1}", "args: {decode_ms_per_token: 1, trust_remote_code: true}"
+    )
+    plain = model_yaml("plain", min_=1).replace("cpu_cores: 1,", "cpu_cores: 1, env: {OMP_NUM_THREADS: '2'},")
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write(
+        {
+            "cluster.yaml": cluster_yaml() + "  security:\n    trust_remote_code: [granted]\n",
+            "granted.yaml": granted,
+            "plain.yaml": plain,
+        }
+    )
+    running, admin = await start(settings_for(tmp_path, repo.path))
+    try:
+        await wait_for(lambda: running.controller.desired is not None, 10, "the revision applied")
+        agent = FakeAgent(admin, "n1")
+        await agent.connect()
+        serving = asyncio.create_task(agent.serve())
+        try:
+            starts = await wait_for(lambda: _both_started(agent), 30, "both models started")
+            assert starts["granted"].trust_remote_code is True
+            assert starts["granted"].args["trust_remote_code"] is True
+            assert starts["plain"].trust_remote_code is False
+            assert starts["plain"].env == {"OMP_NUM_THREADS": "2"}
+        finally:
+            serving.cancel()
+            await agent.close()
+    finally:
+        await running.stop()
+
+
+def _both_started(agent: FakeAgent) -> dict[str, ShardSpec] | None:
+    specs = {c.spec.model: c.spec for c in agent.commands if c.spec is not None}
+    return specs if len(specs) == 2 else None

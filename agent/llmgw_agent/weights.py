@@ -78,7 +78,10 @@ class CheckedResolver(AbstractResolver):
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
-        answers = await self.inner.resolve(host, port, family)
+        try:
+            answers = await self.inner.resolve(host, port, family)
+        except OSError as exc:
+            raise WeightsError(f"weights source host {host}: cannot resolve it: {exc}") from exc
         for answer in answers:
             reason = refused_address(str(answer["host"]))
             if reason:

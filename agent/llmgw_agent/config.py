@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from llmgw_agent.weights import DEFAULT_MAX_DOWNLOAD_BYTES
+
 
 class EngineConf(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -33,6 +35,8 @@ class AgentConfig(BaseModel):
     state_dir: str
     model_dirs: list[str] = Field(default_factory=list)
     weights_dir: str | None = None
+    # A weights download whose Model declares no size_bytes stops here: a disk must not fill up on a URL.
+    max_download_bytes: int = Field(default=DEFAULT_MAX_DOWNLOAD_BYTES, ge=1)
     advertise_host: str = "127.0.0.1"
     # Where routers' connections are accepted (the pass-through in front of each engine); engines themselves
     # listen on 127.0.0.1. None: advertise_host. 0.0.0.0 or :: (every address) only when set explicitly.

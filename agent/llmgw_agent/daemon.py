@@ -73,6 +73,7 @@ class Agent:
                 port_range=cfg.port_range,
                 engine_binaries={k: v.path for k, v in cfg.engines.items() if v.path},
                 weights_dir=Path(cfg.weights_dir) if cfg.weights_dir else None,
+                max_download_bytes=cfg.max_download_bytes,
                 ready_timeout_s=cfg.ready_timeout_s,
                 stop_grace_s=cfg.stop_grace_s,
             ),

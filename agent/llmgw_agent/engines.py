@@ -10,8 +10,10 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from llmgw_agent import repo_rules
 from llmgw_agent.protocol import ENGINE_NAMES, ShardSpec
 
 
@@ -107,6 +109,11 @@ _SIM_NUMERIC = {
 }
 
 
+# The directory this agent's package is imported from: the sim runs `-m llmgw_agent.sim` from the same code even
+# when the agent itself was started with a PYTHONPATH (engines do not inherit the agent's environment).
+_AGENT_IMPORT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
 def _sim_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     argv = [ctx.python, "-m", "llmgw_agent.sim", "--host", ctx.host, "--port", str(ctx.port)]
     argv += ["--model", _served(spec), "--api-key-env", "VLLM_API_KEY"]
@@ -114,7 +121,9 @@ def _sim_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     if "max_concurrency" not in args and spec.slots:
         args["max_concurrency"] = spec.slots
     argv += _extra_flags("sim", args, _SIM_NUMERIC)
-    env = {"VLLM_API_KEY": spec.api_key} if spec.api_key else {}
+    env = {"PYTHONPATH": _AGENT_IMPORT_ROOT}
+    if spec.api_key:
+        env["VLLM_API_KEY"] = spec.api_key
     return LaunchPlan(argv, env, {}, "/health", "/metrics")
 
 
@@ -182,6 +191,7 @@ VLLM_ARGS = {
     "max_loras": "--max-loras",
     "max_lora_rank": "--max-lora-rank",
     "lora_modules": "--lora-modules",
+    "trust_remote_code": "--trust-remote-code",
 }
 
 
@@ -215,6 +225,7 @@ SGLANG_ARGS = {
     "enable_lora": "--enable-lora",
     "lora_paths": "--lora-paths",
     "max_loras_per_batch": "--max-loras-per-batch",
+    "trust_remote_code": "--trust-remote-code",
 }
 
 
@@ -245,6 +256,7 @@ TRTLLM_ARGS = {
     "kv_cache_free_gpu_memory_fraction": "--kv_cache_free_gpu_memory_fraction",
     "max_num_tokens": "--max_num_tokens",
     "backend": "--backend",
+    "trust_remote_code": "--trust_remote_code",
 }
 TRTLLM_CONFIG = "trtllm-extra.yaml"
 
@@ -343,4 +355,29 @@ def launch_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     planner = _PLANNERS.get(spec.engine)
     if planner is None:
         raise SpecError(f"unknown engine {spec.engine!r}; known: {', '.join(ENGINE_NAMES)}")
+    if spec.args.get(repo_rules.TRUST_REMOTE_CODE) and not spec.trust_remote_code:
+        raise SpecError(
+            f"{spec.engine}: trust_remote_code runs Python from the model's directory on this node; the "
+            f"Cluster does not grant it to model {spec.model} (spec.security.trust_remote_code)"
+        )
     return planner(spec, ctx)
+
+
+def check_path_args(spec: ShardSpec, workdir: Path, cache_dir: Path) -> None:
+    """Refuse a path-valued arg that is absolute, climbs out, or resolves (symlinks followed) anywhere but
+    under the replica's work directory (the engine's working directory, which relative paths are read
+    against) or the weights cache. Raises SpecError naming the arg."""
+    roots = (workdir.resolve(), cache_dir.resolve())
+    for key, value in spec.args.items():
+        problem = repo_rules.path_arg_problem(spec.engine, key, value)
+        if problem:
+            raise SpecError(f"{spec.engine}: arg {key}: {problem}")
+        if key not in repo_rules.PATH_ARGS.get(spec.engine, frozenset()) or not isinstance(value, str):
+            continue
+        for text in repo_rules.arg_paths(key, value):
+            resolved = (workdir / text).resolve()
+            if not any(resolved.is_relative_to(root) for root in roots):
+                raise SpecError(
+                    f"{spec.engine}: arg {key}: {text!r} resolves to {resolved}, outside the replica's work "
+                    "directory and the weights cache"
+                )

@@ -92,6 +92,9 @@ class ShardSpec(_Model):
     api_key: str | None = Field(default=None, repr=False)
     fingerprint: str = ""
     served_model_name: str | None = None
+    # The Cluster grants this model `trust_remote_code` (spec.security.trust_remote_code); without it the agent
+    # refuses the arg. An older controller never sends it, so the arg is refused: the safe default.
+    trust_remote_code: bool = False
 
     @property
     def shard_id(self) -> str:

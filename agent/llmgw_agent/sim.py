@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import hmac
 import json
 import os
 import time
@@ -166,7 +167,9 @@ class SimEngine:
     def check_auth(self, request: web.Request) -> web.Response | None:
         if not self.api_key:
             return None
-        if request.headers.get("Authorization", "") != f"Bearer {self.api_key}":
+        given = request.headers.get("Authorization", "").encode("utf-8", "surrogateescape")
+        # Constant time: the key must not be guessable byte by byte from response timings.
+        if not hmac.compare_digest(given, f"Bearer {self.api_key}".encode()):
             return openai_error(
                 401, "Incorrect API key provided.", "invalid_request_error", "invalid_api_key"
             )

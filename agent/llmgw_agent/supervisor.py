@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from llmgw_agent import engines, redact, weights
+from llmgw_agent import engines, redact, repo_rules, weights
 from llmgw_agent.passthrough import (
     DIGEST_ENV,
     ENGINE_HOST,
@@ -85,6 +85,7 @@ class SupervisorConfig:
     port_range: tuple[int, int] = (20000, 20999)
     engine_binaries: dict[str, str] = field(default_factory=dict)
     weights_dir: Path | None = None
+    max_download_bytes: int = weights.DEFAULT_MAX_DOWNLOAD_BYTES
     ready_timeout_s: float = 600.0
     stop_grace_s: float = 10.0
     poll_interval_s: float = 0.5
@@ -144,7 +145,12 @@ class Supervisor:
             raise RuntimeError(
                 f"shard {spec.shard_id} is {existing.status.state} with another profile; stop it first"
             )
-        engines.launch_plan(spec, self._context(spec, 0))  # refuse an impossible spec before anything runs
+        problem = repo_rules.replica_id_problem(spec.replica_id)
+        if problem:  # it names files under the state dir: checked before any path is built from it
+            raise engines.SpecError(problem)
+        ctx = self._context(spec, 0)
+        engines.launch_plan(spec, ctx)  # refuse an impossible spec before anything runs
+        engines.check_path_args(spec, Path(ctx.workdir), self._cache_dir())
         status = ShardStatus(
             replica_id=spec.replica_id,
             shard_rank=spec.shard_rank,
@@ -196,7 +202,7 @@ class Supervisor:
         source = shard.spec.source
         if source is None:
             return None
-        cache = self.cfg.weights_dir or (self.cfg.state_dir / "weights")
+        cache = self._cache_dir()
 
         def progress(done: int, total: int | None) -> None:
             shard.status.fetch_bytes_done, shard.status.fetch_bytes_total = done, total
@@ -204,10 +210,13 @@ class Supervisor:
         if source.url:
             reporter = asyncio.create_task(self._report_progress(shard))
             try:
-                return await weights.resolve(source, cache, progress)
+                return await weights.resolve(source, cache, progress, max_bytes=self.cfg.max_download_bytes)
             finally:
                 reporter.cancel()
         return await weights.resolve(source, cache, progress)
+
+    def _cache_dir(self) -> Path:
+        return self.cfg.weights_dir or (self.cfg.state_dir / "weights")
 
     async def _report_progress(self, shard: Shard) -> None:
         last = -1
@@ -265,8 +274,9 @@ class Supervisor:
             log.warning(
                 "shard %s: %s takes no key by environment (%s)", spec.shard_id, spec.engine, plan.key_exposure
             )
-        env = {**os.environ, **spec.env, **plan.env, **front_env}
-        shard.redact = redact.redactor(redact.secret_values(env, extra=[spec.api_key]))
+        engines.check_path_args(spec, shard.workdir, self._cache_dir())  # again: a symlink may have appeared
+        env = engine_environment(spec, {**plan.env, **front_env})
+        shard.redact = redact.redactor(redact.secret_values({**os.environ, **env}, extra=[spec.api_key]))
         log.info("starting shard %s: %s", spec.shard_id, " ".join(_redact(argv, spec.api_key)))
         with (shard.workdir / OUTPUT_FILE).open("wb") as out:
             shard.proc = await asyncio.create_subprocess_exec(
@@ -446,6 +456,10 @@ class Supervisor:
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("ignoring unreadable shard state %s: %s", path, exc)
                 continue
+            problem = repo_rules.replica_id_problem(spec.replica_id)
+            if problem:  # written by an agent that predates the check: its work dir may be anywhere
+                log.warning("ignoring shard state %s: %s", path, problem)
+                continue
             if ticks is None or proc_start_time(pid) != ticks:
                 log.info("shard %s: pid %s is gone or is another process; not adopting", spec.shard_id, pid)
                 path.unlink(missing_ok=True)
@@ -494,6 +508,27 @@ class Supervisor:
 
 def _tail(shard: Shard) -> list[str]:
     return [shard.redact(line) for line in tail_lines(shard.workdir / OUTPUT_FILE)]
+
+
+# What an engine inherits from the agent: enough to find executables and decode text, nothing else (the agent's
+# own environment may hold its token path, proxies or a PYTHONPATH that is nobody else's business).
+_INHERITED = ("PATH", "LANG", "LC_ALL")
+
+
+def engine_environment(spec: ShardSpec, own: dict[str, str]) -> dict[str, str]:
+    """The environment an engine starts with: the inherited minimum, the profile's env filtered again through
+    the allowlist `llmgw validate` applies (a spec may come from a controller that did not), then what the
+    agent sets itself (key, GPUs), which no profile can override."""
+    kept, dropped = repo_rules.filter_env(spec.engine, spec.env)
+    if dropped:
+        log.warning(
+            "shard %s: dropped environment %s (%s)",
+            spec.shard_id,
+            ", ".join(dropped),
+            "; ".join(p for n in dropped if (p := repo_rules.env_name_problem(spec.engine, n))),
+        )
+    base = {k: os.environ[k] for k in _INHERITED if k in os.environ}
+    return {**base, **kept, **own}
 
 
 def _describe(code: int) -> str:

@@ -3,7 +3,10 @@
 Downloads go to `NAME.part` and are renamed only once size and sha256 (when declared) check out; an interrupted
 download resumes with a Range request. Only files this module wrote are ever deleted: a local source is never
 touched. Link-local and cloud metadata addresses are refused as sources (a profile must not be a way to read a
-node's cloud credentials), including after redirects and DNS resolution.
+node's cloud credentials), including after redirects and DNS resolution: the connector's resolver checks every
+address it returns, so the address checked is the address connected to (no second lookup a TTL-0 record could
+flip). The file name comes from the decoded URL path and must be one plain name (llmgw_agent.repo_rules), and the
+resolved path must stay under the cache. A download with no declared size stops at `max_bytes`.
 """
 
 from __future__ import annotations
@@ -15,15 +18,19 @@ import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohttp.abc import AbstractResolver, ResolveResult
 
+from llmgw_agent import repo_rules
 from llmgw_agent.protocol import WeightSource
 
 Progress = Callable[[int, int | None], None]
 CHUNK = 1 << 20
 MAX_REDIRECTS = 5
+# A download with no declared size_bytes stops here (the agent's `max_download_bytes` setting overrides it).
+DEFAULT_MAX_DOWNLOAD_BYTES = 200 * 1024**3
 _REFUSED_HOSTS = {"metadata.google.internal", "metadata", "metadata.azure.internal"}
 _LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
 # Metadata services outside link-local: AWS's IPv6 endpoint and Alibaba Cloud's (as llmgw.security lists them).
@@ -61,24 +68,50 @@ def check_url(url: str) -> None:
         raise WeightsError(f"weights source {url!r} refused: {reason}")
 
 
-async def _check_resolved(url: str) -> None:
-    host = urlsplit(url).hostname or ""
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await loop.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise WeightsError(f"weights source {url!r}: cannot resolve {host}: {exc}") from exc
-    for info in infos:
-        reason = refused_address(str(info[4][0]))
-        if reason:
-            raise WeightsError(f"weights source {url!r} refused: {host} resolves to {reason}")
+class CheckedResolver(AbstractResolver):
+    """Resolves once and refuses the whole answer when any address is refused: what aiohttp connects to is
+    exactly what was checked. `inner` is the resolver asked (aiohttp's threaded getaddrinfo by default)."""
+
+    def __init__(self, inner: AbstractResolver | None = None) -> None:
+        self.inner = inner or aiohttp.ThreadedResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        try:
+            answers = await self.inner.resolve(host, port, family)
+        except OSError as exc:
+            raise WeightsError(f"weights source host {host}: cannot resolve it: {exc}") from exc
+        for answer in answers:
+            reason = refused_address(str(answer["host"]))
+            if reason:
+                raise WeightsError(f"weights source host {host} refused: it resolves to {reason}")
+        return answers
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def checked_session(resolver: AbstractResolver | None = None) -> aiohttp.ClientSession:
+    """A session whose every connection goes through CheckedResolver (the only way weights are fetched)."""
+    connector = aiohttp.TCPConnector(resolver=CheckedResolver(resolver))
+    timeout = aiohttp.ClientTimeout(sock_read=60, sock_connect=30)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)
 
 
 def cache_path(cache_dir: Path, url: str) -> Path:
-    """Where `url` lands: a directory named by the hash of the source, keeping the file's own name."""
+    """Where `url` lands: a directory named by the hash of the source, keeping the file's own (decoded) name.
+    Raises WeightsError when that name is not one plain file name or the path would leave `cache_dir`."""
+    problem = repo_rules.weights_name_problem(url)
+    if problem:
+        raise WeightsError(
+            f"weights source {url!r} refused: {problem} (the file name must be one plain name)"
+        )
     digest = hashlib.sha256(url.encode()).hexdigest()[:24]
-    name = unquote(Path(urlsplit(url).path).name) or "weights"
-    return cache_dir / digest / name
+    path = cache_dir / digest / repo_rules.weights_file_name(url)
+    if not path.resolve().is_relative_to(cache_dir.resolve()):
+        raise WeightsError(f"weights source {url!r} refused: its file would land outside the weights cache")
+    return path
 
 
 def _sha256_of(path: Path) -> str:
@@ -89,20 +122,24 @@ def _sha256_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _verify_sync(path: Path, source: WeightSource, what: str) -> None:
+def _verify_sync(path: Path, source: WeightSource, what: str, reveal: bool) -> None:
+    # `reveal` is False for a node path the repo named: saying its real size and hash would let a document
+    # author probe any file on the node; the agent's own downloads are the author's bytes anyway.
     if source.size is not None:
         size = path.stat().st_size
         if size != source.size:
-            raise WeightsError(f"{what}: size {size} bytes, declared {source.size}")
+            actual = f"size {size} bytes" if reveal else "its size differs from"
+            raise WeightsError(f"{what}: {actual}, declared {source.size}")
     if source.sha256:
-        actual = _sha256_of(path)
-        if actual.lower() != source.sha256.lower():
-            raise WeightsError(f"{what}: sha256 {actual}, declared {source.sha256}")
+        actual_hash = _sha256_of(path)
+        if actual_hash.lower() != source.sha256.lower():
+            actual = f"sha256 {actual_hash}" if reveal else "its sha256 differs from"
+            raise WeightsError(f"{what}: {actual}, declared {source.sha256}")
 
 
-async def _verify(path: Path, source: WeightSource, what: str) -> None:
+async def _verify(path: Path, source: WeightSource, what: str, *, reveal: bool = True) -> None:
     # Hashing gigabytes must not stall the agent's heartbeats.
-    await asyncio.to_thread(_verify_sync, path, source, what)
+    await asyncio.to_thread(_verify_sync, path, source, what, reveal)
 
 
 def _local_kind(path: Path) -> str:
@@ -115,16 +152,23 @@ def _node_path(text: str) -> Path:
 
 
 async def resolve(
-    source: WeightSource, cache_dir: Path, progress: Progress, session: aiohttp.ClientSession | None = None
+    source: WeightSource,
+    cache_dir: Path,
+    progress: Progress,
+    *,
+    max_bytes: int = DEFAULT_MAX_DOWNLOAD_BYTES,
+    resolver: AbstractResolver | None = None,
 ) -> str:
-    """The local path the engine should load, fetching first when the source is a URL."""
+    """The local path the engine should load, fetching first when the source is a URL. A download stops at
+    the declared size, or at `max_bytes` when none is declared. `resolver` is asked for addresses (through
+    CheckedResolver); tests give one, the agent uses getaddrinfo."""
     if source.path:
         path = _node_path(source.path)
         kind = _local_kind(path)
         if kind == "missing":
             raise WeightsError(f"weights path {source.path} does not exist on this node")
         if kind == "file":
-            await _verify(path, source, f"weights path {source.path}")
+            await _verify(path, source, f"weights path {source.path}", reveal=False)
         return str(path)
     if not source.url:
         raise WeightsError("weights source names neither a path nor a url")
@@ -135,25 +179,25 @@ async def resolve(
         progress(final.stat().st_size, final.stat().st_size)
         return str(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    own = session is None
-    session = session or aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(sock_read=60, sock_connect=30))
-    try:
-        await _download(session, source.url, final, source, progress)
-    finally:
-        if own:
-            await session.close()
+    limit = source.size if source.size is not None else max_bytes
+    async with checked_session(resolver) as session:
+        await _download(session, source.url, final, source, progress, limit)
     return str(final)
 
 
 async def _download(
-    session: aiohttp.ClientSession, url: str, final: Path, source: WeightSource, progress: Progress
+    session: aiohttp.ClientSession,
+    url: str,
+    final: Path,
+    source: WeightSource,
+    progress: Progress,
+    limit: int,
 ) -> None:
     part = final.with_name(final.name + ".part")
     done = part.stat().st_size if part.exists() else 0
     target = url
     for _ in range(MAX_REDIRECTS + 1):
         check_url(target)
-        await _check_resolved(target)
         headers = {"Range": f"bytes={done}-"} if done else {}
         async with session.get(target, headers=headers, allow_redirects=False) as resp:
             if resp.status in (301, 302, 303, 307, 308):
@@ -169,6 +213,9 @@ async def _download(
             progress(done, total)
             with part.open("ab" if done else "wb") as f:
                 async for chunk in resp.content.iter_chunked(CHUNK):
+                    if done + len(chunk) > limit:
+                        part.unlink(missing_ok=True)
+                        raise WeightsError(_too_large(url, limit, source))
                     f.write(chunk)
                     done += len(chunk)
                     progress(done, total)
@@ -181,3 +228,12 @@ async def _download(
         part.unlink(missing_ok=True)  # ours, and wrong: do not resume from it
         raise
     os.replace(part, final)
+
+
+def _too_large(url: str, limit: int, source: WeightSource) -> str:
+    if source.size is not None:
+        return f"fetching {url}: more than the declared size_bytes {limit}"
+    return (
+        f"fetching {url}: more than {limit} bytes with no size_bytes declared "
+        "(declare spec.source.size_bytes, or raise the agent's max_download_bytes)"
+    )

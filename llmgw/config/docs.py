@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from llmgw_agent import repo_rules
+
 from llmgw.config.models import DOCUMENT_KINDS, DURATION_PATTERN, NAME_PATTERN
 from llmgw.config.schemas import kind_schema, schema_file_name
 
@@ -164,4 +166,57 @@ def render_reference() -> str:
         rows = [r for r in _rows(schema, schema, "") if not r.startswith(("| `apiVersion`", "| `kind`"))]
         parts.append("\n".join(rows) + "\n")
     parts.append(_SECRET_REFS)
+    parts.append(_node_reach())
     return "".join(parts)
+
+
+NODE_REACH = """
+## What a Model may ask of a node
+
+A Model document runs a model; it must not be a way to write files, load code or take devices on the nodes that
+run it. `llmgw validate` refuses each of the following at the field (`spec.source.url`,
+`spec.profiles[0].env.LD_PRELOAD`, `spec.profiles[0].args.lora`), and the agent checks the same rules again on
+whatever a controller sends it (`llmgw_agent.repo_rules` is the one definition of them).
+
+- **Weights file names.** A `source.url` is saved as the last segment of its *decoded* path, in
+  `WEIGHTS_DIR/<hash of the url>/`. That segment must be one plain file name: no encoded slash (`%2F`), no
+  backslash, no `.`/`..` segment, no NUL or control character, no leading dot. The agent also refuses a path
+  that resolves outside its cache.
+- **Engine environment.** `profiles[].env` takes only names that tune the engine (table below). Never: `LD_*`,
+  `PYTHON*`, `*_PRELOAD`, `PATH`, `HOME`, the GPU visibility variables (`CUDA_VISIBLE_DEVICES` is the agent's: it
+  sets it to the GPUs it assigned), the engine's key variable, `VLLM_SERVER_DEV_MODE`, `VLLM_ALLOW_*` (the agent
+  sets those itself when a feature needs them), `LLAMA_ARG_*`, and names that look like secrets (a `TOKEN`,
+  `SECRET`, `KEY`, `PASSWORD`, `CREDENTIALS` or `AUTH` word). A name under a tuning prefix is refused when one of
+  its words names a path, code, an address, a secret or a guard switch: {refused_words}. Engines start from a
+  minimal environment (the agent's `PATH` and locale, these names, and what the agent sets), never from the
+  agent's own.
+- **Path-valued args** ({path_args}) are relative to the replica's work directory (`STATE_DIR/work/<shard>/`, the
+  engine's working directory): no absolute path, no `~`, no `..`, and for LoRA lists `name=path` items, not the
+  JSON form. The agent refuses a path that resolves (symlinks followed) outside the work directory or the
+  weights cache.
+- **`trust_remote_code`** (vLLM, SGLang, TRT-LLM) runs Python shipped with the model's weights on the node. A
+  profile may set `args.trust_remote_code: true` only for a model the Cluster names in
+  `spec.security.trust_remote_code` (by model name, not alias), so the platform team, not the model's owner,
+  decides; the agent passes the flag only when the controller's shard spec says the grant is there.
+
+| Engine | Environment names a profile may set |
+|---|---|
+{env_rows}
+"""
+
+
+def _node_reach() -> str:
+    rows = []
+    for engine, (exact, prefixes) in repo_rules.ENGINE_ENV.items():
+        names = [f"`{n}`" for n in sorted(exact)] + [f"`{p}*` tuning names" for p in prefixes]
+        rows.append(f"| {engine} | {', '.join(names)} |")
+    path_args = "; ".join(
+        f"{engine}: {', '.join(f'`{a}`' for a in sorted(args))}"
+        for engine, args in repo_rules.PATH_ARGS.items()
+        if args
+    )
+    return NODE_REACH.format(
+        refused_words=", ".join(f"`{w}`" for w in sorted(repo_rules.REFUSED_WORDS)),
+        path_args=path_args,
+        env_rows="\n".join(rows),
+    )

@@ -161,6 +161,18 @@ class TenancySettings(Strict):
     )
 
 
+class SecuritySettings(Strict):
+    """Permissions the platform grants to named models, beyond what a Model document may ask for itself."""
+
+    trust_remote_code: list[Name] = Field(
+        default_factory=list,
+        description=(
+            "Models (by name) whose profiles may set `args.trust_remote_code`, which runs Python shipped with the"
+            " model's weights on the node; any other model setting it is refused"
+        ),
+    )
+
+
 class ClusterSpec(Strict):
     """Cluster-wide settings; every field has a default."""
 
@@ -172,6 +184,9 @@ class ClusterSpec(Strict):
     )
     secret: SecretRef | None = Field(
         None, description="Cluster secret: engine keys are an HMAC of the replica id under it"
+    )
+    security: SecuritySettings = Field(
+        default_factory=SecuritySettings, description="Permissions granted to named models"
     )
 
 
@@ -292,7 +307,13 @@ class Profile(Strict):
     engine_version: str | None = Field(None, description="Engine version the node must have installed")
     weight: float = Field(1.0, gt=0, description="Relative capacity, used by the `weight` scorer")
     args: dict[str, ArgValue] = Field(default_factory=dict, description="Engine-specific options")
-    env: dict[str, str] = Field(default_factory=dict, description="Extra environment for the engine")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Extra environment for the engine: only the engine's allowlisted tuning names (see the Engine"
+            " environment section of docs/cluster-repo.md)"
+        ),
+    )
 
 
 class ModelSpec(Strict):

@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from llmgw_agent import repo_rules
 from pydantic import BaseModel
 
 from llmgw.config.errors import PathPart, SemanticError
@@ -96,6 +97,7 @@ def check(
             _model(checker, index, doc)
         elif isinstance(doc, Node):
             _node_serving(checker, index, doc)
+    _trust_grants(checker)
     _fallback_cycles(checker)
     _references(checker)
     for index, doc in enumerate(documents):
@@ -228,6 +230,7 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
             "add a profile, e.g. {name: cpu, engine: llamacpp}",
         )
     _addresses(c, index, doc)
+    _node_reach(c, index, doc)
     profile_names: set[str] = set()
     for pos, profile in enumerate(spec.profiles):
         path: tuple[PathPart, ...] = ("spec", "profiles", pos)
@@ -292,6 +295,77 @@ def _addresses(c: _Checker, index: int, doc: Model) -> None:
         why = forbidden_address_reason(url)
         if why is not None:
             c.add(index, path, f"{url} is refused: {why}", "use the model's own mirror or provider address")
+
+
+def _granted_trust(c: _Checker) -> frozenset[str]:
+    for doc in c.documents:
+        if isinstance(doc, Cluster):
+            return frozenset(doc.spec.security.trust_remote_code)
+    return frozenset()
+
+
+def _node_reach(c: _Checker, index: int, doc: Model) -> None:
+    """What a Model may make a node do stops at running the model: its weights file name stays in the cache,
+    its profiles set only allowlisted environment names, path args stay under the replica's work directory,
+    and trust_remote_code needs the Cluster's grant. The rules are the agent's (llmgw_agent.repo_rules),
+    which enforces them again on whatever reaches it."""
+    spec = doc.spec
+    if spec.source is not None and spec.source.url:
+        problem = repo_rules.weights_name_problem(spec.source.url)
+        if problem:
+            c.add(
+                index,
+                ("spec", "source", "url"),
+                f"{spec.source.url} is refused: {problem}",
+                "the URL's last path segment is the file name on the node: a plain name such as model.gguf",
+            )
+    granted = _granted_trust(c)
+    for pos, profile in enumerate(spec.profiles):
+        path: tuple[PathPart, ...] = ("spec", "profiles", pos)
+        for name in profile.env:
+            problem = repo_rules.env_name_problem(profile.engine, name)
+            if problem:
+                c.add(
+                    index,
+                    (*path, "env", name),
+                    problem,
+                    f"{profile.engine} profiles may set {repo_rules.allowed_env_summary(profile.engine)}",
+                )
+        for key, value in profile.args.items():
+            problem = repo_rules.path_arg_problem(profile.engine, key, value)
+            if problem:
+                c.add(
+                    index,
+                    (*path, "args", key),
+                    problem,
+                    "write a path relative to the replica's work directory, without `..`",
+                )
+        if profile.args.get(repo_rules.TRUST_REMOTE_CODE) and doc.metadata.name not in granted:
+            c.add(
+                index,
+                (*path, "args", repo_rules.TRUST_REMOTE_CODE),
+                f"trust_remote_code runs the model's own Python on the node; the Cluster does not grant it to "
+                f"model `{doc.metadata.name}`",
+                f"the platform team adds `{doc.metadata.name}` to the Cluster's spec.security.trust_remote_code,"
+                " or remove the arg",
+            )
+
+
+def _trust_grants(c: _Checker) -> None:
+    for index, doc in enumerate(c.documents):
+        if not isinstance(doc, Cluster):
+            continue
+        for pos, name in enumerate(doc.spec.security.trust_remote_code):
+            if c.canonical.get(name) != name and not c.tolerated("Model", name):
+                alias_of = c.canonical.get(name)
+                c.add(
+                    index,
+                    ("spec", "security", "trust_remote_code", pos),
+                    f"`{name}` is an alias of model `{alias_of}`" if alias_of else f"`{name}` is not a model",
+                    f"name the model itself: `{alias_of}`" if alias_of else did_you_mean(name, c.canonical),
+                    warning=alias_of is None,
+                )
+        return
 
 
 def _profile(c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile) -> None:

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
+from llmgw_agent import repo_rules
 from llmgw_agent.protocol import Register, ShardSpec, WeightSource
 
 from llmgw.controller import views
@@ -239,10 +240,12 @@ class Reconciler:
             cpu_cores=profile.cpu_cores,
             gpus=list(shard.gpus),
             args=dict(profile.args),
-            env=dict(profile.env),
+            # Catalog.build already refused a disallowed name; filtering again keeps the rule in one function.
+            env=repo_rules.filter_env(profile.engine, profile.env)[0],
             api_key=key,
             fingerprint=placement.fingerprint,
             served_model_name=placement.model,
+            trust_remote_code=placement.model in d.cluster.security.trust_remote_code,
         )
 
     async def _send_start(self, rec: ReplicaRec, specs: list[tuple[ShardPlacement, ShardSpec]]) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import hmac
 import json
 import logging
 import random
@@ -314,9 +315,9 @@ class Router:
         call: _Call,
     ) -> web.StreamResponse:
         info = RequestInfo(session_key=_session_key(request, body, table.policy_for(canonical)))
-        debug = (
-            self.options.debug_token is not None
-            and request.headers.get("x-llmgw-debug") == self.options.debug_token
+        debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
+            request.headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
+            self.options.debug_token.encode(),
         )
         client_stream = body.get("stream") is True and kind != "embeddings"
         stream_opts = body.get("stream_options")

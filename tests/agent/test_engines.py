@@ -88,7 +88,11 @@ def test_sim_command_line() -> None:
     plan = launch_plan(spec("sim", slots=3, args={"decode_ms_per_token": 5}), CTX)
     assert plan.argv[:3] == ["/usr/bin/python3", "-m", "llmgw_agent.sim"]
     assert plan.argv[plan.argv.index("--max-concurrency") + 1] == "3"
-    assert plan.env == {"VLLM_API_KEY": "sekrit"}
+    # The sim imports the agent's own code, wherever the agent was imported from (engines get no PYTHONPATH
+    # from the agent's environment).
+    import llmgw_agent
+
+    assert plan.env == {"VLLM_API_KEY": "sekrit", "PYTHONPATH": str(Path(llmgw_agent.__file__).parent.parent)}
 
 
 def test_metric_mappings() -> None:
@@ -104,6 +108,11 @@ def test_metric_mappings() -> None:
 @pytest.fixture
 async def supervisor(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, list[ShardStatus]]]:
     updates: list[ShardStatus] = []
+    # The stand-in `sglang` package is found through a PYTHONPATH the node's operator sets in the engine's
+    # executable, as a real install would; a profile may not set PYTHONPATH.
+    sglang_python = tmp_path / "sglang-python"
+    sglang_python.write_text(f'#!/bin/sh\nPYTHONPATH={STANDINS} exec {sys.executable} "$@"\n')
+    sglang_python.chmod(0o755)
     cfg = SupervisorConfig(
         state_dir=tmp_path / "state",
         advertise_host="127.0.0.1",
@@ -112,7 +121,7 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, list[Sha
         engine_binaries={
             "vllm": str(STANDINS / "vllm"),
             "trtllm": str(STANDINS / "trtllm-serve"),
-            "sglang": sys.executable,
+            "sglang": str(sglang_python),
         },
         ready_timeout_s=30,
         stop_grace_s=5,
@@ -132,8 +141,7 @@ async def test_standin_started_by_supervisor(
     sup, _ = supervisor
     weights = tmp_path / "weights"
     weights.mkdir()
-    env = {"PYTHONPATH": str(STANDINS)} if engine == "sglang" else {}
-    s = spec(engine, slots=4, context_length=1024, env=env, source=WeightSource(path=str(weights)))
+    s = spec(engine, slots=4, context_length=1024, source=WeightSource(path=str(weights)))
     sup.start(s)
     status = await wait_for(
         lambda: next((x for x in sup.statuses() if x.state in ("ready", "failed")), None), limit_s=20

@@ -33,7 +33,7 @@ signal.signal(signal.SIGTERM, lambda *a: print("ignoring SIGTERM", flush=True))
 port = int(sys.argv[sys.argv.index("--port") + 1])
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)"])
 print(f"child {child.pid}", flush=True)
-if os.environ.get("NEVER_READY"):
+if os.environ.get("VLLM_TEST_NEVER_READY"):  # a tuning-style name: the agent passes only those
     signal.pause()
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
@@ -99,7 +99,7 @@ async def test_not_ready_by_the_deadline_fails_and_leaves_nothing(
 ) -> None:
     s, updates = sup
     s.cfg.ready_timeout_s = 2
-    s.start(ShardSpec(replica_id="slow", model="m", engine="vllm", env={"NEVER_READY": "1"}))
+    s.start(ShardSpec(replica_id="slow", model="m", engine="vllm", env={"VLLM_TEST_NEVER_READY": "1"}))
     failed = await wait_for(lambda: next((u for u in updates if u.state == "failed"), None), limit_s=20)
     assert "not ready within 2s" in failed.message
     starting = next(u for u in updates if u.pid)

@@ -19,6 +19,7 @@ def main() -> None:
     p.add_argument("--max-running-requests", type=int)
     p.add_argument("--quantization")
     p.add_argument("--chat-template")
+    p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--enable-metrics", action="store_true")
     p.add_argument("--enable-lora", action="store_true")
     p.add_argument("--lora-paths", nargs="+")

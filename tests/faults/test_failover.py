@@ -19,9 +19,8 @@ import openai
 import psycopg
 import pytest
 from controller.helpers import Agents, Repo, cluster_yaml, model_yaml
-from support import wait_until
+from support import pid_alive, wait_until
 
-from faults.cluster import pid_alive
 from faults.procs import ControllerProc, RouterProc, start_controller_proc, start_router_following
 from llmgw.controller.lease import LEASE_NAME
 

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import openai
+from faults.procs import RouterProc, start_router_proc
 from router.helpers import SimProcess, endpoint
-from support import free_port, wait_until
 from typer.testing import CliRunner
 
 from llmgw import keys
@@ -87,42 +81,6 @@ def snapshot(fast: SimProcess, slow: SimProcess) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- routers
 
 
-@dataclass
-class RouterProc:
-    proc: subprocess.Popen[bytes]
-    log: Path
-    port: int
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def client(self, key: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=60)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> int:
-        """SIGTERM and wait: the usage writer flushes on the way out."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-
-def _health(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
 def start_router(
     tmp: Path, snap: dict[str, Any], dsn: str, name: str = "router-1", *, clock_offset: float = 0.0
 ) -> RouterProc:
@@ -131,22 +89,9 @@ def start_router(
     snap_file = tmp / "snapshot.json"
     if not snap_file.exists():
         snap_file.write_text(json.dumps(snap))
-    port, metrics = free_port(), free_port()
-    log = tmp / f"{name}.log"
-    handle = log.open("ab")
-    argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(snap_file), "--store", dsn,
-            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics}",
-            "--router-id", name, "--limits-clock-offset", repr(clock_offset)]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
-    handle.close()
-    router = RouterProc(proc, log, port)
-    try:
-        wait_until(lambda: _health(port) or proc.poll() is not None, 60, f"{name} /health")
-    except AssertionError:
-        router.stop()
-        raise
-    assert proc.poll() is None, f"{name} exited at start:\n{router.text()[-3000:]}"
-    return router
+    args = ["--snapshot", str(snap_file), "--store", dsn, "--router-id", name,
+            "--limits-clock-offset", repr(clock_offset)]  # fmt: skip
+    return start_router_proc(tmp / f"{name}.log", args)
 
 
 # ---------------------------------------------------------------------------------------------- CLI, keys

@@ -279,7 +279,12 @@ def attach(c: Controller) -> LeaderLease:
     s = c.settings
     cfg = LeaseConfig(ttl_s=s.lease_ttl_s, renew_s=s.lease_renew_s, margin_s=min(3.0, s.lease_ttl_s / 5))
     lease = LeaderLease(
-        c.store, s.advertise or s.listen, cfg, clock=c.clock, on_change=lambda o, n: _role_changed(c, n)
+        c.store,
+        s.advertise or s.listen,
+        cfg,
+        wall=c.wall,  # the controller's clocks, both: a test that injects them controls the lease too
+        clock=c.clock,
+        on_change=lambda o, n: _role_changed(c, n),
     )
     c.lease = lease
     c.hub.gate = lease.refusal

@@ -68,6 +68,13 @@ def ready_replicas(c: ControllerProc, model: str, count: int) -> dict[str, int] 
     return {r["id"]: r["pid"] for r in mine} if ok else None
 
 
+def _leader_named(c: ControllerProc) -> str | None:
+    try:
+        return get(c, "/api/v1/status")["leadership"]["leader_address"]  # type: ignore[no-any-return]
+    except (urllib.error.URLError, OSError, KeyError):
+        return None
+
+
 def lease_holder(dsn: str) -> str | None:
     """Who holds the leader lease, read from the store's row (None when no row: released)."""
     with psycopg.connect(dsn) as conn:
@@ -208,8 +215,9 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
 
     # The killed controller comes back as a standby: it does not take the lease back.
     a2 = pair.start("a")
-    wait_until(lambda: role(a2) == "standby", 30, "the restarted controller to stand by")
-    assert get(a2, "/api/v1/status")["leadership"]["leader_address"] == b.url
+    # A controller is a standby that knows no leader until its first attempt: wait for it to name b.
+    wait_until(lambda: _leader_named(a2) == b.url, 30, "the restarted controller to stand by, naming b")
+    assert role(a2) == "standby"
     assert role(b) == "leader"
 
 

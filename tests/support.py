@@ -22,12 +22,17 @@ def free_port() -> int:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (a zombie still counts; tests/faults/cluster.py has a stricter one)."""
+    """Whether a process with this pid runs. A zombie (exited, not yet reaped by its parent) does not: it
+    serves nothing."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _timed_out(limit_s: float, what: str, last: Any) -> AssertionError:

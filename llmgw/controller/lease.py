@@ -188,10 +188,12 @@ class LeaderLease:
         sent_at = self.clock()
         self.attempts += 1
         try:
-            result = await asyncio.wait_for(
-                self.store.acquire_lease(self.cfg.name, self.holder, self.cfg.ttl_s, self.wall()),
-                timeout=self.cfg.renew_s,
-            )
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel that arrives as the
+            # statement finishes, and the loop would outlive its own cancellation (a stop that never returns).
+            async with asyncio.timeout(self.cfg.renew_s):
+                result = await self.store.acquire_lease(
+                    self.cfg.name, self.holder, self.cfg.ttl_s, self.wall()
+                )
         except Exception as exc:  # any store failure: keep the claim while it is valid (see `decide`)
             self.failures += 1
             message = str(exc) or type(exc).__name__
@@ -243,7 +245,11 @@ class LeaderLease:
         if not was.leading:
             return
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.store.release_lease(self.cfg.name, self.holder), timeout=2.0)
+            async with asyncio.timeout(2.0):
+                if await self.store.release_lease(self.cfg.name, self.holder):
+                    log.warning(
+                        "lease %s: released by %s for the next controller", self.cfg.name, self.holder
+                    )
 
     def status(self) -> dict[str, object]:
         """For the admin API's status: role, who leads, and whether the store answered."""
@@ -273,7 +279,12 @@ def attach(c: Controller) -> LeaderLease:
     s = c.settings
     cfg = LeaseConfig(ttl_s=s.lease_ttl_s, renew_s=s.lease_renew_s, margin_s=min(3.0, s.lease_ttl_s / 5))
     lease = LeaderLease(
-        c.store, s.advertise or s.listen, cfg, clock=c.clock, on_change=lambda o, n: _role_changed(c, n)
+        c.store,
+        s.advertise or s.listen,
+        cfg,
+        wall=c.wall,  # the controller's clocks, both: a test that injects them controls the lease too
+        clock=c.clock,
+        on_change=lambda o, n: _role_changed(c, n),
     )
     c.lease = lease
     c.hub.gate = lease.refusal

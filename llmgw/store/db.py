@@ -163,16 +163,21 @@ class SqliteBackend:
 
     @contextlib.asynccontextmanager
     async def tx(self) -> AsyncIterator[Tx]:
+        # A cancelled awaiter (a caller's timeout) does not stop a statement already running in the SQLite
+        # thread: a BEGIN that ran after its task was cancelled would leave the connection inside a
+        # transaction, and every later BEGIN fails. So BEGIN, COMMIT and ROLLBACK are shielded (once sent they
+        # finish), and any exit that is not a clean COMMIT rolls back whatever transaction is open. The one
+        # worker thread runs jobs in order, so the rollback lands after the statement it undoes.
         async with self._lock:
-            # BEGIN IMMEDIATE takes the write lock up front, so two processes never both read then write.
-            await self.call(lambda c: c.execute("BEGIN IMMEDIATE"))
             try:
+                # BEGIN IMMEDIATE takes the write lock up front, so two processes never both read then write.
+                await asyncio.shield(self.call(lambda c: c.execute("BEGIN IMMEDIATE")))
                 yield _SqliteTx(self)
+                await asyncio.shield(self.call(lambda c: c.execute("COMMIT")))
             except BaseException:
                 with contextlib.suppress(StoreError):
-                    await self.call(lambda c: c.execute("ROLLBACK"))
+                    await asyncio.shield(self.call(_rollback_if_open))
                 raise
-            await self.call(lambda c: c.execute("COMMIT"))
 
     async def run_in_tx(self, statements: Sequence[tuple[str, Params]]) -> None:
         # One hop to the SQLite thread for the whole transaction instead of one per statement: each hop is
@@ -198,7 +203,14 @@ class SqliteBackend:
 
         async with self._lock:
             await asyncio.get_running_loop().run_in_executor(self._pool, shut)
-        self._pool.shutdown(wait=True)
+        # Never join the worker on the event loop thread (a job queued after `shut` would block the loop,
+        # where no timeout can reach it): the worker ends by itself once its queue is drained.
+        self._pool.shutdown(wait=False)
+
+
+def _rollback_if_open(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
 
 
 # ---------------------------------------------------------------------------------------------- PostgreSQL

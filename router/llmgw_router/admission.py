@@ -44,6 +44,12 @@ class Admission:
     def depth(self) -> int:
         return self._depth
 
+    @property
+    def wake_ups_pending(self) -> int:
+        """Wake-ups handed to waiters that have not yet looked for room. 0: every queued request is parked
+        until the next `notify` (the queue is quiet, which tests wait for instead of counting loop ticks)."""
+        return sum(1 for queue in self._waiters.values() for w in queue if w.fut.done())
+
     def _reject(self, reason: str, message: str, retry_after: int) -> ApiError:
         if self._on_reject is not None:
             self._on_reject(reason)

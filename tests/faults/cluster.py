@@ -3,7 +3,6 @@ a controller in this process, agents and engines as real processes, and checks t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -12,19 +11,7 @@ from support import free_port, wait_for
 
 from llmgw.controller.app import RunningController
 
-__all__ = ["Cluster", "pid_alive"]
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped by its agent) is not serving anything
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+__all__ = ["Cluster"]
 
 
 class Cluster:

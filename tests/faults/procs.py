@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import openai
 from aiohttp import web
 from support import free_port, wait_until
 
@@ -88,14 +89,16 @@ class Proc:
             self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(20)
 
-    def stop(self) -> None:
+    def stop(self) -> int:
+        """SIGTERM and wait (a router's usage writer flushes on the way out); the exit code."""
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
             try:
-                self.proc.wait(20)
+                self.proc.wait(30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+        return int(self.proc.returncode)
 
     def text(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -134,8 +137,17 @@ def start_controller_proc(log: Path, settings: dict[str, Any], token: str) -> Co
 
 @dataclass
 class RouterProc(Proc):
+    """A router process: `api` is its OpenAI API's base address, `metrics` its /metrics listener's."""
+
     api: str = ""
     metrics: str = ""
+
+    @property
+    def base_url(self) -> str:
+        return self.api + "/v1"
+
+    def client(self, key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=60)
 
 
 def start_router_proc(log: Path, args: list[str]) -> RouterProc:

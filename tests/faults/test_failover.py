@@ -4,8 +4,10 @@ and no replica is restarted (same replica ids, same engine PIDs)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -14,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import psycopg
 import pytest
 from controller.helpers import Agents, Repo, cluster_yaml, model_yaml
-from support import wait_until
+from support import pid_alive, wait_until
 
-from faults.cluster import pid_alive
 from faults.procs import (
     ControllerProc,
     RouterProc,
@@ -26,6 +28,7 @@ from faults.procs import (
     start_controller_proc,
     start_router_following,
 )
+from llmgw.controller.lease import LEASE_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
@@ -69,6 +72,20 @@ def ready_replicas(c: ControllerProc, model: str, count: int) -> dict[str, int] 
     mine = [r for r in items if r["model"] == model]
     ok = len(mine) == count and all(r["state"] == "ready" and r["pid"] for r in mine)
     return {r["id"]: r["pid"] for r in mine} if ok else None
+
+
+def _leader_named(c: ControllerProc) -> str | None:
+    try:
+        return get(c, "/api/v1/status")["leadership"]["leader_address"]  # type: ignore[no-any-return]
+    except (urllib.error.URLError, OSError, KeyError):
+        return None
+
+
+def lease_holder(dsn: str) -> str | None:
+    """Who holds the leader lease, read from the store's row (None when no row: released)."""
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT holder FROM leases WHERE name = %s", (LEASE_NAME,)).fetchone()
+    return str(row[0]) if row else None
 
 
 def _answers(client: openai.OpenAI) -> bool:
@@ -168,17 +185,22 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     client = openai.OpenAI(base_url=router.api + "/v1", api_key=KEY, max_retries=0, timeout=30)
     wait_until(lambda: _answers(client), 30, "sim-a through the router")
 
-    killed_at, killed_wall = time.monotonic(), time.time()
+    killed_wall = time.time()
     a.proc.send_signal(signal.SIGKILL)
     a.proc.wait(10)
     answered = 0
-    while role(b) != "leader":  # every request during the failover is answered, from the last snapshot
+
+    def answered_until_b_leads() -> bool:  # every request during the failover is answered, from the snapshot
+        nonlocal answered
         assert _answers(client), "a request failed during the failover"
         answered += 1
-        assert time.monotonic() - killed_at < 30, "controller b did not lead within 30s"
-    led_after = time.monotonic() - killed_at
+        return role(b) == "leader"
+
+    wait_until(answered_until_b_leads, 30, "controller b to lead after a was killed", interval=0.0)
     assert answered > 0
-    print(f"failover: the standby led {led_after:.1f}s after the leader was killed (ttl {TTL_S}s)")
+    # Taken over by expiry, as the store records it: b holds the lease row, and a never released it.
+    assert lease_holder(pair.dsn) == get(b, "/api/v1/status")["leadership"]["holder"]
+    assert "released by" not in a.text()
     after = wait_until(lambda: ready_replicas(b, "sim-a", 2), 60, "the replicas adopted by b")
     assert after == before, "same replicas, same engine processes: nothing restarted"
     assert all(pid_alive(pid) for pid in before.values())
@@ -191,7 +213,6 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
     passes = get(b, "/api/v1/status")["reconcile"]["passes"]
     wait_until(lambda: get(b, "/api/v1/status")["reconcile"]["passes"] >= passes + 3, 30, "more passes")
     assert ready_replicas(b, "sim-a", 2) == before
-    assert led_after < TTL_S + 10, f"b took {led_after:.1f}s to lead"  # generous: ttl + renew + start-up
 
     wait_until(
         lambda: _metric(b.metrics_url, "llmgw_controller_router_connections") == 1.0, 30, "router on b"
@@ -201,8 +222,9 @@ def test_leader_killed_standby_leads_and_adopts_without_restarting(pair: Pair) -
 
     # The killed controller comes back as a standby: it does not take the lease back.
     a2 = pair.start("a")
-    wait_until(lambda: role(a2) == "standby", 30, "the restarted controller to stand by")
-    assert get(a2, "/api/v1/status")["leadership"]["leader_address"] == b.url
+    # A controller is a standby that knows no leader until its first attempt: wait for it to name b.
+    wait_until(lambda: _leader_named(a2) == b.url, 30, "the restarted controller to stand by, naming b")
+    assert role(a2) == "standby"
     assert role(b) == "leader"
 
 
@@ -212,12 +234,15 @@ def test_graceful_stop_hands_over_at_once(pair: Pair) -> None:
     wait_until(lambda: role(a) == "leader", 30, "controller a to lead")
     b = pair.start("b")
     wait_until(lambda: role(b) == "standby", 30, "controller b to stand by")
+    a_holder = get(a, "/api/v1/status")["leadership"]["holder"]
+    b_holder = get(b, "/api/v1/status")["leadership"]["holder"]
     a.stop()  # SIGTERM: the lease is released on the way out
     assert "Traceback" not in a.text()
-    stopped = time.monotonic()
+    # Released, not left to expire: a says so, and the store's row is gone or already b's.
+    assert f"released by {a_holder}" in a.text()
+    assert lease_holder(pair.dsn) in (None, b_holder)
     wait_until(lambda: role(b) == "leader", 30, "b to lead after a stopped")
-    # Released, not expired: b leads at its next try (renew 0.5 s), well inside the ttl.
-    assert time.monotonic() - stopped < TTL_S
+    assert lease_holder(pair.dsn) == b_holder
 
 
 def test_is_leader_metric_matches_the_role(pair: Pair) -> None:
@@ -250,15 +275,30 @@ def test_store_lost_the_leader_steps_down_and_leadership_returns_without_restart
     pair.repo.write({"models/a.yaml": model_yaml("sim-a", min_=1)}, "add sim-a")
     before = wait_until(lambda: ready_replicas(a, "sim-a", 1), 90, "one replica ready on the leader")
 
+    seen: list[tuple[str, bool]] = []  # (role, store error shown) as a's status reported it
+    watching = threading.Event()
+    watching.set()
+
+    def watch() -> None:
+        while watching.is_set():
+            with contextlib.suppress(urllib.error.URLError, OSError, KeyError):
+                lead = get(a, "/api/v1/status")["leadership"]
+                seen.append((str(lead["role"]), bool(lead["store_error"])))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()  # before the stop, so the window in which a keeps its claim cannot be missed
     pg_server.stop()
     try:
-        stopped = time.monotonic()
         wait_until(lambda: role(a) == "standby", 30, "the leader to step down without its store")
-        stepped_after = time.monotonic() - stopped
+        watching.clear()
+        watcher.join(10)
         lead = get(a, "/api/v1/status")["leadership"]
         assert lead["store_error"], lead
         assert role(b) == "standby", "no store, no new leader"
-        assert stepped_after > 1.0, "the claim is kept while it is valid, not dropped at the first error"
+        # The claim is kept while it is valid, not dropped at the first error: a was seen leading while its
+        # status showed the store error.
+        assert ("leader", True) in seen, sorted(set(seen))
         assert all(pid_alive(p) for p in before.values()), "engines keep running without a leader"
     finally:
         pg_server.start()

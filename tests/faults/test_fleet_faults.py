@@ -20,9 +20,9 @@ import pytest
 from aiohttp import web
 from controller.helpers import model_yaml
 from observability.tools import require_tool
-from support import free_port, wait_for, wait_until
+from support import free_port, pid_alive, wait_for, wait_until
 
-from faults.cluster import Cluster, pid_alive
+from faults.cluster import Cluster
 from faults.procs import start_router_following
 
 pytestmark = pytest.mark.integration

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from support import wait_for
 
 from llmgw.controller.lease import (
     STANDBY_REFUSAL,
@@ -186,13 +187,13 @@ async def test_run_loop_renews_and_steps_down_when_the_store_fails(tmp_path: Pat
     lease = LeaderLease(store, "http://a:7070", cfg, on_change=lambda o, n: roles.append(n.role))
     task = asyncio.create_task(lease.run())
     try:
-        await _until(lease.leading, 5.0)
+        await wait_for(lease.leading, 10.0, "the loop to take the lease")
 
         async def broken(*_: object) -> LeaseResult:
             raise ConnectionError("store down")
 
         store.acquire_lease = broken  # type: ignore[method-assign]
-        await _until(lambda: not lease.leading(), 5.0)
+        await wait_for(lambda: not lease.leading(), 10.0, "the loop to step down")
         assert roles == ["leader", "standby"]
         assert lease.state.error == "store down"
     finally:
@@ -202,9 +203,25 @@ async def test_run_loop_renews_and_steps_down_when_the_store_fails(tmp_path: Pat
         await store.close()
 
 
-async def _until(predicate: object, limit_s: float) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + limit_s
-    while not predicate():  # type: ignore[operator]
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+async def test_a_cancelled_lease_loop_stops_even_when_its_renewal_has_just_finished(tmp_path: Path) -> None:
+    """The stop arrives in the very step in which the store answered: the loop must still end (Python 3.11's
+    `asyncio.wait_for` returned the answer instead and the loop ran on, so its owner waited forever)."""
+    store = await Store.open(f"sqlite:///{tmp_path / 'l.db'}")
+    lease = LeaderLease(store, "http://a:7070", LeaseConfig(ttl_s=1.0, renew_s=0.1, margin_s=0.2))
+    real = store.acquire_lease
+
+    async def answer_then_stop(name: str, holder: str, ttl: float, now: float) -> LeaseResult:
+        result = await real(name, holder, ttl, now)
+        task.cancel()  # the owner stops the loop just as the renewal completes
+        return result
+
+    store.acquire_lease = answer_then_stop  # type: ignore[method-assign]
+    task = asyncio.create_task(lease.run())
+    try:
+        await asyncio.wait({task}, timeout=10.0)
+        assert task.cancelled(), f"the lease loop outlived its cancellation ({lease.attempts} attempts)"
+        assert lease.attempts == 1
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await store.close()

@@ -14,6 +14,7 @@ import pytest
 from llmgw_router.auth import Authenticator
 from llmgw_router.errors import ApiError
 from router.helpers import start_sim, wait_healthy_sync
+from support import wait_for
 
 from faults.procs import start_router_proc
 from llmgw.keys import create_key, hash_key
@@ -98,11 +99,12 @@ async def test_store_unreachable_for_ten_seconds_loses_no_usage_record(
                     await asyncio.to_thread(pg_server.start)
                 for i in range(20):
                     await one(f"after {i}")
-            deadline = time.monotonic() + 60
-            count = await _usage_count(pg_dsn)
-            while count < made and time.monotonic() < deadline:
-                await asyncio.sleep(0.2)
+
+            async def all_written() -> int | None:
                 count = await _usage_count(pg_dsn)
+                return count if count >= made else None
+
+            count = await wait_for(all_written, 60, f"{made} usage records written", interval=0.2)
             assert count == made, f"{made} requests answered, {count} usage records written"
             assert await asyncio.to_thread(_pending, router.metrics) == 0
         finally:

@@ -6,11 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Any
 
-from support import free_port
+from support import free_port, wait_until
 
 
 @dataclass
@@ -69,20 +68,19 @@ def endpoint(s: SimProcess, replica_id: str, slots: int | None = 8, **kw: Any) -
 
 
 def wait_healthy_sync(sims: list[SimProcess], limit_s: float = 60.0) -> None:
+    """Each sim engine answers /health (support.wait_until: one deadline per engine, named)."""
+    for s in sims:
+        wait_until(lambda s=s: _sim_healthy(s), limit_s, f"sim engine {s.model} on port {s.port}")  # type: ignore[misc]
+
+
+def _sim_healthy(s: SimProcess) -> bool:
     import urllib.error
     import urllib.request
 
-    deadline = time.monotonic() + limit_s
-    for s in sims:
-        while True:
-            if s.proc.poll() is not None:
-                raise AssertionError(f"sim engine for {s.model} exited with {s.proc.returncode}")
-            try:
-                with urllib.request.urlopen(s.base_url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for sim engine {s.model} on port {s.port}")
-            time.sleep(0.05)
+    if s.proc.poll() is not None:
+        raise AssertionError(f"sim engine for {s.model} exited with {s.proc.returncode}")
+    try:
+        with urllib.request.urlopen(s.base_url + "/health", timeout=2) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False

@@ -40,10 +40,10 @@ class Slots:
         self.admitted.append(name)
 
 
-async def _settle() -> None:
-    """Let every task that is ready run to its next wait. sleep(0) only yields to the loop: no wall time."""
-    for _ in range(50):
-        await asyncio.sleep(0)
+async def _settle(adm: Admission) -> None:
+    """Until every queued waiter has used its wake-up and is parked again: nothing more happens until the
+    next notify, so what the slots saw is final."""
+    await wait_for(lambda: adm.wake_ups_pending == 0, DEADLINE_S, "every waiter to be parked")
 
 
 async def _queue(
@@ -65,7 +65,7 @@ async def test_a_slot_the_front_waiter_cannot_use_goes_to_the_next_and_the_front
     slots.free = 1
     adm.notify("m")
     await asyncio.wait_for(b, DEADLINE_S)
-    await _settle()
+    await _settle(adm)
     # After `b`, the queue looks once more in case room was left (`a` again, then `c`): there was none.
     assert slots.admitted == ["b"] and slots.tried == ["a", "b", "a", "c"]
     assert not a.done() and not c.done() and adm.depth == 2  # one slot, one admission
@@ -91,7 +91,7 @@ async def test_a_wake_up_nobody_can_use_is_tried_once_per_waiter_and_not_down_th
 
     adm.notify("m")  # no slot free
     await wait_for(lambda: len(slots.tried) == PASS_ON_LIMIT + 1, DEADLINE_S, "the wake-up passed on")
-    await _settle()
+    await _settle(adm)
     assert slots.tried == names[: PASS_ON_LIMIT + 1]
     assert adm.depth == len(names)
 
@@ -112,7 +112,7 @@ async def test_a_lone_waiter_that_cannot_use_a_wake_up_waits_again_without_spinn
     (a,) = await _queue(adm, slots, ("a", lambda: True))
     adm.notify("m")
     await wait_for(lambda: slots.tried, DEADLINE_S, "a to look for room")
-    await _settle()
+    await _settle(adm)
     assert slots.tried == ["a"] and not a.done()
     slots.free = 1
     adm.notify("m")
@@ -143,7 +143,7 @@ async def test_room_for_several_admits_several_from_one_wake_up() -> None:
     slots.free = 3
     adm.notify("m")
     await asyncio.wait_for(asyncio.gather(*tasks[:3]), DEADLINE_S)
-    await _settle()
+    await _settle(adm)
     assert slots.admitted == ["a", "b", "c"] and not tasks[3].done() and adm.depth == 1
     assert slots.tried == ["a", "b", "c", "d"]  # `d` looked once, found no room, and waits on
     slots.free = 1

@@ -9,6 +9,7 @@ from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.errors import ApiError
 from llmgw_router.tenancy import allowed, tenant_chain
+from support import wait_for
 
 from llmgw.keys import hash_key
 from llmgw.publish import RouterSnapshot
@@ -86,10 +87,9 @@ async def test_admission_is_fifo_bounded_and_times_out() -> None:
         order.append(i)
 
     first = asyncio.create_task(waiter(1))
-    await asyncio.sleep(0)
+    await wait_for(lambda: adm.depth == 1, 10.0, "the first waiter queued")
     second = asyncio.create_task(waiter(2))
-    await asyncio.sleep(0)
-    assert adm.depth == 2
+    await wait_for(lambda: adm.depth == 2, 10.0, "the second waiter queued behind it")
     with pytest.raises(ApiError) as full:
         await adm.wait("m", has_room, 30)
     assert full.value.code == "queue_full" and full.value.headers["Retry-After"]

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-import signal
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import openai
+from faults.procs import RouterProc, start_router_proc
 from router.helpers import SimProcess, endpoint
-from support import free_port, wait_until
 from typer.testing import CliRunner
 
 from llmgw import keys
@@ -87,63 +81,17 @@ def snapshot(fast: SimProcess, slow: SimProcess) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- routers
 
 
-@dataclass
-class RouterProc:
-    proc: subprocess.Popen[bytes]
-    log: Path
-    port: int
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def client(self, key: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=60)
-
-    def text(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def stop(self) -> int:
-        """SIGTERM and wait: the usage writer flushes on the way out."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
-
-
-def _health(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
-
-
-def start_router(tmp: Path, snap: dict[str, Any], dsn: str, name: str = "router-1") -> RouterProc:
-    """`llmgw-router --snapshot FILE --store DSN` as a process on fresh ports; waits until /health answers."""
+def start_router(
+    tmp: Path, snap: dict[str, Any], dsn: str, name: str = "router-1", *, clock_offset: float = 0.0
+) -> RouterProc:
+    """`llmgw-router --snapshot FILE --store DSN` as a process on fresh ports; waits until /health answers.
+    `clock_offset` shifts its rate-limit windows (`window_start_offset`)."""
     snap_file = tmp / "snapshot.json"
     if not snap_file.exists():
         snap_file.write_text(json.dumps(snap))
-    port, metrics = free_port(), free_port()
-    log = tmp / f"{name}.log"
-    handle = log.open("ab")
-    argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(snap_file), "--store", dsn,
-            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics}",
-            "--router-id", name, "--state-dir", str(tmp / f"{name}-state")]  # fmt: skip
-    proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
-    handle.close()
-    router = RouterProc(proc, log, port)
-    try:
-        wait_until(lambda: _health(port) or proc.poll() is not None, 60, f"{name} /health")
-    except AssertionError:
-        router.stop()
-        raise
-    assert proc.poll() is None, f"{name} exited at start:\n{router.text()[-3000:]}"
-    return router
+    args = ["--snapshot", str(snap_file), "--store", dsn, "--router-id", name,
+            "--limits-clock-offset", repr(clock_offset), "--state-dir", str(tmp / f"{name}-state")]  # fmt: skip
+    return start_router_proc(tmp / f"{name}.log", args)
 
 
 # ---------------------------------------------------------------------------------------------- CLI, keys
@@ -191,33 +139,24 @@ def window_of(t: float) -> int:
     return int(t // MINUTE)
 
 
-def fresh_window(after: int = -1, headroom: float = 20.0) -> int:
-    """Wait (bounded: at most one window) until the current minute window is later than `after` and has at
-    least `headroom` seconds left; return its index."""
-    while True:
-        now = time.time()
-        current = window_of(now)
-        if current > after and (current + 1) * MINUTE - now >= headroom:
-            return current
-        time.sleep(min(1.0, (current + 1) * MINUTE - now + 0.01))
+def window_start_offset(lead_in: float = 1.0) -> float:
+    """A `--limits-clock-offset` that puts a router's limiter `lead_in` seconds into the next minute window
+    when it starts, so a test has a whole untouched window (59 s) without waiting for one in real time."""
+    now = time.time()
+    return (window_of(now) + 1) * MINUTE + lead_in - now
 
 
-def in_one_window(run: Callable[[], T], headroom: float = 20.0, attempts: int = 3) -> T:
-    """Run `run` so that it starts and ends within one minute window that nothing touched before.
+def in_one_window(offset: float, run: Callable[[], T]) -> T:
+    """Run `run` and check it started and ended in one minute window of routers started with `offset`.
 
-    Windows are fixed and aligned to the epoch: a run split by a window boundary would see two pools. Such a
-    run is discarded and repeated in the next untouched window, so the test's assertions always hold for one.
-    Each attempt must spend from pools only this test uses.
+    Windows are fixed and aligned to the epoch: a run split by a window boundary would see two pools. With
+    `window_start_offset` the run has the whole window; outlasting it is a failure to report, not to retry.
     """
-    touched = -1
-    for _ in range(attempts):
-        start = fresh_window(touched, headroom)
-        result = run()
-        end = window_of(time.time())
-        if end == start:
-            return result
-        touched = end
-    raise AssertionError(f"{attempts} attempts each crossed a minute boundary despite {headroom}s headroom")
+    start = window_of(time.time() + offset)
+    result = run()
+    end = window_of(time.time() + offset)
+    assert end == start, "the run outlasted the minute window it started in (59 s of headroom)"
+    return result
 
 
 def error_of(exc: openai.APIStatusError) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Every limit refusing at the right moment with the right error, through a real router process over the store.
 
 Each test spends from its own project's pools (see helpers.tenants). Minute windows are fixed and aligned to
-the epoch, so tests counting against rpm or tpm run inside one untouched window (`in_one_window`).
+the epoch, so tests counting against rpm or tpm start their router at the start of a window (its
+`--limits-clock-offset`, test-only) and check the run stayed inside it (`in_one_window`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .helpers import (
     error_of,
     in_one_window,
     start_router,
+    window_start_offset,
 )
 
 pytestmark = pytest.mark.integration
@@ -52,10 +54,11 @@ def _until_refused(
 
 def test_rpm_refuses_request_n_plus_one(store_dsn: str, snap: dict[str, Any], tmp_path: Path) -> None:
     key = create_key(store_dsn, "rpm")  # project rpm: 5 requests per minute
-    router = start_router(tmp_path, snap, store_dsn)
+    offset = window_start_offset()
+    router = start_router(tmp_path, snap, store_dsn, clock_offset=offset)
     try:
         with router.client(key) as client:
-            done, refused = in_one_window(lambda: _until_refused(client, 20))
+            done, refused = in_one_window(offset, lambda: _until_refused(client, 20))
         assert len(done) == 5
         remaining = [int(h["x-ratelimit-remaining-requests"]) for _, h in done]
         assert remaining == [4, 3, 2, 1, 0]
@@ -77,10 +80,11 @@ def test_tpm_refuses_the_request_that_no_longer_fits(
     store_dsn: str, snap: dict[str, Any], tmp_path: Path
 ) -> None:
     key = create_key(store_dsn, "tpm")  # project tpm: 400 tokens per minute
-    router = start_router(tmp_path, snap, store_dsn)
+    offset = window_start_offset()
+    router = start_router(tmp_path, snap, store_dsn, clock_offset=offset)
     try:
         with router.client(key) as client:
-            done, refused = in_one_window(lambda: _until_refused(client, 40, max_tokens=30))
+            done, refused = in_one_window(offset, lambda: _until_refused(client, 40, max_tokens=30))
         assert done, "the first request fits in an empty pool"
         # Admission charges the estimate (prompt estimate + max_tokens) and corrects to the real usage at the
         # end, so the n-th request is admitted while (n-1) real requests + one estimate fit in 400.

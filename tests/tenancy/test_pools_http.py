@@ -12,7 +12,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
-from .helpers import FAST, create_key, error_of, in_one_window, start_router
+from .helpers import FAST, create_key, error_of, in_one_window, start_router, window_start_offset
 
 pytestmark = pytest.mark.integration
 
@@ -38,14 +38,15 @@ def test_projects_share_their_parents_rpm(
 ) -> None:
     # Neither project sets an rpm; their team (or, for the other pair, their organization) allows 6.
     keys = [create_key(store_dsn, first), create_key(store_dsn, second)]
-    router = start_router(tmp_path, snap, store_dsn)
+    offset = window_start_offset()
+    router = start_router(tmp_path, snap, store_dsn, clock_offset=offset)
     try:
         clients = [router.client(k) for k in keys]
 
         def alternate() -> list[str]:
             return [_outcome(clients[i % 2]) for i in range(10)]
 
-        outcomes = in_one_window(alternate)
+        outcomes = in_one_window(offset, alternate)
         for c in clients:
             c.close()
     finally:
@@ -60,7 +61,8 @@ def test_projects_share_their_parents_rpm(
 def test_two_routers_together_stay_within_the_rpm(pg_dsn: str, snap: dict[str, Any], tmp_path: Path) -> None:
     limit, requests = 10, 60  # project `shared`: 10 requests per minute
     key = create_key(pg_dsn, "shared")
-    routers = [start_router(tmp_path, snap, pg_dsn, name=f"router-{i}") for i in (1, 2)]
+    offset = window_start_offset()  # one offset for both: they share the store's windows
+    routers = [start_router(tmp_path, snap, pg_dsn, name=f"router-{i}", clock_offset=offset) for i in (1, 2)]
     try:
         clients = [r.client(key) for r in routers]
 
@@ -71,7 +73,7 @@ def test_two_routers_together_stay_within_the_rpm(pg_dsn: str, snap: dict[str, A
                 out += pool.map(lambda n: (n % 2, _outcome(clients[n % 2])), range(requests - 2))
             return out
 
-        outcomes = in_one_window(burst)
+        outcomes = in_one_window(offset, burst)
         for c in clients:
             c.close()
     finally:

@@ -13,10 +13,10 @@ import statistics
 import time
 from collections.abc import Callable
 
-from llmgw.config.models import ModelSpec
-from llmgw.fleet import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
-from llmgw.placement import PlacementResult, place
-from llmgw.reconcile import Decision, StartReplica, reconcile
+from llmgw.core.config.models import ModelSpec
+from llmgw.core.fleet import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
+from llmgw.core.placement import PlacementResult, place
+from llmgw.core.reconcile import Decision, StartReplica, reconcile
 
 CLASSES = ("h100-80g", "a100-80g", "l40s-48g")
 

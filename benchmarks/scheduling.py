@@ -68,7 +68,7 @@ from typing import Any
 import aiohttp
 from ruamel.yaml import YAML
 
-from llmgw.config.models import RoutingPolicySpec
+from llmgw.core.config.models import RoutingPolicySpec
 
 MODEL = "bench-chat"
 BLOCK = 16  # the sim's prefix-cache block size (its default)

@@ -86,7 +86,7 @@ class Procs:
 
 
 async def make_key(dsn: str) -> str:
-    from llmgw.keys import create_key
+    from llmgw.adapters.keys import create_key
     from llmgw.store.store import Store
 
     store = await Store.open(dsn)

@@ -12,8 +12,8 @@ import pytest
 from jsonschema import Draft202012Validator
 from ruamel.yaml import YAML
 
-from llmgw.config.docs import render_reference
-from llmgw.config.schemas import all_schemas, render
+from llmgw.core.config.docs import render_reference
+from llmgw.core.config.schemas import all_schemas, render
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMAS = ROOT / "schemas"

@@ -33,7 +33,7 @@ MAX_REDIRECTS = 5
 DEFAULT_MAX_DOWNLOAD_BYTES = 200 * 1024**3
 _REFUSED_HOSTS = {"metadata.google.internal", "metadata", "metadata.azure.internal"}
 _LINK_LOCAL = (ipaddress.ip_network("169.254.0.0/16"), ipaddress.ip_network("fe80::/10"))
-# Metadata services outside link-local: AWS's IPv6 endpoint and Alibaba Cloud's (as llmgw.security lists them).
+# Metadata services outside link-local: AWS's IPv6 endpoint and Alibaba Cloud's (as llmgw.core.security lists them).
 _METADATA_ADDRESSES = (ipaddress.ip_address("fd00:ec2::254"), ipaddress.ip_address("100.100.100.200"))
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw.fleet import LiveState
+from llmgw.core.fleet import LiveState
 
 TOKEN_ENV = "LLMGW_TOKEN"
 CONTROLLER_ENV = "LLMGW_CONTROLLER"

@@ -18,10 +18,10 @@ import typer
 from rich.console import Console
 from ruamel.yaml import YAML
 
-from llmgw.config import load_repo
-from llmgw.config.models import NAME_PATTERN, Cluster, Node, SecretRef
-from llmgw.config.schemas import ID_BASE, schema_file_name
-from llmgw.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy, SecretRefError, resolve
+from llmgw.adapters.repo_files import load_repo
+from llmgw.core.config.models import NAME_PATTERN, Cluster, Node, SecretRef
+from llmgw.core.config.schemas import ID_BASE, schema_file_name
+from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy, SecretRefError, resolve
 
 RepoOpt = Annotated[Path, typer.Option("--repo", help="Cluster repo directory")]
 CaOpt = Annotated[
@@ -195,7 +195,7 @@ def node_router_cert(
     (which carries every engine key) asks for one beside the router token; a node's certificate does not do."""
     import os
 
-    from llmgw.nodes.ca import CAError, ClusterCA
+    from llmgw.adapters.ssh.ca import CAError, ClusterCA
 
     try:
         ca = ClusterCA.open(ca_dir, create=False)
@@ -252,6 +252,11 @@ def node_bootstrap(
     secret_env_prefix: EnvPrefixOpt = DEFAULT_ENV_PREFIX,
 ) -> None:
     """Bootstrap one node now: check, install the agent, configure, start, wait for it to register."""
+    from llmgw.adapters.ssh import wheels
+    from llmgw.adapters.ssh.bootstrap import BootstrapOptions, Step, bootstrap_node
+    from llmgw.adapters.ssh.ca import ClusterCA
+    from llmgw.adapters.ssh.remote import StepFailed, target_for
+    from llmgw.adapters.ssh.render import Layout, prefix_problem
     from llmgw.cli.admin_client import (
         AdminClient,
         AdminError,
@@ -260,11 +265,6 @@ def node_bootstrap(
         environ,
         resolve_token,
     )
-    from llmgw.nodes import wheels
-    from llmgw.nodes.bootstrap import BootstrapOptions, Step, bootstrap_node
-    from llmgw.nodes.ca import ClusterCA
-    from llmgw.nodes.remote import StepFailed, target_for
-    from llmgw.nodes.render import Layout, prefix_problem
 
     if auth not in ("tls", "token") or service not in ("auto", "systemd", "process"):
         _fail("--auth takes tls or token; --service takes auto, systemd or process")
@@ -353,9 +353,9 @@ def engine_check(
     secret_env_prefix: EnvPrefixOpt = DEFAULT_ENV_PREFIX,
 ) -> None:
     """Run ENGINE's version (or help) on NODE over SSH and print what it says."""
-    from llmgw.nodes.engines import check_local, check_remote
-    from llmgw.nodes.remote import StepFailed, target_for
-    from llmgw.nodes.render import Layout, prefix_problem
+    from llmgw.adapters.ssh.engines import check_local, check_remote
+    from llmgw.adapters.ssh.remote import StepFailed, target_for
+    from llmgw.adapters.ssh.render import Layout, prefix_problem
 
     if problem := prefix_problem(prefix):
         _fail(f"--prefix: {problem}")

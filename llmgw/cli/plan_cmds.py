@@ -23,10 +23,11 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
+from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import admin_client, follow
 from llmgw.cli.admin_client import AdminClient, AdminError
-from llmgw.config import LoadResult, load_repo
-from llmgw.fleet import LiveState
+from llmgw.core.fleet import LiveState
+from llmgw.core.repo import LoadResult
 
 PLAN_FORMAT = "llmgw-plan/v1"
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -111,7 +112,7 @@ def plan(
     revision: RevisionOpt = None,
 ) -> None:
     """Show what applying the cluster repo would change in the fleet."""
-    from llmgw import plan as plans
+    from llmgw.core import plan as plans
 
     result = load_repo(path, revision=revision)
     if not result.ok or result.repo is None:
@@ -183,8 +184,8 @@ def plan_digest(plan_dict: dict[str, Any]) -> str:
 
 
 def _write_plan_file(out: Path, path: Path, result: LoadResult, made: Any, source: str) -> None:
-    from llmgw.config import content_hash
-    from llmgw.plan import to_dict
+    from llmgw.adapters.repo_files import content_hash
+    from llmgw.core.plan import to_dict
 
     assert result.repo is not None
     body = to_dict(made)
@@ -218,8 +219,8 @@ def read_plan_file(path: Path) -> dict[str, Any] | None:
 
 def check_plan_current(saved: dict[str, Any], result: LoadResult, live: LiveState) -> None:
     """Refuse a saved plan made against another repo content or another live state."""
-    from llmgw.config import content_hash
-    from llmgw.plan import plan_for_catalog, to_dict
+    from llmgw.adapters.repo_files import content_hash
+    from llmgw.core.plan import plan_for_catalog, to_dict
 
     assert result.repo is not None
     repo = saved["repo"]
@@ -247,7 +248,7 @@ def check_plan_current(saved: dict[str, Any], result: LoadResult, live: LiveStat
 
 
 def _content_hash(path: Path) -> str:
-    from llmgw.config import content_hash
+    from llmgw.adapters.repo_files import content_hash
 
     return content_hash(path)
 
@@ -404,7 +405,7 @@ def _path_not_allowed(exc: AdminError) -> bool:
 
 def repo_files(path: Path) -> dict[str, str]:
     """The YAML files the loader reads, by path relative to the repo (what `--send files` uploads)."""
-    from llmgw.config.files import yaml_files
+    from llmgw.adapters.repo_files import yaml_files
 
     if path.is_file():
         return {path.name: path.read_text(encoding="utf-8")}

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from llmgw.config.docs import render_reference
-from llmgw.config.schemas import all_schemas, render
+from llmgw.core.config.docs import render_reference
+from llmgw.core.config.schemas import all_schemas, render
 
 app = typer.Typer(
     help="JSON Schemas of the cluster repo, generated from the config models.", no_args_is_help=True

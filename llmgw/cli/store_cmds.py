@@ -29,7 +29,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
-from llmgw import keys as keymod
+from llmgw.adapters import keys as keymod
 from llmgw.cli import admin_client
 from llmgw.store import DEFAULT_DSN, USAGE_GROUPS, ApiKey, Store, StoreError, UsageGroup, UsageTotal
 from llmgw.store.move import move_store

@@ -1,4 +1,4 @@
-"""`llmgw up [PATH]`: controller, router and a local agent on this machine (see llmgw.up)."""
+"""`llmgw up [PATH]`: controller, router and a local agent on this machine (see llmgw.cli.up)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def up(
 ) -> None:
     """Run the controller, a router and a local agent on this machine until Ctrl-C, following PATH
     (a change to a file is a new revision). Prints the OpenAI base URL and a key for the repo's first project."""
-    from llmgw.up import UpSettings, run_up
+    from llmgw.cli.up import UpSettings, run_up
 
     settings = UpSettings(
         repo=path,

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from llmgw.config import LoadResult, load_repo
+from llmgw.adapters.repo_files import load_repo
+from llmgw.core.repo import LoadResult
 
 
 class Format(StrEnum):

@@ -19,14 +19,14 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgw import jsonsafe, placement
-from llmgw import keys as keymod
+from llmgw.adapters import keys as keymod
+from llmgw.adapters.sources import Checkout, GitSource, Source
 from llmgw.controller import views
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import Controller
 from llmgw.controller.desired import tree_hash
 from llmgw.controller.routers import note_demand, note_usage, token_ok
-from llmgw.controller.source import Checkout, GitSource, Source
+from llmgw.core import jsonsafe, placement
 from llmgw.store import ApiKey, StoreError
 
 log = logging.getLogger("llmgw.controller.admin")

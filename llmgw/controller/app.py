@@ -20,6 +20,8 @@ from typing import Any
 from aiohttp import web
 from llmgw_agent.protocol import AGENT_PATH
 
+from llmgw.adapters.httplog import quiet_bad_requests
+from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
 from llmgw.controller import admin, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.core import Controller, admin_token_from
@@ -28,8 +30,6 @@ from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconciler import Reconciler
 from llmgw.controller.routers import node_credential, router_credential, router_stream
 from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.source import DirectorySource, GitSource, Source, SourceUnavailable
-from llmgw.httplog import quiet_bad_requests
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.controller")
@@ -212,7 +212,7 @@ def router_tls_check(settings: ControllerSettings) -> PeerCheck | None:
     """With the cluster CA: the check `/router/v1` makes of a router's client certificate (its role)."""
     if settings.ca_dir is None:
         return None
-    from llmgw.nodes.ca import ClusterCA
+    from llmgw.adapters.ssh.ca import ClusterCA
 
     ca = ClusterCA.open(settings.ca_dir, create=False)
     return ca.check_router
@@ -227,7 +227,7 @@ def tls_setup(
     refuses an agent without a valid one (and one whose certificate names another node), and with the
     cluster CA the router stream refuses a client without a router's certificate."""
     if settings.ca_dir is not None:
-        from llmgw.nodes.ca import ClusterCA
+        from llmgw.adapters.ssh.ca import ClusterCA
 
         ca = ClusterCA.open(settings.ca_dir, create=settings.ca_dir == default_ca_dir(settings))
         ctx = ca.server_context([settings.listen])
@@ -292,7 +292,7 @@ def default_ca_dir(settings: ControllerSettings) -> Path:
 def repo_remote_nodes(settings: ControllerSettings) -> tuple[str, list[str]] | None:
     """The controller address and the remote Nodes of the repo as it is on disk now (a local repo, or the
     clone an earlier run left in the state dir); None when it cannot be read yet."""
-    from llmgw.config import load_repo
+    from llmgw.adapters.repo_files import load_repo
 
     local = settings.local_repo()
     if local is None:

@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from llmgw.adapters.secrets import SecretError, load_or_create, read_secret
+from llmgw.adapters.sources import Checkout
 from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.credentials import (
     GENERATIONS_FILE,
@@ -32,12 +34,10 @@ from llmgw.controller.desired import Desired, RepoInvalid, build_desired
 from llmgw.controller.hub import AgentHub, HubTimings
 from llmgw.controller.lease import LeaderLease
 from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.secrets import SecretError, load_or_create, read_secret
 from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.source import Checkout
-from llmgw.fleet import ModelState
-from llmgw.placement import ShardPlacement
-from llmgw.security import node_token, router_token
+from llmgw.core.fleet import ModelState
+from llmgw.core.placement import ShardPlacement
+from llmgw.core.security import node_token, router_token
 from llmgw.store.records import ReplicaRecord, Revision
 from llmgw.store.store import Store
 

@@ -1,8 +1,8 @@
 """Who may connect where: the credentials of nodes and routers, and the node token generations.
 
-- A node's agent presents its node token (`llmgw.security.node_token`, issued by bootstrap): it opens the agent
+- A node's agent presents its node token (`llmgw.core.security.node_token`, issued by bootstrap): it opens the agent
   hub for that node name only, never the router stream (which carries every engine key).
-- Routers present the router token (`llmgw.security.router_token`) on `/router/v1` and the routers' HTTP
+- Routers present the router token (`llmgw.core.security.router_token`) on `/router/v1` and the routers' HTTP
   signals; with a cluster CA they also need a client certificate of the router role.
 - The operator's admin token opens both (an admin can change the whole fleet anyway).
 - The Cluster's shared `spec.controller.token`, when declared, opens the agent hub for any node name (for
@@ -23,8 +23,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.config.models import NAME_PATTERN
-from llmgw.security import NODE_TOKEN_PREFIX, node_token, router_token
+from llmgw.core.config.models import NAME_PATTERN
+from llmgw.core.security import NODE_TOKEN_PREFIX, node_token, router_token
 
 log = logging.getLogger("llmgw.controller.credentials")
 
@@ -54,7 +54,7 @@ def loopback_address(address: str) -> bool:
 
 
 def _host(address: str) -> str:
-    """The host of `host:port`, `[v6]:port` or a bare host (as llmgw.nodes.ca.split_host)."""
+    """The host of `host:port`, `[v6]:port` or a bare host (as llmgw.adapters.ssh.ca.split_host)."""
     if address.startswith("["):
         return address[1 : address.index("]")]
     return address.rsplit(":", 1)[0] if address.count(":") == 1 else address

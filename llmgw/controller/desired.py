@@ -1,6 +1,6 @@
 """The desired state the controller serves: one immutable value per applied revision.
 
-`build_desired` runs the same pipeline as `llmgw validate` (`llmgw.config.load_repo`), so the controller and
+`build_desired` runs the same pipeline as `llmgw validate` (`llmgw.adapters.repo_files.load_repo`), so the controller and
 the CLI can never disagree about what is valid; it raises RepoInvalid with every error found.
 """
 
@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.catalog import Catalog, ModelEntry
-from llmgw.config import content_hash, load_repo
-from llmgw.config.models import ClusterSpec, duration_seconds
-from llmgw.fleet import ModelView, model_views
+from llmgw.adapters.repo_files import content_hash, load_repo
+from llmgw.core.catalog import Catalog, ModelEntry
+from llmgw.core.config.models import ClusterSpec, duration_seconds
+from llmgw.core.fleet import ModelView, model_views
 
 
 class RepoInvalid(Exception):

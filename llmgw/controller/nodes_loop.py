@@ -1,6 +1,6 @@
 """The controller's node loop: bootstrap declared remote Nodes over SSH, tear down the ones removed.
 
-The steps themselves live in `llmgw.nodes` (each looks before it acts); this module decides *when* to run them
+The steps themselves live in `llmgw.adapters.ssh` (each looks before it acts); this module decides *when* to run them
 and keeps what an operator needs to see per node (`NodeOps`, shown by the admin API, events and a metric):
 
 - a remote Node (not `local: true`) in the applied revision with no live agent link is bootstrapped, several
@@ -28,12 +28,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from llmgw.config.models import Metadata, Node
-from llmgw.controller.credentials import loopback_address
-from llmgw.controller.secrets import SecretError
-from llmgw.controller.settings import ControllerSettings
-from llmgw.nodes import wheels
-from llmgw.nodes.bootstrap import (
+from llmgw.adapters.secrets import SecretError
+from llmgw.adapters.ssh import wheels
+from llmgw.adapters.ssh.bootstrap import (
     BootstrapOptions,
     NodeResult,
     Step,
@@ -41,15 +38,18 @@ from llmgw.nodes.bootstrap import (
     bootstrap_node,
     teardown_node,
 )
-from llmgw.nodes.ca import CAError, ClusterCA
-from llmgw.nodes.remote import SshTarget, StepFailed, target_for
-from llmgw.nodes.render import Layout
-from llmgw.reconcile import BackoffPolicy
+from llmgw.adapters.ssh.ca import CAError, ClusterCA
+from llmgw.adapters.ssh.remote import SshTarget, StepFailed, target_for
+from llmgw.adapters.ssh.render import Layout
+from llmgw.controller.credentials import loopback_address
+from llmgw.controller.settings import ControllerSettings
+from llmgw.core.config.models import Metadata, Node
+from llmgw.core.reconcile import BackoffPolicy
 
 if TYPE_CHECKING:
-    from llmgw.catalog import NodeEntry
     from llmgw.controller.core import Controller
     from llmgw.controller.desired import Desired
+    from llmgw.core.catalog import NodeEntry
 
 log = logging.getLogger("llmgw.controller.nodes")
 

@@ -18,14 +18,14 @@ from typing import Any
 from llmgw_agent import repo_rules
 from llmgw_agent.protocol import Register, ShardSpec, WeightSource
 
+from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
 from llmgw.controller.core import Controller, ReplicaRec
 from llmgw.controller.hub import AgentError, NodeLink
-from llmgw.controller.secrets import SecretError
-from llmgw.fleet import NodeView, ReplicaView
-from llmgw.placement import Placement, ShardPlacement
-from llmgw.placement import explain as placement_explain
-from llmgw.reconcile import (
+from llmgw.core.fleet import NodeView, ReplicaView
+from llmgw.core.placement import Placement, ShardPlacement
+from llmgw.core.placement import explain as placement_explain
+from llmgw.core.reconcile import (
     BackoffPolicy,
     MarkStale,
     RestartReplica,
@@ -34,7 +34,7 @@ from llmgw.reconcile import (
     Wait,
     reconcile,
 )
-from llmgw.security import engine_key
+from llmgw.core.security import engine_key
 from llmgw.store.records import ReplicaRecord
 
 log = logging.getLogger("llmgw.controller.reconcile")

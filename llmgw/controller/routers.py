@@ -17,15 +17,15 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from llmgw import jsonsafe
-from llmgw.catalog import Catalog
-from llmgw.config.models import OrganizationSpec, ProjectSpec, TeamSpec
+from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
 from llmgw.controller.core import Controller
 from llmgw.controller.credentials import same, valid_node_name
-from llmgw.controller.secrets import SecretError
-from llmgw.publish import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
-from llmgw.security import engine_key
+from llmgw.core import jsonsafe
+from llmgw.core.catalog import Catalog
+from llmgw.core.config.models import OrganizationSpec, ProjectSpec, TeamSpec
+from llmgw.core.security import engine_key
+from llmgw.core.snapshot import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
 
 log = logging.getLogger("llmgw.controller.routers")
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from llmgw.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
+from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 
 _DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -80,7 +80,7 @@ class ControllerSettings(BaseModel):
     tls_client_ca: Path | None = Field(None, description="CA that agent client certificates must chain to")
     ca_dir: Path | None = Field(
         None,
-        description="The cluster CA directory (llmgw.nodes.ca): serve TLS with its controller certificate and "
+        description="The cluster CA directory (llmgw.adapters.ssh.ca): serve TLS with its controller certificate and "
         "require node certificates from agents, revocations honoured",
     )
     default_ca: bool = Field(
@@ -149,7 +149,7 @@ class ControllerSettings(BaseModel):
     @field_validator("node_prefix")
     @classmethod
     def _node_prefix(cls, value: str) -> str:
-        from llmgw.nodes.render import prefix_problem
+        from llmgw.adapters.ssh.render import prefix_problem
 
         problem = prefix_problem(value)
         if problem:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw_agent.protocol import ShardStatus
 
-from llmgw.fleet import (
+from llmgw.core.fleet import (
     GpuView,
     IfUndeclared,
     LiveState,
@@ -20,9 +20,9 @@ from llmgw.fleet import (
     ShardView,
     undeclared_words,
 )
-from llmgw.fleet import ShardState as FleetShardState
-from llmgw.placement import ACTIVE_STATES
-from llmgw.plan import catalog_documents
+from llmgw.core.fleet import ShardState as FleetShardState
+from llmgw.core.placement import ACTIVE_STATES
+from llmgw.core.plan import catalog_documents
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller, ReplicaRec

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from llmgw.limits import (
+from llmgw.core.limits import (
     MICROS,
     RATE_HEADER_METRICS,
     Allowed,

@@ -13,7 +13,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from llmgw.httplog import quiet_bad_requests
+from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw_router.egress import client_connector
 from llmgw_router.http1 import EngineClient
 from llmgw_router.link import ControllerLink

@@ -1,7 +1,7 @@
 """API keys: `Authorization: Bearer KEY` -> the key's project, through a small cache in front of a key store.
 
 The store holds only sha256 hashes; the router hashes what it is sent and looks that up. A token that cannot
-be a key (`llmgw.keys.looks_like_key`: not `sk-llmgw-` and 40+ characters) is refused without a lookup, so a
+be a key (`llmgw.adapters.keys.looks_like_key`: not `sk-llmgw-` and 40+ characters) is refused without a lookup, so a
 flood of random tokens costs the store nothing. Answers (including "no such key") are cached in memory for a
 short time so the hot path touches the store once per key per TTL, and revocation takes effect within the TTL;
 the cache is bounded and evicts the least recently used entry, so a flood of well-shaped random keys pushes out
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmgw.keys import hash_key, looks_like_key
+from llmgw.adapters.keys import hash_key, looks_like_key
 from llmgw.store.db import StoreError
 from llmgw.store.records import KeyLookup
 from llmgw_router.errors import ApiError

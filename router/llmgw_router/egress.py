@@ -18,7 +18,7 @@ import aiohttp
 import aiohttp.abc
 from aiohappyeyeballs import AddrInfoType
 
-from llmgw.security import forbidden_address_reason
+from llmgw.core.security import forbidden_address_reason
 
 __all__ = ["ForbiddenAddress", "checked_addresses", "checked_socket", "client_connector"]
 

@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from llmgw.publish import RouterSnapshot
+from llmgw.core.snapshot import RouterSnapshot
 
 __all__ = ["ControllerLink", "controller_url"]
 

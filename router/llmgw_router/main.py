@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from llmgw.publish import RouterSnapshot
-from llmgw.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
+from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
+from llmgw.core.snapshot import RouterSnapshot
 from llmgw_router.app import serve
 from llmgw_router.auth import Authenticator, KeyStore, StaticKeys, StoreKeys
 from llmgw_router.link import ControllerLink, controller_url

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from prometheus_client import Gauge
 
-from llmgw.publish import PublishedModel, RouterSnapshot
-from llmgw.secretrefs import SecretPolicy, SecretRefError, resolve
-from llmgw.security import forbidden_address_reason
+from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve
+from llmgw.core.security import forbidden_address_reason
+from llmgw.core.snapshot import PublishedModel, RouterSnapshot
 
 log = logging.getLogger("llmgw_router.provider_keys")
 

@@ -11,9 +11,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from llmgw.config.models import Limits, duration_seconds
-from llmgw.limits import Budget, Estimate, Level, LevelLimits, Refused, Tenant, to_micros
-from llmgw.publish import Tenants
+from llmgw.core.config.models import Limits, duration_seconds
+from llmgw.core.limits import Budget, Estimate, Level, LevelLimits, Refused, Tenant, to_micros
+from llmgw.core.snapshot import Tenants
 from llmgw.store.limiter import Admission, CounterStore, SharePolicy
 from llmgw.store.limiter import Limiter as PoolLimiter
 from llmgw.store.records import ShareGrant

@@ -16,7 +16,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from llmgw.config.models import RoutingPolicySpec
+from llmgw.core.config.models import RoutingPolicySpec
 
 __all__ = [
     "KV_PENALTY",

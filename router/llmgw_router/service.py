@@ -24,9 +24,9 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
-from llmgw import jsonsafe
-from llmgw.publish import PublishedModel, RouterSnapshot, Tenants
-from llmgw.secretrefs import SecretPolicy
+from llmgw.core import jsonsafe
+from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.snapshot import PublishedModel, RouterSnapshot, Tenants
 from llmgw.store.records import UsageRecord
 from llmgw_router import breaker as brk
 from llmgw_router.admission import Admission

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 from llmgw_agent.engines import metric_mapping
 
-from llmgw.config.models import RoutingPolicySpec, duration_seconds
-from llmgw.publish import Endpoint, PublishedModel, RouterSnapshot
+from llmgw.core.config.models import RoutingPolicySpec, duration_seconds
+from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
 from llmgw_router.breaker import BreakerState
 from llmgw_router.scheduler import Candidate
 from llmgw_router.scrape_parse import MetricNames, Sample

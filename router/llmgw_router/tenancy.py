@@ -5,8 +5,8 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from llmgw.config.models import Limits
-from llmgw.publish import Tenants
+from llmgw.core.config.models import Limits
+from llmgw.core.snapshot import Tenants
 
 __all__ = ["TenantChain", "allowed", "tenant_chain"]
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 
-from llmgw.catalog import Catalog, profile_fingerprint
-from llmgw.config import load_repo
-from llmgw.config.models import Model, Organization, Project, RoutingPolicy, Team
-from llmgw.config.semantic import is_mig_class
-from llmgw.errors import CatalogError, LlmgwError
+from llmgw.adapters.repo_files import load_repo
+from llmgw.core.catalog import Catalog, profile_fingerprint
+from llmgw.core.config.models import Model, Organization, Project, RoutingPolicy, Team
+from llmgw.core.config.semantic import is_mig_class
+from llmgw.core.errors import CatalogError, LlmgwError
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.config import LoadResult, content_hash, load_repo, validate_files
+from llmgw.adapters.repo_files import content_hash, load_repo
+from llmgw.core.repo import LoadResult, validate_files
 
 MODEL = """\
 apiVersion: llmgw/v1

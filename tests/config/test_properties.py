@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from ruamel.yaml import YAML
 
-from llmgw.config import LoadResult, load_repo, validate_files
-from llmgw.config.loader import default_schemas
-from llmgw.config.models import DOCUMENT_KINDS
+from llmgw.adapters.repo_files import load_repo
+from llmgw.core.config.models import DOCUMENT_KINDS
+from llmgw.core.repo import LoadResult, default_schemas, validate_files
 
 SCHEMAS = default_schemas()  # generated once, not once per example
 

@@ -14,9 +14,9 @@ import aiohttp
 import pytest
 from support import free_port, pid_alive, wait_for
 
-from llmgw.config import load_repo
-from llmgw.fleet import LiveState
-from llmgw.plan import plan_for_catalog
+from llmgw.adapters.repo_files import load_repo
+from llmgw.core.fleet import LiveState
+from llmgw.core.plan import plan_for_catalog
 
 from .helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from support import wait_for
 
-from llmgw.config import content_hash
+from llmgw.adapters.repo_files import content_hash
 from llmgw.controller.core import short
 
 from .helpers import (

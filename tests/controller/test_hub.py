@@ -26,8 +26,8 @@ from llmgw_agent.protocol import (
 from support import wait_for
 
 from llmgw.controller import views
-from llmgw.placement.rooms import build_rooms
-from llmgw.security import engine_key
+from llmgw.core.placement.rooms import build_rooms
+from llmgw.core.security import engine_key
 
 from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start
 
@@ -245,7 +245,7 @@ async def _none(ctl: Admin) -> bool:
 
 
 async def test_mutual_tls_requires_a_certificate_naming_the_node(tmp_path: Path) -> None:
-    from llmgw.nodes.ca import ClusterCA, client_context
+    from llmgw.adapters.ssh.ca import ClusterCA, client_context
 
     ca = ClusterCA.open(tmp_path / "ca")
     n1 = ca.node_cert("n1")

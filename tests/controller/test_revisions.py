@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from support import wait_for
 
-from llmgw.config import content_hash
+from llmgw.adapters.repo_files import content_hash
 from llmgw.controller.core import short
 
 from .helpers import (

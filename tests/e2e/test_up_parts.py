@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.config import load_repo
-from llmgw.store import Store
-from llmgw.up import (
+from llmgw.adapters.repo_files import load_repo
+from llmgw.cli.up import (
     ModelLine,
     Progress,
     UpError,
@@ -25,6 +24,7 @@ from llmgw.up import (
     run_up,
     usage_text,
 )
+from llmgw.store import Store
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 

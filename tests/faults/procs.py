@@ -28,7 +28,7 @@ import openai
 from aiohttp import web
 from support import free_port, wait_until
 
-from llmgw.keys import hash_key
+from llmgw.adapters.keys import hash_key
 
 # The controller's own entry point (`llmgw controller`) may not exist in every checkout; this runs the same
 # `run_controller` the CLI wraps, stopping cleanly on SIGTERM (SIGKILL is the point of some tests).

@@ -29,10 +29,10 @@ from support import free_port, wait_for, wait_until
 
 from faults.cluster import Cluster
 from faults.procs import http_status, start_router_following
-from llmgw.config import load_repo
-from llmgw.keys import create_key, hash_key
-from llmgw.publish import RouterSnapshot
-from llmgw.security import engine_key, forbidden_address_reason
+from llmgw.adapters.keys import create_key, hash_key
+from llmgw.adapters.repo_files import load_repo
+from llmgw.core.security import engine_key, forbidden_address_reason
+from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store import Store
 
 KEY = "sk-llmgw-" + "s" * 43

@@ -17,7 +17,7 @@ from router.helpers import start_sim, wait_healthy_sync
 from support import wait_for
 
 from faults.procs import start_router_proc
-from llmgw.keys import create_key, hash_key
+from llmgw.adapters.keys import create_key, hash_key
 from llmgw.store import KeyLookup, Store, StoreUnavailable
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from router.helpers import SimProcess, start_sim, wait_healthy_sync
 from support import wait_until
 
-from llmgw.keys import hash_key
+from llmgw.adapters.keys import hash_key
 
 pytestmark = pytest.mark.integration
 

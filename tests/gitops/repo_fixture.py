@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from llmgw.config import load_repo
-from llmgw.fleet import LiveNode, LiveReplica, LiveShard, LiveState, model_views
-from llmgw.plan import catalog_documents
+from llmgw.adapters.repo_files import load_repo
+from llmgw.core.fleet import LiveNode, LiveReplica, LiveShard, LiveState, model_views
+from llmgw.core.plan import catalog_documents
 
 CLUSTER = """\
 apiVersion: llmgw/v1

@@ -13,10 +13,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gitops.repo_fixture import live_state, sim_model, write_repo
+from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import admin_client, follow
 from llmgw.cli.main import app
 from llmgw.cli.plan_cmds import Refused, check_plan_current, read_plan_file
-from llmgw.config import load_repo
 
 SUMMARY = "Plan: 1 to start, 1 to restart, 1 to stop. 1 model cannot be placed."
 

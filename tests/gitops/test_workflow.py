@@ -9,8 +9,8 @@ from typing import Any
 import typer
 from ruamel.yaml import YAML
 
+from llmgw.adapters.repo_files import yaml_files
 from llmgw.cli.main import app
-from llmgw.config.files import yaml_files
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 WORKFLOW = EXAMPLE / ".github" / "workflows" / "llmgw.yml"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from aiohttp import WSMsgType, web
 from llmgw_agent.protocol import AGENT_PATH, Refused, Register, Welcome, dump, parse_agent_message
 
-from llmgw.nodes.ca import ClusterCA, PeerRejected
+from llmgw.adapters.ssh.ca import ClusterCA, PeerRejected
 
 
 @dataclass

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fixtures.sshd import sshd_server  # noqa: F401  (registers the fixture)
 
-from llmgw.nodes import wheels
+from llmgw.adapters.ssh import wheels
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from fixtures.sshd import SshServer, keygen
 from support import free_port, wait_for
 
-from llmgw.nodes import render
-from llmgw.nodes.bootstrap import (
+from llmgw.adapters.ssh import render
+from llmgw.adapters.ssh.bootstrap import (
     BootstrapOptions,
     NodeResult,
     TeardownOptions,
@@ -31,9 +31,9 @@ from llmgw.nodes.bootstrap import (
     bootstrap_node,
     teardown_node,
 )
-from llmgw.nodes.ca import ClusterCA, PeerRejected
-from llmgw.nodes.remote import SshTarget
-from llmgw.nodes.wheels import Wheelhouse
+from llmgw.adapters.ssh.ca import ClusterCA, PeerRejected
+from llmgw.adapters.ssh.remote import SshTarget
+from llmgw.adapters.ssh.wheels import Wheelhouse
 
 from .agent_hub import HubStub
 

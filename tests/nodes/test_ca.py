@@ -11,7 +11,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from llmgw.nodes.ca import CAError, ClusterCA, PeerIdentity, PeerRejected, client_context
+from llmgw.adapters.ssh.ca import CAError, ClusterCA, PeerIdentity, PeerRejected, client_context
 
 
 def test_created_once_and_reopened(tmp_path: Path) -> None:

@@ -10,15 +10,15 @@ import pytest
 from fixtures.sshd import SshServer
 from typer.testing import CliRunner
 
+from llmgw.adapters.repo_files import load_repo
+from llmgw.adapters.ssh import render
+from llmgw.adapters.ssh.bootstrap import TeardownOptions, teardown_node
+from llmgw.adapters.ssh.ca import ClusterCA
+from llmgw.adapters.ssh.remote import target_for
+from llmgw.adapters.ssh.wheels import Wheelhouse
 from llmgw.cli.main import app
-from llmgw.config import load_repo
-from llmgw.config.models import Node
-from llmgw.nodes import render
-from llmgw.nodes.bootstrap import TeardownOptions, teardown_node
-from llmgw.nodes.ca import ClusterCA
-from llmgw.nodes.remote import target_for
-from llmgw.nodes.wheels import Wheelhouse
-from llmgw.secretrefs import SecretPolicy
+from llmgw.core.config.models import Node
+from llmgw.core.secretrefs import SecretPolicy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 

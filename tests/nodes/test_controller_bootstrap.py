@@ -25,10 +25,10 @@ from cryptography.hazmat.primitives.serialization import Encoding
 from fixtures.sshd import SshServer, keygen
 from support import free_port, wait_for
 
+from llmgw.adapters.ssh import render
+from llmgw.adapters.ssh.ca import ClusterCA, PeerRejected
+from llmgw.adapters.ssh.wheels import Wheelhouse
 from llmgw.controller.app import RunningController
-from llmgw.nodes import render
-from llmgw.nodes.ca import ClusterCA, PeerRejected
-from llmgw.nodes.wheels import Wheelhouse
 
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(600)]
 

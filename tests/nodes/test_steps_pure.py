@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.config.models import EngineSettings, Node
-from llmgw.nodes import render
-from llmgw.nodes.bootstrap import parse_probe
-from llmgw.nodes.engines import engine_command
-from llmgw.nodes.remote import StepFailed, target_for
-from llmgw.nodes.wheels import Wheelhouse, compatibility_problem
-from llmgw.secretrefs import SecretPolicy
+from llmgw.adapters.ssh import render
+from llmgw.adapters.ssh.bootstrap import parse_probe
+from llmgw.adapters.ssh.engines import engine_command
+from llmgw.adapters.ssh.remote import StepFailed, target_for
+from llmgw.adapters.ssh.wheels import Wheelhouse, compatibility_problem
+from llmgw.core.config.models import EngineSettings, Node
+from llmgw.core.secretrefs import SecretPolicy
 
 PROBE = """arch=x86_64
 mem_kb=16303120

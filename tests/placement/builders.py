@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from llmgw.config.models import ModelSpec, Profile
-from llmgw.fleet import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
+from llmgw.core.config.models import ModelSpec, Profile
+from llmgw.core.fleet import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
 
 
 def gpu_node(

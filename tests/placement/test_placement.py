@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from llmgw.config.models import Source
-from llmgw.fleet import NodeView, weights_key
-from llmgw.placement import Placement, explain, place
-from llmgw.placement.rooms import build_rooms, dynamic_fits, static_fits, verdict
+from llmgw.core.config.models import Source
+from llmgw.core.fleet import NodeView, weights_key
+from llmgw.core.placement import Placement, explain, place
+from llmgw.core.placement.rooms import build_rooms, dynamic_fits, static_fits, verdict
 
 from .builders import cpu_node, cpu_profile, entry, gpu_node, gpu_profile, replica
 

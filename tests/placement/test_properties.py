@@ -7,8 +7,8 @@ from collections import defaultdict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.fleet import GIB, GpuView, NodeView
-from llmgw.placement import place
+from llmgw.core.fleet import GIB, GpuView, NodeView
+from llmgw.core.placement import place
 
 from .builders import cpu_profile, entry, gpu_profile, replica
 
@@ -121,7 +121,7 @@ def test_never_over_allocates(fleet):
 @given(fleets(), st.data())
 def test_fast_filters_and_words_agree(fleet, data):
     """The placement pass uses the cheap filters; explain uses the worded ones. They must never disagree."""
-    from llmgw.placement.rooms import build_rooms, dynamic_fits, static_fits, verdict
+    from llmgw.core.placement.rooms import build_rooms, dynamic_fits, static_fits, verdict
 
     nodes, models = fleet
     rooms = build_rooms(nodes, [], models)
@@ -135,7 +135,7 @@ def test_fast_filters_and_words_agree(fleet, data):
 @settings(max_examples=100, deadline=None)
 @given(fleets())
 def test_bucketed_bin_pack_chooses_as_the_plain_search_does(fleet):
-    from llmgw.placement import Placer
+    from llmgw.core.placement import Placer
 
     nodes, models = fleet
     fast, plain = Placer(models, nodes, []), Placer(models, nodes, [])

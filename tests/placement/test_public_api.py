@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import llmgw.fleet
-import llmgw.placement
-import llmgw.plan
-import llmgw.reconcile
+import llmgw.core.fleet
+import llmgw.core.placement
+import llmgw.core.plan
+import llmgw.core.reconcile
 
 
 def test_public_api():
-    assert set(llmgw.placement.__all__) >= {"place", "explain", "Placer", "Placement", "PlacementResult"}
-    assert set(llmgw.reconcile.__all__) >= {
+    assert set(llmgw.core.placement.__all__) >= {"place", "explain", "Placer", "Placement", "PlacementResult"}
+    assert set(llmgw.core.reconcile.__all__) >= {
         "reconcile",
         "StartReplica",
         "StopReplica",
@@ -20,8 +20,20 @@ def test_public_api():
         "Decision",
         "BackoffPolicy",
     }
-    assert set(llmgw.plan.__all__) >= {"make_plan", "render", "render_text", "render_json", "render_markdown"}
-    assert set(llmgw.fleet.__all__) >= {"LiveState", "NodeView", "ReplicaView", "ModelView", "model_views"}
-    for module in (llmgw.fleet, llmgw.placement, llmgw.plan, llmgw.reconcile):
+    assert set(llmgw.core.plan.__all__) >= {
+        "make_plan",
+        "render",
+        "render_text",
+        "render_json",
+        "render_markdown",
+    }
+    assert set(llmgw.core.fleet.__all__) >= {
+        "LiveState",
+        "NodeView",
+        "ReplicaView",
+        "ModelView",
+        "model_views",
+    }
+    for module in (llmgw.core.fleet, llmgw.core.placement, llmgw.core.plan, llmgw.core.reconcile):
         for name in module.__all__:
             assert hasattr(module, name), f"{module.__name__}.{name}"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
-from llmgw.fleet import ModelState, ModelView, NodeView, ReplicaView, ShardView
-from llmgw.reconcile import (
+from llmgw.core.fleet import ModelState, ModelView, NodeView, ReplicaView, ShardView
+from llmgw.core.reconcile import (
     BackoffPolicy,
     Decision,
     MarkStale,

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from placement.builders import cpu_profile, entry, gpu_profile
 
-from llmgw.config.models import ModelSpec
-from llmgw.fleet import (
+from llmgw.core.config.models import ModelSpec
+from llmgw.core.fleet import (
     GIB,
     DesiredNode,
     IfUndeclared,
@@ -25,7 +25,7 @@ from llmgw.fleet import (
     LiveState,
     ModelView,
 )
-from llmgw.plan import (
+from llmgw.core.plan import (
     Plan,
     exit_code,
     make_plan,
@@ -325,7 +325,7 @@ def test_live_state_from_views_round_trips():
 
 
 def test_plan_for_the_example_cluster_repo_against_an_empty_fleet():
-    from llmgw.config import load_repo
+    from llmgw.adapters.repo_files import load_repo
 
     root = Path(__file__).parents[2] / "examples" / "cluster-repo"
     loaded = load_repo(root, revision="abc123")
@@ -339,7 +339,7 @@ def test_plan_for_the_example_cluster_repo_against_an_empty_fleet():
 
 
 def _catalog(tmp_path: Path, files: dict[str, str]):  # type: ignore[no-untyped-def]
-    from llmgw.config import load_repo
+    from llmgw.adapters.repo_files import load_repo
 
     for rel, text in files.items():
         (tmp_path / rel).write_text(text)
@@ -370,7 +370,7 @@ spec: {organization: acme%s}
 
 
 def test_spelling_out_a_default_or_reordering_is_no_change(tmp_path):
-    from llmgw.plan import catalog_documents, document_changes
+    from llmgw.core.plan import catalog_documents, document_changes
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
@@ -383,7 +383,7 @@ def test_spelling_out_a_default_or_reordering_is_no_change(tmp_path):
 
 
 def test_a_models_labels_are_compared_its_spec_is_the_model_diffs(tmp_path):
-    from llmgw.plan import catalog_documents
+    from llmgw.core.plan import catalog_documents
 
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()

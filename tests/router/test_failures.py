@@ -24,8 +24,8 @@ from llmgw_router.scrape import scrape_once
 from llmgw_router.service import Router, RouterOptions
 from support import free_port, wait_for
 
-from llmgw.keys import hash_key
-from llmgw.publish import RouterSnapshot
+from llmgw.adapters.keys import hash_key
+from llmgw.core.snapshot import RouterSnapshot
 
 from .helpers import endpoint, start_sim, wait_healthy_sync
 

@@ -16,8 +16,8 @@ from llmgw_router.ratelimit import memory_limiter
 from llmgw_router.service import Router, RouterOptions
 from support import wait_for
 
-from llmgw.keys import hash_key
-from llmgw.publish import RouterSnapshot
+from llmgw.adapters.keys import hash_key
+from llmgw.core.snapshot import RouterSnapshot
 
 from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmgw_router.scheduler import KV_PENALTY, Candidate, RequestInfo, bounded_load_target, schedule
 
-from llmgw.config.models import RoutingPolicySpec, ScorerWeights, SessionSettings
+from llmgw.core.config.models import RoutingPolicySpec, ScorerWeights, SessionSettings
 
 PICKERS = ("max_score", "p2c", "softmax", "round_robin", "random")
 

@@ -18,8 +18,8 @@ from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.service import Router, RouterOptions
 from support import wait_for
 
-from llmgw.keys import hash_key
-from llmgw.publish import RouterSnapshot
+from llmgw.adapters.keys import hash_key
+from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store.records import UsageRecord
 
 KEY = "sk-llmgw-" + "e" * 43

@@ -11,9 +11,9 @@ from llmgw_router.errors import ApiError
 from llmgw_router.tenancy import allowed, tenant_chain
 from support import wait_for
 
-from llmgw.keys import hash_key
-from llmgw.publish import RouterSnapshot
-from llmgw.security import ENGINE_KEY_PREFIX, engine_key, forbidden_address_reason
+from llmgw.adapters.keys import hash_key
+from llmgw.core.security import ENGINE_KEY_PREFIX, engine_key, forbidden_address_reason
+from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store.records import KeyLookup
 
 KEY = "sk-llmgw-" + "k" * 43

@@ -11,11 +11,11 @@ from llmgw_router.auth import Authenticator, KeyStore, StaticKeys
 from llmgw_router.ratelimit import Limiter, memory_limiter
 from llmgw_router.service import Router, RouterOptions
 
-from llmgw.catalog import Catalog
-from llmgw.config.models import Cluster, Model, Organization, Project
+from llmgw.adapters.keys import hash_key
 from llmgw.controller.routers import published_models, published_tenants
-from llmgw.keys import hash_key
-from llmgw.publish import RouterSnapshot
+from llmgw.core.catalog import Catalog
+from llmgw.core.config.models import Cluster, Model, Organization, Project
+from llmgw.core.snapshot import RouterSnapshot
 
 KEY = "sk-llmgw-" + "s" * 43  # project `tenant`
 

@@ -19,9 +19,9 @@ from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, sta
 from support import wait_for
 from typer.testing import CliRunner
 
-from llmgw import keys
+from llmgw.adapters import keys
+from llmgw.adapters.repo_files import content_hash
 from llmgw.cli.main import app
-from llmgw.config import content_hash
 from llmgw.controller import admin as admin_api
 from llmgw.controller.admin_tokens import AdminTokenError, AdminTokens
 from llmgw.store import Store

@@ -113,8 +113,8 @@ async def test_l7_router_debug_token_is_compared_in_constant_time(monkeypatch: p
     from llmgw_router.service import Router, RouterOptions
     from router.helpers import endpoint, start_sim, wait_healthy_sync
 
-    from llmgw.keys import hash_key
-    from llmgw.publish import RouterSnapshot
+    from llmgw.adapters.keys import hash_key
+    from llmgw.core.snapshot import RouterSnapshot
 
     compared: list[bytes] = []
     real = hmac.compare_digest

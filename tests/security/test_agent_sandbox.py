@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.nodes import render
+from llmgw.adapters.ssh import render
 
 GOLDEN = Path(__file__).parent / "golden"
 
@@ -107,8 +107,8 @@ def test_m6_bootstrap_as_root_starts_the_agent_as_llmgw() -> None:
 
 
 def test_m6_root_bootstrap_picks_a_python_the_llmgw_account_can_run() -> None:
-    from llmgw.nodes.bootstrap import parse_probe
-    from llmgw.nodes.remote import StepFailed
+    from llmgw.adapters.ssh.bootstrap import parse_probe
+    from llmgw.adapters.ssh.remote import StepFailed
 
     probe = "uid={uid}\npython=3.11.7 /root/.pyenv/shims/python3\npython_private=/root/.pyenv/shims/python3\n"
     system = "python=3.11.2 /usr/bin/python3\n"

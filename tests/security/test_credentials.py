@@ -27,13 +27,13 @@ from llmgw_agent.protocol import PROTOCOL_VERSION, Inventory
 from support import wait_for
 from typer.testing import CliRunner
 
+from llmgw.adapters.ssh import render
+from llmgw.adapters.ssh.ca import ClusterCA, IssuedCert
 from llmgw.cli.main import app
 from llmgw.controller.app import RunningController
 from llmgw.controller.core import Controller
 from llmgw.controller.hub import AgentHub, HubTimings, NodeLink
 from llmgw.controller.nodes_loop import NodesLoop
-from llmgw.nodes import render
-from llmgw.nodes.ca import ClusterCA, IssuedCert
 
 KEY = "sk-llmgw-" + "c" * 43
 

@@ -196,7 +196,7 @@ spec:
 
 
 def test_m1_listening_on_all_addresses_is_a_warning_with_its_place() -> None:
-    from llmgw.config import validate_files
+    from llmgw.core.repo import validate_files
 
     result = validate_files({"n.yaml": (NODE + "  serving_listen_all: true\n").encode()})
     assert result.ok
@@ -211,7 +211,7 @@ def test_m1_listening_on_all_addresses_is_a_warning_with_its_place() -> None:
 
 
 def test_m1_bootstrap_writes_the_serving_address_and_bind_all_only_by_opt_in() -> None:
-    from llmgw.nodes import render
+    from llmgw.adapters.ssh import render
 
     layout = render.Layout()
     base = {"node": "gpu-1", "controllers": ("10.0.0.1:7070",), "tls": True, "token": False}

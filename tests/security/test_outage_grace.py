@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.limits import Estimate, LevelLimits, Tenant
+from llmgw.core.limits import Estimate, LevelLimits, Tenant
 from llmgw.store import Store
 from llmgw.store.grace_ledger import GraceLedger
 from llmgw.store.limiter import Admission, Limiter, SharePolicy

@@ -26,8 +26,8 @@ from llmgw_router.egress import ForbiddenAddress, client_connector
 from llmgw_router.http1 import EngineClient, UpstreamHttpError
 from llmgw_router.service import Router
 
-from llmgw.publish import RouterSnapshot
-from llmgw.security import forbidden_address_reason
+from llmgw.core.security import forbidden_address_reason
+from llmgw.core.snapshot import RouterSnapshot
 
 pytestmark = pytest.mark.integration
 

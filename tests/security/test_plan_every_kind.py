@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from llmgw.config import load_repo
-from llmgw.fleet import LiveNode, LiveState
-from llmgw.plan import catalog_documents, plan_for_catalog, render_json, render_markdown, render_text
+from llmgw.adapters.repo_files import load_repo
+from llmgw.core.fleet import LiveNode, LiveState
+from llmgw.core.plan import catalog_documents, plan_for_catalog, render_json, render_markdown, render_text
 
 GOLDEN = Path(__file__).parents[1] / "plan" / "golden" / "kinds"
 LLMGW = str(Path(sys.executable).parent / "llmgw")

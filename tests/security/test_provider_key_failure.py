@@ -18,7 +18,7 @@ from controller.helpers import Repo, cluster_yaml, settings_for, start
 from faults.procs import FakeEngine, start_router_proc
 from support import wait_for
 
-from llmgw.keys import hash_key
+from llmgw.adapters.keys import hash_key
 
 KEY = "sk-llmgw-m11-test-key-0123456789abcdef"
 

@@ -18,8 +18,8 @@ from aiohttp import web
 from faults.procs import RouterProc, start_router_proc
 from llmgw_router.fields import cache_salt
 
-from llmgw.keys import hash_key
-from llmgw.publish import RouterSnapshot
+from llmgw.adapters.keys import hash_key
+from llmgw.core.snapshot import RouterSnapshot
 
 pytestmark = pytest.mark.integration
 

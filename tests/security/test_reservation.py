@@ -21,8 +21,8 @@ from llmgw_router.tenancy import TenantChain
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import wait_for
 
-from llmgw.errors import CatalogError
-from llmgw.limits import Tenant
+from llmgw.core.errors import CatalogError
+from llmgw.core.limits import Tenant
 
 from .request_path import KEY, catalog, model, published, start_router
 

@@ -16,7 +16,7 @@ import pytest
 from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, start, status_if_applied
 from support import wait_for
 
-from llmgw.config import content_hash
+from llmgw.adapters.repo_files import content_hash
 from llmgw.store import Store
 from llmgw.store.db import open_backend
 from llmgw.store.migrate import load_migrations, migrate

@@ -24,8 +24,8 @@ from llmgw_router.errors import ApiError
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import free_port, wait_for, wait_until
 
-from llmgw import jsonsafe
-from llmgw.keys import create_key, hash_key
+from llmgw.adapters.keys import create_key, hash_key
+from llmgw.core import jsonsafe
 from llmgw.store import Store
 from llmgw.store.records import KeyLookup
 

@@ -21,12 +21,12 @@ from aiohttp import web
 from faults.procs import FakeEngine, start_router_proc
 from typer.testing import CliRunner
 
+from llmgw.adapters.secrets import SecretError, read_secret
+from llmgw.adapters.ssh.remote import StepFailed, target_for
 from llmgw.cli.main import app
-from llmgw.config.models import Node, SecretRef
-from llmgw.controller.secrets import SecretError, read_secret
 from llmgw.controller.settings import ControllerSettings
-from llmgw.nodes.remote import StepFailed, target_for
-from llmgw.secretrefs import SecretPolicy, SecretRefError, resolve
+from llmgw.core.config.models import Node, SecretRef
+from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 OUTSIDE = "outside-secret-value-never-sent"

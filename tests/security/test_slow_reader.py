@@ -20,7 +20,7 @@ from aiohttp import web
 from faults.procs import RouterProc, rss_kb, start_router_proc
 from support import wait_for
 
-from llmgw.publish import RouterSnapshot
+from llmgw.core.snapshot import RouterSnapshot
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from llmgw.nodes import wheels
+from llmgw.adapters.ssh import wheels
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cluster-repo"

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from llmgw.adapters.ssh import bootstrap, render
 from llmgw.controller.settings import ControllerSettings
-from llmgw.nodes import bootstrap, render
 
 
 class LocalShell:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llmgw import keys
+from llmgw.adapters import keys
 from llmgw.cli import store_cmds as cli
 from llmgw.cli.main import app
 from llmgw.store import ApiKey, Store, UsageRecord

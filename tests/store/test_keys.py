@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw import keys
+from llmgw.adapters import keys
 from llmgw.store import Store
 
 

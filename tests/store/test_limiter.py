@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmgw.limits import Budget, Estimate, LevelLimits, Refused, Tenant
+from llmgw.core.limits import Budget, Estimate, LevelLimits, Refused, Tenant
 from llmgw.store import Store, UsageRecord
 from llmgw.store.limiter import Admission, Limiter, SharePolicy
 

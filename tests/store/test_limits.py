@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.limits import (
+from llmgw.core.limits import (
     MICROS,
     Allowed,
     Budget,
@@ -103,8 +103,8 @@ def test_format_reset() -> None:
 
 
 def test_level_limits_from_the_cluster_repo_document() -> None:
-    from llmgw.config import models as config
-    from llmgw.limits import level_limits
+    from llmgw.core.config import models as config
+    from llmgw.core.limits import level_limits
 
     declared = config.Limits(rpm=600, tpm=200000, budget=config.Budget(amount=500, period="30d"))
     assert level_limits(declared) == LevelLimits(rpm=600, tpm=200000, budget=Budget(500, 30 * 86400))

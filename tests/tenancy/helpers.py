@@ -14,9 +14,9 @@ from faults.procs import RouterProc, start_router_proc
 from router.helpers import SimProcess, endpoint
 from typer.testing import CliRunner
 
-from llmgw import keys
+from llmgw.adapters import keys
 from llmgw.cli.main import app
-from llmgw.limits import MINUTE
+from llmgw.core.limits import MINUTE
 from llmgw.store import Store
 
 T = TypeVar("T")

@@ -12,8 +12,8 @@ import pytest
 from llmgw_router.ratelimit import MemoryCounters, TenantLimiter, memory_limiter
 from llmgw_router.service import Router
 
-from llmgw.limits import Budget, LevelLimits, Tenant
-from llmgw.publish import RouterSnapshot
+from llmgw.core.limits import Budget, LevelLimits, Tenant
+from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store.db import StoreUnavailable
 from llmgw.store.limiter import Limiter as PoolLimiter
 from llmgw.store.limiter import SharePolicy

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from llmgw_router.ratelimit import MemoryCounters
 
-from llmgw.limits import Budget, Estimate, LevelLimits, Refused, Tenant
+from llmgw.core.limits import Budget, Estimate, LevelLimits, Refused, Tenant
 from llmgw.store.limiter import Admission, Limiter
 
 T0 = 1_200_000.0  # the start of a minute window

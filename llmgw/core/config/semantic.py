@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from llmgw_agent import repo_rules
 from pydantic import BaseModel
 
-from llmgw.config.errors import PathPart, SemanticError
-from llmgw.config.models import (
+from llmgw.core.config.errors import PathPart, SemanticError
+from llmgw.core.config.models import (
     CPU_ENGINES,
     Cluster,
     Model,
@@ -28,12 +28,12 @@ from llmgw.config.models import (
     SecretRef,
     Team,
 )
-from llmgw.config.models import (
+from llmgw.core.config.models import (
     Document as DocumentUnion,
 )
-from llmgw.config.validation import did_you_mean
-from llmgw.secretrefs import ref_problem
-from llmgw.security import forbidden_address_reason
+from llmgw.core.config.validation import did_you_mean
+from llmgw.core.secretrefs import ref_problem
+from llmgw.core.security import forbidden_address_reason
 
 Document = DocumentUnion
 _MIG = re.compile(r"(^mig-)|(\d+g\.\d+gb)", re.IGNORECASE)

@@ -2,7 +2,7 @@
 
 Every document is `apiVersion: llmgw/v1`, `kind`, `metadata`, `spec`. Models are frozen and forbid unknown keys
 so a typo is an error, never a silently ignored field. Checks that need one document only live here; checks that
-need the whole repo (names unique, fallbacks resolve, ...) live in llmgw.catalog.
+need the whole repo (names unique, fallbacks resolve, ...) live in llmgw.core.catalog.
 """
 
 from __future__ import annotations

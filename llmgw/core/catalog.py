@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
-from llmgw.config.errors import SemanticError
-from llmgw.config.models import (
+from llmgw.core.config.errors import SemanticError
+from llmgw.core.config.models import (
     Cluster,
     ClusterSpec,
     Limits,
@@ -33,8 +33,8 @@ from llmgw.config.models import (
     RoutingPolicySpec,
     Team,
 )
-from llmgw.config.semantic import Document, check
-from llmgw.errors import CatalogError
+from llmgw.core.config.semantic import Document, check
+from llmgw.core.errors import CatalogError
 
 __all__ = [
     "Catalog",

@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
-from llmgw.config.models import duration_seconds
-from llmgw.fleet import ModelState, ModelView, NodeView, ReplicaView
-from llmgw.placement import IdFactory, Placement, Placer, ShardPlacement
+from llmgw.core.config.models import duration_seconds
+from llmgw.core.fleet import ModelState, ModelView, NodeView, ReplicaView
+from llmgw.core.placement import IdFactory, Placement, Placer, ShardPlacement
 
 __all__ = [
     "Action",

@@ -14,14 +14,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from llmgw.catalog import Catalog
-from llmgw.config.errors import ConfigError, SemanticError, format_path
-from llmgw.config.models import DOCUMENT_KINDS
-from llmgw.config.schemas import kind_schema
-from llmgw.config.semantic import Document, check
-from llmgw.config.validation import DocumentChecker, make_validators
-from llmgw.config.yamlpos import ParsedDocument, Positions, parse_yaml
-from llmgw.errors import CatalogError
+from llmgw.core.catalog import Catalog
+from llmgw.core.config.errors import ConfigError, SemanticError, format_path
+from llmgw.core.config.models import DOCUMENT_KINDS
+from llmgw.core.config.schemas import kind_schema
+from llmgw.core.config.semantic import Document, check
+from llmgw.core.config.validation import DocumentChecker, make_validators
+from llmgw.core.config.yamlpos import ParsedDocument, Positions, parse_yaml
+from llmgw.core.errors import CatalogError
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class LoadedDocument:
     index: int  # position of the document in its file, from 0
     kind: str
     name: str
-    document: BaseModel  # one of the kinds in llmgw.config.models
+    document: BaseModel  # one of the kinds in llmgw.core.config.models
     positions: Positions
 
 

@@ -20,7 +20,7 @@ from ruamel.yaml.comments import TaggedScalar
 from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
-from llmgw.config.errors import ConfigError, PathPart, format_path
+from llmgw.core.config.errors import ConfigError, PathPart, format_path
 
 Path = tuple[PathPart, ...]
 # Alias expansion can make a small file huge (the "billion laughs"); no real cluster repo document comes close.

@@ -10,7 +10,7 @@ import copy
 import json
 from typing import Any
 
-from llmgw.config.models import DOCUMENT_KINDS
+from llmgw.core.config.models import DOCUMENT_KINDS
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 ID_BASE = "https://llmgw.dev/schemas/v1/"

@@ -18,9 +18,9 @@ from jsonschema.exceptions import best_match
 from pydantic import BaseModel
 from pydantic import ValidationError as PydanticError
 
-from llmgw.config.errors import ConfigError, PathPart, format_path
-from llmgw.config.models import API_VERSION, DOCUMENT_KINDS, DURATION_PATTERN, NAME_PATTERN
-from llmgw.config.yamlpos import ParsedDocument
+from llmgw.core.config.errors import ConfigError, PathPart, format_path
+from llmgw.core.config.models import API_VERSION, DOCUMENT_KINDS, DURATION_PATTERN, NAME_PATTERN
+from llmgw.core.config.yamlpos import ParsedDocument
 
 Path = tuple[PathPart, ...]
 SECRET_HINT = "write `{env: NAME}` or `{file: PATH}`"

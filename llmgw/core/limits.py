@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmgw.config import models as config
+from llmgw.core.config import models as config
 
 Level = Literal["organization", "team", "project"]
 Metric = Literal["requests", "tokens", "concurrency", "budget"]

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmgw.config.models import ModelSpec, Source
+from llmgw.core.config.models import ModelSpec, Source
 
 if TYPE_CHECKING:  # only for annotations: the adapters below read two attributes of a Catalog
-    from llmgw.catalog import Catalog
+    from llmgw.core.catalog import Catalog
 
 __all__ = [
     "GIB",

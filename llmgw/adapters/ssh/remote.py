@@ -19,8 +19,8 @@ from pathlib import Path
 
 import asyncssh
 
-from llmgw.config.models import Node, SecretRef
-from llmgw.secretrefs import SecretPolicy, SecretRefError, resolve, resolve_path
+from llmgw.core.config.models import Node, SecretRef
+from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve, resolve_path
 
 
 class StepFailed(Exception):

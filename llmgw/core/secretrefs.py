@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
-from llmgw.config.models import SecretRef
+from llmgw.core.config.models import SecretRef
 
 __all__ = [
     "DEFAULT_ENV_PREFIX",

@@ -15,9 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from llmgw.config.models import Profile
-from llmgw.fleet import ModelView, NodeView, ReplicaView, weights_key
-from llmgw.placement.rooms import (
+from llmgw.core.config.models import Profile
+from llmgw.core.fleet import ModelView, NodeView, ReplicaView, weights_key
+from llmgw.core.placement.rooms import (
     NodeVerdict,
     Room,
     build_rooms,

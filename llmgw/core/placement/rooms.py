@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from llmgw.config.models import Profile
-from llmgw.fleet import GIB, ModelView, NodeView, ReplicaView
+from llmgw.core.config.models import Profile
+from llmgw.core.fleet import GIB, ModelView, NodeView, ReplicaView
 
 # Engines built into the agent: installed everywhere.
 BUILTIN_ENGINES = frozenset({"sim"})

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmgw.config.models import (
+from llmgw.core.config.models import (
     DEFAULT_CAPABILITIES,
     Capability,
     MetricMapping,

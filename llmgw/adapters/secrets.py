@@ -7,8 +7,8 @@ import secrets
 from collections.abc import Mapping
 from pathlib import Path
 
-from llmgw.config.models import SecretRef
-from llmgw.secretrefs import SecretPolicy, SecretRefError, resolve
+from llmgw.core.config.models import SecretRef
+from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve
 
 
 class SecretError(Exception):

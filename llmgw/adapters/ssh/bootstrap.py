@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmgw.nodes import render
-from llmgw.nodes.ca import ClusterCA
-from llmgw.nodes.remote import Remote, RemoteFile, SshTarget, StepFailed, connect
-from llmgw.nodes.wheels import Wheelhouse, compatibility_problem
+from llmgw.adapters.ssh import render
+from llmgw.adapters.ssh.ca import ClusterCA
+from llmgw.adapters.ssh.remote import Remote, RemoteFile, SshTarget, StepFailed, connect
+from llmgw.adapters.ssh.wheels import Wheelhouse, compatibility_problem
 
 Status = Literal["changed", "unchanged", "failed", "skipped"]
 MIN_PYTHON = (3, 11)

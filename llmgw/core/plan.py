@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from llmgw.config.models import (
+from llmgw.core.config.models import (
     ClusterSpec,
     ModelSpec,
     NodeSpec,
@@ -34,7 +34,7 @@ from llmgw.config.models import (
     SecretRef,
     TeamSpec,
 )
-from llmgw.fleet import (
+from llmgw.core.fleet import (
     DesiredNode,
     LiveState,
     ModelView,
@@ -45,8 +45,8 @@ from llmgw.fleet import (
     model_views,
     undeclared_words,
 )
-from llmgw.placement import Placer
-from llmgw.reconcile import RestartReplica, StartReplica, StopReplica, is_stale, reconcile
+from llmgw.core.placement import Placer
+from llmgw.core.reconcile import RestartReplica, StartReplica, StopReplica, is_stale, reconcile
 
 __all__ = [
     "DocumentChange",
@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from llmgw.catalog import Catalog
+    from llmgw.core.catalog import Catalog
 
 SECRET = "(secret)"
 ABSENT = "(absent)"

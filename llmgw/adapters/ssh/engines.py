@@ -12,9 +12,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from llmgw.config.models import EngineSettings
-from llmgw.nodes.remote import Remote, SshTarget, StepFailed, connect
-from llmgw.nodes.render import Layout
+from llmgw.adapters.ssh.remote import Remote, SshTarget, StepFailed, connect
+from llmgw.adapters.ssh.render import Layout
+from llmgw.core.config.models import EngineSettings
 
 # The executable looked up on PATH when the Cluster names no path, and what to ask it.
 _DEFAULTS: dict[str, tuple[str, str]] = {

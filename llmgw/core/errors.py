@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from llmgw.config.errors import ConfigError, SemanticError
+    from llmgw.core.config.errors import ConfigError, SemanticError
 
 
 class LlmgwError(Exception):

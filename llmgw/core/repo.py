@@ -1,4 +1,6 @@
-"""The one validation pipeline, over file contents already read (pure; `files.load_repo` reads a directory).
+"""The one validation pipeline, over file contents already read: pure, and one floor above the Catalog it builds.
+
+`llmgw.adapters.repo_files.load_repo` is the shell that reads a directory and calls it.
 
 YAML with positions -> document shape -> JSON Schema -> pydantic -> whole-repo checks (the Catalog). Every
 problem of every stage is collected, mapped to file:line:col, and returned at once; nothing raises.

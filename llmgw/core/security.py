@@ -16,7 +16,6 @@ import hashlib
 import hmac
 import ipaddress
 import re
-import socket
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -58,14 +57,33 @@ def engine_key(cluster_secret: bytes, replica_id: str) -> str:
 
 def _inet_aton_form(host: str) -> ipaddress.IPv4Address | None:
     """The address of a legacy numeric IPv4 form (decimal `2852039166`, octal or hex parts, `a.b.c` short
-    forms) that getaddrinfo connects to though ipaddress refuses it; None for anything else."""
+    forms) that getaddrinfo connects to though ipaddress refuses it; None for anything else.
+
+    inet_aton(3)'s grammar, written out so the core imports no socket: each part is hex after 0x, octal after
+    a leading 0, else decimal; the last part fills all the bytes the earlier parts (one byte each) leave.
+    """
     parts = host.split(".")
     if not 1 <= len(parts) <= 4 or not all(_NUMERIC_PART.fullmatch(p) for p in parts):
         return None
-    try:
-        return ipaddress.IPv4Address(socket.inet_aton(host))
-    except OSError:
+    values = []
+    for part in parts:
+        if part[:2] in ("0x", "0X"):
+            if len(part) == 2:  # a bare 0x is no number to inet_aton
+                return None
+            values.append(int(part[2:], 16))
+        elif part.startswith("0") and len(part) > 1:
+            if not set(part) <= set("01234567"):
+                return None
+            values.append(int(part, 8))
+        else:
+            values.append(int(part))
+    *leading, last = values
+    if any(v > 0xFF for v in leading) or last >= 1 << (8 * (4 - len(leading))):
         return None
+    number = last
+    for index, value in enumerate(leading):
+        number |= value << (8 * (3 - index))
+    return ipaddress.IPv4Address(number)
 
 
 def node_token(cluster_secret: bytes, node: str, generation: int = 0) -> str:

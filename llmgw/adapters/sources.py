@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from llmgw.controller.desired import tree_hash
+from llmgw.adapters.repo_files import content_hash
 
 
 class SourceUnavailable(Exception):
@@ -97,7 +97,7 @@ class GitSource:
         with tempfile.TemporaryDirectory(prefix="llmgw-verify-") as tmp, tarfile.open(fileobj=archive) as tar:
             tar.extractall(tmp, filter="data")
             root = Path(tmp) / self.subpath
-            return tree_hash(root) if root.is_dir() else None
+            return content_hash(root) if root.is_dir() else None
 
     def _poll_sync(self) -> Checkout:
         with self._lock:  # one git operation at a time on the clone (the poll, or a verification)
@@ -160,7 +160,7 @@ class DirectorySource:
                 )
             )
             if stamp != self._stamp or self._revision is None:
-                self._revision = tree_hash(self.path)
+                self._revision = content_hash(self.path)
                 self._stamp = stamp
         except OSError as exc:
             raise SourceUnavailable(f"{self.description}: {exc}") from exc

@@ -20,11 +20,11 @@ from typing import Any
 from aiohttp import web
 
 from llmgw.adapters import keys as keymod
+from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
 from llmgw.controller import views
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import Controller
-from llmgw.controller.desired import tree_hash
 from llmgw.controller.routers import note_demand, note_usage, token_ok
 from llmgw.core import jsonsafe, placement
 from llmgw.store import ApiKey, StoreError
@@ -297,7 +297,7 @@ async def label_for_apply(source: Source | None, root: Path, asked: str | None) 
       files: otherwise the fleet would run content never in git under a commit's name, and show Synced.
     A SHA that does not match is refused (409), anything else is relabelled `apply:<content hash>`.
     """
-    content = tree_hash(root)
+    content = content_hash(root)
     default = "apply:" + content.split(":", 1)[-1]
     if asked is None or asked == default:
         return default

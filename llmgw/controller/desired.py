@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.adapters.repo_files import content_hash, load_repo
+from llmgw.adapters.repo_files import load_repo
 from llmgw.core.catalog import Catalog, ModelEntry
 from llmgw.core.config.models import ClusterSpec, duration_seconds
 from llmgw.core.fleet import ModelView, model_views
@@ -75,11 +75,6 @@ class Desired:
     @property
     def resync_interval_s(self) -> float:
         return duration_seconds(self.cluster.controller.resync_interval)
-
-
-def tree_hash(root: Path) -> str:
-    """The revision of a plain directory: the same content hash `llmgw validate` reports."""
-    return content_hash(root)
 
 
 def build_desired(root: Path, revision: str, source: str) -> Desired:

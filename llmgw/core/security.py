@@ -22,6 +22,7 @@ __all__ = [
     "ENGINE_KEY_PREFIX",
     "NODE_TOKEN_PREFIX",
     "ROUTER_TOKEN_PREFIX",
+    "bearer_token",
     "engine_key",
     "forbidden_address_reason",
     "node_token",
@@ -133,3 +134,14 @@ def forbidden_address_reason(url_or_host: str) -> str | None:
     if addr.is_link_local:
         return f"{addr} is a link-local address"
     return None
+
+
+def bearer_token(header: str | None) -> str | None:
+    """The token of an `Authorization: Bearer TOKEN` header, or None when there is no such header or it names
+    another scheme. The one parser of the header in llmgw (the agent, which imports nothing of llmgw, has its
+    own in its pass-through): every check of a presented token starts here."""
+    scheme, _, token = (header or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token

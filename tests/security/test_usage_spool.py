@@ -22,10 +22,10 @@ from typing import Any
 import openai
 import pytest
 from aiohttp import web
-from faults.procs import FakeEngine
+from faults.procs import FakeEngine, http_status
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import free_port, wait_until
-from tenancy.helpers import _health, create_key, usage_rows
+from tenancy.helpers import create_key, usage_rows
 
 from llmgw.store.usage_spool import UsageSpool
 
@@ -75,7 +75,13 @@ class Router:
                 "--usage-flush-interval", str(self.flush_interval)]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
-        wait_until(lambda: _health(self.port) or self.proc.poll() is not None, 60, f"{self.name} /health")
+        wait_until(
+            lambda: (
+                http_status(f"http://127.0.0.1:{self.port}/health") == 200 or self.proc.poll() is not None
+            ),
+            60,
+            f"{self.name} /health",
+        )
         assert self.proc.poll() is None, (self.tmp / f"{self.name}.log").read_text()[-3000:]
         return self
 

@@ -21,6 +21,7 @@ from llmgw_router.metrics import RouterMetrics
 from llmgw_router.ports import UsageSink
 from llmgw_router.proxy import ProxyResult
 from llmgw_router.ratelimit import Lease, Limiter
+from llmgw_router.rules import Sizing
 from llmgw_router.state import RoutingTable
 
 __all__ = ["Answer", "Call", "Charge", "Reservation", "charge", "gone", "settle"]
@@ -82,6 +83,9 @@ def charge(
     return Charge(prompt, completion, used, cost)
 
 
+_UNSIZED = Sizing()  # a request refused before its body was sized reserved nothing
+
+
 @dataclass
 class Call:
     """One request's bookkeeping, filled in as it goes down the path and settled at its end."""
@@ -93,10 +97,7 @@ class Call:
     principal: Principal | None = None
     chain: TenantChain | None = None
     serving: tuple[str, ...] = ()  # the requested model, then the fallbacks this request may use, in order
-    prompt_estimate: int = 0  # tokens, from the body's size
-    completion_asked: int | None = None  # max_completion_tokens / max_tokens; None when the client set none
-    completion_cap: int = 0  # the most tokens one sequence may generate: what was asked, else the model's cap
-    sequences: int = 1  # n / best_of: completions generated at once
+    sizing: Sizing = _UNSIZED  # what it may cost, from its body and the model (rules.size)
     status: int = 500
     code: str = ""
     result: ProxyResult | None = None
@@ -104,13 +105,13 @@ class Call:
 
     @property
     def reserved(self) -> Reservation:
-        return Reservation(self.prompt_estimate, self.completion_cap * self.sequences)
+        """Tokens the request may take: reserved at admission, corrected at the end. A request that names no
+        max_tokens is sent the cap it reserved, so the engine cannot spend more than this."""
+        return Reservation(self.sizing.prompt_estimate, self.sizing.completion_reserved)
 
     @property
     def estimate(self) -> int:
-        """Tokens the request may take: reserved at admission, corrected at the end. A request that names no
-        max_tokens is sent the cap it reserved, so the engine cannot spend more than this."""
-        return self.prompt_estimate + self.completion_cap * self.sequences
+        return self.reserved.total
 
     def streaming(self, result: ProxyResult) -> None:
         """A stream started: keep its result now, so a handler cancelled later still accounts its usage."""

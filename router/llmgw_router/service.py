@@ -12,9 +12,7 @@ controller). Where a request goes is forwarding.py's; what it is charged is acco
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
-import json
 import logging
 import random
 import time
@@ -24,7 +22,6 @@ from typing import Any, Literal
 import aiohttp
 from aiohttp import web
 
-from llmgw.core import jsonsafe
 from llmgw.core.snapshot import PublishedModel, RouterSnapshot
 from llmgw.core.tenancy import has_tenants
 from llmgw_router.accounting import Call, gone, settle
@@ -40,6 +37,7 @@ from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, Usa
 from llmgw_router.provider_keys import ProviderHealth, usable_providers
 from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
 from llmgw_router.ratelimit import Limiter, NoLimits, budget_use
+from llmgw_router.rules import fits, parse, payload, sent_cap, session_key, size
 from llmgw_router.scheduler import RequestInfo
 from llmgw_router.state import RoutingTable
 
@@ -209,7 +207,7 @@ class RequestService:
         if table is None:
             raise _not_ready()
         raw = await _read_body(request, table.snapshot.router.max_body_bytes if table else _DEFAULT_MAX_BODY)
-        body = _parse(raw)
+        body = parse(raw)
         # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
         # which models exist (404) nor their context lengths (400).
         call.principal = await self.auth.authenticate(request.headers.get("Authorization"))
@@ -233,8 +231,8 @@ class RequestService:
             raise ApiError(
                 400, f"Model `{canonical}` does not support {kind}.", "unsupported_capability", param="model"
             )
-        _check_context(raw, body, kind, model, call)
-        call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: _fits(m, call))
+        call.sizing = size(len(raw), body, kind, model)
+        call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: fits(m, call.sizing))
         if tenant_project is not None:
             call.chain = table.chain(tenant_project)
             if call.chain is not None:
@@ -256,7 +254,7 @@ class RequestService:
     ) -> web.StreamResponse:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
         pick made once more, then it is a 502."""
-        info = RequestInfo(session_key=_session_key(request, body, table.policy_for(canonical)))
+        info = RequestInfo(session_key=session_key(request.headers, body, table.policy_for(canonical)))
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
             request.headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
             self.options.debug_token.encode(),
@@ -315,18 +313,20 @@ class RequestService:
         if debug:
             reply["x-llmgw-decision"] = picked.decision.rationale()
         # A request that names no max_tokens is sent the cap it reserved: the reservation bounds the spend.
-        cap = _sent_cap(table.models.get(served), call, ep.is_provider) if kind != "embeddings" else None
+        cap = (
+            sent_cap(table.models.get(served), call.sizing, ep.is_provider) if kind != "embeddings" else None
+        )
         # A stream is always asked for its usage (and the extra chunk stripped again), so it can be charged.
         want_usage = client_stream and not client_usage
         ask_usage = (stream_opts if isinstance(stream_opts, dict) else {}) if want_usage else None
-        payload = _payload(raw, body, ep.upstream_model or served, cap, ask_usage)
+        sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage)
         key = ep.provider_key if ep.is_provider else ep.spec.api_key
         headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         return UpstreamCall(
             url=ep.api_base + _PATHS[kind],
-            payload=payload,
+            payload=sent,
             headers=headers,
             stream=client_stream,
             strip_usage_chunk=want_usage,
@@ -396,21 +396,6 @@ def _tenant_project(table: RoutingTable, project: str | None, canonical: str, as
     return tenant_project
 
 
-def _payload(
-    raw: bytes, body: dict[str, Any], upstream_model: str, cap: int | None, ask_usage: dict[str, Any] | None
-) -> bytes:
-    """The body sent upstream: the client's bytes as they came, unless the model's name, the cap or the
-    usage request must change (`ask_usage`: the client's stream_options, to which include_usage is added)."""
-    if body.get("model") == upstream_model and cap is None and ask_usage is None:
-        return raw
-    changed = dict(body, model=upstream_model)
-    if cap is not None:
-        changed["max_tokens"] = cap
-    if ask_usage is not None:
-        changed["stream_options"] = {**ask_usage, "include_usage": True}
-    return json.dumps(changed).encode()
-
-
 # ---------------------------------------------------------------------------------------------- helpers
 
 
@@ -458,150 +443,3 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
         if len(buf) > limit:
             raise too_big
     return bytes(buf)
-
-
-def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        body = jsonsafe.loads(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"The request body is not valid JSON: {exc}.", "invalid_json") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "The request body must be a JSON object.", "invalid_json")
-    _check_types(body)
-    return body
-
-
-# Fields the router itself acts on: checked strictly here, because an engine that coerces them differently
-# ("stream": "yes" streams in one and not in the other) would answer in a shape the router does not expect,
-# and a client's typo must never count as the engine failing (which would open its breaker for everyone).
-_TYPED_FIELDS: tuple[tuple[str, tuple[type, ...], str], ...] = (
-    ("stream", (bool,), "a boolean"),
-    ("stream_options", (dict,), "an object"),
-    ("max_tokens", (int,), "a whole number"),
-    ("max_completion_tokens", (int,), "a whole number"),
-    # Multiply the reservation: an engine that read "8" as 8 would generate eight times what was reserved.
-    ("n", (int,), "a whole number"),
-    ("best_of", (int,), "a whole number"),
-)
-
-
-def _check_types(body: dict[str, Any]) -> None:
-    for name, types, words in _TYPED_FIELDS:
-        value = body.get(name)
-        if value is None:
-            continue
-        wrong = not isinstance(value, types) or (types == (int,) and isinstance(value, bool))
-        if wrong or (types == (int,) and value < 0):
-            raise ApiError(
-                400,
-                f"`{name}` must be {words}{' >= 0' if types == (int,) else ''}, got {json.dumps(value)[:40]}.",
-                "invalid_type",
-                param=name,
-            )
-
-
-# OpenAI's /v1/completions generates 16 tokens when max_tokens is not given (vLLM does the same; llama.cpp would
-# run to the end of the context): kept as the cap such a request reserves and is sent.
-_COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-
-
-def _check_context(raw: bytes, body: dict[str, Any], kind: Kind, model: PublishedModel, call: Call) -> None:
-    """Fill in what the request may cost: the prompt's estimate (bytes/4 plus 10%, so an estimate a few
-    percent out does not refuse a valid request), the completion per sequence (what the client asked, else
-    the model's `max_output_tokens`, else whatever the context leaves after the prompt: what the engine
-    would really generate; at most 16 for legacy completions, that API's default), and how many sequences
-    (`n`, `best_of`). Raises when it cannot fit."""
-    call.prompt_estimate = prompt = int(len(raw) / 4 * 1.1)
-    if kind == "embeddings":
-        call.completion_asked, call.completion_cap, call.sequences = None, 0, 1
-        asked: int | None = None
-    else:
-        asked = _asked(body)
-        call.completion_asked = asked
-        call.sequences = max([1, *(v for k in ("n", "best_of") if isinstance(v := body.get(k), int))])
-        cap = model.max_output_tokens
-        if asked is not None and cap is not None and asked > cap:
-            raise ApiError(
-                400,
-                f"max_tokens is {asked}, but this model generates at most {cap} tokens per request; "
-                f"ask for {cap} or fewer.",
-                "max_tokens_too_large",
-                param="max_tokens",
-            )
-        room = model.context_length - prompt
-        if asked is not None:
-            call.completion_cap = asked
-        else:
-            limits = [room, *(() if cap is None else (cap,))]
-            if kind == "completions":  # the legacy API's documented default, which clients rely on
-                limits.append(_COMPLETIONS_DEFAULT_MAX_TOKENS)
-            call.completion_cap = min(limits)
-    completion = call.completion_cap
-    if prompt + completion > model.context_length or (
-        asked is None and kind != "embeddings" and completion < 1
-    ):
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {model.context_length} tokens, but the request needs about "
-            f"{prompt + max(completion, 1)} ({prompt} estimated for the prompt, {max(completion, 1)} for the "
-            f"completion). Shorten the messages or lower max_tokens.",
-            "context_length_exceeded",
-            param="messages",
-        )
-
-
-def _asked(body: dict[str, Any]) -> int | None:
-    """The completion length the client asked for (either spelling; types were checked), None when unset."""
-    for name in ("max_completion_tokens", "max_tokens"):
-        value = body.get(name)
-        if isinstance(value, int):
-            return value
-    return None
-
-
-def _fits(model: PublishedModel, call: Call) -> bool:
-    """May `model` serve this request as a fallback: does its context hold the prompt and what was asked?"""
-    room = model.context_length - call.prompt_estimate
-    asked = call.completion_asked
-    if asked is None:  # sent a cap of its own (at least one token), or an embedding (no completion)
-        return room >= (1 if call.completion_cap else 0)
-    return asked <= room and (model.max_output_tokens is None or asked <= model.max_output_tokens)
-
-
-def _sent_cap(model: PublishedModel | None, call: Call, provider: bool) -> int | None:
-    """The max_tokens to send to an engine of `model` for a request that set none (None: send nothing): the
-    reserved cap, lowered to what the serving model's context and own cap allow, never raised (the
-    reservation was made for the requested model).
-
-    Not sent when the context is what binds and a replica serves: the agent starts engines with the model's
-    `context_length` as their limit, so prompt plus completion already stops there, which is exactly what was
-    reserved (the prompt's estimate plus the rest of the context); and a number derived from the estimate
-    would make vLLM refuse every prompt the estimate under-counts (text in scripts of three UTF-8 bytes per
-    token). A provider's real context is not ours to know, so it is always sent the cap."""
-    if call.completion_asked is not None or model is None:
-        return None
-    room = model.context_length - call.prompt_estimate
-    cap = min(call.completion_cap, room)
-    if model.max_output_tokens is not None:
-        cap = min(cap, model.max_output_tokens)
-    if cap >= room and not provider:
-        return None
-    return max(cap, 1)
-
-
-def _session_key(request: web.Request, body: dict[str, Any], policy: Any) -> str | None:
-    if policy.weights.session <= 0:
-        return None
-    settings = policy.session
-    header = request.headers.get(settings.header)
-    if header:
-        return str(header)
-    user = body.get("user")
-    if settings.use_user_field and isinstance(user, str) and user:
-        return "user:" + user
-    head = body.get("messages") or body.get("prompt")
-    if isinstance(head, list):
-        head = head[: settings.prefix_messages]
-    if head is None:
-        return None
-    return "head:" + hashlib.blake2b(json.dumps(head, sort_keys=True).encode(), digest_size=12).hexdigest()

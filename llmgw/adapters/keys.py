@@ -8,14 +8,16 @@ is what lets the router look a key up by its hash on every request.
 
 from __future__ import annotations
 
-import hashlib
 import re
 import secrets
 from dataclasses import dataclass
 
+# Re-exported: the key's shape and hash live in the core, where the router reads them without the store.
+from llmgw.core.keys import KEY_PREFIX as KEY_PREFIX
+from llmgw.core.keys import hash_key as hash_key
+from llmgw.core.keys import looks_like_key as looks_like_key
 from llmgw.store import ApiKey, KeyLookup, Store, StoreError
 
-KEY_PREFIX = "sk-llmgw-"
 KEY_RANDOM_BYTES = 32
 DISPLAY_CHARS = 4  # characters after the prefix kept for display ("sk-llmgw-AbCd...")
 
@@ -33,16 +35,6 @@ class NewKey:
 
 def generate_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(KEY_RANDOM_BYTES)
-
-
-def hash_key(plaintext: str) -> str:
-    """The hash the store keeps and the router looks up (hex SHA-256 of the whole key)."""
-    return hashlib.sha256(plaintext.encode("utf-8")).hexdigest()
-
-
-def looks_like_key(text: str) -> bool:
-    """Cheap shape check before any lookup: a bearer token that is not ours is 'unknown' without a query."""
-    return text.startswith(KEY_PREFIX) and len(text) >= len(KEY_PREFIX) + 40
 
 
 def parse_duration(text: str) -> float:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import shlex
@@ -478,45 +479,24 @@ async def start_router(
     usage_spool: Path | None = None,
     grace_ledger: Path | None = None,
 ) -> LocalRouter:
-    from llmgw_router.app import serve
-    from llmgw_router.auth import Authenticator, StoreKeys
-    from llmgw_router.link import ControllerLink
-    from llmgw_router.link import controller_url as stream_url
-    from llmgw_router.ratelimit import TenantLimiter
-    from llmgw_router.service import Router, RouterOptions
+    from llmgw_router.app import build_router, serve
+    from llmgw_router.options import RouterOptions
 
-    from llmgw.store import Store
-    from llmgw.store.grace_ledger import GraceLedger
-    from llmgw.store.limiter import Limiter as PoolLimiter
-    from llmgw.store.usage_writer import UsageWriter
-
+    options = RouterOptions(router_id="llmgw-up")
+    if secrets is not None:
+        options = dataclasses.replace(options, secrets=secrets)
     stack = contextlib.AsyncExitStack()
     try:
-        store = await Store.open(dsn)
-        stack.push_async_callback(store.close)
-        writer = UsageWriter(store, spool_dir=usage_spool)
-        await writer.start()
-        stack.push_async_callback(writer.close)
-        router = Router(
-            RouterOptions(router_id="llmgw-up")
-            if secrets is None
-            else RouterOptions(router_id="llmgw-up", secrets=secrets),
-            Authenticator(StoreKeys(store)),
-            TenantLimiter(
-                PoolLimiter(store, grace_ledger=GraceLedger(grace_ledger) if grace_ledger else None)
-            ),
-            writer,
+        built = await build_router(
+            stack,
+            options,
+            store=dsn,
+            controllers=[controller_url],
+            token=token,
+            usage_spool=usage_spool,
+            grace_ledger=grace_ledger,
         )
-        link = ControllerLink(
-            stream_url(controller_url),
-            "llmgw-up",
-            token,
-            router.apply_snapshot,
-            lambda: dict(router.last_used),
-            lambda up: router.metrics.controller_connected.set(1 if up else 0),
-        )
-        router.controller = link
-        listeners = await serve(router, listen, metrics_listen, link)
+        listeners = await serve(built.service, listen, metrics_listen, built.link)
         stack.push_async_callback(listeners.close)
     except BaseException:
         await stack.aclose()

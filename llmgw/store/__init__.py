@@ -1,6 +1,7 @@
 """The llmgw store: SQLite by default, PostgreSQL by DSN; one set of queries, versioned migrations."""
 
-from llmgw.store.db import DEFAULT_DSN, DEFAULT_STATE_DIR, Dsn, StoreError, StoreUnavailable, parse_dsn
+from llmgw.store.db import DEFAULT_DSN, DEFAULT_STATE_DIR, Dsn, parse_dsn
+from llmgw.store.errors import StoreError, StoreUnavailable
 from llmgw.store.records import (
     USAGE_GROUPS,
     ApiKey,

@@ -19,6 +19,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import psycopg
 
+from llmgw.store.errors import StoreError, StoreUnavailable
+
 Dialect = Literal["sqlite", "postgres"]
 Params = Sequence[Any]
 Row = tuple[Any, ...]
@@ -26,14 +28,6 @@ T = TypeVar("T")
 
 DEFAULT_STATE_DIR = Path(".llmgw") / "state"
 DEFAULT_DSN = f"sqlite:///{DEFAULT_STATE_DIR / 'llmgw.db'}"
-
-
-class StoreError(Exception):
-    """A store operation failed (bad DSN, constraint, schema from the future, ...)."""
-
-
-class StoreUnavailable(StoreError):
-    """The database could not be reached or did not answer; the operation may be retried."""
 
 
 @dataclass(frozen=True)

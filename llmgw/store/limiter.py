@@ -41,7 +41,7 @@ from llmgw.core.limits import (
     window_bounds,
     windowed_limits,
 )
-from llmgw.store.db import StoreUnavailable
+from llmgw.store.errors import StoreUnavailable
 from llmgw.store.grace_ledger import GraceLedger
 from llmgw.store.records import ShareGrant
 

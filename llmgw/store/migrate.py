@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 
-from llmgw.store.db import Backend, StoreError
+from llmgw.store.db import Backend
+from llmgw.store.errors import StoreError
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 

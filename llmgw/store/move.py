@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from llmgw.store.db import StoreError
+from llmgw.store.errors import StoreError
 from llmgw.store.store import TABLES, Store
 
 # Column lists per table (a test checks them against the migrations). The first column orders the paging.

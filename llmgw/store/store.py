@@ -11,7 +11,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from llmgw.store.db import Backend, Dsn, Row, StoreError, open_backend
+from llmgw.store.db import Backend, Dsn, Row, open_backend
+from llmgw.store.errors import StoreError
 from llmgw.store.migrate import current_version, migrate
 from llmgw.store.records import (
     USAGE_GROUPS,

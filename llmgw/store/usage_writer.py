@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from llmgw.store.db import StoreError
+from llmgw.store.errors import StoreError
 from llmgw.store.records import UsageRecord
 from llmgw.store.usage_spool import UsageSpool, fsync_file
 

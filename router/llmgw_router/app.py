@@ -6,25 +6,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw.adapters.httplog import quiet_bad_requests
+from llmgw_router.auth import Authenticator, KeyStore, StoreKeys
 from llmgw_router.egress import client_connector
 from llmgw_router.http1 import EngineClient
-from llmgw_router.link import ControllerLink
+from llmgw_router.link import ControllerLink, controller_url
+from llmgw_router.options import RouterOptions
+from llmgw_router.ports import UsageSink
+from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
 from llmgw_router.scrape import scrape_loop
-from llmgw_router.service import Kind, Router
+from llmgw_router.service import Kind, RequestService
 
-__all__ = ["ROUTER", "Listeners", "create_app", "create_metrics_app", "serve"]
+__all__ = ["ROUTER", "BuiltRouter", "Listeners", "build_router", "create_app", "create_metrics_app", "serve"]
 
 log = logging.getLogger(__name__)
 
-ROUTER = web.AppKey("router", Router)
+ROUTER = web.AppKey("router", RequestService)
 LINK = web.AppKey("link", ControllerLink)
 _TASKS = web.AppKey("tasks", list)
 
@@ -100,7 +107,9 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
 _SCRAPE = web.AppKey("scrape", bool)
 
 
-def create_app(router: Router, link: ControllerLink | None = None, scrape: bool = True) -> web.Application:
+def create_app(
+    router: RequestService, link: ControllerLink | None = None, scrape: bool = True
+) -> web.Application:
     # The body limit is enforced by the request path from the snapshot's max_body_bytes; aiohttp's own
     # limit only matters for request.read(), which the router does not use.
     app = web.Application(client_max_size=1 << 40)
@@ -118,7 +127,7 @@ def create_app(router: Router, link: ControllerLink | None = None, scrape: bool 
     return app
 
 
-def create_metrics_app(router: Router) -> web.Application:
+def create_metrics_app(router: RequestService) -> web.Application:
     async def metrics(request: web.Request) -> web.Response:
         body = generate_latest(router.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
@@ -147,7 +156,11 @@ class Listeners:
 
 
 async def serve(
-    router: Router, listen: str, metrics_listen: str, link: ControllerLink | None = None, scrape: bool = True
+    router: RequestService,
+    listen: str,
+    metrics_listen: str,
+    link: ControllerLink | None = None,
+    scrape: bool = True,
 ) -> Listeners:
     """Start the API and metrics listeners. A client that goes away cancels its handler (and so the upstream
     request): handler_cancellation is on."""
@@ -171,3 +184,71 @@ async def serve(
         ports[1],
     )
     return Listeners(ports[0], ports[1], [api, met])
+
+
+@dataclass
+class BuiltRouter:
+    """What `build_router` made: the request service and, when there are controllers, the link to them
+    (pass both to `serve`)."""
+
+    service: RequestService
+    link: ControllerLink | None
+
+
+async def build_router(
+    stack: contextlib.AsyncExitStack,
+    options: RouterOptions,
+    *,
+    store: str | None = None,
+    keys: KeyStore | None = None,
+    controllers: Sequence[str] = (),
+    token: str | None = None,
+    ssl_context: ssl.SSLContext | None = None,
+    limits_clock: Callable[[], float] = time.time,
+    usage_spool: Path | None = None,
+    usage_flush_interval: float = 1.0,
+    grace_ledger: Path | None = None,
+) -> BuiltRouter:
+    """The one assembly of a router, for `llmgw-router` and `llmgw up`. With a `store` DSN: keys, pooled
+    limits and usage from it (opened and closed on `stack`); without one, `keys` (a keys file, or None for no
+    authentication) and limits in memory. With `controllers`: the link that feeds snapshots and takes load
+    requests. ValueError when the usage spool cannot be used."""
+    limiter: Limiter = memory_limiter(limits_clock)
+    usage: UsageSink | None = None
+    pending: Callable[[], float] | None = None
+    if store is not None:
+        from llmgw.store.grace_ledger import GraceLedger
+        from llmgw.store.limiter import Limiter as PoolLimiter
+        from llmgw.store.store import Store
+        from llmgw.store.usage_spool import SpoolError
+        from llmgw.store.usage_writer import UsageWriter
+
+        opened = await Store.open(store)
+        stack.push_async_callback(opened.close)
+        keys = StoreKeys(opened)
+        ledger = GraceLedger(grace_ledger) if grace_ledger is not None else None
+        limiter = TenantLimiter(PoolLimiter(opened, clock=limits_clock, grace_ledger=ledger))
+        writer = UsageWriter(opened, flush_interval=usage_flush_interval, spool_dir=usage_spool)
+        try:
+            await writer.start()
+        except SpoolError as exc:
+            raise ValueError(str(exc)) from None
+        stack.push_async_callback(writer.close)
+        usage = writer
+        pending = lambda: writer.stats.pending  # noqa: E731
+    service = RequestService(options, Authenticator(keys), limiter, usage)
+    if pending is not None:
+        service.metrics.usage_pending.set_function(pending)
+    link: ControllerLink | None = None
+    if controllers:
+        link = ControllerLink(
+            [controller_url(a) for a in controllers],
+            options.router_id,
+            token,
+            service.apply_snapshot,
+            lambda: dict(service.last_used),
+            lambda up: service.metrics.controller_connected.set(1 if up else 0),
+            ssl_context=ssl_context,
+        )
+        service.controller = link
+    return BuiltRouter(service, link)

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmgw.adapters.keys import hash_key, looks_like_key
-from llmgw.store.db import StoreError
+from llmgw.core.keys import hash_key, looks_like_key
+from llmgw.core.security import bearer_token
+from llmgw.store.errors import StoreError
 from llmgw.store.records import KeyLookup
 from llmgw_router.errors import ApiError
 
@@ -133,9 +134,8 @@ class Authenticator:
                 "Missing API key: send it as `Authorization: Bearer YOUR_KEY`.",
                 "missing_api_key",
             )
-        scheme, _, token = header.partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
+        token = bearer_token(header)
+        if token is None:
             raise ApiError(
                 401,
                 "Malformed Authorization header: expected `Authorization: Bearer YOUR_KEY`.",

@@ -23,12 +23,9 @@ from typing import Any
 
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
-from llmgw_router.app import serve
-from llmgw_router.auth import Authenticator, KeyStore, StaticKeys, StoreKeys
-from llmgw_router.link import ControllerLink, controller_url
-from llmgw_router.ports import UsageSink
-from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.app import build_router, serve
+from llmgw_router.auth import KeyStore, StaticKeys
+from llmgw_router.options import RouterOptions
 
 __all__ = ["build_parser", "load_snapshot_file", "main", "run"]
 
@@ -67,6 +64,15 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--metrics-listen", help="host:port of /metrics (default: the snapshot's, else 127.0.0.1:9091)"
     )
+    _add_trust_flags(p)
+    _add_request_flags(p)
+    _add_state_flags(p)
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _add_trust_flags(p: argparse.ArgumentParser) -> None:
+    """Who may call this router, and how it proves itself to the controller."""
     p.add_argument("--store", metavar="DSN", help="store DSN: keys, pooled limits and usage")
     p.add_argument("--keys-file", metavar="FILE", help="with no store: lines of `SHA256HEX PROJECT [KEY_ID]`")
     p.add_argument("--no-auth", action="store_true", help="serve without API keys (development only)")
@@ -80,6 +86,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="this router's client certificate (router:NAME, `llmgw node router-cert`), asked for with a CA",
     )
     p.add_argument("--controller-key", metavar="FILE", help="the key of --controller-cert")
+
+
+def _add_request_flags(p: argparse.ArgumentParser) -> None:
+    """How requests are served: debugging, naming, on-demand waits, timeouts."""
     p.add_argument(
         "--debug-token-file", metavar="FILE", help="requests sending this in x-llmgw-debug get the decision"
     )
@@ -101,6 +111,10 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=3600.0,
         help="seconds an engine's whole answer may take (besides the idle read timeout)",
     )
+
+
+def _add_state_flags(p: argparse.ArgumentParser) -> None:
+    """The router's own files (spool, grace ledger, secrets) and the testing-only clock offset."""
     p.add_argument(
         "--state-dir",
         default=".llmgw/router",
@@ -136,8 +150,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="testing only: the rate-limit windows' clock runs SECONDS ahead of this machine's (tests start "
         "at a window's start instead of sleeping until one comes); never set it in production",
     )
-    p.add_argument("--log-level", default="INFO")
-    return p
 
 
 def controller_tls(ca: str | None, cert: str | None, key: str | None) -> ssl.SSLContext | None:
@@ -188,68 +200,44 @@ async def _amain(ns: argparse.Namespace) -> None:
     snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
     listen = ns.listen or (snapshot.router.listen if snapshot else "127.0.0.1:8080")
     metrics_listen = ns.metrics_listen or (snapshot.router.metrics_listen if snapshot else "127.0.0.1:9091")
-    async with contextlib.AsyncExitStack() as stack:
-        keys: KeyStore | None = None
-        clock = limits_clock(ns.limits_clock_offset)
-        limiter: Limiter = memory_limiter(clock)
-        usage: UsageSink | None = None
-        writer: Any = None  # the store's UsageWriter, when there is a store
-        if ns.store:
-            from llmgw.store.grace_ledger import GraceLedger
-            from llmgw.store.limiter import Limiter as PoolLimiter
-            from llmgw.store.store import Store
-            from llmgw.store.usage_spool import SpoolError
-            from llmgw.store.usage_writer import UsageWriter
-
-            store = await Store.open(ns.store)
-            stack.push_async_callback(store.close)
-            keys = StoreKeys(store)
-            limiter = TenantLimiter(
-                PoolLimiter(store, clock=clock, grace_ledger=GraceLedger(grace_ledger_path(ns)))
-            )
-            writer = UsageWriter(store, flush_interval=ns.usage_flush_interval, spool_dir=usage_spool_dir(ns))
-            try:
-                await writer.start()
-            except SpoolError as exc:
-                raise ValueError(str(exc)) from None
-            stack.push_async_callback(writer.close)
-            usage = writer
-        elif ns.keys_file:
-            keys = StaticKeys.from_file(ns.keys_file)
-        elif not ns.no_auth:
-            raise SystemExit(
-                "llmgw-router: give --store DSN or --keys-file FILE, or --no-auth to serve without keys"
-            )
-        if keys is None:
-            log.warning(
-                "AUTHENTICATION IS DISABLED (--no-auth): anyone who reaches %s can use every model", listen
-            )
-        options = RouterOptions(
-            router_id=ns.router_id,
-            on_demand_wait=ns.on_demand_wait,
-            debug_token=_read_secret(ns.debug_token_file),
-            write_timeout=ns.write_timeout,
-            request_deadline=ns.request_deadline,
-            secrets=secret_policy(ns),
+    keys: KeyStore | None = None
+    if ns.store is None and ns.keys_file:
+        keys = StaticKeys.from_file(ns.keys_file)
+    elif ns.store is None and not ns.no_auth:
+        raise SystemExit(
+            "llmgw-router: give --store DSN or --keys-file FILE, or --no-auth to serve without keys"
         )
-        link: ControllerLink | None = None
-        router = Router(options, Authenticator(keys), limiter, usage)
-        if writer is not None:
-            router.metrics.usage_pending.set_function(lambda: writer.stats.pending if writer else 0)
-        if ns.controller:
-            link = ControllerLink(
-                [controller_url(a) for a in ns.controller],
-                ns.router_id,
-                _read_secret(ns.token_file),
-                router.apply_snapshot,
-                lambda: dict(router.last_used),
-                lambda up: router.metrics.controller_connected.set(1 if up else 0),
-                ssl_context=controller_tls(ns.controller_ca, ns.controller_cert, ns.controller_key),
-            )
-            router.controller = link
-        elif snapshot is not None:
-            router.apply_snapshot(snapshot)
-        listeners = await serve(router, listen, metrics_listen, link)
+    if ns.store is None and keys is None:
+        log.warning(
+            "AUTHENTICATION IS DISABLED (--no-auth): anyone who reaches %s can use every model", listen
+        )
+    options = RouterOptions(
+        router_id=ns.router_id,
+        on_demand_wait=ns.on_demand_wait,
+        debug_token=_read_secret(ns.debug_token_file),
+        write_timeout=ns.write_timeout,
+        request_deadline=ns.request_deadline,
+        secrets=secret_policy(ns),
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        built = await build_router(
+            stack,
+            options,
+            store=ns.store or None,
+            keys=keys,
+            controllers=ns.controller or (),
+            token=_read_secret(ns.token_file),
+            ssl_context=controller_tls(ns.controller_ca, ns.controller_cert, ns.controller_key)
+            if ns.controller
+            else None,
+            limits_clock=limits_clock(ns.limits_clock_offset),
+            usage_spool=usage_spool_dir(ns),
+            usage_flush_interval=ns.usage_flush_interval,
+            grace_ledger=grace_ledger_path(ns),
+        )
+        if built.link is None and snapshot is not None:
+            built.service.apply_snapshot(snapshot)
+        listeners = await serve(built.service, listen, metrics_listen, built.link)
         stack.push_async_callback(listeners.close)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

@@ -110,6 +110,17 @@ class RouterMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self._declare_request_metrics(r)
+        self._declare_routing_metrics(r, queue_depth)
+        r.register(_EndpointCollector(table, clock))
+        r.register(_BudgetCollector(budgets))
+
+        # labels() costs a lock and a dict build per call; the request path asks for the same few children
+        # over and over, so they are kept (bounded by models x statuses x codes, a small set).
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    def _declare_request_metrics(self, r: CollectorRegistry) -> None:
+        """What every answered request adds to: counts, durations, tokens."""
         self.requests = Counter(
             PREFIX + "requests",
             "Requests answered, by model, HTTP status and error code",
@@ -136,6 +147,9 @@ class RouterMetrics:
             ["model", "direction"],
             registry=r,
         )
+
+    def _declare_routing_metrics(self, r: CollectorRegistry, queue_depth: Callable[[], float]) -> None:
+        """How requests were routed: admission, decisions, fallbacks, retries, the snapshot and its source."""
         self.provider_unavailable = Gauge(
             PREFIX + "provider_unavailable",
             "1 while a provider model's endpoint is dropped (its key unreadable or refused, or its URL refused)",
@@ -184,12 +198,6 @@ class RouterMetrics:
         self.controller_connected = Gauge(
             PREFIX + "controller_connected", "1 while the controller stream is connected", registry=r
         )
-        r.register(_EndpointCollector(table, clock))
-        r.register(_BudgetCollector(budgets))
-
-        # labels() costs a lock and a dict build per call; the request path asks for the same few children
-        # over and over, so they are kept (bounded by models x statuses x codes, a small set).
-        self._children: dict[tuple[str, ...], Any] = {}
 
     def child(self, metric: Counter | Histogram, *labels: str) -> Any:
         key = (metric._name, *labels)

@@ -295,25 +295,7 @@ async def _stream(
     buf = first
     try:
         while True:
-            out: list[bytes] = []
-            if call.rewrite_model is None and b'"usage"' not in buf:
-                # No complete event here can need a change (_scan_event would return each as it is): pass
-                # them on in one piece instead of splitting and scanning event by event.
-                i = buf.rfind(b"\n\n")
-                if i >= 0:
-                    out.append(buf[: i + 2])
-                    buf = buf[i + 2 :]
-            while True:
-                i = buf.find(b"\n\n")
-                if i < 0:
-                    break
-                event = _scan_event(buf[: i + 2], result, call)
-                buf = buf[i + 2 :]
-                if event is not None:
-                    out.append(event)
-            if len(buf) > _FLUSH_WITHOUT_SEPARATOR:
-                out.append(buf)
-                buf = b""
+            out, buf = _complete_events(buf, result, call)
             if out:
                 chunk = b"".join(out)
                 result.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
@@ -349,6 +331,31 @@ async def _stream(
     except ConnectionResetError:
         result.client_gone = True
     return result
+
+
+def _complete_events(buf: bytes, result: ProxyResult, call: UpstreamCall) -> tuple[list[bytes], bytes]:
+    """The complete events at the head of `buf`, as they go to the client (usage noted, the usage chunk
+    dropped, the model renamed), and what is left to wait for more bytes."""
+    out: list[bytes] = []
+    if call.rewrite_model is None and b'"usage"' not in buf:
+        # No complete event here can need a change (_scan_event would return each as it is): pass them on in
+        # one piece instead of splitting and scanning event by event.
+        i = buf.rfind(b"\n\n")
+        if i >= 0:
+            out.append(buf[: i + 2])
+            buf = buf[i + 2 :]
+    while True:
+        i = buf.find(b"\n\n")
+        if i < 0:
+            break
+        event = _scan_event(buf[: i + 2], result, call)
+        buf = buf[i + 2 :]
+        if event is not None:
+            out.append(event)
+    if len(buf) > _FLUSH_WITHOUT_SEPARATOR:
+        out.append(buf)
+        buf = b""
+    return out, buf
 
 
 async def _write_eof(request: web.Request, resp: web.StreamResponse, limit_s: float) -> None:

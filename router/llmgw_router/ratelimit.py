@@ -11,14 +11,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from llmgw.core.config.models import Limits, duration_seconds
-from llmgw.core.limits import Budget, Estimate, Level, LevelLimits, Refused, Tenant, to_micros
+from llmgw.core.limits import Estimate, Level, LevelLimits, Refused, Tenant, level_limits, to_micros
 from llmgw.core.snapshot import Tenants
+from llmgw.core.tenancy import TenantChain
 from llmgw.store.limiter import Admission, CounterStore, SharePolicy
 from llmgw.store.limiter import Limiter as PoolLimiter
 from llmgw.store.records import ShareGrant
 from llmgw_router.errors import ApiError
-from llmgw_router.tenancy import TenantChain
 
 __all__ = [
     "Lease",
@@ -29,7 +28,6 @@ __all__ = [
     "budget_levels",
     "budget_use",
     "memory_limiter",
-    "tenants_of",
 ]
 
 
@@ -61,25 +59,6 @@ class NoLimits:
         return None
 
 
-def _level_limits(limits: Limits) -> LevelLimits:
-    budget = None
-    if limits.budget is not None:
-        budget = Budget(limits.budget.amount, duration_seconds(limits.budget.period))
-    return LevelLimits(limits.rpm, limits.tpm, limits.concurrency, budget)
-
-
-_LEVELS = {"project": "project", "team": "team", "org": "organization"}
-
-
-def tenants_of(chain: TenantChain) -> tuple[Tenant, ...]:
-    """The chain as the limiter's tenants, organization first."""
-    out = []
-    for key, limits in reversed(chain.limits):
-        kind, _, name = key.partition(":")
-        out.append(Tenant(_LEVELS[kind], name, _level_limits(limits)))  # type: ignore[arg-type]
-    return tuple(out)
-
-
 class TenantLimiter:
     def __init__(self, pool: PoolLimiter) -> None:
         self._pool = pool
@@ -92,7 +71,7 @@ class TenantLimiter:
         if found is None or found[0] is not chain:  # the entry holds the chain, so its id is not reused
             if len(self._tenants) > 10_000:
                 self._tenants.clear()
-            tenants = tenants_of(chain)
+            tenants = chain.levels
             found = self._tenants[id(chain)] = (
                 chain,
                 tenants,
@@ -126,7 +105,7 @@ def budget_levels(tenants: Tenants) -> list[Tenant]:
         ("project", tenants.projects),
     ]
     return [
-        Tenant(level, name, _level_limits(spec.limits))
+        Tenant(level, name, level_limits(spec.limits))
         for level, specs in levels
         for name, spec in specs.items()
         if spec.limits.budget is not None

@@ -111,13 +111,19 @@ async def scrape_loop(
     clock: Callable[[], float],
     on_round: Callable[[], None] | None = None,
 ) -> None:
+    """Scrape every endpoint of the current table once per its scrape_interval, until cancelled."""
     loop = asyncio.get_running_loop()
     while True:
         started = loop.time()
         current = table()
         interval = current.scrape_interval if current else 1.0
         if current is not None:
-            await scrape_once(session, current, metrics, clock)
-            if on_round is not None:
-                on_round()
+            # Like every background loop: a round that fails (a bug, a page the parser chokes on) is logged
+            # and the next one tries again; a dead scrape loop would leave every reading to go stale.
+            try:
+                await scrape_once(session, current, metrics, clock)
+                if on_round is not None:
+                    on_round()
+            except Exception:
+                log.exception("scrape round failed; trying again in %.1fs", interval)
         await asyncio.sleep(max(0.05, interval - (loop.time() - started)))

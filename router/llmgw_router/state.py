@@ -14,10 +14,10 @@ from llmgw_agent.engines import metric_mapping
 
 from llmgw.core.config.models import RoutingPolicySpec, duration_seconds
 from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
+from llmgw.core.tenancy import TenantChain, allowed, tenant_chain
 from llmgw_router.breaker import BreakerState
 from llmgw_router.scheduler import Candidate
 from llmgw_router.scrape_parse import MetricNames, Sample
-from llmgw_router.tenancy import TenantChain, allowed, tenant_chain
 
 __all__ = ["LiveEndpoint", "RoutingTable", "metric_names_for"]
 

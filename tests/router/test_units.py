@@ -8,12 +8,12 @@ import pytest
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.errors import ApiError
-from llmgw_router.tenancy import allowed, tenant_chain
 from support import wait_for
 
 from llmgw.adapters.keys import hash_key
 from llmgw.core.security import ENGINE_KEY_PREFIX, engine_key, forbidden_address_reason
 from llmgw.core.snapshot import RouterSnapshot
+from llmgw.core.tenancy import allowed, tenant_chain
 from llmgw.store.records import KeyLookup
 
 KEY = "sk-llmgw-" + "k" * 43
@@ -126,8 +126,13 @@ def test_tenancy_every_listing_level_must_allow() -> None:
     assert allowed(t, "q", ("gemma",)) and not allowed(t, "q", ("llama",))
     assert not allowed(t, "nobody", ("sim-chat",))
     chain = tenant_chain(t, "p")
-    assert chain is not None and (chain.team, chain.org) == ("research", "acme")
-    assert [k for k, _ in chain.limits] == ["project:p", "team:research", "org:acme"]
+    assert chain is not None and (chain.team, chain.organization) == ("research", "acme")
+    assert [(t.level, t.name) for t in chain.levels] == [
+        ("organization", "acme"),
+        ("team", "research"),
+        ("project", "p"),
+    ]
+    assert chain.levels[-1].limits.rpm == 5
 
 
 def test_engine_key_is_a_stable_hmac_per_replica() -> None:

@@ -1,24 +1,25 @@
-"""Which tenants a project belongs to and which models it may use, read from the published snapshot. Pure."""
+"""Which tenants a project belongs to and which models it may use, read from the published `Tenants` (what a
+router is told). Pure. The level words are the limiter's: organization, team, project."""
 
 from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass
 
-from llmgw.core.config.models import Limits
+from llmgw.core.limits import Tenant, level_limits
 from llmgw.core.snapshot import Tenants
 
-__all__ = ["TenantChain", "allowed", "tenant_chain"]
+__all__ = ["TenantChain", "allowed", "has_tenants", "tenant_chain"]
 
 
 @dataclass(frozen=True)
 class TenantChain:
-    """The project and its parents, nearest first, each with its limits. Unknown parents are absent."""
+    """The project and its parents, each with its limits as the limiter reads them. Unknown parents are absent."""
 
     project: str
     team: str | None
-    org: str | None
-    limits: tuple[tuple[str, Limits], ...]  # ("project:NAME", limits), ("team:NAME", ...), ("org:NAME", ...)
+    organization: str | None
+    levels: tuple[Tenant, ...]  # organization first, then team, then project (the limiter's order)
 
 
 def tenant_chain(tenants: Tenants, project: str) -> TenantChain | None:
@@ -26,15 +27,15 @@ def tenant_chain(tenants: Tenants, project: str) -> TenantChain | None:
     spec = tenants.projects.get(project)
     if spec is None:
         return None
-    chain: list[tuple[str, Limits]] = [(f"project:{project}", spec.limits)]
+    levels = [Tenant("project", project, level_limits(spec.limits))]
     team = spec.team
     org = spec.organization
     if team is not None and team in tenants.teams:
-        chain.append((f"team:{team}", tenants.teams[team].limits))
+        levels.append(Tenant("team", team, level_limits(tenants.teams[team].limits)))
         org = tenants.teams[team].organization
     if org is not None and org in tenants.organizations:
-        chain.append((f"org:{org}", tenants.organizations[org].limits))
-    return TenantChain(project, team, org, tuple(chain))
+        levels.append(Tenant("organization", org, level_limits(tenants.organizations[org].limits)))
+    return TenantChain(project, team, org, tuple(reversed(levels)))
 
 
 def _lists(tenants: Tenants, project: str) -> list[list[str] | None]:
@@ -63,3 +64,9 @@ def allowed(tenants: Tenants, project: str, names: tuple[str, ...]) -> bool:
         if patterns is not None and not any(fnmatch.fnmatchcase(n, p) for p in patterns for n in names):
             return False
     return True
+
+
+def has_tenants(tenants: Tenants) -> bool:
+    """Does the snapshot declare any tenant? One with none (a static router with a keys file) lets every key
+    use every model."""
+    return bool(tenants.projects or tenants.teams or tenants.organizations)

@@ -1,0 +1,26 @@
+"""What one router process is told at start (its flags), apart from the snapshot it is fed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmgw.core.secretrefs import SecretPolicy
+from llmgw_router import breaker as brk
+from llmgw_router.provider_keys import DEFAULT_SECRETS_DIR
+
+__all__ = ["RouterOptions"]
+
+
+@dataclass(frozen=True)
+class RouterOptions:
+    router_id: str = "router"
+    on_demand_wait: float = 5.0  # how long the first request for an on-demand model waits for a replica
+    loading_retry_after: int = 10
+    debug_token: str | None = None  # requests sending it in x-llmgw-debug get the decision's rationale
+    breaker: brk.BreakerPolicy = field(default_factory=brk.BreakerPolicy)
+    connect_timeout: float = 5.0
+    read_timeout: float = 600.0  # idle: the longest silence of an engine while an answer is expected
+    request_deadline: float = 3600.0  # an engine's whole answer, stream or not, however steadily it comes
+    write_timeout: float = 30.0  # a stream's client that accepts no byte for this long is cut off
+    # Where the repo's provider keys may be read from: the router's settings, never the repo's.
+    secrets: SecretPolicy = field(default_factory=lambda: SecretPolicy(DEFAULT_SECRETS_DIR).absolute())

@@ -54,7 +54,8 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app[admin.CONTROLLER] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
-    app[RECONCILER] = Reconciler(controller)
+    reconciler = app[RECONCILER] = Reconciler(controller)
+    controller.hub.on_register = reconciler.adopt  # agents' running shards are adopted, never restarted
     app.router.add_get(AGENT_PATH, controller.hub.handle)
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
@@ -63,7 +64,9 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.router.add_get("/api/v1/credentials/node/{node}", node_credential)
     admin.add_routes(app)
     if controller.lease is not None:
-        app.middlewares.append(lease.standby_middleware(controller, ROUTER_PATH))
+        app.middlewares.append(
+            lease.standby_middleware(controller.lease, ROUTER_PATH, controller.router_token_ok)
+        )
     app.cleanup_ctx.append(_background("source", _source_loop))
     app.cleanup_ctx.append(_reconcile_ctx)
     app.cleanup_ctx.append(_background("liveness", _liveness_loop))
@@ -347,8 +350,6 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         settings, store, ControllerMetrics(), admin_token=token, admin_tokens=tokens, peer_check=peer_check
     )
     controller.router_peer_check = router_tls_check(settings)
-    if settings.ha:
-        lease.attach(controller)  # a standby until the first attempt wins: nothing placed before that
     try:
         for record in await store.list_replicas():
             controller.worker_state.known_records[record.id] = record

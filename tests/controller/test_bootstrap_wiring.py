@@ -17,13 +17,13 @@ from typer.testing import CliRunner
 from llmgw.cli.main import app
 from llmgw.controller.nodes_loop import (
     LinkSeen,
-    NodeOps,
     NodesLoop,
     needs_bootstrap,
     removal_step,
     retry_delay,
     to_bootstrap,
 )
+from llmgw.controller.state import NodeOps
 
 from .helpers import Repo, settings_for, start
 

@@ -24,7 +24,7 @@ from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
 from llmgw.controller import views
 from llmgw.controller.admin_tokens import Principal, Scope, allows
-from llmgw.controller.core import Controller
+from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.routers import note_demand, note_usage, token_ok
 from llmgw.core import jsonsafe, placement
 from llmgw.core.security import bearer_token
@@ -33,7 +33,6 @@ from llmgw.store import ApiKey, StoreError
 log = logging.getLogger("llmgw.controller.admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-CONTROLLER: web.AppKey[Controller] = web.AppKey("controller", Controller)
 POLL_NOW: web.AppKey[asyncio.Event] = web.AppKey("poll_now", asyncio.Event)
 SOURCE: web.AppKey[Source] = web.AppKey("source", object)  # type: ignore[arg-type]
 GIT_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1 or SHA-256 object names

@@ -24,7 +24,7 @@ from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
 from llmgw.controller import admin, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
-from llmgw.controller.core import Controller, admin_token_from
+from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconciler import Reconciler
@@ -51,7 +51,7 @@ def make_source(settings: ControllerSettings) -> Source:
 
 def make_app(controller: Controller, source: Source) -> web.Application:
     app = web.Application(client_max_size=32 * 1024 * 1024)
-    app[admin.CONTROLLER] = controller
+    app[CONTROLLER] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)
@@ -93,7 +93,7 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _healthz_leader(request: web.Request) -> web.Response:
-    c = request.app[admin.CONTROLLER]
+    c = request.app[CONTROLLER]
     leading = c.leading()
     return web.json_response({"ok": leading}, status=200 if leading else 503)
 
@@ -113,7 +113,7 @@ def _background(name: str, loop: Loop) -> Callable[[web.Application], AsyncItera
 
 
 async def _source_loop(app: web.Application) -> None:
-    c = app[admin.CONTROLLER]
+    c = app[CONTROLLER]
     source = app[SOURCE]
     poll_now = app[admin.POLL_NOW]
     loop = asyncio.get_running_loop()
@@ -154,7 +154,7 @@ async def _nodes_ctx(app: web.Application) -> AsyncIterator[None]:
     """SSH bootstrap of the repo's remote Nodes and teardown of removed ones (llmgw.controller.nodes_loop)."""
     from llmgw.controller.nodes_loop import NodesLoop  # asyncssh and the bootstrap steps: loaded only here
 
-    nodes = NodesLoop(app[admin.CONTROLLER], app[RECONCILER].drain_node)
+    nodes = NodesLoop(app[CONTROLLER], app[RECONCILER].drain_node)
     task = asyncio.get_running_loop().create_task(nodes.run(), name="llmgw-controller-nodes")
     yield
     task.cancel()
@@ -164,7 +164,7 @@ async def _nodes_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _liveness_loop(app: web.Application) -> None:
-    c = app[admin.CONTROLLER]
+    c = app[CONTROLLER]
     while True:
         c.hub.expire()
         c.metrics.agent_connections.set(sum(1 for n in c.hub.nodes.values() if n.connected))

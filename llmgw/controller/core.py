@@ -470,6 +470,10 @@ class Controller:
         return "Synced" if self.seen.revision == self.desired.revision else "OutOfSync"
 
 
+# The app's key for the controller: the admin API and the router endpoints both read it.
+CONTROLLER: web.AppKey[Controller] = web.AppKey("controller", Controller)
+
+
 def short(revision: str | None) -> str:
     """A revision for messages: 12 hex digits of a SHA or of a content hash (`sha256:...`)."""
     if revision is None:

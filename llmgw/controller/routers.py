@@ -19,7 +19,7 @@ from aiohttp import WSMsgType, web
 
 from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
-from llmgw.controller.core import Controller
+from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.credentials import same, valid_node_name
 from llmgw.core import jsonsafe
 from llmgw.core.catalog import Catalog
@@ -145,8 +145,6 @@ def token_ok(c: Controller, request: web.Request) -> bool:
 
 
 def _admin_only(request: web.Request) -> Controller:
-    from llmgw.controller.admin import CONTROLLER  # admin imports this module
-
     c = request.app[CONTROLLER]
     presented = bearer_token(request.headers.get("Authorization"))
     if presented is None or not same(presented, c.admin_token):

@@ -25,7 +25,7 @@ from llmgw.adapters.sources import Checkout, GitSource, Source
 from llmgw.controller import views
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.routers import note_demand, note_usage, token_ok
+from llmgw.controller.publisher import note_demand, note_usage, token_ok
 from llmgw.core import jsonsafe, placement
 from llmgw.core.security import bearer_token
 from llmgw.store import ApiKey, StoreError

@@ -27,8 +27,8 @@ from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.reconciler import Reconciler
-from llmgw.controller.routers import node_credential, router_credential, router_stream
+from llmgw.controller.publisher import node_credential, router_credential, router_stream
+from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.controller.settings import ControllerSettings
 from llmgw.store.store import Store
 

@@ -17,7 +17,7 @@ from llmgw.controller import views
 from llmgw.controller.core import Controller
 from llmgw.controller.desired import build_desired
 from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.reconciler import Reconciler
+from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.store.store import Store
 
 from .fake_agents import FakeAgents

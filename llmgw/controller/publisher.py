@@ -27,7 +27,7 @@ from llmgw.core.config.models import OrganizationSpec, ProjectSpec, TeamSpec
 from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
 
-log = logging.getLogger("llmgw.controller.routers")
+log = logging.getLogger("llmgw.controller.publisher")
 
 
 def endpoints(c: Controller) -> list[Endpoint]:

@@ -203,7 +203,7 @@ def refresh_metrics(c: Controller) -> None:
     # the cluster's, so it reports none.
     m.node_bootstrap.clear()
     if c.leading():
-        for name, op in c.bootstrap.items():
+        for name, op in c.all_ops().items():
             if op.removal is None:
                 m.node_bootstrap.labels(name, op.state).set(1)
 
@@ -356,7 +356,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         ws = controller.worker_state
         ws.expected_nodes = {n.name for n in await store.list_nodes() if n.state != "Lost"}
         ws.settle_until = controller.clock() + settings.settle_s
-        ws.stored_nodes = {n.name: n.state for n in await store.list_nodes()}
+        controller.set_stored_nodes({n.name: n.state for n in await store.list_nodes()})
         last = await store.last_accepted_revision()
         if last is not None:
             log.info("last applied revision in the store: %s from %s", last.sha[:12], last.source)

@@ -51,3 +51,7 @@ class Background:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
                 self.tasks.discard(task)
+        # Their done callbacks run on a later turn of the loop: what close() returns to is already clean.
+        for key, task in list(self.named.items()):
+            if task.done():
+                del self.named[key]

@@ -37,6 +37,7 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.state import (
     EventLog,
     NodeOps,
+    NodeRecord,
     RefusedRevision,
     ReplicaRec,
     SeenRevision,
@@ -91,7 +92,7 @@ class Controller:
         self.change_listeners: list[Callable[[], None]] = []
         self.router_sockets: set[web.WebSocketResponse] = set()
         self.worker_state = WorkerState()
-        self.bootstrap: dict[str, NodeOps] = {}  # per node: SSH bootstrap and removal (nodes_loop)
+        self.nodes: dict[str, NodeRecord] = {}  # per node: SSH bootstrap and removal, the state stored
         self.node_generations = NodeGenerations(Path(settings.state_dir) / GENERATIONS_FILE)
         self.background = Background(
             "controller"
@@ -177,7 +178,7 @@ class Controller:
             nodes = await self.store.list_nodes()
             for record in await self.store.list_replicas():
                 ws.known_records[record.id] = record
-            ws.stored_nodes = {n.name: n.state for n in nodes}
+            self.set_stored_nodes({n.name: n.state for n in nodes})
             ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
         except Exception as exc:  # the store is what elected us, so this is a blip: settle_s bounds the wait
             log.warning("new leader could not read earlier state from the store (%s); waiting settle_s", exc)
@@ -200,6 +201,37 @@ class Controller:
             return
         if last is None or last.sha != d.revision:
             await self.record_applied(d, f"from {d.source}, on taking over as leader")
+
+    # ---------------------------------------------------------------------------------- nodes
+
+    def node(self, name: str) -> NodeRecord:
+        """Node `name`'s record, made on first use."""
+        rec = self.nodes.get(name)
+        if rec is None:
+            rec = self.nodes[name] = NodeRecord(name)
+        return rec
+
+    def ops(self, name: str) -> NodeOps | None:
+        """The SSH work on node `name`, if any was begun."""
+        rec = self.nodes.get(name)
+        return rec.ops if rec is not None else None
+
+    def ops_for(self, name: str) -> NodeOps:
+        """The SSH work on node `name`, begun now if it was not."""
+        rec = self.node(name)
+        if rec.ops is None:
+            rec.ops = NodeOps(name)
+        return rec.ops
+
+    def all_ops(self) -> dict[str, NodeOps]:
+        return {n: r.ops for n, r in self.nodes.items() if r.ops is not None}
+
+    def set_stored_nodes(self, states: dict[str, str]) -> None:
+        """What the store holds of the nodes (read at start or on taking over): the states last written."""
+        for rec in self.nodes.values():
+            rec.stored_state = None
+        for name, state in states.items():
+            self.node(name).stored_state = state
 
     # ---------------------------------------------------------------------------------- wiring
 

@@ -381,11 +381,12 @@ class Reconciler:
     async def _persist_states(self) -> None:
         c = self.c
         for name, link in list(self.agents.nodes.items()):
-            if c.worker_state.stored_nodes.get(name) != link.state:
+            record = c.node(name)
+            if record.stored_state != link.state:
                 try:
                     inventory = link.inventory.model_dump(mode="json", by_alias=True)
                     await c.store.upsert_node(name, link.state, inventory, c.wall())
-                    c.worker_state.stored_nodes[name] = link.state
+                    record.stored_state = link.state
                 except Exception as exc:
                     log.warning("could not record node %s in the store: %s", name, exc)
         stored = self.c.worker_state.stored_states

@@ -1,4 +1,4 @@
-"""The controller's live records: one per replica, one per model, one per node's SSH work (`NodeOps`).
+"""The controller's live records: one per replica, one per model, one per node.
 
 Plain dataclasses, no I/O: the revision pipeline (core.py), the reconcile loop, the node loop and the admin
 views read and write these, and nothing else keeps a parallel map of the same facts.
@@ -115,6 +115,16 @@ class NodeOps:
 
 
 @dataclass
+class NodeRecord:
+    """The controller's own facts about one node. What its agent says while linked is the hub's `NodeLink`
+    (the agent wire's record, which the hub replaces on every reconnect and the fake agents own in tests)."""
+
+    name: str
+    ops: NodeOps | None = None  # the SSH work on it: remote Nodes only
+    stored_state: str | None = None  # the state last written to the store (Ready, Unreachable, Lost)
+
+
+@dataclass
 class WorkerState:
     """What the reconcile worker carries between passes (touched only by it and the demand endpoints)."""
 
@@ -128,7 +138,6 @@ class WorkerState:
     # settle window ends), so their running replicas are adopted instead of being placed a second time.
     expected_nodes: set[str] = field(default_factory=set)
     settle_until: float = 0.0
-    stored_nodes: dict[str, str] = field(default_factory=dict)  # node -> state last written
 
     def model(self, name: str) -> ModelRecord:
         """Model `name`'s record, made on first use."""

@@ -116,7 +116,7 @@ def node_views(c: Controller) -> list[NodeView]:
 
 
 def _removing(c: Controller, node: str) -> bool:
-    op = c.bootstrap.get(node)
+    op = c.ops(node)
     return op is not None and op.removal is not None
 
 
@@ -292,7 +292,7 @@ def nodes_json(c: Controller) -> list[dict[str, Any]]:
 
 def _node_ops_json(c: Controller, node: str) -> dict[str, Any]:
     """The node's SSH bootstrap and removal, as llmgw.controller.nodes_loop keeps them (None: not done here)."""
-    op = c.bootstrap.get(node)
+    op = c.ops(node)
     return {
         "bootstrap": None if op is None else op.bootstrap_json(c.clock()),
         "removal": None if op is None else op.removal_json(),
@@ -304,7 +304,7 @@ def _unlinked_nodes_json(c: Controller) -> list[dict[str, Any]]:
     d = c.desired
     declared = {n: e for n, e in (d.catalog.nodes.items() if d else ()) if not e.spec.local}
     out: list[dict[str, Any]] = []
-    for name in sorted((set(declared) | set(c.bootstrap)) - set(c.agents.nodes)):
+    for name in sorted((set(declared) | set(c.all_ops())) - set(c.agents.nodes)):
         entry = declared.get(name)
         out.append(
             {

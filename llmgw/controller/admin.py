@@ -24,15 +24,15 @@ from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
 from llmgw.controller import views
 from llmgw.controller.admin_tokens import Principal, Scope, allows
-from llmgw.controller.core import Controller
-from llmgw.controller.routers import note_demand, note_usage, token_ok
+from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.controller.publisher import note_demand, note_usage, token_ok
 from llmgw.core import jsonsafe, placement
+from llmgw.core.security import bearer_token
 from llmgw.store import ApiKey, StoreError
 
 log = logging.getLogger("llmgw.controller.admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-CONTROLLER: web.AppKey[Controller] = web.AppKey("controller", Controller)
 POLL_NOW: web.AppKey[asyncio.Event] = web.AppKey("poll_now", asyncio.Event)
 SOURCE: web.AppKey[Source] = web.AppKey("source", object)  # type: ignore[arg-type]
 GIT_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1 or SHA-256 object names
@@ -47,8 +47,8 @@ def _error(status: int, message: str) -> web.Response:
 def _caller(request: web.Request, need: Scope) -> tuple[Controller, Principal]:
     """The controller and who is calling, when their token has scope `need`; else 401 or 403."""
     c = request.app[CONTROLLER]
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    principal = c.admin_tokens.principal(presented) if scheme.lower() == "bearer" and presented else None
+    presented = bearer_token(request.headers.get("Authorization"))
+    principal = c.admin_tokens.principal(presented) if presented is not None else None
     if principal is None:
         raise web.HTTPUnauthorized(
             text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
@@ -208,8 +208,8 @@ async def webhook(request: web.Request) -> web.Response:
     `webhook_min_interval` however many arrive. With `webhook_secret_file` set it must carry GitHub's
     `X-Hub-Signature-256: sha256=HEX`, the HMAC-SHA256 of the body under that secret."""
     c = request.app[CONTROLLER]
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    holder = c.admin_tokens.principal(presented) if scheme.lower() == "bearer" else None
+    presented = bearer_token(request.headers.get("Authorization"))
+    holder = c.admin_tokens.principal(presented) if presented is not None else None
     operator = holder is not None and allows(holder.scope, "apply")  # whoever may apply may ask for a poll
     if c.settings.webhook_secret_file is not None and not operator:  # `llmgw apply` asks with its token
         refusal = webhook_signature_refusal(

@@ -24,11 +24,11 @@ from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
 from llmgw.controller import admin, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
-from llmgw.controller.core import Controller, admin_token_from
+from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.reconciler import Reconciler
-from llmgw.controller.routers import node_credential, router_credential, router_stream
+from llmgw.controller.publisher import node_credential, router_credential, router_stream
+from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.controller.settings import ControllerSettings
 from llmgw.store.store import Store
 
@@ -51,10 +51,11 @@ def make_source(settings: ControllerSettings) -> Source:
 
 def make_app(controller: Controller, source: Source) -> web.Application:
     app = web.Application(client_max_size=32 * 1024 * 1024)
-    app[admin.CONTROLLER] = controller
+    app[CONTROLLER] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
-    app[RECONCILER] = Reconciler(controller)
+    reconciler = app[RECONCILER] = Reconciler(controller)
+    controller.hub.on_register = reconciler.adopt  # agents' running shards are adopted, never restarted
     app.router.add_get(AGENT_PATH, controller.hub.handle)
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
@@ -63,7 +64,9 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.router.add_get("/api/v1/credentials/node/{node}", node_credential)
     admin.add_routes(app)
     if controller.lease is not None:
-        app.middlewares.append(lease.standby_middleware(controller, ROUTER_PATH))
+        app.middlewares.append(
+            lease.standby_middleware(controller.lease, ROUTER_PATH, controller.router_token_ok)
+        )
     app.cleanup_ctx.append(_background("source", _source_loop))
     app.cleanup_ctx.append(_reconcile_ctx)
     app.cleanup_ctx.append(_background("liveness", _liveness_loop))
@@ -90,7 +93,7 @@ async def _healthz(request: web.Request) -> web.Response:
 
 
 async def _healthz_leader(request: web.Request) -> web.Response:
-    c = request.app[admin.CONTROLLER]
+    c = request.app[CONTROLLER]
     leading = c.leading()
     return web.json_response({"ok": leading}, status=200 if leading else 503)
 
@@ -110,7 +113,7 @@ def _background(name: str, loop: Loop) -> Callable[[web.Application], AsyncItera
 
 
 async def _source_loop(app: web.Application) -> None:
-    c = app[admin.CONTROLLER]
+    c = app[CONTROLLER]
     source = app[SOURCE]
     poll_now = app[admin.POLL_NOW]
     loop = asyncio.get_running_loop()
@@ -151,7 +154,7 @@ async def _nodes_ctx(app: web.Application) -> AsyncIterator[None]:
     """SSH bootstrap of the repo's remote Nodes and teardown of removed ones (llmgw.controller.nodes_loop)."""
     from llmgw.controller.nodes_loop import NodesLoop  # asyncssh and the bootstrap steps: loaded only here
 
-    nodes = NodesLoop(app[admin.CONTROLLER], app[RECONCILER].drain_node)
+    nodes = NodesLoop(app[CONTROLLER], app[RECONCILER].drain_node)
     task = asyncio.get_running_loop().create_task(nodes.run(), name="llmgw-controller-nodes")
     yield
     task.cancel()
@@ -161,7 +164,7 @@ async def _nodes_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _liveness_loop(app: web.Application) -> None:
-    c = app[admin.CONTROLLER]
+    c = app[CONTROLLER]
     while True:
         c.hub.expire()
         c.metrics.agent_connections.set(sum(1 for n in c.hub.nodes.values() if n.connected))
@@ -200,7 +203,7 @@ def refresh_metrics(c: Controller) -> None:
     # the cluster's, so it reports none.
     m.node_bootstrap.clear()
     if c.leading():
-        for name, op in c.bootstrap.items():
+        for name, op in c.all_ops().items():
             if op.removal is None:
                 m.node_bootstrap.labels(name, op.state).set(1)
 
@@ -347,15 +350,13 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         settings, store, ControllerMetrics(), admin_token=token, admin_tokens=tokens, peer_check=peer_check
     )
     controller.router_peer_check = router_tls_check(settings)
-    if settings.ha:
-        lease.attach(controller)  # a standby until the first attempt wins: nothing placed before that
     try:
         for record in await store.list_replicas():
             controller.worker_state.known_records[record.id] = record
         ws = controller.worker_state
         ws.expected_nodes = {n.name for n in await store.list_nodes() if n.state != "Lost"}
         ws.settle_until = controller.clock() + settings.settle_s
-        ws.stored_nodes = {n.name: n.state for n in await store.list_nodes()}
+        controller.set_stored_nodes({n.name: n.state for n in await store.list_nodes()})
         last = await store.last_accepted_revision()
         if last is not None:
             log.info("last applied revision in the store: %s from %s", last.sha[:12], last.source)

@@ -13,15 +13,14 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from llmgw.adapters.secrets import SecretError, load_or_create, read_secret
 from llmgw.adapters.sources import Checkout
 from llmgw.controller.admin_tokens import AdminTokens
+from llmgw.controller.background import Background
 from llmgw.controller.credentials import (
     GENERATIONS_FILE,
     Grant,
@@ -31,18 +30,22 @@ from llmgw.controller.credentials import (
     router_token_ok,
 )
 from llmgw.controller.desired import Desired, RepoInvalid, build_desired
-from llmgw.controller.hub import AgentHub, HubTimings
-from llmgw.controller.lease import LeaderLease
+from llmgw.controller.hub import AgentClient, AgentHub, HubTimings
+from llmgw.controller.lease import LeaderLease, Leadership, LeaseConfig
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.settings import ControllerSettings
-from llmgw.core.fleet import ModelState
-from llmgw.core.placement import ShardPlacement
+from llmgw.controller.state import (
+    EventLog,
+    NodeOps,
+    NodeRecord,
+    RefusedRevision,
+    ReplicaRec,
+    SeenRevision,
+    WorkerState,
+)
 from llmgw.core.security import node_token, router_token
-from llmgw.store.records import ReplicaRecord, Revision
+from llmgw.store.records import Revision
 from llmgw.store.store import Store
-
-if TYPE_CHECKING:
-    from llmgw.controller.nodes_loop import NodeOps
 
 log = logging.getLogger("llmgw.controller")
 
@@ -50,83 +53,10 @@ REVISION_QUEUE_MAX = 10_000  # a store down for days: the oldest records go firs
 REVISION_RETRY_FIRST_S = 0.5
 REVISION_RETRY_MAX_S = 30.0
 
+# An expected node that never connects: holds placement until the new leader has read the earlier state.
+LOADING_NODE = "\0loading earlier state"
+
 DEFAULT_TIMINGS = HubTimings(heartbeat_interval_s=5.0, unreachable_after_s=20.0, lost_after_s=300.0)
-
-
-@dataclass(frozen=True)
-class SeenRevision:
-    revision: str
-    where: str
-    at: float
-
-
-@dataclass(frozen=True)
-class RefusedRevision:
-    revision: str
-    where: str
-    at: float
-    errors: tuple[str, ...]
-
-
-@dataclass
-class ReplicaRec:
-    """One replica the controller started or adopted. Shard states are read from the hub, not kept here."""
-
-    id: str
-    model: str
-    profile: str
-    fingerprint: str
-    created_at: float
-    shards: tuple[ShardPlacement, ...]
-    adopted: bool = False
-    stopping: bool = False
-    draining: bool = False
-    stale: bool = False
-    error: str = ""
-    start_sent_at: float = 0.0
-    ready_since: float | None = None
-
-    @property
-    def node(self) -> str:
-        """The node of rank 0 (where the endpoint is)."""
-        return next((s.node for s in self.shards if s.rank == 0), self.shards[0].node if self.shards else "")
-
-    @property
-    def nodes(self) -> tuple[str, ...]:
-        return tuple(s.node for s in self.shards)
-
-    @property
-    def gpus(self) -> tuple[int, ...]:
-        return tuple(g for s in self.shards for g in s.gpus)
-
-
-@dataclass
-class WorkerState:
-    """What the reconcile worker carries between passes (touched only by it and the demand endpoints)."""
-
-    demand: dict[str, float] = field(default_factory=dict)  # model -> wall time of the last demand
-    used: dict[str, float] = field(default_factory=dict)  # model -> wall time last used through a router
-    waits: dict[str, str] = field(default_factory=dict)  # model -> why nothing is done for it now
-    backoff: dict[str, ModelState] = field(default_factory=dict)
-    unplaceable: dict[str, dict[str, str]] = field(default_factory=dict)
-    targets: dict[str, int] = field(default_factory=dict)
-    passes: int = 0
-    last_pass_at: float | None = None
-    last_actions: list[str] = field(default_factory=list)
-    stored_states: dict[str, str] = field(default_factory=dict)  # replica id -> state last written
-    known_records: dict[str, ReplicaRecord] = field(default_factory=dict)  # from the store at start
-    # Nodes that were up before this controller started: no replica is started until they are back (or the
-    # settle window ends), so their running replicas are adopted instead of being placed a second time.
-    expected_nodes: set[str] = field(default_factory=set)
-    settle_until: float = 0.0
-    stored_nodes: dict[str, str] = field(default_factory=dict)  # node -> state last written
-
-
-@dataclass
-class EventLog:
-    """Recent events in memory (the store keeps them too); newest last."""
-
-    items: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=500))
 
 
 class Controller:
@@ -141,6 +71,7 @@ class Controller:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         peer_check: Callable[[bytes | None], str] | None = None,
+        agents: AgentClient | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -161,8 +92,14 @@ class Controller:
         self.change_listeners: list[Callable[[], None]] = []
         self.router_sockets: set[web.WebSocketResponse] = set()
         self.worker_state = WorkerState()
-        self.bootstrap: dict[str, NodeOps] = {}  # per node: SSH bootstrap and removal (nodes_loop)
+        self.nodes: dict[str, NodeRecord] = {}  # per node: SSH bootstrap and removal, the state stored
         self.node_generations = NodeGenerations(Path(settings.state_dir) / GENERATIONS_FILE)
+        self.background = Background(
+            "controller"
+        )  # short tasks (closing sockets, taking over): awaited at stop
+        # With settings.ha, a lease says whether this controller leads (standby until its first attempt wins);
+        # without, it always leads.
+        self.lease: LeaderLease | None = self._make_lease() if settings.ha else None
         self.hub = AgentHub(
             grant=self._hub_grant,
             node_check=self._node_check,
@@ -171,12 +108,13 @@ class Controller:
             on_change=self.notify,
             peer_check=peer_check,
             declared=self._declared_nodes,
+            gate=self.lease.refusal if self.lease is not None else None,
         )
+        # What the reconcile loop and the views read the fleet through: the hub, or a test's fake.
+        self.agents: AgentClient = agents if agents is not None else self.hub
         self._generated_secret: str | None = None
         # With the cluster CA: the router a client certificate names, or an exception saying why it is none.
         self.router_peer_check: Callable[[bytes | None], str] | None = None
-        self.lease: LeaderLease | None = None  # set by lease.attach with settings.ha; None: always the leader
-        self.background: set[asyncio.Task[Any]] = set()  # short tasks to keep a reference to until done
         # History records the store has not taken yet (it was down), oldest first; retried until written.
         self.pending_revisions: deque[Revision] = deque(maxlen=REVISION_QUEUE_MAX)
         self.revision_write_error: str | None = None
@@ -192,6 +130,108 @@ class Controller:
         if self.lease is None:
             return {"role": "leader", "ha": False}
         return {"ha": True, **self.lease.status()}
+
+    # ---------------------------------------------------------------------------------- leadership
+
+    def _make_lease(self) -> LeaderLease:
+        s = self.settings
+        cfg = LeaseConfig(ttl_s=s.lease_ttl_s, renew_s=s.lease_renew_s, margin_s=min(3.0, s.lease_ttl_s / 5))
+        self.metrics.is_leader.set(0)
+        return LeaderLease(
+            self.store,
+            s.advertise or s.listen,
+            cfg,
+            wall=self.wall,  # the controller's clocks, both: a test that injects them controls the lease too
+            clock=self.clock,
+            on_lead=self._took_lead,
+            on_step_down=self._stepped_down,
+        )
+
+    def _took_lead(self, new: Leadership) -> None:
+        self.metrics.is_leader.set(1)
+        # Nothing is placed until the nodes that were up have reconnected here (or settle_s passed), so the
+        # engines they run are adopted, not started a second time.
+        ws = self.worker_state
+        ws.expected_nodes = {LOADING_NODE}
+        ws.settle_until = self.clock() + self.settings.settle_s
+        self.background.spawn(self._take_over(), key="take-over")
+        self.notify("leadership changed")
+
+    def _stepped_down(self, new: Leadership) -> None:
+        """No longer the leader: let agents and routers go (they find the leader), forget the live view."""
+        self.metrics.is_leader.set(0)
+        for link in self.hub.nodes.values():
+            if link.ws is not None and not link.ws.closed:
+                self.background.spawn(link.ws.close())
+        for ws in list(self.router_sockets):
+            self.background.spawn(ws.close())
+        self.hub.nodes.clear()
+        self.replicas.clear()
+        self.worker_state.stored_states.clear()
+        self.notify("leadership changed")
+
+    async def _take_over(self) -> None:
+        """A new leader reads what the last one left in the store: replicas (for adoption) and the nodes it
+        knew."""
+        ws = self.worker_state
+        try:
+            nodes = await self.store.list_nodes()
+            for record in await self.store.list_replicas():
+                ws.known_records[record.id] = record
+            self.set_stored_nodes({n.name: n.state for n in nodes})
+            ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
+        except Exception as exc:  # the store is what elected us, so this is a blip: settle_s bounds the wait
+            log.warning("new leader could not read earlier state from the store (%s); waiting settle_s", exc)
+            ws.expected_nodes = set()
+        ws.settle_until = self.clock() + self.settings.settle_s
+        await self.event("leader", self.lease.holder if self.lease else "", "this controller leads")
+        await self._record_serving()
+        self.notify("took over")
+
+    async def _record_serving(self) -> None:
+        """A standby applies revisions without recording them (`_record`); once it leads, the one it serves
+        goes into the history unless the last leader already recorded it as the newest accepted."""
+        d = self.desired
+        if d is None:
+            return
+        try:
+            last = await self.store.last_accepted_revision()
+        except Exception as exc:  # the next revision applied is recorded; this one said in the log
+            log.warning("new leader could not read the revision history (%s); serving %s", exc, d.revision)
+            return
+        if last is None or last.sha != d.revision:
+            await self.record_applied(d, f"from {d.source}, on taking over as leader")
+
+    # ---------------------------------------------------------------------------------- nodes
+
+    def node(self, name: str) -> NodeRecord:
+        """Node `name`'s record, made on first use."""
+        rec = self.nodes.get(name)
+        if rec is None:
+            rec = self.nodes[name] = NodeRecord(name)
+        return rec
+
+    def ops(self, name: str) -> NodeOps | None:
+        """The SSH work on node `name`, if any was begun."""
+        rec = self.nodes.get(name)
+        return rec.ops if rec is not None else None
+
+    def ops_for(self, name: str) -> NodeOps:
+        """The SSH work on node `name`, begun now if it was not."""
+        rec = self.node(name)
+        if rec.ops is None:
+            rec.ops = NodeOps(name)
+        return rec.ops
+
+    def all_ops(self) -> dict[str, NodeOps]:
+        return {n: r.ops for n, r in self.nodes.items() if r.ops is not None}
+
+    def set_stored_nodes(self, states: dict[str, str]) -> None:
+        """What the store holds of the nodes (read at start or on taking over): the states last written."""
+        for rec in self.nodes.values():
+            rec.stored_state = None
+        for name, state in states.items():
+            self.node(name).stored_state = state
 
     # ---------------------------------------------------------------------------------- wiring
 
@@ -432,7 +472,9 @@ class Controller:
         log.info("revision history caught up with the store")
 
     async def stop_background(self) -> None:
-        """Stop the retry task (a controller shutting down; what is still queued is logged)."""
+        """Stop the retry task and the short background tasks (a controller shutting down; what is still
+        queued is logged)."""
+        await self.background.close()
         task, self._revision_retry = self._revision_retry, None
         if task is not None:
             task.cancel()
@@ -458,6 +500,10 @@ class Controller:
         if self.desired is None or self.seen is None:
             return "Unknown"
         return "Synced" if self.seen.revision == self.desired.revision else "OutOfSync"
+
+
+# The app's key for the controller: the admin API and the router endpoints both read it.
+CONTROLLER: web.AppKey[Controller] = web.AppKey("controller", Controller)
 
 
 def short(revision: str | None) -> str:

@@ -14,7 +14,7 @@ import logging
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from aiohttp import WSMsgType, web
 from llmgw_agent.protocol import (
@@ -34,7 +34,9 @@ from llmgw_agent.protocol import (
 )
 from pydantic import ValidationError
 
+from llmgw.controller.background import Background
 from llmgw.controller.credentials import Grant, valid_node_name
+from llmgw.core.security import bearer_token
 
 log = logging.getLogger("llmgw.controller.hub")
 
@@ -76,6 +78,20 @@ class HubTimings:
     lost_after_s: float
 
 
+class AgentClient(Protocol):
+    """What the reconcile loop needs of the agents: the links they keep, and two commands.
+
+    `AgentHub` is the real one (a WebSocket server); tests/controller/fake_agents.py fakes it without sockets.
+    A command raises `AgentError` when it cannot be carried out (not connected, refused, timed out)."""
+
+    nodes: dict[str, NodeLink]
+    on_register: Callable[[NodeLink, Register], None] | None
+
+    async def start_shard(self, node: str, spec: ShardSpec, wait_s: float) -> Reply: ...
+
+    async def stop_shard(self, node: str, replica_id: str, rank: int, wait_s: float) -> Reply: ...
+
+
 class AgentHub:
     """Owns the node links. `clock` is monotonic seconds.
 
@@ -93,6 +109,7 @@ class AgentHub:
         on_change: Callable[[str], None],
         peer_check: Callable[[bytes | None], str] | None = None,
         declared: Callable[[], Collection[str]] = frozenset,
+        gate: Callable[[], str | None] | None = None,
         max_nodes: int = MAX_NODES,
     ) -> None:
         self._grant = grant
@@ -105,18 +122,19 @@ class AgentHub:
         self._declared = declared  # Nodes of the applied revision: their links are kept however long silent
         self.max_nodes = max_nodes
         self.nodes: dict[str, NodeLink] = {}
+        # Called with each link as its agent registers (app.py wires the reconcile loop's adoption here).
         self.on_register: Callable[[NodeLink, Register], None] | None = None
         self.closing = False
         # With ha: why this controller refuses agents now (a standby), or None; see llmgw.controller.lease.
-        self.gate: Callable[[], str | None] | None = None
+        self.gate = gate
+        self.background = Background("hub")  # closing replaced links, sending welcomes: awaited by close()
 
     # ---------------------------------------------------------------------------------- connection
 
     def authorised(self, request: web.Request) -> tuple[str, Grant] | str:
         """The token and what it allows when the agent may go on to register, else why not (said to it)."""
-        header = request.headers.get("Authorization", "")
-        scheme, _, presented = header.partition(" ")
-        if scheme.lower() != "bearer" or not presented:
+        presented = bearer_token(request.headers.get("Authorization"))
+        if presented is None:
             return "missing Authorization: Bearer <token>"
         grant = self._grant(presented)
         if grant is None:
@@ -219,7 +237,7 @@ class AgentHub:
         if old is not None and old.ws is not None and old.ws is not ws:
             # A reconnect replaces the old link (the agent restarted, or the network came back).
             self._fail_pending(old, "the agent reconnected")
-            asyncio.get_running_loop().create_task(old.ws.close())
+            self.background.spawn(old.ws.close())
         link = NodeLink(
             name=register.node,
             inventory=register.inventory,
@@ -234,7 +252,7 @@ class AgentHub:
         self.nodes[register.node] = link
         if self.on_register is not None:
             self.on_register(link, register)
-        asyncio.get_running_loop().create_task(
+        self.background.spawn(
             ws.send_str(dump(Welcome(heartbeat_interval_s=self._timings().heartbeat_interval_s)))
         )
         self._on_change(f"node {register.node} registered")
@@ -295,6 +313,7 @@ class AgentHub:
             if link.ws is not None:
                 with contextlib.suppress(Exception):
                     await link.ws.close()
+        await self.background.close()
 
     # ---------------------------------------------------------------------------------- liveness
 

@@ -19,27 +19,23 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Literal
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from llmgw.core.security import bearer_token
 from llmgw.store.records import LeaseResult
 from llmgw.store.store import Store
 
-if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
-
 __all__ = [
     "LEASE_NAME",
-    "LOADING_NODE",
     "STANDBY_REFUSAL",
     "LeaderLease",
     "Leadership",
     "LeaseConfig",
-    "attach",
     "decide",
     "leader_address",
     "make_holder",
@@ -134,14 +130,16 @@ def decide(
     return prev
 
 
-StateListener = Callable[[Leadership, Leadership], None]
+RoleListener = Callable[[Leadership], None]
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class LeaderLease:
     """The lease loop. `run()` until cancelled; `leading()` is what actors check before acting.
 
-    `on_change(old, new)` is called whenever the role changes (taking leadership, stepping down).
+    `on_lead(state)` is called when this controller takes the lead, `on_step_down(state)` when it stops
+    leading (the store said someone else holds it, its claim ran out, or it released it). The lease knows
+    nothing of what its owner does then: the owner passes the callbacks in.
     """
 
     def __init__(
@@ -152,13 +150,15 @@ class LeaderLease:
         *,
         wall: Callable[[], float] = time.time,
         clock: Callable[[], float] = time.monotonic,
-        on_change: StateListener | None = None,
+        on_lead: RoleListener | None = None,
+        on_step_down: RoleListener | None = None,
     ) -> None:
         self.store = store
         self.cfg = cfg or LeaseConfig()
         self.wall = wall
         self.clock = clock
-        self.on_change = on_change
+        self.on_lead = on_lead
+        self.on_step_down = on_step_down
         self.state = Leadership(role="standby", holder=make_holder(address), since=clock())
         self.attempts = 0
         self.failures = 0
@@ -225,8 +225,9 @@ class LeaderLease:
                 new.leader or "unknown",
                 f"; store error: {new.error}" if new.error else "",
             )
-        if self.on_change is not None:
-            self.on_change(old, new)
+        listener = self.on_lead if new.leading else self.on_step_down
+        if listener is not None:
+            listener(new)
 
     async def run(self) -> None:
         while True:
@@ -267,103 +268,22 @@ class LeaderLease:
         }
 
 
-# ---------------------------------------------------------------------------------------------- wiring
-# How a controller acts on its role. Kept here so app.py and core.py only hold the hooks.
+# ---------------------------------------------------------------------------------------------- standby
 
-LOADING_NODE = "\0loading earlier state"  # an expected node that never connects: holds placement meanwhile
 _READ_ONLY_OK = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def attach(c: Controller) -> LeaderLease:
-    """Give controller `c` a lease from its settings: standby until the first attempt wins."""
-    s = c.settings
-    cfg = LeaseConfig(ttl_s=s.lease_ttl_s, renew_s=s.lease_renew_s, margin_s=min(3.0, s.lease_ttl_s / 5))
-    lease = LeaderLease(
-        c.store,
-        s.advertise or s.listen,
-        cfg,
-        wall=c.wall,  # the controller's clocks, both: a test that injects them controls the lease too
-        clock=c.clock,
-        on_change=lambda o, n: _role_changed(c, n),
-    )
-    c.lease = lease
-    c.hub.gate = lease.refusal
-    c.metrics.is_leader.set(0)
-    return lease
+def standby_middleware(
+    lease: LeaderLease, router_path: str, router_token_ok: Callable[[str], bool]
+) -> Middleware:
+    """On a standby: the admin API reads, never writes; routers are sent away (they keep their snapshot).
 
-
-def _role_changed(c: Controller, new: Leadership) -> None:
-    c.metrics.is_leader.set(1 if new.leading else 0)
-    if new.leading:
-        # Nothing is placed until the nodes that were up have reconnected here (or settle_s passed), so the
-        # engines they run are adopted, not started a second time.
-        ws = c.worker_state
-        ws.expected_nodes = {LOADING_NODE}
-        ws.settle_until = c.clock() + c.settings.settle_s
-        _spawn(c, _take_over(c))
-    else:
-        _step_down(c)
-    c.notify("leadership changed")
-
-
-async def _take_over(c: Controller) -> None:
-    """A new leader reads what the last one left in the store: replicas (for adoption) and the nodes it knew."""
-    ws = c.worker_state
-    try:
-        nodes = await c.store.list_nodes()
-        for record in await c.store.list_replicas():
-            ws.known_records[record.id] = record
-        ws.stored_nodes = {n.name: n.state for n in nodes}
-        ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
-    except Exception as exc:  # the store is what elected us, so this is a blip: settle_s bounds the wait
-        log.warning("new leader could not read earlier state from the store (%s); waiting settle_s", exc)
-        ws.expected_nodes = set()
-    ws.settle_until = c.clock() + c.settings.settle_s
-    await c.event("leader", c.lease.holder if c.lease else "", "this controller leads")
-    await _record_serving(c)
-    c.notify("took over")
-
-
-async def _record_serving(c: Controller) -> None:
-    """A standby applies revisions without recording them (core.Controller._record); once it leads, the one it
-    serves goes into the history unless the last leader already recorded it as the newest accepted."""
-    d = c.desired
-    if d is None:
-        return
-    try:
-        last = await c.store.last_accepted_revision()
-    except Exception as exc:  # the next revision applied is recorded; this one said in the log
-        log.warning("new leader could not read the revision history (%s); serving %s", exc, d.revision)
-        return
-    if last is None or last.sha != d.revision:
-        await c.record_applied(d, f"from {d.source}, on taking over as leader")
-
-
-def _spawn(c: Controller, coro: Coroutine[Any, Any, Any]) -> None:
-    task = asyncio.get_running_loop().create_task(coro)
-    c.background.add(task)  # a reference until done, so it is not collected half-way
-    task.add_done_callback(c.background.discard)
-
-
-def _step_down(c: Controller) -> None:
-    """No longer the leader: let agents and routers go (they find the leader), forget the live view."""
-    for link in c.hub.nodes.values():
-        if link.ws is not None and not link.ws.closed:
-            _spawn(c, link.ws.close())
-    for ws in list(c.router_sockets):
-        _spawn(c, ws.close())
-    c.hub.nodes.clear()
-    c.replicas.clear()
-    c.worker_state.stored_states.clear()
-
-
-def standby_middleware(c: Controller, router_path: str) -> Middleware:
-    """On a standby: the admin API reads, never writes; routers are sent away (they keep their snapshot)."""
+    `router_token_ok(token)` says whether a presented token is the admin's or a router's: only such a caller
+    is told where the leader is."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        lease = c.lease
-        if lease is None or lease.leading():
+        if lease.leading():
             return await handler(request)
         path = request.path
         writes = (
@@ -372,7 +292,9 @@ def standby_middleware(c: Controller, router_path: str) -> Middleware:
         if writes or path == router_path:
             # The leader's address is for those who may talk to it: an anonymous caller learns only that
             # this one stands by (it must not map the cluster from a standby it can reach).
-            where = leader_address(lease.state.leader) if _credentialed(c, request) else None
+            presented = bearer_token(request.headers.get("Authorization"))
+            credentialed = presented is not None and router_token_ok(presented)
+            where = leader_address(lease.state.leader) if credentialed else None
             known = "; no leader is known right now" if lease.state.leader is None else ""
             message = "this controller is a standby (read-only)" + (
                 f"; the leader is {where}" if where else known
@@ -381,9 +303,3 @@ def standby_middleware(c: Controller, router_path: str) -> Middleware:
         return await handler(request)
 
     return middleware
-
-
-def _credentialed(c: Controller, request: web.Request) -> bool:
-    """The request carries the admin token or a router's: it may be told where the leader is."""
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    return scheme.lower() == "bearer" and bool(presented) and c.router_token_ok(presented)

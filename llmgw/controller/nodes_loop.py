@@ -26,7 +26,7 @@ import os
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
 from llmgw.adapters.secrets import SecretError
 from llmgw.adapters.ssh import wheels
@@ -41,8 +41,10 @@ from llmgw.adapters.ssh.bootstrap import (
 from llmgw.adapters.ssh.ca import CAError, ClusterCA
 from llmgw.adapters.ssh.remote import SshTarget, StepFailed, target_for
 from llmgw.adapters.ssh.render import Layout
+from llmgw.controller.background import Background
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.state import NodeOps
 from llmgw.core.config.models import Metadata, Node
 from llmgw.core.reconcile import BackoffPolicy
 
@@ -53,9 +55,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmgw.controller.nodes")
 
-BootstrapState = Literal["pending", "running", "done", "failed"]
-RemovalState = Literal["draining", "removing", "done", "failed"]
-BOOTSTRAP_STATES: tuple[BootstrapState, ...] = ("pending", "running", "done", "failed")
 TICK_S = 1.0  # backoff ends and drains are noticed at least this often
 RETRY_CAP_S = 300.0
 DRAIN_GRACE_S = 30.0  # beyond drain_s + command_timeout_s: a drain that cannot finish does not block removal
@@ -64,36 +63,6 @@ DRAIN_GRACE_S = 30.0  # beyond drain_s + command_timeout_s: a drain that cannot 
 REPLACE_WAIT_S = 600.0
 
 DrainNode = Callable[[str, str], Awaitable[int]]
-
-
-@dataclass
-class NodeOps:
-    """What the controller is doing to one node over SSH, in words an operator can act on."""
-
-    node: str
-    state: BootstrapState = "pending"
-    step: str = ""  # the last bootstrap step reported
-    message: str = ""
-    attempts: int = 0
-    failures: int = 0  # consecutive failed attempts (the backoff's input)
-    retry_at: float | None = None  # monotonic: no new attempt before this
-    removal: RemovalState | None = None
-    removal_message: str = ""
-    drain_started: float | None = None  # monotonic
-    forced: bool = False  # its replicas were stopped without waiting any longer for their replacements
-
-    def bootstrap_json(self, now: float) -> dict[str, Any]:
-        retry = None if self.retry_at is None or self.state != "failed" else max(0.0, self.retry_at - now)
-        return {
-            "state": self.state,
-            "step": self.step,
-            "message": self.message,
-            "attempts": self.attempts,
-            "retry_in_s": None if retry is None else round(retry, 1),
-        }
-
-    def removal_json(self) -> dict[str, Any] | None:
-        return None if self.removal is None else {"state": self.removal, "message": self.removal_message}
 
 
 @dataclass(frozen=True)
@@ -217,7 +186,8 @@ class NodesLoop:
         self.drain_node = drain_node
         self.rng = rng or random.Random()
         self.env = environ if environ is not None else os.environ
-        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.background = Background("node")  # one bootstrap or teardown per node at a time
+        self.tasks = self.background.named  # node -> its attempt in flight
         self.wake = asyncio.Event()
         # Remote nodes declared in a revision this controller applied, to reach them once they are removed.
         self.known: dict[str, SshTarget] = {}
@@ -241,11 +211,7 @@ class NodesLoop:
             self.wake.clear()
 
     async def close(self) -> None:
-        for task in list(self.tasks.values()):
-            task.cancel()
-        for task in list(self.tasks.values()):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self.background.close()
         with contextlib.suppress(ValueError):
             self.c.change_listeners.remove(self.wake.set)
 
@@ -262,7 +228,7 @@ class NodesLoop:
         self._remember(d, remote)
         links = {n: LinkSeen(link.connected, link.state) for n, link in c.hub.nodes.items()}
         for name in remote:
-            op = c.bootstrap.setdefault(name, NodeOps(name))
+            op = c.ops_for(name)
             if op.removal is not None:  # declared again: it is wanted after all
                 op.removal, op.removal_message, op.drain_started = None, "", None
             link = links.get(name)
@@ -271,7 +237,7 @@ class NodesLoop:
                 op.message = op.message if op.attempts else "agent connected"
         ws = c.worker_state
         settling = ws.expected_nodes if now < ws.settle_until else set()
-        for name in to_bootstrap(remote, links, c.bootstrap, now=now, busy=self.tasks, settling=settling):
+        for name in to_bootstrap(remote, links, c.all_ops(), now=now, busy=self.tasks, settling=settling):
             self._spawn(name, functools.partial(self._bootstrap, name))
         for name in sorted(set(self.known) - set(remote)):
             await self._advance_removal(name, now)
@@ -280,7 +246,7 @@ class NodesLoop:
         """No longer the leader: the new leader does the SSH work; two controllers must not act on one node."""
         for name, task in list(self.tasks.items()):
             task.cancel()
-            op = self.c.bootstrap.get(name)
+            op = self.c.ops(name)
             if op is not None and op.removal is None:
                 op.state, op.message = "pending", "left to the leader"
 
@@ -306,12 +272,12 @@ class NodesLoop:
                 self.tasks.pop(name, None)
                 self.wake.set()
 
-        self.tasks[name] = asyncio.get_running_loop().create_task(wrapped(), name=f"llmgw-node-{name}")
+        self.background.spawn(wrapped(), key=name)
 
     # ------------------------------------------------------------------------------------------ bootstrap
 
     def _on_step(self, node: str, step: Step) -> None:
-        op = self.c.bootstrap.get(node)
+        op = self.c.ops(node)
         if op is None:
             return
         op.step = step.name
@@ -323,7 +289,7 @@ class NodesLoop:
 
     async def _bootstrap(self, name: str) -> None:
         c = self.c
-        op = c.bootstrap[name]
+        op = c.ops_for(name)
         op.state, op.step, op.message = "pending", "", "waiting for a free bootstrap slot"
         async with self._slots:
             d = c.desired
@@ -409,7 +375,7 @@ class NodesLoop:
 
     async def _advance_removal(self, name: str, now: float) -> None:
         c = self.c
-        op = c.bootstrap.setdefault(name, NodeOps(name))
+        op = c.ops_for(name)
         left = sum(1 for r in c.replicas.values() if name in r.nodes)
         timeout = c.settings.drain_s + c.settings.command_timeout_s + DRAIN_GRACE_S
         step = removal_step(op, left, now=now, drain_timeout=timeout, replace_wait=REPLACE_WAIT_S)
@@ -440,7 +406,7 @@ class NodesLoop:
 
     async def _teardown(self, name: str, left: int) -> None:
         c = self.c
-        op = c.bootstrap[name]
+        op = c.ops_for(name)
         target = self.known[name]
         s = c.settings
         try:

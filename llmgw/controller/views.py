@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw_agent.protocol import ShardStatus
 
+from llmgw.controller.state import ModelRecord
 from llmgw.core.fleet import (
     GpuView,
     IfUndeclared,
@@ -25,14 +26,15 @@ from llmgw.core.placement import ACTIVE_STATES
 from llmgw.core.plan import catalog_documents
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller, ReplicaRec
+    from llmgw.controller.core import Controller
+    from llmgw.controller.state import ReplicaRec
 
 PENDING_GRACE_S = 60.0  # a started shard the agent never reported is failed after this
 
 
 def shard_status(c: Controller, rec: ReplicaRec, rank: int = 0) -> ShardStatus | None:
     shard = next((s for s in rec.shards if s.rank == rank), None)
-    link = c.hub.nodes.get(shard.node) if shard else None
+    link = c.agents.nodes.get(shard.node) if shard else None
     return None if link is None else link.shards.get(f"{rec.id}-{rank}")
 
 
@@ -72,7 +74,7 @@ def replica_view(c: Controller, rec: ReplicaRec) -> ReplicaView:
 
 def replica_state(c: Controller, rec: ReplicaRec) -> str:
     """The replica's state in words: the fleet's states, plus `lost` and `unknown` (node Unreachable)."""
-    states = {c.hub.nodes[n].state if n in c.hub.nodes else "Lost" for n in rec.nodes}
+    states = {c.agents.nodes[n].state if n in c.agents.nodes else "Lost" for n in rec.nodes}
     if "Lost" in states:
         return "lost"
     view = replica_view(c, rec)
@@ -85,7 +87,7 @@ def replica_state(c: Controller, rec: ReplicaRec) -> str:
 def node_views(c: Controller) -> list[NodeView]:
     d = c.desired
     out: list[NodeView] = []
-    for link in c.hub.nodes.values():
+    for link in c.agents.nodes.values():
         inv = link.inventory
         declared = d.catalog.nodes.get(link.name) if d else None
         labels = dict(inv.labels)
@@ -114,7 +116,7 @@ def node_views(c: Controller) -> list[NodeView]:
 
 
 def _removing(c: Controller, node: str) -> bool:
-    op = c.bootstrap.get(node)
+    op = c.ops(node)
     return op is not None and op.removal is not None
 
 
@@ -136,7 +138,7 @@ def undeclared_json(c: Controller) -> list[dict[str, Any]]:
     """Connected nodes the applied revision does not declare, and what happens to them (for status)."""
     d = c.desired
     out: list[dict[str, Any]] = []
-    for name in sorted(c.hub.nodes):
+    for name in sorted(c.agents.nodes):
         if d is not None and name in d.catalog.nodes:
             continue
         count = sum(1 for r in c.replicas.values() if name in r.nodes)
@@ -195,11 +197,11 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
     states = [replica_state(c, r) for r in c.replicas.values() if r.model == name]
     ready = states.count("ready")
     live = sum(1 for s in states if s in ACTIVE_STATES)
-    ws = c.worker_state
-    target = ws.targets.get(name, model.spec.scaling.min)
+    record = c.worker_state.models.get(name) or ModelRecord()
+    target = record.target if record.target is not None else model.spec.scaling.min
     if not model.spec.profiles or ready >= target:
         health = "Healthy"
-    elif name in ws.unplaceable or failing(ws.backoff.get(name)) or "failed" in states:
+    elif record.unplaceable is not None or failing(record.backoff) or "failed" in states:
         # A model whose replicas keep failing stays Degraded while its next attempt starts: "Progressing"
         # between two crashes would hide a crash loop from anyone looking at the status between them.
         health = "Degraded"
@@ -215,9 +217,9 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
         "target": target,
         "min": model.spec.scaling.min,
         "max": model.spec.scaling.max,
-        "unplaceable": dict(ws.unplaceable.get(name, {})),
-        "failures": ws.backoff[name].failures if name in ws.backoff else 0,
-        "waiting": ws.waits.get(name),
+        "unplaceable": dict(record.unplaceable or {}),
+        "failures": record.backoff.failures if record.backoff is not None else 0,
+        "waiting": record.wait,
         "stale_replicas": sum(1 for r in c.replicas.values() if r.model == name and stale(c, r)),
     }
 
@@ -249,7 +251,8 @@ def status_json(c: Controller) -> dict[str, Any]:
         },
         "models": [model_health(c, n) for n in sorted(d.models)] if d else [],
         "nodes": {
-            s: sum(1 for n in c.hub.nodes.values() if n.state == s) for s in ("Ready", "Unreachable", "Lost")
+            s: sum(1 for n in c.agents.nodes.values() if n.state == s)
+            for s in ("Ready", "Unreachable", "Lost")
         },
         "undeclared_nodes": undeclared_json(c),
         "replicas": len(c.replicas),
@@ -265,7 +268,7 @@ def nodes_json(c: Controller) -> list[dict[str, Any]]:
     d = c.desired
     out: list[dict[str, Any]] = []
     for view in node_views(c):
-        link = c.hub.nodes[view.name]
+        link = c.agents.nodes[view.name]
         out.append(
             {
                 "name": view.name,
@@ -289,7 +292,7 @@ def nodes_json(c: Controller) -> list[dict[str, Any]]:
 
 def _node_ops_json(c: Controller, node: str) -> dict[str, Any]:
     """The node's SSH bootstrap and removal, as llmgw.controller.nodes_loop keeps them (None: not done here)."""
-    op = c.bootstrap.get(node)
+    op = c.ops(node)
     return {
         "bootstrap": None if op is None else op.bootstrap_json(c.clock()),
         "removal": None if op is None else op.removal_json(),
@@ -301,7 +304,7 @@ def _unlinked_nodes_json(c: Controller) -> list[dict[str, Any]]:
     d = c.desired
     declared = {n: e for n, e in (d.catalog.nodes.items() if d else ()) if not e.spec.local}
     out: list[dict[str, Any]] = []
-    for name in sorted((set(declared) | set(c.bootstrap)) - set(c.hub.nodes)):
+    for name in sorted((set(declared) | set(c.all_ops())) - set(c.agents.nodes)):
         entry = declared.get(name)
         out.append(
             {

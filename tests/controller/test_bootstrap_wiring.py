@@ -17,13 +17,13 @@ from typer.testing import CliRunner
 from llmgw.cli.main import app
 from llmgw.controller.nodes_loop import (
     LinkSeen,
-    NodeOps,
     NodesLoop,
     needs_bootstrap,
     removal_step,
     retry_delay,
     to_bootstrap,
 )
+from llmgw.controller.state import NodeOps
 
 from .helpers import Repo, settings_for, start
 
@@ -166,10 +166,10 @@ async def test_unreachable_node_is_reported_per_node_and_retried_after_a_backoff
         # A standby does nothing: past its backoff, the node is not tried again.
         c = running.controller
         c.leading = lambda: False  # type: ignore[method-assign]
-        c.bootstrap["gone"].retry_at = c.clock()
+        c.ops_for("gone").retry_at = c.clock()
         loop = NodesLoop(c, _no_drain)
         await loop.pass_once()
-        assert loop.tasks == {} and c.bootstrap["gone"].attempts == 1
+        assert loop.tasks == {} and c.ops_for("gone").attempts == 1
         c.leading = lambda: True  # type: ignore[method-assign]
         await loop.pass_once()
         assert set(loop.tasks) == {"gone"}  # the leader does
@@ -177,7 +177,7 @@ async def test_unreachable_node_is_reported_per_node_and_retried_after_a_backoff
         c.leading = lambda: False  # type: ignore[method-assign]
         await loop.pass_once()  # stepped down: its attempt ends, left to the new leader
         await wait_for(task.done, 5, "the attempt cancelled")
-        assert task.cancelled() and c.bootstrap["gone"].state == "pending"
+        assert task.cancelled() and c.ops_for("gone").state == "pending"
         assert "llmgw_controller_node_bootstrap{" not in await admin.metrics()
         await loop.close()
     finally:

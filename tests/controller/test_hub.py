@@ -311,8 +311,10 @@ async def test_routers_report_use_on_the_stream(ctl: Admin) -> None:
         first = json.loads((await ws.receive(timeout=5)).data)
         assert controller.desired is not None and first["revision"] == controller.desired.revision
         await ws.send_str(json.dumps({"type": "usage", "models": ["sim-a", "unknown"]}))
-        await wait_for(lambda: "sim-a" in controller.worker_state.used, 5, "use of sim-a noted")
-        assert "unknown" not in controller.worker_state.used
+        await wait_for(
+            lambda: controller.worker_state.model("sim-a").used_at is not None, 5, "use of sim-a noted"
+        )
+        assert "unknown" not in controller.worker_state.models
 
 
 async def test_changed_profile_marks_stale_and_restarts_only_when_asked(ctl: Admin) -> None:

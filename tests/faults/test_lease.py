@@ -91,7 +91,8 @@ async def test_two_controllers_one_leader_and_takeover_after_expiry(store: Store
         CFG,
         wall=wall,
         clock=mono,
-        on_change=lambda o, n: changes.append(("a", n.role)),
+        on_lead=lambda n: changes.append(("a", f"lead as {n.role}")),
+        on_step_down=lambda n: changes.append(("a", f"step down to {n.role}")),
     )
     b = LeaderLease(store, "http://b:7070", CFG, wall=wall, clock=mono)
     assert a.holder != b.holder and a.holder.endswith("@http://a:7070")
@@ -123,7 +124,7 @@ async def test_two_controllers_one_leader_and_takeover_after_expiry(store: Store
     assert not a.leading()
     await a.attempt()
     assert not a.leading() and a.state.leader == b.holder
-    assert changes == [("a", "leader"), ("a", "standby")]
+    assert changes == [("a", "lead as leader"), ("a", "step down to standby")]
 
 
 async def test_a_restarted_controller_does_not_inherit_its_old_claim(store: Store) -> None:
@@ -184,7 +185,13 @@ async def test_run_loop_renews_and_steps_down_when_the_store_fails(tmp_path: Pat
     store = await Store.open(f"sqlite:///{tmp_path / 'l.db'}")
     cfg = LeaseConfig(ttl_s=1.0, renew_s=0.1, margin_s=0.2)
     roles: list[str] = []
-    lease = LeaderLease(store, "http://a:7070", cfg, on_change=lambda o, n: roles.append(n.role))
+    lease = LeaderLease(
+        store,
+        "http://a:7070",
+        cfg,
+        on_lead=lambda n: roles.append(n.role),
+        on_step_down=lambda n: roles.append(n.role),
+    )
     task = asyncio.create_task(lease.run())
     try:
         await wait_for(lease.leading, 10.0, "the loop to take the lease")

@@ -232,7 +232,7 @@ def test_every_admin_endpoint_declares_its_scope() -> None:
     assert served == declared
     unscoped = {p for _, p, _, scope in admin_api.ROUTES if scope is None}
     # Only these authenticate otherwise: the webhook trusts nothing in its body, the other two take a router's
-    # token (llmgw.controller.routers.token_ok).
+    # token (llmgw.controller.publisher.token_ok).
     assert unscoped == {"/api/v1/webhook", "/api/v1/demand/{model}", "/api/v1/usage-seen"}
     scopes = {p: s for m, p, _, s in admin_api.ROUTES if m == "POST"}
     assert scopes["/api/v1/apply"] == "apply" and scopes["/api/v1/keys"] == "admin"

@@ -187,7 +187,9 @@ async def test_m7_controller_router_stream_survives_deep_and_non_object_messages
             await ws.send_str(DEEP.decode())
             await ws.send_str("[1, 2]")
             await ws.send_str(json.dumps({"type": "usage", "models": ["sim-a"]}))
-            await wait_for(lambda: "sim-a" in controller.worker_state.used, 10, "use of sim-a noted")
+            await wait_for(
+                lambda: controller.worker_state.model("sim-a").used_at is not None, 10, "use of sim-a noted"
+            )
             assert not ws.closed
     finally:
         await running.stop()

@@ -19,15 +19,15 @@ from aiohttp import WSMsgType, web
 
 from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
-from llmgw.controller.core import Controller
+from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.credentials import same, valid_node_name
 from llmgw.core import jsonsafe
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import OrganizationSpec, ProjectSpec, TeamSpec
-from llmgw.core.security import engine_key
+from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
 
-log = logging.getLogger("llmgw.controller.routers")
+log = logging.getLogger("llmgw.controller.publisher")
 
 
 def endpoints(c: Controller) -> list[Endpoint]:
@@ -140,18 +140,14 @@ def _digest(data: dict[str, Any]) -> str:
 def token_ok(c: Controller, request: web.Request) -> bool:
     """A router's credential (the router token, or the admin token): never a node's, since the stream
     carries every replica's engine key."""
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not presented:
-        return False
-    return c.router_token_ok(presented)
+    presented = bearer_token(request.headers.get("Authorization"))
+    return presented is not None and c.router_token_ok(presented)
 
 
 def _admin_only(request: web.Request) -> Controller:
-    from llmgw.controller.admin import CONTROLLER  # admin imports this module
-
     c = request.app[CONTROLLER]
-    scheme, _, presented = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not same(presented, c.admin_token):
+    presented = bearer_token(request.headers.get("Authorization"))
+    if presented is None or not same(presented, c.admin_token):
         raise web.HTTPUnauthorized(
             text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
             content_type="application/json",
@@ -270,7 +266,7 @@ def note_usage(c: Controller, models: Any) -> int:
     for name in names:
         view = d.resolve(str(name)) if d else None
         if view is not None:
-            c.worker_state.used[view.name] = c.wall()
+            c.worker_state.model(view.name).used_at = c.wall()
             known += 1
     return known
 
@@ -281,8 +277,9 @@ def note_demand(c: Controller, name: str) -> str | None:
     view = d.resolve(name) if d else None
     if view is None:
         return None
-    first = view.name not in c.worker_state.demand
-    c.worker_state.demand[view.name] = c.wall()
+    record = c.worker_state.model(view.name)
+    first = record.demand_at is None
+    record.demand_at = c.wall()
     if first or not any(r.model == view.name for r in c.replicas.values()):
         c.notify(f"demand for {view.name}")
     return view.name

@@ -1,6 +1,6 @@
 """The reconcile worker: one loop, one pass at a time, on every change and on a timer.
 
-A pass builds views, asks the pure decision (`decide.reconcile`) what to do, and starts each action as a task
+A pass builds views, asks the pure decision (`llmgw.core.reconcile.reconcile`) what to do, and starts each action as a task
 whose outcome comes back as a change (so a slow agent never blocks the next pass). A failed action is never
 logged and forgotten: it marks the replica or model and sets a backoff after which the pass tries again.
 """
@@ -12,16 +12,17 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Coroutine, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from llmgw_agent import repo_rules
 from llmgw_agent.protocol import Register, ShardSpec, WeightSource
 
 from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
-from llmgw.controller.core import Controller, ReplicaRec
+from llmgw.controller.background import Background
+from llmgw.controller.core import Controller
 from llmgw.controller.hub import AgentError, NodeLink
+from llmgw.controller.state import ReplicaRec
 from llmgw.core.fleet import NodeView, ReplicaView
 from llmgw.core.placement import Placement, ShardPlacement
 from llmgw.core.placement import explain as placement_explain
@@ -49,11 +50,14 @@ def new_replica_id(model: str, profile: str) -> str:
 
 
 class Reconciler:
+    """Commands go to the agents through `controller.agents` (an `AgentClient`); `adopt` is the hub's
+    `on_register` (app.py wires it)."""
+
     def __init__(self, controller: Controller, rng: random.Random | None = None) -> None:
         self.c = controller
+        self.agents = controller.agents
         self.rng = rng or random.Random()
-        self.tasks: set[asyncio.Task[None]] = set()
-        controller.hub.on_register = self.adopt
+        self.background = Background("reconcile")  # starts, drains and stops in flight
 
     # ---------------------------------------------------------------------------------- loop
 
@@ -94,18 +98,25 @@ class Reconciler:
             replicas,
             now=now,
             rng=self.rng,
-            backoff=ws.backoff,
-            last_used=self._last_used(),
+            backoff=ws.backoff(),
+            last_used=ws.last_used(),
             demand=self._demand(now),
             policy=BackoffPolicy(base=c.settings.backoff_base_s),
             new_id=new_replica_id,
         )
-        ws.backoff = dict(decision.backoff)
-        ws.targets = dict(decision.targets)
+        for record in ws.models.values():
+            record.clear_pass()
+        for model, state in decision.backoff.items():
+            ws.model(model).backoff = state
+        for model, target in decision.targets.items():
+            ws.model(model).target = target
+        for action in decision.actions:
+            if isinstance(action, Wait):
+                ws.model(action.model).wait = action.reason
+        for model, reasons in self._why_unplaced(decision.unplaced, nodes, replicas).items():
+            ws.model(model).unplaceable = reasons
         ws.passes += 1
         ws.last_pass_at = now
-        ws.waits = {a.model: a.reason for a in decision.actions if isinstance(a, Wait)}
-        ws.unplaceable = self._why_unplaced(decision.unplaced, nodes, replicas)
         acting = [a for a in decision.actions if not isinstance(a, Wait)]
         if acting:
             ws.last_actions = [_describe(a) for a in acting]
@@ -134,12 +145,10 @@ class Reconciler:
         c = self.c
         running = {r.model for r in c.replicas.values() if not r.stopping}
         return {
-            m: 1 for m, at in c.worker_state.demand.items() if now - at < DEMAND_FRESH_S and m not in running
+            m: 1
+            for m, at in c.worker_state.demand().items()
+            if now - at < DEMAND_FRESH_S and m not in running
         }
-
-    def _last_used(self) -> dict[str, float]:
-        ws = self.c.worker_state
-        return {m: max(ws.used.get(m, 0.0), ws.demand.get(m, 0.0)) for m in {*ws.used, *ws.demand}}
 
     def _why_unplaced(
         self, unplaced: Mapping[str, int], nodes: list[NodeView], replicas: list[ReplicaView]
@@ -165,23 +174,14 @@ class Reconciler:
         ws = self.c.worker_state
         if not ws.expected_nodes or self.c.clock() >= ws.settle_until:
             return False
-        back = {n for n, link in self.c.hub.nodes.items() if link.connected}
+        back = {n for n, link in self.agents.nodes.items() if link.connected}
         if ws.expected_nodes <= back:
             ws.expected_nodes = set()
             return False
         return True
 
     async def close(self) -> None:
-        for task in list(self.tasks):
-            task.cancel()
-        for task in list(self.tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        await self.background.close()
 
     # ---------------------------------------------------------------------------------- actions
 
@@ -195,7 +195,7 @@ class Reconciler:
         except SecretError as exc:
             # Nothing was started, so the next pass (at the latest the resync) decides to start it again.
             c.metrics.reconcile_errors.inc()
-            c.worker_state.waits[placement.model] = f"cannot start: {exc}"
+            c.worker_state.model(placement.model).wait = f"cannot start: {exc}"
             log.warning("cannot start a replica of %s: %s", placement.model, exc)
             return
         rec = ReplicaRec(
@@ -213,7 +213,7 @@ class Reconciler:
             "replica_start", rec.id, f"{rec.model}/{rec.profile} on {', '.join(rec.nodes)}: {placement.why}"
         )
         specs = [(s, self._spec(placement, s, key)) for s in placement.start_order()]
-        self._spawn(self._send_start(rec, specs))
+        self.background.spawn(self._send_start(rec, specs))
 
     def _spec(self, placement: Placement, shard: ShardPlacement, key: str) -> ShardSpec:
         d = self.c.desired
@@ -252,7 +252,7 @@ class Reconciler:
         c = self.c
         try:
             for shard, spec in specs:  # workers before rank 0
-                await c.hub.start_shard(shard.node, spec, c.settings.command_timeout_s)
+                await self.agents.start_shard(shard.node, spec, c.settings.command_timeout_s)
         except AgentError as exc:
             rec.error = str(exc)
             c.metrics.reconcile_errors.inc()
@@ -278,7 +278,7 @@ class Reconciler:
         rec.draining = drain
         await c.event("replica_stop", rec.id, reason + (" (draining first)" if drain else ""))
         c.notify("replica stopping")  # routers drop it from their endpoints now
-        self._spawn(self._send_stop(rec))
+        self.background.spawn(self._send_stop(rec))
 
     async def drain_node(self, node: str, reason: str) -> int:
         """Drain and stop every replica with a shard on `node` (a Node removed from the repo); the views cordon
@@ -303,12 +303,12 @@ class Reconciler:
         pending = sorted(rec.shards, key=lambda s: s.rank)
         while pending and rec.id in c.replicas:
             shard = pending[0]
-            link = c.hub.nodes.get(shard.node)
+            link = self.agents.nodes.get(shard.node)
             if link is None or link.state == "Lost":
                 pending.pop(0)  # nothing to tell; the node's agent forgets it or we adopt and stop it later
                 continue
             try:
-                await c.hub.stop_shard(shard.node, rec.id, shard.rank, c.settings.command_timeout_s)
+                await self.agents.stop_shard(shard.node, rec.id, shard.rank, c.settings.command_timeout_s)
             except AgentError as exc:
                 c.metrics.reconcile_errors.inc()
                 log.info("stopping replica %s failed, retrying in %.0fs: %s", rec.id, STOP_RETRY_S, exc)
@@ -325,7 +325,7 @@ class Reconciler:
         del c.replicas[rec.id]
         c.worker_state.stored_states.pop(rec.id, None)
         for shard in rec.shards:
-            link = c.hub.nodes.get(shard.node)
+            link = self.agents.nodes.get(shard.node)
             if link is not None:
                 link.shards.pop(f"{rec.id}-{shard.rank}", None)
         try:
@@ -364,7 +364,9 @@ class Reconciler:
             )
             c.replicas[rec.id] = rec
             log.info("adopted replica %s (%s, pid %s) on %s", rec.id, rec.model, shard.pid, link.name)
-            self._spawn(c.event("replica_adopted", rec.id, f"found running on {link.name} (pid {shard.pid})"))
+            self.background.spawn(
+                c.event("replica_adopted", rec.id, f"found running on {link.name} (pid {shard.pid})")
+            )
 
     def _profile_by_fingerprint(self, model: str, fingerprint: str) -> str:
         d = self.c.desired
@@ -378,12 +380,13 @@ class Reconciler:
 
     async def _persist_states(self) -> None:
         c = self.c
-        for name, link in list(c.hub.nodes.items()):
-            if c.worker_state.stored_nodes.get(name) != link.state:
+        for name, link in list(self.agents.nodes.items()):
+            record = c.node(name)
+            if record.stored_state != link.state:
                 try:
                     inventory = link.inventory.model_dump(mode="json", by_alias=True)
                     await c.store.upsert_node(name, link.state, inventory, c.wall())
-                    c.worker_state.stored_nodes[name] = link.state
+                    record.stored_state = link.state
                 except Exception as exc:
                     log.warning("could not record node %s in the store: %s", name, exc)
         stored = self.c.worker_state.stored_states

@@ -1,0 +1,168 @@
+"""The controller's live records: one per replica, one per model, one per node.
+
+Plain dataclasses, no I/O: the revision pipeline (core.py), the reconcile loop, the node loop and the admin
+views read and write these, and nothing else keeps a parallel map of the same facts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from llmgw.core.fleet import ModelState
+from llmgw.core.placement import ShardPlacement
+from llmgw.store.records import ReplicaRecord
+
+BootstrapState = Literal["pending", "running", "done", "failed"]
+RemovalState = Literal["draining", "removing", "done", "failed"]
+BOOTSTRAP_STATES: tuple[BootstrapState, ...] = ("pending", "running", "done", "failed")
+
+
+@dataclass(frozen=True)
+class SeenRevision:
+    revision: str
+    where: str
+    at: float
+
+
+@dataclass(frozen=True)
+class RefusedRevision:
+    revision: str
+    where: str
+    at: float
+    errors: tuple[str, ...]
+
+
+@dataclass
+class ReplicaRec:
+    """One replica the controller started or adopted. Shard states are read from the hub, not kept here."""
+
+    id: str
+    model: str
+    profile: str
+    fingerprint: str
+    created_at: float
+    shards: tuple[ShardPlacement, ...]
+    adopted: bool = False
+    stopping: bool = False
+    draining: bool = False
+    stale: bool = False
+    error: str = ""
+    start_sent_at: float = 0.0
+    ready_since: float | None = None
+
+    @property
+    def node(self) -> str:
+        """The node of rank 0 (where the endpoint is)."""
+        return next((s.node for s in self.shards if s.rank == 0), self.shards[0].node if self.shards else "")
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(s.node for s in self.shards)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(g for s in self.shards for g in s.gpus)
+
+
+@dataclass
+class ModelRecord:
+    """What the controller knows of one model between reconcile passes.
+
+    `demand_at`/`used_at` come from the routers (wall time); the rest is what the last pass decided."""
+
+    demand_at: float | None = None  # the last router demand (an on-demand model asked for)
+    used_at: float | None = None  # the last use through a router
+    wait: str | None = None  # why nothing is done for it now
+    backoff: ModelState | None = None  # failures and when the next attempt may start
+    unplaceable: dict[str, str] | None = None  # node (or "*") -> why no replica fits there
+    target: int | None = None  # the replica count the last pass aimed at
+
+    def clear_pass(self) -> None:
+        """Forget what the last pass decided (the next one decides it again)."""
+        self.wait, self.backoff, self.unplaceable, self.target = None, None, None, None
+
+
+@dataclass
+class NodeOps:
+    """What the controller is doing to one node over SSH, in words an operator can act on."""
+
+    node: str
+    state: BootstrapState = "pending"
+    step: str = ""  # the last bootstrap step reported
+    message: str = ""
+    attempts: int = 0
+    failures: int = 0  # consecutive failed attempts (the backoff's input)
+    retry_at: float | None = None  # monotonic: no new attempt before this
+    removal: RemovalState | None = None
+    removal_message: str = ""
+    drain_started: float | None = None  # monotonic
+    forced: bool = False  # its replicas were stopped without waiting any longer for their replacements
+
+    def bootstrap_json(self, now: float) -> dict[str, Any]:
+        retry = None if self.retry_at is None or self.state != "failed" else max(0.0, self.retry_at - now)
+        return {
+            "state": self.state,
+            "step": self.step,
+            "message": self.message,
+            "attempts": self.attempts,
+            "retry_in_s": None if retry is None else round(retry, 1),
+        }
+
+    def removal_json(self) -> dict[str, Any] | None:
+        return None if self.removal is None else {"state": self.removal, "message": self.removal_message}
+
+
+@dataclass
+class NodeRecord:
+    """The controller's own facts about one node. What its agent says while linked is the hub's `NodeLink`
+    (the agent wire's record, which the hub replaces on every reconnect and the fake agents own in tests)."""
+
+    name: str
+    ops: NodeOps | None = None  # the SSH work on it: remote Nodes only
+    stored_state: str | None = None  # the state last written to the store (Ready, Unreachable, Lost)
+
+
+@dataclass
+class WorkerState:
+    """What the reconcile worker carries between passes (touched only by it and the demand endpoints)."""
+
+    models: dict[str, ModelRecord] = field(default_factory=dict)
+    passes: int = 0
+    last_pass_at: float | None = None
+    last_actions: list[str] = field(default_factory=list)
+    stored_states: dict[str, str] = field(default_factory=dict)  # replica id -> state last written
+    known_records: dict[str, ReplicaRecord] = field(default_factory=dict)  # from the store at start
+    # Nodes that were up before this controller started: no replica is started until they are back (or the
+    # settle window ends), so their running replicas are adopted instead of being placed a second time.
+    expected_nodes: set[str] = field(default_factory=set)
+    settle_until: float = 0.0
+
+    def model(self, name: str) -> ModelRecord:
+        """Model `name`'s record, made on first use."""
+        rec = self.models.get(name)
+        if rec is None:
+            rec = self.models[name] = ModelRecord()
+        return rec
+
+    def backoff(self) -> dict[str, ModelState]:
+        return {m: r.backoff for m, r in self.models.items() if r.backoff is not None}
+
+    def demand(self) -> dict[str, float]:
+        return {m: r.demand_at for m, r in self.models.items() if r.demand_at is not None}
+
+    def last_used(self) -> dict[str, float]:
+        """The later of a model's last use and last demand (what scale-to-zero counts idle time from)."""
+        out: dict[str, float] = {}
+        for m, r in self.models.items():
+            if r.used_at is not None or r.demand_at is not None:
+                out[m] = max(r.used_at or 0.0, r.demand_at or 0.0)
+        return out
+
+
+@dataclass
+class EventLog:
+    """Recent events in memory (the store keeps them too); newest last."""
+
+    items: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=500))

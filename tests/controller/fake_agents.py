@@ -1,0 +1,127 @@
+"""A fake `AgentClient`: the agents' side of the reconcile loop without sockets or processes.
+
+It keeps `NodeLink`s exactly as `AgentHub` does (one per node, the shards by `<replica>-<rank>`), runs
+`on_register` at registration as the hub does, and answers `start_shard`/`stop_shard` the way an agent
+does: a shard it starts reports `starting` (then whatever the test says), a stop removes it, a node that is
+not connected or told to refuse raises `AgentError`. Every command is recorded for the test to read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from llmgw_agent.protocol import Inventory, Register, Reply, ShardSpec, ShardState, ShardStatus
+
+from llmgw.controller.hub import AgentError, NodeLink
+
+
+class _OpenSocket:
+    """Stands for a link's WebSocket: open until closed (NodeLink.connected reads `closed`)."""
+
+    closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class Sent:
+    node: str
+    action: str  # start_shard | stop_shard
+    replica_id: str
+    rank: int
+    spec: ShardSpec | None = None
+
+
+@dataclass
+class FakeAgents:
+    """`clock` is the controller's monotonic clock; `on_change` is what the hub calls (controller.notify)."""
+
+    clock: Callable[[], float] = lambda: 0.0
+    on_change: Callable[[str], None] = lambda why: None
+    nodes: dict[str, NodeLink] = field(default_factory=dict)
+    on_register: Callable[[NodeLink, Register], None] | None = None
+    sent: list[Sent] = field(default_factory=list)
+    refuse_start: dict[str, str] = field(default_factory=dict)  # node -> the agent's refusal of start_shard
+
+    # ------------------------------------------------------------------ the agents' side, driven by a test
+
+    def register(self, node: str, *, cpu_cores: int = 8, shards: list[ShardStatus] | None = None) -> NodeLink:
+        """An agent connects and registers, reporting `shards` already running there."""
+        register = Register(
+            node=node,
+            agent_version="fake",
+            inventory=Inventory(cpu_cores=cpu_cores, memory_bytes=64 << 30, gpus=[]),
+            shards=shards or [],
+        )
+        now = self.clock()
+        link = NodeLink(
+            name=node,
+            inventory=register.inventory,
+            agent_version=register.agent_version,
+            address="fake",
+            connected_at=now,
+            last_seen=now,
+            shards={s.shard_id: s for s in register.shards},
+            ws=_OpenSocket(),  # type: ignore[arg-type]
+            registered_shards=tuple(s.shard_id for s in register.shards),
+        )
+        self.nodes[node] = link
+        if self.on_register is not None:
+            self.on_register(link, register)
+        self.on_change(f"node {node} registered")
+        return link
+
+    def disconnect(self, node: str) -> None:
+        self.nodes[node].ws = None
+        self.on_change(f"node {node} disconnected")
+
+    def report(self, node: str, replica_id: str, state: ShardState, rank: int = 0) -> None:
+        """The agent says a shard it runs is now `state` (a ShardUpdate)."""
+        link = self.nodes[node]
+        shard = link.shards[f"{replica_id}-{rank}"]
+        link.shards[shard.shard_id] = shard.model_copy(update={"state": state})
+        self.on_change(f"shard {shard.shard_id} is {state}")
+
+    def started(self, node: str | None = None) -> list[Sent]:
+        return [s for s in self.sent if s.action == "start_shard" and node in (None, s.node)]
+
+    def stopped(self) -> list[Sent]:
+        return [s for s in self.sent if s.action == "stop_shard"]
+
+    # ------------------------------------------------------------------ AgentClient
+
+    def _link(self, node: str, action: str) -> NodeLink:
+        link = self.nodes.get(node)
+        if link is None or not link.connected:
+            raise AgentError(f"node {node} is not connected")
+        return link
+
+    async def start_shard(self, node: str, spec: ShardSpec, wait_s: float) -> Reply:
+        link = self._link(node, "start_shard")
+        self.sent.append(Sent(node, "start_shard", spec.replica_id, spec.shard_rank, spec))
+        refusal = self.refuse_start.get(node)
+        if refusal is not None:
+            raise AgentError(f"node {node} refused start_shard: {refusal}")
+        status = ShardStatus(
+            replica_id=spec.replica_id,
+            shard_rank=spec.shard_rank,
+            model=spec.model,
+            engine=spec.engine,
+            state="starting",
+            pid=4242,
+            host="127.0.0.1",
+            port=9000 + len(self.sent),
+            fingerprint=spec.fingerprint,
+            gpus=list(spec.gpus),
+        )
+        link.shards[status.shard_id] = status
+        self.on_change(f"shard {status.shard_id} is starting")
+        return Reply(id=f"fake-{len(self.sent)}", ok=True)
+
+    async def stop_shard(self, node: str, replica_id: str, rank: int, wait_s: float) -> Reply:
+        link = self._link(node, "stop_shard")
+        self.sent.append(Sent(node, "stop_shard", replica_id, rank))
+        link.shards.pop(f"{replica_id}-{rank}", None)
+        return Reply(id=f"fake-{len(self.sent)}", ok=True)

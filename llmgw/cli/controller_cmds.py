@@ -28,6 +28,7 @@ from llmgw.cli.admin_client import (
     plaintext_warning,
     resolve_token,
 )
+from llmgw.core.words import short
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:7070"
 
@@ -138,7 +139,7 @@ def controller(
         ControllerSettings,
         SettingsError,
         load_settings_file,
-        parse_duration,
+        setting_duration,
     )
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -148,7 +149,7 @@ def controller(
             "repo": repo,
             "branch": branch,
             "subpath": subpath,
-            "poll_s": parse_duration(poll) if poll else None,
+            "poll_s": setting_duration("--poll", poll) if poll else None,
             "source": source,
             "store": store,
             "listen": listen,
@@ -229,10 +230,6 @@ def _styled(value: str, styles: dict[str, str]) -> str:
     return f"[{style}]{value}[/{style}]" if style else value
 
 
-def _short(revision: str | None) -> str:
-    return "-" if not revision else revision.split(":", 1)[-1][:12]
-
-
 def _ago(at: float | None) -> str:
     if not at:
         return "-"
@@ -253,13 +250,13 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
     console = Console()
     applied, seen = data.get("applied"), data.get("seen")
     console.print(
-        f"revision [bold]{_short(applied and applied['revision'])}[/bold] applied {_ago(applied and applied['applied_at'])}"
+        f"revision [bold]{short(applied and applied['revision'], missing='-')}[/bold] applied {_ago(applied and applied['applied_at'])}"
         f" from {applied['source'] if applied else '-'}",
         highlight=False,
     )
     sync = data.get("sync", "Unknown")
     console.print(
-        f"sync     {_styled(sync, {'Synced': 'green', 'OutOfSync': 'yellow'})} (seen {_short(seen and seen['revision'])})",
+        f"sync     {_styled(sync, {'Synced': 'green', 'OutOfSync': 'yellow'})} (seen {short(seen and seen['revision'], missing='-')})",
         highlight=False,
     )
     nodes = data.get("nodes", {})
@@ -281,7 +278,7 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
     refused = data.get("refused")
     if refused:
         console.print(
-            f"[red]revision {_short(refused['revision'])} refused[/red] ({len(refused['errors'])} error(s)):"
+            f"[red]revision {short(refused['revision'], missing='-')} refused[/red] ({len(refused['errors'])} error(s)):"
         )
         for line in refused["errors"]:
             console.print(f"  {line}", highlight=False, markup=False)

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import typer
 
 from llmgw.cli.admin_client import AdminClient, AdminError
+from llmgw.core.words import short
 
 EXIT_DONE = 0
 EXIT_FAILED = 1
@@ -45,10 +46,6 @@ class Progress:
         """One plain line: what a log of a CI job shows."""
         models = ", ".join(f"{m.name} {m.health} {m.ready}/{m.target}" for m in self.models) or "no models"
         return f"{self.sync}, applied {short(self.applied)}; {models}"
-
-
-def short(revision: str | None) -> str:
-    return "none" if revision is None else revision.split(":", 1)[-1][:12]
 
 
 def progress(status: dict[str, Any], revision: str, *, was_applied: bool) -> Progress:

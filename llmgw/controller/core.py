@@ -38,6 +38,7 @@ from llmgw.controller.settings import ControllerSettings
 from llmgw.core.fleet import ModelState
 from llmgw.core.placement import ShardPlacement
 from llmgw.core.security import node_token, router_token
+from llmgw.core.words import short
 from llmgw.store.records import ReplicaRecord, Revision
 from llmgw.store.store import Store
 
@@ -458,13 +459,6 @@ class Controller:
         if self.desired is None or self.seen is None:
             return "Unknown"
         return "Synced" if self.seen.revision == self.desired.revision else "OutOfSync"
-
-
-def short(revision: str | None) -> str:
-    """A revision for messages: 12 hex digits of a SHA or of a content hash (`sha256:...`)."""
-    if revision is None:
-        return "none"
-    return revision.split(":", 1)[-1][:12]
 
 
 def admin_token_from(settings: ControllerSettings) -> str:

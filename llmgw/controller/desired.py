@@ -13,8 +13,9 @@ from pathlib import Path
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.core.catalog import Catalog, ModelEntry
-from llmgw.core.config.models import ClusterSpec, duration_seconds
+from llmgw.core.config.models import ClusterSpec
 from llmgw.core.fleet import ModelView, model_views
+from llmgw.core.words import parse_duration
 
 
 class RepoInvalid(Exception):
@@ -62,19 +63,19 @@ class Desired:
     # Timings from the Cluster document, in seconds.
     @property
     def heartbeat_interval_s(self) -> float:
-        return duration_seconds(self.cluster.controller.heartbeat_interval)
+        return parse_duration(self.cluster.controller.heartbeat_interval)
 
     @property
     def unreachable_after_s(self) -> float:
-        return duration_seconds(self.cluster.controller.unreachable_after)
+        return parse_duration(self.cluster.controller.unreachable_after)
 
     @property
     def lost_after_s(self) -> float:
-        return duration_seconds(self.cluster.controller.lost_after)
+        return parse_duration(self.cluster.controller.lost_after)
 
     @property
     def resync_interval_s(self) -> float:
-        return duration_seconds(self.cluster.controller.resync_interval)
+        return parse_duration(self.cluster.controller.resync_interval)
 
 
 def build_desired(root: Path, revision: str, source: str) -> Desired:

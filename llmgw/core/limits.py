@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from llmgw.core.config import models as config
+from llmgw.core.words import parse_duration
 
 Level = Literal["organization", "team", "project"]
 Metric = Literal["requests", "tokens", "concurrency", "budget"]
@@ -47,7 +48,7 @@ def level_limits(declared: config.Limits) -> LevelLimits:
         rpm=declared.rpm,
         tpm=declared.tpm,
         concurrency=declared.concurrency,
-        budget=Budget(budget.amount, config.duration_seconds(budget.period)) if budget is not None else None,
+        budget=Budget(budget.amount, parse_duration(budget.period)) if budget is not None else None,
     )
 
 

@@ -11,9 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from llmgw.core.config.models import Limits, duration_seconds
+from llmgw.core.config.models import Limits
 from llmgw.core.limits import Budget, Estimate, Level, LevelLimits, Refused, Tenant, to_micros
 from llmgw.core.snapshot import Tenants
+from llmgw.core.words import parse_duration
 from llmgw.store.limiter import Admission, CounterStore, SharePolicy
 from llmgw.store.limiter import Limiter as PoolLimiter
 from llmgw.store.records import ShareGrant
@@ -64,7 +65,7 @@ class NoLimits:
 def _level_limits(limits: Limits) -> LevelLimits:
     budget = None
     if limits.budget is not None:
-        budget = Budget(limits.budget.amount, duration_seconds(limits.budget.period))
+        budget = Budget(limits.budget.amount, parse_duration(limits.budget.period))
     return LevelLimits(limits.rpm, limits.tpm, limits.concurrency, budget)
 
 

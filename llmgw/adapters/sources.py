@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Protocol
 
 from llmgw.adapters.repo_files import content_hash
+from llmgw.core.errors import TransientError
 
 
-class SourceUnavailable(Exception):
+class SourceUnavailable(TransientError):
     """The source could not be read right now (remote unreachable, directory missing); retried next poll."""
 
 

@@ -26,6 +26,7 @@ import typer
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import admin_client, follow
 from llmgw.cli.admin_client import AdminClient, AdminError
+from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import LiveState
 from llmgw.core.repo import LoadResult
 from llmgw.core.words import short
@@ -46,7 +47,7 @@ class Send(StrEnum):
     files = "files"
 
 
-class Refused(Exception):
+class Refused(LlmgwError):
     """The command cannot go on; the message says why and what to do. Exit code 1."""
 
 

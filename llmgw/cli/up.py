@@ -36,6 +36,7 @@ from llmgw.adapters.repo_files import load_repo
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.settings import ControllerSettings
 from llmgw.core.config.models import ClusterSpec
+from llmgw.core.errors import LlmgwError
 from llmgw.core.repo import LoadResult
 from llmgw.core.secretrefs import SecretPolicy
 from llmgw.core.words import short
@@ -48,7 +49,7 @@ AGENT_STOP_S = 15.0
 PROGRESS_EVERY_S = 0.5
 
 
-class UpError(Exception):
+class UpError(LlmgwError):
     """`llmgw up` cannot start; the message says what and what to do."""
 
 

@@ -30,11 +30,12 @@ from llmgw.controller.credentials import (
     node_token_refusal,
     router_token_ok,
 )
-from llmgw.controller.desired import Desired, RepoInvalid, build_desired
+from llmgw.controller.desired import Desired, build_desired
 from llmgw.controller.hub import AgentHub, HubTimings
 from llmgw.controller.lease import LeaderLease
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.settings import ControllerSettings
+from llmgw.core.errors import ConfigInvalidError
 from llmgw.core.fleet import ModelState
 from llmgw.core.placement import ShardPlacement
 from llmgw.core.security import node_token, router_token
@@ -320,7 +321,7 @@ class Controller:
             return "refused"  # already said once; not again every poll
         try:
             desired = await asyncio.to_thread(build_desired, checkout.root, checkout.revision, checkout.where)
-        except RepoInvalid as exc:
+        except ConfigInvalidError as exc:
             await self._refuse(checkout, exc.errors, actor, actor_detail)
             return "refused"
         await self._apply(desired, actor, actor_detail)

@@ -35,6 +35,7 @@ from llmgw_agent.protocol import (
 from pydantic import ValidationError
 
 from llmgw.controller.credentials import Grant, valid_node_name
+from llmgw.core.errors import LlmgwError
 
 log = logging.getLogger("llmgw.controller.hub")
 
@@ -44,7 +45,7 @@ REGISTER_TIMEOUT_S = 10.0
 MAX_NODES = 4096  # links kept at once; a flood of made-up names past this is refused
 
 
-class AgentError(Exception):
+class AgentError(LlmgwError):
     """A command could not be carried out on a node (not connected, refused, timed out)."""
 
 

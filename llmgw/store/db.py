@@ -19,6 +19,8 @@ from typing import Any, Literal, Protocol, TypeVar
 
 import psycopg
 
+from llmgw.core.errors import LlmgwError, TransientError
+
 Dialect = Literal["sqlite", "postgres"]
 Params = Sequence[Any]
 Row = tuple[Any, ...]
@@ -28,11 +30,11 @@ DEFAULT_STATE_DIR = Path(".llmgw") / "state"
 DEFAULT_DSN = f"sqlite:///{DEFAULT_STATE_DIR / 'llmgw.db'}"
 
 
-class StoreError(Exception):
+class StoreError(LlmgwError):
     """A store operation failed (bad DSN, constraint, schema from the future, ...)."""
 
 
-class StoreUnavailable(StoreError):
+class StoreUnavailable(StoreError, TransientError):
     """The database could not be reached or did not answer; the operation may be retried."""
 
 

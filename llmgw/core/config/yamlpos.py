@@ -21,6 +21,7 @@ from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from llmgw.core.config.errors import ConfigError, PathPart, format_path
+from llmgw.core.errors import LlmgwError
 
 Path = tuple[PathPart, ...]
 # Alias expansion can make a small file huge (the "billion laughs"); no real cluster repo document comes close.
@@ -63,7 +64,7 @@ class ParsedDocument:
     ok: bool = True  # False when conversion found a problem: later stages skip the document
 
 
-class _TooLarge(Exception):
+class _TooLarge(LlmgwError):
     pass
 
 

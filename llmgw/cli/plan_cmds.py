@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import hashlib
 import json
 import socket
 import sys
@@ -31,7 +30,6 @@ from llmgw.core.fleet import LiveState
 from llmgw.core.repo import LoadResult
 from llmgw.core.words import short
 
-PLAN_FORMAT = "llmgw-plan/v1"
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
@@ -179,74 +177,40 @@ def _read_state(path: Path) -> LiveState:
 # ------------------------------------------------------------------------------------------------ plan files
 
 
-def plan_digest(plan_dict: dict[str, Any]) -> str:
-    """What the plan would do, without the hashes that name the inputs: equal digests, equal actions."""
-    body = {k: v for k, v in plan_dict.items() if k not in ("live_state_hash",)}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
 def _write_plan_file(out: Path, path: Path, result: LoadResult, made: Any, source: str) -> None:
-    from llmgw.adapters.repo_files import content_hash
-    from llmgw.core.plan import to_dict
+    from llmgw.core.plan import saved_plan
 
     assert result.repo is not None
-    body = to_dict(made)
-    saved = {
-        "format": PLAN_FORMAT,
-        "created_at": time.time(),
-        "repo": {
-            "path": str(path.resolve()),
-            "revision": result.repo.revision,
-            "content_hash": content_hash(path),
-        },
-        "live": {"source": source, "revision": made.live_revision, "state_hash": made.live_state_hash},
-        "digest": plan_digest(body),
-        "plan": body,
-    }
+    saved = saved_plan(
+        made,
+        repo_path=str(path.resolve()),
+        repo_revision=result.repo.revision,
+        repo_content_hash=_content_hash(path),
+        live_source=source,
+        created_at=time.time(),
+    )
     out.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def read_plan_file(path: Path) -> dict[str, Any] | None:
     """The saved plan at `path`, or None when it is not a plan file (then it is a repo path)."""
+    from llmgw.core.plan import parse_saved_plan
+
     if not path.is_file() or path.suffix in (".yaml", ".yml"):
         return None
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return parse_saved_plan(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
         return None
-    if not isinstance(body, dict) or body.get("format") != PLAN_FORMAT:
-        return None
-    return body
 
 
-def check_plan_current(saved: dict[str, Any], result: LoadResult, live: LiveState) -> None:
-    """Refuse a saved plan made against another repo content or another live state."""
-    from llmgw.adapters.repo_files import content_hash
-    from llmgw.core.plan import plan_for_catalog, to_dict
+def check_saved_plan(saved: dict[str, Any], result: LoadResult, live: LiveState) -> None:
+    """core.plan's staleness rule over the repo directory as it is now (raises StalePlan)."""
+    from llmgw.core.plan import check_plan_current
 
     assert result.repo is not None
-    repo = saved["repo"]
-    if content_hash(repo["path"]) != repo["content_hash"]:
-        raise Refused(
-            f"the cluster repo at {repo['path']} changed after the plan was made; "
-            "run `llmgw plan --out FILE` again and apply the new plan"
-        )
-    was = saved["live"]
-    if live.revision != was["revision"]:
-        raise Refused(
-            f"the saved plan is stale: it was made against revision {short(was['revision'])}, and the "
-            f"controller has applied {short(live.revision)} since; run `llmgw plan --out FILE` again"
-        )
-    if live.content_hash() == was["state_hash"]:
-        return
-    # The fleet moved (a replica became ready, a node's free disk changed): fine only if the plan did not.
-    now = to_dict(plan_for_catalog(result.repo.catalog, live))
-    if plan_digest(now) != saved["digest"]:
-        raise Refused(
-            f"the saved plan is stale: the live state changed after it was made (state "
-            f"{was['state_hash'][:12]} -> {live.content_hash()[:12]}) and the plan would now be different "
-            f"({now['summary']}); run `llmgw plan --out FILE` again"
-        )
+    current = _content_hash(Path(saved["repo"]["path"]))
+    check_plan_current(saved, repo_content_hash=current, catalog=result.repo.catalog, live=live)
 
 
 def _content_hash(path: Path) -> str:
@@ -314,12 +278,12 @@ def apply(
             named = revision_like_source(path, client.status())
             result = result if named is None else load_repo(path, revision=named)
         if saved is not None:
-            check_plan_current(saved, result, client.state())
+            check_saved_plan(saved, result, client.state())
         assert result.repo is not None
         rev = result.repo.revision or _content_hash(path)
         reply = _send(client, path, rev, send, actor or _actor(admin_client.environ()))
         _nudge(client)
-    except (AdminError, Refused) as exc:
+    except LlmgwError as exc:  # AdminError, Refused, StalePlan: each says what to do
         _fail(str(exc))
     if reply.get("result") == "refused":
         errors = [str(e) for e in reply.get("errors", [])]

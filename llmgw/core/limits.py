@@ -16,6 +16,35 @@ from typing import Literal
 from llmgw.core.config import models as config
 from llmgw.core.words import parse_duration
 
+__all__ = [
+    "MICROS",
+    "MINUTE",
+    "RATE_HEADER_METRICS",
+    "Allowed",
+    "Budget",
+    "Decision",
+    "Estimate",
+    "Level",
+    "LevelLimits",
+    "LevelState",
+    "Meter",
+    "Metric",
+    "RateMetric",
+    "Refused",
+    "Tenant",
+    "decide",
+    "format_reset",
+    "level_limits",
+    "limit_key",
+    "need",
+    "put_rate_headers",
+    "rate_headers",
+    "request_cost",
+    "to_micros",
+    "window_bounds",
+    "windowed_limits",
+]
+
 Level = Literal["organization", "team", "project"]
 Metric = Literal["requests", "tokens", "concurrency", "budget"]
 METRICS: tuple[Metric, ...] = ("concurrency", "requests", "tokens", "budget")

@@ -16,6 +16,14 @@ from __future__ import annotations
 
 import re
 
+__all__ = [
+    "DURATION_HELP",
+    "DURATION_PATTERN",
+    "DURATION_UNITS",
+    "parse_duration",
+    "short",
+]
+
 DURATION_UNITS = {
     "ms": 0.001,
     "s": 1.0,

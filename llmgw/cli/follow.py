@@ -24,10 +24,17 @@ EXIT_TIMEOUT = 124  # as timeout(1): the fleet may still get there
 
 @dataclass(frozen=True, slots=True)
 class ModelLine:
+    """One model's progress: what `apply --wait` judges and `llmgw up` prints (a new line when it changes)."""
+
     name: str
     health: str
     ready: int
     target: int
+    detail: str = ""  # what the replicas that are not ready are doing ("1 starting", "fetching weights: 40%")
+
+    def render(self) -> str:
+        tail = f" ({self.detail})" if self.detail else ""
+        return f"model {self.name}: {self.health}, {self.ready}/{self.target} ready{tail}"
 
 
 @dataclass(frozen=True, slots=True)

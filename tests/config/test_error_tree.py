@@ -68,3 +68,11 @@ def test_an_invalid_repo_raises_config_invalid_error_with_every_line(tmp_path: P
         build_desired(tmp_path, "rev", "test")
     assert caught.value.errors and all(str(tmp_path) not in line for line in caught.value.errors)
     assert any("m.yaml:" in line for line in caught.value.errors)
+
+
+async def test_a_source_that_cannot_be_read_says_when_it_is_tried_again(tmp_path: Path) -> None:
+    from llmgw.adapters.sources import DirectorySource
+
+    with pytest.raises(SourceUnavailable, match="not a directory") as caught:
+        await DirectorySource(tmp_path / "missing", interval_s=2.5).poll()
+    assert caught.value.delay == 2.5

@@ -8,7 +8,6 @@ is what lets the router look a key up by its hash on every request.
 
 from __future__ import annotations
 
-import re
 import secrets
 from dataclasses import dataclass
 
@@ -21,9 +20,6 @@ from llmgw.store import ApiKey, KeyLookup, Store, StoreError
 KEY_RANDOM_BYTES = 32
 DISPLAY_CHARS = 4  # characters after the prefix kept for display ("sk-llmgw-AbCd...")
 
-_DURATION = re.compile(r"^([0-9]+)(s|m|h|d|w)$")
-_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-
 
 @dataclass(frozen=True)
 class NewKey:
@@ -35,16 +31,6 @@ class NewKey:
 
 def generate_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(KEY_RANDOM_BYTES)
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in `30d`, `12h`, `90m`, `2w`, `45s`."""
-    match = _DURATION.match(text.strip())
-    if match is None or int(match.group(1)) == 0:
-        raise ValueError(
-            f"not a duration: {text!r} (expected a positive whole number and a unit: 45s, 90m, 12h, 30d, 2w)"
-        )
-    return int(match.group(1)) * _UNITS[match.group(2)]
 
 
 async def create_key(

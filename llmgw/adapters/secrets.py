@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.core.config.models import SecretRef
+from llmgw.core.errors import LlmgwError
 from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve
 
 
-class SecretError(Exception):
+class SecretError(LlmgwError):
     """A secret could not be read; the message names where it was looked for, never its value."""
 
 

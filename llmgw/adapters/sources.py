@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Protocol
 
 from llmgw.adapters.repo_files import content_hash
+from llmgw.core.errors import TransientError
 
 
-class SourceUnavailable(Exception):
-    """The source could not be read right now (remote unreachable, directory missing); retried next poll."""
+class SourceUnavailable(TransientError):
+    """The source could not be read right now (remote unreachable, directory missing); `delay`: the source's
+    poll interval, when it is retried."""
 
 
 @dataclass(frozen=True)
@@ -117,11 +119,14 @@ class GitSource:
             repo.git.checkout("--force", "--detach", head.hexsha)
             repo.git.clean("-fdx")
         except (git.GitCommandError, git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError) as exc:
-            raise SourceUnavailable(f"{self.description}: {_redact_url(_first_line(exc))}") from exc
+            raise SourceUnavailable(
+                f"{self.description}: {_redact_url(_first_line(exc))}", delay=self.interval_s
+            ) from exc
         root = (self.clone_dir / self.subpath).resolve()
         if not root.is_dir():
             raise SourceUnavailable(
-                f"{self.description}: sub-path {self.subpath!r} does not exist at {head.hexsha[:12]}"
+                f"{self.description}: sub-path {self.subpath!r} does not exist at {head.hexsha[:12]}",
+                delay=self.interval_s,
             )
         return Checkout(head.hexsha, root, self.description)
 
@@ -150,7 +155,7 @@ class DirectorySource:
 
     def _poll_sync(self) -> Checkout:
         if not self.path.is_dir():
-            raise SourceUnavailable(f"{self.description}: not a directory")
+            raise SourceUnavailable(f"{self.description}: not a directory", delay=self.interval_s)
         try:
             stamp = tuple(
                 sorted(
@@ -163,5 +168,5 @@ class DirectorySource:
                 self._revision = content_hash(self.path)
                 self._stamp = stamp
         except OSError as exc:
-            raise SourceUnavailable(f"{self.description}: {exc}") from exc
+            raise SourceUnavailable(f"{self.description}: {exc}", delay=self.interval_s) from exc
         return Checkout(self._revision, self.path, self.description)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import LiveState
 
 TOKEN_ENV = "LLMGW_TOKEN"
@@ -41,7 +42,7 @@ TOKEN_FILE_NAME = "admin-token"
 DEFAULT_CONTROLLER = "http://127.0.0.1:7070"
 
 
-class AdminError(Exception):
+class AdminError(LlmgwError):
     """Talking to the controller failed; the message says what happened and what to try."""
 
     def __init__(self, message: str, status: int | None = None, body: Any = None) -> None:

@@ -13,7 +13,7 @@ import logging
 import signal
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
@@ -28,6 +28,10 @@ from llmgw.cli.admin_client import (
     plaintext_warning,
     resolve_token,
 )
+from llmgw.core.words import short
+
+if TYPE_CHECKING:
+    from llmgw.controller.settings import ControllerSettings
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:7070"
 
@@ -56,116 +60,134 @@ def register(app: typer.Typer) -> None:
 # ---------------------------------------------------------------------------------------------- run
 
 
+# The flags of `llmgw controller`; each also a key of the --config file (the settings' names).
+_RepoOpt = Annotated[str | None, typer.Option("--repo", help="Cluster repo: a git URL, or a path")]
+_BranchOpt = Annotated[str | None, typer.Option("--branch", help="Branch to follow (default main)")]
+_SubpathOpt = Annotated[str | None, typer.Option("--subpath", help="Directory of the repo holding the YAML")]
+_PollOpt = Annotated[str | None, typer.Option("--poll", help="How often to fetch the remote, e.g. 30s")]
+_SourceOpt = Annotated[str | None, typer.Option("--source", help="auto, git or directory")]
+_StoreOpt = Annotated[
+    str | None, typer.Option("--store", help="Store DSN: sqlite:///path, postgresql://..., @file")
+]
+_ListenOpt = Annotated[str | None, typer.Option("--listen", help="host:port for agents, routers, admin API")]
+_MetricsListenOpt = Annotated[str | None, typer.Option("--metrics-listen", help="host:port of /metrics")]
+_AdminTokenFileOpt = Annotated[
+    Path | None, typer.Option("--admin-token-file", help="File with the admin token")
+]
+_AdminTokensFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--admin-tokens-file",
+        help="YAML: more admin tokens, name -> {scope: plan|apply|admin, sha256: HEX | file: PATH}",
+    ),
+]
+_StateDirOpt = Annotated[Path | None, typer.Option("--state-dir", help="Clone, generated secrets")]
+_SecretsDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--secrets-dir", help="The repo's {file: NAME} secrets are read here (default STATE_DIR/secrets)"
+    ),
+]
+_SecretEnvPrefixOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--secret-env-prefix", help="The repo's {env: NAME} secrets need this prefix (LLMGW_SECRET_)"
+    ),
+]
+_TlsCertOpt = Annotated[Path | None, typer.Option("--tls-cert", help="Serve TLS with this certificate")]
+_TlsKeyOpt = Annotated[Path | None, typer.Option("--tls-key", help="Key of --tls-cert")]
+_TlsClientCaOpt = Annotated[
+    Path | None, typer.Option("--tls-client-ca", help="Agents need a cert from this CA")
+]
+_CaDirOpt = Annotated[
+    Path | None, typer.Option("--ca-dir", help="Cluster CA directory: TLS, node certificates required")
+]
+_InsecureTokenOnlyRemoteNodesOpt = Annotated[
+    bool | None,
+    typer.Option(
+        "--insecure-token-only-remote-nodes",
+        help="INSECURE: bootstrap remote Nodes with a bearer token in clear, no cluster CA",
+    ),
+]
+_HaOpt = Annotated[
+    bool | None,
+    typer.Option("--ha/--no-ha", help="Share the store with other controllers: lead by lease, else stand by"),
+]
+_AdvertiseOpt = Annotated[
+    str | None,
+    typer.Option("--advertise", help="With --ha: the URL others are told to reach this one at"),
+]
+_ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file of these settings (flags win)")]
+_LogLevelOpt = Annotated[str, typer.Option("--log-level")]
+
+
 def controller(
-    repo: Annotated[str | None, typer.Option("--repo", help="Cluster repo: a git URL, or a path")] = None,
-    branch: Annotated[str | None, typer.Option("--branch", help="Branch to follow (default main)")] = None,
-    subpath: Annotated[
-        str | None, typer.Option("--subpath", help="Directory of the repo holding the YAML")
-    ] = None,
-    poll: Annotated[
-        str | None, typer.Option("--poll", help="How often to fetch the remote, e.g. 30s")
-    ] = None,
-    source: Annotated[str | None, typer.Option("--source", help="auto, git or directory")] = None,
-    store: Annotated[
-        str | None, typer.Option("--store", help="Store DSN: sqlite:///path, postgresql://..., @file")
-    ] = None,
-    listen: Annotated[
-        str | None, typer.Option("--listen", help="host:port for agents, routers, admin API")
-    ] = None,
-    metrics_listen: Annotated[
-        str | None, typer.Option("--metrics-listen", help="host:port of /metrics")
-    ] = None,
-    admin_token_file: Annotated[
-        Path | None, typer.Option("--admin-token-file", help="File with the admin token")
-    ] = None,
-    admin_tokens_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--admin-tokens-file",
-            help="YAML: more admin tokens, name -> {scope: plan|apply|admin, sha256: HEX | file: PATH}",
-        ),
-    ] = None,
-    state_dir: Annotated[Path | None, typer.Option("--state-dir", help="Clone, generated secrets")] = None,
-    secrets_dir: Annotated[
-        Path | None,
-        typer.Option(
-            "--secrets-dir", help="The repo's {file: NAME} secrets are read here (default STATE_DIR/secrets)"
-        ),
-    ] = None,
-    secret_env_prefix: Annotated[
-        str | None,
-        typer.Option(
-            "--secret-env-prefix", help="The repo's {env: NAME} secrets need this prefix (LLMGW_SECRET_)"
-        ),
-    ] = None,
-    tls_cert: Annotated[
-        Path | None, typer.Option("--tls-cert", help="Serve TLS with this certificate")
-    ] = None,
-    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Key of --tls-cert")] = None,
-    tls_client_ca: Annotated[
-        Path | None, typer.Option("--tls-client-ca", help="Agents need a cert from this CA")
-    ] = None,
-    ca_dir: Annotated[
-        Path | None, typer.Option("--ca-dir", help="Cluster CA directory: TLS, node certificates required")
-    ] = None,
-    insecure_token_only_remote_nodes: Annotated[
-        bool | None,
-        typer.Option(
-            "--insecure-token-only-remote-nodes",
-            help="INSECURE: bootstrap remote Nodes with a bearer token in clear, no cluster CA",
-        ),
-    ] = None,
-    ha: Annotated[
-        bool | None,
-        typer.Option(
-            "--ha/--no-ha", help="Share the store with other controllers: lead by lease, else stand by"
-        ),
-    ] = None,
-    advertise: Annotated[
-        str | None,
-        typer.Option("--advertise", help="With --ha: the URL others are told to reach this one at"),
-    ] = None,
-    config: Annotated[
-        Path | None, typer.Option("--config", help="YAML file of these settings (flags win)")
-    ] = None,
-    log_level: Annotated[str, typer.Option("--log-level")] = "INFO",
+    repo: _RepoOpt = None,
+    branch: _BranchOpt = None,
+    subpath: _SubpathOpt = None,
+    poll: _PollOpt = None,
+    source: _SourceOpt = None,
+    store: _StoreOpt = None,
+    listen: _ListenOpt = None,
+    metrics_listen: _MetricsListenOpt = None,
+    admin_token_file: _AdminTokenFileOpt = None,
+    admin_tokens_file: _AdminTokensFileOpt = None,
+    state_dir: _StateDirOpt = None,
+    secrets_dir: _SecretsDirOpt = None,
+    secret_env_prefix: _SecretEnvPrefixOpt = None,
+    tls_cert: _TlsCertOpt = None,
+    tls_key: _TlsKeyOpt = None,
+    tls_client_ca: _TlsClientCaOpt = None,
+    ca_dir: _CaDirOpt = None,
+    insecure_token_only_remote_nodes: _InsecureTokenOnlyRemoteNodesOpt = None,
+    ha: _HaOpt = None,
+    advertise: _AdvertiseOpt = None,
+    config: _ConfigOpt = None,
+    log_level: _LogLevelOpt = "INFO",
 ) -> None:
     """Run the controller: follow the cluster repo, place replicas through agents, tell routers."""
+    from llmgw.controller.app import run_controller
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    flags = {
+        "repo": repo,
+        "branch": branch,
+        "subpath": subpath,
+        "source": source,
+        "store": store,
+        "listen": listen,
+        "metrics_listen": metrics_listen,
+        "admin_token_file": admin_token_file,
+        "admin_tokens_file": admin_tokens_file,
+        "state_dir": state_dir,
+        "secrets_dir": secrets_dir,
+        "secret_env_prefix": secret_env_prefix,
+        "tls_cert": tls_cert,
+        "tls_key": tls_key,
+        "tls_client_ca": tls_client_ca,
+        "ca_dir": ca_dir,
+        "insecure_token_only_remote_nodes": insecure_token_only_remote_nodes,
+        "ha": ha,
+        "advertise": advertise,
+    }
+    settings = controller_settings(config, flags, poll)
+    asyncio.run(_run_until_signal(run_controller, settings))
+
+
+def controller_settings(config: Path | None, flags: dict[str, Any], poll: str | None) -> ControllerSettings:
+    """The settings from the --config file with the flags given over it; a mistake exits with its message."""
     from pydantic import ValidationError
 
-    from llmgw.controller.app import run_controller
     from llmgw.controller.settings import (
         ControllerSettings,
         SettingsError,
         load_settings_file,
-        parse_duration,
+        setting_duration,
     )
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         values: dict[str, Any] = load_settings_file(config) if config else {}
-        flags = {
-            "repo": repo,
-            "branch": branch,
-            "subpath": subpath,
-            "poll_s": parse_duration(poll) if poll else None,
-            "source": source,
-            "store": store,
-            "listen": listen,
-            "metrics_listen": metrics_listen,
-            "admin_token_file": admin_token_file,
-            "admin_tokens_file": admin_tokens_file,
-            "state_dir": state_dir,
-            "secrets_dir": secrets_dir,
-            "secret_env_prefix": secret_env_prefix,
-            "tls_cert": tls_cert,
-            "tls_key": tls_key,
-            "tls_client_ca": tls_client_ca,
-            "ca_dir": ca_dir,
-            "insecure_token_only_remote_nodes": insecure_token_only_remote_nodes,
-            "ha": ha,
-            "advertise": advertise,
-        }
+        flags = {**flags, "poll_s": setting_duration("--poll", poll) if poll else None}
         values.update({k: v for k, v in flags.items() if v is not None})
         values.setdefault("store", "sqlite:///.llmgw/state/llmgw.db")
         if "repo" not in values:
@@ -180,7 +202,7 @@ def controller(
             first = exc.errors()[0]
             _fail(f"controller setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
         _fail(str(exc))
-    asyncio.run(_run_until_signal(run_controller, settings))
+    return settings
 
 
 async def _run_until_signal(run: Any, settings: Any) -> None:
@@ -229,10 +251,6 @@ def _styled(value: str, styles: dict[str, str]) -> str:
     return f"[{style}]{value}[/{style}]" if style else value
 
 
-def _short(revision: str | None) -> str:
-    return "-" if not revision else revision.split(":", 1)[-1][:12]
-
-
 def _ago(at: float | None) -> str:
     if not at:
         return "-"
@@ -253,13 +271,13 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
     console = Console()
     applied, seen = data.get("applied"), data.get("seen")
     console.print(
-        f"revision [bold]{_short(applied and applied['revision'])}[/bold] applied {_ago(applied and applied['applied_at'])}"
+        f"revision [bold]{short(applied and applied['revision'], missing='-')}[/bold] applied {_ago(applied and applied['applied_at'])}"
         f" from {applied['source'] if applied else '-'}",
         highlight=False,
     )
     sync = data.get("sync", "Unknown")
     console.print(
-        f"sync     {_styled(sync, {'Synced': 'green', 'OutOfSync': 'yellow'})} (seen {_short(seen and seen['revision'])})",
+        f"sync     {_styled(sync, {'Synced': 'green', 'OutOfSync': 'yellow'})} (seen {short(seen and seen['revision'], missing='-')})",
         highlight=False,
     )
     nodes = data.get("nodes", {})
@@ -281,7 +299,7 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
     refused = data.get("refused")
     if refused:
         console.print(
-            f"[red]revision {_short(refused['revision'])} refused[/red] ({len(refused['errors'])} error(s)):"
+            f"[red]revision {short(refused['revision'], missing='-')} refused[/red] ({len(refused['errors'])} error(s)):"
         )
         for line in refused["errors"]:
             console.print(f"  {line}", highlight=False, markup=False)

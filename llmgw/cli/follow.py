@@ -15,6 +15,7 @@ from typing import Any, Literal
 import typer
 
 from llmgw.cli.admin_client import AdminClient, AdminError
+from llmgw.core.words import short
 
 EXIT_DONE = 0
 EXIT_FAILED = 1
@@ -23,10 +24,17 @@ EXIT_TIMEOUT = 124  # as timeout(1): the fleet may still get there
 
 @dataclass(frozen=True, slots=True)
 class ModelLine:
+    """One model's progress: what `apply --wait` judges and `llmgw up` prints (a new line when it changes)."""
+
     name: str
     health: str
     ready: int
     target: int
+    detail: str = ""  # what the replicas that are not ready are doing ("1 starting", "fetching weights: 40%")
+
+    def render(self) -> str:
+        tail = f" ({self.detail})" if self.detail else ""
+        return f"model {self.name}: {self.health}, {self.ready}/{self.target} ready{tail}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,10 +53,6 @@ class Progress:
         """One plain line: what a log of a CI job shows."""
         models = ", ".join(f"{m.name} {m.health} {m.ready}/{m.target}" for m in self.models) or "no models"
         return f"{self.sync}, applied {short(self.applied)}; {models}"
-
-
-def short(revision: str | None) -> str:
-    return "none" if revision is None else revision.split(":", 1)[-1][:12]
 
 
 def progress(status: dict[str, Any], revision: str, *, was_applied: bool) -> Progress:

@@ -11,8 +11,9 @@ import asyncio
 import io
 import os
 import re
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal, NoReturn, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, cast
 
 import typer
 from rich.console import Console
@@ -22,6 +23,9 @@ from llmgw.adapters.repo_files import load_repo
 from llmgw.core.config.models import NAME_PATTERN, Cluster, Node, SecretRef
 from llmgw.core.config.schemas import ID_BASE, schema_file_name
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy, SecretRefError, resolve
+
+if TYPE_CHECKING:
+    from llmgw.adapters.ssh.bootstrap import Step
 
 RepoOpt = Annotated[Path, typer.Option("--repo", help="Cluster repo directory")]
 CaOpt = Annotated[
@@ -217,54 +221,57 @@ def node_router_cert(
     )
 
 
+_WheelhouseOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--wheelhouse", help="Prebuilt agent wheels (default: built into .llmgw/controller/wheelhouse)"
+    ),
+]
+_PrefixOpt = Annotated[str, typer.Option("--prefix", help="Install prefix on the node")]
+_AuthOpt = Annotated[str, typer.Option("--auth", help="tls (cluster CA) or token (development)")]
+_ServiceOpt = Annotated[str, typer.Option("--service", help="auto, systemd or process")]
+_ControllerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--controller",
+        envvar="LLMGW_CONTROLLER",
+        help="Admin URL to watch for registration (needed with --token-file or $LLMGW_TOKEN)",
+    ),
+]
+_TokenFileOpt = Annotated[Path | None, typer.Option("--token-file", help="Admin token file")]
+_WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the agent to register")]
+_RegisterTimeoutOpt = Annotated[float, typer.Option("--register-timeout", help="Seconds")]
+_InsecureAcceptHostKeyOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure-accept-host-key", help="Accept any host key (first contact on a trusted network)"
+    ),
+]
+
+
 @node_app.command("bootstrap")
 def node_bootstrap(
     name: Annotated[str, typer.Argument(help="Node declared in the repo")],
     repo: RepoOpt = Path("."),
     ca_dir: CaOpt = DEFAULT_STATE / "ca",
-    wheelhouse: Annotated[
-        Path | None,
-        typer.Option(
-            "--wheelhouse", help="Prebuilt agent wheels (default: built into .llmgw/controller/wheelhouse)"
-        ),
-    ] = None,
-    prefix: Annotated[str, typer.Option("--prefix", help="Install prefix on the node")] = "/opt/llmgw",
-    auth: Annotated[str, typer.Option("--auth", help="tls (cluster CA) or token (development)")] = "tls",
-    service: Annotated[str, typer.Option("--service", help="auto, systemd or process")] = "auto",
-    controller: Annotated[
-        str | None,
-        typer.Option(
-            "--controller",
-            envvar="LLMGW_CONTROLLER",
-            help="Admin URL to watch for registration (needed with --token-file or $LLMGW_TOKEN)",
-        ),
-    ] = None,
-    token_file: Annotated[Path | None, typer.Option("--token-file", help="Admin token file")] = None,
-    wait: Annotated[bool, typer.Option("--wait/--no-wait", help="Wait for the agent to register")] = True,
-    register_timeout: Annotated[float, typer.Option("--register-timeout", help="Seconds")] = 120.0,
-    insecure_accept_host_key: Annotated[
-        bool,
-        typer.Option(
-            "--insecure-accept-host-key", help="Accept any host key (first contact on a trusted network)"
-        ),
-    ] = False,
+    wheelhouse: _WheelhouseOpt = None,
+    prefix: _PrefixOpt = "/opt/llmgw",
+    auth: _AuthOpt = "tls",
+    service: _ServiceOpt = "auto",
+    controller: _ControllerOpt = None,
+    token_file: _TokenFileOpt = None,
+    wait: _WaitOpt = True,
+    register_timeout: _RegisterTimeoutOpt = 120.0,
+    insecure_accept_host_key: _InsecureAcceptHostKeyOpt = False,
     secrets_dir: SecretsDirOpt = DEFAULT_STATE / "secrets",
     secret_env_prefix: EnvPrefixOpt = DEFAULT_ENV_PREFIX,
 ) -> None:
     """Bootstrap one node now: check, install the agent, configure, start, wait for it to register."""
     from llmgw.adapters.ssh import wheels
-    from llmgw.adapters.ssh.bootstrap import BootstrapOptions, Step, bootstrap_node
+    from llmgw.adapters.ssh.bootstrap import BootstrapOptions, bootstrap_node
     from llmgw.adapters.ssh.ca import ClusterCA
     from llmgw.adapters.ssh.remote import StepFailed, target_for
     from llmgw.adapters.ssh.render import Layout, prefix_problem
-    from llmgw.cli.admin_client import (
-        AdminClient,
-        AdminError,
-        choose_controller,
-        default_token_files,
-        environ,
-        resolve_token,
-    )
 
     if auth not in ("tls", "token") or service not in ("auto", "systemd", "process"):
         _fail("--auth takes tls or token; --service takes auto, systemd or process")
@@ -289,38 +296,10 @@ def node_bootstrap(
     except (StepFailed, wheels.WheelhouseError) as exc:
         _fail(str(exc))
 
-    client: AdminClient | None = None
-    if wait:
-        env = environ()
-        try:
-            admin_token = resolve_token(token_file, env, default_token_files(repo, Path.cwd()))
-            # The repo's controller.address only for a local controller's own token (L5, admin_client).
-            client = AdminClient(choose_controller(controller, address, admin_token), admin_token)
-        except AdminError as exc:
-            _fail(f"{exc} (or pass --no-wait)")
-
-    async def registered(node_name: str, since: float) -> bool:
-        # The admin API has no registration time comparable to ours: a Ready node is taken as registered.
-        assert client is not None
-        try:
-            data = await asyncio.to_thread(client.get, "/api/v1/nodes")
-        except AdminError:
-            return False
-        return any(n.get("name") == node_name and n.get("state") == "Ready" for n in data.get("nodes", []))
-
-    console = Console()
-    style = {"changed": "yellow", "unchanged": "green", "failed": "red", "skipped": "dim"}
-
-    def on_step(node_name: str, step: Step) -> None:
-        console.print(
-            f"{node_name}  {step.name:<12} [{style[step.status]}]{step.status:<9}[/]  {step.detail}",
-            highlight=False,
-        )
-
     opts = BootstrapOptions(
         controllers=(address,),
         wheelhouse=house,
-        registered=registered if wait else None,
+        registered=_registration_check(controller, token_file, repo, address) if wait else None,
         ca=ca,
         token=token,
         layout=Layout(prefix=prefix),
@@ -331,11 +310,52 @@ def node_bootstrap(
             e: {"path": s.path, "version": s.version}
             for e, s in (settings.engines if settings else {}).items()
         },
-        on_step=on_step,
+        on_step=_print_step,
     )
     result = asyncio.run(bootstrap_node(target, opts))
     if not result.ok:
         raise typer.Exit(1)
+
+
+def _registration_check(
+    controller: str | None, token_file: Path | None, repo: Path, address: str
+) -> Callable[[str, float], Awaitable[bool]]:
+    """`registered(node, since)` over the admin API: a Ready node is taken as registered (the admin API has
+    no registration time comparable to ours)."""
+    from llmgw.cli.admin_client import (
+        AdminClient,
+        AdminError,
+        choose_controller,
+        default_token_files,
+        environ,
+        resolve_token,
+    )
+
+    try:
+        admin_token = resolve_token(token_file, environ(), default_token_files(repo, Path.cwd()))
+        # The repo's controller.address only for a local controller's own token (L5, admin_client).
+        client = AdminClient(choose_controller(controller, address, admin_token), admin_token)
+    except AdminError as exc:
+        _fail(f"{exc} (or pass --no-wait)")
+
+    async def registered(node_name: str, since: float) -> bool:
+        try:
+            data = await asyncio.to_thread(client.get, "/api/v1/nodes")
+        except AdminError:
+            return False
+        return any(n.get("name") == node_name and n.get("state") == "Ready" for n in data.get("nodes", []))
+
+    return registered
+
+
+_STEP_STYLE = {"changed": "yellow", "unchanged": "green", "failed": "red", "skipped": "dim"}
+
+
+def _print_step(node_name: str, step: Step) -> None:
+    Console().print(
+        f"{node_name}  {step.name:<12} [{_STEP_STYLE[step.status]}]{step.status:<9}[/]  {step.detail}",
+        highlight=False,
+    )
 
 
 # ---------------------------------------------------------------------------------------------- engine-check

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import getpass
-import hashlib
 import json
 import socket
 import sys
@@ -26,10 +25,11 @@ import typer
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import admin_client, follow
 from llmgw.cli.admin_client import AdminClient, AdminError
+from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import LiveState
 from llmgw.core.repo import LoadResult
+from llmgw.core.words import short
 
-PLAN_FORMAT = "llmgw-plan/v1"
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
 
@@ -45,7 +45,7 @@ class Send(StrEnum):
     files = "files"
 
 
-class Refused(Exception):
+class Refused(LlmgwError):
     """The command cannot go on; the message says why and what to do. Exit code 1."""
 
 
@@ -177,84 +177,46 @@ def _read_state(path: Path) -> LiveState:
 # ------------------------------------------------------------------------------------------------ plan files
 
 
-def plan_digest(plan_dict: dict[str, Any]) -> str:
-    """What the plan would do, without the hashes that name the inputs: equal digests, equal actions."""
-    body = {k: v for k, v in plan_dict.items() if k not in ("live_state_hash",)}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
 def _write_plan_file(out: Path, path: Path, result: LoadResult, made: Any, source: str) -> None:
-    from llmgw.adapters.repo_files import content_hash
-    from llmgw.core.plan import to_dict
+    from llmgw.core.plan import saved_plan
 
     assert result.repo is not None
-    body = to_dict(made)
-    saved = {
-        "format": PLAN_FORMAT,
-        "created_at": time.time(),
-        "repo": {
-            "path": str(path.resolve()),
-            "revision": result.repo.revision,
-            "content_hash": content_hash(path),
-        },
-        "live": {"source": source, "revision": made.live_revision, "state_hash": made.live_state_hash},
-        "digest": plan_digest(body),
-        "plan": body,
-    }
+    saved = saved_plan(
+        made,
+        repo_path=str(path.resolve()),
+        repo_revision=result.repo.revision,
+        repo_content_hash=_content_hash(path),
+        live_source=source,
+        created_at=time.time(),
+    )
     out.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def read_plan_file(path: Path) -> dict[str, Any] | None:
     """The saved plan at `path`, or None when it is not a plan file (then it is a repo path)."""
+    from llmgw.core.plan import parse_saved_plan
+
     if not path.is_file() or path.suffix in (".yaml", ".yml"):
         return None
     try:
-        body = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return parse_saved_plan(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
         return None
-    if not isinstance(body, dict) or body.get("format") != PLAN_FORMAT:
-        return None
-    return body
 
 
-def check_plan_current(saved: dict[str, Any], result: LoadResult, live: LiveState) -> None:
-    """Refuse a saved plan made against another repo content or another live state."""
-    from llmgw.adapters.repo_files import content_hash
-    from llmgw.core.plan import plan_for_catalog, to_dict
+def check_saved_plan(saved: dict[str, Any], result: LoadResult, live: LiveState) -> None:
+    """core.plan's staleness rule over the repo directory as it is now (raises StalePlan)."""
+    from llmgw.core.plan import check_plan_current
 
     assert result.repo is not None
-    repo = saved["repo"]
-    if content_hash(repo["path"]) != repo["content_hash"]:
-        raise Refused(
-            f"the cluster repo at {repo['path']} changed after the plan was made; "
-            "run `llmgw plan --out FILE` again and apply the new plan"
-        )
-    was = saved["live"]
-    if live.revision != was["revision"]:
-        raise Refused(
-            f"the saved plan is stale: it was made against revision {_short(was['revision'])}, and the "
-            f"controller has applied {_short(live.revision)} since; run `llmgw plan --out FILE` again"
-        )
-    if live.content_hash() == was["state_hash"]:
-        return
-    # The fleet moved (a replica became ready, a node's free disk changed): fine only if the plan did not.
-    now = to_dict(plan_for_catalog(result.repo.catalog, live))
-    if plan_digest(now) != saved["digest"]:
-        raise Refused(
-            f"the saved plan is stale: the live state changed after it was made (state "
-            f"{was['state_hash'][:12]} -> {live.content_hash()[:12]}) and the plan would now be different "
-            f"({now['summary']}); run `llmgw plan --out FILE` again"
-        )
+    current = _content_hash(Path(saved["repo"]["path"]))
+    check_plan_current(saved, repo_content_hash=current, catalog=result.repo.catalog, live=live)
 
 
 def _content_hash(path: Path) -> str:
     from llmgw.adapters.repo_files import content_hash
 
     return content_hash(path)
-
-
-def _short(revision: str | None) -> str:
-    return "none" if revision is None else revision.split(":", 1)[-1][:12]
 
 
 # ------------------------------------------------------------------------------------------------ apply
@@ -292,13 +254,13 @@ def apply(
     ] = None,
 ) -> None:
     """Send the cluster repo (or a saved plan) to the controller; with --wait, follow it to Healthy."""
-    from llmgw.controller.settings import SettingsError, parse_duration
+    from llmgw.controller.settings import SettingsError, setting_duration
 
     try:
-        limit_s = parse_duration(timeout)
-        degraded_s = parse_duration(degraded_for)
+        limit_s = setting_duration("--timeout", timeout)
+        degraded_s = setting_duration("--degraded-for", degraded_for)
     except SettingsError as exc:
-        _fail(f"--timeout/--degraded-for: {exc}")
+        _fail(str(exc))
     saved = read_plan_file(target)
     path = Path(saved["repo"]["path"]) if saved else target
     if saved is not None and revision is None:
@@ -316,23 +278,23 @@ def apply(
             named = revision_like_source(path, client.status())
             result = result if named is None else load_repo(path, revision=named)
         if saved is not None:
-            check_plan_current(saved, result, client.state())
+            check_saved_plan(saved, result, client.state())
         assert result.repo is not None
         rev = result.repo.revision or _content_hash(path)
         reply = _send(client, path, rev, send, actor or _actor(admin_client.environ()))
         _nudge(client)
-    except (AdminError, Refused) as exc:
+    except LlmgwError as exc:  # AdminError, Refused, StalePlan: each says what to do
         _fail(str(exc))
     if reply.get("result") == "refused":
         errors = [str(e) for e in reply.get("errors", [])]
-        typer.echo(f"The controller refused revision {_short(rev)}:", err=True)
+        typer.echo(f"The controller refused revision {short(rev)}:", err=True)
         for line in errors:
             typer.echo(f"  {line}", err=True)
         raise typer.Exit(1)
     # The controller names what it applied (an unverifiable label becomes apply:<content hash>): follow that.
     rev = str(reply.get("revision") or rev)
     word = {"applied": "applied", "unchanged": "already applied"}.get(str(reply.get("result")), "sent")
-    typer.echo(f"Revision {_short(rev)} {word} on {client.url}.")
+    typer.echo(f"Revision {short(rev)} {word} on {client.url}.")
     if not wait:
         raise typer.Exit(0)
     raise typer.Exit(follow.follow(client, rev, limit_s, interval, sys.stdout.isatty(), degraded_s))

@@ -31,6 +31,7 @@ from rich.table import Column, Table
 
 from llmgw.adapters import keys as keymod
 from llmgw.cli import admin_client
+from llmgw.core.words import parse_duration
 from llmgw.store import DEFAULT_DSN, USAGE_GROUPS, ApiKey, Store, StoreError, UsageGroup, UsageTotal
 from llmgw.store.move import move_store
 
@@ -167,7 +168,7 @@ def keys_create(
 ) -> None:
     """Create a key and print it once: only its hash is kept."""
     try:
-        expires_in = keymod.parse_duration(expires) if expires else None
+        expires_in = parse_duration(expires, bare_seconds=False, positive=True) if expires else None
     except ValueError as exc:
         _fail(f"--expires: {exc}")
     if store is None:
@@ -264,7 +265,7 @@ def usage(
         _fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}")
     group: UsageGroup = by  # narrowed by the membership test above
     try:
-        start = time.time() - keymod.parse_duration(since) if since else None
+        start = time.time() - parse_duration(since, bare_seconds=False, positive=True) if since else None
     except ValueError as exc:
         _fail(f"--since: {exc}")
     totals = _run(store, lambda s: s.usage_totals(group, since=start))

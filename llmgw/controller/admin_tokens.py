@@ -28,6 +28,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from llmgw.core.errors import LlmgwError
+
 Scope = Literal["plan", "apply", "admin"]
 SCOPES: tuple[Scope, ...] = ("plan", "apply", "admin")
 _RANK: dict[Scope, int] = {scope: i for i, scope in enumerate(SCOPES)}
@@ -36,7 +38,7 @@ _NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class AdminTokenError(ValueError):
+class AdminTokenError(LlmgwError, ValueError):
     """The tokens file is wrong; the message names the file, the token's name and what would be right."""
 
 

@@ -29,7 +29,7 @@ from llmgw.controller.credentials import (
     node_token_refusal,
     router_token_ok,
 )
-from llmgw.controller.desired import Desired, RepoInvalid, build_desired
+from llmgw.controller.desired import Desired, build_desired
 from llmgw.controller.hub import AgentClient, AgentHub, HubTimings
 from llmgw.controller.lease import LeaderLease, Leadership, LeaseConfig
 from llmgw.controller.metrics import ControllerMetrics
@@ -43,7 +43,9 @@ from llmgw.controller.state import (
     SeenRevision,
     WorkerState,
 )
+from llmgw.core.errors import ConfigInvalidError
 from llmgw.core.security import node_token, router_token
+from llmgw.core.words import short
 from llmgw.store.records import Revision
 from llmgw.store.store import Store
 
@@ -359,7 +361,7 @@ class Controller:
             return "refused"  # already said once; not again every poll
         try:
             desired = await asyncio.to_thread(build_desired, checkout.root, checkout.revision, checkout.where)
-        except RepoInvalid as exc:
+        except ConfigInvalidError as exc:
             await self._refuse(checkout, exc.errors, actor, actor_detail)
             return "refused"
         await self._apply(desired, actor, actor_detail)
@@ -504,13 +506,6 @@ class Controller:
 
 # The app's key for the controller: the admin API and the router endpoints both read it.
 CONTROLLER: web.AppKey[Controller] = web.AppKey("controller", Controller)
-
-
-def short(revision: str | None) -> str:
-    """A revision for messages: 12 hex digits of a SHA or of a content hash (`sha256:...`)."""
-    if revision is None:
-        return "none"
-    return revision.split(":", 1)[-1][:12]
 
 
 def admin_token_from(settings: ControllerSettings) -> str:

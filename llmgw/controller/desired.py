@@ -1,7 +1,7 @@
 """The desired state the controller serves: one immutable value per applied revision.
 
 `build_desired` runs the same pipeline as `llmgw validate` (`llmgw.adapters.repo_files.load_repo`), so the controller and
-the CLI can never disagree about what is valid; it raises RepoInvalid with every error found.
+the CLI can never disagree about what is valid; it raises ConfigInvalidError with every error found.
 """
 
 from __future__ import annotations
@@ -13,16 +13,10 @@ from pathlib import Path
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.core.catalog import Catalog, ModelEntry
-from llmgw.core.config.models import ClusterSpec, duration_seconds
+from llmgw.core.config.models import ClusterSpec
+from llmgw.core.errors import ConfigInvalidError
 from llmgw.core.fleet import ModelView, model_views
-
-
-class RepoInvalid(Exception):
-    """A revision failed validation. `errors` are `file:line:col path: message` lines."""
-
-    def __init__(self, errors: list[str]) -> None:
-        super().__init__(f"{len(errors)} error(s) in the cluster repo")
-        self.errors = errors
+from llmgw.core.words import parse_duration
 
 
 @dataclass(frozen=True)
@@ -62,19 +56,19 @@ class Desired:
     # Timings from the Cluster document, in seconds.
     @property
     def heartbeat_interval_s(self) -> float:
-        return duration_seconds(self.cluster.controller.heartbeat_interval)
+        return parse_duration(self.cluster.controller.heartbeat_interval)
 
     @property
     def unreachable_after_s(self) -> float:
-        return duration_seconds(self.cluster.controller.unreachable_after)
+        return parse_duration(self.cluster.controller.unreachable_after)
 
     @property
     def lost_after_s(self) -> float:
-        return duration_seconds(self.cluster.controller.lost_after)
+        return parse_duration(self.cluster.controller.lost_after)
 
     @property
     def resync_interval_s(self) -> float:
-        return duration_seconds(self.cluster.controller.resync_interval)
+        return parse_duration(self.cluster.controller.resync_interval)
 
 
 def build_desired(root: Path, revision: str, source: str) -> Desired:
@@ -84,5 +78,5 @@ def build_desired(root: Path, revision: str, source: str) -> Desired:
         prefix = str(root).rstrip("/") + "/"
         errors = [str(e).replace(prefix, "") for e in result.errors if e.severity == "error"]
         errors = errors or ["the cluster repo did not load"]
-        raise RepoInvalid(errors)
+        raise ConfigInvalidError(errors)
     return Desired(revision, source, root, result.repo.catalog.with_revision(revision))

@@ -36,6 +36,7 @@ from pydantic import ValidationError
 
 from llmgw.controller.background import Background
 from llmgw.controller.credentials import Grant, valid_node_name
+from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
 
 log = logging.getLogger("llmgw.controller.hub")
@@ -46,7 +47,7 @@ REGISTER_TIMEOUT_S = 10.0
 MAX_NODES = 4096  # links kept at once; a flood of made-up names past this is refused
 
 
-class AgentError(Exception):
+class AgentError(LlmgwError):
     """A command could not be carried out on a node (not connected, refused, timed out)."""
 
 

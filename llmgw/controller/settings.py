@@ -6,30 +6,26 @@ Cluster-wide settings (heartbeat interval, unreachable/lost times, token, secret
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llmgw.core.errors import LlmgwError
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
-
-_DURATION = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d)?\s*$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+from llmgw.core.words import parse_duration
 
 
-class SettingsError(ValueError):
+class SettingsError(LlmgwError, ValueError):
     """A controller setting is wrong; the message says which and what would be right."""
 
 
-def parse_duration(text: str | float | int) -> float:
-    """Seconds in `30s`, `500ms`, `2m`, or a bare number of seconds."""
-    if isinstance(text, int | float):
-        return float(text)
-    match = _DURATION.match(text)
-    if match is None:
-        raise SettingsError(f"not a duration: {text!r} (expected e.g. 500ms, 30s, 2m)")
-    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+def setting_duration(what: str, value: str | float | int) -> float:
+    """A duration setting or flag in `llmgw.core.words`' grammar; a bare number is seconds."""
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise SettingsError(f"{what}: {exc}") from exc
 
 
 def parse_hostport(text: str, what: str) -> tuple[str, int]:
@@ -225,7 +221,7 @@ def load_settings_file(path: Path) -> dict[str, object]:
             "lease_renew",
             "webhook_min_interval",
         ):
-            out[f"{name}_s"] = parse_duration(value)
+            out[f"{name}_s"] = setting_duration(f"{path}: {key}", value)
         else:
             out[name] = value
     return out

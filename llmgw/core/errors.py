@@ -1,8 +1,21 @@
 """The project's one exception tree.
 
-Every error llmgw raises on purpose derives from `LlmgwError`, so an edge (a CLI command, an HTTP handler) can
-turn any of them into a clear message with one `except`, and tracebacks never reach a user or a client.
-Add subclasses here rather than defining exception bases elsewhere.
+Every error llmgw (and llmgw_router) raises on purpose derives from `LlmgwError`, so an edge (a CLI command,
+an HTTP handler) can turn any of them into a clear message with one `except`, and tracebacks never reach a
+user or a client. Third-party errors (sqlite3, psycopg, git, aiohttp, asyncssh) are translated at the adapter
+that calls the library, never further in.
+
+    LlmgwError
+    ├── ConfigInvalidError      the cluster repo did not validate (controller.desired, every error with position)
+    ├── CatalogError            Catalog.build refused its documents
+    ├── TransientError(delay)   worth retrying: store.StoreUnavailable, adapters.sources.SourceUnavailable,
+    │                           llmgw_router.proxy.UpstreamUnavailable
+    └── the rest, defined beside the code that raises them: StoreError, SpoolError, SecretError,
+        SecretRefError, AgentError, WheelhouseError, CAError, StepFailed, SettingsError, ApiError, ...
+
+A class that must also be caught as a standard one (an OSError in an aiohttp path, a ValueError of pydantic)
+names both bases; tests/config/test_error_tree.py holds every exception class of llmgw and llmgw_router to
+this root. The agent is separate: it imports nothing of llmgw.
 """
 
 from __future__ import annotations
@@ -11,25 +24,21 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from llmgw.core.config.errors import ConfigError, SemanticError
+    from llmgw.core.config.errors import SemanticError
+
+__all__ = ["CatalogError", "ConfigInvalidError", "LlmgwError", "TransientError"]
 
 
 class LlmgwError(Exception):
     """Base of every error llmgw raises on purpose."""
 
 
-class UsageError(LlmgwError):
-    """A command or API was called with arguments that cannot work (bad path, bad option)."""
-
-
 class ConfigInvalidError(LlmgwError):
-    """The cluster repo did not validate; `errors` holds every problem found, with positions."""
+    """The cluster repo did not validate; `errors` holds every problem, each a `file:line:col: path: message` line."""
 
-    def __init__(self, errors: Sequence[ConfigError]) -> None:
-        self.errors: tuple[ConfigError, ...] = tuple(errors)
-        first = self.errors[0].format_text() if self.errors else "no details"
-        more = f" (and {len(self.errors) - 1} more)" if len(self.errors) > 1 else ""
-        super().__init__(f"cluster repo is invalid: {first}{more}")
+    def __init__(self, errors: Sequence[str]) -> None:
+        self.errors: list[str] = list(errors)
+        super().__init__(f"{len(self.errors)} error(s) in the cluster repo")
 
 
 class CatalogError(LlmgwError):
@@ -45,16 +54,9 @@ class CatalogError(LlmgwError):
         super().__init__(f"catalog is invalid: {first}{more}")
 
 
-class NotFoundError(LlmgwError):
-    """Something named does not exist (a model, a node, a project)."""
-
-
-class ConflictError(LlmgwError):
-    """The request conflicts with the current state (already exists, changed meanwhile)."""
-
-
 class TransientError(LlmgwError):
-    """A failure worth retrying later; `delay` is the suggested wait in seconds, when known."""
+    """A failure worth retrying. `delay`: seconds to wait first, when the raiser knows (0: at once, elsewhere);
+    None leaves it to the caller's own schedule (the next poll, the lease's renew interval, its backoff)."""
 
     def __init__(self, message: str, delay: float | None = None) -> None:
         super().__init__(message)

@@ -27,6 +27,7 @@ __all__ = [
     "GIB",
     "DesiredNode",
     "GpuView",
+    "IfUndeclared",
     "LiveGpu",
     "LiveNode",
     "LiveReplica",
@@ -42,6 +43,7 @@ __all__ = [
     "ShardView",
     "desired_nodes",
     "model_views",
+    "undeclared_words",
     "weights_key",
 ]
 

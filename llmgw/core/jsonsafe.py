@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from llmgw.core.errors import LlmgwError
+
 __all__ = ["MAX_DEPTH", "JsonTooDeep", "loads"]
 
 MAX_DEPTH = 128
 
 
-class JsonTooDeep(ValueError):
+class JsonTooDeep(LlmgwError, ValueError):
     """The document nests arrays or objects deeper than MAX_DEPTH."""
 
     def __init__(self) -> None:

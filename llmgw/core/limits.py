@@ -14,6 +14,36 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from llmgw.core.config import models as config
+from llmgw.core.words import parse_duration
+
+__all__ = [
+    "MICROS",
+    "MINUTE",
+    "RATE_HEADER_METRICS",
+    "Allowed",
+    "Budget",
+    "Decision",
+    "Estimate",
+    "Level",
+    "LevelLimits",
+    "LevelState",
+    "Meter",
+    "Metric",
+    "RateMetric",
+    "Refused",
+    "Tenant",
+    "decide",
+    "format_reset",
+    "level_limits",
+    "limit_key",
+    "need",
+    "put_rate_headers",
+    "rate_headers",
+    "request_cost",
+    "to_micros",
+    "window_bounds",
+    "windowed_limits",
+]
 
 Level = Literal["organization", "team", "project"]
 Metric = Literal["requests", "tokens", "concurrency", "budget"]
@@ -47,7 +77,7 @@ def level_limits(declared: config.Limits) -> LevelLimits:
         rpm=declared.rpm,
         tpm=declared.tpm,
         concurrency=declared.concurrency,
-        budget=Budget(budget.amount, config.duration_seconds(budget.period)) if budget is not None else None,
+        budget=Budget(budget.amount, parse_duration(budget.period)) if budget is not None else None,
     )
 
 

@@ -30,9 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
-from llmgw.core.config.models import duration_seconds
 from llmgw.core.fleet import ModelState, ModelView, NodeView, ReplicaView
 from llmgw.core.placement import IdFactory, Placement, Placer, ShardPlacement
+from llmgw.core.words import parse_duration
 
 __all__ = [
     "Action",
@@ -370,7 +370,7 @@ def _scale(
     idle_words = ""
     if mode == "run":
         target = max(target, min(asked, scaling.max))
-        idle = duration_seconds(scaling.idle_timeout) if scaling.idle_timeout is not None else idle_default
+        idle = parse_duration(scaling.idle_timeout) if scaling.idle_timeout is not None else idle_default
         if idle is not None and count > scaling.min:
             created = [r.created_at for r in mp.alive]
             activity = max([last_used if last_used is not None else -math.inf, *created])

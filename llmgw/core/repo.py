@@ -25,6 +25,8 @@ from llmgw.core.config.validation import DocumentChecker, make_validators
 from llmgw.core.config.yamlpos import ParsedDocument, Positions, parse_yaml
 from llmgw.core.errors import CatalogError
 
+__all__ = ["LoadResult", "LoadedDocument", "Repo", "content_hash_of", "default_schemas", "validate_files"]
+
 
 @dataclass(frozen=True)
 class LoadedDocument:

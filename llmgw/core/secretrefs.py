@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from llmgw.core.config.models import SecretRef
+from llmgw.core.errors import LlmgwError
 
 __all__ = [
     "DEFAULT_ENV_PREFIX",
@@ -39,7 +40,7 @@ __all__ = [
 DEFAULT_ENV_PREFIX = "LLMGW_SECRET_"
 
 
-class SecretRefError(Exception):
+class SecretRefError(LlmgwError):
     """A secret reference was refused or could not be read; the message names the rule or the place, never
     the value."""
 

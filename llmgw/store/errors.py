@@ -3,12 +3,14 @@ imports no psycopg or sqlite3 through this module."""
 
 from __future__ import annotations
 
+from llmgw.core.errors import LlmgwError, TransientError
+
 __all__ = ["StoreError", "StoreUnavailable"]
 
 
-class StoreError(Exception):
+class StoreError(LlmgwError):
     """A store operation failed (bad DSN, constraint, schema from the future, ...)."""
 
 
-class StoreUnavailable(StoreError):
+class StoreUnavailable(StoreError, TransientError):
     """The database could not be reached or did not answer; the operation may be retried."""

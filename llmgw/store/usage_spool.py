@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 from typing import IO
 
+from llmgw.core.errors import LlmgwError
 from llmgw.store.records import UsageRecord
 
 log = logging.getLogger(__name__)
@@ -34,7 +35,7 @@ _SEGMENT = re.compile(r"^usage-(\d{12})\.jsonl$")
 _FIELDS = {f.name for f in dataclasses.fields(UsageRecord)}
 
 
-class SpoolError(Exception):
+class SpoolError(LlmgwError):
     """The spool directory cannot be used; the message says which and what to do."""
 
 

@@ -18,12 +18,13 @@ import aiohttp
 import aiohttp.abc
 from aiohappyeyeballs import AddrInfoType
 
+from llmgw.core.errors import LlmgwError
 from llmgw.core.security import forbidden_address_reason
 
 __all__ = ["ForbiddenAddress", "checked_addresses", "checked_socket", "client_connector"]
 
 
-class ForbiddenAddress(OSError):
+class ForbiddenAddress(LlmgwError, OSError):
     """A connection would go to a link-local or metadata address."""
 
     def __init__(self, host: str, why: str) -> None:

@@ -11,10 +11,12 @@ from collections.abc import Mapping
 
 from aiohttp import web
 
+from llmgw.core.errors import LlmgwError
+
 __all__ = ["ApiError", "error_body", "error_response"]
 
 
-class ApiError(Exception):
+class ApiError(LlmgwError):
     """A refusal the client is told about: status, OpenAI type and code, a precise message."""
 
     def __init__(

@@ -43,6 +43,7 @@ from urllib.parse import urlsplit
 
 from aiohappyeyeballs import AddrInfoType
 
+from llmgw.core.errors import LlmgwError
 from llmgw_router.egress import checked_addresses
 
 __all__ = ["EngineClient", "EngineResponse", "UpstreamHttpError"]
@@ -58,7 +59,7 @@ _DIGITS = re.compile(rb"[0-9]+")  # not int(): it takes "+3", "-3", "1_0" and sp
 _HEX = re.compile(rb"[0-9A-Fa-f]{1,15}")  # not int(x, 16): it takes "0x3", "+3", "_"
 
 
-class UpstreamHttpError(OSError):
+class UpstreamHttpError(LlmgwError, OSError):
     """The engine's connection failed or it answered something that is not HTTP/1.1."""
 
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from llmgw.core.errors import LlmgwError, TransientError
 from llmgw_router.egress import ForbiddenAddress
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.fields import DROPPED_HEADER, FieldPlan, apply_plan
@@ -30,7 +31,7 @@ _FLUSH_WITHOUT_SEPARATOR = 64 * 1024
 DEFAULT_WRITE_TIMEOUT = 30.0
 
 
-class _ClientStalled(ConnectionResetError):
+class _ClientStalled(LlmgwError, ConnectionResetError):
     """The client accepted none of a write for the write timeout: treated as gone (it is cut off)."""
 
 
@@ -47,11 +48,11 @@ async def _write(request: web.Request, resp: web.StreamResponse, chunk: bytes, l
         raise _ClientStalled(f"the client read nothing for {limit_s:g}s") from None
 
 
-class UpstreamUnavailable(Exception):
+class UpstreamUnavailable(TransientError):
     """The endpoint could not be reached or failed before the client saw anything: safe to retry elsewhere."""
 
     def __init__(self, reason: str) -> None:
-        super().__init__(reason)
+        super().__init__(reason, delay=0.0)  # on another endpoint, at once
         self.reason = reason
 
 

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 
 from llmgw_agent.engines import metric_mapping
 
-from llmgw.core.config.models import RoutingPolicySpec, duration_seconds
+from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
 from llmgw.core.tenancy import TenantChain, allowed, tenant_chain
+from llmgw.core.words import parse_duration
 from llmgw_router.breaker import BreakerState
 from llmgw_router.scheduler import Candidate
 from llmgw_router.scrape_parse import MetricNames, Sample
@@ -182,9 +183,9 @@ class RoutingTable:
             lookup=lookup,
             names_of=names_of,
             endpoints={k: tuple(v) for k, v in by_model.items()},
-            scrape_interval=duration_seconds(settings.scrape_interval),
-            stale_after=duration_seconds(settings.stale_after),
-            admission_timeout=duration_seconds(settings.admission.timeout),
+            scrape_interval=parse_duration(settings.scrape_interval),
+            stale_after=parse_duration(settings.stale_after),
+            admission_timeout=parse_duration(settings.admission.timeout),
         )
 
 

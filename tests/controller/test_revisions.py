@@ -12,7 +12,7 @@ import pytest
 from support import wait_for
 
 from llmgw.adapters.repo_files import content_hash
-from llmgw.controller.core import short
+from llmgw.core.words import short
 
 from .helpers import (
     Admin,

@@ -10,7 +10,7 @@ import pytest
 from llmgw.cli.admin_client import DEFAULT_STATE_DIR, TOKEN_FILE_NAME
 from llmgw.controller.core import admin_token_from
 from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.settings import ControllerSettings, SettingsError, load_settings_file, parse_duration
+from llmgw.controller.settings import ControllerSettings, SettingsError, load_settings_file, setting_duration
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "controller.md"
 ROW = re.compile(r"^\| `(llmgw_controller_[a-z_]+)` \| (\w+) \|", re.MULTILINE)
@@ -33,9 +33,13 @@ def test_settings_file_and_durations(tmp_path: Path) -> None:
     assert settings.metrics_hostport == ("0.0.0.0", 9100)
     assert settings.source_kind() == "directory"
     assert ControllerSettings(repo="https://git.example/c.git", store="x").source_kind() == "git"
-    assert parse_duration("30") == 30.0
-    with pytest.raises(SettingsError, match="not a duration"):
-        parse_duration("soon")
+    assert setting_duration("--poll", "30") == 30.0 and setting_duration("--poll", 2.5) == 2.5
+    assert setting_duration("--poll", " 1.5 m ") == 90.0
+    with pytest.raises(SettingsError, match="--poll: not a duration"):
+        setting_duration("--poll", "soon")
+    path.write_text("repo: /srv/cluster\nstore: x\ndrain: soon\n")
+    with pytest.raises(SettingsError, match="drain: not a duration"):
+        load_settings_file(path)
     with pytest.raises(ValueError, match="not host:port"):
         ControllerSettings(repo=".", store="x", listen="7070")
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from llmgw.adapters.repo_files import load_repo
+from llmgw.cli.follow import ModelLine
 from llmgw.cli.up import (
-    ModelLine,
-    Progress,
+    ProgressLog,
     UpError,
     UpSettings,
     admin_hint,
@@ -113,7 +113,7 @@ def test_admin_hint_names_the_flags_only_when_they_are_needed(tmp_path: Path) ->
 
 def test_progress_prints_a_line_per_change_not_per_poll() -> None:
     out = io.StringIO()
-    progress = Progress(out)
+    progress = ProgressLog(out)
     for line in [
         "model a: Progressing, 0/1 ready",
         "model a: Progressing, 0/1 ready",

@@ -16,7 +16,8 @@ from gitops.repo_fixture import live_state, sim_model, write_repo
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import admin_client, follow
 from llmgw.cli.main import app
-from llmgw.cli.plan_cmds import Refused, check_plan_current, read_plan_file
+from llmgw.cli.plan_cmds import check_saved_plan, read_plan_file
+from llmgw.core.plan import StalePlan
 
 SUMMARY = "Plan: 1 to start, 1 to restart, 1 to stop. 1 model cannot be placed."
 
@@ -131,27 +132,27 @@ def test_plan_file_refuses_when_the_live_state_moved_on(tmp_path: Path, repo: Pa
     assert saved is not None and saved["repo"]["path"] == str(repo.resolve())
     loaded = load_repo(repo)
     live = live_state(repo)
-    check_plan_current(saved, loaded, live)  # the same state: fine
+    check_saved_plan(saved, loaded, live)  # the same state: fine
 
     # A node's free disk moved: the hash changed, the plan did not: still fine.
     jitter = live.model_copy(
         update={"nodes": [n.model_copy(update={"disk_free_bytes": 1}) for n in live.nodes]}
     )
     assert jitter.content_hash() != saved["live"]["state_hash"]
-    check_plan_current(saved, loaded, jitter)
+    check_saved_plan(saved, loaded, jitter)
 
     # A replica became something else: the plan would differ.
     moved = live.model_copy(update={"replicas": live.replicas[:1]})
-    with pytest.raises(Refused, match="live state changed after it was made"):
-        check_plan_current(saved, loaded, moved)
+    with pytest.raises(StalePlan, match="live state changed after it was made"):
+        check_saved_plan(saved, loaded, moved)
     # Another revision was applied meanwhile.
-    with pytest.raises(Refused, match=r"run `llmgw plan --out FILE` again") as info:
-        check_plan_current(saved, loaded, live.model_copy(update={"revision": "f00d" * 10}))
+    with pytest.raises(StalePlan, match=r"run `llmgw plan --out FILE` again") as info:
+        check_saved_plan(saved, loaded, live.model_copy(update={"revision": "f00d" * 10}))
     assert "f00df00df00d" in str(info.value)
     # The repo changed after the plan.
     (repo / "models" / "sim-new.yaml").write_text(sim_model("sim-new", decode_ms=3))
-    with pytest.raises(Refused, match="changed after the plan was made"):
-        check_plan_current(saved, load_repo(repo), live)
+    with pytest.raises(StalePlan, match="changed after the plan was made"):
+        check_saved_plan(saved, load_repo(repo), live)
 
 
 def test_apply_refuses_an_invalid_repo_before_talking_to_anyone(repo: Path) -> None:

@@ -1,11 +1,29 @@
-"""The names other parts import from the decision modules: removing one is a breaking change."""
+"""The names other parts import from the core: each face's `__all__` says them, and nothing else is reached.
+
+A face is a module or package directly under `llmgw.core` (`llmgw.core.config` has none: its modules are
+imported by name). Removing a name from an `__all__` is a breaking change; importing a name a face does not
+export is reaching into its inside.
+"""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import pkgutil
+from pathlib import Path
+
+import pytest
+
+import llmgw.core
 import llmgw.core.fleet
 import llmgw.core.placement
 import llmgw.core.plan
 import llmgw.core.reconcile
+
+ROOT = Path(__file__).parents[2]
+FACES = sorted(
+    f"llmgw.core.{info.name}" for info in pkgutil.iter_modules(llmgw.core.__path__) if info.name != "config"
+)
 
 
 def test_public_api():
@@ -22,10 +40,16 @@ def test_public_api():
     }
     assert set(llmgw.core.plan.__all__) >= {
         "make_plan",
+        "plan_for_catalog",
+        "catalog_documents",
         "render",
         "render_text",
         "render_json",
         "render_markdown",
+        "to_dict",
+        "plan_digest",
+        "check_plan_current",
+        "StalePlan",
     }
     assert set(llmgw.core.fleet.__all__) >= {
         "LiveState",
@@ -34,6 +58,51 @@ def test_public_api():
         "ModelView",
         "model_views",
     }
-    for module in (llmgw.core.fleet, llmgw.core.placement, llmgw.core.plan, llmgw.core.reconcile):
-        for name in module.__all__:
-            assert hasattr(module, name), f"{module.__name__}.{name}"
+
+
+def test_the_faces_are_found():
+    assert {"llmgw.core.catalog", "llmgw.core.errors", "llmgw.core.plan", "llmgw.core.words"} <= set(FACES)
+
+
+@pytest.mark.parametrize("face", FACES)
+def test_every_face_declares_what_it_exports(face: str) -> None:
+    module = importlib.import_module(face)
+    exported = getattr(module, "__all__", None)
+    assert exported is not None, f"{face} has no __all__"
+    assert len(set(exported)) == len(exported), f"{face}.__all__ names something twice"
+    for name in exported:
+        assert hasattr(module, name), f"{face}.__all__ names {name}, which it does not define"
+
+
+def _imports_of_faces() -> list[tuple[str, str, str]]:
+    """(file:line, face, name) for every `from <face> import name` in the shipped code."""
+    found = []
+    for top in ("llmgw", "router/llmgw_router"):
+        for path in sorted((ROOT / top).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module in FACES:
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    found += [(where, node.module, alias.name) for alias in node.names]
+    return found
+
+
+def test_everything_imported_from_a_face_is_in_its_all() -> None:
+    uses = _imports_of_faces()
+    assert uses, "the walk found no imports of the core: it proves nothing"
+    outside = [
+        f"{where}: {name} from {face}"
+        for where, face, name in uses
+        if not face.startswith(_package_of(where)) and name not in importlib.import_module(face).__all__
+    ]
+    assert outside == [], "import these through the face's __all__ (or add them to it):\n" + "\n".join(
+        outside
+    )
+
+
+def _package_of(where: str) -> str:
+    """A face's own modules may use its inside; `llmgw/core/plan/diff.py:3` -> `llmgw.core.plan`."""
+    parts = where.split(":", 1)[0].removesuffix(".py").split("/")
+    if parts[0] == "router":
+        parts = parts[1:]
+    return ".".join(parts[:3]) if parts[:2] == ["llmgw", "core"] and len(parts) > 3 else "\0"

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 
 from llmgw.adapters import keys
+from llmgw.core.words import parse_duration
 from llmgw.store import Store
 
 
 async def test_key_lifecycle(store: Store) -> None:
-    new = await keys.create_key(
-        store, "playground", now=1000.0, name="ci", expires_in=keys.parse_duration("30d")
-    )
+    new = await keys.create_key(store, "playground", now=1000.0, name="ci", expires_in=parse_duration("30d"))
     assert new.plaintext.startswith("sk-llmgw-") and len(new.plaintext) >= len("sk-llmgw-") + 43
     assert new.key.prefix == new.plaintext[:13]
     # Only the hash is stored: the plaintext appears in no column of the row.
@@ -43,10 +44,13 @@ async def test_keys_are_unique_and_never_expire_by_default(store: Store) -> None
     assert found is not None and found.state == "active" and found.expires_at is None
 
 
-def test_parse_duration() -> None:
-    assert keys.parse_duration("30d") == 30 * 86400
-    assert keys.parse_duration("12h") == 43200
-    assert keys.parse_duration("2w") == 14 * 86400
+def test_key_lifetimes_read_as_before() -> None:
+    """`keys create --expires` and `usage --since` take a positive duration with its unit written."""
+    lifetime = functools.partial(parse_duration, bare_seconds=False, positive=True)
+    assert lifetime("30d") == 30 * 86400
+    assert lifetime("12h") == 43200
+    assert lifetime("2w") == 14 * 86400
+    assert lifetime("90m") == 5400 and lifetime("45s") == 45
     for bad in ("30", "d", "0d", "-1d", "1y"):
         with pytest.raises(ValueError, match="not a duration"):
-            keys.parse_duration(bad)
+            lifetime(bad)

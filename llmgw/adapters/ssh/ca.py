@@ -31,6 +31,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from llmgw.core.errors import LlmgwError
+
 CA_VALIDITY = dt.timedelta(days=3650)
 LEAF_VALIDITY = dt.timedelta(days=397)
 # A leaf this close to expiry is reissued by the next bootstrap (or controller start).
@@ -41,11 +43,11 @@ CONTROLLER_NAME = "llmgw-controller"
 ROUTER_PREFIX = "router:"
 
 
-class CAError(Exception):
+class CAError(LlmgwError):
     """The CA directory cannot be used as it is (missing, unreadable, inconsistent)."""
 
 
-class PeerRejected(Exception):
+class PeerRejected(LlmgwError):
     """An agent's certificate passed the TLS chain check but must not be accepted."""
 
 

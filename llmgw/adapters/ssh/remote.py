@@ -20,10 +20,11 @@ from pathlib import Path
 import asyncssh
 
 from llmgw.core.config.models import Node, SecretRef
+from llmgw.core.errors import LlmgwError
 from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve, resolve_path
 
 
-class StepFailed(Exception):
+class StepFailed(LlmgwError):
     """A step could not be done; the message is what the operator reads."""
 
 

@@ -28,6 +28,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw.core.errors import LlmgwError
+
 MANIFEST = "wheelhouse.json"
 REQUIREMENTS = "requirements.txt"
 CONSTRAINTS = "constraints.txt"
@@ -37,7 +39,7 @@ AGENT_DIST = "llmgw_agent"
 _NOT_PINNED = {"llmgw", "llmgw-agent", "llmgw-router"}
 
 
-class WheelhouseError(Exception):
+class WheelhouseError(LlmgwError):
     pass
 
 

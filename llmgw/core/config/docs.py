@@ -7,8 +7,9 @@ from typing import Any
 
 from llmgw_agent import repo_rules
 
-from llmgw.core.config.models import DOCUMENT_KINDS, DURATION_PATTERN, NAME_PATTERN
+from llmgw.core.config.models import DOCUMENT_KINDS, NAME_PATTERN
 from llmgw.core.config.schemas import kind_schema, schema_file_name
+from llmgw.core.words import DURATION_PATTERN
 
 INTRO = """\
 # The cluster repo
@@ -49,6 +50,11 @@ inside the document, what is wrong and what would be right:
    without tensor parallelism or multiple nodes, vLLM/SGLang/TRT-LLM with a `gpu_class`, a MIG class takes
    one device, `scaling.min <= max`, an on-demand model (`min: 0`) has an `idle_timeout`, referenced routing
    policies and tenant parents exist, at most one `Cluster` document (none: all defaults).
+
+A *duration* is a whole number and a unit: `ms`, `s`, `m`, `h`, `d` or `w` (weeks of 7 days), written together:
+`500ms`, `30s`, `10m`, `1h`, `30d`, `2w`. It is the same grammar as every duration flag of the `llmgw`
+commands and the controller's settings (`llmgw.core.words.parse_duration`), which also take decimals
+(`1.5m`) and, where a flag says so, a bare number of seconds.
 
 Editors: start each file with `# yaml-language-server: $schema=<relative path>/schemas/<kind>.schema.json`
 (or `cluster-repo.schema.json` for a file mixing kinds) for completion and inline errors.

@@ -7,10 +7,11 @@ need the whole repo (names unique, fallbacks resolve, ...) live in llmgw.core.ca
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from llmgw.core.words import DURATION_PATTERN
 
 API_VERSION = "llmgw/v1"
 
@@ -19,21 +20,13 @@ EngineName = Literal["sim", "llamacpp", "vllm", "sglang", "trtllm"]
 CPU_ENGINES: frozenset[str] = frozenset({"sim", "llamacpp"})
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
-DURATION_PATTERN = r"^[0-9]+(ms|s|m|h|d)$"
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Lower-case name: letters, digits, . _ -")]
+# The grammar and its units are llmgw.core.words' (parse_duration reads these); the repo writes whole numbers.
 Duration = Annotated[
-    str, Field(pattern=DURATION_PATTERN, description="A duration: a whole number and a unit (ms, s, m, h, d)")
+    str,
+    Field(pattern=DURATION_PATTERN, description="A duration: a whole number and a unit (ms, s, m, h, d, w)"),
 ]
-
-
-def duration_seconds(text: str) -> float:
-    """Seconds in a Duration string such as `30s` or `30d` (already validated by the pattern)."""
-    match = re.fullmatch(r"([0-9]+)(ms|s|m|h|d)", text)
-    if match is None:
-        raise ValueError(f"not a duration: {text!r} (expected e.g. 30s, 10m, 1h, 30d)")
-    return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
 class Strict(BaseModel):

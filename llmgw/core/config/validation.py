@@ -19,14 +19,15 @@ from pydantic import BaseModel
 from pydantic import ValidationError as PydanticError
 
 from llmgw.core.config.errors import ConfigError, PathPart, format_path
-from llmgw.core.config.models import API_VERSION, DOCUMENT_KINDS, DURATION_PATTERN, NAME_PATTERN
+from llmgw.core.config.models import API_VERSION, DOCUMENT_KINDS, NAME_PATTERN
 from llmgw.core.config.yamlpos import ParsedDocument
+from llmgw.core.words import DURATION_PATTERN
 
 Path = tuple[PathPart, ...]
 SECRET_HINT = "write `{env: NAME}` or `{file: PATH}`"
 _PATTERN_HINTS = {
     NAME_PATTERN: "use lower-case letters, digits, `.`, `_` and `-`, starting and ending with a letter or digit",
-    DURATION_PATTERN: "write a whole number and a unit: 500ms, 30s, 10m, 1h, 30d",
+    DURATION_PATTERN: "write a whole number and a unit (ms, s, m, h, d, w): 500ms, 30s, 10m, 1h, 30d, 2w",
     r"^[0-9a-f]{64}$": "write 64 lower-case hexadecimal digits",
 }
 _JSON_TYPES = {
@@ -45,7 +46,7 @@ def make_validators(schemas: Mapping[str, Mapping[str, Any]]) -> dict[str, Draft
     return {kind: Draft202012Validator(dict(schema)) for kind, schema in schemas.items()}
 
 
-def short(value: Any, limit: int = 40) -> str:
+def written(value: Any, limit: int = 40) -> str:
     """A value as it would be written, shortened for a message."""
     try:
         text = json.dumps(value, ensure_ascii=False)
@@ -103,7 +104,7 @@ class DocumentChecker:
         if not isinstance(kind, str) or kind not in DOCUMENT_KINDS:
             hint = did_you_mean(kind, DOCUMENT_KINDS) if isinstance(kind, str) else None
             report(
-                ("kind",), f"unknown kind {short(kind)}", hint or f"use one of {', '.join(DOCUMENT_KINDS)}"
+                ("kind",), f"unknown kind {written(kind)}", hint or f"use one of {', '.join(DOCUMENT_KINDS)}"
             )
             return None, errors
         validator = self.validators[kind]
@@ -157,16 +158,16 @@ class DocumentChecker:
             else:
                 expected = value if isinstance(value, list) else [value]
                 want = " or ".join(str(_JSON_TYPES.get(str(t), t)) for t in expected)
-                report(path, f"expected {want}, got {_JSON_TYPES[_json_type(instance)]} {short(instance)}")
+                report(path, f"expected {want}, got {_JSON_TYPES[_json_type(instance)]} {written(instance)}")
         elif keyword == "enum":
             choices = [str(c) for c in value]
             close = did_you_mean(str(instance), choices) if isinstance(instance, str) else None
-            report(path, f"{short(instance)} is not one of: {', '.join(choices)}", close)
+            report(path, f"{written(instance)} is not one of: {', '.join(choices)}", close)
         elif keyword == "const":
-            report(path, f"must be {short(value)}, not {short(instance)}", f"write {short(value)}")
+            report(path, f"must be {written(value)}, not {written(instance)}", f"write {written(value)}")
         elif keyword == "pattern":
             hint = _PATTERN_HINTS.get(value, f"it must match {value}")
-            report(path, f"{short(instance)} is not a valid value here", hint)
+            report(path, f"{written(instance)} is not a valid value here", hint)
         elif keyword in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
             words = {
                 "minimum": "at least",
@@ -174,7 +175,7 @@ class DocumentChecker:
                 "exclusiveMinimum": "more than",
                 "exclusiveMaximum": "less than",
             }
-            report(path, f"{short(instance)} is out of range: must be {words[keyword]} {value}")
+            report(path, f"{written(instance)} is out of range: must be {words[keyword]} {value}")
         else:
             report(path, error.message[:200])
 

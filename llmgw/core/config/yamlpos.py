@@ -21,6 +21,7 @@ from ruamel.yaml.constructor import DuplicateKeyError
 from ruamel.yaml.error import MarkedYAMLError, YAMLError
 
 from llmgw.core.config.errors import ConfigError, PathPart, format_path
+from llmgw.core.errors import LlmgwError
 
 Path = tuple[PathPart, ...]
 # Alias expansion can make a small file huge (the "billion laughs"); no real cluster repo document comes close.
@@ -63,7 +64,7 @@ class ParsedDocument:
     ok: bool = True  # False when conversion found a problem: later stages skip the document
 
 
-class _TooLarge(Exception):
+class _TooLarge(LlmgwError):
     pass
 
 
@@ -105,7 +106,7 @@ class _Converter:
         out: dict[str, Any] = {}
         lc = getattr(obj, "lc", None)
         for raw_key, raw_value in obj.items():
-            key = raw_key if isinstance(raw_key, str) else _short(raw_key)
+            key = raw_key if isinstance(raw_key, str) else _abbreviated_repr(raw_key)
             sub = (*path, str(key))
             if lc is not None:
                 _record(self.positions.keys, sub, lc.key, raw_key)
@@ -183,7 +184,7 @@ def _type_name(obj: Any) -> str:
     return type(obj).__name__
 
 
-def _short(obj: Any, limit: int = 40) -> str:
+def _abbreviated_repr(obj: Any, limit: int = 40) -> str:
     try:
         text = repr(obj)
     except Exception:

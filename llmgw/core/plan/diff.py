@@ -1,16 +1,14 @@
-"""`llmgw plan`: the difference between the cluster repo and the live fleet, as a value, and its renderings.
+"""`make_plan`: the difference between the cluster repo and the live fleet, as a value.
 
-`make_plan(...)` is pure. It diffs the desired models against the applied ones (which fields changed), and every
-other document the controller reads — Cluster, Node, RoutingPolicy, Organization, Team, Project, a Model's labels —
-against the applied revision's documents (`catalog_documents`, which the controller's live state carries), field
-by field; runs the reconciler in plan mode over the live snapshot (replicas to start and where and why, to stop,
-to restart for a stale profile), compares declared nodes with the nodes seen (bootstrap, drain), and explains
-every model that cannot be placed, node by node. A secret reference is shown as what it names (`{file: name}`,
+It diffs the desired models against the applied ones (which fields changed), and every other document the
+controller reads — Cluster, Node, RoutingPolicy, Organization, Team, Project, a Model's labels — against the
+applied revision's documents (`catalog_documents`, which the controller's live state carries), field by field;
+runs the reconciler in plan mode over the live snapshot (replicas to start and where and why, to stop, to
+restart for a stale profile), compares declared nodes with the nodes seen (bootstrap, drain), and explains every
+model that cannot be placed, node by node. A secret reference is shown as what it names (`{file: name}`,
 `{env: NAME}`): the plan never resolves one, so no secret value can reach it; a literal under a secret-looking
 key (engine env, args) is shown as `(secret)`. "No changes" means the two revisions are equal in everything the
 controller reads.
-Renderers: `render_text` (Terraform's symbols and summary line), `render_json` (stable keys),
-`render_markdown` (a pull-request comment: summary, table, details collapsed).
 """
 
 from __future__ import annotations
@@ -19,8 +17,8 @@ import json
 import random
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -46,27 +44,27 @@ from llmgw.core.fleet import (
     undeclared_words,
 )
 from llmgw.core.placement import Placer
+from llmgw.core.plan.values import (
+    KIND_ORDER,
+    DocumentChange,
+    FieldChange,
+    ModelChange,
+    NodeChange,
+    Plan,
+    ReplicaRestart,
+    ReplicaStart,
+    ReplicaStop,
+    StaleReplica,
+    Unplaceable,
+)
 from llmgw.core.reconcile import RestartReplica, StartReplica, StopReplica, is_stale, reconcile
 
 __all__ = [
-    "DocumentChange",
-    "FieldChange",
-    "ModelChange",
-    "NodeChange",
-    "Plan",
-    "ReplicaRestart",
-    "ReplicaStart",
-    "ReplicaStop",
-    "StaleReplica",
-    "Unplaceable",
     "catalog_documents",
+    "document_changes",
     "exit_code",
     "make_plan",
     "plan_for_catalog",
-    "render",
-    "render_json",
-    "render_markdown",
-    "render_text",
 ]
 
 if TYPE_CHECKING:
@@ -76,163 +74,6 @@ SECRET = "(secret)"
 ABSENT = "(absent)"
 # Keys whose values are masked even where the schema allows a literal (engine env, args).
 _SECRET_WORDS = re.compile(r"(key|token|secret|password|passwd|credential)", re.IGNORECASE)
-
-
-# ---------------------------------------------------------------------------------------------- values
-
-
-@dataclass(frozen=True, slots=True)
-class FieldChange:
-    path: str
-    old: str
-    new: str
-
-
-@dataclass(frozen=True, slots=True)
-class ModelChange:
-    model: str
-    change: Literal["add", "change", "remove"]
-    fields: tuple[FieldChange, ...] = ()
-    summary: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class DocumentChange:
-    """A document of the repo other than a model's spec, changed field by field (`path`s start `spec.` or
-    `metadata.labels.`). The controller applies these without touching a replica, and they are still changes."""
-
-    kind: str
-    name: str
-    change: Literal["add", "change", "remove"]
-    fields: tuple[FieldChange, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaStart:
-    replica_id: str
-    model: str
-    profile: str
-    nodes: tuple[str, ...]
-    gpus: tuple[tuple[int, ...], ...]
-    reason: str  # why a replica is started
-    why_there: str  # why on these nodes
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaStop:
-    replica_id: str
-    model: str
-    profile: str
-    nodes: tuple[str, ...]
-    reason: str
-    drain: bool
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaRestart:
-    replica_id: str
-    model: str
-    profile: str
-    nodes: tuple[str, ...]
-    reason: str
-    new_nodes: tuple[str, ...]  # where its replacement goes; () when it cannot be placed yet
-
-
-@dataclass(frozen=True, slots=True)
-class StaleReplica:
-    """A stale-profile replica that is kept: shown so the cluster never reads as matching its repo."""
-
-    replica_id: str
-    model: str
-    profile: str
-    nodes: tuple[str, ...]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class NodeChange:
-    """`keep`: a node the repo does not declare that the controller leaves as it is — not a change, shown so
-    nobody reads "no changes" as "that machine is out of the fleet"."""
-
-    node: str
-    change: Literal["bootstrap", "drain", "keep"]
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Unplaceable:
-    model: str
-    missing: int
-    # profile -> (summary, node -> reasons in words)
-    profiles: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...]
-    problem: str = ""
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    revision: str | None
-    live_revision: str | None
-    live_state_hash: str
-    models_known: bool  # False: the applied models were not in the live state, so no model diff
-    models: tuple[ModelChange, ...]
-    starts: tuple[ReplicaStart, ...]
-    restarts: tuple[ReplicaRestart, ...]
-    stops: tuple[ReplicaStop, ...]
-    stale: tuple[StaleReplica, ...]
-    nodes: tuple[NodeChange, ...]
-    unplaceable: tuple[Unplaceable, ...]
-    kept: tuple[NodeChange, ...] = ()  # undeclared nodes left as they are (change "keep")
-    documents: tuple[DocumentChange, ...] = ()
-    # False: the repo's documents were to be compared but the live state does not carry the applied ones (a
-    # state saved by an older controller), so nothing can say they are equal.
-    documents_known: bool = True
-
-    @property
-    def has_changes(self) -> bool:
-        """Terraform's exit code 2: something would change (or, documents unknown, may change)."""
-        return bool(
-            self.models
-            or self.documents
-            or not self.documents_known
-            or self.starts
-            or self.restarts
-            or self.stops
-            or self.nodes
-        )
-
-    def configuration_words(self) -> str:
-        """ " Configuration: 1 model, 2 Projects to change." for what changes without a replica action."""
-        counts: dict[str, int] = {}
-        for m in self.models:
-            if m.change == "change":
-                counts["model"] = counts.get("model", 0) + 1
-        for d in self.documents:
-            counts[d.kind] = counts.get(d.kind, 0) + 1
-        if not counts:
-            return ""
-        order = sorted(counts, key=lambda k: (_KIND_ORDER.get(k, len(_KIND_ORDER)), k))
-        parts = [f"{counts[k]} {k}{'s' * (counts[k] != 1)}" for k in order]
-        return f" Configuration: {', '.join(parts)} to change."
-
-    def summary(self) -> str:
-        n = len(self.kept)
-        kept = (
-            f" {n} node{'s' * (n != 1)} not declared in the repo left as {'they are' if n != 1 else 'it is'}."
-        )
-        if not self.has_changes and not self.unplaceable:
-            if self.kept:
-                return "No changes." + kept
-            return "No changes. The fleet matches the cluster repo."
-        text = (
-            f"Plan: {len(self.starts)} to start, {len(self.restarts)} to restart, {len(self.stops)} to stop."
-        )
-        text += self.configuration_words()
-        if not self.documents_known:
-            text += f" {UNKNOWN_DOCUMENTS}."
-        if self.unplaceable:
-            n = len(self.unplaceable)
-            text += f" {n} model{'s' * (n != 1)} cannot be placed."
-        return text + (kept if self.kept else "")
 
 
 # ---------------------------------------------------------------------------------------------- diff
@@ -498,18 +339,6 @@ def _flatten(value: Any, path: str = "") -> dict[str, tuple[str, bool]]:
 
 
 # ---------------------------------------------------------------------------------------------- documents
-
-UNKNOWN_DOCUMENTS = (
-    "The applied Cluster, nodes, routing policies and tenants are not in the live state (saved by an older "
-    "controller?): they were not compared"
-)
-# The order a reviewer reads a plan in: cluster-wide first, tenants from the top, models last.
-_KIND_ORDER = {
-    k: i
-    for i, k in enumerate(
-        ("Cluster", "Node", "RoutingPolicy", "Organization", "Team", "Project", "Model", "model")
-    )
-}
 _SPECS: dict[str, type[BaseModel]] = {
     "Cluster": ClusterSpec,
     "Node": NodeSpec,
@@ -582,7 +411,7 @@ def document_changes(
             out.append(DocumentChange(kind, name, "remove", fields))
         elif fields := _field_diff(before, after):
             out.append(DocumentChange(kind, name, "change", fields))
-    return tuple(sorted(out, key=lambda d: (_KIND_ORDER.get(d.kind, len(_KIND_ORDER)), d.kind, d.name)))
+    return tuple(sorted(out, key=lambda d: (KIND_ORDER.get(d.kind, len(KIND_ORDER)), d.kind, d.name)))
 
 
 def _document_fields(kind: str, doc: Mapping[str, Any], *, with_spec: bool) -> dict[str, tuple[str, bool]]:
@@ -615,259 +444,3 @@ def _flatten_json(value: Any, path: str, *, secret: bool) -> dict[str, tuple[str
             out.update(_flatten_json(value[k], f"{path}.{k}", secret=secret or bool(_SECRET_WORDS.search(k))))
         return out
     return {path: (json.dumps(value, sort_keys=True), secret)}
-
-
-# ---------------------------------------------------------------------------------------------- rendering
-
-Format = Literal["text", "json", "markdown"]
-
-
-def render(plan: Plan, fmt: Format) -> str:
-    if fmt == "json":
-        return render_json(plan)
-    if fmt == "markdown":
-        return render_markdown(plan)
-    return render_text(plan)
-
-
-_SYMBOL = {"add": "+", "change": "~", "remove": "-"}
-
-
-def _field_words(d: DocumentChange, f: FieldChange) -> str:
-    """`old -> new` for a change; only the value that exists for an added or removed document."""
-    if d.change == "add":
-        return f.new
-    if d.change == "remove":
-        return f.old
-    return f"{f.old} -> {f.new}"
-
-
-def _where(nodes: tuple[str, ...]) -> str:
-    return "+".join(nodes) if nodes else "(nowhere yet)"
-
-
-def _lines(plan: Plan) -> list[str]:
-    """The body shared by text and the markdown details: one line per change, Terraform's symbols."""
-    out: list[str] = []
-    if not plan.models_known:
-        out += ["Models: the applied models are not in the live state; no model diff.", ""]
-    if plan.models:
-        out.append("Models:")
-        for m in plan.models:
-            symbol = {"add": "+", "change": "~", "remove": "-"}[m.change]
-            out.append(f"  {symbol} model {m.model}" + (f" ({m.summary})" if m.summary else ""))
-            out += [f"      ~ {f.path}: {f.old} -> {f.new}" for f in m.fields]
-        out.append("")
-    if not plan.documents_known:
-        out += [f"Configuration: {UNKNOWN_DOCUMENTS}.", ""]
-    if plan.documents:
-        out.append("Configuration:")
-        for d in plan.documents:
-            out.append(f"  {_SYMBOL[d.change]} {d.kind} {d.name}")
-            out += [f"      {_SYMBOL[d.change]} {f.path}: {_field_words(d, f)}" for f in d.fields]
-        out.append("")
-    if plan.starts or plan.restarts or plan.stops or plan.stale:
-        out.append("Replicas:")
-        for s in plan.starts:
-            out.append(f"  + start {s.replica_id} ({s.model}/{s.profile}) on {_where(s.nodes)}: {s.reason}")
-            out.append(f"      why there: {s.why_there}")
-        for r in plan.restarts:
-            new = f"; replacement on {_where(r.new_nodes)}" if r.new_nodes else "; replaced once room is free"
-            out.append(
-                f"  -/+ restart {r.replica_id} ({r.model}/{r.profile}) on {_where(r.nodes)}: {r.reason}{new}"
-            )
-        for sp in plan.stops:
-            drain = " (drain first)" if sp.drain else ""
-            out.append(
-                f"  - stop {sp.replica_id} ({sp.model}/{sp.profile}) on {_where(sp.nodes)}: {sp.reason}{drain}"
-            )
-        for st in plan.stale:
-            out.append(
-                f"  ~ stale {st.replica_id} ({st.model}/{st.profile}) on {_where(st.nodes)}: {st.reason}"
-            )
-        out.append("")
-    if plan.nodes:
-        out.append("Nodes:")
-        for n in plan.nodes:
-            symbol = "+" if n.change == "bootstrap" else "-"
-            out.append(f"  {symbol} {n.change} {n.node}: {n.reason}")
-        out.append("")
-    if plan.kept:
-        out.append("Nodes left as they are:")
-        out += [f"  = keep {n.node}: {n.reason}" for n in plan.kept]
-        out.append("")
-    if plan.unplaceable:
-        out.append("Cannot be placed:")
-        for u in plan.unplaceable:
-            out.append(
-                f"  ! {u.model}: {u.missing} replica{'s' * (u.missing != 1)}"
-                + (f" ({u.problem})" if u.problem else "")
-            )
-            for profile, summary, rejected in u.profiles:
-                out.append(f"      profile {profile} ({summary}):")
-                out += [f"        {node}: {words}" for node, words in rejected]
-        out.append("")
-    return out
-
-
-def render_text(plan: Plan) -> str:
-    head = f"llmgw plan: revision {plan.revision or '(working tree)'} against applied {plan.live_revision or '(none)'}"
-    body = _lines(plan)
-    return "\n".join([head, "", *body, plan.summary()]) + "\n"
-
-
-def to_dict(plan: Plan) -> dict[str, Any]:
-    return {
-        "revision": plan.revision,
-        "live_revision": plan.live_revision,
-        "live_state_hash": plan.live_state_hash,
-        "has_changes": plan.has_changes,
-        "summary": plan.summary(),
-        "models_known": plan.models_known,
-        "models": [
-            {
-                "model": m.model,
-                "change": m.change,
-                "summary": m.summary,
-                "fields": [{"path": f.path, "old": f.old, "new": f.new} for f in m.fields],
-            }
-            for m in plan.models
-        ],
-        "replicas": {
-            "start": [
-                {
-                    "id": s.replica_id,
-                    "model": s.model,
-                    "profile": s.profile,
-                    "nodes": list(s.nodes),
-                    "gpus": [list(g) for g in s.gpus],
-                    "reason": s.reason,
-                    "why_there": s.why_there,
-                }
-                for s in plan.starts
-            ],
-            "restart": [
-                {
-                    "id": r.replica_id,
-                    "model": r.model,
-                    "profile": r.profile,
-                    "nodes": list(r.nodes),
-                    "reason": r.reason,
-                    "new_nodes": list(r.new_nodes),
-                }
-                for r in plan.restarts
-            ],
-            "stop": [
-                {
-                    "id": s.replica_id,
-                    "model": s.model,
-                    "profile": s.profile,
-                    "nodes": list(s.nodes),
-                    "reason": s.reason,
-                    "drain": s.drain,
-                }
-                for s in plan.stops
-            ],
-            "stale": [
-                {
-                    "id": s.replica_id,
-                    "model": s.model,
-                    "profile": s.profile,
-                    "nodes": list(s.nodes),
-                    "reason": s.reason,
-                }
-                for s in plan.stale
-            ],
-        },
-        "documents_known": plan.documents_known,
-        "documents": [
-            {
-                "kind": d.kind,
-                "name": d.name,
-                "change": d.change,
-                "fields": [{"path": f.path, "old": f.old, "new": f.new} for f in d.fields],
-            }
-            for d in plan.documents
-        ],
-        "nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.nodes],
-        "kept_nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.kept],
-        "unplaceable": [
-            {
-                "model": u.model,
-                "missing": u.missing,
-                "problem": u.problem,
-                "profiles": [
-                    {"profile": p, "summary": s, "rejected": {node: words for node, words in rejected}}
-                    for p, s, rejected in u.profiles
-                ],
-            }
-            for u in plan.unplaceable
-        ],
-    }
-
-
-def render_json(plan: Plan) -> str:
-    return json.dumps(to_dict(plan), indent=2, sort_keys=True) + "\n"
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-def render_markdown(plan: Plan) -> str:
-    """For a pull-request comment: the summary, one table row per change, the full text folded away."""
-    out = ["### llmgw plan", "", f"**{plan.summary()}**", ""]
-    rows: list[tuple[str, str, str, str]] = []
-    for d in plan.documents:
-        detail = "; ".join(f"`{f.path}`: {_field_words(d, f)}" for f in d.fields) or d.change
-        rows.append((_SYMBOL[d.change], f"{d.kind} `{d.name}`", "", detail))
-    if not plan.documents_known:
-        rows.append(("?", "Cluster, nodes, policies, tenants", "", UNKNOWN_DOCUMENTS))
-    for m in plan.models:
-        detail = m.summary or "; ".join(f"`{f.path}`: {f.old} -> {f.new}" for f in m.fields)
-        rows.append((_SYMBOL[m.change], f"model `{m.model}`", "", detail))
-    for s in plan.starts:
-        rows.append(("+", f"start `{s.replica_id}`", _where(s.nodes), f"{s.reason}; {s.why_there}"))
-    for r in plan.restarts:
-        rows.append(("-/+", f"restart `{r.replica_id}`", _where(r.nodes), r.reason))
-    for sp in plan.stops:
-        rows.append(
-            (
-                "-",
-                f"stop `{sp.replica_id}`",
-                _where(sp.nodes),
-                sp.reason + (" (drain first)" if sp.drain else ""),
-            )
-        )
-    for st in plan.stale:
-        rows.append(("~", f"stale `{st.replica_id}`", _where(st.nodes), st.reason))
-    for n in plan.nodes:
-        rows.append(("+" if n.change == "bootstrap" else "-", f"{n.change} `{n.node}`", n.node, n.reason))
-    for n in plan.kept:
-        rows.append(("=", f"keep `{n.node}`", n.node, n.reason))
-    for u in plan.unplaceable:
-        rows.append(
-            (
-                "!",
-                f"cannot place `{u.model}`",
-                "",
-                f"{u.missing} replica{'s' * (u.missing != 1)}; see details",
-            )
-        )
-    if rows:
-        out += ["| | change | where | why |", "| --- | --- | --- | --- |"]
-        out += [f"| `{a}` | {_cell(b)} | {_cell(c)} | {_cell(d)} |" for a, b, c, d in rows]
-        out.append("")
-    revision = plan.revision or "(working tree)"
-    out += [
-        "<details><summary>Details</summary>",
-        "",
-        "```text",
-        render_text(plan).rstrip("\n"),
-        "```",
-        "",
-        "</details>",
-        "",
-        f"<sub>revision {revision}, live state {plan.live_state_hash[:12]}</sub>",
-    ]
-    return "\n".join(out) + "\n"

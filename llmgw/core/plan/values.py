@@ -1,0 +1,187 @@
+"""The plan as a value: what `make_plan` returns and every renderer reads. Frozen, no behaviour but words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "KIND_ORDER",
+    "UNKNOWN_DOCUMENTS",
+    "DocumentChange",
+    "FieldChange",
+    "ModelChange",
+    "NodeChange",
+    "Plan",
+    "ReplicaRestart",
+    "ReplicaStart",
+    "ReplicaStop",
+    "StaleReplica",
+    "Unplaceable",
+]
+
+UNKNOWN_DOCUMENTS = (
+    "The applied Cluster, nodes, routing policies and tenants are not in the live state (saved by an older "
+    "controller?): they were not compared"
+)
+# The order a reviewer reads a plan in: cluster-wide first, tenants from the top, models last.
+KIND_ORDER = {
+    k: i
+    for i, k in enumerate(
+        ("Cluster", "Node", "RoutingPolicy", "Organization", "Team", "Project", "Model", "model")
+    )
+}
+
+
+@dataclass(frozen=True, slots=True)
+class FieldChange:
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True, slots=True)
+class ModelChange:
+    model: str
+    change: Literal["add", "change", "remove"]
+    fields: tuple[FieldChange, ...] = ()
+    summary: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DocumentChange:
+    """A document of the repo other than a model's spec, changed field by field (`path`s start `spec.` or
+    `metadata.labels.`). The controller applies these without touching a replica, and they are still changes."""
+
+    kind: str
+    name: str
+    change: Literal["add", "change", "remove"]
+    fields: tuple[FieldChange, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStart:
+    replica_id: str
+    model: str
+    profile: str
+    nodes: tuple[str, ...]
+    gpus: tuple[tuple[int, ...], ...]
+    reason: str  # why a replica is started
+    why_there: str  # why on these nodes
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaStop:
+    replica_id: str
+    model: str
+    profile: str
+    nodes: tuple[str, ...]
+    reason: str
+    drain: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaRestart:
+    replica_id: str
+    model: str
+    profile: str
+    nodes: tuple[str, ...]
+    reason: str
+    new_nodes: tuple[str, ...]  # where its replacement goes; () when it cannot be placed yet
+
+
+@dataclass(frozen=True, slots=True)
+class StaleReplica:
+    """A stale-profile replica that is kept: shown so the cluster never reads as matching its repo."""
+
+    replica_id: str
+    model: str
+    profile: str
+    nodes: tuple[str, ...]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NodeChange:
+    """`keep`: a node the repo does not declare that the controller leaves as it is — not a change, shown so
+    nobody reads "no changes" as "that machine is out of the fleet"."""
+
+    node: str
+    change: Literal["bootstrap", "drain", "keep"]
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaceable:
+    model: str
+    missing: int
+    # profile -> (summary, node -> reasons in words)
+    profiles: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...]
+    problem: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    revision: str | None
+    live_revision: str | None
+    live_state_hash: str
+    models_known: bool  # False: the applied models were not in the live state, so no model diff
+    models: tuple[ModelChange, ...]
+    starts: tuple[ReplicaStart, ...]
+    restarts: tuple[ReplicaRestart, ...]
+    stops: tuple[ReplicaStop, ...]
+    stale: tuple[StaleReplica, ...]
+    nodes: tuple[NodeChange, ...]
+    unplaceable: tuple[Unplaceable, ...]
+    kept: tuple[NodeChange, ...] = ()  # undeclared nodes left as they are (change "keep")
+    documents: tuple[DocumentChange, ...] = ()
+    # False: the repo's documents were to be compared but the live state does not carry the applied ones (a
+    # state saved by an older controller), so nothing can say they are equal.
+    documents_known: bool = True
+
+    @property
+    def has_changes(self) -> bool:
+        """Terraform's exit code 2: something would change (or, documents unknown, may change)."""
+        return bool(
+            self.models
+            or self.documents
+            or not self.documents_known
+            or self.starts
+            or self.restarts
+            or self.stops
+            or self.nodes
+        )
+
+    def configuration_words(self) -> str:
+        """ " Configuration: 1 model, 2 Projects to change." for what changes without a replica action."""
+        counts: dict[str, int] = {}
+        for m in self.models:
+            if m.change == "change":
+                counts["model"] = counts.get("model", 0) + 1
+        for d in self.documents:
+            counts[d.kind] = counts.get(d.kind, 0) + 1
+        if not counts:
+            return ""
+        order = sorted(counts, key=lambda k: (KIND_ORDER.get(k, len(KIND_ORDER)), k))
+        parts = [f"{counts[k]} {k}{'s' * (counts[k] != 1)}" for k in order]
+        return f" Configuration: {', '.join(parts)} to change."
+
+    def summary(self) -> str:
+        n = len(self.kept)
+        kept = (
+            f" {n} node{'s' * (n != 1)} not declared in the repo left as {'they are' if n != 1 else 'it is'}."
+        )
+        if not self.has_changes and not self.unplaceable:
+            if self.kept:
+                return "No changes." + kept
+            return "No changes. The fleet matches the cluster repo."
+        text = (
+            f"Plan: {len(self.starts)} to start, {len(self.restarts)} to restart, {len(self.stops)} to stop."
+        )
+        text += self.configuration_words()
+        if not self.documents_known:
+            text += f" {UNKNOWN_DOCUMENTS}."
+        if self.unplaceable:
+            n = len(self.unplaceable)
+            text += f" {n} model{'s' * (n != 1)} cannot be placed."
+        return text + (kept if self.kept else "")

@@ -17,12 +17,12 @@ from typing import Any
 import aiohttp
 import pytest
 from llmgw_router.ratelimit import Lease, memory_limiter
-from llmgw_router.tenancy import TenantChain
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import wait_for
 
 from llmgw.core.errors import CatalogError
 from llmgw.core.limits import Tenant
+from llmgw.core.tenancy import TenantChain
 
 from .request_path import KEY, catalog, model, published, start_router
 

@@ -19,7 +19,6 @@ edits the repo (a pull request) chooses. `http://` to a host that is not loopbac
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
 import ssl
@@ -32,6 +31,7 @@ from typing import Any
 
 from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import LiveState
+from llmgw.core.security import is_loopback_host
 
 TOKEN_ENV = "LLMGW_TOKEN"
 CONTROLLER_ENV = "LLMGW_CONTROLLER"
@@ -120,16 +120,6 @@ def _checked(value: str, where: str) -> str:
             "HTTP header: a token is printable ASCII"
         )
     return value
-
-
-def is_loopback_host(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def url_host(url: str) -> str:

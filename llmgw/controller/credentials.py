@@ -15,7 +15,6 @@ machine holds is refused from then on, even if a node of that name is declared a
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import logging
 import os
@@ -24,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.core.config.models import NAME_PATTERN
-from llmgw.core.security import NODE_TOKEN_PREFIX, node_token, router_token
+from llmgw.core.security import NODE_TOKEN_PREFIX, is_loopback_host, node_token, router_token
 
 log = logging.getLogger("llmgw.controller.credentials")
 
@@ -44,13 +43,7 @@ def valid_node_name(name: str) -> str | None:
 
 def loopback_address(address: str) -> bool:
     """Whether `host:port` names this machine only (agents dialling it never cross a network)."""
-    host = _host(address)
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback_host(_host(address))
 
 
 def _host(address: str) -> str:

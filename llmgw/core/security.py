@@ -25,6 +25,7 @@ __all__ = [
     "bearer_token",
     "engine_key",
     "forbidden_address_reason",
+    "is_loopback_host",
     "node_token",
     "router_token",
 ]
@@ -145,3 +146,15 @@ def bearer_token(header: str | None) -> str | None:
     if scheme.lower() != "bearer" or not token:
         return None
     return token
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a host name or address (IPv6 with or without brackets) names this machine only: `localhost`
+    or a loopback address. Names other than localhost are not resolved: they count as remote."""
+    host = host.strip("[]").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -23,7 +23,6 @@ from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.credentials import same, valid_node_name
 from llmgw.core import jsonsafe
 from llmgw.core.catalog import Catalog
-from llmgw.core.config.models import OrganizationSpec, ProjectSpec, TeamSpec
 from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
 
@@ -109,28 +108,7 @@ def published_models(cat: Catalog) -> dict[str, PublishedModel]:
 
 
 def published_tenants(cat: Catalog) -> Tenants:
-    return Tenants(
-        organizations={
-            n: OrganizationSpec(models=_l(t.models), limits=t.limits) for n, t in cat.organizations.items()
-        },
-        teams={
-            n: TeamSpec(organization=t.parent or "", models=_l(t.models), limits=t.limits)
-            for n, t in cat.teams.items()
-        },
-        projects={
-            n: ProjectSpec(
-                team=t.parent if t.parent_kind == "Team" else None,
-                organization=t.parent if t.parent_kind == "Organization" else None,
-                models=_l(t.models),
-                limits=cat.project_limits(n),  # the Cluster's tenancy defaults applied
-            )
-            for n, t in cat.projects.items()
-        },
-    )
-
-
-def _l(models: tuple[str, ...] | None) -> list[str] | None:
-    return None if models is None else list(models)
+    return cat.tenants()
 
 
 def _digest(data: dict[str, Any]) -> str:

@@ -9,14 +9,13 @@ Catalog; nothing in one ever changes.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import NamedTuple
 
+from llmgw.core import tenancy
 from llmgw.core.config.errors import SemanticError
 from llmgw.core.config.models import (
     Cluster,
@@ -27,14 +26,18 @@ from llmgw.core.config.models import (
     Node,
     NodeSpec,
     Organization,
+    OrganizationSpec,
     Profile,
     Project,
+    ProjectSpec,
     RoutingPolicy,
     RoutingPolicySpec,
     Team,
+    TeamSpec,
 )
 from llmgw.core.config.semantic import Document, check
 from llmgw.core.errors import CatalogError
+from llmgw.core.snapshot import Tenants
 
 __all__ = [
     "Catalog",
@@ -43,7 +46,6 @@ __all__ = [
     "NodeEntry",
     "ProfileEntry",
     "Tenant",
-    "TenantChain",
     "profile_fingerprint",
 ]
 
@@ -111,12 +113,6 @@ class Tenant:
     models: tuple[str, ...] | None
     limits: Limits
     labels: Mapping[str, str]
-
-
-class TenantChain(NamedTuple):
-    project: Tenant
-    team: Tenant | None
-    organization: Tenant
 
 
 _DEFAULT_POLICY = RoutingPolicySpec()
@@ -240,29 +236,40 @@ class Catalog:
             limits = limits.model_copy(update={"concurrency": default})
         return limits
 
-    def tenant_chain(self, project: str) -> TenantChain:
-        """The project, its team (None for a project directly under an organization) and its organization.
-        KeyError for an unknown project."""
-        proj = self.projects[project]
-        team = self.teams[proj.parent] if proj.parent_kind == "Team" and proj.parent is not None else None
-        org_name = team.parent if team is not None else proj.parent
-        if org_name is None or org_name not in self.organizations:
-            raise KeyError(f"project {project} has no organization")  # prevented by the checks
-        return TenantChain(proj, team, self.organizations[org_name])
+    def tenants(self) -> Tenants:
+        """The tenant tree as routers are told it (the Cluster's tenancy defaults applied). Every question of
+        who may use what is answered over it, by `llmgw.core.tenancy`, for the catalog and the router alike."""
+        return Tenants(
+            organizations={
+                n: OrganizationSpec(models=_listed(t.models), limits=t.limits)
+                for n, t in self.organizations.items()
+            },
+            teams={
+                n: TeamSpec(organization=t.parent or "", models=_listed(t.models), limits=t.limits)
+                for n, t in self.teams.items()
+            },
+            projects={
+                n: ProjectSpec(
+                    team=t.parent if t.parent_kind == "Team" else None,
+                    organization=t.parent if t.parent_kind == "Organization" else None,
+                    models=_listed(t.models),
+                    limits=self.project_limits(n),
+                )
+                for n, t in self.projects.items()
+            },
+        )
 
     def allowed(self, project: str, model_name: str) -> bool:
         """May keys of `project` use `model_name` (a name or alias)? Every level that lists models must allow
         it (a level without a list inherits its parent's); unknown projects and models are refused."""
         entry = self.resolve(model_name)
-        if entry is None or project not in self.projects:
+        if entry is None:
             return False
-        names = {model_name, entry.name, *entry.spec.aliases}
-        for tenant in self.tenant_chain(project):
-            if tenant is None or tenant.models is None:
-                continue
-            if not any(fnmatch.fnmatchcase(name, pattern) for pattern in tenant.models for name in names):
-                return False
-        return True
+        return tenancy.allowed(self.tenants(), project, (model_name, entry.name, *entry.spec.aliases))
+
+
+def _listed(models: tuple[str, ...] | None) -> list[str] | None:
+    return None if models is None else list(models)
 
 
 def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Tenant:

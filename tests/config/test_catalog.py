@@ -12,6 +12,7 @@ from llmgw.core.catalog import Catalog, profile_fingerprint
 from llmgw.core.config.models import Model, Organization, Project, RoutingPolicy, Team
 from llmgw.core.config.semantic import is_mig_class
 from llmgw.core.errors import CatalogError, LlmgwError
+from llmgw.core.tenancy import tenant_chain
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 
@@ -104,17 +105,17 @@ def test_allowed_with_globs_aliases_and_inheritance() -> None:
 
 
 def test_tenant_chain(example: Catalog) -> None:
-    chain = example.tenant_chain("playground")
-    assert (chain.project.name, chain.team and chain.team.name, chain.organization.name) == (
-        "playground",
-        "research",
-        "acme",
-    )
-    assert chain.organization.limits.budget is not None and chain.organization.limits.budget.amount == 500
+    """The catalog's tenants, as routers are told them, give the chain the limiter reads (core.tenancy)."""
+    chain = tenant_chain(example.tenants(), "playground")
+    assert chain is not None
+    assert (chain.project, chain.team, chain.organization) == ("playground", "research", "acme")
+    assert [t.level for t in chain.levels] == ["organization", "team", "project"]
+    budget = chain.levels[0].limits.budget
+    assert budget is not None and budget.amount == 500
     direct = Catalog.build([model("m"), doc(Organization, "o"), doc(Project, "p", organization="o")])
-    assert direct.tenant_chain("p").team is None and direct.tenant_chain("p").organization.name == "o"
-    with pytest.raises(KeyError):
-        example.tenant_chain("nope")
+    direct_chain = tenant_chain(direct.tenants(), "p")
+    assert direct_chain is not None and direct_chain.team is None and direct_chain.organization == "o"
+    assert tenant_chain(example.tenants(), "nope") is None
 
 
 def test_fingerprints_are_stable_and_follow_what_a_replica_depends_on() -> None:

@@ -93,10 +93,15 @@ class Forwarding:
     # ------------------------------------------------------------------ claim and release
 
     def claim(
-        self, table: RoutingTable, model: str, info: RequestInfo, need_room: bool
+        self, table: RoutingTable, model: str, info: RequestInfo, need_room: bool, take_stale: bool = False
     ) -> tuple[LiveEndpoint, Decision] | None:
         """Schedule among `model`'s endpoints and take the chosen one (inflight + 1). No await inside: the
-        choice and the claim happen in one step of the event loop."""
+        choice and the claim happen in one step of the event loop.
+
+        `need_room` refuses a full endpoint, and a stale one (its metrics unknown) unless `take_stale`: the
+        first walk down the chain prefers a model whose load is known, the second and a request waiting in
+        line take a stale endpoint that has slots free by this router's own count, since unknown is not full
+        (an engine whose metrics page broke would otherwise never be served again)."""
         endpoints = table.endpoints.get(model, ())
         if not endpoints:
             return None
@@ -111,7 +116,8 @@ class Forwarding:
         index = next(i for i, c in enumerate(cands) if c.id == decision.endpoint)
         chosen, ep = cands[index], endpoints[index]
         # A session's target is forwarded even when full: the scheduler bounds that queue (scheduler.py).
-        if need_room and (chosen.full or chosen.stale) and chosen.id != decision.session_target:
+        unusable = chosen.full or (chosen.stale and not take_stale)
+        if need_room and unusable and chosen.id != decision.session_target:
             return None
         ok, ep.breaker = brk.allow(ep.breaker, now, self.options.breaker)
         if not ok:
@@ -157,6 +163,10 @@ class Forwarding:
             got = self.claim(table, m, info, need_room=True)
             if got is not None:
                 return self._picked(canonical, m, got)
+        for m in chain:  # then one whose load is unknown (stale metrics) but with slots free by our count
+            got = self.claim(table, m, info, need_room=True, take_stale=True)
+            if got is not None:
+                return self._picked(canonical, m, got)
         for m in chain:  # then wait in line for the first that has endpoints at all
             if self.schedulable(table, m, info.exclude):
                 return self._picked(canonical, m, await self._wait_in_line(table, m, info))
@@ -177,7 +187,7 @@ class Forwarding:
         cell: list[tuple[LiveEndpoint, Decision]] = []
 
         def has_room() -> bool:
-            got = self.claim(table, model, info, need_room=True)
+            got = self.claim(table, model, info, need_room=True, take_stale=True)
             if got is not None:
                 cell.append(got)
             return got is not None

@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 from llmgw_router.app import serve
 from llmgw_router.link import ControllerLink, controller_url
+from llmgw_router.scheduler import RequestInfo
 from llmgw_router.scrape import scrape_once
 from llmgw_router.service import Router, RouterOptions
 from support import free_port, wait_for
@@ -279,3 +280,40 @@ def test_router_process_serves_a_static_snapshot(tmp_path: Path) -> None:
         if proc.stdout is not None:
             proc.stdout.close()
         sim.kill()
+
+
+async def test_a_stale_endpoint_with_free_slots_serves_a_request_waiting_in_line() -> None:
+    """Its metrics unknown for longer than stale_after (a broken metrics page), an endpoint is passed over
+    on the first walk down the chain, but taken on the second (and by a request in line) while it has slots
+    free by the router's own count: unknown is not full. Before, such a request waited out the queue and got
+    429."""
+    now = [1000.0]
+    router = Router(RouterOptions(), clock=lambda: now[0])
+    ep = {
+        "replica_id": "r-1",
+        "model": "sim-kill",
+        "engine": "vllm",
+        "base_url": "http://127.0.0.1:9",
+        "slots": 2,
+    }
+    router.apply_snapshot(snap([ep]))
+    table = router.table
+    assert table is not None
+    live = table.endpoints["sim-kill"][0]
+    now[0] += table.stale_after + 1.0
+    assert live.candidate(now[0], table.stale_after).stale
+    fwd = router.forwarding
+    assert (
+        fwd.claim(table, "sim-kill", RequestInfo(), need_room=True) is None
+    )  # the first walk passes it over
+    picked = await asyncio.wait_for(fwd.pick(table, "sim-kill", ("sim-kill",), RequestInfo()), timeout=5)
+    assert picked.endpoint is live and live.inflight == 1
+    second = await asyncio.wait_for(fwd.pick(table, "sim-kill", ("sim-kill",), RequestInfo()), timeout=5)
+    assert second.endpoint is live and live.inflight == 2
+    # Full now by its own count: a third waits in line (and would time out) rather than overfilling it.
+    third = asyncio.ensure_future(fwd.pick(table, "sim-kill", ("sim-kill",), RequestInfo()))
+    await asyncio.sleep(0)
+    assert not third.done()
+    fwd.release(live, "sim-kill")
+    got = await asyncio.wait_for(third, timeout=5)
+    assert got.endpoint is live and live.inflight == 2

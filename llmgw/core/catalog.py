@@ -9,6 +9,7 @@ Catalog; nothing in one ever changes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -238,7 +239,12 @@ class Catalog:
 
     def tenants(self) -> Tenants:
         """The tenant tree as routers are told it (the Cluster's tenancy defaults applied). Every question of
-        who may use what is answered over it, by `llmgw.core.tenancy`, for the catalog and the router alike."""
+        who may use what is answered over it, by `llmgw.core.tenancy`, for the catalog and the router alike.
+        Built once per catalog (it is immutable), not on every `allowed()` or router publication."""
+        return self._tenants
+
+    @functools.cached_property
+    def _tenants(self) -> Tenants:
         return Tenants(
             organizations={
                 n: OrganizationSpec(models=_listed(t.models), limits=t.limits)

@@ -68,6 +68,19 @@ class GitSource:
         (llmgw.controller.admin)."""
         return await asyncio.to_thread(self._content_hash_at_sync, sha)
 
+    async def branch_tip(self) -> str | None:
+        """The followed branch's commit as last fetched (by a poll or `content_hash_at`), without fetching."""
+        return await asyncio.to_thread(self._branch_tip_sync)
+
+    def _branch_tip_sync(self) -> str | None:
+        import git
+
+        with self._lock:
+            try:
+                return str(git.Repo(self.clone_dir).commit(f"origin/{self.branch}").hexsha)
+            except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.exc.BadName, ValueError):
+                return None
+
     def _content_hash_at_sync(self, sha: str) -> str | None:
         import io
         import tarfile

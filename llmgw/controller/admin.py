@@ -259,10 +259,15 @@ async def apply(request: web.Request) -> web.Response:
     asked = body.get("revision")
     if asked is not None and not isinstance(asked, str):
         return _error(400, "revision must be a string (a git commit SHA of the source, or left out)")
+    source = request.app.get(SOURCE)
     try:
-        revision = await label_for_apply(request.app.get(SOURCE), root, asked or None)
+        revision = await label_for_apply(source, root, asked or None)
     except LabelRefused as exc:
         return web.json_response({"error": {"message": str(exc)}}, status=409)
+    if isinstance(source, GitSource) and GIT_SHA.match(revision) and revision == await source.branch_tip():
+        # Verifying the label fetched the branch, and this is its tip: the next poll shows nothing new. Without
+        # this, a poll (which `llmgw apply` asks for) landing after a later admin apply would re-apply this.
+        c.source_showed(revision)
     where = str(body.get("source") or f"apply {root}")
     detail = str(body.get("actor") or "")[:ACTOR_DETAIL_MAX]
     result = await c.offer(

@@ -30,6 +30,7 @@ from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.publisher import node_credential, router_credential, router_stream
 from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.state import SeenRevision
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.controller")
@@ -126,6 +127,7 @@ async def _source_loop(app: web.Application) -> None:
             checkout = await source.poll()
             c.metrics.source_up.set(1)
             await c.offer(checkout)
+            c.polled = SeenRevision(checkout.revision, checkout.where, c.wall())
         except SourceUnavailable as exc:
             c.metrics.source_up.set(0)
             c.set_source_error(str(exc))

@@ -85,6 +85,7 @@ class Controller:
         self.desired: Desired | None = None
         self.applied_at: float | None = None
         self.seen: SeenRevision | None = None
+        self.polled: SeenRevision | None = None  # the source's last poll that was read and offered to the end
         self.source_revision: str | None = None  # what the source showed at its last poll
         self.refused: RefusedRevision | None = None
         self.source_error: str | None = None
@@ -488,6 +489,11 @@ class Controller:
                 len(self.pending_revisions),
                 ", ".join(f"{short(r.sha)} by {r.applied_by}" for r in self.pending_revisions),
             )
+
+    def source_showed(self, revision: str) -> None:
+        """The source was read outside a poll (an admin apply's label check fetched the branch) and showed
+        `revision`: a poll that shows it again is no news, so it does not undo an admin apply made since."""
+        self.source_revision = revision
 
     def set_source_error(self, message: str) -> None:
         if message != self.source_error:

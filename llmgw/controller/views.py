@@ -238,6 +238,9 @@ def status_json(c: Controller) -> dict[str, Any]:
         "seen": None
         if c.seen is None
         else {"revision": c.seen.revision, "source": c.seen.where, "at": c.seen.at},
+        "polled": None
+        if c.polled is None
+        else {"revision": c.polled.revision, "source": c.polled.where, "at": c.polled.at},
         "sync": c.sync_status(),
         "leadership": c.leadership(),
         "source_error": c.source_error,

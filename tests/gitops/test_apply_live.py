@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -198,8 +199,12 @@ async def test_a_plan_file_made_before_another_change_is_refused(cluster: Cluste
     applied = (await cluster.status())["applied"]["revision"]
     assert applied == sha  # named as the controller's git source names it, so sync compares like with like
 
-    cluster.repo.write({"models/sim-c.yaml": sim_model("sim-c")}, "add sim-c")
-    code, _, err = await cli("plan", "repo", "--out", "stale.json")
+    # A pull request adds sim-c and CI plans its checkout. Not a commit on the followed branch: the controller
+    # would apply that itself at its next poll (which `llmgw apply` asks for), whenever that lands.
+    pull_request = cluster.tmp / "pull-request"
+    shutil.copytree(cluster.repo.path, pull_request, ignore=shutil.ignore_patterns(".git"))
+    (pull_request / "models" / "sim-c.yaml").write_text(sim_model("sim-c"))
+    code, _, err = await cli("plan", "pull-request", "--out", "stale.json")
     assert code == 0, err
     # Someone applies another change before this plan is applied.
     other = cluster.tmp / "other"
@@ -211,8 +216,22 @@ async def test_a_plan_file_made_before_another_change_is_refused(cluster: Cluste
     # sends its files instead, as to a remote controller.
     code, out, err = await cli("apply", "other")
     assert code == 0, out + err
-    meanwhile = (await cluster.status())["applied"]["revision"]
+    status = await cluster.status()
+    meanwhile = status["applied"]["revision"]
     assert meanwhile != applied
+    # The poll `llmgw apply` asks for shows the branch tip the first apply already named: no news, so it does
+    # not undo the apply made since.
+    last_poll = (status["polled"] or {}).get("at", 0.0)
+    assert cluster.admin is not None
+    await cluster.admin.post("/api/v1/webhook", {}, expect=202)
+
+    async def polled_again() -> dict[str, Any] | None:
+        s = await cluster.status()
+        return s if (s["polled"] or {}).get("at", 0.0) > last_poll else None
+
+    status = await wait_for(polled_again, 30, "a poll of the source after the webhook")
+    assert status["polled"]["revision"] == applied
+    assert status["applied"]["revision"] == meanwhile
 
     code, out, err = await cli("apply", "stale.json", "--wait")
     assert code == 1

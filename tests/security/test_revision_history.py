@@ -124,6 +124,34 @@ async def test_m10_a_sha_label_is_kept_when_the_files_are_that_commit(git_contro
     assert status == 200 and body["revision"] == second, body
 
 
+async def test_a_poll_that_shows_a_tip_already_applied_does_not_undo_a_later_apply(
+    git_controller: GitController,
+) -> None:
+    """CI applies the branch tip by SHA, then someone applies other files; the poll that comes after (the
+    one `llmgw apply` asks for, or the timed one) sees that tip for the first time itself, but it is no news."""
+    c = git_controller
+    first = c.repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)})
+    await c.start(poll_s=3600.0)
+    await wait_for(lambda: status_if_applied(c.admin, first), what="the first commit applied")
+    second = c.repo.write({"models/b.yaml": model_yaml("sim-b", min_=0)}, "second")
+    status, body = await c.apply(c.files(), revision=second)
+    assert status == 200 and body["revision"] == second, body
+    other = c.files() | {"models/c.yaml": model_yaml("sim-c", min_=0)}
+    status, body = await c.apply(other)
+    assert status == 200 and body["revision"] == _apply_label(other), body
+
+    last_poll = (await c.admin.get("/api/v1/status"))["polled"]["at"]
+    await c.admin.post("/api/v1/webhook", {}, expect=202)
+
+    async def polled_again() -> dict[str, Any] | None:
+        s: dict[str, Any] = await c.admin.get("/api/v1/status")
+        return s if s["polled"]["at"] > last_poll else None
+
+    status_body = await wait_for(polled_again, 30, "a poll of the source after the webhook")
+    assert status_body["polled"]["revision"] == second
+    assert status_body["applied"]["revision"] == _apply_label(other)
+
+
 async def test_m10_rollback_a_b_a_keeps_three_rows_with_actors(git_controller: GitController) -> None:
     c = git_controller
     a = c.repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)}, "A")

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from llmgw.cli import output
 from llmgw.cli.admin_client import (
     CONTROLLER_ENV,
     AdminClient,
@@ -28,7 +28,7 @@ from llmgw.cli.admin_client import (
     plaintext_warning,
     resolve_token,
 )
-from llmgw.core.words import short
+from llmgw.core.words import duration_words, short
 
 if TYPE_CHECKING:
     from llmgw.controller.settings import ControllerSettings
@@ -226,7 +226,7 @@ def _client(controller_url: str | None, token_file: Path | None) -> AdminClient:
         _fail(str(exc))
     warning = plaintext_warning(client.url)
     if warning is not None:
-        Console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        output.console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     return client
 
 
@@ -238,7 +238,7 @@ def _get(client: AdminClient, path: str) -> Any:
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(1)
 
 
@@ -254,12 +254,7 @@ def _styled(value: str, styles: dict[str, str]) -> str:
 def _ago(at: float | None) -> str:
     if not at:
         return "-"
-    seconds = max(0.0, time.time() - at)
-    if seconds < 120:
-        return f"{seconds:.0f}s ago"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f}m ago"
-    return f"{seconds / 3600:.1f}h ago"
+    return duration_words(max(0.0, time.time() - at)) + " ago"
 
 
 def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
@@ -268,7 +263,7 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
     if as_json:
         _print_json(data)
         return
-    console = Console()
+    console = output.console()
     applied, seen = data.get("applied"), data.get("seen")
     console.print(
         f"revision [bold]{short(applied and applied['revision'], missing='-')}[/bold] applied {_ago(applied and applied['applied_at'])}"
@@ -334,7 +329,7 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
         table.add_row(
             n["name"] + _undeclared_mark(n),
             _styled(n["state"], STATE_STYLE),
-            "never" if n.get("last_seen_s") is None else f"{n['last_seen_s']}s ago",
+            "never" if n.get("last_seen_s") is None else duration_words(n["last_seen_s"]) + " ago",
             "?" if inv.get("cpu_cores") is None else str(inv["cpu_cores"]),
             "?" if mem is None else f"{mem / 1024**3:.0f} GiB",
             "?" if gpus is None else (", ".join(g.get("class") or "?" for g in gpus) or "none"),
@@ -342,7 +337,7 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
             str(len(n.get("replicas", []))),
             _node_ops_words(n),
         )
-    Console().print(table)
+    output.console().print(table)
 
 
 def _undeclared_mark(node: dict[str, Any]) -> str:
@@ -392,7 +387,7 @@ def replicas(
             str(r["pid"] or "-"),
             "; ".join(notes),
         )
-    Console().print(table)
+    output.console().print(table)
 
 
 def models(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
@@ -412,7 +407,7 @@ def models(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
             ", ".join(f"{p['name']} ({p['engine']})" for p in m["profiles"]) or (m.get("provider") or "-"),
             ", ".join(m["fallbacks"]),
         )
-    Console().print(table)
+    output.console().print(table)
 
 
 def explain(
@@ -432,7 +427,7 @@ def explain(
     if as_json:
         _print_json(data)
         return
-    console = Console()
+    console = output.console()
     health = data["health"]
     console.print(
         f"[bold]{data['model']}[/bold] {_styled(health['health'], HEALTH_STYLE)}: "

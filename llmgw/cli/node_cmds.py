@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, cast
 
 import typer
-from rich.console import Console
 from ruamel.yaml import YAML
 
 from llmgw.adapters.repo_files import load_repo
+from llmgw.cli import output
 from llmgw.core.config.models import NAME_PATTERN, Cluster, Node, SecretRef
 from llmgw.core.config.schemas import ID_BASE, schema_file_name
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy, SecretRefError, resolve
@@ -45,7 +45,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(1)
 
 
@@ -352,7 +352,7 @@ _STEP_STYLE = {"changed": "yellow", "unchanged": "green", "failed": "red", "skip
 
 
 def _print_step(node_name: str, step: Step) -> None:
-    Console().print(
+    output.console().print(
         f"{node_name}  {step.name:<12} [{_STEP_STYLE[step.status]}]{step.status:<9}[/]  {step.detail}",
         highlight=False,
     )

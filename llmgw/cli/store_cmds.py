@@ -21,17 +21,17 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Column, Table
 
 from llmgw.adapters import keys as keymod
-from llmgw.cli import admin_client
-from llmgw.core.words import parse_duration
+from llmgw.cli import admin_client, output
+from llmgw.core.words import count, duration_words, money, parse_duration
 from llmgw.store import DEFAULT_DSN, USAGE_GROUPS, ApiKey, Store, StoreError, UsageGroup, UsageTotal
 from llmgw.store.move import move_store
 
@@ -84,7 +84,7 @@ def _controller(controller: str | None, token_file: Path | None) -> admin_client
         _fail(f"{exc} (keys are made through the controller; --store DSN opens a store directly)")
     warning = admin_client.plaintext_warning(client.url)
     if warning is not None:
-        Console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+        output.console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     return client
 
 
@@ -133,7 +133,7 @@ def _run(store: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
 
 
 def _fail(message: str) -> NoReturn:
-    Console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(1)
 
 
@@ -183,7 +183,7 @@ def keys_create(
         print(json.dumps({**_key_json(new.key, time.time()), "key": new.plaintext}))
         return
     print(new.plaintext)
-    Console(stderr=True).print(
+    output.console(stderr=True).print(
         f"key {new.key.id} for project {project!r}"
         + (f", expires {_when(new.key.expires_at)}" if new.key.expires_at else "")
         + ". This is the only time the key is shown: store it now.",
@@ -216,7 +216,7 @@ def keys_list(
         table.add_row(
             k.id, k.prefix + "…", k.project, k.name, k.state(now), _when(k.created_at), _when(k.expires_at)
         )
-    Console().print(table)
+    output.console().print(table)
 
 
 @keys_app.command("revoke")
@@ -251,6 +251,13 @@ def _key_columns(t: UsageTotal, *, labelled: bool) -> list[str | None]:
     if t.key_name is None:
         return [key_id, KEY_NOT_IN_STORE, UNKNOWN]
     return [key_id, t.key_name, t.key_project]
+
+
+def _plain(value: object) -> object:
+    """A float as a plain decimal (no exponent); anything else as it is."""
+    if isinstance(value, float):
+        return format(Decimal(repr(value)), "f")
+    return value
 
 
 def usage(
@@ -288,12 +295,23 @@ def usage(
     elif as_csv:
         writer = csv.writer(sys.stdout)
         writer.writerow(header)
-        writer.writerows(rows)
+        # Plain decimals: a spreadsheet reads `0.000001`; `1e-06` is what the issue tracker got pasted.
+        writer.writerows([_plain(v) for v in r] for r in rows)
     else:
         table = Table(*header)
-        for r in rows:
-            table.add_row(*(escape(str(v)) for v in r))  # a key's name is operator text, not markup
-        Console().print(table)
+        labels = len(header) - 6  # the group's columns; then the numbers, printed as people read them
+        for r, t in zip(rows, totals, strict=True):
+            numbers = [
+                count(t.requests),
+                count(t.errors),
+                count(t.tokens_in),
+                count(t.tokens_out),
+                money(t.cost),
+            ]
+            latency = duration_words(t.avg_latency_ms / 1000) if t.requests else "-"
+            # A key's name is operator text, not markup.
+            table.add_row(*(escape(str(v)) for v in r[:labels]), *numbers, latency)
+        output.console().print(table)
 
 
 @store_app.command("migrate")
@@ -314,7 +332,7 @@ def store_move(
     store: StoreOpt = None,
 ) -> None:
     """Copy every table to another store (for example SQLite to PostgreSQL). Stop the writers first."""
-    console = Console(stderr=True)
+    console = output.console(stderr=True)
 
     async def go(src: Store) -> dict[str, int]:
         dst = await Store.open(to)

@@ -1,4 +1,5 @@
-"""The small words every command and document shares: durations and short revisions.
+"""The small words every command and document shares: durations, short revisions, and numbers as people read
+them (`$0.000001`, `1.2k`, `2m 5s`).
 
 One duration grammar for the cluster repo, the controller's settings and every CLI flag, so the same text
 means the same time everywhere:
@@ -20,6 +21,9 @@ __all__ = [
     "DURATION_HELP",
     "DURATION_PATTERN",
     "DURATION_UNITS",
+    "count",
+    "duration_words",
+    "money",
     "parse_duration",
     "short",
 ]
@@ -73,3 +77,56 @@ def short(revision: str | None, *, missing: str = "none") -> str:
     if not revision:
         return missing
     return revision.split(":", 1)[-1][:12]
+
+
+def money(usd: float | None, *, missing: str = "-") -> str:
+    """Dollars with the digits that matter: `$12.35`, `$0.0042`, `$0.000001`, `$0`; never `1e-06`.
+
+    Cents for a dollar or more; below that, two significant digits (LLM prices are fractions of a cent)."""
+    if usd is None:
+        return missing
+    sign, amount = ("-", -usd) if usd < 0 else ("", usd)
+    if amount == 0:
+        return "$0"
+    if amount >= 1:
+        return f"{sign}${amount:,.2f}"
+    decimals = 2
+    while decimals < 12 and amount < 10 ** (1 - decimals):
+        decimals += 1
+    text = f"{amount:.{decimals}f}".rstrip("0").rstrip(".")
+    return f"{sign}${text}"
+
+
+_COUNT_UNITS = ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def count(n: float | None, *, missing: str = "-") -> str:
+    """A count as people read it: `950`, `1.2k`, `34k`, `1.5M` (whole below a thousand)."""
+    if n is None:
+        return missing
+    for size, unit in _COUNT_UNITS:
+        if abs(n) >= size:
+            value = n / size
+            text = f"{value:.1f}".removesuffix(".0") if abs(value) < 10 else f"{value:.0f}"
+            return text + unit
+    return f"{n:.0f}" if float(n).is_integer() else f"{n:.1f}"
+
+
+def duration_words(seconds: float | None, *, missing: str = "-") -> str:
+    """A span in the two largest units that matter: `340ms`, `4.2s`, `2m 5s`, `3h 10m`, `2d 4h`."""
+    if seconds is None:
+        return missing
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    if seconds < 60:
+        return f"{seconds:.1f}".removesuffix(".0") + "s"
+    whole = round(seconds)
+    for big, big_unit, small, small_unit in (
+        (86400, "d", 3600, "h"),
+        (3600, "h", 60, "m"),
+        (60, "m", 1, "s"),
+    ):
+        if whole >= big:
+            rest = (whole % big) // small
+            return f"{whole // big}{big_unit}" + (f" {rest}{small_unit}" if rest else "")
+    return f"{whole}s"

@@ -125,6 +125,30 @@ def test_usage_by_key_shows_each_keys_name_and_project(store_dsn: str) -> None:
     assert cli.NO_KEY in table
 
 
+def test_usage_table_off_a_terminal_is_whole_and_reads_as_money(sqlite_dsn: str) -> None:
+    """In a pipe or a CI log (no terminal, no COLUMNS) no cell is cut with "…" and costs are not `1e-06`."""
+    project = "team-search-ranking-experiments-" + "x" * 60  # far wider than 80 columns with the rest
+
+    async def seed() -> None:
+        store = await Store.open(sqlite_dsn)
+        await store.insert_usage([
+            UsageRecord(time=time.time() - 5, request_id="r1", project=project, model="m", status=200,
+                        tokens_in=12_345, tokens_out=7, cost=0.000001, latency_ms=1250.0)
+        ])  # fmt: skip
+        await store.close()
+
+    asyncio.run(seed())
+    result = CliRunner(env={"COLUMNS": None}).invoke(app, ["usage", "--store", sqlite_dsn])
+    assert result.exit_code == 0, result.stdout
+    assert "…" not in result.stdout and project in result.stdout
+    [row] = [line for line in result.stdout.splitlines() if project in line]
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    assert cells[1:] == ["1", "0", "12k", "7", "$0.000001", "1.2s"]
+    # Machine formats keep the exact numbers.
+    code, out = invoke("usage", "--csv", "--store", sqlite_dsn)
+    assert code == 0 and out.splitlines()[1].endswith(",1,0,12345,7,0.000001,1250.0")
+
+
 def test_store_migrate(sqlite_dsn: str) -> None:
     code, out = invoke("store", "migrate", "--store", sqlite_dsn)
     from llmgw.store.migrate import load_migrations

@@ -684,6 +684,7 @@ async def _watch(
             )
             return 1
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), PROGRESS_EVERY_S)
+            async with asyncio.timeout(PROGRESS_EVERY_S):  # not wait_for: on 3.11 it can swallow a Ctrl-C
+                await stop.wait()
     print("stopping: router, controller, agent, engines", file=out, flush=True)
     return 0

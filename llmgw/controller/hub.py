@@ -366,7 +366,10 @@ class AgentHub:
         link.pending[command.id] = future
         try:
             await link.ws.send_str(dump(command))
-            return await asyncio.wait_for(future, wait_s)
+            async with asyncio.timeout(
+                wait_s
+            ):  # not wait_for: on 3.11 it can swallow a cancel racing the reply
+                return await future
         except TimeoutError as exc:
             raise AgentError(f"node {node} did not answer {command.action} within {wait_s:.0f}s") from exc
         except (ConnectionError, RuntimeError) as exc:

@@ -78,7 +78,8 @@ async def check_local(
         command, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), limit_s)
+        async with asyncio.timeout(limit_s):  # not wait_for: on 3.11 it can swallow a cancel
+            out, _ = await proc.communicate()
     except TimeoutError:
         proc.kill()
         await proc.wait()

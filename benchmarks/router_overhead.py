@@ -131,7 +131,7 @@ def request_body(stream: bool) -> dict[str, object]:
 
 
 def wrk(
-    url: str, stream: bool, conns: int, duration: float, headers: dict[str, str], cpus: str | None
+    url: str, stream: bool, conns: int, duration: int, headers: dict[str, str], cpus: str | None
 ) -> Result:
     body = request_body(stream)
     lines = "\n".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items())
@@ -139,7 +139,7 @@ def wrk(
         f.write(WRK_LUA.replace("{BODY}", json.dumps(body)).replace("{HEADERS}", lines))
         script = f.name
     threads = 1 if conns == 1 else 2
-    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration:g}s", "--latency", "-s", script, url]
+    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", "--latency", "-s", script, url]
     try:
         out = subprocess.run(
             pinned(argv, cpus), capture_output=True, text=True, timeout=duration + 60, check=True
@@ -183,10 +183,10 @@ def _show_error(url: str, body: dict[str, object], headers: dict[str, str], out:
         print(f"  one request now: {type(exc).__name__}: {exc}")
 
 
-def measure(target: Target, stream: bool, conns: int, duration: float, cpus: str | None) -> Result:
+def measure(target: Target, stream: bool, conns: int, duration: int, cpus: str | None) -> Result:
     """One wrk run against target after a 1 s warm-up, with the proxy tree's CPU over the measured run."""
     url = target.url + "/v1/chat/completions"
-    wrk(url, stream, conns, 1.0, target.headers, cpus)  # warm up connections and caches
+    wrk(url, stream, conns, 1, target.headers, cpus)  # warm up connections and caches
     before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
     result = wrk(url, stream, conns, duration, target.headers, cpus)
     if target.proc and result.requests:
@@ -231,6 +231,12 @@ def print_table(
                     f"{'stream' if stream else 'whole':<8}{t.name:<13}{conns:>5}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}"
                     f"{added50:>9.2f}{added99:>9.2f}{r.rps:>9.0f}{cpu:>12}{r.errors:>8}"
                 )
+    for (name, stream, conns), r in results.items():
+        if r.errors:  # wrk counts every answer: a rate of failures must not read as a speed
+            mode = "stream" if stream else "whole"
+            print(
+                f"  {name} {mode} c={conns}: {r.errors} of {r.requests} requests failed; its req/s counts them"
+            )
 
 
 def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
@@ -253,7 +259,9 @@ def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    ap.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
+    ap.add_argument(
+        "--duration", type=int, default=5, help="whole seconds per wrk run (wrk takes no fractions)"
+    )
     ap.add_argument("--concurrency", default="1,16,64")
     ap.add_argument(
         "--peers", default=",".join(PEERS), help=f"comma-separated, of {','.join(PEERS)}; '' for none"

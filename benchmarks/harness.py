@@ -92,10 +92,13 @@ def tree_cpu_seconds(root: int) -> float:
     return total / CLOCK_TICK
 
 
-def tree_rss_bytes(root: int) -> int:
-    """Resident memory of root's tree (the sum of each process's RSS; shared pages count once per process)."""
+def tree_rss_bytes(root: int, pids: list[int] | None = None) -> int:
+    """Resident memory of root's tree (the sum of each process's RSS; shared pages count once per process).
+
+    pids, when given, is the tree found earlier: reading only their statm takes microseconds, where walking
+    /proc takes milliseconds that would delay whatever else the caller's event loop is timing."""
     total = 0
-    for pid in tree_pids(root):
+    for pid in pids if pids is not None else tree_pids(root):
         try:
             total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
         except (OSError, IndexError, ValueError):

@@ -232,11 +232,13 @@ def print_table(
                     f"{added50:>9.2f}{added99:>9.2f}{r.rps:>9.0f}{cpu:>12}{r.errors:>8}"
                 )
     for (name, stream, conns), r in results.items():
+        mode = "stream" if stream else "whole"
         if r.errors:  # wrk counts every answer: a rate of failures must not read as a speed
-            mode = "stream" if stream else "whole"
             print(
                 f"  {name} {mode} c={conns}: {r.errors} of {r.requests} requests failed; its req/s counts them"
             )
+        elif not r.requests:
+            print(f"  {name} {mode} c={conns}: no request completed within the run (a longer --duration?)")
 
 
 def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:

@@ -1,42 +1,56 @@
-"""What the router adds on top of an engine: latency and throughput against a mock upstream, side by side.
+"""What the router adds on top of an engine: latency, throughput and CPU against a mock upstream, side by side.
 
-The same mock upstream (an OpenAI-shaped aiohttp app answering instantly, vLLM metric names on /metrics) is
-reached in one run:
-  direct   - wrk straight to the mock
-  floor    - a minimal aiohttp pass-through proxy (~20 lines): the floor for any Python proxy
-  llmgw    - llmgw-router with auth (store keys), pooled limits, scheduling, scraping and usage accounting on
-  litellm  - LiteLLM's proxy, one worker, no database, installed into a throwaway venv under /tmp (skipped with a
-             message when that fails)
-Non-streaming and streaming, at concurrency 1, 16 and 64, measured with wrk. Prints a table of p50/p99 latency
-added over direct and requests per second; the last line is machine-readable:
+The same mock upstream (an OpenAI-shaped aiohttp app answering instantly, vLLM metric names on /metrics, /health
+for the vLLM router) is reached in one run:
+  direct       - wrk straight to the mock
+  floor        - a minimal aiohttp pass-through proxy (~20 lines): the floor for any Python proxy
+  llmgw        - llmgw-router with auth (store keys), pooled limits, scheduling, scraping and usage accounting on
+  vllm-router  - PyPI `vllm-router` (Rust), one worker, round robin: no client auth, limits or accounting
+  portkey      - npm `@portkey-ai/gateway` (Node), headless, provider openai at the mock's address
+  litellm      - LiteLLM's proxy, one worker, no database
+The peers install into throwaway places under the temp directory (benchmarks/peers.py) and are each skipped with
+a one-line message when installing or starting fails. Non-streaming and streaming, at concurrency 1, 16 and 64,
+measured with wrk. Prints a table of p50/p99 latency added over direct, requests per second, and the proxy's CPU
+per request (user + system of its whole process tree from /proc, workers and children included, over the wrk
+run); the last line is machine-readable:
 
-  router_overhead: added_p50_ms_c1=X rps_c16=X floor_rps_c16=X litellm_rps_c16=X
+  router_overhead: added_p50_ms_c1=X rps_c16=X floor_rps_c16=X litellm_rps_c16=X cpu_us_per_req_c16=X
+  floor_cpu_us_per_req_c16=X vllm_router_rps_c16=X portkey_rps_c16=X
 
-Run: .venv/bin/python benchmarks/router_overhead.py [--duration 5] [--no-litellm]
+(one line; a peer that was skipped or not asked for reads `none`). `--pin` runs every proxy under `taskset -c 0`
+and wrk and the mock on CPU 1, so the proxies never compete with the load for a core; `--workers N` starts
+llmgw-router with `--workers N` (N > 1 only).
+
+Run: .venv/bin/python benchmarks/router_overhead.py [--duration 5] [--peers vllm,portkey,litellm] [--no-litellm]
+     [--workers 2] [--pin]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-MODEL = "bench-model"
-LITELLM_VENV = Path(tempfile.gettempdir()) / "llmgw-bench-litellm"
-LITELLM_KEY = "sk-bench-litellm-master"
+from harness import Procs, free_port, pinned, tree_cpu_seconds, wait_http
+from peers import (
+    MODEL,
+    PEERS,
+    Target,
+    start_floor,
+    start_litellm,
+    start_llmgw,
+    start_portkey,
+    start_vllm_router,
+)
 
 MOCK = r"""
 import json, sys
@@ -65,71 +79,26 @@ async def chat(request):
     return resp
 async def models(request):
     return web.json_response({"object": "list", "data": [{"id": "bench-model", "object": "model"}]})
+async def health(request):  # the vLLM router waits for it before it listens
+    return web.Response(text="ok")
 async def metrics(request):
     return web.Response(body=METRICS, content_type="text/plain")
 app = web.Application()
 app.router.add_post("/v1/chat/completions", chat)
 app.router.add_get("/v1/models", models)
 app.router.add_get("/metrics", metrics)
+app.router.add_get("/health", health)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
 """
 
-# The floor: the least a Python proxy can do (read, forward, stream back), about 20 lines.
-FLOOR = r"""
-import sys, aiohttp
-from aiohttp import web
-UP = sys.argv[2]
-async def session_ctx(app):
-    app["s"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    yield
-    await app["s"].close()
-async def proxy(request):
-    body = await request.read()
-    async with request.app["s"].post(UP + request.path, data=body, headers={"Content-Type": "application/json"}) as up:
-        resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers.get("Content-Type", "")})
-        await resp.prepare(request)
-        async for data in up.content.iter_any():
-            await resp.write(data)
-        await resp.write_eof()
-        return resp
-app = web.Application()
-app.cleanup_ctx.append(session_ctx)
-app.router.add_post("/v1/chat/completions", proxy)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
-"""
 
 WRK_LUA = """
 wrk.method = "POST"
 wrk.body = [[{BODY}]]
 wrk.headers["Content-Type"] = "application/json"
-{AUTH}
+{HEADERS}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(
-    url: str,
-    limit_s: float = 120.0,
-    headers: dict[str, str] | None = None,
-    proc: subprocess.Popen[bytes] | None = None,
-) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"the process serving {url} exited with {proc.returncode}")
-        try:
-            req = urllib.request.Request(url, headers=headers or {})
-            with urllib.request.urlopen(req, timeout=5) as r:
-                if r.status < 500:
-                    return
-        except Exception:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {limit_s:g} s")
+PROXY_CPUS, LOAD_CPUS = "0", "1"  # --pin: the proxies on CPU 0, wrk and the mock on CPU 1
 
 
 @dataclass
@@ -138,6 +107,8 @@ class Result:
     p99_ms: float
     rps: float
     errors: int
+    requests: int
+    cpu_us_per_req: float | None = None  # the proxy's process tree; None for direct
 
 
 def _ms(text: str) -> float:
@@ -148,34 +119,39 @@ def _ms(text: str) -> float:
     return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
 
 
-def wrk(url: str, stream: bool, conns: int, duration: float, key: str | None) -> Result:
-    body = {
+def request_body(stream: bool) -> dict[str, object]:
+    body: dict[str, object] = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "Say hello in five words."}],
         "max_tokens": 16,
     }
     if stream:
         body["stream"] = True
-    auth = f'wrk.headers["Authorization"] = "Bearer {key}"' if key else ""
+    return body
+
+
+def wrk(
+    url: str, stream: bool, conns: int, duration: int, headers: dict[str, str], cpus: str | None
+) -> Result:
+    body = request_body(stream)
+    lines = "\n".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items())
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(WRK_LUA.replace("{BODY}", json.dumps(body)).replace("{AUTH}", auth))
+        f.write(WRK_LUA.replace("{BODY}", json.dumps(body)).replace("{HEADERS}", lines))
         script = f.name
     threads = 1 if conns == 1 else 2
+    argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", "--latency", "-s", script, url]
     try:
         out = subprocess.run(
-            ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration:g}s", "--latency", "-s", script, url],
-            capture_output=True,
-            text=True,
-            timeout=duration + 60,
-            check=True,
+            pinned(argv, cpus), capture_output=True, text=True, timeout=duration + 60, check=True
         ).stdout
     finally:
         os.unlink(script)
     if re.search(r"Non-2xx|Socket errors", out):
-        _show_error(url, body, key, out)
+        _show_error(url, body, headers, out)
     p50 = re.search(r"^\s+50%\s+(\S+)", out, re.M)
     p99 = re.search(r"^\s+99%\s+(\S+)", out, re.M)
     rps = re.search(r"Requests/sec:\s+([0-9.]+)", out)
+    done = re.search(r"^\s*(\d+) requests in", out, re.M)
     errs = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
     sock = re.search(r"Socket errors:.*?timeout (\d+)", out)
     return Result(
@@ -183,10 +159,11 @@ def wrk(url: str, stream: bool, conns: int, duration: float, key: str | None) ->
         _ms(p99.group(1)) if p99 else float("nan"),
         float(rps.group(1)) if rps else 0.0,
         (int(errs.group(1)) if errs else 0) + (int(sock.group(1)) if sock else 0),
+        int(done.group(1)) if done else 0,
     )
 
 
-def _show_error(url: str, body: dict[str, object], key: str | None, out: str) -> None:
+def _show_error(url: str, body: dict[str, object], headers: dict[str, str], out: str) -> None:
     """wrk saw errors: say which (its summary line and one request's answer), so a number is never silently bad."""
     print(
         "  wrk: "
@@ -194,8 +171,9 @@ def _show_error(url: str, body: dict[str, object], key: str | None, out: str) ->
             line.strip() for line in out.splitlines() if "error" in line.lower() or "Non-2xx" in line
         )
     )
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json", **headers}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             print(f"  one request now: {r.status}")
@@ -205,201 +183,124 @@ def _show_error(url: str, body: dict[str, object], key: str | None, out: str) ->
         print(f"  one request now: {type(exc).__name__}: {exc}")
 
 
-class Procs:
-    def __init__(self, logs: Path) -> None:
-        self.procs: list[subprocess.Popen[bytes]] = []
-        self.logs = logs
-
-    def start(
-        self, argv: list[str], env: dict[str, str] | None = None, cwd: str | None = None
-    ) -> subprocess.Popen[bytes]:
-        # Output to a file, never a pipe nobody reads: a full pipe would stall the process mid-benchmark.
-        with open(self.logs / f"proc-{len(self.procs)}.log", "wb") as log:
-            p = subprocess.Popen(
-                argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        self.procs.append(p)
-        return p
-
-    def stop_all(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        for p in self.procs:
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(5)
+def measure(target: Target, stream: bool, conns: int, duration: int, cpus: str | None) -> Result:
+    """One wrk run against target after a 1 s warm-up, with the proxy tree's CPU over the measured run."""
+    url = target.url + "/v1/chat/completions"
+    wrk(url, stream, conns, 1, target.headers, cpus)  # warm up connections and caches
+    before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
+    result = wrk(url, stream, conns, duration, target.headers, cpus)
+    if target.proc and result.requests:
+        result.cpu_us_per_req = (tree_cpu_seconds(target.proc.pid) - before) / result.requests * 1e6
+    return result
 
 
-async def make_store_key(dsn: str) -> str:
-    from llmgw.adapters.keys import create_key
-    from llmgw.store.store import Store
+def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Target]:
+    proxy_cpus, load_cpus = (PROXY_CPUS, LOAD_CPUS) if args.pin else (None, None)
+    mock_port = free_port()
+    (work / "mock.py").write_text(MOCK)
+    mock = procs.start([sys.executable, str(work / "mock.py"), str(mock_port)], cpus=load_cpus)
+    upstream = f"http://127.0.0.1:{mock_port}"
+    wait_http(upstream + "/health", proc=mock)
+    targets = [Target("direct", upstream)]
+    targets.append(start_floor(procs, work, upstream, proxy_cpus))
+    targets.append(start_llmgw(procs, work, upstream, args.workers, proxy_cpus))
+    starters = {"vllm": start_vllm_router, "portkey": start_portkey, "litellm": start_litellm}
+    for peer in args.peers:
+        started = starters[peer](procs, work, upstream, proxy_cpus)
+        if started:
+            targets.append(started)
+    return targets
 
-    store = await Store.open(dsn)
-    try:
-        return (await create_key(store, "bench", time.time(), name="bench")).plaintext
-    finally:
-        await store.close()
 
-
-def start_llmgw(procs: Procs, work: Path, upstream: str) -> tuple[str, str]:
-    dsn = f"sqlite:///{work / 'store.db'}"
-    key = asyncio.run(make_store_key(dsn))
-    snapshot = {
-        "revision": "bench",
-        "models": {MODEL: {"context_length": 8192, "capabilities": ["chat"]}},
-        "policies": {"balanced": {"picker": "p2c", "weights": {"queue": 2, "kv": 2, "inflight": 1}}},
-        "router": {"default_policy": "balanced"},
-        "tenants": {
-            "organizations": {"acme": {"limits": {"rpm": 100_000_000}}},
-            "projects": {
-                "bench": {"organization": "acme", "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000}}
-            },
-        },
-        "endpoints": [
-            {
-                "replica_id": "mock-0",
-                "model": MODEL,
-                "engine": "vllm",
-                "base_url": upstream,
-                "api_key": "engine-key",
-            }
-        ],
-    }
-    (work / "snapshot.json").write_text(json.dumps(snapshot))
-    port = free_port()
-    procs.start(
-        [
-            sys.executable,
-            "-m",
-            "llmgw_router",
-            "--snapshot",
-            str(work / "snapshot.json"),
-            "--store",
-            dsn,
-            "--listen",
-            f"127.0.0.1:{port}",
-            "--metrics-listen",
-            f"127.0.0.1:{free_port()}",
-            "--log-level",
-            "WARNING",
-        ]
+def print_table(
+    targets: list[Target], levels: list[int], results: dict[tuple[str, bool, int], Result]
+) -> None:
+    print(
+        f"\n{'mode':<8}{'target':<13}{'conc':>5}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}"
+        f"{'req/s':>9}{'cpu us/req':>12}{'errors':>8}"
     )
-    url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/ready")
-    return url, key
-
-
-def start_litellm(procs: Procs, work: Path, upstream: str) -> str | None:
-    py = LITELLM_VENV / "bin" / "python"
-    litellm = LITELLM_VENV / "bin" / "litellm"
-    try:
-        if not litellm.exists():
-            print(f"installing LiteLLM into {LITELLM_VENV} (throwaway venv) ...", flush=True)
-            subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True, timeout=300)
-            subprocess.run(
-                [str(py), "-m", "pip", "install", "-q", "litellm[proxy]"],
-                check=True,
-                timeout=1800,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
+    for stream in (False, True):
+        for conns in levels:
+            ref = results[("direct", stream, conns)]
+            for t in targets:
+                r = results[(t.name, stream, conns)]
+                added50 = r.p50_ms - ref.p50_ms if t.name != "direct" else 0.0
+                added99 = r.p99_ms - ref.p99_ms if t.name != "direct" else 0.0
+                cpu = f"{r.cpu_us_per_req:.0f}" if r.cpu_us_per_req is not None else "-"
+                print(
+                    f"{'stream' if stream else 'whole':<8}{t.name:<13}{conns:>5}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}"
+                    f"{added50:>9.2f}{added99:>9.2f}{r.rps:>9.0f}{cpu:>12}{r.errors:>8}"
+                )
+    for (name, stream, conns), r in results.items():
+        mode = "stream" if stream else "whole"
+        if r.errors:  # wrk counts every answer: a rate of failures must not read as a speed
+            print(
+                f"  {name} {mode} c={conns}: {r.errors} of {r.requests} requests failed; its req/s counts them"
             )
-        config = work / "litellm.yaml"
-        config.write_text(
-            "model_list:\n"
-            f"  - model_name: {MODEL}\n"
-            "    litellm_params:\n"
-            f"      model: openai/{MODEL}\n"
-            f"      api_base: {upstream}/v1\n"
-            "      api_key: engine-key\n"
-            "general_settings:\n  disable_spend_logs: true\n"
-        )
-        port = free_port()
-        # LiteLLM refuses to start without a master key; clients then present it as their key.
-        env = dict(os.environ, LITELLM_LOG="ERROR", LITELLM_MASTER_KEY=LITELLM_KEY)
-        env.pop("DATABASE_URL", None)
-        proc = procs.start(
-            [str(litellm), "--config", str(config), "--port", str(port), "--num_workers", "1"],
-            env=env,
-            cwd=str(work),
-        )
-        url = f"http://127.0.0.1:{port}"
-        wait_http(url + "/health/liveliness", limit_s=300, proc=proc)
-        return url
-    except Exception as exc:
-        tail = ""
-        logs = sorted(work.glob("proc-*.log"))
-        if logs:
-            tail = " | ".join(logs[-1].read_text(errors="replace").strip().splitlines()[-3:])
-        print(f"LiteLLM skipped: {type(exc).__name__}: {str(exc)[:300]} {tail[:400]}", flush=True)
-        return None
+        elif not r.requests:
+            print(f"  {name} {mode} c={conns}: no request completed within the run (a longer --duration?)")
+
+
+def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
+    c1 = levels[0]
+    c16 = 16 if 16 in levels else levels[-1]
+
+    def at16(name: str, what: str) -> str:
+        r = results.get((name, False, c16))
+        value = None if r is None else r.rps if what == "rps" else r.cpu_us_per_req
+        return "none" if value is None else f"{value:.0f}"
+
+    added = results[("llmgw", False, c1)].p50_ms - results[("direct", False, c1)].p50_ms
+    return (
+        f"router_overhead: added_p50_ms_c1={added:.3f} rps_c16={at16('llmgw', 'rps')} "
+        f"floor_rps_c16={at16('floor', 'rps')} litellm_rps_c16={at16('litellm', 'rps')} "
+        f"cpu_us_per_req_c16={at16('llmgw', 'cpu')} floor_cpu_us_per_req_c16={at16('floor', 'cpu')} "
+        f"vllm_router_rps_c16={at16('vllm-router', 'rps')} portkey_rps_c16={at16('portkey', 'rps')}"
+    )
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    ap.add_argument(
+        "--duration", type=int, default=5, help="whole seconds per wrk run (wrk takes no fractions)"
+    )
+    ap.add_argument("--concurrency", default="1,16,64")
+    ap.add_argument(
+        "--peers", default=",".join(PEERS), help=f"comma-separated, of {','.join(PEERS)}; '' for none"
+    )
+    ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out of --peers")
+    ap.add_argument("--workers", type=int, default=1, help="llmgw-router worker processes (passed when > 1)")
+    ap.add_argument(
+        "--pin", action="store_true", help="proxies on CPU 0 (taskset), wrk and the mock on CPU 1"
+    )
+    args = ap.parse_args()
+    peers = [p for p in args.peers.split(",") if p]
+    unknown = sorted(set(peers) - set(PEERS))
+    if unknown:
+        ap.error(f"--peers: unknown {','.join(unknown)} (known: {','.join(PEERS)})")
+    args.peers = [p for p in peers if not (args.no_litellm and p == "litellm")]
+    if args.pin and (os.cpu_count() or 1) < 2:
+        ap.error("--pin needs at least 2 CPUs (the proxies on 0, the load on 1)")
+    return args
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--duration", type=float, default=5.0, help="seconds per wrk run")
-    ap.add_argument("--no-litellm", action="store_true")
-    ap.add_argument("--concurrency", default="1,16,64")
-    args = ap.parse_args()
+    args = parse_args()
     if shutil.which("wrk") is None:
         raise SystemExit("router_overhead: wrk is not installed (scripts/install-system-deps.sh installs it)")
     levels = [int(c) for c in args.concurrency.split(",")]
     work = Path(tempfile.mkdtemp(prefix="llmgw-bench-"))
     procs = Procs(work)
+    load_cpus = LOAD_CPUS if args.pin else None
     try:
-        mock_port = free_port()
-        (work / "mock.py").write_text(MOCK)
-        procs.start([sys.executable, str(work / "mock.py"), str(mock_port)])
-        upstream = f"http://127.0.0.1:{mock_port}"
-        wait_http(upstream + "/v1/models")
-        floor_port = free_port()
-        (work / "floor.py").write_text(FLOOR)
-        procs.start([sys.executable, str(work / "floor.py"), str(floor_port), upstream])
-        floor = f"http://127.0.0.1:{floor_port}"
-        llmgw, key = start_llmgw(procs, work, upstream)
-        litellm = None if args.no_litellm else start_litellm(procs, work, upstream)
-        targets: dict[str, tuple[str, str | None]] = {
-            "direct": (upstream, None),
-            "floor": (floor, None),
-            "llmgw": (llmgw, key),
-        }
-        if litellm:
-            targets["litellm"] = (litellm, LITELLM_KEY)
+        targets = start_targets(procs, work, args)
         results: dict[tuple[str, bool, int], Result] = {}
         for stream in (False, True):
             for conns in levels:
-                for name, (base, k) in targets.items():
-                    wrk(
-                        base + "/v1/chat/completions", stream, conns, 1.0, k
-                    )  # warm up connections and caches
-                    results[(name, stream, conns)] = wrk(
-                        base + "/v1/chat/completions", stream, conns, args.duration, k
-                    )
-        print(
-            f"\n{'mode':<10}{'target':<9}{'conc':>5}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}{'req/s':>10}{'errors':>8}"
-        )
-        for stream in (False, True):
-            for conns in levels:
-                ref = results[("direct", stream, conns)]
-                for name in targets:
-                    r = results[(name, stream, conns)]
-                    added50 = r.p50_ms - ref.p50_ms if name != "direct" else 0.0
-                    added99 = r.p99_ms - ref.p99_ms if name != "direct" else 0.0
-                    print(
-                        f"{'stream' if stream else 'whole':<10}{name:<9}{conns:>5}{r.p50_ms:>9.2f}{r.p99_ms:>9.2f}"
-                        f"{added50:>9.2f}{added99:>9.2f}{r.rps:>10.0f}{r.errors:>8}"
-                    )
-        c1 = levels[0]
-        c16 = 16 if 16 in levels else levels[-1]
-        added = results[("llmgw", False, c1)].p50_ms - results[("direct", False, c1)].p50_ms
-        lite = results.get(("litellm", False, c16))
-        print(
-            f"router_overhead: added_p50_ms_c1={added:.3f} rps_c16={results[('llmgw', False, c16)].rps:.0f} "
-            f"floor_rps_c16={results[('floor', False, c16)].rps:.0f} "
-            f"litellm_rps_c16={f'{lite.rps:.0f}' if lite else 'none'}"
-        )
+                for t in targets:
+                    results[(t.name, stream, conns)] = measure(t, stream, conns, args.duration, load_cpus)
+        print_table(targets, levels, results)
+        print(final_line(levels, results))
     finally:
         procs.stop_all()
         shutil.rmtree(work, ignore_errors=True)

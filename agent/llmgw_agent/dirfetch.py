@@ -89,7 +89,7 @@ async def resolve_directory(
         check_url(base.url)
     lock = _LOCKS.setdefault(key, asyncio.Lock())
     async with lock, checked_session(resolver) as session:
-        files = source.files or await _read_manifest(session, source, mirror_headers)
+        files = source.files or await read_manifest(session, source, mirror_headers)
         check_names(files, f"manifest of {key}")
         root = directory_root(cache_dir, key)
         final, staging = root / "model", root / "staging"
@@ -162,19 +162,23 @@ class _Fetcher:
         for base in self.bases:
             url = _file_url(base, f.name)
             try:
-                await _download(self.session, url, target, spec, update, f.size, _auth(base, self.mirror_headers))
+                await _download(
+                    self.session, url, target, spec, update, f.size, _auth(base, self.mirror_headers)
+                )
                 return
             except NotAtSource:
                 log.info("%s: not at the %s (404); trying the next source", f.name, base.kind)
             except WeightsError as exc:
                 raise WeightsError(f"model file {f.name}: {exc}") from exc
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-                raise WeightsError(f"model file {f.name}: fetching {url}: {exc or type(exc).__name__}") from exc
+                raise WeightsError(
+                    f"model file {f.name}: fetching {url}: {exc or type(exc).__name__}"
+                ) from exc
         kinds = " or the ".join(b.kind for b in self.bases)
         raise WeightsError(f"model file {f.name}: not at the {kinds} (HTTP 404)")
 
 
-async def _read_manifest(
+async def read_manifest(
     session: aiohttp.ClientSession, source: WeightSource, mirror_headers: Headers
 ) -> list[WeightFile]:
     """The manifest the first base that has one publishes (DIR/llmgw-manifest.json)."""
@@ -188,7 +192,11 @@ async def _read_manifest(
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
-            looks = " (it looks like HTML: a directory listing, not a manifest)" if body.lstrip()[:1] == b"<" else ""
+            looks = (
+                " (it looks like HTML: a directory listing, not a manifest)"
+                if body.lstrip()[:1] == b"<"
+                else ""
+            )
             raise WeightsError(f"manifest {url}: {where}: {first['msg']}{looks}") from exc
     raise WeightsError(
         f"{source.directory}: no {repo_rules.MANIFEST_FILE} at the "

@@ -63,7 +63,9 @@ def weights_name_problem(url: str) -> str | None:
 # A directory source's manifest names its files by relative path (`shards/model-00001.safetensors`): the same
 # plain-name rule as a single file's name, applied to every segment, so nothing lands outside the directory.
 MANIFEST_NAME_MAX = 512
-MANIFEST_FILE = "llmgw-manifest.json"  # where a published directory's manifest is read: DIR/llmgw-manifest.json
+MANIFEST_FILE = (
+    "llmgw-manifest.json"  # where a published directory's manifest is read: DIR/llmgw-manifest.json
+)
 
 
 def manifest_name_problem(name: str) -> str | None:

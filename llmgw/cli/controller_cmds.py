@@ -70,6 +70,8 @@ _StoreOpt = Annotated[
     str | None, typer.Option("--store", help="Store DSN: sqlite:///path, postgresql://..., @file")
 ]
 _ListenOpt = Annotated[str | None, typer.Option("--listen", help="host:port for agents, routers, admin API")]
+_MirrorDirOpt = Annotated[Path | None, typer.Option("--mirror-dir", help="Serve this weights mirror")]
+_MirrorListenOpt = Annotated[str | None, typer.Option("--mirror-listen", help="host:port of the mirror")]
 _MetricsListenOpt = Annotated[str | None, typer.Option("--metrics-listen", help="host:port of /metrics")]
 _AdminTokenFileOpt = Annotated[
     Path | None, typer.Option("--admin-token-file", help="File with the admin token")
@@ -130,6 +132,8 @@ def controller(
     store: _StoreOpt = None,
     listen: _ListenOpt = None,
     metrics_listen: _MetricsListenOpt = None,
+    mirror_dir: _MirrorDirOpt = None,
+    mirror_listen: _MirrorListenOpt = None,
     admin_token_file: _AdminTokenFileOpt = None,
     admin_tokens_file: _AdminTokensFileOpt = None,
     state_dir: _StateDirOpt = None,
@@ -157,6 +161,8 @@ def controller(
         "store": store,
         "listen": listen,
         "metrics_listen": metrics_listen,
+        "mirror_dir": mirror_dir,
+        "mirror_listen": mirror_listen,
         "admin_token_file": admin_token_file,
         "admin_tokens_file": admin_tokens_file,
         "state_dir": state_dir,

@@ -15,8 +15,8 @@ from llmgw.adapters.repo_files import load_repo
 from llmgw.core.catalog import Catalog, ModelEntry
 from llmgw.core.config.models import ClusterSpec
 from llmgw.core.errors import ConfigInvalidError
-from llmgw.core.manifest import ManifestFile
 from llmgw.core.fleet import ModelView, model_views
+from llmgw.core.manifest import ManifestFile
 from llmgw.core.words import parse_duration
 
 

@@ -46,7 +46,11 @@ def weight_source(
     from on this node (no mirror, and no origin for it)."""
     if not source.directory:
         return WeightSource(path=source.path, url=source.url, sha256=source.sha256, size=source.size_bytes)
-    files = None if manifest is None else [WeightFile(name=f.name, size=f.size, sha256=f.sha256) for f in manifest]
+    files = (
+        None
+        if manifest is None
+        else [WeightFile(name=f.name, size=f.size, sha256=f.sha256) for f in manifest]
+    )
     bases: list[FetchBase] = []
     if source.repo is None:
         assert source.url is not None
@@ -56,7 +60,9 @@ def weight_source(
         if mirror.url:
             bases.append(FetchBase(url=hf_base(mirror.url, source.repo, revision), kind="mirror"))
         if mirror.origin != "none" and not airgapped:
-            bases.append(FetchBase(url=hf_base(mirror.origin, source.repo, revision), kind="origin", token=token))
+            bases.append(
+                FetchBase(url=hf_base(mirror.origin, source.repo, revision), kind="origin", token=token)
+            )
         if not bases:
             where = "this node is air-gapped" if airgapped else "the Cluster's mirror.origin is none"
             raise ValueError(f"{source.repo}: no mirror is declared and {where}: nowhere to fetch it from")

@@ -63,10 +63,12 @@ def parse_manifest(file: str, body: bytes) -> tuple[tuple[ManifestFile, ...], li
     problems = _Problems(file, docs[0].positions if docs else None)
     data = docs[0].data if len(docs) == 1 else None
     if not isinstance(data, Mapping):
-        problems.add((), "a manifest is one JSON object", 'write it with `llmgw model manifest DIR -o FILE`')
+        problems.add((), "a manifest is one JSON object", "write it with `llmgw model manifest DIR -o FILE`")
         return (), problems.errors
     if data.get("format", FORMAT) != FORMAT:
-        problems.add(("format",), f"unknown manifest format {data.get('format')!r}", f"this llmgw reads {FORMAT}")
+        problems.add(
+            ("format",), f"unknown manifest format {data.get('format')!r}", f"this llmgw reads {FORMAT}"
+        )
     extra = sorted(set(data) - {"format", "files"})
     if extra:
         problems.add((extra[0],), f"unknown field {extra[0]!r}", "a manifest has `format` and `files`")

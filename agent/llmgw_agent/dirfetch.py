@@ -165,6 +165,7 @@ class _Fetcher:
                 await _download(
                     self.session, url, target, spec, update, f.size, _auth(base, self.mirror_headers)
                 )
+                update(f.size, f.size)  # a resume that found the .part complete (416) reported nothing
                 return
             except NotAtSource:
                 log.info("%s: not at the %s (404); trying the next source", f.name, base.kind)

@@ -50,7 +50,9 @@ class FileServer:
         finally:
             self.in_flight -= 1
 
-    async def _send(self, request: web.Request, path: str, body: bytes, rng: str | None) -> web.StreamResponse:
+    async def _send(
+        self, request: web.Request, path: str, body: bytes, rng: str | None
+    ) -> web.StreamResponse:
         start = int(rng.removeprefix("bytes=").split("-")[0]) if rng else 0
         if start >= len(body) and rng:
             return web.Response(status=416)

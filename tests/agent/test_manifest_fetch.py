@@ -40,7 +40,9 @@ def published(cache: Path) -> Path:
     return dirfetch.directory_root(cache, "org/model@main") / "model"
 
 
-async def test_cut_mid_shard_publishes_nothing_then_resumes_with_range(origin: FileServer, tmp_path: Path) -> None:
+async def test_cut_mid_shard_publishes_nothing_then_resumes_with_range(
+    origin: FileServer, tmp_path: Path
+) -> None:
     files = model_files()
     origin.cut[PREFIX + SHARD2] = 300_000
     progress: list[tuple[int, int | None]] = []
@@ -83,7 +85,9 @@ async def test_files_are_fetched_a_bounded_number_at_once(tmp_path: Path) -> Non
     srv = FileServer(files={PREFIX + n: b for n, b in files.items()}, hold_s=0.05)
     await srv.start()
     try:
-        await dirfetch.resolve_directory(source(srv, manifest(files)), tmp_path, lambda d, t: None, parallel=3)
+        await dirfetch.resolve_directory(
+            source(srv, manifest(files)), tmp_path, lambda d, t: None, parallel=3
+        )
     finally:
         await srv.stop()
     assert 1 < srv.most_in_flight <= 3
@@ -96,7 +100,9 @@ async def test_manifest_is_read_from_the_server_when_the_repo_gives_none(
     body = {"format": "llmgw-manifest/1", "files": [f.model_dump() for f in manifest(files)]}
     origin.files[PREFIX + "llmgw-manifest.json"] = json.dumps(body).encode()
     path = await dirfetch.resolve_directory(source(origin), tmp_path, lambda d, t: None)
-    assert sorted(p.relative_to(path).as_posix() for p in Path(path).rglob("*") if p.is_file()) == sorted(files)
+    assert sorted(p.relative_to(path).as_posix() for p in Path(path).rglob("*") if p.is_file()) == sorted(
+        files
+    )
 
 
 @pytest.mark.parametrize("name", ["../escape.bin", "a/../../b", "/etc/passwd", ".hidden", "a/.ssh/x", "a\\b"])
@@ -110,7 +116,9 @@ async def test_a_served_manifest_naming_a_path_outside_is_refused(
     assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
 
 
-async def test_an_html_listing_where_a_manifest_was_expected_says_so(origin: FileServer, tmp_path: Path) -> None:
+async def test_an_html_listing_where_a_manifest_was_expected_says_so(
+    origin: FileServer, tmp_path: Path
+) -> None:
     origin.files[PREFIX + "llmgw-manifest.json"] = b"<html><body>Index of /</body></html>"
     with pytest.raises(WeightsError, match="looks like HTML"):
         await dirfetch.resolve_directory(source(origin), tmp_path, lambda d, t: None)

@@ -79,13 +79,13 @@ def parse_manifest(file: str, body: bytes) -> tuple[tuple[ManifestFile, ...], li
     if len(entries) > MAX_FILES:
         problems.add(("files",), f"more than {MAX_FILES} files", None)
         return (), problems.errors
-    files = [f for i, e in enumerate(entries) if (f := _file(i, e, problems)) is not None]
+    indexed = [(i, f) for i, e in enumerate(entries) if (f := _file(i, e, problems)) is not None]
     seen: set[str] = set()
-    for i, f in enumerate(files):
+    for i, f in indexed:
         if f.name in seen:
             problems.add(("files", i, "name"), f"{f.name!r} is listed twice", "each file once")
         seen.add(f.name)
-    return (tuple(files) if not problems.errors else ()), problems.errors
+    return (tuple(f for _, f in indexed) if not problems.errors else ()), problems.errors
 
 
 def _file(i: int, entry: object, problems: _Problems) -> ManifestFile | None:

@@ -231,6 +231,7 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
         )
     _addresses(c, index, doc)
     _node_reach(c, index, doc)
+    _repo_reachable(c, index, doc)
     profile_names: set[str] = set()
     for pos, profile in enumerate(spec.profiles):
         path: tuple[PathPart, ...] = ("spec", "profiles", pos)
@@ -295,6 +296,21 @@ def _addresses(c: _Checker, index: int, doc: Model) -> None:
         why = forbidden_address_reason(url)
         if why is not None:
             c.add(index, path, f"{url} is refused: {why}", "use the model's own mirror or provider address")
+
+
+def _repo_reachable(c: _Checker, index: int, doc: Model) -> None:
+    """A `repo` source needs somewhere to come from: the Cluster's mirror, or an origin (not `none`)."""
+    source = doc.spec.source
+    if source is None or source.repo is None:
+        return
+    mirror = next((d.spec.mirror for d in c.documents if isinstance(d, Cluster)), None)
+    if mirror is not None and mirror.url is None and mirror.origin == "none":
+        c.add(
+            index,
+            ("spec", "source", "repo"),
+            f"{source.repo} has nowhere to come from: the Cluster declares no mirror.url and mirror.origin is none",
+            "declare the Cluster's mirror.url, or an origin such as https://huggingface.co",
+        )
 
 
 def _granted_trust(c: _Checker) -> frozenset[str]:

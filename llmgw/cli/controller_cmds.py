@@ -314,6 +314,8 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
         note = m.get("waiting") or ("; ".join(f"{n}: {w}" for n, w in m.get("unplaceable", {}).items()) or "")
         if m.get("stale_replicas"):
             note = f"{m['stale_replicas']} stale profile" + (f"; {note}" if note else "")
+        fetching = "; ".join(fetch_words(f) for f in m.get("fetching") or [])
+        note = "; ".join(w for w in (fetching, note) if w)
         table.add_row(
             m["model"],
             _styled(m["health"], HEALTH_STYLE),
@@ -372,6 +374,21 @@ def _node_ops_words(node: dict[str, Any]) -> str:
     return words
 
 
+def fetch_words(fetch: dict[str, Any]) -> str:
+    """`fetching 40.1 MB of 1.3 GB` (bytes, as the agent counted them), or `fetching 40.1 MB so far` when the
+    total is unknown: a percentage that stops moving is worse than a count that keeps rising."""
+    done, total = fetch.get("bytes_done") or 0, fetch.get("bytes_total")
+    words = f"fetching {_bytes(done)} of {_bytes(total)}" if total else f"fetching {_bytes(done)} so far"
+    return words + (f" on {fetch['node']}" if fetch.get("node") else "")
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def replicas(
     controller: ControllerOpt = None,
     token_file: TokenOpt = None,
@@ -387,6 +404,7 @@ def replicas(
     table = Table("REPLICA", "MODEL", "PROFILE", "NODE", "STATE", "PID", "NOTE")
     for r in data["replicas"]:
         notes = [w for w, on in (("adopted", r["adopted"]), ("stale profile", r["stale_profile"])) if on]
+        notes += [fetch_words(f) for f in r.get("fetching") or []]
         if r.get("error"):
             notes.append(r["error"])
         table.add_row(

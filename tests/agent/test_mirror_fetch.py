@@ -9,12 +9,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from llmgw.core.config.models import MirrorSettings, Source
-from llmgw.core.fetch_plan import weight_source
-from llmgw.core.manifest import ManifestFile
 from llmgw_agent import dirfetch
 from llmgw_agent.protocol import WeightSource
 from llmgw_agent.weights import WeightsError
+
+from llmgw.core.config.models import MirrorSettings, Source
+from llmgw.core.fetch_plan import weight_source
+from llmgw.core.manifest import ManifestFile
 
 from .file_server import FileServer, model_files, sha
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from typer.testing import CliRunner
+
 from llmgw.adapters.repo_files import content_hash, load_repo
 from llmgw.cli.main import app
-from typer.testing import CliRunner
 
 MODEL = """\
 apiVersion: llmgw/v1

@@ -36,6 +36,10 @@ def source(srv: FileServer, files: list[WeightFile] | None = None) -> WeightSour
     return WeightSource(directory="org/model@main", files=files, bases=[base])
 
 
+def files_under(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
 def published(cache: Path) -> Path:
     return dirfetch.directory_root(cache, "org/model@main") / "model"
 
@@ -100,9 +104,7 @@ async def test_manifest_is_read_from_the_server_when_the_repo_gives_none(
     body = {"format": "llmgw-manifest/1", "files": [f.model_dump() for f in manifest(files)]}
     origin.files[PREFIX + "llmgw-manifest.json"] = json.dumps(body).encode()
     path = await dirfetch.resolve_directory(source(origin), tmp_path, lambda d, t: None)
-    assert sorted(p.relative_to(path).as_posix() for p in Path(path).rglob("*") if p.is_file()) == sorted(
-        files
-    )
+    assert files_under(Path(path)) == sorted(files)
 
 
 @pytest.mark.parametrize("name", ["../escape.bin", "a/../../b", "/etc/passwd", ".hidden", "a/.ssh/x", "a\\b"])
@@ -113,7 +115,7 @@ async def test_a_served_manifest_naming_a_path_outside_is_refused(
     origin.files[PREFIX + "llmgw-manifest.json"] = json.dumps(body).encode()
     with pytest.raises(WeightsError, match="refused"):
         await dirfetch.resolve_directory(source(origin), tmp_path, lambda d, t: None)
-    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    assert files_under(tmp_path) == []
 
 
 async def test_an_html_listing_where_a_manifest_was_expected_says_so(

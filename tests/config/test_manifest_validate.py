@@ -50,13 +50,13 @@ def test_a_good_manifest_loads_with_the_model(tmp_path: Path) -> None:
 
 def test_every_bad_entry_is_reported_at_its_line(tmp_path: Path) -> None:
     bad = """{"files": [
-  {"name": "config.json", "size": 10, "sha256": "%s"},
-  {"name": "../../etc/cron.d/x", "size": 1, "sha256": "%s"},
-  {"name": "model.safetensors", "sha256": "%s"},
+  {"name": "config.json", "size": 10, "sha256": "SHA"},
+  {"name": "../../etc/cron.d/x", "size": 1, "sha256": "SHA"},
+  {"name": "model.safetensors", "sha256": "SHA"},
   {"name": "tokenizer.json", "size": 3, "sha256": "abc"},
-  {"name": "config.json", "size": 10, "sha256": "%s"}
+  {"name": "config.json", "size": 10, "sha256": "SHA"}
 ]}
-""" % (SHA, SHA, SHA, SHA)
+""".replace("SHA", SHA)
     got = errors(repo(tmp_path, bad))
     assert any(e.startswith("manifests/qwen.json:3:12: files[1].name: ") and "`..`" in e for e in got), got
     assert any(

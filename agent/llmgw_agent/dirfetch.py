@@ -47,8 +47,13 @@ Headers = Callable[[], dict[str, str]]
 _LOCKS: dict[str, asyncio.Lock] = {}
 
 
-def directory_root(cache_dir: Path, key: str) -> Path:
-    return cache_dir / ("dir-" + hashlib.sha256(key.encode()).hexdigest()[:24])
+def directory_root(cache_dir: Path, key: str, files: list[WeightFile]) -> Path:
+    """Named by the source and its manifest: new bytes under an old name (a moved `main`, a URL whose files
+    changed) are a new directory, never a published one quietly disagreeing with what was asked for."""
+    digest = hashlib.sha256(key.encode())
+    for f in sorted(files, key=lambda f: f.name):
+        digest.update(f"\0{f.name}\0{f.size}\0{f.sha256}".encode())
+    return cache_dir / ("dir-" + digest.hexdigest()[:24])
 
 
 def check_names(files: list[WeightFile], where: str) -> None:
@@ -91,7 +96,7 @@ async def resolve_directory(
     async with lock, checked_session(resolver) as session:
         files = source.files or await read_manifest(session, source, mirror_headers)
         check_names(files, f"manifest of {key}")
-        root = directory_root(cache_dir, key)
+        root = directory_root(cache_dir, key, files)
         final, staging = root / "model", root / "staging"
         total = sum(f.size for f in files)
         if final.is_dir():

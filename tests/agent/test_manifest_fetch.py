@@ -40,8 +40,12 @@ def files_under(root: Path) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
 
 
+def root(cache: Path, files: dict[str, bytes] | None = None) -> Path:
+    return dirfetch.directory_root(cache, "org/model@main", manifest(files or model_files()))
+
+
 def published(cache: Path) -> Path:
-    return dirfetch.directory_root(cache, "org/model@main") / "model"
+    return root(cache) / "model"
 
 
 async def test_cut_mid_shard_publishes_nothing_then_resumes_with_range(
@@ -55,7 +59,7 @@ async def test_cut_mid_shard_publishes_nothing_then_resumes_with_range(
             source(origin, manifest(files)), tmp_path, lambda d, t: progress.append((d, t))
         )
     assert not published(tmp_path).exists()  # three of four files is not a model
-    staging = dirfetch.directory_root(tmp_path, "org/model@main") / "staging"
+    staging = root(tmp_path) / "staging"
     assert (staging / (SHARD2 + ".part")).stat().st_size == 300_000
 
     path = await dirfetch.resolve_directory(
@@ -80,7 +84,7 @@ async def test_corrupt_shard_publishes_nothing_and_names_the_file(origin: FileSe
         await dirfetch.resolve_directory(source(origin, listed), tmp_path, lambda d, t: None)
     assert f"model file {SHARD2}" in str(caught.value) and "sha256" in str(caught.value)
     assert not published(tmp_path).exists()
-    staging = dirfetch.directory_root(tmp_path, "org/model@main") / "staging"
+    staging = root(tmp_path) / "staging"
     assert not (staging / SHARD2).exists() and not (staging / (SHARD2 + ".part")).exists()
 
 
@@ -129,3 +133,16 @@ async def test_an_html_listing_where_a_manifest_was_expected_says_so(
 async def test_no_manifest_anywhere_says_how_to_write_one(origin: FileServer, tmp_path: Path) -> None:
     with pytest.raises(WeightsError, match="llmgw model manifest"):
         await dirfetch.resolve_directory(source(origin), tmp_path, lambda d, t: None)
+
+
+async def test_a_changed_manifest_under_the_same_name_is_a_new_directory(
+    origin: FileServer, tmp_path: Path
+) -> None:
+    files = model_files()
+    first = await dirfetch.resolve_directory(source(origin, manifest(files)), tmp_path, lambda d, t: None)
+    changed = {**files, "config.json": b'{"architectures": ["Other"]}\n'}
+    origin.files[PREFIX + "config.json"] = changed["config.json"]
+    second = await dirfetch.resolve_directory(source(origin, manifest(changed)), tmp_path, lambda d, t: None)
+    assert first != second
+    assert (Path(second) / "config.json").read_bytes() == changed["config.json"]
+    assert (Path(first) / "config.json").read_bytes() == files["config.json"]  # the old one is left alone

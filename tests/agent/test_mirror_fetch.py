@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from llmgw_agent import dirfetch
-from llmgw_agent.protocol import WeightSource
+from llmgw_agent.protocol import WeightFile, WeightSource
 from llmgw_agent.weights import WeightsError
 
 from llmgw.core.config.models import MirrorSettings, Source
@@ -75,7 +75,8 @@ async def test_an_airgapped_node_uses_only_the_mirror(
         await dirfetch.resolve_directory(source, tmp_path, lambda d, t: None)
     assert origin.seen == []
     assert TOKEN not in str(caught.value)
-    assert not (dirfetch.directory_root(tmp_path, "org/model@abc123") / "model").exists()
+    listed_files = [WeightFile(name=f.name, size=f.size, sha256=f.sha256) for f in listed()]
+    assert not (dirfetch.directory_root(tmp_path, "org/model@abc123", listed_files) / "model").exists()
 
 
 async def test_the_token_is_not_followed_to_another_host(

@@ -116,3 +116,12 @@ def test_validate_cli_prints_file_line_col(tmp_path: Path) -> None:
     )
     assert result.exit_code != 0
     assert "manifests/qwen.json:1:21: files[0].name:" in result.output
+
+
+def test_a_mirror_at_a_metadata_address_is_refused(tmp_path: Path) -> None:
+    cluster = "apiVersion: llmgw/v1\nkind: Cluster\nmetadata: {name: c}\nspec:\n  mirror: {url: 'http://169.254.169.254/'}\n"
+    (tmp_path / "cluster.yaml").write_text(cluster)
+    got = errors(repo(tmp_path, json.dumps(GOOD)))
+    assert any(
+        e.startswith("cluster.yaml:5:17: spec.mirror.url: http://169.254.169.254/ is refused") for e in got
+    ), got

@@ -13,6 +13,7 @@ from typing import Any
 import aiohttp
 import pytest
 from llmgw_agent.dirfetch import directory_root
+from llmgw_agent.protocol import WeightFile
 from support import free_port, wait_for
 
 from llmgw.adapters.mirror import MirrorStore, hash_directory, manifest_text
@@ -93,7 +94,11 @@ async def test_agent_fetches_a_directory_through_the_controllers_mirror_and_the_
     replica = await wait_for(ready, 60, "tiny ready")
     assert replica["fetching"] == []  # a finished fetch is not shown
     cache = setup["tmp"] / "agents" / "n1" / "state" / "weights"
-    published = directory_root(cache, "org/tiny@v1") / "model"
+    listed = [
+        WeightFile(name=n, size=len(b), sha256=hashlib.sha256(b).hexdigest())
+        for n, b in setup["files"].items()
+    ]
+    published = directory_root(cache, "org/tiny@v1", listed) / "model"
     for name, body in setup["files"].items():
         assert hashlib.sha256((published / name).read_bytes()).digest() == hashlib.sha256(body).digest()
     assert not (published.parent / "staging").exists()

@@ -98,6 +98,7 @@ def check(
         elif isinstance(doc, Node):
             _node_serving(checker, index, doc)
     _trust_grants(checker)
+    _mirror_addresses(checker)
     _fallback_cycles(checker)
     _references(checker)
     for index, doc in enumerate(documents):
@@ -365,6 +366,23 @@ def _node_reach(c: _Checker, index: int, doc: Model) -> None:
                 f"the platform team adds `{doc.metadata.name}` to the Cluster's spec.security.trust_remote_code,"
                 " or remove the arg",
             )
+
+
+def _mirror_addresses(c: _Checker) -> None:
+    """The mirror and the origin are fetched by every node: the metadata-address rule of a Model's URL."""
+    for index, doc in enumerate(c.documents):
+        if not isinstance(doc, Cluster):
+            continue
+        mirror = doc.spec.mirror
+        for field_name, url in (("url", mirror.url), ("origin", mirror.origin)):
+            why = None if url in (None, "none") else forbidden_address_reason(url)
+            if why is not None:
+                c.add(
+                    index,
+                    ("spec", "mirror", field_name),
+                    f"{url} is refused: {why}",
+                    "the mirror's own address",
+                )
 
 
 def _trust_grants(c: _Checker) -> None:

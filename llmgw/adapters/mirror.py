@@ -205,11 +205,31 @@ def mirror_app(root: Path, allowed: Callable[[str | None], bool]) -> web.Applica
         path = _file_path(root, request.match_info["tail"])
         if path is None:
             raise web.HTTPNotFound()
-        return web.FileResponse(path, chunk_size=256 * 1024)
+        response = web.FileResponse(path, chunk_size=256 * 1024)
+        response.headers.update(_hub_headers(root, path))
+        return response
 
     app = web.Application()
     app.router.add_get("/{tail:.+}", resolve)  # GET also answers HEAD
     return app
+
+
+def _hub_headers(root: Path, path: Path) -> dict[str, str]:
+    """What `huggingface_hub` needs of an HF_ENDPOINT besides the bytes: `X-Repo-Commit` (the revision the
+    file is filed under) and, from the manifest, the file's sha256 as `X-Linked-Etag` (HF's LFS ETag)."""
+    version = next((p for p in path.parents if (p / MANIFEST).is_file() and p.is_relative_to(root)), None)
+    if version is None:
+        return {}
+    headers = {"X-Repo-Commit": version.name}
+    try:
+        files = DirectoryManifest.model_validate_json((version / MANIFEST).read_bytes()).files
+    except (OSError, ValueError):
+        return headers
+    name = path.relative_to(version).as_posix()
+    sha = next((f.sha256 for f in files if f.name == name), None)
+    if sha is not None:
+        headers["X-Linked-Etag"] = f'"{sha}"'
+    return headers
 
 
 def _file_path(root: Path, tail: str) -> Path | None:

@@ -140,3 +140,32 @@ async def test_manifest_of_a_url_without_a_published_one_is_refused_clearly(tmp_
     finally:
         await runner.cleanup()
     assert code == 1 and "no llmgw-manifest.json" in out and "llmgw model manifest DIR" in out
+
+
+async def test_the_real_hf_client_downloads_through_the_mirror(
+    served: tuple[str, Path], tmp_path: Path
+) -> None:
+    """What the docs claim of HF_ENDPOINT: `hf_hub_download` (huggingface_hub, a dev dependency) against the
+    mirror, with the token it sends as Bearer; the HF model-info API is not served, so no snapshot_download."""
+    hub = pytest.importorskip("huggingface_hub")
+    base, _ = served
+    shard = "model-00001-of-00002.safetensors"
+    path = await asyncio.to_thread(
+        hub.hf_hub_download,
+        "org/model",
+        shard,
+        revision="main",
+        endpoint=base,
+        token=TOKEN,
+        cache_dir=str(tmp_path / "hf-cache"),
+    )
+    assert await asyncio.to_thread(Path(path).read_bytes) == model_files()[shard]
+    with pytest.raises(Exception, match="401"):
+        await asyncio.to_thread(
+            hub.hf_hub_download,
+            "org/model",
+            "config.json",
+            endpoint=base,
+            token="wrong",
+            cache_dir=str(tmp_path / "c2"),
+        )

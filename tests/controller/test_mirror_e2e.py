@@ -102,6 +102,8 @@ async def test_agent_fetches_a_directory_through_the_controllers_mirror_and_the_
     for name, body in setup["files"].items():
         assert hashlib.sha256((published / name).read_bytes()).digest() == hashlib.sha256(body).digest()
     assert not (published.parent / "staging").exists()
+    logs = "".join(p.read_text() for p in (setup["tmp"] / "agents" / "n1").glob("agent-*.log"))
+    assert "published org/tiny@v1: 4 files" in logs and "test-token" not in logs
 
     # The mirror is read-only and needs a token the hub would accept.
     url = f"{setup['mirror']}/org/tiny/resolve/v1/config.json"

@@ -4,12 +4,13 @@ Against a real HTTP server on loopback (tests/agent/file_server.py)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from llmgw_agent import dirfetch
+from llmgw_agent import config, dirfetch
 from llmgw_agent.protocol import FetchBase, WeightFile, WeightSource
 from llmgw_agent.weights import WeightsError
 
@@ -146,3 +147,13 @@ async def test_a_changed_manifest_under_the_same_name_is_a_new_directory(
     assert first != second
     assert (Path(second) / "config.json").read_bytes() == changed["config.json"]
     assert (Path(first) / "config.json").read_bytes() == files["config.json"]  # the old one is left alone
+
+
+def test_fetch_parallelism_is_a_setting_and_a_flag_with_bounds(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser()
+    config.add_arguments(parser)
+    base = ["--controller", "127.0.0.1:1", "--state-dir", str(tmp_path)]
+    assert config.load(parser.parse_args(base)).fetch_parallelism == 4
+    assert config.load(parser.parse_args([*base, "--fetch-parallelism", "8"])).fetch_parallelism == 8
+    with pytest.raises(SystemExit, match="fetch_parallelism"):
+        config.load(parser.parse_args([*base, "--fetch-parallelism", "0"]))

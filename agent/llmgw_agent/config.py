@@ -37,6 +37,8 @@ class AgentConfig(BaseModel):
     weights_dir: str | None = None
     # A weights download whose Model declares no size_bytes stops here: a disk must not fill up on a URL.
     max_download_bytes: int = Field(default=DEFAULT_MAX_DOWNLOAD_BYTES, ge=1)
+    # Files of one directory source fetched at once.
+    fetch_parallelism: int = Field(default=4, ge=1, le=64)
     advertise_host: str = "127.0.0.1"
     # Where routers' connections are accepted (the pass-through in front of each engine); engines themselves
     # listen on 127.0.0.1. None: advertise_host. 0.0.0.0 or :: (every address) only when set explicitly.
@@ -80,6 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--state-dir")
     p.add_argument("--model-dir", action="append", help="directory holding models (repeatable)")
     p.add_argument("--weights-dir", help="cache for fetched weights (default: STATE_DIR/weights)")
+    p.add_argument("--fetch-parallelism", type=int, help="files of a directory source fetched at once (4)")
     p.add_argument("--advertise-host", help="address routers use to reach this node's engines")
     p.add_argument(
         "--bind-host",
@@ -110,6 +113,7 @@ def load(ns: argparse.Namespace) -> AgentConfig:
         "advertise_host": ns.advertise_host,
         "bind_host": ns.bind_host,
         "inventory_override": ns.inventory_override,
+        "fetch_parallelism": ns.fetch_parallelism,
     }
     data.update({k: v for k, v in simple.items() if v is not None})
     if ns.controller:

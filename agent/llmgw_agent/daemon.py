@@ -74,6 +74,8 @@ class Agent:
                 engine_binaries={k: v.path for k, v in cfg.engines.items() if v.path},
                 weights_dir=Path(cfg.weights_dir) if cfg.weights_dir else None,
                 max_download_bytes=cfg.max_download_bytes,
+                fetch_parallelism=cfg.fetch_parallelism,
+                mirror_headers=self._headers,
                 ready_timeout_s=cfg.ready_timeout_s,
                 stop_grace_s=cfg.stop_grace_s,
             ),

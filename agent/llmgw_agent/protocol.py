@@ -66,11 +66,42 @@ class Inventory(_Model):
 # ---- shards ----
 
 
+class WeightFile(_Model):
+    """One file of a directory source, as its manifest lists it: a relative `/`-separated name."""
+
+    name: str
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class DirectoryManifest(_Model):
+    """What `llmgw model manifest` writes and a mirror publishes as DIR/llmgw-manifest.json."""
+
+    format: Literal["llmgw-manifest/1"] = "llmgw-manifest/1"
+    files: list[WeightFile] = Field(min_length=1)
+
+
+class FetchBase(_Model):
+    """A place a directory's files are fetched from: `url` ends in `/` and a file is `url` + its quoted name.
+    A mirror base carries no token (the agent presents its own node token there); an origin base may carry
+    the origin's token, sent to that host only and never logged."""
+
+    url: str
+    kind: Literal["mirror", "origin"]
+    token: str | None = Field(default=None, repr=False)
+
+
 class WeightSource(_Model):
     path: str | None = None
     url: str | None = None
     sha256: str | None = None
     size: int | None = None
+    # A directory source: `directory` names it (the cache key: "repo@revision" or the URL prefix); `files` is
+    # its manifest from the cluster repo, or None when the first base that publishes one is to be read; the
+    # bases are tried in order per file, the next only when one answers 404.
+    directory: str | None = None
+    files: list[WeightFile] | None = None
+    bases: list[FetchBase] = Field(default_factory=list)
 
 
 class ShardSpec(_Model):

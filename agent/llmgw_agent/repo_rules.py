@@ -60,6 +60,37 @@ def weights_name_problem(url: str) -> str | None:
     return None
 
 
+# A directory source's manifest names its files by relative path (`shards/model-00001.safetensors`): the same
+# plain-name rule as a single file's name, applied to every segment, so nothing lands outside the directory.
+MANIFEST_NAME_MAX = 512
+MANIFEST_FILE = (
+    "llmgw-manifest.json"  # where a published directory's manifest is read: DIR/llmgw-manifest.json
+)
+
+
+def manifest_name_problem(name: str) -> str | None:
+    """Why a manifest's file name is refused, or None: relative, `/`-separated, every segment one plain name
+    (no `.`/`..`, no leading dot, no backslash, NUL or control character), at most 512 characters."""
+    if not name:
+        return "the file name is empty"
+    if len(name) > MANIFEST_NAME_MAX:
+        return f"the file name is longer than {MANIFEST_NAME_MAX} characters"
+    if any(ord(ch) < 0x20 or ch == "\x7f" for ch in name):
+        return "the file name holds a NUL or control character"
+    if "\\" in name:
+        return "the file name holds a backslash (segments are separated by `/`)"
+    if name.startswith("/"):
+        return "the file name is absolute (names are relative to the model directory)"
+    for segment in name.split("/"):
+        if segment in ("", ".", ".."):
+            return f"the file name {name!r} has an empty, `.` or `..` segment"
+        if segment.startswith("."):
+            return f"the file name {name!r} has a segment starting with a dot ({segment!r})"
+    if name == MANIFEST_FILE:
+        return f"{MANIFEST_FILE} is the manifest itself, not a file of the model"
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- engine environment
 
 # Names nobody may set, with the reason given back to the author.

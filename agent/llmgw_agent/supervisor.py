@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from llmgw_agent import engines, redact, repo_rules, weights
+from llmgw_agent import dirfetch, engines, redact, repo_rules, weights
 from llmgw_agent.passthrough import (
     DIGEST_ENV,
     ENGINE_HOST,
@@ -86,6 +86,9 @@ class SupervisorConfig:
     engine_binaries: dict[str, str] = field(default_factory=dict)
     weights_dir: Path | None = None
     max_download_bytes: int = weights.DEFAULT_MAX_DOWNLOAD_BYTES
+    fetch_parallelism: int = dirfetch.DEFAULT_PARALLEL  # files of one directory source fetched at once
+    # The Authorization header the agent presents to a weights mirror: its own node token (re-read each time).
+    mirror_headers: Callable[[], dict[str, str]] = dict
     ready_timeout_s: float = 600.0
     stop_grace_s: float = 10.0
     poll_interval_s: float = 0.5
@@ -156,7 +159,7 @@ class Supervisor:
             shard_rank=spec.shard_rank,
             model=spec.model,
             engine=spec.engine,
-            state="fetching" if spec.source and spec.source.url else "starting",
+            state="fetching" if spec.source and (spec.source.url or spec.source.directory) else "starting",
             fingerprint=spec.fingerprint,
             gpus=list(spec.gpus),
             host=self.cfg.advertise_host,
@@ -207,9 +210,17 @@ class Supervisor:
         def progress(done: int, total: int | None) -> None:
             shard.status.fetch_bytes_done, shard.status.fetch_bytes_total = done, total
 
-        if source.url:
+        if source.url or source.directory:
             reporter = asyncio.create_task(self._report_progress(shard))
             try:
+                if source.directory:
+                    return await dirfetch.resolve_directory(
+                        source,
+                        cache,
+                        progress,
+                        parallel=self.cfg.fetch_parallelism,
+                        mirror_headers=self.cfg.mirror_headers,
+                    )
                 return await weights.resolve(source, cache, progress, max_bytes=self.cfg.max_download_bytes)
             finally:
                 reporter.cancel()

@@ -41,6 +41,10 @@ class WeightsError(Exception):
     """A source that cannot be used; the message says which and why."""
 
 
+class NotAtSource(WeightsError):
+    """The server answered 404: the file is not there (a mirror that lacks it sends the agent to the origin)."""
+
+
 def refused_address(host: str) -> str | None:
     """Why `host` (a name or literal address) is refused as a weights source, or None when it is allowed."""
     name = host.strip("[]").rstrip(".").lower()
@@ -192,19 +196,26 @@ async def _download(
     source: WeightSource,
     progress: Progress,
     limit: int,
+    auth: dict[str, str] | None = None,
 ) -> None:
+    """`auth` (an Authorization header) goes to `url`'s own host only: a redirect elsewhere (HF sends files to
+    a CDN) is followed without it, so a token never reaches a host it was not given for."""
     part = final.with_name(final.name + ".part")
     done = part.stat().st_size if part.exists() else 0
     target = url
     for _ in range(MAX_REDIRECTS + 1):
         check_url(target)
         headers = {"Range": f"bytes={done}-"} if done else {}
+        if auth and _same_origin(target, url):
+            headers.update(auth)
         async with session.get(target, headers=headers, allow_redirects=False) as resp:
             if resp.status in (301, 302, 303, 307, 308):
                 target = urljoin(target, resp.headers.get("Location", ""))
                 continue
             if resp.status == 416 and done:
                 break  # the .part already holds everything; verified below
+            if resp.status == 404:
+                raise NotAtSource(f"fetching {url}: HTTP 404")
             if resp.status not in (200, 206):
                 raise WeightsError(f"fetching {url}: HTTP {resp.status}")
             if resp.status == 200:
@@ -228,6 +239,11 @@ async def _download(
         part.unlink(missing_ok=True)  # ours, and wrong: do not resume from it
         raise
     os.replace(part, final)
+
+
+def _same_origin(a: str, b: str) -> bool:
+    pa, pb = urlsplit(a), urlsplit(b)
+    return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)
 
 
 def _too_large(url: str, limit: int, source: WeightSource) -> str:

@@ -46,10 +46,34 @@ def read_files(root: Path) -> tuple[dict[str, bytes], list[ConfigError]]:
     return files, errors
 
 
+DATA_SUFFIXES = (".json",)
+MAX_DATA_BYTES = 64 * 1024 * 1024  # a manifest of 100,000 files is about 15 MB
+
+
+def data_files(root: Path) -> tuple[dict[str, tuple[str, bytes]], list[ConfigError]]:
+    """{repo-relative path: (display path, contents)} of the repo's JSON files (manifests a Model names)."""
+    found: dict[str, tuple[str, bytes]] = {}
+    errors: list[ConfigError] = []
+    if not root.is_dir():
+        return found, errors
+    for current, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(n for n in names if n.endswith(DATA_SUFFIXES) and not n.startswith(".")):
+            path = Path(current) / name
+            try:
+                if path.stat().st_size > MAX_DATA_BYTES:
+                    continue  # not a manifest this repo could mean; a Model naming it is told it is missing
+                found[path.relative_to(root).as_posix()] = (str(path), path.read_bytes())
+            except OSError as exc:
+                errors.append(ConfigError(str(path), 1, 1, "", f"cannot read: {exc.strerror or exc}"))
+    return found, errors
+
+
 def content_hash(path: str | os.PathLike[str]) -> str:
     """The revision of a plain directory (not a git checkout): a hash of its YAML files' paths and contents."""
     root = Path(path)
     files = {str(p.relative_to(root)) if p != root else p.name: p.read_bytes() for p in yaml_files(root)}
+    files.update({rel: body for rel, (_, body) in data_files(root)[0].items()})  # a manifest edit is a change
     return content_hash_of(files)
 
 
@@ -71,9 +95,12 @@ def load_repo(path: str | os.PathLike[str], revision: str | None = None) -> Load
     """
     root = Path(path)
     files, read_errors = read_files(root)
+    data, data_errors = data_files(root)
+    read_errors += data_errors
     relative = {_relative(name, root): body for name, body in files.items()}
+    relative.update({rel: body for rel, (_, body) in data.items()})
     rev = revision if revision is not None else content_hash_of(relative)
-    result = validate_files(files, root=str(root), revision=rev, schemas=committed_schemas())
+    result = validate_files(files, root=str(root), revision=rev, schemas=committed_schemas(), data=data)
     if read_errors:
         errors = tuple(sorted({*result.errors, *read_errors}, key=lambda e: (e.file, e.line, e.col)))
         return LoadResult(None, errors, result.warnings, len(files))

@@ -70,6 +70,8 @@ _StoreOpt = Annotated[
     str | None, typer.Option("--store", help="Store DSN: sqlite:///path, postgresql://..., @file")
 ]
 _ListenOpt = Annotated[str | None, typer.Option("--listen", help="host:port for agents, routers, admin API")]
+_MirrorDirOpt = Annotated[Path | None, typer.Option("--mirror-dir", help="Serve this weights mirror")]
+_MirrorListenOpt = Annotated[str | None, typer.Option("--mirror-listen", help="host:port of the mirror")]
 _MetricsListenOpt = Annotated[str | None, typer.Option("--metrics-listen", help="host:port of /metrics")]
 _AdminTokenFileOpt = Annotated[
     Path | None, typer.Option("--admin-token-file", help="File with the admin token")
@@ -130,6 +132,8 @@ def controller(
     store: _StoreOpt = None,
     listen: _ListenOpt = None,
     metrics_listen: _MetricsListenOpt = None,
+    mirror_dir: _MirrorDirOpt = None,
+    mirror_listen: _MirrorListenOpt = None,
     admin_token_file: _AdminTokenFileOpt = None,
     admin_tokens_file: _AdminTokensFileOpt = None,
     state_dir: _StateDirOpt = None,
@@ -157,6 +161,8 @@ def controller(
         "store": store,
         "listen": listen,
         "metrics_listen": metrics_listen,
+        "mirror_dir": mirror_dir,
+        "mirror_listen": mirror_listen,
         "admin_token_file": admin_token_file,
         "admin_tokens_file": admin_tokens_file,
         "state_dir": state_dir,
@@ -303,6 +309,8 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
         note = m.get("waiting") or ("; ".join(f"{n}: {w}" for n, w in m.get("unplaceable", {}).items()) or "")
         if m.get("stale_replicas"):
             note = f"{m['stale_replicas']} stale profile" + (f"; {note}" if note else "")
+        fetching = "; ".join(fetch_words(f) for f in m.get("fetching") or [])
+        note = "; ".join(w for w in (fetching, note) if w)
         table.add_row(
             m["model"],
             _styled(m["health"], HEALTH_STYLE),
@@ -361,6 +369,21 @@ def _node_ops_words(node: dict[str, Any]) -> str:
     return words
 
 
+def fetch_words(fetch: dict[str, Any]) -> str:
+    """`fetching 40.1 MB of 1.3 GB` (bytes, as the agent counted them), or `fetching 40.1 MB so far` when the
+    total is unknown: a percentage that stops moving is worse than a count that keeps rising."""
+    done, total = fetch.get("bytes_done") or 0, fetch.get("bytes_total")
+    words = f"fetching {_bytes(done)} of {_bytes(total)}" if total else f"fetching {_bytes(done)} so far"
+    return words + (f" on {fetch['node']}" if fetch.get("node") else "")
+
+
+def _bytes(n: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
 def replicas(
     controller: ControllerOpt = None,
     token_file: TokenOpt = None,
@@ -376,6 +399,7 @@ def replicas(
     table = Table("REPLICA", "MODEL", "PROFILE", "NODE", "STATE", "PID", "NOTE")
     for r in data["replicas"]:
         notes = [w for w, on in (("adopted", r["adopted"]), ("stale profile", r["stale_profile"])) if on]
+        notes += [fetch_words(f) for f in r.get("fetching") or []]
         if r.get("error"):
             notes.append(r["error"])
         table.add_row(

@@ -21,6 +21,7 @@ from aiohttp import web
 from llmgw_agent.protocol import AGENT_PATH
 
 from llmgw.adapters.httplog import quiet_bad_requests
+from llmgw.adapters.mirror import mirror_app
 from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
 from llmgw.controller import admin, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
@@ -29,7 +30,7 @@ from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.publisher import node_credential, router_credential, router_stream
 from llmgw.controller.reconcile_loop import Reconciler
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.settings import ControllerSettings, parse_hostport
 from llmgw.controller.state import SeenRevision
 from llmgw.store.store import Store
 
@@ -371,6 +372,12 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         metrics_url = None
         if settings.metrics_hostport is not None:
             metrics_url = await _serve(make_metrics_app(controller), settings.metrics_hostport, None, runners)
+        if settings.mirror_dir is not None:
+            # Its own listener: every node pulls gigabytes from it, and the admin port must stay closeable. Plain
+            # HTTP: agents' weights sessions present no client certificate; every file is checked by sha256.
+            mirror_at = parse_hostport(settings.mirror_listen, "--mirror-listen")
+            app_ = mirror_app(settings.mirror_dir, controller.mirror_reader)
+            log.info("mirror of %s on %s", settings.mirror_dir, await _serve(app_, mirror_at, None, runners))
     except BaseException:
         for runner in reversed(runners):
             await runner.cleanup()

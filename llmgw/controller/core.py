@@ -278,6 +278,16 @@ class Controller:
             return "the controller has no cluster secret to check node tokens with"
         return node_token_refusal(presented, node, secret, self.node_generations.get(node))
 
+    def mirror_reader(self, presented: str | None) -> bool:
+        """Who may GET from the mirror this controller serves: whoever the hub would let in as an agent (the
+        admin or cluster token, or a declared node's own token): weights may be private."""
+        if presented is None:
+            return False
+        grant = self._hub_grant(presented)
+        if grant is None:
+            return False
+        return grant.any_node or any(self._node_check(presented, n) is None for n in self._declared_nodes())
+
     def _declared_nodes(self) -> frozenset[str]:
         d = self.desired
         return frozenset(d.catalog.nodes) if d is not None else frozenset()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.adapters.repo_files import load_repo
@@ -16,6 +16,7 @@ from llmgw.core.catalog import Catalog, ModelEntry
 from llmgw.core.config.models import ClusterSpec
 from llmgw.core.errors import ConfigInvalidError
 from llmgw.core.fleet import ModelView, model_views
+from llmgw.core.manifest import ManifestFile
 from llmgw.core.words import parse_duration
 
 
@@ -27,6 +28,8 @@ class Desired:
     source: str  # where it came from ("git URL@branch", "dir PATH", "apply PATH")
     root: Path  # the checked-out tree (secret files are relative to it)
     catalog: Catalog
+    # Directory sources' manifests from the repo, by model name (core.repo checked them).
+    manifests: Mapping[str, tuple[ManifestFile, ...]] = field(default_factory=dict)
 
     @property
     def cluster(self) -> ClusterSpec:
@@ -79,4 +82,5 @@ def build_desired(root: Path, revision: str, source: str) -> Desired:
         errors = [str(e).replace(prefix, "") for e in result.errors if e.severity == "error"]
         errors = errors or ["the cluster repo did not load"]
         raise ConfigInvalidError(errors)
-    return Desired(revision, source, root, result.repo.catalog.with_revision(revision))
+    catalog = result.repo.catalog.with_revision(revision)
+    return Desired(revision, source, root, catalog, result.repo.manifests)

@@ -17,12 +17,13 @@ from collections.abc import Mapping
 from llmgw_agent import repo_rules
 from llmgw_agent.protocol import Register, ShardSpec, WeightSource
 
-from llmgw.adapters.secrets import SecretError
+from llmgw.adapters.secrets import SecretError, read_secret
 from llmgw.controller import views
 from llmgw.controller.background import Background
 from llmgw.controller.core import Controller
 from llmgw.controller.hub import AgentError, NodeLink
 from llmgw.controller.state import ReplicaRec
+from llmgw.core.fetch_plan import weight_source
 from llmgw.core.fleet import NodeView, ReplicaView
 from llmgw.core.placement import Placement, ShardPlacement
 from llmgw.core.placement import explain as placement_explain
@@ -198,6 +199,14 @@ class Reconciler:
             c.worker_state.model(placement.model).wait = f"cannot start: {exc}"
             log.warning("cannot start a replica of %s: %s", placement.model, exc)
             return
+        try:
+            sources = {s.node: self._weights(placement.model, s.node) for s in placement.shards}
+        except (SecretError, ValueError) as exc:
+            # The message names the model and the secret reference or the missing mirror, never a token.
+            c.metrics.reconcile_errors.inc()
+            c.worker_state.model(placement.model).wait = f"cannot start: {exc}"
+            log.warning("cannot start a replica of %s: %s", placement.model, exc)
+            return
         rec = ReplicaRec(
             id=placement.replica_id,
             model=placement.model,
@@ -212,17 +221,36 @@ class Reconciler:
         await c.event(
             "replica_start", rec.id, f"{rec.model}/{rec.profile} on {', '.join(rec.nodes)}: {placement.why}"
         )
-        specs = [(s, self._spec(placement, s, key)) for s in placement.start_order()]
+        specs = [(s, self._spec(placement, s, key, sources[s.node])) for s in placement.start_order()]
         self.background.spawn(self._send_start(rec, specs))
 
-    def _spec(self, placement: Placement, shard: ShardPlacement, key: str) -> ShardSpec:
+    def _weights(self, model_name: str, node: str) -> WeightSource | None:
+        """What `node` is told about the model's weights (core.fetch_plan), the origin token read here."""
+        c = self.c
+        d = c.desired
+        assert d is not None
+        src = d.models[model_name].spec.source
+        if src is None:
+            return None
+        token = None if src.token is None else read_secret(src.token, c.settings.secret_policy())
+        entry = d.catalog.nodes.get(node)
+        return weight_source(
+            src,
+            d.cluster.mirror,
+            airgapped=entry is not None and entry.spec.airgapped,
+            manifest=d.manifests.get(model_name),
+            token=token,
+        )
+
+    def _spec(
+        self, placement: Placement, shard: ShardPlacement, key: str, source: WeightSource | None
+    ) -> ShardSpec:
         d = self.c.desired
         assert d is not None
         model = d.models[placement.model]
         entry = model.profile(placement.profile)
         assert entry is not None
         profile = entry.profile
-        src = model.spec.source
         cluster_engine = d.cluster.engines.get(profile.engine)
         return ShardSpec(
             replica_id=placement.replica_id,
@@ -232,9 +260,7 @@ class Reconciler:
             profile=profile.name,
             engine=profile.engine,
             engine_version=profile.engine_version or (cluster_engine.version if cluster_engine else None),
-            source=None
-            if src is None
-            else WeightSource(path=src.path, url=src.url, sha256=src.sha256, size=src.size_bytes),
+            source=source,
             context_length=model.spec.context_length,
             slots=profile.slots,
             cpu_cores=profile.cpu_cores,

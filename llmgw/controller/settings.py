@@ -54,6 +54,12 @@ class ControllerSettings(BaseModel):
     store: str = Field(description="Store DSN: sqlite:///path, a path, postgresql://..., or @file")
     listen: str = "127.0.0.1:7070"
     metrics_listen: str | None = "127.0.0.1:9090"
+    mirror_dir: Path | None = Field(
+        None,
+        description="Serve this directory as the weights mirror (HF layout, read-only, node tokens) on "
+        "mirror_listen; the Cluster's mirror.url tells nodes where",
+    )
+    mirror_listen: str = "127.0.0.1:7073"
     admin_token_file: Path | None = None
     admin_tokens_file: Path | None = Field(
         None,
@@ -152,7 +158,7 @@ class ControllerSettings(BaseModel):
             raise ValueError(problem)
         return value
 
-    @field_validator("listen", "metrics_listen")
+    @field_validator("listen", "metrics_listen", "mirror_listen")
     @classmethod
     def _hostport(cls, value: str | None) -> str | None:
         if value is not None:

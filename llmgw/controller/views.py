@@ -161,6 +161,24 @@ def stale(c: Controller, rec: ReplicaRec) -> bool:
     return d.fingerprint(rec.model, rec.profile) != rec.fingerprint
 
 
+def fetches(c: Controller, rec: ReplicaRec) -> list[dict[str, Any]]:
+    """Each shard still fetching weights: bytes done and the total (None when the server sent no length:
+    no percentage is made up). A shard past `fetching` drops out, so a finished fetch is never shown."""
+    out = []
+    for placed in rec.shards:
+        status = shard_status(c, rec, placed.rank)
+        if status is not None and status.state == "fetching":
+            out.append(
+                {
+                    "replica": rec.id,
+                    "node": placed.node,
+                    "bytes_done": status.fetch_bytes_done or 0,
+                    "bytes_total": status.fetch_bytes_total,
+                }
+            )
+    return out
+
+
 def replica_json(c: Controller, rec: ReplicaRec) -> dict[str, Any]:
     shard = shard_status(c, rec)
     state = replica_state(c, rec)
@@ -180,6 +198,7 @@ def replica_json(c: Controller, rec: ReplicaRec) -> dict[str, Any]:
         "gpus": list(rec.gpus),
         "error": rec.error or (shard.message if shard and failed else ""),
         "last_output_lines": shard.last_output_lines[-10:] if shard and failed else [],
+        "fetching": fetches(c, rec),
         "age_s": round(c.wall() - rec.created_at, 1),
     }
 
@@ -221,6 +240,7 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
         "failures": record.backoff.failures if record.backoff is not None else 0,
         "waiting": record.wait,
         "stale_replicas": sum(1 for r in c.replicas.values() if r.model == name and stale(c, r)),
+        "fetching": [f for r in c.replicas.values() if r.model == name for f in fetches(c, r)],
     }
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel
@@ -24,6 +24,7 @@ from llmgw.core.config.semantic import Document, check
 from llmgw.core.config.validation import DocumentChecker, make_validators
 from llmgw.core.config.yamlpos import ParsedDocument, Positions, parse_yaml
 from llmgw.core.errors import CatalogError
+from llmgw.core.manifest import ManifestFile, parse_manifest
 
 __all__ = ["LoadResult", "LoadedDocument", "Repo", "content_hash_of", "default_schemas", "validate_files"]
 
@@ -44,6 +45,8 @@ class Repo:
     documents: tuple[LoadedDocument, ...]
     catalog: Catalog
     revision: str | None
+    # Directory sources' manifests from the repo, by model name (`spec.source.manifest`).
+    manifests: Mapping[str, tuple[ManifestFile, ...]] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         counts = Counter(doc.kind for doc in self.documents)
@@ -103,8 +106,10 @@ def validate_files(
     root: str = ".",
     revision: str | None = None,
     schemas: Mapping[str, Mapping[str, Any]] | None = None,
+    data: Mapping[str, tuple[str, bytes]] | None = None,
 ) -> LoadResult:
-    """Validate a cluster repo given as {display path: contents}. `revision` defaults to a content hash."""
+    """Validate a cluster repo given as {display path: contents}. `revision` defaults to a content hash.
+    `data` is the repo's other files a document may name (manifests): {repo-relative path: (display, body)}."""
     checker = DocumentChecker(make_validators(schemas if schemas is not None else default_schemas()))
     errors: list[ConfigError] = []
     good: list[LoadedDocument] = []
@@ -122,6 +127,7 @@ def validate_files(
     semantic = check([d.document for d in good], tolerate)  # type: ignore[misc]
     mapped = [_position(good, problem) for problem in semantic]
     errors.extend(e for e in mapped if e.severity == "error")
+    manifests = _manifests(good, data or {}, errors)
     warnings = tuple(sorted({e for e in mapped if e.severity == "warning"}, key=_order))
     unique_errors = tuple(sorted(set(errors), key=_order))
     if unique_errors:
@@ -131,8 +137,42 @@ def validate_files(
         catalog = Catalog.build([d.document for d in good], revision=revision)  # type: ignore[misc]
     except CatalogError as exc:  # the same checks ran above; kept so a disagreement cannot pass silently
         return LoadResult(None, tuple(_position(good, p) for p in exc.errors), warnings, len(files))
-    repo = Repo(root, tuple(good), catalog, revision)
+    repo = Repo(root, tuple(good), catalog, revision, manifests)
     return LoadResult(repo, (), warnings, len(files))
+
+
+def _manifests(
+    good: list[LoadedDocument], data: Mapping[str, tuple[str, bytes]], errors: list[ConfigError]
+) -> dict[str, tuple[ManifestFile, ...]]:
+    """Each Model's `spec.source.manifest`, read from the repo's files and checked (problems go to `errors`:
+    a missing file at the Model's line, a bad manifest at the manifest's own lines)."""
+    out: dict[str, tuple[ManifestFile, ...]] = {}
+    for doc in good:
+        source = getattr(getattr(doc.document, "spec", None), "source", None)
+        named = getattr(source, "manifest", None) if doc.kind == "Model" else None
+        if not isinstance(named, str):
+            continue
+        path = ("spec", "source", "manifest")
+        pos = doc.positions.value(path)
+        rel = named.removeprefix("./")
+        if rel.startswith("/") or ".." in rel.split("/") or rel not in data:
+            errors.append(
+                ConfigError(
+                    doc.file,
+                    pos.line,
+                    pos.col,
+                    format_path(path),
+                    f"no manifest file {named!r} in the repo",
+                    "a .json file inside the repo, path from its root; write it with `llmgw model manifest`",
+                )
+            )
+            continue
+        display, body = data[rel]
+        files, problems = parse_manifest(display, body)
+        errors.extend(problems)
+        if files:
+            out[doc.name] = files
+    return out
 
 
 def _check_document(

@@ -166,6 +166,23 @@ class SecuritySettings(Strict):
     )
 
 
+class MirrorSettings(Strict):
+    """A weights mirror with the HF layout (/{repo}/resolve/{revision}/{file}, Range GETs): nodes fetch a
+    `repo` source's files here first and from `origin` only when the mirror answers 404."""
+
+    url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        description="Base URL nodes reach the mirror at (`llmgw controller --mirror-dir` serves one; any HTTP "
+        "server with the HF layout will do)",
+    )
+    origin: str = Field(
+        "https://huggingface.co",
+        pattern=r"^(none|https?://[^\s/]+(/[^\s]*)?)$",
+        description="Where files the mirror lacks come from; `none`: every node is air-gapped (mirror only)",
+    )
+
+
 class ClusterSpec(Strict):
     """Cluster-wide settings; every field has a default."""
 
@@ -180,6 +197,9 @@ class ClusterSpec(Strict):
     )
     security: SecuritySettings = Field(
         default_factory=SecuritySettings, description="Permissions granted to named models"
+    )
+    mirror: MirrorSettings = Field(
+        default_factory=MirrorSettings, description="Weights mirror and origin for `repo` sources"
     )
 
 
@@ -223,6 +243,9 @@ class NodeSpec(Strict):
         "validate and plan warn about it",
     )
     cordoned: bool = Field(False, description="No new replicas are placed here; running ones stay")
+    airgapped: bool = Field(
+        False, description="Fetches weights from the Cluster's mirror only, never from an origin"
+    )
 
     @model_validator(mode="after")
     def _address_unless_local(self) -> NodeSpec:
@@ -239,19 +262,59 @@ DEFAULT_CAPABILITIES: tuple[Capability, ...] = ("chat", "completions")
 
 
 class Source(Strict):
-    """Where the weights come from: a path already on the node, or a URL the agent fetches."""
+    """Where the weights come from: a path already on the node, a URL the agent fetches (one file, or a
+    directory when it ends in `/`), or an HF-style `repo` + `revision` fetched through the Cluster's mirror."""
 
-    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["path"]}, {"required": ["url"]}]})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [{"required": ["path"]}, {"required": ["url"]}, {"required": ["repo"]}],
+        }
+    )
 
     path: str | None = Field(None, description="Weights already on the node (file or directory)")
-    url: str | None = Field(None, description="http(s) URL the agent fetches (resumable) into its cache")
+    url: str | None = Field(
+        None,
+        description="http(s) URL the agent fetches (resumable) into its cache; ending in `/` it is a directory "
+        "whose files the manifest lists",
+    )
+    repo: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$",
+        description="HF-style repository (`org/name`), fetched as /{repo}/resolve/{revision}/{file} from the "
+        "Cluster's mirror first, then its origin",
+    )
+    revision: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
+        description="Revision of `repo` (a commit hash pins the bytes; default `main`)",
+    )
+    manifest: str | None = Field(
+        None,
+        description="A directory's manifest: a JSON file in this repo (path from the repo root), written by "
+        "`llmgw model manifest`; without it the agent reads the llmgw-manifest.json the mirror publishes",
+    )
+    token: SecretRef | None = Field(
+        None, description="Bearer token for the origin (e.g. an HF token); never sent to the mirror"
+    )
     sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="Checked after fetch when given")
     size_bytes: int | None = Field(None, ge=0, description="Checked after fetch when given")
 
+    @property
+    def directory(self) -> bool:
+        return self.repo is not None or (self.url is not None and self.url.endswith("/"))
+
     @model_validator(mode="after")
     def _one_location(self) -> Source:
-        if (self.path is None) == (self.url is None):
-            raise ValueError("a source takes exactly one of `path` or `url`")
+        if sum(x is not None for x in (self.path, self.url, self.repo)) != 1:
+            raise ValueError("a source takes exactly one of `path`, `url` or `repo`")
+        if self.revision is not None and self.repo is None:
+            raise ValueError("`revision` goes with `repo`")
+        if self.manifest is not None and not self.directory:
+            raise ValueError("`manifest` describes a directory: a `repo`, or a `url` ending in `/`")
+        if self.directory and (self.sha256 is not None or self.size_bytes is not None):
+            raise ValueError("a directory's sizes and sha256 are its manifest's, not `sha256`/`size_bytes`")
+        if self.token is not None and self.path is not None:
+            raise ValueError("`token` is for fetching; a `path` is already on the node")
         return self
 
 

@@ -98,6 +98,7 @@ def check(
         elif isinstance(doc, Node):
             _node_serving(checker, index, doc)
     _trust_grants(checker)
+    _mirror_addresses(checker)
     _fallback_cycles(checker)
     _references(checker)
     for index, doc in enumerate(documents):
@@ -231,6 +232,7 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
         )
     _addresses(c, index, doc)
     _node_reach(c, index, doc)
+    _repo_reachable(c, index, doc)
     profile_names: set[str] = set()
     for pos, profile in enumerate(spec.profiles):
         path: tuple[PathPart, ...] = ("spec", "profiles", pos)
@@ -297,6 +299,21 @@ def _addresses(c: _Checker, index: int, doc: Model) -> None:
             c.add(index, path, f"{url} is refused: {why}", "use the model's own mirror or provider address")
 
 
+def _repo_reachable(c: _Checker, index: int, doc: Model) -> None:
+    """A `repo` source needs somewhere to come from: the Cluster's mirror, or an origin (not `none`)."""
+    source = doc.spec.source
+    if source is None or source.repo is None:
+        return
+    mirror = next((d.spec.mirror for d in c.documents if isinstance(d, Cluster)), None)
+    if mirror is not None and mirror.url is None and mirror.origin == "none":
+        c.add(
+            index,
+            ("spec", "source", "repo"),
+            f"{source.repo} has nowhere to come from: the Cluster declares no mirror.url and mirror.origin is none",
+            "declare the Cluster's mirror.url, or an origin such as https://huggingface.co",
+        )
+
+
 def _granted_trust(c: _Checker) -> frozenset[str]:
     for doc in c.documents:
         if isinstance(doc, Cluster):
@@ -349,6 +366,23 @@ def _node_reach(c: _Checker, index: int, doc: Model) -> None:
                 f"the platform team adds `{doc.metadata.name}` to the Cluster's spec.security.trust_remote_code,"
                 " or remove the arg",
             )
+
+
+def _mirror_addresses(c: _Checker) -> None:
+    """The mirror and the origin are fetched by every node: the metadata-address rule of a Model's URL."""
+    for index, doc in enumerate(c.documents):
+        if not isinstance(doc, Cluster):
+            continue
+        mirror = doc.spec.mirror
+        for field_name, url in (("url", mirror.url), ("origin", mirror.origin)):
+            why = None if url in (None, "none") else forbidden_address_reason(url)
+            if why is not None:
+                c.add(
+                    index,
+                    ("spec", "mirror", field_name),
+                    f"{url} is refused: {why}",
+                    "the mirror's own address",
+                )
 
 
 def _trust_grants(c: _Checker) -> None:

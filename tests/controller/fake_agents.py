@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmgw_agent.protocol import Inventory, Register, Reply, ShardSpec, ShardState, ShardStatus
+from llmgw_agent.protocol import Command, Inventory, Register, Reply, ShardSpec, ShardState, ShardStatus
 
 from llmgw.controller.hub import AgentError, NodeLink
 
@@ -119,6 +119,11 @@ class FakeAgents:
         link.shards[status.shard_id] = status
         self.on_change(f"shard {status.shard_id} is starting")
         return Reply(id=f"fake-{len(self.sent)}", ok=True)
+
+    async def command(self, node: str, command: Command, wait_s: float) -> Reply:
+        self._link(node, command.action)
+        self.sent.append(Sent(node, command.action, "", 0))
+        return Reply(id=command.id, ok=True)
 
     async def stop_shard(self, node: str, replica_id: str, rank: int, wait_s: float) -> Reply:
         link = self._link(node, "stop_shard")

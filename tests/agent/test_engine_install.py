@@ -8,6 +8,7 @@ LLMGW_REQUIRE_TOOLS=1 or CI)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import os
@@ -17,11 +18,14 @@ from pathlib import Path
 import pytest
 from llmgw_agent.installs import EngineRegistry, InstallError, safe_unpack
 from llmgw_agent.protocol import EngineOrder
-from support import wait_for
+from support import free_port, wait_for
+from typer.testing import CliRunner
 
+from llmgw.cli.main import app
 from llmgw.core.config.models import EngineSettings
 from llmgw.core.fleet import NodeView
 from llmgw.core.placement import ConditionFact, PlatformFacts, engine_refusals, explain
+from tests.controller.helpers import Agents, Repo, settings_for, start
 from tests.placement.builders import cpu_node, cpu_profile, entry
 
 from .fake_controller import FakeController
@@ -242,3 +246,68 @@ def test_a_build_the_node_cannot_run_is_refused_with_what_it_lacks() -> None:
     (prof,) = explain("m", models, [refused, cpu_node("new-cpu")], []).profiles
     words = {v.node: v.words() for v in prof.verdicts}
     assert words == {"new-cpu": "fits", "old-cpu": "cannot run this llamacpp build: CPU lacks avx512f"}
+
+
+def cluster_with_engine(path: str) -> str:
+    return f"""\
+apiVersion: llmgw/v1
+kind: Cluster
+metadata: {{name: test}}
+spec:
+  controller: {{heartbeat_interval: 200ms, unreachable_after: 10s, lost_after: 60s, resync_interval: 1s}}
+  engines:
+    llamacpp: {{version: b11434, path: "{path}"}}
+"""
+
+
+LLAMA_MODEL = """\
+apiVersion: llmgw/v1
+kind: Model
+metadata: {name: tiny}
+spec:
+  context_length: 512
+  source: {path: /nonexistent/tiny.gguf}
+  profiles:
+    - {name: cpu, engine: llamacpp, cpu_cores: 1}
+"""
+
+
+async def test_the_clusters_broken_engine_is_a_node_condition_and_the_reason_explain_gives(
+    tmp_path: Path,
+) -> None:
+    """Through the controller: the Cluster declares the path, the controller orders it, the agent probes it,
+    and `explain`, `llmgw nodes` and `llmgw status` carry the node's words."""
+    broken = script(tmp_path / "llama-server", "echo 'cannot open libgomp.so.1' >&2; exit 1")
+    repo = Repo(tmp_path / "origin", use_git=True)
+    port = free_port()
+    settings = settings_for(tmp_path, repo.path, listen=f"127.0.0.1:{port}")
+    repo.write({"cluster.yaml": cluster_with_engine(broken), "models/tiny.yaml": LLAMA_MODEL}, "cluster")
+    running, admin = await start(settings)
+    agents = Agents(tmp_path, tmp_path / "token")
+    try:
+        agents.start("n1", f"127.0.0.1:{port}")
+
+        async def applied() -> object:
+            status = await admin.get("/api/v1/status")
+            assert status["refused"] is None, status["refused"]
+            return status["applied"]
+
+        await wait_for(applied, 30, "the revision applied")
+
+        async def refused() -> str | None:
+            found = await admin.get("/api/v1/explain/tiny")
+            words = [v["words"] for p in found["profiles"] for v in p["nodes"] if v["node"] == "n1"]
+            return words[0] if words and "probe failed" in words[0] else None
+
+        words = await wait_for(refused, 60, "explain naming n1's failed probe")
+        assert words.startswith("llamacpp probe failed: `--version` of ") and "libgomp.so.1" in words
+        assert await admin.replicas("tiny") == []  # never placed on a node that cannot run it
+        base = ["--controller", admin.url, "--token-file", str(settings.admin_token_file)]
+        for command in ("nodes", "status"):
+            result = await asyncio.to_thread(CliRunner().invoke, app, [command, *base])
+            assert result.exit_code == 0, result.output
+            flat = " ".join(result.output.split())
+            assert "EngineProbeFailed llamacpp" in flat and "libgomp.so.1" in flat, result.output
+    finally:
+        await running.stop()
+        agents.cleanup()

@@ -283,9 +283,9 @@ async def test_the_clusters_broken_engine_is_a_node_condition_and_the_reason_exp
     settings = settings_for(tmp_path, repo.path, listen=f"127.0.0.1:{port}")
     repo.write({"cluster.yaml": cluster_with_engine(broken), "models/tiny.yaml": LLAMA_MODEL}, "cluster")
     running, admin = await start(settings)
-    agents = Agents(tmp_path, tmp_path / "token")
+    fleet = Agents(tmp_path, tmp_path / "token")
     try:
-        agents.start("n1", f"127.0.0.1:{port}")
+        fleet.start("n1", f"127.0.0.1:{port}")
 
         async def applied() -> object:
             status = await admin.get("/api/v1/status")
@@ -310,4 +310,4 @@ async def test_the_clusters_broken_engine_is_a_node_condition_and_the_reason_exp
             assert "EngineProbeFailed llamacpp" in flat and "libgomp.so.1" in flat, result.output
     finally:
         await running.stop()
-        agents.cleanup()
+        fleet.cleanup()

@@ -14,15 +14,17 @@ import io
 import os
 import tarfile
 from pathlib import Path
+from typing import get_args
 
 import pytest
 from llmgw_agent.installs import EngineRegistry, InstallError, safe_unpack
+from llmgw_agent.inventory import CPU_FLAGS_REPORTED
 from llmgw_agent.protocol import EngineOrder
 from support import free_port, wait_for
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
-from llmgw.core.config.models import EngineSettings
+from llmgw.core.config.models import CpuFlag, EngineSettings
 from llmgw.core.fleet import NodeView
 from llmgw.core.placement import ConditionFact, PlatformFacts, engine_refusals, explain
 from tests.controller.helpers import Agents, Repo, settings_for, start
@@ -311,3 +313,7 @@ async def test_the_clusters_broken_engine_is_a_node_condition_and_the_reason_exp
     finally:
         await running.stop()
         fleet.cleanup()
+
+
+def test_a_build_can_require_exactly_the_cpu_flags_agents_report() -> None:
+    assert set(get_args(CpuFlag)) == CPU_FLAGS_REPORTED

@@ -185,10 +185,18 @@ class EngineInstallSettings(Strict):
         return self
 
 
+# The CPU flags agents report (llmgw_agent.inventory.CPU_FLAGS_REPORTED; a test holds the two equal): a build
+# can only require one a node can say it has, or every node would be refused.
+CpuFlag = Literal[
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+    "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2",
+]  # fmt: skip
+
+
 class EngineRequires(Strict):
     """What a node must have to run this engine build; placement refuses other nodes and says why."""
 
-    cpu_flags: list[str] = Field(
+    cpu_flags: list[CpuFlag] = Field(
         default_factory=list, description="CPU flags as /proc/cpuinfo names them (avx2, avx512f, amx_tile)"
     )
     arch: str | None = Field(None, description="Machine architecture (x86_64, aarch64)")

@@ -259,8 +259,9 @@ class EngineRegistry:
         """Bring the node to the Cluster's orders; an engine the Cluster does not order keeps the agent's own."""
         async with self._lock:
             wanted: dict[str, EngineOrder] = {o.engine: o for o in orders}
-            if wanted == self.orders and self.reported is not None:
-                return
+            failed = any(c.type != "EngineInstalling" for e, c in self.conditions.items() if e in wanted)
+            if wanted == self.orders and self.reported is not None and not failed:
+                return  # told again (a reconnect): nothing to do unless something failed, which is retried
             found = dict(self.reported or {"sim": EngineInstall(origin="builtin")})
             for engine in set(self.orders) - set(wanted):
                 found.pop(engine, None)

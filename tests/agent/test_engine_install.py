@@ -143,6 +143,8 @@ async def test_a_failed_install_is_a_node_condition_with_pips_own_words(tmp_path
     assert cond.type == "EngineInstallFailed" and "pip install --require-hashes" in cond.message
     assert any("vllm" in line for line in cond.tail), cond.tail  # pip's own last lines
     assert not list((tmp_path / "engines").glob("*/installed.json"))
+    await registry.converge([order])  # told again (a reconnect): a failure is retried, not remembered
+    assert registry.conditions["vllm"].since != cond.since
 
 
 async def test_a_declared_binary_that_fails_its_probe_is_not_reported_and_explain_says_why(

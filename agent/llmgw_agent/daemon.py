@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from llmgw_agent import __version__, config, inventory
 from llmgw_agent.engines import EXECUTABLES, SpecError
+from llmgw_agent.installs import EngineRegistry
 from llmgw_agent.protocol import (
     Command,
     Heartbeat,
@@ -84,17 +85,49 @@ class Agent:
         self.inventory: Inventory | None = None
         self.connected = asyncio.Event()
         self._rng = random.Random()
+        # Set when what the inventory says changed (an engine installed, weights fetched or collected): the
+        # next heartbeat carries a fresh inventory instead of waiting for the periodic one.
+        self.inventory_changed = asyncio.Event()
+        self.engines = EngineRegistry(
+            root=Path(cfg.state_dir) / "engines",
+            configured={k: (v.path, v.version) for k, v in cfg.engines.items()},
+            on_change=self._engines_changed,
+        )
+        self.supervisor.weights_index.on_change = self.inventory_changed.set
+        self._installs: set[asyncio.Task[None]] = set()
+
+    def _engines_changed(self) -> None:
+        configured = {k: v.path for k, v in self.cfg.engines.items() if v.path}
+        self.supervisor.cfg.engine_binaries = {**configured, **self.engines.binaries()}
+        self.inventory_changed.set()
 
     async def collect_inventory(self) -> Inventory:
-        engines = {k: v.model_dump() for k, v in self.cfg.engines.items()}
-        return await asyncio.to_thread(
-            inventory.collect, self.cfg.model_dirs, engines, self.cfg.labels, self.cfg.inventory_override
-        )
+        self.inventory_changed.clear()
+        weights = self.supervisor.weights_index.report
+        cache = str(self.supervisor.cache_dir)
+        conditions = list(self.engines.conditions.values())
+        engines = None if self.engines.reported is None else dict(self.engines.reported)
+
+        def measure() -> Inventory:
+            return inventory.collect(
+                self.cfg.model_dirs,
+                engines,
+                self.cfg.labels,
+                self.cfg.inventory_override,
+                cache_dir=cache,
+                weights=weights(),
+                conditions=conditions,
+            )
+
+        return await asyncio.to_thread(measure)
 
     async def run(self) -> None:
         adopted = self.supervisor.adopt()
         for status in adopted:
             log.info("re-adopted shard %s (pid %s)", status.shard_id, status.pid)
+        # Probed before the first register: registering with no engine list beats one that reports an engine
+        # that cannot run, and the probe is bounded (a timeout per engine).
+        await self.engines.probe_configured()
         self.inventory = await self.collect_inventory()
         urls = self.cfg.controller_urls()
         backoff, index = 0.5, 0
@@ -118,6 +151,8 @@ class Agent:
                 await asyncio.sleep(jittered(backoff, self._rng))
                 backoff = next_backoff(backoff, self.cfg.max_backoff_s)
         finally:
+            for task in list(self._installs):
+                task.cancel()
             await self.supervisor.close()
 
     def _headers(self) -> dict[str, str]:
@@ -193,10 +228,11 @@ class Agent:
     async def _heartbeats(self, send: Any, interval: float) -> None:
         beats = 0
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.inventory_changed.wait(), interval)
             beats += 1
             inv = None
-            if beats % INVENTORY_EVERY == 0:
+            if beats % INVENTORY_EVERY == 0 or self.inventory_changed.is_set():
                 inv = self.inventory = await self.collect_inventory()
             await send(dump(Heartbeat(shards=self.supervisor.statuses(), inventory=inv)))
 
@@ -232,6 +268,17 @@ class Agent:
             return {"shards": [s.model_dump(mode="json") for s in self.supervisor.statuses()]}
         if cmd.action == "engine_check":
             return await self.engine_check(cmd.engine or (cmd.spec.engine if cmd.spec else None))
+        if cmd.action == "collect_weights":
+            result = self.supervisor.weights_index.collect(cmd.keep, cmd.dry_run)
+            self.inventory_changed.set()
+            return result
+        if cmd.action == "install_engines":
+            # Installs take minutes: the reply says the orders were taken; progress and failures are node
+            # conditions in the inventory, which is sent again as each engine finishes.
+            task = asyncio.create_task(self.engines.converge(cmd.engines), name="install-engines")
+            self._installs.add(task)
+            task.add_done_callback(self._installs.discard)
+            return {"accepted": [o.engine for o in cmd.engines]}
         raise ValueError(f"unknown action {cmd.action}")
 
     async def engine_check(self, engine: str | None) -> dict[str, Any]:
@@ -241,7 +288,7 @@ class Agent:
         if engine == "sim":
             return {"engine": "sim", "ok": True, "version": __version__}
         conf = self.cfg.engines.get(engine)
-        path = conf.path if conf and conf.path else None
+        path = self.engines.binaries().get(engine) or (conf.path if conf and conf.path else None)
         if path is None:
             import shutil
 

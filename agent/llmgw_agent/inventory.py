@@ -1,4 +1,4 @@
-"""What this node has: CPU, memory, disks of the model dirs, GPUs, engines installed.
+"""What this node has: CPU and its features, memory, disks of the model dirs and the cache, GPUs and driver.
 
 Parsers are pure functions over text so they can be tested against recorded outputs; `collect` does the I/O.
 Whatever the machine does not report stays None: unknown is never zero, and "no GPUs" ([]) is said only when
@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from llmgw_agent.engines import EXECUTABLES
-from llmgw_agent.protocol import Disk, EngineInstall, Gpu, Inventory
+from llmgw_agent.protocol import CachedWeights, Disk, EngineInstall, Gpu, Inventory, NodeCondition
 
 NVIDIA_SMI_QUERY = [
     "--query-gpu=index,uuid,name,memory.total,utilization.gpu",
@@ -36,6 +36,13 @@ SHARED_FSTYPES = {
     "gpfs",
 }
 SHARED_FSTYPE_PREFIXES = ("fuse.", "9p")
+# CPU features an engine build may need (`requires.cpu_flags`): vector and matrix extensions, as cpuinfo names them.
+CPU_FLAGS_REPORTED = frozenset(
+    {
+        "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
+        "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2",
+    }
+)  # fmt: skip
 _UNREPORTED = {"[n/a]", "[not supported]", "n/a", "[unknown error]", ""}
 
 
@@ -135,21 +142,31 @@ def run_nvidia_smi(binary: str | None = None) -> list[Gpu] | None:
 
 def parse_mounts(text: str) -> dict[str, str]:
     """mount point -> filesystem type, from /proc/mounts."""
-    mounts: dict[str, str] = {}
+    return {point: fstype for point, (_, fstype) in parse_mount_table(text).items()}
+
+
+def parse_mount_table(text: str) -> dict[str, tuple[str, str]]:
+    """mount point -> (source, filesystem type), from /proc/mounts; the source names a filer's export."""
+    mounts: dict[str, tuple[str, str]] = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 3:
-            mounts[parts[1].replace("\\040", " ")] = parts[2]
+            mounts[parts[1].replace("\\040", " ")] = (parts[0], parts[2])
     return mounts
 
 
-def fstype_for(path: str, mounts: Mapping[str, str]) -> str | None:
+def mount_point_of(path: str, points: Iterable[str]) -> str | None:
     best = ""
     real = os.path.realpath(path)
-    for point in mounts:
+    for point in points:
         if (real == point or real.startswith(point.rstrip("/") + "/")) and len(point) > len(best):
             best = point
-    return mounts.get(best) if best else None
+    return best or None
+
+
+def fstype_for(path: str, mounts: Mapping[str, str]) -> str | None:
+    point = mount_point_of(path, mounts)
+    return mounts.get(point) if point else None
 
 
 def is_shared(fstype: str | None) -> bool | None:
@@ -158,18 +175,30 @@ def is_shared(fstype: str | None) -> bool | None:
     return fstype in SHARED_FSTYPES or fstype.startswith(SHARED_FSTYPE_PREFIXES)
 
 
-def disks_for(model_dirs: Sequence[str], mounts: Mapping[str, str]) -> list[Disk]:
-    """One entry per filesystem (grouped by st_dev) holding the model dirs."""
+def disks_for(
+    model_dirs: Sequence[str],
+    mounts: Mapping[str, str],
+    *,
+    cache_dir: str | None = None,
+    sources: Mapping[str, str] | None = None,
+) -> list[Disk]:
+    """One entry per filesystem (grouped by st_dev: free space belongs to the disk, not the path) holding the
+    model dirs and the weights cache; the cache's is marked. A missing directory (an unmounted filer looks like
+    one) is skipped, never reported as a full disk. `sources` is mount point -> mount source."""
     seen: dict[int, Disk] = {}
-    for d in model_dirs:
+    cache_dev: int | None = None
+    for d in [*model_dirs, *([cache_dir] if cache_dir else [])]:
         try:
             st = os.stat(d)
             vfs = os.statvfs(d)
         except OSError:
             continue
+        if d == cache_dir:
+            cache_dev = st.st_dev
         if st.st_dev in seen:
             continue
         fstype = fstype_for(d, mounts)
+        point = mount_point_of(d, mounts)
         seen[st.st_dev] = Disk(
             path=d,
             filesystem_id=f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}",
@@ -177,35 +206,51 @@ def disks_for(model_dirs: Sequence[str], mounts: Mapping[str, str]) -> list[Disk
             free_bytes=vfs.f_bavail * vfs.f_frsize,
             shared=is_shared(fstype),
             fstype=fstype,
+            mount_source=(sources or {}).get(point) if point else None,
         )
+    if cache_dir is not None:
+        for dev, disk in seen.items():
+            disk.holds_cache = dev == cache_dev
     return list(seen.values())
 
 
-def engines_installed(
-    configured: Mapping[str, Mapping[str, str | None]], path_env: str | None = None
-) -> dict[str, EngineInstall]:
-    """Engines present: sim always; others named in the config or found on PATH, never by running them.
+def parse_cpu_flags(text: str) -> list[str] | None:
+    """The flags placement may ask for, from /proc/cpuinfo's first `flags` (x86) or `Features` (arm) line."""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return sorted(f for f in value.split() if f in CPU_FLAGS_REPORTED)
+    return None
 
-    `configured` is {engine: {"path": ..., "version": ...}} from the agent config.
-    """
-    found: dict[str, EngineInstall] = {
-        "sim": EngineInstall(path=None, version=configured.get("sim", {}).get("version"))
-    }
-    for engine, conf in configured.items():
-        if engine == "sim":
-            continue
-        path = conf.get("path")
-        if path and os.access(path, os.X_OK):
-            found[engine] = EngineInstall(path=path, version=conf.get("version"))
-    for engine, names in EXECUTABLES.items():
-        if engine in found:
-            continue
-        for name in names:
-            path = shutil.which(name, path=path_env)
-            if path:
-                found[engine] = EngineInstall(path=path, version=configured.get(engine, {}).get("version"))
-                break
-    return found
+
+def glibc_version() -> str | None:
+    """The C library's version when it is glibc ("2.36"); None otherwise (musl) or when not known."""
+    try:
+        text = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError, AttributeError):
+        return None
+    if not text or not text.startswith("glibc "):
+        return None
+    return text.split()[1]
+
+
+def run_driver_query(binary: str | None = None) -> str | None:
+    """The NVIDIA driver version (nvidia-smi's first row); None when nvidia-smi is absent or says nothing."""
+    exe = binary or shutil.which("nvidia-smi")
+    if not exe:
+        return None
+    try:
+        out = subprocess.run(
+            [exe, "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    first = out.stdout.strip().splitlines()[:1]
+    return _field(first[0]) if out.returncode == 0 and first else None
 
 
 def _read(path: str) -> str | None:
@@ -217,21 +262,35 @@ def _read(path: str) -> str | None:
 
 def collect(
     model_dirs: Sequence[str],
-    configured_engines: Mapping[str, Mapping[str, str | None]],
+    engines: Mapping[str, EngineInstall] | None,
     labels: Mapping[str, str],
     override_file: str | None = None,
+    *,
+    cache_dir: str | None = None,
+    weights: Sequence[CachedWeights] | None = None,
+    conditions: Sequence[NodeCondition] = (),
 ) -> Inventory:
-    """The node's inventory; fields from the override file (JSON) replace what was measured."""
+    """The node's inventory; fields from the override file (JSON) replace what was measured. `engines` are
+    the ones installed or declared whose probe passed (llmgw_agent.installs); None: not probed yet."""
     cpuinfo = _read("/proc/cpuinfo")
     meminfo = _read("/proc/meminfo")
-    mounts = parse_mounts(_read("/proc/mounts") or "")
+    table = parse_mount_table(_read("/proc/mounts") or "")
+    mounts = {point: fstype for point, (_, fstype) in table.items()}
+    sources = {point: source for point, (source, _) in table.items()}
+    gpus = run_nvidia_smi()
     inv = Inventory(
         cpu_cores=(parse_cpuinfo(cpuinfo) if cpuinfo else None) or os.cpu_count(),
         memory_bytes=parse_meminfo(meminfo) if meminfo else None,
-        disks=disks_for(model_dirs, mounts),
-        gpus=run_nvidia_smi(),
-        engines=engines_installed(configured_engines),
+        disks=disks_for(model_dirs, mounts, cache_dir=cache_dir, sources=sources),
+        gpus=gpus,
+        engines=None if engines is None else dict(engines),
         labels=dict(labels),
+        weights=None if weights is None else list(weights),
+        cpu_flags=parse_cpu_flags(cpuinfo) if cpuinfo else None,
+        arch=platform.machine() or None,
+        glibc=glibc_version(),
+        gpu_driver=run_driver_query() if gpus else None,
+        conditions=list(conditions),
     )
     if override_file:
         inv = apply_override(inv, json.loads(Path(override_file).read_text()))

@@ -17,7 +17,10 @@ AGENT_PATH = "/agent/v1"
 EngineName = Literal["sim", "llamacpp", "vllm", "sglang", "trtllm"]
 ENGINE_NAMES: tuple[str, ...] = ("sim", "llamacpp", "vllm", "sglang", "trtllm")
 ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
-Action = Literal["start_shard", "stop_shard", "list_shards", "engine_check"]
+ConditionType = Literal["EngineInstalling", "EngineInstallFailed", "EngineProbeFailed"]
+Action = Literal[
+    "start_shard", "stop_shard", "list_shards", "engine_check", "collect_weights", "install_engines"
+]
 
 
 class _Model(BaseModel):
@@ -35,6 +38,11 @@ class Disk(_Model):
     free_bytes: int | None = None
     shared: bool | None = None
     fstype: str | None = None
+    # The mount's source from /proc/mounts (`filer:/export`): what names a shared filesystem across nodes,
+    # where st_dev numbers differ from node to node.
+    mount_source: str | None = None
+    # This filesystem holds the agent's weights cache (None: an agent that predates the field).
+    holds_cache: bool | None = None
 
 
 class Gpu(_Model):
@@ -51,6 +59,39 @@ class Gpu(_Model):
 class EngineInstall(_Model):
     path: str | None = None
     version: str | None = None
+    # How the agent came to have it: "installed" (by the agent, from the Cluster's install), "declared" (a
+    # path in the agent's or the Cluster's configuration), "builtin" (sim). None: an agent before the field.
+    origin: str | None = None
+
+
+class NodeCondition(_Model):
+    """Something wrong (or under way) on the node, in the node's own words: an engine that failed to install
+    or to run its probe, or one being installed. `tail` is the last lines the failing command printed."""
+
+    type: ConditionType
+    engine: str
+    version: str | None = None
+    message: str
+    tail: list[str] = Field(default_factory=list)
+    since: float | None = None
+
+
+class CachedWeights(_Model):
+    """One weights file on the node: fetched by the agent into its cache, or a node path a shard used.
+
+    Named by the source's identity (`url` or `path`, and `sha256` when declared): the controller computes the
+    same key from a Model's source (llmgw.core.fleet.weights_key)."""
+
+    url: str | None = None
+    path: str | None = None
+    sha256: str | None = None
+    size_bytes: int | None = None
+    # Where it lies on the node (in the cache for a fetched file).
+    local_path: str
+    # True: the agent fetched it, so `collect_weights` may delete it; False: the operator's, never deleted.
+    fetched: bool
+    used_by: list[str] = Field(default_factory=list)  # replica ids of shards running on it
+    last_used: float | None = None
 
 
 class Inventory(_Model):
@@ -59,8 +100,17 @@ class Inventory(_Model):
     disks: list[Disk] | None = None
     # None: nvidia-smi absent or failed (unknown); []: it ran and reported no card.
     gpus: list[Gpu] | None = None
+    # Engines installed or declared whose probe passed. None: not probed yet (unknown); {}: has none.
     engines: dict[str, EngineInstall] | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    # Weights on the node (the cache index). None: an agent that does not keep one.
+    weights: list[CachedWeights] | None = None
+    # CPU flags placement may ask for (avx2, avx512f, amx_tile, ...), from /proc/cpuinfo. None: not read.
+    cpu_flags: list[str] | None = None
+    arch: str | None = None  # platform.machine(): x86_64, aarch64
+    glibc: str | None = None  # "2.36"; None: not glibc, or not known
+    gpu_driver: str | None = None  # NVIDIA driver version, from nvidia-smi
+    conditions: list[NodeCondition] = Field(default_factory=list)
 
 
 # ---- shards ----
@@ -159,6 +209,28 @@ class ShardStatus(_Model):
         return f"{self.replica_id}-{self.shard_rank}"
 
 
+class EngineOrder(_Model):
+    """How the Cluster says one engine version is obtained on nodes (exactly one of the three ways)."""
+
+    engine: EngineName
+    version: str | None = None
+    # A hash-locked requirements file's lines, installed with `pip install --require-hashes` into a virtual
+    # environment of the agent's own, per engine version.
+    requirements: list[str] | None = None
+    find_links: str | None = None  # a wheelhouse URL or directory (pip --find-links)
+    index_url: str | None = None  # a package index (pip --index-url); unset: pip's default
+    # A checksummed archive (tar or zip), unpacked refusing any member that leaves the install directory.
+    archive_url: str | None = None
+    archive_sha256: str | None = None
+    # An executable already on the node.
+    path: str | None = None
+    # Inside an installed environment: the executable's path relative to it; or `module:function`, called by
+    # the environment's python to print the path (and let the package finish its own setup).
+    binary: str | None = None
+    locate: str | None = None
+    probe_timeout_s: float = 30.0
+
+
 # ---- agent -> controller ----
 
 
@@ -212,6 +284,12 @@ class Command(_Model):
     replica_id: str | None = None
     shard_rank: int | None = None
     engine: EngineName | None = None
+    # collect_weights: the sources declared models still reference (kept), and whether only to say what would go.
+    keep: list[WeightSource] = Field(default_factory=list)
+    dry_run: bool = True
+    # install_engines: the Cluster's engine orders (the agent converges on them; an engine not named keeps
+    # what the agent's own configuration declares).
+    engines: list[EngineOrder] = Field(default_factory=list)
 
 
 AgentMessage = Annotated[Register | Heartbeat | ShardUpdate | Reply, Field(discriminator="type")]

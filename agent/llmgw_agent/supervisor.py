@@ -25,6 +25,7 @@ from typing import Any
 import aiohttp
 
 from llmgw_agent import dirfetch, engines, redact, repo_rules, weights
+from llmgw_agent.cache_index import INDEX_FILE, WeightsIndex
 from llmgw_agent.passthrough import (
     DIGEST_ENV,
     ENGINE_HOST,
@@ -120,6 +121,9 @@ class Supervisor:
         self.shards: dict[str, Shard] = {}
         (cfg.state_dir / "shards").mkdir(parents=True, exist_ok=True)
         (cfg.state_dir / "work").mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):  # made now so its filesystem is reported before the first fetch
+            self._cache_dir().mkdir(parents=True, exist_ok=True)
+        self.weights_index = WeightsIndex(cfg.state_dir / INDEX_FILE, self._cache_dir())
 
     # ---- queries ----
 
@@ -198,6 +202,7 @@ class Supervisor:
             raise
         except Exception as exc:  # reported to the controller, never raised into the loop
             log.warning("shard %s failed: %s", shard.spec.shard_id, exc)
+            self.weights_index.release(shard.spec.shard_id)
             self._set(shard, state="failed", message=str(exc))
             shard.exited.set()
 
@@ -214,6 +219,7 @@ class Supervisor:
             reporter = asyncio.create_task(self._report_progress(shard))
             try:
                 if source.directory:
+                    # Not in the weights index yet: a directory is not one file of one size (see docs/agent.md).
                     return await dirfetch.resolve_directory(
                         source,
                         cache,
@@ -221,13 +227,20 @@ class Supervisor:
                         parallel=self.cfg.fetch_parallelism,
                         mirror_headers=self.cfg.mirror_headers,
                     )
-                return await weights.resolve(source, cache, progress, max_bytes=self.cfg.max_download_bytes)
+                path = await weights.resolve(source, cache, progress, max_bytes=self.cfg.max_download_bytes)
             finally:
                 reporter.cancel()
-        return await weights.resolve(source, cache, progress)
+        else:
+            path = await weights.resolve(source, cache, progress)
+        self.weights_index.record(source, path, shard.spec.shard_id)
+        return path
 
     def _cache_dir(self) -> Path:
         return self.cfg.weights_dir or (self.cfg.state_dir / "weights")
+
+    @property
+    def cache_dir(self) -> Path:
+        return self._cache_dir()
 
     async def _report_progress(self, shard: Shard) -> None:
         last = -1
@@ -391,6 +404,7 @@ class Supervisor:
             shard.task.cancel()  # still fetching
             with contextlib.suppress(asyncio.CancelledError):
                 await shard.task
+            self.weights_index.release(shard.spec.shard_id)
             self._set(shard, state="stopped", message="stopped while fetching")
             return
         await self._terminate(shard)
@@ -454,6 +468,7 @@ class Supervisor:
 
     def _forget(self, shard: Shard) -> None:
         self._state_file(shard.spec.shard_id).unlink(missing_ok=True)
+        self.weights_index.release(shard.spec.shard_id)
 
     def adopt(self) -> list[ShardStatus]:
         """Re-adopt engines recorded in the state dir that are still the same running process."""
@@ -488,6 +503,7 @@ class Supervisor:
             self.shards[spec.shard_id] = shard
             shard.task = asyncio.create_task(self._watch_adopted(shard), name=f"adopted-{spec.shard_id}")
             adopted.append(status.model_copy())
+        self.weights_index.retain_users(self.shards)
         return adopted
 
     async def _watch_adopted(self, shard: Shard) -> None:

@@ -289,6 +289,9 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
         # What the controller will (and will not) do with a node the repo does not declare.
         label = "removing" if n.get("action") == "remove" else "undeclared"
         console.print(f"  [yellow]{label}[/yellow] {n['node']}: {n['message']}", highlight=False)
+    for cond in data.get("node_conditions") or []:
+        console.print(f"  [yellow]condition[/yellow] {cond['node']}: {condition_lines({'conditions': [cond]})[0]}",
+                      highlight=False)  # fmt: skip
     lead = data.get("leadership") or {}
     if lead.get("ha"):
         where = lead.get("leader_address") or "unknown"
@@ -328,7 +331,10 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
     if as_json:
         _print_json(data)
         return
-    table = Table("NODE", "STATE", "SEEN", "CPU", "MEMORY", "GPUS", "ENGINES", "REPLICAS", "BOOTSTRAP")
+    table = Table(
+        "NODE", "STATE", "SEEN", "CPU", "MEMORY", "DISK", "GPUS", "ENGINES", "REPLICAS", "BOOTSTRAP"
+    )
+    conditions: list[str] = []
     for n in data["nodes"]:
         inv = n.get("inventory") or {}
         mem = inv.get("memory_bytes")
@@ -340,12 +346,36 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
             "never" if n.get("last_seen_s") is None else duration_words(n["last_seen_s"]) + " ago",
             "?" if inv.get("cpu_cores") is None else str(inv["cpu_cores"]),
             "?" if mem is None else f"{mem / 1024**3:.0f} GiB",
+            _cache_disk_words(inv),
             "?" if gpus is None else (", ".join(g.get("class") or "?" for g in gpus) or "none"),
             "?" if engines is None else ", ".join(sorted(engines)),
             str(len(n.get("replicas", []))),
             _node_ops_words(n),
         )
-    output.console().print(table)
+        conditions += [f"{n['name']}: {line}" for line in condition_lines(inv)]
+    console = output.console()
+    console.print(table)
+    for line in conditions:
+        console.print(f"[yellow]condition[/yellow] {line}", highlight=False, markup=False)
+
+
+def _cache_disk_words(inv: dict[str, Any]) -> str:
+    """Free of total on the weights cache's filesystem (free alone says nothing: 8 GB of 10 TB or of 10)."""
+    disk = next((d for d in inv.get("disks") or [] if d.get("holds_cache")), None)
+    if disk is None or disk.get("free_bytes") is None:
+        return "?"
+    total = disk.get("total_bytes")
+    words = f"{disk['free_bytes'] / 1024**3:.0f}/{'?' if total is None else f'{total / 1024**3:.0f}'} GiB"
+    return words + (" shared" if disk.get("shared") else "")
+
+
+def condition_lines(inv: dict[str, Any]) -> list[str]:
+    """A node's conditions in words, each with the last line the failing command printed."""
+    lines = []
+    for c in inv.get("conditions") or []:
+        tail = c.get("tail") or []
+        lines.append(f"{c['type']} {c['engine']}: {c['message']}" + (f" | {tail[-1]}" if tail else ""))
+    return lines
 
 
 def _undeclared_mark(node: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from llmgw.cli import (
     store_cmds,
     up_cmd,
     validate,
+    weights_cmds,
 )
 
 app = typer.Typer(
@@ -34,6 +35,7 @@ controller_cmds.register(app)
 node_cmds.register(app)
 up_cmd.register(app)
 mirror_cmds.register(app)
+weights_cmds.register(app)
 
 
 def main() -> None:

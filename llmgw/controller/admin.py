@@ -22,9 +22,10 @@ from aiohttp import web
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
-from llmgw.controller import views
+from llmgw.controller import views, weights_admin
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.controller.hub import AgentError
 from llmgw.controller.publisher import note_demand, note_usage, token_ok
 from llmgw.core import jsonsafe, placement
 from llmgw.core.errors import LlmgwError
@@ -181,6 +182,28 @@ async def explain(request: web.Request) -> web.Response:
             ],
         }
     )
+
+
+async def weights_list(request: web.Request) -> web.Response:
+    return web.json_response({"nodes": weights_admin.weights_json(_admin(request))})
+
+
+async def weights_collect(request: web.Request) -> web.Response:
+    c = _admin(request)
+    try:
+        body = jsonsafe.loads(await request.read() or b"{}")
+    except ValueError:
+        return _error(400, 'body must be JSON: {"dry_run": true|false, "node": NAME (optional)}')
+    dry_run, node = (body.get("dry_run", True), body.get("node")) if isinstance(body, dict) else (None, None)
+    if not isinstance(dry_run, bool) or not (node is None or isinstance(node, str)):
+        return _error(400, 'body must be {"dry_run": true|false, "node": NAME (optional)}')
+    try:
+        results = await weights_admin.collect(c, dry_run, node)
+    except weights_admin.NothingApplied as exc:
+        return _error(409, str(exc))
+    except AgentError as exc:
+        return _error(404, str(exc))
+    return web.json_response({"dry_run": dry_run, "nodes": results})
 
 
 async def state(request: web.Request) -> web.Response:
@@ -504,6 +527,8 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("GET", "/api/v1/models", models, "plan"),
     ("GET", "/api/v1/explain/{model}", explain, "plan"),
     ("GET", "/api/v1/state", state, "plan"),
+    ("GET", "/api/v1/weights", weights_list, "plan"),
+    ("POST", "/api/v1/weights/collect", weights_collect, "apply"),
     ("GET", "/api/v1/events", events, "plan"),
     ("POST", "/api/v1/apply", apply, "apply"),
     ("GET", "/api/v1/keys", keys_list, "admin"),

@@ -92,6 +92,8 @@ class AgentClient(Protocol):
 
     async def stop_shard(self, node: str, replica_id: str, rank: int, wait_s: float) -> Reply: ...
 
+    async def command(self, node: str, command: Command, wait_s: float) -> Reply: ...
+
 
 class AgentHub:
     """Owns the node links. `clock` is monotonic seconds.

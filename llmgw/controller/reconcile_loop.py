@@ -21,6 +21,7 @@ from llmgw.adapters.secrets import SecretError, read_secret
 from llmgw.controller import views
 from llmgw.controller.background import Background
 from llmgw.controller.core import Controller
+from llmgw.controller.engine_orders import EngineOrders
 from llmgw.controller.hub import AgentError, NodeLink
 from llmgw.controller.state import ReplicaRec
 from llmgw.core.fetch_plan import weight_source
@@ -59,6 +60,7 @@ class Reconciler:
         self.agents = controller.agents
         self.rng = rng or random.Random()
         self.background = Background("reconcile")  # starts, drains and stops in flight
+        self.engine_orders = EngineOrders()
 
     # ---------------------------------------------------------------------------------- loop
 
@@ -85,6 +87,7 @@ class Reconciler:
             return 5.0
         if not c.leading():
             return 1.0  # a standby decides nothing; woken when it becomes the leader
+        self.engine_orders.send_due(self.agents, d.cluster.engines, self.background)
         ws = c.worker_state
         now = c.wall()
         nodes = views.node_views(c)

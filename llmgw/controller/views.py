@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from llmgw_agent.protocol import ShardStatus
+from llmgw_agent.protocol import Inventory, ShardStatus
 
 from llmgw.controller.state import ModelRecord
+from llmgw.core import placement as node_facts
 from llmgw.core.fleet import (
     GpuView,
     IfUndeclared,
@@ -19,6 +20,7 @@ from llmgw.core.fleet import (
     ReplicaState,
     ReplicaView,
     ShardView,
+    held_weights_key,
     undeclared_words,
 )
 from llmgw.core.fleet import ShardState as FleetShardState
@@ -93,7 +95,16 @@ def node_views(c: Controller) -> list[NodeView]:
         labels = dict(inv.labels)
         if declared is not None:
             labels.update(declared.labels)
-        disks = [x.free_bytes for x in inv.disks or [] if x.free_bytes is not None]
+        disk_free, shared_disk = node_facts.cache_disk(
+            None
+            if inv.disks is None
+            else [
+                node_facts.CacheDisk(
+                    x.free_bytes, x.shared, x.holds_cache, x.fstype, x.mount_source, x.filesystem_id
+                )
+                for x in inv.disks
+            ]
+        )
         out.append(
             NodeView(
                 name=link.name,
@@ -105,14 +116,34 @@ def node_views(c: Controller) -> list[NodeView]:
                 fabric=declared.spec.fabric if declared else None,
                 cpu_cores=inv.cpu_cores,
                 memory_bytes=inv.memory_bytes,
-                disk_free_bytes=max(disks) if disks else None,
+                disk_free_bytes=disk_free,
+                shared_disk=shared_disk,
                 gpus=None
                 if inv.gpus is None
                 else tuple(GpuView(g.index, g.gpu_class, g.memory_bytes) for g in inv.gpus),
                 engines=None if inv.engines is None else {k: v.version for k, v in inv.engines.items()},
+                engine_refusals=_engine_refusals(c, inv),
+                weights=None
+                if inv.weights is None
+                else frozenset(held_weights_key(w.url, w.path, w.sha256) for w in inv.weights),
             )
         )
     return sorted(out, key=lambda n: n.name)
+
+
+def _engine_refusals(c: Controller, inv: Inventory) -> dict[str, str]:
+    d = c.desired
+    facts = node_facts.PlatformFacts(
+        cpu_flags=None if inv.cpu_flags is None else frozenset(inv.cpu_flags),
+        arch=inv.arch,
+        glibc=inv.glibc,
+        gpu_driver=inv.gpu_driver,
+    )
+    conditions = [
+        node_facts.ConditionFact(x.type, x.engine, x.message, tuple(x.tail)) for x in inv.conditions
+    ]
+    engines = {str(name): settings for name, settings in (d.cluster.engines.items() if d else ())}
+    return node_facts.engine_refusals(engines, facts, conditions)
 
 
 def _removing(c: Controller, node: str) -> bool:
@@ -278,6 +309,11 @@ def status_json(c: Controller) -> dict[str, Any]:
             for s in ("Ready", "Unreachable", "Lost")
         },
         "undeclared_nodes": undeclared_json(c),
+        "node_conditions": [
+            {"node": name} | cond.model_dump(mode="json")
+            for name, link in sorted(c.agents.nodes.items())
+            for cond in link.inventory.conditions
+        ],
         "replicas": len(c.replicas),
         "reconcile": {
             "passes": c.worker_state.passes,

@@ -42,6 +42,7 @@ __all__ = [
     "ShardState",
     "ShardView",
     "desired_nodes",
+    "held_weights_key",
     "model_views",
     "undeclared_words",
     "weights_key",
@@ -82,9 +83,14 @@ def weights_key(source: Source | None) -> str | None:
     where they come from. None for a model without a source (sim)."""
     if source is None:
         return None
-    if source.sha256:
-        return source.sha256
-    where = source.url if source.url is not None else f"path:{source.path}"
+    return held_weights_key(source.url, source.path, source.sha256)
+
+
+def held_weights_key(url: str | None, path: str | None, sha256: str | None) -> str:
+    """weights_key() of what an agent reports holding (its weights index names the source the same way)."""
+    if sha256:
+        return sha256
+    where = url if url is not None else f"path:{path}"
     return hashlib.sha256(where.encode()).hexdigest()
 
 
@@ -114,9 +120,14 @@ class NodeView:
     memory_bytes: int | None = None
     # Free bytes on the filesystem the weights cache lives on.
     disk_free_bytes: int | None = None
+    # The shared filesystem (a filer: `nfs4:filer:/export`) that holds the weights cache, None when it is the
+    # node's own. Nodes naming the same one draw on one pool of free bytes and hold the same weights.
+    shared_disk: str | None = None
     gpus: tuple[GpuView, ...] | None = None
     # Engine name -> version (None: installed, version not reported). None: engines not reported at all.
     engines: Mapping[str, str | None] | None = None
+    # Engine name -> why this node cannot run it (its install or probe failed, a requirement it lacks).
+    engine_refusals: Mapping[str, str] = field(default_factory=dict)
     # weights_key() of the weights the node already holds. None: the node was never asked to look.
     weights: frozenset[str] | None = None
     # Removed from the repo: its replicas are replaced elsewhere first, then stopped (make-before-break).
@@ -223,8 +234,10 @@ class LiveNode(_Live):
     cpu_cores: int | None = None
     memory_bytes: int | None = None
     disk_free_bytes: int | None = None
+    shared_disk: str | None = None
     gpus: list[LiveGpu] | None = None
     engines: dict[str, str | None] | None = None
+    engine_refusals: dict[str, str] = Field(default_factory=dict)
     weights: list[str] | None = None
     if_undeclared: IfUndeclared | None = Field(
         None,
@@ -244,6 +257,8 @@ class LiveNode(_Live):
             cpu_cores=n.cpu_cores,
             memory_bytes=n.memory_bytes,
             disk_free_bytes=n.disk_free_bytes,
+            shared_disk=n.shared_disk,
+            engine_refusals=dict(n.engine_refusals),
             gpus=None
             if n.gpus is None
             else [
@@ -266,6 +281,8 @@ class LiveNode(_Live):
             cpu_cores=self.cpu_cores,
             memory_bytes=self.memory_bytes,
             disk_free_bytes=self.disk_free_bytes,
+            shared_disk=self.shared_disk,
+            engine_refusals=dict(self.engine_refusals),
             gpus=None
             if self.gpus is None
             else tuple(GpuView(g.index, g.gpu_class, g.memory_bytes, g.allocated) for g in self.gpus),

@@ -98,15 +98,25 @@ def test_disks_grouped_by_filesystem_and_shared_flagged(tmp_path: Path) -> None:
     assert local[0].shared is False
 
 
-def test_engines_by_path_lookup_never_run(tmp_path: Path) -> None:
-    marker = tmp_path / "ran"
-    server = tmp_path / "llama-server"
-    server.write_text(f"#!/bin/sh\ntouch {marker}\n")
-    server.chmod(0o755)
-    found = inventory.engines_installed({"llamacpp": {"version": "b11434"}}, path_env=str(tmp_path))
-    assert found["llamacpp"].path == str(server) and found["llamacpp"].version == "b11434"
-    assert "sim" in found and "vllm" not in found
-    assert not marker.exists()
+def test_the_cache_filesystem_is_marked_and_a_filer_named_by_its_export(tmp_path: Path) -> None:
+    models, cache = tmp_path / "models", tmp_path / "cache"
+    models.mkdir()
+    cache.mkdir()
+    table = inventory.parse_mount_table(f"filer:/export {tmp_path} nfs4 rw 0 0\n/dev/sda1 / ext4 rw 0 0\n")
+    mounts = {p: t for p, (_, t) in table.items()}
+    sources = {p: src for p, (src, _) in table.items()}
+    (disk,) = inventory.disks_for([str(models)], mounts, cache_dir=str(cache), sources=sources)
+    assert disk.holds_cache is True  # one filesystem holds both: reported once, marked as the cache's
+    assert disk.mount_source == "filer:/export" and disk.shared is True
+    missing = inventory.disks_for([str(tmp_path / "gone")], mounts, cache_dir=str(tmp_path / "gone2"))
+    assert missing == []  # an unmounted filer is skipped, never a full disk
+
+
+def test_cpu_flags_keep_the_ones_engines_need() -> None:
+    text = "processor\t: 0\nflags\t\t: fpu sse4_2 avx avx2 fma avx512f amx_tile ht\n"
+    assert inventory.parse_cpu_flags(text) == ["amx_tile", "avx", "avx2", "avx512f", "fma", "sse4_2"]
+    assert inventory.parse_cpu_flags("Features\t: fp asimd sve\n") == ["asimd", "sve"]
+    assert inventory.parse_cpu_flags("processor\t: 0\n") is None  # not read: unknown, not "none"
 
 
 def test_override_file_fakes_a_big_node(tmp_path: Path) -> None:
@@ -128,5 +138,7 @@ def test_override_file_fakes_a_big_node(tmp_path: Path) -> None:
 def test_collect_on_this_machine() -> None:
     inv = inventory.collect([os.getcwd()], {}, {})
     assert inv.cpu_cores and inv.cpu_cores >= 1
+    assert inv.arch and inv.cpu_flags is not None
+    assert inv.glibc is None or inv.glibc[0].isdigit()
     assert inv.memory_bytes and inv.memory_bytes > 0
     assert inv.disks and inv.disks[0].total_bytes

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmgw_agent.protocol import Inventory, Register, Reply, ShardSpec, ShardState, ShardStatus
+from llmgw_agent.protocol import Command, Inventory, Register, Reply, ShardSpec, ShardState, ShardStatus
 
 from llmgw.controller.hub import AgentError, NodeLink
 
@@ -44,6 +44,7 @@ class FakeAgents:
     on_register: Callable[[NodeLink, Register], None] | None = None
     sent: list[Sent] = field(default_factory=list)
     refuse_start: dict[str, str] = field(default_factory=dict)  # node -> the agent's refusal of start_shard
+    commands: list[tuple[str, Command]] = field(default_factory=list)  # other commands, as sent
 
     # ------------------------------------------------------------------ the agents' side, driven by a test
 
@@ -119,6 +120,12 @@ class FakeAgents:
         link.shards[status.shard_id] = status
         self.on_change(f"shard {status.shard_id} is starting")
         return Reply(id=f"fake-{len(self.sent)}", ok=True)
+
+    async def command(self, node: str, command: Command, wait_s: float) -> Reply:
+        self._link(node, command.action)
+        self.sent.append(Sent(node, command.action, "", 0))
+        self.commands.append((node, command))
+        return Reply(id=command.id, ok=True)
 
     async def stop_shard(self, node: str, replica_id: str, rank: int, wait_s: float) -> Reply:
         link = self._link(node, "stop_shard")

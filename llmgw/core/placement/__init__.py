@@ -3,6 +3,14 @@
 See docs/placement.md for the filters, their words, and why GPU replicas bin-pack while CPU replicas spread.
 """
 
+from llmgw.core.placement.node_facts import (
+    CacheDisk,
+    ConditionFact,
+    PlatformFacts,
+    cache_disk,
+    engine_refusals,
+    requires_problems,
+)
 from llmgw.core.placement.place import (
     ACTIVE_STATES,
     Explanation,
@@ -22,18 +30,24 @@ from llmgw.core.placement.rooms import NodeVerdict, version_matches
 
 __all__ = [
     "ACTIVE_STATES",
+    "CacheDisk",
+    "ConditionFact",
     "Explanation",
     "IdFactory",
     "NodeVerdict",
     "Placement",
     "PlacementResult",
     "Placer",
+    "PlatformFacts",
     "ProfileExplanation",
     "ShardPlacement",
     "Unplaced",
     "active_count",
+    "cache_disk",
+    "engine_refusals",
     "explain",
     "place",
+    "requires_problems",
     "sequential_ids",
     "version_matches",
 ]

@@ -39,6 +39,16 @@ class NodeVerdict:
 
 
 @dataclass(slots=True)
+class DiskPool:
+    """Free bytes of one filesystem and the weights on it. A node's own disk has a pool of its own; a shared
+    filer is one pool for every node mounting it, so its free space is counted once, not once per node, and
+    weights one node put there are there for all of them."""
+
+    free: int | None  # bytes
+    weights: set[str] | None
+
+
+@dataclass(slots=True)
 class Room:
     """The free resources of one node during a pass (mutable, private to the pass)."""
 
@@ -47,11 +57,18 @@ class Room:
     free_gpus: dict[str | None, list[int]]  # class -> free device indices, ascending
     cpu_free: int | None
     mem_free: int | None  # bytes
-    disk_free: int | None  # bytes
-    weights: set[str] | None
+    disk: DiskPool
     cpu_reserved: int = 0
     mem_reserved: int = 0
     per_model: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def disk_free(self) -> int | None:
+        return self.disk.free
+
+    @property
+    def weights(self) -> set[str] | None:
+        return self.disk.weights
 
     def free_gpu_count(self, gpu_class: str | None) -> int:
         if gpu_class is None:
@@ -77,10 +94,10 @@ class Room:
             if self.mem_free is not None:
                 self.mem_free -= need
         if profile.disk_gb is not None and not self.has_weights(weights_key):
-            if self.disk_free is not None:
-                self.disk_free -= int(profile.disk_gb * GIB)
-            if weights_key is not None and self.weights is not None:
-                self.weights.add(weights_key)
+            if self.disk.free is not None:
+                self.disk.free -= int(profile.disk_gb * GIB)
+            if weights_key is not None and self.disk.weights is not None:
+                self.disk.weights.add(weights_key)
         self.per_model[model] = self.per_model.get(model, 0) + 1
 
 
@@ -96,7 +113,9 @@ def build_rooms(
 ) -> dict[str, Room]:
     """Rooms for every node, with what current replicas hold already taken out."""
     rooms: dict[str, Room] = {}
-    for node in sorted(nodes, key=lambda n: n.name):
+    ordered = sorted(nodes, key=lambda n: n.name)
+    shared = _shared_pools(ordered)
+    for node in ordered:
         free: dict[str | None, list[int]] = {}
         for gpu in sorted(node.gpus or (), key=lambda g: g.index):
             if not gpu.allocated:
@@ -107,8 +126,7 @@ def build_rooms(
             free_gpus=free,
             cpu_free=node.cpu_cores,
             mem_free=node.memory_bytes,
-            disk_free=node.disk_free_bytes,
-            weights=None if node.weights is None else set(node.weights),
+            disk=_pool_for(node, shared),
         )
     for replica in sorted(replicas, key=lambda r: r.id):
         if replica.state not in _HELD_STATES:
@@ -124,6 +142,27 @@ def build_rooms(
             else:
                 room.take(replica.model, profile, shard.gpus, None)
     return rooms
+
+
+def _pool_for(node: NodeView, shared: Mapping[str, DiskPool]) -> DiskPool:
+    if node.shared_disk is not None:
+        return shared[node.shared_disk]
+    return DiskPool(node.disk_free_bytes, None if node.weights is None else set(node.weights))
+
+
+def _shared_pools(nodes: Iterable[NodeView]) -> dict[str, DiskPool]:
+    """One pool per shared filesystem: the least free space any of its nodes saw (they looked at different
+    moments), and every weights key any of them reported."""
+    pools: dict[str, DiskPool] = {}
+    for node in nodes:
+        if node.shared_disk is None:
+            continue
+        pool = pools.setdefault(node.shared_disk, DiskPool(node.disk_free_bytes, None))
+        if node.disk_free_bytes is not None:
+            pool.free = node.disk_free_bytes if pool.free is None else min(pool.free, node.disk_free_bytes)
+        if node.weights is not None:
+            pool.weights = (pool.weights or set()) | set(node.weights)
+    return pools
 
 
 _NO_PROFILE = Profile(name="unknown", engine="sim")
@@ -164,6 +203,8 @@ def static_fits(node: NodeView, profile: Profile) -> bool:
     for key, value in profile.node_selector.items():
         if labels.get(key) != value:
             return False
+    if profile.engine in node.engine_refusals:
+        return False
     engines = node.engines
     if engines is None or profile.engine in BUILTIN_ENGINES:
         return True
@@ -239,6 +280,10 @@ def verdict(room: Room, profile: Profile, weights_key: str | None) -> NodeVerdic
 
 def _engine_words(node: NodeView, profile: Profile, reasons: list[str], notes: list[str]) -> None:
     if profile.engine in BUILTIN_ENGINES:
+        return
+    refusal = node.engine_refusals.get(profile.engine)
+    if refusal is not None:
+        reasons.append(refusal)
         return
     if node.engines is None:
         notes.append("engines not reported")

@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from email.utils import formatdate
 from http import HTTPStatus
+from typing import cast
 
 import httptools
 
@@ -244,8 +245,8 @@ class _Connection(asyncio.Protocol):
     # ------------------------------------------------------------------ transport events
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports implement asyncio.Transport without subclassing it.
+        self.transport = transport = cast(asyncio.Transport, transport)
         transport.set_write_buffer_limits(high=_WRITE_HIGH)
         peer = transport.get_extra_info("peername")
         self.remote = str(peer[0]) if isinstance(peer, tuple) and peer else None

@@ -38,7 +38,7 @@ from typing import cast
 
 import httptools
 
-from llmgw_router.errors import ApiError, error_body
+from llmgw_router.errors import ApiError, error_body, error_response
 from llmgw_router.exchange import ClientStalled, Exchange, Headers, Reply
 
 __all__ = ["ApiListener", "Handler", "HttpExchange"]
@@ -386,6 +386,9 @@ class _Connection(asyncio.Protocol):
             await handler(ex)
         except asyncio.CancelledError:
             return  # the client went away (connection_lost) or the listener is closing
+        except ApiError as err:  # a refusal a handler left to the listener to send
+            if not ex.started and not self.closed:
+                ex.respond(error_response(err))
         except Exception:
             log.exception("request %s %s failed in the listener", ex.method, ex.path)
             if not ex.started and not self.closed:

@@ -106,7 +106,7 @@ GET = b"GET %s HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
 async def test_keep_alive_serves_several_requests_on_one_connection(served: tuple) -> None:
-    rec, listener, port = served
+    _, listener, port = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     for _ in range(3):
         writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\nUser-Agent: t\r\nContent-Length: 2\r\n\r\n{}")
@@ -231,7 +231,7 @@ async def test_unknown_path_is_404_and_wrong_method_405_in_openai_shape(served: 
 
 async def test_a_client_that_goes_away_cancels_its_handler(served: tuple) -> None:
     rec, _, port = served
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(GET % b"/hold")
     await wait_for(lambda: rec.started == ["/hold"], 5, "the handler to start")
     writer.close()

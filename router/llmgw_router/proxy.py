@@ -7,7 +7,6 @@ the client becomes `UpstreamUnavailable` (the caller may retry elsewhere); after
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -20,7 +19,6 @@ from llmgw.core.errors import TransientError
 from llmgw_router.egress import ForbiddenAddress
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply
-from llmgw_router.fields import DROPPED_HEADER, FieldPlan, apply_plan
 from llmgw_router.http1 import EngineClient, UpstreamHttpError
 
 __all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "forward"]
@@ -112,21 +110,6 @@ class _AiohttpUpstream:
         self._response.release()
 
 
-def _with_fields(call: UpstreamCall, plan: FieldPlan) -> UpstreamCall:
-    try:
-        obj = json.loads(call.payload)
-    except ValueError:
-        return call  # the router built this payload from a parsed object: cannot happen
-    if not isinstance(obj, dict):
-        return call
-    apply_plan(obj, plan)
-    reply = call.reply_headers
-    if plan.drop:
-        # Never silently: the client learns which of its fields the engine did not get.
-        reply = {**reply, DROPPED_HEADER: ",".join(plan.drop)}
-    return dataclasses.replace(call, payload=json.dumps(obj).encode(), reply_headers=reply)
-
-
 async def _open(session: aiohttp.ClientSession, engines: EngineClient | None, call: UpstreamCall) -> Upstream:
     if engines is not None and engines.handles(call.url):
         return await engines.post(call.url, call.payload, call.headers)
@@ -144,17 +127,13 @@ async def forward(
     streaming: Callable[[ProxyResult], None] | None = None,
     *,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
-    fields: FieldPlan | None = None,
 ) -> ProxyResult:
     """Send `call` to its endpoint: plain-http engines through `engines` (the lean client), everything else
     (providers over TLS) through the aiohttp `session`. `streaming` is handed the result as soon as a stream
     starts, so what it learns (usage, whether the client got the end) outlives a cancelled handler.
     A stream whose client takes longer than `write_timeout` seconds to accept one write is cut off (the
     exchange waits while the client's TCP window is closed; without a bound a client that stops reading
-    would hold its endpoint slot for as long as it liked).
-    `fields` (fields.py) names what the engine must not get and the cache salt it must."""
-    if fields is not None:
-        call = _with_fields(call, fields)
+    would hold its endpoint slot for as long as it liked)."""
     try:
         upstream = await _open(session, engines, call)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -28,7 +28,7 @@ from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply, json_reply
-from llmgw_router.fields import plan_fields
+from llmgw_router.fields import DROPPED_HEADER, plan_fields
 from llmgw_router.forwarding import Forwarding, Picked, fallback_chain
 from llmgw_router.http1 import EngineClient
 from llmgw_router.metrics import RouterMetrics
@@ -274,7 +274,7 @@ class RequestService:
             self.last_used[served] = self.clock()
             try:
                 up = self._upstream_call(kind, table, canonical, raw, body, call, picked, debug, attempt)
-                call.result = await self._send(exchange, kind, table, body, call, picked, up)
+                call.result = await self._send(exchange, up, call)
             except UpstreamUnavailable as exc:
                 self.forwarding.failed(ep, exc.reason)
                 if attempt == 1:
@@ -327,7 +327,15 @@ class RequestService:
         # A stream is always asked for its usage (and the extra chunk stripped again), so it can be charged.
         want_usage = client_stream and not client_usage
         ask_usage = (stream_opts if isinstance(stream_opts, dict) else {}) if want_usage else None
-        sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage)
+        fields = None
+        if not ep.is_provider:
+            project = call.principal.project if call.principal else None
+            allowed = table.snapshot.router.allowed_request_fields
+            fields = plan_fields(ep.spec.engine, kind, body, allowed, project, ep.spec.api_key)
+            # Never silently: the client learns which of its fields the engine did not get.
+            if fields is not None and fields.drop:
+                reply[DROPPED_HEADER] = ",".join(fields.drop)
+        sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage, fields)
         key = ep.provider_key if ep.is_provider else ep.spec.api_key
         headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
         if key:
@@ -343,36 +351,10 @@ class RequestService:
             retry_on_5xx=attempt == 0,
         )
 
-    async def _send(
-        self,
-        exchange: Exchange,
-        kind: Kind,
-        table: RoutingTable,
-        body: dict[str, Any],
-        call: Call,
-        picked: Picked,
-        up: UpstreamCall,
-    ) -> ProxyResult:
-        ep = picked.endpoint
-        assert self.session is not None, "the client session is opened by the app's cleanup_ctx"
-        fields = None
-        if not ep.is_provider:
-            fields = plan_fields(
-                ep.spec.engine,
-                kind,
-                body,
-                table.snapshot.router.allowed_request_fields,
-                call.principal.project if call.principal else None,
-                ep.spec.api_key,
-            )
+    async def _send(self, exchange: Exchange, up: UpstreamCall, call: Call) -> ProxyResult:
+        assert self.session is not None, "the client session is opened with the listeners (app.serve)"
         return await forward(
-            self.session,
-            exchange,
-            up,
-            self.engines,
-            call.streaming,
-            write_timeout=self.options.write_timeout,
-            fields=fields,
+            self.session, exchange, up, self.engines, call.streaming, write_timeout=self.options.write_timeout
         )
 
     # ------------------------------------------------------------------ accounting

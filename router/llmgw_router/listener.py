@@ -56,7 +56,7 @@ _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n" for s in HTTPStat
 _BAD_HEADER_CHARS = ("\r", "\n", "\0")
 
 
-class _HeadTooLarge(Exception):
+class _Refused(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -262,7 +262,7 @@ class _Connection(asyncio.Protocol):
             self.closing = True  # no protocol switch here: answer what was parsed, then close
         except httptools.HttpParserError as exc:
             cause = exc.__context__
-            if isinstance(cause, _HeadTooLarge):
+            if isinstance(cause, _Refused):
                 self._refuse(cause.status, str(cause))
             else:
                 self._refuse(400, f"Malformed HTTP request: {exc}.")
@@ -315,14 +315,14 @@ class _Connection(asyncio.Protocol):
         self._url.append(url)
         self._head_size += len(url)
         if self._head_size > MAX_TARGET:
-            raise _HeadTooLarge(414, f"Request target longer than {MAX_TARGET} bytes.")
+            raise _Refused(414, f"Request target longer than {MAX_TARGET} bytes.")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         ex = self._current
         assert ex is not None
         self._head_size += len(name) + len(value)
         if self._head_size > MAX_HEAD or len(ex.headers) >= MAX_HEADERS:
-            raise _HeadTooLarge(431, f"Request head over {MAX_HEADERS} fields or {MAX_HEAD} bytes.")
+            raise _Refused(431, f"Request head over {MAX_HEADERS} fields or {MAX_HEAD} bytes.")
         ex.headers.setdefault(name.decode("latin-1").lower(), value.decode("utf-8", "surrogateescape"))
 
     def on_headers_complete(self) -> None:
@@ -335,6 +335,10 @@ class _Connection(asyncio.Protocol):
         target = self._url[0] if len(self._url) == 1 else b"".join(self._url)
         ex.path = target.partition(b"?")[0].decode("latin-1")
         headers = ex.headers
+        coding = dict.get(headers, "transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            # llhttp takes `gzip, chunked`; the router would pass on a body it cannot read.
+            raise _Refused(400, "Transfer-Encoding other than `chunked` is not accepted.")
         length = dict.get(headers, "content-length")
         if length is not None:
             ex.content_length = int(length)  # llhttp took digits only, and one value

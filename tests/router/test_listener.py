@@ -145,9 +145,21 @@ async def test_a_head_that_does_not_finish_in_time_is_closed(served: tuple) -> N
         (b"GET /echo HTTP/1.1\r\nX-Bad: a\x01b\r\n\r\n", 400),
         (b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 400),
         (b"POST /echo HTTP/1.1\r\nContent-Length: +2\r\n\r\n{}", 400),
+        (b"POST /echo HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}", 400),
+        (b"POST /echo HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 400),
         (b"\x16\x03\x01\x00\xa5\x01\x00\x00\xa1\x03\x03", 400),  # a TLS hello on the plain port
     ],
-    ids=["target", "header-count", "head-size", "control-char", "cl-and-te", "signed-length", "tls"],
+    ids=[
+        "target",
+        "header-count",
+        "head-size",
+        "control-char",
+        "cl-and-te",
+        "signed-length",
+        "repeated-length",
+        "coded-body",
+        "tls",
+    ],
 )
 async def test_a_malformed_request_is_one_openai_error_and_one_warning_line(
     served: tuple, request_bytes: bytes, status: int, caplog: pytest.LogCaptureFixture

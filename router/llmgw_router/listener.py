@@ -239,8 +239,7 @@ class _Connection(asyncio.Protocol):
         self._running: asyncio.Task[None] | None = None
         self._read_paused = False
         self._lingering = False
-        self._deadline: float | None = None
-        self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None  # the head's or the idle wait's end (the listener's sweep)
 
     # ------------------------------------------------------------------ transport events
 
@@ -271,8 +270,6 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         self.listener._lost(self)
         self._deadline = None
-        if self._timer is not None:
-            self._timer.cancel()
         for fut in self._drain:
             if not fut.done():
                 fut.set_exception(ConnectionResetError("the client went away"))
@@ -446,26 +443,15 @@ class _Connection(asyncio.Protocol):
         self._deadline = None
         self.loop.call_later(self.listener.linger, self.transport.close)
 
-    # ------------------------------------------------------------------ the one timer
+    # ------------------------------------------------------------------ deadlines
 
     def _arm(self, seconds: float) -> None:
-        # One timer per connection, moved lazily: a request does not cancel and create a TimerHandle.
-        self._deadline = deadline = self.loop.time() + seconds
-        timer = self._timer
-        if timer is not None and timer.when() > deadline:
-            timer.cancel()  # the idle wait (long) gives way to the head's (short)
-            timer = None
-        if timer is None:
-            self._timer = self.loop.call_at(deadline, self._tick)
+        # A deadline, not a timer: the listener's sweep reads it (no TimerHandle made and cancelled per
+        # request).
+        self._deadline = self.loop.time() + seconds
 
-    def _tick(self) -> None:
-        self._timer = None
-        deadline = self._deadline
-        if deadline is None or self.closed:
-            return
-        if self.loop.time() < deadline:
-            self._timer = self.loop.call_at(deadline, self._tick)
-            return
+    def _expired(self) -> None:
+        self._deadline = None
         if self._running is None:
             log.debug("closing a connection from %s: nothing sent in time", self.remote)
             self.transport.close()
@@ -497,6 +483,9 @@ class ApiListener:
         self.linger = linger
         self.connections: set[_Connection] = set()
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+        # Deadlines are checked this often: a quarter of the shortest, at most once a second.
+        self._sweep_every = min(1.0, head_timeout / 4, idle_timeout / 4)
         self._all_closed: asyncio.Event | None = None  # set by the last connection to go, while closing
 
     def _lost(self, conn: _Connection) -> None:
@@ -524,11 +513,23 @@ class ApiListener:
             self._server = await loop.create_server(
                 lambda: _Connection(self), host, port, backlog=1024, reuse_address=True
             )
+        self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         sockets = self._server.sockets
         return int(sockets[0].getsockname()[1]) if sockets else port
 
+    def _sweep(self) -> None:
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        for conn in list(self.connections):
+            deadline = conn._deadline
+            if deadline is not None and now >= deadline:
+                conn._expired()
+        self._sweeper = loop.call_later(self._sweep_every, self._sweep)
+
     async def close(self, grace: float = 5.0) -> None:
         """Stop accepting; let requests in hand finish for up to `grace` seconds, then cut them off."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

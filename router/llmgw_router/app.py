@@ -18,6 +18,7 @@ import aiohttp
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw_router.auth import Authenticator, KeyStore, StoreKeys
 from llmgw_router.egress import client_connector
 from llmgw_router.exchange import Exchange, json_reply
@@ -161,6 +162,7 @@ async def serve(
         host, port = _split(listen)
         api_port = await api.start(host, port, api_socket)
         stack.push_async_callback(api.close)
+        quiet_bad_requests()  # the metrics listener (aiohttp): a malformed request is one warning line
         met = web.AppRunner(create_metrics_app(router), access_log=None)
         await met.setup()
         stack.push_async_callback(met.cleanup)

@@ -22,6 +22,8 @@ from llmgw_router.listener import MAX_HEAD, MAX_TARGET, ApiListener, Handler
 from llmgw_router.service import RequestService
 from support import wait_for
 
+from llmgw.core.snapshot import RouterSnapshot
+
 LIMIT = 1000
 
 
@@ -279,3 +281,55 @@ async def test_serve_accepts_a_pre_bound_reuseport_socket() -> None:
                 assert r.status == 503  # no snapshot yet
     finally:
         await listeners.close()
+
+
+async def test_through_the_router_a_client_that_leaves_closes_the_engine_call_and_frees_its_slot() -> None:
+    """The whole path on this listener: the engine holds its answer; the client hangs up; the router's
+    handler is cancelled, so the engine's connection is closed and the endpoint's claim released."""
+    engine_saw: list[str] = []
+
+    async def silent_engine(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        engine_saw.append("request")
+        await reader.read()  # answers nothing; returns when the router closes the connection
+        engine_saw.append("closed")
+        writer.close()
+
+    engine = await asyncio.start_server(silent_engine, "127.0.0.1", 0)
+    engine_port = engine.sockets[0].getsockname()[1]
+    router = RequestService()
+    router.apply_snapshot(
+        RouterSnapshot.model_validate(
+            {
+                "revision": "r1",
+                "models": {"m": {"context_length": 2048, "capabilities": ["chat"]}},
+                "endpoints": [
+                    {
+                        "replica_id": "e1",
+                        "model": "m",
+                        "engine": "vllm",
+                        "base_url": f"http://127.0.0.1:{engine_port}",
+                        "api_key": "engine-key",
+                    }
+                ],
+            }
+        )
+    )
+    listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0", scrape=False)
+    try:
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]}).encode()
+        _, writer = await asyncio.open_connection("127.0.0.1", listeners.api_port)
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        await wait_for(lambda: engine_saw == ["request"], 10, "the engine to get the request")
+        assert router.table is not None
+        (ep,) = router.table.all_endpoints()
+        assert ep.inflight == 1
+        writer.close()
+        await wait_for(lambda: engine_saw == ["request", "closed"], 10, "the engine call to be closed")
+        await wait_for(lambda: ep.inflight == 0, 5, "the endpoint's claim to be released")
+    finally:
+        await listeners.close()
+        engine.close()

@@ -98,6 +98,7 @@ class HttpExchange:
         "complete",
         "content_length",
         "finished",
+        "head_only",
         "headers",
         "http10",
         "keep_alive",
@@ -125,6 +126,7 @@ class HttpExchange:
         self.started = False
         self._chunked = False
         self.finished = False  # the whole answer went out
+        self.head_only = False  # HEAD: the answer's head without its body
 
     @property
     def remote(self) -> str | None:
@@ -162,7 +164,9 @@ class HttpExchange:
         body = reply.body
         head = _head(reply.status, reply.headers, f"Content-Length: {len(body)}\r\n", self._closes())
         self.started = self.finished = True
-        if len(body) < 16384:
+        if self.head_only:
+            conn.transport.write(head)
+        elif len(body) < 16384:
             conn.transport.write(head + body)
         else:  # not copied into one buffer: the engine's bytes go out as they came
             conn.transport.write(head)
@@ -498,8 +502,11 @@ class ApiListener:
         if methods is None:
             return _refusal(404, f"No such path: {ex.path[:200]}.", "not_found", {})
         handler = methods.get(ex.method)
+        if handler is None and ex.method == "HEAD" and "GET" in methods:
+            ex.head_only = True  # a load balancer's health check may ask with HEAD, as aiohttp allowed
+            handler = methods["GET"]
         if handler is None:
-            allow = {"Allow": ", ".join(methods)}
+            allow = {"Allow": ", ".join([*methods, "HEAD"] if "GET" in methods else methods)}
             return _refusal(405, f"{ex.method} is not allowed on {ex.path}.", "method_not_allowed", allow)
         return handler
 

@@ -239,8 +239,19 @@ async def test_unknown_path_is_404_and_wrong_method_405_in_openai_shape(served: 
         async with s.get(f"http://127.0.0.1:{port}/v2/nothing") as r:
             assert r.status == 404 and (await r.json())["error"]["code"] == "not_found"
         async with s.post(f"http://127.0.0.1:{port}/slow", data=b"{}") as r:
-            assert r.status == 405 and r.headers["Allow"] == "GET"
+            assert r.status == 405 and r.headers["Allow"] == "GET, HEAD"
             assert (await r.json())["error"]["code"] == "method_not_allowed"
+
+
+async def test_head_on_a_get_path_is_its_head_without_the_body(served: tuple) -> None:
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"HEAD /echo HTTP/1.1\r\nHost: x\r\n\r\n" + GET % b"/echo")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+    assert head.startswith(b"HTTP/1.1 200 ") and b"Content-Length: " in head
+    status, _, body = await read_reply(reader)  # the next answer follows at once: no body was sent
+    assert status == 200 and json.loads(body)["path"] == "/echo"
+    writer.close()
 
 
 async def test_a_client_that_goes_away_cancels_its_handler(served: tuple) -> None:

@@ -93,6 +93,7 @@ class HttpExchange:
         "_chunked",
         "_conn",
         "_expect_continue",
+        "_pending_head",
         "_waiter",
         "chunks",
         "complete",
@@ -125,6 +126,7 @@ class HttpExchange:
         self._expect_continue = False
         self.started = False
         self._chunked = False
+        self._pending_head = b""  # a stream's head, sent with its first bytes: one send(2), not two
         self.finished = False  # the whole answer went out
         self.head_only = False  # HEAD: the answer's head without its body
 
@@ -183,7 +185,7 @@ class HttpExchange:
             self._chunked = True
             framing = "Transfer-Encoding: chunked\r\n"
         self.started = True
-        conn.transport.write(_head(status, headers, framing, self._closes()))
+        self._pending_head = _head(status, headers, framing, self._closes())
 
     async def write(self, chunk: bytes, limit_s: float) -> None:
         conn = self._conn
@@ -191,16 +193,26 @@ class HttpExchange:
             raise ConnectionResetError("the client went away")
         if not chunk:
             return
-        conn.transport.write(b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk)
+        data = b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk
+        if self._pending_head:
+            data = self._pending_head + data
+            self._pending_head = b""
+        conn.transport.write(data)
         if conn.write_paused:
             await conn.drain(limit_s)
 
-    async def write_eof(self, limit_s: float) -> None:
+    async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
         conn = self._conn
         if conn.closed:
             raise ConnectionResetError("the client went away")
+        data = self._pending_head
+        self._pending_head = b""
+        if last:
+            data += b"%x\r\n%b\r\n" % (len(last), last) if self._chunked else last
         if self._chunked:
-            conn.transport.write(b"0\r\n\r\n")
+            data += b"0\r\n\r\n"
+        if data:
+            conn.transport.write(data)
         self.finished = True
         if conn.write_paused:
             await conn.drain(limit_s)

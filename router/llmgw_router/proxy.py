@@ -260,20 +260,24 @@ async def _stream(
             if out:
                 chunk = b"".join(out)
                 result.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
+                if b"data: [DONE]" in chunk:
+                    # The OpenAI stream's last event: end the client's answer now (with it, one write)
+                    # rather than after the engine's end of message. A client may hang up right after
+                    # [DONE]; waiting for the engine's final bytes first made that look like a request cut
+                    # short (499, no usage).
+                    await exchange.write_eof(write_timeout, chunk)
+                    if result.first_byte_at is None:
+                        result.first_byte_at = time.monotonic()
+                    result.finished = True
+                    return result
                 await exchange.write(chunk, write_timeout)
                 if result.first_byte_at is None:
                     result.first_byte_at = time.monotonic()
-                if b"data: [DONE]" in chunk:
-                    # The OpenAI stream's last event: end the client's answer now rather than after the
-                    # engine's end of message. A client may hang up right after [DONE]; waiting for the
-                    # engine's final bytes first made that look like a request cut short (499, no usage).
-                    result.finished = True
-                    break
             data = await upstream.readany()
             if not data:
                 break
             buf += data
-        if buf and not result.finished:
+        if buf:  # what the engine sent after its last complete event, before it ended
             await exchange.write(buf, write_timeout)
     except ConnectionResetError:  # the client left (or stalled): drop the upstream so the engine stops too
         result.client_gone = True

@@ -32,7 +32,8 @@ from llmgw.store.records import UsageRecord
 log = logging.getLogger(__name__)
 
 _SEGMENT = re.compile(r"^usage-(\d{12})\.jsonl$")
-_FIELDS = {f.name for f in dataclasses.fields(UsageRecord)}
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(UsageRecord))
+_FIELDS = set(_FIELD_NAMES)
 
 
 class SpoolError(LlmgwError):
@@ -44,7 +45,10 @@ def _name(seq: int) -> str:
 
 
 def encode(rec: UsageRecord) -> bytes:
-    return (json.dumps(dataclasses.asdict(rec), separators=(",", ":")) + "\n").encode()
+    # Its fields are scalars: no dataclasses.asdict, which deep-copies every value (about 5% of the router's
+    # CPU per request in a profile: every request is spooled).
+    obj = {name: getattr(rec, name) for name in _FIELD_NAMES}
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 
 
 def decode(line: bytes) -> UsageRecord | None:

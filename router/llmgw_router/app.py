@@ -1,14 +1,16 @@
-"""The aiohttp applications: the OpenAI API and, on its own listener, the metrics. An app factory, state under
-typed AppKeys, every background loop started and cancelled in cleanup_ctx; no singletons."""
+"""The router's listeners: the OpenAI API on the lean listener (listener.py), the metrics on aiohttp; the
+background loops (scraping, the controller link) and the engine clients opened with them and closed after.
+State lives in the RequestService; no singletons."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,47 +21,56 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw_router.auth import Authenticator, KeyStore, StoreKeys
 from llmgw_router.egress import client_connector
+from llmgw_router.exchange import Exchange, json_reply
 from llmgw_router.http1 import EngineClient
 from llmgw_router.link import ControllerLink, controller_url
+from llmgw_router.listener import ApiListener, Handler
 from llmgw_router.options import RouterOptions
 from llmgw_router.ports import UsageSink
 from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
 from llmgw_router.scrape import scrape_loop
 from llmgw_router.service import Kind, RequestService
 
-__all__ = ["ROUTER", "BuiltRouter", "Listeners", "build_router", "create_app", "create_metrics_app", "serve"]
+__all__ = ["BuiltRouter", "Listeners", "api_routes", "build_router", "create_metrics_app", "serve"]
 
 log = logging.getLogger(__name__)
 
-ROUTER = web.AppKey("router", RequestService)
-LINK = web.AppKey("link", ControllerLink)
-_TASKS = web.AppKey("tasks", list)
+
+def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
+    """The OpenAI API's paths and methods."""
+
+    def completion(kind: Kind) -> Handler:
+        async def handle(exchange: Exchange) -> None:
+            await router.handle(exchange, kind)
+
+        return handle
+
+    async def health(exchange: Exchange) -> None:
+        exchange.respond(json_reply({"status": "ok"}))
+
+    async def ready(exchange: Exchange) -> None:
+        table = router.table
+        if table is None:
+            exchange.respond(json_reply({"status": "waiting for a snapshot"}, 503))
+        else:
+            exchange.respond(json_reply({"status": "ready", "revision": table.snapshot.revision}))
+
+    return {
+        "/v1/chat/completions": {"POST": completion("chat")},
+        "/v1/completions": {"POST": completion("completions")},
+        "/v1/embeddings": {"POST": completion("embeddings")},
+        "/v1/models": {"GET": router.models},
+        "/health": {"GET": health},
+        "/ready": {"GET": ready},
+    }
 
 
-def _handler(kind: Kind) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
-    async def handle(request: web.Request) -> web.StreamResponse:
-        return await request.app[ROUTER].handle(request, kind)
-
-    return handle
-
-
-async def _models(request: web.Request) -> web.Response:
-    return await request.app[ROUTER].models(request)
-
-
-async def _health(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
-async def _ready(request: web.Request) -> web.Response:
-    router = request.app[ROUTER]
-    if router.table is None:
-        return web.json_response({"status": "waiting for a snapshot"}, status=503)
-    return web.json_response({"status": "ready", "revision": router.table.snapshot.revision})
-
-
-async def _client_session(app: web.Application) -> AsyncIterator[None]:
-    router = app[ROUTER]
+@contextlib.asynccontextmanager
+async def _background(
+    router: RequestService, link: ControllerLink | None, scrape: bool
+) -> AsyncIterator[None]:
+    """The clients to engines and providers, the scrape loop and the controller link, for as long as the
+    listeners run."""
     opts = router.options
     # Every address is checked as it is connected to (egress.py): a name or numeric form in the snapshot
     # that resolves to a link-local or metadata address is refused there.
@@ -77,7 +88,7 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
             opts.connect_timeout, opts.read_timeout, request_deadline=opts.request_deadline
         )
         tasks: list[asyncio.Task[None]] = []
-        if app.get(_SCRAPE, True):
+        if scrape:
             tasks.append(
                 asyncio.create_task(
                     scrape_loop(
@@ -89,42 +100,19 @@ async def _client_session(app: web.Application) -> AsyncIterator[None]:
                     )
                 )
             )
-        link = app.get(LINK)
         if link is not None:
             tasks.append(asyncio.create_task(link.run(session)))
-        app[_TASKS] = tasks
-        yield
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        router.session = None
-        router.engines.close()
-        router.engines = None
-
-
-_SCRAPE = web.AppKey("scrape", bool)
-
-
-def create_app(
-    router: RequestService, link: ControllerLink | None = None, scrape: bool = True
-) -> web.Application:
-    # The body limit is enforced by the request path from the snapshot's max_body_bytes; aiohttp's own
-    # limit only matters for request.read(), which the router does not use.
-    app = web.Application(client_max_size=1 << 40)
-    app[ROUTER] = router
-    app[_SCRAPE] = scrape
-    if link is not None:
-        app[LINK] = link
-    app.cleanup_ctx.append(_client_session)
-    app.router.add_post("/v1/chat/completions", _handler("chat"))
-    app.router.add_post("/v1/completions", _handler("completions"))
-    app.router.add_post("/v1/embeddings", _handler("embeddings"))
-    app.router.add_get("/v1/models", _models)
-    app.router.add_get("/health", _health)
-    app.router.add_get("/ready", _ready)
-    return app
+        try:
+            yield
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            router.session = None
+            router.engines.close()
+            router.engines = None
 
 
 def create_metrics_app(router: RequestService) -> web.Application:
@@ -144,15 +132,16 @@ def _split(address: str) -> tuple[str, int]:
 
 @dataclass
 class Listeners:
-    """What `serve` bound: the ports actually in use (useful with port 0) and a way to stop."""
+    """What `serve` bound: the ports actually in use (useful with port 0) and a way to stop (the listeners,
+    then the background loops and clients)."""
 
     api_port: int
     metrics_port: int
-    runners: list[web.AppRunner]
+    api: ApiListener
+    stack: contextlib.AsyncExitStack
 
     async def close(self) -> None:
-        for runner in self.runners:
-            await runner.cleanup()
+        await self.stack.aclose()
 
 
 async def serve(
@@ -161,29 +150,33 @@ async def serve(
     metrics_listen: str,
     link: ControllerLink | None = None,
     scrape: bool = True,
+    *,
+    api_socket: socket.socket | None = None,
 ) -> Listeners:
-    """Start the API and metrics listeners. A client that goes away cancels its handler (and so the upstream
-    request): handler_cancellation is on."""
-    quiet_bad_requests()  # a malformed request is one warning line, not an ERROR traceback per attempt
-    api = web.AppRunner(create_app(router, link, scrape), handler_cancellation=True, access_log=None)
-    met = web.AppRunner(create_metrics_app(router), access_log=None)
-    ports = []
-    for runner, address in ((api, listen), (met, metrics_listen)):
-        await runner.setup()
-        host, port = _split(address)
-        site = web.TCPSite(runner, host, port, backlog=1024)
+    """Start the background loops, the API listener (on `api_socket` when given: bound already, e.g. with
+    SO_REUSEPORT and shared by several workers; else on `listen`) and the metrics listener."""
+    stack = contextlib.AsyncExitStack()
+    try:
+        await stack.enter_async_context(_background(router, link, scrape))
+        api = ApiListener(api_routes(router), router.body_limit)
+        host, port = _split(listen)
+        api_port = await api.start(host, port, api_socket)
+        stack.push_async_callback(api.close)
+        quiet_bad_requests()  # the metrics listener (aiohttp): a malformed request is one warning line
+        met = web.AppRunner(create_metrics_app(router), access_log=None)
+        await met.setup()
+        stack.push_async_callback(met.cleanup)
+        mhost, mport = _split(metrics_listen)
+        site = web.TCPSite(met, mhost, mport, backlog=128)
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
-        ports.append(sockets[0].getsockname()[1] if sockets else port)
-    log.info(
-        "router API on %s:%d, metrics on %s:%d",
-        _split(listen)[0],
-        ports[0],
-        _split(metrics_listen)[0],
-        ports[1],
-    )
-    return Listeners(ports[0], ports[1], [api, met])
+        metrics_port = sockets[0].getsockname()[1] if sockets else mport
+    except BaseException:
+        await stack.aclose()
+        raise
+    log.info("router API on %s:%d, metrics on %s:%d", host, api_port, mhost, metrics_port)
+    return Listeners(api_port, metrics_port, api, stack)
 
 
 @dataclass

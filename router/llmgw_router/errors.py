@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-from aiohttp import web
-
 from llmgw.core.errors import LlmgwError
+from llmgw_router.exchange import Reply
 
 __all__ = ["ApiError", "error_body", "error_response"]
 
@@ -42,10 +41,6 @@ def error_body(message: str, type_: str, code: str | None, param: str | None = N
     return json.dumps(err).encode()
 
 
-def error_response(err: ApiError) -> web.Response:
-    return web.Response(
-        status=err.status,
-        body=error_body(err.message, err.type, err.code, err.param),
-        content_type="application/json",
-        headers=err.headers,
-    )
+def error_response(err: ApiError) -> Reply:
+    body = error_body(err.message, err.type, err.code, err.param)
+    return Reply(err.status, body, {"Content-Type": "application/json", **err.headers})

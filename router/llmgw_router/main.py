@@ -256,7 +256,8 @@ def run(ns: argparse.Namespace) -> None:
         import uvloop
 
         runner: Any = uvloop.run
-    except ImportError:
+    except ImportError:  # a platform without uvloop's wheels: correct, only dearer per request
+        log.warning("uvloop is not installed: the router runs on asyncio's default event loop")
         runner = asyncio.run
     try:
         runner(_amain(ns))

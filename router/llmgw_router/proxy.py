@@ -7,8 +7,6 @@ the client becomes `UpstreamUnavailable` (the caller may retry elsewhere); after
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -16,12 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
-from aiohttp import web
 
-from llmgw.core.errors import LlmgwError, TransientError
+from llmgw.core.errors import TransientError
 from llmgw_router.egress import ForbiddenAddress
 from llmgw_router.errors import ApiError, error_response
-from llmgw_router.fields import DROPPED_HEADER, FieldPlan, apply_plan
+from llmgw_router.exchange import Exchange, Reply
 from llmgw_router.http1 import EngineClient, UpstreamHttpError
 
 __all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "forward"]
@@ -29,23 +26,6 @@ __all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "forward"]
 _RETRYABLE_STATUS = frozenset({502, 503})
 _FLUSH_WITHOUT_SEPARATOR = 64 * 1024
 DEFAULT_WRITE_TIMEOUT = 30.0
-
-
-class _ClientStalled(LlmgwError, ConnectionResetError):
-    """The client accepted none of a write for the write timeout: treated as gone (it is cut off)."""
-
-
-async def _write(request: web.Request, resp: web.StreamResponse, chunk: bytes, limit_s: float) -> None:
-    """One write to the client, bounded in time. aiohttp waits (drain) while the client's TCP window is
-    closed; without a bound a client that stops reading holds its endpoint slot for as long as it likes."""
-    try:
-        async with asyncio.timeout(limit_s):
-            await resp.write(chunk)
-    except TimeoutError:
-        transport = request.transport
-        if transport is not None:
-            transport.abort()  # drop what is queued for it: nothing more is sent to this client
-        raise _ClientStalled(f"the client read nothing for {limit_s:g}s") from None
 
 
 class UpstreamUnavailable(TransientError):
@@ -70,9 +50,9 @@ class UpstreamCall:
     retry_on_5xx: bool
 
 
-@dataclass
+@dataclass(slots=True)
 class ProxyResult:
-    response: web.StreamResponse
+    response: Reply | None  # None: a stream, already written to the client through the exchange
     status: int
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -130,21 +110,6 @@ class _AiohttpUpstream:
         self._response.release()
 
 
-def _with_fields(call: UpstreamCall, plan: FieldPlan) -> UpstreamCall:
-    try:
-        obj = json.loads(call.payload)
-    except ValueError:
-        return call  # the router built this payload from a parsed object: cannot happen
-    if not isinstance(obj, dict):
-        return call
-    apply_plan(obj, plan)
-    reply = call.reply_headers
-    if plan.drop:
-        # Never silently: the client learns which of its fields the engine did not get.
-        reply = {**reply, DROPPED_HEADER: ",".join(plan.drop)}
-    return dataclasses.replace(call, payload=json.dumps(obj).encode(), reply_headers=reply)
-
-
 async def _open(session: aiohttp.ClientSession, engines: EngineClient | None, call: UpstreamCall) -> Upstream:
     if engines is not None and engines.handles(call.url):
         return await engines.post(call.url, call.payload, call.headers)
@@ -156,21 +121,19 @@ async def _open(session: aiohttp.ClientSession, engines: EngineClient | None, ca
 
 async def forward(
     session: aiohttp.ClientSession,
-    request: web.Request,
+    exchange: Exchange,
     call: UpstreamCall,
     engines: EngineClient | None = None,
     streaming: Callable[[ProxyResult], None] | None = None,
     *,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
-    fields: FieldPlan | None = None,
 ) -> ProxyResult:
     """Send `call` to its endpoint: plain-http engines through `engines` (the lean client), everything else
     (providers over TLS) through the aiohttp `session`. `streaming` is handed the result as soon as a stream
     starts, so what it learns (usage, whether the client got the end) outlives a cancelled handler.
-    A stream whose client takes longer than `write_timeout` seconds to accept one write is cut off.
-    `fields` (fields.py) names what the engine must not get and the cache salt it must."""
-    if fields is not None:
-        call = _with_fields(call, fields)
+    A stream whose client takes longer than `write_timeout` seconds to accept one write is cut off (the
+    exchange waits while the client's TCP window is closed; without a bound a client that stops reading
+    would hold its endpoint slot for as long as it liked)."""
     try:
         upstream = await _open(session, engines, call)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -191,7 +154,7 @@ async def forward(
             )
             return ProxyResult(error_response(err), 502)
         if call.stream and upstream.status == 200:
-            streamed = await _stream(request, upstream, call, streaming, write_timeout)
+            streamed = await _stream(exchange, upstream, call, streaming, write_timeout)
             # Back to the pool when the engine's message is complete (after [DONE] its end is usually
             # in already); closed otherwise. Not waited for: the client and the accounting come first.
             upstream.release()
@@ -212,16 +175,16 @@ async def forward(
         # Truncated JSON, an HTML error page, a proxy's banner: not an answer the client can use, and not one
         # to pass on as if it were. The caller retries elsewhere or answers 502 in OpenAI's shape.
         raise UpstreamUnavailable(f"engine answered {upstream.status} with a body that is not a JSON object")
-    result = ProxyResult(web.Response(), upstream.status)
+    result = ProxyResult(None, upstream.status)
     if upstream.status == 200:
         result.prompt_tokens, result.completion_tokens = _usage(obj)
-        if call.rewrite_model is not None and isinstance(obj, dict):
+        if call.rewrite_model is not None:
             obj["model"] = call.rewrite_model
             data = json.dumps(obj).encode()
-    content_type = upstream.header("Content-Type", "application/json")
-    result.response = web.Response(
-        status=upstream.status, body=data, headers={"Content-Type": content_type, **call.reply_headers}
-    )
+    # The engine's bytes as they came (parsed only to read the usage), unless the model name was changed.
+    headers = call.reply_headers
+    headers["Content-Type"] = upstream.header("Content-Type", "application/json")
+    result.response = Reply(upstream.status, data, headers)
     return result
 
 
@@ -269,7 +232,7 @@ def _reason(exc: BaseException) -> str:
 
 
 async def _stream(
-    request: web.Request,
+    exchange: Exchange,
     upstream: Upstream,
     call: UpstreamCall,
     started: Callable[[ProxyResult], None] | None,
@@ -285,14 +248,11 @@ async def _stream(
         raise UpstreamUnavailable("engine closed the stream before sending anything")
     if not _looks_like_sse(first):
         raise UpstreamUnavailable("engine's stream is not server-sent events")
-    resp = web.StreamResponse(
-        status=200,
-        headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **call.reply_headers},
-    )
-    result = ProxyResult(resp, 200)
+    result = ProxyResult(None, 200)
     if started is not None:
         started(result)
-    await resp.prepare(request)
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **call.reply_headers}
+    exchange.start_stream(200, headers)
     buf = first
     try:
         while True:
@@ -300,21 +260,25 @@ async def _stream(
             if out:
                 chunk = b"".join(out)
                 result.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
-                await _write(request, resp, chunk, write_timeout)
+                if b"data: [DONE]" in chunk:
+                    # The OpenAI stream's last event: end the client's answer now (with it, one write)
+                    # rather than after the engine's end of message. A client may hang up right after
+                    # [DONE]; waiting for the engine's final bytes first made that look like a request cut
+                    # short (499, no usage).
+                    await exchange.write_eof(write_timeout, chunk)
+                    if result.first_byte_at is None:
+                        result.first_byte_at = time.monotonic()
+                    result.finished = True
+                    return result
+                await exchange.write(chunk, write_timeout)
                 if result.first_byte_at is None:
                     result.first_byte_at = time.monotonic()
-                if b"data: [DONE]" in chunk:
-                    # The OpenAI stream's last event: end the client's answer now rather than after the
-                    # engine's end of message. A client may hang up right after [DONE]; waiting for the
-                    # engine's final bytes first made that look like a request cut short (499, no usage).
-                    result.finished = True
-                    break
             data = await upstream.readany()
             if not data:
                 break
             buf += data
-        if buf and not result.finished:
-            await _write(request, resp, buf, write_timeout)
+        if buf:  # what the engine sent after its last complete event, before it ended
+            await exchange.write(buf, write_timeout)
     except ConnectionResetError:  # the client left (or stalled): drop the upstream so the engine stops too
         result.client_gone = True
         upstream.close()
@@ -328,7 +292,7 @@ async def _stream(
     ):
         result.upstream_failed = True  # the client has bytes already: the stream just ends
     try:
-        await _write_eof(request, resp, write_timeout)
+        await exchange.write_eof(write_timeout)
     except ConnectionResetError:
         result.client_gone = True
     return result
@@ -357,14 +321,3 @@ def _complete_events(buf: bytes, result: ProxyResult, call: UpstreamCall) -> tup
         out.append(buf)
         buf = b""
     return out, buf
-
-
-async def _write_eof(request: web.Request, resp: web.StreamResponse, limit_s: float) -> None:
-    # The end of the stream waits for the client too (drain).
-    try:
-        async with asyncio.timeout(limit_s):
-            await resp.write_eof()
-    except TimeoutError:
-        if request.transport is not None:
-            request.transport.abort()
-        raise _ClientStalled(f"the client read nothing for {limit_s:g}s") from None

@@ -18,6 +18,7 @@ from llmgw.core import jsonsafe
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import PublishedModel
 from llmgw_router.errors import ApiError
+from llmgw_router.fields import FieldPlan, apply_plan
 
 __all__ = ["Sizing", "fits", "parse", "payload", "sent_cap", "session_key", "size"]
 
@@ -186,15 +187,24 @@ def session_key(headers: Mapping[str, str], body: dict[str, Any], policy: Routin
 
 
 def payload(
-    raw: bytes, body: dict[str, Any], upstream_model: str, cap: int | None, ask_usage: dict[str, Any] | None
+    raw: bytes,
+    body: dict[str, Any],
+    upstream_model: str,
+    cap: int | None,
+    ask_usage: dict[str, Any] | None,
+    fields: FieldPlan | None = None,
 ) -> bytes:
-    """The body sent upstream: the client's bytes as they came, unless the model's name, the cap or the
-    usage request must change (`ask_usage`: the client's stream_options, to which include_usage is added)."""
-    if body.get("model") == upstream_model and cap is None and ask_usage is None:
+    """The body sent upstream: the client's bytes as they came, unless the model's name, the cap, the
+    usage request (`ask_usage`: the client's stream_options, to which include_usage is added) or the field
+    plan (fields.py: what the engine must not get, the cache salt it must) changes it. Encoded once."""
+    unchanged_fields = fields is None or (not fields.drop and fields.salt is None)
+    if body.get("model") == upstream_model and cap is None and ask_usage is None and unchanged_fields:
         return raw
     changed = dict(body, model=upstream_model)
     if cap is not None:
         changed["max_tokens"] = cap
     if ask_usage is not None:
         changed["stream_options"] = {**ask_usage, "include_usage": True}
+    if fields is not None:
+        apply_plan(changed, fields)
     return json.dumps(changed).encode()

@@ -20,7 +20,6 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import aiohttp
-from aiohttp import web
 
 from llmgw.core.snapshot import PublishedModel, RouterSnapshot
 from llmgw.core.tenancy import has_tenants
@@ -28,7 +27,8 @@ from llmgw_router.accounting import Call, gone, settle
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator
 from llmgw_router.errors import ApiError, error_response
-from llmgw_router.fields import plan_fields
+from llmgw_router.exchange import Exchange, Reply, json_reply
+from llmgw_router.fields import DROPPED_HEADER, plan_fields
 from llmgw_router.forwarding import Forwarding, Picked, fallback_chain
 from llmgw_router.http1 import EngineClient
 from llmgw_router.metrics import RouterMetrics
@@ -138,12 +138,20 @@ class RequestService:
 
     # ------------------------------------------------------------------ simple pages
 
-    async def models(self, request: web.Request) -> web.Response:
+    def body_limit(self) -> int:
+        """The largest request body taken now: the snapshot's, or a default before the first one."""
+        table = self.table
+        return table.snapshot.router.max_body_bytes if table is not None else _DEFAULT_MAX_BODY
+
+    async def models(self, exchange: Exchange) -> None:
+        exchange.respond(await self._models(exchange))
+
+    async def _models(self, exchange: Exchange) -> Reply:
         table = self.table
         if table is None:
             return error_response(_not_ready())
         try:
-            principal = await self.auth.authenticate(request.headers.get("Authorization"))
+            principal = await self.auth.authenticate(exchange.headers.get("authorization"))
         except ApiError as err:
             return error_response(err)
         data = []
@@ -166,16 +174,18 @@ class RequestService:
                     "on_demand": model.on_demand,
                 }
             )
-        return web.json_response({"object": "list", "data": data})
+        return json_reply({"object": "list", "data": data})
 
     # ------------------------------------------------------------------ the request path
 
-    async def handle(self, request: web.Request, kind: Kind) -> web.StreamResponse:
-        call = Call(_request_id(request.headers.get("x-request-id")), time.monotonic())
+    async def handle(self, exchange: Exchange, kind: Kind) -> None:
+        call = Call(_request_id(exchange.headers.get("x-request-id")), time.monotonic())
+        response: Reply | None
         try:
-            response = await self._handle(request, kind, call)
+            response = await self._handle(exchange, kind, call)
             left = call.result is not None and call.result.client_gone
-            call.status, call.code = gone(call) if left else (response.status, call.code)
+            status = response.status if response is not None else 200  # None: a stream went out
+            call.status, call.code = gone(call) if left else (status, call.code)
         except ApiError as err:
             call.status, call.code = err.status, err.code or ""
             response = error_response(err)
@@ -190,27 +200,24 @@ class RequestService:
                 ApiError(500, "Internal error in the router.", "internal_error", "server_error")
             )
         # Send the answer before the bookkeeping (metrics, limits, usage): the client need not wait for it.
-        # aiohttp then finds the response already sent and only finishes the connection.
         try:
-            if not response.prepared:
-                await response.prepare(request)
-                await response.write_eof()
+            if response is not None and not exchange.started:
+                exchange.respond(response)
         except _GONE:
             call.status, call.code = gone(call)
             raise
         finally:
             self._account(call)
-        return response
 
-    async def _handle(self, request: web.Request, kind: Kind, call: Call) -> web.StreamResponse:
+    async def _handle(self, exchange: Exchange, kind: Kind, call: Call) -> Reply | None:
         table = self.table
         if table is None:
             raise _not_ready()
-        raw = await _read_body(request, table.snapshot.router.max_body_bytes if table else _DEFAULT_MAX_BODY)
+        raw = await exchange.read_body(table.snapshot.router.max_body_bytes)
         body = parse(raw)
         # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
         # which models exist (404) nor their context lengths (400).
-        call.principal = await self.auth.authenticate(request.headers.get("Authorization"))
+        call.principal = await self.auth.authenticate(exchange.headers.get("authorization"))
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(
@@ -240,23 +247,24 @@ class RequestService:
                 call.lease = await self.limiter.acquire(
                     call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
                 )
-        return await self._forward(request, kind, table, canonical, raw, body, call)
+        return await self._forward(exchange, kind, table, canonical, raw, body, call)
 
     async def _forward(
         self,
-        request: web.Request,
+        exchange: Exchange,
         kind: Kind,
         table: RoutingTable,
         canonical: str,
         raw: bytes,
         body: dict[str, Any],
         call: Call,
-    ) -> web.StreamResponse:
+    ) -> Reply | None:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
         pick made once more, then it is a 502."""
-        info = RequestInfo(session_key=session_key(request.headers, body, table.policy_for(canonical)))
+        headers = exchange.headers
+        info = RequestInfo(session_key=session_key(headers, body, table.policy_for(canonical)))
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
-            request.headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
+            headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
             self.options.debug_token.encode(),
         )
         for attempt in (0, 1):
@@ -266,7 +274,7 @@ class RequestService:
             self.last_used[served] = self.clock()
             try:
                 up = self._upstream_call(kind, table, canonical, raw, body, call, picked, debug, attempt)
-                call.result = await self._send(request, kind, table, body, call, picked, up)
+                call.result = await self._send(exchange, up, call)
             except UpstreamUnavailable as exc:
                 self.forwarding.failed(ep, exc.reason)
                 if attempt == 1:
@@ -319,7 +327,15 @@ class RequestService:
         # A stream is always asked for its usage (and the extra chunk stripped again), so it can be charged.
         want_usage = client_stream and not client_usage
         ask_usage = (stream_opts if isinstance(stream_opts, dict) else {}) if want_usage else None
-        sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage)
+        fields = None
+        if not ep.is_provider:
+            project = call.principal.project if call.principal else None
+            allowed = table.snapshot.router.allowed_request_fields
+            fields = plan_fields(ep.spec.engine, kind, body, allowed, project, ep.spec.api_key)
+            # Never silently: the client learns which of its fields the engine did not get.
+            if fields is not None and fields.drop:
+                reply[DROPPED_HEADER] = ",".join(fields.drop)
+        sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage, fields)
         key = ep.provider_key if ep.is_provider else ep.spec.api_key
         headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
         if key:
@@ -335,36 +351,10 @@ class RequestService:
             retry_on_5xx=attempt == 0,
         )
 
-    async def _send(
-        self,
-        request: web.Request,
-        kind: Kind,
-        table: RoutingTable,
-        body: dict[str, Any],
-        call: Call,
-        picked: Picked,
-        up: UpstreamCall,
-    ) -> ProxyResult:
-        ep = picked.endpoint
-        assert self.session is not None, "the client session is opened by the app's cleanup_ctx"
-        fields = None
-        if not ep.is_provider:
-            fields = plan_fields(
-                ep.spec.engine,
-                kind,
-                body,
-                table.snapshot.router.allowed_request_fields,
-                call.principal.project if call.principal else None,
-                ep.spec.api_key,
-            )
+    async def _send(self, exchange: Exchange, up: UpstreamCall, call: Call) -> ProxyResult:
+        assert self.session is not None, "the client session is opened with the listeners (app.serve)"
         return await forward(
-            self.session,
-            request,
-            up,
-            self.engines,
-            call.streaming,
-            write_timeout=self.options.write_timeout,
-            fields=fields,
+            self.session, exchange, up, self.engines, call.streaming, write_timeout=self.options.write_timeout
         )
 
     # ------------------------------------------------------------------ accounting
@@ -429,17 +419,3 @@ def _not_ready() -> ApiError:
         "server_error",
         headers={"Retry-After": "1"},
     )
-
-
-async def _read_body(request: web.Request, limit: int) -> bytes:
-    too_big = ApiError(413, f"Request body larger than {limit} bytes.", "request_too_large")
-    if request.content_length is not None:
-        if request.content_length > limit:
-            raise too_big
-        return await request.read()
-    buf = bytearray()
-    async for chunk in request.content.iter_any():
-        buf += chunk
-        if len(buf) > limit:
-            raise too_big
-    return bytes(buf)

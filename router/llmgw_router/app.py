@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -161,17 +162,25 @@ async def serve(
     metrics_listen: str,
     link: ControllerLink | None = None,
     scrape: bool = True,
+    *,
+    api_socket: socket.socket | None = None,
+    metrics_socket: socket.socket | None = None,
 ) -> Listeners:
     """Start the API and metrics listeners. A client that goes away cancels its handler (and so the upstream
-    request): handler_cancellation is on."""
+    request): handler_cancellation is on. `api_socket` / `metrics_socket`: already bound and listening
+    sockets to serve on instead of binding `listen` / `metrics_listen` (a worker's SO_REUSEPORT socket)."""
     quiet_bad_requests()  # a malformed request is one warning line, not an ERROR traceback per attempt
     api = web.AppRunner(create_app(router, link, scrape), handler_cancellation=True, access_log=None)
     met = web.AppRunner(create_metrics_app(router), access_log=None)
     ports = []
-    for runner, address in ((api, listen), (met, metrics_listen)):
+    for runner, address, given in ((api, listen, api_socket), (met, metrics_listen, metrics_socket)):
         await runner.setup()
         host, port = _split(address)
-        site = web.TCPSite(runner, host, port, backlog=1024)
+        site: web.BaseSite = (
+            web.TCPSite(runner, host, port, backlog=1024)
+            if given is None
+            else web.SockSite(runner, given, backlog=1024)
+        )
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -219,6 +228,7 @@ async def build_router(
     if store is not None:
         from llmgw.store.grace_ledger import GraceLedger
         from llmgw.store.limiter import Limiter as PoolLimiter
+        from llmgw.store.slots import PooledSlots, holder_id
         from llmgw.store.store import Store
         from llmgw.store.usage_spool import SpoolError
         from llmgw.store.usage_writer import UsageWriter
@@ -227,7 +237,11 @@ async def build_router(
         stack.push_async_callback(opened.close)
         keys = StoreKeys(opened)
         ledger = GraceLedger(grace_ledger) if grace_ledger is not None else None
-        limiter = TenantLimiter(PoolLimiter(opened, clock=limits_clock, grace_ledger=ledger))
+        # Concurrency pooled across every router process on this store, like the windowed limits.
+        slots = PooledSlots(opened, holder_id(options.router_id), clock=limits_clock)
+        await slots.start()
+        stack.push_async_callback(slots.close)
+        limiter = TenantLimiter(PoolLimiter(opened, clock=limits_clock, grace_ledger=ledger, slots=slots))
         writer = UsageWriter(opened, flush_interval=usage_flush_interval, spool_dir=usage_spool)
         try:
             await writer.start()

@@ -4,8 +4,8 @@ router process through the store (`PooledSlots`).
 rpm, tpm and budget are counts over a window; concurrency is a level, and slots come back when requests end.
 A pooled router process ("holder") holds some of a limit's slots in the store: one row per (limit, holder)
 with a count and an expiry (`Store.hold_slots`). It admits a request locally while it has a held slot free,
-asks the store for one more only when all its slots are busy, and gives idle slots back shortly after they
-fall idle (`linger`), so another router can use them. Why not one row per request: two store round trips on
+asks the store for one more only when all its slots are busy, and gives back the slots that stayed idle
+through a short `linger` (more than the most in flight during it), so another router can use them. Why not one row per request: two store round trips on
 every limited request; with holds, a process whose load is steady costs no round trip per request, and only
 a rising level does (one per extra slot). Why not shares of several slots at once: a slot held idle by one
 router is a slot another router must refuse, so a limit of 16 would not reach 16 in flight under a burst.
@@ -96,6 +96,7 @@ def holder_id(router_id: str) -> str:
 class _Hold:
     held: int = 0  # slots the store holds for us (never more than the store's row says)
     inflight: int = 0
+    peak: int = 0  # the most in flight since the last return pass: what is kept held through it
     cap: int = 0  # the limit as last seen
     grace: int = 0  # slots admitted on our own authority while the store is away
     grace_used: bool = False
@@ -150,8 +151,9 @@ class PooledSlots:
         return self.available(key, cap) >= 1
 
     def take(self, key: str) -> None:
-        self._hold(key).inflight += 1
-        self._idle.discard(key)
+        h = self._hold(key)
+        h.inflight += 1
+        h.peak = max(h.peak, h.inflight)
 
     def release(self, key: str) -> None:
         h = self._hold(key)
@@ -237,20 +239,36 @@ class PooledSlots:
                 self._unreachable(self._clock(), exc)
 
     async def _return_idle(self) -> None:
-        while self._idle:
-            key = self._idle.pop()
-            h = self._holds[key]
-            async with self._lock:
-                target = h.inflight
-                if h.held <= target or h.grace:
-                    continue  # nothing idle, or an outage's grace: settled by _end_grace
-                h.held = target  # lowered before asking, so no request is admitted on a slot being returned
-                try:
-                    h.held = min(target, await self._set(key, target, h.cap, self._clock()))
-                except BaseException:
-                    self._idle.add(key)
-                    raise
-            self._answered()
+        kept: set[str] = set()
+        try:
+            while self._idle:
+                key = self._idle.pop()
+                if await self._return_one(key):
+                    kept.add(key)
+        finally:
+            if kept:  # looked at again after the next linger, when what was busy may have gone idle
+                self._idle |= kept
+                self._wake.set()
+
+    async def _return_one(self, key: str) -> bool:
+        """Give back what stayed idle through the last linger; True when idle slots were kept for now."""
+        h = self._holds[key]
+        async with self._lock:
+            # Keep what was in use at the busiest moment of the last linger: a load that goes up and down
+            # by a few requests does not give slots back and ask for them again each time.
+            target, h.peak = max(h.inflight, h.peak), h.inflight
+            if h.grace:
+                return False  # an outage's grace: settled by _end_grace
+            if h.held <= target:
+                return h.held > h.inflight
+            h.held = target  # lowered before asking, so no request is admitted on a slot being returned
+            try:
+                h.held = min(target, await self._set(key, target, h.cap, self._clock()))
+            except BaseException:
+                self._idle.add(key)
+                raise
+        self._answered()
+        return h.held > h.inflight
 
     async def _renew(self) -> None:
         now = self._clock()

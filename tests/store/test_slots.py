@@ -110,3 +110,31 @@ async def test_outage_serves_held_slots_then_one_grace_share_then_refuses() -> N
     await pool._end_grace()  # what the background loop does once the store answers
     assert fake.holds[(KEY, "r1")][0] == 5  # what is in flight, held again
     assert pool.available(KEY, 16) == 0  # the grace is over: nothing more without the store's word
+
+
+async def test_a_fluctuating_load_keeps_its_slots_and_an_ended_one_gives_them_back() -> None:
+    """The return passes (run by hand here, as the background loop runs them after each linger) keep the most
+    that was in flight since the last pass: a load going up and down costs no store call; once it stops,
+    the slots go back after one more pass."""
+    fake = FakeStore()
+    pool = PooledSlots(fake, "r1", clock=lambda: T0)
+    router = Limiter(fake, clock=lambda: T0, slots=pool)
+    tenants = capped(100)
+    running = [await router.admit(tenants, Estimate(1)) for _ in range(16)]
+    busy = [a for a in running if isinstance(a, Admission)]
+    assert len(busy) == 16
+    calls = fake.calls
+    for _ in range(50):
+        for a in busy[:4]:
+            router.finish(a, 1, 0.0)
+        await pool._return_idle()
+        again = [await router.admit(tenants, Estimate(1)) for _ in range(4)]
+        busy = busy[4:] + [a for a in again if isinstance(a, Admission)]
+    assert len(busy) == 16
+    assert fake.calls == calls, "a steady load of 16 asked the store again"
+    for a in busy:
+        router.finish(a, 1, 0.0)
+    await pool._return_idle()  # 16 were busy during this linger: kept
+    assert fake.holds[(KEY, "r1")][0] == 16
+    await pool._return_idle()  # idle through a whole linger: given back
+    assert fake.holds[(KEY, "r1")][0] == 0

@@ -186,7 +186,14 @@ class _Supervisor:
         read_fd, write_fd = os.pipe()
         try:
             w.proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "llmgw_router.workers", self.spec(w, write_fd), pass_fds=(write_fd,)
+                sys.executable,
+                "-m",
+                "llmgw_router.workers",
+                self.spec(w, write_fd),
+                pass_fds=(write_fd,),
+                # Its own session: a terminal's Ctrl-C reaches the parent only, which stops the workers
+                # in order, instead of racing them (a worker ending first would be started again).
+                start_new_session=True,
             )
         finally:
             os.close(write_fd)

@@ -9,6 +9,8 @@ Outage rule: when the store cannot be reached, a router keeps serving on the sha
 runs out it may take ONE grace share per limit per window on its own authority, then refuses. So during an
 outage a pool can be exceeded by at most one grace share per router per window, and never more. With a
 `GraceLedger` that holds across restarts of the router (a restarted process does not take another).
+Concurrency is not a window but a level: its slots are held per router process through the store and come
+back when requests end (`llmgw.store.slots`, with its own outage rule); without a store, counted here.
 Tokens and budget are charged on an estimate at admission and corrected when the request finishes
 (`finish`): an overrun becomes debt, paid from the next share before anything else is admitted.
 """
@@ -44,6 +46,7 @@ from llmgw.core.limits import (
 from llmgw.store.errors import StoreUnavailable
 from llmgw.store.grace_ledger import GraceLedger
 from llmgw.store.records import ShareGrant
+from llmgw.store.slots import LocalSlots, Slots
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +112,7 @@ class _Plan:
     chain: tuple[Tenant, ...]
     pools: tuple[tuple[Tenant, tuple[_Pool, ...]], ...]  # per level, in chain order
     corrected: tuple[_Pool, ...]  # tokens and budget pools: charged on the estimate, corrected by `finish`
-    capped: tuple[Tenant, ...]  # levels with a concurrency limit
+    capped: tuple[tuple[str, int], ...]  # (limit key, cap) of the levels with a concurrency limit
 
     @classmethod
     def of(cls, chain: tuple[Tenant, ...]) -> _Plan:
@@ -118,7 +121,11 @@ class _Plan:
             for t in chain
         )
         corrected = tuple(p for _, ps in pools for p in ps if p.metric in ("tokens", "budget"))
-        capped = tuple(t for t in chain if t.limits.concurrency is not None)
+        capped = tuple(
+            (limit_key(t, "concurrency"), t.limits.concurrency)
+            for t in chain
+            if t.limits.concurrency is not None
+        )
         return cls(chain, pools, corrected, capped)
 
 
@@ -154,6 +161,7 @@ class Limiter:
         store_timeout: float = 2.0,
         retry_interval: float = 1.0,
         grace_ledger: GraceLedger | None = None,
+        slots: Slots | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -163,7 +171,9 @@ class Limiter:
         self._grace_ledger = grace_ledger  # grace shares taken, kept across restarts (None: memory only)
         self._shares: dict[str, _Share] = {}
         self._plans: dict[int, _Plan] = {}  # by id of the chain: callers pass the same tuple for a project
-        self._inflight: dict[str, int] = {}
+        # Requests in flight per capped level: this process's own count, or slots pooled through the store
+        # (llmgw.store.slots.PooledSlots) so that every router process together keeps a level's limit.
+        self._slots: Slots = slots if slots is not None else LocalSlots()
         self._store_down_until = -math.inf
         self._lock = asyncio.Lock()
 
@@ -208,6 +218,8 @@ class Limiter:
                     wanted = needs[pool.metric]
                     if share.balance < wanted:
                         await self._renew(tenant, pool.metric, share, math.ceil(wanted), now)
+            for key, cap in plan.capped:
+                await self._slots.ensure(key, cap)
             states = [self._state(tenant, pools) for tenant, pools in plan.pools]
             decision = decide(states, estimate, now)
             if isinstance(decision, Refused):
@@ -231,9 +243,8 @@ class Limiter:
                     best = tightest.get(pool.metric)
                     if best is None or left < best[1]:
                         tightest[pool.metric] = (share, left)
-        for tenant in plan.capped:
-            cap = tenant.limits.concurrency
-            if cap is not None and cap - self._inflight.get(tenant.key, 0) < 1:
+        for key, cap in plan.capped:
+            if not self._slots.free(key, cap):
                 return None
         headers: dict[str, str] = {}
         for metric in RATE_HEADER_METRICS:
@@ -247,8 +258,8 @@ class Limiter:
     def finish(self, admission: Admission, tokens: int, cost: float) -> None:
         """The request ended: release its concurrency and correct the token and budget estimates."""
         plan = self._plan(admission.chain)
-        for tenant in plan.capped:
-            self._inflight[tenant.key] = max(0, self._inflight.get(tenant.key, 0) - 1)
+        for key, _cap in plan.capped:
+            self._slots.release(key)
         actual: dict[Metric, int] = {"tokens": tokens, "budget": to_micros(cost)}
         for pool in plan.corrected:
             share = self._shares.get(pool.key)
@@ -328,7 +339,9 @@ class Limiter:
             meters[pool.metric] = Meter(share.limit, share.balance, share.window_end, left)
         cap = tenant.limits.concurrency
         if cap is not None:
-            meters["concurrency"] = Meter(cap, cap - self._inflight.get(tenant.key, 0), None)
+            meters["concurrency"] = Meter(
+                cap, self._slots.available(limit_key(tenant, "concurrency"), cap), None
+            )
         return LevelState(tenant, meters)
 
     def _charge(
@@ -340,6 +353,6 @@ class Limiter:
                 share = self._shares[pool.key]
                 share.balance -= math.ceil(needs[pool.metric])
                 charged[pool.key] = share.window_start
-        for tenant in plan.capped:
-            self._inflight[tenant.key] = self._inflight.get(tenant.key, 0) + 1
+        for key, _cap in plan.capped:
+            self._slots.take(key)
         return Admission(plan.chain, estimate, allowed.headers, charged)

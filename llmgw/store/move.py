@@ -29,8 +29,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "limit_counters": ("limit_key", "window_start", "window_end", "taken", "granted", "updated_at"),
     "leases": ("name", "holder", "expires_at"),
+    "concurrency_pools": ("limit_key", "updated_at"),
+    "concurrency_holds": ("limit_key", "holder", "slots", "expires_at"),
 }  # fmt: skip
-_ORDER = {"limit_counters": "limit_key, window_start"}
+_ORDER = {"limit_counters": "limit_key, window_start", "concurrency_holds": "limit_key, holder"}
 PAGE = 1000
 
 

@@ -41,6 +41,8 @@ TABLES: tuple[str, ...] = (
     "usage",
     "limit_counters",
     "leases",
+    "concurrency_pools",
+    "concurrency_holds",
 )
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
@@ -445,6 +447,62 @@ class Store:
         """Drop windows that ended before `before`."""
         async with self.db.tx() as tx:
             return await tx.execute("DELETE FROM limit_counters WHERE window_end < ?", (before,))
+
+    # ------------------------------------------------------------------------------------ concurrency slots
+
+    async def hold_slots(
+        self, limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float
+    ) -> int:
+        """Set `holder`'s hold on a concurrency limit to `want` slots, or to as many as the other live holds
+        leave free (never below 0); renews the hold to `expires_at`. Returns the slots now held. A decrease
+        always succeeds (unless others already hold more than their due). Serialised per limit by the
+        pool row, so racing holders never hold more than `limit` between them."""
+        if want < 0 or limit < 0:
+            raise StoreError(f"hold_slots({limit_key!r}): want and limit must be >= 0, got {want}, {limit}")
+        async with self.db.tx() as tx:
+            await tx.execute(
+                "INSERT INTO concurrency_pools (limit_key, updated_at) VALUES (?, ?) "
+                "ON CONFLICT (limit_key) DO UPDATE SET updated_at = excluded.updated_at",
+                (limit_key, now),
+            )
+            rows = await tx.fetch(
+                "INSERT INTO concurrency_holds (limit_key, holder, slots, expires_at) "
+                "SELECT ?, ?, CASE WHEN ? <= ? - o.used THEN ? WHEN ? - o.used > 0 THEN ? - o.used ELSE 0 END, ? "
+                "FROM (SELECT CAST(COALESCE(SUM(slots), 0) AS BIGINT) AS used FROM concurrency_holds "
+                "WHERE limit_key = ? AND holder <> ? AND expires_at > ?) o WHERE true "
+                "ON CONFLICT (limit_key, holder) DO UPDATE SET slots = excluded.slots, "
+                "expires_at = excluded.expires_at RETURNING slots",
+                (
+                    limit_key, holder, want, limit, want, limit, limit, expires_at,
+                    limit_key, holder, now,
+                ),
+            )  # fmt: skip
+        return int(rows[0][0])
+
+    async def renew_slots(self, holder: str, now: float, expires_at: float) -> int:
+        """Extend every non-empty hold of `holder` to `expires_at` and drop lapsed and empty holds (anyone's);
+        returns how many of `holder`'s holds were renewed (fewer than it thinks it has: some lapsed)."""
+        async with self.db.tx() as tx:
+            renewed = await tx.execute(
+                "UPDATE concurrency_holds SET expires_at = ? WHERE holder = ? AND slots > 0 AND expires_at > ?",
+                (expires_at, holder, now),
+            )
+            await tx.execute("DELETE FROM concurrency_holds WHERE expires_at <= ? OR slots = 0", (now,))
+        return renewed
+
+    async def drop_slots(self, holder: str) -> int:
+        """Give back every slot `holder` holds (a router stopping cleanly); the number of holds dropped."""
+        async with self.db.tx() as tx:
+            return await tx.execute("DELETE FROM concurrency_holds WHERE holder = ?", (holder,))
+
+    async def slots_held(self, limit_key: str, now: float) -> int:
+        """Slots of a concurrency limit held by live holds, all holders together."""
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                "SELECT COALESCE(SUM(slots), 0) FROM concurrency_holds WHERE limit_key = ? AND expires_at > ?",
+                (limit_key, now),
+            )
+        return int(rows[0][0])
 
     # ------------------------------------------------------------------------------------ leases
 

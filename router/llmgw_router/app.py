@@ -152,9 +152,11 @@ async def serve(
     scrape: bool = True,
     *,
     api_socket: socket.socket | None = None,
+    metrics_socket: socket.socket | None = None,
 ) -> Listeners:
-    """Start the background loops, the API listener (on `api_socket` when given: bound already, e.g. with
-    SO_REUSEPORT and shared by several workers; else on `listen`) and the metrics listener."""
+    """Start the background loops, the API listener (on `api_socket` when given: bound already, e.g. a
+    worker's SO_REUSEPORT socket; else on `listen`) and the metrics listener (on `metrics_socket`, bound and
+    listening, when given)."""
     stack = contextlib.AsyncExitStack()
     try:
         await stack.enter_async_context(_background(router, link, scrape))
@@ -167,7 +169,11 @@ async def serve(
         await met.setup()
         stack.push_async_callback(met.cleanup)
         mhost, mport = _split(metrics_listen)
-        site = web.TCPSite(met, mhost, mport, backlog=128)
+        site: web.BaseSite = (
+            web.TCPSite(met, mhost, mport, backlog=128)
+            if metrics_socket is None
+            else web.SockSite(met, metrics_socket, backlog=128)
+        )
         await site.start()
         server = site._server
         sockets = getattr(server, "sockets", None) or []
@@ -212,6 +218,7 @@ async def build_router(
     if store is not None:
         from llmgw.store.grace_ledger import GraceLedger
         from llmgw.store.limiter import Limiter as PoolLimiter
+        from llmgw.store.slots import PooledSlots, holder_id
         from llmgw.store.store import Store
         from llmgw.store.usage_spool import SpoolError
         from llmgw.store.usage_writer import UsageWriter
@@ -220,7 +227,11 @@ async def build_router(
         stack.push_async_callback(opened.close)
         keys = StoreKeys(opened)
         ledger = GraceLedger(grace_ledger) if grace_ledger is not None else None
-        limiter = TenantLimiter(PoolLimiter(opened, clock=limits_clock, grace_ledger=ledger))
+        # Concurrency pooled across every router process on this store, like the windowed limits.
+        slots = PooledSlots(opened, holder_id(options.router_id), clock=limits_clock)
+        await slots.start()
+        stack.push_async_callback(slots.close)
+        limiter = TenantLimiter(PoolLimiter(opened, clock=limits_clock, grace_ledger=ledger, slots=slots))
         writer = UsageWriter(opened, flush_interval=usage_flush_interval, spool_dir=usage_spool)
         try:
             await writer.start()

@@ -19,13 +19,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw_router.app import build_router, serve
 from llmgw_router.auth import KeyStore, StaticKeys
 from llmgw_router.options import RouterOptions
+
+if TYPE_CHECKING:
+    from llmgw_router.workers import WorkerSeat
 
 __all__ = ["build_parser", "load_snapshot_file", "main", "run"]
 
@@ -95,6 +98,13 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--router-id", default=socket.gethostname(), help="name of this router in usage and reports"
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="router processes sharing the API port (SO_REUSEPORT), metrics summed on --metrics-listen; "
+        "above 1 needs --store (default: the snapshot's router.workers, else 1)",
     )
     p.add_argument(
         "--on-demand-wait", type=float, default=5.0, help="seconds a request waits for an on-demand load"
@@ -167,7 +177,10 @@ def controller_tls(ca: str | None, cert: str | None, key: str | None) -> ssl.SSL
 
 
 def grace_ledger_path(ns: argparse.Namespace) -> Path:
-    """The outage grace shares this router id took (docs/tenancy.md): kept across its restarts."""
+    """The outage grace shares this router id took (docs/tenancy.md): kept across its restarts. A worker
+    of several is told its own file (a ledger has one writer)."""
+    if getattr(ns, "grace_file", None):
+        return Path(ns.grace_file)
     return (Path(ns.state_dir) / "grace" / f"{ns.router_id}.jsonl").absolute()
 
 
@@ -196,7 +209,7 @@ def _read_secret(path: str | None) -> str | None:
     return Path(path).expanduser().read_text().strip() if path else None
 
 
-async def _amain(ns: argparse.Namespace) -> None:
+async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None:
     snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
     listen = ns.listen or (snapshot.router.listen if snapshot else "127.0.0.1:8080")
     metrics_listen = ns.metrics_listen or (snapshot.router.metrics_listen if snapshot else "127.0.0.1:9091")
@@ -237,12 +250,17 @@ async def _amain(ns: argparse.Namespace) -> None:
         )
         if built.link is None and snapshot is not None:
             built.service.apply_snapshot(snapshot)
-        listeners = await serve(built.service, listen, metrics_listen, built.link)
+        given: dict[str, Any] = seat.sockets() if seat is not None else {}
+        listeners = await serve(built.service, listen, metrics_listen, built.link, **given)
         stack.push_async_callback(listeners.close)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+        if seat is not None:  # one of several workers: the parent says where the router listens
+            seat.report(listeners.metrics_port)
+            await stop.wait()
+            return
         print(
             f"llmgw-router listening on {listen} (api port {listeners.api_port}, metrics port {listeners.metrics_port})",
             flush=True,
@@ -250,7 +268,7 @@ async def _amain(ns: argparse.Namespace) -> None:
         await stop.wait()
 
 
-def run(ns: argparse.Namespace) -> None:
+def run(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None:
     logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         import uvloop
@@ -260,10 +278,26 @@ def run(ns: argparse.Namespace) -> None:
         log.warning("uvloop is not installed: the router runs on asyncio's default event loop")
         runner = asyncio.run
     try:
-        runner(_amain(ns))
+        if seat is None and _supervise_workers(ns):
+            return
+        runner(_amain(ns, seat))
     except ValueError as exc:
         print(f"llmgw-router: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def _supervise_workers(ns: argparse.Namespace) -> bool:
+    """With more than one worker, run them (llmgw_router.workers) and return True when they stopped."""
+    from llmgw_router import workers
+
+    snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
+    count = workers.worker_count(ns, snapshot.router.workers if snapshot else None)
+    if count == 1:
+        return False
+    listen = ns.listen or (snapshot.router.listen if snapshot else "127.0.0.1:8080")
+    metrics_listen = ns.metrics_listen or (snapshot.router.metrics_listen if snapshot else "127.0.0.1:9091")
+    workers.run_supervisor(ns, count, listen, metrics_listen)
+    return True
 
 
 def main(argv: Sequence[str] | None = None) -> None:

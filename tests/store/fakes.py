@@ -15,6 +15,9 @@ class FakeStore:
     yield_inside: bool = True  # let other coroutines run mid-call, as a real round trip would
     counters: dict[tuple[str, float], int] = field(default_factory=dict)
     usage: dict[str, UsageRecord] = field(default_factory=dict)
+    holds: dict[tuple[str, str], tuple[int, float]] = field(
+        default_factory=dict
+    )  # (key, holder) -> slots, expiry
     calls: int = 0
 
     async def _enter(self) -> None:
@@ -47,6 +50,32 @@ class FakeStore:
         col = {"organization": "org"}.get(level, level)
         end = until if until is not None else float("inf")
         return sum(r.cost for r in self.usage.values() if getattr(r, col) == name and since <= r.time < end)
+
+    async def hold_slots(
+        self, limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float
+    ) -> int:
+        await self._enter()
+        used = sum(
+            n for (k, h), (n, exp) in self.holds.items() if k == limit_key and h != holder and exp > now
+        )
+        held = max(0, min(want, limit - used))  # the SQL's CASE expressions
+        self.holds[(limit_key, holder)] = (held, expires_at)
+        return held
+
+    async def renew_slots(self, holder: str, now: float, expires_at: float) -> int:
+        await self._enter()
+        mine = [k for k, (n, exp) in self.holds.items() if k[1] == holder and n > 0 and exp > now]
+        for k in mine:
+            self.holds[k] = (self.holds[k][0], expires_at)
+        self.holds = {k: v for k, v in self.holds.items() if v[1] > now and v[0] > 0}
+        return len(mine)
+
+    async def drop_slots(self, holder: str) -> int:
+        await self._enter()
+        mine = [k for k in self.holds if k[1] == holder]
+        for k in mine:
+            del self.holds[k]
+        return len(mine)
 
     async def insert_usage(self, records: Sequence[UsageRecord]) -> None:
         await self._enter()

@@ -109,6 +109,14 @@ class RouterSettings(Strict):
 
     listen: str = Field("127.0.0.1:8080", description="host:port of the OpenAI API")
     metrics_listen: str = Field("127.0.0.1:9091", description="host:port of the router's Prometheus listener")
+    workers: int = Field(
+        1,
+        ge=1,
+        le=256,
+        description="Router processes sharing the API port (SO_REUSEPORT), metrics summed on metrics_listen; "
+        "above 1 needs a store (limits are pooled through it). Read at start by `llmgw-router --snapshot`; a "
+        "router following a controller takes `--workers`",
+    )
     default_policy: str | None = Field(None, description="RoutingPolicy used by models that name none")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
     scrape_interval: Duration = Field("1s", description="How often each engine's metrics are scraped")

@@ -1,0 +1,300 @@
+"""Concurrency limits: requests in flight, counted in this process (`LocalSlots`) or pooled across every
+router process through the store (`PooledSlots`).
+
+rpm, tpm and budget are counts over a window; concurrency is a level, and slots come back when requests end.
+A pooled router process ("holder") holds some of a limit's slots in the store: one row per (limit, holder)
+with a count and an expiry (`Store.hold_slots`). It admits a request locally while it has a held slot free,
+asks the store for one more only when all its slots are busy, and gives back the slots that stayed idle
+through a short `linger` (more than the most in flight during it), so another router can use them. Why not one row per request: two store round trips on
+every limited request; with holds, a process whose load is steady costs no round trip per request, and only
+a rising level does (one per extra slot). Why not shares of several slots at once: a slot held idle by one
+router is a slot another router must refuse, so a limit of 16 would not reach 16 in flight under a burst.
+
+Holds are renewed every `ttl / 3`; a holder that dies gives its slots back when its rows lapse (`ttl`).
+
+Outage rule (as for the windowed limits: serve on what is held, then one grace share, then refuse): while
+the store cannot be reached, a process keeps admitting on the slots it holds, and may admit ONE grace share
+more per limit (the policy's share size: 10% of the limit, at least 1) for as long as the outage lasts. So a
+pool can be exceeded by at most one grace share per router process during an outage. When the store answers
+again the grace is over: the process asks to hold what it has in flight; what the pool cannot give back
+drains as those requests end (no request is admitted until the process is under its hold again). Holds that
+lapsed during a long outage (longer than `ttl`) may have been taken by others meanwhile: the same drain
+applies. No grace ledger: a restarted process's requests died with it, so a restart does not add to the
+margin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from llmgw.store.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+__all__ = ["LocalSlots", "PooledSlots", "SlotStore", "Slots", "holder_id"]
+
+
+class Slots(Protocol):
+    """What the limiter asks of a concurrency counter. `free`, `available`, `take` and `release` are
+    synchronous (the request path's common case); `ensure` may ask the store."""
+
+    def free(self, key: str, cap: int) -> bool: ...
+    def available(self, key: str, cap: int) -> int: ...
+    async def ensure(self, key: str, cap: int) -> None: ...
+    def take(self, key: str) -> None: ...
+    def release(self, key: str) -> None: ...
+
+
+class LocalSlots:
+    """Requests in flight in this process: the whole limit is this process's (one router, no store)."""
+
+    def __init__(self) -> None:
+        self._inflight: dict[str, int] = {}
+
+    def free(self, key: str, cap: int) -> bool:
+        return self._inflight.get(key, 0) < cap
+
+    def available(self, key: str, cap: int) -> int:
+        return cap - self._inflight.get(key, 0)
+
+    async def ensure(self, key: str, cap: int) -> None:
+        return None
+
+    def take(self, key: str) -> None:
+        self._inflight[key] = self._inflight.get(key, 0) + 1
+
+    def release(self, key: str) -> None:
+        self._inflight[key] = max(0, self._inflight.get(key, 0) - 1)
+
+
+class SlotStore(Protocol):
+    """The part of the store `PooledSlots` uses (`llmgw.store.Store`)."""
+
+    async def hold_slots(
+        self, limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float
+    ) -> int: ...
+    async def renew_slots(self, holder: str, now: float, expires_at: float) -> int: ...
+    async def drop_slots(self, holder: str) -> int: ...
+
+
+def holder_id(router_id: str) -> str:
+    """A name for this process's holds: unique per process start, so a restarted worker never mistakes
+    the lapsing rows of its predecessor for its own."""
+    return f"{router_id}:{os.getpid()}:{secrets.token_hex(4)}"
+
+
+@dataclass
+class _Hold:
+    held: int = 0  # slots the store holds for us (never more than the store's row says)
+    inflight: int = 0
+    peak: int = 0  # the most in flight since the last return pass: what is kept held through it
+    cap: int = 0  # the limit as last seen
+    grace: int = 0  # slots admitted on our own authority while the store is away
+    grace_used: bool = False
+
+
+class PooledSlots:
+    """Concurrency slots held in the store by this process; see the module docstring for the rules."""
+
+    def __init__(
+        self,
+        store: SlotStore,
+        holder: str,
+        *,
+        clock: Callable[[], float] = time.time,
+        ttl: float = 30.0,
+        linger: float = 0.1,
+        store_timeout: float = 2.0,
+        retry_interval: float = 1.0,
+        grace_fraction: float = 0.1,
+    ) -> None:
+        self._store = store
+        self.holder = holder
+        self._clock = clock
+        self._ttl = ttl
+        self._linger = linger
+        self._timeout = store_timeout
+        self._retry_interval = retry_interval
+        self._grace_fraction = grace_fraction
+        self._holds: dict[str, _Hold] = {}
+        self._idle: set[str] = set()  # keys that may hold more than they have in flight
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()  # one change of a hold at a time: each sets an absolute count
+        self._down_until = -math.inf
+        self._down = False
+        self._task: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------------------------------ request path
+
+    def _hold(self, key: str) -> _Hold:
+        found = self._holds.get(key)
+        if found is None:
+            found = self._holds[key] = _Hold()
+        return found
+
+    def available(self, key: str, cap: int) -> int:
+        h = self._holds.get(key)
+        if h is None:
+            return 0
+        return min(h.held, cap) + h.grace - h.inflight
+
+    def free(self, key: str, cap: int) -> bool:
+        return self.available(key, cap) >= 1
+
+    def take(self, key: str) -> None:
+        h = self._hold(key)
+        h.inflight += 1
+        h.peak = max(h.peak, h.inflight)
+
+    def release(self, key: str) -> None:
+        h = self._hold(key)
+        h.inflight = max(0, h.inflight - 1)
+        self._idle.add(key)
+        self._wake.set()
+
+    async def ensure(self, key: str, cap: int) -> None:
+        """Make a slot free for one more request if the pool has one: ask the store to hold one more, or
+        during an outage take this limit's grace share. Returns with no slot free when the pool is full."""
+        h = self._hold(key)
+        h.cap = cap
+        if self.available(key, cap) >= 1 or h.inflight >= cap:
+            return
+        now = self._clock()
+        if now >= self._down_until:
+            try:
+                async with self._lock:
+                    want = min(cap, h.inflight + 1)
+                    h.held = await self._set(key, want, cap, now)
+                # Another level may refuse the request this slot was for: then it is idle, and goes back.
+                self._idle.add(key)
+                self._wake.set()
+                self._answered()
+                h.grace, h.grace_used = 0, False
+                return
+            except (StoreUnavailable, TimeoutError) as exc:
+                self._unreachable(now, exc)
+        if not h.grace_used:
+            h.grace_used = True
+            h.grace = max(1, math.ceil(cap * self._grace_fraction))
+
+    async def _set(self, key: str, want: int, cap: int, now: float) -> int:
+        async with asyncio.timeout(self._timeout):
+            return await self._store.hold_slots(key, self.holder, want, cap, now, now + self._ttl)
+
+    def _unreachable(self, now: float, exc: BaseException) -> None:
+        self._down_until = now + self._retry_interval
+        if not self._down:
+            self._down = True
+            log.warning("limit store unreachable: concurrency is served on held slots and one grace share "
+                        "per limit (%s)", exc)  # fmt: skip
+
+    def _answered(self) -> None:
+        if self._down:
+            self._down = False
+            log.warning("limit store reachable again: concurrency slots are pooled through it again")
+
+    # ------------------------------------------------------------------------------------ background
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="llmgw-concurrency-slots")
+
+    async def close(self) -> None:
+        """Stop renewing and give every held slot back at once (instead of when the holds lapse)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(StoreUnavailable, TimeoutError):
+            async with asyncio.timeout(self._timeout):
+                await self._store.drop_slots(self.holder)
+
+    async def _run(self) -> None:
+        renew_every = self._ttl / 3
+        next_renew = time.monotonic() + renew_every
+        while True:
+            wait = self._retry_interval if self._down else max(0.0, next_renew - time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._wake.wait()
+                    await asyncio.sleep(self._linger)  # idle slots linger: the next request may reuse them
+            self._wake.clear()
+            try:
+                await self._return_idle()
+                if self._down or time.monotonic() >= next_renew:
+                    next_renew = time.monotonic() + renew_every
+                    await self._renew()
+                await self._end_grace()
+            except (StoreUnavailable, TimeoutError) as exc:
+                self._unreachable(self._clock(), exc)
+
+    async def _return_idle(self) -> None:
+        kept: set[str] = set()
+        try:
+            while self._idle:
+                key = self._idle.pop()
+                if await self._return_one(key):
+                    kept.add(key)
+        finally:
+            if kept:  # looked at again after the next linger, when what was busy may have gone idle
+                self._idle |= kept
+                self._wake.set()
+
+    async def _return_one(self, key: str) -> bool:
+        """Give back what stayed idle through the last linger; True when idle slots were kept for now."""
+        h = self._holds[key]
+        async with self._lock:
+            # Keep what was in use at the busiest moment of the last linger: a load that goes up and down
+            # by a few requests does not give slots back and ask for them again each time.
+            target, h.peak = max(h.inflight, h.peak), h.inflight
+            if h.grace:
+                return False  # an outage's grace: settled by _end_grace
+            if h.held <= target:
+                return h.held > h.inflight
+            h.held = target  # lowered before asking, so no request is admitted on a slot being returned
+            try:
+                h.held = min(target, await self._set(key, target, h.cap, self._clock()))
+            except BaseException:
+                self._idle.add(key)
+                raise
+        self._answered()
+        return h.held > h.inflight
+
+    async def _renew(self) -> None:
+        now = self._clock()
+        async with asyncio.timeout(self._timeout):
+            renewed = await self._store.renew_slots(self.holder, now, now + self._ttl)
+        self._answered()
+        holding = [k for k, h in self._holds.items() if h.held > 0]
+        if renewed >= len(holding):
+            return
+        # Some holds lapsed (an outage longer than the ttl): ask for them again, as far as the pool allows.
+        log.warning(
+            "%d concurrency holds of %s lapsed; holding them again", len(holding) - renewed, self.holder
+        )
+        for key in holding:
+            await self._reassert(key)
+
+    async def _end_grace(self) -> None:
+        """The store answers again: the grace is over. Hold what is in flight, as far as the pool allows;
+        the rest drains as those requests end."""
+        for key, h in list(self._holds.items()):
+            if h.grace or h.grace_used:
+                await self._reassert(key)
+
+    async def _reassert(self, key: str) -> None:
+        h = self._holds[key]
+        async with self._lock:
+            h.held = await self._set(key, max(h.held, h.inflight), h.cap, self._clock())
+            h.grace, h.grace_used = 0, False
+            self._idle.add(key)  # what is held beyond the requests in flight goes back after the linger

@@ -1,0 +1,140 @@
+"""Concurrency pooled through the store: holds per router process, their expiry, idle slots given back, and
+the outage rule (llmgw.store.slots)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from support import wait_for
+
+from llmgw.core.limits import Estimate, LevelLimits, Refused, Tenant
+from llmgw.store import Store
+from llmgw.store.limiter import Admission, Limiter
+from llmgw.store.slots import PooledSlots
+
+from .fakes import FakeStore
+
+KEY = "project:p:concurrency"
+T0 = 1_200_000.0
+
+
+def capped(concurrency: int) -> tuple[Tenant, ...]:
+    return (Tenant("project", "p", LevelLimits(concurrency=concurrency)),)
+
+
+async def test_racing_holders_never_hold_more_than_the_limit(store: Store) -> None:
+    """Eight holders on two connections each ask for 5 of 16 at once: 16 are held between them, never 17."""
+    second = await Store.open(store.dsn)
+    try:
+        got = await asyncio.gather(
+            *((store, second)[i % 2].hold_slots(KEY, f"h{i}", 5, 16, T0, T0 + 30) for i in range(8))
+        )
+    finally:
+        await second.close()
+    assert sum(got) == 16
+    assert await store.slots_held(KEY, T0) == 16
+
+
+async def test_a_decrease_frees_slots_and_a_lapsed_hold_frees_them_all(store: Store) -> None:
+    assert await store.hold_slots(KEY, "a", 10, 16, T0, T0 + 30) == 10
+    assert await store.hold_slots(KEY, "b", 10, 16, T0, T0 + 30) == 6  # what a's hold leaves
+    assert await store.hold_slots(KEY, "a", 4, 16, T0 + 1, T0 + 31) == 4  # a gives 6 back
+    assert await store.hold_slots(KEY, "b", 12, 16, T0 + 1, T0 + 31) == 12
+    # b stops renewing (a router killed with -9): at its expiry its slots are free for a.
+    assert await store.renew_slots("a", T0 + 20, T0 + 50) == 1
+    assert await store.hold_slots(KEY, "a", 16, 16, T0 + 31, T0 + 61) == 16
+    assert await store.drop_slots("a") == 1
+    assert await store.slots_held(KEY, T0 + 31) == 0
+
+
+async def test_two_pooled_processes_reach_the_limit_and_give_idle_slots_back(store: Store) -> None:
+    """Two limiters (two router processes) on their own connections: 16 of 20 requests in flight are let
+    in, the rest refused naming concurrency; slots one of them frees are given back and used by the other."""
+    second = await Store.open(store.dsn)
+    pools = [PooledSlots(store, "r1", linger=0.01), PooledSlots(second, "r2", linger=0.01)]
+    for pool in pools:
+        await pool.start()
+    try:
+        routers = [Limiter(store, slots=pools[0]), Limiter(second, slots=pools[1])]
+        tenants = capped(16)
+        first = await asyncio.gather(*(routers[i % 2].admit(tenants, Estimate(1)) for i in range(20)))
+        admitted = [(i % 2, a) for i, a in enumerate(first) if isinstance(a, Admission)]
+        refused = [a for a in first if isinstance(a, Refused)]
+        assert len(admitted) == 16 and len(refused) == 4
+        assert all((r.level, r.metric, r.limit) == ("project", "concurrency", 16) for r in refused)
+        # Router 0 finishes all it had: router 1 gets them once router 0 gave them back.
+        mine = [a for who, a in admitted if who == 0]
+        for a in mine:
+            routers[0].finish(a, 1, 0.0)
+        more = await wait_for(
+            lambda: _admit_all(routers[1], tenants, len(mine)), 10, "router 2 admitted the freed slots"
+        )
+        assert len(more) == len(mine)
+        assert isinstance(await routers[1].admit(tenants, Estimate(1)), Refused)
+        assert await store.slots_held(KEY, time.time()) == 16
+    finally:
+        for pool in pools:
+            await pool.close()
+        await second.close()
+    assert await store.slots_held(KEY, 0.0) == 0  # closing gave every slot back
+
+
+async def _admit_all(router: Limiter, tenants: tuple[Tenant, ...], n: int) -> list[Admission] | None:
+    got = [await router.admit(tenants, Estimate(1)) for _ in range(n)]
+    ok = [a for a in got if isinstance(a, Admission)]
+    if len(ok) == n:
+        return ok
+    for a in ok:
+        router.finish(a, 1, 0.0)
+    return None
+
+
+async def test_outage_serves_held_slots_then_one_grace_share_then_refuses() -> None:
+    fake = FakeStore()
+    pool = PooledSlots(fake, "r1", clock=lambda: T0, linger=3600)  # no returns during the test
+    router = Limiter(fake, clock=lambda: T0, slots=pool)
+    tenants = capped(16)
+    held = [await router.admit(tenants, Estimate(1)) for _ in range(3)]
+    assert all(isinstance(a, Admission) for a in held)
+    first = held[0]
+    assert isinstance(first, Admission)
+    router.finish(first, 1, 0.0)  # one of its 3 held slots is idle now
+    fake.down = True
+    during = [await router.admit(tenants, Estimate(1)) for _ in range(6)]
+    # 1 idle held slot, then the grace share (10% of 16 = 2), then refusals naming concurrency.
+    assert [isinstance(a, Admission) for a in during] == [True, True, True, False, False, False]
+    refusal = during[-1]
+    assert isinstance(refusal, Refused) and refusal.metric == "concurrency"
+    fake.down = False
+    await pool._end_grace()  # what the background loop does once the store answers
+    assert fake.holds[(KEY, "r1")][0] == 5  # what is in flight, held again
+    assert pool.available(KEY, 16) == 0  # the grace is over: nothing more without the store's word
+
+
+async def test_a_fluctuating_load_keeps_its_slots_and_an_ended_one_gives_them_back() -> None:
+    """The return passes (run by hand here, as the background loop runs them after each linger) keep the most
+    that was in flight since the last pass: a load going up and down costs no store call; once it stops,
+    the slots go back after one more pass."""
+    fake = FakeStore()
+    pool = PooledSlots(fake, "r1", clock=lambda: T0)
+    router = Limiter(fake, clock=lambda: T0, slots=pool)
+    tenants = capped(100)
+    running = [await router.admit(tenants, Estimate(1)) for _ in range(16)]
+    busy = [a for a in running if isinstance(a, Admission)]
+    assert len(busy) == 16
+    calls = fake.calls
+    for _ in range(50):
+        for a in busy[:4]:
+            router.finish(a, 1, 0.0)
+        await pool._return_idle()
+        again = [await router.admit(tenants, Estimate(1)) for _ in range(4)]
+        busy = busy[4:] + [a for a in again if isinstance(a, Admission)]
+    assert len(busy) == 16
+    assert fake.calls == calls, "a steady load of 16 asked the store again"
+    for a in busy:
+        router.finish(a, 1, 0.0)
+    await pool._return_idle()  # 16 were busy during this linger: kept
+    assert fake.holds[(KEY, "r1")][0] == 16
+    await pool._return_idle()  # idle through a whole linger: given back
+    assert fake.holds[(KEY, "r1")][0] == 0

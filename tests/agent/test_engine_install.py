@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+from controller.helpers import Agents, Repo, settings_for, start
 from llmgw_agent.installs import EngineRegistry, InstallError, safe_unpack
 from llmgw_agent.inventory import CPU_FLAGS_REPORTED
 from llmgw_agent.protocol import EngineOrder
+from placement.builders import cpu_node, cpu_profile, entry
 from support import free_port, wait_for
 from typer.testing import CliRunner
 
@@ -27,8 +29,6 @@ from llmgw.cli.main import app
 from llmgw.core.config.models import CpuFlag, EngineSettings
 from llmgw.core.fleet import NodeView
 from llmgw.core.placement import ConditionFact, PlatformFacts, engine_refusals, explain
-from tests.controller.helpers import Agents, Repo, settings_for, start
-from tests.placement.builders import cpu_node, cpu_profile, entry
 
 from .fake_controller import FakeController
 from .test_daemon import AgentProcs, agents, ctl, gemma_model, registered, start_ready  # noqa: F401

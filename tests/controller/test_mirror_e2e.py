@@ -12,12 +12,12 @@ from typing import Any
 
 import aiohttp
 import pytest
+from agent.file_server import model_files
 from llmgw_agent.dirfetch import directory_root
 from llmgw_agent.protocol import WeightFile
 from support import free_port, wait_for
 
 from llmgw.adapters.mirror import MirrorStore, hash_directory, manifest_text
-from tests.agent.file_server import model_files
 
 from .helpers import Admin, Agents, Repo, cluster_yaml, settings_for, start
 

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from agent.file_server import model_files
 from aiohttp import web
 from typer.testing import CliRunner
 
 from llmgw.adapters.mirror import MirrorStore, mirror_app
 from llmgw.cli.main import app
-from tests.agent.file_server import model_files
 
 TOKEN = "node-token-1"
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from controller.helpers import Admin, Agents, Repo, cluster_yaml, settings_for, start
 from support import free_port, wait_for
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
-from tests.controller.helpers import Admin, Agents, Repo, cluster_yaml, settings_for, start
 
 pytestmark = pytest.mark.integration
 

@@ -27,6 +27,7 @@ from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.notifier import Notifier
 from llmgw.controller.publisher import node_credential, router_credential, router_stream
 from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.controller.settings import ControllerSettings
@@ -37,6 +38,7 @@ log = logging.getLogger("llmgw.controller")
 
 SOURCE = admin.SOURCE
 RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler", Reconciler)
+NOTIFIER: web.AppKey[Notifier] = web.AppKey("notifier", Notifier)
 ROUTER_PATH = "/router/v1"
 EXPIRE_EVERY_S = 0.5
 
@@ -57,6 +59,8 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)
     controller.hub.on_register = reconciler.adopt  # agents' running shards are adopted, never restarted
+    notifier = app[NOTIFIER] = Notifier(controller)
+    controller.event_hooks.append(notifier.controller_event)
     app.router.add_get(AGENT_PATH, controller.hub.handle)
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
@@ -72,6 +76,8 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.cleanup_ctx.append(_reconcile_ctx)
     app.cleanup_ctx.append(_background("liveness", _liveness_loop))
     app.cleanup_ctx.append(_nodes_ctx)
+    app.cleanup_ctx.append(_background("notifier", lambda a: a[NOTIFIER].run()))
+    app.cleanup_ctx.append(_background("budgets", lambda a: a[NOTIFIER].budget_loop()))
     return app
 
 
@@ -168,7 +174,9 @@ async def _nodes_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _liveness_loop(app: web.Application) -> None:
     c = app[CONTROLLER]
     while True:
-        c.hub.expire()
+        for name, state in c.hub.expire():
+            if state == "Lost" and c.leading():
+                await c.event("node_lost", name, "no heartbeat from its agent for lost_after")
         c.metrics.agent_connections.set(sum(1 for n in c.hub.nodes.values() if n.connected))
         await asyncio.sleep(EXPIRE_EVERY_S)
 

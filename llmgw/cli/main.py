@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from llmgw.cli import controller_cmds, node_cmds, plan_cmds, schemas, store_cmds, up_cmd, validate
+from llmgw.cli import controller_cmds, node_cmds, ops_cmds, plan_cmds, schemas, store_cmds, up_cmd, validate
 
 app = typer.Typer(
     name="llmgw",
@@ -24,6 +24,7 @@ plan_cmds.register(app)
 controller_cmds.register(app)
 node_cmds.register(app)
 up_cmd.register(app)
+ops_cmds.register(app)
 
 
 def main() -> None:

@@ -281,6 +281,11 @@ class RunningController:
     _runners: list[web.AppRunner]
     _lease_task: asyncio.Task[None] | None = None
 
+    @property
+    def notifier(self) -> Notifier:
+        """The webhook sender of the controller's app (the first runner's)."""
+        return self._runners[0].app[NOTIFIER]
+
     async def stop(self) -> None:
         if self._lease_task is not None and self.controller.lease is not None:
             # Give the lease up first, so a standby leads at its next try rather than after the ttl.

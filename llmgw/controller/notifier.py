@@ -69,6 +69,8 @@ class Notifier:
         self.pending: deque[Delivery] = deque(maxlen=PENDING_MAX)
         self.waiting = 0
         self.dead = 0
+        self.budget_checks = 0  # completed checks (status and tests read it)
+        c.change_listeners.append(self.wake.set)  # a revision applied may bring the first Notifications
 
     # ---------------------------------------------------------------------------------- events
 
@@ -171,6 +173,7 @@ class Notifier:
             try:
                 await self.check_budgets()
                 await self.c.store.prune_marks(self.c.wall() - MARKS_KEPT_S)
+                self.budget_checks += 1
             except Exception as exc:  # the store down: the next check reads the same usage
                 log.warning("budget check for notifications failed, retried in %.0fs: %s",
                             self.c.settings.budget_check_s, exc)  # fmt: skip
@@ -198,6 +201,10 @@ class Notifier:
     async def deliver_due(self, session: aiohttp.ClientSession) -> float:
         """One pass over the due rows; returns how long until the next is due."""
         store = self.c.store
+        if self.c.desired is None:
+            # Nothing applied yet (a controller just started): which Notifications exist is not known, and a
+            # row owed to one must not be dead-lettered as "no longer in the repo". The first revision wakes us.
+            return IDLE_WAIT_S
         if self.pending and not await self._write_pending():
             return STORE_RETRY_S
         for delivery in await store.due_deliveries(self.c.wall()):

@@ -29,6 +29,12 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "limit_counters": ("limit_key", "window_start", "window_end", "taken", "granted", "updated_at"),
     "leases": ("name", "holder", "expires_at"),
+    "audit_log": ("id", "time", "actor", "actor_detail", "action", "object", "outcome", "reason", "via"),
+    "notification_outbox": (
+        "id", "notification", "event", "object", "body", "created_at", "attempts", "next_at", "last_error",
+        "dead_at",
+    ),
+    "notification_marks": ("mark", "time"),
 }  # fmt: skip
 _ORDER = {"limit_counters": "limit_key, window_start"}
 PAGE = 1000

@@ -205,3 +205,34 @@ async def test_an_audit_entry_made_while_the_store_is_down_is_written_when_it_is
     finally:
         await running.stop()
         pg_server.drop_database(dsn)
+
+
+def test_key_commands_on_the_store_directly_are_audited_as_the_local_user(tmp_path: Path) -> None:
+    import asyncio
+    import getpass
+
+    dsn = f"sqlite:///{tmp_path / 'direct.db'}"
+    made = CliRunner().invoke(cli_app, ["keys", "create", "--project", "web", "--store", dsn, "--json"])
+    assert made.exit_code == 0, made.output
+    key = json.loads(made.output)
+    assert CliRunner().invoke(cli_app, ["keys", "revoke", key["id"], "--store", dsn]).exit_code == 0
+    assert CliRunner().invoke(cli_app, ["keys", "revoke", "key_nope", "--store", dsn]).exit_code != 0
+
+    async def entries() -> list[Any]:
+        store = await Store.open(dsn)
+        try:
+            async with store.db.tx() as tx:
+                raw = json.dumps([list(r) for r in await tx.fetch("SELECT * FROM audit_log")], default=str)
+            return [raw, *reversed(await store.list_audit())]
+        finally:
+            await store.close()
+
+    raw, *found = asyncio.run(entries())
+    actor = f"local:{getpass.getuser()}"
+    assert [(e.actor, e.action, e.outcome, e.via) for e in found] == [
+        (actor, "key.create", "accepted", "cli-store"),
+        (actor, "key.revoke", "accepted", "cli-store"),
+        (actor, "key.revoke", "refused", "cli-store"),
+    ]
+    assert found[0].object == f"{key['id']} (project web)" and found[2].reason == "no such key"
+    assert key["key"] not in raw

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from llmgw_agent.protocol import AGENT_PATH
@@ -384,6 +385,9 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         metrics_url = None
         if settings.metrics_hostport is not None:
             metrics_url = await _serve(make_metrics_app(controller), settings.metrics_hostport, None, runners)
+            bound = urlsplit(metrics_url)
+            if bound.hostname is not None and bound.port is not None:
+                controller.metrics_address = (bound.hostname, bound.port)
     except BaseException:
         for runner in reversed(runners):
             await runner.cleanup()

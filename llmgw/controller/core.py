@@ -96,6 +96,8 @@ class Controller:
         self.changed = asyncio.Event()
         self.change_listeners: list[Callable[[], None]] = []
         self.router_sockets: set[web.WebSocketResponse] = set()
+        self.router_peers: dict[web.WebSocketResponse, str] = {}  # the address each router connected from
+        self.metrics_address: tuple[str, int] | None = None  # the metrics listener, once bound
         self.worker_state = WorkerState()
         self.nodes: dict[str, NodeRecord] = {}  # per node: SSH bootstrap and removal, the state stored
         self.node_generations = NodeGenerations(Path(settings.state_dir) / GENERATIONS_FILE)

@@ -67,6 +67,7 @@ class Notifier:
         self.wake = asyncio.Event()
         # Outbox rows the store did not take (it was down), oldest first: written before anything newer.
         self.pending: deque[Delivery] = deque(maxlen=PENDING_MAX)
+        self._pending_lock = asyncio.Lock()
         self.waiting = 0
         self.dead = 0
         self.budget_checks = 0  # completed checks (status and tests read it)
@@ -101,16 +102,17 @@ class Notifier:
         return len(names)
 
     async def _write_pending(self) -> bool:
-        while self.pending:
-            try:
-                await self.c.store.enqueue_delivery(self.pending[0])
-            except Exception as exc:
-                log.warning(
-                    "notification outbox write failed (%d waiting in memory): %s", len(self.pending), exc
-                )
-                return False
-            self.pending.popleft()
-        return True
+        async with self._pending_lock:  # one writer: two would both write the head, then drop the next
+            while self.pending:
+                try:
+                    await self.c.store.enqueue_delivery(self.pending[0])
+                except Exception as exc:
+                    log.warning(
+                        "notification outbox write failed (%d waiting in memory): %s", len(self.pending), exc
+                    )
+                    return False
+                self.pending.popleft()
+            return True
 
     async def controller_event(self, kind: str, obj: str, message: str, now: float) -> None:
         """The controller's events that are also notification events (called by `Controller.event`)."""

@@ -169,8 +169,10 @@ async def notifications(request: web.Request) -> web.Response:
     c = _checked(request)
     dead = {"1": True, "true": True, "0": False, "false": False}.get(request.query.get("dead", "").lower())
     try:
-        found = await c.store.list_deliveries(dead, _limit(request))
+        # Counts first: the list read after them is never older than they are (a delivery dying meanwhile
+        # shows in the list, not only in the count).
         waiting, dead_count = await c.store.delivery_counts()
+        found = await c.store.list_deliveries(dead, _limit(request))
     except StoreError as exc:
         return _error(503, f"the store is unavailable: {exc}")
     return web.json_response(

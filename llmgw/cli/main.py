@@ -11,6 +11,7 @@ from llmgw.cli import (
     controller_cmds,
     mirror_cmds,
     node_cmds,
+    ops_cmds,
     plan_cmds,
     schemas,
     store_cmds,
@@ -36,6 +37,7 @@ node_cmds.register(app)
 up_cmd.register(app)
 mirror_cmds.register(app)
 weights_cmds.register(app)
+ops_cmds.register(app)
 
 
 def main() -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import datetime as dt
+import getpass
 import json
 import os
 import sys
@@ -32,8 +33,18 @@ from rich.table import Column, Table
 from llmgw.adapters import keys as keymod
 from llmgw.cli import admin_client, output
 from llmgw.core.words import count, duration_words, money, parse_duration
-from llmgw.store import DEFAULT_DSN, USAGE_GROUPS, ApiKey, Store, StoreError, UsageGroup, UsageTotal
+from llmgw.store import (
+    DEFAULT_DSN,
+    USAGE_GROUPS,
+    ApiKey,
+    AuditEntry,
+    Store,
+    StoreError,
+    UsageGroup,
+    UsageTotal,
+)
 from llmgw.store.move import move_store
+from llmgw.store.records import AuditOutcome
 
 T = TypeVar("T")
 
@@ -132,6 +143,22 @@ def _run(store: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
         _fail(f"{exc} (store chosen by {source})")
 
 
+async def _audit_direct(store: Store, action: str, obj: str, outcome: AuditOutcome, reason: str = "") -> None:
+    """A key command that opened the store itself is audited there, with the local user as its actor (no
+    admin token named anyone). A failed write is said, and does not undo the action it records."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container): the uid still says who
+        user = f"uid {os.getuid()}"
+    entry = AuditEntry(time.time(), f"local:{user}", action, obj, outcome, reason, via="cli-store")
+    try:
+        await store.record_audit(entry)
+    except StoreError as exc:
+        output.console(stderr=True).print(
+            f"[yellow]warning:[/yellow] {action} done, not audited: {exc}", highlight=False
+        )
+
+
 def _fail(message: str) -> NoReturn:
     output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
     raise typer.Exit(1)
@@ -176,9 +203,13 @@ def keys_create(
         made = _api(_controller(controller, token_file), "POST", "/api/v1/keys", body)
         new = keymod.NewKey(_api_key(made), str(made["key"]))
     else:
-        new = _run(
-            store, lambda s: keymod.create_key(s, project, time.time(), name=name, expires_in=expires_in)
-        )
+
+        async def create(s: Store) -> keymod.NewKey:
+            made = await keymod.create_key(s, project, time.time(), name=name, expires_in=expires_in)
+            await _audit_direct(s, "key.create", f"{made.key.id} (project {project})", "accepted")
+            return made
+
+        new = _run(store, create)
     if as_json:
         print(json.dumps({**_key_json(new.key, time.time()), "key": new.plaintext}))
         return
@@ -229,8 +260,16 @@ def keys_revoke(
     """Revoke a key: the router answers 401 "revoked" from then on (after its cache expires)."""
     if store is None:
         _api(_controller(controller, token_file), "POST", f"/api/v1/keys/{urllib.parse.quote(key_id)}/revoke")
-    elif not _run(store, lambda s: s.revoke_key(key_id, time.time())):
-        _fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
+    else:
+
+        async def revoke(s: Store) -> bool:
+            done = await s.revoke_key(key_id, time.time())
+            reason = "" if done else "no such key"
+            await _audit_direct(s, "key.revoke", key_id, "accepted" if done else "refused", reason)
+            return done
+
+        if not _run(store, revoke):
+            _fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
     print(f"revoked {key_id}")
 
 

@@ -22,7 +22,8 @@ from aiohttp import web
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
-from llmgw.controller import views, weights_admin
+from llmgw.controller import admin_ops, prom_sd, views, weights_admin
+from llmgw.controller.admin_ops import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT, PRINCIPAL
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.hub import AgentError
@@ -39,7 +40,6 @@ POLL_NOW: web.AppKey[asyncio.Event] = web.AppKey("poll_now", asyncio.Event)
 SOURCE: web.AppKey[Source] = web.AppKey("source", object)  # type: ignore[arg-type]
 GIT_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1 or SHA-256 object names
 ACTOR_DETAIL_MAX = 200
-PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 
 
 def _error(status: int, message: str) -> web.Response:
@@ -279,6 +279,9 @@ async def apply(request: web.Request) -> web.Response:
         return web.json_response({"error": message}, status=400)
     except ValueError as exc:
         return _error(400, str(exc))
+    force = bool(body.get("force", False))
+    request[AUDIT_ACTION] = "apply.force" if force else "apply"
+    request[AUDIT_DETAIL] = str(body.get("actor") or "")[:ACTOR_DETAIL_MAX]
     asked = body.get("revision")
     if asked is not None and not isinstance(asked, str):
         return _error(400, "revision must be a string (a git commit SHA of the source, or left out)")
@@ -287,6 +290,7 @@ async def apply(request: web.Request) -> web.Response:
         revision = await label_for_apply(source, root, asked or None)
     except LabelRefused as exc:
         return web.json_response({"error": {"message": str(exc)}}, status=409)
+    request[AUDIT_OBJECT] = revision
     if isinstance(source, GitSource) and GIT_SHA.match(revision) and revision == await source.branch_tip():
         # Verifying the label fetched the branch, and this is its tip: the next poll shows nothing new. Without
         # this, a poll (which `llmgw apply` asks for) landing after a later admin apply would re-apply this.
@@ -295,7 +299,7 @@ async def apply(request: web.Request) -> web.Response:
     detail = str(body.get("actor") or "")[:ACTOR_DETAIL_MAX]
     result = await c.offer(
         Checkout(revision, root, where),
-        force=bool(body.get("force", False)),
+        force=force,
         from_source=False,
         actor=principal.name,
         actor_detail=detail,
@@ -443,6 +447,7 @@ async def keys_create(request: web.Request) -> web.Response:
         new = await keymod.create_key(c.store, project, now, name=name, expires_in=expires)
     except StoreError as exc:
         return _error(503, f"the store did not take the key: {exc}")
+    request[AUDIT_OBJECT] = f"{new.key.id} (project {project})"
     await c.event("key_created", new.key.id, f"for project {project} by {principal.name}")
     return web.json_response({**_key_json(new.key, now), "key": new.plaintext}, status=201)
 
@@ -460,6 +465,7 @@ async def keys_list(request: web.Request) -> web.Response:
 async def keys_revoke(request: web.Request) -> web.Response:
     c, principal = _admin(request), _principal(request)
     key_id = request.match_info["key_id"]
+    request[AUDIT_OBJECT] = key_id
     try:
         revoked = await c.store.revoke_key(key_id, c.wall())
     except StoreError as exc:
@@ -534,6 +540,9 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("GET", "/api/v1/keys", keys_list, "admin"),
     ("POST", "/api/v1/keys", keys_create, "admin"),
     ("POST", "/api/v1/keys/{key_id}/revoke", keys_revoke, "admin"),
+    ("GET", "/api/v1/audit", admin_ops.audit, "plan"),
+    ("GET", "/api/v1/notifications", admin_ops.notifications, "plan"),
+    ("GET", "/api/v1/prometheus/targets", prom_sd.prometheus_targets, "plan"),
     ("POST", "/api/v1/webhook", webhook, None),
     ("POST", "/api/v1/demand/{model}", demand, None),
     ("POST", "/api/v1/usage-seen", usage_seen, None),
@@ -543,4 +552,7 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
 def add_routes(app: web.Application) -> None:
     app.middlewares.append(json_errors)
     for method, path, handler, scope in ROUTES:
-        app.router.add_route(method, path, handler if scope is None else _scoped(scope, handler))
+        checked = handler if scope is None else _scoped(scope, handler)
+        if scope is not None and method not in ("GET", "HEAD"):  # every change an admin token makes
+            checked = admin_ops.audited(admin_ops.action_of(method, path), checked)
+        app.router.add_route(method, path, checked)

@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from llmgw_agent.protocol import AGENT_PATH
@@ -28,6 +29,7 @@ from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.notifier import Notifier
 from llmgw.controller.publisher import node_credential, router_credential, router_stream
 from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.controller.settings import ControllerSettings, parse_hostport
@@ -38,6 +40,7 @@ log = logging.getLogger("llmgw.controller")
 
 SOURCE = admin.SOURCE
 RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler", Reconciler)
+NOTIFIER: web.AppKey[Notifier] = web.AppKey("notifier", Notifier)
 ROUTER_PATH = "/router/v1"
 EXPIRE_EVERY_S = 0.5
 
@@ -58,6 +61,8 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)
     controller.hub.on_register = reconciler.adopt  # agents' running shards are adopted, never restarted
+    notifier = app[NOTIFIER] = Notifier(controller)
+    controller.event_hooks.append(notifier.controller_event)
     app.router.add_get(AGENT_PATH, controller.hub.handle)
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
@@ -73,6 +78,8 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.cleanup_ctx.append(_reconcile_ctx)
     app.cleanup_ctx.append(_background("liveness", _liveness_loop))
     app.cleanup_ctx.append(_nodes_ctx)
+    app.cleanup_ctx.append(_background("notifier", lambda a: a[NOTIFIER].run()))
+    app.cleanup_ctx.append(_background("budgets", lambda a: a[NOTIFIER].budget_loop()))
     return app
 
 
@@ -169,7 +176,9 @@ async def _nodes_ctx(app: web.Application) -> AsyncIterator[None]:
 async def _liveness_loop(app: web.Application) -> None:
     c = app[CONTROLLER]
     while True:
-        c.hub.expire()
+        for name, state in c.hub.expire():
+            if state == "Lost" and c.leading():
+                await c.event("node_lost", name, "no heartbeat from its agent for lost_after")
         c.metrics.agent_connections.set(sum(1 for n in c.hub.nodes.values() if n.connected))
         await asyncio.sleep(EXPIRE_EVERY_S)
 
@@ -274,6 +283,11 @@ class RunningController:
     _runners: list[web.AppRunner]
     _lease_task: asyncio.Task[None] | None = None
 
+    @property
+    def notifier(self) -> Notifier:
+        """The webhook sender of the controller's app (the first runner's)."""
+        return self._runners[0].app[NOTIFIER]
+
     async def stop(self) -> None:
         if self._lease_task is not None and self.controller.lease is not None:
             # Give the lease up first, so a standby leads at its next try rather than after the ttl.
@@ -372,6 +386,9 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         metrics_url = None
         if settings.metrics_hostport is not None:
             metrics_url = await _serve(make_metrics_app(controller), settings.metrics_hostport, None, runners)
+            bound = urlsplit(metrics_url)
+            if bound.hostname is not None and bound.port is not None:
+                controller.metrics_address = (bound.hostname, bound.port)
         if settings.mirror_dir is not None:
             # Its own listener: every node pulls gigabytes from it, and the admin port must stay closeable. Plain
             # HTTP: agents' weights sessions present no client certificate; every file is checked by sha256.

@@ -12,14 +12,16 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from llmgw.adapters.secrets import SecretError, load_or_create, read_secret
 from llmgw.adapters.sources import Checkout
 from llmgw.controller.admin_tokens import AdminTokens
+from llmgw.controller.audit import AuditLog
 from llmgw.controller.background import Background
 from llmgw.controller.credentials import (
     GENERATIONS_FILE,
@@ -94,6 +96,8 @@ class Controller:
         self.changed = asyncio.Event()
         self.change_listeners: list[Callable[[], None]] = []
         self.router_sockets: set[web.WebSocketResponse] = set()
+        self.router_peers: dict[web.WebSocketResponse, str] = {}  # the address each router connected from
+        self.metrics_address: tuple[str, int] | None = None  # the metrics listener, once bound
         self.worker_state = WorkerState()
         self.nodes: dict[str, NodeRecord] = {}  # per node: SSH bootstrap and removal, the state stored
         self.node_generations = NodeGenerations(Path(settings.state_dir) / GENERATIONS_FILE)
@@ -123,6 +127,9 @@ class Controller:
         self.revision_write_error: str | None = None
         self._revision_retry: asyncio.Task[None] | None = None
         self._revision_lock = asyncio.Lock()
+        self.audit = AuditLog(store)  # admin actions, written off the request path (llmgw.controller.audit)
+        # Called with each event the leader records (kind, object, message, time): the notifier's way in.
+        self.event_hooks: list[Callable[[str, str, str, float], Coroutine[Any, Any, None]]] = []
 
     def leading(self) -> bool:
         """Whether this controller may place, stop and command agents now (see llmgw.controller.lease)."""
@@ -331,6 +338,8 @@ class Controller:
         if not self.leading():
             log.info("standby, not recorded in the store: %s %s: %s", kind, obj, message)
             return
+        for hook in self.event_hooks:  # in the background: a slow outbox write must not hold the caller
+            self.background.spawn(hook(kind, obj, message, now))
         try:
             await self.store.add_event(kind, obj, message, now)
         except Exception as exc:  # the store being down must not stop the controller acting
@@ -488,6 +497,7 @@ class Controller:
         """Stop the retry task and the short background tasks (a controller shutting down; what is still
         queued is logged)."""
         await self.background.close()
+        await self.audit.close()
         task, self._revision_retry = self._revision_retry, None
         if task is not None:
             task.cancel()

@@ -79,6 +79,18 @@ class ControllerMetrics:
             registry=r,
         )
         self.is_leader.set(1)
+        self.notification_deliveries = Counter(
+            PREFIX + "notification_deliveries",
+            "Webhook delivery attempts by outcome (delivered, retried, dead: dead-lettered)",
+            ["outcome"],
+            registry=r,
+        )
+        self.notifications_outbox = Gauge(
+            PREFIX + "notifications_outbox",
+            "Notifications in the store's outbox: waiting (to be delivered or retried) and dead (dead letters)",
+            ["state"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -193,6 +193,7 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
     wake = asyncio.Event()
     c.change_listeners.append(wake.set)
     c.router_sockets.add(ws)
+    c.router_peers[ws] = request.remote or ""  # for the http_sd targets (llmgw.controller.prom_sd)
     c.metrics.router_connections.inc()
     reader = asyncio.get_running_loop().create_task(_read_router(ws, c))
     try:
@@ -213,6 +214,7 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
     finally:
         c.change_listeners.remove(wake.set)
         c.router_sockets.discard(ws)
+        c.router_peers.pop(ws, None)
         c.metrics.router_connections.dec()
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):

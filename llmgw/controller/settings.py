@@ -147,6 +147,12 @@ class ControllerSettings(BaseModel):
     advertise: str | None = Field(
         None, description="With ha: the address others are told to reach this controller at (default: listen)"
     )
+    budget_check_s: float = Field(
+        60.0,
+        gt=0,
+        description="How often the leader reads each tenant's spend against its budget, for the budget_80 and "
+        "budget_100 notifications (each is sent once per budget period)",
+    )
 
     @field_validator("node_prefix")
     @classmethod

@@ -26,6 +26,8 @@ from llmgw.core.config.models import (
     ModelSpec,
     Node,
     NodeSpec,
+    Notification,
+    NotificationSpec,
     Organization,
     OrganizationSpec,
     Profile,
@@ -132,6 +134,7 @@ class Catalog:
     projects: Mapping[str, Tenant]
     revision: str | None = None
     warnings: tuple[SemanticError, ...] = ()
+    notifications: Mapping[str, NotificationSpec] = field(default_factory=lambda: MappingProxyType({}))
     _key: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -153,6 +156,7 @@ class Catalog:
         policies: dict[str, RoutingPolicySpec] = {}
         nodes: dict[str, NodeEntry] = {}
         tenants: dict[str, dict[str, Tenant]] = {"Organization": {}, "Team": {}, "Project": {}}
+        notifications: dict[str, NotificationSpec] = {}
         cluster: Cluster | None = None
         for doc in documents:
             name = doc.metadata.name
@@ -169,6 +173,8 @@ class Catalog:
                 cluster = doc
             elif isinstance(doc, Organization | Team | Project):
                 tenants[doc.kind][name] = _tenant(doc, labels)
+            elif isinstance(doc, Notification):
+                notifications[name] = doc.spec
         return cls(
             models=MappingProxyType(models),
             aliases=MappingProxyType(aliases),
@@ -181,6 +187,7 @@ class Catalog:
             projects=MappingProxyType(tenants["Project"]),
             revision=revision,
             warnings=tuple(problems),
+            notifications=MappingProxyType(notifications),
             _key=_BUILD_KEY,
         )
 

@@ -5,6 +5,8 @@ from llmgw.store.errors import StoreError, StoreUnavailable
 from llmgw.store.records import (
     USAGE_GROUPS,
     ApiKey,
+    AuditEntry,
+    Delivery,
     Event,
     KeyLookup,
     KeyState,
@@ -26,6 +28,8 @@ __all__ = [
     "TABLES",
     "USAGE_GROUPS",
     "ApiKey",
+    "AuditEntry",
+    "Delivery",
     "Dsn",
     "Event",
     "KeyLookup",

@@ -31,6 +31,12 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "leases": ("name", "holder", "expires_at"),
     "concurrency_pools": ("limit_key", "updated_at"),
     "concurrency_holds": ("limit_key", "holder", "slots", "expires_at"),
+    "audit_log": ("id", "time", "actor", "actor_detail", "action", "object", "outcome", "reason", "via"),
+    "notification_outbox": (
+        "id", "notification", "event", "object", "body", "created_at", "attempts", "next_at", "last_error",
+        "dead_at",
+    ),
+    "notification_marks": ("mark", "time"),
 }  # fmt: skip
 _ORDER = {"limit_counters": "limit_key, window_start", "concurrency_holds": "limit_key, holder"}
 PAGE = 1000

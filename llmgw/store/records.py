@@ -170,3 +170,50 @@ class LeaseResult:
 
     held: bool
     current: Lease | None
+
+
+AuditOutcome = Literal["accepted", "refused"]
+
+
+def _audit_id() -> str:
+    return "aud_" + time_ordered_id()
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One admin action that changes something, as the audit log keeps it (append-only).
+
+    `actor` is who was authenticated (an admin token's name, `local:<user>` for a command that opened the
+    store itself); `actor_detail` what the client said about itself, not trusted; `outcome` accepted or
+    refused, and `reason` why it was refused. Never a secret: no key, no token. `id` is made once, so a
+    retried write is kept once."""
+
+    time: float
+    actor: str
+    action: str
+    object: str
+    outcome: AuditOutcome
+    reason: str = ""
+    actor_detail: str = ""
+    via: str = ""
+    id: str = field(default_factory=_audit_id)
+
+
+def _delivery_id() -> str:
+    return "ntf_" + time_ordered_id()
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A notification waiting in the outbox (or dead-lettered: `dead_at` set). `body` is what is sent."""
+
+    notification: str
+    event: str
+    object: str
+    body: str
+    created_at: float
+    next_at: float
+    attempts: int = 0
+    last_error: str = ""
+    dead_at: float | None = None
+    id: str = field(default_factory=_delivery_id)

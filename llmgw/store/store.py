@@ -14,6 +14,7 @@ from typing import Any
 from llmgw.store.db import Backend, Dsn, Row, open_backend
 from llmgw.store.errors import StoreError
 from llmgw.store.migrate import current_version, migrate
+from llmgw.store.oplog import OpLogQueries
 from llmgw.store.records import (
     USAGE_GROUPS,
     ApiKey,
@@ -43,6 +44,9 @@ TABLES: tuple[str, ...] = (
     "leases",
     "concurrency_pools",
     "concurrency_holds",
+    "audit_log",
+    "notification_outbox",
+    "notification_marks",
 )
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
@@ -73,7 +77,7 @@ def _key(row: Row) -> ApiKey:
     return ApiKey(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
 
 
-class Store:
+class Store(OpLogQueries):
     """Typed access to the llmgw database. Open with `await Store.open(dsn)`; close with `await close()`."""
 
     def __init__(self, db: Backend) -> None:

@@ -11,6 +11,7 @@ import fnmatch
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from llmgw_agent import repo_rules
 from pydantic import BaseModel
@@ -21,6 +22,7 @@ from llmgw.core.config.models import (
     Cluster,
     Model,
     Node,
+    Notification,
     Organization,
     Profile,
     Project,
@@ -97,6 +99,8 @@ def check(
             _model(checker, index, doc)
         elif isinstance(doc, Node):
             _node_serving(checker, index, doc)
+        elif isinstance(doc, Notification):
+            _webhook_url(checker, index, doc)
     _trust_grants(checker)
     _mirror_addresses(checker)
     _fallback_cycles(checker)
@@ -312,6 +316,18 @@ def _repo_reachable(c: _Checker, index: int, doc: Model) -> None:
             f"{source.repo} has nowhere to come from: the Cluster declares no mirror.url and mirror.origin is none",
             "declare the Cluster's mirror.url, or an origin such as https://huggingface.co",
         )
+
+
+def _webhook_url(c: _Checker, index: int, doc: Notification) -> None:
+    """A webhook is egress from the controller: http(s) only, and never a link-local or metadata address
+    (the controller checks the resolved address again when it connects)."""
+    url = doc.spec.url
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
+        c.add(index, ("spec", "url"), f"{url!r} is not an http(s) URL", "write https://host/path")
+        return
+    why = forbidden_address_reason(url)
+    if why is not None:
+        c.add(index, ("spec", "url"), f"{url} is refused: {why}", "use the receiver's own address")
 
 
 def _granted_trust(c: _Checker) -> frozenset[str]:

@@ -13,12 +13,21 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+_HANDED_OUT: set[int] = set()
+
 
 def free_port() -> int:
-    """A port nothing listens on right now, picked by the kernel (bind to port 0 on loopback)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port nothing listens on right now, picked by the kernel (bind to port 0 on loopback), and never one
+    this test process was given before: the kernel may hand the same free port to two calls in a row, and two
+    engines told the same port leave one of them answering for both (seen: an engine refusing the other's key)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise RuntimeError("no fresh loopback port after 100 tries")
 
 
 def pid_alive(pid: int) -> bool:

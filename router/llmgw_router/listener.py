@@ -38,6 +38,7 @@ from typing import cast
 
 import httptools
 
+from llmgw.core.errors import LlmgwError
 from llmgw_router.errors import ApiError, error_body, error_response
 from llmgw_router.exchange import ClientStalled, Exchange, Headers, Reply
 
@@ -56,7 +57,9 @@ _STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n" for s in HTTPStat
 _BAD_HEADER_CHARS = ("\r", "\n", "\0")
 
 
-class _Refused(Exception):
+class _Refused(LlmgwError):
+    """A request the listener itself refuses before any handler runs (its status and the words)."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status

@@ -15,6 +15,31 @@ from typing import Any, Literal
 from llmgw.core.config.models import NotificationSpec
 from llmgw.core.words import parse_duration
 
+__all__ = [
+    "BUDGET_THRESHOLDS",
+    "DELIVERY_HEADER",
+    "EVENT_HEADER",
+    "MAX_ERROR_CHARS",
+    "REPLICA_FAILED_EVERY_S",
+    "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "Attempt",
+    "BudgetReading",
+    "Dead",
+    "Delivered",
+    "NotifyEvent",
+    "RetryAt",
+    "after_attempt",
+    "backoff_s",
+    "budget_events",
+    "classify",
+    "dedupe_mark",
+    "render",
+    "signature",
+    "targets",
+    "verify",
+]
+
 SIGNATURE_HEADER = "X-Llmgw-Signature-256"
 TIMESTAMP_HEADER = "X-Llmgw-Timestamp"
 EVENT_HEADER = "X-Llmgw-Event"

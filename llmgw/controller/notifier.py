@@ -12,21 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
+import functools
 import logging
 import random
-import socket
 import time
 from collections import deque
 from typing import TYPE_CHECKING
 
 import aiohttp
-from aiohappyeyeballs import AddrInfoType
 
+from llmgw.adapters.egress import ForbiddenAddress, checked_socket
 from llmgw.adapters.secrets import SecretError, read_secret
 from llmgw.core import notify
 from llmgw.core.config.models import NotificationSpec
-from llmgw.core.errors import LlmgwError
 from llmgw.core.limits import window_bounds
 from llmgw.core.security import forbidden_address_reason
 from llmgw.core.words import parse_duration
@@ -42,22 +40,6 @@ STORE_RETRY_S = 2.0
 PENDING_MAX = 10_000  # outbox writes the store refused, kept in memory until it takes them
 MARKS_KEPT_S = 40 * 86400.0  # marks older than the longest usual budget period are pruned
 _LEVELS = (("Organization", "org"), ("Team", "team"), ("Project", "project"))
-
-
-class ForbiddenWebhook(LlmgwError, OSError):
-    """A webhook's address is link-local or a metadata service."""
-
-    def __init__(self, host: str, why: str) -> None:
-        super().__init__(errno.EACCES, f"{host} is a forbidden address for a webhook: {why}")
-
-
-def _checked_socket(addr_info: AddrInfoType) -> socket.socket:
-    """aiohttp's socket factory: every address a webhook resolves to is checked as it is connected to."""
-    family, type_, proto, _, sockaddr = addr_info
-    address = str(sockaddr[0])
-    if why := forbidden_address_reason(address):
-        raise ForbiddenWebhook(address, why)
-    return socket.socket(family=family, type=type_, proto=proto)
 
 
 class Notifier:
@@ -185,7 +167,9 @@ class Notifier:
 
     async def run(self) -> None:
         """Deliver what is due, for ever (only while leading)."""
-        connector = aiohttp.TCPConnector(limit=8, socket_factory=_checked_socket)
+        connector = aiohttp.TCPConnector(
+            limit=8, socket_factory=functools.partial(checked_socket, who="a webhook")
+        )
         async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 wait = IDLE_WAIT_S
@@ -277,7 +261,7 @@ class Notifier:
                                     allow_redirects=False) as response:  # fmt: skip
                 await response.read()
                 return notify.Attempt(response.status)
-        except ForbiddenWebhook as exc:
+        except ForbiddenAddress as exc:
             return notify.Attempt(403, str(exc))
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return notify.Attempt(None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)

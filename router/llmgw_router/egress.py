@@ -18,26 +18,10 @@ import aiohttp
 import aiohttp.abc
 from aiohappyeyeballs import AddrInfoType
 
-from llmgw.core.errors import LlmgwError
+from llmgw.adapters.egress import ForbiddenAddress, checked_socket
 from llmgw.core.security import forbidden_address_reason
 
 __all__ = ["ForbiddenAddress", "checked_addresses", "checked_socket", "client_connector"]
-
-
-class ForbiddenAddress(LlmgwError, OSError):
-    """A connection would go to a link-local or metadata address."""
-
-    def __init__(self, host: str, why: str) -> None:
-        super().__init__(errno.EACCES, f"{host} is a forbidden address for the router: {why}")
-
-
-def checked_socket(addr_info: AddrInfoType) -> socket.socket:
-    """aiohttp's `socket_factory`: a socket for `addr_info`, refused when its address is forbidden."""
-    family, type_, proto, _, sockaddr = addr_info
-    address = str(sockaddr[0])
-    if why := forbidden_address_reason(address):
-        raise ForbiddenAddress(address, why)
-    return socket.socket(family=family, type=type_, proto=proto)
 
 
 def client_connector(resolver: aiohttp.abc.AbstractResolver | None = None) -> aiohttp.TCPConnector:

@@ -240,7 +240,7 @@ async def build_router(
         stack.push_async_callback(writer.close)
         usage = writer
         pending = lambda: writer.stats.pending  # noqa: E731
-    service = RequestService(options, Authenticator(keys), limiter, usage)
+    service = RequestService(options, Authenticator(keys, ttl=options.key_cache_ttl), limiter, usage)
     if pending is not None:
         service.metrics.usage_pending.set_function(pending)
     link: ControllerLink | None = None

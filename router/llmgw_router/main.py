@@ -121,6 +121,13 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
         default=3600.0,
         help="seconds an engine's whole answer may take (besides the idle read timeout)",
     )
+    p.add_argument(
+        "--key-cache-ttl",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds a key looked up in the store is trusted: a revoked key works at most this long after",
+    )
 
 
 def _add_state_flags(p: argparse.ArgumentParser) -> None:
@@ -230,6 +237,7 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
         debug_token=_read_secret(ns.debug_token_file),
         write_timeout=ns.write_timeout,
         request_deadline=ns.request_deadline,
+        key_cache_ttl=ns.key_cache_ttl,
         secrets=secret_policy(ns),
     )
     async with contextlib.AsyncExitStack() as stack:

@@ -22,5 +22,7 @@ class RouterOptions:
     read_timeout: float = 600.0  # idle: the longest silence of an engine while an answer is expected
     request_deadline: float = 3600.0  # an engine's whole answer, stream or not, however steadily it comes
     write_timeout: float = 30.0  # a stream's client that accepts no byte for this long is cut off
+    # How long a key's answer from the store is trusted: a revoked key keeps working at most this long.
+    key_cache_ttl: float = 10.0
     # Where the repo's provider keys may be read from: the router's settings, never the repo's.
     secrets: SecretPolicy = field(default_factory=lambda: SecretPolicy(DEFAULT_SECRETS_DIR).absolute())

@@ -131,6 +131,8 @@ def settings_for(tmp: Path, repo: Path, **extra: Any) -> ControllerSettings:
         "command_timeout_s": 10.0,
         "drain_s": 0.3,
         "backoff_base_s": 0.5,
+        # A test's webhooks come seconds apart at most; the 5 s default would make each one wait.
+        "webhook_min_interval_s": 0.2,
     }
     values.update(extra)
     return ControllerSettings(**values)

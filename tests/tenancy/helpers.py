@@ -82,7 +82,13 @@ def snapshot(fast: SimProcess, slow: SimProcess) -> dict[str, Any]:
 
 
 def start_router(
-    tmp: Path, snap: dict[str, Any], dsn: str, name: str = "router-1", *, clock_offset: float = 0.0
+    tmp: Path,
+    snap: dict[str, Any],
+    dsn: str,
+    name: str = "router-1",
+    *,
+    clock_offset: float = 0.0,
+    key_cache_ttl: float | None = None,
 ) -> RouterProc:
     """`llmgw-router --snapshot FILE --store DSN` as a process on fresh ports; waits until /health answers.
     `clock_offset` shifts its rate-limit windows (`window_start_offset`)."""
@@ -91,6 +97,8 @@ def start_router(
         snap_file.write_text(json.dumps(snap))
     args = ["--snapshot", str(snap_file), "--store", dsn, "--router-id", name,
             "--limits-clock-offset", repr(clock_offset), "--state-dir", str(tmp / f"{name}-state")]  # fmt: skip
+    if key_cache_ttl is not None:
+        args += ["--key-cache-ttl", repr(key_cache_ttl)]
     return start_router_proc(tmp / f"{name}.log", args)
 
 

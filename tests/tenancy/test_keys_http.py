@@ -30,7 +30,7 @@ def test_key_lifecycle(store_dsn: str, snap: dict[str, Any], tmp_path: Path) -> 
     key = create_key(store_dsn, "keys")
     never_used = create_key(store_dsn, "keys")
     expired = create_expired_key(store_dsn, "keys")
-    router = start_router(tmp_path, snap, store_dsn)
+    router = start_router(tmp_path, snap, store_dsn, key_cache_ttl=1.0)
     try:
         with router.client(key) as client:
             done = client.chat.completions.create(model=FAST, messages=HELLO, max_tokens=2)
@@ -73,7 +73,7 @@ def test_key_lifecycle(store_dsn: str, snap: dict[str, Any], tmp_path: Path) -> 
         assert no_key.value.code == 401
         assert json.loads(no_key.value.read())["error"]["code"] == "missing_api_key"
 
-        # revoked while in use: the router's key cache answers for at most its TTL (10 s), then 401 revoked
+        # revoked while in use: the router's key cache answers for at most its TTL (1 s here), then 401 revoked
         cli("keys", "revoke", key_id, "--store", store_dsn)
         with router.client(key) as client:
 

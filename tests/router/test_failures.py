@@ -213,9 +213,11 @@ async def test_controller_stream_feeds_snapshots_and_survives_reconnects() -> No
         router.last_used["sim-kill"] = 123.0
         await wait_for(lambda: {"type": "demand", "model": "sim-kill"} in received, 30, "the demand message")
         await wait_for(lambda: {"type": "usage", "models": ["sim-kill"]} in received, 30, "the usage report")
-        await runner.cleanup()  # the controller goes away: the router keeps the last snapshot
+        # The controller goes away: the router keeps the last snapshot. Streams closed first: cleanup waits
+        # for open handlers (aiohttp's shutdown timeout) and would hold the test for seconds.
         for ws in connections:
             await ws.close()
+        await runner.cleanup()
         assert router.table is not None and router.table.snapshot.revision == "rev-1"
         revision[0] = "rev-2"
         runner = await start()

@@ -22,6 +22,7 @@ class HubStub:
     refusals: list[str] = field(default_factory=list)
     runner: web.AppRunner | None = None
     port: int = 0
+    sockets: set[web.WebSocketResponse] = field(default_factory=set)
 
     async def start(self) -> None:
         app = web.Application()
@@ -33,6 +34,10 @@ class HubStub:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
+        # Open streams first: cleanup would otherwise wait for the agents to hang up (aiohttp's shutdown
+        # timeout), as the real controller's stop avoids too.
+        for ws in list(self.sockets):
+            await ws.close()
         if self.runner is not None:
             await self.runner.cleanup()
 
@@ -42,6 +47,13 @@ class HubStub:
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
         await ws.prepare(request)
+        self.sockets.add(ws)
+        try:
+            return await self._session(request, ws)
+        finally:
+            self.sockets.discard(ws)
+
+    async def _session(self, request: web.Request, ws: web.WebSocketResponse) -> web.WebSocketResponse:
         ssl_object = request.transport.get_extra_info("ssl_object") if request.transport else None
         try:
             peer = self.ca.check_peer(ssl_object.getpeercert(binary_form=True) if ssl_object else None)

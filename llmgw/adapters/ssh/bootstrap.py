@@ -275,12 +275,11 @@ class _Run:
         listing = await remote.run(f"mkdir -p {shlex.quote(d)} && cd {shlex.quote(d)} && ls -1")
         present = {n for n in listing.split() if n.endswith(".whl")}
         states = await remote.file_states([f"{d}/{n}" for n in sorted(present & set(house.wheels))])
-        sent = 0
-        for name, sha in sorted(house.wheels.items()):
-            if states.get(f"{d}/{name}", ("", 0))[0] != sha:
-                data = (house.directory / name).read_bytes()
-                await remote.put(RemoteFile(f"{d}/{name}", data, 0o644))
-                sent += 1
+        missing = [n for n, sha in sorted(house.wheels.items()) if states.get(f"{d}/{n}", ("", 0))[0] != sha]
+        await remote.put_many(
+            [RemoteFile(f"{d}/{n}", (house.directory / n).read_bytes(), 0o644) for n in missing]
+        )
+        sent = len(missing)
         stale = sorted(present - set(house.wheels))
         if stale:
             await remote.run("cd " + shlex.quote(d) + " && rm -f " + " ".join(shlex.quote(n) for n in stale))

@@ -345,3 +345,20 @@ def _self_signed(days: int) -> bytes:
         .sign(key, hashes.SHA256())
     )
     return cert.public_bytes(serialization.Encoding.PEM)
+
+
+async def test_a_metrics_port_already_taken_stops_the_agent_saying_so(
+    ctl: FakeController, agents: AgentProcs
+) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = agents.start([ctl.url], metrics_listen=f"127.0.0.1:{port}")
+        await wait_for(lambda: proc.poll() is not None, 60, "the agent to exit")
+    assert proc.returncode != 0
+    logged = (agents.tmp / "agent-0.log").read_text()
+    assert f"metrics_listen 127.0.0.1:{port}" in logged and "address already in use" in logged.lower()
+    assert ctl.registers == []  # it never registered half-seen

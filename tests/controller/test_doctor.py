@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,29 @@ def test_certificate_and_source_rules() -> None:
     refused = health.source_check(None, "abc", "def", ("m.yaml:1:1: bad",))
     assert refused.status == "warn" and "m.yaml:1:1" in refused.message
     assert health.worst([health.Check("a", "ok", ""), health.Check("b", "warn", "")]) == "warn"
+
+
+def test_a_certificate_files_expiry_or_why_it_cannot_be_read(tmp_path: Path) -> None:
+    from llmgw.adapters.cert_files import not_after
+    from llmgw.adapters.ssh.ca import ClusterCA
+
+    ca = ClusterCA.open(tmp_path / "ca")
+    expiry, error = not_after(ca.cert_path)
+    assert error is None and expiry is not None
+    check = health.certificate_check("cluster CA ca.crt", expiry, error, time.time())
+    assert check.status == "ok" and "valid until" in check.message
+    garbage = tmp_path / "bad.crt"
+    garbage.write_text("not a certificate\n")
+    assert not_after(garbage)[1] is not None and "not a PEM certificate" in str(not_after(garbage)[1])
+    missing = not_after(tmp_path / "nope.crt")
+    assert missing[0] is None and "nope.crt" in str(missing[1])
+
+
+def test_llmgw_nodes_says_a_skewed_clock_and_nothing_for_a_good_one() -> None:
+    from llmgw.cli.controller_cmds import clock_lines
+
+    assert clock_lines({"name": "gpu-1", "clock_offset_s": -7.5}) == [
+        "clock 7.5s behind the controller's: fix NTP (`llmgw doctor gpu-1`)"
+    ]
+    assert clock_lines({"name": "gpu-1", "clock_offset_s": 0.004}) == []
+    assert clock_lines({"name": "gpu-1", "clock_offset_s": None}) == []

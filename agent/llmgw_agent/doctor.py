@@ -165,8 +165,9 @@ async def check_engines(
     """Each installed engine's probe run now; `conditions` are the node's own messages of engines that failed
     to install or to probe."""
     checks = []
-    for engine in engines:
-        result = await probe(engine)
+    # Probed together: each is bounded (30s) by the probe, so the whole answer is too.
+    results = await asyncio.gather(*(probe(engine) for engine in engines))
+    for engine, result in zip(engines, results, strict=True):
         if result.get("ok"):
             version = str(result.get("output") or result.get("version") or "").strip().splitlines()[-1:]
             checks.append(Check(f"engine {engine}", "ok", f"probe ran: {' '.join(version) or 'ok'}"))

@@ -362,3 +362,27 @@ async def test_a_metrics_port_already_taken_stops_the_agent_saying_so(
     logged = (agents.tmp / "agent-0.log").read_text()
     assert f"metrics_listen 127.0.0.1:{port}" in logged and "address already in use" in logged.lower()
     assert ctl.registers == []  # it never registered half-seen
+
+
+async def test_doctor_runs_each_installed_engines_probe_now(
+    ctl: FakeController, agents: AgentProcs, tmp_path: Path
+) -> None:
+    # An engine that passed its probe at start and breaks later (a driver update took its library away).
+    broken = tmp_path / "broken"
+    engine = tmp_path / "llama-server"
+    engine.write_text(
+        f'#!/bin/sh\nif [ -e "{broken}" ]; then\n'
+        '  echo "llama-server: error while loading shared libraries: libcuda.so.1" >&2; exit 127\nfi\n'
+        'echo "version: 4410 (b11434)"\n'
+    )
+    engine.chmod(0o755)
+    agents.start([ctl.url], engines={"llamacpp": {"path": str(engine), "version": "b11434"}})
+    await registered(ctl)
+    reply = await ctl.command("doctor", controller_time=time.time())
+    checks = {c["name"]: c for c in reply.payload["checks"]}
+    assert checks["engine llamacpp"]["status"] == "ok" and "b11434" in checks["engine llamacpp"]["message"]
+    broken.touch()
+    reply = await ctl.command("doctor", controller_time=time.time())
+    failed = next(c for c in reply.payload["checks"] if c["name"] == "engine llamacpp")
+    assert failed["status"] == "fail" and "libcuda.so.1" in failed["message"]
+    assert "engines.llamacpp" in failed["fix"]

@@ -191,8 +191,9 @@ async def test_prometheus_scrapes_an_agent_found_through_http_sd_and_the_node_ru
             assert [(r["name"], r["health"], r.get("lastError", "")) for r in group["rules"]] == [
                 (r["name"], "ok", "") for r in group["rules"]
             ]
-            # A healthy node raises none of them.
-            assert [r["name"] for r in group["rules"] if r["state"] != "inactive"] == []
+            # A healthy node raises none of them. (Pending is allowed: seconds of samples on a disk other
+            # tests write to can point predict_linear anywhere, which is what the disk rule's hour is for.)
+            assert [r["name"] for r in group["rules"] if r["state"] == "firing"] == []
     finally:
         if proc is not None and proc.returncode is None:
             proc.terminate()

@@ -50,12 +50,20 @@ class AgentConfig(BaseModel):
     ready_timeout_s: float = 600.0
     stop_grace_s: float = 10.0
     max_backoff_s: float = 30.0
+    # host:port of the node-health metrics listener for Prometheus (llmgw_agent_exporter); None: none opened.
+    metrics_listen: str | None = None
+    # The weights filesystem's free space below which `llmgw doctor NODE` fails (warns below twice this).
+    doctor_min_free_bytes: int = Field(default=5 * 2**30, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:
         lo, hi = self.port_range
         if not (0 < lo <= hi < 65536):
             raise ValueError(f"port_range {lo}-{hi}: want two ports, low first, within 1-65535")
+        if self.metrics_listen is not None:
+            _, sep, port = self.metrics_listen.rpartition(":")
+            if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+                raise ValueError(f"metrics_listen {self.metrics_listen!r}: want HOST:PORT, e.g. 0.0.0.0:9092")
         return self
 
     def controller_urls(self) -> list[str]:
@@ -94,6 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--engine", action="append", help="NAME=PATH[@VERSION], e.g. llamacpp=/usr/bin/llama-server@b11434"
     )
     p.add_argument("--label", action="append", help="KEY=VALUE (repeatable)")
+    p.add_argument("--metrics-listen", help="HOST:PORT of the node-health metrics listener (default: none)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -114,6 +123,7 @@ def load(ns: argparse.Namespace) -> AgentConfig:
         "bind_host": ns.bind_host,
         "inventory_override": ns.inventory_override,
         "fetch_parallelism": ns.fetch_parallelism,
+        "metrics_listen": ns.metrics_listen,
     }
     data.update({k: v for k, v in simple.items() if v is not None})
     if ns.controller:

@@ -13,14 +13,16 @@ import logging
 import random
 import signal
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 from pydantic import ValidationError
 
-from llmgw_agent import __version__, config, inventory
+from llmgw_agent import __version__, config, doctor, health, inventory
 from llmgw_agent.engines import EXECUTABLES, SpecError
+from llmgw_agent.exporter import Exporter
 from llmgw_agent.installs import EngineRegistry
 from llmgw_agent.protocol import (
     Command,
@@ -95,6 +97,33 @@ class Agent:
         )
         self.supervisor.weights_index.on_change = self.inventory_changed.set
         self._installs: set[asyncio.Task[None]] = set()
+        self.exporter = Exporter(
+            version=__version__,
+            node=cfg.node,
+            paths=self.used_paths,
+            engine_exits=lambda: dict(self.supervisor.engine_exits),
+        )
+        self.metrics_address: str | None = None
+
+    def used_paths(self) -> list[tuple[str, str]]:
+        """(role, path) of every directory the agent writes or reads weights in: what its disk series cover."""
+        return [
+            ("weights", str(self.supervisor.cache_dir)),
+            ("state", self.cfg.state_dir),
+            *(("models", d) for d in self.cfg.model_dirs),
+        ]
+
+    async def start_exporter(self) -> None:
+        if self.cfg.metrics_listen is None:
+            return
+        try:
+            host, port = await self.exporter.start(self.cfg.metrics_listen)
+        except OSError as exc:  # a port taken is a configuration error: say so and stop, not run half-seen
+            raise SystemExit(f"llmgw-agent: metrics_listen {self.cfg.metrics_listen}: {exc}") from exc
+        # A wildcard bind is reached at the address routers use for this node's engines.
+        shown = self.cfg.advertise_host if host in ("0.0.0.0", "::", "") else host
+        self.metrics_address = f"[{shown}]:{port}" if ":" in shown else f"{shown}:{port}"
+        log.info("node-health metrics on %s", self.metrics_address)
 
     def _engines_changed(self) -> None:
         configured = {k: v.path for k, v in self.cfg.engines.items() if v.path}
@@ -129,6 +158,7 @@ class Agent:
         # that cannot run, and the probe is bounded (a timeout per engine).
         await self.engines.probe_configured()
         self.inventory = await self.collect_inventory()
+        await self.start_exporter()
         urls = self.cfg.controller_urls()
         backoff, index = 0.5, 0
         try:
@@ -153,6 +183,7 @@ class Agent:
         finally:
             for task in list(self._installs):
                 task.cancel()
+            await self.exporter.close()
             await self.supervisor.close()
 
     def _headers(self) -> dict[str, str]:
@@ -177,6 +208,8 @@ class Agent:
                 agent_version=__version__,
                 inventory=self.inventory,
                 shards=self.supervisor.statuses(),
+                metrics_address=self.metrics_address,
+                sent_at=time.time(),
             )
             await ws.send_str(dump(register))
             first = await asyncio.wait_for(ws.receive(), timeout=30)
@@ -234,7 +267,8 @@ class Agent:
             inv = None
             if beats % INVENTORY_EVERY == 0 or self.inventory_changed.is_set():
                 inv = self.inventory = await self.collect_inventory()
-            await send(dump(Heartbeat(shards=self.supervisor.statuses(), inventory=inv)))
+            beat = Heartbeat(shards=self.supervisor.statuses(), inventory=inv, sent_at=time.time())
+            await send(dump(beat))
 
     async def _forward_updates(self, send: Any) -> None:
         while True:
@@ -279,7 +313,31 @@ class Agent:
             self._installs.add(task)
             task.add_done_callback(self._installs.discard)
             return {"accepted": [o.engine for o in cmd.engines]}
+        if cmd.action == "doctor":
+            return await self.doctor(cmd.controller_time)
         raise ValueError(f"unknown action {cmd.action}")
+
+    async def doctor(self, controller_time: float | None) -> dict[str, Any]:
+        """The node checks itself (llmgw_agent.doctor): driver, engines, disk, clock, controllers, certificate."""
+        received = time.time()
+        smi, filesystems = await asyncio.gather(
+            asyncio.to_thread(health.run_gpu_query), asyncio.to_thread(health.filesystems, self.used_paths())
+        )
+        engines = sorted(self.engines.reported or {})
+        conditions = [
+            f"{c.engine}: {c.message}"
+            for c in self.engines.conditions.values()
+            if c.type != "EngineInstalling"
+        ]
+        checks = [
+            *doctor.check_driver(smi),
+            *await doctor.check_engines(engines, self.engine_check, conditions),
+            *doctor.check_disk(filesystems, str(self.supervisor.cache_dir), self.cfg.doctor_min_free_bytes),
+            doctor.check_clock(received, controller_time),
+            *await doctor.check_controllers(self.cfg.controller_urls()),
+            doctor.check_certificate(self.cfg.tls.cert if self.cfg.tls else None, time.time()),
+        ]
+        return {"node": self.cfg.node, "agent_version": __version__, "checks": [c.as_json() for c in checks]}
 
     async def engine_check(self, engine: str | None) -> dict[str, Any]:
         """Run the engine's `--version`: only on request, by someone who meant to run the engine."""

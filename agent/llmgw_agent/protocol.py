@@ -19,7 +19,7 @@ ENGINE_NAMES: tuple[str, ...] = ("sim", "llamacpp", "vllm", "sglang", "trtllm")
 ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
 ConditionType = Literal["EngineInstalling", "EngineInstallFailed", "EngineProbeFailed"]
 Action = Literal[
-    "start_shard", "stop_shard", "list_shards", "engine_check", "collect_weights", "install_engines"
+    "start_shard", "stop_shard", "list_shards", "engine_check", "collect_weights", "install_engines", "doctor"
 ]
 
 
@@ -241,12 +241,17 @@ class Register(_Model):
     protocol_version: int = PROTOCOL_VERSION
     inventory: Inventory
     shards: list[ShardStatus] = Field(default_factory=list)
+    # host:port of the agent's node-health metrics listener (for Prometheus http_sd); None: it opens none.
+    metrics_address: str | None = None
+    # The agent's wall clock (Unix time) when it sent this; the controller estimates the node's clock offset.
+    sent_at: float | None = None
 
 
 class Heartbeat(_Model):
     type: Literal["heartbeat"] = "heartbeat"
     shards: list[ShardStatus] = Field(default_factory=list)
     inventory: Inventory | None = None
+    sent_at: float | None = None  # as in Register
 
 
 class ShardUpdate(_Model):
@@ -290,6 +295,8 @@ class Command(_Model):
     # install_engines: the Cluster's engine orders (the agent converges on them; an engine not named keeps
     # what the agent's own configuration declares).
     engines: list[EngineOrder] = Field(default_factory=list)
+    # doctor: the controller's wall clock when it sent the command, for the node's clock check.
+    controller_time: float | None = None
 
 
 AgentMessage = Annotated[Register | Heartbeat | ShardUpdate | Reply, Field(discriminator="type")]

@@ -119,6 +119,8 @@ class Supervisor:
         self.cfg = cfg
         self.on_update = on_update
         self.shards: dict[str, Shard] = {}
+        # (model, engine) -> engine processes that exited on their own since the agent started (a counter).
+        self.engine_exits: dict[tuple[str, str], int] = {}
         (cfg.state_dir / "shards").mkdir(parents=True, exist_ok=True)
         (cfg.state_dir / "work").mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # made now so its filesystem is reported before the first fetch
@@ -155,6 +157,7 @@ class Supervisor:
         problem = repo_rules.replica_id_problem(spec.replica_id)
         if problem:  # it names files under the state dir: checked before any path is built from it
             raise engines.SpecError(problem)
+        self.engine_exits.setdefault((spec.model, spec.engine), 0)  # a counter is seen at 0 before it moves
         ctx = self._context(spec, 0)
         engines.launch_plan(spec, ctx)  # refuse an impossible spec before anything runs
         engines.check_path_args(spec, Path(ctx.workdir), self._cache_dir())
@@ -376,6 +379,8 @@ class Supervisor:
         if shard.stopping:
             self._set(shard, state="stopped", exit_code=code, last_output_lines=lines, message="stopped")
             return
+        key = (shard.spec.model, shard.spec.engine)
+        self.engine_exits[key] = self.engine_exits.get(key, 0) + 1
         how = "exit status unknown (adopted process)" if code is None else _describe(code)
         self._set(
             shard, state="failed", exit_code=code, last_output_lines=lines, message=f"engine exited: {how}"
@@ -501,6 +506,7 @@ class Supervisor:
                 spec.gpus
             )  # a record written before statuses carried them has the spec's
             self.shards[spec.shard_id] = shard
+            self.engine_exits.setdefault((spec.model, spec.engine), 0)
             shard.task = asyncio.create_task(self._watch_adopted(shard), name=f"adopted-{spec.shard_id}")
             adopted.append(status.model_copy())
         self.weights_index.retain_users(self.shards)

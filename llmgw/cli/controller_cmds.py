@@ -28,6 +28,7 @@ from llmgw.cli.admin_client import (
     plaintext_warning,
     resolve_token,
 )
+from llmgw.core.health import CLOCK_WARN_S
 from llmgw.core.words import duration_words, short
 
 if TYPE_CHECKING:
@@ -353,6 +354,7 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
             _node_ops_words(n),
         )
         conditions += [f"{n['name']}: {line}" for line in condition_lines(inv)]
+        conditions += [f"{n['name']}: {line}" for line in clock_lines(n)]
     console = output.console()
     console.print(table)
     for line in conditions:
@@ -367,6 +369,15 @@ def _cache_disk_words(inv: dict[str, Any]) -> str:
     total = disk.get("total_bytes")
     words = f"{disk['free_bytes'] / 1024**3:.0f}/{'?' if total is None else f'{total / 1024**3:.0f}'} GiB"
     return words + (" shared" if disk.get("shared") else "")
+
+
+def clock_lines(node: dict[str, Any]) -> list[str]:
+    """The node's clock, said only when it is a second or more off the controller's (NTP is not working)."""
+    offset = node.get("clock_offset_s")
+    if offset is None or abs(offset) < CLOCK_WARN_S:
+        return []
+    side = "ahead of" if offset > 0 else "behind"
+    return [f"clock {abs(offset):.1f}s {side} the controller's: fix NTP (`llmgw doctor {node['name']}`)"]
 
 
 def condition_lines(inv: dict[str, Any]) -> list[str]:

@@ -211,6 +211,11 @@ def refresh_metrics(c: Controller) -> None:
             allocated = "true" if gpu.index in taken else "false"
             m.gpus.labels(link.name, gpu.gpu_class or "unknown", allocated).inc()
     m.agent_connections.set(sum(1 for n in c.hub.nodes.values() if n.connected))
+    m.node_clock_offset.clear()  # connected nodes only: a silent node's last reading is not its clock now
+    for link in c.hub.nodes.values():
+        offset = link.clock_offset
+        if link.connected and offset is not None:
+            m.node_clock_offset.labels(link.name).set(offset)
     # From the same records as the admin API, so the two never disagree; a standby's view of the nodes is not
     # the cluster's, so it reports none.
     m.node_bootstrap.clear()

@@ -116,6 +116,7 @@ class Controller:
             peer_check=peer_check,
             declared=self._declared_nodes,
             gate=self.lease.refusal if self.lease is not None else None,
+            wall=wall,
         )
         # What the reconcile loop and the views read the fleet through: the hub, or a test's fake.
         self.agents: AgentClient = agents if agents is not None else self.hub

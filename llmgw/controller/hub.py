@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -37,6 +39,7 @@ from pydantic import ValidationError
 from llmgw.controller.background import Background
 from llmgw.controller.credentials import Grant, valid_node_name
 from llmgw.core.errors import LlmgwError
+from llmgw.core.health import CLOCK_SAMPLES, clock_offset
 from llmgw.core.security import bearer_token
 
 log = logging.getLogger("llmgw.controller.hub")
@@ -66,10 +69,18 @@ class NodeLink:
     ws: web.WebSocketResponse | None = None
     pending: dict[str, asyncio.Future[Reply]] = field(default_factory=dict)
     registered_shards: tuple[str, ...] = ()  # shard ids the agent reported at its last Register
+    metrics_address: str | None = None  # the agent's node-health listener, host:port (None: it has none)
+    # `agent sent_at - controller received_at` of the last heartbeats (llmgw.core.health.clock_offset).
+    clock_samples: deque[float] = field(default_factory=lambda: deque(maxlen=CLOCK_SAMPLES))
 
     @property
     def connected(self) -> bool:
         return self.ws is not None and not self.ws.closed
+
+    @property
+    def clock_offset(self) -> float | None:
+        """The node's clock minus the controller's, in seconds; None before a heartbeat that says its time."""
+        return clock_offset(self.clock_samples)
 
 
 @dataclass(frozen=True)
@@ -114,8 +125,10 @@ class AgentHub:
         declared: Callable[[], Collection[str]] = frozenset,
         gate: Callable[[], str | None] | None = None,
         max_nodes: int = MAX_NODES,
+        wall: Callable[[], float] = time.time,
     ) -> None:
         self._grant = grant
+        self._wall = wall  # Unix time, to compare with the time agents say they sent at
         self._node_check = node_check
         self._timings = timings
         self._clock = clock
@@ -251,7 +264,9 @@ class AgentHub:
             shards={s.shard_id: s for s in register.shards},
             ws=ws,
             registered_shards=tuple(s.shard_id for s in register.shards),
+            metrics_address=register.metrics_address,
         )
+        self._clock_sample(link, register.sent_at)
         self.nodes[register.node] = link
         if self.on_register is not None:
             self.on_register(link, register)
@@ -279,6 +294,7 @@ class AgentHub:
         came_back = link.state != "Ready"
         link.state = "Ready"
         if isinstance(message, Heartbeat):
+            self._clock_sample(link, message.sent_at)
             before = {k: (s.state, s.pid) for k, s in link.shards.items()}
             link.shards = {s.shard_id: s for s in message.shards}
             if message.inventory is not None:
@@ -294,6 +310,10 @@ class AgentHub:
                 future.set_result(message)
         elif came_back:
             self._on_change(f"node {link.name} is back")
+
+    def _clock_sample(self, link: NodeLink, sent_at: float | None) -> None:
+        if sent_at is not None:
+            link.clock_samples.append(sent_at - self._wall())
 
     def _detach(self, link: NodeLink, ws: web.WebSocketResponse) -> None:
         if link.ws is ws:

@@ -66,6 +66,7 @@ class ControllerMetrics:
             registry=r,
         )
         self.agent_connections = Gauge(PREFIX + "agent_connections", "Agents connected now", registry=r)
+        self.node_clock_offset = _clock_offset_gauge(r)
         self.router_connections = Gauge(PREFIX + "router_connections", "Routers subscribed now", registry=r)
         self.node_bootstrap = Gauge(
             PREFIX + "node_bootstrap",
@@ -94,3 +95,12 @@ class ControllerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _clock_offset_gauge(r: CollectorRegistry) -> Gauge:
+    return Gauge(
+        PREFIX + "node_clock_offset_seconds",
+        "A connected node's clock minus the controller's, estimated from its heartbeats",
+        ["node"],
+        registry=r,
+    )

@@ -5,9 +5,11 @@ Three kinds of target, told apart by the `llmgw_component` label (relabel on it 
 - `router`: every router subscribed to this controller's stream, at the address it connected from and the
   port the Cluster's `spec.router.metrics_listen` declares (a router does not tell its metrics address; one
   behind NAT or with another listen port is found wrongly, say so in its static config instead);
-Not targets: agents (they have no metrics listener yet) and engines (the routers scrape those and export what
-scheduling reads; an engine may demand its key on /metrics, which Prometheus must not hold). Only the leader
-knows the routers: a standby answers its own listener alone.
+- `agent`: every connected agent that opened a node-health listener (`metrics_listen`), at the address it
+  registered with, one group per node labelled `llmgw_node`.
+Not targets: engines (the routers scrape those and export what scheduling reads; an engine may demand its key
+on /metrics, which Prometheus must not hold). Only the leader knows the routers and agents: a standby answers
+its own listener alone.
 """
 
 from __future__ import annotations
@@ -48,6 +50,14 @@ def target_groups(c: Controller, asked_host: str) -> list[dict[str, Any]]:
         groups.append(
             {"targets": [_hostport(p, router_port) for p in peers], "labels": {"llmgw_component": "router"}}
         )
+    for name, link in sorted(c.hub.nodes.items()):
+        if link.connected and link.metrics_address:
+            groups.append(
+                {
+                    "targets": [link.metrics_address],
+                    "labels": {"llmgw_component": "agent", "llmgw_node": name},
+                }
+            )
     return groups
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llmgw_agent import health
 from llmgw_router.metrics import RouterMetrics
 from prometheus_client import generate_latest
 from ruamel.yaml import YAML
@@ -118,14 +119,15 @@ def _documented_metrics() -> dict[str, str]:
 
 
 def _exported_by_code() -> dict[str, str]:
-    """metric -> type for every family the controller's and the router's registries publish."""
+    """metric -> type for every family the controller's and the router's registries publish, and the agent's
+    node-health families (written without prometheus-client, declared in llmgw_agent.health)."""
     registries = [ControllerMetrics().registry, RouterMetrics(lambda: None, lambda: 0.0).registry]
     suffix = {"counter": "_total", "info": "_info"}
     return {
         family.name + suffix.get(family.type, ""): family.type
         for registry in registries
         for family in registry.collect()
-    }
+    } | health.exported_names()
 
 
 def _grafana_to_promql(expr: str) -> str:
@@ -180,11 +182,37 @@ def test_promtool_lints_the_exported_metrics(promtool: str) -> None:
     router.requests.labels("sim-chat", "200", "").inc()
     router.duration.labels("sim-chat").observe(0.25)
     router.observe_tokens("sim-chat", 12, 34)
-    exposition = generate_latest(controller.registry) + generate_latest(router.registry)
+    agent = health.render(
+        health.series_of(_agent_sample(), version="1.0", node="n", engine_exits={("m", "sim"): 2})
+    )
+    exposition = generate_latest(controller.registry) + generate_latest(router.registry) + agent.encode()
     result = subprocess.run(
         [promtool, "check", "metrics"], input=exposition, capture_output=True, timeout=240, check=False
     )
     assert result.returncode == 0, (result.stdout + result.stderr).decode()
+
+
+def _agent_sample() -> health.Sample:
+    """A node with one GPU and every host family, so the lint sees each agent family once."""
+    row = "0, GPU-1, NVIDIA L4, 37, 1024, 23034, 41, 72.5, 0, 3\n"
+    return health.Sample(
+        taken_at=1.7e9,
+        gpus=health.parse_gpu_health(row),
+        smi_up=True,
+        cpu_seconds={"user": 10.5, "idle": 100.0},
+        cpu_cores=4,
+        memory={"MemTotal": 2**34, "MemAvailable": 2**33},
+        filesystems=[("weights", "/var/lib/llmgw/weights", 10**12, 10**11)],
+        network={"eth0": (1000, 2000)},
+    )
+
+
+def test_the_agent_sample_covers_every_agent_family() -> None:
+    # Guards the lint above: a family added to llmgw_agent.health without a value here would go unlinted.
+    rendered = health.render(
+        health.series_of(_agent_sample(), version="1", node="n", engine_exits={("m", "sim"): 0})
+    )
+    assert {f for f in health.exported_names() if f"\n{f}" not in rendered} == set()
 
 
 # ------------------------------------------------------------------------------------- rules and their tests

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from llmgw.cli import (
+    bench_cmds,
     controller_cmds,
     mirror_cmds,
     node_cmds,
@@ -38,6 +39,7 @@ up_cmd.register(app)
 mirror_cmds.register(app)
 weights_cmds.register(app)
 ops_cmds.register(app)
+bench_cmds.register(app)
 
 
 def main() -> None:

@@ -59,6 +59,24 @@ class ControllerMetrics:
             ["model"],
             registry=r,
         )
+        self.autoscale_desired = Gauge(
+            PREFIX + "autoscale_desired_replicas",
+            "The replica count the autoscaler aims at, per model that may scale (max above min)",
+            ["model"],
+            registry=r,
+        )
+        self.model_load = Gauge(
+            PREFIX + "model_load",
+            "A model's load as the routers last reported it, summed: queued, inflight, refused",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.scale_events = Counter(
+            PREFIX + "scale_events",
+            "Times the autoscaler moved a model's replica count, by direction (up, down)",
+            ["model", "direction"],
+            registry=r,
+        )
         self.gpus = Gauge(
             PREFIX + "gpus",
             "GPUs per node and class, allocated or not",

@@ -10,7 +10,8 @@ they finish), time to first token per model over a sliding window, and refusals 
      "replicas": {ID: {"inflight": int, "last_request_at": float | null, "routed": bool}}}
 
 `refused` counts since the last report; `ttft_p99_ms` is over the last `window` seconds (null: no first token
-in it, which is unknown, not fast); `last_request_at` is wall time (null: none since this router started);
+in it, which is unknown, not fast), a request not streamed counting its whole answer (its client's first token
+came with its last); `last_request_at` is wall time (null: none since this router started);
 `routed` says the replica is in this router's table (false: dropped, only its requests in flight remain).
 """
 

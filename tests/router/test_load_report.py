@@ -62,6 +62,18 @@ async def test_queue_inflight_ttft_refusals_and_replicas_are_reported(slow_sims:
                 resp = await call
                 assert resp.status == 200
                 await resp.read()
+
+        def settled() -> bool:
+            # A request is accounted just after its answer is sent: wait for all four before reading.
+            sample = router.metrics.registry.get_sample_value
+            ok = {"model": "sim-chat", "status": "200", "code": ""}
+            refused = {"model": "sim-chat", "status": "429", "code": "queue_full"}
+            return (
+                sample("llmgw_router_requests_total", ok) == 3
+                and sample("llmgw_router_requests_total", refused) == 1
+            )
+
+        await wait_for(settled, 30, "the four requests accounted")
         after = router.load_report()["models"]["sim-chat"]
         assert after["refused"] == 1 and after["queued"] == 0 and after["inflight"] == 0
         assert after["ttft_p99_ms"] is not None and after["ttft_p99_ms"] > 0

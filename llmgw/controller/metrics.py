@@ -59,24 +59,7 @@ class ControllerMetrics:
             ["model"],
             registry=r,
         )
-        self.autoscale_desired = Gauge(
-            PREFIX + "autoscale_desired_replicas",
-            "The replica count the autoscaler aims at, per model that may scale (max above min)",
-            ["model"],
-            registry=r,
-        )
-        self.model_load = Gauge(
-            PREFIX + "model_load",
-            "A model's load as the routers last reported it, summed: queued, inflight, refused",
-            ["model", "kind"],
-            registry=r,
-        )
-        self.scale_events = Counter(
-            PREFIX + "scale_events",
-            "Times the autoscaler moved a model's replica count, by direction (up, down)",
-            ["model", "direction"],
-            registry=r,
-        )
+        self._declare_scaling(r)
         self.gpus = Gauge(
             PREFIX + "gpus",
             "GPUs per node and class, allocated or not",
@@ -107,6 +90,27 @@ class ControllerMetrics:
             PREFIX + "notifications_outbox",
             "Notifications in the store's outbox: waiting (to be delivered or retried) and dead (dead letters)",
             ["state"],
+            registry=r,
+        )
+
+    def _declare_scaling(self, r: CollectorRegistry) -> None:
+        """The autoscaler's: its count per model, the load it decides on, and how often it moved."""
+        self.autoscale_desired = Gauge(
+            PREFIX + "autoscale_desired_replicas",
+            "The replica count the autoscaler aims at, per model that may scale (max above min)",
+            ["model"],
+            registry=r,
+        )
+        self.model_load = Gauge(
+            PREFIX + "model_load",
+            "A model's load as the routers last reported it, summed: queued, inflight, refused",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.scale_events = Counter(
+            PREFIX + "scale_events",
+            "Times the autoscaler moved a model's replica count, by direction (up, down)",
+            ["model", "direction"],
             registry=r,
         )
 

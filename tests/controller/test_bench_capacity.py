@@ -139,6 +139,19 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     )
     assert listed.exit_code == 0 and "measured" in listed.output, listed.output
 
+    # `llmgw status` ends with the capacity at a glance: cores used by the replica, and the replica's
+    # idleness unknown ("-"): no router has reported on it.
+    shown = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["status", "--controller", running.url, "--token-file", str(tmp_path / "token")],
+    )
+    assert shown.exit_code == 0, shown.output
+    rows = [[cell for cell in line.split() if cell not in ("│", "┃")] for line in shown.output.splitlines()]
+    assert ["cpu", "cores", "4", "1", "3", "-", "1"] in rows, shown.output
+    assert [target["replica"], "sim-bench", "-", "-"] in rows, shown.output
+    assert "held at 1: no load report" in shown.output
+
 
 async def test_bench_refuses_an_unknown_profile_and_says_which_exist(fleet: tuple[Admin, Any]) -> None:
     admin, running = fleet

@@ -18,7 +18,7 @@ from llmgw.core.autoscale import (
 )
 from llmgw.core.config.models import ModelSpec
 from llmgw.core.fleet import ModelView, NodeView, ReplicaView, ShardView
-from llmgw.core.reconcile import StartReplica, StopReplica, reconcile
+from llmgw.core.reconcile import StartReplica, StopReplica, Wait, reconcile
 
 POLICY = ScalePolicy(up_cooldown=10.0, down_cooldown=30.0, down_utilization=0.7, stale_after=5.0)
 CAP = Capacity(4, "slots")
@@ -214,3 +214,15 @@ def test_scale_down_drains_the_idlest_replica() -> None:
     decision = reconcile(_model(1, 4), NODES, replicas, now=10.0, rng=random.Random(1), scale_to={"chat": 1},
                          idleness=idleness)  # fmt: skip
     assert [s.replica_id for s in decision.of(StopReplica)] == ["b", "a"]
+
+
+def test_a_scale_up_with_no_room_says_what_it_could_not_place() -> None:
+    small = [NodeView("n0", cpu_cores=2, memory_bytes=8 << 30, engines={"sim": None})]
+    decision = reconcile(_model(1, 4), small, [_ready("a", "n0", 1.0)], now=10.0, rng=random.Random(1),
+                         scale_to={"chat": 4})  # fmt: skip
+    assert len(decision.of(StartReplica)) == 1  # one more core on n0
+    assert decision.unplaced == {"chat": 2}
+    [wait] = [w for w in decision.of(Wait) if "cannot be placed" in w.reason]
+    assert wait.reason.startswith(
+        "2 replicas cannot be placed: no node fits any profile (llmgw explain chat)"
+    )

@@ -405,14 +405,15 @@ def _scale(
     mp.target = target
     have = len(mp.alive)
     if have < target:
-        _want(mp, target - have, target, asked, now, mode)
+        _want(mp, target - have, target, ask, now, mode)
     elif have > target:
-        _scale_down(mp, have - target, target, idle_words, ask.idleness)
+        why = idle_words or (" (autoscaled: the routers' load fits fewer)" if ask.wanted is not None else "")
+        _scale_down(mp, have - target, target, why, ask.idleness)
     else:
         mp.start_reasons.clear()
 
 
-def _want(mp: _ModelPass, missing: int, target: int, asked: int, now: float, mode: Mode) -> None:
+def _want(mp: _ModelPass, missing: int, target: int, ask: _ScaleAsk, now: float, mode: Mode) -> None:
     if mode == "run" and mp.state.not_before > now:
         failures = mp.state.failures
         mp.actions.append(
@@ -422,7 +423,12 @@ def _want(mp: _ModelPass, missing: int, target: int, asked: int, now: float, mod
         mp.start_reasons.clear()
         return
     scaling = mp.entry.spec.scaling
-    default = f"scale to min {scaling.min}" if target <= scaling.min else f"asked for ({asked} wanted)"
+    if target <= scaling.min:
+        default = f"scale to min {scaling.min}"
+    elif ask.wanted is not None and ask.wanted >= target:
+        default = f"autoscaled to {target} (the routers' load)"
+    else:
+        default = f"asked for ({ask.asked} wanted)"
     reasons = mp.start_reasons[:missing]
     reasons += [(default, None)] * (missing - len(reasons))
     mp.start_reasons = reasons

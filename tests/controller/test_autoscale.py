@@ -193,6 +193,7 @@ def test_the_reconciler_places_what_the_autoscaler_asks_for() -> None:
                          scale_to={"chat": 3})  # fmt: skip
     starts = decision.of(StartReplica)
     assert len(starts) == 2 and decision.targets["chat"] == 3
+    assert {s.reason for s in starts} == {"autoscaled to 3 (the routers' load)"}
 
 
 def test_the_reconciler_keeps_the_asked_count_within_min_and_max() -> None:
@@ -209,6 +210,7 @@ def test_scale_down_drains_the_idlest_replica() -> None:
                          idleness=idleness)  # fmt: skip
     stops = decision.of(StopReplica)
     assert [(s.replica_id, s.drain) for s in stops] == [("b", True)]
+    assert stops[0].reason == "scale down to 2 (autoscaled: the routers' load fits fewer)"
     # Two down: the idle one, then the busy one, whose requests the drain lets finish. The one nobody
     # reported on is kept: it may be busy through a router that has not said.
     decision = reconcile(_model(1, 4), NODES, replicas, now=10.0, rng=random.Random(1), scale_to={"chat": 1},

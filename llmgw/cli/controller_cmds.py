@@ -315,6 +315,9 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
             note = f"{m['stale_replicas']} stale profile" + (f"; {note}" if note else "")
         fetching = "; ".join(fetch_words(f) for f in m.get("fetching") or [])
         note = "; ".join(w for w in (fetching, note) if w)
+        scaled = m.get("autoscale")
+        if scaled:
+            note = "; ".join(w for w in (note, scaled["reason"]) if w)
         table.add_row(
             m["model"],
             _styled(m["health"], HEALTH_STYLE),
@@ -324,6 +327,42 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
             note,
         )
     console.print(table)
+    _print_capacity(console, data.get("capacity"))
+
+
+def _print_capacity(console: Any, cap: dict[str, Any] | None) -> None:
+    """Fleet capacity at a glance (llmgw.controller.capacity_view): GPUs per class, cores, free nodes, idle."""
+    if not cap:
+        return
+    rows = Table("CAPACITY", "TOTAL", "USED", "FREE", "USED BY CLASS")
+    for klass, g in cap.get("gpus", {}).items():
+        by = ", ".join(f"{k} {n}" for k, n in sorted(g["by_class"].items())) or "-"
+        rows.add_row(f"gpu {klass}", str(g["total"]), str(g["used"]), str(g["free"]), by)
+    cpu = cap.get("cpu_cores") or {}
+    if cpu:
+        by = ", ".join(f"{k} {n}" for k, n in sorted(cpu["by_class"].items())) or "-"
+        unknown = f" (+{cpu['nodes_unknown']} node(s) unknown)" if cpu.get("nodes_unknown") else ""
+        rows.add_row("cpu cores", f"{cpu['total']}{unknown}", str(cpu["used"]), str(cpu["free"]), by)
+    console.print(rows)
+    free = cap.get("free_nodes") or {}
+    words = "; ".join(f"{fabric}: {', '.join(names)}" for fabric, names in sorted(free.items())) or "none"
+    console.print(f"free whole nodes (by fabric): {words}", highlight=False)
+    for model, why in (cap.get("unplaceable") or {}).items():
+        reasons = "; ".join(f"{n}: {w}" for n, w in why["reasons"].items())
+        console.print(f"  [yellow]cannot place[/yellow] {model}: {reasons}", highlight=False)
+    idle = cap.get("replicas_by_idleness") or []
+    if idle:
+        table = Table("REPLICA", "MODEL", "IN FLIGHT", "IDLE FOR")
+        for r in idle:
+            inflight = "-" if r["inflight"] is None else str(r["inflight"])
+            idle_for = "-" if r["idle_s"] is None else _duration(r["idle_s"])
+            table.add_row(r["replica"], r["model"], inflight, idle_for)
+        console.print(table)
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}h {s % 3600 // 60}m" if s >= 3600 else f"{s // 60}m {s % 60}s" if s >= 60 else f"{s}s"
 
 
 def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import typer
 
 from llmgw.cli import (
+    bench_cmds,
     controller_cmds,
     doctor_cmds,
     mirror_cmds,
@@ -40,6 +41,7 @@ mirror_cmds.register(app)
 weights_cmds.register(app)
 ops_cmds.register(app)
 doctor_cmds.register(app)
+bench_cmds.register(app)
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ from aiohttp import web
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
-from llmgw.controller import admin_ops, doctor, prom_sd, views, weights_admin
+from llmgw.controller import admin_ops, capacity_admin, doctor, prom_sd, views, weights_admin
 from llmgw.controller.admin_ops import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT, PRINCIPAL
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
@@ -545,6 +545,9 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("GET", "/api/v1/prometheus/targets", prom_sd.prometheus_targets, "plan"),
     ("GET", "/api/v1/doctor", doctor.controller_doctor, "plan"),
     ("POST", "/api/v1/nodes/{node}/doctor", doctor.node_doctor, "plan"),
+    ("GET", "/api/v1/capacity", capacity_admin.capacity_list, "plan"),
+    ("POST", "/api/v1/capacity", capacity_admin.capacity_save, "admin"),
+    ("GET", "/api/v1/bench/{model}", capacity_admin.bench_target, "admin"),
     ("POST", "/api/v1/webhook", webhook, None),
     ("POST", "/api/v1/demand/{model}", demand, None),
     ("POST", "/api/v1/usage-seen", usage_seen, None),

@@ -204,6 +204,18 @@ def refresh_metrics(c: Controller) -> None:
     if c.desired is not None:
         for name in c.desired.models:
             m.model_health.labels(name, views.model_health(c, name)["health"]).set(1)
+    m.autoscale_desired.clear()
+    m.model_load.clear()
+    for name, record in c.worker_state.models.items():
+        if record.scaled is not None:
+            m.autoscale_desired.labels(name).set(record.scaled.desired)
+    for name, demand in c.worker_state.model_demand().items():
+        for kind, value in (
+            ("queued", demand.queued),
+            ("inflight", demand.inflight),
+            ("refused", demand.refused),
+        ):
+            m.model_load.labels(name, kind).set(value)
     m.gpus.clear()
     for link in c.hub.nodes.values():
         taken = {g for r in c.replicas.values() if r.node == link.name for g in r.gpus}

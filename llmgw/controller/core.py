@@ -45,6 +45,7 @@ from llmgw.controller.state import (
     SeenRevision,
     WorkerState,
 )
+from llmgw.core.autoscale import Capacity
 from llmgw.core.errors import ConfigInvalidError
 from llmgw.core.security import node_token, router_token
 from llmgw.core.words import short
@@ -92,6 +93,8 @@ class Controller:
         self.refused: RefusedRevision | None = None
         self.source_error: str | None = None
         self.replicas: dict[str, ReplicaRec] = {}
+        # (model, profile) -> what `llmgw bench --save` measured one replica to serve (read from the store).
+        self.capacities: dict[tuple[str, str], Capacity] = {}
         self.events = EventLog()
         self.changed = asyncio.Event()
         self.change_listeners: list[Callable[[], None]] = []

@@ -59,6 +59,7 @@ class ControllerMetrics:
             ["model"],
             registry=r,
         )
+        self._declare_scaling(r)
         self.gpus = Gauge(
             PREFIX + "gpus",
             "GPUs per node and class, allocated or not",
@@ -80,6 +81,10 @@ class ControllerMetrics:
             registry=r,
         )
         self.is_leader.set(1)
+        self._declare_notifications(r)
+
+    def _declare_notifications(self, r: CollectorRegistry) -> None:
+        """The webhook sender's: attempts by outcome and what waits in the outbox."""
         self.notification_deliveries = Counter(
             PREFIX + "notification_deliveries",
             "Webhook delivery attempts by outcome (delivered, retried, dead: dead-lettered)",
@@ -90,6 +95,27 @@ class ControllerMetrics:
             PREFIX + "notifications_outbox",
             "Notifications in the store's outbox: waiting (to be delivered or retried) and dead (dead letters)",
             ["state"],
+            registry=r,
+        )
+
+    def _declare_scaling(self, r: CollectorRegistry) -> None:
+        """The autoscaler's: its count per model, the load it decides on, and how often it moved."""
+        self.autoscale_desired = Gauge(
+            PREFIX + "autoscale_desired_replicas",
+            "The replica count the autoscaler aims at, per model that may scale (max above min)",
+            ["model"],
+            registry=r,
+        )
+        self.model_load = Gauge(
+            PREFIX + "model_load",
+            "A model's load as the routers last reported it, summed: queued, inflight, refused",
+            ["model", "kind"],
+            registry=r,
+        )
+        self.scale_events = Counter(
+            PREFIX + "scale_events",
+            "Times the autoscaler moved a model's replica count, by direction (up, down)",
+            ["model", "direction"],
             registry=r,
         )
 

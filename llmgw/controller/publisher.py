@@ -3,7 +3,9 @@
 `/router/v1` is a WebSocket; the controller sends a full snapshot on connect and again whenever its content
 changes (a new revision, an endpoint ready or gone). Routers may send `{"type": "usage", "models": [...]}`
 (models used since the last message, so idle_timeout knows) and `{"type": "demand", "model": NAME}` on the
-same socket; both also exist as HTTP endpoints.
+same socket; both also exist as HTTP endpoints. `{"type": "load", ...}` (llmgw_router.load) is each router's
+queue, requests in flight, p99 TTFT and refusals per model, and requests in flight per replica: the
+autoscaler's demand and what a drain waits on; it is kept per connection and forgotten when it closes.
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ import logging
 from typing import Any
 
 from aiohttp import WSMsgType, web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.credentials import same, valid_node_name
+from llmgw.controller.state import ReplicaLoad, RouterLoad
 from llmgw.core import jsonsafe
+from llmgw.core.autoscale import Demand
 from llmgw.core.catalog import Catalog
 from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
@@ -195,7 +200,7 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
     c.router_sockets.add(ws)
     c.router_peers[ws] = request.remote or ""  # for the http_sd targets (llmgw.controller.prom_sd)
     c.metrics.router_connections.inc()
-    reader = asyncio.get_running_loop().create_task(_read_router(ws, c))
+    reader = asyncio.get_running_loop().create_task(_read_router(ws, c, str(id(ws))))
     try:
         sent = ""
         while not ws.closed and not reader.done():
@@ -215,6 +220,7 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
         c.change_listeners.remove(wake.set)
         c.router_sockets.discard(ws)
         c.router_peers.pop(ws, None)
+        c.worker_state.loads.pop(str(id(ws)), None)  # a router gone reports nothing: its load is unknown
         c.metrics.router_connections.dec()
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -222,7 +228,7 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
     return ws
 
 
-async def _read_router(ws: web.WebSocketResponse, c: Controller) -> None:
+async def _read_router(ws: web.WebSocketResponse, c: Controller, key: str) -> None:
     async for msg in ws:
         if msg.type != WSMsgType.TEXT:
             continue
@@ -236,6 +242,72 @@ async def _read_router(ws: web.WebSocketResponse, c: Controller) -> None:
             note_usage(c, data.get("models", []))
         elif data.get("type") == "demand" and isinstance(data.get("model"), str):
             note_demand(c, data["model"])
+        elif data.get("type") == "load":
+            note_load(c, key, data)
+
+
+class _ModelLoad(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    queued: int = Field(0, ge=0)
+    inflight: int = Field(0, ge=0)
+    ttft_p99_ms: float | None = Field(None, ge=0)
+    refused: int = Field(0, ge=0)
+
+
+class _ReplicaLoad(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    inflight: int = Field(0, ge=0)
+    last_request_at: float | None = None
+    routed: bool = True
+
+
+class _LoadMessage(BaseModel):
+    """The router's `load` message (llmgw_router.load); fields a newer router adds are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+    models: dict[str, _ModelLoad] = Field(default_factory=dict, max_length=100_000)
+    replicas: dict[str, _ReplicaLoad] = Field(default_factory=dict, max_length=100_000)
+
+
+_bad_load_warned: set[str] = set()
+
+
+def note_load(c: Controller, router: str, data: dict[str, Any]) -> bool:
+    """Keep router `router`'s load report (replacing its last); a malformed one is dropped, said once."""
+    try:
+        msg = _LoadMessage.model_validate(data)
+    except ValidationError as exc:
+        if router not in _bad_load_warned:
+            _bad_load_warned.add(router)
+            log.warning("a router's load report was dropped (%d problem(s)): %s", exc.error_count(), exc)
+        return False
+    now = c.wall()
+    d = c.desired
+    models: dict[str, Demand] = {}
+    for name, m in msg.models.items():
+        view = d.resolve(name) if d else None
+        if view is not None:
+            models[view.name] = Demand(m.queued, m.inflight, m.refused, m.ttft_p99_ms, now)
+    replicas = {rid: ReplicaLoad(r.inflight, r.last_request_at, r.routed) for rid, r in msg.replicas.items()}
+    previous = c.worker_state.loads.get(router)
+    c.worker_state.loads[router] = RouterLoad(now, models, replicas)
+    if _load_moved(previous, models):
+        c.notify("load report")
+    return True
+
+
+def _load_moved(previous: RouterLoad | None, models: dict[str, Demand]) -> bool:
+    """Wake the reconciler when a model's queue or refusals appear or its load changes by a fifth: a
+    steady stream of identical reports must not run a pass a second."""
+    if previous is None:
+        return True
+    for name, now in models.items():
+        before = previous.models.get(name)
+        if before is None or (now.queued > 0) != (before.queued > 0) or now.refused:
+            return True
+        if abs(now.load - before.load) > max(1, before.load // 5):
+            return True
+    return False
 
 
 def note_usage(c: Controller, models: Any) -> int:

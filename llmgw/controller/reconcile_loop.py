@@ -19,11 +19,14 @@ from llmgw_agent.protocol import Register, ShardSpec, WeightSource
 
 from llmgw.adapters.secrets import SecretError, read_secret
 from llmgw.controller import views
+from llmgw.controller.autoscaler import autoscale
 from llmgw.controller.background import Background
+from llmgw.controller.capacity_admin import load_capacities
 from llmgw.controller.core import Controller
 from llmgw.controller.engine_orders import EngineOrders
 from llmgw.controller.hub import AgentError, NodeLink
 from llmgw.controller.state import ReplicaRec
+from llmgw.core.autoscale import ScalePolicy
 from llmgw.core.fetch_plan import weight_source
 from llmgw.core.fleet import NodeView, ReplicaView
 from llmgw.core.placement import Placement, ShardPlacement
@@ -45,6 +48,7 @@ log = logging.getLogger("llmgw.controller.reconcile")
 STOP_RETRY_S = 5.0
 ADOPTABLE = frozenset({"fetching", "starting", "ready"})
 DEMAND_FRESH_S = 60.0  # a router's demand for an on-demand model, before a replica exists, counts this long
+DRAIN_POLL_S = 0.1  # how often a drain looks at the routers' load reports for the replica's last request
 
 
 def new_replica_id(model: str, profile: str) -> str:
@@ -61,6 +65,8 @@ class Reconciler:
         self.rng = rng or random.Random()
         self.background = Background("reconcile")  # starts, drains and stops in flight
         self.engine_orders = EngineOrders()
+        self.capacities_loaded = False  # what `llmgw bench --save` stored, read once a revision is applied
+        self.capacities_warned = False
 
     # ---------------------------------------------------------------------------------- loop
 
@@ -88,6 +94,7 @@ class Reconciler:
         if not c.leading():
             return 1.0  # a standby decides nothing; woken when it becomes the leader
         self.engine_orders.send_due(self.agents, d.cluster.engines, self.background)
+        await self._load_capacities()
         ws = c.worker_state
         now = c.wall()
         nodes = views.node_views(c)
@@ -96,6 +103,7 @@ class Reconciler:
             rec = c.replicas.get(r.id)
             if rec is not None and rec.ready_since is None and r.effective_state() == "ready":
                 rec.ready_since = now
+        scaled = autoscale(c, now, self.scale_policy())
         decision = reconcile(
             d.fleet_models,
             nodes,
@@ -107,7 +115,12 @@ class Reconciler:
             demand=self._demand(now),
             policy=BackoffPolicy(base=c.settings.backoff_base_s),
             new_id=new_replica_id,
+            scale_to=scaled.scale_to,
+            idleness=ws.replica_idleness(),
         )
+        for model, words, up in scaled.events:
+            c.metrics.scale_events.labels(model, "up" if up else "down").inc()
+            await c.event("model_scaled", model, words)
         for record in ws.models.values():
             record.clear_pass()
         for model, state in decision.backoff.items():
@@ -142,7 +155,30 @@ class Reconciler:
             wake.append(1.0)
         if decision.wake_at is not None:
             wake.append(max(0.05, decision.wake_at - now))
+        if scaled.wake_at is not None:
+            wake.append(max(0.05, scaled.wake_at - now))
         return min(wake)
+
+    async def _load_capacities(self) -> None:
+        """What `llmgw bench --save` stored, read once (a revision is applied by now, so profiles are known)."""
+        if self.capacities_loaded:
+            return
+        try:
+            await load_capacities(self.c)
+            self.capacities_loaded = True
+        except Exception as exc:  # the store is down: slots are assumed meanwhile, tried again next pass
+            if not self.capacities_warned:
+                self.capacities_warned = True
+                log.warning("measured capacities not read from the store yet (slots assumed): %s", exc)
+
+    def scale_policy(self) -> ScalePolicy:
+        s = self.c.settings
+        return ScalePolicy(
+            up_cooldown=s.scale_up_cooldown_s,
+            down_cooldown=s.scale_down_cooldown_s,
+            down_utilization=s.scale_down_utilization,
+            stale_after=s.load_stale_s,
+        )
 
     def _demand(self, now: float) -> dict[str, int]:
         """A model asked for recently, with nothing running yet, wants one replica (the router's signal)."""
@@ -326,8 +362,7 @@ class Reconciler:
     async def _send_stop(self, rec: ReplicaRec) -> None:
         c = self.c
         if rec.draining:
-            # Routers were told to stop sending it requests; those in flight get this long to finish.
-            await asyncio.sleep(c.settings.drain_s)
+            await self._drain(rec)
             rec.draining = False
         pending = sorted(rec.shards, key=lambda s: s.rank)
         while pending and rec.id in c.replicas:
@@ -346,6 +381,19 @@ class Reconciler:
             pending.pop(0)
         await self._drop(rec)
         c.notify("replica stopped")
+
+    async def _drain(self, rec: ReplicaRec) -> None:
+        """Routers were told to stop sending it requests. Wait until every router reporting load says it no
+        longer routes to it and has nothing in flight there (so no request is cut), at most `drain`; with no
+        router reporting load that is unknown, and the whole `drain` is waited."""
+        c = self.c
+        loop = asyncio.get_running_loop()
+        since = c.wall()
+        deadline = loop.time() + c.settings.drain_s
+        while (left := deadline - loop.time()) > 0:
+            if c.worker_state.drained(rec.id, since):
+                return
+            await asyncio.sleep(min(DRAIN_POLL_S, left))
 
     async def _drop(self, rec: ReplicaRec) -> None:
         c = self.c

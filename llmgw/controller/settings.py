@@ -131,6 +131,23 @@ class ControllerSettings(BaseModel):
     )
     drain_s: float = Field(10.0, ge=0, description="A replica scaled down gets this long to finish requests")
     backoff_base_s: float = Field(5.0, gt=0, description="First delay before replacing a failed replica")
+    scale_up_cooldown_s: float = Field(
+        15.0, ge=0, description="After the autoscaler adds replicas to a model, how long before it adds more"
+    )
+    scale_down_cooldown_s: float = Field(
+        60.0,
+        ge=0,
+        description="How long a model's load must fit fewer replicas before the autoscaler stops one",
+    )
+    scale_down_utilization: float = Field(
+        0.7,
+        gt=0,
+        le=1,
+        description="A scale-down leaves replicas that would run under this share of their capacity",
+    )
+    load_stale_s: float = Field(
+        30.0, gt=0, description="A router's load report older than this is unknown: the count is held"
+    )
     apply_from_admin: bool = Field(True, description="Accept POST /api/v1/apply")
     apply_paths: tuple[Path, ...] = Field(
         (),
@@ -232,6 +249,9 @@ def load_settings_file(path: Path) -> dict[str, object]:
             "lease_ttl",
             "lease_renew",
             "webhook_min_interval",
+            "scale_up_cooldown",
+            "scale_down_cooldown",
+            "load_stale",
         ):
             out[f"{name}_s"] = setting_duration(f"{path}: {key}", value)
         else:

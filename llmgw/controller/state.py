@@ -10,6 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llmgw.core.autoscale import Demand, ScaleDecision, ScaleState, merge_demand
 from llmgw.core.fleet import ModelState
 from llmgw.core.placement import ShardPlacement
 from llmgw.store.records import ReplicaRecord
@@ -78,10 +79,31 @@ class ModelRecord:
     backoff: ModelState | None = None  # failures and when the next attempt may start
     unplaceable: dict[str, str] | None = None  # node (or "*") -> why no replica fits there
     target: int | None = None  # the replica count the last pass aimed at
+    scale: ScaleState | None = None  # the autoscaler's state, carried between passes
+    scaled: ScaleDecision | None = None  # the autoscaler's last decision (status shows it and its inputs)
 
     def clear_pass(self) -> None:
         """Forget what the last pass decided (the next one decides it again)."""
         self.wait, self.backoff, self.unplaceable, self.target = None, None, None, None
+
+
+@dataclass(frozen=True)
+class ReplicaLoad:
+    """One router's word on one replica: requests in flight, its last request (wall; None: none seen), and
+    whether the router still routes to it (False: dropped from its table, only requests in flight left)."""
+
+    inflight: int
+    last_request_at: float | None
+    routed: bool
+
+
+@dataclass(frozen=True)
+class RouterLoad:
+    """One router's last load report (llmgw_router.load), as received at `at` (controller wall time)."""
+
+    at: float
+    models: dict[str, Demand]
+    replicas: dict[str, ReplicaLoad]
 
 
 @dataclass
@@ -138,6 +160,7 @@ class WorkerState:
     # settle window ends), so their running replicas are adopted instead of being placed a second time.
     expected_nodes: set[str] = field(default_factory=set)
     settle_until: float = 0.0
+    loads: dict[str, RouterLoad] = field(default_factory=dict)  # router connection -> its last load report
 
     def model(self, name: str) -> ModelRecord:
         """Model `name`'s record, made on first use."""
@@ -151,6 +174,38 @@ class WorkerState:
 
     def demand(self) -> dict[str, float]:
         return {m: r.demand_at for m, r in self.models.items() if r.demand_at is not None}
+
+    def model_demand(self) -> dict[str, Demand]:
+        """Each model's load summed over the routers connected now."""
+        by_model: dict[str, list[Demand]] = {}
+        for report in self.loads.values():
+            for name, demand in report.models.items():
+                by_model.setdefault(name, []).append(demand)
+        return {m: d for m, reports in by_model.items() if (d := merge_demand(reports)) is not None}
+
+    def replica_idleness(self) -> dict[str, tuple[int, float | None]]:
+        """Per replica: requests in flight over every router, and its latest request any of them saw."""
+        out: dict[str, tuple[int, float | None]] = {}
+        for report in self.loads.values():
+            for rid, seen in report.replicas.items():
+                inflight, last = out.get(rid, (0, None))
+                stamps = [t for t in (last, seen.last_request_at) if t is not None]
+                out[rid] = (inflight + seen.inflight, max(stamps) if stamps else None)
+        return out
+
+    def drained(self, replica_id: str, since: float) -> bool | None:
+        """Whether no router can send `replica_id` a request any more and none has one in flight: every
+        router's last report came after `since` and neither routes to it nor has it busy. None: no router
+        reports load (unknown: the caller waits its full drain time)."""
+        if not self.loads:
+            return None
+        for report in self.loads.values():
+            if report.at <= since:
+                return False
+            seen = report.replicas.get(replica_id)
+            if seen is not None and (seen.routed or seen.inflight > 0):
+                return False
+        return True
 
     def last_used(self) -> dict[str, float]:
         """The later of a model's last use and last demand (what scale-to-zero counts idle time from)."""

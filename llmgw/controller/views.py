@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw_agent.protocol import Inventory, ShardStatus
 
+from llmgw.controller.autoscaler import decision_json
+from llmgw.controller.capacity_view import capacity_json
 from llmgw.controller.state import ModelRecord
 from llmgw.core import placement as node_facts
 from llmgw.core.fleet import (
@@ -272,6 +274,20 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
         "waiting": record.wait,
         "stale_replicas": sum(1 for r in c.replicas.values() if r.model == name and stale(c, r)),
         "fetching": [f for r in c.replicas.values() if r.model == name for f in fetches(c, r)],
+        "autoscale": decision_json(record.scaled, _demand_json(c, name)),
+    }
+
+
+def _demand_json(c: Controller, name: str) -> dict[str, Any] | None:
+    demand = c.worker_state.model_demand().get(name)
+    if demand is None:
+        return None
+    return {
+        "queued": demand.queued,
+        "inflight": demand.inflight,
+        "refused": demand.refused,
+        "ttft_p99_ms": demand.ttft_p99_ms,
+        "reported_at": demand.at,
     }
 
 
@@ -315,6 +331,7 @@ def status_json(c: Controller) -> dict[str, Any]:
             for cond in link.inventory.conditions
         ],
         "replicas": len(c.replicas),
+        "capacity": capacity_json(c, replica_state),
         "reconcile": {
             "passes": c.worker_state.passes,
             "last_pass_at": c.worker_state.last_pass_at,

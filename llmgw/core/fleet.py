@@ -397,5 +397,8 @@ class LiveState(_Live):
         body["replicas"].sort(key=lambda r: r["id"])
         if body.get("documents") is None:  # as before the field existed: saved plans stay current
             body.pop("documents", None)
+        for spec in (body.get("models") or {}).values():
+            if spec.get("slo") is None:  # as before the field existed: saved plans stay current
+                spec.pop("slo", None)
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()

@@ -15,7 +15,9 @@ Rules (each learned the hard way, see docs/placement.md):
 - replicas of models no longer in the catalog are stopped;
 - replicas on a node removed from the repo (`NodeView.leaving`) are replaced elsewhere first and stopped once
   the model has its target ready without them (make-before-break); right away when nothing can replace them;
-- scale-down drains before stopping;
+- scale-down drains before stopping, the idlest replica first (fewest requests in flight, longest since its
+  last request; one no router reported on is not taken for idle); between min and max the autoscaler's count
+  (`scale_to`, llmgw.core.autoscale) replaces "keep what runs";
 - a replica whose profile fingerprint differs from the catalog's is marked stale; it is restarted only when
   the model says `restart_on_profile_change`, one at a time, with its replacement placed beside it first when
   there is room;
@@ -164,8 +166,13 @@ def reconcile(
     new_id: IdFactory | None = None,
     mode: Mode = "run",
     idle_default: float | None = None,
+    scale_to: Mapping[str, int] | None = None,
+    idleness: Mapping[str, tuple[int, float | None]] | None = None,
 ) -> Decision:
     """One reconcile pass. `demand`: replicas asked for per model (the router's on-demand signal);
+    `scale_to`: the autoscaler's count per model (llmgw.core.autoscale), kept within [min, max];
+    `idleness`: per replica id, requests in flight and when it last took one (None: unknown), so a scale-down
+    stops the idlest replica;
     `last_used`: when each model last served a request. `mode="plan"` shows the whole way to the desired
     state: every stale restart at once, no backoff, no idle stops (they are runtime, not repo changes).
     `idle_default`: seconds unused after which replicas above min stop, for models without `idle_timeout`
@@ -176,6 +183,8 @@ def reconcile(
     backoff = backoff or {}
     last_used = last_used or {}
     demand = demand or {}
+    scale_to = scale_to or {}
+    idleness = idleness or {}
     node_state = {n.name: n.state for n in nodes}
     leaving_nodes = frozenset(n.name for n in nodes if n.leaving)
 
@@ -189,7 +198,9 @@ def reconcile(
         _unreachable(mp, node_state)
         _leaving(mp, leaving_nodes)
         restarts = _stale(mp, mode)
-        _scale(mp, restarts, now, last_used.get(name), demand.get(name, 0), mode, idle_default)
+        wanted = scale_to.get(name) if mode == "run" else None
+        scale = _ScaleAsk(last_used.get(name), demand.get(name, 0), wanted, idleness)
+        _scale(mp, restarts, now, scale, mode, idle_default)
         passes.append(mp)
 
     placer = Placer(models, nodes, replicas, new_id)
@@ -352,21 +363,33 @@ def _stale(mp: _ModelPass, mode: Mode) -> list[ReplicaView]:
     return candidates
 
 
+@dataclass(frozen=True, slots=True)
+class _ScaleAsk:
+    """What asks one model for a count: its last use, the on-demand ask, the autoscaler, replicas' idleness."""
+
+    last_used: float | None
+    asked: int
+    wanted: int | None
+    idleness: Mapping[str, tuple[int, float | None]]
+
+
 def _scale(
     mp: _ModelPass,
     restarts: Sequence[ReplicaView],
     now: float,
-    last_used: float | None,
-    asked: int,
+    ask: _ScaleAsk,
     mode: Mode,
     idle_default: float | None,
 ) -> None:
     scaling = mp.entry.spec.scaling
     if not mp.entry.spec.profiles:  # served by a provider
         return
+    last_used, asked = ask.last_used, ask.asked
     # A restarted replica, and one on a leaving node, keeps its place in the count: both are replaced.
     count = len(mp.alive) + len(restarts) + len(mp.leaving)
-    target = max(scaling.min, min(count, scaling.max))
+    # The autoscaler's count replaces "keep what runs" (which only ever grew by an ask).
+    held = count if ask.wanted is None else ask.wanted
+    target = max(scaling.min, min(held, scaling.max))
     idle_words = ""
     if mode == "run":
         target = max(target, min(asked, scaling.max))
@@ -382,14 +405,15 @@ def _scale(
     mp.target = target
     have = len(mp.alive)
     if have < target:
-        _want(mp, target - have, target, asked, now, mode)
+        _want(mp, target - have, target, ask, now, mode)
     elif have > target:
-        _scale_down(mp, have - target, target, idle_words)
+        why = idle_words or (" (autoscaled: the routers' load fits fewer)" if ask.wanted is not None else "")
+        _scale_down(mp, have - target, target, why, ask.idleness)
     else:
         mp.start_reasons.clear()
 
 
-def _want(mp: _ModelPass, missing: int, target: int, asked: int, now: float, mode: Mode) -> None:
+def _want(mp: _ModelPass, missing: int, target: int, ask: _ScaleAsk, now: float, mode: Mode) -> None:
     if mode == "run" and mp.state.not_before > now:
         failures = mp.state.failures
         mp.actions.append(
@@ -399,18 +423,42 @@ def _want(mp: _ModelPass, missing: int, target: int, asked: int, now: float, mod
         mp.start_reasons.clear()
         return
     scaling = mp.entry.spec.scaling
-    default = f"scale to min {scaling.min}" if target <= scaling.min else f"asked for ({asked} wanted)"
+    if target <= scaling.min:
+        default = f"scale to min {scaling.min}"
+    elif ask.wanted is not None and ask.wanted >= target:
+        default = f"autoscaled to {target} (the routers' load)"
+    else:
+        default = f"asked for ({ask.asked} wanted)"
     reasons = mp.start_reasons[:missing]
     reasons += [(default, None)] * (missing - len(reasons))
     mp.start_reasons = reasons
 
 
-def _scale_down(mp: _ModelPass, extra: int, target: int, idle_words: str) -> None:
+def _scale_down(
+    mp: _ModelPass,
+    extra: int,
+    target: int,
+    idle_words: str,
+    idleness: Mapping[str, tuple[int, float | None]],
+) -> None:
     mp.start_reasons.clear()
 
     def order(r: ReplicaView) -> tuple[object, ...]:
-        # Not-yet-ready first, then stale, then ours before adopted ones, then the newest.
-        return (r.effective_state() == "ready", not is_stale(r, mp.entry), r.adopted, -r.created_at, r.id)
+        # Not-yet-ready first, then stale, then the idlest: fewest in flight, then the longest since its last
+        # request. A replica no router reported on is not the idlest (unknown is not idle): it goes after
+        # those known. Then ours before adopted ones, then the newest.
+        seen = idleness.get(r.id)
+        inflight, last = seen if seen is not None else (0, None)
+        return (
+            r.effective_state() == "ready",
+            not is_stale(r, mp.entry),
+            seen is None,
+            inflight,
+            last if last is not None else -math.inf,
+            r.adopted,
+            -r.created_at,
+            r.id,
+        )
 
     for r in sorted(mp.alive, key=order)[:extra]:
         mp.alive.remove(r)

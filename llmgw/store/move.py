@@ -37,8 +37,16 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "dead_at",
     ),
     "notification_marks": ("mark", "time"),
+    "capacity": (
+        "model", "profile", "gpu_class", "engine", "measured_at", "objective_ms", "concurrency", "tokens_per_s",
+        "prefill_ms_per_token", "decode_ms_per_token", "load_s", "replica", "curve",
+    ),
 }  # fmt: skip
-_ORDER = {"limit_counters": "limit_key, window_start", "concurrency_holds": "limit_key, holder"}
+_ORDER = {
+    "limit_counters": "limit_key, window_start",
+    "concurrency_holds": "limit_key, holder",
+    "capacity": "model, profile, gpu_class",
+}
 PAGE = 1000
 
 

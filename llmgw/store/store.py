@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from llmgw.store.capacity import CapacityQueries
 from llmgw.store.db import Backend, Dsn, Row, open_backend
 from llmgw.store.errors import StoreError
 from llmgw.store.migrate import current_version, migrate
@@ -47,6 +48,7 @@ TABLES: tuple[str, ...] = (
     "audit_log",
     "notification_outbox",
     "notification_marks",
+    "capacity",
 )
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
@@ -77,7 +79,7 @@ def _key(row: Row) -> ApiKey:
     return ApiKey(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
 
 
-class Store(OpLogQueries):
+class Store(OpLogQueries, CapacityQueries):
     """Typed access to the llmgw database. Open with `await Store.open(dsn)`; close with `await close()`."""
 
     def __init__(self, db: Backend) -> None:

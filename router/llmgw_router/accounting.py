@@ -145,6 +145,10 @@ def settle(
     m.child(m.duration, call.model).observe(elapsed)
     if result is not None and result.first_byte_at is not None:
         m.child(m.ttft, call.model).observe(result.first_byte_at - call.started)
+        m.load.first_token(served, result.first_byte_at - call.started)
+    elif result is not None and call.status == 200:
+        m.load.first_token(served, elapsed)  # not streamed: the client has its first token with the last
+    m.load.finished(call.model, call.status, call.code)
     if bill.prompt is not None:
         m.observe_tokens(served, bill.prompt, bill.completion)
     if call.lease is not None:

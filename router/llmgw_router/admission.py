@@ -123,6 +123,10 @@ class Admission:
                 fut.set_result(refused)
                 return
 
+    def queued(self, model: str) -> int:
+        """Requests waiting for `model` now (the load report's `queued`)."""
+        return len(self._waiters.get(model, ()))
+
     def notify(self, model: str) -> None:
         """Room may have appeared for `model`: wake its first waiter not woken yet."""
         queue = self._waiters.get(model)

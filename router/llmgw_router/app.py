@@ -253,6 +253,7 @@ async def build_router(
             lambda: dict(service.last_used),
             lambda up: service.metrics.controller_connected.set(1 if up else 0),
             ssl_context=ssl_context,
+            load=service.load_report,
         )
         service.controller = link
     return BuiltRouter(service, link)

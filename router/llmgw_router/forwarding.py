@@ -123,6 +123,7 @@ class Forwarding:
         if not ok:
             return None
         ep.inflight += 1
+        self.metrics.load.claimed(ep.id)
         self.metrics.child(self.metrics.decisions, model, decision.winning_scorer).inc()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("decision for %s: %s", model, decision.rationale())
@@ -130,6 +131,7 @@ class Forwarding:
 
     def release(self, ep: LiveEndpoint, model: str) -> None:
         ep.inflight -= 1
+        self.metrics.load.released(ep.id)
         self.admission.notify(model)
 
     def failed(self, ep: LiveEndpoint, reason: str) -> None:

@@ -4,6 +4,10 @@ Down (controller -> router): a complete RouterSnapshot as JSON on connect and on
 wrapped as {"type": "snapshot", "snapshot": {...}}). Up (router -> controller), as llmgw.controller.publisher reads:
   {"type": "demand", "model": NAME}        an on-demand model was asked for (sent again while it stays asked)
   {"type": "usage", "models": [NAME...]}  every use_interval, the models used since the last message
+  {"type": "load", "models": {NAME: {"queued": int, "inflight": int, "ttft_p99_ms": float|null,
+   "refused": int}}, "replicas": {ID: {"inflight": int, "last_request_at": float|null, "routed": bool}}}
+                                          every load_interval: the autoscaler's demand and the drains'
+                                          "nothing in flight" (llmgw_router.load says what each field means)
 While disconnected the router keeps serving the last snapshot and reconnects with a capped backoff.
 """
 
@@ -54,6 +58,8 @@ class ControllerLink:
         use_interval: float = 10.0,
         max_backoff: float = 10.0,
         ssl_context: ssl.SSLContext | None = None,
+        load: Callable[[], dict[str, Any]] | None = None,
+        load_interval: float = 1.0,
     ) -> None:
         # Several addresses with standby controllers: tried in turn; a standby refuses the stream (503) and a
         # dead one does not answer, and the answer to both is the next address.
@@ -69,6 +75,9 @@ class ControllerLink:
         self._last_used = last_used
         self._on_connected = on_connected
         self._use_interval = use_interval
+        # Load goes more often than usage: the autoscaler must see a burst within seconds, not tens of them.
+        self._load = load
+        self._load_interval = load_interval
         self._max_backoff = max_backoff
         self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
         self.revision: str | None = None
@@ -140,14 +149,24 @@ class ControllerLink:
 
     async def _send(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         reported: dict[str, float] = {}
+        loop = asyncio.get_running_loop()
+        usage_due = loop.time() + self._use_interval
+        load_due = loop.time() if self._load is not None else float("inf")
         while True:
             try:
-                async with asyncio.timeout(self._use_interval):
+                async with asyncio.timeout(max(0.0, min(usage_due, load_due) - loop.time())):
                     msg = await self._outbox.get()
                 await ws.send_json(msg)
                 continue
             except TimeoutError:
                 pass
+            now = loop.time()
+            if self._load is not None and now >= load_due:
+                await ws.send_json(self._load())
+                load_due = now + self._load_interval
+            if now < usage_due:
+                continue
+            usage_due = now + self._use_interval
             fresh = {m: t for m, t in self._last_used().items() if reported.get(m) != t}
             if fresh:
                 await ws.send_json({"type": "usage", "models": sorted(fresh)})

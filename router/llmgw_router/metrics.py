@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from llmgw_router.load import LoadTracker
 from llmgw_router.state import RoutingTable
 
 __all__ = ["PREFIX", "RouterMetrics"]
@@ -118,6 +119,8 @@ class RouterMetrics:
         # labels() costs a lock and a dict build per call; the request path asks for the same few children
         # over and over, so they are kept (bounded by models x statuses x codes, a small set).
         self._children: dict[tuple[str, ...], Any] = {}
+        # What the controller link reports as load (not Prometheus: the autoscaler's input, llmgw_router.load).
+        self.load = LoadTracker(clock=clock)
 
     def _declare_request_metrics(self, r: CollectorRegistry) -> None:
         """What every answered request adds to: counts, durations, tokens."""

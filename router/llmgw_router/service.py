@@ -91,6 +91,10 @@ class RequestService:
         self.last_used: dict[str, float] = {}
         self.provider_health = ProviderHealth(self.metrics.provider_unavailable)
 
+    def load_report(self) -> dict[str, Any]:
+        """The `load` message the controller link sends (llmgw_router.load)."""
+        return self.metrics.load.report(self.table, self.admission.queued)
+
     @property
     def controller(self) -> ControllerCallbacks:
         """Who loads on-demand models: the ControllerLink, once there is one (it needs the service first)."""

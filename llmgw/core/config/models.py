@@ -434,6 +434,12 @@ class Scaling(Strict):
     idle_timeout: Duration | None = Field(None, description="Unused this long, replicas above min stop")
 
 
+class Slo(Strict):
+    """The model's latency objective: what `llmgw bench` measures capacity against and the autoscaler keeps."""
+
+    ttft_p99_ms: float = Field(gt=0, description="p99 time to first token a replica must stay under, in ms")
+
+
 class Profile(Strict):
     """One way to run a replica: engine, resources, parallelism. No gpu_class means a CPU profile."""
 
@@ -483,6 +489,9 @@ class ModelSpec(Strict):
     )
     prices: Prices = Field(default_factory=Prices)
     scaling: Scaling = Field(default_factory=Scaling)
+    slo: Slo | None = Field(
+        None, description="Latency objective (unset: capacity is the profile's slots, no TTFT target)"
+    )
     fallbacks: list[str] = Field(
         default_factory=list, description="Models tried in order when this one cannot"
     )

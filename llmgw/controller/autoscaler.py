@@ -1,0 +1,106 @@
+"""The autoscaler's shell: each pass, the pure decision (llmgw.core.autoscale) for every model that may scale,
+from the routers' load reports and each replica's capacity (measured, else the profile's slots).
+
+It keeps each model's state and last decision on its `ModelRecord` (status, the admin API and metrics show
+them) and hands the reconciler the counts; a change of count is an event ("scaled chat 2->4: queue 37, ...").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from llmgw.core.autoscale import Capacity, ScaleDecision, ScalePolicy, assumed_capacity, decide
+
+if TYPE_CHECKING:
+    from llmgw.controller.core import Controller
+
+__all__ = ["ScalePass", "autoscale", "capacity_of", "decision_json"]
+
+
+@dataclass(frozen=True)
+class ScalePass:
+    scale_to: dict[str, int]
+    wake_at: float | None
+    events: list[tuple[str, str, bool]]  # (model, words, up) for each count that moved
+
+
+def capacity_of(c: Controller, model: str) -> Capacity:
+    """What one replica of `model` serves at once: measured for the profile most of its replicas run (else
+    its first), else that profile's slots; unknown when neither is there."""
+    d = c.desired
+    assert d is not None
+    entry = d.models[model]
+    running = [r.profile for r in c.replicas.values() if r.model == model and not r.stopping]
+    names = [p.name for p in entry.profiles]
+    profile = max(set(running), key=running.count) if running else (names[0] if names else None)
+    found = entry.profile(profile) if profile is not None else None
+    if found is None:
+        return Capacity(None, "unknown")
+    measured = c.capacities.get((model, found.profile.name))
+    if measured is not None:
+        return measured
+    p = found.profile
+    per = assumed_capacity(p.slots, p.engine, p.args)
+    return Capacity(per, "slots" if per is not None else "unknown")
+
+
+def autoscale(c: Controller, now: float, policy: ScalePolicy) -> ScalePass:
+    """Decide every model whose scaling leaves room (max above min) and that runs on replicas."""
+    d = c.desired
+    ws = c.worker_state
+    if d is None:
+        return ScalePass({}, None, [])
+    demand = ws.model_demand()
+    scale_to: dict[str, int] = {}
+    wakes: list[float] = []
+    events: list[tuple[str, str, bool]] = []
+    for name, entry in sorted(d.models.items()):
+        scaling = entry.spec.scaling
+        record = ws.model(name)
+        if not entry.spec.profiles or scaling.max <= scaling.min:
+            record.scale, record.scaled = None, None
+            continue
+        current = sum(1 for r in c.replicas.values() if r.model == name and not r.stopping)
+        slo = entry.spec.slo
+        # An on-demand model (min 0) is scaled between 1 and max while it runs: going to none is
+        # idle_timeout's (the reconciler's), not a quiet minute's.
+        floor = scaling.min if scaling.min > 0 or current == 0 else 1
+        decision = decide(
+            name,
+            min_replicas=floor,
+            max_replicas=scaling.max,
+            current=current,
+            demand=demand.get(name),
+            capacity=capacity_of(c, name),
+            objective_ms=slo.ttft_p99_ms if slo is not None else None,
+            now=now,
+            state=record.scale,
+            policy=policy,
+        )
+        record.scale, record.scaled = decision.state, decision
+        # An on-demand model (min 0) with no load report keeps to its ask-and-idle rule.
+        if scaling.min > 0 or demand.get(name) is not None:
+            scale_to[name] = decision.desired
+        if decision.wake_at is not None:
+            wakes.append(decision.wake_at)
+        if decision.event is not None and decision.changed_from is not None:
+            events.append((name, decision.event, decision.desired > decision.changed_from))
+    return ScalePass(scale_to, min(wakes) if wakes else None, events)
+
+
+def decision_json(
+    decision: ScaleDecision | None, demand: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The last decision and its inputs, for status and the admin API."""
+    if decision is None:
+        return None
+    return {
+        "desired": decision.desired,
+        "reason": decision.reason,
+        "last_scale_up_at": decision.state.last_up_at,
+        "low_since": decision.state.low_since,
+        "next_decision_at": decision.wake_at,
+        **({"demand": dict(demand)} if demand is not None else {}),
+    }

@@ -1,0 +1,109 @@
+"""What this router tells the controller about load: per model and per replica, for the autoscaler and drains.
+
+`LoadTracker` counts as requests go: a claim and a release per replica (kept apart from the routing table, so
+a replica the controller dropped from the snapshot while it drains still shows its requests in flight until
+they finish), time to first token per model over a sliding window, and refusals for want of capacity. Its
+`report` is the `{"type": "load", ...}` message the controller link sends every `load_interval`:
+
+    {"type": "load",
+     "models": {NAME: {"queued": int, "inflight": int, "ttft_p99_ms": float | null, "refused": int}},
+     "replicas": {ID: {"inflight": int, "last_request_at": float | null, "routed": bool}}}
+
+`refused` counts since the last report; `ttft_p99_ms` is over the last `window` seconds (null: no first token
+in it, which is unknown, not fast), a request not streamed counting its whole answer (its client's first token
+came with its last); `last_request_at` is wall time (null: none since this router started);
+`routed` says the replica is in this router's table (false: dropped, only its requests in flight remain).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from llmgw_router.state import RoutingTable
+
+__all__ = ["CAPACITY_CODES", "LoadTracker"]
+
+# Refusals that say the model had no room (not a tenant's limit, not a bad request).
+CAPACITY_CODES = frozenset({"queue_full", "queue_timeout", "model_loading"})
+
+
+@dataclass(slots=True)
+class _Replica:
+    inflight: int = 0
+    last_request_at: float | None = None
+
+
+class LoadTracker:
+    def __init__(self, window: float = 10.0, clock: Callable[[], float] = time.time) -> None:
+        self.window = window
+        self.clock = clock
+        self._ttft: dict[str, deque[tuple[float, float]]] = {}
+        self._refused: dict[str, int] = {}
+        self._replicas: dict[str, _Replica] = {}
+
+    def claimed(self, replica_id: str) -> None:
+        rec = self._replicas.setdefault(replica_id, _Replica())
+        rec.inflight += 1
+        rec.last_request_at = self.clock()
+
+    def released(self, replica_id: str) -> None:
+        rec = self._replicas.get(replica_id)
+        if rec is not None and rec.inflight > 0:
+            rec.inflight -= 1
+
+    def first_token(self, model: str, seconds: float) -> None:
+        samples = self._ttft.setdefault(model, deque())
+        samples.append((self.clock(), seconds))
+        if len(samples) > 10_000:  # a flood inside one window: the oldest go first
+            samples.popleft()
+
+    def finished(self, model: str, status: int, code: str | None) -> None:
+        """Every answered request passes here (accounting.settle); counts the capacity refusals."""
+        if status in (429, 503) and code in CAPACITY_CODES:
+            self._refused[model] = self._refused.get(model, 0) + 1
+
+    def _p99(self, model: str, now: float) -> float | None:
+        samples = self._ttft.get(model)
+        if not samples:
+            return None
+        while samples and samples[0][0] < now - self.window:
+            samples.popleft()
+        if not samples:
+            return None
+        ordered = sorted(s for _, s in samples)
+        return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000.0
+
+    def report(self, table: RoutingTable | None, queued: Callable[[str], int]) -> dict[str, Any]:
+        """The load message now; refusals counted since the last report start again at zero."""
+        now = self.clock()
+        models: dict[str, Any] = {}
+        routed: set[str] = set()
+        for name, endpoints in (table.endpoints if table is not None else {}).items():
+            if table is not None and table.models[name].provider is not None:
+                continue
+            ids = [ep.id for ep in endpoints]
+            routed.update(ids)
+            models[name] = {
+                "queued": queued(name),
+                "inflight": sum(self._replicas[i].inflight for i in ids if i in self._replicas),
+                "ttft_p99_ms": self._p99(name, now),
+                "refused": self._refused.pop(name, 0),
+            }
+        replicas: dict[str, Any] = {}
+        for rid in list(self._replicas):
+            rec = self._replicas[rid]
+            if rid not in routed and rec.inflight == 0:
+                del self._replicas[rid]  # dropped and finished: nothing left to say about it
+                continue
+            replicas[rid] = {
+                "inflight": rec.inflight,
+                "last_request_at": rec.last_request_at,
+                "routed": rid in routed,
+            }
+        for rid in routed - set(replicas):
+            replicas[rid] = {"inflight": 0, "last_request_at": None, "routed": True}
+        return {"type": "load", "models": models, "replicas": replicas}

@@ -1,0 +1,165 @@
+"""Measured capacity: the bench's conclusion (pure), the store's rows, and `llmgw bench --save` on a real sim
+replica through a real controller, read back by `llmgw capacity` and the autoscaler."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import wait_for
+from typer.testing import CliRunner
+
+from llmgw.cli.main import app
+from llmgw.controller.autoscaler import capacity_of
+from llmgw.core.bench import RequestSample, Step, conclude, percentile, summarize_step
+from llmgw.store import Store
+from llmgw.store.capacity import CapacityRecord
+
+from .helpers import Admin, Agents, Repo, cluster_yaml, settings_for, start
+
+
+def _step(n: int, p99: float | None, tps: float, failed: int = 0) -> Step:
+    return Step(n, 10, failed, 1.0, p99, p99, 5.0, 6.0, tps)
+
+
+def test_capacity_is_the_last_step_under_the_objective() -> None:
+    curve = [_step(1, 20.0, 50), _step(2, 30.0, 95), _step(4, 90.0, 180), _step(8, 400.0, 190)]
+    m = conclude(curve, objective_ms=100.0, prompt_tokens=10)
+    assert (m.concurrency, m.tokens_per_s) == (4, 180)
+    assert m.prefill_ms_per_token == 2.0 and m.decode_ms_per_token == 5.0
+    assert conclude(curve, objective_ms=10.0, prompt_tokens=10).concurrency is None
+
+
+def test_without_an_objective_capacity_is_the_throughput_knee_and_failures_end_it() -> None:
+    curve = [_step(1, 20.0, 50), _step(2, 30.0, 95), _step(4, 90.0, 100), _step(8, 400.0, 300)]
+    assert conclude(curve, None, 10).concurrency == 2  # 4 added under a tenth
+    failing = [_step(1, 20.0, 50), _step(2, 30.0, 95, failed=1)]
+    assert conclude(failing, 100.0, 10).concurrency == 1
+
+
+def test_a_step_summary_keeps_unknown_apart_from_zero() -> None:
+    assert percentile([], 0.99) is None
+    step = summarize_step(2, [RequestSample(0.1, (0.01, 0.02), 3), RequestSample(0.0, (), 0, ok=False)], 2.0)
+    assert (step.requests, step.failed, step.ttft_p99_ms, step.tokens_per_s) == (2, 1, 100.0, 1.5)
+    empty = summarize_step(1, [], 1.0)
+    assert empty.ttft_p99_ms is None and empty.itl_p50_ms is None
+
+
+async def test_the_store_keeps_one_measurement_per_model_profile_and_gpu_class(controller_dsn: str) -> None:
+    store = await Store.open(controller_dsn)
+    try:
+        rec = CapacityRecord("m", "sim", "", "sim", 1.0, 100.0, 4, 80.0, 0.1, 10.0, 1.5, "r1", [{"c": 1}])
+        await store.save_capacity(rec)
+        await store.save_capacity(
+            CapacityRecord("m", "sim", "h100", "vllm", 2.0, None, None, None, None, None, None)
+        )
+        again = CapacityRecord("m", "sim", "", "sim", 3.0, 100.0, 6, 120.0, 0.1, 9.0, 1.2, "r2", [])
+        await store.save_capacity(again)
+        rows = await store.list_capacity("m")
+        assert rows == [
+            again,
+            CapacityRecord("m", "sim", "h100", "vllm", 2.0, None, None, None, None, None, None),
+        ]
+        assert (await store.row_counts())["capacity"] == 2
+    finally:
+        await store.close()
+
+
+MODEL = """\
+apiVersion: llmgw/v1
+kind: Model
+metadata: {name: sim-bench}
+spec:
+  context_length: 4096
+  slo: {ttft_p99_ms: 150}
+  scaling: {min: 1, max: 2}
+  profiles:
+    - {name: sim, engine: sim, cpu_cores: 1, args: {max_concurrency: 2, decode_ms_per_token: 30}}
+"""
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[tuple[Admin, Any]]:
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml(), "models/bench.yaml": MODEL})
+    running, admin = await start(settings_for(tmp_path, repo.path))
+    agents = Agents(tmp_path, tmp_path / "token")
+    try:
+        agents.start("n1", running.url.removeprefix("http://"))
+
+        async def ready() -> bool:
+            return bool(await admin.replicas("sim-bench", "ready"))
+
+        await wait_for(ready, 60, "a ready sim-bench replica")
+        yield admin, running
+    finally:
+        await running.stop()
+        agents.cleanup()
+
+
+async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
+    fleet: tuple[Admin, Any], tmp_path: Path
+) -> None:
+    admin, running = fleet
+    target = await admin.get("/api/v1/bench/sim-bench")
+    assert target["objective_ms"] == 150 and target["engine"] == "sim" and target["api_key"]
+    assert target["load_s"] is not None and target["load_s"] > 0
+    before = await admin.get("/api/v1/capacity")
+    assert before["capacity"] == [{"model": "sim-bench", "profile": "sim", "gpu_class": None, "source": "slots",
+                                   "assumed_slots": 2, "measured": None}]  # fmt: skip
+
+    argv = ["bench", "sim-bench", "--save", "--json", "--steps", "1,2,4", "--step-seconds", "1",
+            "--prompt-tokens", "8", "--max-tokens", "8", "--controller", running.url,
+            "--token-file", str(tmp_path / "token")]  # fmt: skip
+    result = await asyncio.to_thread(CliRunner().invoke, app, argv)
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    # Two sequences run at once; at four, two wait a whole request (8 x 30 ms) for a slot: over 150 ms.
+    assert out["concurrency"] == 2, out["curve"]
+    assert [s["concurrency"] for s in out["curve"]] == [1, 2, 4]
+    assert out["decode_ms_per_token"] is not None and out["decode_ms_per_token"] > 20
+
+    after = await admin.get("/api/v1/capacity")
+    measured = after["capacity"][0]["measured"]
+    assert after["capacity"][0]["source"] == "measured" and measured["concurrency"] == 2
+    assert measured["objective_ms"] == 150 and len(measured["curve"]) == 3
+    assert capacity_of(running.controller, "sim-bench").per_replica == 2
+    assert capacity_of(running.controller, "sim-bench").source == "measured"
+    events = (await admin.get("/api/v1/events"))["events"]
+    assert any(e["kind"] == "capacity_measured" and "2 concurrent sequences" in e["message"] for e in events)
+
+    listed = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["capacity", "--controller", running.url, "--token-file", str(tmp_path / "token")],
+    )
+    assert listed.exit_code == 0 and "measured" in listed.output, listed.output
+
+    # `llmgw status` ends with the capacity at a glance: cores used by the replica, and the replica's
+    # idleness unknown ("-"): no router has reported on it.
+    shown = await asyncio.to_thread(
+        CliRunner().invoke,
+        app,
+        ["status", "--controller", running.url, "--token-file", str(tmp_path / "token")],
+    )
+    assert shown.exit_code == 0, shown.output
+    rows = [[cell for cell in line.split() if cell not in ("│", "┃")] for line in shown.output.splitlines()]
+    assert ["cpu", "cores", "4", "1", "3", "-", "1"] in rows, shown.output
+    assert [target["replica"], "sim-bench", "-", "-"] in rows, shown.output
+    assert "held at 1: no load report" in shown.output
+
+
+async def test_bench_refuses_an_unknown_profile_and_says_which_exist(fleet: tuple[Admin, Any]) -> None:
+    admin, running = fleet
+    import aiohttp
+
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(running.url + "/api/v1/bench/sim-bench?profile=gpu", headers=admin.headers) as r,
+    ):
+        assert r.status == 404
+        assert "has no profile 'gpu' (its profiles: sim)" in (await r.json())["error"]["message"]

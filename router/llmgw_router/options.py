@@ -24,3 +24,6 @@ class RouterOptions:
     write_timeout: float = 30.0  # a stream's client that accepts no byte for this long is cut off
     # Where the repo's provider keys may be read from: the router's settings, never the repo's.
     secrets: SecretPolicy = field(default_factory=lambda: SecretPolicy(DEFAULT_SECRETS_DIR).absolute())
+    # OpenTelemetry: spans of the request path go to this OTLP/HTTP collector (None: no tracing at all).
+    otlp_endpoint: str | None = None
+    trace_sample: float = 1.0  # new traces kept; one a client started is followed as it says

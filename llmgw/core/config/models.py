@@ -102,6 +102,9 @@ class AdmissionSettings(Strict):
 RequestFieldName = Annotated[
     str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="A top-level request body field")
 ]
+TagKey = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="A request tag's key (llmgw_router.tags)")
+]
 
 
 class RouterSettings(Strict):
@@ -130,6 +133,20 @@ class RouterSettings(Strict):
             "Top-level request fields forwarded to engines besides OpenAI's and each engine's sampling "
             "parameters (e.g. chat_template_kwargs); others are dropped and named in x-llmgw-dropped-fields"
         ),
+    )
+    tag_labels: list[TagKey] = Field(
+        default_factory=list,
+        max_length=8,
+        description=(
+            "Request tag keys (from metadata, x-llmgw-tags, `user`) counted in the router's tag metrics as "
+            "label values; other tags are kept with usage only"
+        ),
+    )
+    tag_label_values: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="Distinct values each tag_labels key is counted under per router; later ones count as `other`",
     )
 
 

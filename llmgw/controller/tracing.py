@@ -68,25 +68,27 @@ class CommitTracer:
     def starting(self, replica_id: str, model: str, nodes: list[str]) -> None:
         parent = self._reconcile or self._revision or otel_context.Context()
         attrs = {"llmgw.replica": replica_id, "llmgw.model": model, "llmgw.nodes": nodes}
-        self._starting[replica_id] = self.tracer.start_span("start", context=parent, attributes=attrs)
+        span = self.tracer.start_span("start", context=parent, attributes=attrs)
+        self._starting[replica_id] = span
+        # Kept from the start command, not its answer: an agent may answer only once the engine is ready, and
+        # the pass that sees it ready can come first.
+        self._waiting[replica_id] = (trace.set_span_in_context(span), time.time_ns())
+        while len(self._waiting) > _PENDING_MAX:
+            self._waiting.popitem(last=False)
 
-    def started(self, replica_id: str, error: str | None) -> None:
+    def started(self, replica_id: str, error: str) -> None:
+        """The agent answered the start command: accepted (`error` empty) or refused."""
         span = self._starting.pop(replica_id, None)
         if span is None:
             return
-        if error is not None:
+        if error:
             span.set_status(Status(StatusCode.ERROR, error))
+            self._waiting.pop(replica_id, None)
         span.end()
-        if error is None:
-            self._waiting[replica_id] = (trace.set_span_in_context(span), time.time_ns())
-            while len(self._waiting) > _PENDING_MAX:
-                self._waiting.popitem(last=False)
 
     def ready(self, replica_id: str) -> None:
         found = self._waiting.pop(replica_id, None)
         if found is not None:
             parent, since = found
-            span = self.tracer.start_span(
-                "ready", context=parent, start_time=since, attributes={"llmgw.replica": replica_id}
-            )
-            span.end()
+            attrs = {"llmgw.replica": replica_id}
+            self.tracer.start_span("ready", context=parent, start_time=since, attributes=attrs).end()

@@ -14,7 +14,7 @@ import aiohttp
 import openai
 import pytest
 from aiohttp import web
-from faults.procs import FakeEngine, start_router_proc
+from faults.procs import FakeEngine, RouterProc, start_router_proc
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import wait_for
 from typer.testing import CliRunner
@@ -68,6 +68,21 @@ async def _ready(metrics_url: str) -> bool:
     return all(f'endpoint="{e}",model="sim-chat",state="ready"' in page for e in ("a-broken", "b-live"))
 
 
+async def _key(dsn: str) -> str:
+    store = await Store.open(dsn)
+    try:
+        return (await keys.create_key(store, "web", time.time())).plaintext
+    finally:
+        await store.close()
+
+
+async def _router(tmp_path: Path, snapshot: dict[str, Any], args: list[str]) -> RouterProc:
+    snap_file = tmp_path / "snapshot.json"
+    snap_file.write_text(json.dumps(snapshot))
+    argv = ["--snapshot", str(snap_file), "--state-dir", str(tmp_path / "router-state"), *args]
+    return await asyncio.to_thread(start_router_proc, tmp_path / "router.log", argv)
+
+
 async def test_llmgw_request_shows_the_decision_and_timings(tmp_path: Path) -> None:
     repo = Repo(tmp_path / "repo", use_git=False)
     repo.write({"cluster.yaml": cluster_yaml(), "m.yaml": model_yaml("sim-a", min_=0)})
@@ -78,21 +93,11 @@ async def test_llmgw_request_shows_the_decision_and_timings(tmp_path: Path) -> N
     router = None
     try:
         await wait_for(lambda: status_if_applied(admin, content_hash(repo.path)), what="the repo applied")
-        dsn = settings.store
-        store = await Store.open(dsn)
-        try:
-            key = (await keys.create_key(store, "web", time.time())).plaintext
-        finally:
-            await store.close()
+        key = await _key(settings.store)
         await asyncio.to_thread(wait_healthy_sync, [sim])
-        snap_file = tmp_path / "snapshot.json"
-        snap_file.write_text(json.dumps(_snapshot(broken, sim)))
-        router = await asyncio.to_thread(
-            start_router_proc,
-            tmp_path / "router.log",
-            ["--snapshot", str(snap_file), "--store", dsn, "--router-id", "r1",
-             "--state-dir", str(tmp_path / "router-state")],
-        )  # fmt: skip
+        router = await _router(
+            tmp_path, _snapshot(broken, sim), ["--store", settings.store, "--router-id", "r1"]
+        )
         await wait_for(lambda: _ready(router.metrics), what="both endpoints scraped and ready")
         client = openai.AsyncOpenAI(base_url=router.base_url, api_key=key, max_retries=0)
         raw = await client.chat.completions.with_raw_response.create(
@@ -155,21 +160,8 @@ async def test_llmgw_request_shows_the_decision_and_timings(tmp_path: Path) -> N
 async def test_a_request_with_no_usage_row_is_found_in_the_routers_buffer(tmp_path: Path) -> None:
     sim = start_sim("sim-chat", "engine-key")
     broken = _broken_engine()
-    snap_file = tmp_path / "snapshot.json"
-    snap_file.write_text(json.dumps(_snapshot(broken, sim)))
     (tmp_path / "no-keys").write_text("# no key: every request here is a 401\n")
-    router = await asyncio.to_thread(
-        start_router_proc,
-        tmp_path / "router.log",
-        [
-            "--snapshot",
-            str(snap_file),
-            "--keys-file",
-            str(tmp_path / "no-keys"),
-            "--state-dir",
-            str(tmp_path / "s"),
-        ],
-    )
+    router = await _router(tmp_path, _snapshot(broken, sim), ["--keys-file", str(tmp_path / "no-keys")])
     try:
         async with aiohttp.ClientSession() as s:
             body = {"model": "sim-chat", "messages": [{"role": "user", "content": "x"}]}

@@ -136,8 +136,9 @@ class UsageRecord:
     endpoint: str = ""  # the replica (or provider endpoint) that served; "" when none was picked
     queue_ms: float | None = None  # waiting for an endpoint with room (the pick, the admission line)
     ttft_ms: float | None = None  # to the first streamed bytes sent to the client
-    attempts: str = ""  # JSON list of the endpoints that failed first: [{"endpoint", "model", "reason"}]
-    decision: str = ""  # JSON: the scheduling decision, compact (llmgw_router.lookup.decision_summary)
+    # Kept as values, encoded to JSON by the spool's one line and by the store's writer, off the request path.
+    attempts: list[dict[str, str]] | None = None  # the endpoints that failed first: endpoint, model, reason
+    decision: dict[str, Any] | None = None  # the scheduling decision, compact (llmgw_router.lookup)
     code: str = ""  # the error code the client was given ("" on success)
     tags: dict[str, str] | None = None  # metadata, x-llmgw-tags and `user` (llmgw_router.tags); None: none
 

@@ -30,17 +30,17 @@ def usage_record(r: Row, tags: dict[str, str] | None = None) -> UsageRecord:
         fallback_used=bool(r[13]), router_id=r[14], endpoint=r[15],
         queue_ms=float(r[16]) if r[16] is not None else None,
         ttft_ms=float(r[17]) if r[17] is not None else None,
-        attempts=r[18], decision=r[19], code=r[20], tags=tags or None,
+        attempts=_json_or_none(r[18]), decision=_json_or_none(r[19]), code=r[20], tags=tags or None,
     )  # fmt: skip
 
 
-def _json_or_none(text: str) -> Any:
+def _json_or_none(text: str | None) -> Any:
     if not text:
         return None
     try:
         return json.loads(text)
     except ValueError:
-        return text  # kept as it was written rather than lost
+        return None  # a column written by hand that is not JSON: unknown
 
 
 def record_view(rec: UsageRecord) -> dict[str, Any]:
@@ -63,8 +63,8 @@ def record_view(rec: UsageRecord) -> dict[str, Any]:
         "tokens_out": rec.tokens_out,
         "cost": rec.cost,
         "fallback_used": rec.fallback_used,
-        "attempts": _json_or_none(rec.attempts) or [],
-        "decision": _json_or_none(rec.decision),
+        "attempts": rec.attempts or [],
+        "decision": rec.decision,
         "tags": rec.tags or {},
         "router_id": rec.router_id,
     }

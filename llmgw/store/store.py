@@ -313,8 +313,8 @@ class Store(OpLogQueries, RequestQueries):
                 r.endpoint,
                 r.queue_ms,
                 r.ttft_ms,
-                r.attempts,
-                r.decision,
+                json.dumps(r.attempts) if r.attempts else "",
+                json.dumps(r.decision, separators=(",", ":")) if r.decision else "",
                 r.code,
             )
             for r in records

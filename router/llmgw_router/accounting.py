@@ -8,7 +8,6 @@ reserved when it reported nothing (so hanging up just before the usage event, or
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -190,8 +189,8 @@ def settle(
         endpoint=call.endpoint,
         queue_ms=call.queue_s * 1000 if call.queue_s is not None else None,
         ttft_ms=(ttft - call.started) * 1000 if ttft is not None else None,
-        attempts=json.dumps(call.attempts) if call.attempts else "",
-        decision=decision_summary(call.decision) if call.decision is not None else "",
+        attempts=call.attempts,
+        decision=decision_summary(call.decision) if call.decision is not None else None,
         code=call.code,
         tags=call.tags,
     )

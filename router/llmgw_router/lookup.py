@@ -14,7 +14,6 @@ routers behind a load balancer; the row is in the one store every router writes,
 
 from __future__ import annotations
 
-import json
 from collections import OrderedDict
 from typing import Any
 
@@ -27,14 +26,11 @@ RECENT_DEFAULT = 4096
 CANDIDATES_KEPT = 8  # candidates a row keeps of one decision (the best by total, the winner always)
 
 
-def _round(x: float) -> float:
-    return float(f"{x:.4g}")
-
-
-def decision_summary(decision: Decision) -> str:
-    """The decision as compact JSON: the winner, the picker, the scorer that decided, each candidate's total
-    and per-scorer scores (the best CANDIDATES_KEPT, the winner among them), the session target, and how many
-    endpoints each filter dropped."""
+def decision_summary(decision: Decision) -> dict[str, Any]:
+    """The decision, compact: the winner, the picker, the scorer that decided, each candidate's total and
+    per-scorer scores (the best CANDIDATES_KEPT, the winner among them), the session target, and how many
+    endpoints each filter dropped. A value, not JSON text: it is encoded with the rest of the usage record
+    (the spool's one line, the store's writer), never on its own on the request path."""
     scores = decision.scores
     if len(scores) > CANDIDATES_KEPT:  # the best ones and the winner; a row stays small on a large fleet
         best = sorted(scores, key=lambda s: s.total, reverse=True)[:CANDIDATES_KEPT]
@@ -45,10 +41,8 @@ def decision_summary(decision: Decision) -> str:
         "endpoint": decision.endpoint,
         "picker": decision.picker,
         "by": decision.winning_scorer,
-        "candidates": [
-            {"id": s.id, "total": _round(s.total), "scores": {k: _round(v) for k, v in s.scores.items()}}
-            for s in scores
-        ],
+        # The scorers' dicts as the Decision holds them (never changed after it is made): no copy per request.
+        "candidates": [{"id": s.id, "total": s.total, "scores": s.scores} for s in scores],
     }
     if len(decision.scores) > len(scores):
         out["candidates_not_kept"] = len(decision.scores) - len(scores)
@@ -57,7 +51,7 @@ def decision_summary(decision: Decision) -> str:
         out["dropped"] = dropped
     if decision.session_target is not None:
         out["session_target"] = decision.session_target
-    return json.dumps(out, separators=(",", ":"))
+    return out
 
 
 class RecentRequests:

@@ -121,6 +121,9 @@ async def test_llmgw_request_shows_the_decision_and_timings(tmp_path: Path) -> N
         [whole] = await wait_for(lambda: row(request_id), what="the request's usage row")
         [stream] = await wait_for(lambda: row(stream_id), what="the stream's usage row")
         readable = await asyncio.to_thread(_cli, ["request", request_id, "--controller", running.url])
+        by_user = await asyncio.to_thread(
+            _cli, ["usage", "--by", "tag:user", "--controller", running.url, "--json"]
+        )
     finally:
         if router is not None:
             router.stop()
@@ -155,6 +158,9 @@ async def test_llmgw_request_shows_the_decision_and_timings(tmp_path: Path) -> N
     assert readable.exit_code == 0, readable.output
     for words in ("b-live", "round_robin", "failed first", "a-broken", "engine answered 503", "picked"):
         assert words in readable.output, (words, readable.output)
+    # The same store through the admin API's usage totals: the tagged request, and the untagged one as null.
+    assert by_user.exit_code == 0, by_user.output
+    assert {r["tag:user"]: r["requests"] for r in json.loads(by_user.output)} == {"alice": 1, None: 1}
 
 
 async def test_a_request_with_no_usage_row_is_found_in_the_routers_buffer(tmp_path: Path) -> None:

@@ -96,19 +96,19 @@ def _show(r: dict[str, Any]) -> None:
     if r.get("tags"):
         lines.append(("tags", ", ".join(f"{k}={v}" for k, v in sorted(r["tags"].items()))))
     for label, value in lines:
-        console.print(f"  {label:<13}{escape(str(value))}", highlight=False)
+        console.print(f"  {label:<14}{escape(str(value))}", highlight=False)
     decision = r.get("decision")
     if isinstance(decision, dict):
         dropped = ", ".join(f"{k} {v}" for k, v in (decision.get("dropped") or {}).items())
         console.print(
-            f"  {'decision':<13}{escape(str(decision.get('picker')))} picked "
+            f"  {'decision':<14}{escape(str(decision.get('picker')))} picked "
             f"{escape(str(decision.get('endpoint')))} (decided by {escape(str(decision.get('by')))})"
             + (f"; filtered out: {escape(dropped)}" if dropped else ""),
             highlight=False,
         )
         console.print(_decision_table(decision))
     else:
-        console.print(f"  {'decision':<13}(none: refused before an endpoint was picked)", highlight=False)
+        console.print(f"  {'decision':<14}(none: refused before an endpoint was picked)", highlight=False)
 
 
 def request(

@@ -13,6 +13,8 @@ import openai
 import pytest
 from support import wait_until
 
+from llmgw.cli.main import app
+
 from .helpers import FAST, cli, create_key, error_of, start_router
 
 pytestmark = pytest.mark.integration
@@ -79,3 +81,13 @@ def test_tags_reach_usage_and_only_declared_keys_reach_metrics(
     assert 'llmgw_router_tag_requests_total{model="sim-chat",tag="app",value="other"} 1.0' in page
     assert 'value="third"' not in page
     assert 'tag="user"' not in page and 'tag="team"' not in page, "undeclared keys are usage only"
+
+
+@pytest.mark.parametrize(
+    ("by", "says"), [("tag:", "names no tag key"), ("colour", "or tag:KEY (e.g. --by tag:app)")]
+)
+def test_usage_by_a_tag_needs_a_key(by: str, says: str, tmp_path: Path) -> None:
+    from .helpers import runner
+
+    result = runner.invoke(app, ["usage", "--by", by, "--store", f"sqlite:///{tmp_path / 'x.db'}"])
+    assert result.exit_code == 1 and says in result.output, result.output

@@ -68,3 +68,8 @@ def test_only_declared_keys_become_labels_and_values_are_bounded() -> None:
 def test_the_schema_refuses_a_tag_key_that_needs_quoting() -> None:
     with pytest.raises(ValueError, match="tag_labels"):
         RouterSettings(tag_labels=["has space"])
+
+
+def test_a_tag_label_declared_twice_is_refused() -> None:
+    with pytest.raises(ValueError, match="tag_labels names app more than once"):
+        RouterSettings(tag_labels=["app", "env", "app"])

@@ -149,6 +149,13 @@ class RouterSettings(Strict):
         description="Distinct values each tag_labels key is counted under per router; later ones count as `other`",
     )
 
+    @model_validator(mode="after")
+    def _tag_labels_once(self) -> RouterSettings:
+        twice = sorted({k for k in self.tag_labels if self.tag_labels.count(k) > 1})
+        if twice:
+            raise ValueError(f"tag_labels names {', '.join(twice)} more than once (each key once)")
+        return self
+
 
 class MetricMapping(Strict):
     """Engine metric names. A field left unset means the engine does not publish it (KV usage only)."""

@@ -266,11 +266,13 @@ class RequestService:
             if call.chain is not None:
                 serving = [table.models[m] for m in call.serving]
                 began = time.monotonic()
-                call.lease = await self.limiter.acquire(
-                    call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
-                )
-                if call.trace is not None:
-                    call.trace.span("limits", began)
+                try:
+                    call.lease = await self.limiter.acquire(
+                        call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
+                    )
+                finally:  # a 429 is a limits span too
+                    if call.trace is not None:
+                        call.trace.span("limits", began)
         return await self._forward(exchange, kind, table, canonical, raw, body, call)
 
     async def _forward(
@@ -293,7 +295,12 @@ class RequestService:
         )
         for attempt in (0, 1):
             asked = time.monotonic()
-            picked = await self.forwarding.pick(table, canonical, call.serving, info)
+            try:
+                picked = await self.forwarding.pick(table, canonical, call.serving, info)
+            except ApiError as err:  # queue full or timed out, no endpoint, still loading
+                if call.trace is not None:
+                    call.trace.span("schedule", asked, None, {"llmgw.refused": err.code or str(err.status)})
+                raise
             ep, served = picked.endpoint, picked.served
             call.served = served
             waited = time.monotonic() - asked  # the queue time: both picks, when a retry picks again

@@ -222,3 +222,39 @@ async def test_a_router_process_exports_its_spans_over_otlp_http(engine: Engine,
     assert {s.name for s in ours if s.parent == root.span_id} == REQUEST_SPANS - {"llmgw.request"}
     [upstream] = [s for s in ours if s.name == "upstream"]
     assert f"00-{TRACE_ID}-{upstream.span_id}-01" in engine.traceparents
+
+
+async def test_a_refused_request_is_traced_up_to_the_step_that_refused_it(engine: Engine) -> None:
+    exporter = InMemorySpanExporter()
+    tracer, shutdown = otlp_tracer("llmgw-router", None, processor=SimpleSpanProcessor(exporter))
+    router = Router(
+        RouterOptions(),
+        auth=Authenticator(StaticKeys.from_file_lines([f"{hash_key(KEY)} p1 key-1"])),
+        limiter=memory_limiter(time.time),
+    )
+    from llmgw_router.tracing import RequestTracer
+
+    router.tracer = RequestTracer(tracer)
+    snap = snapshot(engine)
+    snap["tenants"]["projects"]["p1"]["limits"] = {"rpm": 1}
+    router.apply_snapshot(RouterSnapshot.model_validate(snap))
+    listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")
+    try:
+        async with openai.AsyncOpenAI(
+            base_url=f"http://127.0.0.1:{listeners.api_port}/v1", api_key=KEY, max_retries=0
+        ) as client:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            with pytest.raises(openai.RateLimitError):
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    finally:
+        await listeners.close()
+        shutdown()
+    spans = exporter.get_finished_spans()
+    refused = next(
+        s
+        for s in spans
+        if s.name == "llmgw.request" and (s.attributes or {}).get("http.response.status_code") == 429
+    )
+    assert (refused.attributes or {})["llmgw.error_code"] == "rate_limit_exceeded"
+    below = {s.name for s in spans if s.parent is not None and s.parent.span_id == refused.context.span_id}
+    assert below == {"auth", "limits"}, "traced up to the limits that refused it, and no further"

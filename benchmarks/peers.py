@@ -113,20 +113,33 @@ def _llmgw_snapshot(upstream: str) -> dict[str, object]:
     }
 
 
-def start_llmgw(procs: Procs, work: Path, upstream: str, workers: int = 1, cpus: str | None = None) -> Target:
+def start_llmgw(
+    procs: Procs,
+    work: Path,
+    upstream: str,
+    workers: int = 1,
+    cpus: str | None = None,
+    *,
+    name: str = "llmgw",
+    extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+) -> Target:
+    """llmgw-router in `work` (its store, snapshot and state); `extra` flags and `env` (a PYTHONPATH naming
+    another tree, for benchmarks/tracing_compare.py) when given."""
+    work.mkdir(parents=True, exist_ok=True)
     dsn = f"sqlite:///{work / 'store.db'}"
     key = asyncio.run(_make_store_key(dsn))
     (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream)))
     port = free_port()
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn]
     argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]
-    argv += ["--log-level", "WARNING"]
+    argv += ["--log-level", "WARNING", *extra]
     if workers > 1:  # only then, so the benchmark runs on a router that has no --workers yet
         argv += ["--workers", str(workers)]
-    proc = procs.start(argv, cpus=cpus)
+    proc = procs.start(argv, env=env, cpus=cpus)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/ready", proc=proc)
-    return Target("llmgw", url, {"Authorization": f"Bearer {key}"}, proc)
+    return Target(name, url, {"Authorization": f"Bearer {key}"}, proc)
 
 
 def _skipped(name: str, procs: Procs, proc: subprocess.Popen[bytes] | None, exc: BaseException) -> None:

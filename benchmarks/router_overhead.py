@@ -40,6 +40,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import tracing_compare
 from harness import Procs, free_port, pinned, tree_cpu_seconds, wait_http
 from peers import (
     MODEL,
@@ -88,6 +89,10 @@ app.router.add_post("/v1/chat/completions", chat)
 app.router.add_get("/v1/models", models)
 app.router.add_get("/metrics", metrics)
 app.router.add_get("/health", health)
+async def traces(request):  # an OTLP/HTTP sink for `--tracing`: the spans are read and dropped
+    await request.read()
+    return web.Response(body=b"", content_type="application/x-protobuf")
+app.router.add_post("/v1/traces", traces)
 web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), access_log=None, print=None)
 """
 
@@ -194,13 +199,19 @@ def measure(target: Target, stream: bool, conns: int, duration: int, cpus: str |
     return result
 
 
-def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Target]:
-    proxy_cpus, load_cpus = (PROXY_CPUS, LOAD_CPUS) if args.pin else (None, None)
+def start_mock(procs: Procs, work: Path, load_cpus: str | None) -> str:
+    """The mock upstream (and OTLP sink); its base URL."""
     mock_port = free_port()
     (work / "mock.py").write_text(MOCK)
     mock = procs.start([sys.executable, str(work / "mock.py"), str(mock_port)], cpus=load_cpus)
     upstream = f"http://127.0.0.1:{mock_port}"
     wait_http(upstream + "/health", proc=mock)
+    return upstream
+
+
+def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Target]:
+    proxy_cpus, load_cpus = (PROXY_CPUS, LOAD_CPUS) if args.pin else (None, None)
+    upstream = start_mock(procs, work, load_cpus)
     targets = [Target("direct", upstream)]
     targets.append(start_floor(procs, work, upstream, proxy_cpus))
     targets.append(start_llmgw(procs, work, upstream, args.workers, proxy_cpus))
@@ -273,6 +284,20 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--pin", action="store_true", help="proxies on CPU 0 (taskset), wrk and the mock on CPU 1"
     )
+    ap.add_argument(
+        "--tracing",
+        action="store_true",
+        help="instead: llmgw built without tracing (--baseline), with it but no endpoint, and exporting, "
+        "interleaved (benchmarks/tracing_compare.py)",
+    )
+    ap.add_argument(
+        "--baseline",
+        default=None,
+        help="with --tracing: the git revision built without it (default: before it)",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="with --tracing: measurements per target, interleaved"
+    )
     args = ap.parse_args()
     peers = [p for p in args.peers.split(",") if p]
     unknown = sorted(set(peers) - set(PEERS))
@@ -293,6 +318,9 @@ def main() -> None:
     procs = Procs(work)
     load_cpus = LOAD_CPUS if args.pin else None
     try:
+        if args.tracing:
+            tracing_compare.run(procs, work, args, levels, start_mock, measure, load_cpus)
+            return
         targets = start_targets(procs, work, args)
         results: dict[tuple[str, bool, int], Result] = {}
         for stream in (False, True):

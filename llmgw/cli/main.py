@@ -15,6 +15,7 @@ from llmgw.cli import (
     node_cmds,
     ops_cmds,
     plan_cmds,
+    request_cmds,
     schemas,
     store_cmds,
     up_cmd,
@@ -42,6 +43,7 @@ weights_cmds.register(app)
 ops_cmds.register(app)
 doctor_cmds.register(app)
 bench_cmds.register(app)
+request_cmds.register(app)
 
 
 def main() -> None:

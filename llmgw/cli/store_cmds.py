@@ -44,7 +44,7 @@ from llmgw.store import (
     UsageTotal,
 )
 from llmgw.store.move import move_store
-from llmgw.store.records import AuditOutcome
+from llmgw.store.records import TAG_GROUP_PREFIX, AuditOutcome
 
 T = TypeVar("T")
 
@@ -278,6 +278,14 @@ def keys_revoke(
 NO_KEY = "(no key)"
 KEY_NOT_IN_STORE = "(key not in store)"
 UNKNOWN = "(unknown)"
+UNTAGGED = "(untagged)"
+
+
+def _group_column(t: UsageTotal, tag: str | None, as_json: bool) -> str | None:
+    """A group's name; by tag, the requests without the tag: null in JSON, (untagged) in a table or CSV."""
+    if tag is None or t.group:
+        return t.group
+    return None if as_json else UNTAGGED
 
 
 def _key_columns(t: UsageTotal, *, labelled: bool) -> list[str | None]:
@@ -299,27 +307,63 @@ def _plain(value: object) -> object:
     return value
 
 
+def _usage_totals(
+    by: str, start: float | None, store: str | None, controller: str | None, token_file: Path | None
+) -> list[UsageTotal]:
+    """From the store, or with --controller through the admin API's GET /api/v1/usage (an admin token)."""
+    tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
+    if controller is not None:
+        query = {"by": by} | ({"since": repr(start)} if start is not None else {})
+        data = _api(
+            _controller(controller, token_file), "GET", "/api/v1/usage?" + urllib.parse.urlencode(query)
+        )
+        return [
+            UsageTotal(
+                t["group"] or "", t["requests"], t["tokens_in"], t["tokens_out"], t["cost"], t["avg_latency_ms"],
+                t["errors"], key_name=t.get("key_name"), key_project=t.get("key_project"),
+            )
+            for t in data["totals"]
+        ]  # fmt: skip
+    if tag is not None:
+        return _run(store, lambda s: s.usage_totals_by_tag(tag, since=start))
+    group: UsageGroup = by  # type: ignore[assignment]  # the caller checked it is one of USAGE_GROUPS
+    return _run(store, lambda s: s.usage_totals(group, since=start))
+
+
 def usage(
-    by: Annotated[str, typer.Option("--by", help="Group by project, team, org, key or model.")] = "project",
+    by: Annotated[
+        str, typer.Option("--by", help="Group by project, team, org, key, model, or a request tag: tag:KEY.")
+    ] = "project",
     since: Annotated[str | None, typer.Option("--since", help="Only the last 7d, 24h, ...")] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,
     store: StoreOpt = None,
+    controller: Annotated[
+        str | None,
+        typer.Option(
+            "--controller", help="Ask this controller's admin API (an admin token) instead of a store"
+        ),
+    ] = None,
+    token_file: TokenFileOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Requests, tokens and cost, grouped (by key: with each key's name and project)."""
-    if by not in USAGE_GROUPS:
-        _fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}")
-    group: UsageGroup = by  # narrowed by the membership test above
+    """Requests, tokens and cost, grouped (by key: with each key's name and project; by tag:KEY: by the value
+    of that request tag, requests without it in one untagged group)."""
+    tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
+    if tag is None and by not in USAGE_GROUPS:
+        _fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}, or tag:KEY (e.g. --by tag:app)")
+    if tag is not None and not tag:
+        _fail("--by tag: names no tag key (e.g. --by tag:app)")
+    group = by
     try:
         start = time.time() - parse_duration(since, bare_seconds=False, positive=True) if since else None
     except ValueError as exc:
         _fail(f"--since: {exc}")
-    totals = _run(store, lambda s: s.usage_totals(group, since=start))
+    totals = _usage_totals(by, start, store, controller, token_file)
     header = [*(["key", "name", "project"] if group == "key" else [by]), "requests", "errors", "tokens_in",
               "tokens_out", "cost", "avg_latency_ms"]  # fmt: skip
     rows = [
         [
-            *(_key_columns(t, labelled=not as_json) if group == "key" else [t.group]),
+            *(_key_columns(t, labelled=not as_json) if group == "key" else [_group_column(t, tag, as_json)]),
             t.requests,
             t.errors,
             t.tokens_in,

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from llmgw.adapters.repo_files import load_repo
+from llmgw.adapters.tracing import configured_endpoint
 from llmgw.cli.follow import ModelLine
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.settings import ControllerSettings
@@ -465,7 +466,8 @@ async def start_router(
     from llmgw_router.app import build_router, serve
     from llmgw_router.options import RouterOptions
 
-    options = RouterOptions(router_id="llmgw-up")
+    # $OTEL_EXPORTER_OTLP_ENDPOINT traces `llmgw up`'s router as it does its controller (docs/operations.md).
+    options = RouterOptions(router_id="llmgw-up", otlp_endpoint=configured_endpoint(None))
     if secrets is not None:
         options = dataclasses.replace(options, secrets=secrets)
     stack = contextlib.AsyncExitStack()

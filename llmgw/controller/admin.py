@@ -22,7 +22,7 @@ from aiohttp import web
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
-from llmgw.controller import admin_ops, capacity_admin, doctor, prom_sd, views, weights_admin
+from llmgw.controller import admin_ops, admin_requests, capacity_admin, doctor, prom_sd, views, weights_admin
 from llmgw.controller.admin_ops import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT, PRINCIPAL
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
@@ -541,6 +541,10 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("POST", "/api/v1/keys", keys_create, "admin"),
     ("POST", "/api/v1/keys/{key_id}/revoke", keys_revoke, "admin"),
     ("GET", "/api/v1/audit", admin_ops.audit, "plan"),
+    # admin, not plan: usage and tags say who used what (a `user` tag is a person), and a plan token is one a
+    # pull request's job holds.
+    ("GET", "/api/v1/requests/{request_id}", admin_requests.request_lookup, "admin"),
+    ("GET", "/api/v1/usage", admin_requests.usage_totals, "admin"),
     ("GET", "/api/v1/notifications", admin_ops.notifications, "plan"),
     ("GET", "/api/v1/prometheus/targets", prom_sd.prometheus_targets, "plan"),
     ("GET", "/api/v1/doctor", doctor.controller_doctor, "plan"),

@@ -24,6 +24,7 @@ from llmgw_agent.protocol import AGENT_PATH
 from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.adapters.mirror import mirror_app
 from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
+from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
 from llmgw.controller import admin, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
@@ -320,6 +321,8 @@ class RunningController:
             await runner.cleanup()
         await self.controller.stop_background()
         await self.controller.store.close()
+        if self.controller.trace_shutdown is not None:
+            await asyncio.to_thread(self.controller.trace_shutdown)  # the last spans, flushed off the loop
 
 
 def default_ca_dir(settings: ControllerSettings) -> Path:
@@ -384,6 +387,15 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         settings, store, ControllerMetrics(), admin_token=token, admin_tokens=tokens, peer_check=peer_check
     )
     controller.router_peer_check = router_tls_check(settings)
+    endpoint = configured_endpoint(settings.otlp_endpoint)
+    if endpoint is not None:
+        # Imported only now: a controller without an endpoint never loads OpenTelemetry.
+        from llmgw.controller.tracing import CommitTracer
+
+        tracer, controller.trace_shutdown = otlp_tracer(
+            "llmgw-controller", endpoint, sample=settings.trace_sample
+        )
+        controller.commit_tracer = CommitTracer(tracer)
     try:
         for record in await store.list_replicas():
             controller.worker_state.known_records[record.id] = record

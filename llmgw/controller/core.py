@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -51,6 +51,9 @@ from llmgw.core.security import node_token, router_token
 from llmgw.core.words import short
 from llmgw.store.records import Revision
 from llmgw.store.store import Store
+
+if TYPE_CHECKING:
+    from llmgw.controller.tracing import CommitTracer
 
 log = logging.getLogger("llmgw.controller")
 
@@ -132,6 +135,9 @@ class Controller:
         self._revision_retry: asyncio.Task[None] | None = None
         self._revision_lock = asyncio.Lock()
         self.audit = AuditLog(store)  # admin actions, written off the request path (llmgw.controller.audit)
+        # With an OTLP endpoint: the commit path's spans (llmgw.controller.tracing); None: not traced.
+        self.commit_tracer: CommitTracer | None = None
+        self.trace_shutdown: Callable[[], None] | None = None
         # Called with each event the leader records (kind, object, message, time): the notifier's way in.
         self.event_hooks: list[Callable[[str, str, str, float], Coroutine[Any, Any, None]]] = []
 
@@ -383,11 +389,18 @@ class Controller:
             return "unchanged"
         if not force and self.refused is not None and self.refused.revision == checkout.revision:
             return "refused"  # already said once; not again every poll
+        began = time.time_ns()
         try:
             desired = await asyncio.to_thread(build_desired, checkout.root, checkout.revision, checkout.where)
         except ConfigInvalidError as exc:
+            if self.commit_tracer is not None:
+                self.commit_tracer.revision(
+                    checkout.revision, checkout.where, began, time.time_ns(), exc.errors
+                )
             await self._refuse(checkout, exc.errors, actor, actor_detail)
             return "refused"
+        if self.commit_tracer is not None:
+            self.commit_tracer.revision(checkout.revision, checkout.where, began, time.time_ns(), None)
         await self._apply(desired, actor, actor_detail)
         return "applied"
 

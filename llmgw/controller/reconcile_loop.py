@@ -103,6 +103,8 @@ class Reconciler:
             rec = c.replicas.get(r.id)
             if rec is not None and rec.ready_since is None and r.effective_state() == "ready":
                 rec.ready_since = now
+                if c.commit_tracer is not None:
+                    c.commit_tracer.ready(rec.id)
         scaled = autoscale(c, now, self.scale_policy())
         decision = reconcile(
             d.fleet_models,
@@ -139,6 +141,25 @@ class Reconciler:
             ws.last_actions = [_describe(a) for a in acting]
         c.metrics.reconcile_passes.inc()
         settling = self._settling()
+        traced = c.commit_tracer.reconcile_begin(ws.last_actions) if c.commit_tracer and acting else None
+        try:
+            await self._act(acting, settling)
+        finally:
+            if traced is not None and c.commit_tracer is not None:
+                c.commit_tracer.reconcile_end(traced)
+        await self._persist_states()
+        wake = [d.resync_interval_s] + ([0.5] if settling else [])
+        if any(r.state == "pending" for r in replicas):
+            wake.append(1.0)
+        if decision.wake_at is not None:
+            wake.append(max(0.05, decision.wake_at - now))
+        if scaled.wake_at is not None:
+            wake.append(max(0.05, scaled.wake_at - now))
+        return min(wake)
+
+    async def _act(
+        self, acting: list[StartReplica | StopReplica | RestartReplica | MarkStale], settling: bool
+    ) -> None:
         for action in acting:
             if isinstance(action, StartReplica):
                 if not settling:  # placed once the nodes that were up have had their chance to report
@@ -149,15 +170,6 @@ class Reconciler:
                 await self._stop(action.replica_id, action.reason, drain=True, forget=False)
             elif isinstance(action, MarkStale):
                 await self._mark_stale(action)
-        await self._persist_states()
-        wake = [d.resync_interval_s] + ([0.5] if settling else [])
-        if any(r.state == "pending" for r in replicas):
-            wake.append(1.0)
-        if decision.wake_at is not None:
-            wake.append(max(0.05, decision.wake_at - now))
-        if scaled.wake_at is not None:
-            wake.append(max(0.05, scaled.wake_at - now))
-        return min(wake)
 
     async def _load_capacities(self) -> None:
         """What `llmgw bench --save` stored, read once (a revision is applied by now, so profiles are known)."""
@@ -261,6 +273,8 @@ class Reconciler:
             "replica_start", rec.id, f"{rec.model}/{rec.profile} on {', '.join(rec.nodes)}: {placement.why}"
         )
         specs = [(s, self._spec(placement, s, key, sources[s.node])) for s in placement.start_order()]
+        if c.commit_tracer is not None:
+            c.commit_tracer.starting(rec.id, rec.model, list(rec.nodes))
         self.background.spawn(self._send_start(rec, specs))
 
     def _weights(self, model_name: str, node: str) -> WeightSource | None:
@@ -323,6 +337,8 @@ class Reconciler:
             c.metrics.reconcile_errors.inc()
             log.warning("starting replica %s failed, retried after backoff: %s", rec.id, exc)
             await c.event("replica_start_failed", rec.id, str(exc))
+        if c.commit_tracer is not None:
+            c.commit_tracer.started(rec.id, rec.error)
         c.notify("start sent")
 
     async def _stop(self, replica_id: str, reason: str, *, drain: bool, forget: bool) -> None:

@@ -170,6 +170,14 @@ class ControllerSettings(BaseModel):
         description="How often the leader reads each tenant's spend against its budget, for the budget_80 and "
         "budget_100 notifications (each is sent once per budget period)",
     )
+    otlp_endpoint: str | None = Field(
+        None,
+        description="Send OpenTelemetry spans of the commit path (revision, validate, reconcile, start, ready) to "
+        "this OTLP/HTTP collector (http://HOST:4318); default $OTEL_EXPORTER_OTLP_ENDPOINT; needs llmgw[tracing]",
+    )
+    trace_sample: float = Field(
+        1.0, ge=0, le=1, description="With otlp_endpoint: the share of revisions traced"
+    )
 
     @field_validator("node_prefix")
     @classmethod

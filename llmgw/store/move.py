@@ -25,8 +25,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "api_keys": ("id", "prefix", "hash", "project", "name", "created_at", "expires_at", "revoked_at"),
     "usage": (
         "id", "time", "request_id", "project", "team", "org", "key_id", "model", "tokens_in", "tokens_out",
-        "cost", "latency_ms", "status", "fallback_used", "router_id",
+        "cost", "latency_ms", "status", "fallback_used", "router_id", "endpoint", "queue_ms", "ttft_ms",
+        "attempts", "decision", "code",
     ),
+    "usage_tags": ("usage_id", "key", "value"),
     "limit_counters": ("limit_key", "window_start", "window_end", "taken", "granted", "updated_at"),
     "leases": ("name", "holder", "expires_at"),
     "concurrency_pools": ("limit_key", "updated_at"),
@@ -46,6 +48,7 @@ _ORDER = {
     "limit_counters": "limit_key, window_start",
     "concurrency_holds": "limit_key, holder",
     "capacity": "model, profile, gpu_class",
+    "usage_tags": "usage_id, key",
 }
 PAGE = 1000
 

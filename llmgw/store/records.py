@@ -12,6 +12,7 @@ RevisionStatus = Literal["accepted", "refused"]
 KeyState = Literal["active", "revoked", "expired"]
 UsageGroup = Literal["project", "team", "org", "key", "model"]
 USAGE_GROUPS: tuple[UsageGroup, ...] = ("project", "team", "org", "key", "model")
+TAG_GROUP_PREFIX = "tag:"  # `usage --by tag:app` groups by the value of one request tag
 
 
 def _revision_id() -> str:
@@ -130,6 +131,16 @@ class UsageRecord:
     fallback_used: bool = False
     router_id: str = ""
     id: str = field(default_factory=time_ordered_id)
+    # What `llmgw request ID` shows of the way the request went (migration 0006). None: not known (an
+    # answer sent whole has no time to first token; a request refused before the queue waited for nothing).
+    endpoint: str = ""  # the replica (or provider endpoint) that served; "" when none was picked
+    queue_ms: float | None = None  # waiting for an endpoint with room (the pick, the admission line)
+    ttft_ms: float | None = None  # to the first streamed bytes sent to the client
+    # Kept as values, encoded to JSON by the spool's one line and by the store's writer, off the request path.
+    attempts: list[dict[str, str]] | None = None  # the endpoints that failed first: endpoint, model, reason
+    decision: dict[str, Any] | None = None  # the scheduling decision, compact (llmgw_router.lookup)
+    code: str = ""  # the error code the client was given ("" on success)
+    tags: dict[str, str] | None = None  # metadata, x-llmgw-tags and `user` (llmgw_router.tags); None: none
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,8 @@ from llmgw.store.records import (
     UsageRecord,
     UsageTotal,
 )
+from llmgw.store.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS
+from llmgw.store.request_queries import RequestQueries, usage_record
 
 # Every table, parents before children (usage references api_keys). `store move` copies in this order and
 # a test derives the foreign keys from the schema to check it.
@@ -41,6 +43,7 @@ TABLES: tuple[str, ...] = (
     "events",
     "api_keys",
     "usage",
+    "usage_tags",
     "limit_counters",
     "leases",
     "concurrency_pools",
@@ -66,20 +69,17 @@ _GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
 _KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at"
-# 15 columns x 60 rows stays under SQLite's oldest bound-parameter limit (999).
-_USAGE_ROWS_PER_INSERT = 60
-_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 15) + ")"
-_USAGE_COLUMNS = (
-    "id, time, request_id, project, team, org, key_id, model, tokens_in, tokens_out, cost, latency_ms, "
-    "status, fallback_used, router_id"
-)
+# 21 columns x 45 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
+_USAGE_ROWS_PER_INSERT = 45
+_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 21) + ")"
+_TAG_ROWS_PER_INSERT = 300
 
 
 def _key(row: Row) -> ApiKey:
     return ApiKey(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
 
 
-class Store(OpLogQueries, CapacityQueries):
+class Store(OpLogQueries, CapacityQueries, RequestQueries):
     """Typed access to the llmgw database. Open with `await Store.open(dsn)`; close with `await close()`."""
 
     def __init__(self, db: Backend) -> None:
@@ -312,9 +312,16 @@ class Store(OpLogQueries, CapacityQueries):
                 r.status,
                 int(r.fallback_used),
                 r.router_id,
+                r.endpoint,
+                r.queue_ms,
+                r.ttft_ms,
+                json.dumps(r.attempts) if r.attempts else "",
+                json.dumps(r.decision, separators=(",", ":")) if r.decision else "",
+                r.code,
             )
             for r in records
         ]
+        tags = [(r.id, k, v) for r in records if r.tags for k, v in r.tags.items()]
         # Many rows per statement: SQLite's executemany steps (and drops and retakes the GIL) once per row,
         # which contends with the router's event loop; one statement per chunk does it once per chunk.
         statements = []
@@ -326,6 +333,14 @@ class Store(OpLogQueries, CapacityQueries):
                 + " ON CONFLICT (id) DO NOTHING"
             )
             statements.append((sql, [value for row in chunk for value in row]))
+        for i in range(0, len(tags), _TAG_ROWS_PER_INSERT):  # after their usage rows: the foreign key
+            part = tags[i : i + _TAG_ROWS_PER_INSERT]
+            sql = (
+                "INSERT INTO usage_tags (usage_id, key, value) VALUES "
+                + ", ".join(["(?, ?, ?)"] * len(part))
+                + " ON CONFLICT (usage_id, key) DO NOTHING"
+            )
+            statements.append((sql, [value for row in part for value in row]))
         await self.db.run_in_tx(statements)
 
     async def list_usage(self, since: float | None = None, limit: int = 1000) -> list[UsageRecord]:
@@ -334,26 +349,7 @@ class Store(OpLogQueries, CapacityQueries):
                 f"SELECT {_USAGE_COLUMNS} FROM usage WHERE time >= ? ORDER BY time, id LIMIT ?",
                 (since if since is not None else float("-inf"), limit),
             )
-        return [
-            UsageRecord(
-                id=r[0],
-                time=r[1],
-                request_id=r[2],
-                project=r[3],
-                team=r[4],
-                org=r[5],
-                key_id=r[6],
-                model=r[7],
-                tokens_in=r[8],
-                tokens_out=r[9],
-                cost=r[10],
-                latency_ms=r[11],
-                status=r[12],
-                fallback_used=bool(r[13]),
-                router_id=r[14],
-            )
-            for r in rows
-        ]
+        return [usage_record(r) for r in rows]
 
     async def usage_totals(
         self, by: UsageGroup, since: float | None = None, until: float | None = None

@@ -11,17 +11,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from llmgw.core.config.models import Prices
 from llmgw.core.tenancy import TenantChain
 from llmgw.store.records import UsageRecord
 from llmgw_router.auth import Principal
+from llmgw_router.lookup import RecentRequests, decision_summary
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.ports import UsageSink
 from llmgw_router.proxy import ProxyResult
 from llmgw_router.ratelimit import Lease, Limiter
 from llmgw_router.rules import Sizing
+from llmgw_router.scheduler import Decision
+
+if TYPE_CHECKING:
+    from llmgw_router.tracing import RequestTrace
 from llmgw_router.state import RoutingTable
 
 __all__ = ["Answer", "Call", "Charge", "Reservation", "charge", "gone", "settle"]
@@ -102,6 +107,14 @@ class Call:
     code: str = ""
     result: ProxyResult | None = None
     lease: Lease | None = None
+    # The way it went, for `llmgw request ID` (llmgw_router.lookup) and the tags (llmgw_router.tags).
+    endpoint: str = ""
+    queue_s: float | None = None
+    decision: Decision | None = None
+    attempts: list[dict[str, str]] | None = None
+    tags: dict[str, str] | None = None
+    trace: RequestTrace | None = None  # with tracing configured only (llmgw_router.tracing)
+    traceparent: str | None = None  # without: the client's, passed to the engine as it came
 
     @property
     def reserved(self) -> Reservation:
@@ -133,8 +146,10 @@ def settle(
     usage: UsageSink,
     clock: Callable[[], float],
     router_id: str,
+    recent: RecentRequests | None = None,
 ) -> None:
-    """Record a finished request: metrics, the limiter's release, and a usage record for a tenant's key."""
+    """Record a finished request: metrics, the limiter's release, and a usage record for a tenant's key
+    (every request's record also goes to `recent`, the router's buffer of the last ones)."""
     elapsed = time.monotonic() - call.started
     result = call.result
     served = call.served or call.model
@@ -153,25 +168,37 @@ def settle(
         m.observe_tokens(served, bill.prompt, bill.completion)
     if call.lease is not None:
         limiter.release(call.lease, bill.used, bill.cost)
+    if call.tags and table is not None and table.snapshot.router.tag_labels:
+        m.tags.observe(call.tags, table.snapshot.router, served, bill.prompt, bill.completion, bill.cost)
     principal = call.principal
-    if principal is None or principal.project is None or table is None:
+    if table is None or (recent is None and (principal is None or principal.project is None)):
         return
     chain = call.chain
-    usage.record(
-        UsageRecord(
-            time=clock(),
-            request_id=call.request_id,
-            project=principal.project,
-            model=served,
-            status=call.status,
-            team=(chain.team or "") if chain else "",
-            org=(chain.organization or "") if chain else "",
-            key_id=principal.key_id,
-            tokens_in=bill.prompt or 0,
-            tokens_out=bill.completion,
-            cost=bill.cost,
-            latency_ms=elapsed * 1000,
-            fallback_used=served != call.model,
-            router_id=router_id,
-        )
+    ttft = result.first_byte_at if result is not None else None
+    rec = UsageRecord(
+        time=clock(),
+        request_id=call.request_id,
+        project=(principal.project or "") if principal else "",
+        model=served,
+        status=call.status,
+        team=(chain.team or "") if chain else "",
+        org=(chain.organization or "") if chain else "",
+        key_id=principal.key_id if principal else None,
+        tokens_in=bill.prompt or 0,
+        tokens_out=bill.completion,
+        cost=bill.cost,
+        latency_ms=elapsed * 1000,
+        fallback_used=served != call.model,
+        router_id=router_id,
+        endpoint=call.endpoint,
+        queue_ms=call.queue_s * 1000 if call.queue_s is not None else None,
+        ttft_ms=(ttft - call.started) * 1000 if ttft is not None else None,
+        attempts=call.attempts,
+        decision=decision_summary(call.decision) if call.decision is not None else None,
+        code=call.code,
+        tags=call.tags,
     )
+    if recent is not None:
+        recent.add(rec)
+    if principal is not None and principal.project is not None:
+        usage.record(rec)

@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw.adapters.httplog import quiet_bad_requests
+from llmgw.store.request_queries import record_view
 from llmgw_router.auth import Authenticator, KeyStore, StoreKeys
 from llmgw_router.egress import client_connector
 from llmgw_router.exchange import Exchange, json_reply
@@ -120,8 +121,15 @@ def create_metrics_app(router: RequestService) -> web.Application:
         body = generate_latest(router.metrics.registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
+    async def recent_request(request: web.Request) -> web.Response:
+        # The router's own buffer of the last requests (llmgw_router.lookup): for requests with no usage row
+        # (no project's key) or not yet flushed to the store. On the metrics listener, not the API's.
+        found = router.recent.get(request.match_info["request_id"])
+        return web.json_response({"requests": [record_view(r) for r in reversed(found)]})
+
     app = web.Application()
     app.router.add_get("/metrics", metrics)
+    app.router.add_get("/requests/{request_id}", recent_request)
     return app
 
 
@@ -241,6 +249,14 @@ async def build_router(
         usage = writer
         pending = lambda: writer.stats.pending  # noqa: E731
     service = RequestService(options, Authenticator(keys, ttl=options.key_cache_ttl), limiter, usage)
+    if options.otlp_endpoint is not None:
+        # Imported here: a router without an endpoint never loads OpenTelemetry (llmgw.adapters.tracing).
+        from llmgw.adapters.tracing import otlp_tracer
+        from llmgw_router.tracing import RequestTracer
+
+        tracer, shutdown = otlp_tracer("llmgw-router", options.otlp_endpoint, sample=options.trace_sample)
+        stack.push_async_callback(asyncio.to_thread, shutdown)  # flushes the last spans, off the loop
+        service.tracer = RequestTracer(tracer)
     if pending is not None:
         service.metrics.usage_pending.set_function(pending)
     link: ControllerLink | None = None

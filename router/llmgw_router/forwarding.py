@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ class Picked:
     endpoint: LiveEndpoint  # claimed: release it when the request is done with it
     served: str  # the model it serves: the one asked for or a fallback
     decision: Decision
+    queued_s: float = 0.0  # time spent waiting in the admission line (0: there was room at once)
 
 
 def fallback_chain(
@@ -171,7 +173,9 @@ class Forwarding:
                 return self._picked(canonical, m, got)
         for m in chain:  # then wait in line for the first that has endpoints at all
             if self.schedulable(table, m, info.exclude):
-                return self._picked(canonical, m, await self._wait_in_line(table, m, info))
+                queued = time.monotonic()
+                got = await self._wait_in_line(table, m, info)
+                return self._picked(canonical, m, got, time.monotonic() - queued)
         if on_demand:
             return await self._wait_for_load(canonical, on_demand, info)
         names = ", ".join(f"`{m}`" for m in chain)
@@ -197,10 +201,12 @@ class Forwarding:
         await self.admission.wait(model, has_room, table.admission_timeout)
         return cell[0]
 
-    def _picked(self, canonical: str, served: str, got: tuple[LiveEndpoint, Decision]) -> Picked:
+    def _picked(
+        self, canonical: str, served: str, got: tuple[LiveEndpoint, Decision], queued_s: float = 0.0
+    ) -> Picked:
         if served != canonical:
             self.metrics.fallbacks.labels(canonical, served).inc()
-        return Picked(got[0], served, got[1])
+        return Picked(got[0], served, got[1], queued_s)
 
     def _ask_load(self, model: str) -> None:
         now = self.clock()

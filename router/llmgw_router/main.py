@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmgw.adapters.tracing import ENDPOINT_ENV, configured_endpoint
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw_router.app import build_router, serve
@@ -160,6 +161,19 @@ def _add_state_flags(p: argparse.ArgumentParser) -> None:
         help="usage is batched to the store at least this often (and fsynced in the spool before each batch)",
     )
     p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help=f"send OpenTelemetry spans of every request to this OTLP/HTTP collector (http://HOST:4318; "
+        f"default ${ENDPOINT_ENV}); needs the llmgw[tracing] extra. Unset: no tracing, nothing loaded",
+    )
+    p.add_argument(
+        "--trace-sample",
+        type=float,
+        default=1.0,
+        metavar="RATIO",
+        help="with --otlp-endpoint: the share of new traces kept (a client's traceparent is followed as it says)",
+    )
+    p.add_argument(
         "--limits-clock-offset",
         type=float,
         default=0.0,
@@ -239,6 +253,8 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
         request_deadline=ns.request_deadline,
         key_cache_ttl=ns.key_cache_ttl,
         secrets=secret_policy(ns),
+        otlp_endpoint=configured_endpoint(ns.otlp_endpoint),
+        trace_sample=ns.trace_sample,
     )
     async with contextlib.AsyncExitStack() as stack:
         built = await build_router(

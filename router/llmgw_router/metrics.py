@@ -16,6 +16,7 @@ from prometheus_client.registry import Collector
 
 from llmgw_router.load import LoadTracker
 from llmgw_router.state import RoutingTable
+from llmgw_router.tag_metrics import TagMetrics
 
 __all__ = ["PREFIX", "RouterMetrics"]
 
@@ -115,6 +116,7 @@ class RouterMetrics:
         self._declare_routing_metrics(r, queue_depth)
         r.register(_EndpointCollector(table, clock))
         r.register(_BudgetCollector(budgets))
+        self.tags = TagMetrics(r, PREFIX)  # only the keys the repo declares (router.tag_labels)
 
         # labels() costs a lock and a dict build per call; the request path asks for the same few children
         # over and over, so they are kept (bounded by models x statuses x codes, a small set).

@@ -26,3 +26,6 @@ class RouterOptions:
     key_cache_ttl: float = 10.0
     # Where the repo's provider keys may be read from: the router's settings, never the repo's.
     secrets: SecretPolicy = field(default_factory=lambda: SecretPolicy(DEFAULT_SECRETS_DIR).absolute())
+    # OpenTelemetry: spans of the request path go to this OTLP/HTTP collector (None: no tracing at all).
+    otlp_endpoint: str | None = None
+    trace_sample: float = 1.0  # new traces kept; one a client started is followed as it says

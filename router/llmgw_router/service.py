@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 
@@ -31,6 +31,7 @@ from llmgw_router.exchange import Exchange, Reply, json_reply
 from llmgw_router.fields import DROPPED_HEADER, plan_fields
 from llmgw_router.forwarding import Forwarding, Picked, fallback_chain
 from llmgw_router.http1 import EngineClient
+from llmgw_router.lookup import RecentRequests
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.options import RouterOptions
 from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
@@ -40,6 +41,11 @@ from llmgw_router.ratelimit import Limiter, NoLimits, budget_use
 from llmgw_router.rules import fits, parse, payload, sent_cap, session_key, size
 from llmgw_router.scheduler import RequestInfo
 from llmgw_router.state import RoutingTable
+from llmgw_router.tags import HEADER as TAGS_HEADER
+from llmgw_router.tags import request_tags
+
+if TYPE_CHECKING:
+    from llmgw_router.tracing import RequestTracer
 
 __all__ = ["Kind", "RequestService", "Router", "RouterOptions"]
 
@@ -90,6 +96,8 @@ class RequestService:
         self.engines: EngineClient | None = None  # plain-http engines; opened with the session
         self.last_used: dict[str, float] = {}
         self.provider_health = ProviderHealth(self.metrics.provider_unavailable)
+        self.recent = RecentRequests()  # the last requests finished, for `llmgw request ID` (lookup.py)
+        self.tracer: RequestTracer | None = None  # set when an OTLP endpoint is configured (app.py)
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.load)."""
@@ -184,6 +192,13 @@ class RequestService:
 
     async def handle(self, exchange: Exchange, kind: Kind) -> None:
         call = Call(_request_id(exchange.headers.get("x-request-id")), time.monotonic())
+        traceparent = exchange.headers.get("traceparent")
+        if self.tracer is not None:
+            call.trace = self.tracer.begin(
+                call.request_id, kind, traceparent, exchange.headers.get("tracestate"), call.started
+            )
+        elif traceparent is not None:
+            call.traceparent = valid_traceparent(traceparent)
         response: Reply | None
         try:
             response = await self._handle(exchange, kind, call)
@@ -206,6 +221,8 @@ class RequestService:
         # Send the answer before the bookkeeping (metrics, limits, usage): the client need not wait for it.
         try:
             if response is not None and not exchange.started:
+                # A refusal too says which request it was: what `llmgw request ID` looks up.
+                response.headers.setdefault("x-request-id", call.request_id)
                 exchange.respond(response)
         except _GONE:
             call.status, call.code = gone(call)
@@ -221,7 +238,11 @@ class RequestService:
         body = parse(raw)
         # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
         # which models exist (404) nor their context lengths (400).
+        began = time.monotonic()
         call.principal = await self.auth.authenticate(exchange.headers.get("authorization"))
+        if call.trace is not None:
+            call.trace.span("auth", began)
+        call.tags = request_tags(body, exchange.headers.get(TAGS_HEADER))
         name = body.get("model")
         if not isinstance(name, str) or not name:
             raise ApiError(
@@ -248,9 +269,14 @@ class RequestService:
             call.chain = table.chain(tenant_project)
             if call.chain is not None:
                 serving = [table.models[m] for m in call.serving]
-                call.lease = await self.limiter.acquire(
-                    call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
-                )
+                began = time.monotonic()
+                try:
+                    call.lease = await self.limiter.acquire(
+                        call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
+                    )
+                finally:  # a 429 is a limits span too
+                    if call.trace is not None:
+                        call.trace.span("limits", began)
         return await self._forward(exchange, kind, table, canonical, raw, body, call)
 
     async def _forward(
@@ -272,15 +298,32 @@ class RequestService:
             self.options.debug_token.encode(),
         )
         for attempt in (0, 1):
-            picked = await self.forwarding.pick(table, canonical, call.serving, info)
+            asked = time.monotonic()
+            try:
+                picked = await self.forwarding.pick(table, canonical, call.serving, info)
+            except ApiError as err:  # queue full or timed out, no endpoint, still loading
+                if call.trace is not None:
+                    call.trace.span("schedule", asked, None, {"llmgw.refused": err.code or str(err.status)})
+                raise
             ep, served = picked.endpoint, picked.served
             call.served = served
+            waited = time.monotonic() - asked  # the queue time: both picks, when a retry picks again
+            call.queue_s = waited if call.queue_s is None else call.queue_s + waited
+            call.endpoint, call.decision = ep.id, picked.decision
+            if call.trace is not None:
+                call.trace.scheduled(asked, picked)
             self.last_used[served] = self.clock()
             try:
                 up = self._upstream_call(kind, table, canonical, raw, body, call, picked, debug, attempt)
                 call.result = await self._send(exchange, up, call)
+                if call.trace is not None:
+                    call.trace.upstream_end(call.result)
             except UpstreamUnavailable as exc:
+                if call.trace is not None:
+                    call.trace.upstream_end(None, exc.reason)
                 self.forwarding.failed(ep, exc.reason)
+                failed = {"endpoint": ep.id, "model": served, "reason": exc.reason}
+                call.attempts = [*(call.attempts or ()), failed]
                 if attempt == 1:
                     raise ApiError(
                         502,
@@ -342,10 +385,15 @@ class RequestService:
         sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage, fields)
         key = ep.provider_key if ep.is_provider else ep.spec.api_key
         headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
+        url = ep.api_base + _PATHS[kind]
+        # W3C trace context for the engine (vLLM continues it): the router's upstream span, or the client's.
+        traceparent = call.trace.upstream_start(ep.id, served, url) if call.trace else call.traceparent
+        if traceparent is not None and not ep.is_provider:  # an outside provider learns no trace ids
+            headers["traceparent"] = traceparent
         if key:
             headers["Authorization"] = f"Bearer {key}"
         return UpstreamCall(
-            url=ep.api_base + _PATHS[kind],
+            url=url,
             payload=sent,
             headers=headers,
             stream=client_stream,
@@ -364,7 +412,18 @@ class RequestService:
     # ------------------------------------------------------------------ accounting
 
     def _account(self, call: Call) -> None:
-        settle(call, self.table, self.metrics, self.limiter, self.usage, self.clock, self.options.router_id)
+        settle(
+            call,
+            self.table,
+            self.metrics,
+            self.limiter,
+            self.usage,
+            self.clock,
+            self.options.router_id,
+            self.recent,
+        )
+        if call.trace is not None:
+            call.trace.end(call.status, call.code, call.model, call.served)
 
 
 # Most tests and callers still say Router: the same class.
@@ -413,6 +472,17 @@ def _request_id(sent: str | None) -> str:
     if sent and len(sent) <= 128 and _REQUEST_ID_CHARS.issuperset(sent):
         return sent
     return _new_request_id()
+
+
+_TRACEPARENT_CHARS = frozenset("0123456789abcdef-")
+
+
+def valid_traceparent(sent: str) -> str | None:
+    """The client's W3C traceparent when it has the shape `vv-<32 hex>-<16 hex>-ff` (passed to the engine
+    untouched while the router does not trace), else None: nothing else of the client's goes there."""
+    if len(sent) == 55 and sent[2] == sent[35] == sent[52] == "-" and _TRACEPARENT_CHARS.issuperset(sent):
+        return sent
+    return None
 
 
 def _not_ready() -> ApiError:

@@ -50,3 +50,32 @@ def test_tiny_run_measures_each_target_and_ends_with_the_final_line() -> None:
     assert int(match[5]) > 0 and int(match[6]) > 0
     assert (match[7] == "none") == ("vllm-router" not in served)
     assert (match[8] == "none") == (not portkey)
+
+
+TRACING = re.compile(
+    r"^router_tracing: cpu_ratio_off_c16=(\S+) cpu_ratio_on_c16=(\S+) rps_ratio_off_c16=(\S+) "
+    r"rps_ratio_on_c16=(\S+)$",
+    re.M,
+)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not installed")
+def test_tiny_tracing_comparison_measures_the_three_builds() -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="the llmgw[tracing] extra is not installed")
+    argv = [sys.executable, str(ROOT / "benchmarks" / "router_overhead.py")]
+    argv += ["--tracing", "--duration", "1", "--concurrency", "16", "--rounds", "1"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout
+    for build in ("without", "off", "on"):
+        for mode in ("whole", "stream"):
+            row = re.search(rf"^{mode} +{build} +16 +(\d+) +(\d+) ", out, re.M)
+            assert row is not None and int(row[1]) > 0 and int(row[2]) > 0, (
+                f"no {mode} row for {build}:\n{out}"
+            )
+    assert "requests failed" not in out, out
+    match = TRACING.search(out)
+    assert match is not None and out.rstrip().endswith(match.group(0)), out
+    assert all(math.isfinite(float(x)) and float(x) > 0 for x in match.groups())

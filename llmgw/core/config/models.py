@@ -102,6 +102,9 @@ class AdmissionSettings(Strict):
 RequestFieldName = Annotated[
     str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="A top-level request body field")
 ]
+TagKey = Annotated[
+    str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="A request tag's key (llmgw_router.tags)")
+]
 
 
 class RouterSettings(Strict):
@@ -131,6 +134,27 @@ class RouterSettings(Strict):
             "parameters (e.g. chat_template_kwargs); others are dropped and named in x-llmgw-dropped-fields"
         ),
     )
+    tag_labels: list[TagKey] = Field(
+        default_factory=list,
+        max_length=8,
+        description=(
+            "Request tag keys (from metadata, x-llmgw-tags, `user`) counted in the router's tag metrics as "
+            "label values; other tags are kept with usage only"
+        ),
+    )
+    tag_label_values: int = Field(
+        20,
+        ge=1,
+        le=1000,
+        description="Distinct values each tag_labels key is counted under per router; later ones count as `other`",
+    )
+
+    @model_validator(mode="after")
+    def _tag_labels_once(self) -> RouterSettings:
+        twice = sorted({k for k in self.tag_labels if self.tag_labels.count(k) > 1})
+        if twice:
+            raise ValueError(f"tag_labels names {', '.join(twice)} more than once (each key once)")
+        return self
 
 
 class MetricMapping(Strict):

@@ -13,6 +13,7 @@ from llmgw.cli import (
     node_cmds,
     ops_cmds,
     plan_cmds,
+    rollout_cmds,
     schemas,
     store_cmds,
     up_cmd,
@@ -38,6 +39,7 @@ up_cmd.register(app)
 mirror_cmds.register(app)
 weights_cmds.register(app)
 ops_cmds.register(app)
+rollout_cmds.register(app)
 
 
 def main() -> None:

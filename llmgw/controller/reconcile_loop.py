@@ -18,7 +18,7 @@ from llmgw_agent import repo_rules
 from llmgw_agent.protocol import Register, ShardSpec, WeightSource
 
 from llmgw.adapters.secrets import SecretError, read_secret
-from llmgw.controller import views
+from llmgw.controller import views, yielding
 from llmgw.controller.background import Background
 from llmgw.controller.core import Controller
 from llmgw.controller.engine_orders import EngineOrders
@@ -32,9 +32,11 @@ from llmgw.core.reconcile import (
     BackoffPolicy,
     MarkStale,
     RestartReplica,
+    RollPace,
     StartReplica,
     StopReplica,
     Wait,
+    is_stale,
     reconcile,
 )
 from llmgw.core.security import engine_key
@@ -107,9 +109,11 @@ class Reconciler:
             demand=self._demand(now),
             policy=BackoffPolicy(base=c.settings.backoff_base_s),
             new_id=new_replica_id,
+            paces={m: RollPace(*r.pace) for m, r in ws.models.items() if r.pace is not None},
         )
         for record in ws.models.values():
             record.clear_pass()
+        self._note_rolls(decision.of(RestartReplica), replicas)
         for model, state in decision.backoff.items():
             ws.model(model).backoff = state
         for model, target in decision.targets.items():
@@ -131,7 +135,13 @@ class Reconciler:
                 if not settling:  # placed once the nodes that were up have had their chance to report
                     await self._start(action)
             elif isinstance(action, StopReplica):
-                await self._stop(action.replica_id, action.reason, drain=action.drain, forget=action.forget)
+                await self._stop(
+                    action.replica_id,
+                    action.reason,
+                    drain=action.drain,
+                    forget=action.forget,
+                    preempted_by=action.preempted_by,
+                )
             elif isinstance(action, RestartReplica):
                 await self._stop(action.replica_id, action.reason, drain=True, forget=False)
             elif isinstance(action, MarkStale):
@@ -143,6 +153,28 @@ class Reconciler:
         if decision.wake_at is not None:
             wake.append(max(0.05, decision.wake_at - now))
         return min(wake)
+
+    def _note_rolls(self, restarts: list[RestartReplica], replicas: list[ReplicaView]) -> None:
+        """Which models are rolling (status, `apply --wait`); a pace given by `llmgw restart` is forgotten
+        once its roll is over."""
+        ws = self.c.worker_state
+        d = self.c.desired
+        rolling = {self.c.replicas[a.replica_id].model for a in restarts if a.replica_id in self.c.replicas}
+        for r in replicas:
+            if r.state in ("draining", "stopping", "stopped"):
+                continue
+            entry = d.fleet_models.get(r.model) if d else None
+            auto = (
+                entry is not None and entry.spec.restarts_on_change and not r.adopted and is_stale(r, entry)
+            )
+            if r.restart or auto:
+                rolling.add(r.model)
+        for model, record in ws.models.items():
+            record.rolling = model in rolling
+            if model not in rolling:
+                record.pace = None
+        for model in rolling:
+            ws.model(model).rolling = True
 
     def _demand(self, now: float) -> dict[str, int]:
         """A model asked for recently, with nothing running yet, wants one replica (the router's signal)."""
@@ -218,6 +250,7 @@ class Reconciler:
             created_at=c.wall(),
             shards=placement.shards,
             start_sent_at=c.clock(),
+            replaces=action.replaces,
         )
         c.replicas[rec.id] = rec
         await self._upsert(rec, "pending")
@@ -289,7 +322,9 @@ class Reconciler:
             await c.event("replica_start_failed", rec.id, str(exc))
         c.notify("start sent")
 
-    async def _stop(self, replica_id: str, reason: str, *, drain: bool, forget: bool) -> None:
+    async def _stop(
+        self, replica_id: str, reason: str, *, drain: bool, forget: bool, preempted_by: str | None = None
+    ) -> None:
         c = self.c
         rec = c.replicas.get(replica_id)
         if rec is None or rec.stopping:
@@ -305,6 +340,9 @@ class Reconciler:
             c.metrics.replica_restarts.labels(rec.model).inc()  # its replacement follows (after backoff)
         rec.stopping = True
         rec.draining = drain
+        rec.preempted_by = preempted_by
+        if preempted_by is not None:
+            await c.event("replica_preempted", rec.id, reason)
         await c.event("replica_stop", rec.id, reason + (" (draining first)" if drain else ""))
         c.notify("replica stopping")  # routers drop it from their endpoints now
         self.background.spawn(self._send_stop(rec))
@@ -325,7 +363,10 @@ class Reconciler:
 
     async def _send_stop(self, rec: ReplicaRec) -> None:
         c = self.c
-        if rec.draining:
+        if rec.draining and rec.preempted_by is not None:
+            await yielding.grace(c, rec)
+            rec.draining = False
+        elif rec.draining:
             # Routers were told to stop sending it requests; those in flight get this long to finish.
             await asyncio.sleep(c.settings.drain_s)
             rec.draining = False

@@ -51,6 +51,9 @@ class ReplicaRec:
     error: str = ""
     start_sent_at: float = 0.0
     ready_since: float | None = None
+    restart: bool = False  # an operator asked for a restart (`llmgw restart`): rolled, then replaced
+    replaces: str | None = None  # the replica this one was started to take the place of
+    preempted_by: str | None = None  # the model it yields to, while it drains for the preemption grace
 
     @property
     def node(self) -> str:
@@ -78,6 +81,9 @@ class ModelRecord:
     backoff: ModelState | None = None  # failures and when the next attempt may start
     unplaceable: dict[str, str] | None = None  # node (or "*") -> why no replica fits there
     target: int | None = None  # the replica count the last pass aimed at
+    # The pace an operator gave `llmgw restart` (max_surge, max_unavailable); kept while the roll runs.
+    pace: tuple[int, int] | None = None
+    rolling: bool = False  # the last pass had replicas of it to roll
 
     def clear_pass(self) -> None:
         """Forget what the last pass decided (the next one decides it again)."""
@@ -138,6 +144,9 @@ class WorkerState:
     # settle window ends), so their running replicas are adopted instead of being placed a second time.
     expected_nodes: set[str] = field(default_factory=set)
     settle_until: float = 0.0
+    # Nodes an operator drained (`llmgw node drain`): node -> who and when, in words. Cordoned until
+    # uncordoned; kept in this process only (a restarted controller forgets a drain: say it again).
+    drained: dict[str, str] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelRecord:
         """Model `name`'s record, made on first use."""

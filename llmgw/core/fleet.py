@@ -37,10 +37,12 @@ __all__ = [
     "ModelView",
     "NodeState",
     "NodeView",
+    "QuotaScope",
     "ReplicaState",
     "ReplicaView",
     "ShardState",
     "ShardView",
+    "class_rank",
     "desired_nodes",
     "held_weights_key",
     "model_views",
@@ -55,17 +57,49 @@ ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "sto
 ReplicaState = Literal["pending", "starting", "ready", "failed", "draining", "stopping", "stopped"]
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaScope:
+    """A tenant's GPU quota a model counts against: at most `gpus[class]` GPUs of each class."""
+
+    name: str  # "Team ml", "Organization acme"
+    gpus: Mapping[str, int]
+
+
 class ModelView(NamedTuple):
-    """One desired model: its spec and the fingerprint of each of its profiles (by profile name)."""
+    """One desired model: its spec, the fingerprint of each of its profiles (by profile name), its capacity
+    class's rank (0 is the highest; every model ranks 0 when the Cluster declares no classes) and the GPU
+    quotas its owner counts against (nearest first)."""
 
     spec: ModelSpec
     fingerprints: Mapping[str, str]
+    rank: int = 0
+    quotas: tuple[QuotaScope, ...] = ()
+
+    @property
+    def class_name(self) -> str:
+        return self.spec.model_class or "(unclassed)"
+
+
+def class_rank(classes: list[str] | None, model_class: str | None) -> int:
+    """A model's rank among the Cluster's `classes` (0 is the highest); an unclassed model, or one naming
+    an undeclared class (validate refuses that), ranks as the last class. No classes: everything ranks 0."""
+    if not classes:
+        return 0
+    if model_class in classes:
+        return classes.index(model_class)
+    return len(classes) - 1
 
 
 def model_views(catalog: Catalog) -> dict[str, ModelView]:
-    """The catalog's models as the decisions read them: spec and profile fingerprints."""
+    """The catalog's models as the decisions read them: spec, profile fingerprints, rank and quotas."""
+    classes = catalog.cluster.classes
     return {
-        name: ModelView(entry.spec, {p.name: p.fingerprint for p in entry.profiles})
+        name: ModelView(
+            entry.spec,
+            {p.name: p.fingerprint for p in entry.profiles},
+            class_rank(classes, entry.spec.model_class),
+            catalog.quota_scopes(entry.spec.owner),
+        )
         for name, entry in sorted(catalog.models.items())
     }
 
@@ -132,6 +166,9 @@ class NodeView:
     weights: frozenset[str] | None = None
     # Removed from the repo: its replicas are replaced elsewhere first, then stopped (make-before-break).
     leaving: bool = False
+    # Drained by an operator (`llmgw node drain`): replaced elsewhere first, then stopped; unlike a leaving
+    # node, a replica nothing can replace keeps serving here.
+    drained: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +191,8 @@ class ReplicaView:
     adopted: bool = False  # found running after a controller restart: kept, never restarted
     stale: bool = False  # already marked "stale profile" by the controller
     ready_since: float | None = None
+    restart: bool = False  # an operator asked for it to be restarted (`llmgw restart`), not yet replaced
+    replaces: str | None = None  # the replica this one was started to take the place of, while that one runs
 
     @property
     def nodes(self) -> tuple[str, ...]:

@@ -291,6 +291,17 @@ class ClusterSpec(Strict):
     security: SecuritySettings = Field(
         default_factory=SecuritySettings, description="Permissions granted to named models"
     )
+    classes: list[Name] | None = Field(
+        None,
+        description="Capacity classes, highest first (e.g. [critical, interactive, batch]): a model of a higher "
+        "class that cannot be placed preempts replicas of strictly lower classes; a model without `class` "
+        "ranks as the last one. Unset: `class` is free-form and nothing is preempted",
+    )
+    preemption_grace: Duration = Field(
+        "10s",
+        description="How long a preempted replica's in-flight requests may run after it stops taking new "
+        "ones; what is still running then is cut (and counted in the event)",
+    )
     mirror: MirrorSettings = Field(
         default_factory=MirrorSettings, description="Weights mirror and origin for `repo` sources"
     )
@@ -434,6 +445,27 @@ class Scaling(Strict):
     idle_timeout: Duration | None = Field(None, description="Unused this long, replicas above min stop")
 
 
+RolloutStrategy = Literal["rolling"]
+RolloutOnChange = Literal["manual", "restart"]
+
+
+class Rollout(Strict):
+    """How a model's replicas are replaced: make-before-break, a few at a time."""
+
+    strategy: RolloutStrategy = Field("rolling", description="rolling: replace replicas a few at a time")
+    max_surge: int = Field(
+        1, ge=0, description="Replicas started beside the old ones before they stop (above the target)"
+    )
+    max_unavailable: int = Field(
+        0, ge=0, description="Ready replicas that may be missing below the target while rolling"
+    )
+    on_change: RolloutOnChange = Field(
+        "manual",
+        description="What a changed profile does: manual (replicas are shown stale until `llmgw restart`) "
+        "or restart (they are rolled at once)",
+    )
+
+
 class Profile(Strict):
     """One way to run a replica: engine, resources, parallelism. No gpu_class means a CPU profile."""
 
@@ -487,18 +519,34 @@ class ModelSpec(Strict):
         default_factory=list, description="Models tried in order when this one cannot"
     )
     model_class: str | None = Field(
-        None, alias="class", description="Free-form class, e.g. interactive, batch"
+        None,
+        alias="class",
+        description="Capacity class: one of the Cluster's `classes` when it declares them (free-form otherwise)",
     )
-    owner: str | None = Field(None, description="Team or person responsible")
+    owner: str | None = Field(
+        None,
+        description="Team (or organization) responsible; the GPU quotas of a Team or Organization of this "
+        "name, and of its organization, count this model's replicas",
+    )
     routing_policy: str | None = Field(
         None, description="RoutingPolicy for this model (default: the cluster's)"
     )
-    restart_on_profile_change: bool = Field(
-        False, description="Restart replicas whose profile changed; otherwise they are shown as stale"
+    rollout: Rollout = Field(default_factory=Rollout, description="How replicas are restarted and rolled")
+    restart_on_profile_change: bool | None = Field(
+        None,
+        description="Deprecated: write `rollout: {on_change: restart}` (true) or leave it out (false)",
     )
     profiles: list[Profile] = Field(
         default_factory=list, description="Ways this model can run, in preference order"
     )
+
+    @property
+    def restarts_on_change(self) -> bool:
+        """Whether a changed profile rolls at once: `rollout.on_change`, or the deprecated flag when the
+        block does not say (validate warns about the flag and says what to write instead)."""
+        if "on_change" in self.rollout.model_fields_set:
+            return self.rollout.on_change == "restart"
+        return bool(self.restart_on_profile_change)
 
 
 # ---------------------------------------------------------------------------------------------------- Routing
@@ -560,11 +608,19 @@ class Limits(Strict):
     budget: Budget | None = Field(None, description="Spending limit per period")
 
 
+GpuQuota = dict[str, Annotated[int, Field(ge=0)]]
+GPU_QUOTA_DESCRIPTION = (
+    "At most this many GPUs of each GPU class (e.g. {h100-80g: 16}) held by replicas of the models whose "
+    "`owner` is this tenant or beneath it (unset: no quota)"
+)
+
+
 class OrganizationSpec(Strict):
     """Allowed models and limits of the organization."""
 
     models: list[str] | None = Field(None, description="Allowed models: names, aliases or globs (unset: all)")
     limits: Limits = Field(default_factory=Limits)
+    gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
 
 
 class TeamSpec(Strict):
@@ -573,6 +629,7 @@ class TeamSpec(Strict):
     organization: Name = Field(description="Organization this team belongs to")
     models: list[str] | None = Field(None, description="Allowed models (unset: as the organization)")
     limits: Limits = Field(default_factory=Limits)
+    gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
 
 
 class ProjectSpec(Strict):

@@ -202,10 +202,14 @@ def _stop(a: StopReplica, r: ReplicaView) -> ReplicaStop:
 
 def _stale_words(r: ReplicaView, view: ModelView) -> str:
     if r.adopted:
-        return "profile changed; kept (adopted replicas are never restarted)"
-    if view.spec.restart_on_profile_change:
-        return "profile changed; restarted once the model's other replicas are ready"
-    return "profile changed; kept (restart_on_profile_change is off)"
+        return "profile changed; kept (adopted replicas are restarted only by `llmgw restart`)"
+    if view.spec.restarts_on_change:
+        r = view.spec.rollout
+        return (
+            f"profile changed; rolled (max_surge {r.max_surge}, max_unavailable {r.max_unavailable}): "
+            "replacements ready before the old ones stop"
+        )
+    return "profile changed; kept until `llmgw restart` (rollout.on_change is manual)"
 
 
 def _node_changes(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> tuple[NodeChange, ...]:

@@ -97,7 +97,7 @@ def restart(
         items = client.get("/api/v1/replicas?" + urllib.parse.urlencode({"model": model}))["replicas"]
         left = sorted(r["id"] for r in items if r["id"] in old)
         ready = sum(1 for r in items if r["state"] == "ready" and r["id"] not in old)
-        health = next((m for m in client.status()["models"] if m["model"] == model), {})
+        health: dict[str, Any] = next((m for m in client.status()["models"] if m["model"] == model), {})
         target_n = int(health.get("target", 0))
         done = not left and ready >= target_n
         return done, f"{model}: {len(old) - len(left)} of {len(old)} replaced, {ready}/{target_n} new ready"

@@ -402,9 +402,10 @@ def _scale(
     if not mp.entry.spec.profiles:  # served by a provider
         return
     # A replacement beside the replica it replaces (a roll's surge, a leaving node's) is not one more.
-    going = {r.id for r in (*mp.rolling, *mp.leaving)}
-    surplus = sum(1 for r in mp.alive if r.replaces in going)
-    count = len(mp.alive) + len(mp.leaving) - surplus
+    rolling = {r.id for r in mp.rolling}
+    leaving = {r.id for r in mp.leaving}
+    surplus = sum(1 for r in mp.alive if r.replaces in rolling)  # both in `alive`
+    count = len(mp.alive) + len(mp.leaving) - surplus - sum(1 for r in mp.alive if r.replaces in leaving)
     target = max(scaling.min, min(count, scaling.max))
     idle_words = ""
     if mode == "run":
@@ -434,7 +435,7 @@ def _scale(
         mp.start_reasons.clear()
 
 
-def _roll_why(r: ReplicaView, entry: ModelView) -> str:
+def _roll_why(r: ReplicaView) -> str:
     if r.restart:
         return "restart asked for"
     return f"profile {r.profile} changed (rollout.on_change: restart)"
@@ -454,20 +455,22 @@ def _roll(mp: _ModelPass, target: int, pace: RollPace, *, blocked: bool) -> None
             continue
         mp.alive.remove(r)
         ready -= serving
-        mp.actions.append(RestartReplica(r.id, _roll_why(r, mp.entry)))
+        mp.actions.append(RestartReplica(r.id, _roll_why(r)))
     replaced = {r.replaces for r in fresh}
     unreplaced = [r for r in mp.rolling if r.id not in replaced]
     starts = max(0, min(target - len(fresh), target + pace.max_surge - len(mp.alive)))
     if blocked:  # backing off after failures: no new replica until it ends (the next pass after it)
         starts = 0
         mp.wakes.append(mp.state.not_before)
-    reasons = [(f"replaces {r.id} ({_roll_why(r, mp.entry)})", r.id) for r in unreplaced[:starts]]
+    reasons: list[tuple[str, str | None]] = [
+        (f"replaces {r.id} ({_roll_why(r)})", r.id) for r in unreplaced[:starts]
+    ]
     reasons += [(f"rolling toward {target} replicas", None)] * (starts - len(reasons))
     mp.start_reasons = reasons
-    done = len(mp.rolling) - len([r for r in mp.rolling if r in mp.alive])
+    left = sum(1 for r in mp.rolling if r in mp.alive)
     words = (
-        f"rolling: {done} of {len(mp.rolling)} old replica(s) stopped; max_surge {pace.max_surge}, "
-        f"max_unavailable {pace.max_unavailable}, {ready} ready of {target}"
+        f"rolling: {left} old replica(s) left to replace; {ready} of {target} ready, max_surge "
+        f"{pace.max_surge}, max_unavailable {pace.max_unavailable}"
     )
     mp.actions.append(Wait(mp.name, None, words))
 

@@ -204,9 +204,9 @@ def _stale_words(r: ReplicaView, view: ModelView) -> str:
     if r.adopted:
         return "profile changed; kept (adopted replicas are restarted only by `llmgw restart`)"
     if view.spec.restarts_on_change:
-        r = view.spec.rollout
+        pace = view.spec.rollout
         return (
-            f"profile changed; rolled (max_surge {r.max_surge}, max_unavailable {r.max_unavailable}): "
+            f"profile changed; rolled (max_surge {pace.max_surge}, max_unavailable {pace.max_unavailable}): "
             "replacements ready before the old ones stop"
         )
     return "profile changed; kept until `llmgw restart` (rollout.on_change is manual)"

@@ -55,6 +55,14 @@ async def test_restart_and_a_changed_profile_roll_with_no_failed_request(
             # A changed profile rolls by itself (rollout.on_change: restart).
             changed = sim_model("m", 2, extra=rollout, args="decode_ms_per_token: 3")
             cluster.repo.write({"models/m.yaml": changed}, "slower decode")
+
+            async def rolling() -> dict | None:
+                status = await cluster.admin.get("/api/v1/status")  # type: ignore[union-attr]
+                m = next(x for x in status["models"] if x["model"] == "m")
+                return m if m["rolling"] else None
+
+            seen = await wait_for(rolling, 30, "the status to say m is rolling")
+            assert seen["health"] == "Progressing"  # what keeps `llmgw apply --wait` waiting
             await wait_for(lambda: _replaced(cluster, "m", second, 2), 90, "m rolled to its new profile")
         await client.close()
     finally:

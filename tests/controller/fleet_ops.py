@@ -15,8 +15,10 @@ import openai
 from faults.cluster import Cluster
 from faults.procs import RouterProc, start_router_following
 from support import wait_for
+from typer.testing import CliRunner
 
 from controller.helpers import cluster_yaml
+from llmgw.cli.main import app
 
 KEY = "sk-llmgw-" + "r" * 43
 
@@ -107,6 +109,14 @@ async def routed(client: openai.AsyncOpenAI, model: str) -> None:
             return False
 
     await wait_for(answered, 30, f"the router to answer for {model}")
+
+
+def cli(cluster: Cluster, *args: str) -> tuple[int, str]:
+    """Run `llmgw ARGS` against the cluster's controller (call it in a thread: the controller runs on the
+    test's event loop); its exit code and output."""
+    flags = ["--controller", f"http://{cluster.address}", "--token-file", str(cluster.tmp / "token")]
+    result = CliRunner().invoke(app, [*args, *flags])
+    return result.exit_code, result.output
 
 
 def router_for(tmp: Path, cluster: Cluster) -> RouterProc:

@@ -3,14 +3,15 @@ make-before-break with no failed request, nothing new is placed on the drained n
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 from faults.cluster import Cluster
-from support import wait_for
 
-from controller.fleet_ops import Load, bring_up, openai_client, routed, router_for, sim_model
+from controller.fleet_ops import Load, bring_up, cli, openai_client, routed, router_for, sim_model
 
 pytestmark = pytest.mark.integration
 
@@ -44,15 +45,14 @@ async def test_drain_moves_replicas_with_no_failed_request_and_uncordon_undoes_i
         await routed(client, "m")
         load = Load(client, "m")
         async with load.running():
-            reply = await cluster.admin.post(f"/api/v1/nodes/{where}/drain", {}, expect=202)
-            assert reply["moving"] == [placed["id"]]
-
-            async def moved() -> list[dict] | None:
-                items = await cluster.admin.replicas("m")  # type: ignore[union-attr]
-                ok = len(items) == 1 and items[0]["node"] == other and items[0]["state"] == "ready"
-                return items if ok else None
-
-            await wait_for(moved, 60, f"m moved from {where} to {other}")
+            # `llmgw node drain` (in a thread: the controller runs on this test's event loop) waits
+            # until nothing runs on the node any more.
+            code, out = await asyncio.to_thread(cli, cluster, "node", "drain", where, "--timeout", "60s")
+            assert code == 0, out
+            assert f"Node {where} cordoned; moving 1 replica(s) elsewhere." in out
+            assert f"Node {where} is drained" in out
+            items = await cluster.admin.replicas("m")
+            assert [(r["node"], r["state"]) for r in items] == [(other, "ready")]
             answered_during_drain = load.answered
         await client.close()
     finally:
@@ -68,8 +68,8 @@ async def test_drain_moves_replicas_with_no_failed_request_and_uncordon_undoes_i
     [k] = await cluster.wait_ready("k", 1)
     assert k["node"] == other
 
-    undone = await cluster.admin.post(f"/api/v1/nodes/{where}/uncordon", {}, expect=200)
-    assert undone["was_drained"] is True
+    code, out = await asyncio.to_thread(cli, cluster, "node", "uncordon", where, "--json")
+    assert code == 0 and json.loads(out)["was_drained"] is True, out
     node = await _node(cluster, where)
     assert not node["cordoned"] and not node["drained"]
     audit = await cluster.admin.get("/api/v1/audit")

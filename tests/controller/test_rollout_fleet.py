@@ -4,6 +4,7 @@ request fails meanwhile."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 from faults.cluster import Cluster
 from support import wait_for
 
-from controller.fleet_ops import Load, bring_up, openai_client, routed, router_for, sim_model
+from controller.fleet_ops import Load, bring_up, cli, openai_client, routed, router_for, sim_model
 
 pytestmark = pytest.mark.integration
 
@@ -46,10 +47,12 @@ async def test_restart_and_a_changed_profile_roll_with_no_failed_request(
         await routed(client, "m")
         load = Load(client, "m")
         async with load.running():
-            reply = await cluster.admin.post("/api/v1/restart", {"target": "m"}, expect=202)
-            assert sorted(reply["replicas"]) == sorted(first)
-            assert (reply["max_surge"], reply["max_unavailable"]) == (1, 0)
-            second = set(await wait_for(lambda: _replaced(cluster, "m", first, 2), 90, "m restarted"))
+            # `llmgw restart m` (POST /api/v1/restart), in a thread: it waits for the roll to end.
+            code, out = await asyncio.to_thread(cli, cluster, "restart", "m", "--timeout", "90s")
+            assert code == 0, out
+            assert "Restarting 2 replica(s) of m (max_surge 1, max_unavailable 0)." in out
+            assert out.rstrip().endswith("m restarted.")
+            second = set(await wait_for(lambda: _replaced(cluster, "m", first, 2), 30, "m restarted"))
             answered_during_restart = load.answered
 
             # A changed profile rolls by itself (rollout.on_change: restart).

@@ -16,6 +16,7 @@ from aiohttp import web
 from llmgw.controller.admin_ops import AUDIT_DETAIL, AUDIT_OBJECT, PRINCIPAL
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.core import jsonsafe
+from llmgw.store import StoreError
 
 __all__ = ["drain", "restart", "uncordon"]
 
@@ -115,7 +116,12 @@ async def drain(request: web.Request) -> web.Response:
     if isinstance(node, web.Response):
         return node
     when = datetime.fromtimestamp(c.wall(), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    c.worker_state.drained[node] = f"by {request[PRINCIPAL].name} at {when}"
+    words = f"by {request[PRINCIPAL].name} at {when}"
+    try:  # recorded first: a drain a restarted controller would forget is not one to rely on
+        await c.store.set_node_drain(node, words, c.wall())
+    except StoreError as exc:
+        return _error(503, f"the store did not take the drain, nothing changed: {exc}")
+    c.worker_state.drained[node] = words
     moving = sorted(r.id for r in c.replicas.values() if node in r.nodes and not r.stopping)
     await c.event(
         "node_drain", node, f"drained by {request[PRINCIPAL].name}: moving {len(moving)} replica(s)"
@@ -130,6 +136,10 @@ async def uncordon(request: web.Request) -> web.Response:
     node = _node(request, c)
     if isinstance(node, web.Response):
         return node
+    try:
+        await c.store.clear_node_drain(node)
+    except StoreError as exc:
+        return _error(503, f"the store did not take the uncordon, nothing changed: {exc}")
     was = c.worker_state.drained.pop(node, None)
     d = c.desired
     declared = d.catalog.nodes.get(node) if d is not None else None

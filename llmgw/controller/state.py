@@ -145,7 +145,7 @@ class WorkerState:
     expected_nodes: set[str] = field(default_factory=set)
     settle_until: float = 0.0
     # Nodes an operator drained (`llmgw node drain`): node -> who and when, in words. Cordoned until
-    # uncordoned; kept in this process only (a restarted controller forgets a drain: say it again).
+    # uncordoned; kept in the store too (node_drains), read back at start and on taking over.
     drained: dict[str, str] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelRecord:

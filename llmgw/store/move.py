@@ -37,6 +37,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "dead_at",
     ),
     "notification_marks": ("mark", "time"),
+    "node_drains": ("node", "words", "at"),
 }  # fmt: skip
 _ORDER = {"limit_counters": "limit_key, window_start", "concurrency_holds": "limit_key, holder"}
 PAGE = 1000

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from faults.cluster import Cluster
+from support import wait_for
 
 from controller.fleet_ops import Load, bring_up, cli, openai_client, routed, router_for, sim_model
 
@@ -67,6 +68,18 @@ async def test_drain_moves_replicas_with_no_failed_request_and_uncordon_undoes_i
     cluster.repo.write({"models/k.yaml": sim_model("k", 1)}, "another model")
     [k] = await cluster.wait_ready("k", 1)
     assert k["node"] == other
+
+    # The drain is in the store: a restarted controller keeps the node cordoned.
+    await cluster.stop_controller()
+    await cluster.start_controller()
+
+    async def back_drained() -> dict | None:
+        nodes = (await cluster.admin.get("/api/v1/nodes"))["nodes"]  # type: ignore[union-attr]
+        node = next((n for n in nodes if n["name"] == where and n["state"] == "Ready"), None)
+        return node if node is not None and node["connected"] else None
+
+    node = await wait_for(back_drained, 30, f"{where} reconnected to the restarted controller")
+    assert node["drained"] and node["cordoned"]
 
     code, out = await asyncio.to_thread(cli, cluster, "node", "uncordon", where, "--json")
     assert code == 0 and json.loads(out)["was_drained"] is True, out

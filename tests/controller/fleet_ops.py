@@ -63,6 +63,7 @@ class Load:
     client: openai.AsyncOpenAI
     model: str
     workers: int = 3
+    max_tokens: int = 8
     answered: int = 0
     failures: list[str] = field(default_factory=list)
     _stop: asyncio.Event = field(default_factory=asyncio.Event)
@@ -73,7 +74,9 @@ class Load:
             i += 1
             try:
                 r = await self.client.chat.completions.create(
-                    model=self.model, messages=[{"role": "user", "content": f"load {n}-{i}"}], max_tokens=8
+                    model=self.model,
+                    messages=[{"role": "user", "content": f"load {n}-{i}"}],
+                    max_tokens=self.max_tokens,
                 )
                 if r.choices and r.choices[0].message.content:
                     self.answered += 1

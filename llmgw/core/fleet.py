@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmgw.core.config.models import ModelSpec, Source
+from llmgw.core.config.models import ModelSpec, Rollout, Source
 
 if TYPE_CHECKING:  # only for annotations: the adapters below read two attributes of a Catalog
     from llmgw.core.catalog import Catalog
@@ -51,6 +51,7 @@ __all__ = [
 ]
 
 GIB = 1024**3
+_DEFAULT_ROLLOUT = Rollout().model_dump(mode="json")
 NodeState = Literal["Ready", "Unreachable", "Lost"]
 ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
 # The controller's own word for where a replica is in its life; a failed shard overrides it (see effective_state).
@@ -436,5 +437,34 @@ class LiveState(_Live):
         body["replicas"].sort(key=lambda r: r["id"])
         if body.get("documents") is None:  # as before the field existed: saved plans stay current
             body.pop("documents", None)
+        _as_before_capacity(body)
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _as_before_capacity(body: dict[str, Any]) -> None:
+    """A live state's body as before classes, quotas and the rollout block existed, where they are at their
+    defaults: a plan saved by an earlier llmgw stays current (its hash is the same)."""
+
+    def model(spec: dict[str, Any]) -> None:
+        if spec.get("rollout") == _DEFAULT_ROLLOUT:
+            spec.pop("rollout")
+        if spec.get("restart_on_profile_change") is None:
+            spec["restart_on_profile_change"] = False
+
+    for spec in (body.get("models") or {}).values():
+        model(spec)
+    for doc in (body.get("documents") or {}).values():
+        spec = doc.get("spec")
+        if not isinstance(spec, dict):
+            continue
+        kind = doc.get("kind")
+        if kind == "Model":
+            model(spec)
+        elif kind == "Cluster":
+            if spec.get("classes") is None:
+                spec.pop("classes", None)
+            if spec.get("preemption_grace") == "10s":
+                spec.pop("preemption_grace", None)
+        elif kind in ("Organization", "Team") and spec.get("gpu_quota") == {}:
+            spec.pop("gpu_quota", None)

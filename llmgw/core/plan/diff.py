@@ -380,9 +380,11 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
             models = list(t.models) if t.models is not None else None
             spec: BaseModel
             if t.kind == "Organization":
-                spec = OrganizationSpec(models=models, limits=t.limits)
+                spec = OrganizationSpec(models=models, limits=t.limits, gpu_quota=dict(t.gpu_quota))
             elif t.kind == "Team":
-                spec = TeamSpec(organization=t.parent or "", models=models, limits=t.limits)
+                spec = TeamSpec(
+                    organization=t.parent or "", models=models, limits=t.limits, gpu_quota=dict(t.gpu_quota)
+                )
             else:
                 team = t.parent if t.parent_kind == "Team" else None
                 org = t.parent if t.parent_kind == "Organization" else None

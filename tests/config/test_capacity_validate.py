@@ -124,3 +124,11 @@ def test_a_quota_the_models_minimum_does_not_fit_names_the_quota_and_the_sum(tmp
     ) in messages
     assert any("Organization acme may hold 16 h100-80g" in m and "needs 20" in m for _, m in messages)
     assert all(e["file"].endswith("tenants.yaml") for e in body["errors"])
+
+
+def test_an_owner_naming_no_tenant_is_a_warning_once_quotas_exist(tmp_path: Path) -> None:
+    code, body = validate(repo(tmp_path, {"chat": ("owner: mll", 1)}, tenants=TENANTS))
+    assert code == 0
+    [warning] = body["warnings"]
+    assert warning["path"] == "spec.owner" and "counts against no GPU quota" in warning["message"]
+    assert warning["hint"] == "did you mean `ml`?"

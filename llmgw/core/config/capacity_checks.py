@@ -35,9 +35,15 @@ class _Adder(Protocol):
 def check_capacity(documents: Sequence[object], add: _Adder) -> None:
     classes = _classes(documents, add)
     teams: dict[str, str] = {}  # team -> organization
+    orgs: set[str] = set()
+    quotas = False
     for doc in documents:
         if isinstance(doc, Team):
             teams.setdefault(doc.metadata.name, doc.spec.organization)
+        if isinstance(doc, Organization):
+            orgs.add(doc.metadata.name)
+        if isinstance(doc, Team | Organization) and doc.spec.gpu_quota:
+            quotas = True
     needs: dict[str, dict[str, list[tuple[str, int]]]] = {}  # scope -> class -> (model, GPUs)
     for index, doc in enumerate(documents):
         if not isinstance(doc, Model):
@@ -45,6 +51,15 @@ def check_capacity(documents: Sequence[object], add: _Adder) -> None:
         _model_class(index, doc, classes, add)
         _rollout(index, doc, add)
         _count_need(doc, teams, needs)
+        owner = doc.spec.owner
+        if quotas and owner is not None and owner not in teams and owner not in orgs:
+            add(
+                index,
+                ("spec", "owner"),
+                f"owner `{owner}` names no Team or Organization: this model counts against no GPU quota",
+                did_you_mean(owner, [*teams, *orgs]) or "name the team that owns it, if a quota should apply",
+                warning=True,
+            )
     for index, doc in enumerate(documents):
         if isinstance(doc, Team | Organization):
             scope = f"{doc.kind} {doc.metadata.name}"

@@ -38,6 +38,7 @@ from llmgw.core.placement import (
     IdFactory,
     Placement,
     Placer,
+    Preemption,
     ShardPlacement,
     commit_preemption,
     find_preemption,
@@ -220,7 +221,7 @@ def reconcile(
         passes.append(mp)
 
     placer = Placer(models, nodes, replicas, new_id)
-    unplaced = _place_all(passes, placer, replicas)
+    unplaced = _place_all(passes, placer, replicas, mode)
     for mp in passes:
         _release_leaving(mp, leaving_nodes, held_nodes, unplaced.get(mp.name, 0))
         actions.extend(mp.actions)
@@ -504,7 +505,7 @@ def _scale_down(mp: _ModelPass, extra: int, target: int, idle_words: str) -> Non
 
 
 def _place_all(
-    passes: Sequence[_ModelPass], placer: Placer, replicas: Sequence[ReplicaView]
+    passes: Sequence[_ModelPass], placer: Placer, replicas: Sequence[ReplicaView], mode: Mode
 ) -> dict[str, int]:
     """Highest capacity class first; within a class, round-robin over models, one replica each per round,
     every placement taken out of the rooms. What a class cannot place preempts lower classes (`_preempt`).
@@ -521,7 +522,7 @@ def _place_all(
                 placement = placer.place_one(name)
                 if placement is None:
                     missing = len(mp.start_reasons) - i
-                    missing -= _preempt(mp, missing, placer, replicas, spoken_for)
+                    missing -= _preempt(mp, missing, placer, replicas, spoken_for, mode)
                     if missing:
                         reason = (
                             f"{missing} replica{'s' * (missing != 1)} cannot be placed: no node fits any "
@@ -540,11 +541,16 @@ def _place_all(
 
 
 def _preempt(
-    mp: _ModelPass, missing: int, placer: Placer, replicas: Sequence[ReplicaView], spoken_for: set[str]
+    mp: _ModelPass,
+    missing: int,
+    placer: Placer,
+    replicas: Sequence[ReplicaView],
+    spoken_for: set[str],
+    mode: Mode,
 ) -> int:
     """Make room for up to `missing` replicas of `mp`'s model by stopping replicas of lower classes; the
-    room is held for it for the rest of the pass and it is placed once they are gone. Returns how many
-    replicas it made (or is making) room for."""
+    room is held for it for the rest of the pass and it is placed once they are gone (a plan shows that
+    start now, in the room they leave). Returns how many replicas it made (or is making) room for."""
     made = 0
     by_id = {r.id: r for r in replicas}
     while made < missing:
@@ -559,8 +565,24 @@ def _preempt(
             reason = f"preempted: {words} ({mp.name} cannot be placed otherwise)"
             mp.actions.append(StopReplica(victim, reason, drain=True, preempted_by=mp.name))
         waiting = ", ".join(preemption.victims + preemption.yielding)
-        mp.actions.append(
-            Wait(mp.name, None, f"room on {preemption.node} is made: waiting for {waiting} to stop")
-        )
+        if mode == "plan":
+            mp.actions.append(_start_in_made_room(mp, placer, preemption, waiting))
+        else:
+            mp.actions.append(
+                Wait(mp.name, None, f"room on {preemption.node} is made: waiting for {waiting} to stop")
+            )
         made += 1
     return made
+
+
+def _start_in_made_room(mp: _ModelPass, placer: Placer, preemption: Preemption, waiting: str) -> StartReplica:
+    """What a plan shows for a replica placed in the room its victims leave."""
+    placement = Placement(
+        replica_id=placer.new_id(mp.name, preemption.profile),
+        model=mp.name,
+        profile=preemption.profile,
+        fingerprint=mp.entry.fingerprints.get(preemption.profile, ""),
+        shards=(ShardPlacement(preemption.node, 0, preemption.gpus),),
+        why=f"preemption: in the room {waiting} leave{'s' * (waiting.count(',') == 0)} on {preemption.node}",
+    )
+    return StartReplica(placement, f"scale to min {mp.entry.spec.scaling.min} once {waiting} stopped")

@@ -41,6 +41,7 @@ class Preemption:
     node: str
     victims: tuple[str, ...]
     yielding: tuple[str, ...]
+    gpus: tuple[int, ...] = ()  # the devices the replica will take there once they are free
 
     def words(self, models: Mapping[str, ModelView], replicas: Mapping[str, ReplicaView]) -> str:
         who = ", ".join(_who(models, replicas[v]) for v in self.victims) or "nothing new"
@@ -210,6 +211,7 @@ def find_preemption(
         room.name,
         tuple(v.id for v in best.victims),
         tuple(y.id for y in best.yielding),
+        gpus,
     )
     return preemption, room
 

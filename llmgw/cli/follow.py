@@ -51,7 +51,13 @@ class Progress:
 
     def line(self) -> str:
         """One plain line: what a log of a CI job shows."""
-        models = ", ".join(f"{m.name} {m.health} {m.ready}/{m.target}" for m in self.models) or "no models"
+        models = (
+            ", ".join(
+                f"{m.name} {m.health} {m.ready}/{m.target}" + (f" {m.detail}" if m.detail else "")
+                for m in self.models
+            )
+            or "no models"
+        )
         return f"{self.sync}, applied {short(self.applied)}; {models}"
 
 
@@ -60,7 +66,13 @@ def progress(status: dict[str, Any], revision: str, *, was_applied: bool) -> Pro
     applied = (status.get("applied") or {}).get("revision")
     sync = str(status.get("sync") or "Unknown")
     models = tuple(
-        ModelLine(str(m["model"]), str(m["health"]), int(m.get("ready", 0)), int(m.get("target", 0)))
+        ModelLine(
+            str(m["model"]),
+            str(m["health"]),
+            int(m.get("ready", 0)),
+            int(m.get("target", 0)),
+            "rolling" if m.get("rolling") else "",
+        )
         for m in status.get("models") or []
     )
     refused = status.get("refused") or {}
@@ -81,7 +93,9 @@ def progress(status: dict[str, Any], revision: str, *, was_applied: bool) -> Pro
             f"{short(seen.get('revision'))}, applied is {short(applied)}"
         )
     missing += [
-        f"model {m.name} is {m.health} ({m.ready}/{m.target} ready)" for m in models if m.health != "Healthy"
+        f"model {m.name} is {m.health} ({m.ready}/{m.target} ready{', rolling' if m.detail else ''})"
+        for m in models
+        if m.health != "Healthy"
     ]
     return Progress("done" if not missing else "waiting", applied, sync, models, tuple(missing))
 

@@ -16,6 +16,7 @@ from llmgw.cli import (
     ops_cmds,
     plan_cmds,
     request_cmds,
+    rollout_cmds,
     schemas,
     store_cmds,
     up_cmd,
@@ -44,6 +45,7 @@ ops_cmds.register(app)
 doctor_cmds.register(app)
 bench_cmds.register(app)
 request_cmds.register(app)
+rollout_cmds.register(app)
 
 
 def main() -> None:

@@ -263,8 +263,7 @@ def _write_key(path: Path, plaintext: str) -> None:
 
 def admin_hint(settings: UpSettings, controller_url: str, default_address: str, cwd: Path) -> str:
     """How `llmgw status`/`plan` reach this controller: no flags when the token and address are the defaults."""
-    from llmgw.cli.admin_client import DEFAULT_STATE_DIR
-    from llmgw.cli.admin_client import controller_url as url_of
+    from llmgw.cli.admin_client import DEFAULT_STATE_DIR, controller_url as url_of
 
     token = settings.controller_dir / "admin-token"
     flags = []

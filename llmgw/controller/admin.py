@@ -22,7 +22,16 @@ from aiohttp import web
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
-from llmgw.controller import admin_ops, admin_requests, capacity_admin, doctor, prom_sd, views, weights_admin
+from llmgw.controller import (
+    admin_fleet,
+    admin_ops,
+    admin_requests,
+    capacity_admin,
+    doctor,
+    prom_sd,
+    views,
+    weights_admin,
+)
 from llmgw.controller.admin_ops import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT, PRINCIPAL
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
@@ -537,6 +546,9 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("POST", "/api/v1/weights/collect", weights_collect, "apply"),
     ("GET", "/api/v1/events", events, "plan"),
     ("POST", "/api/v1/apply", apply, "apply"),
+    ("POST", "/api/v1/restart", admin_fleet.restart, "apply"),
+    ("POST", "/api/v1/nodes/{node}/drain", admin_fleet.drain, "apply"),
+    ("POST", "/api/v1/nodes/{node}/uncordon", admin_fleet.uncordon, "apply"),
     ("GET", "/api/v1/keys", keys_list, "admin"),
     ("POST", "/api/v1/keys", keys_create, "admin"),
     ("POST", "/api/v1/keys/{key_id}/revoke", keys_revoke, "admin"),

@@ -40,6 +40,9 @@ LIST_MAX = 1000
 # The action each changing route records; a route missing here is recorded by its method and path.
 ACTIONS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/apply"): "apply",
+    ("POST", "/api/v1/restart"): "restart",
+    ("POST", "/api/v1/nodes/{node}/drain"): "node.drain",
+    ("POST", "/api/v1/nodes/{node}/uncordon"): "node.uncordon",
     ("POST", "/api/v1/keys"): "key.create",
     ("POST", "/api/v1/keys/{key_id}/revoke"): "key.revoke",
     ("POST", "/api/v1/nodes/{node}/doctor"): "node.doctor",
@@ -80,7 +83,9 @@ def _record(request: web.Request, action: str, status: int, body: bytes | None) 
             time=c.wall(),
             actor=principal.name,
             action=request.get(AUDIT_ACTION) or action,
-            object=request.get(AUDIT_OBJECT) or request.match_info.get("key_id", ""),
+            object=request.get(AUDIT_OBJECT)
+            or request.match_info.get("key_id", "")
+            or request.match_info.get("node", ""),
             outcome="accepted" if status < 400 else "refused",
             reason="" if status < 400 else _reason(status, body),
             actor_detail=detail.strip()[:DETAIL_MAX],

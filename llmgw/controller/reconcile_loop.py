@@ -18,7 +18,7 @@ from llmgw_agent import repo_rules
 from llmgw_agent.protocol import Register, ShardSpec, WeightSource
 
 from llmgw.adapters.secrets import SecretError, read_secret
-from llmgw.controller import views
+from llmgw.controller import views, yielding
 from llmgw.controller.autoscaler import autoscale
 from llmgw.controller.background import Background
 from llmgw.controller.capacity_admin import load_capacities
@@ -29,15 +29,16 @@ from llmgw.controller.state import ReplicaRec
 from llmgw.core.autoscale import ScalePolicy
 from llmgw.core.fetch_plan import weight_source
 from llmgw.core.fleet import NodeView, ReplicaView
-from llmgw.core.placement import Placement, ShardPlacement
-from llmgw.core.placement import explain as placement_explain
+from llmgw.core.placement import Placement, ShardPlacement, explain as placement_explain
 from llmgw.core.reconcile import (
     BackoffPolicy,
     MarkStale,
     RestartReplica,
+    RollPace,
     StartReplica,
     StopReplica,
     Wait,
+    is_stale,
     reconcile,
 )
 from llmgw.core.security import engine_key
@@ -119,12 +120,14 @@ class Reconciler:
             new_id=new_replica_id,
             scale_to=scaled.scale_to,
             idleness=ws.replica_idleness(),
+            paces={m: RollPace(*r.pace) for m, r in ws.models.items() if r.pace is not None},
         )
         for model, words, up in scaled.events:
             c.metrics.scale_events.labels(model, "up" if up else "down").inc()
             await c.event("model_scaled", model, words)
         for record in ws.models.values():
             record.clear_pass()
+        self._note_rolls(decision.of(RestartReplica), replicas)
         for model, state in decision.backoff.items():
             ws.model(model).backoff = state
         for model, target in decision.targets.items():
@@ -165,7 +168,13 @@ class Reconciler:
                 if not settling:  # placed once the nodes that were up have had their chance to report
                     await self._start(action)
             elif isinstance(action, StopReplica):
-                await self._stop(action.replica_id, action.reason, drain=action.drain, forget=action.forget)
+                await self._stop(
+                    action.replica_id,
+                    action.reason,
+                    drain=action.drain,
+                    forget=action.forget,
+                    preempted_by=action.preempted_by,
+                )
             elif isinstance(action, RestartReplica):
                 await self._stop(action.replica_id, action.reason, drain=True, forget=False)
             elif isinstance(action, MarkStale):
@@ -191,6 +200,28 @@ class Reconciler:
             down_utilization=s.scale_down_utilization,
             stale_after=s.load_stale_s,
         )
+
+    def _note_rolls(self, restarts: list[RestartReplica], replicas: list[ReplicaView]) -> None:
+        """Which models are rolling (status, `apply --wait`); a pace given by `llmgw restart` is forgotten
+        once its roll is over."""
+        ws = self.c.worker_state
+        d = self.c.desired
+        rolling = {self.c.replicas[a.replica_id].model for a in restarts if a.replica_id in self.c.replicas}
+        for r in replicas:
+            if r.state in ("draining", "stopping", "stopped"):
+                continue
+            entry = d.fleet_models.get(r.model) if d else None
+            auto = (
+                entry is not None and entry.spec.restarts_on_change and not r.adopted and is_stale(r, entry)
+            )
+            if r.restart or auto:
+                rolling.add(r.model)
+        for model, record in ws.models.items():
+            record.rolling = model in rolling
+            if model not in rolling:
+                record.pace = None
+        for model in rolling:
+            ws.model(model).rolling = True
 
     def _demand(self, now: float) -> dict[str, int]:
         """A model asked for recently, with nothing running yet, wants one replica (the router's signal)."""
@@ -266,6 +297,7 @@ class Reconciler:
             created_at=c.wall(),
             shards=placement.shards,
             start_sent_at=c.clock(),
+            replaces=action.replaces,
         )
         c.replicas[rec.id] = rec
         await self._upsert(rec, "pending")
@@ -341,7 +373,9 @@ class Reconciler:
             c.commit_tracer.started(rec.id, rec.error)
         c.notify("start sent")
 
-    async def _stop(self, replica_id: str, reason: str, *, drain: bool, forget: bool) -> None:
+    async def _stop(
+        self, replica_id: str, reason: str, *, drain: bool, forget: bool, preempted_by: str | None = None
+    ) -> None:
         c = self.c
         rec = c.replicas.get(replica_id)
         if rec is None or rec.stopping:
@@ -357,6 +391,9 @@ class Reconciler:
             c.metrics.replica_restarts.labels(rec.model).inc()  # its replacement follows (after backoff)
         rec.stopping = True
         rec.draining = drain
+        rec.preempted_by = preempted_by
+        if preempted_by is not None:
+            await c.event("replica_preempted", rec.id, reason)
         await c.event("replica_stop", rec.id, reason + (" (draining first)" if drain else ""))
         c.notify("replica stopping")  # routers drop it from their endpoints now
         self.background.spawn(self._send_stop(rec))
@@ -377,7 +414,10 @@ class Reconciler:
 
     async def _send_stop(self, rec: ReplicaRec) -> None:
         c = self.c
-        if rec.draining:
+        if rec.draining and rec.preempted_by is not None:
+            await yielding.grace(c, rec)
+            rec.draining = False
+        elif rec.draining:
             await self._drain(rec)
             rec.draining = False
         pending = sorted(rec.shards, key=lambda s: s.rank)
@@ -407,7 +447,7 @@ class Reconciler:
         since = c.wall()
         deadline = loop.time() + c.settings.drain_s
         while (left := deadline - loop.time()) > 0:
-            if c.worker_state.drained(rec.id, since):
+            if c.worker_state.replica_drained(rec.id, since):
                 return
             await asyncio.sleep(min(DRAIN_POLL_S, left))
 

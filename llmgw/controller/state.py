@@ -52,6 +52,9 @@ class ReplicaRec:
     error: str = ""
     start_sent_at: float = 0.0
     ready_since: float | None = None
+    restart: bool = False  # an operator asked for a restart (`llmgw restart`): rolled, then replaced
+    replaces: str | None = None  # the replica this one was started to take the place of
+    preempted_by: str | None = None  # the model it yields to, while it drains for the preemption grace
 
     @property
     def node(self) -> str:
@@ -81,6 +84,9 @@ class ModelRecord:
     target: int | None = None  # the replica count the last pass aimed at
     scale: ScaleState | None = None  # the autoscaler's state, carried between passes
     scaled: ScaleDecision | None = None  # the autoscaler's last decision (status shows it and its inputs)
+    # The pace an operator gave `llmgw restart` (max_surge, max_unavailable); kept while the roll runs.
+    pace: tuple[int, int] | None = None
+    rolling: bool = False  # the last pass had replicas of it to roll
 
     def clear_pass(self) -> None:
         """Forget what the last pass decided (the next one decides it again)."""
@@ -161,6 +167,9 @@ class WorkerState:
     expected_nodes: set[str] = field(default_factory=set)
     settle_until: float = 0.0
     loads: dict[str, RouterLoad] = field(default_factory=dict)  # router connection -> its last load report
+    # Nodes an operator drained (`llmgw node drain`): node -> who and when, in words. Cordoned until
+    # uncordoned; kept in the store too (node_drains), read back at start and on taking over.
+    drained: dict[str, str] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelRecord:
         """Model `name`'s record, made on first use."""
@@ -193,7 +202,7 @@ class WorkerState:
                 out[rid] = (inflight + seen.inflight, max(stamps) if stamps else None)
         return out
 
-    def drained(self, replica_id: str, since: float) -> bool | None:
+    def replica_drained(self, replica_id: str, since: float) -> bool | None:
         """Whether no router can send `replica_id` a request any more and none has one in flight: every
         router's last report came after `since` and neither routes to it nor has it busy. None: no router
         reports load (unknown: the caller waits its full drain time)."""

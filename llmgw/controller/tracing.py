@@ -15,8 +15,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import context as otel_context, trace
 from opentelemetry.trace import Status, StatusCode, Tracer
 
 __all__ = ["CommitTracer"]

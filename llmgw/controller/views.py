@@ -21,11 +21,11 @@ from llmgw.core.fleet import (
     NodeView,
     ReplicaState,
     ReplicaView,
+    ShardState as FleetShardState,
     ShardView,
     held_weights_key,
     undeclared_words,
 )
-from llmgw.core.fleet import ShardState as FleetShardState
 from llmgw.core.placement import ACTIVE_STATES
 from llmgw.core.plan import catalog_documents
 
@@ -73,6 +73,8 @@ def replica_view(c: Controller, rec: ReplicaRec) -> ReplicaView:
         adopted=rec.adopted,
         stale=rec.stale,
         ready_since=rec.ready_since,
+        restart=rec.restart,
+        replaces=rec.replaces if rec.replaces in c.replicas else None,
     )
 
 
@@ -112,9 +114,12 @@ def node_views(c: Controller) -> list[NodeView]:
                 name=link.name,
                 state=link.state,
                 labels=labels,
-                cordoned=bool(declared and declared.spec.cordoned) or _removing(c, link.name),
-                cordon_reason="removed from the repo" if _removing(c, link.name) else "",
+                cordoned=bool(declared and declared.spec.cordoned)
+                or _removing(c, link.name)
+                or link.name in c.worker_state.drained,
+                cordon_reason=_cordon_words(c, link.name),
                 leaving=_removing(c, link.name),
+                drained=link.name in c.worker_state.drained,
                 fabric=declared.spec.fabric if declared else None,
                 cpu_cores=inv.cpu_cores,
                 memory_bytes=inv.memory_bytes,
@@ -146,6 +151,13 @@ def _engine_refusals(c: Controller, inv: Inventory) -> dict[str, str]:
     ]
     engines = {str(name): settings for name, settings in (d.cluster.engines.items() if d else ())}
     return node_facts.engine_refusals(engines, facts, conditions)
+
+
+def _cordon_words(c: Controller, node: str) -> str:
+    if _removing(c, node):
+        return "removed from the repo"
+    drained = c.worker_state.drained.get(node)
+    return f"drained ({drained}; llmgw node uncordon {node})" if drained is not None else ""
 
 
 def _removing(c: Controller, node: str) -> bool:
@@ -251,7 +263,13 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
     live = sum(1 for s in states if s in ACTIVE_STATES)
     record = c.worker_state.models.get(name) or ModelRecord()
     target = record.target if record.target is not None else model.spec.scaling.min
-    if not model.spec.profiles or ready >= target:
+    mine = [r for r in c.replicas.values() if r.model == name and not r.stopping]
+    restarting = sum(1 for r in mine if r.restart)
+    auto = model.spec.restarts_on_change
+    # Read from the replicas, not only from the last pass: `apply --wait` right after an apply must not see
+    # Healthy before the pass that starts the roll has run.
+    rolling = record.rolling or restarting > 0 or (auto and any(stale(c, r) and not r.adopted for r in mine))
+    if (not model.spec.profiles or ready >= target) and not rolling:
         health = "Healthy"
     elif record.unplaceable is not None or failing(record.backoff) or "failed" in states:
         # A model whose replicas keep failing stays Degraded while its next attempt starts: "Progressing"
@@ -273,6 +291,8 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
         "failures": record.backoff.failures if record.backoff is not None else 0,
         "waiting": record.wait,
         "stale_replicas": sum(1 for r in c.replicas.values() if r.model == name and stale(c, r)),
+        "restarting": restarting,
+        "rolling": rolling,
         "fetching": [f for r in c.replicas.values() if r.model == name for f in fetches(c, r)],
         "autoscale": decision_json(record.scaled, _demand_json(c, name)),
     }
@@ -361,6 +381,9 @@ def nodes_json(c: Controller) -> list[dict[str, Any]]:
                 "inventory": link.inventory.model_dump(mode="json", by_alias=True),
                 "shards": len(link.shards),
                 "replicas": sorted(r.id for r in c.replicas.values() if view.name in r.nodes),
+                "cordoned": view.cordoned,
+                "cordon_reason": view.cordon_reason or ("cordoned in the repo" if view.cordoned else ""),
+                "drained": view.drained,
                 **_node_ops_json(c, view.name),
             }
         )

@@ -40,6 +40,7 @@ from llmgw.core.config.models import (
 )
 from llmgw.core.config.semantic import Document, check
 from llmgw.core.errors import CatalogError
+from llmgw.core.fleet import QuotaScope
 from llmgw.core.snapshot import Tenants
 
 __all__ = [
@@ -116,6 +117,7 @@ class Tenant:
     models: tuple[str, ...] | None
     limits: Limits
     labels: Mapping[str, str]
+    gpu_quota: Mapping[str, int] = field(default_factory=dict)  # GPU class -> most GPUs (Team, Organization)
 
 
 _DEFAULT_POLICY = RoutingPolicySpec()
@@ -235,6 +237,22 @@ class Catalog:
 
     # ------------------------------------------------------------------------------------------ tenants
 
+    def quota_scopes(self, owner: str | None) -> tuple[QuotaScope, ...]:
+        """The GPU quotas a model owned by `owner` counts against, nearest first: the Team of that name and
+        its Organization, or the Organization of that name. An owner naming no tenant counts against none."""
+        if owner is None:
+            return ()
+        chain: list[Tenant] = []
+        team = self.teams.get(owner)
+        if team is not None:
+            chain.append(team)
+            org = self.organizations.get(team.parent or "")
+            if org is not None:
+                chain.append(org)
+        elif owner in self.organizations:
+            chain.append(self.organizations[owner])
+        return tuple(QuotaScope(f"{t.kind} {t.name}", dict(t.gpu_quota)) for t in chain if t.gpu_quota)
+
     def project_limits(self, project: str) -> Limits:
         """The project's limits as enforced: its own, with the Cluster's tenancy defaults filling what it
         leaves unset. KeyError for an unknown project."""
@@ -296,4 +314,5 @@ def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Te
         else:
             parent, parent_kind = doc.spec.organization, "Organization"
     models = tuple(doc.spec.models) if doc.spec.models is not None else None
-    return Tenant(doc.kind, doc.metadata.name, parent, parent_kind, models, doc.spec.limits, labels)
+    quota = dict(doc.spec.gpu_quota) if isinstance(doc, Organization | Team) else {}
+    return Tenant(doc.kind, doc.metadata.name, parent, parent_kind, models, doc.spec.limits, labels, quota)

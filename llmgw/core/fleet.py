@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from llmgw.core.config.models import ModelSpec, Source
+from llmgw.core.config.models import ModelSpec, Rollout, Source
 
 if TYPE_CHECKING:  # only for annotations: the adapters below read two attributes of a Catalog
     from llmgw.core.catalog import Catalog
@@ -37,10 +37,12 @@ __all__ = [
     "ModelView",
     "NodeState",
     "NodeView",
+    "QuotaScope",
     "ReplicaState",
     "ReplicaView",
     "ShardState",
     "ShardView",
+    "class_rank",
     "desired_nodes",
     "held_weights_key",
     "model_views",
@@ -49,23 +51,56 @@ __all__ = [
 ]
 
 GIB = 1024**3
+_DEFAULT_ROLLOUT = Rollout().model_dump(mode="json")
 NodeState = Literal["Ready", "Unreachable", "Lost"]
 ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
 # The controller's own word for where a replica is in its life; a failed shard overrides it (see effective_state).
 ReplicaState = Literal["pending", "starting", "ready", "failed", "draining", "stopping", "stopped"]
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaScope:
+    """A tenant's GPU quota a model counts against: at most `gpus[class]` GPUs of each class."""
+
+    name: str  # "Team ml", "Organization acme"
+    gpus: Mapping[str, int]
+
+
 class ModelView(NamedTuple):
-    """One desired model: its spec and the fingerprint of each of its profiles (by profile name)."""
+    """One desired model: its spec, the fingerprint of each of its profiles (by profile name), its capacity
+    class's rank (0 is the highest; every model ranks 0 when the Cluster declares no classes) and the GPU
+    quotas its owner counts against (nearest first)."""
 
     spec: ModelSpec
     fingerprints: Mapping[str, str]
+    rank: int = 0
+    quotas: tuple[QuotaScope, ...] = ()
+
+    @property
+    def class_name(self) -> str:
+        return self.spec.model_class or "(unclassed)"
+
+
+def class_rank(classes: list[str] | None, model_class: str | None) -> int:
+    """A model's rank among the Cluster's `classes` (0 is the highest); an unclassed model, or one naming
+    an undeclared class (validate refuses that), ranks as the last class. No classes: everything ranks 0."""
+    if not classes:
+        return 0
+    if model_class in classes:
+        return classes.index(model_class)
+    return len(classes) - 1
 
 
 def model_views(catalog: Catalog) -> dict[str, ModelView]:
-    """The catalog's models as the decisions read them: spec and profile fingerprints."""
+    """The catalog's models as the decisions read them: spec, profile fingerprints, rank and quotas."""
+    classes = catalog.cluster.classes
     return {
-        name: ModelView(entry.spec, {p.name: p.fingerprint for p in entry.profiles})
+        name: ModelView(
+            entry.spec,
+            {p.name: p.fingerprint for p in entry.profiles},
+            class_rank(classes, entry.spec.model_class),
+            catalog.quota_scopes(entry.spec.owner),
+        )
         for name, entry in sorted(catalog.models.items())
     }
 
@@ -132,6 +167,9 @@ class NodeView:
     weights: frozenset[str] | None = None
     # Removed from the repo: its replicas are replaced elsewhere first, then stopped (make-before-break).
     leaving: bool = False
+    # Drained by an operator (`llmgw node drain`): replaced elsewhere first, then stopped; unlike a leaving
+    # node, a replica nothing can replace keeps serving here.
+    drained: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +192,8 @@ class ReplicaView:
     adopted: bool = False  # found running after a controller restart: kept, never restarted
     stale: bool = False  # already marked "stale profile" by the controller
     ready_since: float | None = None
+    restart: bool = False  # an operator asked for it to be restarted (`llmgw restart`), not yet replaced
+    replaces: str | None = None  # the replica this one was started to take the place of, while that one runs
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -400,5 +440,34 @@ class LiveState(_Live):
         for spec in (body.get("models") or {}).values():
             if spec.get("slo") is None:  # as before the field existed: saved plans stay current
                 spec.pop("slo", None)
+        _as_before_capacity(body)
         text = json.dumps(body, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _as_before_capacity(body: dict[str, Any]) -> None:
+    """A live state's body as before classes, quotas and the rollout block existed, where they are at their
+    defaults: a plan saved by an earlier llmgw stays current (its hash is the same)."""
+
+    def model(spec: dict[str, Any]) -> None:
+        if spec.get("rollout") == _DEFAULT_ROLLOUT:
+            spec.pop("rollout")
+        if spec.get("restart_on_profile_change") is None:
+            spec["restart_on_profile_change"] = False
+
+    for spec in (body.get("models") or {}).values():
+        model(spec)
+    for doc in (body.get("documents") or {}).values():
+        spec = doc.get("spec")
+        if not isinstance(spec, dict):
+            continue
+        kind = doc.get("kind")
+        if kind == "Model":
+            model(spec)
+        elif kind == "Cluster":
+            if spec.get("classes") is None:
+                spec.pop("classes", None)
+            if spec.get("preemption_grace") == "10s":
+                spec.pop("preemption_grace", None)
+        elif kind in ("Organization", "Team") and spec.get("gpu_quota") == {}:
+            spec.pop("gpu_quota", None)

@@ -18,10 +18,13 @@ Rules (each learned the hard way, see docs/placement.md):
 - scale-down drains before stopping, the idlest replica first (fewest requests in flight, longest since its
   last request; one no router reported on is not taken for idle); between min and max the autoscaler's count
   (`scale_to`, llmgw.core.autoscale) replaces "keep what runs";
-- a replica whose profile fingerprint differs from the catalog's is marked stale; it is restarted only when
-  the model says `restart_on_profile_change`, one at a time, with its replacement placed beside it first when
-  there is room;
-- adopted replicas (found running after a controller restart) are kept and never restarted.
+- a replica whose profile fingerprint differs from the catalog's is marked stale; it is rolled only when the
+  model says `rollout.on_change: restart` (or an operator asks, `llmgw restart`): make-before-break, at most
+  `max_surge` replicas beyond the target and at most `max_unavailable` ready ones missing below it;
+- adopted replicas (found running after a controller restart) are kept, rolled only when an operator asks;
+- models are placed highest capacity class first; one that still cannot be placed has replicas of strictly
+  lower classes drained and stopped to make room (llmgw.core.placement.preempt), and is placed once they
+  are gone.
 """
 
 from __future__ import annotations
@@ -33,7 +36,15 @@ from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
 from llmgw.core.fleet import ModelState, ModelView, NodeView, ReplicaView
-from llmgw.core.placement import IdFactory, Placement, Placer, ShardPlacement
+from llmgw.core.placement import (
+    IdFactory,
+    Placement,
+    Placer,
+    Preemption,
+    ShardPlacement,
+    commit_preemption,
+    find_preemption,
+)
 from llmgw.core.words import parse_duration
 
 __all__ = [
@@ -42,6 +53,7 @@ __all__ = [
     "Decision",
     "MarkStale",
     "RestartReplica",
+    "RollPace",
     "StartReplica",
     "StopReplica",
     "Wait",
@@ -73,6 +85,8 @@ class StopReplica:
     # The replica's node is Lost: nothing can be told to it, drop the record (the agent, if it returns,
     # reports a replica nobody knows and it is stopped as an orphan then).
     forget: bool = False
+    # The model it yields to (preemption): its drain is the Cluster's preemption_grace, not a scale-down's.
+    preempted_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +130,14 @@ class BackoffPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class RollPace:
+    """How many replicas a roll may start beyond the target, and how many ready ones may be missing."""
+
+    max_surge: int = 1
+    max_unavailable: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     actions: tuple[Action, ...]
     backoff: Mapping[str, ModelState]
@@ -149,7 +171,8 @@ class _ModelPass:
     start_reasons: list[tuple[str, str | None]] = field(default_factory=list)
     wakes: list[float] = field(default_factory=list)
     target: int = 0
-    leaving: list[ReplicaView] = field(default_factory=list)  # on nodes removed from the repo
+    leaving: list[ReplicaView] = field(default_factory=list)  # on nodes removed from the repo or drained
+    rolling: list[ReplicaView] = field(default_factory=list)  # alive replicas to be replaced (stale, asked)
 
 
 def reconcile(
@@ -168,6 +191,7 @@ def reconcile(
     idle_default: float | None = None,
     scale_to: Mapping[str, int] | None = None,
     idleness: Mapping[str, tuple[int, float | None]] | None = None,
+    paces: Mapping[str, RollPace] | None = None,
 ) -> Decision:
     """One reconcile pass. `demand`: replicas asked for per model (the router's on-demand signal);
     `scale_to`: the autoscaler's count per model (llmgw.core.autoscale), kept within [min, max];
@@ -176,7 +200,8 @@ def reconcile(
     `last_used`: when each model last served a request. `mode="plan"` shows the whole way to the desired
     state: every stale restart at once, no backoff, no idle stops (they are runtime, not repo changes).
     `idle_default`: seconds unused after which replicas above min stop, for models without `idle_timeout`
-    (None: they stay)."""
+    (None: they stay). `paces`: a roll's pace per model when an operator gave one (`llmgw restart
+    --max-surge`), else the model's `rollout` block's."""
     nodes = tuple(nodes)
     replicas = tuple(sorted(replicas, key=lambda r: r.id))
     policy = policy or BackoffPolicy()
@@ -185,8 +210,10 @@ def reconcile(
     demand = demand or {}
     scale_to = scale_to or {}
     idleness = idleness or {}
+    paces = paces or {}
     node_state = {n.name: n.state for n in nodes}
-    leaving_nodes = frozenset(n.name for n in nodes if n.leaving)
+    leaving_nodes = frozenset(n.name for n in nodes if n.leaving or n.drained)
+    held_nodes = frozenset(n.name for n in nodes if n.drained and not n.leaving)
 
     actions: list[Action] = list(_removed_models(models, replicas, node_state))
     passes = []
@@ -196,17 +223,18 @@ def reconcile(
         _failed_and_lost(mp, mine, node_state, now, rng, policy)
         _reset_backoff(mp, now, policy)
         _unreachable(mp, node_state)
-        _leaving(mp, leaving_nodes)
-        restarts = _stale(mp, mode)
+        _leaving(mp, leaving_nodes, held_nodes)
+        _stale(mp)
+        pace = paces.get(name) or _pace_of(mp.entry)
         wanted = scale_to.get(name) if mode == "run" else None
         scale = _ScaleAsk(last_used.get(name), demand.get(name, 0), wanted, idleness)
-        _scale(mp, restarts, now, scale, mode, idle_default)
+        _scale(mp, pace, now, scale, mode, idle_default)
         passes.append(mp)
 
     placer = Placer(models, nodes, replicas, new_id)
-    unplaced = _place_all(passes, placer)
+    unplaced = _place_all(passes, placer, replicas, mode)
     for mp in passes:
-        _release_leaving(mp, leaving_nodes, unplaced.get(mp.name, 0))
+        _release_leaving(mp, leaving_nodes, held_nodes, unplaced.get(mp.name, 0))
         actions.extend(mp.actions)
     new_backoff = {mp.name: mp.state for mp in passes if mp.state != ModelState()}
     wakes = [w for mp in passes for w in mp.wakes if w > now]
@@ -305,7 +333,7 @@ def _unreachable(mp: _ModelPass, node_state: Mapping[str, str]) -> None:
             mp.actions.append(Wait(mp.name, None, reason))
 
 
-def _leaving(mp: _ModelPass, leaving_nodes: frozenset[str]) -> None:
+def _leaving(mp: _ModelPass, leaving_nodes: frozenset[str], held_nodes: frozenset[str]) -> None:
     """Take replicas on nodes removed from the repo out of `alive` and ask for their replacements; they keep
     serving until `_release_leaving` lets them go."""
     if not leaving_nodes:
@@ -314,15 +342,19 @@ def _leaving(mp: _ModelPass, leaving_nodes: frozenset[str]) -> None:
         mp.alive.remove(r)
         mp.leaving.append(r)
         where = ", ".join(sorted({s.node for s in r.shards if s.node in leaving_nodes}))
-        mp.start_reasons.append((f"replaces {r.id} (node {where} removed from the repo)", r.id))
+        mp.start_reasons.append((f"replaces {r.id} (node {where} {_gone_words(r, held_nodes)})", r.id))
 
 
-def _release_leaving(mp: _ModelPass, leaving_nodes: frozenset[str], unplaced: int) -> None:
+def _release_leaving(
+    mp: _ModelPass, leaving_nodes: frozenset[str], held_nodes: frozenset[str], unplaced: int
+) -> None:
     """Make-before-break: leaving replicas keep serving while they stand in for replicas elsewhere that are
     not ready yet, so a model at min 1 is never without a ready replica. What the model will have elsewhere
     is its target less what no node can take (in backoff or settling too: those are still coming); leaving
     replicas beyond what covers the gap to that, and any not serving anyway, are stopped now. So with no
-    room elsewhere they go at once: waiting would only hold up the node's removal."""
+    room elsewhere they go at once: waiting would only hold up the node's removal. A drained node
+    (`held_nodes`, `llmgw node drain`) is kept for maintenance, not removed: there a replica nothing can
+    replace keeps serving, and the drain says so, rather than taking the model down."""
 
     def where(r: ReplicaView) -> str:
         return ", ".join(sorted({s.node for s in r.shards if s.node in leaving_nodes}))
@@ -333,34 +365,40 @@ def _release_leaving(mp: _ModelPass, leaving_nodes: frozenset[str], unplaced: in
     tail = f"; {unplaced} replacement(s) cannot be placed (llmgw explain {mp.name})" if unplaced else ""
     for r in mp.leaving:
         if r not in serving:
-            reason = f"node {where(r)} removed from the repo; not serving, stopped without waiting"
+            reason = f"node {where(r)} {_gone_words(r, held_nodes)}; not serving, stopped without waiting"
+        elif serving.index(r) >= keep and unplaced and any(s.node in held_nodes for s in r.shards):
+            words = f"{r.id} on drained node {where(r)} keeps serving: its replacement cannot be placed"
+            mp.actions.append(Wait(mp.name, None, words + f" (llmgw explain {mp.name})"))
+            continue
         elif serving.index(r) >= keep:
-            reason = f"node {where(r)} removed from the repo; {ready} ready replica(s) elsewhere{tail}"
+            reason = f"node {where(r)} {_gone_words(r, held_nodes)}; {ready} ready replica(s) elsewhere{tail}"
         else:
-            words = f"{r.id} on removed node {where(r)} serves until its replacement is ready"
+            gone = "drained" if any(s.node in held_nodes for s in r.shards) else "removed"
+            words = f"{r.id} on {gone} node {where(r)} serves until its replacement is ready"
             mp.actions.append(Wait(mp.name, None, words))
             continue
         mp.actions.append(StopReplica(r.id, reason, drain=True))
 
 
-def _stale(mp: _ModelPass, mode: Mode) -> list[ReplicaView]:
-    """Mark stale replicas; return the ones to restart (and take them out of `alive`)."""
-    stale = [r for r in mp.alive if is_stale(r, mp.entry)]
-    for r in stale:
-        if not r.stale:
+def _gone_words(r: ReplicaView, held_nodes: frozenset[str]) -> str:
+    return "drained" if any(s.node in held_nodes for s in r.shards) else "removed from the repo"
+
+
+def _stale(mp: _ModelPass) -> None:
+    """Mark stale replicas; note the ones to roll: stale ones when the model rolls on a change (adopted ones
+    only when asked), and every one an operator asked to restart."""
+    auto = mp.entry.spec.restarts_on_change
+    for r in mp.alive:
+        stale = is_stale(r, mp.entry)
+        if stale and not r.stale:
             mp.actions.append(MarkStale(r.id, f"profile {r.profile} changed since {r.id} was placed"))
-    if not mp.entry.spec.restart_on_profile_change:
-        return []
-    candidates = [r for r in stale if not r.adopted]
-    if mode == "run":
-        # One at a time, and only while every other replica is ready, so the model keeps serving.
-        others_ready = all(r.effective_state() == "ready" for r in mp.alive if r not in candidates[:1])
-        candidates = candidates[:1] if others_ready else []
-    for r in candidates:
-        mp.alive.remove(r)
-        mp.actions.append(RestartReplica(r.id, f"profile {r.profile} changed (restart_on_profile_change)"))
-        mp.start_reasons.insert(0, (f"replaces {r.id} (stale profile)", r.id))
-    return candidates
+        if r.restart or (stale and auto and not r.adopted):
+            mp.rolling.append(r)
+
+
+def _pace_of(entry: ModelView) -> RollPace:
+    rollout = entry.spec.rollout
+    return RollPace(rollout.max_surge, rollout.max_unavailable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,7 +413,7 @@ class _ScaleAsk:
 
 def _scale(
     mp: _ModelPass,
-    restarts: Sequence[ReplicaView],
+    pace: RollPace,
     now: float,
     ask: _ScaleAsk,
     mode: Mode,
@@ -385,8 +423,11 @@ def _scale(
     if not mp.entry.spec.profiles:  # served by a provider
         return
     last_used, asked = ask.last_used, ask.asked
-    # A restarted replica, and one on a leaving node, keeps its place in the count: both are replaced.
-    count = len(mp.alive) + len(restarts) + len(mp.leaving)
+    # A replacement beside the replica it replaces (a roll's surge, a leaving node's) is not one more.
+    rolling = {r.id for r in mp.rolling}
+    leaving = {r.id for r in mp.leaving}
+    surplus = sum(1 for r in mp.alive if r.replaces in rolling)  # both in `alive`
+    count = len(mp.alive) + len(mp.leaving) - surplus - sum(1 for r in mp.alive if r.replaces in leaving)
     # The autoscaler's count replaces "keep what runs" (which only ever grew by an ask).
     held = count if ask.wanted is None else ask.wanted
     target = max(scaling.min, min(held, scaling.max))
@@ -403,7 +444,13 @@ def _scale(
             else:
                 mp.wakes.append(activity + idle)
     mp.target = target
-    have = len(mp.alive)
+    if mp.rolling:
+        if mode == "run":
+            _roll(mp, target, pace, blocked=mp.state.not_before > now)
+        else:
+            _roll(mp, target, RollPace(len(mp.rolling), len(mp.rolling)), blocked=False)
+        return
+    have = len(mp.alive) - surplus
     if have < target:
         _want(mp, target - have, target, ask, now, mode)
     elif have > target:
@@ -411,6 +458,46 @@ def _scale(
         _scale_down(mp, have - target, target, why, ask.idleness)
     else:
         mp.start_reasons.clear()
+
+
+def _roll_why(r: ReplicaView) -> str:
+    if r.restart:
+        return "restart asked for"
+    return f"profile {r.profile} changed (rollout.on_change: restart)"
+
+
+def _roll(mp: _ModelPass, target: int, pace: RollPace, *, blocked: bool) -> None:
+    """Make-before-break: stop old replicas while at least `target - max_unavailable` stay ready, start
+    their replacements while at most `target + max_surge` run. Not-ready old ones go first (they serve
+    nothing); a plan (`mode="plan"`) shows the whole way at once."""
+    rolling = {r.id for r in mp.rolling}
+    fresh = [r for r in mp.alive if r.id not in rolling]
+    ready = sum(1 for r in mp.alive if r.effective_state() == "ready")
+    floor = target - pace.max_unavailable
+    for r in sorted(mp.rolling, key=lambda r: (r.effective_state() == "ready", r.created_at, r.id)):
+        serving = r.effective_state() == "ready"
+        if serving and ready - 1 < floor:
+            continue
+        mp.alive.remove(r)
+        ready -= serving
+        mp.actions.append(RestartReplica(r.id, _roll_why(r)))
+    replaced = {r.replaces for r in fresh}
+    unreplaced = [r for r in mp.rolling if r.id not in replaced]
+    starts = max(0, min(target - len(fresh), target + pace.max_surge - len(mp.alive)))
+    if blocked:  # backing off after failures: no new replica until it ends (the next pass after it)
+        starts = 0
+        mp.wakes.append(mp.state.not_before)
+    reasons: list[tuple[str, str | None]] = [
+        (f"replaces {r.id} ({_roll_why(r)})", r.id) for r in unreplaced[:starts]
+    ]
+    reasons += [(f"rolling toward {target} replicas", None)] * (starts - len(reasons))
+    mp.start_reasons = reasons
+    left = sum(1 for r in mp.rolling if r in mp.alive)
+    words = (
+        f"rolling: {left} old replica(s) left to replace; {ready} of {target} ready, max_surge "
+        f"{pace.max_surge}, max_unavailable {pace.max_unavailable}"
+    )
+    mp.actions.append(Wait(mp.name, None, words))
 
 
 def _want(mp: _ModelPass, missing: int, target: int, ask: _ScaleAsk, now: float, mode: Mode) -> None:
@@ -465,30 +552,85 @@ def _scale_down(
         mp.actions.append(StopReplica(r.id, f"scale down to {target}{idle_words}", drain=True))
 
 
-def _place_all(passes: Sequence[_ModelPass], placer: Placer) -> dict[str, int]:
-    """Round-robin over models, one replica each per round, every placement taken out of the rooms.
-    Returns the replicas that could not be placed, per model."""
+def _place_all(
+    passes: Sequence[_ModelPass], placer: Placer, replicas: Sequence[ReplicaView], mode: Mode
+) -> dict[str, int]:
+    """Highest capacity class first; within a class, round-robin over models, one replica each per round,
+    every placement taken out of the rooms. What a class cannot place preempts lower classes (`_preempt`).
+    Returns the replicas that could not be placed (nor made room for), per model."""
     unplaced: dict[str, int] = {}
-    queue = {mp.name: mp for mp in passes if mp.start_reasons}
-    progress = {name: 0 for name in queue}
-    while queue:
-        for name in list(queue):
-            mp = queue[name]
-            i = progress[name]
-            placement = placer.place_one(name)
-            if placement is None:
-                missing = len(mp.start_reasons) - i
-                reason = (
-                    f"{missing} replica{'s' * (missing != 1)} cannot be placed: no node fits any profile "
-                    f"(llmgw explain {name})"
-                )
-                mp.actions.append(Wait(name, None, reason))
-                unplaced[name] = missing
-                del queue[name]
-                continue
-            reason, replaces = mp.start_reasons[i]
-            mp.actions.append(StartReplica(placement, reason, replaces))
-            progress[name] = i + 1
-            if progress[name] == len(mp.start_reasons):
-                del queue[name]
+    spoken_for: set[str] = set()
+    for rank in sorted({mp.entry.rank for mp in passes}):
+        queue = {mp.name: mp for mp in passes if mp.start_reasons and mp.entry.rank == rank}
+        progress = {name: 0 for name in queue}
+        while queue:
+            for name in list(queue):
+                mp = queue[name]
+                i = progress[name]
+                placement = placer.place_one(name)
+                if placement is None:
+                    missing = len(mp.start_reasons) - i
+                    missing -= _preempt(mp, missing, placer, replicas, spoken_for, mode)
+                    if missing:
+                        reason = (
+                            f"{missing} replica{'s' * (missing != 1)} cannot be placed: no node fits any "
+                            f"profile (llmgw explain {name})"
+                        )
+                        mp.actions.append(Wait(name, None, reason))
+                        unplaced[name] = missing
+                    del queue[name]
+                    continue
+                reason, replaces = mp.start_reasons[i]
+                mp.actions.append(StartReplica(placement, reason, replaces))
+                progress[name] = i + 1
+                if progress[name] == len(mp.start_reasons):
+                    del queue[name]
     return unplaced
+
+
+def _preempt(
+    mp: _ModelPass,
+    missing: int,
+    placer: Placer,
+    replicas: Sequence[ReplicaView],
+    spoken_for: set[str],
+    mode: Mode,
+) -> int:
+    """Make room for up to `missing` replicas of `mp`'s model by stopping replicas of lower classes; the
+    room is held for it for the rest of the pass and it is placed once they are gone (a plan shows that
+    start now, in the room they leave). Returns how many replicas it made (or is making) room for."""
+    made = 0
+    by_id = {r.id: r for r in replicas}
+    while made < missing:
+        found = find_preemption(placer, mp.name, replicas, frozenset(spoken_for))
+        if found is None:
+            break
+        preemption, room = found
+        commit_preemption(placer, preemption, room)
+        spoken_for.update(preemption.victims, preemption.yielding)
+        words = preemption.words(placer.models, by_id)
+        for victim in preemption.victims:
+            reason = f"preempted: {words} ({mp.name} cannot be placed otherwise)"
+            mp.actions.append(StopReplica(victim, reason, drain=True, preempted_by=mp.name))
+        waiting = ", ".join(preemption.victims + preemption.yielding)
+        if mode == "plan":
+            mp.actions.append(_start_in_made_room(mp, placer, preemption, waiting))
+        else:
+            mp.actions.append(
+                Wait(mp.name, None, f"room on {preemption.node} is made: waiting for {waiting} to stop")
+            )
+        made += 1
+    return made
+
+
+def _start_in_made_room(mp: _ModelPass, placer: Placer, preemption: Preemption, waiting: str) -> StartReplica:
+    """What a plan shows for a replica placed in the room its victims leave."""
+    placement = Placement(
+        replica_id=placer.new_id(mp.name, preemption.profile),
+        model=mp.name,
+        profile=preemption.profile,
+        fingerprint=mp.entry.fingerprints.get(preemption.profile, ""),
+        shards=(ShardPlacement(preemption.node, 0, preemption.gpus),),
+        why=f"preemption: in the room {waiting} leave{'s' * (waiting.count(',') == 0)} on {preemption.node}",
+    )
+    return StartReplica(placement, f"scale to min {mp.entry.spec.scaling.min} once {waiting} stopped")

@@ -43,6 +43,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "model", "profile", "gpu_class", "engine", "measured_at", "objective_ms", "concurrency", "tokens_per_s",
         "prefill_ms_per_token", "decode_ms_per_token", "load_s", "replica", "curve",
     ),
+    "node_drains": ("node", "words", "at"),
 }  # fmt: skip
 _ORDER = {
     "limit_counters": "limit_key, window_start",

@@ -31,8 +31,7 @@ from llmgw.store.records import (
     UsageRecord,
     UsageTotal,
 )
-from llmgw.store.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS
-from llmgw.store.request_queries import RequestQueries, usage_record
+from llmgw.store.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS, RequestQueries, usage_record
 
 # Every table, parents before children (usage references api_keys). `store move` copies in this order and
 # a test derives the foreign keys from the schema to check it.
@@ -52,6 +51,7 @@ TABLES: tuple[str, ...] = (
     "notification_outbox",
     "notification_marks",
     "capacity",
+    "node_drains",
 )
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
@@ -177,6 +177,25 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries):
     async def delete_node(self, name: str) -> bool:
         async with self.db.tx() as tx:
             return await tx.execute("DELETE FROM nodes WHERE name = ?", (name,)) > 0
+
+    async def set_node_drain(self, node: str, words: str, now: float) -> None:
+        """Record that `node` is drained (cordoned until `clear_node_drain`), in `words`."""
+        async with self.db.tx() as tx:
+            await tx.execute(
+                "INSERT INTO node_drains (node, words, at) VALUES (?, ?, ?) "
+                "ON CONFLICT (node) DO UPDATE SET words = excluded.words, at = excluded.at",
+                (node, words, now),
+            )
+
+    async def clear_node_drain(self, node: str) -> bool:
+        async with self.db.tx() as tx:
+            return await tx.execute("DELETE FROM node_drains WHERE node = ?", (node,)) > 0
+
+    async def list_node_drains(self) -> dict[str, str]:
+        """Drained node -> the words recorded with its drain."""
+        async with self.db.tx() as tx:
+            rows = await tx.fetch("SELECT node, words FROM node_drains ORDER BY node")
+        return {str(r[0]): str(r[1]) for r in rows}
 
     # ------------------------------------------------------------------------------------ replicas
 

@@ -14,8 +14,7 @@ from typing import Any, Protocol
 from llmgw.core.limits import Estimate, Level, LevelLimits, Refused, Tenant, level_limits, to_micros
 from llmgw.core.snapshot import Tenants
 from llmgw.core.tenancy import TenantChain
-from llmgw.store.limiter import Admission, CounterStore, SharePolicy
-from llmgw.store.limiter import Limiter as PoolLimiter
+from llmgw.store.limiter import Admission, CounterStore, Limiter as PoolLimiter, SharePolicy
 from llmgw.store.records import ShareGrant
 from llmgw_router.errors import ApiError
 

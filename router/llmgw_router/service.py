@@ -41,8 +41,7 @@ from llmgw_router.ratelimit import Limiter, NoLimits, budget_use
 from llmgw_router.rules import fits, parse, payload, sent_cap, session_key, size
 from llmgw_router.scheduler import RequestInfo
 from llmgw_router.state import RoutingTable
-from llmgw_router.tags import HEADER as TAGS_HEADER
-from llmgw_router.tags import request_tags
+from llmgw_router.tags import HEADER as TAGS_HEADER, request_tags
 
 if TYPE_CHECKING:
     from llmgw_router.tracing import RequestTracer

@@ -6,8 +6,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from ruamel.yaml import YAML
 
 from llmgw.adapters.repo_files import load_repo

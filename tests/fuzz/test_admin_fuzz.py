@@ -22,8 +22,7 @@ from faults.procs import (
     start_controller_proc,
     status_of,
 )
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 from support import wait_until
 
 pytestmark = pytest.mark.integration

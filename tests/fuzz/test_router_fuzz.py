@@ -26,8 +26,7 @@ from faults.procs import (
     start_router_proc,
     status_of,
 )
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from router.helpers import SimProcess, start_sim, wait_healthy_sync
 from support import wait_until
 

@@ -2,7 +2,7 @@
 
 Two nodes (`cpu-1` with 4 cores, `cpu-2` with 2); models:
 - `sim-new`: new in the repo, one replica to start;
-- `sim-old`: running with a profile the repo has since changed, and restart_on_profile_change: restarted;
+- `sim-old`: running with a profile the repo has since changed, and rollout.on_change: restart: restarted;
 - `huge`: needs 64 cores, which no node has: cannot be placed, each node saying why;
 - `gone` is running but no longer in the repo: stopped.
 """
@@ -37,7 +37,7 @@ spec: {address: 10.0.0.2}
 
 
 def sim_model(name: str, cores: int = 1, decode_ms: int = 1, restart: bool = False, min_: int = 1) -> str:
-    extra = "\n  restart_on_profile_change: true" if restart else ""
+    extra = "\n  rollout: {on_change: restart}" if restart else ""
     idle = ", idle_timeout: 10m" if min_ == 0 else ""
     return f"""\
 apiVersion: llmgw/v1

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from llmgw.core.fleet import GIB, GpuView, NodeView
 from llmgw.core.placement import place

@@ -65,6 +65,7 @@ class FakeFleet:
                     shards=tuple(ShardView(s.node, s.rank, s.gpus, "starting") for s in p.shards),
                     state="starting",
                     created_at=self.now,
+                    replaces=a.replaces,
                 )
             elif isinstance(a, StopReplica | RestartReplica):
                 if isinstance(a, StopReplica):
@@ -316,17 +317,26 @@ def test_stale_profile_is_marked_and_restarted_only_on_request():
         "m": changed._replace(spec=changed.spec.model_copy(update={"restart_on_profile_change": True}))
     }
     d = f.step()
-    # one at a time, its replacement placed beside it first
-    assert [a.replica_id for a in d.of(RestartReplica)] == ["m-cpu-1"]
+    # make-before-break (rollout's default max_surge 1, max_unavailable 0): a replacement first, beside them
+    assert d.of(RestartReplica) == []
     (start,) = d.of(StartReplica)
-    assert start.reason == "replaces m-cpu-1 (stale profile)"
+    assert start.reason == "replaces m-cpu-1 (profile cpu changed (rollout.on_change: restart))"
     assert start.replaces == "m-cpu-1"
     assert start.placement.fingerprint == changed.fingerprints["cpu"]
     assert start.placement.nodes == ("c",)
-    # while the replacement starts, the other stale one waits
-    assert f.step().of(RestartReplica) == []
+    # while the replacement starts, both old ones keep serving and nothing more starts
+    d = f.step()
+    assert d.of(RestartReplica) == [] and d.of(StartReplica) == []
+    f.ready_all()
+    d = f.step()
+    assert [a.replica_id for a in d.of(RestartReplica)] == ["m-cpu-1"]
+    assert [a.replaces for a in d.of(StartReplica)] == ["m-cpu-2"]
     f.ready_all()
     assert [a.replica_id for a in f.step().of(RestartReplica)] == ["m-cpu-2"]
+    assert all(r.fingerprint == changed.fingerprints["cpu"] for r in f.replicas.values())
+    assert len(f.replicas) == 2
+    f.ready_all()
+    assert f.step().actions == ()
 
 
 def test_on_demand_starts_when_asked_and_stops_when_idle():

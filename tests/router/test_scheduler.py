@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from llmgw_router.scheduler import KV_PENALTY, Candidate, RequestInfo, bounded_load_target, schedule
 
 from llmgw.core.config.models import RoutingPolicySpec, ScorerWeights, SessionSettings

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from llmgw_agent.engines import metric_mapping
 from llmgw_router.scrape_parse import MetricNames, Sample, ScrapeError, parse_metrics
 

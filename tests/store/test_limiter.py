@@ -6,8 +6,7 @@ import asyncio
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from llmgw.core.limits import Budget, Estimate, LevelLimits, Refused, Tenant
 from llmgw.store import Store, UsageRecord

@@ -84,6 +84,16 @@ async def test_nodes_keep_first_seen(store: Store) -> None:
     assert await store.list_nodes() == []
 
 
+async def test_node_drains_are_kept_until_cleared(store: Store) -> None:
+    await store.set_node_drain("n1", "by ops at t1", now=1.0)
+    await store.set_node_drain("n1", "by ops at t2", now=2.0)  # drained again: the newer words
+    await store.set_node_drain("n2", "by ci at t3", now=3.0)
+    assert await store.list_node_drains() == {"n1": "by ops at t2", "n2": "by ci at t3"}
+    assert await store.clear_node_drain("n1")
+    assert not await store.clear_node_drain("n1")
+    assert await store.list_node_drains() == {"n2": "by ci at t3"}
+
+
 async def test_replicas(store: Store) -> None:
     r = ReplicaRecord("r1", "sim-chat", "sim", ("n1", "n2"), "starting", "fp1", 1.0, 1.0)
     await store.upsert_replica(r)

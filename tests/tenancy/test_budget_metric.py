@@ -15,8 +15,7 @@ from llmgw_router.service import Router
 from llmgw.core.limits import Budget, LevelLimits, Tenant
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store.db import StoreUnavailable
-from llmgw.store.limiter import Limiter as PoolLimiter
-from llmgw.store.limiter import SharePolicy
+from llmgw.store.limiter import Limiter as PoolLimiter, SharePolicy
 
 NOW = 1_000_000.0
 RATIO = "llmgw_router_budget_used_ratio"

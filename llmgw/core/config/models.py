@@ -9,65 +9,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
-from llmgw.core.words import DURATION_PATTERN
-
-API_VERSION = "llmgw/v1"
-
-EngineName = Literal["sim", "llamacpp", "vllm", "sglang", "trtllm"]
-# Engines that can serve without a GPU; every other engine must name a gpu_class.
-CPU_ENGINES: frozenset[str] = frozenset({"sim", "llamacpp"})
-
-NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
-
-Name = Annotated[str, Field(pattern=NAME_PATTERN, description="Lower-case name: letters, digits, . _ -")]
-# The grammar and its units are llmgw.core.words' (parse_duration reads these); the repo writes whole numbers.
-Duration = Annotated[
-    str,
-    Field(pattern=DURATION_PATTERN, description="A duration: a whole number and a unit (ms, s, m, h, d, w)"),
-]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class SecretRef(Strict):
-    """Where a secret lives. Secrets are never written literally in the cluster repo."""
-
-    # The schema says "exactly one of" too, so editors and plain jsonschema catch it.
-    model_config = ConfigDict(json_schema_extra={"oneOf": [{"required": ["file"]}, {"required": ["env"]}]})
-
-    file: str | None = Field(
-        None,
-        description="Name of a file holding the secret, relative to the secrets directory of the controller "
-        "and router processes (their setting, not the repo's); absolute paths and `..` are refused",
-    )
-    env: str | None = Field(
-        None,
-        description="Name of an environment variable holding the secret; it must start with the processes' "
-        "secret prefix (LLMGW_SECRET_ by default)",
-    )
-
-    @model_validator(mode="after")
-    def _exactly_one(self) -> SecretRef:
-        if (self.file is None) == (self.env is None):
-            raise ValueError("a secret reference takes exactly one of `file` or `env`")
-        return self
-
-
-class Metadata(Strict):
-    """Name and labels of a document."""
-
-    name: Name = Field(description="Unique name of this object within its kind")
-    labels: dict[str, str] = Field(
-        default_factory=dict, description="Free-form labels (node_selector matches these)"
-    )
-    annotations: dict[str, str] = Field(
-        default_factory=dict, description="Free-form notes, never interpreted"
-    )
-
+from llmgw.core.config.base import (
+    API_VERSION as API_VERSION,
+    CPU_ENGINES as CPU_ENGINES,
+    NAME_PATTERN as NAME_PATTERN,
+    Duration as Duration,
+    EngineName as EngineName,
+    Metadata as Metadata,
+    Name as Name,
+    SecretRef as SecretRef,
+    Strict as Strict,
+)
 
 # ---------------------------------------------------------------------------------------------------- Cluster
 
@@ -315,6 +269,17 @@ class ClusterSpec(Strict):
     security: SecuritySettings = Field(
         default_factory=SecuritySettings, description="Permissions granted to named models"
     )
+    classes: list[Name] | None = Field(
+        None,
+        description="Capacity classes, highest first (e.g. [critical, interactive, batch]): a model of a higher "
+        "class that cannot be placed preempts replicas of strictly lower classes; a model without `class` "
+        "ranks as the last one. Unset: `class` is free-form and nothing is preempted",
+    )
+    preemption_grace: Duration = Field(
+        "10s",
+        description="How long a preempted replica's in-flight requests may run after it stops taking new "
+        "ones; what is still running then is cut (and counted in the event)",
+    )
     mirror: MirrorSettings = Field(
         default_factory=MirrorSettings, description="Weights mirror and origin for `repo` sources"
     )
@@ -464,6 +429,27 @@ class Slo(Strict):
     ttft_p99_ms: float = Field(gt=0, description="p99 time to first token a replica must stay under, in ms")
 
 
+RolloutStrategy = Literal["rolling"]
+RolloutOnChange = Literal["manual", "restart"]
+
+
+class Rollout(Strict):
+    """How a model's replicas are replaced: make-before-break, a few at a time."""
+
+    strategy: RolloutStrategy = Field("rolling", description="rolling: replace replicas a few at a time")
+    max_surge: int = Field(
+        1, ge=0, description="Replicas started beside the old ones before they stop (above the target)"
+    )
+    max_unavailable: int = Field(
+        0, ge=0, description="Ready replicas that may be missing below the target while rolling"
+    )
+    on_change: RolloutOnChange = Field(
+        "manual",
+        description="What a changed profile does: manual (replicas are shown stale until `llmgw restart`) "
+        "or restart (they are rolled at once)",
+    )
+
+
 class Profile(Strict):
     """One way to run a replica: engine, resources, parallelism. No gpu_class means a CPU profile."""
 
@@ -520,18 +506,34 @@ class ModelSpec(Strict):
         default_factory=list, description="Models tried in order when this one cannot"
     )
     model_class: str | None = Field(
-        None, alias="class", description="Free-form class, e.g. interactive, batch"
+        None,
+        alias="class",
+        description="Capacity class: one of the Cluster's `classes` when it declares them (free-form otherwise)",
     )
-    owner: str | None = Field(None, description="Team or person responsible")
+    owner: str | None = Field(
+        None,
+        description="Team (or organization) responsible; the GPU quotas of a Team or Organization of this "
+        "name, and of its organization, count this model's replicas",
+    )
     routing_policy: str | None = Field(
         None, description="RoutingPolicy for this model (default: the cluster's)"
     )
-    restart_on_profile_change: bool = Field(
-        False, description="Restart replicas whose profile changed; otherwise they are shown as stale"
+    rollout: Rollout = Field(default_factory=Rollout, description="How replicas are restarted and rolled")
+    restart_on_profile_change: bool | None = Field(
+        None,
+        description="Deprecated: write `rollout: {on_change: restart}` (true) or leave it out (false)",
     )
     profiles: list[Profile] = Field(
         default_factory=list, description="Ways this model can run, in preference order"
     )
+
+    @property
+    def restarts_on_change(self) -> bool:
+        """Whether a changed profile rolls at once: `rollout.on_change`, or the deprecated flag when the
+        block does not say (validate warns about the flag and says what to write instead)."""
+        if "on_change" in self.rollout.model_fields_set:
+            return self.rollout.on_change == "restart"
+        return bool(self.restart_on_profile_change)
 
 
 # ---------------------------------------------------------------------------------------------------- Routing
@@ -593,11 +595,19 @@ class Limits(Strict):
     budget: Budget | None = Field(None, description="Spending limit per period")
 
 
+GpuQuota = dict[str, Annotated[int, Field(ge=0)]]
+GPU_QUOTA_DESCRIPTION = (
+    "At most this many GPUs of each GPU class (e.g. {h100-80g: 16}) held by replicas of the models whose "
+    "`owner` is this tenant or beneath it (unset: no quota)"
+)
+
+
 class OrganizationSpec(Strict):
     """Allowed models and limits of the organization."""
 
     models: list[str] | None = Field(None, description="Allowed models: names, aliases or globs (unset: all)")
     limits: Limits = Field(default_factory=Limits)
+    gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
 
 
 class TeamSpec(Strict):
@@ -606,6 +616,7 @@ class TeamSpec(Strict):
     organization: Name = Field(description="Organization this team belongs to")
     models: list[str] | None = Field(None, description="Allowed models (unset: as the organization)")
     limits: Limits = Field(default_factory=Limits)
+    gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
 
 
 class ProjectSpec(Strict):

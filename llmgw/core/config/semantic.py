@@ -16,10 +16,12 @@ from urllib.parse import urlsplit
 from llmgw_agent import repo_rules
 from pydantic import BaseModel
 
+from llmgw.core.config.capacity_checks import check_capacity
 from llmgw.core.config.errors import PathPart, SemanticError
 from llmgw.core.config.models import (
     CPU_ENGINES,
     Cluster,
+    Document as DocumentUnion,
     Model,
     Node,
     Notification,
@@ -29,9 +31,6 @@ from llmgw.core.config.models import (
     RoutingPolicy,
     SecretRef,
     Team,
-)
-from llmgw.core.config.models import (
-    Document as DocumentUnion,
 )
 from llmgw.core.config.validation import did_you_mean
 from llmgw.core.secretrefs import ref_problem
@@ -105,6 +104,7 @@ def check(
     _mirror_addresses(checker)
     _fallback_cycles(checker)
     _references(checker)
+    check_capacity(documents, checker.add)
     for index, doc in enumerate(documents):
         _secret_refs(checker, index, doc, ())
     return checker.errors

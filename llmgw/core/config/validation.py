@@ -13,10 +13,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError as SchemaError
-from jsonschema.exceptions import best_match
-from pydantic import BaseModel
-from pydantic import ValidationError as PydanticError
+from jsonschema.exceptions import ValidationError as SchemaError, best_match
+from pydantic import BaseModel, ValidationError as PydanticError
 
 from llmgw.core.config.errors import ConfigError, PathPart, format_path
 from llmgw.core.config.models import API_VERSION, DOCUMENT_KINDS, NAME_PATTERN

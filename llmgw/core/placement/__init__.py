@@ -26,6 +26,8 @@ from llmgw.core.placement.place import (
     place,
     sequential_ids,
 )
+from llmgw.core.placement.preempt import Preemption, commit_preemption, find_preemption
+from llmgw.core.placement.quota import QuotaUse, quota_refusal, quota_room, quota_use, replica_gpus
 from llmgw.core.placement.rooms import NodeVerdict, version_matches
 
 __all__ = [
@@ -39,14 +41,22 @@ __all__ = [
     "PlacementResult",
     "Placer",
     "PlatformFacts",
+    "Preemption",
     "ProfileExplanation",
+    "QuotaUse",
     "ShardPlacement",
     "Unplaced",
     "active_count",
     "cache_disk",
+    "commit_preemption",
     "engine_refusals",
     "explain",
+    "find_preemption",
     "place",
+    "quota_refusal",
+    "quota_room",
+    "quota_use",
+    "replica_gpus",
     "requires_problems",
     "sequential_ids",
     "version_matches",

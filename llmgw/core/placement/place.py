@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from llmgw.core.config.models import Profile
 from llmgw.core.fleet import ModelView, NodeView, ReplicaView, weights_key
+from llmgw.core.placement.quota import quota_refusal, quota_use
 from llmgw.core.placement.rooms import (
     NodeVerdict,
     Room,
@@ -136,6 +137,7 @@ class Placer:
                 if cls is not None:
                     self._buckets.setdefault(cls, {}).setdefault(len(free), {})[room.name] = room
         self.new_id = new_id or sequential_ids(r.id for r in replicas)
+        self.quota = quota_use(models, replicas)
 
     use_buckets = True  # tests turn it off to hold the bucketed search to the plain one
 
@@ -148,6 +150,8 @@ class Placer:
             return None
         wkey = weights_key(entry.spec.source)
         for profile in entry.spec.profiles:
+            if quota_refusal(entry, profile, self.quota) is not None:
+                continue
             chosen = self._choose(model, profile, wkey)
             if chosen is None:
                 continue
@@ -156,9 +160,7 @@ class Placer:
                 ShardPlacement(r.name, rank, g) for rank, (r, g) in enumerate(zip(rooms, gpus, strict=True))
             )
             for room, taken in zip(rooms, gpus, strict=True):
-                before = {cls: len(free) for cls, free in room.free_gpus.items()}
-                room.take(model, profile, taken, wkey)
-                self._rebucket(room, before)
+                self.take(room, model, profile, taken, wkey)
             return Placement(
                 replica_id=self.new_id(model, profile.name),
                 model=model,
@@ -168,6 +170,27 @@ class Placer:
                 why=why,
             )
         return None
+
+    def take(self, room: Room, model: str, profile: Profile, gpus: tuple[int, ...], wkey: str | None) -> None:
+        """Take one shard's resources out of `room` (and count its GPUs against the model's quotas)."""
+        before = {cls: len(free) for cls, free in room.free_gpus.items()}
+        room.take(model, profile, gpus, wkey)
+        self._rebucket(room, before)
+        if profile.gpu_class is not None and gpus:
+            self.quota.add(self.models[model], profile.gpu_class, len(gpus))
+
+    def replace_room(self, room: Room) -> None:
+        """Put `room` (a changed copy of one of this pass's rooms, see placement.preempt) in its place."""
+        old = self.rooms[room.name]
+        before = {cls: len(free) for cls, free in old.free_gpus.items()}
+        self.rooms[room.name] = room
+        self._ordered = [room if r.name == room.name else r for r in self._ordered]
+        for cls, count in before.items():
+            if cls is not None:
+                self._buckets.get(cls, {}).get(count, {}).pop(room.name, None)
+        for cls, free in room.free_gpus.items():
+            if cls is not None:
+                self._buckets.setdefault(cls, {}).setdefault(len(free), {})[room.name] = room
 
     def _rebucket(self, room: Room, before: Mapping[str | None, int]) -> None:
         for cls, free in room.free_gpus.items():
@@ -251,9 +274,11 @@ class Placer:
         if not self.rooms:
             return Explanation(model, (), None, problem="no node has been seen")
         wkey = weights_key(entry.spec.source)
-        profiles = tuple(self._explain_profile(p, wkey) for p in entry.spec.profiles)
+        profiles = tuple(self._explain_profile(entry, p, wkey) for p in entry.spec.profiles)
         chosen = None
         for profile in entry.spec.profiles:
+            if quota_refusal(entry, profile, self.quota) is not None:
+                continue
             found = self._choose(model, profile, wkey)
             if found is not None:
                 rooms, gpus, why = found
@@ -265,9 +290,13 @@ class Placer:
                 break
         return Explanation(model, profiles, chosen)
 
-    def _explain_profile(self, profile: Profile, wkey: str | None) -> ProfileExplanation:
+    def _explain_profile(self, entry: ModelView, profile: Profile, wkey: str | None) -> ProfileExplanation:
         verdicts = [verdict(r, profile, wkey) for r in self._ordered]
         fit = [v for v in verdicts if v.accepted]
+        refusal = quota_refusal(entry, profile, self.quota)
+        if refusal is not None:  # no node can take it, whatever each has free
+            verdicts = [NodeVerdict(v.node, False, (*v.reasons, refusal), v.notes) for v in verdicts]
+            return ProfileExplanation(profile.name, tuple(verdicts), refusal)
         if profile.nodes <= 1:
             summary = f"{len(fit)} of {len(verdicts)} nodes fit"
             return ProfileExplanation(profile.name, tuple(verdicts), summary)

@@ -202,10 +202,14 @@ def _stop(a: StopReplica, r: ReplicaView) -> ReplicaStop:
 
 def _stale_words(r: ReplicaView, view: ModelView) -> str:
     if r.adopted:
-        return "profile changed; kept (adopted replicas are never restarted)"
-    if view.spec.restart_on_profile_change:
-        return "profile changed; restarted once the model's other replicas are ready"
-    return "profile changed; kept (restart_on_profile_change is off)"
+        return "profile changed; kept (adopted replicas are restarted only by `llmgw restart`)"
+    if view.spec.restarts_on_change:
+        pace = view.spec.rollout
+        return (
+            f"profile changed; rolled (max_surge {pace.max_surge}, max_unavailable {pace.max_unavailable}): "
+            "replacements ready before the old ones stop"
+        )
+    return "profile changed; kept until `llmgw restart` (rollout.on_change is manual)"
 
 
 def _node_changes(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> tuple[NodeChange, ...]:
@@ -376,9 +380,11 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
             models = list(t.models) if t.models is not None else None
             spec: BaseModel
             if t.kind == "Organization":
-                spec = OrganizationSpec(models=models, limits=t.limits)
+                spec = OrganizationSpec(models=models, limits=t.limits, gpu_quota=dict(t.gpu_quota))
             elif t.kind == "Team":
-                spec = TeamSpec(organization=t.parent or "", models=models, limits=t.limits)
+                spec = TeamSpec(
+                    organization=t.parent or "", models=models, limits=t.limits, gpu_quota=dict(t.gpu_quota)
+                )
             else:
                 team = t.parent if t.parent_kind == "Team" else None
                 org = t.parent if t.parent_kind == "Organization" else None

@@ -22,7 +22,7 @@ from aiohttp import web
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
-from llmgw.controller import admin_ops, prom_sd, views, weights_admin
+from llmgw.controller import admin_ops, logs_admin, prom_sd, views, weights_admin
 from llmgw.controller.admin_ops import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT, PRINCIPAL
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
@@ -530,6 +530,9 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("GET", "/api/v1/status", status, "plan"),
     ("GET", "/api/v1/nodes", nodes, "plan"),
     ("GET", "/api/v1/replicas", replicas, "plan"),
+    # Engine output can carry what clients sent (prompts): the whole stream needs an admin-scope token.
+    ("GET", "/api/v1/nodes/{node}/logs", logs_admin.node_logs, "admin"),
+    ("GET", "/api/v1/replicas/{replica_id}/logs", logs_admin.replica_logs, "admin"),
     ("GET", "/api/v1/models", models, "plan"),
     ("GET", "/api/v1/explain/{model}", explain, "plan"),
     ("GET", "/api/v1/state", state, "plan"),

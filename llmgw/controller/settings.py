@@ -153,6 +153,11 @@ class ControllerSettings(BaseModel):
         description="How often the leader reads each tenant's spend against its budget, for the budget_80 and "
         "budget_100 notifications (each is sent once per budget period)",
     )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: one human line per record; json: one JSON object per line with time, level, logger, "
+        "message and request_id / replica_id / node where known (docs/operations.md, Logs)",
+    )
 
     @field_validator("node_prefix")
     @classmethod

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import aiohttp
 
+from llmgw.adapters import logformat
 from llmgw.core.snapshot import PublishedModel, RouterSnapshot
 from llmgw.core.tenancy import has_tenants
 from llmgw_router.accounting import Call, gone, settle
@@ -180,6 +181,7 @@ class RequestService:
 
     async def handle(self, exchange: Exchange, kind: Kind) -> None:
         call = Call(_request_id(exchange.headers.get("x-request-id")), time.monotonic())
+        logformat.bind(request_id=call.request_id)  # every line this request's task logs carries it
         response: Reply | None
         try:
             response = await self._handle(exchange, kind, call)

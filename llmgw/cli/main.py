@@ -9,6 +9,7 @@ import typer
 
 from llmgw.cli import (
     controller_cmds,
+    logs_cmds,
     mirror_cmds,
     node_cmds,
     ops_cmds,
@@ -38,6 +39,7 @@ up_cmd.register(app)
 mirror_cmds.register(app)
 weights_cmds.register(app)
 ops_cmds.register(app)
+logs_cmds.register(app)
 
 
 def main() -> None:

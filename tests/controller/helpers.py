@@ -154,9 +154,14 @@ class Agents:
         self.count = 0
 
     def start(
-        self, node: str, controller_url: str | list[str], cpu_cores: int = 4
+        self,
+        node: str,
+        controller_url: str | list[str],
+        cpu_cores: int = 4,
+        extra: dict[str, Any] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start node `node`'s agent; a list of controller addresses is tried in turn (a leader and standbys)."""
+        """Start node `node`'s agent; a list of controller addresses is tried in turn (a leader and standbys).
+        `extra`: more keys of the agent's configuration (engines, ...)."""
         base = self.tmp / "agents" / node
         base.mkdir(parents=True, exist_ok=True)
         override = base / "inventory.json"
@@ -174,6 +179,7 @@ class Agents:
             "ready_timeout_s": 60,
             "stop_grace_s": 3,
             "max_backoff_s": 0.5,
+            **(extra or {}),
         }
         path = base / "agent.json"
         path.write_text(json.dumps(cfg))

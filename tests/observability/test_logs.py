@@ -9,6 +9,7 @@ The engine is a stand-in for `vllm serve` (standins/talky-vllm) that prints its 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 from controller.helpers import Admin, Agents, Repo, cluster_yaml, settings_for, start
+from gitops.test_apply_live import free_port_range
 from support import free_port, wait_for
 
 from llmgw.controller.app import RunningController
@@ -30,24 +32,49 @@ LLMGW = str(Path(sys.executable).parent / "llmgw")
 NODE = "n1"
 
 
-def vllm_model(name: str) -> str:
+def vllm_model(name: str, weights: Path) -> str:
+    """A vLLM model whose weights are a directory on the node (the stand-in reads nothing of it)."""
+    (weights / name).mkdir(parents=True, exist_ok=True)
     return f"""\
 apiVersion: llmgw/v1
 kind: Model
 metadata: {{name: {name}}}
 spec:
+  source: {{path: "{weights / name}"}}
   context_length: 4096
   scaling: {{min: 1, max: 1}}
   profiles:
-    - {{name: cpu, engine: vllm, cpu_cores: 1, min_memory_gb: 1}}
+    - {{name: gpu, engine: vllm, gpu_class: test-80g, gpus: 1, cpu_cores: 1, min_memory_gb: 1}}
 """
+
+
+def gpu_inventory(tmp: Path) -> Path:
+    """The node says it has one 80 GiB card (vLLM is a GPU engine); the stand-in never touches it."""
+    path = tmp / "gpu-inventory.json"
+    gpu = {
+        "index": 0,
+        "uuid": "GPU-test",
+        "name": "Test 80GB",
+        "class": "test-80g",
+        "memory_bytes": 80 * 1024**3,
+    }
+    path.write_text(json.dumps({"cpu_cores": 4, "memory_bytes": 16 * 1024**3, "gpus": [gpu]}))
+    return path
+
+
+class OwnPorts(Agents):  # type: ignore[misc]
+    """Engine ports found free now instead of the helpers' fixed block, which other suites use at the same time."""
+
+    def port_range(self, node: str) -> tuple[int, int]:
+        lo: int = free_port_range(20)
+        return lo, lo + 19
 
 
 class Fleet:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.repo = Repo(tmp / "repo", use_git=False)
-        self.agents = Agents(tmp, tmp / "token")
+        self.agents = OwnPorts(tmp, tmp / "token")
         self.running: RunningController | None = None
         self.admin: Admin | None = None
 
@@ -57,7 +84,12 @@ class Fleet:
             settings_for(self.tmp, self.repo.path, listen=f"127.0.0.1:{free_port()}")
         )
         self.agents.start(
-            NODE, self.running.url.split("://")[-1], extra={"engines": {"vllm": {"path": str(TALKY)}}}
+            NODE,
+            self.running.url.split("://")[-1],
+            extra={
+                "engines": {"vllm": {"path": str(TALKY)}},
+                "inventory_override": str(gpu_inventory(self.tmp)),
+            },
         )
         return self.admin
 
@@ -96,7 +128,7 @@ async def _tick_numbers(admin: Admin, path: str) -> list[int]:
 
 
 async def test_logs_follow_streams_engine_output_with_the_key_redacted(fleet: Fleet) -> None:
-    admin = await fleet.up({"models/talky.yaml": vllm_model("talky")})
+    admin = await fleet.up({"models/talky.yaml": vllm_model("talky", fleet.tmp / "weights")})
     replica = await _ready(admin, "talky")
     rid, key = replica["id"], fleet.key(replica["id"])
     path = f"/api/v1/replicas/{rid}/logs"
@@ -132,7 +164,7 @@ async def test_logs_follow_streams_engine_output_with_the_key_redacted(fleet: Fl
 
 
 async def test_logs_pages_with_a_cursor_and_greps_and_serves_the_agent_s_own_lines(fleet: Fleet) -> None:
-    admin = await fleet.up({"models/talky.yaml": vllm_model("talky")})
+    admin = await fleet.up({"models/talky.yaml": vllm_model("talky", fleet.tmp / "weights")})
     replica = await _ready(admin, "talky")
     node_path = f"/api/v1/nodes/{NODE}/logs"
     await wait_for(lambda: _at_least(admin, node_path + "?grep=%5Etick&limit=1000", 6), 20, "six tick lines")
@@ -142,7 +174,8 @@ async def test_logs_pages_with_a_cursor_and_greps_and_serves_the_agent_s_own_lin
     assert [line["text"] for line in second["lines"]] == ["tick 4", "tick 5", "tick 6"]
     assert all(line["source"] == replica["id"] and line["node"] == NODE for line in second["lines"])
     tail = await admin.get(node_path + "?limit=2&grep=%5Etick")  # no cursor, no since: the newest
-    assert len(tail["lines"]) == 2 and int(tail["lines"][0]["text"].split()[1]) > 6
+    newest = [int(line["text"].split()[1]) for line in tail["lines"]]
+    assert len(newest) == 2 and newest[1] == newest[0] + 1 and newest[1] >= 6  # not ticks 1 and 2
 
     agent_lines = await admin.get(node_path + "?source=agent&limit=1000")
     texts = [line["text"] for line in agent_lines["lines"]]
@@ -169,7 +202,7 @@ async def _at_least(admin: Admin, path: str, count: int) -> bool:
 
 
 async def test_a_failed_start_carries_its_log_tail(fleet: Fleet) -> None:
-    admin = await fleet.up({"models/broken.yaml": vllm_model("broken")})
+    admin = await fleet.up({"models/broken.yaml": vllm_model("broken", fleet.tmp / "weights")})
 
     async def failed_event() -> dict[str, Any] | None:
         events = (await admin.get("/api/v1/events?limit=1000"))["events"]
@@ -184,7 +217,7 @@ async def test_a_failed_start_carries_its_log_tail(fleet: Fleet) -> None:
 
 
 async def test_engine_memory_is_reported_against_the_profile_s_reservation(fleet: Fleet) -> None:
-    admin = await fleet.up({"models/talky.yaml": vllm_model("talky")})
+    admin = await fleet.up({"models/talky.yaml": vllm_model("talky", fleet.tmp / "weights")})
     await _ready(admin, "talky")
 
     async def measured() -> dict[str, Any] | None:
@@ -194,7 +227,8 @@ async def test_engine_memory_is_reported_against_the_profile_s_reservation(fleet
     memory: dict[str, Any] = await wait_for(measured, 30, "the engine's resident memory")
     assert 1024 * 1024 < memory["rss_bytes"] < 1024**3  # a small Python process group, measured from /proc
     assert memory["reserved_bytes"] == 1024**3  # min_memory_gb: 1, one node
-    assert memory["gpu_bytes"] is None and memory["gpu_reserved_bytes"] is None  # no GPU: unknown, not 0
+    # The card placed for it is reserved; what it uses is unknown here (no nvidia-smi), never 0.
+    assert memory["gpu_bytes"] is None and memory["gpu_reserved_bytes"] == 80 * 1024**3
     status = await admin.get("/api/v1/status")
     (model,) = [m for m in status["models"] if m["model"] == "talky"]
     assert model["memory"]["reserved_bytes"] == 1024**3 and model["memory"]["rss_bytes"]
@@ -206,4 +240,4 @@ async def test_engine_memory_is_reported_against_the_profile_s_reservation(fleet
     )  # fmt: skip
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
-    assert re.search(r"\d+\.\d/1\.0 GiB", out.decode()), out.decode()
+    assert re.search(r"\d+\.\d/1\.0 GiB, GPU -/80\.0 GiB", out.decode()), out.decode()

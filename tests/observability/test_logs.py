@@ -83,15 +83,16 @@ class Fleet:
         self.running, self.admin = await start(
             settings_for(self.tmp, self.repo.path, listen=f"127.0.0.1:{free_port()}")
         )
-        self.agents.start(
-            NODE,
-            self.running.url.split("://")[-1],
-            extra={
-                "engines": {"vllm": {"path": str(TALKY)}},
-                "inventory_override": str(gpu_inventory(self.tmp)),
-            },
-        )
+        self.start_agent()
         return self.admin
+
+    def start_agent(self) -> None:
+        assert self.running is not None
+        extra = {
+            "engines": {"vllm": {"path": str(TALKY)}},
+            "inventory_override": str(gpu_inventory(self.tmp)),
+        }
+        self.agents.start(NODE, self.running.url.split("://")[-1], extra=extra)
 
     def key(self, replica_id: str) -> str:
         assert self.running is not None
@@ -241,3 +242,33 @@ async def test_engine_memory_is_reported_against_the_profile_s_reservation(fleet
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert re.search(r"\d+\.\d/1\.0 GiB, GPU -/80\.0 GiB", out.decode()), out.decode()
+
+
+async def test_follow_says_when_the_agent_goes_and_goes_on_with_the_restarted_agent_s_lines(
+    fleet: Fleet,
+) -> None:
+    admin = await fleet.up({"models/talky.yaml": vllm_model("talky", fleet.tmp / "weights")})
+    rid = (await _ready(admin, "talky"))["id"]
+    assert fleet.running is not None
+    url = fleet.running.url + f"/api/v1/replicas/{rid}/logs?follow=1&grep=%5Etick&limit=5"
+    async with aiohttp.ClientSession() as s, s.get(url, headers=admin.headers) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("application/x-ndjson")
+
+        async def next_item(wanted: str, says: str = "") -> dict[str, Any]:
+            while True:
+                raw = await asyncio.wait_for(r.content.readline(), 30)
+                assert raw, "the stream ended"
+                item: dict[str, Any] = json.loads(raw)
+                assert set(item) <= {"line", "cursor", "notice"}, item
+                if wanted in item and says in json.dumps(item[wanted]):
+                    return item
+
+        before = int((await next_item("line"))["line"]["text"].split()[1])
+        await asyncio.to_thread(fleet.agents.stop, NODE)  # SIGTERM: the engine keeps running
+        await next_item("notice", f"waiting for node {NODE}")
+        fleet.start_agent()
+        await next_item("notice", f"node {NODE} answers again")
+        # The new agent re-adopted the engine: its lines come on, from the new agent's ring (another boot in the
+        # cursor), and the engine's count went on from where it was (the same process).
+        after = int((await next_item("line"))["line"]["text"].split()[1])
+        assert after > before

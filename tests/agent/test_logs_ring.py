@@ -166,3 +166,35 @@ def test_this_process_group_has_a_resident_size() -> None:
 
     (rss, _) = engine_memory.measure([os.getpgrp()], nvidia_smi="/nonexistent/nvidia-smi")[os.getpgrp()]
     assert rss is not None and rss > 1024 * 1024
+
+
+async def test_the_logs_command_long_polls_and_reads_another_boot_s_cursor_from_the_first_line(
+    tmp_path: Path,
+) -> None:
+    from llmgw_agent.config import AgentConfig
+    from llmgw_agent.daemon import Agent
+    from llmgw_agent.protocol import LogQuery
+
+    agent = Agent(AgentConfig(controllers=["127.0.0.1:9"], state_dir=str(tmp_path)))
+    for n in range(3):
+        agent.ring.append("r1", f"old {n}", 0)
+    first = await agent.read_logs(LogQuery())
+    assert [x["text"] for x in first["lines"]] == ["old 0", "old 1", "old 2"] and first[
+        "boot"
+    ] == agent.ring.boot
+    # A follower's long poll: nothing yet past its cursor, so the agent waits until a line comes.
+    polled = asyncio.create_task(
+        agent.read_logs(LogQuery(boot=first["boot"], after=first["next_after"], wait_s=20))
+    )
+    await asyncio.sleep(0.1)
+    assert not polled.done()
+    agent.ring.append("r1", "new", 0)
+    page = await asyncio.wait_for(polled, 5)
+    assert [x["text"] for x in page["lines"]] == ["new"] and page["missed"] == 0
+    quiet = await agent.read_logs(LogQuery(boot=page["boot"], after=page["next_after"], wait_s=0.1))
+    assert quiet["lines"] == [] and quiet["next_after"] == page["next_after"]
+    # A cursor from an earlier agent process: this one's lines are all new to the reader.
+    other = await agent.read_logs(LogQuery(boot="another-boot", after=999, limit=2))
+    assert [x["text"] for x in other["lines"]] == ["old 0", "old 1"] and other["more"]
+    with pytest.raises(ValueError, match="not a regular expression"):
+        await agent.read_logs(LogQuery(grep="("))

@@ -272,3 +272,32 @@ async def test_follow_says_when_the_agent_goes_and_goes_on_with_the_restarted_ag
         # cursor), and the engine's count went on from where it was (the same process).
         after = int((await next_item("line"))["line"]["text"].split()[1])
         assert after > before
+
+
+async def test_the_router_writes_json_log_lines_when_asked(fleet: Fleet) -> None:
+    from faults.procs import start_router_proc
+
+    await fleet.up({})
+    assert fleet.running is not None
+    address = fleet.running.url.split("://")[-1]
+    args = [
+        "--controller",
+        address,
+        "--token-file",
+        str(fleet.tmp / "token"),
+        "--no-auth",
+        "--log-format",
+        "json",
+    ]
+    router = await asyncio.to_thread(start_router_proc, fleet.tmp / "router.log", args)
+    try:
+        await wait_for(lambda: "connected to the controller" in router.text(), 30, "the router's log line")
+    finally:
+        await asyncio.to_thread(router.stop)
+    records = [json.loads(line) for line in router.text().splitlines() if line.startswith("{")]
+    connected = next(r for r in records if "connected to the controller" in r["message"])
+    assert connected["level"] == "INFO" and connected["logger"].startswith("llmgw_router")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00", connected["time"])
+    assert not re.search(
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|WARNING|ERROR) ", router.text(), re.MULTILINE
+    )

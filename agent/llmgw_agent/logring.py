@@ -24,6 +24,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 DEFAULT_MAX_LINES = 20_000
@@ -141,7 +142,7 @@ class LogRing:
         with self._mutex:
             lines, last = list(self._lines), self._seq
         if after is None and since is None:
-            tail = [line for line in reversed(lines) if wanted(line)][:limit]
+            tail = list(islice((line for line in reversed(lines) if wanted(line)), limit))
             return LogPage(tail[::-1], last, False, 0)
         start = 0 if after is None else after
         first = lines[0].seq if lines else last + 1

@@ -58,6 +58,16 @@ def proc_start_time(pid: int) -> int | None:
     return int(fields[19])
 
 
+def proc_environ(pid: int) -> dict[str, str]:
+    """The environment a process started with (/proc/PID/environ), or {} when it cannot be read."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode("utf-8", "replace").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
+
+
 def group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -558,7 +568,8 @@ class Supervisor:
                 continue
             shard = Shard(spec, status, self.cfg.state_dir / "work" / spec.shard_id)
             shard.pgid, shard.start_ticks = record.get("pgid") or pid, ticks
-            shard.redact = redact.redactor(redact.secret_values(os.environ, spec.env))
+            # The key is not in the state file; the engine's own environment still holds it (same user).
+            shard.redact = redact.redactor(redact.secret_values(os.environ, spec.env, proc_environ(pid)))
             self._follow_output(shard, from_end=True)
             shard.health_path = record.get("health_path", "/health")
             shard.probe_url = record.get("probe_url")

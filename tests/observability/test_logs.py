@@ -272,6 +272,18 @@ async def test_follow_says_when_the_agent_goes_and_goes_on_with_the_restarted_ag
         # cursor), and the engine's count went on from where it was (the same process).
         after = int((await next_item("line"))["line"]["text"].split()[1])
         assert after > before
+    # The restarted agent never had the key (it is not in the state file) and still hides it: it read it from
+    # the adopted engine's environment.
+    key = fleet.key(rid)
+    path = f"/api/v1/replicas/{rid}/logs?grep=still+serving&limit=1000"
+
+    async def said() -> dict[str, Any] | None:
+        found: dict[str, Any] = await admin.get(path)
+        return found if found["lines"] else None
+
+    page: dict[str, Any] = await wait_for(said, 20, "a 'still serving' line from the adopted engine")
+    assert all(line["text"] == "talky: still serving with ***" for line in page["lines"])
+    assert key not in json.dumps(page)
 
 
 async def test_the_router_writes_json_log_lines_when_asked(fleet: Fleet) -> None:

@@ -266,6 +266,8 @@ async def test_follow_says_when_the_agent_goes_and_goes_on_with_the_restarted_ag
         before = int((await next_item("line"))["line"]["text"].split()[1])
         await asyncio.to_thread(fleet.agents.stop, NODE)  # SIGTERM: the engine keeps running
         await next_item("notice", f"waiting for node {NODE}")
+        async with s.get(url.replace("follow=1", "follow=0"), headers=admin.headers) as page:  # not streaming
+            assert page.status == 503 and "not connected" in (await page.json())["error"]["message"]
         fleet.start_agent()
         await next_item("notice", f"node {NODE} answers again")
         # The new agent re-adopted the engine: its lines come on, from the new agent's ring (another boot in the

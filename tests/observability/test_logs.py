@@ -215,6 +215,14 @@ async def test_a_failed_start_carries_its_log_tail(fleet: Fleet) -> None:
     assert "| talky: CUDA out of memory: tried to allocate 1.20 GiB" in message
     assert re.search(r"last \d+ line\(s\) of its output", message)
     assert fleet.key(event["object"]) not in message and "api_key=***" in message
+    assert fleet.running is not None
+    proc = await asyncio.create_subprocess_exec(
+        LLMGW, "events", "--controller", fleet.running.url, "--token-file", str(fleet.tmp / "token"),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "replica_failed" in out.decode() and "CUDA out of memory" in out.decode()
 
 
 async def test_engine_memory_is_reported_against_the_profile_s_reservation(fleet: Fleet) -> None:

@@ -451,10 +451,24 @@ class Supervisor:
         if shard.stopping:
             self._set(shard, state="stopped", exit_code=code, last_output_lines=lines, message="stopped")
             return
+        self._kill_leftovers(shard)
         how = "exit status unknown (adopted process)" if code is None else _describe(code)
         self._set(
             shard, state="failed", exit_code=code, last_output_lines=lines, message=f"engine exited: {how}"
         )
+
+    def _kill_leftovers(self, shard: Shard) -> None:
+        """The shard's first process died on its own (the pass-through killed, a crash): what is left of its
+        group (the engine under a pass-through, workers) would hold the port and the GPU memory with nobody
+        watching it. The group id cannot be reused while any member lives, so a live group is still this one."""
+        pgid = shard.pgid
+        if pgid is None or not group_alive(pgid):
+            return
+        log.warning(
+            "shard %s: its process %s exited; killing what is left of its group", shard.spec.shard_id, pgid
+        )
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
 
     # ---- stop ----
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from llmgw_agent.logring import DEFAULT_MAX_BYTES, DEFAULT_MAX_LINES
 from llmgw_agent.weights import DEFAULT_MAX_DOWNLOAD_BYTES
 
 
@@ -54,6 +55,10 @@ class AgentConfig(BaseModel):
     metrics_listen: str | None = None
     # The weights filesystem's free space below which `llmgw doctor NODE` fails (warns below twice this).
     doctor_min_free_bytes: int = Field(default=5 * 2**30, ge=0)
+    # The log ring (engine output and the agent's own lines, served by `llmgw logs`): whichever bound is hit
+    # first drops the oldest lines.
+    log_ring_lines: int = Field(default=DEFAULT_MAX_LINES, ge=100, le=1_000_000)
+    log_ring_bytes: int = Field(default=DEFAULT_MAX_BYTES, ge=64 * 1024, le=1024**3)
 
     @model_validator(mode="after")
     def _check(self) -> AgentConfig:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import signal
 import ssl
 import time
@@ -20,14 +21,16 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
-from llmgw_agent import __version__, config, doctor, health, inventory
+from llmgw_agent import __version__, config, doctor, health, inventory, redact
 from llmgw_agent.engines import EXECUTABLES, SpecError
 from llmgw_agent.exporter import Exporter
 from llmgw_agent.installs import EngineRegistry
+from llmgw_agent.logring import LogPage, LogRing, RingHandler
 from llmgw_agent.protocol import (
     Command,
     Heartbeat,
     Inventory,
+    LogQuery,
     Refused,
     Register,
     Reply,
@@ -68,6 +71,7 @@ class Agent:
     def __init__(self, cfg: config.AgentConfig) -> None:
         self.cfg = cfg
         self.updates: asyncio.Queue[ShardStatus] = asyncio.Queue()
+        self.ring = LogRing(cfg.log_ring_lines, cfg.log_ring_bytes)
         self.supervisor = Supervisor(
             SupervisorConfig(
                 state_dir=Path(cfg.state_dir),
@@ -83,6 +87,7 @@ class Agent:
                 stop_grace_s=cfg.stop_grace_s,
             ),
             self.updates.put_nowait,
+            self.ring,
         )
         self.inventory: Inventory | None = None
         self.connected = asyncio.Event()
@@ -150,7 +155,23 @@ class Agent:
 
         return await asyncio.to_thread(measure)
 
+    def _ring_handler(self) -> RingHandler:
+        """The agent's own log lines into the ring, its node token hidden as well as the patterns."""
+        token: list[str | None] = []
+        if self.cfg.token_file:
+            with contextlib.suppress(OSError):
+                token.append(Path(self.cfg.token_file).read_text().strip())
+        return RingHandler(self.ring, redact.redactor(redact.secret_values(extra=token)))
+
     async def run(self) -> None:
+        handler = self._ring_handler()
+        logging.getLogger("llmgw_agent").addHandler(handler)
+        try:
+            await self._run()
+        finally:
+            logging.getLogger("llmgw_agent").removeHandler(handler)
+
+    async def _run(self) -> None:
         adopted = self.supervisor.adopt()
         for status in adopted:
             log.info("re-adopted shard %s (pid %s)", status.shard_id, status.pid)
@@ -306,6 +327,8 @@ class Agent:
             result = self.supervisor.weights_index.collect(cmd.keep, cmd.dry_run)
             self.inventory_changed.set()
             return result
+        if cmd.action == "logs":
+            return await self.read_logs(cmd.logs or LogQuery())
         if cmd.action == "install_engines":
             # Installs take minutes: the reply says the orders were taken; progress and failures are node
             # conditions in the inventory, which is sent again as each engine finishes.
@@ -338,6 +361,37 @@ class Agent:
             doctor.check_certificate(self.cfg.tls.cert if self.cfg.tls else None, time.time()),
         ]
         return {"node": self.cfg.node, "agent_version": __version__, "checks": [c.as_json() for c in checks]}
+
+    async def read_logs(self, q: LogQuery) -> dict[str, Any]:
+        """A page of the log ring; with `wait_s` and a cursor, waits that long for a first matching line."""
+        try:
+            pattern = re.compile(q.grep) if q.grep else None
+        except re.error as exc:
+            raise ValueError(f"grep {q.grep!r} is not a regular expression: {exc}") from None
+        # A cursor from another agent process: every line this one holds is new to the reader.
+        after = q.after if q.after is None or q.boot == self.ring.boot else 0
+
+        def page(from_seq: int | None) -> LogPage:
+            return self.ring.query(
+                after=from_seq, since=q.since, grep=pattern, source=q.source, shard=q.shard, limit=q.limit
+            )
+
+        found = page(after)
+        missed = found.missed
+        deadline = time.monotonic() + q.wait_s
+        while after is not None and not found.lines and (left := deadline - time.monotonic()) > 0:
+            if not await self.ring.wait_past(found.next_after, left):
+                break
+            found = page(found.next_after)
+        return {
+            "boot": self.ring.boot,
+            "lines": [line.json() for line in found.lines],
+            "next_after": found.next_after,
+            "more": found.more,
+            "missed": missed,
+            "first_seq": self.ring.first_seq,
+            "ring": {"max_lines": self.ring.max_lines, "max_bytes": self.ring.max_bytes},
+        }
 
     async def engine_check(self, engine: str | None) -> dict[str, Any]:
         """Run the engine's `--version`: only on request, by someone who meant to run the engine."""

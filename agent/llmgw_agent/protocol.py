@@ -19,7 +19,14 @@ ENGINE_NAMES: tuple[str, ...] = ("sim", "llamacpp", "vllm", "sglang", "trtllm")
 ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
 ConditionType = Literal["EngineInstalling", "EngineInstallFailed", "EngineProbeFailed"]
 Action = Literal[
-    "start_shard", "stop_shard", "list_shards", "engine_check", "collect_weights", "install_engines", "doctor"
+    "start_shard",
+    "stop_shard",
+    "list_shards",
+    "engine_check",
+    "collect_weights",
+    "install_engines",
+    "doctor",
+    "logs",
 ]
 
 
@@ -203,6 +210,10 @@ class ShardStatus(_Model):
     fetch_bytes_done: int | None = None
     fetch_bytes_total: int | None = None
     message: str = ""
+    # Memory the engine's process group holds: resident set (/proc) and GPU memory (nvidia-smi's compute
+    # apps). None: not measured (no process, no nvidia-smi, an older agent), never 0 for "unknown".
+    rss_bytes: int | None = None
+    gpu_memory_bytes: int | None = None
 
     @property
     def shard_id(self) -> str:
@@ -229,6 +240,24 @@ class EngineOrder(_Model):
     binary: str | None = None
     locate: str | None = None
     probe_timeout_s: float = 30.0
+
+
+class LogQuery(_Model):
+    """What a `logs` command asks of the agent's log ring (llmgw_agent.logring).
+
+    `after` is a sequence number of the agent process `boot` names: from another boot (the agent restarted) the
+    reader gets the new process's lines from its first. Without `after`, `since` (Unix time) reads forward from
+    then; with neither, the newest `limit` lines. `wait_s` > 0 makes it a long poll: when nothing past the
+    cursor matches yet, the agent waits up to that long for a line before it answers (how `follow` streams)."""
+
+    boot: str | None = None
+    after: int | None = Field(default=None, ge=0)
+    since: float | None = None
+    grep: str | None = Field(default=None, max_length=500)
+    source: str | None = None  # a replica id, or "agent"
+    shard: int | None = None
+    limit: int = Field(default=200, ge=1, le=1000)
+    wait_s: float = Field(default=0.0, ge=0, le=60)
 
 
 # ---- agent -> controller ----
@@ -297,6 +326,7 @@ class Command(_Model):
     engines: list[EngineOrder] = Field(default_factory=list)
     # doctor: the controller's wall clock when it sent the command, for the node's clock check.
     controller_time: float | None = None
+    logs: LogQuery | None = None
 
 
 AgentMessage = Annotated[Register | Heartbeat | ShardUpdate | Reply, Field(discriminator="type")]

@@ -5,6 +5,9 @@ shard's work directory rather than a pipe: an engine must survive the agent's ex
 would kill it with SIGPIPE. The last lines are read back from that file. Each running shard is persisted as JSON in
 the state dir; a restarted agent re-adopts an engine only when its pid is alive and /proc/PID/stat shows the same
 start time, so a recycled pid is never mistaken for the engine (and never signalled).
+
+What the engines print also goes into the agent's log ring (llmgw_agent.logring), redacted: one task follows
+every running shard's output file, and measures each engine's memory (llmgw_agent.engine_memory) now and then.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from typing import Any
 
 import aiohttp
 
-from llmgw_agent import dirfetch, engines, redact, repo_rules, weights
+from llmgw_agent import dirfetch, engine_memory, engines, redact, repo_rules, weights
 from llmgw_agent.cache_index import INDEX_FILE, WeightsIndex
+from llmgw_agent.logring import LogRing, OutputTail
 from llmgw_agent.passthrough import (
     DIGEST_ENV,
     ENGINE_HOST,
@@ -52,6 +56,16 @@ def proc_start_time(pid: int) -> int | None:
     if len(fields) < 20 or fields[0] == "Z":
         return None  # a zombie has exited
     return int(fields[19])
+
+
+def proc_environ(pid: int) -> dict[str, str]:
+    """The environment a process started with (/proc/PID/environ), or {} when it cannot be read."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (item.decode("utf-8", "replace").partition("=") for item in raw.split(b"\0") if item)
+    return {name: value for name, _, value in pairs}
 
 
 def group_alive(pgid: int) -> bool:
@@ -93,6 +107,9 @@ class SupervisorConfig:
     ready_timeout_s: float = 600.0
     stop_grace_s: float = 10.0
     poll_interval_s: float = 0.5
+    output_poll_s: float = 0.25  # how often new engine output is read into the log ring
+    memory_every_s: float = 5.0  # how often each engine's memory is measured
+    nvidia_smi: str | None = None  # None: found on PATH (absent: GPU memory unknown)
 
 
 @dataclass
@@ -106,6 +123,7 @@ class Shard:
     # Hides the engine key and secret-looking env values in the output tail (rebuilt from the spec on adoption,
     # when the key itself is no longer known: the patterns still apply).
     redact: Callable[[str], str] = field(default=lambda line: line)
+    output: OutputTail | None = None  # follows the output file into the log ring while the engine runs
     pgid: int | None = None
     start_ticks: int | None = None
     proc: asyncio.subprocess.Process | None = None
@@ -115,12 +133,16 @@ class Shard:
 
 
 class Supervisor:
-    def __init__(self, cfg: SupervisorConfig, on_update: Callable[[ShardStatus], None]) -> None:
+    def __init__(
+        self, cfg: SupervisorConfig, on_update: Callable[[ShardStatus], None], ring: LogRing | None = None
+    ) -> None:
         self.cfg = cfg
         self.on_update = on_update
+        self.ring = ring if ring is not None else LogRing()
         self.shards: dict[str, Shard] = {}
         # (model, engine) -> engine processes that exited on their own since the agent started (a counter).
         self.engine_exits: dict[tuple[str, str], int] = {}
+        self._pump_task: asyncio.Task[None] | None = None
         (cfg.state_dir / "shards").mkdir(parents=True, exist_ok=True)
         (cfg.state_dir / "work").mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(OSError):  # made now so its filesystem is reported before the first fetch
@@ -136,7 +158,56 @@ class Supervisor:
 
     def _refresh_output(self, shard: Shard) -> None:
         if shard.status.state in ("starting", "ready", "failed", "stopping"):
-            shard.status.last_output_lines = _tail(shard)
+            shard.status.last_output_lines = self._tail(shard)
+
+    def _tail(self, shard: Shard) -> list[str]:
+        """The shard's last lines from the ring; from its output file when the ring has none of them (an
+        engine adopted after an agent restart: the ring starts at what it prints from then on)."""
+        if shard.output is not None:
+            shard.output.drain()
+        lines = self.ring.tail(shard.spec.replica_id, shard.spec.shard_rank, OUTPUT_LINES)
+        return lines or _file_tail(shard)
+
+    def _follow_output(self, shard: Shard, *, from_end: bool) -> None:
+        path = shard.workdir / OUTPUT_FILE
+        shard.output = OutputTail(
+            self.ring, path, shard.spec.replica_id, shard.spec.shard_rank, shard.redact, from_end=from_end
+        )
+        if self._pump_task is None or self._pump_task.done():
+            self._pump_task = asyncio.create_task(self._pump(), name="engine-output")
+
+    def _stop_following(self, shard: Shard) -> None:
+        if shard.output is not None:
+            shard.output.drain(final=True)  # the last words of an engine that exited are the ones wanted
+            shard.output = None
+        shard.status.rss_bytes = shard.status.gpu_memory_bytes = None
+
+    async def _pump(self) -> None:
+        """Reads new engine output into the ring; measures engine memory every `memory_every_s`."""
+        measured_at, measured = 0.0, set[int]()  # when, and which groups were measured then
+        while True:
+            try:
+                for shard in list(self.shards.values()):
+                    if shard.output is not None:
+                        shard.output.drain()
+                groups = {s.pgid for s in self.shards.values() if s.output is not None and s.pgid is not None}
+                if groups - measured or time.monotonic() - measured_at >= self.cfg.memory_every_s:
+                    measured_at, measured = time.monotonic(), groups
+                    await self._measure_memory()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the ring must not stop the supervisor; said each time, rare
+                log.warning("reading engine output or memory failed: %s", exc)
+            await asyncio.sleep(self.cfg.output_poll_s)
+
+    async def _measure_memory(self) -> None:
+        running = {s.pgid: s for s in self.shards.values() if s.output is not None and s.pgid is not None}
+        if not running:
+            return
+        found = await asyncio.to_thread(engine_memory.measure, list(running), self.cfg.nvidia_smi)
+        for pgid, shard in running.items():
+            if shard.output is not None:  # still running after the measurement
+                shard.status.rss_bytes, shard.status.gpu_memory_bytes = found.get(pgid, (None, None))
 
     def _set(self, shard: Shard, **changes: Any) -> None:
         for key, value in changes.items():
@@ -205,6 +276,7 @@ class Supervisor:
             raise
         except Exception as exc:  # reported to the controller, never raised into the loop
             log.warning("shard %s failed: %s", shard.spec.shard_id, exc)
+            self._stop_following(shard)
             self.weights_index.release(shard.spec.shard_id)
             self._set(shard, state="failed", message=str(exc))
             shard.exited.set()
@@ -318,6 +390,7 @@ class Supervisor:
         pid = shard.proc.pid
         shard.pgid = pid
         shard.start_ticks = proc_start_time(pid)
+        self._follow_output(shard, from_end=False)
         shard.health_path = plan.health_path
         probe_host = ctx.host
         shard.status.host = self.cfg.advertise_host
@@ -359,7 +432,8 @@ class Supervisor:
     async def _give_up(self, shard: Shard) -> str:
         msg = f"not ready within {self.cfg.ready_timeout_s:g}s ({shard.status.engine} health check)"
         await self._terminate(shard)
-        shard.status.last_output_lines = _tail(shard)
+        self._stop_following(shard)
+        shard.status.last_output_lines = self._tail(shard)
         self._forget(shard)
         return msg
 
@@ -373,7 +447,8 @@ class Supervisor:
             await asyncio.sleep(self.cfg.poll_interval_s)
 
     def _exited(self, shard: Shard, code: int | None) -> None:
-        lines = _tail(shard)
+        self._stop_following(shard)
+        lines = self._tail(shard)
         self._forget(shard)
         shard.exited.set()
         if shard.stopping:
@@ -381,10 +456,24 @@ class Supervisor:
             return
         key = (shard.spec.model, shard.spec.engine)
         self.engine_exits[key] = self.engine_exits.get(key, 0) + 1
+        self._kill_leftovers(shard)
         how = "exit status unknown (adopted process)" if code is None else _describe(code)
         self._set(
             shard, state="failed", exit_code=code, last_output_lines=lines, message=f"engine exited: {how}"
         )
+
+    def _kill_leftovers(self, shard: Shard) -> None:
+        """The shard's first process died on its own (the pass-through killed, a crash): what is left of its
+        group (the engine under a pass-through, workers) would hold the port and the GPU memory with nobody
+        watching it. The group id cannot be reused while any member lives, so a live group is still this one."""
+        pgid = shard.pgid
+        if pgid is None or not group_alive(pgid):
+            return
+        log.warning(
+            "shard %s: its process %s exited; killing what is left of its group", shard.spec.shard_id, pgid
+        )
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
 
     # ---- stop ----
 
@@ -416,6 +505,7 @@ class Supervisor:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(shard.exited.wait(), timeout=5)
         if shard.status.state != "stopped":
+            self._stop_following(shard)
             self._forget(shard)
             self._set(shard, state="stopped", message="stopped")
 
@@ -497,7 +587,9 @@ class Supervisor:
                 continue
             shard = Shard(spec, status, self.cfg.state_dir / "work" / spec.shard_id)
             shard.pgid, shard.start_ticks = record.get("pgid") or pid, ticks
-            shard.redact = redact.redactor(redact.secret_values(os.environ, spec.env))
+            # The key is not in the state file; the engine's own environment still holds it (same user).
+            shard.redact = redact.redactor(redact.secret_values(os.environ, spec.env, proc_environ(pid)))
+            self._follow_output(shard, from_end=True)
             shard.health_path = record.get("health_path", "/health")
             shard.probe_url = record.get("probe_url")
             shard.engine_port = record.get("engine_port")
@@ -526,6 +618,10 @@ class Supervisor:
 
     async def close(self) -> None:
         """Stop watching; engines keep running (they are re-adopted by the next agent)."""
+        if self._pump_task is not None:
+            self._pump_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump_task
         for shard in self.shards.values():
             if shard.task:
                 shard.task.cancel()
@@ -539,7 +635,7 @@ class Supervisor:
             await self._stop_one(shard)
 
 
-def _tail(shard: Shard) -> list[str]:
+def _file_tail(shard: Shard) -> list[str]:
     return [shard.redact(line) for line in tail_lines(shard.workdir / OUTPUT_FILE)]
 
 

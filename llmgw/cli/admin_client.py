@@ -24,7 +24,7 @@ import os
 import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -214,6 +214,30 @@ class AdminClient:
         if status != 200 or not isinstance(body, dict):
             raise self._failed("GET", f"/api/v1/explain/{model}", status, body)
         return body
+
+    def stream(self, path: str, idle_s: float = 60.0) -> Iterator[Any]:
+        """GET a newline-delimited JSON stream, one object per line, until the controller ends it. `idle_s`:
+        how long the stream may stay silent (the logs stream sends a cursor at least every 10 s)."""
+        request = urllib.request.Request(self.url + path, method="GET")
+        request.add_header("Authorization", f"Bearer {self.token.value}")
+        request.add_header("Accept", "application/x-ndjson")
+        context = ssl.create_default_context() if self.url.startswith("https://") else None
+        try:
+            response = urllib.request.urlopen(request, timeout=idle_s, context=context)
+        except urllib.error.HTTPError as exc:
+            with exc:
+                raise self._failed("GET", path, exc.code, _json(exc.read())) from None
+        except (TimeoutError, urllib.error.URLError, OSError) as exc:
+            raise AdminError(
+                f"cannot reach the controller at {self.url}: {getattr(exc, 'reason', exc)}"
+            ) from exc
+        with response:
+            try:
+                for raw in response:
+                    if raw.strip():
+                        yield _json(raw)
+            except (TimeoutError, OSError) as exc:
+                raise AdminError(f"the stream from {self.url} broke off: {exc}") from exc
 
     def _failed(self, method: str, path: str, status: int, body: Any) -> AdminError:
         if status == 401:

@@ -8,8 +8,6 @@ Cluster document's default address); the admin token as llmgw.cli.admin_client r
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import signal
 import time
 from pathlib import Path
@@ -43,7 +41,7 @@ ControllerOpt = Annotated[
 TokenOpt = Annotated[
     Path | None, typer.Option("--token-file", help="File holding the admin token (env LLMGW_TOKEN)")
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print the admin API's JSON instead of a table.")]
+JsonOpt = output.JsonOpt
 
 HEALTH_STYLE = {"Healthy": "green", "Progressing": "yellow", "Degraded": "red", "Missing": "red"}
 STATE_STYLE = {"Ready": "green", "ready": "green", "Unreachable": "yellow", "Lost": "red", "failed": "red"}
@@ -122,6 +120,9 @@ _AdvertiseOpt = Annotated[
 ]
 _ConfigOpt = Annotated[Path | None, typer.Option("--config", help="YAML file of these settings (flags win)")]
 _LogLevelOpt = Annotated[str, typer.Option("--log-level")]
+_LogFormatOpt = Annotated[
+    str | None, typer.Option("--log-format", help="text (default) or json: one JSON object per log line")
+]
 
 
 def controller(
@@ -149,11 +150,12 @@ def controller(
     advertise: _AdvertiseOpt = None,
     config: _ConfigOpt = None,
     log_level: _LogLevelOpt = "INFO",
+    log_format: _LogFormatOpt = None,
 ) -> None:
     """Run the controller: follow the cluster repo, place replicas through agents, tell routers."""
+    from llmgw.adapters import logformat
     from llmgw.controller.app import run_controller
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     flags = {
         "repo": repo,
         "branch": branch,
@@ -176,8 +178,10 @@ def controller(
         "insecure_token_only_remote_nodes": insecure_token_only_remote_nodes,
         "ha": ha,
         "advertise": advertise,
+        "log_format": log_format,
     }
     settings = controller_settings(config, flags, poll)
+    logformat.configure(log_level, settings.log_format)
     asyncio.run(_run_until_signal(run_controller, settings))
 
 
@@ -250,7 +254,7 @@ def _fail(message: str) -> NoReturn:
 
 
 def _print_json(data: Any) -> None:
-    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+    output.print_json(data)
 
 
 def _styled(value: str, styles: dict[str, str]) -> str:
@@ -308,7 +312,7 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
         )
         for line in refused["errors"]:
             console.print(f"  {line}", highlight=False, markup=False)
-    table = Table("MODEL", "HEALTH", "READY", "TARGET", "MIN/MAX", "NOTE")
+    table = Table("MODEL", "HEALTH", "READY", "TARGET", "MIN/MAX", "MEMORY", "NOTE")
     for m in data.get("models", []):
         note = m.get("waiting") or ("; ".join(f"{n}: {w}" for n, w in m.get("unplaceable", {}).items()) or "")
         if m.get("stale_replicas"):
@@ -324,6 +328,7 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
             str(m["ready"]),
             str(m["target"]),
             f"{m['min']}/{m['max']}",
+            memory_words(m.get("memory")),
             note,
         )
     console.print(table)
@@ -449,6 +454,21 @@ def _node_ops_words(node: dict[str, Any]) -> str:
     return words
 
 
+def _gib(n: int | None) -> str:
+    return "-" if n is None else f"{n / 1024**3:.1f}"
+
+
+def memory_words(memory: dict[str, Any] | None) -> str:
+    """`1.2/4.0 GiB` (resident of reserved; `-` for what is unknown), and `GPU 10.3/80.0 GiB` when it has GPUs."""
+    if not memory:
+        return "-"
+    rss, reserved = memory.get("rss_bytes"), memory.get("reserved_bytes")
+    words = "-" if rss is None and reserved is None else f"{_gib(rss)}/{_gib(reserved)} GiB"
+    if memory.get("gpu_reserved_bytes") is not None or memory.get("gpu_bytes") is not None:
+        words += f", GPU {_gib(memory.get('gpu_bytes'))}/{_gib(memory.get('gpu_reserved_bytes'))} GiB"
+    return words
+
+
 def fetch_words(fetch: dict[str, Any]) -> str:
     """`fetching 40.1 MB of 1.3 GB` (bytes, as the agent counted them), or `fetching 40.1 MB so far` when the
     total is unknown: a percentage that stops moving is worse than a count that keeps rising."""
@@ -476,7 +496,7 @@ def replicas(
     if as_json:
         _print_json(data)
         return
-    table = Table("REPLICA", "MODEL", "PROFILE", "NODE", "STATE", "PID", "NOTE")
+    table = Table("REPLICA", "MODEL", "PROFILE", "NODE", "STATE", "PID", "MEMORY", "NOTE")
     for r in data["replicas"]:
         notes = [w for w, on in (("adopted", r["adopted"]), ("stale profile", r["stale_profile"])) if on]
         notes += [fetch_words(f) for f in r.get("fetching") or []]
@@ -489,6 +509,7 @@ def replicas(
             ", ".join(r["nodes"]),
             _styled(r["state"], STATE_STYLE),
             str(r["pid"] or "-"),
+            memory_words(r.get("memory")),
             "; ".join(notes),
         )
     output.console().print(table)

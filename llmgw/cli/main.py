@@ -11,6 +11,7 @@ from llmgw.cli import (
     bench_cmds,
     controller_cmds,
     doctor_cmds,
+    logs_cmds,
     mirror_cmds,
     node_cmds,
     ops_cmds,
@@ -46,6 +47,7 @@ doctor_cmds.register(app)
 bench_cmds.register(app)
 request_cmds.register(app)
 rollout_cmds.register(app)
+logs_cmds.register(app)
 
 
 def main() -> None:

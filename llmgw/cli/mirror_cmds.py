@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -24,6 +23,7 @@ from llmgw.adapters.mirror import (
     published_manifest,
     run_forever,
 )
+from llmgw.cli import output
 from llmgw.controller.settings import parse_hostport
 from llmgw.core.fetch_plan import DEFAULT_REVISION
 from llmgw.core.manifest import ManifestFile, total_bytes
@@ -119,12 +119,12 @@ def add(
 @mirror_app.command("list")
 def list_(
     mirror_dir: _MirrorDir,
-    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+    as_json: output.JsonOpt = False,
 ) -> None:
     """What the mirror holds: each repo@revision with its file count and size, and what is wrong with it."""
     entries = MirrorStore(mirror_dir).entries()
     if as_json:
-        typer.echo(json.dumps([e.__dict__ for e in entries], indent=1))
+        output.print_json([e.__dict__ for e in entries])
         return
     if not entries:
         typer.echo(

@@ -3,15 +3,24 @@
 Off a terminal rich assumes 80 columns and cuts cells with "…", so replica ids and engine names lose the part
 that tells them apart, and a table pasted into an issue or grepped in a CI log is useless. There is no screen
 to fit there, so the width is unbounded and each table takes its natural width.
+
+Every list command takes `--json` (`JsonOpt`) and prints through `print_json`: one JSON document, the admin
+API's answer as it came (or the store's rows), indented and with sorted keys so that it diffs well. A stream
+(`llmgw logs`) prints one JSON object per line instead (`print_json_line`), so that it can be piped as it comes.
 """
 
 from __future__ import annotations
 
+import json
 import sys
+from typing import Annotated, Any
 
+import typer
 from rich.console import Console
 
-__all__ = ["WIDE", "console"]
+__all__ = ["WIDE", "JsonOpt", "console", "print_json", "print_json_line"]
+
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 WIDE = 100_000  # columns off a terminal: wider than any table, so none is cut
 
@@ -21,3 +30,11 @@ def console(*, stderr: bool = False) -> Console:
     if stream.isatty():
         return Console(stderr=stderr)
     return Console(stderr=stderr, width=WIDE)
+
+
+def print_json(data: Any) -> None:
+    typer.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def print_json_line(data: Any) -> None:
+    typer.echo(json.dumps(data, sort_keys=True, separators=(",", ":")))

@@ -58,7 +58,7 @@ StoreOpt = Annotated[
         help=f"Store DSN (sqlite:///path or postgresql://...); env LLMGW_STORE; default {DEFAULT_DSN}",
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+JsonOpt = output.JsonOpt
 KeysStoreOpt = Annotated[
     str | None,
     typer.Option(
@@ -239,7 +239,7 @@ def keys_list(
         found = _run(store, lambda s: s.list_keys(project))
     now = time.time()
     if as_json:
-        print(json.dumps([_key_json(k, now) for k in found], indent=2))
+        output.print_json([_key_json(k, now) for k in found])
         return
     table = Table(Column("ID", no_wrap=True), Column("Prefix", no_wrap=True), "Project", "Name", "State",
                   "Created", "Expires")  # fmt: skip
@@ -374,7 +374,7 @@ def usage(
         for t in totals
     ]
     if as_json:
-        print(json.dumps([dict(zip(header, r, strict=True)) for r in rows], indent=2))
+        output.print_json([dict(zip(header, r, strict=True)) for r in rows])
     elif as_csv:
         writer = csv.writer(sys.stdout)
         writer.writerow(header)

@@ -28,6 +28,7 @@ from llmgw.controller import (
     admin_requests,
     capacity_admin,
     doctor,
+    logs_admin,
     prom_sd,
     views,
     weights_admin,
@@ -539,6 +540,9 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("GET", "/api/v1/status", status, "plan"),
     ("GET", "/api/v1/nodes", nodes, "plan"),
     ("GET", "/api/v1/replicas", replicas, "plan"),
+    # Engine output can carry what clients sent (prompts): the whole stream needs an admin-scope token.
+    ("GET", "/api/v1/nodes/{node}/logs", logs_admin.node_logs, "admin"),
+    ("GET", "/api/v1/replicas/{replica_id}/logs", logs_admin.replica_logs, "admin"),
     ("GET", "/api/v1/models", models, "plan"),
     ("GET", "/api/v1/explain/{model}", explain, "plan"),
     ("GET", "/api/v1/state", state, "plan"),

@@ -36,6 +36,7 @@ from llmgw_agent.protocol import (
 )
 from pydantic import ValidationError
 
+from llmgw.adapters import logformat
 from llmgw.controller.background import Background
 from llmgw.controller.credentials import Grant, valid_node_name
 from llmgw.core.errors import LlmgwError
@@ -196,6 +197,7 @@ class AgentHub:
             await self._refuse(ws, standby)
             return ws
         link = self._attach(register, ws, peer)
+        logformat.bind(node=link.name)  # what this connection's task logs is about that node
         try:
             await self._serve(link, ws)
         finally:

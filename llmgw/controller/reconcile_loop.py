@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from llmgw_agent import repo_rules
 from llmgw_agent.protocol import Register, ShardSpec, WeightSource
 
+from llmgw.adapters import logformat
 from llmgw.adapters.secrets import SecretError, read_secret
 from llmgw.controller import views, yielding
 from llmgw.controller.autoscaler import autoscale
@@ -361,6 +362,7 @@ class Reconciler:
 
     async def _send_start(self, rec: ReplicaRec, specs: list[tuple[ShardPlacement, ShardSpec]]) -> None:
         c = self.c
+        logformat.bind(replica_id=rec.id)  # its own background task: the binding ends with it
         try:
             for shard, spec in specs:  # workers before rank 0
                 await self.agents.start_shard(shard.node, spec, c.settings.command_timeout_s)
@@ -387,7 +389,7 @@ class Reconciler:
         if views.replica_view(c, rec).effective_state() == "failed":
             status = views.shard_status(c, rec)
             detail = rec.error or (status.message if status else "") or "engine exited"
-            await c.event("replica_failed", rec.id, f"{reason}: {detail}")
+            await c.event("replica_failed", rec.id, f"{reason}: {detail}" + views.output_tail_words(status))
             c.metrics.replica_restarts.labels(rec.model).inc()  # its replacement follows (after backoff)
         rec.stopping = True
         rec.draining = drain
@@ -414,6 +416,7 @@ class Reconciler:
 
     async def _send_stop(self, rec: ReplicaRec) -> None:
         c = self.c
+        logformat.bind(replica_id=rec.id)
         if rec.draining and rec.preempted_by is not None:
             await yielding.grace(c, rec)
             rec.draining = False

@@ -178,6 +178,11 @@ class ControllerSettings(BaseModel):
     trace_sample: float = Field(
         1.0, ge=0, le=1, description="With otlp_endpoint: the share of revisions traced"
     )
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="text: one human line per record; json: one JSON object per line with time, level, logger, "
+        "message and request_id / replica_id / node where known (docs/operations.md, Logs)",
+    )
 
     @field_validator("node_prefix")
     @classmethod

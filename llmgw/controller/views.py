@@ -224,6 +224,45 @@ def fetches(c: Controller, rec: ReplicaRec) -> list[dict[str, Any]]:
     return out
 
 
+GIB = 1024**3
+
+
+def _sum_known(values: list[int | None]) -> int | None:
+    """A sum only when every part is known: a partial sum would read as the whole."""
+    return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+def replica_memory(c: Controller, rec: ReplicaRec) -> dict[str, int | None]:
+    """What the replica's engines hold against what its profile reserved; None where unknown (no report, no
+    nvidia-smi, no min_memory_gb, no GPU). Resident memory is the sum over every shard's process group."""
+    statuses = [shard_status(c, rec, placed.rank) for placed in rec.shards]
+    entry = c.desired.models.get(rec.model) if c.desired is not None else None
+    found = entry.profile(rec.profile) if entry is not None else None
+    gb = found.profile.min_memory_gb if found is not None else None
+    card: list[int | None] = []
+    for placed in rec.shards:
+        link = c.agents.nodes.get(placed.node)
+        gpus = {g.index: g.memory_bytes for g in (link.inventory.gpus or [])} if link is not None else {}
+        card += [gpus.get(i) for i in placed.gpus]
+    return {
+        "rss_bytes": _sum_known([s.rss_bytes if s else None for s in statuses]),
+        "reserved_bytes": None if gb is None else int(gb * GIB) * len(rec.shards),
+        "gpu_bytes": _sum_known([s.gpu_memory_bytes if s else None for s in statuses]) if card else None,
+        "gpu_reserved_bytes": _sum_known(card) if card else None,
+    }
+
+
+OUTPUT_TAIL_LINES = 20  # of an engine's output, in a failed replica's event and in /api/v1/replicas
+
+
+def output_tail_words(status: ShardStatus | None) -> str:
+    """The last lines a failed engine printed, as the rest of its event's message (redacted on the node)."""
+    lines = status.last_output_lines[-OUTPUT_TAIL_LINES:] if status is not None else []
+    if not lines:
+        return ""
+    return f"\nlast {len(lines)} line(s) of its output:\n" + "\n".join(f"| {line}" for line in lines)
+
+
 def replica_json(c: Controller, rec: ReplicaRec) -> dict[str, Any]:
     shard = shard_status(c, rec)
     state = replica_state(c, rec)
@@ -242,8 +281,12 @@ def replica_json(c: Controller, rec: ReplicaRec) -> dict[str, Any]:
         "base_url": shard.base_url if shard else None,
         "gpus": list(rec.gpus),
         "error": rec.error or (shard.message if shard and failed else ""),
-        "last_output_lines": shard.last_output_lines[-10:] if shard and failed else [],
+        # While it starts (a slow load shows what it is doing) and once it failed; `llmgw logs` for the rest.
+        "last_output_lines": shard.last_output_lines[-OUTPUT_TAIL_LINES:]
+        if shard and state in ("starting", "failed")
+        else [],
         "fetching": fetches(c, rec),
+        "memory": replica_memory(c, rec),
         "age_s": round(c.wall() - rec.created_at, 1),
     }
 
@@ -295,6 +338,20 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
         "rolling": rolling,
         "fetching": [f for r in c.replicas.values() if r.model == name for f in fetches(c, r)],
         "autoscale": decision_json(record.scaled, _demand_json(c, name)),
+        "memory": model_memory(c, name),
+    }
+
+
+def model_memory(c: Controller, name: str) -> dict[str, int | None]:
+    """The model's ready replicas' memory, summed (None when any of them is unknown, or none is ready)."""
+    each = [
+        replica_memory(c, r)
+        for r in c.replicas.values()
+        if r.model == name and replica_state(c, r) == "ready"
+    ]
+    return {
+        key: _sum_known([m[key] for m in each])
+        for key in ("rss_bytes", "reserved_bytes", "gpu_bytes", "gpu_reserved_bytes")
     }
 
 

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from llmgw.adapters import logformat
 from llmgw.adapters.tracing import ENDPOINT_ENV, configured_endpoint
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
@@ -72,6 +73,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     _add_request_flags(p)
     _add_state_flags(p)
     p.add_argument("--log-level", default="INFO")
+    p.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="json: one JSON object per log line (time, level, logger, message, request_id where known)",
+    )
     return p
 
 
@@ -293,7 +300,7 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
 
 
 def run(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None:
-    logging.basicConfig(level=ns.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logformat.configure(ns.log_level, ns.log_format)
     try:
         import uvloop
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
 
+from llmgw.adapters import logformat
 from llmgw.core.snapshot import PublishedModel, RouterSnapshot
 from llmgw.core.tenancy import has_tenants
 from llmgw_router.accounting import Call, gone, settle
@@ -191,6 +192,7 @@ class RequestService:
 
     async def handle(self, exchange: Exchange, kind: Kind) -> None:
         call = Call(_request_id(exchange.headers.get("x-request-id")), time.monotonic())
+        logformat.bind(request_id=call.request_id)  # every line this request's task logs carries it
         traceparent = exchange.headers.get("traceparent")
         if self.tracer is not None:
             call.trace = self.tracer.begin(

@@ -162,7 +162,8 @@ class Agents:
         cpu_cores: int = 4,
         extra: dict[str, Any] | None = None,
     ) -> subprocess.Popen[bytes]:
-        """Start node `node`'s agent; a list of controller addresses is tried in turn (a leader and standbys)."""
+        """Start node `node`'s agent; a list of controller addresses is tried in turn (a leader and standbys).
+        `extra`: more keys of the agent's configuration (engines, ...)."""
         base = self.tmp / "agents" / node
         base.mkdir(parents=True, exist_ok=True)
         override = base / "inventory.json"

@@ -7,6 +7,8 @@ Optional: absent (None) means unknown, never zero or empty.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -122,6 +124,16 @@ class WeightFile(_Model):
     name: str
     size: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+def manifest_digest(files: Iterable[tuple[str, int, str]]) -> str:
+    """The one name of a manifest's content: sha256 over each (name, size, sha256), in name order. The agent
+    indexes a published directory by it and the controller computes it from the repo's manifest, so both name
+    the same bytes alike; the order files are listed in does not change it."""
+    digest = hashlib.sha256()
+    for name, size, sha in sorted(files):
+        digest.update(f"{name}\0{size}\0{sha}\n".encode())
+    return digest.hexdigest()
 
 
 class DirectoryManifest(_Model):

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw_agent import repo_rules
-from llmgw_agent.protocol import DirectoryManifest, WeightFile
+from llmgw_agent.protocol import DirectoryManifest, WeightFile, manifest_digest
 
 from llmgw.core.config.errors import ConfigError, PathPart, format_path
 from llmgw.core.config.yamlpos import Positions, parse_yaml
 
-__all__ = ["FORMAT", "ManifestFile", "manifest_json", "parse_manifest", "total_bytes"]
+__all__ = ["FORMAT", "ManifestFile", "digest", "manifest_json", "parse_manifest", "total_bytes"]
 
 FORMAT = "llmgw-manifest/1"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -35,6 +35,12 @@ class ManifestFile:
 
 def total_bytes(files: Iterable[ManifestFile | WeightFile]) -> int:
     return sum(f.size for f in files)
+
+
+def digest(files: Iterable[ManifestFile | WeightFile]) -> str:
+    """The manifest's content digest (llmgw_agent.protocol.manifest_digest): what a node's weights index names
+    a published directory by, and what a replica's fingerprint carries, so a manifest edited in place is new."""
+    return manifest_digest((f.name, f.size, f.sha256) for f in files)
 
 
 def manifest_json(files: Iterable[ManifestFile]) -> dict[str, Any]:

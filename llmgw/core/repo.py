@@ -134,7 +134,8 @@ def validate_files(
         return LoadResult(None, unique_errors, warnings, len(files))
     revision = revision if revision is not None else content_hash_of(files)
     try:
-        catalog = Catalog.build([d.document for d in good], revision=revision)  # type: ignore[misc]
+        documents = [d.document for d in good]
+        catalog = Catalog.build(documents, revision=revision, manifests=manifests)  # type: ignore[arg-type]
     except CatalogError as exc:  # the same checks ran above; kept so a disagreement cannot pass silently
         return LoadResult(None, tuple(_position(good, p) for p in exc.errors), warnings, len(files))
     repo = Repo(root, tuple(good), catalog, revision, manifests)

@@ -79,14 +79,19 @@ class NodeCondition(_Model):
 
 
 class CachedWeights(_Model):
-    """One weights file on the node: fetched by the agent into its cache, or a node path a shard used.
+    """One weights file or published directory on the node: fetched by the agent into its cache, or a node path
+    a shard used.
 
-    Named by the source's identity (`url` or `path`, and `sha256` when declared): the controller computes the
-    same key from a Model's source (llmgw.core.fleet.weights_key)."""
+    Named by the source's identity (`url` or `path`, and `sha256` when declared; a directory by its name and
+    manifest digest): the controller computes the same key from a Model's source (llmgw.core.fleet)."""
 
     url: str | None = None
     path: str | None = None
     sha256: str | None = None
+    # A published directory source: its name (`repo@revision` or the URL prefix) and its manifest's digest
+    # (manifest_digest); url, path and sha256 are then None.
+    directory: str | None = None
+    manifest_sha256: str | None = None
     size_bytes: int | None = None
     # Where it lies on the node (in the cache for a fetched file).
     local_path: str
@@ -164,6 +169,8 @@ class WeightSource(_Model):
     directory: str | None = None
     files: list[WeightFile] | None = None
     bases: list[FetchBase] = Field(default_factory=list)
+    # collect_weights' `keep` only: a kept directory's manifest digest (None: every digest under its name).
+    manifest_sha256: str | None = None
 
 
 class ShardSpec(_Model):

@@ -371,6 +371,8 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
         put("RoutingPolicy", name, policy, {})
     for name, model in catalog.models.items():
         put("Model", name, model.spec, model.labels)
+        if model.manifest_digest is not None:  # a repo manifest's bytes, which the spec names only by path
+            out[f"Model/{name}"]["manifest_sha256"] = model.manifest_digest
     for tenants in (catalog.organizations, catalog.teams, catalog.projects):
         for name, t in tenants.items():
             models = list(t.models) if t.models is not None else None

@@ -14,6 +14,7 @@ from llmgw.core.plan.values import (
     ReplicaRestart,
     ReplicaStart,
     ReplicaStop,
+    SourceVerdict,
     StaleReplica,
 )
 
@@ -107,13 +108,27 @@ def _lines(plan: Plan) -> list[str]:
                 out.append(f"      profile {profile} ({summary}):")
                 out += [f"        {node}: {words}" for node, words in rejected]
         out.append("")
+    if plan.sources:
+        out.append("Weights sources (new or changed):")
+        out += [f"  {_source_line(v)}" for v in plan.sources]
+        out += [f"      {p}" for v in plan.sources for p in v.problems[1:]]
+        out.append("")
     return out
+
+
+def _source_line(v: SourceVerdict) -> str:
+    if v.state == "checked":
+        return f"checked: {v.source} ({v.model}): {v.detail}"
+    if v.state == "not checked":
+        return f"not checked: {v.source} ({v.model}): {v.detail}"
+    return f"! {v.where}: {v.model}: {v.source}: {v.detail}"
 
 
 def render_text(plan: Plan) -> str:
     head = f"llmgw plan: revision {plan.revision or '(working tree)'} against applied {plan.live_revision or '(none)'}"
     body = _lines(plan)
-    return "\n".join([head, "", *body, plan.summary()]) + "\n"
+    tail = [plan.source_summary()] if plan.sources else []
+    return "\n".join([head, "", *body, plan.summary(), *tail]) + "\n"
 
 
 def to_dict(plan: Plan) -> dict[str, Any]:
@@ -137,7 +152,12 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         "replicas": _replicas_dict(plan),
         "documents_known": plan.documents_known,
         "documents": [
-            {"kind": d.kind, "name": d.name, "change": d.change, "fields": [_field_dict(f) for f in d.fields]}
+            {
+                "kind": d.kind,
+                "name": d.name,
+                "change": d.change,
+                "fields": [_field_dict(f) for f in d.fields],
+            }
             for d in plan.documents
         ],
         "nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.nodes],
@@ -154,6 +174,17 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             }
             for u in plan.unplaceable
         ],
+    } | ({"sources": [_source_dict(v) for v in plan.sources]} if plan.sources else {})
+
+
+def _source_dict(v: SourceVerdict) -> dict[str, Any]:
+    return {
+        "model": v.model,
+        "source": v.source,
+        "state": v.state,
+        "detail": v.detail,
+        "where": v.where,
+        "problems": list(v.problems),
     }
 
 
@@ -192,6 +223,8 @@ def _cell(text: str) -> str:
 def render_markdown(plan: Plan) -> str:
     """For a pull-request comment: the summary, one table row per change, the full text folded away."""
     out = ["### llmgw plan", "", f"**{plan.summary()}**", ""]
+    if plan.sources:
+        out += [f"**{plan.source_summary()}**", ""]
     rows: list[tuple[str, str, str, str]] = []
     for d in plan.documents:
         detail = "; ".join(f"`{f.path}`: {_field_words(d, f)}" for f in d.fields) or d.change
@@ -229,6 +262,9 @@ def render_markdown(plan: Plan) -> str:
                 f"{u.missing} replica{'s' * (u.missing != 1)}; see details",
             )
         )
+    for v in plan.sources:
+        symbol = {"checked": "=", "not checked": "?", "error": "!"}[v.state]
+        rows.append((symbol, f"{v.state} source `{v.source}` of `{v.model}`", v.where, v.detail))
     if rows:
         out += ["| | change | where | why |", "| --- | --- | --- | --- |"]
         out += [f"| `{a}` | {_cell(b)} | {_cell(c)} | {_cell(d)} |" for a, b, c, d in rows]

@@ -42,6 +42,7 @@ from llmgw.core.config.semantic import Document, check
 from llmgw.core.errors import CatalogError
 from llmgw.core.manifest import ManifestFile
 from llmgw.core.manifest import digest as manifest_digest
+from llmgw.core.model_headers import ModelShape
 from llmgw.core.snapshot import Tenants
 
 __all__ = [
@@ -95,6 +96,8 @@ class ModelEntry:
     # A directory source's manifest from the repo (`spec.source.manifest`); None: none in the repo (the node
     # reads the one the mirror publishes) or not a directory source.
     manifest: tuple[ManifestFile, ...] | None = None
+    # The model's shape its manifest records (`llmgw model manifest`); None: not recorded.
+    shape: ModelShape | None = None
 
     @property
     def manifest_digest(self) -> str | None:
@@ -163,6 +166,7 @@ class Catalog:
         documents: Sequence[Document],
         revision: str | None = None,
         manifests: Mapping[str, tuple[ManifestFile, ...]] | None = None,
+        shapes: Mapping[str, ModelShape] | None = None,
     ) -> Catalog:
         """The catalog of `documents`, or CatalogError holding every whole-repo problem (warnings do not stop
         it and are kept in `warnings`). `manifests` are the repo's directory manifests by model name (checked
@@ -187,7 +191,7 @@ class Catalog:
                 entries = tuple(
                     ProfileEntry(p, profile_fingerprint(p, doc.spec, digest)) for p in doc.spec.profiles
                 )
-                models[name] = ModelEntry(name, doc.spec, labels, entries, manifest)
+                models[name] = ModelEntry(name, doc.spec, labels, entries, manifest, (shapes or {}).get(name))
                 aliases.update({alias: name for alias in doc.spec.aliases})
             elif isinstance(doc, RoutingPolicy):
                 policies[name] = doc.spec

@@ -186,6 +186,10 @@ class ShardSpec(_Model):
     slots: int | None = None
     cpu_cores: int | None = None
     gpus: list[int] = Field(default_factory=list)
+    # The profile's tensor and pipeline parallel sizes, which become the engine's own flags. None: a controller
+    # before the fields (the agent then takes tensor parallelism from the GPU count, as it did).
+    tp: int | None = Field(default=None, ge=1)
+    pp: int | None = Field(default=None, ge=1)
     args: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     # The engine's own key: passed by environment where the engine allows, never logged.

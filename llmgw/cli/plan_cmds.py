@@ -158,12 +158,12 @@ def plan(
             save_state.write_text(live.model_dump_json(indent=2) + "\n", encoding="utf-8")
         made = plans.plan_for_catalog(catalog, live)
         made = _with_sources(made, result, live, offline, mirror_token_file)
-        if out is not None and not made.source_errors:
+        if out is not None and not (made.source_errors or made.misfits):
             _write_plan_file(out, path, result, made, source)
     except (AdminError, Refused) as exc:
         _fail(str(exc))
     typer.echo(plans.render(made, output.value), nl=False)
-    if made.source_errors:
+    if made.source_errors or made.misfits:
         _refuse(made, saved=out is not None)
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
@@ -171,11 +171,16 @@ def plan(
 
 
 def _refuse(made: Plan, *, saved: bool) -> NoReturn:
-    """A wrong weights source: each problem on stderr where it is, then exit 1."""
+    """A wrong weights source or a profile that cannot fit: each on stderr where it is, then exit 1."""
     for verdict in made.source_errors:
         for problem in verdict.problems:
             typer.echo(f"{verdict.where}: spec.source: model {verdict.model}: {problem}", err=True)
-    typer.echo("error: a weights source is wrong" + ("; the plan was not saved" if saved else ""), err=True)
+    for fit in made.misfits:
+        typer.echo(
+            f"error: model {fit.model} profile {fit.profile} on {fit.gpu_class}: {fit.words()}", err=True
+        )
+    what = "a weights source is wrong" if made.source_errors else "a profile does not fit its GPUs"
+    typer.echo(f"error: {what}" + ("; the plan was not saved" if saved else ""), err=True)
     raise typer.Exit(1)
 
 

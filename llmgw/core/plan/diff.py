@@ -43,6 +43,7 @@ from llmgw.core.fleet import (
     model_views,
     undeclared_words,
 )
+from llmgw.core.memory_fit import class_memory, profile_fits
 from llmgw.core.placement import Placer
 from llmgw.core.plan.values import (
     KIND_ORDER,
@@ -133,14 +134,17 @@ def make_plan(
 
 def plan_for_catalog(catalog: Catalog, live: LiveState) -> Plan:
     """The plan from `live` to a validated catalog (its models, declared nodes and other documents, its
-    revision)."""
-    return make_plan(
+    revision), with the memory fit of every GPU profile whose model's shape the repo's manifest records."""
+    made = make_plan(
         model_views(catalog),
         live,
         nodes=desired_nodes(catalog),
         revision=catalog.revision,
         documents=catalog_documents(catalog),
     )
+    cards = class_memory((g.gpu_class, g.memory_bytes) for n in live.node_views() for g in n.gpus or ())
+    shapes = {name: (entry.spec, entry.shape) for name, entry in catalog.models.items()}
+    return replace(made, fits=profile_fits(shapes, cards))
 
 
 def exit_code(plan: Plan) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from llmgw.core.memory_fit import ProfileFit
 from llmgw.core.source_check import SourceVerdict
 
 __all__ = [
@@ -144,6 +145,12 @@ class Plan:
     # New or changed weights sources, checked against their servers by the CLI (llmgw.core.source_check);
     # empty when none changed. Not part of what the plan would do (its digest): a server's answer is no action.
     sources: tuple[SourceVerdict, ...] = ()
+    # Every GPU profile of a model whose shape its manifest records, against its class's memory in the fleet.
+    fits: tuple[ProfileFit, ...] = ()
+
+    @property
+    def misfits(self) -> tuple[ProfileFit, ...]:
+        return tuple(f for f in self.fits if f.state == "does not fit")
 
     @property
     def source_errors(self) -> tuple[SourceVerdict, ...]:

@@ -22,6 +22,7 @@ from llmgw.core.model_headers import ModelShape
 
 __all__ = [
     "DEFAULT_UTILISATION",
+    "GIB",
     "RUNTIME_OVERHEAD",
     "MemoryFit",
     "ProfileFit",

@@ -18,13 +18,14 @@ from pydantic import BaseModel
 
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.errors import ConfigError, SemanticError, format_path
-from llmgw.core.config.models import DOCUMENT_KINDS
+from llmgw.core.config.models import DOCUMENT_KINDS, ModelSpec
 from llmgw.core.config.schemas import kind_schema
 from llmgw.core.config.semantic import Document, check
 from llmgw.core.config.validation import DocumentChecker, make_validators
 from llmgw.core.config.yamlpos import ParsedDocument, Positions, parse_yaml
 from llmgw.core.errors import CatalogError
 from llmgw.core.manifest import Manifest, ManifestFile, read_manifest
+from llmgw.core.memory_fit import GIB, profile_fits
 from llmgw.core.model_headers import ModelShape
 
 __all__ = ["LoadResult", "LoadedDocument", "Repo", "content_hash_of", "default_schemas", "validate_files"]
@@ -131,6 +132,7 @@ def validate_files(
     mapped = [_position(good, problem) for problem in semantic]
     errors.extend(e for e in mapped if e.severity == "error")
     read = _manifests(good, data or {}, errors)
+    errors.extend(_fit_problems(good, read))
     manifests = {name: m.files for name, m in read.items()}
     shapes = {name: m.shape for name, m in read.items() if m.shape is not None}
     warnings = tuple(sorted({e for e in mapped if e.severity == "warning"}, key=_order))
@@ -185,6 +187,31 @@ def _manifests(
         if manifest is not None:
             out[doc.name] = manifest
             errors.extend(_context_problems(doc, manifest, display))
+    return out
+
+
+def _fit_problems(good: list[LoadedDocument], read: Mapping[str, Manifest]) -> list[ConfigError]:
+    """A GPU profile that cannot fit the memory its class declares (Cluster `gpu_classes`), with the arithmetic,
+    at the profile; only for models whose manifest records their shape."""
+    cluster = next((d.document for d in good if d.kind == "Cluster"), None)
+    classes = getattr(getattr(cluster, "spec", None), "gpu_classes", None) or {}
+    memory = {name: int(c.memory_gb * GIB) for name, c in classes.items()}
+    out: list[ConfigError] = []
+    for doc in good:
+        manifest = read.get(doc.name) if doc.kind == "Model" else None
+        spec = getattr(doc.document, "spec", None)
+        if manifest is None or manifest.shape is None or not isinstance(spec, ModelSpec):
+            continue
+        for fit in profile_fits({doc.name: (spec, manifest.shape)}, memory):
+            if fit.state != "does not fit":
+                continue
+            index = next(i for i, p in enumerate(spec.profiles) if p.name == fit.profile)
+            path: tuple[str | int, ...] = ("spec", "profiles", index)
+            pos = doc.positions.value(path)
+            words = f"on {fit.gpu_class} ({classes[fit.gpu_class].memory_gb:g} GiB): {fit.words()}"
+            hint = "more tp or pp, a larger gpu_class, fewer slots or a shorter context_length"
+            out.append(ConfigError(doc.file, pos.line if pos else 1, pos.col if pos else 1, format_path(path),
+                                   words, hint))  # fmt: skip
     return out
 
 

@@ -133,3 +133,25 @@ def test_a_class_no_node_reports_is_not_checked_not_passed(tmp_path: Path) -> No
     code, out, _ = plan(repo, state(tmp_path))
     assert code == 0
     assert "? seven/h100 on h100-80gb: no node reports a h100-80gb GPU with its memory" in out
+
+
+def test_validate_checks_the_fit_offline_against_the_declared_gpu_classes(tmp_path: Path) -> None:
+    repo = write_repo(
+        tmp_path,
+        {"seventy": [profile("a100x4", "a100-80gb", 4, 8), profile("l4x4", "l4-24gb", 4, 8)]},
+        {"seventy": 8192},
+    )
+    classes = "  gpu_classes: {a100-80gb: {memory_gb: 80}, l4-24gb: {memory_gb: 24}}\n"
+    (repo / "cluster.yaml").write_text(CLUSTER + classes)
+    result = CliRunner().invoke(app, ["validate", str(repo)])
+    assert result.exit_code == 1
+    lines = [line for line in result.output.splitlines() if "spec.profiles" in line]
+    assert len(lines) == 1, result.output  # the 80 GB profile fits; only the 24 GB one is refused
+    assert (
+        "models/seventy.yaml:10:7: spec.profiles[1]: on l4-24gb (24 GiB): does not fit per GPU (4 GPUs): "
+        in lines[0]
+    )
+    assert "weights 32.9 GiB" in lines[0] and "(more tp or pp, a larger gpu_class" in lines[0]
+    # Without a declaration validate cannot know a class's memory, and says nothing; plan asks the fleet.
+    (repo / "cluster.yaml").write_text(CLUSTER)
+    assert CliRunner().invoke(app, ["validate", str(repo)]).exit_code == 0

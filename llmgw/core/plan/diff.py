@@ -43,7 +43,7 @@ from llmgw.core.fleet import (
     model_views,
     undeclared_words,
 )
-from llmgw.core.memory_fit import class_memory, profile_fits
+from llmgw.core.memory_fit import GIB, class_memory, profile_fits
 from llmgw.core.placement import Placer
 from llmgw.core.plan.values import (
     KIND_ORDER,
@@ -142,7 +142,9 @@ def plan_for_catalog(catalog: Catalog, live: LiveState) -> Plan:
         revision=catalog.revision,
         documents=catalog_documents(catalog),
     )
-    cards = class_memory((g.gpu_class, g.memory_bytes) for n in live.node_views() for g in n.gpus or ())
+    declared = {name: int(c.memory_gb * GIB) for name, c in catalog.cluster.gpu_classes.items()}
+    reported = class_memory((g.gpu_class, g.memory_bytes) for n in live.node_views() for g in n.gpus or ())
+    cards = {**declared, **reported}  # what the fleet reports wins; the declaration stands in where none does
     shapes = {name: (entry.spec, entry.shape) for name, entry in catalog.models.items()}
     return replace(made, fits=profile_fits(shapes, cards))
 

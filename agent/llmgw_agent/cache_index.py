@@ -1,14 +1,16 @@
-"""The node's weights index: which files llmgw fetched, their size, and which shards use each.
+"""The node's weights index: which files and directories llmgw fetched, their size, and which shards use each.
 
 Kept as one JSON file in the agent's state dir, beside the shard records, and rewritten whole (write, then
 rename) on every change. An entry is named by its source's identity: `url:URL` for a fetched file, `path:PATH`
-for weights the repo named on the node. The controller reads the same identity (the url or path, and the
-sha256) to know which model's weights a node holds.
+for weights the repo named on the node, `dir:NAME@DIGEST` for a published directory source (its name and its
+manifest's digest). The controller reads the same identity (the url or path and the sha256; the directory's
+name and digest) to know which model's weights a node holds.
 
 Only fetched entries can ever be collected, and the agent checks each again before deleting it, because the
 controller must not be able to talk a node into deleting something: the file must lie where `cache_path` puts
-that URL (a directory named by the hash of the URL, inside the cache), no running shard may use it, and no
-declared source the controller sent may name it. Anything else in the cache (a file copied by hand, one an
+that URL (a directory named by the hash of the URL, inside the cache) or, for a directory, be a `model`
+directory directly under a `dir-<hash>` root in the cache; no running shard may use it, and no declared source
+the controller sent may name it (a kept directory by its name, and its digest when the controller gives one). Anything else in the cache (a file copied by hand, one an
 agent before this index fetched) is not in the index and is never touched.
 """
 
@@ -18,17 +20,21 @@ import contextlib
 import json
 import logging
 import os
+import re
+import shutil
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llmgw_agent.dirfetch import DIRECTORY_PREFIX, PUBLISHED
 from llmgw_agent.protocol import CachedWeights, WeightSource
 from llmgw_agent.weights import WeightsError, cache_path
 
 log = logging.getLogger(__name__)
 INDEX_FILE = "weights-index.json"
+_DIRECTORY_ROOT = re.compile(re.escape(DIRECTORY_PREFIX) + r"[0-9a-f]{24}")
 
 
 @dataclass
@@ -40,8 +46,12 @@ class _Entry:
     fetched: bool
     users: set[str] = field(default_factory=set)  # shard ids
     last_used: float | None = None
+    directory: str | None = None  # a directory source's name; then `manifest_sha256` is its digest
+    manifest_sha256: str | None = None
 
     def identity(self) -> str:
+        if self.directory is not None:
+            return f"dir:{self.directory}@{self.manifest_sha256}"
         return f"url:{self.url}" if self.url is not None else f"path:{self.path}"
 
 
@@ -81,6 +91,8 @@ class WeightsIndex:
                     fetched=bool(item.get("fetched")),
                     users=set(item.get("users", [])),
                     last_used=item.get("last_used"),
+                    directory=item.get("directory"),
+                    manifest_sha256=item.get("manifest_sha256"),
                 )
                 self.entries[entry.identity()] = entry
         except FileNotFoundError:
@@ -100,6 +112,7 @@ class WeightsIndex:
                 "users": sorted(e.users),
                 "last_used": e.last_used,
             }
+            | ({"directory": e.directory, "manifest_sha256": e.manifest_sha256} if e.directory else {})
             for e in sorted(self.entries.values(), key=_Entry.identity)
         ]
         self.index_file.parent.mkdir(parents=True, exist_ok=True)
@@ -116,6 +129,14 @@ class WeightsIndex:
         entry = _Entry(source.url, None if fetched else source.path, source.sha256, local_path, fetched)
         entry = self.entries.setdefault(entry.identity(), entry)
         entry.sha256 = source.sha256 or entry.sha256
+        self._use(entry, local_path, shard_id)
+
+    def record_directory(self, directory: str, digest: str, local_path: str, shard_id: str) -> None:
+        """`shard_id` runs on the published directory `directory` (manifest digest `digest`) at `local_path`."""
+        entry = _Entry(None, None, None, local_path, True, directory=directory, manifest_sha256=digest)
+        self._use(self.entries.setdefault(entry.identity(), entry), local_path, shard_id)
+
+    def _use(self, entry: _Entry, local_path: str, shard_id: str) -> None:
         entry.local_path = local_path
         entry.users.add(shard_id)
         entry.last_used = time.time()
@@ -158,6 +179,8 @@ class WeightsIndex:
                     url=entry.url,
                     path=entry.path,
                     sha256=entry.sha256,
+                    directory=entry.directory,
+                    manifest_sha256=entry.manifest_sha256,
                     size_bytes=size,
                     local_path=entry.local_path,
                     fetched=entry.fetched,
@@ -171,12 +194,13 @@ class WeightsIndex:
 
     def collect(self, keep: Iterable[WeightSource], dry_run: bool) -> dict[str, Any]:
         """Delete (or, dry, name) fetched files no running shard uses and no kept source names."""
-        kept_urls = {s.url for s in keep if s.url}
+        keep = list(keep)
+        kept_urls = {s.url for s in keep if s.url and not s.directory}
         kept_hashes = {s.sha256.lower() for s in keep if s.sha256}
         removed: list[dict[str, Any]] = []
         refused: list[dict[str, str]] = []
         for key, entry in sorted(self.entries.items()):
-            if not entry.fetched or entry.users:
+            if not entry.fetched or entry.users or _kept_directory(entry, keep):
                 continue
             if entry.url in kept_urls or (entry.sha256 and entry.sha256.lower() in kept_hashes):
                 continue
@@ -185,7 +209,10 @@ class WeightsIndex:
                 refused.append({"local_path": entry.local_path, "reason": problem})
                 continue
             size = _size(Path(entry.local_path))
-            removed.append({"url": entry.url, "local_path": entry.local_path, "size_bytes": size})
+            removed.append(
+                {"url": entry.url, "local_path": entry.local_path, "size_bytes": size}
+                | ({"directory": entry.directory} if entry.directory else {})
+            )
             if not dry_run:
                 self._delete(Path(entry.local_path))
                 del self.entries[key]
@@ -195,6 +222,8 @@ class WeightsIndex:
 
     def _not_ours(self, entry: _Entry) -> str | None:
         """Why the agent will not delete this entry's file, or None when it provably fetched it."""
+        if entry.directory is not None:
+            return self._not_our_directory(Path(entry.local_path))
         if entry.url is None:
             return "not fetched by llmgw"
         try:
@@ -206,9 +235,32 @@ class WeightsIndex:
             return f"not where the cache puts {entry.url} ({expected})"
         return None
 
+    def _not_our_directory(self, local: Path) -> str | None:
+        """A published directory is `<cache>/dir-<24 hex>/model`, and no link on the way."""
+        root = local.parent
+        cache = self.cache_dir.resolve()
+        shaped = local.name == PUBLISHED and _DIRECTORY_ROOT.fullmatch(root.name) is not None
+        if not shaped or local.is_symlink() or root.is_symlink() or root.resolve().parent != cache:
+            return f"not where the cache publishes a directory ({cache}/{DIRECTORY_PREFIX}<hash>/{PUBLISHED})"
+        return None
+
     @staticmethod
     def _delete(path: Path) -> None:
+        if path.is_dir() and not path.is_symlink():
+            # The whole dir-<hash> root: the published model and whatever staging an earlier fetch left.
+            shutil.rmtree(path.parent, ignore_errors=True)
+            return
         path.unlink(missing_ok=True)
         path.with_name(path.name + ".part").unlink(missing_ok=True)
         with contextlib.suppress(OSError):
             path.parent.rmdir()  # the hash-named directory, when nothing else is in it
+
+
+def _kept_directory(entry: _Entry, keep: list[WeightSource]) -> bool:
+    """A declared directory source names this entry: by name, and by digest when the controller gives one (a
+    name whose manifest moved on leaves the old bytes collectable)."""
+    if entry.directory is None:
+        return False
+    return any(
+        s.directory == entry.directory and s.manifest_sha256 in (None, entry.manifest_sha256) for s in keep
+    )

@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote, urljoin
 
@@ -26,7 +27,13 @@ from aiohttp.abc import AbstractResolver
 from pydantic import ValidationError
 
 from llmgw_agent import repo_rules
-from llmgw_agent.protocol import DirectoryManifest, FetchBase, WeightFile, WeightSource
+from llmgw_agent.protocol import (
+    DirectoryManifest,
+    FetchBase,
+    WeightFile,
+    WeightSource,
+    manifest_digest,
+)
 from llmgw_agent.weights import (
     MAX_REDIRECTS,
     NotAtSource,
@@ -47,13 +54,17 @@ Headers = Callable[[], dict[str, str]]
 _LOCKS: dict[str, asyncio.Lock] = {}
 
 
+DIRECTORY_PREFIX = "dir-"  # a directory source's root in the cache: dir-<24 hex>/{staging,model}
+PUBLISHED = "model"
+
+
 def directory_root(cache_dir: Path, key: str, files: list[WeightFile]) -> Path:
     """Named by the source and its manifest: new bytes under an old name (a moved `main`, a URL whose files
     changed) are a new directory, never a published one quietly disagreeing with what was asked for."""
     digest = hashlib.sha256(key.encode())
     for f in sorted(files, key=lambda f: f.name):
         digest.update(f"\0{f.name}\0{f.size}\0{f.sha256}".encode())
-    return cache_dir / ("dir-" + digest.hexdigest()[:24])
+    return cache_dir / (DIRECTORY_PREFIX + digest.hexdigest()[:24])
 
 
 def check_names(files: list[WeightFile], where: str) -> None:
@@ -77,6 +88,18 @@ def _file_url(base: FetchBase, name: str) -> str:
     return base.url + quote(name)
 
 
+@dataclass(frozen=True)
+class Published:
+    """A published directory: where it lies and the manifest it was verified against."""
+
+    path: str
+    files: list[WeightFile]
+
+    @property
+    def digest(self) -> str:
+        return manifest_digest((f.name, f.size, f.sha256) for f in self.files)
+
+
 async def resolve_directory(
     source: WeightSource,
     cache_dir: Path,
@@ -87,6 +110,22 @@ async def resolve_directory(
     resolver: AbstractResolver | None = None,
 ) -> str:
     """The published directory's path, fetching whatever is missing first."""
+    published = await fetch_directory(
+        source, cache_dir, progress, parallel=parallel, mirror_headers=mirror_headers, resolver=resolver
+    )
+    return published.path
+
+
+async def fetch_directory(
+    source: WeightSource,
+    cache_dir: Path,
+    progress: Progress,
+    *,
+    parallel: int = DEFAULT_PARALLEL,
+    mirror_headers: Headers = dict,
+    resolver: AbstractResolver | None = None,
+) -> Published:
+    """The published directory and its manifest (read from the bases when the source carries none)."""
     key = source.directory
     if not key or not source.bases:
         raise WeightsError("a directory source needs its name and at least one place to fetch it from")
@@ -97,12 +136,12 @@ async def resolve_directory(
         files = source.files or await read_manifest(session, source, mirror_headers)
         check_names(files, f"manifest of {key}")
         root = directory_root(cache_dir, key, files)
-        final, staging = root / "model", root / "staging"
+        final, staging = root / PUBLISHED, root / "staging"
         total = sum(f.size for f in files)
         if final.is_dir():
             await asyncio.to_thread(_check_published, final, files, key)
             progress(total, total)
-            return str(final)
+            return Published(str(final), files)
         staging.mkdir(parents=True, exist_ok=True)
         fetcher = _Fetcher(session, source.bases, staging, progress, total, mirror_headers)
         semaphore = asyncio.Semaphore(max(1, parallel))
@@ -119,7 +158,7 @@ async def resolve_directory(
             raise group_error.exceptions[0] from None
         os.rename(staging, final)  # the one step that makes the model visible
         log.info("published %s: %d files, %d bytes", key, len(files), total)
-    return str(final)
+    return Published(str(final), files)
 
 
 def _check_published(final: Path, files: list[WeightFile], key: str) -> None:

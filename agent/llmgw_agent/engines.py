@@ -145,8 +145,10 @@ LLAMACPP_ARGS = {
 def _llamacpp_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     if spec.shard_count > 1:
         raise SpecError("llamacpp: llama-server never spans nodes; shard_count must be 1")
-    if int(spec.args.get("tensor_parallel_size", 1)) > 1:
+    if int(spec.args.get("tensor_parallel_size", 1)) > 1 or (spec.tp or 1) > 1:
         raise SpecError("llamacpp: tensor parallelism is not supported; it splits across local GPUs itself")
+    if (spec.pp or 1) > 1:
+        raise SpecError("llamacpp: pipeline parallelism is not supported")
     if not ctx.model_path:
         raise SpecError("llamacpp: needs a local GGUF file (source.path or source.url)")
     binary = ctx.binary or "llama-server"
@@ -166,7 +168,9 @@ def _llamacpp_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
 
 
 def _gpu_engine_args(spec: ShardSpec, engine: str) -> dict[str, Any]:
-    """A single-node GPU engine's options, with tensor parallelism defaulting to the shard's GPU count.
+    """A single-node GPU engine's options: the profile's tp and pp as the engine's parallelism flags (each
+    engine's spelling is in its table), or, from a controller that sends neither, tensor parallelism from the
+    shard's GPU count. An `args` entry that says otherwise than the profile is refused, never half-applied.
 
     Multi-node shards are refused: the agent does not launch Ray/MPI/rendezvous worlds yet."""
     if spec.shard_count > 1:
@@ -174,7 +178,14 @@ def _gpu_engine_args(spec: ShardSpec, engine: str) -> dict[str, Any]:
             f"{engine}: multi-node shards are not implemented by this agent yet; shard_count must be 1"
         )
     args = dict(spec.args)
-    if "tensor_parallel_size" not in args and len(spec.gpus) > 1:
+    for key, size in (("tensor_parallel_size", spec.tp), ("pipeline_parallel_size", spec.pp)):
+        if size is None:
+            continue
+        if key in args and int(args[key]) != size:
+            raise SpecError(f"{engine}: args.{key} {args[key]} disagrees with the profile's {size}")
+        if size > 1 or key in args:
+            args[key] = size
+    if spec.tp is None and "tensor_parallel_size" not in args and len(spec.gpus) > 1:
         args["tensor_parallel_size"] = len(spec.gpus)
     return args
 

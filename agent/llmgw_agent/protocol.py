@@ -7,6 +7,8 @@ Optional: absent (None) means unknown, never zero or empty.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -84,14 +86,19 @@ class NodeCondition(_Model):
 
 
 class CachedWeights(_Model):
-    """One weights file on the node: fetched by the agent into its cache, or a node path a shard used.
+    """One weights file or published directory on the node: fetched by the agent into its cache, or a node path
+    a shard used.
 
-    Named by the source's identity (`url` or `path`, and `sha256` when declared): the controller computes the
-    same key from a Model's source (llmgw.core.fleet.weights_key)."""
+    Named by the source's identity (`url` or `path`, and `sha256` when declared; a directory by its name and
+    manifest digest): the controller computes the same key from a Model's source (llmgw.core.fleet)."""
 
     url: str | None = None
     path: str | None = None
     sha256: str | None = None
+    # A published directory source: its name (`repo@revision` or the URL prefix) and its manifest's digest
+    # (manifest_digest); url, path and sha256 are then None.
+    directory: str | None = None
+    manifest_sha256: str | None = None
     size_bytes: int | None = None
     # Where it lies on the node (in the cache for a fetched file).
     local_path: str
@@ -131,6 +138,16 @@ class WeightFile(_Model):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+def manifest_digest(files: Iterable[tuple[str, int, str]]) -> str:
+    """The one name of a manifest's content: sha256 over each (name, size, sha256), in name order. The agent
+    indexes a published directory by it and the controller computes it from the repo's manifest, so both name
+    the same bytes alike; the order files are listed in does not change it."""
+    digest = hashlib.sha256()
+    for name, size, sha in sorted(files):
+        digest.update(f"{name}\0{size}\0{sha}\n".encode())
+    return digest.hexdigest()
+
+
 class DirectoryManifest(_Model):
     """What `llmgw model manifest` writes and a mirror publishes as DIR/llmgw-manifest.json."""
 
@@ -159,6 +176,8 @@ class WeightSource(_Model):
     directory: str | None = None
     files: list[WeightFile] | None = None
     bases: list[FetchBase] = Field(default_factory=list)
+    # collect_weights' `keep` only: a kept directory's manifest digest (None: every digest under its name).
+    manifest_sha256: str | None = None
 
 
 class ShardSpec(_Model):
@@ -174,6 +193,10 @@ class ShardSpec(_Model):
     slots: int | None = None
     cpu_cores: int | None = None
     gpus: list[int] = Field(default_factory=list)
+    # The profile's tensor and pipeline parallel sizes, which become the engine's own flags. None: a controller
+    # before the fields (the agent then takes tensor parallelism from the GPU count, as it did).
+    tp: int | None = Field(default=None, ge=1)
+    pp: int | None = Field(default=None, ge=1)
     args: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     # The engine's own key: passed by environment where the engine allows, never logged.

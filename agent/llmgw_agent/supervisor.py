@@ -294,14 +294,17 @@ class Supervisor:
             reporter = asyncio.create_task(self._report_progress(shard))
             try:
                 if source.directory:
-                    # Not in the weights index yet: a directory is not one file of one size (see docs/agent.md).
-                    return await dirfetch.resolve_directory(
+                    published = await dirfetch.fetch_directory(
                         source,
                         cache,
                         progress,
                         parallel=self.cfg.fetch_parallelism,
                         mirror_headers=self.cfg.mirror_headers,
                     )
+                    self.weights_index.record_directory(
+                        source.directory, published.digest, published.path, shard.spec.shard_id
+                    )
+                    return published.path
                 path = await weights.resolve(source, cache, progress, max_bytes=self.cfg.max_download_bytes)
             finally:
                 reporter.cancel()

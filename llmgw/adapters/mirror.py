@@ -30,6 +30,7 @@ from llmgw_agent.weights import WeightsError, checked_session
 from llmgw.core.errors import LlmgwError
 from llmgw.core.fetch_plan import DEFAULT_REVISION
 from llmgw.core.manifest import ManifestFile, manifest_json
+from llmgw.core.model_headers import ModelShape
 from llmgw.core.security import bearer_token
 
 MANIFEST = repo_rules.MANIFEST_FILE
@@ -79,8 +80,8 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def manifest_text(files: list[ManifestFile]) -> str:
-    return json.dumps(manifest_json(files), indent=1) + "\n"
+def manifest_text(files: list[ManifestFile], shape: ModelShape | None = None) -> str:
+    return json.dumps(manifest_json(files, shape), indent=1) + "\n"
 
 
 async def published_manifest(url: str, token: str | None = None) -> list[ManifestFile]:

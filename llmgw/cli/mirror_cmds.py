@@ -23,6 +23,7 @@ from llmgw.adapters.mirror import (
     published_manifest,
     run_forever,
 )
+from llmgw.adapters.model_files import InspectError, inspect_source
 from llmgw.cli import output
 from llmgw.controller.settings import parse_hostport
 from llmgw.core.fetch_plan import DEFAULT_REVISION
@@ -75,21 +76,55 @@ def manifest(
     ] = None,
     token_file: _TokenFile = None,
 ) -> None:
-    """Write a directory source's manifest (names, sizes, sha256) for spec.source.manifest."""
+    """Write a directory source's manifest (names, sizes, sha256, and the model's shape from its headers) for
+    spec.source.manifest."""
+    token = _token(token_file)
     try:
         if _is_url(source):
-            files = asyncio.run(published_manifest(source, _token(token_file)))
+            files = asyncio.run(published_manifest(source, token))
         else:
             files = hash_directory(Path(source))
     except MirrorError as exc:
         raise _fail(str(exc)) from exc
-    text = manifest_text(files)
+    try:
+        where = source if not _is_url(source) or source.endswith("/") else source + "/"
+        shape = asyncio.run(inspect_source(where, token))
+    except InspectError as exc:  # the files are still described; offline validate just knows less
+        typer.echo(f"warning: the model's headers were not recorded: {exc}", err=True)
+        shape = None
+    text = manifest_text(files, shape)
     if output is None:
         typer.echo(text, nl=False)
         return
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     typer.echo(f"wrote {output}: {len(files)} files, {_size(total_bytes(files))}", err=True)
+
+
+@model_app.command("inspect")
+def inspect(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="A .gguf or .safetensors file, a model directory, or an http(s) URL of one (a directory URL "
+            "ends in `/` and its server publishes a manifest); over HTTP only the headers are read"
+        ),
+    ],
+    as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output")] = False,
+    token_file: _TokenFile = None,
+) -> None:
+    """Print a model's shape from its own headers: architecture, layers, trained context, quantization or
+    dtype, parameters, tensor bytes, attention and KV heads."""
+    try:
+        shape = asyncio.run(inspect_source(source, _token(token_file)))
+    except InspectError as exc:
+        raise _fail(str(exc)) from exc
+    if as_json:
+        output.print_json(shape.to_json())
+        return
+    for key, value in shape.to_json().items():
+        shown = "(not in the headers)" if value is None else f"{value:,}" if isinstance(value, int) else value
+        typer.echo(f"{key.replace('_', ' ') + ':':18} {shown}")
 
 
 @mirror_app.command("add")

@@ -18,7 +18,7 @@ import sys
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -29,6 +29,9 @@ from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import LiveState
 from llmgw.core.repo import LoadResult
 from llmgw.core.words import short
+
+if TYPE_CHECKING:
+    from llmgw.core.plan import Plan
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "[::1]")
 
@@ -110,8 +113,23 @@ def plan(
     ] = False,
     token_file: TokenOpt = None,
     revision: RevisionOpt = None,
+    offline: Annotated[
+        bool,
+        typer.Option(
+            "--offline",
+            help="Ask no weights server: each new or changed source is listed as not checked",
+        ),
+    ] = False,
+    mirror_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--mirror-token-file",
+            help="Bearer token for the Cluster's mirror when it wants one (sent to the mirror only)",
+        ),
+    ] = None,
 ) -> None:
-    """Show what applying the cluster repo would change in the fleet."""
+    """Show what applying the cluster repo would change in the fleet, and check that each new or changed
+    weights source exists with the repo's sizes (and digests where the server names them)."""
     from llmgw.core import plan as plans
 
     result = load_repo(path, revision=revision)
@@ -139,14 +157,70 @@ def plan(
         if save_state is not None:
             save_state.write_text(live.model_dump_json(indent=2) + "\n", encoding="utf-8")
         made = plans.plan_for_catalog(catalog, live)
-        if out is not None:
+        made = _with_sources(made, result, live, offline, mirror_token_file)
+        if out is not None and not (made.source_errors or made.misfits):
             _write_plan_file(out, path, result, made, source)
     except (AdminError, Refused) as exc:
         _fail(str(exc))
     typer.echo(plans.render(made, output.value), nl=False)
+    if made.source_errors or made.misfits:
+        _refuse(made, saved=out is not None)
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
     raise typer.Exit(plans.exit_code(made) if detailed_exitcode else 0)
+
+
+def _refuse(made: Plan, *, saved: bool) -> NoReturn:
+    """A wrong weights source or a profile that cannot fit: each on stderr where it is, then exit 1."""
+    for verdict in made.source_errors:
+        for problem in verdict.problems:
+            typer.echo(f"{verdict.where}: spec.source: model {verdict.model}: {problem}", err=True)
+    for fit in made.misfits:
+        typer.echo(
+            f"error: model {fit.model} profile {fit.profile} on {fit.gpu_class}: {fit.words()}", err=True
+        )
+    what = "a weights source is wrong" if made.source_errors else "a profile does not fit its GPUs"
+    typer.echo(f"error: {what}" + ("; the plan was not saved" if saved else ""), err=True)
+    raise typer.Exit(1)
+
+
+def _with_sources(made: Plan, result: LoadResult, live: LiveState, offline: bool, token: Path | None) -> Plan:
+    """The plan with a verdict on every new or changed weights source (llmgw.core.source_check)."""
+    import asyncio
+    import dataclasses
+
+    from llmgw.adapters.source_probe import check_sources
+    from llmgw.core.source_check import not_checked, to_check
+
+    assert result.repo is not None
+    catalog = result.repo.catalog
+    items = to_check(catalog, _source_places(result), live.models, live.documents)
+    if offline:
+        verdicts = [not_checked(i, i.unchecked or "--offline: no server was asked") for i in items]
+    else:
+        mirror_token = _read_secret(token, "--mirror-token-file") if token is not None else None
+        verdicts = asyncio.run(
+            check_sources(items, mirror_url=catalog.cluster.mirror.url, mirror_token=mirror_token)
+        )
+    return dataclasses.replace(made, sources=tuple(verdicts))
+
+
+def _source_places(result: LoadResult) -> dict[str, str]:
+    """Model name -> `file:line:col` of its spec.source, for the plan's source errors."""
+    out: dict[str, str] = {}
+    for doc in result.documents:
+        if doc.kind == "Model":
+            pos = doc.positions.value(("spec", "source"))
+            line, col = (pos.line, pos.col) if pos else (1, 1)
+            out[doc.name] = f"{doc.file}:{line}:{col}"
+    return out
+
+
+def _read_secret(path: Path, flag: str) -> str:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise Refused(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from exc
 
 
 def _invalid(result: LoadResult, output: PlanFormat) -> None:

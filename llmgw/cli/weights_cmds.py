@@ -38,11 +38,19 @@ def _used_by(f: dict[str, Any]) -> str:
     return "nothing (collectable)" if f.get("fetched") else "nothing (not fetched by llmgw: kept)"
 
 
+def _what(f: dict[str, Any]) -> str:
+    """A file by its url or path; a published directory by its name and the start of its manifest digest."""
+    if f.get("directory"):
+        return f"{f['directory']} (directory, manifest {str(f.get('manifest_sha256') or '?')[:12]})"
+    return str(f.get("url") or f.get("path") or f["local_path"])
+
+
 @weights_app.command("list")
 def list_weights(
     controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Per node: each weights file, its size, and what uses it (running replicas, declared models)."""
+    """Per node: each weights file or directory, its size, and what uses it (running replicas, declared
+    models)."""
     data = _get(_client(controller, token_file), "/api/v1/weights")
     if as_json:
         _print_json(data)
@@ -56,7 +64,7 @@ def list_weights(
         if not files:
             table.add_row(node["node"], "(none)", "", "", "")
         for f in files:
-            source = f.get("url") or f.get("path") or f["local_path"]
+            source = _what(f)
             table.add_row(node["node"], source, _size(f.get("size_bytes")), "yes" if f["fetched"] else "no",
                           _used_by(f))  # fmt: skip
     Console().print(table)
@@ -92,9 +100,8 @@ def collect(
             continue
         for r in result.get("removed", []):
             total += r.get("size_bytes") or 0
-            console.print(
-                f"{result['node']}: {verb} {r['url']} ({_size(r.get('size_bytes'))})", highlight=False
-            )
+            what = f"directory {r['directory']}" if r.get("directory") else r["url"]
+            console.print(f"{result['node']}: {verb} {what} ({_size(r.get('size_bytes'))})", highlight=False)
         for r in result.get("refused", []):
             console.print(f"{result['node']}: kept {r['local_path']}: {r['reason']}", highlight=False)
     # "asked to": each node decides, and one that refuses a path it cannot prove it fetched is working.

@@ -351,6 +351,8 @@ class Reconciler:
             slots=profile.slots,
             cpu_cores=profile.cpu_cores,
             gpus=list(shard.gpus),
+            tp=profile.tp,
+            pp=profile.pp,
             args=dict(profile.args),
             # Catalog.build already refused a disallowed name; filtering again keeps the rule in one function.
             env=repo_rules.filter_env(profile.engine, profile.env)[0],

@@ -23,7 +23,7 @@ from llmgw.core.fleet import (
     ReplicaView,
     ShardState as FleetShardState,
     ShardView,
-    held_weights_key,
+    held_weights_keys,
     undeclared_words,
 )
 from llmgw.core.placement import ACTIVE_STATES
@@ -132,7 +132,11 @@ def node_views(c: Controller) -> list[NodeView]:
                 engine_refusals=_engine_refusals(c, inv),
                 weights=None
                 if inv.weights is None
-                else frozenset(held_weights_key(w.url, w.path, w.sha256) for w in inv.weights),
+                else frozenset(
+                    key
+                    for w in inv.weights
+                    for key in held_weights_keys(w.url, w.path, w.sha256, w.directory, w.manifest_sha256)
+                ),
             )
         )
     return sorted(out, key=lambda n: n.name)

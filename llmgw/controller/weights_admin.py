@@ -17,7 +17,8 @@ from llmgw_agent.protocol import Command, WeightSource
 
 from llmgw.controller.hub import AgentError
 from llmgw.core.errors import LlmgwError
-from llmgw.core.fleet import held_weights_key, weights_key
+from llmgw.core.fetch_plan import directory_key
+from llmgw.core.fleet import held_weights_keys, weights_key
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
@@ -34,7 +35,7 @@ def declared_by(c: Controller) -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     d = c.desired
     for name, entry in sorted((d.models if d else {}).items()):
-        key = weights_key(entry.spec.source)
+        key = weights_key(entry.spec.source, entry.manifest_digest)
         if key is not None:
             out.setdefault(key, []).append(name)
     return out
@@ -50,8 +51,9 @@ def weights_json(c: Controller) -> list[dict[str, Any]]:
         if inv.weights is not None:
             files = []
             for w in inv.weights:
-                key = held_weights_key(w.url, w.path, w.sha256)
-                files.append(w.model_dump(mode="json") | {"key": key, "declared_by": declared.get(key, [])})
+                keys = held_weights_keys(w.url, w.path, w.sha256, w.directory, w.manifest_sha256)
+                by = sorted({m for k in keys for m in declared.get(k, [])})
+                files.append(w.model_dump(mode="json") | {"key": keys[0], "declared_by": by})
         out.append(
             {
                 "node": name,
@@ -70,7 +72,10 @@ def kept_sources(c: Controller) -> list[WeightSource]:
     kept: list[WeightSource] = []
     for entry in d.models.values():
         s = entry.spec.source
-        if s is not None:
+        if s is not None and s.directory:
+            # By name and, with a repo manifest, digest: the bytes an older manifest named are collectable.
+            kept.append(WeightSource(directory=directory_key(s), manifest_sha256=entry.manifest_digest))
+        elif s is not None:
             kept.append(WeightSource(path=s.path, url=s.url, sha256=s.sha256, size=s.size_bytes))
     return kept
 

@@ -41,6 +41,8 @@ from llmgw.core.config.models import (
 from llmgw.core.config.semantic import Document, check
 from llmgw.core.errors import CatalogError
 from llmgw.core.fleet import QuotaScope
+from llmgw.core.manifest import ManifestFile, digest as manifest_digest
+from llmgw.core.model_headers import ModelShape
 from llmgw.core.snapshot import Tenants
 
 __all__ = [
@@ -56,16 +58,21 @@ __all__ = [
 _BUILD_KEY = object()  # only Catalog.build has it: no unchecked Catalog can exist
 
 
-def profile_fingerprint(profile: Profile, spec: ModelSpec) -> str:
-    """sha256 of what a running replica depends on: the profile, the model's source and context length.
+def profile_fingerprint(profile: Profile, spec: ModelSpec, manifest_digest: str | None = None) -> str:
+    """sha256 of what a running replica depends on: the profile, the model's source and context length, and
+    a directory source's manifest from the repo (its digest): a manifest edited at the same path names other
+    bytes, so its replicas are stale exactly as when a file source's sha256 changes.
 
-    Fields left at their defaults are omitted, so spelling out a default does not change the fingerprint.
+    Fields left at their defaults are omitted, so spelling out a default does not change the fingerprint; a
+    model without a repo manifest has no `manifest` key at all, so its fingerprint is what it always was.
     """
-    canonical = {
+    canonical: dict[str, object] = {
         "profile": profile.model_dump(mode="json", by_alias=True, exclude_defaults=True),
         "source": spec.source.model_dump(mode="json", exclude_defaults=True) if spec.source else None,
         "context_length": spec.context_length,
     }
+    if manifest_digest is not None:
+        canonical["manifest"] = manifest_digest
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -86,6 +93,15 @@ class ModelEntry:
     spec: ModelSpec
     labels: Mapping[str, str]
     profiles: tuple[ProfileEntry, ...]
+    # A directory source's manifest from the repo (`spec.source.manifest`); None: none in the repo (the node
+    # reads the one the mirror publishes) or not a directory source.
+    manifest: tuple[ManifestFile, ...] | None = None
+    # The model's shape its manifest records (`llmgw model manifest`); None: not recorded.
+    shape: ModelShape | None = None
+
+    @property
+    def manifest_digest(self) -> str | None:
+        return None if self.manifest is None else manifest_digest(self.manifest)
 
     @property
     def aliases(self) -> tuple[str, ...]:
@@ -146,9 +162,16 @@ class Catalog:
     # ------------------------------------------------------------------------------------------ construction
 
     @classmethod
-    def build(cls, documents: Sequence[Document], revision: str | None = None) -> Catalog:
+    def build(
+        cls,
+        documents: Sequence[Document],
+        revision: str | None = None,
+        manifests: Mapping[str, tuple[ManifestFile, ...]] | None = None,
+        shapes: Mapping[str, ModelShape] | None = None,
+    ) -> Catalog:
         """The catalog of `documents`, or CatalogError holding every whole-repo problem (warnings do not stop
-        it and are kept in `warnings`)."""
+        it and are kept in `warnings`). `manifests` are the repo's directory manifests by model name (checked
+        by core.repo); they are part of the models' fingerprints."""
         problems = check(documents)
         errors = [p for p in problems if p.severity == "error"]
         if errors:
@@ -164,8 +187,12 @@ class Catalog:
             name = doc.metadata.name
             labels = MappingProxyType(dict(doc.metadata.labels))
             if isinstance(doc, Model):
-                entries = tuple(ProfileEntry(p, profile_fingerprint(p, doc.spec)) for p in doc.spec.profiles)
-                models[name] = ModelEntry(name, doc.spec, labels, entries)
+                manifest = (manifests or {}).get(name)
+                digest = None if manifest is None else manifest_digest(manifest)
+                entries = tuple(
+                    ProfileEntry(p, profile_fingerprint(p, doc.spec, digest)) for p in doc.spec.profiles
+                )
+                models[name] = ModelEntry(name, doc.spec, labels, entries, manifest, (shapes or {}).get(name))
                 aliases.update({alias: name for alias in doc.spec.aliases})
             elif isinstance(doc, RoutingPolicy):
                 policies[name] = doc.spec

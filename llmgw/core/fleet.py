@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmgw.core.config.models import ModelSpec, Rollout, Source
+from llmgw.core.fetch_plan import directory_key
 
 if TYPE_CHECKING:  # only for annotations: the adapters below read two attributes of a Catalog
     from llmgw.core.catalog import Catalog
@@ -45,6 +46,7 @@ __all__ = [
     "class_rank",
     "desired_nodes",
     "held_weights_key",
+    "held_weights_keys",
     "model_views",
     "undeclared_words",
     "weights_key",
@@ -68,17 +70,23 @@ class QuotaScope:
 
 class ModelView(NamedTuple):
     """One desired model: its spec, the fingerprint of each of its profiles (by profile name), its capacity
-    class's rank (0 is the highest; every model ranks 0 when the Cluster declares no classes) and the GPU
-    quotas its owner counts against (nearest first)."""
+    class's rank (0 is the highest; every model ranks 0 when the Cluster declares no classes), the GPU
+    quotas its owner counts against (nearest first) and the digest of its directory source's manifest when
+    the repo holds one (what names its weights on a node)."""
 
     spec: ModelSpec
     fingerprints: Mapping[str, str]
     rank: int = 0
     quotas: tuple[QuotaScope, ...] = ()
+    manifest_digest: str | None = None
 
     @property
     def class_name(self) -> str:
         return self.spec.model_class or "(unclassed)"
+
+    @property
+    def weights_key(self) -> str | None:
+        return weights_key(self.spec.source, self.manifest_digest)
 
 
 def class_rank(classes: list[str] | None, model_class: str | None) -> int:
@@ -92,7 +100,8 @@ def class_rank(classes: list[str] | None, model_class: str | None) -> int:
 
 
 def model_views(catalog: Catalog) -> dict[str, ModelView]:
-    """The catalog's models as the decisions read them: spec, profile fingerprints, rank and quotas."""
+    """The catalog's models as the decisions read them: spec, profile fingerprints, rank, quotas and the
+    manifest digest."""
     classes = catalog.cluster.classes
     return {
         name: ModelView(
@@ -100,6 +109,7 @@ def model_views(catalog: Catalog) -> dict[str, ModelView]:
             {p.name: p.fingerprint for p in entry.profiles},
             class_rank(classes, entry.spec.model_class),
             catalog.quota_scopes(entry.spec.owner),
+            entry.manifest_digest,
         )
         for name, entry in sorted(catalog.models.items())
     }
@@ -113,12 +123,33 @@ def desired_nodes(catalog: Catalog) -> dict[str, DesiredNode]:
     }
 
 
-def weights_key(source: Source | None) -> str | None:
+def weights_key(source: Source | None, manifest_digest: str | None = None) -> str | None:
     """The name a model's weights go by in a node's `weights` set: the sha256 when given, else a hash of
-    where they come from. None for a model without a source (sim)."""
+    where they come from. A directory source goes by its repo manifest's digest (`manifest:DIGEST`), or by its
+    name (`dir:repo@revision`, `dir:URL`) when the repo holds no manifest: the node then has whatever the
+    mirror publishes under that name. None for a model without a source (sim)."""
     if source is None:
         return None
+    if source.directory:
+        if manifest_digest is not None:
+            return f"manifest:{manifest_digest}"
+        return f"dir:{directory_key(source)}"
     return held_weights_key(source.url, source.path, source.sha256)
+
+
+def held_weights_keys(
+    url: str | None,
+    path: str | None,
+    sha256: str | None,
+    directory: str | None = None,
+    manifest_sha256: str | None = None,
+) -> tuple[str, ...]:
+    """Every weights_key() an entry of a node's weights index answers to: a published directory both by its
+    manifest's digest and by its name (a Model without a repo manifest knows only the name)."""
+    if directory is not None:
+        by_name = f"dir:{directory}"
+        return (f"manifest:{manifest_sha256}", by_name) if manifest_sha256 else (by_name,)
+    return (held_weights_key(url, path, sha256),)
 
 
 def held_weights_key(url: str | None, path: str | None, sha256: str | None) -> str:

@@ -14,12 +14,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmgw_agent import repo_rules
-from llmgw_agent.protocol import DirectoryManifest, WeightFile
+from llmgw_agent.protocol import DirectoryManifest, WeightFile, manifest_digest
 
 from llmgw.core.config.errors import ConfigError, PathPart, format_path
 from llmgw.core.config.yamlpos import Positions, parse_yaml
+from llmgw.core.model_headers import ModelShape
 
-__all__ = ["FORMAT", "ManifestFile", "manifest_json", "parse_manifest", "total_bytes"]
+__all__ = [
+    "FORMAT",
+    "Manifest",
+    "ManifestFile",
+    "digest",
+    "manifest_json",
+    "parse_manifest",
+    "read_manifest",
+    "total_bytes",
+]
 
 FORMAT = "llmgw-manifest/1"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -37,12 +47,27 @@ def total_bytes(files: Iterable[ManifestFile | WeightFile]) -> int:
     return sum(f.size for f in files)
 
 
-def manifest_json(files: Iterable[ManifestFile]) -> dict[str, Any]:
-    """The manifest document, files in name order (so a rewrite of the same directory is the same text)."""
+def digest(files: Iterable[ManifestFile | WeightFile]) -> str:
+    """The manifest's content digest (llmgw_agent.protocol.manifest_digest): what a node's weights index names
+    a published directory by, and what a replica's fingerprint carries, so a manifest edited in place is new."""
+    return manifest_digest((f.name, f.size, f.sha256) for f in files)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    files: tuple[ManifestFile, ...]
+    # The model's shape from its headers (`llmgw model manifest` records it); None: not recorded.
+    shape: ModelShape | None = None
+
+
+def manifest_json(files: Iterable[ManifestFile], shape: ModelShape | None = None) -> dict[str, Any]:
+    """The manifest document, files in name order (so a rewrite of the same directory is the same text), and
+    the model's shape when known (agents ignore it; offline `validate` reads it)."""
     ordered = sorted(files, key=lambda f: f.name)
-    return DirectoryManifest(
+    body = DirectoryManifest(
         files=[WeightFile(name=f.name, size=f.size, sha256=f.sha256) for f in ordered]
     ).model_dump()
+    return body | ({"model": shape.to_json()} if shape is not None else {})
 
 
 class _Problems:
@@ -57,35 +82,72 @@ class _Problems:
 
 def parse_manifest(file: str, body: bytes) -> tuple[tuple[ManifestFile, ...], list[ConfigError]]:
     """The files a manifest lists, or the problems that make it unusable (each at its line and column)."""
+    manifest, errors = read_manifest(file, body)
+    return (manifest.files if manifest is not None else ()), errors
+
+
+def read_manifest(file: str, body: bytes) -> tuple[Manifest | None, list[ConfigError]]:
+    """The manifest (files and recorded shape), or the problems that make it unusable."""
     docs, errors = parse_yaml(file, body)
     if errors:
-        return (), errors
+        return None, errors
     problems = _Problems(file, docs[0].positions if docs else None)
     data = docs[0].data if len(docs) == 1 else None
     if not isinstance(data, Mapping):
         problems.add((), "a manifest is one JSON object", "write it with `llmgw model manifest DIR -o FILE`")
-        return (), problems.errors
+        return None, problems.errors
     if data.get("format", FORMAT) != FORMAT:
         problems.add(
             ("format",), f"unknown manifest format {data.get('format')!r}", f"this llmgw reads {FORMAT}"
         )
-    extra = sorted(set(data) - {"format", "files"})
+    extra = sorted(set(data) - {"format", "files", "model"})
     if extra:
-        problems.add((extra[0],), f"unknown field {extra[0]!r}", "a manifest has `format` and `files`")
+        problems.add(
+            (extra[0],), f"unknown field {extra[0]!r}", "a manifest has `format`, `files` and `model`"
+        )
+    shape = _shape(data.get("model"), problems)
     entries = data.get("files")
     if not isinstance(entries, list) or not entries:
         problems.add(("files",), "`files` must be a non-empty list", "one {name, size, sha256} per file")
-        return (), problems.errors
+        return None, problems.errors
     if len(entries) > MAX_FILES:
         problems.add(("files",), f"more than {MAX_FILES} files", None)
-        return (), problems.errors
+        return None, problems.errors
     indexed = [(i, f) for i, e in enumerate(entries) if (f := _file(i, e, problems)) is not None]
     seen: set[str] = set()
     for i, f in indexed:
         if f.name in seen:
             problems.add(("files", i, "name"), f"{f.name!r} is listed twice", "each file once")
         seen.add(f.name)
-    return (tuple(f for _, f in indexed) if not problems.errors else ()), problems.errors
+    if problems.errors:
+        return None, problems.errors
+    return Manifest(tuple(f for _, f in indexed), shape), []
+
+
+_SHAPE_TEXT = frozenset({"format", "architecture", "dtype", "quantization"})
+
+
+def _shape(value: object, problems: _Problems) -> ModelShape | None:
+    """The recorded `model` shape: known fields are whole numbers (or text), null when unknown."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        problems.add(("model",), "`model` is an object", "as `llmgw model manifest` records it")
+        return None
+    before = len(problems.errors)
+    known = set(ModelShape.__dataclass_fields__)
+    for key, item in value.items():
+        if key not in known or item is None:
+            continue  # a field a newer llmgw records: ignored, not refused
+        text = key in _SHAPE_TEXT
+        if (text and not isinstance(item, str)) or (
+            not text and (not isinstance(item, int) or isinstance(item, bool) or item < 0)
+        ):
+            what = "text" if text else "a whole number, 0 or more"
+            problems.add(("model", key), f"`{key}` must be {what} (or null: unknown)", None)
+    if len(problems.errors) != before:
+        return None
+    return ModelShape.from_json({"format": "unknown", **value})
 
 
 def _file(i: int, entry: object, problems: _Problems) -> ManifestFile | None:

@@ -18,13 +18,15 @@ from pydantic import BaseModel
 
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.errors import ConfigError, SemanticError, format_path
-from llmgw.core.config.models import DOCUMENT_KINDS
+from llmgw.core.config.models import DOCUMENT_KINDS, ModelSpec
 from llmgw.core.config.schemas import kind_schema
 from llmgw.core.config.semantic import Document, check
 from llmgw.core.config.validation import DocumentChecker, make_validators
 from llmgw.core.config.yamlpos import ParsedDocument, Positions, parse_yaml
 from llmgw.core.errors import CatalogError
-from llmgw.core.manifest import ManifestFile, parse_manifest
+from llmgw.core.manifest import Manifest, ManifestFile, read_manifest
+from llmgw.core.memory_fit import GIB, profile_fits
+from llmgw.core.model_headers import ModelShape
 
 __all__ = ["LoadResult", "LoadedDocument", "Repo", "content_hash_of", "default_schemas", "validate_files"]
 
@@ -47,6 +49,8 @@ class Repo:
     revision: str | None
     # Directory sources' manifests from the repo, by model name (`spec.source.manifest`).
     manifests: Mapping[str, tuple[ManifestFile, ...]] = field(default_factory=dict)
+    # The model shapes those manifests record (`llmgw model manifest` reads them from the headers).
+    shapes: Mapping[str, ModelShape] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         counts = Counter(doc.kind for doc in self.documents)
@@ -127,26 +131,36 @@ def validate_files(
     semantic = check([d.document for d in good], tolerate)  # type: ignore[misc]
     mapped = [_position(good, problem) for problem in semantic]
     errors.extend(e for e in mapped if e.severity == "error")
-    manifests = _manifests(good, data or {}, errors)
+    read = _manifests(good, data or {}, errors)
+    errors.extend(_fit_problems(good, read))
+    manifests = {name: m.files for name, m in read.items()}
+    shapes = {name: m.shape for name, m in read.items() if m.shape is not None}
     warnings = tuple(sorted({e for e in mapped if e.severity == "warning"}, key=_order))
     unique_errors = tuple(sorted(set(errors), key=_order))
     if unique_errors:
         return LoadResult(None, unique_errors, warnings, len(files))
     revision = revision if revision is not None else content_hash_of(files)
     try:
-        catalog = Catalog.build([d.document for d in good], revision=revision)  # type: ignore[misc]
+        documents = [d.document for d in good]
+        catalog = Catalog.build(
+            documents,  # type: ignore[arg-type]
+            revision=revision,
+            manifests=manifests,
+            shapes=shapes,
+        )
     except CatalogError as exc:  # the same checks ran above; kept so a disagreement cannot pass silently
         return LoadResult(None, tuple(_position(good, p) for p in exc.errors), warnings, len(files))
-    repo = Repo(root, tuple(good), catalog, revision, manifests)
+    repo = Repo(root, tuple(good), catalog, revision, manifests, shapes)
     return LoadResult(repo, (), warnings, len(files))
 
 
 def _manifests(
     good: list[LoadedDocument], data: Mapping[str, tuple[str, bytes]], errors: list[ConfigError]
-) -> dict[str, tuple[ManifestFile, ...]]:
+) -> dict[str, Manifest]:
     """Each Model's `spec.source.manifest`, read from the repo's files and checked (problems go to `errors`:
-    a missing file at the Model's line, a bad manifest at the manifest's own lines)."""
-    out: dict[str, tuple[ManifestFile, ...]] = {}
+    a missing file at the Model's line, a bad manifest at the manifest's own lines, a context_length above the
+    trained context the manifest records at the context_length)."""
+    out: dict[str, Manifest] = {}
     for doc in good:
         source = getattr(getattr(doc.document, "spec", None), "source", None)
         named = getattr(source, "manifest", None) if doc.kind == "Model" else None
@@ -168,11 +182,57 @@ def _manifests(
             )
             continue
         display, body = data[rel]
-        files, problems = parse_manifest(display, body)
+        manifest, problems = read_manifest(display, body)
         errors.extend(problems)
-        if files:
-            out[doc.name] = files
+        if manifest is not None:
+            out[doc.name] = manifest
+            errors.extend(_context_problems(doc, manifest, display))
     return out
+
+
+def _fit_problems(good: list[LoadedDocument], read: Mapping[str, Manifest]) -> list[ConfigError]:
+    """A GPU profile that cannot fit the memory its class declares (Cluster `gpu_classes`), with the arithmetic,
+    at the profile; only for models whose manifest records their shape."""
+    cluster = next((d.document for d in good if d.kind == "Cluster"), None)
+    classes = getattr(getattr(cluster, "spec", None), "gpu_classes", None) or {}
+    memory = {name: int(c.memory_gb * GIB) for name, c in classes.items()}
+    out: list[ConfigError] = []
+    for doc in good:
+        manifest = read.get(doc.name) if doc.kind == "Model" else None
+        spec = getattr(doc.document, "spec", None)
+        if manifest is None or manifest.shape is None or not isinstance(spec, ModelSpec):
+            continue
+        for fit in profile_fits({doc.name: (spec, manifest.shape)}, memory):
+            if fit.state != "does not fit":
+                continue
+            index = next(i for i, p in enumerate(spec.profiles) if p.name == fit.profile)
+            path: tuple[str | int, ...] = ("spec", "profiles", index)
+            pos = doc.positions.value(path)
+            words = f"on {fit.gpu_class} ({classes[fit.gpu_class].memory_gb:g} GiB): {fit.words()}"
+            hint = "more tp or pp, a larger gpu_class, fewer slots or a shorter context_length"
+            out.append(ConfigError(doc.file, pos.line if pos else 1, pos.col if pos else 1, format_path(path),
+                                   words, hint))  # fmt: skip
+    return out
+
+
+def _context_problems(doc: LoadedDocument, manifest: Manifest, display: str) -> list[ConfigError]:
+    """A declared context_length above what the model was trained for: the engine refuses it or degrades."""
+    trained = manifest.shape.trained_context if manifest.shape else None
+    declared = getattr(getattr(doc.document, "spec", None), "context_length", None)
+    if trained is None or not isinstance(declared, int) or declared <= trained:
+        return []
+    path = ("spec", "context_length")
+    pos = doc.positions.value(path)
+    return [
+        ConfigError(
+            doc.file,
+            pos.line if pos else 1,
+            pos.col if pos else 1,
+            format_path(path),
+            f"{declared} is above the model's trained context {trained} (recorded in {display})",
+            f"at most {trained}",
+        )
+    ]
 
 
 def _check_document(

@@ -11,7 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmgw_agent.protocol import Command, Inventory, Register, Reply, ShardSpec, ShardState, ShardStatus
+from llmgw_agent.protocol import (
+    Command,
+    EngineInstall,
+    Gpu,
+    Inventory,
+    Register,
+    Reply,
+    ShardSpec,
+    ShardState,
+    ShardStatus,
+)
 
 from llmgw.controller.hub import AgentError, NodeLink
 
@@ -48,12 +58,21 @@ class FakeAgents:
 
     # ------------------------------------------------------------------ the agents' side, driven by a test
 
-    def register(self, node: str, *, cpu_cores: int = 8, shards: list[ShardStatus] | None = None) -> NodeLink:
-        """An agent connects and registers, reporting `shards` already running there."""
+    def register(
+        self,
+        node: str,
+        *,
+        cpu_cores: int = 8,
+        shards: list[ShardStatus] | None = None,
+        gpus: list[Gpu] | None = None,
+        engines: dict[str, EngineInstall] | None = None,
+    ) -> NodeLink:
+        """An agent connects and registers, reporting `shards` already running there (and `gpus`, `engines`
+        when given: none, and whatever placement takes for unknown, otherwise)."""
         register = Register(
             node=node,
             agent_version="fake",
-            inventory=Inventory(cpu_cores=cpu_cores, memory_bytes=64 << 30, gpus=[]),
+            inventory=Inventory(cpu_cores=cpu_cores, memory_bytes=64 << 30, gpus=gpus or [], engines=engines),
             shards=shards or [],
         )
         now = self.clock()

@@ -5,7 +5,7 @@ on every node mounting it; the weights cache's own filesystem is what is charged
 from __future__ import annotations
 
 from llmgw.core.config.models import Source
-from llmgw.core.fleet import GIB, held_weights_key, weights_key
+from llmgw.core.fleet import GIB, held_weights_key, held_weights_keys, weights_key
 from llmgw.core.placement import CacheDisk, cache_disk, explain, place
 
 from .builders import cpu_node, cpu_profile, entry
@@ -99,3 +99,37 @@ def test_the_cache_filesystem_is_charged_and_a_filer_never_stands_for_a_local_di
     assert cache_disk([old_local, old_filer]) == (20 * GIB, None)
     assert cache_disk([old_filer]) == (None, None)  # only a filer: unknown, not its size
     assert cache_disk(None) == (None, None) and cache_disk([]) == (None, None)
+
+
+DIGEST = "d" * 64
+REPO_SOURCE = Source(repo="org/tiny", revision="v1")
+
+
+def test_a_published_directory_is_held_by_its_manifest_digest_and_by_its_name() -> None:
+    # The agent reports a directory by its name and manifest digest; it answers to both keys, so a Model with
+    # its manifest in the repo (by digest) and one without (by name: whatever the mirror publishes) both match.
+    held = frozenset(held_weights_keys(None, None, None, "org/tiny@v1", DIGEST))
+    assert weights_key(REPO_SOURCE, DIGEST) in held
+    assert weights_key(REPO_SOURCE) in held
+    assert weights_key(REPO_SOURCE, "e" * 64) not in held  # the same name, other bytes
+    assert weights_key(Source(repo="org/other", revision="v1")) not in held
+    # Two repo sources never share a key (they once both fell back to the key of `path: None`).
+    assert weights_key(Source(repo="org/a")) != weights_key(Source(repo="org/b"))
+    prefix = Source(url="http://files.internal/tiny/")
+    assert weights_key(prefix) in held_weights_keys(None, None, None, "http://files.internal/tiny/", DIGEST)
+
+
+def test_a_node_holding_the_directory_wins_and_its_disk_is_not_charged_again() -> None:
+    directory = entry(cpu_profile(disk_gb=40), source=REPO_SOURCE.model_dump(exclude_none=True))
+    models = {"tiny": directory._replace(manifest_digest=DIGEST), "b": model(SOURCE_B)}
+    held = frozenset(held_weights_keys(None, None, None, "org/tiny@v1", DIGEST))
+    nodes = [cpu_node("a-empty", weights=frozenset()), cpu_node("z-holder", weights=held)]
+    placed = {p.model: p for p in place({"tiny": models["tiny"]}, nodes, []).placements}
+    assert placed["tiny"].nodes == ("z-holder",) and "weights already there" in placed["tiny"].why
+    holder = cpu_node("n", cores=16, disk_free_bytes=50 * GIB, weights=held)
+    assert sorted(p.model for p in place(models, [holder], []).placements) == ["b", "tiny"]
+    stale = models["tiny"]._replace(manifest_digest="e" * 64)  # the repo's manifest moved on: not held
+    placed_stale = place({"tiny": stale, "b": models["b"]}, [holder], [])
+    assert (
+        len(placed_stale.placements) == 1 and len(placed_stale.unplaced) == 1
+    )  # 40 + 40 > 50: fetched again

@@ -254,6 +254,12 @@ class MirrorSettings(Strict):
     )
 
 
+class GpuClass(Strict):
+    """What a GPU class is, for checks made before any node reports one (offline `validate`)."""
+
+    memory_gb: float = Field(gt=0, description="Memory of one card, in GiB (80 for an 80 GB A100)")
+
+
 class ClusterSpec(Strict):
     """Cluster-wide settings; every field has a default."""
 
@@ -282,6 +288,11 @@ class ClusterSpec(Strict):
     )
     mirror: MirrorSettings = Field(
         default_factory=MirrorSettings, description="Weights mirror and origin for `repo` sources"
+    )
+    gpu_classes: dict[str, GpuClass] = Field(
+        default_factory=dict,
+        description="GPU classes by name, with their memory: `validate` checks each GPU profile's memory fit "
+        "against them (`plan` uses the smallest card the fleet reports, these where none does)",
     )
 
 

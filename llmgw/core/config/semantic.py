@@ -454,6 +454,10 @@ def _profile(c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile) ->
     if p.engine == "llamacpp":
         if p.tp > 1:
             c.add(index, (*path, "tp"), f"llama.cpp does not do tensor parallelism (tp {p.tp})", "use tp: 1")
+        if p.pp > 1:
+            c.add(
+                index, (*path, "pp"), f"llama.cpp does not do pipeline parallelism (pp {p.pp})", "use pp: 1"
+            )
         if p.nodes > 1:
             c.add(
                 index,

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.core.config.models import Profile
-from llmgw.core.fleet import ModelView, NodeView, ReplicaView, weights_key
+from llmgw.core.fleet import ModelView, NodeView, ReplicaView
 from llmgw.core.placement.quota import quota_refusal, quota_use
 from llmgw.core.placement.rooms import (
     NodeVerdict,
@@ -148,7 +148,7 @@ class Placer:
         entry = self.models.get(model)
         if entry is None:
             return None
-        wkey = weights_key(entry.spec.source)
+        wkey = entry.weights_key
         for profile in entry.spec.profiles:
             if quota_refusal(entry, profile, self.quota) is not None:
                 continue
@@ -273,7 +273,7 @@ class Placer:
             return Explanation(model, (), None, problem="has no profiles (served by a provider)")
         if not self.rooms:
             return Explanation(model, (), None, problem="no node has been seen")
-        wkey = weights_key(entry.spec.source)
+        wkey = entry.weights_key
         profiles = tuple(self._explain_profile(entry, p, wkey) for p in entry.spec.profiles)
         chosen = None
         for profile in entry.spec.profiles:

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from llmgw.core.config.models import Profile
-from llmgw.core.fleet import GIB, ModelView, ReplicaView, weights_key
+from llmgw.core.fleet import GIB, ModelView, ReplicaView
 from llmgw.core.placement.place import Placer
 from llmgw.core.placement.quota import quota_refusal
 from llmgw.core.placement.rooms import DiskPool, Room, fit_check, gpus_needed, static_fits
@@ -166,7 +166,7 @@ def find_preemption(
     entry = models.get(model)
     if entry is None:
         return None
-    wkey = weights_key(entry.spec.source)
+    wkey = entry.weights_key
     best: _Choice | None = None
     for profile in entry.spec.profiles:
         if profile.nodes > 1 or quota_refusal(entry, profile, placer.quota) is not None:

@@ -43,6 +43,7 @@ from llmgw.core.fleet import (
     model_views,
     undeclared_words,
 )
+from llmgw.core.memory_fit import GIB, class_memory, profile_fits
 from llmgw.core.placement import Placer
 from llmgw.core.plan.values import (
     KIND_ORDER,
@@ -133,14 +134,19 @@ def make_plan(
 
 def plan_for_catalog(catalog: Catalog, live: LiveState) -> Plan:
     """The plan from `live` to a validated catalog (its models, declared nodes and other documents, its
-    revision)."""
-    return make_plan(
+    revision), with the memory fit of every GPU profile whose model's shape the repo's manifest records."""
+    made = make_plan(
         model_views(catalog),
         live,
         nodes=desired_nodes(catalog),
         revision=catalog.revision,
         documents=catalog_documents(catalog),
     )
+    declared = {name: int(c.memory_gb * GIB) for name, c in catalog.cluster.gpu_classes.items()}
+    reported = class_memory((g.gpu_class, g.memory_bytes) for n in live.node_views() for g in n.gpus or ())
+    cards = {**declared, **reported}  # what the fleet reports wins; the declaration stands in where none does
+    shapes = {name: (entry.spec, entry.shape) for name, entry in catalog.models.items()}
+    return replace(made, fits=profile_fits(shapes, cards))
 
 
 def exit_code(plan: Plan) -> int:
@@ -375,6 +381,8 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
         put("RoutingPolicy", name, policy, {})
     for name, model in catalog.models.items():
         put("Model", name, model.spec, model.labels)
+        if model.manifest_digest is not None:  # a repo manifest's bytes, which the spec names only by path
+            out[f"Model/{name}"]["manifest_sha256"] = model.manifest_digest
     for tenants in (catalog.organizations, catalog.teams, catalog.projects):
         for name, t in tenants.items():
             models = list(t.models) if t.models is not None else None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
+from llmgw.core.memory_fit import ProfileFit
 from llmgw.core.plan.values import (
     UNKNOWN_DOCUMENTS,
     DocumentChange,
@@ -14,6 +15,7 @@ from llmgw.core.plan.values import (
     ReplicaRestart,
     ReplicaStart,
     ReplicaStop,
+    SourceVerdict,
     StaleReplica,
 )
 
@@ -107,53 +109,111 @@ def _lines(plan: Plan) -> list[str]:
                 out.append(f"      profile {profile} ({summary}):")
                 out += [f"        {node}: {words}" for node, words in rejected]
         out.append("")
+    if plan.fits:
+        out.append("Memory fit (per GPU, from the model's headers):")
+        for f in plan.fits:
+            mark = {"fits": "=", "does not fit": "!", "not checked": "?"}[f.state]
+            out.append(f"  {mark} {f.model}/{f.profile} on {f.gpu_class}: {f.words()}")
+        out.append("")
+    if plan.sources:
+        out.append("Weights sources (new or changed):")
+        out += [f"  {_source_line(v)}" for v in plan.sources]
+        out += [f"      {p}" for v in plan.sources for p in v.problems[1:]]
+        out.append("")
     return out
+
+
+def _source_line(v: SourceVerdict) -> str:
+    if v.state == "checked":
+        return f"checked: {v.source} ({v.model}): {v.detail}"
+    if v.state == "not checked":
+        return f"not checked: {v.source} ({v.model}): {v.detail}"
+    return f"! {v.where}: {v.model}: {v.source}: {v.detail}"
 
 
 def render_text(plan: Plan) -> str:
     head = f"llmgw plan: revision {plan.revision or '(working tree)'} against applied {plan.live_revision or '(none)'}"
     body = _lines(plan)
-    return "\n".join([head, "", *body, plan.summary()]) + "\n"
+    tail = [plan.source_summary()] if plan.sources else []
+    return "\n".join([head, "", *body, plan.summary(), *tail]) + "\n"
 
 
 def to_dict(plan: Plan) -> dict[str, Any]:
     """The plan as JSON values with stable keys (`render_json`, and what a saved plan's digest is over)."""
+    return (
+        {
+            "revision": plan.revision,
+            "live_revision": plan.live_revision,
+            "live_state_hash": plan.live_state_hash,
+            "has_changes": plan.has_changes,
+            "summary": plan.summary(),
+            "models_known": plan.models_known,
+            "models": [
+                {
+                    "model": m.model,
+                    "change": m.change,
+                    "summary": m.summary,
+                    "fields": [_field_dict(f) for f in m.fields],
+                }
+                for m in plan.models
+            ],
+            "replicas": _replicas_dict(plan),
+            "documents_known": plan.documents_known,
+            "documents": [
+                {
+                    "kind": d.kind,
+                    "name": d.name,
+                    "change": d.change,
+                    "fields": [_field_dict(f) for f in d.fields],
+                }
+                for d in plan.documents
+            ],
+            "nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.nodes],
+            "kept_nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.kept],
+            "unplaceable": [
+                {
+                    "model": u.model,
+                    "missing": u.missing,
+                    "problem": u.problem,
+                    "profiles": [
+                        {"profile": p, "summary": s, "rejected": {node: words for node, words in rejected}}
+                        for p, s, rejected in u.profiles
+                    ],
+                }
+                for u in plan.unplaceable
+            ],
+        }
+        | ({"sources": [_source_dict(v) for v in plan.sources]} if plan.sources else {})
+        | ({"memory_fit": [_fit_dict(f) for f in plan.fits]} if plan.fits else {})
+    )
+
+
+def _fit_dict(f: ProfileFit) -> dict[str, Any]:
+    numbers = (
+        {}
+        if f.fit is None
+        else {
+            "gpus": f.fit.gpus,
+            "gpu_memory": f.fit.gpu_memory,
+            "usable": f.fit.usable,
+            "weights": f.fit.weights,
+            "kv_cache": f.fit.kv_cache,
+            "overhead": f.fit.overhead,
+            "headroom": f.fit.headroom,
+        }
+    )
+    return {"model": f.model, "profile": f.profile, "gpu_class": f.gpu_class, "state": f.state,
+            "words": f.words()} | numbers  # fmt: skip
+
+
+def _source_dict(v: SourceVerdict) -> dict[str, Any]:
     return {
-        "revision": plan.revision,
-        "live_revision": plan.live_revision,
-        "live_state_hash": plan.live_state_hash,
-        "has_changes": plan.has_changes,
-        "summary": plan.summary(),
-        "models_known": plan.models_known,
-        "models": [
-            {
-                "model": m.model,
-                "change": m.change,
-                "summary": m.summary,
-                "fields": [_field_dict(f) for f in m.fields],
-            }
-            for m in plan.models
-        ],
-        "replicas": _replicas_dict(plan),
-        "documents_known": plan.documents_known,
-        "documents": [
-            {"kind": d.kind, "name": d.name, "change": d.change, "fields": [_field_dict(f) for f in d.fields]}
-            for d in plan.documents
-        ],
-        "nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.nodes],
-        "kept_nodes": [{"node": n.node, "change": n.change, "reason": n.reason} for n in plan.kept],
-        "unplaceable": [
-            {
-                "model": u.model,
-                "missing": u.missing,
-                "problem": u.problem,
-                "profiles": [
-                    {"profile": p, "summary": s, "rejected": {node: words for node, words in rejected}}
-                    for p, s, rejected in u.profiles
-                ],
-            }
-            for u in plan.unplaceable
-        ],
+        "model": v.model,
+        "source": v.source,
+        "state": v.state,
+        "detail": v.detail,
+        "where": v.where,
+        "problems": list(v.problems),
     }
 
 
@@ -192,6 +252,8 @@ def _cell(text: str) -> str:
 def render_markdown(plan: Plan) -> str:
     """For a pull-request comment: the summary, one table row per change, the full text folded away."""
     out = ["### llmgw plan", "", f"**{plan.summary()}**", ""]
+    if plan.sources:
+        out += [f"**{plan.source_summary()}**", ""]
     rows: list[tuple[str, str, str, str]] = []
     for d in plan.documents:
         detail = "; ".join(f"`{f.path}`: {_field_words(d, f)}" for f in d.fields) or d.change
@@ -229,6 +291,11 @@ def render_markdown(plan: Plan) -> str:
                 f"{u.missing} replica{'s' * (u.missing != 1)}; see details",
             )
         )
+    for f in plan.misfits:
+        rows.append(("!", f"`{f.model}/{f.profile}` does not fit {f.gpu_class}", "", f.words()))
+    for v in plan.sources:
+        symbol = {"checked": "=", "not checked": "?", "error": "!"}[v.state]
+        rows.append((symbol, f"{v.state} source `{v.source}` of `{v.model}`", v.where, v.detail))
     if rows:
         out += ["| | change | where | why |", "| --- | --- | --- | --- |"]
         out += [f"| `{a}` | {_cell(b)} | {_cell(c)} | {_cell(d)} |" for a, b, c, d in rows]

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from llmgw.core.memory_fit import ProfileFit
+from llmgw.core.source_check import SourceVerdict
+
 __all__ = [
     "KIND_ORDER",
     "UNKNOWN_DOCUMENTS",
@@ -16,6 +19,7 @@ __all__ = [
     "ReplicaRestart",
     "ReplicaStart",
     "ReplicaStop",
+    "SourceVerdict",
     "StaleReplica",
     "Unplaceable",
 ]
@@ -138,6 +142,19 @@ class Plan:
     # False: the repo's documents were to be compared but the live state does not carry the applied ones (a
     # state saved by an older controller), so nothing can say they are equal.
     documents_known: bool = True
+    # New or changed weights sources, checked against their servers by the CLI (llmgw.core.source_check);
+    # empty when none changed. Not part of what the plan would do (its digest): a server's answer is no action.
+    sources: tuple[SourceVerdict, ...] = ()
+    # Every GPU profile of a model whose shape its manifest records, against its class's memory in the fleet.
+    fits: tuple[ProfileFit, ...] = ()
+
+    @property
+    def misfits(self) -> tuple[ProfileFit, ...]:
+        return tuple(f for f in self.fits if f.state == "does not fit")
+
+    @property
+    def source_errors(self) -> tuple[SourceVerdict, ...]:
+        return tuple(s for s in self.sources if s.state == "error")
 
     @property
     def has_changes(self) -> bool:
@@ -185,3 +202,17 @@ class Plan:
             n = len(self.unplaceable)
             text += f" {n} model{'s' * (n != 1)} cannot be placed."
         return text + (kept if self.kept else "")
+
+    def source_summary(self) -> str:
+        """ "Weights sources: 1 wrong, 2 not checked, 3 checked." — its own line, not part of summary(): what
+        servers said is not what applying does (a saved plan's digest covers the summary)."""
+        if not self.sources:
+            return ""
+        counts = {
+            state: sum(1 for s in self.sources if s.state == state) for state in ("error", "not checked")
+        }
+        checked = len(self.sources) - sum(counts.values())
+        parts = [f"{counts['error']} wrong"] * bool(counts["error"])
+        parts += [f"{counts['not checked']} not checked"] * bool(counts["not checked"])
+        parts += [f"{checked} checked"] * bool(checked)
+        return f"Weights sources: {', '.join(parts)}."

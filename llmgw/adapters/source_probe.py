@@ -1,0 +1,182 @@
+"""The I/O half of `llmgw plan`'s source check (llmgw.core.source_check decides what to ask and what the
+answers mean): HEAD requests, a bounded number at once with a short timeout, and the published manifest of a
+directory the repo holds none for.
+
+Every connection goes through the agent's checked session (llmgw_agent.weights: no link-local or metadata
+address, after redirects and DNS too), so a cluster repo cannot make CI's plan step reach what a node would be
+refused. Redirects are followed by hand so the HF headers of the first hop (`X-Linked-Size`, `X-Linked-Etag`:
+the Hub answers a file with a redirect to its CDN) are kept. A token is sent only to the mirror, only when the
+operator gave one, and never to another host after a redirect; the origin's token is a secret reference the
+plan never resolves, so a gated origin reads as "not checked".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from dataclasses import replace
+from urllib.parse import urljoin, urlsplit
+
+import aiohttp
+from aiohttp.abc import AbstractResolver
+from llmgw_agent import repo_rules
+from llmgw_agent.protocol import DirectoryManifest
+from llmgw_agent.weights import MAX_REDIRECTS, WeightsError, check_url, checked_session
+from pydantic import ValidationError
+
+from llmgw.core.manifest import ManifestFile
+from llmgw.core.source_check import (
+    Answer,
+    SourceToCheck,
+    SourceVerdict,
+    judge,
+    not_checked,
+    probes_for,
+)
+
+__all__ = ["PARALLEL", "TIMEOUT_S", "check_sources"]
+
+PARALLEL = 8  # HEAD requests in flight at once, over every source
+TIMEOUT_S = 10.0  # per request: a plan waits seconds for a server, not minutes
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024
+_REDIRECTS = (301, 302, 303, 307, 308)
+_SHA256 = re.compile(r'^(?:W/)?"?([0-9a-fA-F]{64})"?$')
+
+
+async def check_sources(
+    items: Sequence[SourceToCheck],
+    *,
+    mirror_url: str | None = None,
+    mirror_token: str | None = None,
+    parallel: int = PARALLEL,
+    timeout_s: float = TIMEOUT_S,
+    resolver: AbstractResolver | None = None,
+) -> list[SourceVerdict]:
+    """A verdict for every item, in order. `mirror_token` goes to URLs under `mirror_url` only."""
+    if not items:
+        return []
+    asker = _Asker(parallel, timeout_s, mirror_url, mirror_token)
+    async with checked_session(resolver) as session:
+        asker.session = session
+        return list(await asyncio.gather(*(asker.verdict(item) for item in items)))
+
+
+class _Asker:
+    def __init__(self, parallel: int, timeout_s: float, mirror_url: str | None, token: str | None) -> None:
+        self.gate = asyncio.Semaphore(max(1, parallel))
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.mirror = mirror_url.rstrip("/") + "/" if mirror_url else None
+        self.token = token
+        self.session: aiohttp.ClientSession | None = None
+
+    def _auth(self, url: str) -> dict[str, str]:
+        if self.token and self.mirror and url.startswith(self.mirror):
+            return {"Authorization": f"Bearer {self.token}"}
+        return {}
+
+    async def verdict(self, item: SourceToCheck) -> SourceVerdict:
+        if item.unchecked is not None:
+            return not_checked(item, item.unchecked)
+        if item.read_manifest:
+            files = await self._published_manifest(item)
+            if isinstance(files, SourceVerdict):
+                return files
+            item = replace(item, probes=probes_for(files, item.bases), read_manifest=False)
+        answers: dict[str, Answer] = {}
+
+        async def ask(urls: tuple[str, ...]) -> None:
+            for url in urls:  # the next base only after a 404, as a node does
+                async with self.gate:
+                    answers[url] = await self._head(url)
+                if answers[url].status != 404:
+                    return
+
+        await asyncio.gather(*(ask(p.urls) for p in item.probes))
+        return judge(item, answers)
+
+    async def _head(self, url: str) -> Answer:
+        assert self.session is not None
+        size: int | None = None
+        sha: str | None = None
+        target = url
+        try:
+            for _ in range(MAX_REDIRECTS + 1):
+                check_url(target)
+                headers = self._auth(url) if _same_origin(target, url) else {}
+                async with self.session.head(
+                    target, headers=headers, allow_redirects=False, timeout=self.timeout
+                ) as resp:
+                    size = size if size is not None else _int(resp.headers.get("X-Linked-Size"))
+                    sha = sha or _sha256(resp.headers.get("X-Linked-Etag"))
+                    if resp.status in _REDIRECTS:
+                        target = urljoin(target, resp.headers.get("Location", ""))
+                        continue
+                    if 200 <= resp.status < 300:
+                        size = size if size is not None else resp.content_length
+                        sha = sha or _sha256(resp.headers.get("ETag"))
+                    return Answer(resp.status, size, sha)
+            return Answer(None, error=f"more than {MAX_REDIRECTS} redirects")
+        except WeightsError as exc:
+            return Answer(None, error=str(exc))
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return Answer(None, error=str(exc) or type(exc).__name__)
+
+    async def _published_manifest(self, item: SourceToCheck) -> list[ManifestFile] | SourceVerdict:
+        """The manifest the first base publishes (as the node reads it), or the verdict when none can be read."""
+        assert self.session is not None
+        missing: list[str] = []
+        for base in item.bases:
+            url = base + repo_rules.MANIFEST_FILE
+            try:
+                check_url(url)
+                async with (
+                    self.gate,
+                    self.session.get(url, headers=self._auth(url), timeout=self.timeout) as resp,
+                ):
+                    if resp.status == 404:
+                        missing.append(url)
+                        continue
+                    if resp.status != 200:
+                        return not_checked(item, f"{url} answered HTTP {resp.status}")
+                    body = await resp.content.read(MAX_MANIFEST_BYTES + 1)
+            except WeightsError as exc:
+                return not_checked(item, str(exc))
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                return not_checked(item, f"{url}: no answer ({exc or type(exc).__name__})")
+            try:
+                files = DirectoryManifest.model_validate_json(body[:MAX_MANIFEST_BYTES]).files
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                return _error(
+                    item, f"{url}: not a manifest ({where}: {first['msg']}); a node would refuse it"
+                )
+            return [ManifestFile(f.name, f.size, f.sha256) for f in files]
+        return _error(
+            item,
+            f"no {repo_rules.MANIFEST_FILE} at {' nor at '.join(missing)} (HTTP 404): a node could not fetch it; "
+            "write one with `llmgw model manifest` and name it in spec.source.manifest",
+        )
+
+
+def _error(item: SourceToCheck, words: str) -> SourceVerdict:
+    return SourceVerdict(item.model, item.source, "error", words, item.where, (words,))
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _sha256(etag: str | None) -> str | None:
+    """An ETag that is a sha256 (HF's LFS files, the llmgw mirror's X-Linked-Etag); None for any other."""
+    found = _SHA256.match(etag.strip()) if etag else None
+    return found.group(1).lower() if found else None
+
+
+def _same_origin(a: str, b: str) -> bool:
+    pa, pb = urlsplit(a), urlsplit(b)
+    return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)

@@ -29,7 +29,7 @@ from llmgw_router.auth import Authenticator
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply, json_reply
 from llmgw_router.fields import DROPPED_HEADER, plan_fields
-from llmgw_router.forwarding import Forwarding, Picked, fallback_chain
+from llmgw_router.forwarding import Forwarding, Picked, fallback_chain, place_of
 from llmgw_router.http1 import EngineClient
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.options import RouterOptions
@@ -73,7 +73,7 @@ class RequestService:
         self.clock = clock
         self.rng = rng or random.Random()
         self.table: RoutingTable | None = None
-        self.admission = Admission(256, on_reject=self._on_reject)
+        self.admission = Admission(256, on_reject=self._on_reject, model_queue_size=128)
         self.metrics = RouterMetrics(
             lambda: self.table, lambda: float(self.admission.depth), clock, budgets=self._budget_use
         )
@@ -111,9 +111,10 @@ class RequestService:
         snapshot = usable.snapshot
         self.table = RoutingTable.build(snapshot, previous, self.clock(), usable.keys)
         self.admission.queue_size = snapshot.router.admission.queue_size
+        self.admission.model_queue_size = snapshot.router.admission.model_queue_size
+        self.admission.forget(self.table.models)
         self.metrics.set_revision(snapshot.revision)
-        self.forwarding.snapshot_applied()
-        self.admission.notify_all()
+        self.admission.notify_all()  # the new table may have room, or the replica a request waits for
         log.info(
             "snapshot %s: %d models, %d endpoints",
             snapshot.revision,
@@ -263,12 +264,13 @@ class RequestService:
         pick made once more, then it is a 502."""
         headers = exchange.headers
         info = RequestInfo(session_key=session_key(headers, body, table.policy_for(canonical)))
+        place = place_of(table, call.principal.project if call.principal else None, canonical)
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
             self.options.debug_token.encode(),
         )
         for attempt in (0, 1):
-            picked = await self.forwarding.pick(table, canonical, call.serving, info)
+            picked = await self.forwarding.pick(table, canonical, call.serving, info, place)
             ep, served = picked.endpoint, picked.served
             call.served = served
             self.last_used[served] = self.clock()

@@ -95,8 +95,16 @@ class ControllerSettings(Strict):
 class AdmissionSettings(Strict):
     """The router's queue for requests that find no free capacity."""
 
-    queue_size: int = Field(256, ge=0, description="Requests that may wait for capacity before 429")
-    timeout: Duration = Field("30s", description="Longest a request waits in the admission queue")
+    queue_size: int = Field(256, ge=0, description="Requests that may wait across all models before 429")
+    model_queue_size: int = Field(128, ge=0, description="Requests that may wait for one model before 429")
+    timeout: Duration = Field(
+        "30s", description="Longest a request waits for a busy model's replicas before 429 queue_timeout"
+    )
+    load_timeout: Duration = Field(
+        "120s",
+        description="Longest a request waits for a model with no replica yet (on demand, scaling up) before "
+        "503 model_loading, when its load time is not measured (measured: 1.5 x the load time + 5 s)",
+    )
 
 
 RequestFieldName = Annotated[
@@ -586,6 +594,18 @@ class ProjectSpec(Strict):
     organization: Name | None = Field(None, description="Organization, for a project directly under one")
     models: list[str] | None = Field(None, description="Allowed models (unset: as its team)")
     limits: Limits = Field(default_factory=Limits)
+    priority: int = Field(
+        0,
+        ge=-1000,
+        le=1000,
+        description="Admission band within a model's class: a waiting request of a higher priority goes first",
+    )
+    share: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="Fair share of a busy model's admissions against other projects of the same band",
+    )
 
     @model_validator(mode="after")
     def _one_parent(self) -> ProjectSpec:

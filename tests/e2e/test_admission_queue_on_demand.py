@@ -51,6 +51,7 @@ def lazy_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     (repo / "models").mkdir(parents=True)
     (repo / "tenants").mkdir()
     shutil.copytree(EXAMPLE / "nodes", repo / "nodes")
+    shutil.copytree(EXAMPLE / "policies", repo / "policies")
     cluster = (EXAMPLE / "cluster.yaml").read_text()
     (repo / "cluster.yaml").write_text(cluster.split("  engines:")[0] + "  engines:\n    sim: {}\n")
     (repo / "models" / "lazy.yaml").write_text(MODEL)

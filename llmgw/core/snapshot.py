@@ -79,6 +79,11 @@ class PublishedModel(_Wire):
     load_seconds: float | None = Field(
         None, ge=0, description="Measured time from start to ready of a replica; None: not measured"
     )
+    starting: int = Field(
+        0,
+        ge=0,
+        description="Replicas of it starting now (a load or a scale-up): routers hold requests for them",
+    )
     class_rank: int | None = Field(
         None,
         ge=0,

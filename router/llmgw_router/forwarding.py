@@ -163,7 +163,11 @@ class Forwarding:
 
     @staticmethod
     def starting(table: RoutingTable, model: str) -> bool:
-        """Has `model` a replica on its way (published `starting`: a scale-up)?"""
+        """Has `model` a replica on its way (a load or a scale-up): counted by the controller, or an endpoint
+        published `starting`?"""
+        published = table.models.get(model)
+        if published is not None and published.starting > 0:
+            return True
         return any(ep.spec.state == "starting" for ep in table.endpoints.get(model, ()))
 
     # ------------------------------------------------------------------ the walk down the chain

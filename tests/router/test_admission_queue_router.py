@@ -179,21 +179,27 @@ async def test_a_client_that_disconnects_while_queued_leaves_the_queue_at_once(
         assert reply.choices[0].message.content
 
 
+@pytest.mark.parametrize("published_as", ["endpoint starting", "model starting count"])
 async def test_a_model_with_a_starting_replica_holds_requests_until_it_is_ready(
-    sims: dict[str, SimProcess],
+    sims: dict[str, SimProcess], published_as: str
 ) -> None:
-    # A scale-up (here: the only replica) is published `starting`: without the hold this is 503 at once.
-    snap = snapshot(sims)
-    async with routed(snap) as (router, url), chat(url, KEY_LARGE) as c:
+    # A replica on its way (here the only one) is published either as an endpoint in state `starting` or as
+    # the model's `starting` count (what the controller publishes): without the hold this is 503 at once.
+    raw = snapshot(sims).model_dump(mode="json")
+    grow = next(ep for ep in raw["endpoints"] if ep["model"] == "sim-grow")
+    if published_as == "model starting count":
+        raw["endpoints"].remove(grow)
+        raw["models"]["sim-grow"]["starting"] = 1
+    async with routed(RouterSnapshot.model_validate(raw)) as (router, url), chat(url, KEY_LARGE) as c:
         held = asyncio.create_task(
             c.chat.completions.create(
                 model="sim-grow", messages=[{"role": "user", "content": "x"}], max_tokens=2
             )
         )
         await wait_for(lambda: router.admission.queued("sim-grow") == 1, 30, "the request held")
-        raw = snap.model_dump(mode="json")
-        for ep in raw["endpoints"]:
-            ep["state"] = "ready"
+        raw["models"]["sim-grow"]["starting"] = 0
+        raw["endpoints"] = [ep for ep in raw["endpoints"] if ep["model"] != "sim-grow"]
+        raw["endpoints"].append(dict(grow, state="ready"))
         router.apply_snapshot(RouterSnapshot.model_validate(dict(raw, revision="q-2")))
         reply = await asyncio.wait_for(held, 30)
         assert reply.usage is not None and reply.usage.completion_tokens == 2

@@ -5,6 +5,8 @@ went away leaving at once. Each test decides when room appears and waits on cond
 from __future__ import annotations
 
 import asyncio
+import shutil
+from pathlib import Path
 
 import pytest
 from llmgw_router.admission import Admission
@@ -148,3 +150,25 @@ async def test_a_cancelled_waiter_leaves_at_once_and_takes_no_slot() -> None:
     await _release_one_at_a_time(adm, room, 1)
     await stays
     assert room.admitted == ["stays"] and adm.depth == 0 and adm.queued("m") == 0
+
+
+def test_validate_names_a_bad_priority_or_share_with_its_place_and_range(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from llmgw.cli.main import app
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
+    for part in ("cluster.yaml", "nodes", "policies"):
+        src = example / part
+        (shutil.copytree if src.is_dir() else shutil.copy)(src, tmp_path / part)
+    (tmp_path / "tenants").mkdir()
+    (tmp_path / "tenants" / "t.yaml").write_text(
+        "apiVersion: llmgw/v1\nkind: Organization\nmetadata: {name: acme}\nspec: {}\n---\n"
+        "apiVersion: llmgw/v1\nkind: Project\nmetadata: {name: p}\n"
+        "spec:\n  organization: acme\n  priority: 5000\n  share: 0\n"
+    )
+    result = CliRunner().invoke(app, ["validate", str(tmp_path)])
+    assert result.exit_code == 1, result.output
+    where = tmp_path / "tenants" / "t.yaml"
+    assert f"{where}:11:13: spec.priority: 5000 is out of range: must be at most 1000" in result.output
+    assert f"{where}:12:10: spec.share: 0 is out of range: must be more than 0" in result.output

@@ -103,6 +103,19 @@ class Forwarding:
         self.rng = rng
         self._rr: dict[str, int] = {}
         self._load_requested: dict[str, float] = {}
+        # Places depend only on the snapshot: computed once per (project, model) and table.
+        self._places: dict[tuple[str | None, str], Place] = {}
+        self._places_table: RoutingTable | None = None
+
+    def place(self, table: RoutingTable, project: str | None, canonical: str) -> Place:
+        """`place_of`, memoised for the current table (the request path asks the same few questions)."""
+        if table is not self._places_table or len(self._places) > 100_000:
+            self._places, self._places_table = {}, table
+        key = (project, canonical)
+        found = self._places.get(key)
+        if found is None:
+            found = self._places[key] = place_of(table, project, canonical)
+        return found
 
     # ------------------------------------------------------------------ claim and release
 

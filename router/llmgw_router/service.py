@@ -29,7 +29,7 @@ from llmgw_router.auth import Authenticator
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply, json_reply
 from llmgw_router.fields import DROPPED_HEADER, plan_fields
-from llmgw_router.forwarding import Forwarding, Picked, fallback_chain, place_of
+from llmgw_router.forwarding import Forwarding, Picked, fallback_chain
 from llmgw_router.http1 import EngineClient
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.options import RouterOptions
@@ -264,7 +264,7 @@ class RequestService:
         pick made once more, then it is a 502."""
         headers = exchange.headers
         info = RequestInfo(session_key=session_key(headers, body, table.policy_for(canonical)))
-        place = place_of(table, call.principal.project if call.principal else None, canonical)
+        place = self.forwarding.place(table, call.principal.project if call.principal else None, canonical)
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
             self.options.debug_token.encode(),

@@ -28,6 +28,7 @@ pytestmark = pytest.mark.integration
 
 KEY_SMALL = "sk-llmgw-" + "s" * 43
 KEY_LARGE = "sk-llmgw-" + "l" * 43
+KEY_VIP = "sk-llmgw-" + "v" * 43
 SLOTS = 2  # the engine's and the endpoint's: few, so that both projects always have requests waiting
 SHARES = {"small": 1.0, "large": 3.0}
 
@@ -61,8 +62,11 @@ def snapshot(sims: dict[str, SimProcess], revision: str = "q-1", **router: Any) 
             "tenants": {
                 "organizations": {"acme": {}},
                 "projects": {
-                    name: {"organization": "acme", "models": ["*"], "share": share}
-                    for name, share in SHARES.items()
+                    **{
+                        name: {"organization": "acme", "models": ["*"], "share": share}
+                        for name, share in SHARES.items()
+                    },
+                    "vip": {"organization": "acme", "models": ["*"], "priority": 10},
                 },
             },
             "endpoints": [
@@ -84,7 +88,9 @@ class Controller:
 
 @contextlib.asynccontextmanager
 async def routed(snap: RouterSnapshot, **options: Any) -> AsyncIterator[tuple[Router, str]]:
-    keys = StaticKeys.from_file_lines([f"{hash_key(KEY_SMALL)} small", f"{hash_key(KEY_LARGE)} large"])
+    keys = StaticKeys.from_file_lines(
+        [f"{hash_key(KEY_SMALL)} small", f"{hash_key(KEY_LARGE)} large", f"{hash_key(KEY_VIP)} vip"]
+    )
     router = Router(RouterOptions(**options), auth=Authenticator(keys), controller=Controller())
     router.apply_snapshot(snap)
     listeners: Listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")
@@ -140,6 +146,37 @@ async def test_two_projects_flooding_one_model_are_served_in_proportion_to_their
     tolerance = 1 + 2 * SLOTS
     assert abs(answered["small"] - expected) <= tolerance, (answered, expected, tolerance)
     assert sum(answered.values()) == total
+
+
+async def test_a_higher_priority_project_goes_before_everything_queued_ahead_of_it(
+    sims: dict[str, SimProcess],
+) -> None:
+    async with routed(snapshot(sims)) as (router, url):
+        bulk_done: list[int] = []
+
+        async def bulk(c: openai.AsyncOpenAI, i: int) -> None:
+            await c.chat.completions.create(
+                model="sim-slow", messages=[{"role": "user", "content": f"b{i}"}], max_tokens=5
+            )
+            bulk_done.append(i)
+
+        async with chat(url, KEY_SMALL) as small, chat(url, KEY_VIP) as vip:
+            tasks = [asyncio.create_task(bulk(small, i)) for i in range(6)]
+            # One in flight on the only slot, five waiting: three priority-10 requests come after all of them
+            # (three, so that fair shares alone, which would alternate the two projects, cannot pass this).
+            await wait_for(lambda: router.admission.queued("sim-slow") == 5, 30, "five bulk requests queued")
+            replies = await asyncio.gather(
+                *(
+                    vip.chat.completions.create(
+                        model="sim-slow", messages=[{"role": "user", "content": f"v{i}"}], max_tokens=1
+                    )
+                    for i in range(3)
+                )
+            )
+            assert all(r.choices[0].message.content for r in replies)
+            # Served at the first freed slots: only the request already in flight finished before them.
+            assert len(bulk_done) <= 1, bulk_done
+            await asyncio.wait_for(asyncio.gather(*tasks), 60)
 
 
 async def test_a_client_that_disconnects_while_queued_leaves_the_queue_at_once(

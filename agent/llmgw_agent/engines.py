@@ -106,6 +106,7 @@ _SIM_NUMERIC = {
     "max_concurrency": "--max-concurrency",
     "prefix_cache": "--prefix-cache",
     "max_tokens_default": "--max-tokens-default",
+    "load_ms": "--load-ms",
 }
 
 

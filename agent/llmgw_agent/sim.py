@@ -417,6 +417,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--block-size", type=int, default=16, help="tokens per prefix-cache block")
     p.add_argument("--kv-capacity-tokens", type=int, default=65536)
     p.add_argument("--max-tokens-default", type=int, default=16)
+    p.add_argument(
+        "--load-ms",
+        type=float,
+        default=0.0,
+        help="declared load time: the port is opened only after this long, as an engine loading weights",
+    )
     return p
 
 
@@ -437,6 +443,11 @@ def engine_from_args(ns: argparse.Namespace) -> SimEngine:
 
 def run(ns: argparse.Namespace) -> None:
     engine = engine_from_args(ns)
+    if ns.load_ms < 0:
+        raise SystemExit("--load-ms must be 0 or more")
+    if ns.load_ms:
+        print(f"llmgw sim engine: loading {ns.model} for {ns.load_ms:g} ms", flush=True)
+        time.sleep(ns.load_ms / 1000)  # nothing listens yet: health checks are refused, as while vLLM loads
     print(f"llmgw sim engine: model {ns.model} on http://{ns.host}:{ns.port}", flush=True)
     web.run_app(engine.app(), host=ns.host, port=ns.port, print=None, access_log=None)
 

@@ -28,6 +28,7 @@ from llmgw.controller.state import ReplicaLoad, RouterLoad
 from llmgw.core import jsonsafe
 from llmgw.core.autoscale import Demand
 from llmgw.core.catalog import Catalog
+from llmgw.core.fleet import class_rank
 from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
 
@@ -75,15 +76,34 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
         return None
     cat = d.catalog
     mappings = {k: v.metrics for k, v in cat.cluster.engines.items() if v.metrics is not None}
+    models = published_models(cat)
+    for name, count in starting_replicas(c).items():
+        if name in models:
+            models[name] = models[name].model_copy(update={"starting": count})
+    if cat.cluster.classes:  # the admission band: placement's rank, so both agree on who comes first
+        for name, entry in cat.models.items():
+            if name in models:
+                rank = class_rank(cat.cluster.classes, entry.spec.model_class)
+                models[name] = models[name].model_copy(update={"class_rank": rank})
     return RouterSnapshot(
         revision=d.revision,
         router=cat.cluster.router,
-        models=published_models(cat),
+        models=models,
         policies=dict(cat.policies),
         tenants=published_tenants(cat),
         endpoints=endpoints(c),
         metric_mappings=mappings,
     )
+
+
+def starting_replicas(c: Controller) -> dict[str, int]:
+    """Replicas on their way per model (placed, not ready yet, not stopping): a router holds a busy or
+    replica-less model's requests for them instead of refusing at once."""
+    counts: dict[str, int] = {}
+    for rec in c.replicas.values():
+        if not rec.stopping and views.replica_state(c, rec) in ("pending", "starting"):
+            counts[rec.model] = counts.get(rec.model, 0) + 1
+    return counts
 
 
 def published_models(cat: Catalog) -> dict[str, PublishedModel]:

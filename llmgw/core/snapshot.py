@@ -76,6 +76,20 @@ class PublishedModel(_Wire):
         False, description="Catalog's on_demand (scaling min 0, max > 0): the first request asks for a load"
     )
     simulated: bool = Field(False, description="Served by the sim engine (published as such in /v1/models)")
+    load_seconds: float | None = Field(
+        None, ge=0, description="Measured time from start to ready of a replica; None: not measured"
+    )
+    starting: int = Field(
+        0,
+        ge=0,
+        description="Replicas of it starting now (a load or a scale-up): routers hold requests for them",
+    )
+    class_rank: int | None = Field(
+        None,
+        ge=0,
+        description="The model's class's place in the Cluster's ordered classes (0 first): its admission "
+        "band; None: unranked, after every ranked class",
+    )
     provider: PublishedProvider | None = None
 
 

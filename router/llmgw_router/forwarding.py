@@ -1,5 +1,5 @@
-"""Where a request goes: its fallback chain, the endpoint picked and claimed, the wait in line, and the wait
-for an on-demand model to load.
+"""Where a request goes: its fallback chain, the endpoint picked and claimed, and its place in the admission
+queue, whether its model is busy or has no replica yet (an on-demand load, a scale-up).
 
 The chain is the published one (the controller's catalog resolved the aliases and followed it transitively),
 minus what this request may not use. Picking is `scheduler.schedule` over the live endpoint records, and the
@@ -8,8 +8,8 @@ claim (inflight + 1) happens in the same step of the event loop as the choice.
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -17,19 +17,39 @@ from dataclasses import dataclass
 
 from llmgw.core.snapshot import PublishedModel
 from llmgw_router import breaker as brk
-from llmgw_router.admission import Admission
+from llmgw_router.admission import DEFAULT_BAND, Admission
 from llmgw_router.errors import ApiError
+from llmgw_router.fairqueue import Band, band_of
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.options import RouterOptions
 from llmgw_router.ports import ControllerCallbacks
 from llmgw_router.scheduler import Decision, RequestInfo, schedule
 from llmgw_router.state import LiveEndpoint, RoutingTable
 
-__all__ = ["Forwarding", "Picked", "fallback_chain"]
+__all__ = ["Forwarding", "Picked", "Place", "fallback_chain", "place_of"]
 
 log = logging.getLogger(__name__)
 
 _LOAD_REQUEST_INTERVAL = 10.0  # seconds between two asks to load the same on-demand model
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """Where a request stands in a queue: its project (the fair-share key), its band and its share."""
+
+    project: str = ""
+    band: Band = DEFAULT_BAND
+    share: float = 1.0
+
+
+def place_of(table: RoutingTable, project: str | None, canonical: str) -> Place:
+    """The band is the asked-for model's class rank, then the project's priority; the share is the project's.
+    A project the tenants do not name (a keys file without tenants) is still its own fair-share key."""
+    if project is None:
+        return Place(band=band_of(table.models[canonical].class_rank, 0))
+    spec = table.snapshot.tenants.projects.get(project)
+    priority, share = (spec.priority, spec.share) if spec is not None else (0, 1.0)
+    return Place(project, band_of(table.models[canonical].class_rank, priority), share)
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +105,19 @@ class Forwarding:
         self.rng = rng
         self._rr: dict[str, int] = {}
         self._load_requested: dict[str, float] = {}
-        self._snapshot_changed = asyncio.Event()
+        # Places depend only on the snapshot: computed once per (project, model) and table.
+        self._places: dict[tuple[str | None, str], Place] = {}
+        self._places_table: RoutingTable | None = None
 
-    def snapshot_applied(self) -> None:
-        """Wake every request waiting for an on-demand load: the new table may have its replica."""
-        self._snapshot_changed.set()
-        self._snapshot_changed = asyncio.Event()
+    def place(self, table: RoutingTable, project: str | None, canonical: str) -> Place:
+        """`place_of`, memoised for the current table (the request path asks the same few questions)."""
+        if table is not self._places_table or len(self._places) > 100_000:
+            self._places, self._places_table = {}, table
+        key = (project, canonical)
+        found = self._places.get(key)
+        if found is None:
+            found = self._places[key] = place_of(table, project, canonical)
+        return found
 
     # ------------------------------------------------------------------ claim and release
 
@@ -151,33 +178,50 @@ class Forwarding:
             for ep in table.endpoints.get(model, ())
         )
 
+    @staticmethod
+    def starting(table: RoutingTable, model: str) -> bool:
+        """Has `model` a replica on its way (a load or a scale-up): counted by the controller, or an endpoint
+        published `starting`?"""
+        published = table.models.get(model)
+        if published is not None and published.starting > 0:
+            return True
+        return any(ep.spec.state == "starting" for ep in table.endpoints.get(model, ()))
+
     # ------------------------------------------------------------------ the walk down the chain
 
     async def pick(
-        self, table: RoutingTable, canonical: str, chain: tuple[str, ...], info: RequestInfo
+        self,
+        table: RoutingTable,
+        canonical: str,
+        chain: tuple[str, ...],
+        info: RequestInfo,
+        place: Place | None = None,
     ) -> Picked:
-        """An endpoint of the first model in `chain` with room now; else a place in line at the first that
-        has endpoints at all; else the wait for an on-demand load; else 503."""
+        """An endpoint of the first model in `chain` with room now and nobody waiting for it; else a place in
+        the queue of the first that has endpoints at all; else in the queue of the first that is loading (on
+        demand, or a replica starting); else 503."""
+        place = place or Place()
         # `chain` holds only models the request may use, so a load is never asked for a model the project
         # was not given. `on_demand` is the catalog's: a `min 0, max 0` model is parked and never waited on.
         on_demand = [m for m in chain if table.models[m].on_demand and not self.schedulable(table, m)]
         for m in on_demand:
             self._ask_load(m)
-        for m in chain:  # first choice: a model in the chain with room now
-            got = self.claim(table, m, info, need_room=True)
-            if got is not None:
-                return self._picked(canonical, m, got)
-        for m in chain:  # then one whose load is unknown (stale metrics) but with slots free by our count
-            got = self.claim(table, m, info, need_room=True, take_stale=True)
-            if got is not None:
-                return self._picked(canonical, m, got)
+        # Nobody passes a queue: a model with waiters is left to them (fair shares and bands decide there).
+        free = [m for m in chain if not self.admission.queued(m)]
+        for take_stale in (False, True):
+            # First a model in the chain with room now; then one whose load is unknown (stale metrics) but
+            # with slots free by our count.
+            for m in free:
+                got = self.claim(table, m, info, need_room=True, take_stale=take_stale)
+                if got is not None:
+                    self.admission.admitted(m, place.project, place.share)
+                    return self._picked(canonical, m, got)
         for m in chain:  # then wait in line for the first that has endpoints at all
             if self.schedulable(table, m, info.exclude):
-                queued = time.monotonic()
-                got = await self._wait_in_line(table, m, info)
-                return self._picked(canonical, m, got, time.monotonic() - queued)
-        if on_demand:
-            return await self._wait_for_load(canonical, on_demand, info)
+                return await self._queued_pick(table, canonical, m, info, place)
+        for m in chain:  # then for the first one on its way
+            if m in on_demand or self.starting(table, m):
+                return await self._queued_pick(table, canonical, m, info, place)
         names = ", ".join(f"`{m}`" for m in chain)
         raise ApiError(
             503,
@@ -187,19 +231,61 @@ class Forwarding:
             headers={"Retry-After": "5"},
         )
 
+    def _loading(self, table: RoutingTable, model: str) -> bool:
+        """Is `model` being loaded: a replica starting, or on demand with none ready (a load was asked)?"""
+        if self.starting(table, model):
+            return True
+        published = table.models.get(model)
+        return published is not None and published.on_demand and not self.schedulable(table, model)
+
+    def load_hold(self, table: RoutingTable, model: str) -> float:
+        """How long a request waits for `model` to load: `--on-demand-wait` when given, else 1.5 x the measured
+        load time + 5 s, else `router.admission.load_timeout`."""
+        if self.options.on_demand_wait is not None:
+            return self.options.on_demand_wait
+        measured = table.models[model].load_seconds
+        return table.load_timeout if measured is None else 1.5 * measured + 5.0
+
     async def _wait_in_line(
-        self, table: RoutingTable, model: str, info: RequestInfo
+        self, table: RoutingTable, model: str, info: RequestInfo, place: Place
     ) -> tuple[LiveEndpoint, Decision]:
         cell: list[tuple[LiveEndpoint, Decision]] = []
 
         def has_room() -> bool:
-            got = self.claim(table, model, info, need_room=True, take_stale=True)
+            # The table of now, not of the request's start: a snapshot may have brought the replica.
+            now = self._table()
+            if now is None or model not in now.models:
+                return False
+            got = self.claim(now, model, info, need_room=True, take_stale=True)
             if got is not None:
                 cell.append(got)
             return got is not None
 
-        await self.admission.wait(model, has_room, table.admission_timeout)
+        def expired() -> ApiError | None:
+            now = self._table()
+            return self._still_loading(model) if now is not None and self._loading(now, model) else None
+
+        hold = table.admission_timeout
+        if self._loading(table, model):
+            ready = self.schedulable(table, model)  # a scale-up of a busy model: its replicas serve meanwhile
+            hold = max(hold, self.load_hold(table, model)) if ready else self.load_hold(table, model)
+        await self.admission.wait(
+            model,
+            has_room,
+            hold,
+            project=place.project,
+            band=place.band,
+            share=place.share,
+            expired=expired,
+        )
         return cell[0]
+
+    async def _queued_pick(
+        self, table: RoutingTable, canonical: str, model: str, info: RequestInfo, place: Place
+    ) -> Picked:
+        queued = time.monotonic()
+        got = await self._wait_in_line(table, model, info, place)
+        return self._picked(canonical, model, got, time.monotonic() - queued)
 
     def _picked(
         self, canonical: str, served: str, got: tuple[LiveEndpoint, Decision], queued_s: float = 0.0
@@ -215,26 +301,19 @@ class Forwarding:
             log.info("asking the controller to load on-demand model %s", model)
             self.controller.request_load(model)
 
-    async def _wait_for_load(self, canonical: str, models: list[str], info: RequestInfo) -> Picked:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.options.on_demand_wait
-        while (remaining := deadline - loop.time()) > 0:
-            changed = self._snapshot_changed
-            try:
-                async with asyncio.timeout(remaining):
-                    await changed.wait()
-            except TimeoutError:
-                break
-            table = self._table()
-            assert table is not None
-            for m in models:
-                got = self.claim(table, m, info, need_room=False) if m in table.models else None
-                if got is not None:
-                    return self._picked(canonical, m, got)
+    def _still_loading(self, model: str) -> ApiError:
+        """503 model_loading; Retry-After is what is left of the measured load time, else the default."""
         retry = self.options.loading_retry_after
-        raise ApiError(
+        table = self._table()
+        measured = table.models[model].load_seconds if table is not None and model in table.models else None
+        asked = self._load_requested.get(model)
+        if measured is not None and asked is not None and (left := asked + measured - self.clock()) > 0:
+            retry = max(1, math.ceil(left))
+        busy = table is not None and self.schedulable(table, model)
+        what = "is busy and its next replica is not ready yet" if busy else "has no replica ready yet"
+        return ApiError(
             503,
-            f"model is loading: `{models[0]}` has no replica yet; retry in {retry} s.",
+            f"model is loading: `{model}` {what}; retry in {retry} s.",
             "model_loading",
             "server_error",
             headers={"Retry-After": str(retry)},

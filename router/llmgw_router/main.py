@@ -115,7 +115,11 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
         "above 1 needs --store (default: the snapshot's router.workers, else 1)",
     )
     p.add_argument(
-        "--on-demand-wait", type=float, default=5.0, help="seconds a request waits for an on-demand load"
+        "--on-demand-wait",
+        type=float,
+        default=None,
+        help="seconds a request waits for a model with no replica yet (default: 1.5 x its measured load time "
+        "+ 5, else the snapshot's router.admission.load_timeout)",
     )
     p.add_argument(
         "--write-timeout",

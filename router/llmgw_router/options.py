@@ -14,7 +14,9 @@ __all__ = ["RouterOptions"]
 @dataclass(frozen=True)
 class RouterOptions:
     router_id: str = "router"
-    on_demand_wait: float = 5.0  # how long the first request for an on-demand model waits for a replica
+    # How long a request for a model with no replica yet waits for one. None: from the snapshot (1.5 x the
+    # measured load time + 5 s, else router.admission.load_timeout).
+    on_demand_wait: float | None = None
     loading_retry_after: int = 10
     debug_token: str | None = None  # requests sending it in x-llmgw-debug get the decision's rationale
     breaker: brk.BreakerPolicy = field(default_factory=brk.BreakerPolicy)

@@ -79,7 +79,7 @@ class RequestService:
         self.clock = clock
         self.rng = rng or random.Random()
         self.table: RoutingTable | None = None
-        self.admission = Admission(256, on_reject=self._on_reject)
+        self.admission = Admission(256, on_reject=self._on_reject, model_queue_size=128)
         self.metrics = RouterMetrics(
             lambda: self.table, lambda: float(self.admission.depth), clock, budgets=self._budget_use
         )
@@ -123,9 +123,10 @@ class RequestService:
         snapshot = usable.snapshot
         self.table = RoutingTable.build(snapshot, previous, self.clock(), usable.keys)
         self.admission.queue_size = snapshot.router.admission.queue_size
+        self.admission.model_queue_size = snapshot.router.admission.model_queue_size
+        self.admission.forget(self.table.models)
         self.metrics.set_revision(snapshot.revision)
-        self.forwarding.snapshot_applied()
-        self.admission.notify_all()
+        self.admission.notify_all()  # the new table may have room, or the replica a request waits for
         log.info(
             "snapshot %s: %d models, %d endpoints",
             snapshot.revision,
@@ -294,6 +295,7 @@ class RequestService:
         pick made once more, then it is a 502."""
         headers = exchange.headers
         info = RequestInfo(session_key=session_key(headers, body, table.policy_for(canonical)))
+        place = self.forwarding.place(table, call.principal.project if call.principal else None, canonical)
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
             self.options.debug_token.encode(),
@@ -301,7 +303,7 @@ class RequestService:
         for attempt in (0, 1):
             asked = time.monotonic()
             try:
-                picked = await self.forwarding.pick(table, canonical, call.serving, info)
+                picked = await self.forwarding.pick(table, canonical, call.serving, info, place)
             except ApiError as err:  # queue full or timed out, no endpoint, still loading
                 if call.trace is not None:
                     call.trace.span("schedule", asked, None, {"llmgw.refused": err.code or str(err.status)})

@@ -98,6 +98,7 @@ class RoutingTable:
     scrape_interval: float
     stale_after: float
     admission_timeout: float
+    load_timeout: float  # the hold for a model with no replica yet, when its load time is not measured
     # Decisions that depend only on this snapshot, memoised: the request path asks the same few questions.
     _allowed: dict[tuple[str, str, str], bool] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[str, TenantChain | None] = field(default_factory=dict, compare=False, repr=False)
@@ -186,6 +187,7 @@ class RoutingTable:
             scrape_interval=parse_duration(settings.scrape_interval),
             stale_after=parse_duration(settings.stale_after),
             admission_timeout=parse_duration(settings.admission.timeout),
+            load_timeout=parse_duration(settings.admission.load_timeout),
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from llmgw_agent.protocol import (
     Inventory,
     Register,
     Reply,
+    ShardState,
     ShardStatus,
     dump,
     parse_controller_message,
@@ -56,6 +57,7 @@ class FakeAgent:
         self.commands: list[Command] = []
         self.shards: dict[str, ShardStatus] = {}
         self.refuse_start = ""
+        self.start_state: ShardState = "ready"  # what a started shard reports first
 
     async def connect(
         self,
@@ -97,7 +99,7 @@ class FakeAgent:
                 if cmd.action == "start_shard" and cmd.spec is not None:
                     spec = cmd.spec
                     self.shards[spec.shard_id] = ShardStatus(
-                        replica_id=spec.replica_id, model=spec.model, engine=spec.engine, state="ready", pid=4242,
+                        replica_id=spec.replica_id, model=spec.model, engine=spec.engine, state=self.start_state, pid=4242,
                         base_url="http://127.0.0.1:9", fingerprint=spec.fingerprint,
                     )  # fmt: skip
                 elif cmd.action == "stop_shard":
@@ -222,6 +224,39 @@ async def test_demand_starts_an_on_demand_model(ctl: Admin, tmp_path: Path) -> N
     finally:
         serving.cancel()
         await agent.close()
+
+
+async def test_a_replica_on_its_way_is_published_so_routers_hold_requests_for_it(ctl: Admin) -> None:
+    # A router seeing a model's replica starting (a load, a scale-up) holds the model's requests for it.
+    files = {"cluster.yaml": cluster_yaml(), "b.yaml": model_yaml("sim-b", min_=1)}
+    await ctl.post("/api/v1/apply", {"files": files}, expect=200)
+    agent = FakeAgent(ctl, "n1")
+    agent.start_state = "starting"
+    await agent.connect()
+    serving = asyncio.create_task(agent.serve())
+    try:
+        on_its_way = await wait_for(
+            lambda: _snapshot_where(ctl, lambda s: s["models"]["sim-b"]["starting"] == 1),
+            10,
+            "sim-b starting",
+        )
+        assert on_its_way["endpoints"] == []
+        await wait_for(lambda: agent.shards, 10, "the shard started, reporting `starting`")
+        assert (await _snapshot(ctl))["models"]["sim-b"]["starting"] == 1
+        for shard_id, status in list(agent.shards.items()):
+            agent.shards[shard_id] = status.model_copy(update={"state": "ready"})
+        ready = await wait_for(
+            lambda: _snapshot_where(ctl, lambda s: len(s["endpoints"]) == 1), 10, "sim-b ready and published"
+        )
+        assert ready["models"]["sim-b"]["starting"] == 0
+    finally:
+        serving.cancel()
+        await agent.close()
+
+
+async def _snapshot_where(ctl: Admin, ok: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    snap = await _snapshot(ctl)
+    return snap if ok(snap) else None
 
 
 async def _snapshot(ctl: Admin) -> dict[str, Any]:

@@ -96,6 +96,7 @@ class Up:
     tmp: Path
     ports: dict[str, int]
     llamacpp: bool = True
+    repo: Path = EXAMPLE
     proc: subprocess.Popen[bytes] | None = None
     log: Path = field(init=False)
     runs: int = 0
@@ -113,7 +114,7 @@ class Up:
         argv = [
             *llmgw_command(),
             "up",
-            str(EXAMPLE),
+            str(self.repo),
             "--router-listen",
             f"127.0.0.1:{self.ports['router']}",
             "--router-metrics-listen",

@@ -22,6 +22,13 @@ from llmgw.core.config.base import (
     SecretRef as SecretRef,
     Strict as Strict,
 )
+from llmgw.core.config.notification_spec import (
+    NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
+    NotificationEvent as NotificationEvent,
+    NotificationFormat as NotificationFormat,
+    NotificationRetry as NotificationRetry,
+    NotificationSpec as NotificationSpec,
+)
 
 # ---------------------------------------------------------------------------------------------------- Cluster
 
@@ -49,8 +56,16 @@ class ControllerSettings(Strict):
 class AdmissionSettings(Strict):
     """The router's queue for requests that find no free capacity."""
 
-    queue_size: int = Field(256, ge=0, description="Requests that may wait for capacity before 429")
-    timeout: Duration = Field("30s", description="Longest a request waits in the admission queue")
+    queue_size: int = Field(256, ge=0, description="Requests that may wait across all models before 429")
+    model_queue_size: int = Field(128, ge=0, description="Requests that may wait for one model before 429")
+    timeout: Duration = Field(
+        "30s", description="Longest a request waits for a busy model's replicas before 429 queue_timeout"
+    )
+    load_timeout: Duration = Field(
+        "120s",
+        description="Longest a request waits for a model with no replica yet (on demand, scaling up) before "
+        "503 model_loading, when its load time is not measured (measured: 1.5 x the load time + 5 s)",
+    )
 
 
 RequestFieldName = Annotated[
@@ -641,55 +656,24 @@ class ProjectSpec(Strict):
     organization: Name | None = Field(None, description="Organization, for a project directly under one")
     models: list[str] | None = Field(None, description="Allowed models (unset: as its team)")
     limits: Limits = Field(default_factory=Limits)
+    priority: int = Field(
+        0,
+        ge=-1000,
+        le=1000,
+        description="Admission band within a model's class: a waiting request of a higher priority goes first",
+    )
+    share: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="Fair share of a busy model's admissions against other projects of the same band",
+    )
 
     @model_validator(mode="after")
     def _one_parent(self) -> ProjectSpec:
         if (self.team is None) == (self.organization is None):
             raise ValueError("a project takes exactly one parent: `team` or `organization`")
         return self
-
-
-# ---------------------------------------------------------------------------------------------------- Notifications
-
-NotificationEvent = Literal["revision_refused", "replica_failed", "node_lost", "budget_80", "budget_100"]
-NOTIFICATION_EVENTS: tuple[str, ...] = (
-    "revision_refused",
-    "replica_failed",
-    "node_lost",
-    "budget_80",
-    "budget_100",
-)
-NotificationFormat = Literal["json", "slack"]
-
-
-class NotificationRetry(Strict):
-    """How a failed delivery is retried: jittered exponential backoff from `backoff` up to `max_backoff`."""
-
-    attempts: int = Field(8, ge=1, le=100, description="Attempts before the delivery is dead-lettered")
-    backoff: Duration = Field("2s", description="Wait after the first failure; doubled after each one")
-    max_backoff: Duration = Field("10m", description="The longest wait between two attempts")
-    timeout: Duration = Field("10s", description="How long one attempt may take")
-
-
-class NotificationSpec(Strict):
-    """A webhook the controller calls when one of the selected events happens."""
-
-    url: str = Field(description="The webhook's http(s) URL (no link-local or cloud metadata address)")
-    secret: SecretRef | None = Field(
-        None,
-        description="The signing secret: every delivery carries X-Llmgw-Signature-256, the HMAC-SHA256 of "
-        "`<timestamp>.<body>` under it (unset: deliveries are not signed)",
-    )
-    events: list[NotificationEvent] = Field(
-        min_length=1,
-        description="The events to send: revision_refused, replica_failed (also a crash loop: at most one "
-        "message per model an hour), node_lost, budget_80 and budget_100 (a tenant's spend in its budget "
-        "period, once per period)",
-    )
-    format: NotificationFormat = Field(
-        "json", description='json (llmgw\'s documented body) or slack (a Slack-compatible {"text": ...})'
-    )
-    retry: NotificationRetry = Field(default_factory=NotificationRetry)
 
 
 # ---------------------------------------------------------------------------------------------------- Documents

@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from typing import Any, Literal
+from urllib.parse import unquote
 
 import aiohttp
 
@@ -146,7 +147,12 @@ class RequestService:
     async def models(self, exchange: Exchange) -> None:
         exchange.respond(await self._models(exchange))
 
-    async def _models(self, exchange: Exchange) -> Reply:
+    async def model(self, exchange: Exchange) -> None:
+        """`GET /v1/models/{id}`: the card `/v1/models` lists for it, or the same 404 as a model that does
+        not exist when this caller may not see it (never telling which)."""
+        exchange.respond(await self._models(exchange, unquote(exchange.path.removeprefix("/v1/models/"))))
+
+    async def _models(self, exchange: Exchange, one: str | None = None) -> Reply:
         table = self.table
         if table is None:
             return error_response(_not_ready())
@@ -157,7 +163,7 @@ class RequestService:
         data = []
         project = principal.project
         listed = project is not None and has_tenants(table.snapshot.tenants)
-        for name, model in table.models.items():
+        for name, model in table.models.items() if one is None else _one(table, one):
             if listed and project is not None and not table.allowed(project, name, name):
                 continue
             if not (model.on_demand or self.forwarding.schedulable(table, name)):
@@ -174,7 +180,18 @@ class RequestService:
                     "on_demand": model.on_demand,
                 }
             )
-        return json_reply({"object": "list", "data": data})
+        if one is None:
+            return json_reply({"object": "list", "data": data})
+        if not data:
+            return error_response(
+                ApiError(
+                    404,
+                    f"The model `{one[:200]}` does not exist or you do not have access to it.",
+                    "model_not_found",
+                    param="model",
+                )
+            )
+        return json_reply(data[0])
 
     # ------------------------------------------------------------------ the request path
 
@@ -409,6 +426,12 @@ def _request_id(sent: str | None) -> str:
     if sent and len(sent) <= 128 and _REQUEST_ID_CHARS.issuperset(sent):
         return sent
     return _new_request_id()
+
+
+def _one(table: RoutingTable, name: str) -> list[tuple[str, PublishedModel]]:
+    """The model `name` is (by its id, not an alias: the list's ids are what retrieve is asked for)."""
+    model = table.models.get(name)
+    return [] if model is None else [(name, model)]
 
 
 def _not_ready() -> ApiError:

@@ -446,10 +446,14 @@ class StreamTranslator:
 
     def _tool_delta(self, call: dict[str, Any]) -> Iterator[bytes]:
         index = call.get("index", 0)
-        function = call.get("function") or {}
+        function = _obj(call.get("function"))
         if index not in self._tool_blocks:
-            block: dict[str, Any] = {"type": "tool_use", "id": call.get("id"), "input": {}}
-            block["name"] = function.get("name")
+            block: dict[str, Any] = {
+                "type": "tool_use",
+                "id": call.get("id"),
+                "name": function.get("name"),
+                "input": {},
+            }
             yield from self._open(block, "tool_use")
             self._tool_blocks[index] = self._block
         arguments = function.get("arguments")

@@ -294,9 +294,10 @@ def _tool_input(arguments: Any, name: Any) -> dict[str, Any]:
     return parsed
 
 
-def from_chat(chat: dict[str, Any], stops: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The Anthropic message for a chat completion (its first choice). ApiError 502 for tool arguments
-    that are not a JSON object (Anthropic's `input` is one)."""
+def from_chat(chat: dict[str, Any], stops: tuple[str, ...] = (), model: str | None = None) -> dict[str, Any]:
+    """The Anthropic message for a chat completion (its first choice), named `model` when given (the model
+    the router served: llama-server names its weights file). ApiError 502 for tool arguments that are not a
+    JSON object (Anthropic's `input` is one)."""
     choices = chat.get("choices")
     choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
     message = _obj(choice.get("message"))
@@ -315,7 +316,7 @@ def from_chat(chat: dict[str, Any], stops: tuple[str, ...] = ()) -> dict[str, An
         "id": _message_id(chat.get("id")),
         "type": "message",
         "role": "assistant",
-        "model": chat.get("model"),
+        "model": model or chat.get("model"),
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
@@ -358,6 +359,7 @@ class StreamTranslator:
     ends with Anthropic's `event: error`."""
 
     stops: tuple[str, ...] = ()
+    model: str | None = None  # the name to show; else each chunk's own
     started: bool = False
     done: bool = False
     _buf: bytes = b""
@@ -417,7 +419,7 @@ class StreamTranslator:
                 "id": _message_id(chunk.get("id")),
                 "type": "message",
                 "role": "assistant",
-                "model": chunk.get("model"),
+                "model": self.model or chunk.get("model"),
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,

@@ -74,7 +74,7 @@ class MessagesExchange:
         status, body = reply.status, reply.body
         if status == 200:
             try:
-                message = from_chat(json.loads(body), self._stops)
+                message = from_chat(json.loads(body), self._stops, reply.headers.get("x-llmgw-model"))
             except ApiError as err:
                 status, message = err.status, anthropic_error(err.status, err.message)
             except (ValueError, AttributeError, TypeError):
@@ -84,7 +84,7 @@ class MessagesExchange:
         self._inner.respond(Reply(status, json.dumps(message).encode(), headers))
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
-        self._stream = StreamTranslator(self._stops)
+        self._stream = StreamTranslator(self._stops, headers.get("x-llmgw-model"))
         self._inner.start_stream(status, self._headers(headers))
 
     async def write(self, chunk: bytes, limit_s: float) -> None:

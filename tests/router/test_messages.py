@@ -11,9 +11,10 @@ import anthropic
 import openai
 import pytest
 from llmgw_router.app import serve
-from llmgw_router.auth import Authenticator
+from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.service import Router, RouterOptions
 
+from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store.records import UsageRecord
 
 from .helpers import SimProcess, start_sim, wait_healthy_sync
@@ -222,3 +223,52 @@ async def test_models_retrieve_gives_the_listed_card_and_hides_what_the_caller_m
             assert r.status == 401  # no key, no card
         async with s.post(url + "/v1/models/sim-chat", headers={"Authorization": f"Bearer {KEY_P1}"}) as r:
             assert r.status == 405 and r.headers["Allow"] == "GET, HEAD"
+
+
+async def test_a_stream_the_engine_ends_early_ends_with_anthropics_error_event() -> None:
+    from llmgw.adapters.keys import hash_key
+
+    from .test_stream_end import EVENTS, KEY, HoldingEngine
+
+    async with HoldingEngine() as engine:
+        engine.before, engine.after = [EVENTS[0]], []  # one text event, then the end: no usage, no [DONE]
+        engine.finish.set()
+        router = Router(RouterOptions(), Authenticator(StaticKeys.from_file_lines([f"{hash_key(KEY)} p1"])))
+        router.apply_snapshot(
+            RouterSnapshot.model_validate(
+                {
+                    "revision": "r1",
+                    "models": {"m": {"context_length": 2048, "capabilities": ["chat"]}},
+                    "tenants": {"organizations": {"o": {}}, "projects": {"p1": {"organization": "o"}}},
+                    "endpoints": [
+                        {
+                            "replica_id": "e1",
+                            "model": "m",
+                            "engine": "vllm",
+                            "base_url": f"http://127.0.0.1:{engine.port}",
+                            "api_key": "engine-key",
+                        }
+                    ],
+                }
+            )
+        )
+        listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")
+        seen: list[str] = []
+        try:
+            async with claude(f"http://127.0.0.1:{listeners.api_port}", KEY) as c:
+                with pytest.raises(anthropic.APIStatusError) as err:
+                    async with c.messages.stream(
+                        model="m", max_tokens=5, messages=[{"role": "user", "content": "x"}]
+                    ) as stream:
+                        async for event in stream:
+                            seen.append(event.type)
+        finally:
+            await listeners.close()
+    assert "content_block_delta" in seen and "message_stop" not in seen  # what came before is delivered
+    assert err.value.body == {
+        "type": "error",
+        "error": {
+            "type": "api_error",
+            "message": "The engine's stream ended before its end; the answer is incomplete.",
+        },
+    }

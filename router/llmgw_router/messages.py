@@ -347,8 +347,20 @@ def error_to_anthropic(status: int, body: bytes) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------- streams
 
 
+# One encoder, made once: json.dumps with its own separators builds a new one on every call.
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return f"event: {event}\ndata: {_compact(data)}\n\n".encode()
+
+
+def _text_delta(index: int, text: str) -> bytes:
+    """sse("content_block_delta", ...) for a text delta, spelled out: the one event a stream is mostly made of."""
+    return (
+        'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
+        '"delta":{"type":"text_delta","text":%s}}\n\n' % (index, _compact(text))
+    ).encode()
 
 
 @dataclass
@@ -440,7 +452,7 @@ class StreamTranslator:
         if isinstance(text, str) and text:
             if self._block_kind != "text":
                 yield from self._open({"type": "text", "text": ""}, "text")
-            yield self._delta({"type": "text_delta", "text": text})
+            yield _text_delta(self._block, text)
         for call in delta.get("tool_calls") or ():
             yield from self._tool_delta(call)
         if choice.get("finish_reason") is not None:

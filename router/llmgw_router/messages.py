@@ -357,10 +357,8 @@ def sse(event: str, data: dict[str, Any]) -> bytes:
 
 def _text_delta(index: int, text: str) -> bytes:
     """sse("content_block_delta", ...) for a text delta, spelled out: the one event a stream is mostly made of."""
-    return (
-        'event: content_block_delta\ndata: {"type":"content_block_delta","index":%d,'
-        '"delta":{"type":"text_delta","text":%s}}\n\n' % (index, _compact(text))
-    ).encode()
+    head = 'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+    return f'{head}{index},"delta":{{"type":"text_delta","text":{_compact(text)}}}}}\n\n'.encode()
 
 
 @dataclass

@@ -164,7 +164,7 @@ class RequestService:
         project = principal.project
         listed = project is not None and has_tenants(table.snapshot.tenants)
         for name, model in table.models.items() if one is None else _one(table, one):
-            if listed and project is not None and not table.allowed(project, name, name):
+            if listed and project is not None and not table.allowed(project, name, one or name):
                 continue
             if not (model.on_demand or self.forwarding.schedulable(table, name)):
                 continue
@@ -429,9 +429,9 @@ def _request_id(sent: str | None) -> str:
 
 
 def _one(table: RoutingTable, name: str) -> list[tuple[str, PublishedModel]]:
-    """The model `name` is (by its id, not an alias: the list's ids are what retrieve is asked for)."""
-    model = table.models.get(name)
-    return [] if model is None else [(name, model)]
+    """The model `name` names, by its id or an alias (what a request may name, retrieve may ask about)."""
+    canonical = table.resolve(name)
+    return [] if canonical is None else [(canonical, table.models[canonical])]
 
 
 def _not_ready() -> ApiError:

@@ -206,6 +206,8 @@ async def test_models_retrieve_gives_the_listed_card_and_hides_what_the_caller_m
         listed = {m.id: m.model_dump() for m in (await c.models.list()).data}
         card = await c.models.retrieve("sim-chat")
         assert card.model_dump() == listed["sim-chat"]
+        # By an alias, as a request may name it: the model's own card (its id, the alias among its aliases).
+        assert (await c.models.retrieve("chat")).model_dump() == listed["sim-chat"]
         errors = []
         for hidden in ("other", "nope", "a/b"):  # not allowed to p1, does not exist, an id with a slash
             with pytest.raises(openai.NotFoundError) as nf:

@@ -209,7 +209,8 @@ def _assistant(blocks: list[Any], where: str) -> list[dict[str, Any]]:
             continue  # a model's own reasoning from an earlier turn: chat has no place for it
         else:
             raise _bad(f"{where}.{j}: assistant blocks of type `{kind}` are not supported (text, tool_use)")
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    # No text beside tool calls is chat's `null`; an assistant turn with neither stays a (blank) turn.
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts or not calls else None}
     if calls:
         message["tool_calls"] = calls
     return [message]

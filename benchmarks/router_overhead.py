@@ -135,10 +135,21 @@ def request_body(stream: bool) -> dict[str, object]:
     return body
 
 
+def messages_body(stream: bool) -> dict[str, object]:
+    """The Anthropic Messages request that translates to request_body(stream)."""
+    return {**request_body(stream), "max_tokens": 16}
+
+
 def wrk(
-    url: str, stream: bool, conns: int, duration: int, headers: dict[str, str], cpus: str | None
+    url: str,
+    stream: bool,
+    conns: int,
+    duration: int,
+    headers: dict[str, str],
+    cpus: str | None,
+    body: dict[str, object] | None = None,
 ) -> Result:
-    body = request_body(stream)
+    body = body if body is not None else request_body(stream)
     lines = "\n".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items())
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(WRK_LUA.replace("{BODY}", json.dumps(body)).replace("{HEADERS}", lines))
@@ -188,12 +199,16 @@ def _show_error(url: str, body: dict[str, object], headers: dict[str, str], out:
         print(f"  one request now: {type(exc).__name__}: {exc}")
 
 
-def measure(target: Target, stream: bool, conns: int, duration: int, cpus: str | None) -> Result:
-    """One wrk run against target after a 1 s warm-up, with the proxy tree's CPU over the measured run."""
-    url = target.url + "/v1/chat/completions"
-    wrk(url, stream, conns, 1, target.headers, cpus)  # warm up connections and caches
+def measure(
+    target: Target, stream: bool, conns: int, duration: int, cpus: str | None, messages: bool = False
+) -> Result:
+    """One wrk run against target after a 1 s warm-up, with the proxy tree's CPU over the measured run.
+    `messages`: Anthropic's /v1/messages instead of chat (llmgw translates it onto chat)."""
+    url = target.url + ("/v1/messages" if messages else "/v1/chat/completions")
+    body = messages_body(stream) if messages else None
+    wrk(url, stream, conns, 1, target.headers, cpus, body)  # warm up connections and caches
     before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
-    result = wrk(url, stream, conns, duration, target.headers, cpus)
+    result = wrk(url, stream, conns, duration, target.headers, cpus, body)
     if target.proc and result.requests:
         result.cpu_us_per_req = (tree_cpu_seconds(target.proc.pid) - before) / result.requests * 1e6
     return result
@@ -250,6 +265,26 @@ def print_table(
             )
         elif not r.requests:
             print(f"  {name} {mode} c={conns}: no request completed within the run (a longer --duration?)")
+
+
+def measure_messages(
+    llmgw: Target, conns: int, duration: int, cpus: str | None, chat: dict[tuple[str, bool, int], Result]
+) -> str:
+    """The Messages rows: llmgw serving /v1/messages against its own chat rows at the same concurrency (the
+    translation's cost per request is the CPU difference). Returns the machine-readable line."""
+    print(
+        f"\nmessages (llmgw, c={conns}){'req/s':>12}{'cpu us/req':>12}{'chat req/s':>12}{'chat cpu':>10}{'errors':>8}"
+    )
+    cpu: dict[bool, str] = {}
+    for stream in (False, True):
+        r = measure(llmgw, stream, conns, duration, cpus, messages=True)
+        ref = chat[("llmgw", stream, conns)]
+        mine = f"{r.cpu_us_per_req:.0f}" if r.cpu_us_per_req is not None else "none"
+        theirs = f"{ref.cpu_us_per_req:.0f}" if ref.cpu_us_per_req is not None else "none"
+        cpu[stream] = f"cpu_us_per_req_c{conns}={mine} chat_cpu_us_per_req_c{conns}={theirs}"
+        mode = "stream" if stream else "whole"
+        print(f"{mode:<24}{r.rps:>12.0f}{mine:>12}{ref.rps:>12.0f}{theirs:>10}{r.errors:>8}")
+    return f"router_overhead_messages: whole {cpu[False]} stream {cpu[True]}"
 
 
 def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
@@ -328,6 +363,9 @@ def main() -> None:
                 for t in targets:
                     results[(t.name, stream, conns)] = measure(t, stream, conns, args.duration, load_cpus)
         print_table(targets, levels, results)
+        llmgw = next(t for t in targets if t.name == "llmgw")
+        c16 = 16 if 16 in levels else levels[-1]
+        print(measure_messages(llmgw, c16, args.duration, load_cpus, results))
         print(final_line(levels, results))
     finally:
         procs.stop_all()

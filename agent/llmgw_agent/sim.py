@@ -29,6 +29,7 @@ from llmgw_agent.sim_model import (
     output_tokens,
     plan_timing,
     tokenize,
+    tool_call,
 )
 
 OWNED_BY = "llmgw-sim"
@@ -231,10 +232,12 @@ class SimEngine:
         if isinstance(max_tokens, web.Response):
             return max_tokens
         work = Work(prompt, max_tokens)
+        call = tool_call(body) if chat else None
         if body.get("stream"):
             return await self.stream(request, body, work, chat)
         await self.admit(work)
-        words = output_tokens(prompt, max_tokens)
+        # A tool call's arguments count as their whitespace words, whatever max_tokens says.
+        words = output_tokens(prompt, max_tokens) if call is None else tokenize(call[2])
         try:
             self.stats.observe_ttft(time.monotonic() - work.started + work.queue_ms / 1000)
             for _ in words:
@@ -249,6 +252,9 @@ class SimEngine:
         else:
             choice, obj, prefix = {"index": 0, "text": text}, "text_completion", "cmpl-"
         choice["finish_reason"] = "length"
+        if call is not None:
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [_tool_call_obj(call)]}
+            choice["finish_reason"] = "tool_calls"
         choice["logprobs"] = None
         resp = {
             "id": prefix + rid,
@@ -300,20 +306,35 @@ class SimEngine:
                 await send(
                     [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
                 )
-            for i, word in enumerate(words):
+            call = tool_call(body) if chat else None
+            if call is not None:
+                sent = await self._stream_tool_call(send, call)
+            for i, word in enumerate(words if call is None else ()):
                 await self.decode_one()
                 piece = word if i == 0 else " " + word
                 delta: dict[str, Any] = {"delta": {"content": piece}} if chat else {"text": piece}
                 await send([{"index": 0, **delta, "finish_reason": None, "logprobs": None}])
                 sent += 1
             last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
-            await send([{"index": 0, **last, "finish_reason": "length", "logprobs": None}])
+            finish = "length" if call is None else "tool_calls"
+            await send([{"index": 0, **last, "finish_reason": finish, "logprobs": None}])
             if include_usage:
                 await send([], {"usage": self.usage(work, sent), "llmgw_sim": self.sim_info(work, sent)})
             await resp.write(b"data: [DONE]\n\n")
         finally:
             self.finish(work, sent)
         return resp
+
+    async def _stream_tool_call(self, send: Any, call: tuple[str, str, str]) -> int:
+        """A tool call as OpenAI streams one: the id and name first, then the arguments word by word."""
+        head = _tool_call_obj((call[0], call[1], ""))
+        await send([{"index": 0, "delta": {"tool_calls": [{"index": 0, **head}]}, "finish_reason": None}])
+        pieces = call[2].split(" ")
+        for i, piece in enumerate(pieces):
+            await self.decode_one()
+            args = {"index": 0, "function": {"arguments": piece if i == 0 else " " + piece}}
+            await send([{"index": 0, "delta": {"tool_calls": [args]}, "finish_reason": None}])
+        return len(pieces)
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await self.read_body(request)
@@ -398,6 +419,10 @@ class SimEngine:
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         return app
+
+
+def _tool_call_obj(call: tuple[str, str, str]) -> dict[str, Any]:
+    return {"id": call[0], "type": "function", "function": {"name": call[1], "arguments": call[2]}}
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -11,8 +11,10 @@ used evicted first.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 # The sim's whole vocabulary: output is plainly not a model's.
 VOCABULARY: tuple[str, ...] = (
@@ -103,3 +105,50 @@ def output_tokens(prompt: list[str], count: int) -> list[str]:
 def embedding(text: str, dims: int = 8) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()
     return [round((digest[i % len(digest)] - 127.5) / 127.5, 6) for i in range(dims)]
+
+
+_SCHEMA_SAMPLES: dict[str, Any] = {
+    "string": "sim",
+    "integer": 1,
+    "number": 1,
+    "boolean": True,
+    "array": [],
+    "object": {},
+}
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def tool_call(body: dict[str, Any]) -> tuple[str, str, str] | None:
+    """The tool call the sim answers a chat request with: (id, name, JSON arguments), or None to answer in
+    words. Deterministic: a request that offers tools (and does not say `tool_choice: none`) and whose last
+    message is not a tool's result gets a call of the tool `tool_choice` names, else the first one, with a
+    sample value per required parameter (each property when none is required; an enum's first value, else one
+    per JSON type). A last message from a tool is answered in words, so a tool-result turn ends the loop."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    messages = body.get("messages")
+    if not isinstance(tools, list) or not tools or choice == "none" or not isinstance(messages, list):
+        return None
+    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool":
+        return None
+    functions = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
+    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    chosen = next((f for f in functions if f.get("name") == named), functions[0] if functions else None)
+    if chosen is None or not isinstance(chosen.get("name"), str):
+        return None
+    schema = _obj(chosen.get("parameters"))
+    props = _obj(schema.get("properties"))
+    required = [p for p in schema.get("required") or () if p in props] or list(props)
+    args = {}
+    for name in required:
+        prop = _obj(props[name])
+        enum = prop.get("enum")
+        args[name] = (
+            enum[0] if isinstance(enum, list) and enum else _SCHEMA_SAMPLES.get(str(prop.get("type")), "sim")
+        )
+    arguments = json.dumps(args)
+    digest = hashlib.sha256((chosen["name"] + arguments + json.dumps(messages)).encode()).hexdigest()
+    return "call_" + digest[:24], chosen["name"], arguments

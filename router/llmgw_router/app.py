@@ -26,6 +26,7 @@ from llmgw_router.exchange import Exchange, json_reply
 from llmgw_router.http1 import EngineClient
 from llmgw_router.link import ControllerLink, controller_url
 from llmgw_router.listener import ApiListener, Handler
+from llmgw_router.messages_exchange import MessagesExchange
 from llmgw_router.options import RouterOptions
 from llmgw_router.ports import UsageSink
 from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
@@ -46,6 +47,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
 
         return handle
 
+    async def messages(exchange: Exchange) -> None:
+        await router.handle(MessagesExchange(exchange), "chat")  # Anthropic's API on the chat path
+
     async def health(exchange: Exchange) -> None:
         exchange.respond(json_reply({"status": "ok"}))
 
@@ -60,7 +64,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         "/v1/chat/completions": {"POST": completion("chat")},
         "/v1/completions": {"POST": completion("completions")},
         "/v1/embeddings": {"POST": completion("embeddings")},
+        "/v1/messages": {"POST": messages},
         "/v1/models": {"GET": router.models},
+        "/v1/models/*": {"GET": router.model},  # `*`: the rest of the path, the model's id
         "/health": {"GET": health},
         "/ready": {"GET": ready},
     }

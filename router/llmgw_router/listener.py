@@ -496,6 +496,8 @@ class ApiListener:
         linger: float = 10.0,
     ) -> None:
         self.routes = routes
+        # Paths ending in `/*` take whatever follows the prefix (a model id may itself hold slashes).
+        self._prefixes = [(p[:-1], m) for p, m in routes.items() if p.endswith("/*")]
         self.body_limit = body_limit
         self.head_timeout = head_timeout
         self.idle_timeout = idle_timeout
@@ -514,6 +516,8 @@ class ApiListener:
 
     def route(self, ex: HttpExchange) -> Handler:
         methods = self.routes.get(ex.path)
+        if methods is None:
+            methods = next((m for p, m in self._prefixes if ex.path.startswith(p) and ex.path != p), None)
         if methods is None:
             return _refusal(404, f"No such path: {ex.path[:200]}.", "not_found", {})
         handler = methods.get(ex.method)

@@ -18,6 +18,7 @@ import random
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote
 
 import aiohttp
 
@@ -159,7 +160,12 @@ class RequestService:
     async def models(self, exchange: Exchange) -> None:
         exchange.respond(await self._models(exchange))
 
-    async def _models(self, exchange: Exchange) -> Reply:
+    async def model(self, exchange: Exchange) -> None:
+        """`GET /v1/models/{id}`: the card `/v1/models` lists for it, or the same 404 as a model that does
+        not exist when this caller may not see it (never telling which)."""
+        exchange.respond(await self._models(exchange, unquote(exchange.path.removeprefix("/v1/models/"))))
+
+    async def _models(self, exchange: Exchange, one: str | None = None) -> Reply:
         table = self.table
         if table is None:
             return error_response(_not_ready())
@@ -170,8 +176,8 @@ class RequestService:
         data = []
         project = principal.project
         listed = project is not None and has_tenants(table.snapshot.tenants)
-        for name, model in table.models.items():
-            if listed and project is not None and not table.allowed(project, name, name):
+        for name, model in table.models.items() if one is None else _one(table, one):
+            if listed and project is not None and not table.allowed(project, name, one or name):
                 continue
             if not (model.on_demand or self.forwarding.schedulable(table, name)):
                 continue
@@ -187,7 +193,18 @@ class RequestService:
                     "on_demand": model.on_demand,
                 }
             )
-        return json_reply({"object": "list", "data": data})
+        if one is None:
+            return json_reply({"object": "list", "data": data})
+        if not data:
+            return error_response(
+                ApiError(
+                    404,
+                    f"The model `{one[:200]}` does not exist or you do not have access to it.",
+                    "model_not_found",
+                    param="model",
+                )
+            )
+        return json_reply(data[0])
 
     # ------------------------------------------------------------------ the request path
 
@@ -486,6 +503,12 @@ def valid_traceparent(sent: str) -> str | None:
     if len(sent) == 55 and sent[2] == sent[35] == sent[52] == "-" and _TRACEPARENT_CHARS.issuperset(sent):
         return sent
     return None
+
+
+def _one(table: RoutingTable, name: str) -> list[tuple[str, PublishedModel]]:
+    """The model `name` names, by its id or an alias (what a request may name, retrieve may ask about)."""
+    canonical = table.resolve(name)
+    return [] if canonical is None else [(canonical, table.models[canonical])]
 
 
 def _not_ready() -> ApiError:

@@ -193,3 +193,51 @@ def test_prefix_cache_is_lru_bounded_and_longest_prefix() -> None:
     cache.insert(["q", "r", "s", "t"])  # two new blocks push out the least recently used
     assert cache.lookup(a) < 6
     assert len(block_hashes(["a", "b", "c"], 2)) == 1  # a partial block is never cached
+
+
+def _tool(name: str, **params: Any) -> dict[str, Any]:
+    schema = {"type": "object", "properties": params, "required": list(params)}
+    return {"type": "function", "function": {"name": name, "parameters": schema}}
+
+
+def test_tool_call_is_deterministic_and_follows_tool_choice() -> None:
+    from llmgw_agent.sim_model import tool_call
+
+    tools = [
+        _tool("a", city={"type": "string"}),
+        _tool("b", n={"type": "integer"}, unit={"enum": ["c", "f"]}),
+    ]
+    asked = [{"role": "user", "content": "go"}]
+    first = tool_call({"tools": tools, "messages": asked})
+    assert first is not None and first[1:] == ("a", '{"city": "sim"}')
+    assert tool_call({"tools": tools, "messages": asked}) == first  # the same request, the same call
+    named = {"type": "function", "function": {"name": "b"}}
+    assert tool_call({"tools": tools, "messages": asked, "tool_choice": named})[1:] == (  # type: ignore[index]
+        "b",
+        '{"n": 1, "unit": "c"}',
+    )
+    assert tool_call({"tools": tools, "messages": asked, "tool_choice": "none"}) is None
+    answered = [*asked, {"role": "tool", "tool_call_id": first[0], "content": "ok"}]
+    assert tool_call({"tools": tools, "messages": answered}) is None  # a tool's result is answered in words
+    assert tool_call({"messages": asked}) is None
+
+
+async def test_openai_client_gets_a_tool_call_whole_and_streamed(sim: tuple[SimEngine, str]) -> None:
+    _, url = sim
+    tools: Any = [_tool("get_weather", city={"type": "string"})]
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="k-test", max_retries=0) as c:
+        whole = await c.chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "weather?"}], tools=tools
+        )
+        stream = await c.chat.completions.create(
+            model="sim-model", messages=[{"role": "user", "content": "weather?"}], tools=tools, stream=True
+        )
+        chunks = [ch async for ch in stream]
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "get_weather" and call.function.arguments == '{"city": "sim"}'  # type: ignore[union-attr]
+    deltas = [tc for ch in chunks for tc in (ch.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id == call.id and deltas[0].function.name == "get_weather"  # type: ignore[union-attr]
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments  # type: ignore[union-attr]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"

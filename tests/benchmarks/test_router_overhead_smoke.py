@@ -42,6 +42,15 @@ def test_tiny_run_measures_each_target_and_ends_with_the_final_line() -> None:
             assert (row[2] == "-") == (name == "direct"), row.group(0)
     if portkey:  # its streaming may fail on this Node (see docs/router.md); whole requests must not
         assert re.search(r"^whole +portkey +16 +\S+ +\S+ +\S+ +\S+ +[1-9]\d* +\d+ +0$", out, re.M), out
+    messages = re.search(
+        r"^router_overhead_messages: whole cpu_us_per_req_c16=(\d+) chat_cpu_us_per_req_c16=(\d+) "
+        r"stream cpu_us_per_req_c16=(\d+) chat_cpu_us_per_req_c16=(\d+)$",
+        out,
+        re.M,
+    )
+    assert messages is not None and all(int(v) > 0 for v in messages.groups()), out
+    for mode in ("whole", "stream"):  # llmgw on /v1/messages served every request (the last column: errors)
+        assert re.search(rf"^{mode} +[1-9]\d* +\d+ +\d+ +\d+ +0$", out, re.M), out
     match = FINAL.search(out)
     assert match is not None, out
     assert out.rstrip().endswith(match.group(0))

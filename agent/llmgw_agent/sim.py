@@ -28,7 +28,9 @@ from llmgw_agent.sim_model import (
     embedding,
     output_tokens,
     plan_timing,
+    relevance,
     tokenize,
+    tool_arguments,
 )
 
 OWNED_BY = "llmgw-sim"
@@ -213,7 +215,8 @@ class SimEngine:
             if isinstance(content, list):  # content parts: keep the text ones
                 content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
             parts.append(f"{m.get('role', 'user') if isinstance(m, dict) else 'user'}: {content}")
-        return await self.generate(request, body, tokenize("\n".join(parts)), chat=True)
+        tool = _tool_to_call(body, messages)
+        return await self.generate(request, body, tokenize("\n".join(parts)), chat=True, tool=tool)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await self.read_body(request)
@@ -225,14 +228,19 @@ class SimEngine:
         return await self.generate(request, body, tokenize(str(prompt)), chat=False)
 
     async def generate(
-        self, request: web.Request, body: dict[str, Any], prompt: list[str], chat: bool
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        prompt: list[str],
+        chat: bool,
+        tool: str | None = None,
     ) -> web.StreamResponse:
         max_tokens = self.max_tokens(body)
         if isinstance(max_tokens, web.Response):
             return max_tokens
         work = Work(prompt, max_tokens)
         if body.get("stream"):
-            return await self.stream(request, body, work, chat)
+            return await self.stream(request, body, work, chat, tool)
         await self.admit(work)
         words = output_tokens(prompt, max_tokens)
         try:
@@ -249,6 +257,11 @@ class SimEngine:
         else:
             choice, obj, prefix = {"index": 0, "text": text}, "text_completion", "cmpl-"
         choice["finish_reason"] = "length"
+        if tool is not None:
+            call: dict[str, Any] = {"id": "call_" + rid[:12], "type": "function"}
+            call["function"] = {"name": tool, "arguments": tool_arguments(prompt)}
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+            choice["finish_reason"] = "tool_calls"
         choice["logprobs"] = None
         resp = {
             "id": prefix + rid,
@@ -269,7 +282,7 @@ class SimEngine:
         }
 
     async def stream(
-        self, request: web.Request, body: dict[str, Any], work: Work, chat: bool
+        self, request: web.Request, body: dict[str, Any], work: Work, chat: bool, tool: str | None = None
     ) -> web.StreamResponse:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
@@ -300,6 +313,10 @@ class SimEngine:
                 await send(
                     [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
                 )
+            if tool is not None:  # a tool call: its name first, then the arguments in two pieces
+                sent = len(words)
+                await self._stream_tool_call(send, rid, tool, tool_arguments(work.prompt))
+                words = []
             for i, word in enumerate(words):
                 await self.decode_one()
                 piece = word if i == 0 else " " + word
@@ -307,7 +324,8 @@ class SimEngine:
                 await send([{"index": 0, **delta, "finish_reason": None, "logprobs": None}])
                 sent += 1
             last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
-            await send([{"index": 0, **last, "finish_reason": "length", "logprobs": None}])
+            reason = "length" if tool is None else "tool_calls"
+            await send([{"index": 0, **last, "finish_reason": reason, "logprobs": None}])
             if include_usage:
                 await send([], {"usage": self.usage(work, sent), "llmgw_sim": self.sim_info(work, sent)})
             await resp.write(b"data: [DONE]\n\n")
@@ -333,6 +351,78 @@ class SimEngine:
                 "data": data,
                 "model": self.model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+        )
+
+    @staticmethod
+    async def _stream_tool_call(send: Any, rid: str, tool: str, arguments: str) -> None:
+        head: dict[str, Any] = {"index": 0, "id": "call_" + rid[-12:], "type": "function"}
+        head["function"] = {"name": tool, "arguments": ""}
+        await send([{"index": 0, "delta": {"tool_calls": [head]}, "finish_reason": None}])
+        half = len(arguments) // 2
+        for piece in (arguments[:half], arguments[half:]):
+            delta = {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+            await send([{"index": 0, "delta": delta, "finish_reason": None}])
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        """Cohere/Jina-style rerank as vLLM and llama.cpp answer it, scored by word overlap."""
+        body = await self.read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        query, docs = body.get("query"), body.get("documents")
+        if not isinstance(query, str) or not isinstance(docs, list) or not docs:
+            return openai_error(
+                400, "query must be a string, documents a non-empty list", "invalid_request_error"
+            )
+        texts = [d.get("text", "") if isinstance(d, dict) else str(d) for d in docs]
+        ranked = sorted(range(len(texts)), key=lambda i: (-relevance(query, texts[i]), i))
+        top_n = body.get("top_n")
+        if isinstance(top_n, int) and top_n > 0:
+            ranked = ranked[:top_n]
+        results = []
+        for i in ranked:
+            result: dict[str, Any] = {"index": i, "relevance_score": relevance(query, texts[i])}
+            if body.get("return_documents", True):
+                result["document"] = {"text": texts[i]}
+            results.append(result)
+        tokens = len(texts) * len(tokenize(query)) + sum(len(tokenize(t)) for t in texts)
+        self.stats.prompt_tokens += tokens
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        rid = "rerank-" + uuid.uuid4().hex
+        return web.json_response({"id": rid, "model": self.model, "usage": usage, "results": results})
+
+    async def score(self, request: web.Request) -> web.Response:
+        """vLLM's /v1/score: text_1 against text_2 (one to one, one to many, or pairwise)."""
+        body = await self.read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        first, second = body.get("text_1"), body.get("text_2")
+        lefts = first if isinstance(first, list) else [first]
+        rights = second if isinstance(second, list) else [second]
+        if not all(isinstance(t, str) for t in [*lefts, *rights]) or not lefts or not rights:
+            return openai_error(
+                400, "text_1 and text_2 must be strings or lists of strings", "invalid_request_error"
+            )
+        if len(lefts) == 1:
+            lefts = lefts * len(rights)
+        if len(lefts) != len(rights):
+            return openai_error(400, "text_1 and text_2 must be the same length", "invalid_request_error")
+        data = [
+            {"index": i, "object": "score", "score": relevance(a, b)}
+            for i, (a, b) in enumerate(zip(lefts, rights, strict=True))
+        ]
+        tokens = sum(len(tokenize(a)) + len(tokenize(b)) for a, b in zip(lefts, rights, strict=True))
+        self.stats.prompt_tokens += tokens
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+        rid = "score-" + uuid.uuid4().hex
+        return web.json_response(
+            {
+                "id": rid,
+                "object": "list",
+                "created": int(time.time()),
+                "model": self.model,
+                "data": data,
+                "usage": usage,
             }
         )
 
@@ -394,10 +484,28 @@ class SimEngine:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/rerank", self.rerank)
+        app.router.add_post("/v1/score", self.score)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)
         return app
+
+
+def _tool_to_call(body: dict[str, Any], messages: list[Any]) -> str | None:
+    """The function a simulated model calls: with tools offered and tool_choice not none, the named one or
+    the first; none once the conversation's last message is a tool's result (the model answers it)."""
+    tools = body.get("tools")
+    last = messages[-1] if messages else None
+    if not isinstance(tools, list) or not tools or body.get("tool_choice") == "none":
+        return None
+    if isinstance(last, dict) and last.get("role") == "tool":
+        return None
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict):
+        return str((choice.get("function") or {}).get("name", ""))
+    first = tools[0] if isinstance(tools[0], dict) else {}
+    return str((first.get("function") or {}).get("name", "tool"))
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

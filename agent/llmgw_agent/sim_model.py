@@ -11,6 +11,7 @@ used evicted first.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -103,3 +104,15 @@ def output_tokens(prompt: list[str], count: int) -> list[str]:
 def embedding(text: str, dims: int = 8) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()
     return [round((digest[i % len(digest)] - 127.5) / 127.5, 6) for i in range(dims)]
+
+
+def relevance(query: str, document: str) -> float:
+    """A reranker's score, deterministic: the share of the two texts' lower-cased words they have in common
+    (Jaccard), so a document that repeats the query's words ranks first."""
+    q, d = set(query.lower().split()), set(document.lower().split())
+    return round(len(q & d) / len(q | d), 6) if q | d else 0.0
+
+
+def tool_arguments(prompt: list[str]) -> str:
+    """The arguments of a simulated tool call: JSON, seeded by the prompt like the text output."""
+    return json.dumps({"input": " ".join(output_tokens(prompt, 2))})

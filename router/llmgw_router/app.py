@@ -28,6 +28,7 @@ from llmgw_router.listener import ApiListener, Handler
 from llmgw_router.options import RouterOptions
 from llmgw_router.ports import UsageSink
 from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
+from llmgw_router.responses_exchange import ResponsesExchange
 from llmgw_router.scrape import scrape_loop
 from llmgw_router.service import Kind, RequestService
 
@@ -45,6 +46,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
 
         return handle
 
+    async def responses(exchange: Exchange) -> None:
+        await router.handle(ResponsesExchange(exchange), "responses")
+
     async def health(exchange: Exchange) -> None:
         exchange.respond(json_reply({"status": "ok"}))
 
@@ -59,6 +63,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         "/v1/chat/completions": {"POST": completion("chat")},
         "/v1/completions": {"POST": completion("completions")},
         "/v1/embeddings": {"POST": completion("embeddings")},
+        "/v1/responses": {"POST": responses},
+        "/v1/rerank": {"POST": completion("rerank")},
+        "/v1/score": {"POST": completion("score")},
         "/v1/models": {"GET": router.models},
         "/health": {"GET": health},
         "/ready": {"GET": ready},

@@ -69,8 +69,9 @@ def _usage(obj: Any) -> tuple[int | None, int | None]:
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         return None, None
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens", 0)
+    # Chat's names; the Responses API's (a /v1/responses passed through); a reranker's total alone.
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens", usage.get("total_tokens")))
+    completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
     return (
         prompt if isinstance(prompt, int) else None,
         completion if isinstance(completion, int) else None,

@@ -247,7 +247,11 @@ class RequestService:
         tenant_project = _tenant_project(table, call.principal.project, canonical, name)
         if kind not in model.capabilities:
             raise ApiError(
-                400, f"Model `{canonical}` does not support {kind}.", "unsupported_capability", param="model"
+                400,
+                f"Model `{canonical}` does not support {kind}: it does not declare the `{kind}` capability "
+                f"(it declares {', '.join(model.capabilities) or 'none'}).",
+                "unsupported_capability",
+                param="model",
             )
         call.sizing = size(len(raw), body, kind, model)
         call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: fits(m, call.sizing))

@@ -340,10 +340,12 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], ids: ResponseIds) -
     content = message.get("content")
     if isinstance(content, str) and content:
         output.append(message_item(ids.message(0), content))
-    for i, call in enumerate(message.get("tool_calls") or []):
+    for call in message.get("tool_calls") or []:
         fn = call.get("function") or {}
-        call_id = call.get("id") or ids.call(i)
-        output.append(call_item(ids.call(i), call_id, fn.get("name", ""), fn.get("arguments") or ""))
+        item_id = ids.call(len(output))  # numbered by output index, as a stream numbers them
+        output.append(
+            call_item(item_id, call.get("id") or item_id, fn.get("name", ""), fn.get("arguments") or "")
+        )
     status, incomplete = finish_status(choice.get("finish_reason"))
     response = response_shell(request, ids, str(chat.get("model", request.get("model"))), status)
     response["incomplete_details"] = incomplete

@@ -67,6 +67,8 @@ def _usage(obj: Any) -> tuple[int | None, int | None]:
     if not isinstance(obj, dict):
         return None, None
     usage = obj.get("usage")
+    if usage is None and isinstance(obj.get("response"), dict):  # a passed-through Responses stream's end
+        usage = obj["response"].get("usage")
     if not isinstance(usage, dict):
         return None, None
     # Chat's names; the Responses API's (a /v1/responses passed through); a reranker's total alone.
@@ -194,6 +196,10 @@ def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes 
     if call.rewrite_model is None and b'"usage"' not in event:
         return event
     body = event.strip()
+    head = b""
+    if body.startswith(b"event:"):  # a Responses stream names each event before its data
+        name, _, body = body.partition(b"\n")
+        head = name + b"\n"
     if not body.startswith(b"data:"):
         return event
     payload = body[5:].strip()
@@ -211,7 +217,7 @@ def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes 
         return None
     if call.rewrite_model is not None and isinstance(obj, dict):
         obj["model"] = call.rewrite_model
-        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+        return head + b"data: " + json.dumps(obj).encode() + b"\n\n"
     return event
 
 

@@ -8,6 +8,7 @@ import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
 from aiohttp import web
@@ -21,6 +22,13 @@ from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 
 pytestmark = pytest.mark.integration
 
+_COMPLETED = {"type": "response.completed", "sequence_number": 1}
+_COMPLETED["response"] = {"id": "resp_v", "usage": {"input_tokens": 5, "output_tokens": 2, "total_tokens": 7}}
+NATIVE_STREAM = (
+    b'event: response.created\ndata: {"type": "response.created", "sequence_number": 0, '
+    b'"response": {"id": "resp_v", "usage": null}}\n\n'
+    b"event: response.completed\ndata: " + json.dumps(_COMPLETED).encode() + b"\n\n"
+)
 LOOKUP = {
     "type": "function",
     "name": "lookup",
@@ -181,9 +189,14 @@ async def test_a_vllm_endpoint_is_sent_the_request_as_it_came() -> None:
     Imitated with a small server: vLLM needs a GPU."""
     seen: list[dict[str, Any]] = []
 
-    async def responses(request: web.Request) -> web.Response:
+    async def responses(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         seen.append(body)
+        if body.get("stream"):
+            stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+            await stream.prepare(request)
+            await stream.write(NATIVE_STREAM)
+            return stream
         answer = {
             "id": "resp_vllm",
             "object": "response",
@@ -230,6 +243,14 @@ async def test_a_vllm_endpoint_is_sent_the_request_as_it_came() -> None:
         assert resp.id == "resp_vllm" and resp.output_text == "native"
         assert seen[0]["input"] == "hi" and seen[0]["max_output_tokens"] == 9 and "messages" not in seen[0]
         await wait_for(lambda: tokens(router, "prompt") == 7, 10, "prompt tokens from input_tokens")
+        async with (
+            aiohttp.ClientSession() as s,
+            s.post(url + "/responses", json={"model": "sim-chat", "input": "hi", "stream": True}) as r,
+        ):
+            assert r.status == 200 and await r.read() == NATIVE_STREAM  # untouched
+        assert seen[1]["stream"] is True and "stream_options" not in seen[1]
+        # Charged from the usage inside its last event.
+        await wait_for(lambda: tokens(router, "prompt") == 12, 10, "prompt tokens from the stream's end")
     finally:
         await listeners.close()
         await runner.cleanup()

@@ -41,9 +41,12 @@ _TRANSLATED = frozenset(
         "stream",
         "store",
         "previous_response_id",
+        "conversation",
     ]
 )
-_HARMLESS = frozenset(["service_tier", "prompt_cache_key", "safety_identifier", "truncation", "include"])
+_HARMLESS = frozenset(
+    ["service_tier", "prompt_cache_key", "safety_identifier", "truncation", "include", "stream_options"]
+)
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 
@@ -77,7 +80,7 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
     if unknown:
         raise _bad(
             f"`{unknown[0]}` is not supported when /v1/responses is translated onto chat completions "
-            f"(supported: {', '.join(sorted(_TRANSLATED - {'previous_response_id'}))}).",
+            f"(supported: {', '.join(sorted(_TRANSLATED - {'previous_response_id', 'conversation'}))}).",
             unknown[0],
         )
     messages: list[dict[str, Any]] = []
@@ -116,10 +119,9 @@ def _refuse_stored(body: dict[str, Any]) -> None:
         "need the per-project content-retention opt-in, which this gateway does not have yet (issue 21); "
         "send the whole conversation in `input` instead, and `store` false or absent."
     )
-    if body.get("previous_response_id") is not None:
-        raise _bad(
-            f"`previous_response_id`: stored responses {why}", "previous_response_id", "store_unsupported"
-        )
+    for name in ("previous_response_id", "conversation"):
+        if body.get(name) is not None:
+            raise _bad(f"`{name}`: stored responses {why}", name, "store_unsupported")
     if body.get("store") not in (None, False):
         raise _bad(f"`store: true`: stored responses {why}", "store", "store_unsupported")
 

@@ -106,8 +106,10 @@ _RESPONSES = frozenset(
         "store",
         "truncation",
         "include",
-        "reasoning",
         "service_tier",
+        "stream_options",
+        "prompt_cache_key",
+        "safety_identifier",
     ]
 )
 _OPENAI = {

@@ -256,6 +256,7 @@ async def test_stream_translation(name: str) -> None:
         head, data = block.split("\n")
         event = json.loads(data.removeprefix("data: "))
         assert head == f"event: {event['type']}"
+        assert data == "data: " + json.dumps(event)  # the delta fast path writes what json.dumps would
         events.append(event)
     assert [e["sequence_number"] for e in events] == list(range(len(events)))
     golden(name, {"chat_chunks": chunks, "chat_done": done, "responses_events": events})

@@ -203,7 +203,7 @@ async def test_offered_tools_are_called_until_a_result_comes_back(sim: tuple[Sim
     _, url = sim
     async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="k-test", max_retries=0) as c:
         ask = [{"role": "user", "content": "look it up"}]
-        first = await c.chat.completions.create(model="sim-model", messages=ask, tools=[TOOL], max_tokens=2)  # type: ignore[list-item,arg-type]
+        first = await c.chat.completions.create(model="sim-model", messages=ask, tools=[TOOL], max_tokens=2)
         choice = first.choices[0]
         assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
         call = choice.message.tool_calls[0]
@@ -214,7 +214,7 @@ async def test_offered_tools_are_called_until_a_result_comes_back(sim: tuple[Sim
             messages=ask,
             tools=[TOOL],
             max_tokens=2,
-            stream=True,  # type: ignore[list-item,arg-type]
+            stream=True,
         )
         async for chunk in stream:
             for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
@@ -224,14 +224,14 @@ async def test_offered_tools_are_called_until_a_result_comes_back(sim: tuple[Sim
         result.append({"role": "tool", "tool_call_id": call.id, "content": "found"})
         after = await c.chat.completions.create(
             model="sim-model", messages=result, tools=[TOOL], max_tokens=2
-        )  # type: ignore[list-item,arg-type]
+        )
         assert after.choices[0].message.content and not after.choices[0].message.tool_calls
         none = await c.chat.completions.create(
             model="sim-model",
             messages=ask,
             tools=[TOOL],
             tool_choice="none",
-            max_tokens=2,  # type: ignore[list-item,arg-type]
+            max_tokens=2,
         )
         assert none.choices[0].message.content and none.choices[0].finish_reason == "length"
 

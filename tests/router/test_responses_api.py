@@ -121,19 +121,19 @@ async def test_stream_sends_the_events_the_sdk_accumulates(
     last = events[-1]
     assert last.type == "response.incomplete" and last.response.usage is not None
     assert last.response.usage.output_tokens == 4
-    assert last.response.output[0].content[0].text == deltas  # type: ignore[union-attr]
+    assert last.response.output[0].content[0].text == deltas
 
 
 async def test_function_call_then_its_output_turn(gateway: tuple[Router, openai.AsyncOpenAI]) -> None:
     _, c = gateway
-    first = await c.responses.create(model="sim-chat", input="what is a sim?", tools=[LOOKUP])  # type: ignore[list-item]
+    first = await c.responses.create(model="sim-chat", input="what is a sim?", tools=[LOOKUP])
     assert first.status == "completed"
     call = first.output[0]
     assert call.type == "function_call" and call.name == "lookup" and call.call_id
     assert set(json.loads(call.arguments)) == {"input"}
     second = await c.responses.create(
         model="sim-chat",
-        tools=[LOOKUP],  # type: ignore[list-item]
+        tools=[LOOKUP],
         max_output_tokens=3,
         input=[
             {"role": "user", "content": "what is a sim?"},
@@ -152,7 +152,7 @@ async def test_streamed_tool_call_completes_with_its_arguments(
     async with c.responses.stream(
         model="sim-chat",
         input="look something up",
-        tools=[LOOKUP],  # type: ignore[list-item]
+        tools=[LOOKUP],
         tool_choice={"type": "function", "name": "lookup"},
     ) as stream:
         kinds = [e.type async for e in stream]
@@ -174,7 +174,7 @@ async def test_stored_responses_and_builtin_tools_are_clear_400s(
     _, c = gateway
     for extra in ({"previous_response_id": "resp_123"}, {"store": True}):
         with pytest.raises(openai.BadRequestError) as err:
-            await c.responses.create(model="sim-chat", input="x", **extra)  # type: ignore[arg-type]
+            await c.responses.create(model="sim-chat", input="x", **extra)
         assert err.value.code == "store_unsupported" and "content-retention" in err.value.message
     ok = await c.responses.create(model="sim-chat", input="x", store=False, max_output_tokens=1)
     assert len(ok.output_text.split()) == 1

@@ -27,6 +27,7 @@ from pathlib import Path
 from harness import Procs, free_port, wait_http
 
 MODEL = "bench-model"
+TRANSLATED = "bench-translated"
 ENGINE_KEY = "engine-key"
 THROWAWAY = Path(tempfile.gettempdir())
 LITELLM_VENV = THROWAWAY / "llmgw-bench-litellm"
@@ -92,7 +93,9 @@ async def _make_store_key(dsn: str) -> str:
 def _llmgw_snapshot(upstream: str) -> dict[str, object]:
     return {
         "revision": "bench",
-        "models": {MODEL: {"context_length": 8192, "capabilities": ["chat"]}},
+        # TRANSLATED: the same mock behind an engine kind that does not serve /v1/responses, so a Responses
+        # request to it is translated onto chat (router_overhead.py's Responses row).
+        "models": {m: {"context_length": 8192, "capabilities": ["chat"]} for m in (MODEL, TRANSLATED)},
         "policies": {"balanced": {"picker": "p2c", "weights": {"queue": 2, "kv": 2, "inflight": 1}}},
         "router": {"default_policy": "balanced"},
         "tenants": {
@@ -108,7 +111,14 @@ def _llmgw_snapshot(upstream: str) -> dict[str, object]:
                 "engine": "vllm",
                 "base_url": upstream,
                 "api_key": ENGINE_KEY,
-            }
+            },
+            {
+                "replica_id": "mock-1",
+                "model": TRANSLATED,
+                "engine": "sim",
+                "base_url": upstream,
+                "api_key": ENGINE_KEY,
+            },
         ],
     }
 

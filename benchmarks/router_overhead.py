@@ -45,6 +45,7 @@ from harness import Procs, free_port, pinned, tree_cpu_seconds, wait_http
 from peers import (
     MODEL,
     PEERS,
+    TRANSLATED,
     Target,
     start_floor,
     start_litellm,
@@ -124,12 +125,22 @@ def _ms(text: str) -> float:
     return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
 
 
-def request_body(stream: bool) -> dict[str, object]:
-    body: dict[str, object] = {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "Say hello in five words."}],
-        "max_tokens": 16,
-    }
+# The Responses rows: the same question to a model whose engine kind does not serve /v1/responses, once as
+# chat ("llmgw-tchat") and once as a Responses request the router translates ("llmgw-resp"); the difference
+# is the translation's cost per request, both ways, whole and streamed.
+RESPONSES_ROWS = {"llmgw-tchat": "/v1/chat/completions", "llmgw-resp": "/v1/responses"}
+
+
+def request_body(stream: bool, path: str = "/v1/chat/completions", model: str = MODEL) -> dict[str, object]:
+    body: dict[str, object]
+    if path == "/v1/responses":
+        body = {"model": model, "input": "Say hello in five words.", "max_output_tokens": 16}
+    else:
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "Say hello in five words."}],
+            "max_tokens": 16,
+        }
     if stream:
         body["stream"] = True
     return body
@@ -203,9 +214,15 @@ def measure(
     target: Target, stream: bool, conns: int, duration: int, cpus: str | None, messages: bool = False
 ) -> Result:
     """One wrk run against target after a 1 s warm-up, with the proxy tree's CPU over the measured run.
-    `messages`: Anthropic's /v1/messages instead of chat (llmgw translates it onto chat)."""
-    url = target.url + ("/v1/messages" if messages else "/v1/chat/completions")
-    body = messages_body(stream) if messages else None
+    `messages`: Anthropic's /v1/messages instead of chat (llmgw translates it onto chat); a Responses row
+    (RESPONSES_ROWS) sends /v1/responses."""
+    body: dict[str, object] | None
+    if messages:
+        path, body = "/v1/messages", messages_body(stream)
+    else:
+        path = RESPONSES_ROWS.get(target.name, "/v1/chat/completions")
+        body = request_body(stream, path, TRANSLATED) if target.name in RESPONSES_ROWS else None
+    url = target.url + path
     wrk(url, stream, conns, 1, target.headers, cpus, body)  # warm up connections and caches
     before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
     result = wrk(url, stream, conns, duration, target.headers, cpus, body)
@@ -229,7 +246,10 @@ def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Ta
     upstream = start_mock(procs, work, load_cpus)
     targets = [Target("direct", upstream)]
     targets.append(start_floor(procs, work, upstream, proxy_cpus))
-    targets.append(start_llmgw(procs, work, upstream, args.workers, proxy_cpus))
+    llmgw = start_llmgw(procs, work, upstream, args.workers, proxy_cpus)
+    targets.append(llmgw)
+    for name in RESPONSES_ROWS:  # the same router process, asked the other way
+        targets.append(Target(name, llmgw.url, llmgw.headers, llmgw.proc))
     starters = {"vllm": start_vllm_router, "portkey": start_portkey, "litellm": start_litellm}
     for peer in args.peers:
         started = starters[peer](procs, work, upstream, proxy_cpus)
@@ -285,6 +305,23 @@ def measure_messages(
         mode = "stream" if stream else "whole"
         print(f"{mode:<24}{r.rps:>12.0f}{mine:>12}{ref.rps:>12.0f}{theirs:>10}{r.errors:>8}")
     return f"router_overhead_messages: whole {cpu[False]} stream {cpu[True]}"
+
+
+def responses_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
+    """The translation's cost: CPU per request of a Responses request against the same request as chat."""
+    c16 = 16 if 16 in levels else levels[-1]
+    parts = []
+    for stream in (False, True):
+        chat, resp = results[("llmgw-tchat", stream, c16)], results[("llmgw-resp", stream, c16)]
+        mode = "stream" if stream else "whole"
+        for label, r in (("chat", chat), ("responses", resp)):
+            cpu = "none" if r.cpu_us_per_req is None else f"{r.cpu_us_per_req:.0f}"
+            parts.append(f"{label}_{mode}_cpu_us_per_req_c16={cpu}")
+        ratio = (
+            resp.cpu_us_per_req / chat.cpu_us_per_req if resp.cpu_us_per_req and chat.cpu_us_per_req else None
+        )
+        parts.append(f"responses_over_chat_{mode}={'none' if ratio is None else f'{ratio:.2f}'}")
+    return "router_overhead_responses: " + " ".join(parts)
 
 
 def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
@@ -366,6 +403,7 @@ def main() -> None:
         llmgw = next(t for t in targets if t.name == "llmgw")
         c16 = 16 if 16 in levels else levels[-1]
         print(measure_messages(llmgw, c16, args.duration, load_cpus, results))
+        print(responses_line(levels, results))
         print(final_line(levels, results))
     finally:
         procs.stop_all()

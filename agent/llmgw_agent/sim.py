@@ -28,6 +28,7 @@ from llmgw_agent.sim_model import (
     embedding,
     output_tokens,
     plan_timing,
+    relevance,
     tokenize,
     tool_call,
 )
@@ -226,7 +227,11 @@ class SimEngine:
         return await self.generate(request, body, tokenize(str(prompt)), chat=False)
 
     async def generate(
-        self, request: web.Request, body: dict[str, Any], prompt: list[str], chat: bool
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        prompt: list[str],
+        chat: bool,
     ) -> web.StreamResponse:
         max_tokens = self.max_tokens(body)
         if isinstance(max_tokens, web.Response):
@@ -357,6 +362,68 @@ class SimEngine:
             }
         )
 
+    async def rerank(self, request: web.Request) -> web.Response:
+        """Cohere/Jina-style rerank as vLLM and llama.cpp answer it, scored by word overlap."""
+        body = await self.read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        query, docs = body.get("query"), body.get("documents")
+        if not isinstance(query, str) or not isinstance(docs, list) or not docs:
+            return openai_error(
+                400, "query must be a string, documents a non-empty list", "invalid_request_error"
+            )
+        texts = [d.get("text", "") if isinstance(d, dict) else str(d) for d in docs]
+        ranked = sorted(range(len(texts)), key=lambda i: (-relevance(query, texts[i]), i))
+        top_n = body.get("top_n")
+        if isinstance(top_n, int) and top_n > 0:
+            ranked = ranked[:top_n]
+        results = []
+        for i in ranked:
+            result: dict[str, Any] = {"index": i, "relevance_score": relevance(query, texts[i])}
+            if body.get("return_documents", True):
+                result["document"] = {"text": texts[i]}
+            results.append(result)
+        tokens = len(texts) * len(tokenize(query)) + sum(len(tokenize(t)) for t in texts)
+        self.stats.prompt_tokens += tokens
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        rid = "rerank-" + uuid.uuid4().hex
+        return web.json_response({"id": rid, "model": self.model, "usage": usage, "results": results})
+
+    async def score(self, request: web.Request) -> web.Response:
+        """vLLM's /v1/score: text_1 against text_2 (one to one, one to many, or pairwise)."""
+        body = await self.read_body(request)
+        if isinstance(body, web.Response):
+            return body
+        first, second = body.get("text_1"), body.get("text_2")
+        lefts = first if isinstance(first, list) else [first]
+        rights = second if isinstance(second, list) else [second]
+        if not all(isinstance(t, str) for t in [*lefts, *rights]) or not lefts or not rights:
+            return openai_error(
+                400, "text_1 and text_2 must be strings or lists of strings", "invalid_request_error"
+            )
+        if len(lefts) == 1:
+            lefts = lefts * len(rights)
+        if len(lefts) != len(rights):
+            return openai_error(400, "text_1 and text_2 must be the same length", "invalid_request_error")
+        data = [
+            {"index": i, "object": "score", "score": relevance(a, b)}
+            for i, (a, b) in enumerate(zip(lefts, rights, strict=True))
+        ]
+        tokens = sum(len(tokenize(a)) + len(tokenize(b)) for a, b in zip(lefts, rights, strict=True))
+        self.stats.prompt_tokens += tokens
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0}
+        rid = "score-" + uuid.uuid4().hex
+        return web.json_response(
+            {
+                "id": rid,
+                "object": "list",
+                "created": int(time.time()),
+                "model": self.model,
+                "data": data,
+                "usage": usage,
+            }
+        )
+
     async def models(self, request: web.Request) -> web.Response:
         denied = self.check_auth(request)
         if denied is not None:
@@ -415,6 +482,8 @@ class SimEngine:
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/embeddings", self.embeddings)
+        app.router.add_post("/v1/rerank", self.rerank)
+        app.router.add_post("/v1/score", self.score)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics)

@@ -152,3 +152,10 @@ def tool_call(body: dict[str, Any]) -> tuple[str, str, str] | None:
     arguments = json.dumps(args)
     digest = hashlib.sha256((chosen["name"] + arguments + json.dumps(messages)).encode()).hexdigest()
     return "call_" + digest[:24], chosen["name"], arguments
+
+
+def relevance(query: str, document: str) -> float:
+    """A reranker's score, deterministic: the share of the two texts' lower-cased words they have in common
+    (Jaccard), so a document that repeats the query's words ranks first."""
+    q, d = set(query.lower().split()), set(document.lower().split())
+    return round(len(q & d) / len(q | d), 6) if q | d else 0.0

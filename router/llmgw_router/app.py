@@ -30,6 +30,7 @@ from llmgw_router.messages_exchange import MessagesExchange
 from llmgw_router.options import RouterOptions
 from llmgw_router.ports import UsageSink
 from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
+from llmgw_router.responses_exchange import ResponsesExchange
 from llmgw_router.scrape import scrape_loop
 from llmgw_router.service import Kind, RequestService
 
@@ -50,6 +51,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
     async def messages(exchange: Exchange) -> None:
         await router.handle(MessagesExchange(exchange), "chat")  # Anthropic's API on the chat path
 
+    async def responses(exchange: Exchange) -> None:
+        await router.handle(ResponsesExchange(exchange), "responses")
+
     async def health(exchange: Exchange) -> None:
         exchange.respond(json_reply({"status": "ok"}))
 
@@ -65,6 +69,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         "/v1/completions": {"POST": completion("completions")},
         "/v1/embeddings": {"POST": completion("embeddings")},
         "/v1/messages": {"POST": messages},
+        "/v1/responses": {"POST": responses},
+        "/v1/rerank": {"POST": completion("rerank")},
+        "/v1/score": {"POST": completion("score")},
         "/v1/models": {"GET": router.models},
         "/v1/models/*": {"GET": router.model},  # `*`: the rest of the path, the model's id
         "/health": {"GET": health},

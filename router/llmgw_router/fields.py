@@ -84,7 +84,42 @@ _COMPLETIONS = frozenset(
     ]
 )
 _EMBEDDINGS = frozenset(["model", "input", "encoding_format", "dimensions", "user"])
-_OPENAI = {"chat": _CHAT, "completions": _COMPLETIONS, "embeddings": _EMBEDDINGS}
+# Cohere/Jina rerank and vLLM's score, as vLLM and llama.cpp take them.
+_RERANK = frozenset(["model", "query", "documents", "top_n", "return_documents", "user"])
+_SCORE = frozenset(["model", "text_1", "text_2", "user"])
+# /v1/responses sent as it came to an engine that serves it (vLLM): the Responses API's own fields.
+_RESPONSES = frozenset(
+    [
+        "model",
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "max_output_tokens",
+        "temperature",
+        "top_p",
+        "text",
+        "metadata",
+        "user",
+        "stream",
+        "store",
+        "truncation",
+        "include",
+        "service_tier",
+        "stream_options",
+        "prompt_cache_key",
+        "safety_identifier",
+    ]
+)
+_OPENAI = {
+    "chat": _CHAT,
+    "completions": _COMPLETIONS,
+    "embeddings": _EMBEDDINGS,
+    "rerank": _RERANK,
+    "score": _SCORE,
+    "responses": _RESPONSES,
+}
 
 # Sampling and output-shaping parameters each engine documents, none of which reaches beyond the request.
 _ENGINE_EXTRAS: Mapping[str, frozenset[str]] = {
@@ -165,7 +200,7 @@ def plan_fields(
     """What the request to `engine` must lose or gain; None when it goes as it is (the common case, decided
     without copying the body)."""
     allowed = allowed_fields(engine, kind, tuple(operator_allowed))
-    salted = engine in _SALTED_ENGINES and kind != "embeddings"
+    salted = engine in _SALTED_ENGINES and kind not in ("embeddings", "rerank", "score")
     drop = tuple(k for k in body if k not in allowed or (salted and k == "cache_salt"))
     if not drop and not salted:
         return None

@@ -67,10 +67,13 @@ def _usage(obj: Any) -> tuple[int | None, int | None]:
     if not isinstance(obj, dict):
         return None, None
     usage = obj.get("usage")
+    if usage is None and isinstance(obj.get("response"), dict):  # a passed-through Responses stream's end
+        usage = obj["response"].get("usage")
     if not isinstance(usage, dict):
         return None, None
-    prompt = usage.get("prompt_tokens")
-    completion = usage.get("completion_tokens", 0)
+    # Chat's names; the Responses API's (a /v1/responses passed through); a reranker's total alone.
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens", usage.get("total_tokens")))
+    completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
     return (
         prompt if isinstance(prompt, int) else None,
         completion if isinstance(completion, int) else None,
@@ -193,6 +196,10 @@ def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes 
     if call.rewrite_model is None and b'"usage"' not in event:
         return event
     body = event.strip()
+    head = b""
+    if body.startswith(b"event:"):  # a Responses stream names each event before its data
+        name, _, body = body.partition(b"\n")
+        head = name + b"\n"
     if not body.startswith(b"data:"):
         return event
     payload = body[5:].strip()
@@ -210,7 +217,7 @@ def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes 
         return None
     if call.rewrite_model is not None and isinstance(obj, dict):
         obj["model"] = call.rewrite_model
-        return b"data: " + json.dumps(obj).encode() + b"\n\n"
+        return head + b"data: " + json.dumps(obj).encode() + b"\n\n"
     return event
 
 

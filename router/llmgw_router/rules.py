@@ -20,7 +20,7 @@ from llmgw.core.snapshot import PublishedModel
 from llmgw_router.errors import ApiError
 from llmgw_router.fields import FieldPlan, apply_plan
 
-__all__ = ["Sizing", "fits", "parse", "payload", "sent_cap", "session_key", "size"]
+__all__ = ["NO_COMPLETION", "Sizing", "fits", "parse", "payload", "sent_cap", "session_key", "size"]
 
 
 def parse(raw: bytes) -> dict[str, Any]:
@@ -64,6 +64,9 @@ def _check_types(body: dict[str, Any]) -> None:
             )
 
 
+# Kinds that generate nothing: charged for the input only, never streamed, never sent a max_tokens.
+NO_COMPLETION = frozenset({"embeddings", "rerank", "score"})
+
 # OpenAI's /v1/completions generates 16 tokens when max_tokens is not given (vLLM does the same; llama.cpp would
 # run to the end of the context): kept as the cap such a request reserves and is sent.
 _COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -90,7 +93,7 @@ def size(raw_bytes: int, body: dict[str, Any], kind: str, model: PublishedModel)
     generate; at most 16 for legacy completions, that API's default), and how many sequences (`n`,
     `best_of`). Raises when it cannot fit."""
     prompt = int(raw_bytes / 4 * 1.1)
-    if kind == "embeddings":
+    if kind in NO_COMPLETION:
         sizing = Sizing(prompt, None, 0, 1)
     else:
         asked = _asked(body)
@@ -114,7 +117,7 @@ def size(raw_bytes: int, body: dict[str, Any], kind: str, model: PublishedModel)
         sizing = Sizing(prompt, asked, completion_cap, sequences)
     completion = sizing.completion_cap
     if prompt + completion > model.context_length or (
-        sizing.completion_asked is None and kind != "embeddings" and completion < 1
+        sizing.completion_asked is None and kind not in NO_COMPLETION and completion < 1
     ):
         raise ApiError(
             400,

@@ -40,7 +40,8 @@ from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, Usa
 from llmgw_router.provider_keys import ProviderHealth, usable_providers
 from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
 from llmgw_router.ratelimit import Limiter, NoLimits, budget_use
-from llmgw_router.rules import fits, parse, payload, sent_cap, session_key, size
+from llmgw_router.responses_exchange import ResponsesExchange
+from llmgw_router.rules import NO_COMPLETION, fits, parse, payload, sent_cap, session_key, size
 from llmgw_router.scheduler import RequestInfo
 from llmgw_router.state import RoutingTable
 from llmgw_router.tags import HEADER as TAGS_HEADER, request_tags
@@ -52,11 +53,14 @@ __all__ = ["Kind", "RequestService", "Router", "RouterOptions"]
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["chat", "completions", "embeddings"]
+Kind = Literal["chat", "completions", "embeddings", "responses", "rerank", "score"]
 _PATHS: dict[str, str] = {
     "chat": "/chat/completions",
     "completions": "/completions",
     "embeddings": "/embeddings",
+    "responses": "/responses",
+    "rerank": "/rerank",
+    "score": "/score",
 }
 _DEFAULT_MAX_BODY = 4 * 1024 * 1024
 _GONE = (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError)
@@ -255,6 +259,9 @@ class RequestService:
             raise _not_ready()
         raw = await exchange.read_body(table.snapshot.router.max_body_bytes)
         body = parse(raw)
+        if isinstance(exchange, ResponsesExchange):  # sized, limited and routed as the chat it becomes
+            body, raw = exchange.turn.begin(body, raw, call.request_id)
+            kind = "chat"
         # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
         # which models exist (404) nor their context lengths (400).
         began = time.monotonic()
@@ -280,7 +287,11 @@ class RequestService:
         tenant_project = _tenant_project(table, call.principal.project, canonical, name)
         if kind not in model.capabilities:
             raise ApiError(
-                400, f"Model `{canonical}` does not support {kind}.", "unsupported_capability", param="model"
+                400,
+                f"Model `{canonical}` does not support {kind}: it does not declare the `{kind}` capability "
+                f"(it declares {', '.join(model.capabilities) or 'none'}).",
+                "unsupported_capability",
+                param="model",
             )
         call.sizing = size(len(raw), body, kind, model)
         call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: fits(m, call.sizing))
@@ -334,7 +345,13 @@ class RequestService:
                 call.trace.scheduled(asked, picked)
             self.last_used[served] = self.clock()
             try:
-                up = self._upstream_call(kind, table, canonical, raw, body, call, picked, debug, attempt)
+                sent_kind, sent_raw, sent_body = kind, raw, body
+                if isinstance(exchange, ResponsesExchange):
+                    engine = None if ep.is_provider else ep.spec.engine
+                    sent_kind, sent_raw, sent_body = exchange.turn.for_engine(engine)  # type: ignore[assignment]
+                up = self._upstream_call(
+                    sent_kind, table, canonical, sent_raw, sent_body, call, picked, debug, attempt
+                )
                 call.result = await self._send(exchange, up, call)
                 if call.trace is not None:
                     call.trace.upstream_end(call.result)
@@ -377,9 +394,12 @@ class RequestService:
     ) -> UpstreamCall:
         """The request as this endpoint is sent it, and the headers its answer goes back with."""
         ep, served = picked.endpoint, picked.served
-        client_stream = body.get("stream") is True and kind != "embeddings"
+        client_stream = body.get("stream") is True and kind not in NO_COMPLETION
         stream_opts = body.get("stream_options")
-        client_usage = isinstance(stream_opts, dict) and stream_opts.get("include_usage") is True
+        # The Responses API has no stream_options: its usage is in its last event, never to be stripped.
+        client_usage = kind == "responses" or (
+            isinstance(stream_opts, dict) and stream_opts.get("include_usage") is True
+        )
         reply = {"x-request-id": call.request_id, "x-llmgw-model": served}
         if call.lease is not None and call.lease.admission is not None:
             reply.update(call.lease.admission.headers)  # x-ratelimit-* on every answer, as OpenAI does
@@ -389,7 +409,9 @@ class RequestService:
             reply["x-llmgw-decision"] = picked.decision.rationale()
         # A request that names no max_tokens is sent the cap it reserved: the reservation bounds the spend.
         cap = (
-            sent_cap(table.models.get(served), call.sizing, ep.is_provider) if kind != "embeddings" else None
+            sent_cap(table.models.get(served), call.sizing, ep.is_provider)
+            if kind not in NO_COMPLETION and kind != "responses"  # max_tokens is not a Responses field
+            else None
         )
         # A stream is always asked for its usage (and the extra chunk stripped again), so it can be charged.
         want_usage = client_stream and not client_usage

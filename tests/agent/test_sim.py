@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -241,3 +242,71 @@ async def test_openai_client_gets_a_tool_call_whole_and_streamed(sim: tuple[SimE
     assert deltas[0].id == call.id and deltas[0].function.name == "get_weather"  # type: ignore[union-attr]
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments  # type: ignore[union-attr]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {"type": "object", "properties": {"input": {"type": "string"}}},
+    },
+}
+
+
+async def test_offered_tools_are_called_until_a_result_comes_back(sim: tuple[SimEngine, str]) -> None:
+    _, url = sim
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="k-test", max_retries=0) as c:
+        ask = [{"role": "user", "content": "look it up"}]
+        first = await c.chat.completions.create(model="sim-model", messages=ask, tools=[TOOL], max_tokens=2)
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        call = choice.message.tool_calls[0]
+        assert call.function.name == "lookup" and set(json.loads(call.function.arguments)) == {"input"}
+        pieces = []
+        stream = await c.chat.completions.create(
+            model="sim-model",
+            messages=ask,
+            tools=[TOOL],
+            max_tokens=2,
+            stream=True,
+        )
+        async for chunk in stream:
+            for tc in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                pieces.append(tc.function.arguments if tc.function else "")
+        assert "".join(p or "" for p in pieces) == call.function.arguments  # the same call, streamed
+        result = [*ask, choice.message.model_dump(exclude_none=True)]
+        result.append({"role": "tool", "tool_call_id": call.id, "content": "found"})
+        after = await c.chat.completions.create(
+            model="sim-model", messages=result, tools=[TOOL], max_tokens=2
+        )
+        assert after.choices[0].message.content and not after.choices[0].message.tool_calls
+        none = await c.chat.completions.create(
+            model="sim-model",
+            messages=ask,
+            tools=[TOOL],
+            tool_choice="none",
+            max_tokens=2,
+        )
+        assert none.choices[0].message.content and none.choices[0].finish_reason == "length"
+
+
+async def test_rerank_and_score_by_word_overlap(sim: tuple[SimEngine, str]) -> None:
+    _, url = sim
+    docs = ["red apple", "green pear", "apple pie recipe"]
+    async with aiohttp.ClientSession(headers=auth()) as http:
+        body = {"model": "sim-model", "query": "apple", "documents": docs}
+        async with http.post(f"{url}/v1/rerank", json=body) as resp:
+            ranked = await resp.json()
+        body = {"model": "sim-model", "text_1": ["apple", "pear"], "text_2": ["red apple", "red apple"]}
+        async with http.post(f"{url}/v1/score", json=body) as resp:
+            scored = await resp.json()
+        async with http.post(
+            f"{url}/v1/score", json={"model": "sim-model", "text_1": ["a", "b"], "text_2": ["c"] * 3}
+        ) as resp:
+            assert resp.status == 400
+    assert [(r["index"], r["relevance_score"]) for r in ranked["results"]] == [
+        (0, 0.5),
+        (2, 0.333333),
+        (1, 0.0),
+    ]
+    assert [d["score"] for d in scored["data"]] == [0.5, 0.0]

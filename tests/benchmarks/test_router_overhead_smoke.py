@@ -30,7 +30,7 @@ def test_tiny_run_measures_each_target_and_ends_with_the_final_line() -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    served = ["direct", "floor", "llmgw"]
+    served = ["direct", "floor", "llmgw", "llmgw-tchat", "llmgw-resp"]
     served += [] if "vLLM router skipped" in out else ["vllm-router"]
     portkey = "Portkey skipped" not in out
     for name in served:

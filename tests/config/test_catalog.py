@@ -43,7 +43,7 @@ def test_example_catalog(example: Catalog) -> None:
     assert example.revision == "rev1"
     assert example.cluster_name == "laptop"
     assert example.cluster.router.default_policy == "balanced"
-    assert set(example.models) == {"gemma-3-270m", "sim-chat", "sim-embed", "sim-batch"}
+    assert set(example.models) == {"gemma-3-270m", "sim-chat", "sim-embed", "sim-batch", "sim-rerank"}
     assert set(example.nodes) == {"local"} and example.nodes["local"].labels["role"] == "dev"
     assert example.models["sim-batch"].on_demand
 

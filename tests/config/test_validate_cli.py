@@ -25,7 +25,7 @@ def test_example_repo_is_valid() -> None:
     code, out = run(str(EXAMPLE))
     assert code == 0, out
     assert "valid: 6 files" in out
-    assert "4 Model" in out and "revision sha256:" in out
+    assert "5 Model" in out and "revision sha256:" in out
 
 
 def test_json_output_is_machine_readable() -> None:
@@ -33,7 +33,7 @@ def test_json_output_is_machine_readable() -> None:
     body = json.loads(out)
     assert code == 0
     assert body["valid"] is True and body["errors"] == []
-    assert body["summary"]["documents"]["Model"] == 4
+    assert body["summary"]["documents"]["Model"] == 5
     assert body["summary"]["revision"].startswith("sha256:")
 
 

@@ -364,7 +364,7 @@ class NodeSpec(Strict):
 
 # ---------------------------------------------------------------------------------------------------- Model
 
-Capability = Literal["chat", "completions", "embeddings", "tools", "vision"]
+Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "rerank", "score"]
 ArgValue = str | int | float | bool
 DEFAULT_CAPABILITIES: tuple[Capability, ...] = ("chat", "completions")
 

@@ -1,0 +1,132 @@
+"""`POST /v1/responses` on the request path: the client's exchange wrapped, so the chat answer an engine gives
+reaches the client as the Responses API's (whole, or event by event), while everything else on the path
+(auth, limits, scheduling, the proxy, accounting) sees an ordinary chat request.
+
+`ResponsesTurn` holds both forms of the request and decides per endpoint which one it is sent: engines that
+serve /v1/responses themselves (responses.NATIVE_ENGINES, from the endpoint's engine kind in the snapshot) get
+the client's body as it came and their answer goes back untouched; every other engine and every provider gets
+the chat translation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from llmgw_router.exchange import Exchange, Headers, Reply, json_reply
+from llmgw_router.responses import NATIVE_ENGINES, ResponseIds, from_chat, to_chat
+from llmgw_router.responses_stream import StreamTranslator
+
+__all__ = ["ResponsesExchange", "ResponsesTurn"]
+
+
+class ResponsesTurn:
+    def __init__(self) -> None:
+        self.original: dict[str, Any] = {}
+        self.original_raw = b""
+        self.chat: dict[str, Any] = {}
+        self.chat_raw = b""
+        self.ids = ResponseIds("resp_", 0)
+        self.translated = True
+
+    def begin(self, body: dict[str, Any], raw: bytes, request_id: str) -> tuple[dict[str, Any], bytes]:
+        """Translate the parsed request (400 when it cannot be); the chat form is what the path sizes."""
+        self.original, self.original_raw = body, raw
+        self.chat = to_chat(body)
+        self.chat_raw = json.dumps(self.chat).encode()
+        self.ids = ResponseIds.of(request_id, int(time.time()))
+        return self.chat, self.chat_raw
+
+    def for_engine(self, engine: str | None) -> tuple[str, bytes, dict[str, Any]]:
+        """The kind, bytes and body one endpoint is sent (`engine` None: a provider, which is translated)."""
+        self.translated = engine not in NATIVE_ENGINES
+        if self.translated:
+            return "chat", self.chat_raw, self.chat
+        return "responses", self.original_raw, self.original
+
+
+class ResponsesExchange:
+    """An Exchange that translates the chat answer written through it (when its turn was translated)."""
+
+    def __init__(self, inner: Exchange) -> None:
+        self._inner = inner
+        self.turn = ResponsesTurn()
+        self.method: str = inner.method
+        self.path: str = inner.path
+        self.headers: Headers = inner.headers
+        self._stream: StreamTranslator | None = None
+        self._pending: list[bytes] = []
+        self._buf = b""
+
+    @property
+    def remote(self) -> str | None:
+        return self._inner.remote
+
+    @property
+    def started(self) -> bool:
+        return self._inner.started
+
+    async def read_body(self, limit: int) -> bytes:
+        return await self._inner.read_body(limit)
+
+    def abort(self) -> None:
+        self._inner.abort()
+
+    def respond(self, reply: Reply) -> None:
+        if self.turn.translated and reply.status == 200:
+            try:
+                chat = json.loads(reply.body)
+            except ValueError:
+                chat = None
+            if isinstance(chat, dict):
+                obj = from_chat(chat, self.turn.original, self.turn.ids)
+                headers = {k: v for k, v in reply.headers.items() if k.lower() != "content-type"}
+                reply = json_reply(obj, 200, headers)
+        self._inner.respond(reply)
+
+    def start_stream(self, status: int, headers: dict[str, str]) -> None:
+        if self.turn.translated and status == 200:
+            model = str(self.turn.original.get("model", ""))
+            self._stream = StreamTranslator(self.turn.original, self.turn.ids, model)
+            self._pending = self._stream.start()
+        self._inner.start_stream(status, headers)
+
+    def _translate(self, chunk: bytes) -> bytes:
+        stream = self._stream
+        assert stream is not None
+        out, self._pending = self._pending, []
+        self._buf += chunk
+        while (i := self._buf.find(b"\n\n")) >= 0:
+            event, self._buf = self._buf[:i], self._buf[i + 2 :]
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    out += stream.finish()
+                    continue
+                try:
+                    obj = json.loads(data)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    out += stream.feed(obj)
+        return b"".join(out)
+
+    async def write(self, chunk: bytes, limit_s: float) -> None:
+        if self._stream is None:
+            await self._inner.write(chunk, limit_s)
+            return
+        out = self._translate(chunk)
+        if out:
+            await self._inner.write(out, limit_s)
+
+    async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
+        if self._stream is None:
+            await self._inner.write_eof(limit_s, last)
+            return
+        out = self._translate(last + (b"\n\n" if self._buf else b""))
+        # A stream that broke off without [DONE] still ends in a terminal event (response.failed).
+        out += b"".join(self._stream.finish())
+        await self._inner.write_eof(limit_s, out)

@@ -23,8 +23,11 @@ import json
 import logging
 import os
 import re
+from math import isfinite
 from pathlib import Path
 from typing import IO
+
+import orjson
 
 from llmgw.core.errors import LlmgwError
 from llmgw.store.records import UsageRecord
@@ -45,8 +48,15 @@ def _name(seq: int) -> str:
 
 
 def encode(rec: UsageRecord) -> bytes:
-    # Its fields are scalars: no dataclasses.asdict, which deep-copies every value (about 5% of the router's
-    # CPU per request in a profile: every request is spooled).
+    """One line: the record as a JSON object. orjson encodes the dataclass itself, about four times cheaper
+    than json (every request is spooled: it was 5% of the router's CPU per request). It would write a
+    non-finite float as null and refuses integers beyond 64 bits, so those records go through json, which
+    writes what `decode` reads back as the same value."""
+    if isfinite(rec.time) and isfinite(rec.cost) and isfinite(rec.latency_ms):
+        try:
+            return orjson.dumps(rec, option=orjson.OPT_APPEND_NEWLINE)
+        except orjson.JSONEncodeError:
+            pass
     obj = {name: getattr(rec, name) for name in _FIELD_NAMES}
     return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
 

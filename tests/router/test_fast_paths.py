@@ -1,0 +1,73 @@
+"""The request path's cheaper ways of doing things read and write what the plain ways did (docs/router.md,
+"Overhead"): orjson where it is exact, the response head built in one piece, the usage spool's line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from llmgw_router.listener import _head
+from llmgw_router.proxy import _parse_answer
+
+from llmgw.store.records import UsageRecord
+from llmgw.store.usage_spool import decode, encode
+
+BIG = 123456789012345678901234567890  # beyond 64 bits: orjson would read it as a float
+
+
+def test_an_answer_encoded_again_keeps_its_integers_exact() -> None:
+    data = json.dumps({"model": "up", "seed": BIG, "usage": {"prompt_tokens": 3}}).encode()
+    exact = _parse_answer(data, exact=True)
+    assert exact["seed"] == BIG and isinstance(exact["seed"], int)
+    assert json.dumps(exact).encode() == data
+    # Read only for its usage (the bytes go on unchanged), orjson's float is harmless; the usage is read.
+    assert _parse_answer(data, exact=False)["usage"] == {"prompt_tokens": 3}
+
+
+@pytest.mark.parametrize(
+    "data", [b'{"x": NaN}', b'\xef\xbb\xbf{"x": 1}', '{"x": "\u00e9"}'.encode("utf-16"), b'{"x": "\\ud800"}']
+)
+def test_what_orjson_refuses_and_json_takes_is_still_taken(data: bytes) -> None:
+    for exact in (False, True):
+        got = _parse_answer(data, exact)
+        assert isinstance(got, dict) and set(got) == {"x"}, data
+
+
+def test_what_is_not_json_is_none() -> None:
+    assert _parse_answer(b"<html>bad gateway</html>", exact=False) is None
+    assert _parse_answer(b'{"cut": ', exact=True) is None
+
+
+def _record(**kw: object) -> UsageRecord:
+    base: dict[str, object] = dict(
+        time=1764604800.123456, request_id="r1", project="p\u00e9", model="m", status=200, key_id=None
+    )
+    return UsageRecord(**(base | kw))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "rec",
+    [
+        _record(),
+        _record(cost=1e-9, latency_ms=0.1, tokens_in=12, tokens_out=5, fallback_used=True, key_id="k"),
+        _record(cost=math.inf),  # a price of .inf: orjson would write null
+        _record(tokens_in=BIG),  # beyond orjson's 64 bits
+    ],
+)
+def test_a_spooled_line_reads_back_as_the_record_written(rec: UsageRecord) -> None:
+    line = encode(rec)
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert decode(line) == rec
+
+
+def test_the_head_is_one_piece_and_no_value_splits_it() -> None:
+    head = _head(200, {"Content-Type": "application/json", "x-a": "1"}, "Content-Length: 2\r\n", False)
+    lines = head.decode().split("\r\n")
+    assert lines[0] == "HTTP/1.1 200 OK" and lines[1].startswith("Date: ")
+    assert lines[2:] == ["Content-Type: application/json", "x-a: 1", "Content-Length: 2", "", ""]
+    bad = _head(400, {"x-llmgw-dropped-fields": "a\r\nSet-Cookie: x\0"}, "", True).decode()
+    assert "\r\nSet-Cookie" not in bad and "\0" not in bad
+    assert "x-llmgw-dropped-fields: a  Set-Cookie: x \r\n" in bad and bad.endswith(
+        "Connection: close\r\n\r\n"
+    )

@@ -143,10 +143,10 @@ def settle(
     prices = table.models[served].prices if table is not None and served in table.models else None
     bill = charge(result, call.reserved, prices, status=call.status, engine_reached=call.served is not None)
     m = metrics
-    m.child(m.requests, call.model, str(call.status), call.code).inc()
-    m.child(m.duration, call.model).observe(elapsed)
+    m.count(m.requests, (call.model, str(call.status), call.code))
+    m.observe(m.duration, (call.model,), elapsed)
     if result is not None and result.first_byte_at is not None:
-        m.child(m.ttft, call.model).observe(result.first_byte_at - call.started)
+        m.observe(m.ttft, (call.model,), result.first_byte_at - call.started)
     if bill.prompt is not None:
         m.observe_tokens(served, bill.prompt, bill.completion)
     if call.lease is not None:

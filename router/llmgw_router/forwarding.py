@@ -123,7 +123,7 @@ class Forwarding:
         if not ok:
             return None
         ep.inflight += 1
-        self.metrics.child(self.metrics.decisions, model, decision.winning_scorer).inc()
+        self.metrics.count(self.metrics.decisions, (model, decision.winning_scorer))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("decision for %s: %s", model, decision.rationale())
         return ep, decision

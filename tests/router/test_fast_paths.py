@@ -8,7 +8,9 @@ import math
 
 import pytest
 from llmgw_router.listener import _head
+from llmgw_router.metrics import RouterMetrics
 from llmgw_router.proxy import _parse_answer
+from prometheus_client import CollectorRegistry
 
 from llmgw.store.records import UsageRecord
 from llmgw.store.usage_spool import decode, encode
@@ -70,4 +72,39 @@ def test_the_head_is_one_piece_and_no_value_splits_it() -> None:
     assert "\r\nSet-Cookie" not in bad and "\0" not in bad
     assert "x-llmgw-dropped-fields: a  Set-Cookie: x \r\n" in bad and bad.endswith(
         "Connection: close\r\n\r\n"
+    )
+
+
+def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in registry.collect()
+        for s in family.samples
+        if not s.name.endswith("_created")
+    }
+
+
+def test_what_is_counted_locally_reads_as_prometheus_client_would_have_counted_it() -> None:
+    local = RouterMetrics(lambda: None, lambda: 0.0)
+    direct = RouterMetrics(lambda: None, lambda: 0.0)
+    values = [0.0, 0.004, 0.005, 0.0051, 0.3, 1.0, 299.9, 300.0, 301.0, 1e9]
+    for v in values:
+        local.observe(local.duration, ("m",), v)
+        direct.duration.labels("m").observe(v)
+    for _ in range(3):
+        local.count(local.requests, ("m", "200", ""))
+        direct.requests.labels("m", "200", "").inc()
+    local.observe_tokens("m", 12, 5)
+    direct.tokens.labels("m", "prompt").inc(12)
+    direct.tokens.labels("m", "completion").inc(5)
+    assert _samples(local.registry) == _samples(direct.registry)
+    # Published once: a second collection adds nothing more, the next requests add to it.
+    local.count(local.requests, ("m", "200", ""))
+    direct.requests.labels("m", "200", "").inc()
+    assert _samples(local.registry) == _samples(direct.registry)
+    assert (
+        local.registry.get_sample_value(
+            "llmgw_router_request_duration_seconds_bucket", {"model": "m", "le": "0.005"}
+        )
+        == 3
     )

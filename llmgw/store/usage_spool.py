@@ -2,9 +2,11 @@
 
 Why: the writer batches records in memory, so a router killed with SIGKILL (or by the OOM killer) lost up to
 one flush interval of usage, and up to `max_pending` records during a store outage. Now every record is
-written to the current segment with one write(2) before `record()` returns:
+written to the current segment before the event loop goes back to waiting for I/O: the writer's `record()`
+buffers the line and the records of one step of the loop go out in one write(2) at its end (`append`
+writes at once, for callers outside a loop):
 
-* the process dying loses nothing that was recorded (the kernel has the bytes);
+* the process dying loses nothing recorded before the loop's current step (the kernel has the bytes);
 * the machine dying loses at most what was written since the last fsync: the writer fsyncs the segment
   before each batch goes to the store, i.e. at least once per flush interval while records arrive.
 
@@ -79,6 +81,8 @@ class UsageSpool:
         self._fd: int | None = None
         self._lock: IO[str] | None = None
         self._closed: list[int] = []  # segments no longer appended to, oldest first
+        self._buffered: list[bytes] = []  # lines `buffer` took, for `write_buffered`
+        self._write_failed = False  # warned once; said again when a write works
 
     def open(self) -> list[tuple[UsageRecord, int]]:
         """Lock the directory, read back what earlier runs left (with each record's segment), start a new
@@ -127,9 +131,39 @@ class UsageSpool:
         os.write(self._fd, encode(rec))
         return self.current
 
+    def buffer(self, rec: UsageRecord) -> int:
+        """Take one record for the next `write_buffered` (the caller makes sure it comes soon); the segment
+        it goes to."""
+        assert self._fd is not None, "spool not open"
+        self._buffered.append(encode(rec))
+        return self.current
+
+    def write_buffered(self) -> None:
+        """Write what `buffer` took, in one write(2). A failed write (a full disk) is logged, once until one
+        works again, and its lines dropped: the records are still in the writer's memory, on their way to
+        the store; only their copy on disk is missing."""
+        lines, self._buffered = self._buffered, []
+        if not lines or self._fd is None:
+            return
+        data = b"".join(lines)
+        try:
+            while data:  # a regular file takes it whole; a short write is finished, not dropped
+                data = data[os.write(self._fd, data) :]
+        except OSError as exc:
+            if not self._write_failed:
+                log.error(
+                    "usage spool %s: write failed, records are kept in memory only: %s", self.directory, exc
+                )
+            self._write_failed = True
+            return
+        if self._write_failed:
+            log.warning("usage spool %s: writing again", self.directory)
+            self._write_failed = False
+
     def rotate(self) -> Path | None:
         """Start a new segment if the current one has records; the old one (returned, for `fsync_file` off
         the event loop) waits for `release`."""
+        self.write_buffered()
         if self._fd is None or os.fstat(self._fd).st_size == 0:
             return None
         os.close(self._fd)
@@ -149,6 +183,7 @@ class UsageSpool:
 
     def close(self, everything_written: bool) -> None:
         """Close the segment; when the store has every record, leave no segment behind."""
+        self.write_buffered()
         if self._fd is not None:
             os.fsync(self._fd)
             os.close(self._fd)

@@ -7,6 +7,9 @@ import json
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from llmgw_router.http1 import UpstreamHttpError, _parse_head
 from llmgw_router.listener import _head
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.proxy import _parse_answer
@@ -108,3 +111,47 @@ def test_what_is_counted_locally_reads_as_prometheus_client_would_have_counted_i
         )
         == 3
     )
+
+
+def _parse_head_per_line(head: bytes) -> tuple[int, dict[str, str]]:
+    """The engine client's head parser as it was, on bytes line by line: the reference for the new one."""
+    lines = head.split(b"\r\n")
+    parts = lines[0].split(b" ", 2)
+    if len(parts) < 2 or not parts[0].startswith(b"HTTP/1."):
+        raise UpstreamHttpError("status line")
+    status = int(parts[1])
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if not sep:
+            raise UpstreamHttpError("header line")
+        key = name.strip().lower().decode("latin-1")
+        text = value.strip().decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+    if parts[0] == b"HTTP/1.0" and headers.get("connection", "").lower() != "keep-alive":
+        headers.setdefault("connection", "close")
+    return status, headers
+
+
+_HEAD_BYTES = st.sampled_from([b" ", b"\t", b"\x0b", b"\x85", b"\xa0", b"a", b"A", b"-", b"1", b":", b"\r\n"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    version=st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2"]),
+    status=st.sampled_from([b"200", b" 200", b"2x0", b"+200"]),
+    fields=st.lists(st.lists(_HEAD_BYTES, max_size=12).map(b"".join), max_size=6),
+)
+def test_the_engine_head_parser_reads_what_the_per_line_parser_read(
+    version: bytes, status: bytes, fields: list[bytes]
+) -> None:
+    head = b"\r\n".join([version + b" " + status + b" OK", *fields])
+    try:
+        expected: object = _parse_head_per_line(head)
+    except (UpstreamHttpError, ValueError):
+        expected = "refused"
+    try:
+        got: object = _parse_head(head)
+    except UpstreamHttpError:
+        got = "refused"
+    assert got == expected, head

@@ -124,11 +124,15 @@ async def test_the_spool_gets_one_step_of_records_in_one_write_before_the_loop_w
     assert writes == []  # still this step: buffered
     await asyncio.sleep(0)  # the loop's next step: written, before any wait for I/O
     assert writes == [5]
-    [segment] = tmp_path.glob("usage-*.jsonl")
+    [segment] = _segments(tmp_path)
     assert [decode(line) for line in segment.read_bytes().splitlines()] == recs[:5]
     writer.record(recs[5])
     await writer.close()  # what is buffered at close is written (and then, all stored, removed)
-    assert writes == [5, 1] and not list(tmp_path.glob("usage-*.jsonl"))
+    assert writes == [5, 1] and not _segments(tmp_path)
+
+
+def _segments(directory: Path) -> list[Path]:
+    return list(directory.glob("usage-*.jsonl"))
 
 
 def test_a_writer_outside_a_loop_spools_at_once(tmp_path: Path) -> None:

@@ -153,7 +153,11 @@ def window_bounds(now: float, length: float) -> tuple[float, float]:
 
 
 def to_micros(amount: float) -> int:
-    return math.ceil(round(amount * MICROS, 6))
+    scaled = amount * MICROS
+    whole = int(scaled)
+    if whole == scaled:  # a whole number of micro-units (a free model: 0) needs no rounding, which is dear
+        return whole
+    return math.ceil(round(scaled, 6))
 
 
 def request_cost(

@@ -6,9 +6,11 @@ records are waiting or `flush_interval` seconds have passed. When the store fail
 idempotent (each record carries its own id), so a batch whose commit reply was lost is not counted twice.
 `close()` flushes what is left before returning.
 
-With `spool_dir` every record is also appended to a local spool (llmgw.store.usage_spool) before `record()`
-returns, and the spool left by a killed process is written first at `start()`: SIGKILL loses no record, a
-machine crash at most those since the last fsync (once per flush, before each batch goes to the store).
+With `spool_dir` every record is also appended to a local spool (llmgw.store.usage_spool) at the end of the
+event loop's step that recorded it (the records of one step in one write(2), not a system call per request),
+and the spool left by a killed process is written first at `start()`: SIGKILL loses no record but those of
+the step it interrupted, a machine crash at most those since the last fsync (once per flush, before each
+batch goes to the store).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class UsageWriter:
         self._pending: deque[UsageRecord] = deque()
         self._spool = UsageSpool(spool_dir) if spool_dir is not None else None
         self._segments: deque[int] = deque()  # with a spool: the segment of each pending record
+        self._spool_write_due = False  # a call to _write_spool is scheduled
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -87,10 +90,21 @@ class UsageWriter:
                 )
             return
         if self._spool is not None:
-            self._segments.append(self._spool.append(rec))
+            self._segments.append(self._spool.buffer(rec))
+            if not self._spool_write_due:
+                self._spool_write_due = True
+                try:
+                    asyncio.get_running_loop().call_soon(self._write_spool)
+                except RuntimeError:  # no loop (a synchronous caller): write at once
+                    self._write_spool()
         self._pending.append(rec)
         if len(self._pending) >= self._batch_size:
             self._wake.set()
+
+    def _write_spool(self) -> None:
+        self._spool_write_due = False
+        if self._spool is not None:
+            self._spool.write_buffered()
 
     async def start(self) -> None:
         """Open the spool (raises SpoolError when another router holds it) and queue what it holds, then

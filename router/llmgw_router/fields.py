@@ -24,7 +24,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DROPPED_HEADER", "FieldPlan", "allowed_fields", "cache_salt", "plan_fields"]
+__all__ = [
+    "DROPPED_HEADER",
+    "FieldPlan",
+    "allowed_fields",
+    "append_fields",
+    "apply_plan",
+    "cache_salt",
+    "plan_fields",
+]
 
 DROPPED_HEADER = "x-llmgw-dropped-fields"
 
@@ -201,7 +209,10 @@ def plan_fields(
     without copying the body)."""
     allowed = allowed_fields(engine, kind, tuple(operator_allowed))
     salted = engine in _SALTED_ENGINES and kind not in ("embeddings", "rerank", "score")
-    drop = tuple(k for k in body if k not in allowed or (salted and k == "cache_salt"))
+    extra = body.keys() - allowed  # one set operation in C; ordered below only when something goes
+    if salted and "cache_salt" in body:
+        extra.add("cache_salt")
+    drop = tuple(k for k in body if k in extra) if extra else ()
     if not drop and not salted:
         return None
     return FieldPlan(drop, cache_salt(engine_key, project or "") if salted else None)
@@ -213,3 +224,21 @@ def apply_plan(obj: dict[str, Any], plan: FieldPlan) -> None:
         obj.pop(name, None)
     if plan.salt is not None:
         obj["cache_salt"] = plan.salt
+
+
+def append_fields(raw: bytes, nonempty: bool, fields: bytes) -> bytes | None:
+    """The client's bytes with `fields` (`"name":value` pairs, comma-separated, names the body lacks)
+    spliced in before the object's closing brace; None when the bytes are not plain UTF-8 JSON (UTF-16 or
+    -32, a byte-order mark), which only a re-encoding may change. `nonempty`: the object has fields already.
+
+    Why splice rather than re-encode: the body was parsed and checked already, so its bytes are a JSON
+    object and nothing but whitespace follows its closing brace; adding a field at its end is a copy, where
+    `json.dumps` of the parsed body costs as much as the parse again (the larger the prompt, the more). The
+    engine reads the same fields either way: every field the router reads is as the client sent it, and the
+    added ones are last (a parser that lets a repeated name win would take ours; none is repeated, since
+    the body lacks them)."""
+    start = raw.lstrip()
+    if start[:1] != b"{" or start[1:2] == b"\x00":
+        return None
+    end = raw.rfind(b"}")
+    return b"".join((raw[:end], b"," if nonempty else b"", fields, raw[end:]))

@@ -153,7 +153,7 @@ class Forwarding:
             return None
         ep.inflight += 1
         self.metrics.load.claimed(ep.id)
-        self.metrics.child(self.metrics.decisions, model, decision.winning_scorer).inc()
+        self.metrics.count(self.metrics.decisions, (model, decision.winning_scorer))
         if log.isEnabledFor(logging.DEBUG):
             log.debug("decision for %s: %s", model, decision.rationale())
         return ep, decision

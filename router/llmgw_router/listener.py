@@ -78,15 +78,21 @@ def _date() -> str:
 
 def _head(status: int, headers: Mapping[str, str], framing: str, close: bool) -> bytes:
     line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n"
-    parts = [line, "Date: ", _date(), "\r\n"]
-    for name, value in headers.items():
-        if any(c in value for c in _BAD_HEADER_CHARS):
-            # A value taken from a request (a field name in x-llmgw-dropped-fields) must not split the head.
-            value = value.replace("\r", " ").replace("\n", " ").replace("\0", " ")
-        parts += (name, ": ", value, "\r\n")
-    parts.append(framing)
-    parts.append("Connection: close\r\n\r\n" if close else "\r\n")
-    return "".join(parts).encode("utf-8", "surrogateescape")
+    # One scan of every value at once (three `in` on a joined string), not a generator per header: the
+    # common head has ten fields and none of them holds a bad character.
+    values = "".join(headers.values())
+    if "\r" in values or "\n" in values or "\0" in values:
+        # A value taken from a request (a field name in x-llmgw-dropped-fields) must not split the head.
+        headers = {name: _clean(value) for name, value in headers.items()}
+    fields = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
+    end = "Connection: close\r\n\r\n" if close else "\r\n"
+    return f"{line}Date: {_date()}\r\n{fields}{framing}{end}".encode("utf-8", "surrogateescape")
+
+
+def _clean(value: str) -> str:
+    for c in _BAD_HEADER_CHARS:
+        value = value.replace(c, " ")
+    return value
 
 
 class HttpExchange:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+import orjson
 
 from llmgw.core.errors import TransientError
 from llmgw_router.egress import ForbiddenAddress
@@ -170,10 +171,7 @@ async def forward(
         upstream.close()
         raise
     upstream.release()
-    try:
-        obj = json.loads(data)
-    except ValueError:
-        obj = None
+    obj = _parse_answer(data, exact=call.rewrite_model is not None)
     if not isinstance(obj, dict):
         # Truncated JSON, an HTML error page, a proxy's banner: not an answer the client can use, and not one
         # to pass on as if it were. The caller retries elsewhere or answers 502 in OpenAI's shape.
@@ -189,6 +187,22 @@ async def forward(
     headers["Content-Type"] = upstream.header("Content-Type", "application/json")
     result.response = Reply(upstream.status, data, headers)
     return result
+
+
+def _parse_answer(data: bytes, exact: bool) -> Any:
+    """An engine's answer parsed (None when it is not JSON). orjson first, about four times cheaper, where
+    only the usage is read from it and the bytes go on as they came; it reads an integer beyond 64 bits as a
+    float, so an answer that is encoded again (`exact`: a provider's, its model renamed) is parsed by json,
+    as is anything orjson refuses and json may take (NaN, a byte-order mark, UTF-16)."""
+    if not exact:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
 
 
 def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes | None:

@@ -18,7 +18,7 @@ from llmgw.core import jsonsafe
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import PublishedModel
 from llmgw_router.errors import ApiError
-from llmgw_router.fields import FieldPlan, apply_plan
+from llmgw_router.fields import FieldPlan, append_fields, apply_plan
 
 __all__ = ["NO_COMPLETION", "Sizing", "fits", "parse", "payload", "sent_cap", "session_key", "size"]
 
@@ -199,10 +199,24 @@ def payload(
 ) -> bytes:
     """The body sent upstream: the client's bytes as they came, unless the model's name, the cap, the
     usage request (`ask_usage`: the client's stream_options, to which include_usage is added) or the field
-    plan (fields.py: what the engine must not get, the cache salt it must) changes it. Encoded once."""
-    unchanged_fields = fields is None or (not fields.drop and fields.salt is None)
-    if body.get("model") == upstream_model and cap is None and ask_usage is None and unchanged_fields:
-        return raw
+    plan (fields.py: what the engine must not get, the cache salt it must) changes it. Only adding fields
+    the body lacks is a splice into the client's bytes (fields.append_fields); anything else is encoded
+    once from the parsed body."""
+    salt = fields.salt if fields is not None else None
+    if body.get("model") == upstream_model and not (fields is not None and fields.drop):
+        if cap is None and ask_usage is None and salt is None:
+            return raw
+        added: list[bytes] = []
+        if cap is not None and "max_tokens" not in body:
+            added.append(b'"max_tokens":%d' % cap)
+        if ask_usage is not None and "stream_options" not in body:
+            added.append(b'"stream_options":{"include_usage":true}')
+        if salt is not None and "cache_salt" not in body:
+            added.append(b'"cache_salt":' + json.dumps(salt).encode())
+        if len(added) == (cap is not None) + (ask_usage is not None) + (salt is not None):
+            spliced = append_fields(raw, bool(body), b",".join(added))
+            if spliced is not None:
+                return spliced
     changed = dict(body, model=upstream_model)
     if cap is not None:
         changed["max_tokens"] = cap

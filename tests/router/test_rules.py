@@ -7,6 +7,7 @@ import json
 
 import pytest
 from llmgw_router.errors import ApiError
+from llmgw_router.fields import FieldPlan
 from llmgw_router.rules import Sizing, fits, parse, payload, sent_cap, session_key, size
 
 from llmgw.core.config.models import RoutingPolicySpec
@@ -79,3 +80,36 @@ def test_session_key_prefers_the_header_then_the_user_then_the_first_messages() 
     a = session_key({}, {"messages": [{"role": "user", "content": "hi"}]}, policy)
     assert a is not None and a.startswith("head:")
     assert session_key({}, {}, RoutingPolicySpec.model_validate({"weights": {"session": 0.0}})) is None
+
+
+def test_fields_the_body_lacks_are_spliced_into_the_clients_bytes() -> None:
+    raw = b'{"model": "m",  "messages": [{"role": "user", "content": "h\\u00e9"}], "stream": true}\n'
+    body = parse(raw)
+    sent = payload(raw, body, "m", 7, {}, FieldPlan((), "salt1"))
+    # The client's bytes up to its closing brace, as they came (no re-encoding of the prompt) ...
+    assert sent.startswith(raw[: raw.rindex(b"}")])
+    # ... and the same request as re-encoding would have made.
+    assert json.loads(sent) == {
+        **body,
+        "max_tokens": 7,
+        "stream_options": {"include_usage": True},
+        "cache_salt": "salt1",
+    }
+    assert (
+        payload(b' {"model":"m"}\r\n', {"model": "m"}, "m", 3, None) == b' {"model":"m","max_tokens":3}\r\n'
+    )
+
+
+def test_a_body_that_must_change_in_place_or_is_not_utf8_is_encoded_again() -> None:
+    raw = b'{"model":  "m", "stream_options": {"x": 1}, "max_tokens": null, "top_k": 3}'
+    body = parse(raw)
+    # A field it has (stream_options, a null max_tokens), a renamed model, a dropped field: re-encoded.
+    for sent in (
+        payload(raw, body, "m", None, {"x": 1}),
+        payload(raw, body, "m", 7, None),
+        payload(raw, body, "up", None, None),
+        payload(raw, body, "m", None, None, FieldPlan(("top_k",), None)),
+    ):
+        assert not sent.startswith(b'{"model":  "m"'), sent  # json.dumps spells it with one space
+    utf16 = '{"model": "m"}'.encode("utf-16-le")
+    assert json.loads(payload(utf16, parse(utf16), "m", 5, None)) == {"model": "m", "max_tokens": 5}

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import pytest
 from support import wait_for
 
 from llmgw.store import Store, UsageRecord
+from llmgw.store.usage_spool import decode
 from llmgw.store.usage_writer import UsageWriter
 
 from .fakes import FakeStore
@@ -100,3 +103,43 @@ async def test_nothing_lost_when_postgresql_stops_and_starts(pg_server, pg_dsn) 
     rows = await store.list_usage()
     await store.close()
     assert sorted(r.request_id for r in rows) == sorted(f"r{i}" for i in range(40))
+
+
+async def test_the_spool_gets_one_step_of_records_in_one_write_before_the_loop_waits_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = UsageWriter(FakeStore(), batch_size=1000, flush_interval=60, spool_dir=tmp_path)
+    await writer.start()
+    writes: list[int] = []
+    real_write = os.write
+
+    def counted(fd: int, data: bytes) -> int:
+        writes.append(data.count(b"\n"))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", counted)
+    recs = [rec(i) for i in range(6)]
+    for r in recs[:5]:
+        writer.record(r)
+    assert writes == []  # still this step: buffered
+    await asyncio.sleep(0)  # the loop's next step: written, before any wait for I/O
+    assert writes == [5]
+    [segment] = _segments(tmp_path)
+    assert [decode(line) for line in segment.read_bytes().splitlines()] == recs[:5]
+    writer.record(recs[5])
+    await writer.close()  # what is buffered at close is written (and then, all stored, removed)
+    assert writes == [5, 1] and not _segments(tmp_path)
+
+
+def _segments(directory: Path) -> list[Path]:
+    return list(directory.glob("usage-*.jsonl"))
+
+
+def test_a_writer_outside_a_loop_spools_at_once(tmp_path: Path) -> None:
+    writer = UsageWriter(FakeStore(), spool_dir=tmp_path)
+    assert writer._spool is not None
+    writer._spool.open()
+    one = rec(1)
+    writer.record(one)
+    [segment] = tmp_path.glob("usage-*.jsonl")
+    assert decode(segment.read_bytes()) == one

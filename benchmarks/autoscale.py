@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
+import os
 import shutil
 import signal
 import subprocess
@@ -196,12 +198,8 @@ class Fleet:
             await self.running.stop()
         # Engines outlive their agent by design: stop every one the agent recorded.
         for record in (self.work / "agent" / "s").glob("shards/*.json"):
-            try:
-                import os
-
+            with contextlib.suppress(OSError, ValueError, KeyError):
                 os.killpg(int(json.loads(record.read_text())["pgid"]), signal.SIGKILL)
-            except (OSError, ValueError, KeyError):
-                pass
 
 
 async def _request(
@@ -337,7 +335,7 @@ async def burst(fleet: Fleet, out: Preempt, after_s: float, within_s: float) -> 
     async def client(session: aiohttp.ClientSession) -> None:
         while not done.is_set() and time.monotonic() < give_up:
             served = out.served_s is not None  # when the request was sent
-            status = await _request(session, fleet.api, out.critical, True, "critical")
+            status = await _request(session, fleet.api, out.critical, False, "critical")
             if status == 200 and out.served_s is None:
                 out.served_s = time.monotonic() - t0
                 asyncio.get_running_loop().call_later(after_s, done.set)

@@ -114,7 +114,9 @@ async def test_embeddings_on_gemma_through_the_router(llama_embedding: str) -> N
             again = await c.embeddings.create(
                 model="gemma", input="The cat sat on the mat.", encoding_format="float"
             )
-            batch = await c.embeddings.create(model="gemma", input=["The cat sat on the mat.", "Stock prices"])
+            batch = await c.embeddings.create(
+                model="gemma", input=["The cat sat on the mat.", "Stock prices"]
+            )
     finally:
         await listeners.close()
     vector = first.data[0].embedding

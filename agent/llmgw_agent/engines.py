@@ -134,6 +134,9 @@ LLAMACPP_ARGS = {
     "n_gpu_layers": "-ngl",
     "split_mode": "--split-mode",
     "embeddings": "--embeddings",
+    # A chat model's GGUF declares no pooling, and llama-server then refuses /v1/embeddings ("Pooling type
+    # 'none' is not OAI compatible"): `mean` (or cls, last) makes it embed. Embedding models declare their own.
+    "pooling": "--pooling",
     "rerank": "--rerank",
     "lora": "--lora",
     "lora_init_without_apply": "--lora-init-without-apply",

@@ -41,6 +41,13 @@ def test_llamacpp_command_line_and_key_by_environment() -> None:
     assert plan.health_path == "/health" and plan.metrics_path == "/metrics"
 
 
+def test_llamacpp_embeddings_and_pooling_come_from_the_profile_args() -> None:
+    # gemma's GGUF declares no pooling: without --pooling llama-server refuses /v1/embeddings.
+    plan = launch_plan(spec("llamacpp", args={"embeddings": True, "pooling": "mean"}), CTX)
+    assert plan.argv[-3:] == ["--embeddings", "--pooling", "mean"]
+    assert "--embeddings" not in launch_plan(spec("llamacpp", args={"embeddings": False}), CTX).argv
+
+
 def test_llamacpp_refuses_what_it_cannot_do() -> None:
     with pytest.raises(SpecError, match="never spans nodes"):
         launch_plan(spec("llamacpp", shard_count=2), CTX)

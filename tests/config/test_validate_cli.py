@@ -80,6 +80,7 @@ MISTAKES = [
     ("fallback-cycle", "models/ab.yaml", 6, "fallbacks loop: a -> b -> c -> a"),
     ("vllm-without-gpu-class", "models/m.yaml", 8, "engine vllm needs a GPU"),
     ("llamacpp-tp2", "models/m.yaml", 12, "llama.cpp does not do tensor parallelism"),
+    ("llamacpp-embeddings-without-flag", "models/m.yaml", 9, "serves it only when started with --embeddings"),
     ("min-above-max", "models/m.yaml", 8, "min 3 is above max 1"),
     ("on-demand-without-idle-timeout", "models/m.yaml", 7, "needs `idle_timeout`"),
 ]

@@ -256,6 +256,7 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
                 "add `spec.source: {path: ...}` or `{url: ...}`",
             )
         _profile(c, index, path, profile)
+        _llamacpp_endpoint_flags(c, index, path, profile, spec.capabilities)
     for pos, fallback in enumerate(spec.fallbacks):
         path = ("spec", "fallbacks", pos)
         target = c.canonical.get(fallback)
@@ -464,6 +465,29 @@ def _profile(c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile) ->
                 (*path, "nodes"),
                 f"llama.cpp does not run across nodes (nodes {p.nodes})",
                 "use nodes: 1",
+            )
+
+
+# The capabilities llama-server serves only when started with a flag, and the profile arg that sets it: without
+# it the router sends the model's requests to an engine that answers 501 ("Start it with `--embeddings`").
+_LLAMACPP_CAPABILITY_ARGS = {"embeddings": "embeddings", "rerank": "rerank"}
+
+
+def _llamacpp_endpoint_flags(
+    c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile, capabilities: Sequence[str]
+) -> None:
+    if p.engine != "llamacpp":
+        return
+    for capability in capabilities:
+        arg = _LLAMACPP_CAPABILITY_ARGS.get(capability)
+        if arg is not None and p.args.get(arg) is not True:
+            pooling = "; a chat model's GGUF also needs `pooling: mean`" if capability == "embeddings" else ""
+            c.add(
+                index,
+                path,
+                f"the model declares `{capability}`, but llama-server on profile `{p.name}` serves it only "
+                f"when started with --{arg}",
+                f"add `{arg}: true` to the profile's args, or remove `{capability}` from capabilities{pooling}",
             )
 
 

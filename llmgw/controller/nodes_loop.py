@@ -356,6 +356,7 @@ class NodesLoop:
             service=s.node_service,
             register_timeout=s.node_register_timeout_s,
             labels={name: dict(entry.labels)},
+            metrics_listen={name: m} if (m := entry.spec.agent.metrics_listen) else {},
             engines={e: {"path": v.path, "version": v.version} for e, v in d.cluster.engines.items()},
             on_step=self._on_step,
         )

@@ -71,6 +71,7 @@ class BootstrapOptions:
     register_timeout: float = 120.0
     labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per node
     engines: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    metrics_listen: Mapping[str, str] = field(default_factory=dict)  # per node: its node-health listener
     on_step: OnStep | None = None
 
 
@@ -357,6 +358,7 @@ class _Run:
             bind_host="0.0.0.0" if self.target.serving_listen_all else None,
             labels=self.opts.labels.get(self.target.node, {}),
             engines=self.opts.engines,
+            metrics_listen=self.opts.metrics_listen.get(self.target.node),
         )
         files = [RemoteFile(self.layout.config, render.agent_config(self.layout, settings), 0o600)]
         if self.service_mode() == "systemd":

@@ -143,6 +143,7 @@ class AgentSettings:
     # Where the agent's pass-through listens: None is advertise_host; "0.0.0.0" only by the Node's opt-in.
     bind_host: str | None = None
     engines: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    metrics_listen: str | None = None  # the node-health listener (Node spec.agent.metrics_listen); None: none
 
 
 def agent_config(layout: Layout, settings: AgentSettings) -> bytes:
@@ -158,6 +159,8 @@ def agent_config(layout: Layout, settings: AgentSettings) -> bytes:
     }
     if settings.bind_host is not None:
         doc["bind_host"] = settings.bind_host
+    if settings.metrics_listen is not None:
+        doc["metrics_listen"] = settings.metrics_listen
     if settings.tls:
         doc["tls"] = {"cert": layout.tls_cert, "key": layout.tls_key, "ca": layout.tls_ca}
     if settings.token:

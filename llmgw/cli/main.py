@@ -19,6 +19,7 @@ from llmgw.cli import (
     schemas,
     store_cmds,
     up_cmd,
+    upgrade_cmds,
     validate,
     weights_cmds,
 )
@@ -44,6 +45,7 @@ ops_cmds.register(app)
 doctor_cmds.register(app)
 bench_cmds.register(app)
 request_cmds.register(app)
+upgrade_cmds.register(app)
 
 
 def main() -> None:

@@ -168,6 +168,16 @@ def parse_probe(output: str, wanted: tuple[int, int] | None) -> Machine:
     )
 
 
+def pip_install_command(venv: str, layout: render.Layout, house: Wheelhouse) -> str:
+    """Install the wheelhouse's agent into `venv` from the node's wheel directory, never from an index."""
+    # --force-reinstall: a rebuilt agent keeps its version number, and pip would otherwise skip it.
+    return (
+        f"{shlex.quote(venv)}/bin/python -m pip install --quiet --disable-pip-version-check "
+        f"--no-index --find-links {shlex.quote(layout.wheels)} --force-reinstall "
+        f"{shlex.quote(house.agent_wheel.split('-')[0] + '==' + house.agent_version)}"
+    )
+
+
 def _wheel_python(house: Wheelhouse) -> tuple[int, int] | None:
     for name in house.wheels:
         for tag in name.split("-")[-3].split("."):
@@ -311,13 +321,7 @@ class _Run:
         code, _ = await remote.status(f"test -x {shlex.quote(self.layout.agent_bin)}")
         if installed == house.digest and code == 0:
             return "unchanged", f"llmgw-agent {house.agent_version}"
-        # --force-reinstall: a rebuilt agent keeps its version number, and pip would otherwise skip it.
-        pip = (
-            f"{shlex.quote(self.layout.venv)}/bin/python -m pip install --quiet --disable-pip-version-check "
-            f"--no-index --find-links {shlex.quote(self.layout.wheels)} --force-reinstall "
-            f"{shlex.quote(house.agent_wheel.split('-')[0] + '==' + house.agent_version)}"
-        )
-        code, out = await remote.status(pip)
+        code, out = await remote.status(pip_install_command(self.layout.venv, self.layout, house))
         if code != 0:
             raise StepFailed(f"installing the agent on {self.target.node} failed: {out.strip()[-500:]}")
         await remote.put(RemoteFile(self.layout.installed_marker, house.digest.encode() + b"\n", 0o644))

@@ -51,6 +51,14 @@ class Layout:
         return f"{self.prefix}/venv"
 
     @property
+    def venvs(self) -> str:
+        """Where upgrades install each wheelhouse in a venv of its own; `venv` becomes a link to the one in use."""
+        return f"{self.prefix}/venvs"
+
+    def venv_for(self, digest: str) -> str:
+        return f"{self.venvs}/{digest[:16]}"
+
+    @property
     def agent_bin(self) -> str:
         return f"{self.venv}/bin/llmgw-agent"
 
@@ -118,6 +126,7 @@ class Layout:
         """What teardown removes; weights and models stay unless asked."""
         return [
             self.venv,
+            self.venvs,
             self.wheels,
             self.etc,
             self.state,

@@ -40,6 +40,12 @@ def upgrade(
     ] = None,
     parallel: Annotated[int, typer.Option(min=1, help="Nodes upgraded at a time")] = 1,
     wheelhouse: Annotated[Path | None, typer.Option(help=WHEELHOUSE_HELP)] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=1, max=3600, help="Seconds to wait for each agent to come back (default: the controller's)"
+        ),
+    ] = None,
     controller: ControllerOpt = None,
     token_file: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -51,6 +57,8 @@ def upgrade(
         body["nodes"] = [n.strip() for n in nodes.split(",") if n.strip()]
     if wheelhouse is not None:
         body["wheelhouse"] = str(wheelhouse.resolve())
+    if timeout is not None:
+        body["timeout_s"] = timeout
     client = _client(controller, token_file)
     client.timeout_s = TIMEOUT_S
     try:

@@ -68,13 +68,26 @@ def _bad(message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": "invalid_request"}}, status=400)
 
 
-def _parse(body: Any) -> tuple[list[str] | None, int, Path | None] | str:
-    """The request's nodes, parallel and wheelhouse, or what is wrong with it."""
+@dataclass(frozen=True)
+class UpgradeRequest:
+    nodes: list[str] | None  # None: every node
+    parallel: int
+    wheelhouse: Path | None  # None: the controller's own
+    timeout_s: float | None  # None: the controller's node_register_timeout_s
+
+
+FIELDS = ("nodes", "parallel", "wheelhouse", "timeout_s")
+
+
+def parse_request(body: Any) -> UpgradeRequest | str:
+    """The request, or what is wrong with it."""
     if not isinstance(body, dict):
-        return "the body must be a JSON object: {nodes?: [names], parallel?: N, wheelhouse?: DIR}"
-    unknown = sorted(set(body) - {"nodes", "parallel", "wheelhouse"})
+        return (
+            "the body must be a JSON object: {nodes?: [names], parallel?: N, wheelhouse?: DIR, timeout_s?: S}"
+        )
+    unknown = sorted(set(body) - set(FIELDS))
     if unknown:
-        return f"unknown field(s) {', '.join(unknown)} (nodes, parallel, wheelhouse)"
+        return f"unknown field(s) {', '.join(unknown)} ({', '.join(FIELDS)})"
     nodes = body.get("nodes")
     if nodes is not None and (not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes)):
         return "nodes must be a list of node names"
@@ -84,7 +97,12 @@ def _parse(body: Any) -> tuple[list[str] | None, int, Path | None] | str:
     house = body.get("wheelhouse")
     if house is not None and (not isinstance(house, str) or not os.path.isabs(house)):
         return "wheelhouse must be an absolute directory on the controller's machine"
-    return nodes, parallel, Path(house) if house else None
+    timeout = body.get("timeout_s")
+    if timeout is not None and (
+        not isinstance(timeout, int | float) or isinstance(timeout, bool) or not 0 < timeout <= 3600
+    ):
+        return f"timeout_s must be seconds to wait for each agent, above 0 and at most 3600 (got {timeout!r})"
+    return UpgradeRequest(nodes, parallel, Path(house) if house else None, timeout)
 
 
 async def upgrade(request: web.Request) -> web.Response:
@@ -93,11 +111,10 @@ async def upgrade(request: web.Request) -> web.Response:
         body = await request.json()
     except ValueError:
         return _bad("the body is not JSON")
-    parsed = _parse(body)
-    if isinstance(parsed, str):
-        return _bad(parsed)
-    asked, parallel, house_dir = parsed
-    request[AUDIT_OBJECT] = ",".join(asked) if asked else "all nodes"
+    asked = parse_request(body)
+    if isinstance(asked, str):
+        return _bad(asked)
+    request[AUDIT_OBJECT] = ",".join(asked.nodes) if asked.nodes else "all nodes"
     d = c.desired
     if d is None or not c.leading():
         return web.json_response(
@@ -105,7 +122,7 @@ async def upgrade(request: web.Request) -> web.Response:
             status=409,
         )
     managed = {n for n, e in d.catalog.nodes.items() if not e.spec.local}
-    order = upgrade_order(asked, managed, set(c.hub.nodes) | set(d.catalog.nodes), parallel)
+    order = upgrade_order(asked.nodes, managed, set(c.hub.nodes) | set(d.catalog.nodes), asked.parallel)
     if order.unknown:
         return _bad(f"unknown node(s) {', '.join(order.unknown)}; `llmgw nodes` lists them")
     lock = _RUNNING.setdefault(c, asyncio.Lock())
@@ -113,10 +130,10 @@ async def upgrade(request: web.Request) -> web.Response:
         return web.json_response({"error": {"message": "an upgrade is already running"}}, status=409)
     async with lock:
         try:
-            house = await asyncio.to_thread(_wheelhouse, c, house_dir)
+            house = await asyncio.to_thread(_wheelhouse, c, asked.wheelhouse)
         except wheels.WheelhouseError as exc:
             return _bad(str(exc))
-        nodes = await _run(c, order, house)
+        nodes = await _run(c, order, house, asked.timeout_s or c.settings.node_register_timeout_s)
     ok = all(n["status"] in ("upgraded", "unchanged", "not_managed") for n in nodes)
     answer = {"ok": ok, "agent_version": house.agent_version, "wheelhouse": house.digest, "nodes": nodes}
     return web.json_response(answer)
@@ -131,7 +148,9 @@ def _wheelhouse(c: Controller, asked: Path | None) -> wheels.Wheelhouse:
     return wheels.build(c.settings.state_dir / "wheelhouse")
 
 
-async def _run(c: Controller, order: UpgradeOrder, house: wheels.Wheelhouse) -> list[dict[str, Any]]:
+async def _run(
+    c: Controller, order: UpgradeOrder, house: wheels.Wheelhouse, wait_s: float
+) -> list[dict[str, Any]]:
     out = [
         {"node": n, "status": "not_managed", "message": NOT_MANAGED, "steps": []} for n in order.not_managed
     ]
@@ -140,7 +159,7 @@ async def _run(c: Controller, order: UpgradeOrder, house: wheels.Wheelhouse) -> 
         if failed:
             out += [_entry(n, "not_attempted", "an earlier node failed; not touched") for n in batch]
             continue
-        results = await asyncio.gather(*(_one(c, n, house) for n in batch))
+        results = await asyncio.gather(*(_one(c, n, house, wait_s) for n in batch))
         out += results
         failed = any(r["status"] == "failed" for r in results)
     return sorted(out, key=lambda e: e["node"])
@@ -150,7 +169,7 @@ def _entry(node: str, status: str, message: str, **more: Any) -> dict[str, Any]:
     return {"node": node, "status": status, "message": message, "steps": [], **more}
 
 
-async def _one(c: Controller, node: str, house: wheels.Wheelhouse) -> dict[str, Any]:
+async def _one(c: Controller, node: str, house: wheels.Wheelhouse, wait_s: float) -> dict[str, Any]:
     d = c.desired
     entry = d.catalog.nodes.get(node) if d is not None else None
     link = c.hub.nodes.get(node)
@@ -177,7 +196,7 @@ async def _one(c: Controller, node: str, house: wheels.Wheelhouse) -> dict[str, 
         old_version=before_version,
         layout=Layout(prefix=c.settings.node_prefix),
         service=c.settings.node_service,
-        timeout=c.settings.node_register_timeout_s,
+        timeout=wait_s,
     )
     result = await upgrade_node(target, opts)
     return await _reported(c, result, before_version, house)

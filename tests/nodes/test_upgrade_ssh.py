@@ -37,22 +37,43 @@ NEXT_VERSION = "0.1.1"
 SSH_NODE, LOCAL_NODE = "ssh-1", "zz-local"  # name order: the SSH node is upgraded first
 
 
-@pytest.fixture(scope="session")
-def next_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Wheelhouse:
-    """The agent's source with its version bumped, built as a wheelhouse (cached across sessions, as the base)."""
+def _variant(
+    tmp_path_factory: pytest.TempPathFactory, version: str, edits: dict[str, tuple[str, str]]
+) -> Wheelhouse:
+    """The agent's source with its version set and `edits` (path: (old, new)) made, built as a wheelhouse
+    (cached across sessions, as the base one is)."""
     source = wheels.find_agent_source()
     assert source is not None
-    copy = tmp_path_factory.mktemp("agent-next") / "agent"
+    copy = tmp_path_factory.mktemp("agent-" + version) / "agent"
     shutil.copytree(source, copy, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
-    for path, old, new in (
-        (copy / "pyproject.toml", 'version = "0.1.0"', f'version = "{NEXT_VERSION}"'),
-        (copy / "llmgw_agent" / "__init__.py", '__version__ = "0.1.0"', f'__version__ = "{NEXT_VERSION}"'),
-    ):
-        text = path.read_text()
-        assert old in text, f"{path} no longer says {old}: update this fixture"
-        path.write_text(text.replace(old, new))
-    cache = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw")) / "test-wheelhouse-next"
+    edits = {
+        "pyproject.toml": ('version = "0.1.0"', f'version = "{version}"'),
+        "llmgw_agent/__init__.py": ('__version__ = "0.1.0"', f'__version__ = "{version}"'),
+        **edits,
+    }
+    for name, (old, new) in edits.items():
+        text = (copy / name).read_text()
+        assert old in text, f"{name} no longer says {old!r}: update this test"
+        (copy / name).write_text(text.replace(old, new))
+    cache = (
+        Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw")) / f"test-wheelhouse-{version}"
+    )
     return wheels.build(cache, copy)
+
+
+@pytest.fixture(scope="session")
+def next_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Wheelhouse:
+    return _variant(tmp_path_factory, NEXT_VERSION, {})
+
+
+@pytest.fixture(scope="session")
+def crashing_wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Wheelhouse:
+    """An agent that installs cleanly and exits at once when run: it never comes back."""
+    crash = (
+        "        daemon.run_from_args(ns)",
+        '        raise SystemExit("llmgw-agent: broken on purpose by the test")',
+    )
+    return _variant(tmp_path_factory, "0.1.2", {"llmgw_agent/main.py": crash})
 
 
 def _corrupt_copy(house: Wheelhouse, where: Path) -> Path:
@@ -286,3 +307,36 @@ async def test_an_upgrade_whose_agent_wheel_is_corrupt_stops_at_the_first_node_o
     assert not await asyncio.to_thread(os.path.exists, half_made), "the half-made venv is removed"
     events = [e["kind"] for e in await fleet.events()]
     assert "node_upgrade_failed" in events
+
+
+async def test_an_agent_that_does_not_come_back_is_switched_back_to_the_old_one(
+    fleet: Cluster, crashing_wheelhouse: Wheelhouse
+) -> None:
+    admin = fleet.admin
+    assert admin is not None
+    before = _pids(await fleet.wait_ready("sim-a", 2))
+    router, client = await _serving(fleet)
+    traffic = Traffic(client)
+    try:
+        sending = asyncio.create_task(traffic.run())
+        await wait_for(lambda: traffic.ok >= 5, 30, "requests flowing before the upgrade")
+        body = {"wheelhouse": str(crashing_wheelhouse.directory), "timeout_s": 8}
+        answer = await admin.post("/api/v1/upgrade", body, expect=200)
+        traffic.stopping.set()
+        await sending
+    finally:
+        router.stop()
+    failed = {n["node"]: n for n in answer["nodes"]}[SSH_NODE]
+    assert failed["status"] == "failed", failed
+    steps = {s["step"]: (s["status"], s["detail"]) for s in failed["steps"]}
+    assert steps["switch"][0] == steps["restart"][0] == "changed"
+    assert steps["back"][0] == "failed" and "did not come back within 8s" in steps["back"][1], steps["back"]
+    assert steps["rollback"][0] == "changed", steps["rollback"]
+    assert traffic.failures == [], traffic.failures[:5]
+    assert _pids(await fleet.wait_ready("sim-a", 2)) == before, "the engines kept running through it all"
+    nodes = await _nodes(fleet)
+    assert nodes[SSH_NODE]["agent_version"] == "0.1.0" and nodes[SSH_NODE]["state"] == "Ready"
+    # Bootstrap's venv, moved beside the new one on the switch, is the one in use again.
+    layout = render.Layout(prefix=fleet.settings.node_prefix)
+    in_use = _venv_in_use(layout)
+    assert in_use is not None and in_use != layout.venv_for(crashing_wheelhouse.digest)

@@ -198,7 +198,12 @@ async def _one(c: Controller, node: str, house: wheels.Wheelhouse, wait_s: float
         service=c.settings.node_service,
         timeout=wait_s,
     )
-    result = await upgrade_node(target, opts)
+    op = c.ops_for(node)
+    op.upgrading = True
+    try:
+        result = await upgrade_node(target, opts)
+    finally:
+        op.upgrading = False
     return await _reported(c, result, before_version, house)
 
 

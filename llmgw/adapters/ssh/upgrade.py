@@ -102,6 +102,7 @@ class _Upgrade:
         self.boot = _Run(target, boot)  # bootstrap's probe and wheel copy, not a second installer
         self.current = False  # the node already runs this wheelhouse
         self.previous: str | None = None  # the venv the switch replaced
+        self.since = float("-inf")  # when the agent was restarted (the controller's monotonic clock)
 
     def record(self, name: str, status: Status, detail: str = "") -> None:
         step = Step(name, status, detail)

@@ -6,12 +6,14 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from llmgw_agent.protocol import Inventory, ShardStatus
 
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.upgrade import switch_command
+from llmgw.cli.upgrade_cmds import print_answer
 from llmgw.controller.hub import NodeLink
-from llmgw.controller.upgrades import UpgradeRequest, back_problem, parse_request, upgrade_order
+from llmgw.controller.upgrades import NOT_MANAGED, UpgradeRequest, back_problem, parse_request, upgrade_order
 
 
 def test_order_batches_managed_nodes_by_name_and_names_the_rest() -> None:
@@ -81,3 +83,49 @@ def test_the_switch_keeps_bootstrap_venv_and_points_the_link_in_one_rename(tmp_p
     assert Path(layout.venv).resolve() == Path(new) and Path(kept, "marker").read_text() == "bootstrap"
     assert sh(switch_command(layout, kept, kept)).split() == ["was", new]  # the rollback
     assert Path(layout.venv).resolve() == Path(kept)
+
+
+def test_the_cli_prints_each_node_and_the_steps_of_the_one_that_failed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    answer = {
+        "ok": False,
+        "agent_version": "0.1.1",
+        "wheelhouse": "ab" * 32,
+        "nodes": [
+            {
+                "node": "a",
+                "status": "upgraded",
+                "message": "llmgw-agent 0.1.0 -> 0.1.1, engines adopted",
+                "steps": [],
+            },
+            {
+                "node": "b",
+                "status": "failed",
+                "message": "install: pip said no",
+                "steps": [
+                    {"step": "verify", "status": "unchanged", "detail": "3 wheels match"},
+                    {"step": "install", "status": "failed", "detail": "pip said no"},
+                    {"step": "switch", "status": "skipped", "detail": "an earlier step failed"},
+                ],
+            },
+            {
+                "node": "c",
+                "status": "not_attempted",
+                "message": "an earlier node failed; not touched",
+                "steps": [],
+            },
+            {"node": "local", "status": "not_managed", "message": NOT_MANAGED, "steps": []},
+        ],
+    }
+    print_answer(answer)
+    lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert lines == [
+        "upgrading to llmgw-agent 0.1.1 (wheelhouse abababababab)",
+        "a: upgraded: llmgw-agent 0.1.0 -> 0.1.1, engines adopted",
+        "b: failed: install: pip said no",
+        "verify: unchanged 3 wheels match",
+        "install: failed pip said no",
+        "c: not attempted: an earlier node failed; not touched",
+        "local: skipped: " + NOT_MANAGED,
+    ]

@@ -377,7 +377,7 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
         _print_json(data)
         return
     table = Table(
-        "NODE", "STATE", "SEEN", "CPU", "MEMORY", "DISK", "GPUS", "ENGINES", "REPLICAS", "BOOTSTRAP"
+        "NODE", "STATE", "AGENT", "SEEN", "CPU", "MEMORY", "DISK", "GPUS", "ENGINES", "REPLICAS", "BOOTSTRAP"
     )
     conditions: list[str] = []
     for n in data["nodes"]:
@@ -388,6 +388,7 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
         table.add_row(
             n["name"] + _undeclared_mark(n),
             _styled(n["state"], STATE_STYLE),
+            n.get("agent_version") or "-",  # the version the agent said at its last Register; - before one
             "never" if n.get("last_seen_s") is None else duration_words(n["last_seen_s"]) + " ago",
             "?" if inv.get("cpu_cores") is None else str(inv["cpu_cores"]),
             "?" if mem is None else f"{mem / 1024**3:.0f} GiB",

@@ -21,6 +21,7 @@ from llmgw.cli import (
     schemas,
     store_cmds,
     up_cmd,
+    upgrade_cmds,
     validate,
     weights_cmds,
 )
@@ -48,6 +49,7 @@ bench_cmds.register(app)
 request_cmds.register(app)
 rollout_cmds.register(app)
 logs_cmds.register(app)
+upgrade_cmds.register(app)
 
 
 def main() -> None:

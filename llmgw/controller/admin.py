@@ -486,6 +486,13 @@ async def keys_revoke(request: web.Request) -> web.Response:
     return web.json_response({"revoked": key_id})
 
 
+async def upgrade(request: web.Request) -> web.Response:
+    # Imported here: the upgrade reaches nodes over SSH, and asyncssh loads only where SSH work is done.
+    from llmgw.controller.upgrades import upgrade as run_upgrade
+
+    return await run_upgrade(request)
+
+
 async def demand(request: web.Request) -> web.Response:
     c = _router_or_admin(request)
     name = note_demand(c, request.match_info["model"])
@@ -565,6 +572,7 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("GET", "/api/v1/prometheus/targets", prom_sd.prometheus_targets, "plan"),
     ("GET", "/api/v1/doctor", doctor.controller_doctor, "plan"),
     ("POST", "/api/v1/nodes/{node}/doctor", doctor.node_doctor, "plan"),
+    ("POST", "/api/v1/upgrade", upgrade, "admin"),
     ("GET", "/api/v1/capacity", capacity_admin.capacity_list, "plan"),
     ("POST", "/api/v1/capacity", capacity_admin.capacity_save, "admin"),
     ("GET", "/api/v1/bench/{model}", capacity_admin.bench_target, "admin"),

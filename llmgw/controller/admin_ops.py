@@ -46,6 +46,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/keys"): "key.create",
     ("POST", "/api/v1/keys/{key_id}/revoke"): "key.revoke",
     ("POST", "/api/v1/nodes/{node}/doctor"): "node.doctor",
+    ("POST", "/api/v1/upgrade"): "fleet.upgrade",
 }
 
 

@@ -237,7 +237,10 @@ class NodesLoop:
                 op.message = op.message if op.attempts else "agent connected"
         ws = c.worker_state
         settling = ws.expected_nodes if now < ws.settle_until else set()
-        for name in to_bootstrap(remote, links, c.all_ops(), now=now, busy=self.tasks, settling=settling):
+        # A node being upgraded restarts its agent on purpose: a bootstrap then would pip into the venv the
+        # upgrade just switched to and race its rollback.
+        busy = set(self.tasks) | {n for n, op in c.all_ops().items() if op.upgrading}
+        for name in to_bootstrap(remote, links, c.all_ops(), now=now, busy=busy, settling=settling):
             self._spawn(name, functools.partial(self._bootstrap, name))
         for name in sorted(set(self.known) - set(remote)):
             await self._advance_removal(name, now)
@@ -356,6 +359,7 @@ class NodesLoop:
             service=s.node_service,
             register_timeout=s.node_register_timeout_s,
             labels={name: dict(entry.labels)},
+            metrics_listen={name: m} if (m := entry.spec.agent.metrics_listen) else {},
             engines={e: {"path": v.path, "version": v.version} for e, v in d.cluster.engines.items()},
             on_step=self._on_step,
         )

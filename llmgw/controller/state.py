@@ -127,6 +127,7 @@ class NodeOps:
     removal_message: str = ""
     drain_started: float | None = None  # monotonic
     forced: bool = False  # its replicas were stopped without waiting any longer for their replacements
+    upgrading: bool = False  # `llmgw upgrade` is working on its agent: no bootstrap attempt meanwhile
 
     def bootstrap_json(self, now: float) -> dict[str, Any]:
         retry = None if self.retry_at is None or self.state != "failed" else max(0.0, self.retry_at - now)

@@ -84,7 +84,10 @@ def test_views_of_a_running_controller(controller_proc: Any) -> None:
     # n1 is not declared in the repo: status, nodes and plan say the controller leaves it as it is.
     said = " ".join(text.split())
     assert "undeclared n1: not declared in the repo, left as it is: its 1 replica keeps running" in said
-    assert "n1" in cli.run("nodes")
+    table = cli.run("nodes")
+    assert "AGENT" in table
+    row = next(line for line in table.splitlines() if "n1" in line)
+    assert "Ready" in row.split() and "0.1.0" in row.split(), table  # the agent's version, in its own column
     listed = cli.json("nodes")["nodes"]
     assert [(n["name"], n["declared"], n["if_undeclared"]) for n in listed] == [("n1", False, "keep")]
     result = cli.runner.invoke(app, ["plan", str(repo.path), "--detailed-exitcode", *cli.base])

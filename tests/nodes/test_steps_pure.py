@@ -132,3 +132,27 @@ def test_a_local_node_needs_no_ssh() -> None:
     )
     with pytest.raises(StepFailed, match="is local"):
         target_for(local, Path("."), {}, secrets=SecretPolicy(Path("/nonexistent")))
+
+
+def test_a_node_that_asks_for_a_node_health_listener_gets_one_in_its_agent_config() -> None:
+    from llmgw_agent.config import AgentConfig
+
+    doc = {
+        "apiVersion": "llmgw/v1",
+        "kind": "Node",
+        "metadata": {"name": "gpu-1"},
+        "spec": {"address": "10.0.0.5"},
+    }
+    asked = Node.model_validate(
+        {**doc, "spec": {"address": "10.0.0.5", "agent": {"metrics_listen": "0.0.0.0:9092"}}}
+    )
+    assert asked.spec.agent.metrics_listen == "0.0.0.0:9092"
+    assert Node.model_validate(doc).spec.agent.metrics_listen is None
+    with pytest.raises(ValueError, match="metrics_listen"):
+        Node.model_validate({**doc, "spec": {"address": "10.0.0.5", "agent": {"metrics_listen": "9092"}}})
+    layout = render.Layout()
+    with_listener = render.AgentSettings("gpu-1", ("c:1",), False, True, "h", metrics_listen="0.0.0.0:9092")
+    conf = AgentConfig.model_validate_json(render.agent_config(layout, with_listener))
+    assert conf.metrics_listen == "0.0.0.0:9092"
+    plain = json.loads(render.agent_config(layout, render.AgentSettings("gpu-1", ("c:1",), False, True, "h")))
+    assert "metrics_listen" not in plain  # absent, not null: the agent's own default (no listener) stands

@@ -71,6 +71,7 @@ class BootstrapOptions:
     register_timeout: float = 120.0
     labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # per node
     engines: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    metrics_listen: Mapping[str, str] = field(default_factory=dict)  # per node: its node-health listener
     on_step: OnStep | None = None
 
 
@@ -164,6 +165,16 @@ def parse_probe(output: str, wanted: tuple[int, int] | None) -> Machine:
         # "offline" is a systemd that is installed but not running as init (containers).
         systemd=systemd_state is not None and systemd_state not in ("offline", "unknown", ""),
         root=values.get("uid") == "0",
+    )
+
+
+def pip_install_command(venv: str, layout: render.Layout, house: Wheelhouse) -> str:
+    """Install the wheelhouse's agent into `venv` from the node's wheel directory, never from an index."""
+    # --force-reinstall: a rebuilt agent keeps its version number, and pip would otherwise skip it.
+    return (
+        f"{shlex.quote(venv)}/bin/python -m pip install --quiet --disable-pip-version-check "
+        f"--no-index --find-links {shlex.quote(layout.wheels)} --force-reinstall "
+        f"{shlex.quote(house.agent_wheel.split('-')[0] + '==' + house.agent_version)}"
     )
 
 
@@ -310,13 +321,7 @@ class _Run:
         code, _ = await remote.status(f"test -x {shlex.quote(self.layout.agent_bin)}")
         if installed == house.digest and code == 0:
             return "unchanged", f"llmgw-agent {house.agent_version}"
-        # --force-reinstall: a rebuilt agent keeps its version number, and pip would otherwise skip it.
-        pip = (
-            f"{shlex.quote(self.layout.venv)}/bin/python -m pip install --quiet --disable-pip-version-check "
-            f"--no-index --find-links {shlex.quote(self.layout.wheels)} --force-reinstall "
-            f"{shlex.quote(house.agent_wheel.split('-')[0] + '==' + house.agent_version)}"
-        )
-        code, out = await remote.status(pip)
+        code, out = await remote.status(pip_install_command(self.layout.venv, self.layout, house))
         if code != 0:
             raise StepFailed(f"installing the agent on {self.target.node} failed: {out.strip()[-500:]}")
         await remote.put(RemoteFile(self.layout.installed_marker, house.digest.encode() + b"\n", 0o644))
@@ -357,6 +362,7 @@ class _Run:
             bind_host="0.0.0.0" if self.target.serving_listen_all else None,
             labels=self.opts.labels.get(self.target.node, {}),
             engines=self.opts.engines,
+            metrics_listen=self.opts.metrics_listen.get(self.target.node),
         )
         files = [RemoteFile(self.layout.config, render.agent_config(self.layout, settings), 0o600)]
         if self.service_mode() == "systemd":

@@ -51,6 +51,14 @@ class Layout:
         return f"{self.prefix}/venv"
 
     @property
+    def venvs(self) -> str:
+        """Where upgrades install each wheelhouse in a venv of its own; `venv` becomes a link to the one in use."""
+        return f"{self.prefix}/venvs"
+
+    def venv_for(self, digest: str) -> str:
+        return f"{self.venvs}/{digest[:16]}"
+
+    @property
     def agent_bin(self) -> str:
         return f"{self.venv}/bin/llmgw-agent"
 
@@ -118,6 +126,7 @@ class Layout:
         """What teardown removes; weights and models stay unless asked."""
         return [
             self.venv,
+            self.venvs,
             self.wheels,
             self.etc,
             self.state,
@@ -143,6 +152,7 @@ class AgentSettings:
     # Where the agent's pass-through listens: None is advertise_host; "0.0.0.0" only by the Node's opt-in.
     bind_host: str | None = None
     engines: Mapping[str, Mapping[str, str | None]] = field(default_factory=dict)
+    metrics_listen: str | None = None  # the node-health listener (Node spec.agent.metrics_listen); None: none
 
 
 def agent_config(layout: Layout, settings: AgentSettings) -> bytes:
@@ -158,6 +168,8 @@ def agent_config(layout: Layout, settings: AgentSettings) -> bytes:
     }
     if settings.bind_host is not None:
         doc["bind_host"] = settings.bind_host
+    if settings.metrics_listen is not None:
+        doc["metrics_listen"] = settings.metrics_listen
     if settings.tls:
         doc["tls"] = {"cert": layout.tls_cert, "key": layout.tls_key, "ca": layout.tls_ca}
     if settings.token:

@@ -324,6 +324,17 @@ class SshSettings(Strict):
     known_hosts: str | None = Field(None, description="known_hosts file checked when no key is pinned")
 
 
+class NodeAgentSettings(Strict):
+    """What bootstrap writes into the node agent's own configuration."""
+
+    metrics_listen: str | None = Field(
+        None,
+        pattern=r"^[^\s/]+:[0-9]{1,5}$",
+        description="host:port of the agent's node-health listener for Prometheus (e.g. `0.0.0.0:9092`); "
+        "the controller's http_sd lists it. Unset: the agent opens none",
+    )
+
+
 class NodeSpec(Strict):
     """How the controller reaches the machine, and where replicas may go on it."""
 
@@ -353,6 +364,9 @@ class NodeSpec(Strict):
     cordoned: bool = Field(False, description="No new replicas are placed here; running ones stay")
     airgapped: bool = Field(
         False, description="Fetches weights from the Cluster's mirror only, never from an origin"
+    )
+    agent: NodeAgentSettings = Field(
+        default_factory=NodeAgentSettings, description="The node agent's settings bootstrap writes"
     )
 
     @model_validator(mode="after")

@@ -71,7 +71,11 @@ class Repo:
                 target.unlink(missing_ok=True)
             else:
                 target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(text)
+                # Whole or not at all, as an editor's save or a checkout lands: a directory source polling
+                # meanwhile must never read a half-written file and apply it as a revision of its own.
+                partial = target.with_name(f".{target.name}.partial")
+                partial.write_text(text)
+                os.replace(partial, target)
         if self.git is None:
             return ""
         self.git.git.add("-A")

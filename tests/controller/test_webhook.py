@@ -171,6 +171,11 @@ async def test_an_undelivered_event_is_still_delivered_after_a_controller_restar
     try:
         await _refuse_one(admin, repo)
         await wait_for(lambda: len(receiver.got) >= 2, what="the receiver failing the delivery twice")
+        # The receiver keeps a request before it answers; the controller records the attempt after the
+        # answer, so the store is what to wait on before the stop.
+        await wait_for(
+            lambda: _attempted(running.controller.store, 2), what="two failed attempts in the outbox"
+        )
     finally:
         await running.stop()
     store = await Store.open(controller_dsn)
@@ -194,6 +199,11 @@ async def test_an_undelivered_event_is_still_delivered_after_a_controller_restar
 async def _metrics_with(admin: Admin, line: str) -> str | None:
     text = await admin.metrics()
     return text if line in text else None
+
+
+async def _attempted(store: Store, attempts: int) -> bool:
+    owed = await store.list_deliveries(dead=False)
+    return len(owed) == 1 and owed[0].attempts >= attempts
 
 
 async def _outbox_empty(store: Store) -> bool:

@@ -224,21 +224,7 @@ class _Run:
         ]
 
     async def run(self) -> NodeResult:
-        try:
-            conn = await connect(self.target)
-        except StepFailed as exc:
-            self.record("connect", "failed", str(exc))
-        else:
-            self.record("connect", "unchanged", self.target.where)
-            try:
-                await self._steps(Remote(conn, self.target))
-            finally:
-                conn.close()
-        done = {s.name for s in self.result.steps}
-        for name, _ in self.steps():
-            if name not in done:
-                self.record(name, "skipped", "an earlier step failed")
-        return self.result
+        return await run_on_node(self.target, self.result, self.record, self.steps, self._steps)
 
     async def _steps(self, remote: Remote) -> None:
         for name, step in self.steps():
@@ -447,6 +433,32 @@ class _Run:
             f"the agent on {node} did not register within {self.opts.register_timeout:g}s "
             f"(it dials {', '.join(self.opts.controllers)}){where}"
         )
+
+
+async def run_on_node(
+    target: SshTarget,
+    result: NodeResult,
+    record: Callable[[str, Status, str], None],
+    steps: Callable[[], list[tuple[str, Callable[[Remote], Awaitable[tuple[Status, str]]]]]],
+    body: Callable[[Remote], Awaitable[None]],
+) -> NodeResult:
+    """Connect to the node, run `body` over the connection, and mark every step it did not reach skipped:
+    how bootstrap and upgrade both account for a node, step by step."""
+    try:
+        conn = await connect(target)
+    except StepFailed as exc:
+        record("connect", "failed", str(exc))
+    else:
+        record("connect", "unchanged", target.where)
+        try:
+            await body(Remote(conn, target))
+        finally:
+            conn.close()
+    done = {s.name for s in result.steps}
+    for name, _ in steps():
+        if name not in done:
+            record(name, "skipped", "an earlier step failed")
+    return result
 
 
 async def bootstrap_node(target: SshTarget, opts: BootstrapOptions) -> NodeResult:

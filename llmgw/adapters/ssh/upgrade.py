@@ -36,8 +36,9 @@ from llmgw.adapters.ssh.bootstrap import (
     Step,
     _Run,
     pip_install_command,
+    run_on_node,
 )
-from llmgw.adapters.ssh.remote import Remote, RemoteFile, SshTarget, StepFailed, connect
+from llmgw.adapters.ssh.remote import Remote, RemoteFile, SshTarget, StepFailed
 from llmgw.adapters.ssh.wheels import Wheelhouse
 
 # (node, the controller's monotonic time the agent was restarted, the agent version wanted or None for any):
@@ -122,21 +123,7 @@ class _Upgrade:
         ]
 
     async def run(self) -> NodeResult:
-        try:
-            conn = await connect(self.target)
-        except StepFailed as exc:
-            self.record("connect", "failed", str(exc))
-        else:
-            self.record("connect", "unchanged", self.target.where)
-            try:
-                await self._steps(Remote(conn, self.target))
-            finally:
-                conn.close()
-        done = {s.name for s in self.result.steps}
-        for name, _ in self.steps():
-            if name not in done:
-                self.record(name, "skipped", "an earlier step failed")
-        return self.result
+        return await run_on_node(self.target, self.result, self.record, self.steps, self._steps)
 
     async def _steps(self, remote: Remote) -> None:
         for name, step in self.steps():

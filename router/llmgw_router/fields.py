@@ -24,6 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw_router.responses import PASSED_THROUGH_FIELDS
+
 __all__ = [
     "DROPPED_HEADER",
     "FieldPlan",
@@ -95,31 +97,8 @@ _EMBEDDINGS = frozenset(["model", "input", "encoding_format", "dimensions", "use
 # Cohere/Jina rerank and vLLM's score, as vLLM and llama.cpp take them.
 _RERANK = frozenset(["model", "query", "documents", "top_n", "return_documents", "user"])
 _SCORE = frozenset(["model", "text_1", "text_2", "user"])
-# /v1/responses sent as it came to an engine that serves it (vLLM): the Responses API's own fields.
-_RESPONSES = frozenset(
-    [
-        "model",
-        "input",
-        "instructions",
-        "tools",
-        "tool_choice",
-        "parallel_tool_calls",
-        "max_output_tokens",
-        "temperature",
-        "top_p",
-        "text",
-        "metadata",
-        "user",
-        "stream",
-        "store",
-        "truncation",
-        "include",
-        "service_tier",
-        "stream_options",
-        "prompt_cache_key",
-        "safety_identifier",
-    ]
-)
+# /v1/responses sent as it came to an engine that serves it (vLLM): the fields responses.py accepts.
+_RESPONSES = PASSED_THROUGH_FIELDS
 _OPENAI = {
     "chat": _CHAT,
     "completions": _COMPLETIONS,

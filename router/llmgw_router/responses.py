@@ -18,7 +18,15 @@ from typing import Any
 
 from llmgw_router.errors import ApiError
 
-__all__ = ["NATIVE_ENGINES", "ResponseIds", "from_chat", "response_shell", "to_chat", "usage_of"]
+__all__ = [
+    "NATIVE_ENGINES",
+    "PASSED_THROUGH_FIELDS",
+    "ResponseIds",
+    "from_chat",
+    "response_shell",
+    "to_chat",
+    "usage_of",
+]
 
 # Engines that serve /v1/responses themselves (engines.md): the request goes to them as it came.
 NATIVE_ENGINES = frozenset({"vllm"})
@@ -47,6 +55,9 @@ _TRANSLATED = frozenset(
 _HARMLESS = frozenset(
     ["service_tier", "prompt_cache_key", "safety_identifier", "truncation", "include", "stream_options"]
 )
+# What an engine that serves /v1/responses itself is sent: every field accepted here, none of the refused
+# ones (stored responses need the retention opt-in).
+PASSED_THROUGH_FIELDS = (_TRANSLATED - {"previous_response_id", "conversation"}) | _HARMLESS
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
 

@@ -24,10 +24,10 @@ from llmgw_router.proxy import ProxyResult
 from llmgw_router.ratelimit import Lease, Limiter
 from llmgw_router.rules import Sizing
 from llmgw_router.scheduler import Decision
+from llmgw_router.state import RoutingTable
 
 if TYPE_CHECKING:
     from llmgw_router.tracing import RequestTrace
-from llmgw_router.state import RoutingTable
 
 __all__ = ["Answer", "Call", "Charge", "Reservation", "charge", "gone", "settle"]
 

@@ -15,7 +15,8 @@ from llmgw.cli import output
 from llmgw.cli.admin_client import AdminError
 from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _fail, _print_json
 
-# A node's upgrade waits up to the controller's node_register_timeout_s (120s) for its agent, twice on a rollback.
+# A node's upgrade waits up to the controller's node_register_timeout_s (120s) for its agent, twice on a rollback;
+# the HTTP request waits for the whole run.
 TIMEOUT_S = 3600.0
 WHEELHOUSE_HELP = (
     "A prebuilt agent wheelhouse directory on the controller's machine "

@@ -197,6 +197,7 @@ async def _one(c: Controller, node: str, house: wheels.Wheelhouse, wait_s: float
         layout=Layout(prefix=c.settings.node_prefix),
         service=c.settings.node_service,
         timeout=wait_s,
+        rollback_timeout=max(wait_s, c.settings.node_register_timeout_s),
     )
     op = c.ops_for(node)
     op.upgrading = True

@@ -55,6 +55,9 @@ class UpgradeOptions:
     layout: render.Layout = field(default_factory=render.Layout)
     service: Literal["auto", "systemd", "process"] = "auto"
     timeout: float = 120.0
+    # The old agent is known to work: giving up on it early leaves the node with no agent at all, so a
+    # rollback may wait longer than the new agent was given. None: the same as `timeout`.
+    rollback_timeout: float | None = None
     on_step: OnStep | None = None
 
 
@@ -205,8 +208,8 @@ class _Upgrade:
         self.since = await self._restart(remote)
         return "changed", "restarted the agent; its engines keep running"
 
-    async def _wait(self, since: float, version: str | None) -> str | None:
-        deadline = time.monotonic() + self.opts.timeout
+    async def _wait(self, since: float, version: str | None, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
         missing = await self.opts.came_back(self.target.node, since, version)
         while missing is not None and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
@@ -215,7 +218,7 @@ class _Upgrade:
 
     async def back(self, remote: Remote) -> tuple[Status, str]:
         version = self.opts.wheelhouse.agent_version
-        missing = await self._wait(self.since, version)
+        missing = await self._wait(self.since, version, self.opts.timeout)
         if missing is not None:
             raise StepFailed(
                 f"the agent on {self.target.node} did not come back within {self.opts.timeout:g}s: {missing}"
@@ -229,7 +232,8 @@ class _Upgrade:
         try:
             await remote.run(switch_command(self.layout, previous, previous))
             since = await self._restart(remote)
-            missing = await self._wait(since, self.opts.old_version)
+            wait_s = self.opts.rollback_timeout or self.opts.timeout
+            missing = await self._wait(since, self.opts.old_version, wait_s)
         except Exception as exc:
             self.record("rollback", "failed", f"{type(exc).__name__}: {exc}; the node needs a hand")
             return

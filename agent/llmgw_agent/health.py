@@ -117,6 +117,7 @@ class GpuHealth:
     power_watts: float | None
     ecc_volatile: int | None
     ecc_aggregate: int | None
+    lost: bool = False  # a column read "[GPU is lost]": the driver lost the card (an Xid error)
 
 
 def _field(raw: str) -> str | None:
@@ -171,6 +172,7 @@ def parse_gpu_health(text: str) -> list[GpuHealth]:
                 power_watts=_number(numbers[4]),
                 ecc_volatile=_count(numbers[5]),
                 ecc_aggregate=_count(numbers[6]),
+                lost=any(c.lower() == "[gpu is lost]" for c in cols[1:]),
             )
         )
     return gpus
@@ -232,6 +234,22 @@ class Sample:
 class SmiResult:
     gpus: list[GpuHealth] | None
     error: str | None  # why it failed, in nvidia-smi's own words when it gave any
+
+
+def gpu_faults(gpus: Iterable[GpuHealth]) -> dict[int, str]:
+    """GPU index -> why nothing new may be placed on it. Uncorrectable ECC errors since the driver loaded mean
+    the card's memory cannot be trusted until it is reset; a lost card answers nothing. Aggregate (lifetime)
+    errors alone are history, not a fault: a reset card that counts no new ones is placeable again."""
+    faults: dict[int, str] = {}
+    for g in gpus:
+        if g.lost:
+            faults[g.index] = "nvidia-smi reports it lost (an Xid error): reset it or reboot the node"
+        elif g.ecc_volatile:
+            faults[g.index] = (
+                f"{g.ecc_volatile} uncorrectable ECC error(s) since the driver loaded: reset it "
+                f"(`nvidia-smi -r -i {g.index}`) or reboot the node"
+            )
+    return faults
 
 
 def run_gpu_query(binary: str | None = None, timeout_s: float = 10.0) -> SmiResult | None:

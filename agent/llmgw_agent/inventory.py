@@ -16,6 +16,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from llmgw_agent import health
 from llmgw_agent.protocol import CachedWeights, Disk, EngineInstall, Gpu, Inventory, NodeCondition
 
 NVIDIA_SMI_QUERY = [
@@ -260,6 +261,17 @@ def _read(path: str) -> str | None:
         return None
 
 
+def with_faults(gpus: list[Gpu] | None, smi: health.SmiResult | None = None) -> list[Gpu] | None:
+    """The GPUs with the faults nvidia-smi's health query shows (ECC, lost) marked, so placement leaves
+    them alone. A health query that fails marks nothing: the GPUs' own listing answered, and unknown is not
+    faulty."""
+    if not gpus:
+        return gpus
+    smi = smi if smi is not None else health.run_gpu_query()
+    faults = health.gpu_faults(smi.gpus) if smi is not None and smi.gpus else {}
+    return [g.model_copy(update={"fault": faults[g.index]}) if g.index in faults else g for g in gpus]
+
+
 def collect(
     model_dirs: Sequence[str],
     engines: Mapping[str, EngineInstall] | None,
@@ -277,7 +289,7 @@ def collect(
     table = parse_mount_table(_read("/proc/mounts") or "")
     mounts = {point: fstype for point, (_, fstype) in table.items()}
     sources = {point: source for point, (source, _) in table.items()}
-    gpus = run_nvidia_smi()
+    gpus = with_faults(run_nvidia_smi())
     inv = Inventory(
         cpu_cores=(parse_cpuinfo(cpuinfo) if cpuinfo else None) or os.cpu_count(),
         memory_bytes=parse_meminfo(meminfo) if meminfo else None,

@@ -61,6 +61,9 @@ class Gpu(_Model):
     memory_bytes: int | None = None
     gpu_class: str | None = Field(default=None, alias="class")
     utilisation: float | None = None
+    # Why placement must leave it alone (uncorrectable ECC errors since the driver loaded, lost to an Xid):
+    # None when healthy, or from an agent before the field.
+    fault: str | None = None
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 

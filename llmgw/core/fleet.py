@@ -170,6 +170,9 @@ class GpuView:
     memory_bytes: int | None = None
     # In use by something other than a replica the controller knows (a foreign process, a fault).
     allocated: bool = False
+    # Why nothing may be placed on it, as the agent saw it (uncorrectable ECC errors, lost): None when healthy or
+    # not reported. A replica already on it keeps running; the node's health alerts say what to do.
+    fault: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

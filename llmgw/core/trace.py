@@ -21,6 +21,17 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
+__all__ = [
+    "TRACE_VERSION",
+    "Trace",
+    "TraceError",
+    "TraceHeader",
+    "TracedRequest",
+    "format_trace",
+    "parse_request",
+    "parse_trace",
+]
+
 TRACE_VERSION = 1
 
 

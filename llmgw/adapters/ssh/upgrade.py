@@ -208,8 +208,8 @@ class _Upgrade:
         self.since = await self._restart(remote)
         return "changed", "restarted the agent; its engines keep running"
 
-    async def _wait(self, since: float, version: str | None, timeout: float) -> str | None:
-        deadline = time.monotonic() + timeout
+    async def _wait(self, since: float, version: str | None, wait_s: float) -> str | None:
+        deadline = time.monotonic() + wait_s
         missing = await self.opts.came_back(self.target.node, since, version)
         while missing is not None and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)

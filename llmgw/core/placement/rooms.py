@@ -118,7 +118,7 @@ def build_rooms(
     for node in ordered:
         free: dict[str | None, list[int]] = {}
         for gpu in sorted(node.gpus or (), key=lambda g: g.index):
-            if not gpu.allocated:
+            if not gpu.allocated and gpu.fault is None:
                 free.setdefault(gpu.gpu_class, []).append(gpu.index)
         rooms[node.name] = Room(
             name=node.name,
@@ -196,7 +196,11 @@ def static_fits(node: NodeView, profile: Profile) -> bool:
         if node.gpus is None:
             return False
         cls = profile.gpu_class
-        usable = sum(1 for g in node.gpus if not g.allocated and (cls is None or g.gpu_class == cls))
+        usable = sum(
+            1
+            for g in node.gpus
+            if not g.allocated and g.fault is None and (cls is None or g.gpu_class == cls)
+        )
         if usable < need:
             return False
     labels = node.labels
@@ -313,11 +317,13 @@ def _gpu_words(room: Room, profile: Profile, reasons: list[str]) -> None:
     free = room.free_gpu_count(cls)
     if free >= need:
         return
-    total = sum(1 for g in room.node.gpus if cls is None or g.gpu_class == cls)
-    if total == 0:
+    of_class = [g for g in room.node.gpus if cls is None or g.gpu_class == cls]
+    if not of_class:
         reasons.append(f"has no {what}, needs {need}")
-    else:
-        reasons.append(f"has {free} free {what}, needs {need}")
+        return
+    faulty = [f"gpu {g.index}: {g.fault}" for g in of_class if g.fault is not None]
+    excluded = f" ({len(faulty)} excluded as faulty: {'; '.join(faulty)})" if faulty else ""
+    reasons.append(f"has {free} free {what}, needs {need}{excluded}")
 
 
 def _memory_words(room: Room, profile: Profile, reasons: list[str], notes: list[str]) -> None:

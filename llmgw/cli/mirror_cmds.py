@@ -25,9 +25,14 @@ from llmgw.adapters.mirror import (
 )
 from llmgw.adapters.model_files import InspectError, inspect_source
 from llmgw.cli import output
+from llmgw.cli.admin_client import AdminError
+from llmgw.cli.controller_cmds import _client as controller_client
 from llmgw.controller.settings import parse_hostport
 from llmgw.core.fetch_plan import DEFAULT_REVISION
+from llmgw.core.fit_table import GPU_COUNTS, FitRow, fit_table
+from llmgw.core.fleet import LiveState
 from llmgw.core.manifest import ManifestFile, total_bytes
+from llmgw.core.memory_fit import GIB, class_memory
 
 model_app = typer.Typer(help="Model sources.", no_args_is_help=True)
 mirror_app = typer.Typer(help="The weights mirror (HF layout) on this machine.", no_args_is_help=True)
@@ -125,6 +130,146 @@ def inspect(
     for key, value in shape.to_json().items():
         shown = "(not in the headers)" if value is None else f"{value:,}" if isinstance(value, int) else value
         typer.echo(f"{key.replace('_', ' ') + ':':18} {shown}")
+
+
+COMMON_CLASSES = {"l4-24g": 24, "a100-40g": 40, "l40s-48g": 48, "h100-80g": 80}  # GiB per card
+
+
+def _classes(
+    given: list[str], state: Path | None, controller: str | None, token_file: Path | None
+) -> tuple[dict[str, int], str]:
+    """GPU class -> bytes per card, and where the classes came from."""
+    if given:
+        out: dict[str, int] = {}
+        for item in given:
+            name, _, size = item.partition("=")
+            try:
+                gib = float(size)
+            except ValueError:
+                gib = 0.0
+            if not name or gib <= 0:
+                raise _fail(f"--gpu-class {item!r}: give NAME=GiB per card, e.g. h100-80g=80")
+            out[name] = int(gib * GIB)
+        return out, "--gpu-class"
+    if state is not None or controller is not None:
+        if state is not None:
+            try:
+                live = LiveState.model_validate_json(state.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as exc:
+                raise _fail(f"--state {state}: not a saved live state ({str(exc).splitlines()[0]})") from exc
+            where = f"saved state {state}"
+        else:
+            client = controller_client(controller, token_file)
+            try:
+                live = client.state()
+            except AdminError as exc:
+                raise _fail(str(exc)) from exc
+            where = client.url
+        found = class_memory((g.gpu_class, g.memory_bytes) for n in live.node_views() for g in n.gpus or ())
+        if not found:
+            raise _fail(
+                f"no node in {where} reports a GPU with its class and memory: give --gpu-class NAME=GiB"
+            )
+        return found, f"the fleet ({where}; the smallest card of each class)"
+    return {
+        k: v * GIB for k, v in COMMON_CLASSES.items()
+    }, "common classes (give --state, --controller or --gpu-class for your fleet)"
+
+
+@model_app.command("plan")
+def plan(
+    source: Annotated[
+        str, typer.Argument(help="A .gguf or .safetensors file, a model directory, or a URL of one")
+    ],
+    context_length: Annotated[
+        int | None, typer.Option("--context", help="Tokens per sequence (default: the trained context)")
+    ] = None,
+    slots: Annotated[int | None, typer.Option("--slots", help="Sequences held at once (default 1)")] = None,
+    gpu_class: Annotated[
+        list[str] | None, typer.Option("--gpu-class", help="NAME=GiB per card; repeat for several")
+    ] = None,
+    state: Annotated[
+        Path | None, typer.Option("--state", help="The fleet's classes from a saved live state")
+    ] = None,
+    controller: Annotated[
+        str | None, typer.Option("--controller", help="The fleet's classes from a controller")
+    ] = None,
+    admin_token_file: Annotated[
+        Path | None, typer.Option("--admin-token-file", help="Admin token for --controller")
+    ] = None,
+    as_json: output.JsonOpt = False,
+    token_file: _TokenFile = None,
+) -> None:
+    """Every way the model could run on every GPU class: precision (and the engine that serves it), cards per
+    replica, and per card the weights, KV cache and overhead against what is usable."""
+    try:
+        shape = asyncio.run(inspect_source(source, _token(token_file)))
+    except InspectError as exc:
+        raise _fail(str(exc)) from exc
+    context = context_length or shape.trained_context
+    if context is None:
+        raise _fail("the headers give no trained context: give --context TOKENS")
+    classes, where = _classes(gpu_class or [], state, controller, admin_token_file)
+    rows = fit_table(shape, classes, context_length=context, slots=slots)
+    if as_json:
+        output.print_json(
+            {
+                "source": source,
+                "context_length": context,
+                "classes_from": where,
+                "rows": [
+                    {
+                        "precision": r.precision.name,
+                        "engine": r.precision.engine,
+                        "how": r.precision.how,
+                        "gpus": r.gpus,
+                        "gpu_class": r.gpu_class,
+                        "fits": r.fit.fits,
+                        "needed_bytes": r.fit.needed,
+                        "usable_bytes": r.fit.usable,
+                        "headroom_bytes": r.fit.headroom,
+                        "words": r.fit.words(),
+                    }
+                    for r in rows
+                ],
+            }
+        )
+        return
+    seqs = slots or 1
+    typer.echo(
+        f"{source}: {shape.architecture or 'unknown architecture'}, {context:,} tokens x {seqs} sequence(s)"
+    )
+    typer.echo(f"GPU classes: {where}")
+    names = sorted(classes)
+    table = Table(
+        "PRECISION", "ENGINE", "GPUS", *(n.upper() for n in names), title="per card: needed / usable"
+    )
+    cells: dict[tuple[str, int], dict[str, str]] = {}
+    for r in rows:
+        f = r.fit
+        if f.needed is None:
+            cell = "unknown"
+        else:
+            cell = f"{'yes' if f.fits else 'no'} {f.needed / GIB:.1f} / {f.usable / GIB:.1f} GiB"
+        cells.setdefault((r.precision.name, r.gpus), {})[r.gpu_class] = cell
+    engines = {r.precision.name: r.precision.engine for r in rows}
+    for (name, gpus), by_class in cells.items():
+        table.add_row(name, engines[name], str(gpus), *(by_class.get(n, "") for n in names))
+    Console(width=max(100, 30 + 22 * len(names))).print(table)
+    typer.echo(
+        "per card = weights / cards + KV cache (context x sequences, its layers' and heads' share) + 1 GiB runtime"
+    )
+    smallest: dict[str, FitRow] = {}
+    for r in rows:
+        if r.fit.fits and r.gpu_class not in smallest:
+            smallest[r.gpu_class] = r
+    for cls in sorted(classes):
+        best = smallest.get(cls)
+        if best is None:
+            typer.echo(f"{cls}: does not fit on up to {GPU_COUNTS[-1]} cards at any precision listed")
+        else:
+            p = best.precision
+            typer.echo(f"{cls}: fewest cards: {best.gpus} at {p.name} ({p.engine}, {p.how})")
 
 
 @mirror_app.command("add")

@@ -7,6 +7,7 @@ function the router reuses to read an engine's /metrics.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -176,11 +177,19 @@ def _gpu_engine_args(spec: ShardSpec, engine: str) -> dict[str, Any]:
     engine's spelling is in its table), or, from a controller that sends neither, tensor parallelism from the
     shard's GPU count. An `args` entry that says otherwise than the profile is refused, never half-applied.
 
-    Multi-node shards are refused: the agent does not launch Ray/MPI/rendezvous worlds yet."""
+    Multi-node shards run for vLLM over Ray only (`_vllm_ray_plan`); the others are refused, as validate
+    refuses them."""
     if spec.shard_count > 1:
-        raise SpecError(
-            f"{engine}: multi-node shards are not implemented by this agent yet; shard_count must be 1"
-        )
+        if engine != "vllm":
+            raise SpecError(
+                f"{engine}: multi-node shards are not implemented by this agent (vllm over Ray only); "
+                "shard_count must be 1"
+            )
+        if spec.rendezvous is None or spec.fabric_address is None:
+            raise SpecError(
+                "vllm: a multi-node shard needs its rendezvous and fabric address (a controller too old to "
+                "send them?)"
+            )
     args = dict(spec.args)
     for key, size in (("tensor_parallel_size", spec.tp), ("pipeline_parallel_size", spec.pp)):
         if size is None:
@@ -226,7 +235,42 @@ def _vllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
         env["VLLM_API_KEY"] = spec.api_key
     if args.get("enable_lora"):
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if spec.shard_count > 1:
+        return _vllm_ray_plan(spec, ctx, argv, env)
     return LaunchPlan(argv, env, {}, "/health", "/metrics")
+
+
+def _ray_binary(ctx: LaunchContext) -> str:
+    """`ray` from the engine's own environment (beside its `vllm`), else from PATH."""
+    if ctx.binary:
+        beside = os.path.join(os.path.dirname(ctx.binary), "ray")
+        if os.path.exists(beside):
+            return beside
+    return "ray"
+
+
+def _vllm_ray_plan(spec: ShardSpec, ctx: LaunchContext, argv: list[str], env: dict[str, str]) -> LaunchPlan:
+    """A multi-node vLLM shard as llmgw_agent.ray_launch: rank 0 the Ray head that waits for every node and
+    then runs `vllm serve --distributed-executor-backend ray`; the other ranks Ray workers."""
+    rdv, fabric = spec.rendezvous, spec.fabric_address
+    assert rdv is not None and fabric is not None  # _gpu_engine_args refused the shard otherwise
+    ray = _ray_binary(ctx)
+    # Imported from where the agent has it: the engine's environment carries no PYTHONPATH of the agent's.
+    here = str(Path(__file__).resolve().parent.parent)
+    code = (
+        f"import sys; sys.path.insert(0, {here!r}); from llmgw_agent.ray_launch import main; sys.exit(main())"
+    )
+    launcher = [ctx.python, "-c", code]
+    # vLLM and Ray take the node's address from here: their sockets go on the fabric, not the serving address.
+    env = {**env, "VLLM_HOST_IP": fabric}
+    if spec.shard_rank == 0:
+        head = [*launcher, "head", "--ray", ray, "--ip", fabric, "--port", str(rdv.port)]
+        head += ["--nodes", str(spec.shard_count), "--", *argv, "--distributed-executor-backend", "ray"]
+        env["RAY_ADDRESS"] = f"{rdv.host}:{rdv.port}"
+        return LaunchPlan(head, env, {}, "/health", "/metrics")
+    work = [*launcher, "worker", "--ray", ray, "--ip", fabric, "--address", f"{rdv.host}:{rdv.port}"]
+    work += ["--health", f"{ctx.host}:{ctx.port}"]
+    return LaunchPlan(work, {k: v for k, v in env.items() if k != "VLLM_API_KEY"}, {}, "/health", "/metrics")
 
 
 # ---------------- SGLang ----------------

@@ -183,6 +183,14 @@ class WeightSource(_Model):
     manifest_sha256: str | None = None
 
 
+class Rendezvous(_Model):
+    """Where the shards of one multi-node replica meet: rank 0's address on the fabric and a port there (the
+    Ray head for vLLM, the rendezvous for SGLang's `--dist-init-addr`)."""
+
+    host: str
+    port: int = Field(ge=1, le=65535)
+
+
 class ShardSpec(_Model):
     replica_id: str
     shard_rank: int = 0
@@ -209,6 +217,11 @@ class ShardSpec(_Model):
     # The Cluster grants this model `trust_remote_code` (spec.security.trust_remote_code); without it the agent
     # refuses the arg. An older controller never sends it, so the arg is refused: the safe default.
     trust_remote_code: bool = False
+    # A multi-node replica (shard_count > 1): where its shards meet, and this node's own address on the fabric,
+    # the only address its distributed sockets bind to. None on a single-node shard, or from an older controller
+    # (the agent then refuses a multi-node shard, as it did).
+    rendezvous: Rendezvous | None = None
+    fabric_address: str | None = None
 
     @property
     def shard_id(self) -> str:

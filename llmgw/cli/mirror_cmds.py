@@ -212,35 +212,41 @@ def plan(
     classes, where = _classes(gpu_class or [], state, controller, admin_token_file)
     rows = fit_table(shape, classes, context_length=context, slots=slots)
     if as_json:
-        output.print_json(
-            {
-                "source": source,
-                "context_length": context,
-                "classes_from": where,
-                "rows": [
-                    {
-                        "precision": r.precision.name,
-                        "engine": r.precision.engine,
-                        "how": r.precision.how,
-                        "gpus": r.gpus,
-                        "gpu_class": r.gpu_class,
-                        "fits": r.fit.fits,
-                        "needed_bytes": r.fit.needed,
-                        "usable_bytes": r.fit.usable,
-                        "headroom_bytes": r.fit.headroom,
-                        "words": r.fit.words(),
-                    }
-                    for r in rows
-                ],
-            }
-        )
+        output.print_json(_plan_json(source, context, where, rows))
         return
     seqs = slots or 1
     typer.echo(
         f"{source}: {shape.architecture or 'unknown architecture'}, {context:,} tokens x {seqs} sequence(s)"
     )
     typer.echo(f"GPU classes: {where}")
-    names = sorted(classes)
+    _print_plan(rows, sorted(classes))
+
+
+def _plan_json(source: str, context: int, where: str, rows: tuple[FitRow, ...]) -> dict[str, object]:
+    return {
+        "source": source,
+        "context_length": context,
+        "classes_from": where,
+        "rows": [
+            {
+                "precision": r.precision.name,
+                "engine": r.precision.engine,
+                "how": r.precision.how,
+                "gpus": r.gpus,
+                "gpu_class": r.gpu_class,
+                "fits": r.fit.fits,
+                "needed_bytes": r.fit.needed,
+                "usable_bytes": r.fit.usable,
+                "headroom_bytes": r.fit.headroom,
+                "words": r.fit.words(),
+            }
+            for r in rows
+        ],
+    }
+
+
+def _print_plan(rows: tuple[FitRow, ...], names: list[str]) -> None:
+    """One row per precision and card count, a column per GPU class; then the fewest cards per class."""
     table = Table(
         "PRECISION", "ENGINE", "GPUS", *(n.upper() for n in names), title="per card: needed / usable"
     )
@@ -263,7 +269,7 @@ def plan(
     for r in rows:
         if r.fit.fits and r.gpu_class not in smallest:
             smallest[r.gpu_class] = r
-    for cls in sorted(classes):
+    for cls in names:
         best = smallest.get(cls)
         if best is None:
             typer.echo(f"{cls}: does not fit on up to {GPU_COUNTS[-1]} cards at any precision listed")

@@ -13,9 +13,10 @@ import logging
 import random
 import uuid
 from collections.abc import Mapping
+from typing import Any
 
 from llmgw_agent import repo_rules
-from llmgw_agent.protocol import Register, ShardSpec, WeightSource
+from llmgw_agent.protocol import Register, Rendezvous, ShardSpec, WeightSource
 
 from llmgw.adapters import logformat
 from llmgw.adapters.secrets import SecretError, read_secret
@@ -27,6 +28,7 @@ from llmgw.controller.core import Controller
 from llmgw.controller.engine_orders import EngineOrders
 from llmgw.controller.hub import AgentError, NodeLink
 from llmgw.controller.state import ReplicaRec
+from llmgw.core import distributed
 from llmgw.core.autoscale import ScalePolicy
 from llmgw.core.fetch_plan import weight_source
 from llmgw.core.fleet import NodeView, ReplicaView
@@ -360,7 +362,32 @@ class Reconciler:
             fingerprint=placement.fingerprint,
             served_model_name=placement.model,
             trust_remote_code=placement.model in d.cluster.security.trust_remote_code,
+            **self._meeting(placement, shard),
         )
+
+    def _fabric_address(self, node: str) -> str | None:
+        d = self.c.desired
+        assert d is not None
+        entry = d.catalog.nodes.get(node)
+        link = self.c.hub.nodes.get(node)
+        seen = link.address if link is not None and link.address != "?" else None
+        if entry is None:
+            return seen
+        spec = entry.spec
+        return distributed.fabric_address(spec.fabric_address, spec.address, spec.local, seen)
+
+    def _meeting(self, placement: Placement, shard: ShardPlacement) -> dict[str, Any]:
+        """A multi-node shard's rendezvous (rank 0's fabric address and the replica's port) and its own
+        fabric address; nothing for a single-node one."""
+        if len(placement.shards) < 2:
+            return {}
+        head = next(s for s in placement.shards if s.rank == 0)
+        host = self._fabric_address(head.node)
+        own = self._fabric_address(shard.node)
+        if host is None or own is None:
+            return {}  # the agent refuses the shard and says what is missing
+        port = distributed.rendezvous_port(placement.replica_id)
+        return {"rendezvous": Rendezvous(host=host, port=port), "fabric_address": own}
 
     async def _send_start(self, rec: ReplicaRec, specs: list[tuple[ShardPlacement, ShardSpec]]) -> None:
         c = self.c

@@ -98,6 +98,10 @@ spec:
         ),
         ("{name: a, engine: llamacpp, pp: 2}", "llama.cpp does not do pipeline parallelism (pp 2)"),
         ("{name: a, engine: llamacpp, tp: 2}", "llama.cpp does not do tensor parallelism (tp 2)"),
+        (
+            "{name: a, engine: sglang, gpu_class: a100-80gb, gpus: 2, tp: 2, pp: 2, nodes: 2}",
+            "sglang replicas across nodes are not started by llmgw yet (nodes 2)",
+        ),
     ],
 )
 def test_validate_refuses_parallelism_the_engine_cannot_be_given(

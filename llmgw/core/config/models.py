@@ -349,6 +349,13 @@ class NodeSpec(Strict):
     address: str | None = Field(None, description="Host name or IP address (required unless local)")
     ssh: SshSettings | None = Field(None, description="SSH settings (remote nodes)")
     fabric: str | None = Field(None, description="Nodes sharing a fabric have a fast interconnect")
+    fabric_address: str | None = Field(
+        None,
+        min_length=1,
+        pattern=r"^[^\s/:]+$",
+        description="This node's address on its fabric: where a multi-node replica's distributed sockets (Ray, "
+        "NCCL's bootstrap) bind and meet (default: `address`; 127.0.0.1 for `local`)",
+    )
     serving_address: str | None = Field(
         None,
         min_length=1,

@@ -452,6 +452,14 @@ def _profile(c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile) ->
                 f"MIG class `{p.gpu_class}` takes exactly one device",
                 "use gpus: 1, tp: 1, nodes: 1",
             )
+    if p.nodes > 1 and p.engine in ("sglang", "trtllm"):
+        # The agent starts multi-node replicas for vLLM over Ray only: a clean plan must not end in a refused start.
+        c.add(
+            index,
+            (*path, "nodes"),
+            f"{p.engine} replicas across nodes are not started by llmgw yet (nodes {p.nodes})",
+            "use nodes: 1, or engine: vllm (multi-node over Ray)",
+        )
     if p.engine == "llamacpp":
         if p.tp > 1:
             c.add(index, (*path, "tp"), f"llama.cpp does not do tensor parallelism (tp {p.tp})", "use tp: 1")

@@ -1,56 +1,90 @@
 """The `llmgw` command: one typer app; each command group lives in its own module and is registered here.
 
-Keep this file thin: adding a command is one import and one registration line.
+A command imports only the module that owns it: importing every group (the store's driver, aiohttp's client,
+every pydantic model) took twice as long as `llmgw plan` needs, and `validate` and `plan` run on every pull
+request. `llmgw --help`, an unknown command and `app` (what tests and the console script use) build the whole
+app. Adding a command group is one line in OWNERS; tests/test_cli_owners.py checks the table against the app.
 """
 
 from __future__ import annotations
 
+import importlib
+import sys
+from collections.abc import Iterable
+from typing import Any
+
 import typer
 
-from llmgw.cli import (
-    bench_cmds,
-    controller_cmds,
-    doctor_cmds,
-    logs_cmds,
-    mirror_cmds,
-    node_cmds,
-    ops_cmds,
-    plan_cmds,
-    request_cmds,
-    rollout_cmds,
-    schemas,
-    store_cmds,
-    up_cmd,
-    upgrade_cmds,
-    validate,
-    weights_cmds,
-)
+# module under llmgw.cli -> the top-level commands and groups its `register(app)` adds.
+OWNERS: dict[str, tuple[str, ...]] = {
+    "validate": ("validate",),
+    "schemas": ("schemas",),
+    "store_cmds": ("usage", "keys", "store"),
+    "plan_cmds": ("plan", "apply"),
+    "controller_cmds": ("controller", "status", "nodes", "replicas", "models", "explain"),
+    "node_cmds": ("engine-check", "node"),
+    "up_cmd": ("up",),
+    "mirror_cmds": ("model", "mirror"),
+    "weights_cmds": ("weights",),
+    "ops_cmds": ("audit", "notifications"),
+    "doctor_cmds": ("doctor",),
+    "bench_cmds": ("bench", "capacity"),
+    "request_cmds": ("request",),
+    "rollout_cmds": ("restart",),
+    "logs_cmds": ("logs", "events"),
+    "upgrade_cmds": ("upgrade",),
+}
+_OWNER = {command: module for module, commands in OWNERS.items() for command in commands}
 
-app = typer.Typer(
-    name="llmgw",
-    help="Declarative, git-driven controller for a fleet of LLM inference engines.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
 
-app.command("validate")(validate.validate)
-app.add_typer(schemas.app, name="schemas")
-store_cmds.register(app)
-plan_cmds.register(app)
-controller_cmds.register(app)
-node_cmds.register(app)
-up_cmd.register(app)
-mirror_cmds.register(app)
-weights_cmds.register(app)
-ops_cmds.register(app)
-doctor_cmds.register(app)
-bench_cmds.register(app)
-request_cmds.register(app)
-rollout_cmds.register(app)
-logs_cmds.register(app)
-upgrade_cmds.register(app)
+def _register(target: typer.Typer, module_name: str) -> None:
+    module = importlib.import_module(f"llmgw.cli.{module_name}")
+    if module_name == "validate":
+        target.command("validate")(module.validate)
+    elif module_name == "schemas":
+        target.add_typer(module.app, name="schemas")
+    else:
+        module.register(target)
+
+
+def build(modules: Iterable[str] | None = None) -> typer.Typer:
+    """The app with the given command modules (all of them by default)."""
+    built = typer.Typer(
+        name="llmgw",
+        help="Declarative, git-driven controller for a fleet of LLM inference engines.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+    # A callback keeps it a group: a typer app with one command would otherwise run it without its name.
+    built.callback()(_group)
+    for name in OWNERS if modules is None else modules:
+        _register(built, name)
+    return built
+
+
+def _group() -> None:
+    """Declarative, git-driven controller for a fleet of LLM inference engines."""
+
+
+def _owner(argv: list[str]) -> str | None:
+    """The module owning the command in argv; None for `--help`, no command or an unknown one."""
+    first = next((a for a in argv if not a.startswith("-")), None)
+    return None if first is None else _OWNER.get(first)
+
+
+_full: typer.Typer | None = None
+
+
+def __getattr__(name: str) -> Any:
+    global _full
+    if name == "app":
+        if _full is None:
+            _full = build()
+        return _full
+    raise AttributeError(name)
 
 
 def main() -> None:
-    app()
+    owner = _owner(sys.argv[1:])
+    (build() if owner is None else build([owner]))()

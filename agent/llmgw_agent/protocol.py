@@ -34,7 +34,7 @@ Action = Literal[
 
 class _Model(BaseModel):
     # Unknown fields are ignored so an older peer can read a newer peer's messages.
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", defer_build=True)
 
 
 # ---- inventory ----

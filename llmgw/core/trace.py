@@ -21,6 +21,8 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 
+from llmgw.core.errors import LlmgwError
+
 __all__ = [
     "TRACE_VERSION",
     "Trace",
@@ -63,7 +65,7 @@ class Trace:
     skipped: tuple[str, ...] = field(default=())  # "line N: what was wrong", one per line not read
 
 
-class TraceError(ValueError):
+class TraceError(LlmgwError, ValueError):
     """The trace cannot be read at all (no header, another version)."""
 
 

@@ -302,12 +302,15 @@ def _per_replica(model: str, spec: ModelSpec, usage: UsageSummary) -> tuple[int 
     for c in usage.capacity:
         if c.model == model and c.profile == p.name and c.gpu_class == (p.gpu_class or ""):
             if c.concurrency is not None:
-                return c.concurrency, f"a measured capacity of {c.concurrency} per replica ({p.name})"
+                return c.concurrency, f"a measured capacity of {c.concurrency} per replica (profile {p.name})"
             break
     slots = assumed_capacity(p.slots, p.engine, p.args)
     if slots is not None:
-        return slots, f"a capacity of {slots} per replica assumed from its slots ({p.name}; not measured)"
-    return None, f"an unknown capacity per replica ({p.name}: not measured, no slots declared)"
+        return (
+            slots,
+            f"a capacity of {slots} per replica assumed from the slots of profile {p.name} (not measured)",
+        )
+    return None, f"an unknown capacity per replica (profile {p.name}: not measured, no slots declared)"
 
 
 def _capacity(
@@ -340,7 +343,7 @@ def _capacity(
             continue
         total = per * new.scaling.max
         lost = peak > total
-        tail = f" ({total} at once at most)" if lost else f" (within it: {total} at once)"
+        tail = f": at most {total} at once" if lost else f": within it ({total} at once)"
         out.append(ImpactItem("loss" if lost else "note", "capacity", f"model {m.model}", sentence + tail))
     return out
 
@@ -368,10 +371,10 @@ def _cost(
         if used is None or used.requests == 0:
             continue
         old = live.models[m.model]
-        traffic = f"{count(used.tokens_in)} tokens in, {count(used.tokens_out)} out in {window}"
+        traffic = f"{count(used.tokens_in)} tokens in, {count(used.tokens_out)} out"
         was = _monthly(used.tokens_in, used.tokens_out, old, span)
         if m.change == "remove":
-            words = f"removes model {m.model}: its traffic ({traffic}) cost {money(was)} a month"
+            words = f"removes model {m.model}: its traffic of {window} ({traffic}) cost {money(was)} a month"
             out.append(ImpactItem("note", "cost", f"model {m.model}", words))
             continue
         entry = catalog.models.get(m.model)

@@ -4,6 +4,7 @@ keys) and `render_markdown` (a pull-request comment: summary, table, details col
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Literal
 
 from llmgw.core.memory_fit import ProfileFit
@@ -310,7 +311,7 @@ def render_markdown(plan: Plan) -> str:
         "<details><summary>Details</summary>",
         "",
         "```text",
-        render_text(plan).rstrip("\n"),
+        render_text(replace(plan, impact=None)).rstrip("\n"),  # the Impact is above, once
         "```",
         "",
         "</details>",

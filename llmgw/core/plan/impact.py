@@ -72,6 +72,7 @@ class Impact:
     known: bool
     reason: str = ""
     window: str = ""  # "the last 7 days"
+    coverage: str = ""  # "" when the records cover the window, else what they cover
     requests: int = 0
     items: tuple[ImpactItem, ...] = ()
 
@@ -83,7 +84,8 @@ class Impact:
         if not self.known:
             return self.reason
         n = len(self.losses)
-        base = f"traffic of {self.window} ({count(self.requests)} requests)"
+        more = f"; {self.coverage}" if self.coverage else ""
+        base = f"traffic of {self.window} ({count(self.requests)} requests{more})"
         if n:
             return f"{n} change{'s' * (n != 1)} would cut off, refuse or queue {base}."
         if self.items:
@@ -110,7 +112,11 @@ def plan_impact(plan: Plan, usage: UsageSummary, catalog: Catalog, live: LiveSta
     ]
     items.sort(key=lambda i: (i.severity != "loss", _TOPICS.index(i.topic), i.subject))
     return Impact(
-        known=True, window=window, requests=sum(m.requests for m in usage.models), items=tuple(items)
+        known=True,
+        window=window,
+        coverage=_coverage_words(usage),
+        requests=sum(m.requests for m in usage.models),
+        items=tuple(items),
     )
 
 
@@ -125,14 +131,18 @@ def _span(usage: UsageSummary) -> float:
 
 def _window_words(usage: UsageSummary) -> str:
     days = usage.window_s / 86400
-    text = (
-        f"the last {days:g} days"
-        if days >= 1 and days == int(days)
-        else f"the last {duration_words(usage.window_s)}"
-    )
+    if days >= 1 and days == int(days):
+        return f"the last {days:g} day{'s' * (days != 1)}"
+    return f"the last {duration_words(usage.window_s)}"
+
+
+def _coverage_words(usage: UsageSummary) -> str:
+    """Said once, in the headline: a store younger than the window holds less traffic than the words say."""
+    if usage.rows == 0:
+        return "no requests were recorded"
     if usage.earliest is not None and usage.earliest - usage.since > 3600:
-        text += f" (records cover only the last {duration_words(usage.until - usage.earliest)})"
-    return text
+        return f"records cover only the last {duration_words(usage.until - usage.earliest)}"
+    return ""
 
 
 # ---------------------------------------------------------------------------------------------- access
@@ -446,6 +456,7 @@ def impact_dict(impact: Impact) -> dict[str, Any]:
         "known": impact.known,
         "reason": impact.reason or None,
         "window": impact.window or None,
+        "coverage": impact.coverage or None,
         "requests": impact.requests,
         "headline": impact.headline(),
         "items": [

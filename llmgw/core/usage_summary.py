@@ -195,6 +195,7 @@ class UsageFolder:
         self.since, self.until = since, until
         self.rows = 0
         self.earliest: float | None = None
+        self._last: float | None = None
         self._pairs: dict[tuple[str, str], _Totals] = {}
         self._models: dict[str, _Totals] = {}
         self._spent: dict[tuple[TenantLevel, str], float] = {}
@@ -207,8 +208,11 @@ class UsageFolder:
         self._rpm: dict[tuple[TenantLevel, str], _Peak] = {}
 
     def add(self, row: UsageRow) -> None:
+        if self._last is not None and row.time < self._last:
+            raise ValueError(f"usage rows must come oldest first: {row.time} after {self._last}")
+        self._last = row.time
         self.rows += 1
-        if self.earliest is None or row.time < self.earliest:
+        if self.earliest is None:
             self.earliest = row.time
         self._pairs.setdefault((row.project, row.model), _Totals()).add(row)
         self._models.setdefault(row.model, _Totals()).add(row)

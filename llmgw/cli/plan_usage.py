@@ -48,7 +48,8 @@ WindowOpt = Annotated[
     str,
     typer.Option(
         "--usage-window",
-        help="Judge the changes against the traffic of this recent window (the Impact section; 0: none)",
+        help="Judge the changes against the traffic of this recent window (the Impact section; 0: none; "
+        "with --state: the window the state was saved with)",
     ),
 ]
 ImpactExitOpt = Annotated[

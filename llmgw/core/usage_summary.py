@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -136,7 +136,7 @@ class UsageRow:
     status: int
 
 
-@dataclass
+@dataclass(slots=True)
 class _Totals:
     requests: int = 0
     errors: int = 0
@@ -144,34 +144,46 @@ class _Totals:
     tokens_out: int = 0
     cost: float = 0.0
 
-    def add(self, row: UsageRow) -> None:
-        self.requests += 1
-        self.errors += row.status >= 400
-        self.tokens_in += row.tokens_in
-        self.tokens_out += row.tokens_out
-        self.cost += row.cost
 
-
-@dataclass
 class _Intervals:
     """Arrival and completion times as packed doubles: 16 bytes a request, for a week of a busy fleet."""
 
-    starts: array[float] = field(default_factory=lambda: array("d"))
-    ends: array[float] = field(default_factory=lambda: array("d"))
+    __slots__ = ("ends", "starts")
 
-    def add(self, start: float, end: float) -> None:
-        self.starts.append(start)
-        self.ends.append(end)
+    def __init__(self) -> None:
+        self.starts: array[float] = array("d")
+        self.ends: array[float] = array("d")
 
 
-@dataclass
-class _Peak:
-    value: int = 0
-    at: float | None = None
+class _Tenant:
+    """One tenant's running numbers: its current minute, its best minutes, its spend, its busy intervals."""
 
-    def offer(self, value: int, at: float) -> None:
-        if value > self.value:
-            self.value, self.at = value, at
+    __slots__ = (
+        "busy",
+        "minute",
+        "minute_requests",
+        "minute_tokens",
+        "rpm",
+        "rpm_at",
+        "spent",
+        "tpm",
+        "tpm_at",
+    )
+
+    def __init__(self) -> None:
+        self.minute = -1
+        self.minute_tokens = self.minute_requests = 0
+        self.tpm = self.rpm = 0
+        self.tpm_at: float | None = None
+        self.rpm_at: float | None = None
+        self.spent = 0.0
+        self.busy = _Intervals()
+
+    def close_minute(self) -> None:
+        if self.minute_tokens > self.tpm:
+            self.tpm, self.tpm_at = self.minute_tokens, self.minute * 60.0
+        if self.minute_requests > self.rpm:
+            self.rpm, self.rpm_at = self.minute_requests, self.minute * 60.0
 
 
 def peak_overlap(starts: array[float], ends: array[float]) -> tuple[int, float | None]:
@@ -189,66 +201,76 @@ def peak_overlap(starts: array[float], ends: array[float]) -> tuple[int, float |
 
 
 class UsageFolder:
-    """Fold usage rows, oldest completion first, into a `UsageSummary`."""
+    """Fold usage rows, oldest completion first, into a `UsageSummary`. `add_values` is the hot path (a week
+    of a busy fleet is millions of rows): one lookup per level and per (project, model), no objects made."""
 
     def __init__(self, since: float, until: float) -> None:
         self.since, self.until = since, until
         self.rows = 0
         self.earliest: float | None = None
-        self._last: float | None = None
+        self._last = -math.inf
         self._pairs: dict[tuple[str, str], _Totals] = {}
-        self._models: dict[str, _Totals] = {}
-        self._spent: dict[tuple[TenantLevel, str], float] = {}
         self._busy: dict[str, _Intervals] = {}  # model -> intervals
-        self._tenant_busy: dict[tuple[TenantLevel, str], _Intervals] = {}
-        self._minute: int | None = None
-        self._minute_tokens: dict[tuple[TenantLevel, str], int] = {}
-        self._minute_requests: dict[tuple[TenantLevel, str], int] = {}
-        self._tpm: dict[tuple[TenantLevel, str], _Peak] = {}
-        self._rpm: dict[tuple[TenantLevel, str], _Peak] = {}
+        self._tenants: dict[tuple[TenantLevel, str], _Tenant] = {}
 
     def add(self, row: UsageRow) -> None:
-        if self._last is not None and row.time < self._last:
-            raise ValueError(f"usage rows must come oldest first: {row.time} after {self._last}")
-        self._last = row.time
-        self.rows += 1
-        if self.earliest is None:
-            self.earliest = row.time
-        self._pairs.setdefault((row.project, row.model), _Totals()).add(row)
-        self._models.setdefault(row.model, _Totals()).add(row)
-        minute = math.floor(row.time / 60)
-        if minute != self._minute:
-            self._close_minute()
-            self._minute = minute
-        held = row.status != 429 and row.latency_ms > 0
-        start = row.time - row.latency_ms / 1000
-        if held:
-            self._busy.setdefault(row.model, _Intervals()).add(start, row.time)
-        for level, name in zip(LEVELS, (row.org, row.team, row.project), strict=True):
-            if not name:
-                continue
-            key = (level, name)
-            self._minute_tokens[key] = self._minute_tokens.get(key, 0) + row.tokens_in + row.tokens_out
-            self._minute_requests[key] = self._minute_requests.get(key, 0) + 1
-            self._spent[key] = self._spent.get(key, 0.0) + row.cost
-            if held:
-                self._tenant_busy.setdefault(key, _Intervals()).add(start, row.time)
+        self.add_values(row.time, row.org, row.team, row.project, row.model, row.tokens_in, row.tokens_out,
+                        row.cost, row.latency_ms, row.status)  # fmt: skip
 
-    def _close_minute(self) -> None:
-        if self._minute is None:
-            return
-        at = self._minute * 60.0
-        for key, tokens in self._minute_tokens.items():
-            self._tpm.setdefault(key, _Peak()).offer(tokens, at)
-        for key, requests in self._minute_requests.items():
-            self._rpm.setdefault(key, _Peak()).offer(requests, at)
-        self._minute_tokens, self._minute_requests = {}, {}
+    def add_values(
+        self, time: float, org: str, team: str, project: str, model: str,
+        tokens_in: int, tokens_out: int, cost: float, latency_ms: float, status: int,
+    ) -> None:  # fmt: skip
+        if time < self._last:
+            raise ValueError(f"usage rows must come oldest first: {time} after {self._last}")
+        if self.earliest is None:
+            self.earliest = time
+        self._last = time
+        self.rows += 1
+        pair = self._pairs.get((project, model))
+        if pair is None:
+            pair = self._pairs[(project, model)] = _Totals()
+        pair.requests += 1
+        pair.errors += status >= 400
+        pair.tokens_in += tokens_in
+        pair.tokens_out += tokens_out
+        pair.cost += cost
+        held = status != 429 and latency_ms > 0
+        start = time - latency_ms / 1000
+        if held:
+            busy = self._busy.get(model)
+            if busy is None:
+                busy = self._busy[model] = _Intervals()
+            busy.starts.append(start)
+            busy.ends.append(time)
+        minute = math.floor(time / 60)
+        tokens = tokens_in + tokens_out
+        for key in (("organization", org), ("team", team), ("project", project)):
+            if not key[1]:
+                continue
+            t = self._tenants.get(key)
+            if t is None:
+                t = self._tenants[key] = _Tenant()
+            if t.minute != minute:
+                t.close_minute()
+                t.minute, t.minute_tokens, t.minute_requests = minute, 0, 0
+            t.minute_tokens += tokens
+            t.minute_requests += 1
+            t.spent += cost
+            if held:
+                t.busy.starts.append(start)
+                t.busy.ends.append(time)
 
     def summary(self, capacity: list[MeasuredCapacity] | None = None) -> UsageSummary:
-        self._close_minute()
-        self._minute = None
+        by_model: dict[str, _Totals] = {}
+        for (_, model), p in self._pairs.items():
+            m = by_model.setdefault(model, _Totals())
+            m.requests += p.requests
+            m.tokens_in += p.tokens_in
+            m.tokens_out += p.tokens_out
+            m.cost += p.cost
         models = []
-        for name, t in sorted(self._models.items()):
+        for name, t in sorted(by_model.items()):
             iv = self._busy.get(name)
             peak, at = peak_overlap(iv.starts, iv.ends) if iv else (0, None)
             models.append(
@@ -256,14 +278,14 @@ class UsageFolder:
                            cost=t.cost, peak_concurrency=peak, peak_concurrency_at=at)
             )  # fmt: skip
         tenants = []
-        for key in sorted(self._spent, key=lambda k: (LEVELS.index(k[0]), k[1])):
-            iv = self._tenant_busy.get(key)
-            tpm, rpm = self._tpm.get(key, _Peak()), self._rpm.get(key, _Peak())
+        for (level, name), acc in sorted(
+            self._tenants.items(), key=lambda kv: (LEVELS.index(kv[0][0]), kv[0][1])
+        ):
+            acc.close_minute()  # the last minute is as whole as it will get
             tenants.append(
-                TenantPeak(level=key[0], name=key[1], peak_tpm=tpm.value, peak_tpm_at=tpm.at,
-                           peak_rpm=rpm.value, peak_rpm_at=rpm.at,
-                           peak_concurrency=peak_overlap(iv.starts, iv.ends)[0] if iv else 0,
-                           cost=self._spent[key])
+                TenantPeak(level=level, name=name, peak_tpm=acc.tpm, peak_tpm_at=acc.tpm_at, peak_rpm=acc.rpm,
+                           peak_rpm_at=acc.rpm_at, peak_concurrency=peak_overlap(acc.busy.starts, acc.busy.ends)[0],
+                           cost=acc.spent)
             )  # fmt: skip
         pairs = [
             PairUsage(project=p, model=m, requests=t.requests, errors=t.errors, tokens_in=t.tokens_in,

@@ -1,17 +1,19 @@
 """The usage summary of a window (what `plan` joins its changes with), read from the store.
 
-The rows are read in pages by (time, id), oldest first, and folded as they come (llmgw.core.usage_summary):
+The rows are read in pages by completion time, oldest first, and folded as they come (llmgw.core.usage_summary):
 memory stays at a few bytes a request however long the window, and the store sorts on its time index. The
 measured capacities come along, so a saved summary is all a plan without the cluster needs.
 """
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
-from llmgw.core.usage_summary import MeasuredCapacity, UsageFolder, UsageRow, UsageSummary
+from llmgw.core.usage_summary import MeasuredCapacity, UsageFolder, UsageSummary
 
 if TYPE_CHECKING:
+    from llmgw.store.db import Row
     from llmgw.store.store import Store
 
 __all__ = ["PAGE_ROWS", "read_usage_summary"]
@@ -25,27 +27,22 @@ async def read_usage_summary(
 ) -> UsageSummary:
     """Every usage row completed in [since, until), folded; with every stored capacity measurement."""
     folder = UsageFolder(since, until)
-    after: tuple[float, str] | None = None
+    cursor, past = since, False  # past: the rows at `cursor` itself were read already
     while True:
-        params: tuple[float | str | int, ...]
-        if after is None:
-            where, params = "time >= ? AND time < ?", (since, until, page_rows)
-        else:  # keyset paging: the next rows after the last one read, in the same order
-            where = "time < ? AND (time > ? OR (time = ? AND id > ?))"
-            params = (until, after[0], after[0], after[1], page_rows)
-        async with store.db.tx() as tx:
-            rows = await tx.fetch(
-                f"SELECT {_COLUMNS} FROM usage WHERE {where} ORDER BY time, id LIMIT ?", params
-            )
-        for r in rows:
-            folder.add(
-                UsageRow(time=float(r[1]), org=r[2], team=r[3], project=r[4], model=r[5],
-                         tokens_in=int(r[6]), tokens_out=int(r[7]), cost=float(r[8]),
-                         latency_ms=float(r[9]), status=int(r[10]))
-            )  # fmt: skip
+        rows = await _fetch(store, f"time {'>' if past else '>='} ? AND time < ?", (cursor, until), page_rows)
         if len(rows) < page_rows:
+            await asyncio.to_thread(_fold, folder, rows)
             break
-        after = (float(rows[-1][1]), str(rows[-1][0]))
+        # Paged by time alone, so each page is a range scan of the time index in its order. The rows at the
+        # page's last time may go on past it: they are read with the next page instead.
+        last = float(rows[-1][1])
+        head = [r for r in rows if float(r[1]) < last]
+        past = not head
+        if past:  # a whole page completed at one instant: read that instant whole, then go past it
+            head = await _fetch(store, "time = ?", (last,), None)
+        # Folding is CPU work: in a thread, so a controller's loop answers heartbeats meanwhile.
+        await asyncio.to_thread(_fold, folder, head)
+        cursor = last
     capacity = [
         MeasuredCapacity(
             model=c.model,
@@ -57,3 +54,15 @@ async def read_usage_summary(
         for c in await store.list_capacity()
     ]
     return folder.summary(capacity)
+
+
+async def _fetch(store: Store, where: str, params: tuple[float, ...], limit: int | None) -> list[Row]:
+    tail, extra = ("ORDER BY time LIMIT ?", (limit,)) if limit is not None else ("", ())
+    async with store.db.tx() as tx:
+        return await tx.fetch(f"SELECT {_COLUMNS} FROM usage WHERE {where} {tail}", (*params, *extra))
+
+
+def _fold(folder: UsageFolder, rows: list[Row]) -> None:
+    add = folder.add_values
+    for r in rows:
+        add(float(r[1]), r[2], r[3], r[4], r[5], int(r[6]), int(r[7]), float(r[8]), float(r[9]), int(r[10]))

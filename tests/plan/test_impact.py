@@ -17,7 +17,15 @@ import pytest
 from llmgw.adapters.repo_files import load_repo
 from llmgw.core.catalog import Catalog
 from llmgw.core.fleet import LiveState
-from llmgw.core.plan import Plan, plan_for_catalog, render_json, render_markdown, render_text
+from llmgw.core.plan import (
+    Plan,
+    plan_digest,
+    plan_for_catalog,
+    render_json,
+    render_markdown,
+    render_text,
+    to_dict,
+)
 from llmgw.core.plan.impact import Impact, plan_impact
 from llmgw.core.usage_summary import UsageSummary
 from llmgw.store import Store
@@ -139,3 +147,8 @@ def test_without_usage_the_renderings_are_as_before(repos: tuple[Catalog, LiveSt
     assert made.impact is None
     assert "Impact" not in render_text(made) + render_markdown(made)
     assert "impact" not in json.loads(render_json(made))
+
+
+def test_the_impact_is_not_part_of_what_a_saved_plan_would_do(planned: Plan) -> None:
+    # Usage moves on while the actions stay the same: a saved plan does not go stale by it.
+    assert plan_digest(to_dict(planned)) == plan_digest(to_dict(dataclasses.replace(planned, impact=None)))

@@ -21,8 +21,11 @@ async def test_every_row_in_the_window_is_read_once_across_pages_that_share_a_ti
     rows = [_row(i, T + (i // 7)) for i in range(50)]  # seven rows at each second: pages split a second
     rows += [_row(100, T - 1), _row(101, T + 3600)]  # one before the window, one at its end (excluded)
     await store.insert_usage(rows)
-    got = await read_usage_summary(store, since=T, until=T + 3600, page_rows=3)
-    assert got.rows == 50 and got.earliest == T
+    for page_rows in (3, 10, 1000):  # pages inside one second, pages that split one, one page
+        got = await read_usage_summary(store, since=T, until=T + 3600, page_rows=page_rows)
+        assert got.rows == 50 and got.earliest == T, page_rows
+        (pair,) = got.pairs
+        assert pair.requests == 50, page_rows
     (pair,) = got.pairs
     assert (pair.requests, pair.tokens_in, pair.tokens_out, pair.cost) == (50, 500, 250, 12.5)
     team = got.tenant("team", "t")

@@ -92,7 +92,7 @@ async def live(tmp_path: Path) -> AsyncIterator[Live]:
 
 async def test_a_plan_token_gets_the_impact_and_the_gate_fails_on_a_loss(live: Live) -> None:
     code, out, err = await live.plan_live(
-        "--usage-window", "8d", "--impact-exitcode", "--save-state", "s.json"
+        "--usage-window", "8d", "--impact-exitcode", "--save-state", str(live.tmp / "s.json")
     )
     assert code == 3, out + err
     assert GEMMA_LOSS in out

@@ -123,7 +123,7 @@ def read_state(path: Path) -> tuple[LiveState, Usage]:
 
 
 def with_impact(made: Plan, usage: Usage | None, catalog: Catalog, live: LiveState) -> Plan:
-    from llmgw.core.plan.impact import plan_impact, unknown_impact
+    from llmgw.core.plan import plan_impact, unknown_impact
 
     if usage is None:
         return made

@@ -144,3 +144,38 @@ def test_unknown_usage_is_said_once_and_gates_nothing(tmp_path: Path) -> None:
     assert text.count("usage: not in this saved state") == 1 and "Impact: usage: not in" in text
     assert markdown.count("usage: not in this saved state") == 1 and "#### Impact" in markdown
     assert made.impact is not None and made.impact.losses == ()
+
+
+@given(st.lists(st.tuples(st.floats(0, 600), st.integers(0, 50)), min_size=1, max_size=40))
+def test_the_busiest_minute_is_the_calendar_minute_with_the_most_tokens(
+    rows: list[tuple[float, int]],
+) -> None:
+    rows.sort()
+    folder = UsageFolder(0.0, 660.0)
+    for at, tokens in rows:
+        folder.add(row(at, tokens=tokens))
+    by_minute: dict[int, int] = {}
+    for at, tokens in rows:
+        by_minute[int(at // 60)] = by_minute.get(int(at // 60), 0) + tokens
+    project = folder.summary().tenant("project", "p")
+    assert project is not None and project.peak_tpm == max(by_minute.values())
+
+
+CONCURRENCY = """\
+apiVersion: llmgw/v1
+kind: Project
+metadata: {name: extra}
+spec:
+  team: research
+  limits: {concurrency: 5}
+"""
+
+
+def test_a_concurrency_limit_below_the_tenants_peak_is_a_loss(tmp_path: Path) -> None:
+    usage = summary(extra=10)
+    tenants = [t.model_copy(update={"peak_concurrency": 9}) for t in usage.tenants]
+    items = plan_between(tmp_path, {"extra.yaml": CONCURRENCY}, usage.model_copy(update={"tenants": tenants}))
+    assert items == [
+        ("loss", "sets project extra's concurrency to 5; its peak concurrency in the last 7 days was 9 requests "
+                 "at once"),
+    ]  # fmt: skip

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.cli import admin_client, follow
+from llmgw.cli import admin_client, follow, plan_usage
 from llmgw.cli.admin_client import AdminClient, AdminError
 from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import LiveState
@@ -127,6 +127,8 @@ def plan(
             help="Bearer token for the Cluster's mirror when it wants one (sent to the mirror only)",
         ),
     ] = None,
+    usage_window: plan_usage.WindowOpt = "7d",
+    impact_exitcode: plan_usage.ImpactExitOpt = False,
 ) -> None:
     """Show what applying the cluster repo would change in the fleet, and check that each new or changed
     weights source exists with the repo's sizes (and digests where the server names them)."""
@@ -141,13 +143,11 @@ def plan(
         typer.echo(warning.format_text(), err=True)
     try:
         if state is not None:
-            if controller is not None:
-                raise Refused("give --controller or --state, not both")
-            live = _read_state(state)
-            source = f"saved state {state}"
+            live, usage, source = _read_state(state, controller)
         else:
             client = _client(controller, token_file, path, catalog.cluster.controller.address)
             live = client.state()
+            usage = plan_usage.fetch_usage(client, usage_window)
             source = client.url
             named = None if revision is not None else revision_like_source(path, client.status())
             if named is not None:
@@ -155,8 +155,8 @@ def plan(
                 assert result.repo is not None
                 catalog = result.repo.catalog
         if save_state is not None:
-            save_state.write_text(live.model_dump_json(indent=2) + "\n", encoding="utf-8")
-        made = plans.plan_for_catalog(catalog, live)
+            plan_usage.write_state(save_state, live, usage)
+        made = plan_usage.with_impact(plans.plan_for_catalog(catalog, live), usage, catalog, live)
         made = _with_sources(made, result, live, offline, mirror_token_file)
         if out is not None and not (made.source_errors or made.misfits):
             _write_plan_file(out, path, result, made, source)
@@ -167,7 +167,7 @@ def plan(
         _refuse(made, saved=out is not None)
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
-    raise typer.Exit(plans.exit_code(made) if detailed_exitcode else 0)
+    raise typer.Exit(plan_usage.exit_code(made, detailed=detailed_exitcode, impact=impact_exitcode))
 
 
 def _refuse(made: Plan, *, saved: bool) -> NoReturn:
@@ -236,16 +236,15 @@ def _invalid(result: LoadResult, output: PlanFormat) -> None:
         typer.echo(v.render(result, v.Format.json), nl=False)
 
 
-def _read_state(path: Path) -> LiveState:
+def _read_state(path: Path, controller: str | None) -> tuple[LiveState, plan_usage.Usage | None, str]:
+    """The saved live state, the usage saved with it, and the words naming where the state came from."""
+    if controller is not None:
+        raise Refused("give --controller or --state, not both")
     try:
-        return LiveState.model_validate_json(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise Refused(f"cannot read the saved live state {path}: {exc.strerror or exc}") from exc
-    except ValueError as exc:
-        first = str(exc).splitlines()[0:3]
-        raise Refused(
-            f"{path} is not a live state (write one with `llmgw plan --save-state FILE`): {' '.join(first)}"
-        ) from exc
+        live, usage = plan_usage.read_state(path)
+    except plan_usage.BadState as exc:
+        raise Refused(str(exc)) from exc
+    return live, usage, f"saved state {path}"
 
 
 # ------------------------------------------------------------------------------------------------ plan files

@@ -30,6 +30,7 @@ from llmgw.controller import (
     doctor,
     logs_admin,
     prom_sd,
+    usage_summary_admin,
     views,
     weights_admin,
 )
@@ -568,6 +569,8 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     # pull request's job holds.
     ("GET", "/api/v1/requests/{request_id}", admin_requests.request_lookup, "admin"),
     ("GET", "/api/v1/usage", admin_requests.usage_totals, "admin"),
+    # plan, not admin: totals per project, model and tenant only (no key, tag or request), what a plan shows.
+    ("GET", "/api/v1/usage/summary", usage_summary_admin.usage_summary, "plan"),
     ("GET", "/api/v1/notifications", admin_ops.notifications, "plan"),
     ("GET", "/api/v1/prometheus/targets", prom_sd.prometheus_targets, "plan"),
     ("GET", "/api/v1/doctor", doctor.controller_doctor, "plan"),

@@ -4,6 +4,7 @@
     diff.py     make_plan / plan_for_catalog (pure: the reconciler in plan mode) and the document diffs
     render.py   text (Terraform's symbols), json (to_dict, stable keys), markdown (a pull-request comment)
     file.py     a saved plan's body and digest, and the rule that refuses a stale one
+    impact.py   plan_impact: what each change does to a recent window's traffic (the Impact section)
 
 Import from here; the modules are the package's inside.
 """
@@ -23,6 +24,7 @@ from llmgw.core.plan.file import (
     plan_digest,
     saved_plan,
 )
+from llmgw.core.plan.impact import Impact, ImpactItem, plan_impact, unknown_impact
 from llmgw.core.plan.render import Format, render, render_json, render_markdown, render_text, to_dict
 from llmgw.core.plan.values import (
     DocumentChange,
@@ -42,6 +44,8 @@ __all__ = [
     "DocumentChange",
     "FieldChange",
     "Format",
+    "Impact",
+    "ImpactItem",
     "ModelChange",
     "NodeChange",
     "Plan",
@@ -59,10 +63,12 @@ __all__ = [
     "parse_saved_plan",
     "plan_digest",
     "plan_for_catalog",
+    "plan_impact",
     "render",
     "render_json",
     "render_markdown",
     "render_text",
     "saved_plan",
     "to_dict",
+    "unknown_impact",
 ]

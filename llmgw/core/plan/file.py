@@ -36,8 +36,9 @@ class StalePlan(LlmgwError):
 
 def plan_digest(plan_dict: dict[str, Any]) -> str:
     """What the plan would do, without the hashes that name the inputs: equal digests, equal actions."""
-    # A source check's answers are what servers said, not what applying does (apply does not ask again).
-    body = {k: v for k, v in plan_dict.items() if k not in ("live_state_hash", "sources")}
+    # A source check's answers are what servers said, not what applying does (apply does not ask again);
+    # the Impact is what recent traffic says, which moves on while the actions stay the same.
+    body = {k: v for k, v in plan_dict.items() if k not in ("live_state_hash", "sources", "impact")}
     return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 

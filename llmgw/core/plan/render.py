@@ -4,9 +4,11 @@ keys) and `render_markdown` (a pull-request comment: summary, table, details col
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any, Literal
 
 from llmgw.core.memory_fit import ProfileFit
+from llmgw.core.plan.impact import impact_dict, impact_lines, impact_markdown
 from llmgw.core.plan.values import (
     UNKNOWN_DOCUMENTS,
     DocumentChange,
@@ -135,7 +137,8 @@ def render_text(plan: Plan) -> str:
     head = f"llmgw plan: revision {plan.revision or '(working tree)'} against applied {plan.live_revision or '(none)'}"
     body = _lines(plan)
     tail = [plan.source_summary()] if plan.sources else []
-    return "\n".join([head, "", *body, plan.summary(), *tail]) + "\n"
+    impact = impact_lines(plan.impact) if plan.impact is not None else []
+    return "\n".join([head, "", *body, *impact, plan.summary(), *tail]) + "\n"
 
 
 def to_dict(plan: Plan) -> dict[str, Any]:
@@ -185,6 +188,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         }
         | ({"sources": [_source_dict(v) for v in plan.sources]} if plan.sources else {})
         | ({"memory_fit": [_fit_dict(f) for f in plan.fits]} if plan.fits else {})
+        | ({"impact": impact_dict(plan.impact)} if plan.impact is not None else {})
     )
 
 
@@ -300,12 +304,14 @@ def render_markdown(plan: Plan) -> str:
         out += ["| | change | where | why |", "| --- | --- | --- | --- |"]
         out += [f"| `{a}` | {_cell(b)} | {_cell(c)} | {_cell(d)} |" for a, b, c, d in rows]
         out.append("")
+    if plan.impact is not None:
+        out += impact_markdown(plan.impact)
     revision = plan.revision or "(working tree)"
     out += [
         "<details><summary>Details</summary>",
         "",
         "```text",
-        render_text(plan).rstrip("\n"),
+        render_text(replace(plan, impact=None)).rstrip("\n"),  # the Impact is above, once
         "```",
         "",
         "</details>",

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from llmgw.core.memory_fit import ProfileFit
 from llmgw.core.source_check import SourceVerdict
+
+if TYPE_CHECKING:
+    from llmgw.core.plan.impact import Impact
 
 __all__ = [
     "KIND_ORDER",
@@ -147,6 +150,9 @@ class Plan:
     sources: tuple[SourceVerdict, ...] = ()
     # Every GPU profile of a model whose shape its manifest records, against its class's memory in the fleet.
     fits: tuple[ProfileFit, ...] = ()
+    # What the changes do to the traffic of a recent window (llmgw.core.plan.impact); None: not asked. Not
+    # part of the plan's digest: usage moves on while the actions stay the same.
+    impact: Impact | None = None
 
     @property
     def misfits(self) -> tuple[ProfileFit, ...]:

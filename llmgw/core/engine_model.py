@@ -19,6 +19,7 @@ prints: nothing unknown is passed off as measured.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ def _interpolate(points: Sequence[Point], x: float) -> float:
     """Linear between the points, flat below the first, along the last segment's slope past the last."""
     if len(points) == 1 or x <= points[0][0]:
         return points[0][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:], strict=False):
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
     (x0, y0), (x1, y1) = points[-2], points[-1]
@@ -139,5 +140,7 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
     capacity = slots or (concurrency if isinstance(concurrency, int) and concurrency >= 1 else None)
     if capacity is None:
         capacity = int(ttft[-1][0])
-        notes.append(f"{where}: no slots declared, no concurrency met the objective: {capacity} (the top step)")
+        notes.append(
+            f"{where}: no slots declared, no concurrency met the objective: {capacity} (the top step)"
+        )
     return EngineModel(float(prefill), ttft, itl, capacity, True, tuple(notes), fixed)

@@ -131,6 +131,7 @@ class _Sim:
         self.seq = 0
         self.outcomes = [Outcome(i, r.model) for i, r in enumerate(requests)]
         self.bucket_s = bucket_s
+        self.horizon = horizon
         self.busy = [0.0] * (int(horizon / bucket_s) + 2)
 
     def push(self, at: float, kind: int, what: object) -> None:
@@ -176,7 +177,8 @@ class _Sim:
         out.replica = lv.spec.id
         out.waited_ms = (now - request.t) * 1000.0
         out.ttft_ms = out.waited_ms + ttft
-        lv.busy_ms += whole
+        # Utilization is over the trace's span: a backlog served after its end counts up to the end only.
+        lv.busy_ms += max(0.0, min(now + whole / 1000.0, self.horizon) - now) * 1000.0
         self.account(now, whole / 1000.0)
         self.push(now + whole / 1000.0, _END, lv)
 

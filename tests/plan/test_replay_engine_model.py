@@ -41,7 +41,9 @@ def test_no_measurement_is_assumed_and_says_so() -> None:
     m = fit_engine_model(None, None, "gemma/cpu")
     assert not m.measured and m.capacity == ASSUMED_SLOTS
     (words,) = m.assumptions
-    assert words.startswith("gemma/cpu: not measured (`llmgw bench MODEL --profile P --save`): assumed prefill")
+    assert words.startswith(
+        "gemma/cpu: not measured (`llmgw bench MODEL --profile P --save`): assumed prefill"
+    )
     assert f"(no slots declared: {ASSUMED_SLOTS} assumed)" in words
     assert m.ttft(ASSUMED_SLOTS, 100) == m.ttft(1, 100)  # flat: no slowdown is invented either
     assert assumed_model(2, "x").capacity == 2

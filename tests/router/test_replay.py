@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
+from llmgw_router.replay import SimFleet, SimReplica, replay
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.engine_model import EngineModel, fit_engine_model
 from llmgw.core.trace import TracedRequest
-from llmgw_router.replay import SimFleet, SimReplica, replay
 
 CURVE = {
     "prefill_ms_per_token": 0.5,

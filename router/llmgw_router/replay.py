@@ -109,8 +109,17 @@ class Replay:
 @dataclass(slots=True)
 class _Live:
     spec: SimReplica
-    inflight: int = 0
+    candidate: Candidate  # kept and updated in place: building a model's candidates per request costs more
     busy_ms: float = 0.0
+
+    @property
+    def inflight(self) -> int:
+        return self.candidate.inflight
+
+    def add(self, n: int) -> None:
+        c = self.candidate
+        c.inflight += n
+        c.running = float(c.inflight)
 
 
 class _Sim:
@@ -122,8 +131,12 @@ class _Sim:
         self.rng = random.Random(seed)
         self.default_policy = RoutingPolicySpec()
         self.by_model: dict[str, list[_Live]] = {}
+        self.candidates: dict[str, list[Candidate]] = {}
         for r in fleet.replicas:
-            self.by_model.setdefault(r.model, []).append(_Live(r))
+            cand = Candidate(r.id, running=0.0, waiting=0.0, slots=r.slots, weight=r.weight)
+            self.by_model.setdefault(r.model, []).append(_Live(r, cand))
+            self.candidates.setdefault(r.model, []).append(cand)
+        self.index = {m: {c.id: i for i, c in enumerate(cs)} for m, cs in self.candidates.items()}
         self.queues: dict[str, FairQueue[int]] = {}
         self.depth = 0
         self.rr: dict[str, int] = {}
@@ -148,22 +161,12 @@ class _Sim:
         live = self.by_model[request.model]
         rr = self.rr.get(request.model, 0)
         self.rr[request.model] = rr + 1
-        cands = [
-            Candidate(
-                lv.spec.id,
-                inflight=lv.inflight,
-                running=float(lv.inflight),
-                waiting=0.0,
-                slots=lv.spec.slots,
-                weight=lv.spec.weight,
-            )
-            for lv in live
-        ]
+        cands = self.candidates[request.model]
         policy = self.fleet.policies.get(request.model, self.default_policy)
         decision = schedule(cands, policy, RequestInfo(request.prefix, rr_counter=rr), self.rng)
         if decision.endpoint is None:
             return False
-        at = next(i for i, c in enumerate(cands) if c.id == decision.endpoint)
+        at = self.index[request.model][decision.endpoint]
         if cands[at].full and decision.endpoint != decision.session_target:
             return False
         self.start(index, live[at], now)
@@ -171,7 +174,7 @@ class _Sim:
 
     def start(self, index: int, lv: _Live, now: float) -> None:
         request = self.requests[index]
-        lv.inflight += 1
+        lv.add(1)
         ttft, whole = lv.spec.engine.duration(lv.inflight, request.prompt_tokens, request.completion_tokens)
         out = self.outcomes[index]
         out.replica = lv.spec.id
@@ -208,7 +211,7 @@ class _Sim:
         self.push(now + self.fleet.queue_timeout_s, _TIMEOUT, entry)
 
     def end(self, lv: _Live, now: float) -> None:
-        lv.inflight -= 1
+        lv.add(-1)
         queue = self.queues.get(lv.spec.model)
         while queue:
             entry = queue.first()

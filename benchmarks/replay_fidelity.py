@@ -52,13 +52,13 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Procs, free_port, wait_http
+from llmgw_router.replay import SimFleet, SimReplica, replay
 
 from llmgw.cli.bench_cmds import run_bench
 from llmgw.core.bench import Measured, percentile
 from llmgw.core.engine_model import EngineModel, fit_engine_model
 from llmgw.core.synthetic_trace import Shape, steady
 from llmgw.core.trace import TracedRequest
-from llmgw_router.replay import SimFleet, SimReplica, replay
 
 LOAD = 0.8
 SIM_REPLICAS = 4
@@ -151,10 +151,15 @@ def start_router(procs: Procs, work: Path, fleet: FleetSpec) -> str:
         },
         "models": {fleet.model: {"context_length": 2048, "capabilities": ["chat"]}},
         "endpoints": [
-            {"replica_id": f"{fleet.name}-{i}", "model": fleet.model, "engine": fleet.engine, "base_url": url,
-             "slots": fleet.slots}
+            {
+                "replica_id": f"{fleet.name}-{i}",
+                "model": fleet.model,
+                "engine": fleet.engine,
+                "base_url": url,
+                "slots": fleet.slots,
+            }
             for i, url in enumerate(fleet.urls)
-        ],  # fmt: skip
+        ],
     }
     path = work / f"snapshot-{fleet.name}.json"
     path.write_text(json.dumps(snapshot, indent=1))
@@ -232,7 +237,9 @@ async def run_for_real(url: str, fleet: FleetSpec, requests: list[TracedRequest]
 
 def simulate(fleet: FleetSpec, engine: EngineModel, requests: list[TracedRequest]) -> Measure:
     sim_fleet = SimFleet(
-        tuple(SimReplica(f"{fleet.name}-{i}", fleet.model, engine, fleet.slots) for i in range(len(fleet.urls))),
+        tuple(
+            SimReplica(f"{fleet.name}-{i}", fleet.model, engine, fleet.slots) for i in range(len(fleet.urls))
+        ),
         queue_size=QUEUE,
         model_queue_size=QUEUE,
         queue_timeout_s=TIMEOUT_S,
@@ -270,7 +277,9 @@ async def run_fleet(
         "p50": (percentile(real.ttft_ms, 0.5), percentile(sim.ttft_ms, 0.5)),
         "p99": (percentile(real.ttft_ms, 0.99), percentile(sim.ttft_ms, 0.99)),
     }
-    curve = ", ".join(f"c{s.concurrency} ttft {_ms(s.ttft_p50_ms)} itl {_ms(s.itl_p50_ms)}" for s in measured.curve)
+    curve = ", ".join(
+        f"c{s.concurrency} ttft {_ms(s.ttft_p50_ms)} itl {_ms(s.itl_p50_ms)}" for s in measured.curve
+    )
     print(f"\n{fleet.name}: {len(fleet.urls)} replica(s) x {fleet.slots} slots; bench p50 (ms): {curve}")
     print(f"  modelled capacity {per_replica * len(fleet.urls):.2f} req/s; offered {rate:.2f} req/s "
           f"({LOAD:.0%}) for {minutes:g} min: {len(requests)} requests")  # fmt: skip
@@ -305,7 +314,9 @@ async def main_async(args: argparse.Namespace) -> int:
             else:
                 url = start_gemma(procs, *found)
                 shape = Shape(prompt_tokens=args.prompt_words, completion_tokens=24, project="bench")
-                fleet = FleetSpec("gemma", "gemma", (url,), GEMMA_SLOTS, "llamacpp", shape, {"ignore_eos": True})
+                fleet = FleetSpec(
+                    "gemma", "gemma", (url,), GEMMA_SLOTS, "llamacpp", shape, {"ignore_eos": True}
+                )
                 errors["gemma"] = await run_fleet(
                     procs, work, fleet, args.minutes, args.bench_seconds, args.seed + 1
                 )

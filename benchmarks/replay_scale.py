@@ -23,10 +23,11 @@ import argparse
 import random
 import time
 
+from llmgw_router.replay import SimFleet, SimReplica, replay
+
 from llmgw.core.engine_model import fit_engine_model
 from llmgw.core.synthetic_trace import Shape, diurnal
 from llmgw.core.trace import TracedRequest
-from llmgw_router.replay import SimFleet, SimReplica, replay
 
 # A measured curve of the shape `llmgw bench --save` stores (ms; steps at concurrency 1..16 of an 8-slot replica).
 CURVE = {
@@ -46,7 +47,9 @@ BUCKET_S = 300.0
 SHAPE = Shape(prompt_tokens=256, completion_tokens=800, spread=0.5, project="day")
 
 
-def build(nodes: int, models: int, hours: float, peak: float, seed: int) -> tuple[SimFleet, list[TracedRequest]]:
+def build(
+    nodes: int, models: int, hours: float, peak: float, seed: int
+) -> tuple[SimFleet, list[TracedRequest]]:
     engine = fit_engine_model(CURVE, SLOTS, "chat/gpu")
     names = [f"chat-{m}" for m in range(models)]
     replicas = tuple(SimReplica(f"node-{i:03d}", names[i % models], engine, SLOTS) for i in range(nodes))

@@ -267,6 +267,11 @@ async def run_fleet(
 ) -> dict[str, float | None]:
     measured = await bench(fleet, bench_s)
     engine = fitted(fleet, measured)
+    if not engine.measured:  # a fidelity figure from assumed latencies would measure the assumption
+        print(f"\n{fleet.name}: not compared: the bench measured nothing ({'; '.join(engine.assumptions)})")
+        return {"p50": None, "p99": None}
+    for note in engine.assumptions:
+        print(f"  ({note})")
     per_replica = engine.requests_per_s(fleet.shape.prompt_tokens, fleet.shape.completion_tokens)
     rate = LOAD * per_replica * len(fleet.urls)
     _, requests = steady({fleet.model: rate}, minutes * 60.0, random.Random(seed), fleet.shape)

@@ -4,7 +4,7 @@ The fleet: `--nodes` nodes (50), one replica each, spread over `--models` models
 model is fitted (`llmgw.core.engine_model.fit_engine_model`) from CURVE, a stored `llmgw bench --save`
 measurement of a GPU replica with 8 slots whose TTFT and inter-token latency grow with its load. Each model
 gets a 24-hour diurnal trace (`llmgw.core.synthetic_trace.diurnal`: trough at 04:00, peak at 16:00) whose peak
-is `--peak` (0.75) of its replicas' modelled capacity; requests have 256-token prompts and ~600-token answers
+is `--peak` (0.8) of its replicas' modelled capacity; requests have 256-token prompts and ~600-token answers
 (+-50%), so a day is about a million requests. The replay (`llmgw_router.replay`: the router's scheduler and
 fair queue, per request) runs in this one process, so it uses one core however many the machine has.
 
@@ -69,22 +69,22 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=50)
     p.add_argument("--models", type=int, default=10)
     p.add_argument("--hours", type=float, default=24.0)
-    p.add_argument("--peak", type=float, default=0.75, help="the trace's peak, as a share of capacity")
+    p.add_argument("--peak", type=float, default=0.8, help="the trace's peak, as a share of capacity")
     p.add_argument("--seed", type=int, default=24)
     args = p.parse_args()
     t0 = time.perf_counter()
     fleet, requests = build(args.nodes, args.models, args.hours, args.peak, args.seed)
     made_s = time.perf_counter() - t0
-    t1 = time.perf_counter()
+    t1, cpu = time.perf_counter(), time.process_time()
     result = replay(fleet, requests, seed=args.seed, duration_s=args.hours * 3600.0, bucket_s=BUCKET_S)
-    seconds = time.perf_counter() - t1
+    seconds, cpu = time.perf_counter() - t1, time.process_time() - cpu
     buckets = result.busy_by_bucket[: max(1, int(args.hours * 3600.0 / BUCKET_S))]
     peak_util = max(buckets) / (result.capacity_slots * BUCKET_S) if result.capacity_slots else 0.0
     served = sum(m.served for m in result.models.values())
     refused = sum(m.refused_total for m in result.models.values())
     print(f"fleet: {args.nodes} nodes, {args.models} models, {result.capacity_slots} slots")
     print(f"trace: {len(requests)} requests over {args.hours:g} h, made in {made_s:.1f} s")
-    print(f"replay: {seconds:.1f} s; served {served}, refused {refused}")
+    print(f"replay: {seconds:.1f} s ({cpu:.1f} s of CPU); served {served}, refused {refused}")
     for m in result.models.values():
         print(f"  {m.model}: p50 {m.ttft_p50_ms or 0:.0f} ms, p99 {m.ttft_p99_ms or 0:.0f} ms, "
               f"utilization {m.utilization or 0:.0%}")  # fmt: skip

@@ -28,7 +28,7 @@ def test_tiny_day_prints_a_final_line_with_numbers() -> None:
     nodes, requests, peak, _ = match.groups()
     assert nodes == "4" and int(requests) > 0
     assert 0.0 < float(peak) <= 1.0
-    served = re.search(r"^replay: [0-9.]+ s; served (\d+), refused (\d+)$", out, re.M)
+    served = re.search(r"^replay: [0-9.]+ s \([0-9.]+ s of CPU\); served (\d+), refused (\d+)$", out, re.M)
     assert served is not None, out
     assert int(served.group(1)) + int(served.group(2)) == int(requests)
     assert len(re.findall(r"^  chat-\d: p50 \d+ ms, p99 \d+ ms, utilization \d+%$", out, re.M)) == 2

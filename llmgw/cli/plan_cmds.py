@@ -190,14 +190,16 @@ def plan(
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
     if simulate or trace is not None:
-        _simulate(catalog, live, made, trace, capacity, client)
+        _simulate(catalog, live, made, trace, capacity, client, output)
     raise typer.Exit(plans.exit_code(made) if detailed_exitcode else 0)
 
 
 def _simulate(
-    catalog: Any, live: LiveState, made: Plan, trace: Path | None, capacity: Path | None, client: Any
-) -> None:
-    """The `--simulate` section (llmgw/cli/plan_simulate.py); exit 3 on a regression."""
+    catalog: Any, live: LiveState, made: Plan, trace: Path | None, capacity: Path | None, client: Any,
+    output: PlanFormat,
+) -> None:  # fmt: skip
+    """The `--simulate` section (llmgw/cli/plan_simulate.py) after the plan: in a fenced block of the PR
+    comment, on stderr beside JSON (stdout stays one document); exit 3 on a regression."""
     from llmgw.cli import plan_simulate as sim
 
     try:
@@ -210,7 +212,10 @@ def _simulate(
         result = sim.simulate(catalog, live, made, trace, measured)
     except (AdminError, sim.SimulateError) as exc:
         _fail(str(exc))
-    typer.echo(result.text, nl=False)
+    if output is PlanFormat.markdown:
+        typer.echo(f"\n#### Simulated serving\n\n```text{result.text}```")
+    else:
+        typer.echo(result.text, nl=False, err=output is PlanFormat.json)
     if result.regressions:
         typer.echo(f"error: the planned fleet regresses ({len(result.regressions)}); exit 3", err=True)
         raise typer.Exit(3)

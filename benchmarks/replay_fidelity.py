@@ -372,6 +372,11 @@ async def run_fleet(
     per_replica = engine.requests_per_s(fleet.shape.prompt_tokens, fleet.shape.completion_tokens)
     rate = LOAD * per_replica * len(fleet.urls)
     header, requests = steady({fleet.model: rate}, minutes * 60.0, random.Random(seed), fleet.shape)
+    if len(requests) < 20:  # percentiles of a handful say nothing
+        print(
+            f"\n{fleet.name}: not compared: {rate:.3f} req/s for {minutes:g} min is {len(requests)} requests"
+        )
+        return {"p50": None, "p99": None}
     url = start_router(procs, work, fleet)
     real = await run_for_real(url, fleet, requests)
     sim_p50, sim_p99, sim_refused = replayed_by_plan(
@@ -442,6 +447,7 @@ def main() -> None:
     p.add_argument("--only", choices=("sim", "gemma"), default=None)
     p.add_argument("--seed", type=int, default=21)
     args = p.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress shows in a log file
     started = time.monotonic()
     code = asyncio.run(main_async(args))
     print(f"(took {time.monotonic() - started:.0f} s)", file=sys.stderr)

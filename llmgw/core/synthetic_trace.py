@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_PROMPT_TOKENS",
     "Shape",
     "diurnal",
+    "diurnal_rate",
     "steady",
 ]
 

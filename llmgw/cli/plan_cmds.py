@@ -84,6 +84,32 @@ RevisionOpt = Annotated[
     ),
 ]
 
+MirrorTokenOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--mirror-token-file",
+        help="Bearer token for the Cluster's mirror when it wants one (sent to the mirror only)",
+    ),
+]
+SimulateOpt = Annotated[
+    bool,
+    typer.Option(
+        "--simulate",
+        help="Replay a trace against the current and the planned fleet; exit 3 on a regression past "
+        "spec.plan.simulate (without --trace: a synthetic trace, docs/gitops.md)",
+    ),
+]
+TraceOpt = Annotated[
+    Path | None, typer.Option("--trace", help="The trace --simulate replays (`llmgw traffic export`)")
+]
+CapacityOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--capacity",
+        help="Measured capacity for --simulate (`llmgw capacity --json`); default: the controller's",
+    ),
+]
+
 
 # ------------------------------------------------------------------------------------------------ plan
 
@@ -120,15 +146,12 @@ def plan(
             help="Ask no weights server: each new or changed source is listed as not checked",
         ),
     ] = False,
-    mirror_token_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--mirror-token-file",
-            help="Bearer token for the Cluster's mirror when it wants one (sent to the mirror only)",
-        ),
-    ] = None,
+    mirror_token_file: MirrorTokenOpt = None,
     usage_window: plan_usage.WindowOpt = "7d",
     impact_exitcode: plan_usage.ImpactExitOpt = False,
+    simulate: SimulateOpt = False,
+    trace: TraceOpt = None,
+    capacity: CapacityOpt = None,
 ) -> None:
     """Show what applying the cluster repo would change in the fleet, and check that each new or changed
     weights source exists with the repo's sizes (and digests where the server names them)."""
@@ -144,6 +167,7 @@ def plan(
     try:
         if state is not None:
             live, usage, source = _read_state(state, controller)
+            client: AdminClient | None = None
         else:
             client = _client(controller, token_file, path, catalog.cluster.controller.address)
             live = client.state()
@@ -167,7 +191,36 @@ def plan(
         _refuse(made, saved=out is not None)
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
+    if simulate or trace is not None:
+        _simulate(catalog, live, made, trace, capacity, client, output)
     raise typer.Exit(plan_usage.exit_code(made, detailed=detailed_exitcode, impact=impact_exitcode))
+
+
+def _simulate(
+    catalog: Any, live: LiveState, made: Plan, trace: Path | None, capacity: Path | None, client: Any,
+    output: PlanFormat,
+) -> None:  # fmt: skip
+    """The `--simulate` section (llmgw/cli/plan_simulate.py) after the plan: in a fenced block of the PR
+    comment, on stderr beside JSON (stdout stays one document); exit 3 on a regression."""
+    from llmgw.cli import plan_simulate as sim
+
+    try:
+        if capacity is not None:
+            measured = sim.read_capacity_file(capacity)
+        elif client is not None:
+            measured = sim.measurements(client.get("/api/v1/capacity").get("capacity", []))
+        else:
+            measured = {}
+        result = sim.simulate(catalog, live, made, trace, measured)
+    except (AdminError, sim.SimulateError) as exc:
+        _fail(str(exc))
+    if output is PlanFormat.markdown:
+        typer.echo(f"\n#### Simulated serving\n\n```text{result.text}```")
+    else:
+        typer.echo(result.text, nl=False, err=output is PlanFormat.json)
+    if result.regressions:
+        typer.echo(f"error: the planned fleet regresses ({len(result.regressions)}); exit 3", err=True)
+        raise typer.Exit(3)
 
 
 def _refuse(made: Plan, *, saved: bool) -> NoReturn:

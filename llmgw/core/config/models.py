@@ -29,6 +29,7 @@ from llmgw.core.config.notification_spec import (
     NotificationRetry as NotificationRetry,
     NotificationSpec as NotificationSpec,
 )
+from llmgw.core.config.plan_spec import PlanSettings as PlanSettings, SimulateSettings as SimulateSettings
 
 # ---------------------------------------------------------------------------------------------------- Cluster
 
@@ -309,6 +310,7 @@ class ClusterSpec(Strict):
         description="GPU classes by name, with their memory: `validate` checks each GPU profile's memory fit "
         "against them (`plan` uses the smallest card the fleet reports, these where none does)",
     )
+    plan: PlanSettings = Field(default_factory=PlanSettings, description="What `llmgw plan` checks")
 
 
 # ---------------------------------------------------------------------------------------------------- Node

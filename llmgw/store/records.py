@@ -141,6 +141,9 @@ class UsageRecord:
     decision: dict[str, Any] | None = None  # the scheduling decision, compact (llmgw_router.lookup)
     code: str = ""  # the error code the client was given ("" on success)
     tags: dict[str, str] | None = None  # metadata, x-llmgw-tags and `user` (llmgw_router.tags); None: none
+    # The request's shape for a traffic trace (migration 0009, llmgw.core.trace). None: not known.
+    stream: bool | None = None  # the client asked for a stream
+    prefix: str | None = None  # salted hash of its session/prefix key (llmgw.core.traffic.prefix_hash)
 
 
 @dataclass(frozen=True)

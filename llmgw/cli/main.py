@@ -20,6 +20,7 @@ from llmgw.cli import (
     rollout_cmds,
     schemas,
     store_cmds,
+    traffic_cmds,
     up_cmd,
     upgrade_cmds,
     validate,
@@ -50,6 +51,7 @@ request_cmds.register(app)
 rollout_cmds.register(app)
 logs_cmds.register(app)
 upgrade_cmds.register(app)
+traffic_cmds.register(app)
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from llmgw.core.errors import LlmgwError
 from llmgw.store.db import Backend
 
-__all__ = ["ContentError", "ContentQueries", "ContentVault", "KEY_BYTES", "Kept", "parse_content_key"]
+__all__ = ["KEY_BYTES", "ContentError", "ContentQueries", "ContentVault", "Kept", "parse_content_key"]
 
 KEY_BYTES = 32  # AES-256
 _NONCE_BYTES = 12
@@ -36,9 +36,13 @@ def parse_content_key(text: str, where: str) -> bytes:
     try:
         key = base64.b64decode(text.strip(), validate=True)
     except ValueError:
-        raise ContentError(f"{where}: the content key is not base64 (make one: openssl rand -base64 32)") from None
+        raise ContentError(
+            f"{where}: the content key is not base64 (make one: openssl rand -base64 32)"
+        ) from None
     if len(key) != KEY_BYTES:
-        raise ContentError(f"{where}: the content key is {len(key)} bytes; it must be {KEY_BYTES} (base64 of them)")
+        raise ContentError(
+            f"{where}: the content key is {len(key)} bytes; it must be {KEY_BYTES} (base64 of them)"
+        )
     return key
 
 
@@ -88,7 +92,9 @@ class ContentQueries:
 
     async def delete_content(self, kind: str, project: str, id_: str) -> bool:
         async with self.db.tx() as tx:
-            n = await tx.execute("DELETE FROM content WHERE kind = ? AND project = ? AND id = ?", (kind, project, id_))
+            n = await tx.execute(
+                "DELETE FROM content WHERE kind = ? AND project = ? AND id = ?", (kind, project, id_)
+            )
         return n > 0
 
     async def prune_content(self, now: float, batch: int = 5000) -> int:
@@ -160,7 +166,9 @@ class ContentVault:
         try:
             data = self._aead.decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], _aad(kind, project, id_))
         except InvalidTag:
-            raise ContentError(f"{kind} {id_} of project {project} does not open: altered in the store") from None
+            raise ContentError(
+                f"{kind} {id_} of project {project} does not open: altered in the store"
+            ) from None
         return Kept(kind, project, id_, created, expires, data)
 
     async def delete(self, kind: str, project: str, id_: str) -> bool:

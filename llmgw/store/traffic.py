@@ -11,7 +11,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from llmgw.core.traffic import IMPORT_PREFIX, Finished, MinuteTotal, aggregate_minutes, merge_minutes, minute_of
+from llmgw.core.traffic import (
+    IMPORT_PREFIX,
+    Finished,
+    MinuteTotal,
+    aggregate_minutes,
+    merge_minutes,
+    minute_of,
+)
 from llmgw.store.db import Backend, Row, Tx
 from llmgw.store.records import UsageRecord
 from llmgw.store.request_queries import USAGE_COLUMNS, usage_record
@@ -42,7 +49,9 @@ def _finished(r: Row) -> Finished:
 
 def _minute(r: Row) -> MinuteTotal:
     peak = int(r[9]) if r[9] is not None else None
-    return MinuteTotal(float(r[0]), r[1], r[2], r[3], int(r[4]), int(r[5]), int(r[6]), int(r[7]), float(r[8]), peak)
+    return MinuteTotal(
+        float(r[0]), r[1], r[2], r[3], int(r[4]), int(r[5]), int(r[6]), int(r[7]), float(r[8]), peak
+    )
 
 
 class TrafficQueries:
@@ -145,7 +154,8 @@ async def _upsert_minutes(tx: Tx, totals: Sequence[MinuteTotal]) -> int:
         for m in map(
             _minute,
             await tx.fetch(
-                f"SELECT {_MINUTE_COLUMNS} FROM usage_minutes WHERE minute >= ? AND minute <= ?", (first, last)
+                f"SELECT {_MINUTE_COLUMNS} FROM usage_minutes WHERE minute >= ? AND minute <= ?",
+                (first, last),
             ),
         )
     }

@@ -20,7 +20,17 @@ from llmgw.core.snapshot import PublishedModel
 from llmgw_router.errors import ApiError
 from llmgw_router.fields import FieldPlan, append_fields, apply_plan
 
-__all__ = ["NO_COMPLETION", "Sizing", "fits", "parse", "payload", "sent_cap", "session_key", "size"]
+__all__ = [
+    "NO_COMPLETION",
+    "Sizing",
+    "conversation_key",
+    "fits",
+    "parse",
+    "payload",
+    "sent_cap",
+    "session_key",
+    "size",
+]
 
 
 def parse(raw: bytes) -> dict[str, Any]:
@@ -174,6 +184,15 @@ def session_key(headers: Mapping[str, str], body: dict[str, Any], policy: Routin
     conversation's first messages; None when the policy does not weigh sessions."""
     if policy.weights.session <= 0:
         return None
+    return conversation_key(headers, body, policy)
+
+
+def conversation_key(
+    headers: Mapping[str, str], body: dict[str, Any], policy: RoutingPolicySpec
+) -> str | None:
+    """The key `session_key` sticks by, whether or not the policy weighs sessions: a usage row keeps a salted
+    hash of it (llmgw.core.traffic.prefix_hash), so a trace shows which requests shared a session or prefix.
+    None: the request has none."""
     settings = policy.session
     header = headers.get(settings.header)
     if header:

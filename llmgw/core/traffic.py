@@ -14,11 +14,15 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from llmgw.core.config.models import ContentRetention
+from llmgw.core.words import parse_duration
+
 __all__ = [
     "IMPORT_PREFIX",
     "Finished",
     "MinuteTotal",
     "aggregate_minutes",
+    "content_ttl",
     "merge_minutes",
     "minute_of",
     "prefix_hash",
@@ -152,3 +156,10 @@ def merge_minutes(old: MinuteTotal, new: MinuteTotal) -> MinuteTotal:
         old.cost + new.cost,
         max(peaks) if peaks else None,
     )
+
+
+def content_ttl(retention: ContentRetention | None) -> float | None:
+    """How long a project may keep content, in seconds; None: it did not opt in (keep nothing)."""
+    if retention is None or not retention.content:
+        return None
+    return parse_duration(retention.ttl)

@@ -18,7 +18,13 @@ T0 = 1_800_000_000.0  # a minute boundary (divisible by 60)
 
 
 def rec(done: float, latency_s: float, **kw: object) -> UsageRecord:
-    fields: dict[str, object] = {"project": "p", "model": "m", "status": 200, "tokens_in": 10, "tokens_out": 5}
+    fields: dict[str, object] = {
+        "project": "p",
+        "model": "m",
+        "status": 200,
+        "tokens_in": 10,
+        "tokens_out": 5,
+    }
     fields.update(kw)
     return UsageRecord(time=done, request_id=f"r{done}", latency_ms=latency_s * 1000, **fields)  # type: ignore[arg-type]
 
@@ -31,18 +37,33 @@ async def test_a_rows_shape_reads_back_and_unknown_stays_unknown(store: Store) -
     assert [(r.stream, r.prefix) for r in rows] == [(True, "a" * 24), (False, None), (None, None)]
 
 
-async def test_export_writes_arrival_order_and_import_marks_and_dedupes(store: Store, tmp_path: object) -> None:
+async def test_export_writes_arrival_order_and_import_marks_and_dedupes(
+    store: Store, tmp_path: object
+) -> None:
     # Completion order is not arrival order: the long request arrived first and finished last.
     await store.insert_usage(
-        [rec(T0 + 10, 2, prefix="x" * 24, stream=True, ttft_ms=50.0), rec(T0 + 20, 19, status=429), rec(T0 + 30, 1)]
+        [
+            rec(T0 + 10, 2, prefix="x" * 24, stream=True, ttft_ms=50.0),
+            rec(T0 + 20, 19, status=429),
+            rec(T0 + 30, 1),
+        ]
     )
     lines = [line async for line in export_lines(store, T0, T0 + 60)]
     trace = parse_trace(lines)
     assert [r.t for r in trace.requests] == [1.0, 8.0, 29.0]
     assert [line for line in lines[1:]] == sorted(lines[1:], key=lambda x: float(x.split(",")[0][5:]))
     first = trace.requests[0]
-    assert (first.status, first.duration_ms, first.prompt_tokens, first.completion_tokens) == (429, 19000.0, 10, 5)
-    assert (trace.requests[1].prefix, trace.requests[1].stream, trace.requests[1].ttft_ms) == ("x" * 24, True, 50.0)
+    assert (first.status, first.duration_ms, first.prompt_tokens, first.completion_tokens) == (
+        429,
+        19000.0,
+        10,
+        5,
+    )
+    assert (trace.requests[1].prefix, trace.requests[1].stream, trace.requests[1].ttft_ms) == (
+        "x" * 24,
+        True,
+        50.0,
+    )
     # Only the model asked for; an old row's stream comes from whether it had a time to first token.
     assert [line async for line in export_lines(store, T0, T0 + 60, model="other")][1:] == []
 
@@ -103,7 +124,9 @@ async def test_one_minute_larger_than_a_batch_is_taken_whole(store: Store) -> No
 
 
 async def test_imported_rows_aggregate_apart_from_recorded_ones(store: Store) -> None:
-    await store.insert_usage([rec(T0 + 1, 1), rec(T0 + 2, 1, router_id="import:x"), rec(T0 + 3, 1, router_id="r1")])
+    await store.insert_usage(
+        [rec(T0 + 1, 1), rec(T0 + 2, 1, router_id="import:x"), rec(T0 + 3, 1, router_id="r1")]
+    )
     await store.prune_usage(T0 + 60)
     got = {m.source: m.requests for m in await store.usage_minutes(T0, T0 + 60)}
     assert got == {"": 2, "import:x": 1}

@@ -133,7 +133,9 @@ async def test_routers_are_told_the_salt_of_their_prefix_hashes(loop: Loop) -> N
 
 def test_retention_settings_read_durations(tmp_path: Path) -> None:
     path = tmp_path / "controller.yaml"
-    path.write_text("repo: .\nstore: x\nusage-retention: 7d\nusage-minutes-retention: 1w\nretention-check: 1m\n")
+    path.write_text(
+        "repo: .\nstore: x\nusage-retention: 7d\nusage-minutes-retention: 1w\nretention-check: 1m\n"
+    )
     settings = ControllerSettings(**load_settings_file(path))
     assert (settings.usage_retention_s, settings.usage_minutes_retention_s) == (7 * DAY, 7 * DAY)
     assert settings.retention_check_s == 60.0

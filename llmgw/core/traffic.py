@@ -31,7 +31,7 @@ __all__ = [
 
 IMPORT_PREFIX = "import:"  # router_id of rows `llmgw traffic import` wrote: `import:<source>`
 _SALT_LABEL = b"llmgw-trace-salt\0"
-_PREFIX_LABEL = b"llmgw-prefix\0"
+_PREFIX_LABEL = b"llmgw-prefix"  # BLAKE2b's personalisation: at most 16 bytes
 
 
 def trace_salt(cluster_secret: bytes) -> str:
@@ -43,10 +43,11 @@ def trace_salt(cluster_secret: bytes) -> str:
 
 
 def prefix_hash(salt: bytes, project: str, key: str) -> str:
-    """What a usage row keeps of a request's session/prefix key: 24 hex digits of an HMAC under the salt of
-    the project and the key, so two projects' hashes never match and the key cannot be read back."""
-    message = _PREFIX_LABEL + project.encode() + b"\0" + key.encode("utf-8", "surrogateescape")
-    return hmac.new(salt, message, hashlib.sha256).hexdigest()[:24]
+    """What a usage row keeps of a request's session/prefix key: 24 hex digits of a MAC under the salt of the
+    project and the key, so two projects' hashes never match and the key cannot be read back. Keyed BLAKE2b
+    is a MAC by design and costs a third of an HMAC-SHA256 in Python; it is on every request's path."""
+    message = project.encode() + b"\0" + key.encode("utf-8", "surrogateescape")
+    return hashlib.blake2b(message, key=salt[:64], digest_size=12, person=_PREFIX_LABEL).hexdigest()
 
 
 def minute_of(t: float) -> float:

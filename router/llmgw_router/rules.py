@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from llmgw.core import jsonsafe
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import PublishedModel
@@ -205,7 +207,13 @@ def conversation_key(
         head = head[: settings.prefix_messages]
     if head is None:
         return None
-    return "head:" + hashlib.blake2b(json.dumps(head, sort_keys=True).encode(), digest_size=12).hexdigest()
+    # orjson: about four times cheaper than json.dumps here, and every request now pays for this key (its
+    # salted hash is recorded with its usage), not only those under a policy that weighs sessions.
+    try:
+        text = orjson.dumps(head, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits, which json reads and orjson refuses
+        text = json.dumps(head, sort_keys=True).encode()
+    return "head:" + hashlib.blake2b(text, digest_size=12).hexdigest()
 
 
 def payload(

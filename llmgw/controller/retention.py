@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.controller.core import Controller
-from llmgw.core.traffic import content_ttl
+from llmgw.core.catalog import Catalog
+from llmgw.core.traffic import content_ttl, usage_cutoff
+from llmgw.core.words import parse_duration
 from llmgw.store.content import ContentError, ContentVault, parse_content_key
 
 log = logging.getLogger("llmgw.controller.retention")
@@ -44,6 +46,11 @@ def load_content_vault(c: Controller) -> ContentVault | None:
     return ContentVault(c.store, parse_content_key(text, f"content_key_file {path}"))
 
 
+def _budget_periods(catalog: Catalog) -> list[float]:
+    tenants = [*catalog.organizations.values(), *catalog.teams.values(), *catalog.projects.values()]
+    return [parse_duration(t.limits.budget.period) for t in tenants if t.limits.budget is not None]
+
+
 class Retention:
     def __init__(self, c: Controller) -> None:
         self.c = c
@@ -59,8 +66,11 @@ class Retention:
         c, s = self.c, self.c.settings
         now = c.wall()
         result = PassResult()
-        for _ in range(MAX_BATCHES_PER_PASS):
-            step = await c.store.prune_usage(now - s.usage_retention_s, s.retention_batch)
+        d = c.desired
+        # Without an applied revision the budgets are not known, so neither is how far back their spend reads.
+        cutoff = usage_cutoff(now, s.usage_retention_s, _budget_periods(d.catalog)) if d is not None else None
+        for _ in range(MAX_BATCHES_PER_PASS if cutoff is not None else 0):
+            step = await c.store.prune_usage(cutoff or 0.0, s.retention_batch)
             result.usage_rows += step.rows
             result.minutes_written += step.minutes
             if step.rows == 0:

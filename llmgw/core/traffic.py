@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from llmgw.core.config.models import ContentRetention
+from llmgw.core.limits import window_bounds
 from llmgw.core.words import parse_duration
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "minute_of",
     "prefix_hash",
     "trace_salt",
+    "usage_cutoff",
 ]
 
 IMPORT_PREFIX = "import:"  # router_id of rows `llmgw traffic import` wrote: `import:<source>`
@@ -164,3 +166,13 @@ def content_ttl(retention: ContentRetention | None) -> float | None:
     if retention is None or not retention.content:
         return None
     return parse_duration(retention.ttl)
+
+
+def usage_cutoff(now: float, retention_s: float, budget_periods: Iterable[float]) -> float:
+    """Before when per-request usage rows may be pruned: `retention_s` ago, but never inside the current
+    window of a budget (a budget's spend is summed from those rows, so pruning into its window would lower
+    what the tenant has spent)."""
+    cutoff = now - retention_s
+    for period in budget_periods:
+        cutoff = min(cutoff, window_bounds(now, period)[0])
+    return cutoff

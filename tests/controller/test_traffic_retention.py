@@ -19,6 +19,7 @@ from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.publisher import snapshot
 from llmgw.controller.retention import Retention
 from llmgw.controller.settings import ControllerSettings, load_settings_file
+from llmgw.core.limits import window_bounds
 from llmgw.core.traffic import trace_salt
 from llmgw.store import UsageRecord
 from llmgw.store.content import ContentError
@@ -139,3 +140,23 @@ def test_retention_settings_read_durations(tmp_path: Path) -> None:
     settings = ControllerSettings(**load_settings_file(path))
     assert (settings.usage_retention_s, settings.usage_minutes_retention_s) == (7 * DAY, 7 * DAY)
     assert settings.retention_check_s == 60.0
+
+
+BUDGETED = TENANTS.replace(
+    "spec: {organization: acme}", "spec:\n  organization: acme\n  limits: {budget: {amount: 10, period: 30d}}"
+)
+
+
+async def test_rows_inside_a_budgets_window_are_kept_and_nothing_before_a_revision(loop: Loop) -> None:
+    c = loop.c
+    c.settings = c.settings.model_copy(update={"usage_retention_s": 1.0})
+    now = c.wall()
+    start, _ = window_bounds(now, 30 * DAY)
+    await c.store.insert_usage([_row(start - 10, "plain"), _row(start + 1, "plain")])
+    desired, c.desired = c.desired, None
+    assert (await Retention(c).prune_once()).usage_rows == 0, "no revision: the budgets are not known"
+    c.desired = desired
+    loop.apply({"tenants.yaml": BUDGETED})
+    done = await Retention(c).prune_once()
+    assert done.usage_rows == 1
+    assert [r.time for r in await c.store.usage_page(0, now + 1)] == [start + 1], "its spend still reads it"

@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 RevisionStatus = Literal["accepted", "refused"]
 KeyState = Literal["active", "revoked", "expired"]
-UsageGroup = Literal["project", "team", "org", "key", "model"]
-USAGE_GROUPS: tuple[UsageGroup, ...] = ("project", "team", "org", "key", "model")
+UsageGroup = Literal["project", "team", "org", "key", "model", "router"]
+# `router`: the router_id that wrote the row; imported rows read `import:<source>` (docs/traffic.md).
+USAGE_GROUPS: tuple[UsageGroup, ...] = ("project", "team", "org", "key", "model", "router")
 TAG_GROUP_PREFIX = "tag:"  # `usage --by tag:app` groups by the value of one request tag
 
 

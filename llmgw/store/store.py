@@ -68,6 +68,7 @@ _GROUP_COLUMNS: dict[UsageGroup, tuple[str, ...]] = {
     "org": ("u.org",),
     "key": ("COALESCE(u.key_id, '')", "k.name", "k.project"),
     "model": ("u.model",),
+    "router": ("u.router_id",),
 }
 _GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.id = u.key_id"}
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}

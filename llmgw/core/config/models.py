@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from llmgw.core.config.base import (
     API_VERSION as API_VERSION,
@@ -29,7 +29,7 @@ from llmgw.core.config.notification_spec import (
     NotificationRetry as NotificationRetry,
     NotificationSpec as NotificationSpec,
 )
-from llmgw.core.words import parse_duration
+from llmgw.core.config.retention_spec import ContentRetention as ContentRetention
 
 # ---------------------------------------------------------------------------------------------------- Cluster
 
@@ -658,25 +658,6 @@ class TeamSpec(Strict):
     models: list[str] | None = Field(None, description="Allowed models (unset: as the organization)")
     limits: Limits = Field(default_factory=Limits)
     gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
-
-
-class ContentRetention(Strict):
-    """What a project's requests may leave in the store besides their shape (docs/traffic.md). Off unless
-    the project opts in: content is kept encrypted under the controller's content key and deleted at its TTL."""
-
-    content: bool = Field(
-        False,
-        description="Keep the content its requests ask to be kept (Responses `store`, a shared cache); "
-        "without it such requests are refused or served without keeping anything",
-    )
-    ttl: Duration = Field("7d", description="How long kept content lives before the controller deletes it")
-
-    @field_validator("ttl")
-    @classmethod
-    def _positive_ttl(cls, value: str) -> str:
-        if parse_duration(value) <= 0:
-            raise ValueError(f"ttl must be longer than zero (got {value!r}; e.g. 7d)")
-        return value
 
 
 class ProjectSpec(Strict):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -69,6 +70,14 @@ def traffic_import(
             "--source", help="Name the rows are marked with, router_id import:NAME (default: the file's name)"
         ),
     ] = None,
+    ends_now: Annotated[
+        bool,
+        typer.Option(
+            "--ends-now",
+            help="Shift the trace so its window ends now (a synthetic trace starting at 0, or one older than the "
+            "controller's usage_retention, which would be pruned at its next pass)",
+        ),
+    ] = False,
     store: StoreOpt = None,
 ) -> None:
     """Load a trace into the store as usage rows marked `import:<source>`; bad lines are skipped and named."""
@@ -84,6 +93,8 @@ def traffic_import(
     if not name.strip():
         _fail("--source: the rows need a non-empty name")
     digest = hashlib.sha256(text.encode()).hexdigest()
+    if ends_now:
+        trace = replace(trace, header=replace(trace.header, start=time.time() - trace.header.duration_s))
     result: ImportResult = _run(store, lambda s: import_trace(s, trace, name, digest))
     console = output.console(stderr=True)
     for problem in result.skipped:

@@ -91,11 +91,12 @@ class TrafficQueries:
         self, since: float, until: float, *, model: str | None = None, project: str | None = None
     ) -> list[MinuteTotal]:
         """The per-minute aggregates of [since, until), oldest first."""
-        where, params = ["minute >= ?", "minute < ?"], [since, until]
+        where = ["minute >= ?", "minute < ?"]
+        params: list[object] = [since, until]
         for column, value in (("model", model), ("project", project)):
             if value is not None:
                 where.append(f"{column} = ?")
-                params.append(value)  # type: ignore[arg-type]
+                params.append(value)
         async with self.db.tx() as tx:
             rows = await tx.fetch(
                 f"SELECT {_MINUTE_COLUMNS} FROM usage_minutes WHERE {' AND '.join(where)} "

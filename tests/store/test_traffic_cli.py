@@ -95,3 +95,18 @@ def test_bad_lines_are_named_and_a_non_trace_refused(store_dsn: str, tmp_path: P
     assert code == 1 and "line 1: not an llmgw trace of version 1 (llmgw_trace is 2)" in err
     code, _, err = invoke("traffic", "export", "--since", "soon", "--store", store_dsn)
     assert code == 1 and "--since: not a duration" in err
+
+
+def test_a_synthetic_trace_lands_where_it_is_asked_to(store_dsn: str, tmp_path: Path) -> None:
+    trace = tmp_path / "synthetic.jsonl"
+    request = {"t": 30.0, "model": "chat", "project": "web", "prompt_tokens": 1, "completion_tokens": 1}
+    trace.write_text(
+        json.dumps({"llmgw_trace": 1, "start": 0, "duration_s": 60}) + "\n" + json.dumps(request)
+    )
+    before = time.time()
+    code, _, err = invoke("traffic", "import", str(trace), "--ends-now", "--store", store_dsn)
+    assert code == 0, err
+    code, out, _ = invoke("traffic", "export", "--since", "1h", "--store", store_dsn)
+    [landed] = parse_trace(out.splitlines()).requests
+    header = parse_trace(out.splitlines()).header
+    assert before - 30 - 1 <= header.start + landed.t <= time.time() - 30, "30 s into a window ending now"

@@ -146,9 +146,8 @@ def gone(call: Call) -> tuple[int, str]:
     return 499, "client_closed_request"
 
 
-_PROCESS_SALT = secrets.token_bytes(
-    32
-)  # without the controller's salt: hashes match within this process only
+# Without the controller's salt in the snapshot: hashes match within this process only.
+_PROCESS_SALT = secrets.token_bytes(32)
 
 
 def _prefix(table: RoutingTable, principal: Principal | None, key: str) -> str:

@@ -294,6 +294,9 @@ class RequestService:
                 param="model",
             )
         call.sizing = size(len(raw), body, kind, model)
+        # Its shape, for a trace: known from here on, so a request refused by its limits has one too.
+        call.session = conversation_key(exchange.headers, body, table.policy_for(canonical))
+        call.stream = body.get("stream") is True and kind not in NO_COMPLETION
         call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: fits(m, call.sizing))
         if tenant_project is not None:
             call.chain = table.chain(tenant_project)
@@ -323,8 +326,6 @@ class RequestService:
         pick made once more, then it is a 502."""
         headers = exchange.headers
         policy = table.policy_for(canonical)
-        call.session = conversation_key(headers, body, policy)  # recorded salted (accounting.settle)
-        call.stream = body.get("stream") is True and kind not in NO_COMPLETION
         info = RequestInfo(session_key=call.session if policy.weights.session > 0 else None)
         place = self.forwarding.place(table, call.principal.project if call.principal else None, canonical)
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)

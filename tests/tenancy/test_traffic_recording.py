@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from llmgw_router.rules import conversation_key
 from support import wait_until
@@ -81,3 +82,23 @@ def test_the_router_records_stream_and_a_salted_prefix_hash(
     ]
     assert "secret" not in out.read_text()
     assert trace.requests[1].ttft_ms is not None and trace.requests[0].ttft_ms is None
+
+
+def test_a_request_refused_by_its_limits_has_a_shape_too(
+    store_dsn: str, snap: dict[str, Any], tmp_path: Path
+) -> None:
+    key = create_key(store_dsn, "rpm")  # 5 requests a minute
+    router = start_router(tmp_path, snap | {"trace_salt": SALT}, store_dsn)
+    messages = [{"role": "user", "content": "again"}]
+    try:
+        with router.client(key) as client:
+            for _ in range(5):
+                client.chat.completions.create(model=FAST, messages=messages, max_tokens=1)  # type: ignore[arg-type]
+            with pytest.raises(openai.RateLimitError):
+                client.chat.completions.create(model=FAST, messages=messages, max_tokens=1, stream=True)  # type: ignore[arg-type]
+        rows = wait_until(lambda: _all_written(store_dsn, 6), 30, "6 usage rows")
+    finally:
+        assert router.stop() == 0, router.text()[-3000:]
+    [refused] = [r for r in rows if r.status == 429]
+    assert refused.stream is True
+    assert refused.prefix is not None and {r.prefix for r in rows} == {refused.prefix}

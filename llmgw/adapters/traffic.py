@@ -116,15 +116,14 @@ def _row_ids(digest: str, count: int) -> Iterable[str]:
 async def import_trace(store: Store, trace: Trace, source: str, digest: str) -> ImportResult:
     """Write a trace's requests as usage rows marked `import:<source>`; `digest` identifies the trace's text,
     so the same trace imported again is kept once."""
-    before = (await store.row_counts())["usage"]
-    batch: list[UsageRecord] = []
-    for number, (req, row_id) in enumerate(
-        zip(trace.requests, _row_ids(digest, len(trace.requests)), strict=True)
-    ):
-        batch.append(usage_row(req, trace.header, source, row_id, number))
-        if len(batch) >= _IMPORT_BATCH:
-            await store.insert_usage(batch)
-            batch = []
-    await store.insert_usage(batch)
-    after = (await store.row_counts())["usage"]
-    return ImportResult(after - before, len(trace.requests), trace.skipped)
+    ids = _row_ids(digest, len(trace.requests))
+    rows = [
+        usage_row(req, trace.header, source, row_id, number)
+        for number, (req, row_id) in enumerate(zip(trace.requests, ids, strict=True))
+    ]
+    imported = 0
+    for i in range(0, len(rows), _IMPORT_BATCH):
+        batch = rows[i : i + _IMPORT_BATCH]
+        imported += len(batch) - await store.usage_ids_present([r.id for r in batch])
+        await store.insert_usage(batch)
+    return ImportResult(imported, len(trace.requests), trace.skipped)

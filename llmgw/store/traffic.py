@@ -87,6 +87,18 @@ class TrafficQueries:
             )
         return [usage_record(r) for r in rows]
 
+    async def usage_ids_present(self, ids: Sequence[str]) -> int:
+        """How many of these usage ids are in the store already (a primary-key lookup per chunk)."""
+        found = 0
+        async with self.db.tx() as tx:
+            for i in range(0, len(ids), _CHUNK):
+                part = list(ids[i : i + _CHUNK])
+                marks = ", ".join("?" for _ in part)
+                found += int(
+                    (await tx.fetch(f"SELECT COUNT(*) FROM usage WHERE id IN ({marks})", part))[0][0]
+                )
+        return found
+
     async def usage_minutes(
         self, since: float, until: float, *, model: str | None = None, project: str | None = None
     ) -> list[MinuteTotal]:

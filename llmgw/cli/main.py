@@ -33,6 +33,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "rollout_cmds": ("restart",),
     "logs_cmds": ("logs", "events"),
     "upgrade_cmds": ("upgrade",),
+    "traffic_cmds": ("traffic",),
 }
 _OWNER = {command: module for module, commands in OWNERS.items() for command in commands}
 

@@ -332,7 +332,11 @@ def _usage_totals(
 
 def usage(
     by: Annotated[
-        str, typer.Option("--by", help="Group by project, team, org, key, model, or a request tag: tag:KEY.")
+        str,
+        typer.Option(
+            "--by",
+            help="Group by project, team, org, key, model, router (imported rows: import:SOURCE), or tag:KEY.",
+        ),
     ] = "project",
     since: Annotated[str | None, typer.Option("--since", help="Only the last 7d, 24h, ...")] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,

@@ -33,6 +33,7 @@ from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.notifier import Notifier
 from llmgw.controller.publisher import node_credential, router_credential, router_stream
 from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.controller.retention import Retention
 from llmgw.controller.settings import ControllerSettings, parse_hostport
 from llmgw.controller.state import SeenRevision
 from llmgw.store.store import Store
@@ -42,6 +43,7 @@ log = logging.getLogger("llmgw.controller")
 SOURCE = admin.SOURCE
 RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler", Reconciler)
 NOTIFIER: web.AppKey[Notifier] = web.AppKey("notifier", Notifier)
+RETENTION: web.AppKey[Retention] = web.AppKey("retention", Retention)
 ROUTER_PATH = "/router/v1"
 EXPIRE_EVERY_S = 0.5
 
@@ -81,6 +83,8 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.cleanup_ctx.append(_nodes_ctx)
     app.cleanup_ctx.append(_background("notifier", lambda a: a[NOTIFIER].run()))
     app.cleanup_ctx.append(_background("budgets", lambda a: a[NOTIFIER].budget_loop()))
+    retention = app[RETENTION] = Retention(controller)
+    app.cleanup_ctx.append(_background("retention", lambda a: retention.run()))
     return app
 
 

@@ -31,6 +31,7 @@ from llmgw.core.catalog import Catalog
 from llmgw.core.fleet import class_rank
 from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
+from llmgw.core.traffic import trace_salt
 
 log = logging.getLogger("llmgw.controller.publisher")
 
@@ -93,7 +94,15 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
         tenants=published_tenants(cat),
         endpoints=endpoints(c),
         metric_mappings=mappings,
+        trace_salt=_trace_salt(c),
     )
+
+
+def _trace_salt(c: Controller) -> str | None:
+    try:
+        return trace_salt(c.cluster_secret().encode())
+    except SecretError:
+        return None  # said once already, where the endpoints are published without keys
 
 
 def starting_replicas(c: Controller) -> dict[str, int]:

@@ -178,6 +178,26 @@ class ControllerSettings(BaseModel):
     trace_sample: float = Field(
         1.0, ge=0, le=1, description="With otlp_endpoint: the share of revisions traced"
     )
+    usage_retention_s: float = Field(
+        30 * 86400.0,
+        gt=0,
+        description="Per-request usage rows older than this are folded into per-minute aggregates and deleted "
+        "(docs/traffic.md)",
+    )
+    usage_minutes_retention_s: float = Field(
+        400 * 86400.0, gt=0, description="Per-minute usage aggregates older than this are deleted"
+    )
+    retention_check_s: float = Field(
+        300.0, gt=0, description="How often the leader prunes usage rows, aggregates and expired content"
+    )
+    retention_batch: int = Field(
+        5000, ge=100, description="Rows pruned per transaction (each holds the store's write lock briefly)"
+    )
+    content_key_file: Path | None = Field(
+        None,
+        description="The content key (32 bytes, base64: openssl rand -base64 32) that content projects opt in to "
+        "keep is sealed with; without it no content is kept (docs/traffic.md)",
+    )
     log_format: Literal["text", "json"] = Field(
         "text",
         description="text: one human line per record; json: one JSON object per line with time, level, logger, "
@@ -265,6 +285,9 @@ def load_settings_file(path: Path) -> dict[str, object]:
             "scale_up_cooldown",
             "scale_down_cooldown",
             "load_stale",
+            "usage_retention",
+            "usage_minutes_retention",
+            "retention_check",
         ):
             out[f"{name}_s"] = setting_duration(f"{path}: {key}", value)
         else:

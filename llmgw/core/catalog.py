@@ -21,6 +21,7 @@ from llmgw.core.config.errors import SemanticError
 from llmgw.core.config.models import (
     Cluster,
     ClusterSpec,
+    ContentRetention,
     Limits,
     Model,
     ModelSpec,
@@ -134,6 +135,7 @@ class Tenant:
     limits: Limits
     labels: Mapping[str, str]
     gpu_quota: Mapping[str, int] = field(default_factory=dict)  # GPU class -> most GPUs (Team, Organization)
+    retention: ContentRetention | None = None  # a Project's content retention; None: keeps no content
 
 
 _DEFAULT_POLICY = RoutingPolicySpec()
@@ -312,6 +314,7 @@ class Catalog:
                     organization=t.parent if t.parent_kind == "Organization" else None,
                     models=_listed(t.models),
                     limits=self.project_limits(n),
+                    retention=t.retention,
                 )
                 for n, t in self.projects.items()
             },
@@ -342,4 +345,7 @@ def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Te
             parent, parent_kind = doc.spec.organization, "Organization"
     models = tuple(doc.spec.models) if doc.spec.models is not None else None
     quota = dict(doc.spec.gpu_quota) if isinstance(doc, Organization | Team) else {}
-    return Tenant(doc.kind, doc.metadata.name, parent, parent_kind, models, doc.spec.limits, labels, quota)
+    retention = doc.spec.retention if isinstance(doc, Project) else None
+    return Tenant(
+        doc.kind, doc.metadata.name, parent, parent_kind, models, doc.spec.limits, labels, quota, retention
+    )

@@ -125,3 +125,8 @@ class RouterSnapshot(_Wire):
     metric_mappings: dict[str, MetricMapping] = Field(
         default_factory=dict, description="Per-engine overrides of the built-in metric names"
     )
+    trace_salt: str | None = Field(
+        None,
+        description="What routers salt a usage row's prefix hash with (llmgw.core.traffic); None: each router "
+        "uses a secret of its own, so hashes match only within one router process",
+    )

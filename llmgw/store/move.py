@@ -26,7 +26,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "usage": (
         "id", "time", "request_id", "project", "team", "org", "key_id", "model", "tokens_in", "tokens_out",
         "cost", "latency_ms", "status", "fallback_used", "router_id", "endpoint", "queue_ms", "ttft_ms",
-        "attempts", "decision", "code",
+        "attempts", "decision", "code", "stream", "prefix",
     ),
     "usage_tags": ("usage_id", "key", "value"),
     "limit_counters": ("limit_key", "window_start", "window_end", "taken", "granted", "updated_at"),
@@ -44,12 +44,19 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "prefill_ms_per_token", "decode_ms_per_token", "load_s", "replica", "curve",
     ),
     "node_drains": ("node", "words", "at"),
+    "usage_minutes": (
+        "minute", "model", "project", "source", "requests", "errors", "tokens_in", "tokens_out", "cost",
+        "peak_concurrency",
+    ),
+    "content": ("kind", "project", "id", "created_at", "expires_at", "key_id", "sealed"),
 }  # fmt: skip
 _ORDER = {
     "limit_counters": "limit_key, window_start",
     "concurrency_holds": "limit_key, holder",
     "capacity": "model, profile, gpu_class",
     "usage_tags": "usage_id, key",
+    "usage_minutes": "minute, model, project, source",
+    "content": "kind, project, id",
 }
 PAGE = 1000
 

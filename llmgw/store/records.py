@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 RevisionStatus = Literal["accepted", "refused"]
 KeyState = Literal["active", "revoked", "expired"]
-UsageGroup = Literal["project", "team", "org", "key", "model"]
-USAGE_GROUPS: tuple[UsageGroup, ...] = ("project", "team", "org", "key", "model")
+UsageGroup = Literal["project", "team", "org", "key", "model", "router"]
+# `router`: the router_id that wrote the row; imported rows read `import:<source>` (docs/traffic.md).
+USAGE_GROUPS: tuple[UsageGroup, ...] = ("project", "team", "org", "key", "model", "router")
 TAG_GROUP_PREFIX = "tag:"  # `usage --by tag:app` groups by the value of one request tag
 
 
@@ -141,6 +142,9 @@ class UsageRecord:
     decision: dict[str, Any] | None = None  # the scheduling decision, compact (llmgw_router.lookup)
     code: str = ""  # the error code the client was given ("" on success)
     tags: dict[str, str] | None = None  # metadata, x-llmgw-tags and `user` (llmgw_router.tags); None: none
+    # The request's shape for a traffic trace (migration 0009, llmgw.core.trace). None: not known.
+    stream: bool | None = None  # the client asked for a stream
+    prefix: str | None = None  # salted hash of its session/prefix key (llmgw.core.traffic.prefix_hash)
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from llmgw.store.capacity import CapacityQueries
+from llmgw.store.content import ContentQueries
 from llmgw.store.db import Backend, Dsn, Row, open_backend
 from llmgw.store.errors import StoreError
 from llmgw.store.migrate import current_version, migrate
@@ -32,6 +33,7 @@ from llmgw.store.records import (
     UsageTotal,
 )
 from llmgw.store.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS, RequestQueries, usage_record
+from llmgw.store.traffic import TrafficQueries
 
 # Every table, parents before children (usage references api_keys). `store move` copies in this order and
 # a test derives the foreign keys from the schema to check it.
@@ -52,6 +54,8 @@ TABLES: tuple[str, ...] = (
     "notification_marks",
     "capacity",
     "node_drains",
+    "usage_minutes",
+    "content",
 )
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
@@ -64,14 +68,15 @@ _GROUP_COLUMNS: dict[UsageGroup, tuple[str, ...]] = {
     "org": ("u.org",),
     "key": ("COALESCE(u.key_id, '')", "k.name", "k.project"),
     "model": ("u.model",),
+    "router": ("u.router_id",),
 }
 _GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.id = u.key_id"}
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
 _KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at"
-# 21 columns x 45 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
-_USAGE_ROWS_PER_INSERT = 45
-_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 21) + ")"
+# 23 columns x 43 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
+_USAGE_ROWS_PER_INSERT = 43
+_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 23) + ")"
 _TAG_ROWS_PER_INSERT = 300
 
 
@@ -79,7 +84,7 @@ def _key(row: Row) -> ApiKey:
     return ApiKey(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
 
 
-class Store(OpLogQueries, CapacityQueries, RequestQueries):
+class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, ContentQueries):
     """Typed access to the llmgw database. Open with `await Store.open(dsn)`; close with `await close()`."""
 
     def __init__(self, db: Backend) -> None:
@@ -337,6 +342,8 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries):
                 json.dumps(r.attempts) if r.attempts else "",
                 json.dumps(r.decision, separators=(",", ":")) if r.decision else "",
                 r.code,
+                int(r.stream) if r.stream is not None else None,
+                r.prefix,
             )
             for r in records
         ]

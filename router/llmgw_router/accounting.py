@@ -8,6 +8,7 @@ reserved when it reported nothing (so hanging up just before the usage event, or
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from llmgw.core.config.models import Prices
 from llmgw.core.tenancy import TenantChain
+from llmgw.core.traffic import prefix_hash
 from llmgw.store.records import UsageRecord
 from llmgw_router.auth import Principal
 from llmgw_router.lookup import RecentRequests, decision_summary
@@ -115,6 +117,10 @@ class Call:
     attempts: list[dict[str, str]] | None = None
     tags: dict[str, str] | None = None
     trace: RequestTrace | None = None  # with tracing configured only (llmgw_router.tracing)
+    # Its shape for a traffic trace: the session/prefix key (rules.conversation_key, kept only salted and
+    # hashed) and whether the client asked for a stream. None: not known (refused before the body was read).
+    session: str | None = None
+    stream: bool | None = None
     traceparent: str | None = None  # without: the client's, passed to the engine as it came
 
     @property
@@ -138,6 +144,16 @@ def gone(call: Call) -> tuple[int, str]:
     if call.result is not None and call.result.finished:
         return 200, ""
     return 499, "client_closed_request"
+
+
+# Without the controller's salt in the snapshot: hashes match within this process only.
+_PROCESS_SALT = secrets.token_bytes(32)
+
+
+def _prefix(table: RoutingTable, principal: Principal | None, key: str) -> str:
+    salt = table.snapshot.trace_salt
+    project = (principal.project or "") if principal else ""
+    return prefix_hash(salt.encode() if salt else _PROCESS_SALT, project, key)
 
 
 def settle(
@@ -199,6 +215,8 @@ def settle(
         decision=decision_summary(call.decision) if call.decision is not None else None,
         code=call.code,
         tags=call.tags,
+        stream=call.stream,
+        prefix=_prefix(table, principal, call.session) if call.session is not None else None,
     )
     if recent is not None:
         recent.add(rec)

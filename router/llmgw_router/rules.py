@@ -14,13 +14,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
+
 from llmgw.core import jsonsafe
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import PublishedModel
 from llmgw_router.errors import ApiError
 from llmgw_router.fields import FieldPlan, append_fields, apply_plan
 
-__all__ = ["NO_COMPLETION", "Sizing", "fits", "parse", "payload", "sent_cap", "session_key", "size"]
+__all__ = [
+    "NO_COMPLETION",
+    "Sizing",
+    "conversation_key",
+    "fits",
+    "parse",
+    "payload",
+    "sent_cap",
+    "session_key",
+    "size",
+]
 
 
 def parse(raw: bytes) -> dict[str, Any]:
@@ -174,6 +186,15 @@ def session_key(headers: Mapping[str, str], body: dict[str, Any], policy: Routin
     conversation's first messages; None when the policy does not weigh sessions."""
     if policy.weights.session <= 0:
         return None
+    return conversation_key(headers, body, policy)
+
+
+def conversation_key(
+    headers: Mapping[str, str], body: dict[str, Any], policy: RoutingPolicySpec
+) -> str | None:
+    """The key `session_key` sticks by, whether or not the policy weighs sessions: a usage row keeps a salted
+    hash of it (llmgw.core.traffic.prefix_hash), so a trace shows which requests shared a session or prefix.
+    None: the request has none."""
     settings = policy.session
     header = headers.get(settings.header)
     if header:
@@ -186,7 +207,13 @@ def session_key(headers: Mapping[str, str], body: dict[str, Any], policy: Routin
         head = head[: settings.prefix_messages]
     if head is None:
         return None
-    return "head:" + hashlib.blake2b(json.dumps(head, sort_keys=True).encode(), digest_size=12).hexdigest()
+    # orjson: about four times cheaper than json.dumps here, and every request now pays for this key (its
+    # salted hash is recorded with its usage), not only those under a policy that weighs sessions.
+    try:
+        text = orjson.dumps(head, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:  # an integer beyond 64 bits, which json reads and orjson refuses
+        text = json.dumps(head, sort_keys=True).encode()
+    return "head:" + hashlib.blake2b(text, digest_size=12).hexdigest()
 
 
 def payload(

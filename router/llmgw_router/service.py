@@ -41,7 +41,7 @@ from llmgw_router.provider_keys import ProviderHealth, usable_providers
 from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
 from llmgw_router.ratelimit import Limiter, NoLimits, budget_use
 from llmgw_router.responses_exchange import ResponsesExchange
-from llmgw_router.rules import NO_COMPLETION, fits, parse, payload, sent_cap, session_key, size
+from llmgw_router.rules import NO_COMPLETION, conversation_key, fits, parse, payload, sent_cap, size
 from llmgw_router.scheduler import RequestInfo
 from llmgw_router.state import RoutingTable
 from llmgw_router.tags import HEADER as TAGS_HEADER, request_tags
@@ -294,6 +294,9 @@ class RequestService:
                 param="model",
             )
         call.sizing = size(len(raw), body, kind, model)
+        # Its shape, for a trace: known from here on, so a request refused by its limits has one too.
+        call.session = conversation_key(exchange.headers, body, table.policy_for(canonical))
+        call.stream = body.get("stream") is True and kind not in NO_COMPLETION
         call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: fits(m, call.sizing))
         if tenant_project is not None:
             call.chain = table.chain(tenant_project)
@@ -322,7 +325,8 @@ class RequestService:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
         pick made once more, then it is a 502."""
         headers = exchange.headers
-        info = RequestInfo(session_key=session_key(headers, body, table.policy_for(canonical)))
+        policy = table.policy_for(canonical)
+        info = RequestInfo(session_key=call.session if policy.weights.session > 0 else None)
         place = self.forwarding.place(table, call.principal.project if call.principal else None, canonical)
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),

@@ -30,6 +30,7 @@ from llmgw.core.config.notification_spec import (
     NotificationSpec as NotificationSpec,
 )
 from llmgw.core.config.plan_spec import PlanSettings as PlanSettings, SimulateSettings as SimulateSettings
+from llmgw.core.config.retention_spec import ContentRetention as ContentRetention
 
 # ---------------------------------------------------------------------------------------------------- Cluster
 
@@ -690,6 +691,9 @@ class ProjectSpec(Strict):
         gt=0,
         le=1000,
         description="Fair share of a busy model's admissions against other projects of the same band",
+    )
+    retention: ContentRetention | None = Field(
+        None, description="Content kept for this project (unset: none; only shapes are recorded)"
     )
 
     @model_validator(mode="after")

@@ -93,6 +93,7 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
         tenants=published_tenants(cat),
         endpoints=endpoints(c),
         metric_mappings=mappings,
+        guard=cat.published_guard(),
     )
 
 

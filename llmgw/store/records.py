@@ -141,6 +141,9 @@ class UsageRecord:
     decision: dict[str, Any] | None = None  # the scheduling decision, compact (llmgw_router.lookup)
     code: str = ""  # the error code the client was given ("" on success)
     tags: dict[str, str] | None = None  # metadata, x-llmgw-tags and `user` (llmgw_router.tags); None: none
+    # The guardrails' verdicts by stage (migration 0012): {"input": {"action": ..., "rules": [...]}, ...}.
+    # None: no guardrail applied to the request.
+    guard: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

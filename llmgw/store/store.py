@@ -69,9 +69,9 @@ _GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
 _KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at"
-# 21 columns x 45 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
+# 22 columns x 45 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
 _USAGE_ROWS_PER_INSERT = 45
-_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 21) + ")"
+_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 22) + ")"
 _TAG_ROWS_PER_INSERT = 300
 
 
@@ -337,6 +337,7 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries):
                 json.dumps(r.attempts) if r.attempts else "",
                 json.dumps(r.decision, separators=(",", ":")) if r.decision else "",
                 r.code,
+                json.dumps(r.guard, separators=(",", ":")) if r.guard else "",
             )
             for r in records
         ]

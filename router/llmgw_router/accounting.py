@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmgw.core.config.models import Prices
 from llmgw.core.tenancy import TenantChain
@@ -116,6 +116,7 @@ class Call:
     tags: dict[str, str] | None = None
     trace: RequestTrace | None = None  # with tracing configured only (llmgw_router.tracing)
     traceparent: str | None = None  # without: the client's, passed to the engine as it came
+    guard: dict[str, Any] | None = None  # the guardrails' verdicts by stage (llmgw_router.guard); None: none
 
     @property
     def reserved(self) -> Reservation:
@@ -199,6 +200,7 @@ def settle(
         decision=decision_summary(call.decision) if call.decision is not None else None,
         code=call.code,
         tags=call.tags,
+        guard=call.guard,
     )
     if recent is not None:
         recent.add(rec)

@@ -22,6 +22,7 @@ from llmgw.core.config.base import (
     SecretRef as SecretRef,
     Strict as Strict,
 )
+from llmgw.core.config.guardrail_spec import GuardrailSpec as GuardrailSpec
 from llmgw.core.config.notification_spec import (
     NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
     NotificationEvent as NotificationEvent,
@@ -309,6 +310,9 @@ class ClusterSpec(Strict):
         description="GPU classes by name, with their memory: `validate` checks each GPU profile's memory fit "
         "against them (`plan` uses the smallest card the fleet reports, these where none does)",
     )
+    guardrails_enabled: bool = Field(
+        True, description="false turns every Guardrail's checks off at once (an emergency switch; live)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- Node
@@ -566,6 +570,9 @@ class ModelSpec(Strict):
     profiles: list[Profile] = Field(
         default_factory=list, description="Ways this model can run, in preference order"
     )
+    role: Literal["guard"] | None = Field(
+        None, description="guard: a judge model Guardrails may ask (prompted in Llama Guard 3's format)"
+    )
 
     @property
     def restarts_on_change(self) -> bool:
@@ -754,8 +761,15 @@ class Notification(_Document):
     spec: NotificationSpec
 
 
+class Guardrail(_Document):
+    """Input and output checks (deterministic ones and a judge model), attached to tenants or models."""
+
+    kind: Literal["Guardrail"]
+    spec: GuardrailSpec
+
+
 Document = Annotated[
-    Cluster | Node | Model | RoutingPolicy | Organization | Team | Project | Notification,
+    Cluster | Node | Model | RoutingPolicy | Organization | Team | Project | Notification | Guardrail,
     Field(discriminator="kind"),
 ]
 DOCUMENT_KINDS: dict[str, type[_Document]] = {
@@ -767,6 +781,7 @@ DOCUMENT_KINDS: dict[str, type[_Document]] = {
     "Team": Team,
     "Project": Project,
     "Notification": Notification,
+    "Guardrail": Guardrail,
 }
 
 

@@ -15,12 +15,12 @@ from llmgw_router.app import Listeners, serve
 from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.service import Router, RouterOptions
 from prometheus_client import generate_latest
+from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import free_port, wait_for
 
 from llmgw.adapters.keys import hash_key
 from llmgw.store.records import UsageRecord
 
-from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from .repo import CLUSTER_OFF, catalog, snapshot
 
 pytestmark = pytest.mark.integration
@@ -189,13 +189,12 @@ async def test_an_output_rule_cuts_the_stream_with_a_final_error_event(
         "max_tokens": 48,  # the sim's words step through all 24 letters: omega comes before the end
         "stream": True,
     }
-    async with aiohttp.ClientSession() as s:
-        async with s.post(
-            url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS['p3']}"}
-        ) as resp:
-            assert resp.status == 200
-            text = (await resp.read()).decode()
-            request_id = resp.headers["x-request-id"]
+    async with aiohttp.ClientSession() as s, s.post(
+        url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS['p3']}"}
+    ) as resp:
+        assert resp.status == 200
+        text = (await resp.read()).decode()
+        request_id = resp.headers["x-request-id"]
     events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])

@@ -189,9 +189,12 @@ async def test_an_output_rule_cuts_the_stream_with_a_final_error_event(
         "max_tokens": 48,  # the sim's words step through all 24 letters: omega comes before the end
         "stream": True,
     }
-    async with aiohttp.ClientSession() as s, s.post(
-        url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS['p3']}"}
-    ) as resp:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(
+            url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEYS['p3']}"}
+        ) as resp,
+    ):
         assert resp.status == 200
         text = (await resp.read()).decode()
         request_id = resp.headers["x-request-id"]

@@ -117,9 +117,11 @@ async def _ask(url: str, key: str | None, model: str, prompt: str, limit_s: floa
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     payload = {"model": model, "prompt": prompt, "max_tokens": 16, "temperature": 0}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limit_s)) as s:
-            async with s.post(url.rstrip("/") + "/completions", json=payload, headers=headers) as resp:
-                data = await resp.json(content_type=None) if resp.status == 200 else None
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=limit_s)) as s,
+            s.post(url.rstrip("/") + "/completions", json=payload, headers=headers) as resp,
+        ):
+            data = await resp.json(content_type=None) if resp.status == 200 else None
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
         return None
     choices = data.get("choices") if isinstance(data, dict) else None

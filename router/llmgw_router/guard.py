@@ -30,6 +30,7 @@ from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply
 from llmgw_router.forwarding import Forwarding
 from llmgw_router.guard_stream import GuardedStream
+from llmgw_router.messages_exchange import MessagesExchange
 from llmgw_router.metrics import PREFIX
 from llmgw_router.responses_exchange import ResponsesExchange
 from llmgw_router.scheduler import RequestInfo
@@ -102,7 +103,7 @@ class Guard:
         guard = table.snapshot.guard
         if not guard.enabled or not guard.guardrails:
             return ()
-        if table is not self._compiled_for:
+        if table is not self._compiled_for or len(self._chains) > 100_000:
             self._compiled_for, self._chains = table, {}
             self._compiled = {n: gr.compile_guardrail(n, s) for n, s in guard.guardrails.items()}
         key = (project, model)
@@ -251,9 +252,11 @@ class Guard:
         forward: Callable[[Exchange], Awaitable[Reply | None]],
     ) -> Reply | None:
         """Forward with the output screen: a stream through GuardedStream (cut on a block), a whole answer
-        checked before the client sees it (a block replaces it with the 400)."""
+        checked before the client sees it (a block replaces it with the 400). A Responses or Messages
+        stream is translated event by event by its exchange, which has no place for a chat error event:
+        those streams pass unscreened (docs/guardrails.md)."""
         mine = tuple(g for g in guards if g.checks("output"))
-        if body.get("stream") is True and not isinstance(exchange, ResponsesExchange):
+        if body.get("stream") is True and not isinstance(exchange, ResponsesExchange | MessagesExchange):
             wrapped = GuardedStream(exchange, mine, self._count)
             reply = await forward(wrapped)
             if wrapped.verdict is not None:

@@ -22,7 +22,7 @@ and wrk and the mock on CPU 1, so the proxies never compete with the load for a 
 llmgw-router with `--workers N` (N > 1 only).
 
 Run: .venv/bin/python benchmarks/router_overhead.py [--duration 5] [--peers vllm,portkey,litellm] [--no-litellm]
-     [--workers 2] [--pin]
+     [--workers 2] [--pin] [--guardrails]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from pathlib import Path
 import tracing_compare
 from harness import Procs, free_port, pinned, tree_cpu_seconds, wait_http
 from peers import (
+    BENCH_GUARD,
     MODEL,
     PEERS,
     TRANSLATED,
@@ -250,6 +251,13 @@ def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Ta
     targets.append(llmgw)
     for name in RESPONSES_ROWS:  # the same router process, asked the other way
         targets.append(Target(name, llmgw.url, llmgw.headers, llmgw.proc))
+    if args.guardrails:  # a second router with a deterministic guardrail on every request, in and out
+        guarded = work / "guarded"
+        targets.append(
+            start_llmgw(
+                procs, guarded, upstream, args.workers, proxy_cpus, name="llmgw+guard", guard=BENCH_GUARD
+            )
+        )
     starters = {"vllm": start_vllm_router, "portkey": start_portkey, "litellm": start_litellm}
     for peer in args.peers:
         started = starters[peer](procs, work, upstream, proxy_cpus)
@@ -352,6 +360,11 @@ def parse_args() -> argparse.Namespace:
         "--peers", default=",".join(PEERS), help=f"comma-separated, of {','.join(PEERS)}; '' for none"
     )
     ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out of --peers")
+    ap.add_argument(
+        "--guardrails",
+        action="store_true",
+        help="also a router screening every request with a guardrail of deterministic checks (llmgw+guard)",
+    )
     ap.add_argument("--workers", type=int, default=1, help="llmgw-router worker processes (passed when > 1)")
     ap.add_argument(
         "--pin", action="store_true", help="proxies on CPU 0 (taskset), wrk and the mock on CPU 1"

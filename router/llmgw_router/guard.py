@@ -142,13 +142,14 @@ class Guard:
     async def screen_input(
         self, guards: tuple[gr.CompiledGuardrail, ...], body: dict[str, Any], ask: JudgeAsk
     ) -> Screened:
-        """Run the input checks; raise the 400 of a block (or the 503 of a judge down that fails closed)."""
+        """Run the input checks: the verdict, and the body redacted when that is the action. A judge is not
+        asked when a deterministic check already blocks (its answer could change nothing)."""
         mine = [g for g in guards if g.checks("input")]
         text = "\n".join(gr.texts_of(body))
         findings = [f for g in mine for f in gr.scan(g, text, "input")]
         unjudged: list[str] = []
         for g in mine:
-            if g.spec.judge is not None:
+            if g.spec.judge is not None and gr.decide(mine, findings, "input").action != "block":
                 finding = await self._judge(g, gr.conversation_of(body), ask, unjudged, "input")
                 findings += [finding] if finding is not None else []
         verdict = gr.decide(mine, findings, "input", unjudged)
@@ -169,7 +170,7 @@ class Guard:
         findings = [f for g in mine for f in gr.scan(g, text, "output")]
         unjudged: list[str] = []
         for g in mine:
-            if g.spec.judge is not None:
+            if g.spec.judge is not None and gr.decide(mine, findings, "output").action != "block":
                 finding = await self._judge(g, gr.conversation_of(body, text), ask, unjudged, "output")
                 findings += [finding] if finding is not None else []
         verdict = gr.decide(mine, findings, "output", unjudged)

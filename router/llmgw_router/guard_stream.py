@@ -13,12 +13,13 @@ import json
 from typing import Any
 
 from llmgw.core import guardrails as gr
+from llmgw.core.errors import LlmgwError
 from llmgw_router.exchange import Exchange, Headers, Reply
 
 __all__ = ["GuardCut", "GuardedStream"]
 
 
-class GuardCut(ConnectionResetError):
+class GuardCut(LlmgwError, ConnectionResetError):
     """An output guardrail cut the stream (the client has its final error event)."""
 
 

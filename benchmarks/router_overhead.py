@@ -253,9 +253,17 @@ def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Ta
         targets.append(Target(name, llmgw.url, llmgw.headers, llmgw.proc))
     if args.guardrails:  # a second router with a deterministic guardrail on every request, in and out
         guarded = work / "guarded"
+        state = ("--state-dir", str(guarded / "state"))  # its own usage spool: one router per directory
         targets.append(
             start_llmgw(
-                procs, guarded, upstream, args.workers, proxy_cpus, name="llmgw+guard", guard=BENCH_GUARD
+                procs,
+                guarded,
+                upstream,
+                args.workers,
+                proxy_cpus,
+                name="llmgw+guard",
+                extra=state,
+                guard=BENCH_GUARD,
             )
         )
     starters = {"vllm": start_vllm_router, "portkey": start_portkey, "litellm": start_litellm}

@@ -58,3 +58,19 @@ def test_validate_says_where_a_guardrail_is_wrong_and_what_would_be_right() -> N
         "bad.yaml:11:14: spec.attach.models[0]: model `nope` is not defined (a model name or alias)",
     }
     assert errors == expected
+
+
+def test_plan_shows_a_guardrail_changed_added_or_removed() -> None:
+    from llmgw.core.plan.diff import catalog_documents, document_changes
+
+    from .repo import GUARDRAILS
+
+    before = catalog_documents(catalog())
+    edited = GUARDRAILS.replace("keywords: [forbidden]", "keywords: [forbidden, secret]")
+    after = catalog_documents(catalog(**{"guardrails.yaml": edited}))
+    [change] = [c for c in document_changes(before, after) if c.kind == "Guardrail"]
+    assert (change.name, change.change) == ("team-words", "change")
+    assert [f.path for f in change.fields] == ["spec.keywords"]
+    removed = {k: v for k, v in after.items() if k != "Guardrail/p3-warn"}
+    [gone] = [c for c in document_changes(after, removed) if c.kind == "Guardrail"]
+    assert (gone.name, gone.change) == ("p3-warn", "remove")

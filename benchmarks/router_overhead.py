@@ -340,6 +340,25 @@ def responses_line(levels: list[int], results: dict[tuple[str, bool, int], Resul
     return "router_overhead_responses: " + " ".join(parts)
 
 
+def guardrails_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
+    """Screening's cost: CPU per request of the guarded router against the plain one, the same requests."""
+    c16 = 16 if 16 in levels else levels[-1]
+    parts = []
+    for stream in (False, True):
+        plain, guarded = results[("llmgw", stream, c16)], results[("llmgw+guard", stream, c16)]
+        mode = "stream" if stream else "whole"
+        for label, r in (("plain", plain), ("guarded", guarded)):
+            cpu = "none" if r.cpu_us_per_req is None else f"{r.cpu_us_per_req:.0f}"
+            parts.append(f"{label}_{mode}_cpu_us_per_req_c16={cpu}")
+        ratio = (
+            guarded.cpu_us_per_req / plain.cpu_us_per_req
+            if guarded.cpu_us_per_req and plain.cpu_us_per_req
+            else None
+        )
+        parts.append(f"guarded_over_plain_{mode}={'none' if ratio is None else f'{ratio:.2f}'}")
+    return "router_overhead_guardrails: " + " ".join(parts)
+
+
 def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
     c1 = levels[0]
     c16 = 16 if 16 in levels else levels[-1]
@@ -425,6 +444,8 @@ def main() -> None:
         c16 = 16 if 16 in levels else levels[-1]
         print(measure_messages(llmgw, c16, args.duration, load_cpus, results))
         print(responses_line(levels, results))
+        if args.guardrails:
+            print(guardrails_line(levels, results))
         print(final_line(levels, results))
     finally:
         procs.stop_all()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import orjson
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -337,8 +338,8 @@ async def ask_judge(
 def answer_text(answer: bytes) -> str | None:
     """The generated text of a whole chat or completions answer (None: not one)."""
     try:
-        obj = json.loads(answer)
-    except ValueError:
+        obj = orjson.loads(answer)  # the proxy's parser: a quarter of json's cost on a whole answer
+    except orjson.JSONDecodeError:
         return None
     choices = obj.get("choices") if isinstance(obj, dict) else None
     if not isinstance(choices, list):

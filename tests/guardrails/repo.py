@@ -104,6 +104,14 @@ spec:
   stages: [output]
   keywords: [omega]
   attach: {models: [sim-out]}
+---
+apiVersion: llmgw/v1
+kind: Guardrail
+metadata: {name: out-judge}
+spec:
+  stages: [output]
+  judge: {model: guard, timeout: 3s}
+  attach: {models: [sim-out]}
 """
 
 CLUSTER_OFF = """

@@ -20,7 +20,7 @@ def test_the_catalog_resolves_guardrails_down_the_tenant_tree() -> None:
         "p2": ["org-pii", "p2-judge"],
         "p3": ["p3-warn"],
     }
-    assert guard.models == {"sim-out": ["out-cut"]}
+    assert guard.models == {"sim-out": ["out-cut", "out-judge"]}
 
 
 def test_the_cluster_switch_is_published() -> None:

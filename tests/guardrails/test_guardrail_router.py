@@ -224,6 +224,33 @@ async def test_a_whole_answer_tripping_an_output_rule_is_refused(gateway: tuple[
     ).status_code == 200
 
 
+async def test_a_whole_answer_is_judged_as_the_last_agent_turn(gateway: tuple[Router, str, Usage]) -> None:
+    router, url, usage = gateway
+    with pytest.raises(openai.BadRequestError) as refused:  # the sim judge reads the user turn as context
+        await chat(url, "p3", "a bomb of letters", model="sim-out", max_tokens=1)
+    assert refused.value.body["message"] == (  # type: ignore[index]
+        "The answer was blocked by guardrail `out-judge` (rule judge): S9 Indiscriminate Weapons."
+    )
+    rec = await usage.of(refused.value.response.headers["x-request-id"])
+    assert rec.guard is not None and rec.guard["output"]["hazards"] == ["S9"]
+    assert rec.endpoint == "out-1"  # the engine answered; the client got the refusal instead
+    assert 'guardrail="out-judge",rule="judge",stage="output"} 1.0' in verdicts(router)
+
+
+async def test_a_responses_request_that_would_be_redacted_is_refused(
+    gateway: tuple[Router, str, Usage],
+) -> None:
+    _, url, _ = gateway
+    async with client(url, "p1") as c:
+        with pytest.raises(openai.BadRequestError) as refused:
+            await c.responses.create(model="sim-chat", input="mail jane.doe@example.com", max_output_tokens=4)
+    assert refused.value.code == "guardrail_blocked"
+    assert "pii.email" in refused.value.body["message"]  # type: ignore[index]
+    async with client(url, "p1") as c:  # nothing to redact: served
+        answer = await c.responses.create(model="sim-chat", input="hello", max_output_tokens=4)
+    assert answer.output_text
+
+
 async def test_judge_down_fails_closed_or_open_as_each_guardrail_says(
     sims: dict[str, SimProcess], gateway: tuple[Router, str, Usage]
 ) -> None:

@@ -90,8 +90,26 @@ async def _make_store_key(dsn: str) -> str:
         await store.close()
 
 
-def _llmgw_snapshot(upstream: str) -> dict[str, object]:
+# A guardrail of deterministic checks only (no judge), input and output, that the benchmark's requests never
+# trip: what screening costs a request that passes (router_overhead.py --guardrails).
+BENCH_GUARD = {
+    "guardrails": {
+        "bench-guard": {
+            "stages": ["input", "output"],
+            "pii": ["email", "phone", "card", "national_id"],
+            "keywords": ["project bluebird", "internal only", "do not share"],
+            "regex": [r"(?i)secret[-_ ]key"],
+            "blocked_topics": {"weapons": ["rifle", "ammunition"]},
+            "max_prompt_chars": 100000,
+        }
+    },
+    "models": {MODEL: ["bench-guard"]},
+}
+
+
+def _llmgw_snapshot(upstream: str, guard: dict[str, object] | None = None) -> dict[str, object]:
     return {
+        **({"guard": guard} if guard is not None else {}),
         "revision": "bench",
         # TRANSLATED: the same mock behind an engine kind that does not serve /v1/responses, so a Responses
         # request to it is translated onto chat (router_overhead.py's Responses row).
@@ -133,13 +151,14 @@ def start_llmgw(
     name: str = "llmgw",
     extra: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    guard: dict[str, object] | None = None,
 ) -> Target:
     """llmgw-router in `work` (its store, snapshot and state); `extra` flags and `env` (a PYTHONPATH naming
     another tree, for benchmarks/tracing_compare.py) when given."""
     work.mkdir(parents=True, exist_ok=True)
     dsn = f"sqlite:///{work / 'store.db'}"
     key = asyncio.run(_make_store_key(dsn))
-    (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream)))
+    (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream, guard)))
     port = free_port()
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn]
     argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]

@@ -22,7 +22,7 @@ and wrk and the mock on CPU 1, so the proxies never compete with the load for a 
 llmgw-router with `--workers N` (N > 1 only).
 
 Run: .venv/bin/python benchmarks/router_overhead.py [--duration 5] [--peers vllm,portkey,litellm] [--no-litellm]
-     [--workers 2] [--pin]
+     [--workers 2] [--pin] [--guardrails]
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from pathlib import Path
 import tracing_compare
 from harness import Procs, free_port, pinned, tree_cpu_seconds, wait_http
 from peers import (
+    BENCH_GUARD,
     MODEL,
     PEERS,
     TRANSLATED,
@@ -250,6 +251,21 @@ def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Ta
     targets.append(llmgw)
     for name in RESPONSES_ROWS:  # the same router process, asked the other way
         targets.append(Target(name, llmgw.url, llmgw.headers, llmgw.proc))
+    if args.guardrails:  # a second router with a deterministic guardrail on every request, in and out
+        guarded = work / "guarded"
+        state = ("--state-dir", str(guarded / "state"))  # its own usage spool: one router per directory
+        targets.append(
+            start_llmgw(
+                procs,
+                guarded,
+                upstream,
+                args.workers,
+                proxy_cpus,
+                name="llmgw+guard",
+                extra=state,
+                guard=BENCH_GUARD,
+            )
+        )
     starters = {"vllm": start_vllm_router, "portkey": start_portkey, "litellm": start_litellm}
     for peer in args.peers:
         started = starters[peer](procs, work, upstream, proxy_cpus)
@@ -324,6 +340,25 @@ def responses_line(levels: list[int], results: dict[tuple[str, bool, int], Resul
     return "router_overhead_responses: " + " ".join(parts)
 
 
+def guardrails_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
+    """Screening's cost: CPU per request of the guarded router against the plain one, the same requests."""
+    c16 = 16 if 16 in levels else levels[-1]
+    parts = []
+    for stream in (False, True):
+        plain, guarded = results[("llmgw", stream, c16)], results[("llmgw+guard", stream, c16)]
+        mode = "stream" if stream else "whole"
+        for label, r in (("plain", plain), ("guarded", guarded)):
+            cpu = "none" if r.cpu_us_per_req is None else f"{r.cpu_us_per_req:.0f}"
+            parts.append(f"{label}_{mode}_cpu_us_per_req_c16={cpu}")
+        ratio = (
+            guarded.cpu_us_per_req / plain.cpu_us_per_req
+            if guarded.cpu_us_per_req and plain.cpu_us_per_req
+            else None
+        )
+        parts.append(f"guarded_over_plain_{mode}={'none' if ratio is None else f'{ratio:.2f}'}")
+    return "router_overhead_guardrails: " + " ".join(parts)
+
+
 def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
     c1 = levels[0]
     c16 = 16 if 16 in levels else levels[-1]
@@ -352,6 +387,11 @@ def parse_args() -> argparse.Namespace:
         "--peers", default=",".join(PEERS), help=f"comma-separated, of {','.join(PEERS)}; '' for none"
     )
     ap.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out of --peers")
+    ap.add_argument(
+        "--guardrails",
+        action="store_true",
+        help="also a router screening every request with a guardrail of deterministic checks (llmgw+guard)",
+    )
     ap.add_argument("--workers", type=int, default=1, help="llmgw-router worker processes (passed when > 1)")
     ap.add_argument(
         "--pin", action="store_true", help="proxies on CPU 0 (taskset), wrk and the mock on CPU 1"
@@ -404,6 +444,8 @@ def main() -> None:
         c16 = 16 if 16 in levels else levels[-1]
         print(measure_messages(llmgw, c16, args.duration, load_cpus, results))
         print(responses_line(levels, results))
+        if args.guardrails:
+            print(guardrails_line(levels, results))
         print(final_line(levels, results))
     finally:
         procs.stop_all()

@@ -115,6 +115,8 @@ class SimEngine:
         self.slots = FifoSlots(cfg.max_concurrency)
         self.stats = SimStats()
         self.created = int(time.time())
+        # A judge (`--judge-unsafe WORD=S1,S9`): completions answer as Llama Guard 3 does. None: not a judge.
+        self.judge_rules: list[tuple[str, str]] | None = None
 
     # ---- the model ----
 
@@ -224,7 +226,33 @@ class SimEngine:
         prompt = body.get("prompt", "")
         if isinstance(prompt, list):
             prompt = " ".join(str(p) for p in prompt)
+        if self.judge_rules is not None and not body.get("stream"):
+            return self.judge(str(prompt))
         return await self.generate(request, body, tokenize(str(prompt)), chat=False)
+
+    def judge(self, prompt: str) -> web.Response:
+        """Answer as Llama Guard 3: `unsafe` and the categories of every rule whose word is in the judged
+        conversation (between its markers), else `safe`."""
+        start, end = prompt.find("<BEGIN CONVERSATION>"), prompt.find("<END CONVERSATION>")
+        judged = (prompt[start:end] if 0 <= start < end else prompt).lower()
+        codes: list[str] = []
+        for word, categories in self.judge_rules or ():
+            if word.lower() in judged:
+                codes += [c for c in categories.split(",") if c and c not in codes]
+        text = "unsafe\n" + ",".join(codes) if codes else "safe"
+        words = len(text.split())
+        choice = {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}
+        usage = {"prompt_tokens": len(tokenize(prompt)), "completion_tokens": words}
+        usage["total_tokens"] = usage["prompt_tokens"] + words
+        resp = {
+            "id": "cmpl-" + uuid.uuid4().hex,
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [choice],
+            "usage": usage,
+        }
+        return web.json_response(resp)
 
     async def generate(
         self,
@@ -512,6 +540,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--kv-capacity-tokens", type=int, default=65536)
     p.add_argument("--max-tokens-default", type=int, default=16)
     p.add_argument(
+        "--judge-unsafe",
+        action="append",
+        default=None,
+        metavar="WORD=S1,S9",
+        help="answer completions as a Llama Guard 3 judge: unsafe (with these categories) when the judged "
+        "conversation contains WORD, else safe; repeatable",
+    )
+    p.add_argument(
         "--load-ms",
         type=float,
         default=0.0,
@@ -532,7 +568,13 @@ def engine_from_args(ns: argparse.Namespace) -> SimEngine:
         kv_capacity_tokens=ns.kv_capacity_tokens,
         default_max_tokens=ns.max_tokens_default,
     )
-    return SimEngine(ns.model, cfg, os.environ.get(ns.api_key_env) or None)
+    engine = SimEngine(ns.model, cfg, os.environ.get(ns.api_key_env) or None)
+    if ns.judge_unsafe is not None:
+        rules = [rule.partition("=") for rule in ns.judge_unsafe]
+        if any(not word or not sep or not codes for word, sep, codes in rules):
+            raise SystemExit("--judge-unsafe takes WORD=CATEGORIES, e.g. --judge-unsafe bomb=S9")
+        engine.judge_rules = [(word, codes) for word, _sep, codes in rules]
+    return engine
 
 
 def run(ns: argparse.Namespace) -> None:

@@ -34,6 +34,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "logs_cmds": ("logs", "events"),
     "upgrade_cmds": ("upgrade",),
     "traffic_cmds": ("traffic",),
+    "guard_cmds": ("guard",),
 }
 _OWNER = {command: module for module, commands in OWNERS.items() for command in commands}
 

@@ -95,6 +95,9 @@ def _show(r: dict[str, Any]) -> None:
         )
     if r.get("tags"):
         lines.append(("tags", ", ".join(f"{k}={v}" for k, v in sorted(r["tags"].items()))))
+    for stage, verdict in (r.get("guard") or {}).items():  # the guardrails' verdicts (docs/guardrails.md)
+        rules = ", ".join([*verdict.get("rules", []), *verdict.get("hazards", [])])
+        lines.append((f"guard {stage}", f"{verdict.get('action')}" + (f": {rules}" if rules else "")))
     for label, value in lines:
         console.print(f"  {label:<14}{escape(str(value))}", highlight=False)
     decision = r.get("decision")

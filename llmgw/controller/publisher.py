@@ -95,6 +95,7 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
         endpoints=endpoints(c),
         metric_mappings=mappings,
         trace_salt=_trace_salt(c),
+        guard=cat.published_guard(),
     )
 
 

@@ -22,6 +22,8 @@ from llmgw.core.config.models import (
     Cluster,
     ClusterSpec,
     ContentRetention,
+    Guardrail,
+    GuardrailSpec,
     Limits,
     Model,
     ModelSpec,
@@ -44,7 +46,7 @@ from llmgw.core.errors import CatalogError
 from llmgw.core.fleet import QuotaScope
 from llmgw.core.manifest import ManifestFile, digest as manifest_digest
 from llmgw.core.model_headers import ModelShape
-from llmgw.core.snapshot import Tenants
+from llmgw.core.snapshot import PublishedGuard, Tenants
 
 __all__ = [
     "Catalog",
@@ -155,6 +157,7 @@ class Catalog:
     revision: str | None = None
     warnings: tuple[SemanticError, ...] = ()
     notifications: Mapping[str, NotificationSpec] = field(default_factory=lambda: MappingProxyType({}))
+    guardrails: Mapping[str, GuardrailSpec] = field(default_factory=lambda: MappingProxyType({}))
     _key: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -184,6 +187,7 @@ class Catalog:
         nodes: dict[str, NodeEntry] = {}
         tenants: dict[str, dict[str, Tenant]] = {"Organization": {}, "Team": {}, "Project": {}}
         notifications: dict[str, NotificationSpec] = {}
+        guardrails: dict[str, GuardrailSpec] = {}
         cluster: Cluster | None = None
         for doc in documents:
             name = doc.metadata.name
@@ -206,6 +210,8 @@ class Catalog:
                 tenants[doc.kind][name] = _tenant(doc, labels)
             elif isinstance(doc, Notification):
                 notifications[name] = doc.spec
+            elif isinstance(doc, Guardrail):
+                guardrails[name] = doc.spec
         return cls(
             models=MappingProxyType(models),
             aliases=MappingProxyType(aliases),
@@ -219,6 +225,7 @@ class Catalog:
             revision=revision,
             warnings=tuple(problems),
             notifications=MappingProxyType(notifications),
+            guardrails=MappingProxyType(guardrails),
             _key=_BUILD_KEY,
         )
 
@@ -327,6 +334,46 @@ class Catalog:
         if entry is None:
             return False
         return tenancy.allowed(self.tenants(), project, (model_name, entry.name, *entry.spec.aliases))
+
+    # ------------------------------------------------------------------------------------------ guardrails
+
+    def project_guardrails(self, project: str) -> tuple[str, ...]:
+        """The Guardrails a project's requests go through, inherited down the tenant tree: those attached to
+        its organization, then its team, then the project itself, each once, in the repo's order."""
+        tenant = self.projects.get(project)
+        if tenant is None:
+            return ()
+        levels = [("projects", project)]
+        org = tenant.parent if tenant.parent_kind == "Organization" else None
+        if tenant.parent_kind == "Team" and tenant.parent is not None:
+            levels.append(("teams", tenant.parent))
+            team = self.teams.get(tenant.parent)
+            org = team.parent if team is not None else None
+        if org is not None:
+            levels.append(("organizations", org))
+        names: list[str] = []
+        for level, who in reversed(levels):
+            names += [
+                n for n, g in self.guardrails.items() if who in getattr(g.attach, level) and n not in names
+            ]
+        return tuple(names)
+
+    def model_guardrails(self, model: str) -> tuple[str, ...]:
+        """The Guardrails attached to a model (by its name or any of its aliases)."""
+        entry = self.models[model]
+        names = {model, *entry.spec.aliases}
+        return tuple(n for n, g in self.guardrails.items() if names & set(g.attach.models))
+
+    def published_guard(self) -> PublishedGuard:
+        """Guardrails as routers are told them: every chain resolved here, once, so a router only reads it."""
+        projects = {p: list(self.project_guardrails(p)) for p in self.projects}
+        models = {m: list(self.model_guardrails(m)) for m in self.models}
+        return PublishedGuard(
+            enabled=self.cluster.guardrails_enabled,
+            guardrails=dict(self.guardrails),
+            projects={p: names for p, names in projects.items() if names},
+            models={m: names for m, names in models.items() if names},
+        )
 
 
 def _listed(models: tuple[str, ...] | None) -> list[str] | None:

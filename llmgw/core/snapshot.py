@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from llmgw.core.config.models import (
     DEFAULT_CAPABILITIES,
     Capability,
+    GuardrailSpec,
     MetricMapping,
     OrganizationSpec,
     Prices,
@@ -31,6 +32,7 @@ __all__ = [
     "SNAPSHOT_SCHEMA_VERSION",
     "Endpoint",
     "EndpointState",
+    "PublishedGuard",
     "PublishedModel",
     "PublishedProvider",
     "RouterSnapshot",
@@ -99,6 +101,16 @@ class Tenants(_Wire):
     projects: dict[str, ProjectSpec] = Field(default_factory=dict)
 
 
+class PublishedGuard(_Wire):
+    """The repo's Guardrails with every attachment resolved by the catalog: which apply to a project (its
+    organization's, its team's and its own) and which to a model. A request goes through both lists."""
+
+    enabled: bool = Field(True, description="The Cluster's guardrails_enabled: false turns every check off")
+    guardrails: dict[str, GuardrailSpec] = Field(default_factory=dict)
+    projects: dict[str, list[str]] = Field(default_factory=dict, description="Project -> guardrail names")
+    models: dict[str, list[str]] = Field(default_factory=dict, description="Model -> guardrail names")
+
+
 class Endpoint(_Wire):
     """A replica the router may send requests to."""
 
@@ -122,6 +134,7 @@ class RouterSnapshot(_Wire):
     policies: dict[str, RoutingPolicySpec] = Field(default_factory=dict)
     tenants: Tenants = Field(default_factory=Tenants)
     endpoints: list[Endpoint] = Field(default_factory=list)
+    guard: PublishedGuard = Field(default_factory=PublishedGuard)
     metric_mappings: dict[str, MetricMapping] = Field(
         default_factory=dict, description="Per-engine overrides of the built-in metric names"
     )

@@ -26,7 +26,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "usage": (
         "id", "time", "request_id", "project", "team", "org", "key_id", "model", "tokens_in", "tokens_out",
         "cost", "latency_ms", "status", "fallback_used", "router_id", "endpoint", "queue_ms", "ttft_ms",
-        "attempts", "decision", "code", "stream", "prefix",
+        "attempts", "decision", "code", "stream", "prefix", "guard",
     ),
     "usage_tags": ("usage_id", "key", "value"),
     "limit_counters": ("limit_key", "window_start", "window_end", "taken", "granted", "updated_at"),

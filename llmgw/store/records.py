@@ -145,6 +145,9 @@ class UsageRecord:
     # The request's shape for a traffic trace (migration 0009, llmgw.core.trace). None: not known.
     stream: bool | None = None  # the client asked for a stream
     prefix: str | None = None  # salted hash of its session/prefix key (llmgw.core.traffic.prefix_hash)
+    # The guardrails' verdicts by stage (migration 0012): {"input": {"action": ..., "rules": [...]}, ...}.
+    # None: no guardrail applied to the request.
+    guard: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ if TYPE_CHECKING:  # annotations only: a router imports `record_view` without lo
 
 USAGE_COLUMNS = (
     "id, time, request_id, project, team, org, key_id, model, tokens_in, tokens_out, cost, latency_ms, "
-    "status, fallback_used, router_id, endpoint, queue_ms, ttft_ms, attempts, decision, code, stream, prefix"
+    "status, fallback_used, router_id, endpoint, queue_ms, ttft_ms, attempts, decision, code, stream, prefix, "
+    "guard"
 )
 LOOKUP_MAX = 50  # rows one request id may return (a client's own ids can repeat)
 
@@ -32,6 +33,7 @@ def usage_record(r: Row, tags: dict[str, str] | None = None) -> UsageRecord:
         ttft_ms=float(r[17]) if r[17] is not None else None,
         attempts=_json_or_none(r[18]), decision=_json_or_none(r[19]), code=r[20], tags=tags or None,
         stream=bool(r[21]) if r[21] is not None else None, prefix=r[22],
+        guard=_json_or_none(r[23]),
     )  # fmt: skip
 
 
@@ -67,6 +69,7 @@ def record_view(rec: UsageRecord) -> dict[str, Any]:
         "attempts": rec.attempts or [],
         "decision": rec.decision,
         "tags": rec.tags or {},
+        "guard": rec.guard,
         "router_id": rec.router_id,
     }
 

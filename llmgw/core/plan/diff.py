@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 
 from llmgw.core.config.models import (
     ClusterSpec,
+    GuardrailSpec,
     ModelSpec,
     NodeSpec,
     OrganizationSpec,
@@ -357,6 +358,7 @@ _SPECS: dict[str, type[BaseModel]] = {
     "Organization": OrganizationSpec,
     "Team": TeamSpec,
     "Project": ProjectSpec,
+    "Guardrail": GuardrailSpec,
 }
 
 
@@ -398,6 +400,8 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
                 org = t.parent if t.parent_kind == "Organization" else None
                 spec = ProjectSpec(team=team, organization=org, models=models, limits=t.limits)
             put(t.kind, name, spec, t.labels)
+    for name, guardrail in catalog.guardrails.items():  # reviewed like the rest: plan shows what changes
+        put("Guardrail", name, guardrail, {})
     return dict(sorted(out.items()))
 
 

@@ -134,7 +134,8 @@ class ControllerSettings(BaseModel):
         8 * 3600.0, gt=0, description="How long a web console login lasts (docs/console.md)"
     )
     console_router_url: str | None = Field(
-        None, description="The router's base URL (`http://host:port/v1`) the console's chat page sends through"
+        None,
+        description="The router's base URL (`http://host:port/v1`) the console's chat page sends through",
     )
     backoff_base_s: float = Field(5.0, gt=0, description="First delay before replacing a failed replica")
     scale_up_cooldown_s: float = Field(

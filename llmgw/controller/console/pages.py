@@ -12,7 +12,7 @@ from llmgw.controller import logs_admin
 from llmgw.controller.admin_ops import audit_json
 from llmgw.controller.admin_requests import usage_total_json
 from llmgw.controller.console import facts
-from llmgw.controller.console.web import controller, render, session_of
+from llmgw.controller.console.web import CONSOLE, controller, render, session_of
 from llmgw.controller.hub import AgentError
 from llmgw.store import AuditEntry, StoreError
 
@@ -83,15 +83,15 @@ async def _log_tail(request: web.Request, target: logs_admin.Target | None) -> d
 
 async def plan(request: web.Request) -> web.StreamResponse:
     c = controller(request)
-    revision, text = facts.plan_text(c)
+    revision, text, made_at = await facts.plan_text(c, request.app[CONSOLE].plan)
     try:
         history = await c.store.list_revisions(limit=50)
         history_error = ""
     except StoreError as exc:
         history, history_error = [], f"the store is unavailable: {exc}"
-    return render(
-        request, "plan.html", revision=revision, plan=text, history=history, history_error=history_error
-    )
+    made_s = round(c.clock() - made_at)
+    return render(request, "plan.html", revision=revision, plan=text, made_s=made_s, history=history,
+                  history_error=history_error)  # fmt: skip
 
 
 async def events(request: web.Request) -> web.StreamResponse:

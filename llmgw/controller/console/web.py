@@ -19,6 +19,7 @@ import jinja2
 from aiohttp import web
 
 from llmgw.adapters import keys as keymod
+from llmgw.controller.console.facts import PlanCache
 from llmgw.controller.console.sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, csrf_ok
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.store import StoreError
@@ -53,6 +54,7 @@ class ConsoleState:
     router_url: str | None  # the router the chat page sends to (`llmgw up` sets its own)
     templates: jinja2.Environment = field(repr=False)
     static: dict[str, bytes] = field(default_factory=dict, repr=False)
+    plan: PlanCache = field(default_factory=PlanCache)
 
 
 CONSOLE: web.AppKey[ConsoleState] = web.AppKey("console", ConsoleState)

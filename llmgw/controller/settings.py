@@ -272,6 +272,7 @@ def load_settings_file(path: Path) -> dict[str, object]:
             "scale_up_cooldown",
             "scale_down_cooldown",
             "load_stale",
+            "console_session",
         ):
             out[f"{name}_s"] = setting_duration(f"{path}: {key}", value)
         else:

@@ -107,13 +107,14 @@ def test_every_page_loads_clean_and_accessible_then_logout(fleet: Cluster, tab: 
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["expires"] > 0
     node = next(iter(fleet.running.controller.agents.nodes))
     replica = next(iter(fleet.running.controller.replicas))
-    for path in (*ADMIN_PAGES, f"/ui/nodes/{node}", f"/ui/replicas/{replica}"):
+    named = {f"/ui/nodes/{node}": "ui-node", f"/ui/replicas/{replica}": "ui-replica"}
+    for path in (*ADMIN_PAGES, *named):
         response = tab.page.goto(fleet.url + path)
         assert response is not None and response.status == 200, path
         assert "script-src 'self'" in response.headers["content-security-policy"]
         assert tab.page.locator("h1").count() == 1, path
         assert axe_serious(tab) == [], path
-        shot(tab, "admin-" + (path.strip("/").replace("/", "-") or "ui"))
+        shot(tab, "admin-" + named.get(path, path.strip("/").replace("/", "-")))
     tab.page.goto(fleet.url + "/ui/")
     tab.page.wait_for_selector(
         "text=Synced"

@@ -63,10 +63,16 @@ class Watched:
         self.problems: list[str] = []
         self.page.on("console", lambda m: m.type == "error" and self.problems.append(f"console: {m.text}"))
         self.page.on("pageerror", lambda e: self.problems.append(f"page error: {e}"))
-        self.page.on("requestfailed", lambda r: self.problems.append(f"failed: {r.url} {r.failure}"))
+        self.page.on("requestfailed", self._failed)
         self.page.on(
             "response", lambda r: r.status >= 400 and self.problems.append(f"HTTP {r.status}: {r.url}")
         )
+
+    def _failed(self, request: Any) -> None:
+        # An htmx poll in flight when the test navigates away is aborted by the browser: not a failure.
+        if request.failure == "net::ERR_ABORTED" and request.headers.get("hx-request") == "true":
+            return
+        self.problems.append(f"failed: {request.url} {request.failure}")
 
     def close(self) -> None:
         self.context.close()
@@ -114,6 +120,10 @@ def test_every_page_loads_clean_and_accessible_then_logout(fleet: Cluster, tab: 
         assert "script-src 'self'" in response.headers["content-security-policy"]
         assert tab.page.locator("h1").count() == 1, path
         assert axe_serious(tab) == [], path
+        live = (
+            "fetch(location.href, {headers: {'HX-Request': 'true', 'HX-Target': 'live'}}).then(r => r.status)"
+        )
+        assert tab.page.evaluate(live) == 200, f"{path}: the live region htmx polls renders on its own"
         shot(tab, "admin-" + named.get(path, path.strip("/").replace("/", "-")))
     tab.page.goto(fleet.url + "/ui/")
     tab.page.wait_for_selector(
@@ -216,6 +226,9 @@ def test_a_key_revoked_in_the_console_is_refused_by_the_router(fleet: Cluster, t
         return _post(fleet.router.base_url + "/chat/completions", body, headers)
 
     assert chat_status() == 200
+    tenant = Watched(tab.page.context.browser)
+    login(tenant, fleet.url, doomed.plaintext)
+    assert tenant.page.url.endswith("/ui/tenants")
     login(tab, fleet.url, fleet.admin_token)
     tab.page.goto(fleet.url + "/ui/tenants")
     tab.page.get_by_role("button", name=f"Revoke key {doomed.key.id}").click()
@@ -223,4 +236,24 @@ def test_a_key_revoked_in_the_console_is_refused_by_the_router(fleet: Cluster, t
     row = tab.page.locator("#keys tr", has_text=doomed.key.id)
     assert "revoked" in row.inner_text()
     wait_until(lambda: chat_status() == 401, 30, "the router refusing the revoked key")
+    assert tab.problems == []
+    sid = next(c["value"] for c in tenant.context.cookies() if c["name"] == "llmgw_console")
+    fleet.running.console.sessions.by_id[sid].key_checked_at -= 60  # its key is due to be looked up again
+    tenant.page.goto(fleet.url + "/ui/tenants")
+    assert tenant.page.url.endswith("/ui/login?expired=1"), "a session of a revoked key ends"
+    tenant.close()
+
+
+def test_events_update_live_and_the_page_is_keyboard_navigable(fleet: Cluster, tab: Watched) -> None:
+    login(tab, fleet.url, fleet.admin_token)
+    tab.page.goto(fleet.url + "/ui/events")
+    ctl = fleet.running.controller
+    fleet.loop.run(ctl.event("console_check", "probe", "a marker the page was not loaded with"))
+    tab.page.wait_for_selector("text=a marker the page was not loaded with", timeout=15_000)  # no reload
+    tab.page.keyboard.press("Tab")
+    assert tab.page.evaluate("document.activeElement.textContent") == "Skip to content"
+    tab.page.keyboard.press("Tab")
+    assert tab.page.evaluate("document.activeElement.textContent") == "Overview"
+    tab.page.keyboard.press("Enter")
+    tab.page.wait_for_url(re.compile(r".*/ui/$"))
     assert tab.problems == []

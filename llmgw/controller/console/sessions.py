@@ -21,6 +21,7 @@ Kind = Literal["admin", "tenant"]
 COOKIE = "llmgw_console"
 LOGIN_COOKIE = "llmgw_console_login"  # the login form's CSRF double-submit (no session exists yet)
 ONE_TIME_LINK_S = 600.0
+KEY_RECHECK_S = 30.0  # a tenant session ends within this long of its key being revoked or expiring
 MAX_SESSIONS = 10_000  # the oldest go first: a login loop must not grow this process without bound
 
 
@@ -34,6 +35,7 @@ class Session:
     csrf: str
     expires_at: float
     key: str | None = field(default=None, repr=False)  # a tenant's key, for the chat page (never sent back)
+    key_checked_at: float = 0.0  # when a tenant's key was last found active in the store
 
     def may(self, need: Scope) -> bool:
         return self.scope is not None and allows(self.scope, need)
@@ -73,6 +75,7 @@ class Sessions:
             csrf=secrets.token_urlsafe(32),
             expires_at=self.wall() + self.ttl_s,
             key=key,
+            key_checked_at=self.wall(),
         )
         self.by_id[session.id] = session
         return session

@@ -20,7 +20,14 @@ from aiohttp import web
 
 from llmgw.adapters import keys as keymod
 from llmgw.controller.console.facts import PlanCache
-from llmgw.controller.console.sessions import COOKIE, LOGIN_COOKIE, Session, Sessions, csrf_ok
+from llmgw.controller.console.sessions import (
+    COOKIE,
+    KEY_RECHECK_S,
+    LOGIN_COOKIE,
+    Session,
+    Sessions,
+    csrf_ok,
+)
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.store import StoreError
 
@@ -68,6 +75,15 @@ def make_state(c: Controller) -> ConsoleState:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    # The macros as globals: a live region rendered on its own (htmx's polling) sees no template's imports.
+    macros = env.get_template("_macros.html").module
+    for name, macro in (
+        ("pager", "pager"),
+        ("hbadge", "health"),
+        ("sbadge", "state"),
+        ("log_lines", "log_lines"),
+    ):
+        env.globals[name] = getattr(macros, macro)
     env.filters["ago"] = _ago(c)
     env.filters["bytes"] = _bytes
     env.filters["when"] = _when
@@ -121,7 +137,8 @@ def render(request: web.Request, template: str, code: int = 200, **values: Any) 
     session = request.get(SESSION)
     ctx = {"session": session, "path": request.path, "qs": request.query_string, **values}
     if request.headers.get("HX-Request") == "true" and request.headers.get("HX-Target") == "live":
-        body = "".join(tmpl.blocks["live"](tmpl.new_context(ctx)))
+        block = tmpl.blocks.get("live")  # a page with nothing live (chat) has an empty region
+        body = "" if block is None else "".join(block(tmpl.new_context(ctx)))
     else:
         body = tmpl.render(ctx)
     return web.Response(text=body, content_type="text/html", charset="utf-8", status=code)
@@ -156,6 +173,9 @@ def guarded(access: Access, handler: Handler) -> Handler:
     async def checked(request: web.Request) -> web.StreamResponse:
         state = request.app[CONSOLE]
         session, expired = state.sessions.get(request.cookies.get(COOKIE))
+        if session is not None and not await _key_still_active(request, session):
+            state.sessions.close(session.id)
+            session, expired = None, True
         if session is None:
             return secure(_to_login(request, expired))
         request[SESSION] = session
@@ -171,6 +191,21 @@ def guarded(access: Access, handler: Handler) -> Handler:
         return secure(await handler(request))
 
     return checked
+
+
+async def _key_still_active(request: web.Request, session: Session) -> bool:
+    """A tenant's session lasts only while its key does: looked up again every KEY_RECHECK_S."""
+    now = request.app[CONSOLE].sessions.wall()
+    if session.kind != "tenant" or session.key is None or now - session.key_checked_at < KEY_RECHECK_S:
+        return True
+    try:
+        found = await keymod.lookup(controller(request).store, session.key, now)
+    except StoreError:
+        return True  # the store down says nothing about the key; the next page asks again
+    if found is None or found.state != "active":
+        return False
+    session.key_checked_at = now
+    return True
 
 
 def c_leading(request: web.Request) -> bool:

@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for
 
+from llmgw.adapters.keys import create_key
 from llmgw.cli.up import console_text
 from llmgw.controller.app import start_controller
 
@@ -77,4 +78,41 @@ async def test_without_a_session_pages_send_to_login_and_htmx_gets_401(tmp_path:
             async with s.get(running.url + "/ui/static/..%2fweb.py") as r:
                 assert r.status == 404
     finally:
+        await running.stop()
+
+
+class _Standby:
+    """Stands for a leader lease held by another controller (llmgw.controller.lease.LeaderLease's answer)."""
+
+    def leading(self) -> bool:
+        return False
+
+
+async def test_a_standby_serves_pages_but_refuses_console_posts(tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "repo", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)})
+    running = await start_controller(settings_for(tmp_path, repo.path))
+    ctl = running.controller
+    key = await create_key(ctl.store, "default", ctl.wall(), name="kept")
+    try:
+        text = console_text(running)
+        link = re.search(r"(http://\S+/ui/login/once/\S+);", text)
+        assert link is not None
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as s:
+            async with s.get(link.group(1)) as r:
+                csrf = re.search(r'name="csrf-token" content="([^"]+)"', await r.text())
+                assert r.status == 200 and csrf is not None
+            ctl.lease = _Standby()  # type: ignore[assignment]
+            async with s.get(running.url + "/ui/nodes") as r:
+                assert r.status == 200, "a standby serves the pages from its own view"
+            url = f"{running.url}/ui/keys/{key.key.id}/revoke"
+            async with s.post(url, data={"csrf": csrf.group(1)}, allow_redirects=False) as r:
+                assert r.status == 503 and "standby" in await r.text()
+            assert (await ctl.store.get_key(key.key.id)).revoked_at is None  # type: ignore[union-attr]
+            ctl.lease = None
+            async with s.post(url, data={"csrf": csrf.group(1)}, allow_redirects=False) as r:
+                assert r.status == 303, "the same POST on a leader revokes"
+            assert (await ctl.store.get_key(key.key.id)).revoked_at is not None  # type: ignore[union-attr]
+    finally:
+        ctl.lease = None
         await running.stop()

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgw.controller import logs_admin
+from llmgw.controller import logs_admin, views
 from llmgw.controller.admin_ops import audit_json
 from llmgw.controller.admin_requests import usage_total_json
 from llmgw.controller.console import facts
@@ -64,7 +64,8 @@ async def replica(request: web.Request) -> web.StreamResponse:
     if found is None:
         return _not_found(request, f"no replica {replica_id!r} (it may have stopped; see Models)")
     logs = await _log_tail(request, logs_admin.replica_target(c, replica_id))
-    return render(request, "replica.html", **found, logs=logs)
+    health = views.model_health(c, found["replica"]["model"])
+    return render(request, "replica.html", **found, logs=logs, demand=health["autoscale"])
 
 
 async def _log_tail(request: web.Request, target: logs_admin.Target | None) -> dict[str, Any]:
@@ -90,8 +91,10 @@ async def plan(request: web.Request) -> web.StreamResponse:
     except StoreError as exc:
         history, history_error = [], f"the store is unavailable: {exc}"
     made_s = round(c.clock() - made_at)
+    status = views.status_json(c)  # the source's HEAD (seen), and whether it was refused
     return render(request, "plan.html", revision=revision, plan=text, made_s=made_s, history=history,
-                  history_error=history_error)  # fmt: skip
+                  history_error=history_error, seen=status["seen"], refused=status["refused"],
+                  sync=status["sync"])  # fmt: skip
 
 
 async def events(request: web.Request) -> web.StreamResponse:

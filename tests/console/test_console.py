@@ -174,6 +174,11 @@ def test_tenant_sees_only_its_project(fleet: Cluster, tab: Watched) -> None:
     body = tab.page.locator("main").inner_text()
     assert "playground" in body and "other-project" not in body and "Project other" not in body
     assert tab.page.get_by_role("link", name="Nodes").count() == 0
+    tab.page.get_by_label("per hour, by").select_option("model")  # the chat test's request is in the store
+    tab.page.get_by_label("Chart", exact=True).select_option("tokens")
+    assert tab.page.locator("#chart-caption").inner_text().startswith("Tokens per hour by model")
+    assert "sim-a" in tab.page.locator("#usage-chart .u-legend").inner_text()
+    assert tab.page.locator("#usage-chart canvas").count() == 1
     shot(tab, "tenant-usage")
     response = tab.page.goto(fleet.url + "/ui/nodes")
     assert response is not None and response.status == 403

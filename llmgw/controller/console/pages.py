@@ -180,21 +180,24 @@ def _own_totals(rows: list[Any], project: str) -> list[dict[str, Any]]:
     }]  # fmt: skip
 
 
+CHART_GROUPS = {"project": "(no project)", "model": "(no model)", "key": "(no key)"}
+
+
 def _chart(rows: list[Any], since: float, now: float) -> dict[str, Any]:
-    """Requests, tokens and cost per hour and project: uPlot's columns (x first)."""
+    """Requests, tokens and cost per hour, by project, model and key: uPlot's columns (x first)."""
     buckets = int((now - since) // CHART_BUCKET_S) + 1
     xs = [since + i * CHART_BUCKET_S for i in range(buckets)]
-    projects = sorted({r.project or "(no project)" for r in rows})
-    series: dict[str, dict[str, list[float]]] = {
-        p: {"requests": [0.0] * buckets, "tokens": [0.0] * buckets, "cost": [0.0] * buckets} for p in projects
-    }
+    groups: dict[str, dict[str, dict[str, list[float]]]] = {by: {} for by in CHART_GROUPS}
     for r in rows:
         i = min(buckets - 1, max(0, int((r.time - since) // CHART_BUCKET_S)))
-        s = series[r.project or "(no project)"]
-        s["requests"][i] += 1
-        s["tokens"][i] += r.tokens_in + r.tokens_out
-        s["cost"][i] += r.cost
-    return {"x": xs, "series": series, "rows": len(rows), "capped": len(rows) >= USAGE_ROWS,
+        for by, absent in CHART_GROUPS.items():
+            name = {"project": r.project, "model": r.model, "key": r.key_id}[by] or absent
+            zero = {"requests": [0.0] * buckets, "tokens": [0.0] * buckets, "cost": [0.0] * buckets}
+            series = groups[by].setdefault(name, zero)
+            series["requests"][i] += 1
+            series["tokens"][i] += r.tokens_in + r.tokens_out
+            series["cost"][i] += r.cost
+    return {"x": xs, "groups": groups, "rows": len(rows), "capped": len(rows) >= USAGE_ROWS,
             "generated": time.time()}  # fmt: skip
 
 

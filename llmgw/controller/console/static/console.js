@@ -112,16 +112,34 @@ function setupChat(form) {
   });
 }
 
-function drawUsage(holder, data) {
+function drawUsage(holder, data, by, measure) {
+  holder.replaceChildren();
   if (typeof uPlot === "undefined" || !data.x.length) return;
   const palette = ["#1f5fa8", "#b3261e", "#2e7d32", "#6a1b9a", "#ef6c00", "#00838f"];
-  const names = Object.keys(data.series);
-  const columns = [data.x].concat(names.map((p) => data.series[p].requests));
+  const groups = data.groups[by] || {};
+  const names = Object.keys(groups).sort();
+  const columns = [data.x].concat(names.map((n) => groups[n][measure]));
   const series = [{}].concat(
-    names.map((p, i) => ({ label: p, stroke: palette[i % palette.length], width: 2 }))
+    names.map((n, i) => ({ label: n, stroke: palette[i % palette.length], width: 2 }))
   );
   const width = Math.max(320, holder.clientWidth || 640);
-  new uPlot({ width: width, height: 220, series: series, axes: [{}, { label: "requests" }] }, columns, holder);
+  const opts = { width: width, height: 220, series: series, axes: [{}, { label: measure }] };
+  new uPlot(opts, columns, holder);
+}
+
+function setupUsage(holder, data) {
+  const by = document.getElementById("chart-by");
+  const measure = document.getElementById("chart-measure");
+  const caption = document.getElementById("chart-caption");
+  const capped = data.capped ? " (the newest " + data.rows + " requests only)" : "";
+  const redraw = () => {
+    const what = measure.value.charAt(0).toUpperCase() + measure.value.slice(1);
+    caption.textContent = what + " per hour by " + by.value + capped;
+    drawUsage(holder, data, by.value, measure.value);
+  };
+  by.addEventListener("change", redraw);
+  measure.addEventListener("change", redraw);
+  redraw();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -129,5 +147,5 @@ document.addEventListener("DOMContentLoaded", () => {
   if (form) setupChat(form);
   const data = document.getElementById("usage-data");
   const holder = document.getElementById("usage-chart");
-  if (data && holder) drawUsage(holder, JSON.parse(data.textContent));
+  if (data && holder) setupUsage(holder, JSON.parse(data.textContent));
 });

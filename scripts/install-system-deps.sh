@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system programs the test suite runs for real: PostgreSQL 15 server binaries, OpenSSH's sshd,
-# promtool (Debian's `prometheus` package), wrk and systemd-analyze (Debian's `systemd`: it verifies the agent's
+# promtool (Debian's `prometheus` package), Chromium (the web console's browser tests,
+# driven by Playwright through its executable_path), wrk and systemd-analyze (Debian's `systemd`: it verifies the agent's
 # unit files without systemd running). Nothing is started here: the tests start their own
 # PostgreSQL (initdb + pg_ctl on a free port) and sshd (own config on a loopback port).
 set -euo pipefail
@@ -8,6 +9,7 @@ need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
+[ -x /usr/bin/chromium ] || need+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -eq 0 ]; then

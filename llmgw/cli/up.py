@@ -37,6 +37,7 @@ from llmgw.adapters.repo_files import load_repo
 from llmgw.adapters.tracing import configured_endpoint
 from llmgw.cli.follow import ModelLine
 from llmgw.controller.app import RunningController, start_controller
+from llmgw.controller.console.sessions import ONE_TIME_LINK_S
 from llmgw.controller.settings import ControllerSettings
 from llmgw.core.config.models import ClusterSpec
 from llmgw.core.errors import LlmgwError
@@ -274,6 +275,19 @@ def admin_hint(settings: UpSettings, controller_url: str, default_address: str, 
     if not flags:
         return "`llmgw status` and `llmgw plan` work from this directory with no flags"
     return f"`llmgw status` and `llmgw plan` need {' '.join(flags)}"
+
+
+def console_text(running: RunningController) -> str:
+    """The console's URL on a line of its own, then a one-time login link for the local admin."""
+    admin = running.controller.admin_tokens.principal(running.admin_token)
+    assert admin is not None  # the controller's own token is always its `admin`
+    nonce = running.console.sessions.one_time_link(admin)
+    minutes = int(ONE_TIME_LINK_S // 60)
+    return (
+        f"console: {running.url}/ui/\n"
+        f"  (log in once, within {minutes} minutes, with {running.url}/ui/login/once/{nonce}; "
+        "after that with the admin token)"
+    )
 
 
 def usage_text(base_url: str, key: str, project: str, model: str, hint: str) -> str:
@@ -556,6 +570,8 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
         )
         router = parts.router = await _start_router(settings, facts.cluster, running)
         print(f"router: {router.base_url} (metrics {router.metrics_url})", file=out)
+        running.console.router_url = router.base_url  # the console's chat page talks through this router
+        print(console_text(running), file=out)
         if facts.project is not None:
             key, created = await ensure_key(settings.store_dsn, settings.key_file, facts.project, time.time())
             hint = admin_hint(settings, running.url, facts.cluster.controller.address, Path.cwd())

@@ -25,7 +25,7 @@ from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.adapters.mirror import mirror_app
 from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
-from llmgw.controller import admin, lease, views
+from llmgw.controller import admin, console, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
@@ -73,6 +73,7 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.router.add_get("/api/v1/credentials/router", router_credential)
     app.router.add_get("/api/v1/credentials/node/{node}", node_credential)
     admin.add_routes(app)
+    console.add_routes(app)
     if controller.lease is not None:
         app.middlewares.append(
             lease.standby_middleware(controller.lease, ROUTER_PATH, controller.router_token_ok)
@@ -304,6 +305,11 @@ class RunningController:
     admin_token: str
     _runners: list[web.AppRunner]
     _lease_task: asyncio.Task[None] | None = None
+
+    @property
+    def console(self) -> console.ConsoleState:
+        """The web console of the controller's app (its sessions, the router its chat page uses)."""
+        return self._runners[0].app[console.CONSOLE]
 
     @property
     def notifier(self) -> Notifier:

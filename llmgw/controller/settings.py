@@ -130,6 +130,13 @@ class ControllerSettings(BaseModel):
         30.0, ge=0, description="After a start, wait this long for known nodes to reconnect before placing"
     )
     drain_s: float = Field(10.0, ge=0, description="A replica scaled down gets this long to finish requests")
+    console_session_s: float = Field(
+        8 * 3600.0, gt=0, description="How long a web console login lasts (docs/console.md)"
+    )
+    console_router_url: str | None = Field(
+        None,
+        description="The router's base URL (`http://host:port/v1`) the console's chat page sends through",
+    )
     backoff_base_s: float = Field(5.0, gt=0, description="First delay before replacing a failed replica")
     scale_up_cooldown_s: float = Field(
         15.0, ge=0, description="After the autoscaler adds replicas to a model, how long before it adds more"
@@ -288,6 +295,7 @@ def load_settings_file(path: Path) -> dict[str, object]:
             "usage_retention",
             "usage_minutes_retention",
             "retention_check",
+            "console_session",
         ):
             out[f"{name}_s"] = setting_duration(f"{path}: {key}", value)
         else:

@@ -226,6 +226,13 @@ def printed(up: Up) -> Printed:
     return Printed(base.group(1), key.group(1), int(agent.group(1)))
 
 
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Keeps a 303 as the answer (the one-time login link's Set-Cookie is on it)."""
+
+    def http_error_303(self, req: Any, fp: Any, code: int, msg: str, headers: Any) -> Any:
+        return fp
+
+
 def client(up: Up) -> openai.OpenAI:
     p = printed(up)
     return openai.OpenAI(base_url=p.base_url, api_key=p.key, max_retries=0, timeout=120)
@@ -237,6 +244,13 @@ def test_prints_base_url_key_and_examples(up: Up) -> None:
     out = up.output()
     assert f"export OPENAI_BASE_URL={p.base_url} OPENAI_API_KEY={p.key}" in out
     assert f"curl -s {p.base_url}/chat/completions" in out and "from openai import OpenAI" in out
+    console = f"http://127.0.0.1:{up.ports['controller']}/ui/"
+    assert f"\nconsole: {console}\n" in out, "the console's URL on a line of its own"
+    link = re.search(r"(http://\S+/ui/login/once/\S+);", out)
+    assert link is not None, out
+    opener = urllib.request.build_opener(NoRedirect())
+    with contextlib.closing(opener.open(link.group(1), timeout=10)) as answer:
+        assert answer.status == 303 and "llmgw_console=" in answer.headers["Set-Cookie"]
     key_file = up.state_dir / "up" / "api-key"
     assert key_file.read_text().strip() == p.key
     assert key_file.stat().st_mode & 0o777 == 0o600

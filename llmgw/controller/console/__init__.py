@@ -1,0 +1,65 @@
+"""The web console under `/ui/` on the controller's admin listener: server-rendered pages over the admin API's
+own view functions, htmx for the live regions, uPlot for the usage charts, every asset vendored (see
+static/VENDORED.json). docs/console.md describes it."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from llmgw.controller.console import chat, pages
+from llmgw.controller.console.web import (
+    CONSOLE,
+    Access,
+    ConsoleState,
+    Handler,
+    guarded,
+    login,
+    login_form,
+    login_once,
+    logout,
+    make_state,
+    secure,
+    static,
+)
+from llmgw.controller.core import CONTROLLER
+
+__all__ = ["CONSOLE", "PAGES", "ConsoleState", "add_routes"]
+
+# Every page and the access it needs (llmgw.controller.console.web.Access).
+PAGES: tuple[tuple[str, str, Handler, Access], ...] = (
+    ("GET", "/ui/", pages.overview, "plan"),
+    ("GET", "/ui/nodes", pages.nodes, "plan"),
+    ("GET", "/ui/nodes/{node}", pages.node, "plan"),
+    ("GET", "/ui/models", pages.models, "plan"),
+    ("GET", "/ui/replicas/{replica_id}", pages.replica, "plan"),
+    ("GET", "/ui/plan", pages.plan, "plan"),
+    ("GET", "/ui/events", pages.events, "plan"),
+    ("GET", "/ui/tenants", pages.tenants, "tenant"),
+    ("POST", "/ui/keys/{key_id}/revoke", pages.revoke_key, "admin"),
+    ("GET", "/ui/chat", chat.page, "any"),
+    ("POST", "/ui/chat/send", chat.send, "any"),
+    ("GET", "/ui/chat/decision/{request_id}", chat.decision, "any"),
+    ("POST", "/ui/logout", logout, "any"),
+)
+
+
+async def _home(request: web.Request) -> web.StreamResponse:
+    raise web.HTTPFound("/ui/")
+
+
+def add_routes(app: web.Application) -> None:
+    app[CONSOLE] = make_state(app[CONTROLLER])
+    app.router.add_get("/ui", _home)
+    app.router.add_get("/ui/login", login_form)
+    app.router.add_post("/ui/login", _plain(login))
+    app.router.add_get("/ui/login/once/{nonce}", login_once)
+    app.router.add_get("/ui/static/{name}", static)
+    for method, path, handler, access in PAGES:
+        app.router.add_route(method, path, guarded(access, handler))
+
+
+def _plain(handler: Handler) -> Handler:
+    async def headed(request: web.Request) -> web.StreamResponse:
+        return secure(await handler(request))
+
+    return headed

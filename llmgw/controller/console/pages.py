@@ -1,0 +1,218 @@
+"""The console's pages: each reads the facts (llmgw.controller.console.facts, the store) and renders them."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from llmgw.controller import logs_admin, views
+from llmgw.controller.admin_ops import audit_json
+from llmgw.controller.admin_requests import usage_total_json
+from llmgw.controller.console import facts
+from llmgw.controller.console.web import CONSOLE, controller, render, session_of
+from llmgw.controller.hub import AgentError
+from llmgw.store import AuditEntry, StoreError
+
+log = logging.getLogger("llmgw.controller.console")
+LOG_TAIL = 50
+EVENTS_READ = 500
+USAGE_WINDOW_S = 24 * 3600.0
+USAGE_ROWS = 1000  # the chart's requests: the newest this many of the window
+CHART_BUCKET_S = 3600.0
+
+
+def _not_found(request: web.Request, what: str) -> web.Response:
+    return render(request, "error.html", 404, title="Not found", message=what)
+
+
+async def overview(request: web.Request) -> web.StreamResponse:
+    return render(request, "overview.html", **facts.overview(controller(request)))
+
+
+async def nodes(request: web.Request) -> web.StreamResponse:
+    q = request.query
+    flt = facts.NodeFilter(
+        state=q.get("state", ""), gpu_class=q.get("gpu_class", ""), label=q.get("label", ""),
+        fabric=q.get("fabric", ""),
+    )  # fmt: skip
+    return render(
+        request, "nodes.html", **facts.nodes_page(controller(request), flt, facts.page_number(q.get("page")))
+    )
+
+
+async def node(request: web.Request) -> web.StreamResponse:
+    c, name = controller(request), request.match_info["node"]
+    found = facts.node_detail(c, name)
+    if found is None:
+        return _not_found(request, f"no node {name!r} is connected, declared or being removed")
+    logs = await _log_tail(request, logs_admin.node_target(c, name, None))
+    return render(request, "node.html", **found, logs=logs)
+
+
+async def models(request: web.Request) -> web.StreamResponse:
+    q = request.query
+    page = facts.models_page(controller(request), q.get("q", ""), facts.page_number(q.get("page")))
+    return render(request, "models.html", **page)
+
+
+async def replica(request: web.Request) -> web.StreamResponse:
+    c, replica_id = controller(request), request.match_info["replica_id"]
+    found = facts.replica_detail(c, replica_id)
+    if found is None:
+        return _not_found(request, f"no replica {replica_id!r} (it may have stopped; see Models)")
+    logs = await _log_tail(request, logs_admin.replica_target(c, replica_id))
+    health = views.model_health(c, found["replica"]["model"])
+    return render(request, "replica.html", **found, logs=logs, demand=health["autoscale"])
+
+
+async def _log_tail(request: web.Request, target: logs_admin.Target | None) -> dict[str, Any]:
+    """The newest lines, when the session may read logs (they can carry prompts: admin scope, as the API)."""
+    if not session_of(request).may("admin"):
+        return {"refused": "log lines need an admin token of scope admin (they can carry what clients sent)"}
+    if target is None:
+        return {"refused": "nothing runs there to read lines from"}
+    ask = logs_admin.Ask(since=None, grep=None, limit=LOG_TAIL, positions=None, follow=False)
+    try:
+        page = await logs_admin.read_page(controller(request), target, ask)
+    except AgentError as exc:
+        return {"refused": str(exc)}
+    return {"lines": page["lines"], "unavailable": page["unavailable"], "missed": page["missed"]}
+
+
+async def plan(request: web.Request) -> web.StreamResponse:
+    c = controller(request)
+    revision, text, made_at = await facts.plan_text(c, request.app[CONSOLE].plan)
+    try:
+        history = await c.store.list_revisions(limit=50)
+        history_error = ""
+    except StoreError as exc:
+        history, history_error = [], f"the store is unavailable: {exc}"
+    made_s = round(c.clock() - made_at)
+    status = views.status_json(c)  # the source's HEAD (seen), and whether it was refused
+    return render(request, "plan.html", revision=revision, plan=text, made_s=made_s, history=history,
+                  history_error=history_error, seen=status["seen"], refused=status["refused"],
+                  sync=status["sync"])  # fmt: skip
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    c = controller(request)
+    kind, text = request.query.get("kind", "").strip(), request.query.get("q", "").strip().lower()
+    rows: list[dict[str, Any]] = []
+    error = ""
+    try:
+        for e in await c.store.recent_events(limit=EVENTS_READ):
+            rows.append({"time": e.time, "stream": "event", "kind": e.kind, "object": e.object,
+                         "message": e.message, "actor": ""})  # fmt: skip
+        for a in map(audit_json, await c.store.list_audit(None, None, EVENTS_READ)):
+            rows.append({"time": a["time"], "stream": "audit", "kind": a["action"], "object": a["object"],
+                         "message": f"{a['outcome']} {a['reason'] or ''}".strip(), "actor": a["actor"]})  # fmt: skip
+    except StoreError as exc:
+        error = f"the store is unavailable ({exc}): showing what this process saw"
+        rows = [r | {"stream": "event", "actor": ""} for r in list(c.events.items)[-EVENTS_READ:]]
+    kinds = sorted({r["kind"] for r in rows})
+    if kind:
+        rows = [r for r in rows if r["kind"] == kind]
+    if text:
+        rows = [r for r in rows if text in f"{r['object']} {r['message']} {r['actor']}".lower()]
+    rows.sort(key=lambda r: -r["time"])
+    page = facts.paginate(rows, facts.page_number(request.query.get("page")))
+    return render(request, "events.html", page=page, kinds=kinds, kind=kind, q=text, error=error)
+
+
+async def tenants(request: web.Request) -> web.StreamResponse:
+    c, session = controller(request), session_of(request)
+    only = session.project  # a tenant sees its own project, nothing else
+    d = c.desired
+    tree = _tenant_tree(c, only)
+    since = c.wall() - USAGE_WINDOW_S
+    usage: dict[str, list[dict[str, Any]]] = {}
+    error = ""
+    try:
+        keys = [k for k in await c.store.list_keys(only) if only in (None, k.project)]
+        for by in ("project", "model", "key"):
+            totals = [usage_total_json(t, by) for t in await c.store.usage_totals(by, since=since)]
+            usage[by] = totals if only is None else []
+        recent = [
+            u for u in await c.store.list_usage(since=since, limit=USAGE_ROWS) if only in (None, u.project)
+        ]
+        if only is not None:
+            usage["project"] = _own_totals(recent, only)
+    except StoreError as exc:
+        keys, recent, error = [], [], f"the store is unavailable: {exc}"
+    now = c.wall()
+    key_rows = [{"key": k, "state": k.state(now)} for k in keys]
+    chart = _chart(recent, since, now)
+    return render(request, "tenants.html", tree=tree, usage=usage, keys=key_rows, chart=chart,
+                  error=error, only=only, applied=d is not None)  # fmt: skip
+
+
+def _tenant_tree(c: Any, only: str | None) -> list[dict[str, Any]]:
+    d = c.desired
+    if d is None:
+        return []
+    cat = d.catalog
+    out = []
+    for name in sorted(cat.projects):
+        if only is not None and name != only:
+            continue
+        p = cat.projects[name]
+        team = cat.teams.get(p.parent or "") if p.parent_kind == "Team" else None
+        org_name = (
+            team.parent if team is not None else (p.parent if p.parent_kind == "Organization" else None)
+        )
+        org = cat.organizations.get(org_name or "")
+        out.append({
+            "project": name, "limits": cat.project_limits(name), "models": p.models,
+            "team": team, "org": org,
+        })  # fmt: skip
+    return out
+
+
+def _own_totals(rows: list[Any], project: str) -> list[dict[str, Any]]:
+    mine = [r for r in rows if r.project == project]
+    return [{
+        "group": project, "requests": len(mine), "errors": sum(1 for r in mine if r.status >= 400),
+        "tokens_in": sum(r.tokens_in for r in mine), "tokens_out": sum(r.tokens_out for r in mine),
+        "cost": sum(r.cost for r in mine), "avg_latency_ms": None,
+    }]  # fmt: skip
+
+
+CHART_GROUPS = {"project": "(no project)", "model": "(no model)", "key": "(no key)"}
+
+
+def _chart(rows: list[Any], since: float, now: float) -> dict[str, Any]:
+    """Requests, tokens and cost per hour, by project, model and key: uPlot's columns (x first)."""
+    buckets = int((now - since) // CHART_BUCKET_S) + 1
+    xs = [since + i * CHART_BUCKET_S for i in range(buckets)]
+    groups: dict[str, dict[str, dict[str, list[float]]]] = {by: {} for by in CHART_GROUPS}
+    for r in rows:
+        i = min(buckets - 1, max(0, int((r.time - since) // CHART_BUCKET_S)))
+        for by, absent in CHART_GROUPS.items():
+            name = {"project": r.project, "model": r.model, "key": r.key_id}[by] or absent
+            zero = {"requests": [0.0] * buckets, "tokens": [0.0] * buckets, "cost": [0.0] * buckets}
+            series = groups[by].setdefault(name, zero)
+            series["requests"][i] += 1
+            series["tokens"][i] += r.tokens_in + r.tokens_out
+            series["cost"][i] += r.cost
+    return {"x": xs, "groups": groups, "rows": len(rows), "capped": len(rows) >= USAGE_ROWS,
+            "generated": time.time()}  # fmt: skip
+
+
+async def revoke_key(request: web.Request) -> web.StreamResponse:
+    c, session = controller(request), session_of(request)
+    key_id = request.match_info["key_id"]
+    try:
+        revoked = await c.store.revoke_key(key_id, c.wall())
+    except StoreError as exc:
+        return render(
+            request, "error.html", 503, title="Not revoked", message=f"the store is unavailable: {exc}"
+        )
+    if not revoked:
+        return _not_found(request, f"no active key with id {key_id!r}")
+    await c.event("key_revoked", key_id, f"by {session.name} (console)")
+    c.audit.record(AuditEntry(time=c.wall(), actor=session.name, action="key.revoke", object=key_id,
+                              outcome="accepted", reason="", actor_detail="", via="console"))  # fmt: skip
+    raise web.HTTPSeeOther("/ui/tenants#keys")

@@ -1,0 +1,120 @@
+"""Console sessions: who is logged in, until when, and the CSRF token their forms carry.
+
+A session is made by presenting an admin token (the admin API's principals, with their scope) or a project's
+API key (a tenant: their project only). The browser holds only a random session id in an HttpOnly,
+SameSite=Strict cookie; the token or key stays on the server, in this process's memory: a restart logs
+everyone out, which is the safe way round. One-time login links (`llmgw up` prints one) are single-use and
+short-lived.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from llmgw.controller.admin_tokens import Principal, Scope, allows
+
+Kind = Literal["admin", "tenant"]
+COOKIE = "llmgw_console"
+LOGIN_COOKIE = "llmgw_console_login"  # the login form's CSRF double-submit (no session exists yet)
+ONE_TIME_LINK_S = 600.0
+KEY_RECHECK_S = 30.0  # a tenant session ends within this long of its key being revoked or expiring
+MAX_SESSIONS = 10_000  # the oldest go first: a login loop must not grow this process without bound
+
+
+@dataclass
+class Session:
+    id: str
+    kind: Kind
+    name: str  # the admin token's name, or the key's id: what the audit trail records
+    scope: Scope | None  # an admin token's scope; None for a tenant
+    project: str | None  # a tenant's project; None for an admin
+    csrf: str
+    expires_at: float
+    key: str | None = field(default=None, repr=False)  # a tenant's key, for the chat page (never sent back)
+    key_checked_at: float = 0.0  # when a tenant's key was last found active in the store
+
+    def may(self, need: Scope) -> bool:
+        return self.scope is not None and allows(self.scope, need)
+
+    @property
+    def who(self) -> str:
+        return f"{self.name} ({self.scope})" if self.kind == "admin" else f"project {self.project}"
+
+
+@dataclass
+class Sessions:
+    """In memory, by id. `wall` is the controller's clock (a test moves it to expire a session)."""
+
+    wall: Callable[[], float]
+    ttl_s: float
+    by_id: dict[str, Session] = field(default_factory=dict)
+    links: dict[str, tuple[Principal, float]] = field(default_factory=dict)
+
+    def open_admin(self, principal: Principal) -> Session:
+        return self._open("admin", principal.name, principal.scope, None, None)
+
+    def open_tenant(self, key_id: str, project: str, key: str) -> Session:
+        return self._open("tenant", key_id, None, project, key)
+
+    def _open(
+        self, kind: Kind, name: str, scope: Scope | None, project: str | None, key: str | None
+    ) -> Session:
+        self._prune()
+        while len(self.by_id) >= MAX_SESSIONS:
+            del self.by_id[min(self.by_id, key=lambda k: self.by_id[k].expires_at)]
+        session = Session(
+            id=secrets.token_urlsafe(32),
+            kind=kind,
+            name=name,
+            scope=scope,
+            project=project,
+            csrf=secrets.token_urlsafe(32),
+            expires_at=self.wall() + self.ttl_s,
+            key=key,
+            key_checked_at=self.wall(),
+        )
+        self.by_id[session.id] = session
+        return session
+
+    def get(self, session_id: str | None) -> tuple[Session | None, bool]:
+        """The live session of `session_id`, and whether one existed but expired (then it is gone)."""
+        if not session_id:
+            return None, False
+        session = self.by_id.get(session_id)
+        if session is None:
+            return None, False
+        if session.expires_at <= self.wall():
+            del self.by_id[session_id]
+            return None, True
+        return session, False
+
+    def close(self, session_id: str | None) -> None:
+        if session_id:
+            self.by_id.pop(session_id, None)
+
+    def one_time_link(self, principal: Principal) -> str:
+        """A nonce that opens one session for `principal`, once, within ONE_TIME_LINK_S."""
+        nonce = secrets.token_urlsafe(32)
+        self.links[nonce] = (principal, self.wall() + ONE_TIME_LINK_S)
+        return nonce
+
+    def redeem(self, nonce: str) -> Session | None:
+        entry = self.links.pop(nonce, None)
+        if entry is None or entry[1] <= self.wall():
+            return None
+        return self.open_admin(entry[0])
+
+    def _prune(self) -> None:
+        now = self.wall()
+        for sid in [k for k, s in self.by_id.items() if s.expires_at <= now]:
+            del self.by_id[sid]
+        for nonce in [k for k, (_, until) in self.links.items() if until <= now]:
+            del self.links[nonce]
+
+
+def csrf_ok(session: Session, presented: str | None) -> bool:
+    return presented is not None and hmac.compare_digest(presented.encode(), session.csrf.encode())

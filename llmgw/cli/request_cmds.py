@@ -98,7 +98,13 @@ def _show(r: dict[str, Any]) -> None:
     for label, value in lines:
         console.print(f"  {label:<14}{escape(str(value))}", highlight=False)
     decision = r.get("decision")
-    if isinstance(decision, dict):
+    if isinstance(decision, dict) and decision.get("cache") == "hit":  # llmgw_router.cache_path
+        console.print(
+            f"  {'decision':<14}answered from the router's response cache "
+            f"(stored {escape(str(decision.get('age_s')))}s before)",
+            highlight=False,
+        )
+    elif isinstance(decision, dict):
         dropped = ", ".join(f"{k} {v}" for k, v in (decision.get("dropped") or {}).items())
         console.print(
             f"  {'decision':<14}{escape(str(decision.get('picker')))} picked "

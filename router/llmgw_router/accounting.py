@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from llmgw.core.config.models import Prices
 from llmgw.core.tenancy import TenantChain
@@ -116,6 +116,9 @@ class Call:
     tags: dict[str, str] | None = None
     trace: RequestTrace | None = None  # with tracing configured only (llmgw_router.tracing)
     traceparent: str | None = None  # without: the client's, passed to the engine as it came
+    cache: dict[str, Any] | None = (
+        None  # answered by the response cache: the usage row's decision (cache_path)
+    )
 
     @property
     def reserved(self) -> Reservation:
@@ -196,7 +199,7 @@ def settle(
         queue_ms=call.queue_s * 1000 if call.queue_s is not None else None,
         ttft_ms=(ttft - call.started) * 1000 if ttft is not None else None,
         attempts=call.attempts,
-        decision=decision_summary(call.decision) if call.decision is not None else None,
+        decision=decision_summary(call.decision) if call.decision is not None else call.cache,
         code=call.code,
         tags=call.tags,
     )

@@ -28,6 +28,7 @@ from llmgw.core.tenancy import has_tenants
 from llmgw_router.accounting import Call, gone, settle
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator
+from llmgw_router.cache_path import CachePath
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply, json_reply
 from llmgw_router.fields import DROPPED_HEADER, plan_fields
@@ -103,6 +104,7 @@ class RequestService:
         self.provider_health = ProviderHealth(self.metrics.provider_unavailable)
         self.recent = RecentRequests()  # the last requests finished, for `llmgw request ID` (lookup.py)
         self.tracer: RequestTracer | None = None  # set when an OTLP endpoint is configured (app.py)
+        self.cache = CachePath(self.metrics.registry)  # the projects' response caches (cache_path.py)
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.load)."""
@@ -130,6 +132,7 @@ class RequestService:
         self.admission.queue_size = snapshot.router.admission.queue_size
         self.admission.model_queue_size = snapshot.router.admission.model_queue_size
         self.admission.forget(self.table.models)
+        self.cache.configure(snapshot.tenants.projects)
         self.metrics.set_revision(snapshot.revision)
         self.admission.notify_all()  # the new table may have room, or the replica a request waits for
         log.info(
@@ -307,7 +310,13 @@ class RequestService:
                 finally:  # a 429 is a limits span too
                     if call.trace is not None:
                         call.trace.span("limits", began)
-        return await self._forward(exchange, kind, table, canonical, raw, body, call)
+        cached = self.cache.begin(exchange, kind, body, tenant_project, canonical)
+        if cached is None:
+            return await self._forward(exchange, kind, table, canonical, raw, body, call)
+        if cached.hit is not None:
+            return await self.cache.serve(cached, call, self.options.write_timeout)
+        reply = await self._forward(cached.exchange, kind, table, canonical, raw, body, call)
+        return self.cache.finish(cached, call, reply)
 
     async def _forward(
         self,

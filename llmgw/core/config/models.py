@@ -22,6 +22,7 @@ from llmgw.core.config.base import (
     SecretRef as SecretRef,
     Strict as Strict,
 )
+from llmgw.core.config.cache_spec import ResponseCacheSpec as ResponseCacheSpec
 from llmgw.core.config.notification_spec import (
     NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
     NotificationEvent as NotificationEvent,
@@ -681,6 +682,10 @@ class ProjectSpec(Strict):
         gt=0,
         le=1000,
         description="Fair share of a busy model's admissions against other projects of the same band",
+    )
+    response_cache: ResponseCacheSpec | None = Field(
+        None,
+        description="Reuse this project's identical requests' answers (unset: never; docs/response-cache.md)",
     )
 
     @model_validator(mode="after")

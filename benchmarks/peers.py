@@ -90,7 +90,13 @@ async def _make_store_key(dsn: str) -> str:
         await store.close()
 
 
-def _llmgw_snapshot(upstream: str) -> dict[str, object]:
+def _llmgw_snapshot(upstream: str, cache: dict[str, object] | None = None) -> dict[str, object]:
+    project: dict[str, object] = {
+        "organization": "acme",
+        "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000},
+    }
+    if cache is not None:  # router_overhead.py's cache rows
+        project["response_cache"] = cache
     return {
         "revision": "bench",
         # TRANSLATED: the same mock behind an engine kind that does not serve /v1/responses, so a Responses
@@ -100,9 +106,7 @@ def _llmgw_snapshot(upstream: str) -> dict[str, object]:
         "router": {"default_policy": "balanced"},
         "tenants": {
             "organizations": {"acme": {"limits": {"rpm": 100_000_000}}},
-            "projects": {
-                "bench": {"organization": "acme", "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000}}
-            },
+            "projects": {"bench": project},
         },
         "endpoints": [
             {
@@ -133,13 +137,14 @@ def start_llmgw(
     name: str = "llmgw",
     extra: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    cache: dict[str, object] | None = None,
 ) -> Target:
     """llmgw-router in `work` (its store, snapshot and state); `extra` flags and `env` (a PYTHONPATH naming
-    another tree, for benchmarks/tracing_compare.py) when given."""
+    another tree, for benchmarks/tracing_compare.py) when given; `cache`: the project's response_cache."""
     work.mkdir(parents=True, exist_ok=True)
     dsn = f"sqlite:///{work / 'store.db'}"
     key = asyncio.run(_make_store_key(dsn))
-    (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream)))
+    (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream, cache)))
     port = free_port()
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn]
     argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]

@@ -33,6 +33,7 @@ from llmgw.core.config.models import (
     Profile,
     Project,
     ProjectSpec,
+    ResponseCacheSpec,
     RoutingPolicy,
     RoutingPolicySpec,
     Team,
@@ -134,6 +135,7 @@ class Tenant:
     limits: Limits
     labels: Mapping[str, str]
     gpu_quota: Mapping[str, int] = field(default_factory=dict)  # GPU class -> most GPUs (Team, Organization)
+    response_cache: ResponseCacheSpec | None = None  # a Project's, published to routers as written
 
 
 _DEFAULT_POLICY = RoutingPolicySpec()
@@ -312,6 +314,7 @@ class Catalog:
                     organization=t.parent if t.parent_kind == "Organization" else None,
                     models=_listed(t.models),
                     limits=self.project_limits(n),
+                    response_cache=t.response_cache,
                 )
                 for n, t in self.projects.items()
             },
@@ -342,4 +345,7 @@ def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Te
             parent, parent_kind = doc.spec.organization, "Organization"
     models = tuple(doc.spec.models) if doc.spec.models is not None else None
     quota = dict(doc.spec.gpu_quota) if isinstance(doc, Organization | Team) else {}
-    return Tenant(doc.kind, doc.metadata.name, parent, parent_kind, models, doc.spec.limits, labels, quota)
+    cache = doc.spec.response_cache if isinstance(doc, Project) else None
+    return Tenant(
+        doc.kind, doc.metadata.name, parent, parent_kind, models, doc.spec.limits, labels, quota, cache
+    )

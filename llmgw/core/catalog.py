@@ -19,6 +19,8 @@ from types import MappingProxyType
 from llmgw.core import tenancy
 from llmgw.core.config.errors import SemanticError
 from llmgw.core.config.models import (
+    Adapter,
+    AdapterSpec,
     Cluster,
     ClusterSpec,
     Limits,
@@ -155,6 +157,7 @@ class Catalog:
     revision: str | None = None
     warnings: tuple[SemanticError, ...] = ()
     notifications: Mapping[str, NotificationSpec] = field(default_factory=lambda: MappingProxyType({}))
+    adapters: Mapping[str, AdapterSpec] = field(default_factory=lambda: MappingProxyType({}))  # docs/lora.md
     _key: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -184,6 +187,7 @@ class Catalog:
         nodes: dict[str, NodeEntry] = {}
         tenants: dict[str, dict[str, Tenant]] = {"Organization": {}, "Team": {}, "Project": {}}
         notifications: dict[str, NotificationSpec] = {}
+        adapters: dict[str, AdapterSpec] = {}
         cluster: Cluster | None = None
         for doc in documents:
             name = doc.metadata.name
@@ -206,6 +210,8 @@ class Catalog:
                 tenants[doc.kind][name] = _tenant(doc, labels)
             elif isinstance(doc, Notification):
                 notifications[name] = doc.spec
+            elif isinstance(doc, Adapter):
+                adapters[name] = doc.spec
         return cls(
             models=MappingProxyType(models),
             aliases=MappingProxyType(aliases),
@@ -219,6 +225,7 @@ class Catalog:
             revision=revision,
             warnings=tuple(problems),
             notifications=MappingProxyType(notifications),
+            adapters=MappingProxyType(adapters),
             _key=_BUILD_KEY,
         )
 

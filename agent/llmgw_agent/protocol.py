@@ -180,6 +180,14 @@ class WeightSource(_Model):
     manifest_sha256: str | None = None
 
 
+class ShardAdapter(_Model):
+    """A LoRA adapter the engine loads at start (docs/lora.md), its files fetched like the weights."""
+
+    name: str  # what clients ask for: vLLM serves it under this name; llama.cpp by its place in the list
+    source: WeightSource
+    rank: int | None = None
+
+
 class ShardSpec(_Model):
     replica_id: str
     shard_rank: int = 0
@@ -206,6 +214,8 @@ class ShardSpec(_Model):
     # The Cluster grants this model `trust_remote_code` (spec.security.trust_remote_code); without it the agent
     # refuses the arg. An older controller never sends it, so the arg is refused: the safe default.
     trust_remote_code: bool = False
+    # LoRA adapters loaded at start, in this order (llama.cpp's adapter ids). Empty from an older controller.
+    adapters: list[ShardAdapter] = Field(default_factory=list)
 
     @property
     def shard_id(self) -> str:

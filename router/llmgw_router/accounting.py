@@ -116,9 +116,9 @@ class Call:
     tags: dict[str, str] | None = None
     trace: RequestTrace | None = None  # with tracing configured only (llmgw_router.tracing)
     traceparent: str | None = None  # without: the client's, passed to the engine as it came
-    cache: dict[str, Any] | None = (
-        None  # answered by the response cache: the usage row's decision (cache_path)
-    )
+    # Answered by the response cache: the usage row's decision (llmgw_router.cache_path).
+    cache: dict[str, Any] | None = None
+    adapter: str | None = None  # the LoRA adapter asked for (llmgw_router.adapters); `model` is its base
 
     @property
     def reserved(self) -> Reservation:

@@ -134,7 +134,13 @@ class CachePath:
         self.store.configure(projects)
 
     def begin(
-        self, exchange: Exchange, kind: str, body: dict[str, Any], project: str | None, model: str
+        self,
+        exchange: Exchange,
+        kind: str,
+        body: dict[str, Any],
+        project: str | None,
+        model: str,
+        adapter: str | None = None,
     ) -> CachedRequest | None:
         """The cache's part in this request (None: the project keeps no cache of this model, or a Responses
         turn, whose answer is rebuilt from stored state); a hit is in `.hit`."""
@@ -142,7 +148,7 @@ class CachePath:
         if cache is None or project is None or isinstance(exchange, ResponsesExchange):
             return None
         said = directive(exchange.headers.get("cache-control"))
-        key = cache_key(project, kind, model, body)
+        key = cache_key(project, kind, adapter or model, body)  # an adapter answers otherwise than its base
         hit = cache.get(key, self.store.clock()) if said == "use" else None
         result = "hit" if hit is not None else {"use": "miss", "refresh": "refresh", "bypass": "bypass"}[said]
         self.requests.labels(model, result).inc()

@@ -26,6 +26,7 @@ from llmgw.adapters import logformat
 from llmgw.core.snapshot import PublishedModel, RouterSnapshot
 from llmgw.core.tenancy import has_tenants
 from llmgw_router.accounting import Call, gone, settle
+from llmgw_router.adapters import Adapters
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator
 from llmgw_router.cache_path import CachePath
@@ -105,6 +106,7 @@ class RequestService:
         self.recent = RecentRequests()  # the last requests finished, for `llmgw request ID` (lookup.py)
         self.tracer: RequestTracer | None = None  # set when an OTLP endpoint is configured (app.py)
         self.cache = CachePath(self.metrics.registry)  # the projects' response caches (cache_path.py)
+        self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (adapters.py)
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.load)."""
@@ -133,6 +135,7 @@ class RequestService:
         self.admission.model_queue_size = snapshot.router.admission.model_queue_size
         self.admission.forget(self.table.models)
         self.cache.configure(snapshot.tenants.projects)
+        self.adapters.forget(self.table)
         self.metrics.set_revision(snapshot.revision)
         self.admission.notify_all()  # the new table may have room, or the replica a request waits for
         log.info(
@@ -200,6 +203,15 @@ class RequestService:
                     "on_demand": model.on_demand,
                 }
             )
+        data += self.adapters.cards(
+            table,
+            one,
+            project,
+            lambda base, asked: (
+                (not listed or project is None or table.allowed(project, base, asked))
+                and (table.models[base].on_demand or self.forwarding.schedulable(table, base))
+            ),
+        )
         if one is None:
             return json_reply({"object": "list", "data": data})
         if not data:
@@ -278,6 +290,9 @@ class RequestService:
                 400, "The request needs a `model` field naming a model.", "missing_model", param="model"
             )
         canonical = table.resolve(name)
+        adapter = self.adapters.resolve(table, name) if canonical is None else None
+        if adapter is not None:  # a LoRA adapter: served by its base model's replicas
+            canonical, call.adapter = adapter.base, name
         if canonical is None:
             raise ApiError(
                 404,
@@ -288,6 +303,8 @@ class RequestService:
         call.model = canonical
         model = table.models[canonical]
         tenant_project = _tenant_project(table, call.principal.project, canonical, name)
+        if adapter is not None:
+            self.adapters.check(name, adapter, tenant_project)
         if kind not in model.capabilities:
             raise ApiError(
                 400,
@@ -298,6 +315,8 @@ class RequestService:
             )
         call.sizing = size(len(raw), body, kind, model)
         call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: fits(m, call.sizing))
+        if adapter is not None:
+            call.serving = call.serving[:1]  # a fallback model does not carry the adapter
         if tenant_project is not None:
             call.chain = table.chain(tenant_project)
             if call.chain is not None:
@@ -310,7 +329,7 @@ class RequestService:
                 finally:  # a 429 is a limits span too
                     if call.trace is not None:
                         call.trace.span("limits", began)
-        cached = self.cache.begin(exchange, kind, body, tenant_project, canonical)
+        cached = self.cache.begin(exchange, kind, body, tenant_project, canonical, call.adapter)
         if cached is None:
             return await self._forward(exchange, kind, table, canonical, raw, body, call)
         if cached.hit is not None:
@@ -332,6 +351,7 @@ class RequestService:
         pick made once more, then it is a 502."""
         headers = exchange.headers
         info = RequestInfo(session_key=session_key(headers, body, table.policy_for(canonical)))
+        adapter = table.snapshot.adapters.get(call.adapter) if call.adapter is not None else None
         place = self.forwarding.place(table, call.principal.project if call.principal else None, canonical)
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
@@ -339,6 +359,9 @@ class RequestService:
         )
         for attempt in (0, 1):
             asked = time.monotonic()
+            load_on = None
+            if adapter is not None and call.adapter is not None:
+                info, load_on = self.adapters.steer(table, canonical, call.adapter, adapter, info)
             try:
                 picked = await self.forwarding.pick(table, canonical, call.serving, info, place)
             except ApiError as err:  # queue full or timed out, no endpoint, still loading
@@ -354,6 +377,9 @@ class RequestService:
                 call.trace.scheduled(asked, picked)
             self.last_used[served] = self.clock()
             try:
+                if load_on == ep.id and adapter is not None and call.adapter is not None:
+                    assert self.session is not None, "opened with the listeners"
+                    await self.adapters.ensure_loaded(self.session, ep, call.adapter, adapter)
                 sent_kind, sent_raw, sent_body = kind, raw, body
                 if isinstance(exchange, ResponsesExchange):
                     engine = None if ep.is_provider else ep.spec.engine
@@ -434,6 +460,10 @@ class RequestService:
             if fields is not None and fields.drop:
                 reply[DROPPED_HEADER] = ",".join(fields.drop)
         sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage, fields)
+        if call.adapter is not None or ep.spec.adapters:
+            sent = self.adapters.rewrite(
+                sent, ep, call.adapter, table.snapshot.adapters.get(call.adapter or "")
+            )
         key = ep.provider_key if ep.is_provider else ep.spec.api_key
         headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
         url = ep.api_base + _PATHS[kind]

@@ -23,7 +23,9 @@ class AdapterSpec(Strict):
     """Which base model carries the adapter, where its files are, and who may use it."""
 
     base: str = Field(description="The Model whose replicas carry this adapter (its name, not an alias)")
-    source: Source = Field(description="The adapter's files: a GGUF-LoRA file (llama.cpp) or a PEFT directory (vLLM)")
+    source: Source = Field(
+        description="The adapter's files: a GGUF-LoRA file (llama.cpp) or a PEFT directory (vLLM)"
+    )
     projects: list[Name] | None = Field(
         None, description="Projects that may use it (unset: every project that may use the base model)"
     )
@@ -31,4 +33,3 @@ class AdapterSpec(Strict):
         None, ge=1, le=1024, description="The adapter's LoRA rank (vLLM's --max-lora-rank takes the largest)"
     )
     scale: float = Field(1.0, gt=0, le=16, description="llama.cpp: the scale the adapter is applied with")
-

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from llmgw.core.config.adapter_spec import LORA_ENGINES as LORA_ENGINES, AdapterSpec as AdapterSpec
 from llmgw.core.config.base import (
     API_VERSION as API_VERSION,
     CPU_ENGINES as CPU_ENGINES,
@@ -22,9 +23,7 @@ from llmgw.core.config.base import (
     SecretRef as SecretRef,
     Strict as Strict,
 )
-from llmgw.core.config.adapter_spec import LORA_ENGINES as LORA_ENGINES, AdapterSpec as AdapterSpec
 from llmgw.core.config.cache_spec import ResponseCacheSpec as ResponseCacheSpec
-from llmgw.core.config.source_spec import Source as Source
 from llmgw.core.config.notification_spec import (
     NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
     NotificationEvent as NotificationEvent,
@@ -32,6 +31,7 @@ from llmgw.core.config.notification_spec import (
     NotificationRetry as NotificationRetry,
     NotificationSpec as NotificationSpec,
 )
+from llmgw.core.config.source_spec import Source as Source
 
 # ---------------------------------------------------------------------------------------------------- Cluster
 

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from llmgw.core import tenancy
 from llmgw.core.config.errors import SemanticError
 from llmgw.core.config.models import (
+    LORA_ENGINES,
     Adapter,
     AdapterSpec,
     Cluster,
@@ -61,7 +62,12 @@ __all__ = [
 _BUILD_KEY = object()  # only Catalog.build has it: no unchecked Catalog can exist
 
 
-def profile_fingerprint(profile: Profile, spec: ModelSpec, manifest_digest: str | None = None) -> str:
+def profile_fingerprint(
+    profile: Profile,
+    spec: ModelSpec,
+    manifest_digest: str | None = None,
+    adapters: Sequence[tuple[str, AdapterSpec]] = (),
+) -> str:
     """sha256 of what a running replica depends on: the profile, the model's source and context length, and
     a directory source's manifest from the repo (its digest): a manifest edited at the same path names other
     bytes, so its replicas are stale exactly as when a file source's sha256 changes.
@@ -76,6 +82,8 @@ def profile_fingerprint(profile: Profile, spec: ModelSpec, manifest_digest: str 
     }
     if manifest_digest is not None:
         canonical["manifest"] = manifest_digest
+    if adapters and profile.engine in LORA_ENGINES:  # loaded at start: another set is another replica
+        canonical["adapters"] = [[n, a.model_dump(mode="json", exclude_defaults=True)] for n, a in adapters]
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -187,7 +195,7 @@ class Catalog:
         nodes: dict[str, NodeEntry] = {}
         tenants: dict[str, dict[str, Tenant]] = {"Organization": {}, "Team": {}, "Project": {}}
         notifications: dict[str, NotificationSpec] = {}
-        adapters: dict[str, AdapterSpec] = {}
+        adapters = {d.metadata.name: d.spec for d in documents if isinstance(d, Adapter)}
         cluster: Cluster | None = None
         for doc in documents:
             name = doc.metadata.name
@@ -195,8 +203,10 @@ class Catalog:
             if isinstance(doc, Model):
                 manifest = (manifests or {}).get(name)
                 digest = None if manifest is None else manifest_digest(manifest)
+                carried = _adapters_of(adapters, name)
                 entries = tuple(
-                    ProfileEntry(p, profile_fingerprint(p, doc.spec, digest)) for p in doc.spec.profiles
+                    ProfileEntry(p, profile_fingerprint(p, doc.spec, digest, carried))
+                    for p in doc.spec.profiles
                 )
                 models[name] = ModelEntry(name, doc.spec, labels, entries, manifest, (shapes or {}).get(name))
                 aliases.update({alias: name for alias in doc.spec.aliases})
@@ -210,8 +220,6 @@ class Catalog:
                 tenants[doc.kind][name] = _tenant(doc, labels)
             elif isinstance(doc, Notification):
                 notifications[name] = doc.spec
-            elif isinstance(doc, Adapter):
-                adapters[name] = doc.spec
         return cls(
             models=MappingProxyType(models),
             aliases=MappingProxyType(aliases),
@@ -228,6 +236,10 @@ class Catalog:
             adapters=MappingProxyType(adapters),
             _key=_BUILD_KEY,
         )
+
+    def adapters_of(self, model: str) -> tuple[tuple[str, AdapterSpec], ...]:
+        """The LoRA adapters `model`'s replicas load at start, in their order (llama.cpp's adapter ids)."""
+        return _adapters_of(self.adapters, model)
 
     def with_revision(self, revision: str | None) -> Catalog:
         return dataclasses.replace(self, revision=revision, _key=_BUILD_KEY)
@@ -338,6 +350,10 @@ class Catalog:
 
 def _listed(models: tuple[str, ...] | None) -> list[str] | None:
     return None if models is None else list(models)
+
+
+def _adapters_of(adapters: Mapping[str, AdapterSpec], model: str) -> tuple[tuple[str, AdapterSpec], ...]:
+    return tuple(sorted((n, a) for n, a in adapters.items() if a.base == model))
 
 
 def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Tenant:

@@ -125,6 +125,15 @@ class Unplaceable:
 
 
 @dataclass(frozen=True, slots=True)
+class AdapterCarry:
+    """A base model's LoRA adapters (docs/lora.md) and the replicas that will carry them once applied."""
+
+    model: str
+    adapters: tuple[str, ...]  # in the order each replica loads them
+    replicas: tuple[str, ...]  # its replicas kept or started by the plan; a restart's replacement is new
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     revision: str | None
     live_revision: str | None
@@ -147,6 +156,7 @@ class Plan:
     sources: tuple[SourceVerdict, ...] = ()
     # Every GPU profile of a model whose shape its manifest records, against its class's memory in the fleet.
     fits: tuple[ProfileFit, ...] = ()
+    adapters: tuple[AdapterCarry, ...] = ()  # base models with Adapter documents, and who carries them
 
     @property
     def misfits(self) -> tuple[ProfileFit, ...]:

@@ -120,7 +120,9 @@ def snapshot(base: str) -> RouterSnapshot:
     )
 
 
-async def test_an_adapter_is_listed_and_answered_by_the_real_engine(llama_lora: tuple[str, list[str]]) -> None:
+async def test_an_adapter_is_listed_and_answered_by_the_real_engine(
+    llama_lora: tuple[str, list[str]],
+) -> None:
     base, _ = llama_lora
     # What the engine itself says with the adapter applied and without it (greedy, nothing cached).
     loaded = _engine(base, "/lora-adapters", {})

@@ -412,8 +412,16 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
             else:
                 team = t.parent if t.parent_kind == "Team" else None
                 org = t.parent if t.parent_kind == "Organization" else None
-                spec = ProjectSpec(team=team, organization=org, models=models, limits=t.limits)
+                spec = ProjectSpec(
+                    team=team,
+                    organization=org,
+                    models=models,
+                    limits=t.limits,
+                    response_cache=t.response_cache,
+                )
             put(t.kind, name, spec, t.labels)
+    for name, adapter in catalog.adapters.items():
+        put("Adapter", name, adapter, {})
     return dict(sorted(out.items()))
 
 

@@ -32,7 +32,7 @@ UNKNOWN_DOCUMENTS = (
 KIND_ORDER = {
     k: i
     for i, k in enumerate(
-        ("Cluster", "Node", "RoutingPolicy", "Organization", "Team", "Project", "Model", "model")
+        ("Cluster", "Node", "RoutingPolicy", "Organization", "Team", "Project", "Model", "Adapter", "model")
     )
 }
 

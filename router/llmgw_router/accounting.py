@@ -180,6 +180,9 @@ def settle(
         return
     chain = call.chain
     ttft = result.first_byte_at if result is not None else None
+    decision = decision_summary(call.decision) if call.decision is not None else call.cache
+    if call.adapter is not None:  # billed to its base model's prices; which adapter it was is kept here
+        decision = {**(decision or {}), "adapter": call.adapter}
     rec = UsageRecord(
         time=clock(),
         request_id=call.request_id,
@@ -199,7 +202,7 @@ def settle(
         queue_ms=call.queue_s * 1000 if call.queue_s is not None else None,
         ttft_ms=(ttft - call.started) * 1000 if ttft is not None else None,
         attempts=call.attempts,
-        decision=decision_summary(call.decision) if call.decision is not None else call.cache,
+        decision=decision,
         code=call.code,
         tags=call.tags,
     )

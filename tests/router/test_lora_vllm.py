@@ -21,9 +21,10 @@ from llmgw_agent.protocol import ShardAdapter, ShardSpec, WeightSource
 from llmgw_router.app import Listeners, serve
 from llmgw_router.auth import Authenticator
 from llmgw_router.service import Router, RouterOptions
-from support import free_port, wait_until
+from support import free_port, wait_for, wait_until
 
 from llmgw.core.snapshot import RouterSnapshot
+from llmgw.store.records import UsageRecord
 
 from .test_integration import KEY_P1, KEY_P2, keys
 
@@ -31,6 +32,17 @@ pytestmark = pytest.mark.integration
 
 STANDIN = Path(__file__).parents[1] / "agent" / "standins" / "vllm"
 ENGINE_KEY = "vllm-engine-key"
+
+
+class Usage:
+    def __init__(self) -> None:
+        self.rows: list[UsageRecord] = []
+
+    def record(self, rec: UsageRecord) -> None:
+        self.rows.append(rec)
+
+
+USAGE = Usage()
 V1, V2 = "support-v1", "support-v2"
 PATHS = {V1: "/srv/adapters/support-v1", V2: "/srv/adapters/support-v2"}
 
@@ -141,7 +153,7 @@ def snapshot(urls: dict[str, str]) -> RouterSnapshot:
 
 @pytest.fixture
 async def gateway(engines: dict[str, str]) -> AsyncIterator[str]:
-    router = Router(RouterOptions(), auth=Authenticator(keys()))
+    router = Router(RouterOptions(), auth=Authenticator(keys()), usage=USAGE)
     router.apply_snapshot(snapshot(engines))
     listeners: Listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")
     try:
@@ -179,6 +191,14 @@ async def test_adapters_are_served_by_name_and_a_new_one_is_loaded_once_on_one_r
     }
     assert sent["rep-a"].count(V2) == 2 and V2 not in sent["rep-b"], sent  # then it stays where it is loaded
     assert sorted(sent["rep-a"] + sent["rep-b"]) == sorted([V1, V2, V2, "base"])
+    # Billed to the base model, the adapter named in the usage row.
+    rows = await wait_for(lambda: USAGE.rows if len(USAGE.rows) >= 4 else None, 10, "4 usage rows")
+    assert [(r.model, (r.decision or {}).get("adapter")) for r in rows[-4:]] == [
+        ("base", V1),
+        ("base", V2),
+        ("base", V2),
+        ("base", None),
+    ]
     async with openai.AsyncOpenAI(base_url=gateway, api_key=KEY_P2, max_retries=0, timeout=30) as other:
         assert {m.id for m in (await other.models.list()).data} == {"base", V2}
         with pytest.raises(openai.PermissionDeniedError):

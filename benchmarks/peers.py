@@ -107,7 +107,15 @@ BENCH_GUARD = {
 }
 
 
-def _llmgw_snapshot(upstream: str, guard: dict[str, object] | None = None) -> dict[str, object]:
+def _llmgw_snapshot(
+    upstream: str, guard: dict[str, object] | None = None, cache: dict[str, object] | None = None
+) -> dict[str, object]:
+    project: dict[str, object] = {
+        "organization": "acme",
+        "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000},
+    }
+    if cache is not None:  # router_overhead.py's cache rows
+        project["response_cache"] = cache
     return {
         **({"guard": guard} if guard is not None else {}),
         "revision": "bench",
@@ -118,9 +126,7 @@ def _llmgw_snapshot(upstream: str, guard: dict[str, object] | None = None) -> di
         "router": {"default_policy": "balanced"},
         "tenants": {
             "organizations": {"acme": {"limits": {"rpm": 100_000_000}}},
-            "projects": {
-                "bench": {"organization": "acme", "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000}}
-            },
+            "projects": {"bench": project},
         },
         "endpoints": [
             {
@@ -152,13 +158,14 @@ def start_llmgw(
     extra: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
     guard: dict[str, object] | None = None,
+    cache: dict[str, object] | None = None,
 ) -> Target:
     """llmgw-router in `work` (its store, snapshot and state); `extra` flags and `env` (a PYTHONPATH naming
-    another tree, for benchmarks/tracing_compare.py) when given."""
+    another tree, for benchmarks/tracing_compare.py) when given; `cache`: the project's response_cache."""
     work.mkdir(parents=True, exist_ok=True)
     dsn = f"sqlite:///{work / 'store.db'}"
     key = asyncio.run(_make_store_key(dsn))
-    (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream, guard)))
+    (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream, guard, cache)))
     port = free_port()
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn]
     argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]

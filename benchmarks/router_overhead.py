@@ -22,7 +22,14 @@ and wrk and the mock on CPU 1, so the proxies never compete with the load for a 
 llmgw-router with `--workers N` (N > 1 only).
 
 Run: .venv/bin/python benchmarks/router_overhead.py [--duration 5] [--peers vllm,portkey,litellm] [--no-litellm]
-     [--workers 2] [--pin] [--guardrails]
+     [--workers 2] [--pin] [--guardrails] [--no-cache]
+
+The cache rows (left out with --no-cache) are a second llmgw-router whose project keeps a response cache:
+`llmgw-cmiss` sends `Cache-Control: no-cache` on every request (keyed, recorded and stored like a miss, never
+answered from memory), `llmgw-chit` the same body without it (every request after the first a hit). Their line:
+
+  router_overhead_cache: miss_added_p50_ms_whole_c1=X miss_added_cpu_us_whole_c1=X hit_p50_ms_whole_c1=X
+  hit_over_router_rps_whole_c1=X ... (whole and stream, at concurrency 1 and 16)
 """
 
 from __future__ import annotations
@@ -105,6 +112,7 @@ wrk.body = [[{BODY}]]
 wrk.headers["Content-Type"] = "application/json"
 {HEADERS}
 """
+BENCH_CACHE: dict[str, object] = {"ttl": "1h", "max_bytes": 64 * 1024 * 1024}
 PROXY_CPUS, LOAD_CPUS = "0", "1"  # --pin: the proxies on CPU 0, wrk and the mock on CPU 1
 
 
@@ -266,6 +274,22 @@ def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Ta
                 guard=BENCH_GUARD,
             )
         )
+    if args.cache:  # a second router whose project keeps a response cache: a miss's cost, a hit's latency
+        cached = start_llmgw(
+            procs,
+            work / "cache",
+            upstream,
+            args.workers,
+            proxy_cpus,
+            name="llmgw-cmiss",
+            extra=("--state-dir", str(work / "cache" / "state")),  # a usage spool of its own
+            cache=BENCH_CACHE,
+        )
+        # Every request says no-cache: keyed, recorded and stored like a miss, never answered from memory.
+        targets.append(
+            Target("llmgw-cmiss", cached.url, {**cached.headers, "Cache-Control": "no-cache"}, cached.proc)
+        )
+        targets.append(Target("llmgw-chit", cached.url, cached.headers, cached.proc))  # the same body: hits
     starters = {"vllm": start_vllm_router, "portkey": start_portkey, "litellm": start_litellm}
     for peer in args.peers:
         started = starters[peer](procs, work, upstream, proxy_cpus)
@@ -359,6 +383,34 @@ def guardrails_line(levels: list[int], results: dict[tuple[str, bool, int], Resu
     return "router_overhead_guardrails: " + " ".join(parts)
 
 
+def cache_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
+    """The response cache's rows against the plain router's, at concurrency 1 and 16, whole and streamed:
+    a miss's added p50 and CPU per request (cache on, nothing reused), a hit's p50 and requests per second."""
+    parts = []
+    for conns in sorted({levels[0], 16 if 16 in levels else levels[-1]}):
+        for stream in (False, True):
+            mode = f"{'stream' if stream else 'whole'}_c{conns}"
+            base, miss, hit = (
+                results.get((n, stream, conns)) for n in ("llmgw", "llmgw-cmiss", "llmgw-chit")
+            )
+            if base is None or miss is None or hit is None:
+                continue
+            cpu = (
+                f"{miss.cpu_us_per_req - base.cpu_us_per_req:.0f}"
+                if miss.cpu_us_per_req is not None and base.cpu_us_per_req is not None
+                else "none"
+            )
+            parts += [
+                f"miss_added_p50_ms_{mode}={miss.p50_ms - base.p50_ms:.3f}",
+                f"miss_added_cpu_us_{mode}={cpu}",
+                f"hit_p50_ms_{mode}={hit.p50_ms:.3f}",
+                f"hit_over_router_rps_{mode}={hit.rps / base.rps:.2f}"
+                if base.rps
+                else f"hit_over_router_rps_{mode}=none",
+            ]
+    return "router_overhead_cache: " + " ".join(parts)
+
+
 def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
     c1 = levels[0]
     c16 = 16 if 16 in levels else levels[-1]
@@ -391,6 +443,12 @@ def parse_args() -> argparse.Namespace:
         "--guardrails",
         action="store_true",
         help="also a router screening every request with a guardrail of deterministic checks (llmgw+guard)",
+    )
+    ap.add_argument(
+        "--no-cache",
+        dest="cache",
+        action="store_false",
+        help="leave out the response cache rows (llmgw-cmiss: every request a miss; llmgw-chit: every one a hit)",
     )
     ap.add_argument("--workers", type=int, default=1, help="llmgw-router worker processes (passed when > 1)")
     ap.add_argument(
@@ -446,6 +504,8 @@ def main() -> None:
         print(responses_line(levels, results))
         if args.guardrails:
             print(guardrails_line(levels, results))
+        if args.cache:
+            print(cache_line(levels, results))
         print(final_line(levels, results))
     finally:
         procs.stop_all()

@@ -49,6 +49,7 @@ class LaunchContext:
     workdir: str  # per-shard directory the supervisor owns (config files go here)
     binary: str | None = None  # the engine's executable (or python for sglang) from the agent config
     python: str = field(default_factory=lambda: sys.executable)
+    adapters: tuple[tuple[str, str], ...] = ()  # (name, local path) of each LoRA adapter, in the spec's order
 
 
 @dataclass(frozen=True)
@@ -166,6 +167,13 @@ def _llamacpp_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     argv += ["--metrics", "-a", _served(spec)]
     args = {k: v for k, v in spec.args.items() if k != "tensor_parallel_size"}
     argv += _extra_flags("llamacpp", args, LLAMACPP_ARGS)
+    if ctx.adapters:
+        # Loaded unapplied: each request names the adapter it wants (the router's `lora` field), so the base
+        # model's own requests are answered by the base alone.
+        for _, path in ctx.adapters:
+            argv += ["--lora", path]
+        if "lora_init_without_apply" not in args:
+            argv.append("--lora-init-without-apply")
     env = _gpu_env(spec)
     if spec.api_key:
         env["LLAMA_API_KEY"] = spec.api_key
@@ -229,11 +237,14 @@ def _vllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     if spec.slots:
         argv += ["--max-num-seqs", str(spec.slots)]
     argv += _extra_flags("vllm", args, VLLM_ARGS)
+    argv += _vllm_lora_flags(spec, ctx, args)
     env = _gpu_env(spec)
     if spec.api_key:
         # By environment: the command line is readable by every user on the node.
         env["VLLM_API_KEY"] = spec.api_key
-    if args.get("enable_lora"):
+    if args.get("enable_lora") or ctx.adapters:
+        # The router loads an adapter added after the start through /v1/load_lora_adapter; the repo cannot
+        # set this (it is no allowlisted engine variable), the agent does for every LoRA replica.
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if spec.shard_count > 1:
         return _vllm_ray_plan(spec, ctx, argv, env)
@@ -271,6 +282,25 @@ def _vllm_ray_plan(spec: ShardSpec, ctx: LaunchContext, argv: list[str], env: di
     work = [*launcher, "worker", "--ray", ray, "--ip", fabric, "--address", f"{rdv.host}:{rdv.port}"]
     work += ["--health", f"{ctx.host}:{ctx.port}"]
     return LaunchPlan(work, {k: v for k, v in env.items() if k != "VLLM_API_KEY"}, {}, "/health", "/metrics")
+
+
+def _vllm_lora_flags(spec: ShardSpec, ctx: LaunchContext, args: Mapping[str, Any]) -> list[str]:
+    """--enable-lora, --lora-modules name=path for each adapter, and --max-loras / --max-lora-rank from the
+    profile's args, else from the adapters (how many there are, their largest declared rank)."""
+    if not ctx.adapters:
+        return []
+    out = [] if args.get("enable_lora") else ["--enable-lora"]
+    if "lora_modules" in args:
+        raise SpecError(
+            "vllm: args.lora_modules and Adapter documents both name adapters; use Adapter documents"
+        )
+    out += ["--lora-modules", *(f"{name}={path}" for name, path in ctx.adapters)]
+    if "max_loras" not in args:
+        out += ["--max-loras", str(len(ctx.adapters))]
+    ranks = [a.rank for a in spec.adapters if a.rank is not None]
+    if "max_lora_rank" not in args and ranks:
+        out += ["--max-lora-rank", str(max(ranks))]
+    return out
 
 
 # ---------------- SGLang ----------------

@@ -191,6 +191,14 @@ class Rendezvous(_Model):
     port: int = Field(ge=1, le=65535)
 
 
+class ShardAdapter(_Model):
+    """A LoRA adapter the engine loads at start (docs/lora.md), its files fetched like the weights."""
+
+    name: str  # what clients ask for: vLLM serves it under this name; llama.cpp by its place in the list
+    source: WeightSource
+    rank: int | None = None
+
+
 class ShardSpec(_Model):
     replica_id: str
     shard_rank: int = 0
@@ -222,6 +230,8 @@ class ShardSpec(_Model):
     # (the agent then refuses a multi-node shard, as it did).
     rendezvous: Rendezvous | None = None
     fabric_address: str | None = None
+    # LoRA adapters loaded at start, in this order (llama.cpp's adapter ids). Empty from an older controller.
+    adapters: list[ShardAdapter] = Field(default_factory=list)
 
     @property
     def shard_id(self) -> str:

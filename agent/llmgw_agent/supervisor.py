@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -140,6 +141,7 @@ class Shard:
     task: asyncio.Task[None] | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
+    adapter_paths: tuple[tuple[str, str], ...] = ()  # (name, local path) of each LoRA adapter, once fetched
 
 
 class Supervisor:
@@ -275,6 +277,7 @@ class Supervisor:
     async def _run(self, shard: Shard) -> None:
         try:
             model_path = await self._fetch(shard)
+            shard.adapter_paths = await self._fetch_adapters(shard)
             await self._launch(shard, model_path)
             await self._wait_ready(shard)
             if shard.proc is not None:
@@ -322,6 +325,30 @@ class Supervisor:
             path = await weights.resolve(source, cache, progress)
         self.weights_index.record(source, path, shard.spec.shard_id)
         return path
+
+    async def _fetch_adapters(self, shard: Shard) -> tuple[tuple[str, str], ...]:
+        """Each LoRA adapter's files, the way weights come (a path checked, a URL or a directory fetched into
+        the cache and its digest checked), recorded in the cache index so collection keeps them."""
+        out = []
+        cache = self._cache_dir()
+        for adapter in shard.spec.adapters:
+            source = adapter.source
+            if source.directory:
+                published = await dirfetch.fetch_directory(
+                    source, cache, lambda done, total: None, mirror_headers=self.cfg.mirror_headers
+                )
+                assert source.directory is not None
+                self.weights_index.record_directory(
+                    source.directory, published.digest, published.path, shard.spec.shard_id
+                )
+                path = published.path
+            else:
+                path = await weights.resolve(
+                    source, cache, lambda done, total: None, max_bytes=self.cfg.max_download_bytes
+                )
+                self.weights_index.record(source, path, shard.spec.shard_id)
+            out.append((adapter.name, path))
+        return tuple(out)
 
     def _cache_dir(self) -> Path:
         return self.cfg.weights_dir or (self.cfg.state_dir / "weights")
@@ -372,6 +399,7 @@ class Supervisor:
         else:
             launch_spec = spec
             ctx = self._context(spec, port, model_path, host=serving)
+        ctx = dataclasses.replace(ctx, adapters=shard.adapter_paths)
         plan = engines.launch_plan(launch_spec, ctx)
         argv, front_env = plan.argv, {}
         if fronted:

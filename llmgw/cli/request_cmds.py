@@ -63,6 +63,11 @@ def _decision_table(decision: dict[str, Any]) -> Table:
     return table
 
 
+def _cache_hit(r: dict[str, Any]) -> bool:
+    decision = r.get("decision")
+    return isinstance(decision, dict) and decision.get("cache") == "hit"
+
+
 def _show(r: dict[str, Any]) -> None:
     console = output.console()
     when = datetime.fromtimestamp(r["time"], UTC).strftime("%Y-%m-%d %H:%M:%S")
@@ -82,7 +87,7 @@ def _show(r: dict[str, Any]) -> None:
             + (f", key {r['key_id']}" if r.get("key_id") else ""),
         ),
         ("model", r["model"] + ("  (a fallback)" if r.get("fallback_used") else "")),
-        ("endpoint", r.get("endpoint") or "(none picked)"),
+        ("endpoint", r.get("endpoint") or ("(the response cache)" if _cache_hit(r) else "(none picked)")),
         ("queue", _ms(r.get("queue_ms"))),
         ("first token", _ms(r.get("ttft_ms")) + ("" if r.get("ttft_ms") is not None else " (not streamed)")),
         ("duration", _ms(r.get("duration_ms"))),
@@ -98,10 +103,18 @@ def _show(r: dict[str, Any]) -> None:
     for stage, verdict in (r.get("guard") or {}).items():  # the guardrails' verdicts (docs/guardrails.md)
         rules = ", ".join([*verdict.get("rules", []), *verdict.get("hazards", [])])
         lines.append((f"guard {stage}", f"{verdict.get('action')}" + (f": {rules}" if rules else "")))
+    if isinstance(r.get("decision"), dict) and r["decision"].get("adapter"):  # llmgw_router.adapters
+        lines.append(("adapter", f"{r['decision']['adapter']} (LoRA on {r.get('model')})"))
     for label, value in lines:
         console.print(f"  {label:<14}{escape(str(value))}", highlight=False)
     decision = r.get("decision")
-    if isinstance(decision, dict):
+    if isinstance(decision, dict) and _cache_hit(r):  # llmgw_router.cache_path
+        console.print(
+            f"  {'decision':<14}answered from the router's response cache "
+            f"(stored {escape(str(decision.get('age_s')))}s before)",
+            highlight=False,
+        )
+    elif isinstance(decision, dict):
         dropped = ", ".join(f"{k} {v}" for k, v in (decision.get("dropped") or {}).items())
         console.print(
             f"  {'decision':<14}{escape(str(decision.get('picker')))} picked "

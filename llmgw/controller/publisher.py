@@ -24,13 +24,22 @@ from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.credentials import same, valid_node_name
-from llmgw.controller.state import ReplicaLoad, RouterLoad
+from llmgw.controller.desired import Desired
+from llmgw.controller.state import ReplicaLoad, ReplicaRec, RouterLoad
 from llmgw.core import jsonsafe
 from llmgw.core.autoscale import Demand
 from llmgw.core.catalog import Catalog
+from llmgw.core.config.models import LORA_ENGINES
 from llmgw.core.fleet import class_rank
 from llmgw.core.security import bearer_token, engine_key
-from llmgw.core.snapshot import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
+from llmgw.core.snapshot import (
+    Endpoint,
+    PublishedAdapter,
+    PublishedModel,
+    PublishedProvider,
+    RouterSnapshot,
+    Tenants,
+)
 from llmgw.core.traffic import trace_salt
 
 log = logging.getLogger("llmgw.controller.publisher")
@@ -66,6 +75,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 weight=profile.profile.weight if profile else 1.0,
                 slots=profile.profile.slots if profile else None,
                 simulated=shard.engine == "sim",
+                adapters=_carried(d, rec) if d is not None and shard.engine in LORA_ENGINES else [],
             )
         )
     return out
@@ -96,6 +106,10 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
         metric_mappings=mappings,
         trace_salt=_trace_salt(c),
         guard=cat.published_guard(),
+        adapters={
+            name: PublishedAdapter(base=a.base, projects=a.projects, scale=a.scale, path=a.source.path)
+            for name, a in cat.adapters.items()
+        },
     )
 
 
@@ -104,6 +118,15 @@ def _trace_salt(c: Controller) -> str | None:
         return trace_salt(c.cluster_secret().encode())
     except SecretError:
         return None  # said once already, where the endpoints are published without keys
+
+
+def _carried(d: Desired, rec: ReplicaRec) -> list[str]:
+    """The adapters a replica loaded at start: its model's, while it runs the profile's current fingerprint
+    (which covers the adapter set); a replica started with another set is said to carry none, so no request
+    is sent to it for an adapter its engine may number otherwise."""
+    if not rec.fingerprint or d.fingerprint(rec.model, rec.profile) != rec.fingerprint:
+        return []
+    return [name for name, _ in d.catalog.adapters_of(rec.model)]
 
 
 def starting_replicas(c: Controller) -> dict[str, int]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmgw_agent import repo_rules
-from llmgw_agent.protocol import Register, Rendezvous, ShardSpec, WeightSource
+from llmgw_agent.protocol import Register, Rendezvous, ShardAdapter, ShardSpec, WeightSource
 
 from llmgw.adapters import logformat
 from llmgw.adapters.secrets import SecretError, read_secret
@@ -30,8 +30,10 @@ from llmgw.controller.hub import AgentError, NodeLink
 from llmgw.controller.state import ReplicaRec
 from llmgw.core import distributed
 from llmgw.core.autoscale import ScalePolicy
+from llmgw.core.config.models import LORA_ENGINES, Source
 from llmgw.core.fetch_plan import weight_source
 from llmgw.core.fleet import NodeView, ReplicaView
+from llmgw.core.manifest import ManifestFile
 from llmgw.core.placement import Placement, ShardPlacement, explain as placement_explain
 from llmgw.core.reconcile import (
     BackoffPolicy,
@@ -314,19 +316,23 @@ class Reconciler:
 
     def _weights(self, model_name: str, node: str) -> WeightSource | None:
         """What `node` is told about the model's weights (core.fetch_plan), the origin token read here."""
+        d = self.c.desired
+        assert d is not None
+        src = d.models[model_name].spec.source
+        return None if src is None else self._fetchable(src, node, d.manifests.get(model_name))
+
+    def _fetchable(self, src: Source, node: str, manifest: tuple[ManifestFile, ...] | None) -> WeightSource:
+        """A weights or adapter source as `node` fetches it: through the mirror, its token read here."""
         c = self.c
         d = c.desired
         assert d is not None
-        src = d.models[model_name].spec.source
-        if src is None:
-            return None
         token = None if src.token is None else read_secret(src.token, c.settings.secret_policy())
         entry = d.catalog.nodes.get(node)
         return weight_source(
             src,
             d.cluster.mirror,
             airgapped=entry is not None and entry.spec.airgapped,
-            manifest=d.manifests.get(model_name),
+            manifest=manifest,
             token=token,
         )
 
@@ -363,6 +369,12 @@ class Reconciler:
             served_model_name=placement.model,
             trust_remote_code=placement.model in d.cluster.security.trust_remote_code,
             **self._meeting(placement, shard),
+            adapters=[
+                ShardAdapter(name=n, source=self._fetchable(a.source, shard.node, None), rank=a.rank)
+                for n, a in d.catalog.adapters_of(placement.model)
+            ]
+            if profile.engine in LORA_ENGINES
+            else [],
         )
 
     def _fabric_address(self, node: str) -> str | None:

@@ -19,6 +19,9 @@ from types import MappingProxyType
 from llmgw.core import tenancy
 from llmgw.core.config.errors import SemanticError
 from llmgw.core.config.models import (
+    LORA_ENGINES,
+    Adapter,
+    AdapterSpec,
     Cluster,
     ClusterSpec,
     ContentRetention,
@@ -36,6 +39,7 @@ from llmgw.core.config.models import (
     Profile,
     Project,
     ProjectSpec,
+    ResponseCacheSpec,
     RoutingPolicy,
     RoutingPolicySpec,
     Team,
@@ -61,7 +65,12 @@ __all__ = [
 _BUILD_KEY = object()  # only Catalog.build has it: no unchecked Catalog can exist
 
 
-def profile_fingerprint(profile: Profile, spec: ModelSpec, manifest_digest: str | None = None) -> str:
+def profile_fingerprint(
+    profile: Profile,
+    spec: ModelSpec,
+    manifest_digest: str | None = None,
+    adapters: Sequence[tuple[str, AdapterSpec]] = (),
+) -> str:
     """sha256 of what a running replica depends on: the profile, the model's source and context length, and
     a directory source's manifest from the repo (its digest): a manifest edited at the same path names other
     bytes, so its replicas are stale exactly as when a file source's sha256 changes.
@@ -76,6 +85,8 @@ def profile_fingerprint(profile: Profile, spec: ModelSpec, manifest_digest: str 
     }
     if manifest_digest is not None:
         canonical["manifest"] = manifest_digest
+    if adapters and profile.engine in LORA_ENGINES:  # loaded at start: another set is another replica
+        canonical["adapters"] = [[n, a.model_dump(mode="json", exclude_defaults=True)] for n, a in adapters]
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -138,6 +149,7 @@ class Tenant:
     labels: Mapping[str, str]
     gpu_quota: Mapping[str, int] = field(default_factory=dict)  # GPU class -> most GPUs (Team, Organization)
     retention: ContentRetention | None = None  # a Project's content retention; None: keeps no content
+    response_cache: ResponseCacheSpec | None = None  # a Project's, published to routers as written
 
 
 _DEFAULT_POLICY = RoutingPolicySpec()
@@ -158,6 +170,7 @@ class Catalog:
     warnings: tuple[SemanticError, ...] = ()
     notifications: Mapping[str, NotificationSpec] = field(default_factory=lambda: MappingProxyType({}))
     guardrails: Mapping[str, GuardrailSpec] = field(default_factory=lambda: MappingProxyType({}))
+    adapters: Mapping[str, AdapterSpec] = field(default_factory=lambda: MappingProxyType({}))  # docs/lora.md
     _key: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -188,6 +201,7 @@ class Catalog:
         tenants: dict[str, dict[str, Tenant]] = {"Organization": {}, "Team": {}, "Project": {}}
         notifications: dict[str, NotificationSpec] = {}
         guardrails: dict[str, GuardrailSpec] = {}
+        adapters = {d.metadata.name: d.spec for d in documents if isinstance(d, Adapter)}
         cluster: Cluster | None = None
         for doc in documents:
             name = doc.metadata.name
@@ -195,8 +209,10 @@ class Catalog:
             if isinstance(doc, Model):
                 manifest = (manifests or {}).get(name)
                 digest = None if manifest is None else manifest_digest(manifest)
+                carried = _adapters_of(adapters, name)
                 entries = tuple(
-                    ProfileEntry(p, profile_fingerprint(p, doc.spec, digest)) for p in doc.spec.profiles
+                    ProfileEntry(p, profile_fingerprint(p, doc.spec, digest, carried))
+                    for p in doc.spec.profiles
                 )
                 models[name] = ModelEntry(name, doc.spec, labels, entries, manifest, (shapes or {}).get(name))
                 aliases.update({alias: name for alias in doc.spec.aliases})
@@ -226,8 +242,13 @@ class Catalog:
             warnings=tuple(problems),
             notifications=MappingProxyType(notifications),
             guardrails=MappingProxyType(guardrails),
+            adapters=MappingProxyType(adapters),
             _key=_BUILD_KEY,
         )
+
+    def adapters_of(self, model: str) -> tuple[tuple[str, AdapterSpec], ...]:
+        """The LoRA adapters `model`'s replicas load at start, in their order (llama.cpp's adapter ids)."""
+        return _adapters_of(self.adapters, model)
 
     def with_revision(self, revision: str | None) -> Catalog:
         return dataclasses.replace(self, revision=revision, _key=_BUILD_KEY)
@@ -322,6 +343,7 @@ class Catalog:
                     models=_listed(t.models),
                     limits=self.project_limits(n),
                     retention=t.retention,
+                    response_cache=t.response_cache,
                 )
                 for n, t in self.projects.items()
             },
@@ -380,6 +402,10 @@ def _listed(models: tuple[str, ...] | None) -> list[str] | None:
     return None if models is None else list(models)
 
 
+def _adapters_of(adapters: Mapping[str, AdapterSpec], model: str) -> tuple[tuple[str, AdapterSpec], ...]:
+    return tuple(sorted((n, a) for n, a in adapters.items() if a.base == model))
+
+
 def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Tenant:
     parent: str | None = None
     parent_kind: str | None = None
@@ -393,6 +419,16 @@ def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Te
     models = tuple(doc.spec.models) if doc.spec.models is not None else None
     quota = dict(doc.spec.gpu_quota) if isinstance(doc, Organization | Team) else {}
     retention = doc.spec.retention if isinstance(doc, Project) else None
+    cache = doc.spec.response_cache if isinstance(doc, Project) else None
     return Tenant(
-        doc.kind, doc.metadata.name, parent, parent_kind, models, doc.spec.limits, labels, quota, retention
+        doc.kind,
+        doc.metadata.name,
+        parent,
+        parent_kind,
+        models,
+        doc.spec.limits,
+        labels,
+        quota,
+        retention,
+        cache,
     )

@@ -32,6 +32,7 @@ __all__ = [
     "SNAPSHOT_SCHEMA_VERSION",
     "Endpoint",
     "EndpointState",
+    "PublishedAdapter",
     "PublishedGuard",
     "PublishedModel",
     "PublishedProvider",
@@ -95,6 +96,17 @@ class PublishedModel(_Wire):
     provider: PublishedProvider | None = None
 
 
+class PublishedAdapter(_Wire):
+    """A LoRA adapter as routers see it (docs/lora.md): a model name served by its base model's replicas."""
+
+    base: str = Field(description="The model whose replicas carry it")
+    projects: list[str] | None = Field(None, description="Projects that may use it (None: as the base)")
+    scale: float = Field(1.0, gt=0, description="llama.cpp: the scale it is applied with")
+    path: str | None = Field(
+        None, description="Its files' path on every node (a `path` source): what a runtime load names"
+    )
+
+
 class Tenants(_Wire):
     organizations: dict[str, OrganizationSpec] = Field(default_factory=dict)
     teams: dict[str, TeamSpec] = Field(default_factory=dict)
@@ -124,6 +136,9 @@ class Endpoint(_Wire):
     slots: int | None = Field(None, ge=1, description="Concurrent sequences; None when unknown")
     simulated: bool = False
     state: EndpointState = "ready"
+    adapters: list[str] = Field(
+        default_factory=list, description="LoRA adapters it loaded at start, in order (llama.cpp's ids)"
+    )
 
 
 class RouterSnapshot(_Wire):
@@ -135,6 +150,7 @@ class RouterSnapshot(_Wire):
     tenants: Tenants = Field(default_factory=Tenants)
     endpoints: list[Endpoint] = Field(default_factory=list)
     guard: PublishedGuard = Field(default_factory=PublishedGuard)
+    adapters: dict[str, PublishedAdapter] = Field(default_factory=dict, description="LoRA adapters by name")
     metric_mappings: dict[str, MetricMapping] = Field(
         default_factory=dict, description="Per-engine overrides of the built-in metric names"
     )

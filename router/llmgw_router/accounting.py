@@ -123,6 +123,9 @@ class Call:
     stream: bool | None = None
     traceparent: str | None = None  # without: the client's, passed to the engine as it came
     guard: dict[str, Any] | None = None  # the guardrails' verdicts by stage (llmgw_router.guard); None: none
+    # Answered by the response cache: the usage row's decision (llmgw_router.cache_path).
+    cache: dict[str, Any] | None = None
+    adapter: str | None = None  # the LoRA adapter asked for (llmgw_router.adapters); `model` is its base
 
     @property
     def reserved(self) -> Reservation:
@@ -194,6 +197,9 @@ def settle(
         return
     chain = call.chain
     ttft = result.first_byte_at if result is not None else None
+    decision = decision_summary(call.decision) if call.decision is not None else call.cache
+    if call.adapter is not None:  # billed to its base model's prices; which adapter it was is kept here
+        decision = {**(decision or {}), "adapter": call.adapter}
     rec = UsageRecord(
         time=clock(),
         request_id=call.request_id,
@@ -213,7 +219,7 @@ def settle(
         queue_ms=call.queue_s * 1000 if call.queue_s is not None else None,
         ttft_ms=(ttft - call.started) * 1000 if ttft is not None else None,
         attempts=call.attempts,
-        decision=decision_summary(call.decision) if call.decision is not None else None,
+        decision=decision,
         code=call.code,
         tags=call.tags,
         stream=call.stream,

@@ -23,11 +23,14 @@ from urllib.parse import unquote
 import aiohttp
 
 from llmgw.adapters import logformat
+from llmgw.core.guardrails import CompiledGuardrail
 from llmgw.core.snapshot import PublishedModel, RouterSnapshot
 from llmgw.core.tenancy import has_tenants
 from llmgw_router.accounting import Call, gone, settle
+from llmgw_router.adapters import Adapters
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator
+from llmgw_router.cache_path import CachePath
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply, json_reply
 from llmgw_router.fields import DROPPED_HEADER, plan_fields
@@ -105,6 +108,8 @@ class RequestService:
         self.provider_health = ProviderHealth(self.metrics.provider_unavailable)
         self.recent = RecentRequests()  # the last requests finished, for `llmgw request ID` (lookup.py)
         self.tracer: RequestTracer | None = None  # set when an OTLP endpoint is configured (app.py)
+        self.cache = CachePath(self.metrics.registry)  # the projects' response caches (cache_path.py)
+        self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (adapters.py)
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.load)."""
@@ -132,6 +137,8 @@ class RequestService:
         self.admission.queue_size = snapshot.router.admission.queue_size
         self.admission.model_queue_size = snapshot.router.admission.model_queue_size
         self.admission.forget(self.table.models)
+        self.cache.configure(snapshot.tenants.projects)
+        self.adapters.forget(self.table)
         self.metrics.set_revision(snapshot.revision)
         self.admission.notify_all()  # the new table may have room, or the replica a request waits for
         log.info(
@@ -199,6 +206,15 @@ class RequestService:
                     "on_demand": model.on_demand,
                 }
             )
+        data += self.adapters.cards(
+            table,
+            one,
+            project,
+            lambda base, asked: (
+                (not listed or project is None or table.allowed(project, base, asked))
+                and (table.models[base].on_demand or self.forwarding.schedulable(table, base))
+            ),
+        )
         if one is None:
             return json_reply({"object": "list", "data": data})
         if not data:
@@ -277,6 +293,9 @@ class RequestService:
                 400, "The request needs a `model` field naming a model.", "missing_model", param="model"
             )
         canonical = table.resolve(name)
+        adapter = self.adapters.resolve(table, name) if canonical is None else None
+        if adapter is not None:  # a LoRA adapter: served by its base model's replicas
+            canonical, call.adapter = adapter.base, name
         if canonical is None:
             raise ApiError(
                 404,
@@ -287,6 +306,8 @@ class RequestService:
         call.model = canonical
         model = table.models[canonical]
         tenant_project = _tenant_project(table, call.principal.project, canonical, name)
+        if adapter is not None:
+            self.adapters.check(name, adapter, tenant_project)
         if kind not in model.capabilities:
             raise ApiError(
                 400,
@@ -304,6 +325,8 @@ class RequestService:
         call.session = conversation_key(exchange.headers, body, table.policy_for(canonical))
         call.stream = body.get("stream") is True and kind not in NO_COMPLETION
         call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: fits(m, call.sizing))
+        if adapter is not None:
+            call.serving = call.serving[:1]  # a fallback model does not carry the adapter
         if tenant_project is not None:
             call.chain = table.chain(tenant_project)
             if call.chain is not None:
@@ -316,7 +339,16 @@ class RequestService:
                 finally:  # a 429 is a limits span too
                     if call.trace is not None:
                         call.trace.span("limits", began)
+        return await self._answer(exchange, kind, table, canonical, raw, body, call, guards, tenant_project)
+
+    async def _answer(
+        self, exchange: Exchange, kind: Kind, table: RoutingTable, canonical: str, raw: bytes,
+        body: dict[str, Any], call: Call, guards: tuple[CompiledGuardrail, ...], tenant_project: str | None,
+    ) -> Reply | None:  # fmt: skip
+        """Forward the admitted request: through the output guardrails when any apply, else through the
+        project's response cache (a hit never reaches an engine)."""
         if any(g.checks("output") for g in guards):
+            # Screened answers are not cached: a stream cut by a rule is no answer to replay.
             return await self.guard.forward_screened(
                 exchange,
                 guards,
@@ -325,7 +357,13 @@ class RequestService:
                 self._ask_judge,
                 lambda ex: self._forward(ex, kind, table, canonical, raw, body, call),
             )
-        return await self._forward(exchange, kind, table, canonical, raw, body, call)
+        cached = self.cache.begin(exchange, kind, body, tenant_project, canonical, call.adapter)
+        if cached is None:
+            return await self._forward(exchange, kind, table, canonical, raw, body, call)
+        if cached.hit is not None:
+            return await self.cache.serve(cached, call, self.options.write_timeout)
+        reply = await self._forward(cached.exchange, kind, table, canonical, raw, body, call)
+        return self.cache.finish(cached, call, reply)
 
     async def _ask_judge(self, model: str, prompt: str, limit_s: float) -> str | None:
         return await ask_judge(self.table, self.forwarding, self.session, model, prompt, limit_s)
@@ -345,6 +383,7 @@ class RequestService:
         headers = exchange.headers
         policy = table.policy_for(canonical)
         info = RequestInfo(session_key=call.session if policy.weights.session > 0 else None)
+        adapter = table.snapshot.adapters.get(call.adapter) if call.adapter is not None else None
         place = self.forwarding.place(table, call.principal.project if call.principal else None, canonical)
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
@@ -352,6 +391,9 @@ class RequestService:
         )
         for attempt in (0, 1):
             asked = time.monotonic()
+            load_on = None
+            if adapter is not None and call.adapter is not None:
+                info, load_on = self.adapters.steer(table, canonical, call.adapter, adapter, info)
             try:
                 picked = await self.forwarding.pick(table, canonical, call.serving, info, place)
             except ApiError as err:  # queue full or timed out, no endpoint, still loading
@@ -367,6 +409,9 @@ class RequestService:
                 call.trace.scheduled(asked, picked)
             self.last_used[served] = self.clock()
             try:
+                if load_on == ep.id and adapter is not None and call.adapter is not None:
+                    assert self.session is not None, "opened with the listeners"
+                    await self.adapters.ensure_loaded(self.session, ep, call.adapter, adapter)
                 sent_kind, sent_raw, sent_body = kind, raw, body
                 if isinstance(exchange, ResponsesExchange):
                     engine = None if ep.is_provider else ep.spec.engine
@@ -447,6 +492,10 @@ class RequestService:
             if fields is not None and fields.drop:
                 reply[DROPPED_HEADER] = ",".join(fields.drop)
         sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage, fields)
+        if call.adapter is not None or ep.spec.adapters:
+            sent = self.adapters.rewrite(
+                sent, ep, call.adapter, table.snapshot.adapters.get(call.adapter or "")
+            )
         key = ep.provider_key if ep.is_provider else ep.spec.api_key
         headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
         url = ep.api_base + _PATHS[kind]

@@ -30,7 +30,7 @@ def test_tiny_run_measures_each_target_and_ends_with_the_final_line() -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
-    served = ["direct", "floor", "llmgw", "llmgw-tchat", "llmgw-resp"]
+    served = ["direct", "floor", "llmgw", "llmgw-tchat", "llmgw-resp", "llmgw-cmiss", "llmgw-chit"]
     served += [] if "vLLM router skipped" in out else ["vllm-router"]
     portkey = "Portkey skipped" not in out
     for name in served:
@@ -51,6 +51,8 @@ def test_tiny_run_measures_each_target_and_ends_with_the_final_line() -> None:
     assert messages is not None and all(int(v) > 0 for v in messages.groups()), out
     for mode in ("whole", "stream"):  # llmgw on /v1/messages served every request (the last column: errors)
         assert re.search(rf"^{mode} +[1-9]\d* +\d+ +\d+ +\d+ +0$", out, re.M), out
+    cache = re.search(r"^router_overhead_cache: (.*)$", out, re.M)  # a miss's cost and a hit's latency
+    assert cache is not None and "hit_p50_ms_whole_c16=" in cache[1] and "none" not in cache[1], out
     match = FINAL.search(out)
     assert match is not None, out
     assert out.rstrip().endswith(match.group(0))

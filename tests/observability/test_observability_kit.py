@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from llmgw_agent import health
 from llmgw_router.metrics import RouterMetrics
+from llmgw_router.service import RequestService
 from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 
@@ -121,7 +122,8 @@ def _documented_metrics() -> dict[str, str]:
 def _exported_by_code() -> dict[str, str]:
     """metric -> type for every family the controller's and the router's registries publish, and the agent's
     node-health families (written without prometheus-client, declared in llmgw_agent.health)."""
-    registries = [ControllerMetrics().registry, RouterMetrics(lambda: None, lambda: 0.0).registry]
+    # The request service's registry: RouterMetrics' families and those of the parts it adds (the cache's).
+    registries = [ControllerMetrics().registry, RequestService().metrics.registry]
     suffix = {"counter": "_total", "info": "_info"}
     return {
         family.name + suffix.get(family.type, ""): family.type

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from llmgw.core.config.adapter_spec import LORA_ENGINES as LORA_ENGINES, AdapterSpec as AdapterSpec
 from llmgw.core.config.base import (
     API_VERSION as API_VERSION,
     CPU_ENGINES as CPU_ENGINES,
@@ -22,6 +23,7 @@ from llmgw.core.config.base import (
     SecretRef as SecretRef,
     Strict as Strict,
 )
+from llmgw.core.config.cache_spec import ResponseCacheSpec as ResponseCacheSpec
 from llmgw.core.config.engine_spec import (
     EngineArchive as EngineArchive,
     EngineInstallSettings as EngineInstallSettings,
@@ -39,6 +41,7 @@ from llmgw.core.config.notification_spec import (
 )
 from llmgw.core.config.plan_spec import PlanSettings as PlanSettings, SimulateSettings as SimulateSettings
 from llmgw.core.config.retention_spec import ContentRetention as ContentRetention
+from llmgw.core.config.source_spec import Source as Source
 
 # ---------------------------------------------------------------------------------------------------- Cluster
 
@@ -301,63 +304,6 @@ ArgValue = str | int | float | bool
 DEFAULT_CAPABILITIES: tuple[Capability, ...] = ("chat", "completions")
 
 
-class Source(Strict):
-    """Where the weights come from: a path already on the node, a URL the agent fetches (one file, or a
-    directory when it ends in `/`), or an HF-style `repo` + `revision` fetched through the Cluster's mirror."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "oneOf": [{"required": ["path"]}, {"required": ["url"]}, {"required": ["repo"]}],
-        }
-    )
-
-    path: str | None = Field(None, description="Weights already on the node (file or directory)")
-    url: str | None = Field(
-        None,
-        description="http(s) URL the agent fetches (resumable) into its cache; ending in `/` it is a directory "
-        "whose files the manifest lists",
-    )
-    repo: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$",
-        description="HF-style repository (`org/name`), fetched as /{repo}/resolve/{revision}/{file} from the "
-        "Cluster's mirror first, then its origin",
-    )
-    revision: str | None = Field(
-        None,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$",
-        description="Revision of `repo` (a commit hash pins the bytes; default `main`)",
-    )
-    manifest: str | None = Field(
-        None,
-        description="A directory's manifest: a JSON file in this repo (path from the repo root), written by "
-        "`llmgw model manifest`; without it the agent reads the llmgw-manifest.json the mirror publishes",
-    )
-    token: SecretRef | None = Field(
-        None, description="Bearer token for the origin (e.g. an HF token); never sent to the mirror"
-    )
-    sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="Checked after fetch when given")
-    size_bytes: int | None = Field(None, ge=0, description="Checked after fetch when given")
-
-    @property
-    def directory(self) -> bool:
-        return self.repo is not None or (self.url is not None and self.url.endswith("/"))
-
-    @model_validator(mode="after")
-    def _one_location(self) -> Source:
-        if sum(x is not None for x in (self.path, self.url, self.repo)) != 1:
-            raise ValueError("a source takes exactly one of `path`, `url` or `repo`")
-        if self.revision is not None and self.repo is None:
-            raise ValueError("`revision` goes with `repo`")
-        if self.manifest is not None and not self.directory:
-            raise ValueError("`manifest` describes a directory: a `repo`, or a `url` ending in `/`")
-        if self.directory and (self.sha256 is not None or self.size_bytes is not None):
-            raise ValueError("a directory's sizes and sha256 are its manifest's, not `sha256`/`size_bytes`")
-        if self.token is not None and self.path is not None:
-            raise ValueError("`token` is for fetching; a `path` is already on the node")
-        return self
-
-
 class Provider(Strict):
     """An external OpenAI-compatible service that serves this model instead of replicas."""
 
@@ -606,6 +552,10 @@ class ProjectSpec(Strict):
     retention: ContentRetention | None = Field(
         None, description="Content kept for this project (unset: none; only shapes are recorded)"
     )
+    response_cache: ResponseCacheSpec | None = Field(
+        None,
+        description="Reuse this project's identical requests' answers (unset: never; docs/response-cache.md)",
+    )
 
     @model_validator(mode="after")
     def _one_parent(self) -> ProjectSpec:
@@ -671,6 +621,13 @@ class Project(_Document):
     spec: ProjectSpec
 
 
+class Adapter(_Document):
+    """A LoRA adapter on a base model, asked for by its own name (docs/lora.md)."""
+
+    kind: Literal["Adapter"]
+    spec: AdapterSpec
+
+
 class Notification(_Document):
     """A webhook for events operators want to be told of (signed, retried, never lost across a restart)."""
 
@@ -686,7 +643,16 @@ class Guardrail(_Document):
 
 
 Document = Annotated[
-    Cluster | Node | Model | RoutingPolicy | Organization | Team | Project | Notification | Guardrail,
+    Cluster
+    | Node
+    | Model
+    | RoutingPolicy
+    | Organization
+    | Team
+    | Project
+    | Notification
+    | Guardrail
+    | Adapter,
     Field(discriminator="kind"),
 ]
 DOCUMENT_KINDS: dict[str, type[_Document]] = {
@@ -699,6 +665,7 @@ DOCUMENT_KINDS: dict[str, type[_Document]] = {
     "Project": Project,
     "Notification": Notification,
     "Guardrail": Guardrail,
+    "Adapter": Adapter,
 }
 
 

@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 from llmgw_agent import repo_rules
 from pydantic import BaseModel
 
+from llmgw.core.config.adapter_checks import check_adapters
 from llmgw.core.config.capacity_checks import check_capacity
 from llmgw.core.config.errors import PathPart, SemanticError
 from llmgw.core.config.guardrail_checks import check_guardrails
@@ -107,6 +108,7 @@ def check(
     _references(checker)
     check_capacity(documents, checker.add)
     check_guardrails(documents, checker.add)
+    check_adapters(documents, checker.add)
     for index, doc in enumerate(documents):
         _secret_refs(checker, index, doc, ())
     return checker.errors

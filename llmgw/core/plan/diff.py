@@ -48,6 +48,7 @@ from llmgw.core.memory_fit import GIB, class_memory, profile_fits
 from llmgw.core.placement import Placer
 from llmgw.core.plan.values import (
     KIND_ORDER,
+    AdapterCarry,
     DocumentChange,
     FieldChange,
     ModelChange,
@@ -147,7 +148,22 @@ def plan_for_catalog(catalog: Catalog, live: LiveState) -> Plan:
     reported = class_memory((g.gpu_class, g.memory_bytes) for n in live.node_views() for g in n.gpus or ())
     cards = {**declared, **reported}  # what the fleet reports wins; the declaration stands in where none does
     shapes = {name: (entry.spec, entry.shape) for name, entry in catalog.models.items()}
-    return replace(made, fits=profile_fits(shapes, cards))
+    return replace(made, fits=profile_fits(shapes, cards), adapters=_adapter_carry(catalog, live, made))
+
+
+def _adapter_carry(catalog: Catalog, live: LiveState, made: Plan) -> tuple[AdapterCarry, ...]:
+    """Which replicas will carry which adapters: each base's kept replicas (not stopped or restarted by the
+    plan) and those it starts; every one loads all of its base's adapters at start."""
+    leaving = {r.replica_id for r in made.restarts} | {s.replica_id for s in made.stops}
+    out = []
+    for model in sorted(catalog.models):
+        adapters = tuple(name for name, _ in catalog.adapters_of(model))
+        if not adapters:
+            continue
+        kept = [r.id for r in live.replica_views() if r.model == model and r.id not in leaving]
+        started = [s.replica_id for s in made.starts if s.model == model]
+        out.append(AdapterCarry(model, adapters, tuple(sorted(kept) + started)))
+    return tuple(out)
 
 
 def exit_code(plan: Plan) -> int:
@@ -398,10 +414,18 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
             else:
                 team = t.parent if t.parent_kind == "Team" else None
                 org = t.parent if t.parent_kind == "Organization" else None
-                spec = ProjectSpec(team=team, organization=org, models=models, limits=t.limits)
+                spec = ProjectSpec(
+                    team=team,
+                    organization=org,
+                    models=models,
+                    limits=t.limits,
+                    response_cache=t.response_cache,
+                )
             put(t.kind, name, spec, t.labels)
     for name, guardrail in catalog.guardrails.items():  # reviewed like the rest: plan shows what changes
         put("Guardrail", name, guardrail, {})
+    for name, adapter in catalog.adapters.items():
+        put("Adapter", name, adapter, {})
     return dict(sorted(out.items()))
 
 

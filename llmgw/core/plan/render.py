@@ -90,6 +90,12 @@ def _lines(plan: Plan) -> list[str]:
                 f"  ~ stale {st.replica_id} ({st.model}/{st.profile}) on {_where(st.nodes)}: {st.reason}"
             )
         out.append("")
+    if plan.adapters:
+        out.append("Adapters (each replica of the base loads them at start):")
+        for a in plan.adapters:
+            on = ", ".join(a.replicas) or "no replica yet"
+            out.append(f"  = {a.model}: {', '.join(a.adapters)} on {on}")
+        out.append("")
     if plan.nodes:
         out.append("Nodes:")
         for n in plan.nodes:
@@ -189,6 +195,16 @@ def to_dict(plan: Plan) -> dict[str, Any]:
         | ({"sources": [_source_dict(v) for v in plan.sources]} if plan.sources else {})
         | ({"memory_fit": [_fit_dict(f) for f in plan.fits]} if plan.fits else {})
         | ({"impact": impact_dict(plan.impact)} if plan.impact is not None else {})
+        | (
+            {
+                "adapters": [
+                    {"model": a.model, "adapters": list(a.adapters), "replicas": list(a.replicas)}
+                    for a in plan.adapters
+                ]
+            }
+            if plan.adapters
+            else {}
+        )
     )
 
 

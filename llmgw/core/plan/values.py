@@ -35,7 +35,7 @@ UNKNOWN_DOCUMENTS = (
 KIND_ORDER = {
     k: i
     for i, k in enumerate(
-        ("Cluster", "Node", "RoutingPolicy", "Organization", "Team", "Project", "Model", "model")
+        ("Cluster", "Node", "RoutingPolicy", "Organization", "Team", "Project", "Model", "Adapter", "model")
     )
 }
 
@@ -128,6 +128,15 @@ class Unplaceable:
 
 
 @dataclass(frozen=True, slots=True)
+class AdapterCarry:
+    """A base model's LoRA adapters (docs/lora.md) and the replicas that will carry them once applied."""
+
+    model: str
+    adapters: tuple[str, ...]  # in the order each replica loads them
+    replicas: tuple[str, ...]  # its replicas kept or started by the plan; a restart's replacement is new
+
+
+@dataclass(frozen=True, slots=True)
 class Plan:
     revision: str | None
     live_revision: str | None
@@ -153,6 +162,7 @@ class Plan:
     # What the changes do to the traffic of a recent window (llmgw.core.plan.impact); None: not asked. Not
     # part of the plan's digest: usage moves on while the actions stay the same.
     impact: Impact | None = None
+    adapters: tuple[AdapterCarry, ...] = ()  # base models with Adapter documents, and who carries them
 
     @property
     def misfits(self) -> tuple[ProfileFit, ...]:

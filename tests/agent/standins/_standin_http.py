@@ -21,8 +21,15 @@ def serve(
     guarded_prefixes: tuple[str, ...] = ("/v1",),
     warmup_s: float = 0.0,
     warmup_headers: dict[str, str] | None = None,
+    adapters: dict[str, str] | None = None,
+    runtime_lora: bool = False,
 ) -> None:
+    """`adapters` (name -> path, vLLM's --lora-modules; None without --enable-lora): served under their names
+    beside `model`, a request naming any other model is a 404 as vLLM answers it; `runtime_lora` (the
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING environment) mounts /v1/load_lora_adapter and /v1/unload_lora_adapter.
+    Every POST is kept, and GET /standin/calls lists them (path and body) for a test to compare."""
     started = time.monotonic()
+    calls: list[list[object]] = []
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:
@@ -58,13 +65,16 @@ def serve(
                     401, json.dumps({"error": {"message": "Unauthorized", "type": "invalid_request_error"}})
                 )
                 return
+            if self.path == "/standin/calls":
+                self._send(200, json.dumps(calls))
+                return
             if self.path == "/v1/models":
-                self._send(
-                    200,
-                    json.dumps(
-                        {"object": "list", "data": [{"id": model, "object": "model", "owned_by": name}]}
-                    ),
-                )
+                cards = [{"id": model, "object": "model", "owned_by": name}]
+                cards += [
+                    {"id": a, "object": "model", "parent": model, "root": p}
+                    for a, p in (adapters or {}).items()
+                ]
+                self._send(200, json.dumps({"object": "list", "data": cards}))
                 return
             self._send(404, json.dumps({"error": {"message": "not found"}}))
 
@@ -73,10 +83,30 @@ def serve(
             # a full completion), `/pooling` and `/score` answer anyone who can reach the port.
             length = int(self.headers.get("Content-Length") or 0)
             request = json.loads(self.rfile.read(length) or b"{}")
+            calls.append([self.path, request])
             guarded = self.path.startswith(guarded_prefixes) and api_key
             if guarded and self.headers.get("Authorization") != f"Bearer {api_key}":
                 self._send(
                     401, json.dumps({"error": {"message": "Unauthorized", "type": "invalid_request_error"}})
+                )
+                return
+            if runtime_lora and adapters is not None and self.path == "/v1/load_lora_adapter":
+                lora = str(request.get("lora_name"))
+                if lora in adapters:
+                    self._send(
+                        400,
+                        json.dumps(
+                            {"error": {"message": f"The lora adapter '{lora}' has already been loaded."}}
+                        ),
+                    )
+                    return
+                adapters[lora] = str(request.get("lora_path"))
+                self._send(200, json.dumps(f"Success: LoRA adapter '{lora}' added successfully."))
+                return
+            if adapters is not None and request.get("model") not in (model, *adapters):
+                self._send(
+                    404,
+                    json.dumps({"error": {"message": f"The model `{request.get('model')}` does not exist."}}),
                 )
                 return
             if self.path not in (

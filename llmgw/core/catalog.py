@@ -21,6 +21,8 @@ from llmgw.core.config.errors import SemanticError
 from llmgw.core.config.models import (
     Cluster,
     ClusterSpec,
+    EvalSuite,
+    EvalSuiteSpec,
     Limits,
     Model,
     ModelSpec,
@@ -153,6 +155,7 @@ class Catalog:
     revision: str | None = None
     warnings: tuple[SemanticError, ...] = ()
     notifications: Mapping[str, NotificationSpec] = field(default_factory=lambda: MappingProxyType({}))
+    eval_suites: Mapping[str, EvalSuiteSpec] = field(default_factory=lambda: MappingProxyType({}))
     _key: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -182,6 +185,7 @@ class Catalog:
         nodes: dict[str, NodeEntry] = {}
         tenants: dict[str, dict[str, Tenant]] = {"Organization": {}, "Team": {}, "Project": {}}
         notifications: dict[str, NotificationSpec] = {}
+        suites: dict[str, EvalSuiteSpec] = {}
         cluster: Cluster | None = None
         for doc in documents:
             name = doc.metadata.name
@@ -204,6 +208,8 @@ class Catalog:
                 tenants[doc.kind][name] = _tenant(doc, labels)
             elif isinstance(doc, Notification):
                 notifications[name] = doc.spec
+            elif isinstance(doc, EvalSuite):
+                suites[name] = doc.spec
         return cls(
             models=MappingProxyType(models),
             aliases=MappingProxyType(aliases),
@@ -217,6 +223,7 @@ class Catalog:
             revision=revision,
             warnings=tuple(problems),
             notifications=MappingProxyType(notifications),
+            eval_suites=MappingProxyType(suites),
             _key=_BUILD_KEY,
         )
 

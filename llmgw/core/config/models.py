@@ -22,6 +22,7 @@ from llmgw.core.config.base import (
     SecretRef as SecretRef,
     Strict as Strict,
 )
+from llmgw.core.config.eval_spec import CanarySpec as CanarySpec, EvalSuiteSpec as EvalSuiteSpec
 from llmgw.core.config.notification_spec import (
     NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
     NotificationEvent as NotificationEvent,
@@ -469,14 +470,17 @@ class Slo(Strict):
     ttft_p99_ms: float = Field(gt=0, description="p99 time to first token a replica must stay under, in ms")
 
 
-RolloutStrategy = Literal["rolling"]
+RolloutStrategy = Literal["rolling", "canary"]
 RolloutOnChange = Literal["manual", "restart"]
 
 
 class Rollout(Strict):
     """How a model's replicas are replaced: make-before-break, a few at a time."""
 
-    strategy: RolloutStrategy = Field("rolling", description="rolling: replace replicas a few at a time")
+    strategy: RolloutStrategy = Field(
+        "rolling", description="rolling: replace replicas a few at a time; canary: gate the change first"
+    )
+    canary: CanarySpec | None = Field(None, description="The canary's share, duration and gates")
     max_surge: int = Field(
         1, ge=0, description="Replicas started beside the old ones before they stop (above the target)"
     )
@@ -754,8 +758,15 @@ class Notification(_Document):
     spec: NotificationSpec
 
 
+class EvalSuite(_Document):
+    """Prompts with checks: run by `llmgw eval` and as a canary's gates."""
+
+    kind: Literal["EvalSuite"]
+    spec: EvalSuiteSpec
+
+
 Document = Annotated[
-    Cluster | Node | Model | RoutingPolicy | Organization | Team | Project | Notification,
+    Cluster | Node | Model | RoutingPolicy | Organization | Team | Project | Notification | EvalSuite,
     Field(discriminator="kind"),
 ]
 DOCUMENT_KINDS: dict[str, type[_Document]] = {
@@ -767,6 +778,7 @@ DOCUMENT_KINDS: dict[str, type[_Document]] = {
     "Team": Team,
     "Project": Project,
     "Notification": Notification,
+    "EvalSuite": EvalSuite,
 }
 
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from llmgw.core.config.capacity_checks import check_capacity
 from llmgw.core.config.errors import PathPart, SemanticError
+from llmgw.core.config.eval_checks import check_evals
 from llmgw.core.config.models import (
     CPU_ENGINES,
     Cluster,
@@ -105,6 +106,7 @@ def check(
     _fallback_cycles(checker)
     _references(checker)
     check_capacity(documents, checker.add)
+    check_evals(documents, checker.add)
     for index, doc in enumerate(documents):
         _secret_refs(checker, index, doc, ())
     return checker.errors

@@ -27,6 +27,7 @@ from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUna
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
 from llmgw.controller import admin, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
+from llmgw.controller.canary import canary_loop
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
@@ -81,6 +82,7 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.cleanup_ctx.append(_nodes_ctx)
     app.cleanup_ctx.append(_background("notifier", lambda a: a[NOTIFIER].run()))
     app.cleanup_ctx.append(_background("budgets", lambda a: a[NOTIFIER].budget_loop()))
+    app.cleanup_ctx.append(_background("canary", lambda a: canary_loop(a[CONTROLLER])))
     return app
 
 

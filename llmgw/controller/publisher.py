@@ -24,13 +24,21 @@ from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.credentials import same, valid_node_name
+from llmgw.controller.model_checks_run import engine_version_of
 from llmgw.controller.state import ReplicaLoad, RouterLoad
 from llmgw.core import jsonsafe
 from llmgw.core.autoscale import Demand
 from llmgw.core.catalog import Catalog
 from llmgw.core.fleet import class_rank
 from llmgw.core.security import bearer_token, engine_key
-from llmgw.core.snapshot import Endpoint, PublishedModel, PublishedProvider, RouterSnapshot, Tenants
+from llmgw.core.snapshot import (
+    CanaryRoute,
+    Endpoint,
+    PublishedModel,
+    PublishedProvider,
+    RouterSnapshot,
+    Tenants,
+)
 
 log = logging.getLogger("llmgw.controller.publisher")
 
@@ -44,6 +52,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
     except SecretError as exc:
         log.warning("no endpoints published: %s", exc)
         return out
+    canaries = c.canaries.canary_replicas()
     for rec in sorted(c.replicas.values(), key=lambda r: r.id):
         shard = views.shard_status(c, rec)
         if shard is None or shard.state != "ready" or rec.stopping or shard.base_url is None:
@@ -54,6 +63,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
             continue
         entry = d.models.get(rec.model) if d else None
         profile = entry.profile(rec.profile) if entry else None
+        verified, failed = c.model_checks.probes_of(rec.model, shard.engine, engine_version_of(c, rec.id))
         out.append(
             Endpoint(
                 replica_id=rec.id,
@@ -65,6 +75,9 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 weight=profile.profile.weight if profile else 1.0,
                 slots=profile.profile.slots if profile else None,
                 simulated=shard.engine == "sim",
+                canary=rec.id in canaries,
+                verified=verified,
+                failed=failed,
             )
         )
     return out
@@ -85,6 +98,11 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
             if name in models:
                 rank = class_rank(cat.cluster.classes, entry.spec.model_class)
                 models[name] = models[name].model_copy(update={"class_rank": rank})
+    for name, run in c.canaries.runs.items():
+        spec = cat.models[name].spec.rollout.canary if name in cat.models else None
+        if run.phase == "running" and spec is not None and name in models:
+            route = CanaryRoute(weight=spec.weight or 0, header=spec.header)
+            models[name] = models[name].model_copy(update={"canary": route})
     return RouterSnapshot(
         revision=d.revision,
         router=cat.cluster.router,
@@ -279,6 +297,9 @@ class _ReplicaLoad(BaseModel):
     inflight: int = Field(0, ge=0)
     last_request_at: float | None = None
     routed: bool = True
+    requests: int = Field(0, ge=0)
+    errors: int = Field(0, ge=0)
+    ttft_p99_ms: float | None = Field(None, ge=0)
 
 
 class _LoadMessage(BaseModel):
@@ -308,7 +329,10 @@ def note_load(c: Controller, router: str, data: dict[str, Any]) -> bool:
         view = d.resolve(name) if d else None
         if view is not None:
             models[view.name] = Demand(m.queued, m.inflight, m.refused, m.ttft_p99_ms, now)
-    replicas = {rid: ReplicaLoad(r.inflight, r.last_request_at, r.routed) for rid, r in msg.replicas.items()}
+    replicas = {
+        rid: ReplicaLoad(r.inflight, r.last_request_at, r.routed, r.requests, r.errors, r.ttft_p99_ms)
+        for rid, r in msg.replicas.items()
+    }
     previous = c.worker_state.loads.get(router)
     c.worker_state.loads[router] = RouterLoad(now, models, replicas)
     if _load_moved(previous, models):

@@ -11,6 +11,7 @@ from llmgw.cli import (
     bench_cmds,
     controller_cmds,
     doctor_cmds,
+    eval_cmds,
     logs_cmds,
     mirror_cmds,
     node_cmds,
@@ -50,6 +51,7 @@ request_cmds.register(app)
 rollout_cmds.register(app)
 logs_cmds.register(app)
 upgrade_cmds.register(app)
+eval_cmds.register(app)
 
 
 def main() -> None:

@@ -336,7 +336,7 @@ class RequestService:
         steer = _Steering.of(table, call.serving, body, self.rng)
         for attempt in (0, 1):
             asked = time.monotonic()
-            steered = steer.info(table, call.serving, headers, info)
+            steered = steer.info(table, call.serving, headers, info, self.clock())
             try:
                 picked = await self.forwarding.pick(table, canonical, call.serving, steered, place)
             except ApiError as err:  # queue full or timed out, no endpoint, still loading
@@ -532,11 +532,18 @@ class _Steering:
         return cls(specs, needs, rng.random() if canary else 1.0)
 
     def info(
-        self, table: RoutingTable, chain: tuple[str, ...], headers: Any, info: RequestInfo
+        self, table: RoutingTable, chain: tuple[str, ...], headers: Any, info: RequestInfo, now: float
     ) -> RequestInfo:
-        """`info` with the endpoints this attempt must not use added to its exclusions."""
+        """`info` with the endpoints this attempt must not use added to its exclusions. Endpoints that
+        cannot take it now (breaker open, not ready) count as failed: the other group serves instead."""
         if not self.specs:
             return info
+        down = {
+            ep.id
+            for m in chain
+            for ep in table.endpoints.get(m, ())
+            if ep.spec.state != "ready" or ep.breaker.is_open(now)
+        }
         away = steered_away(
             self.specs,
             table.models,
@@ -544,7 +551,7 @@ class _Steering:
             headers=headers,
             draw=self.draw,
             needs=self.needs,
-            failed=info.exclude,
+            failed=info.exclude | down,
         )
         return RequestInfo(info.session_key, info.exclude | away, info.rr_counter)
 

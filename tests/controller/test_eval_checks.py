@@ -103,7 +103,10 @@ def _suite(judge: str, threshold: float = 1.0) -> EvalSuiteSpec:
                 {
                     "name": "json",
                     "prompt": "A city as JSON",
-                    "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "c", "schema": schema},
+                    },
                     "check": {"json_schema": schema},
                 },
                 {"name": "polite", "prompt": "Say hi to France", "check": {"judge": {"criteria": "polite"}}},

@@ -81,6 +81,6 @@ def model_check(
             f"{data['model']} on {data['engine']} {data['engine_version']} (replica {data['replica']})"
         )
         for probe in data["probes"]:
-            typer.echo(f"  {probe['probe']}: {'ok' if probe['passed'] else probe['detail']}")
+            typer.echo(f"  {probe['probe']}: {probe['detail']}")
     if not data["passed"]:
         raise typer.Exit(1)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmgw.controller.model_checks")
 
-__all__ = ["CheckBook", "CheckVerdict", "engine_version_of", "run_model_check"]
+__all__ = ["CheckBook", "CheckVerdict", "engine_version_of", "probe_target", "run_model_check"]
 
 _TIMEOUT_S = 120.0  # a CPU engine's first answer can be slow; the probe asks for little
 
@@ -115,8 +115,7 @@ async def run_model_check(c: Controller, model: str, replica: str | None) -> Che
     if not probes:
         raise EvalError(f"model {model} declares no capability with a built-in probe (tools, chat)")
     target = target_for(c, model, replica)
-    async with aiohttp.ClientSession() as session:
-        results = [await _probe(session, target, p) for p in probes]
+    results = await probe_target(target, probes)
     verdict = CheckVerdict(
         model, target.engine, engine_version_of(c, target.replica), target.replica, c.wall(), tuple(results)
     )
@@ -129,6 +128,12 @@ async def run_model_check(c: Controller, model: str, replica: str | None) -> Che
     )
     c.notify("model checked")  # the snapshot carries the verdicts
     return verdict
+
+
+async def probe_target(target: EngineTarget, probes: list[str]) -> list[ProbeResult]:
+    """Each probe in turn against one engine."""
+    async with aiohttp.ClientSession() as session:
+        return [await _probe(session, target, p) for p in probes]
 
 
 async def _probe(session: aiohttp.ClientSession, target: EngineTarget, probe: str) -> ProbeResult:

@@ -94,7 +94,7 @@ def tools_request(model: str) -> dict[str, Any]:
         "messages": [{"role": "user", "content": "What is the weather in Paris? Use the tool."}],
         "tools": [_TOOL],
         "tool_choice": "auto",
-        "max_tokens": 128,
+        "max_tokens": 32,  # a call of get_weather(city) fits; a CPU engine answering in text stops soon
         "temperature": 0,
     }
 
@@ -149,7 +149,7 @@ def response_format_request(model: str) -> dict[str, Any]:
         "model": model,
         "messages": [{"role": "user", "content": "Name a city and its population, as JSON."}],
         "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": _SCHEMA}},
-        "max_tokens": 128,
+        "max_tokens": 64,
         "temperature": 0,
     }
 

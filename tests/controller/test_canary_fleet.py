@@ -120,6 +120,11 @@ async def test_a_canary_passing_its_eval_suite_is_promoted_and_the_roll_goes_on(
     models = {"models/m.yaml": sim_model("m", 2, extra=rollout), "evals/capitals.yaml": EVAL}
     await bring_up(cluster, ["n1", "n2"], models)
     stable = {r["id"] for r in await cluster.wait_ready("m", 2)}
+    # `llmgw eval` on demand: the stable replicas do not know their capitals (the sim answers in Greek).
+    code, out = await _in_thread(cli, cluster, "eval", "capitals", "--model", "m")
+    assert code == 1, out
+    assert "  FAIL  france: does not contain 'Paris'" in out
+    assert out.rstrip().endswith("failed: 0/1 cases, score 0 (threshold 1)")
     router = router_for(tmp_path, cluster)
     try:
         client = openai_client(router)
@@ -150,6 +155,10 @@ async def test_a_canary_passing_its_eval_suite_is_promoted_and_the_roll_goes_on(
     assert kinds.index("canary_started") < kinds.index("canary_eval") < kinds.index("canary_promoted")
     assert "canary_failed" not in kinds
     assert (await _model_status(cluster, "m"))["health"] == "Healthy"
+    one = next(r["id"] for r in await cluster.admin.replicas("m"))  # type: ignore[union-attr]
+    code, out = await _in_thread(cli, cluster, "eval", "capitals", "--model", "m", "--replica", one)
+    assert code == 0, out
+    assert f"suite capitals on m (replica {one})" in out and "  pass  france: contains 'Paris'" in out
 
 
 async def _in_thread(fn: Any, *args: Any) -> Any:

@@ -29,10 +29,11 @@ from llmgw.core.reconcile import CanaryPhase
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
+    from llmgw.controller.state import ReplicaRec
 
 log = logging.getLogger("llmgw.controller.canary")
 
-__all__ = ["CanaryBook", "CanaryRun", "canary_loop", "canary_tick"]
+__all__ = ["CanaryBook", "CanaryRun", "canary_loop", "canary_tick", "live_canaries", "split"]
 
 TICK_S = 1.0
 Phase = Literal["running", "promoted", "failed"]
@@ -72,10 +73,6 @@ class CanaryBook:
     def phases(self) -> dict[str, CanaryPhase]:
         return {m: CanaryPhase(r.phase, frozenset(r.replicas)) for m, r in self.runs.items()}
 
-    def canary_replicas(self) -> frozenset[str]:
-        """The replicas routers must treat as canaries now (running runs only)."""
-        return frozenset(i for r in self.runs.values() if r.phase == "running" for i in r.replicas)
-
     def json(self, model: str) -> dict[str, Any] | None:
         run = self.runs.get(model)
         return None if run is None else run.json()
@@ -99,6 +96,47 @@ async def canary_loop(c: Controller) -> None:
         c.canaries.cancel()
 
 
+def split(c: Controller, name: str) -> tuple[list[ReplicaRec], list[ReplicaRec]] | None:
+    """A canary model's (stable, fresh) replicas, not stopping; None when it is not a canary model. Stable:
+    stale ones (another fingerprint, or a profile gone); adopted ones are never rolled without an operator,
+    so they are neither."""
+    d = c.desired
+    entry = d.models.get(name) if d is not None else None
+    if entry is None or entry.spec.rollout.strategy != "canary" or entry.spec.rollout.canary is None:
+        return None
+    wanted = {p.profile.name: p.fingerprint for p in entry.profiles}
+    mine = [r for r in c.replicas.values() if r.model == name and not r.stopping and not r.adopted]
+
+    def stale(r: ReplicaRec) -> bool:
+        return r.profile not in wanted or (
+            bool(r.fingerprint) and wanted[r.profile] not in ("", r.fingerprint)
+        )
+
+    return [r for r in mine if stale(r)], [r for r in mine if not stale(r)]
+
+
+def live_canaries(c: Controller) -> dict[str, frozenset[str]]:
+    """Per canary model whose canary is in progress (or about to be: stale replicas and no verdict for
+    this change yet), its canary replicas: what the snapshot marks, from the first moment one exists."""
+    d = c.desired
+    out: dict[str, frozenset[str]] = {}
+    for name in d.models if d is not None else ():
+        found = split(c, name)
+        run = c.canaries.runs.get(name)
+        if found is None or not found[0]:
+            continue
+        fresh = frozenset(r.id for r in found[1])
+        if run is None or run.phase == "running" or _changed(c, name, run):
+            out[name] = fresh
+    return out
+
+
+def _changed(c: Controller, name: str, run: CanaryRun) -> bool:
+    d = c.desired
+    assert d is not None
+    return run.fingerprints != {p.profile.name: p.fingerprint for p in d.models[name].profiles}
+
+
 async def canary_tick(c: Controller) -> None:
     d = c.desired
     if d is None:
@@ -107,28 +145,27 @@ async def canary_tick(c: Controller) -> None:
     for name in [m for m in book.runs if m not in d.models]:
         book.runs.pop(name)
     for name, entry in d.models.items():
+        found = split(c, name)
         spec = entry.spec.rollout.canary
-        if entry.spec.rollout.strategy != "canary" or spec is None:
+        if found is None or spec is None:
             book.runs.pop(name, None)
             continue
-        wanted = {p.profile.name: p.fingerprint for p in entry.profiles}
-        mine = [r for r in c.replicas.values() if r.model == name and not r.stopping]
-        stale = [r for r in mine if r.fingerprint and wanted.get(r.profile, "") not in ("", r.fingerprint)]
-        stale += [r for r in mine if r.profile not in wanted]
+        stale, fresh = found
         run = book.runs.get(name)
-        if run is None or run.fingerprints != wanted:
+        if run is None or _changed(c, name, run):
             if run is not None and run.eval_task is not None:
                 run.eval_task.cancel()
             if not stale:
                 book.runs.pop(name, None)
                 continue
+            wanted = {p.profile.name: p.fingerprint for p in entry.profiles}
             run = book.runs[name] = CanaryRun(name, wanted, c.wall(), _counts(c, {r.id for r in stale}))
             await c.event("canary_started", name, f"{len(stale)} stable replica(s); {_share(spec)}")
             c.notify("canary started")
         if run.phase != "running":
             continue
         before = set(run.replicas)
-        run.replicas = {r.id for r in mine if r not in stale}
+        run.replicas = {r.id for r in fresh}
         if run.replicas != before:
             c.notify("canary replicas changed")  # the snapshot marks them
         await _judge(c, run, {r.id for r in stale})
@@ -169,6 +206,19 @@ async def _judge(c: Controller, run: CanaryRun, stable: set[str]) -> None:
 
 
 async def _run_evals(c: Controller, run: CanaryRun) -> None:
+    try:
+        await _evals_on_canary(c, run)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # a suite that cannot run is not a pass: the canary fails, saying why
+        log.exception("the eval suites of %s's canary could not run", run.model)
+        for suite, passed in run.evals.items():
+            if passed is None:
+                run.evals[suite] = False
+                run.eval_results.append({"suite": suite, "passed": False, "detail": f"could not run: {exc}"})
+
+
+async def _evals_on_canary(c: Controller, run: CanaryRun) -> None:
     d = c.desired
     assert d is not None
     targets = [t for t in ready_targets(c, run.model) if t.replica in run.replicas]

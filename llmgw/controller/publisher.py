@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
+from llmgw.controller.canary import live_canaries
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.credentials import same, valid_node_name
 from llmgw.controller.model_checks_run import engine_version_of
@@ -52,7 +53,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
     except SecretError as exc:
         log.warning("no endpoints published: %s", exc)
         return out
-    canaries = c.canaries.canary_replicas()
+    canaries = {i for ids in live_canaries(c).values() for i in ids}
     for rec in sorted(c.replicas.values(), key=lambda r: r.id):
         shard = views.shard_status(c, rec)
         if shard is None or shard.state != "ready" or rec.stopping or shard.base_url is None:
@@ -98,9 +99,9 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
             if name in models:
                 rank = class_rank(cat.cluster.classes, entry.spec.model_class)
                 models[name] = models[name].model_copy(update={"class_rank": rank})
-    for name, run in c.canaries.runs.items():
+    for name in live_canaries(c):
         spec = cat.models[name].spec.rollout.canary if name in cat.models else None
-        if run.phase == "running" and spec is not None and name in models:
+        if spec is not None and name in models:
             route = CanaryRoute(weight=spec.weight or 0, header=spec.header)
             models[name] = models[name].model_copy(update={"canary": route})
     return RouterSnapshot(

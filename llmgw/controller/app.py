@@ -406,6 +406,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         ws.settle_until = controller.clock() + settings.settle_s
         controller.set_stored_nodes({n.name: n.state for n in await store.list_nodes()})
         ws.drained = await store.list_node_drains()  # a drain outlives the controller that was told
+        controller.model_checks.load(await store.list_model_checks())
         last = await store.last_accepted_revision()
         if last is not None:
             log.info("last applied revision in the store: %s from %s", last.sha[:12], last.source)

@@ -205,6 +205,7 @@ class Controller:
             self.set_stored_nodes({n.name: n.state for n in nodes})
             ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
             ws.drained = await self.store.list_node_drains()
+            self.model_checks.load(await self.store.list_model_checks())
         except Exception as exc:  # the store is what elected us, so this is a blip: settle_s bounds the wait
             log.warning("new leader could not read earlier state from the store (%s); waiting settle_s", exc)
             ws.expected_nodes = set()

@@ -4,7 +4,7 @@ verdicts kept per model, engine and engine version.
 The verdicts reach the routers in the snapshot: each endpoint carries the probes its (model, engine,
 version) passed and failed, so a request offering tools is never sent to a replica whose engine failed the
 tools probe, and /v1/models lists the capabilities verified on a ready replica. The controller keeps the
-verdicts in memory: after a restart they are unknown again until the next check (said in docs/canaries.md).
+verdicts in memory and in the store (read back when it starts or takes the lead).
 """
 
 from __future__ import annotations
@@ -53,6 +53,20 @@ class CheckVerdict:
     def passed(self) -> bool:
         return all(p.passed for p in self.probes)
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckVerdict:
+        probes = tuple(
+            ProbeResult(str(p["probe"]), bool(p["passed"]), str(p["detail"])) for p in data["probes"]
+        )
+        return cls(
+            str(data["model"]),
+            str(data["engine"]),
+            str(data["engine_version"]),
+            str(data["replica"]),
+            float(data["at"]),
+            probes,
+        )
+
     def json(self) -> dict[str, Any]:
         return {
             "model": self.model,
@@ -73,6 +87,17 @@ class CheckBook:
 
     def record(self, verdict: CheckVerdict) -> None:
         self.verdicts[(verdict.model, verdict.engine, verdict.engine_version)] = verdict
+
+    def load(self, texts: list[str]) -> int:
+        """Verdicts kept in the store (`CheckVerdict.json`); one that cannot be read is skipped, said once."""
+        loaded = 0
+        for text in texts:
+            try:
+                self.record(CheckVerdict.from_json(json.loads(text)))
+                loaded += 1
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("a stored model-check verdict was skipped: %s", exc)
+        return loaded
 
     def probes_of(self, model: str, engine: str, version: str) -> tuple[list[str], list[str]]:
         """(passed, failed) probe names for that model on that engine version; both empty: never checked."""
@@ -120,6 +145,12 @@ async def run_model_check(c: Controller, model: str, replica: str | None) -> Che
         model, target.engine, engine_version_of(c, target.replica), target.replica, c.wall(), tuple(results)
     )
     c.model_checks.record(verdict)
+    try:  # kept across a restart; the store down loses only that
+        await c.store.save_model_check(
+            model, verdict.engine, verdict.engine_version, json.dumps(verdict.json()), verdict.at
+        )
+    except Exception as exc:
+        log.warning("the model-check verdict of %s is not kept in the store: %s", model, exc)
     words = "; ".join(f"{p.probe}: {'ok' if p.passed else p.detail}" for p in results)
     await c.event(
         "model_checked",

@@ -91,6 +91,13 @@ async def test_verdicts_for_a_passing_and_a_failing_sim_and_the_router_follows_t
     assert {(c["model"], c["passed"]) for c in checks} == {("good", True), ("bad", False), ("worse", False)}
     kinds = [e["kind"] for e in await cluster.events()]
     assert kinds.count("model_checked") == 3
+    # Kept in the store: a restarted controller still knows them (and the routers are told them again).
+    await cluster.stop_controller()
+    await cluster.start_controller()
+    again = (await cluster.admin.get("/api/v1/model-checks"))["checks"]  # type: ignore[union-attr]
+    assert again == checks
+    for name in ("good", "bad", "worse"):
+        await cluster.wait_ready(name, 1)
 
     router = router_for(tmp_path, cluster)
     try:

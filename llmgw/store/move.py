@@ -44,12 +44,14 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "prefill_ms_per_token", "decode_ms_per_token", "load_s", "replica", "curve",
     ),
     "node_drains": ("node", "words", "at"),
+    "model_checks": ("model", "engine", "engine_version", "verdict", "at"),
 }  # fmt: skip
 _ORDER = {
     "limit_counters": "limit_key, window_start",
     "concurrency_holds": "limit_key, holder",
     "capacity": "model, profile, gpu_class",
     "usage_tags": "usage_id, key",
+    "model_checks": "model, engine, engine_version",
 }
 PAGE = 1000
 

@@ -33,3 +33,14 @@ def test_a_command_runs_with_only_its_own_module_imported() -> None:
     loaded = out.strip().splitlines()[-1]
     assert "llmgw.cli.validate" in loaded
     assert "llmgw.cli.bench_cmds" not in loaded and "llmgw.cli.store_cmds" not in loaded, loaded
+
+
+def test_a_subcommand_another_module_adds_to_a_group_is_there_when_run_on_its_own() -> None:
+    code = (
+        "import sys; sys.argv = ['llmgw', 'model', 'check', '--help']\n"
+        "from llmgw.cli import main\n"
+        "main.main()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "llmgw model check" in done.stdout, done.stdout

@@ -102,13 +102,16 @@ def _model_arg(spec: ShardSpec, ctx: LaunchContext) -> str:
 # ---------------- sim ----------------
 
 SIM_ARGS: dict[str, str] = {}  # sim options are typed below, not free flags
-_SIM_NUMERIC = {
+_SIM_FLAGS = {
     "prefill_ms_per_token": "--prefill-ms-per-token",
     "decode_ms_per_token": "--decode-ms-per-token",
     "max_concurrency": "--max-concurrency",
     "prefix_cache": "--prefix-cache",
     "max_tokens_default": "--max-tokens-default",
     "load_ms": "--load-ms",
+    "error_rate": "--error-rate",
+    "answers": "--answers",
+    "fail_probes": "--fail-probes",
 }
 
 
@@ -123,7 +126,7 @@ def _sim_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     args = dict(spec.args)
     if "max_concurrency" not in args and spec.slots:
         args["max_concurrency"] = spec.slots
-    argv += _extra_flags("sim", args, _SIM_NUMERIC)
+    argv += _extra_flags("sim", args, _SIM_FLAGS)
     env = {"PYTHONPATH": _AGENT_IMPORT_ROOT}
     if spec.api_key:
         env["VLLM_API_KEY"] = spec.api_key

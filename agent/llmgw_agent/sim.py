@@ -22,13 +22,18 @@ from typing import Any
 from aiohttp import web
 
 from llmgw_agent.sim_model import (
+    ErrorPacer,
     LatencyConfig,
     PrefixCache,
     Timing,
+    canned_answer,
     embedding,
     output_tokens,
+    parse_answers,
     plan_timing,
     relevance,
+    response_schema,
+    schema_sample,
     tokenize,
     tool_call,
 )
@@ -106,9 +111,28 @@ class Work:
     started: float = 0.0
 
 
+PROBES = ("tools", "response_format", "stream_usage")
+
+
+@dataclass(frozen=True)
+class Behaviour:
+    """What the sim gets right or wrong on purpose, for canaries, evals and model checks to find:
+    `error_rate` of the chat/completion requests answered 503; `answers` (key, text): a chat whose last
+    message contains key is answered text; `fail_probes`: tools answered in words, response_format
+    ignored, stream usage never sent."""
+
+    error_rate: float = 0.0
+    answers: tuple[tuple[str, str], ...] = ()
+    fail_probes: frozenset[str] = frozenset()
+
+
 class SimEngine:
-    def __init__(self, model: str, cfg: LatencyConfig, api_key: str | None) -> None:
+    def __init__(
+        self, model: str, cfg: LatencyConfig, api_key: str | None, behaviour: Behaviour | None = None
+    ) -> None:
         self.model = model
+        self.behaviour = behaviour or Behaviour()
+        self.errors = ErrorPacer(self.behaviour.error_rate)
         self.cfg = cfg
         self.api_key = api_key
         self.cache = PrefixCache(cfg.block_size, cfg.capacity_blocks)
@@ -264,13 +288,17 @@ class SimEngine:
         max_tokens = self.max_tokens(body)
         if isinstance(max_tokens, web.Response):
             return max_tokens
+        if self.behaviour.error_rate and self.errors.fail():
+            return openai_error(503, "simulated engine error (the sim's error_rate)", "server_error")
         work = Work(prompt, max_tokens)
-        call = tool_call(body) if chat else None
+        call = tool_call(body) if chat and "tools" not in self.behaviour.fail_probes else None
         if body.get("stream"):
             return await self.stream(request, body, work, chat)
         await self.admit(work)
         # A tool call's arguments count as their whitespace words, whatever max_tokens says.
         words = output_tokens(prompt, max_tokens) if call is None else tokenize(call[2])
+        if chat and call is None:
+            words = self._chosen_words(body) or words
         try:
             self.stats.observe_ttft(time.monotonic() - work.started + work.queue_ms / 1000)
             for _ in words:
@@ -300,6 +328,16 @@ class SimEngine:
         }
         return web.json_response(resp, headers=self._headers(work))
 
+    def _chosen_words(self, body: dict[str, Any]) -> list[str] | None:
+        """A configured answer, or a JSON value for a response_format (unless that probe is to fail)."""
+        canned = canned_answer(self.behaviour.answers, body)
+        if canned is not None:
+            return canned.split(" ")
+        schema = response_schema(body)
+        if schema is not None and "response_format" not in self.behaviour.fail_probes:
+            return json.dumps(schema_sample(schema)).split(" ")
+        return None
+
     def _headers(self, work: Work) -> dict[str, str]:
         assert work.timing is not None
         return {
@@ -311,6 +349,7 @@ class SimEngine:
         self, request: web.Request, body: dict[str, Any], work: Work, chat: bool
     ) -> web.StreamResponse:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        include_usage = include_usage and "stream_usage" not in self.behaviour.fail_probes
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
@@ -339,7 +378,7 @@ class SimEngine:
                 await send(
                     [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
                 )
-            call = tool_call(body) if chat else None
+            call = tool_call(body) if chat and "tools" not in self.behaviour.fail_probes else None
             if call is not None:
                 sent = await self._stream_tool_call(send, call)
             for i, word in enumerate(words if call is None else ()):
@@ -553,7 +592,26 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         default=0.0,
         help="declared load time: the port is opened only after this long, as an engine loading weights",
     )
+    p.add_argument("--error-rate", type=float, default=0.0, help="fraction of requests answered 503 (0..1)")
+    p.add_argument("--answers", default="", help="key=answer;...: a chat whose last message contains key")
+    p.add_argument(
+        "--fail-probes", default="", help=f"comma-separated probes to fail on purpose: {', '.join(PROBES)}"
+    )
     return p
+
+
+def behaviour_from_args(ns: argparse.Namespace) -> Behaviour:
+    if not 0 <= ns.error_rate <= 1:
+        raise SystemExit("--error-rate must be between 0 and 1")
+    probes = frozenset(p.strip() for p in ns.fail_probes.split(",") if p.strip())
+    unknown = sorted(probes - set(PROBES))
+    if unknown:
+        raise SystemExit(f"--fail-probes: unknown probe(s) {', '.join(unknown)}; known: {', '.join(PROBES)}")
+    try:
+        answers = parse_answers(ns.answers)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    return Behaviour(ns.error_rate, answers, probes)
 
 
 def engine_from_args(ns: argparse.Namespace) -> SimEngine:
@@ -568,7 +626,7 @@ def engine_from_args(ns: argparse.Namespace) -> SimEngine:
         kv_capacity_tokens=ns.kv_capacity_tokens,
         default_max_tokens=ns.max_tokens_default,
     )
-    engine = SimEngine(ns.model, cfg, os.environ.get(ns.api_key_env) or None)
+    engine = SimEngine(ns.model, cfg, os.environ.get(ns.api_key_env) or None, behaviour_from_args(ns))
     if ns.judge_unsafe is not None:
         rules = [rule.partition("=") for rule in ns.judge_unsafe]
         if any(not word or not sep or not codes for word, sep, codes in rules):

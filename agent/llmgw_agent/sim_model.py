@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -159,3 +160,67 @@ def relevance(query: str, document: str) -> float:
     (Jaccard), so a document that repeats the query's words ranks first."""
     q, d = set(query.lower().split()), set(document.lower().split())
     return round(len(q & d) / len(q | d), 6) if q | d else 0.0
+
+
+def schema_sample(schema: Any, depth: int = 0) -> Any:
+    """A value valid against a simple JSON schema (object, array, enum, the scalar types), as an engine with
+    structured output answers a `response_format`: required properties (every one when none is)."""
+    node = _obj(schema)
+    enum = node.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[0]
+    kind = node.get("type")
+    if kind == "object" or (kind is None and "properties" in node):
+        props = _obj(node.get("properties"))
+        required = [p for p in node.get("required") or () if p in props] or list(props)
+        return {name: schema_sample(props[name], depth + 1) for name in required} if depth < 8 else {}
+    if kind == "array":
+        return []
+    return _SCHEMA_SAMPLES.get(str(kind), "sim")
+
+
+def response_schema(body: dict[str, Any]) -> Any | None:
+    """The schema a request's response_format asks for ({} for json_object), or None when it asks none."""
+    fmt = body.get("response_format")
+    if not isinstance(fmt, dict):
+        return None
+    if fmt.get("type") == "json_object":
+        return {}
+    if fmt.get("type") == "json_schema":
+        return _obj(_obj(fmt.get("json_schema")).get("schema"))
+    return None
+
+
+def canned_answer(answers: tuple[tuple[str, str], ...], body: dict[str, Any]) -> str | None:
+    """The first configured answer whose key is in the last message's text (`*` matches any)."""
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    content = last.get("content") if isinstance(last, dict) else None
+    text = content if isinstance(content, str) else ""
+    return next((answer for key, answer in answers if key == "*" or key in text), None)
+
+
+def parse_answers(raw: str) -> tuple[tuple[str, str], ...]:
+    """`key=answer;key=answer` (the sim's --answers): a request whose last message contains key gets
+    answer."""
+    out = []
+    for item in raw.split(";"):
+        if not item.strip():
+            continue
+        key, sep, answer = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--answers item {item!r} is not key=answer")
+        out.append((key, answer))
+    return tuple(out)
+
+
+@dataclass
+class ErrorPacer:
+    """Fails `rate` of the requests, spread evenly and deterministically (1: every one, 0: none)."""
+
+    rate: float
+    seen: int = 0
+
+    def fail(self) -> bool:
+        self.seen += 1
+        return math.floor(self.seen * self.rate) > math.floor((self.seen - 1) * self.rate)

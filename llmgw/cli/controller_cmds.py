@@ -319,6 +319,10 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
             note = f"{m['stale_replicas']} stale profile" + (f"; {note}" if note else "")
         fetching = "; ".join(fetch_words(f) for f in m.get("fetching") or [])
         note = "; ".join(w for w in (fetching, note) if w)
+        canary = m.get("canary")
+        if canary:  # in progress: what it waits for; decided: the verdict
+            words = canary["waiting"] if canary["phase"] == "running" else canary["verdict"]
+            note = "; ".join(w for w in (f"canary {canary['phase']}: {words}", note) if w)
         scaled = m.get("autoscale")
         if scaled:
             note = "; ".join(w for w in (note, scaled["reason"]) if w)

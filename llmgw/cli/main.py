@@ -35,7 +35,10 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "upgrade_cmds": ("upgrade",),
     "traffic_cmds": ("traffic",),
     "guard_cmds": ("guard",),
+    "eval_cmds": ("eval",),
 }
+# Groups another module adds subcommands to: `model check` is eval_cmds', beside mirror_cmds' `model`.
+EXTENDS: dict[str, tuple[str, ...]] = {"model": ("eval_cmds",)}
 _OWNER = {command: module for module, commands in OWNERS.items() for command in commands}
 
 
@@ -69,10 +72,13 @@ def _group() -> None:
     """Declarative, git-driven controller for a fleet of LLM inference engines."""
 
 
-def _owner(argv: list[str]) -> str | None:
-    """The module owning the command in argv; None for `--help`, no command or an unknown one."""
+def _owners(argv: list[str]) -> list[str] | None:
+    """The modules the command in argv needs; None for `--help`, no command or an unknown one."""
     first = next((a for a in argv if not a.startswith("-")), None)
-    return None if first is None else _OWNER.get(first)
+    owner = None if first is None else _OWNER.get(first)
+    if first is None or owner is None:
+        return None
+    return [owner, *EXTENDS.get(first, ())]
 
 
 _full: typer.Typer | None = None
@@ -88,5 +94,5 @@ def __getattr__(name: str) -> Any:
 
 
 def main() -> None:
-    owner = _owner(sys.argv[1:])
-    (build() if owner is None else build([owner]))()
+    owners = _owners(sys.argv[1:])
+    (build() if owners is None else build(owners))()

@@ -23,6 +23,7 @@ from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
 from llmgw.controller import (
+    admin_evals,
     admin_fleet,
     admin_ops,
     admin_requests,
@@ -559,6 +560,9 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("GET", "/api/v1/events", events, "plan"),
     ("POST", "/api/v1/apply", apply, "apply"),
     ("POST", "/api/v1/restart", admin_fleet.restart, "apply"),
+    ("POST", "/api/v1/evals/run", admin_evals.eval_run, "apply"),
+    ("POST", "/api/v1/models/{model}/check", admin_evals.model_check, "apply"),
+    ("GET", "/api/v1/model-checks", admin_evals.model_checks, "plan"),
     ("POST", "/api/v1/nodes/{node}/drain", admin_fleet.drain, "apply"),
     ("POST", "/api/v1/nodes/{node}/uncordon", admin_fleet.uncordon, "apply"),
     ("GET", "/api/v1/keys", keys_list, "admin"),

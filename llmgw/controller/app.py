@@ -27,6 +27,7 @@ from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUna
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
 from llmgw.controller import admin, console, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
+from llmgw.controller.canary import canary_loop
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
@@ -86,6 +87,7 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.cleanup_ctx.append(_background("budgets", lambda a: a[NOTIFIER].budget_loop()))
     retention = app[RETENTION] = Retention(controller)
     app.cleanup_ctx.append(_background("retention", lambda a: retention.run()))
+    app.cleanup_ctx.append(_background("canary", lambda a: canary_loop(a[CONTROLLER])))
     return app
 
 
@@ -414,6 +416,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         ws.settle_until = controller.clock() + settings.settle_s
         controller.set_stored_nodes({n.name: n.state for n in await store.list_nodes()})
         ws.drained = await store.list_node_drains()  # a drain outlives the controller that was told
+        controller.model_checks.load(await store.list_model_checks())
         last = await store.last_accepted_revision()
         if last is not None:
             log.info("last applied revision in the store: %s from %s", last.sha[:12], last.source)

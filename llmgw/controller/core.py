@@ -23,6 +23,7 @@ from llmgw.adapters.sources import Checkout
 from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.audit import AuditLog
 from llmgw.controller.background import Background
+from llmgw.controller.canary import CanaryBook
 from llmgw.controller.credentials import (
     GENERATIONS_FILE,
     Grant,
@@ -35,6 +36,7 @@ from llmgw.controller.desired import Desired, build_desired
 from llmgw.controller.hub import AgentClient, AgentHub, HubTimings
 from llmgw.controller.lease import LeaderLease, Leadership, LeaseConfig
 from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.model_checks_run import CheckBook
 from llmgw.controller.settings import ControllerSettings
 from llmgw.controller.state import (
     EventLog,
@@ -99,6 +101,8 @@ class Controller:
         # (model, profile) -> what `llmgw bench --save` measured one replica to serve (read from the store).
         self.capacities: dict[tuple[str, str], Capacity] = {}
         self.events = EventLog()
+        self.canaries = CanaryBook()  # each canary model's run (llmgw.controller.canary)
+        self.model_checks = CheckBook()  # `llmgw model check` verdicts per model and engine version
         self.changed = asyncio.Event()
         self.change_listeners: list[Callable[[], None]] = []
         self.router_sockets: set[web.WebSocketResponse] = set()
@@ -201,6 +205,7 @@ class Controller:
             self.set_stored_nodes({n.name: n.state for n in nodes})
             ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
             ws.drained = await self.store.list_node_drains()
+            self.model_checks.load(await self.store.list_model_checks())
         except Exception as exc:  # the store is what elected us, so this is a blip: settle_s bounds the wait
             log.warning("new leader could not read earlier state from the store (%s); waiting settle_s", exc)
             ws.expected_nodes = set()

@@ -118,6 +118,12 @@ class ControllerMetrics:
             ["model", "direction"],
             registry=r,
         )
+        self.canary_verdicts = Counter(
+            PREFIX + "canary_verdicts",
+            "Canaries decided, by verdict (promoted, failed)",
+            ["model", "verdict"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -111,6 +111,10 @@ class Notifier:
             kind = "replica_failed"
         elif kind == "node_lost":
             fields = {"node": obj}
+        elif kind in ("canary_promoted", "canary_failed"):
+            verdict = "promoted" if kind == "canary_promoted" else "failed"
+            fields = {"model": obj, "verdict": verdict, "revision": d.revision if d is not None else ""}
+            kind = "canary_verdict"
         elif kind == "revision_refused":
             fields = {"revision": c.refused.revision if c.refused else obj}
             if c.refused is not None:

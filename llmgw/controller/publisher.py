@@ -22,9 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
+from llmgw.controller.canary import live_canaries
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.credentials import same, valid_node_name
 from llmgw.controller.desired import Desired
+from llmgw.controller.model_checks_run import engine_version_of
 from llmgw.controller.state import ReplicaLoad, ReplicaRec, RouterLoad
 from llmgw.core import jsonsafe
 from llmgw.core.autoscale import Demand
@@ -33,6 +35,7 @@ from llmgw.core.config.models import LORA_ENGINES
 from llmgw.core.fleet import class_rank
 from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import (
+    CanaryRoute,
     Endpoint,
     PublishedAdapter,
     PublishedModel,
@@ -54,6 +57,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
     except SecretError as exc:
         log.warning("no endpoints published: %s", exc)
         return out
+    canaries = {i for ids in live_canaries(c).values() for i in ids}
     for rec in sorted(c.replicas.values(), key=lambda r: r.id):
         shard = views.shard_status(c, rec)
         if shard is None or shard.state != "ready" or rec.stopping or shard.base_url is None:
@@ -64,6 +68,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
             continue
         entry = d.models.get(rec.model) if d else None
         profile = entry.profile(rec.profile) if entry else None
+        verified, failed = c.model_checks.probes_of(rec.model, shard.engine, engine_version_of(c, rec.id))
         out.append(
             Endpoint(
                 replica_id=rec.id,
@@ -76,6 +81,9 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 slots=profile.profile.slots if profile else None,
                 simulated=shard.engine == "sim",
                 adapters=_carried(d, rec) if d is not None and shard.engine in LORA_ENGINES else [],
+                canary=rec.id in canaries,
+                verified=verified,
+                failed=failed,
             )
         )
     return out
@@ -96,6 +104,11 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
             if name in models:
                 rank = class_rank(cat.cluster.classes, entry.spec.model_class)
                 models[name] = models[name].model_copy(update={"class_rank": rank})
+    for name in live_canaries(c):
+        spec = cat.models[name].spec.rollout.canary if name in cat.models else None
+        if spec is not None and name in models:
+            route = CanaryRoute(weight=spec.weight or 0, header=spec.header)
+            models[name] = models[name].model_copy(update={"canary": route})
     return RouterSnapshot(
         revision=d.revision,
         router=cat.cluster.router,
@@ -312,6 +325,9 @@ class _ReplicaLoad(BaseModel):
     inflight: int = Field(0, ge=0)
     last_request_at: float | None = None
     routed: bool = True
+    requests: int = Field(0, ge=0)
+    errors: int = Field(0, ge=0)
+    ttft_p99_ms: float | None = Field(None, ge=0)
 
 
 class _LoadMessage(BaseModel):
@@ -341,7 +357,10 @@ def note_load(c: Controller, router: str, data: dict[str, Any]) -> bool:
         view = d.resolve(name) if d else None
         if view is not None:
             models[view.name] = Demand(m.queued, m.inflight, m.refused, m.ttft_p99_ms, now)
-    replicas = {rid: ReplicaLoad(r.inflight, r.last_request_at, r.routed) for rid, r in msg.replicas.items()}
+    replicas = {
+        rid: ReplicaLoad(r.inflight, r.last_request_at, r.routed, r.requests, r.errors, r.ttft_p99_ms)
+        for rid, r in msg.replicas.items()
+    }
     previous = c.worker_state.loads.get(router)
     c.worker_state.loads[router] = RouterLoad(now, models, replicas)
     if _load_moved(previous, models):

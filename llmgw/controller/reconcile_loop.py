@@ -126,6 +126,7 @@ class Reconciler:
             scale_to=scaled.scale_to,
             idleness=ws.replica_idleness(),
             paces={m: RollPace(*r.pace) for m, r in ws.models.items() if r.pace is not None},
+            canaries=c.canaries.phases(),
         )
         for model, words, up in scaled.events:
             c.metrics.scale_events.labels(model, "up" if up else "down").inc()

@@ -101,6 +101,9 @@ class ReplicaLoad:
     inflight: int
     last_request_at: float | None
     routed: bool
+    requests: int = 0  # attempts sent to it since the router started (llmgw_router.load)
+    errors: int = 0  # of those, 5xx or unreachable
+    ttft_p99_ms: float | None = None  # over the router's window; None: unknown
 
 
 @dataclass(frozen=True)

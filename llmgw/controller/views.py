@@ -328,6 +328,8 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
     auto = model.spec.restarts_on_change
     # Read from the replicas, not only from the last pass: `apply --wait` right after an apply must not see
     # Healthy before the pass that starts the roll has run.
+    canary = c.canaries.json(name)
+    auto = auto or (canary is not None and canary["phase"] != "failed")
     rolling = record.rolling or restarting > 0 or (auto and any(stale(c, r) and not r.adopted for r in mine))
     if (not model.spec.profiles or ready >= target) and not rolling:
         health = "Healthy"
@@ -353,6 +355,7 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
         "stale_replicas": sum(1 for r in c.replicas.values() if r.model == name and stale(c, r)),
         "restarting": restarting,
         "rolling": rolling,
+        "canary": canary,
         "fetching": [f for r in c.replicas.values() if r.model == name for f in fetches(c, r)],
         "autoscale": decision_json(record.scaled, _demand_json(c, name)),
         "memory": model_memory(c, name),

@@ -25,6 +25,8 @@ from llmgw.core.config.models import (
     Cluster,
     ClusterSpec,
     ContentRetention,
+    EvalSuite,
+    EvalSuiteSpec,
     Guardrail,
     GuardrailSpec,
     Limits,
@@ -171,6 +173,7 @@ class Catalog:
     notifications: Mapping[str, NotificationSpec] = field(default_factory=lambda: MappingProxyType({}))
     guardrails: Mapping[str, GuardrailSpec] = field(default_factory=lambda: MappingProxyType({}))
     adapters: Mapping[str, AdapterSpec] = field(default_factory=lambda: MappingProxyType({}))  # docs/lora.md
+    eval_suites: Mapping[str, EvalSuiteSpec] = field(default_factory=lambda: MappingProxyType({}))
     _key: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -202,6 +205,7 @@ class Catalog:
         notifications: dict[str, NotificationSpec] = {}
         guardrails: dict[str, GuardrailSpec] = {}
         adapters = {d.metadata.name: d.spec for d in documents if isinstance(d, Adapter)}
+        suites: dict[str, EvalSuiteSpec] = {}
         cluster: Cluster | None = None
         for doc in documents:
             name = doc.metadata.name
@@ -228,6 +232,8 @@ class Catalog:
                 notifications[name] = doc.spec
             elif isinstance(doc, Guardrail):
                 guardrails[name] = doc.spec
+            elif isinstance(doc, EvalSuite):
+                suites[name] = doc.spec
         return cls(
             models=MappingProxyType(models),
             aliases=MappingProxyType(aliases),
@@ -243,6 +249,7 @@ class Catalog:
             notifications=MappingProxyType(notifications),
             guardrails=MappingProxyType(guardrails),
             adapters=MappingProxyType(adapters),
+            eval_suites=MappingProxyType(suites),
             _key=_BUILD_KEY,
         )
 

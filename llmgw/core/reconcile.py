@@ -50,6 +50,7 @@ from llmgw.core.words import parse_duration
 __all__ = [
     "Action",
     "BackoffPolicy",
+    "CanaryPhase",
     "Decision",
     "MarkStale",
     "RestartReplica",
@@ -130,6 +131,15 @@ class BackoffPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class CanaryPhase:
+    """Where a model's canary stands: running (also: none started yet), promoted (the roll goes on), or
+    failed (its `replicas`, the canary ones, are stopped; the stable ones stay)."""
+
+    phase: Literal["running", "promoted", "failed"] = "running"
+    replicas: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
 class RollPace:
     """How many replicas a roll may start beyond the target, and how many ready ones may be missing."""
 
@@ -192,6 +202,7 @@ def reconcile(
     scale_to: Mapping[str, int] | None = None,
     idleness: Mapping[str, tuple[int, float | None]] | None = None,
     paces: Mapping[str, RollPace] | None = None,
+    canaries: Mapping[str, CanaryPhase] | None = None,
 ) -> Decision:
     """One reconcile pass. `demand`: replicas asked for per model (the router's on-demand signal);
     `scale_to`: the autoscaler's count per model (llmgw.core.autoscale), kept within [min, max];
@@ -201,7 +212,8 @@ def reconcile(
     state: every stale restart at once, no backoff, no idle stops (they are runtime, not repo changes).
     `idle_default`: seconds unused after which replicas above min stop, for models without `idle_timeout`
     (None: they stay). `paces`: a roll's pace per model when an operator gave one (`llmgw restart
-    --max-surge`), else the model's `rollout` block's."""
+    --max-surge`), else the model's `rollout` block's. `canaries`: the phase of each model's canary
+    (`rollout.strategy: canary`; none yet is a canary starting)."""
     nodes = tuple(nodes)
     replicas = tuple(sorted(replicas, key=lambda r: r.id))
     policy = policy or BackoffPolicy()
@@ -211,6 +223,7 @@ def reconcile(
     scale_to = scale_to or {}
     idleness = idleness or {}
     paces = paces or {}
+    canaries = canaries or {}
     node_state = {n.name: n.state for n in nodes}
     leaving_nodes = frozenset(n.name for n in nodes if n.leaving or n.drained)
     held_nodes = frozenset(n.name for n in nodes if n.drained and not n.leaving)
@@ -224,11 +237,12 @@ def reconcile(
         _reset_backoff(mp, now, policy)
         _unreachable(mp, node_state)
         _leaving(mp, leaving_nodes, held_nodes)
-        _stale(mp)
+        phase = canaries.get(name, CanaryPhase()) if mode == "run" else CanaryPhase("promoted")
+        _stale(mp, phase)
         pace = paces.get(name) or _pace_of(mp.entry)
         wanted = scale_to.get(name) if mode == "run" else None
         scale = _ScaleAsk(last_used.get(name), demand.get(name, 0), wanted, idleness)
-        _scale(mp, pace, now, scale, mode, idle_default)
+        _scale(mp, pace, now, scale, mode, idle_default, phase)
         passes.append(mp)
 
     placer = Placer(models, nodes, replicas, new_id)
@@ -384,10 +398,17 @@ def _gone_words(r: ReplicaView, held_nodes: frozenset[str]) -> str:
     return "drained" if any(s.node in held_nodes for s in r.shards) else "removed from the repo"
 
 
-def _stale(mp: _ModelPass) -> None:
+def _stale(mp: _ModelPass, phase: CanaryPhase) -> None:
     """Mark stale replicas; note the ones to roll: stale ones when the model rolls on a change (adopted ones
-    only when asked), and every one an operator asked to restart."""
-    auto = mp.entry.spec.restarts_on_change
+    only when asked), and every one an operator asked to restart. A canary model rolls on a change through
+    its canary; once the canary failed its stale replicas are held (they are the stable ones) and its
+    canary replicas are stopped, drained."""
+    canary = mp.entry.spec.rollout.strategy == "canary"
+    auto = mp.entry.spec.restarts_on_change or (canary and phase.phase != "failed")
+    if canary and phase.phase == "failed":
+        for r in [r for r in mp.alive if r.id in phase.replicas]:
+            mp.alive.remove(r)
+            mp.actions.append(StopReplica(r.id, "canary failed its gates: rolled back", drain=True))
     for r in mp.alive:
         stale = is_stale(r, mp.entry)
         if stale and not r.stale:
@@ -418,6 +439,7 @@ def _scale(
     ask: _ScaleAsk,
     mode: Mode,
     idle_default: float | None,
+    phase: CanaryPhase,
 ) -> None:
     scaling = mp.entry.spec.scaling
     if not mp.entry.spec.profiles:  # served by a provider
@@ -444,6 +466,10 @@ def _scale(
             else:
                 mp.wakes.append(activity + idle)
     mp.target = target
+    held = mp.entry.spec.rollout.strategy == "canary" and phase.phase != "promoted"
+    if mp.rolling and held and mode == "run" and not any(r.restart for r in mp.rolling):
+        _canary_hold(mp, blocked=mp.state.not_before > now)
+        return
     if mp.rolling:
         if mode == "run":
             _roll(mp, target, pace, blocked=mp.state.not_before > now)
@@ -497,6 +523,21 @@ def _roll(mp: _ModelPass, target: int, pace: RollPace, *, blocked: bool) -> None
         f"rolling: {left} old replica(s) left to replace; {ready} of {target} ready, max_surge "
         f"{pace.max_surge}, max_unavailable {pace.max_unavailable}"
     )
+    mp.actions.append(Wait(mp.name, None, words))
+
+
+def _canary_hold(mp: _ModelPass, *, blocked: bool) -> None:
+    """A change under a canary: one new replica beside the stable (stale) ones, started as the first
+    stale one's replacement so it counts as a surge, not as one more; nothing stale stops until the
+    canary is promoted, when the roll goes on from it (`_roll`)."""
+    rolling = {r.id for r in mp.rolling}
+    fresh = [r for r in mp.alive if r.id not in rolling]
+    first = sorted(mp.rolling, key=lambda r: (r.created_at, r.id))[0]
+    starts = 0 if fresh or blocked else 1
+    if blocked and not fresh:
+        mp.wakes.append(mp.state.not_before)
+    mp.start_reasons = [(f"canary beside {len(mp.rolling)} stable replica(s)", first.id)] * starts
+    words = f"canary: {len(fresh) or starts} new replica(s) beside {len(mp.rolling)} stable; the gates decide"
     mp.actions.append(Wait(mp.name, None, words))
 
 

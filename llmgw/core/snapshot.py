@@ -30,6 +30,7 @@ from llmgw.core.config.models import (
 
 __all__ = [
     "SNAPSHOT_SCHEMA_VERSION",
+    "CanaryRoute",
     "Endpoint",
     "EndpointState",
     "PublishedAdapter",
@@ -57,6 +58,13 @@ class PublishedProvider(_Wire):
     url: str = Field(description="Base URL including /v1, e.g. https://api.example.com/v1")
     model: str = Field(description="Model name at the provider; the router rewrites requests to it")
     key: SecretRef | None = Field(None, description="Where the provider's key is; read by the router")
+
+
+class CanaryRoute(_Wire):
+    """How a router splits a model's requests while a canary runs (the endpoints marked `canary`)."""
+
+    weight: int = Field(0, ge=0, le=100, description="Percent of requests sent to the canary endpoints")
+    header: str | None = Field(None, description="A request with this header goes to the canary")
 
 
 class PublishedModel(_Wire):
@@ -94,6 +102,7 @@ class PublishedModel(_Wire):
         "band; None: unranked, after every ranked class",
     )
     provider: PublishedProvider | None = None
+    canary: CanaryRoute | None = Field(None, description="While a canary runs: how its share is chosen")
 
 
 class PublishedAdapter(_Wire):
@@ -138,6 +147,13 @@ class Endpoint(_Wire):
     state: EndpointState = "ready"
     adapters: list[str] = Field(
         default_factory=list, description="LoRA adapters it loaded at start, in order (llama.cpp's ids)"
+    )
+    canary: bool = Field(False, description="A canary replica: it takes only the model's canary share")
+    verified: list[str] = Field(
+        default_factory=list, description="Probes `llmgw model check` passed on this model and engine version"
+    )
+    failed: list[str] = Field(
+        default_factory=list, description="Probes it failed: a request needing one is not sent here"
     )
 
 

@@ -49,6 +49,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "peak_concurrency",
     ),
     "content": ("kind", "project", "id", "created_at", "expires_at", "key_id", "sealed"),
+    "model_checks": ("model", "engine", "engine_version", "verdict", "at"),
 }  # fmt: skip
 _ORDER = {
     "limit_counters": "limit_key, window_start",
@@ -57,6 +58,7 @@ _ORDER = {
     "usage_tags": "usage_id, key",
     "usage_minutes": "minute, model, project, source",
     "content": "kind, project, id",
+    "model_checks": "model, engine, engine_version",
 }
 PAGE = 1000
 

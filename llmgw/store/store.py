@@ -56,6 +56,7 @@ TABLES: tuple[str, ...] = (
     "node_drains",
     "usage_minutes",
     "content",
+    "model_checks",
 )
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
@@ -201,6 +202,22 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
         async with self.db.tx() as tx:
             rows = await tx.fetch("SELECT node, words FROM node_drains ORDER BY node")
         return {str(r[0]): str(r[1]) for r in rows}
+
+    async def save_model_check(self, model: str, engine: str, version: str, verdict: str, now: float) -> None:
+        """Keep the last `llmgw model check` verdict (its JSON) for the model on that engine version."""
+        async with self.db.tx() as tx:
+            await tx.execute(
+                "INSERT INTO model_checks (model, engine, engine_version, verdict, at) VALUES (?, ?, ?, ?, ?) "
+                "ON CONFLICT (model, engine, engine_version) DO UPDATE SET verdict = excluded.verdict, "
+                "at = excluded.at",
+                (model, engine, version, verdict, now),
+            )
+
+    async def list_model_checks(self) -> list[str]:
+        """Every kept verdict's JSON."""
+        async with self.db.tx() as tx:
+            rows = await tx.fetch("SELECT verdict FROM model_checks ORDER BY model, engine, engine_version")
+        return [str(r[0]) for r in rows]
 
     # ------------------------------------------------------------------------------------ replicas
 

@@ -182,9 +182,11 @@ def settle(
     m.observe(m.duration, (call.model,), elapsed)
     if result is not None and result.first_byte_at is not None:
         m.observe(m.ttft, (call.model,), result.first_byte_at - call.started)
-        m.load.first_token(served, result.first_byte_at - call.started)
+        m.load.first_token(served, result.first_byte_at - call.started, call.endpoint)
     elif result is not None and call.status == 200:
-        m.load.first_token(served, elapsed)  # not streamed: the client has its first token with the last
+        m.load.first_token(
+            served, elapsed, call.endpoint
+        )  # not streamed: the client has its first token with the last
     m.load.finished(call.model, call.status, call.code)
     if bill.prompt is not None:
         m.observe_tokens(served, bill.prompt, bill.completion)

@@ -165,10 +165,12 @@ class Forwarding:
 
     def failed(self, ep: LiveEndpoint, reason: str) -> None:
         ep.breaker = brk.on_failure(ep.breaker, self.clock(), self.options.breaker)
+        self.metrics.load.answered(ep.id, ok=False)
         log.warning("endpoint %s (%s) failed: %s", ep.id, ep.spec.model, reason)
 
     def succeeded(self, ep: LiveEndpoint) -> None:
         ep.breaker = brk.on_success(ep.breaker)
+        self.metrics.load.answered(ep.id, ok=True)
 
     def schedulable(self, table: RoutingTable, model: str, exclude: frozenset[str] = frozenset()) -> bool:
         """Has `model` an endpoint that is ready, not broken open, and not one this request failed on?"""

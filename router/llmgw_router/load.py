@@ -7,12 +7,16 @@ they finish), time to first token per model over a sliding window, and refusals 
 
     {"type": "load",
      "models": {NAME: {"queued": int, "inflight": int, "ttft_p99_ms": float | null, "refused": int}},
-     "replicas": {ID: {"inflight": int, "last_request_at": float | null, "routed": bool}}}
+     "replicas": {ID: {"inflight": int, "last_request_at": float | null, "routed": bool,
+                       "requests": int, "errors": int, "ttft_p99_ms": float | null}}}
 
 `refused` counts since the last report; `ttft_p99_ms` is over the last `window` seconds (null: no first token
 in it, which is unknown, not fast), a request not streamed counting its whole answer (its client's first token
 came with its last); `last_request_at` is wall time (null: none since this router started);
 `routed` says the replica is in this router's table (false: dropped, only its requests in flight remain).
+A replica's `requests` and `errors` count every attempt sent to it since this router started (an error: a
+5xx or an engine that could not be reached, retried elsewhere or not), and its `ttft_p99_ms` is over the
+same window as the model's: what a canary's gates compare (llmgw.core.canary).
 """
 
 from __future__ import annotations
@@ -29,12 +33,15 @@ __all__ = ["CAPACITY_CODES", "LoadTracker"]
 
 # Refusals that say the model had no room (not a tenant's limit, not a bad request).
 CAPACITY_CODES = frozenset({"queue_full", "queue_timeout", "model_loading"})
+_REPLICA_KEY = "\0replica:"  # a replica's TTFT samples beside the models' (no model name holds a NUL)
 
 
 @dataclass(slots=True)
 class _Replica:
     inflight: int = 0
     last_request_at: float | None = None
+    requests: int = 0
+    errors: int = 0
 
 
 class LoadTracker:
@@ -55,11 +62,19 @@ class LoadTracker:
         if rec is not None and rec.inflight > 0:
             rec.inflight -= 1
 
-    def first_token(self, model: str, seconds: float) -> None:
-        samples = self._ttft.setdefault(model, deque())
-        samples.append((self.clock(), seconds))
-        if len(samples) > 10_000:  # a flood inside one window: the oldest go first
-            samples.popleft()
+    def first_token(self, model: str, seconds: float, replica_id: str | None = None) -> None:
+        keys = (model,) if replica_id is None else (model, _REPLICA_KEY + replica_id)
+        for key in keys:
+            samples = self._ttft.setdefault(key, deque())
+            samples.append((self.clock(), seconds))
+            if len(samples) > 10_000:  # a flood inside one window: the oldest go first
+                samples.popleft()
+
+    def answered(self, replica_id: str, *, ok: bool) -> None:
+        """One attempt on the replica ended: answered (ok), or a 5xx / unreachable engine."""
+        rec = self._replicas.setdefault(replica_id, _Replica())
+        rec.requests += 1
+        rec.errors += not ok
 
     def finished(self, model: str, status: int, code: str | None) -> None:
         """Every answered request passes here (accounting.settle); counts the capacity refusals."""
@@ -98,12 +113,23 @@ class LoadTracker:
             rec = self._replicas[rid]
             if rid not in routed and rec.inflight == 0:
                 del self._replicas[rid]  # dropped and finished: nothing left to say about it
+                self._ttft.pop(_REPLICA_KEY + rid, None)
                 continue
             replicas[rid] = {
                 "inflight": rec.inflight,
                 "last_request_at": rec.last_request_at,
                 "routed": rid in routed,
+                "requests": rec.requests,
+                "errors": rec.errors,
+                "ttft_p99_ms": self._p99(_REPLICA_KEY + rid, now),
             }
         for rid in routed - set(replicas):
-            replicas[rid] = {"inflight": 0, "last_request_at": None, "routed": True}
+            replicas[rid] = {
+                "inflight": 0,
+                "last_request_at": None,
+                "routed": True,
+                "requests": 0,
+                "errors": 0,
+                "ttft_p99_ms": None,
+            }
         return {"type": "load", "models": models, "replicas": replicas}

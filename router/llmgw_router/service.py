@@ -24,13 +24,14 @@ import aiohttp
 
 from llmgw.adapters import logformat
 from llmgw.core.guardrails import CompiledGuardrail
-from llmgw.core.snapshot import PublishedModel, RouterSnapshot
+from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
 from llmgw.core.tenancy import has_tenants
 from llmgw_router.accounting import Call, gone, settle
 from llmgw_router.adapters import Adapters
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator
 from llmgw_router.cache_path import CachePath
+from llmgw_router.canary_route import refusal, steered_away
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply, json_reply
 from llmgw_router.fields import DROPPED_HEADER, plan_fields
@@ -202,6 +203,10 @@ class RequestService:
                     "owned_by": "llmgw-simulated" if model.simulated else "llmgw",
                     "context_length": model.context_length,
                     "capabilities": list(model.capabilities),
+                    # What `llmgw model check` verified on a replica serving now (docs/canaries.md).
+                    "verified_capabilities": sorted(
+                        {p for ep in table.endpoints.get(name, ()) for p in ep.spec.verified}
+                    ),
                     "aliases": list(model.aliases),
                     "on_demand": model.on_demand,
                 }
@@ -389,13 +394,15 @@ class RequestService:
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
             self.options.debug_token.encode(),
         )
+        steer = _Steering.of(table, call.serving, body, self.rng)
         for attempt in (0, 1):
             asked = time.monotonic()
             load_on = None
             if adapter is not None and call.adapter is not None:
                 info, load_on = self.adapters.steer(table, canonical, call.adapter, adapter, info)
+            steered = steer.info(table, call.serving, headers, info, self.clock())
             try:
-                picked = await self.forwarding.pick(table, canonical, call.serving, info, place)
+                picked = await self.forwarding.pick(table, canonical, call.serving, steered, place)
             except ApiError as err:  # queue full or timed out, no endpoint, still loading
                 if call.trace is not None:
                     call.trace.span("schedule", asked, None, {"llmgw.refused": err.code or str(err.status)})
@@ -574,6 +581,50 @@ _UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
 
 def _new_request_id() -> str:
     return f"{random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
+
+
+class _Steering:
+    """A canary's share and the model checks' verdicts for one request (llmgw_router.canary_route); a
+    request for a model with neither (most) skips it."""
+
+    def __init__(self, specs: dict[str, list[Endpoint]], needs: frozenset[str], draw: float) -> None:
+        self.specs, self.needs, self.draw = specs, needs, draw
+
+    @classmethod
+    def of(
+        cls, table: RoutingTable, chain: tuple[str, ...], body: dict[str, Any], rng: random.Random
+    ) -> _Steering:
+        needs = frozenset({"tools"}) if body.get("tools") else frozenset()
+        canary = any(m in table.models and table.models[m].canary is not None for m in chain)
+        specs = {m: [ep.spec for ep in table.endpoints.get(m, ())] for m in chain} if needs or canary else {}
+        refused = refusal(specs, chain, needs)
+        if refused is not None:
+            raise ApiError(400, refused, "capability_unverified", param="tools")
+        return cls(specs, needs, rng.random() if canary else 1.0)
+
+    def info(
+        self, table: RoutingTable, chain: tuple[str, ...], headers: Any, info: RequestInfo, now: float
+    ) -> RequestInfo:
+        """`info` with the endpoints this attempt must not use added to its exclusions. Endpoints that
+        cannot take it now (breaker open, not ready) count as failed: the other group serves instead."""
+        if not self.specs:
+            return info
+        down = {
+            ep.id
+            for m in chain
+            for ep in table.endpoints.get(m, ())
+            if ep.spec.state != "ready" or ep.breaker.is_open(now)
+        }
+        away = steered_away(
+            self.specs,
+            table.models,
+            chain,
+            headers=headers,
+            draw=self.draw,
+            needs=self.needs,
+            failed=info.exclude | down,
+        )
+        return RequestInfo(info.session_key, info.exclude | away, info.rr_counter)
 
 
 _REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")

@@ -44,7 +44,16 @@ async def test_queue_inflight_ttft_refusals_and_replicas_are_reported(slow_sims:
     try:
         first = router.load_report()
         assert first["models"]["sim-chat"] == {"queued": 0, "inflight": 0, "ttft_p99_ms": None, "refused": 0}
-        assert first["replicas"] == {"rep-a": {"inflight": 0, "last_request_at": None, "routed": True}}
+        assert first["replicas"] == {
+            "rep-a": {
+                "inflight": 0,
+                "last_request_at": None,
+                "routed": True,
+                "requests": 0,
+                "errors": 0,
+                "ttft_p99_ms": None,
+            }
+        }
         async with aiohttp.ClientSession() as s:
             calls = [asyncio.create_task(s.post(url, json=body, headers=headers)) for _ in range(3)]
 
@@ -78,6 +87,10 @@ async def test_queue_inflight_ttft_refusals_and_replicas_are_reported(slow_sims:
         assert after["refused"] == 1 and after["queued"] == 0 and after["inflight"] == 0
         assert after["ttft_p99_ms"] is not None and after["ttft_p99_ms"] > 0
         assert router.load_report()["models"]["sim-chat"]["refused"] == 0  # counted once, since the last
+        # Per replica, what a canary's gates compare: every attempt, its errors, its TTFT.
+        rep = router.load_report()["replicas"]["rep-a"]
+        assert (rep["requests"], rep["errors"]) == (3, 0)
+        assert rep["ttft_p99_ms"] is not None and rep["ttft_p99_ms"] > 0
     finally:
         await listeners.close()
 

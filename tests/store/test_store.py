@@ -281,3 +281,10 @@ async def test_racing_lease_takers_one_wins(store: Store) -> None:
     winners = {r.current.holder for r in results if r.held and r.current}
     assert len(winners) == 1
     assert all(r.current is not None and r.current.holder in winners for r in results)
+
+
+async def test_model_check_verdicts_are_kept_per_model_and_engine_version(store: Store) -> None:
+    await store.save_model_check("m", "vllm", "0.10.1", '{"v": 1}', now=1.0)
+    await store.save_model_check("m", "vllm", "0.10.1", '{"v": 2}', now=2.0)  # checked again: the newer one
+    await store.save_model_check("m", "vllm", "0.11.0", '{"v": 3}', now=3.0)
+    assert await store.list_model_checks() == ['{"v": 2}', '{"v": 3}']

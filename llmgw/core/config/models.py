@@ -31,6 +31,7 @@ from llmgw.core.config.engine_spec import (
     EngineSettings as EngineSettings,
     MetricMapping as MetricMapping,
 )
+from llmgw.core.config.eval_spec import CanarySpec as CanarySpec, EvalSuiteSpec as EvalSuiteSpec
 from llmgw.core.config.guardrail_spec import GuardrailSpec as GuardrailSpec
 from llmgw.core.config.notification_spec import (
     NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
@@ -333,14 +334,17 @@ class Slo(Strict):
     ttft_p99_ms: float = Field(gt=0, description="p99 time to first token a replica must stay under, in ms")
 
 
-RolloutStrategy = Literal["rolling"]
+RolloutStrategy = Literal["rolling", "canary"]
 RolloutOnChange = Literal["manual", "restart"]
 
 
 class Rollout(Strict):
     """How a model's replicas are replaced: make-before-break, a few at a time."""
 
-    strategy: RolloutStrategy = Field("rolling", description="rolling: replace replicas a few at a time")
+    strategy: RolloutStrategy = Field(
+        "rolling", description="rolling: replace replicas a few at a time; canary: gate the change first"
+    )
+    canary: CanarySpec | None = Field(None, description="The canary's share, duration and gates")
     max_surge: int = Field(
         1, ge=0, description="Replicas started beside the old ones before they stop (above the target)"
     )
@@ -642,6 +646,13 @@ class Guardrail(_Document):
     spec: GuardrailSpec
 
 
+class EvalSuite(_Document):
+    """Prompts with checks: run by `llmgw eval` and as a canary's gates."""
+
+    kind: Literal["EvalSuite"]
+    spec: EvalSuiteSpec
+
+
 Document = Annotated[
     Cluster
     | Node
@@ -652,7 +663,8 @@ Document = Annotated[
     | Project
     | Notification
     | Guardrail
-    | Adapter,
+    | Adapter
+    | EvalSuite,
     Field(discriminator="kind"),
 ]
 DOCUMENT_KINDS: dict[str, type[_Document]] = {
@@ -666,6 +678,7 @@ DOCUMENT_KINDS: dict[str, type[_Document]] = {
     "Notification": Notification,
     "Guardrail": Guardrail,
     "Adapter": Adapter,
+    "EvalSuite": EvalSuite,
 }
 
 

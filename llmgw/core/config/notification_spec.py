@@ -11,13 +11,16 @@ from pydantic import Field
 
 from llmgw.core.config.base import Duration, SecretRef, Strict
 
-NotificationEvent = Literal["revision_refused", "replica_failed", "node_lost", "budget_80", "budget_100"]
+NotificationEvent = Literal[
+    "revision_refused", "replica_failed", "node_lost", "budget_80", "budget_100", "canary_verdict"
+]
 NOTIFICATION_EVENTS: tuple[str, ...] = (
     "revision_refused",
     "replica_failed",
     "node_lost",
     "budget_80",
     "budget_100",
+    "canary_verdict",
 )
 NotificationFormat = Literal["json", "slack"]
 
@@ -44,7 +47,8 @@ class NotificationSpec(Strict):
         min_length=1,
         description="The events to send: revision_refused, replica_failed (also a crash loop: at most one "
         "message per model an hour), node_lost, budget_80 and budget_100 (a tenant's spend in its budget "
-        "period, once per period)",
+        "period, once per period), canary_verdict (a canary promoted or failed, with the revision it tried: "
+        "what a CI sets a commit status from)",
     )
     format: NotificationFormat = Field(
         "json", description='json (llmgw\'s documented body) or slack (a Slack-compatible {"text": ...})'

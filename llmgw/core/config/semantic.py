@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from llmgw.core.config.adapter_checks import check_adapters
 from llmgw.core.config.capacity_checks import check_capacity
 from llmgw.core.config.errors import PathPart, SemanticError
+from llmgw.core.config.eval_checks import check_evals
 from llmgw.core.config.guardrail_checks import check_guardrails
 from llmgw.core.config.models import (
     CPU_ENGINES,
@@ -109,6 +110,7 @@ def check(
     check_capacity(documents, checker.add)
     check_guardrails(documents, checker.add)
     check_adapters(documents, checker.add)
+    check_evals(documents, checker.add)
     for index, doc in enumerate(documents):
         _secret_refs(checker, index, doc, ())
     return checker.errors

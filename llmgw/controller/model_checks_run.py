@@ -1,0 +1,216 @@
+"""`llmgw model check MODEL`: the built-in probes (llmgw.core.model_checks) run against one replica, and the
+verdicts kept per model, engine and engine version.
+
+The verdicts reach the routers in the snapshot: each endpoint carries the probes its (model, engine,
+version) passed and failed, so a request offering tools is never sent to a replica whose engine failed the
+tools probe, and /v1/models lists the capabilities verified on a ready replica. The controller keeps the
+verdicts in memory and in the store (read back when it starts or takes the lead).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from llmgw.controller.evals_run import EngineTarget, EvalError, post_json, target_for
+from llmgw.core.model_checks import (
+    ProbeResult,
+    probes_for,
+    response_format_request,
+    response_format_verdict,
+    stream_usage_request,
+    stream_usage_verdict,
+    tools_request,
+    tools_result_request,
+    tools_result_verdict,
+    tools_verdict,
+)
+
+if TYPE_CHECKING:
+    from llmgw.controller.core import Controller
+
+log = logging.getLogger("llmgw.controller.model_checks")
+
+__all__ = ["CheckBook", "CheckVerdict", "engine_version_of", "probe_target", "run_model_check"]
+
+_TIMEOUT_S = 120.0  # a CPU engine's first answer can be slow; the probe asks for little
+
+
+@dataclass(frozen=True, slots=True)
+class CheckVerdict:
+    model: str
+    engine: str
+    engine_version: str  # "unknown" when neither the repo nor the node's inventory says
+    replica: str
+    at: float  # controller wall time
+    probes: tuple[ProbeResult, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(p.passed for p in self.probes)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> CheckVerdict:
+        probes = tuple(
+            ProbeResult(str(p["probe"]), bool(p["passed"]), str(p["detail"])) for p in data["probes"]
+        )
+        return cls(
+            str(data["model"]),
+            str(data["engine"]),
+            str(data["engine_version"]),
+            str(data["replica"]),
+            float(data["at"]),
+            probes,
+        )
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "engine": self.engine,
+            "engine_version": self.engine_version,
+            "replica": self.replica,
+            "at": self.at,
+            "passed": self.passed,
+            "probes": [p.json() for p in self.probes],
+        }
+
+
+@dataclass
+class CheckBook:
+    """The last verdict per (model, engine, engine version)."""
+
+    verdicts: dict[tuple[str, str, str], CheckVerdict] = field(default_factory=dict)
+
+    def record(self, verdict: CheckVerdict) -> None:
+        self.verdicts[(verdict.model, verdict.engine, verdict.engine_version)] = verdict
+
+    def load(self, texts: list[str]) -> int:
+        """Verdicts kept in the store (`CheckVerdict.json`); one that cannot be read is skipped, said once."""
+        loaded = 0
+        for text in texts:
+            try:
+                self.record(CheckVerdict.from_json(json.loads(text)))
+                loaded += 1
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning("a stored model-check verdict was skipped: %s", exc)
+        return loaded
+
+    def probes_of(self, model: str, engine: str, version: str) -> tuple[list[str], list[str]]:
+        """(passed, failed) probe names for that model on that engine version; both empty: never checked."""
+        verdict = self.verdicts.get((model, engine, version))
+        if verdict is None:
+            return [], []
+        return [p.probe for p in verdict.probes if p.passed], [
+            p.probe for p in verdict.probes if not p.passed
+        ]
+
+
+def engine_version_of(c: Controller, replica_id: str) -> str:
+    """The repo's version for the replica's engine (profile, then Cluster), else its node's inventory's."""
+    rec = c.replicas.get(replica_id)
+    d = c.desired
+    if rec is None or d is None:
+        return "unknown"
+    entry = d.models.get(rec.model)
+    profile = entry.profile(rec.profile) if entry else None
+    engine = profile.profile.engine if profile else None
+    if profile is not None and profile.profile.engine_version:
+        return profile.profile.engine_version
+    declared = d.cluster.engines.get(engine) if engine else None
+    if declared is not None and declared.version:
+        return declared.version
+    link = c.agents.nodes.get(rec.node)
+    engines = link.inventory.engines if link is not None else None
+    found = engines.get(engine) if engines and engine else None
+    return found.version if found is not None and found.version else "unknown"
+
+
+async def run_model_check(c: Controller, model: str, replica: str | None) -> CheckVerdict:
+    """Probe one replica of `model` for each declared capability; the verdict is recorded and an event says
+    it. EvalError when the model or the replica cannot be checked."""
+    d = c.desired
+    entry = d.models.get(model) if d else None
+    if entry is None:
+        raise EvalError(f"model {model} is not in the applied revision")
+    probes = probes_for(entry.spec.capabilities)
+    if not probes:
+        raise EvalError(f"model {model} declares no capability with a built-in probe (tools, chat)")
+    target = target_for(c, model, replica)
+    results = await probe_target(target, probes)
+    verdict = CheckVerdict(
+        model, target.engine, engine_version_of(c, target.replica), target.replica, c.wall(), tuple(results)
+    )
+    c.model_checks.record(verdict)
+    try:  # kept across a restart; the store down loses only that
+        await c.store.save_model_check(
+            model, verdict.engine, verdict.engine_version, json.dumps(verdict.json()), verdict.at
+        )
+    except Exception as exc:
+        log.warning("the model-check verdict of %s is not kept in the store: %s", model, exc)
+    words = "; ".join(f"{p.probe}: {'ok' if p.passed else p.detail}" for p in results)
+    await c.event(
+        "model_checked",
+        model,
+        f"{target.engine} {verdict.engine_version} on {target.replica}: {words}",
+    )
+    c.notify("model checked")  # the snapshot carries the verdicts
+    return verdict
+
+
+async def probe_target(target: EngineTarget, probes: list[str]) -> list[ProbeResult]:
+    """Each probe in turn against one engine."""
+    async with aiohttp.ClientSession() as session:
+        return [await _probe(session, target, p) for p in probes]
+
+
+async def _probe(session: aiohttp.ClientSession, target: EngineTarget, probe: str) -> ProbeResult:
+    path = "/v1/chat/completions"
+    if probe == "tools":
+        response, error = await post_json(session, target, path, tools_request(target.model), _TIMEOUT_S)
+        if error is not None:
+            return ProbeResult(probe, False, error)
+        first, call = tools_verdict(response, target.engine)
+        if call is None:
+            return first
+        response, error = await post_json(
+            session, target, path, tools_result_request(target.model, call), _TIMEOUT_S
+        )
+        return ProbeResult(probe, False, error) if error is not None else tools_result_verdict(response)
+    if probe == "response_format":
+        response, error = await post_json(
+            session, target, path, response_format_request(target.model), _TIMEOUT_S
+        )
+        return ProbeResult(probe, False, error) if error is not None else response_format_verdict(response)
+    chunks, error = await _stream(session, target, stream_usage_request(target.model))
+    return ProbeResult(probe, False, error) if error is not None else stream_usage_verdict(chunks)
+
+
+async def _stream(
+    session: aiohttp.ClientSession, target: EngineTarget, body: dict[str, Any]
+) -> tuple[list[Any], str | None]:
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    chunks: list[Any] = []
+    try:
+        async with session.post(
+            target.base_url + "/v1/chat/completions",
+            json=body,
+            headers=headers,
+            timeout=aiohttp.ClientTimeout(total=_TIMEOUT_S),
+        ) as resp:
+            if resp.status != 200:
+                return [], f"{target.replica} answered {resp.status}: {(await resp.text())[:200]}"
+            async for raw in resp.content:
+                line = raw.decode("utf-8", "replace").strip()
+                if not line.startswith("data:") or line == "data: [DONE]":
+                    continue
+                try:
+                    chunks.append(json.loads(line.removeprefix("data:").strip()))
+                except ValueError:
+                    return chunks, f"{target.replica} streamed a chunk that is not JSON: {line[:80]!r}"
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        return chunks, f"{target.replica} could not be reached: {type(exc).__name__} {exc}".rstrip()
+    return chunks, None

@@ -25,6 +25,7 @@ from llmgw.core.config.base import (
 )
 from llmgw.core.config.cache_spec import ResponseCacheSpec as ResponseCacheSpec
 from llmgw.core.config.engine_spec import (
+    CpuFlag as CpuFlag,
     EngineArchive as EngineArchive,
     EngineInstallSettings as EngineInstallSettings,
     EngineRequires as EngineRequires,

@@ -3,8 +3,9 @@
 Deterministic given its inputs: a request's prefill costs `prefill_ms_per_token` per prompt token not covered by
 the longest cached prefix, each output token costs `decode_ms_per_token`, at most `max_concurrency` sequences run
 at once and the rest wait in arrival order. The prefix cache works like vLLM's: prompts are cut into blocks of
-`block_size` tokens, each block is named by a hash chained over the blocks before it, and a prompt reuses the
-longest run of leading blocks already cached. The cache holds at most `capacity_blocks` blocks, least recently
+`block_size` tokens, each block is named by a hash chained over the blocks before it (vLLM's own algorithm over
+the words' token ids, so KV events name blocks as vLLM's do), and a prompt reuses the longest run of leading
+blocks already cached. The cache holds at most `capacity_blocks` blocks, least recently
 used evicted first.
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # The sim's whole vocabulary: output is plainly not a model's.
@@ -32,6 +34,7 @@ class LatencyConfig:
     capacity_blocks: int = 4096
     kv_capacity_tokens: int = 65536
     default_max_tokens: int = 16
+    hash_seed: str = "0"
 
 
 def tokenize(text: str) -> list[str]:
@@ -39,31 +42,56 @@ def tokenize(text: str) -> list[str]:
     return text.split()
 
 
-def block_hashes(tokens: list[str], block_size: int) -> list[str]:
-    """One chained hash per full block, so a block's hash names the whole prefix up to its end."""
-    out: list[str] = []
-    prev = ""
-    for start in range(0, len(tokens) - len(tokens) % block_size, block_size):
-        h = hashlib.sha256(prev.encode())
-        h.update("\x00".join(tokens[start : start + block_size]).encode())
-        prev = h.hexdigest()
-        out.append(prev)
+def token_ids(tokens: list[str]) -> list[int]:
+    """Each word's token id: the first 4 bytes of its blake2b (the sim has no vocabulary file). The router
+    tokenizes sim prompts with the same function (llmgw_router.prefix.sim_token_ids) to hash them as here."""
+    return [int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "big") for w in tokens]
+
+
+def _none_hash(seed: str) -> bytes:
+    return hashlib.sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def block_hashes(
+    tokens: list[str], block_size: int, seed: str = "0", salt: str | None = None
+) -> list[tuple[int, list[int]]]:
+    """One hash per full block, vLLM's way (`hash_block_tokens` with sha256: the pickled tuple of the parent
+    hash, the block's token ids and the extra keys, the cache salt on the first block; NONE_HASH from the
+    seed, vLLM's PYTHONHASHSEED), as the 8-byte integers its KV events carry; with each block's token ids."""
+    ids = token_ids(tokens)
+    out: list[tuple[int, list[int]]] = []
+    parent = _none_hash(seed)
+    for i in range(len(ids) // block_size):
+        block = ids[i * block_size : (i + 1) * block_size]
+        extra = (salt,) if i == 0 and salt else None
+        parent = hashlib.sha256(pickle.dumps((parent, tuple(block), extra), protocol=5)).digest()
+        out.append((int.from_bytes(parent[-8:], "big"), block))
     return out
 
 
-class PrefixCache:
-    """LRU set of block hashes; `lookup` counts the cached leading tokens, `insert` records a prompt."""
+@dataclass
+class CacheChange:
+    """What one insert did, as KV events say it: blocks stored (hash, parent hash, token ids), hashes evicted."""
 
-    def __init__(self, block_size: int, capacity_blocks: int) -> None:
+    stored: list[tuple[int, int | None, list[int]]] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+
+
+class PrefixCache:
+    """LRU set of block hashes; `lookup` counts the cached leading tokens, `insert` records a prompt and says
+    which blocks it stored and evicted (for the KV-event publisher)."""
+
+    def __init__(self, block_size: int, capacity_blocks: int, seed: str = "0") -> None:
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
-        self._blocks: OrderedDict[str, None] = OrderedDict()
+        self.seed = seed
+        self._blocks: OrderedDict[int, None] = OrderedDict()
         self.hits_tokens = 0
         self.queries_tokens = 0
 
-    def lookup(self, tokens: list[str]) -> int:
+    def lookup(self, tokens: list[str], salt: str | None = None) -> int:
         hits = 0
-        for h in block_hashes(tokens, self.block_size):
+        for h, _ in block_hashes(tokens, self.block_size, self.seed, salt):
             if h not in self._blocks:
                 break
             self._blocks.move_to_end(h)
@@ -73,14 +101,23 @@ class PrefixCache:
         self.hits_tokens += cached
         return cached
 
-    def insert(self, tokens: list[str]) -> None:
+    def insert(self, tokens: list[str], salt: str | None = None) -> CacheChange:
+        change = CacheChange()
         if self.capacity_blocks <= 0:
-            return
-        for h in block_hashes(tokens, self.block_size):
+            return change
+        parent: int | None = None
+        for h, block in block_hashes(tokens, self.block_size, self.seed, salt):
+            if h not in self._blocks:
+                change.stored.append((h, parent, block))
             self._blocks[h] = None
             self._blocks.move_to_end(h)
+            parent = h
         while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
+            change.removed.append(self._blocks.popitem(last=False)[0])
+        return change
+
+    def clear(self) -> None:
+        self._blocks.clear()
 
 
 @dataclass(frozen=True)

@@ -112,6 +112,10 @@ class Endpoint(_Wire):
     slots: int | None = Field(None, ge=1, description="Concurrent sequences; None when unknown")
     simulated: bool = False
     state: EndpointState = "ready"
+    kv_events: str | None = Field(
+        None, description="tcp://host:port of the engine's KV-cache event publisher (None: none)"
+    )
+    kv_block_size: int = Field(16, ge=1, description="Tokens per KV-cache block, to hash prompts as it does")
 
 
 class RouterSnapshot(_Wire):

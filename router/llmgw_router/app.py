@@ -24,6 +24,7 @@ from llmgw_router.auth import Authenticator, KeyStore, StoreKeys
 from llmgw_router.egress import client_connector
 from llmgw_router.exchange import Exchange, json_reply
 from llmgw_router.http1 import EngineClient
+from llmgw_router.kv_events import kv_events_loop
 from llmgw_router.link import ControllerLink, controller_url
 from llmgw_router.listener import ApiListener, Handler
 from llmgw_router.messages_exchange import MessagesExchange
@@ -113,6 +114,10 @@ async def _background(
                         router.admission.notify_all,
                     )
                 )
+            )
+            prefix = router.forwarding.prefix
+            tasks.append(
+                asyncio.create_task(kv_events_loop(lambda: router.table, prefix.events, router.clock))
             )
         if link is not None:
             tasks.append(asyncio.create_task(link.run(session)))

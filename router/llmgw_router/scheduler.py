@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llmgw.core.config.models import RoutingPolicySpec
+from llmgw_router.prefix import PrefixKey
 
 __all__ = [
     "KV_PENALTY",
@@ -29,7 +30,7 @@ __all__ = [
     "schedule",
 ]
 
-SCORERS = ("queue", "kv", "inflight", "load", "weight", "session")
+SCORERS = ("queue", "kv", "inflight", "load", "weight", "session", "prefix")
 # Above the KV ceiling an endpoint is about to preempt or refuse sequences: worse than any other reading.
 KV_PENALTY = -10.0
 _NEUTRAL = 0.5
@@ -49,6 +50,10 @@ class Candidate:
     ready: bool = True
     breaker_open: bool = False
     stale: bool = False
+    # The share of the prompt's leading blocks this endpoint holds, and who said so: "precise" (its engine's
+    # KV events), "approx" (what this router sent it) or None (no prefix scoring for this request).
+    prefix: float = 0.0
+    prefix_source: str | None = None
 
     @property
     def full(self) -> bool:
@@ -60,6 +65,8 @@ class RequestInfo:
     session_key: str | None = None
     exclude: frozenset[str] = frozenset()  # endpoints this request already failed on
     rr_counter: int = 0  # the caller's round-robin position for this model
+    prefix: PrefixKey | None = None  # the prompt's blocks, when the policy weighs prefixes
+    project: str = ""  # whose prompt: the approximate index and the cache salt are per project
 
 
 @dataclass(slots=True)
@@ -77,12 +84,15 @@ class Decision:
     scores: tuple[EndpointScore, ...] = ()
     dropped: dict[str, int] = field(default_factory=dict)
     session_target: str | None = None
+    prefix_sources: tuple[tuple[str, str], ...] = ()  # (endpoint, "precise" | "approx") when prefix-scored
 
     def rationale(self) -> str:
         """One line for a debug header or a log: the choice, what decided it, scores, filters."""
         parts = [f"endpoint={self.endpoint}", f"picker={self.picker}", f"by={self.winning_scorer}"]
         if self.session_target is not None:
             parts.append(f"session_target={self.session_target}")
+        if self.prefix_sources:
+            parts.append("prefix_by=" + ",".join(f"{ep}:{src}" for ep, src in self.prefix_sources))
         for s in self.scores:
             inner = ",".join(f"{k}:{v:.3g}" for k, v in s.scores.items())
             parts.append(f"{s.id}={s.total:.3g}[{inner}]")
@@ -178,6 +188,7 @@ def _scores(
         "load": load,
         "weight": c.weight / max_weight if max_weight > 0 else 1.0,
         "session": 1.0 if c.id == target else 0.0,
+        "prefix": c.prefix,
     }
 
 
@@ -190,6 +201,7 @@ def _weights(policy: RoutingPolicySpec, has_session: bool) -> dict[str, float]:
         "load": w.load,
         "weight": w.weight,
         "session": w.session if has_session else 0.0,
+        "prefix": w.prefix,
     }
     if not any(weights.values()):
         weights["inflight"] = 1.0  # a policy with no weights still spreads load
@@ -271,4 +283,5 @@ def schedule(
         scored.append(EndpointScore(c.id, raw, total))
     chosen = _pick(scored, policy, info, rng, target)
     reason = _winner_reason(chosen, scored, weights, policy.picker)
-    return Decision(chosen.id, policy.picker, reason, tuple(scored), dropped, target)
+    sources = tuple((c.id, c.prefix_source) for c in kept if c.prefix_source is not None)
+    return Decision(chosen.id, policy.picker, reason, tuple(scored), dropped, target, sources)

@@ -12,6 +12,7 @@ controller). Where a request goes is forwarding.py's; what it is charged is acco
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import random
@@ -130,6 +131,7 @@ class RequestService:
         self.admission.queue_size = snapshot.router.admission.queue_size
         self.admission.model_queue_size = snapshot.router.admission.model_queue_size
         self.admission.forget(self.table.models)
+        self.forwarding.prefix.forget([ep.id for ep in self.table.all_endpoints()])
         self.metrics.set_revision(snapshot.revision)
         self.admission.notify_all()  # the new table may have room, or the replica a request waits for
         log.info(
@@ -322,8 +324,14 @@ class RequestService:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
         pick made once more, then it is a 502."""
         headers = exchange.headers
-        info = RequestInfo(session_key=session_key(headers, body, table.policy_for(canonical)))
-        place = self.forwarding.place(table, call.principal.project if call.principal else None, canonical)
+        project = call.principal.project if call.principal else None
+        policy = table.policy_for(canonical)
+        info = RequestInfo(
+            session_key=session_key(headers, body, policy),
+            prefix=self.forwarding.prefix.key(body, policy, project),
+            project=project or "",
+        )
+        place = self.forwarding.place(table, project, canonical)
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
             self.options.debug_token.encode(),
@@ -368,7 +376,7 @@ class RequestService:
                         "upstream_unavailable",
                         "server_error",
                     ) from None
-                info = RequestInfo(info.session_key, info.exclude | {ep.id}, info.rr_counter)
+                info = dataclasses.replace(info, exclude=info.exclude | {ep.id})
                 self.metrics.retries.labels(canonical).inc()
                 continue
             finally:

@@ -590,6 +590,9 @@ class ScorerWeights(Strict):
     load: float = Field(0.0, ge=0, description="Prefer endpoints with lower running/slots")
     weight: float = Field(0.0, ge=0, description="Prefer endpoints whose profile weight is higher")
     session: float = Field(0.0, ge=0, description="Prefer the endpoint a session hashes to (bounded load)")
+    prefix: float = Field(
+        0.0, ge=0, description="Prefer endpoints holding more of the prompt's leading blocks in their cache"
+    )
 
 
 class SessionSettings(Strict):
@@ -606,6 +609,25 @@ class SessionSettings(Strict):
     )
 
 
+class PrefixSettings(Strict):
+    """How the prefix scorer names a prompt's blocks and when it trusts the engines' KV-cache events."""
+
+    block_chars: int = Field(64, ge=1, description="Characters per block of the approximate index")
+    max_blocks: int = Field(256, ge=1, description="Leading blocks of a prompt looked up (the rest ignored)")
+    index_blocks: int = Field(
+        32768, ge=0, description="Block hashes the approximate index keeps per endpoint (LRU; 0: none)"
+    )
+    events_stale_after: Duration = Field(
+        "10s",
+        description="An endpoint's KV-event stream is stale when a request that should have stored blocks "
+        "has gone this long without an event; its prefix is then read from the approximate index",
+    )
+    hash_seed: str = Field(
+        "0",
+        description="PYTHONHASHSEED the engines run with: the root of vLLM's block hashes (NONE_HASH)",
+    )
+
+
 class RoutingPolicySpec(Strict):
     """How the router picks an endpoint among a model's ready replicas."""
 
@@ -614,6 +636,7 @@ class RoutingPolicySpec(Strict):
     kv_ceiling: float = Field(0.9, gt=0, le=1, description="KV use above this is a hard penalty")
     softmax_temperature: float = Field(1.0, gt=0, description="Temperature of the softmax picker")
     session: SessionSettings = Field(default_factory=SessionSettings)
+    prefix: PrefixSettings = Field(default_factory=PrefixSettings)
 
 
 # ---------------------------------------------------------------------------------------------------- Tenants

@@ -116,9 +116,8 @@ async def _background(
                 )
             )
             prefix = router.forwarding.prefix
-            tasks.append(
-                asyncio.create_task(kv_events_loop(lambda: router.table, prefix.events, router.clock))
-            )
+            events = kv_events_loop(lambda: router.table, prefix.events, router.clock, prefix.subscribed)
+            tasks.append(asyncio.create_task(events))
         if link is not None:
             tasks.append(asyncio.create_task(link.run(session)))
         try:

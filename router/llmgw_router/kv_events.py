@@ -76,9 +76,14 @@ async def subscribe(
 
 
 async def kv_events_loop(
-    table: Callable[[], RoutingTable | None], index: EventIndex, clock: Callable[[], float]
+    table: Callable[[], RoutingTable | None],
+    index: EventIndex,
+    clock: Callable[[], float],
+    subscribed: dict[str, str] | None = None,
 ) -> None:
-    """Keep one subscription per endpoint publishing KV events, as the snapshots say."""
+    """Keep one subscription per endpoint publishing KV events, as the snapshots say; `subscribed` is kept
+    as the endpoints' current addresses (for the admin view and tests)."""
+    subscribed = {} if subscribed is None else subscribed
     ctx = zmq.asyncio.Context()
     running: dict[tuple[str, str], asyncio.Task[None]] = {}
     try:
@@ -90,9 +95,14 @@ async def kv_events_loop(
                 if ep.spec.kv_events
             }
             for key in [k for k in running if k not in wanted]:
-                running.pop(key).cancel()
+                task = running.pop(key)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task  # its socket closed before a new one opens: no batch from the old address
+                subscribed.pop(key[0], None)
             for key in wanted - running.keys():
                 running[key] = asyncio.create_task(subscribe(ctx, key[0], key[1], index, clock))
+                subscribed[key[0]] = key[1]
             await asyncio.sleep(_RECONCILE_S)
     finally:
         for task in running.values():

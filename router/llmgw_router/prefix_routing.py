@@ -14,7 +14,7 @@ from typing import Any
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.words import parse_duration
-from llmgw_router.fields import cache_salt
+from llmgw_router.fields import SALTED_ENGINES, cache_salt
 from llmgw_router.prefix import (
     ApproxIndex,
     EventIndex,
@@ -28,7 +28,6 @@ from llmgw_router.state import LiveEndpoint
 __all__ = ["PrefixRouting", "prompt_text"]
 
 _TOKENIZED_ENGINES = frozenset({"sim"})  # engines whose tokenization the router reproduces
-_SALTED_ENGINES = frozenset({"vllm"})  # as fields.py: the engines the router sends a cache_salt
 _EVENT_BLOCKS_PER_ENDPOINT = 1 << 20  # a bound on memory only: engines evict long before this
 
 
@@ -50,6 +49,7 @@ class PrefixRouting:
     def __init__(self) -> None:
         self.approx = ApproxIndex(PrefixSettingsDefaults.index_blocks)
         self.events = EventIndex(_EVENT_BLOCKS_PER_ENDPOINT, PrefixSettingsDefaults.stale_after)
+        self.subscribed: dict[str, str] = {}  # endpoint -> the KV-event address subscribed (kv_events.py)
 
     def key(self, body: dict[str, Any], policy: RoutingPolicySpec, project: str | None) -> PrefixKey | None:
         """None when the policy does not weigh prefixes or the request has no prompt text."""
@@ -69,7 +69,7 @@ class PrefixRouting:
     ) -> tuple[int, ...] | None:
         if ep.spec.engine not in _TOKENIZED_ENGINES:
             return None
-        salt = cache_salt(ep.spec.api_key, project) if ep.spec.engine in _SALTED_ENGINES else None
+        salt = cache_salt(ep.spec.api_key, project) if ep.spec.engine in SALTED_ENGINES else None
         settings = policy.prefix
         return key.engine_hashes(ep.spec.kv_block_size, settings.hash_seed, salt, settings.max_blocks)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,9 +44,10 @@ def tokenize(text: str) -> list[str]:
 
 
 def token_ids(tokens: list[str]) -> list[int]:
-    """Each word's token id: the first 4 bytes of its blake2b (the sim has no vocabulary file). The router
-    tokenizes sim prompts with the same function (llmgw_router.prefix.sim_token_ids) to hash them as here."""
-    return [int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "big") for w in tokens]
+    """Each word's token id: its CRC-32 (the sim has no vocabulary file; CRC-32 is the cheapest stable hash in
+    the standard library). The router tokenizes sim prompts with the same function
+    (llmgw_router.prefix.sim_token_ids) to hash them as here."""
+    return [zlib.crc32(w.encode()) for w in tokens]
 
 
 def _none_hash(seed: str) -> bytes:
@@ -88,10 +90,21 @@ class PrefixCache:
         self._blocks: OrderedDict[int, None] = OrderedDict()
         self.hits_tokens = 0
         self.queries_tokens = 0
+        self._last: tuple[list[str], str | None, list[tuple[int, list[int]]]] | None = None
+
+    def _hashes(self, tokens: list[str], salt: str | None) -> list[tuple[int, list[int]]]:
+        """`block_hashes`, remembered for the prompt last asked about: a request's lookup and insert hash
+        the same list."""
+        last = self._last
+        if last is not None and last[0] is tokens and last[1] == salt:
+            return last[2]
+        hashes = block_hashes(tokens, self.block_size, self.seed, salt)
+        self._last = (tokens, salt, hashes)
+        return hashes
 
     def lookup(self, tokens: list[str], salt: str | None = None) -> int:
         hits = 0
-        for h, _ in block_hashes(tokens, self.block_size, self.seed, salt):
+        for h, _ in self._hashes(tokens, salt):
             if h not in self._blocks:
                 break
             self._blocks.move_to_end(h)
@@ -106,7 +119,7 @@ class PrefixCache:
         if self.capacity_blocks <= 0:
             return change
         parent: int | None = None
-        for h, block in block_hashes(tokens, self.block_size, self.seed, salt):
+        for h, block in self._hashes(tokens, salt):
             if h not in self._blocks:
                 change.stored.append((h, parent, block))
             self._blocks[h] = None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -74,9 +75,9 @@ def vllm_block_hashes(
 
 
 def sim_token_ids(text: str) -> list[int]:
-    """The sim engine's tokenizer: whitespace words, each word's id the first 4 bytes of its blake2b (the sim
-    has no vocabulary file; llmgw_agent.sim_model.token_ids is the same function, held equal by a test)."""
-    return [int.from_bytes(hashlib.blake2b(w.encode(), digest_size=4).digest(), "big") for w in text.split()]
+    """The sim engine's tokenizer: whitespace words, each word's id its CRC-32 (the sim has no vocabulary
+    file; llmgw_agent.sim_model.token_ids is the same function, held equal by a test)."""
+    return [zlib.crc32(w.encode()) for w in text.split()]
 
 
 def sim_chat_text(messages: Sequence[Any]) -> str:

@@ -9,12 +9,10 @@ KV events carrying the last 8 bytes as an integer). vLLM itself is not installed
 from __future__ import annotations
 
 import msgpack
-from hypothesis import given
-from hypothesis import strategies as st
+from hypothesis import given, strategies as st
 from llmgw_agent import sim_model
 from llmgw_agent.sim_events import batch_events
 from llmgw_agent.sim_model import CacheChange, PrefixCache
-
 from llmgw_router.prefix import (
     KvEvent,
     none_hash,
@@ -44,7 +42,7 @@ def test_salt_is_an_extra_key_of_the_first_block_only() -> None:
 
 def test_partial_blocks_are_not_hashed_and_max_blocks_caps() -> None:
     assert vllm_block_hashes(IDS[:15], 16, "0") == []
-    assert vllm_block_hashes(IDS + [7], 16, "0") == vllm_block_hashes(IDS, 16, "0")
+    assert vllm_block_hashes([*IDS, 7], 16, "0") == vllm_block_hashes(IDS, 16, "0")
     assert vllm_block_hashes(IDS, 16, "0", max_blocks=1) == [7536218907325174565]
 
 

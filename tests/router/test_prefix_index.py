@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given
-from hypothesis import strategies as st
-
-from llmgw.core.config.models import RoutingPolicySpec
+from hypothesis import given, strategies as st
 from llmgw_router.prefix import ApproxIndex, EventIndex, KvEvent
 from llmgw_router.scheduler import Candidate, RequestInfo, schedule
+
+from llmgw.core.config.models import RoutingPolicySpec
 
 prompts = st.lists(st.lists(st.integers(0, 50), min_size=1, max_size=30), max_size=40)
 

@@ -28,6 +28,7 @@ from typing import Any
 __all__ = [
     "ApproxIndex",
     "EventIndex",
+    "HeadMemo",
     "KvEvent",
     "PrefixKey",
     "external_hash",
@@ -63,15 +64,55 @@ def vllm_block_hashes(
     """One hash per full block, each `sha256(pickle((parent, tuple(block_token_ids), extra_keys)))` as vLLM's
     `hash_block_tokens` computes it; `extra_keys` is `(cache_salt,)` on the first block when salted, else
     None (no LoRA, no multimodal inputs). Returned as the events' integers (`external_hash`)."""
-    out: list[int] = []
-    parent = none_hash(seed)
-    full = min(len(token_ids) // block_size, max_blocks)
-    for i in range(full):
+    return [h for h, _ in vllm_chain(token_ids, block_size, none_hash(seed), salt, 0, max_blocks)]
+
+
+def vllm_chain(
+    token_ids: Sequence[int], block_size: int, parent: bytes, salt: str | None, start: int, max_blocks: int
+) -> list[tuple[int, bytes]]:
+    """`vllm_block_hashes` from block `start` on, chained from `parent` (NONE_HASH, or block start-1's digest):
+    (the event integer, the digest) per block, so a chain computed once for a shared head can be resumed."""
+    out: list[tuple[int, bytes]] = []
+    for i in range(start, min(len(token_ids) // block_size, max_blocks)):
         block = tuple(token_ids[i * block_size : (i + 1) * block_size])
         extra = (salt,) if i == 0 and salt else None
         parent = hashlib.sha256(pickle.dumps((parent, block, extra), protocol=_PICKLE_PROTOCOL)).digest()
-        out.append(external_hash(parent))
+        out.append((external_hash(parent), parent))
     return out
+
+
+class HeadMemo:
+    """The token ids and block chains of recent prompt heads (a chat's first message, typically a shared
+    system prompt), so the requests that share one tokenize and hash it once. An LRU of `capacity` heads."""
+
+    def __init__(self, capacity: int = 256) -> None:
+        self.capacity = capacity
+        self._tokens: OrderedDict[str, list[int]] = OrderedDict()
+        self._chains: OrderedDict[tuple[str, int, str, str | None], list[tuple[int, bytes]]] = OrderedDict()
+
+    def tokens(self, head: str) -> list[int]:
+        found = self._tokens.get(head)
+        if found is None:
+            found = self._tokens[head] = sim_token_ids(head)
+            if len(self._tokens) > self.capacity:
+                self._tokens.popitem(last=False)
+        else:
+            self._tokens.move_to_end(head)
+        return found
+
+    def chain(
+        self, head: str, block_size: int, seed: str, salt: str | None, max_blocks: int
+    ) -> list[tuple[int, bytes]]:
+        key = (head, block_size, seed, salt)
+        found = self._chains.get(key)
+        if found is None:
+            ids = self.tokens(head)
+            found = self._chains[key] = vllm_chain(ids, block_size, none_hash(seed), salt, 0, max_blocks)
+            if len(self._chains) > self.capacity:
+                self._chains.popitem(last=False)
+        else:
+            self._chains.move_to_end(key)
+        return found
 
 
 def sim_token_ids(text: str) -> list[int]:
@@ -82,6 +123,10 @@ def sim_token_ids(text: str) -> list[int]:
 
 def sim_chat_text(messages: Sequence[Any]) -> str:
     """The prompt text the sim renders from chat messages (`role: content` lines), to tokenize as it does."""
+    return "\n".join(sim_chat_lines(messages))
+
+
+def sim_chat_lines(messages: Sequence[Any]) -> list[str]:
     parts: list[str] = []
     for m in messages:
         content = m.get("content", "") if isinstance(m, dict) else ""
@@ -89,7 +134,7 @@ def sim_chat_text(messages: Sequence[Any]) -> str:
             content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
         role = m.get("role", "user") if isinstance(m, dict) else "user"
         parts.append(f"{role}: {content}")
-    return "\n".join(parts)
+    return parts
 
 
 def text_block_hashes(text: str, block_chars: int, key: str, max_blocks: int) -> list[int]:
@@ -112,7 +157,8 @@ class PrefixKey:
 
     approx: tuple[int, ...]
     text: str | None = None  # tokenized (the sim's way) on first use
-    _tokens: list[int] | None = None
+    head: str = ""  # a leading part of `text` ending at a token boundary, tokenized and hashed through `memo`
+    memo: HeadMemo | None = None
     _engine: dict[tuple[int, str, str | None], tuple[int, ...]] = field(default_factory=dict)
 
     def engine_hashes(
@@ -123,12 +169,19 @@ class PrefixKey:
         key = (block_size, seed, salt)
         found = self._engine.get(key)
         if found is None:
-            if self._tokens is None:
-                self._tokens = sim_token_ids(self.text)
-            found = self._engine[key] = tuple(
-                vllm_block_hashes(self._tokens, block_size, seed, salt, max_blocks)
-            )
+            found = self._engine[key] = self._hash(block_size, seed, salt, max_blocks)
         return found
+
+    def _hash(self, block_size: int, seed: str, salt: str | None, max_blocks: int) -> tuple[int, ...]:
+        assert self.text is not None
+        if not self.head or self.memo is None:
+            return tuple(vllm_block_hashes(sim_token_ids(self.text), block_size, seed, salt, max_blocks))
+        head_ids = self.memo.tokens(self.head)
+        chain = self.memo.chain(self.head, block_size, seed, salt, max_blocks)
+        tokens = head_ids + sim_token_ids(self.text[len(self.head) :])
+        parent = chain[-1][1] if chain else none_hash(seed)
+        rest = vllm_chain(tokens, block_size, parent, salt, len(chain), max_blocks)
+        return tuple(h for h, _ in chain) + tuple(h for h, _ in rest)
 
 
 def leading_matches(hashes: Sequence[int], held: Any) -> int:

@@ -18,8 +18,9 @@ from llmgw_router.fields import SALTED_ENGINES, cache_salt
 from llmgw_router.prefix import (
     ApproxIndex,
     EventIndex,
+    HeadMemo,
     PrefixKey,
-    sim_chat_text,
+    sim_chat_lines,
     text_block_hashes,
 )
 from llmgw_router.scheduler import Candidate
@@ -31,16 +32,18 @@ _TOKENIZED_ENGINES = frozenset({"sim"})  # engines whose tokenization the router
 _EVENT_BLOCKS_PER_ENDPOINT = 1 << 20  # a bound on memory only: engines evict long before this
 
 
-def prompt_text(body: dict[str, Any]) -> str | None:
-    """The prompt as the sim renders it (chat messages as `role: content` lines, or a completion's prompt);
-    None when the body has neither."""
+def prompt_text(body: dict[str, Any]) -> tuple[str, str] | None:
+    """The prompt as the sim renders it (chat messages as `role: content` lines, or a completion's prompt),
+    and its head (the first message's line and its newline, when more follows: a token boundary); None when
+    the body has neither."""
     messages = body.get("messages")
     if isinstance(messages, list) and messages:
-        return sim_chat_text(messages)
+        lines = sim_chat_lines(messages)
+        return "\n".join(lines), lines[0] + "\n" if len(lines) > 1 else ""
     prompt = body.get("prompt")
     if isinstance(prompt, list):
         prompt = " ".join(str(p) for p in prompt)
-    return prompt if isinstance(prompt, str) and prompt else None
+    return (prompt, "") if isinstance(prompt, str) and prompt else None
 
 
 class PrefixRouting:
@@ -49,20 +52,22 @@ class PrefixRouting:
     def __init__(self) -> None:
         self.approx = ApproxIndex(PrefixSettingsDefaults.index_blocks)
         self.events = EventIndex(_EVENT_BLOCKS_PER_ENDPOINT, PrefixSettingsDefaults.stale_after)
+        self.memo = HeadMemo()
         self.subscribed: dict[str, str] = {}  # endpoint -> the KV-event address subscribed (kv_events.py)
 
     def key(self, body: dict[str, Any], policy: RoutingPolicySpec, project: str | None) -> PrefixKey | None:
         """None when the policy does not weigh prefixes or the request has no prompt text."""
         if policy.weights.prefix <= 0:
             return None
-        text = prompt_text(body)
-        if text is None:
+        found = prompt_text(body)
+        if found is None:
             return None
+        text, head = found
         settings = policy.prefix
         self.approx.capacity = settings.index_blocks
         self.events.stale_after = parse_duration(settings.events_stale_after)
         approx = text_block_hashes(text, settings.block_chars, project or "", settings.max_blocks)
-        return PrefixKey(tuple(approx), text)
+        return PrefixKey(tuple(approx), text, head, self.memo)
 
     def _engine_hashes(
         self, ep: LiveEndpoint, key: PrefixKey, policy: RoutingPolicySpec, project: str

@@ -164,8 +164,21 @@ def _session_target(key: str, usable: Sequence[Candidate], load_bound: float) ->
     return None
 
 
+def _over_bound(usable: Sequence[Candidate], load_bound: float) -> frozenset[str]:
+    """The endpoints too loaded to be drawn by their prefix: in-flight (this request added) past load_bound
+    times the mean, or past load_bound times their slots when that is larger (as `_session_target`)."""
+    total = sum(c.inflight for c in usable) + 1
+    mean_ceiling = math.ceil(load_bound * total / len(usable))
+    over = set()
+    for c in usable:
+        ceiling = mean_ceiling if c.slots is None else max(mean_ceiling, math.ceil(c.slots * load_bound))
+        if c.inflight + 1 > ceiling:
+            over.add(c.id)
+    return frozenset(over)
+
+
 def _scores(
-    c: Candidate, policy: RoutingPolicySpec, max_weight: float, target: str | None
+    c: Candidate, policy: RoutingPolicySpec, max_weight: float, target: str | None, over: frozenset[str]
 ) -> dict[str, float]:
     if c.stale:  # saturated by definition: nothing we read from it can be trusted
         queue = kv = load = 0.0
@@ -188,7 +201,7 @@ def _scores(
         "load": load,
         "weight": c.weight / max_weight if max_weight > 0 else 1.0,
         "session": 1.0 if c.id == target else 0.0,
-        "prefix": c.prefix,
+        "prefix": 0.0 if c.id in over else c.prefix,
     }
 
 
@@ -276,9 +289,10 @@ def schedule(
         kept = usable
     weights = _weights(policy, has_session)
     max_weight = max(c.weight for c in kept)
+    over = _over_bound(usable, policy.prefix.load_bound) if weights["prefix"] else frozenset()
     scored = []
     for c in kept:
-        raw = _scores(c, policy, max_weight, target)
+        raw = _scores(c, policy, max_weight, target, over)
         total = sum(weights[name] * value for name, value in raw.items())
         scored.append(EndpointScore(c.id, raw, total))
     chosen = _pick(scored, policy, info, rng, target)

@@ -14,7 +14,9 @@ from llmgw_agent import sim_model
 from llmgw_agent.sim_events import batch_events
 from llmgw_agent.sim_model import CacheChange, PrefixCache
 from llmgw_router.prefix import (
+    HeadMemo,
     KvEvent,
+    PrefixKey,
     none_hash,
     parse_event_batch,
     sim_token_ids,
@@ -90,3 +92,21 @@ def test_bytes_hashes_are_read_as_their_last_eight_bytes() -> None:
     digest = bytes(range(32))
     _, parsed = parse_event_batch([0.0, [["BlockStored", [digest], None, [], 16]]])
     assert parsed[0].hashes == (int.from_bytes(digest[-8:], "big"),)
+
+
+@given(
+    st.lists(st.sampled_from(["a", "b", "c", "d"]), max_size=40),
+    st.lists(st.sampled_from(["a", "b", "e"]), max_size=40),
+    st.sampled_from([None, "salt"]),
+    st.integers(1, 12),
+)
+def test_a_memoised_head_hashes_as_the_whole_prompt_does(
+    head_words: list[str], rest_words: list[str], salt: str | None, max_blocks: int
+) -> None:
+    head = "system: " + " ".join(head_words) + "\n"
+    text = head + "user: " + " ".join(rest_words)
+    memo = HeadMemo()
+    for _ in range(2):  # computed, then from the memo
+        key = PrefixKey((), text, head, memo)
+        whole = vllm_block_hashes(sim_token_ids(text), 4, "0", salt, max_blocks)
+        assert key.engine_hashes(4, "0", salt, max_blocks) == tuple(whole)

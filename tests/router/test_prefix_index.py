@@ -109,3 +109,15 @@ def test_without_prefix_weight_the_prefix_changes_nothing() -> None:
     policy = RoutingPolicySpec.model_validate({"picker": "max_score", "weights": {"inflight": 1}})
     cands = [Candidate("a", inflight=2, prefix=1.0), Candidate("b", inflight=0, prefix=0.0)]
     assert schedule(cands, policy, RequestInfo(), random.Random(1)).endpoint == "b"
+
+
+def test_a_holder_past_its_load_bound_spills_to_the_next_holder_without_slots() -> None:
+    cands = [
+        Candidate("a", inflight=6, prefix=1.0, prefix_source="precise"),
+        Candidate("b", inflight=2, prefix=0.8, prefix_source="precise"),
+        Candidate("c", inflight=0, prefix=0.0, prefix_source="precise"),
+    ]
+    d = schedule(cands, _policy(), RequestInfo(), random.Random(1))
+    # mean with this request 3, ceiling ceil(1.25 * 3) = 4: `a` (7) is past it, `b` (3) is not
+    assert d.endpoint == "b", d.rationale()
+    assert next(s for s in d.scores if s.id == "a").scores["prefix"] == 0.0

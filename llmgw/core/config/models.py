@@ -626,6 +626,12 @@ class PrefixSettings(Strict):
         "0",
         description="PYTHONHASHSEED the engines run with: the root of vLLM's block hashes (NONE_HASH)",
     )
+    load_bound: float = Field(
+        1.25,
+        gt=1.0,
+        description="An endpoint whose in-flight requests pass this times the mean (or, when larger, this "
+        "times its slots) scores no prefix: a hot prefix spills to the next replica holding it",
+    )
 
 
 class RoutingPolicySpec(Strict):

@@ -47,7 +47,21 @@ def token_ids(tokens: list[str]) -> list[int]:
     """Each word's token id: its CRC-32 (the sim has no vocabulary file; CRC-32 is the cheapest stable hash in
     the standard library). The router tokenizes sim prompts with the same function
     (llmgw_router.prefix.sim_token_ids) to hash them as here."""
-    return [zlib.crc32(w.encode()) for w in tokens]
+    ids = _TOKEN_IDS
+    out = []
+    for w in tokens:
+        found = ids.get(w)
+        if found is None:
+            if len(ids) >= _TOKEN_IDS_MAX:
+                ids.clear()  # a bound on memory; the ids are recomputed, never wrong
+            found = ids[w] = zlib.crc32(w.encode())
+        out.append(found)
+    return out
+
+
+# The words seen so far and their ids: a dict lookup is several times cheaper than encoding and hashing a word.
+_TOKEN_IDS: dict[str, int] = {}
+_TOKEN_IDS_MAX = 1 << 20
 
 
 def _none_hash(seed: str) -> bytes:
@@ -66,9 +80,20 @@ def block_hashes(
     for i in range(len(ids) // block_size):
         block = ids[i * block_size : (i + 1) * block_size]
         extra = (salt,) if i == 0 and salt else None
-        parent = hashlib.sha256(pickle.dumps((parent, tuple(block), extra), protocol=5)).digest()
+        key = (parent, tuple(block), extra)
+        digest = _DIGESTS.get(key)
+        if digest is None:
+            if len(_DIGESTS) >= _DIGESTS_MAX:
+                _DIGESTS.clear()
+            digest = _DIGESTS[key] = hashlib.sha256(pickle.dumps(key, protocol=5)).digest()
+        parent = digest
         out.append((int.from_bytes(parent[-8:], "big"), block))
     return out
+
+
+# Block digests seen lately, by what they hash: a shared prefix is pickled and hashed once, not per request.
+_DIGESTS: dict[tuple[bytes, tuple[int, ...], tuple[str, ...] | None], bytes] = {}
+_DIGESTS_MAX = 1 << 18
 
 
 @dataclass

@@ -8,6 +8,7 @@ Poisson arrivals (seeded) at fractions of the fleet's capacity drive three workl
   multiturn  conversations whose growing history is a shared prefix the sim's prefix cache rewards; every
              request carries its conversation's key in x-session-id
   mix        mostly short prompts, 15% long ones
+  prefix     llm-d's shared-prefix workload, and lowreuse, on their own fleet (benchmarks/scheduling_prefix.py)
 
 Strategies, in the same run, interleaved per load and workload so background noise hits them alike:
 
@@ -38,7 +39,8 @@ vllm:prefix_cache_hits_total / queries_total), and the most-loaded replica's sha
 vllm:request_success_total, also as max over mean. The last line is machine-readable:
 
   scheduling: p99_ttft_default_over_rr=X p99_ttft_default_over_least_inflight=X session_hit_rate=X
-  session_max_load_over_mean=X
+  session_max_load_over_mean=X prefix_p90_ttft_over_rr=X prefix_p90_ttft_over_session=X
+  prefix_throughput_over_least_inflight=X lowreuse_p99_over_least_inflight=X
 
 Run: .venv/bin/python benchmarks/scheduling.py [--quick] [--seed 42] [--repeats 1]
 """

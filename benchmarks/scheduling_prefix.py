@@ -242,43 +242,70 @@ async def _reset(http: aiohttp.ClientSession, sims: list[Sim]) -> None:
             await resp.read()
 
 
+async def _phase(
+    http: aiohttp.ClientSession, sims: list[Sim], url: str, workload: str, seed: int, warmup_s: float,
+    window_s: float,
+) -> tuple[list[Sample], float, float, list[float]]:  # fmt: skip
+    """One strategy from empty caches: its samples, cache queries and hits, and requests per replica."""
+    urls = [s.url for s in sims]
+    await wait_idle(http, urls, 60)
+    await _reset(http, sims)
+    before = await engine_counters(http, urls)
+    samples = await closed_loop(http, url, workload, seed, warmup_s, window_s)
+    after = await engine_counters(http, urls)
+    return (
+        samples,
+        sum(_delta(after, before, "vllm:prefix_cache_queries_total")),
+        sum(_delta(after, before, "vllm:prefix_cache_hits_total")),
+        _delta(after, before, "vllm:request_success_total"),
+    )
+
+
 async def run_prefix(
     sims: list[Sim], routers: dict[str, str], names: list[str], workloads: tuple[str, ...], seed: int,
-    warmup_s: float, window_s: float,
+    warmup_s: float, window_s: float, rounds: int,
 ) -> dict[str, dict[str, PrefixRow]]:  # fmt: skip
+    """Each workload in `rounds` rounds of window_s / rounds per strategy, the order rotated each round, so a
+    background load that drifts during the run (this machine is shared) hits every strategy alike."""
     rows: dict[str, dict[str, PrefixRow]] = {}
+    slice_s = window_s / rounds
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), connector=aiohttp.TCPConnector(limit=0)
     ) as http:
         for workload in workloads:
+            got: dict[str, list[Any]] = {n: [[], 0.0, 0.0, [0.0] * REPLICAS] for n in names}
+            for r in range(rounds):
+                for name in names[r % len(names) :] + names[: r % len(names)]:
+                    samples, queries, hits, per = await _phase(
+                        http, sims, routers[name], workload, seed + r, warmup_s, slice_s
+                    )
+                    acc = got[name]
+                    acc[0] += samples
+                    acc[1] += queries
+                    acc[2] += hits
+                    acc[3] = [a + b for a, b in zip(acc[3], per, strict=True)]
             rows[workload] = {}
-            for name in names:
-                await wait_idle(http, [s.url for s in sims], 60)
-                await _reset(http, sims)
-                before = await engine_counters(http, [s.url for s in sims])
-                samples = await closed_loop(http, routers[name], workload, seed, warmup_s, window_s)
-                after = await engine_counters(http, [s.url for s in sims])
-                queries = sum(_delta(after, before, "vllm:prefix_cache_queries_total"))
-                hits = sum(_delta(after, before, "vllm:prefix_cache_hits_total"))
+            for name, (samples, queries, hits, per) in got.items():
                 ttfts = [s.ttft for s in samples]
                 rows[workload][name] = PrefixRow(
                     name, len(samples), sum(1 for s in samples if not s.ok),
                     percentile(ttfts, 0.5), percentile(ttfts, 0.9), percentile(ttfts, 0.99),
                     sum(1 for s in samples if s.ok) / window_s, hits / queries if queries else None,
-                    [int(x) for x in _delta(after, before, "vllm:request_success_total")],
+                    [int(x) for x in per],
                 )  # fmt: skip
-            print(prefix_table(workload, list(rows[workload].values()), seed, window_s), flush=True)
+            print(prefix_table(workload, list(rows[workload].values()), seed, window_s, rounds), flush=True)
     return rows
 
 
-def prefix_table(workload: str, rows: list[PrefixRow], seed: int, window_s: float) -> str:
+def prefix_table(workload: str, rows: list[PrefixRow], seed: int, window_s: float, rounds: int) -> str:
     title = (
         f"\n## workload {workload}: closed loop, {REPLICAS * CONCURRENCY} clients on {REPLICAS} replicas x "
         f"{CONCURRENCY} slots, {GROUPS} groups (Zipf {ZIPF_S:g}) of {SYSTEM_WORDS}-word system prompts, "
-        f"{CACHE_BLOCKS} cache blocks per replica (25% of the prefixes), {window_s:g} s, seed {seed}"
+        f"{CACHE_BLOCKS} cache blocks per replica (25% of the prefixes), {window_s:g} s in {rounds} rounds, "
+        f"seed {seed}"
         if workload == "prefix"
         else f"\n## workload lowreuse: closed loop, {REPLICAS * CONCURRENCY} clients, unique "
-        f"{LOWREUSE_WORDS}-word prompts, {window_s:g} s, seed {seed}"
+        f"{LOWREUSE_WORDS}-word prompts, {window_s:g} s in {rounds} rounds, seed {seed}"
     )
     head = f"{'strategy':<16}{'reqs':>6}{'fail':>5}{'p50 TTFT':>10}{'p90 TTFT':>10}{'p99 TTFT':>10}{'req/s':>8}{'hit':>8}  per replica"
     lines = [title, head, "-" * len(head)]
@@ -317,6 +344,8 @@ def run_prefix_workloads(
     sims = start_prefix_sims(procs)
     routers = start_prefix_routers(procs, work, strats, sims)
     # each phase starts with a cache reset, whose AllBlocksCleared is also the event stream's first batch
-    warmup = min(3.0, window_s / 2)
-    rows = asyncio.run(run_prefix(sims, routers, [s.name for s, _ in strats], wanted, seed, warmup, window_s))
+    rounds = max(1, round(window_s / 4))  # slices of about 4 s
+    warmup = min(3.0, window_s / rounds / 2)
+    names = [s.name for s, _ in strats]
+    rows = asyncio.run(run_prefix(sims, routers, names, wanted, seed, warmup, window_s, rounds))
     return prefix_fields(rows)

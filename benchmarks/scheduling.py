@@ -655,6 +655,8 @@ def fleet(work: Path, strats: list[Strategy]) -> Iterator[tuple[list[str], dict[
 
 
 def main(argv: list[str] | None = None) -> None:
+    # a SIGTERM (timeout, a CI cancel) unwinds like ^C, so the engines and routers started are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     plan = parse_args(argv)
     strats = strategies(load_policies(plan.policies), plan.noslots)
     if plan.only:

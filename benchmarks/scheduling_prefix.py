@@ -8,7 +8,7 @@ shared-prefix  G groups of requests, each group with its own long system prompt 
 lowreuse       every prompt its own (LOWREUSE_WORDS random words): nothing to reuse, so a prefix policy must cost
                nothing against least-inflight.
 
-The fleet is four replicas with the example cluster repo's sim profile (examples/cluster-repo/models/sim.yaml:
+The fleet is eight replicas with the example cluster repo's sim profile (examples/cluster-repo/models/sim.yaml:
 prefill 0.2 ms/token, decode 15 ms/token, max_concurrency 8, slots 8), each publishing KV events. Load is
 closed-loop at saturation: as many clients as the fleet has slots, each sending its next request when the last
 one ends, for the phase's window after a warm-up (not measured); every strategy starts from empty caches.
@@ -52,10 +52,10 @@ GROUPS = 32
 SYSTEM_WORDS = 2000
 QUESTION_WORDS = 20
 ZIPF_S = 1.0
-OUT_TOKENS = 16
+OUT_TOKENS = 32
 LOWREUSE_WORDS = 300
 BLOCK = 16
-REPLICAS = 4
+REPLICAS = 8
 PREFILL_MS, DECODE_MS, CONCURRENCY = 0.2, 15.0, 8  # examples/cluster-repo/models/sim.yaml's sim profile
 # 25% of the groups' prefix blocks per replica ("system:" + the prompt, in blocks of 16 words)
 CACHE_BLOCKS = GROUPS * ((SYSTEM_WORDS + 1) // BLOCK) // 4

@@ -102,7 +102,7 @@ async def test_requests_follow_the_engine_that_holds_their_prefix_then_fall_back
                 assert f"{first}:precise" in decision and "by=prefix" in decision, decision
                 assert cached >= 160, decision  # the system prompt's blocks were served from the cache
             # another project's identical prompt is salted apart: it is not drawn to the same engine
-            other, decision, cached = await ask(http, url, KEY_P2, "first question")
+            _, decision, cached = await ask(http, url, KEY_P2, "first question")
             assert cached == 0 and "by=prefix" not in decision, decision
 
             # the stream goes silent (the router now listens where nothing publishes): once a request that
@@ -122,13 +122,25 @@ async def test_requests_follow_the_engine_that_holds_their_prefix_then_fall_back
             assert chosen == first and f"{first}:approx" in decision and "by=prefix" in decision, decision
             assert cached >= 160
 
-            # an engine clears its cache: AllBlocksCleared empties the router's view of it
-            await wait_for(lambda: events.size(other) >= 10, 10, f"{other}'s stored blocks in the router")
-            i = int(other[-1])
-            reset = sims[i][0].base_url + "/reset_prefix_cache"
-            async with http.post(reset, headers={"Authorization": f"Bearer engine-key-{i}"}) as r:
+            # an engine clears its cache: AllBlocksCleared empties the router's view of it (another engine,
+            # sent a prompt directly, whose stream is still subscribed)
+            i = next(n for n in range(3) if f"rep-{n}" != first)
+            engine, auth = sims[i][0].base_url, {"Authorization": f"Bearer engine-key-{i}"}
+            direct = {
+                "model": "sim-chat",
+                "messages": [{"role": "system", "content": SYSTEM}],
+                "max_tokens": 1,
+            }
+            async with http.post(engine + "/v1/chat/completions", json=direct, headers=auth) as r:
                 assert r.status == 200
-            await wait_for(lambda: events.size(other) == 0, 10, f"{other}'s blocks cleared in the router")
+            await wait_for(
+                lambda: events.size(f"rep-{i}") >= 10, 10, f"rep-{i}'s stored blocks in the router"
+            )
+            async with http.post(engine + "/reset_prefix_cache", headers=auth) as r:
+                assert r.status == 200
+            await wait_for(
+                lambda: events.size(f"rep-{i}") == 0, 10, f"rep-{i}'s blocks cleared in the router"
+            )
     finally:
         await listeners.close()
 

@@ -330,6 +330,11 @@ class EventIndex:
             return False
         return s.unconfirmed_since is None or now - s.unconfirmed_since <= self.stale_after
 
+    def heard(self, endpoint: str) -> bool:
+        """Has a batch ever arrived from `endpoint`?"""
+        s = self._streams.get(endpoint)
+        return s is not None and s.last_event is not None
+
     def match(self, endpoint: str, hashes: Sequence[int]) -> int:
         s = self._streams.get(endpoint)
         return 0 if s is None else leading_matches(hashes, s.blocks)

@@ -9,6 +9,7 @@ names the source per endpoint (`prefix_by=`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,8 @@ from llmgw_router.scheduler import Candidate
 from llmgw_router.state import LiveEndpoint
 
 __all__ = ["PrefixRouting", "prompt_text"]
+
+log = logging.getLogger(__name__)
 
 _TOKENIZED_ENGINES = frozenset({"sim"})  # engines whose tokenization the router reproduces
 _EVENT_BLOCKS_PER_ENDPOINT = 1 << 20  # a bound on memory only: engines evict long before this
@@ -53,6 +56,7 @@ class PrefixRouting:
         self.approx = ApproxIndex(PrefixSettingsDefaults.index_blocks)
         self.events = EventIndex(_EVENT_BLOCKS_PER_ENDPOINT, PrefixSettingsDefaults.stale_after)
         self.memo = HeadMemo()
+        self._stale: set[str] = set()  # endpoints whose event stream was heard, then went silent
         self.subscribed: dict[str, str] = {}  # endpoint -> the KV-event address subscribed (kv_events.py)
 
     def key(self, body: dict[str, Any], policy: RoutingPolicySpec, project: str | None) -> PrefixKey | None:
@@ -90,13 +94,30 @@ class PrefixRouting:
         """Set each candidate's `prefix` (the share of the prompt's leading blocks it holds) and its source."""
         for c, ep in zip(cands, endpoints, strict=True):
             hashes = self._engine_hashes(ep, key, policy, project) if ep.spec.kv_events else None
-            if hashes and self.events.fresh(ep.id, now):
+            fresh = bool(hashes) and self._fresh(ep.id, now)
+            if hashes and fresh:
                 c.prefix, c.prefix_source = self.events.match(ep.id, hashes) / len(hashes), "precise"
             elif key.approx:
                 c.prefix = self.approx.match(ep.id, key.approx) / len(key.approx)
                 c.prefix_source = "approx"
             else:
                 c.prefix, c.prefix_source = 0.0, "approx"
+
+    def _fresh(self, endpoint: str, now: float) -> bool:
+        """`EventIndex.fresh`, saying once when a stream that was heard goes stale and once when it is back."""
+        fresh = self.events.fresh(endpoint, now)
+        if not fresh and endpoint not in self._stale and self.events.heard(endpoint):
+            self._stale.add(endpoint)
+            log.warning(
+                "endpoint %s: no KV events for %gs after requests that should have stored blocks; its prefix "
+                "is scored from the approximate index until they return",
+                endpoint,
+                self.events.stale_after,
+            )
+        elif fresh and endpoint in self._stale:
+            self._stale.discard(endpoint)
+            log.warning("endpoint %s: KV events again; its prefix is scored from them", endpoint)
+        return fresh
 
     def placed(
         self, ep: LiveEndpoint, key: PrefixKey, policy: RoutingPolicySpec, project: str, now: float

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
 from llmgw_router.prefix import KvEvent
 from llmgw_router.prefix_routing import PrefixRouting
 from llmgw_router.scheduler import Candidate
@@ -79,3 +82,19 @@ def test_one_projects_prompts_never_attract_anothers() -> None:
 
 def test_no_prefix_weight_no_key() -> None:
     assert PrefixRouting().key(BODY, RoutingPolicySpec(), "p") is None
+
+
+def test_a_stream_going_silent_is_said_once_and_its_return_once(caplog: pytest.LogCaptureFixture) -> None:
+    pr, a = PrefixRouting(), _ep("a")
+    key = pr.key(BODY, POLICY, "p")
+    assert key is not None
+    pr.events.apply("a", [KvEvent("stored", ())], now=0.0)
+    pr.placed(a, key, POLICY, "p", now=1.0)  # new blocks, and no event follows
+    with caplog.at_level(logging.WARNING, logger="llmgw_router.prefix_routing"):
+        for t in (7.0, 8.0, 9.0):
+            _annotate(pr, [a], now=t)
+        pr.events.apply("a", [KvEvent("stored", ())], now=9.5)
+        for t in (10.0, 11.0):
+            _annotate(pr, [a], now=t)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "approximate index" in said[0] and "KV events again" in said[1], said

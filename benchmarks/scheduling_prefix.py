@@ -16,7 +16,7 @@ one ends, for the phase's window after a warm-up (not measured); every strategy 
 Strategies: round-robin, least-inflight, session (the example's `session` policy: with no session header it
 hashes the first two messages, the system prompt and the question), prefix (the example's `prefix` policy, its
 endpoints publishing KV events: precise), prefix-approx (the same policy with no event stream: the approximate
-index alone). Figures: p50/p90/p99 TTFT, throughput (completed requests per second of the window), and the
+index alone), prefix-slots (precise, its endpoints carrying the profile's slots, as deployed). Figures: p50/p90/p99 TTFT, throughput (completed requests per second of the window), and the
 prefix-cache hit rate from the engines' token counters.
 """
 
@@ -63,9 +63,11 @@ WORKLOADS = ("prefix", "lowreuse")
 
 
 def prefix_strategies(policies: dict[str, RoutingPolicySpec]) -> list[tuple[Strategy, bool]]:
-    """(strategy, whether its endpoints name their KV-event publishers). None carries slots here: with as many
-    clients as the fleet has slots, holding requests in the router has nothing to add, and every strategy
-    then meets the same engines' queues (each run of the other workloads shows what slots are worth)."""
+    """(strategy, whether its endpoints name their KV-event publishers). Only prefix-slots carries slots: with
+    as many clients as the fleet has slots, holding requests in the router has nothing to add, and every
+    other strategy meets the same engines' queues. (Measured here, prefix-slots did worse than prefix: the
+    full filter sends a hot group's overflow to a replica without its prefix where a short engine queue on
+    one that has it costs less; docs/routing.md.)"""
     li = RoutingPolicySpec.model_validate({"picker": "max_score", "weights": {"inflight": 1}})
     return [
         (Strategy("round-robin", RoutingPolicySpec(picker="round_robin"), False), False),
@@ -73,6 +75,7 @@ def prefix_strategies(policies: dict[str, RoutingPolicySpec]) -> list[tuple[Stra
         (Strategy("session", policies["session"], False), False),
         (Strategy("prefix", policies["prefix"], False), True),
         (Strategy("prefix-approx", policies["prefix"], False), False),
+        (Strategy("prefix-slots", policies["prefix"], True), True),
     ]
 
 

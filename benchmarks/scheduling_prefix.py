@@ -65,9 +65,9 @@ WORKLOADS = ("prefix", "lowreuse")
 def prefix_strategies(policies: dict[str, RoutingPolicySpec]) -> list[tuple[Strategy, bool]]:
     """(strategy, whether its endpoints name their KV-event publishers). Only prefix-slots carries slots: with
     as many clients as the fleet has slots, holding requests in the router has nothing to add, and every
-    other strategy meets the same engines' queues. (Measured here, prefix-slots did worse than prefix: the
-    full filter sends a hot group's overflow to a replica without its prefix where a short engine queue on
-    one that has it costs less; docs/routing.md.)"""
+    other strategy meets the same engines' queues. (Measured here, prefix-slots found fewer prefixes than
+    prefix: the full filter spills a hot group's overflow at 8 in flight, the load bound only later;
+    docs/routing.md.)"""
     li = RoutingPolicySpec.model_validate({"picker": "max_score", "weights": {"inflight": 1}})
     return [
         (Strategy("round-robin", RoutingPolicySpec(picker="round_robin"), False), False),

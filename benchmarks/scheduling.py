@@ -8,6 +8,7 @@ Poisson arrivals (seeded) at fractions of the fleet's capacity drive three workl
   multiturn  conversations whose growing history is a shared prefix the sim's prefix cache rewards; every
              request carries its conversation's key in x-session-id
   mix        mostly short prompts, 15% long ones
+  prefix     llm-d's shared-prefix workload, and lowreuse, on their own fleet (benchmarks/scheduling_prefix.py)
 
 Strategies, in the same run, interleaved per load and workload so background noise hits them alike:
 
@@ -38,7 +39,8 @@ vllm:prefix_cache_hits_total / queries_total), and the most-loaded replica's sha
 vllm:request_success_total, also as max over mean. The last line is machine-readable:
 
   scheduling: p99_ttft_default_over_rr=X p99_ttft_default_over_least_inflight=X session_hit_rate=X
-  session_max_load_over_mean=X
+  session_max_load_over_mean=X prefix_p90_ttft_over_rr=X prefix_p90_ttft_over_session=X
+  prefix_throughput_over_least_inflight=X lowreuse_p99_over_least_inflight=X
 
 Run: .venv/bin/python benchmarks/scheduling.py [--quick] [--seed 42] [--repeats 1]
 """
@@ -61,7 +63,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -548,7 +550,7 @@ def _ratio(a: float, b: float) -> str:
     return f"{a / b:.3f}"
 
 
-def final_line(rows: dict[tuple[float, str], dict[str, Row]]) -> str:
+def final_line(rows: dict[tuple[float, str], dict[str, Row]], prefix: str = "") -> str:
     short = rows.get((0.8, "short"), {})
     multi = rows.get((0.8, "multiturn"), {})
     default, rr, li = short.get("default"), short.get("round-robin"), short.get("least-inflight")
@@ -563,6 +565,7 @@ def final_line(rows: dict[tuple[float, str], dict[str, Row]]) -> str:
         f"{_ratio(default.p99_ttft if default else nan, li.p99_ttft if li else nan)} "
         f"session_hit_rate={hit:.3f} "
         f"session_max_load_over_mean={session.max_over_mean if session else nan:.3f}"
+        + (f" {prefix}" if prefix else "")
     )
 
 
@@ -586,7 +589,9 @@ def phase_seed(seed: int, workload: str, load: float, repeat: int) -> int:
     return seed * 1_000_003 + sum(map(ord, workload)) * 1009 + round(load * 100) * 101 + repeat
 
 
-async def run_all(plan: Plan, sims: list[str], routers: dict[str, str], strats: list[Strategy]) -> str:
+async def run_all(
+    plan: Plan, sims: list[str], routers: dict[str, str], strats: list[Strategy]
+) -> dict[tuple[float, str], dict[str, Row]]:
     rows: dict[tuple[float, str], dict[str, Row]] = {}
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)
     connector = aiohttp.TCPConnector(limit=0)
@@ -609,14 +614,14 @@ async def run_all(plan: Plan, sims: list[str], routers: dict[str, str], strats: 
                     f"{plan.repeats} repeat(s) of {plan.window_s:g} s, seed {plan.seed}"
                 )
                 print(table(title, list(rows[(load, workload)].values())), flush=True)
-    return final_line(rows)
+    return rows
 
 
 def parse_args(argv: list[str] | None = None) -> Plan:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="80%% load only, shorter phases")
     p.add_argument("--loads", help="comma-separated fractions of capacity (default 0.5,0.8,0.95)")
-    p.add_argument("--workloads", help="comma-separated: short,multiturn,mix (default all)")
+    p.add_argument("--workloads", help="comma-separated: short,multiturn,mix,prefix,lowreuse (default all)")
     p.add_argument("--window", type=float, help="seconds of arrivals per phase (default 8, quick 4)")
     p.add_argument("--drain", type=float, default=20.0, help="seconds a phase may run past its window")
     p.add_argument("--repeats", type=int, default=1)
@@ -628,7 +633,7 @@ def parse_args(argv: list[str] | None = None) -> Plan:
     loads = ns.loads or ("0.8" if ns.quick else "0.5,0.8,0.95")
     return Plan(
         loads=tuple(float(x) for x in loads.split(",")),
-        workloads=tuple((ns.workloads or "short,multiturn,mix").split(",")),
+        workloads=tuple((ns.workloads or "short,multiturn,mix,prefix,lowreuse").split(",")),
         window_s=ns.window or (4.0 if ns.quick else 8.0),
         drain_s=ns.drain,
         repeats=ns.repeats,
@@ -650,6 +655,8 @@ def fleet(work: Path, strats: list[Strategy]) -> Iterator[tuple[list[str], dict[
 
 
 def main(argv: list[str] | None = None) -> None:
+    # a SIGTERM (timeout, a CI cancel) unwinds like ^C, so the engines and routers started are stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     plan = parse_args(argv)
     strats = strategies(load_policies(plan.policies), plan.noslots)
     if plan.only:
@@ -661,11 +668,23 @@ def main(argv: list[str] | None = None) -> None:
     shown = plan.policies.relative_to(ROOT) if plan.policies.is_relative_to(ROOT) else plan.policies
     print(f"policies from {shown}; seed {plan.seed}, repeats {plan.repeats}")
     started = time.monotonic()
-    with (
-        tempfile.TemporaryDirectory(prefix="llmgw-bench-sched-") as tmp,
-        fleet(Path(tmp), strats) as (sims, routers),
-    ):
-        line = asyncio.run(run_all(plan, sims, routers, strats))
+    from scheduling_prefix import WORKLOADS, run_prefix_workloads
+
+    main_plan = replace(plan, workloads=tuple(w for w in plan.workloads if w not in WORKLOADS))
+    rows: dict[tuple[float, str], dict[str, Row]] = {}
+    with tempfile.TemporaryDirectory(prefix="llmgw-bench-sched-") as tmp:
+        if main_plan.workloads:
+            with fleet(Path(tmp), strats) as (sims, routers):
+                rows = asyncio.run(run_all(main_plan, sims, routers, strats))
+        procs = Procs(Path(tmp))
+        try:  # the prefix workloads run on their own fleet, after the others have stopped
+            policies = load_policies(plan.policies)
+            prefix = run_prefix_workloads(
+                procs, Path(tmp), policies, plan.workloads, plan.seed, plan.window_s, plan.only
+            )
+        finally:
+            procs.stop_all()
+    line = final_line(rows, prefix)
     print(f"\n(took {time.monotonic() - started:.0f} s)")
     print(line, flush=True)
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw_agent.sim_events import KvEventPublisher, batch_events
 from llmgw_agent.sim_model import (
     ErrorPacer,
     LatencyConfig,
@@ -109,6 +110,7 @@ class Work:
     timing: Timing | None = None
     queue_ms: float = 0.0
     started: float = 0.0
+    salt: str | None = None  # vLLM's cache_salt: an extra key of the first block's hash
 
 
 PROBES = ("tools", "response_format", "stream_usage")
@@ -135,7 +137,8 @@ class SimEngine:
         self.errors = ErrorPacer(self.behaviour.error_rate)
         self.cfg = cfg
         self.api_key = api_key
-        self.cache = PrefixCache(cfg.block_size, cfg.capacity_blocks)
+        self.cache = PrefixCache(cfg.block_size, cfg.capacity_blocks, cfg.hash_seed)
+        self.events: KvEventPublisher | None = None
         self.slots = FifoSlots(cfg.max_concurrency)
         self.stats = SimStats()
         self.created = int(time.time())
@@ -151,7 +154,7 @@ class SimEngine:
         self.stats.running += 1
         work.started = time.monotonic()
         work.queue_ms = (work.started - arrived) * 1000
-        cached = self.cache.lookup(work.prompt)
+        cached = self.cache.lookup(work.prompt, work.salt)
         work.timing = plan_timing(self.cfg, len(work.prompt), cached)
         self.stats.kv_tokens += len(work.prompt) + work.max_tokens
         self.stats.prompt_tokens += len(work.prompt)
@@ -160,7 +163,9 @@ class SimEngine:
         except BaseException:  # the client went away during prefill: give the slot back
             self.finish(work, 0)
             raise
-        self.cache.insert(work.prompt)
+        change = self.cache.insert(work.prompt, work.salt)
+        if self.events is not None:
+            self.events.publish(batch_events(change, self.cfg.block_size))
 
     def finish(self, work: Work, generated: int) -> None:
         self.stats.running -= 1
@@ -290,7 +295,8 @@ class SimEngine:
             return max_tokens
         if self.behaviour.error_rate and self.errors.fail():
             return openai_error(503, "simulated engine error (the sim's error_rate)", "server_error")
-        work = Work(prompt, max_tokens)
+        salt = body.get("cache_salt")
+        work = Work(prompt, max_tokens, salt=salt if isinstance(salt, str) and salt else None)
         call = tool_call(body) if chat and "tools" not in self.behaviour.fail_probes else None
         if body.get("stream"):
             return await self.stream(request, body, work, chat)
@@ -498,6 +504,16 @@ class SimEngine:
         card = {"id": self.model, "object": "model", "created": self.created, "owned_by": OWNED_BY}
         return web.json_response({"object": "list", "data": [card]})
 
+    async def reset_prefix_cache(self, request: web.Request) -> web.Response:
+        """vLLM's POST /reset_prefix_cache: drop every cached block (AllBlocksCleared on the event stream)."""
+        denied = self.check_auth(request)
+        if denied is not None:
+            return denied
+        self.cache.clear()
+        if self.events is not None:
+            self.events.publish(batch_events(None, self.cfg.block_size, cleared=True))
+        return web.Response(text="")
+
     async def health(self, request: web.Request) -> web.Response:
         return web.Response(text="")
 
@@ -553,6 +569,7 @@ class SimEngine:
         app.router.add_post("/v1/score", self.score)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/health", self.health)
+        app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/metrics", self.metrics)
         return app
 
@@ -577,6 +594,12 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     p.add_argument("--block-size", type=int, default=16, help="tokens per prefix-cache block")
     p.add_argument("--kv-capacity-tokens", type=int, default=65536)
+    p.add_argument(
+        "--kv-events-port",
+        type=int,
+        help="publish KV-cache events (vLLM's ZMQ format) on this port of --host (unset: none)",
+    )
+    p.add_argument("--hash-seed", default="0", help="the block hashes' root, as vLLM's PYTHONHASHSEED")
     p.add_argument("--max-tokens-default", type=int, default=16)
     p.add_argument(
         "--judge-unsafe",
@@ -625,6 +648,7 @@ def engine_from_args(ns: argparse.Namespace) -> SimEngine:
         capacity_blocks=ns.prefix_cache,
         kv_capacity_tokens=ns.kv_capacity_tokens,
         default_max_tokens=ns.max_tokens_default,
+        hash_seed=ns.hash_seed,
     )
     engine = SimEngine(ns.model, cfg, os.environ.get(ns.api_key_env) or None, behaviour_from_args(ns))
     if ns.judge_unsafe is not None:
@@ -632,6 +656,8 @@ def engine_from_args(ns: argparse.Namespace) -> SimEngine:
         if any(not word or not sep or not codes for word, sep, codes in rules):
             raise SystemExit("--judge-unsafe takes WORD=CATEGORIES, e.g. --judge-unsafe bomb=S9")
         engine.judge_rules = [(word, codes) for word, _sep, codes in rules]
+    if ns.kv_events_port is not None:
+        engine.events = KvEventPublisher(ns.host, ns.kv_events_port)
     return engine
 
 

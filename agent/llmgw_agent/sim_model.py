@@ -3,8 +3,9 @@
 Deterministic given its inputs: a request's prefill costs `prefill_ms_per_token` per prompt token not covered by
 the longest cached prefix, each output token costs `decode_ms_per_token`, at most `max_concurrency` sequences run
 at once and the rest wait in arrival order. The prefix cache works like vLLM's: prompts are cut into blocks of
-`block_size` tokens, each block is named by a hash chained over the blocks before it, and a prompt reuses the
-longest run of leading blocks already cached. The cache holds at most `capacity_blocks` blocks, least recently
+`block_size` tokens, each block is named by a hash chained over the blocks before it (vLLM's own algorithm over
+the words' token ids, so KV events name blocks as vLLM's do), and a prompt reuses the longest run of leading
+blocks already cached. The cache holds at most `capacity_blocks` blocks, least recently
 used evicted first.
 """
 
@@ -13,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
+import zlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # The sim's whole vocabulary: output is plainly not a model's.
@@ -33,6 +36,7 @@ class LatencyConfig:
     capacity_blocks: int = 4096
     kv_capacity_tokens: int = 65536
     default_max_tokens: int = 16
+    hash_seed: str = "0"
 
 
 def tokenize(text: str) -> list[str]:
@@ -40,31 +44,93 @@ def tokenize(text: str) -> list[str]:
     return text.split()
 
 
-def block_hashes(tokens: list[str], block_size: int) -> list[str]:
-    """One chained hash per full block, so a block's hash names the whole prefix up to its end."""
-    out: list[str] = []
-    prev = ""
-    for start in range(0, len(tokens) - len(tokens) % block_size, block_size):
-        h = hashlib.sha256(prev.encode())
-        h.update("\x00".join(tokens[start : start + block_size]).encode())
-        prev = h.hexdigest()
-        out.append(prev)
+def token_ids(tokens: list[str]) -> list[int]:
+    """Each word's token id: its CRC-32 (the sim has no vocabulary file; CRC-32 is the cheapest stable hash in
+    the standard library). The router tokenizes sim prompts with the same function
+    (llmgw_router.prefix.sim_token_ids) to hash them as here."""
+    ids = _TOKEN_IDS
+    out = []
+    for w in tokens:
+        found = ids.get(w)
+        if found is None:
+            if len(ids) >= _TOKEN_IDS_MAX:
+                ids.clear()  # a bound on memory; the ids are recomputed, never wrong
+            found = ids[w] = zlib.crc32(w.encode())
+        out.append(found)
     return out
 
 
-class PrefixCache:
-    """LRU set of block hashes; `lookup` counts the cached leading tokens, `insert` records a prompt."""
+# The words seen so far and their ids: a dict lookup is several times cheaper than encoding and hashing a word.
+_TOKEN_IDS: dict[str, int] = {}
+_TOKEN_IDS_MAX = 1 << 20
 
-    def __init__(self, block_size: int, capacity_blocks: int) -> None:
+
+def _none_hash(seed: str) -> bytes:
+    return hashlib.sha256(pickle.dumps(seed, protocol=pickle.HIGHEST_PROTOCOL)).digest()
+
+
+def block_hashes(
+    tokens: list[str], block_size: int, seed: str = "0", salt: str | None = None
+) -> list[tuple[int, list[int]]]:
+    """One hash per full block, vLLM's way (`hash_block_tokens` with sha256: the pickled tuple of the parent
+    hash, the block's token ids and the extra keys, the cache salt on the first block; NONE_HASH from the
+    seed, vLLM's PYTHONHASHSEED), as the 8-byte integers its KV events carry; with each block's token ids."""
+    ids = token_ids(tokens)
+    out: list[tuple[int, list[int]]] = []
+    parent = _none_hash(seed)
+    for i in range(len(ids) // block_size):
+        block = ids[i * block_size : (i + 1) * block_size]
+        extra = (salt,) if i == 0 and salt else None
+        key = (parent, tuple(block), extra)
+        digest = _DIGESTS.get(key)
+        if digest is None:
+            if len(_DIGESTS) >= _DIGESTS_MAX:
+                _DIGESTS.clear()
+            digest = _DIGESTS[key] = hashlib.sha256(pickle.dumps(key, protocol=5)).digest()
+        parent = digest
+        out.append((int.from_bytes(parent[-8:], "big"), block))
+    return out
+
+
+# Block digests seen lately, by what they hash: a shared prefix is pickled and hashed once, not per request.
+_DIGESTS: dict[tuple[bytes, tuple[int, ...], tuple[str, ...] | None], bytes] = {}
+_DIGESTS_MAX = 1 << 18
+
+
+@dataclass
+class CacheChange:
+    """What one insert did, as KV events say it: blocks stored (hash, parent hash, token ids), hashes evicted."""
+
+    stored: list[tuple[int, int | None, list[int]]] = field(default_factory=list)
+    removed: list[int] = field(default_factory=list)
+
+
+class PrefixCache:
+    """LRU set of block hashes; `lookup` counts the cached leading tokens, `insert` records a prompt and says
+    which blocks it stored and evicted (for the KV-event publisher)."""
+
+    def __init__(self, block_size: int, capacity_blocks: int, seed: str = "0") -> None:
         self.block_size = block_size
         self.capacity_blocks = capacity_blocks
-        self._blocks: OrderedDict[str, None] = OrderedDict()
+        self.seed = seed
+        self._blocks: OrderedDict[int, None] = OrderedDict()
         self.hits_tokens = 0
         self.queries_tokens = 0
+        self._last: tuple[list[str], str | None, list[tuple[int, list[int]]]] | None = None
 
-    def lookup(self, tokens: list[str]) -> int:
+    def _hashes(self, tokens: list[str], salt: str | None) -> list[tuple[int, list[int]]]:
+        """`block_hashes`, remembered for the prompt last asked about: a request's lookup and insert hash
+        the same list."""
+        last = self._last
+        if last is not None and last[0] is tokens and last[1] == salt:
+            return last[2]
+        hashes = block_hashes(tokens, self.block_size, self.seed, salt)
+        self._last = (tokens, salt, hashes)
+        return hashes
+
+    def lookup(self, tokens: list[str], salt: str | None = None) -> int:
         hits = 0
-        for h in block_hashes(tokens, self.block_size):
+        for h, _ in self._hashes(tokens, salt):
             if h not in self._blocks:
                 break
             self._blocks.move_to_end(h)
@@ -74,14 +140,23 @@ class PrefixCache:
         self.hits_tokens += cached
         return cached
 
-    def insert(self, tokens: list[str]) -> None:
+    def insert(self, tokens: list[str], salt: str | None = None) -> CacheChange:
+        change = CacheChange()
         if self.capacity_blocks <= 0:
-            return
-        for h in block_hashes(tokens, self.block_size):
+            return change
+        parent: int | None = None
+        for h, block in self._hashes(tokens, salt):
+            if h not in self._blocks:
+                change.stored.append((h, parent, block))
             self._blocks[h] = None
             self._blocks.move_to_end(h)
+            parent = h
         while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
+            change.removed.append(self._blocks.popitem(last=False)[0])
+        return change
+
+    def clear(self) -> None:
+        self._blocks.clear()
 
 
 @dataclass(frozen=True)

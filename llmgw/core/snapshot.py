@@ -155,6 +155,10 @@ class Endpoint(_Wire):
     failed: list[str] = Field(
         default_factory=list, description="Probes it failed: a request needing one is not sent here"
     )
+    kv_events: str | None = Field(
+        None, description="tcp://host:port of the engine's KV-cache event publisher (None: none)"
+    )
+    kv_block_size: int = Field(16, ge=1, description="Tokens per KV-cache block, to hash prompts as it does")
 
 
 class RouterSnapshot(_Wire):

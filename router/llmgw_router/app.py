@@ -24,6 +24,7 @@ from llmgw_router.auth import Authenticator, KeyStore, StoreKeys
 from llmgw_router.egress import client_connector
 from llmgw_router.exchange import Exchange, json_reply
 from llmgw_router.http1 import EngineClient
+from llmgw_router.kv_events import kv_events_loop
 from llmgw_router.link import ControllerLink, controller_url
 from llmgw_router.listener import ApiListener, Handler
 from llmgw_router.messages_exchange import MessagesExchange
@@ -117,6 +118,9 @@ async def _background(
                     )
                 )
             )
+            prefix = router.forwarding.prefix
+            events = kv_events_loop(lambda: router.table, prefix.events, router.clock, prefix.subscribed)
+            tasks.append(asyncio.create_task(events))
         if link is not None:
             tasks.append(asyncio.create_task(link.run(session)))
         try:

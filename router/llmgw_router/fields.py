@@ -28,6 +28,7 @@ from llmgw_router.responses import PASSED_THROUGH_FIELDS
 
 __all__ = [
     "DROPPED_HEADER",
+    "SALTED_ENGINES",
     "FieldPlan",
     "allowed_fields",
     "append_fields",
@@ -147,7 +148,7 @@ _ENGINE_EXTRAS: Mapping[str, frozenset[str]] = {
     "trtllm": frozenset(["top_k", "min_p", "repetition_penalty"]),
     "sim": frozenset(),
 }
-_SALTED_ENGINES = frozenset({"vllm"})
+SALTED_ENGINES = frozenset({"vllm", "sim"})  # the sim keys its prefix cache by the salt as vLLM does
 
 # With no engine key (a cluster without a secret), salts are keyed by this process's own secret: still
 # one salt per project, but not the same across routers.
@@ -187,7 +188,7 @@ def plan_fields(
     """What the request to `engine` must lose or gain; None when it goes as it is (the common case, decided
     without copying the body)."""
     allowed = allowed_fields(engine, kind, tuple(operator_allowed))
-    salted = engine in _SALTED_ENGINES and kind not in ("embeddings", "rerank", "score")
+    salted = engine in SALTED_ENGINES and kind not in ("embeddings", "rerank", "score")
     extra = body.keys() - allowed  # one set operation in C; ordered below only when something goes
     if salted and "cache_salt" in body:
         extra.add("cache_salt")

@@ -13,7 +13,7 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from llmgw.core.snapshot import PublishedModel
 from llmgw_router import breaker as brk
@@ -23,6 +23,7 @@ from llmgw_router.fairqueue import Band, band_of
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.options import RouterOptions
 from llmgw_router.ports import ControllerCallbacks
+from llmgw_router.prefix_routing import PrefixRouting
 from llmgw_router.scheduler import Decision, RequestInfo, schedule
 from llmgw_router.state import LiveEndpoint, RoutingTable
 
@@ -104,6 +105,7 @@ class Forwarding:
         self.clock = clock
         self.rng = rng
         self._rr: dict[str, int] = {}
+        self.prefix = PrefixRouting()
         self._load_requested: dict[str, float] = {}
         # Places depend only on the snapshot: computed once per (project, model) and table.
         self._places: dict[tuple[str | None, str], Place] = {}
@@ -138,8 +140,11 @@ class Forwarding:
         rr = self._rr.get(model, 0)
         self._rr[model] = rr + 1
         cands = [ep.candidate(now, table.stale_after) for ep in endpoints]
-        info = RequestInfo(info.session_key, info.exclude, rr)
-        decision = schedule(cands, table.policy_for(model), info, self.rng)
+        info = replace(info, rr_counter=rr)
+        policy = table.policy_for(model)
+        if info.prefix is not None:
+            self.prefix.annotate(cands, endpoints, info.prefix, policy, info.project, now)
+        decision = schedule(cands, policy, info, self.rng)
         if decision.endpoint is None:
             return None
         index = next(i for i, c in enumerate(cands) if c.id == decision.endpoint)
@@ -152,6 +157,8 @@ class Forwarding:
         if not ok:
             return None
         ep.inflight += 1
+        if info.prefix is not None:
+            self.prefix.placed(ep, info.prefix, policy, info.project, now)
         self.metrics.load.claimed(ep.id)
         self.metrics.count(self.metrics.decisions, (model, decision.winning_scorer))
         if log.isEnabledFor(logging.DEBUG):

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from llmgw.core.config.models import RoutingPolicySpec
+from llmgw_router.prefix import PrefixKey
 
 __all__ = [
     "KV_PENALTY",
@@ -29,7 +30,7 @@ __all__ = [
     "schedule",
 ]
 
-SCORERS = ("queue", "kv", "inflight", "load", "weight", "session")
+SCORERS = ("queue", "kv", "inflight", "load", "weight", "session", "prefix")
 # Above the KV ceiling an endpoint is about to preempt or refuse sequences: worse than any other reading.
 KV_PENALTY = -10.0
 _NEUTRAL = 0.5
@@ -49,6 +50,10 @@ class Candidate:
     ready: bool = True
     breaker_open: bool = False
     stale: bool = False
+    # The share of the prompt's leading blocks this endpoint holds, and who said so: "precise" (its engine's
+    # KV events), "approx" (what this router sent it) or None (no prefix scoring for this request).
+    prefix: float = 0.0
+    prefix_source: str | None = None
 
     @property
     def full(self) -> bool:
@@ -60,6 +65,8 @@ class RequestInfo:
     session_key: str | None = None
     exclude: frozenset[str] = frozenset()  # endpoints this request already failed on
     rr_counter: int = 0  # the caller's round-robin position for this model
+    prefix: PrefixKey | None = None  # the prompt's blocks, when the policy weighs prefixes
+    project: str = ""  # whose prompt: the approximate index and the cache salt are per project
 
 
 @dataclass(slots=True)
@@ -77,12 +84,15 @@ class Decision:
     scores: tuple[EndpointScore, ...] = ()
     dropped: dict[str, int] = field(default_factory=dict)
     session_target: str | None = None
+    prefix_sources: tuple[tuple[str, str], ...] = ()  # (endpoint, "precise" | "approx") when prefix-scored
 
     def rationale(self) -> str:
         """One line for a debug header or a log: the choice, what decided it, scores, filters."""
         parts = [f"endpoint={self.endpoint}", f"picker={self.picker}", f"by={self.winning_scorer}"]
         if self.session_target is not None:
             parts.append(f"session_target={self.session_target}")
+        if self.prefix_sources:
+            parts.append("prefix_by=" + ",".join(f"{ep}:{src}" for ep, src in self.prefix_sources))
         for s in self.scores:
             inner = ",".join(f"{k}:{v:.3g}" for k, v in s.scores.items())
             parts.append(f"{s.id}={s.total:.3g}[{inner}]")
@@ -154,8 +164,21 @@ def _session_target(key: str, usable: Sequence[Candidate], load_bound: float) ->
     return None
 
 
+def _over_bound(usable: Sequence[Candidate], load_bound: float) -> frozenset[str]:
+    """The endpoints too loaded to be drawn by their prefix: in-flight (this request added) past load_bound
+    times the mean, or past load_bound times their slots when that is larger (as `_session_target`)."""
+    total = sum(c.inflight for c in usable) + 1
+    mean_ceiling = math.ceil(load_bound * total / len(usable))
+    over = set()
+    for c in usable:
+        ceiling = mean_ceiling if c.slots is None else max(mean_ceiling, math.ceil(c.slots * load_bound))
+        if c.inflight + 1 > ceiling:
+            over.add(c.id)
+    return frozenset(over)
+
+
 def _scores(
-    c: Candidate, policy: RoutingPolicySpec, max_weight: float, target: str | None
+    c: Candidate, policy: RoutingPolicySpec, max_weight: float, target: str | None, over: frozenset[str]
 ) -> dict[str, float]:
     if c.stale:  # saturated by definition: nothing we read from it can be trusted
         queue = kv = load = 0.0
@@ -178,6 +201,7 @@ def _scores(
         "load": load,
         "weight": c.weight / max_weight if max_weight > 0 else 1.0,
         "session": 1.0 if c.id == target else 0.0,
+        "prefix": 0.0 if c.id in over else c.prefix,
     }
 
 
@@ -190,6 +214,7 @@ def _weights(policy: RoutingPolicySpec, has_session: bool) -> dict[str, float]:
         "load": w.load,
         "weight": w.weight,
         "session": w.session if has_session else 0.0,
+        "prefix": w.prefix,
     }
     if not any(weights.values()):
         weights["inflight"] = 1.0  # a policy with no weights still spreads load
@@ -264,11 +289,13 @@ def schedule(
         kept = usable
     weights = _weights(policy, has_session)
     max_weight = max(c.weight for c in kept)
+    over = _over_bound(usable, policy.prefix.load_bound) if weights["prefix"] else frozenset()
     scored = []
     for c in kept:
-        raw = _scores(c, policy, max_weight, target)
+        raw = _scores(c, policy, max_weight, target, over)
         total = sum(weights[name] * value for name, value in raw.items())
         scored.append(EndpointScore(c.id, raw, total))
     chosen = _pick(scored, policy, info, rng, target)
     reason = _winner_reason(chosen, scored, weights, policy.picker)
-    return Decision(chosen.id, policy.picker, reason, tuple(scored), dropped, target)
+    sources = tuple((c.id, c.prefix_source) for c in kept if c.prefix_source is not None)
+    return Decision(chosen.id, policy.picker, reason, tuple(scored), dropped, target, sources)

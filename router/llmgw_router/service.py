@@ -12,6 +12,7 @@ controller). Where a request goes is forwarding.py's; what it is charged is acco
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hmac
 import logging
 import random
@@ -140,6 +141,7 @@ class RequestService:
         self.admission.forget(self.table.models)
         self.cache.configure(snapshot.tenants.projects)
         self.adapters.forget(self.table)
+        self.forwarding.prefix.forget([ep.id for ep in self.table.all_endpoints()])
         self.metrics.set_revision(snapshot.revision)
         self.admission.notify_all()  # the new table may have room, or the replica a request waits for
         log.info(
@@ -386,10 +388,10 @@ class RequestService:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
         pick made once more, then it is a 502."""
         headers = exchange.headers
-        policy = table.policy_for(canonical)
-        info = RequestInfo(session_key=call.session if policy.weights.session > 0 else None)
+        project = call.principal.project if call.principal else None
+        info = self._request_info(table, canonical, body, call, project)
         adapter = table.snapshot.adapters.get(call.adapter) if call.adapter is not None else None
-        place = self.forwarding.place(table, call.principal.project if call.principal else None, canonical)
+        place = self.forwarding.place(table, project, canonical)
         debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
             self.options.debug_token.encode(),
@@ -442,7 +444,7 @@ class RequestService:
                         "upstream_unavailable",
                         "server_error",
                     ) from None
-                info = RequestInfo(info.session_key, info.exclude | {ep.id}, info.rr_counter)
+                info = dataclasses.replace(info, exclude=info.exclude | {ep.id})
                 self.metrics.retries.labels(canonical).inc()
                 continue
             finally:
@@ -453,6 +455,17 @@ class RequestService:
                 self.forwarding.succeeded(ep)
             return call.result.response
         raise AssertionError("unreachable: the loop returns or raises")
+
+    def _request_info(
+        self, table: RoutingTable, canonical: str, body: dict[str, Any], call: Call, project: str | None
+    ) -> RequestInfo:
+        """What the scheduler is told about the request: its session, its prompt's prefix, its project."""
+        policy = table.policy_for(canonical)
+        return RequestInfo(
+            session_key=call.session if policy.weights.session > 0 else None,
+            prefix=self.forwarding.prefix.key(body, policy, project),
+            project=project or "",
+        )
 
     def _upstream_call(
         self,

@@ -42,6 +42,7 @@ from llmgw.core.config.notification_spec import (
     NotificationSpec as NotificationSpec,
 )
 from llmgw.core.config.plan_spec import PlanSettings as PlanSettings, SimulateSettings as SimulateSettings
+from llmgw.core.config.prefix_spec import PrefixSettings as PrefixSettings
 from llmgw.core.config.retention_spec import ContentRetention as ContentRetention
 from llmgw.core.config.source_spec import Source as Source
 
@@ -462,6 +463,9 @@ class ScorerWeights(Strict):
     load: float = Field(0.0, ge=0, description="Prefer endpoints with lower running/slots")
     weight: float = Field(0.0, ge=0, description="Prefer endpoints whose profile weight is higher")
     session: float = Field(0.0, ge=0, description="Prefer the endpoint a session hashes to (bounded load)")
+    prefix: float = Field(
+        0.0, ge=0, description="Prefer endpoints holding more of the prompt's leading blocks in their cache"
+    )
 
 
 class SessionSettings(Strict):
@@ -486,6 +490,7 @@ class RoutingPolicySpec(Strict):
     kv_ceiling: float = Field(0.9, gt=0, le=1, description="KV use above this is a hard penalty")
     softmax_temperature: float = Field(1.0, gt=0, description="Temperature of the softmax picker")
     session: SessionSettings = Field(default_factory=SessionSettings)
+    prefix: PrefixSettings = Field(default_factory=PrefixSettings)
 
 
 # ---------------------------------------------------------------------------------------------------- Tenants

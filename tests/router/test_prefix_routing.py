@@ -1,0 +1,100 @@
+"""The request-path glue: which index answers for an endpoint, and what a placed request leaves behind."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from llmgw_router.prefix import KvEvent
+from llmgw_router.prefix_routing import PrefixRouting
+from llmgw_router.scheduler import Candidate
+from llmgw_router.state import LiveEndpoint
+
+from llmgw.core.config.models import RoutingPolicySpec
+from llmgw.core.snapshot import Endpoint
+
+POLICY = RoutingPolicySpec.model_validate(
+    {"weights": {"prefix": 1}, "prefix": {"events_stale_after": "5s", "block_chars": 8}}
+)
+BODY = {"messages": [{"role": "system", "content": " ".join(["w"] * 64)}, {"role": "user", "content": "hi"}]}
+
+
+def _ep(replica: str, engine: str = "sim", events: bool = True) -> LiveEndpoint:
+    spec = Endpoint(
+        replica_id=replica,
+        model="m",
+        engine=engine,
+        base_url="http://127.0.0.1:1",
+        kv_events="tcp://127.0.0.1:2" if events else None,
+        kv_block_size=16,
+    )
+    return LiveEndpoint(spec, "http://127.0.0.1:1/v1", None, None, 0.0)
+
+
+def _annotate(pr: PrefixRouting, eps: list[LiveEndpoint], now: float, project: str = "p") -> list[Candidate]:
+    key = pr.key(BODY, POLICY, project)
+    assert key is not None
+    cands = [Candidate(ep.id) for ep in eps]
+    pr.annotate(cands, eps, key, POLICY, project, now)
+    return cands
+
+
+def test_fresh_events_answer_then_the_approximate_index_once_they_stop() -> None:
+    pr, a = PrefixRouting(), _ep("a")
+    key = pr.key(BODY, POLICY, "p")
+    assert key is not None
+    hashes = pr._engine_hashes(a, key, POLICY, "p")
+    assert hashes  # 64 words of system prompt: 4 full blocks
+    pr.events.apply("a", [KvEvent("stored", hashes)], now=0.0)
+    (c,) = _annotate(pr, [a], now=1.0)
+    assert (c.prefix, c.prefix_source) == (1.0, "precise")
+    # a request with blocks the engine lacks goes there, and no event follows it
+    other = {"messages": [{"role": "user", "content": " ".join(["z"] * 40)}]}
+    other_key = pr.key(other, POLICY, "p")
+    assert other_key is not None
+    pr.placed(a, other_key, POLICY, "p", now=2.0)
+    (c,) = _annotate(pr, [a], now=6.9)
+    assert c.prefix_source == "precise"
+    (c,) = _annotate(pr, [a], now=7.1)
+    assert c.prefix_source == "approx" and c.prefix == 0.0  # this router never sent BODY there
+    pr.placed(a, key, POLICY, "p", now=7.2)
+    (c,) = _annotate(pr, [a], now=7.3)
+    assert (c.prefix, c.prefix_source) == (1.0, "approx")
+
+
+def test_engines_the_router_cannot_tokenize_for_are_scored_approximately() -> None:
+    pr, v = PrefixRouting(), _ep("v", engine="vllm")
+    key = pr.key(BODY, POLICY, "p")
+    assert key is not None
+    pr.placed(v, key, POLICY, "p", now=0.0)
+    (c,) = _annotate(pr, [v], now=0.1)
+    assert (c.prefix, c.prefix_source) == (1.0, "approx")
+
+
+def test_one_projects_prompts_never_attract_anothers() -> None:
+    pr, a = PrefixRouting(), _ep("a", events=False)
+    key = pr.key(BODY, POLICY, "p1")
+    assert key is not None
+    pr.placed(a, key, POLICY, "p1", now=0.0)
+    assert _annotate(pr, [a], now=0.1, project="p1")[0].prefix == 1.0
+    assert _annotate(pr, [a], now=0.1, project="p2")[0].prefix == 0.0
+
+
+def test_no_prefix_weight_no_key() -> None:
+    assert PrefixRouting().key(BODY, RoutingPolicySpec(), "p") is None
+
+
+def test_a_stream_going_silent_is_said_once_and_its_return_once(caplog: pytest.LogCaptureFixture) -> None:
+    pr, a = PrefixRouting(), _ep("a")
+    key = pr.key(BODY, POLICY, "p")
+    assert key is not None
+    pr.events.apply("a", [KvEvent("stored", ())], now=0.0)
+    pr.placed(a, key, POLICY, "p", now=1.0)  # new blocks, and no event follows
+    with caplog.at_level(logging.WARNING, logger="llmgw_router.prefix_routing"):
+        for t in (7.0, 8.0, 9.0):
+            _annotate(pr, [a], now=t)
+        pr.events.apply("a", [KvEvent("stored", ())], now=9.5)
+        for t in (10.0, 11.0):
+            _annotate(pr, [a], now=t)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "approximate index" in said[0] and "KV events again" in said[1], said

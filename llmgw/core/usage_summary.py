@@ -31,6 +31,7 @@ __all__ = [
     "MeasuredCapacity",
     "ModelUsage",
     "PairUsage",
+    "TenantLevel",
     "TenantPeak",
     "UsageFolder",
     "UsageRow",

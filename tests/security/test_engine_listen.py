@@ -234,13 +234,35 @@ def test_m1_bootstrap_writes_the_serving_address_and_bind_all_only_by_opt_in() -
     ],
 )
 def test_m1_agent_opens_no_distributed_sockets(engine: str, arg: str) -> None:
-    """No multi-node engine is started by this agent, and no option that opens a rendezvous or publisher socket
-    gets through the argument allowlists."""
+    """No option that opens a rendezvous or publisher socket gets through the argument allowlists, and a
+    multi-node shard starts only for vLLM over Ray, only with the rendezvous and fabric address the controller
+    sends (docs/gpu-model.md); the other engines' multi-node shards are refused."""
     from llmgw_agent.engines import LaunchContext, SpecError, launch_plan
     from llmgw_agent.protocol import ShardSpec
 
     ctx = LaunchContext("127.0.0.1", 20001, "/models/m", "/state/work/r1-0", None)
     with pytest.raises(SpecError, match="unknown arg"):
         launch_plan(ShardSpec(replica_id="r1", model="m", engine=engine, args={arg: "x"}), ctx)  # type: ignore[arg-type]
-    with pytest.raises(SpecError, match="multi-node shards are not implemented"):
+    refused = (
+        "needs its rendezvous and fabric address" if engine == "vllm" else "not implemented by this agent"
+    )
+    with pytest.raises(SpecError, match=refused):
         launch_plan(ShardSpec(replica_id="r1", model="m", engine=engine, shard_count=2), ctx)  # type: ignore[arg-type]
+
+
+def test_m1_a_multi_node_vllm_shard_meets_its_peers_on_the_fabric_address_only() -> None:
+    from llmgw_agent.engines import LaunchContext, launch_plan
+    from llmgw_agent.protocol import Rendezvous, ShardSpec
+
+    ctx = LaunchContext("127.0.0.1", 20001, "/models/m", "/state/work/r1-0", None)
+    meet = {"rendezvous": Rendezvous(host="10.9.0.1", port=29500), "fabric_address": "10.9.0.2"}
+    worker = launch_plan(
+        ShardSpec(replica_id="r1", model="m", engine="vllm", shard_count=2, shard_rank=1, **meet), ctx
+    )
+    assert worker.argv[worker.argv.index("--ip") + 1] == "10.9.0.2"
+    assert worker.argv[worker.argv.index("--address") + 1] == "10.9.0.1:29500"
+    assert worker.env["VLLM_HOST_IP"] == "10.9.0.2"
+    head_meet = {**meet, "fabric_address": "10.9.0.1"}
+    head = launch_plan(ShardSpec(replica_id="r1", model="m", engine="vllm", shard_count=2, **head_meet), ctx)
+    assert head.argv[head.argv.index("--ip") + 1] == "10.9.0.1"
+    assert head.env["VLLM_HOST_IP"] == "10.9.0.1" and head.env["RAY_ADDRESS"] == "10.9.0.1:29500"

@@ -11,28 +11,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
-from llmgw.core.config.errors import PathPart
+from llmgw.core.config.errors import IssueAdder
 from llmgw.core.config.models import Cluster, Model, Organization, Team
 from llmgw.core.config.validation import did_you_mean
 
 __all__ = ["check_capacity"]
 
 
-class _Adder(Protocol):
-    def __call__(
-        self,
-        index: int,
-        path: tuple[PathPart, ...],
-        message: str,
-        hint: str | None = None,
-        *,
-        warning: bool = False,
-    ) -> None: ...
-
-
-def check_capacity(documents: Sequence[object], add: _Adder) -> None:
+def check_capacity(documents: Sequence[object], add: IssueAdder) -> None:
     classes = _classes(documents, add)
     teams: dict[str, str] = {}  # team -> organization
     orgs: set[str] = set()
@@ -66,7 +53,7 @@ def check_capacity(documents: Sequence[object], add: _Adder) -> None:
             _quota(index, scope, doc.spec.gpu_quota, needs.get(scope, {}), add)
 
 
-def _classes(documents: Sequence[object], add: _Adder) -> list[str] | None:
+def _classes(documents: Sequence[object], add: IssueAdder) -> list[str] | None:
     for index, doc in enumerate(documents):
         if isinstance(doc, Cluster) and doc.spec.classes is not None:
             seen: set[str] = set()
@@ -85,7 +72,7 @@ def _classes(documents: Sequence[object], add: _Adder) -> list[str] | None:
     return None
 
 
-def _model_class(index: int, doc: Model, classes: list[str] | None, add: _Adder) -> None:
+def _model_class(index: int, doc: Model, classes: list[str] | None, add: IssueAdder) -> None:
     name = doc.spec.model_class
     if classes is None or name is None or name in classes:
         return
@@ -93,7 +80,7 @@ def _model_class(index: int, doc: Model, classes: list[str] | None, add: _Adder)
     add(index, ("spec", "class"), f"class `{name}` is not one of the Cluster's classes", hint)
 
 
-def _rollout(index: int, doc: Model, add: _Adder) -> None:
+def _rollout(index: int, doc: Model, add: IssueAdder) -> None:
     spec = doc.spec
     rollout = spec.rollout
     if rollout.max_surge == 0 and rollout.max_unavailable == 0:
@@ -151,7 +138,7 @@ def _quota(
     scope: str,
     quota: dict[str, int],
     needs: dict[str, list[tuple[str, int]]],
-    add: _Adder,
+    add: IssueAdder,
 ) -> None:
     for gpu_class, limit in sorted(quota.items()):
         wanted = needs.get(gpu_class, [])

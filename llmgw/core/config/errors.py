@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 Severity = Literal["error", "warning"]
 PathPart = str | int
@@ -86,3 +86,17 @@ class SemanticError:
         where = f"{self.subject} " if self.subject else f"document {self.document} "
         hint = f" ({self.hint})" if self.hint else ""
         return f"{where}{format_path(self.path)}: {self.message}{hint}"
+
+
+class IssueAdder(Protocol):
+    """How a whole-repo check reports an issue at a document's path (semantic._Checker.add)."""
+
+    def __call__(
+        self,
+        index: int,
+        path: tuple[PathPart, ...],
+        message: str,
+        hint: str | None = None,
+        *,
+        warning: bool = False,
+    ) -> None: ...

@@ -11,30 +11,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Protocol
 
 import jsonschema
 
-from llmgw.core.config.errors import PathPart
+from llmgw.core.config.errors import IssueAdder, PathPart
 from llmgw.core.config.models import EvalSuite, Model
 from llmgw.core.config.validation import did_you_mean
 
 __all__ = ["check_evals"]
 
 
-class _Adder(Protocol):
-    def __call__(
-        self,
-        index: int,
-        path: tuple[PathPart, ...],
-        message: str,
-        hint: str | None = None,
-        *,
-        warning: bool = False,
-    ) -> None: ...
-
-
-def check_evals(documents: Sequence[object], add: _Adder) -> None:
+def check_evals(documents: Sequence[object], add: IssueAdder) -> None:
     models = [d.metadata.name for d in documents if isinstance(d, Model)]
     suites = [d.metadata.name for d in documents if isinstance(d, EvalSuite)]
     for index, doc in enumerate(documents):
@@ -44,7 +31,7 @@ def check_evals(documents: Sequence[object], add: _Adder) -> None:
             _canary(index, doc, suites, add)
 
 
-def _suite(index: int, doc: EvalSuite, models: list[str], add: _Adder) -> None:
+def _suite(index: int, doc: EvalSuite, models: list[str], add: IssueAdder) -> None:
     spec = doc.spec
     if spec.judge is not None and spec.judge not in models:
         hint = did_you_mean(spec.judge, models) or "name a Model of this repo"
@@ -87,7 +74,7 @@ def _suite(index: int, doc: EvalSuite, models: list[str], add: _Adder) -> None:
                 )
 
 
-def _canary(index: int, doc: Model, suites: list[str], add: _Adder) -> None:
+def _canary(index: int, doc: Model, suites: list[str], add: IssueAdder) -> None:
     rollout = doc.spec.rollout
     at: tuple[PathPart, ...] = ("spec", "rollout")
     if rollout.strategy == "canary" and rollout.canary is None:

@@ -11,28 +11,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Protocol
 
-from llmgw.core.config.errors import PathPart
+from llmgw.core.config.errors import IssueAdder
 from llmgw.core.config.models import Guardrail, Model, Organization, Project, Team
 from llmgw.core.config.validation import did_you_mean
 
 __all__ = ["check_guardrails"]
 
 
-class _Adder(Protocol):
-    def __call__(
-        self,
-        index: int,
-        path: tuple[PathPart, ...],
-        message: str,
-        hint: str | None = None,
-        *,
-        warning: bool = False,
-    ) -> None: ...
-
-
-def check_guardrails(documents: Sequence[object], add: _Adder) -> None:
+def check_guardrails(documents: Sequence[object], add: IssueAdder) -> None:
     models: dict[str, Model] = {}  # name or alias -> model
     tenants: dict[str, set[str]] = {"organizations": set(), "teams": set(), "projects": set()}
     for doc in documents:
@@ -51,7 +38,7 @@ def check_guardrails(documents: Sequence[object], add: _Adder) -> None:
 
 
 def _one(
-    index: int, doc: Guardrail, models: dict[str, Model], tenants: dict[str, set[str]], add: _Adder
+    index: int, doc: Guardrail, models: dict[str, Model], tenants: dict[str, set[str]], add: IssueAdder
 ) -> None:
     spec = doc.spec
     for pos, pattern in enumerate(spec.regex):

@@ -9,6 +9,7 @@ names the source per endpoint (`prefix_by=`).
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -26,6 +27,9 @@ from llmgw_router.prefix import (
 )
 from llmgw_router.scheduler import Candidate
 from llmgw_router.state import LiveEndpoint
+
+# A policy's staleness is one of a few strings: parsed once each, not on every request that weighs prefixes.
+_stale_seconds = functools.lru_cache(maxsize=32)(parse_duration)
 
 __all__ = ["PrefixRouting", "prompt_text"]
 
@@ -69,7 +73,7 @@ class PrefixRouting:
         text, head = found
         settings = policy.prefix
         self.approx.capacity = settings.index_blocks
-        self.events.stale_after = parse_duration(settings.events_stale_after)
+        self.events.stale_after = _stale_seconds(settings.events_stale_after)
         approx = text_block_hashes(text, settings.block_chars, project or "", settings.max_blocks)
         return PrefixKey(tuple(approx), text, head, self.memo)
 

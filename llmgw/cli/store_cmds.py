@@ -114,7 +114,7 @@ def _api(client: admin_client.AdminClient, method: str, path: str, payload: Any 
 def _api_key(body: dict[str, Any]) -> ApiKey:
     return ApiKey(
         body["id"], body["prefix"], body["project"], body["name"], body["created_at"],
-        body["expires_at"], body["revoked_at"],
+        body["expires_at"], body["revoked_at"], body.get("last_used_at"),
     )  # fmt: skip
 
 
@@ -180,6 +180,7 @@ def _key_json(key: ApiKey, now: float) -> dict[str, Any]:
         "created_at": _when(key.created_at),
         "expires_at": _when(key.expires_at) or None,
         "revoked_at": _when(key.revoked_at) or None,
+        "last_used_at": _when(key.last_used_at) or None,
     }
 
 
@@ -242,11 +243,12 @@ def keys_list(
         output.print_json([_key_json(k, now) for k in found])
         return
     table = Table(Column("ID", no_wrap=True), Column("Prefix", no_wrap=True), "Project", "Name", "State",
-                  "Created", "Expires")  # fmt: skip
+                  "Created", "Expires", "Last used")  # fmt: skip
     for k in found:
         table.add_row(
-            k.id, k.prefix + "…", k.project, k.name, k.state(now), _when(k.created_at), _when(k.expires_at)
-        )
+            k.id, k.prefix + "…", k.project, k.name, k.state(now), _when(k.created_at), _when(k.expires_at),
+            _when(k.last_used_at) or "never",
+        )  # fmt: skip
     output.console().print(table)
 
 

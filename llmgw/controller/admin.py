@@ -432,6 +432,7 @@ def _key_json(key: ApiKey, now: float) -> dict[str, Any]:
         "created_at": key.created_at,
         "expires_at": key.expires_at,
         "revoked_at": key.revoked_at,
+        "last_used_at": key.last_used_at,
     }
 
 

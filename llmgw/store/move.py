@@ -22,7 +22,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "nodes": ("name", "first_seen", "last_seen", "state", "inventory"),
     "replicas": ("id", "model", "profile", "nodes", "state", "fingerprint", "created_at", "updated_at"),
     "events": ("id", "time", "kind", "object", "message"),
-    "api_keys": ("id", "prefix", "hash", "project", "name", "created_at", "expires_at", "revoked_at"),
+    "api_keys": ("id", "prefix", "hash", "project", "name", "created_at", "expires_at", "revoked_at", "last_used_at"),
     "usage": (
         "id", "time", "request_id", "project", "team", "org", "key_id", "model", "tokens_in", "tokens_out",
         "cost", "latency_ms", "status", "fallback_used", "router_id", "endpoint", "queue_ms", "ttft_ms",

@@ -80,6 +80,9 @@ class ApiKey:
     created_at: float
     expires_at: float | None
     revoked_at: float | None
+    # The newest request recorded with this key, whatever its outcome (a revoked key still being tried shows
+    # here); None when none was ever recorded.
+    last_used_at: float | None = None
 
     def state(self, now: float) -> KeyState:
         if self.revoked_at is not None:

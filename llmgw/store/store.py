@@ -74,7 +74,7 @@ _GROUP_COLUMNS: dict[UsageGroup, tuple[str, ...]] = {
 _GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.id = u.key_id"}
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
-_KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at"
+_KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at, last_used_at"
 # 24 columns x 41 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
 _USAGE_ROWS_PER_INSERT = 41
 _USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 24) + ")"
@@ -82,7 +82,18 @@ _TAG_ROWS_PER_INSERT = 300
 
 
 def _key(row: Row) -> ApiKey:
-    return ApiKey(row[0], row[1], row[2], row[3], row[4], row[5], row[6])
+    return ApiKey(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])
+
+
+def _last_use_updates(records: Sequence[UsageRecord]) -> list[tuple[str, list[Any]]]:
+    """One UPDATE per key in the batch, raising its last use to the batch's newest request and never
+    lowering it (a spooled batch written late carries older times)."""
+    newest: dict[str, float] = {}
+    for r in records:
+        if r.key_id is not None and r.time > newest.get(r.key_id, float("-inf")):
+            newest[r.key_id] = r.time
+    sql = "UPDATE api_keys SET last_used_at = ? WHERE id = ? AND (last_used_at IS NULL OR last_used_at < ?)"
+    return [(sql, [t, key_id, t]) for key_id, t in sorted(newest.items())]
 
 
 class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, ContentQueries):
@@ -286,7 +297,7 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
     async def insert_key(self, key: ApiKey, key_hash: str) -> None:
         async with self.db.tx() as tx:
             await tx.execute(
-                f"INSERT INTO api_keys ({_KEY_COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO api_keys ({_KEY_COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     key.id,
                     key.prefix,
@@ -295,6 +306,7 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
                     key.created_at,
                     key.expires_at,
                     key.revoked_at,
+                    key.last_used_at,
                     key_hash,
                 ),
             )
@@ -385,6 +397,7 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
                 + " ON CONFLICT (usage_id, key) DO NOTHING"
             )
             statements.append((sql, [value for row in part for value in row]))
+        statements.extend(_last_use_updates(records))
         await self.db.run_in_tx(statements)
 
     async def list_usage(self, since: float | None = None, limit: int = 1000) -> list[UsageRecord]:

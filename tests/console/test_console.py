@@ -262,3 +262,30 @@ def test_events_update_live_and_the_page_is_keyboard_navigable(fleet: Cluster, t
     tab.page.keyboard.press("Enter")
     tab.page.wait_for_url(re.compile(r".*/ui/$"))
     assert tab.problems == []
+
+
+def test_keys_show_their_last_use(fleet: Cluster, tab: Watched) -> None:
+    from llmgw.adapters import keys as keymod
+
+    ctl = fleet.running.controller
+    used = fleet.loop.run(keymod.create_key(ctl.store, "playground", ctl.wall(), name="used"))
+    idle = fleet.loop.run(keymod.create_key(ctl.store, "playground", ctl.wall(), name="idle"))
+    body = json.dumps({"model": "sim-a", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    headers = {"Authorization": f"Bearer {used.plaintext}", "Content-Type": "application/json"}
+    assert _post(fleet.router.base_url + "/chat/completions", body, headers) == 200
+    login(tab, fleet.url, fleet.admin_token)
+    tab.page.goto(fleet.url + "/ui/tenants")
+    column = tab.page.locator("#keys th").all_inner_texts().index("Last used")
+
+    def last_used(key_id: str) -> str:
+        row = tab.page.locator("#keys tbody tr", has_text=key_id)
+        return str(row.locator("td").nth(column).inner_text())
+
+    def shown() -> bool:  # the router writes usage in batches: the row arrives within its flush interval
+        tab.page.goto(fleet.url + "/ui/tenants")
+        return last_used(used.key.id).endswith("ago")
+
+    wait_until(shown, 30, "the used key's last use on the tenants page")
+    assert re.fullmatch(r"\d+s ago", last_used(used.key.id))
+    assert last_used(idle.key.id) == "never"
+    assert tab.problems == []

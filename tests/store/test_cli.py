@@ -41,8 +41,9 @@ def test_keys_create_list_revoke(sqlite_dsn: str) -> None:
     [listed] = json.loads(out)
     assert (listed["project"], listed["name"], listed["state"]) == ("playground", "ci", "active")
     assert plaintext not in out and listed["expires_at"]
+    assert listed["last_used_at"] is None  # no request yet: not a time
     code, out = invoke("keys", "list", "--store", sqlite_dsn)
-    assert code == 0 and listed["id"] in out
+    assert code == 0 and listed["id"] in out and "never" in out
     assert invoke("keys", "revoke", listed["id"], "--store", sqlite_dsn)[0] == 0
     [after] = json.loads(invoke("keys", "list", "--json", "--store", sqlite_dsn)[1])
     assert after["state"] == "revoked"

@@ -8,7 +8,8 @@ import pytest
 
 from llmgw.adapters import keys
 from llmgw.core.words import parse_duration
-from llmgw.store import Store
+from llmgw.store import Store, UsageRecord
+from llmgw.store.migrate import load_migrations, migrate
 
 
 async def test_key_lifecycle(store: Store) -> None:
@@ -54,3 +55,49 @@ def test_key_lifetimes_read_as_before() -> None:
     for bad in ("30", "d", "0d", "-1d", "1y"):
         with pytest.raises(ValueError, match="not a duration"):
             lifetime(bad)
+
+
+async def test_a_key_shows_its_last_request_and_a_late_batch_does_not_lower_it(store: Store) -> None:
+    used = await keys.create_key(store, "p", now=10.0)
+    idle = await keys.create_key(store, "p", now=10.0)
+    await store.insert_usage(
+        [
+            UsageRecord(time=t, request_id=f"r{t}", project="p", model="m", status=200, key_id=used.key.id)
+            for t in (100.0, 300.0, 200.0)
+        ]
+        + [UsageRecord(time=400.0, request_id="nokey", project="p", model="m", status=200)]
+    )
+    # A batch spooled before a restart and written afterwards carries older times.
+    await store.insert_usage(
+        [UsageRecord(time=50.0, request_id="late", project="p", model="m", status=429, key_id=used.key.id)]
+    )
+    by_id = {k.id: k for k in await store.list_keys("p")}
+    assert by_id[used.key.id].last_used_at == 300.0
+    assert by_id[idle.key.id].last_used_at is None  # never used: absent, not the epoch
+    fetched = await store.get_key(used.key.id)
+    assert fetched is not None and fetched.last_used_at == 300.0
+
+
+async def test_the_migration_takes_last_use_from_the_usage_already_kept(store_dsn: str) -> None:
+    """A store upgraded from before migration 0015 knows its keys' last use from the rows it still holds."""
+    before = [m for m in load_migrations() if m.version < 15]
+    opened = await Store.open(store_dsn, migrate_schema=False)
+    try:
+        await migrate(opened.db, before)
+        async with opened.db.tx() as tx:
+            await tx.execute(
+                "INSERT INTO api_keys (id, prefix, project, name, created_at, hash) "
+                "VALUES ('k1', 'sk-llmgw-abcd', 'p', '', 1.0, 'h1'), ('k2', 'sk-llmgw-efgh', 'p', '', 1.0, 'h2')"
+            )
+            for rid, t in (("a", 70.0), ("b", 90.0)):
+                await tx.execute(
+                    "INSERT INTO usage (id, time, request_id, project, team, org, key_id, model, tokens_in, "
+                    "tokens_out, cost, latency_ms, status, fallback_used, router_id) "
+                    "VALUES (?, ?, ?, 'p', '', '', 'k1', 'm', 0, 0, 0, 0, 200, 0, '')",
+                    (rid, t, rid),
+                )
+        assert 15 in await migrate(opened.db)
+        by_id = {k.id: k.last_used_at for k in await opened.list_keys()}
+        assert by_id == {"k1": 90.0, "k2": None}
+    finally:
+        await opened.close()

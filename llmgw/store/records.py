@@ -171,6 +171,22 @@ class UsageTotal:
 
 
 @dataclass(frozen=True)
+class UsageBucket:
+    """Requests of one project, model and key in one time bucket (`bucket` counts buckets from the query's
+    `since`). `key_id` None: requests made without a key."""
+
+    bucket: int
+    project: str
+    model: str
+    key_id: str | None
+    requests: int
+    errors: int
+    tokens_in: int
+    tokens_out: int
+    cost: float
+
+
+@dataclass(frozen=True)
 class ShareGrant:
     """The answer to "take up to n": how many were granted, and the window's total taken after it."""
 

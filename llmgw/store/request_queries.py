@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from llmgw.store.records import UsageRecord, UsageTotal
+from llmgw.store.records import UsageBucket, UsageRecord, UsageTotal
 
 if TYPE_CHECKING:  # annotations only: a router imports `record_view` without loading sqlite3 or psycopg
     from llmgw.store.db import Backend, Row
@@ -76,6 +76,40 @@ def record_view(rec: UsageRecord) -> dict[str, Any]:
 
 class RequestQueries:
     db: Backend
+
+    async def usage_per_bucket(
+        self, since: float, until: float, bucket_s: float, project: str | None = None
+    ) -> list[UsageBucket]:
+        """Usage in [since, until) summed per `bucket_s` bucket, project, model and key: what a chart over
+        time needs, from every row rather than the newest few. Buckets count from `since`."""
+        if bucket_s <= 0 or until <= since:
+            raise ValueError(
+                f"usage buckets need bucket_s > 0 and until > since (got {bucket_s}, {since}, {until})"
+            )
+        # SQLite's CAST truncates, which is the floor here (time >= since); PostgreSQL's rounds, hence FLOOR.
+        offset = "(time - ?) / ?"
+        bucket = (
+            f"CAST({offset} AS INTEGER)"
+            if self.db.dialect == "sqlite"
+            else f"CAST(FLOOR({offset}) AS BIGINT)"
+        )
+        where = "time >= ? AND time < ?"
+        params: list[float | str] = [since, bucket_s, since, until]
+        if project is not None:
+            where, params = where + " AND project = ?", [*params, project]
+        async with self.db.tx() as tx:
+            rows = await tx.fetch(
+                f"SELECT {bucket}, project, model, key_id, COUNT(*), "
+                "CAST(COALESCE(SUM(CASE WHEN status >= 400 THEN 1 ELSE 0 END), 0) AS BIGINT), "
+                "CAST(COALESCE(SUM(tokens_in), 0) AS BIGINT), CAST(COALESCE(SUM(tokens_out), 0) AS BIGINT), "
+                "CAST(COALESCE(SUM(cost), 0) AS DOUBLE PRECISION) "
+                f"FROM usage WHERE {where} GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
+                tuple(params),
+            )
+        return [
+            UsageBucket(int(r[0]), r[1], r[2], r[3], int(r[4]), int(r[5]), int(r[6]), int(r[7]), float(r[8]))
+            for r in rows
+        ]
 
     async def usage_by_request(self, request_id: str, limit: int = LOOKUP_MAX) -> list[UsageRecord]:
         """Every usage row of one request id, newest first, each with its tags. Usually one; a client that

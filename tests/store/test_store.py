@@ -288,3 +288,24 @@ async def test_model_check_verdicts_are_kept_per_model_and_engine_version(store:
     await store.save_model_check("m", "vllm", "0.10.1", '{"v": 2}', now=2.0)  # checked again: the newer one
     await store.save_model_check("m", "vllm", "0.11.0", '{"v": 3}', now=3.0)
     assert await store.list_model_checks() == ['{"v": 2}', '{"v": 3}']
+
+
+async def test_usage_per_bucket_sums_every_row_of_each_hour(store: Store) -> None:
+    """The console's chart reads these sums: every request of the window, not the newest thousand."""
+    since = 36_000.0
+    rows = [
+        UsageRecord(time=since + t, request_id=f"r{i}", project=p, model="m", status=s, key_id=None,
+                    tokens_in=3, tokens_out=4, cost=0.5)
+        for i, (t, p, s) in enumerate(
+            [(0.0, "a", 200), (3599.9, "a", 500), (3600.0, "a", 200), (7300.0, "b", 200), (-1.0, "a", 200)]
+        )
+    ]  # fmt: skip
+    await store.insert_usage(rows)
+    got = await store.usage_per_bucket(since, since + 3 * 3600, 3600.0)
+    summed = [(b.bucket, b.project, b.requests, b.errors, b.tokens_in, b.tokens_out, b.cost) for b in got]
+    # 3599.9 s is still the first hour (a rounding CAST would put it in the second); -1 s is before `since`.
+    assert summed == [(0, "a", 2, 1, 6, 8, 1.0), (1, "a", 1, 0, 3, 4, 0.5), (2, "b", 1, 0, 3, 4, 0.5)]
+    only_b = await store.usage_per_bucket(since, since + 3 * 3600, 3600.0, project="b")
+    assert [(b.bucket, b.project) for b in only_b] == [(2, "b")]
+    with pytest.raises(ValueError, match="bucket_s > 0"):
+        await store.usage_per_bucket(since, since, 3600.0)

@@ -14,13 +14,12 @@ from llmgw.controller.admin_requests import usage_total_json
 from llmgw.controller.console import facts
 from llmgw.controller.console.web import CONSOLE, controller, render, session_of
 from llmgw.controller.hub import AgentError
-from llmgw.store import AuditEntry, StoreError
+from llmgw.store import AuditEntry, StoreError, UsageBucket
 
 log = logging.getLogger("llmgw.controller.console")
 LOG_TAIL = 50
 EVENTS_READ = 500
 USAGE_WINDOW_S = 24 * 3600.0
-USAGE_ROWS = 1000  # the chart's requests: the newest this many of the window
 CHART_BUCKET_S = 3600.0
 
 
@@ -135,16 +134,14 @@ async def tenants(request: web.Request) -> web.StreamResponse:
         for by in ("project", "model", "key"):
             totals = [usage_total_json(t, by) for t in await c.store.usage_totals(by, since=since)]
             usage[by] = totals if only is None else []
-        recent = [
-            u for u in await c.store.list_usage(since=since, limit=USAGE_ROWS) if only in (None, u.project)
-        ]
+        buckets = await c.store.usage_per_bucket(since, c.wall() + CHART_BUCKET_S, CHART_BUCKET_S, only)
         if only is not None:
-            usage["project"] = _own_totals(recent, only)
+            usage["project"] = _own_totals(buckets, only)
     except StoreError as exc:
-        keys, recent, error = [], [], f"the store is unavailable: {exc}"
+        keys, buckets, error = [], [], f"the store is unavailable: {exc}"
     now = c.wall()
     key_rows = [{"key": k, "state": k.state(now)} for k in keys]
-    chart = _chart(recent, since, now)
+    chart = _chart(buckets, since, now)
     return render(request, "tenants.html", tree=tree, usage=usage, keys=key_rows, chart=chart,
                   error=error, only=only, applied=d is not None)  # fmt: skip
 
@@ -171,34 +168,34 @@ def _tenant_tree(c: Any, only: str | None) -> list[dict[str, Any]]:
     return out
 
 
-def _own_totals(rows: list[Any], project: str) -> list[dict[str, Any]]:
-    mine = [r for r in rows if r.project == project]
+def _own_totals(buckets: list[UsageBucket], project: str) -> list[dict[str, Any]]:
+    mine = [b for b in buckets if b.project == project]
     return [{
-        "group": project, "requests": len(mine), "errors": sum(1 for r in mine if r.status >= 400),
-        "tokens_in": sum(r.tokens_in for r in mine), "tokens_out": sum(r.tokens_out for r in mine),
-        "cost": sum(r.cost for r in mine), "avg_latency_ms": None,
+        "group": project, "requests": sum(b.requests for b in mine), "errors": sum(b.errors for b in mine),
+        "tokens_in": sum(b.tokens_in for b in mine), "tokens_out": sum(b.tokens_out for b in mine),
+        "cost": sum(b.cost for b in mine), "avg_latency_ms": None,
     }]  # fmt: skip
 
 
 CHART_GROUPS = {"project": "(no project)", "model": "(no model)", "key": "(no key)"}
 
 
-def _chart(rows: list[Any], since: float, now: float) -> dict[str, Any]:
-    """Requests, tokens and cost per hour, by project, model and key: uPlot's columns (x first)."""
+def _chart(rows: list[UsageBucket], since: float, now: float) -> dict[str, Any]:
+    """Requests, tokens and cost per hour, by project, model and key: uPlot's columns (x first), summed by
+    the store over every request of the window."""
     buckets = int((now - since) // CHART_BUCKET_S) + 1
     xs = [since + i * CHART_BUCKET_S for i in range(buckets)]
     groups: dict[str, dict[str, dict[str, list[float]]]] = {by: {} for by in CHART_GROUPS}
     for r in rows:
-        i = min(buckets - 1, max(0, int((r.time - since) // CHART_BUCKET_S)))
+        i = min(buckets - 1, max(0, r.bucket))
         for by, absent in CHART_GROUPS.items():
             name = {"project": r.project, "model": r.model, "key": r.key_id}[by] or absent
             zero = {"requests": [0.0] * buckets, "tokens": [0.0] * buckets, "cost": [0.0] * buckets}
             series = groups[by].setdefault(name, zero)
-            series["requests"][i] += 1
+            series["requests"][i] += r.requests
             series["tokens"][i] += r.tokens_in + r.tokens_out
             series["cost"][i] += r.cost
-    return {"x": xs, "groups": groups, "rows": len(rows), "capped": len(rows) >= USAGE_ROWS,
-            "generated": time.time()}  # fmt: skip
+    return {"x": xs, "groups": groups, "generated": time.time()}
 
 
 async def revoke_key(request: web.Request) -> web.StreamResponse:

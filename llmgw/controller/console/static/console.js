@@ -131,10 +131,9 @@ function setupUsage(holder, data) {
   const by = document.getElementById("chart-by");
   const measure = document.getElementById("chart-measure");
   const caption = document.getElementById("chart-caption");
-  const capped = data.capped ? " (the newest " + data.rows + " requests only)" : "";
   const redraw = () => {
     const what = measure.value.charAt(0).toUpperCase() + measure.value.slice(1);
-    caption.textContent = what + " per hour by " + by.value + capped;
+    caption.textContent = what + " per hour by " + by.value;
     drawUsage(holder, data, by.value, measure.value);
   };
   by.addEventListener("change", redraw);

@@ -27,7 +27,7 @@ from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.credentials import same, valid_node_name
 from llmgw.controller.desired import Desired
 from llmgw.controller.model_checks_run import engine_version_of
-from llmgw.controller.state import ReplicaLoad, ReplicaRec, RouterLoad
+from llmgw.controller.state import EngineReading, ReplicaLoad, ReplicaRec, RouterLoad
 from llmgw.core import jsonsafe
 from llmgw.core.autoscale import Demand
 from llmgw.core.catalog import Catalog
@@ -320,6 +320,14 @@ class _ModelLoad(BaseModel):
     refused: int = Field(0, ge=0)
 
 
+class _EngineReading(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    running: float | None = Field(None, ge=0)
+    waiting: float | None = Field(None, ge=0)
+    kv_usage: float | None = Field(None, ge=0, le=1)
+    scrape_error: str | None = Field(None, max_length=2000)
+
+
 class _ReplicaLoad(BaseModel):
     model_config = ConfigDict(extra="ignore")
     inflight: int = Field(0, ge=0)
@@ -328,6 +336,7 @@ class _ReplicaLoad(BaseModel):
     requests: int = Field(0, ge=0)
     errors: int = Field(0, ge=0)
     ttft_p99_ms: float | None = Field(None, ge=0)
+    engine: _EngineReading | None = None  # absent from an older router: unknown
 
 
 class _LoadMessage(BaseModel):
@@ -358,7 +367,15 @@ def note_load(c: Controller, router: str, data: dict[str, Any]) -> bool:
         if view is not None:
             models[view.name] = Demand(m.queued, m.inflight, m.refused, m.ttft_p99_ms, now)
     replicas = {
-        rid: ReplicaLoad(r.inflight, r.last_request_at, r.routed, r.requests, r.errors, r.ttft_p99_ms)
+        rid: ReplicaLoad(
+            r.inflight,
+            r.last_request_at,
+            r.routed,
+            r.requests,
+            r.errors,
+            r.ttft_p99_ms,
+            None if r.engine is None else EngineReading(**r.engine.model_dump()),
+        )
         for rid, r in msg.replicas.items()
     }
     previous = c.worker_state.loads.get(router)

@@ -94,6 +94,16 @@ class ModelRecord:
 
 
 @dataclass(frozen=True)
+class EngineReading:
+    """A replica's engine metrics as one router last scraped them; None: not scraped or not published."""
+
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None
+    scrape_error: str | None
+
+
+@dataclass(frozen=True)
 class ReplicaLoad:
     """One router's word on one replica: requests in flight, its last request (wall; None: none seen), and
     whether the router still routes to it (False: dropped from its table, only requests in flight left)."""
@@ -104,6 +114,7 @@ class ReplicaLoad:
     requests: int = 0  # attempts sent to it since the router started (llmgw_router.load)
     errors: int = 0  # of those, 5xx or unreachable
     ttft_p99_ms: float | None = None  # over the router's window; None: unknown
+    engine: EngineReading | None = None  # None: the router sent none (it does not route there, or is older)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,9 @@ they finish), time to first token per model over a sliding window, and refusals 
     {"type": "load",
      "models": {NAME: {"queued": int, "inflight": int, "ttft_p99_ms": float | null, "refused": int}},
      "replicas": {ID: {"inflight": int, "last_request_at": float | null, "routed": bool,
-                       "requests": int, "errors": int, "ttft_p99_ms": float | null}}}
+                       "requests": int, "errors": int, "ttft_p99_ms": float | null,
+                       "engine": {"running": float | null, "waiting": float | null,
+                                  "kv_usage": float | null, "scrape_error": str | null}}}}
 
 `refused` counts since the last report; `ttft_p99_ms` is over the last `window` seconds (null: no first token
 in it, which is unknown, not fast), a request not streamed counting its whole answer (its client's first token
@@ -16,7 +18,10 @@ came with its last); `last_request_at` is wall time (null: none since this route
 `routed` says the replica is in this router's table (false: dropped, only its requests in flight remain).
 A replica's `requests` and `errors` count every attempt sent to it since this router started (an error: a
 5xx or an engine that could not be reached, retried elsewhere or not), and its `ttft_p99_ms` is over the
-same window as the model's: what a canary's gates compare (llmgw.core.canary).
+same window as the model's: what a canary's gates compare (llmgw.core.canary). `engine` is the router's
+last scrape of a routed replica's metrics (null values: not scraped yet, or the engine does not publish it),
+so the console can show a replica's live metrics without the controller scraping engines itself; a replica
+no longer routed has no `engine`.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw_router.state import RoutingTable
+from llmgw_router.state import LiveEndpoint, RoutingTable
 
 __all__ = ["CAPACITY_CODES", "LoadTracker"]
 
@@ -96,12 +101,12 @@ class LoadTracker:
         """The load message now; refusals counted since the last report start again at zero."""
         now = self.clock()
         models: dict[str, Any] = {}
-        routed: set[str] = set()
+        routed: dict[str, LiveEndpoint] = {}
         for name, endpoints in (table.endpoints if table is not None else {}).items():
             if table is not None and table.models[name].provider is not None:
                 continue
             ids = [ep.id for ep in endpoints]
-            routed.update(ids)
+            routed.update((ep.id, ep) for ep in endpoints)
             models[name] = {
                 "queued": queued(name),
                 "inflight": sum(self._replicas[i].inflight for i in ids if i in self._replicas),
@@ -123,7 +128,7 @@ class LoadTracker:
                 "errors": rec.errors,
                 "ttft_p99_ms": self._p99(_REPLICA_KEY + rid, now),
             }
-        for rid in routed - set(replicas):
+        for rid in routed.keys() - replicas.keys():
             replicas[rid] = {
                 "inflight": 0,
                 "last_request_at": None,
@@ -131,5 +136,17 @@ class LoadTracker:
                 "requests": 0,
                 "errors": 0,
                 "ttft_p99_ms": None,
+            }
+        for rid, ep in routed.items():
+            s, names = ep.sample, ep.names
+            running = waiting = None
+            if s is not None and names is not None:  # a name the page lacked was read as 0: unknown here
+                running = None if names.running in s.missing else s.running
+                waiting = None if names.waiting in s.missing else s.waiting
+            replicas[rid]["engine"] = {
+                "running": running,
+                "waiting": waiting,
+                "kv_usage": None if s is None else s.kv_usage,
+                "scrape_error": ep.scrape_error,
             }
         return {"type": "load", "models": models, "replicas": replicas}

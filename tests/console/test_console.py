@@ -289,3 +289,28 @@ def test_keys_show_their_last_use(fleet: Cluster, tab: Watched) -> None:
     assert re.fullmatch(r"\d+s ago", last_used(used.key.id))
     assert last_used(idle.key.id) == "never"
     assert tab.problems == []
+
+
+def test_a_replica_page_shows_its_engine_metrics_as_the_routers_scrape_them(
+    fleet: Cluster, tab: Watched
+) -> None:
+    ctl = fleet.running.controller
+    replica = next(r.id for r in ctl.replicas.values() if r.model == "sim-a")
+    login(tab, fleet.url, fleet.admin_token)
+
+    def row() -> list[str] | None:
+        tab.page.goto(f"{fleet.url}/ui/replicas/{replica}")
+        table = tab.page.locator("table", has_text="As each router last reported it")
+        if table.count() == 0:
+            return None
+        cells = [str(t) for t in table.locator("tbody tr").first.locator("td").all_inner_texts()]
+        return cells if cells[-1].endswith("%") else None  # scraped: the sim publishes its KV cache use
+
+    cells = wait_until(
+        row, 30, "a router's load report with the replica's scraped engine metrics", interval=0.5
+    )
+    router, _age, inflight, requests, errors, _ttft, running, waiting, kv = cells
+    assert router in ctl.worker_state.loads
+    assert all(v.isdigit() for v in (inflight, requests, errors, running, waiting))
+    assert 0 <= float(kv.rstrip(" %")) <= 100
+    assert tab.problems == []

@@ -44,6 +44,8 @@ async def test_queue_inflight_ttft_refusals_and_replicas_are_reported(slow_sims:
     try:
         first = router.load_report()
         assert first["models"]["sim-chat"] == {"queued": 0, "inflight": 0, "ttft_p99_ms": None, "refused": 0}
+        engine = first["replicas"]["rep-a"].pop("engine")  # the router's last scrape, if it made one yet
+        assert set(engine) == {"running", "waiting", "kv_usage", "scrape_error"}
         assert first["replicas"] == {
             "rep-a": {
                 "inflight": 0,
@@ -91,6 +93,14 @@ async def test_queue_inflight_ttft_refusals_and_replicas_are_reported(slow_sims:
         rep = router.load_report()["replicas"]["rep-a"]
         assert (rep["requests"], rep["errors"]) == (3, 0)
         assert rep["ttft_p99_ms"] is not None and rep["ttft_p99_ms"] > 0
+        # And the engine's own metrics as the router last scraped them, for the console's replica page.
+        scraped = await wait_for(
+            lambda: (e := router.load_report()["replicas"]["rep-a"]["engine"])["running"] is not None and e,
+            30,
+            "a scrape of the sim's metrics",
+        )
+        assert scraped["running"] >= 0 and scraped["waiting"] >= 0 and scraped["scrape_error"] is None
+        assert scraped["kv_usage"] is not None and 0 <= scraped["kv_usage"] <= 1
     finally:
         await listeners.close()
 

@@ -172,7 +172,20 @@ def replica_detail(c: Controller, replica_id: str) -> dict[str, Any] | None:
     rec = c.replicas.get(replica_id)
     if rec is None:
         return None
-    return {"replica": views.replica_json(c, rec)}
+    return {"replica": views.replica_json(c, rec), "seen_by": replica_seen_by(c, replica_id)}
+
+
+def replica_seen_by(c: Controller, replica_id: str) -> list[dict[str, Any]]:
+    """The replica as each router's last load report saw it (its requests and its engine's scraped metrics),
+    newest report first: the controller scrapes no engine itself, the routers do."""
+    now = c.wall()
+    rows: list[dict[str, Any]] = []
+    for router, load in c.worker_state.loads.items():
+        seen = load.replicas.get(replica_id)
+        if seen is not None:
+            rows.append({"router": router, "age_s": max(0.0, now - load.at), "load": seen})
+    rows.sort(key=lambda r: r["age_s"])
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------ plan

@@ -457,13 +457,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--tracing",
         action="store_true",
-        help="instead: llmgw built without tracing (--baseline), with it but no endpoint, and exporting, "
+        help="instead: llmgw built without tracing (hooks stripped, or --baseline), with it but no endpoint, "
+        "and exporting, "
         "interleaved (benchmarks/tracing_compare.py)",
     )
     ap.add_argument(
         "--baseline",
         default=None,
-        help="with --tracing: the git revision built without it (default: before it)",
+        help="with --tracing: a git revision to run as the build without it (default: this tree, hooks stripped)",
     )
     ap.add_argument(
         "--rounds", type=int, default=3, help="with --tracing: measurements per target, interleaved"

@@ -1,8 +1,9 @@
 """`router_overhead.py --tracing`: what tracing costs the router, three builds interleaved in one run.
 
-  without  - the router as it was before tracing (`--baseline REV`, default the commit before the one that
-             added router/llmgw_router/tracing.py: `git archive` of that revision's llmgw, router and agent,
-             run with PYTHONPATH naming it)
+  without  - the router built without tracing: this tree with every tracing hook stripped from its syntax
+             (benchmarks/untraced.py), run with PYTHONPATH naming the copy; `--baseline REV` takes a
+             revision's sources instead (`git archive`), e.g. the commit before tracing was added — which
+             differs from this tree by everything that landed since, so it no longer isolates tracing
   off      - this tree, no OTLP endpoint: the hooks are in, OpenTelemetry is not even imported
   on       - this tree exporting every request's spans over OTLP/HTTP to a sink in the mock (sampled: all)
 
@@ -28,6 +29,7 @@ from typing import Any
 
 from harness import Procs
 from peers import Target, start_llmgw
+from untraced import untraced_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("without", "off", "on")
@@ -46,27 +48,6 @@ def _tree(rev: str, into: Path) -> Path:
     return into
 
 
-def default_baseline() -> str:
-    """The revision just before router/llmgw_router/tracing.py was added (HEAD while it is uncommitted)."""
-    added = subprocess.run(
-        [
-            "git",
-            "-C",
-            str(ROOT),
-            "log",
-            "--diff-filter=A",
-            "--format=%H",
-            "--",
-            "router/llmgw_router/tracing.py",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout.split()
-    return f"{added[-1]}^" if added else "HEAD"  # fmt: skip
-
-
 def _pythonpath(tree: Path) -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=f"{tree}:{tree / 'router'}:{tree / 'agent'}")
 
@@ -74,9 +55,14 @@ def _pythonpath(tree: Path) -> dict[str, str]:
 def start(
     procs: Procs, work: Path, args: argparse.Namespace, upstream: str, cpus: str | None
 ) -> list[Target]:
-    rev = args.baseline or default_baseline()
-    print(f"without: the router at {rev}", flush=True)
-    baseline = _tree(rev, work / "baseline")
+    if args.baseline:
+        print(f"without: the router at {args.baseline}", flush=True)
+        baseline = _tree(args.baseline, work / "baseline")
+    else:
+        baseline, hooks = untraced_tree(ROOT, work / "baseline")
+        print(
+            f"without: this tree with its {hooks} tracing hooks stripped (benchmarks/untraced.py)", flush=True
+        )
     state = ("--state-dir",)
     return [
         start_llmgw(procs, work / "without", upstream, cpus=cpus, name="without",

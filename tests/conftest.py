@@ -1,3 +1,4 @@
 """Fixtures shared by every test directory (tests/ is on sys.path: pytest's prepend import mode)."""
 
+from fixtures.llama import llama_server  # noqa: F401  (registers the shared llama-server)
 from fixtures.postgres import pg_dsn, pg_server  # noqa: F401  (registers the PostgreSQL fixtures)

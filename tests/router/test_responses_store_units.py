@@ -3,10 +3,16 @@ response holds and continues with: pure, every combination."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import pytest
+from llmgw_router.app import build_router
 from llmgw_router.errors import ApiError
+from llmgw_router.main import content_key
+from llmgw_router.options import RouterOptions
 from llmgw_router.responses_kept import (
     NO_STORAGE,
     Storage,
@@ -91,3 +97,22 @@ def test_a_record_of_another_shape_is_refused() -> None:
     for data in (b"[]", b'{"v": 2, "response": {}}', b'{"v": 1}'):
         with pytest.raises(ValueError):
             read_record(data)
+
+
+def test_the_routers_content_key_file_is_checked_at_start(tmp_path: Path) -> None:
+    good = tmp_path / "content.key"
+    good.write_text(base64.b64encode(bytes(range(32))).decode() + "\n")
+    assert content_key(str(good)) == bytes(range(32))
+    assert content_key(None) is None
+    short = tmp_path / "short.key"
+    short.write_text(base64.b64encode(b"x" * 16).decode())
+    for path, why in ((short, "16 bytes; it must be 32"), (tmp_path / "absent.key", "No such file")):
+        with pytest.raises(ValueError) as err:
+            content_key(str(path))
+        assert f"--content-key-file {path}" in str(err.value) and why in str(err.value)
+
+
+async def test_a_content_key_without_a_store_is_refused() -> None:
+    async with contextlib.AsyncExitStack() as stack:
+        with pytest.raises(ValueError, match="needs a store"):
+            await build_router(stack, RouterOptions(), content_key=bytes(32))

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from llmgw.core.errors import LlmgwError
+from llmgw.core.traffic import content_ttl
 from llmgw.store.errors import StoreError
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, json_reply
@@ -86,7 +87,7 @@ class ResponseKeeper:
         `store: false`, which is the truth)."""
         try:
             await self.vault.put(KIND, project, response_id, record, ttl_s, self.clock())
-        except LlmgwError as exc:
+        except Exception as exc:  # whatever failed, the answer is made and charged: it still goes out
             if not self._failing:
                 log.warning(
                     "cannot keep stored responses (%s): answered with store false until it works", exc
@@ -107,6 +108,12 @@ class ResponseKeeper:
             raise _unavailable(exc) from None
 
 
+def _keeps(router: RequestService, project: str | None) -> bool:
+    table = router.table
+    spec = table.snapshot.tenants.projects.get(project) if table is not None and project is not None else None
+    return spec is not None and content_ttl(spec.retention) is not None
+
+
 def kept_routes(router: RequestService) -> dict[str, Callable[[Exchange], Any]]:
     """`GET` and `DELETE /v1/responses/{id}` (the listener's `/v1/responses/*`)."""
 
@@ -115,9 +122,11 @@ def kept_routes(router: RequestService) -> dict[str, Callable[[Exchange], Any]]:
             principal = await router.auth.authenticate(exchange.headers.get("authorization"))
             response_id = exchange.path.removeprefix("/v1/responses/").split("?", 1)[0]
             keeper = router.kept_responses
-            if "/" in response_id or principal.project is None or keeper is None:
-                # No project, or a router without the content key: nothing is kept for anyone here.
+            if "/" in response_id or keeper is None or not _keeps(router, principal.project):
+                # No project, one that keeps no content (now), or a router without the content key: nothing
+                # is kept for it here (what a withdrawn project kept waits for the controller's deletion).
                 raise not_found(response_id, "response_id")
+            assert principal.project is not None, "_keeps"
             if delete:
                 await keeper.delete(principal.project, response_id)
                 exchange.respond(json_reply({"id": response_id, "object": "response", "deleted": True}))

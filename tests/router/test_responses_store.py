@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +19,7 @@ import openai
 import pytest
 from llmgw_router.app import build_router, serve
 from llmgw_router.options import RouterOptions
+from llmgw_router.service import RequestService
 
 from llmgw.adapters import keys
 from llmgw.core.snapshot import RouterSnapshot
@@ -66,6 +68,7 @@ class Gateway:
     clients: dict[str, openai.AsyncOpenAI]  # by project
     now: list[float]  # the content clock: tests move it
     store: Store
+    router: RequestService
 
 
 @pytest.fixture
@@ -96,7 +99,7 @@ async def gateway(sim: SimProcess, dsn: str, tmp_path: Path) -> AsyncIterator[Ga
             client = openai.AsyncOpenAI(base_url=url, api_key=plaintext, max_retries=0, timeout=60)
             stack.push_async_callback(client.close)
             clients[project] = client
-        yield Gateway(clients, now, store)
+        yield Gateway(clients, now, store, built.service)
 
 
 def error_of(exc: openai.APIStatusError) -> dict[str, Any]:
@@ -224,3 +227,43 @@ async def test_a_project_without_the_opt_in_keeps_nothing_and_says_why(gateway: 
         assert "content-retention" in body["message"] and "project `plain`" in body["message"]
     with pytest.raises(openai.NotFoundError):
         await c.responses.retrieve(served.id)
+
+
+async def test_a_store_that_refuses_the_write_answers_with_store_false(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="llmgw_router.responses_keeper")
+    c = gateway.clients["keeper"]
+    async with gateway.store.db.tx() as tx:
+        await tx.execute("ALTER TABLE content RENAME TO content_away")
+    try:
+        for _ in range(2):
+            answered = await c.responses.create(model="sim-chat", input="hello", max_output_tokens=2)
+            assert answered.store is False and answered.output_text  # the answer is not lost, and says so
+        with pytest.raises(openai.InternalServerError) as err:
+            await c.responses.retrieve(answered.id)
+        assert err.value.status_code == 503 and error_of(err.value)["code"] == "store_unavailable"
+    finally:
+        async with gateway.store.db.tx() as tx:
+            await tx.execute("ALTER TABLE content_away RENAME TO content")
+    kept = await c.responses.create(model="sim-chat", input="hello", max_output_tokens=2)
+    assert kept.store is True and (await c.responses.retrieve(kept.id)).id == kept.id
+    said = [r.getMessage() for r in caplog.records if "stored responses" in r.getMessage()]
+    assert (
+        len(said) == 2 and "cannot keep" in said[0] and "kept again" in said[1]
+    )  # once, and when it cleared
+
+
+async def test_a_project_that_withdrew_its_opt_in_reads_nothing(gateway: Gateway, sim: SimProcess) -> None:
+    c = gateway.clients["keeper"]
+    kept = await c.responses.create(model="sim-chat", input=SECRET, max_output_tokens=2)
+    withdrawn = snapshot(sim).model_dump(mode="json")
+    withdrawn["revision"], withdrawn["tenants"]["projects"]["keeper"]["retention"] = "r2", None
+    gateway.router.apply_snapshot(RouterSnapshot.model_validate(withdrawn))
+    with pytest.raises(openai.NotFoundError):
+        await c.responses.retrieve(kept.id)
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.responses.create(model="sim-chat", input="x", previous_response_id=kept.id)
+    assert error_of(err.value)["code"] == "store_unsupported"
+    served = await c.responses.create(model="sim-chat", input="x", max_output_tokens=1)
+    assert served.store is False

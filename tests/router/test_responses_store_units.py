@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ from llmgw_router.app import build_router
 from llmgw_router.errors import ApiError
 from llmgw_router.main import content_key
 from llmgw_router.options import RouterOptions
+from llmgw_router.responses_exchange import ResponsesTurn
+from llmgw_router.responses_keeper import ResponseKeeper
 from llmgw_router.responses_kept import (
     NO_STORAGE,
     Storage,
@@ -23,6 +26,9 @@ from llmgw_router.responses_kept import (
 )
 
 from llmgw.core.config.models import ContentRetention
+from llmgw.core.snapshot import Tenants
+from llmgw.store.content import ContentVault
+from llmgw.store.store import Store
 
 KEEPS = ContentRetention(content=True, ttl="2h")
 OFF = ContentRetention(content=False)
@@ -116,3 +122,23 @@ async def test_a_content_key_without_a_store_is_refused() -> None:
     async with contextlib.AsyncExitStack() as stack:
         with pytest.raises(ValueError, match="needs a store"):
             await build_router(stack, RouterOptions(), content_key=bytes(32))
+
+
+async def test_a_stored_turn_is_translated_even_for_an_engine_that_serves_responses(tmp_path: Path) -> None:
+    store = await Store.open(f"sqlite:///{tmp_path / 'llmgw.db'}")
+    try:
+        keeper = ResponseKeeper(ContentVault(store, bytes(32)))
+        projects = {
+            "keeps": {"organization": "o", "retention": {"content": True}},
+            "plain": {"organization": "o"},
+        }
+        tenants = Tenants.model_validate({"organizations": {"o": {}}, "projects": projects})
+        body = {"model": "m", "input": "hi"}
+        for project, kind, kept in (("plain", "responses", False), ("keeps", "chat", True)):
+            turn = ResponsesTurn(keeper)
+            turn.begin(body, json.dumps(body).encode(), "rid")
+            await turn.bind(project, tenants)
+            assert turn.for_engine("vllm")[0] == kind
+            assert turn.ids.store is kept and (turn.ids.response == "resp_rid") is not kept  # a random id
+    finally:
+        await store.close()

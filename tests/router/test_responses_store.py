@@ -237,6 +237,13 @@ async def test_a_store_that_refuses_the_write_answers_with_store_false(
     async with gateway.store.db.tx() as tx:
         await tx.execute("ALTER TABLE content RENAME TO content_away")
     try:
+        # Requests that neither keep nor continue never reach the content table: served, nothing warned.
+        for project, extra in (("plain", {}), ("keeper", {"store": False})):
+            served = await gateway.clients[project].responses.create(
+                model="sim-chat", input="hello", max_output_tokens=1, **extra
+            )
+            assert served.store is False and served.output_text
+        assert not [r for r in caplog.records if "stored responses" in r.getMessage()]
         for _ in range(2):
             answered = await c.responses.create(model="sim-chat", input="hello", max_output_tokens=2)
             assert answered.store is False and answered.output_text  # the answer is not lost, and says so

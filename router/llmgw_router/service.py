@@ -315,10 +315,6 @@ class RequestService:
         call.model = canonical
         model = table.models[canonical]
         tenant_project = _tenant_project(table, call.principal.project, canonical, name)
-        if isinstance(
-            exchange, ResponsesExchange
-        ):  # stored responses are the key's project's (responses_kept)
-            body, raw = await exchange.turn.bind(call.principal.project, table.snapshot.tenants)
         if adapter is not None:
             self.adapters.check(name, adapter, tenant_project)
         if kind not in model.capabilities:
@@ -330,6 +326,9 @@ class RequestService:
                 param="model",
             )
         project = call.principal.project
+        # A stored response (kept, or continued from) is the key's project's: decided once it is known.
+        if isinstance(exchange, ResponsesExchange):
+            body, raw = await exchange.turn.bind(project, table.snapshot.tenants)
         guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
         if guards:  # before sizing: a redacted prompt is what the engine is sent and charged for
             body, raw = await self.guard.screen_request(exchange, guards, body, raw, call, self._ask_judge)

@@ -274,3 +274,35 @@ async def test_a_project_that_withdrew_its_opt_in_reads_nothing(gateway: Gateway
     assert error_of(err.value)["code"] == "store_unsupported"
     served = await c.responses.create(model="sim-chat", input="x", max_output_tokens=1)
     assert served.store is False
+
+
+LOOKUP = {
+    "type": "function",
+    "name": "lookup",
+    "description": "Look a word up.",
+    "parameters": {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]},
+}
+
+
+async def test_a_kept_tool_call_is_answered_with_only_its_output(gateway: Gateway) -> None:
+    """The agent loop OpenAI's docs show: a function call kept, then only its output sent. The engine is sent
+    the same conversation as when the client sends all of it."""
+    c = gateway.clients["keeper"]
+    first = await c.responses.create(model="sim-chat", input="what is a sim?", tools=[LOOKUP])
+    call = first.output[0]
+    assert first.store is True and call.type == "function_call"
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "a simulated engine"}
+    continued = await c.responses.create(
+        model="sim-chat", tools=[LOOKUP], max_output_tokens=3, previous_response_id=first.id, input=[output]
+    )
+    whole = [
+        {"role": "user", "content": [{"type": "input_text", "text": "what is a sim?"}]},
+        {"type": "function_call", "call_id": call.call_id, "name": "lookup", "arguments": call.arguments},
+        output,
+    ]
+    sent_whole = await c.responses.create(
+        model="sim-chat", tools=[LOOKUP], max_output_tokens=3, store=False, input=whole
+    )
+    assert continued.output[0].type == "message" and len(continued.output_text.split()) == 3
+    assert continued.usage is not None and sent_whole.usage is not None
+    assert continued.usage.input_tokens == sent_whole.usage.input_tokens

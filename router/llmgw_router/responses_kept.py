@@ -11,9 +11,9 @@ asked to keep would break its next turn.
 
 from __future__ import annotations
 
+import functools
 import json
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from llmgw.core.config.models import ContentRetention
 from llmgw.core.traffic import content_ttl
@@ -33,10 +33,10 @@ __all__ = [
 KIND = "response"  # the vault's kind for a kept Response
 
 
-@dataclass(frozen=True, slots=True)
-class Storage:
+class Storage(NamedTuple):
     """What one Responses request does with the vault: keep its answer for `ttl_s` (None: not kept), and
-    continue from `previous` (None: a fresh conversation)."""
+    continue from `previous` (None: a fresh conversation). A tuple: one is made per request of an opted-in
+    project, and a frozen dataclass costs several times as much to make."""
 
     ttl_s: float | None = None
     previous: str | None = None
@@ -68,10 +68,27 @@ def _unsupported(field: str, project: str | None, keyless: bool) -> ApiError:
     )
 
 
+def _ttl_s(project: str | None, retention: ContentRetention | None) -> float | None:
+    """The project's content TTL in seconds; None: it keeps no content."""
+    if project is None or retention is None or not retention.content:
+        return None
+    return _parsed_ttl(retention.ttl)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed_ttl(ttl: str) -> float | None:
+    # Once per distinct value, not per request: parsing a duration costs tens of microseconds.
+    return content_ttl(ContentRetention(content=True, ttl=ttl))
+
+
 def plan_storage(
     body: dict[str, Any], project: str | None, retention: ContentRetention | None, has_key: bool
 ) -> Storage:
     """What the request's `store` and `previous_response_id` mean for this project, or a 400."""
+    store, previous = body.get("store"), body.get("previous_response_id")
+    if store is None and previous is None and body.get("conversation") is None:  # the common request
+        ttl = _ttl_s(project, retention) if has_key else None
+        return NO_STORAGE if ttl is None else Storage(ttl)
     if body.get("conversation") is not None:
         raise ApiError(
             400,
@@ -80,15 +97,14 @@ def plan_storage(
             "store_unsupported",
             param="conversation",
         )
-    store, previous = body.get("store"), body.get("previous_response_id")
-    if store not in (None, True, False):
+    if store is not None and not isinstance(store, bool):
         raise ApiError(400, "`store` must be true or false.", "invalid_type", param="store")
     if previous is not None and (not isinstance(previous, str) or not previous):
         raise ApiError(
             400, "`previous_response_id` must be a response id.", "invalid_type", param="previous_response_id"
         )
-    opted_in = project is not None and content_ttl(retention) is not None
-    ttl = content_ttl(retention) if opted_in and has_key else None
+    opted_in = _ttl_s(project, retention) is not None
+    ttl = _ttl_s(project, retention) if has_key else None
     if ttl is None:
         for field, asked in (("previous_response_id", previous is not None), ("store: true", store is True)):
             if asked:

@@ -73,6 +73,7 @@ def test_without_the_opt_in_absent_store_is_served_and_asking_is_a_400(
     [
         ({"conversation": "conv_1"}, "conversation", "store_unsupported"),
         ({"store": "yes"}, "store", "invalid_type"),
+        ({"store": 1}, "store", "invalid_type"),
         ({"previous_response_id": 7}, "previous_response_id", "invalid_type"),
         ({"previous_response_id": ""}, "previous_response_id", "invalid_type"),
     ],

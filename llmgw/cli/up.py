@@ -475,6 +475,7 @@ async def start_router(
     secrets: SecretPolicy | None = None,
     usage_spool: Path | None = None,
     grace_ledger: Path | None = None,
+    content_key: bytes | None = None,
 ) -> LocalRouter:
     from llmgw_router.app import build_router, serve
     from llmgw_router.options import RouterOptions
@@ -493,6 +494,7 @@ async def start_router(
             token=token,
             usage_spool=usage_spool,
             grace_ledger=grace_ledger,
+            content_key=content_key,
         )
         listeners = await serve(built.service, listen, metrics_listen, built.link)
         stack.push_async_callback(listeners.close)
@@ -505,6 +507,17 @@ async def start_router(
         f"http://{_url_host(host)}:{listeners.api_port}/v1",
         f"http://{_url_host(mhost)}:{listeners.metrics_port}/metrics",
         stack.aclose,
+    )
+
+
+def _content_key(path: Path | None) -> bytes | None:
+    """The controller's content key, for the router beside it (the controller read the file at its start)."""
+    from llmgw.store.content import parse_content_key
+
+    return (
+        None
+        if path is None
+        else parse_content_key(path.read_text(encoding="utf-8"), f"content_key_file {path}")
     )
 
 
@@ -643,6 +656,7 @@ async def _start_router(
             running.controller.settings.secret_policy(),  # one directory for the controller and router
             (settings.router_dir / "usage-spool").absolute(),
             (settings.router_dir / "grace.jsonl").absolute(),
+            _content_key(running.controller.settings.content_key_file),  # stored responses, as the controller
         )
     except OSError as exc:
         raise UpError(

@@ -32,6 +32,7 @@ from llmgw_router.options import RouterOptions
 from llmgw_router.ports import UsageSink
 from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
 from llmgw_router.responses_exchange import ResponsesExchange
+from llmgw_router.responses_keeper import ResponseKeeper, kept_routes
 from llmgw_router.scrape import scrape_loop
 from llmgw_router.service import Kind, RequestService
 
@@ -53,7 +54,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         await router.handle(MessagesExchange(exchange), "chat")  # Anthropic's API on the chat path
 
     async def responses(exchange: Exchange) -> None:
-        await router.handle(ResponsesExchange(exchange), "responses")
+        turn = ResponsesExchange(exchange, router.kept_responses)
+        await router.handle(turn, "responses")
+        await turn.flush()  # a stored response is kept before it is sent
 
     async def health(exchange: Exchange) -> None:
         exchange.respond(json_reply({"status": "ok"}))
@@ -74,6 +77,7 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         "/v1/embeddings": {"POST": completion("embeddings")},
         "/v1/messages": {"POST": messages},
         "/v1/responses": {"POST": responses},
+        "/v1/responses/*": kept_routes(router),  # GET, DELETE a stored response (responses_keeper.py)
         "/v1/rerank": {"POST": completion("rerank")},
         "/v1/score": {"POST": completion("score")},
         "/v1/models": {"GET": router.models},
@@ -235,11 +239,14 @@ async def build_router(
     usage_spool: Path | None = None,
     usage_flush_interval: float = 1.0,
     grace_ledger: Path | None = None,
+    content_key: bytes | None = None,
+    content_clock: Callable[[], float] = time.time,
 ) -> BuiltRouter:
     """The one assembly of a router, for `llmgw-router` and `llmgw up`. With a `store` DSN: keys, pooled
     limits and usage from it (opened and closed on `stack`); without one, `keys` (a keys file, or None for no
     authentication) and limits in memory. With `controllers`: the link that feeds snapshots and takes load
-    requests. ValueError when the usage spool cannot be used."""
+    requests. With a `content_key` (and a store): stored responses, sealed under it, their TTLs read on
+    `content_clock`. ValueError when the usage spool cannot be used."""
     limiter: Limiter = memory_limiter(limits_clock)
     usage: UsageSink | None = None
     pending: Callable[[], float] | None = None
@@ -269,6 +276,12 @@ async def build_router(
         usage = writer
         pending = lambda: writer.stats.pending  # noqa: E731
     service = RequestService(options, Authenticator(keys, ttl=options.key_cache_ttl), limiter, usage)
+    if content_key is not None:
+        if store is None:
+            raise ValueError("a content key needs a store (--store DSN): stored responses are kept there")
+        from llmgw.store.content import ContentVault
+
+        service.kept_responses = ResponseKeeper(ContentVault(opened, content_key), content_clock)
     if options.otlp_endpoint is not None:
         # Imported here: a router without an endpoint never loads OpenTelemetry (llmgw.adapters.tracing).
         from llmgw.adapters.tracing import otlp_tracer

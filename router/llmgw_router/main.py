@@ -165,6 +165,12 @@ def _add_state_flags(p: argparse.ArgumentParser) -> None:
         "a killed router left is written at start (default STATE_DIR/usage-spool/ROUTER_ID; one router each)",
     )
     p.add_argument(
+        "--content-key-file",
+        metavar="FILE",
+        help="with --store: the content key (32 bytes, base64) stored responses are sealed with, for projects "
+        "that opt in to content retention; the controller's content_key_file (docs/traffic.md)",
+    )
+    p.add_argument(
         "--usage-flush-interval",
         type=float,
         default=1.0,
@@ -241,6 +247,21 @@ def _read_secret(path: str | None) -> str | None:
     return Path(path).expanduser().read_text().strip() if path else None
 
 
+def content_key(path: str | None) -> bytes | None:
+    """The content key, read once at start: a bad file stops the router, naming it (ValueError)."""
+    if path is None:
+        return None
+    from llmgw.store.content import ContentError, parse_content_key
+
+    where = f"--content-key-file {path}"
+    try:
+        return parse_content_key(Path(path).expanduser().read_text(encoding="utf-8"), where)
+    except OSError as exc:
+        raise ValueError(f"{where}: {exc.strerror}") from None
+    except ContentError as exc:
+        raise ValueError(str(exc)) from None
+
+
 async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None:
     snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
     listen = ns.listen or (snapshot.router.listen if snapshot else "127.0.0.1:8080")
@@ -282,6 +303,7 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
             usage_spool=usage_spool_dir(ns),
             usage_flush_interval=ns.usage_flush_interval,
             grace_ledger=grace_ledger_path(ns),
+            content_key=content_key(ns.content_key_file),
         )
         if built.link is None and snapshot is not None:
             built.service.apply_snapshot(snapshot)

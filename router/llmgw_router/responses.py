@@ -5,9 +5,9 @@ The subset the official SDK's `responses.create` and `responses.stream` use: `in
 (messages with input_text / input_image / output_text parts, function_call and function_call_output items),
 `instructions`, function tools, `tool_choice`, `parallel_tool_calls`, `max_output_tokens`, `temperature`,
 `top_p`, `text.format` (onto `response_format`), `metadata` (echoed, not sent: engines do not read it), `user`,
-`stream`. Stored responses (`previous_response_id`, `store: true`) need the content-retention opt-in, which is
-not built: a 400 that says so. Anything else that would change the answer is a 400 naming the field, never
-silently dropped.
+`stream`, and `store` / `previous_response_id` (stored responses, for projects that opted in to content
+retention: decided in responses_kept.py once the key's project is known, kept in responses_keeper.py). Anything
+else that would change the answer is a 400 naming the field, never silently dropped.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ _TRANSLATED = frozenset(
 _HARMLESS = frozenset(
     ["service_tier", "prompt_cache_key", "safety_identifier", "truncation", "include", "stream_options"]
 )
-# What an engine that serves /v1/responses itself is sent: every field accepted here, none of the refused
-# ones (stored responses need the retention opt-in).
+# What an engine that serves /v1/responses itself is sent: every field accepted here but the stored responses'
+# (a turn that keeps or continues one is always translated: the router keeps it, not the engine).
 PASSED_THROUGH_FIELDS = (_TRANSLATED - {"previous_response_id", "conversation"}) | _HARMLESS
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 
@@ -68,6 +68,8 @@ class ResponseIds:
 
     response: str
     created_at: int
+    store: bool = False  # what the Response says of itself: kept (for now: the keeper may yet fail)
+    previous: str | None = None  # the stored response it continues
 
     @staticmethod
     def of(request_id: str, created_at: int) -> ResponseIds:
@@ -85,13 +87,13 @@ def _bad(message: str, param: str, code: str = "unsupported_field") -> ApiError:
 
 
 def to_chat(body: dict[str, Any]) -> dict[str, Any]:
-    """The chat completions body for a Responses request, or a 400 that names what cannot be translated."""
-    _refuse_stored(body)
+    """The chat completions body for a Responses request, or a 400 that names what cannot be translated.
+    `store` and `previous_response_id` are the caller's (responses_kept.plan_storage), after authentication."""
     unknown = sorted(k for k in body if k not in _TRANSLATED and k not in _HARMLESS and body[k] is not None)
     if unknown:
         raise _bad(
             f"`{unknown[0]}` is not supported when /v1/responses is translated onto chat completions "
-            f"(supported: {', '.join(sorted(_TRANSLATED - {'previous_response_id', 'conversation'}))}).",
+            f"(supported: {', '.join(sorted(_TRANSLATED - {'conversation'}))}).",
             unknown[0],
         )
     messages: list[dict[str, Any]] = []
@@ -123,18 +125,6 @@ def to_chat(body: dict[str, Any]) -> dict[str, Any]:
         chat["stream"] = True
         chat["stream_options"] = {"include_usage": True}  # the Response's usage comes from it
     return chat
-
-
-def _refuse_stored(body: dict[str, Any]) -> None:
-    why = (
-        "need the per-project content-retention opt-in, which this gateway does not have yet (issue 21); "
-        "send the whole conversation in `input` instead, and `store` false or absent."
-    )
-    for name in ("previous_response_id", "conversation"):
-        if body.get(name) is not None:
-            raise _bad(f"`{name}`: stored responses {why}", name, "store_unsupported")
-    if body.get("store") not in (None, False):
-        raise _bad(f"`store: true`: stored responses {why}", "store", "store_unsupported")
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
@@ -278,8 +268,8 @@ def response_shell(request: dict[str, Any], ids: ResponseIds, model: str, status
         "model": model,
         "output": [],
         "parallel_tool_calls": request.get("parallel_tool_calls", True),
-        "previous_response_id": None,
-        "store": False,
+        "previous_response_id": ids.previous,
+        "store": ids.store,
         "temperature": request.get("temperature"),
         "text": request.get("text") or {"format": {"type": "text"}},
         "tool_choice": request.get("tool_choice") or "auto",

@@ -175,16 +175,25 @@ class StreamTranslator:
         """The stream's end: close what is open and say how the response ended. Idempotent."""
         if self.done:
             return []
+        out, kind, response = self.ending()
+        return [*out, self.terminal(kind, response)]
+
+    def ending(self) -> tuple[list[bytes], str, dict[str, Any]]:
+        """Close what is open; the terminal event's kind and Response, not yet sent (a stored response is
+        kept first, and its `store` says whether that worked)."""
         self.done = True
         out = self._close()
         if self._finish is None:
             response = self._response("failed")
             response["error"] = {"code": "server_error", "message": "The engine's stream ended early."}
             response["usage"] = self._usage
-            return [*out, self._event("response.failed", response=response)]
+            return out, "response.failed", response
         status, incomplete = finish_status(self._finish)
         response = self._response(status)
         response["incomplete_details"] = incomplete
         response["usage"] = self._usage
         kind = "response.completed" if status == "completed" else "response.incomplete"
-        return [*out, self._event(kind, response=response)]
+        return out, kind, response
+
+    def terminal(self, kind: str, response: dict[str, Any]) -> bytes:
+        return self._event(kind, response=response)

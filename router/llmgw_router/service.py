@@ -47,6 +47,7 @@ from llmgw_router.provider_keys import ProviderHealth, usable_providers
 from llmgw_router.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
 from llmgw_router.ratelimit import Limiter, NoLimits, budget_use
 from llmgw_router.responses_exchange import ResponsesExchange
+from llmgw_router.responses_keeper import ResponseKeeper
 from llmgw_router.rules import NO_COMPLETION, conversation_key, fits, parse, payload, sent_cap, size
 from llmgw_router.scheduler import RequestInfo
 from llmgw_router.state import RoutingTable
@@ -112,6 +113,7 @@ class RequestService:
         self.tracer: RequestTracer | None = None  # set when an OTLP endpoint is configured (app.py)
         self.cache = CachePath(self.metrics.registry)  # the projects' response caches (cache_path.py)
         self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (adapters.py)
+        self.kept_responses: ResponseKeeper | None = None  # with a content key: stored responses (app.py)
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.load)."""
@@ -324,6 +326,9 @@ class RequestService:
                 param="model",
             )
         project = call.principal.project
+        # A stored response (kept, or continued from) is the key's project's: decided once it is known.
+        if isinstance(exchange, ResponsesExchange):
+            body, raw = await exchange.turn.bind(project, table.snapshot.tenants)
         guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
         if guards:  # before sizing: a redacted prompt is what the engine is sent and charged for
             body, raw = await self.guard.screen_request(exchange, guards, body, raw, call, self._ask_judge)

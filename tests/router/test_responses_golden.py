@@ -278,9 +278,6 @@ async def test_errors_and_passthrough_replies_are_not_translated() -> None:
 @pytest.mark.parametrize(
     ("body", "param", "code"),
     [
-        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id", "store_unsupported"),
-        ({"input": "x", "store": True}, "store", "store_unsupported"),
-        ({"input": "x", "conversation": "conv_1"}, "conversation", "store_unsupported"),
         ({"input": "x", "background": True}, "background", "unsupported_field"),
         ({"input": []}, "input", "invalid_type"),
         ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "unsupported_field"),

@@ -55,6 +55,9 @@ def _gpu_class(c: Controller, model: str, profile: str) -> str:
 def remember(c: Controller, rec: CapacityRecord) -> None:
     """Keep a stored measurement for the autoscaler (by model and profile; a concurrency of None is unknown)."""
     c.capacities[(rec.model, rec.profile)] = Capacity(rec.concurrency, "measured", rec.measured_at)
+    if rec.load_s is not None:  # by model: a router holds a model's requests, whichever profile loads
+        model = c.worker_state.model(rec.model)
+        model.bench_load_s = max(rec.load_s, model.bench_load_s or 0.0)
 
 
 async def load_capacities(c: Controller) -> None:

@@ -29,7 +29,7 @@ from llmgw.controller.desired import Desired
 from llmgw.controller.model_checks_run import engine_version_of
 from llmgw.controller.state import EngineReading, ReplicaLoad, ReplicaRec, RouterLoad
 from llmgw.core import jsonsafe
-from llmgw.core.autoscale import Demand
+from llmgw.core.autoscale import Demand, published_load_seconds
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import LORA_ENGINES
 from llmgw.core.fleet import class_rank
@@ -99,6 +99,10 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
     for name, count in starting_replicas(c).items():
         if name in models:
             models[name] = models[name].model_copy(update={"starting": count})
+    for name, rec in c.worker_state.models.items():
+        load_s = published_load_seconds(rec.load_times, rec.bench_load_s)
+        if load_s is not None and name in models:
+            models[name] = models[name].model_copy(update={"load_seconds": round(load_s, 1)})
     if cat.cluster.classes:  # the admission band: placement's rank, so both agree on who comes first
         for name, entry in cat.models.items():
             if name in models:

@@ -109,6 +109,8 @@ class Reconciler:
             rec = c.replicas.get(r.id)
             if rec is not None and rec.ready_since is None and r.effective_state() == "ready":
                 rec.ready_since = now
+                if not rec.adopted:  # an adopted replica was started before this controller looked
+                    ws.model(rec.model).loaded(c.clock() - rec.start_sent_at)
                 if c.commit_tracer is not None:
                     c.commit_tracer.ready(rec.id)
         scaled = autoscale(c, now, self.scale_policy())

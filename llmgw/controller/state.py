@@ -10,7 +10,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llmgw.core.autoscale import Demand, ScaleDecision, ScaleState, merge_demand
+from llmgw.core.autoscale import LOAD_TIMES_KEPT, Demand, ScaleDecision, ScaleState, merge_demand
 from llmgw.core.fleet import ModelState
 from llmgw.core.placement import ShardPlacement
 from llmgw.store.records import ReplicaRecord
@@ -87,6 +87,13 @@ class ModelRecord:
     # The pace an operator gave `llmgw restart` (max_surge, max_unavailable); kept while the roll runs.
     pace: tuple[int, int] | None = None
     rolling: bool = False  # the last pass had replicas of it to roll
+    # Start-to-ready seconds of the replicas this controller started, newest last (a few: what routers are
+    # told to hold requests for), and what `llmgw bench --save` measured (None: not measured).
+    load_times: tuple[float, ...] = ()
+    bench_load_s: float | None = None
+
+    def loaded(self, seconds: float) -> None:
+        self.load_times = (*self.load_times, seconds)[-LOAD_TIMES_KEPT:]
 
     def clear_pass(self) -> None:
         """Forget what the last pass decided (the next one decides it again)."""

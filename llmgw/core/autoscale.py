@@ -21,11 +21,12 @@ Rules:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
 __all__ = [
+    "LOAD_TIMES_KEPT",
     "Capacity",
     "Demand",
     "ScaleDecision",
@@ -34,6 +35,7 @@ __all__ = [
     "assumed_capacity",
     "decide",
     "merge_demand",
+    "published_load_seconds",
 ]
 
 CapacitySource = Literal["measured", "slots", "unknown"]
@@ -188,3 +190,17 @@ def decide(
         new = replace(state, desired=fits, low_since=None)
         return ScaleDecision(fits, f"scaled {model} {base}->{fits}: {words}", new, None, base)
     return ScaleDecision(base, f"at {base}: {words}", replace(state, desired=base, low_since=None))
+
+
+LOAD_TIMES_KEPT = 5  # the recent loads a model's published load time is taken from
+
+
+def published_load_seconds(observed: Sequence[float], measured: float | None) -> float | None:
+    """The load time routers hold requests for (llmgw.core.snapshot PublishedModel.load_seconds): the
+    slowest of the recent loads this controller watched, else what `llmgw bench --save` measured, else
+    None (unknown: routers fall back to their load_timeout). The slowest, not the mean: it sizes a hold,
+    and a hold shorter than a real load refuses requests that would have been served."""
+    recent = list(observed)[-LOAD_TIMES_KEPT:]
+    if recent:
+        return max(recent)
+    return measured

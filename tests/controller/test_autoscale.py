@@ -7,6 +7,7 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from llmgw.core.autoscale import (
+    LOAD_TIMES_KEPT,
     Capacity,
     Demand,
     ScalePolicy,
@@ -14,6 +15,7 @@ from llmgw.core.autoscale import (
     assumed_capacity,
     decide,
     merge_demand,
+    published_load_seconds,
 )
 from llmgw.core.config.models import ModelSpec
 from llmgw.core.fleet import ModelView, NodeView, ReplicaView, ShardView
@@ -227,3 +229,17 @@ def test_a_scale_up_with_no_room_says_what_it_could_not_place() -> None:
     assert wait.reason.startswith(
         "2 replicas cannot be placed: no node fits any profile (llmgw explain chat)"
     )
+
+
+def test_the_published_load_time_is_the_slowest_recent_load_else_the_bench_else_unknown() -> None:
+    assert published_load_seconds([], None) is None  # unknown: routers keep their load_timeout
+    assert published_load_seconds([], 42.0) == 42.0  # `llmgw bench --save` measured one
+    assert published_load_seconds([3.0, 9.5, 4.0], 42.0) == 9.5  # watched loads win over the bench
+    old_slow = [600.0] + [5.0] * LOAD_TIMES_KEPT  # a cold first download, long since cached
+    assert published_load_seconds(old_slow, None) == 5.0
+
+
+@given(st.lists(st.floats(0, 1e4), min_size=1, max_size=20), st.none() | st.floats(0, 1e4))
+def test_a_hold_is_never_shorter_than_any_recent_load(loads: list[float], bench: float | None) -> None:
+    held = published_load_seconds(loads, bench)
+    assert held is not None and all(held >= t for t in loads[-LOAD_TIMES_KEPT:])

@@ -129,6 +129,8 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     assert measured["objective_ms"] == 150 and len(measured["curve"]) == 3
     assert capacity_of(running.controller, "sim-bench").per_replica == 2
     assert capacity_of(running.controller, "sim-bench").source == "measured"
+    # The bench's load time is what routers hold requests for until this controller watches a load itself.
+    assert running.controller.worker_state.model("sim-bench").bench_load_s == target["load_s"]
     events = (await admin.get("/api/v1/events"))["events"]
     assert any(e["kind"] == "capacity_measured" and "2 concurrent sequences" in e["message"] for e in events)
 

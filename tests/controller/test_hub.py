@@ -241,14 +241,20 @@ async def test_a_replica_on_its_way_is_published_so_routers_hold_requests_for_it
             "sim-b starting",
         )
         assert on_its_way["endpoints"] == []
+        assert on_its_way["models"]["sim-b"]["load_seconds"] is None  # no load watched, none benched
         await wait_for(lambda: agent.shards, 10, "the shard started, reporting `starting`")
         assert (await _snapshot(ctl))["models"]["sim-b"]["starting"] == 1
         for shard_id, status in list(agent.shards.items()):
             agent.shards[shard_id] = status.model_copy(update={"state": "ready"})
         ready = await wait_for(
-            lambda: _snapshot_where(ctl, lambda s: len(s["endpoints"]) == 1), 10, "sim-b ready and published"
+            lambda: _snapshot_where(
+                ctl, lambda s: len(s["endpoints"]) == 1 and s["models"]["sim-b"]["load_seconds"] is not None
+            ),
+            10,
+            "sim-b ready and published, with the load time the controller watched",
         )
         assert ready["models"]["sim-b"]["starting"] == 0
+        assert ready["models"]["sim-b"]["load_seconds"] >= 0
     finally:
         serving.cancel()
         await agent.close()

@@ -84,6 +84,8 @@ class CheckBook:
     """The last verdict per (model, engine, engine version)."""
 
     verdicts: dict[tuple[str, str, str], CheckVerdict] = field(default_factory=dict)
+    running: set[tuple[str, str, str]] = field(default_factory=set)  # checks under way, by key
+    auto: bool = True  # the controller checks each new (model, engine, version) itself (auto_checks.py)
 
     def record(self, verdict: CheckVerdict) -> None:
         self.verdicts[(verdict.model, verdict.engine, verdict.engine_version)] = verdict
@@ -98,6 +100,17 @@ class CheckBook:
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("a stored model-check verdict was skipped: %s", exc)
         return loaded
+
+    def checking(self, model: str, engine: str, version: str, probed: bool) -> bool:
+        """A check of that key is running, or due: automatic checks are on, the model has probes and the
+        key has no verdict yet (the next tick starts it). Routers say "in progress" rather than "never"."""
+        key = (model, engine, version)
+        return key in self.running or (self.auto and probed and key not in self.verdicts)
+
+    def details_of(self, model: str, engine: str, version: str) -> dict[str, str]:
+        """Per failed probe, what the check said."""
+        verdict = self.verdicts.get((model, engine, version))
+        return {p.probe: p.detail for p in verdict.probes if not p.passed} if verdict else {}
 
     def probes_of(self, model: str, engine: str, version: str) -> tuple[list[str], list[str]]:
         """(passed, failed) probe names for that model on that engine version; both empty: never checked."""
@@ -140,10 +153,15 @@ async def run_model_check(c: Controller, model: str, replica: str | None) -> Che
     if not probes:
         raise EvalError(f"model {model} declares no capability with a built-in probe (tools, chat)")
     target = target_for(c, model, replica)
-    results = await probe_target(target, probes)
-    verdict = CheckVerdict(
-        model, target.engine, engine_version_of(c, target.replica), target.replica, c.wall(), tuple(results)
-    )
+    version = engine_version_of(c, target.replica)
+    key = (model, target.engine, version)
+    c.model_checks.running.add(key)
+    c.notify("model check started")  # the snapshot says "in progress" to routers meanwhile
+    try:
+        results = await probe_target(target, probes)
+    finally:
+        c.model_checks.running.discard(key)
+    verdict = CheckVerdict(model, target.engine, version, target.replica, c.wall(), tuple(results))
     c.model_checks.record(verdict)
     try:  # kept across a restart; the store down loses only that
         await c.store.save_model_check(

@@ -73,7 +73,7 @@ async def auto_check_loop(c: Controller) -> None:
 
 async def _check(c: Controller, model: str, replica: str) -> None:
     try:
-        await run_model_check(c, model, replica)
+        await run_model_check(c, model, replica, automatic=True)
     except EvalError as exc:  # gone or no longer ready: the next tick finds another replica
         log.info("the automatic model check of %s waits: %s", model, exc)
     except asyncio.CancelledError:

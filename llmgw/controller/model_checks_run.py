@@ -2,8 +2,9 @@
 verdicts kept per model, engine and engine version.
 
 The verdicts reach the routers in the snapshot: each endpoint carries the probes its (model, engine,
-version) passed and failed, so a request offering tools is never sent to a replica whose engine failed the
-tools probe, and /v1/models lists the capabilities verified on a ready replica. The controller keeps the
+version) passed and failed, and whether a check of it is due or running, so a request offering tools goes
+only to a replica whose engine passed the tools probe, and /v1/models lists the capabilities verified on a
+ready replica. The controller runs a check by itself for each new key (auto_checks.py) and keeps the
 verdicts in memory and in the store (read back when it starts or takes the lead).
 """
 
@@ -142,7 +143,9 @@ def engine_version_of(c: Controller, replica_id: str) -> str:
     return found.version if found is not None and found.version else "unknown"
 
 
-async def run_model_check(c: Controller, model: str, replica: str | None) -> CheckVerdict:
+async def run_model_check(
+    c: Controller, model: str, replica: str | None, *, automatic: bool = False
+) -> CheckVerdict:
     """Probe one replica of `model` for each declared capability; the verdict is recorded and an event says
     it. EvalError when the model or the replica cannot be checked."""
     d = c.desired
@@ -173,7 +176,8 @@ async def run_model_check(c: Controller, model: str, replica: str | None) -> Che
     await c.event(
         "model_checked",
         model,
-        f"{target.engine} {verdict.engine_version} on {target.replica}: {words}",
+        f"{target.engine} {verdict.engine_version} on {target.replica}"
+        f"{' (automatic: a new model or engine version)' if automatic else ''}: {words}",
     )
     c.notify("model checked")  # the snapshot carries the verdicts
     return verdict

@@ -21,13 +21,16 @@ from urllib.parse import urlsplit
 from aiohttp import web
 from llmgw_agent.protocol import AGENT_PATH
 
+from llmgw.adapters.commit_status import CommitStatusError, StatusPoster, read_token
 from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.adapters.mirror import mirror_app
 from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
 from llmgw.controller import admin, console, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
+from llmgw.controller.auto_checks import auto_check_loop
 from llmgw.controller.canary import canary_loop
+from llmgw.controller.commit_statuses import CommitStatuses
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
@@ -67,6 +70,12 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     controller.hub.on_register = reconciler.adopt  # agents' running shards are adopted, never restarted
     notifier = app[NOTIFIER] = Notifier(controller)
     controller.event_hooks.append(notifier.controller_event)
+    settings = controller.settings
+    if settings.commit_status_url is not None:  # the token is read here, at the edge, once
+        if settings.commit_status_token_file is None:
+            raise CommitStatusError("commit_status_url needs commit_status_token_file (the forge token)")
+        poster = StatusPoster(settings.commit_status_url, read_token(settings.commit_status_token_file))
+        controller.event_hooks.append(CommitStatuses(controller, poster).on_event)
     app.router.add_get(AGENT_PATH, controller.hub.handle)
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
@@ -88,6 +97,7 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     retention = app[RETENTION] = Retention(controller)
     app.cleanup_ctx.append(_background("retention", lambda a: retention.run()))
     app.cleanup_ctx.append(_background("canary", lambda a: canary_loop(a[CONTROLLER])))
+    app.cleanup_ctx.append(_background("model-checks", lambda a: auto_check_loop(a[CONTROLLER])))
     return app
 
 

@@ -102,7 +102,8 @@ class Controller:
         self.capacities: dict[tuple[str, str], Capacity] = {}
         self.events = EventLog()
         self.canaries = CanaryBook()  # each canary model's run (llmgw.controller.canary)
-        self.model_checks = CheckBook()  # `llmgw model check` verdicts per model and engine version
+        # Model-check verdicts per model and engine version; `auto`: the controller checks new ones itself.
+        self.model_checks = CheckBook(auto=settings.model_checks_auto)
         self.changed = asyncio.Event()
         self.change_listeners: list[Callable[[], None]] = []
         self.router_sockets: set[web.WebSocketResponse] = set()

@@ -2,8 +2,9 @@
 verdicts kept per model, engine and engine version.
 
 The verdicts reach the routers in the snapshot: each endpoint carries the probes its (model, engine,
-version) passed and failed, so a request offering tools is never sent to a replica whose engine failed the
-tools probe, and /v1/models lists the capabilities verified on a ready replica. The controller keeps the
+version) passed and failed, and whether a check of it is due or running, so a request offering tools goes
+only to a replica whose engine passed the tools probe, and /v1/models lists the capabilities verified on a
+ready replica. The controller runs a check by itself for each new key (auto_checks.py) and keeps the
 verdicts in memory and in the store (read back when it starts or takes the lead).
 """
 
@@ -84,6 +85,8 @@ class CheckBook:
     """The last verdict per (model, engine, engine version)."""
 
     verdicts: dict[tuple[str, str, str], CheckVerdict] = field(default_factory=dict)
+    running: set[tuple[str, str, str]] = field(default_factory=set)  # checks under way, by key
+    auto: bool = True  # the controller checks each new (model, engine, version) itself (auto_checks.py)
 
     def record(self, verdict: CheckVerdict) -> None:
         self.verdicts[(verdict.model, verdict.engine, verdict.engine_version)] = verdict
@@ -98,6 +101,17 @@ class CheckBook:
             except (ValueError, KeyError, TypeError) as exc:
                 log.warning("a stored model-check verdict was skipped: %s", exc)
         return loaded
+
+    def checking(self, model: str, engine: str, version: str, probed: bool) -> bool:
+        """A check of that key is running, or due: automatic checks are on, the model has probes and the
+        key has no verdict yet (the next tick starts it). Routers say "in progress" rather than "never"."""
+        key = (model, engine, version)
+        return key in self.running or (self.auto and probed and key not in self.verdicts)
+
+    def details_of(self, model: str, engine: str, version: str) -> dict[str, str]:
+        """Per failed probe, what the check said."""
+        verdict = self.verdicts.get((model, engine, version))
+        return {p.probe: p.detail for p in verdict.probes if not p.passed} if verdict else {}
 
     def probes_of(self, model: str, engine: str, version: str) -> tuple[list[str], list[str]]:
         """(passed, failed) probe names for that model on that engine version; both empty: never checked."""
@@ -129,7 +143,9 @@ def engine_version_of(c: Controller, replica_id: str) -> str:
     return found.version if found is not None and found.version else "unknown"
 
 
-async def run_model_check(c: Controller, model: str, replica: str | None) -> CheckVerdict:
+async def run_model_check(
+    c: Controller, model: str, replica: str | None, *, automatic: bool = False
+) -> CheckVerdict:
     """Probe one replica of `model` for each declared capability; the verdict is recorded and an event says
     it. EvalError when the model or the replica cannot be checked."""
     d = c.desired
@@ -140,10 +156,15 @@ async def run_model_check(c: Controller, model: str, replica: str | None) -> Che
     if not probes:
         raise EvalError(f"model {model} declares no capability with a built-in probe (tools, chat)")
     target = target_for(c, model, replica)
-    results = await probe_target(target, probes)
-    verdict = CheckVerdict(
-        model, target.engine, engine_version_of(c, target.replica), target.replica, c.wall(), tuple(results)
-    )
+    version = engine_version_of(c, target.replica)
+    key = (model, target.engine, version)
+    c.model_checks.running.add(key)
+    c.notify("model check started")  # the snapshot says "in progress" to routers meanwhile
+    try:
+        results = await probe_target(target, probes)
+    finally:
+        c.model_checks.running.discard(key)
+    verdict = CheckVerdict(model, target.engine, version, target.replica, c.wall(), tuple(results))
     c.model_checks.record(verdict)
     try:  # kept across a restart; the store down loses only that
         await c.store.save_model_check(
@@ -155,7 +176,8 @@ async def run_model_check(c: Controller, model: str, replica: str | None) -> Che
     await c.event(
         "model_checked",
         model,
-        f"{target.engine} {verdict.engine_version} on {target.replica}: {words}",
+        f"{target.engine} {verdict.engine_version} on {target.replica}"
+        f"{' (automatic: a new model or engine version)' if automatic else ''}: {words}",
     )
     c.notify("model checked")  # the snapshot carries the verdicts
     return verdict

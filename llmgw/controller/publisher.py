@@ -33,6 +33,7 @@ from llmgw.core.autoscale import Demand, published_load_seconds
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import LORA_ENGINES
 from llmgw.core.fleet import class_rank
+from llmgw.core.model_checks import probes_for
 from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import (
     CanaryRoute,
@@ -68,7 +69,9 @@ def endpoints(c: Controller) -> list[Endpoint]:
             continue
         entry = d.models.get(rec.model) if d else None
         profile = entry.profile(rec.profile) if entry else None
-        verified, failed = c.model_checks.probes_of(rec.model, shard.engine, engine_version_of(c, rec.id))
+        version = engine_version_of(c, rec.id)
+        verified, failed = c.model_checks.probes_of(rec.model, shard.engine, version)
+        probed = bool(entry and probes_for(entry.spec.capabilities))
         out.append(
             Endpoint(
                 replica_id=rec.id,
@@ -84,6 +87,8 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 canary=rec.id in canaries,
                 verified=verified,
                 failed=failed,
+                failed_details=c.model_checks.details_of(rec.model, shard.engine, version),
+                checking=c.model_checks.checking(rec.model, shard.engine, version, probed),
             )
         )
     return out

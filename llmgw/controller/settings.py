@@ -205,6 +205,29 @@ class ControllerSettings(BaseModel):
         description="The content key (32 bytes, base64: openssl rand -base64 32) that content projects opt in to "
         "keep is sealed with; without it no content is kept (docs/traffic.md)",
     )
+    model_checks_auto: bool = Field(
+        True,
+        description="Run `llmgw model check` on a ready replica of each new model and engine version: a request "
+        "needing a capability (tools, json_schema) is routed only where it was verified (docs/canaries.md)",
+    )
+    commit_status_url: str | None = Field(
+        None,
+        description="Post canary verdicts and applies as commit statuses: the repo's API base, "
+        "https://api.github.com/repos/OWNER/REPO or a Gitea/Forgejo https://HOST/api/v1/repos/OWNER/REPO "
+        "(POST {url}/statuses/{sha}); needs commit_status_token_file",
+    )
+    commit_status_token_file: Path | None = Field(
+        None,
+        description="File holding the forge token for commit statuses (sent as `Authorization: token T`)",
+    )
+    commit_status_context: str = Field(
+        "llmgw",
+        min_length=1,
+        description="Prefix of the statuses' context: CONTEXT/canary/MODEL, CONTEXT/apply",
+    )
+    commit_status_target_url: str | None = Field(
+        None, description="The link a commit status carries (e.g. the console's address); none by default"
+    )
     log_format: Literal["text", "json"] = Field(
         "text",
         description="text: one human line per record; json: one JSON object per line with time, level, logger, "

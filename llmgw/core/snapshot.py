@@ -155,6 +155,12 @@ class Endpoint(_Wire):
     failed: list[str] = Field(
         default_factory=list, description="Probes it failed: a request needing one is not sent here"
     )
+    failed_details: dict[str, str] = Field(
+        default_factory=dict, description="Per failed probe, what the check said (its hint), for refusals"
+    )
+    checking: bool = Field(
+        False, description="A model check of this model and engine version is due or running (not yet known)"
+    )
     kv_events: str | None = Field(
         None, description="tcp://host:port of the engine's KV-cache event publisher (None: none)"
     )

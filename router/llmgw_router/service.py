@@ -32,7 +32,13 @@ from llmgw_router.adapters import Adapters
 from llmgw_router.admission import Admission
 from llmgw_router.auth import Authenticator
 from llmgw_router.cache_path import CachePath
-from llmgw_router.canary_route import refusal, steered_away
+from llmgw_router.canary_route import (
+    CHECKING_RETRY_AFTER_S,
+    listed_capabilities,
+    needs_of,
+    refusal,
+    steered_away,
+)
 from llmgw_router.errors import ApiError, error_response
 from llmgw_router.exchange import Exchange, Reply, json_reply
 from llmgw_router.fields import DROPPED_HEADER, plan_fields
@@ -206,8 +212,11 @@ class RequestService:
                     "created": 0,
                     "owned_by": "llmgw-simulated" if model.simulated else "llmgw",
                     "context_length": model.context_length,
-                    "capabilities": list(model.capabilities),
-                    # What `llmgw model check` verified on a replica serving now (docs/canaries.md).
+                    # Only what `llmgw model check` verified on a replica serving now (docs/canaries.md).
+                    "capabilities": listed_capabilities(
+                        model.capabilities, [ep.spec for ep in table.endpoints.get(name, ())]
+                    ),
+                    "declared_capabilities": list(model.capabilities),
                     "verified_capabilities": sorted(
                         {p for ep in table.endpoints.get(name, ()) for p in ep.spec.verified}
                     ),
@@ -612,12 +621,15 @@ class _Steering:
     def of(
         cls, table: RoutingTable, chain: tuple[str, ...], body: dict[str, Any], rng: random.Random
     ) -> _Steering:
-        needs = frozenset({"tools"}) if body.get("tools") else frozenset()
+        needs = needs_of(body)
         canary = any(m in table.models and table.models[m].canary is not None for m in chain)
         specs = {m: [ep.spec for ep in table.endpoints.get(m, ())] for m in chain} if needs or canary else {}
         refused = refusal(specs, chain, needs)
-        if refused is not None:
-            raise ApiError(400, refused, "capability_unverified", param="tools")
+        if refused is not None:  # 503 while a check runs (retry soon helps), else 400 (an operator must act)
+            retry = {"Retry-After": str(CHECKING_RETRY_AFTER_S)} if refused.checking else None
+            status = 503 if refused.checking else 400
+            kind = "server_error" if refused.checking else "invalid_request_error"
+            raise ApiError(status, refused.message, "capability_unverified", kind, refused.param, retry)
         return cls(specs, needs, rng.random() if canary else 1.0)
 
     def info(

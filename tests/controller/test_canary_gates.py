@@ -73,9 +73,17 @@ def test_eval_suites_wait_fail_at_once_or_pass() -> None:
     assert passed.state == "pass" and passed.reasons[-2:] == ("eval suite a passed", "eval suite b passed")
 
 
-def ep(rid: str, *, canary: bool = False, failed: tuple[str, ...] = ()) -> Endpoint:
+def ep(
+    rid: str, *, canary: bool = False, failed: tuple[str, ...] = (), verified: tuple[str, ...] = ()
+) -> Endpoint:
     return Endpoint(
-        replica_id=rid, model="m", engine="sim", base_url="http://x", canary=canary, failed=list(failed)
+        replica_id=rid,
+        model="m",
+        engine="sim",
+        base_url="http://x",
+        canary=canary,
+        failed=list(failed),
+        verified=list(verified),
     )
 
 
@@ -108,12 +116,13 @@ def test_a_group_with_nothing_usable_leaves_the_request_to_the_other() -> None:
     assert away(0.50, failed=frozenset({"s1", "s2"})) == set()
 
 
-def test_a_tools_request_avoids_the_endpoints_that_failed_the_tools_probe() -> None:
-    eps = {"m": [ep("s1", failed=("tools",)), ep("s2")]}
-    assert away(0.5, eps=eps, needs=frozenset({"tools"})) == {"s1"}
+def test_a_tools_request_goes_only_to_the_endpoints_that_passed_the_tools_probe() -> None:
+    # s1 failed the probe, s2 was never checked, s3 passed: unknown is not verified (test_model_check_routing.py).
+    eps = {"m": [ep("s1", failed=("tools",)), ep("s2"), ep("s3", verified=("tools",))]}
+    assert away(0.5, eps=eps, needs=frozenset({"tools"})) == {"s1", "s2"}
     assert away(0.5, eps=eps) == set()  # a request without tools may go anywhere
     assert refusal(eps, ("m",), frozenset({"tools"})) is None
     every = {"m": [ep("s1", failed=("tools",))]}
-    words = refusal(every, ("m",), frozenset({"tools"}))
-    assert words is not None and words.startswith("No replica of `m` passed the tools check")
+    refused = refusal(every, ("m",), frozenset({"tools"}))
+    assert refused is not None and refused.message.startswith("No replica of `m` is verified for tools")
     assert refusal({"m": []}, ("m",), frozenset({"tools"})) is None  # no endpoint at all: the scheduler's 503

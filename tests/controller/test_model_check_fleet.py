@@ -1,6 +1,7 @@
 """`llmgw model check MODEL` on a real fleet of sim engines: a sim that passes every probe and one that fails
-the tools probe on purpose; the verdicts reach the router, whose /v1/models lists only what was verified,
-and a tools request is never sent to a replica whose engine failed the tools probe."""
+the tools probe on purpose. The controller checks each new model and engine version by itself; the
+verdicts reach the router, whose /v1/models lists only what was verified, and a tools request goes only to a
+replica whose engine passed the tools probe: never one that failed it, nor one never checked."""
 
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ async def _listed(client: openai.AsyncOpenAI, model: str) -> dict[str, Any]:
     return next(m.model_dump() for m in page.data if m.id == model)
 
 
+async def _checks(cluster: Cluster) -> list[dict[str, Any]]:
+    assert cluster.admin is not None
+    checks: list[dict[str, Any]] = (await cluster.admin.get("/api/v1/model-checks"))["checks"]
+    return checks
+
+
 async def test_verdicts_for_a_passing_and_a_failing_sim_and_the_router_follows_them(
     cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -70,6 +77,18 @@ async def test_verdicts_for_a_passing_and_a_failing_sim_and_the_router_follows_t
     await bring_up(cluster, ["n1", "n2"], models)
     for name in ("good", "bad", "worse"):
         await cluster.wait_ready(name, 1)
+
+    # The controller checked each new model and engine version by itself, once.
+    async def auto_checked() -> list[dict[str, Any]] | None:
+        checks = await _checks(cluster)
+        return checks if len(checks) == 3 else None
+
+    automatic = await wait_for(auto_checked, 60, "the automatic model checks of good, bad and worse")
+    assert {(c["model"], c["passed"]) for c in automatic} == {
+        ("good", True),
+        ("bad", False),
+        ("worse", False),
+    }
 
     code, out = await asyncio.to_thread(cli, cluster, "model", "check", "good")
     assert code == 0, out
@@ -87,14 +106,15 @@ async def test_verdicts_for_a_passing_and_a_failing_sim_and_the_router_follows_t
     code, out = await asyncio.to_thread(cli, cluster, "model", "check", "worse")
     assert code == 1 and "stream_usage: the stream ends without a usage chunk" in out, out
 
-    checks = (await cluster.admin.get("/api/v1/model-checks"))["checks"]  # type: ignore[union-attr]
+    checks = await _checks(cluster)
     assert {(c["model"], c["passed"]) for c in checks} == {("good", True), ("bad", False), ("worse", False)}
-    kinds = [e["kind"] for e in await cluster.events()]
-    assert kinds.count("model_checked") == 3
-    # Kept in the store: a restarted controller still knows them (and the routers are told them again).
+    said = [e["message"] for e in await cluster.events() if e["kind"] == "model_checked"]
+    assert len(said) == 6  # three automatic, three asked for: none repeated by itself
+    assert sum("(automatic: a new model or engine version)" in m for m in said) == 3, said
+    # Kept in the store: a restarted controller still knows them (and does not check again by itself).
     await cluster.stop_controller()
     await cluster.start_controller()
-    again = (await cluster.admin.get("/api/v1/model-checks"))["checks"]  # type: ignore[union-attr]
+    again = await _checks(cluster)
     assert again == checks
     for name in ("good", "bad", "worse"):
         await cluster.wait_ready(name, 1)
@@ -111,7 +131,10 @@ async def test_verdicts_for_a_passing_and_a_failing_sim_and_the_router_follows_t
 
         good = await wait_for(verified, 30, "the router to learn the verdicts")
         assert good["verified_capabilities"] == ["response_format", "stream_usage", "tools"]
-        assert (await _listed(client, "bad"))["verified_capabilities"] == ["response_format", "stream_usage"]
+        assert good["capabilities"] == good["declared_capabilities"] == ["chat", "tools"]
+        bad = await _listed(client, "bad")
+        assert bad["verified_capabilities"] == ["response_format", "stream_usage"]
+        assert bad["capabilities"] == ["chat"] and bad["declared_capabilities"] == ["chat", "tools"]
         assert (await _listed(client, "worse"))["verified_capabilities"] == ["response_format"]
 
         # bad's only replica failed the tools probe: its tools request goes down the fallback chain.
@@ -125,13 +148,74 @@ async def test_verdicts_for_a_passing_and_a_failing_sim_and_the_router_follows_t
             model="bad", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert plain.headers["x-llmgw-model"] == "bad"
-        # worse has no replica that passed and no fallback: refused, saying why.
+        # worse has no replica that passed and no fallback: refused, saying why and what to do.
         with pytest.raises(openai.BadRequestError) as refused:
             await client.chat.completions.create(
                 model="worse", messages=[{"role": "user", "content": "find x"}], tools=TOOLS, max_tokens=8
             )
         assert refused.value.code == "capability_unverified"
-        assert "No replica of `worse` passed the tools check" in refused.value.message
+        assert (
+            "No replica of `worse` is verified for tools: the check failed: the engine answers in text, not "
+            "tool_calls — the sim was started with fail_probes: tools." in refused.value.message
+        )
+        assert "run `llmgw model check worse`" in refused.value.message
         await client.close()
     finally:
         router.stop()
+
+
+async def test_an_unchecked_replica_takes_no_tools_request_until_checked(tmp_path: Path) -> None:
+    """With the automatic check off, a sim that would pass is still unknown: a tools request is refused
+    (never checked), a plain one served; `llmgw model check` verifies it and the tools request goes."""
+    cluster = Cluster(tmp_path, model_checks_auto=False)
+    router = None
+    try:
+        await bring_up(cluster, ["n1"], {"models/plain.yaml": _model("plain")})
+        await cluster.wait_ready("plain", 1)
+        router = router_for(tmp_path, cluster)
+        client = openai_client(router)
+        await routed(client, "plain")
+        listed = await _listed(client, "plain")
+        assert listed["capabilities"] == ["chat"] and listed["verified_capabilities"] == []
+        with pytest.raises(openai.BadRequestError) as refused:
+            await client.chat.completions.create(
+                model="plain", messages=[{"role": "user", "content": "find x"}], tools=TOOLS, max_tokens=8
+            )
+        assert refused.value.code == "capability_unverified"
+        assert "No replica of `plain` is verified for tools: it was never checked." in refused.value.message
+        assert await _checks(cluster) == []  # nothing checked it by itself
+
+        code, out = await asyncio.to_thread(cli, cluster, "model", "check", "plain")
+        assert code == 0, out
+
+        async def tools_routed() -> bool:
+            try:
+                answer = await client.chat.completions.create(
+                    model="plain", messages=[{"role": "user", "content": "find x"}], tools=TOOLS, max_tokens=8
+                )
+            except openai.BadRequestError:
+                return False  # the router has not had the snapshot with the verdict yet
+            return bool(answer.choices[0].message.tool_calls)
+
+        await wait_for(tools_routed, 30, "the tools request to be routed once verified")
+        assert (await _listed(client, "plain"))["capabilities"] == ["chat", "tools"]
+        await client.close()
+    finally:
+        if router is not None:
+            router.stop()
+        await cluster.close()
+        cluster.agents.cleanup()
+
+
+async def test_a_new_engine_version_is_checked_again_by_itself(cluster: Cluster) -> None:
+    versioned = _model("ver").replace("engine: sim,", "engine: sim, engine_version: '1.0',")
+    await bring_up(cluster, ["n1"], {"models/ver.yaml": versioned})
+
+    async def checked(version: str) -> list[dict[str, Any]] | None:
+        checks = [c for c in await _checks(cluster) if c["model"] == "ver"]
+        return checks if version in {c["engine_version"] for c in checks} else None
+
+    await wait_for(lambda: checked("1.0"), 90, "the automatic check of ver on sim 1.0")
+    cluster.repo.write({"models/ver.yaml": versioned.replace("'1.0'", "'1.1'")}, "sim 1.1")
+    found = await wait_for(lambda: checked("1.1"), 90, "the automatic check of ver on sim 1.1")
+    assert {(c["engine_version"], c["passed"]) for c in found} == {("1.0", True), ("1.1", True)}

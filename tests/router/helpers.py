@@ -54,6 +54,11 @@ def start_sim(
     return SimProcess(model, port, key, proc)
 
 
+# What the controller's automatic model check publishes for a sim with the default probes (all pass): a
+# snapshot whose requests offer tools or a json_schema response_format carries it, as the controller's would.
+SIM_VERIFIED = ["response_format", "stream_usage", "tools"]
+
+
 def endpoint(s: SimProcess, replica_id: str, slots: int | None = 8, **kw: Any) -> dict[str, Any]:
     return {
         "replica_id": replica_id,

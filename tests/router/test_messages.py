@@ -17,7 +17,7 @@ from llmgw_router.service import Router, RouterOptions
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store.records import UsageRecord
 
-from .helpers import SimProcess, start_sim, wait_healthy_sync
+from .helpers import SIM_VERIFIED, SimProcess, endpoint, start_sim, wait_healthy_sync
 from .test_integration import KEY_P1, client, keys, snapshot
 
 pytestmark = pytest.mark.integration
@@ -55,7 +55,9 @@ async def gateway(sims: list[SimProcess]) -> AsyncIterator[tuple[Router, str, Si
     models = snapshot(sims).model_dump(mode="json")["models"]
     # A model p1 may use (`sim-*`) that cannot chat: Messages is gated by the chat capability.
     models["sim-embed"] = {"context_length": 2048, "capabilities": ["embeddings"], "simulated": True}
-    router.apply_snapshot(snapshot(sims, models=models))
+    # The tool turns need endpoints whose tools probe passed (the controller's automatic check publishes it).
+    verified = [endpoint(s, f"rep-{i}", verified=SIM_VERIFIED) for i, s in zip("ab", sims, strict=True)]
+    router.apply_snapshot(snapshot(sims, models=models, endpoints=verified))
     listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")
     try:
         yield router, f"http://127.0.0.1:{listeners.api_port}", sink

@@ -18,7 +18,7 @@ from support import free_port, wait_for
 
 from llmgw.core.snapshot import RouterSnapshot
 
-from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
+from .helpers import SIM_VERIFIED, SimProcess, endpoint, start_sim, wait_healthy_sync
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +57,7 @@ def snapshot(endpoints: list[dict[str, Any]]) -> RouterSnapshot:
 @pytest.fixture
 async def gateway(sim: SimProcess) -> AsyncIterator[tuple[Router, openai.AsyncOpenAI]]:
     router = Router(RouterOptions())
-    router.apply_snapshot(snapshot([endpoint(sim, "rep-a")]))
+    router.apply_snapshot(snapshot([endpoint(sim, "rep-a", verified=SIM_VERIFIED)]))  # tools are asked
     listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0", scrape=False)
     url = f"http://127.0.0.1:{listeners.api_port}/v1"
     try:

@@ -25,7 +25,7 @@ from llmgw.adapters import keys
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store.store import Store
 
-from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
+from .helpers import SIM_VERIFIED, SimProcess, endpoint, start_sim, wait_healthy_sync
 
 pytestmark = pytest.mark.integration
 
@@ -58,7 +58,7 @@ def snapshot(sim: SimProcess) -> RouterSnapshot:
             "revision": "r1",
             "models": {"sim-chat": {"context_length": 4096, "capabilities": ["chat"], "simulated": True}},
             "tenants": {"organizations": {"o": {}}, "projects": projects},
-            "endpoints": [endpoint(sim, "rep-a")],
+            "endpoints": [endpoint(sim, "rep-a", verified=SIM_VERIFIED)],  # a tool call is asked
         }
     )
 

@@ -25,6 +25,7 @@ from llmgw.adapters import logformat
 from llmgw.adapters.tracing import ENDPOINT_ENV, configured_endpoint
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
+from llmgw_router import heap
 from llmgw_router.app import build_router, serve
 from llmgw_router.auth import KeyStore, StaticKeys
 from llmgw_router.options import RouterOptions
@@ -288,6 +289,7 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
         given: dict[str, Any] = seat.sockets() if seat is not None else {}
         listeners = await serve(built.service, listen, metrics_listen, built.link, **given)
         stack.push_async_callback(listeners.close)
+        heap.settle_after_start()  # what start-up built lives as long as the process: out of the GC's walk
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -287,9 +287,10 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
         if built.link is None and snapshot is not None:
             built.service.apply_snapshot(snapshot)
         given: dict[str, Any] = seat.sockets() if seat is not None else {}
+        # What start-up built lives as long as the process: out of the GC's walk, before any request waits.
+        heap.settle_after_start()
         listeners = await serve(built.service, listen, metrics_listen, built.link, **given)
         stack.push_async_callback(listeners.close)
-        heap.settle_after_start()  # what start-up built lives as long as the process: out of the GC's walk
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):

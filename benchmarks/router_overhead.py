@@ -44,7 +44,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import tracing_compare
@@ -124,6 +124,34 @@ class Result:
     errors: int
     requests: int
     cpu_us_per_req: float | None = None  # the proxy's process tree; None for direct
+    failures: dict[str, int] = field(default_factory=dict)  # by kind (wrk_failures); sums to errors
+
+
+# What each kind of failure wrk counts means for the client (wrk's own words are terse).
+FAILURE_KINDS = {
+    "non-2xx": "answered with a status of 300 or more",
+    "timeout": "no answer within wrk's 2 s timeout",
+    "read": "the connection failed or closed while the answer was read",
+    "write": "the request could not be written",
+    "connect": "no connection",
+}
+
+
+def wrk_failures(out: str) -> dict[str, int]:
+    """The failed requests in wrk's report, by kind (FAILURE_KINDS); kinds with none are left out."""
+    found: dict[str, int] = {}
+    status = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
+    if status:
+        found["non-2xx"] = int(status.group(1))
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
+    if sock:
+        for kind, n in zip(("connect", "read", "write", "timeout"), sock.groups(), strict=True):
+            found[kind] = int(n)
+    return {k: n for k, n in found.items() if n}
+
+
+def failures_text(failures: dict[str, int]) -> str:
+    return "; ".join(f"{kind} {n}: {FAILURE_KINDS.get(kind, kind)}" for kind, n in failures.items())
 
 
 def _ms(text: str) -> float:
@@ -188,14 +216,14 @@ def wrk(
     p99 = re.search(r"^\s+99%\s+(\S+)", out, re.M)
     rps = re.search(r"Requests/sec:\s+([0-9.]+)", out)
     done = re.search(r"^\s*(\d+) requests in", out, re.M)
-    errs = re.search(r"Non-2xx or 3xx responses:\s+(\d+)", out)
-    sock = re.search(r"Socket errors:.*?timeout (\d+)", out)
+    failures = wrk_failures(out)
     return Result(
         _ms(p50.group(1)) if p50 else float("nan"),
         _ms(p99.group(1)) if p99 else float("nan"),
         float(rps.group(1)) if rps else 0.0,
-        (int(errs.group(1)) if errs else 0) + (int(sock.group(1)) if sock else 0),
+        sum(failures.values()),
         int(done.group(1)) if done else 0,
+        failures=failures,
     )
 
 
@@ -321,7 +349,8 @@ def print_table(
         mode = "stream" if stream else "whole"
         if r.errors:  # wrk counts every answer: a rate of failures must not read as a speed
             print(
-                f"  {name} {mode} c={conns}: {r.errors} of {r.requests} requests failed; its req/s counts them"
+                f"  {name} {mode} c={conns}: {r.errors} of {r.requests} requests failed "
+                f"({failures_text(r.failures)}); its req/s counts them"
             )
         elif not r.requests:
             print(f"  {name} {mode} c={conns}: no request completed within the run (a longer --duration?)")

@@ -39,6 +39,7 @@ from typing import cast
 import httptools
 
 from llmgw.core.errors import LlmgwError
+from llmgw_router import accept
 from llmgw_router.errors import ApiError, error_body, error_response
 from llmgw_router.exchange import ClientStalled, Exchange, Headers, Reply
 
@@ -509,7 +510,7 @@ class ApiListener:
         self.idle_timeout = idle_timeout
         self.linger = linger
         self.connections: set[_Connection] = set()
-        self._server: asyncio.Server | None = None
+        self._acceptor: accept.Acceptor | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         # Deadlines are checked this often: a quarter of the shortest, at most once a second.
         self._sweep_every = min(1.0, head_timeout / 4, idle_timeout / 4)
@@ -539,15 +540,11 @@ class ApiListener:
         """Listen on `sock` when given (already bound, e.g. with SO_REUSEPORT by a parent), else on
         host:port. Returns the port in use."""
         loop = asyncio.get_running_loop()
-        if sock is not None:
-            self._server = await loop.create_server(lambda: _Connection(self), sock=sock, backlog=1024)
-        else:
-            self._server = await loop.create_server(
-                lambda: _Connection(self), host, port, backlog=1024, reuse_address=True
-            )
+        # Our own accept loop, not loop.create_server: see llmgw_router/accept.py for why.
+        socks = [sock] if sock is not None else accept.bind(host, port)
+        self._acceptor = accept.Acceptor(socks, lambda: _Connection(self))
         self._sweeper = loop.call_later(self._sweep_every, self._sweep)
-        sockets = self._server.sockets
-        return int(sockets[0].getsockname()[1]) if sockets else port
+        return int(socks[0].getsockname()[1]) if socks else port
 
     def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
@@ -562,8 +559,8 @@ class ApiListener:
         """Stop accepting; let requests in hand finish for up to `grace` seconds, then cut them off."""
         if self._sweeper is not None:
             self._sweeper.cancel()
-        if self._server is not None:
-            self._server.close()
+        if self._acceptor is not None:
+            await self._acceptor.close()
         for conn in list(self.connections):
             conn.closing = True
             if conn._running is None:
@@ -576,9 +573,6 @@ class ApiListener:
         for conn in list(self.connections):
             conn.transport.abort()
         await asyncio.sleep(0)  # let connection_lost cancel what was cut off
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1.0)
 
 
 def _refusal(status: int, message: str, code: str, headers: dict[str, str]) -> Handler:

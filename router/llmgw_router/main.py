@@ -25,6 +25,7 @@ from llmgw.adapters import logformat
 from llmgw.adapters.tracing import ENDPOINT_ENV, configured_endpoint
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
+from llmgw_router import heap
 from llmgw_router.app import build_router, serve
 from llmgw_router.auth import KeyStore, StaticKeys
 from llmgw_router.options import RouterOptions
@@ -308,6 +309,8 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
         if built.link is None and snapshot is not None:
             built.service.apply_snapshot(snapshot)
         given: dict[str, Any] = seat.sockets() if seat is not None else {}
+        # What start-up built lives as long as the process: out of the GC's walk, before any request waits.
+        heap.settle_after_start()
         listeners = await serve(built.service, listen, metrics_listen, built.link, **given)
         stack.push_async_callback(listeners.close)
         stop = asyncio.Event()

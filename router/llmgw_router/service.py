@@ -623,6 +623,8 @@ class _Steering:
     ) -> _Steering:
         needs = needs_of(body)
         canary = any(m in table.models and table.models[m].canary is not None for m in chain)
+        if not needs and not canary:
+            return _NO_STEERING  # most requests: nothing to check, nothing to steer
         specs = {m: [ep.spec for ep in table.endpoints.get(m, ())] for m in chain} if needs or canary else {}
         refused = refusal(specs, chain, needs)
         if refused is not None:  # 503 while a check runs (retry soon helps), else 400 (an operator must act)
@@ -656,6 +658,8 @@ class _Steering:
         )
         return RequestInfo(info.session_key, info.exclude | away, info.rr_counter)
 
+
+_NO_STEERING = _Steering({}, frozenset(), 1.0)
 
 _REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 

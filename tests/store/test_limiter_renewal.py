@@ -1,0 +1,98 @@
+"""A share's renewal holds up only the requests that need it: a request its held shares cover is admitted
+while another renews, everyone waiting on a renewal is let in together once it ends, and a renewed share that
+a request admitted meanwhile has spent is renewed again rather than refused."""
+
+from __future__ import annotations
+
+import asyncio
+
+from llmgw.core.limits import Estimate, LevelLimits, Refused, Tenant
+from llmgw.store import ShareGrant
+from llmgw.store.limiter import Admission, Limiter, SharePolicy
+
+from .fakes import FakeStore
+
+T0 = 1_200_000.0  # the start of a minute window
+
+
+class GatedStore(FakeStore):
+    """take_share waits for `gate` on the keys in `gated` (every key when None), as a slow store would."""
+
+    def __init__(self, gated: set[str] | None = None) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gated = gated
+        self.waiting = 0  # calls parked at the gate now
+
+    async def take_share(
+        self, limit_key: str, window_start: float, window_end: float, want: int, limit: int, now: float
+    ) -> ShareGrant:
+        if self.gated is None or limit_key in self.gated:
+            self.waiting += 1
+            await self.gate.wait()
+            self.waiting -= 1
+        return await super().take_share(limit_key, window_start, window_end, want, limit, now)
+
+
+def project(name: str, rpm: int | None = None, tpm: int | None = None) -> tuple[Tenant, ...]:
+    return (Tenant("organization", "acme"), Tenant("project", name, LevelLimits(rpm=rpm, tpm=tpm)))
+
+
+async def turns_until(done: object, limit: int = 200) -> int:
+    """Loop steps (sleep(0)) until `done()` is true; `limit` + 1 when it never is."""
+    for turn in range(limit + 1):
+        if done():  # type: ignore[operator]
+            return turn
+        await asyncio.sleep(0)
+    return limit + 1
+
+
+async def test_a_request_its_shares_cover_is_not_held_behind_another_projects_renewal() -> None:
+    store = GatedStore()
+    limiter = Limiter(store, clock=lambda: T0)
+    store.gate.set()
+    assert isinstance(await limiter.admit(project("b", rpm=100), Estimate(1)), Admission)  # b holds a share
+    store.gate.clear()
+    renewing = asyncio.create_task(limiter.admit(project("a", rpm=100), Estimate(1)))
+    assert await turns_until(lambda: store.waiting == 1) <= 10  # a's renewal is parked in the store
+    covered = asyncio.create_task(limiter.admit(project("b", rpm=100), Estimate(1)))
+    await asyncio.sleep(0)
+    assert covered.done() and isinstance(covered.result(), Admission)  # decided in its first step
+    assert not renewing.done()
+    store.gate.set()
+    assert isinstance(await renewing, Admission)
+
+
+async def test_everyone_waiting_on_a_renewal_is_let_in_in_one_step_once_it_ends() -> None:
+    store = GatedStore()
+    limiter = Limiter(store, clock=lambda: T0)
+    tenants = project("a", rpm=10_000)  # a share of 1,000 covers all of them
+    tasks = [asyncio.create_task(limiter.admit(tenants, Estimate(1))) for _ in range(50)]
+    assert await turns_until(lambda: store.waiting == 1) <= 10  # one renewal, the other 49 behind it
+    await asyncio.sleep(0)
+    assert not any(t.done() for t in tasks)
+    store.gate.set()
+    # Handed over one waiter per loop step (an asyncio.Lock), the last of 50 would need 50 steps.
+    assert await turns_until(lambda: all(t.done() for t in tasks)) <= 5
+    assert all(isinstance(t.result(), Admission) for t in tasks)
+    assert store.calls == 1
+
+
+async def test_a_renewed_share_spent_meanwhile_is_renewed_again_not_refused() -> None:
+    tenants = project("a", rpm=10, tpm=1000)  # shares of 1 request and 100 tokens
+    store = GatedStore(gated={"project:a:tokens"})
+    limiter = Limiter(store, clock=lambda: T0, policy=SharePolicy(fraction=0.1))
+    store.gate.set()
+    first = await limiter.admit(tenants, Estimate(tokens=60))  # holds 40 tokens, no request left
+    assert isinstance(first, Admission)
+    store.gate.clear()
+    # Needs a request (renewed at once) and more tokens than the 40 held (renewal parked at the gate).
+    big = asyncio.create_task(limiter.admit(tenants, Estimate(tokens=80)))
+    assert await turns_until(lambda: store.waiting == 1) <= 10
+    # Covered by the renewed request unit and the 40 tokens held: let in from the shares meanwhile.
+    small = await limiter.admit(tenants, Estimate(tokens=10))
+    assert isinstance(small, Admission)
+    store.gate.set()
+    got = await big
+    assert not isinstance(got, Refused), got  # the pool had 7 requests left: one more share, not a 429
+    assert store.counters[("project:a:requests", T0)] == 3

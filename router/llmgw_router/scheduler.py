@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw_router.prefix import PrefixKey
+from llmgw_router.prefix_spill import SPILL, prefix_scores, spill_key
 
 __all__ = [
     "KV_PENALTY",
@@ -177,8 +178,18 @@ def _over_bound(usable: Sequence[Candidate], load_bound: float) -> frozenset[str
     return frozenset(over)
 
 
+def _prefix_scores(
+    usable: Sequence[Candidate], kept: Sequence[Candidate], policy: RoutingPolicySpec, info: RequestInfo
+) -> tuple[dict[str, float], str | None]:
+    """The prefix term per kept candidate, and the replica a hot prefix spills to (prefix_spill.py)."""
+    over = _over_bound(usable, policy.prefix.load_bound)
+    p = info.prefix
+    key = "" if p is None else spill_key(p.head) if p.head else f"{p.approx[0]:x}" if p.approx else ""
+    return prefix_scores(kept, over, key, policy.prefix.min_share)
+
+
 def _scores(
-    c: Candidate, policy: RoutingPolicySpec, max_weight: float, target: str | None, over: frozenset[str]
+    c: Candidate, policy: RoutingPolicySpec, max_weight: float, target: str | None, prefix: dict[str, float]
 ) -> dict[str, float]:
     if c.stale:  # saturated by definition: nothing we read from it can be trusted
         queue = kv = load = 0.0
@@ -201,7 +212,7 @@ def _scores(
         "load": load,
         "weight": c.weight / max_weight if max_weight > 0 else 1.0,
         "session": 1.0 if c.id == target else 0.0,
-        "prefix": 0.0 if c.id in over else c.prefix,
+        "prefix": prefix.get(c.id, 0.0),
     }
 
 
@@ -289,13 +300,15 @@ def schedule(
         kept = usable
     weights = _weights(policy, has_session)
     max_weight = max(c.weight for c in kept)
-    over = _over_bound(usable, policy.prefix.load_bound) if weights["prefix"] else frozenset()
+    prefix, spill = _prefix_scores(usable, kept, policy, info) if weights["prefix"] else ({}, None)
     scored = []
     for c in kept:
-        raw = _scores(c, policy, max_weight, target, over)
+        raw = _scores(c, policy, max_weight, target, prefix)
         total = sum(weights[name] * value for name, value in raw.items())
         scored.append(EndpointScore(c.id, raw, total))
     chosen = _pick(scored, policy, info, rng, target)
     reason = _winner_reason(chosen, scored, weights, policy.picker)
-    sources = tuple((c.id, c.prefix_source) for c in kept if c.prefix_source is not None)
+    sources = tuple(
+        (c.id, SPILL if c.id == spill else c.prefix_source) for c in kept if c.prefix_source is not None
+    )
     return Decision(chosen.id, policy.picker, reason, tuple(scored), dropped, target, sources)

@@ -118,6 +118,6 @@ def test_a_holder_past_its_load_bound_spills_to_the_next_holder_without_slots() 
         Candidate("c", inflight=0, prefix=0.0, prefix_source="precise"),
     ]
     d = schedule(cands, _policy(), RequestInfo(), random.Random(1))
-    # mean with this request 3, ceiling ceil(1.25 * 3) = 4: `a` (7) is past it, `b` (3) is not
+    # mean with this request 3, ceiling ceil(1.5 * 3) = 5: `a` (7) is past it, `b` (3) is not
     assert d.endpoint == "b", d.rationale()
     assert next(s for s in d.scores if s.id == "a").scores["prefix"] == 0.0

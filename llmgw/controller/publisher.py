@@ -84,9 +84,18 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 canary=rec.id in canaries,
                 verified=verified,
                 failed=failed,
+                kv_events=kv_events_address(shard.host, shard.kv_events_port),
             )
         )
     return out
+
+
+def kv_events_address(host: str | None, port: int | None) -> str | None:
+    """Where routers subscribe to a replica's KV events: its serving address and the port its agent gave the
+    publisher. None when it publishes none (not asked for, an engine without a publisher, an older agent)."""
+    if host is None or port is None:
+        return None
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def snapshot(c: Controller) -> RouterSnapshot | None:

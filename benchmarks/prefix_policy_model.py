@@ -75,6 +75,8 @@ class Phase:
     cached_tokens: int = 0
     prompt_tokens: int = 0
     completed: int = 0
+    waited: int = 0  # measured requests that found their replica's slots taken and queued
+    measured: int = 0
 
     def held(self, r: int, blocks: list[Any]) -> int:
         n = 0
@@ -85,7 +87,7 @@ class Phase:
         return n
 
 
-def run_phase(policy: RoutingPolicySpec, seed: int, warmup_s: float, window_s: float) -> Phase:
+def run_phase(policy: RoutingPolicySpec, seed: int, warmup_s: float, window_s: float, slots: bool) -> Phase:
     rng = random.Random(seed)
     weights = [1 / (k + 1) ** ZIPF_S for k in range(GROUPS)]
     ph, events, order, ids, rr = Phase(), [], itertools.count(), itertools.count(), itertools.count()
@@ -100,7 +102,8 @@ def run_phase(policy: RoutingPolicySpec, seed: int, warmup_s: float, window_s: f
         blocks += [("q", next(ids), i) for i in range(PROMPT_BLOCKS - SHARED_BLOCKS)]
         req = Req(t, client, group, blocks)
         cands = [
-            Candidate(f"r{r}", inflight=ph.inflight[r], prefix=ph.held(r, blocks) / len(blocks), prefix_source="precise")
+            Candidate(f"r{r}", inflight=ph.inflight[r], slots=CONCURRENCY if slots else None,
+                      prefix=ph.held(r, blocks) / len(blocks), prefix_source="precise")
             for r in range(REPLICAS)
         ]  # fmt: skip
         key = PrefixKey((group,), "", head=f"system: group{group}")
@@ -108,9 +111,12 @@ def run_phase(policy: RoutingPolicySpec, seed: int, warmup_s: float, window_s: f
         assert decision.endpoint is not None
         req.replica = int(decision.endpoint[1:])
         ph.inflight[req.replica] += 1
+        if t >= warmup_s:
+            ph.measured += 1
         if ph.running[req.replica] < CONCURRENCY:
             start(t, req)
         else:
+            ph.waited += t >= warmup_s
             ph.queues[req.replica].append(req)
 
     def start(t: float, req: Req) -> None:
@@ -160,8 +166,10 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-def measure(policy: RoutingPolicySpec, seeds: int, warmup_s: float, window_s: float) -> dict[str, float]:
-    phases = [run_phase(policy, seed, warmup_s, window_s) for seed in range(seeds)]
+def measure(
+    policy: RoutingPolicySpec, seeds: int, warmup_s: float, window_s: float, slots: bool
+) -> dict[str, float]:
+    phases = [run_phase(policy, seed, warmup_s, window_s, slots) for seed in range(seeds)]
     ttfts = [x for p in phases for x in p.ttfts]
     return {
         "p50": percentile(ttfts, 0.5) * 1000,
@@ -169,21 +177,22 @@ def measure(policy: RoutingPolicySpec, seeds: int, warmup_s: float, window_s: fl
         "p99": percentile(ttfts, 0.99) * 1000,
         "rps": sum(p.completed for p in phases) / (seeds * window_s),
         "hit": sum(p.cached_tokens for p in phases) / max(1, sum(p.prompt_tokens for p in phases)),
+        "waited": sum(p.waited for p in phases) / max(1, sum(p.measured for p in phases)),
     }
 
 
-def strategies(load_bounds: list[float]) -> list[tuple[str, RoutingPolicySpec]]:
+def strategies(load_bounds: list[float]) -> list[tuple[str, RoutingPolicySpec, bool]]:
+    """(name, policy, whether the candidates carry the profile's slots, as deployed)."""
     prefix = load_policies(POLICIES_FILE)["prefix"].model_dump()
+    least_inflight = RoutingPolicySpec.model_validate({"picker": "max_score", "weights": {"inflight": 1}})
     out = [
-        ("round-robin", RoutingPolicySpec(picker="round_robin")),
-        (
-            "least-inflight",
-            RoutingPolicySpec.model_validate({"picker": "max_score", "weights": {"inflight": 1}}),
-        ),
+        ("round-robin", RoutingPolicySpec(picker="round_robin"), False),
+        ("least-inflight", least_inflight, False),
     ]
     for bound in load_bounds:
         spec = {**prefix, "prefix": {**prefix["prefix"], "load_bound": bound}}
-        out.append((f"prefix lb={bound:g}", RoutingPolicySpec.model_validate(spec)))
+        policy = RoutingPolicySpec.model_validate(spec)
+        out += [(f"prefix lb={bound:g}", policy, False), (f"prefix-slots lb={bound:g}", policy, True)]
     return out
 
 
@@ -195,15 +204,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--window", type=float, default=4.0, help="seconds measured (the benchmark's rounds: 4)")
     ns = p.parse_args(argv)
     rows = {}
-    print(f"{'strategy':<18}{'p50 TTFT':>10}{'p90 TTFT':>10}{'p99 TTFT':>10}{'req/s':>8}{'hit':>8}")
-    for name, policy in strategies([float(x) for x in ns.load_bounds.split(",")]):
-        rows[name] = m = measure(policy, ns.seeds, ns.warmup, ns.window)
+    print(
+        f"{'strategy':<18}{'p50 TTFT':>10}{'p90 TTFT':>10}{'p99 TTFT':>10}{'req/s':>8}{'hit':>8}{'waited':>8}"
+    )
+    for name, policy, slots in strategies([float(x) for x in ns.load_bounds.split(",")]):
+        rows[name] = m = measure(policy, ns.seeds, ns.warmup, ns.window, slots)
         print(
-            f"{name:<18}{m['p50']:>8.0f}ms{m['p90']:>8.0f}ms{m['p99']:>8.0f}ms{m['rps']:>8.1f}{m['hit'] * 100:>7.1f}%",
+            f"{name:<18}{m['p50']:>8.0f}ms{m['p90']:>8.0f}ms{m['p99']:>8.0f}ms{m['rps']:>8.1f}{m['hit'] * 100:>7.1f}%{m['waited'] * 100:>7.1f}%",
             flush=True,
         )
     rr, li = rows["round-robin"], rows["least-inflight"]
-    best = min((n for n in rows if n.startswith("prefix")), key=lambda n: rows[n]["p90"])
+    best = min((n for n in rows if n.startswith("prefix ")), key=lambda n: rows[n]["p90"])
     print(
         f"prefix_model: best={best.replace(' ', '_')} p90_over_rr={rows[best]['p90'] / rr['p90']:.3f} "
         f"throughput_over_least_inflight={rows[best]['rps'] / li['rps']:.3f}"

@@ -94,7 +94,7 @@ def test_the_endpoint_holding_the_prefix_wins_and_the_rationale_names_the_source
     assert "prefix_by=a:approx,b:precise,c:precise" in d.rationale()
 
 
-def test_a_full_holder_spills_to_another_replica_that_holds_the_prefix() -> None:
+def test_a_full_holder_within_its_bound_stays_eligible_and_load_picks_among_holders() -> None:
     cands = [
         Candidate("a", inflight=4, slots=4, prefix=1.0, prefix_source="precise"),
         Candidate("b", inflight=3, slots=4, prefix=1.0, prefix_source="precise"),
@@ -102,7 +102,7 @@ def test_a_full_holder_spills_to_another_replica_that_holds_the_prefix() -> None
     ]
     d = schedule(cands, _policy(), RequestInfo(), random.Random(1))
     assert d.endpoint == "b"  # not the idle replica: it would prefill the whole prompt
-    assert d.dropped["full"] == 1
+    assert d.dropped["full"] == 0 and d.prefix_holder
 
 
 def test_without_prefix_weight_the_prefix_changes_nothing() -> None:

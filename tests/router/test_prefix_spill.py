@@ -125,3 +125,48 @@ def test_the_first_block_hash_is_the_whole_chains_first(words: list[str], block:
     key = PrefixKey((), " ".join(words))
     full = key.engine_hashes(block, "0", "salt", 256)
     assert key.first_engine_hash(block, "0", "salt") == (full[0] if full else None)
+
+
+def test_a_full_holder_within_its_bound_is_waited_for_rather_than_prefilling_elsewhere() -> None:
+    """With slots known (as deployed), the full filter dropped every busy holder, and at saturation the
+    policy became least-inflight (the benchmark's prefix-slots row); a holder within the load bound is now
+    kept, as a session's target is, and the decision says so, for the forwarder to send it there when full."""
+    cands = [Candidate("a", inflight=8, slots=8, prefix=0.99, prefix_source="precise")]
+    cands += [
+        Candidate(n, inflight=x, slots=8, prefix_source="precise") for n, x in (("b", 7), ("c", 8), ("d", 8))
+    ]
+    d = schedule(cands, POLICY, RequestInfo(prefix=_key("system: g")), random.Random(1))
+    assert d.endpoint == "a" and d.prefix_holder and d.dropped["full"] == 2, d.rationale()
+    # past its bound (1.5 x the mean, 17 with this request, being larger than 1.5 x its slots) it is full again
+    cands[0].inflight = 20
+    d = schedule(cands, POLICY, RequestInfo(prefix=_key("system: g")), random.Random(1))
+    assert d.endpoint == "b" and not d.prefix_holder and d.dropped["full"] == 3, d.rationale()
+
+
+def test_the_router_forwards_to_a_full_holder_instead_of_holding_the_request_or_prefilling_elsewhere() -> (
+    None
+):
+    from llmgw_router.service import Router, RouterOptions
+
+    from llmgw.core.snapshot import RouterSnapshot
+
+    eps = [
+        {"replica_id": r, "model": "m", "engine": "vllm", "base_url": f"http://127.0.0.1:{9 + i}", "slots": 1}
+        for i, r in enumerate(("a", "b"))
+    ]
+    policy = {"picker": "max_score", "weights": {"prefix": 4, "inflight": 1}}
+    raw = {"revision": "r", "models": {"m": {"context_length": 4096}}, "router": {"default_policy": "p"}}
+    router = Router(RouterOptions())
+    router.apply_snapshot(RouterSnapshot.model_validate({**raw, "policies": {"p": policy}, "endpoints": eps}))
+    table, fwd = router.table, router.forwarding
+    assert table is not None
+    body = {"messages": [{"role": "system", "content": "shared " * 200}, {"role": "user", "content": "q"}]}
+    key = fwd.prefix.key(body, table.policy_for("m"), "p1")
+    assert key is not None
+    first = fwd.claim(table, "m", RequestInfo(prefix=key, project="p1"), need_room=True)
+    assert first is not None
+    holder = first[0]
+    assert holder.inflight == 1  # full: one slot
+    second = fwd.claim(table, "m", RequestInfo(prefix=key, project="p1"), need_room=True)
+    assert second is not None, "held back although its prefix holder was within the load bound"
+    assert second[0] is holder and second[1].prefix_holder, second[1].rationale()

@@ -205,12 +205,12 @@ def main(argv: list[str] | None = None) -> None:
     ns = p.parse_args(argv)
     rows = {}
     print(
-        f"{'strategy':<18}{'p50 TTFT':>10}{'p90 TTFT':>10}{'p99 TTFT':>10}{'req/s':>8}{'hit':>8}{'waited':>8}"
+        f"{'strategy':<22}{'p50 TTFT':>10}{'p90 TTFT':>10}{'p99 TTFT':>10}{'req/s':>8}{'hit':>8}{'waited':>8}"
     )
     for name, policy, slots in strategies([float(x) for x in ns.load_bounds.split(",")]):
         rows[name] = m = measure(policy, ns.seeds, ns.warmup, ns.window, slots)
         print(
-            f"{name:<18}{m['p50']:>8.0f}ms{m['p90']:>8.0f}ms{m['p99']:>8.0f}ms{m['rps']:>8.1f}{m['hit'] * 100:>7.1f}%{m['waited'] * 100:>7.1f}%",
+            f"{name:<22}{m['p50']:>8.0f}ms{m['p90']:>8.0f}ms{m['p99']:>8.0f}ms{m['rps']:>8.1f}{m['hit'] * 100:>7.1f}%{m['waited'] * 100:>7.1f}%",
             flush=True,
         )
     rr, li = rows["round-robin"], rows["least-inflight"]

@@ -7,6 +7,7 @@ function the router reuses to read an engine's /metrics.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -50,6 +51,9 @@ class LaunchContext:
     binary: str | None = None  # the engine's executable (or python for sglang) from the agent config
     python: str = field(default_factory=lambda: sys.executable)
     adapters: tuple[tuple[str, str], ...] = ()  # (name, local path) of each LoRA adapter, in the spec's order
+    # Where the KV-event publisher binds (the serving address and a port the agent allocated), when the spec
+    # asks for events and the engine publishes them (KV_EVENT_ENGINES). None: no publisher.
+    kv_events: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,30 @@ def _model_arg(spec: ShardSpec, ctx: LaunchContext) -> str:
     return ctx.model_path or spec.model
 
 
+# ---------------- KV-cache events ----------------
+
+KV_EVENT_ENGINES = frozenset({"vllm", "sim"})  # SGLang's publisher flag is not in /work/shared/engines.md
+
+
+def _zmq_endpoint(host: str, port: int) -> str:
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def kv_events_config(spec: ShardSpec, bind: tuple[str, int]) -> str:
+    """vLLM's `--kv-events-config` JSON: the zmq publisher bound to the serving address only (the events say
+    which prompts are cached), never `tcp://*`."""
+    assert spec.kv_events is not None
+    return json.dumps(
+        {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": _zmq_endpoint(*bind),
+            "topic": spec.kv_events.topic,
+        },
+        separators=(",", ":"),
+    )
+
+
 # ---------------- sim ----------------
 
 SIM_ARGS: dict[str, str] = {}  # sim options are typed below, not free flags
@@ -127,6 +155,10 @@ def _sim_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     if "max_concurrency" not in args and spec.slots:
         args["max_concurrency"] = spec.slots
     argv += _extra_flags("sim", args, _SIM_FLAGS)
+    if spec.kv_events is not None and ctx.kv_events is not None:
+        host, port = ctx.kv_events
+        argv += ["--kv-events-host", host, "--kv-events-port", str(port)]
+        argv += ["--hash-seed", spec.kv_events.hash_seed]
     env = {"PYTHONPATH": _AGENT_IMPORT_ROOT}
     if spec.api_key:
         env["VLLM_API_KEY"] = spec.api_key
@@ -242,6 +274,11 @@ def _vllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     argv += _extra_flags("vllm", args, VLLM_ARGS)
     argv += _vllm_lora_flags(spec, ctx, args)
     env = _gpu_env(spec)
+    if spec.kv_events is not None and ctx.kv_events is not None:
+        # sha256 named, not left to the version's default: the router hashes prompts the same way
+        argv += ["--kv-events-config", kv_events_config(spec, ctx.kv_events)]
+        argv += ["--prefix-caching-hash-algo", "sha256"]
+        env["PYTHONHASHSEED"] = spec.kv_events.hash_seed
     if spec.api_key:
         # By environment: the command line is readable by every user on the node.
         env["VLLM_API_KEY"] = spec.api_key

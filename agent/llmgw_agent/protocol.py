@@ -199,6 +199,16 @@ class ShardAdapter(_Model):
     rank: int | None = None
 
 
+class KvEventsRequest(_Model):
+    """Publish the engine's KV-cache events (vLLM's `--kv-events-config`), asked for when the model's routing
+    policy weighs prefixes: the router subscribes to them to score prefixes precisely."""
+
+    # The root of the engine's block hashes (vLLM's PYTHONHASHSEED), the policy's `prefix.hash_seed`: without a
+    # fixed seed vLLM draws a random one and no router can name its blocks.
+    hash_seed: str = "0"
+    topic: str = "kv-events"
+
+
 class ShardSpec(_Model):
     replica_id: str
     shard_rank: int = 0
@@ -232,6 +242,8 @@ class ShardSpec(_Model):
     fabric_address: str | None = None
     # LoRA adapters loaded at start, in this order (llama.cpp's adapter ids). Empty from an older controller.
     adapters: list[ShardAdapter] = Field(default_factory=list)
+    # Publish KV-cache events (an engine that cannot ignores it). None: none, or from an older controller.
+    kv_events: KvEventsRequest | None = None
 
     @property
     def shard_id(self) -> str:
@@ -266,6 +278,8 @@ class ShardStatus(_Model):
     # What the engine said it computes on as it became ready ("gpu (19/19 layers offloaded)", "cpu (no usable
     # GPU)"). None: it did not say, or an agent before the field.
     compute: str | None = None
+    # The port of the engine's KV-event publisher, on the serving address (`host`). None: it publishes none.
+    kv_events_port: int | None = None
 
     @property
     def shard_id(self) -> str:

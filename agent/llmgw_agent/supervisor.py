@@ -370,7 +370,7 @@ class Supervisor:
             p
             for s in self.shards.values()
             if s.status.state not in ("stopped", "failed")
-            for p in (s.status.port, s.engine_port)
+            for p in (s.status.port, s.engine_port, s.status.kv_events_port)
             if p is not None
         } | taken
         lo, hi = self.cfg.port_range
@@ -384,6 +384,15 @@ class Supervisor:
                     continue
             return port
         raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
+
+    def _kv_events(self, shard: Shard, serving: str) -> tuple[str, int] | None:
+        """Where the engine's KV-event publisher binds: the serving address (routers subscribe there, nothing
+        else may), on a port of its own; None when not asked for or the engine has no publisher."""
+        if shard.spec.kv_events is None or shard.spec.engine not in engines.KV_EVENT_ENGINES:
+            return None
+        taken = frozenset(p for p in (shard.status.port, shard.engine_port) if p is not None)
+        shard.status.kv_events_port = self._pick_port(serving, taken)
+        return serving, shard.status.kv_events_port
 
     async def _launch(self, shard: Shard, model_path: str | None) -> None:
         spec = shard.spec
@@ -399,7 +408,9 @@ class Supervisor:
         else:
             launch_spec = spec
             ctx = self._context(spec, port, model_path, host=serving)
-        ctx = dataclasses.replace(ctx, adapters=shard.adapter_paths)
+        ctx = dataclasses.replace(
+            ctx, adapters=shard.adapter_paths, kv_events=self._kv_events(shard, serving)
+        )
         plan = engines.launch_plan(launch_spec, ctx)
         argv, front_env = plan.argv, {}
         if fronted:

@@ -89,9 +89,18 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 failed=failed,
                 failed_details=c.model_checks.details_of(rec.model, shard.engine, version),
                 checking=c.model_checks.checking(rec.model, shard.engine, version, probed),
+                kv_events=kv_events_address(shard.host, shard.kv_events_port),
             )
         )
     return out
+
+
+def kv_events_address(host: str | None, port: int | None) -> str | None:
+    """Where routers subscribe to a replica's KV events: its serving address and the port its agent gave the
+    publisher. None when it publishes none (not asked for, an engine without a publisher, an older agent)."""
+    if host is None or port is None:
+        return None
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
 
 
 def snapshot(c: Controller) -> RouterSnapshot | None:

@@ -16,7 +16,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmgw_agent import repo_rules
-from llmgw_agent.protocol import Register, Rendezvous, ShardAdapter, ShardSpec, WeightSource
+from llmgw_agent.protocol import (
+    KvEventsRequest,
+    Register,
+    Rendezvous,
+    ShardAdapter,
+    ShardSpec,
+    WeightSource,
+)
 
 from llmgw.adapters import logformat
 from llmgw.adapters.secrets import SecretError, read_secret
@@ -378,7 +385,16 @@ class Reconciler:
             ]
             if profile.engine in LORA_ENGINES
             else [],
+            kv_events=self._kv_events(placement.model),
         )
+
+    def _kv_events(self, model: str) -> KvEventsRequest | None:
+        """Ask for the engine's KV-cache events when the model's routing policy weighs prefixes (the router
+        scores them precisely from the events; an engine with no publisher ignores it)."""
+        d = self.c.desired
+        assert d is not None
+        policy = d.catalog.policy_for(model)
+        return KvEventsRequest(hash_seed=policy.prefix.hash_seed) if policy.weights.prefix > 0 else None
 
     def _fabric_address(self, node: str) -> str | None:
         d = self.c.desired

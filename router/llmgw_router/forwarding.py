@@ -151,9 +151,10 @@ class Forwarding:
             return None
         index = next(i for i, c in enumerate(cands) if c.id == decision.endpoint)
         chosen, ep = cands[index], endpoints[index]
-        # A session's target is forwarded even when full: the scheduler bounds that queue (scheduler.py).
+        # A session's target, or a holder of the prompt's prefix, is forwarded even when full: the scheduler
+        # bounds that queue (scheduler.py).
         unusable = chosen.full or (chosen.stale and not take_stale)
-        if need_room and unusable and chosen.id != decision.session_target:
+        if need_room and unusable and chosen.id != decision.session_target and not decision.prefix_holder:
             return None
         ok, ep.breaker = brk.allow(ep.breaker, now, self.options.breaker)
         if not ok:

@@ -160,6 +160,7 @@ class PrefixKey:
     head: str = ""  # a leading part of `text` ending at a token boundary, tokenized and hashed through `memo`
     memo: HeadMemo | None = None
     _engine: dict[tuple[int, str, str | None], tuple[int, ...]] = field(default_factory=dict)
+    _first: dict[tuple[int, str, str | None], int | None] = field(default_factory=dict)
 
     def engine_hashes(
         self, block_size: int, seed: str, salt: str | None, max_blocks: int
@@ -171,6 +172,18 @@ class PrefixKey:
         if found is None:
             found = self._engine[key] = self._hash(block_size, seed, salt, max_blocks)
         return found
+
+    def first_engine_hash(self, block_size: int, seed: str, salt: str | None) -> int | None:
+        """The first block's hash alone (None when the prompt is shorter than a block): an engine that does
+        not hold it holds none of the prompt, so a prompt no engine shares is never hashed whole."""
+        if self.text is None:
+            return None
+        key = (block_size, seed, salt)
+        if key not in self._first:
+            ids = sim_token_ids(" ".join(self.text.split(None, block_size)[:block_size]))
+            first = vllm_chain(ids, block_size, none_hash(seed), salt, 0, 1)
+            self._first[key] = first[0][0] if first else None
+        return self._first[key]
 
     def _hash(self, block_size: int, seed: str, salt: str | None, max_blocks: int) -> tuple[int, ...]:
         assert self.text is not None

@@ -86,6 +86,14 @@ class PrefixRouting:
         settings = policy.prefix
         return key.engine_hashes(ep.spec.kv_block_size, settings.hash_seed, salt, settings.max_blocks)
 
+    def _first_engine_hash(
+        self, ep: LiveEndpoint, key: PrefixKey, policy: RoutingPolicySpec, project: str
+    ) -> int | None:
+        if ep.spec.engine not in _TOKENIZED_ENGINES:
+            return None
+        salt = cache_salt(ep.spec.api_key, project) if ep.spec.engine in SALTED_ENGINES else None
+        return key.first_engine_hash(ep.spec.kv_block_size, policy.prefix.hash_seed, salt)
+
     def annotate(
         self,
         cands: Sequence[Candidate],
@@ -97,10 +105,14 @@ class PrefixRouting:
     ) -> None:
         """Set each candidate's `prefix` (the share of the prompt's leading blocks it holds) and its source."""
         for c, ep in zip(cands, endpoints, strict=True):
-            hashes = self._engine_hashes(ep, key, policy, project) if ep.spec.kv_events else None
-            fresh = bool(hashes) and self._fresh(ep.id, now)
-            if hashes and fresh:
-                c.prefix, c.prefix_source = self.events.match(ep.id, hashes) / len(hashes), "precise"
+            first = self._first_engine_hash(ep, key, policy, project) if ep.spec.kv_events else None
+            if first is not None and self._fresh(ep.id, now):
+                c.prefix_source = "precise"
+                if not self.events.match(ep.id, (first,)):
+                    c.prefix = 0.0  # holds none of it: the whole prompt need not be hashed
+                    continue
+                hashes = self._engine_hashes(ep, key, policy, project) or (first,)
+                c.prefix = self.events.match(ep.id, hashes) / len(hashes)
             elif key.approx:
                 c.prefix = self.approx.match(ep.id, key.approx) / len(key.approx)
                 c.prefix_source = "approx"
@@ -129,9 +141,14 @@ class PrefixRouting:
         """The request went to `ep`: remember its blocks there, and expect an event if it brings new ones."""
         self.approx.record(ep.id, key.approx)
         if ep.spec.kv_events:
-            hashes = self._engine_hashes(ep, key, policy, project)
-            if hashes:
-                self.events.routed(ep.id, self.events.match(ep.id, hashes) < len(hashes), now)
+            first = self._first_engine_hash(ep, key, policy, project)
+            if first is None:
+                return
+            if not self.events.match(ep.id, (first,)):  # new blocks, and no need to hash them all to know
+                self.events.routed(ep.id, True, now)
+                return
+            hashes = self._engine_hashes(ep, key, policy, project) or (first,)
+            self.events.routed(ep.id, self.events.match(ep.id, hashes) < len(hashes), now)
 
     def forget(self, keep: Sequence[str]) -> None:
         self.approx.forget(keep)

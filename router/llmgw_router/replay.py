@@ -167,7 +167,7 @@ class _Sim:
         if decision.endpoint is None:
             return False
         at = self.index[request.model][decision.endpoint]
-        if cands[at].full and decision.endpoint != decision.session_target:
+        if cands[at].full and decision.endpoint != decision.session_target and not decision.prefix_holder:
             return False
         self.start(index, live[at], now)
         return True

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw_router.prefix import PrefixKey
+from llmgw_router.prefix_spill import SPILL, prefix_scores, spill_key
 
 __all__ = [
     "KV_PENALTY",
@@ -85,6 +86,9 @@ class Decision:
     dropped: dict[str, int] = field(default_factory=dict)
     session_target: str | None = None
     prefix_sources: tuple[tuple[str, str], ...] = ()  # (endpoint, "precise" | "approx") when prefix-scored
+    # The endpoint holds the prompt's prefix within the prefix load bound: forwarded even when full, as a
+    # session's target is (the engine queues it briefly instead of another replica prefilling it all).
+    prefix_holder: bool = False
 
     def rationale(self) -> str:
         """One line for a debug header or a log: the choice, what decided it, scores, filters."""
@@ -177,8 +181,17 @@ def _over_bound(usable: Sequence[Candidate], load_bound: float) -> frozenset[str
     return frozenset(over)
 
 
+def _prefix_scores(
+    kept: Sequence[Candidate], over: frozenset[str], policy: RoutingPolicySpec, info: RequestInfo
+) -> tuple[dict[str, float], str | None]:
+    """The prefix term per kept candidate, and the replica a hot prefix spills to (prefix_spill.py)."""
+    p = info.prefix
+    key = "" if p is None else spill_key(p.head) if p.head else f"{p.approx[0]:x}" if p.approx else ""
+    return prefix_scores(kept, over, key, policy.prefix.min_share)
+
+
 def _scores(
-    c: Candidate, policy: RoutingPolicySpec, max_weight: float, target: str | None, over: frozenset[str]
+    c: Candidate, policy: RoutingPolicySpec, max_weight: float, target: str | None, prefix: dict[str, float]
 ) -> dict[str, float]:
     if c.stale:  # saturated by definition: nothing we read from it can be trusted
         queue = kv = load = 0.0
@@ -201,7 +214,7 @@ def _scores(
         "load": load,
         "weight": c.weight / max_weight if max_weight > 0 else 1.0,
         "session": 1.0 if c.id == target else 0.0,
-        "prefix": 0.0 if c.id in over else c.prefix,
+        "prefix": prefix.get(c.id, 0.0),
     }
 
 
@@ -281,21 +294,29 @@ def schedule(
         _session_target(info.session_key or "", usable, policy.session.load_bound) if has_session else None
     )
     # The full filter only narrows, and spares a session's target: the caller forwards a session to its
-    # target even when full, and the engine queues it briefly (within the bounds above).
-    kept = [c for c in usable if not c.full or c.id == target]
+    # target even when full, and the engine queues it briefly (within the bounds above). It spares the
+    # prompt's prefix holders within the prefix load bound too, for the same reason: a slot's wait there costs
+    # less than prefilling the whole prompt on a replica with a free slot.
+    over = _over_bound(usable, policy.prefix.load_bound) if policy.weights.prefix > 0 else frozenset()
+    holders = {c.id for c in usable if c.prefix > 0 and c.prefix >= policy.prefix.min_share} - over
+    kept = [c for c in usable if not c.full or c.id == target or c.id in holders]
     if kept:
         dropped["full"] = len(usable) - len(kept)
     else:
         kept = usable
     weights = _weights(policy, has_session)
     max_weight = max(c.weight for c in kept)
-    over = _over_bound(usable, policy.prefix.load_bound) if weights["prefix"] else frozenset()
+    prefix, spill = _prefix_scores(kept, over, policy, info) if weights["prefix"] else ({}, None)
     scored = []
     for c in kept:
-        raw = _scores(c, policy, max_weight, target, over)
+        raw = _scores(c, policy, max_weight, target, prefix)
         total = sum(weights[name] * value for name, value in raw.items())
         scored.append(EndpointScore(c.id, raw, total))
     chosen = _pick(scored, policy, info, rng, target)
     reason = _winner_reason(chosen, scored, weights, policy.picker)
-    sources = tuple((c.id, c.prefix_source) for c in kept if c.prefix_source is not None)
-    return Decision(chosen.id, policy.picker, reason, tuple(scored), dropped, target, sources)
+    sources = tuple(
+        (c.id, SPILL if c.id == spill else c.prefix_source) for c in kept if c.prefix_source is not None
+    )
+    return Decision(
+        chosen.id, policy.picker, reason, tuple(scored), dropped, target, sources, chosen.id in holders
+    )

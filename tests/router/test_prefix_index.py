@@ -94,7 +94,7 @@ def test_the_endpoint_holding_the_prefix_wins_and_the_rationale_names_the_source
     assert "prefix_by=a:approx,b:precise,c:precise" in d.rationale()
 
 
-def test_a_full_holder_spills_to_another_replica_that_holds_the_prefix() -> None:
+def test_a_full_holder_within_its_bound_stays_eligible_and_load_picks_among_holders() -> None:
     cands = [
         Candidate("a", inflight=4, slots=4, prefix=1.0, prefix_source="precise"),
         Candidate("b", inflight=3, slots=4, prefix=1.0, prefix_source="precise"),
@@ -102,7 +102,7 @@ def test_a_full_holder_spills_to_another_replica_that_holds_the_prefix() -> None
     ]
     d = schedule(cands, _policy(), RequestInfo(), random.Random(1))
     assert d.endpoint == "b"  # not the idle replica: it would prefill the whole prompt
-    assert d.dropped["full"] == 1
+    assert d.dropped["full"] == 0 and d.prefix_holder
 
 
 def test_without_prefix_weight_the_prefix_changes_nothing() -> None:
@@ -118,6 +118,6 @@ def test_a_holder_past_its_load_bound_spills_to_the_next_holder_without_slots() 
         Candidate("c", inflight=0, prefix=0.0, prefix_source="precise"),
     ]
     d = schedule(cands, _policy(), RequestInfo(), random.Random(1))
-    # mean with this request 3, ceiling ceil(1.25 * 3) = 4: `a` (7) is past it, `b` (3) is not
+    # mean with this request 3, ceiling ceil(1.5 * 3) = 5: `a` (7) is past it, `b` (3) is not
     assert d.endpoint == "b", d.rationale()
     assert next(s for s in d.scores if s.id == "a").scores["prefix"] == 0.0

@@ -28,8 +28,15 @@ class PrefixSettings(Strict):
         description="PYTHONHASHSEED the engines run with: the root of vLLM's block hashes (NONE_HASH)",
     )
     load_bound: float = Field(
-        1.25,
+        1.5,
         gt=1.0,
         description="An endpoint whose in-flight requests pass this times the mean (or, when larger, this "
         "times its slots) scores no prefix: a hot prefix spills to the next replica holding it",
+    )
+    min_share: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description="The least share of a prompt's leading blocks a replica must hold to draw the request: "
+        "shorter matches count as none, and load alone decides",
     )

@@ -6,7 +6,9 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 
 def serve(
@@ -23,6 +25,7 @@ def serve(
     warmup_headers: dict[str, str] | None = None,
     adapters: dict[str, str] | None = None,
     runtime_lora: bool = False,
+    on_request: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
     """`adapters` (name -> path, vLLM's --lora-modules; None without --enable-lora): served under their names
     beside `model`, a request naming any other model is a 404 as vLLM answers it; `runtime_lora` (the
@@ -118,6 +121,8 @@ def serve(
             ):
                 self._send(404, json.dumps({"error": {"message": "not found"}}))
                 return
+            if on_request is not None:
+                on_request(request)
             words = [f"w{i}" for i in range(int(request.get("max_tokens") or 4))]
             if not request.get("stream"):
                 body = {"object": "text_completion", "model": model, "choices": [{"text": " ".join(words)}]}

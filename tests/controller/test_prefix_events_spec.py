@@ -1,0 +1,92 @@
+"""The controller asks for KV-cache events where routing needs them, and tells routers where they are published.
+The reconcile loop against the fake AgentClient (tests/controller/fake_agents.py): the repo, the controller and
+its store are real. A model whose routing policy weighs prefixes gets `kv_events` (with the policy's hash seed)
+in its shard specs; one that does not gets none; a ready replica whose agent reports the publisher's port is
+published to routers as `tcp://host:port`, one that reports none is published without."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from support import wait_for
+
+from llmgw.controller.core import Controller
+from llmgw.controller.desired import build_desired
+from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.publisher import endpoints
+from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.store.store import Store
+
+from .fake_agents import FakeAgents
+from .helpers import Repo, cluster_yaml, model_yaml, settings_for
+
+POLICIES = """\
+apiVersion: llmgw/v1
+kind: RoutingPolicy
+metadata: {name: prefix}
+spec:
+  picker: max_score
+  weights: {prefix: 4, inflight: 1}
+  prefix: {hash_seed: "42"}
+---
+apiVersion: llmgw/v1
+kind: RoutingPolicy
+metadata: {name: plain}
+spec:
+  picker: max_score
+  weights: {inflight: 1}
+"""
+
+
+@pytest.fixture
+async def setup(tmp_path: Path) -> AsyncIterator[tuple[Controller, FakeAgents, Reconciler]]:
+    repo = Repo(tmp_path / "repo", use_git=False)
+    settings = settings_for(tmp_path, repo.path)
+    store = await Store.open(settings.store)
+    agents = FakeAgents(clock=time.monotonic)
+    c = Controller(settings, store, ControllerMetrics(), admin_token="admin", agents=agents)
+    agents.on_change = c.notify
+    reconciler = Reconciler(c)
+    agents.on_register = reconciler.adopt
+    repo.write(
+        {
+            "cluster.yaml": cluster_yaml(),
+            "policies.yaml": POLICIES,
+            "models/shared.yaml": model_yaml("shared", 1, extra="\n  routing_policy: prefix"),
+            "models/chat.yaml": model_yaml("chat", 1, extra="\n  routing_policy: plain"),
+        }
+    )
+    c.desired = build_desired(repo.path, "rev-1", "test")
+    yield c, agents, reconciler
+    await reconciler.close()
+    await c.stop_background()
+    await store.close()
+
+
+async def test_prefix_models_ask_for_kv_events_and_routers_are_told_where(
+    setup: tuple[Controller, FakeAgents, Reconciler],
+) -> None:
+    c, agents, reconciler = setup
+    agents.register("n1")
+    await reconciler.pass_once()
+    await wait_for(lambda: len(reconciler.background) == 0, 10, "the pass's commands to finish")
+    sent = {s.spec.model: s for s in agents.started() if s.spec is not None}
+    assert set(sent) == {"shared", "chat"}
+    shared, chat = sent["shared"].spec, sent["chat"].spec
+    assert shared is not None and chat is not None
+    assert shared.kv_events is not None and shared.kv_events.hash_seed == "42"
+    assert chat.kv_events is None
+
+    link = agents.nodes["n1"]
+    for s, port in ((sent["shared"], 21007), (sent["chat"], None)):
+        shard_id = f"{s.replica_id}-0"
+        link.shards[shard_id] = link.shards[shard_id].model_copy(
+            update={"host": "10.0.0.5", "base_url": "http://10.0.0.5:21000", "kv_events_port": port}
+        )
+        agents.report("n1", s.replica_id, "ready")
+    published = {e.model: e for e in endpoints(c)}
+    assert published["shared"].kv_events == "tcp://10.0.0.5:21007"
+    assert published["chat"].kv_events is None

@@ -13,6 +13,7 @@ names the adapter its own way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -81,7 +82,7 @@ class Adapters:
         ]
         choice = choose(candidates)
         others = {c.id for c in candidates} - choice.allowed
-        return RequestInfo(info.session_key, info.exclude | others, info.rr_counter), choice.load_on
+        return dataclasses.replace(info, exclude=info.exclude | others), choice.load_on
 
     async def ensure_loaded(
         self, session: aiohttp.ClientSession, ep: LiveEndpoint, name: str, adapter: PublishedAdapter

@@ -656,7 +656,7 @@ class _Steering:
             needs=self.needs,
             failed=info.exclude | down,
         )
-        return RequestInfo(info.session_key, info.exclude | away, info.rr_counter)
+        return dataclasses.replace(info, exclude=info.exclude | away)  # its prefix and project kept
 
 
 _NO_STEERING = _Steering({}, frozenset(), 1.0)

@@ -170,3 +170,26 @@ def test_the_router_forwards_to_a_full_holder_instead_of_holding_the_request_or_
     second = fwd.claim(table, "m", RequestInfo(prefix=key, project="p1"), need_room=True)
     assert second is not None, "held back although its prefix holder was within the load bound"
     assert second[0] is holder and second[1].prefix_holder, second[1].rationale()
+
+
+def test_canary_and_adapter_steering_keep_the_prompts_prefix_and_project() -> None:
+    """Steering narrows a request's endpoints; it rebuilt the request's info from three of its five fields,
+    so a canary model or a LoRA request lost its prefix score without a word."""
+    from llmgw_router.adapters import Adapters
+    from llmgw_router.service import Router, RouterOptions, _Steering
+
+    from llmgw.core.snapshot import PublishedAdapter, RouterSnapshot
+
+    eps = [{"replica_id": r, "model": "m", "engine": "vllm", "base_url": f"http://127.0.0.1:{9 + i}"}
+           for i, r in enumerate(("a", "b"))]  # fmt: skip
+    raw = {"revision": "r", "models": {"m": {"context_length": 4096}}, "endpoints": eps}
+    router = Router(RouterOptions())
+    router.apply_snapshot(RouterSnapshot.model_validate(raw))
+    table = router.table
+    assert table is not None
+    info = RequestInfo(session_key="s", rr_counter=3, prefix=_key("system: g"), project="p1")
+    specs = {"m": [ep.spec for ep in table.endpoints["m"]]}
+    steered = _Steering(specs, frozenset(), 1.0).info(table, ("m",), {}, info, 0.0)
+    assert (steered.prefix, steered.project, steered.session_key) == (info.prefix, "p1", "s")
+    adapted, _ = Adapters().steer(table, "m", "lora-x", PublishedAdapter(base="m", path="/x"), info)
+    assert (adapted.prefix, adapted.project, adapted.rr_counter) == (info.prefix, "p1", 3)

@@ -397,6 +397,19 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
+def describe(fleet: FleetSpec, measured: Measured, engine: EngineModel, bench_load: str) -> None:
+    curve = ", ".join(
+        f"c{s.concurrency} ttft {_ms(s.ttft_p50_ms)} itl {_ms(s.itl_p50_ms)} prompt {_ms(s.prompt_tokens)}"
+        for s in measured.curve
+    )
+    print(f"\n{fleet.name}: {len(fleet.urls)} replica(s) x {fleet.slots} slots; bench p50 (ms): {curve}")
+    print(f"  fitted: prefill {engine.fixed_ms:.0f} ms + {engine.prefill_ms_per_token:.2f} ms/token, "
+          f"{engine.exclusive:.2f} of it exclusive; itl {', '.join(f'{v:.0f}' for _, v in engine.itl_ms)} ms "
+          f"({bench_load})")  # fmt: skip
+    for note in engine.assumptions:
+        print(f"  ({note})")
+
+
 async def run_fleet(
     procs: Procs, work: Path, fleet: FleetSpec, minutes: float, bench_s: float, seed: int
 ) -> dict[str, float | None]:
@@ -406,8 +419,7 @@ async def run_fleet(
     if not engine.measured:  # a fidelity figure from assumed latencies would measure the assumption
         print(f"\n{fleet.name}: not compared: the bench measured nothing ({'; '.join(engine.assumptions)})")
         return {"p50": None, "p99": None}
-    for note in engine.assumptions:
-        print(f"  ({note})")
+    describe(fleet, measured, engine, bench_load)
     # The model's capacity at the bench's prompt, in the tokens the engine counted for it (the trace's mean).
     counted = max((s.prompt_tokens or 0.0 for s in measured.curve), default=0.0)
     mean_tokens = round(counted) if counted > 0 else fleet.shape.prompt_tokens
@@ -417,9 +429,7 @@ async def run_fleet(
     header, requests = steady({fleet.model: rate}, minutes * 60.0, rng, fleet.shape)
     requests = spread_prompts(requests, fleet.shape.prompt_tokens, rng)
     if len(requests) < 20:  # percentiles of a handful say nothing
-        print(
-            f"\n{fleet.name}: not compared: {rate:.3f} req/s for {minutes:g} min is {len(requests)} requests"
-        )
+        print(f"  not compared: {rate:.3f} req/s for {minutes:g} min is {len(requests)} requests")
         return {"p50": None, "p99": None}
     url = start_router(procs, work, fleet)
     real = await run_for_real(url, fleet, requests)
@@ -431,14 +441,6 @@ async def run_fleet(
         "p50": (percentile(real.ttft_ms, 0.5), sim_p50),
         "p99": (percentile(real.ttft_ms, 0.99), sim_p99),
     }
-    curve = ", ".join(
-        f"c{s.concurrency} ttft {_ms(s.ttft_p50_ms)} itl {_ms(s.itl_p50_ms)} prompt {_ms(s.prompt_tokens)}"
-        for s in measured.curve
-    )
-    print(f"\n{fleet.name}: {len(fleet.urls)} replica(s) x {fleet.slots} slots; bench p50 (ms): {curve}")
-    print(f"  fitted: prefill {engine.fixed_ms:.0f} ms + {engine.prefill_ms_per_token:.2f} ms/token, "
-          f"{engine.exclusive:.2f} of it exclusive; itl {', '.join(f'{v:.0f}' for _, v in engine.itl_ms)} ms "
-          f"({bench_load})")  # fmt: skip
     print(f"  modelled capacity {per_replica * len(fleet.urls):.2f} req/s at {mean_tokens} prompt tokens; "
           f"offered {rate:.2f} req/s ({LOAD:.0%}) for {minutes:g} min: {len(requests)} requests "
           f"({real_load} at the end)")  # fmt: skip

@@ -105,7 +105,8 @@ def split_short(curve: Sequence[Step]) -> tuple[tuple[Step, ...], Step | None]:
     """The ladder (by concurrency) and the short step: a concurrency-1 step whose counted prompt is shorter
     than the ladder's top step's."""
     ordered = sorted(curve, key=lambda s: s.concurrency)
-    main = ordered[-1].prompt_tokens if ordered else None
+    top = [s.prompt_tokens for s in ordered if s.concurrency == ordered[-1].concurrency]
+    main = max((n for n in top if n is not None), default=None)
     short = None
     if main is not None:
         short = next(

@@ -123,7 +123,8 @@ def _ladder(curve: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]]
     served = sorted((s for s in curve if _served(s)), key=lambda s: int(s["concurrency"]))
     if not served:
         return [], None
-    main = served[-1].get("prompt_tokens")
+    top = [s.get("prompt_tokens") for s in served if s["concurrency"] == served[-1]["concurrency"]]
+    main = max((n for n in top if isinstance(n, int | float)), default=None)
     short = None
     if isinstance(main, int | float):
         shorter = [s for s in served if isinstance(s.get("prompt_tokens"), int | float)]

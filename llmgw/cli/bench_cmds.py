@@ -191,7 +191,15 @@ def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) ->
     console.print(f"{result['model']}/{result['profile']} ({result['engine']}{where}), replica {result['replica']}",
                   highlight=False)  # fmt: skip
     table = Table(
-        "CONCURRENCY", "PROMPT", "REQUESTS", "FAILED", "TTFT P50", "TTFT P99", "ITL P50", "ITL P99", "TOKENS/S"
+        "CONCURRENCY",
+        "PROMPT",
+        "REQUESTS",
+        "FAILED",
+        "TTFT P50",
+        "TTFT P99",
+        "ITL P50",
+        "ITL P99",
+        "TOKENS/S",
     )
     for s in result["curve"]:
         table.add_row(str(s["concurrency"]), _ms(s.get("prompt_tokens")), str(s["requests"]), str(s["failed"]), _ms(s["ttft_p50_ms"]),

@@ -12,8 +12,8 @@ inter-token latency, the prompt tokens the engine counted, and what it completed
   The exclusive parts queue first come, first served; the rest runs in the request's own slot.
 - **Decode**: while no exclusive prefill runs, each of the k sequences decoding gets a token every `itl(k)`
   ms, the curve's p50 inter-token latency at concurrency k (linear between the steps, the last step's past it).
-- `exclusive` is fitted so that the model completes, at the ladder's highest step, what the bench measured
-  there: at S concurrent requests of prefill p and d decode ms, a closed loop completes
+- `exclusive` is fitted so that the model completes, at the ladder's highest step within the capacity (past
+  it the engine queues requests itself), what the bench measured there: at S concurrent requests of prefill p and d decode ms, a closed loop completes
   S / (S*x*p + (1-x)*p + d) per ms for share x, solved for x and kept within [0, 1].
 - **Capacity** (for utilization) is the replica's declared slots, else the measured concurrency at the model's
   objective, else the highest step measured.
@@ -214,7 +214,9 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
             f"{where}: no slots declared, no concurrency met the objective: {capacity} (the top step)"
         )
     model = EngineModel(prefill[1], itl, capacity, True, (), prefill[0])
-    share = _exclusive(model, ladder[-1])
+    # Past the slots the engine queues requests itself: what it completes there says nothing of the share.
+    within = [s for s in ladder if 2 <= s["concurrency"] <= capacity]
+    share = _exclusive(model, within[-1]) if within else None
     if share is None:
         share = 0.0
         notes.append(

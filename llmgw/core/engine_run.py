@@ -8,8 +8,9 @@ clock-free: the caller says when a sequence arrives and how far to advance, and 
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from llmgw.core.engine_model import EngineModel
 
@@ -28,19 +29,24 @@ class RunEvent:
 @dataclass(slots=True)
 class _Seq:
     key: int
-    own_ms: float  # the prefill's share in the sequence's own slot, left
     exclusive_ms: float  # the share that holds the replica, left
-    tokens: float  # decode tokens left after the first
+    tokens: float  # decode tokens after the first
 
 
-@dataclass
 class EngineRun:
-    model: EngineModel
-    now_ms: float = 0.0
-    _own: list[_Seq] = field(default_factory=list)  # in the own-slot share of their prefill
-    _queue: deque[_Seq] = field(default_factory=deque)  # waiting for (the head: in) the exclusive share
-    _decoding: list[_Seq] = field(default_factory=list)
-    _events: list[RunEvent] = field(default_factory=list)
+    """The sequences on one replica. Decoding sequences all advance at one rate, so each keeps the point of
+    a shared token count at which it ends (`_done`); the own-slot shares end at fixed times (`_own`)."""
+
+    def __init__(self, model: EngineModel) -> None:
+        self.model = model
+        self.now_ms = 0.0
+        self._own: list[tuple[float, int, _Seq]] = []  # (when its own share ends, order, it)
+        self._queue: deque[_Seq] = deque()  # waiting for (the head: in) the exclusive share
+        self._decoding: list[tuple[float, int, int]] = []  # (shared token count at its end, order, key)
+        self._tokens = 0.0  # tokens each decoding sequence has made so far, shared
+        self._events: list[RunEvent] = []
+        self._order = 0
+        self._itl = [model.itl(k) for k in range(max(2, model.capacity) * 2 + 1)]
 
     @property
     def sequences(self) -> int:
@@ -51,8 +57,13 @@ class EngineRun:
         self.advance(at_ms)
         prefill = self.model.prefill_ms(prompt_tokens)
         share = self.model.exclusive
-        seq = _Seq(key, prefill * (1 - share), prefill * share, float(max(0, completion_tokens - 1)))
-        self._next_phase(seq)
+        seq = _Seq(key, prefill * share, float(max(0, completion_tokens - 1)))
+        own = prefill * (1 - share)
+        if own > _EPS:
+            self._order += 1
+            heapq.heappush(self._own, (self.now_ms + own, self._order, seq))
+        else:
+            self._exclusive(seq)
 
     def take(self) -> list[RunEvent]:
         """The events since the last take, in time order."""
@@ -65,9 +76,12 @@ class EngineRun:
         return None if step is None else self.now_ms + step
 
     def advance(self, until_ms: float) -> None:
+        # An event the caller scheduled at next_ms() must happen when advanced to it, though the time came
+        # back through another unit: a day is 8.6e7 ms, where one float step is 1.5e-8 ms.
+        slack = _EPS + abs(until_ms) * 1e-12
         while True:
             step = self._step_ms()
-            if step is None or self.now_ms + step > until_ms + _EPS:
+            if step is None or self.now_ms + step > until_ms + slack:
                 self._progress(max(0.0, until_ms - self.now_ms))
                 self.now_ms = max(self.now_ms, until_ms)
                 return
@@ -75,46 +89,49 @@ class EngineRun:
             self.now_ms += step
             self._settle()
 
+    def _gap(self) -> float:
+        k = len(self._decoding)
+        return self._itl[k] if k < len(self._itl) else self.model.itl(k)
+
     def _step_ms(self) -> float | None:
         """Time to the nearest phase change."""
-        steps = [s.own_ms for s in self._own]
+        step = self._own[0][0] - self.now_ms if self._own else None
         if self._queue:
-            steps.append(self._queue[0].exclusive_ms)
+            other = self._queue[0].exclusive_ms
         elif self._decoding:
-            steps.append(min(s.tokens for s in self._decoding) * self.model.itl(len(self._decoding)))
-        return max(0.0, min(steps)) if steps else None
+            other = (self._decoding[0][0] - self._tokens) * self._gap()
+        else:
+            return None if step is None else max(0.0, step)
+        return max(0.0, other if step is None else min(step, other))
 
     def _progress(self, ms: float) -> None:
-        for s in self._own:
-            s.own_ms -= ms
         if self._queue:
             self._queue[0].exclusive_ms -= ms
         elif self._decoding and ms > 0:
-            tokens = ms / self.model.itl(len(self._decoding))
-            for s in self._decoding:
-                s.tokens -= tokens
+            self._tokens += ms / self._gap()
 
     def _settle(self) -> None:
         """Move every sequence whose phase is done on to its next one."""
-        done = [s for s in self._own if s.own_ms <= _EPS]
-        self._own = [s for s in self._own if s.own_ms > _EPS]
+        # Tolerances grow with the shared count and the clock: a week of them is past where a float keeps
+        # _EPS, and a step too small to move them must still count as done.
+        tokens_slack, ms_slack = _EPS + self._tokens * 1e-12, _EPS + abs(self.now_ms) * 1e-12
+        while self._decoding and self._decoding[0][0] - self._tokens <= tokens_slack:
+            self._events.append(RunEvent(heapq.heappop(self._decoding)[2], "end", self.now_ms))
         while self._queue and self._queue[0].exclusive_ms <= _EPS:
-            done.append(self._queue.popleft())
-        finished = [s for s in self._decoding if s.tokens <= _EPS]
-        self._decoding = [s for s in self._decoding if s.tokens > _EPS]
-        for s in finished:
-            self._events.append(RunEvent(s.key, "end", self.now_ms))
-        for s in done:
-            self._next_phase(s)
+            self._first(self._queue.popleft())
+        while self._own and self._own[0][0] - self.now_ms <= ms_slack:
+            self._exclusive(heapq.heappop(self._own)[2])
 
-    def _next_phase(self, seq: _Seq) -> None:
-        if seq.own_ms > _EPS:
-            self._own.append(seq)
-        elif seq.exclusive_ms > _EPS:
+    def _exclusive(self, seq: _Seq) -> None:
+        if seq.exclusive_ms > _EPS:
             self._queue.append(seq)
         else:
-            self._events.append(RunEvent(seq.key, "first", self.now_ms))
-            if seq.tokens > _EPS:
-                self._decoding.append(seq)
-            else:
-                self._events.append(RunEvent(seq.key, "end", self.now_ms))
+            self._first(seq)
+
+    def _first(self, seq: _Seq) -> None:
+        self._events.append(RunEvent(seq.key, "first", self.now_ms))
+        if seq.tokens > _EPS:
+            self._order += 1
+            heapq.heappush(self._decoding, (self._tokens + seq.tokens, self._order, seq.key))
+        else:
+            self._events.append(RunEvent(seq.key, "end", self.now_ms))

@@ -111,9 +111,15 @@ async def run_bench(
     target: dict[str, Any], steps: list[int], seconds: float, prompt_tokens: int, max_tokens: int,
     objective_ms: float | None,
 ) -> Measured:  # fmt: skip
-    """Drive the target at each concurrency in turn; stop early once a step misses the objective or fails.
-    After a concurrency-1 step that served, one more with prompts a quarter as long (the short step)."""
+    """Drive the target at each concurrency in turn (after one request that warms it up); stop early once a
+    step misses the objective or fails. After a concurrency-1 step that served, one more with prompts a
+    quarter as long (the short step)."""
     curve: list[Step] = []
+    # One request first, not measured: an engine that just started pays for paging its weights in (llama.cpp
+    # maps the file) and would have the first step look slower than any that follows.
+    timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await _one(session, target, -1, prompt_tokens, max_tokens)
     for n in steps:
         step = await _step(target, n, seconds, prompt_tokens, max_tokens)
         curve.append(step)

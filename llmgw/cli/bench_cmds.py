@@ -89,6 +89,13 @@ def _prompt_tokens(chunk: dict[str, Any]) -> int | None:
     return count if isinstance(count, int) and count > 0 else None
 
 
+def _session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+    # A connection per request: llama-server closes a kept-alive connection under a client about to reuse
+    # it (seen here: "Server disconnected" on a streamed request's second use), and a failed request ends the
+    # bench's ladder. A loopback connect costs nothing beside a completion.
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True))
+
+
 async def _step(
     target: dict[str, Any], concurrency: int, seconds: float, prompt_tokens: int, max_tokens: int
 ) -> Step:
@@ -102,7 +109,7 @@ async def _step(
 
     started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with _session(timeout) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
     return summarize_step(concurrency, samples, time.monotonic() - started)
 
@@ -118,7 +125,7 @@ async def run_bench(
     # One request first, not measured: an engine that just started pays for paging its weights in (llama.cpp
     # maps the file) and would have the first step look slower than any that follows.
     timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with _session(timeout) as session:
         await _one(session, target, -1, prompt_tokens, max_tokens)
     for n in steps:
         step = await _step(target, n, seconds, prompt_tokens, max_tokens)

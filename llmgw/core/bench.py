@@ -43,6 +43,7 @@ class Step:
     itl_p99_ms: float | None
     tokens_per_s: float
     prompt_tokens: float | None = None  # the mean the engine counted; None: it did not say
+    itl_mean_ms: float | None = None  # what a completion's tokens cost on average: its tail counts
 
     def json(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,6 +88,7 @@ def summarize_step(concurrency: int, samples: Sequence[RequestSample], seconds: 
         itl_p99_ms=_ms(percentile(gaps, 0.99)),
         tokens_per_s=round(tokens / seconds, 3) if seconds > 0 else 0.0,
         prompt_tokens=round(sum(counted) / len(counted), 1) if counted else None,
+        itl_mean_ms=_ms(sum(gaps) / len(gaps)) if gaps else None,
     )
 
 

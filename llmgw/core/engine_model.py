@@ -11,7 +11,9 @@ inter-token latency, the prompt tokens the engine counted, and what it completed
   time, and a prompt's batch stalls every slot's next token; a sim engine only sleeps, so its share is 0).
   The exclusive parts queue first come, first served; the rest runs in the request's own slot.
 - **Decode**: while no exclusive prefill runs, each of the k sequences decoding gets a token every `itl(k)`
-  ms, the curve's p50 inter-token latency at concurrency k (linear between the steps, the last step's past it).
+  ms, the curve's mean inter-token latency at concurrency k (its p50 for a bench that did not store the mean;
+  linear between the steps, the last step's past it). The mean, not the p50: a completion takes the sum of
+  its gaps, and on a busy CPU the few long ones are most of it.
 - `exclusive` is fitted so that the model completes, at the ladder's highest step within the capacity (past
   it the engine queues requests itself), what the bench measured there: at S concurrent requests of prefill p and d decode ms, a closed loop completes
   S / (S*x*p + (1-x)*p + d) per ms for share x, solved for x and kept within [0, 1].
@@ -200,7 +202,9 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
         # cannot be split per token, so it stands as a fixed cost.
         prefill = (ttft[0][1], 0.0)
         notes.append(f"{where}: no prefill cost per token measured: the prompt's length is not modelled")
-    itl = _points(ladder, "itl_p50_ms")
+    # The mean gap, where the bench says it: a completion's time is the sum of its gaps, and on a busy CPU
+    # the tail of them (stalls of a second beside a p50 of 0.1 s) is most of it. Else the p50.
+    itl = _points(ladder, "itl_mean_ms") or _points(ladder, "itl_p50_ms")
     if not itl:
         decode = measured.get("decode_ms_per_token")
         itl = ((1.0, float(decode) if isinstance(decode, int | float) else ASSUMED_ITL_MS),)

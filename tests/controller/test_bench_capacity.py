@@ -58,6 +58,7 @@ def test_a_step_summary_keeps_unknown_apart_from_zero() -> None:
     assert percentile([], 0.99) is None
     step = summarize_step(2, [RequestSample(0.1, (0.01, 0.02), 3), RequestSample(0.0, (), 0, ok=False)], 2.0)
     assert (step.requests, step.failed, step.ttft_p99_ms, step.tokens_per_s) == (2, 1, 100.0, 1.5)
+    assert step.itl_mean_ms == 15.0
     assert step.prompt_tokens is None  # the engine counted nothing: unknown
     counted = summarize_step(1, [RequestSample(0.1, (), 1, prompt_tokens=10), RequestSample(0.1, (), 1)], 1.0)
     assert counted.prompt_tokens == 10.0

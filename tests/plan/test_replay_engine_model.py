@@ -22,7 +22,8 @@ def _curve(
     fixed: float, per_token: float, share: float, itl: dict[int, float], long: int, completion: int
 ) -> dict[str, Any]:
     """What `llmgw bench --save` would store for an engine that is exactly the model with these parameters:
-    the ladder at `long` prompt tokens, the short step at a quarter of it, each step 30 s long."""
+    the ladder at `long` prompt tokens, the short step at a quarter of it, each step 30 s long; the gaps'
+    p50 is half their mean (a tail of stalls, as on a busy CPU): the mean is what a completion costs."""
     seconds = 30.0
     steps = []
     for n, gap in sorted(itl.items()):
@@ -30,7 +31,7 @@ def _curve(
         per_s = 1000.0 * closed_loop_per_ms(n, prefill, (completion - 1) * gap, share)
         requests = per_s * seconds  # not rounded to a whole count: so the recovery can be exact
         steps.append({"concurrency": n, "requests": requests, "failed": 0, "seconds": seconds,
-                      "ttft_p50_ms": prefill if n == 1 else prefill * 2, "itl_p50_ms": gap,
+                      "ttft_p50_ms": prefill if n == 1 else prefill * 2, "itl_p50_ms": gap / 2, "itl_mean_ms": gap,
                       "tokens_per_s": requests * completion / seconds, "prompt_tokens": float(long)})  # fmt: skip
     short = long // 4
     steps.append({"concurrency": 1, "requests": 40, "failed": 0, "seconds": seconds,

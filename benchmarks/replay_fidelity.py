@@ -13,16 +13,19 @@ For each fleet, in turn:
    `plan --simulate` fits from the stored capacity) — the sim's own arguments are never read;
 3. a synthetic trace (`llmgw.core.synthetic_trace.steady`, Poisson) at LOAD of the fitted fleet's capacity
    runs for `--minutes` through the router: an open-loop client sends each streamed request at its time and
-   measures the TTFT from that time (so client lag counts against the measurement, as it would for a user);
+   measures the TTFT from that time (so client lag counts against the measurement, as it would for a user),
+   and records what the engine counted (`usage`), as a router records a trace;
 4. the same trace is replayed by `llmgw plan --simulate --trace T --capacity C --state S --offline` (in this
    process, through the CLI: `llmgw_router.replay`, the router's own scheduler and fair queue) on a cluster
    repo declaring that fleet, a saved live state running it and the bench's measurement as
    `llmgw capacity --json` prints it, and the current fleet's p50 and p99 TTFT compared.
 
-Prompts are `--prompt-words` words of the bench's shape, and the trace's prompt_tokens count those words, so
-the per-token prefill the bench measured applies as measured (a trace recorded by a router counts real
-tokens; the bench's words are what it had). Gemma's answers run to their max_tokens (`ignore_eos`), as the
-trace says they do.
+Prompts are words of the bench's shape, of lengths spread like a recorded trace's (log-normal around
+`--prompt-words`, from a quarter to four times it; the bench measures at the mean), and the replayed trace
+carries the prompt tokens the engine counted for each request (the tokens a router records), so the per-token
+prefill the bench measured applies in the same unit. Gemma's answers run to their max_tokens (`ignore_eos`),
+as the trace says they do. Every figure is printed with the machine's load average: the fit and the real run
+share the moment, but on a shared machine that moment is not the lead's.
 
 Printed: per fleet the measured capacity, the offered rate, requests, refusals, and measured against simulated
 p50/p99 TTFT with the relative error; the last line is machine-readable (NA for a fleet not run, with why):
@@ -47,7 +50,7 @@ import re
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -93,11 +96,30 @@ class Measure:
     ttft_ms: list[float]
     refused: int
     failed: int
+    recorded: list[TracedRequest]  # the trace as a router records it: the engine's own token counts
+
+
+PROMPT_SIGMA = 0.6  # log-normal spread of the prompts' lengths
 
 
 def prompt_text(words: int, i: int) -> str:
     # The bench's own prompt shape (llmgw/cli/bench_cmds.py): distinct per request, so no prefix cache helps.
     return " ".join(f"w{i}x{k}" for k in range(words))
+
+
+def spread_prompts(requests: list[TracedRequest], mean_words: int, rng: random.Random) -> list[TracedRequest]:
+    """Each request's prompt length in words, log-normal with mean `mean_words`, within [mean/4, 4*mean]."""
+    mu = math.log(mean_words) - PROMPT_SIGMA**2 / 2
+    lo, hi = max(1, mean_words // 4), mean_words * 4
+    return [
+        replace(r, prompt_tokens=min(hi, max(lo, round(rng.lognormvariate(mu, PROMPT_SIGMA)))))
+        for r in requests
+    ]
+
+
+def load() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
 # ------------------------------------------------------------------------------------------------ processes
@@ -202,9 +224,12 @@ def fitted(fleet: FleetSpec, measured: Measured) -> EngineModel:
     return fit_engine_model(stored, fleet.slots, f"{fleet.model}/{fleet.name}")
 
 
+Result = tuple[str, float | None, int | None]  # status, TTFT ms, prompt tokens the engine counted
+
+
 async def one(
     http: aiohttp.ClientSession, url: str, fleet: FleetSpec, req: TracedRequest, i: int, due: float
-) -> tuple[str, float | None]:
+) -> Result:
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, due - loop.time()))
     body = {
@@ -212,23 +237,28 @@ async def one(
         "messages": [{"role": "user", "content": prompt_text(req.prompt_tokens, i)}],
         "max_tokens": req.completion_tokens,
         "stream": True,
+        "stream_options": {"include_usage": True},
         **fleet.extra_body,
     }
     ttft: float | None = None
+    counted: int | None = None
     try:
         async with http.post(url + "/v1/chat/completions", json=body) as resp:
             if resp.status == 429:
                 await resp.read()
-                return "refused", None
+                return "refused", None, None
             if resp.status != 200:
                 await resp.read()
-                return "failed", None
+                return "failed", None, None
             async for line in resp.content:
                 if ttft is None and line.startswith(b"data: "):
                     ttft = (loop.time() - due) * 1000.0
+                if b'"usage"' in line and b'"prompt_tokens"' in line:
+                    usage = json.loads(line.strip()[6:]).get("usage") or {}
+                    counted = usage.get("prompt_tokens")
     except (aiohttp.ClientError, TimeoutError):
-        return "failed", None
-    return ("ok", ttft) if ttft is not None else ("failed", None)
+        return "failed", None, None
+    return ("ok", ttft, counted) if ttft is not None else ("failed", None, None)
 
 
 async def run_for_real(url: str, fleet: FleetSpec, requests: list[TracedRequest]) -> Measure:
@@ -239,10 +269,18 @@ async def run_for_real(url: str, fleet: FleetSpec, requests: list[TracedRequest]
         results = await asyncio.gather(
             *(one(http, url, fleet, r, i, start + r.t) for i, r in enumerate(requests))
         )
+    # What the engine counted where it answered; else the words times the tokens per word it counted.
+    counts = [(r.prompt_tokens, c) for r, (_, _, c) in zip(requests, results, strict=True) if c]
+    per_word = sum(c for _, c in counts) / max(1, sum(w for w, _ in counts)) if counts else 1.0
+    recorded = [
+        replace(r, prompt_tokens=c or max(1, round(r.prompt_tokens * per_word)))
+        for r, (_, _, c) in zip(requests, results, strict=True)
+    ]
     return Measure(
-        [t for status, t in results if status == "ok" and t is not None],
-        sum(1 for status, _ in results if status == "refused"),
-        sum(1 for status, _ in results if status == "failed"),
+        [t for status, t, _ in results if status == "ok" and t is not None],
+        sum(1 for status, _, _ in results if status == "refused"),
+        sum(1 for status, _, _ in results if status == "failed"),
+        recorded,
     )
 
 
@@ -359,39 +397,53 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
+def describe(fleet: FleetSpec, measured: Measured, engine: EngineModel, bench_load: str) -> None:
+    curve = ", ".join(
+        f"c{s.concurrency} ttft {_ms(s.ttft_p50_ms)} itl {_ms(s.itl_p50_ms)} prompt {_ms(s.prompt_tokens)}"
+        for s in measured.curve
+    )
+    print(f"\n{fleet.name}: {len(fleet.urls)} replica(s) x {fleet.slots} slots; bench p50 (ms): {curve}")
+    print(f"  fitted: prefill {engine.fixed_ms:.0f} ms + {engine.prefill_ms_per_token:.2f} ms/token, "
+          f"{engine.exclusive:.2f} of it exclusive; itl {', '.join(f'{v:.0f}' for _, v in engine.itl_ms)} ms "
+          f"({bench_load})")  # fmt: skip
+    for note in engine.assumptions:
+        print(f"  ({note})")
+
+
 async def run_fleet(
     procs: Procs, work: Path, fleet: FleetSpec, minutes: float, bench_s: float, seed: int
 ) -> dict[str, float | None]:
     measured = await bench(fleet, bench_s)
+    bench_load = load()
     engine = fitted(fleet, measured)
     if not engine.measured:  # a fidelity figure from assumed latencies would measure the assumption
         print(f"\n{fleet.name}: not compared: the bench measured nothing ({'; '.join(engine.assumptions)})")
         return {"p50": None, "p99": None}
-    for note in engine.assumptions:
-        print(f"  ({note})")
-    per_replica = engine.requests_per_s(fleet.shape.prompt_tokens, fleet.shape.completion_tokens)
+    describe(fleet, measured, engine, bench_load)
+    # The model's capacity at the bench's prompt, in the tokens the engine counted for it (the trace's mean).
+    counted = max((s.prompt_tokens or 0.0 for s in measured.curve), default=0.0)
+    mean_tokens = round(counted) if counted > 0 else fleet.shape.prompt_tokens
+    per_replica = engine.requests_per_s(mean_tokens, fleet.shape.completion_tokens)
     rate = LOAD * per_replica * len(fleet.urls)
-    header, requests = steady({fleet.model: rate}, minutes * 60.0, random.Random(seed), fleet.shape)
+    rng = random.Random(seed)
+    header, requests = steady({fleet.model: rate}, minutes * 60.0, rng, fleet.shape)
+    requests = spread_prompts(requests, fleet.shape.prompt_tokens, rng)
     if len(requests) < 20:  # percentiles of a handful say nothing
-        print(
-            f"\n{fleet.name}: not compared: {rate:.3f} req/s for {minutes:g} min is {len(requests)} requests"
-        )
+        print(f"  not compared: {rate:.3f} req/s for {minutes:g} min is {len(requests)} requests")
         return {"p50": None, "p99": None}
     url = start_router(procs, work, fleet)
     real = await run_for_real(url, fleet, requests)
+    real_load = load()
     sim_p50, sim_p99, sim_refused = replayed_by_plan(
-        write_plan_inputs(work, fleet, measured, header, requests)
+        write_plan_inputs(work, fleet, measured, header, real.recorded)
     )
     figures = {
         "p50": (percentile(real.ttft_ms, 0.5), sim_p50),
         "p99": (percentile(real.ttft_ms, 0.99), sim_p99),
     }
-    curve = ", ".join(
-        f"c{s.concurrency} ttft {_ms(s.ttft_p50_ms)} itl {_ms(s.itl_p50_ms)}" for s in measured.curve
-    )
-    print(f"\n{fleet.name}: {len(fleet.urls)} replica(s) x {fleet.slots} slots; bench p50 (ms): {curve}")
-    print(f"  modelled capacity {per_replica * len(fleet.urls):.2f} req/s; offered {rate:.2f} req/s "
-          f"({LOAD:.0%}) for {minutes:g} min: {len(requests)} requests")  # fmt: skip
+    print(f"  modelled capacity {per_replica * len(fleet.urls):.2f} req/s at {mean_tokens} prompt tokens; "
+          f"offered {rate:.2f} req/s ({LOAD:.0%}) for {minutes:g} min: {len(requests)} requests "
+          f"({real_load} at the end)")  # fmt: skip
     print(f"  {'':<10}{'measured':>10}{'simulated':>11}{'error':>8}")
     out: dict[str, float | None] = {}
     for name, (m, s) in figures.items():

@@ -2,7 +2,8 @@
 
 The fleet: `--nodes` nodes (50), one replica each, spread over `--models` models (5); every replica's engine
 model is fitted (`llmgw.core.engine_model.fit_engine_model`) from CURVE, a stored `llmgw bench --save`
-measurement of a GPU replica with 8 slots whose TTFT and inter-token latency grow with its load. Each model
+measurement of a GPU replica with 8 slots whose inter-token latency grows with its load and a tenth of whose
+prefills holds the replica (the share the fit reads from what it completed at 8). Each model
 gets a 24-hour diurnal trace (`llmgw.core.synthetic_trace.diurnal`: trough at 04:00, peak at 16:00) whose peak
 is `--peak` (0.8) of its replicas' modelled capacity; requests have 256-token prompts and ~600-token answers
 (+-50%), so a day is about a million requests. The replay (`llmgw_router.replay`: the router's scheduler and
@@ -29,19 +30,28 @@ from llmgw.core.engine_model import fit_engine_model
 from llmgw.core.synthetic_trace import Shape, diurnal
 from llmgw.core.trace import TracedRequest
 
-# A measured curve of the shape `llmgw bench --save` stores (ms; steps at concurrency 1..16 of an 8-slot replica).
+# A measured curve of the shape `llmgw bench --save` stores (ms; steps at concurrency 1..16 of an 8-slot replica,
+# 256-token prompts, 800-token answers, and the short step at 64 tokens); at 8 it completed what a share of 0.1
+# of each prefill holding the replica gives (`llmgw.core.engine_model`).
 CURVE = {
     "concurrency": 8,
     "prefill_ms_per_token": 0.4,
     "decode_ms_per_token": 22.0,
     "curve": [
-        {"concurrency": 1, "requests": 60, "failed": 0, "ttft_p50_ms": 102.0, "itl_p50_ms": 22.0},
-        {"concurrency": 2, "requests": 80, "failed": 0, "ttft_p50_ms": 110.0, "itl_p50_ms": 23.5},
-        {"concurrency": 4, "requests": 120, "failed": 0, "ttft_p50_ms": 131.0, "itl_p50_ms": 26.0},
-        {"concurrency": 8, "requests": 200, "failed": 0, "ttft_p50_ms": 180.0, "itl_p50_ms": 31.0},
-        {"concurrency": 16, "requests": 220, "failed": 0, "ttft_p50_ms": 2900.0, "itl_p50_ms": 31.5},
+        {"concurrency": 1, "requests": 60, "failed": 0, "seconds": 1059.5, "ttft_p50_ms": 102.0,
+         "itl_p50_ms": 22.0, "tokens_per_s": 45.3, "prompt_tokens": 256.0},
+        {"concurrency": 1, "requests": 60, "failed": 0, "seconds": 1056.0, "ttft_p50_ms": 25.6,
+         "itl_p50_ms": 22.0, "tokens_per_s": 45.4, "prompt_tokens": 64.0},
+        {"concurrency": 2, "requests": 80, "failed": 0, "ttft_p50_ms": 110.0, "itl_p50_ms": 23.5,
+         "prompt_tokens": 256.0},
+        {"concurrency": 4, "requests": 120, "failed": 0, "ttft_p50_ms": 131.0, "itl_p50_ms": 26.0,
+         "prompt_tokens": 256.0},
+        {"concurrency": 8, "requests": 200, "failed": 0, "seconds": 623.6, "ttft_p50_ms": 180.0,
+         "itl_p50_ms": 31.0, "tokens_per_s": 256.6, "prompt_tokens": 256.0},
+        {"concurrency": 16, "requests": 220, "failed": 0, "ttft_p50_ms": 2900.0, "itl_p50_ms": 31.5,
+         "prompt_tokens": 256.0},
     ],
-}
+}  # fmt: skip
 SLOTS = 8
 BUCKET_S = 300.0
 SHAPE = Shape(prompt_tokens=256, completion_tokens=800, spread=0.5, project="day")

@@ -3,7 +3,8 @@
 `bench` asks the controller for a ready replica of the model (`GET /api/v1/bench/MODEL`: its address and engine
 key, so the run measures the replica and not the router in front of it), drives it with streamed chat requests
 at stepped concurrency (1, 2, 4, ... by default), and prints per step the p50/p99 time to first token, the
-inter-token latency and tokens/s; then the capacity at the model's objective (`slo.ttft_p99_ms`, or
+inter-token latency and tokens/s, then one more step at concurrency 1 with prompts a quarter as long (what the
+prefill costs per prompt token is the difference, in the tokens the engine counts); then the capacity at the model's objective (`slo.ttft_p99_ms`, or
 `--objective`) as `llmgw.core.bench.conclude` reads the curve. `--save` stores it (`POST /api/v1/capacity`) and
 the autoscaler uses it from then on.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from dataclasses import asdict
 from typing import Annotated, Any
@@ -46,10 +48,12 @@ async def _one(
         "messages": [{"role": "user", "content": _prompt(prompt_tokens, i)}],
         "max_tokens": max_tokens,
         "stream": True,
+        "stream_options": {"include_usage": True},  # the prompt tokens the engine counted
     }
     headers = {"Authorization": f"Bearer {target['api_key']}"}
     started = time.monotonic()
     stamps: list[float] = []
+    counted: int | None = None
     try:
         async with session.post(
             target["base_url"].rstrip("/") + "/v1/chat/completions", json=body, headers=headers
@@ -59,13 +63,37 @@ async def _one(
             async for raw in r.content:
                 line = raw.strip()
                 if line.startswith(b"data: ") and line != b"data: [DONE]":
-                    stamps.append(time.monotonic())
+                    chunk = _chunk(line[6:])
+                    if chunk.get("choices") != []:  # the usage chunk carries no token
+                        stamps.append(time.monotonic())
+                    counted = _prompt_tokens(chunk) or counted
     except (aiohttp.ClientError, TimeoutError):
         return RequestSample(0.0, (), 0, ok=False)
     if not stamps:
         return RequestSample(0.0, (), 0, ok=False)
     gaps = tuple(b - a for a, b in itertools.pairwise(stamps))
-    return RequestSample(stamps[0] - started, gaps, len(stamps))
+    return RequestSample(stamps[0] - started, gaps, len(stamps), prompt_tokens=counted)
+
+
+def _chunk(data: bytes) -> dict[str, Any]:
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def _prompt_tokens(chunk: dict[str, Any]) -> int | None:
+    usage = chunk.get("usage")
+    count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    return count if isinstance(count, int) and count > 0 else None
+
+
+def _session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+    # A connection per request: llama-server closes a kept-alive connection under a client about to reuse
+    # it (seen here: "Server disconnected" on a streamed request's second use), and a failed request ends the
+    # bench's ladder. A loopback connect costs nothing beside a completion.
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(force_close=True))
 
 
 async def _step(
@@ -81,7 +109,7 @@ async def _step(
 
     started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with _session(timeout) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
     return summarize_step(concurrency, samples, time.monotonic() - started)
 
@@ -90,11 +118,21 @@ async def run_bench(
     target: dict[str, Any], steps: list[int], seconds: float, prompt_tokens: int, max_tokens: int,
     objective_ms: float | None,
 ) -> Measured:  # fmt: skip
-    """Drive the target at each concurrency in turn; stop early once a step misses the objective or fails."""
+    """Drive the target at each concurrency in turn (after one request that warms it up); stop early once a
+    step misses the objective or fails. After a concurrency-1 step that served, one more with prompts a
+    quarter as long (the short step)."""
     curve: list[Step] = []
+    # One request first, not measured: an engine that just started pays for paging its weights in (llama.cpp
+    # maps the file) and would have the first step look slower than any that follows.
+    timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
+    async with _session(timeout) as session:
+        await _one(session, target, -1, prompt_tokens, max_tokens)
     for n in steps:
         step = await _step(target, n, seconds, prompt_tokens, max_tokens)
         curve.append(step)
+        short_words = max(1, prompt_tokens // 4)
+        if n == 1 and step.requests > step.failed and short_words < prompt_tokens:
+            curve.append(await _step(target, 1, seconds, short_words, max_tokens))
         missed = objective_ms is not None and (step.ttft_p99_ms is None or step.ttft_p99_ms > objective_ms)
         if step.failed or missed:
             break
@@ -166,10 +204,18 @@ def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) ->
     console.print(f"{result['model']}/{result['profile']} ({result['engine']}{where}), replica {result['replica']}",
                   highlight=False)  # fmt: skip
     table = Table(
-        "CONCURRENCY", "REQUESTS", "FAILED", "TTFT P50", "TTFT P99", "ITL P50", "ITL P99", "TOKENS/S"
+        "CONCURRENCY",
+        "PROMPT",
+        "REQUESTS",
+        "FAILED",
+        "TTFT P50",
+        "TTFT P99",
+        "ITL P50",
+        "ITL P99",
+        "TOKENS/S",
     )
     for s in result["curve"]:
-        table.add_row(str(s["concurrency"]), str(s["requests"]), str(s["failed"]), _ms(s["ttft_p50_ms"]),
+        table.add_row(str(s["concurrency"]), _ms(s.get("prompt_tokens")), str(s["requests"]), str(s["failed"]), _ms(s["ttft_p50_ms"]),
                       _ms(s["ttft_p99_ms"]), _ms(s["itl_p50_ms"]), _ms(s["itl_p99_ms"]),
                       f"{s['tokens_per_s']:.1f}")  # fmt: skip
     console.print(table)

@@ -119,6 +119,8 @@ class _Step(BaseModel):
     itl_p50_ms: float | None = None
     itl_p99_ms: float | None = None
     tokens_per_s: float = Field(ge=0)
+    prompt_tokens: float | None = Field(None, ge=0)  # what the engine counted; absent from older benches
+    itl_mean_ms: float | None = Field(None, ge=0)  # absent from older benches
 
 
 class _Saved(BaseModel):

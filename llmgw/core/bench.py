@@ -1,12 +1,15 @@
 """What `llmgw bench` concludes from a stepped load, as pure functions: per step the latencies measured, and
 the capacity at the model's objective.
 
-A run drives one replica at concurrency 1, 2, 4, ... for a while each and records, per request, the time to
-first token and the gaps between tokens. `summarize_step` turns one step's samples into its row of the curve;
-`conclude` reads the curve: the capacity is the highest concurrency whose p99 TTFT stays under the objective
-(with no objective, the highest step whose throughput still grew by a tenth over the step before: past the knee
-more sequences only queue), tokens/s at that step, and prefill and decode cost per token from the step at
-concurrency 1 (where nothing queues).
+A run drives one replica at concurrency 1, 2, 4, ... for a while each (the ladder), plus one step at
+concurrency 1 with prompts a quarter as long (the short step), and records, per request, the time to first
+token, the gaps between tokens and the prompt tokens the engine counted (its `usage`). `summarize_step` turns
+one step's samples into its row of the curve; `conclude` reads the curve: the capacity is the highest ladder
+concurrency whose p99 TTFT stays under the objective (with no objective, the highest step whose throughput
+still grew by a tenth over the step before: past the knee more sequences only queue), tokens/s at that step,
+the decode cost per token from the ladder's concurrency 1 (where nothing queues), and the prefill cost per
+token from the two concurrency-1 steps: the TTFT's growth per prompt token between them (without a short step
+or a counted prompt, the TTFT at concurrency 1 over the prompt's words, fixed costs included).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Measured", "RequestSample", "Step", "conclude", "percentile", "summarize_step"]
+__all__ = ["Measured", "RequestSample", "Step", "conclude", "percentile", "split_short", "summarize_step"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +28,7 @@ class RequestSample:
     gaps_s: tuple[float, ...]  # between one token and the next
     tokens: int  # completion tokens (or chunks) received
     ok: bool = True
+    prompt_tokens: int | None = None  # what the engine counted (its usage); None: it did not say
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +42,8 @@ class Step:
     itl_p50_ms: float | None
     itl_p99_ms: float | None
     tokens_per_s: float
+    prompt_tokens: float | None = None  # the mean the engine counted; None: it did not say
+    itl_mean_ms: float | None = None  # what a completion's tokens cost on average: its tail counts
 
     def json(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,6 +76,7 @@ def summarize_step(concurrency: int, samples: Sequence[RequestSample], seconds: 
     ttfts = [s.ttft_s for s in good]
     gaps = [g for s in good for g in s.gaps_s]
     tokens = sum(s.tokens for s in good)
+    counted = [s.prompt_tokens for s in good if s.prompt_tokens is not None]
     return Step(
         concurrency=concurrency,
         requests=len(samples),
@@ -80,6 +87,8 @@ def summarize_step(concurrency: int, samples: Sequence[RequestSample], seconds: 
         itl_p50_ms=_ms(percentile(gaps, 0.5)),
         itl_p99_ms=_ms(percentile(gaps, 0.99)),
         tokens_per_s=round(tokens / seconds, 3) if seconds > 0 else 0.0,
+        prompt_tokens=round(sum(counted) / len(counted), 1) if counted else None,
+        itl_mean_ms=_ms(sum(gaps) / len(gaps)) if gaps else None,
     )
 
 
@@ -94,26 +103,52 @@ def _knee(curve: Sequence[Step]) -> Step | None:
     return best
 
 
+def split_short(curve: Sequence[Step]) -> tuple[tuple[Step, ...], Step | None]:
+    """The ladder (by concurrency) and the short step: a concurrency-1 step whose counted prompt is shorter
+    than the ladder's top step's."""
+    ordered = sorted(curve, key=lambda s: s.concurrency)
+    top = [s.prompt_tokens for s in ordered if s.concurrency == ordered[-1].concurrency]
+    main = max((n for n in top if n is not None), default=None)
+    short = None
+    if main is not None:
+        short = next(
+            (
+                s
+                for s in ordered
+                if s.concurrency == 1 and s.prompt_tokens is not None and s.prompt_tokens < main
+            ),
+            None,
+        )
+    return tuple(s for s in ordered if s is not short), short
+
+
+def _prefill_per_token(single: Step | None, short: Step | None, prompt_tokens: int) -> float | None:
+    if single is None or single.ttft_p50_ms is None:
+        return None
+    if short is not None and short.requests > short.failed and short.ttft_p50_ms is not None:
+        long_n, short_n = single.prompt_tokens, short.prompt_tokens
+        if long_n is not None and short_n is not None and long_n > short_n:
+            return round(max(0.0, (single.ttft_p50_ms - short.ttft_p50_ms) / (long_n - short_n)), 4)
+    return round(single.ttft_p50_ms / prompt_tokens, 4) if prompt_tokens > 0 else None
+
+
 def conclude(curve: Sequence[Step], objective_ms: float | None, prompt_tokens: int) -> Measured:
     """The capacity the curve shows (see the module's words). A step with failures ends the search."""
-    curve = tuple(sorted(curve, key=lambda s: s.concurrency))
+    ladder, short = split_short(curve)
     if objective_ms is None:
-        chosen = _knee(curve)
+        chosen = _knee(ladder)
     else:
         chosen = None
-        for step in curve:
+        for step in ladder:
             if step.failed or step.ttft_p99_ms is None or step.ttft_p99_ms > objective_ms:
                 break
             chosen = step
-    single = next((s for s in curve if s.concurrency == 1 and s.requests > s.failed), None)
-    prefill = None
-    if single is not None and single.ttft_p50_ms is not None and prompt_tokens > 0:
-        prefill = round(single.ttft_p50_ms / prompt_tokens, 4)
+    single = next((s for s in ladder if s.concurrency == 1 and s.requests > s.failed), None)
     return Measured(
         concurrency=chosen.concurrency if chosen else None,
         tokens_per_s=chosen.tokens_per_s if chosen else None,
-        prefill_ms_per_token=prefill,
+        prefill_ms_per_token=_prefill_per_token(single, short, prompt_tokens),
         decode_ms_per_token=single.itl_p50_ms if single is not None else None,
         objective_ms=objective_ms,
-        curve=curve,
+        curve=tuple(sorted(curve, key=lambda s: s.concurrency)),
     )

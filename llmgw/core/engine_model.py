@@ -1,20 +1,30 @@
 """An engine replica as `plan --simulate` models it: from the curve `llmgw bench --save` measured, never from an
 engine's own arguments (a sim engine told to answer in 50 ms is not evidence of what it does under load).
 
-A bench run drives one replica at concurrency 1, 2, 4, ... and records per step the p50 time to first token and
-inter-token latency. The model reads that curve:
+A bench run drives one replica at concurrency 1, 2, 4, ... with prompts of one length, plus one step at
+concurrency 1 with prompts a quarter as long, and records per step the p50 time to first token, the p50
+inter-token latency, the prompt tokens the engine counted, and what it completed per second. The model:
 
-- **TTFT** of a request that finds n requests in flight on the replica (itself included) is the curve's p50
-  TTFT at n minus its TTFT at 1 (what contention adds), plus the measured prefill cost per token times the
-  request's prompt tokens. Between steps the curve is interpolated linearly; past the last step the TTFT keeps
-  growing along the last segment's slope (queueing grows linearly with the queue), and the inter-token latency
-  stays at the last step's.
-- **Duration** is the TTFT plus (completion tokens - 1) inter-token gaps at n.
+- **Prefill** of a request of P prompt tokens takes `fixed_ms + prefill_ms_per_token * P` of the replica's
+  time: the line through the two concurrency-1 steps' TTFTs (nothing queues there). A share `exclusive` of it
+  holds the whole replica: no other prefill and no decode advances meanwhile (llama.cpp runs one batch at a
+  time, and a prompt's batch stalls every slot's next token; a sim engine only sleeps, so its share is 0).
+  The exclusive parts queue first come, first served; the rest runs in the request's own slot.
+- **Decode**: while no exclusive prefill runs, each of the k sequences decoding gets a token every `itl(k)`
+  ms, the curve's mean inter-token latency at concurrency k (its p50 for a bench that did not store the mean;
+  linear between the steps, the last step's past it). The mean, not the p50: a completion takes the sum of
+  its gaps, and on a busy CPU the few long ones are most of it.
+- `exclusive` is fitted so that the model completes, at the ladder's highest step within the capacity (past
+  it the engine queues requests itself), what the bench measured there: at S concurrent requests of prefill p and d decode ms, a closed loop completes
+  S / (S*x*p + (1-x)*p + d) per ms for share x, solved for x and kept within [0, 1].
 - **Capacity** (for utilization) is the replica's declared slots, else the measured concurrency at the model's
   objective, else the highest step measured.
 
-A profile without a measurement gets the stated defaults below, and `assumptions` says so in words the CLI
-prints: nothing unknown is passed off as measured.
+The model runs in `llmgw.core.engine_run` (a replica's sequences advanced in virtual time). It ignores: the
+prefix cache (the bench's prompts are distinct), prompt batching across slots (two prompts that arrive together
+are prefilled one after the other), context length, and the engine's own queue (the router does not send a
+replica more than its slots). A profile without a measurement gets the stated defaults below, and
+`assumptions` says so in words the CLI prints: nothing unknown is passed off as measured.
 """
 
 from __future__ import annotations
@@ -42,46 +52,48 @@ Point = tuple[float, float]  # (concurrency, milliseconds)
 
 
 def _interpolate(points: Sequence[Point], x: float) -> float:
-    """Linear between the points, flat below the first, along the last segment's slope past the last."""
+    """Linear between the points, flat below the first and past the last."""
     if len(points) == 1 or x <= points[0][0]:
         return points[0][1]
     for (x0, y0), (x1, y1) in itertools.pairwise(points):
         if x <= x1:
             return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    (x0, y0), (x1, y1) = points[-2], points[-1]
-    return y1 + max(0.0, (y1 - y0) / (x1 - x0)) * (x - x1)
+    return points[-1][1]
 
 
 @dataclass(frozen=True, slots=True)
 class EngineModel:
-    """One replica's latency as a function of its load; see the module's words."""
+    """One replica's costs; see the module's words."""
 
     prefill_ms_per_token: float
-    ttft_ms: tuple[Point, ...]  # p50 TTFT per concurrency step, increasing concurrency; at least one point
-    itl_ms: tuple[Point, ...]  # p50 inter-token latency per concurrency step
+    itl_ms: tuple[Point, ...]  # p50 inter-token latency per concurrency step; at least one point
     capacity: int  # concurrent sequences, for utilization
     measured: bool
     assumptions: tuple[str, ...] = ()  # what was not measured and what stands in for it, in words
-    fixed_ms: float = 0.0  # TTFT that does not depend on the prompt (only when no prefill cost is known)
+    fixed_ms: float = 0.0  # prefill time that does not depend on the prompt's length
+    exclusive: float = 0.0  # the share of a prefill that holds the whole replica, in [0, 1]
 
-    def ttft(self, inflight: int, prompt_tokens: int) -> float:
-        contention = _interpolate(self.ttft_ms, inflight) - self.ttft_ms[0][1]
-        return self.fixed_ms + max(0.0, contention) + self.prefill_ms_per_token * prompt_tokens
+    def prefill_ms(self, prompt_tokens: int) -> float:
+        return self.fixed_ms + self.prefill_ms_per_token * max(0, prompt_tokens)
 
-    def itl(self, inflight: int) -> float:
-        if inflight >= self.itl_ms[-1][0]:
-            return self.itl_ms[-1][1]
-        return _interpolate(self.itl_ms, inflight)
-
-    def duration(self, inflight: int, prompt_tokens: int, completion_tokens: int) -> tuple[float, float]:
-        """(TTFT, whole duration) in ms of a request that starts with `inflight` on the replica."""
-        first = self.ttft(inflight, prompt_tokens)
-        return first, first + max(0, completion_tokens - 1) * self.itl(inflight)
+    def itl(self, decoding: int) -> float:
+        return _interpolate(self.itl_ms, max(1, decoding))
 
     def requests_per_s(self, prompt_tokens: int, completion_tokens: int) -> float:
         """What the replica completes per second when `capacity` requests are always in flight."""
-        _, ms = self.duration(self.capacity, prompt_tokens, completion_tokens)
-        return self.capacity * 1000.0 / max(ms, 1e-3)
+        return 1000.0 * closed_loop_per_ms(
+            self.capacity,
+            self.prefill_ms(prompt_tokens),
+            max(0, completion_tokens - 1) * self.itl(self.capacity),
+            self.exclusive,
+        )
+
+
+def closed_loop_per_ms(slots: int, prefill_ms: float, decode_ms: float, exclusive: float) -> float:
+    """Requests completed per ms by `slots` requests always in flight: each cycle of `slots` requests spends
+    their exclusive prefills one after the other and the rest of one request's time side by side."""
+    cycle = slots * exclusive * prefill_ms + (1 - exclusive) * prefill_ms + decode_ms
+    return slots / max(cycle, 1e-6)
 
 
 def assumed_model(slots: int | None, why: str) -> EngineModel:
@@ -94,7 +106,6 @@ def assumed_model(slots: int | None, why: str) -> EngineModel:
     )
     return EngineModel(
         prefill_ms_per_token=ASSUMED_PREFILL_MS_PER_TOKEN,
-        ttft_ms=((1.0, 0.0), (float(capacity), 0.0)),
         itl_ms=((1.0, ASSUMED_ITL_MS),),
         capacity=capacity,
         measured=False,
@@ -102,15 +113,76 @@ def assumed_model(slots: int | None, why: str) -> EngineModel:
     )
 
 
-def _points(curve: Sequence[Mapping[str, Any]], key: str) -> tuple[Point, ...]:
-    out: list[Point] = []
-    for step in sorted(curve, key=lambda s: int(s.get("concurrency") or 0)):
-        value, conc = step.get(key), step.get("concurrency")
-        failed = step.get("failed") or 0
-        requests = step.get("requests") or 0
-        if isinstance(value, int | float) and isinstance(conc, int) and conc >= 1 and requests > failed:
-            out.append((float(conc), float(value)))
-    return tuple(out)
+def _served(step: Mapping[str, Any]) -> bool:
+    return isinstance(step.get("concurrency"), int) and (step.get("requests") or 0) > (
+        step.get("failed") or 0
+    )
+
+
+def _ladder(curve: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
+    """The concurrency ladder (one prompt length, by concurrency) and the short-prompt step, if any: a
+    concurrency-1 step whose prompt is shorter than the ladder's."""
+    served = sorted((s for s in curve if _served(s)), key=lambda s: int(s["concurrency"]))
+    if not served:
+        return [], None
+    top = [s.get("prompt_tokens") for s in served if s["concurrency"] == served[-1]["concurrency"]]
+    main = max((n for n in top if isinstance(n, int | float)), default=None)
+    short = None
+    if isinstance(main, int | float):
+        shorter = [s for s in served if isinstance(s.get("prompt_tokens"), int | float)]
+        short = next((s for s in shorter if s["concurrency"] == 1 and s["prompt_tokens"] < main), None)
+    ladder = [s for s in served if s is not short]
+    return ladder, short
+
+
+def _points(steps: Sequence[Mapping[str, Any]], key: str) -> tuple[Point, ...]:
+    out: dict[float, float] = {}
+    for step in steps:
+        value = step.get(key)
+        if isinstance(value, int | float):
+            out.setdefault(float(step["concurrency"]), float(value))
+    return tuple(sorted(out.items()))
+
+
+def _prefill(
+    measured: Mapping[str, Any], ladder: Sequence[Mapping[str, Any]], short: Mapping[str, Any] | None
+) -> tuple[float, float] | None:
+    """(fixed ms, ms per token) from the two prompt lengths at concurrency 1, else the stored per-token cost
+    alone; None: no prompt cost known."""
+    single = next((s for s in ladder if s["concurrency"] == 1), None)
+    if single is not None and short is not None:
+        t_long, t_short = single.get("ttft_p50_ms"), short.get("ttft_p50_ms")
+        n_long, n_short = single["prompt_tokens"], short["prompt_tokens"]
+        if isinstance(t_long, int | float) and isinstance(t_short, int | float) and n_long > n_short:
+            per = max(0.0, (t_long - t_short) / (n_long - n_short))
+            return max(0.0, t_short - per * n_short), per
+    stored = measured.get("prefill_ms_per_token")
+    return (0.0, float(stored)) if isinstance(stored, int | float) else None
+
+
+def _exclusive(model: EngineModel, top: Mapping[str, Any]) -> float | None:
+    """The share that makes the model complete what the bench did at its top step (see the module's words);
+    None where the step does not say what it completed."""
+    slots, requests, seconds = int(top["concurrency"]), top.get("requests") or 0, top.get("seconds")
+    tokens_per_s, prompt = top.get("tokens_per_s"), top.get("prompt_tokens")
+    good = requests - (top.get("failed") or 0)
+    if (
+        slots < 2
+        or not isinstance(seconds, int | float)
+        or seconds <= 0
+        or not isinstance(prompt, int | float)
+    ):
+        return None
+    if not isinstance(tokens_per_s, int | float) or good <= 0:
+        return None
+    per_ms = good / (seconds * 1000.0)
+    completion = tokens_per_s * seconds / good
+    prefill = model.prefill_ms(round(prompt))
+    decode = max(0.0, completion - 1) * model.itl(slots)
+    if prefill <= 0:
+        return None
+    share = (slots / per_ms - decode - prefill) / (prefill * (slots - 1))
+    return min(1.0, max(0.0, share))
 
 
 def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, where: str) -> EngineModel:
@@ -119,18 +191,20 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
     the profile in the assumptions' words."""
     if measured is None:
         return assumed_model(slots, f"{where}: not measured (`llmgw bench MODEL --profile P --save`)")
-    curve = measured.get("curve") or []
-    ttft = _points(curve, "ttft_p50_ms")
-    itl = _points(curve, "itl_p50_ms")
+    ladder, short = _ladder(measured.get("curve") or [])
+    ttft = _points(ladder, "ttft_p50_ms")
     if not ttft:
         return assumed_model(slots, f"{where}: its measurement has no TTFT step that served a request")
     notes: list[str] = []
-    prefill, fixed = measured.get("prefill_ms_per_token"), 0.0
-    if not isinstance(prefill, int | float):
+    prefill = _prefill(measured, ladder, short)
+    if prefill is None:
         # The TTFT at the first step is all the prompt cost there is to know; without the prompt size it
         # cannot be split per token, so it stands as a fixed cost.
-        prefill, fixed = 0.0, ttft[0][1]
+        prefill = (ttft[0][1], 0.0)
         notes.append(f"{where}: no prefill cost per token measured: the prompt's length is not modelled")
+    # The mean gap, where the bench says it: a completion's time is the sum of its gaps, and on a busy CPU
+    # the tail of them (stalls of a second beside a p50 of 0.1 s) is most of it. Else the p50.
+    itl = _points(ladder, "itl_mean_ms") or _points(ladder, "itl_p50_ms")
     if not itl:
         decode = measured.get("decode_ms_per_token")
         itl = ((1.0, float(decode) if isinstance(decode, int | float) else ASSUMED_ITL_MS),)
@@ -143,4 +217,14 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
         notes.append(
             f"{where}: no slots declared, no concurrency met the objective: {capacity} (the top step)"
         )
-    return EngineModel(float(prefill), ttft, itl, capacity, True, tuple(notes), fixed)
+    model = EngineModel(prefill[1], itl, capacity, True, (), prefill[0])
+    # Past the slots the engine queues requests itself: what it completes there says nothing of the share.
+    within = [s for s in ladder if 2 <= s["concurrency"] <= capacity]
+    share = _exclusive(model, within[-1]) if within else None
+    if share is None:
+        share = 0.0
+        notes.append(
+            f"{where}: no step above concurrency 1 says what it completed: prefills assumed not to "
+            "hold up the other slots"
+        )
+    return EngineModel(prefill[1], itl, capacity, True, tuple(notes), prefill[0], share)

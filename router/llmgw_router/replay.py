@@ -12,8 +12,9 @@ order, and each request's end. Every arrival takes the router's path for a reque
 - each end frees a slot and the queue's first entry schedules again, then the next, until one finds no room
   (admission.py's wake-up chain, without the asyncio).
 
-The engine model (`llmgw.core.engine_model`) gives each request its TTFT and duration from the replica's load
-when it starts. The replica's readings are exact (the real router reads them from a scrape a moment old), and
+Each replica's engine model (`llmgw.core.engine_model`) runs as an `llmgw.core.engine_run.EngineRun`: a request's
+first token and end come from the sequences on its replica as they change (a prefill that arrives later stalls
+the ones decoding, on an engine whose prefills hold the replica). The replica's readings are exact (the real router reads them from a scrape a moment old), and
 a higher band never displaces a waiting lower one from a full queue: the replay refuses the newcomer.
 
 Lives in the router, beside the decisions it runs: `llmgw.core` may not import the router, and the replay must
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from llmgw.core.bench import percentile
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.engine_model import EngineModel
+from llmgw.core.engine_run import EngineRun
 from llmgw.core.trace import TracedRequest
 from llmgw_router.fairqueue import Band, Entry, FairQueue, band_of
 from llmgw_router.scheduler import Candidate, RequestInfo, schedule
@@ -110,7 +112,10 @@ class Replay:
 class _Live:
     spec: SimReplica
     candidate: Candidate  # kept and updated in place: building a model's candidates per request costs more
+    run: EngineRun
     busy_ms: float = 0.0
+    version: int = 0  # of its next event in the heap: an older one is stale
+    started: dict[int, float] = field(default_factory=dict)  # request index -> when it started, in s
 
     @property
     def inflight(self) -> int:
@@ -134,7 +139,7 @@ class _Sim:
         self.candidates: dict[str, list[Candidate]] = {}
         for r in fleet.replicas:
             cand = Candidate(r.id, running=0.0, waiting=0.0, slots=r.slots, weight=r.weight)
-            self.by_model.setdefault(r.model, []).append(_Live(r, cand))
+            self.by_model.setdefault(r.model, []).append(_Live(r, cand, EngineRun(r.engine)))
             self.candidates.setdefault(r.model, []).append(cand)
         self.index = {m: {c.id: i for i, c in enumerate(cs)} for m, cs in self.candidates.items()}
         self.queues: dict[str, FairQueue[int]] = {}
@@ -175,15 +180,32 @@ class _Sim:
     def start(self, index: int, lv: _Live, now: float) -> None:
         request = self.requests[index]
         lv.add(1)
-        ttft, whole = lv.spec.engine.duration(lv.inflight, request.prompt_tokens, request.completion_tokens)
         out = self.outcomes[index]
         out.replica = lv.spec.id
         out.waited_ms = (now - request.t) * 1000.0
-        out.ttft_ms = out.waited_ms + ttft
+        lv.started[index] = now
+        lv.run.add(now * 1000.0, index, request.prompt_tokens, request.completion_tokens)
+        self.drain(lv)
+
+    def drain(self, lv: _Live) -> None:
+        """Act on what the replica's run did (first tokens, ends), then put its next event in the heap."""
+        while events := lv.run.take():
+            for event in events:
+                if event.kind == "first":
+                    self.outcomes[event.key].ttft_ms = event.at_ms - self.requests[event.key].t * 1000.0
+                else:
+                    self.finish(lv, event.key, event.at_ms / 1000.0)
+        lv.version += 1
+        at = lv.run.next_ms()
+        if at is not None:
+            self.push(at / 1000.0, _END, (lv, lv.version))
+
+    def finish(self, lv: _Live, index: int, now: float) -> None:
+        begun = lv.started.pop(index)
         # Utilization is over the trace's span: a backlog served after its end counts up to the end only.
-        lv.busy_ms += max(0.0, min(now + whole / 1000.0, self.horizon) - now) * 1000.0
-        self.account(now, whole / 1000.0)
-        self.push(now + whole / 1000.0, _END, lv)
+        lv.busy_ms += max(0.0, min(now, self.horizon) - begun) * 1000.0
+        self.account(begun, now - begun)
+        self.end(lv, now)
 
     def account(self, start: float, seconds: float) -> None:
         """Spread one request's busy time over the buckets it spans."""
@@ -240,8 +262,11 @@ class _Sim:
     def step(self) -> None:
         at, kind, _, what = heapq.heappop(self.events)
         if kind == _END:
-            assert isinstance(what, _Live)
-            self.end(what, at)
+            assert isinstance(what, tuple)
+            lv, version = what
+            if version == lv.version:
+                lv.run.advance(at * 1000.0)
+                self.drain(lv)
         else:
             assert isinstance(what, Entry)
             self.expire(what)

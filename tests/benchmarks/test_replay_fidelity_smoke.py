@@ -27,7 +27,10 @@ def test_tiny_sim_run_prints_measured_simulated_and_a_final_line() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert re.search(
-        r"^sim: 4 replica\(s\) x 2 slots; bench p50 \(ms\): c1 ttft \d+ itl \d+, c2 ", out, re.M
+        r"^sim: 4 replica\(s\) x 2 slots; bench p50 \(ms\): c1 ttft \d+ itl \d+ prompt \d+, "
+        r"c1 ttft \d+ itl \d+ prompt \d+, c2 ",
+        out,
+        re.M,
     ), out
     assert re.search(r"^  p99 TTFT +\d+ +\d+ +[0-9.]+$", out, re.M), out
     assert re.search(r"^  failed +0$", out, re.M), out  # every request answered

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from typer.testing import CliRunner
 
 from llmgw.cli.main import app
 from llmgw.controller.autoscaler import capacity_of
-from llmgw.core.bench import RequestSample, Step, conclude, percentile, summarize_step
+from llmgw.core.bench import RequestSample, Step, conclude, percentile, split_short, summarize_step
 from llmgw.store import Store
 from llmgw.store.capacity import CapacityRecord
 
@@ -41,10 +42,26 @@ def test_without_an_objective_capacity_is_the_throughput_knee_and_failures_end_i
     assert conclude(failing, 100.0, 10).concurrency == 1
 
 
+def test_prefill_per_token_is_the_ttft_growth_between_the_two_prompt_lengths() -> None:
+    long = replace(_step(1, 20.0, 50), ttft_p50_ms=70.0, prompt_tokens=120.0)
+    short = replace(_step(1, 20.0, 50), ttft_p50_ms=40.0, prompt_tokens=30.0)
+    top = replace(_step(2, 30.0, 95), prompt_tokens=120.0)
+    m = conclude([long, top, short], objective_ms=100.0, prompt_tokens=64)
+    assert m.prefill_ms_per_token == pytest.approx(30.0 / 90.0, abs=1e-4)  # not 70 ms / 64 words
+    assert m.concurrency == 2 and m.decode_ms_per_token == 5.0
+    assert split_short(m.curve) == ((long, top), short)
+    # The short step is not a rung: a failing one does not end the ladder, nor is it the capacity.
+    assert conclude([long, replace(short, failed=10)], 100.0, 64).concurrency == 1
+
+
 def test_a_step_summary_keeps_unknown_apart_from_zero() -> None:
     assert percentile([], 0.99) is None
     step = summarize_step(2, [RequestSample(0.1, (0.01, 0.02), 3), RequestSample(0.0, (), 0, ok=False)], 2.0)
     assert (step.requests, step.failed, step.ttft_p99_ms, step.tokens_per_s) == (2, 1, 100.0, 1.5)
+    assert step.itl_mean_ms == 15.0
+    assert step.prompt_tokens is None  # the engine counted nothing: unknown
+    counted = summarize_step(1, [RequestSample(0.1, (), 1, prompt_tokens=10), RequestSample(0.1, (), 1)], 1.0)
+    assert counted.prompt_tokens == 10.0
     empty = summarize_step(1, [], 1.0)
     assert empty.ttft_p99_ms is None and empty.itl_p50_ms is None
 
@@ -120,13 +137,17 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     out = json.loads(result.output)
     # Two sequences run at once; at four, two wait a whole request (8 x 30 ms) for a slot: over 150 ms.
     assert out["concurrency"] == 2, out["curve"]
-    assert [s["concurrency"] for s in out["curve"]] == [1, 2, 4]
+    # The ladder and, after its concurrency 1, the short step: 2 words, counted by the engine as fewer tokens.
+    assert [s["concurrency"] for s in out["curve"]] == [1, 1, 2, 4]
+    ladder_one, short = out["curve"][:2]
+    assert 0 < short["prompt_tokens"] < ladder_one["prompt_tokens"] == out["curve"][-1]["prompt_tokens"]
     assert out["decode_ms_per_token"] is not None and out["decode_ms_per_token"] > 20
 
     after = await admin.get("/api/v1/capacity")
     measured = after["capacity"][0]["measured"]
     assert after["capacity"][0]["source"] == "measured" and measured["concurrency"] == 2
-    assert measured["objective_ms"] == 150 and len(measured["curve"]) == 3
+    assert measured["objective_ms"] == 150 and len(measured["curve"]) == 4
+    assert measured["curve"][1]["prompt_tokens"] == short["prompt_tokens"]  # stored, for the engine model
     assert capacity_of(running.controller, "sim-bench").per_replica == 2
     assert capacity_of(running.controller, "sim-bench").source == "measured"
     # The bench's load time is what routers hold requests for until this controller watches a load itself.

@@ -47,6 +47,7 @@ import math
 import os
 import random
 import re
+import secrets
 import sys
 import tempfile
 import time
@@ -102,9 +103,13 @@ class Measure:
 PROMPT_SIGMA = 0.6  # log-normal spread of the prompts' lengths
 
 
+TRACE_TAG = secrets.token_hex(3)  # apart from the bench's own tags, which llama-server's prompt cache keeps
+
+
 def prompt_text(words: int, i: int) -> str:
-    # The bench's own prompt shape (llmgw/cli/bench_cmds.py): distinct per request, so no prefix cache helps.
-    return " ".join(f"w{i}x{k}" for k in range(words))
+    # The bench's own prompt shape (llmgw/cli/bench_cmds.py): distinct per request, and from every earlier
+    # prompt this server saw, so no prefix cache helps.
+    return " ".join(f"w{TRACE_TAG}t{i}x{k}" for k in range(words))
 
 
 def spread_prompts(requests: list[TracedRequest], mean_words: int, rng: random.Random) -> list[TracedRequest]:

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import secrets
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -35,17 +37,27 @@ def register(app: typer.Typer) -> None:
     app.command("capacity")(capacity)
 
 
-def _prompt(tokens: int, i: int) -> str:
-    # Distinct per request, so a prefix cache does not turn the measurement into one of cache hits.
-    return " ".join(f"w{i}x{k}" for k in range(tokens))
+def _prompt(tokens: int, tag: str) -> str:
+    # Every word carries the request's tag, so no two prompts share more than the chat template's prefix and
+    # a prefix cache does not turn the measurement into one of cache hits.
+    return " ".join(f"w{tag}x{k}" for k in range(tokens))
+
+
+def prompt_tags() -> Iterator[str]:
+    """Tags unique to this run and across its steps. llama-server keeps earlier prompts' KV in host memory
+    (its prompt cache), so a step that numbered its prompts from 0 again was served the previous step's
+    prefills from that cache (seen: 160 ms at concurrency 2 for a prompt that took 1.7 s alone), and so was a
+    second bench against the same server."""
+    run = secrets.token_hex(3)
+    return (f"{run}n{i}" for i in itertools.count())
 
 
 async def _one(
-    session: aiohttp.ClientSession, target: dict[str, Any], i: int, prompt_tokens: int, max_tokens: int
+    session: aiohttp.ClientSession, target: dict[str, Any], tag: str, prompt_tokens: int, max_tokens: int
 ) -> RequestSample:
     body = {
         "model": target["model"],
-        "messages": [{"role": "user", "content": _prompt(prompt_tokens, i)}],
+        "messages": [{"role": "user", "content": _prompt(prompt_tokens, tag)}],
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},  # the prompt tokens the engine counted
@@ -97,15 +109,15 @@ def _session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
 
 
 async def _step(
-    target: dict[str, Any], concurrency: int, seconds: float, prompt_tokens: int, max_tokens: int
-) -> Step:
+    target: dict[str, Any], concurrency: int, seconds: float, prompt_tokens: int, max_tokens: int,
+    tags: Iterator[str],
+) -> Step:  # fmt: skip
     samples: list[RequestSample] = []
     deadline = time.monotonic() + seconds
-    counter = iter(range(10**9))
 
     async def worker(session: aiohttp.ClientSession) -> None:
         while time.monotonic() < deadline:
-            samples.append(await _one(session, target, next(counter), prompt_tokens, max_tokens))
+            samples.append(await _one(session, target, next(tags), prompt_tokens, max_tokens))
 
     started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
@@ -122,17 +134,18 @@ async def run_bench(
     step misses the objective or fails. After a concurrency-1 step that served, one more with prompts a
     quarter as long (the short step)."""
     curve: list[Step] = []
+    tags = prompt_tags()
     # One request first, not measured: an engine that just started pays for paging its weights in (llama.cpp
     # maps the file) and would have the first step look slower than any that follows.
     timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
     async with _session(timeout) as session:
-        await _one(session, target, -1, prompt_tokens, max_tokens)
+        await _one(session, target, next(tags), prompt_tokens, max_tokens)
     for n in steps:
-        step = await _step(target, n, seconds, prompt_tokens, max_tokens)
+        step = await _step(target, n, seconds, prompt_tokens, max_tokens, tags)
         curve.append(step)
         short_words = max(1, prompt_tokens // 4)
         if n == 1 and step.requests > step.failed and short_words < prompt_tokens:
-            curve.append(await _step(target, 1, seconds, short_words, max_tokens))
+            curve.append(await _step(target, 1, seconds, short_words, max_tokens, tags))
         missed = objective_ms is not None and (step.ttft_p99_ms is None or step.ttft_p99_ms > objective_ms)
         if step.failed or missed:
             break

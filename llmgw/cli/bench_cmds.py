@@ -49,7 +49,7 @@ def prompt_tags() -> Iterator[str]:
     prefills from that cache (seen: 160 ms at concurrency 2 for a prompt that took 1.7 s alone), and so was a
     second bench against the same server."""
     run = secrets.token_hex(3)
-    return (f"{run}n{i}" for i in itertools.count())
+    return (f"{run}n{i:05d}" for i in itertools.count())  # one width: the prompt keeps its length
 
 
 async def _one(

@@ -19,7 +19,16 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["Measured", "RequestSample", "Step", "conclude", "percentile", "split_short", "summarize_step"]
+__all__ = [
+    "Measured",
+    "RequestSample",
+    "Step",
+    "conclude",
+    "percentile",
+    "short_position",
+    "split_short",
+    "summarize_step",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,22 +112,27 @@ def _knee(curve: Sequence[Step]) -> Step | None:
     return best
 
 
+SHORT_AT_MOST = 0.75  # of the longest concurrency-1 prompt; the bench's short step is a quarter of it
+
+
+def short_position(steps: Sequence[tuple[int, float | None]]) -> int | None:
+    """Which of the (concurrency, counted prompt tokens) steps is the short step: the concurrency-1 step
+    with the fewest prompt tokens, when that is at most SHORT_AT_MOST of the longest concurrency-1 prompt.
+    Not "shorter than the top step's": the counted prompt drifts a little from step to step (the tokenizer
+    splits each request's tag its own way), and a concurrency-1 step a few tokens short of the top was read
+    as the short one. None: no such step."""
+    singles = [(n, i) for i, (c, n) in enumerate(steps) if c == 1 and n is not None]
+    if len(singles) < 2:
+        return None
+    (fewest, at), longest = min(singles), max(n for n, _ in singles)
+    return at if fewest <= SHORT_AT_MOST * longest else None
+
+
 def split_short(curve: Sequence[Step]) -> tuple[tuple[Step, ...], Step | None]:
-    """The ladder (by concurrency) and the short step: a concurrency-1 step whose counted prompt is shorter
-    than the ladder's top step's."""
+    """The ladder (by concurrency) and the short step (`short_position`)."""
     ordered = sorted(curve, key=lambda s: s.concurrency)
-    top = [s.prompt_tokens for s in ordered if s.concurrency == ordered[-1].concurrency]
-    main = max((n for n in top if n is not None), default=None)
-    short = None
-    if main is not None:
-        short = next(
-            (
-                s
-                for s in ordered
-                if s.concurrency == 1 and s.prompt_tokens is not None and s.prompt_tokens < main
-            ),
-            None,
-        )
+    at = short_position([(s.concurrency, s.prompt_tokens) for s in ordered])
+    short = ordered[at] if at is not None else None
     return tuple(s for s in ordered if s is not short), short
 
 

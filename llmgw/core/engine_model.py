@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw.core.bench import short_position
+
 __all__ = [
     "ASSUMED_ITL_MS",
     "ASSUMED_PREFILL_MS_PER_TOKEN",
@@ -120,19 +122,18 @@ def _served(step: Mapping[str, Any]) -> bool:
 
 
 def _ladder(curve: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
-    """The concurrency ladder (one prompt length, by concurrency) and the short-prompt step, if any: a
-    concurrency-1 step whose prompt is shorter than the ladder's."""
+    """The concurrency ladder (one prompt length, by concurrency) and the short-prompt step, if any (the
+    bench's own rule, `short_position`)."""
     served = sorted((s for s in curve if _served(s)), key=lambda s: int(s["concurrency"]))
-    if not served:
-        return [], None
-    top = [s.get("prompt_tokens") for s in served if s["concurrency"] == served[-1]["concurrency"]]
-    main = max((n for n in top if isinstance(n, int | float)), default=None)
-    short = None
-    if isinstance(main, int | float):
-        shorter = [s for s in served if isinstance(s.get("prompt_tokens"), int | float)]
-        short = next((s for s in shorter if s["concurrency"] == 1 and s["prompt_tokens"] < main), None)
-    ladder = [s for s in served if s is not short]
-    return ladder, short
+    counted = [s.get("prompt_tokens") for s in served]
+    at = short_position(
+        [
+            (int(s["concurrency"]), float(n) if isinstance(n, int | float) else None)
+            for s, n in zip(served, counted, strict=True)
+        ]
+    )
+    short = served[at] if at is not None else None
+    return [s for s in served if s is not short], short
 
 
 def _points(steps: Sequence[Mapping[str, Any]], key: str) -> tuple[Point, ...]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,11 @@ import pytest
 from support import wait_for
 from typer.testing import CliRunner
 
+from llmgw.cli.bench_cmds import _prompt, prompt_tags
 from llmgw.cli.main import app
 from llmgw.controller.autoscaler import capacity_of
 from llmgw.core.bench import RequestSample, Step, conclude, percentile, split_short, summarize_step
+from llmgw.core.engine_model import fit_engine_model
 from llmgw.store import Store
 from llmgw.store.capacity import CapacityRecord
 
@@ -52,6 +54,30 @@ def test_prefill_per_token_is_the_ttft_growth_between_the_two_prompt_lengths() -
     assert split_short(m.curve) == ((long, top), short)
     # The short step is not a rung: a failing one does not end the ladder, nor is it the capacity.
     assert conclude([long, replace(short, failed=10)], 100.0, 64).concurrency == 1
+
+
+def test_the_short_step_is_the_shortest_single_not_any_single_below_the_top() -> None:
+    # Seen on llama.cpp: the counted prompt drifted from 590 tokens at concurrency 1 to 654 at 2, and the
+    # long concurrency-1 step was read as the short one (the fit then took 885 ms / 64 words per token).
+    long = replace(_step(1, 20.0, 50), ttft_p50_ms=3069.0, prompt_tokens=590.0)
+    short = replace(_step(1, 20.0, 50), ttft_p50_ms=885.0, prompt_tokens=158.0)
+    top = replace(_step(2, 30.0, 95), prompt_tokens=654.0)
+    m = conclude([long, short, top], objective_ms=None, prompt_tokens=64)
+    assert split_short(m.curve) == ((long, top), short)
+    assert m.prefill_ms_per_token == pytest.approx((3069 - 885) / (590 - 158), abs=1e-4)
+    model = fit_engine_model({"curve": [asdict(s) for s in m.curve]}, 2, "gemma")
+    assert model.prefill_ms_per_token == pytest.approx((3069 - 885) / (590 - 158))
+    # Two concurrency-1 steps of about one length are one rung measured twice, not a short step.
+    assert split_short([long, replace(long, prompt_tokens=560.0)])[1] is None
+
+
+def test_bench_prompts_are_distinct_across_steps_and_runs_and_keep_their_length() -> None:
+    run_a, run_b = prompt_tags(), prompt_tags()
+    tags = [next(run_a) for _ in range(2000)] + [next(run_b) for _ in range(10)]
+    assert len(set(tags)) == len(tags)
+    assert len({len(t) for t in tags}) == 1
+    first_words = {_prompt(8, t).split()[0] for t in tags}
+    assert len(first_words) == len(tags)  # no two prompts share even their first word
 
 
 def test_a_step_summary_keeps_unknown_apart_from_zero() -> None:

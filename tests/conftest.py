@@ -2,3 +2,4 @@
 
 from fixtures.llama import llama_server  # noqa: F401  (registers the shared llama-server)
 from fixtures.postgres import pg_dsn, pg_server  # noqa: F401  (registers the PostgreSQL fixtures)
+from fixtures.stores import store_dsn  # noqa: F401  (registers the both-backends DSN)

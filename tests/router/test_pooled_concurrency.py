@@ -98,14 +98,7 @@ def upstream() -> Iterator[HeldUpstream]:
     held.engine.stop()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'state' / 'llmgw.db'}"
-    return str(request.getfixturevalue("pg_dsn"))
-
-
-def _routers(tmp: Path, upstream: HeldUpstream, dsn: str) -> list[RouterProc]:
+def _routers(tmp: Path, upstream: HeldUpstream, store_dsn: str) -> list[RouterProc]:
     snap = {
         "revision": "pooled-1",
         "models": {MODEL: {"context_length": 4096}},
@@ -118,7 +111,7 @@ def _routers(tmp: Path, upstream: HeldUpstream, dsn: str) -> list[RouterProc]:
     routers: list[RouterProc] = []
     try:
         for name in ("r1", "r2"):
-            args = ["--snapshot", str(tmp / "snap.json"), "--store", dsn, "--workers", "2", "--router-id", name,
+            args = ["--snapshot", str(tmp / "snap.json"), "--store", store_dsn, "--workers", "2", "--router-id", name,
                     "--state-dir", str(tmp / name)]  # fmt: skip
             routers.append(start_router_proc(tmp / f"{name}.log", args))
     except BaseException:
@@ -136,9 +129,9 @@ def _ask(router: RouterProc, key: str) -> Any:
             return exc
 
 
-def _held_in_store(dsn: str) -> int:
+def _held_in_store(store_dsn: str) -> int:
     async def go() -> int:
-        store = await Store.open(dsn)
+        store = await Store.open(store_dsn)
         try:
             return await store.slots_held(HOLD_KEY, time.time())
         finally:
@@ -166,16 +159,16 @@ def _wave(pool: ThreadPoolExecutor, routers: list[RouterProc], key: str, upstrea
 
 
 def test_two_routers_of_two_workers_hold_concurrency_16_at_16(
-    tmp_path: Path, upstream: HeldUpstream, dsn: str
+    tmp_path: Path, upstream: HeldUpstream, store_dsn: str
 ) -> None:
-    key = create_key(dsn, "capped")
-    routers = _routers(tmp_path, upstream, dsn)
+    key = create_key(store_dsn, "capped")
+    routers = _routers(tmp_path, upstream, store_dsn)
     try:
         with ThreadPoolExecutor(CLIENTS) as pool:
             _wave(pool, routers, key, upstream, CLIENTS)
             # Every slot goes back to the store once its request ended (after the linger), so the pool is
             # whole again for whichever worker of whichever router gets the next requests.
-            wait_until(lambda: _held_in_store(dsn) == 0, 30, "every slot given back to the store")
+            wait_until(lambda: _held_in_store(store_dsn) == 0, 30, "every slot given back to the store")
             upstream.rearm()
             upstream.peak = 0
             _wave(pool, routers, key, upstream, LIMIT + 4)

@@ -43,13 +43,6 @@ def sim() -> Iterator[SimProcess]:
         proc.kill()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'llmgw.db'}"
-    return str(request.getfixturevalue("pg_dsn"))
-
-
 def snapshot(sim: SimProcess) -> RouterSnapshot:
     keeps = {"organization": "o", "retention": {"content": True, "ttl": "1h"}}
     projects = {"keeper": keeps, "neighbour": keeps, "plain": {"organization": "o"}}
@@ -72,11 +65,11 @@ class Gateway:
 
 
 @pytest.fixture
-async def gateway(sim: SimProcess, dsn: str, tmp_path: Path) -> AsyncIterator[Gateway]:
+async def gateway(sim: SimProcess, store_dsn: str, tmp_path: Path) -> AsyncIterator[Gateway]:
     key = os.urandom(32)
     now = [time.time()]
     async with contextlib.AsyncExitStack() as stack:
-        store = await Store.open(dsn)
+        store = await Store.open(store_dsn)
         stack.push_async_callback(store.close)
         made = {
             p: (await keys.create_key(store, p, time.time())).plaintext
@@ -85,7 +78,7 @@ async def gateway(sim: SimProcess, dsn: str, tmp_path: Path) -> AsyncIterator[Ga
         built = await build_router(
             stack,
             RouterOptions(),
-            store=dsn,
+            store=store_dsn,
             usage_spool=tmp_path / "spool",
             content_key=key,
             content_clock=lambda: now[0],

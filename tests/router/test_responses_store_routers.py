@@ -30,14 +30,7 @@ def sim() -> Iterator[SimProcess]:
         proc.kill()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'llmgw.db'}"
-    return str(request.getfixturevalue("pg_dsn"))
-
-
-def _routers(tmp: Path, sim: SimProcess, dsn: str) -> list[RouterProc]:
+def _routers(tmp: Path, sim: SimProcess, store_dsn: str) -> list[RouterProc]:
     snap = {
         "revision": "kept-1",
         "models": {"sim-chat": {"context_length": 4096, "capabilities": ["chat"], "simulated": True}},
@@ -51,7 +44,7 @@ def _routers(tmp: Path, sim: SimProcess, dsn: str) -> list[RouterProc]:
     routers: list[RouterProc] = []
     try:
         for name in ("r1", "r2"):
-            args = ["--snapshot", str(tmp / "snap.json"), "--store", dsn, "--router-id", name,
+            args = ["--snapshot", str(tmp / "snap.json"), "--store", store_dsn, "--router-id", name,
                     "--state-dir", str(tmp / name), "--content-key-file", str(key_file)]  # fmt: skip
             routers.append(start_router_proc(tmp / f"{name}.log", args))
     except BaseException:
@@ -62,10 +55,10 @@ def _routers(tmp: Path, sim: SimProcess, dsn: str) -> list[RouterProc]:
 
 
 def test_a_response_kept_by_one_router_is_continued_and_deleted_through_another(
-    tmp_path: Path, sim: SimProcess, dsn: str
+    tmp_path: Path, sim: SimProcess, store_dsn: str
 ) -> None:
-    key = create_key(dsn, "keeper")
-    r1, r2 = _routers(tmp_path, sim, dsn)
+    key = create_key(store_dsn, "keeper")
+    r1, r2 = _routers(tmp_path, sim, store_dsn)
     try:
         with r1.client(key) as one, r2.client(key) as two:
             kept = one.responses.create(model="sim-chat", input="remember this", max_output_tokens=3)

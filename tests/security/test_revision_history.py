@@ -25,13 +25,6 @@ from llmgw.store.records import Revision
 APPLY_TOKEN = "apply-token-for-main"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'controller.db'}"
-    return str(request.getfixturevalue("pg_dsn"))
-
-
 class GitController:
     """A controller following `repo`'s main branch, with an `apply`-scope token named ci-apply."""
 
@@ -72,8 +65,8 @@ class GitController:
 
 
 @pytest.fixture
-async def git_controller(tmp_path: Path, dsn: str) -> AsyncIterator[GitController]:
-    c = GitController(tmp_path, dsn)
+async def git_controller(tmp_path: Path, store_dsn: str) -> AsyncIterator[GitController]:
+    c = GitController(tmp_path, store_dsn)
     yield c
     if c.running is not None:
         await c.running.stop()
@@ -218,8 +211,8 @@ async def test_m10_history_written_while_the_store_is_down_is_retried(tmp_path: 
         pg_server.drop_database(dsn)
 
 
-async def test_m10_a_retried_record_is_written_once(dsn: str, tmp_path: Path) -> None:
-    store = await Store.open(dsn)
+async def test_m10_a_retried_record_is_written_once(store_dsn: str, tmp_path: Path) -> None:
+    store = await Store.open(store_dsn)
     try:
         record = Revision("a" * 40, "git x@main", 10.0, "controller", "accepted")
         await store.record_revision(record)
@@ -235,9 +228,9 @@ async def test_m10_a_retried_record_is_written_once(dsn: str, tmp_path: Path) ->
         await store.close()
 
 
-async def test_m10_the_old_one_row_per_sha_table_is_migrated_into_the_history(dsn: str) -> None:
+async def test_m10_the_old_one_row_per_sha_table_is_migrated_into_the_history(store_dsn: str) -> None:
     """A store written before migration 0002 keeps its revisions, as the first history rows."""
-    db = open_backend(dsn)
+    db = open_backend(store_dsn)
     try:
         old = [m for m in load_migrations() if m.version == 1]
         await migrate(db, old)
@@ -250,7 +243,7 @@ async def test_m10_the_old_one_row_per_sha_table_is_migrated_into_the_history(ds
         await migrate(db)
     finally:
         await db.close()
-    store = await Store.open(dsn)
+    store = await Store.open(store_dsn)
     try:
         [row] = await store.list_revisions()
         assert (row.sha, row.applied_by, row.applied_at, row.status) == (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,10 +26,3 @@ def sims() -> Iterator[tuple[SimProcess, SimProcess]]:
 @pytest.fixture
 def snap(sims: tuple[SimProcess, SimProcess]) -> dict[str, Any]:
     return snapshot(*sims)
-
-
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def store_dsn(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'state' / 'llmgw.db'}"
-    return str(request.getfixturevalue("pg_dsn"))

@@ -109,7 +109,7 @@ TRACE_TAG = secrets.token_hex(3)  # apart from the bench's own tags, which llama
 def prompt_text(words: int, i: int) -> str:
     # The bench's own prompt shape (llmgw/cli/bench_cmds.py): distinct per request, and from every earlier
     # prompt this server saw, so no prefix cache helps.
-    return " ".join(f"w{TRACE_TAG}t{i:05d}x{k}" for k in range(words))
+    return " ".join([f"{TRACE_TAG}t{i:05d}", *(f"w{k}x{k}" for k in range(words - 1))])
 
 
 def spread_prompts(requests: list[TracedRequest], mean_words: int, rng: random.Random) -> list[TracedRequest]:

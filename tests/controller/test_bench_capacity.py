@@ -78,6 +78,7 @@ def test_bench_prompts_are_distinct_across_steps_and_runs_and_keep_their_length(
     assert len({len(t) for t in tags}) == 1
     first_words = {_prompt(8, t).split()[0] for t in tags}
     assert len(first_words) == len(tags)  # no two prompts share even their first word
+    assert len(_prompt(8, tags[0]).split()) == 8  # the length asked, in words
 
 
 def test_a_step_summary_keeps_unknown_apart_from_zero() -> None:

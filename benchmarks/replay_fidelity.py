@@ -77,6 +77,9 @@ SIM_SLOTS = 2
 SIM_PREFILL_MS = 0.5
 SIM_DECODE_MS = 20.0
 GEMMA_SLOTS = 2
+# Each llama-server slot gets -c / -np tokens; the trace's longest prompts (four times the mean, about 1,600
+# tokens at 64 words) overflowed a 1,024-token slot and failed, which no model of the replica predicts.
+GEMMA_SLOT_CONTEXT = 2048
 QUEUE = 4096
 TIMEOUT_S = 60.0
 
@@ -170,7 +173,7 @@ def gemma_binary() -> tuple[str, str] | str:
 
 def start_gemma(procs: Procs, binary: str, model: str) -> str:
     port = free_port()
-    argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-c", str(1024 * GEMMA_SLOTS),
+    argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-c", str(GEMMA_SLOT_CONTEXT * GEMMA_SLOTS),
             "-np", str(GEMMA_SLOTS), "-t", "2"]  # fmt: skip
     procs.start(argv)
     url = f"http://127.0.0.1:{port}"
@@ -277,9 +280,11 @@ async def run_for_real(url: str, fleet: FleetSpec, requests: list[TracedRequest]
     # What the engine counted where it answered; else the words times the tokens per word it counted.
     counts = [(r.prompt_tokens, c) for r, (_, _, c) in zip(requests, results, strict=True) if c]
     per_word = sum(c for _, c in counts) / max(1, sum(w for w, _ in counts)) if counts else 1.0
+    # The measured TTFT rides in the trace too (a router records it), so a replay with another engine
+    # model can be compared with this run without running it again.
     recorded = [
-        replace(r, prompt_tokens=c or max(1, round(r.prompt_tokens * per_word)))
-        for r, (_, _, c) in zip(requests, results, strict=True)
+        replace(r, prompt_tokens=c or max(1, round(r.prompt_tokens * per_word)), ttft_ms=t)
+        for r, (_, t, c) in zip(requests, results, strict=True)
     ]
     return Measure(
         [t for status, t, _ in results if status == "ok" and t is not None],
@@ -409,7 +414,7 @@ def describe(fleet: FleetSpec, measured: Measured, engine: EngineModel, bench_lo
     )
     print(f"\n{fleet.name}: {len(fleet.urls)} replica(s) x {fleet.slots} slots; bench p50 (ms): {curve}")
     print(f"  fitted: prefill {engine.fixed_ms:.0f} ms + {engine.prefill_ms_per_token:.2f} ms/token, "
-          f"{engine.exclusive:.2f} of it exclusive; itl {', '.join(f'{v:.0f}' for _, v in engine.itl_ms)} ms "
+          f"{engine.exclusive:.2f} of it exclusive, +{engine.contention:.2f} per other in flight; itl {', '.join(f'{v:.0f}' for _, v in engine.itl_ms)} ms "
           f"({bench_load})")  # fmt: skip
     for note in engine.assumptions:
         print(f"  ({note})")
@@ -439,16 +444,17 @@ async def run_fleet(
     url = start_router(procs, work, fleet)
     real = await run_for_real(url, fleet, requests)
     real_load = load()
-    sim_p50, sim_p99, sim_refused = replayed_by_plan(
-        write_plan_inputs(work, fleet, measured, header, real.recorded)
-    )
+    print(f"  modelled capacity {per_replica * len(fleet.urls):.2f} req/s at {mean_tokens} prompt tokens; "
+          f"offered {rate:.2f} req/s ({LOAD:.0%}) for {minutes:g} min: {len(requests)} requests "
+          f"({real_load} at the end); measured p50/p99 TTFT {_ms(percentile(real.ttft_ms, 0.5))} / "
+          f"{_ms(percentile(real.ttft_ms, 0.99))} ms")  # fmt: skip
+    inputs = write_plan_inputs(work, fleet, measured, header, real.recorded)
+    print(f"  plan inputs (trace with the measured TTFTs, capacity, repo, state): {inputs['trace'].parent}")
+    sim_p50, sim_p99, sim_refused = replayed_by_plan(inputs)
     figures = {
         "p50": (percentile(real.ttft_ms, 0.5), sim_p50),
         "p99": (percentile(real.ttft_ms, 0.99), sim_p99),
     }
-    print(f"  modelled capacity {per_replica * len(fleet.urls):.2f} req/s at {mean_tokens} prompt tokens; "
-          f"offered {rate:.2f} req/s ({LOAD:.0%}) for {minutes:g} min: {len(requests)} requests "
-          f"({real_load} at the end)")  # fmt: skip
     print(f"  {'':<10}{'measured':>10}{'simulated':>11}{'error':>8}")
     out: dict[str, float | None] = {}
     for name, (m, s) in figures.items():
@@ -472,7 +478,9 @@ async def main_async(args: argparse.Namespace) -> int:
             urls = tuple(start_sims(procs, "sim-chat"))
             shape = Shape(prompt_tokens=args.prompt_words, completion_tokens=48, project="bench")
             fleet = FleetSpec("sim", "sim-chat", urls, SIM_SLOTS, "sim", shape, {})
-            errors["sim"] = await run_fleet(procs, work, fleet, args.minutes, args.bench_seconds, args.seed)
+            errors["sim"] = await run_fleet(
+                procs, work, fleet, args.minutes, args.bench_seconds or 10.0, args.seed
+            )
         if args.only in (None, "gemma"):
             found = gemma_binary()
             if isinstance(found, str):
@@ -483,8 +491,9 @@ async def main_async(args: argparse.Namespace) -> int:
                 fleet = FleetSpec(
                     "gemma", "gemma", (url,), GEMMA_SLOTS, "llamacpp", shape, {"ignore_eos": True}
                 )
+                # Thrice the sim's steps: at a few seconds a request, 10 s held four or five of them.
                 errors["gemma"] = await run_fleet(
-                    procs, work, fleet, args.minutes, args.bench_seconds, args.seed + 1
+                    procs, work, fleet, args.minutes, args.bench_seconds or 30.0, args.seed + 1
                 )
     finally:
         procs.stop_all()
@@ -499,7 +508,9 @@ async def main_async(args: argparse.Namespace) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=10.0, help="how long each fleet's trace runs")
-    p.add_argument("--bench-seconds", type=float, default=10.0, help="each bench step's length")
+    p.add_argument(
+        "--bench-seconds", type=float, default=None, help="each bench step's length (sim 10, gemma 30)"
+    )
     p.add_argument("--prompt-words", type=int, default=64)
     p.add_argument("--only", choices=("sim", "gemma"), default=None)
     p.add_argument("--seed", type=int, default=21)

@@ -17,6 +17,12 @@ inter-token latency, the prompt tokens the engine counted, and what it completed
 - `exclusive` is fitted so that the model completes, at the ladder's highest step within the capacity (past
   it the engine queues requests itself), what the bench measured there: at S concurrent requests of prefill p and d decode ms, a closed loop completes
   S / (S*x*p + (1-x)*p + d) per ms for share x, solved for x and kept within [0, 1].
+- **Contention**: where even wholly exclusive prefills (x = 1) would have completed more than the bench did,
+  the rest is put on the prefills that start beside other sequences: each sequence already in flight
+  stretches a prefill by `contention` of its concurrency-1 time, so a closed loop of S completes
+  S / (S*p*(1 + c*(S-1)) + d) per ms, solved for c. Seen on llama.cpp on CPU, where a prompt's batch attends
+  over the KV cells of every slot, not its own alone: 4.4 s to the first token at concurrency 2 for prompts
+  that took 1.6 s alone, where one after the other would give 3.2 s.
 - **Capacity** (for utilization) is the replica's declared slots, else the measured concurrency at the model's
   objective, else the highest step measured.
 
@@ -74,9 +80,12 @@ class EngineModel:
     assumptions: tuple[str, ...] = ()  # what was not measured and what stands in for it, in words
     fixed_ms: float = 0.0  # prefill time that does not depend on the prompt's length
     exclusive: float = 0.0  # the share of a prefill that holds the whole replica, in [0, 1]
+    contention: float = 0.0  # a prefill's stretch per other sequence in flight, a share of its own time
 
-    def prefill_ms(self, prompt_tokens: int) -> float:
-        return self.fixed_ms + self.prefill_ms_per_token * max(0, prompt_tokens)
+    def prefill_ms(self, prompt_tokens: int, others: int = 0) -> float:
+        """A prefill's time, started beside `others` sequences in flight."""
+        alone = self.fixed_ms + self.prefill_ms_per_token * max(0, prompt_tokens)
+        return alone * (1.0 + self.contention * max(0, others))
 
     def itl(self, decoding: int) -> float:
         return _interpolate(self.itl_ms, max(1, decoding))
@@ -85,7 +94,7 @@ class EngineModel:
         """What the replica completes per second when `capacity` requests are always in flight."""
         return 1000.0 * closed_loop_per_ms(
             self.capacity,
-            self.prefill_ms(prompt_tokens),
+            self.prefill_ms(prompt_tokens, self.capacity - 1),
             max(0, completion_tokens - 1) * self.itl(self.capacity),
             self.exclusive,
         )
@@ -161,9 +170,10 @@ def _prefill(
     return (0.0, float(stored)) if isinstance(stored, int | float) else None
 
 
-def _exclusive(model: EngineModel, top: Mapping[str, Any]) -> float | None:
-    """The share that makes the model complete what the bench did at its top step (see the module's words);
-    None where the step does not say what it completed."""
+def _exclusive(model: EngineModel, top: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(exclusive share, contention) that make the model complete, at the ladder's top step within the
+    capacity, what the bench did there (see the module's words). None where the step does not say what it
+    completed."""
     slots, requests, seconds = int(top["concurrency"]), top.get("requests") or 0, top.get("seconds")
     tokens_per_s, prompt = top.get("tokens_per_s"), top.get("prompt_tokens")
     good = requests - (top.get("failed") or 0)
@@ -176,14 +186,16 @@ def _exclusive(model: EngineModel, top: Mapping[str, Any]) -> float | None:
         return None
     if not isinstance(tokens_per_s, int | float) or good <= 0:
         return None
-    per_ms = good / (seconds * 1000.0)
+    cycle = slots / (good / (seconds * 1000.0))  # ms for `slots` requests, side by side
     completion = tokens_per_s * seconds / good
     prefill = model.prefill_ms(round(prompt))
     decode = max(0.0, completion - 1) * model.itl(slots)
     if prefill <= 0:
         return None
-    share = (slots / per_ms - decode - prefill) / (prefill * (slots - 1))
-    return min(1.0, max(0.0, share))
+    share = (cycle - decode - prefill) / (prefill * (slots - 1))
+    if share <= 1.0:
+        return max(0.0, share), 0.0
+    return 1.0, (cycle - decode - slots * prefill) / (slots * prefill * (slots - 1))
 
 
 def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, where: str) -> EngineModel:
@@ -221,11 +233,11 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
     model = EngineModel(prefill[1], itl, capacity, True, (), prefill[0])
     # Past the slots the engine queues requests itself: what it completes there says nothing of the share.
     within = [s for s in ladder if 2 <= s["concurrency"] <= capacity]
-    share = _exclusive(model, within[-1]) if within else None
-    if share is None:
-        share = 0.0
+    fitted = _exclusive(model, within[-1]) if within else None
+    if fitted is None:
+        fitted = (0.0, 0.0)
         notes.append(
             f"{where}: no step above concurrency 1 says what it completed: prefills assumed not to "
             "hold up the other slots"
         )
-    return EngineModel(prefill[1], itl, capacity, True, tuple(notes), prefill[0], share)
+    return EngineModel(prefill[1], itl, capacity, True, tuple(notes), prefill[0], *fitted)

@@ -55,7 +55,7 @@ class EngineRun:
     def add(self, at_ms: float, key: int, prompt_tokens: int, completion_tokens: int) -> None:
         """A sequence arrives at `at_ms` (not before the run's clock: what happened up to then is advanced)."""
         self.advance(at_ms)
-        prefill = self.model.prefill_ms(prompt_tokens)
+        prefill = self.model.prefill_ms(prompt_tokens, self.sequences)
         share = self.model.exclusive
         seq = _Seq(key, prefill * share, float(max(0, completion_tokens - 1)))
         own = prefill * (1 - share)

@@ -19,8 +19,9 @@ from llmgw.core.engine_run import EngineRun, RunEvent
 
 
 def _curve(
-    fixed: float, per_token: float, share: float, itl: dict[int, float], long: int, completion: int
-) -> dict[str, Any]:
+    fixed: float, per_token: float, share: float, itl: dict[int, float], long: int, completion: int,
+    contention: float = 0.0,
+) -> dict[str, Any]:  # fmt: skip
     """What `llmgw bench --save` would store for an engine that is exactly the model with these parameters:
     the ladder at `long` prompt tokens, the short step at a quarter of it, each step 30 s long; the gaps'
     p50 is half their mean (a tail of stalls, as on a busy CPU): the mean is what a completion costs."""
@@ -28,7 +29,8 @@ def _curve(
     steps = []
     for n, gap in sorted(itl.items()):
         prefill = fixed + per_token * long
-        per_s = 1000.0 * closed_loop_per_ms(n, prefill, (completion - 1) * gap, share)
+        stretched = prefill * (1 + contention * (n - 1))  # a closed loop's prefills start beside n - 1 others
+        per_s = 1000.0 * closed_loop_per_ms(n, stretched, (completion - 1) * gap, share)
         requests = per_s * seconds  # not rounded to a whole count: so the recovery can be exact
         steps.append({"concurrency": n, "requests": requests, "failed": 0, "seconds": seconds,
                       "ttft_p50_ms": prefill if n == 1 else prefill * 2, "itl_p50_ms": gap / 2, "itl_mean_ms": gap,
@@ -64,8 +66,28 @@ def test_the_fit_recovers_the_parameters_that_made_the_curve(
     assert m.prefill_ms_per_token == pytest.approx(per_token, rel=1e-6)
     assert m.fixed_ms == pytest.approx(fixed, rel=1e-6, abs=1e-6)
     assert [m.itl(k) for k in (1, 2, 4)] == pytest.approx([itl[1], itl[2], itl[4]])
-    assert m.exclusive == pytest.approx(share, abs=1e-6)
+    assert m.exclusive == pytest.approx(share, abs=1e-6) and m.contention == pytest.approx(0.0, abs=1e-6)
     assert m.capacity == 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    per_token=st.floats(0.05, 20.0),
+    contention=st.floats(0.0, 2.0),
+    long=st.integers(64, 2048),
+    completion=st.integers(8, 256),
+)
+def test_a_replica_slower_than_wholly_exclusive_prefills_is_fitted_a_contention(
+    per_token: float, contention: float, long: int, completion: int
+) -> None:
+    itl = {1: 20.0, 2: 30.0, 4: 50.0}
+    m = fit_engine_model(_curve(40.0, per_token, 1.0, itl, long, completion, contention), None, "m/p")
+    assert m.exclusive == pytest.approx(1.0) and m.contention == pytest.approx(contention, abs=1e-6)
+    # The model then completes what the bench did at its top step.
+    prefill = 40.0 + per_token * long
+    top = closed_loop_per_ms(4, prefill * (1 + 3 * contention), (completion - 1) * 50.0, 1.0)
+    assert m.requests_per_s(long, completion) == pytest.approx(1000.0 * top, rel=1e-6)
+    assert m.prefill_ms(long) == pytest.approx(prefill)  # alone, a prefill is not stretched
 
 
 def test_itl_interpolates_between_the_steps_and_stays_at_the_last() -> None:
@@ -157,6 +179,15 @@ def test_two_exclusive_prefills_arriving_together_go_one_after_the_other() -> No
     run.add(0.0, 2, 100, 1)
     assert _all(run) == [RunEvent(1, "first", 100.0), RunEvent(1, "end", 100.0),
                          RunEvent(2, "first", 200.0), RunEvent(2, "end", 200.0)]  # fmt: skip
+
+
+def test_a_prefill_that_starts_beside_another_sequence_is_stretched_by_the_contention() -> None:
+    contended = EngineModel(1.0, ((1.0, 10.0), (2.0, 15.0)), 2, True, exclusive=1.0, contention=0.5)
+    run = EngineRun(contended)
+    run.add(0.0, 1, 100, 1)  # alone: 100 ms
+    run.add(0.0, 2, 100, 1)  # beside the first: 150 ms, after it
+    assert _all(run) == [RunEvent(1, "first", 100.0), RunEvent(1, "end", 100.0),
+                         RunEvent(2, "first", 250.0), RunEvent(2, "end", 250.0)]  # fmt: skip
 
 
 @settings(max_examples=40, deadline=None)

@@ -100,6 +100,45 @@ class Phase:
             n += 1
         return n
 
+    def lookup(self, r: int, blocks: list[Any]) -> int:
+        """The leading blocks replica r holds, refreshed in its LRU."""
+        hit = self.held(r, blocks)
+        for b in blocks[:hit]:
+            self.caches[r].move_to_end(b)
+        return hit
+
+    def store(self, r: int, blocks: list[Any]) -> None:
+        """A prefill's blocks into replica r's LRU, the oldest evicted past CACHE_BLOCKS."""
+        cache = self.caches[r]
+        for b in blocks:
+            cache[b] = None
+            cache.move_to_end(b)
+        while len(cache) > CACHE_BLOCKS:
+            cache.popitem(last=False)
+
+    def candidates(self, blocks: list[Any], slots: bool) -> list[Candidate]:
+        """What the router would see: each replica's in-flight count and, from its cache, its precise match."""
+        return [
+            Candidate(f"r{r}", inflight=self.inflight[r], slots=CONCURRENCY if slots else None,
+                      prefix=self.held(r, blocks) / len(blocks), prefix_source="precise")
+            for r in range(REPLICAS)
+        ]  # fmt: skip
+
+
+def make_request(
+    workload: str, rng: random.Random, weights: list[float], n: int, t: float, client: int
+) -> tuple[Req, PrefixKey]:
+    """Request n of the workload: a group's system prompt (Zipf-drawn) and a question of its own, or (lowreuse)
+    a prompt of its own; with the PrefixKey the router would build."""
+    if workload == "lowreuse":
+        blocks: list[Any] = [("u", n, i) for i in range(LOWREUSE_TOKENS // BLOCK)]
+        return Req(t, client, -1, blocks, LOWREUSE_TOKENS, n), PrefixKey((n,), "", head=f"u{n}")
+    group = rng.choices(range(GROUPS), weights=weights, k=1)[0]
+    blocks = [("g", group, i) for i in range(SHARED_BLOCKS)]
+    blocks += [("q", n, i) for i in range(PROMPT_BLOCKS - SHARED_BLOCKS)]
+    head = f"system: group{group}"
+    return Req(t, client, group, blocks, PROMPT_TOKENS, n), PrefixKey((group,), "", head=head)
+
 
 @dataclass(frozen=True)
 class Load:
@@ -124,24 +163,9 @@ def run_phase(
     def push(t: float, kind: str, req: Req) -> None:
         heapq.heappush(events, (t, next(order), kind, req))
 
-    def make(t: float, client: int) -> tuple[Req, PrefixKey]:
-        n = next(ids)
-        if load.workload == "lowreuse":
-            blocks: list[Any] = [("u", n, i) for i in range(LOWREUSE_TOKENS // BLOCK)]
-            return Req(t, client, -1, blocks, LOWREUSE_TOKENS, n), PrefixKey((n,), "", head=f"u{n}")
-        group = rng.choices(range(GROUPS), weights=weights, k=1)[0]
-        blocks = [("g", group, i) for i in range(SHARED_BLOCKS)]
-        blocks += [("q", n, i) for i in range(PROMPT_BLOCKS - SHARED_BLOCKS)]
-        head = f"system: group{group}"
-        return Req(t, client, group, blocks, PROMPT_TOKENS, n), PrefixKey((group,), "", head=head)
-
     def send(t: float, client: int) -> None:
-        req, key = make(t, client)
-        cands = [
-            Candidate(f"r{r}", inflight=ph.inflight[r], slots=CONCURRENCY if slots else None,
-                      prefix=ph.held(r, req.blocks) / len(req.blocks), prefix_source="precise")
-            for r in range(REPLICAS)
-        ]  # fmt: skip
+        req, key = make_request(load.workload, rng, weights, next(ids), t, client)
+        cands = ph.candidates(req.blocks, slots)
         # the session policy with no session header hashes the first two messages: a key per request
         info = RequestInfo(session_key=f"s{req.serial}" if load.session else None, prefix=key,
                            rr_counter=next(rr))  # fmt: skip
@@ -161,22 +185,14 @@ def run_phase(
     def start(t: float, req: Req) -> None:
         r = req.replica
         ph.running[r] += 1
-        # looked up when the request gets its slot, as the sim does
-        hit = req.hit_blocks = ph.held(r, req.blocks)
-        for b in req.blocks[:hit]:
-            ph.caches[r].move_to_end(b)
+        hit = req.hit_blocks = ph.lookup(r, req.blocks)  # when the request gets its slot, as the sim does
         if req.sent >= warmup_s:
             ph.cached_tokens += hit * BLOCK
             ph.prompt_tokens += req.tokens
         push(t + (req.tokens - hit * BLOCK) * PREFILL_MS / 1000, "prefilled", req)
 
     def prefilled(t: float, req: Req) -> None:
-        cache = ph.caches[req.replica]
-        for b in req.blocks:
-            cache[b] = None
-            cache.move_to_end(b)
-        while len(cache) > CACHE_BLOCKS:
-            cache.popitem(last=False)
+        ph.store(req.replica, req.blocks)
         if req.sent >= warmup_s:
             ttft = t + DECODE_MS / 1000 - req.sent  # the first token follows one decode step
             ph.ttfts.append(ttft)

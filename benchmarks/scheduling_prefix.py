@@ -299,7 +299,8 @@ class Round:
 
 
 def _median(values: list[float]) -> float:
-    ordered = sorted(values)
+    """The median of the rounds that measured anything (a round with no samples has no percentiles)."""
+    ordered = sorted(v for v in values if not math.isnan(v))
     n = len(ordered)
     if n == 0:
         return math.nan

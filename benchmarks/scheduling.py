@@ -41,6 +41,11 @@ vllm:request_success_total, also as max over mean. The last line is machine-read
   scheduling: p99_ttft_default_over_rr=X p99_ttft_default_over_least_inflight=X session_hit_rate=X
   session_max_load_over_mean=X prefix_p90_ttft_over_rr=X prefix_p90_ttft_over_session=X
   prefix_throughput_over_least_inflight=X lowreuse_p99_over_least_inflight=X
+  prefix_p90_ttft_over_rr_closed=X prefix_p90_ttft_over_session_closed=X
+  lowreuse_p99_over_least_inflight_closed=X
+
+(the prefix workloads' latency ratios from their open-loop phase, `_closed` ones from the saturated closed loop
+their throughput is measured in; benchmarks/scheduling_prefix.py)
 
 Run: .venv/bin/python benchmarks/scheduling.py [--quick] [--seed 42] [--repeats 1]
 """
@@ -583,6 +588,7 @@ class Plan:
     noslots: bool
     only: tuple[str, ...] | None
     policies: Path
+    open_fraction: float = 0.8  # the prefix workloads' open-loop rate, of the lowest closed-loop throughput
 
 
 def phase_seed(seed: int, workload: str, load: float, repeat: int) -> int:
@@ -629,7 +635,11 @@ def parse_args(argv: list[str] | None = None) -> Plan:
     p.add_argument("--no-noslots", action="store_true", help="skip the default-noslots strategy")
     p.add_argument("--only", help="comma-separated strategy names to run (default all)")
     p.add_argument("--policies", default=str(POLICIES_FILE), help="file of RoutingPolicy documents")
+    p.add_argument("--open-fraction", type=float, default=0.8,
+                   help="prefix workloads: the open loop's rate, of the lowest closed-loop throughput")  # fmt: skip
     ns = p.parse_args(argv)
+    if not 0 < ns.open_fraction <= 1:
+        p.error(f"--open-fraction {ns.open_fraction:g}: a fraction of the lowest throughput, in (0, 1]")
     loads = ns.loads or ("0.8" if ns.quick else "0.5,0.8,0.95")
     return Plan(
         loads=tuple(float(x) for x in loads.split(",")),
@@ -641,6 +651,7 @@ def parse_args(argv: list[str] | None = None) -> Plan:
         noslots=not ns.no_noslots,
         only=tuple(ns.only.split(",")) if ns.only else None,
         policies=Path(ns.policies),
+        open_fraction=ns.open_fraction,
     )
 
 
@@ -680,7 +691,14 @@ def main(argv: list[str] | None = None) -> None:
         try:  # the prefix workloads run on their own fleet, after the others have stopped
             policies = load_policies(plan.policies)
             prefix = run_prefix_workloads(
-                procs, Path(tmp), policies, plan.workloads, plan.seed, plan.window_s, plan.only
+                procs,
+                Path(tmp),
+                policies,
+                plan.workloads,
+                plan.seed,
+                plan.window_s,
+                plan.only,
+                plan.open_fraction,
             )
         finally:
             procs.stop_all()

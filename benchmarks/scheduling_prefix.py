@@ -18,6 +18,15 @@ hashes the first two messages, the system prompt and the question), prefix (the 
 endpoints publishing KV events: precise), prefix-approx (the same policy with no event stream: the approximate
 index alone), prefix-slots (precise, its endpoints carrying the profile's slots, as deployed). Figures: p50/p90/p99 TTFT, throughput (completed requests per second of the window), and the
 prefix-cache hit rate from the engines' token counters.
+
+Two phases per workload. First the closed loop above, for throughput. Then an open loop, for latency: Poisson
+arrivals (the same times and prompts for every strategy) at --open-fraction (0.8) of the lowest closed-loop
+throughput any strategy reached on that workload in this run, so every strategy runs below its own saturation
+and the offered rate does not depend on the policy under test. In a saturated closed loop the response time is
+clients / throughput (Little's law), so latency there measures the queue more than the policy; llm-d's
+benchmark, which this workload follows, reports TTFT at fixed request rates. Each phase runs in rounds, the
+strategies' order rotated each round; a row's TTFT percentiles and throughput are the median over its rounds
+(one round hit by a burst of background load moves the median little), its hit rate the rounds' pooled tokens.
 """
 
 from __future__ import annotations
@@ -186,10 +195,13 @@ class Sample:
     ok: bool
 
 
-async def _one(http: aiohttp.ClientSession, url: str, messages: list[dict[str, str]]) -> Sample:
+async def _one(
+    http: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], sent: float | None = None
+) -> Sample:
+    """One streamed request; its TTFT from `sent` (the open loop's scheduled time: client lag counts), else now."""
     body = {"model": MODEL, "messages": messages, "max_tokens": OUT_TOKENS, "stream": True}
     loop = asyncio.get_running_loop()
-    sent, ttft = loop.time(), math.inf
+    sent, ttft = loop.time() if sent is None else sent, math.inf
     try:
         async with http.post(url + "/v1/chat/completions", json=body) as resp:
             if resp.status != 200:
@@ -226,6 +238,42 @@ async def closed_loop(
     return kept
 
 
+def open_arrivals(
+    workload: str, seed: int, rate: float, span_s: float
+) -> list[tuple[float, list[dict[str, str]]]]:
+    """Poisson arrival times over span_s at `rate` per second, each with its prompt: the same for every
+    strategy given the seed."""
+    systems, weights = system_prompts(seed), zipf_weights(GROUPS, ZIPF_S)
+    rng = random.Random(seed * 104729 + 1)
+    out, t = [], rng.expovariate(rate)
+    while t < span_s:
+        out.append((t, next_messages(workload, rng, systems, weights)))
+        t += rng.expovariate(rate)
+    return out
+
+
+async def open_loop(
+    http: aiohttp.ClientSession, url: str, workload: str, seed: int, warmup_s: float, window_s: float,
+    rate: float,
+) -> list[Sample]:  # fmt: skip
+    """Requests sent at their Poisson times whatever the replies do; those scheduled within the window after
+    the warm-up are kept, each waited for to its end (the router's admission timeout bounds it)."""
+    loop = asyncio.get_running_loop()
+    start = loop.time() + 0.05
+    tasks: list[asyncio.Task[Sample]] = []
+    kept: list[asyncio.Task[Sample]] = []
+    for at, messages in open_arrivals(workload, seed, rate, warmup_s + window_s):
+        delay = start + at - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = asyncio.ensure_future(_one(http, url, messages, sent=start + at))
+        tasks.append(task)
+        if at >= warmup_s:
+            kept.append(task)
+    await asyncio.gather(*tasks)
+    return [t.result() for t in kept]
+
+
 @dataclass
 class PrefixRow:
     strategy: str
@@ -239,6 +287,42 @@ class PrefixRow:
     per_replica: list[int]
 
 
+@dataclass
+class Round:
+    """One strategy's round: its samples, the engines' cache queries and hits, requests per replica."""
+
+    samples: list[Sample]
+    queries: float
+    hits: float
+    per_replica: list[float]
+    window_s: float
+
+
+def _median(values: list[float]) -> float:
+    """The median of the rounds that measured anything (a round with no samples has no percentiles)."""
+    ordered = sorted(v for v in values if not math.isnan(v))
+    n = len(ordered)
+    if n == 0:
+        return math.nan
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
+def summarize_rounds(name: str, rounds: list[Round]) -> PrefixRow:
+    """Percentiles and throughput per round, then their median; the hit rate from the pooled counters."""
+
+    def per_round(q: float) -> float:
+        return _median([percentile([s.ttft for s in r.samples], q) for r in rounds])
+
+    queries, hits = sum(r.queries for r in rounds), sum(r.hits for r in rounds)
+    per = [sum(col) for col in zip(*(r.per_replica for r in rounds), strict=True)] if rounds else []
+    return PrefixRow(
+        name, sum(len(r.samples) for r in rounds), sum(1 for r in rounds for s in r.samples if not s.ok),
+        per_round(0.5), per_round(0.9), per_round(0.99),
+        _median([sum(1 for s in r.samples if s.ok) / r.window_s for r in rounds]),
+        hits / queries if queries else None, [int(x) for x in per],
+    )  # fmt: skip
+
+
 async def _reset(http: aiohttp.ClientSession, sims: list[Sim]) -> None:
     for sim in sims:
         async with http.post(sim.url + "/reset_prefix_cache") as resp:
@@ -247,61 +331,86 @@ async def _reset(http: aiohttp.ClientSession, sims: list[Sim]) -> None:
 
 async def _phase(
     http: aiohttp.ClientSession, sims: list[Sim], url: str, workload: str, seed: int, warmup_s: float,
-    window_s: float,
-) -> tuple[list[Sample], float, float, list[float]]:  # fmt: skip
-    """One strategy from empty caches: its samples, cache queries and hits, and requests per replica."""
+    window_s: float, rate: float | None,
+) -> Round:  # fmt: skip
+    """One strategy's round from empty caches: closed-loop when `rate` is None, else open-loop at `rate`."""
     urls = [s.url for s in sims]
     await wait_idle(http, urls, 60)
     await _reset(http, sims)
     before = await engine_counters(http, urls)
-    samples = await closed_loop(http, url, workload, seed, warmup_s, window_s)
+    if rate is None:
+        samples = await closed_loop(http, url, workload, seed, warmup_s, window_s)
+    else:
+        samples = await open_loop(http, url, workload, seed, warmup_s, window_s, rate)
     after = await engine_counters(http, urls)
-    return (
+    return Round(
         samples,
         sum(_delta(after, before, "vllm:prefix_cache_queries_total")),
         sum(_delta(after, before, "vllm:prefix_cache_hits_total")),
         _delta(after, before, "vllm:request_success_total"),
+        window_s,
     )
 
 
+@dataclass(frozen=True)
+class PrefixPlan:
+    seed: int
+    warmup_s: float
+    window_s: float
+    rounds: int
+    open_fraction: float
+
+
+async def _rounds(
+    http: aiohttp.ClientSession, sims: list[Sim], routers: dict[str, str], names: list[str], workload: str,
+    plan: PrefixPlan, rate: float | None,
+) -> dict[str, PrefixRow]:  # fmt: skip
+    """`plan.rounds` rounds of window_s / rounds per strategy, the order rotated each round, so a background
+    load that drifts during the run (this machine is shared) hits every strategy alike."""
+    got: dict[str, list[Round]] = {n: [] for n in names}
+    slice_s = plan.window_s / plan.rounds
+    for r in range(plan.rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            got[name].append(
+                await _phase(http, sims, routers[name], workload, plan.seed + r, plan.warmup_s, slice_s, rate)
+            )
+    return {name: summarize_rounds(name, rounds) for name, rounds in got.items()}
+
+
+Rows = dict[str, dict[str, PrefixRow]]  # phase ("prefix", "prefix-open", ...) -> strategy -> row
+
+
 async def run_prefix(
-    sims: list[Sim], routers: dict[str, str], names: list[str], workloads: tuple[str, ...], seed: int,
-    warmup_s: float, window_s: float, rounds: int,
-) -> dict[str, dict[str, PrefixRow]]:  # fmt: skip
-    """Each workload in `rounds` rounds of window_s / rounds per strategy, the order rotated each round, so a
-    background load that drifts during the run (this machine is shared) hits every strategy alike."""
-    rows: dict[str, dict[str, PrefixRow]] = {}
-    slice_s = window_s / rounds
+    sims: list[Sim], routers: dict[str, str], names: list[str], workloads: tuple[str, ...], plan: PrefixPlan
+) -> Rows:
+    """Each workload closed-loop, then open-loop at plan.open_fraction of the lowest closed-loop throughput."""
+    rows: Rows = {}
     async with aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=10), connector=aiohttp.TCPConnector(limit=0)
     ) as http:
         for workload in workloads:
-            got: dict[str, list[Any]] = {n: [[], 0.0, 0.0, [0.0] * REPLICAS] for n in names}
-            for r in range(rounds):
-                for name in names[r % len(names) :] + names[: r % len(names)]:
-                    samples, queries, hits, per = await _phase(
-                        http, sims, routers[name], workload, seed + r, warmup_s, slice_s
-                    )
-                    acc = got[name]
-                    acc[0] += samples
-                    acc[1] += queries
-                    acc[2] += hits
-                    acc[3] = [a + b for a, b in zip(acc[3], per, strict=True)]
-            rows[workload] = {}
-            for name, (samples, queries, hits, per) in got.items():
-                ttfts = [s.ttft for s in samples]
-                rows[workload][name] = PrefixRow(
-                    name, len(samples), sum(1 for s in samples if not s.ok),
-                    percentile(ttfts, 0.5), percentile(ttfts, 0.9), percentile(ttfts, 0.99),
-                    sum(1 for s in samples if s.ok) / window_s, hits / queries if queries else None,
-                    [int(x) for x in per],
-                )  # fmt: skip
-            print(prefix_table(workload, list(rows[workload].values()), seed, window_s, rounds), flush=True)
+            closed = rows[workload] = await _rounds(http, sims, routers, names, workload, plan, None)
+            print(prefix_table(workload, list(closed.values()), plan), flush=True)
+            lowest = min(closed.values(), key=lambda row: row.throughput)
+            rate = plan.open_fraction * lowest.throughput
+            if not rate > 0:
+                print(f"\n## workload {workload}: no open loop (no strategy completed a request)", flush=True)
+                continue
+            opened = rows[f"{workload}-open"] = await _rounds(
+                http, sims, routers, names, workload, plan, rate
+            )
+            title = (
+                f"\n## workload {workload}: open loop, Poisson arrivals at {rate:.1f} req/s "
+                f"({plan.open_fraction:g} of the lowest closed-loop throughput, {lowest.strategy}'s "
+                f"{lowest.throughput:.1f}), {plan.window_s:g} s in {plan.rounds} rounds, seed {plan.seed}"
+            )
+            print(prefix_table(workload, list(opened.values()), plan, title), flush=True)
     return rows
 
 
-def prefix_table(workload: str, rows: list[PrefixRow], seed: int, window_s: float, rounds: int) -> str:
-    title = (
+def prefix_table(workload: str, rows: list[PrefixRow], plan: PrefixPlan, title: str = "") -> str:
+    seed, window_s, rounds = plan.seed, plan.window_s, plan.rounds
+    title = title or (
         f"\n## workload {workload}: closed loop, {REPLICAS * CONCURRENCY} clients on {REPLICAS} replicas x "
         f"{CONCURRENCY} slots, {GROUPS} groups (Zipf {ZIPF_S:g}) of {SYSTEM_WORDS}-word system prompts, "
         f"{CACHE_BLOCKS} cache blocks per replica (25% of the prefixes), {window_s:g} s in {rounds} rounds, "
@@ -321,23 +430,38 @@ def prefix_table(workload: str, rows: list[PrefixRow], seed: int, window_s: floa
     return "\n".join(lines)
 
 
-def prefix_fields(rows: dict[str, dict[str, PrefixRow]]) -> str:
-    """The final line's prefix figures (nan for a workload not run)."""
+def prefix_fields(rows: Rows) -> str:
+    """The final line's prefix figures (nan for a workload not run): latency from the open loop, throughput
+    from the closed loop, and the closed loop's latency ratios too, under `_closed` names."""
     nan_row = PrefixRow("-", 0, 0, math.nan, math.nan, math.nan, math.nan, None, [])
-    shared, low = rows.get("prefix", {}), rows.get("lowreuse", {})
-    p, rr, sess, li = (shared.get(n, nan_row) for n in ("prefix", "round-robin", "session", "least-inflight"))
-    lp, lli = low.get("prefix", nan_row), low.get("least-inflight", nan_row)
+
+    def pick(phase: str, name: str) -> PrefixRow:
+        return rows.get(phase, {}).get(name, nan_row)
+
+    def ratios(suffix: str) -> tuple[str, str, str]:
+        shared, low = "prefix" + suffix, "lowreuse" + suffix
+        p, rr, sess = (pick(shared, n) for n in ("prefix", "round-robin", "session"))
+        return (
+            _ratio(p.p90, rr.p90),
+            _ratio(p.p90, sess.p90),
+            _ratio(pick(low, "prefix").p99, pick(low, "least-inflight").p99),
+        )
+
+    over_rr, over_session, low_p99 = ratios("-open")
+    over_rr_closed, over_session_closed, low_p99_closed = ratios("")
+    throughput = _ratio(pick("prefix", "prefix").throughput, pick("prefix", "least-inflight").throughput)
     return (
-        f"prefix_p90_ttft_over_rr={_ratio(p.p90, rr.p90)} "
-        f"prefix_p90_ttft_over_session={_ratio(p.p90, sess.p90)} "
-        f"prefix_throughput_over_least_inflight={_ratio(p.throughput, li.throughput)} "
-        f"lowreuse_p99_over_least_inflight={_ratio(lp.p99, lli.p99)}"
+        f"prefix_p90_ttft_over_rr={over_rr} prefix_p90_ttft_over_session={over_session} "
+        f"prefix_throughput_over_least_inflight={throughput} lowreuse_p99_over_least_inflight={low_p99} "
+        f"prefix_p90_ttft_over_rr_closed={over_rr_closed} "
+        f"prefix_p90_ttft_over_session_closed={over_session_closed} "
+        f"lowreuse_p99_over_least_inflight_closed={low_p99_closed}"
     )
 
 
 def run_prefix_workloads(
     procs: Procs, work: Path, policies: dict[str, RoutingPolicySpec], workloads: tuple[str, ...], seed: int,
-    window_s: float, only: tuple[str, ...] | None,
+    window_s: float, only: tuple[str, ...] | None, open_fraction: float = 0.8,
 ) -> str:  # fmt: skip
     """Start the prefix fleet and its routers, run the workloads asked for, and return the final-line fields."""
     wanted = tuple(w for w in workloads if w in WORKLOADS)
@@ -348,7 +472,7 @@ def run_prefix_workloads(
     routers = start_prefix_routers(procs, work, strats, sims)
     # each phase starts with a cache reset, whose AllBlocksCleared is also the event stream's first batch
     rounds = max(1, round(window_s / 4))  # slices of about 4 s
-    warmup = min(3.0, window_s / rounds / 2)
+    plan = PrefixPlan(seed, min(3.0, window_s / rounds / 2), window_s, rounds, open_fraction)
     names = [s.name for s, _ in strats]
-    rows = asyncio.run(run_prefix(sims, routers, names, wanted, seed, warmup, window_s, rounds))
+    rows = asyncio.run(run_prefix(sims, routers, names, wanted, plan))
     return prefix_fields(rows)

@@ -17,6 +17,7 @@ endpoint falls back to the approximate index (`EventIndex.fresh`). Pure: values 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import pickle
 import zlib
@@ -46,6 +47,7 @@ _PICKLE_PROTOCOL = pickle.HIGHEST_PROTOCOL  # vLLM's sha256 pickles with the hig
 # ------------------------------------------------------------------------------------------------ hashing
 
 
+@functools.lru_cache(maxsize=64)  # a policy's seed, hashed on every request's first block otherwise
 def none_hash(seed: str) -> bytes:
     """vLLM's NONE_HASH, the parent of a prompt's first block: sha256 of the pickled PYTHONHASHSEED. (With no
     seed vLLM draws os.urandom(32), and no one outside the engine can predict its hashes.)"""
@@ -142,7 +144,16 @@ def text_block_hashes(text: str, block_chars: int, key: str, max_blocks: int) ->
     the chunks before it and seeded by `key` (the project), so equal prompts of two projects never match."""
     out: list[int] = []
     parent = hashlib.blake2b(key.encode(), digest_size=8, person=b"llmgw-prefix").digest()
-    for i in range(min(len(text) // block_chars, max_blocks)):
+    blocks = min(len(text) // block_chars, max_blocks)
+    if text.isascii():  # a character is a byte: encode once and slice the bytes (every request pays this)
+        data = text.encode("ascii")
+        for i in range(blocks):
+            parent = hashlib.blake2b(
+                parent + data[i * block_chars : (i + 1) * block_chars], digest_size=8
+            ).digest()
+            out.append(int.from_bytes(parent, "big"))
+        return out
+    for i in range(blocks):
         chunk = text[i * block_chars : (i + 1) * block_chars].encode("utf-8", "surrogatepass")
         parent = hashlib.blake2b(parent + chunk, digest_size=8).digest()
         out.append(int.from_bytes(parent, "big"))
@@ -266,6 +277,13 @@ def _as_int(h: Any) -> int | None:
     return None
 
 
+def _hashes(raw: Sequence[Any]) -> tuple[int, ...]:
+    # integers (vLLM's default, and the sim's) pass as they are: one type check each, no conversion
+    if all(type(h) is int for h in raw):
+        return tuple(raw)
+    return tuple(h for h in map(_as_int, raw) if h is not None)
+
+
 def parse_event_batch(batch: Any) -> tuple[float, list[KvEvent]]:
     """vLLM's KVEventBatch as msgpack decodes it (msgspec array-like structs, each event tagged by its class
     name first): `[ts, [event, ...], data_parallel_rank?]`, BlockStored `[tag, block_hashes, parent,
@@ -284,7 +302,7 @@ def parse_event_batch(batch: Any) -> tuple[float, list[KvEvent]]:
             continue
         if tag not in ("BlockStored", "BlockRemoved") or len(raw) < 2 or not isinstance(raw[1], list | tuple):
             raise ValueError(f"unknown event {tag!r:.40}")
-        hashes = tuple(h for h in map(_as_int, raw[1]) if h is not None)
+        hashes = _hashes(raw[1])
         events.append(KvEvent("stored" if tag == "BlockStored" else "removed", hashes))
     return ts, events
 

@@ -104,17 +104,24 @@ class PrefixRouting:
         now: float,
     ) -> None:
         """Set each candidate's `prefix` (the share of the prompt's leading blocks it holds) and its source."""
+        firsts: dict[tuple[str, int, str | None], int | None] = {}  # a fleet's endpoints mostly share one
         for c, ep in zip(cands, endpoints, strict=True):
-            first = self._first_engine_hash(ep, key, policy, project) if ep.spec.kv_events else None
-            if first is not None and self._fresh(ep.id, now):
+            first = None
+            if ep.spec.kv_events:
+                hashing = (ep.spec.engine, ep.spec.kv_block_size, ep.spec.api_key)
+                if hashing not in firsts:
+                    firsts[hashing] = self._first_engine_hash(ep, key, policy, project)
+                first = firsts[hashing]
+            eid = ep.id
+            if first is not None and self._fresh(eid, now):
                 c.prefix_source = "precise"
-                if not self.events.match(ep.id, (first,)):
+                if not self.events.match(eid, (first,)):
                     c.prefix = 0.0  # holds none of it: the whole prompt need not be hashed
                     continue
                 hashes = self._engine_hashes(ep, key, policy, project) or (first,)
-                c.prefix = self.events.match(ep.id, hashes) / len(hashes)
+                c.prefix = self.events.match(eid, hashes) / len(hashes)
             elif key.approx:
-                c.prefix = self.approx.match(ep.id, key.approx) / len(key.approx)
+                c.prefix = self.approx.match(eid, key.approx) / len(key.approx)
                 c.prefix_source = "approx"
             else:
                 c.prefix, c.prefix_source = 0.0, "approx"

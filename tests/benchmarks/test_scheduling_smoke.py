@@ -16,7 +16,8 @@ FINAL = re.compile(
     r"^scheduling: p99_ttft_default_over_rr=(\S+) p99_ttft_default_over_least_inflight=(\S+) "
     r"session_hit_rate=(\S+) session_max_load_over_mean=(\S+) prefix_p90_ttft_over_rr=\S+ "
     r"prefix_p90_ttft_over_session=\S+ prefix_throughput_over_least_inflight=\S+ "
-    r"lowreuse_p99_over_least_inflight=\S+$",
+    r"lowreuse_p99_over_least_inflight=\S+ prefix_p90_ttft_over_rr_closed=\S+ "
+    r"prefix_p90_ttft_over_session_closed=\S+ lowreuse_p99_over_least_inflight_closed=\S+$",
     re.M,
 )
 

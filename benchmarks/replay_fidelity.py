@@ -413,7 +413,8 @@ def describe(fleet: FleetSpec, measured: Measured, engine: EngineModel, bench_lo
         for s in measured.curve
     )
     print(f"\n{fleet.name}: {len(fleet.urls)} replica(s) x {fleet.slots} slots; bench p50 (ms): {curve}")
-    print(f"  fitted: prefill {engine.fixed_ms:.0f} ms + {engine.prefill_ms_per_token:.2f} ms/token, "
+    print(f"  fitted: prefill {engine.fixed_ms:.0f} ms + {engine.prefill_ms_per_token:.2f} ms/token + "
+          f"{engine.prefill_ms_per_token_sq * 1000:.2f} us/token^2, "
           f"{engine.exclusive:.2f} of it exclusive, +{engine.contention:.2f} per other in flight; itl {', '.join(f'{v:.0f}' for _, v in engine.itl_ms)} ms "
           f"({bench_load})")  # fmt: skip
     for note in engine.assumptions:

@@ -3,8 +3,9 @@
 `bench` asks the controller for a ready replica of the model (`GET /api/v1/bench/MODEL`: its address and engine
 key, so the run measures the replica and not the router in front of it), drives it with streamed chat requests
 at stepped concurrency (1, 2, 4, ... by default), and prints per step the p50/p99 time to first token, the
-inter-token latency and tokens/s, then one more step at concurrency 1 with prompts a quarter as long (what the
-prefill costs per prompt token is the difference, in the tokens the engine counts); then the capacity at the model's objective (`slo.ttft_p99_ms`, or
+inter-token latency and tokens/s, then two more steps at concurrency 1 with prompts a quarter and twice as long
+(what the prefill costs per prompt token, and how much faster than the prompt it grows, in the tokens the engine
+counts); then the capacity at the model's objective (`slo.ttft_p99_ms`, or
 `--objective`) as `llmgw.core.bench.conclude` reads the curve. `--save` stores it (`POST /api/v1/capacity`) and
 the autoscaler uses it from then on.
 """
@@ -111,7 +112,7 @@ def _session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
 
 async def _step(
     target: dict[str, Any], concurrency: int, seconds: float, prompt_tokens: int, max_tokens: int,
-    tags: Iterator[str],
+    tags: Iterator[str], role: str = "ladder",
 ) -> Step:  # fmt: skip
     samples: list[RequestSample] = []
     deadline = time.monotonic() + seconds
@@ -124,7 +125,7 @@ async def _step(
     timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
     async with _session(timeout) as session:
         await asyncio.gather(*(worker(session) for _ in range(concurrency)))
-    return summarize_step(concurrency, samples, time.monotonic() - started)
+    return summarize_step(concurrency, samples, time.monotonic() - started, role)
 
 
 async def run_bench(
@@ -133,7 +134,7 @@ async def run_bench(
 ) -> Measured:  # fmt: skip
     """Drive the target at each concurrency in turn (after one request that warms it up); stop early once a
     step misses the objective or fails. After a concurrency-1 step that served, one more with prompts a
-    quarter as long (the short step)."""
+    quarter as long (the short step) and one with prompts twice as long (the long step)."""
     curve: list[Step] = []
     tags = prompt_tags()
     # One request first, not measured: an engine that just started pays for paging its weights in (llama.cpp
@@ -146,7 +147,10 @@ async def run_bench(
         curve.append(step)
         short_words = max(1, prompt_tokens // 4)
         if n == 1 and step.requests > step.failed and short_words < prompt_tokens:
-            curve.append(await _step(target, 1, seconds, short_words, max_tokens, tags))
+            curve.append(await _step(target, 1, seconds, short_words, max_tokens, tags, "short"))
+            # Twice the prompt as well: with three lengths the fit sees the cost grow faster than the
+            # prompt (attention). A step past the model's context fails and is left out of the fit.
+            curve.append(await _step(target, 1, seconds, prompt_tokens * 2, max_tokens, tags, "long"))
         missed = objective_ms is not None and (step.ttft_p99_ms is None or step.ttft_p99_ms > objective_ms)
         if step.failed or missed:
             break
@@ -229,7 +233,8 @@ def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) ->
         "TOKENS/S",
     )
     for s in result["curve"]:
-        table.add_row(str(s["concurrency"]), _ms(s.get("prompt_tokens")), str(s["requests"]), str(s["failed"]), _ms(s["ttft_p50_ms"]),
+        probe = f" ({s['role']})" if s.get("role", "ladder") != "ladder" else ""
+        table.add_row(str(s["concurrency"]) + probe, _ms(s.get("prompt_tokens")), str(s["requests"]), str(s["failed"]), _ms(s["ttft_p50_ms"]),
                       _ms(s["ttft_p99_ms"]), _ms(s["itl_p50_ms"]), _ms(s["itl_p99_ms"]),
                       f"{s['tokens_per_s']:.1f}")  # fmt: skip
     console.print(table)

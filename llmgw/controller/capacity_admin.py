@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -121,6 +121,7 @@ class _Step(BaseModel):
     tokens_per_s: float = Field(ge=0)
     prompt_tokens: float | None = Field(None, ge=0)  # what the engine counted; absent from older benches
     itl_mean_ms: float | None = Field(None, ge=0)  # absent from older benches
+    role: Literal["ladder", "short", "long"] = "ladder"  # older benches name none
 
 
 class _Saved(BaseModel):

@@ -1,8 +1,9 @@
 """What `llmgw bench` concludes from a stepped load, as pure functions: per step the latencies measured, and
 the capacity at the model's objective.
 
-A run drives one replica at concurrency 1, 2, 4, ... for a while each (the ladder), plus one step at
-concurrency 1 with prompts a quarter as long (the short step), and records, per request, the time to first
+A run drives one replica at concurrency 1, 2, 4, ... for a while each (the ladder), plus two steps at
+concurrency 1 with prompts a quarter as long (the short step) and twice as long (the long step: a prompt's
+cost grows faster than its length, attention being quadratic), and records, per request, the time to first
 token, the gaps between tokens and the prompt tokens the engine counted (its `usage`). `summarize_step` turns
 one step's samples into its row of the curve; `conclude` reads the curve: the capacity is the highest ladder
 concurrency whose p99 TTFT stays under the objective (with no objective, the highest step whose throughput
@@ -25,8 +26,8 @@ __all__ = [
     "Step",
     "conclude",
     "percentile",
-    "short_position",
-    "split_short",
+    "probe_positions",
+    "split_probes",
     "summarize_step",
 ]
 
@@ -53,6 +54,7 @@ class Step:
     tokens_per_s: float
     prompt_tokens: float | None = None  # the mean the engine counted; None: it did not say
     itl_mean_ms: float | None = None  # what a completion's tokens cost on average: its tail counts
+    role: str = "ladder"  # or "short" / "long": a concurrency-1 probe of the prompt's cost, not a rung
 
     def json(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,7 +82,9 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000.0, 3)
 
 
-def summarize_step(concurrency: int, samples: Sequence[RequestSample], seconds: float) -> Step:
+def summarize_step(
+    concurrency: int, samples: Sequence[RequestSample], seconds: float, role: str = "ladder"
+) -> Step:
     good = [s for s in samples if s.ok]
     ttfts = [s.ttft_s for s in good]
     gaps = [g for s in good for g in s.gaps_s]
@@ -98,6 +102,7 @@ def summarize_step(concurrency: int, samples: Sequence[RequestSample], seconds: 
         tokens_per_s=round(tokens / seconds, 3) if seconds > 0 else 0.0,
         prompt_tokens=round(sum(counted) / len(counted), 1) if counted else None,
         itl_mean_ms=_ms(sum(gaps) / len(gaps)) if gaps else None,
+        role=role,
     )
 
 
@@ -114,26 +119,38 @@ def _knee(curve: Sequence[Step]) -> Step | None:
 
 SHORT_AT_MOST = 0.75  # of the longest concurrency-1 prompt; the bench's short step is a quarter of it
 
+StepKey = tuple[int, float | None, str]  # (concurrency, counted prompt tokens, role)
 
-def short_position(steps: Sequence[tuple[int, float | None]]) -> int | None:
-    """Which of the (concurrency, counted prompt tokens) steps is the short step: the concurrency-1 step
-    with the fewest prompt tokens, when that is at most SHORT_AT_MOST of the longest concurrency-1 prompt.
-    Not "shorter than the top step's": the counted prompt drifts a little from step to step (the tokenizer
-    splits each request's tag its own way), and a concurrency-1 step a few tokens short of the top was read
-    as the short one. None: no such step."""
-    singles = [(n, i) for i, (c, n) in enumerate(steps) if c == 1 and n is not None]
+
+def probe_positions(steps: Sequence[StepKey]) -> tuple[int | None, int | None]:
+    """Which of the steps are the short and the long probe. A bench that names its steps' roles is read by
+    them. One before roles (a stored curve has none, so every step reads "ladder") had only a short step:
+    the concurrency-1 step with the fewest prompt tokens, when that is at most SHORT_AT_MOST of the longest
+    concurrency-1 prompt. Not "shorter than the top step's": the counted prompt drifts a little from step to
+    step (the tokenizer splits each request's tag its own way), and a concurrency-1 step a few tokens short
+    of the top was read as the short one."""
+    if any(role != "ladder" for _, _, role in steps):
+        short = next((i for i, (_, _, role) in enumerate(steps) if role == "short"), None)
+        long = next((i for i, (_, _, role) in enumerate(steps) if role == "long"), None)
+        return short, long
+    singles = [(n, i) for i, (c, n, _) in enumerate(steps) if c == 1 and n is not None]
     if len(singles) < 2:
-        return None
+        return None, None
     (fewest, at), longest = min(singles), max(n for n, _ in singles)
-    return at if fewest <= SHORT_AT_MOST * longest else None
+    return (at if fewest <= SHORT_AT_MOST * longest else None), None
 
 
-def split_short(curve: Sequence[Step]) -> tuple[tuple[Step, ...], Step | None]:
-    """The ladder (by concurrency) and the short step (`short_position`)."""
+def split_probes(curve: Sequence[Step]) -> tuple[tuple[Step, ...], Step | None, Step | None]:
+    """The ladder (by concurrency), the short step and the long step (`probe_positions`)."""
     ordered = sorted(curve, key=lambda s: s.concurrency)
-    at = short_position([(s.concurrency, s.prompt_tokens) for s in ordered])
-    short = ordered[at] if at is not None else None
-    return tuple(s for s in ordered if s is not short), short
+    short_at, long_at = probe_positions([(s.concurrency, s.prompt_tokens, s.role) for s in ordered])
+    probes = {at for at in (short_at, long_at) if at is not None}
+    ladder = tuple(s for i, s in enumerate(ordered) if i not in probes)
+    return (
+        ladder,
+        ordered[short_at] if short_at is not None else None,
+        ordered[long_at] if long_at is not None else None,
+    )
 
 
 def _prefill_per_token(single: Step | None, short: Step | None, prompt_tokens: int) -> float | None:
@@ -148,7 +165,7 @@ def _prefill_per_token(single: Step | None, short: Step | None, prompt_tokens: i
 
 def conclude(curve: Sequence[Step], objective_ms: float | None, prompt_tokens: int) -> Measured:
     """The capacity the curve shows (see the module's words). A step with failures ends the search."""
-    ladder, short = split_short(curve)
+    ladder, short, _ = split_probes(curve)
     if objective_ms is None:
         chosen = _knee(ladder)
     else:

@@ -1,12 +1,16 @@
 """An engine replica as `plan --simulate` models it: from the curve `llmgw bench --save` measured, never from an
 engine's own arguments (a sim engine told to answer in 50 ms is not evidence of what it does under load).
 
-A bench run drives one replica at concurrency 1, 2, 4, ... with prompts of one length, plus one step at
-concurrency 1 with prompts a quarter as long, and records per step the p50 time to first token, the p50
+A bench run drives one replica at concurrency 1, 2, 4, ... with prompts of one length, plus two steps at
+concurrency 1 with prompts a quarter and twice as long, and records per step the p50 time to first token, the p50
 inter-token latency, the prompt tokens the engine counted, and what it completed per second. The model:
 
-- **Prefill** of a request of P prompt tokens takes `fixed_ms + prefill_ms_per_token * P` of the replica's
-  time: the line through the two concurrency-1 steps' TTFTs (nothing queues there). A share `exclusive` of it
+- **Prefill** of a request of P prompt tokens takes `fixed_ms + prefill_ms_per_token * P +
+  prefill_ms_per_token_sq * P^2` of the replica's time: the parabola through the three concurrency-1 steps'
+  TTFTs (nothing queues there; the ladder's prompt, a quarter of it and twice it), the line through two
+  where a bench has no long step or the parabola would bend down. Attention makes the square: on llama.cpp
+  on CPU the 830-token prompt took 6.6 ms a token more than the 390-token one, against 4.4 from 100 to 390,
+  and a trace's long prompts are what a line through short ones underprices. A share `exclusive` of it
   holds the whole replica: no other prefill and no decode advances meanwhile (llama.cpp runs one batch at a
   time, and a prompt's batch stalls every slot's next token; a sim engine only sleeps, so its share is 0).
   The exclusive parts queue first come, first served; the rest runs in the request's own slot.
@@ -40,7 +44,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw.core.bench import short_position
+from llmgw.core.bench import probe_positions
 
 __all__ = [
     "ASSUMED_ITL_MS",
@@ -81,10 +85,12 @@ class EngineModel:
     fixed_ms: float = 0.0  # prefill time that does not depend on the prompt's length
     exclusive: float = 0.0  # the share of a prefill that holds the whole replica, in [0, 1]
     contention: float = 0.0  # a prefill's stretch per other sequence in flight, a share of its own time
+    prefill_ms_per_token_sq: float = 0.0  # the prompt's quadratic cost (attention), from a third length
 
     def prefill_ms(self, prompt_tokens: int, others: int = 0) -> float:
         """A prefill's time, started beside `others` sequences in flight."""
-        alone = self.fixed_ms + self.prefill_ms_per_token * max(0, prompt_tokens)
+        n = max(0, prompt_tokens)
+        alone = self.fixed_ms + self.prefill_ms_per_token * n + self.prefill_ms_per_token_sq * n * n
         return alone * (1.0 + self.contention * max(0, others))
 
     def itl(self, decoding: int) -> float:
@@ -130,19 +136,19 @@ def _served(step: Mapping[str, Any]) -> bool:
     )
 
 
-def _ladder(curve: Sequence[Mapping[str, Any]]) -> tuple[list[Mapping[str, Any]], Mapping[str, Any] | None]:
-    """The concurrency ladder (one prompt length, by concurrency) and the short-prompt step, if any (the
-    bench's own rule, `short_position`)."""
+def _ladder(
+    curve: Sequence[Mapping[str, Any]],
+) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """The concurrency ladder (one prompt length, by concurrency) and the prompt probes that served (the
+    short and the long concurrency-1 steps, by the bench's own rule, `probe_positions`)."""
     served = sorted((s for s in curve if _served(s)), key=lambda s: int(s["concurrency"]))
-    counted = [s.get("prompt_tokens") for s in served]
-    at = short_position(
-        [
-            (int(s["concurrency"]), float(n) if isinstance(n, int | float) else None)
-            for s, n in zip(served, counted, strict=True)
-        ]
-    )
-    short = served[at] if at is not None else None
-    return [s for s in served if s is not short], short
+    keys = []
+    for step in served:
+        n = step.get("prompt_tokens")
+        keys.append((int(step["concurrency"]), float(n) if isinstance(n, int | float) else None,
+                     str(step.get("role") or "ladder")))  # fmt: skip
+    probes = {at for at in probe_positions(keys) if at is not None}
+    return [s for i, s in enumerate(served) if i not in probes], [served[i] for i in sorted(probes)]
 
 
 def _points(steps: Sequence[Mapping[str, Any]], key: str) -> tuple[Point, ...]:
@@ -154,20 +160,44 @@ def _points(steps: Sequence[Mapping[str, Any]], key: str) -> tuple[Point, ...]:
     return tuple(sorted(out.items()))
 
 
+Prefill = tuple[float, float, float]  # (fixed ms, ms per token, ms per token squared)
+
+
 def _prefill(
-    measured: Mapping[str, Any], ladder: Sequence[Mapping[str, Any]], short: Mapping[str, Any] | None
-) -> tuple[float, float] | None:
-    """(fixed ms, ms per token) from the two prompt lengths at concurrency 1, else the stored per-token cost
-    alone; None: no prompt cost known."""
+    measured: Mapping[str, Any], ladder: Sequence[Mapping[str, Any]], probes: Sequence[Mapping[str, Any]]
+) -> Prefill | None:
+    """The prefill's cost from the concurrency-1 TTFTs at two prompt lengths (a line) or three (a parabola:
+    attention grows with the square of the prompt), else the stored per-token cost alone; None: no prompt
+    cost known."""
     single = next((s for s in ladder if s["concurrency"] == 1), None)
-    if single is not None and short is not None:
-        t_long, t_short = single.get("ttft_p50_ms"), short.get("ttft_p50_ms")
-        n_long, n_short = single["prompt_tokens"], short["prompt_tokens"]
-        if isinstance(t_long, int | float) and isinstance(t_short, int | float) and n_long > n_short:
-            per = max(0.0, (t_long - t_short) / (n_long - n_short))
-            return max(0.0, t_short - per * n_short), per
+    points = sorted(
+        (float(s["prompt_tokens"]), float(s["ttft_p50_ms"]))
+        for s in ([single] if single is not None else []) + list(probes)
+        if isinstance(s.get("ttft_p50_ms"), int | float) and isinstance(s.get("prompt_tokens"), int | float)
+    )
+    lengths = {n for n, _ in points}
+    if len(points) == 3 and len(lengths) == 3:
+        fitted = _parabola(points)
+        if fitted is not None:
+            return fitted
+        points = [points[0], points[2]]  # a parabola bending down: the line through the outer two
+    if len(points) >= 2 and len(lengths) >= 2:
+        (n_short, t_short), (n_long, t_long) = points[0], points[-1]
+        per = max(0.0, (t_long - t_short) / (n_long - n_short))
+        return max(0.0, t_short - per * n_short), per, 0.0
     stored = measured.get("prefill_ms_per_token")
-    return (0.0, float(stored)) if isinstance(stored, int | float) else None
+    return (0.0, float(stored), 0.0) if isinstance(stored, int | float) else None
+
+
+def _parabola(points: Sequence[tuple[float, float]]) -> Prefill | None:
+    """a + b*n + c*n^2 through three points, when it neither bends down (c < 0) nor falls (b < 0) nor starts
+    below zero; None otherwise."""
+    (x0, y0), (x1, y1), (x2, y2) = points
+    d01, d12 = (y1 - y0) / (x1 - x0), (y2 - y1) / (x2 - x1)
+    c = (d12 - d01) / (x2 - x0)
+    b = d01 - c * (x0 + x1)
+    a = y0 - b * x0 - c * x0 * x0
+    return (a, b, c) if c >= 0 and b >= 0 and a >= 0 else None
 
 
 def _exclusive(model: EngineModel, top: Mapping[str, Any]) -> tuple[float, float] | None:
@@ -204,16 +234,16 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
     the profile in the assumptions' words."""
     if measured is None:
         return assumed_model(slots, f"{where}: not measured (`llmgw bench MODEL --profile P --save`)")
-    ladder, short = _ladder(measured.get("curve") or [])
+    ladder, probes = _ladder(measured.get("curve") or [])
     ttft = _points(ladder, "ttft_p50_ms")
     if not ttft:
         return assumed_model(slots, f"{where}: its measurement has no TTFT step that served a request")
     notes: list[str] = []
-    prefill = _prefill(measured, ladder, short)
+    prefill = _prefill(measured, ladder, probes)
     if prefill is None:
         # The TTFT at the first step is all the prompt cost there is to know; without the prompt size it
         # cannot be split per token, so it stands as a fixed cost.
-        prefill = (ttft[0][1], 0.0)
+        prefill = (ttft[0][1], 0.0, 0.0)
         notes.append(f"{where}: no prefill cost per token measured: the prompt's length is not modelled")
     # The mean gap, where the bench says it: a completion's time is the sum of its gaps, and on a busy CPU
     # the tail of them (stalls of a second beside a p50 of 0.1 s) is most of it. Else the p50.
@@ -230,7 +260,7 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
         notes.append(
             f"{where}: no slots declared, no concurrency met the objective: {capacity} (the top step)"
         )
-    model = EngineModel(prefill[1], itl, capacity, True, (), prefill[0])
+    model = EngineModel(prefill[1], itl, capacity, True, (), prefill[0], prefill_ms_per_token_sq=prefill[2])
     # Past the slots the engine queues requests itself: what it completes there says nothing of the share.
     within = [s for s in ladder if 2 <= s["concurrency"] <= capacity]
     fitted = _exclusive(model, within[-1]) if within else None
@@ -240,4 +270,6 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
             f"{where}: no step above concurrency 1 says what it completed: prefills assumed not to "
             "hold up the other slots"
         )
-    return EngineModel(prefill[1], itl, capacity, True, tuple(notes), prefill[0], *fitted)
+    return EngineModel(
+        prefill[1], itl, capacity, True, tuple(notes), prefill[0], *fitted, prefill_ms_per_token_sq=prefill[2]
+    )

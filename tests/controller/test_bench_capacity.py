@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from llmgw.cli.bench_cmds import _prompt, prompt_tags
 from llmgw.cli.main import app
 from llmgw.controller.autoscaler import capacity_of
-from llmgw.core.bench import RequestSample, Step, conclude, percentile, split_short, summarize_step
+from llmgw.core.bench import RequestSample, Step, conclude, percentile, split_probes, summarize_step
 from llmgw.core.engine_model import fit_engine_model
 from llmgw.store import Store
 from llmgw.store.capacity import CapacityRecord
@@ -51,7 +51,7 @@ def test_prefill_per_token_is_the_ttft_growth_between_the_two_prompt_lengths() -
     m = conclude([long, top, short], objective_ms=100.0, prompt_tokens=64)
     assert m.prefill_ms_per_token == pytest.approx(30.0 / 90.0, abs=1e-4)  # not 70 ms / 64 words
     assert m.concurrency == 2 and m.decode_ms_per_token == 5.0
-    assert split_short(m.curve) == ((long, top), short)
+    assert split_probes(m.curve) == ((long, top), short, None)
     # The short step is not a rung: a failing one does not end the ladder, nor is it the capacity.
     assert conclude([long, replace(short, failed=10)], 100.0, 64).concurrency == 1
 
@@ -63,12 +63,36 @@ def test_the_short_step_is_the_shortest_single_not_any_single_below_the_top() ->
     short = replace(_step(1, 20.0, 50), ttft_p50_ms=885.0, prompt_tokens=158.0)
     top = replace(_step(2, 30.0, 95), prompt_tokens=654.0)
     m = conclude([long, short, top], objective_ms=None, prompt_tokens=64)
-    assert split_short(m.curve) == ((long, top), short)
+    assert split_probes(m.curve) == ((long, top), short, None)
     assert m.prefill_ms_per_token == pytest.approx((3069 - 885) / (590 - 158), abs=1e-4)
     model = fit_engine_model({"curve": [asdict(s) for s in m.curve]}, 2, "gemma")
     assert model.prefill_ms_per_token == pytest.approx((3069 - 885) / (590 - 158))
     # Two concurrency-1 steps of about one length are one rung measured twice, not a short step.
-    assert split_short([long, replace(long, prompt_tokens=560.0)])[1] is None
+    assert split_probes([long, replace(long, prompt_tokens=560.0)])[1] is None
+
+
+def test_a_bench_that_names_its_probes_is_read_by_their_roles_and_its_prompt_cost_is_a_parabola() -> None:
+    def cost(n: float) -> float:
+        return 200.0 + 3.0 * n + 0.003 * n * n  # llama.cpp on CPU, roughly: attention's square
+
+    main = replace(_step(1, 20.0, 50), ttft_p50_ms=cost(400), prompt_tokens=400.0)
+    short = replace(_step(1, 20.0, 50), ttft_p50_ms=cost(100), prompt_tokens=100.0, role="short")
+    long = replace(_step(1, 20.0, 50), ttft_p50_ms=cost(800), prompt_tokens=800.0, role="long")
+    top = replace(_step(2, 30.0, 95), prompt_tokens=400.0)
+    assert split_probes([main, short, long, top]) == ((main, top), short, long)
+    # The long step fails past a model's context: a probe, it ends nothing and is left out of the fit.
+    assert conclude([main, short, replace(long, failed=10), top], None, 64).concurrency == 2
+    model = fit_engine_model({"curve": [asdict(s) for s in (main, short, long, top)]}, 2, "gemma")
+    assert model.prefill_ms(1600) == pytest.approx(cost(1600))
+    # Without the long step the line through two lengths is all there is.
+    line = fit_engine_model({"curve": [asdict(s) for s in (main, short, top)]}, 2, "gemma")
+    assert line.prefill_ms_per_token_sq == 0.0
+    assert line.prefill_ms_per_token == pytest.approx((cost(400) - cost(100)) / 300)
+    # A parabola that bends down (noise) falls back to the line through the outer two.
+    bent = replace(long, ttft_p50_ms=cost(400) + 1.0)
+    flat = fit_engine_model({"curve": [asdict(s) for s in (main, short, bent, top)]}, 2, "gemma")
+    assert flat.prefill_ms_per_token_sq == 0.0
+    assert flat.prefill_ms(800) == pytest.approx(cost(400) + 1.0)
 
 
 def test_bench_prompts_are_distinct_across_steps_and_runs_and_keep_their_length() -> None:
@@ -164,16 +188,20 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     out = json.loads(result.output)
     # Two sequences run at once; at four, two wait a whole request (8 x 30 ms) for a slot: over 150 ms.
     assert out["concurrency"] == 2, out["curve"]
-    # The ladder and, after its concurrency 1, the short step: 2 words, counted by the engine as fewer tokens.
-    assert [s["concurrency"] for s in out["curve"]] == [1, 1, 2, 4]
-    ladder_one, short = out["curve"][:2]
+    # The ladder and, after its concurrency 1, the short and the long step: 2 and 16 words, counted by the
+    # engine, each named by its role.
+    assert [(s["concurrency"], s["role"]) for s in out["curve"]] == [
+        (1, "ladder"), (1, "short"), (1, "long"), (2, "ladder"), (4, "ladder")
+    ], out["curve"]  # fmt: skip
+    ladder_one, short, long = out["curve"][:3]
     assert 0 < short["prompt_tokens"] < ladder_one["prompt_tokens"] == out["curve"][-1]["prompt_tokens"]
+    assert long["prompt_tokens"] > ladder_one["prompt_tokens"]
     assert out["decode_ms_per_token"] is not None and out["decode_ms_per_token"] > 20
 
     after = await admin.get("/api/v1/capacity")
     measured = after["capacity"][0]["measured"]
     assert after["capacity"][0]["source"] == "measured" and measured["concurrency"] == 2
-    assert measured["objective_ms"] == 150 and len(measured["curve"]) == 4
+    assert measured["objective_ms"] == 150 and len(measured["curve"]) == 5
     assert measured["curve"][1]["prompt_tokens"] == short["prompt_tokens"]  # stored, for the engine model
     assert capacity_of(running.controller, "sim-bench").per_replica == 2
     assert capacity_of(running.controller, "sim-bench").source == "measured"

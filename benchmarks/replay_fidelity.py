@@ -432,7 +432,8 @@ async def run_fleet(
         return {"p50": None, "p99": None}
     describe(fleet, measured, engine, bench_load)
     # The model's capacity at the bench's prompt, in the tokens the engine counted for it (the trace's mean).
-    counted = max((s.prompt_tokens or 0.0 for s in measured.curve), default=0.0)
+    # The ladder's prompt, not the long probe's (twice it): the load is 80 % at the trace's mean prompt.
+    counted = max((s.prompt_tokens or 0.0 for s in measured.curve if s.role == "ladder"), default=0.0)
     mean_tokens = round(counted) if counted > 0 else fleet.shape.prompt_tokens
     per_replica = engine.requests_per_s(mean_tokens, fleet.shape.completion_tokens)
     rate = LOAD * per_replica * len(fleet.urls)

@@ -8,9 +8,10 @@ inter-token latency, the prompt tokens the engine counted, and what it completed
 - **Prefill** of a request of P prompt tokens takes `fixed_ms + prefill_ms_per_token * P +
   prefill_ms_per_token_sq * P^2` of the replica's time: the parabola through the three concurrency-1 steps'
   TTFTs (nothing queues there; the ladder's prompt, a quarter of it and twice it), the line through two
-  where a bench has no long step or the parabola would bend down. Attention makes the square: on llama.cpp
-  on CPU the 830-token prompt took 6.6 ms a token more than the 390-token one, against 4.4 from 100 to 390,
-  and a trace's long prompts are what a line through short ones underprices. A share `exclusive` of it
+  where a bench has no long step or the parabola would bend down. Attention makes the square: once on
+  llama.cpp on CPU here, the 830-token prompt took 6.6 ms a token more than the 390-token one against 4.4
+  from 100 to 390 (another run measured no square at all: the three points say which), and a trace's long
+  prompts are what a line through short ones would underprice. A share `exclusive` of it
   holds the whole replica: no other prefill and no decode advances meanwhile (llama.cpp runs one batch at a
   time, and a prompt's batch stalls every slot's next token; a sim engine only sleeps, so its share is 0).
   The exclusive parts queue first come, first served; the rest runs in the request's own slot.
@@ -24,9 +25,8 @@ inter-token latency, the prompt tokens the engine counted, and what it completed
 - **Contention**: where even wholly exclusive prefills (x = 1) would have completed more than the bench did,
   the rest is put on the prefills that start beside other sequences: each sequence already in flight
   stretches a prefill by `contention` of its concurrency-1 time, so a closed loop of S completes
-  S / (S*p*(1 + c*(S-1)) + d) per ms, solved for c. Seen on llama.cpp on CPU, where a prompt's batch attends
-  over the KV cells of every slot, not its own alone: 4.4 s to the first token at concurrency 2 for prompts
-  that took 1.6 s alone, where one after the other would give 3.2 s.
+  S / (S*p*(1 + c*(S-1)) + d) per ms, solved for c. Seen once on llama.cpp on CPU here: 4.4 s to the first
+  token at concurrency 2 for prompts that took 1.6 s alone, where one after the other would give 3.2 s.
 - **Capacity** (for utilization) is the replica's declared slots, else the measured concurrency at the model's
   objective, else the highest step measured.
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -241,3 +242,40 @@ async def test_bench_refuses_an_unknown_profile_and_says_which_exist(fleet: tupl
     ):
         assert r.status == 404
         assert "has no profile 'gpu' (its profiles: sim)" in (await r.json())["error"]["message"]
+
+
+async def test_a_steps_workers_start_a_requests_time_apart_not_in_lockstep() -> None:
+    """Started together, a closed loop's requests stay in lockstep and llama.cpp batches their prefills,
+    which traffic on its own schedule seldom gets; the workers start `request_s / concurrency` apart."""
+    from aiohttp import web
+
+    from llmgw.cli.bench_cmds import _step
+
+    arrivals: list[float] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        arrivals.append(time.monotonic())
+        await asyncio.sleep(0.2)  # a request takes 0.2 s: a worker's next one comes no sooner
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        await out.write(b'data: {"choices": [{"delta": {"content": "x"}}]}\n\n')
+        await out.write(b"data: [DONE]\n\n")
+        return out
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        target = {"model": "m", "base_url": f"http://127.0.0.1:{port}", "api_key": "k"}
+        step = await _step(target, 4, 0.6, 4, 1, prompt_tags(), request_s=0.4)
+    finally:
+        await runner.cleanup()
+    assert step.requests == len(arrivals) >= 4 and step.failed == 0
+    # Worker k sleeps k x 0.1 s first (a sleep never ends early) and worker 0's next request waits for its
+    # first answer (0.2 s), so only one request arrives in the step's first 0.1 s; in lockstep, four would.
+    first = min(arrivals)
+    assert sum(1 for t in arrivals if t < first + 0.1) == 1, [round(t - first, 3) for t in sorted(arrivals)]

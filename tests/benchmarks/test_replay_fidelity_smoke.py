@@ -27,8 +27,9 @@ def test_tiny_sim_run_prints_measured_simulated_and_a_final_line() -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
     assert re.search(
+        # the ladder's concurrency 1, the short and the long probe, then concurrency 2
         r"^sim: 4 replica\(s\) x 2 slots; bench p50 \(ms\): c1 ttft \d+ itl \d+ prompt \d+, "
-        r"c1 ttft \d+ itl \d+ prompt \d+, c2 ",
+        r"c1 ttft \d+ itl \d+ prompt \d+, c1 ttft \d+ itl \d+ prompt \d+, c2 ",
         out,
         re.M,
     ), out

@@ -62,7 +62,7 @@ from harness import Procs, free_port, wait_http
 from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.cli.bench_cmds import run_bench
+from llmgw.cli.bench_cmds import bench_prompt, run_bench
 from llmgw.cli.main import app
 from llmgw.core.bench import Measured, percentile
 from llmgw.core.engine_model import EngineModel, fit_engine_model
@@ -112,7 +112,7 @@ TRACE_TAG = secrets.token_hex(3)  # apart from the bench's own tags, which llama
 def prompt_text(words: int, i: int) -> str:
     # The bench's own prompt shape (llmgw/cli/bench_cmds.py): distinct per request, and from every earlier
     # prompt this server saw, so no prefix cache helps.
-    return " ".join([f"{TRACE_TAG}t{i:05d}", *(f"w{k}x{k}" for k in range(words - 1))])
+    return bench_prompt(words, f"{TRACE_TAG}t{i:05d}")
 
 
 def spread_prompts(requests: list[TracedRequest], mean_words: int, rng: random.Random) -> list[TracedRequest]:

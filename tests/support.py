@@ -7,11 +7,14 @@ tests/ itself on sys.path (the same way tests/gitops imports `controller.helpers
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
+
+from aiohttp import web
 
 _HANDED_OUT: set[int] = set()
 
@@ -75,3 +78,16 @@ def wait_until(predicate: Callable[[], Any], limit_s: float, what: str, *, inter
         if time.monotonic() > deadline:
             raise _timed_out(limit_s, what, value)
         time.sleep(interval)
+
+
+@contextlib.asynccontextmanager
+async def serving(app: web.Application) -> AsyncIterator[int]:
+    """Serve an aiohttp app on a free loopback port for the block; yields the port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()

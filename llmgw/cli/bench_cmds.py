@@ -38,7 +38,7 @@ def register(app: typer.Typer) -> None:
     app.command("capacity")(capacity)
 
 
-def _prompt(tokens: int, tag: str) -> str:
+def bench_prompt(tokens: int, tag: str) -> str:
     # The request's tag leads, so no two prompts share more than the chat template's prefix and a prefix
     # cache (whose every block hangs on the blocks before it) does not turn the measurement into one of cache
     # hits. Only the first word carries it: in every word it tripled the tokens per word.
@@ -59,7 +59,7 @@ async def _one(
 ) -> RequestSample:
     body = {
         "model": target["model"],
-        "messages": [{"role": "user", "content": _prompt(prompt_tokens, tag)}],
+        "messages": [{"role": "user", "content": bench_prompt(prompt_tokens, tag)}],
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},  # the prompt tokens the engine counted

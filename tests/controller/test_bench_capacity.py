@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import wait_for
+from support import serving, wait_for
 from typer.testing import CliRunner
 
-from llmgw.cli.bench_cmds import _prompt, prompt_tags
+from llmgw.cli.bench_cmds import bench_prompt, prompt_tags
 from llmgw.cli.main import app
 from llmgw.controller.autoscaler import capacity_of
 from llmgw.core.bench import RequestSample, Step, conclude, percentile, split_probes, summarize_step
@@ -101,9 +101,9 @@ def test_bench_prompts_are_distinct_across_steps_and_runs_and_keep_their_length(
     tags = [next(run_a) for _ in range(2000)] + [next(run_b) for _ in range(10)]
     assert len(set(tags)) == len(tags)
     assert len({len(t) for t in tags}) == 1
-    first_words = {_prompt(8, t).split()[0] for t in tags}
+    first_words = {bench_prompt(8, t).split()[0] for t in tags}
     assert len(first_words) == len(tags)  # no two prompts share even their first word
-    assert len(_prompt(8, tags[0]).split()) == 8  # the length asked, in words
+    assert len(bench_prompt(8, tags[0]).split()) == 8  # the length asked, in words
 
 
 def test_a_step_summary_keeps_unknown_apart_from_zero() -> None:
@@ -264,16 +264,9 @@ async def test_a_steps_workers_start_a_requests_time_apart_not_in_lockstep() -> 
 
     app = web.Application()
     app.router.add_post("/v1/chat/completions", chat)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with serving(app) as port:
         target = {"model": "m", "base_url": f"http://127.0.0.1:{port}", "api_key": "k"}
         step = await _step(target, 4, 0.6, 4, 1, prompt_tags(), request_s=0.4)
-    finally:
-        await runner.cleanup()
     assert step.requests == len(arrivals) >= 4 and step.failed == 0
     # Worker k sleeps k x 0.1 s first (a sleep never ends early) and worker 0's next request waits for its
     # first answer (0.2 s), so only one request arrives in the step's first 0.1 s; in lockstep, four would.

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from llmgw_router.link import ControllerLink
-from support import wait_for
+from support import serving, wait_for
 
 from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from .test_integration import KEY_P1, snapshot, start_router
@@ -144,25 +144,20 @@ async def test_the_link_sends_load_reports_on_its_interval() -> None:
 
     app = web.Application()
     app.router.add_get("/router/v1", stream)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    report = {"type": "load", "models": {"m": {"queued": 3, "inflight": 1, "ttft_p99_ms": None, "refused": 0}},
-              "replicas": {}}  # fmt: skip
-    link = ControllerLink(
-        f"ws://127.0.0.1:{port}/router/v1", "r1", None, lambda _s: None, dict,
-        load=lambda: report, load_interval=0.05,
-    )  # fmt: skip
-    async with aiohttp.ClientSession() as session:
-        task = asyncio.create_task(link.run(session))
-        try:
-            await wait_for(
-                lambda: sum(1 for m in got if m.get("type") == "load") >= 3, 10, "three load reports"
-            )
-        finally:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-    await runner.cleanup()
+    async with serving(app) as port:
+        report = {"type": "load", "models": {"m": {"queued": 3, "inflight": 1, "ttft_p99_ms": None, "refused": 0}},
+                  "replicas": {}}  # fmt: skip
+        link = ControllerLink(
+            f"ws://127.0.0.1:{port}/router/v1", "r1", None, lambda _s: None, dict,
+            load=lambda: report, load_interval=0.05,
+        )  # fmt: skip
+        async with aiohttp.ClientSession() as session:
+            task = asyncio.create_task(link.run(session))
+            try:
+                await wait_for(
+                    lambda: sum(1 for m in got if m.get("type") == "load") >= 3, 10, "three load reports"
+                )
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
     assert next(m for m in got if m["type"] == "load") == report

@@ -111,6 +111,7 @@ class Work:
     queue_ms: float = 0.0
     started: float = 0.0
     salt: str | None = None  # vLLM's cache_salt: an extra key of the first block's hash
+    token_due: float = 0.0  # when the next decoded token is due on the engine's own clock (see decode_one)
 
 
 PROBES = ("tools", "response_format", "stream_usage")
@@ -163,6 +164,7 @@ class SimEngine:
         except BaseException:  # the client went away during prefill: give the slot back
             self.finish(work, 0)
             raise
+        work.token_due = work.started + work.timing.prefill_ms / 1000
         change = self.cache.insert(work.prompt, work.salt)
         if self.events is not None:
             self.events.publish(batch_events(change, self.cfg.block_size))
@@ -173,9 +175,13 @@ class SimEngine:
         self.stats.requests_finished += 1
         self.slots.release()
 
-    async def decode_one(self) -> None:
+    async def decode_one(self, work: Work) -> None:
+        """One token, due one decode step after the last was due (decoding begins when prefill would end),
+        not one step after this process woke: the sim stands in for an accelerator, whose step time does not
+        stretch when the host's CPU is busy. A late wake-up is made up by the next tokens, never run ahead of."""
         self.stats.generation_tokens += 1
-        await asyncio.sleep(self.cfg.decode_ms_per_token / 1000)
+        work.token_due += self.cfg.decode_ms_per_token / 1000
+        await asyncio.sleep(max(work.token_due - time.monotonic(), 0.0))
 
     def usage(self, work: Work, completion_tokens: int) -> dict[str, Any]:
         assert work.timing is not None
@@ -308,7 +314,7 @@ class SimEngine:
         try:
             self.stats.observe_ttft(time.monotonic() - work.started + work.queue_ms / 1000)
             for _ in words:
-                await self.decode_one()
+                await self.decode_one(work)
         finally:
             self.finish(work, len(words))
         text = " ".join(words)
@@ -386,9 +392,9 @@ class SimEngine:
                 )
             call = tool_call(body) if chat and "tools" not in self.behaviour.fail_probes else None
             if call is not None:
-                sent = await self._stream_tool_call(send, call)
+                sent = await self._stream_tool_call(send, call, work)
             for i, word in enumerate(words if call is None else ()):
-                await self.decode_one()
+                await self.decode_one(work)
                 piece = word if i == 0 else " " + word
                 delta: dict[str, Any] = {"delta": {"content": piece}} if chat else {"text": piece}
                 await send([{"index": 0, **delta, "finish_reason": None, "logprobs": None}])
@@ -403,13 +409,13 @@ class SimEngine:
             self.finish(work, sent)
         return resp
 
-    async def _stream_tool_call(self, send: Any, call: tuple[str, str, str]) -> int:
+    async def _stream_tool_call(self, send: Any, call: tuple[str, str, str], work: Work) -> int:
         """A tool call as OpenAI streams one: the id and name first, then the arguments word by word."""
         head = _tool_call_obj((call[0], call[1], ""))
         await send([{"index": 0, "delta": {"tool_calls": [{"index": 0, **head}]}, "finish_reason": None}])
         pieces = call[2].split(" ")
         for i, piece in enumerate(pieces):
-            await self.decode_one()
+            await self.decode_one(work)
             args = {"index": 0, "function": {"arguments": piece if i == 0 else " " + piece}}
             await send([{"index": 0, "delta": {"tool_calls": [args]}, "finish_reason": None}])
         return len(pieces)

@@ -8,7 +8,6 @@ import asyncio
 import time
 
 import pytest
-
 from llmgw_agent import sim as sim_module
 from llmgw_agent.sim import SimEngine, Work
 from llmgw_agent.sim_model import LatencyConfig

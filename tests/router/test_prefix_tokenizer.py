@@ -45,8 +45,9 @@ MESSAGES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def write_model_dir(d: Path) -> Path:
+    """A model directory's tokenizer files: a byte-level BPE trained on CORPUS (BOS by its post-processor)
+    and a tokenizer_config.json with a ChatML chat template."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -57,11 +58,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tok.train_from_iterator(CORPUS, trainer)
     bos = tok.token_to_id("<s>")
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
-    d = tmp_path_factory.mktemp("model")
     tok.save(str(d / "tokenizer.json"))
     config = {"chat_template": CHATML, "bos_token": "<s>", "eos_token": {"content": "<|im_end|>"}}
     (d / "tokenizer_config.json").write_text(json.dumps(config))
     return d
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_model_dir(tmp_path_factory.mktemp("model"))
 
 
 def _ep(replica: str, engine: str = "vllm", key: str = "engine-key") -> LiveEndpoint:

@@ -219,3 +219,24 @@ def test_completion_prompts_hash_the_encoded_prompt_or_the_given_ids(model_dir: 
     given = list(range(40))
     key = pr.key({"prompt": given}, POLICY, "p", str(model_dir))
     assert key is not None and key.ids() == given
+
+
+def test_the_models_tokenizer_dir_reaches_the_routers_snapshot_as_written() -> None:
+    from llmgw.controller.publisher import published_models
+    from llmgw.core.catalog import Catalog
+    from llmgw.core.config.models import Model
+
+    def model(name: str, **spec: object) -> Model:
+        return Model.model_validate(
+            {
+                "apiVersion": "llmgw/v1",
+                "kind": "Model",
+                "metadata": {"name": name},
+                "spec": {"context_length": 2048, "profiles": [{"name": "sim", "engine": "sim"}], **spec},
+            }
+        )
+
+    cat = Catalog.build([model("with", tokenizer_dir="/srv/tokenizers/qwen"), model("without")])
+    published = published_models(cat)
+    assert published["with"].tokenizer_dir == "/srv/tokenizers/qwen"
+    assert published["without"].tokenizer_dir is None

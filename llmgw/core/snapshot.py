@@ -106,7 +106,7 @@ class PublishedModel(_Wire):
     tokenizer_dir: str | None = Field(
         None,
         description="The Model's tokenizer_dir: a directory on the routers' machines with the model's "
-        "tokenizer.json (and tokenizer_config.json), to hash prompts as its vLLM/SGLang replicas do; None: "
+        "tokenizer.json (and tokenizer_config.json), or a .gguf file, to hash prompts as its vLLM/SGLang replicas do; None: "
         "those replicas' prefixes are scored approximately",
     )
 

@@ -9,9 +9,11 @@ names the source per endpoint (`prefix_by=`).
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,23 +67,41 @@ class PrefixRouting:
         self.memo = HeadMemo()
         self._stale: set[str] = set()  # endpoints whose event stream was heard, then went silent
         self.subscribed: dict[str, str] = {}  # endpoint -> the KV-event address subscribed (kv_events.py)
-        self._tokenizers: dict[
-            str, PromptTokenizer | None
-        ] = {}  # directory -> loaded (None: failed, said once)
+        # tokenizer directory -> its tokenizer (None: it failed to load, said once); GGUFs being built
+        self._tokenizers: dict[str, PromptTokenizer | None] = {}
+        self._loading: dict[str, concurrent.futures.Future[PromptTokenizer]] = {}
 
     def tokenizer(self, directory: str) -> PromptTokenizer | None:
-        """The tokenizer in `directory`, loaded once; None (and one warning) when it cannot be loaded."""
-        if directory not in self._tokenizers:
-            try:
-                self._tokenizers[directory] = PromptTokenizer.load(Path(directory))
-            except TokenizerError as e:
-                self._tokenizers[directory] = None
-                log.warning(
-                    "tokenizer directory %s: %s; its model's vLLM/SGLang endpoints are scored from the "
-                    "approximate prefix index",
-                    directory,
-                    e,
-                )
+        """The tokenizer in `directory` (or a `.gguf` file), loaded once; None (and one warning) when it cannot
+        be loaded. A GGUF's vocabulary takes seconds to build: it is built in a thread, and until it is ready
+        the model's requests are scored approximately (None), never held."""
+        if directory in self._tokenizers:
+            return self._tokenizers[directory]
+        if not directory.endswith(".gguf"):
+            return self._loaded(directory, lambda: PromptTokenizer.load(Path(directory)))
+        loading = self._loading.get(directory)
+        if loading is None:
+            self._loading[directory] = loading = concurrent.futures.Future()
+            threading.Thread(
+                target=_load_into, args=(loading, directory), name="llmgw-gguf-tokenizer", daemon=True
+            ).start()
+            return None
+        if not loading.done():
+            return None
+        del self._loading[directory]
+        return self._loaded(directory, loading.result)
+
+    def _loaded(self, directory: str, load: Callable[[], PromptTokenizer]) -> PromptTokenizer | None:
+        try:
+            self._tokenizers[directory] = load()
+        except TokenizerError as e:
+            self._tokenizers[directory] = None
+            log.warning(
+                "tokenizer directory %s: %s; its model's vLLM/SGLang endpoints are scored from the "
+                "approximate prefix index",
+                directory,
+                e,
+            )
         return self._tokenizers[directory]
 
     def key(
@@ -223,6 +243,15 @@ class PrefixRouting:
     def forget(self, keep: Sequence[str]) -> None:
         self.approx.forget(keep)
         self.events.forget(keep)
+
+
+def _load_into(future: concurrent.futures.Future[PromptTokenizer], directory: str) -> None:
+    try:
+        future.set_result(PromptTokenizer.load(Path(directory)))
+    except TokenizerError as e:
+        future.set_exception(e)
+    except Exception as e:  # a converter's own failure: a load failure like any other
+        future.set_exception(TokenizerError(f"{e!r}"))
 
 
 class PrefixSettingsDefaults:

@@ -9,6 +9,12 @@ chat template and the special tokens. `encode_chat` renders the chat template as
 (its post-processor, or `add_bos_token` / `add_eos_token` where the config names them, as transformers'
 Llama-family tokenizers rebuild it), as vLLM does for /v1/completions.
 
+A GGUF model has no tokenizer.json: `load` given a `.gguf` file builds the tokenizer from the file's own
+vocabulary (its `tokenizer.ggml.*` metadata and chat template) with transformers' GGUF tokenizer converter,
+as vLLM does for a GGUF model (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`); the metadata is read
+with the `gguf` package, because transformers' own GGUF reader needs torch. That needs the optional
+`gguf` extra (`gguf`, `transformers`) and takes seconds (a 262k-token vocabulary: ~15 s niced here).
+
 `tokenizers` and `jinja2` are imported on first load only: a router with no tokenizer directory never loads
 them.
 """
@@ -66,8 +72,11 @@ class PromptTokenizer:
 
     @classmethod
     def load(cls, directory: str | Path) -> PromptTokenizer:
-        """Raises TokenizerError naming what is wrong."""
+        """A model directory's tokenizer files, or a `.gguf` file's vocabulary. Raises TokenizerError naming
+        what is wrong."""
         path = Path(directory)
+        if path.suffix == ".gguf":
+            return cls._from_gguf(path)
         try:
             from tokenizers import Tokenizer
         except ImportError as e:  # pragma: no cover - a declared dependency
@@ -108,6 +117,55 @@ class PromptTokenizer:
             add_eos if isinstance(add_eos, bool) else None,
         )
 
+    @classmethod
+    def _from_gguf(cls, path: Path) -> PromptTokenizer:
+        try:
+            from gguf import GGUFReader
+            from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+                GGUF_TOKENIZER_MAPPING,
+                convert_gguf_tokenizer,
+            )
+        except ImportError as e:
+            raise TokenizerError(
+                f"{path}: a GGUF's vocabulary needs the gguf and transformers packages (llmgw-router[gguf]): {e}"
+            ) from e
+        try:
+            fields = GGUFReader(str(path)).fields
+            meta = {k: _gguf_value(f) for k, f in fields.items() if k.startswith("tokenizer.")}
+            arch = _gguf_value(fields["general.architecture"])
+            grouped = {
+                group: {
+                    name: meta[f"tokenizer.{key}"]
+                    for key, name in renames.items()
+                    if f"tokenizer.{key}" in meta
+                }
+                for group, renames in GGUF_TOKENIZER_MAPPING.items()
+            }
+            vocab, config = grouped["tokenizer"], grouped["tokenizer_config"]
+            if (
+                vocab.get("tokenizer_type") == "llama"
+            ):  # as transformers: llama.cpp's default for sentencepiece
+                config.setdefault("add_bos_token", True)
+            tokenizer, _ = convert_gguf_tokenizer(arch, vocab)
+        except Exception as e:
+            raise TokenizerError(f"{path}: GGUF vocabulary: {e!r}") from e
+        tokens = vocab.get("tokens") or []
+        special = {}
+        for name, key in _GGUF_SPECIAL.items():
+            index = meta.get(f"tokenizer.ggml.{key}")
+            if isinstance(index, int) and 0 <= index < len(tokens):
+                special[name] = str(tokens[index])
+        template = config.get("chat_template")
+        add_bos, add_eos = config.get("add_bos_token"), config.get("add_eos_token")
+        return cls(
+            path,
+            tokenizer,
+            template if isinstance(template, str) else None,
+            special,
+            bool(add_bos) if add_bos is not None else None,
+            bool(add_eos) if add_eos is not None else None,
+        )
+
     def render_chat(self, messages: Sequence[Any]) -> str:
         """The prompt text the chat template renders, as `apply_chat_template(..., tokenize=False,
         add_generation_prompt=True)` does. Raises TokenizerError when there is no template or it fails."""
@@ -142,6 +200,27 @@ class PromptTokenizer:
         text = self.special.get(name)
         found = None if text is None else self.tokenizer.token_to_id(text)
         return found if isinstance(found, int) else None
+
+
+_GGUF_SPECIAL = {
+    "bos_token": "bos_token_id",
+    "eos_token": "eos_token_id",
+    "unk_token": "unknown_token_id",
+    "pad_token": "padding_token_id",
+}
+
+
+def _gguf_value(f: Any) -> Any:
+    """A GGUF metadata field's value as Python: a string, a number, or a list of either."""
+    from gguf import GGUFValueType
+
+    if f.types and f.types[0] == GGUFValueType.ARRAY:
+        if f.types[-1] == GGUFValueType.STRING:
+            return [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
+        return [f.parts[i].tolist()[0] for i in f.data]
+    if f.types and f.types[0] == GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8")
+    return f.parts[f.data[0]].tolist()[0]
 
 
 def _compile(source: str) -> Any:

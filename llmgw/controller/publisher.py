@@ -191,6 +191,7 @@ def published_models(cat: Catalog) -> dict[str, PublishedModel]:
             else PublishedProvider(
                 url=m.spec.provider.url, model=m.spec.provider.model, key=m.spec.provider.key
             ),
+            tokenizer_dir=m.spec.tokenizer_dir,
         )
         for name, m in cat.models.items()
     }

@@ -103,6 +103,12 @@ class PublishedModel(_Wire):
     )
     provider: PublishedProvider | None = None
     canary: CanaryRoute | None = Field(None, description="While a canary runs: how its share is chosen")
+    tokenizer_dir: str | None = Field(
+        None,
+        description="The Model's tokenizer_dir: a directory on the routers' machines with the model's "
+        "tokenizer.json (and tokenizer_config.json), or a .gguf file, to hash prompts as its vLLM/SGLang replicas do; None: "
+        "those replicas' prefixes are scored approximately",
+    )
 
 
 class PublishedAdapter(_Wire):

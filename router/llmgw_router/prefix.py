@@ -6,7 +6,8 @@ Two sources say which endpoint holds a request's prefix:
   name the blocks it stored and evicted by the engine's block hashes. To look a request up, the router hashes
   its token ids the engine's way (`vllm_block_hashes`: vLLM's `hash_block_tokens` with `sha256` over pickle,
   NONE_HASH from PYTHONHASHSEED, the cache salt an extra key of the first block). Only where the router can
-  tokenize as the engine does: the sim (`sim_token_ids`); for vLLM with a real tokenizer it is not done yet.
+  tokenize as the engine does: the sim (`sim_token_ids`), and vLLM / SGLang where the model's tokenizer
+  directory is published (tokenizer.py: the model's tokenizer.json and chat template; `PrefixKey.ids`).
 - approximate: what this router sent where (`text_block_hashes`, chunks of the prompt's text chained, as the
   Gateway API Inference Extension's prefix plugin does), a bounded LRU per endpoint, keyed by the project so
   one project's prompts never attract another's.
@@ -22,7 +23,7 @@ import hashlib
 import pickle
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -170,26 +171,55 @@ class PrefixKey:
     text: str | None = None  # tokenized (the sim's way) on first use
     head: str = ""  # a leading part of `text` ending at a token boundary, tokenized and hashed through `memo`
     memo: HeadMemo | None = None
-    _engine: dict[tuple[int, str, str | None], tuple[int, ...]] = field(default_factory=dict)
-    _first: dict[tuple[int, str, str | None], int | None] = field(default_factory=dict)
+    # The model's real tokenizer's ids of the prompt as vLLM renders it (tokenizer.py), computed on first use
+    # by `tokenize` (None: the model has no tokenizer, or it failed on this prompt).
+    tokenize: Callable[[], list[int] | None] | None = None
+    _ids: list[int] | None = None
+    _tokenized: bool = False
+    _engine: dict[tuple[int, str, str | None, bool], tuple[int, ...]] = field(default_factory=dict)
+    _first: dict[tuple[int, str, str | None, bool], int | None] = field(default_factory=dict)
+
+    def ids(self) -> list[int] | None:
+        """The real tokenizer's ids, tokenized once; None when there is no tokenizer for the model."""
+        if not self._tokenized:
+            self._tokenized = True
+            self._ids = None if self.tokenize is None else self.tokenize()
+        return self._ids
 
     def engine_hashes(
-        self, block_size: int, seed: str, salt: str | None, max_blocks: int
+        self, block_size: int, seed: str, salt: str | None, max_blocks: int, real: bool = False
     ) -> tuple[int, ...] | None:
-        if self.text is None:
-            return None
-        key = (block_size, seed, salt)
+        """The prompt's engine block hashes: from the sim's token ids, or with `real` the model tokenizer's
+        (None when the router cannot tokenize the prompt that way)."""
+        key = (block_size, seed, salt, real)
         found = self._engine.get(key)
         if found is None:
-            found = self._engine[key] = self._hash(block_size, seed, salt, max_blocks)
+            if real:
+                ids = self.ids()
+                if ids is None:
+                    return None
+                found = tuple(vllm_block_hashes(ids, block_size, seed, salt, max_blocks))
+            elif self.text is None:
+                return None
+            else:
+                found = self._hash(block_size, seed, salt, max_blocks)
+            self._engine[key] = found
         return found
 
-    def first_engine_hash(self, block_size: int, seed: str, salt: str | None) -> int | None:
+    def first_engine_hash(
+        self, block_size: int, seed: str, salt: str | None, real: bool = False
+    ) -> int | None:
         """The first block's hash alone (None when the prompt is shorter than a block): an engine that does
         not hold it holds none of the prompt, so a prompt no engine shares is never hashed whole."""
+        if real:
+            ids = self.ids()
+            if ids is None:
+                return None
+            first = vllm_chain(ids, block_size, none_hash(seed), salt, 0, 1)
+            return first[0][0] if first else None
         if self.text is None:
             return None
-        key = (block_size, seed, salt)
+        key = (block_size, seed, salt, False)
         if key not in self._first:
             ids = sim_token_ids(" ".join(self.text.split(None, block_size)[:block_size]))
             first = vllm_chain(ids, block_size, none_hash(seed), salt, 0, 1)

@@ -2,16 +2,19 @@
 remember once the request is placed. The indexes are in prefix.py (pure); the event subscriber in kv_events.py.
 
 Which source answers for an endpoint: its engine's KV events when the endpoint publishes them, the router can
-hash the prompt the engine's way (the sim's tokenizer; a real model's tokenizer is not loaded by the router),
-and the stream is fresh; else the approximate index of what this router sent there. The decision's rationale
+hash the prompt the engine's way (the sim's tokenizer for the sim; for vLLM and SGLang the model's own tokenizer,
+loaded from the directory its snapshot record names, `tokenizer_dir`: tokenizer.py), and the stream is fresh; else the approximate index of what this router sent there. The decision's rationale
 names the source per endpoint (`prefix_by=`).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import logging
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from llmgw.core.config.models import RoutingPolicySpec
@@ -27,6 +30,7 @@ from llmgw_router.prefix import (
 )
 from llmgw_router.scheduler import Candidate
 from llmgw_router.state import LiveEndpoint
+from llmgw_router.tokenizer import PromptTokenizer, TokenizerError
 
 # A policy's staleness is one of a few strings: parsed once each, not on every request that weighs prefixes.
 _stale_seconds = functools.lru_cache(maxsize=32)(parse_duration)
@@ -35,7 +39,8 @@ __all__ = ["PrefixRouting", "prompt_text"]
 
 log = logging.getLogger(__name__)
 
-_TOKENIZED_ENGINES = frozenset({"sim"})  # engines whose tokenization the router reproduces
+_SIM_TOKENIZED_ENGINES = frozenset({"sim"})  # engines that tokenize as the sim does (sim_token_ids)
+_REAL_TOKENIZED_ENGINES = frozenset({"vllm", "sglang"})  # the model's tokenizer, where its directory is known
 _EVENT_BLOCKS_PER_ENDPOINT = 1 << 20  # a bound on memory only: engines evict long before this
 
 
@@ -62,9 +67,52 @@ class PrefixRouting:
         self.memo = HeadMemo()
         self._stale: set[str] = set()  # endpoints whose event stream was heard, then went silent
         self.subscribed: dict[str, str] = {}  # endpoint -> the KV-event address subscribed (kv_events.py)
+        # tokenizer directory -> its tokenizer (None: it failed to load, said once); GGUFs being built
+        self._tokenizers: dict[str, PromptTokenizer | None] = {}
+        self._loading: dict[str, concurrent.futures.Future[PromptTokenizer]] = {}
 
-    def key(self, body: dict[str, Any], policy: RoutingPolicySpec, project: str | None) -> PrefixKey | None:
-        """None when the policy does not weigh prefixes or the request has no prompt text."""
+    def tokenizer(self, directory: str) -> PromptTokenizer | None:
+        """The tokenizer in `directory` (or a `.gguf` file), loaded once; None (and one warning) when it cannot
+        be loaded. A GGUF's vocabulary takes seconds to build: it is built in a thread, and until it is ready
+        the model's requests are scored approximately (None), never held."""
+        if directory in self._tokenizers:
+            return self._tokenizers[directory]
+        if not directory.endswith(".gguf"):
+            return self._loaded(directory, lambda: PromptTokenizer.load(Path(directory)))
+        loading = self._loading.get(directory)
+        if loading is None:
+            self._loading[directory] = loading = concurrent.futures.Future()
+            threading.Thread(
+                target=_load_into, args=(loading, directory), name="llmgw-gguf-tokenizer", daemon=True
+            ).start()
+            return None
+        if not loading.done():
+            return None
+        del self._loading[directory]
+        return self._loaded(directory, loading.result)
+
+    def _loaded(self, directory: str, load: Callable[[], PromptTokenizer]) -> PromptTokenizer | None:
+        try:
+            self._tokenizers[directory] = load()
+        except TokenizerError as e:
+            self._tokenizers[directory] = None
+            log.warning(
+                "tokenizer directory %s: %s; its model's vLLM/SGLang endpoints are scored from the "
+                "approximate prefix index",
+                directory,
+                e,
+            )
+        return self._tokenizers[directory]
+
+    def key(
+        self,
+        body: dict[str, Any],
+        policy: RoutingPolicySpec,
+        project: str | None,
+        tokenizer_dir: str | None = None,
+    ) -> PrefixKey | None:
+        """None when the policy does not weigh prefixes or the request has no prompt text. `tokenizer_dir`:
+        the model's tokenizer directory (its snapshot record's), for the engines that tokenize with it."""
         if policy.weights.prefix <= 0:
             return None
         found = prompt_text(body)
@@ -75,24 +123,59 @@ class PrefixRouting:
         self.approx.capacity = settings.index_blocks
         self.events.stale_after = _stale_seconds(settings.events_stale_after)
         approx = text_block_hashes(text, settings.block_chars, project or "", settings.max_blocks)
-        return PrefixKey(tuple(approx), text, head, self.memo)
+        tokenize = None if tokenizer_dir is None else functools.partial(self._real_ids, tokenizer_dir, body)
+        return PrefixKey(tuple(approx), text, head, self.memo, tokenize)
+
+    def _real_ids(self, directory: str, body: dict[str, Any]) -> list[int] | None:
+        """The prompt's ids as vLLM computes them with the model's tokenizer: the chat template rendered and
+        encoded, or a completion's prompt encoded (or given as ids); None when that cannot be done."""
+        tok = self.tokenizer(directory)
+        if tok is None:
+            return None
+        messages = body.get("messages")
+        try:
+            if isinstance(messages, list) and messages:
+                return tok.encode_chat(messages)
+            prompt = body.get("prompt")
+            if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+                return list(prompt)  # already token ids
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+                prompt = prompt[0]
+            if isinstance(prompt, str) and prompt:
+                return tok.encode_text(prompt)
+        except TokenizerError as e:  # a template that rejects these messages: this request only
+            log.debug("tokenizer %s: %s; scored approximately", directory, e)
+        except Exception as e:  # a tokenizer's failure must never fail the request
+            log.debug("tokenizer %s: %r; scored approximately", directory, e)
+        return None
+
+    def _real(self, ep: LiveEndpoint, key: PrefixKey) -> bool | None:
+        """How the router hashes `ep`'s blocks: False the sim's way, True the model tokenizer's, None not."""
+        engine = ep.spec.engine
+        if engine in _SIM_TOKENIZED_ENGINES:
+            return False
+        if engine in _REAL_TOKENIZED_ENGINES and key.tokenize is not None:
+            return True
+        return None
 
     def _engine_hashes(
         self, ep: LiveEndpoint, key: PrefixKey, policy: RoutingPolicySpec, project: str
     ) -> tuple[int, ...] | None:
-        if ep.spec.engine not in _TOKENIZED_ENGINES:
+        real = self._real(ep, key)
+        if real is None:
             return None
         salt = cache_salt(ep.spec.api_key, project) if ep.spec.engine in SALTED_ENGINES else None
         settings = policy.prefix
-        return key.engine_hashes(ep.spec.kv_block_size, settings.hash_seed, salt, settings.max_blocks)
+        return key.engine_hashes(ep.spec.kv_block_size, settings.hash_seed, salt, settings.max_blocks, real)
 
     def _first_engine_hash(
         self, ep: LiveEndpoint, key: PrefixKey, policy: RoutingPolicySpec, project: str
     ) -> int | None:
-        if ep.spec.engine not in _TOKENIZED_ENGINES:
+        real = self._real(ep, key)
+        if real is None:
             return None
         salt = cache_salt(ep.spec.api_key, project) if ep.spec.engine in SALTED_ENGINES else None
-        return key.first_engine_hash(ep.spec.kv_block_size, policy.prefix.hash_seed, salt)
+        return key.first_engine_hash(ep.spec.kv_block_size, policy.prefix.hash_seed, salt, real)
 
     def annotate(
         self,
@@ -160,6 +243,15 @@ class PrefixRouting:
     def forget(self, keep: Sequence[str]) -> None:
         self.approx.forget(keep)
         self.events.forget(keep)
+
+
+def _load_into(future: concurrent.futures.Future[PromptTokenizer], directory: str) -> None:
+    try:
+        future.set_result(PromptTokenizer.load(Path(directory)))
+    except TokenizerError as e:
+        future.set_exception(e)
+    except Exception as e:  # a converter's own failure: a load failure like any other
+        future.set_exception(TokenizerError(f"{e!r}"))
 
 
 class PrefixSettingsDefaults:

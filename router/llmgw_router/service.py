@@ -475,9 +475,11 @@ class RequestService:
     ) -> RequestInfo:
         """What the scheduler is told about the request: its session, its prompt's prefix, its project."""
         policy = table.policy_for(canonical)
+        published = table.models.get(canonical)
+        tokenizer_dir = None if published is None else published.tokenizer_dir
         return RequestInfo(
             session_key=call.session if policy.weights.session > 0 else None,
-            prefix=self.forwarding.prefix.key(body, policy, project),
+            prefix=self.forwarding.prefix.key(body, policy, project, tokenizer_dir),
             project=project or "",
         )
 

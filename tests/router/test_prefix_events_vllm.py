@@ -26,6 +26,8 @@ from support import wait_for
 from llmgw.controller.publisher import kv_events_address
 from llmgw.core.snapshot import RouterSnapshot
 
+from .test_prefix_tokenizer import MESSAGES, write_model_dir
+
 pytestmark = pytest.mark.integration
 
 STANDIN = Path(__file__).parents[1] / "agent" / "standins" / "vllm"
@@ -92,7 +94,7 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
     await sup.close()
 
 
-def snapshot(status: ShardStatus) -> RouterSnapshot:
+def snapshot(status: ShardStatus, tokenizer_dir: str | None = None) -> RouterSnapshot:
     assert status.base_url is not None
     return RouterSnapshot.model_validate(
         {
@@ -105,7 +107,7 @@ def snapshot(status: ShardStatus) -> RouterSnapshot:
                     "prefix": {"hash_seed": SEED},
                 }
             },
-            "models": {"base": {"context_length": 4096}},
+            "models": {"base": {"context_length": 4096, "tokenizer_dir": tokenizer_dir}},
             "endpoints": [
                 {
                     "replica_id": "v1",
@@ -156,6 +158,48 @@ async def test_the_router_subscribes_to_a_vllm_replica_and_its_events_fill_the_p
 
             await wait_for(sent_and_indexed, 15, "the replica's stored blocks in the router's precise index")
         assert prefix.events.heard("v1")
+    finally:
+        await listeners.close()
+
+
+async def test_a_vllm_replica_with_a_tokenizer_is_scored_precisely_from_the_models_own_token_ids(
+    supervisor: Supervisor, tmp_path: Path
+) -> None:
+    """The stand-in tokenizes with the model directory's tokenizer.json and chat template and salts the first
+    block, as vLLM does; the router, given the same directory as the model's tokenizer_dir, finds the whole
+    prompt in the replica's events."""
+    pytest.importorskip("tokenizers")
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    write_model_dir(weights)
+    supervisor.start(spec().model_copy(update={"source": WeightSource(path=str(weights))}))
+    status = await wait_for(
+        lambda: next((x for x in supervisor.statuses() if x.state in ("ready", "failed")), None), limit_s=30
+    )
+    assert status.state == "ready", status.last_output_lines
+    router = Router(RouterOptions(debug_token="dbg"))
+    router.apply_snapshot(snapshot(status, str(weights)))
+    listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")
+    prefix = router.forwarding.prefix
+    body = {"model": "base", "messages": MESSAGES, "max_tokens": 2}
+    url = f"http://127.0.0.1:{listeners.api_port}/v1/chat/completions"
+    try:
+        await wait_for(lambda: "v1" in prefix.subscribed, 10, "the router's subscription")
+        async with aiohttp.ClientSession() as http:
+
+            async def decision() -> str:
+                async with http.post(url, json=body, headers={"x-llmgw-debug": "dbg"}) as r:
+                    assert r.status == 200, await r.text()
+                    return r.headers["x-llmgw-decision"]
+
+            async def indexed() -> bool:
+                await decision()
+                return prefix.events.size("v1") >= 4
+
+            await wait_for(indexed, 15, "the replica's stored blocks in the router's precise index")
+            seen = await decision()
+        # scored from the replica's events, and holding every block of the prompt (prefix 1: the whole share)
+        assert "prefix_by=v1:precise" in seen and "prefix:1]" in seen, seen
     finally:
         await listeners.close()
 

@@ -404,6 +404,13 @@ class ModelSpec(Strict):
         description="Longest completion a request may ask for; also what a request that names no "
         "max_tokens reserves and is sent (unset: the context length minus the prompt)",
     )
+    tokenizer_dir: str | None = Field(
+        None,
+        description="A directory on the routers' machines holding the model's tokenizer.json and "
+        "tokenizer_config.json (the source's tokenizer files), or a .gguf file there (its vocabulary), so "
+        "precise prefix routing hashes prompts as its vLLM/SGLang replicas do; unset or unloadable: their "
+        "prefixes are scored approximately",
+    )
     capabilities: list[Capability] = Field(
         default_factory=lambda: list(DEFAULT_CAPABILITIES), description="API endpoints the model serves"
     )

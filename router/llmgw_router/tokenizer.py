@@ -1,0 +1,253 @@
+"""A model's own tokenizer, so the router can hash a prompt's blocks as a real vLLM (or SGLang) replica does.
+
+`PromptTokenizer.load(directory)` reads a Hugging Face model directory: `tokenizer.json` through the
+`tokenizers` package (what transformers' fast tokenizers, and so vLLM, run) and `tokenizer_config.json` for the
+chat template and the special tokens. `encode_chat` renders the chat template as transformers'
+`apply_chat_template` does (a sandboxed jinja2 environment, trim_blocks and lstrip_blocks,
+`add_generation_prompt=True`) and encodes the text with no special tokens added, as vLLM does for
+/v1/chat/completions; `encode_text` encodes a completion's prompt with the special tokens the tokenizer adds
+(its post-processor, or `add_bos_token` / `add_eos_token` where the config names them, as transformers'
+Llama-family tokenizers rebuild it), as vLLM does for /v1/completions.
+
+A GGUF model has no tokenizer.json: `load` given a `.gguf` file builds the tokenizer from the file's own
+vocabulary (its `tokenizer.ggml.*` metadata and chat template) with transformers' GGUF tokenizer converter,
+as vLLM does for a GGUF model (`AutoTokenizer.from_pretrained(dir, gguf_file=...)`); the metadata is read
+with the `gguf` package, because transformers' own GGUF reader needs torch. That needs the optional
+`gguf` extra (`gguf`, `transformers`) and takes seconds (a 262k-token vocabulary: ~15 s niced here).
+
+`tokenizers` and `jinja2` are imported on first load only: a router with no tokenizer directory never loads
+them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+__all__ = ["PromptTokenizer", "TokenizerError"]
+
+
+class TokenizerError(Exception):
+    """The directory holds no usable tokenizer (missing or unreadable files, a template that fails)."""
+
+
+def _token_text(value: Any) -> str | None:
+    """A special token as tokenizer_config.json names it: a string, or an AddedToken dict with `content`."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return str(value["content"])
+    return None
+
+
+def _chat_template(config: dict[str, Any], directory: Path) -> str | None:
+    """The default chat template: `chat_template.jinja` (newer transformers), else the config's
+    `chat_template` (a string, or a list of named templates of which `default` is used)."""
+    jinja = directory / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    found = config.get("chat_template")
+    if isinstance(found, str):
+        return found
+    if isinstance(found, list):
+        named = {t.get("name"): t.get("template") for t in found if isinstance(t, dict)}
+        default = named.get("default")
+        return default if isinstance(default, str) else None
+    return None
+
+
+@dataclass(slots=True)
+class PromptTokenizer:
+    directory: Path
+    tokenizer: Any  # tokenizers.Tokenizer
+    chat_template: str | None
+    special: dict[str, str]  # bos_token, eos_token, ... as the template sees them
+    add_bos: bool | None  # None: the post-processor decides
+    add_eos: bool | None
+    _template: Any = None  # the compiled jinja2 template, on first use
+
+    @classmethod
+    def load(cls, directory: str | Path) -> PromptTokenizer:
+        """A model directory's tokenizer files, or a `.gguf` file's vocabulary. Raises TokenizerError naming
+        what is wrong."""
+        path = Path(directory)
+        if path.suffix == ".gguf":
+            return cls._from_gguf(path)
+        try:
+            from tokenizers import Tokenizer
+        except ImportError as e:  # pragma: no cover - a declared dependency
+            raise TokenizerError(f"the tokenizers package is not installed: {e}") from e
+        try:
+            tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
+        except Exception as e:
+            raise TokenizerError(f"{path / 'tokenizer.json'}: {e}") from e
+        config: dict[str, Any] = {}
+        config_path = path / "tokenizer_config.json"
+        if config_path.is_file():
+            try:
+                loaded = json.loads(config_path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as e:
+                raise TokenizerError(f"{config_path}: {e}") from e
+            if isinstance(loaded, dict):
+                config = loaded
+        special = {
+            name: text
+            for name in (
+                "bos_token",
+                "eos_token",
+                "unk_token",
+                "pad_token",
+                "sep_token",
+                "cls_token",
+                "mask_token",
+            )
+            if (text := _token_text(config.get(name))) is not None
+        }
+        add_bos, add_eos = config.get("add_bos_token"), config.get("add_eos_token")
+        return cls(
+            path,
+            tokenizer,
+            _chat_template(config, path),
+            special,
+            add_bos if isinstance(add_bos, bool) else None,
+            add_eos if isinstance(add_eos, bool) else None,
+        )
+
+    @classmethod
+    def _from_gguf(cls, path: Path) -> PromptTokenizer:
+        try:
+            from gguf import GGUFReader
+            from transformers.integrations.gguf.gguf_tokenizer_mapping import (
+                GGUF_TOKENIZER_MAPPING,
+                convert_gguf_tokenizer,
+            )
+        except ImportError as e:
+            raise TokenizerError(
+                f"{path}: a GGUF's vocabulary needs the gguf and transformers packages (llmgw-router[gguf]): {e}"
+            ) from e
+        try:
+            fields = GGUFReader(str(path)).fields
+            meta = {k: _gguf_value(f) for k, f in fields.items() if k.startswith("tokenizer.")}
+            arch = _gguf_value(fields["general.architecture"])
+            grouped = {
+                group: {
+                    name: meta[f"tokenizer.{key}"]
+                    for key, name in renames.items()
+                    if f"tokenizer.{key}" in meta
+                }
+                for group, renames in GGUF_TOKENIZER_MAPPING.items()
+            }
+            vocab, config = grouped["tokenizer"], grouped["tokenizer_config"]
+            if (
+                vocab.get("tokenizer_type") == "llama"
+            ):  # as transformers: llama.cpp's default for sentencepiece
+                config.setdefault("add_bos_token", True)
+            tokenizer, _ = convert_gguf_tokenizer(arch, vocab)
+        except Exception as e:
+            raise TokenizerError(f"{path}: GGUF vocabulary: {e!r}") from e
+        tokens = vocab.get("tokens") or []
+        special = {}
+        for name, key in _GGUF_SPECIAL.items():
+            index = meta.get(f"tokenizer.ggml.{key}")
+            if isinstance(index, int) and 0 <= index < len(tokens):
+                special[name] = str(tokens[index])
+        template = config.get("chat_template")
+        add_bos, add_eos = config.get("add_bos_token"), config.get("add_eos_token")
+        return cls(
+            path,
+            tokenizer,
+            template if isinstance(template, str) else None,
+            special,
+            bool(add_bos) if add_bos is not None else None,
+            bool(add_eos) if add_eos is not None else None,
+        )
+
+    def render_chat(self, messages: Sequence[Any]) -> str:
+        """The prompt text the chat template renders, as `apply_chat_template(..., tokenize=False,
+        add_generation_prompt=True)` does. Raises TokenizerError when there is no template or it fails."""
+        if self.chat_template is None:
+            raise TokenizerError(f"{self.directory}: no chat_template in tokenizer_config.json")
+        try:
+            if self._template is None:
+                self._template = _compile(self.chat_template)
+            return str(
+                self._template.render(messages=list(messages), add_generation_prompt=True, **self.special)
+            )
+        except Exception as e:  # the template's own raise_exception, an undefined name, a compile error
+            raise TokenizerError(f"{self.directory}: chat template: {e}") from e
+
+    def encode_chat(self, messages: Sequence[Any]) -> list[int]:
+        """The token ids vLLM computes for a chat request: the rendered template, no special tokens added
+        (the template writes them)."""
+        return list(self.tokenizer.encode(self.render_chat(messages), add_special_tokens=False).ids)
+
+    def encode_text(self, prompt: str) -> list[int]:
+        """The token ids vLLM computes for a completion's prompt: special tokens added."""
+        if self.add_bos is None and self.add_eos is None:
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True).ids)
+        ids = list(self.tokenizer.encode(prompt, add_special_tokens=False).ids)
+        if self.add_bos and (bos := self._id("bos_token")) is not None:
+            ids.insert(0, bos)
+        if self.add_eos and (eos := self._id("eos_token")) is not None:
+            ids.append(eos)
+        return ids
+
+    def _id(self, name: str) -> int | None:
+        text = self.special.get(name)
+        found = None if text is None else self.tokenizer.token_to_id(text)
+        return found if isinstance(found, int) else None
+
+
+_GGUF_SPECIAL = {
+    "bos_token": "bos_token_id",
+    "eos_token": "eos_token_id",
+    "unk_token": "unknown_token_id",
+    "pad_token": "padding_token_id",
+}
+
+
+def _gguf_value(f: Any) -> Any:
+    """A GGUF metadata field's value as Python: a string, a number, or a list of either."""
+    from gguf import GGUFValueType
+
+    if f.types and f.types[0] == GGUFValueType.ARRAY:
+        if f.types[-1] == GGUFValueType.STRING:
+            return [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
+        return [f.parts[i].tolist()[0] for i in f.data]
+    if f.types and f.types[0] == GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8")
+    return f.parts[f.data[0]].tolist()[0]
+
+
+def _compile(source: str) -> Any:
+    """The template in the environment transformers renders chat templates in."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(
+        x: Any,
+        ensure_ascii: bool = False,
+        indent: int | None = None,
+        separators: Any = None,
+        sort_keys: bool = False,
+    ) -> str:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+
+    def strftime_now(fmt: str) -> str:
+        return datetime.now().strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env.from_string(source)

@@ -22,6 +22,7 @@ them.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -69,6 +70,7 @@ class PromptTokenizer:
     add_bos: bool | None  # None: the post-processor decides
     add_eos: bool | None
     _template: Any = None  # the compiled jinja2 template, on first use
+    _content_parts: bool | None = None  # whether the template iterates a message's content parts
 
     @classmethod
     def load(cls, directory: str | Path) -> PromptTokenizer:
@@ -174,9 +176,10 @@ class PromptTokenizer:
         try:
             if self._template is None:
                 self._template = _compile(self.chat_template)
-            return str(
-                self._template.render(messages=list(messages), add_generation_prompt=True, **self.special)
-            )
+            if self._content_parts is None:
+                self._content_parts = _iterates_content(self.chat_template)
+            shown = list(messages) if self._content_parts else [_flattened(m) for m in messages]
+            return str(self._template.render(messages=shown, add_generation_prompt=True, **self.special))
         except Exception as e:  # the template's own raise_exception, an undefined name, a compile error
             raise TokenizerError(f"{self.directory}: chat template: {e}") from e
 
@@ -221,6 +224,35 @@ def _gguf_value(f: Any) -> Any:
     if f.types and f.types[0] == GGUFValueType.STRING:
         return bytes(f.parts[f.data[0]]).decode("utf-8")
     return f.parts[f.data[0]].tolist()[0]
+
+
+# A template that loops over a message's content (`for part in message['content']`) takes OpenAI content parts
+# as they are; any other is given each message's text parts joined by newlines, as vLLM's "auto" content format
+# decides for a text-only request (vLLM inspects the template's syntax tree; this reads its source).
+_CONTENT_LOOP = re.compile(r"\{%-?\s*for\s+\w+\s+in\s+\w+(?:\[['\"]content['\"]\]|\.content)")
+
+
+def _iterates_content(template: str) -> bool:
+    return _CONTENT_LOOP.search(template) is not None
+
+
+def _flattened(message: Any) -> Any:
+    """A message whose content is a list of text parts, with those texts joined by newlines (vLLM's "string"
+    content format); any other message as it is (a non-text part: the template sees what vLLM would not
+    render the same, and the request's ids simply match nothing)."""
+    if not isinstance(message, dict):
+        return message
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    texts = [
+        p["text"]
+        for p in content
+        if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+    ]
+    if len(texts) != len(content):
+        return message
+    return {**message, "content": "\n".join(texts)}
 
 
 def _compile(source: str) -> Any:

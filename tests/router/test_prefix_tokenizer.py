@@ -103,6 +103,26 @@ def test_chat_ids_are_the_tokenizers_encoding_of_the_rendered_template(model_dir
     assert tok.encode_text("the quick brown fox")[0] == raw.token_to_id("<s>")
 
 
+def test_text_content_parts_render_as_their_texts_joined_unless_the_template_loops_over_parts(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """vLLM's "auto" content format: a template that does not iterate a message's content gets its text parts
+    joined by newlines (so the request hashes as the same text sent as a string); one that does gets them."""
+    tok = PromptTokenizer.load(model_dir)
+    parts = [{"type": "text", "text": "What is the weather"}, {"type": "text", "text": "at sea?"}]
+    as_parts = tok.render_chat([{"role": "user", "content": parts}])
+    assert as_parts == tok.render_chat([{"role": "user", "content": "What is the weather\nat sea?"}])
+    (tmp_path / "tokenizer.json").write_bytes((model_dir / "tokenizer.json").read_bytes())
+    looping = (
+        "{% for message in messages %}{% for part in message['content'] %}[{{ part['text'] }}]"
+        "{% endfor %}{% endfor %}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": looping}))
+    assert PromptTokenizer.load(tmp_path).render_chat([{"role": "user", "content": parts}]) == (
+        "[What is the weather][at sea?]"
+    )
+
+
 def test_add_bos_token_in_the_config_decides_the_completion_bos(model_dir: Path, tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_bytes((model_dir / "tokenizer.json").read_bytes())
     config = json.loads((model_dir / "tokenizer_config.json").read_text())

@@ -29,10 +29,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from llmgw.core.errors import LlmgwError
+
 __all__ = ["PromptTokenizer", "TokenizerError"]
 
 
-class TokenizerError(Exception):
+class TokenizerError(LlmgwError):
     """The directory holds no usable tokenizer (missing or unreadable files, a template that fails)."""
 
 

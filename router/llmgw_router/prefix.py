@@ -211,18 +211,15 @@ class PrefixKey:
     ) -> int | None:
         """The first block's hash alone (None when the prompt is shorter than a block): an engine that does
         not hold it holds none of the prompt, so a prompt no engine shares is never hashed whole."""
-        if real:
-            ids = self.ids()
-            if ids is None:
-                return None
-            first = vllm_chain(ids, block_size, none_hash(seed), salt, 0, 1)
-            return first[0][0] if first else None
-        if self.text is None:
-            return None
-        key = (block_size, seed, salt, False)
+        key = (block_size, seed, salt, real)
         if key not in self._first:
-            ids = sim_token_ids(" ".join(self.text.split(None, block_size)[:block_size]))
-            first = vllm_chain(ids, block_size, none_hash(seed), salt, 0, 1)
+            if real:
+                ids = self.ids()
+            elif self.text is None:
+                ids = None
+            else:  # the first block's words only: the rest of the prompt is not tokenized for this
+                ids = sim_token_ids(" ".join(self.text.split(None, block_size)[:block_size]))
+            first = [] if ids is None else vllm_chain(ids, block_size, none_hash(seed), salt, 0, 1)
             self._first[key] = first[0][0] if first else None
         return self._first[key]
 

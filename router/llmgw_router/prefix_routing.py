@@ -2,8 +2,9 @@
 remember once the request is placed. The indexes are in prefix.py (pure); the event subscriber in kv_events.py.
 
 Which source answers for an endpoint: its engine's KV events when the endpoint publishes them, the router can
-hash the prompt the engine's way (the sim's tokenizer for the sim; for vLLM and SGLang the model's own tokenizer,
-loaded from the directory its snapshot record names, `tokenizer_dir`: tokenizer.py), and the stream is fresh; else the approximate index of what this router sent there. The decision's rationale
+hash the prompt the engine's way (the sim's tokenizer for the sim; for vLLM and SGLang the model's own
+tokenizer, loaded from the directory its snapshot record names, `tokenizer_dir`: tokenizer.py), and the stream
+is fresh; else the approximate index of what this router sent there. The decision's rationale
 names the source per endpoint (`prefix_by=`).
 """
 

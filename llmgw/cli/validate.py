@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from enum import StrEnum
 from pathlib import Path
@@ -10,7 +11,20 @@ from typing import Annotated
 import typer
 
 from llmgw.adapters.repo_files import load_repo
+from llmgw.core.binding_report import binding_report
 from llmgw.core.repo import LoadResult
+from llmgw.core.secret_bindings import SecretBindingError, SecretBindings
+from llmgw.core.secretrefs import read_bindings
+
+BindingsOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--bindings",
+        help="The operator's secret binding map (bindings.yaml in the controller's secrets directory): "
+        "references it does not allow are errors. Without it, each reference sent somewhere is listed with "
+        "the line that would bind it",
+    ),
+]
 
 
 class Format(StrEnum):
@@ -28,11 +42,36 @@ def validate(
     revision: Annotated[
         str | None, typer.Option(help="Revision to report (e.g. a commit SHA); default: a content hash")
     ] = None,
+    bindings: BindingsOpt = None,
 ) -> None:
     """Validate a cluster repo: exit 0 when valid, 1 with every error (file:line:col, path, what, hint)."""
-    result = load_repo(path, revision=revision)
+    result = with_bindings(load_repo(path, revision=revision), bindings)
     typer.echo(render(result, output), nl=False)
     raise typer.Exit(0 if result.ok else 1)
+
+
+def read_bindings_option(path: Path | None) -> SecretBindings | None:
+    if path is None:
+        return None
+    try:
+        return read_bindings(path)
+    except SecretBindingError as exc:
+        typer.echo(f"--bindings: {exc}", err=True)
+        raise typer.Exit(1) from None
+
+
+def with_bindings(result: LoadResult, path: Path | None) -> LoadResult:
+    """The result with the binding map's findings added: errors (the map refuses) or warnings (no map)."""
+    if result.repo is None:
+        return result
+    found = binding_report(result.repo, read_bindings_option(path))
+    errors = tuple(p for p in found if p.severity == "error")
+    warnings = tuple(p for p in found if p.severity == "warning")
+    if errors:
+        return dataclasses.replace(
+            result, repo=None, errors=(*result.errors, *errors), warnings=(*result.warnings, *warnings)
+        )
+    return dataclasses.replace(result, warnings=(*result.warnings, *warnings))
 
 
 def render(result: LoadResult, output: Format) -> str:

@@ -49,6 +49,7 @@ from llmgw.controller.state import (
 )
 from llmgw.core.autoscale import Capacity
 from llmgw.core.errors import ConfigInvalidError
+from llmgw.core.secret_bindings import reserved_names
 from llmgw.core.security import node_token, router_token
 from llmgw.core.words import short
 from llmgw.store.records import Revision
@@ -285,6 +286,13 @@ class Controller:
         except SecretError as exc:
             log.warning("cluster token unavailable: %s", exc)
             return None
+
+    def reserved_secret_names(self) -> frozenset[str]:
+        """What the Cluster's and Nodes' own references name: never resolved for another kind's reference."""
+        d = self.desired
+        if d is None:
+            return frozenset()
+        return reserved_names(d.cluster, [n.spec for n in d.catalog.nodes.values()])
 
     def _secret_or_none(self) -> bytes | None:
         try:

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING
 import aiohttp
 
 from llmgw.adapters.egress import ForbiddenAddress, checked_socket
-from llmgw.adapters.secrets import SecretError, read_secret
+from llmgw.adapters.secrets import SecretError, read_bound_secret
 from llmgw.core import notify
 from llmgw.core.config.models import NotificationSpec
 from llmgw.core.limits import window_bounds
+from llmgw.core.secret_bindings import SecretUse
 from llmgw.core.security import forbidden_address_reason
 from llmgw.core.words import parse_duration
 from llmgw.store.records import Delivery, time_ordered_id
@@ -253,7 +254,9 @@ class Notifier:
         }
         if spec.secret is not None:
             try:
-                secret = read_secret(spec.secret, self.c.settings.secret_policy())
+                use = SecretUse(spec.secret, "notification-secret", spec.url)
+                policy = self.c.settings.secret_policy()
+                secret = read_bound_secret(use, policy, self.c.reserved_secret_names())
             except SecretError as exc:  # perhaps fixed before the attempts run out: retried like a 5xx
                 return notify.Attempt(None, f"signing secret unavailable: {exc}")
             headers[notify.SIGNATURE_HEADER] = notify.signature(secret.encode(), timestamp, body)

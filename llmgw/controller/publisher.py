@@ -136,6 +136,7 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
         endpoints=endpoints(c),
         metric_mappings=mappings,
         trace_salt=_trace_salt(c),
+        reserved_secrets=sorted(c.reserved_secret_names()),
         guard=cat.published_guard(),
         adapters={
             name: PublishedAdapter(base=a.base, projects=a.projects, scale=a.scale, path=a.source.path)

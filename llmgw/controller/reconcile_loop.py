@@ -26,7 +26,7 @@ from llmgw_agent.protocol import (
 )
 
 from llmgw.adapters import logformat
-from llmgw.adapters.secrets import SecretError, read_secret
+from llmgw.adapters.secrets import SecretError, read_bound_secret
 from llmgw.controller import views, yielding
 from llmgw.controller.autoscaler import autoscale
 from llmgw.controller.background import Background
@@ -53,6 +53,7 @@ from llmgw.core.reconcile import (
     is_stale,
     reconcile,
 )
+from llmgw.core.secret_bindings import source_use
 from llmgw.core.security import engine_key
 from llmgw.store.records import ReplicaRecord
 
@@ -332,11 +333,14 @@ class Reconciler:
         return None if src is None else self._fetchable(src, node, d.manifests.get(model_name))
 
     def _fetchable(self, src: Source, node: str, manifest: tuple[ManifestFile, ...] | None) -> WeightSource:
-        """A weights or adapter source as `node` fetches it: through the mirror, its token read here."""
+        """A weights or adapter source as `node` fetches it: through the mirror, its token read here, only
+        when the operator's binding map lets it go to the host it would be sent to."""
         c = self.c
         d = c.desired
         assert d is not None
-        token = None if src.token is None else read_secret(src.token, c.settings.secret_policy())
+        use = source_use(src, d.cluster.mirror.origin)
+        policy = c.settings.secret_policy()
+        token = None if use is None else read_bound_secret(use, policy, c.reserved_secret_names())
         entry = d.catalog.nodes.get(node)
         return weight_source(
             src,

@@ -15,6 +15,9 @@ in the process's own settings, never in the repo:
 `ref_problem` is the pure rule (`llmgw validate` reports it with file:line); `resolve` re-checks it and reads
 the value, relative to the configured directory and never the working directory. The controller and the
 router both call `resolve`.
+
+Where a secret may *go* is the binding map's (llmgw.core.secret_bindings): `resolve_bound` reads the map from
+the secrets directory (`bindings.yaml`), refuses a use it does not allow, and only then reads the value.
 """
 
 from __future__ import annotations
@@ -24,16 +27,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
+
 from llmgw.core.config.models import SecretRef
 from llmgw.core.errors import LlmgwError
+from llmgw.core.secret_bindings import (
+    BINDINGS_FILE,
+    SecretBindingError,
+    SecretBindings,
+    SecretUse,
+    binding_problem,
+    parse_bindings,
+)
 
 __all__ = [
     "DEFAULT_ENV_PREFIX",
     "RefProblem",
     "SecretPolicy",
     "SecretRefError",
+    "load_bindings",
+    "read_bindings",
     "ref_problem",
     "resolve",
+    "resolve_bound",
     "resolve_path",
 ]
 
@@ -62,6 +79,11 @@ class SecretPolicy:
     def absolute(self) -> SecretPolicy:
         """The same policy with the directory made absolute once, at start, so a later chdir changes nothing."""
         return SecretPolicy(self.secrets_dir.expanduser().absolute(), self.env_prefix)
+
+    @property
+    def bindings_file(self) -> Path:
+        """The operator's binding map: beside the secrets it binds, outside the repo."""
+        return self.secrets_dir / BINDINGS_FILE
 
 
 def ref_problem(ref: SecretRef, env_prefix: str = DEFAULT_ENV_PREFIX) -> RefProblem | None:
@@ -114,6 +136,47 @@ def resolve(ref: SecretRef, policy: SecretPolicy, environ: Mapping[str, str] | N
         raise SecretRefError(
             f"cannot read secret file {ref.file} under {policy.secrets_dir}: {why}"
         ) from None
+
+
+def load_bindings(policy: SecretPolicy) -> SecretBindings:
+    """The binding map in the secrets directory; none there is an empty map (nothing is bound)."""
+    return read_bindings(policy.bindings_file, missing_ok=True)
+
+
+def read_bindings(path: Path, *, missing_ok: bool = False) -> SecretBindings:
+    """A binding map file (`llmgw validate --bindings FILE` names one); SecretBindingError says what is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        if missing_ok:
+            return SecretBindings({})
+        raise SecretBindingError(f"no secret binding map at {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise SecretBindingError(f"cannot read the secret binding map {path}: {why}") from None
+    try:
+        data = YAML(typ="safe", pure=True).load(text)
+    except YAMLError as exc:
+        raise SecretBindingError(f"{path}: not YAML ({str(exc).splitlines()[0]})") from None
+    return parse_bindings(data, str(path))
+
+
+def resolve_bound(
+    use: SecretUse,
+    policy: SecretPolicy,
+    reserved: frozenset[str] = frozenset(),
+    environ: Mapping[str, str] | None = None,
+) -> str:
+    """`use`'s secret, when the binding map lets it go to `use.destination` for `use.purpose` (and it is not
+    one of the `reserved` names, the cluster's own); SecretRefError with the line to add otherwise. The map is
+    read on every call: an operator's edit holds from the next resolve, with no restart."""
+    try:
+        problem = binding_problem(load_bindings(policy), use, reserved)
+    except SecretBindingError as exc:
+        raise SecretRefError(str(exc)) from None
+    if problem is not None:
+        raise SecretRefError(f"secret reference refused: {problem.text()}")
+    return resolve(use.ref, policy, environ)
 
 
 def resolve_path(ref: SecretRef, policy: SecretPolicy) -> Path:

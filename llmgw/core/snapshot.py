@@ -186,6 +186,11 @@ class RouterSnapshot(_Wire):
     metric_mappings: dict[str, MetricMapping] = Field(
         default_factory=dict, description="Per-engine overrides of the built-in metric names"
     )
+    reserved_secrets: list[str] = Field(
+        default_factory=list,
+        description="Names of the secrets the Cluster and Nodes use (the cluster secret, the agent token, SSH "
+        "keys): a provider key naming one is refused whatever the binding map says (llmgw.core.secret_bindings)",
+    )
     trace_salt: str | None = Field(
         None,
         description="What routers salt a usage row's prefix hash with (llmgw.core.traffic); None: each router "

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from prometheus_client import Gauge
 
-from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve
+from llmgw.core.secret_bindings import SecretUse
+from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve_bound
 from llmgw.core.security import forbidden_address_reason
 from llmgw.core.snapshot import PublishedModel, RouterSnapshot
 
@@ -28,14 +29,19 @@ DEFAULT_SECRETS_DIR = Path(".llmgw/router/secrets")
 
 
 def provider_key(
-    model: PublishedModel, policy: SecretPolicy, environ: Mapping[str, str] | None = None
+    model: PublishedModel,
+    policy: SecretPolicy,
+    environ: Mapping[str, str] | None = None,
+    reserved: frozenset[str] = frozenset(),
 ) -> str | None:
-    """The provider's key (None when the model declares none); ValueError with the rule or the reason."""
-    ref = model.provider.key if model.provider else None
-    if ref is None:
+    """The provider's key (None when the model declares none), only when the operator's binding map lets it
+    go to the provider's host (llmgw.core.secret_bindings) and it is none of the `reserved` names (the
+    cluster's own); ValueError with the rule or the reason."""
+    provider = model.provider
+    if provider is None or provider.key is None:
         return None
     try:
-        return resolve(ref, policy, environ)
+        return resolve_bound(SecretUse(provider.key, "provider-key", provider.url), policy, reserved, environ)
     except SecretRefError as exc:
         raise ValueError(f"provider key (spec.provider.key): {exc}") from None
 
@@ -60,7 +66,7 @@ def usable_providers(
             unavailable[name] = f"provider url refused: {why}"
             continue
         try:
-            keys[name] = provider_key(m, policy, environ)
+            keys[name] = provider_key(m, policy, environ, frozenset(snapshot.reserved_secrets))
         except ValueError as exc:
             unavailable[name] = str(exc)
     if unavailable:

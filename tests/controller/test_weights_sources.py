@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from support import wait_for
+from support import wait_for, write_bindings
 
 from llmgw.cli.controller_cmds import fetch_words
 from llmgw.controller import views
@@ -61,6 +61,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[tuple[Controller, FakeAgents, R
     settings = settings_for(tmp_path, repo.path)
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "hf-token").write_text(TOKEN + "\n")
+    write_bindings(tmp_path / "secrets", ["hf-token: {purposes: [source-token], hosts: [huggingface.co]}"])
     store = await Store.open(settings.store)
     agents = FakeAgents(clock=time.monotonic)
     c = Controller(settings, store, ControllerMetrics(), admin_token="admin", agents=agents)

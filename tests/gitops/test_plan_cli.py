@@ -122,7 +122,9 @@ def test_secrets_never_printed(tmp_path: Path, repo: Path, state: Path) -> None:
     for fmt in ("text", "json", "markdown"):
         code, out, err = run("plan", str(repo), "--state", str(state), "--format", fmt)
         assert code == 0, err
-        assert "ext" in out and "LLMGW_SECRET_SUPER_NAME" not in out + err
+        assert "ext" in out and "LLMGW_SECRET_SUPER_NAME" not in out
+        # A reference's name is not secret (the repo shows it): the reviewer is told the binding line to add.
+        assert "$LLMGW_SECRET_SUPER_NAME: {purposes: [provider-key], hosts: [api.example.com]}" in err
 
 
 def test_plan_file_refuses_when_the_live_state_moved_on(tmp_path: Path, repo: Path, state: Path) -> None:

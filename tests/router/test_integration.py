@@ -14,9 +14,10 @@ from llmgw_router.app import Listeners, serve
 from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.ratelimit import memory_limiter
 from llmgw_router.service import Router, RouterOptions
-from support import wait_for
+from support import wait_for, write_bindings
 
 from llmgw.adapters.keys import hash_key
+from llmgw.core.secretrefs import SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
 
 from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
@@ -500,9 +501,11 @@ async def test_client_disconnect_cancels_the_upstream_request(sims: list[SimProc
 
 
 async def test_external_provider_as_a_model_and_as_a_fallback(
-    sims: list[SimProcess], monkeypatch: pytest.MonkeyPatch
+    sims: list[SimProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("LLMGW_SECRET_TEST_PROVIDER", sims[0].key)  # the provider (a sim) demands its key
+    # The operator binds the key to the provider's host (llmgw.core.secret_bindings).
+    write_bindings(tmp_path, ["$LLMGW_SECRET_TEST_PROVIDER: {purposes: [provider-key], hosts: [127.0.0.1]}"])
     models = snapshot(sims).model_dump(mode="json")["models"]
     models["ext"] = {
         "context_length": 2048,
@@ -514,7 +517,7 @@ async def test_external_provider_as_a_model_and_as_a_fallback(
     }
     models["no-replicas"]["fallbacks"] = ["ext"]
     snap = snapshot(sims, models=models, tenants={})
-    router, listeners, _ = await start_router(snap)
+    router, listeners, _ = await start_router(snap, secrets=SecretPolicy(tmp_path))
     try:
         async with client(f"http://127.0.0.1:{listeners.api_port}") as c:
             direct = await c.chat.completions.create(

@@ -3,6 +3,7 @@ publishes it, served by a router in the test's loop in front of real sim engine 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -15,6 +16,7 @@ from llmgw.adapters.keys import hash_key
 from llmgw.controller.publisher import published_models, published_tenants
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import Cluster, Model, Organization, Project
+from llmgw.core.secretrefs import SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
 
 KEY = "sk-llmgw-" + "s" * 43  # project `tenant`
@@ -76,10 +78,15 @@ async def start_router(
     keys: KeyStore | None = None,
     limiter: Limiter | None = None,
     on_demand_wait: float = 30.0,
+    secrets: SecretPolicy | None = None,
 ) -> tuple[Router, Listeners, Loads, str]:
+    """A router serving `snap`; `secrets`: where it reads provider keys and their binding map."""
     loads = Loads()
+    options = RouterOptions(on_demand_wait=on_demand_wait)
+    if secrets is not None:
+        options = dataclasses.replace(options, secrets=secrets)
     router = Router(
-        RouterOptions(on_demand_wait=on_demand_wait),
+        options,
         auth=Authenticator(keys if keys is not None else tenant_keys()),
         limiter=limiter if limiter is not None else memory_limiter(time.time),
         controller=loads,

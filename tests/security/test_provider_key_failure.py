@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 from controller.helpers import Repo, cluster_yaml, settings_for, start
 from faults.procs import FakeEngine, start_router_proc
-from support import wait_for
+from support import wait_for, write_bindings
 
 from llmgw.adapters.keys import hash_key
 
@@ -91,6 +91,8 @@ async def test_m11_bad_provider_key_drops_only_that_provider_and_the_new_allowli
     router_secrets = tmp_path / "router-secrets"
     router_secrets.mkdir()
     (router_secrets / "good-key").write_text("good\n")
+    bound = "{purposes: [provider-key], hosts: [127.0.0.1]}"
+    write_bindings(router_secrets, [f"good-key: {bound}", f"missing-key: {bound}"])
     repo = Repo(tmp_path / "repo", use_git=False)
     repo.write(
         {

@@ -12,16 +12,18 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from llmgw_router.ratelimit import Lease, memory_limiter
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
-from support import wait_for
+from support import wait_for, write_bindings
 
 from llmgw.core.errors import CatalogError
 from llmgw.core.limits import Tenant
+from llmgw.core.secretrefs import SecretPolicy
 from llmgw.core.tenancy import TenantChain
 
 from .request_path import KEY, catalog, model, published, start_router
@@ -103,14 +105,16 @@ async def test_h5_request_without_max_tokens_reserves_the_rest_of_the_context(si
 
 
 async def test_h5_provider_without_max_tokens_is_sent_the_rest_of_the_context(
-    sim: SimProcess, monkeypatch: pytest.MonkeyPatch
+    sim: SimProcess, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # A provider's real context is not ours to know (it may be far larger than declared): it is sent the cap.
     monkeypatch.setenv("LLMGW_SECRET_SIM_KEY", sim.key)
     provider = {"url": sim.base_url + "/v1", "model": "m", "key": {"env": "LLMGW_SECRET_SIM_KEY"}}
     cat = catalog(model("ext", context_length=300, profiles=[], provider=provider))
     limiter = Recording()
-    _, listeners, _, url = await start_router(published(cat, []), limiter=limiter)
+    write_bindings(tmp_path, ["$LLMGW_SECRET_SIM_KEY: {purposes: [provider-key], hosts: [127.0.0.1]}"])
+    secrets = SecretPolicy(tmp_path)
+    _, listeners, _, url = await start_router(published(cat, []), limiter=limiter, secrets=secrets)
     raw = json.dumps({"model": "ext", "messages": [{"role": "user", "content": "hello"}]}).encode()
     try:
         status, body = await post(url, raw)

@@ -19,6 +19,7 @@ import openai
 import pytest
 from aiohttp import web
 from faults.procs import FakeEngine, start_router_proc
+from support import write_bindings
 from typer.testing import CliRunner
 
 from llmgw.adapters.secrets import SecretError, read_secret
@@ -228,6 +229,9 @@ def test_h3_router_provider_keys_are_confined(tmp_path: Path) -> None:
         "ext-env": {"env": "OUTSIDE_SECRET"},
     }
     models = {"ext-good": _provider(engine, {"file": "good-key"})}
+    # Every name bound to the engine's host: what refuses the bad ones here is confinement, not the map.
+    names = ["good-key", *(v.get("file") or "$" + v["env"] for v in refused.values())]
+    write_bindings(secrets, [f"'{n}': {{purposes: [provider-key], hosts: [127.0.0.1]}}" for n in names])
     models |= {name: _provider(engine, key) for name, key in refused.items()}
     snap = tmp_path / "snapshot.json"
     snap.write_text(json.dumps({"revision": "h3", "models": models, "endpoints": []}))

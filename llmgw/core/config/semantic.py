@@ -36,6 +36,7 @@ from llmgw.core.config.models import (
     Team,
 )
 from llmgw.core.config.validation import did_you_mean
+from llmgw.core.secret_bindings import documents_reserved_names, ref_name, secret_uses
 from llmgw.core.secretrefs import ref_problem
 from llmgw.core.security import forbidden_address_reason
 
@@ -113,6 +114,7 @@ def check(
     check_evals(documents, checker.add)
     for index, doc in enumerate(documents):
         _secret_refs(checker, index, doc, ())
+    _cluster_secrets_stay_home(checker)
     return checker.errors
 
 
@@ -292,6 +294,28 @@ def _secret_refs(c: _Checker, index: int, value: object, path: tuple[PathPart, .
         for key, item in value.items():
             if isinstance(key, str):
                 _secret_refs(c, index, item, (*path, key))
+
+
+def _cluster_secrets_stay_home(c: _Checker) -> None:
+    """A Model, Adapter or Notification reference that names a secret the Cluster or a Node names (the cluster
+    secret, the agent token, an SSH key) would send the cluster's own credential to a URL its author chose:
+    refused whatever the operator's binding map says (llmgw.core.secret_bindings)."""
+    reserved = documents_reserved_names(c.documents)
+    if not reserved:
+        return
+    cluster = next((d for d in c.documents if isinstance(d, Cluster)), None)
+    origin = cluster.spec.mirror.origin if cluster is not None else "none"
+    for index, doc in enumerate(c.documents):
+        for path, use in secret_uses(doc, origin):
+            if ref_name(use.ref) in reserved:
+                c.add(
+                    index,
+                    (*path, "file" if use.ref.file is not None else "env"),
+                    f"{use.purpose} names {ref_name(use.ref)}, the cluster's own secret (a Cluster or Node document names "
+                    "it); it would be sent to " + use.destination,
+                    "give this reference a secret of its own, bound to its host in the secrets directory's "
+                    "bindings.yaml",
+                )
 
 
 def _addresses(c: _Checker, index: int, doc: Model) -> None:

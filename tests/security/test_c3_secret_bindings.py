@@ -28,13 +28,14 @@ from llmgw_agent import dirfetch
 from llmgw_agent.weights import WeightsError
 from support import serving, wait_for, write_bindings
 
+from llmgw.adapters.secrets import write_starter_bindings
 from llmgw.controller.core import Controller
 from llmgw.controller.desired import build_desired
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.core.config.models import SecretRef
 from llmgw.core.secret_bindings import SecretUse, binding_problem, parse_bindings
-from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve_bound
+from llmgw.core.secretrefs import SecretPolicy, SecretRefError, read_bindings, resolve_bound
 from llmgw.store.store import Store
 
 from .repo_attack import ROOT, attack_repo, validate
@@ -304,3 +305,13 @@ async def test_the_router_sends_no_key_to_an_unbound_provider(
         assert heard == [f"Bearer {CLUSTER_SECRET}"]
     else:
         assert heard == [] and status == 503
+
+
+def test_up_writes_a_commented_empty_map_once_and_never_overwrites_the_operators(tmp_path: Path) -> None:
+    secrets = tmp_path / "secrets"
+    written = write_starter_bindings(secrets)
+    assert written == secrets / "bindings.yaml" and read_bindings(written).entries == {}
+    assert written.stat().st_mode & 0o077 == 0
+    written.write_text("hf-token: {purposes: [source-token], hosts: [huggingface.co]}\n")
+    assert write_starter_bindings(secrets) is None
+    assert set(read_bindings(written).entries) == {"hf-token"}

@@ -26,6 +26,7 @@ from llmgw_agent.engines import EXECUTABLES, SpecError
 from llmgw_agent.exporter import Exporter
 from llmgw_agent.installs import EngineRegistry
 from llmgw_agent.logring import LogPage, LogRing, RingHandler
+from llmgw_agent.mirror_auth import hub_token_may_go
 from llmgw_agent.protocol import (
     Command,
     Heartbeat,
@@ -82,7 +83,7 @@ class Agent:
                 weights_dir=Path(cfg.weights_dir) if cfg.weights_dir else None,
                 max_download_bytes=cfg.max_download_bytes,
                 fetch_parallelism=cfg.fetch_parallelism,
-                mirror_headers=self._headers,
+                mirror_headers=self._mirror_headers,
                 ready_timeout_s=cfg.ready_timeout_s,
                 stop_grace_s=cfg.stop_grace_s,
             ),
@@ -212,6 +213,12 @@ class Agent:
             return {}
         token = Path(self.cfg.token_file).read_text().strip()  # re-read each time: tokens rotate
         return {"Authorization": f"Bearer {token}"}
+
+    def _mirror_headers(self, url: str) -> dict[str, str]:
+        """The hub token for the controller's own mirror; nothing for a mirror elsewhere (mirror_auth, M14)."""
+        if not hub_token_may_go(url, self.cfg.controller_urls()):
+            return {}
+        return self._headers()
 
     async def session(self, url: str) -> None:
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10)

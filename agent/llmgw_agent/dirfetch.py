@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PARALLEL = 4
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
-Headers = Callable[[], dict[str, str]]
+# The headers a mirror request to this URL carries (the agent's hub token, to its controller's mirror only).
+Headers = Callable[[str], dict[str, str]]
 # One fetch per directory at a time on this agent: two replicas of one model share the staging directory.
 _LOCKS: dict[str, asyncio.Lock] = {}
 
@@ -78,9 +79,13 @@ def check_names(files: list[WeightFile], where: str) -> None:
         seen.add(f.name)
 
 
+def no_headers(url: str) -> dict[str, str]:
+    return {}
+
+
 def _auth(base: FetchBase, mirror_headers: Headers) -> dict[str, str]:
     if base.kind == "mirror":
-        return mirror_headers()
+        return mirror_headers(base.url)
     return {"Authorization": f"Bearer {base.token}"} if base.token else {}
 
 
@@ -106,7 +111,7 @@ async def resolve_directory(
     progress: Progress,
     *,
     parallel: int = DEFAULT_PARALLEL,
-    mirror_headers: Headers = dict,
+    mirror_headers: Headers = no_headers,
     resolver: AbstractResolver | None = None,
 ) -> str:
     """The published directory's path, fetching whatever is missing first."""
@@ -122,7 +127,7 @@ async def fetch_directory(
     progress: Progress,
     *,
     parallel: int = DEFAULT_PARALLEL,
-    mirror_headers: Headers = dict,
+    mirror_headers: Headers = no_headers,
     resolver: AbstractResolver | None = None,
 ) -> Published:
     """The published directory and its manifest (read from the bases when the source carries none)."""

@@ -114,7 +114,7 @@ class SupervisorConfig:
     max_download_bytes: int = weights.DEFAULT_MAX_DOWNLOAD_BYTES
     fetch_parallelism: int = dirfetch.DEFAULT_PARALLEL  # files of one directory source fetched at once
     # The Authorization header the agent presents to a weights mirror: its own node token (re-read each time).
-    mirror_headers: Callable[[], dict[str, str]] = dict
+    mirror_headers: Callable[[str], dict[str, str]] = dirfetch.no_headers  # url -> headers (mirror_auth)
     ready_timeout_s: float = 600.0
     stop_grace_s: float = 10.0
     poll_interval_s: float = 0.5

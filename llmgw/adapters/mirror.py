@@ -92,7 +92,7 @@ async def published_manifest(url: str, token: str | None = None) -> list[Manifes
     source = WeightSource(directory=url, bases=[FetchBase(url=url, kind="origin", token=token)])
     try:
         async with checked_session() as session:
-            files = await dirfetch.read_manifest(session, source, dict)
+            files = await dirfetch.read_manifest(session, source, dirfetch.no_headers)
     except WeightsError as exc:
         raise MirrorError(
             f"{exc} (a URL is described only by the manifest its server publishes; for a local copy run "

@@ -177,7 +177,7 @@ async def _url_directory(
     session: aiohttp.ClientSession, url: str, token: str | None, auth: dict[str, str]
 ) -> ModelShape:
     base = WeightSource(directory=url, bases=[FetchBase(url=url, kind="origin", token=token)])
-    files = await dirfetch.read_manifest(session, base, dict)
+    files = await dirfetch.read_manifest(session, base, dirfetch.no_headers)
     names = {f.name for f in files}
     config = None
     if "config.json" in names:

@@ -53,7 +53,9 @@ async def test_mirror_first_origin_only_for_what_it_lacks_and_the_token_only_the
     mirror, origin = servers
     caplog.set_level(logging.DEBUG)
     source = plan(mirror, origin)
-    path = await dirfetch.resolve_directory(source, tmp_path, lambda d, t: None, mirror_headers=lambda: NODE)
+    path = await dirfetch.resolve_directory(
+        source, tmp_path, lambda d, t: None, mirror_headers=lambda url: NODE
+    )
     for name, body in model_files().items():
         assert (Path(path) / name).read_bytes() == body
     assert {s.path for s in mirror.seen} == {

@@ -39,7 +39,13 @@ from llmgw.controller.admin_ops import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT,
 from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.hub import AgentError
-from llmgw.controller.publisher import note_demand, note_usage, token_ok
+from llmgw.controller.publisher import (
+    node_credential,
+    note_demand,
+    note_usage,
+    router_credential,
+    token_ok,
+)
 from llmgw.core import jsonsafe, placement
 from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
@@ -584,6 +590,10 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     ("GET", "/api/v1/capacity", capacity_admin.capacity_list, "plan"),
     ("POST", "/api/v1/capacity", capacity_admin.capacity_save, "admin"),
     ("GET", "/api/v1/bench/{model}", capacity_admin.bench_target, "admin"),
+    # A router's token opens every engine key, a node's its hub session: the operators' scope, as the scope
+    # table says (`admin` may do everything), each issue audited with the token's name.
+    ("GET", "/api/v1/credentials/router", router_credential, "admin"),
+    ("GET", "/api/v1/credentials/node/{node}", node_credential, "admin"),
     ("POST", "/api/v1/webhook", webhook, None),
     ("POST", "/api/v1/demand/{model}", demand, None),
     ("POST", "/api/v1/usage-seen", usage_seen, None),
@@ -594,6 +604,7 @@ def add_routes(app: web.Application) -> None:
     app.middlewares.append(json_errors)
     for method, path, handler, scope in ROUTES:
         checked = handler if scope is None else _scoped(scope, handler)
-        if scope is not None and method not in ("GET", "HEAD"):  # every change an admin token makes
+        # every change an admin token makes, and every credential it is handed
+        if scope is not None and (method not in ("GET", "HEAD") or path in admin_ops.AUDITED_READS):
             checked = admin_ops.audited(admin_ops.action_of(method, path), checked)
         app.router.add_route(method, path, checked)

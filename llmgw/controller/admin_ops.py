@@ -47,7 +47,12 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/keys/{key_id}/revoke"): "key.revoke",
     ("POST", "/api/v1/nodes/{node}/doctor"): "node.doctor",
     ("POST", "/api/v1/upgrade"): "fleet.upgrade",
+    ("GET", "/api/v1/credentials/router"): "credential.router",
+    ("GET", "/api/v1/credentials/node/{node}"): "credential.node",
 }
+# Reads that hand out a credential: audited like a change, so the log says which admin took a router's or a
+# node's token (it opens what that holder opens).
+AUDITED_READS = frozenset({"/api/v1/credentials/router", "/api/v1/credentials/node/{node}"})
 
 
 def action_of(method: str, path: str) -> str:

@@ -35,7 +35,7 @@ from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.credentials import loopback_address
 from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.notifier import Notifier
-from llmgw.controller.publisher import node_credential, router_credential, router_stream
+from llmgw.controller.publisher import router_stream
 from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.controller.retention import Retention
 from llmgw.controller.settings import ControllerSettings, parse_hostport
@@ -80,8 +80,6 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/healthz/leader", _healthz_leader)
-    app.router.add_get("/api/v1/credentials/router", router_credential)
-    app.router.add_get("/api/v1/credentials/node/{node}", node_credential)
     admin.add_routes(app)
     console.add_routes(app)
     if controller.lease is not None:

@@ -24,7 +24,7 @@ from llmgw.adapters.secrets import SecretError
 from llmgw.controller import views
 from llmgw.controller.canary import live_canaries
 from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.credentials import same, valid_node_name
+from llmgw.controller.credentials import valid_node_name
 from llmgw.controller.desired import Desired
 from llmgw.controller.model_checks_run import engine_version_of
 from llmgw.controller.state import EngineReading, ReplicaLoad, ReplicaRec, RouterLoad
@@ -213,20 +213,9 @@ def token_ok(c: Controller, request: web.Request) -> bool:
     return presented is not None and c.router_token_ok(presented)
 
 
-def _admin_only(request: web.Request) -> Controller:
-    c = request.app[CONTROLLER]
-    presented = bearer_token(request.headers.get("Authorization"))
-    if presented is None or not same(presented, c.admin_token):
-        raise web.HTTPUnauthorized(
-            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
-            content_type="application/json",
-        )
-    return c
-
-
 async def router_credential(request: web.Request) -> web.Response:
-    """GET /api/v1/credentials/router (admin): the token routers present on `/router/v1`."""
-    c = _admin_only(request)
+    """GET /api/v1/credentials/router (scope `admin`, audited): the token routers present on `/router/v1`."""
+    c = request.app[CONTROLLER]
     try:
         return web.json_response({"token": c.router_token()})
     except SecretError as exc:
@@ -234,8 +223,9 @@ async def router_credential(request: web.Request) -> web.Response:
 
 
 async def node_credential(request: web.Request) -> web.Response:
-    """GET /api/v1/credentials/node/NAME (admin): node NAME's token, for an agent installed by hand."""
-    c = _admin_only(request)
+    """GET /api/v1/credentials/node/NAME (scope `admin`, audited): node NAME's token, for an agent installed
+    by hand."""
+    c = request.app[CONTROLLER]
     node = request.match_info["node"]
     bad = valid_node_name(node)
     if bad is not None:

@@ -45,7 +45,7 @@ def binding_report(repo: Repo, bindings: SecretBindings | None) -> tuple[ConfigE
                 hint = f"in the secrets directory's {BINDINGS_FILE} (check it with --bindings FILE): {problem.line}"
             else:
                 message = problem.message
-                hint = f"add to {BINDINGS_FILE}: {problem.line}"
+                hint = problem.advice()
             out.append(
                 ConfigError(loaded.file, pos.line, pos.col, format_path(path), message, hint, severity)
             )

@@ -103,11 +103,18 @@ class SecretUse:
 class BindingProblem:
     message: str  # what is refused
     line: str | None  # the binding map line that would allow it; None when nothing may (a reserved name)
+    replaces: bool = False  # the line replaces the secret's existing one rather than being added
+
+    def advice(self) -> str:
+        """What to do to the map: `add to bindings.yaml: LINE` or `change its line in bindings.yaml to: LINE`."""
+        if self.replaces:
+            return f"change its line in {BINDINGS_FILE} to: {self.line}"
+        return f"add to {BINDINGS_FILE}: {self.line}"
 
     def text(self) -> str:
         if self.line is None:
             return self.message
-        return f"{self.message}; if the operator means it, add to the secrets directory's {BINDINGS_FILE}: {self.line}"
+        return f"{self.message}; if the operator means it, {self.advice()} (in the secrets directory)"
 
 
 class _Entry(BaseModel):

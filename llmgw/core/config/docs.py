@@ -84,6 +84,33 @@ edit the repo can name only secrets the operator put there for it:
 line and field (`models/ext.yaml:9:10: spec.provider.key.file: absolute secret file path ...`); the controller
 and router check again when they read a reference (a symlink is only seen then). A provider key a router
 cannot read drops that provider on that router alone (`llmgw_router_provider_unavailable`), not the revision.
+
+#### Secrets bound to destinations
+
+A `source.token` (Model or Adapter) or a `provider.key` is presented as a Bearer token to a URL the same document
+chooses, so where it may go is the operator's choice too: such a reference resolves only when the binding map
+`bindings.yaml` in the secrets directory names the secret, the purpose and the host that receives it:
+
+```yaml
+# SECRETS_DIR/bindings.yaml: secret name (a file name, or $VARIABLE) -> purposes and hosts
+hf-token: {purposes: [source-token], hosts: [huggingface.co]}        # {file: hf-token}
+$LLMGW_SECRET_OPENAI: {purposes: [provider-key], hosts: [api.openai.com]}  # {env: LLMGW_SECRET_OPENAI}
+mirror-team: {purposes: [source-token], hosts: ["*.weights.internal:8443"]}
+```
+
+The purposes are `source-token` (sent to a `url` source's server, or for a `repo` source to the Cluster's
+`mirror.origin`, never to the mirror) and `provider-key` (sent to `provider.url`). Hosts match exactly,
+case-insensitively, or `*.domain` for its subdomains; `:PORT` pins the port. A Notification's signing
+`secret` is never sent (the webhook gets an HMAC under it) and needs no line. The Cluster's and the Nodes' own
+references (`spec.secret`, `spec.controller.token`, `ssh.identity`) need no line either, and are the cluster's
+own: a Model, Adapter or Notification reference naming one of them is refused, whatever the map says.
+
+`llmgw validate` and `llmgw plan` run without the map (it is not in the repo): each reference that is sent
+somewhere is listed as a warning with the line that binds it to what the document says. With `--bindings
+FILE` they check against the operator's map instead, and a reference it does not allow is an error naming the
+line to add or change. The controller (before it ships a token to a node) and the router (before it attaches a
+key) read the map on every use, so an edit holds without a restart; a refused token leaves the model waiting
+(`cannot start: ... add to the secrets directory's bindings.yaml: LINE`), a refused key drops the provider.
 """
 
 

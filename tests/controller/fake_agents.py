@@ -8,8 +8,11 @@ not connected or told to refuse raises `AgentError`. Every command is recorded f
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from llmgw_agent.protocol import (
     Command,
@@ -22,8 +25,15 @@ from llmgw_agent.protocol import (
     ShardState,
     ShardStatus,
 )
+from support import write_bindings
 
+from llmgw.controller.core import Controller
 from llmgw.controller.hub import AgentError, NodeLink
+from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.store.store import Store
+
+from .helpers import settings_for
 
 
 class _OpenSocket:
@@ -151,3 +161,28 @@ class FakeAgents:
         self.sent.append(Sent(node, "stop_shard", replica_id, rank))
         link.shards.pop(f"{replica_id}-{rank}", None)
         return Reply(id=f"fake-{len(self.sent)}", ok=True)
+
+
+@contextlib.asynccontextmanager
+async def reconciling(
+    tmp: Path, repo: Path, secrets: dict[str, str], bindings: list[str]
+) -> AsyncIterator[tuple[Controller, FakeAgents, Reconciler]]:
+    """A real controller (its store, the repo at `repo`) reconciling against FakeAgents, with `secrets` written
+    to its secrets directory and `bindings` as its binding map (llmgw.core.secret_bindings)."""
+    settings = settings_for(tmp, repo)
+    for name, value in secrets.items():
+        (tmp / "secrets").mkdir(exist_ok=True)
+        (tmp / "secrets" / name).write_text(value + "\n")
+    write_bindings(tmp / "secrets", bindings)
+    store = await Store.open(settings.store)
+    agents = FakeAgents(clock=time.monotonic)
+    c = Controller(settings, store, ControllerMetrics(), admin_token="admin", agents=agents)
+    agents.on_change = c.notify
+    reconciler = Reconciler(c)
+    agents.on_register = reconciler.adopt
+    try:
+        yield c, agents, reconciler
+    finally:
+        await reconciler.close()
+        await c.stop_background()
+        await store.close()

@@ -10,23 +10,20 @@ against the fake AgentClient (tests/controller/fake_agents.py): the repo, the co
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from support import wait_for, write_bindings
+from support import wait_for
 
 from llmgw.cli.controller_cmds import fetch_words
 from llmgw.controller import views
 from llmgw.controller.core import Controller
 from llmgw.controller.desired import build_desired
-from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconcile_loop import Reconciler
-from llmgw.store.store import Store
 
-from .fake_agents import FakeAgents
-from .helpers import Repo, cluster_yaml, settings_for
+from .fake_agents import FakeAgents, reconciling
+from .helpers import Repo, cluster_yaml
 
 TOKEN = "hf_NotARealTokenButSecret42"
 SHA = "b" * 64
@@ -58,20 +55,9 @@ MIRROR = "  mirror: {url: 'http://mirror.internal:7073', origin: 'https://huggin
 @pytest.fixture
 async def setup(tmp_path: Path) -> AsyncIterator[tuple[Controller, FakeAgents, Reconciler, Repo]]:
     repo = Repo(tmp_path / "repo", use_git=False)
-    settings = settings_for(tmp_path, repo.path)
-    (tmp_path / "secrets").mkdir()
-    (tmp_path / "secrets" / "hf-token").write_text(TOKEN + "\n")
-    write_bindings(tmp_path / "secrets", ["hf-token: {purposes: [source-token], hosts: [huggingface.co]}"])
-    store = await Store.open(settings.store)
-    agents = FakeAgents(clock=time.monotonic)
-    c = Controller(settings, store, ControllerMetrics(), admin_token="admin", agents=agents)
-    agents.on_change = c.notify
-    reconciler = Reconciler(c)
-    agents.on_register = reconciler.adopt
-    yield c, agents, reconciler, repo
-    await reconciler.close()
-    await c.stop_background()
-    await store.close()
+    bound = ["hf-token: {purposes: [source-token], hosts: [huggingface.co]}"]
+    async with reconciling(tmp_path, repo.path, {"hf-token": TOKEN}, bound) as (c, agents, reconciler):
+        yield c, agents, reconciler, repo
 
 
 async def settle(reconciler: Reconciler) -> None:

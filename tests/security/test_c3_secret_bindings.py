@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,8 +21,8 @@ import aiohttp
 import pytest
 from agent.file_server import FileServer
 from aiohttp import web
-from controller.fake_agents import FakeAgents
-from controller.helpers import Repo, cluster_yaml, settings_for
+from controller.fake_agents import FakeAgents, reconciling
+from controller.helpers import Repo, cluster_yaml
 from llmgw_agent import dirfetch
 from llmgw_agent.weights import WeightsError
 from support import serving, wait_for, write_bindings
@@ -31,12 +30,10 @@ from support import serving, wait_for, write_bindings
 from llmgw.adapters.secrets import write_starter_bindings
 from llmgw.controller.core import Controller
 from llmgw.controller.desired import build_desired
-from llmgw.controller.metrics import ControllerMetrics
 from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.core.config.models import SecretRef
 from llmgw.core.secret_bindings import SecretUse, binding_problem, parse_bindings
 from llmgw.core.secretrefs import SecretPolicy, SecretRefError, read_bindings, resolve_bound
-from llmgw.store.store import Store
 
 from .repo_attack import ROOT, attack_repo, validate
 from .request_path import KEY, catalog, model, published, start_router
@@ -196,20 +193,9 @@ async def attacker() -> AsyncIterator[FileServer]:
 @pytest.fixture
 async def controller(tmp_path: Path) -> AsyncIterator[tuple[Controller, FakeAgents, Reconciler, Repo]]:
     repo = Repo(tmp_path / "repo", use_git=False)
-    settings = settings_for(tmp_path, repo.path)
-    (tmp_path / "secrets").mkdir()
-    (tmp_path / "secrets" / "hf-token").write_text(TEAM_TOKEN + "\n")
-    write_bindings(tmp_path / "secrets", ["hf-token: {purposes: [source-token], hosts: [huggingface.co]}"])
-    store = await Store.open(settings.store)
-    agents = FakeAgents(clock=time.monotonic)
-    c = Controller(settings, store, ControllerMetrics(), admin_token="admin", agents=agents)
-    agents.on_change = c.notify
-    reconciler = Reconciler(c)
-    agents.on_register = reconciler.adopt
-    yield c, agents, reconciler, repo
-    await reconciler.close()
-    await c.stop_background()
-    await store.close()
+    bound = ["hf-token: {purposes: [source-token], hosts: [huggingface.co]}"]
+    async with reconciling(tmp_path, repo.path, {"hf-token": TEAM_TOKEN}, bound) as (c, agents, reconciler):
+        yield c, agents, reconciler, repo
 
 
 async def test_the_controller_ships_no_token_to_an_unbound_weights_host(

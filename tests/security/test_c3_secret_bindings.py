@@ -32,7 +32,7 @@ from llmgw.controller.core import Controller
 from llmgw.controller.desired import build_desired
 from llmgw.controller.reconcile_loop import Reconciler
 from llmgw.core.config.models import SecretRef
-from llmgw.core.secret_bindings import SecretUse, binding_problem, parse_bindings
+from llmgw.core.secret_bindings import SecretBindingError, SecretUse, binding_problem, parse_bindings
 from llmgw.core.secretrefs import SecretPolicy, SecretRefError, read_bindings, resolve_bound
 
 from .repo_attack import ROOT, attack_repo, validate
@@ -301,3 +301,26 @@ def test_up_writes_a_commented_empty_map_once_and_never_overwrites_the_operators
     written.write_text("hf-token: {purposes: [source-token], hosts: [huggingface.co]}\n")
     assert write_starter_bindings(secrets) is None
     assert set(read_bindings(written).entries) == {"hf-token"}
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (["hf-token"], "expected a mapping of secret name"),
+        ({"hf-token": {"purposes": ["source_token"], "hosts": ["huggingface.co"]}}, "hf-token.purposes.0"),
+        ({"hf-token": {"purposes": ["source-token"]}}, "hf-token.hosts: Field required"),
+        ({"hf-token": {"purposes": ["source-token"], "hosts": ["https://huggingface.co/"]}}, "is not a host"),
+    ],
+)
+def test_a_bad_map_is_refused_with_the_entry_and_what_would_be_right(data: object, words: str) -> None:
+    with pytest.raises(SecretBindingError, match=r"bindings\.yaml") as caught:
+        parse_bindings(data, "/srv/secrets/bindings.yaml")
+    assert words in str(caught.value), str(caught.value)
+
+
+def test_an_unreadable_map_refuses_every_bound_use_and_says_where(tmp_path: Path) -> None:
+    (tmp_path / "hf-token").write_text(TEAM_TOKEN)
+    (tmp_path / "bindings.yaml").write_text("hf-token: {purposes: [source-token], hosts: [huggingface.co]\n")
+    use = SecretUse(SecretRef(file="hf-token"), "source-token", "https://huggingface.co/x/")
+    with pytest.raises(SecretRefError, match=r"bindings\.yaml: not YAML"):
+        resolve_bound(use, SecretPolicy(tmp_path))

@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from llmgw_agent.kv_relay import RELAY_PATH
 from llmgw_router.app import serve
 from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.service import Router, RouterOptions
@@ -23,9 +24,6 @@ pytestmark = pytest.mark.integration
 KEY_P1 = "sk-llmgw-" + "e" * 43
 KEY_P2 = "sk-llmgw-" + "f" * 43
 SYSTEM = " ".join(f"rule{i}" for i in range(160))  # 10 blocks of 16 words
-
-
-RELAY_PATH = "/llmgw/kv-events"
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import socket
 import tracemalloc
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -34,21 +33,6 @@ from .test_engine_listen import children, listening_sockets
 SERVING = "127.0.0.2"
 KEY = "engine-key"
 MIB = 1024 * 1024
-
-
-@pytest.fixture
-async def ctl() -> AsyncIterator[FakeController]:
-    controller = FakeController(token="agent-token")
-    await controller.start()
-    yield controller
-    await controller.stop()
-
-
-@pytest.fixture
-def agents(tmp_path: Any) -> Iterator[AgentProcs]:
-    procs = AgentProcs(tmp_path)
-    yield procs
-    procs.cleanup()
 
 
 @pytest.mark.integration
@@ -116,7 +100,7 @@ class Records:
                 parts = await read_record(content)
                 if parts is not None:
                     self.queue.put_nowait(parts)
-        except EventStreamError as exc:
+        except (EventStreamError, aiohttp.ClientError) as exc:
             self.ended = exc
 
     async def next(self, limit_s: float) -> list[bytes] | None:
@@ -128,6 +112,16 @@ class Records:
     async def close(self) -> None:
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def test_h8_the_router_never_subscribes_to_a_publishers_own_address() -> None:
+    """A snapshot naming a tcp:// publisher (as controllers before the relay published) is not read: the
+    subscription ends at once, having connected nowhere."""
+    index = EventIndex(capacity=10, stale_after=5)
+    async with aiohttp.ClientSession() as session:
+        task = subscribe(session, "ep", "tcp://127.0.0.1:5557", KEY, index, lambda: 1.0)
+        await asyncio.wait_for(task, 10)
+    assert not index.heard("ep") and index.bad_batches("ep") == 0
 
 
 async def _serve(handler: Any) -> tuple[web.AppRunner, str]:

@@ -127,7 +127,9 @@ async def nodes(request: web.Request) -> web.Response:
 async def replicas(request: web.Request) -> web.Response:
     c = _admin(request)
     model = request.query.get("model")
-    items = [views.replica_json(c, r) for r in sorted(c.replicas.values(), key=lambda r: (r.model, r.id))]
+    output = allows(_principal(request).scope, "admin")  # engine output tails, as /logs: admin scope only
+    recs = sorted(c.replicas.values(), key=lambda r: (r.model, r.id))
+    items = [views.replica_json(c, r, with_output=output) for r in recs]
     return web.json_response({"replicas": [r for r in items if model in (None, r["model"])]})
 
 

@@ -11,6 +11,8 @@ readable with a `plan` token.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,8 +71,20 @@ def refusal_words(status: int, body: bytes) -> str:
     return f"{status}: {cut}"
 
 
-def _headers(target: EngineTarget) -> dict[str, str]:
-    return {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+@asynccontextmanager
+async def _post(
+    session: aiohttp.ClientSession, target: EngineTarget, path: str, body: dict[str, Any], timeout_s: float
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """The POST to the engine with its key; redirects are not followed."""
+    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
+    async with session.post(
+        target.base_url + path,
+        json=body,
+        headers=headers,
+        allow_redirects=False,
+        timeout=aiohttp.ClientTimeout(total=timeout_s),
+    ) as resp:
+        yield resp
 
 
 def _unreachable(target: EngineTarget, exc: BaseException) -> str:
@@ -82,13 +96,7 @@ async def post_json(
 ) -> tuple[Any, str | None]:
     """POST to the engine; (the JSON answer, None) or (None, what went wrong in words)."""
     try:
-        async with session.post(
-            target.base_url + path,
-            json=body,
-            headers=_headers(target),
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
+        async with _post(session, target, path, body, timeout_s) as resp:
             text = await read_at_most(resp, MAX_ANSWER_BYTES, target.replica)
             if resp.status != 200:
                 return None, f"{target.replica} answered {refusal_words(resp.status, text)}"
@@ -109,13 +117,7 @@ async def post_stream(
     chunks: list[Any] = []
     seen = 0
     try:
-        async with session.post(
-            target.base_url + path,
-            json=body,
-            headers=_headers(target),
-            allow_redirects=False,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
+        async with _post(session, target, path, body, timeout_s) as resp:
             if resp.status != 200:
                 text = await read_at_most(resp, MAX_ANSWER_BYTES, target.replica)
                 return [], f"{target.replica} answered {refusal_words(resp.status, text)}"

@@ -9,8 +9,7 @@ hop), and the checked session refuses the address at connect time even when aioh
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
 import aiohttp
@@ -18,6 +17,7 @@ import pytest
 from aiohttp import web
 from llmgw_agent.installs import _fetch_archive
 from llmgw_agent.weights import WeightsError, checked_session
+from support import answering
 
 from llmgw.adapters.model_files import InspectError, inspect_source
 from llmgw.adapters.source_probe import check_sources
@@ -28,24 +28,13 @@ pytestmark = pytest.mark.integration
 METADATA = "http://169.254.169.254:80/latest/meta-data/"
 
 
-@asynccontextmanager
-async def redirecting_to(location: str) -> AsyncIterator[str]:
-    """A loopback server that answers every request with a 302 to `location`; yields its base URL."""
+def redirecting_to(location: str) -> AbstractAsyncContextManager[str]:
+    """A loopback server that answers every request with a 302 to `location`; its base URL."""
 
     async def redirect(request: web.Request) -> web.Response:
         raise web.HTTPFound(location)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", redirect)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    return answering(redirect)
 
 
 async def test_the_engine_archive_fetch_refuses_a_redirect_to_the_metadata_address(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 from controller.test_reconcile_loop import Loop, loop  # noqa: F401  (the fixture)
-from support import wait_for
+from support import answering, wait_for
 
 from llmgw.adapters.egress import checked_connector
 from llmgw.controller import admin
@@ -104,15 +104,8 @@ async def endless_receiver() -> AsyncIterator[tuple[str, list[int]]]:
             pass
         return resp
 
-    app = web.Application()
-    app.router.add_post("/hook", handle)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}/hook", sent
-    await runner.cleanup()
+    async with answering(handle) as url:
+        yield url + "/hook", sent
 
 
 async def test_l11_a_webhook_answer_is_read_only_to_a_bound(

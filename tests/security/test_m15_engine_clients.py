@@ -9,11 +9,10 @@ with an endless body, or with a page whose text the node wants to read back thro
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 
 import pytest
 from aiohttp import web
+from support import answering
 
 from llmgw.controller.engine_http import MAX_ANSWER_BYTES, EngineTarget, engine_session
 from llmgw.controller.evals_run import run_suite
@@ -21,24 +20,6 @@ from llmgw.controller.model_checks_run import probe_target
 from llmgw.core.config.eval_spec import EvalSuiteSpec
 
 pytestmark = pytest.mark.integration
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@asynccontextmanager
-async def serving(handler: Handler) -> AsyncIterator[str]:
-    """A loopback server answering every path with `handler`; yields its base URL."""
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
 
 
 def _target(base_url: str) -> EngineTarget:
@@ -58,12 +39,12 @@ async def test_a_redirect_from_an_engine_is_not_followed() -> None:
         internal_seen.append(request.path)
         return web.Response(status=500, text="internal-secret-page")
 
-    async with serving(internal) as internal_url:
+    async with answering(internal) as internal_url:
 
         async def engine(request: web.Request) -> web.Response:
             raise web.HTTPSeeOther(internal_url + "/admin/secrets")
 
-        async with serving(engine) as engine_url:
+        async with answering(engine) as engine_url:
             results = await probe_target(_target(engine_url), ["tools", "stream_usage"])
             async with engine_session() as session:
                 suite = await run_suite(session, "s", _suite(), _target(engine_url), {})
@@ -96,7 +77,7 @@ async def test_an_endless_answer_is_cut_at_the_bound() -> None:
             pass
         return resp
 
-    async with serving(engine) as engine_url:
+    async with answering(engine) as engine_url:
         results = await probe_target(_target(engine_url), ["tools"])
     assert not results[0].passed
     assert f"more than {MAX_ANSWER_BYTES} bytes" in results[0].detail, results[0].detail
@@ -111,7 +92,7 @@ async def test_a_refusal_quotes_the_engine_error_message_only() -> None:
         body = {"error": {"message": "tools are not supported by this model", "type": "invalid_request"}}
         return web.Response(status=400, text=json.dumps(body), content_type="application/json")
 
-    async with serving(page) as page_url, serving(openai_error) as error_url:
+    async with answering(page) as page_url, answering(openai_error) as error_url:
         [from_page] = await probe_target(_target(page_url), ["response_format"])
         [from_engine] = await probe_target(_target(error_url), ["response_format"])
     assert "internal-secret-page" not in from_page.detail

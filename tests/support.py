@@ -91,3 +91,12 @@ async def serving(app: web.Application) -> AsyncIterator[int]:
         yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     finally:
         await runner.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def answering(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """Serve `handler` for every method and path on a free loopback port for the block; yields the base URL."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    async with serving(app) as port:
+        yield f"http://127.0.0.1:{port}"

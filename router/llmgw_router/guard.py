@@ -14,7 +14,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,9 +146,8 @@ class Guard:
         """Run the input checks: the verdict, and the body redacted when that is the action. A judge is not
         asked when a deterministic check already blocks (its answer could change nothing)."""
         mine = [g for g in guards if g.checks("input")]
-        text = "\n".join(gr.texts_of(body))
-        findings = [f for g in mine for f in gr.scan(g, text, "input")]
         unjudged: list[str] = []
+        findings = await scan_off_loop(mine, "\n".join(gr.texts_of(body)), "input", unjudged)
         for g in mine:
             if g.spec.judge is not None and gr.decide(mine, findings, "input").action != "block":
                 finding = await self._judge(g, gr.conversation_of(body), ask, unjudged, "input")
@@ -168,8 +167,8 @@ class Guard:
         text = answer_text(answer)
         if not mine or text is None:
             return gr.Verdict(stage="output")
-        findings = [f for g in mine for f in gr.scan(g, text, "output")]
         unjudged: list[str] = []
+        findings = await scan_off_loop(mine, text, "output", unjudged)
         for g in mine:
             if g.spec.judge is not None and gr.decide(mine, findings, "output").action != "block":
                 finding = await self._judge(g, gr.conversation_of(body, text), ask, unjudged, "output")
@@ -279,6 +278,36 @@ class Guard:
         refused = error_response(blocked_error(verdict))
         refused.headers = {**reply.headers, "Content-Type": "application/json"}
         return refused
+
+
+# A text this short is scanned on the loop (linear checks over it take microseconds; a thread's hand-off costs
+# more); a longer one, or any text a repo regex reads, in a worker thread with SCAN_DEADLINE_S.
+_INLINE_SCAN_CHARS = 8192
+SCAN_DEADLINE_S = 5.0
+
+
+async def scan_off_loop(
+    guards: Sequence[gr.CompiledGuardrail], text: str, stage: gr.Stage, unjudged: list[str]
+) -> list[gr.Finding]:
+    """The deterministic checks of `guards` over `text`, never holding the event loop for long (H7): in a
+    worker thread with a deadline. A scan past its deadline fails as each guardrail's `on_judge_error` says:
+    closed is a `scan_deadline` finding (refused), open is recorded as not checked (`unjudged`)."""
+    if not guards:
+        return []
+    if len(text) <= _INLINE_SCAN_CHARS and not any(g.spec.regex for g in guards):
+        return [f for g in guards for f in gr.scan(g, text, stage)]
+    work = asyncio.to_thread(lambda: [f for g in guards for f in gr.scan(g, text, stage)])
+    try:
+        return await asyncio.wait_for(work, SCAN_DEADLINE_S)
+    except TimeoutError:
+        log.warning(
+            "guardrail scan of a %d-character %s passed its %.0f s deadline",
+            len(text),
+            stage,
+            SCAN_DEADLINE_S,
+        )
+        unjudged += [g.name for g in guards if g.spec.on_judge_error == "open"]
+        return [gr.Finding(g.name, "scan_deadline") for g in guards if g.spec.on_judge_error == "closed"]
 
 
 def blocked_error(verdict: gr.Verdict) -> ApiError:

@@ -41,6 +41,8 @@ __all__ = [
     "scan",
     "scan_limit",
     "texts_of",
+    "token_prompt",
+    "tool_arguments",
 ]
 
 Stage = Literal["input", "output"]
@@ -331,11 +333,25 @@ def texts_of(body: dict[str, Any]) -> list[str]:
                 out.append(content)
             elif isinstance(content, list):
                 out += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            calls = m.get("tool_calls") if isinstance(m, dict) else None
+            out += tool_arguments(calls if isinstance(calls, list) else [])
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         out.append(prompt)
     elif isinstance(prompt, list):
         out += [p for p in prompt if isinstance(p, str)]
+    return out
+
+
+def tool_arguments(calls: list[Any]) -> list[str]:
+    """The arguments of tool calls (`[{function: {name, arguments}}]`, as a message or a delta holds them):
+    text a model writes and a tool acts on, screened like any other (M12)."""
+    out: list[str] = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            out.append(arguments)
     return out
 
 
@@ -399,23 +415,48 @@ def llama_guard_prompt(conversation: Sequence[Turn]) -> str:
     return _LLAMA_GUARD_HEAD.format(role=role, categories=categories, conversation=turns)
 
 
+_CONTEXT_LABEL = {
+    "system": "[system] ",
+    "developer": "[system] ",
+    "tool": "[tool result] ",
+    "function": "[tool result] ",
+}
+
+
 def conversation_of(body: dict[str, Any], answer: str | None = None) -> list[Turn]:
-    """The turns Llama Guard reads from a request: user and assistant messages (system and tool messages are
-    instructions, not the conversation judged), a completions prompt as one user turn, and `answer` as the
-    last Agent turn for an output check."""
+    """The turns Llama Guard reads from a request, every role included (M12: a request written as a system
+    or tool turn is judged too): assistant messages are Agent turns; user, system, developer and tool
+    messages are User turns (the others labelled `[system]`, `[tool result]`), consecutive ones joined
+    into one, so the turn judged last holds everything sent since the last answer. A completions prompt is
+    one User turn; `answer` is the last Agent turn of an output check."""
     turns: list[Turn] = []
     messages = body.get("messages")
     if isinstance(messages, list):
         for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            if not isinstance(m, dict):
                 continue
+            role = m.get("role")
             text = " ".join(texts_of({"messages": [m]}))
-            turns.append(("User" if m["role"] == "user" else "Agent", text))
+            if role == "assistant":
+                turns.append(("Agent", text))
+                continue
+            text = _CONTEXT_LABEL.get(role, "") + text if isinstance(role, str) else text
+            if turns and turns[-1][0] == "User":
+                turns[-1] = ("User", turns[-1][1] + "\n\n" + text)
+            else:
+                turns.append(("User", text))
     else:
         turns += [("User", text) for text in texts_of(body)]
     if answer is not None:
         turns.append(("Agent", answer))
     return turns
+
+
+def token_prompt(body: dict[str, Any]) -> bool:
+    """Whether a completions prompt is given as token ids (a list of ints, or of lists of ints): text no
+    check can read, so a guarded request refuses it."""
+    prompt = body.get("prompt")
+    return isinstance(prompt, list) and any(not isinstance(p, str) for p in prompt)
 
 
 @dataclass(frozen=True, slots=True)

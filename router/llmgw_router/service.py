@@ -343,7 +343,10 @@ class RequestService:
             await check_media(body, table.snapshot.router.media_hosts)
         guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
         if guards:  # before sizing: a redacted prompt is what the engine is sent and charged for
-            body, raw = await self.guard.screen_request(exchange, guards, body, raw, call, self._ask_judge)
+            judged, (body, raw, screened) = (
+                body,
+                await self.guard.screen_request(exchange, guards, body, raw, call),
+            )
         call.sizing = size(len(raw), body, kind, model)
         # Its shape, for a trace: known from here on, so a request refused by its limits has one too.
         call.session = conversation_key(exchange.headers, body, table.policy_for(canonical))
@@ -363,6 +366,8 @@ class RequestService:
                 finally:  # a 429 is a limits span too
                     if call.trace is not None:
                         call.trace.span("limits", began)
+        if guards:  # a judge is asked for admitted requests only (M12)
+            await self.guard.judge_request(guards, judged, screened, call, self._ask_judge)
         return await self._answer(exchange, kind, table, canonical, raw, body, call, guards, tenant_project)
 
     async def _answer(

@@ -56,8 +56,8 @@ _MAX_ITEMS = 100_000
 _MAX_BITS = 4096
 
 
-class _RenderStopped(BaseException):
-    """Raised inside a render thread that overran its deadline (a BaseException: no template catches it)."""
+class _RenderStopped(LlmgwError):
+    """Raised inside a render thread that overran its deadline (a template has no way to catch it)."""
 
 
 def _token_text(value: Any) -> str | None:

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from guardrails.repo import MODELS  # sim-chat, and guard: a judge
 from llmgw_router.app import Listeners, serve
 from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.guard import answer_text
@@ -53,16 +54,6 @@ apiVersion: llmgw/v1
 kind: Project
 metadata: {name: out}
 spec: {organization: org}
----
-apiVersion: llmgw/v1
-kind: Model
-metadata: {name: sim-chat}
-spec: {context_length: 4096, capabilities: [chat, completions], profiles: [{name: sim, engine: sim}]}
----
-apiVersion: llmgw/v1
-kind: Model
-metadata: {name: guard}
-spec: {context_length: 8192, capabilities: [completions], role: guard, profiles: [{name: sim, engine: sim}]}
 ---
 apiVersion: llmgw/v1
 kind: Guardrail
@@ -105,7 +96,7 @@ def sims() -> Iterator[dict[str, SimProcess]]:
 
 @pytest.fixture
 async def gateway(sims: dict[str, SimProcess]) -> AsyncIterator[tuple[Router, str]]:
-    result = validate_files({"docs.yaml": DOCS.encode()})
+    result = validate_files({"docs.yaml": DOCS.encode(), "models.yaml": MODELS.encode()})
     assert result.repo is not None, [str(e) for e in result.errors]
     cat = result.repo.catalog
     snap = RouterSnapshot.model_validate(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import regex
+
 from llmgw.core.config.errors import IssueAdder
 from llmgw.core.config.models import Guardrail, Model, Organization, Project, Team
 from llmgw.core.config.regex_checks import backtracking_reason
@@ -46,7 +48,8 @@ def _one(
     for pos, pattern in enumerate(spec.regex):
         try:
             re.compile(pattern)
-        except re.error as err:
+            regex.compile(pattern)  # what the router searches with (a deadline; llmgw/core/guardrails.py)
+        except (re.error, regex.error) as err:
             add(index, ("spec", "regex", pos), f"not a regular expression: {err}", "a Python `re` pattern")
             continue
         why = backtracking_reason(pattern)

@@ -79,6 +79,31 @@ lint: $(STAMP)
 test: env llamacpp model system-deps lint
 	LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q
 
+# The quick loop while iterating: the tests that start no engine, database or sshd (no lint, no system deps).
+FAST_TESTS := -m "not integration and not llamacpp and not postgres and not ssh"
+test-fast: env
+	$(BIN)/pytest -q $(FAST_TESTS)
+
+# The newest versions pyproject's ranges allow, in a throwaway environment, against lint, the fast tests and one
+# integration test per process type (router, controller with agents, agent): an upstream release that breaks us
+# is found here, by one command, before `make lock UPGRADE=1` takes it. The lock and .venv are not touched.
+LATEST := .cache/latest
+LATEST_INTEGRATION := \
+	tests/router/test_integration.py::test_chat_completions_embeddings_and_models \
+	tests/controller/test_fleet.py::test_min_two_placed_on_two_nodes_replaced_after_kill_and_stopped_on_removal \
+	tests/agent/test_daemon.py::test_register_heartbeat_start_kill_and_stop
+test-latest: $(UV)
+	rm -rf $(LATEST)
+	$(UV) venv -q $(LATEST)
+	$(UV) pip install -q --python $(LATEST)/bin/python --upgrade \
+		-e ./agent -e ./router -e '.[dev]' --group clients
+	$(UV) pip list --python $(LATEST)/bin/python --format freeze > $(LATEST)/versions.txt
+	$(PY) scripts/newer_than_lock.py $(LATEST)/versions.txt
+	export PATH="$(abspath $(LATEST))/bin:$$PATH" VIRTUAL_ENV="$(abspath $(LATEST))"; \
+		ruff check . && mypy && lint-imports && \
+		pytest -q -p no:cacheprovider $(FAST_TESTS) && \
+		pytest -q -p no:cacheprovider $(LATEST_INTEGRATION)
+
 # The whole suite under coverage (routers, agents and controllers it starts included); fails below the floor
 # in pyproject.toml ([tool.coverage.report] fail_under). Slower than `make test`, which runs without it.
 coverage: env llamacpp model system-deps

@@ -62,7 +62,7 @@ def endpoints(events: bool) -> list[LiveEndpoint]:
                 engine="sim",
                 base_url=f"http://127.0.0.1:{9000 + i}",
                 simulated=True,
-                kv_events=f"tcp://127.0.0.1:{9100 + i}" if events else None,
+                kv_events=f"http://127.0.0.1:{9000 + i}/llmgw/kv-events" if events else None,
                 kv_block_size=BLOCK,
             ),
             f"http://127.0.0.1:{9000 + i}/v1",

@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from llmgw_agent.kv_relay import RELAY_PATH
+from llmgw_agent.passthrough import fronted_argv
 from scheduling import (
     MODEL,
     Procs,
@@ -94,21 +96,27 @@ def prefix_strategies(policies: dict[str, RoutingPolicySpec]) -> list[tuple[Stra
 @dataclass
 class Sim:
     url: str
-    events_port: int
+
+    @property
+    def relay(self) -> str:
+        return self.url + RELAY_PATH
 
 
 def start_prefix_sims(procs: Procs) -> list[Sim]:
+    """Sims as an agent runs them: each publishing on 127.0.0.1 behind the pass-through, which relays the events
+    (no key: the benchmark's endpoints have none, so the relay checks none)."""
     sims = []
     for i in range(REPLICAS):
-        port, events = free_port(), free_port()
-        argv = [
-            sys.executable, "-m", "llmgw_agent.sim", "--port", str(port), "--model", MODEL,
+        port, engine_port, events = free_port(), free_port(), free_port()
+        engine = [
+            sys.executable, "-m", "llmgw_agent.sim", "--port", str(engine_port), "--model", MODEL,
             "--prefill-ms-per-token", str(PREFILL_MS), "--decode-ms-per-token", str(DECODE_MS),
             "--max-concurrency", str(CONCURRENCY), "--max-tokens-default", str(OUT_TOKENS),
             "--block-size", str(BLOCK), "--prefix-cache", str(CACHE_BLOCKS), "--kv-events-port", str(events),
         ]  # fmt: skip
+        argv = fronted_argv(sys.executable, "127.0.0.1", port, engine_port, engine, events)
         proc, log = procs.start(f"prefix-sim-{i}", argv)
-        sims.append((Sim(f"http://127.0.0.1:{port}", events), proc, log))
+        sims.append((Sim(f"http://127.0.0.1:{port}"), proc, log))
     for sim, proc, log in sims:
         wait_http(sim.url + "/health", 60, proc, log)
     return [s for s, _, _ in sims]
@@ -134,7 +142,7 @@ def _snapshot(s: Strategy, events: bool, sims: list[Sim], listen: str, metrics: 
                 "base_url": sim.url,
                 "slots": CONCURRENCY if s.slots else None,
                 "simulated": True,
-                "kv_events": f"tcp://127.0.0.1:{sim.events_port}" if events else None,
+                "kv_events": sim.relay if events else None,
                 "kv_block_size": BLOCK,
             }
             for i, sim in enumerate(sims)

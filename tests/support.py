@@ -101,3 +101,12 @@ def write_bindings(secrets_dir: Path, lines: list[str]) -> Path:
     path = secrets_dir / "bindings.yaml"
     path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
+
+
+@contextlib.asynccontextmanager
+async def answering(handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[str]:
+    """Serve `handler` for every method and path on a free loopback port for the block; yields the base URL."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handler)
+    async with serving(app) as port:
+        yield f"http://127.0.0.1:{port}"

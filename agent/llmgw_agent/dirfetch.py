@@ -20,7 +20,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import quote, urljoin
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -35,14 +35,13 @@ from llmgw_agent.protocol import (
     manifest_digest,
 )
 from llmgw_agent.weights import (
-    MAX_REDIRECTS,
     NotAtSource,
     Progress,
     WeightsError,
     _download,
-    _same_origin,
     check_url,
     checked_session,
+    following,
 )
 
 log = logging.getLogger(__name__)
@@ -257,23 +256,15 @@ async def read_manifest(
 
 async def _get_small(session: aiohttp.ClientSession, url: str, auth: dict[str, str]) -> bytes | None:
     """The body at `url` (None on 404), at most MAX_MANIFEST_BYTES; auth only to `url`'s own host."""
-    target = url
-    for _ in range(MAX_REDIRECTS + 1):
-        check_url(target)
-        headers = auth if _same_origin(target, url) else {}
-        try:
-            async with session.get(target, headers=headers, allow_redirects=False) as resp:
-                if resp.status in (301, 302, 303, 307, 308):
-                    target = urljoin(target, resp.headers.get("Location", ""))
-                    continue
-                if resp.status == 404:
-                    return None
-                if resp.status != 200:
-                    raise WeightsError(f"manifest {url}: HTTP {resp.status}")
-                body = await resp.content.read(MAX_MANIFEST_BYTES + 1)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            raise WeightsError(f"manifest {url}: {exc or type(exc).__name__}") from exc
-        if len(body) > MAX_MANIFEST_BYTES:
-            raise WeightsError(f"manifest {url}: larger than {MAX_MANIFEST_BYTES} bytes")
-        return body
-    raise WeightsError(f"manifest {url}: more than {MAX_REDIRECTS} redirects")
+    try:
+        async with following(session, url, auth=auth) as resp:
+            if resp.status == 404:
+                return None
+            if resp.status != 200:
+                raise WeightsError(f"manifest {url}: HTTP {resp.status}")
+            body = await resp.content.read(MAX_MANIFEST_BYTES + 1)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise WeightsError(f"manifest {url}: {exc or type(exc).__name__}") from exc
+    if len(body) > MAX_MANIFEST_BYTES:
+        raise WeightsError(f"manifest {url}: larger than {MAX_MANIFEST_BYTES} bytes")
+    return body

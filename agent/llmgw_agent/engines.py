@@ -51,8 +51,8 @@ class LaunchContext:
     binary: str | None = None  # the engine's executable (or python for sglang) from the agent config
     python: str = field(default_factory=lambda: sys.executable)
     adapters: tuple[tuple[str, str], ...] = ()  # (name, local path) of each LoRA adapter, in the spec's order
-    # Where the KV-event publisher binds (the serving address and a port the agent allocated), when the spec
-    # asks for events and the engine publishes them (KV_EVENT_ENGINES). None: no publisher.
+    # Where the KV-event publisher binds (127.0.0.1 and a port the agent allocated; the pass-through relays it),
+    # when the spec asks for events and the engine publishes them (KV_EVENT_ENGINES). None: no publisher.
     kv_events: tuple[str, int] | None = None
 
 
@@ -113,8 +113,9 @@ def _zmq_endpoint(host: str, port: int) -> str:
 
 
 def kv_events_config(spec: ShardSpec, bind: tuple[str, int]) -> str:
-    """vLLM's `--kv-events-config` JSON: the zmq publisher bound to the serving address only (the events say
-    which prompts are cached), never `tcp://*`."""
+    """vLLM's `--kv-events-config` JSON: the zmq publisher bound to the address given (the agent gives
+    127.0.0.1: the events carry every prompt's token ids and the publisher has no authentication), never
+    `tcp://*`."""
     assert spec.kv_events is not None
     return json.dumps(
         {

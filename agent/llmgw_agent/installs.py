@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from llmgw_agent.protocol import ConditionType, EngineInstall, EngineOrder, NodeCondition
-from llmgw_agent.weights import check_url, checked_session
+from llmgw_agent.weights import checked_session, following
 
 log = logging.getLogger(__name__)
 TAIL_LINES = 20
@@ -163,8 +163,7 @@ async def _fetch_archive(url: str, dest: Path) -> None:
     if parts.scheme in ("", "file"):
         shutil.copyfile(parts.path if parts.scheme else url, dest)
         return
-    check_url(url)
-    async with checked_session() as session, session.get(url) as resp:
+    async with checked_session() as session, following(session, url) as resp:
         if resp.status != 200:
             raise InstallError(f"fetching {url}: HTTP {resp.status}")
         with dest.open("wb") as f:

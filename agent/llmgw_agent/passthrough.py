@@ -6,6 +6,9 @@ own keys do not: vLLM guards only its API prefixes (`/invocations`, `/pooling`, 
 SGLang leaves `/metrics` open, TRT-LLM has no key at all. Bodies stream both ways chunk by chunk, never buffered,
 so a token the engine writes reaches the router as soon as it is read.
 
+An engine asked for KV-cache events publishes them on 127.0.0.1 only (`--kv-events-port E`); the pass-through
+serves them to key holders at `/llmgw/kv-events` (kv_relay.py), a path it never forwards.
+
 It runs as `python -m llmgw_agent.passthrough --listen-host H --listen-port P --engine-port Q -- ENGINE ARGV`:
 the agent starts that in the engine's place, in the engine's session and process group, and it starts the engine
 as its child. So it lives exactly as long as the engine: it survives an agent restart or a frozen agent (traffic
@@ -32,6 +35,8 @@ from pathlib import Path
 import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
+
+from llmgw_agent.kv_relay import RELAY_PATH, KvEventRelay
 
 log = logging.getLogger(__name__)
 
@@ -110,16 +115,25 @@ def _forwarded(headers: Mapping[str, str]) -> CIMultiDict[str]:
 class PassThrough:
     """Listens on (listen_host, listen_port) and forwards to 127.0.0.1:engine_port after the key check."""
 
-    def __init__(self, listen_host: str, listen_port: int, engine_port: int, digest: str | None) -> None:
+    def __init__(
+        self,
+        listen_host: str,
+        listen_port: int,
+        engine_port: int,
+        digest: str | None,
+        kv_events_port: int | None = None,
+    ) -> None:
         self.listen_host = listen_host
         self.listen_port = listen_port
         self.engine_port = engine_port
         self.digest = digest
+        self.relay = KvEventRelay(kv_events_port) if kv_events_port is not None else None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
         app = web.Application(client_max_size=0)  # bodies are streamed, never read whole
+        app.router.add_route("*", RELAY_PATH, self._relay)  # before the catch-all: never the engine's
         app.router.add_route("*", "/{tail:.*}", self._handle)
         # No read timeout of our own: the router owns deadlines, and a long generation is not idle.
         self._session = aiohttp.ClientSession(
@@ -141,6 +155,14 @@ class PassThrough:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def _relay(self, request: web.Request) -> web.StreamResponse:
+        if not authorized(request.headers.get("Authorization"), self.digest):
+            return _unauthorized()
+        if self.relay is None:
+            body = {"error": {"message": "This replica publishes no KV events.", "type": "not_found_error"}}
+            return web.Response(status=404, text=json.dumps(body), content_type="application/json")
+        return await self.relay.handle(request)
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         if not authorized(request.headers.get("Authorization"), self.digest):
@@ -168,20 +190,28 @@ class PassThrough:
 
 
 def fronted_argv(
-    python: str, listen_host: str, listen_port: int, engine_port: int, engine: Sequence[str]
+    python: str,
+    listen_host: str,
+    listen_port: int,
+    engine_port: int,
+    engine: Sequence[str],
+    kv_events_port: int | None = None,
 ) -> list[str]:
-    """The command that runs `engine` behind a pass-through on (listen_host, listen_port).
+    """The command that runs `engine` behind a pass-through on (listen_host, listen_port), relaying the KV
+    events it publishes on 127.0.0.1:`kv_events_port` (None: it publishes none).
 
     The pass-through imports this very package from where the agent has it: the environment it starts with is
     the engine's, whose PYTHONPATH (an engine's own, e.g. SGLang's) may not hold the agent."""
     here = str(Path(__file__).resolve().parent.parent)
     code = f"import sys; sys.path.insert(0, {here!r}); from llmgw_agent.passthrough import main; main()"
     head = [python, "-c", code, "--listen-host", listen_host]
-    return [*head, "--listen-port", str(listen_port), "--engine-port", str(engine_port), "--", *engine]
+    events = ["--kv-events-port", str(kv_events_port)] if kv_events_port is not None else []
+    ports = ["--listen-port", str(listen_port), "--engine-port", str(engine_port), *events]
+    return [*head, *ports, "--", *engine]
 
 
 async def _front(ns: argparse.Namespace, command: list[str], digest: str | None) -> int:
-    front = PassThrough(ns.listen_host, ns.listen_port, ns.engine_port, digest)
+    front = PassThrough(ns.listen_host, ns.listen_port, ns.engine_port, digest, ns.kv_events_port)
     try:
         await front.start()  # before the engine: by the time it is healthy, routers can reach it
     except OSError as exc:
@@ -205,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--listen-host", required=True)
     p.add_argument("--listen-port", type=int, required=True)
     p.add_argument("--engine-port", type=int, required=True)
+    p.add_argument("--kv-events-port", type=int, help="the engine's KV-event publisher on 127.0.0.1, relayed")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- ENGINE ARGV")
     ns = p.parse_args(argv)
     command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command

@@ -278,8 +278,12 @@ class ShardStatus(_Model):
     # What the engine said it computes on as it became ready ("gpu (19/19 layers offloaded)", "cpu (no usable
     # GPU)"). None: it did not say, or an agent before the field.
     compute: str | None = None
-    # The port of the engine's KV-event publisher, on the serving address (`host`). None: it publishes none.
+    # The port of the engine's KV-event publisher: on 127.0.0.1 (an agent before `kv_events_path`: on the
+    # serving address, never subscribed to). None: it publishes none.
     kv_events_port: int | None = None
+    # Where routers read those events: this path on the serving port (`base_url`), behind the engine key
+    # (the pass-through's relay). None: no relay (none asked for, or an agent before the field).
+    kv_events_path: str | None = None
 
     @property
     def shard_id(self) -> str:

@@ -116,13 +116,17 @@ _FORBIDDEN_PREFIXES: tuple[tuple[str, str], ...] = (
     ("LLAMA_ARG_", "LLAMA_ARG_* names set llama-server options around the args allowlist"),
 )
 # Words (between underscores) that make a name under a tuning prefix refused: they name a file or directory to
-# read or write, code to load, an address to bind or call, a secret, or a switch that lifts a guard.
+# read or write, code to load, an address to bind or call (a SERVER to report to, an ID that is a rendezvous
+# address: NCCL_COMM_ID), a secret, a switch that lifts a guard, or logging and tracing, which can write tenants'
+# prompts and completions to the engine log (VLLM_DEBUG_LOG_API_SERVER_RESPONSE, VLLM_LOGGING_LEVEL,
+# VLLM_TRACE_FUNCTION).
 REFUSED_WORDS = frozenset(
     {
         "PATH", "DIR", "FILE", "ROOT", "CACHE", "LIB", "SO", "PLUGIN", "PLUGINS", "PRELOAD", "CONFIG",
-        "MODULE", "HOST", "IP", "PORT", "ADDR", "ADDRESS", "URL", "URI", "ENDPOINT", "IFNAME",
+        "MODULE", "HOST", "IP", "PORT", "ADDR", "ADDRESS", "URL", "URI", "ENDPOINT", "IFNAME", "SERVER", "ID",
         "TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "CREDENTIALS", "AUTH",
         "ALLOW", "ALLOWED", "DEV", "UNSAFE", "INSECURE", "TRUST",
+        "LOG", "LOGS", "LOGGING", "TRACE", "TRACING",
     }
 )  # fmt: skip
 _SECRET_WORDS = frozenset({"TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "CREDENTIALS", "AUTH"})
@@ -187,7 +191,7 @@ def env_name_problem(engine: str, name: str) -> str | None:
             if refused:
                 return (
                     f"{name} is refused: a {prefix}* name with `{refused[0]}` in it names a path, code, an "
-                    "address, a secret or a guard switch, not a tuning value"
+                    "address, a secret, a guard switch or logging, not a tuning value"
                 )
             if not re.fullmatch(r"[A-Z0-9_]+", name):
                 return f"{name} is refused: not an upper-case environment variable name"

@@ -603,9 +603,14 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument(
         "--kv-events-port",
         type=int,
-        help="publish KV-cache events (vLLM's ZMQ format) on this port of --host (unset: none)",
+        help="publish KV-cache events (vLLM's ZMQ format) on this port of --kv-events-host (unset: none)",
     )
-    p.add_argument("--kv-events-host", help="the address the KV-event publisher binds (default: --host)")
+    p.add_argument(
+        "--kv-events-host",
+        default="127.0.0.1",
+        help="the address the KV-event publisher binds (default 127.0.0.1: it has no authentication, and the "
+        "agent's pass-through relays it to key holders)",
+    )
     p.add_argument("--hash-seed", default="0", help="the block hashes' root, as vLLM's PYTHONHASHSEED")
     p.add_argument("--max-tokens-default", type=int, default=16)
     p.add_argument(
@@ -664,7 +669,7 @@ def engine_from_args(ns: argparse.Namespace) -> SimEngine:
             raise SystemExit("--judge-unsafe takes WORD=CATEGORIES, e.g. --judge-unsafe bomb=S9")
         engine.judge_rules = [(word, codes) for word, _sep, codes in rules]
     if ns.kv_events_port is not None:
-        engine.events = KvEventPublisher(ns.kv_events_host or ns.host, ns.kv_events_port)
+        engine.events = KvEventPublisher(ns.kv_events_host, ns.kv_events_port)
     return engine
 
 

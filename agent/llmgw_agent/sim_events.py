@@ -4,9 +4,10 @@ publisher): a ZMQ PUB socket sending `[topic, seq (8 bytes big-endian), msgpack 
 KVEventBatch is `[ts, [event, ...]]` (msgspec array-like structs with their defaults omitted), the events
 tagged by class name: `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size]`,
 `["BlockRemoved", block_hashes]`, `["AllBlocksCleared"]`; hashes are the 8-byte integers vLLM sends with
-VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (its default). The socket binds to the serving address only, never
-every interface: the events name which prompts are cached. pyzmq and msgpack are imported only when the
-publisher is asked for (the agent's `kv-events` extra).
+VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES (its default). The socket binds to 127.0.0.1 unless told otherwise, as
+the agent runs vLLM's: the events carry every prompt's token ids, and routers read them through the
+pass-through's key check (kv_relay.py). pyzmq and msgpack are imported only when the publisher is asked for
+(the agent's `kv-events` extra).
 """
 
 from __future__ import annotations

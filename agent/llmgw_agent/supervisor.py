@@ -30,6 +30,7 @@ import aiohttp
 
 from llmgw_agent import compute, dirfetch, engine_memory, engines, redact, repo_rules, weights
 from llmgw_agent.cache_index import INDEX_FILE, WeightsIndex
+from llmgw_agent.kv_relay import RELAY_PATH
 from llmgw_agent.logring import LogRing, OutputTail
 from llmgw_agent.passthrough import (
     DIGEST_ENV,
@@ -385,14 +386,18 @@ class Supervisor:
             return port
         raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
 
-    def _kv_events(self, shard: Shard, serving: str) -> tuple[str, int] | None:
-        """Where the engine's KV-event publisher binds: the serving address (routers subscribe there, nothing
-        else may), on a port of its own; None when not asked for or the engine has no publisher."""
-        if shard.spec.kv_events is None or shard.spec.engine not in engines.KV_EVENT_ENGINES:
+    def _kv_events(self, shard: Shard, fronted: bool) -> tuple[str, int] | None:
+        """Where the engine's KV-event publisher binds: 127.0.0.1 only, on a port of its own (the events carry
+        every prompt's token ids and the publisher has no authentication); routers read them through the
+        pass-through's key check (kv_relay.py). None when not asked for, or the engine has no publisher or no
+        pass-through to relay it."""
+        spec = shard.spec
+        if spec.kv_events is None or spec.engine not in engines.KV_EVENT_ENGINES or not fronted:
             return None
         taken = frozenset(p for p in (shard.status.port, shard.engine_port) if p is not None)
-        shard.status.kv_events_port = self._pick_port(serving, taken)
-        return serving, shard.status.kv_events_port
+        shard.status.kv_events_port = self._pick_port(ENGINE_HOST, taken)
+        shard.status.kv_events_path = RELAY_PATH
+        return ENGINE_HOST, shard.status.kv_events_port
 
     async def _launch(self, shard: Shard, model_path: str | None) -> None:
         spec = shard.spec
@@ -409,14 +414,15 @@ class Supervisor:
             launch_spec = spec
             ctx = self._context(spec, port, model_path, host=serving)
         ctx = dataclasses.replace(
-            ctx, adapters=shard.adapter_paths, kv_events=self._kv_events(shard, serving)
+            ctx, adapters=shard.adapter_paths, kv_events=self._kv_events(shard, fronted)
         )
         plan = engines.launch_plan(launch_spec, ctx)
         argv, front_env = plan.argv, {}
         if fronted:
             # The pass-through runs in the engine's own process group, in front of it: it outlives the agent as
             # the engine does (a restarted or frozen agent does not stop traffic) and is stopped with it.
-            argv = fronted_argv(ctx.python, serving, port, ctx.port, plan.argv)
+            events_port = ctx.kv_events[1] if ctx.kv_events is not None else None
+            argv = fronted_argv(ctx.python, serving, port, ctx.port, plan.argv, events_port)
             front_env = {DIGEST_ENV: key_digest(spec.api_key)} if spec.api_key else {}
         shard.workdir.mkdir(parents=True, exist_ok=True)
         for name, content in plan.files.items():

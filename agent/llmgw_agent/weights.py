@@ -3,9 +3,10 @@
 Downloads go to `NAME.part` and are renamed only once size and sha256 (when declared) check out; an interrupted
 download resumes with a Range request. Only files this module wrote are ever deleted: a local source is never
 touched. Link-local and cloud metadata addresses are refused as sources (a profile must not be a way to read a
-node's cloud credentials), including after redirects and DNS resolution: the connector's resolver checks every
-address it returns, so the address checked is the address connected to (no second lookup a TTL-0 record could
-flip). The file name comes from the decoded URL path and must be one plain name (llmgw_agent.repo_rules), and the
+node's cloud credentials), including after redirects and DNS resolution: `following` checks every hop's URL,
+the connector's resolver checks every address it returns, so the address checked is the address connected to
+(no second lookup a TTL-0 record could flip), and its socket factory checks the address connected to once more
+(aiohttp asks no resolver for a literal address). The file name comes from the decoded URL path and must be one plain name (llmgw_agent.repo_rules), and the
 resolved path must stay under the cache. A download with no declared size stops at `max_bytes`.
 """
 
@@ -16,11 +17,13 @@ import hashlib
 import ipaddress
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
 import aiohttp
+from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from llmgw_agent import repo_rules
@@ -29,6 +32,7 @@ from llmgw_agent.protocol import WeightSource
 Progress = Callable[[int, int | None], None]
 CHUNK = 1 << 20
 MAX_REDIRECTS = 5
+REDIRECT_STATUSES = (301, 302, 303, 307, 308)
 # A download with no declared size_bytes stops here (the agent's `max_download_bytes` setting overrides it).
 DEFAULT_MAX_DOWNLOAD_BYTES = 200 * 1024**3
 _REFUSED_HOSTS = {"metadata.google.internal", "metadata", "metadata.azure.internal"}
@@ -96,11 +100,59 @@ class CheckedResolver(AbstractResolver):
         await self.inner.close()
 
 
+class RefusedAddress(WeightsError, OSError):
+    """A connection about to open to a refused address (an OSError, so aiohttp reports it as a connect error)."""
+
+
+def _checked_socket(addr_info: AddrInfoType) -> socket.socket:
+    """aiohttp's socket factory: the address about to be connected to, checked. aiohttp skips the resolver for
+    a literal address (in a URL or in a redirect's Location), so this is the check no URL form can pass by."""
+    family, type_, proto, _, sockaddr = addr_info
+    reason = refused_address(str(sockaddr[0]))
+    if reason:
+        raise RefusedAddress(f"connection to {sockaddr[0]} refused: {reason}")
+    return socket.socket(family=family, type=type_, proto=proto)
+
+
 def checked_session(resolver: AbstractResolver | None = None) -> aiohttp.ClientSession:
-    """A session whose every connection goes through CheckedResolver (the only way weights are fetched)."""
-    connector = aiohttp.TCPConnector(resolver=CheckedResolver(resolver))
+    """A session whose every connection goes through CheckedResolver and, for the address actually connected
+    to, `_checked_socket` (the only way weights, manifests, archives and model headers are fetched). Follow
+    redirects with `following`, never with aiohttp's own."""
+    connector = aiohttp.TCPConnector(resolver=CheckedResolver(resolver), socket_factory=_checked_socket)
     timeout = aiohttp.ClientTimeout(sock_read=60, sock_connect=30)
     return aiohttp.ClientSession(connector=connector, timeout=timeout)
+
+
+@asynccontextmanager
+async def following(
+    session: aiohttp.ClientSession,
+    url: str,
+    *,
+    method: str = "GET",
+    headers: Mapping[str, str] | None = None,
+    auth: Mapping[str, str] | None = None,
+    client_timeout: aiohttp.ClientTimeout | None = None,
+    each_answer: Callable[[aiohttp.ClientResponse], None] | None = None,
+) -> AsyncIterator[aiohttp.ClientResponse]:
+    """The answer at `url` after at most MAX_REDIRECTS redirects, followed by hand: every hop passes `check_url`
+    before it is asked (a literal address in a Location header, which no resolver sees, included), and `auth`
+    (an Authorization header) goes to `url`'s own origin only: a redirect elsewhere (HF sends files to a CDN)
+    is followed without it. `each_answer` sees every answer, redirects included (the Hub's first hop carries
+    the file's size and hash). The one redirect-follower of the agent and of the controller's fetches."""
+    target = url
+    for _ in range(MAX_REDIRECTS + 1):
+        check_url(target)
+        hop = {**(headers or {}), **(auth if auth and _same_origin(target, url) else {})}
+        async with session.request(
+            method, target, headers=hop, allow_redirects=False, timeout=client_timeout or session.timeout
+        ) as resp:
+            if each_answer is not None:
+                each_answer(resp)
+            if resp.status not in REDIRECT_STATUSES:
+                yield resp
+                return
+            target = urljoin(target, resp.headers.get("Location", ""))
+    raise WeightsError(f"fetching {url}: more than {MAX_REDIRECTS} redirects")
 
 
 def cache_path(cache_dir: Path, url: str) -> Path:
@@ -202,43 +254,44 @@ async def _download(
     a CDN) is followed without it, so a token never reaches a host it was not given for."""
     part = final.with_name(final.name + ".part")
     done = part.stat().st_size if part.exists() else 0
-    target = url
-    for _ in range(MAX_REDIRECTS + 1):
-        check_url(target)
-        headers = {"Range": f"bytes={done}-"} if done else {}
-        if auth and _same_origin(target, url):
-            headers.update(auth)
-        async with session.get(target, headers=headers, allow_redirects=False) as resp:
-            if resp.status in (301, 302, 303, 307, 308):
-                target = urljoin(target, resp.headers.get("Location", ""))
-                continue
-            if resp.status == 416 and done:
-                break  # the .part already holds everything; verified below
-            if resp.status == 404:
-                raise NotAtSource(f"fetching {url}: HTTP 404")
-            if resp.status not in (200, 206):
-                raise WeightsError(f"fetching {url}: HTTP {resp.status}")
-            if resp.status == 200:
-                done = 0  # the server ignored Range: start over
-            total = (done + resp.content_length) if resp.content_length is not None else source.size
-            progress(done, total)
-            with part.open("ab" if done else "wb") as f:
-                async for chunk in resp.content.iter_chunked(CHUNK):
-                    if done + len(chunk) > limit:
-                        part.unlink(missing_ok=True)
-                        raise WeightsError(_too_large(url, limit, source))
-                    f.write(chunk)
-                    done += len(chunk)
-                    progress(done, total)
-            break
-    else:
-        raise WeightsError(f"fetching {url}: more than {MAX_REDIRECTS} redirects")
+    headers = {"Range": f"bytes={done}-"} if done else {}
+    async with following(session, url, headers=headers, auth=auth or {}) as resp:
+        if not (resp.status == 416 and done):  # 416: the .part already holds everything; verified below
+            await _receive(resp, part, done, url, source, progress, limit)
     try:
         await _verify(part, source, f"download of {url}")
     except WeightsError:
         part.unlink(missing_ok=True)  # ours, and wrong: do not resume from it
         raise
     os.replace(part, final)
+
+
+async def _receive(
+    resp: aiohttp.ClientResponse,
+    part: Path,
+    done: int,
+    url: str,
+    source: WeightSource,
+    progress: Progress,
+    limit: int,
+) -> None:
+    """Append the answer to `part` (which holds `done` bytes), or start it over when the server ignored Range."""
+    if resp.status == 404:
+        raise NotAtSource(f"fetching {url}: HTTP 404")
+    if resp.status not in (200, 206):
+        raise WeightsError(f"fetching {url}: HTTP {resp.status}")
+    if resp.status == 200:
+        done = 0
+    total = (done + resp.content_length) if resp.content_length is not None else source.size
+    progress(done, total)
+    with part.open("ab" if done else "wb") as f:
+        async for chunk in resp.content.iter_chunked(CHUNK):
+            if done + len(chunk) > limit:
+                await asyncio.to_thread(part.unlink, missing_ok=True)
+                raise WeightsError(_too_large(url, limit, source))
+            f.write(chunk)
+            done += len(chunk)
+            progress(done, total)
 
 
 def _same_origin(a: str, b: str) -> bool:

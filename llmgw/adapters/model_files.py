@@ -6,7 +6,8 @@ A GGUF header is read in growing prefixes (1 MiB, then as much as the parser say
 its config.json and every `*.safetensors` shard's header: a local directory is walked, a URL directory is read
 through the manifest its server publishes (llmgw-manifest.json), which names the shards. A server that ignores
 Range is read only as far as needed and the connection closed. Every connection goes through the agent's checked
-session (no link-local or metadata address, after redirects too).
+session and redirects are followed by hand (`weights.following`): no link-local or metadata address, after
+redirects too, and the token only to the URL's own origin.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import quote
 import aiohttp
 from llmgw_agent import dirfetch, repo_rules
 from llmgw_agent.protocol import FetchBase, WeightSource
-from llmgw_agent.weights import WeightsError, check_url, checked_session
+from llmgw_agent.weights import WeightsError, checked_session, following
 
 from llmgw.core.errors import LlmgwError
 from llmgw.core.model_headers import (
@@ -63,9 +64,8 @@ def _local_prefix(path: Path) -> Prefix:
 
 def _http_prefix(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> Prefix:
     async def read(n: int) -> bytes:
-        check_url(url)
         try:
-            async with session.get(url, headers={**headers, "Range": f"bytes=0-{n - 1}"}) as resp:
+            async with following(session, url, headers={"Range": f"bytes=0-{n - 1}"}, auth=headers) as resp:
                 if resp.status not in (200, 206):
                     raise InspectError(f"{url}: HTTP {resp.status}")
                 try:  # a server that ignored Range and sends everything is cut off here

@@ -4,8 +4,9 @@ directory the repo holds none for.
 
 Every connection goes through the agent's checked session (llmgw_agent.weights: no link-local or metadata
 address, after redirects and DNS too), so a cluster repo cannot make CI's plan step reach what a node would be
-refused. Redirects are followed by hand so the HF headers of the first hop (`X-Linked-Size`, `X-Linked-Etag`:
-the Hub answers a file with a redirect to its CDN) are kept. A token is sent only to the mirror, only when the
+refused. Redirects, the manifest read's included, are followed by hand (`weights.following`: each hop checked)
+so the HF headers of the first hop (`X-Linked-Size`, `X-Linked-Etag`: the Hub answers a file with a redirect to
+its CDN) are kept. A token is sent only to the mirror, only when the
 operator gave one, and never to another host after a redirect; the origin's token is a secret reference the
 plan never resolves, so a gated origin reads as "not checked".
 """
@@ -16,13 +17,12 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import replace
-from urllib.parse import urljoin, urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
 from llmgw_agent import repo_rules
 from llmgw_agent.protocol import DirectoryManifest
-from llmgw_agent.weights import MAX_REDIRECTS, WeightsError, check_url, checked_session
+from llmgw_agent.weights import WeightsError, checked_session, following
 from pydantic import ValidationError
 
 from llmgw.core.manifest import ManifestFile
@@ -40,7 +40,6 @@ __all__ = ["PARALLEL", "TIMEOUT_S", "check_sources"]
 PARALLEL = 8  # HEAD requests in flight at once, over every source
 TIMEOUT_S = 10.0  # per request: a plan waits seconds for a server, not minutes
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
-_REDIRECTS = (301, 302, 303, 307, 308)
 _SHA256 = re.compile(r'^(?:W/)?"?([0-9a-fA-F]{64})"?$')
 
 
@@ -99,24 +98,27 @@ class _Asker:
         assert self.session is not None
         size: int | None = None
         sha: str | None = None
-        target = url
+
+        def linked(
+            resp: aiohttp.ClientResponse,
+        ) -> None:  # the Hub's first hop names the file's size and hash
+            nonlocal size, sha
+            size = size if size is not None else _int(resp.headers.get("X-Linked-Size"))
+            sha = sha or _sha256(resp.headers.get("X-Linked-Etag"))
+
         try:
-            for _ in range(MAX_REDIRECTS + 1):
-                check_url(target)
-                headers = self._auth(url) if _same_origin(target, url) else {}
-                async with self.session.head(
-                    target, headers=headers, allow_redirects=False, timeout=self.timeout
-                ) as resp:
-                    size = size if size is not None else _int(resp.headers.get("X-Linked-Size"))
-                    sha = sha or _sha256(resp.headers.get("X-Linked-Etag"))
-                    if resp.status in _REDIRECTS:
-                        target = urljoin(target, resp.headers.get("Location", ""))
-                        continue
-                    if 200 <= resp.status < 300:
-                        size = size if size is not None else resp.content_length
-                        sha = sha or _sha256(resp.headers.get("ETag"))
-                    return Answer(resp.status, size, sha)
-            return Answer(None, error=f"more than {MAX_REDIRECTS} redirects")
+            async with following(
+                self.session,
+                url,
+                method="HEAD",
+                auth=self._auth(url),
+                client_timeout=self.timeout,
+                each_answer=linked,
+            ) as resp:
+                if 200 <= resp.status < 300:
+                    size = size if size is not None else resp.content_length
+                    sha = sha or _sha256(resp.headers.get("ETag"))
+                return Answer(resp.status, size, sha)
         except WeightsError as exc:
             return Answer(None, error=str(exc))
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -129,10 +131,9 @@ class _Asker:
         for base in item.bases:
             url = base + repo_rules.MANIFEST_FILE
             try:
-                check_url(url)
                 async with (
                     self.gate,
-                    self.session.get(url, headers=self._auth(url), timeout=self.timeout) as resp,
+                    following(self.session, url, auth=self._auth(url), client_timeout=self.timeout) as resp,
                 ):
                     if resp.status == 404:
                         missing.append(url)
@@ -175,8 +176,3 @@ def _sha256(etag: str | None) -> str | None:
     """An ETag that is a sha256 (HF's LFS files, the llmgw mirror's X-Linked-Etag); None for any other."""
     found = _SHA256.match(etag.strip()) if etag else None
     return found.group(1).lower() if found else None
-
-
-def _same_origin(a: str, b: str) -> bool:
-    pa, pb = urlsplit(a), urlsplit(b)
-    return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)

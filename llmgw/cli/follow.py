@@ -149,7 +149,10 @@ def explain_lines(client: AdminClient, status: dict[str, Any]) -> list[str]:
                 out.append(
                     f"  replica {r['id']} on {r.get('node')}: {r['state']} {r.get('error') or ''}".rstrip()
                 )
-                out += [f"    | {line}" for line in r.get("last_output_lines") or []]
+                tail = r.get("last_output_lines")
+                if tail is None:  # engine output can carry prompts: an admin-scope token sees it
+                    out.append(f"    (its output: llmgw logs {r['id']}, with an admin-scope token)")
+                out += [f"    | {line}" for line in tail or []]
     return out
 
 

@@ -27,6 +27,7 @@ from llmgw.controller import (
     admin_fleet,
     admin_ops,
     admin_requests,
+    applied_files,
     capacity_admin,
     doctor,
     logs_admin,
@@ -133,7 +134,9 @@ async def nodes(request: web.Request) -> web.Response:
 async def replicas(request: web.Request) -> web.Response:
     c = _admin(request)
     model = request.query.get("model")
-    items = [views.replica_json(c, r) for r in sorted(c.replicas.values(), key=lambda r: (r.model, r.id))]
+    output = allows(_principal(request).scope, "admin")  # engine output tails, as /logs: admin scope only
+    recs = sorted(c.replicas.values(), key=lambda r: (r.model, r.id))
+    items = [views.replica_json(c, r, with_output=output) for r in recs]
     return web.json_response({"replicas": [r for r in items if model in (None, r["model"])]})
 
 
@@ -414,14 +417,11 @@ def _apply_root(c: Controller, body: dict[str, Any]) -> Path:
         raise ValueError(
             'give "path" (a directory the controller can read) or "files" (relative path -> YAML text)'
         )
-    digest = hashlib.sha256(repr(sorted(files.items())).encode()).hexdigest()[:16]
-    root = (c.settings.state_dir / "applied" / digest).resolve()
-    for rel, text in files.items():
-        target = (root / str(rel)).resolve()
-        if root not in target.parents or not isinstance(text, str):
-            raise ValueError(f"file {rel!r}: must be a relative path inside the repo with text content")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text, encoding="utf-8")
+    if problem := applied_files.files_problem(files):
+        raise ValueError(problem)  # before anything is written
+    applied_dir = c.settings.state_dir / "applied"
+    root = applied_files.write_files(applied_dir, files)
+    applied_files.prune(applied_dir, {root} | ({c.desired.root} if c.desired is not None else set()))
     return root
 
 

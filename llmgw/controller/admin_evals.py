@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 from aiohttp import web
 
 from llmgw.controller.admin_ops import AUDIT_OBJECT
 from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.controller.engine_http import engine_session
 from llmgw.controller.evals_run import EvalError, judges_for, run_suite, target_for
 from llmgw.controller.model_checks_run import run_model_check
 from llmgw.core import jsonsafe
@@ -60,7 +60,7 @@ async def eval_run(request: web.Request) -> web.Response:
         target = target_for(c, entry.name, _replica(body))
     except EvalError as exc:
         return _error(409, str(exc))
-    async with aiohttp.ClientSession() as session:
+    async with engine_session() as session:
         result = await run_suite(session, suite, spec, target, judges_for(c, spec))
     await c.event("eval_run", entry.name, f"{result.words()} on {target.replica}")
     return web.json_response({**result.json(), "model": entry.name, "replica": target.replica})

@@ -21,8 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-import aiohttp
-
+from llmgw.controller.engine_http import engine_session
 from llmgw.controller.evals_run import judges_for, ready_targets, run_suite
 from llmgw.core.canary import Traffic, judge_canary
 from llmgw.core.reconcile import CanaryPhase
@@ -225,7 +224,7 @@ async def _evals_on_canary(c: Controller, run: CanaryRun) -> None:
     if not targets:
         run.eval_task = None  # tried again at the next tick
         return
-    async with aiohttp.ClientSession() as session:
+    async with engine_session() as session:
         for suite in list(run.evals):
             spec = d.catalog.eval_suites.get(suite)
             if spec is None:

@@ -14,6 +14,7 @@ machine holds is refused from then on, even if a node of that name is declared a
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import logging
@@ -79,6 +80,26 @@ def node_token_refusal(presented: str, node: str, secret: bytes, generation: int
     if same(presented, node_token(secret, node, generation)):
         return None
     return f"this token is not node {node!r}'s (a node token opens the hub for its own node only)"
+
+
+class NodeTokenIndex:
+    """Which declared node a presented node token is, with no node name to go by (the mirror's readers say
+    none): a table from each current token's SHA-256 to its node, built once per cluster secret and set of
+    (node, generation), so an unknown token costs one digest and a lookup, not one HMAC per declared node."""
+
+    def __init__(self) -> None:
+        self._built_for: tuple[bytes, tuple[tuple[str, int], ...]] | None = None
+        self._nodes: dict[bytes, str] = {}
+
+    def node_of(self, presented: str, secret: bytes, generations: tuple[tuple[str, int], ...]) -> str | None:
+        if self._built_for != (secret, generations):
+            self._nodes = {_digest(node_token(secret, node, gen)): node for node, gen in generations}
+            self._built_for = (secret, generations)
+        return self._nodes.get(_digest(presented))
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
 
 
 def router_token_ok(presented: str, *, admin: str, secret: bytes | None) -> bool:

@@ -8,13 +8,12 @@ replica of the judge model the same way.
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
+from llmgw.controller.engine_http import EngineTarget, post_json
 from llmgw.core.config.eval_spec import EvalCase, EvalSuiteSpec
 from llmgw.core.errors import LlmgwError
 from llmgw.core.evals import (
@@ -35,22 +34,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmgw.controller.evals")
 
-__all__ = ["EngineTarget", "EvalError", "post_json", "ready_targets", "run_suite", "target_for"]
+__all__ = ["EngineTarget", "EvalError", "ready_targets", "run_suite", "target_for"]
 
 
 class EvalError(LlmgwError, ValueError):
     """A suite, model or replica that cannot be evaluated (the admin API answers 400/404 with it)."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineTarget:
-    """One replica's engine, as the controller reaches it."""
-
-    replica: str
-    model: str  # the name the engine serves
-    base_url: str  # http://host:port, without /v1
-    api_key: str | None
-    engine: str
 
 
 def ready_targets(c: Controller, model: str) -> list[EngineTarget]:
@@ -81,28 +69,6 @@ def target_for(c: Controller, model: str, replica: str | None) -> EngineTarget:
     if not targets:
         raise EvalError(f"model {model} has no ready replica to evaluate")
     return targets[0]
-
-
-async def post_json(
-    session: aiohttp.ClientSession, target: EngineTarget, path: str, body: dict[str, Any], timeout_s: float
-) -> tuple[Any, str | None]:
-    """POST to the engine; (the JSON answer, None) or (None, what went wrong in words)."""
-    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-    try:
-        async with session.post(
-            target.base_url + path,
-            json=body,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
-        ) as resp:
-            text = await resp.text()
-            if resp.status != 200:
-                return None, f"{target.replica} answered {resp.status}: {text[:200]}"
-            return json.loads(text), None
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return None, f"{target.replica} could not be reached: {type(exc).__name__} {exc}".rstrip()
-    except ValueError:
-        return None, f"{target.replica} answered with a body that is not JSON"
 
 
 async def run_suite(

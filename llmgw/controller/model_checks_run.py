@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from llmgw.controller.evals_run import EngineTarget, EvalError, post_json, target_for
+from llmgw.controller.engine_http import EngineTarget, engine_session, post_json, post_stream
+from llmgw.controller.evals_run import EvalError, target_for
 from llmgw.core.model_checks import (
     ProbeResult,
     probes_for,
@@ -185,7 +186,7 @@ async def run_model_check(
 
 async def probe_target(target: EngineTarget, probes: list[str]) -> list[ProbeResult]:
     """Each probe in turn against one engine."""
-    async with aiohttp.ClientSession() as session:
+    async with engine_session() as session:
         return [await _probe(session, target, p) for p in probes]
 
 
@@ -207,32 +208,5 @@ async def _probe(session: aiohttp.ClientSession, target: EngineTarget, probe: st
             session, target, path, response_format_request(target.model), _TIMEOUT_S
         )
         return ProbeResult(probe, False, error) if error is not None else response_format_verdict(response)
-    chunks, error = await _stream(session, target, stream_usage_request(target.model))
+    chunks, error = await post_stream(session, target, path, stream_usage_request(target.model), _TIMEOUT_S)
     return ProbeResult(probe, False, error) if error is not None else stream_usage_verdict(chunks)
-
-
-async def _stream(
-    session: aiohttp.ClientSession, target: EngineTarget, body: dict[str, Any]
-) -> tuple[list[Any], str | None]:
-    headers = {"Authorization": f"Bearer {target.api_key}"} if target.api_key else {}
-    chunks: list[Any] = []
-    try:
-        async with session.post(
-            target.base_url + "/v1/chat/completions",
-            json=body,
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=_TIMEOUT_S),
-        ) as resp:
-            if resp.status != 200:
-                return [], f"{target.replica} answered {resp.status}: {(await resp.text())[:200]}"
-            async for raw in resp.content:
-                line = raw.decode("utf-8", "replace").strip()
-                if not line.startswith("data:") or line == "data: [DONE]":
-                    continue
-                try:
-                    chunks.append(json.loads(line.removeprefix("data:").strip()))
-                except ValueError:
-                    return chunks, f"{target.replica} streamed a chunk that is not JSON: {line[:80]!r}"
-    except (aiohttp.ClientError, TimeoutError) as exc:
-        return chunks, f"{target.replica} could not be reached: {type(exc).__name__} {exc}".rstrip()
-    return chunks, None

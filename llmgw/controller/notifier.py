@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import random
 import time
@@ -21,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
-from llmgw.adapters.egress import ForbiddenAddress, checked_socket
+from llmgw.adapters.egress import AnswerTooLarge, ForbiddenAddress, checked_connector, read_at_most
 from llmgw.adapters.secrets import SecretError, read_bound_secret
 from llmgw.core import notify
 from llmgw.core.config.models import NotificationSpec
@@ -40,6 +39,7 @@ IDLE_WAIT_S = 30.0  # with nothing due, look at the outbox again this often (ano
 STORE_RETRY_S = 2.0
 PENDING_MAX = 10_000  # outbox writes the store refused, kept in memory until it takes them
 MARKS_KEPT_S = 40 * 86400.0  # marks older than the longest usual budget period are pruned
+WEBHOOK_ANSWER_BYTES = 64 * 1024  # of a receiver's answer, read and dropped (only its status counts)
 _LEVELS = (("Organization", "org"), ("Team", "team"), ("Project", "project"))
 
 
@@ -172,10 +172,7 @@ class Notifier:
 
     async def run(self) -> None:
         """Deliver what is due, for ever (only while leading)."""
-        connector = aiohttp.TCPConnector(
-            limit=8, socket_factory=functools.partial(checked_socket, who="a webhook")
-        )
-        async with aiohttp.ClientSession(connector=connector) as session:
+        async with aiohttp.ClientSession(connector=checked_connector("a webhook", limit=8)) as session:
             while True:
                 wait = IDLE_WAIT_S
                 try:
@@ -266,7 +263,8 @@ class Notifier:
         try:
             async with session.post(spec.url, data=body, headers=headers, timeout=timeout,
                                     allow_redirects=False) as response:  # fmt: skip
-                await response.read()
+                with contextlib.suppress(AnswerTooLarge):  # the status is the answer; the body is not kept
+                    await read_at_most(response, WEBHOOK_ANSWER_BYTES, spec.url)
                 return notify.Attempt(response.status)
         except ForbiddenAddress as exc:
             return notify.Attempt(403, str(exc))

@@ -89,18 +89,19 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 failed=failed,
                 failed_details=c.model_checks.details_of(rec.model, shard.engine, version),
                 checking=c.model_checks.checking(rec.model, shard.engine, version, probed),
-                kv_events=kv_events_address(shard.host, shard.kv_events_port),
+                kv_events=kv_events_address(shard.base_url, shard.kv_events_path),
             )
         )
     return out
 
 
-def kv_events_address(host: str | None, port: int | None) -> str | None:
-    """Where routers subscribe to a replica's KV events: its serving address and the port its agent gave the
-    publisher. None when it publishes none (not asked for, an engine without a publisher, an older agent)."""
-    if host is None or port is None:
+def kv_events_address(base_url: str | None, path: str | None) -> str | None:
+    """Where routers read a replica's KV events: the relay path its agent reports, on the serving port, behind
+    the engine key. None when it relays none (not asked for, an engine without a publisher, or an agent that
+    predates the relay: its publisher sits open on the serving address and no router subscribes to it)."""
+    if base_url is None or path is None:
         return None
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    return base_url.rstrip("/") + path
 
 
 def snapshot(c: Controller) -> RouterSnapshot | None:

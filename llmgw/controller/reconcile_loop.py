@@ -453,7 +453,9 @@ class Reconciler:
         if views.replica_view(c, rec).effective_state() == "failed":
             status = views.shard_status(c, rec)
             detail = rec.error or (status.message if status else "") or "engine exited"
-            await c.event("replica_failed", rec.id, f"{reason}: {detail}" + views.output_tail_words(status))
+            # No output tail: events are read with a plan token and sent to the repo's webhooks, and engine
+            # output can carry prompts (`llmgw logs`, admin scope, has it).
+            await c.event("replica_failed", rec.id, f"{reason}: {detail} (its output: llmgw logs {rec.id})")
             c.metrics.replica_restarts.labels(rec.model).inc()  # its replacement follows (after backoff)
         rec.stopping = True
         rec.draining = drain

@@ -133,6 +133,18 @@ class ControllerSettings(BaseModel):
     console_session_s: float = Field(
         8 * 3600.0, gt=0, description="How long a web console login lasts (docs/console.md)"
     )
+    console_cookie_secure: Literal["auto", "always", "never"] = Field(
+        "auto",
+        description="The console's session cookie is Secure: always (TLS ends at a proxy in front), never (plain "
+        "HTTP on a network: anyone on the path can take a session), or auto: when the request came over TLS, or "
+        "when the controller listens beyond loopback (a proxy in front then ends TLS)",
+    )
+    console_store_grace_s: float = Field(
+        120.0,
+        ge=0,
+        description="While the store cannot be asked, a tenant's console session stays open this long past its "
+        "key's last check, then ends (a key revoked during an outage must not keep a session)",
+    )
     console_router_url: str | None = Field(
         None,
         description="The router's base URL (`http://host:port/v1`) the console's chat page sends through",
@@ -319,6 +331,7 @@ def load_settings_file(path: Path) -> dict[str, object]:
             "usage_minutes_retention",
             "retention_check",
             "console_session",
+            "console_store_grace",
         ):
             out[f"{name}_s"] = setting_duration(f"{path}: {key}", value)
         else:

@@ -269,18 +269,17 @@ def replica_memory(c: Controller, rec: ReplicaRec) -> dict[str, int | None]:
     }
 
 
-OUTPUT_TAIL_LINES = 20  # of an engine's output, in a failed replica's event and in /api/v1/replicas
+OUTPUT_TAIL_LINES = 20  # of an engine's output, in /api/v1/replicas for an admin-scope token
 
 
-def output_tail_words(status: ShardStatus | None) -> str:
-    """The last lines a failed engine printed, as the rest of its event's message (redacted on the node)."""
-    lines = status.last_output_lines[-OUTPUT_TAIL_LINES:] if status is not None else []
-    if not lines:
-        return ""
-    return f"\nlast {len(lines)} line(s) of its output:\n" + "\n".join(f"| {line}" for line in lines)
+def _output_tail(shard: ShardStatus | None, state: str) -> list[str]:
+    return shard.last_output_lines[-OUTPUT_TAIL_LINES:] if shard and state in ("starting", "failed") else []
 
 
-def replica_json(c: Controller, rec: ReplicaRec) -> dict[str, Any]:
+def replica_json(c: Controller, rec: ReplicaRec, *, with_output: bool = False) -> dict[str, Any]:
+    """The replica as the admin API shows it. An engine's output can carry what clients sent (prompts), so its
+    tail is there only `with_output` (an admin-scope caller, as for `/logs`); otherwise `last_output_lines` is
+    null: not shown, which is not the same as no output."""
     shard = shard_status(c, rec)
     state = replica_state(c, rec)
     failed = state == "failed"
@@ -299,9 +298,7 @@ def replica_json(c: Controller, rec: ReplicaRec) -> dict[str, Any]:
         "gpus": list(rec.gpus),
         "error": rec.error or (shard.message if shard and failed else ""),
         # While it starts (a slow load shows what it is doing) and once it failed; `llmgw logs` for the rest.
-        "last_output_lines": shard.last_output_lines[-OUTPUT_TAIL_LINES:]
-        if shard and state in ("starting", "failed")
-        else [],
+        "last_output_lines": _output_tail(shard, state) if with_output else None,
         "fetching": fetches(c, rec),
         "memory": replica_memory(c, rec),
         "age_s": round(c.wall() - rec.created_at, 1),

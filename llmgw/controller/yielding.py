@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 from llmgw_agent.engines import metric_mapping
 
-from llmgw.adapters.egress import checked_socket
+from llmgw.adapters.egress import read_at_most
+from llmgw.controller.engine_http import MAX_ANSWER_BYTES, engine_session
 from llmgw.core.security import engine_key
 from llmgw.core.words import parse_duration
 
@@ -63,11 +64,14 @@ async def in_flight(c: Controller, rec: ReplicaRec, session: aiohttp.ClientSessi
     try:
         key = engine_key(c.cluster_secret().encode(), rec.id)
         async with session.get(
-            status.base_url.rstrip("/") + path, headers={"Authorization": f"Bearer {key}"}
+            status.base_url.rstrip("/") + path,
+            headers={"Authorization": f"Bearer {key}"},
+            allow_redirects=False,
         ) as resp:
             if resp.status != 200:
                 return None
-            value = running_from_text(await resp.text(), name)
+            page = await read_at_most(resp, MAX_ANSWER_BYTES, f"{rec.id}'s metrics")
+            value = running_from_text(page.decode("utf-8", "replace"), name)
     except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
         log.debug("cannot read %s's running requests: %s", rec.id, exc)
         return None
@@ -81,8 +85,7 @@ async def grace(c: Controller, rec: ReplicaRec) -> None:
     started = c.clock()
     running: int | None = None
     timeout = aiohttp.ClientTimeout(total=SCRAPE_TIMEOUT_S)
-    connector = aiohttp.TCPConnector(socket_factory=lambda a: checked_socket(a, "the controller"))
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+    async with engine_session(timeout) as session:
         while True:
             running = await in_flight(c, rec, session)
             if running == 0 or c.clock() - started >= grace_s:

@@ -3,8 +3,8 @@ what a guardrail does with what it found. Pure: text in, findings and verdicts o
 `llmgw guard test`) do the I/O around it, including asking the judge.
 
 A finding names its rule the way a refusal and a usage row show it: `pii.email`, `regex[0]`, `keyword`,
-`topic.NAME`, `max_prompt_chars`, `judge`. The matched text itself is never part of a finding: a refusal
-must not echo what it refused.
+`topic.NAME`, `max_prompt_chars`, `max_scan_chars`, `regex[0].deadline`, `judge`. The matched text itself is
+never part of a finding: a refusal must not echo what it refused.
 """
 
 from __future__ import annotations
@@ -14,10 +14,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+import regex
+
 from llmgw.core.config.guardrail_spec import HAZARD_CODES, GuardrailSpec
 
 __all__ = [
     "HAZARDS",
+    "MAX_SCAN_CHARS",
+    "PATTERN_DEADLINE_S",
     "CompiledGuardrail",
     "Finding",
     "JudgeAnswer",
@@ -35,7 +39,10 @@ __all__ = [
     "redact_body",
     "refusal_message",
     "scan",
+    "scan_limit",
     "texts_of",
+    "token_prompt",
+    "tool_arguments",
 ]
 
 Stage = Literal["input", "output"]
@@ -67,7 +74,17 @@ HAZARDS: dict[str, str] = dict(
 
 # ------------------------------------------------------------------------------------------ PII shapes
 
-_EMAIL = re.compile(r"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}")
+# An e-mail address is found from its `@` outwards, each side a bounded run (RFC 5321's 64 and 255), so the
+# scan is linear in the text: a pattern tried from every start position costs O(n^2) on a long run of
+# local-part characters before one `@` (security review H7).
+_LOCAL_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-")
+_LOCAL_MAX, _DOMAIN_MAX = 64, 255
+_DOMAIN_RUN = re.compile(r"[A-Za-z0-9.-]*")
+_TLD = re.compile(r"[A-Za-z]{2,}")
+# An `@` that could be an address's: a local-part character before it, a label and a dot after it. Found in C;
+# the lookahead's run ends at the next character outside a label, so each character is read a bounded number
+# of times.
+_AT = re.compile(r"(?<=[A-Za-z0-9._%+-])@(?=[A-Za-z0-9-]+\.)")
 # 13 to 19 digits, optionally grouped by spaces or dashes; Luhn decides whether it is a card.
 _CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?![\d-])")
 # US social security numbers and UK national insurance numbers: the shapes, not a registry check.
@@ -95,13 +112,48 @@ def luhn_ok(digits: str) -> bool:
 _DIGIT = re.compile(r"\d")
 
 
+def _domain_end(text: str, start: int) -> int | None:
+    """Where an address's domain that begins at `start` ends (labels of letters, digits and `-` joined by
+    dots, the last one beginning with two letters), or None: what `label(.label)*.tld` matches, greedily."""
+    run = _DOMAIN_RUN.match(text, start, min(len(text), start + _DOMAIN_MAX))
+    assert run is not None  # `*` matches the empty run
+    labels = run.group().split("..", 1)[0]  # an empty label ends the domain
+    if labels.startswith("."):
+        return None
+    dot = labels.rfind(".")
+    while dot > 0:
+        tld = _TLD.match(labels, dot + 1)
+        if tld is not None:
+            return start + tld.end()
+        dot = labels.rfind(".", 0, dot)
+    return None
+
+
+def _email_spans(text: str) -> list[tuple[int, int]]:
+    """Every e-mail address in `text`, found in one pass over its `@`s: O(len(text))."""
+    spans: list[tuple[int, int]] = []
+    floor = 0  # an address starts after the previous one ends
+    for candidate in _AT.finditer(text):
+        at = candidate.start()
+        if at < floor:
+            continue
+        start, lowest = at, max(floor, at - _LOCAL_MAX)
+        while start > lowest and text[start - 1] in _LOCAL_CHARS:
+            start -= 1
+        end = _domain_end(text, at + 1) if start < at else None
+        if end is not None:
+            spans.append((start, end))
+            floor = end
+    return spans
+
+
 def _pii_spans(kind: str, text: str) -> list[tuple[int, int]]:
     # Cheap refusals first: every shape but an e-mail address holds digits, and an address holds `@`. Most
     # prompts have neither, and each pattern tried at every position costs microseconds per hundred chars.
     if "@" not in text if kind == "email" else _DIGIT.search(text) is None:
         return []
     if kind == "email":
-        return [m.span() for m in _EMAIL.finditer(text)]
+        return _email_spans(text)
     if kind == "national_id":
         return [m.span() for m in _NATIONAL_ID.finditer(text)]
     if kind == "card":
@@ -185,8 +237,37 @@ class _Phrases:
         return self.pattern.sub(repl, text) if self.search(text) else text
 
 
+# The longest text a guardrail scans when it sets no `max_prompt_chars` (and for an answer): a longer one is a
+# finding (`max_scan_chars`), never a tail passed unscanned. About 250k tokens: past most models' context.
+MAX_SCAN_CHARS = 1_000_000
+# How long one repo regex may take over one text. Python's `re` holds the GIL for a whole search, so a pattern
+# that backtracks would freeze the process however it is run; `regex` stops at a deadline and lets go of the
+# GIL while it matches. validate refuses the nested quantifiers that backtrack exponentially (regex_checks.py);
+# this bounds what is left (a polynomial pattern over a long text).
+PATTERN_DEADLINE_S = 0.25
+
+
+class _RepoPattern:
+    """A repo regex, searched with a deadline: one that does not finish is a finding of its own
+    (`regex[N].deadline`, never a pass), and a text it cannot redact in time is redacted whole."""
+
+    __slots__ = ("compiled",)
+
+    def __init__(self, pattern: str) -> None:
+        self.compiled = regex.compile(pattern)
+
+    def search(self, text: str) -> object:
+        return self.compiled.search(text, timeout=PATTERN_DEADLINE_S, concurrent=True)
+
+    def sub(self, repl: str, text: str) -> str:
+        try:
+            return str(self.compiled.sub(repl, text, timeout=PATTERN_DEADLINE_S, concurrent=True))
+        except TimeoutError:
+            return repl
+
+
 def compile_guardrail(name: str, spec: GuardrailSpec) -> CompiledGuardrail:
-    patterns: list[tuple[str, Matcher]] = [(f"regex[{i}]", re.compile(p)) for i, p in enumerate(spec.regex)]
+    patterns: list[tuple[str, Matcher]] = [(f"regex[{i}]", _RepoPattern(p)) for i, p in enumerate(spec.regex)]
     if any(k.strip() for k in spec.keywords):
         patterns.append(("keyword", _Phrases(spec.keywords)))
     topics = tuple(
@@ -201,15 +282,30 @@ def scan(g: CompiledGuardrail, text: str, stage: Stage) -> list[Finding]:
     """The deterministic checks of `g` that `text` trips, in a fixed order (size, PII, patterns, topics)."""
     found: list[Finding] = []
     spec = g.spec
-    if stage == "input" and spec.max_prompt_chars is not None and len(text) > spec.max_prompt_chars:
-        found.append(Finding(g.name, "max_prompt_chars"))
+    rule, limit = scan_limit(spec, stage)
+    if len(text) > limit:  # what is past the limit is not scanned: it is refused (block) or served as warned
+        found.append(Finding(g.name, rule))
+        text = text[:limit]
     if spec.pii and ("@" in text or _DIGIT.search(text) is not None):  # once, not once per shape
         found += [
             Finding(g.name, f"pii.{k}", True) for k in _PII_ORDER if k in spec.pii and _pii_spans(k, text)
         ]
-    found += [Finding(g.name, rule, True) for rule, p in g.patterns if p.search(text)]
-    found += [Finding(g.name, rule) for rule, p in g.topics if p.search(text)]
+    for name, p in g.patterns:
+        try:
+            if p.search(text):
+                found.append(Finding(g.name, name, True))
+        except TimeoutError:
+            found.append(Finding(g.name, f"{name}.deadline"))
+    found += [Finding(g.name, name) for name, p in g.topics if p.search(text)]
     return found
+
+
+def scan_limit(spec: GuardrailSpec, stage: Stage) -> tuple[str, int]:
+    """The rule a too-long text trips and the length scanned: the guardrail's `max_prompt_chars` for a
+    prompt, MAX_SCAN_CHARS otherwise."""
+    if stage == "input" and spec.max_prompt_chars is not None:
+        return "max_prompt_chars", spec.max_prompt_chars
+    return "max_scan_chars", MAX_SCAN_CHARS
 
 
 def redact(g: CompiledGuardrail, text: str) -> str:
@@ -237,11 +333,25 @@ def texts_of(body: dict[str, Any]) -> list[str]:
                 out.append(content)
             elif isinstance(content, list):
                 out += [p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)]
+            calls = m.get("tool_calls") if isinstance(m, dict) else None
+            out += tool_arguments(calls if isinstance(calls, list) else [])
     prompt = body.get("prompt")
     if isinstance(prompt, str):
         out.append(prompt)
     elif isinstance(prompt, list):
         out += [p for p in prompt if isinstance(p, str)]
+    return out
+
+
+def tool_arguments(calls: list[Any]) -> list[str]:
+    """The arguments of tool calls (`[{function: {name, arguments}}]`, as a message or a delta holds them):
+    text a model writes and a tool acts on, screened like any other (M12)."""
+    out: list[str] = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        if isinstance(arguments, str):
+            out.append(arguments)
     return out
 
 
@@ -305,23 +415,48 @@ def llama_guard_prompt(conversation: Sequence[Turn]) -> str:
     return _LLAMA_GUARD_HEAD.format(role=role, categories=categories, conversation=turns)
 
 
+_CONTEXT_LABEL = {
+    "system": "[system] ",
+    "developer": "[system] ",
+    "tool": "[tool result] ",
+    "function": "[tool result] ",
+}
+
+
 def conversation_of(body: dict[str, Any], answer: str | None = None) -> list[Turn]:
-    """The turns Llama Guard reads from a request: user and assistant messages (system and tool messages are
-    instructions, not the conversation judged), a completions prompt as one user turn, and `answer` as the
-    last Agent turn for an output check."""
+    """The turns Llama Guard reads from a request, every role included (M12: a request written as a system
+    or tool turn is judged too): assistant messages are Agent turns; user, system, developer and tool
+    messages are User turns (the others labelled `[system]`, `[tool result]`), consecutive ones joined
+    into one, so the turn judged last holds everything sent since the last answer. A completions prompt is
+    one User turn; `answer` is the last Agent turn of an output check."""
     turns: list[Turn] = []
     messages = body.get("messages")
     if isinstance(messages, list):
         for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+            if not isinstance(m, dict):
                 continue
+            role = m.get("role")
             text = " ".join(texts_of({"messages": [m]}))
-            turns.append(("User" if m["role"] == "user" else "Agent", text))
+            if role == "assistant":
+                turns.append(("Agent", text))
+                continue
+            text = _CONTEXT_LABEL.get(role, "") + text if isinstance(role, str) else text
+            if turns and turns[-1][0] == "User":
+                turns[-1] = ("User", turns[-1][1] + "\n\n" + text)
+            else:
+                turns.append(("User", text))
     else:
         turns += [("User", text) for text in texts_of(body)]
     if answer is not None:
         turns.append(("Agent", answer))
     return turns
+
+
+def token_prompt(body: dict[str, Any]) -> bool:
+    """Whether a completions prompt is given as token ids (a list of ints, or of lists of ints): text no
+    check can read, so a guarded request refuses it."""
+    prompt = body.get("prompt")
+    return isinstance(prompt, list) and any(not isinstance(p, str) for p in prompt)
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,7 +168,9 @@ class Endpoint(_Wire):
         False, description="A model check of this model and engine version is due or running (not yet known)"
     )
     kv_events: str | None = Field(
-        None, description="tcp://host:port of the engine's KV-cache event publisher (None: none)"
+        None,
+        description="http(s) URL of the replica's KV-cache event relay, read with its api_key (the agent's "
+        "pass-through at /llmgw/kv-events; None: none)",
     )
     kv_block_size: int = Field(16, ge=1, description="Tokens per KV-cache block, to hash prompts as it does")
 

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,24 +141,40 @@ class Guard:
     # ------------------------------------------------------------------ screens
 
     async def screen_input(
-        self, guards: tuple[gr.CompiledGuardrail, ...], body: dict[str, Any], ask: JudgeAsk
+        self, guards: tuple[gr.CompiledGuardrail, ...], body: dict[str, Any], ask: JudgeAsk | None = None
     ) -> Screened:
-        """Run the input checks: the verdict, and the body redacted when that is the action. A judge is not
-        asked when a deterministic check already blocks (its answer could change nothing)."""
+        """Run the input checks: the verdict, and the body redacted when that is the action. The judges are
+        asked too when `ask` is given (else by judge_input, once the request is admitted); never when a
+        deterministic check already blocks (their answer could change nothing)."""
         mine = [g for g in guards if g.checks("input")]
-        text = "\n".join(gr.texts_of(body))
-        findings = [f for g in mine for f in gr.scan(g, text, "input")]
         unjudged: list[str] = []
-        for g in mine:
-            if g.spec.judge is not None and gr.decide(mine, findings, "input").action != "block":
-                finding = await self._judge(g, gr.conversation_of(body), ask, unjudged, "input")
-                findings += [finding] if finding is not None else []
+        findings = await scan_off_loop(mine, "\n".join(gr.texts_of(body)), "input", unjudged)
         verdict = gr.decide(mine, findings, "input", unjudged)
-        self._count(verdict)
+        if ask is not None:
+            verdict = await self.judge_input(guards, body, verdict, ask)
+        elif not _judge_pending(mine, verdict):
+            self._count(verdict)
         if verdict.action == "redact":
             redactors = [g for g in mine if g.spec.mode == "redact"]
             return Screened(gr.redact_body(redactors, body), True, verdict)
         return Screened(body, False, verdict)
+
+    async def judge_input(
+        self, guards: tuple[gr.CompiledGuardrail, ...], body: dict[str, Any], first: gr.Verdict, ask: JudgeAsk
+    ) -> gr.Verdict:
+        """The judges' part of the input screen, added to the deterministic verdict `first` (and counted)."""
+        mine = [g for g in guards if g.checks("input")]
+        if not _judge_pending(mine, first):
+            return first
+        findings, unjudged = list(first.findings), list(first.unjudged)
+        turns = self._for_judge(gr.conversation_of(body))
+        for g in mine:
+            if g.spec.judge is not None and gr.decide(mine, findings, "input").action != "block":
+                finding = await self._judge(g, turns, ask, unjudged, "input")
+                findings += [finding] if finding is not None else []
+        verdict = gr.decide(mine, findings, "input", unjudged)
+        self._count(verdict)
+        return verdict
 
     async def screen_answer(
         self, guards: tuple[gr.CompiledGuardrail, ...], body: dict[str, Any], answer: bytes, ask: JudgeAsk
@@ -168,8 +184,8 @@ class Guard:
         text = answer_text(answer)
         if not mine or text is None:
             return gr.Verdict(stage="output")
-        findings = [f for g in mine for f in gr.scan(g, text, "output")]
         unjudged: list[str] = []
+        findings = await scan_off_loop(mine, text, "output", unjudged)
         for g in mine:
             if g.spec.judge is not None and gr.decide(mine, findings, "output").action != "block":
                 finding = await self._judge(g, gr.conversation_of(body, text), ask, unjudged, "output")
@@ -177,6 +193,26 @@ class Guard:
         verdict = gr.decide(mine, findings, "output", unjudged)
         self._count(verdict)
         return verdict
+
+    async def judge_answer(
+        self, guards: tuple[gr.CompiledGuardrail, ...], body: dict[str, Any], text: str, ask: JudgeAsk
+    ) -> gr.Verdict:
+        """The output judges alone, on a whole streamed answer (its deterministic checks ran as it came)."""
+        mine = [g for g in guards if g.checks("output") and g.spec.judge is not None]
+        findings: list[gr.Finding] = []
+        unjudged: list[str] = []
+        turns = self._for_judge(gr.conversation_of(body, text))
+        for g in mine:
+            finding = await self._judge(g, turns, ask, unjudged, "output")
+            findings += [finding] if finding is not None else []
+        verdict = gr.decide(mine, findings, "output", unjudged)
+        self._count(verdict)
+        return verdict
+
+    def _for_judge(self, turns: list[gr.Turn]) -> list[gr.Turn]:
+        """The conversation cut to what a judge reads (M12: a prompt padded past the judge's context made it
+        answer 400, which failed open): at most JUDGE_TURN_CHARS per turn, the head of each kept."""
+        return [(who, text[:JUDGE_TURN_CHARS]) for who, text in turns]
 
     async def _judge(
         self,
@@ -225,11 +261,15 @@ class Guard:
         body: dict[str, Any],
         raw: bytes,
         call: Call,
-        ask: JudgeAsk,
-    ) -> tuple[dict[str, Any], bytes]:
-        """The input screen for the service: the verdict kept on `call` (its usage row), a block raised as
-        its 400, a redacted body re-encoded for the engine."""
-        screened = await self.screen_input(guards, body, ask)
+    ) -> tuple[dict[str, Any], bytes, gr.Verdict]:
+        """The deterministic input screen for the service, before sizing (a redacted prompt is what is sized
+        and sent): the verdict kept on `call` (its usage row), a block raised as its 400, a redacted body
+        re-encoded for the engine. A request no guardrail could read is refused first (M12)."""
+        unreadable = unscreenable(exchange, guards, body)
+        if unreadable is not None:
+            call.code = unreadable.code or "guardrail_unscannable"
+            raise unreadable
+        screened = await self.screen_input(guards, body)
         verdict = screened.verdict
         call.guard = {"input": verdict.record()}
         if verdict.action == "redact" and isinstance(exchange, ResponsesExchange):
@@ -241,8 +281,26 @@ class Guard:
             call.code = "guardrail_blocked"
             raise blocked_error(verdict)
         if screened.changed:
-            return screened.body, json.dumps(screened.body).encode()
-        return body, raw
+            return screened.body, json.dumps(screened.body).encode(), verdict
+        return body, raw, verdict
+
+    async def judge_request(
+        self,
+        guards: tuple[gr.CompiledGuardrail, ...],
+        body: dict[str, Any],
+        first: gr.Verdict,
+        call: Call,
+        ask: JudgeAsk,
+    ) -> None:
+        """The input judges for the service, once the request is within its limits (M12: a tenant at its
+        rate limit or out of budget does not get to drive the shared judge): a block raised as its 400."""
+        verdict = await self.judge_input(guards, body, first, ask)
+        if verdict is first:
+            return
+        call.guard = {**(call.guard or {}), "input": verdict.record()}
+        if verdict.action == "block":
+            call.code = "guardrail_blocked"
+            raise blocked_error(verdict)
 
     async def forward_screened(
         self,
@@ -253,13 +311,18 @@ class Guard:
         ask: JudgeAsk,
         forward: Callable[[Exchange], Awaitable[Reply | None]],
     ) -> Reply | None:
-        """Forward with the output screen: a stream through GuardedStream (cut on a block), a whole answer
-        checked before the client sees it (a block replaces it with the 400). A Responses or Messages
-        stream is translated event by event by its exchange, which has no place for a chat error event:
-        those streams pass unscreened (docs/guardrails.md)."""
+        """Forward with the output screen: a stream through GuardedStream (cut on a block; held and judged
+        whole when a judge applies), a whole answer checked before the client sees it (a block replaces it
+        with the 400). A Responses or Messages stream under an output guardrail was refused before
+        (`unscreenable`): its exchange translates event by event and has no place for a chat error event."""
         mine = tuple(g for g in guards if g.checks("output"))
         if body.get("stream") is True and not isinstance(exchange, ResponsesExchange | MessagesExchange):
-            wrapped = GuardedStream(exchange, mine, self._count)
+
+            async def judge(text: str) -> gr.Verdict:
+                return await self.judge_answer(mine, body, text, ask)
+
+            judged = any(g.spec.judge is not None for g in mine)
+            wrapped = GuardedStream(exchange, mine, self._count, judge if judged else None)
             reply = await forward(wrapped)
             if wrapped.verdict is not None:
                 call.guard = {**(call.guard or {}), "output": wrapped.verdict.record()}
@@ -279,6 +342,77 @@ class Guard:
         refused = error_response(blocked_error(verdict))
         refused.headers = {**reply.headers, "Content-Type": "application/json"}
         return refused
+
+
+# How much of each turn a judge reads: Llama Guard 3's context is 8k tokens, and a turn cut to its head is
+# judged on what it says first (what a model reads first, too) rather than refused by the judge's engine.
+JUDGE_TURN_CHARS = 6000
+
+
+def _judge_pending(mine: Sequence[gr.CompiledGuardrail], verdict: gr.Verdict) -> bool:
+    """Whether a judge is still to be asked after the deterministic verdict (not when it already blocks)."""
+    return verdict.action != "block" and any(g.spec.judge is not None for g in mine)
+
+
+def unscreenable(
+    exchange: Exchange, guards: Sequence[gr.CompiledGuardrail], body: dict[str, Any]
+) -> ApiError | None:
+    """The 400 for a request its guardrails could not read (M12), or None: a prompt of token ids under an
+    input check; a streamed Responses or Messages answer under an output check."""
+    reading = next((g for g in guards if g.checks("input")), None)
+    if reading is not None and gr.token_prompt(body):
+        return ApiError(
+            400,
+            f"Guardrail `{reading.name}` checks this request's prompt, and a prompt of token ids cannot be "
+            "read: send the prompt as text.",
+            "guardrail_unscannable",
+            param="prompt",
+        )
+    screening = next((g for g in guards if g.checks("output")), None)
+    if (
+        screening is not None
+        and body.get("stream") is True
+        and isinstance(exchange, ResponsesExchange | MessagesExchange)
+    ):
+        return ApiError(
+            400,
+            f"Guardrail `{screening.name}` checks this model's answers, and a streamed answer of this API "
+            "cannot be checked: send `stream: false` (or use /v1/chat/completions, whose streams are "
+            "checked).",
+            "guardrail_stream_unscreenable",
+            param="stream",
+        )
+    return None
+
+
+# A text this short is scanned on the loop (linear checks over it take microseconds; a thread's hand-off costs
+# more); a longer one, or any text a repo regex reads, in a worker thread with SCAN_DEADLINE_S.
+_INLINE_SCAN_CHARS = 8192
+SCAN_DEADLINE_S = 5.0
+
+
+async def scan_off_loop(
+    guards: Sequence[gr.CompiledGuardrail], text: str, stage: gr.Stage, unjudged: list[str]
+) -> list[gr.Finding]:
+    """The deterministic checks of `guards` over `text`, never holding the event loop for long (H7): in a
+    worker thread with a deadline. A scan past its deadline fails as each guardrail's `on_judge_error` says:
+    closed is a `scan_deadline` finding (refused), open is recorded as not checked (`unjudged`)."""
+    if not guards:
+        return []
+    if len(text) <= _INLINE_SCAN_CHARS and not any(g.spec.regex for g in guards):
+        return [f for g in guards for f in gr.scan(g, text, stage)]
+    work = asyncio.to_thread(lambda: [f for g in guards for f in gr.scan(g, text, stage)])
+    try:
+        return await asyncio.wait_for(work, SCAN_DEADLINE_S)
+    except TimeoutError:
+        log.warning(
+            "guardrail scan of a %d-character %s passed its %.0f s deadline",
+            len(text),
+            stage,
+            SCAN_DEADLINE_S,
+        )
+        unjudged += [g.name for g in guards if g.spec.on_judge_error == "open"]
+        return [gr.Finding(g.name, "scan_deadline") for g in guards if g.spec.on_judge_error == "closed"]
 
 
 def blocked_error(verdict: gr.Verdict) -> ApiError:
@@ -306,11 +440,13 @@ async def ask_judge(
     limit_s: float,
 ) -> str | None:
     """A raw completion of `prompt` from one of the judge model's endpoints (claimed and released like any
-    request's, so the judge's load is seen), or None when none could answer within `limit_s`."""
+    request's, so the judge's load is seen), or None when none could answer within `limit_s`. Through the
+    judge's admission (M12): an endpoint with no free slot is not asked beyond its slots, which is no answer
+    (the guardrail's on_judge_error decides), never a judge driven past what it serves."""
     canonical = table.resolve(model) if table is not None else None
     if table is None or canonical is None or session is None:
         return None
-    got = forwarding.claim(table, canonical, RequestInfo(), need_room=False, take_stale=True)
+    got = forwarding.claim(table, canonical, RequestInfo(), need_room=True, take_stale=True)
     if got is None:
         return None
     ep = got[0]
@@ -352,4 +488,8 @@ def answer_text(answer: bytes) -> str | None:
         content = message.get("content") if isinstance(message, dict) else c.get("text")
         if isinstance(content, str):
             parts.append(content)
+        if isinstance(message, dict):  # what a tool is asked to do is an answer too (M12)
+            calls = message.get("tool_calls")
+            legacy = message.get("function_call")
+            parts += gr.tool_arguments([*(calls if isinstance(calls, list) else ()), {"function": legacy}])
     return "\n".join(parts)

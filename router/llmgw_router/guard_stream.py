@@ -4,12 +4,14 @@ piece, so a match that spans two events is still seen) and checked by the output
 rules. A block ends the client's stream with a final error event and `data: [DONE]`, and raises GuardCut (a
 ConnectionResetError) so the proxy drops the upstream as it does for a client that left; a warn is recorded
 once and the stream goes on. A judge is not asked per window (an ask per event would cost a judge call per
-token): a judge's output check runs on whole answers only.
+token): with an output judge the stream is held, judged whole at its end, and only then sent to the client
+(or replaced by the refusal event).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmgw.core import guardrails as gr
@@ -26,7 +28,13 @@ class GuardCut(LlmgwError, ConnectionResetError):
 class GuardedStream:
     """An Exchange that screens what is written through it; everything else is the client's exchange."""
 
-    def __init__(self, inner: Exchange, guards: tuple[gr.CompiledGuardrail, ...], on_verdict: Any) -> None:
+    def __init__(
+        self,
+        inner: Exchange,
+        guards: tuple[gr.CompiledGuardrail, ...],
+        on_verdict: Any,
+        judge: Callable[[str], Awaitable[gr.Verdict]] | None = None,
+    ) -> None:
         self.inner = inner
         self.method = inner.method
         self.path = inner.path
@@ -37,6 +45,12 @@ class GuardedStream:
         self.verdict: gr.Verdict | None = None  # the strongest found so far (a block ends the stream)
         self._on_verdict = on_verdict  # counts a verdict once (Guard._count)
         self._warned: set[str] = set()
+        # With an output judge the stream is held whole, judged, then sent (or replaced by the refusal): a
+        # judge reads whole answers, and what a client has seen cannot be taken back (M12).
+        self._judge = judge
+        self._held: list[bytes] | None = [] if judge is not None else None
+        self._head: tuple[int, dict[str, str]] | None = None
+        self._answer: list[str] = []
 
     @property
     def remote(self) -> str | None:
@@ -57,17 +71,43 @@ class GuardedStream:
         self.inner.respond(reply)
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
-        self.inner.start_stream(status, headers)
+        if self._held is not None:
+            self._head = (status, headers)
+        else:
+            self.inner.start_stream(status, headers)
 
     async def write(self, chunk: bytes, limit_s: float) -> None:
-        if self._screen(chunk):
+        blocked = self._screen(chunk)
+        if blocked:
+            await self._release(limit_s)
             await self._end(limit_s)
+        if self._held is not None:
+            self._held.append(chunk)
+            return
         await self.inner.write(chunk, limit_s)
 
     async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
         if last and self._screen(last):
+            await self._release(limit_s)
             await self._end(limit_s)
+        if self._judge is not None and self._held is not None:
+            verdict = await self._judge("".join(self._answer))
+            if verdict.action != "pass" and (self.verdict is None or verdict.action == "block"):
+                self.verdict = verdict
+            if verdict.action == "block":
+                await self._release(limit_s, chunks=False)
+                await self._end(limit_s)
+        await self._release(limit_s)
         await self.inner.write_eof(limit_s, last)
+
+    async def _release(self, limit_s: float, chunks: bool = True) -> None:
+        """Send what was held: the stream's head, and the events (none when the judge refused them)."""
+        held, self._held = self._held, None
+        if self._head is not None:
+            self.inner.start_stream(*self._head)
+            self._head = None
+        for chunk in held if chunks and held else ():
+            await self.inner.write(chunk, limit_s)
 
     def abort(self) -> None:
         self.inner.abort()
@@ -77,6 +117,8 @@ class GuardedStream:
         piece = "".join(_pieces(chunk))
         if not piece:
             return False
+        if self._judge is not None:
+            self._answer.append(piece)
         text = self.tail + piece
         self.tail = text[-self.window :]
         findings = [f for g in self.guards for f in gr.scan(g, text, "output")]
@@ -125,4 +167,6 @@ def _pieces(chunk: bytes) -> list[str]:
             text = delta.get("content") if isinstance(delta, dict) else c.get("text")
             if isinstance(text, str):
                 out.append(text)
+            calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+            out += gr.tool_arguments(calls if isinstance(calls, list) else [])
     return out

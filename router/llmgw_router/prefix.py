@@ -376,6 +376,11 @@ class EventIndex:
     def bad_batch(self, endpoint: str) -> None:
         self._streams.setdefault(endpoint, _Stream()).errors += 1
 
+    def bad_batches(self, endpoint: str) -> int:
+        """How many batches (or relay records) from `endpoint` were refused: unparsable or over the cap."""
+        s = self._streams.get(endpoint)
+        return 0 if s is None else s.errors
+
     def routed(self, endpoint: str, expects_event: bool, now: float) -> None:
         """A request went to `endpoint`; `expects_event` when it has full blocks the engine did not hold."""
         s = self._streams.get(endpoint)

@@ -46,6 +46,7 @@ from llmgw_router.forwarding import Forwarding, Picked, fallback_chain
 from llmgw_router.guard import GUARDED_KINDS, Guard, ask_judge
 from llmgw_router.http1 import EngineClient
 from llmgw_router.lookup import RecentRequests
+from llmgw_router.media import check_media
 from llmgw_router.metrics import RouterMetrics
 from llmgw_router.options import RouterOptions
 from llmgw_router.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
@@ -338,9 +339,14 @@ class RequestService:
         # A stored response (kept, or continued from) is the key's project's: decided once it is known.
         if isinstance(exchange, ResponsesExchange):
             body, raw = await exchange.turn.bind(project, table.snapshot.tenants)
+        if kind == "chat":  # a Responses or Messages turn too: the chat it became (M13)
+            await check_media(body, table.snapshot.router.media_hosts)
         guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
         if guards:  # before sizing: a redacted prompt is what the engine is sent and charged for
-            body, raw = await self.guard.screen_request(exchange, guards, body, raw, call, self._ask_judge)
+            judged, (body, raw, screened) = (
+                body,
+                await self.guard.screen_request(exchange, guards, body, raw, call),
+            )
         call.sizing = size(len(raw), body, kind, model)
         # Its shape, for a trace: known from here on, so a request refused by its limits has one too.
         call.session = conversation_key(exchange.headers, body, table.policy_for(canonical))
@@ -360,6 +366,8 @@ class RequestService:
                 finally:  # a 429 is a limits span too
                     if call.trace is not None:
                         call.trace.span("limits", began)
+        if guards:  # a judge is asked for admitted requests only (M12)
+            await self.guard.judge_request(guards, judged, screened, call, self._ask_judge)
         return await self._answer(exchange, kind, table, canonical, raw, body, call, guards, tenant_project)
 
     async def _answer(

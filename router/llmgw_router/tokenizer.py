@@ -17,12 +17,22 @@ with the `gguf` package, because transformers' own GGUF reader needs torch. That
 
 `tokenizers` and `jinja2` are imported on first load only: a router with no tokenizer directory never loads
 them.
+
+A chat template is a third party's code (whoever published the model's files), so it renders bounded
+(security review H9): in jinja2's immutable sandbox, with `**` and `*` intercepted so no operand grows
+past a bound (big-integer arithmetic in C holds the GIL and cannot be interrupted), its output cut at
+MAX_RENDERED_CHARS plus twice the messages' own size, and in a worker thread with RENDER_DEADLINE_S. A
+template that overruns its deadline is stopped and never rendered again: its model is scored from the
+approximate prefix index, as for any template that fails.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import ctypes
 import json
 import re
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -36,6 +46,18 @@ __all__ = ["PromptTokenizer", "TokenizerError"]
 
 class TokenizerError(LlmgwError):
     """The directory holds no usable tokenizer (missing or unreadable files, a template that fails)."""
+
+
+# How long one render may take; how much it may write beyond twice the messages' size; the largest result of a
+# `*` (items or characters, as the sandbox caps `range`) and of a `**` (bits) a template may compute.
+RENDER_DEADLINE_S = 1.0
+MAX_RENDERED_CHARS = 1 << 20
+_MAX_ITEMS = 100_000
+_MAX_BITS = 4096
+
+
+class _RenderStopped(LlmgwError):
+    """Raised inside a render thread that overran its deadline (a template has no way to catch it)."""
 
 
 def _token_text(value: Any) -> str | None:
@@ -73,6 +95,8 @@ class PromptTokenizer:
     add_eos: bool | None
     _template: Any = None  # the compiled jinja2 template, on first use
     _content_parts: bool | None = None  # whether the template iterates a message's content parts
+    _worker: concurrent.futures.ThreadPoolExecutor | None = None  # renders, one at a time
+    _stopped: str | None = None  # why the template is no longer rendered (it overran its deadline)
 
     @classmethod
     def load(cls, directory: str | Path) -> PromptTokenizer:
@@ -175,13 +199,43 @@ class PromptTokenizer:
         add_generation_prompt=True)` does. Raises TokenizerError when there is no template or it fails."""
         if self.chat_template is None:
             raise TokenizerError(f"{self.directory}: no chat_template in tokenizer_config.json")
+        if self._stopped is not None:
+            raise TokenizerError(f"{self.directory}: chat template: {self._stopped}")
+        if self._worker is None:
+            self._worker = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="llmgw-chat-template")
+        running: list[int] = []
+        job = self._worker.submit(self._render, messages, running)
+        try:
+            return job.result(RENDER_DEADLINE_S)
+        except concurrent.futures.TimeoutError:
+            self._stopped = (
+                f"not rendered: a render took longer than {RENDER_DEADLINE_S:g} s, and it was stopped"
+            )
+            if not job.cancel() and running:
+                _interrupt(running[0])
+            self._worker.shutdown(wait=False)
+            raise TokenizerError(f"{self.directory}: chat template: {self._stopped}") from None
+
+    def _render(self, messages: Sequence[Any], running: list[int]) -> str:
+        """The render itself, in the worker thread (`running` gets its id, for a stop at the deadline)."""
+        running.append(threading.get_ident())
+        assert self.chat_template is not None
         try:
             if self._template is None:
                 self._template = _compile(self.chat_template)
             if self._content_parts is None:
                 self._content_parts = _iterates_content(self.chat_template)
             shown = list(messages) if self._content_parts else [_flattened(m) for m in messages]
-            return str(self._template.render(messages=shown, add_generation_prompt=True, **self.special))
+            limit = MAX_RENDERED_CHARS + 2 * _text_size(shown)
+            pieces, written = [], 0
+            for piece in self._template.generate(messages=shown, add_generation_prompt=True, **self.special):
+                written += len(piece)
+                if written > limit:
+                    raise TokenizerError(f"the rendered prompt passed {limit} characters and was cut")
+                pieces.append(piece)
+            return "".join(pieces)
+        except TokenizerError as e:
+            raise TokenizerError(f"{self.directory}: chat template: {e}") from e
         except Exception as e:  # the template's own raise_exception, an undefined name, a compile error
             raise TokenizerError(f"{self.directory}: chat template: {e}") from e
 
@@ -257,11 +311,53 @@ def _flattened(message: Any) -> Any:
     return {**message, "content": "\n".join(texts)}
 
 
+def _text_size(value: Any) -> int:
+    """The characters of the strings in the messages (what a template legitimately writes out again)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(_text_size(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_text_size(v) for v in value)
+    return 0
+
+
+def _interrupt(thread_id: int) -> None:
+    """Raise _RenderStopped in a render thread (at its next bytecode: a template's loop, not a C call, which
+    the intercepted operators keep short)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), ctypes.py_object(_RenderStopped))
+
+
+def _bounded_operands(operator: str, left: Any, right: Any) -> str | None:
+    """Why `left operator right` would compute something too large to allow, or None."""
+    ints = isinstance(left, int) and isinstance(right, int)
+    if operator == "**":
+        if ints and abs(left) > 1 and right > 0 and abs(left).bit_length() * right > _MAX_BITS:
+            return f"a power of more than {_MAX_BITS} bits"
+        return None
+    if ints:
+        too_long = abs(left).bit_length() + abs(right).bit_length() > _MAX_BITS
+        return f"a product of more than {_MAX_BITS} bits" if too_long else None
+    for count, seq in ((left, right), (right, left)):
+        if isinstance(count, int) and hasattr(seq, "__len__") and count * len(seq) > _MAX_ITEMS:
+            return f"a repetition of more than {_MAX_ITEMS} items"
+    return None
+
+
 def _compile(source: str) -> Any:
-    """The template in the environment transformers renders chat templates in."""
-    from jinja2.exceptions import TemplateError
+    """The template in the environment transformers renders chat templates in, with `**` and `*` bounded."""
+    from jinja2.exceptions import SecurityError, TemplateError
     from jinja2.ext import loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class BoundedEnvironment(ImmutableSandboxedEnvironment):
+        intercepted_binops = frozenset({"**", "*"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            why = _bounded_operands(operator, left, right)
+            if why is not None:
+                raise SecurityError(f"the template computes {why}")
+            return super().call_binop(context, operator, left, right)
 
     def raise_exception(message: str) -> None:
         raise TemplateError(message)
@@ -280,7 +376,7 @@ def _compile(source: str) -> Any:
     def strftime_now(fmt: str) -> str:
         return datetime.now().strftime(fmt)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
+    env = BoundedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now

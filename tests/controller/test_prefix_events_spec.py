@@ -1,8 +1,9 @@
 """The controller asks for KV-cache events where routing needs them, and tells routers where they are published.
 The reconcile loop against the fake AgentClient (tests/controller/fake_agents.py): the repo, the controller and
 its store are real. A model whose routing policy weighs prefixes gets `kv_events` (with the policy's hash seed)
-in its shard specs; one that does not gets none; a ready replica whose agent reports the publisher's port is
-published to routers as `tcp://host:port`, one that reports none is published without."""
+in its shard specs; one that does not gets none; a ready replica whose agent reports its relay is published to
+routers as the relay's URL on the serving port, one that reports none (or only a publisher port, as an agent
+before the relay did) is published without."""
 
 from __future__ import annotations
 
@@ -81,12 +82,15 @@ async def test_prefix_models_ask_for_kv_events_and_routers_are_told_where(
     assert chat.kv_events is None
 
     link = agents.nodes["n1"]
-    for s, port in ((sent["shared"], 21007), (sent["chat"], None)):
+    relay = {"kv_events_port": 21007, "kv_events_path": "/llmgw/kv-events"}
+    before_the_relay = {"kv_events_port": 21008}
+    for s, events in ((sent["shared"], relay), (sent["chat"], before_the_relay)):
         shard_id = f"{s.replica_id}-0"
         link.shards[shard_id] = link.shards[shard_id].model_copy(
-            update={"host": "10.0.0.5", "base_url": "http://10.0.0.5:21000", "kv_events_port": port}
+            update={"host": "10.0.0.5", "base_url": "http://10.0.0.5:21000", **events}
         )
         agents.report("n1", s.replica_id, "ready")
     published = {e.model: e for e in endpoints(c)}
-    assert published["shared"].kv_events == "tcp://10.0.0.5:21007"
+    # the relay on the serving port, behind the engine key; never the publisher's own port (127.0.0.1 only)
+    assert published["shared"].kv_events == "http://10.0.0.5:21000/llmgw/kv-events"
     assert published["chat"].kv_events is None

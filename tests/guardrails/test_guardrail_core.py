@@ -56,13 +56,21 @@ AGENT_GOLDEN = (
 
 
 def test_input_prompt_is_llama_guard_3s_template() -> None:
+    body = {"messages": [{"role": "user", "content": "Tell me how to go to the zoo and steal a llama."}]}
+    assert gr.llama_guard_prompt(gr.conversation_of(body)) == USER_GOLDEN
+
+
+def test_system_and_tool_turns_are_judged_with_the_user_turn_they_come_with() -> None:
     body = {
         "messages": [
-            {"role": "system", "content": "You are helpful."},  # instructions: not the judged conversation
+            {"role": "system", "content": "You are helpful."},
             {"role": "user", "content": "Tell me how to go to the zoo and steal a llama."},
         ]
     }
-    assert gr.llama_guard_prompt(gr.conversation_of(body)) == USER_GOLDEN
+    judged = "[system] You are helpful.\n\nTell me how to go to the zoo and steal a llama."
+    assert gr.llama_guard_prompt(gr.conversation_of(body)) == USER_GOLDEN.replace(
+        "User: Tell me how to go to the zoo and steal a llama.", "User: " + judged
+    )
 
 
 def test_output_prompt_judges_the_last_agent_turn_with_the_user_turn_as_context() -> None:

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw_agent.passthrough import DIGEST_ENV, fronted_argv, key_digest
 from support import free_port, wait_until
 
 
@@ -18,6 +19,7 @@ class SimProcess:
     port: int
     key: str
     proc: subprocess.Popen[bytes]
+    group: bool = False  # the process leads a group of its own (a pass-through and the sim behind it)
 
     @property
     def base_url(self) -> str:
@@ -25,7 +27,10 @@ class SimProcess:
 
     def kill(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
+            if self.group:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            else:
+                self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(10)
 
 
@@ -52,6 +57,21 @@ def start_sim(
     env = dict(os.environ, VLLM_API_KEY=key)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return SimProcess(model, port, key, proc)
+
+
+def start_relaying_sim(model: str, key: str, extra: list[str] | None = None) -> SimProcess:
+    """A sim publishing KV events on 127.0.0.1 behind the agent's pass-through, which relays them at
+    `base_url + RELAY_PATH` to key holders: what an agent starts for a model whose policy weighs prefixes."""
+    port, engine_port, events_port = free_port(), free_port(), free_port()
+    engine = [sys.executable, "-m", "llmgw_agent.sim", "--port", str(engine_port), "--model", model]
+    engine += ["--decode-ms-per-token", "1", "--prefill-ms-per-token", "0.01", "--max-concurrency", "8"]
+    engine += ["--kv-events-port", str(events_port), *(extra or [])]
+    argv = fronted_argv(sys.executable, "127.0.0.1", port, engine_port, engine, events_port)
+    env = dict(os.environ, VLLM_API_KEY=key, **{DIGEST_ENV: key_digest(key)})
+    proc = subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    return SimProcess(model, port, key, proc, group=True)
 
 
 # What the controller's automatic model check publishes for a sim with the default probes (all pass): a
@@ -85,7 +105,9 @@ def _sim_healthy(s: SimProcess) -> bool:
     if s.proc.poll() is not None:
         raise AssertionError(f"sim engine for {s.model} exited with {s.proc.returncode}")
     try:
-        with urllib.request.urlopen(s.base_url + "/health", timeout=2) as r:
+        # with the key: a sim behind the pass-through answers nothing without it
+        health = urllib.request.Request(s.base_url + "/health", headers={"Authorization": f"Bearer {s.key}"})
+        with urllib.request.urlopen(health, timeout=2) as r:
             return bool(r.status == 200)
     except (urllib.error.URLError, OSError):
         return False

@@ -1,6 +1,7 @@
 """Real replicas publish KV events: the agent starts vLLM (its stand-in, tests/agent/standins/vllm: the real
-CLI's flags, refusing others) with `--kv-events-config` on a port it allocates on the serving address, and a
-real router subscribes to the address the controller publishes and fills its precise index from the events.
+CLI's flags, refusing others) with `--kv-events-config` on a port it allocates on 127.0.0.1, its pass-through
+relays them behind the engine key, and a real router reads the relay the controller publishes and fills its
+precise index from the events.
 
 vLLM itself needs a GPU and does not run here: the stand-in imitates its publisher (ZMQ PUB, `[topic, seq,
 msgpack KVEventBatch]`, block hashes by vLLM's sha256 algorithm from PYTHONHASHSEED) with a word per token."""
@@ -16,6 +17,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from llmgw_agent.engines import LaunchContext, launch_plan
+from llmgw_agent.kv_relay import RELAY_PATH
 from llmgw_agent.protocol import KvEventsRequest, ShardSpec, ShardStatus, WeightSource
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from llmgw_router.app import serve
@@ -48,22 +50,22 @@ def spec(events: bool = True) -> ShardSpec:
     )
 
 
-def test_the_vllm_command_line_asks_for_events_on_the_serving_address_only() -> None:
+def test_the_vllm_command_line_asks_for_events_on_the_address_the_agent_gives() -> None:
     ctx = LaunchContext(
-        "127.0.0.1", 20001, "/models/m", "/state/work/v1-0", None, kv_events=("10.0.0.5", 20002)
+        "127.0.0.1", 20001, "/models/m", "/state/work/v1-0", None, kv_events=("127.0.0.1", 20002)
     )
     plan = launch_plan(spec(), ctx)
     at = plan.argv.index("--kv-events-config")
     assert json.loads(plan.argv[at + 1]) == {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": "tcp://10.0.0.5:20002",
+        "endpoint": "tcp://127.0.0.1:20002",
         "topic": "kv-events",
     }
     assert plan.argv[plan.argv.index("--prefix-caching-hash-algo") + 1] == "sha256"
     assert plan.env["PYTHONHASHSEED"] == SEED  # vLLM's NONE_HASH: random without it, unknowable to routers
-    ipv6 = launch_plan(spec(), LaunchContext("::1", 1, None, "/w", None, kv_events=("fd00::5", 2)))
-    assert "tcp://[fd00::5]:2" in ipv6.argv[ipv6.argv.index("--kv-events-config") + 1]
+    ipv6 = launch_plan(spec(), LaunchContext("::1", 1, None, "/w", None, kv_events=("::1", 2)))
+    assert "tcp://[::1]:2" in ipv6.argv[ipv6.argv.index("--kv-events-config") + 1]
     # not asked for, or no port allocated: no flag, no seed
     for plain in (
         launch_plan(spec(events=False), ctx),
@@ -115,7 +117,7 @@ def snapshot(status: ShardStatus, tokenizer_dir: str | None = None) -> RouterSna
                     "engine": "vllm",
                     "base_url": status.base_url,
                     "api_key": KEY,
-                    "kv_events": kv_events_address(status.host, status.kv_events_port),
+                    "kv_events": kv_events_address(status.base_url, status.kv_events_path),
                 }
             ],
         }
@@ -133,7 +135,7 @@ async def test_the_router_subscribes_to_a_vllm_replica_and_its_events_fill_the_p
     )
     assert status.state == "ready", status.last_output_lines
     assert status.kv_events_port is not None and status.kv_events_port != status.port
-    address = f"tcp://127.0.0.1:{status.kv_events_port}"
+    address = f"{status.base_url}{RELAY_PATH}"
 
     router = Router(RouterOptions())  # no authenticator: every caller is admitted (--no-auth)
     router.apply_snapshot(snapshot(status))
@@ -204,13 +206,13 @@ async def test_a_vllm_replica_with_a_tokenizer_is_scored_precisely_from_the_mode
         await listeners.close()
 
 
-def test_the_sim_started_by_an_agent_publishes_on_the_serving_address_with_the_policys_seed() -> None:
+def test_the_sim_started_by_an_agent_publishes_where_the_agent_says_with_the_policys_seed() -> None:
     sim = ShardSpec(replica_id="s1", model="m", engine="sim", kv_events=KvEventsRequest(hash_seed=SEED))
     plan = launch_plan(
-        sim, LaunchContext("127.0.0.1", 20001, None, "/w", None, kv_events=("10.0.0.5", 20002))
+        sim, LaunchContext("127.0.0.1", 20001, None, "/w", None, kv_events=("127.0.0.1", 20002))
     )
     tail = plan.argv[plan.argv.index("--kv-events-host") :]
-    assert tail[:6] == ["--kv-events-host", "10.0.0.5", "--kv-events-port", "20002", "--hash-seed", SEED]
+    assert tail[:6] == ["--kv-events-host", "127.0.0.1", "--kv-events-port", "20002", "--hash-seed", SEED]
     # an engine with no publisher the agent knows (SGLang's flag is not in engines.md) is started as before
     sglang = ShardSpec(replica_id="g1", model="m", engine="sglang", kv_events=KvEventsRequest())
     ctx = LaunchContext("127.0.0.1", 20001, "/models/m", "/w", None, kv_events=("10.0.0.5", 20002))

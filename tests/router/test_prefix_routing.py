@@ -25,7 +25,7 @@ def _ep(replica: str, engine: str = "sim", events: bool = True) -> LiveEndpoint:
         model="m",
         engine=engine,
         base_url="http://127.0.0.1:1",
-        kv_events="tcp://127.0.0.1:2" if events else None,
+        kv_events="http://127.0.0.1:2/llmgw/kv-events" if events else None,
         kv_block_size=16,
     )
     return LiveEndpoint(spec, "http://127.0.0.1:1/v1", None, None, 0.0)

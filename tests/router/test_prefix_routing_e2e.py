@@ -1,4 +1,5 @@
-"""Prefix routing end to end: a real router subscribed to sim engines publishing KV events over ZMQ."""
+"""Prefix routing end to end: a real router reading the KV events of sim engines, each publishing over ZMQ on
+127.0.0.1 behind the agent's pass-through, which relays them to key holders (docs/security.md, H8)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from llmgw_agent.kv_relay import RELAY_PATH
 from llmgw_router.app import serve
 from llmgw_router.auth import Authenticator, StaticKeys
 from llmgw_router.service import Router, RouterOptions
@@ -15,7 +17,7 @@ from support import free_port, wait_for
 from llmgw.adapters.keys import hash_key
 from llmgw.core.snapshot import RouterSnapshot
 
-from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
+from .helpers import SimProcess, endpoint, start_relaying_sim, wait_healthy_sync
 
 pytestmark = pytest.mark.integration
 
@@ -25,21 +27,22 @@ SYSTEM = " ".join(f"rule{i}" for i in range(160))  # 10 blocks of 16 words
 
 
 @pytest.fixture(scope="module")
-def sims() -> Iterator[list[tuple[SimProcess, int]]]:
-    out = []
-    for i in range(3):
-        port = free_port()
-        out.append((start_sim("sim-chat", f"engine-key-{i}", extra=["--kv-events-port", str(port)]), port))
+def sims() -> Iterator[list[SimProcess]]:
+    out = [start_relaying_sim("sim-chat", f"engine-key-{i}") for i in range(3)]
     try:
-        wait_healthy_sync([s for s, _ in out])
+        wait_healthy_sync(out)
         yield out
     finally:
-        for s, _ in out:
+        for s in out:
             s.kill()
 
 
-def snapshot(sims: list[tuple[SimProcess, int]], events: dict[str, int] | None = None) -> RouterSnapshot:
-    ports = events or {f"rep-{i}": port for i, (_, port) in enumerate(sims)}
+def relays(sims: list[SimProcess]) -> dict[str, str]:
+    return {f"rep-{i}": s.base_url + RELAY_PATH for i, s in enumerate(sims)}
+
+
+def snapshot(sims: list[SimProcess], events: dict[str, str] | None = None) -> RouterSnapshot:
+    urls = events or relays(sims)
     policy = {
         "picker": "max_score",
         "weights": {"prefix": 4, "inflight": 1},
@@ -54,10 +57,7 @@ def snapshot(sims: list[tuple[SimProcess, int]], events: dict[str, int] | None =
             "organizations": {"acme": {}},
             "projects": {"p1": {"organization": "acme"}, "p2": {"organization": "acme"}},
         },
-        "endpoints": [
-            endpoint(s, f"rep-{i}", kv_events=f"tcp://127.0.0.1:{ports[f'rep-{i}']}")
-            for i, (s, _) in enumerate(sims)
-        ],
+        "endpoints": [endpoint(s, f"rep-{i}", kv_events=urls[f"rep-{i}"]) for i, s in enumerate(sims)],
     }
     return RouterSnapshot.model_validate(raw)
 
@@ -78,7 +78,7 @@ async def ask(http: aiohttp.ClientSession, url: str, key: str, question: str) ->
 
 
 async def test_requests_follow_the_engine_that_holds_their_prefix_then_fall_back_when_events_stop(
-    sims: list[tuple[SimProcess, int]],
+    sims: list[SimProcess],
 ) -> None:
     keys = StaticKeys.from_file_lines([f"{hash_key(KEY_P1)} p1 k1", f"{hash_key(KEY_P2)} p2 k2"])
     router = Router(RouterOptions(debug_token="dbg"), auth=Authenticator(keys))
@@ -105,12 +105,11 @@ async def test_requests_follow_the_engine_that_holds_their_prefix_then_fall_back
             _, decision, cached = await ask(http, url, KEY_P2, "first question")
             assert cached == 0 and "by=prefix" not in decision, decision
 
-            # the stream goes silent (the router now listens where nothing publishes): once a request that
+            # the stream goes silent (the router now reads where nothing relays): once a request that
             # should have stored blocks goes unanswered for events_stale_after, the approximate index
             # answers, and still knows where the prefix went
-            dead = {f"rep-{i}": port for i, (_, port) in enumerate(sims)} | {first: free_port()}
-            router.apply_snapshot(snapshot(sims, dead))
-            moved = f"tcp://127.0.0.1:{dead[first]}"
+            moved = f"http://127.0.0.1:{free_port()}{RELAY_PATH}"
+            router.apply_snapshot(snapshot(sims, relays(sims) | {first: moved}))
             await wait_for(
                 lambda: router.forwarding.prefix.subscribed.get(first) == moved, 10, "resubscribed"
             )
@@ -125,7 +124,7 @@ async def test_requests_follow_the_engine_that_holds_their_prefix_then_fall_back
             # an engine clears its cache: AllBlocksCleared empties the router's view of it (another engine,
             # sent a prompt directly, whose stream is still subscribed)
             i = next(n for n in range(3) if f"rep-{n}" != first)
-            engine, auth = sims[i][0].base_url, {"Authorization": f"Bearer engine-key-{i}"}
+            engine, auth = sims[i].base_url, {"Authorization": f"Bearer engine-key-{i}"}
             direct = {
                 "model": "sim-chat",
                 "messages": [{"role": "system", "content": SYSTEM}],
@@ -145,9 +144,9 @@ async def test_requests_follow_the_engine_that_holds_their_prefix_then_fall_back
         await listeners.close()
 
 
-async def _poke(http: aiohttp.ClientSession, sims: list[tuple[SimProcess, int]]) -> bool:
+async def _poke(http: aiohttp.ClientSession, sims: list[SimProcess]) -> bool:
     """Make every engine publish something (a cache reset), for the subscriptions to see a first batch."""
-    for i, (s, _) in enumerate(sims):
+    for i, s in enumerate(sims):
         async with http.post(
             s.base_url + "/reset_prefix_cache", headers={"Authorization": f"Bearer engine-key-{i}"}
         ):

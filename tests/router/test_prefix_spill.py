@@ -96,7 +96,7 @@ def test_the_prefix_never_draws_a_request_past_the_load_bound(
 def _ep(replica: str) -> LiveEndpoint:
     spec = Endpoint(
         replica_id=replica, model="m", engine="sim", base_url="http://127.0.0.1:1",
-        kv_events="tcp://127.0.0.1:2", kv_block_size=16,
+        kv_events="http://127.0.0.1:2/llmgw/kv-events", kv_block_size=16,
     )  # fmt: skip
     return LiveEndpoint(spec, "http://127.0.0.1:1/v1", None, None, 0.0)
 

@@ -76,7 +76,7 @@ def _ep(replica: str, engine: str = "vllm", key: str = "engine-key") -> LiveEndp
         engine=engine,
         base_url="http://127.0.0.1:1",
         api_key=key,
-        kv_events="tcp://127.0.0.1:2",
+        kv_events="http://127.0.0.1:2/llmgw/kv-events",
         kv_block_size=16,
     )
     return LiveEndpoint(spec, "http://127.0.0.1:1/v1", None, None, 0.0)

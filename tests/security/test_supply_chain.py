@@ -33,8 +33,9 @@ WORKFLOW = EXAMPLE / ".github" / "workflows" / "llmgw.yml"
 PRE_COMMIT = EXAMPLE / ".pre-commit-config.yaml"
 PYPROJECTS = [ROOT / "pyproject.toml", ROOT / "agent" / "pyproject.toml", ROOT / "router" / "pyproject.toml"]
 # The first release without the advisories named in the security review (L9), and later ones we know of.
-FLOORS = {"aiohttp": (3, 14, 3), "gitpython": (3, 1, 57)}
-REVIEW_FLOORS = {"aiohttp": (3, 12, 14), "gitpython": (3, 1, 41)}  # CVE-2025-53643; CVE-2024-22190
+FLOORS = {"aiohttp": (3, 14, 3), "gitpython": (3, 1, 57), "jinja2": (3, 1, 6)}
+# CVE-2025-53643; CVE-2024-22190; CVE-2024-56326 (jinja2's sandbox escape; 3.1.6 for CVE-2025-27516, H9)
+REVIEW_FLOORS = {"aiohttp": (3, 12, 14), "gitpython": (3, 1, 41), "jinja2": (3, 1, 5)}
 
 
 def _workflow() -> Any:
@@ -177,7 +178,7 @@ def test_l9_dependency_floors_are_above_the_advisories() -> None:
             floor = _floor(spec)
             assert floor is not None and floor >= FLOORS[name] > REVIEW_FLOORS[name], f"{path}: {spec}"
             seen[name] = seen.get(name, 0) + 1
-    assert seen == {"aiohttp": 3, "gitpython": 1}
+    assert seen == {"aiohttp": 3, "gitpython": 1, "jinja2": 2}
     # The floors are met by what this environment runs, so they are not wishes.
     for name, floor in FLOORS.items():
         assert _version(metadata.version(name)) >= floor

@@ -22,7 +22,10 @@ COOKIE = "llmgw_console"
 LOGIN_COOKIE = "llmgw_console_login"  # the login form's CSRF double-submit (no session exists yet)
 ONE_TIME_LINK_S = 600.0
 KEY_RECHECK_S = 30.0  # a tenant session ends within this long of its key being revoked or expiring
-MAX_SESSIONS = 10_000  # the oldest go first: a login loop must not grow this process without bound
+MAX_SESSIONS = 10_000  # a login loop must not grow this process without bound
+# One admin token or one project key holds at most this many sessions: its own soonest-expiring one goes first,
+# so a login loop with one key pushes out only that key's sessions, never an admin's (L13).
+MAX_SESSIONS_PER_PRINCIPAL = 20
 
 
 @dataclass
@@ -64,8 +67,8 @@ class Sessions:
         self, kind: Kind, name: str, scope: Scope | None, project: str | None, key: str | None
     ) -> Session:
         self._prune()
-        while len(self.by_id) >= MAX_SESSIONS:
-            del self.by_id[min(self.by_id, key=lambda k: self.by_id[k].expires_at)]
+        for sid in evictions(list(self.by_id.values()), kind, name):
+            del self.by_id[sid]
         session = Session(
             id=secrets.token_urlsafe(32),
             kind=kind,
@@ -114,6 +117,46 @@ class Sessions:
             del self.by_id[sid]
         for nonce in [k for k, (_, until) in self.links.items() if until <= now]:
             del self.links[nonce]
+
+
+def evictions(sessions: list[Session], kind: Kind, name: str) -> list[str]:
+    """The sessions to close before (`kind`, `name`) opens one more: its own soonest-expiring ones down to
+    MAX_SESSIONS_PER_PRINCIPAL - 1; then, at MAX_SESSIONS, one of the principal holding the most tenant sessions
+    (an admin's only when no tenant holds any). Pure: the caller deletes them."""
+    mine = sorted((s for s in sessions if (s.kind, s.name) == (kind, name)), key=lambda s: s.expires_at)
+    out = [s.id for s in mine[: max(0, len(mine) - MAX_SESSIONS_PER_PRINCIPAL + 1)]]
+    if len(sessions) - len(out) < MAX_SESSIONS:
+        return out
+    left = [s for s in sessions if s.id not in set(out)]
+    tenants = [s for s in left if s.kind == "tenant"]
+    pool = tenants or left
+    counts: dict[str, int] = {}
+    for s in pool:
+        counts[s.name] = counts.get(s.name, 0) + 1
+    hog = max(counts, key=lambda n: counts[n])
+    out.append(min((s for s in pool if s.name == hog), key=lambda s: s.expires_at).id)
+    return out
+
+
+def tenant_session_stays(session: Session, now: float, active: bool | None, store_grace_s: float) -> bool:
+    """Whether a tenant's session stays open after its key was looked up again: `active` is the store's answer
+    (None: the store could not be asked). Without an answer it stays only `store_grace_s` past the last time the
+    key was found active, then fails closed: a key revoked during an outage must not keep its session open."""
+    if active is None:
+        return now - session.key_checked_at < KEY_RECHECK_S + store_grace_s
+    return active
+
+
+CookieSecure = Literal["auto", "always", "never"]
+
+
+def cookie_secure(mode: CookieSecure, over_tls: bool, listens_on_loopback: bool) -> bool:
+    """Whether the session cookie is `Secure`. `auto`: when the request came over TLS, or when the controller
+    listens beyond loopback over plain HTTP (then TLS ends at a proxy in front, which `request.secure` cannot
+    see; a network listener with no TLS at all is what `never` is for, and says so in the settings)."""
+    if mode != "auto":
+        return mode == "always"
+    return over_tls or not listens_on_loopback
 
 
 def csrf_ok(session: Session, presented: str | None) -> bool:

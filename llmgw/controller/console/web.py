@@ -26,9 +26,12 @@ from llmgw.controller.console.sessions import (
     LOGIN_COOKIE,
     Session,
     Sessions,
+    cookie_secure,
     csrf_ok,
+    tenant_session_stays,
 )
 from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.core.security import is_loopback_host
 from llmgw.store import StoreError
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -198,14 +201,17 @@ async def _key_still_active(request: web.Request, session: Session) -> bool:
     now = request.app[CONSOLE].sessions.wall()
     if session.kind != "tenant" or session.key is None or now - session.key_checked_at < KEY_RECHECK_S:
         return True
+    c = controller(request)
     try:
-        found = await keymod.lookup(controller(request).store, session.key, now)
-    except StoreError:
-        return True  # the store down says nothing about the key; the next page asks again
-    if found is None or found.state != "active":
-        return False
-    session.key_checked_at = now
-    return True
+        found = await keymod.lookup(c.store, session.key, now)
+    except (
+        StoreError
+    ):  # says nothing about the key: open for a grace, then closed (sessions.tenant_session_stays)
+        return tenant_session_stays(session, now, None, c.settings.console_store_grace_s)
+    active = found is not None and found.state == "active"
+    if active:
+        session.key_checked_at = now
+    return tenant_session_stays(session, now, active, c.settings.console_store_grace_s)
 
 
 def c_leading(request: web.Request) -> bool:
@@ -233,6 +239,12 @@ def _to_login(request: web.Request, expired: bool) -> web.Response:
     raise web.HTTPSeeOther(where)
 
 
+def _cookie_secure(request: web.Request) -> bool:
+    settings = controller(request).settings
+    loopback = is_loopback_host(settings.listen_hostport[0])
+    return cookie_secure(settings.console_cookie_secure, request.secure, loopback)
+
+
 def _set_session_cookie(response: web.StreamResponse, session: Session, request: web.Request) -> None:
     response.set_cookie(
         COOKIE,
@@ -241,7 +253,7 @@ def _set_session_cookie(response: web.StreamResponse, session: Session, request:
         path="/ui/",
         httponly=True,
         samesite="Strict",
-        secure=request.secure,
+        secure=_cookie_secure(request),
     )
 
 

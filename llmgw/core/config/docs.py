@@ -221,9 +221,9 @@ whatever a controller sends it (`llmgw_agent.repo_rules` is the one definition o
   sets it to the GPUs it assigned), the engine's key variable, `VLLM_SERVER_DEV_MODE`, `VLLM_ALLOW_*` (the agent
   sets those itself when a feature needs them), `LLAMA_ARG_*`, and names that look like secrets (a `TOKEN`,
   `SECRET`, `KEY`, `PASSWORD`, `CREDENTIALS` or `AUTH` word). A name under a tuning prefix is refused when one of
-  its words names a path, code, an address, a secret or a guard switch: {refused_words}. Engines start from a
-  minimal environment (the agent's `PATH` and locale, these names, and what the agent sets), never from the
-  agent's own.
+  its words names a path, code, an address, a secret, a guard switch, or logging or tracing (which can write
+  tenants' prompts and completions to the engine log): {refused_words}. Engines start from a minimal environment
+  (the agent's `PATH` and locale, these names, and what the agent sets), never from the agent's own.
 - **Path-valued args** ({path_args}) are relative to the replica's work directory (`STATE_DIR/work/<shard>/`, the
   engine's working directory): no absolute path, no `~`, no `..`, and for LoRA lists `name=path` items, not the
   JSON form. The agent refuses a path that resolves (symlinks followed) outside the work directory or the

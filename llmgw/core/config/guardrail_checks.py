@@ -1,6 +1,7 @@
 """Whole-repo checks of Guardrails (called by `semantic.check`):
 
-- every regex compiles (a pattern that cannot is an error where it is written, not at the first request);
+- every regex compiles (a pattern that cannot is an error where it is written, not at the first request),
+  and none backtracks catastrophically (regex_checks.py: a tenant's prompt must not cost a router minutes);
 - a judge names a catalog model whose `role` is `guard`;
 - what a guardrail is attached to exists (organizations, teams, projects; models by name or alias);
 - `redact` is for the input: an answer already generated is blocked or warned about, never rewritten;
@@ -12,8 +13,11 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import regex
+
 from llmgw.core.config.errors import IssueAdder
 from llmgw.core.config.models import Guardrail, Model, Organization, Project, Team
+from llmgw.core.config.regex_checks import backtracking_reason
 from llmgw.core.config.validation import did_you_mean
 
 __all__ = ["check_guardrails"]
@@ -44,8 +48,19 @@ def _one(
     for pos, pattern in enumerate(spec.regex):
         try:
             re.compile(pattern)
-        except re.error as err:
+            regex.compile(pattern)  # what the router searches with (a deadline; llmgw/core/guardrails.py)
+        except (re.error, regex.error) as err:
             add(index, ("spec", "regex", pos), f"not a regular expression: {err}", "a Python `re` pattern")
+            continue
+        why = backtracking_reason(pattern)
+        if why is not None:
+            add(
+                index,
+                ("spec", "regex", pos),
+                f"`{pattern}` backtracks catastrophically on text that almost matches: {why}",
+                "one repetition over a character class (`[\\w\\s]+`), a possessive quantifier (`\\w++`) or "
+                "an atomic group (`(?>...)`)",
+            )
     if spec.judge is not None:
         judge = models.get(spec.judge.model)
         if judge is None:

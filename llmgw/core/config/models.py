@@ -90,6 +90,13 @@ RequestFieldName = Annotated[
 TagKey = Annotated[
     str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="A request tag's key (llmgw_router.tags)")
 ]
+MediaHost = Annotated[
+    str,
+    Field(
+        pattern=r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$",
+        description="A host name (lowercase), or `*.` and a domain for every host beneath it",
+    ),
+]
 
 
 class RouterSettings(Strict):
@@ -132,6 +139,15 @@ class RouterSettings(Strict):
         ge=1,
         le=1000,
         description="Distinct values each tag_labels key is counted under per router; later ones count as `other`",
+    )
+    media_hosts: list[MediaHost] = Field(
+        default_factory=list,
+        description=(
+            "Hosts whose http(s) URLs a request's media parts may name (image_url, video_url, audio_url, "
+            "Responses input_image, Anthropic source.url): engines fetch them from the node network, so any "
+            "other URL but `data:` is refused (400), and so is a host that resolves to a private, loopback, "
+            "link-local or metadata address"
+        ),
     )
 
     @model_validator(mode="after")

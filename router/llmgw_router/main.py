@@ -189,7 +189,7 @@ def _add_state_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         metavar="RATIO",
-        help="with --otlp-endpoint: the share of new traces kept (a client's traceparent is followed as it says)",
+        help="with --otlp-endpoint: the share of requests traced, decided at the root (a client's sampled flag is ignored)",
     )
     p.add_argument(
         "--limits-clock-offset",

@@ -30,4 +30,5 @@ class RouterOptions:
     secrets: SecretPolicy = field(default_factory=lambda: SecretPolicy(DEFAULT_SECRETS_DIR).absolute())
     # OpenTelemetry: spans of the request path go to this OTLP/HTTP collector (None: no tracing at all).
     otlp_endpoint: str | None = None
-    trace_sample: float = 1.0  # new traces kept; one a client started is followed as it says
+    # The share of requests traced, decided at each root span; a client's sampled flag decides nothing.
+    trace_sample: float = 1.0

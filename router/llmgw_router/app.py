@@ -29,6 +29,7 @@ from llmgw_router.link import ControllerLink, controller_url
 from llmgw_router.listener import ApiListener, Handler
 from llmgw_router.messages_exchange import MessagesExchange
 from llmgw_router.options import RouterOptions
+from llmgw_router.peers import SnapshotRules
 from llmgw_router.ports import UsageSink
 from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
 from llmgw_router.responses_exchange import ResponsesExchange
@@ -192,7 +193,8 @@ async def serve(
     stack = contextlib.AsyncExitStack()
     try:
         await stack.enter_async_context(_background(router, link, scrape))
-        api = ApiListener(api_routes(router), router.body_limit)
+        rules = SnapshotRules(lambda: router.table.snapshot.router.listener if router.table else None)
+        api = ApiListener(api_routes(router), router.body_limit, rules=rules)
         host, port = _split(listen)
         api_port = await api.start(host, port, api_socket)
         stack.push_async_callback(api.close)

@@ -23,6 +23,7 @@ from llmgw.core.security import bearer_token
 from llmgw.store.errors import StoreError
 from llmgw.store.records import KeyLookup
 from llmgw_router.errors import ApiError
+from llmgw_router.exchange import Exchange
 
 __all__ = ["Authenticator", "KeyStore", "Principal", "StaticKeys", "StoreKeys", "auth_disabled_principal"]
 
@@ -124,6 +125,13 @@ class Authenticator:
     @property
     def enabled(self) -> bool:
         return self._store is not None
+
+    async def caller(self, exchange: Exchange) -> Principal:
+        """Who sent this request (401 ApiError when no valid key); once known, its connection no longer
+        counts as anonymous against the listener's caps (listener.py, H6)."""
+        principal = await self.authenticate(exchange.headers.get("authorization"))
+        exchange.authenticated()
+        return principal
 
     async def authenticate(self, header: str | None) -> Principal:
         if self._store is None:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import resource
 import signal
 import socket
 import ssl
@@ -328,8 +329,23 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
         await stop.wait()
 
 
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (a systemd service starts at 1024):
+    connections held by clients must not leave none for engines, the store or accepting (H6). The limit
+    now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # e.g. an unlimited hard limit the kernel caps lower
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
+    return soft
+
+
 def run(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None:
     logformat.configure(ns.log_level, ns.log_format)
+    log.debug("open-files limit: %d", raise_descriptor_limit())
     try:
         import uvloop
 

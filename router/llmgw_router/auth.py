@@ -10,6 +10,7 @@ only colder entries, never every tenant's key at once. Keys and Authorization he
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections import OrderedDict
@@ -25,7 +26,15 @@ from llmgw.store.records import KeyLookup
 from llmgw_router.errors import ApiError
 from llmgw_router.exchange import Exchange
 
-__all__ = ["Authenticator", "KeyStore", "Principal", "StaticKeys", "StoreKeys", "auth_disabled_principal"]
+__all__ = [
+    "Authenticator",
+    "KeyStore",
+    "Principal",
+    "StaticKeys",
+    "StoreKeys",
+    "auth_disabled_principal",
+    "is_operator",
+]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +108,13 @@ class StaticKeys:
 
     async def lookup_key(self, key_hash: str) -> KeyLookup | None:
         return self._entries.get(key_hash)
+
+
+def is_operator(header: str | None, token: str | None) -> bool:
+    """Whether an Authorization header carries the router's operator token (`--operator-token-file`), in
+    constant time; never when the router has none."""
+    sent = bearer_token(header)
+    return token is not None and sent is not None and hmac.compare_digest(sent.encode(), token.encode())
 
 
 class Authenticator:

@@ -19,6 +19,9 @@ class RouterOptions:
     on_demand_wait: float | None = None
     loading_retry_after: int = 10
     debug_token: str | None = None  # requests sending it in x-llmgw-debug get the decision's rationale
+    # Operators' tools present it (Bearer) for the per-request rows on the metrics listener and the details of
+    # /ready; None: neither is served (L12).
+    operator_token: str | None = None
     breaker: brk.BreakerPolicy = field(default_factory=brk.BreakerPolicy)
     connect_timeout: float = 5.0
     read_timeout: float = 600.0  # idle: the longest silence of an engine while an answer is expected

@@ -119,6 +119,8 @@ def main() -> None:
             time.sleep(0.5)  # the first big prompt is sent and being screened
         flooded = measure(address, small, args.requests)
         stop.set()
+        if sender is not None:
+            sender.join(600.0)  # the prompt in flight is answered before the count is read
         for sock in held:
             sock.close()
     finally:

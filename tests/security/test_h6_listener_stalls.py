@@ -63,7 +63,7 @@ async def closed_by_router(reader: asyncio.StreamReader) -> bool:
 Conn = tuple[asyncio.StreamReader, asyncio.StreamWriter]  # the writer kept: one collected closes its socket
 
 
-async def open_idle(port: int, listeners: Listeners, count: int) -> list[Conn]:
+async def open_idle(port: int, listeners: Listeners, count: int, source: str = "127.0.0.1") -> list[Conn]:
     """`count` connections that send nothing, each accepted by the router before the next is opened (so
     the order the router counts them in is the order they were opened)."""
     api = listeners.api
@@ -73,7 +73,7 @@ async def open_idle(port: int, listeners: Listeners, count: int) -> list[Conn]:
 
     async def one() -> Conn:
         before = seen()
-        opened = await asyncio.open_connection("127.0.0.1", port)
+        opened = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
         await wait_for(lambda: seen() > before, 5, "the accept")
         return opened
 
@@ -128,6 +128,21 @@ async def test_h6_anonymous_connections_are_capped_oldest_first_and_a_key_is_nev
     fresh_reader, fresh = await asyncio.open_connection("127.0.0.1", port)
     fresh.write(MODELS)  # and a new client with a key is admitted at the cap (the oldest idle one goes)
     assert (await read_reply(fresh_reader))[0] == 200
+
+
+@pytest.mark.parametrize(
+    "router_with", [{"max_unauthenticated_per_peer": 4, "max_unauthenticated": 6}], indirect=True
+)
+async def test_h6_one_address_floods_only_its_own_share_until_the_overall_cap(
+    router_with: tuple[Listeners, int],
+) -> None:
+    listeners, port = router_with
+    other = await open_idle(port, listeners, 2, source="127.0.0.2")
+    flood = await open_idle(port, listeners, 10, source="127.0.0.1")
+    assert [await closed_by_router(r) for r, _w in flood] == [True] * 6 + [False] * 4
+    assert not any([await closed_by_router(r) for r, _w in other]), "another address keeps its connections"
+    await open_idle(port, listeners, 1, source="127.0.0.3")  # 7 past the overall 6: the oldest of all goes
+    assert [await closed_by_router(r) for r, _w in other] == [True, False]
 
 
 @pytest.mark.parametrize(

@@ -47,22 +47,23 @@ def otlp_tracer(
     processor: SpanProcessor | None = None,
 ) -> tuple[Tracer, Callable[[], None]]:
     """A tracer for `service` and the call that flushes and stops it. Spans go to `endpoint` over OTLP/HTTP
-    (protobuf), or to `processor` (tests: the SDK's in-memory exporter). A trace the client started is
-    followed whatever `sample` says; a new one is kept with probability `sample`."""
+    (protobuf), or to `processor` (tests: the SDK's in-memory exporter). Every trace is kept with
+    probability `sample`, decided at its root from its own trace id: a caller's sampled flag decides nothing
+    (L15, docs/security.md), so a client cannot make the router export every one of its requests."""
     if not 0.0 <= sample <= 1.0:
         raise TracingUnavailable(f"trace sample ratio {sample} must be from 0 to 1")
     try:
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+        from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
     except ImportError as exc:
         raise TracingUnavailable(
             f"tracing to {endpoint} needs OpenTelemetry: pip install 'llmgw[tracing]' ({exc.name} is missing)"
         ) from None
     provider = TracerProvider(
         resource=Resource.create({"service.name": service}),
-        sampler=ParentBased(TraceIdRatioBased(sample)),
+        sampler=TraceIdRatioBased(sample),
     )
     if processor is None:
         if endpoint is None:

@@ -11,10 +11,12 @@ about a second after the answer.
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -43,11 +45,39 @@ def _ms(value: float | None) -> str:
     return duration_words(value / 1000)
 
 
-def _from_router(url: str, request_id: str) -> Any:
+ROUTER_TOKEN_ENV = "LLMGW_ROUTER_TOKEN"
+
+
+def _router_token(path: Path | None) -> str:
+    """The router's operator token (`llmgw-router --operator-token-file`): from the file, else the
+    environment; never the admin token, which is the controller's and must not go to a router."""
+    if path is not None:
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            _fail(f"cannot read --router-token-file {path}: {exc}")
+        if not token:
+            _fail(f"--router-token-file {path} is empty: it should hold the router's operator token")
+        return token
+    token = os.environ.get(ROUTER_TOKEN_ENV, "").strip()
+    if not token:
+        _fail(
+            f"--router needs the router's operator token: give --router-token-file FILE or set "
+            f"{ROUTER_TOKEN_ENV} (the router's --operator-token-file)"
+        )
+    return token
+
+
+def _from_router(url: str, request_id: str, token: str) -> Any:
     target = url.rstrip("/") + "/requests/" + urllib.parse.quote(request_id, safe="")
+    ask = urllib.request.Request(target, headers={"Authorization": f"Bearer {token}"})
     try:
-        with urllib.request.urlopen(target, timeout=10) as answer:
+        with urllib.request.urlopen(ask, timeout=10) as answer:
             return json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        if exc.code in (401, 403):
+            _fail(f"router {url} refused the lookup ({exc.code}): it needs its --operator-token-file token")
+        _fail(f"router {url}: {exc}")
     except (urllib.error.URLError, OSError, ValueError) as exc:
         _fail(f"router {url}: {exc} (--router is the router's metrics listener, e.g. http://127.0.0.1:9091)")
 
@@ -137,6 +167,13 @@ def request(
             "--router", help="Ask this router's metrics listener (its buffer of the last requests)."
         ),
     ] = None,
+    router_token_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--router-token-file",
+            help=f"With --router: file holding the router's operator token (env {ROUTER_TOKEN_ENV})",
+        ),
+    ] = None,
     controller: ControllerOpt = None,
     token_file: TokenOpt = None,
     as_json: JsonOpt = False,
@@ -144,7 +181,7 @@ def request(
     """One request end to end: status, endpoint, queue time, first token, duration, tokens, cost, the
     endpoints that failed first, the scheduling decision and its tags."""
     if router is not None:
-        found = _from_router(router, request_id)["requests"]
+        found = _from_router(router, request_id, _router_token(router_token_file))["requests"]
         if not found:
             _fail(f"router {router} has no request {request_id!r} in its buffer of the last requests")
     else:

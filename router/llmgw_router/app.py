@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.store.request_queries import record_view
-from llmgw_router.auth import Authenticator, KeyStore, StoreKeys
+from llmgw_router.auth import Authenticator, KeyStore, StoreKeys, is_operator
 from llmgw_router.egress import client_connector
 from llmgw_router.exchange import Exchange, json_reply
 from llmgw_router.http1 import EngineClient
@@ -29,6 +29,7 @@ from llmgw_router.link import ControllerLink, controller_url
 from llmgw_router.listener import ApiListener, Handler
 from llmgw_router.messages_exchange import MessagesExchange
 from llmgw_router.options import RouterOptions
+from llmgw_router.peers import SnapshotRules
 from llmgw_router.ports import UsageSink
 from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
 from llmgw_router.responses_exchange import ResponsesExchange
@@ -62,9 +63,13 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         exchange.respond(json_reply({"status": "ok"}))
 
     async def ready(exchange: Exchange) -> None:
+        # Anyone (a load balancer) learns ready or not; the revision and the guardrails' setup only an
+        # operator's token (L12: an anonymous client learns nothing but that).
         table = router.table
         if table is None:
             exchange.respond(json_reply({"status": "waiting for a snapshot"}, 503))
+        elif not is_operator(exchange.headers.get("authorization"), router.options.operator_token):
+            exchange.respond(json_reply({"status": "ready"}))
         else:
             guard = {"enabled": table.snapshot.guard.enabled, "guardrails": router.guard.status()}
             exchange.respond(
@@ -147,7 +152,17 @@ def create_metrics_app(router: RequestService) -> web.Application:
 
     async def recent_request(request: web.Request) -> web.Response:
         # The router's own buffer of the last requests (llmgw_router.lookup): for requests with no usage row
-        # (no project's key) or not yet flushed to the store. On the metrics listener, not the API's.
+        # (no project's key) or not yet flushed to the store. On the metrics listener, not the API's, and only
+        # for the operator's token: a row names the project, the key, the user and the guard verdicts (L12).
+        token = router.options.operator_token
+        if token is None:
+            return _refused(
+                403, "this router serves /requests/ID only when started with --operator-token-file"
+            )
+        if not is_operator(request.headers.get("Authorization"), token):
+            return _refused(
+                401, "/requests/ID needs `Authorization: Bearer` with the router's operator token"
+            )
         found = router.recent.get(request.match_info["request_id"])
         return web.json_response({"requests": [record_view(r) for r in reversed(found)]})
 
@@ -155,6 +170,10 @@ def create_metrics_app(router: RequestService) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/requests/{request_id}", recent_request)
     return app
+
+
+def _refused(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
 
 
 def _split(address: str) -> tuple[str, int]:
@@ -192,7 +211,8 @@ async def serve(
     stack = contextlib.AsyncExitStack()
     try:
         await stack.enter_async_context(_background(router, link, scrape))
-        api = ApiListener(api_routes(router), router.body_limit)
+        rules = SnapshotRules(lambda: router.table.snapshot.router.listener if router.table else None)
+        api = ApiListener(api_routes(router), router.body_limit, rules=rules)
         host, port = _split(listen)
         api_port = await api.start(host, port, api_socket)
         stack.push_async_callback(api.close)

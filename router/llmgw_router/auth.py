@@ -10,6 +10,7 @@ only colder entries, never every tenant's key at once. Keys and Authorization he
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 from collections import OrderedDict
@@ -23,8 +24,17 @@ from llmgw.core.security import bearer_token
 from llmgw.store.errors import StoreError
 from llmgw.store.records import KeyLookup
 from llmgw_router.errors import ApiError
+from llmgw_router.exchange import Exchange
 
-__all__ = ["Authenticator", "KeyStore", "Principal", "StaticKeys", "StoreKeys", "auth_disabled_principal"]
+__all__ = [
+    "Authenticator",
+    "KeyStore",
+    "Principal",
+    "StaticKeys",
+    "StoreKeys",
+    "auth_disabled_principal",
+    "is_operator",
+]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +110,13 @@ class StaticKeys:
         return self._entries.get(key_hash)
 
 
+def is_operator(header: str | None, token: str | None) -> bool:
+    """Whether an Authorization header carries the router's operator token (`--operator-token-file`), in
+    constant time; never when the router has none."""
+    sent = bearer_token(header)
+    return token is not None and sent is not None and hmac.compare_digest(sent.encode(), token.encode())
+
+
 class Authenticator:
     """Answers who is calling. With `store=None` authentication is disabled and every request is anonymous."""
 
@@ -124,6 +141,13 @@ class Authenticator:
     @property
     def enabled(self) -> bool:
         return self._store is not None
+
+    async def caller(self, exchange: Exchange) -> Principal:
+        """Who sent this request (401 ApiError when no valid key); once known, its connection no longer
+        counts as anonymous against the listener's caps (listener.py, H6)."""
+        principal = await self.authenticate(exchange.headers.get("authorization"))
+        exchange.authenticated()
+        return principal
 
     async def authenticate(self, header: str | None) -> Principal:
         if self._store is None:

@@ -81,6 +81,9 @@ class RecordingExchange:
     def started(self) -> bool:
         return self.inner.started
 
+    def authenticated(self) -> None:
+        self.inner.authenticated()
+
     async def read_body(self, limit: int) -> bytes:
         return await self.inner.read_body(limit)
 

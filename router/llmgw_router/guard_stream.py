@@ -64,6 +64,9 @@ class GuardedStream:
     def cut(self) -> bool:
         return self.verdict is not None and self.verdict.action == "block"
 
+    def authenticated(self) -> None:
+        self.inner.authenticated()
+
     async def read_body(self, limit: int) -> bytes:
         return await self.inner.read_body(limit)
 

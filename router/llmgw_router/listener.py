@@ -16,8 +16,12 @@ rule is here in one place:
   a reset.
 - keep-alive for HTTP/1.1 unless `Connection: close`; HTTP/1.0 is answered and closed. Pipelined requests
   are answered in order, one at a time (reading pauses while one waits behind another).
-- `head_timeout` seconds from a request's first byte to the end of its head (slowloris), `idle_timeout`
-  between requests on a kept-alive connection.
+- `head_timeout` seconds from a request's first byte to the end of its head (slowloris), then the rules'
+  `body_timeout` (plus a second per 16 KiB received) to the end of its body, each answered 408 and closed
+  on expiry; `idle_timeout` between requests on a kept-alive connection.
+- connections no request with a valid key has come on yet are capped per client and in all (peers.py): at
+  a cap the oldest of them is closed to admit the new one. A handler calls `authenticated()` once a key
+  was accepted; the connection stops counting for as long as it stays open.
 - a client that goes away cancels its handler (and so the engine call), as aiohttp's handler_cancellation.
 - writes wait while the client's TCP window is full (the transport's high-water mark), bounded by the
   caller's write timeout (exchange.py).
@@ -28,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import resource
 import socket
 import time
 from collections import deque
@@ -39,7 +44,7 @@ from typing import cast
 import httptools
 
 from llmgw.core.errors import LlmgwError
-from llmgw_router import accept
+from llmgw_router import accept, peers
 from llmgw_router.errors import ApiError, error_body, error_response
 from llmgw_router.exchange import ClientStalled, Exchange, Headers, Reply
 
@@ -117,6 +122,7 @@ class HttpExchange:
         "path",
         "size",
         "started",
+        "timed_out",
         "too_big",
     )
 
@@ -139,6 +145,7 @@ class HttpExchange:
         self._pending_head = b""  # a stream's head, sent with its first bytes: one send(2), not two
         self.finished = False  # the whole answer went out
         self.head_only = False  # HEAD: the answer's head without its body
+        self.timed_out = False  # the body did not arrive within its deadline: answered 408, never read
 
     @property
     def remote(self) -> str | None:
@@ -148,9 +155,23 @@ class HttpExchange:
         self.keep_alive = False  # the rest of the body is not read as a next request
         return ApiError(413, f"Request body larger than {limit} bytes.", "request_too_large")
 
+    def authenticated(self) -> None:
+        self._conn.authenticated()
+
+    def _too_slow(self) -> ApiError:
+        seconds = self._conn.listener.rules().body_timeout
+        return ApiError(
+            408,
+            f"The request body did not arrive in time ({seconds:g} s after the head, plus 1 s per "
+            f"{peers.BODY_MIN_RATE // 1024} KiB received).",
+            "request_timeout",
+        )
+
     async def read_body(self, limit: int) -> bytes:
         if self.too_big or (self.content_length is not None and self.content_length > limit):
             raise self._too_large(limit)
+        if self.timed_out:
+            raise self._too_slow()
         if not self.complete:
             if self._conn.closed:
                 raise ConnectionResetError("the client went away")
@@ -159,6 +180,8 @@ class HttpExchange:
                 self._conn.transport.write(_CONTINUE)
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
+            if self.timed_out:
+                raise self._too_slow()
             if self.too_big:
                 raise self._too_large(limit)
         if self.size > limit:
@@ -243,6 +266,13 @@ class HttpExchange:
         if waiter is not None and not waiter.done():
             waiter.set_exception(ConnectionResetError("the client went away"))
 
+    def _body_expired(self) -> None:
+        self.timed_out = True
+        self.keep_alive = False
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)  # read_body raises the 408
+
 
 class _Connection(asyncio.Protocol):
     """One client connection: feeds the parser, queues requests in order, runs one handler at a time."""
@@ -265,7 +295,11 @@ class _Connection(asyncio.Protocol):
         self._running: asyncio.Task[None] | None = None
         self._read_paused = False
         self._lingering = False
-        self._deadline: float | None = None  # the head's or the idle wait's end (the listener's sweep)
+        self._deadline: float | None = None  # the idle wait's, head's or body's end (the listener's sweep)
+        self._awaiting = _IDLE  # what the deadline waits for
+        self.peer: str | None = None  # the client counted against the caps: the remote, or who a proxy named
+        self.via_proxy = False  # the remote is a trusted proxy
+        self.is_authenticated = False  # a request with a valid key came on this connection
 
     # ------------------------------------------------------------------ transport events
 
@@ -276,7 +310,12 @@ class _Connection(asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.remote = str(peer[0]) if isinstance(peer, tuple) and peer else None
         self.listener.connections.add(self)
-        self._arm(self.listener.idle_timeout)
+        self._arm(self.listener.idle_timeout, _IDLE)
+        if self.listener.rules().trusted(self.remote):
+            self.via_proxy = True  # counted under the client it names, once a head does
+        else:
+            self.peer = self.remote or "unknown"
+            self.listener._admit(self)
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
@@ -295,6 +334,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.listener._lost(self)
+        self.listener.unauthenticated.discard(self)
         self._deadline = None
         for fut in self._drain:
             if not fut.done():
@@ -332,7 +372,7 @@ class _Connection(asyncio.Protocol):
         self._current = HttpExchange(self)
         self._url = []
         self._head_size = 0
-        self._arm(self.listener.head_timeout)
+        self._arm(self.listener.head_timeout, _HEAD)
 
     def on_url(self, url: bytes) -> None:
         self._url.append(url)
@@ -371,7 +411,13 @@ class _Connection(asyncio.Protocol):
         expect = dict.get(headers, "expect")
         if expect is not None and expect.lower() == "100-continue" and not ex.too_big:
             ex._expect_continue = True
-        self._deadline = None  # the head is in: the head timer is done with this request
+        rules = self.listener.rules()
+        self._arm(rules.body_timeout, _BODY)  # the head is in: now its body has a deadline
+        if self.via_proxy and not self.is_authenticated:
+            client = peers.forwarded_client(headers, rules)
+            if client is not None and client != self.peer:
+                self.peer = client
+                self.listener._admit(self)
         self._queue.append(ex)
         if self._running is None:
             self._next()
@@ -379,6 +425,8 @@ class _Connection(asyncio.Protocol):
     def on_body(self, body: bytes) -> None:
         ex = self._current
         assert ex is not None
+        if self._awaiting is _BODY and self._deadline is not None:
+            self._deadline += len(body) / peers.BODY_MIN_RATE  # a steady upload earns its time
         if ex.too_big:
             return
         ex.size += len(body)
@@ -392,6 +440,10 @@ class _Connection(asyncio.Protocol):
         ex = self._current
         assert ex is not None
         self._current = None
+        if self._awaiting is _BODY:
+            self._deadline = (
+                None  # the request is in: nothing is awaited from the client until it is answered
+            )
         ex._body_done()
         if self._queue and not self._read_paused:
             # A whole request waits behind the one being answered: read no further until it is its turn.
@@ -431,7 +483,7 @@ class _Connection(asyncio.Protocol):
         if not ex.started:
             ex.respond(_error_reply(500, "The router gave no answer.", "internal_error", "server_error"))
         if (ex.started and not ex.finished) or not ex.keep_alive or self.closing or not ex.complete:
-            self._close(linger=not ex.complete)
+            self._close(linger=not ex.complete and not ex.timed_out)
             return
         if self._queue:
             self._next()
@@ -439,7 +491,7 @@ class _Connection(asyncio.Protocol):
         if self._read_paused:
             self._read_paused = False
             self.transport.resume_reading()
-        self._arm(self.listener.idle_timeout)
+        self._arm(self.listener.idle_timeout, _IDLE)
 
     def _refuse(self, status: int, message: str) -> None:
         log.warning("refused a request from %s with %d: %s", self.remote, status, message)
@@ -471,18 +523,48 @@ class _Connection(asyncio.Protocol):
 
     # ------------------------------------------------------------------ deadlines
 
-    def _arm(self, seconds: float) -> None:
+    def authenticated(self) -> None:
+        """A request with a valid key came on this connection: it no longer counts against the caps."""
+        if not self.is_authenticated:
+            self.is_authenticated = True
+            self.listener.unauthenticated.discard(self)
+
+    def _arm(self, seconds: float, awaiting: str) -> None:
         # A deadline, not a timer: the listener's sweep reads it (no TimerHandle made and cancelled per
         # request).
         self._deadline = self.loop.time() + seconds
+        self._awaiting = awaiting
 
     def _expired(self) -> None:
         self._deadline = None
-        if self._running is None:
-            log.debug("closing a connection from %s: nothing sent in time", self.remote)
+        if self._awaiting is _BODY and self._current is not None:
+            log.info("a request body from %s did not arrive in time: 408", self.remote)
+            self._lingering = True  # nothing more of it is parsed
+            self.closing = True
+            self._current._body_expired()  # its handler answers 408 (read_body) and the connection closes
+        elif self._running is not None:
+            self.closing = True  # a slow head behind a request in hand: close once that is answered
+        elif self._awaiting is _HEAD:
+            log.info("a request head from %s did not arrive in time: 408", self.remote)
+            self._lingering = True
+            reply = _error_reply(408, "The request head did not arrive in time.", "request_timeout")
+            self.transport.write(_head(408, reply.headers, f"Content-Length: {len(reply.body)}\r\n", True))
+            self.transport.write(reply.body)
             self.transport.close()
         else:
-            self.closing = True  # a slow head behind a request in hand: close once that is answered
+            log.debug("closing a connection from %s: nothing sent in time", self.remote)
+            self.transport.close()
+
+    def evict(self) -> None:
+        """Closed to make room under a cap (the oldest connection not yet authenticated)."""
+        log.debug("closing an unauthenticated connection from %s to admit a newer one", self.peer)
+        self.transport.abort()
+
+
+_IDLE, _HEAD, _BODY = "idle", "head", "body"
+
+
+_EVICTION_LOG_EVERY = 60.0
 
 
 def _error_reply(status: int, message: str, code: str, type_: str = "invalid_request_error") -> Reply:
@@ -501,6 +583,7 @@ class ApiListener:
         head_timeout: float = 10.0,
         idle_timeout: float = 75.0,
         linger: float = 10.0,
+        rules: Callable[[], peers.ConnectionRules] = peers.ConnectionRules,
     ) -> None:
         self.routes = routes
         # Paths ending in `/*` take whatever follows the prefix (a model id may itself hold slashes).
@@ -509,12 +592,41 @@ class ApiListener:
         self.head_timeout = head_timeout
         self.idle_timeout = idle_timeout
         self.linger = linger
+        self.rules = rules  # read as connections and heads arrive: the current snapshot's
         self.connections: set[_Connection] = set()
+        self.unauthenticated: peers.Unauthenticated[_Connection] = peers.Unauthenticated()
+        self.evicted = 0  # connections closed to make room under a cap, since start
+        self._evictions_logged = -_EVICTION_LOG_EVERY
+        # Anonymous connections may hold at most half the descriptors: the rest stay for authenticated
+        # clients, engines, the store and the controller link. Read at start (after main raised the limit).
+        self._descriptor_cap = max(1, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
         self._acceptor: accept.Acceptor | None = None
         self._sweeper: asyncio.TimerHandle | None = None
         # Deadlines are checked this often: a quarter of the shortest, at most once a second.
         self._sweep_every = min(1.0, head_timeout / 4, idle_timeout / 4)
         self._all_closed: asyncio.Event | None = None  # set by the last connection to go, while closing
+
+    def _admit(self, conn: _Connection) -> None:
+        """Count `conn` as not yet authenticated under its peer; close the oldest to stay within the caps."""
+        rules = self.rules()
+        assert conn.peer is not None
+        total = min(rules.max_unauthenticated, self._descriptor_cap)
+        evicted = self.unauthenticated.admit(conn, conn.peer, rules.max_unauthenticated_per_peer, total)
+        for old in evicted:
+            old.evict()
+        if evicted:
+            self.evicted += len(evicted)
+            now = conn.loop.time()
+            if now - self._evictions_logged >= _EVICTION_LOG_EVERY:  # one line a minute under a flood
+                self._evictions_logged = now
+                log.warning(
+                    "unauthenticated connections at their cap (%d from %s, %d in all): closing the oldest "
+                    "(%d closed since start; spec.router.listener)",
+                    self.unauthenticated.count(conn.peer),
+                    conn.peer,
+                    len(self.unauthenticated),
+                    self.evicted,
+                )
 
     def _lost(self, conn: _Connection) -> None:
         self.connections.discard(conn)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import resource
 import signal
 import socket
 import ssl
@@ -106,6 +107,13 @@ def _add_request_flags(p: argparse.ArgumentParser) -> None:
         "--debug-token-file", metavar="FILE", help="requests sending this in x-llmgw-debug get the decision"
     )
     p.add_argument(
+        "--operator-token-file",
+        metavar="FILE",
+        help="the token (Authorization: Bearer) that reads GET /requests/ID on the metrics listener and the "
+        "revision and guardrails in /ready (`llmgw request ID --router URL --router-token-file FILE`); "
+        "unset: /requests/ID is refused and /ready says only ready or not",
+    )
+    p.add_argument(
         "--router-id", default=socket.gethostname(), help="name of this router in usage and reports"
     )
     p.add_argument(
@@ -189,7 +197,7 @@ def _add_state_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         metavar="RATIO",
-        help="with --otlp-endpoint: the share of new traces kept (a client's traceparent is followed as it says)",
+        help="with --otlp-endpoint: the share of requests traced, decided at the root (a client's sampled flag is ignored)",
     )
     p.add_argument(
         "--limits-clock-offset",
@@ -248,6 +256,13 @@ def _read_secret(path: str | None) -> str | None:
     return Path(path).expanduser().read_text().strip() if path else None
 
 
+def _operator_token(path: str | None) -> str | None:
+    token = _read_secret(path)
+    if token == "":  # an empty token would refuse everyone while looking configured
+        raise ValueError(f"--operator-token-file {path} is empty: it should hold the token on one line")
+    return token
+
+
 def content_key(path: str | None) -> bytes | None:
     """The content key, read once at start: a bad file stops the router, naming it (ValueError)."""
     if path is None:
@@ -282,6 +297,7 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
         router_id=ns.router_id,
         on_demand_wait=ns.on_demand_wait,
         debug_token=_read_secret(ns.debug_token_file),
+        operator_token=_operator_token(ns.operator_token_file),
         write_timeout=ns.write_timeout,
         request_deadline=ns.request_deadline,
         key_cache_ttl=ns.key_cache_ttl,
@@ -328,8 +344,23 @@ async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None
         await stop.wait()
 
 
+def raise_descriptor_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (a systemd service starts at 1024):
+    connections held by clients must not leave none for engines, the store or accepting (H6). The limit
+    now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError) as exc:  # e.g. an unlimited hard limit the kernel caps lower
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, exc)
+    return soft
+
+
 def run(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None:
     logformat.configure(ns.log_level, ns.log_format)
+    log.debug("open-files limit: %d", raise_descriptor_limit())
     try:
         import uvloop
 

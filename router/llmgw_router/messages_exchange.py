@@ -55,6 +55,9 @@ class MessagesExchange:
     def started(self) -> bool:
         return self._inner.started
 
+    def authenticated(self) -> None:
+        self._inner.authenticated()
+
     async def read_body(self, limit: int) -> bytes:
         """The chat body for the client's Messages body (400 in Anthropic's words when it cannot be one)."""
         translated = to_chat(parse(await self._inner.read_body(limit)))

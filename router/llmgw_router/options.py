@@ -19,6 +19,9 @@ class RouterOptions:
     on_demand_wait: float | None = None
     loading_retry_after: int = 10
     debug_token: str | None = None  # requests sending it in x-llmgw-debug get the decision's rationale
+    # Operators' tools present it (Bearer) for the per-request rows on the metrics listener and the details of
+    # /ready; None: neither is served (L12).
+    operator_token: str | None = None
     breaker: brk.BreakerPolicy = field(default_factory=brk.BreakerPolicy)
     connect_timeout: float = 5.0
     read_timeout: float = 600.0  # idle: the longest silence of an engine while an answer is expected
@@ -30,4 +33,5 @@ class RouterOptions:
     secrets: SecretPolicy = field(default_factory=lambda: SecretPolicy(DEFAULT_SECRETS_DIR).absolute())
     # OpenTelemetry: spans of the request path go to this OTLP/HTTP collector (None: no tracing at all).
     otlp_endpoint: str | None = None
-    trace_sample: float = 1.0  # new traces kept; one a client started is followed as it says
+    # The share of requests traced, decided at each root span; a client's sampled flag decides nothing.
+    trace_sample: float = 1.0

@@ -122,6 +122,9 @@ class ResponsesExchange:
     def started(self) -> bool:
         return self._inner.started
 
+    def authenticated(self) -> None:
+        self._inner.authenticated()
+
     async def read_body(self, limit: int) -> bytes:
         return await self._inner.read_body(limit)
 

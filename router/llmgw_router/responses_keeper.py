@@ -119,7 +119,7 @@ def kept_routes(router: RequestService) -> dict[str, Callable[[Exchange], Any]]:
 
     async def answer(exchange: Exchange, delete: bool) -> None:
         try:
-            principal = await router.auth.authenticate(exchange.headers.get("authorization"))
+            principal = await router.auth.caller(exchange)
             response_id = exchange.path.removeprefix("/v1/responses/").split("?", 1)[0]
             keeper = router.kept_responses
             if "/" in response_id or keeper is None or not _keeps(router, principal.project):

@@ -195,7 +195,7 @@ class RequestService:
         if table is None:
             return error_response(_not_ready())
         try:
-            principal = await self.auth.authenticate(exchange.headers.get("authorization"))
+            principal = await self.auth.caller(exchange)
         except ApiError as err:
             return error_response(err)
         data = []
@@ -302,7 +302,7 @@ class RequestService:
         # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
         # which models exist (404) nor their context lengths (400).
         began = time.monotonic()
-        call.principal = await self.auth.authenticate(exchange.headers.get("authorization"))
+        call.principal = await self.auth.caller(exchange)
         if call.trace is not None:
             call.trace.span("auth", began)
         call.tags = request_tags(body, exchange.headers.get(TAGS_HEADER))

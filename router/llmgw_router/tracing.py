@@ -1,7 +1,8 @@
 """The request path's spans: one trace from the client through the router to the engine.
 
-A request's root span (`llmgw.request`, SERVER) continues the client's W3C `traceparent` when it sent one;
-its children are `auth`, `limits`, `schedule` (the walk down the fallback chain and the pick, with the
+A request's root span (`llmgw.request`, SERVER) starts a trace of the router's own: a client's W3C
+`traceparent` is kept as a link on it, never as its parent, so a client can neither choose the trace its
+spans join nor force them to be sampled (L15, docs/security.md). Its children are `auth`, `limits`, `schedule` (the walk down the fallback chain and the pick, with the
 endpoint, the picker and the deciding scorer), `queue` (the wait in the admission line, when there was one),
 `upstream` (CLIENT: the engine call to its answer or, for a stream, to its first bytes; the engine is sent
 this span's traceparent, which vLLM continues) and `stream` (first bytes to the end).
@@ -20,6 +21,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 __all__ = ["RequestTrace", "RequestTracer"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+_NEW_TRACE = Context()  # no parent: each request's root starts a trace (and its sampling decision)
 
 
 class RequestTracer:
@@ -39,19 +42,27 @@ class RequestTracer:
     def begin(
         self, request_id: str, kind: str, traceparent: str | None, tracestate: str | None, started: float
     ) -> RequestTrace:
-        carrier = {"traceparent": traceparent} if traceparent else {}
-        if traceparent and tracestate:
-            carrier["tracestate"] = tracestate
-        parent = _PROPAGATOR.extract(carrier) if carrier else None
         offset = time.time_ns() - time.monotonic_ns()
         root = self.tracer.start_span(
             "llmgw.request",
-            context=parent,
+            context=_NEW_TRACE,
             kind=SpanKind.SERVER,
+            links=_client_link(traceparent, tracestate),
             start_time=offset + int(started * 1e9),
             attributes={"llmgw.request_id": request_id, "llmgw.endpoint_kind": kind},
         )
         return RequestTrace(self.tracer, root, offset)
+
+
+def _client_link(traceparent: str | None, tracestate: str | None) -> list[trace.Link]:
+    """The client's span, when it sent a valid traceparent, as a link: its trace stays findable from ours."""
+    if not traceparent:
+        return []
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    sent = trace.get_current_span(_PROPAGATOR.extract(carrier)).get_span_context()
+    return [trace.Link(sent)] if sent.is_valid else []
 
 
 class RequestTrace:

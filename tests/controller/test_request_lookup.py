@@ -167,15 +167,20 @@ async def test_a_request_with_no_usage_row_is_found_in_the_routers_buffer(tmp_pa
     sim = start_sim("sim-chat", "engine-key")
     broken = _broken_engine()
     (tmp_path / "no-keys").write_text("# no key: every request here is a 401\n")
-    router = await _router(tmp_path, _snapshot(broken, sim), ["--keys-file", str(tmp_path / "no-keys")])
+    operator = tmp_path / "operator-token"
+    operator.write_text("ops-" + "t" * 40 + "\n")
+    args = ["--keys-file", str(tmp_path / "no-keys"), "--operator-token-file", str(operator)]
+    router = await _router(tmp_path, _snapshot(broken, sim), args)
     try:
         async with aiohttp.ClientSession() as s:
             body = {"model": "sim-chat", "messages": [{"role": "user", "content": "x"}]}
             headers = {"x-request-id": "no-key-1", "Authorization": "Bearer sk-llmgw-" + "x" * 43}
             async with s.post(router.base_url + "/chat/completions", json=body, headers=headers) as r:
                 assert r.status == 401 and r.headers["x-request-id"] == "no-key-1"
-        result = await asyncio.to_thread(_cli, ["request", "no-key-1", "--router", router.metrics, "--json"])
-        missing = await asyncio.to_thread(_cli, ["request", "never-made", "--router", router.metrics])
+        lookup = ["--router", router.metrics, "--router-token-file", str(operator)]
+        result = await asyncio.to_thread(_cli, ["request", "no-key-1", *lookup, "--json"])
+        missing = await asyncio.to_thread(_cli, ["request", "never-made", *lookup])
+        refused = await asyncio.to_thread(_cli, ["request", "no-key-1", "--router", router.metrics])
     finally:
         router.stop()
         broken.stop()
@@ -189,3 +194,5 @@ async def test_a_request_with_no_usage_row_is_found_in_the_routers_buffer(tmp_pa
         None,
     )
     assert missing.exit_code == 1 and "never-made" in missing.output
+    # The admin token ($LLMGW_TOKEN) is never sent to a router: without the router's own token, no lookup.
+    assert refused.exit_code == 1 and "--router-token-file" in refused.output

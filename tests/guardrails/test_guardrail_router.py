@@ -74,7 +74,7 @@ class Usage:
 async def gateway(sims: dict[str, SimProcess]) -> AsyncIterator[tuple[Router, str, Usage]]:
     usage = Usage()
     keys = StaticKeys.from_file_lines([f"{hash_key(k)} {p} key-{p}" for p, k in KEYS.items()])
-    router = Router(RouterOptions(router_id="r1"), Authenticator(keys), usage=usage)
+    router = Router(RouterOptions(router_id="r1", operator_token="ops"), Authenticator(keys), usage=usage)
     router.apply_snapshot(snapshot(catalog(), endpoints(sims)))
     listeners: Listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")
     try:
@@ -289,8 +289,11 @@ async def test_the_cluster_switch_turns_every_check_off_live(
     rec = await usage.of(served.headers["x-request-id"])
     assert rec.status == 200 and rec.guard is None  # nothing checked: absent, not "passed"
     assert "llmgw_router_guardrails_enabled 0.0" in verdicts(router)
-    async with aiohttp.ClientSession() as s, s.get(url + "/ready") as resp:
-        ready = await resp.json()
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(url + "/ready", headers={"Authorization": "Bearer ops"}) as r,
+    ):
+        ready = await r.json()  # the guardrails' setup: for the operator's token only (L12)
     assert ready["guard"]["enabled"] is False
     router.apply_snapshot(snapshot(catalog(), endpoints(sims)))  # and on again with the next snapshot
     with pytest.raises(openai.BadRequestError):

@@ -427,7 +427,7 @@ async def test_a_plain_request_id_is_kept_and_anything_else_replaced(
 
 
 async def test_health_ready_and_metrics_listener(sims: list[SimProcess]) -> None:
-    router = Router(RouterOptions(), Authenticator(keys()))
+    router = Router(RouterOptions(operator_token="ops"), Authenticator(keys()))
     listeners = await serve(router, "127.0.0.1:0", "127.0.0.1:0")
     url = f"http://127.0.0.1:{listeners.api_port}"
     try:
@@ -437,7 +437,7 @@ async def test_health_ready_and_metrics_listener(sims: list[SimProcess]) -> None
             async with s.get(url + "/ready") as r:
                 assert r.status == 503  # no snapshot yet
             router.apply_snapshot(snapshot(sims))
-            async with s.get(url + "/ready") as r:
+            async with s.get(url + "/ready", headers={"Authorization": "Bearer ops"}) as r:
                 assert r.status == 200 and (await r.json())["revision"] == "test-1"
             async with s.get(url + "/metrics") as r:
                 assert r.status == 404  # metrics live on their own listener only

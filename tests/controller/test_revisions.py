@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+from fixtures.leftover_check import snapshot
 from support import wait_for
 
 from llmgw.adapters.repo_files import content_hash
@@ -185,17 +186,8 @@ async def _seen_after(admin: Admin, at: float, polls: int) -> bool:
 
 def _git_children() -> list[str]:
     """The command lines of this process's children that run git (GitPython's persistent `cat-file`s)."""
-    found = []
-    for proc in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
-        try:
-            stat = (proc / "stat").read_text()
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if int(fields[1]) == os.getpid() and fields[0] != "Z" and args[0].endswith(b"git"):
-            found.append(b" ".join(args).decode())
-    return found
+    mine = [p for p in snapshot(details=False) if p.ppid == os.getpid() and not p.zombie]
+    return [" ".join(p.cmdline) for p in mine if p.cmdline and p.cmdline[0].endswith("git")]
 
 
 def _origin(origin: Path) -> Path:

@@ -12,36 +12,17 @@ import signal
 import time
 from pathlib import Path
 
+from fixtures.leftover_check import snapshot
+
 from llmgw.adapters.ssh import render
 
 STOP_LIMIT_S = 30.0  # the supervisor gives its agent 10 s before SIGKILL; a loaded machine gets the rest
 
 
-def _fields(pid: int) -> list[str] | None:
-    """/proc/PID/stat after the name, or None when no such process runs (a zombie has ended)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = text[text.rfind(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else fields
-
-
-def _table() -> dict[int, tuple[int, list[bytes]]]:
-    """pid -> (parent pid, argv) of every running process."""
-    rows = {}
-    for proc in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-            if (fields := _fields(int(proc.name))) is not None:
-                rows[int(proc.name)] = (int(fields[1]), args)
-    return rows
-
-
 def agent_processes(layout: render.Layout) -> list[int]:
     """The supervisors and agents running from `layout`'s prefix (not its engines: they outlive agents)."""
-    mine = {layout.supervisor.encode(), layout.agent_bin.encode()}
-    return sorted(pid for pid, (_, args) in _table().items() if mine & set(args))
+    mine = {layout.supervisor, layout.agent_bin}
+    return sorted(p.pid for p in snapshot(details=False) if not p.zombie and mine & set(p.cmdline))
 
 
 def stop_agent(layout: render.Layout) -> None:
@@ -54,10 +35,7 @@ def stop_agent(layout: render.Layout) -> None:
         time.sleep(0.05)
     if not left:
         return
-    table = _table()
-    described = [
-        f"{pid}: {b' '.join(table[pid][1]).decode(errors='replace')}" for pid in left if pid in table
-    ]
+    described = [f"{p.pid}: {' '.join(p.cmdline)}" for p in snapshot(details=False) if p.pid in left]
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

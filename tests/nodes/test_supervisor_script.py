@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fixtures.leftover_check import snapshot
 from support import wait_until
 
 from llmgw.adapters.ssh import render
@@ -38,14 +39,7 @@ def _sh(script: str) -> str:
 
 def _group(pgid: int) -> list[int]:
     """The running (not zombie) processes of process group `pgid`."""
-    found = []
-    for proc in (p for p in Path("/proc").iterdir() if p.name.isdigit()):
-        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
-            stat = (proc / "stat").read_text()
-            fields = stat[stat.rfind(")") + 2 :].split()
-            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
-                found.append(int(proc.name))
-    return found
+    return [p.pid for p in snapshot(details=False) if p.pgid == pgid and not p.zombie]
 
 
 @pytest.mark.parametrize("agent", sorted(STAND_INS))

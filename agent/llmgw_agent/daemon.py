@@ -282,9 +282,9 @@ class Agent:
         finally:
             for t in tasks:
                 t.cancel()
-            for t in tasks:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await t
+            # gather, not each awaited under suppress(CancelledError): a stop (SIGTERM cancels this task) that
+            # lands while they end must go on, or the agent would keep running with its supervisor waiting.
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _heartbeats(self, send: Any, interval: float) -> None:
         beats = 0

@@ -77,7 +77,8 @@ class GitSource:
 
         with self._lock:
             try:
-                return str(git.Repo(self.clone_dir).commit(f"origin/{self.branch}").hexsha)
+                with git.Repo(self.clone_dir) as repo:
+                    return str(repo.commit(f"origin/{self.branch}").hexsha)
             except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.exc.BadName, ValueError):
                 return None
 
@@ -92,13 +93,14 @@ class GitSource:
             try:
                 if not (self.clone_dir / ".git").exists():
                     return None
-                repo = git.Repo(self.clone_dir)
-                repo.remotes.origin.fetch(self.branch, prune=True)
-                commit = repo.commit(sha)
-                if commit.hexsha != sha or not repo.is_ancestor(commit, repo.commit(f"origin/{self.branch}")):
-                    return None
-                archive = io.BytesIO()
-                repo.archive(archive, treeish=commit.hexsha, format="tar")
+                with git.Repo(self.clone_dir) as repo:
+                    repo.remotes.origin.fetch(self.branch, prune=True)
+                    commit = repo.commit(sha)
+                    tip = repo.commit(f"origin/{self.branch}")
+                    if commit.hexsha != sha or not repo.is_ancestor(commit, tip):
+                        return None
+                    archive = io.BytesIO()
+                    repo.archive(archive, treeish=commit.hexsha, format="tar")
             except (
                 git.GitCommandError,
                 git.InvalidGitRepositoryError,
@@ -127,10 +129,12 @@ class GitSource:
                 repo = git.Repo.clone_from(self.url, self.clone_dir, branch=self.branch, no_checkout=True)
             else:
                 repo = git.Repo(self.clone_dir)
-            repo.remotes.origin.fetch(self.branch, prune=True)
-            head = repo.commit(f"origin/{self.branch}")
-            repo.git.checkout("--force", "--detach", head.hexsha)
-            repo.git.clean("-fdx")
+            # Closed at once: an open Repo keeps `git cat-file` processes running until it is collected.
+            with repo:
+                repo.remotes.origin.fetch(self.branch, prune=True)
+                head = repo.commit(f"origin/{self.branch}")
+                repo.git.checkout("--force", "--detach", head.hexsha)
+                repo.git.clean("-fdx")
         except (git.GitCommandError, git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError) as exc:
             raise SourceUnavailable(
                 f"{self.description}: {_redact_url(_first_line(exc))}", delay=self.interval_s

@@ -447,10 +447,10 @@ def revision_like_source(path: Path, status: dict[str, Any]) -> str | None:
     import git
 
     try:
-        repo = git.Repo(path if path.is_dir() else path.parent, search_parent_directories=True)
-        if repo.is_dirty(untracked_files=True):
-            return None  # what is applied is not a commit; its content hash says so
-        return str(repo.head.commit.hexsha)
+        with git.Repo(path if path.is_dir() else path.parent, search_parent_directories=True) as repo:
+            if repo.is_dirty(untracked_files=True):
+                return None  # what is applied is not a commit; its content hash says so
+            return str(repo.head.commit.hexsha)
     except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
         return None
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
+from fixtures.leftover_check import snapshot
 from support import wait_for
 
 from llmgw.adapters.repo_files import content_hash
+from llmgw.adapters.sources import GitSource
 from llmgw.core.words import short
 
 from .helpers import (
@@ -177,3 +182,34 @@ async def _status_where(admin: Admin, predicate: Any) -> Any:
 async def _seen_after(admin: Admin, at: float, polls: int) -> bool:
     status = await admin.get("/api/v1/status")
     return bool(status["seen"]["at"] > at + polls * 0.2)
+
+
+def _git_children() -> list[str]:
+    """The command lines of this process's children that run git (GitPython's persistent `cat-file`s)."""
+    mine = [p for p in snapshot(details=False) if p.ppid == os.getpid() and not p.zombie]
+    return [" ".join(p.cmdline) for p in mine if p.cmdline and p.cmdline[0].endswith("git")]
+
+
+def _origin(origin: Path) -> Path:
+    """A git repository with one commit, made with the git CLI: no GitPython object of the test's own."""
+    who = ["-c", "user.name=test", "-c", "user.email=test@example.invalid"]
+    subprocess.run(["git", "init", "-q", "-b", "main", str(origin)], check=True)
+    (origin / "cluster.yaml").write_text(cluster_yaml())
+    subprocess.run(["git", "-C", str(origin), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(origin), *who, "commit", "-q", "-m", "first"], check=True)
+    return origin
+
+
+async def test_a_git_poll_and_a_verification_leave_no_git_process_running(tmp_path: Path) -> None:
+    origin = _origin(tmp_path / "origin")
+    source = GitSource(str(origin), "main", ".", tmp_path / "state", interval_s=1.0)
+    # Without the collector, what is not closed stays open: each Repo the source opens must be closed by it
+    # (a controller polls for months; the suite's leftover check saw them still running after the run).
+    gc.disable()
+    try:
+        checkout = await source.poll()
+        assert await source.content_hash_at(checkout.revision) == content_hash(checkout.root)
+        assert await source.branch_tip() == checkout.revision
+        assert _git_children() == []
+    finally:
+        gc.enable()

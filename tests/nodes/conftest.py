@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,10 +20,9 @@ def wheelhouse() -> wheels.Wheelhouse:
 
 
 @pytest.fixture
-def node_root() -> Iterator[Path]:
+def node_root(public_tmp_path: Path) -> Path:
     """A directory every account may search, as /opt is on a node. Bootstrapping as root runs the agent as the
-    unprivileged `llmgw` account, which cannot enter pytest's private tmp_path; prefixes go here instead."""
-    root = Path(tempfile.mkdtemp(prefix="llmgw-node-", dir="/tmp"))
-    root.chmod(0o755)
-    yield root
-    shutil.rmtree(root, ignore_errors=True)
+    unprivileged `llmgw` account, which cannot enter pytest's private tmp_path; prefixes go here instead. Inside
+    the run's shared directory, so what runs from it (over SSH, without our environment) is known as this
+    run's and this test's (tests/fixtures/leftover_check.py)."""
+    return public_tmp_path

@@ -8,10 +8,10 @@ good node; teardown stops and removes the agent, keeps the weights and revokes t
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import pwd
-import signal
 import stat
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -36,6 +36,7 @@ from llmgw.adapters.ssh.remote import SshTarget
 from llmgw.adapters.ssh.wheels import Wheelhouse
 
 from .agent_hub import HubStub
+from .agent_procs import stop_agent
 
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -78,14 +79,6 @@ def _read(path: str) -> str:
 
 def _exists(*paths: str) -> list[bool]:
     return [Path(p).exists() for p in paths]
-
-
-def _stop_leftover(layout: render.Layout) -> None:
-    """Test hygiene: never leave an agent running, even when an assertion failed before teardown."""
-    pid_file = Path(layout.supervisor_pid)
-    if pid_file.exists():
-        with contextlib.suppress(ProcessLookupError, ValueError):
-            os.kill(int(pid_file.read_text()), signal.SIGTERM)
 
 
 @pytest.fixture
@@ -198,7 +191,8 @@ async def test_bootstrap_registers_over_mtls_then_changes_nothing_and_tears_down
         again = await teardown_node(good, TeardownOptions(layout=layout, ca=hub.ca))
         assert all(s.status == "unchanged" for s in again.steps), again.steps
     finally:
-        _stop_leftover(layout)
+        # Never leave an agent running, even when an assertion failed first; in a thread: the loop serves on.
+        await asyncio.to_thread(stop_agent, layout)
 
 
 CLUSTER_YAML = """apiVersion: llmgw/v1
@@ -265,5 +259,6 @@ async def test_bootstrapped_agent_registers_with_the_real_controller_over_mtls(
         down = await teardown_node(target, TeardownOptions(layout=layout, ca=ca))
         assert _statuses(down)["revoke"] == "changed"
     finally:
-        _stop_leftover(layout)
+        # Never leave an agent running, even when an assertion failed first; in a thread: the loop serves on.
+        await asyncio.to_thread(stop_agent, layout)
         await running.stop()

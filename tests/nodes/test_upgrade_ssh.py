@@ -30,6 +30,8 @@ from support import wait_for
 from llmgw.adapters.ssh import render, wheels
 from llmgw.adapters.ssh.wheels import Wheelhouse
 
+from .agent_procs import stop_agent
+
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900)]
 
 KEY = "sk-llmgw-" + "u" * 43
@@ -111,11 +113,6 @@ spec:
     return {"cluster.yaml": cluster_doc, f"nodes/{SSH_NODE}.yaml": node_doc}
 
 
-def _stop_supervisor(layout: render.Layout) -> None:
-    with contextlib.suppress(ProcessLookupError, ValueError, OSError):
-        os.kill(int(Path(layout.supervisor_pid).read_text()), signal.SIGTERM)
-
-
 def _venv_in_use(layout: render.Layout) -> str | None:
     """The venv `venv` links to, or None while it is still bootstrap's own directory."""
     return os.path.realpath(layout.venv) if os.path.islink(layout.venv) else None
@@ -153,10 +150,12 @@ async def fleet(
         cluster.repo.write({"models/a.yaml": model_yaml("sim-a", min_=2)}, "models")
         yield cluster
     finally:
-        _stop_supervisor(layout)
-        await cluster.close()
-        cluster.agents.cleanup()
-        _kill_engines([Path(layout.state), *(tmp_path / "agents").glob("*/state")])
+        try:
+            await asyncio.to_thread(stop_agent, layout)  # the controller in this loop serves on meanwhile
+        finally:
+            await cluster.close()
+            cluster.agents.cleanup()
+            _kill_engines([Path(layout.state), *(tmp_path / "agents").glob("*/state")])
 
 
 async def _nodes(cluster: Cluster) -> dict[str, dict[str, Any]]:

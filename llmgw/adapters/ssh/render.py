@@ -235,14 +235,30 @@ WantedBy=multi-user.target
 """.encode()
 
 
-def supervisor_script(layout: Layout) -> bytes:
-    """A small restart loop for machines without systemd: restarts the agent with backoff, stops on TERM."""
+# Whether the process $pid names runs: `kill -0` also succeeds on a zombie no one has reaped yet.
+_RUNNING = '[ -e "/proc/$pid" ] && ! grep -q "^State:[[:space:]]*Z" "/proc/$pid/status" 2>/dev/null'
+AGENT_STOP_GRACE_S = 10  # below the 15 s `stop_supervisor_command` gives the supervisor
+
+
+def supervisor_script(layout: Layout, stop_grace_s: int = AGENT_STOP_GRACE_S) -> bytes:
+    """A small restart loop for machines without systemd: restarts the agent with backoff; on TERM stops the
+    agent first (SIGKILL after `stop_grace_s`: an agent that ignores TERM must not outlive its loop)."""
     q = shlex.quote
     return f"""#!/bin/sh
 # Written by llmgw bootstrap: keeps the agent running where systemd does not.
 umask 077
 agent_pid=
-trap 'if [ -n "$agent_pid" ]; then kill -TERM "$agent_pid" 2>/dev/null; wait "$agent_pid"; fi; exit 0' TERM INT
+stop() {{
+    if [ -n "$agent_pid" ]; then
+        pid=$agent_pid
+        kill -TERM "$pid" 2>/dev/null; i=0
+        while {_RUNNING} && [ $i -lt {stop_grace_s * 10} ]; do sleep 0.1; i=$((i+1)); done
+        kill -KILL "$pid" 2>/dev/null
+        wait "$pid"
+    fi
+    exit 0
+}}
+trap stop TERM INT
 delay=1
 while :; do
     started=$(date +%s)
@@ -338,14 +354,18 @@ def supervisor_alive_command(layout: Layout) -> str:
 
 
 def stop_supervisor_command(layout: Layout) -> str:
-    """Stops the supervisor (its TERM trap stops the agent first); prints `stopped` when one was running."""
+    """Stops the supervisor (its TERM trap stops the agent first); prints `stopped` when one was running.
+
+    Then whatever is left of its process group (it leads one: `setsid`) is killed: a supervisor that did not
+    end within 15 s, an agent it could not stop. A removed node must not keep an agent running from deleted
+    files. Engines run in process groups of their own and are not touched."""
     q = shlex.quote
     return (
         f"pid=$(cat {q(layout.supervisor_pid)} 2>/dev/null)\n"
         f'if [ -n "$pid" ] && {_is_supervisor(layout)}; then\n'
         f'  kill -TERM "$pid"; i=0\n'
-        f'  while kill -0 "$pid" 2>/dev/null && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done\n'
-        f'  kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"\n'
+        f"  while {_RUNNING} && [ $i -lt 150 ]; do sleep 0.1; i=$((i+1)); done\n"
+        f'  kill -KILL -"$pid" 2>/dev/null\n'
         f"  echo stopped\n"
         f"fi\n"
         f"rm -f {q(layout.supervisor_pid)}\n"

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from llmgw_router.prefix import PrefixKey
-from llmgw_router.scheduler import Candidate, RequestInfo, schedule
+from llmgw_router.decisions.prefix import PrefixKey
+from llmgw_router.decisions.scheduler import Candidate, RequestInfo, schedule
 from scheduling import POLICIES_FILE, load_policies
 from scheduling_prefix import (
     BLOCK,

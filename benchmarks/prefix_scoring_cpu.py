@@ -40,10 +40,10 @@ import msgpack
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llmgw_agent.sim_events import batch_events
 from llmgw_agent.sim_model import CacheChange
-from llmgw_router.prefix import parse_event_batch, sim_chat_text, sim_token_ids, vllm_chain
-from llmgw_router.prefix_routing import PrefixRouting
-from llmgw_router.scheduler import RequestInfo, schedule
-from llmgw_router.state import LiveEndpoint
+from llmgw_router.decisions.prefix import parse_event_batch, sim_chat_text, sim_token_ids, vllm_chain
+from llmgw_router.decisions.scheduler import RequestInfo, schedule
+from llmgw_router.fleet.table import LiveEndpoint
+from llmgw_router.routing.prefix_routing import PrefixRouting
 from scheduling import MODEL, POLICIES_FILE, load_policies
 from scheduling_prefix import BLOCK, LOWREUSE_WORDS, REPLICAS, _words
 

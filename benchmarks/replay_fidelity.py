@@ -16,7 +16,7 @@ For each fleet, in turn:
    measures the TTFT from that time (so client lag counts against the measurement, as it would for a user),
    and records what the engine counted (`usage`), as a router records a trace;
 4. the same trace is replayed by `llmgw plan --simulate --trace T --capacity C --state S --offline` (in this
-   process, through the CLI: `llmgw_router.replay`, the router's own scheduler and fair queue) on a cluster
+   process, through the CLI: `llmgw_router.decisions.replay`, the router's own scheduler and fair queue) on a cluster
    repo declaring that fleet, a saved live state running it and the bench's measurement as
    `llmgw capacity --json` prints it, and the current fleet's p50 and p99 TTFT compared.
 

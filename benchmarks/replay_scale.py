@@ -6,7 +6,7 @@ measurement of a GPU replica with 8 slots whose inter-token latency grows with i
 prefills holds the replica (the share the fit reads from what it completed at 8). Each model
 gets a 24-hour diurnal trace (`llmgw.core.synthetic_trace.diurnal`: trough at 04:00, peak at 16:00) whose peak
 is `--peak` (0.8) of its replicas' modelled capacity; requests have 256-token prompts and ~600-token answers
-(+-50%), so a day is about a million requests. The replay (`llmgw_router.replay`: the router's scheduler and
+(+-50%), so a day is about a million requests. The replay (`llmgw_router.decisions.replay`: the router's scheduler and
 fair queue, per request) runs in this one process, so it uses one core however many the machine has.
 
 Printed: the trace's size and how long it took to make, the replay's seconds, the requests served and
@@ -24,7 +24,7 @@ import argparse
 import random
 import time
 
-from llmgw_router.replay import SimFleet, SimReplica, replay
+from llmgw_router.decisions.replay import SimFleet, SimReplica, replay
 
 from llmgw.core.engine_model import fit_engine_model
 from llmgw.core.synthetic_trace import Shape, diurnal

@@ -23,7 +23,7 @@ from pathlib import Path
 __all__ = ["HOOKED_FILES", "StripError", "strip_source", "untraced_tree"]
 
 # The files the hooks live in, relative to the repository root.
-HOOKED_FILES = ("router/llmgw_router/service.py", "router/llmgw_router/accounting.py")
+HOOKED_FILES = ("router/llmgw_router/path/service.py", "router/llmgw_router/path/accounting.py")
 _HOOK_NAMES = {"tracer", "trace", "traceparent"}
 
 

@@ -47,7 +47,7 @@ def tokenize(text: str) -> list[str]:
 def token_ids(tokens: list[str]) -> list[int]:
     """Each word's token id: its CRC-32 (the sim has no vocabulary file; CRC-32 is the cheapest stable hash in
     the standard library). The router tokenizes sim prompts with the same function
-    (llmgw_router.prefix.sim_token_ids) to hash them as here."""
+    (llmgw_router.decisions.prefix.sim_token_ids) to hash them as here."""
     ids = _TOKEN_IDS
     out = []
     for w in tokens:

@@ -5,7 +5,7 @@ failed); the planned fleet is that minus the plan's stops, plus its starts (a re
 replica's engine model is fitted from what `llmgw bench --save` measured for its model and profile
 (`GET /api/v1/capacity`, or `--capacity FILE` saved from `llmgw capacity --json` for CI without the cluster);
 what nobody measured is assumed and printed. Both fleets replay the same trace with the same seed, through
-`llmgw_router.replay` (the router's own scheduler and fair queue), and `llmgw.core.replay_gate` judges.
+`llmgw_router.decisions.replay` (the router's own scheduler and fair queue), and `llmgw.core.replay_gate` judges.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_router.replay import ModelOutcome, SimFleet, SimReplica, replay
+from llmgw_router.decisions.replay import ModelOutcome, SimFleet, SimReplica, replay
 
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import ModelSpec

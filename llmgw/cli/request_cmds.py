@@ -133,12 +133,12 @@ def _show(r: dict[str, Any]) -> None:
     for stage, verdict in (r.get("guard") or {}).items():  # the guardrails' verdicts (docs/guardrails.md)
         rules = ", ".join([*verdict.get("rules", []), *verdict.get("hazards", [])])
         lines.append((f"guard {stage}", f"{verdict.get('action')}" + (f": {rules}" if rules else "")))
-    if isinstance(r.get("decision"), dict) and r["decision"].get("adapter"):  # llmgw_router.adapters
+    if isinstance(r.get("decision"), dict) and r["decision"].get("adapter"):  # llmgw_router.path.lora
         lines.append(("adapter", f"{r['decision']['adapter']} (LoRA on {r.get('model')})"))
     for label, value in lines:
         console.print(f"  {label:<14}{escape(str(value))}", highlight=False)
     decision = r.get("decision")
-    if isinstance(decision, dict) and _cache_hit(r):  # llmgw_router.cache_path
+    if isinstance(decision, dict) and _cache_hit(r):  # llmgw_router.path.cache
         console.print(
             f"  {'decision':<14}answered from the router's response cache "
             f"(stored {escape(str(decision.get('age_s')))}s before)",

@@ -3,7 +3,7 @@ a person), read from the store every router writes.
 
 `GET /api/v1/requests/{request_id}`: every usage row of that request id, newest first, with the way it went
 (endpoint, queue time, time to first token, the endpoints that failed first, the scheduling decision) and its
-tags. The row holds the decision (see llmgw_router.lookup for why); a request without a usage row (made
+tags. The row holds the decision (see llmgw_router.path.lookup for why); a request without a usage row (made
 without a project's key) or not yet flushed (a router writes usage every second) is in that router's own
 buffer, at `GET /requests/{request_id}` on its metrics listener, which the 404 names.
 

@@ -3,7 +3,7 @@
 `/router/v1` is a WebSocket; the controller sends a full snapshot on connect and again whenever its content
 changes (a new revision, an endpoint ready or gone). Routers may send `{"type": "usage", "models": [...]}`
 (models used since the last message, so idle_timeout knows) and `{"type": "demand", "model": NAME}` on the
-same socket; both also exist as HTTP endpoints. `{"type": "load", ...}` (llmgw_router.load) is each router's
+same socket; both also exist as HTTP endpoints. `{"type": "load", ...}` (llmgw_router.fleet.load) is each router's
 queue, requests in flight, p99 TTFT and refusals per model, and requests in flight per replica: the
 autoscaler's demand and what a drain waits on; it is kept per connection and forgotten when it closes.
 """
@@ -351,7 +351,7 @@ class _ReplicaLoad(BaseModel):
 
 
 class _LoadMessage(BaseModel):
-    """The router's `load` message (llmgw_router.load); fields a newer router adds are ignored."""
+    """The router's `load` message (llmgw_router.fleet.load); fields a newer router adds are ignored."""
 
     model_config = ConfigDict(extra="ignore")
     models: dict[str, _ModelLoad] = Field(default_factory=dict, max_length=100_000)

@@ -118,7 +118,7 @@ class ReplicaLoad:
     inflight: int
     last_request_at: float | None
     routed: bool
-    requests: int = 0  # attempts sent to it since the router started (llmgw_router.load)
+    requests: int = 0  # attempts sent to it since the router started (llmgw_router.fleet.load)
     errors: int = 0  # of those, 5xx or unreachable
     ttft_p99_ms: float | None = None  # over the router's window; None: unknown
     engine: EngineReading | None = None  # None: the router sent none (it does not route there, or is older)
@@ -126,7 +126,7 @@ class ReplicaLoad:
 
 @dataclass(frozen=True)
 class RouterLoad:
-    """One router's last load report (llmgw_router.load), as received at `at` (controller wall time)."""
+    """One router's last load report (llmgw_router.fleet.load), as received at `at` (controller wall time)."""
 
     at: float
     models: dict[str, Demand]

@@ -9,7 +9,7 @@ that calls the library, never further in.
     ├── ConfigInvalidError      the cluster repo did not validate (controller.desired, every error with position)
     ├── CatalogError            Catalog.build refused its documents
     ├── TransientError(delay)   worth retrying: store.StoreUnavailable, adapters.sources.SourceUnavailable,
-    │                           llmgw_router.proxy.UpstreamUnavailable
+    │                           llmgw_router.upstream.proxy.UpstreamUnavailable
     └── the rest, defined beside the code that raises them: StoreError, SpoolError, SecretError,
         SecretRefError, AgentError, WheelhouseError, CAError, StepFailed, SettingsError, ApiError, ...
 

@@ -112,7 +112,7 @@ def forbidden_address_reason(url_or_host: str) -> str | None:
 
     Pure: literal addresses (including the numeric forms getaddrinfo accepts, such as `2852039166` or
     `0251.0376.0251.0376` for 169.254.169.254) and well-known metadata names. Names are not resolved here;
-    the router checks every resolved address again as it connects (llmgw_router.egress), so a name that
+    the router checks every resolved address again as it connects (llmgw_router.upstream.egress), so a name that
     resolves to a forbidden address is refused there.
     """
     host = urlsplit(url_or_host).hostname if "//" in url_or_host else url_or_host

@@ -142,9 +142,11 @@ class UsageRecord:
     ttft_ms: float | None = None  # to the first streamed bytes sent to the client
     # Kept as values, encoded to JSON by the spool's one line and by the store's writer, off the request path.
     attempts: list[dict[str, str]] | None = None  # the endpoints that failed first: endpoint, model, reason
-    decision: dict[str, Any] | None = None  # the scheduling decision, compact (llmgw_router.lookup)
+    decision: dict[str, Any] | None = None  # the scheduling decision, compact (llmgw_router.path.lookup)
     code: str = ""  # the error code the client was given ("" on success)
-    tags: dict[str, str] | None = None  # metadata, x-llmgw-tags and `user` (llmgw_router.tags); None: none
+    tags: dict[str, str] | None = (
+        None  # metadata, x-llmgw-tags and `user` (llmgw_router.path.tags); None: none
+    )
     # The request's shape for a traffic trace (migration 0009, llmgw.core.trace). None: not known.
     stream: bool | None = None  # the client asked for a stream
     prefix: str | None = None  # salted hash of its session/prefix key (llmgw.core.traffic.prefix_hash)

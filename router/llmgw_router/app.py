@@ -20,22 +20,22 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.store.request_queries import record_view
-from llmgw_router.auth import Authenticator, KeyStore, StoreKeys, is_operator
-from llmgw_router.egress import client_connector
-from llmgw_router.exchange import Exchange, json_reply
-from llmgw_router.http1 import EngineClient
-from llmgw_router.kv_events import kv_events_loop
-from llmgw_router.link import ControllerLink, controller_url
-from llmgw_router.listener import ApiListener, Handler
-from llmgw_router.messages_exchange import MessagesExchange
+from llmgw_router.fleet.kv_events import kv_events_loop
+from llmgw_router.fleet.link import ControllerLink, controller_url
+from llmgw_router.fleet.ports import UsageSink
+from llmgw_router.fleet.scrape import scrape_loop
 from llmgw_router.options import RouterOptions
-from llmgw_router.peers import SnapshotRules
-from llmgw_router.ports import UsageSink
-from llmgw_router.ratelimit import Limiter, TenantLimiter, memory_limiter
-from llmgw_router.responses_exchange import ResponsesExchange
-from llmgw_router.responses_keeper import ResponseKeeper, kept_routes
-from llmgw_router.scrape import scrape_loop
-from llmgw_router.service import Kind, RequestService
+from llmgw_router.path.auth import Authenticator, KeyStore, StoreKeys, is_operator
+from llmgw_router.path.ratelimit import Limiter, TenantLimiter, memory_limiter
+from llmgw_router.path.service import Kind, RequestService
+from llmgw_router.server.exchange import Exchange, json_reply
+from llmgw_router.server.listener import ApiListener, Handler
+from llmgw_router.server.peers import SnapshotRules
+from llmgw_router.surfaces.messages.exchange import MessagesExchange
+from llmgw_router.surfaces.responses.exchange import ResponsesExchange
+from llmgw_router.surfaces.responses.keeper import ResponseKeeper, kept_routes
+from llmgw_router.upstream.egress import client_connector
+from llmgw_router.upstream.http1 import EngineClient
 
 __all__ = ["BuiltRouter", "Listeners", "api_routes", "build_router", "create_metrics_app", "serve"]
 
@@ -82,7 +82,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         "/v1/embeddings": {"POST": completion("embeddings")},
         "/v1/messages": {"POST": messages},
         "/v1/responses": {"POST": responses},
-        "/v1/responses/*": kept_routes(router),  # GET, DELETE a stored response (responses_keeper.py)
+        "/v1/responses/*": kept_routes(
+            router
+        ),  # GET, DELETE a stored response (surfaces/responses/keeper.py)
         "/v1/rerank": {"POST": completion("rerank")},
         "/v1/score": {"POST": completion("score")},
         "/v1/models": {"GET": router.models},
@@ -151,7 +153,7 @@ def create_metrics_app(router: RequestService) -> web.Application:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def recent_request(request: web.Request) -> web.Response:
-        # The router's own buffer of the last requests (llmgw_router.lookup): for requests with no usage row
+        # The router's own buffer of the last requests (llmgw_router.path.lookup): for requests with no usage row
         # (no project's key) or not yet flushed to the store. On the metrics listener, not the API's, and only
         # for the operator's token: a row names the project, the key, the user and the guard verdicts (L12).
         token = router.options.operator_token
@@ -305,7 +307,7 @@ async def build_router(
     if options.otlp_endpoint is not None:
         # Imported here: a router without an endpoint never loads OpenTelemetry (llmgw.adapters.tracing).
         from llmgw.adapters.tracing import otlp_tracer
-        from llmgw_router.tracing import RequestTracer
+        from llmgw_router.path.tracing import RequestTracer
 
         tracer, shutdown = otlp_tracer("llmgw-router", options.otlp_endpoint, sample=options.trace_sample)
         stack.push_async_callback(asyncio.to_thread, shutdown)  # flushes the last spans, off the loop

@@ -28,8 +28,8 @@ from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw_router import heap
 from llmgw_router.app import build_router, serve
-from llmgw_router.auth import KeyStore, StaticKeys
 from llmgw_router.options import RouterOptions
+from llmgw_router.path.auth import KeyStore, StaticKeys
 
 if TYPE_CHECKING:
     from llmgw_router.workers import WorkerSeat

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from llmgw.core.secretrefs import SecretPolicy
-from llmgw_router import breaker as brk
-from llmgw_router.provider_keys import DEFAULT_SECRETS_DIR
+from llmgw_router.decisions import breaker as brk
+from llmgw_router.upstream.provider_keys import DEFAULT_SECRETS_DIR
 
 __all__ = ["RouterOptions"]
 

@@ -56,7 +56,7 @@ def test_this_trees_router_stripped_imports_and_has_no_hook_left(tmp_path: Path)
         names = {n.attr for n in ast.walk(parsed) if isinstance(n, ast.Attribute)}
         assert not names & {"tracer", "trace"}, rel
     env = {"PYTHONPATH": f"{tree}:{tree / 'router'}:{tree / 'agent'}", "PATH": "/usr/bin:/bin"}
-    probe = "import llmgw_router.app, llmgw_router.service as s; print(s.__file__)"
+    probe = "import llmgw_router.app, llmgw_router.path.service as s; print(s.__file__)"
     done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith(str(tree))

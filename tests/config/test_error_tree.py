@@ -10,7 +10,7 @@ from types import ModuleType
 
 import llmgw_router
 import pytest
-from llmgw_router.proxy import UpstreamUnavailable
+from llmgw_router.upstream.proxy import UpstreamUnavailable
 
 import llmgw
 from llmgw.adapters.sources import SourceUnavailable

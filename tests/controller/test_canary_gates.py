@@ -1,8 +1,8 @@
-"""A canary's gates (llmgw.core.canary) and the router's split (llmgw_router.canary_route), pure."""
+"""A canary's gates (llmgw.core.canary) and the router's split (llmgw_router.decisions.canary_route), pure."""
 
 from __future__ import annotations
 
-from llmgw_router.canary_route import refusal, steered_away
+from llmgw_router.decisions.canary_route import refusal, steered_away
 
 from llmgw.core.canary import Traffic, judge_canary
 from llmgw.core.config.eval_spec import CanarySpec

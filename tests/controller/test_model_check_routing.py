@@ -1,11 +1,11 @@
-"""Routing by verified capability, as pure decisions (llmgw_router.canary_route): which requests need a
+"""Routing by verified capability, as pure decisions (llmgw_router.decisions.canary_route): which requests need a
 probe, which endpoints may take them, what /v1/models lists, and the refusal's words and kind when no
 endpoint of the chain is verified. The fleet test (test_model_check_fleet.py) shows the same through a real
 router and controller."""
 
 from __future__ import annotations
 
-from llmgw_router.canary_route import listed_capabilities, needs_of, refusal, steered_away
+from llmgw_router.decisions.canary_route import listed_capabilities, needs_of, refusal, steered_away
 
 from llmgw.core.snapshot import Endpoint, PublishedModel
 

@@ -22,7 +22,7 @@ from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, sta
 from fixtures.llama import LlamaServer
 from llmgw_agent.protocol import PROTOCOL_VERSION
 from llmgw_agent.weights import WeightsError, check_url
-from llmgw_router.service import Router
+from llmgw_router.path.service import Router
 from router.helpers import start_sim, wait_healthy_sync
 from support import wait_for
 

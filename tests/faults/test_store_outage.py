@@ -11,8 +11,8 @@ from pathlib import Path
 
 import openai
 import pytest
-from llmgw_router.auth import Authenticator
-from llmgw_router.errors import ApiError
+from llmgw_router.path.auth import Authenticator
+from llmgw_router.server.errors import ApiError
 from router.helpers import start_sim, wait_healthy_sync
 from support import wait_for
 

@@ -12,8 +12,8 @@ import aiohttp
 import openai
 import pytest
 from llmgw_router.app import Listeners, serve
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.service import Router, RouterOptions
 from prometheus_client import generate_latest
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import free_port, wait_for

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from llmgw_router.exchange import Headers, Reply
-from llmgw_router.guard_stream import GuardCut, GuardedStream
+from llmgw_router.path.guard_stream import GuardCut, GuardedStream
+from llmgw_router.server.exchange import Headers, Reply
 
 from llmgw.core import guardrails as gr
 from llmgw.core.config.guardrail_spec import GuardrailSpec

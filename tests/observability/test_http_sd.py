@@ -17,7 +17,7 @@ import pytest
 from aiohttp import web
 from controller.helpers import Repo, cluster_yaml, settings_for, start
 from llmgw_router.app import create_metrics_app
-from llmgw_router.service import Router
+from llmgw_router.path.service import Router
 from support import free_port, wait_for
 
 from llmgw.controller.app import ROUTER_PATH

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 from llmgw_agent import health
-from llmgw_router.metrics import RouterMetrics
-from llmgw_router.service import RequestService
+from llmgw_router.fleet.metrics import RouterMetrics
+from llmgw_router.path.service import RequestService
 from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 

@@ -20,8 +20,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 from llmgw_router.app import create_metrics_app
-from llmgw_router.errors import ApiError
-from llmgw_router.service import Router
+from llmgw_router.path.service import Router
+from llmgw_router.server.errors import ApiError
 from prometheus_client import CollectorRegistry, generate_latest
 from ruamel.yaml import YAML
 from support import free_port, wait_for

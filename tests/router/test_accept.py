@@ -1,4 +1,4 @@
-"""The API listener's accept loop (llmgw_router/accept.py): one wake-up takes every connection waiting, each
+"""The API listener's accept loop (llmgw_router/server/accept.py): one wake-up takes every connection waiting, each
 becomes a connection of the protocol, and binding a name binds each of its addresses on one port."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import socket
 
-from llmgw_router import accept
+from llmgw_router.server import accept
 
 
 class Counting(asyncio.Protocol):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
-from llmgw_router.accounting import Charge, Reservation, charge
+from llmgw_router.path.accounting import Charge, Reservation, charge
 
 from llmgw.core.config.models import Prices
 

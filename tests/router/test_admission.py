@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import Callable
 
 import pytest
-from llmgw_router.admission import PASS_ON_LIMIT, Admission
+from llmgw_router.routing.admission import PASS_ON_LIMIT, Admission
 from support import wait_for
 
 DEADLINE_S = 5.0

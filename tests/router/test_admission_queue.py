@@ -1,4 +1,4 @@
-"""The admission queue itself (llmgw_router.admission) without sockets: shares and bands decide who gets a freed
+"""The admission queue itself (llmgw_router.routing.admission) without sockets: shares and bands decide who gets a freed
 slot, bounds per model and in total, displacement by a higher band, deadlines, and a waiter whose client
 went away leaving at once. Each test decides when room appears and waits on conditions with deadlines."""
 
@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from llmgw_router.admission import Admission
-from llmgw_router.errors import ApiError
-from llmgw_router.fairqueue import band_of
+from llmgw_router.decisions.fairqueue import band_of
+from llmgw_router.routing.admission import Admission
+from llmgw_router.server.errors import ApiError
 from support import wait_for
 
 DEADLINE_S = 5.0

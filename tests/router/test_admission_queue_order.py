@@ -1,4 +1,4 @@
-"""Who goes next for one model (llmgw_router.fairqueue, pure): bands strictly ordered, fair shares over
+"""Who goes next for one model (llmgw_router.decisions.fairqueue, pure): bands strictly ordered, fair shares over
 projects, FIFO within a project. Property tests over arbitrary arrivals, departures and services."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from llmgw_router.fairqueue import UNRANKED, Entry, FairQueue, band_of
+from llmgw_router.decisions.fairqueue import UNRANKED, Entry, FairQueue, band_of
 
 PROJECTS = ("a", "b", "c")
 

@@ -15,8 +15,8 @@ import aiohttp
 import openai
 import pytest
 from llmgw_router.app import Listeners, serve
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.service import Router, RouterOptions
 from support import wait_for
 
 from llmgw.adapters.keys import hash_key

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw_router.breaker import BreakerPolicy, BreakerState, allow, on_failure, on_success
+from llmgw_router.decisions.breaker import BreakerPolicy, BreakerState, allow, on_failure, on_success
 
 POLICY = BreakerPolicy(failure_threshold=3, base_backoff=1.0, max_backoff=4.0, probe_timeout=30.0)
 

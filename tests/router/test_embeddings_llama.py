@@ -13,8 +13,8 @@ from fixtures.llama import ENGINE_KEY, require_llama, running_llama
 from llmgw_agent.engines import LaunchContext, launch_plan
 from llmgw_agent.protocol import ShardSpec
 from llmgw_router.app import serve
-from llmgw_router.auth import Authenticator
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator
+from llmgw_router.path.service import Router, RouterOptions
 from support import free_port
 
 from llmgw.core.snapshot import RouterSnapshot

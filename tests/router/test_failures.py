@@ -19,10 +19,10 @@ import openai
 import pytest
 from aiohttp import web
 from llmgw_router.app import serve
-from llmgw_router.link import ControllerLink, controller_url
-from llmgw_router.scheduler import RequestInfo
-from llmgw_router.scrape import scrape_once
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.decisions.scheduler import RequestInfo
+from llmgw_router.fleet.link import ControllerLink, controller_url
+from llmgw_router.fleet.scrape import scrape_once
+from llmgw_router.path.service import Router, RouterOptions
 from support import free_port, wait_for
 
 from llmgw.adapters.keys import hash_key
@@ -135,7 +135,7 @@ async def test_violation_warns_once_and_once_when_it_clears(
     assert table is not None
     live = table.endpoints["sim-kill"][0]
     page["text"] = LLAMA_PAGE
-    caplog.set_level(logging.WARNING, logger="llmgw_router.scrape")
+    caplog.set_level(logging.WARNING, logger="llmgw_router.fleet.scrape")
     async with aiohttp.ClientSession() as session:
         for _ in range(3):
             await scrape_once(session, table, router.metrics, router.clock)

@@ -8,10 +8,10 @@ import math
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from llmgw_router.http1 import UpstreamHttpError, _parse_head
-from llmgw_router.listener import _head
-from llmgw_router.metrics import RouterMetrics
-from llmgw_router.proxy import _parse_answer
+from llmgw_router.fleet.metrics import RouterMetrics
+from llmgw_router.server.listener import _head
+from llmgw_router.upstream.http1 import UpstreamHttpError, _parse_head
+from llmgw_router.upstream.proxy import _parse_answer
 from prometheus_client import CollectorRegistry
 
 from llmgw.store.records import UsageRecord

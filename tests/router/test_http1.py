@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from hypothesis import given, settings, strategies as st
-from llmgw_router.http1 import EngineClient, EngineResponse, UpstreamHttpError, _Connection
+from llmgw_router.upstream.http1 import EngineClient, EngineResponse, UpstreamHttpError, _Connection
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

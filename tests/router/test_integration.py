@@ -11,9 +11,9 @@ import aiohttp
 import openai
 import pytest
 from llmgw_router.app import Listeners, serve
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.ratelimit import memory_limiter
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.ratelimit import memory_limiter
+from llmgw_router.path.service import Router, RouterOptions
 from support import wait_for, write_bindings
 
 from llmgw.adapters.keys import hash_key

@@ -17,9 +17,9 @@ from collections.abc import AsyncIterator, Mapping
 import aiohttp
 import pytest
 from llmgw_router.app import serve
-from llmgw_router.exchange import ClientStalled, Exchange, json_reply
-from llmgw_router.listener import MAX_HEAD, MAX_TARGET, ApiListener, Handler
-from llmgw_router.service import RequestService
+from llmgw_router.path.service import RequestService
+from llmgw_router.server.exchange import ClientStalled, Exchange, json_reply
+from llmgw_router.server.listener import MAX_HEAD, MAX_TARGET, ApiListener, Handler
 from support import wait_for
 
 from llmgw.core.snapshot import RouterSnapshot
@@ -168,13 +168,13 @@ async def test_a_malformed_request_is_one_openai_error_and_one_warning_line(
 ) -> None:
     _, _, port = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    with caplog.at_level(logging.WARNING, logger="llmgw_router.listener"):
+    with caplog.at_level(logging.WARNING, logger="llmgw_router.server.listener"):
         writer.write(request_bytes)
         got, headers, body = await read_reply(reader)
         assert await closed_by_server(reader)
     assert got == status and headers["connection"] == "close"
     assert json.loads(body)["error"]["message"]
-    records = [r for r in caplog.records if r.name == "llmgw_router.listener"]
+    records = [r for r in caplog.records if r.name == "llmgw_router.server.listener"]
     assert len(records) == 1 and records[0].levelno == logging.WARNING and records[0].exc_info is None
     writer.close()
 

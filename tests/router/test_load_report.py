@@ -1,4 +1,4 @@
-"""The router's load report (llmgw_router.load): what it counts as real requests go through a router in front
+"""The router's load report (llmgw_router.fleet.load): what it counts as real requests go through a router in front
 of a sim engine, and the link sending it to a controller stream."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from llmgw_router.link import ControllerLink
+from llmgw_router.fleet.link import ControllerLink
 from support import serving, wait_for
 
 from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync

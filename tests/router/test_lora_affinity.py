@@ -1,11 +1,11 @@
-"""The adapter-affinity rule (llmgw_router.adapter_affinity.choose), over every shape of fleet hypothesis
+"""The adapter-affinity rule (llmgw_router.decisions.adapter_affinity.choose), over every shape of fleet hypothesis
 makes: a replica holding the adapter with room is always preferred, a load goes to exactly one replica with
 room, and a request is never left with nowhere to go."""
 
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
-from llmgw_router.adapter_affinity import Candidate, choose
+from llmgw_router.decisions.adapter_affinity import Candidate, choose
 
 candidates = st.lists(
     st.builds(

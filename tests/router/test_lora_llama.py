@@ -19,8 +19,8 @@ from llmgw_agent import weights
 from llmgw_agent.engines import LaunchContext, launch_plan
 from llmgw_agent.protocol import ShardAdapter, ShardSpec, WeightSource
 from llmgw_router.app import serve
-from llmgw_router.auth import Authenticator
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator
+from llmgw_router.path.service import Router, RouterOptions
 from lora_gguf import write_lora
 from support import free_port
 

@@ -19,8 +19,8 @@ import pytest
 from llmgw_agent.engines import LaunchContext, launch_plan
 from llmgw_agent.protocol import ShardAdapter, ShardSpec, WeightSource
 from llmgw_router.app import Listeners, serve
-from llmgw_router.auth import Authenticator
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator
+from llmgw_router.path.service import Router, RouterOptions
 from support import free_port, wait_for, wait_until
 
 from llmgw.core.snapshot import RouterSnapshot

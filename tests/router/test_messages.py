@@ -11,8 +11,8 @@ import anthropic
 import openai
 import pytest
 from llmgw_router.app import serve
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.service import Router, RouterOptions
 
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw.store.records import UsageRecord

@@ -1,4 +1,4 @@
-"""Golden tests of the Messages <-> chat translation (llmgw_router/messages.py), both directions, streams too.
+"""Golden tests of the Messages <-> chat translation (llmgw_router/surfaces/messages/translate.py), both directions, streams too.
 
 Each case's input is here; its translation is in tests/router/golden/messages/. Regenerate them after an
 intended change with `LLMGW_UPDATE_GOLDEN=1 pytest tests/router/test_messages_golden.py` and read the diff.
@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llmgw_router.errors import ApiError
-from llmgw_router.messages import StreamTranslator, error_to_anthropic, from_chat, to_chat
+from llmgw_router.server.errors import ApiError
+from llmgw_router.surfaces.messages.translate import StreamTranslator, error_to_anthropic, from_chat, to_chat
 
 GOLDEN = Path(__file__).parent / "golden" / "messages"
 

@@ -7,8 +7,8 @@ import anthropic
 import pytest
 from fixtures.llama import ENGINE_KEY, LlamaServer
 from llmgw_router.app import serve
-from llmgw_router.auth import Authenticator
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator
+from llmgw_router.path.service import Router, RouterOptions
 
 from llmgw.core.snapshot import RouterSnapshot
 

@@ -8,10 +8,16 @@ from __future__ import annotations
 import hashlib
 
 from hypothesis import given, strategies as st
-from llmgw_router.prefix import KvEvent, external_hash, none_hash, parse_event_batch, text_block_hashes
-from llmgw_router.prefix_routing import PrefixRouting
-from llmgw_router.scheduler import Candidate
-from llmgw_router.state import LiveEndpoint
+from llmgw_router.decisions.prefix import (
+    KvEvent,
+    external_hash,
+    none_hash,
+    parse_event_batch,
+    text_block_hashes,
+)
+from llmgw_router.decisions.scheduler import Candidate
+from llmgw_router.fleet.table import LiveEndpoint
+from llmgw_router.routing.prefix_routing import PrefixRouting
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import Endpoint

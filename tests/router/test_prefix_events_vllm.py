@@ -21,8 +21,8 @@ from llmgw_agent.kv_relay import RELAY_PATH
 from llmgw_agent.protocol import KvEventsRequest, ShardSpec, ShardStatus, WeightSource
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from llmgw_router.app import serve
-from llmgw_router.prefix import vllm_block_hashes
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.decisions.prefix import vllm_block_hashes
+from llmgw_router.path.service import Router, RouterOptions
 from support import wait_for
 
 from llmgw.controller.publisher import kv_events_address

@@ -12,8 +12,8 @@ import urllib.request
 
 import pytest
 from fixtures.llama import LlamaServer
-from llmgw_router.prefix_routing import PrefixRouting
-from llmgw_router.tokenizer import PromptTokenizer, TokenizerError
+from llmgw_router.routing.prefix_routing import PrefixRouting
+from llmgw_router.routing.tokenizer import PromptTokenizer, TokenizerError
 
 from llmgw.core.config.models import RoutingPolicySpec
 

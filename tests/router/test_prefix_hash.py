@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 from llmgw_agent import sim_model
 from llmgw_agent.sim_events import batch_events
 from llmgw_agent.sim_model import CacheChange, PrefixCache
-from llmgw_router.prefix import (
+from llmgw_router.decisions.prefix import (
     HeadMemo,
     KvEvent,
     PrefixKey,

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 
 from hypothesis import given, strategies as st
-from llmgw_router.prefix import ApproxIndex, EventIndex, KvEvent
-from llmgw_router.scheduler import Candidate, RequestInfo, schedule
+from llmgw_router.decisions.prefix import ApproxIndex, EventIndex, KvEvent
+from llmgw_router.decisions.scheduler import Candidate, RequestInfo, schedule
 
 from llmgw.core.config.models import RoutingPolicySpec
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 
 import pytest
-from llmgw_router.prefix import KvEvent
-from llmgw_router.prefix_routing import PrefixRouting
-from llmgw_router.scheduler import Candidate
-from llmgw_router.state import LiveEndpoint
+from llmgw_router.decisions.prefix import KvEvent
+from llmgw_router.decisions.scheduler import Candidate
+from llmgw_router.fleet.table import LiveEndpoint
+from llmgw_router.routing.prefix_routing import PrefixRouting
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import Endpoint
@@ -90,7 +90,7 @@ def test_a_stream_going_silent_is_said_once_and_its_return_once(caplog: pytest.L
     assert key is not None
     pr.events.apply("a", [KvEvent("stored", ())], now=0.0)
     pr.placed(a, key, POLICY, "p", now=1.0)  # new blocks, and no event follows
-    with caplog.at_level(logging.WARNING, logger="llmgw_router.prefix_routing"):
+    with caplog.at_level(logging.WARNING, logger="llmgw_router.routing.prefix_routing"):
         for t in (7.0, 8.0, 9.0):
             _annotate(pr, [a], now=t)
         pr.events.apply("a", [KvEvent("stored", ())], now=9.5)

@@ -10,8 +10,8 @@ import aiohttp
 import pytest
 from llmgw_agent.kv_relay import RELAY_PATH
 from llmgw_router.app import serve
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.service import Router, RouterOptions
 from support import free_port, wait_for
 
 from llmgw.adapters.keys import hash_key

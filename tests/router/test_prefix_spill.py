@@ -6,11 +6,11 @@ from __future__ import annotations
 import random
 
 from hypothesis import given, strategies as st
-from llmgw_router.prefix import KvEvent, PrefixKey
-from llmgw_router.prefix_routing import PrefixRouting
-from llmgw_router.prefix_spill import prefix_scores, spill_key
-from llmgw_router.scheduler import Candidate, RequestInfo, schedule
-from llmgw_router.state import LiveEndpoint
+from llmgw_router.decisions.prefix import KvEvent, PrefixKey
+from llmgw_router.decisions.prefix_spill import prefix_scores, spill_key
+from llmgw_router.decisions.scheduler import Candidate, RequestInfo, schedule
+from llmgw_router.fleet.table import LiveEndpoint
+from llmgw_router.routing.prefix_routing import PrefixRouting
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import Endpoint
@@ -146,7 +146,7 @@ def test_a_full_holder_within_its_bound_is_waited_for_rather_than_prefilling_els
 def test_the_router_forwards_to_a_full_holder_instead_of_holding_the_request_or_prefilling_elsewhere() -> (
     None
 ):
-    from llmgw_router.service import Router, RouterOptions
+    from llmgw_router.path.service import Router, RouterOptions
 
     from llmgw.core.snapshot import RouterSnapshot
 
@@ -175,8 +175,8 @@ def test_the_router_forwards_to_a_full_holder_instead_of_holding_the_request_or_
 def test_canary_and_adapter_steering_keep_the_prompts_prefix_and_project() -> None:
     """Steering narrows a request's endpoints; it rebuilt the request's info from three of its five fields,
     so a canary model or a LoRA request lost its prefix score without a word."""
-    from llmgw_router.adapters import Adapters
-    from llmgw_router.service import Router, RouterOptions, _Steering
+    from llmgw_router.path.lora import Adapters
+    from llmgw_router.path.service import Router, RouterOptions, _Steering
 
     from llmgw.core.snapshot import PublishedAdapter, RouterSnapshot
 

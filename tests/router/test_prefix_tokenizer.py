@@ -12,12 +12,12 @@ from pathlib import Path
 
 import msgpack
 import pytest
-from llmgw_router.fields import cache_salt
-from llmgw_router.prefix import parse_event_batch, vllm_block_hashes
-from llmgw_router.prefix_routing import PrefixRouting
-from llmgw_router.scheduler import Candidate
-from llmgw_router.state import LiveEndpoint
-from llmgw_router.tokenizer import PromptTokenizer, TokenizerError
+from llmgw_router.decisions.fields import cache_salt
+from llmgw_router.decisions.prefix import parse_event_batch, vllm_block_hashes
+from llmgw_router.decisions.scheduler import Candidate
+from llmgw_router.fleet.table import LiveEndpoint
+from llmgw_router.routing.prefix_routing import PrefixRouting
+from llmgw_router.routing.tokenizer import PromptTokenizer, TokenizerError
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import Endpoint
@@ -203,7 +203,7 @@ def test_a_tokenizer_that_cannot_load_is_one_warning_and_approximate_scoring(
     missing = str(tmp_path / "nowhere")
     eps = [_ep("a")]
     pr.events.apply("a", [], now=0.0)
-    with caplog.at_level(logging.WARNING, logger="llmgw_router.prefix_routing"):
+    with caplog.at_level(logging.WARNING, logger="llmgw_router.routing.prefix_routing"):
         for _ in range(3):
             key = pr.key({"messages": MESSAGES}, POLICY, "p", missing)
             assert key is not None

@@ -7,7 +7,7 @@ import itertools
 import random
 
 from hypothesis import given, settings, strategies as st
-from llmgw_router.replay import SimFleet, SimReplica, replay
+from llmgw_router.decisions.replay import SimFleet, SimReplica, replay
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.engine_model import EngineModel, fit_engine_model

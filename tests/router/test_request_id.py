@@ -2,7 +2,7 @@
 
 import uuid
 
-from llmgw_router.service import _new_request_id
+from llmgw_router.path.service import _new_request_id
 
 
 def test_request_ids_are_uuid4_hex_and_distinct() -> None:

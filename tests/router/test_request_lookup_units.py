@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from llmgw_router.lookup import CANDIDATES_KEPT, RecentRequests, decision_summary
-from llmgw_router.scheduler import Decision, EndpointScore
+from llmgw_router.decisions.scheduler import Decision, EndpointScore
+from llmgw_router.path.lookup import CANDIDATES_KEPT, RecentRequests, decision_summary
 
 from llmgw.store.records import UsageRecord
 

@@ -10,7 +10,7 @@ from typing import Any
 import aiohttp
 import pytest
 from llmgw_router.app import serve
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.service import Router, RouterOptions
 from support import wait_for
 
 from llmgw.core.snapshot import RouterSnapshot

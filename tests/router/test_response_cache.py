@@ -14,8 +14,8 @@ from typing import Any
 import openai
 import pytest
 from llmgw_router.app import Listeners, serve
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.service import Router, RouterOptions
 from support import wait_for
 
 from llmgw.adapters.keys import hash_key

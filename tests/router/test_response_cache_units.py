@@ -1,12 +1,18 @@
 """The response cache's pure parts: what the key covers and leaves out, the client's directives, and the LRU's
-byte bound and TTL (llmgw_router.response_cache)."""
+byte bound and TTL (llmgw_router.decisions.response_cache)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from llmgw_router.response_cache import ENTRY_OVERHEAD, CacheEntry, ProjectCache, cache_key, directive
+from llmgw_router.decisions.response_cache import (
+    ENTRY_OVERHEAD,
+    CacheEntry,
+    ProjectCache,
+    cache_key,
+    directive,
+)
 
 from llmgw.core.config.models import ResponseCacheSpec
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 from aiohttp import web
 from llmgw_router.app import serve
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.service import Router, RouterOptions
 from support import free_port, wait_for
 
 from llmgw.core.snapshot import RouterSnapshot

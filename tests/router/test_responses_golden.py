@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llmgw_router.errors import ApiError
-from llmgw_router.exchange import Headers, Reply
-from llmgw_router.responses import ResponseIds, from_chat, to_chat
-from llmgw_router.responses_exchange import ResponsesExchange
+from llmgw_router.server.errors import ApiError
+from llmgw_router.server.exchange import Headers, Reply
+from llmgw_router.surfaces.responses.exchange import ResponsesExchange
+from llmgw_router.surfaces.responses.translate import ResponseIds, from_chat, to_chat
 
 GOLDEN = Path(__file__).parent / "golden" / "responses"
 IDS = ResponseIds.of("req1", 1700000000)

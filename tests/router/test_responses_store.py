@@ -19,7 +19,7 @@ import openai
 import pytest
 from llmgw_router.app import build_router, serve
 from llmgw_router.options import RouterOptions
-from llmgw_router.service import RequestService
+from llmgw_router.path.service import RequestService
 
 from llmgw.adapters import keys
 from llmgw.core.snapshot import RouterSnapshot
@@ -225,7 +225,7 @@ async def test_a_project_without_the_opt_in_keeps_nothing_and_says_why(gateway: 
 async def test_a_store_that_refuses_the_write_answers_with_store_false(
     gateway: Gateway, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="llmgw_router.responses_keeper")
+    caplog.set_level(logging.INFO, logger="llmgw_router.surfaces.responses.keeper")
     c = gateway.clients["keeper"]
     async with gateway.store.db.tx() as tx:
         await tx.execute("ALTER TABLE content RENAME TO content_away")

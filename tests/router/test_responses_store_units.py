@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 from llmgw_router.app import build_router
-from llmgw_router.errors import ApiError
 from llmgw_router.main import content_key
 from llmgw_router.options import RouterOptions
-from llmgw_router.responses_exchange import ResponsesTurn
-from llmgw_router.responses_keeper import ResponseKeeper
-from llmgw_router.responses_kept import (
+from llmgw_router.server.errors import ApiError
+from llmgw_router.surfaces.responses.exchange import ResponsesTurn
+from llmgw_router.surfaces.responses.keeper import ResponseKeeper
+from llmgw_router.surfaces.responses.kept import (
     NO_STORAGE,
     Storage,
     continued_input,

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from llmgw_router.errors import ApiError
-from llmgw_router.fields import FieldPlan
-from llmgw_router.rules import Sizing, fits, parse, payload, sent_cap, session_key, size
+from llmgw_router.decisions.fields import FieldPlan
+from llmgw_router.decisions.rules import Sizing, fits, parse, payload, sent_cap, session_key, size
+from llmgw_router.server.errors import ApiError
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import PublishedModel

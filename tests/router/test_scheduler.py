@@ -6,7 +6,7 @@ import math
 import random
 
 from hypothesis import given, settings, strategies as st
-from llmgw_router.scheduler import KV_PENALTY, Candidate, RequestInfo, bounded_load_target, schedule
+from llmgw_router.decisions.scheduler import KV_PENALTY, Candidate, RequestInfo, bounded_load_target, schedule
 
 from llmgw.core.config.models import RoutingPolicySpec, ScorerWeights, SessionSettings
 

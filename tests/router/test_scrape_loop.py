@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 import aiohttp
 import pytest
-from llmgw_router.metrics import RouterMetrics
-from llmgw_router.scrape import scrape_loop
-from llmgw_router.state import LiveEndpoint, RoutingTable
+from llmgw_router.fleet.metrics import RouterMetrics
+from llmgw_router.fleet.scrape import scrape_loop
+from llmgw_router.fleet.table import LiveEndpoint, RoutingTable
 from support import wait_for
 
 from llmgw.core.snapshot import RouterSnapshot
@@ -39,7 +39,7 @@ async def test_scrape_loop_logs_a_failed_round_and_keeps_scraping(caplog: pytest
     table.armed.append(True)
     rounds: list[int] = []
     async with aiohttp.ClientSession() as session:
-        with caplog.at_level(logging.ERROR, logger="llmgw_router.scrape"):
+        with caplog.at_level(logging.ERROR, logger="llmgw_router.fleet.scrape"):
             task = asyncio.create_task(
                 scrape_loop(session, lambda: table, metrics, lambda: 0.0, lambda: rounds.append(1))
             )

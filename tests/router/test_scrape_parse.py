@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, strategies as st
 from llmgw_agent.engines import metric_mapping
-from llmgw_router.scrape_parse import MetricNames, Sample, ScrapeError, parse_metrics
+from llmgw_router.decisions.scrape_parse import MetricNames, Sample, ScrapeError, parse_metrics
 
 
 def names(engine: str) -> MetricNames:

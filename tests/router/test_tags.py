@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from llmgw_router.errors import ApiError
-from llmgw_router.tag_metrics import OTHER, TagMetrics
-from llmgw_router.tags import MAX_KEY, MAX_TAGS, MAX_VALUE, request_tags
+from llmgw_router.fleet.tag_metrics import OTHER, TagMetrics
+from llmgw_router.path.tags import MAX_KEY, MAX_TAGS, MAX_VALUE, request_tags
+from llmgw_router.server.errors import ApiError
 from prometheus_client import CollectorRegistry, generate_latest
 
 from llmgw.core.config.models import RouterSettings

@@ -21,9 +21,9 @@ import pytest
 from aiohttp import web
 from faults.procs import start_router_proc
 from llmgw_router.app import serve
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.ratelimit import memory_limiter
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.ratelimit import memory_limiter
+from llmgw_router.path.service import Router, RouterOptions
 from support import free_port, wait_for
 
 from llmgw.adapters.keys import hash_key
@@ -131,7 +131,7 @@ async def test_one_trace_from_the_client_through_the_router_to_the_engine(engine
         auth=Authenticator(StaticKeys.from_file_lines([f"{hash_key(KEY)} p1 key-1"])),
         limiter=memory_limiter(time.time),
     )
-    from llmgw_router.tracing import RequestTracer
+    from llmgw_router.path.tracing import RequestTracer
 
     router.tracer = RequestTracer(tracer)
     router.apply_snapshot(RouterSnapshot.model_validate(snapshot(engine)))
@@ -199,7 +199,7 @@ async def test_without_tracing_the_clients_traceparent_reaches_the_engine_as_it_
 
 def test_no_opentelemetry_module_is_loaded_without_an_endpoint() -> None:
     code = (
-        "import sys, llmgw_router.main, llmgw_router.service, llmgw.controller.app, llmgw.cli.main\n"
+        "import sys, llmgw_router.main, llmgw_router.path.service, llmgw.controller.app, llmgw.cli.main\n"
         "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
         "assert not loaded, loaded\n"
     )
@@ -246,7 +246,7 @@ async def test_a_refused_request_is_traced_up_to_the_step_that_refused_it(engine
         auth=Authenticator(StaticKeys.from_file_lines([f"{hash_key(KEY)} p1 key-1"])),
         limiter=memory_limiter(time.time),
     )
-    from llmgw_router.tracing import RequestTracer
+    from llmgw_router.path.tracing import RequestTracer
 
     router.tracer = RequestTracer(tracer)
     snap = snapshot(engine)

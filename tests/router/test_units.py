@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from llmgw_router.admission import Admission
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.errors import ApiError
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.routing.admission import Admission
+from llmgw_router.server.errors import ApiError
 from support import wait_for
 
 from llmgw.adapters.keys import hash_key

@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 from llmgw_router.app import Listeners, serve
-from llmgw_router.auth import Authenticator, KeyStore, StaticKeys
-from llmgw_router.ratelimit import Limiter, memory_limiter
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, KeyStore, StaticKeys
+from llmgw_router.path.ratelimit import Limiter, memory_limiter
+from llmgw_router.path.service import Router, RouterOptions
 
 from llmgw.adapters.keys import hash_key
 from llmgw.controller.publisher import published_models, published_tenants

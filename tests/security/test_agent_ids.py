@@ -108,9 +108,9 @@ async def test_l7_router_debug_token_is_compared_in_constant_time(monkeypatch: p
     """The debug token unlocks the router's decision rationale: a wrong one gets no x-llmgw-decision, the right
     one does, and both go through hmac.compare_digest."""
     from llmgw_router.app import serve
-    from llmgw_router.auth import Authenticator, StaticKeys
-    from llmgw_router.ratelimit import memory_limiter
-    from llmgw_router.service import Router, RouterOptions
+    from llmgw_router.path.auth import Authenticator, StaticKeys
+    from llmgw_router.path.ratelimit import memory_limiter
+    from llmgw_router.path.service import Router, RouterOptions
     from router.helpers import endpoint, start_sim, wait_healthy_sync
 
     from llmgw.adapters.keys import hash_key

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 from llmgw_router.app import Listeners
-from llmgw_router.exchange import Exchange, Headers
-from llmgw_router.listener import ApiListener
-from llmgw_router.peers import ConnectionRules, forwarded_client
+from llmgw_router.server.exchange import Exchange, Headers
+from llmgw_router.server.listener import ApiListener
+from llmgw_router.server.peers import ConnectionRules, forwarded_client
 from support import wait_for
 
 from .request_path import KEY, catalog, model, published, start_router

@@ -17,8 +17,8 @@ from typing import Any
 import openai
 import pytest
 from llmgw_router.app import serve
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.service import Router, RouterOptions
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import wait_for
 

@@ -24,8 +24,8 @@ from agent.test_daemon import AgentProcs, registered, sim_spec, start_ready
 from aiohttp import web
 from llmgw_agent.kv_relay import RELAY_PATH
 from llmgw_agent.passthrough import PassThrough, key_digest
-from llmgw_router.kv_events import EventStreamError, read_record, subscribe
-from llmgw_router.prefix import EventIndex
+from llmgw_router.decisions.prefix import EventIndex
+from llmgw_router.fleet.kv_events import EventStreamError, read_record, subscribe
 from support import free_port, wait_for
 
 from .test_engine_listen import children, listening_sockets

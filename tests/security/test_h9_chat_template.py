@@ -19,8 +19,8 @@ import json
 from pathlib import Path
 
 import pytest
-from llmgw_router.prefix_routing import PrefixRouting
-from llmgw_router.tokenizer import MAX_RENDERED_CHARS, PromptTokenizer, TokenizerError
+from llmgw_router.routing.prefix_routing import PrefixRouting
+from llmgw_router.routing.tokenizer import MAX_RENDERED_CHARS, PromptTokenizer, TokenizerError
 from router.test_prefix_tokenizer import MESSAGES, POLICY, write_model_dir
 
 NESTED = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"

@@ -11,7 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
-from llmgw_router.http1 import EngineClient, UpstreamHttpError
+from llmgw_router.upstream.http1 import EngineClient, UpstreamHttpError
 
 GOOD = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 8\r\n\r\n{"ok":1}'
 

@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 from llmgw_router.app import Listeners, serve
-from llmgw_router.auth import Authenticator
-from llmgw_router.ratelimit import memory_limiter
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator
+from llmgw_router.path.ratelimit import memory_limiter
+from llmgw_router.path.service import Router, RouterOptions
 
 from .request_path import catalog, model, published, tenant_keys
 

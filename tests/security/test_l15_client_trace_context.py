@@ -12,7 +12,7 @@ from llmgw.adapters.tracing import otlp_tracer
 
 pytest.importorskip("opentelemetry.sdk", reason="the llmgw[tracing] extra is not installed")
 
-from llmgw_router.tracing import RequestTracer
+from llmgw_router.path.tracing import RequestTracer
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 

@@ -21,10 +21,10 @@ import aiohttp
 import pytest
 from guardrails.repo import MODELS  # sim-chat, and guard: a judge
 from llmgw_router.app import Listeners, serve
-from llmgw_router.auth import Authenticator, StaticKeys
-from llmgw_router.guard import answer_text
-from llmgw_router.ratelimit import memory_limiter
-from llmgw_router.service import Router, RouterOptions
+from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.guard import answer_text
+from llmgw_router.path.ratelimit import memory_limiter
+from llmgw_router.path.service import Router, RouterOptions
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 
 from llmgw.adapters.keys import hash_key

@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from llmgw_router.media import host_allowed
+from llmgw_router.path.media import host_allowed
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 
 from .request_path import KEY, catalog, model, published, start_router

@@ -22,9 +22,9 @@ from agent.test_mtls import issue
 from aiohttp import web
 from aiohttp.abc import ResolveResult
 from faults.procs import RouterProc, start_router_proc
-from llmgw_router.egress import ForbiddenAddress, client_connector
-from llmgw_router.http1 import EngineClient, UpstreamHttpError
-from llmgw_router.service import Router
+from llmgw_router.path.service import Router
+from llmgw_router.upstream.egress import ForbiddenAddress, client_connector
+from llmgw_router.upstream.http1 import EngineClient, UpstreamHttpError
 
 from llmgw.core.security import forbidden_address_reason
 from llmgw.core.snapshot import RouterSnapshot

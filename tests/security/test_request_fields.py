@@ -16,7 +16,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from faults.procs import RouterProc, start_router_proc
-from llmgw_router.fields import cache_salt
+from llmgw_router.decisions.fields import cache_salt
 
 from llmgw.adapters.keys import hash_key
 from llmgw.core.snapshot import RouterSnapshot

@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from llmgw_router.ratelimit import Lease, memory_limiter
+from llmgw_router.path.ratelimit import Lease, memory_limiter
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import wait_for, write_bindings
 

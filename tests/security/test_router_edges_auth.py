@@ -19,8 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, start
-from llmgw_router.auth import Authenticator, StaticKeys, StoreKeys
-from llmgw_router.errors import ApiError
+from llmgw_router.path.auth import Authenticator, StaticKeys, StoreKeys
+from llmgw_router.server.errors import ApiError
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import free_port, wait_for, wait_until
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from llmgw_router.ratelimit import MemoryCounters, TenantLimiter, memory_limiter
-from llmgw_router.service import Router
+from llmgw_router.path.ratelimit import MemoryCounters, TenantLimiter, memory_limiter
+from llmgw_router.path.service import Router
 
 from llmgw.core.limits import Budget, LevelLimits, Tenant
 from llmgw.core.snapshot import RouterSnapshot

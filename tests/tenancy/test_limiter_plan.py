@@ -5,7 +5,7 @@ object, as the router does, decides exactly as a fresh chain per request does; a
 from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
-from llmgw_router.ratelimit import MemoryCounters
+from llmgw_router.path.ratelimit import MemoryCounters
 
 from llmgw.core.limits import Budget, Estimate, LevelLimits, Refused, Tenant
 from llmgw.store.limiter import Admission, Limiter

@@ -10,7 +10,7 @@ from typing import Any
 
 import openai
 import pytest
-from llmgw_router.rules import conversation_key
+from llmgw_router.decisions.rules import conversation_key
 from support import wait_until
 
 from llmgw.core.config.models import RoutingPolicySpec

@@ -89,7 +89,7 @@ RequestFieldName = Annotated[
     str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="A top-level request body field")
 ]
 TagKey = Annotated[
-    str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="A request tag's key (llmgw_router.tags)")
+    str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="A request tag's key (llmgw_router.path.tags)")
 ]
 MediaHost = Annotated[
     str,

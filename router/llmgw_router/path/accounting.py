@@ -1,0 +1,236 @@
+"""What a request is charged, and the bookkeeping that records it.
+
+`charge` is the billing rule, pure: tokens and cost from what the engine reported, falling back to what was
+reserved when it reported nothing (so hanging up just before the usage event, or a provider that omits
+`usage`, is no way around budgets), and nothing spent for a request refused before any engine saw it.
+`settle` is the thin shell around it: metrics, the limiter's release, the usage record.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from llmgw.core.config.models import Prices
+from llmgw.core.tenancy import TenantChain
+from llmgw.core.traffic import prefix_hash
+from llmgw.store.records import UsageRecord
+from llmgw_router.decisions.rules import Sizing
+from llmgw_router.decisions.scheduler import Decision
+from llmgw_router.fleet.metrics import RouterMetrics
+from llmgw_router.fleet.ports import UsageSink
+from llmgw_router.fleet.table import RoutingTable
+from llmgw_router.path.auth import Principal
+from llmgw_router.path.lookup import RecentRequests, decision_summary
+from llmgw_router.path.ratelimit import Lease, Limiter
+from llmgw_router.upstream.proxy import ProxyResult
+
+if TYPE_CHECKING:
+    from llmgw_router.path.tracing import RequestTrace
+
+__all__ = ["Answer", "Call", "Charge", "Reservation", "charge", "gone", "settle"]
+
+
+class Answer(Protocol):
+    """What an engine's answer told about its size (a ProxyResult is one)."""
+
+    @property
+    def prompt_tokens(self) -> int | None: ...
+    @property
+    def completion_tokens(self) -> int | None: ...
+    @property
+    def events(self) -> int: ...  # stream events forwarded to the client
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """Tokens a request reserved at admission: the prompt's estimate and the completion's cap (all sequences)."""
+
+    prompt: int
+    completion: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt + self.completion
+
+
+# Not frozen: built on every request, and a frozen dataclass costs about three times as much to construct.
+@dataclass(slots=True)
+class Charge:
+    prompt: int | None  # prompt tokens counted; None when no engine answered and nothing stands in for it
+    completion: int  # completion tokens counted
+    used: int  # tokens given back to the limiter as spent (0: the reservation is returned whole)
+    cost: float  # charged against budgets, at the serving model's prices
+
+
+def charge(
+    answer: Answer | None, reserved: Reservation, prices: Prices | None, *, status: int, engine_reached: bool
+) -> Charge:
+    """The billing rule. `answer` is None when no engine answered; `engine_reached` is False for a request
+    refused after admission (queue, no endpoint) before any engine saw it."""
+    prompt = answer.prompt_tokens if answer is not None else None
+    completion = (answer.completion_tokens or 0) if answer is not None else 0
+    if prompt is None and answer is not None and answer.events:
+        # A stream cut short (the client left, the engine broke) never got to its usage event, yet the engine
+        # did the work: the prompt's estimate and a token per event forwarded, rather than nothing.
+        prompt, completion = reserved.prompt, answer.events
+    elif prompt is None and answer is not None and status == 200:
+        # Answered without `usage` (a provider that omits it, a client gone before the body was read): what
+        # was reserved for it, not zero, so a missing field is no way around budgets.
+        prompt, completion = reserved.prompt, reserved.completion
+    used = (prompt if prompt is not None else reserved.total) + completion
+    if not engine_reached:
+        # The reservation, which may be the whole context, is given back rather than spent.
+        used = 0
+    cost = 0.0
+    if prices is not None and prompt is not None:
+        cost = (prompt * prices.input_per_million + completion * prices.output_per_million) / 1e6
+    return Charge(prompt, completion, used, cost)
+
+
+_UNSIZED = Sizing()  # a request refused before its body was sized reserved nothing
+
+
+@dataclass(slots=True)
+class Call:
+    """One request's bookkeeping, filled in as it goes down the path and settled at its end."""
+
+    request_id: str
+    started: float  # time.monotonic()
+    model: str = "unknown"
+    served: str | None = None
+    principal: Principal | None = None
+    chain: TenantChain | None = None
+    serving: tuple[str, ...] = ()  # the requested model, then the fallbacks this request may use, in order
+    sizing: Sizing = _UNSIZED  # what it may cost, from its body and the model (rules.size)
+    status: int = 500
+    code: str = ""
+    result: ProxyResult | None = None
+    lease: Lease | None = None
+    # The way it went, for `llmgw request ID` (llmgw_router.path.lookup) and the tags (llmgw_router.path.tags).
+    endpoint: str = ""
+    queue_s: float | None = None
+    decision: Decision | None = None
+    attempts: list[dict[str, str]] | None = None
+    tags: dict[str, str] | None = None
+    trace: RequestTrace | None = None  # with tracing configured only (llmgw_router.path.tracing)
+    # Its shape for a traffic trace: the session/prefix key (rules.conversation_key, kept only salted and
+    # hashed) and whether the client asked for a stream. None: not known (refused before the body was read).
+    session: str | None = None
+    stream: bool | None = None
+    traceparent: str | None = None  # without: the client's, passed to the engine as it came
+    guard: dict[str, Any] | None = (
+        None  # the guardrails' verdicts by stage (llmgw_router.path.guard); None: none
+    )
+    # Answered by the response cache: the usage row's decision (llmgw_router.path.cache).
+    cache: dict[str, Any] | None = None
+    adapter: str | None = None  # the LoRA adapter asked for (llmgw_router.path.lora); `model` is its base
+
+    @property
+    def reserved(self) -> Reservation:
+        """Tokens the request may take: reserved at admission, corrected at the end. A request that names no
+        max_tokens is sent the cap it reserved, so the engine cannot spend more than this."""
+        return Reservation(self.sizing.prompt_estimate, self.sizing.completion_reserved)
+
+    @property
+    def estimate(self) -> int:
+        sizing = self.sizing
+        return sizing.prompt_estimate + sizing.completion_reserved
+
+    def streaming(self, result: ProxyResult) -> None:
+        """A stream started: keep its result now, so a handler cancelled later still accounts its usage."""
+        self.result = result
+
+
+def gone(call: Call) -> tuple[int, str]:
+    """Status for a request whose client went away: 499, unless it had the whole answer already."""
+    if call.result is not None and call.result.finished:
+        return 200, ""
+    return 499, "client_closed_request"
+
+
+# Without the controller's salt in the snapshot: hashes match within this process only.
+_PROCESS_SALT = secrets.token_bytes(32)
+
+
+def _prefix(table: RoutingTable, principal: Principal | None, key: str) -> str:
+    salt = table.snapshot.trace_salt
+    project = (principal.project or "") if principal else ""
+    return prefix_hash(salt.encode() if salt else _PROCESS_SALT, project, key)
+
+
+def settle(
+    call: Call,
+    table: RoutingTable | None,
+    metrics: RouterMetrics,
+    limiter: Limiter,
+    usage: UsageSink,
+    clock: Callable[[], float],
+    router_id: str,
+    recent: RecentRequests | None = None,
+) -> None:
+    """Record a finished request: metrics, the limiter's release, and a usage record for a tenant's key
+    (every request's record also goes to `recent`, the router's buffer of the last ones)."""
+    elapsed = time.monotonic() - call.started
+    result = call.result
+    served = call.served or call.model
+    prices = table.models[served].prices if table is not None and served in table.models else None
+    bill = charge(result, call.reserved, prices, status=call.status, engine_reached=call.served is not None)
+    m = metrics
+    m.count(m.requests, (call.model, str(call.status), call.code))
+    m.observe(m.duration, (call.model,), elapsed)
+    if result is not None and result.first_byte_at is not None:
+        m.observe(m.ttft, (call.model,), result.first_byte_at - call.started)
+        m.load.first_token(served, result.first_byte_at - call.started, call.endpoint)
+    elif result is not None and call.status == 200:
+        m.load.first_token(
+            served, elapsed, call.endpoint
+        )  # not streamed: the client has its first token with the last
+    m.load.finished(call.model, call.status, call.code)
+    if bill.prompt is not None:
+        m.observe_tokens(served, bill.prompt, bill.completion)
+    if call.lease is not None:
+        limiter.release(call.lease, bill.used, bill.cost)
+    if call.tags and table is not None and table.snapshot.router.tag_labels:
+        m.tags.observe(call.tags, table.snapshot.router, served, bill.prompt, bill.completion, bill.cost)
+    principal = call.principal
+    if table is None or (recent is None and (principal is None or principal.project is None)):
+        return
+    chain = call.chain
+    ttft = result.first_byte_at if result is not None else None
+    decision = decision_summary(call.decision) if call.decision is not None else call.cache
+    if call.adapter is not None:  # billed to its base model's prices; which adapter it was is kept here
+        decision = {**(decision or {}), "adapter": call.adapter}
+    rec = UsageRecord(
+        time=clock(),
+        request_id=call.request_id,
+        project=(principal.project or "") if principal else "",
+        model=served,
+        status=call.status,
+        team=(chain.team or "") if chain else "",
+        org=(chain.organization or "") if chain else "",
+        key_id=principal.key_id if principal else None,
+        tokens_in=bill.prompt or 0,
+        tokens_out=bill.completion,
+        cost=bill.cost,
+        latency_ms=elapsed * 1000,
+        fallback_used=served != call.model,
+        router_id=router_id,
+        endpoint=call.endpoint,
+        queue_ms=call.queue_s * 1000 if call.queue_s is not None else None,
+        ttft_ms=(ttft - call.started) * 1000 if ttft is not None else None,
+        attempts=call.attempts,
+        decision=decision,
+        code=call.code,
+        tags=call.tags,
+        stream=call.stream,
+        prefix=_prefix(table, principal, call.session) if call.session is not None else None,
+        guard=call.guard,
+    )
+    if recent is not None:
+        recent.add(rec)
+    if principal is not None and principal.project is not None:
+        usage.record(rec)

@@ -1,0 +1,709 @@
+"""The request path, in the design's order (cheapest refusal first, and nothing about the catalog before auth):
+
+body size -> parse (JSON shape) -> auth -> resolve model -> allowlist -> capability -> context length and
+reservation -> fallback chain (the published one, minus what the project may not use) -> limits -> admission ->
+schedule -> proxy -> account.
+
+`RequestService` holds the live state of one router process (no globals): the routing table from the last
+snapshot, the live endpoint records, and the small interfaces to the outside (keys, limits, usage,
+controller). Where a request goes is forwarding.py's; what it is charged is accounting.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hmac
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import unquote
+
+import aiohttp
+
+from llmgw.adapters import logformat
+from llmgw.core.guardrails import CompiledGuardrail
+from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
+from llmgw.core.tenancy import has_tenants
+from llmgw_router.decisions.canary_route import (
+    CHECKING_RETRY_AFTER_S,
+    listed_capabilities,
+    needs_of,
+    refusal,
+    steered_away,
+)
+from llmgw_router.decisions.fields import DROPPED_HEADER, plan_fields
+from llmgw_router.decisions.rules import NO_COMPLETION, conversation_key, fits, parse, payload, sent_cap, size
+from llmgw_router.decisions.scheduler import RequestInfo
+from llmgw_router.fleet.metrics import RouterMetrics
+from llmgw_router.fleet.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
+from llmgw_router.fleet.table import RoutingTable
+from llmgw_router.options import RouterOptions
+from llmgw_router.path.accounting import Call, gone, settle
+from llmgw_router.path.auth import Authenticator
+from llmgw_router.path.cache import CachePath
+from llmgw_router.path.guard import GUARDED_KINDS, Guard, ask_judge
+from llmgw_router.path.lookup import RecentRequests
+from llmgw_router.path.lora import Adapters
+from llmgw_router.path.media import check_media
+from llmgw_router.path.ratelimit import Limiter, NoLimits, budget_use
+from llmgw_router.path.tags import HEADER as TAGS_HEADER, request_tags
+from llmgw_router.routing.admission import Admission
+from llmgw_router.routing.forwarding import Forwarding, Picked, fallback_chain
+from llmgw_router.server.errors import ApiError, error_response
+from llmgw_router.server.exchange import Exchange, Reply, json_reply
+from llmgw_router.surfaces.responses.exchange import ResponsesExchange
+from llmgw_router.surfaces.responses.keeper import ResponseKeeper
+from llmgw_router.upstream.http1 import EngineClient
+from llmgw_router.upstream.provider_keys import ProviderHealth, usable_providers
+from llmgw_router.upstream.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
+
+if TYPE_CHECKING:
+    from llmgw_router.path.tracing import RequestTracer
+
+__all__ = ["Kind", "RequestService", "Router", "RouterOptions"]
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["chat", "completions", "embeddings", "responses", "rerank", "score"]
+_PATHS: dict[str, str] = {
+    "chat": "/chat/completions",
+    "completions": "/completions",
+    "embeddings": "/embeddings",
+    "responses": "/responses",
+    "rerank": "/rerank",
+    "score": "/score",
+}
+_DEFAULT_MAX_BODY = 4 * 1024 * 1024
+_GONE = (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError)
+
+
+class RequestService:
+    def __init__(
+        self,
+        options: RouterOptions | None = None,
+        auth: Authenticator | None = None,
+        limiter: Limiter | None = None,
+        usage: UsageSink | None = None,
+        controller: ControllerCallbacks | None = None,
+        clock: Callable[[], float] = time.time,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.options = options or RouterOptions()
+        self.auth = auth or Authenticator(None)
+        self.limiter: Limiter = limiter or NoLimits()
+        self.usage: UsageSink = usage or NullUsage()
+        self.clock = clock
+        self.rng = rng or random.Random()
+        self.table: RoutingTable | None = None
+        self.admission = Admission(256, on_reject=self._on_reject, model_queue_size=128)
+        self.metrics = RouterMetrics(
+            lambda: self.table, lambda: float(self.admission.depth), clock, budgets=self._budget_use
+        )
+        self.forwarding = Forwarding(
+            lambda: self.table,
+            self.admission,
+            self.metrics,
+            self.options,
+            controller or NoController(),
+            clock,
+            self.rng,
+        )
+        self.guard = Guard(lambda: self.table, self.metrics.registry)
+        self.session: aiohttp.ClientSession | None = None
+        self.engines: EngineClient | None = None  # plain-http engines; opened with the session
+        self.last_used: dict[str, float] = {}
+        self.provider_health = ProviderHealth(self.metrics.provider_unavailable)
+        self.recent = RecentRequests()  # the last requests finished, for `llmgw request ID` (lookup.py)
+        self.tracer: RequestTracer | None = None  # set when an OTLP endpoint is configured (app.py)
+        self.cache = CachePath(self.metrics.registry)  # the projects' response caches (path/cache.py)
+        self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (path/lora.py)
+        self.kept_responses: ResponseKeeper | None = None  # with a content key: stored responses (app.py)
+
+    def load_report(self) -> dict[str, Any]:
+        """The `load` message the controller link sends (llmgw_router.fleet.load)."""
+        return self.metrics.load.report(self.table, self.admission.queued)
+
+    @property
+    def controller(self) -> ControllerCallbacks:
+        """Who loads on-demand models: the ControllerLink, once there is one (it needs the service first)."""
+        return self.forwarding.controller
+
+    @controller.setter
+    def controller(self, controller: ControllerCallbacks) -> None:
+        self.forwarding.controller = controller
+
+    # ------------------------------------------------------------------ snapshot
+
+    def apply_snapshot(self, snapshot: RouterSnapshot) -> None:
+        previous = {ep.id: ep for ep in self.table.all_endpoints()} if self.table else {}
+        # A provider whose key or URL cannot be used is dropped alone; the rest of the snapshot (allowlists,
+        # limits) still applies rather than leaving this router on the previous revision's policy.
+        usable = usable_providers(snapshot, self.options.secrets)
+        self.provider_health.update(usable.unavailable)
+        snapshot = usable.snapshot
+        self.table = RoutingTable.build(snapshot, previous, self.clock(), usable.keys)
+        self.admission.queue_size = snapshot.router.admission.queue_size
+        self.admission.model_queue_size = snapshot.router.admission.model_queue_size
+        self.admission.forget(self.table.models)
+        self.cache.configure(snapshot.tenants.projects)
+        self.adapters.forget(self.table)
+        self.forwarding.prefix.forget([ep.id for ep in self.table.all_endpoints()])
+        self.metrics.set_revision(snapshot.revision)
+        self.admission.notify_all()  # the new table may have room, or the replica a request waits for
+        log.info(
+            "snapshot %s: %d models, %d endpoints",
+            snapshot.revision,
+            len(snapshot.models),
+            len(snapshot.endpoints),
+        )
+
+    def _budget_use(self) -> list[tuple[str, str, float]]:
+        table = self.table
+        return budget_use(self.limiter, table.snapshot.tenants) if table is not None else []
+
+    @staticmethod
+    def _estimate_cost(models: list[PublishedModel], tokens: int) -> float:
+        # Charged against budgets up front at the dearest price of any model that may serve the request (a
+        # fallback may cost more than the model asked for), corrected when the request ends.
+        return (
+            tokens * max(max(m.prices.input_per_million, m.prices.output_per_million) for m in models) / 1e6
+        )
+
+    def _on_reject(self, reason: str) -> None:
+        self.metrics.rejections.labels(reason).inc()
+
+    # ------------------------------------------------------------------ simple pages
+
+    def body_limit(self) -> int:
+        """The largest request body taken now: the snapshot's, or a default before the first one."""
+        table = self.table
+        return table.snapshot.router.max_body_bytes if table is not None else _DEFAULT_MAX_BODY
+
+    async def models(self, exchange: Exchange) -> None:
+        exchange.respond(await self._models(exchange))
+
+    async def model(self, exchange: Exchange) -> None:
+        """`GET /v1/models/{id}`: the card `/v1/models` lists for it, or the same 404 as a model that does
+        not exist when this caller may not see it (never telling which)."""
+        exchange.respond(await self._models(exchange, unquote(exchange.path.removeprefix("/v1/models/"))))
+
+    async def _models(self, exchange: Exchange, one: str | None = None) -> Reply:
+        table = self.table
+        if table is None:
+            return error_response(_not_ready())
+        try:
+            principal = await self.auth.caller(exchange)
+        except ApiError as err:
+            return error_response(err)
+        data = []
+        project = principal.project
+        listed = project is not None and has_tenants(table.snapshot.tenants)
+        for name, model in table.models.items() if one is None else _one(table, one):
+            if listed and project is not None and not table.allowed(project, name, one or name):
+                continue
+            if not (model.on_demand or self.forwarding.schedulable(table, name)):
+                continue
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "llmgw-simulated" if model.simulated else "llmgw",
+                    "context_length": model.context_length,
+                    # Only what `llmgw model check` verified on a replica serving now (docs/canaries.md).
+                    "capabilities": listed_capabilities(
+                        model.capabilities, [ep.spec for ep in table.endpoints.get(name, ())]
+                    ),
+                    "declared_capabilities": list(model.capabilities),
+                    "verified_capabilities": sorted(
+                        {p for ep in table.endpoints.get(name, ()) for p in ep.spec.verified}
+                    ),
+                    "aliases": list(model.aliases),
+                    "on_demand": model.on_demand,
+                }
+            )
+        data += self.adapters.cards(
+            table,
+            one,
+            project,
+            lambda base, asked: (
+                (not listed or project is None or table.allowed(project, base, asked))
+                and (table.models[base].on_demand or self.forwarding.schedulable(table, base))
+            ),
+        )
+        if one is None:
+            return json_reply({"object": "list", "data": data})
+        if not data:
+            return error_response(
+                ApiError(
+                    404,
+                    f"The model `{one[:200]}` does not exist or you do not have access to it.",
+                    "model_not_found",
+                    param="model",
+                )
+            )
+        return json_reply(data[0])
+
+    # ------------------------------------------------------------------ the request path
+
+    async def handle(self, exchange: Exchange, kind: Kind) -> None:
+        call = Call(_request_id(exchange.headers.get("x-request-id")), time.monotonic())
+        logformat.bind(request_id=call.request_id)  # every line this request's task logs carries it
+        traceparent = exchange.headers.get("traceparent")
+        if self.tracer is not None:
+            call.trace = self.tracer.begin(
+                call.request_id, kind, traceparent, exchange.headers.get("tracestate"), call.started
+            )
+        elif traceparent is not None:
+            call.traceparent = valid_traceparent(traceparent)
+        response: Reply | None
+        try:
+            response = await self._handle(exchange, kind, call)
+            left = call.result is not None and call.result.client_gone
+            status = response.status if response is not None else 200  # None: a stream went out
+            call.status, call.code = gone(call) if left else (status, call.code)
+        except ApiError as err:
+            call.status, call.code = err.status, err.code or ""
+            response = error_response(err)
+        except _GONE:
+            call.status, call.code = gone(call)
+            self._account(call)
+            raise
+        except Exception:
+            log.exception("request %s failed inside the router", call.request_id)
+            call.status, call.code = 500, "internal_error"
+            response = error_response(
+                ApiError(500, "Internal error in the router.", "internal_error", "server_error")
+            )
+        # Send the answer before the bookkeeping (metrics, limits, usage): the client need not wait for it.
+        try:
+            if response is not None and not exchange.started:
+                # A refusal too says which request it was: what `llmgw request ID` looks up.
+                response.headers.setdefault("x-request-id", call.request_id)
+                exchange.respond(response)
+        except _GONE:
+            call.status, call.code = gone(call)
+            raise
+        finally:
+            self._account(call)
+
+    async def _handle(self, exchange: Exchange, kind: Kind, call: Call) -> Reply | None:
+        table = self.table
+        if table is None:
+            raise _not_ready()
+        raw = await exchange.read_body(table.snapshot.router.max_body_bytes)
+        body = parse(raw)
+        if isinstance(exchange, ResponsesExchange):  # sized, limited and routed as the chat it becomes
+            body, raw = exchange.turn.begin(body, raw, call.request_id)
+            kind = "chat"
+        # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
+        # which models exist (404) nor their context lengths (400).
+        began = time.monotonic()
+        call.principal = await self.auth.caller(exchange)
+        if call.trace is not None:
+            call.trace.span("auth", began)
+        call.tags = request_tags(body, exchange.headers.get(TAGS_HEADER))
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise ApiError(
+                400, "The request needs a `model` field naming a model.", "missing_model", param="model"
+            )
+        canonical = table.resolve(name)
+        adapter = self.adapters.resolve(table, name) if canonical is None else None
+        if adapter is not None:  # a LoRA adapter: served by its base model's replicas
+            canonical, call.adapter = adapter.base, name
+        if canonical is None:
+            raise ApiError(
+                404,
+                f"The model `{name}` does not exist or you do not have access to it.",
+                "model_not_found",
+                param="model",
+            )
+        call.model = canonical
+        model = table.models[canonical]
+        tenant_project = _tenant_project(table, call.principal.project, canonical, name)
+        if adapter is not None:
+            self.adapters.check(name, adapter, tenant_project)
+        if kind not in model.capabilities:
+            raise ApiError(
+                400,
+                f"Model `{canonical}` does not support {kind}: it does not declare the `{kind}` capability "
+                f"(it declares {', '.join(model.capabilities) or 'none'}).",
+                "unsupported_capability",
+                param="model",
+            )
+        project = call.principal.project
+        # A stored response (kept, or continued from) is the key's project's: decided once it is known.
+        if isinstance(exchange, ResponsesExchange):
+            body, raw = await exchange.turn.bind(project, table.snapshot.tenants)
+        if kind == "chat":  # a Responses or Messages turn too: the chat it became (M13)
+            await check_media(body, table.snapshot.router.media_hosts)
+        guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
+        if guards:  # before sizing: a redacted prompt is what the engine is sent and charged for
+            judged, (body, raw, screened) = (
+                body,
+                await self.guard.screen_request(exchange, guards, body, raw, call),
+            )
+        call.sizing = size(len(raw), body, kind, model)
+        # Its shape, for a trace: known from here on, so a request refused by its limits has one too.
+        call.session = conversation_key(exchange.headers, body, table.policy_for(canonical))
+        call.stream = body.get("stream") is True and kind not in NO_COMPLETION
+        call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: fits(m, call.sizing))
+        if adapter is not None:
+            call.serving = call.serving[:1]  # a fallback model does not carry the adapter
+        if tenant_project is not None:
+            call.chain = table.chain(tenant_project)
+            if call.chain is not None:
+                serving = [table.models[m] for m in call.serving]
+                began = time.monotonic()
+                try:
+                    call.lease = await self.limiter.acquire(
+                        call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
+                    )
+                finally:  # a 429 is a limits span too
+                    if call.trace is not None:
+                        call.trace.span("limits", began)
+        if guards:  # a judge is asked for admitted requests only (M12)
+            await self.guard.judge_request(guards, judged, screened, call, self._ask_judge)
+        return await self._answer(exchange, kind, table, canonical, raw, body, call, guards, tenant_project)
+
+    async def _answer(
+        self, exchange: Exchange, kind: Kind, table: RoutingTable, canonical: str, raw: bytes,
+        body: dict[str, Any], call: Call, guards: tuple[CompiledGuardrail, ...], tenant_project: str | None,
+    ) -> Reply | None:  # fmt: skip
+        """Forward the admitted request: through the output guardrails when any apply, else through the
+        project's response cache (a hit never reaches an engine)."""
+        if any(g.checks("output") for g in guards):
+            # Screened answers are not cached: a stream cut by a rule is no answer to replay.
+            return await self.guard.forward_screened(
+                exchange,
+                guards,
+                body,
+                call,
+                self._ask_judge,
+                lambda ex: self._forward(ex, kind, table, canonical, raw, body, call),
+            )
+        cached = self.cache.begin(exchange, kind, body, tenant_project, canonical, call.adapter)
+        if cached is None:
+            return await self._forward(exchange, kind, table, canonical, raw, body, call)
+        if cached.hit is not None:
+            return await self.cache.serve(cached, call, self.options.write_timeout)
+        reply = await self._forward(cached.exchange, kind, table, canonical, raw, body, call)
+        return self.cache.finish(cached, call, reply)
+
+    async def _ask_judge(self, model: str, prompt: str, limit_s: float) -> str | None:
+        return await ask_judge(self.table, self.forwarding, self.session, model, prompt, limit_s)
+
+    async def _forward(
+        self,
+        exchange: Exchange,
+        kind: Kind,
+        table: RoutingTable,
+        canonical: str,
+        raw: bytes,
+        body: dict[str, Any],
+        call: Call,
+    ) -> Reply | None:
+        """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
+        pick made once more, then it is a 502."""
+        headers = exchange.headers
+        project = call.principal.project if call.principal else None
+        info = self._request_info(table, canonical, body, call, project)
+        adapter = table.snapshot.adapters.get(call.adapter) if call.adapter is not None else None
+        place = self.forwarding.place(table, project, canonical)
+        debug = self.options.debug_token is not None and hmac.compare_digest(  # constant time (L7)
+            headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
+            self.options.debug_token.encode(),
+        )
+        steer = _Steering.of(table, call.serving, body, self.rng)
+        for attempt in (0, 1):
+            asked = time.monotonic()
+            load_on = None
+            if adapter is not None and call.adapter is not None:
+                info, load_on = self.adapters.steer(table, canonical, call.adapter, adapter, info)
+            steered = steer.info(table, call.serving, headers, info, self.clock())
+            try:
+                picked = await self.forwarding.pick(table, canonical, call.serving, steered, place)
+            except ApiError as err:  # queue full or timed out, no endpoint, still loading
+                if call.trace is not None:
+                    call.trace.span("schedule", asked, None, {"llmgw.refused": err.code or str(err.status)})
+                raise
+            ep, served = picked.endpoint, picked.served
+            call.served = served
+            waited = time.monotonic() - asked  # the queue time: both picks, when a retry picks again
+            call.queue_s = waited if call.queue_s is None else call.queue_s + waited
+            call.endpoint, call.decision = ep.id, picked.decision
+            if call.trace is not None:
+                call.trace.scheduled(asked, picked)
+            self.last_used[served] = self.clock()
+            try:
+                if load_on == ep.id and adapter is not None and call.adapter is not None:
+                    assert self.session is not None, "opened with the listeners"
+                    await self.adapters.ensure_loaded(self.session, ep, call.adapter, adapter)
+                sent_kind, sent_raw, sent_body = kind, raw, body
+                if isinstance(exchange, ResponsesExchange):
+                    engine = None if ep.is_provider else ep.spec.engine
+                    sent_kind, sent_raw, sent_body = exchange.turn.for_engine(engine)  # type: ignore[assignment]
+                up = self._upstream_call(
+                    sent_kind, table, canonical, sent_raw, sent_body, call, picked, debug, attempt
+                )
+                call.result = await self._send(exchange, up, call)
+                if call.trace is not None:
+                    call.trace.upstream_end(call.result)
+            except UpstreamUnavailable as exc:
+                if call.trace is not None:
+                    call.trace.upstream_end(None, exc.reason)
+                self.forwarding.failed(ep, exc.reason)
+                failed = {"endpoint": ep.id, "model": served, "reason": exc.reason}
+                call.attempts = [*(call.attempts or ()), failed]
+                if attempt == 1:
+                    raise ApiError(
+                        502,
+                        f"The engine serving `{served}` could not be reached ({exc.reason}); retried once.",
+                        "upstream_unavailable",
+                        "server_error",
+                    ) from None
+                info = dataclasses.replace(info, exclude=info.exclude | {ep.id})
+                self.metrics.retries.labels(canonical).inc()
+                continue
+            finally:
+                self.forwarding.release(ep, served)
+            if call.result.status >= 500 or call.result.upstream_failed:
+                self.forwarding.failed(ep, f"status {call.result.status}")
+            else:
+                self.forwarding.succeeded(ep)
+            return call.result.response
+        raise AssertionError("unreachable: the loop returns or raises")
+
+    def _request_info(
+        self, table: RoutingTable, canonical: str, body: dict[str, Any], call: Call, project: str | None
+    ) -> RequestInfo:
+        """What the scheduler is told about the request: its session, its prompt's prefix, its project."""
+        policy = table.policy_for(canonical)
+        published = table.models.get(canonical)
+        tokenizer_dir = None if published is None else published.tokenizer_dir
+        return RequestInfo(
+            session_key=call.session if policy.weights.session > 0 else None,
+            prefix=self.forwarding.prefix.key(body, policy, project, tokenizer_dir),
+            project=project or "",
+        )
+
+    def _upstream_call(
+        self,
+        kind: Kind,
+        table: RoutingTable,
+        canonical: str,
+        raw: bytes,
+        body: dict[str, Any],
+        call: Call,
+        picked: Picked,
+        debug: bool,
+        attempt: int,
+    ) -> UpstreamCall:
+        """The request as this endpoint is sent it, and the headers its answer goes back with."""
+        ep, served = picked.endpoint, picked.served
+        client_stream = body.get("stream") is True and kind not in NO_COMPLETION
+        stream_opts = body.get("stream_options")
+        # The Responses API has no stream_options: its usage is in its last event, never to be stripped.
+        client_usage = kind == "responses" or (
+            isinstance(stream_opts, dict) and stream_opts.get("include_usage") is True
+        )
+        reply = {"x-request-id": call.request_id, "x-llmgw-model": served}
+        if call.lease is not None and call.lease.admission is not None:
+            reply.update(call.lease.admission.headers)  # x-ratelimit-* on every answer, as OpenAI does
+        if served != canonical:
+            reply["x-llmgw-fallback"] = served
+        if debug:
+            reply["x-llmgw-decision"] = picked.decision.rationale()
+        # A request that names no max_tokens is sent the cap it reserved: the reservation bounds the spend.
+        cap = (
+            sent_cap(table.models.get(served), call.sizing, ep.is_provider)
+            if kind not in NO_COMPLETION and kind != "responses"  # max_tokens is not a Responses field
+            else None
+        )
+        # A stream is always asked for its usage (and the extra chunk stripped again), so it can be charged.
+        want_usage = client_stream and not client_usage
+        ask_usage = (stream_opts if isinstance(stream_opts, dict) else {}) if want_usage else None
+        fields = None
+        if not ep.is_provider:
+            project = call.principal.project if call.principal else None
+            allowed = table.snapshot.router.allowed_request_fields
+            fields = plan_fields(ep.spec.engine, kind, body, allowed, project, ep.spec.api_key)
+            # Never silently: the client learns which of its fields the engine did not get.
+            if fields is not None and fields.drop:
+                reply[DROPPED_HEADER] = ",".join(fields.drop)
+        sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage, fields)
+        if call.adapter is not None or ep.spec.adapters:
+            sent = self.adapters.rewrite(
+                sent, ep, call.adapter, table.snapshot.adapters.get(call.adapter or "")
+            )
+        key = ep.provider_key if ep.is_provider else ep.spec.api_key
+        headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
+        url = ep.api_base + _PATHS[kind]
+        # W3C trace context for the engine (vLLM continues it): the router's upstream span, or the client's.
+        traceparent = call.trace.upstream_start(ep.id, served, url) if call.trace else call.traceparent
+        if traceparent is not None and not ep.is_provider:  # an outside provider learns no trace ids
+            headers["traceparent"] = traceparent
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return UpstreamCall(
+            url=url,
+            payload=sent,
+            headers=headers,
+            stream=client_stream,
+            strip_usage_chunk=want_usage,
+            rewrite_model=served if ep.is_provider else None,
+            reply_headers=reply,
+            retry_on_5xx=attempt == 0,
+        )
+
+    async def _send(self, exchange: Exchange, up: UpstreamCall, call: Call) -> ProxyResult:
+        assert self.session is not None, "the client session is opened with the listeners (app.serve)"
+        return await forward(
+            self.session, exchange, up, self.engines, call.streaming, write_timeout=self.options.write_timeout
+        )
+
+    # ------------------------------------------------------------------ accounting
+
+    def _account(self, call: Call) -> None:
+        settle(
+            call,
+            self.table,
+            self.metrics,
+            self.limiter,
+            self.usage,
+            self.clock,
+            self.options.router_id,
+            self.recent,
+        )
+        if call.trace is not None:
+            call.trace.end(call.status, call.code, call.model, call.served)
+
+
+# Most tests and callers still say Router: the same class.
+Router = RequestService
+
+
+def _tenant_project(table: RoutingTable, project: str | None, canonical: str, asked_as: str) -> str | None:
+    """The tenant project whose allowlist and limits apply (None: no tenants apply), or 403."""
+    tenants = table.snapshot.tenants
+    if project is not None and project not in tenants.projects and has_tenants(tenants):
+        raise ApiError(
+            403, f"Project `{project}` is not in the cluster repo.", "unknown_project", "permission_error"
+        )
+    tenant_project = project if project is not None and project in tenants.projects else None
+    if tenant_project is not None and not table.allowed(tenant_project, canonical, asked_as):
+        raise ApiError(
+            403,
+            f"Project `{tenant_project}` may not use model `{canonical}`.",
+            "model_not_allowed",
+            "permission_error",
+            param="model",
+        )
+    return tenant_project
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+# A random UUID4 in hex, the same text uuid.uuid4().hex gives, without building a UUID object and from the
+# process's PRNG (seeded from the OS at start): a request id must be unique, not unpredictable, and
+# os.urandom costs a system call per request.
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def _new_request_id() -> str:
+    return f"{random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
+
+
+class _Steering:
+    """A canary's share and the model checks' verdicts for one request (llmgw_router.decisions.canary_route); a
+    request for a model with neither (most) skips it."""
+
+    def __init__(self, specs: dict[str, list[Endpoint]], needs: frozenset[str], draw: float) -> None:
+        self.specs, self.needs, self.draw = specs, needs, draw
+
+    @classmethod
+    def of(
+        cls, table: RoutingTable, chain: tuple[str, ...], body: dict[str, Any], rng: random.Random
+    ) -> _Steering:
+        needs = needs_of(body)
+        canary = any(m in table.models and table.models[m].canary is not None for m in chain)
+        if not needs and not canary:
+            return _NO_STEERING  # most requests: nothing to check, nothing to steer
+        specs = {m: [ep.spec for ep in table.endpoints.get(m, ())] for m in chain} if needs or canary else {}
+        refused = refusal(specs, chain, needs)
+        if refused is not None:  # 503 while a check runs (retry soon helps), else 400 (an operator must act)
+            retry = {"Retry-After": str(CHECKING_RETRY_AFTER_S)} if refused.checking else None
+            status = 503 if refused.checking else 400
+            kind = "server_error" if refused.checking else "invalid_request_error"
+            raise ApiError(status, refused.message, "capability_unverified", kind, refused.param, retry)
+        return cls(specs, needs, rng.random() if canary else 1.0)
+
+    def info(
+        self, table: RoutingTable, chain: tuple[str, ...], headers: Any, info: RequestInfo, now: float
+    ) -> RequestInfo:
+        """`info` with the endpoints this attempt must not use added to its exclusions. Endpoints that
+        cannot take it now (breaker open, not ready) count as failed: the other group serves instead."""
+        if not self.specs:
+            return info
+        down = {
+            ep.id
+            for m in chain
+            for ep in table.endpoints.get(m, ())
+            if ep.spec.state != "ready" or ep.breaker.is_open(now)
+        }
+        away = steered_away(
+            self.specs,
+            table.models,
+            chain,
+            headers=headers,
+            draw=self.draw,
+            needs=self.needs,
+            failed=info.exclude | down,
+        )
+        return dataclasses.replace(info, exclude=info.exclude | away)  # its prefix and project kept
+
+
+_NO_STEERING = _Steering({}, frozenset(), 1.0)
+
+_REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+
+
+def _request_id(sent: str | None) -> str:
+    """The client's x-request-id when it is a plain token (it goes to the engine, into logs and usage rows),
+    else a new one."""
+    if sent and len(sent) <= 128 and _REQUEST_ID_CHARS.issuperset(sent):
+        return sent
+    return _new_request_id()
+
+
+_TRACEPARENT_CHARS = frozenset("0123456789abcdef-")
+
+
+def valid_traceparent(sent: str) -> str | None:
+    """The client's W3C traceparent when it has the shape `vv-<32 hex>-<16 hex>-ff` (passed to the engine
+    untouched while the router does not trace), else None: nothing else of the client's goes there."""
+    if len(sent) == 55 and sent[2] == sent[35] == sent[52] == "-" and _TRACEPARENT_CHARS.issuperset(sent):
+        return sent
+    return None
+
+
+def _one(table: RoutingTable, name: str) -> list[tuple[str, PublishedModel]]:
+    """The model `name` names, by its id or an alias (what a request may name, retrieve may ask about)."""
+    canonical = table.resolve(name)
+    return [] if canonical is None else [(canonical, table.models[canonical])]
+
+
+def _not_ready() -> ApiError:
+    return ApiError(
+        503,
+        "The router has no snapshot yet; retry shortly.",
+        "router_not_ready",
+        "server_error",
+        headers={"Retry-After": "1"},
+    )

@@ -1,0 +1,1 @@
+"""Where a request goes: the shells (fallback chain, admission queue, prefix keys) around the decisions."""

@@ -1,0 +1,1 @@
+"""HTTP in: the listener, the exchange a request path sees, refusals as HTTP answers."""

@@ -1,0 +1,1 @@
+"""Other APIs translated onto chat completions: one folder per API."""

@@ -1,0 +1,1 @@
+"""HTTP out: engines and providers, and the egress check on every connection."""

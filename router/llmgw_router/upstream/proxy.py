@@ -1,0 +1,344 @@
+"""Send one request to one endpoint and pass the answer back: whole, or as a stream event by event.
+
+The only place that talks HTTP to engines on the request path (engines through `llmgw_router.upstream.http1`, providers
+through aiohttp) and the only place that translates either client's errors: a failure before any byte reached
+the client becomes `UpstreamUnavailable` (the caller may retry elsewhere); after that the stream just ends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from llmgw.core.errors import TransientError
+from llmgw_router.server.errors import ApiError, error_response
+from llmgw_router.server.exchange import Exchange, Reply
+from llmgw_router.upstream.egress import ForbiddenAddress
+from llmgw_router.upstream.http1 import EngineClient, UpstreamHttpError
+
+__all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "forward"]
+
+_RETRYABLE_STATUS = frozenset({502, 503})
+_FLUSH_WITHOUT_SEPARATOR = 64 * 1024
+DEFAULT_WRITE_TIMEOUT = 30.0
+
+
+class UpstreamUnavailable(TransientError):
+    """The endpoint could not be reached or failed before the client saw anything: safe to retry elsewhere."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, delay=0.0)  # on another endpoint, at once
+        self.reason = reason
+
+
+# Not frozen: built on every request, and a frozen dataclass costs about three times as much to construct
+# (object.__setattr__ per field). Nothing mutates these after construction.
+@dataclass(slots=True)
+class UpstreamCall:
+    url: str
+    payload: bytes
+    headers: dict[str, str]
+    stream: bool
+    strip_usage_chunk: bool  # we asked for usage and the client did not: drop that extra event
+    rewrite_model: str | None  # a provider's answers carry its own model name; show ours
+    reply_headers: dict[str, str]
+    retry_on_5xx: bool
+
+
+@dataclass(slots=True)
+class ProxyResult:
+    response: Reply | None  # None: a stream, already written to the client through the exchange
+    status: int
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    first_byte_at: float | None = None
+    upstream_failed: bool = False  # a stream broke after it had started
+    client_gone: bool = False  # the client disconnected mid-stream (its upstream request is closed with it)
+    finished: bool = False  # the client has the whole answer (a stream's `data: [DONE]` went out)
+    events: int = 0  # stream events forwarded to the client (what a stream cut short is charged by)
+
+
+def _usage(obj: Any) -> tuple[int | None, int | None]:
+    if not isinstance(obj, dict):
+        return None, None
+    usage = obj.get("usage")
+    if usage is None and isinstance(obj.get("response"), dict):  # a passed-through Responses stream's end
+        usage = obj["response"].get("usage")
+    if not isinstance(usage, dict):
+        return None, None
+    # Chat's names; the Responses API's (a /v1/responses passed through); a reranker's total alone.
+    prompt = usage.get("prompt_tokens", usage.get("input_tokens", usage.get("total_tokens")))
+    completion = usage.get("completion_tokens", usage.get("output_tokens", 0))
+    return (
+        prompt if isinstance(prompt, int) else None,
+        completion if isinstance(completion, int) else None,
+    )
+
+
+class Upstream(Protocol):
+    """An engine's answer being read: the lean engine client's response or an aiohttp one, adapted."""
+
+    status: int
+
+    def header(self, name: str, default: str = "") -> str: ...
+    async def read(self) -> bytes: ...
+    async def readany(self) -> bytes: ...
+    def close(self) -> None: ...
+    def release(self) -> None: ...
+
+
+class _AiohttpUpstream:
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+
+    def header(self, name: str, default: str = "") -> str:
+        return self._response.headers.get(name, default)
+
+    async def read(self) -> bytes:
+        return await self._response.read()
+
+    async def readany(self) -> bytes:
+        return await self._response.content.readany()
+
+    def close(self) -> None:
+        self._response.close()
+
+    def release(self) -> None:
+        self._response.release()
+
+
+async def _open(session: aiohttp.ClientSession, engines: EngineClient | None, call: UpstreamCall) -> Upstream:
+    if engines is not None and engines.handles(call.url):
+        return await engines.post(call.url, call.payload, call.headers)
+    # No redirects: a provider's 302 to a metadata service or an internal host would have the router fetch
+    # it and relay the answer to the tenant. A 3xx is an upstream error (forward).
+    response = await session.post(call.url, data=call.payload, headers=call.headers, allow_redirects=False)
+    return _AiohttpUpstream(response)
+
+
+async def forward(
+    session: aiohttp.ClientSession,
+    exchange: Exchange,
+    call: UpstreamCall,
+    engines: EngineClient | None = None,
+    streaming: Callable[[ProxyResult], None] | None = None,
+    *,
+    write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+) -> ProxyResult:
+    """Send `call` to its endpoint: plain-http engines through `engines` (the lean client), everything else
+    (providers over TLS) through the aiohttp `session`. `streaming` is handed the result as soon as a stream
+    starts, so what it learns (usage, whether the client got the end) outlives a cancelled handler.
+    A stream whose client takes longer than `write_timeout` seconds to accept one write is cut off (the
+    exchange waits while the client's TCP window is closed; without a bound a client that stops reading
+    would hold its endpoint slot for as long as it liked)."""
+    try:
+        upstream = await _open(session, engines, call)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise UpstreamUnavailable(f"connect failed: {_reason(exc)}") from None
+    try:
+        if upstream.status in _RETRYABLE_STATUS and call.retry_on_5xx:
+            raise UpstreamUnavailable(f"engine answered {upstream.status}")
+        if 300 <= upstream.status < 400:
+            # Not followed, not relayed (its body may be the redirect target's bait), not retried elsewhere
+            # (the endpoint answered; it answered wrongly): a 502 the client can read.
+            upstream.close()
+            err = ApiError(
+                502,
+                f"The upstream answered {upstream.status} (a redirect); the router follows no redirects.",
+                "upstream_redirect",
+                "server_error",
+                headers=call.reply_headers,
+            )
+            return ProxyResult(error_response(err), 502)
+        if call.stream and upstream.status == 200:
+            streamed = await _stream(exchange, upstream, call, streaming, write_timeout)
+            # Back to the pool when the engine's message is complete (after [DONE] its end is usually
+            # in already); closed otherwise. Not waited for: the client and the accounting come first.
+            upstream.release()
+            return streamed
+        try:
+            data = await upstream.read()
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            raise UpstreamUnavailable(f"connection lost: {_reason(exc)}") from None
+    except BaseException:
+        upstream.close()
+        raise
+    upstream.release()
+    obj = _parse_answer(data, exact=call.rewrite_model is not None)
+    if not isinstance(obj, dict):
+        # Truncated JSON, an HTML error page, a proxy's banner: not an answer the client can use, and not one
+        # to pass on as if it were. The caller retries elsewhere or answers 502 in OpenAI's shape.
+        raise UpstreamUnavailable(f"engine answered {upstream.status} with a body that is not a JSON object")
+    result = ProxyResult(None, upstream.status)
+    if upstream.status == 200:
+        result.prompt_tokens, result.completion_tokens = _usage(obj)
+        if call.rewrite_model is not None:
+            obj["model"] = call.rewrite_model
+            data = json.dumps(obj).encode()
+    # The engine's bytes as they came (parsed only to read the usage), unless the model name was changed.
+    headers = call.reply_headers
+    headers["Content-Type"] = upstream.header("Content-Type", "application/json")
+    result.response = Reply(upstream.status, data, headers)
+    return result
+
+
+def _parse_answer(data: bytes, exact: bool) -> Any:
+    """An engine's answer parsed (None when it is not JSON). orjson first, about four times cheaper, where
+    only the usage is read from it and the bytes go on as they came; it reads an integer beyond 64 bits as a
+    float, so an answer that is encoded again (`exact`: a provider's, its model renamed) is parsed by json,
+    as is anything orjson refuses and json may take (NaN, a byte-order mark, UTF-16)."""
+    if not exact:
+        try:
+            return orjson.loads(data)
+        except orjson.JSONDecodeError:
+            pass
+    try:
+        return json.loads(data)
+    except ValueError:
+        return None
+
+
+def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes | None:
+    """Take usage from the stream's usage event; return the event to send (None to drop it)."""
+    if call.rewrite_model is None and b'"usage"' not in event:
+        return event
+    body = event.strip()
+    head = b""
+    if body.startswith(b"event:"):  # a Responses stream names each event before its data
+        name, _, body = body.partition(b"\n")
+        head = name + b"\n"
+    if not body.startswith(b"data:"):
+        return event
+    payload = body[5:].strip()
+    if payload == b"[DONE]":
+        return event
+    try:
+        obj = json.loads(payload)
+    except ValueError:
+        return event
+    prompt, completion = _usage(obj)
+    is_usage_event = prompt is not None and isinstance(obj, dict) and not obj.get("choices")
+    if prompt is not None:
+        result.prompt_tokens, result.completion_tokens = prompt, completion
+    if is_usage_event and call.strip_usage_chunk:
+        return None
+    if call.rewrite_model is not None and isinstance(obj, dict):
+        obj["model"] = call.rewrite_model
+        return head + b"data: " + json.dumps(obj).encode() + b"\n\n"
+    return event
+
+
+_SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
+
+
+def _looks_like_sse(first: bytes) -> bool:
+    """The first bytes of a stream start an SSE field (or could, if the chunk is that short)."""
+    head = first.lstrip()[:6]
+    return not head or any(f.startswith(head) or head.startswith(f) for f in _SSE_FIELDS)
+
+
+def _reason(exc: BaseException) -> str:
+    # The lean client's errors say what happened; aiohttp's class names do, except a refused address.
+    if isinstance(exc, UpstreamHttpError):
+        return str(exc)
+    cause = getattr(exc, "os_error", None)
+    return str(cause) if isinstance(cause, ForbiddenAddress) else type(exc).__name__
+
+
+async def _stream(
+    exchange: Exchange,
+    upstream: Upstream,
+    call: UpstreamCall,
+    started: Callable[[ProxyResult], None] | None,
+    write_timeout: float,
+) -> ProxyResult:
+    # Wait for the first bytes before answering the client: a replica that dies before producing anything is
+    # still a retry, not a broken stream.
+    try:
+        first = await upstream.readany()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise UpstreamUnavailable(f"connection lost before the first byte: {_reason(exc)}") from None
+    if not first:
+        raise UpstreamUnavailable("engine closed the stream before sending anything")
+    if not _looks_like_sse(first):
+        raise UpstreamUnavailable("engine's stream is not server-sent events")
+    result = ProxyResult(None, 200)
+    if started is not None:
+        started(result)
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **call.reply_headers}
+    exchange.start_stream(200, headers)
+    buf = first
+    try:
+        while True:
+            out, buf = _complete_events(buf, result, call)
+            if out:
+                chunk = b"".join(out)
+                result.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
+                if b"data: [DONE]" in chunk:
+                    # The OpenAI stream's last event: end the client's answer now (with it, one write)
+                    # rather than after the engine's end of message. A client may hang up right after
+                    # [DONE]; waiting for the engine's final bytes first made that look like a request cut
+                    # short (499, no usage).
+                    await exchange.write_eof(write_timeout, chunk)
+                    if result.first_byte_at is None:
+                        result.first_byte_at = time.monotonic()
+                    result.finished = True
+                    return result
+                await exchange.write(chunk, write_timeout)
+                if result.first_byte_at is None:
+                    result.first_byte_at = time.monotonic()
+            data = await upstream.readany()
+            if not data:
+                break
+            buf += data
+        if buf:  # what the engine sent after its last complete event, before it ended
+            await exchange.write(buf, write_timeout)
+    except ConnectionResetError:  # the client left (or stalled): drop the upstream so the engine stops too
+        result.client_gone = True
+        upstream.close()
+        return result
+    except (
+        aiohttp.ClientPayloadError,
+        aiohttp.ServerDisconnectedError,
+        aiohttp.ClientOSError,
+        UpstreamHttpError,
+        TimeoutError,
+    ):
+        result.upstream_failed = True  # the client has bytes already: the stream just ends
+    try:
+        await exchange.write_eof(write_timeout)
+    except ConnectionResetError:
+        result.client_gone = True
+    return result
+
+
+def _complete_events(buf: bytes, result: ProxyResult, call: UpstreamCall) -> tuple[list[bytes], bytes]:
+    """The complete events at the head of `buf`, as they go to the client (usage noted, the usage chunk
+    dropped, the model renamed), and what is left to wait for more bytes."""
+    out: list[bytes] = []
+    if call.rewrite_model is None and b'"usage"' not in buf:
+        # No complete event here can need a change (_scan_event would return each as it is): pass them on in
+        # one piece instead of splitting and scanning event by event.
+        i = buf.rfind(b"\n\n")
+        if i >= 0:
+            out.append(buf[: i + 2])
+            buf = buf[i + 2 :]
+    while True:
+        i = buf.find(b"\n\n")
+        if i < 0:
+            break
+        event = _scan_event(buf[: i + 2], result, call)
+        buf = buf[i + 2 :]
+        if event is not None:
+            out.append(event)
+    if len(buf) > _FLUSH_WITHOUT_SEPARATOR:
+        out.append(buf)
+        buf = b""
+    return out, buf

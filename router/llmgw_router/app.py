@@ -19,6 +19,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw.adapters.httplog import quiet_bad_requests
+from llmgw.core.snapshot import Tenants
 from llmgw.store.request_queries import record_view
 from llmgw_router.fleet.kv_events import kv_events_loop
 from llmgw_router.fleet.link import ControllerLink, controller_url
@@ -44,6 +45,9 @@ log = logging.getLogger(__name__)
 
 def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
     """The OpenAI API's paths and methods."""
+    keeper = (
+        router.kept_responses
+    )  # stored responses: built with the service (build_router), before its routes
 
     def completion(kind: Kind) -> Handler:
         async def handle(exchange: Exchange) -> None:
@@ -55,9 +59,13 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         await router.handle(MessagesExchange(exchange), "chat")  # Anthropic's API on the chat path
 
     async def responses(exchange: Exchange) -> None:
-        turn = ResponsesExchange(exchange, router.kept_responses)
+        turn = ResponsesExchange(exchange, keeper)
         await router.handle(turn, "responses")
         await turn.flush()  # a stored response is kept before it is sent
+
+    def tenants() -> Tenants | None:
+        table = router.table
+        return table.snapshot.tenants if table is not None else None
 
     async def health(exchange: Exchange) -> None:
         exchange.respond(json_reply({"status": "ok"}))
@@ -82,9 +90,7 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         "/v1/embeddings": {"POST": completion("embeddings")},
         "/v1/messages": {"POST": messages},
         "/v1/responses": {"POST": responses},
-        "/v1/responses/*": kept_routes(
-            router
-        ),  # GET, DELETE a stored response (surfaces/responses/keeper.py)
+        "/v1/responses/*": kept_routes(router.auth, keeper, tenants),  # GET, DELETE a stored response
         "/v1/rerank": {"POST": completion("rerank")},
         "/v1/score": {"POST": completion("score")},
         "/v1/models": {"GET": router.models},

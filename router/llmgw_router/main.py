@@ -20,19 +20,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from llmgw.adapters import logformat
 from llmgw.adapters.tracing import ENDPOINT_ENV, configured_endpoint
 from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
-from llmgw_router import heap
+from llmgw_router import heap, workers
 from llmgw_router.app import build_router, serve
 from llmgw_router.options import RouterOptions
 from llmgw_router.path.auth import KeyStore, StaticKeys
-
-if TYPE_CHECKING:
-    from llmgw_router.workers import WorkerSeat
 
 __all__ = ["build_parser", "load_snapshot_file", "main", "run"]
 
@@ -278,7 +275,7 @@ def content_key(path: str | None) -> bytes | None:
         raise ValueError(str(exc)) from None
 
 
-async def _amain(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None:
+async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None) -> None:
     snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
     listen = ns.listen or (snapshot.router.listen if snapshot else "127.0.0.1:8080")
     metrics_listen = ns.metrics_listen or (snapshot.router.metrics_listen if snapshot else "127.0.0.1:9091")
@@ -358,7 +355,7 @@ def raise_descriptor_limit() -> int:
     return soft
 
 
-def run(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None:
+def run(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None) -> None:
     logformat.configure(ns.log_level, ns.log_format)
     log.debug("open-files limit: %d", raise_descriptor_limit())
     try:
@@ -379,8 +376,6 @@ def run(ns: argparse.Namespace, seat: WorkerSeat | None = None) -> None:
 
 def _supervise_workers(ns: argparse.Namespace) -> bool:
     """With more than one worker, run them (llmgw_router.workers) and return True when they stopped."""
-    from llmgw_router import workers
-
     snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
     count = workers.worker_count(ns, snapshot.router.workers if snapshot else None)
     if count == 1:
@@ -392,4 +387,11 @@ def _supervise_workers(ns: argparse.Namespace) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    run(build_parser().parse_args(argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == [workers.WORKER_FLAG]:  # one of several workers, started by the supervisor (workers.py)
+        if len(args) != 2:
+            raise SystemExit(f"llmgw-router: {workers.WORKER_FLAG} takes one argument, the supervisor's spec")
+        ns, seat = workers.take_seat(args[1])
+        run(ns, seat=seat)
+        return
+    run(build_parser().parse_args(args))

@@ -1,12 +1,12 @@
 """`llmgw-router --workers N`: N router processes behind one API port, supervised by this one.
 
 Each worker is a whole router (its own event loop, controller link, scrape loop, limiter and usage writer),
-started as `python -m llmgw_router.workers SPEC`. Each binds its own API socket on the same port with
-SO_REUSEPORT: the kernel spreads new connections over the workers' accept queues evenly (one shared socket
-wakes every worker for each connection and the least busy loop does not necessarily win), and a worker that
-dies takes only its own queue with it while the kernel sends new connections to the others. The parent binds
-the port first, without listening, to resolve port 0 and to fail early with a clear message; a listening
-socket is never held by a process that does not accept on it.
+started as `python -m llmgw_router --worker-seat SPEC` (main.py's entry: this module never imports main). Each
+binds its own API socket on the same port with SO_REUSEPORT: the kernel spreads new connections over the
+workers' accept queues evenly (one shared socket wakes every worker for each connection and the least busy loop
+does not necessarily win), and a worker that dies takes only its own queue with it while the kernel sends new
+connections to the others. The parent binds the port first, without listening, to resolve port 0 and to fail
+early with a clear message; a listening socket is never held by a process that does not accept on it.
 
 Each worker serves its metrics on a private loopback port it tells the parent through a pipe; the parent's
 metrics listener scrapes them all and serves one page (`metrics_merge`). A worker that dies is logged once
@@ -40,10 +40,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 
 from llmgw_router.metrics_merge import Merger, Page, parse_page
 
-__all__ = ["WorkerSeat", "supervise", "worker_count", "worker_main"]
+__all__ = ["WORKER_FLAG", "WorkerSeat", "supervise", "take_seat", "worker_count"]
 
 log = logging.getLogger("llmgw_router.workers")
 
+WORKER_FLAG = (
+    "--worker-seat"  # `llmgw-router --worker-seat SPEC`: one of several workers, started by the supervisor
+)
 STOP_TIMEOUT = 120.0  # a worker drains its requests (aiohttp's 60 s) and flushes usage before this
 SCRAPE_TIMEOUT = 2.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -114,14 +117,13 @@ def _loopback_listener() -> socket.socket:
     return sock
 
 
-def worker_main(argv: list[str]) -> None:
-    from llmgw_router import main
-
-    spec = json.loads(argv[0])
-    ns = argparse.Namespace(**spec["ns"])
-    seat = WorkerSeat(**spec["seat"])
+def take_seat(spec: str) -> tuple[argparse.Namespace, WorkerSeat]:
+    """In a worker (main.py, `--worker-seat SPEC`): the parent's flags and this worker's seat, from the one
+    argument `_Supervisor.spec` wrote. The worker is asked to stop when its parent dies."""
+    given = json.loads(spec)
+    seat = WorkerSeat(**given["seat"])
     _die_with_parent(seat.parent_pid)
-    main.run(ns, seat=seat)
+    return argparse.Namespace(**given["ns"]), seat
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -188,7 +190,8 @@ class _Supervisor:
             w.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "llmgw_router.workers",
+                "llmgw_router",
+                WORKER_FLAG,
                 self.spec(w, write_fd),
                 pass_fds=(write_fd,),
                 # Its own session: a terminal's Ctrl-C reaches the parent only, which stops the workers
@@ -350,7 +353,3 @@ def run_supervisor(ns: argparse.Namespace, count: int, listen: str, metrics_list
     status = asyncio.run(supervise(ns, count, listen, metrics_listen))
     if status:
         raise SystemExit(status if status > 0 else 1)
-
-
-if __name__ == "__main__":
-    worker_main(sys.argv[1:])

@@ -24,8 +24,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw_router.surfaces.responses.translate import PASSED_THROUGH_FIELDS
-
 __all__ = [
     "DROPPED_HEADER",
     "SALTED_ENGINES",
@@ -98,15 +96,12 @@ _EMBEDDINGS = frozenset(["model", "input", "encoding_format", "dimensions", "use
 # Cohere/Jina rerank and vLLM's score, as vLLM and llama.cpp take them.
 _RERANK = frozenset(["model", "query", "documents", "top_n", "return_documents", "user"])
 _SCORE = frozenset(["model", "text_1", "text_2", "user"])
-# /v1/responses sent as it came to an engine that serves it (vLLM): the fields surfaces/responses/translate.py accepts.
-_RESPONSES = PASSED_THROUGH_FIELDS
 _OPENAI = {
     "chat": _CHAT,
     "completions": _COMPLETIONS,
     "embeddings": _EMBEDDINGS,
     "rerank": _RERANK,
     "score": _SCORE,
-    "responses": _RESPONSES,
 }
 
 # Sampling and output-shaping parameters each engine documents, none of which reaches beyond the request.
@@ -164,9 +159,14 @@ class FieldPlan:
 
 
 @functools.lru_cache(maxsize=256)
-def allowed_fields(engine: str, kind: str, operator_allowed: tuple[str, ...]) -> frozenset[str]:
-    """The top-level fields forwarded to `engine` for requests of `kind`."""
-    return _OPENAI.get(kind, _CHAT) | _ENGINE_EXTRAS.get(engine, frozenset()) | frozenset(operator_allowed)
+def allowed_fields(
+    engine: str, kind: str, operator_allowed: tuple[str, ...], surface: frozenset[str] | None = None
+) -> frozenset[str]:
+    """The top-level fields forwarded to `engine` for requests of `kind`. `surface`: the fields an API surface
+    sends as they came, in place of the kind's own (the Responses surface's, to an engine that serves it):
+    the surface owns its field set, so this module imports none."""
+    own = surface if surface is not None else _OPENAI.get(kind, _CHAT)
+    return own | _ENGINE_EXTRAS.get(engine, frozenset()) | frozenset(operator_allowed)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -184,10 +184,11 @@ def plan_fields(
     operator_allowed: Iterable[str],
     project: str | None,
     engine_key: str | None,
+    surface: frozenset[str] | None = None,
 ) -> FieldPlan | None:
     """What the request to `engine` must lose or gain; None when it goes as it is (the common case, decided
-    without copying the body)."""
-    allowed = allowed_fields(engine, kind, tuple(operator_allowed))
+    without copying the body). `surface`: as `allowed_fields` takes it."""
+    allowed = allowed_fields(engine, kind, tuple(operator_allowed), surface)
     salted = engine in SALTED_ENGINES and kind not in ("embeddings", "rerank", "score")
     extra = body.keys() - allowed  # one set operation in C; ordered below only when something goes
     if salted and "cache_salt" in body:

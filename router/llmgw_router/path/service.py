@@ -56,6 +56,7 @@ from llmgw_router.server.errors import ApiError, error_response
 from llmgw_router.server.exchange import Exchange, Reply, json_reply
 from llmgw_router.surfaces.responses.exchange import ResponsesExchange
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
+from llmgw_router.surfaces.responses.translate import PASSED_THROUGH_FIELDS
 from llmgw_router.upstream.http1 import EngineClient
 from llmgw_router.upstream.provider_keys import ProviderHealth, usable_providers
 from llmgw_router.upstream.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
@@ -76,6 +77,8 @@ _PATHS: dict[str, str] = {
     "rerank": "/rerank",
     "score": "/score",
 }
+# An API surface sent as it came to an engine that serves it (vLLM's /v1/responses): the fields it accepts.
+_SURFACE_FIELDS: dict[str, frozenset[str]] = {"responses": PASSED_THROUGH_FIELDS}
 _DEFAULT_MAX_BODY = 4 * 1024 * 1024
 _GONE = (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError)
 
@@ -531,7 +534,8 @@ class RequestService:
         if not ep.is_provider:
             project = call.principal.project if call.principal else None
             allowed = table.snapshot.router.allowed_request_fields
-            fields = plan_fields(ep.spec.engine, kind, body, allowed, project, ep.spec.api_key)
+            surface = _SURFACE_FIELDS.get(kind)
+            fields = plan_fields(ep.spec.engine, kind, body, allowed, project, ep.spec.api_key, surface)
             # Never silently: the client learns which of its fields the engine did not get.
             if fields is not None and fields.drop:
                 reply[DROPPED_HEADER] = ",".join(fields.drop)

@@ -14,19 +14,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from llmgw.core.errors import LlmgwError
+from llmgw.core.snapshot import Tenants
 from llmgw.core.traffic import content_ttl
 from llmgw.store.errors import StoreError
 from llmgw_router.server.errors import ApiError, error_response
 from llmgw_router.server.exchange import Exchange, json_reply
 from llmgw_router.surfaces.responses.kept import KIND, not_found, read_record
 
-if TYPE_CHECKING:
-    from llmgw_router.path.service import RequestService
-
-__all__ = ["ResponseKeeper", "Vault", "kept_routes"]
+__all__ = ["Asker", "KeyCheck", "ResponseKeeper", "Vault", "kept_routes"]
 
 log = logging.getLogger(__name__)
 
@@ -108,21 +106,36 @@ class ResponseKeeper:
             raise _unavailable(exc) from None
 
 
-def _keeps(router: RequestService, project: str | None) -> bool:
-    table = router.table
-    spec = table.snapshot.tenants.projects.get(project) if table is not None and project is not None else None
+class Asker(Protocol):
+    """Who asks, as these routes read it (path/auth.py's Principal)."""
+
+    @property
+    def project(self) -> str | None: ...
+
+
+class KeyCheck(Protocol):
+    """The router's key check (path/auth.py's Authenticator): who sent the request, 401 as an ApiError when
+    the key is refused (a caller known stops counting as anonymous against the listener's caps)."""
+
+    async def caller(self, exchange: Exchange) -> Asker: ...
+
+
+def _keeps(tenants: Tenants | None, project: str | None) -> bool:
+    spec = tenants.projects.get(project) if tenants is not None and project is not None else None
     return spec is not None and content_ttl(spec.retention) is not None
 
 
-def kept_routes(router: RequestService) -> dict[str, Callable[[Exchange], Any]]:
-    """`GET` and `DELETE /v1/responses/{id}` (the listener's `/v1/responses/*`)."""
+def kept_routes(
+    auth: KeyCheck, keeper: ResponseKeeper | None, tenants: Callable[[], Tenants | None]
+) -> dict[str, Callable[[Exchange], Any]]:
+    """`GET` and `DELETE /v1/responses/{id}` (the listener's `/v1/responses/*`). `keeper`: None on a router
+    without the content key; `tenants`: today's projects (the snapshot's), read at each request."""
 
     async def answer(exchange: Exchange, delete: bool) -> None:
         try:
-            principal = await router.auth.caller(exchange)
+            principal = await auth.caller(exchange)
             response_id = exchange.path.removeprefix("/v1/responses/").split("?", 1)[0]
-            keeper = router.kept_responses
-            if "/" in response_id or keeper is None or not _keeps(router, principal.project):
+            if "/" in response_id or keeper is None or not _keeps(tenants(), principal.project):
                 # No project, one that keeps no content (now), or a router without the content key: nothing
                 # is kept for it here (what a withdrawn project kept waits for the controller's deletion).
                 raise not_found(response_id, "response_id")

@@ -1,4 +1,4 @@
-"""The router's listeners: the OpenAI API on the lean listener (listener.py), the metrics on aiohttp; the
+"""The router's listeners: the OpenAI API on the lean listener (server/listener.py), the metrics on aiohttp; the
 background loops (scraping, the controller link) and the engine clients opened with them and closed after.
 State lives in the RequestService; no singletons."""
 

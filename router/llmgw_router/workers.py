@@ -44,9 +44,8 @@ __all__ = ["WORKER_FLAG", "WorkerSeat", "supervise", "take_seat", "worker_count"
 
 log = logging.getLogger("llmgw_router.workers")
 
-WORKER_FLAG = (
-    "--worker-seat"  # `llmgw-router --worker-seat SPEC`: one of several workers, started by the supervisor
-)
+# `llmgw-router --worker-seat SPEC`: one of several workers, started by the supervisor (main.py reads it).
+WORKER_FLAG = "--worker-seat"
 STOP_TIMEOUT = 120.0  # a worker drains its requests (aiohttp's 60 s) and flushes usage before this
 SCRAPE_TIMEOUT = 2.0
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h

@@ -12,6 +12,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -19,18 +20,56 @@ from aiohttp import web
 _HANDED_OUT: set[int] = set()
 
 
+def worker_name() -> str:
+    """This pytest process's name under pytest-xdist (`gw0`, `gw1`, ...), `main` when not run by xdist: for what is
+    global on the machine (a cache directory, a name) and must differ between workers running at once."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def worker_cache(name: str) -> Path:
+    """`name` under llmgw's cache (LLMGW_CACHE, else ~/.cache/llmgw), kept across sessions, one per xdist worker:
+    a worker rebuilding it (rmtree, then replace) must not pull it from under another worker's test."""
+    root = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
+    return root / f"{name}-{worker_name()}"
+
+
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands out for port 0 (Linux: ip_local_port_range, 32768-60999 by default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low, high = (int(word) for word in f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def port_share() -> range:
+    """The ports this pytest process may take. Under pytest-xdist each worker owns one consecutive slice of the
+    ephemeral range (gw0 the first, ...), so two workers asking at the same moment are never handed the same
+    port, nor one a port inside the other's run of consecutive ports; the whole range when not under xdist."""
+    ports = _ephemeral_ports()
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+    name = worker_name()
+    index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+    width = len(ports) // count
+    return range(ports.start + index * width, ports.start + (index + 1) * width)
+
+
 def free_port() -> int:
     """A port nothing listens on right now, picked by the kernel (bind to port 0 on loopback), and never one
     this test process was given before: the kernel may hand the same free port to two calls in a row, and two
-    engines told the same port leave one of them answering for both (seen: an engine refusing the other's key)."""
-    for _ in range(100):
+    engines told the same port leave one of them answering for both (seen: an engine refusing the other's key).
+    Only ports of this worker's `port_share`."""
+    share = port_share()
+    tries = 100 * len(_ephemeral_ports()) // len(share)
+    for _ in range(tries):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
+        if port in share and port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
-    raise RuntimeError("no fresh loopback port after 100 tries")
+    raise RuntimeError(f"no fresh loopback port in {share} after {tries} tries")
 
 
 def pid_alive(pid: int) -> bool:

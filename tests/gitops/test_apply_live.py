@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from controller.helpers import Admin, Agents, Repo, settings_for, start
-from support import free_port, wait_for
+from support import free_port, port_share, wait_for
 
 from gitops.repo_fixture import sim_model
 
@@ -77,7 +77,7 @@ def free_port_range(count: int) -> int:
     """The first of `count` consecutive ports that are all free to bind now."""
     for _ in range(50):
         lo: int = free_port()
-        if lo + count > 65535:
+        if lo + count > port_share().stop:  # the run stays inside this worker's share
             continue
         try:
             with contextlib.ExitStack() as stack:

@@ -25,7 +25,7 @@ from controller.helpers import model_yaml
 from faults.cluster import Cluster
 from faults.procs import start_router_following
 from fixtures.sshd import SshServer
-from support import wait_for
+from support import wait_for, worker_cache
 
 from llmgw.adapters.ssh import render, wheels
 from llmgw.adapters.ssh.wheels import Wheelhouse
@@ -55,10 +55,7 @@ def _variant(
         text = (copy / name).read_text()
         assert old in text, f"{name} no longer says {old!r}: update this test"
         (copy / name).write_text(text.replace(old, new))
-    cache = (
-        Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw")) / f"test-wheelhouse-{version}"
-    )
-    return wheels.build(cache, copy)
+    return wheels.build(worker_cache(f"test-wheelhouse-{version}"), copy)
 
 
 @pytest.fixture(scope="session")

@@ -15,7 +15,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
+
+# Under pytest-xdist (`--dist loadgroup`), the modules whose agents take engine ports from the agent's default
+# range (20000-20999), which no test can move: an agent bootstrapped over SSH and `llmgw up`'s own. Two such
+# agents at once on one machine pick the same free port before either engine binds it. The bootstrapped ones also
+# share the machine's one `llmgw` account (created by the first). One worker runs them all, one at a time.
+DEFAULT_AGENT_PORTS = pytest.mark.xdist_group("default-agent-ports")
 
 _HANDED_OUT: set[int] = set()
 
@@ -70,6 +77,25 @@ def free_port() -> int:
             _HANDED_OUT.add(port)
             return port
     raise RuntimeError(f"no fresh loopback port in {share} after {tries} tries")
+
+
+def free_port_range(count: int) -> int:
+    """The first of `count` consecutive ports that are all free to bind now, all in this worker's `port_share`:
+    a block an agent picks its engines' ports from, which no other worker's agent picks from at the same time."""
+    for _ in range(50):
+        lo: int = free_port()
+        if lo + count > port_share().stop:  # the run stays inside this worker's share
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(lo, lo + count):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+            _HANDED_OUT.update(range(lo, lo + count))  # free_port never hands out one of the block later
+            return lo
+        except OSError:
+            continue
+    raise AssertionError(f"no {count} consecutive free ports found")
 
 
 def pid_alive(pid: int) -> bool:

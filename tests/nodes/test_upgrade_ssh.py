@@ -25,12 +25,12 @@ from controller.helpers import model_yaml
 from faults.cluster import Cluster
 from faults.procs import start_router_following
 from fixtures.sshd import SshServer
-from support import wait_for, worker_cache
+from support import DEFAULT_AGENT_PORTS, wait_for, worker_cache
 
 from llmgw.adapters.ssh import render, wheels
 from llmgw.adapters.ssh.wheels import Wheelhouse
 
-pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900), DEFAULT_AGENT_PORTS]
 
 KEY = "sk-llmgw-" + "u" * 43
 NEXT_VERSION = "0.1.1"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import time
@@ -50,16 +51,20 @@ def _ephemeral_ports() -> range:
     return range(low, high + 1)
 
 
-def port_share() -> range:
-    """The ports this pytest process may take. Under pytest-xdist each worker owns one consecutive slice of the
-    ephemeral range (gw0 the first, ...), so two workers asking at the same moment are never handed the same
-    port, nor one a port inside the other's run of consecutive ports; the whole range when not under xdist."""
-    ports = _ephemeral_ports()
+def _worker_slice(ports: range) -> range:
+    """This pytest process's part of `ports`: under pytest-xdist each worker owns one consecutive slice (gw0 the
+    first, ...); all of it when not under xdist."""
     count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
     name = worker_name()
     index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
     width = len(ports) // count
     return range(ports.start + index * width, ports.start + (index + 1) * width)
+
+
+def port_share() -> range:
+    """The ephemeral ports `free_port` may hand out in this process: its worker's slice, so two workers asking
+    at the same moment are never handed the same port."""
+    return _worker_slice(_ephemeral_ports())
 
 
 def free_port() -> int:
@@ -79,23 +84,30 @@ def free_port() -> int:
     raise RuntimeError(f"no fresh loopback port in {share} after {tries} tries")
 
 
+# Where `free_port_range` takes its blocks: below the kernel's ephemeral range, so no port the kernel hands out
+# (free_port, an outgoing connection) lands in a block, and below the agent's default engine range (20000-20999).
+BLOCK_PORTS = range(10000, 20000)
+# Blocks go round this worker's slice in order: the longest time before one is handed out again.
+_block_numbers = itertools.count()
+
+
 def free_port_range(count: int) -> int:
-    """The first of `count` consecutive ports that are all free to bind now, all in this worker's `port_share`:
-    a block an agent picks its engines' ports from, which no other worker's agent picks from at the same time."""
-    for _ in range(50):
-        lo: int = free_port()
-        if lo + count > port_share().stop:  # the run stays inside this worker's share
-            continue
+    """The first of `count` consecutive ports that are all free to bind now, from this worker's slice of
+    BLOCK_PORTS (as `port_share` slices the ephemeral range): a block an agent picks its engines' ports from,
+    which no other worker's agent picks from at the same time."""
+    share = _worker_slice(BLOCK_PORTS)
+    blocks = len(share) // count
+    for _ in range(blocks):
+        lo = share.start + (next(_block_numbers) % blocks) * count
         try:
             with contextlib.ExitStack() as stack:
                 for port in range(lo, lo + count):
                     s = stack.enter_context(socket.socket())
                     s.bind(("127.0.0.1", port))
-            _HANDED_OUT.update(range(lo, lo + count))  # free_port never hands out one of the block later
-            return lo
         except OSError:
-            continue
-    raise AssertionError(f"no {count} consecutive free ports found")
+            continue  # something listens there still (a test's engine not yet gone, another program)
+        return lo
+    raise AssertionError(f"no {count} consecutive free ports in {share}")
 
 
 def pid_alive(pid: int) -> bool:

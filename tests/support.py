@@ -23,10 +23,8 @@ from aiohttp import web
 # range (20000-20999), which no test can move: an agent bootstrapped over SSH and `llmgw up`'s own. Two such
 # agents at once on one machine pick the same free port before either engine binds it. The bootstrapped ones also
 # share the machine's one `llmgw` account (created by the first). One worker runs them all, one at a time.
-# Not in effect with the locked pytest 9.2 and pytest-xdist 3.8: xdist marks a group by rewriting the item's
-# `_nodeid`, which pytest 9.2 no longer reads, so grouped tests are spread like any other (pytest-xdist issue
-# 1386; seen here: two `llmgw up` fixtures at once on gw1 and gw3). Until that is fixed, run the suite in one
-# process, or these modules apart from each other.
+# With the locked pytest 9.2 and pytest-xdist 3.8 the group holds only through tests/conftest.py's
+# pytest_collection_modifyitems (pytest-xdist issue 1386: seen without it, two `llmgw up` at once on gw1 and gw3).
 DEFAULT_AGENT_PORTS = pytest.mark.xdist_group("default-agent-ports")
 
 _HANDED_OUT: set[int] = set()

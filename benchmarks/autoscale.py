@@ -160,9 +160,23 @@ class Fleet:
         keys.write_text(f"{hash_key(KEY)} p1 key-1\n")
         port, mport = free_port(), free_port()
         log = (self.work / "router.log").open("ab")
-        argv = [sys.executable, "-c", "from llmgw_router.main import main; main()", "--listen",
-                f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{mport}", "--controller", controller,
-                "--token-file", str(token), "--keys-file", str(keys)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-c",
+            "from llmgw_router.main import main; main()",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            f"127.0.0.1:{mport}",
+            "--controller",
+            controller,
+            "--token-file",
+            str(token),
+            "--keys-file",
+            str(keys),
+            "--state-dir",
+            str(self.work / "router-state"),  # its own usage spool, not one under the working directory
+        ]
         self.procs.append(subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True))
         self.api = f"http://127.0.0.1:{port}"
         wait_http(self.api + "/health", 60)

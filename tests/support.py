@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import os
 import socket
 import time
@@ -15,23 +16,100 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
+# Under pytest-xdist (`--dist loadgroup`), the modules whose agents take engine ports from the agent's default
+# range (20000-20999), which no test can move: an agent bootstrapped over SSH and `llmgw up`'s own. Two such
+# agents at once on one machine pick the same free port before either engine binds it. The bootstrapped ones also
+# share the machine's one `llmgw` account (created by the first). One worker runs them all, one at a time.
+# With the locked pytest 9.2 and pytest-xdist 3.8 the group holds only through tests/conftest.py's
+# pytest_collection_modifyitems (pytest-xdist issue 1386: seen without it, two `llmgw up` at once on gw1 and gw3).
+DEFAULT_AGENT_PORTS = pytest.mark.xdist_group("default-agent-ports")
+
 _HANDED_OUT: set[int] = set()
+
+
+def worker_name() -> str:
+    """This pytest process's name under pytest-xdist (`gw0`, `gw1`, ...), `main` when not run by xdist: for what is
+    global on the machine (a cache directory, a name) and must differ between workers running at once."""
+    return os.environ.get("PYTEST_XDIST_WORKER", "main")
+
+
+def worker_cache(name: str) -> Path:
+    """`name` under llmgw's cache (LLMGW_CACHE, else ~/.cache/llmgw), kept across sessions, one per xdist worker:
+    a worker rebuilding it (rmtree, then replace) must not pull it from under another worker's test."""
+    root = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
+    return root / f"{name}-{worker_name()}"
+
+
+def _ephemeral_ports() -> range:
+    """The ports the kernel hands out for port 0 (Linux: ip_local_port_range, 32768-60999 by default)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            low, high = (int(word) for word in f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def _worker_slice(ports: range) -> range:
+    """This pytest process's part of `ports`: under pytest-xdist each worker owns one consecutive slice (gw0 the
+    first, ...); all of it when not under xdist."""
+    count = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
+    name = worker_name()
+    index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+    width = len(ports) // count
+    return range(ports.start + index * width, ports.start + (index + 1) * width)
+
+
+def port_share() -> range:
+    """The ephemeral ports `free_port` may hand out in this process: its worker's slice, so two workers asking
+    at the same moment are never handed the same port."""
+    return _worker_slice(_ephemeral_ports())
 
 
 def free_port() -> int:
     """A port nothing listens on right now, picked by the kernel (bind to port 0 on loopback), and never one
     this test process was given before: the kernel may hand the same free port to two calls in a row, and two
-    engines told the same port leave one of them answering for both (seen: an engine refusing the other's key)."""
-    for _ in range(100):
+    engines told the same port leave one of them answering for both (seen: an engine refusing the other's key).
+    Only ports of this worker's `port_share`."""
+    share = port_share()
+    tries = 100 * len(_ephemeral_ports()) // len(share)
+    for _ in range(tries):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = int(s.getsockname()[1])
-        if port not in _HANDED_OUT:
+        if port in share and port not in _HANDED_OUT:
             _HANDED_OUT.add(port)
             return port
-    raise RuntimeError("no fresh loopback port after 100 tries")
+    raise RuntimeError(f"no fresh loopback port in {share} after {tries} tries")
+
+
+# Where `free_port_range` takes its blocks: below the kernel's ephemeral range, so no port the kernel hands out
+# (free_port, an outgoing connection) lands in a block, and below the agent's default engine range (20000-20999).
+BLOCK_PORTS = range(10000, 20000)
+# Blocks go round this worker's slice in order: the longest time before one is handed out again.
+_block_numbers = itertools.count()
+
+
+def free_port_range(count: int) -> int:
+    """The first of `count` consecutive ports that are all free to bind now, from this worker's slice of
+    BLOCK_PORTS (as `port_share` slices the ephemeral range): a block an agent picks its engines' ports from,
+    which no other worker's agent picks from at the same time."""
+    share = _worker_slice(BLOCK_PORTS)
+    blocks = len(share) // count
+    for _ in range(blocks):
+        lo = share.start + (next(_block_numbers) % blocks) * count
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in range(lo, lo + count):
+                    s = stack.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue  # something listens there still (a test's engine not yet gone, another program)
+        return lo
+    raise AssertionError(f"no {count} consecutive free ports in {share}")
 
 
 def pid_alive(pid: int) -> bool:

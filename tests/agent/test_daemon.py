@@ -16,7 +16,7 @@ import pytest
 from llmgw_agent.engines import metric_mapping
 from llmgw_agent.protocol import ShardStatus
 from prometheus_client.parser import text_string_to_metric_families
-from support import pid_alive, wait_for
+from support import free_port_range, pid_alive, wait_for
 
 from .fake_controller import FakeController
 from .helpers import group_alive
@@ -31,6 +31,7 @@ class AgentProcs:
         self.tmp = tmp
         self.procs: list[subprocess.Popen[bytes]] = []
         self.engine_pids: set[int] = set()
+        self.ports = free_port_range(100)  # the first engine port; the same block when the agent restarts
 
     def start(self, controllers: list[str], **extra: Any) -> subprocess.Popen[bytes]:
         (self.tmp / "token").write_text("agent-token\n")
@@ -44,7 +45,7 @@ class AgentProcs:
             "model_dirs": [str(models)],
             "advertise_host": "127.0.0.1",
             "bind_host": "127.0.0.1",
-            "port_range": [22000, 22999],
+            "port_range": [self.ports, self.ports + 99],
             "ready_timeout_s": 120,
             "stop_grace_s": 5,
             "max_backoff_s": 1,

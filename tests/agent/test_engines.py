@@ -13,7 +13,7 @@ from llmgw_agent.engines import LaunchContext, SpecError, launch_plan, metric_ma
 from llmgw_agent.protocol import ShardSpec, ShardStatus, WeightSource
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from prometheus_client.parser import text_string_to_metric_families
-from support import wait_for
+from support import free_port_range, wait_for
 
 from .helpers import group_alive, read_cmdline
 
@@ -120,11 +120,12 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, list[Sha
     sglang_python = tmp_path / "sglang-python"
     sglang_python.write_text(f'#!/bin/sh\nPYTHONPATH={STANDINS} exec {sys.executable} "$@"\n')
     sglang_python.chmod(0o755)
+    ports = free_port_range(100)
     cfg = SupervisorConfig(
         state_dir=tmp_path / "state",
         advertise_host="127.0.0.1",
         bind_host="127.0.0.1",
-        port_range=(21000, 21999),
+        port_range=(ports, ports + 99),
         engine_binaries={
             "vllm": str(STANDINS / "vllm"),
             "trtllm": str(STANDINS / "trtllm-serve"),

@@ -80,8 +80,8 @@ async def test_rank_0_waits_for_its_worker_and_a_killed_worker_fails_the_replica
     ctl_a, ctl_b = controllers
     agent_a, agent_b = two_agents
     engines = {"vllm": {"path": str(STANDINS / "vllm"), "version": "0.10.1"}}
-    agent_a.start([ctl_a.url], node="node-a", engines=engines, port_range=[22000, 22099])
-    agent_b.start([ctl_b.url], node="node-b", engines=engines, port_range=[22100, 22199])
+    agent_a.start([ctl_a.url], node="node-a", engines=engines)
+    agent_b.start([ctl_b.url], node="node-b", engines=engines)
     await registered(ctl_a)
     await registered(ctl_b)
     weights = tmp_path / "weights"

@@ -131,7 +131,9 @@ async def test_queues_beyond_concurrency_in_arrival_order(sim: tuple[SimEngine, 
     finished: list[str] = []
 
     async def call(http: aiohttp.ClientSession, name: str) -> dict[str, Any]:
-        body = {"model": "sim-model", "prompt": f"request {name}", "max_tokens": 5}
+        # 50 tokens at 20 ms: a second per request, so `a` still runs while b and c queue and the metrics are
+        # read, even on a machine busy enough to stall this loop for a few hundred milliseconds.
+        body = {"model": "sim-model", "prompt": f"request {name}", "max_tokens": 50}
         async with http.post(f"{url}/v1/completions", json=body, headers=auth()) as resp:
             data: dict[str, Any] = await resp.json()
         finished.append(name)
@@ -151,7 +153,7 @@ async def test_queues_beyond_concurrency_in_arrival_order(sim: tuple[SimEngine, 
         after = await metrics(http, url)
     assert finished == ["a", "b", "c"]
     assert after["vllm:num_requests_waiting"] == 0 and after["vllm:num_requests_running"] == 0
-    assert after["vllm:generation_tokens_total"] == 15
+    assert after["vllm:generation_tokens_total"] == 150
 
 
 async def test_repeated_prefix_pays_less_prefill(sim: tuple[SimEngine, str]) -> None:

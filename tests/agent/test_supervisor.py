@@ -22,7 +22,7 @@ from llmgw_agent.protocol import (
     parse_controller_message,
 )
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig, proc_start_time, tail_lines
-from support import pid_alive, wait_for
+from support import free_port_range, pid_alive, wait_for
 
 from .helpers import group_alive
 
@@ -52,11 +52,12 @@ async def sup(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, list[ShardStatu
     wrapper.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     wrapper.chmod(0o755)
     updates: list[ShardStatus] = []
+    ports = free_port_range(100)
     cfg = SupervisorConfig(
         state_dir=tmp_path / "state",
         advertise_host="127.0.0.1",
         bind_host="127.0.0.1",
-        port_range=(24000, 24999),
+        port_range=(ports, ports + 99),
         engine_binaries={"vllm": str(wrapper)},
         ready_timeout_s=60,  # the machine may be busy: only the deadline test shortens it
         stop_grace_s=0.5,

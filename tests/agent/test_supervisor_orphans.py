@@ -8,11 +8,10 @@ import signal
 from pathlib import Path
 
 import pytest
-from gitops.test_apply_live import free_port_range
 from llmgw_agent.engine_memory import process_groups
 from llmgw_agent.protocol import ShardSpec, ShardStatus
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig, group_alive
-from support import wait_for
+from support import free_port_range, wait_for
 
 pytestmark = pytest.mark.integration
 

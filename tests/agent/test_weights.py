@@ -11,7 +11,7 @@ from aiohttp import web
 from llmgw_agent import weights
 from llmgw_agent.protocol import ShardSpec, ShardStatus, WeightSource
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
-from support import wait_for
+from support import free_port_range, wait_for
 
 from .helpers import part_files, read_bytes
 
@@ -131,11 +131,12 @@ async def test_redirect_to_metadata_refused(server: FileServer, tmp_path: Path) 
 @pytest.mark.integration
 async def test_fetch_progress_on_shard_status(server: FileServer, tmp_path: Path) -> None:
     updates: list[ShardStatus] = []
+    ports = free_port_range(100)
     cfg = SupervisorConfig(
         state_dir=tmp_path / "state",
         advertise_host="127.0.0.1",
         bind_host="127.0.0.1",
-        port_range=(23000, 23999),
+        port_range=(ports, ports + 99),
     )
     sup = Supervisor(cfg, updates.append)
     source = WeightSource(url=f"{server.base}/models/blob.gguf", sha256=SHA, size=len(BLOB))

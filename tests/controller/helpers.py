@@ -14,6 +14,7 @@ from typing import Any
 
 import aiohttp
 import git
+from support import free_port_range
 
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.settings import ControllerSettings
@@ -157,6 +158,7 @@ class Agents:
         self.tmp = tmp
         self.token_file = token_file
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.port_blocks: dict[str, int] = {}  # node: the first of its agent's 100 engine ports
         self.count = 0
 
     def start(
@@ -201,8 +203,11 @@ class Agents:
         return proc
 
     def port_range(self, node: str) -> tuple[int, int]:
-        """Engine ports for `node`'s agent: a fixed block of 100 per node, by the node's place in name order."""
-        lo = 23000 + 100 * sorted({*self.procs, node}).index(node)
+        """Engine ports for `node`'s agent: a block of 100 of this worker's ports, the same one when the node's
+        agent is restarted (its engines keep theirs)."""
+        if node not in self.port_blocks:
+            self.port_blocks[node] = free_port_range(100)
+        lo = self.port_blocks[node]
         return lo, lo + 99
 
     def stop(self, node: str, sig: int = signal.SIGTERM) -> None:

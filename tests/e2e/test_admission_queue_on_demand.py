@@ -13,11 +13,11 @@ from collections.abc import Iterator
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, wait_for
+from support import DEFAULT_AGENT_PORTS, free_port, wait_for
 
 from .test_up import EXAMPLE, START_S, Up, printed
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), DEFAULT_AGENT_PORTS]
 
 LOAD_MS = 8000  # the sim opens its port only after this: above the 5 s the router used to wait
 MODEL = """apiVersion: llmgw/v1

@@ -26,9 +26,9 @@ from typing import Any
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import free_port, wait_until
+from support import DEFAULT_AGENT_PORTS, free_port, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.llamacpp, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.llamacpp, pytest.mark.timeout(600), DEFAULT_AGENT_PORTS]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cluster-repo"

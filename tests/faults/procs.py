@@ -151,9 +151,12 @@ class RouterProc(Proc):
 
 
 def start_router_proc(log: Path, args: list[str]) -> RouterProc:
-    """`llmgw-router ARGS` on fresh ports; waits until /health answers."""
+    """`llmgw-router ARGS` on fresh ports; waits until /health answers. Unless ARGS name one, its state dir
+    (usage spool, grace file) is beside its log, kept when the same log is reused for a restart: the default,
+    `.llmgw/router` under the working directory, would be one spool for every router the suite runs at once."""
     port, mport = free_port(), free_port()
     handle = log.open("ab")
+    state = [] if "--state-dir" in args else ["--state-dir", str(log.with_name(log.stem + "-state"))]
     argv = [
         sys.executable,
         "-c",
@@ -162,6 +165,7 @@ def start_router_proc(log: Path, args: list[str]) -> RouterProc:
         f"127.0.0.1:{port}",
         "--metrics-listen",
         f"127.0.0.1:{mport}",
+        *state,
         *args,
     ]
     proc = subprocess.Popen(argv, stdout=handle, stderr=handle)

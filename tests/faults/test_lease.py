@@ -200,8 +200,11 @@ async def test_run_loop_renews_and_steps_down_when_the_store_fails(tmp_path: Pat
             raise ConnectionError("store down")
 
         store.acquire_lease = broken  # type: ignore[method-assign]
-        await wait_for(lambda: not lease.leading(), 10.0, "the loop to step down")
+        # leading() turns false by the clock as the claim expires; the loop steps down (on_step_down) at its
+        # next wake-up after that: wait for the step-down itself, not the first moment the claim is stale.
+        await wait_for(lambda: len(roles) == 2, 10.0, "the loop to step down")
         assert roles == ["leader", "standby"]
+        assert not lease.leading()
         assert lease.state.error == "store down"
     finally:
         task.cancel()

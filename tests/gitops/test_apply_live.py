@@ -7,10 +7,8 @@ the token (the Cluster document's address and the default token file are what th
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
-import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -64,32 +62,6 @@ class Cli:
         return proc.returncode, out.decode(), err.decode()
 
 
-class PortsOfItsOwn(Agents):  # type: ignore[misc]
-    """The controller tests' agents (their cleanup too), with engine ports from a range found free now rather
-    than a fixed one: other suites on this machine use the fixed ranges at the same time."""
-
-    def port_range(self, node: str) -> tuple[int, int]:
-        lo = free_port_range(40)
-        return lo, lo + 39
-
-
-def free_port_range(count: int) -> int:
-    """The first of `count` consecutive ports that are all free to bind now."""
-    for _ in range(50):
-        lo: int = free_port()
-        if lo + count > 65535:
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in range(lo, lo + count):
-                    s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port))
-            return lo
-        except OSError:
-            continue
-    raise AssertionError(f"no {count} consecutive free ports found")
-
-
 class Cluster:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -97,7 +69,7 @@ class Cluster:
         self.repo = Repo(tmp / "repo", use_git=True)
         self.state_dir = tmp / ".llmgw" / "controller"  # the default, relative to where the CLI runs
         self.cli = Cli(tmp)
-        self.agents = PortsOfItsOwn(tmp, self.state_dir / "admin-token")
+        self.agents = Agents(tmp, self.state_dir / "admin-token")
         self.running: Any = None
         self.admin: Admin | None = None
         self.first = ""

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 from fixtures.sshd import sshd_server  # noqa: F401  (registers the fixture)
+from support import worker_cache
 
 from llmgw.adapters.ssh import wheels
 
@@ -14,9 +14,8 @@ from llmgw.adapters.ssh import wheels
 @pytest.fixture(scope="session")
 def wheelhouse() -> wheels.Wheelhouse:
     # pip wheel on 2 cores costs seconds, not minutes, once pip's cache is warm; keyed by the agent's source,
-    # so an unchanged agent reuses the same files across sessions.
-    cache = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw")) / "test-wheelhouse"
-    return wheels.build(cache)
+    # so an unchanged agent reuses the same files across sessions (one directory per xdist worker).
+    return wheels.build(worker_cache("test-wheelhouse"))
 
 
 @pytest.fixture

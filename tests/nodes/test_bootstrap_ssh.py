@@ -20,7 +20,7 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from fixtures.sshd import SshServer, keygen
-from support import free_port, wait_for
+from support import DEFAULT_AGENT_PORTS, free_port, wait_for
 
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.bootstrap import (
@@ -38,7 +38,7 @@ from llmgw.adapters.ssh.wheels import Wheelhouse
 from .agent_hub import HubStub
 from .agent_procs import stop_agent
 
-pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900), DEFAULT_AGENT_PORTS]
 
 STEPS = [
     "connect", "check", "wheels", "venv", "agent", "credentials", "config", "account", "service", "register",

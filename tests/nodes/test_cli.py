@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.sshd import SshServer
+from support import DEFAULT_AGENT_PORTS
 from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
@@ -76,6 +77,7 @@ def test_node_add_refuses_a_name_declared_elsewhere_and_a_bad_name(repo: Path) -
 @pytest.mark.ssh
 @pytest.mark.integration
 @pytest.mark.timeout(600)
+@DEFAULT_AGENT_PORTS
 def test_bootstrap_command_then_engine_check_over_ssh(
     repo: Path, sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path, node_root: Path
 ) -> None:

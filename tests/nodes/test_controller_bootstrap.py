@@ -23,14 +23,14 @@ from controller.helpers import Admin, Repo, model_yaml, settings_for, start
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 from fixtures.sshd import SshServer, keygen
-from support import free_port, wait_for
+from support import DEFAULT_AGENT_PORTS, free_port, wait_for
 
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.ca import ClusterCA, PeerRejected
 from llmgw.adapters.ssh.wheels import Wheelhouse
 from llmgw.controller.app import RunningController
 
-pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(600), DEFAULT_AGENT_PORTS]
 
 
 def _cluster(port: int) -> str:

@@ -25,14 +25,14 @@ from controller.helpers import model_yaml
 from faults.cluster import Cluster
 from faults.procs import start_router_following
 from fixtures.sshd import SshServer
-from support import wait_for
+from support import DEFAULT_AGENT_PORTS, wait_for, worker_cache
 
 from llmgw.adapters.ssh import render, wheels
 from llmgw.adapters.ssh.wheels import Wheelhouse
 
 from .agent_procs import stop_agent
 
-pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900), DEFAULT_AGENT_PORTS]
 
 KEY = "sk-llmgw-" + "u" * 43
 NEXT_VERSION = "0.1.1"
@@ -57,10 +57,7 @@ def _variant(
         text = (copy / name).read_text()
         assert old in text, f"{name} no longer says {old!r}: update this test"
         (copy / name).write_text(text.replace(old, new))
-    cache = (
-        Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw")) / f"test-wheelhouse-{version}"
-    )
-    return wheels.build(cache, copy)
+    return wheels.build(worker_cache(f"test-wheelhouse-{version}"), copy)
 
 
 @pytest.fixture(scope="session")

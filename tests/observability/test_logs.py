@@ -20,7 +20,6 @@ from typing import Any
 import aiohttp
 import pytest
 from controller.helpers import Admin, Agents, Repo, cluster_yaml, settings_for, start
-from gitops.test_apply_live import free_port_range
 from support import free_port, wait_for
 
 from llmgw.controller.app import RunningController
@@ -62,19 +61,11 @@ def gpu_inventory(tmp: Path) -> Path:
     return path
 
 
-class OwnPorts(Agents):  # type: ignore[misc]
-    """Engine ports found free now instead of the helpers' fixed block, which other suites use at the same time."""
-
-    def port_range(self, node: str) -> tuple[int, int]:
-        lo: int = free_port_range(20)
-        return lo, lo + 19
-
-
 class Fleet:
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
         self.repo = Repo(tmp / "repo", use_git=False)
-        self.agents = OwnPorts(tmp, tmp / "token")
+        self.agents = Agents(tmp, tmp / "token")
         self.running: RunningController | None = None
         self.admin: Admin | None = None
 

@@ -23,7 +23,7 @@ from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from llmgw_router.app import serve
 from llmgw_router.decisions.prefix import vllm_block_hashes
 from llmgw_router.path.service import Router, RouterOptions
-from support import wait_for
+from support import free_port_range, wait_for
 
 from llmgw.controller.publisher import kv_events_address
 from llmgw.core.snapshot import RouterSnapshot
@@ -80,11 +80,12 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
     vllm = tmp_path / "vllm"
     vllm.write_text(f'#!/bin/sh\nexec {sys.executable} {STANDIN} "$@"\n')
     vllm.chmod(0o755)
+    ports = free_port_range(100)
     cfg = SupervisorConfig(
         state_dir=tmp_path / "state",
         advertise_host="127.0.0.1",
         bind_host="127.0.0.1",
-        port_range=(23640, 23699),
+        port_range=(ports, ports + 99),
         engine_binaries={"vllm": str(vllm)},
         ready_timeout_s=30,
         stop_grace_s=5,

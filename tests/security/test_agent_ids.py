@@ -18,7 +18,7 @@ from llmgw_agent.protocol import ShardSpec, ShardStatus
 from llmgw_agent.sim import SimEngine
 from llmgw_agent.sim_model import LatencyConfig
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig, proc_start_time
-from support import wait_for
+from support import free_port_range, wait_for
 
 
 def _names(directory: Path) -> list[str]:
@@ -28,8 +28,9 @@ def _names(directory: Path) -> list[str]:
 @pytest.fixture
 async def sup(tmp_path: Path) -> AsyncIterator[Supervisor]:
     updates: list[ShardStatus] = []
+    ports = free_port_range(100)
     cfg = SupervisorConfig(
-        state_dir=tmp_path / "state", advertise_host="127.0.0.1", port_range=(26000, 26999)
+        state_dir=tmp_path / "state", advertise_host="127.0.0.1", port_range=(ports, ports + 99)
     )
     supervisor = Supervisor(cfg, updates.append)
     yield supervisor

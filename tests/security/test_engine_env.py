@@ -14,7 +14,7 @@ import pytest
 from llmgw_agent import repo_rules
 from llmgw_agent.protocol import ShardSpec, ShardStatus
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
-from support import wait_for
+from support import free_port_range, wait_for
 
 from .repo_attack import GPU_PROFILE, attack_repo, model, validate
 
@@ -78,11 +78,12 @@ async def dumping_supervisor(tmp_path: Path) -> AsyncIterator[tuple[Supervisor, 
     engine.write_text(f'#!/bin/sh\nexec {sys.executable} {script} "$@"\n')
     engine.chmod(0o755)
     updates: list[ShardStatus] = []
+    ports = free_port_range(100)
     cfg = SupervisorConfig(
         state_dir=tmp_path / "state",
         advertise_host="127.0.0.1",
         bind_host="127.0.0.1",
-        port_range=(25000, 25999),
+        port_range=(ports, ports + 99),
         engine_binaries={"vllm": str(engine)},
         ready_timeout_s=60,
         stop_grace_s=2,

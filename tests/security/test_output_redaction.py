@@ -16,7 +16,7 @@ from agent.helpers import read_bytes
 from llmgw_agent.protocol import ShardSpec, ShardStatus, WeightSource
 from llmgw_agent.redact import MASK, redactor, secret_values
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
-from support import wait_for
+from support import free_port_range, wait_for
 
 from .test_engine_listen import children
 
@@ -32,10 +32,11 @@ async def supervisor(tmp_path: Path) -> AsyncIterator[Supervisor]:
     sglang_python = tmp_path / "sglang-python"
     sglang_python.write_text(f'#!/bin/sh\nPYTHONPATH={AGENT_STANDINS} exec {sys.executable} "$@"\n')
     sglang_python.chmod(0o755)
+    ports = free_port_range(100)
     cfg = SupervisorConfig(
         state_dir=tmp_path / "state",
         advertise_host="127.0.0.1",
-        port_range=(23000, 23999),
+        port_range=(ports, ports + 99),
         engine_binaries={"vllm": str(HERE / "standins" / "leaky-engine"), "sglang": str(sglang_python)},
         ready_timeout_s=30,
         stop_grace_s=5,

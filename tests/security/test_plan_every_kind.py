@@ -381,8 +381,7 @@ async def test_i6_live_controller_plans_the_issues_tenant_commit_and_exits_2(tmp
     60, then one that changes a policy's weights and the Cluster's default_policy. `llmgw plan` (found by the
     Cluster's address and the controller's token file, as a new user runs it) shows each and exits 2; once
     applied, the plan is "No changes" again, so the live side reports the applied documents."""
-    from controller.helpers import Repo, settings_for, start
-    from gitops.test_apply_live import PortsOfItsOwn
+    from controller.helpers import Agents, Repo, settings_for, start
     from support import free_port, wait_for
 
     port = free_port()
@@ -405,7 +404,7 @@ async def test_i6_live_controller_plans_the_issues_tenant_commit_and_exits_2(tmp
         poll_s=3600.0,  # read once at start: later commits reach it only by `llmgw apply`
         settle_s=0.0,
     )
-    agents = PortsOfItsOwn(tmp_path, state_dir / "admin-token")
+    agents = Agents(tmp_path, state_dir / "admin-token")
     running, admin = await start(settings)
     try:
         agents.start("local", f"127.0.0.1:{port}", cpu_cores=8)

@@ -76,7 +76,8 @@ def router_proc(sim: SimProcess, tmp_path_factory: pytest.TempPathFactory) -> It
     with log.open("ab") as handle:
         argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(tmp / "snapshot.json"),
                 "--keys-file", str(tmp / "keys"), "--listen", f"127.0.0.1:{port}",
-                "--metrics-listen", f"127.0.0.1:{free_port()}"]  # fmt: skip
+                "--metrics-listen", f"127.0.0.1:{free_port()}",
+                "--state-dir", str(tmp / "router-state")]  # fmt: skip
         proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
     router = RouterProc(proc, log, f"http://127.0.0.1:{port}")
     try:

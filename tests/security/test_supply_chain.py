@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from ruamel.yaml import YAML
+from support import worker_cache
 
 from llmgw.adapters.ssh import wheels
 
@@ -226,10 +227,9 @@ def test_l9_agent_wheels_are_pinned_to_what_the_controller_runs() -> None:
 
 
 def test_l9_a_real_wheelhouse_is_pinned_and_lists_its_hashes() -> None:
-    """pip wheel for real (the same cache as tests/nodes, so built once): every dependency wheel is the
+    """pip wheel for real (the same cache as tests/nodes, so built once per worker): every dependency wheel is the
     version installed here, and requirements.txt carries each wheel's sha256."""
-    cache = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw")) / "test-wheelhouse"
-    house = wheels.build(cache)
+    house = wheels.build(worker_cache("test-wheelhouse"))
     pins = wheels.installed_pins()
     for file_name in house.wheels:
         name, version = file_name.split("-")[:2]

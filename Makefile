@@ -78,13 +78,16 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Four pytest-xdist workers on two cores: most integration tests wait on processes they started, not on the CPU.
+# `--dist loadgroup` keeps each `xdist_group` (tests/support.py: DEFAULT_AGENT_PORTS) on one worker.
+XDIST := -n 4 --dist loadgroup
 test: env llamacpp model system-deps lint
-	LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q
+	LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q $(XDIST)
 
 # The quick loop while iterating: the tests that start no engine, database or sshd (no lint, no system deps).
 FAST_TESTS := -m "not integration and not llamacpp and not postgres and not ssh"
 test-fast: env
-	$(BIN)/pytest -q $(FAST_TESTS)
+	$(BIN)/pytest -q $(XDIST) $(FAST_TESTS)
 
 # The newest versions pyproject's ranges allow, in a throwaway environment, against lint, the fast tests and one
 # integration test per process type (router, controller with agents, agent): an upstream release that breaks us

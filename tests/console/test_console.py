@@ -151,13 +151,18 @@ def test_filters_narrow_the_node_list(fleet: Cluster, tab: Watched) -> None:
     assert tab.problems == []
 
 
-def test_chat_streams_from_a_sim_model_and_shows_the_decision(fleet: Cluster, tab: Watched) -> None:
-    login(tab, fleet.url, fleet.key)
+def _chat_once(tab: Watched, fleet: Cluster) -> None:
+    """One chat with sim-a from the console's chat page, waited for to its end."""
     tab.page.goto(fleet.url + "/ui/chat")
     tab.page.get_by_label("Model").select_option("sim-a")
     tab.page.get_by_label("Message").fill("hello console")
     tab.page.get_by_role("button", name="Send").click()
     tab.page.wait_for_selector(".msg-assistant[data-done='1']", timeout=30_000)
+
+
+def test_chat_streams_from_a_sim_model_and_shows_the_decision(fleet: Cluster, tab: Watched) -> None:
+    login(tab, fleet.url, fleet.key)
+    _chat_once(tab, fleet)
     answer = tab.page.locator(".msg-assistant .msg-text").inner_text()
     assert answer.strip(), "the sim model's tokens reached the page"
     tab.page.wait_for_selector("#decision", timeout=30_000)
@@ -174,10 +179,17 @@ def test_tenant_sees_only_its_project(fleet: Cluster, tab: Watched) -> None:
     body = tab.page.locator("main").inner_text()
     assert "playground" in body and "other-project" not in body and "Project other" not in body
     assert tab.page.get_by_role("link", name="Nodes").count() == 0
-    tab.page.get_by_label("per hour, by").select_option("model")  # the chat test's request is in the store
-    tab.page.get_by_label("Chart", exact=True).select_option("tokens")
+    # Its own request, so the chart has usage whatever ran before (alone, or on another xdist worker).
+    _chat_once(tab, fleet)
+
+    def usage_of_sim_a_charted() -> bool:
+        tab.page.goto(fleet.url + "/ui/tenants")
+        tab.page.get_by_label("per hour, by").select_option("model")
+        tab.page.get_by_label("Chart", exact=True).select_option("tokens")
+        return "sim-a" in tab.page.locator("#usage-chart .u-legend").inner_text()
+
+    wait_until(usage_of_sim_a_charted, 30, "the chat's usage in the tenant's chart", interval=0.5)
     assert tab.page.locator("#chart-caption").inner_text().startswith("Tokens per hour by model")
-    assert "sim-a" in tab.page.locator("#usage-chart .u-legend").inner_text()
     assert tab.page.locator("#usage-chart canvas").count() == 1
     shot(tab, "tenant-usage")
     response = tab.page.goto(fleet.url + "/ui/nodes")

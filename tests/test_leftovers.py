@@ -131,6 +131,17 @@ def test_protected_is_this_process_its_ancestors_and_its_xdist_workers() -> None
     assert protected(table, 60) == {1, 50, 60, 61}
 
 
+def test_a_pytest_run_on_a_worker_protects_no_child_that_only_inherited_the_worker_name() -> None:
+    # The leftover test's inner pytest runs on worker gw3: its tests' children inherit PYTEST_XDIST_WORKER=gw3.
+    inherited = {XDIST_WORKER_ENV: "gw3", RUN_ENV: "7-inner"}
+    table = [
+        proc(1, "init", ppid=0),
+        proc(60, "pytest", ppid=1, environ=inherited),
+        proc(62, "sleep", "600", ppid=60, environ=inherited),
+    ]
+    assert protected(table, 60, self_worker="gw3") == {1, 60}
+
+
 def test_the_report_names_pid_user_test_command_line_and_survivors() -> None:
     table = [proc(500, "sleep", "600", user="llmgw", environ=marked_env("tests/a.py::test_leak (call)"))]
     lines = report(find_leftovers(table, RUN), survivors=[500])

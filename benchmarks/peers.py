@@ -170,6 +170,9 @@ def start_llmgw(
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn]
     argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]
     argv += ["--log-level", "WARNING", *extra]
+    # Never the checkout's .llmgw/router: two benchmarks at once would share its usage spool.
+    if "--state-dir" not in extra:
+        argv += ["--state-dir", str(work / "state")]
     if workers > 1:  # only then, so the benchmark runs on a router that has no --workers yet
         argv += ["--workers", str(workers)]
     proc = procs.start(argv, env=env, cpus=cpus)

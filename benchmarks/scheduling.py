@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -240,20 +241,30 @@ class Procs:
         log = self.logs / f"{name}.log"
         env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
         with log.open("wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            # A group of its own, signalled whole: a pass-through waits for the engine it started to get the
+            # signal too (as the agent sends it), so a signal to its pid alone left the engine running.
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
         self.procs.append(proc)
         return proc, log
 
     def stop_all(self) -> None:
         for p in self.procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+                _signal_group(p, signal.SIGTERM)
         for p in self.procs:
             try:
                 p.wait(10)
             except subprocess.TimeoutExpired:
-                p.kill()
+                _signal_group(p, signal.SIGKILL)
                 p.wait(5)
+            _signal_group(p, signal.SIGKILL)  # what of the group outlived its leader
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
 
 
 def start_sims(procs: Procs) -> list[str]:

@@ -198,7 +198,10 @@ def _inner_run(where: Path) -> tuple[subprocess.CompletedProcess[str], dict[str,
     (where / "inner" / "conftest.py").write_text(INNER_CONFTEST)
     (where / "inner" / "test_inner.py").write_text(textwrap.dedent(INNER_TESTS))
     (where / "pids").mkdir()
-    env = {**os.environ, "LEFTOVER_TEST_PIDS": str(where / "pids")}
+    # Not the outer run's PYTEST_ADDOPTS: `--durations` there would print the inner tests' names in its output.
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"} | {
+        "LEFTOVER_TEST_PIDS": str(where / "pids")
+    }
     args = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:asyncio", "-q"]
     args += [f"--basetemp={where / 'inner-temp'}", str(where / "inner")]
     done = subprocess.run(args, cwd=where / "inner", env=env, capture_output=True, text=True, timeout=240)

@@ -63,8 +63,12 @@ def _cli(args: list[str]) -> Any:
 
 
 async def _ready(metrics_url: str) -> bool:
-    async with aiohttp.ClientSession() as s, s.get(metrics_url + "/metrics") as r:
-        page = await r.text()
+    try:
+        async with aiohttp.ClientSession() as s, s.get(metrics_url + "/metrics") as r:
+            page = await r.text()
+    except aiohttp.ClientConnectionError:
+        return False  # its metrics listener may open a moment after its API: wait_for's deadline decides
+
     return all(f'endpoint="{e}",model="sim-chat",state="ready"' in page for e in ("a-broken", "b-live"))
 
 

@@ -79,6 +79,10 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
     c.running, _ = await start(settings_for(tmp_path, c.repo.path, admin_tokens_file=tokens_file))
     c.url = c.running.url
     try:
+        # Until the repo's revision is loaded no project is known, and a key for any name is taken (seen on a
+        # busy xdist worker): the tests ask about the applied revision.
+        running = c.running.controller
+        await wait_for(lambda: running.desired is not None, what="the repo's revision loaded")
         yield c
     finally:
         await c.running.stop()

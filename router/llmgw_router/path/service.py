@@ -346,10 +346,8 @@ class RequestService:
             await check_media(body, table.snapshot.router.media_hosts)
         guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
         if guards:  # before sizing: a redacted prompt is what the engine is sent and charged for
-            judged, (body, raw, screened) = (
-                body,
-                await self.guard.screen_request(exchange, guards, body, raw, call),
-            )
+            judged = body  # the judge reads the prompt as the tenant wrote it, not its redaction
+            body, raw, screened = await self.guard.screen_request(exchange, guards, body, raw, call)
         call.sizing = size(len(raw), body, kind, model)
         # Its shape, for a trace: known from here on, so a request refused by its limits has one too.
         call.session = conversation_key(exchange.headers, body, table.policy_for(canonical))

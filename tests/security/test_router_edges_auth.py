@@ -74,10 +74,9 @@ def router_proc(sim: SimProcess, tmp_path_factory: pytest.TempPathFactory) -> It
     port = free_port()
     log = tmp / "router.log"
     with log.open("ab") as handle:
-        argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(tmp / "snapshot.json"),
-                "--keys-file", str(tmp / "keys"), "--listen", f"127.0.0.1:{port}",
-                "--metrics-listen", f"127.0.0.1:{free_port()}",
-                "--state-dir", str(tmp / "router-state")]  # fmt: skip
+        argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(tmp / "snapshot.json")]
+        argv += ["--keys-file", str(tmp / "keys"), "--state-dir", str(tmp / "router-state")]
+        argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]
         proc = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT)
     router = RouterProc(proc, log, f"http://127.0.0.1:{port}")
     try:

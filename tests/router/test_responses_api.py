@@ -253,10 +253,21 @@ async def test_stored_responses_and_builtin_tools_are_clear_400s(
     gateway: tuple[Router, openai.AsyncOpenAI],
 ) -> None:
     _, c = gateway
-    for extra in ({"previous_response_id": "resp_123"}, {"store": True}):
-        with pytest.raises(openai.BadRequestError) as err:
-            await c.responses.create(model="sim-chat", input="x", **extra)
-        assert err.value.code == "store_unsupported" and "content-retention" in err.value.message
+    # Without the content-retention opt-in nothing is kept: continuing gets OpenAI's not-found, saying why.
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.responses.create(model="sim-chat", input="x", previous_response_id="resp_123")
+    body = err.value.body
+    assert isinstance(body, dict) and err.value.status_code == 400
+    assert {k: body[k] for k in ("type", "param", "code")} == {
+        "type": "invalid_request_error",
+        "param": "previous_response_id",
+        "code": "previous_response_not_found",
+    }
+    assert body["message"].startswith("Previous response with id 'resp_123' not found: ")
+    assert "content-retention" in body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.responses.create(model="sim-chat", input="x", store=True)
+    assert err.value.code == "store_unsupported" and "content-retention" in err.value.message
     ok = await c.responses.create(model="sim-chat", input="x", store=False, max_output_tokens=1)
     assert len(ok.output_text.split()) == 1
     with pytest.raises(openai.BadRequestError) as err:

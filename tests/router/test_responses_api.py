@@ -249,6 +249,49 @@ async def test_parallel_tool_calls_false_and_tool_choice_required(
     assert [o.type for o in none.output] == ["message"]
 
 
+async def test_reasoning_items_passed_back_are_accepted_and_outputs_may_be_parts(
+    gateway: tuple[Router, openai.AsyncOpenAI],
+) -> None:
+    """A history from a reasoning model (its `reasoning` items, as the Agents SDK passes them back) continues
+    here: the reasoning is not sent (chat has no place for it), and an output given as input_text parts is
+    the tool message's text. The engine is sent the same conversation as without either."""
+    _, c = gateway
+    call = {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"input": "sim"}'}
+    reasoning = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "Look it up."}],
+    }
+    ask = {"role": "user", "content": "what is a sim?"}
+    parts = [{"type": "input_text", "text": "a simulated "}, {"type": "input_text", "text": "engine"}]
+    with_both: Any = [
+        ask,
+        reasoning,
+        call,
+        {"type": "function_call_output", "call_id": "call_1", "output": parts},
+    ]
+    plain: Any = [
+        ask,
+        call,
+        {"type": "function_call_output", "call_id": "call_1", "output": "a simulated engine"},
+    ]
+    answers = [
+        await c.responses.create(model="sim-chat", tools=[LOOKUP], max_output_tokens=3, input=items)
+        for items in (with_both, plain)
+    ]
+    assert [o.type for o in answers[0].output] == ["message"]
+    assert answers[0].output_text == answers[1].output_text  # the sim's words are seeded by the prompt
+    assert answers[0].usage is not None and answers[1].usage is not None
+    assert answers[0].usage.input_tokens == answers[1].usage.input_tokens
+    image = [{"type": "input_image", "image_url": "data:image/png;base64,AA=="}]
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.responses.create(
+            model="sim-chat",
+            input=[ask, call, {"type": "function_call_output", "call_id": "call_1", "output": image}],
+        )
+    assert err.value.param == "input[2].output[0]" and "input_text" in err.value.message
+
+
 async def test_stored_responses_and_builtin_tools_are_clear_400s(
     gateway: tuple[Router, openai.AsyncOpenAI],
 ) -> None:

@@ -302,3 +302,49 @@ async def test_a_kept_tool_call_is_answered_with_only_its_output(gateway: Gatewa
     assert continued.output[0].type == "message" and len(continued.output_text.split()) == 3
     assert continued.usage is not None and sent_whole.usage is not None
     assert continued.usage.input_tokens == sent_whole.usage.input_tokens
+
+
+def city_tool(name: str) -> dict[str, Any]:
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    return {"type": "function", "name": name, "parameters": params}
+
+
+async def test_streamed_parallel_calls_are_kept_and_continued_with_only_their_outputs(
+    gateway: Gateway,
+) -> None:
+    """The Agents SDK's loop with `previous_response_id`: two calls streamed and kept, then only their outputs
+    sent; the engine is sent what it would be sent for the whole conversation."""
+    c = gateway.clients["keeper"]
+    tools: Any = [city_tool("get_weather"), city_tool("get_time")]
+    ask = "In Paris: use get_weather and get_time."
+    async with c.responses.stream(model="sim-chat", input=ask, tools=tools) as stream:
+        final = await stream.get_final_response()
+    assert final.store is True and [getattr(o, "name", None) for o in final.output] == [
+        "get_weather",
+        "get_time",
+    ]
+    kept = await c.responses.retrieve(final.id)
+
+    def calls(output: list[Any]) -> list[tuple[str, str, str, str]]:
+        return [(o.id, o.call_id, o.name, o.arguments) for o in output]
+
+    assert calls(kept.output) == calls(final.output)
+    outputs: Any = [
+        {"type": "function_call_output", "call_id": o.call_id, "output": "fine"}  # type: ignore[union-attr]
+        for o in final.output
+    ]
+    continued = await c.responses.create(
+        model="sim-chat", tools=tools, max_output_tokens=3, previous_response_id=final.id, input=outputs
+    )
+    whole: Any = [
+        {"role": "user", "content": [{"type": "input_text", "text": ask}]},
+        *(o.model_dump(exclude_none=True) for o in final.output),
+        *outputs,
+    ]
+    sent_whole = await c.responses.create(
+        model="sim-chat", tools=tools, max_output_tokens=3, store=False, input=whole
+    )
+    assert [o.type for o in continued.output] == ["message"]
+    assert continued.output_text == sent_whole.output_text  # the sim's words are seeded by the prompt
+    assert continued.usage is not None and sent_whole.usage is not None
+    assert continued.usage.input_tokens == sent_whole.usage.input_tokens

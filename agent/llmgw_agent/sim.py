@@ -368,7 +368,8 @@ class SimEngine:
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
         await self.admit(work)
-        words = output_tokens(work.prompt, work.max_tokens)
+        # A configured answer or a response_format's JSON value, streamed as a whole answer gives it.
+        words = (self._chosen_words(body) if chat else None) or output_tokens(work.prompt, work.max_tokens)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **self._headers(work)})
         sent = 0
         try:

@@ -327,6 +327,25 @@ async def test_offered_tools_are_called_until_a_result_comes_back(sim: tuple[Sim
         assert none.choices[0].message.content and none.choices[0].finish_reason == "length"
 
 
+async def test_a_response_format_is_answered_with_json_whole_and_streamed(sim: tuple[SimEngine, str]) -> None:
+    """Structured output (the Agents SDK's output_type): the schema's sample value, streamed in pieces that
+    join to what the whole answer gives."""
+    _, url = sim
+    ask: Any = [{"role": "user", "content": "weather?"}]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "degrees": {"type": "integer"}}}
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="k-test", max_retries=0) as c:
+        whole = await c.chat.completions.create(model="sim-model", messages=ask, response_format=fmt)
+        stream = await c.chat.completions.create(
+            model="sim-model", messages=ask, response_format=fmt, stream=True
+        )
+        pieces = [
+            ch.choices[0].delta.content async for ch in stream if ch.choices and ch.choices[0].delta.content
+        ]
+    assert json.loads(whole.choices[0].message.content or "") == {"city": "sim", "degrees": 1}
+    assert "".join(pieces) == whole.choices[0].message.content and len(pieces) > 1
+
+
 async def test_rerank_and_score_by_word_overlap(sim: tuple[SimEngine, str]) -> None:
     _, url = sim
     docs = ["red apple", "green pear", "apple pie recipe"]

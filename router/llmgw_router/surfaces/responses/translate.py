@@ -2,7 +2,8 @@
 completion in, a Response object out. The stream's translation is surfaces/responses/stream.py's.
 
 The subset the official SDK's `responses.create` and `responses.stream` use: `input` as a string or items
-(messages with input_text / input_image / output_text parts, function_call and function_call_output items),
+(messages with input_text / input_image / output_text parts, function_call and function_call_output items,
+reasoning items passed back from an earlier turn, which are not sent),
 `instructions`, function tools, `tool_choice`, `parallel_tool_calls`, `max_output_tokens`, `temperature`,
 `top_p`, `text.format` (onto `response_format`), `metadata` (echoed, not sent: engines do not read it), `user`,
 `stream`, and `store` / `previous_response_id` (stored responses, for projects that opted in to content
@@ -155,16 +156,37 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else json.dumps(output)
+            text = _call_output(item.get("output"), where)
             out.append({"role": "tool", "tool_call_id": _text(item, "call_id", where), "content": text})
+        elif kind == "reasoning":
+            continue  # a model's own reasoning passed back from an earlier turn: chat has no place for it
         else:
             raise _bad(
                 f"`{where}.type` is {json.dumps(kind)[:40]}; translated onto chat completions an input item is "
-                "a message, a function_call or a function_call_output.",
+                "a message, a function_call, a function_call_output or a reasoning item (not sent).",
                 where + ".type",
             )
     return out
+
+
+def _call_output(output: Any, where: str) -> str:
+    """A function call's output as a tool message's text: a string as it is, a list of `input_text` parts
+    joined, anything else as JSON."""
+    if isinstance(output, str):
+        return output
+    if not isinstance(output, list):
+        return json.dumps(output)
+    texts = []
+    for j, part in enumerate(output):
+        if (
+            not isinstance(part, dict)
+            or part.get("type") != "input_text"
+            or not isinstance(part.get("text"), str)
+        ):
+            at = f"{where}.output[{j}]"
+            raise _bad(f"`{at}` must be an input_text part: a chat tool message carries text only.", at)
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _text(item: dict[str, Any], name: str, where: str) -> str:

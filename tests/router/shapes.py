@@ -45,9 +45,19 @@ EXTENSIONS: dict[str, dict[str, dict[str, Any]]] = {
             "aliases": {"type": "array", "items": {"type": "string"}},
             "on_demand": {"type": "boolean"},
         },
+        # A Response says whether it was kept (docs/router.md, stored responses): OpenAI's API does the same,
+        # and every Response example in this very spec shows `store`, though its schema leaves it out.
+        "Response": {"store": {"type": "boolean"}},
     },
     "anthropic": {},
 }
+
+
+def _with_properties(schema: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """`schema` knowing the fields `extra` too: beside its own, or as one more part of its `allOf`."""
+    if "properties" in schema:
+        return {**schema, "properties": {**schema["properties"], **extra}}
+    return {**schema, "allOf": [*schema["allOf"], {"properties": extra}]}
 
 
 def _derived(provider: str, schemas: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +87,9 @@ class Shape:
     provider: str
     source: dict[str, Any]
     registry: Registry[Any]
+    contents: dict[
+        str, dict[str, Any]
+    ]  # "closed" and "open": each schema by name, as the registry holds them
     unions: dict[str, dict[str, str]] = field(default_factory=dict)  # union name → event type → branch name
 
     def errors(self, name: str, instance: Any) -> list[str]:
@@ -85,7 +98,35 @@ class Shape:
             {"$ref": f"urn:{self.provider}#/closed/{name}"}, registry=self.registry
         )
         found = [leaf for error in validator.iter_errors(instance) for leaf in _leaves(error)]
-        return sorted({_describe(name, e) for e in _causes(found)})
+        return sorted({message for e in found if (message := self._describe(name, e, found))})
+
+    def _describe(self, name: str, error: ValidationError, found: list[ValidationError]) -> str | None:
+        """The error in words, where it is; None for "unevaluated properties" that only follow from another
+        error: a part that fails gives none of its fields' names to the whole, which then calls them unknown.
+        A field no part of the schema declares is reported whatever else failed."""
+        where = name + ("".join(f"[{p!r}]" for p in error.absolute_path) or "(the body)")
+        if error.validator != "unevaluatedProperties" or not isinstance(error.instance, dict):
+            return f"{where}: {error.message}"
+        here = list(error.absolute_path)
+        if not any(e is not error and list(e.absolute_path)[: len(here)] == here for e in found):
+            return f"{where}: {error.message}"
+        known = self._declared(error.schema)
+        unknown = sorted(k for k in error.instance if k not in known)
+        return f"{where}: fields the provider does not document: {unknown}" if unknown else None
+
+    def _declared(self, node: Any, depth: int = 0) -> set[str]:
+        """Every field name `node` or any part of it (through references) lists."""
+        if not isinstance(node, dict) or depth > 50:
+            return set()
+        names = set(node.get("properties") or ())
+        ref = node.get("$ref")
+        if isinstance(ref, str):
+            kind, _, target = ref.removeprefix(f"urn:{self.provider}").removeprefix("#/").partition("/")
+            names |= self._declared(self.contents[kind][target], depth + 1)
+        for key in COMPOSITIONS:
+            for part in node.get(key) or ():
+                names |= self._declared(part, depth + 1)
+        return names
 
     def event_errors(self, union: str, event: Any) -> list[str]:
         """Every way a stream event is not the `union` member its `type` names: checked against that member
@@ -97,11 +138,6 @@ class Shape:
                 f"{union}: event type {kind!r} is none of the published ones ({', '.join(sorted(branches))})"
             ]
         return self.errors(branches[kind], event)
-
-
-def _describe(name: str, error: ValidationError) -> str:
-    where = "".join(f"[{p!r}]" for p in error.absolute_path) or "(the body)"
-    return f"{name}{where}: {error.message}"
 
 
 def _leaves(error: ValidationError) -> list[ValidationError]:
@@ -124,25 +160,13 @@ def _leaves(error: ValidationError) -> list[ValidationError]:
     return [leaf for sub in meant[0] for leaf in _leaves(sub)]
 
 
-def _causes(errors: list[ValidationError]) -> list[ValidationError]:
-    """The errors less the "unevaluated properties" that only follow from another: a part that fails gives
-    none of its fields' names to the whole, which then calls them unknown."""
-    real = [list(e.absolute_path) for e in errors if e.validator != "unevaluatedProperties"]
-    return [
-        e
-        for e in errors
-        if e.validator != "unevaluatedProperties"
-        or not any(path[: len(e.absolute_path)] == list(e.absolute_path) for path in real)
-    ]
-
-
 @cache
 def shape(provider: str) -> Shape:
     """The strict schemas of `provider` ("openai" or "anthropic"), built once per test process."""
     document = json.loads((DATA / f"{provider}.json").read_text(encoding="utf-8"))
     schemas: dict[str, Any] = document["components"]["schemas"]
     for name, extra in EXTENSIONS[provider].items():
-        schemas[name] = {**schemas[name], "properties": {**schemas[name]["properties"], **extra}}
+        schemas[name] = _with_properties(schemas[name], extra)
     schemas.update(_derived(provider, schemas))
     plain = {name: _nullable(schema) for name, schema in schemas.items()}
     strict = _Strict(plain)
@@ -159,7 +183,7 @@ def shape(provider: str) -> Shape:
     }
     if provider == "anthropic":
         unions["MessageStreamEvent"].update(ping="MessageStreamEvent.ping", error="MessageStreamEvent.error")
-    return Shape(provider, document["x-llmgw-source"], registry, unions)
+    return Shape(provider, document["x-llmgw-source"], registry, contents, unions)
 
 
 def _branches(schemas: dict[str, Any], union: str) -> dict[str, str]:

@@ -174,9 +174,9 @@ def shape(provider: str) -> Shape:
         "closed": {name: strict.transform(schema, open_=False) for name, schema in plain.items()},
         "open": {name: strict.transform(schema, open_=True) for name, schema in plain.items()},
     }
-    resource = Resource(contents=contents, specification=DRAFT202012)
+    resource: Resource[Any] = DRAFT202012.create_resource(contents)
     registry: Registry[Any] = Registry().with_resource(f"urn:{provider}", resource)
-    unions = {
+    unions: dict[str, dict[str, str]] = {
         name: _branches(plain, name)
         for name in ("ResponseStreamEvent", "MessageStreamEvent")
         if name in plain

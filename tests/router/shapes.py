@@ -44,6 +44,7 @@ EXTENSIONS: dict[str, dict[str, dict[str, Any]]] = {
             "verified_capabilities": {"type": "array", "items": {"type": "string"}},
             "aliases": {"type": "array", "items": {"type": "string"}},
             "on_demand": {"type": "boolean"},
+            "parent": {"type": "string"},  # a LoRA adapter's base model: vLLM's card says it so
         },
         # A Response says whether it was kept (docs/router.md, stored responses): OpenAI's API does the same,
         # and every Response example in this very spec shows `store`, though its schema leaves it out.

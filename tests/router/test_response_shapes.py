@@ -71,6 +71,13 @@ CASES = {
         "CreateChatCompletionStreamResponse",
         ('"prompt_tokens"', "[DONE]"),
     ),
+    "chat-stream-no-usage": Case(  # the router asks the engine for usage anyway and takes its chunk out
+        "/v1/chat/completions",
+        {"messages": ASK, "max_tokens": 4, "stream": True},
+        "openai",
+        "CreateChatCompletionStreamResponse",
+        ("[DONE]",),
+    ),
     "chat-stream-tool": Case(
         "/v1/chat/completions",
         {"messages": ASK, "max_tokens": 20, "stream": True, "tools": CHAT_TOOLS, **USAGE},
@@ -156,6 +163,7 @@ async def url(sim: SimProcess) -> AsyncIterator[str]:
                 "revision": "r1",
                 "models": {"sim-chat": {**model, "simulated": True}},
                 "endpoints": [endpoint(sim, "rep-a", verified=SIM_VERIFIED)],  # tools are asked
+                "adapters": {"sim-chat-lora": {"base": "sim-chat"}},  # a LoRA adapter's card is listed too
             }
         )
     )
@@ -236,7 +244,7 @@ async def test_each_answer_matches_the_published_schema(url: str, case: Case) ->
 async def test_models_list_and_card_match_the_published_schema(url: str) -> None:
     status, _, listed = await _call(url, "GET", "/v1/models")
     assert status == 200, listed[:500]
-    assert [m["id"] for m in json.loads(listed)["data"]] == ["sim-chat"]
+    assert [m["id"] for m in json.loads(listed)["data"]] == ["sim-chat", "sim-chat-lora"]
     status, _, card = await _call(url, "GET", "/v1/models/sim-chat")
     assert status == 200, card[:500]
     problems = shape("openai").errors("ListModelsResponse", json.loads(listed))

@@ -42,6 +42,11 @@ EXTENSIONS: dict[str, dict[str, dict[str, Any]]] = {
             "capabilities": {"type": "array", "items": {"type": "string"}},
             "declared_capabilities": {"type": "array", "items": {"type": "string"}},
             "verified_capabilities": {"type": "array", "items": {"type": "string"}},
+            # The capability rule of issue 37 (docs/router.md): what a model lacks, what failed its check, and
+            # whether it serves only what was verified.
+            "without": {"type": "array", "items": {"type": "string"}},
+            "failed_capabilities": {"type": "array", "items": {"type": "string"}},
+            "verified_only": {"type": "boolean"},
             "aliases": {"type": "array", "items": {"type": "string"}},
             "on_demand": {"type": "boolean"},
             "parent": {"type": "string"},  # a LoRA adapter's base model: vLLM's card says it so

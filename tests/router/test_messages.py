@@ -249,6 +249,7 @@ async def test_refusals_come_in_anthropics_shape(gateway: tuple[Router, str, Sin
             assert await r.json() == {
                 "type": "error",
                 "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"},
+                "request_id": r.headers["x-request-id"],
             }
         async with s.post(url + "/v1/messages", json={**body, "max_tokens": 2}) as r:
             err = await r.json()
@@ -263,6 +264,7 @@ async def test_refusals_come_in_anthropics_shape(gateway: tuple[Router, str, Sin
                 "type": "not_found_error",
                 "message": "The model `nope` does not exist or you do not have access to it.",
             },
+            "request_id": nf.value.response.headers["x-request-id"],
         }
         with pytest.raises(anthropic.BadRequestError) as cap:
             await c.messages.create(model="sim-embed", max_tokens=2, messages=[body["messages"][0]])  # type: ignore[list-item]

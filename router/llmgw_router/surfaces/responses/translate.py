@@ -277,8 +277,10 @@ def _response_format(text: Any) -> dict[str, Any] | None:
 
 
 def response_shell(request: dict[str, Any], ids: ResponseIds, model: str, status: str) -> dict[str, Any]:
-    """A Response object with the request's settings echoed and no output yet (what a stream starts with)."""
-    return {
+    """A Response object with the request's settings echoed and no output yet (what a stream starts with).
+    `usage` is absent until it is known, and `user` unless the request gave one: OpenAI's published Response
+    schema types both as objects/strings, not null."""
+    shell: dict[str, Any] = {
         "id": ids.response,
         "object": "response",
         "created_at": ids.created_at,
@@ -295,13 +297,25 @@ def response_shell(request: dict[str, Any], ids: ResponseIds, model: str, status
         "temperature": request.get("temperature"),
         "text": request.get("text") or {"format": {"type": "text"}},
         "tool_choice": request.get("tool_choice") or "auto",
-        "tools": request.get("tools") or [],
+        "tools": _echo_tools(request.get("tools")),
         "top_p": request.get("top_p"),
         "truncation": "disabled",
-        "usage": None,
-        "user": request.get("user"),
         "metadata": request.get("metadata") or {},
     }
+    if request.get("user") is not None:
+        shell["user"] = request["user"]
+    return shell
+
+
+def _echo_tools(tools: Any) -> list[Any]:
+    """The request's tools as a Response shows them: a function tool always says its `parameters` and
+    `strict` (null when the request did not), as OpenAI's FunctionTool schema requires."""
+    return [
+        {**t, "parameters": t.get("parameters"), "strict": t.get("strict")}
+        if isinstance(t, dict) and t.get("type") == "function"
+        else t
+        for t in tools or []
+    ]
 
 
 def usage_of(chat_usage: Any) -> dict[str, Any] | None:
@@ -375,5 +389,7 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], ids: ResponseIds) -
     response = response_shell(request, ids, str(chat.get("model", request.get("model"))), status)
     response["incomplete_details"] = incomplete
     response["output"] = output
-    response["usage"] = usage_of(chat.get("usage"))
+    usage = usage_of(chat.get("usage"))
+    if usage is not None:
+        response["usage"] = usage
     return response

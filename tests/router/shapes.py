@@ -40,9 +40,8 @@ EXTENSIONS: dict[str, dict[str, dict[str, Any]]] = {
         "Model": {
             "context_length": {"type": "integer"},
             "capabilities": {"type": "array", "items": {"type": "string"}},
-            "declared_capabilities": {"type": "array", "items": {"type": "string"}},
             "verified_capabilities": {"type": "array", "items": {"type": "string"}},
-            # The capability rule of issue 37 (docs/router.md): what a model lacks, what failed its check, and
+            # The capability rule (docs/router.md, Capabilities): what a model lacks, what failed its check, and
             # whether it serves only what was verified.
             "without": {"type": "array", "items": {"type": "string"}},
             "failed_capabilities": {"type": "array", "items": {"type": "string"}},

@@ -216,13 +216,14 @@ class Limiter:
         with self._slots.waiting(key for key, _cap in plan.capped):
             while isinstance(got, Refused) and got.metric == "concurrency":
                 key = limit_key(Tenant(got.level, got.tenant), "concurrency")
-                left = deadline - time.monotonic()
-                if left <= 0 or not await self._slots.wait_for_room(key, int(got.limit), left):
+                if not await self._slots.wait_for_room(key, int(got.limit), deadline):
                     break
                 got = await self._admit(plan, estimate, needs)
         return got
 
-    async def _admit(self, plan: _Plan, estimate: Estimate, needs: dict[Metric, float]) -> Admission | Refused:
+    async def _admit(
+        self, plan: _Plan, estimate: Estimate, needs: dict[Metric, float]
+    ) -> Admission | Refused:
         # The common case (every share covers the request, nothing capped is full) needs no store and no
         # await: decided here in one step of the event loop, even while another request renews a share.
         admitted = self._admit_from_shares(plan, estimate, needs, self._clock())

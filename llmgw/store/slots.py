@@ -10,6 +10,19 @@ every limited request; with holds, a process whose load is steady costs no round
 a rising level does (one per extra slot). Why not shares of several slots at once: a slot held idle by one
 router is a slot another router must refuse, so a limit of 16 would not reach 16 in flight under a burst.
 
+Slots another process wants are not kept idle (issue 37: a client keeping exactly its limit in flight moves
+its next request to another worker the moment it read the end of the last answer, and must not be refused
+for a slot that request's worker still holds). An ask that comes up short marks the pool wanted
+(`Store.hold_slots` sets `wanted_at`); a process keeping idle slots reads that on its next pass (one read
+per linger, only while it keeps idle slots) and gives back every slot no request of its own is in or waiting
+for, then for `wanted_for` seconds gives idle slots back without a linger. The short request waits meanwhile
+instead of being refused (`wait_for_room`, bounded by the limiter's `slot_wait`), asking again every
+`linger / 10`; it counts as waiting on every level of its chain (`waiting`), so two processes each waiting on a
+level the other keeps idle slots of give them to each other. What it costs: nothing on a request a held slot
+admits; under contention, the wait (about one linger the first time, one store round trip after) and the
+asks. A request over the limit (every slot busy somewhere) is refused after that wait; one whose own
+process fills the limit, or while the store is away, at once.
+
 Holds are renewed every `ttl / 3`; a holder that dies gives its slots back when its rows lapse (`ttl`).
 
 Outage rule (as for the windowed limits: serve on what is held, then one grace share, then refuse): while
@@ -50,7 +63,7 @@ class Slots(Protocol):
     def free(self, key: str, cap: int) -> bool: ...
     def available(self, key: str, cap: int) -> int: ...
     async def ensure(self, key: str, cap: int) -> None: ...
-    async def wait_for_room(self, key: str, cap: int, timeout: float) -> bool: ...
+    async def wait_for_room(self, key: str, cap: int, until: float) -> bool: ...
     def waiting(self, keys: Iterable[str]) -> contextlib.AbstractContextManager[None]: ...
     def take(self, key: str) -> None: ...
     def release(self, key: str) -> None: ...
@@ -71,7 +84,7 @@ class LocalSlots:
     async def ensure(self, key: str, cap: int) -> None:
         return None
 
-    async def wait_for_room(self, key: str, cap: int, timeout: float) -> bool:
+    async def wait_for_room(self, key: str, cap: int, until: float) -> bool:
         return False  # every slot is in this process: a full limit is full of its own requests
 
     def waiting(self, keys: Iterable[str]) -> contextlib.AbstractContextManager[None]:
@@ -209,18 +222,17 @@ class PooledSlots:
             h.grace_used = True
             h.grace = max(1, math.ceil(cap * self._grace_fraction))
 
-    async def wait_for_room(self, key: str, cap: int, timeout: float) -> bool:
-        """A request was refused on this limit: wait up to `timeout` seconds for a slot here, asking the store
-        again every poll (one ask per limit at a time, for every waiter). Other processes hold the rest, and
-        one that keeps a slot idle gives it back on its next pass (it reads that the pool is wanted). True
-        when a slot is free here now; False at once when this process's own requests fill the limit or the
-        store is away."""
+    async def wait_for_room(self, key: str, cap: int, until: float) -> bool:
+        """A request was refused on this limit: wait until `until` (a time.monotonic() instant) for a slot
+        here, asking the store again every poll (one ask per limit at a time, for every waiter). Other
+        processes hold the rest, and one that keeps a slot idle gives it back on its next pass (it reads that
+        the pool is wanted). True when a slot is free here now; False at once when this process's own
+        requests fill the limit or the store is away."""
         h = self._hold(key)
         if self._down:
             return False
-        deadline = time.monotonic() + timeout
         while self.available(key, cap) < 1:
-            left = deadline - time.monotonic()
+            left = until - time.monotonic()
             if h.inflight >= cap or left <= 0:
                 return False
             await asyncio.sleep(min(self._poll, left))
@@ -314,7 +326,11 @@ class PooledSlots:
         async with self._lock:
             if h.grace:
                 return False  # an outage's grace: settled by _end_grace
-            wanted = h.held > h.inflight and await self._wanted(key, h)
+            try:
+                wanted = h.held > h.inflight and await self._wanted(key, h)
+            except BaseException:
+                self._idle.add(key)
+                raise
             # Keep what was in use at the busiest moment of the last linger: a load that goes up and down
             # by a few requests does not give slots back and ask for them again each time. Unless another
             # process wants them: then every slot goes back now that no request here is in or waiting for.

@@ -56,7 +56,9 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 
 
 async def _metrics(request: web.Request) -> web.StreamResponse:
-    return web.Response(text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.0\n")
+    return web.Response(
+        text="vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.0\n"
+    )
 
 
 @pytest.fixture
@@ -115,7 +117,9 @@ async def _waves(url: str, key: str) -> Counter[tuple[int, str]]:
     async with aiohttp.ClientSession(connector=connector) as session:
         for wave in range(WAVES):
             async with asyncio.timeout(WAVE_LIMIT_S):
-                answers = await asyncio.gather(*(_one(session, url, key, wave % 2 == 1) for _ in range(LIMIT)))
+                answers = await asyncio.gather(
+                    *(_one(session, url, key, wave % 2 == 1) for _ in range(LIMIT))
+                )
             for status, text in answers:
                 note(status, text)
         async with asyncio.timeout(WAVE_LIMIT_S * 2):

@@ -118,7 +118,9 @@ def _counting_asks(fake: FakeStore) -> list[int]:
     asks: list[int] = []
     hold = fake.hold_slots
 
-    async def counted(limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float) -> int:
+    async def counted(
+        limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float
+    ) -> int:
         asks.append(want)
         return await hold(limit_key, holder, want, limit, now, expires_at)
 

@@ -138,12 +138,14 @@ def _needs(estimate: Estimate) -> dict[Metric, float]:
 # (object.__setattr__ per field). Nothing mutates these after construction.
 @dataclass(slots=True)
 class Admission:
-    """A request let in: hand it back to `finish` when the request ends (whatever its outcome)."""
+    """A request let in: hand it to `end` as its answer's last bytes go out, and to `finish` when the request
+    ends (whatever its outcome)."""
 
     chain: tuple[Tenant, ...]
     estimate: Estimate
     headers: dict[str, str]
     charged: dict[str, float] = field(default_factory=dict)  # share key -> window_start it was charged in
+    ended: bool = False  # its concurrency slots are given back (`end`)
 
 
 class Limiter:
@@ -302,11 +304,21 @@ class Limiter:
                 )
         return self._charge(plan, estimate, needs, Allowed(headers))
 
-    def finish(self, admission: Admission, tokens: int, cost: float) -> None:
-        """The request ended: release its concurrency and correct the token and budget estimates."""
-        plan = self._plan(admission.chain)
-        for key, _cap in plan.capped:
+    def end(self, admission: Admission) -> None:
+        """The answer's last bytes are about to go out: give back its concurrency slots (once), before the
+        client can read them and send its next request. `finish` does it too for a request that never got
+        that far."""
+        if admission.ended:
+            return
+        admission.ended = True
+        for key, _cap in self._plan(admission.chain).capped:
             self._slots.release(key)
+
+    def finish(self, admission: Admission, tokens: int, cost: float) -> None:
+        """The request ended: release its concurrency (unless `end` did) and correct the token and budget
+        estimates."""
+        self.end(admission)
+        plan = self._plan(admission.chain)
         actual: dict[Metric, int] = {"tokens": tokens, "budget": to_micros(cost)}
         for pool in plan.corrected:
             share = self._shares.get(pool.key)

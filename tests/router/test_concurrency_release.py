@@ -3,8 +3,10 @@
 A real `llmgw-router --workers 2` over a real store (SQLite, and PostgreSQL under the `postgres` marker), a
 tenant chain whose organization, team and project each allow 16 concurrent requests, and a client that keeps
 exactly 16 in flight: waves of 16 at once, each wave started only when every answer of the one before was read
-to its last byte, streamed and not, every request on a fresh connection (so the kernel spreads each wave over
+to its last byte, then 16 lanes in a closed loop, each sending its next request as soon as it read the end of
+its last answer; streamed and not, every request on a fresh connection (so the kernel spreads the requests over
 the two workers anew, and a slot freed in one worker is needed in the other). Not one request may be refused.
+On the code before issue 37's fix some always were (the slot stayed held, idle, in the worker that served it).
 
 One router without a store or workers is held to the same rule: there the slot must be free before the next
 request is admitted in the same process.
@@ -40,19 +42,37 @@ async def _chat(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         for piece in ("o", "k"):
-            chunk = {"id": "w", "object": "chat.completion.chunk", "created": 0, "model": MODEL,
-                     "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}]}  # fmt: skip
+            chunk = {
+                "id": "w",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": MODEL,
+                "choices": [{"index": 0, "delta": {"content": piece}, "finish_reason": None}],
+            }
             await resp.write(f"data: {json.dumps(chunk)}\n\n".encode())
-        usage = {"id": "w", "object": "chat.completion.chunk", "created": 0, "model": MODEL, "choices": [],
-                 "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}  # fmt: skip
+        usage = {
+            "id": "w",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": MODEL,
+            "choices": [],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+        }
         await resp.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
         await resp.write_eof()
         return resp
-    return web.json_response({
-        "id": "w", "object": "chat.completion", "created": 0, "model": MODEL,
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
-    })  # fmt: skip
+    return web.json_response(
+        {
+            "id": "w",
+            "object": "chat.completion",
+            "created": 0,
+            "model": MODEL,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3},
+        }
+    )
 
 
 async def _metrics(request: web.Request) -> web.StreamResponse:
@@ -81,9 +101,17 @@ def _snapshot(tmp: Path, engine: FakeEngine) -> Path:
             "teams": {"research": {"organization": "acme", "limits": limits}},
             "projects": {"playground": {"team": "research", "limits": limits}},
         },
-        "endpoints": [{"replica_id": "waves-0", "model": MODEL, "engine": "vllm", "slots": 4 * LIMIT,
-                       "base_url": engine.base_url, "api_key": "engine-key"}],
-    }  # fmt: skip
+        "endpoints": [
+            {
+                "replica_id": "waves-0",
+                "model": MODEL,
+                "engine": "vllm",
+                "slots": 4 * LIMIT,
+                "base_url": engine.base_url,
+                "api_key": "engine-key",
+            }
+        ],
+    }
     path = tmp / "snap.json"
     path.write_text(json.dumps(snap))
     return path
@@ -138,8 +166,18 @@ def test_waves_at_the_limit_over_two_workers_are_never_refused(
     tmp_path: Path, engine: FakeEngine, store_dsn: str
 ) -> None:
     key = create_key(store_dsn, "playground")
-    args = ["--snapshot", str(_snapshot(tmp_path, engine)), "--store", store_dsn, "--workers", "2",
-            "--router-id", "waves", "--state-dir", str(tmp_path / "state")]  # fmt: skip
+    args = [
+        "--snapshot",
+        str(_snapshot(tmp_path, engine)),
+        "--store",
+        store_dsn,
+        "--workers",
+        "2",
+        "--router-id",
+        "waves",
+        "--state-dir",
+        str(tmp_path / "state"),
+    ]
     router = start_router_proc(tmp_path / "router.log", args)
     try:
         _run_waves(router, key)
@@ -154,8 +192,14 @@ def test_waves_at_the_limit_on_one_router_without_a_store_are_never_refused(
     key = "sk-waves-key"
     keys = tmp_path / "keys"
     keys.write_text(f"{hashlib.sha256(key.encode()).hexdigest()} playground\n")
-    args = ["--snapshot", str(_snapshot(tmp_path, engine)), "--keys-file", str(keys),
-            "--state-dir", str(tmp_path / "state")]  # fmt: skip
+    args = [
+        "--snapshot",
+        str(_snapshot(tmp_path, engine)),
+        "--keys-file",
+        str(keys),
+        "--state-dir",
+        str(tmp_path / "state"),
+    ]
     router = start_router_proc(tmp_path / "router.log", args)
     try:
         _run_waves(router, key)

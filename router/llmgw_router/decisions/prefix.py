@@ -37,6 +37,7 @@ __all__ = [
     "leading_matches",
     "none_hash",
     "parse_event_batch",
+    "salt_keys",
     "sim_token_ids",
     "text_block_hashes",
     "vllm_block_hashes",
@@ -65,8 +66,9 @@ def vllm_block_hashes(
     token_ids: Sequence[int], block_size: int, seed: str, salt: str | None = None, max_blocks: int = 1 << 30
 ) -> list[int]:
     """One hash per full block, each `sha256(pickle((parent, tuple(block_token_ids), extra_keys)))` as vLLM's
-    `hash_block_tokens` computes it; `extra_keys` is `(cache_salt,)` on the first block when salted, else
-    None (no LoRA, no multimodal inputs). Returned as the events' integers (`external_hash`)."""
+    `hash_block_tokens` computes it; `extra_keys` is `(("cache_salt", salt),)` on the first block when salted
+    (vLLM 0.32's `generate_block_hash_extra_keys`), else None (no LoRA, no multimodal inputs). Returned as the
+    events' integers (`external_hash`)."""
     return [h for h, _ in vllm_chain(token_ids, block_size, none_hash(seed), salt, 0, max_blocks)]
 
 
@@ -78,10 +80,16 @@ def vllm_chain(
     out: list[tuple[int, bytes]] = []
     for i in range(start, min(len(token_ids) // block_size, max_blocks)):
         block = tuple(token_ids[i * block_size : (i + 1) * block_size])
-        extra = (salt,) if i == 0 and salt else None
+        extra = salt_keys(salt) if i == 0 else None
         parent = hashlib.sha256(pickle.dumps((parent, block, extra), protocol=_PICKLE_PROTOCOL)).digest()
         out.append((external_hash(parent), parent))
     return out
+
+
+def salt_keys(salt: str | None) -> tuple[tuple[str, str], ...] | None:
+    """The first block's extra keys for a salted request, as vLLM 0.32 names the salt (a tagged pair; releases
+    before it put the bare string there); None when unsalted."""
+    return (("cache_salt", salt),) if salt else None
 
 
 class HeadMemo:

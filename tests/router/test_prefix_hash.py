@@ -110,3 +110,12 @@ def test_a_memoised_head_hashes_as_the_whole_prompt_does(
         key = PrefixKey((), text, head, memo)
         whole = vllm_block_hashes(sim_token_ids(text), 4, "0", salt, max_blocks)
         assert key.engine_hashes(4, "0", salt, max_blocks) == tuple(whole)
+
+
+def test_stored_blocks_say_their_block_size() -> None:
+    _, (event,) = parse_event_batch(
+        [0.5, [["BlockStored", [1, 2], None, list(range(256)), 128, None, "GPU"]]]
+    )
+    assert event == KvEvent("stored", (1, 2)) and event.block_size == 128
+    _, (odd,) = parse_event_batch([0.5, [["BlockStored", [1], None, [], "128"]]])
+    assert odd.block_size is None  # not an integer: unknown, never guessed

@@ -296,10 +296,13 @@ class ApproxIndex:
 
 @dataclass(frozen=True, slots=True)
 class KvEvent:
-    """One KV-cache event: kind is `stored`, `removed` or `cleared`."""
+    """One KV-cache event: kind is `stored`, `removed` or `cleared`; a stored one says its engine's block size
+    (vLLM's `BlockStored.block_size`: 16 on GPUs, 128 on CPU by default), which is how the router hashes that
+    engine's prompts."""
 
     kind: str
     hashes: tuple[int, ...] = ()
+    block_size: int | None = field(default=None, compare=False)
 
 
 def _as_int(h: Any) -> int | None:
@@ -338,7 +341,11 @@ def parse_event_batch(batch: Any) -> tuple[float, list[KvEvent]]:
         if tag not in ("BlockStored", "BlockRemoved") or len(raw) < 2 or not isinstance(raw[1], list | tuple):
             raise ValueError(f"unknown event {tag!r:.40}")
         hashes = _hashes(raw[1])
-        events.append(KvEvent("stored" if tag == "BlockStored" else "removed", hashes))
+        if tag == "BlockStored":
+            size = raw[4] if len(raw) > 4 and type(raw[4]) is int and raw[4] > 0 else None
+            events.append(KvEvent("stored", hashes, size))
+        else:
+            events.append(KvEvent("removed", hashes))
     return ts, events
 
 
@@ -349,6 +356,7 @@ class _Stream:
     unconfirmed_since: float | None = None  # first request since then that should have stored blocks
     batches: int = 0
     errors: int = 0
+    block_size: int | None = None  # the engine's, as its last stored blocks said
 
 
 class EventIndex:
@@ -376,6 +384,7 @@ class EventIndex:
                 for h in ev.hashes:
                     s.blocks[h] = None
                     s.blocks.move_to_end(h)
+                s.block_size = ev.block_size or s.block_size
         while len(s.blocks) > self.capacity:
             s.blocks.popitem(last=False)
         s.last_event, s.unconfirmed_since = now, None
@@ -409,6 +418,11 @@ class EventIndex:
     def match(self, endpoint: str, hashes: Sequence[int]) -> int:
         s = self._streams.get(endpoint)
         return 0 if s is None else leading_matches(hashes, s.blocks)
+
+    def block_size(self, endpoint: str) -> int | None:
+        """The block size `endpoint`'s engine stores blocks of, as its events say; None before it said."""
+        s = self._streams.get(endpoint)
+        return None if s is None else s.block_size
 
     def size(self, endpoint: str) -> int:
         s = self._streams.get(endpoint)

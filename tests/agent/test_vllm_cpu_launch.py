@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from llmgw_agent import engines
 from llmgw_agent.engines import LaunchContext, launch_plan, pick_cpus, runs_as_module, vllm_omp_threads_bind
-from llmgw_agent.installs import DEFAULT_BINARY, probe_argv
+from llmgw_agent.installs import DEFAULT_BINARY, InstallError, probe, probe_argv
 from llmgw_agent.protocol import KvEventsRequest, ShardSpec, ShardStatus
 from llmgw_agent.supervisor import Shard, Supervisor, SupervisorConfig, proc_start_time
 from support import free_port_range, wait_for
@@ -187,3 +187,16 @@ async def test_a_restarted_agent_keeps_the_cores_it_gave_and_gives_the_next_repl
         assert sup._pick_cpus(nxt) == expected
     finally:
         await sup.close()  # never told to stop: this process is the "engine"
+
+
+async def test_an_import_probe_has_the_time_an_import_of_torch_takes(tmp_path: Path) -> None:
+    """A python that takes 2 s to import its package passes a probe given 1 s: the floor is an import's."""
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\nsleep 2\necho 0.32.0\n")
+    slow.chmod(0o755)
+    assert await probe("vllm", str(slow), 1.0) == ["0.32.0"]
+    script = tmp_path / "vllm"
+    script.write_text("#!/bin/sh\nsleep 2\necho 0.32.0\n")
+    script.chmod(0o755)
+    with pytest.raises(InstallError, match="did not finish within 1s"):
+        await probe("vllm", str(script), 1.0)  # `vllm --version` keeps the order's own timeout

@@ -35,8 +35,9 @@ class LatencyConfig:
     block_size: int = 16
     capacity_blocks: int = 4096
     kv_capacity_tokens: int = 65536
-    default_max_tokens: int = 16
+    default_max_tokens: int = 16  # the answer's length when nothing cuts it: where the sim's "model" stops
     hash_seed: str = "0"
+    context_length: int | None = None  # prompt plus answer at most (the model's context); None: unbounded
 
 
 def tokenize(text: str) -> list[str]:
@@ -176,6 +177,20 @@ def output_tokens(prompt: list[str], count: int) -> list[str]:
     """Deterministic output from the fixed vocabulary, seeded by the prompt."""
     seed = int.from_bytes(hashlib.sha256(" ".join(prompt).encode()).digest()[:8], "big")
     return [VOCABULARY[(seed + i * 7) % len(VOCABULARY)] for i in range(count)]
+
+
+def answer_length(natural: int | None, limit: int | None, room: int | None) -> tuple[int, str]:
+    """How long an answer is and why it ends, as a model's does: `natural` is where it stops by itself (its
+    end-of-sequence: `stop`; None: it goes on until cut); the client's `limit` (max_tokens) or the
+    context's `room` after the prompt cut it shorter (`length`)."""
+    cuts = [n for n in (limit, room) if n is not None]
+    cut = max(min(cuts), 0) if cuts else None
+    if natural is None and cut is None:
+        raise ValueError("an answer with no end of its own needs a limit")
+    if cut is not None and (natural is None or cut < natural):
+        return cut, "length"
+    assert natural is not None
+    return natural, "stop"
 
 
 def embedding(text: str, dims: int = 8) -> list[float]:

@@ -163,7 +163,8 @@ async def test_repeated_prefix_pays_less_prefill(sim: tuple[SimEngine, str]) -> 
 
         async def chat(messages: list[dict[str, str]]) -> dict[str, Any]:
             body = {"model": "sim-model", "messages": messages, "max_tokens": 2}
-            async with http.post(f"{url}/v1/chat/completions", json=body, headers=auth()) as resp:
+            headers = {**auth(), "X-Llmgw-Sim-Info": "1"}  # the timing breakdown, asked for
+            async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
                 assert resp.headers["x-llmgw-sim-cached-tokens"] is not None
                 data: dict[str, Any] = await resp.json()
                 return data

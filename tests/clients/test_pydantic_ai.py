@@ -1,0 +1,71 @@
+"""pydantic-ai against `llmgw up`, as its docs run it: an Agent with a plain tool on an OpenAI model over the
+project's key and base URL (OpenAIProvider), run to its output whole and streamed, on both model classes
+(OpenAIChatModel on Chat Completions, OpenAIResponsesModel on Responses)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import RunUsage
+
+from clients.gateway import CLIENT_TEST, Gateway, weather
+
+pytestmark = CLIENT_TEST
+
+MODEL_CLASSES = {"responses": OpenAIResponsesModel, "chat": OpenAIChatModel}
+
+
+def agent_for(gateway: Gateway, model_class: str, calls: list[str]) -> Agent[None, str]:
+    provider = OpenAIProvider(base_url=gateway.base_url, api_key=gateway.api_key)
+    agent: Agent[None, str] = Agent(
+        MODEL_CLASSES[model_class](gateway.model, provider=provider),
+        instructions="Answer with the weather tool.",
+    )
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """The weather in a city now."""
+        calls.append(city)
+        return weather(city)
+
+    return agent
+
+
+def parts(messages: list[ModelMessage]) -> list[Any]:
+    return [part for message in messages for part in message.parts]
+
+
+def check_loop(messages: list[ModelMessage], output: str, usage: RunUsage, calls: list[str]) -> None:
+    called = [p for p in parts(messages) if isinstance(p, ToolCallPart)]
+    returned = [p for p in parts(messages) if isinstance(p, ToolReturnPart)]
+    assert len(called) == 1 and called[0].tool_name == "get_weather", called
+    city = called[0].args_as_dict()["city"]
+    assert isinstance(city, str) and calls == [city], (called, calls)
+    assert len(returned) == 1 and returned[0].tool_call_id == called[0].tool_call_id, returned
+    assert returned[0].content == weather(city), "the tool's result went back to the model"
+    final = parts(messages)[-1]
+    assert isinstance(final, TextPart) and final.content == output and output.strip(), final
+    assert usage.requests == 2 and usage.tool_calls == 1, usage
+    assert usage.input_tokens > 0 and usage.output_tokens > 0, usage
+
+
+@pytest.mark.parametrize("model_class", sorted(MODEL_CLASSES))
+async def test_agent_runs_a_tool_to_its_output(gateway: Gateway, model_class: str) -> None:
+    calls: list[str] = []
+    result = await agent_for(gateway, model_class, calls).run("The weather in Paris?")
+    check_loop(result.all_messages(), result.output, result.usage, calls)
+
+
+@pytest.mark.parametrize("model_class", sorted(MODEL_CLASSES))
+async def test_agent_streams_a_tool_loop_to_its_output(gateway: Gateway, model_class: str) -> None:
+    calls: list[str] = []
+    async with agent_for(gateway, model_class, calls).run_stream("The weather in Paris?") as streamed:
+        pieces = [piece async for piece in streamed.stream_text(delta=True)]
+        output = await streamed.get_output()
+    assert len(pieces) > 1 and "".join(pieces) == output, pieces
+    check_loop(streamed.all_messages(), output, streamed.usage, calls)

@@ -16,6 +16,8 @@ import pytest
 
 # Every client test starts processes (the session's `llmgw up`, some a CLI or node), so `make test-fast` leaves
 # them out; one xdist group, so one worker runs them all against one `up` instead of each worker starting its own.
+# Every worker still collects every module: the test modules import their client where they use it, not at the
+# top (each of these packages costs seconds of CPU to import, which the workers that run none would pay too).
 CLIENT_TEST = [pytest.mark.integration, pytest.mark.xdist_group("clients")]
 
 MODEL = "sim-chat"  # the example repo's chat model (examples/cluster-repo/models/sim.yaml)

@@ -4,12 +4,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import pytest
 
 from clients.gateway import CITY, CLIENT_TEST, Gateway, weather
+
+if TYPE_CHECKING:  # imported where used: every xdist worker collects this module, few run it (gateway.py)
+    import anthropic
 
 pytestmark = CLIENT_TEST
 
@@ -43,6 +45,8 @@ def turn(
 
 @pytest.mark.parametrize("stream", [False, True], ids=["create", "stream"])
 def test_tool_use_loop_to_the_end_of_the_turn(gateway: Gateway, stream: bool) -> None:
+    import anthropic
+
     client = anthropic.Anthropic(base_url=gateway.root_url, api_key=gateway.api_key, max_retries=0)
     messages: list[Any] = [{"role": "user", "content": f"The weather in {CITY}?"}]
     calls: list[str] = []

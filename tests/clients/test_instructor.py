@@ -6,13 +6,14 @@ the error back as the tool's result and reads the next call)."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import instructor
-import openai
 from pydantic import BaseModel, field_validator
 
 from clients.gateway import CLIENT_TEST, Gateway
+
+if TYPE_CHECKING:  # imported where used: every xdist worker collects this module, few run it (gateway.py)
+    import instructor
 
 pytestmark = CLIENT_TEST
 
@@ -26,6 +27,9 @@ class Weather(BaseModel):
 
 
 def patched(gateway: Gateway) -> instructor.Instructor:
+    import instructor
+    import openai
+
     return instructor.from_openai(
         openai.OpenAI(base_url=gateway.base_url, api_key=gateway.api_key, max_retries=0)
     )

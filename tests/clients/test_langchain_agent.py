@@ -4,14 +4,12 @@ streamed token by token (stream_mode "messages")."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from langchain.agents import create_agent
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
-from langchain_core.tools import tool
-from langchain_openai import ChatOpenAI
+from typing import TYPE_CHECKING, Any
 
 from clients.gateway import CLIENT_TEST, Gateway, weather
+
+if TYPE_CHECKING:  # imported where used: every xdist worker collects this module, few run it (gateway.py)
+    from langchain_core.messages import BaseMessage
 
 pytestmark = CLIENT_TEST
 
@@ -19,6 +17,10 @@ ASK = {"messages": [{"role": "user", "content": "The weather in Paris?"}]}
 
 
 def agent_for(gateway: Gateway, calls: list[str], *, streaming: bool) -> Any:
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
     @tool
     def get_weather(city: str) -> str:
         """The weather in a city now."""
@@ -37,6 +39,8 @@ def agent_for(gateway: Gateway, calls: list[str], *, streaming: bool) -> Any:
 
 
 def check_loop(messages: list[BaseMessage], calls: list[str]) -> None:
+    from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+
     kinds = [type(m) for m in messages]
     assert kinds == [HumanMessage, AIMessage, ToolMessage, AIMessage], kinds
     _, asked, result, answer = messages
@@ -58,6 +62,8 @@ def test_agent_invokes_a_tool_to_its_final_message(gateway: Gateway) -> None:
 
 
 def test_agent_streams_a_tool_loop_token_by_token(gateway: Gateway) -> None:
+    from langchain_core.messages import AIMessageChunk
+
     calls: list[str] = []
     agent = agent_for(gateway, calls, streaming=True)
     tokens: list[Any] = []

@@ -5,32 +5,32 @@ project's key and base URL."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from agents import (
-    Agent,
-    ModelSettings,
-    OpenAIChatCompletionsModel,
-    OpenAIResponsesModel,
-    RunConfig,
-    Runner,
-    function_tool,
-)
-from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
-from agents.result import RunResultBase
-from openai import AsyncOpenAI
 
 from clients.gateway import CLIENT_TEST, Gateway, weather
 
+if TYPE_CHECKING:  # imported where used: every xdist worker collects this module, few run it (gateway.py)
+    from agents import Agent, RunConfig
+    from agents.result import RunResultBase
+
 pytestmark = CLIENT_TEST
 
-MODEL_CLASSES = {"responses": OpenAIResponsesModel, "chat": OpenAIChatCompletionsModel}
-# Tracing would post spans to OpenAI's own endpoint; the SDK's documented switch for another provider.
-NO_TRACING = RunConfig(tracing_disabled=True)
+MODEL_CLASSES = ("chat", "responses")
+
+
+def no_tracing() -> RunConfig:
+    """Tracing would post spans to OpenAI's own endpoint: the SDK's documented switch for another provider."""
+    from agents import RunConfig
+
+    return RunConfig(tracing_disabled=True)
 
 
 def agent_for(gateway: Gateway, model_class: str, calls: list[str]) -> Agent[Any]:
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, OpenAIResponsesModel, function_tool
+    from openai import AsyncOpenAI
+
     @function_tool
     def get_weather(city: str) -> str:
         """The weather in a city now.
@@ -42,7 +42,8 @@ def agent_for(gateway: Gateway, model_class: str, calls: list[str]) -> Agent[Any
         return weather(city)
 
     client = AsyncOpenAI(base_url=gateway.base_url, api_key=gateway.api_key, max_retries=0)
-    model = MODEL_CLASSES[model_class](model=gateway.model, openai_client=client)
+    classes = {"responses": OpenAIResponsesModel, "chat": OpenAIChatCompletionsModel}
+    model = classes[model_class](model=gateway.model, openai_client=client)
     # include_usage: a Chat Completions stream reports usage only when asked (the SDK asks only api.openai.com).
     return Agent(
         name="Weather",
@@ -54,6 +55,8 @@ def agent_for(gateway: Gateway, model_class: str, calls: list[str]) -> Agent[Any
 
 
 def check_loop(result: RunResultBase, calls: list[str]) -> None:
+    from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
+
     kinds = [type(item) for item in result.new_items]
     assert kinds == [ToolCallItem, ToolCallOutputItem, MessageOutputItem], kinds
     call, output, _ = result.new_items
@@ -67,20 +70,24 @@ def check_loop(result: RunResultBase, calls: list[str]) -> None:
         assert response.usage.input_tokens > 0 and response.usage.output_tokens > 0, response.usage
 
 
-@pytest.mark.parametrize("model_class", sorted(MODEL_CLASSES))
+@pytest.mark.parametrize("model_class", MODEL_CLASSES)
 async def test_agent_runs_a_tool_to_its_final_output(gateway: Gateway, model_class: str) -> None:
+    from agents import Runner
+
     calls: list[str] = []
     result = await Runner.run(
-        agent_for(gateway, model_class, calls), "The weather in Paris?", run_config=NO_TRACING
+        agent_for(gateway, model_class, calls), "The weather in Paris?", run_config=no_tracing()
     )
     check_loop(result, calls)
 
 
-@pytest.mark.parametrize("model_class", sorted(MODEL_CLASSES))
+@pytest.mark.parametrize("model_class", MODEL_CLASSES)
 async def test_agent_streams_a_tool_loop_to_its_final_output(gateway: Gateway, model_class: str) -> None:
+    from agents import Runner
+
     calls: list[str] = []
     streamed = Runner.run_streamed(
-        agent_for(gateway, model_class, calls), "The weather in Paris?", run_config=NO_TRACING
+        agent_for(gateway, model_class, calls), "The weather in Paris?", run_config=no_tracing()
     )
     text = []
     async for event in streamed.stream_events():

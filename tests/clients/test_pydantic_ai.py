@@ -4,26 +4,31 @@ project's key and base URL (OpenAIProvider), run to its output whole and streame
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from pydantic_ai import Agent
-from pydantic_ai.messages import ModelMessage, TextPart, ToolCallPart, ToolReturnPart
-from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
-from pydantic_ai.providers.openai import OpenAIProvider
-from pydantic_ai.usage import RunUsage
 
 from clients.gateway import CLIENT_TEST, Gateway, weather
 
+if TYPE_CHECKING:  # imported where used: every xdist worker collects this module, few run it (gateway.py)
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelMessage
+    from pydantic_ai.usage import RunUsage
+
 pytestmark = CLIENT_TEST
 
-MODEL_CLASSES = {"responses": OpenAIResponsesModel, "chat": OpenAIChatModel}
+MODEL_CLASSES = ("chat", "responses")
 
 
 def agent_for(gateway: Gateway, model_class: str, calls: list[str]) -> Agent[None, str]:
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    classes = {"responses": OpenAIResponsesModel, "chat": OpenAIChatModel}
     provider = OpenAIProvider(base_url=gateway.base_url, api_key=gateway.api_key)
     agent: Agent[None, str] = Agent(
-        MODEL_CLASSES[model_class](gateway.model, provider=provider),
+        classes[model_class](gateway.model, provider=provider),
         instructions="Answer with the weather tool.",
     )
 
@@ -41,6 +46,8 @@ def parts(messages: list[ModelMessage]) -> list[Any]:
 
 
 def check_loop(messages: list[ModelMessage], output: str, usage: RunUsage, calls: list[str]) -> None:
+    from pydantic_ai.messages import TextPart, ToolCallPart, ToolReturnPart
+
     called = [p for p in parts(messages) if isinstance(p, ToolCallPart)]
     returned = [p for p in parts(messages) if isinstance(p, ToolReturnPart)]
     assert len(called) == 1 and called[0].tool_name == "get_weather", called
@@ -54,14 +61,14 @@ def check_loop(messages: list[ModelMessage], output: str, usage: RunUsage, calls
     assert usage.input_tokens > 0 and usage.output_tokens > 0, usage
 
 
-@pytest.mark.parametrize("model_class", sorted(MODEL_CLASSES))
+@pytest.mark.parametrize("model_class", MODEL_CLASSES)
 async def test_agent_runs_a_tool_to_its_output(gateway: Gateway, model_class: str) -> None:
     calls: list[str] = []
     result = await agent_for(gateway, model_class, calls).run("The weather in Paris?")
     check_loop(result.all_messages(), result.output, result.usage, calls)
 
 
-@pytest.mark.parametrize("model_class", sorted(MODEL_CLASSES))
+@pytest.mark.parametrize("model_class", MODEL_CLASSES)
 async def test_agent_streams_a_tool_loop_to_its_output(gateway: Gateway, model_class: str) -> None:
     calls: list[str] = []
     async with agent_for(gateway, model_class, calls).run_stream("The weather in Paris?") as streamed:

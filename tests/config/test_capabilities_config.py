@@ -64,11 +64,7 @@ def test_validate_refuses_a_contradiction_and_a_model_left_with_no_endpoint() ->
     ]
     assert [(e.path, e.hint) for e in both] == [(("spec", "without", 1), "keep it in one of the two")]
     assert "`tools` is both declared in `capabilities` and said to be lacking" in both[0].message
-    [empty] = [
-        e
-        for e in check([model(without=["chat", "completions"])])
-        if e.severity == "error"
-    ]
+    [empty] = [e for e in check([model(without=["chat", "completions"])]) if e.severity == "error"]
     assert empty.path == ("spec", "without") and "serves no endpoint" in empty.message
 
 

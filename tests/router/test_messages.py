@@ -175,7 +175,7 @@ async def test_refusals_come_in_anthropics_shape(gateway: tuple[Router, str, Sin
         }
         with pytest.raises(anthropic.BadRequestError) as cap:
             await c.messages.create(model="sim-embed", max_tokens=2, messages=[body["messages"][0]])  # type: ignore[list-item]
-        assert "does not support chat" in str(cap.value)
+        assert "does not serve `chat`" in str(cap.value)
     async with claude(url, key="sk-llmgw-" + "z" * 43) as c:
         with pytest.raises(anthropic.AuthenticationError):
             await c.messages.create(model="sim-chat", max_tokens=2, messages=[body["messages"][0]])  # type: ignore[list-item]

@@ -76,3 +76,35 @@ async def test_agent_streams_a_tool_loop_to_its_output(gateway: Gateway, model_c
         output = await streamed.get_output()
     assert len(pieces) > 1 and "".join(pieces) == output, pieces
     check_loop(streamed.all_messages(), output, streamed.usage, calls)
+
+
+async def test_agent_with_a_structured_output_calls_its_tool_then_the_output_tool(gateway: Gateway) -> None:
+    """A pydantic model as `output_type` (the docs' second example): pydantic-ai offers it as one more tool and
+    forces a tool call (tool_choice required), so after the function tool's result the model calls the output
+    tool, whose arguments are the output."""
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ToolCallPart
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    class Report(BaseModel):
+        city: str
+        sunny: bool
+
+    calls: list[str] = []
+    provider = OpenAIProvider(base_url=gateway.base_url, api_key=gateway.api_key)
+    agent = Agent(OpenAIChatModel(gateway.model, provider=provider), output_type=Report)
+
+    @agent.tool_plain
+    def get_weather(city: str) -> str:
+        """The weather in a city now."""
+        calls.append(city)
+        return weather(city)
+
+    result = await agent.run("The weather in Paris?")
+    called = [p for m in result.all_messages() for p in m.parts if isinstance(p, ToolCallPart)]
+    assert [p.tool_name for p in called] == ["get_weather", "final_result"], called
+    assert calls == [called[0].args_as_dict()["city"]], calls
+    assert isinstance(result.output, Report) and result.output.model_dump() == called[1].args_as_dict()
+    assert result.usage.requests == 2 and result.usage.output_tokens > 0, result.usage

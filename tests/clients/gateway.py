@@ -9,6 +9,7 @@ reported), not what the words mean.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,5 +41,6 @@ class Gateway:
 
 
 def weather(city: str) -> str:
-    """The tool every client is given: the weather in a city, as a JSON text the model reads back."""
-    return f'{{"city": "{city}", "sky": "sunny", "celsius": 21}}'
+    """The tool every client is given: the weather in a city, as a JSON text the model reads back (the node
+    scripts write the same text)."""
+    return json.dumps({"city": city, "sky": "sunny", "celsius": 21})

@@ -28,6 +28,7 @@ def get_weather(city: str) -> str:
 
 
 def llm(home: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    assert LLM.is_file(), f"{LLM} is missing: the lock's `clients` group installs it (`make env`)"
     env = {**os.environ, "LLM_USER_PATH": str(home)}
     env.pop("OPENAI_API_KEY", None)  # the key must come from the CLI's own store
     done = subprocess.run(

@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh Debian/Ubuntu machine with Python 3.11+:
 #   make up    - create the environment, install llama.cpp and the tiny model, run `llmgw up` on the example repo
 #   make test  - create the environment, install what the tests need (PostgreSQL, sshd, promtool, llama.cpp,
-#                the tiny model, Node.js and the npm clients), then lint, type-check, check import layers and run the whole suite
+#                the tiny model, Node.js and the npm clients), then lint, type-check, check import layers and
+#                run the whole suite
 # Every Python environment is exactly uv.lock (docs/architecture.md, "Dependencies"); `make lock` changes it.
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c

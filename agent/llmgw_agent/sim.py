@@ -31,6 +31,7 @@ from llmgw_agent.sim_model import (
     LatencyConfig,
     PrefixCache,
     Timing,
+    ToolCall,
     answer_length,
     canned_answer,
     embedding,
@@ -41,7 +42,7 @@ from llmgw_agent.sim_model import (
     response_schema,
     schema_sample,
     tokenize,
-    tool_call,
+    tool_calls,
 )
 
 OWNED_BY = "llmgw-sim"
@@ -346,13 +347,13 @@ class SimEngine:
         words, finish = self.answer(body, prompt, limit, room, chat)
         reserved = len(words) if limit is None else limit
         work = Work(prompt, reserved, salt=salt if isinstance(salt, str) and salt else None)
-        call = tool_call(body) if chat and "tools" not in self.behaviour.fail_probes else None
+        calls = tool_calls(body) if chat and "tools" not in self.behaviour.fail_probes else []
         if body.get("stream"):
             return await self.stream(request, body, work, chat, (words, finish))
         await self.admit(work)
-        # A tool call's arguments count as their whitespace words, whatever max_tokens says.
-        if call is not None:
-            words = tokenize(call[2])
+        # Tool calls' arguments count as their whitespace words, whatever max_tokens says.
+        if calls:
+            words = tokenize(" ".join(c[2] for c in calls))
         try:
             self.stats.observe_ttft(time.monotonic() - work.started + work.queue_ms / 1000)
             for _ in words:
@@ -367,8 +368,9 @@ class SimEngine:
         else:
             choice, obj, prefix = {"index": 0, "text": text}, "text_completion", "cmpl-"
         choice["finish_reason"] = finish
-        if call is not None:
-            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [_tool_call_obj(call)]}
+        if calls:
+            tool_objs = [_tool_call_obj(c) for c in calls]
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": tool_objs}
             choice["finish_reason"] = "tool_calls"
         if chat:
             choice["message"]["refusal"] = None  # the API's message always carries it
@@ -440,17 +442,17 @@ class SimEngine:
                 await send(
                     [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
                 )
-            call = tool_call(body) if chat and "tools" not in self.behaviour.fail_probes else None
-            if call is not None:
-                sent = await self._stream_tool_call(send, call, work)
-            for i, word in enumerate(words if call is None else ()):
+            calls = tool_calls(body) if chat and "tools" not in self.behaviour.fail_probes else []
+            for index, call in enumerate(calls):
+                sent += await self._stream_tool_call(send, index, call, work)
+            for i, word in enumerate(words if not calls else ()):
                 await self.decode_one(work)
                 piece = word if i == 0 else " " + word
                 delta: dict[str, Any] = {"delta": {"content": piece}} if chat else {"text": piece}
                 await send([{"index": 0, **delta, "finish_reason": None, "logprobs": None}])
                 sent += 1
             last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
-            finish = text_finish if call is None else "tool_calls"
+            finish = text_finish if not calls else "tool_calls"
             await send([{"index": 0, **last, "finish_reason": finish, "logprobs": None}])
             if include_usage:
                 extra: dict[str, Any] = {"usage": self.usage(work, sent)}
@@ -462,14 +464,15 @@ class SimEngine:
             self.finish(work, sent)
         return resp
 
-    async def _stream_tool_call(self, send: Any, call: tuple[str, str, str], work: Work) -> int:
-        """A tool call as OpenAI streams one: the id and name first, then the arguments word by word."""
+    async def _stream_tool_call(self, send: Any, index: int, call: ToolCall, work: Work) -> int:
+        """A tool call as OpenAI streams one (the `index`-th of the answer's): the id and name first, then the
+        arguments word by word."""
         head = _tool_call_obj((call[0], call[1], ""))
-        await send([{"index": 0, "delta": {"tool_calls": [{"index": 0, **head}]}, "finish_reason": None}])
+        await send([{"index": 0, "delta": {"tool_calls": [{"index": index, **head}]}, "finish_reason": None}])
         pieces = call[2].split(" ")
         for i, piece in enumerate(pieces):
             await self.decode_one(work)
-            args = {"index": 0, "function": {"arguments": piece if i == 0 else " " + piece}}
+            args = {"index": index, "function": {"arguments": piece if i == 0 else " " + piece}}
             await send([{"index": 0, "delta": {"tool_calls": [args]}, "finish_reason": None}])
         return len(pieces)
 
@@ -633,7 +636,7 @@ class SimEngine:
         return app
 
 
-def _tool_call_obj(call: tuple[str, str, str]) -> dict[str, Any]:
+def _tool_call_obj(call: ToolCall) -> dict[str, Any]:
     return {"id": call[0], "type": "function", "function": {"name": call[1], "arguments": call[2]}}
 
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import pickle
+import re
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -81,7 +82,7 @@ def block_hashes(
     parent = _none_hash(seed)
     for i in range(len(ids) // block_size):
         block = ids[i * block_size : (i + 1) * block_size]
-        extra = (salt,) if i == 0 and salt else None
+        extra = (("cache_salt", salt),) if i == 0 and salt else None  # vLLM 0.32's tagged salt key
         key = (parent, tuple(block), extra)
         digest = _DIGESTS.get(key)
         if digest is None:
@@ -94,7 +95,7 @@ def block_hashes(
 
 
 # Block digests seen lately, by what they hash: a shared prefix is pickled and hashed once, not per request.
-_DIGESTS: dict[tuple[bytes, tuple[int, ...], tuple[str, ...] | None], bytes] = {}
+_DIGESTS: dict[tuple[bytes, tuple[int, ...], tuple[tuple[str, str], ...] | None], bytes] = {}
 _DIGESTS_MAX = 1 << 18
 
 
@@ -212,25 +213,48 @@ def _obj(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def tool_call(body: dict[str, Any]) -> tuple[str, str, str] | None:
-    """The tool call the sim answers a chat request with: (id, name, JSON arguments), or None to answer in
-    words. Deterministic: a request that offers tools (and does not say `tool_choice: none`) and whose last
-    message is not a tool's result gets a call of the tool `tool_choice` names, else the first one, with a
-    sample value per required parameter (each property when none is required; an enum's first value, else one
-    per JSON type). A last message from a tool is answered in words, so a tool-result turn ends the loop."""
-    tools = body.get("tools")
-    choice = body.get("tool_choice")
-    messages = body.get("messages")
+ToolCall = tuple[str, str, str]  # (id, name, JSON arguments)
+
+
+def tool_calls(body: dict[str, Any]) -> list[ToolCall]:
+    """The tool calls the sim answers a chat request with (none: it answers in words). Deterministic, and a
+    tool loop ends:
+
+    - no tools, or `tool_choice: none`: words.
+    - a named `tool_choice`: that tool, every turn (as OpenAI forces it).
+    - the last message a tool's result: words under `auto`; under `required` the next offered tool not called
+      since the last user message (the first again once each was), so an output tool listed last ends a loop.
+    - otherwise each offered tool whose name is in the last user message's text, in the order offered (one
+      when `parallel_tool_calls` is false), or the first offered tool when the text names none.
+
+    Arguments hold a sample value per required parameter (each property when none is required: an enum's first
+    value, else one per JSON type)."""
+    tools, choice, messages = body.get("tools"), body.get("tool_choice"), body.get("messages")
     if not isinstance(tools, list) or not tools or choice == "none" or not isinstance(messages, list):
-        return None
-    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool":
-        return None
+        return []
     functions = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    chosen = next((f for f in functions if f.get("name") == named), functions[0] if functions else None)
-    if chosen is None or not isinstance(chosen.get("name"), str):
-        return None
-    schema = _obj(chosen.get("parameters"))
+    functions = [f for f in functions if isinstance(f.get("name"), str) and f["name"]]
+    if not functions:
+        return []
+    named = _obj(_obj(choice).get("function")).get("name")
+    if named is not None:
+        chosen = [f for f in functions if f["name"] == named][:1] or functions[:1]
+    elif messages and _obj(messages[-1]).get("role") == "tool":
+        if choice != "required":
+            return []
+        called = _called_since_user(messages)
+        chosen = [next((f for f in functions if f["name"] not in called), functions[0])]
+    else:
+        text = _last_user_text(messages)
+        chosen = [f for f in functions if re.search(rf"\b{re.escape(f['name'])}\b", text)] or functions[:1]
+        if body.get("parallel_tool_calls") is False:
+            chosen = chosen[:1]
+    history = json.dumps(messages)
+    return [_call(f, i, history) for i, f in enumerate(chosen)]
+
+
+def _call(function: dict[str, Any], index: int, history: str) -> ToolCall:
+    schema = _obj(function.get("parameters"))
     props = _obj(schema.get("properties"))
     required = [p for p in schema.get("required") or () if p in props] or list(props)
     args = {}
@@ -241,8 +265,27 @@ def tool_call(body: dict[str, Any]) -> tuple[str, str, str] | None:
             enum[0] if isinstance(enum, list) and enum else _SCHEMA_SAMPLES.get(str(prop.get("type")), "sim")
         )
     arguments = json.dumps(args)
-    digest = hashlib.sha256((chosen["name"] + arguments + json.dumps(messages)).encode()).hexdigest()
-    return "call_" + digest[:24], chosen["name"], arguments
+    digest = hashlib.sha256(f"{function['name']}{arguments}{index}{history}".encode()).hexdigest()
+    return "call_" + digest[:24], function["name"], arguments
+
+
+def _last_user_text(messages: list[Any]) -> str:
+    last: Any = next((m for m in reversed(messages) if _obj(m).get("role") == "user"), {})
+    content = last.get("content")
+    if isinstance(content, list):  # parts: their text
+        return " ".join(str(_obj(p).get("text", "")) for p in content)
+    return content if isinstance(content, str) else ""
+
+
+def _called_since_user(messages: list[Any]) -> set[str]:
+    called: set[str] = set()
+    for message in reversed(messages):
+        m = _obj(message)
+        if m.get("role") == "user":
+            break
+        for call in m.get("tool_calls") or ():
+            called.add(str(_obj(_obj(call).get("function")).get("name")))
+    return called
 
 
 def relevance(query: str, document: str) -> float:

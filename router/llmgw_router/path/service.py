@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import logging
 import random
@@ -281,6 +282,8 @@ class RequestService:
             if response is not None and not exchange.started:
                 # A refusal too says which request it was: what `llmgw request ID` looks up.
                 response.headers.setdefault("x-request-id", call.request_id)
+                if call.ending is not None:  # its slots are free before the client can read the answer
+                    call.ending()
                 exchange.respond(response)
         except _GONE:
             call.status, call.code = gone(call)
@@ -362,6 +365,8 @@ class RequestService:
                     call.lease = await self.limiter.acquire(
                         call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
                     )
+                    if call.lease.admission is not None:
+                        call.ending = functools.partial(self.limiter.end, call.lease)
                 finally:  # a 429 is a limits span too
                     if call.trace is not None:
                         call.trace.span("limits", began)
@@ -563,7 +568,13 @@ class RequestService:
     async def _send(self, exchange: Exchange, up: UpstreamCall, call: Call) -> ProxyResult:
         assert self.session is not None, "the client session is opened with the listeners (app.serve)"
         return await forward(
-            self.session, exchange, up, self.engines, call.streaming, write_timeout=self.options.write_timeout
+            self.session,
+            exchange,
+            up,
+            self.engines,
+            call.streaming,
+            write_timeout=self.options.write_timeout,
+            ending=call.ending,
         )
 
     # ------------------------------------------------------------------ accounting

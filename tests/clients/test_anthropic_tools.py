@@ -26,9 +26,8 @@ TOOLS: list[Any] = [
         },
     }
 ]
-# Anthropic's API requires a limit. The sim writes a limited answer to exactly its limit (benchmarks size load
-# with it), at 15 ms a token on the example's sim-chat: a limit no longer than the answer needs.
-MAX_TOKENS = 32
+# Anthropic's API requires a limit: the one its docs show. A model (and the sim) ends well before it, by itself.
+MAX_TOKENS = 1024
 
 
 def turn(
@@ -66,9 +65,9 @@ def test_tool_use_loop_to_the_end_of_the_turn(gateway: Gateway, stream: bool) ->
                 {"type": "tool_result", "tool_use_id": use.id, "content": weather(use.input["city"])}
             )
         messages.append({"role": "user", "content": results})
-    # The turn ends in words: by itself, or at the limit (see MAX_TOKENS); either is the end of the loop.
+    # The turn ends in words, by itself: what a framework takes as the end of the loop.
     assert replies[0].stop_reason == "tool_use" and len(replies) == 2, replies
-    assert replies[1].stop_reason in ("end_turn", "max_tokens"), replies[1]
+    assert replies[1].stop_reason == "end_turn", replies[1]
     assert len(calls) == 1 and isinstance(calls[0], str), calls
     final = replies[-1]
     assert [b.type for b in final.content] == ["text"] and final.content[0].text.strip(), final

@@ -327,7 +327,7 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
     # Healthy before the pass that starts the roll has run.
     canary = c.canaries.json(name)
     auto = auto or (canary is not None and canary["phase"] != "failed")
-    rolling = record.rolling or restarting > 0 or (auto and any(stale(c, r) and not r.adopted for r in mine))
+    rolling = record.rolling or restarting > 0 or (auto and any(stale(c, r) for r in mine))
     if (not model.spec.profiles or ready >= target) and not rolling:
         health = "Healthy"
     elif record.unplaceable is not None or failing(record.backoff) or "failed" in states:

@@ -168,7 +168,9 @@ def test_plan_value(plan):
     assert [(s.model, s.nodes) for s in plan.starts] == [("gemma", ("cpu-2",)), ("sim-chat", ("gpu-1",))]
     assert [(r.replica_id, r.new_nodes) for r in plan.restarts] == [("qwen-gpu-1", ("gpu-1",))]
     assert [(s.replica_id, s.drain) for s in plan.stops] == [("old-cpu-1", True)]
-    assert [s.replica_id for s in plan.stale] == ["tiny-cpu-1"]  # adopted: shown, never restarted
+    assert [s.replica_id for s in plan.stale] == [
+        "tiny-cpu-1"
+    ]  # adopted under on_change: manual: shown, kept like any other
     assert [(n.node, n.change) for n in plan.nodes] == [("gpu-new", "bootstrap"), ("retired", "drain")]
     (big,) = plan.unplaceable
     reasons = {p: dict(rejected) for p, _, rejected in big.profiles}

@@ -224,8 +224,6 @@ def _stop(a: StopReplica, r: ReplicaView) -> ReplicaStop:
 
 
 def _stale_words(r: ReplicaView, view: ModelView) -> str:
-    if r.adopted:
-        return "profile changed; kept (adopted replicas are restarted only by `llmgw restart`)"
     if view.spec.restarts_on_change:
         pace = view.spec.rollout
         return (

@@ -82,7 +82,11 @@ async def test_a_restart_mid_rollout_finishes_the_same_rollout(cluster: Cluster,
     async def rolled() -> list[dict[str, Any]] | None:
         items = await watch.sample()
         current = [r for r in items if r["state"] == "ready" and not r["stale_profile"]]
-        return items if len(items) == 2 and len(current) == 2 and not set(first) & {r["id"] for r in items} else None
+        return (
+            items
+            if len(items) == 2 and len(current) == 2 and not set(first) & {r["id"] for r in items}
+            else None
+        )
 
     after = await wait_for(rolled, 90, "every replica rolled to the new profile after the restart")
     await wait_for(lambda: _healthy(cluster), 30, "m Healthy once it runs the revision")

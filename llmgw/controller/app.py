@@ -75,7 +75,9 @@ def make_app(controller: Controller, source: Source) -> web.Application:
         if settings.commit_status_token_file is None:
             raise CommitStatusError("commit_status_url needs commit_status_token_file (the forge token)")
         poster = StatusPoster(settings.commit_status_url, read_token(settings.commit_status_token_file))
-        controller.event_hooks.append(CommitStatuses(controller, poster).on_event)
+        statuses = CommitStatuses(controller, poster)
+        controller.event_hooks.append(statuses.on_event)
+        app.cleanup_ctx.append(_background("commit-statuses", lambda a: statuses.run()))
     app.router.add_get(AGENT_PATH, controller.hub.handle)
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)

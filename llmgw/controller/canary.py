@@ -23,9 +23,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from llmgw.controller.canary_record import run_from_record, run_record, stable_from_json, stable_json
+from llmgw.controller.canary_record import (
+    CanaryRun,
+    run_from_record,
+    run_record,
+    stable_from_json,
+    stable_json,
+)
 from llmgw.controller.engine_http import engine_session
 from llmgw.controller.evals_run import judges_for, ready_targets, run_suite
 from llmgw.core.canary import Traffic, judge_canary
@@ -52,36 +58,6 @@ __all__ = [
 ]
 
 TICK_S = 1.0
-Phase = Literal["running", "promoted", "failed"]
-
-
-@dataclass
-class CanaryRun:
-    model: str
-    fingerprints: dict[str, str]  # the catalog's profile fingerprints this canary tries
-    started_at: float  # controller wall time
-    baseline: dict[str, tuple[int, int]]  # stable replica -> (requests, errors) when it started
-    phase: Phase = "running"
-    replicas: set[str] = field(default_factory=set)  # the canary replicas
-    waiting: str = "starting the canary replica"
-    verdict: str = ""
-    decided_at: float | None = None
-    evals: dict[str, bool | None] = field(default_factory=dict)  # suite -> passed (None: not yet)
-    eval_results: list[dict[str, Any]] = field(default_factory=list)
-    eval_task: asyncio.Task[None] | None = None
-    stable: ModelEntry | None = None  # the model before the change: what a held model's stable replicas run
-    saved: str = ""  # the record last written to the store ('' never)
-
-    def json(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "replicas": sorted(self.replicas),
-            "started_at": self.started_at,
-            "waiting": self.waiting if self.phase == "running" else "",
-            "verdict": self.verdict,
-            "decided_at": self.decided_at,
-            "evals": self.eval_results,
-        }
 
 
 @dataclass
@@ -124,6 +100,14 @@ class CanaryBook:
                 continue
             run.saved = run_record(run)
             self.runs[row.model] = run
+
+    def held(self, name: str, desired: Desired | None) -> bool:
+        """The model's canary of the applied revision failed: it is held on its stable replicas."""
+        run = self.runs.get(name)
+        entry = desired.models.get(name) if desired is not None else None
+        if run is None or run.phase != "failed" or entry is None:
+            return False
+        return run.fingerprints == {p.profile.name: p.fingerprint for p in entry.profiles}
 
     def phases(self) -> dict[str, CanaryPhase]:
         return {m: CanaryPhase(r.phase, frozenset(r.replicas)) for m, r in self.runs.items()}
@@ -270,7 +254,7 @@ def held_views(c: Controller) -> dict[str, tuple[ModelEntry, ModelView]]:
         return out
     for name, run in c.canaries.runs.items():
         current = d.fleet_models.get(name)
-        if run.phase != "failed" or run.stable is None or current is None or _changed(c, name, run):
+        if run.stable is None or current is None or not c.canaries.held(name, d):
             continue
         prints = {p.name: p.fingerprint for p in run.stable.profiles}
         out[name] = (

@@ -13,16 +13,46 @@ the run never saw the revision before the change (it started on the changed one)
 
 from __future__ import annotations
 
+import asyncio
 import json
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from llmgw.core.catalog import ModelEntry, ProfileEntry
 from llmgw.core.config.models import ModelSpec
 
-if TYPE_CHECKING:
-    from llmgw.controller.canary import CanaryRun
+__all__ = ["CanaryRun", "Phase", "run_from_record", "run_record", "stable_from_json", "stable_json"]
 
-__all__ = ["run_from_record", "run_record", "stable_from_json", "stable_json"]
+Phase = Literal["running", "promoted", "failed"]
+
+
+@dataclass
+class CanaryRun:
+    model: str
+    fingerprints: dict[str, str]  # the catalog's profile fingerprints this canary tries
+    started_at: float  # controller wall time
+    baseline: dict[str, tuple[int, int]]  # stable replica -> (requests, errors) when it started
+    phase: Phase = "running"
+    replicas: set[str] = field(default_factory=set)  # the canary replicas
+    waiting: str = "starting the canary replica"
+    verdict: str = ""
+    decided_at: float | None = None
+    evals: dict[str, bool | None] = field(default_factory=dict)  # suite -> passed (None: not yet)
+    eval_results: list[dict[str, Any]] = field(default_factory=list)
+    eval_task: asyncio.Task[None] | None = None
+    stable: ModelEntry | None = None  # the model before the change: what a held model's stable replicas run
+    saved: str = ""  # the record last written to the store ('' never)
+
+    def json(self) -> dict[str, Any]:
+        return {
+            "phase": self.phase,
+            "replicas": sorted(self.replicas),
+            "started_at": self.started_at,
+            "waiting": self.waiting if self.phase == "running" else "",
+            "verdict": self.verdict,
+            "decided_at": self.decided_at,
+            "evals": self.eval_results,
+        }
 
 
 def run_record(run: CanaryRun) -> str:
@@ -42,8 +72,6 @@ def run_record(run: CanaryRun) -> str:
 
 
 def run_from_record(model: str, text: str, stable: ModelEntry | None) -> CanaryRun:
-    from llmgw.controller.canary import CanaryRun
-
     data = json.loads(text)
     phase = data["phase"]
     if phase not in ("running", "promoted", "failed"):

@@ -50,6 +50,7 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/upgrade"): "fleet.upgrade",
     ("GET", "/api/v1/credentials/router"): "credential.router",
     ("GET", "/api/v1/credentials/node/{node}"): "credential.node",
+    ("GET", "/api/v1/store"): "store.location",
 }
 # Reads that hand out a credential: audited like a change, so the log says which admin took a router's or a
 # node's token (it opens what that holder opens).

@@ -475,6 +475,7 @@ class Reconciler:
             # No output tail: events are read with a plan token and sent to the repo's webhooks, and engine
             # output can carry prompts (`llmgw logs`, admin scope, has it).
             await c.event("replica_failed", rec.id, f"{reason}: {detail} (its output: llmgw logs {rec.id})")
+            await c.event("drift", rec.model, self._drift_words(rec, detail))
             c.metrics.replica_restarts.labels(rec.model).inc()  # its replacement follows (after backoff)
         rec.stopping = True
         rec.draining = drain
@@ -484,6 +485,17 @@ class Reconciler:
         await c.event("replica_stop", rec.id, reason + (" (draining first)" if drain else ""))
         c.notify("replica stopping")  # routers drop it from their endpoints now
         self.background.spawn(self._send_stop(rec))
+
+    def _drift_words(self, rec: ReplicaRec, detail: str) -> str:
+        """What differs from the applied revision when a replica stopped without being asked (an engine killed
+        or stopped by hand, a crash): said as the `drift` event, as `llmgw plan` shows it."""
+        d = self.c.desired
+        entry = d.models.get(rec.model) if d is not None else None
+        declared = f"{entry.spec.scaling.min} replica(s)" if entry is not None else "no replica"
+        return (
+            f"{rec.id} ({rec.model}/{rec.profile}) on {', '.join(rec.nodes)} is not running ({detail}); the "
+            f"revision declares {declared} of {rec.model}: replaced"
+        )
 
     async def drain_node(self, node: str, reason: str) -> int:
         """Drain and stop every replica with a shard on `node` (a Node removed from the repo); the views cordon

@@ -70,6 +70,10 @@ def _lines(plan: Plan) -> list[str]:
             out.append(f"  {_SYMBOL[d.change]} {d.kind} {d.name}")
             out += [f"      {_SYMBOL[d.change]} {f.path}: {_field_words(d, f)}" for f in d.fields]
         out.append("")
+    if plan.drift:
+        out.append("Drift (where the fleet differs from the applied revision):")
+        out += [f"  ! {d.words}" for d in plan.drift]
+        out.append("")
     if plan.starts or plan.restarts or plan.stops or plan.stale:
         out.append("Replicas:")
         for s in plan.starts:
@@ -157,6 +161,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             "has_changes": plan.has_changes,
             "summary": plan.summary(),
             "models_known": plan.models_known,
+            "drift": [{"model": d.model, "replica": d.replica_id, "words": d.words} for d in plan.drift],
             "models": [
                 {
                     "model": m.model,
@@ -283,6 +288,8 @@ def render_markdown(plan: Plan) -> str:
     for m in plan.models:
         detail = m.summary or "; ".join(f"`{f.path}`: {f.old} -> {f.new}" for f in m.fields)
         rows.append((_SYMBOL[m.change], f"model `{m.model}`", "", detail))
+    for dr in plan.drift:
+        rows.append(("!", f"drift `{dr.replica_id or dr.model}`", "", dr.words))
     for s in plan.starts:
         rows.append(("+", f"start `{s.replica_id}`", _where(s.nodes), f"{s.reason}; {s.why_there}"))
     for r in plan.restarts:

@@ -98,8 +98,23 @@ class CommitStatuses:
         status = status_for(
             kind, obj, message, revision, settings.commit_status_context, settings.commit_status_target_url
         )
-        if status is not None:
-            await self._owe(status, now)
+        if status is None:
+            return
+        # A restarted controller or a new leader applies the same revision again: its apply was said already.
+        if kind == "revision_applied" and not await self._first(f"commit-status applied {revision}", now):
+            return
+        await self._owe(status, now)
+
+    async def _first(self, mark: str, now: float) -> bool:
+        """True the first time (across controllers: a mark in the store); True too when the store cannot say
+        (a status said twice is better than one never said)."""
+        try:
+            return await self.c.store.mark_once(mark, now)
+        except Exception as exc:
+            log.warning(
+                "commit statuses: the store cannot say whether %s was posted (%s): posting it", mark, exc
+            )
+            return True
 
     def _is_commit(self, revision: str) -> bool:
         if is_commit_sha(revision):
@@ -183,7 +198,7 @@ class CommitStatuses:
             return
         if any(c.canaries.held(name, d) for name in d.models):
             return  # a canary of this revision failed: the fleet runs the stable model, not the revision
-        if not await c.store.mark_once(f"commit-status healthy {d.revision}", c.wall()):
+        if not await self._first(f"commit-status healthy {d.revision}", c.wall()):
             return  # said already (by this leader or one before)
         settings = c.settings
         words = f"healthy: the fleet runs {d.revision[:12]} ({len(d.models)} model(s))"

@@ -1,5 +1,5 @@
 -- What a commit set in motion, kept in the store so whichever controller leads next resumes it (issue 39).
--- Numbered 0016 by the continuity branch; renumber at merge if another part took it.
+-- Numbered 0017 by the continuity branch (0016 is the concurrency slots'); renumber at merge if another part took it.
 --
 -- A replica's part in a roll: the replica it was started to take the place of (a surge beside it, not one
 -- more), and whether an operator asked for its restart (`llmgw restart`). NULL / 0: neither.

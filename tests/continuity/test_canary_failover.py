@@ -93,8 +93,9 @@ def test_a_leader_killed_mid_canary_the_standby_promotes_the_same_canary(pair: P
     def canary_serving() -> dict[str, Any] | None:
         canary = _canary_status(a)
         ready = {r["id"] for r in _replicas(a) if r["state"] == "ready"}
-        running = canary is not None and canary["phase"] == "running"
-        return canary if running and canary["replicas"] and set(canary["replicas"]) <= ready else None
+        if canary is None or canary["phase"] != "running" or not canary["replicas"]:
+            return None
+        return canary if set(canary["replicas"]) <= ready else None
 
     before = wait_until(canary_serving, 60, "the canary replica serving on leader a")
     _fail_over(a, b)

@@ -1,6 +1,7 @@
-"""A controller restarted mid-rollout finishes the same rollout (issue 39), on SQLite and PostgreSQL: a
-commit that changes a model's profile under `rollout.on_change: restart` rolls every replica, whether the
-controller restarts right after the commit or halfway through. The restart itself starts nothing: the
+"""A controller restarted mid-rollout finishes the same rollout (issue 39): a commit that changes a model's
+profile under `rollout.on_change: restart` rolls every replica, whether the controller restarts right after
+the commit (on SQLite) or halfway through (on PostgreSQL; the leader killed halfway through is
+test_rollout_failover.py). The restart itself starts nothing: the
 replicas it finds are the same replicas (same ids and PIDs for the current ones), the stale ones are rolled
 as before, and the model says Healthy only once every replica runs what the revision declares."""
 
@@ -20,11 +21,17 @@ pytestmark = pytest.mark.integration
 ROLLOUT = "\n  rollout: {on_change: restart, max_surge: 1, max_unavailable: 0}"
 
 
-@pytest.fixture
-async def cluster(tmp_path: Path, store_dsn: str) -> AsyncIterator[Cluster]:
-    c = Cluster(tmp_path, dsn=store_dsn)
+@pytest.fixture(
+    params=[("committed", "sqlite"), pytest.param(("half-rolled", "postgres"), marks=pytest.mark.postgres)],
+    ids=["committed-sqlite", "half-rolled-postgres"],
+)
+async def at_phase(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Cluster, str]]:
+    """A cluster, and the phase of the roll its controller is restarted at."""
+    phase, backend = request.param
+    dsn = request.getfixturevalue("pg_dsn") if backend == "postgres" else f"sqlite:///{tmp_path / 'llmgw.db'}"
+    c = Cluster(tmp_path, dsn=dsn)
     try:
-        yield c
+        yield c, phase
     finally:
         await c.close()
 
@@ -47,7 +54,7 @@ class Watch:
 
     async def sample(self) -> list[dict[str, Any]]:
         assert self.cluster.admin is not None
-        items = await self.cluster.admin.replicas("m")
+        items: list[dict[str, Any]] = await self.cluster.admin.replicas("m")
         serving = [r for r in items if r["state"] not in ("draining", "stopping", "stopped")]
         self.most = max(self.most, len(serving))
         m = await _model(self.cluster, "m")
@@ -56,15 +63,15 @@ class Watch:
         return items
 
 
-@pytest.mark.parametrize("phase", ["committed", "half-rolled"])
-async def test_a_restart_mid_rollout_finishes_the_same_rollout(cluster: Cluster, phase: str) -> None:
+async def test_a_restart_mid_rollout_finishes_the_same_rollout(at_phase: tuple[Cluster, str]) -> None:
+    cluster, phase = at_phase
     await cluster.bring_up(["n1", "n2"], {"models/m.yaml": sim_model("m", 2, extra=ROLLOUT)})
     first = {r["id"]: r["pid"] for r in await cluster.wait_ready("m", 2)}
     changed = sim_model("m", 2, extra=ROLLOUT, args="decode_ms_per_token: 3")
     cluster.repo.write({"models/m.yaml": changed}, "a changed profile rolls")
     watch = Watch(cluster)
 
-    async def at_phase() -> list[dict[str, Any]] | None:
+    async def reached() -> list[dict[str, Any]] | None:
         items = await watch.sample()
         new = [r for r in items if r["id"] not in first]
         if phase == "committed":  # the replacement asked for, no old one gone yet
@@ -73,7 +80,7 @@ async def test_a_restart_mid_rollout_finishes_the_same_rollout(cluster: Cluster,
         ready_new = [r for r in new if r["state"] == "ready"]
         return items if len(gone) == 1 and ready_new else None
 
-    before = await wait_for(at_phase, 60, f"the rollout at phase {phase}")
+    before = await wait_for(reached, 60, f"the rollout at phase {phase}")
     kept = {r["id"]: r["pid"] for r in before if r["id"] not in first and r["state"] == "ready"}
 
     await cluster.stop_controller()

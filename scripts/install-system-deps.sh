@@ -2,7 +2,8 @@
 # Installs the system programs the test suite runs for real: PostgreSQL 15 server binaries, OpenSSH's sshd,
 # promtool (Debian's `prometheus` package), Chromium (the web console's browser tests,
 # driven by Playwright through its executable_path), wrk and systemd-analyze (Debian's `systemd`: it verifies the agent's
-# unit files without systemd running). Nothing is started here: the tests start their own
+# unit files without systemd running) and valgrind (benchmarks/request_path_cost.py counts the request path's
+# instructions under callgrind, in .ci/run). Nothing is started here: the tests start their own
 # PostgreSQL (initdb + pg_ctl on a free port) and sshd (own config on a loopback port).
 set -euo pipefail
 need=()
@@ -11,6 +12,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system deps: all present"

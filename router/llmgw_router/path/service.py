@@ -124,7 +124,8 @@ class RequestService:
         self.provider_health = ProviderHealth(self.metrics.provider_unavailable)
         self.recent = RecentRequests()  # the last requests finished, for `llmgw request ID` (lookup.py)
         self.tracer: RequestTracer | None = None  # set when an OTLP endpoint is configured (app.py)
-        self.cache = CachePath(self.metrics.registry)  # the projects' response caches (path/cache.py)
+        # The projects' response caches (path/cache.py), counted as the request metrics are.
+        self.cache = CachePath(self.metrics.registry, self.metrics.count)
         self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (path/lora.py)
         self.kept_responses: ResponseKeeper | None = None  # with a content key: stored responses (app.py)
 

@@ -2,11 +2,14 @@
 # Installs the system programs the test suite runs for real: PostgreSQL 15 server binaries, OpenSSH's sshd,
 # promtool (Debian's `prometheus` package), Chromium (the web console's browser tests,
 # driven by Playwright through its executable_path), wrk and systemd-analyze (Debian's `systemd`: it verifies the agent's
-# unit files without systemd running). Nothing is started here: the tests start their own
+# unit files without systemd running), iproute2 and util-linux's unshare/nsenter (tests/hosts: several hosts on
+# this machine, each a network and PID namespace). Nothing is started here: the tests start their own
 # PostgreSQL (initdb + pg_ctl on a free port) and sshd (own config on a loopback port).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need+=(iproute2)
+{ command -v unshare && command -v nsenter; } >/dev/null 2>&1 || need+=(util-linux)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 [ -x /usr/bin/chromium ] || need+=(chromium)

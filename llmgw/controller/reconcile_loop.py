@@ -55,6 +55,7 @@ from llmgw.core.reconcile import (
 )
 from llmgw.core.secret_bindings import source_use
 from llmgw.core.security import engine_key
+from llmgw.store.errors import LeaseFenced
 from llmgw.store.records import ReplicaRecord
 
 log = logging.getLogger("llmgw.controller.reconcile")
@@ -531,7 +532,9 @@ class Reconciler:
             if link is not None:
                 link.shards.pop(f"{rec.id}-{shard.rank}", None)
         try:
-            await c.store.delete_replica(rec.id)
+            await c.store.delete_replica(rec.id, fence=c.fence())
+        except LeaseFenced as exc:
+            c.fenced_out(exc)
         except Exception as exc:
             log.warning("could not delete replica %s from the store: %s", rec.id, exc)
 
@@ -610,9 +613,12 @@ class Reconciler:
                     rec.fingerprint,
                     rec.created_at,
                     c.wall(),
-                )
+                ),
+                fence=c.fence(),
             )
             c.worker_state.stored_states[rec.id] = state
+        except LeaseFenced as exc:
+            c.fenced_out(exc)
         except Exception as exc:
             log.warning("could not record replica %s in the store: %s", rec.id, exc)
 

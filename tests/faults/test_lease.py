@@ -64,7 +64,7 @@ async def test_the_leader_fences_its_writes_with_the_epoch_it_won_and_stands_by_
         wall.t += 3.0  # a's claim ran out in the store (a, partitioned, has not looked yet)
         assert (await b.attempt()).leading and b.fence().epoch == 2
         assert a.leading(), "a's own validity has not ended on its clock: only the store can stop it now"
-        with pytest.raises(LeaseFenced, match="not by .*a at epoch 1"):
+        with pytest.raises(LeaseFenced, match=r"not by .*a at epoch 1"):
             await store.upsert_replica(ReplicaRecord("r", "m", "p", ("n",), "x", "f", 1, 1), fence=a.fence())
         a.deposed("the store refused a write")
         assert not a.leading() and a.status()["epoch"] is None and b.status()["epoch"] == 2

@@ -21,11 +21,11 @@ from typing import Any
 
 import psycopg
 from controller.helpers import Repo
+from faults.procs import _CONTROLLER_MAIN, http_status
 from fixtures.postgres import PG_BIN_DIRS
 from fixtures.sshd import keygen
 from support import wait_until
 
-from faults.procs import _CONTROLLER_MAIN, http_status
 from hosts.machine import Host, HostProc
 from hosts.net import Lab
 from llmgw.adapters.keys import hash_key

@@ -86,7 +86,7 @@ class Host:
             "--kill-child",
             "sh",
             "-c",
-            f'hostname "$1" && exec "$2" -c "$3"',
+            'hostname "$1" && exec "$2" -c "$3"',
             "init",
             self.name,
             sys.executable,

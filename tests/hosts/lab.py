@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from controller.helpers import Repo
+from controller.helpers import Repo, cluster_yaml
 from faults.procs import _CONTROLLER_MAIN, http_status
 from fixtures.postgres import PG_BIN_DIRS
 from fixtures.sshd import keygen
@@ -56,6 +56,7 @@ class HostLab:
         self.hosts: dict[str, Host] = {}
         self.token_file = tmp / "admin-token"
         self.token_file.write_text(ADMIN_TOKEN + "\n")
+        (tmp / "cluster-secret").write_text("hosts-cluster-secret\n")
         self.repo = Repo(tmp / "origin", use_git=True)
         self.dsn = ""
         self._pg_dir: Path | None = None
@@ -178,7 +179,6 @@ class HostLab:
     def start_controller(self, name: str, **overrides: Any) -> HostProc:
         """A controller on host `name` (ha on the lab's PostgreSQL), state on the host's disk."""
         host = self.hosts[name]
-        (self.tmp / "cluster-secret").write_text("hosts-cluster-secret\n")
         settings = {
             "repo": str(self.repo.path),
             "poll_s": 0.3,
@@ -268,6 +268,45 @@ class HostLab:
         )
         with urllib.request.urlopen(req, timeout=5) as r:
             return json.loads(r.read())
+
+    def replicas(self, controller: str, model: str) -> list[dict[str, Any]] | None:
+        """The model's replicas as the controller reports them; None when it does not answer."""
+        try:
+            items: list[dict[str, Any]] = self.get(controller, "/api/v1/replicas")["replicas"]
+        except (urllib.error.URLError, OSError):
+            return None
+        return [r for r in items if r["model"] == model]
+
+    def ready(self, controller: str, model: str, count: int) -> dict[str, tuple[str, int]] | None:
+        """{replica id: (node, engine pid)} once exactly `count` replicas of `model` are ready; else None."""
+        mine = self.replicas(controller, model)
+        if mine is None or len(mine) != count or not all(r["state"] == "ready" and r["pid"] for r in mine):
+            return None
+        return {r["id"]: (",".join(r["nodes"]), r["pid"]) for r in mine}
+
+    def events(self, controller: str, since: float) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.get(controller, "/api/v1/events?limit=1000")["events"]
+        return [e for e in items if e["time"] >= since]
+
+    def node_state(self, controller: str, node: str) -> str | None:
+        try:
+            nodes = self.get(controller, "/api/v1/nodes")["nodes"]
+        except (urllib.error.URLError, OSError):
+            return None
+        return next((str(n["state"]) for n in nodes if n["name"] == node), None)
+
+    def cluster(self, unreachable: str = "2s", lost: str = "60s") -> None:
+        """Commit the Cluster document (with the secret every controller derives engine keys from)."""
+        self.repo.write(
+            {"cluster.yaml": cluster_yaml(unreachable, lost) + "  secret: {file: cluster-secret}\n"}
+        )
+
+    def leadership(self, controller: str) -> dict[str, Any] | None:
+        try:
+            lead: dict[str, Any] = self.get(controller, "/api/v1/status")["leadership"]
+        except (urllib.error.URLError, OSError, KeyError):
+            return None
+        return lead
 
     def role(self, controller: str) -> str | None:
         try:

@@ -77,6 +77,8 @@ class HostLab:
         return host.boot()
 
     def close(self) -> None:
+        if self.repo.git is not None:
+            self.repo.git.close()  # GitPython's cat-file helpers, processes of this test
         for host in self.hosts.values():
             host.power_off()
         self.net.close()

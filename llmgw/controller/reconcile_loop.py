@@ -541,7 +541,9 @@ class Reconciler:
     # ---------------------------------------------------------------------------------- adoption
 
     def adopt(self, link: NodeLink, register: Register) -> None:
-        """Shards an agent reports at Register that this controller does not know: adopted, never restarted."""
+        """Shards an agent reports at Register that this controller does not know: adopted, never restarted.
+        Replicas the node ran that its agent no longer reports: failed now (`_vanished`)."""
+        self._vanished(link, register)
         c = self.c
         for shard in register.shards:
             if shard.state not in ADOPTABLE:
@@ -572,6 +574,23 @@ class Reconciler:
             self.background.spawn(
                 c.event("replica_adopted", rec.id, f"found running on {link.name} (pid {shard.pid})")
             )
+
+    def _vanished(self, link: NodeLink, register: Register) -> None:
+        """A replica that ran on this node (seen ready, or adopted from it) and that its agent, registering
+        again, does not report: its engine died with the agent (the host rebooted, the agent's state was lost).
+        It is failed at once, and replaced like any failed replica, instead of waiting out the grace a start
+        not yet reported gets (a minute and more)."""
+        c = self.c
+        reported = {s.shard_id for s in register.shards}
+        for rec in list(c.replicas.values()):
+            if rec.stopping or rec.error or (rec.ready_since is None and not rec.adopted):
+                continue
+            gone = [s for s in rec.shards if s.node == link.name and f"{rec.id}-{s.rank}" not in reported]
+            if not gone:
+                continue
+            rec.error = f"gone from {link.name}: its agent registered again without it (the host restarted?)"
+            log.warning("replica %s %s", rec.id, rec.error)
+            self.background.spawn(c.event("replica_vanished", rec.id, rec.error))
 
     def _profile_by_fingerprint(self, model: str, fingerprint: str) -> str:
         d = self.c.desired

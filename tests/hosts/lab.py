@@ -61,6 +61,7 @@ class HostLab:
         self.dsn = ""
         self._pg_dir: Path | None = None
         self.client_key: Path | None = None
+        self.routers: dict[str, HostProc] = {}
 
     # ------------------------------------------------------------------------------------ hosts
 
@@ -230,15 +231,30 @@ class HostLab:
         config.write_text(json.dumps(cfg))
         return host.start("agent", [sys.executable, "-m", "llmgw_agent.main", "run", "--config", str(config)])
 
+    def start_sim(self, name: str, model: str, key: str, port: int = 21000) -> str:
+        """A simulator engine serving `model` on host `name` (what an agent would start); its base URL."""
+        host = self.hosts[name]
+        argv = [sys.executable, "-m", "llmgw_agent.sim", "--host", host.address, "--port", str(port)]
+        argv += ["--model", model, "--decode-ms-per-token", "1", "--prefill-ms-per-token", "0.01"]
+        proc = host.start(f"sim-{model}", [*argv, "--max-concurrency", "8"], env={"VLLM_API_KEY": key})
+        url = f"http://{host.address}:{port}"
+        wait_until(lambda: http_status(url + "/health") == 200 or not proc.alive(), 30, f"{model} on {name}")
+        assert proc.alive(), f"the simulator on {name} exited:\n{proc.text()[-3000:]}"
+        return url
+
     def router_url(self, name: str) -> str:
         return f"http://{self.hosts[name].address}:{ROUTER_PORT}"
 
     def start_router(self, name: str, controllers: list[str], extra: list[str] | None = None) -> HostProc:
         """A router on host `name` following the controllers; one API key (project p1, key-1)."""
-        host = self.hosts[name]
-        keys = host.disk / "keys"
+        keys = self.hosts[name].disk / "keys"
         keys.write_text(f"{hash_key(API_KEY)} p1 key-1\n")
         follow = [arg for c in controllers for arg in ("--controller", self.controller_url(c))]
+        return self.start_router_with(name, [*follow, "--keys-file", str(keys), *(extra or [])])
+
+    def start_router_with(self, name: str, args: list[str]) -> HostProc:
+        """A router on host `name` with its source and keys in `args` (a snapshot file and a store, say)."""
+        host = self.hosts[name]
         argv = [
             sys.executable,
             "-c",
@@ -249,14 +265,12 @@ class HostLab:
             f"{host.address}:9000",
             "--state-dir",
             str(host.disk / "router-state"),
-            *follow,
             "--token-file",
             str(self.token_file),
-            "--keys-file",
-            str(keys),
-            *(extra or []),
+            *args,
         ]
         proc = host.start("router", argv)
+        self.routers[name] = proc
         url = self.router_url(name)
         wait_until(lambda: http_status(url + "/health") == 200 or not proc.alive(), 60, f"router on {name}")
         assert proc.alive(), f"router on {name} exited:\n{proc.text()[-3000:]}"

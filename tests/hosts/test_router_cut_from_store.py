@@ -71,10 +71,17 @@ def test_router_cut_from_the_store_overruns_by_one_grace_share_and_loses_no_usag
             "projects": {"p1": {"team": "t", "limits": {"rpm": RPM}}},
         },
         "endpoints": [
-            {"replica_id": "n1-sim", "model": "sim-chat", "engine": "sim", "base_url": engine,
-             "api_key": ENGINE_KEY, "slots": 8, "simulated": True},
+            {
+                "replica_id": "n1-sim",
+                "model": "sim-chat",
+                "engine": "sim",
+                "base_url": engine,
+                "api_key": ENGINE_KEY,
+                "slots": 8,
+                "simulated": True,
+            },
         ],
-    }  # fmt: skip
+    }
     path = lab.tmp / "snapshot.json"
     path.write_text(json.dumps(snapshot))
     key = create_key(dsn, "p1")

@@ -274,3 +274,20 @@ async def test_memory_stays_under_the_bound_with_many_distinct_requests(
         "llmgw_router_cache_requests_total", {"model": "sim-chat", "result": "hit"}
     )
     assert hits == 1.0
+
+
+async def test_a_canary_answer_is_never_kept_so_a_rolled_back_canary_leaves_nothing(
+    gateway: tuple[Router, str, Usage, Clock], sim: SimProcess
+) -> None:
+    router, url, _, _ = gateway
+    on_trial = snapshot(sim).model_dump(mode="json", by_alias=True)
+    on_trial["models"]["sim-chat"]["canary"] = {"weight": 100}
+    on_trial["endpoints"] = [endpoint(sim, "rep-canary", canary=True)]
+    router.apply_snapshot(RouterSnapshot.model_validate(on_trial))
+    async with client(url) as c:
+        before = engine_requests(sim)
+        marks = [(await chat(c, max_tokens=4))[0] for _ in range(2)]
+        assert marks == ["miss", "miss"], "a canary's answer was kept"
+        assert engine_requests(sim) == before + 2
+        router.apply_snapshot(snapshot(sim))  # the canary rolled back: the stable replica serves
+        assert [(await chat(c, max_tokens=4))[0] for _ in range(2)] == ["miss", "hit"]

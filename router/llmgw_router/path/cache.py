@@ -204,8 +204,8 @@ class CachePath:
         """After a miss (or refresh) went to an engine: keep its complete answer; mark a whole one."""
         if reply is not None:
             reply.headers[HEADER] = cached.exchange.mark
-        if cached.directive == "bypass" or call.served != cached.model:
-            return reply  # not kept, or a fallback's answer: not the model asked for
+        if cached.directive == "bypass" or call.served != cached.model or call.canary:
+            return reply  # not kept; a fallback's answer (not the model asked for); a canary's (on trial)
         result = call.result
         if result is None or result.status != 200 or result.upstream_failed or result.client_gone:
             return reply

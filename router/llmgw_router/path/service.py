@@ -439,7 +439,7 @@ class RequestService:
             call.served = served
             waited = time.monotonic() - asked  # the queue time: both picks, when a retry picks again
             call.queue_s = waited if call.queue_s is None else call.queue_s + waited
-            call.endpoint, call.decision = ep.id, picked.decision
+            call.endpoint, call.decision, call.canary = ep.id, picked.decision, ep.spec.canary
             if call.trace is not None:
                 call.trace.scheduled(asked, picked)
             self.last_used[served] = self.clock()

@@ -9,6 +9,7 @@ never started twice (same id, same engine process, no replica_start event since 
 from __future__ import annotations
 
 import time
+import urllib.request
 
 import openai
 import pytest
@@ -36,6 +37,19 @@ def served_by(client: openai.OpenAI, replicas: dict[str, tuple[str, int]]) -> st
     return replicas[endpoint][0]
 
 
+def endpoint_state(lab: HostLab, router: str, replica: str) -> str | None:
+    """The state the router's /metrics gives the replica's endpoint (ready, stale, breaker_open, ...)."""
+    url = lab.router_url(router).replace(":8000", ":9000") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            lines = r.read().decode().splitlines()
+    except OSError:
+        return None
+    mine = [x for x in lines if x.startswith("llmgw_router_endpoint_state{") and f'endpoint="{replica}"' in x]
+    on = [x for x in mine if x.endswith(" 1.0")]
+    return on[0].split('state="', 1)[1].split('"', 1)[0] if on else None
+
+
 def test_node_cut_off_and_back_keeps_its_replica_and_routing_follows(lab: HostLab) -> None:
     for name in ("db", "ca", "n1", "n2", "r1"):
         lab.add_host(name)
@@ -58,14 +72,19 @@ def test_node_cut_off_and_back_keeps_its_replica_and_routing_follows(lab: HostLa
     lab.net.isolate("n1")
     try:
         wait_until(lambda: lab.node_state("ca", "n1") == "Unreachable", 30, "n1 Unreachable")
-        # Once the router has heard, every request goes to n2 and is answered.
-        wait_until(lambda: served_by(client, before) == "n2", 30, "the router to send to n2 only")
+        # Once the router judges n1's engine gone (its scrapes fail: stale, or its breaker open), every
+        # request goes to n2 and is answered.
+        cut = next(rid for rid, (node, _) in before.items() if node == "n1")
+        wait_until(
+            lambda: endpoint_state(lab, "r1", cut) not in (None, "ready"), 30, "the router to judge n1"
+        )
         assert {served_by(client, before) for _ in range(20)} == {"n2"}
         assert lab.replicas("ca", "sim-a") is not None and len(lab.replicas("ca", "sim-a") or []) == 2
     finally:
         lab.net.rejoin("n1")
     wait_until(lambda: lab.node_state("ca", "n1") == "Ready", 60, "n1 Ready again")
     assert wait_until(lambda: lab.ready("ca", "sim-a", 2), 60, "both replicas ready again") == before
+    wait_until(lambda: endpoint_state(lab, "r1", cut) == "ready", 60, "the router to judge n1 ready again")
     wait_until(lambda: served_by(client, before) == "n1", 60, "the router to send to n1 again")
     started = [e for e in lab.events("ca", cut_at) if e["kind"] == "replica_start"]
     assert started == [], f"nothing started for the cut: {started}"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support import worker_name
 
-from hosts.lab import HostLab
+from hosts.lab import HostLab, drop_pg_template
 from hosts.net import sweep_stale
 
 
@@ -22,10 +22,13 @@ def _unavailable(reason: str) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _stale_labs_swept() -> None:
-    """Namespaces of an earlier run whose pytest process is gone (killed before its finalizer) are deleted."""
+def _stale_labs_swept() -> Iterator[None]:
+    """Namespaces of an earlier run whose pytest process is gone (killed before its finalizer) are deleted;
+    at the end, this process's PostgreSQL data template."""
     if os.geteuid() == 0 and shutil.which("ip"):
         sweep_stale()
+    yield
+    drop_pg_template()
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ from hosts.machine import Host, HostProc
 from hosts.net import Lab
 from llmgw.adapters.keys import hash_key
 
-__all__ = ["ADMIN_TOKEN", "API_KEY", "HostLab"]
+__all__ = ["ADMIN_TOKEN", "API_KEY", "HostLab", "drop_pg_template"]
 
 ADMIN_TOKEN = "hosts-admin-token"
 API_KEY = "sk-llmgw-" + "k" * 43
@@ -47,6 +47,27 @@ def _pg_bindir() -> Path:
     if found is None:
         raise RuntimeError("PostgreSQL's initdb not found (scripts/install-system-deps.sh installs it)")
     return Path(found).parent
+
+
+_PG_TEMPLATE: list[Path] = []  # this process's initdb'd data directory, copied per lab (initdb takes seconds)
+
+
+def _pg_template(bindir: Path) -> Path:
+    if not _PG_TEMPLATE:
+        root = Path(tempfile.mkdtemp(prefix="llmgw-hosts-pgdata-"))
+        pw = pwd.getpwnam("postgres")
+        os.chown(root, pw.pw_uid, pw.pw_gid)
+        data = root / "data"
+        argv = [str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8"]
+        subprocess.run(["runuser", "-u", "postgres", "--", *argv], check=True, capture_output=True, cwd=root)
+        _PG_TEMPLATE.append(data)
+    return _PG_TEMPLATE[0]
+
+
+def drop_pg_template() -> None:
+    """At the end of the session (tests/hosts/conftest.py)."""
+    while _PG_TEMPLATE:
+        shutil.rmtree(_PG_TEMPLATE.pop().parent, ignore_errors=True)
 
 
 class HostLab:
@@ -89,8 +110,9 @@ class HostLab:
     # ------------------------------------------------------------------------------------ services
 
     def start_postgres(self, name: str) -> str:
-        """PostgreSQL as a process of host `name` (as the `postgres` account, data in a directory it owns);
-        the DSN of a fresh database on it, reachable from every host and from the test."""
+        """PostgreSQL as a process of host `name` (as the `postgres` account, data in a directory it owns, a
+        copy of this process's one initdb); the DSN of a fresh database on it, reachable from every host and
+        from the test."""
         host = self.hosts[name]
         bindir = _pg_bindir()
         self._pg_dir = Path(tempfile.mkdtemp(prefix="llmgw-hosts-pg-"))
@@ -98,12 +120,7 @@ class HostLab:
         os.chown(self._pg_dir, pw.pw_uid, pw.pw_gid)
         as_pg = ["runuser", "-u", "postgres", "--"]
         data = self._pg_dir / "data"
-        subprocess.run(
-            [*as_pg, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8"],
-            check=True,
-            capture_output=True,
-            cwd=self._pg_dir,
-        )
+        subprocess.run(["cp", "-a", str(_pg_template(bindir)), str(data)], check=True, capture_output=True)
         (data / "pg_hba.conf").write_text("host all all 0.0.0.0/0 trust\nlocal all all trust\n")
         server = [str(bindir / "postgres"), "-D", str(data), "-p", "5432", "-k", str(self._pg_dir)]
         opts = ["-c", f"listen_addresses={host.address}", "-c", "fsync=off", "-c", "full_page_writes=off"]
@@ -169,7 +186,7 @@ class HostLab:
             str(self.client_key),
             *options,
             "-o",
-            "ConnectTimeout=5",
+            "ConnectTimeout=2",
             "-p",
             "22",
             f"root@{self.hosts[name].address}",

@@ -14,7 +14,7 @@ from hosts.net import namespaces
 
 pytestmark = [pytest.mark.hosts, pytest.mark.ssh]
 
-PROBE = "import socket, sys; socket.create_connection((sys.argv[1], 22), timeout=2).close()"
+PROBE = "import socket, sys; socket.create_connection((sys.argv[1], 22), timeout=1).close()"
 
 
 def reaches(lab: HostLab, src: str, dst: str) -> bool:

@@ -21,6 +21,7 @@ import fcntl
 import itertools
 import os
 import re
+import signal
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -60,13 +61,16 @@ def _pid_alive(pid: int) -> bool:
 
 
 def sweep_stale() -> list[str]:
-    """Delete the lab namespaces whose pytest process is gone (a run killed before its finalizer); the names
-    deleted. A live process's labs, another run's or worker's, are left alone."""
+    """Delete the lab namespaces whose pytest process is gone (a run killed before its finalizer), killing what
+    still runs in them first; the names deleted. A live process's labs, another run's or worker's, are left alone."""
     gone = []
     for name in namespaces():
         m = _NS_NAME.match(name)
         if m and not _pid_alive(int(m["pid"])):
             with contextlib.suppress(RuntimeError):
+                for pid in ip("netns", "pids", name).split():  # the dead run's hosts' processes, power off
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(pid), signal.SIGKILL)
                 ip("netns", "delete", name)
                 gone.append(name)
     return gone
@@ -94,6 +98,7 @@ class Lab:
     """One lab's network: the switch, the test's own port on it, and the hosts added so far."""
 
     worker: str
+    owner: int = field(default_factory=os.getpid)  # the pytest process the lab belongs to (its names say so)
     lab: int = field(default_factory=lambda: next(_labs))
     subnet: int = 0
     hosts: dict[str, str] = field(default_factory=dict)  # host name: its namespace
@@ -101,7 +106,7 @@ class Lab:
     ports: dict[str, str] = field(default_factory=dict)  # host name: its port (veth end) on the switch
 
     def ns_name(self, role: str) -> str:
-        return f"{NS_PREFIX}{self.worker}-{os.getpid()}-{self.lab}-{role}"
+        return f"{NS_PREFIX}{self.worker}-{self.owner}-{self.lab}-{role}"
 
     @property
     def switch(self) -> str:
@@ -109,7 +114,7 @@ class Lab:
 
     @property
     def root_port(self) -> str:
-        return f"lh{os.getpid():x}x{self.lab}"
+        return f"lh{self.owner:x}x{self.lab}"
 
     @property
     def test_address(self) -> str:

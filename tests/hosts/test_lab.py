@@ -3,14 +3,17 @@ what they say and nothing else, a power-off that leaves no process of the host, 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from support import wait_until
+from support import pid_alive, wait_until, worker_name
 
 from hosts.lab import HostLab
-from hosts.net import namespaces
+from hosts.machine import Host
+from hosts.net import Lab, namespaces, sweep_stale
 
 pytestmark = [pytest.mark.hosts, pytest.mark.ssh]
 
@@ -79,3 +82,29 @@ def test_the_lab_leaves_no_namespace(lab: HostLab) -> None:
     assert set(made) <= set(namespaces())
     lab.close()
     assert not set(made) & set(namespaces())
+
+
+def test_a_dead_runs_lab_is_swept_with_its_processes(tmp_path: Path) -> None:
+    """A lab whose pytest process is gone (killed before its teardown): the sweep kills its hosts' processes
+    and deletes its namespaces; a live process's lab is left alone."""
+    if os.geteuid() != 0:
+        pytest.skip("the host lab makes network namespaces: run tests/hosts as root")
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # its pid now names no process (reused only after the kernel wraps round)
+    lab = Lab(worker_name(), owner=dead.pid).open()
+    try:
+        ns = lab.add_host("a")
+        host = Host("a", ns, lab.addresses["a"], tmp_path / "a").boot()
+        assert host.init is not None
+        init = host.init_pid
+        alive = Lab(worker_name()).open()  # this process's: kept
+        try:
+            swept = sweep_stale()
+            assert set(swept) == {lab.switch, ns}
+            wait_until(lambda: not pid_alive(init), 10, "the dead run's host init killed")
+            assert alive.switch in namespaces()
+        finally:
+            alive.close()
+        host.init.wait(10)
+    finally:
+        lab.close()

@@ -127,7 +127,7 @@ test: env llamacpp model vllm system-deps node-clients lint
 
 # The quick loop while iterating: the tests that start no engine, database or sshd (no lint, no system deps, no
 # vLLM).
-FAST_TESTS := -m "not integration and not llamacpp and not postgres and not ssh and not vllm"
+FAST_TESTS := -m "not integration and not llamacpp and not postgres and not ssh and not vllm and not hosts"
 test-fast: env
 	$(BIN)/pytest -q $(XDIST) $(FAST_TESTS)
 

@@ -4,11 +4,14 @@
 # driven by Playwright through its executable_path), wrk and systemd-analyze (Debian's `systemd`: it verifies the agent's
 # unit files without systemd running), valgrind (benchmarks/request_path_cost.py counts the request path's
 # instructions under callgrind, in .ci/run), Node.js (20 or newer) and npm, which run the npm clients of
-# tests/clients. Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on a free port)
-# and sshd (own config on a loopback port).
+# tests/clients, iproute2 and util-linux's unshare/nsenter (tests/hosts: several hosts on this machine, each a
+# network and PID namespace). Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on
+# a free port) and sshd (own config on a loopback port).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
+command -v ip >/dev/null 2>&1 || [ -x /usr/sbin/ip ] || need+=(iproute2)
+{ command -v unshare && command -v nsenter; } >/dev/null 2>&1 || need+=(util-linux)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 [ -x /usr/bin/chromium ] || need+=(chromium)

@@ -53,7 +53,8 @@ from llmgw.core.errors import ConfigInvalidError
 from llmgw.core.secret_bindings import reserved_names
 from llmgw.core.security import node_token, router_token
 from llmgw.core.words import short
-from llmgw.store.records import Revision
+from llmgw.store.errors import LeaseFenced
+from llmgw.store.records import Fence, Revision
 from llmgw.store.store import Store
 
 if TYPE_CHECKING:
@@ -152,6 +153,15 @@ class Controller:
     def leading(self) -> bool:
         """Whether this controller may place, stop and command agents now (see llmgw.controller.lease)."""
         return self.lease is None or self.lease.leading()
+
+    def fence(self) -> Fence | None:
+        """What a leader-only store write carries (None without ha: nobody else can lead)."""
+        return self.lease.fence() if self.lease is not None else None
+
+    def fenced_out(self, exc: LeaseFenced) -> None:
+        """The store refused a leader-only write: this controller was deposed; it stops leading now."""
+        if self.lease is not None:
+            self.lease.deposed(str(exc))
 
     def leadership(self) -> dict[str, object]:
         """For status: the role and who leads (one controller without ha always leads)."""

@@ -27,7 +27,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from llmgw.core.security import bearer_token
-from llmgw.store.records import LeaseResult
+from llmgw.store.records import Fence, LeaseResult
 from llmgw.store.store import Store
 
 __all__ = [
@@ -78,6 +78,7 @@ class Leadership:
     valid_until: float = 0.0  # only meaningful while role == "leader"
     since: float = 0.0  # monotonic time the role last changed
     error: str | None = None  # the last store error, while it lasts
+    epoch: int = 0  # the lease's epoch as this controller won it (its writes are fenced by it)
 
     @property
     def leading(self) -> bool:
@@ -116,8 +117,15 @@ def decide(
             start = now if sent_at is None else sent_at
             until = start + cfg.ttl_s - cfg.margin_s
             since = prev.since if prev.leading else now
+            epoch = result.current.epoch if result.current is not None else prev.epoch
             return replace(
-                prev, role="leader", leader=prev.holder, valid_until=until, since=since, error=None
+                prev,
+                role="leader",
+                leader=prev.holder,
+                valid_until=until,
+                since=since,
+                error=None,
+                epoch=epoch,
             )
         holder = result.current.holder if result.current is not None else None
         since = now if prev.leading else prev.since
@@ -175,6 +183,17 @@ class LeaderLease:
     def leading(self) -> bool:
         """True only while this process holds an unexpired claim (checked against the clock, not the loop)."""
         return self.state.leading and self.clock() < self.state.valid_until
+
+    def fence(self) -> Fence:
+        """What this controller's leader-only writes carry: the store refuses them once the lease changed
+        hands (a controller deposed by a partition cannot act when it heals)."""
+        return Fence(self.cfg.name, self.holder, self.state.epoch)
+
+    def deposed(self, why: str) -> None:
+        """The store refused a write as fenced: someone else holds the lease now; stand by at once."""
+        if self.state.leading:
+            log.warning("lease %s: %s", self.cfg.name, why)
+            self._set(replace(self.state, role="standby", leader=None, valid_until=0.0, since=self.clock()))
 
     def refusal(self) -> str | None:
         """Why an agent is refused here (None while leading): the protocol's standby message."""
@@ -263,6 +282,7 @@ class LeaderLease:
             "leader_address": leader_address(s.holder if leading else s.leader),
             "lease": self.cfg.name,
             "ttl_s": self.cfg.ttl_s,
+            "epoch": s.epoch if leading else None,
             "valid_for_s": round(max(0.0, s.valid_until - self.clock()), 3) if leading else None,
             "store_error": s.error,
         }

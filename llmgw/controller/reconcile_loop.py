@@ -57,6 +57,7 @@ from llmgw.core.reconcile import (
 )
 from llmgw.core.secret_bindings import source_use
 from llmgw.core.security import engine_key
+from llmgw.store.errors import LeaseFenced
 from llmgw.store.records import ReplicaRecord
 
 log = logging.getLogger("llmgw.controller.reconcile")
@@ -562,7 +563,9 @@ class Reconciler:
             if link is not None:
                 link.shards.pop(f"{rec.id}-{shard.rank}", None)
         try:
-            await c.store.delete_replica(rec.id)
+            await c.store.delete_replica(rec.id, fence=c.fence())
+        except LeaseFenced as exc:
+            c.fenced_out(exc)
         except Exception as exc:
             log.warning("could not delete replica %s from the store: %s", rec.id, exc)
 
@@ -573,7 +576,9 @@ class Reconciler:
         that replica again: its profile, age and part in a roll (what it replaces, a restart asked) as the
         last leader wrote them, and the fingerprint the agent says it runs; so a controller restart changes
         nothing a commit asked for, and a stale one is rolled like any other. `adopted` only says that this
-        controller did not start it (its load time is unknown)."""
+        controller did not start it (its load time is unknown). Replicas the node ran that its agent no longer
+        reports: failed now (`_vanished`)."""
+        self._vanished(link, register)
         c = self.c
         for shard in register.shards:
             if shard.state not in ADOPTABLE:
@@ -607,6 +612,23 @@ class Reconciler:
             self.background.spawn(
                 c.event("replica_adopted", rec.id, f"found running on {link.name} (pid {shard.pid}; {where})")
             )
+
+    def _vanished(self, link: NodeLink, register: Register) -> None:
+        """A replica that ran on this node (seen ready, or adopted from it) and that its agent, registering
+        again, does not report: its engine died with the agent (the host rebooted, the agent's state was lost).
+        It is failed at once, and replaced like any failed replica, instead of waiting out the grace a start
+        not yet reported gets (a minute and more)."""
+        c = self.c
+        reported = {s.shard_id for s in register.shards}
+        for rec in list(c.replicas.values()):
+            if rec.stopping or rec.error or (rec.ready_since is None and not rec.adopted):
+                continue
+            gone = [s for s in rec.shards if s.node == link.name and f"{rec.id}-{s.rank}" not in reported]
+            if not gone:
+                continue
+            rec.error = f"gone from {link.name}: its agent registered again without it (the host restarted?)"
+            log.warning("replica %s %s", rec.id, rec.error)
+            self.background.spawn(c.event("replica_vanished", rec.id, rec.error))
 
     def _profile_by_fingerprint(self, model: str, fingerprint: str) -> str:
         d = self.c.desired
@@ -650,9 +672,12 @@ class Reconciler:
                     c.wall(),
                     replaces=rec.replaces,
                     restart_asked=rec.restart,
-                )
+                ),
+                fence=c.fence(),
             )
             c.worker_state.stored_states[rec.id] = (state, rec.restart)
+        except LeaseFenced as exc:
+            c.fenced_out(exc)
         except Exception as exc:
             log.warning("could not record replica %s in the store: %s", rec.id, exc)
 

@@ -1,13 +1,14 @@
 """The llmgw store: SQLite by default, PostgreSQL by DSN; one set of queries, versioned migrations."""
 
 from llmgw.store.db import DEFAULT_DSN, DEFAULT_STATE_DIR, Dsn, parse_dsn
-from llmgw.store.errors import StoreError, StoreUnavailable
+from llmgw.store.errors import LeaseFenced, StoreError, StoreUnavailable
 from llmgw.store.records import (
     USAGE_GROUPS,
     ApiKey,
     AuditEntry,
     Delivery,
     Event,
+    Fence,
     KeyLookup,
     KeyState,
     Lease,
@@ -33,9 +34,11 @@ __all__ = [
     "Delivery",
     "Dsn",
     "Event",
+    "Fence",
     "KeyLookup",
     "KeyState",
     "Lease",
+    "LeaseFenced",
     "LeaseResult",
     "NodeRecord",
     "ReplicaRecord",

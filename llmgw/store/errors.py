@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llmgw.core.errors import LlmgwError, TransientError
 
-__all__ = ["StoreError", "StoreUnavailable"]
+__all__ = ["LeaseFenced", "StoreError", "StoreUnavailable"]
 
 
 class StoreError(LlmgwError):
@@ -14,3 +14,8 @@ class StoreError(LlmgwError):
 
 class StoreUnavailable(StoreError, TransientError):
     """The database could not be reached or did not answer; the operation may be retried."""
+
+
+class LeaseFenced(StoreError):
+    """A write only a lease's holder may make came with a holder or epoch the lease no longer has: the writer
+    was deposed (its claim ran out and another took the lease) and must stop acting."""

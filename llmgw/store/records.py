@@ -203,6 +203,17 @@ class Lease:
     name: str
     holder: str
     expires_at: float
+    epoch: int = 0  # raised each time the lease changes hands (0: a row from before epochs)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """What a leader's write carries: the lease it acts under, as it won it. The store refuses the write
+    (`LeaseFenced`) unless the lease still has this holder at this epoch."""
+
+    name: str
+    holder: str
+    epoch: int
 
 
 @dataclass(frozen=True)

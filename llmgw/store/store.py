@@ -13,8 +13,8 @@ from typing import Any
 
 from llmgw.store.capacity import CapacityQueries
 from llmgw.store.content import ContentQueries
-from llmgw.store.db import Backend, Dsn, Row, open_backend
-from llmgw.store.errors import StoreError
+from llmgw.store.db import Backend, Dsn, Row, Tx, open_backend
+from llmgw.store.errors import LeaseFenced, StoreError
 from llmgw.store.intent import IntentQueries
 from llmgw.store.migrate import current_version, migrate
 from llmgw.store.oplog import OpLogQueries
@@ -22,6 +22,7 @@ from llmgw.store.records import (
     USAGE_GROUPS,
     ApiKey,
     Event,
+    Fence,
     KeyLookup,
     Lease,
     LeaseResult,
@@ -235,8 +236,11 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
 
     # ------------------------------------------------------------------------------------ replicas
 
-    async def upsert_replica(self, replica: ReplicaRecord) -> None:
+    async def upsert_replica(self, replica: ReplicaRecord, fence: Fence | None = None) -> None:
+        """Write `replica`; with `fence`, only while that lease still has that holder and epoch (`LeaseFenced`
+        otherwise), checked in the same transaction."""
         async with self.db.tx() as tx:
+            await _check_fence(tx, fence)
             await tx.execute(
                 "INSERT INTO replicas (id, model, profile, nodes, state, fingerprint, created_at, updated_at, "
                 "replaces, restart_asked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
@@ -271,8 +275,9 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
             for r in rows
         ]
 
-    async def delete_replica(self, replica_id: str) -> bool:
+    async def delete_replica(self, replica_id: str, fence: Fence | None = None) -> bool:
         async with self.db.tx() as tx:
+            await _check_fence(tx, fence)
             return await tx.execute("DELETE FROM replicas WHERE id = ?", (replica_id,)) > 0
 
     # ------------------------------------------------------------------------------------ events
@@ -587,18 +592,21 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
 
     async def acquire_lease(self, name: str, holder: str, ttl: float, now: float) -> LeaseResult:
         """Take or renew `name` for `holder` until now+ttl, in one statement: it succeeds when the lease is
-        free, expired, or already this holder's. Otherwise the current holder is returned, unchanged."""
+        free, expired, or already this holder's. Otherwise the current holder is returned, unchanged. The epoch
+        is raised by one when the lease changes hands, kept on a renewal (writes are fenced by it)."""
         async with self.db.tx() as tx:
             rows = await tx.fetch(
-                "INSERT INTO leases (name, holder, expires_at) VALUES (?, ?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at "
-                "WHERE leases.expires_at <= ? OR leases.holder = excluded.holder RETURNING holder, expires_at",
+                "INSERT INTO leases (name, holder, expires_at, epoch) VALUES (?, ?, ?, 1) "
+                "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at, "
+                "epoch = CASE WHEN leases.holder = excluded.holder THEN leases.epoch ELSE leases.epoch + 1 END "
+                "WHERE leases.expires_at <= ? OR leases.holder = excluded.holder "
+                "RETURNING holder, expires_at, epoch",
                 (name, holder, now + ttl, now),
             )
             if rows:
-                return LeaseResult(True, Lease(name, str(rows[0][0]), float(rows[0][1])))
-            current = await tx.fetch("SELECT holder, expires_at FROM leases WHERE name = ?", (name,))
-        lease = Lease(name, str(current[0][0]), float(current[0][1])) if current else None
+                return LeaseResult(True, Lease(name, str(rows[0][0]), float(rows[0][1]), int(rows[0][2])))
+            current = await tx.fetch("SELECT holder, expires_at, epoch FROM leases WHERE name = ?", (name,))
+        lease = Lease(name, str(current[0][0]), float(current[0][1]), int(current[0][2])) if current else None
         return LeaseResult(False, lease)
 
     async def release_lease(self, name: str, holder: str) -> bool:
@@ -607,5 +615,25 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
 
     async def get_lease(self, name: str) -> Lease | None:
         async with self.db.tx() as tx:
-            rows = await tx.fetch("SELECT holder, expires_at FROM leases WHERE name = ?", (name,))
-        return Lease(name, str(rows[0][0]), float(rows[0][1])) if rows else None
+            rows = await tx.fetch("SELECT holder, expires_at, epoch FROM leases WHERE name = ?", (name,))
+        return Lease(name, str(rows[0][0]), float(rows[0][1]), int(rows[0][2])) if rows else None
+
+
+async def _check_fence(tx: Tx, fence: Fence | None) -> None:
+    """Refuse (LeaseFenced) when `fence` names a holder or epoch the lease no longer has. The check is a no-op
+    update, so on PostgreSQL it locks the lease's row until the transaction ends: a takeover cannot slip between
+    the check and the write (SQLite's transactions take the write lock up front)."""
+    if fence is None:
+        return
+    held = await tx.execute(
+        "UPDATE leases SET epoch = epoch WHERE name = ? AND holder = ? AND epoch = ?",
+        (fence.name, fence.holder, fence.epoch),
+    )
+    if held:
+        return
+    rows = await tx.fetch("SELECT holder, epoch FROM leases WHERE name = ?", (fence.name,))
+    now = f"held by {rows[0][0]} at epoch {rows[0][1]}" if rows else "held by nobody"
+    raise LeaseFenced(
+        f"lease {fence.name} is {now}, not by {fence.holder} at epoch {fence.epoch}: "
+        "a deposed leader's write is refused"
+    )

@@ -40,6 +40,7 @@ class Forge:
     got: list[dict[str, Any]] = field(default_factory=list)
     base: str = ""
     runner: web.AppRunner | None = None
+    host: str = "127.0.0.1"  # where it listens (tests/hosts: the lab's address of the test process)
 
     async def handle(self, request: web.Request) -> web.Response:
         status = self.script[min(len(self.got), len(self.script) - 1)]
@@ -62,9 +63,9 @@ class Forge:
         app.router.add_post("/api/v1/repos/{owner}/{repo}/statuses/{sha}", self.handle)
         self.runner = web.AppRunner(app, access_log=None)
         await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        site = web.TCPSite(self.runner, self.host, 0)
         await site.start()
-        self.base = f"http://127.0.0.1:{self.runner.addresses[0][1]}/api/v1/repos/acme/cluster"
+        self.base = f"http://{self.host}:{self.runner.addresses[0][1]}/api/v1/repos/acme/cluster"
 
 
 @pytest.fixture

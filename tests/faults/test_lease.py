@@ -18,7 +18,7 @@ from llmgw.controller.lease import (
     decide,
     leader_address,
 )
-from llmgw.store import Lease, LeaseResult, Store
+from llmgw.store import Lease, LeaseFenced, LeaseResult, ReplicaRecord, Store
 
 CFG = LeaseConfig(ttl_s=15.0, renew_s=3.0, margin_s=3.0)
 
@@ -46,6 +46,30 @@ def test_someone_else_holding_makes_standby_naming_them() -> None:
     leader = Leadership(role="leader", holder="me@a", leader="me@a", valid_until=200.0)
     s = decide(leader, now=150.0, cfg=CFG, result=LeaseResult(False, Lease("l", "other@b", 160.0)))
     assert not s.leading and s.leader == "other@b" and s.since == 150.0
+
+
+async def test_the_leader_fences_its_writes_with_the_epoch_it_won_and_stands_by_when_refused(
+    tmp_path: Path,
+) -> None:
+    """Two leases on one store: b takes over from a whose claim ran out; a's fence (holder, epoch 1) is refused
+    by the store, and a refused write makes a stand by at once, before its own loop would notice."""
+    store = await Store.open(f"sqlite:///{tmp_path / 'lease.db'}")
+    try:
+        clock, wall = Clock(), Clock(5000.0)
+        cfg = LeaseConfig(ttl_s=3.0, renew_s=0.5, margin_s=0.5)
+        a = LeaderLease(store, "a", cfg, wall=wall, clock=clock)
+        b = LeaderLease(store, "b", cfg, wall=wall, clock=clock)
+        assert (await a.attempt()).leading and a.fence().epoch == 1
+        assert not (await b.attempt()).leading
+        wall.t += 3.0  # a's claim ran out in the store (a, partitioned, has not looked yet)
+        assert (await b.attempt()).leading and b.fence().epoch == 2
+        assert a.leading(), "a's own validity has not ended on its clock: only the store can stop it now"
+        with pytest.raises(LeaseFenced, match=r"not by .*a at epoch 1"):
+            await store.upsert_replica(ReplicaRecord("r", "m", "p", ("n",), "x", "f", 1, 1), fence=a.fence())
+        a.deposed("the store refused a write")
+        assert not a.leading() and a.status()["epoch"] is None and b.status()["epoch"] == 2
+    finally:
+        await store.close()
 
 
 def test_store_error_keeps_a_valid_claim_then_steps_down() -> None:

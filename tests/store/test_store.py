@@ -11,6 +11,8 @@ import pytest
 from llmgw.store import (
     TABLES,
     ApiKey,
+    Fence,
+    LeaseFenced,
     ReplicaRecord,
     Revision,
     Store,
@@ -244,6 +246,38 @@ async def test_lease_held_by_one_until_expiry(store: Store) -> None:
     assert not await store.release_lease("leader", "a")
     assert await store.release_lease("leader", "b")
     assert await store.get_lease("leader") is None
+
+
+async def test_a_deposed_leaders_write_is_refused_by_the_lease_epoch(store: Store) -> None:
+    """Fencing: the epoch rises when the lease changes hands, not on a renewal; a replica write carrying a
+    holder and epoch the lease no longer has is refused (and writes nothing), the current holder's goes in."""
+    a = (await store.acquire_lease("leader", "a", ttl=10.0, now=100.0)).current
+    assert a is not None and a.epoch == 1
+    renewed = (await store.acquire_lease("leader", "a", ttl=10.0, now=105.0)).current
+    assert renewed is not None and renewed.epoch == 1
+    a_fence = Fence("leader", "a", a.epoch)
+    await store.upsert_replica(_replica("r1", "a's"), fence=a_fence)
+    b = (
+        await store.acquire_lease("leader", "b", ttl=10.0, now=116.0)
+    ).current  # a's claim ran out: b takes it
+    assert b is not None and b.holder == "b" and b.epoch == 2
+    with pytest.raises(LeaseFenced, match="held by b at epoch 2, not by a at epoch 1"):
+        await store.upsert_replica(_replica("r1", "deposed a's"), fence=a_fence)
+    with pytest.raises(LeaseFenced):
+        await store.delete_replica("r1", fence=a_fence)
+    assert [r.state for r in await store.list_replicas()] == ["a's"]
+    await store.upsert_replica(_replica("r1", "b's"), fence=Fence("leader", "b", 2))
+    assert await store.delete_replica("r1", fence=Fence("leader", "b", 2))
+    # A stale epoch is refused even for the same holder name, and a released lease fences everyone.
+    with pytest.raises(LeaseFenced):
+        await store.upsert_replica(_replica("r2", "x"), fence=Fence("leader", "b", 1))
+    assert await store.release_lease("leader", "b")
+    with pytest.raises(LeaseFenced, match="held by nobody"):
+        await store.upsert_replica(_replica("r2", "x"), fence=Fence("leader", "b", 2))
+
+
+def _replica(rid: str, state: str) -> ReplicaRecord:
+    return ReplicaRecord(rid, "m", "p", ("n1",), state, "fp", 1.0, 1.0)
 
 
 def test_parse_dsn() -> None:

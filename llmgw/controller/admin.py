@@ -23,16 +23,7 @@ from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
 from llmgw.controller import (
-    admin_evals,
-    admin_fleet,
-    admin_ops,
-    admin_requests,
     applied_files,
-    capacity_admin,
-    doctor,
-    logs_admin,
-    prom_sd,
-    usage_summary_admin,
     views,
     weights_admin,
 )
@@ -41,10 +32,8 @@ from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.hub import AgentError
 from llmgw.controller.publisher import (
-    node_credential,
     note_demand,
     note_usage,
-    router_credential,
     token_ok,
 )
 from llmgw.core import jsonsafe, placement
@@ -88,7 +77,7 @@ def _caller(request: web.Request, need: Scope) -> tuple[Controller, Principal]:
     return c, principal
 
 
-def _scoped(need: Scope, handler: Handler) -> Handler:
+def scoped(need: Scope, handler: Handler) -> Handler:
     """`handler` behind the check that the caller's token has scope `need` (the route table's)."""
 
     async def checked(request: web.Request) -> web.StreamResponse:
@@ -548,63 +537,3 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except Exception:
         log.exception("admin request %s %s failed", request.method, request.path)
         return _error(500, "internal error in the controller (its log has the details)")
-
-
-# Every admin endpoint and the scope it needs; None: authenticated otherwise (the webhook carries no trust,
-# demand and usage-seen take a router's token). A test checks that every route is in this table.
-ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
-    ("GET", "/api/v1/status", status, "plan"),
-    ("GET", "/api/v1/nodes", nodes, "plan"),
-    ("GET", "/api/v1/replicas", replicas, "plan"),
-    # Engine output can carry what clients sent (prompts): the whole stream needs an admin-scope token.
-    ("GET", "/api/v1/nodes/{node}/logs", logs_admin.node_logs, "admin"),
-    ("GET", "/api/v1/replicas/{replica_id}/logs", logs_admin.replica_logs, "admin"),
-    ("GET", "/api/v1/models", models, "plan"),
-    ("GET", "/api/v1/explain/{model}", explain, "plan"),
-    ("GET", "/api/v1/state", state, "plan"),
-    ("GET", "/api/v1/weights", weights_list, "plan"),
-    ("POST", "/api/v1/weights/collect", weights_collect, "apply"),
-    ("GET", "/api/v1/events", events, "plan"),
-    ("POST", "/api/v1/apply", apply, "apply"),
-    ("POST", "/api/v1/restart", admin_fleet.restart, "apply"),
-    ("POST", "/api/v1/evals/run", admin_evals.eval_run, "apply"),
-    ("POST", "/api/v1/models/{model}/check", admin_evals.model_check, "apply"),
-    ("GET", "/api/v1/model-checks", admin_evals.model_checks, "plan"),
-    ("POST", "/api/v1/nodes/{node}/drain", admin_fleet.drain, "apply"),
-    ("POST", "/api/v1/nodes/{node}/uncordon", admin_fleet.uncordon, "apply"),
-    ("GET", "/api/v1/keys", keys_list, "admin"),
-    ("POST", "/api/v1/keys", keys_create, "admin"),
-    ("POST", "/api/v1/keys/{key_id}/revoke", keys_revoke, "admin"),
-    ("GET", "/api/v1/audit", admin_ops.audit, "plan"),
-    # admin, not plan: usage and tags say who used what (a `user` tag is a person), and a plan token is one a
-    # pull request's job holds.
-    ("GET", "/api/v1/requests/{request_id}", admin_requests.request_lookup, "admin"),
-    ("GET", "/api/v1/usage", admin_requests.usage_totals, "admin"),
-    # plan, not admin: totals per project, model and tenant only (no key, tag or request), what a plan shows.
-    ("GET", "/api/v1/usage/summary", usage_summary_admin.usage_summary, "plan"),
-    ("GET", "/api/v1/notifications", admin_ops.notifications, "plan"),
-    ("GET", "/api/v1/prometheus/targets", prom_sd.prometheus_targets, "plan"),
-    ("GET", "/api/v1/doctor", doctor.controller_doctor, "plan"),
-    ("POST", "/api/v1/nodes/{node}/doctor", doctor.node_doctor, "plan"),
-    ("POST", "/api/v1/upgrade", upgrade, "admin"),
-    ("GET", "/api/v1/capacity", capacity_admin.capacity_list, "plan"),
-    ("POST", "/api/v1/capacity", capacity_admin.capacity_save, "admin"),
-    ("GET", "/api/v1/bench/{model}", capacity_admin.bench_target, "admin"),
-    # A router's token opens every engine key, a node's its hub session: the operators' scope, as the scope
-    # table says (`admin` may do everything), each issue audited with the token's name.
-    ("GET", "/api/v1/credentials/router", router_credential, "admin"),
-    ("GET", "/api/v1/credentials/node/{node}", node_credential, "admin"),
-    ("POST", "/api/v1/webhook", webhook, None),
-    ("POST", "/api/v1/demand/{model}", demand, None),
-    ("POST", "/api/v1/usage-seen", usage_seen, None),
-)
-
-
-def add_routes(app: web.Application) -> None:
-    app.middlewares.append(json_errors)
-    for method, path, handler, scope in ROUTES:
-        checked = handler if scope is None else _scoped(scope, handler)
-        # every change an admin token makes, and every credential it is handed
-        if scope is not None and (method not in ("GET", "HEAD") or path in admin_ops.AUDITED_READS):
-            checked = admin_ops.audited(admin_ops.action_of(method, path), checked)
-        app.router.add_route(method, path, checked)

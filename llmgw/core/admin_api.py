@@ -1,0 +1,359 @@
+"""The admin API's bodies and answers as pydantic models: what the route table (llmgw.controller.admin_routes)
+declares each endpoint reads and answers with, what docs/admin-openapi.json is generated from, and what a
+client (the CLI, the console) validates an answer against.
+
+Answers allow fields beyond the ones named (`extra="allow"`): a newer controller may add one, and an older
+client must keep reading the rest. Nested records that are still plain dicts in the handlers are `JsonObject`
+here: the document says "an object" for them, no more (docs/controller.md, The admin API's document).
+Requests are strict where the handler is: an unknown field in a body the handler validates is refused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+JsonObject = dict[str, Any]
+
+
+class Answer(BaseModel):
+    """An answer of the admin API: the fields named, and any a newer controller adds."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Body(BaseModel):
+    """A request body of the admin API."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(Answer):
+    message: str = Field(description="What went wrong and what would be right")
+
+
+class ErrorAnswer(Answer):
+    """Every error of the admin API: `{"error": {"message": ...}}`, sometimes with more beside the message."""
+
+    error: ErrorDetail
+
+
+# ------------------------------------------------------------------------------------------------ reads
+
+
+class StatusAnswer(Answer):
+    applied: JsonObject | None = Field(description="The revision in force; null before the first")
+    seen: JsonObject | None
+    polled: JsonObject | None
+    sync: str = Field(description="Synced, OutOfSync or Unknown")
+    leadership: JsonObject
+    source_error: str | None
+    refused: JsonObject | None = Field(description="The last revision refused, with its errors")
+    models: list[JsonObject]
+    nodes: JsonObject
+    replicas: int = Field(ge=0)
+
+
+class NodesAnswer(Answer):
+    nodes: list[JsonObject]
+
+
+class ReplicaView(Answer):
+    id: str
+    model: str
+    profile: str
+    nodes: list[str]
+    state: str
+    last_output_lines: list[str] | None = Field(
+        description="The engine's output tail, for an admin-scope token only; null: not shown"
+    )
+
+
+class ReplicasAnswer(Answer):
+    replicas: list[ReplicaView]
+
+
+class LogsPage(Answer):
+    lines: list[JsonObject]
+    next_cursor: str = Field(description="Pass back as cursor= for the lines after these")
+    more: bool
+    missed: int
+    unavailable: dict[str, str] = Field(description="Node -> why it did not answer")
+
+
+class ModelsAnswer(Answer):
+    models: list[JsonObject]
+
+
+class ExplainAnswer(Answer):
+    model: str
+    health: JsonObject
+    problem: str | None
+    would_place: JsonObject | None
+    profiles: list[JsonObject]
+
+
+class WeightsAnswer(Answer):
+    nodes: list[JsonObject]
+
+
+class WeightsCollectBody(Body):
+    dry_run: bool = Field(True, description="Only list what would be removed")
+    node: str | None = Field(None, description="One node; all nodes when left out")
+
+
+class WeightsCollected(Answer):
+    dry_run: bool
+    nodes: list[JsonObject]
+
+
+class EventView(Answer):
+    time: float
+    kind: str
+    object: str
+    message: str
+
+
+class EventsAnswer(Answer):
+    events: list[EventView]
+
+
+# ------------------------------------------------------------------------------------------------ changes
+
+
+class ApplyBody(Body):
+    """Exactly one of `path` and `files`."""
+
+    path: str | None = Field(None, description="A directory the controller may read (its repo, apply_paths)")
+    files: dict[str, str] | None = Field(None, description="Relative path -> YAML text")
+    force: bool = Field(False, description="Apply even what a check would refuse")
+    actor: str | None = Field(None, description="Who asks, in the client's words (a CI run); recorded")
+    revision: str | None = Field(None, description="The git commit these files are, when they are one")
+    source: str | None = Field(None, description="Where the files came from, in words")
+
+
+class ApplyAnswer(Answer):
+    result: str
+    revision: str
+    actor: str
+    asked_revision: str | None = None
+    errors: list[str] | None = Field(None, description="Why the revision was refused (422 only)")
+
+
+class RestartBody(Body):
+    target: str = Field(min_length=1, description="A model or a replica id")
+    max_surge: int | None = Field(None, ge=0)
+    max_unavailable: int | None = Field(None, ge=0)
+
+
+class RestartAnswer(Answer):
+    model: str
+    replicas: list[str]
+    max_surge: int
+    max_unavailable: int
+
+
+class EvalRunBody(Body):
+    suite: str
+    model: str
+    replica: str | None = None
+
+
+class EvalRunAnswer(Answer):
+    model: str
+    replica: str
+
+
+class ModelCheckBody(Body):
+    replica: str | None = None
+
+
+class ModelCheckVerdict(Answer):
+    model: str
+    engine: str
+    engine_version: str
+    replica: str
+    at: float
+    passed: bool
+    probes: list[JsonObject]
+
+
+class ModelChecksAnswer(Answer):
+    checks: list[ModelCheckVerdict]
+
+
+class DrainAnswer(Answer):
+    node: str
+    drained: bool
+    moving: list[str]
+
+
+class UncordonAnswer(Answer):
+    node: str
+    was_drained: bool
+    cordoned_in_repo: bool
+
+
+# ------------------------------------------------------------------------------------------------ keys
+
+
+class KeyView(Answer):
+    id: str
+    prefix: str
+    project: str
+    name: str
+    state: str
+    created_at: float
+    expires_at: float | None
+    revoked_at: float | None
+    last_used_at: float | None
+
+
+class KeysAnswer(Answer):
+    keys: list[KeyView]
+
+
+class KeyCreateBody(Body):
+    project: str = Field(min_length=1, description="The project the key spends against")
+    name: str | None = Field(None, description="A label")
+    expires_in_s: float | None = Field(
+        None, gt=0, description="Seconds until it expires; never when left out"
+    )
+
+
+class KeyCreated(KeyView):
+    key: str = Field(description="The key itself, shown this once (the store keeps its hash)")
+
+
+class KeyRevoked(Answer):
+    revoked: str
+
+
+# ------------------------------------------------------------------------------------------------ records
+
+
+class AuditEntryView(Answer):
+    id: int
+    time: float
+    actor: str
+    actor_detail: str
+    action: str
+    object: str
+    outcome: str
+    reason: str
+    via: str
+
+
+class AuditAnswer(Answer):
+    entries: list[AuditEntryView]
+    unwritten: int = Field(ge=0, description="Entries not yet in the store")
+
+
+class RequestsAnswer(Answer):
+    requests: list[JsonObject]
+
+
+class UsageTotalView(Answer):
+    group: str | None = Field(description="null: no such group (no key, no such tag)")
+    requests: int
+    errors: int
+    tokens_in: int
+    tokens_out: int
+    cost: float
+    avg_latency_ms: float | None
+
+
+class UsageAnswer(Answer):
+    by: str
+    totals: list[UsageTotalView]
+
+
+class DeliveriesAnswer(Answer):
+    deliveries: list[JsonObject]
+    waiting: int
+    dead: int
+
+
+class TargetGroup(Answer):
+    targets: list[str]
+    labels: dict[str, str]
+
+
+class TargetGroups(RootModel[list[TargetGroup]]):
+    """Prometheus http_sd: a list of target groups."""
+
+
+class DoctorAnswer(Answer):
+    subject: str
+    status: Literal["ok", "warn", "fail"]
+    checks: list[JsonObject]
+
+
+class UpgradeBody(Body):
+    nodes: list[str] | None = Field(None, description="The nodes; every managed node when left out")
+    parallel: int = Field(1, ge=1)
+    wheelhouse: str | None = Field(None, description="An absolute directory on the controller's machine")
+    timeout_s: float | None = Field(None, gt=0, le=3600)
+
+
+class UpgradeAnswer(Answer):
+    ok: bool
+    agent_version: str
+    wheelhouse: str
+    nodes: list[JsonObject]
+
+
+class CapacityAnswer(Answer):
+    capacity: list[JsonObject]
+
+
+class CapacitySaved(Answer):
+    saved: JsonObject
+
+
+class BenchTarget(Answer):
+    model: str
+    replica: str
+    profile: str
+    gpu_class: str | None
+    engine: str
+    base_url: str
+    api_key: str
+    objective_ms: float | None
+    load_s: float | None
+
+
+class RouterCredential(Answer):
+    token: str
+
+
+class NodeCredential(Answer):
+    node: str
+    token: str
+
+
+# ------------------------------------------------------------------------------------------------ routers
+
+
+class PollAsked(Answer):
+    polling: bool
+
+
+class DemandNoted(Answer):
+    model: str
+    health: JsonObject
+
+
+class UsageSeenBody(Body):
+    models: list[str] | dict[str, int] = Field(description="Model names used, or name -> count")
+
+
+class UsageSeenAnswer(Answer):
+    known: int = Field(ge=0, description="How many of them the applied revision has")
+
+
+class OpenApiDocument(Answer):
+    openapi: str
+    info: JsonObject
+    paths: JsonObject

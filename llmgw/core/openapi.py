@@ -75,7 +75,9 @@ def _schemas(
             wanted[(e.body, "validation")] = None
         for model in e.answers.values():
             wanted[(model, "serialization")] = None
-    refs, defs = models_json_schema(list(wanted), ref_template=REF)
+    # By field name, not alias: the handlers answer with model_dump(mode="json"), which writes `model_class`
+    # where a repo's YAML says `class` (the config models take both). No body model has an alias.
+    refs, defs = models_json_schema(list(wanted), by_alias=False, ref_template=REF)
     by_model: dict[tuple[type[BaseModel], str], JsonObject] = {}
     for (kind, mode), ref in refs.items():
         if isinstance(kind, type) and issubclass(kind, BaseModel):

@@ -234,7 +234,7 @@ class KeyRevoked(Answer):
 
 
 class AuditEntryView(Answer):
-    id: int
+    id: str = Field(description="aud_ and 32 hex digits")
     time: float
     actor: str
     actor_detail: str

@@ -23,6 +23,7 @@ from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
 from llmgw.controller import (
+    admin_ops,
     applied_files,
     views,
     weights_admin,
@@ -223,10 +224,9 @@ async def state(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.Response:
     """Recent events, newest first: from the store (they survive a restart), else from memory."""
     c = _admin(request)
-    try:
-        limit = max(1, min(1000, int(request.query.get("limit", "100"))))
-    except ValueError:
-        return _error(400, "limit must be a whole number between 1 and 1000")
+    limit = admin_ops.whole_number(request.query.get("limit", "100"), 1, admin_ops.LIST_MAX)
+    if limit is None:
+        return _error(400, f"limit must be a whole number from 1 to {admin_ops.LIST_MAX}")
     try:
         stored = await c.store.recent_events(limit=limit)
         stored.sort(key=lambda e: -e.time)

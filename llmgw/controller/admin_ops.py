@@ -135,14 +135,24 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-def _limit(request: web.Request) -> int:
+def whole_number(text: str, low: int, high: int) -> int | None:
+    """`text` as a whole number from `low` to `high`, else None: a query's limit out of range is refused, never
+    quietly clamped (the caller would take a short list for all there is)."""
     try:
-        return max(1, min(LIST_MAX, int(request.query.get("limit", "200"))))
-    except ValueError as exc:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if low <= value <= high else None
+
+
+def _limit(request: web.Request) -> int:
+    limit = whole_number(request.query.get("limit", "200"), 1, LIST_MAX)
+    if limit is None:
         raise web.HTTPBadRequest(
             text=json.dumps({"error": {"message": f"limit must be a whole number from 1 to {LIST_MAX}"}}),
             content_type="application/json",
-        ) from exc
+        )
+    return limit
 
 
 def audit_json(e: AuditEntry) -> dict[str, Any]:

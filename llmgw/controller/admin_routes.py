@@ -33,6 +33,9 @@ from llmgw.core import admin_api as m
 from llmgw.core.fleet import LiveState
 from llmgw.core.openapi import Auth, Endpoint, Query, document
 from llmgw.core.usage_summary import UsageSummary
+from llmgw.core.words import DURATION_PATTERN
+from llmgw.store import USAGE_GROUPS
+from llmgw.store.records import TAG_GROUP_PREFIX
 
 __all__ = ["OPENAPI_PATH", "ROUTES", "Route", "add_routes", "openapi_document"]
 
@@ -45,12 +48,17 @@ BAD_BODY = "The body is not JSON of the shape the schema gives; the message says
 SINCE = Query("since", {"type": "number"}, "Seconds since the epoch: only what came after")
 LIMIT = Query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "At most this many")
 LOG_QUERY = (
-    Query("since", {"type": "string"}, "A duration: the lines of the last 10m are since=10m"),
+    Query(
+        "since",
+        {"type": "string", "pattern": DURATION_PATTERN},
+        "A duration: the lines of the last 10m are since=10m",
+    ),
     Query("grep", {"type": "string", "maxLength": 500}, "A regular expression the lines must match"),
     Query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "Lines at most (default 200)"),
     Query("cursor", {"type": "string"}, "next_cursor of the page before: the lines after it"),
     Query("follow", {"type": "boolean"}, "Stream new lines as NDJSON until the client goes"),
 )
+USAGE_BY_PATTERN = f"^({'|'.join(USAGE_GROUPS)}|{TAG_GROUP_PREFIX}.+)$"
 SCOPES: dict[Auth, Scope] = {"plan": "plan", "apply": "apply", "admin": "admin"}
 LOGS_ERRORS = {400: "A query parameter is wrong", 404: "No such target", 503: "No node answered"}
 
@@ -297,7 +305,7 @@ ROUTES: tuple[Route, ...] = (
         query=(
             Query(
                 "by",
-                {"type": "string", "default": "project"},
+                {"type": "string", "default": "project", "pattern": USAGE_BY_PATTERN},
                 "project, team, org, key, model, router or tag:KEY",
             ),
             SINCE,
@@ -312,7 +320,13 @@ ROUTES: tuple[Route, ...] = (
         usage_summary_admin.usage_summary,
         answers={200: UsageSummary},
         errors={400: "window is not a duration up to 90d", 503: STORE_DOWN},
-        query=(Query("window", {"type": "string", "default": "7d"}, "A duration, at most 90d"),),
+        query=(
+            Query(
+                "window",
+                {"type": "string", "default": "7d", "pattern": DURATION_PATTERN},
+                "A duration, at most 90d",
+            ),
+        ),
     ),
     _r(
         "GET",

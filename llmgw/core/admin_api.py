@@ -123,7 +123,17 @@ class EventsAnswer(Answer):
 
 
 class ApplyBody(Body):
-    """Exactly one of `path` and `files`."""
+    """`path` (a directory) or `files` (at least one): `path` wins when both are given."""
+
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["path"], "properties": {"path": {"type": "string"}}},
+                {"required": ["files"], "properties": {"files": {"type": "object", "minProperties": 1}}},
+            ]
+        },
+    )
 
     path: str | None = Field(None, description="A directory the controller may read (its repo, apply_paths)")
     files: dict[str, str] | None = Field(None, description="Relative path -> YAML text")

@@ -440,9 +440,14 @@ async def keys_create(request: web.Request) -> web.Response:
         return _error(400, 'body must be JSON: {"project": NAME, "name": LABEL, "expires_in_s": SECONDS}')
     if not isinstance(body, dict) or not isinstance(body.get("project"), str) or not body["project"]:
         return _error(400, 'give "project": the project the key spends against')
-    project, name = body["project"], str(body.get("name") or "")
+    project, name = body["project"], body.get("name")
+    if name is not None and not isinstance(name, str):
+        return _error(400, "name must be a string (a label for the key) or left out")
     expires = body.get("expires_in_s")
-    if expires is not None and (not isinstance(expires, int | float) or expires <= 0):
+    # bool is an int to Python, not a number to JSON: `true` is no number of seconds
+    if expires is not None and (
+        not isinstance(expires, int | float) or isinstance(expires, bool) or expires <= 0
+    ):
         return _error(400, "expires_in_s must be a positive number of seconds")
     d = c.desired
     known = sorted(d.catalog.projects) if d is not None else []
@@ -452,7 +457,7 @@ async def keys_create(request: web.Request) -> web.Response:
         )
     now = c.wall()
     try:
-        new = await keymod.create_key(c.store, project, now, name=name, expires_in=expires)
+        new = await keymod.create_key(c.store, project, now, name=name or "", expires_in=expires)
     except StoreError as exc:
         return _error(503, f"the store did not take the key: {exc}")
     request[AUDIT_OBJECT] = f"{new.key.id} (project {project})"

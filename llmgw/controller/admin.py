@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
@@ -38,6 +39,7 @@ from llmgw.controller.publisher import (
     token_ok,
 )
 from llmgw.core import jsonsafe, placement
+from llmgw.core.admin_api import UsageSeenBody
 from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
 from llmgw.store import ApiKey, StoreError
@@ -510,8 +512,13 @@ async def usage_seen(request: web.Request) -> web.Response:
         body = jsonsafe.loads(await request.read())
     except ValueError:
         return _error(400, 'body must be JSON: {"models": ["name", ...]}')
-    known = note_usage(c, body.get("models", []) if isinstance(body, dict) else [])
-    return web.json_response({"known": known})
+    try:
+        seen = UsageSeenBody.model_validate(body)
+    except ValidationError as exc:
+        return _error(
+            400, f'body must be {{"models": ["name", ...]}} or {{"models": {{"name": count}}}}: {exc}'
+        )
+    return web.json_response({"known": note_usage(c, seen.models)})
 
 
 @web.middleware

@@ -47,7 +47,8 @@ class Endpoint:
 
     `auth`: the token's scope (plan, apply, admin), `router` (a router's token or an admin one), or `none` (the
     webhook: it trusts nothing it is sent). `answers`: success status -> model; `errors`: status -> when.
-    `streams`: another media type the 200 may be (a followed log is NDJSON).
+    `streams`: another media type the 200 may be (a followed log is NDJSON). `body_optional`: no body is read as
+    the model's defaults.
     """
 
     method: str
@@ -59,6 +60,7 @@ class Endpoint:
     body: type[BaseModel] | None = None
     query: tuple[Query, ...] = ()
     streams: str | None = None
+    body_optional: bool = False
 
     @property
     def operation_id(self) -> str:
@@ -135,7 +137,7 @@ def _operation(e: Endpoint, refs: Mapping[tuple[type[BaseModel], str], JsonObjec
     if parameters:
         op["parameters"] = parameters
     if e.body is not None:
-        op["requestBody"] = {"required": True, "content": _json(refs[(e.body, "validation")])}
+        op["requestBody"] = {"required": not e.body_optional, "content": _json(refs[(e.body, "validation")])}
     op["responses"] = responses
     return op
 

@@ -513,7 +513,7 @@ async def usage_seen(request: web.Request) -> web.Response:
     except ValueError:
         return _error(400, 'body must be JSON: {"models": ["name", ...]}')
     try:
-        seen = UsageSeenBody.model_validate(body)
+        seen = UsageSeenBody.model_validate(body, strict=True)  # a count of false is no count
     except ValidationError as exc:
         return _error(
             400, f'body must be {{"models": ["name", ...]}} or {{"models": {{"name": count}}}}: {exc}'

@@ -189,7 +189,12 @@ def delivery_json(d: Delivery) -> dict[str, Any]:
 async def notifications(request: web.Request) -> web.Response:
     """`?dead=1`: only dead letters; `?dead=0`: only those waiting; neither: both, oldest first."""
     c = _checked(request)
-    dead = {"1": True, "true": True, "0": False, "false": False}.get(request.query.get("dead", "").lower())
+    asked = request.query.get("dead")
+    dead = None if asked is None else {"1": True, "true": True, "0": False, "false": False}.get(asked.lower())
+    if asked is not None and dead is None:
+        return _error(
+            400, f"dead={asked!r}: true (only dead letters), false (only those waiting) or left out"
+        )
     try:
         # Counts first: the list read after them is never older than they are (a delivery dying meanwhile
         # shows in the list, not only in the count).

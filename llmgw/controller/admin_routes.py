@@ -33,7 +33,7 @@ from llmgw.core import admin_api as m
 from llmgw.core.fleet import LiveState
 from llmgw.core.openapi import Auth, Endpoint, Query, document
 from llmgw.core.usage_summary import UsageSummary
-from llmgw.core.words import DURATION_PATTERN
+from llmgw.core.words import DURATION_OR_SECONDS_PATTERN, DURATION_PATTERN
 from llmgw.store import USAGE_GROUPS
 from llmgw.store.records import TAG_GROUP_PREFIX
 
@@ -325,7 +325,7 @@ ROUTES: tuple[Route, ...] = (
         query=(
             Query(
                 "window",
-                {"type": "string", "default": "7d", "pattern": DURATION_PATTERN},
+                {"type": "string", "default": "7d", "pattern": DURATION_OR_SECONDS_PATTERN},
                 "A duration, at most 90d",
             ),
         ),

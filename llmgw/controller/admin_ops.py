@@ -1,5 +1,5 @@
 """The admin API's audit: every call with an admin token that changes something is written to the audit log
-(`audited`, wrapped around each non-GET scoped route by `admin.add_routes`), and the read endpoints
+(`audited`, wrapped around each non-GET scoped route by `admin_routes.add_routes`), and the read endpoints
 `GET /api/v1/audit` and `GET /api/v1/notifications` (scope plan).
 
 An entry says who (the token's name), what the client said of itself (`actor` in an apply's body, else the

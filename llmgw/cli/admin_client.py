@@ -27,12 +27,15 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import LiveState
 from llmgw.core.security import is_loopback_host
 
+AnswerT = TypeVar("AnswerT", bound=BaseModel)
 TOKEN_ENV = "LLMGW_TOKEN"
 CONTROLLER_ENV = "LLMGW_CONTROLLER"
 # Must match llmgw.controller.settings.ControllerSettings.state_dir's default and the file name
@@ -189,6 +192,18 @@ class AdminClient:
         if status != 200:
             raise self._failed("GET", path, status, body)
         return body
+
+    def get_as(self, path: str, model: type[AnswerT]) -> AnswerT:
+        """GET, read as the model the controller's route table declares for it (llmgw.core.admin_api); an
+        answer of another shape is an AdminError naming the path, not a KeyError further on."""
+        body = self.get(path)
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise AdminError(
+                f"{self.url}{path} answered with something else than docs/admin-openapi.json says "
+                f"({model.__name__}): {exc}; is the controller another version than this CLI?"
+            ) from None
 
     def post(self, path: str, payload: Any, ok: Sequence[int] = (200,)) -> tuple[int, Any]:
         """POST JSON; the status and body for every status in `ok`, AdminError for others."""

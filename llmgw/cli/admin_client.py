@@ -54,6 +54,17 @@ class AdminError(LlmgwError):
         self.body = body
 
 
+def read_answer(body: Any, model: type[AnswerT], where: str) -> AnswerT:
+    """`body` (an answer from `where`) as `model`, the one the route table declares for it; AdminError if not."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise AdminError(
+            f"{where} answered with something else than docs/admin-openapi.json says ({model.__name__}): "
+            f"{exc}; is the controller another version than this CLI?"
+        ) from None
+
+
 @dataclass(frozen=True, slots=True)
 class Token:
     value: str
@@ -196,14 +207,7 @@ class AdminClient:
     def get_as(self, path: str, model: type[AnswerT]) -> AnswerT:
         """GET, read as the model the controller's route table declares for it (llmgw.core.admin_api); an
         answer of another shape is an AdminError naming the path, not a KeyError further on."""
-        body = self.get(path)
-        try:
-            return model.model_validate(body)
-        except ValidationError as exc:
-            raise AdminError(
-                f"{self.url}{path} answered with something else than docs/admin-openapi.json says "
-                f"({model.__name__}): {exc}; is the controller another version than this CLI?"
-            ) from None
+        return read_answer(self.get(path), model, self.url + path)
 
     def post(self, path: str, payload: Any, ok: Sequence[int] = (200,)) -> tuple[int, Any]:
         """POST JSON; the status and body for every status in `ok`, AdminError for others."""

@@ -271,7 +271,9 @@ class UsageTotalView(Answer):
     tokens_in: int
     tokens_out: int
     cost: float
-    avg_latency_ms: float | None
+    avg_latency_ms: float
+    key_name: str | None = Field(None, description="by=key only: the key's name")
+    key_project: str | None = Field(None, description="by=key only: the key's project")
 
 
 class UsageAnswer(Answer):

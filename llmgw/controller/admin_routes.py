@@ -53,9 +53,17 @@ LOG_QUERY = (
         {"type": "string", "pattern": DURATION_PATTERN},
         "A duration: the lines of the last 10m are since=10m",
     ),
-    Query("grep", {"type": "string", "maxLength": 500}, "A regular expression the lines must match"),
+    Query(
+        "grep",
+        {"type": "string", "maxLength": 500, "format": "regex"},
+        "A regular expression the lines must match",
+    ),
     Query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "Lines at most (default 200)"),
-    Query("cursor", {"type": "string"}, "next_cursor of the page before: the lines after it"),
+    Query(
+        "cursor",
+        {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"},
+        "next_cursor of the page before, as it came (opaque): the lines after it",
+    ),
     Query("follow", {"type": "boolean"}, "Stream new lines as NDJSON until the client goes"),
 )
 USAGE_BY_PATTERN = f"^({'|'.join(USAGE_GROUPS)}|{TAG_GROUP_PREFIX}.+)$"

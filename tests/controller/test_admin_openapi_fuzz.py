@@ -17,12 +17,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import free_port, wait_for
 
-from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, start
+from controller.helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start
 from llmgw.controller.admin_routes import OPENAPI_PATH, ROUTES
 
 pytestmark = pytest.mark.integration
 
+NODE = "n1"  # admin_openapi_schemathesis.toml names it
 SEED = 49
 EXAMPLES_PER_OPERATION = 25
 CONFIG = Path(__file__).with_name("admin_openapi_schemathesis.toml")
@@ -34,6 +36,10 @@ EXCLUDED = {
     "POST /api/v1/restart": "replaces a model's running replicas",
     "POST /api/v1/nodes/{node}/drain": "moves a node's replicas to other nodes",
 }
+
+
+async def _ready(admin: Admin) -> bool:
+    return any(r["state"] == "ready" for r in await admin.replicas("m"))
 
 
 def _command(url: str, token: str, report: Path) -> list[str]:
@@ -76,24 +82,32 @@ def _command(url: str, token: str, report: Path) -> list[str]:
 @pytest.mark.timeout(180)
 async def test_schemathesis_finds_nothing_in_the_admin_api(tmp_path: Path) -> None:
     repo = Repo(tmp_path / "repo", use_git=False)
-    repo.write({"cluster.yaml": cluster_yaml(), "models/m.yaml": model_yaml("m", min_=0)})
-    running, _ = await start(settings_for(tmp_path, repo.path))
+    repo.write({"cluster.yaml": cluster_yaml(), "models/m.yaml": model_yaml("m", min_=1)})
+    port = free_port()
+    running, admin = await start(settings_for(tmp_path, repo.path, listen=f"127.0.0.1:{port}"))
+    # One real node (an agent process) with a ready replica of m, so the node and log operations reach their
+    # handlers' logic rather than their 404 (the config names the node for half of the {node} parameters).
+    agents = Agents(tmp_path, tmp_path / "token")
     report = tmp_path / "schemathesis.json"
-    proc = await asyncio.create_subprocess_exec(
-        *_command(running.url, running.admin_token, report),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-        cwd=tmp_path,
-        start_new_session=True,
-    )
+    proc: asyncio.subprocess.Process | None = None
     try:
-        out, _ = await asyncio.wait_for(proc.communicate(), timeout=170)
+        agents.start(NODE, f"127.0.0.1:{port}")
+        await wait_for(lambda: _ready(admin), 60, "a ready replica of m")
+        proc = await asyncio.create_subprocess_exec(
+            *_command(running.url, running.admin_token, report),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            cwd=tmp_path,
+            start_new_session=True,
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=150)
     finally:
-        if proc.returncode is None:
+        if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             await proc.wait()
         await running.stop()
+        agents.cleanup()
     text = out.decode(errors="replace")
     summary = text[text.find("=== SUMMARY") :] if "=== SUMMARY" in text else text[-3000:]
     print(summary)

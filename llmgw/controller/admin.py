@@ -1,8 +1,9 @@
-"""The admin API (`/api/v1/...`): token required; JSON only; errors never carry a traceback.
+"""The admin API's handlers (`/api/v1/...`): token required; JSON only; errors never carry a traceback.
 
-Every endpoint declares the scope it needs (`ROUTES`): `plan` reads, `apply` applies revisions, `admin` does
-everything else, API keys included (llmgw.controller.admin_tokens). A token without the scope gets 403 saying
-which scope it has and which the endpoint needs; an unknown token gets 401.
+Every endpoint declares the scope it needs in the route table (llmgw.controller.admin_routes.ROUTES, which
+registers them and from which docs/admin-openapi.json is generated): `plan` reads, `apply` applies revisions,
+`admin` does everything else, API keys included (llmgw.controller.admin_tokens). A token without the scope gets
+403 saying which scope it has and which the endpoint needs; an unknown token gets 401.
 """
 
 from __future__ import annotations

@@ -42,6 +42,24 @@ class ErrorAnswer(Answer):
 # ------------------------------------------------------------------------------------------------ reads
 
 
+class ModelHealth(Answer):
+    """A model's health in Argo CD's words, and the counts behind it."""
+
+    model: str
+    health: Literal["Healthy", "Progressing", "Degraded", "Missing"]
+    ready: int = Field(ge=0)
+    replicas: int = Field(ge=0, description="Replicas in any state")
+    target: int = Field(ge=0, description="Replicas the controller aims for now")
+    min: int = Field(ge=0)
+    max: int = Field(ge=0)
+    unplaceable: JsonObject = Field(description="Why a replica cannot be placed, per profile; empty: it can")
+    failures: int = Field(ge=0)
+    stale_replicas: int = Field(ge=0)
+    restarting: int = Field(ge=0)
+    rolling: bool
+    canary: JsonObject | None
+
+
 class StatusAnswer(Answer):
     applied: JsonObject | None = Field(description="The revision in force; null before the first")
     seen: JsonObject | None
@@ -50,7 +68,7 @@ class StatusAnswer(Answer):
     leadership: JsonObject
     source_error: str | None
     refused: JsonObject | None = Field(description="The last revision refused, with its errors")
-    models: list[JsonObject]
+    models: list[ModelHealth]
     nodes: JsonObject
     replicas: int = Field(ge=0)
 
@@ -82,13 +100,20 @@ class LogsPage(Answer):
     unavailable: dict[str, str] = Field(description="Node -> why it did not answer")
 
 
+class ModelView(ModelHealth):
+    aliases: list[str]
+    profiles: list[JsonObject]
+    provider: str | None = Field(description="The provider's URL, for a model served elsewhere")
+    fallbacks: list[str]
+
+
 class ModelsAnswer(Answer):
-    models: list[JsonObject]
+    models: list[ModelView]
 
 
 class ExplainAnswer(Answer):
     model: str
-    health: JsonObject
+    health: ModelHealth
     problem: str | None
     would_place: JsonObject | None
     profiles: list[JsonObject]
@@ -354,7 +379,7 @@ class PollAsked(Answer):
 
 class DemandNoted(Answer):
     model: str
-    health: JsonObject
+    health: ModelHealth
 
 
 class UsageSeenBody(Body):

@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
+from llmgw.core.fleet import IfUndeclared
+
 JsonObject = dict[str, Any]
 
 
@@ -73,8 +75,35 @@ class StatusAnswer(Answer):
     replicas: int = Field(ge=0)
 
 
+class NodeView(Answer):
+    """A node as the controller knows it; one whose agent has not connected (NotJoined, Removed) has no
+    cordon fields."""
+
+    name: str
+    state: str
+    connected: bool
+    declared: bool = Field(description="The applied revision declares it")
+    if_undeclared: IfUndeclared = Field(
+        description="What the controller does while the repo does not declare it"
+    )
+    address: str | None
+    agent_version: str | None
+    clock_offset_s: float | None
+    metrics_address: str | None
+    last_seen_s: float | None = Field(description="Seconds since it was last heard; null: never connected")
+    labels: dict[str, str]
+    inventory: JsonObject | None
+    shards: int = Field(ge=0)
+    replicas: list[str]
+    cordoned: bool | None = None
+    cordon_reason: str | None = None
+    drained: bool | None = None
+    bootstrap: JsonObject | None
+    removal: JsonObject | None
+
+
 class NodesAnswer(Answer):
-    nodes: list[JsonObject]
+    nodes: list[NodeView]
 
 
 class ReplicaView(Answer):

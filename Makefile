@@ -177,6 +177,7 @@ audit: $(UV)
 schemas: $(STAMP)
 	$(BIN)/llmgw schemas write schemas
 	$(BIN)/llmgw schemas docs docs/cluster-repo.md
+	$(BIN)/llmgw schemas openapi docs/admin-openapi.json
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache $(NODE_CLIENTS)/node_modules

@@ -27,12 +27,15 @@ import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import LiveState
 from llmgw.core.security import is_loopback_host
 
+AnswerT = TypeVar("AnswerT", bound=BaseModel)
 TOKEN_ENV = "LLMGW_TOKEN"
 CONTROLLER_ENV = "LLMGW_CONTROLLER"
 # Must match llmgw.controller.settings.ControllerSettings.state_dir's default and the file name
@@ -49,6 +52,17 @@ class AdminError(LlmgwError):
         super().__init__(message)
         self.status = status
         self.body = body
+
+
+def read_answer(body: Any, model: type[AnswerT], where: str) -> AnswerT:
+    """`body` (an answer from `where`) as `model`, the one the route table declares for it; AdminError if not."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise AdminError(
+            f"{where} answered with something else than docs/admin-openapi.json says ({model.__name__}): "
+            f"{exc}; is the controller another version than this CLI?"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +203,11 @@ class AdminClient:
         if status != 200:
             raise self._failed("GET", path, status, body)
         return body
+
+    def get_as(self, path: str, model: type[AnswerT]) -> AnswerT:
+        """GET, read as the model the controller's route table declares for it (llmgw.core.admin_api); an
+        answer of another shape is an AdminError naming the path, not a KeyError further on."""
+        return read_answer(self.get(path), model, self.url + path)
 
     def post(self, path: str, payload: Any, ok: Sequence[int] = (200,)) -> tuple[int, Any]:
         """POST JSON; the status and body for every status in `ok`, AdminError for others."""

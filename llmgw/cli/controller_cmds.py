@@ -21,6 +21,7 @@ from llmgw.cli.admin_client import (
     CONTROLLER_ENV,
     AdminClient,
     AdminError,
+    AnswerT,
     default_token_files,
     environ,
     plaintext_warning,
@@ -244,6 +245,13 @@ def _client(controller_url: str | None, token_file: Path | None) -> AdminClient:
 def _get(client: AdminClient, path: str) -> Any:
     try:
         return client.get(path)
+    except AdminError as exc:
+        _fail(str(exc))
+
+
+def _get_as(client: AdminClient, path: str, model: type[AnswerT]) -> AnswerT:
+    try:
+        return client.get_as(path, model)
     except AdminError as exc:
         _fail(str(exc))
 

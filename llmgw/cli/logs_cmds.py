@@ -19,7 +19,8 @@ from rich.text import Text
 
 from llmgw.cli import output
 from llmgw.cli.admin_client import AdminClient, AdminError
-from llmgw.cli.controller_cmds import ControllerOpt, TokenOpt, _client, _fail, _get
+from llmgw.cli.controller_cmds import ControllerOpt, TokenOpt, _client, _fail, _get, _get_as
+from llmgw.core.admin_api import EventsAnswer
 from llmgw.core.words import parse_duration
 
 PAGE = 1000  # the admin API's largest page
@@ -155,11 +156,11 @@ def events(
     as_json: output.JsonOpt = False,
 ) -> None:
     """What the controller did and saw, newest first: revisions, replicas started, failed, stopped."""
-    data = _get(_client(controller, token_file), f"/api/v1/events?limit={limit}")
+    data = _get_as(_client(controller, token_file), f"/api/v1/events?limit={limit}", EventsAnswer)
     if as_json:
-        output.print_json(data)
+        output.print_json(data.model_dump(mode="json"))
         return
     table = Table("TIME (UTC)", "KIND", "OBJECT", "MESSAGE")
-    for e in data["events"]:
-        table.add_row(_stamp(e["time"])[:-4], e["kind"], Text(e["object"]), Text(e["message"]))
+    for e in data.events:
+        table.add_row(_stamp(e.time)[:-4], e.kind, Text(e.object), Text(e.message))
     output.console().print(table)

@@ -6,13 +6,23 @@ from __future__ import annotations
 import time
 import urllib.parse
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.table import Table
 
 from llmgw.cli import output
-from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _fail, _get, _print_json
+from llmgw.cli.controller_cmds import (
+    ControllerOpt,
+    JsonOpt,
+    TokenOpt,
+    _client,
+    _fail,
+    _get,
+    _get_as,
+    _print_json,
+)
+from llmgw.core.admin_api import AuditAnswer
 from llmgw.core.words import parse_duration
 
 
@@ -46,23 +56,21 @@ def audit(
             _fail(f"--since {since!r}: {exc} (e.g. --since 1d, 6h, 30m)")
     if actor:
         query["actor"] = actor
-    data = _get(_client(controller, token_file), "/api/v1/audit?" + urllib.parse.urlencode(query))
-    entries: list[dict[str, Any]] = data["entries"]
+    path = "/api/v1/audit?" + urllib.parse.urlencode(query)
+    data = _get_as(_client(controller, token_file), path, AuditAnswer)
     if as_json:
-        _print_json(entries)
+        _print_json([e.model_dump(mode="json") for e in data.entries])
         return
     table = Table("Time (UTC)", "Actor", "Action", "Object", "Outcome", "Reason / detail")
-    for e in entries:
-        outcome = "[green]accepted[/green]" if e["outcome"] == "accepted" else "[red]refused[/red]"
-        actor_text = e["actor"] + (f" ({e['actor_detail']})" if e["actor_detail"] else "")
-        table.add_row(
-            _when(e["time"]), actor_text, e["action"], e["object"], outcome, e["reason"] or e["via"]
-        )
+    for e in data.entries:
+        outcome = "[green]accepted[/green]" if e.outcome == "accepted" else "[red]refused[/red]"
+        actor_text = e.actor + (f" ({e.actor_detail})" if e.actor_detail else "")
+        table.add_row(_when(e.time), actor_text, e.action, e.object, outcome, e.reason or e.via)
     console = output.console()
     console.print(table)
-    if data.get("unwritten"):
+    if data.unwritten:
         console.print(
-            f"[yellow]{data['unwritten']} entries not yet written to the store (it is retried)[/yellow]"
+            f"[yellow]{data.unwritten} entries not yet written to the store (it is retried)[/yellow]"
         )
 
 

@@ -1,4 +1,5 @@
-"""`llmgw schemas write [DIR]` and `llmgw schemas docs [FILE]`: regenerate the committed schemas and reference."""
+"""`llmgw schemas write [DIR]`, `llmgw schemas docs [FILE]` and `llmgw schemas openapi [FILE]`: regenerate the
+committed schemas, the cluster repo reference and the admin API's OpenAPI document."""
 
 from __future__ import annotations
 
@@ -43,4 +44,21 @@ def docs(
     """Write the cluster repo reference (every kind and field) generated from the schemas."""
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(render_reference(), encoding="utf-8")
+    typer.echo(f"wrote {target}")
+
+
+OPENAPI_FILE = Path("docs/admin-openapi.json")
+
+
+@app.command("openapi")
+def openapi(
+    target: Annotated[Path, typer.Argument(help="JSON file to write")] = OPENAPI_FILE,
+) -> None:
+    """Write the controller's admin API as OpenAPI 3.1, generated from its route table."""
+    # Here, not at the top: the other commands need none of the controller.
+    from llmgw.controller.admin_routes import openapi_document
+    from llmgw.core.openapi import render
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(render(openapi_document()), encoding="utf-8")
     typer.echo(f"wrote {target}")

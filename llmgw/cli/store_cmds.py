@@ -34,7 +34,9 @@ from rich.table import Column, Table
 
 from llmgw.adapters import keys as keymod
 from llmgw.cli import admin_client, output
+from llmgw.cli.admin_client import AnswerT
 from llmgw.cli.store_find import CONFIG_ENV, StoreNotFoundError, StoreWhere, find_store
+from llmgw.core.admin_api import KeyCreated, KeyRevoked, KeysAnswer, KeyView, UsageAnswer
 from llmgw.core.words import count, duration_words, money, parse_duration
 from llmgw.store import (
     DEFAULT_DSN,
@@ -111,11 +113,15 @@ def _controller(controller: str | None, token_file: Path | None) -> admin_client
     return client
 
 
-def _api(client: admin_client.AdminClient, method: str, path: str, payload: Any = None) -> Any:
+def _api(
+    client: admin_client.AdminClient, method: str, path: str, payload: Any, model: type[AnswerT]
+) -> AnswerT:
+    """The answer as `model` (the route table's, llmgw.core.admin_api); a message and exit 1 on any failure."""
     try:
         if method == "GET":
-            return client.get(path)
-        return client.post(path, payload, ok=(200, 201))[1]
+            return client.get_as(path, model)
+        body = client.post(path, payload, ok=(200, 201))[1]
+        return admin_client.read_answer(body, model, client.url + path)
     except admin_client.AdminError as exc:
         hint = ""
         if exc.status is None:
@@ -123,11 +129,17 @@ def _api(client: admin_client.AdminClient, method: str, path: str, payload: Any 
         _fail(f"{exc}{hint}")
 
 
-def _api_key(body: dict[str, Any]) -> ApiKey:
+def _api_key(view: KeyView) -> ApiKey:
     return ApiKey(
-        body["id"], body["prefix"], body["project"], body["name"], body["created_at"],
-        body["expires_at"], body["revoked_at"], body.get("last_used_at"),
-    )  # fmt: skip
+        view.id,
+        view.prefix,
+        view.project,
+        view.name,
+        view.created_at,
+        view.expires_at,
+        view.revoked_at,
+        view.last_used_at,
+    )
 
 
 def _run(where: StoreWhere, action: Callable[[Store], Awaitable[T]], *, announce: bool = True) -> T:
@@ -211,8 +223,8 @@ def keys_create(
         _fail(f"--expires: {exc}")
     if store is None:
         body = {"project": project, "name": name, "expires_in_s": expires_in}
-        made = _api(_controller(controller, token_file), "POST", "/api/v1/keys", body)
-        new = keymod.NewKey(_api_key(made), str(made["key"]))
+        made = _api(_controller(controller, token_file), "POST", "/api/v1/keys", body, KeyCreated)
+        new = keymod.NewKey(_api_key(made), made.key)
     else:
 
         async def create(s: Store) -> keymod.NewKey:
@@ -244,8 +256,8 @@ def keys_list(
     """List keys (prefix only; the keys themselves are not kept)."""
     if store is None:
         query = f"?project={urllib.parse.quote(project)}" if project else ""
-        listed = _api(_controller(controller, token_file), "GET", f"/api/v1/keys{query}")
-        found = [_api_key(k) for k in listed["keys"]]
+        listed = _api(_controller(controller, token_file), "GET", f"/api/v1/keys{query}", None, KeysAnswer)
+        found = [_api_key(k) for k in listed.keys]
     else:
         found = _run(StoreWhere(store, may_create=True), lambda s: s.list_keys(project), announce=False)
     now = time.time()
@@ -271,7 +283,8 @@ def keys_revoke(
 ) -> None:
     """Revoke a key: the router answers 401 "revoked" from then on (after its cache expires)."""
     if store is None:
-        _api(_controller(controller, token_file), "POST", f"/api/v1/keys/{urllib.parse.quote(key_id)}/revoke")
+        path = f"/api/v1/keys/{urllib.parse.quote(key_id)}/revoke"
+        _api(_controller(controller, token_file), "POST", path, None, KeyRevoked)
     else:
 
         async def revoke(s: Store) -> bool:
@@ -327,16 +340,22 @@ def _usage_totals(
     if controller is not None:
         output.console(stderr=True).print(f"usage from the controller at {controller}", highlight=False)
         query = {"by": by} | ({"since": repr(start)} if start is not None else {})
-        data = _api(
-            _controller(controller, token_file), "GET", "/api/v1/usage?" + urllib.parse.urlencode(query)
-        )
+        path = "/api/v1/usage?" + urllib.parse.urlencode(query)
+        data = _api(_controller(controller, token_file), "GET", path, None, UsageAnswer)
         return [
             UsageTotal(
-                t["group"] or "", t["requests"], t["tokens_in"], t["tokens_out"], t["cost"], t["avg_latency_ms"],
-                t["errors"], key_name=t.get("key_name"), key_project=t.get("key_project"),
+                t.group or "",
+                t.requests,
+                t.tokens_in,
+                t.tokens_out,
+                t.cost,
+                t.avg_latency_ms,
+                t.errors,
+                key_name=t.key_name,
+                key_project=t.key_project,
             )
-            for t in data["totals"]
-        ]  # fmt: skip
+            for t in data.totals
+        ]
     if tag is not None:
         return _run(where, lambda s: s.usage_totals_by_tag(tag, since=start))
     group: UsageGroup = by  # type: ignore[assignment]  # the caller checked it is one of USAGE_GROUPS

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.cli import admin_client
+from llmgw.core.admin_api import StoreLocation
 from llmgw.core.errors import LlmgwError
 from llmgw.store import DEFAULT_DSN, StoreError, parse_dsn
 
@@ -112,12 +113,12 @@ def _from_admin_api(url: str, token_file: Path | None) -> FoundStore:
         token = admin_client.resolve_token(
             token_file, env, admin_client.default_token_files(None, Path.cwd())
         )
-        body = admin_client.AdminClient(url, token).get("/api/v1/store")
+        where = admin_client.AdminClient(url, token).get_as("/api/v1/store", StoreLocation)
     except admin_client.AdminError as exc:
         raise StoreNotFoundError(
             f"asking the controller at {url} where its store is: {exc}; or {_HOW}"
         ) from None
-    return FoundStore(str(body["store"]), f"the controller at {url} (its admin API)")
+    return FoundStore(where.store, f"the controller at {url} (its admin API)")
 
 
 def _local(cwd: Path) -> FoundStore:

@@ -1,8 +1,9 @@
-"""The admin API (`/api/v1/...`): token required; JSON only; errors never carry a traceback.
+"""The admin API's handlers (`/api/v1/...`): token required; JSON only; errors never carry a traceback.
 
-Every endpoint declares the scope it needs (`ROUTES`): `plan` reads, `apply` applies revisions, `admin` does
-everything else, API keys included (llmgw.controller.admin_tokens). A token without the scope gets 403 saying
-which scope it has and which the endpoint needs; an unknown token gets 401.
+Every endpoint declares the scope it needs in the route table (llmgw.controller.admin_routes.ROUTES, which
+registers them and from which docs/admin-openapi.json is generated): `plan` reads, `apply` applies revisions,
+`admin` does everything else, API keys included (llmgw.controller.admin_tokens). A token without the scope gets
+403 saying which scope it has and which the endpoint needs; an unknown token gets 401.
 """
 
 from __future__ import annotations
@@ -18,21 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
 from llmgw.controller import (
-    admin_evals,
-    admin_fleet,
     admin_ops,
-    admin_requests,
     applied_files,
-    capacity_admin,
-    doctor,
-    logs_admin,
-    prom_sd,
-    usage_summary_admin,
     views,
     weights_admin,
 )
@@ -41,13 +35,12 @@ from llmgw.controller.admin_tokens import Principal, Scope, allows
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.hub import AgentError
 from llmgw.controller.publisher import (
-    node_credential,
     note_demand,
     note_usage,
-    router_credential,
     token_ok,
 )
 from llmgw.core import jsonsafe, placement
+from llmgw.core.admin_api import UsageSeenBody
 from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
 from llmgw.store import ApiKey, StoreError
@@ -88,7 +81,7 @@ def _caller(request: web.Request, need: Scope) -> tuple[Controller, Principal]:
     return c, principal
 
 
-def _scoped(need: Scope, handler: Handler) -> Handler:
+def scoped(need: Scope, handler: Handler) -> Handler:
     """`handler` behind the check that the caller's token has scope `need` (the route table's)."""
 
     async def checked(request: web.Request) -> web.StreamResponse:
@@ -234,10 +227,9 @@ async def state(request: web.Request) -> web.Response:
 async def events(request: web.Request) -> web.Response:
     """Recent events, newest first: from the store (they survive a restart), else from memory."""
     c = _admin(request)
-    try:
-        limit = max(1, min(1000, int(request.query.get("limit", "100"))))
-    except ValueError:
-        return _error(400, "limit must be a whole number between 1 and 1000")
+    limit = admin_ops.whole_number(request.query.get("limit", "100"), 1, admin_ops.LIST_MAX)
+    if limit is None:
+        return _error(400, f"limit must be a whole number from 1 to {admin_ops.LIST_MAX}")
     try:
         stored = await c.store.recent_events(limit=limit)
         stored.sort(key=lambda e: -e.time)
@@ -451,9 +443,14 @@ async def keys_create(request: web.Request) -> web.Response:
         return _error(400, 'body must be JSON: {"project": NAME, "name": LABEL, "expires_in_s": SECONDS}')
     if not isinstance(body, dict) or not isinstance(body.get("project"), str) or not body["project"]:
         return _error(400, 'give "project": the project the key spends against')
-    project, name = body["project"], str(body.get("name") or "")
+    project, name = body["project"], body.get("name")
+    if name is not None and not isinstance(name, str):
+        return _error(400, "name must be a string (a label for the key) or left out")
     expires = body.get("expires_in_s")
-    if expires is not None and (not isinstance(expires, int | float) or expires <= 0):
+    # bool is an int to Python, not a number to JSON: `true` is no number of seconds
+    if expires is not None and (
+        not isinstance(expires, int | float) or isinstance(expires, bool) or expires <= 0
+    ):
         return _error(400, "expires_in_s must be a positive number of seconds")
     d = c.desired
     known = sorted(d.catalog.projects) if d is not None else []
@@ -463,7 +460,7 @@ async def keys_create(request: web.Request) -> web.Response:
         )
     now = c.wall()
     try:
-        new = await keymod.create_key(c.store, project, now, name=name, expires_in=expires)
+        new = await keymod.create_key(c.store, project, now, name=name or "", expires_in=expires)
     except StoreError as exc:
         return _error(503, f"the store did not take the key: {exc}")
     request[AUDIT_OBJECT] = f"{new.key.id} (project {project})"
@@ -516,8 +513,13 @@ async def usage_seen(request: web.Request) -> web.Response:
         body = jsonsafe.loads(await request.read())
     except ValueError:
         return _error(400, 'body must be JSON: {"models": ["name", ...]}')
-    known = note_usage(c, body.get("models", []) if isinstance(body, dict) else [])
-    return web.json_response({"known": known})
+    try:
+        seen = UsageSeenBody.model_validate(body, strict=True)  # a count of false is no count
+    except ValidationError as exc:
+        return _error(
+            400, f'body must be {{"models": ["name", ...]}} or {{"models": {{"name": count}}}}: {exc}'
+        )
+    return web.json_response({"known": note_usage(c, seen.models)})
 
 
 @web.middleware
@@ -548,65 +550,3 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
     except Exception:
         log.exception("admin request %s %s failed", request.method, request.path)
         return _error(500, "internal error in the controller (its log has the details)")
-
-
-# Every admin endpoint and the scope it needs; None: authenticated otherwise (the webhook carries no trust,
-# demand and usage-seen take a router's token). A test checks that every route is in this table.
-ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
-    ("GET", "/api/v1/status", status, "plan"),
-    ("GET", "/api/v1/nodes", nodes, "plan"),
-    ("GET", "/api/v1/replicas", replicas, "plan"),
-    # Engine output can carry what clients sent (prompts): the whole stream needs an admin-scope token.
-    ("GET", "/api/v1/nodes/{node}/logs", logs_admin.node_logs, "admin"),
-    ("GET", "/api/v1/replicas/{replica_id}/logs", logs_admin.replica_logs, "admin"),
-    ("GET", "/api/v1/models", models, "plan"),
-    ("GET", "/api/v1/explain/{model}", explain, "plan"),
-    ("GET", "/api/v1/state", state, "plan"),
-    ("GET", "/api/v1/weights", weights_list, "plan"),
-    ("POST", "/api/v1/weights/collect", weights_collect, "apply"),
-    ("GET", "/api/v1/events", events, "plan"),
-    ("POST", "/api/v1/apply", apply, "apply"),
-    ("POST", "/api/v1/restart", admin_fleet.restart, "apply"),
-    ("POST", "/api/v1/evals/run", admin_evals.eval_run, "apply"),
-    ("POST", "/api/v1/models/{model}/check", admin_evals.model_check, "apply"),
-    ("GET", "/api/v1/model-checks", admin_evals.model_checks, "plan"),
-    ("POST", "/api/v1/nodes/{node}/drain", admin_fleet.drain, "apply"),
-    ("POST", "/api/v1/nodes/{node}/uncordon", admin_fleet.uncordon, "apply"),
-    ("GET", "/api/v1/keys", keys_list, "admin"),
-    ("POST", "/api/v1/keys", keys_create, "admin"),
-    ("POST", "/api/v1/keys/{key_id}/revoke", keys_revoke, "admin"),
-    ("GET", "/api/v1/audit", admin_ops.audit, "plan"),
-    # admin, not plan: usage and tags say who used what (a `user` tag is a person), and a plan token is one a
-    # pull request's job holds.
-    ("GET", "/api/v1/requests/{request_id}", admin_requests.request_lookup, "admin"),
-    ("GET", "/api/v1/usage", admin_requests.usage_totals, "admin"),
-    # plan, not admin: totals per project, model and tenant only (no key, tag or request), what a plan shows.
-    ("GET", "/api/v1/usage/summary", usage_summary_admin.usage_summary, "plan"),
-    ("GET", "/api/v1/notifications", admin_ops.notifications, "plan"),
-    ("GET", "/api/v1/prometheus/targets", prom_sd.prometheus_targets, "plan"),
-    ("GET", "/api/v1/doctor", doctor.controller_doctor, "plan"),
-    ("POST", "/api/v1/nodes/{node}/doctor", doctor.node_doctor, "plan"),
-    ("POST", "/api/v1/upgrade", upgrade, "admin"),
-    ("GET", "/api/v1/capacity", capacity_admin.capacity_list, "plan"),
-    ("POST", "/api/v1/capacity", capacity_admin.capacity_save, "admin"),
-    ("GET", "/api/v1/bench/{model}", capacity_admin.bench_target, "admin"),
-    # A router's token opens every engine key, a node's its hub session: the operators' scope, as the scope
-    # table says (`admin` may do everything), each issue audited with the token's name.
-    ("GET", "/api/v1/credentials/router", router_credential, "admin"),
-    ("GET", "/api/v1/credentials/node/{node}", node_credential, "admin"),
-    # Where the store is (no password): what the CLI's store commands open when run elsewhere.
-    ("GET", "/api/v1/store", admin_ops.store_location, "admin"),
-    ("POST", "/api/v1/webhook", webhook, None),
-    ("POST", "/api/v1/demand/{model}", demand, None),
-    ("POST", "/api/v1/usage-seen", usage_seen, None),
-)
-
-
-def add_routes(app: web.Application) -> None:
-    app.middlewares.append(json_errors)
-    for method, path, handler, scope in ROUTES:
-        checked = handler if scope is None else _scoped(scope, handler)
-        # every change an admin token makes, and every credential it is handed
-        if scope is not None and (method not in ("GET", "HEAD") or path in admin_ops.AUDITED_READS):
-            checked = admin_ops.audited(admin_ops.action_of(method, path), checked)
-        app.router.add_route(method, path, checked)

@@ -1,5 +1,5 @@
 """The admin API's audit: every call with an admin token that changes something is written to the audit log
-(`audited`, wrapped around each non-GET scoped route by `admin.add_routes`), and the read endpoints
+(`audited`, wrapped around each non-GET scoped route by `admin_routes.add_routes`), and the read endpoints
 `GET /api/v1/audit` and `GET /api/v1/notifications` (scope plan).
 
 An entry says who (the token's name), what the client said of itself (`actor` in an apply's body, else the
@@ -137,14 +137,24 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-def _limit(request: web.Request) -> int:
+def whole_number(text: str, low: int, high: int) -> int | None:
+    """`text` as a whole number from `low` to `high`, else None: a query's limit out of range is refused, never
+    quietly clamped (the caller would take a short list for all there is)."""
     try:
-        return max(1, min(LIST_MAX, int(request.query.get("limit", "200"))))
-    except ValueError as exc:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if low <= value <= high else None
+
+
+def _limit(request: web.Request) -> int:
+    limit = whole_number(request.query.get("limit", "200"), 1, LIST_MAX)
+    if limit is None:
         raise web.HTTPBadRequest(
             text=json.dumps({"error": {"message": f"limit must be a whole number from 1 to {LIST_MAX}"}}),
             content_type="application/json",
-        ) from exc
+        )
+    return limit
 
 
 def audit_json(e: AuditEntry) -> dict[str, Any]:
@@ -181,7 +191,12 @@ def delivery_json(d: Delivery) -> dict[str, Any]:
 async def notifications(request: web.Request) -> web.Response:
     """`?dead=1`: only dead letters; `?dead=0`: only those waiting; neither: both, oldest first."""
     c = _checked(request)
-    dead = {"1": True, "true": True, "0": False, "false": False}.get(request.query.get("dead", "").lower())
+    asked = request.query.get("dead")
+    dead = None if asked is None else {"1": True, "true": True, "0": False, "false": False}.get(asked.lower())
+    if asked is not None and dead is None:
+        return _error(
+            400, f"dead={asked!r}: true (only dead letters), false (only those waiting) or left out"
+        )
     try:
         # Counts first: the list read after them is never older than they are (a delivery dying meanwhile
         # shows in the list, not only in the count).

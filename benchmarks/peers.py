@@ -108,7 +108,10 @@ BENCH_GUARD = {
 
 
 def _llmgw_snapshot(
-    upstream: str, guard: dict[str, object] | None = None, cache: dict[str, object] | None = None
+    upstream: str,
+    guard: dict[str, object] | None = None,
+    cache: dict[str, object] | None = None,
+    engine: str = "vllm",
 ) -> dict[str, object]:
     project: dict[str, object] = {
         "organization": "acme",
@@ -132,7 +135,7 @@ def _llmgw_snapshot(
             {
                 "replica_id": "mock-0",
                 "model": MODEL,
-                "engine": "vllm",
+                "engine": engine,
                 "base_url": upstream,
                 "api_key": ENGINE_KEY,
             },
@@ -159,13 +162,15 @@ def start_llmgw(
     env: dict[str, str] | None = None,
     guard: dict[str, object] | None = None,
     cache: dict[str, object] | None = None,
+    engine: str = "vllm",
 ) -> Target:
     """llmgw-router in `work` (its store, snapshot and state); `extra` flags and `env` (a PYTHONPATH naming
-    another tree, for benchmarks/tracing_compare.py) when given; `cache`: the project's response_cache."""
+    another tree, for benchmarks/tracing_compare.py) when given; `cache`: the project's response_cache;
+    `engine`: the upstream's engine kind (benchmarks/engine_overhead.py fronts real ones)."""
     work.mkdir(parents=True, exist_ok=True)
     dsn = f"sqlite:///{work / 'store.db'}"
     key = asyncio.run(_make_store_key(dsn))
-    (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream, guard, cache)))
+    (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream, guard, cache, engine)))
     port = free_port()
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn]
     argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]

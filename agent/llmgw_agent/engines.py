@@ -265,7 +265,6 @@ VLLM_ARGS = {
     "tensor_parallel_size": "-tp",
     "pipeline_parallel_size": "-pp",
     "gpu_memory_utilization": "--gpu-memory-utilization",
-    "block_size": "--block-size",  # routers are told it too (controller/publisher.py kv_block_size)
     "quantization": "--quantization",
     "chat_template": "--chat-template",
     "enable_lora": "--enable-lora",

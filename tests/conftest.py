@@ -4,6 +4,7 @@ import pytest
 from fixtures.llama import llama_server  # noqa: F401  (registers the shared llama-server)
 from fixtures.postgres import pg_dsn, pg_server  # noqa: F401  (registers the PostgreSQL fixtures)
 from fixtures.stores import store_dsn  # noqa: F401  (registers the both-backends DSN)
+from fixtures.vllm_env import vllm_python  # noqa: F401  (registers vLLM's CPU build: make vllm)
 
 # Marks every process the run starts; after the last test, stops and names those still running (the run fails).
 pytest_plugins = ["fixtures.leftover_check"]

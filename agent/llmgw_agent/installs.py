@@ -177,10 +177,14 @@ def _expand(path: str) -> str:
 
 
 def _inside(root: Path, relative: str) -> str:
-    path = (root / relative).resolve()
-    if not path.is_relative_to(root.resolve()):
+    """`relative` within `root`: its directory resolved and inside, the file itself not followed (a virtual
+    environment's bin/python is a link to the interpreter it was made from, and only as the link it is the
+    environment's python)."""
+    path = root / relative
+    folder = path.parent.resolve()
+    if path.name in ("", ".", "..") or not folder.is_relative_to(root.resolve()):
         raise InstallError(f"binary {relative!r} leaves the install directory")
-    return str(path)
+    return str(folder / path.name)
 
 
 async def _fetch_archive(url: str, dest: Path) -> None:

@@ -80,7 +80,7 @@ def block_hashes(
     parent = _none_hash(seed)
     for i in range(len(ids) // block_size):
         block = ids[i * block_size : (i + 1) * block_size]
-        extra = (salt,) if i == 0 and salt else None
+        extra = (("cache_salt", salt),) if i == 0 and salt else None  # vLLM 0.32's tagged salt key
         key = (parent, tuple(block), extra)
         digest = _DIGESTS.get(key)
         if digest is None:
@@ -93,7 +93,7 @@ def block_hashes(
 
 
 # Block digests seen lately, by what they hash: a shared prefix is pickled and hashed once, not per request.
-_DIGESTS: dict[tuple[bytes, tuple[int, ...], tuple[str, ...] | None], bytes] = {}
+_DIGESTS: dict[tuple[bytes, tuple[int, ...], tuple[tuple[str, str], ...] | None], bytes] = {}
 _DIGESTS_MAX = 1 << 18
 
 

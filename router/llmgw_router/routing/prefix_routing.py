@@ -167,7 +167,7 @@ class PrefixRouting:
             return None
         salt = cache_salt(ep.spec.api_key, project) if ep.spec.engine in SALTED_ENGINES else None
         settings = policy.prefix
-        return key.engine_hashes(ep.spec.kv_block_size, settings.hash_seed, salt, settings.max_blocks, real)
+        return key.engine_hashes(self._block_size(ep), settings.hash_seed, salt, settings.max_blocks, real)
 
     def _first_engine_hash(
         self, ep: LiveEndpoint, key: PrefixKey, policy: RoutingPolicySpec, project: str
@@ -176,7 +176,12 @@ class PrefixRouting:
         if real is None:
             return None
         salt = cache_salt(ep.spec.api_key, project) if ep.spec.engine in SALTED_ENGINES else None
-        return key.first_engine_hash(ep.spec.kv_block_size, policy.prefix.hash_seed, salt, real)
+        return key.first_engine_hash(self._block_size(ep), policy.prefix.hash_seed, salt, real)
+
+    def _block_size(self, ep: LiveEndpoint) -> int:
+        """The engine's block size as its own events say (vLLM's CPU build stores blocks of 128 tokens, its GPU
+        builds 16), else the snapshot's."""
+        return self.events.block_size(ep.id) or ep.spec.kv_block_size
 
     def annotate(
         self,
@@ -192,7 +197,7 @@ class PrefixRouting:
         for c, ep in zip(cands, endpoints, strict=True):
             first = None
             if ep.spec.kv_events:
-                hashing = (ep.spec.engine, ep.spec.kv_block_size, ep.spec.api_key)
+                hashing = (ep.spec.engine, self._block_size(ep), ep.spec.api_key)
                 if hashing not in firsts:
                     firsts[hashing] = self._first_engine_hash(ep, key, policy, project)
                 first = firsts[hashing]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from fixtures.vllm_models import TinyLlama, tiny_llama, vllm_python  # noqa: F401  (registers them)
+from fixtures.vllm_models import TinyLlama, tiny_llama  # noqa: F401  (registers it)
 
 from .fleet import Fleet, start_fleet
 
@@ -14,7 +14,7 @@ from .fleet import Fleet, start_fleet
 def vllm_fleet(
     tmp_path_factory: pytest.TempPathFactory,
     tiny_llama: TinyLlama,  # noqa: F811
-    vllm_python: str,  # noqa: F811
+    vllm_python: str,
 ) -> Iterator[Fleet]:
     fleet = start_fleet(tmp_path_factory.mktemp("vllm-fleet"), tiny_llama, vllm_python)
     try:

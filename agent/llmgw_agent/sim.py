@@ -3,6 +3,10 @@
 Run as `llmgw-agent sim-engine ...` or `python -m llmgw_agent.sim ...`. It lets the whole system and the
 scheduling benchmarks run without GPUs; everything it says is marked simulated (`owned_by: llmgw-sim`, Greek-letter
 output). Timing is deterministic given the inputs (see sim_model).
+
+It answers only what the OpenAI API documents: an answer ends by itself (`stop`) after its own length unless the
+client's max_tokens or the context cut it (`length`); its timing breakdown (`llmgw_sim`) is added to a body only
+when the request asks with the `X-Llmgw-Sim-Info` header (it is always in the `x-llmgw-sim-*` response headers).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from llmgw_agent.sim_model import (
     LatencyConfig,
     PrefixCache,
     Timing,
+    ToolCall,
+    answer_length,
     canned_answer,
     embedding,
     output_tokens,
@@ -36,10 +42,11 @@ from llmgw_agent.sim_model import (
     response_schema,
     schema_sample,
     tokenize,
-    tool_call,
+    tool_calls,
 )
 
 OWNED_BY = "llmgw-sim"
+SIM_INFO_HEADER = "X-Llmgw-Sim-Info"  # a request carrying it gets the `llmgw_sim` timing field in its body
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
@@ -106,7 +113,7 @@ class FifoSlots:
 @dataclass
 class Work:
     prompt: list[str]
-    max_tokens: int
+    max_tokens: int  # the longest answer it may get: what it holds of the KV cache
     timing: Timing | None = None
     queue_ms: float = 0.0
     started: float = 0.0
@@ -233,11 +240,43 @@ class SimEngine:
             )
         return body
 
-    def max_tokens(self, body: dict[str, Any]) -> int | web.Response:
-        raw = body.get("max_completion_tokens", body.get("max_tokens", self.cfg.default_max_tokens))
-        if not isinstance(raw, int) or raw < 0:
+    def limit(self, body: dict[str, Any]) -> int | web.Response | None:
+        """The client's cap on the answer (max_completion_tokens, else max_tokens); None: it set none."""
+        raw = body.get("max_completion_tokens", body.get("max_tokens"))
+        if raw is None:
+            return None
+        if not isinstance(raw, int) or isinstance(raw, bool) or raw < 0:
             return openai_error(400, "max_tokens must be a non-negative integer", "invalid_request_error")
         return raw
+
+    def room(self, prompt: list[str]) -> int | web.Response | None:
+        """What the context leaves for the answer (None: no context length given); a prompt that does not
+        fit is refused as vLLM refuses it."""
+        if self.cfg.context_length is None:
+            return None
+        room = self.cfg.context_length - len(prompt)
+        if room < 0:
+            return openai_error(
+                400,
+                f"This model's maximum context length is {self.cfg.context_length} tokens. However, your "
+                f"request has {len(prompt)} input tokens.",
+                "invalid_request_error",
+            )
+        return room
+
+    def answer(
+        self, body: dict[str, Any], prompt: list[str], limit: int | None, room: int | None, chat: bool
+    ) -> tuple[list[str], str]:
+        """The words of a text answer and its finish_reason. A configured or schema answer has its own
+        length; generated words stop after `default_max_tokens` (the sim's end-of-sequence) unless the
+        client set a limit: then they run until it (a client asking for N tokens is how load is sized)."""
+        chosen = self._chosen_words(body) if chat else None
+        if chosen is not None:
+            count, finish = answer_length(len(chosen), limit, room)
+            return chosen[:count], finish
+        natural = self.cfg.default_max_tokens if limit is None else None
+        count, finish = answer_length(natural, limit, room)
+        return output_tokens(prompt, count), finish
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self.read_body(request)
@@ -296,21 +335,25 @@ class SimEngine:
         prompt: list[str],
         chat: bool,
     ) -> web.StreamResponse:
-        max_tokens = self.max_tokens(body)
-        if isinstance(max_tokens, web.Response):
-            return max_tokens
+        limit = self.limit(body)
+        if isinstance(limit, web.Response):
+            return limit
+        room = self.room(prompt)
+        if isinstance(room, web.Response):
+            return room
         if self.behaviour.error_rate and self.errors.fail():
             return openai_error(503, "simulated engine error (the sim's error_rate)", "server_error")
         salt = body.get("cache_salt")
-        work = Work(prompt, max_tokens, salt=salt if isinstance(salt, str) and salt else None)
-        call = tool_call(body) if chat and "tools" not in self.behaviour.fail_probes else None
+        words, finish = self.answer(body, prompt, limit, room, chat)
+        reserved = len(words) if limit is None else limit
+        work = Work(prompt, reserved, salt=salt if isinstance(salt, str) and salt else None)
+        calls = tool_calls(body) if chat and "tools" not in self.behaviour.fail_probes else []
         if body.get("stream"):
-            return await self.stream(request, body, work, chat)
+            return await self.stream(request, body, work, chat, (words, finish))
         await self.admit(work)
-        # A tool call's arguments count as their whitespace words, whatever max_tokens says.
-        words = output_tokens(prompt, max_tokens) if call is None else tokenize(call[2])
-        if chat and call is None:
-            words = self._chosen_words(body) or words
+        # Tool calls' arguments count as their whitespace words, whatever max_tokens says.
+        if calls:
+            words = tokenize(" ".join(c[2] for c in calls))
         try:
             self.stats.observe_ttft(time.monotonic() - work.started + work.queue_ms / 1000)
             for _ in words:
@@ -324,10 +367,13 @@ class SimEngine:
             obj, prefix = "chat.completion", "chatcmpl-"
         else:
             choice, obj, prefix = {"index": 0, "text": text}, "text_completion", "cmpl-"
-        choice["finish_reason"] = "length"
-        if call is not None:
-            choice["message"] = {"role": "assistant", "content": None, "tool_calls": [_tool_call_obj(call)]}
+        choice["finish_reason"] = finish
+        if calls:
+            tool_objs = [_tool_call_obj(c) for c in calls]
+            choice["message"] = {"role": "assistant", "content": None, "tool_calls": tool_objs}
             choice["finish_reason"] = "tool_calls"
+        if chat:
+            choice["message"]["refusal"] = None  # the API's message always carries it
         choice["logprobs"] = None
         resp = {
             "id": prefix + rid,
@@ -336,8 +382,9 @@ class SimEngine:
             "model": self.model,
             "choices": [choice],
             "usage": self.usage(work, len(words)),
-            "llmgw_sim": self.sim_info(work, len(words)),
         }
+        if request.headers.get(SIM_INFO_HEADER):
+            resp["llmgw_sim"] = self.sim_info(work, len(words))
         return web.json_response(resp, headers=self._headers(work))
 
     def _chosen_words(self, body: dict[str, Any]) -> list[str] | None:
@@ -358,7 +405,12 @@ class SimEngine:
         }
 
     async def stream(
-        self, request: web.Request, body: dict[str, Any], work: Work, chat: bool
+        self,
+        request: web.Request,
+        body: dict[str, Any],
+        work: Work,
+        chat: bool,
+        answer: tuple[list[str], str],
     ) -> web.StreamResponse:
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         include_usage = include_usage and "stream_usage" not in self.behaviour.fail_probes
@@ -366,7 +418,7 @@ class SimEngine:
         obj = "chat.completion.chunk" if chat else "text_completion"
         created = int(time.time())
         await self.admit(work)
-        words = output_tokens(work.prompt, work.max_tokens)
+        words, text_finish = answer
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", **self._headers(work)})
         sent = 0
         try:
@@ -390,33 +442,37 @@ class SimEngine:
                 await send(
                     [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
                 )
-            call = tool_call(body) if chat and "tools" not in self.behaviour.fail_probes else None
-            if call is not None:
-                sent = await self._stream_tool_call(send, call, work)
-            for i, word in enumerate(words if call is None else ()):
+            calls = tool_calls(body) if chat and "tools" not in self.behaviour.fail_probes else []
+            for index, call in enumerate(calls):
+                sent += await self._stream_tool_call(send, index, call, work)
+            for i, word in enumerate(words if not calls else ()):
                 await self.decode_one(work)
                 piece = word if i == 0 else " " + word
                 delta: dict[str, Any] = {"delta": {"content": piece}} if chat else {"text": piece}
                 await send([{"index": 0, **delta, "finish_reason": None, "logprobs": None}])
                 sent += 1
             last: dict[str, Any] = {"delta": {}} if chat else {"text": ""}
-            finish = "length" if call is None else "tool_calls"
+            finish = text_finish if not calls else "tool_calls"
             await send([{"index": 0, **last, "finish_reason": finish, "logprobs": None}])
             if include_usage:
-                await send([], {"usage": self.usage(work, sent), "llmgw_sim": self.sim_info(work, sent)})
+                extra: dict[str, Any] = {"usage": self.usage(work, sent)}
+                if request.headers.get(SIM_INFO_HEADER):
+                    extra["llmgw_sim"] = self.sim_info(work, sent)
+                await send([], extra)
             await resp.write(b"data: [DONE]\n\n")
         finally:
             self.finish(work, sent)
         return resp
 
-    async def _stream_tool_call(self, send: Any, call: tuple[str, str, str], work: Work) -> int:
-        """A tool call as OpenAI streams one: the id and name first, then the arguments word by word."""
+    async def _stream_tool_call(self, send: Any, index: int, call: ToolCall, work: Work) -> int:
+        """A tool call as OpenAI streams one (the `index`-th of the answer's): the id and name first, then the
+        arguments word by word."""
         head = _tool_call_obj((call[0], call[1], ""))
-        await send([{"index": 0, "delta": {"tool_calls": [{"index": 0, **head}]}, "finish_reason": None}])
+        await send([{"index": 0, "delta": {"tool_calls": [{"index": index, **head}]}, "finish_reason": None}])
         pieces = call[2].split(" ")
         for i, piece in enumerate(pieces):
             await self.decode_one(work)
-            args = {"index": 0, "function": {"arguments": piece if i == 0 else " " + piece}}
+            args = {"index": index, "function": {"arguments": piece if i == 0 else " " + piece}}
             await send([{"index": 0, "delta": {"tool_calls": [args]}, "finish_reason": None}])
         return len(pieces)
 
@@ -580,7 +636,7 @@ class SimEngine:
         return app
 
 
-def _tool_call_obj(call: tuple[str, str, str]) -> dict[str, Any]:
+def _tool_call_obj(call: ToolCall) -> dict[str, Any]:
     return {"id": call[0], "type": "function", "function": {"name": call[1], "arguments": call[2]}}
 
 
@@ -612,7 +668,18 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         "agent's pass-through relays it to key holders)",
     )
     p.add_argument("--hash-seed", default="0", help="the block hashes' root, as vLLM's PYTHONHASHSEED")
-    p.add_argument("--max-tokens-default", type=int, default=16)
+    p.add_argument(
+        "--max-tokens-default",
+        type=int,
+        default=16,
+        help="an answer's own length when the client sets no max_tokens (it then ends with `stop`)",
+    )
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="prompt plus answer at most: a longer prompt is refused, a longer answer cut (`length`)",
+    )
     p.add_argument(
         "--judge-unsafe",
         action="append",
@@ -661,6 +728,7 @@ def engine_from_args(ns: argparse.Namespace) -> SimEngine:
         kv_capacity_tokens=ns.kv_capacity_tokens,
         default_max_tokens=ns.max_tokens_default,
         hash_seed=ns.hash_seed,
+        context_length=ns.context_length,
     )
     engine = SimEngine(ns.model, cfg, os.environ.get(ns.api_key_env) or None, behaviour_from_args(ns))
     if ns.judge_unsafe is not None:

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import pickle
+import re
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -35,8 +36,9 @@ class LatencyConfig:
     block_size: int = 16
     capacity_blocks: int = 4096
     kv_capacity_tokens: int = 65536
-    default_max_tokens: int = 16
+    default_max_tokens: int = 16  # the answer's length when nothing cuts it: where the sim's "model" stops
     hash_seed: str = "0"
+    context_length: int | None = None  # prompt plus answer at most (the model's context); None: unbounded
 
 
 def tokenize(text: str) -> list[str]:
@@ -178,6 +180,20 @@ def output_tokens(prompt: list[str], count: int) -> list[str]:
     return [VOCABULARY[(seed + i * 7) % len(VOCABULARY)] for i in range(count)]
 
 
+def answer_length(natural: int | None, limit: int | None, room: int | None) -> tuple[int, str]:
+    """How long an answer is and why it ends, as a model's does: `natural` is where it stops by itself (its
+    end-of-sequence: `stop`; None: it goes on until cut); the client's `limit` (max_tokens) or the
+    context's `room` after the prompt cut it shorter (`length`)."""
+    cuts = [n for n in (limit, room) if n is not None]
+    cut = max(min(cuts), 0) if cuts else None
+    if natural is None and cut is None:
+        raise ValueError("an answer with no end of its own needs a limit")
+    if cut is not None and (natural is None or cut < natural):
+        return cut, "length"
+    assert natural is not None
+    return natural, "stop"
+
+
 def embedding(text: str, dims: int = 8) -> list[float]:
     digest = hashlib.sha256(text.encode()).digest()
     return [round((digest[i % len(digest)] - 127.5) / 127.5, 6) for i in range(dims)]
@@ -197,25 +213,48 @@ def _obj(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def tool_call(body: dict[str, Any]) -> tuple[str, str, str] | None:
-    """The tool call the sim answers a chat request with: (id, name, JSON arguments), or None to answer in
-    words. Deterministic: a request that offers tools (and does not say `tool_choice: none`) and whose last
-    message is not a tool's result gets a call of the tool `tool_choice` names, else the first one, with a
-    sample value per required parameter (each property when none is required; an enum's first value, else one
-    per JSON type). A last message from a tool is answered in words, so a tool-result turn ends the loop."""
-    tools = body.get("tools")
-    choice = body.get("tool_choice")
-    messages = body.get("messages")
+ToolCall = tuple[str, str, str]  # (id, name, JSON arguments)
+
+
+def tool_calls(body: dict[str, Any]) -> list[ToolCall]:
+    """The tool calls the sim answers a chat request with (none: it answers in words). Deterministic, and a
+    tool loop ends:
+
+    - no tools, or `tool_choice: none`: words.
+    - a named `tool_choice`: that tool, every turn (as OpenAI forces it).
+    - the last message a tool's result: words under `auto`; under `required` the next offered tool not called
+      since the last user message (the first again once each was), so an output tool listed last ends a loop.
+    - otherwise each offered tool whose name is in the last user message's text, in the order offered (one
+      when `parallel_tool_calls` is false), or the first offered tool when the text names none.
+
+    Arguments hold a sample value per required parameter (each property when none is required: an enum's first
+    value, else one per JSON type)."""
+    tools, choice, messages = body.get("tools"), body.get("tool_choice"), body.get("messages")
     if not isinstance(tools, list) or not tools or choice == "none" or not isinstance(messages, list):
-        return None
-    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool":
-        return None
+        return []
     functions = [t["function"] for t in tools if isinstance(t, dict) and isinstance(t.get("function"), dict)]
-    named = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    chosen = next((f for f in functions if f.get("name") == named), functions[0] if functions else None)
-    if chosen is None or not isinstance(chosen.get("name"), str):
-        return None
-    schema = _obj(chosen.get("parameters"))
+    functions = [f for f in functions if isinstance(f.get("name"), str) and f["name"]]
+    if not functions:
+        return []
+    named = _obj(_obj(choice).get("function")).get("name")
+    if named is not None:
+        chosen = [f for f in functions if f["name"] == named][:1] or functions[:1]
+    elif messages and _obj(messages[-1]).get("role") == "tool":
+        if choice != "required":
+            return []
+        called = _called_since_user(messages)
+        chosen = [next((f for f in functions if f["name"] not in called), functions[0])]
+    else:
+        text = _last_user_text(messages)
+        chosen = [f for f in functions if re.search(rf"\b{re.escape(f['name'])}\b", text)] or functions[:1]
+        if body.get("parallel_tool_calls") is False:
+            chosen = chosen[:1]
+    history = json.dumps(messages)
+    return [_call(f, i, history) for i, f in enumerate(chosen)]
+
+
+def _call(function: dict[str, Any], index: int, history: str) -> ToolCall:
+    schema = _obj(function.get("parameters"))
     props = _obj(schema.get("properties"))
     required = [p for p in schema.get("required") or () if p in props] or list(props)
     args = {}
@@ -226,8 +265,27 @@ def tool_call(body: dict[str, Any]) -> tuple[str, str, str] | None:
             enum[0] if isinstance(enum, list) and enum else _SCHEMA_SAMPLES.get(str(prop.get("type")), "sim")
         )
     arguments = json.dumps(args)
-    digest = hashlib.sha256((chosen["name"] + arguments + json.dumps(messages)).encode()).hexdigest()
-    return "call_" + digest[:24], chosen["name"], arguments
+    digest = hashlib.sha256(f"{function['name']}{arguments}{index}{history}".encode()).hexdigest()
+    return "call_" + digest[:24], function["name"], arguments
+
+
+def _last_user_text(messages: list[Any]) -> str:
+    last: Any = next((m for m in reversed(messages) if _obj(m).get("role") == "user"), {})
+    content = last.get("content")
+    if isinstance(content, list):  # parts: their text
+        return " ".join(str(_obj(p).get("text", "")) for p in content)
+    return content if isinstance(content, str) else ""
+
+
+def _called_since_user(messages: list[Any]) -> set[str]:
+    called: set[str] = set()
+    for message in reversed(messages):
+        m = _obj(message)
+        if m.get("role") == "user":
+            break
+        for call in m.get("tool_calls") or ():
+            called.add(str(_obj(_obj(call).get("function")).get("name")))
+    return called
 
 
 def relevance(query: str, document: str) -> float:

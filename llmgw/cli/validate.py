@@ -6,7 +6,7 @@ import dataclasses
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -74,6 +74,35 @@ def with_bindings(result: LoadResult, path: Path | None) -> LoadResult:
     return dataclasses.replace(result, warnings=(*result.warnings, *warnings))
 
 
+def capabilities_of(result: LoadResult) -> dict[str, dict[str, Any]]:
+    """Per model, what it serves as the router applies it (docs/router.md, Capabilities): the effective set
+    (its kind's defaults plus what it declares, less `without`), what it lacks, and whether a request needing
+    a checked capability waits for a passed model check (`verified_only`, the model's else the Cluster's)."""
+    if result.repo is None:
+        return {}
+    cat = result.repo.catalog
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in sorted(cat.models.items()):
+        spec = entry.spec
+        out[name] = {
+            "capabilities": spec.effective_capabilities,
+            "without": list(spec.without),
+            "verified_only": cat.cluster.verified_only if spec.verified_only is None else spec.verified_only,
+        }
+    return out
+
+
+def capability_lines(capabilities: dict[str, dict[str, Any]]) -> list[str]:
+    if not capabilities:
+        return []
+    lines = ["capabilities (docs/router.md, Capabilities):"]
+    for name, found in capabilities.items():
+        lacks = f"; without {', '.join(found['without'])}" if found["without"] else ""
+        strict = "; verified only" if found["verified_only"] else ""
+        lines.append(f"  {name}: {', '.join(found['capabilities'])}{lacks}{strict}")
+    return lines
+
+
 def render(result: LoadResult, output: Format) -> str:
     problems = [*result.errors, *result.warnings]
     if output is Format.json:
@@ -82,12 +111,14 @@ def render(result: LoadResult, output: Format) -> str:
             "errors": [e.to_json() for e in result.errors],
             "warnings": [w.to_json() for w in result.warnings],
             "summary": result.summary(),
+            "capabilities": capabilities_of(result),
         }
         return json.dumps(body, indent=2) + "\n"
     if output is Format.github:
         return "".join(p.format_github() + "\n" for p in problems)
     lines = [p.format_text() for p in problems]
     if result.ok and result.repo is not None:
+        lines += capability_lines(capabilities_of(result))
         counts = ", ".join(f"{n} {kind}" for kind, n in result.repo.counts().items()) or "no documents"
         lines.append(f"valid: {result.files} files, {counts}; revision {result.repo.revision}")
     else:

@@ -1,20 +1,23 @@
 """The controller runs `llmgw model check` by itself: once a second the leader looks for a ready replica
-whose (model, engine, engine version) has no verdict yet and checks it, so a request needing a capability
-(tools, a json_schema response_format) finds a verified replica without an operator's step, and a new
-engine version is checked again (a new key: the verdict of the old one says nothing about it).
+whose (model, engine, engine version) has no result yet for a probe its model's capabilities call for, and
+runs those probes on it. So a new model and a new engine version (a new key: the verdict of the old one says
+nothing about it) are checked, and so is a capability declared later (a verdict recorded before it covers
+other probes only): an operator learns which replicas serve what, and a `verified_only` model finds a
+verified replica, without a step of their own.
 
-One check per key at a time, each in the background (a slow CPU engine does not hold the others). A verdict,
-passed or failed, is kept until the key changes or an operator checks again (`llmgw model check`): a failed
-probe is not retried on every new replica (it would fail the same way and flap the routers). A check that
+One check per key at a time, each in the background (a slow CPU engine does not hold the others). A probe's
+result, passed or failed, is kept until the key changes or an operator checks again (`llmgw model check`): a
+failed probe is not retried on every new replica (it would fail the same way and flap the routers). A check that
 cannot start (the replica went away meanwhile) is tried again at the next tick. The setting
 `model_checks_auto: false` turns this off (then only `llmgw model check` records verdicts, and routers
-refuse requests needing an unverified capability until it has).
+refuse requests a `verified_only` model needs verified until it has).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from llmgw.controller.evals_run import EvalError, ready_targets
@@ -26,26 +29,37 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmgw.controller.auto_checks")
 
-__all__ = ["auto_check_loop", "due_checks"]
+__all__ = ["DueCheck", "auto_check_loop", "due_checks"]
 
 TICK_S = 1.0
 
 
-def due_checks(c: Controller) -> dict[tuple[str, str, str], tuple[str, str]]:
-    """Per (model, engine, version) with a ready replica, no verdict and no check running: the (model,
-    replica) to check, the oldest ready replica of that key."""
+@dataclass(frozen=True, slots=True)
+class DueCheck:
+    model: str
+    replica: str  # the oldest ready replica of the key
+    probes: tuple[str, ...]  # the ones the key has no result for
+
+
+def due_checks(c: Controller) -> dict[tuple[str, str, str], DueCheck]:
+    """Per (model, engine, version) with a ready replica, a probe of its model's capabilities without a
+    result and no check running: what to run where."""
     d = c.desired
     book = c.model_checks
-    out: dict[tuple[str, str, str], tuple[str, str]] = {}
+    out: dict[tuple[str, str, str], DueCheck] = {}
     if d is None:
         return out
     for name, entry in d.models.items():
-        if not probes_for(entry.spec.capabilities):
+        probes = probes_for(entry.spec.effective_capabilities)
+        if not probes:
             continue
         for target in ready_targets(c, name):
             key = (name, target.engine, engine_version_of(c, target.replica))
-            if key not in book.verdicts and key not in book.running and key not in out:
-                out[key] = (name, target.replica)
+            if key in book.running or key in out:
+                continue
+            missing = book.missing(*key, probes)
+            if missing:
+                out[key] = DueCheck(name, target.replica, tuple(missing))
     return out
 
 
@@ -55,10 +69,10 @@ async def auto_check_loop(c: Controller) -> None:
         while True:
             if c.leading() and c.model_checks.auto:
                 try:
-                    for key, (model, replica) in due_checks(c).items():
+                    for key, due in due_checks(c).items():
                         if key not in tasks:
                             tasks[key] = asyncio.get_running_loop().create_task(
-                                _check(c, model, replica), name=f"llmgw-model-check-{model}"
+                                _check(c, due), name=f"llmgw-model-check-{due.model}"
                             )
                 except Exception:  # a bug here must not stop the next tick
                     log.exception("finding the replicas to check failed; trying again")
@@ -71,12 +85,12 @@ async def auto_check_loop(c: Controller) -> None:
         await asyncio.gather(*tasks.values(), return_exceptions=True)
 
 
-async def _check(c: Controller, model: str, replica: str) -> None:
+async def _check(c: Controller, due: DueCheck) -> None:
     try:
-        await run_model_check(c, model, replica, automatic=True)
+        await run_model_check(c, due.model, due.replica, automatic=True, only=due.probes)
     except EvalError as exc:  # gone or no longer ready: the next tick finds another replica
-        log.info("the automatic model check of %s waits: %s", model, exc)
+        log.info("the automatic model check of %s waits: %s", due.model, exc)
     except asyncio.CancelledError:
         raise
     except Exception:
-        log.exception("the automatic model check of %s on %s failed to run", model, replica)
+        log.exception("the automatic model check of %s on %s failed to run", due.model, due.replica)

@@ -1,17 +1,22 @@
 """`llmgw model check MODEL`: the built-in probes (llmgw.core.model_checks) run against one replica, and the
-verdicts kept per model, engine and engine version.
+verdicts kept per model, engine and engine version, one result per probe: a check that runs some probes
+replaces those and keeps the others, so a capability declared later is checked by itself (the probes never
+run for a key are due) and never hidden by a verdict that did not cover it.
 
 The verdicts reach the routers in the snapshot: each endpoint carries the probes its (model, engine,
 version) passed and failed, and whether a check of it is due or running, so a request offering tools goes
-only to a replica whose engine passed the tools probe, and /v1/models lists the capabilities verified on a
-ready replica. The controller runs a check by itself for each new key (auto_checks.py) and keeps the
-verdicts in memory and in the store (read back when it starts or takes the lead).
+nowhere its engine failed the tools probe (with `verified_only`, only where it passed), and /v1/models lists
+the probes verified on a ready replica. The controller runs a check by itself for each new key and each probe
+a key has no result for (auto_checks.py) and keeps the verdicts in memory and in the store (read back when it
+starts or takes the lead).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -83,14 +88,22 @@ class CheckVerdict:
 
 @dataclass
 class CheckBook:
-    """The last verdict per (model, engine, engine version)."""
+    """The last result of each probe per (model, engine, engine version), as one verdict per key."""
 
     verdicts: dict[tuple[str, str, str], CheckVerdict] = field(default_factory=dict)
     running: set[tuple[str, str, str]] = field(default_factory=set)  # checks under way, by key
     auto: bool = True  # the controller checks each new (model, engine, version) itself (auto_checks.py)
 
-    def record(self, verdict: CheckVerdict) -> None:
-        self.verdicts[(verdict.model, verdict.engine, verdict.engine_version)] = verdict
+    def record(self, verdict: CheckVerdict) -> CheckVerdict:
+        """Keep `verdict`'s probe results over the key's earlier ones, and the earlier results of the probes
+        it did not run; the key's verdict as kept now (its replica and time: the last check's)."""
+        key = (verdict.model, verdict.engine, verdict.engine_version)
+        earlier = self.verdicts.get(key)
+        ran = {p.probe for p in verdict.probes}
+        kept = tuple(p for p in earlier.probes if p.probe not in ran) if earlier is not None else ()
+        merged = dataclasses.replace(verdict, probes=(*kept, *verdict.probes))
+        self.verdicts[key] = merged
+        return merged
 
     def load(self, texts: list[str]) -> int:
         """Verdicts kept in the store (`CheckVerdict.json`); one that cannot be read is skipped, said once."""
@@ -103,11 +116,18 @@ class CheckBook:
                 log.warning("a stored model-check verdict was skipped: %s", exc)
         return loaded
 
-    def checking(self, model: str, engine: str, version: str, probed: bool) -> bool:
-        """A check of that key is running, or due: automatic checks are on, the model has probes and the
-        key has no verdict yet (the next tick starts it). Routers say "in progress" rather than "never"."""
+    def missing(self, model: str, engine: str, version: str, probes: Sequence[str]) -> list[str]:
+        """The probes of `probes` that key has no result for (all of them: never checked)."""
+        verdict = self.verdicts.get((model, engine, version))
+        done = {p.probe for p in verdict.probes} if verdict is not None else set()
+        return [p for p in probes if p not in done]
+
+    def checking(self, model: str, engine: str, version: str, probes: Sequence[str]) -> bool:
+        """A check of that key is running, or due: automatic checks are on and one of the model's `probes`
+        has no result for the key yet (the next tick runs it). Routers say "in progress" rather than
+        "never"."""
         key = (model, engine, version)
-        return key in self.running or (self.auto and probed and key not in self.verdicts)
+        return key in self.running or (self.auto and bool(self.missing(model, engine, version, probes)))
 
     def details_of(self, model: str, engine: str, version: str) -> dict[str, str]:
         """Per failed probe, what the check said."""
@@ -145,17 +165,26 @@ def engine_version_of(c: Controller, replica_id: str) -> str:
 
 
 async def run_model_check(
-    c: Controller, model: str, replica: str | None, *, automatic: bool = False
+    c: Controller,
+    model: str,
+    replica: str | None,
+    *,
+    automatic: bool = False,
+    only: Sequence[str] | None = None,
 ) -> CheckVerdict:
-    """Probe one replica of `model` for each declared capability; the verdict is recorded and an event says
-    it. EvalError when the model or the replica cannot be checked."""
+    """Probe one replica of `model` for each capability it serves (`only`: those of them; the automatic
+    check runs the ones the key has no result for); the results are recorded over the key's earlier ones and
+    an event says them. Returns the key's verdict as kept. EvalError when the model or the replica cannot
+    be checked."""
     d = c.desired
     entry = d.models.get(model) if d else None
     if entry is None:
         raise EvalError(f"model {model} is not in the applied revision")
-    probes = probes_for(entry.spec.capabilities)
+    probes = probes_for(entry.spec.effective_capabilities)
+    if only is not None:
+        probes = [p for p in probes if p in only]
     if not probes:
-        raise EvalError(f"model {model} declares no capability with a built-in probe (tools, chat)")
+        raise EvalError(f"model {model} serves no capability with a built-in probe (tools, chat)")
     target = target_for(c, model, replica)
     version = engine_version_of(c, target.replica)
     key = (model, target.engine, version)
@@ -165,8 +194,8 @@ async def run_model_check(
         results = await probe_target(target, probes)
     finally:
         c.model_checks.running.discard(key)
-    verdict = CheckVerdict(model, target.engine, version, target.replica, c.wall(), tuple(results))
-    c.model_checks.record(verdict)
+    ran = CheckVerdict(model, target.engine, version, target.replica, c.wall(), tuple(results))
+    verdict = c.model_checks.record(ran)
     try:  # kept across a restart; the store down loses only that
         await c.store.save_model_check(
             model, verdict.engine, verdict.engine_version, json.dumps(verdict.json()), verdict.at
@@ -178,7 +207,7 @@ async def run_model_check(
         "model_checked",
         model,
         f"{target.engine} {verdict.engine_version} on {target.replica}"
-        f"{' (automatic: a new model or engine version)' if automatic else ''}: {words}",
+        f"{' (automatic: a new model, engine version or capability)' if automatic else ''}: {words}",
     )
     c.notify("model checked")  # the snapshot carries the verdicts
     return verdict

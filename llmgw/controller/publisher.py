@@ -71,7 +71,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
         profile = entry.profile(rec.profile) if entry else None
         version = engine_version_of(c, rec.id)
         verified, failed = c.model_checks.probes_of(rec.model, shard.engine, version)
-        probed = bool(entry and probes_for(entry.spec.capabilities))
+        probes = probes_for(entry.spec.effective_capabilities) if entry else []
         out.append(
             Endpoint(
                 replica_id=rec.id,
@@ -88,7 +88,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 verified=verified,
                 failed=failed,
                 failed_details=c.model_checks.details_of(rec.model, shard.engine, version),
-                checking=c.model_checks.checking(rec.model, shard.engine, version, probed),
+                checking=c.model_checks.checking(rec.model, shard.engine, version, probes),
                 kv_events=kv_events_address(shard.base_url, shard.kv_events_path),
             )
         )
@@ -179,7 +179,9 @@ def published_models(cat: Catalog) -> dict[str, PublishedModel]:
         name: PublishedModel(
             aliases=list(m.aliases),
             context_length=m.spec.context_length,
-            capabilities=list(m.spec.capabilities),
+            capabilities=m.spec.effective_capabilities,
+            without=list(m.spec.without),
+            verified_only=cat.cluster.verified_only if m.spec.verified_only is None else m.spec.verified_only,
             prices=m.spec.prices,
             max_output_tokens=m.spec.max_output_tokens,
             # Resolved here, once: aliases to names, transitively. Routers follow it as published.

@@ -219,8 +219,9 @@ class ControllerSettings(BaseModel):
     )
     model_checks_auto: bool = Field(
         True,
-        description="Run `llmgw model check` on a ready replica of each new model and engine version: a request "
-        "needing a capability (tools, json_schema) is routed only where it was verified (docs/canaries.md)",
+        description="Run `llmgw model check` on a ready replica of each new model and engine version, and each "
+        "probe a capability served later calls for: routers skip replicas that failed, and a verified_only model "
+        "serves a request needing tools or json_schema only where it passed (docs/canaries.md)",
     )
     commit_status_url: str | None = Field(
         None,

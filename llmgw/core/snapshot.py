@@ -72,7 +72,18 @@ class PublishedModel(_Wire):
 
     aliases: list[str] = Field(default_factory=list)
     context_length: int = Field(ge=1)
-    capabilities: list[Capability] = Field(default_factory=lambda: list(DEFAULT_CAPABILITIES))
+    capabilities: list[Capability] = Field(
+        default_factory=lambda: list(DEFAULT_CAPABILITIES),
+        description="The effective set: its kind's defaults plus what it declares, less `without`",
+    )
+    without: list[Capability] = Field(
+        default_factory=list, description="What it says it lacks: a request needing one is refused"
+    )
+    verified_only: bool = Field(
+        False,
+        description="A request needing a checked capability goes only to a replica whose check passed it "
+        "(else: anywhere but a replica whose check failed it)",
+    )
     prices: Prices = Field(default_factory=Prices)
     max_output_tokens: int | None = Field(
         None, ge=1, description="Completion cap: reserved and sent when a request names no max_tokens"

@@ -138,12 +138,14 @@ def _needs(estimate: Estimate) -> dict[Metric, float]:
 # (object.__setattr__ per field). Nothing mutates these after construction.
 @dataclass(slots=True)
 class Admission:
-    """A request let in: hand it back to `finish` when the request ends (whatever its outcome)."""
+    """A request let in: hand it to `end` as its answer's last bytes go out, and to `finish` when the request
+    ends (whatever its outcome)."""
 
     chain: tuple[Tenant, ...]
     estimate: Estimate
     headers: dict[str, str]
     charged: dict[str, float] = field(default_factory=dict)  # share key -> window_start it was charged in
+    ended: bool = False  # its concurrency slots are given back (`end`)
 
 
 class Limiter:
@@ -162,6 +164,7 @@ class Limiter:
         retry_interval: float = 1.0,
         grace_ledger: GraceLedger | None = None,
         slots: Slots | None = None,
+        slot_wait: float = 1.0,
     ) -> None:
         self._store = store
         self._clock = clock
@@ -174,6 +177,7 @@ class Limiter:
         # Requests in flight per capped level: this process's own count, or slots pooled through the store
         # (llmgw.store.slots.PooledSlots) so that every router process together keeps a level's limit.
         self._slots: Slots = slots if slots is not None else LocalSlots()
+        self._slot_wait = slot_wait  # the longest a request waits for a slot another process gives back
         self._store_down_until = -math.inf
         self._lock = asyncio.Lock()  # one renewal at a time
         self._unlocked = asyncio.Event()  # set whenever no renewal is under way
@@ -199,10 +203,29 @@ class Limiter:
         return max(0, share.taken - share.balance)
 
     async def admit(self, chain: Sequence[Tenant], estimate: Estimate) -> Admission | Refused:
-        """Let a request in, or refuse it naming the level and limit. Charges every level of the chain."""
+        """Let a request in, or refuse it naming the level and limit. Charges every level of the chain.
+
+        A request refused on a concurrency limit whose other slots other router processes hold waits up to
+        `slot_wait` seconds for one of them to give a slot back (`Slots.wait_for_room`): the slot of a
+        request that just ended in another process is not counted twice against the client's next one."""
         chain = tuple(chain)
         plan = self._plan(chain)
         needs = _needs(estimate)
+        got = await self._admit(plan, estimate, needs)
+        if not isinstance(got, Refused) or got.metric != "concurrency":
+            return got
+        deadline = time.monotonic() + self._slot_wait
+        with self._slots.waiting(key for key, _cap in plan.capped):
+            while isinstance(got, Refused) and got.metric == "concurrency":
+                key = limit_key(Tenant(got.level, got.tenant), "concurrency")
+                if not await self._slots.wait_for_room(key, int(got.limit), deadline):
+                    break
+                got = await self._admit(plan, estimate, needs)
+        return got
+
+    async def _admit(
+        self, plan: _Plan, estimate: Estimate, needs: dict[Metric, float]
+    ) -> Admission | Refused:
         # The common case (every share covers the request, nothing capped is full) needs no store and no
         # await: decided here in one step of the event loop, even while another request renews a share.
         admitted = self._admit_from_shares(plan, estimate, needs, self._clock())
@@ -281,11 +304,21 @@ class Limiter:
                 )
         return self._charge(plan, estimate, needs, Allowed(headers))
 
-    def finish(self, admission: Admission, tokens: int, cost: float) -> None:
-        """The request ended: release its concurrency and correct the token and budget estimates."""
-        plan = self._plan(admission.chain)
-        for key, _cap in plan.capped:
+    def end(self, admission: Admission) -> None:
+        """The answer's last bytes are about to go out: give back its concurrency slots (once), before the
+        client can read them and send its next request. `finish` does it too for a request that never got
+        that far."""
+        if admission.ended:
+            return
+        admission.ended = True
+        for key, _cap in self._plan(admission.chain).capped:
             self._slots.release(key)
+
+    def finish(self, admission: Admission, tokens: int, cost: float) -> None:
+        """The request ended: release its concurrency (unless `end` did) and correct the token and budget
+        estimates."""
+        self.end(admission)
+        plan = self._plan(admission.chain)
         actual: dict[Metric, int] = {"tokens": tokens, "budget": to_micros(cost)}
         for pool in plan.corrected:
             share = self._shares.get(pool.key)

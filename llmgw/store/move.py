@@ -31,7 +31,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "usage_tags": ("usage_id", "key", "value"),
     "limit_counters": ("limit_key", "window_start", "window_end", "taken", "granted", "updated_at"),
     "leases": ("name", "holder", "expires_at"),
-    "concurrency_pools": ("limit_key", "updated_at"),
+    "concurrency_pools": ("limit_key", "updated_at", "wanted_at"),
     "concurrency_holds": ("limit_key", "holder", "slots", "expires_at"),
     "audit_log": ("id", "time", "actor", "actor_detail", "action", "object", "outcome", "reason", "via"),
     "notification_outbox": (

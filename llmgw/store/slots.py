@@ -10,6 +10,19 @@ every limited request; with holds, a process whose load is steady costs no round
 a rising level does (one per extra slot). Why not shares of several slots at once: a slot held idle by one
 router is a slot another router must refuse, so a limit of 16 would not reach 16 in flight under a burst.
 
+Slots another process wants are not kept idle (issue 37: a client keeping exactly its limit in flight moves
+its next request to another worker the moment it read the end of the last answer, and must not be refused
+for a slot that request's worker still holds). An ask that comes up short marks the pool wanted
+(`Store.hold_slots` sets `wanted_at`); a process keeping idle slots reads that on its next pass (one read
+per linger, only while it keeps idle slots) and gives back every slot no request of its own is in or waiting
+for, then for `wanted_for` seconds gives idle slots back without a linger. The short request waits meanwhile
+instead of being refused (`wait_for_room`, bounded by the limiter's `slot_wait`), asking again every
+`linger / 10`; it counts as waiting on every level of its chain (`waiting`), so two processes each waiting on a
+level the other keeps idle slots of give them to each other. What it costs: nothing on a request a held slot
+admits; under contention, the wait (about one linger the first time, one store round trip after) and the
+asks. A request over the limit (every slot busy somewhere) is refused after that wait; one whose own
+process fills the limit, or while the store is away, at once.
+
 Holds are renewed every `ttl / 3`; a holder that dies gives its slots back when its rows lapse (`ttl`).
 
 Outage rule (as for the windowed limits: serve on what is held, then one grace share, then refuse): while
@@ -32,7 +45,7 @@ import math
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,11 +58,13 @@ __all__ = ["LocalSlots", "PooledSlots", "SlotStore", "Slots", "holder_id"]
 
 class Slots(Protocol):
     """What the limiter asks of a concurrency counter. `free`, `available`, `take` and `release` are
-    synchronous (the request path's common case); `ensure` may ask the store."""
+    synchronous (the request path's common case); `ensure` and `wait_for_room` may ask the store."""
 
     def free(self, key: str, cap: int) -> bool: ...
     def available(self, key: str, cap: int) -> int: ...
     async def ensure(self, key: str, cap: int) -> None: ...
+    async def wait_for_room(self, key: str, cap: int, until: float) -> bool: ...
+    def waiting(self, keys: Iterable[str]) -> contextlib.AbstractContextManager[None]: ...
     def take(self, key: str) -> None: ...
     def release(self, key: str) -> None: ...
 
@@ -69,6 +84,12 @@ class LocalSlots:
     async def ensure(self, key: str, cap: int) -> None:
         return None
 
+    async def wait_for_room(self, key: str, cap: int, until: float) -> bool:
+        return False  # every slot is in this process: a full limit is full of its own requests
+
+    def waiting(self, keys: Iterable[str]) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
     def take(self, key: str) -> None:
         self._inflight[key] = self._inflight.get(key, 0) + 1
 
@@ -84,6 +105,7 @@ class SlotStore(Protocol):
     ) -> int: ...
     async def renew_slots(self, holder: str, now: float, expires_at: float) -> int: ...
     async def drop_slots(self, holder: str) -> int: ...
+    async def slots_wanted_at(self, limit_key: str) -> float | None: ...
 
 
 def holder_id(router_id: str) -> str:
@@ -100,6 +122,11 @@ class _Hold:
     cap: int = 0  # the limit as last seen
     grace: int = 0  # slots admitted on our own authority while the store is away
     grace_used: bool = False
+    waiting: int = 0  # requests here waiting for a slot another process may give back
+    asked_at: float = -math.inf  # time.monotonic() of the last ask: waiters ask at most once per poll
+    wanted_seen: float | None = None  # the pool's wanted_at as last read (Store.slots_wanted_at)
+    short_at: float | None = None  # the `now` of our own last ask that came up short
+    wanted_until: float = -math.inf  # time.monotonic(): until then idle slots go back without a linger
 
 
 class PooledSlots:
@@ -116,18 +143,22 @@ class PooledSlots:
         store_timeout: float = 2.0,
         retry_interval: float = 1.0,
         grace_fraction: float = 0.1,
+        wanted_for: float = 5.0,
     ) -> None:
         self._store = store
         self.holder = holder
         self._clock = clock
         self._ttl = ttl
         self._linger = linger
+        self._poll = linger / 10  # how often a waiter asks the store again (one ask per limit at a time)
+        self._wanted_for = wanted_for  # how long a limit another process came up short on stays wanted
         self._timeout = store_timeout
         self._retry_interval = retry_interval
         self._grace_fraction = grace_fraction
         self._holds: dict[str, _Hold] = {}
         self._idle: set[str] = set()  # keys that may hold more than they have in flight
         self._wake = asyncio.Event()
+        self._urgent = False  # a wanted limit's slot went idle: the next pass runs without a linger
         self._lock = asyncio.Lock()  # one change of a hold at a time: each sets an absolute count
         self._down_until = -math.inf
         self._down = False
@@ -159,6 +190,8 @@ class PooledSlots:
         h = self._hold(key)
         h.inflight = max(0, h.inflight - 1)
         self._idle.add(key)
+        if h.wanted_until > time.monotonic():
+            self._urgent = True
         self._wake.set()
 
     async def ensure(self, key: str, cap: int) -> None:
@@ -172,8 +205,11 @@ class PooledSlots:
         if now >= self._down_until:
             try:
                 async with self._lock:
-                    want = min(cap, h.inflight + 1)
+                    want = min(cap, h.inflight + max(1, h.waiting))
+                    h.asked_at = time.monotonic()
                     h.held = await self._set(key, want, cap, now)
+                    if h.held < want:
+                        h.short_at = now  # the store marks the pool wanted with it: our own demand
                 # Another level may refuse the request this slot was for: then it is idle, and goes back.
                 self._idle.add(key)
                 self._wake.set()
@@ -185,6 +221,38 @@ class PooledSlots:
         if not h.grace_used:
             h.grace_used = True
             h.grace = max(1, math.ceil(cap * self._grace_fraction))
+
+    async def wait_for_room(self, key: str, cap: int, until: float) -> bool:
+        """A request was refused on this limit: wait until `until` (a time.monotonic() instant) for a slot
+        here, asking the store again every poll (one ask per limit at a time, for every waiter). Other
+        processes hold the rest, and one that keeps a slot idle gives it back on its next pass (it reads that
+        the pool is wanted). True when a slot is free here now; False at once when this process's own
+        requests fill the limit or the store is away."""
+        h = self._hold(key)
+        if self._down:
+            return False
+        while self.available(key, cap) < 1:
+            left = until - time.monotonic()
+            if h.inflight >= cap or left <= 0:
+                return False
+            await asyncio.sleep(min(self._poll, left))
+            if time.monotonic() - h.asked_at >= self._poll:
+                await self.ensure(key, cap)
+        return True
+
+    @contextlib.contextmanager
+    def waiting(self, keys: Iterable[str]) -> Iterator[None]:
+        """A request waits for slots of every limit of `keys`: each is asked for one more for it, and a
+        return pass keeps one for it, so that two processes each waiting on a limit the other keeps idle
+        slots of do not hold each other up."""
+        holds = [self._hold(key) for key in keys]
+        for h in holds:
+            h.waiting += 1
+        try:
+            yield
+        finally:
+            for h in holds:
+                h.waiting -= 1
 
     async def _set(self, key: str, want: int, cap: int, now: float) -> int:
         async with asyncio.timeout(self._timeout):
@@ -227,8 +295,10 @@ class PooledSlots:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(wait):
                     await self._wake.wait()
-                    await asyncio.sleep(self._linger)  # idle slots linger: the next request may reuse them
+                    if not self._urgent:  # idle slots linger: the next request may reuse them
+                        await asyncio.sleep(self._linger)
             self._wake.clear()
+            self._urgent = False
             try:
                 await self._return_idle()
                 if self._down or time.monotonic() >= next_renew:
@@ -254,11 +324,18 @@ class PooledSlots:
         """Give back what stayed idle through the last linger; True when idle slots were kept for now."""
         h = self._holds[key]
         async with self._lock:
-            # Keep what was in use at the busiest moment of the last linger: a load that goes up and down
-            # by a few requests does not give slots back and ask for them again each time.
-            target, h.peak = max(h.inflight, h.peak), h.inflight
             if h.grace:
                 return False  # an outage's grace: settled by _end_grace
+            try:
+                wanted = h.held > h.inflight and await self._wanted(key, h)
+            except BaseException:
+                self._idle.add(key)
+                raise
+            # Keep what was in use at the busiest moment of the last linger: a load that goes up and down
+            # by a few requests does not give slots back and ask for them again each time. Unless another
+            # process wants them: then every slot goes back now that no request here is in or waiting for.
+            busy = h.inflight + h.waiting
+            target, h.peak = (busy if wanted else max(busy, h.peak)), h.inflight
             if h.held <= target:
                 return h.held > h.inflight
             h.held = target  # lowered before asking, so no request is admitted on a slot being returned
@@ -269,6 +346,18 @@ class PooledSlots:
                 raise
         self._answered()
         return h.held > h.inflight
+
+    async def _wanted(self, key: str, h: _Hold) -> bool:
+        """Whether another process came up short on this limit lately: read from the store unless known."""
+        if h.wanted_until > time.monotonic():
+            return True
+        async with asyncio.timeout(self._timeout):
+            wanted_at = await self._store.slots_wanted_at(key)
+        if wanted_at is None or wanted_at in (h.wanted_seen, h.short_at):
+            return False
+        h.wanted_seen = wanted_at
+        h.wanted_until = time.monotonic() + self._wanted_for
+        return True
 
     async def _renew(self) -> None:
         now = self._clock()

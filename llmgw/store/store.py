@@ -515,7 +515,8 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
         """Set `holder`'s hold on a concurrency limit to `want` slots, or to as many as the other live holds
         leave free (never below 0); renews the hold to `expires_at`. Returns the slots now held. A decrease
         always succeeds (unless others already hold more than their due). Serialised per limit by the
-        pool row, so racing holders never hold more than `limit` between them."""
+        pool row, so racing holders never hold more than `limit` between them. Fewer than `want` held marks
+        the pool as wanted now (`slots_wanted_at`)."""
         if want < 0 or limit < 0:
             raise StoreError(f"hold_slots({limit_key!r}): want and limit must be >= 0, got {want}, {limit}")
         async with self.db.tx() as tx:
@@ -536,7 +537,18 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
                     limit_key, holder, now,
                 ),
             )  # fmt: skip
-        return int(rows[0][0])
+            held = int(rows[0][0])
+            if held < want:  # told to the holders keeping idle slots of this limit (slots_wanted_at)
+                await tx.execute(
+                    "UPDATE concurrency_pools SET wanted_at = ? WHERE limit_key = ?", (now, limit_key)
+                )
+        return held
+
+    async def slots_wanted_at(self, limit_key: str) -> float | None:
+        """When a holder last asked `limit_key` for more slots than were free (its `now`); None: never."""
+        async with self.db.tx() as tx:
+            rows = await tx.fetch("SELECT wanted_at FROM concurrency_pools WHERE limit_key = ?", (limit_key,))
+        return float(rows[0][0]) if rows and rows[0][0] is not None else None
 
     async def renew_slots(self, holder: str, now: float, expires_at: float) -> int:
         """Extend every non-empty hold of `holder` to `expires_at` and drop lapsed and empty holds (anyone's);

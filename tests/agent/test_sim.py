@@ -163,7 +163,8 @@ async def test_repeated_prefix_pays_less_prefill(sim: tuple[SimEngine, str]) -> 
 
         async def chat(messages: list[dict[str, str]]) -> dict[str, Any]:
             body = {"model": "sim-model", "messages": messages, "max_tokens": 2}
-            async with http.post(f"{url}/v1/chat/completions", json=body, headers=auth()) as resp:
+            headers = {**auth(), "X-Llmgw-Sim-Info": "1"}  # the timing breakdown, asked for
+            async with http.post(f"{url}/v1/chat/completions", json=body, headers=headers) as resp:
                 assert resp.headers["x-llmgw-sim-cached-tokens"] is not None
                 data: dict[str, Any] = await resp.json()
                 return data
@@ -204,25 +205,60 @@ def _tool(name: str, **params: Any) -> dict[str, Any]:
 
 
 def test_tool_call_is_deterministic_and_follows_tool_choice() -> None:
-    from llmgw_agent.sim_model import tool_call
+    from llmgw_agent.sim_model import tool_calls
 
     tools = [
         _tool("a", city={"type": "string"}),
         _tool("b", n={"type": "integer"}, unit={"enum": ["c", "f"]}),
     ]
     asked = [{"role": "user", "content": "go"}]
-    first = tool_call({"tools": tools, "messages": asked})
-    assert first is not None and first[1:] == ("a", '{"city": "sim"}')
-    assert tool_call({"tools": tools, "messages": asked}) == first  # the same request, the same call
+    (first,) = tool_calls({"tools": tools, "messages": asked})
+    assert first[1:] == ("a", '{"city": "sim"}')
+    assert tool_calls({"tools": tools, "messages": asked}) == [first]  # the same request, the same call
     named = {"type": "function", "function": {"name": "b"}}
-    assert tool_call({"tools": tools, "messages": asked, "tool_choice": named})[1:] == (  # type: ignore[index]
-        "b",
-        '{"n": 1, "unit": "c"}',
-    )
-    assert tool_call({"tools": tools, "messages": asked, "tool_choice": "none"}) is None
+    assert [c[1:] for c in tool_calls({"tools": tools, "messages": asked, "tool_choice": named})] == [
+        ("b", '{"n": 1, "unit": "c"}')
+    ]
+    assert tool_calls({"tools": tools, "messages": asked, "tool_choice": "none"}) == []
     answered = [*asked, {"role": "tool", "tool_call_id": first[0], "content": "ok"}]
-    assert tool_call({"tools": tools, "messages": answered}) is None  # a tool's result is answered in words
-    assert tool_call({"messages": asked}) is None
+    assert tool_calls({"tools": tools, "messages": answered}) == []  # a tool's result is answered in words
+    assert tool_calls({"messages": asked}) == []
+
+
+def _named(calls: list[tuple[str, str, str]]) -> list[str]:
+    return [name for _, name, _ in calls]
+
+
+def test_tools_named_in_the_users_text_are_called_in_parallel_unless_that_is_off() -> None:
+    from llmgw_agent.sim_model import tool_calls
+
+    tools = [_tool("get_weather", city={"type": "string"}), _tool("get_time"), _tool("get")]
+    asked = [{"role": "user", "content": [{"type": "text", "text": "use get_time and get_weather"}]}]
+    calls = tool_calls({"tools": tools, "messages": asked})
+    assert _named(calls) == ["get_weather", "get_time"]  # in the order offered; `get` is no word there
+    assert len({c[0] for c in calls}) == 2  # each call its own id
+    serial = tool_calls({"tools": tools, "messages": asked, "parallel_tool_calls": False})
+    assert _named(serial) == ["get_weather"]
+
+
+def test_required_calls_the_next_uncalled_tool_after_a_result_and_named_always_calls() -> None:
+    from llmgw_agent.sim_model import tool_calls
+
+    tools = [_tool("lookup"), _tool("final_result", answer={"type": "string"})]
+    asked = [{"role": "user", "content": "what is it?"}]
+    body: dict[str, Any] = {"tools": tools, "tool_choice": "required", "messages": asked}
+    (first,) = tool_calls(body)
+    assert first[1] == "lookup"
+    call = {"id": first[0], "type": "function", "function": {"name": "lookup", "arguments": "{}"}}
+    body["messages"] = [
+        *asked,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": first[0], "content": "ok"},
+    ]
+    assert _named(tool_calls(body)) == ["final_result"]  # required: a call, of the tool not called yet
+    assert tool_calls({**body, "tool_choice": "auto"}) == []  # auto: the result is answered in words
+    named = {"type": "function", "function": {"name": "lookup"}}
+    assert _named(tool_calls({**body, "tool_choice": named})) == ["lookup"]  # forced, every turn
 
 
 async def test_openai_client_gets_a_tool_call_whole_and_streamed(sim: tuple[SimEngine, str]) -> None:
@@ -290,6 +326,25 @@ async def test_offered_tools_are_called_until_a_result_comes_back(sim: tuple[Sim
             max_tokens=2,
         )
         assert none.choices[0].message.content and none.choices[0].finish_reason == "length"
+
+
+async def test_a_response_format_is_answered_with_json_whole_and_streamed(sim: tuple[SimEngine, str]) -> None:
+    """Structured output (the Agents SDK's output_type): the schema's sample value, streamed in pieces that
+    join to what the whole answer gives."""
+    _, url = sim
+    ask: Any = [{"role": "user", "content": "weather?"}]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "degrees": {"type": "integer"}}}
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "weather", "schema": schema}}
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="k-test", max_retries=0) as c:
+        whole = await c.chat.completions.create(model="sim-model", messages=ask, response_format=fmt)
+        stream = await c.chat.completions.create(
+            model="sim-model", messages=ask, response_format=fmt, stream=True
+        )
+        pieces = [
+            ch.choices[0].delta.content async for ch in stream if ch.choices and ch.choices[0].delta.content
+        ]
+    assert json.loads(whole.choices[0].message.content or "") == {"city": "sim", "degrees": 1}
+    assert "".join(pieces) == whole.choices[0].message.content and len(pieces) > 1
 
 
 async def test_rerank_and_score_by_word_overlap(sim: tuple[SimEngine, str]) -> None:

@@ -5,6 +5,7 @@ these are the command lines, and two stand-in replicas started by the real super
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -12,9 +13,9 @@ from pathlib import Path
 import pytest
 from llmgw_agent import engines
 from llmgw_agent.engines import LaunchContext, launch_plan, pick_cpus, runs_as_module, vllm_omp_threads_bind
-from llmgw_agent.installs import DEFAULT_BINARY, probe_argv
+from llmgw_agent.installs import DEFAULT_BINARY, InstallError, probe, probe_argv
 from llmgw_agent.protocol import KvEventsRequest, ShardSpec, ShardStatus
-from llmgw_agent.supervisor import Supervisor, SupervisorConfig
+from llmgw_agent.supervisor import Shard, Supervisor, SupervisorConfig, proc_start_time
 from support import free_port_range, wait_for
 
 from .helpers import group_alive
@@ -155,3 +156,47 @@ async def test_two_replicas_started_by_the_supervisor_bind_different_cores(super
     pids = [s.pid for s in statuses]
     await supervisor.stop_all()
     assert not any(group_alive(p) for p in pids if p is not None)
+
+
+async def test_a_restarted_agent_keeps_the_cores_it_gave_and_gives_the_next_replica_others(
+    tmp_path: Path,
+) -> None:
+    """The cores are in the shard's state record: an adopted vLLM keeps its cores, and one started after it by
+    the new agent binds others. This process stands in for the engine (same pid and start time)."""
+    usable = sorted(os.sched_getaffinity(0))
+    state = tmp_path / "state"
+    (state / "shards").mkdir(parents=True)
+    me = os.getpid()
+    held = spec(replica_id="held")
+    status = ShardStatus(replica_id="held", model="tiny", engine="vllm", state="ready", pid=me)
+    record = {
+        "spec": held.model_dump(mode="json", exclude={"api_key"}),
+        "status": status.model_dump(mode="json"),
+        "pid": me,
+        "pgid": me,
+        "start_ticks": proc_start_time(me),
+        "cpus": [usable[0]],
+    }
+    (state / "shards" / "held-0.json").write_text(json.dumps(record))
+    sup = Supervisor(SupervisorConfig(state_dir=state, advertise_host="127.0.0.1"), lambda _: None)
+    try:
+        (adopted,) = sup.adopt()
+        assert sup.shards[held.shard_id].cpus == (usable[0],)
+        nxt = Shard(spec(replica_id="next"), adopted, tmp_path / "w")
+        expected = (usable[1],) if len(usable) > 1 else (usable[0],)
+        assert sup._pick_cpus(nxt) == expected
+    finally:
+        await sup.close()  # never told to stop: this process is the "engine"
+
+
+async def test_an_import_probe_has_the_time_an_import_of_torch_takes(tmp_path: Path) -> None:
+    """A python that takes 2 s to import its package passes a probe given 1 s: the floor is an import's."""
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\nsleep 2\necho 0.32.0\n")
+    slow.chmod(0o755)
+    assert await probe("vllm", str(slow), 1.0) == ["0.32.0"]
+    script = tmp_path / "vllm"
+    script.write_text("#!/bin/sh\nsleep 2\necho 0.32.0\n")
+    script.chmod(0o755)
+    with pytest.raises(InstallError, match="did not finish within 1s"):
+        await probe("vllm", str(script), 1.0)  # `vllm --version` keeps the order's own timeout

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from llmgw_router.decisions.canary_route import refusal, steered_away
+from llmgw_router.decisions.canary_route import steered_away
+from llmgw_router.decisions.capabilities import refusal
 
 from llmgw.core.canary import Traffic, judge_canary
 from llmgw.core.config.eval_spec import CanarySpec
@@ -116,13 +117,18 @@ def test_a_group_with_nothing_usable_leaves_the_request_to_the_other() -> None:
     assert away(0.50, failed=frozenset({"s1", "s2"})) == set()
 
 
-def test_a_tools_request_goes_only_to_the_endpoints_that_passed_the_tools_probe() -> None:
-    # s1 failed the probe, s2 was never checked, s3 passed: unknown is not verified (test_model_check_routing.py).
+def test_a_tools_request_goes_to_the_endpoints_whose_check_did_not_fail_it() -> None:
+    # s1 failed the probe, s2 was never checked, s3 passed: unknown is not known to fail, so s2 serves
+    # (the capability rule: docs/router.md, Capabilities; tests/router/test_capabilities_rule.py).
     eps = {"m": [ep("s1", failed=("tools",)), ep("s2"), ep("s3", verified=("tools",))]}
-    assert away(0.5, eps=eps, needs=frozenset({"tools"})) == {"s1", "s2"}
+    assert away(0.5, eps=eps, needs=frozenset({"tools"})) == {"s1"}
     assert away(0.5, eps=eps) == set()  # a request without tools may go anywhere
-    assert refusal(eps, ("m",), frozenset({"tools"})) is None
+    assert refusal(eps, MODELS, ("m",), frozenset({"tools"})) is None
     every = {"m": [ep("s1", failed=("tools",))]}
-    refused = refusal(every, ("m",), frozenset({"tools"}))
-    assert refused is not None and refused.message.startswith("No replica of `m` is verified for tools")
-    assert refusal({"m": []}, ("m",), frozenset({"tools"})) is None  # no endpoint at all: the scheduler's 503
+    refused = refusal(every, MODELS, ("m",), frozenset({"tools"}))
+    assert refused is not None and refused.code == "capability_check_failed"
+    assert refused.message.startswith(
+        "No replica of `m` serves `tools`: the model check of its engine failed"
+    )
+    # No endpoint at all: the scheduler's 503, not a capability refusal.
+    assert refusal({"m": []}, MODELS, ("m",), frozenset({"tools"})) is None

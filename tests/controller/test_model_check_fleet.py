@@ -1,7 +1,8 @@
 """`llmgw model check MODEL` on a real fleet of sim engines: a sim that passes every probe and one that fails
 the tools probe on purpose. The controller checks each new model and engine version by itself; the
-verdicts reach the router, whose /v1/models lists only what was verified, and a tools request goes only to a
-replica whose engine passed the tools probe: never one that failed it, nor one never checked."""
+verdicts reach the router, whose /v1/models lists what was verified and what failed, and a tools request
+never goes to a replica whose engine failed the tools probe; an unchecked one serves it unless its model
+is `verified_only` (docs/router.md, Capabilities)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ TOOLS = [
 ]
 
 
-def _model(name: str, args: str = "", fallbacks: str = "") -> str:
+def _model(name: str, args: str = "", fallbacks: str = "", spec: str = "") -> str:
     extra = f", {args}" if args else ""
     return f"""\
 apiVersion: llmgw/v1
@@ -38,7 +39,7 @@ kind: Model
 metadata: {{name: {name}}}
 spec:
   context_length: 4096
-  capabilities: [chat, tools]
+  capabilities: [chat, tools]{spec}
   fallbacks: [{fallbacks}]
   profiles:
     - {{name: sim, engine: sim, cpu_cores: 1, args: {{decode_ms_per_token: 1{extra}}}}}
@@ -110,7 +111,7 @@ async def test_verdicts_for_a_passing_and_a_failing_sim_and_the_router_follows_t
     assert {(c["model"], c["passed"]) for c in checks} == {("good", True), ("bad", False), ("worse", False)}
     said = [e["message"] for e in await cluster.events() if e["kind"] == "model_checked"]
     assert len(said) == 6  # three automatic, three asked for: none repeated by itself
-    assert sum("(automatic: a new model or engine version)" in m for m in said) == 3, said
+    assert sum("(automatic: a new model, engine version or capability)" in m for m in said) == 3, said
     # Kept in the store: a restarted controller still knows them (and does not check again by itself).
     await cluster.stop_controller()
     await cluster.start_controller()
@@ -131,10 +132,12 @@ async def test_verdicts_for_a_passing_and_a_failing_sim_and_the_router_follows_t
 
         good = await wait_for(verified, 30, "the router to learn the verdicts")
         assert good["verified_capabilities"] == ["response_format", "stream_usage", "tools"]
-        assert good["capabilities"] == good["declared_capabilities"] == ["chat", "tools"]
+        assert good["capabilities"] == ["chat", "completions", "tools"] and good["failed_capabilities"] == []
         bad = await _listed(client, "bad")
         assert bad["verified_capabilities"] == ["response_format", "stream_usage"]
-        assert bad["capabilities"] == ["chat"] and bad["declared_capabilities"] == ["chat", "tools"]
+        assert bad["capabilities"] == ["chat", "completions", "tools"] and bad["failed_capabilities"] == [
+            "tools"
+        ]
         assert (await _listed(client, "worse"))["verified_capabilities"] == ["response_format"]
 
         # bad's only replica failed the tools probe: its tools request goes down the fallback chain.
@@ -148,57 +151,72 @@ async def test_verdicts_for_a_passing_and_a_failing_sim_and_the_router_follows_t
             model="bad", messages=[{"role": "user", "content": "hi"}], max_tokens=4
         )
         assert plain.headers["x-llmgw-model"] == "bad"
-        # worse has no replica that passed and no fallback: refused, saying why and what to do.
+        # worse's only replica failed and it has no fallback: refused, saying why and what to do.
         with pytest.raises(openai.BadRequestError) as refused:
             await client.chat.completions.create(
                 model="worse", messages=[{"role": "user", "content": "find x"}], tools=TOOLS, max_tokens=8
             )
-        assert refused.value.code == "capability_unverified"
+        assert refused.value.code == "capability_check_failed"
         assert (
-            "No replica of `worse` is verified for tools: the check failed: the engine answers in text, not "
-            "tool_calls — the sim was started with fail_probes: tools." in refused.value.message
+            "No replica of `worse` serves `tools`: the model check of its engine failed it: the engine answers "
+            "in text, not tool_calls — the sim was started with fail_probes: tools. Fix that, then "
+            "`llmgw model check worse` records the new verdict" in refused.value.message
         )
-        assert "run `llmgw model check worse`" in refused.value.message
         await client.close()
     finally:
         router.stop()
 
 
-async def test_an_unchecked_replica_takes_no_tools_request_until_checked(tmp_path: Path) -> None:
-    """With the automatic check off, a sim that would pass is still unknown: a tools request is refused
-    (never checked), a plain one served; `llmgw model check` verifies it and the tools request goes."""
+async def test_an_unchecked_replica_serves_tools_unless_its_model_is_verified_only(tmp_path: Path) -> None:
+    """With the automatic check off, sims that would pass are unknown. `open` serves a tools request at once
+    (unknown is not known to fail); `strict` opted into `verified_only`, so it refuses it (never checked,
+    and the message says to run the check) until `llmgw model check` verified it."""
     cluster = Cluster(tmp_path, model_checks_auto=False)
     router = None
     try:
-        await bring_up(cluster, ["n1"], {"models/plain.yaml": _model("plain")})
-        await cluster.wait_ready("plain", 1)
+        models = {
+            "models/open.yaml": _model("open"),
+            "models/strict.yaml": _model("strict", spec="\n  verified_only: true"),
+        }
+        await bring_up(cluster, ["n1"], models)
+        await cluster.wait_ready("open", 1)
+        await cluster.wait_ready("strict", 1)
         router = router_for(tmp_path, cluster)
         client = openai_client(router)
-        await routed(client, "plain")
-        listed = await _listed(client, "plain")
-        assert listed["capabilities"] == ["chat"] and listed["verified_capabilities"] == []
+        await routed(client, "open")
+        await routed(client, "strict")
+        ask: Any = [{"role": "user", "content": "find x"}]
+        served = await client.chat.completions.create(model="open", messages=ask, tools=TOOLS, max_tokens=8)
+        assert served.choices[0].message.tool_calls
+        listed = await _listed(client, "strict")
+        assert (
+            listed["capabilities"] == ["chat", "completions", "tools"]
+            and listed["verified_capabilities"] == []
+        )
+        assert listed["verified_only"] is True
         with pytest.raises(openai.BadRequestError) as refused:
-            await client.chat.completions.create(
-                model="plain", messages=[{"role": "user", "content": "find x"}], tools=TOOLS, max_tokens=8
-            )
+            await client.chat.completions.create(model="strict", messages=ask, tools=TOOLS, max_tokens=8)
         assert refused.value.code == "capability_unverified"
-        assert "No replica of `plain` is verified for tools: it was never checked." in refused.value.message
+        assert (
+            "no replica of `strict` was checked for it. Run `llmgw model check strict`"
+            in refused.value.message
+        )
         assert await _checks(cluster) == []  # nothing checked it by itself
 
-        code, out = await asyncio.to_thread(cli, cluster, "model", "check", "plain")
+        code, out = await asyncio.to_thread(cli, cluster, "model", "check", "strict")
         assert code == 0, out
 
         async def tools_routed() -> bool:
             try:
                 answer = await client.chat.completions.create(
-                    model="plain", messages=[{"role": "user", "content": "find x"}], tools=TOOLS, max_tokens=8
+                    model="strict", messages=ask, tools=TOOLS, max_tokens=8
                 )
             except openai.BadRequestError:
                 return False  # the router has not had the snapshot with the verdict yet
             return bool(answer.choices[0].message.tool_calls)
 
         await wait_for(tools_routed, 30, "the tools request to be routed once verified")
-        assert (await _listed(client, "plain"))["capabilities"] == ["chat", "tools"]
+        assert "tools" in (await _listed(client, "strict"))["verified_capabilities"]
         await client.close()
     finally:
         if router is not None:

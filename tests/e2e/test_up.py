@@ -295,6 +295,27 @@ def test_chats_with_a_simulated_model(up: Up) -> None:
     assert answer.usage is not None and answer.usage.completion_tokens == 6
 
 
+def test_the_example_serves_a_tool_loop_as_shipped(up: Up) -> None:
+    """Issue 37: a request with `tools` is forwarded on the example as shipped (sim-chat takes tools, its
+    kind's default, whether or not a check ran yet), a tool loop ends in words with `stop`, and gemma, a base
+    model the repo says lacks tools, refuses them naming what would lift it."""
+    tools: Any = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+    ask: Any = [{"role": "user", "content": "look it up"}]
+    first = client(up).chat.completions.create(model="sim-chat", messages=ask, tools=tools)
+    [call] = first.choices[0].message.tool_calls or []
+    assert first.choices[0].finish_reason == "tool_calls"
+    turn = [*ask, first.choices[0].message.model_dump(exclude_none=True)]
+    turn.append({"role": "tool", "tool_call_id": call.id, "content": "found"})
+    final = client(up).chat.completions.create(model="sim-chat", messages=turn, tools=tools)
+    assert final.choices[0].message.content and final.choices[0].finish_reason == "stop"
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(up).chat.completions.create(model=GEMMA, messages=ask, tools=tools)
+    assert refused.value.code == "unsupported_capability"
+    assert "remove `tools` from the model's `without`" in refused.value.message
+    listed = {m.id: m.model_dump() for m in client(up).models.list()}
+    assert listed["sim-chat"]["capabilities"] == ["chat", "completions", "tools"]
+
+
 def test_gemma_chat_and_stream_on_llamacpp_with_matching_usage(up: Up) -> None:
     """Greedy decoding (temperature 0, fixed seed) of the same prompt gives the same tokens, so the stream's
     final usage chunk must report the completion_tokens the non-streaming call reported, and the prompt

@@ -97,6 +97,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
                 "2048",
                 "--max-num-seqs",
                 "4",
+                "--enforce-eager",  # a CPU shard (no GPUs): the CPU build would recompile at every start
                 "--enable-lora",
                 "--lora-modules",
                 f"{V1}={PATHS[V1]}",

@@ -148,6 +148,97 @@ async def test_a_tool_use_turn_then_a_tool_result_turn(gateway: tuple[Router, st
     assert block.type == "tool_use" and block.input == {"city": "sim"} and block.id == use.id
 
 
+CLOCK = {
+    "name": "get_time",
+    "description": "The time in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+
+
+async def test_parallel_tool_use_whole_and_streamed_then_both_results(
+    gateway: tuple[Router, str, Sink],
+) -> None:
+    """Two tool_use blocks in one answer (streamed: one content block each, its input in input_json_delta
+    pieces), both results in one user turn, then words; `disable_parallel_tool_use` asks for one."""
+    _, url, _ = gateway
+    question: Any = {"role": "user", "content": "In Paris: use get_weather and get_time."}
+    tools: Any = [WEATHER, CLOCK]
+    async with claude(url) as c:
+        whole = await c.messages.create(model="sim-chat", max_tokens=50, tools=tools, messages=[question])
+        assert whole.stop_reason == "tool_use"
+        assert [(b.type, getattr(b, "name", None)) for b in whole.content] == [
+            ("tool_use", "get_weather"),
+            ("tool_use", "get_time"),
+        ]
+        async with c.messages.stream(
+            model="sim-chat", max_tokens=50, tools=tools, messages=[question]
+        ) as stream:
+            events = [e async for e in stream]
+            streamed = await stream.get_final_message()
+        starts = [e.index for e in events if e.type == "content_block_start"]
+        stops = [e.index for e in events if e.type == "content_block_stop"]
+        deltas = {
+            e.index for e in events if e.type == "content_block_delta" and e.delta.type == "input_json_delta"
+        }
+        assert starts == stops == [0, 1] and deltas == {0, 1}
+        assert [b.model_dump() for b in streamed.content] == [b.model_dump() for b in whole.content]
+        results = [
+            {"type": "tool_result", "tool_use_id": b.id, "content": "fine"}
+            for b in whole.content
+            if b.type == "tool_use"
+        ]
+        turn: Any = [
+            question,
+            {"role": "assistant", "content": [b.model_dump() for b in whole.content]},
+            {"role": "user", "content": results},
+        ]
+        answer = await c.messages.create(model="sim-chat", max_tokens=3, tools=tools, messages=turn)
+        assert [b.type for b in answer.content] == ["text"]
+        one = await c.messages.create(
+            model="sim-chat",
+            max_tokens=50,
+            tools=tools,
+            messages=[question],
+            tool_choice={"type": "auto", "disable_parallel_tool_use": True},
+        )
+        assert [getattr(b, "name", None) for b in one.content] == ["get_weather"]
+
+
+async def test_tool_choice_any_forces_a_tool_and_none_forbids_one(gateway: tuple[Router, str, Sink]) -> None:
+    _, url, _ = gateway
+    question: Any = {"role": "user", "content": "What is the weather?"}
+    tools: Any = [WEATHER, CLOCK]
+    async with claude(url) as c:
+        first = await c.messages.create(
+            model="sim-chat", max_tokens=50, tools=tools, messages=[question], tool_choice={"type": "any"}
+        )
+        (use,) = first.content
+        assert use.type == "tool_use" and use.name == "get_weather"
+        turn: Any = [
+            question,
+            {"role": "assistant", "content": [use.model_dump()]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]},
+        ]
+        forced = await c.messages.create(
+            model="sim-chat", max_tokens=50, tools=tools, messages=turn, tool_choice={"type": "any"}
+        )
+        assert forced.stop_reason == "tool_use" and [getattr(b, "name", None) for b in forced.content] == [
+            "get_time"
+        ]
+        named = await c.messages.create(
+            model="sim-chat",
+            max_tokens=50,
+            tools=tools,
+            messages=turn,
+            tool_choice={"type": "tool", "name": "get_weather"},
+        )
+        assert [getattr(b, "name", None) for b in named.content] == ["get_weather"]
+        none = await c.messages.create(
+            model="sim-chat", max_tokens=3, tools=tools, messages=[question], tool_choice={"type": "none"}
+        )
+        assert [b.type for b in none.content] == ["text"]
+
+
 async def test_refusals_come_in_anthropics_shape(gateway: tuple[Router, str, Sink]) -> None:
     _, url, _ = gateway
     body = {"model": "sim-chat", "messages": [{"role": "user", "content": "x"}]}
@@ -158,6 +249,7 @@ async def test_refusals_come_in_anthropics_shape(gateway: tuple[Router, str, Sin
             assert await r.json() == {
                 "type": "error",
                 "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"},
+                "request_id": r.headers["x-request-id"],
             }
         async with s.post(url + "/v1/messages", json={**body, "max_tokens": 2}) as r:
             err = await r.json()
@@ -172,10 +264,11 @@ async def test_refusals_come_in_anthropics_shape(gateway: tuple[Router, str, Sin
                 "type": "not_found_error",
                 "message": "The model `nope` does not exist or you do not have access to it.",
             },
+            "request_id": nf.value.response.headers["x-request-id"],
         }
         with pytest.raises(anthropic.BadRequestError) as cap:
             await c.messages.create(model="sim-embed", max_tokens=2, messages=[body["messages"][0]])  # type: ignore[list-item]
-        assert "does not support chat" in str(cap.value)
+        assert "does not serve `chat`" in str(cap.value)
     async with claude(url, key="sk-llmgw-" + "z" * 43) as c:
         with pytest.raises(anthropic.AuthenticationError):
             await c.messages.create(model="sim-chat", max_tokens=2, messages=[body["messages"][0]])  # type: ignore[list-item]

@@ -168,14 +168,149 @@ async def test_streamed_tool_call_completes_with_its_arguments(
     assert set(json.loads(call.arguments)) == {"input"}
 
 
+def city_tool(name: str) -> dict[str, Any]:
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    return {"type": "function", "name": name, "description": f"The {name}.", "parameters": params}
+
+
+TWO_TOOLS: Any = [city_tool("get_weather"), city_tool("get_time")]
+ASK_BOTH = "In Paris: use get_weather and get_time."
+
+
+async def test_parallel_function_calls_whole_and_streamed_then_their_outputs(
+    gateway: tuple[Router, openai.AsyncOpenAI],
+) -> None:
+    """The loop an agent framework runs: two calls in one Response, streamed item by item, then the Response's
+    output items passed back as they came with one output per call, answered in words."""
+    _, c = gateway
+    whole = await c.responses.create(model="sim-chat", input=ASK_BOTH, tools=TWO_TOOLS)
+    assert whole.status == "completed"
+    assert [(o.type, getattr(o, "name", None)) for o in whole.output] == [
+        ("function_call", "get_weather"),
+        ("function_call", "get_time"),
+    ]
+    async with c.responses.stream(model="sim-chat", input=ASK_BOTH, tools=TWO_TOOLS) as stream:
+        events = [e async for e in stream]
+        final = await stream.get_final_response()
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    per_item = [(e.type, getattr(e, "output_index", None)) for e in events if "arguments.delta" not in e.type]
+    assert per_item == [
+        ("response.created", None),
+        ("response.in_progress", None),
+        ("response.output_item.added", 0),
+        ("response.function_call_arguments.done", 0),
+        ("response.output_item.done", 0),
+        ("response.output_item.added", 1),
+        ("response.function_call_arguments.done", 1),
+        ("response.output_item.done", 1),
+        ("response.completed", None),
+    ]
+
+    def calls(output: list[Any]) -> list[tuple[str, str, str]]:
+        return [(o.call_id, o.name, o.arguments) for o in output]
+
+    assert calls(final.output) == calls(whole.output)  # the same calls, ids and all
+    outputs = [
+        {"type": "function_call_output", "call_id": o.call_id, "output": f"{o.name}: fine"}  # type: ignore[union-attr]
+        for o in whole.output
+    ]
+    asked = {"role": "user", "content": ASK_BOTH}
+    answer = await c.responses.create(
+        model="sim-chat",
+        tools=TWO_TOOLS,
+        max_output_tokens=3,
+        input=[asked, *(o.model_dump(exclude_none=True) for o in whole.output), *outputs],  # type: ignore[list-item]
+    )
+    assert [o.type for o in answer.output] == ["message"] and len(answer.output_text.split()) == 3
+
+
+async def test_parallel_tool_calls_false_and_tool_choice_required(
+    gateway: tuple[Router, openai.AsyncOpenAI],
+) -> None:
+    _, c = gateway
+    one = await c.responses.create(
+        model="sim-chat", input=ASK_BOTH, tools=TWO_TOOLS, parallel_tool_calls=False
+    )
+    assert one.parallel_tool_calls is False
+    assert [getattr(o, "name", None) for o in one.output] == ["get_weather"]
+    call = one.output[0]
+    assert call.type == "function_call"
+    turn: Any = [
+        {"role": "user", "content": "What is the weather?"},
+        call.model_dump(exclude_none=True),
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+    ]
+    forced = await c.responses.create(model="sim-chat", input=turn, tools=TWO_TOOLS, tool_choice="required")
+    assert forced.tool_choice == "required"
+    assert [getattr(o, "name", None) for o in forced.output] == ["get_time"]  # a call, not words
+    none = await c.responses.create(
+        model="sim-chat", input=ASK_BOTH, tools=TWO_TOOLS, tool_choice="none", max_output_tokens=2
+    )
+    assert [o.type for o in none.output] == ["message"]
+
+
+async def test_reasoning_items_passed_back_are_accepted_and_outputs_may_be_parts(
+    gateway: tuple[Router, openai.AsyncOpenAI],
+) -> None:
+    """A history from a reasoning model (its `reasoning` items, as the Agents SDK passes them back) continues
+    here: the reasoning is not sent (chat has no place for it), and an output given as input_text parts is
+    the tool message's text. The engine is sent the same conversation as without either."""
+    _, c = gateway
+    call = {"type": "function_call", "call_id": "call_1", "name": "lookup", "arguments": '{"input": "sim"}'}
+    reasoning = {
+        "type": "reasoning",
+        "id": "rs_1",
+        "summary": [{"type": "summary_text", "text": "Look it up."}],
+    }
+    ask = {"role": "user", "content": "what is a sim?"}
+    parts = [{"type": "input_text", "text": "a simulated "}, {"type": "input_text", "text": "engine"}]
+    with_both: Any = [
+        ask,
+        reasoning,
+        call,
+        {"type": "function_call_output", "call_id": "call_1", "output": parts},
+    ]
+    plain: Any = [
+        ask,
+        call,
+        {"type": "function_call_output", "call_id": "call_1", "output": "a simulated engine"},
+    ]
+    answers = [
+        await c.responses.create(model="sim-chat", tools=[LOOKUP], max_output_tokens=3, input=items)
+        for items in (with_both, plain)
+    ]
+    assert [o.type for o in answers[0].output] == ["message"]
+    assert answers[0].output_text == answers[1].output_text  # the sim's words are seeded by the prompt
+    assert answers[0].usage is not None and answers[1].usage is not None
+    assert answers[0].usage.input_tokens == answers[1].usage.input_tokens
+    image = [{"type": "input_image", "image_url": "data:image/png;base64,AA=="}]
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.responses.create(
+            model="sim-chat",
+            input=[ask, call, {"type": "function_call_output", "call_id": "call_1", "output": image}],
+        )
+    assert err.value.param == "input[2].output[0]" and "input_text" in err.value.message
+
+
 async def test_stored_responses_and_builtin_tools_are_clear_400s(
     gateway: tuple[Router, openai.AsyncOpenAI],
 ) -> None:
     _, c = gateway
-    for extra in ({"previous_response_id": "resp_123"}, {"store": True}):
-        with pytest.raises(openai.BadRequestError) as err:
-            await c.responses.create(model="sim-chat", input="x", **extra)
-        assert err.value.code == "store_unsupported" and "content-retention" in err.value.message
+    # Without the content-retention opt-in nothing is kept: continuing gets OpenAI's not-found, saying why.
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.responses.create(model="sim-chat", input="x", previous_response_id="resp_123")
+    body = err.value.body
+    assert isinstance(body, dict) and err.value.status_code == 400
+    assert {k: body[k] for k in ("type", "param", "code")} == {
+        "type": "invalid_request_error",
+        "param": "previous_response_id",
+        "code": "previous_response_not_found",
+    }
+    assert body["message"].startswith("Previous response with id 'resp_123' not found: ")
+    assert "content-retention" in body["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        await c.responses.create(model="sim-chat", input="x", store=True)
+    assert err.value.code == "store_unsupported" and "content-retention" in err.value.message
     ok = await c.responses.create(model="sim-chat", input="x", store=False, max_output_tokens=1)
     assert len(ok.output_text.split()) == 1
     with pytest.raises(openai.BadRequestError) as err:

@@ -280,7 +280,7 @@ async def test_errors_and_passthrough_replies_are_not_translated() -> None:
     [
         ({"input": "x", "background": True}, "background", "unsupported_field"),
         ({"input": []}, "input", "invalid_type"),
-        ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type", "unsupported_field"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type", "unsupported_field"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file"}]}]},
             "input[0].content[0]",

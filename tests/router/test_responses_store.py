@@ -134,11 +134,11 @@ async def test_a_stored_response_is_retrieved_continued_and_deleted(gateway: Gat
     assert error_of(err.value)["param"] == "response_id"
     with pytest.raises(openai.NotFoundError) as err:
         await c.responses.delete(first.id)
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:  # OpenAI's status for a response it does not hold
         await c.responses.create(model="sim-chat", input="x", previous_response_id=first.id)
     body = error_of(err.value)
     assert body["param"] == "previous_response_id" and body["code"] == "previous_response_not_found"
-    assert first.id in body["message"]
+    assert body["type"] == "invalid_request_error" and first.id in body["message"]
     # What continued from it was kept whole: it still continues.
     fourth = await c.responses.create(
         model="sim-chat", input="x", previous_response_id=second.id, max_output_tokens=1
@@ -185,7 +185,7 @@ async def test_another_projects_key_gets_404_not_403(gateway: Gateway) -> None:
         assert error_of(err.value)["message"] == f"Response with id '{rid}' not found."
         with pytest.raises(openai.NotFoundError):
             await theirs.responses.delete(rid)
-        with pytest.raises(openai.NotFoundError) as err:
+        with pytest.raises(openai.BadRequestError) as err:
             await theirs.responses.create(model="sim-chat", input="x", previous_response_id=rid)
         assert error_of(err.value)["message"] == f"Previous response with id '{rid}' not found."
     assert (
@@ -202,9 +202,9 @@ async def test_an_expired_response_is_404_on_the_injected_clock(gateway: Gateway
     with pytest.raises(openai.NotFoundError) as err:
         await c.responses.retrieve(kept.id)
     assert error_of(err.value)["param"] == "response_id"
-    with pytest.raises(openai.NotFoundError) as err:
+    with pytest.raises(openai.BadRequestError) as err:
         await c.responses.create(model="sim-chat", input="x", previous_response_id=kept.id)
-    assert error_of(err.value)["param"] == "previous_response_id"
+    assert error_of(err.value)["code"] == "previous_response_not_found"
 
 
 async def test_a_project_without_the_opt_in_keeps_nothing_and_says_why(gateway: Gateway) -> None:
@@ -212,11 +212,14 @@ async def test_a_project_without_the_opt_in_keeps_nothing_and_says_why(gateway: 
     served = await c.responses.create(model="sim-chat", input="hello", max_output_tokens=1)
     assert served.store is False  # store absent: served as before, nothing kept
     assert await gateway.store.content_row("response", "plain", served.id, gateway.now[0]) is None
-    for extra in ({"previous_response_id": served.id}, {"store": True}):
+    for extra, code in (
+        ({"previous_response_id": served.id}, "previous_response_not_found"),  # what OpenAI answers
+        ({"store": True}, "store_unsupported"),
+    ):
         with pytest.raises(openai.BadRequestError) as err:
             await c.responses.create(model="sim-chat", input="x", **extra)
         body = error_of(err.value)
-        assert body["code"] == "store_unsupported" and body["param"] == next(iter(extra))
+        assert body["code"] == code and body["param"] == next(iter(extra))
         assert "content-retention" in body["message"] and "project `plain`" in body["message"]
     with pytest.raises(openai.NotFoundError):
         await c.responses.retrieve(served.id)
@@ -264,7 +267,7 @@ async def test_a_project_that_withdrew_its_opt_in_reads_nothing(gateway: Gateway
         await c.responses.retrieve(kept.id)
     with pytest.raises(openai.BadRequestError) as err:
         await c.responses.create(model="sim-chat", input="x", previous_response_id=kept.id)
-    assert error_of(err.value)["code"] == "store_unsupported"
+    assert error_of(err.value)["code"] == "previous_response_not_found"
     served = await c.responses.create(model="sim-chat", input="x", max_output_tokens=1)
     assert served.store is False
 
@@ -297,5 +300,51 @@ async def test_a_kept_tool_call_is_answered_with_only_its_output(gateway: Gatewa
         model="sim-chat", tools=[LOOKUP], max_output_tokens=3, store=False, input=whole
     )
     assert continued.output[0].type == "message" and len(continued.output_text.split()) == 3
+    assert continued.usage is not None and sent_whole.usage is not None
+    assert continued.usage.input_tokens == sent_whole.usage.input_tokens
+
+
+def city_tool(name: str) -> dict[str, Any]:
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    return {"type": "function", "name": name, "parameters": params}
+
+
+async def test_streamed_parallel_calls_are_kept_and_continued_with_only_their_outputs(
+    gateway: Gateway,
+) -> None:
+    """The Agents SDK's loop with `previous_response_id`: two calls streamed and kept, then only their outputs
+    sent; the engine is sent what it would be sent for the whole conversation."""
+    c = gateway.clients["keeper"]
+    tools: Any = [city_tool("get_weather"), city_tool("get_time")]
+    ask = "In Paris: use get_weather and get_time."
+    async with c.responses.stream(model="sim-chat", input=ask, tools=tools) as stream:
+        final = await stream.get_final_response()
+    assert final.store is True and [getattr(o, "name", None) for o in final.output] == [
+        "get_weather",
+        "get_time",
+    ]
+    kept = await c.responses.retrieve(final.id)
+
+    def calls(output: list[Any]) -> list[tuple[str, str, str, str]]:
+        return [(o.id, o.call_id, o.name, o.arguments) for o in output]
+
+    assert calls(kept.output) == calls(final.output)
+    outputs: Any = [
+        {"type": "function_call_output", "call_id": o.call_id, "output": "fine"}  # type: ignore[union-attr]
+        for o in final.output
+    ]
+    continued = await c.responses.create(
+        model="sim-chat", tools=tools, max_output_tokens=3, previous_response_id=final.id, input=outputs
+    )
+    whole: Any = [
+        {"role": "user", "content": [{"type": "input_text", "text": ask}]},
+        *(o.model_dump(exclude_none=True) for o in final.output),
+        *outputs,
+    ]
+    sent_whole = await c.responses.create(
+        model="sim-chat", tools=tools, max_output_tokens=3, store=False, input=whole
+    )
+    assert [o.type for o in continued.output] == ["message"]
+    assert continued.output_text == sent_whole.output_text  # the sim's words are seeded by the prompt
     assert continued.usage is not None and sent_whole.usage is not None
     assert continued.usage.input_tokens == sent_whole.usage.input_tokens

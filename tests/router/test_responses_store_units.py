@@ -56,13 +56,13 @@ def test_without_the_opt_in_absent_store_is_served_and_asking_is_a_400(
 ) -> None:
     assert plan_storage({}, project, retention, has_key) == NO_STORAGE
     assert plan_storage({"store": False}, project, retention, has_key) == NO_STORAGE
-    for body, param in (
-        ({"store": True}, "store"),
-        ({"previous_response_id": "resp_a"}, "previous_response_id"),
+    for body, param, code in (
+        ({"store": True}, "store", "store_unsupported"),
+        ({"previous_response_id": "resp_a"}, "previous_response_id", "previous_response_not_found"),
     ):
         with pytest.raises(ApiError) as err:
             plan_storage(body, project, retention, has_key)
-        assert (err.value.status, err.value.param, err.value.code) == (400, param, "store_unsupported")
+        assert (err.value.status, err.value.param, err.value.code) == (400, param, code)
         assert "content-retention" in err.value.message
         if not has_key:  # the project did opt in: the router lacks the key, and says so
             assert "--content-key-file" in err.value.message

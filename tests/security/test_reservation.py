@@ -45,6 +45,9 @@ class Recording:
         self.reserved.append((tokens, cost))
         return await self.inner.acquire(chain, tokens, cost)
 
+    def end(self, lease: Lease) -> None:
+        self.inner.end(lease)
+
     def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
         self.inner.release(lease, tokens_used, cost)
 

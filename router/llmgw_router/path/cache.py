@@ -194,6 +194,8 @@ class CachePath:
             200, {"Content-Type": entry.content_type, "Cache-Control": "no-cache", **headers}
         )
         call.result.first_byte_at = time.monotonic()
+        if call.ending is not None:  # its slots are free before the client can read the answer's end
+            call.ending()
         await exchange.write_eof(write_timeout, _refreshed_stream(entry.body, fresh_id, created))
         call.result.events = entry.events
         return None

@@ -322,6 +322,10 @@ class Guard:
                 return await self.judge_answer(mine, body, text, ask)
 
             judged = any(g.spec.judge is not None for g in mine)
+            if judged:
+                # The judge reads the whole answer before its end goes out: the slots stay taken while it
+                # does, and go back at the request's end (settle), not when the engine's stream ends.
+                call.ending = None
             wrapped = GuardedStream(exchange, mine, self._count, judge if judged else None)
             reply = await forward(wrapped)
             if wrapped.verdict is not None:

@@ -41,6 +41,9 @@ class Limiter(Protocol):
     async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
         """Let the request in (a Lease) or raise a 429 ApiError naming the limit."""
 
+    def end(self, lease: Lease) -> None:
+        """The answer's last bytes are about to go out: its concurrency slots go back now (once)."""
+
     def release(self, lease: Lease, tokens_used: int, cost: float) -> None: ...
 
     def budget_spent(self, tenant: Tenant) -> int | None:
@@ -50,6 +53,9 @@ class Limiter(Protocol):
 class NoLimits:
     async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
         return Lease(None)
+
+    def end(self, lease: Lease) -> None:
+        return None
 
     def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
         return None
@@ -87,6 +93,10 @@ class TenantLimiter:
             headers["Retry-After"] = str(got.retry_after)
             raise ApiError(429, got.message, "rate_limit_exceeded", type_="rate_limit_error", headers=headers)
         return Lease(got)
+
+    def end(self, lease: Lease) -> None:
+        if lease.admission is not None:
+            self._pool.end(lease.admission)
 
     def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
         if lease.admission is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hmac
 import logging
 import random
@@ -27,12 +28,14 @@ from llmgw.adapters import logformat
 from llmgw.core.guardrails import CompiledGuardrail
 from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
 from llmgw.core.tenancy import has_tenants
-from llmgw_router.decisions.canary_route import (
+from llmgw_router.decisions.canary_route import steered_away
+from llmgw_router.decisions.capabilities import (
     CHECKING_RETRY_AFTER_S,
-    listed_capabilities,
+    Refusal,
+    lacked,
     needs_of,
     refusal,
-    steered_away,
+    unsupported,
 )
 from llmgw_router.decisions.fields import DROPPED_HEADER, plan_fields
 from llmgw_router.decisions.rules import NO_COMPLETION, conversation_key, fits, parse, payload, sent_cap, size
@@ -216,14 +219,7 @@ class RequestService:
                     "created": 0,
                     "owned_by": "llmgw-simulated" if model.simulated else "llmgw",
                     "context_length": model.context_length,
-                    # Only what `llmgw model check` verified on a replica serving now (docs/canaries.md).
-                    "capabilities": listed_capabilities(
-                        model.capabilities, [ep.spec for ep in table.endpoints.get(name, ())]
-                    ),
-                    "declared_capabilities": list(model.capabilities),
-                    "verified_capabilities": sorted(
-                        {p for ep in table.endpoints.get(name, ()) for p in ep.spec.verified}
-                    ),
+                    **_capability_card(model, [ep.spec for ep in table.endpoints.get(name, ())]),
                     "aliases": list(model.aliases),
                     "on_demand": model.on_demand,
                 }
@@ -286,6 +282,8 @@ class RequestService:
             if response is not None and not exchange.started:
                 # A refusal too says which request it was: what `llmgw request ID` looks up.
                 response.headers.setdefault("x-request-id", call.request_id)
+                if call.ending is not None:  # its slots are free before the client can read the answer
+                    call.ending()
                 exchange.respond(response)
         except _GONE:
             call.status, call.code = gone(call)
@@ -330,14 +328,11 @@ class RequestService:
         tenant_project = _tenant_project(table, call.principal.project, canonical, name)
         if adapter is not None:
             self.adapters.check(name, adapter, tenant_project)
-        if kind not in model.capabilities:
-            raise ApiError(
-                400,
-                f"Model `{canonical}` does not support {kind}: it does not declare the `{kind}` capability "
-                f"(it declares {', '.join(model.capabilities) or 'none'}).",
-                "unsupported_capability",
-                param="model",
-            )
+        # What it needs of a model: a fallback lacking it is left out of the chain, the model refuses it.
+        needs = needs_of(body, vision=_lacks_vision(table, canonical)) if kind == "chat" else frozenset()
+        missing = lacked(model, kind, needs)
+        if missing is not None:
+            raise _refused(unsupported(canonical, model, missing))
         project = call.principal.project
         # A stored response (kept, or continued from) is the key's project's: decided once it is known.
         if isinstance(exchange, ResponsesExchange):
@@ -352,7 +347,13 @@ class RequestService:
         # Its shape, for a trace: known from here on, so a request refused by its limits has one too.
         call.session = conversation_key(exchange.headers, body, table.policy_for(canonical))
         call.stream = body.get("stream") is True and kind not in NO_COMPLETION
-        call.serving = fallback_chain(table, canonical, kind, tenant_project, lambda m: fits(m, call.sizing))
+        call.serving = fallback_chain(
+            table,
+            canonical,
+            kind,
+            tenant_project,
+            lambda m: fits(m, call.sizing) and lacked(m, kind, needs) is None,
+        )
         if adapter is not None:
             call.serving = call.serving[:1]  # a fallback model does not carry the adapter
         if tenant_project is not None:
@@ -364,6 +365,8 @@ class RequestService:
                     call.lease = await self.limiter.acquire(
                         call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
                     )
+                    if call.lease.admission is not None:
+                        call.ending = functools.partial(self.limiter.end, call.lease)
                 finally:  # a 429 is a limits span too
                     if call.trace is not None:
                         call.trace.span("limits", began)
@@ -565,7 +568,13 @@ class RequestService:
     async def _send(self, exchange: Exchange, up: UpstreamCall, call: Call) -> ProxyResult:
         assert self.session is not None, "the client session is opened with the listeners (app.serve)"
         return await forward(
-            self.session, exchange, up, self.engines, call.streaming, write_timeout=self.options.write_timeout
+            self.session,
+            exchange,
+            up,
+            self.engines,
+            call.streaming,
+            write_timeout=self.options.write_timeout,
+            ending=call.ending,
         )
 
     # ------------------------------------------------------------------ accounting
@@ -638,12 +647,9 @@ class _Steering:
         if not needs and not canary:
             return _NO_STEERING  # most requests: nothing to check, nothing to steer
         specs = {m: [ep.spec for ep in table.endpoints.get(m, ())] for m in chain} if needs or canary else {}
-        refused = refusal(specs, chain, needs)
+        refused = refusal(specs, table.models, chain, needs)
         if refused is not None:  # 503 while a check runs (retry soon helps), else 400 (an operator must act)
-            retry = {"Retry-After": str(CHECKING_RETRY_AFTER_S)} if refused.checking else None
-            status = 503 if refused.checking else 400
-            kind = "server_error" if refused.checking else "invalid_request_error"
-            raise ApiError(status, refused.message, "capability_unverified", kind, refused.param, retry)
+            raise _refused(refused)
         return cls(specs, needs, rng.random() if canary else 1.0)
 
     def info(
@@ -672,6 +678,40 @@ class _Steering:
 
 
 _NO_STEERING = _Steering({}, frozenset(), 1.0)
+
+
+def _refused(refused: Refusal) -> ApiError:
+    """A capability refusal in OpenAI's shape: 503 with Retry-After while a check that decides runs (asking
+    again soon helps), else 400 (an operator must act, and the message says how)."""
+    retry = {"Retry-After": str(CHECKING_RETRY_AFTER_S)} if refused.checking else None
+    kind = "server_error" if refused.checking else "invalid_request_error"
+    return ApiError(refused.status, refused.message, refused.code, kind, refused.param, retry)
+
+
+def _lacks_vision(table: RoutingTable, canonical: str) -> bool:
+    """A model of the request's published chain says it lacks vision: only then are its messages searched
+    for images (most requests are not)."""
+    model = table.models[canonical]
+    return any(
+        "vision" in m.without
+        for m in (model, *(table.models.get(fb) for fb in model.fallbacks))
+        if m is not None
+    )
+
+
+def _capability_card(model: PublishedModel, endpoints: list[Endpoint]) -> dict[str, Any]:
+    """What /v1/models says of a model's capabilities: the effective set (its kind's defaults, plus what it
+    declares, less `without`), what it lacks, and the checked ones passed (`verified_capabilities`) and
+    failed on every replica serving now (`failed_capabilities`: a request needing one is refused)."""
+    failed = set.intersection(*(set(ep.failed) for ep in endpoints)) if endpoints else set()
+    return {
+        "capabilities": list(model.capabilities),
+        "without": list(model.without),
+        "verified_capabilities": sorted({p for ep in endpoints for p in ep.verified}),
+        "failed_capabilities": sorted(failed),
+        "verified_only": model.verified_only,
+    }
+
 
 _REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
 

@@ -131,13 +131,15 @@ async def forward(
     streaming: Callable[[ProxyResult], None] | None = None,
     *,
     write_timeout: float = DEFAULT_WRITE_TIMEOUT,
+    ending: Callable[[], None] | None = None,
 ) -> ProxyResult:
     """Send `call` to its endpoint: plain-http engines through `engines` (the lean client), everything else
     (providers over TLS) through the aiohttp `session`. `streaming` is handed the result as soon as a stream
     starts, so what it learns (usage, whether the client got the end) outlives a cancelled handler.
     A stream whose client takes longer than `write_timeout` seconds to accept one write is cut off (the
     exchange waits while the client's TCP window is closed; without a bound a client that stops reading
-    would hold its endpoint slot for as long as it liked)."""
+    would hold its endpoint slot for as long as it liked). `ending` is called just before a stream's last
+    bytes are written (the request's concurrency slots go back before the client can read them)."""
     try:
         upstream = await _open(session, engines, call)
     except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -158,7 +160,7 @@ async def forward(
             )
             return ProxyResult(error_response(err), 502)
         if call.stream and upstream.status == 200:
-            streamed = await _stream(exchange, upstream, call, streaming, write_timeout)
+            streamed = await _stream(exchange, upstream, call, streaming, write_timeout, ending)
             # Back to the pool when the engine's message is complete (after [DONE] its end is usually
             # in already); closed otherwise. Not waited for: the client and the accounting come first.
             upstream.release()
@@ -258,6 +260,7 @@ async def _stream(
     call: UpstreamCall,
     started: Callable[[ProxyResult], None] | None,
     write_timeout: float,
+    ending: Callable[[], None] | None = None,
 ) -> ProxyResult:
     # Wait for the first bytes before answering the client: a replica that dies before producing anything is
     # still a retry, not a broken stream.
@@ -286,6 +289,8 @@ async def _stream(
                     # rather than after the engine's end of message. A client may hang up right after
                     # [DONE]; waiting for the engine's final bytes first made that look like a request cut
                     # short (499, no usage).
+                    if ending is not None:
+                        ending()
                     await exchange.write_eof(write_timeout, chunk)
                     if result.first_byte_at is None:
                         result.first_byte_at = time.monotonic()
@@ -312,6 +317,8 @@ async def _stream(
         TimeoutError,
     ):
         result.upstream_failed = True  # the client has bytes already: the stream just ends
+    if ending is not None:
+        ending()
     try:
         await exchange.write_eof(write_timeout)
     except ConnectionResetError:

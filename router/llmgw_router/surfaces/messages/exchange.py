@@ -84,6 +84,9 @@ class MessagesExchange:
                 status, message = 502, anthropic_error(502, "The engine's answer is not a chat completion.")
         else:
             message = error_to_anthropic(status, body)
+        if status != 200:
+            # Anthropic's error bodies name their request (null allowed); ours is what `llmgw request` finds.
+            message["request_id"] = reply.headers.get("x-request-id")
         self._inner.respond(Reply(status, json.dumps(message).encode(), headers))
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:

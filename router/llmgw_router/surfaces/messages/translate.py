@@ -279,6 +279,43 @@ def _usage(usage: Any) -> dict[str, int]:
     }
 
 
+# What Anthropic's Usage always carries besides the two counts (its published schema requires each, null
+# allowed): nothing an engine behind chat completions reports, so null, which says "not known", not zero.
+_USAGE_UNKNOWN: dict[str, None] = {
+    "cache_creation": None,
+    "cache_creation_input_tokens": None,
+    "cache_read_input_tokens": None,
+    "inference_geo": None,
+    "output_tokens_details": None,
+    "server_tool_use": None,
+    "service_tier": None,
+}
+# The same for a message_delta's cumulative usage (MessageDeltaUsage).
+_DELTA_USAGE_UNKNOWN: dict[str, None] = {
+    "cache_creation_input_tokens": None,
+    "cache_read_input_tokens": None,
+    "output_tokens_details": None,
+    "server_tool_use": None,
+}
+# A message's fields that only Anthropic's own tools fill (code execution's container, a refusal's details).
+_NO_DETAILS: dict[str, None] = {"stop_details": None, "container": None}
+
+
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text, "citations": None}
+
+
+def _tool_use_block(call_id: Any, name: Any, tool_input: dict[str, Any]) -> dict[str, Any]:
+    # `caller` direct: the model called the tool itself (not code execution on Anthropic's side).
+    return {
+        "type": "tool_use",
+        "id": call_id,
+        "name": name,
+        "input": tool_input,
+        "caller": {"type": "direct"},
+    }
+
+
 def _tool_input(arguments: Any, name: Any) -> dict[str, Any]:
     try:
         parsed = json.loads(arguments) if isinstance(arguments, str) and arguments.strip() else {}
@@ -305,13 +342,11 @@ def from_chat(chat: dict[str, Any], stops: tuple[str, ...] = (), model: str | No
     content: list[dict[str, Any]] = []
     text = message.get("content")
     if isinstance(text, str) and text:
-        content.append({"type": "text", "text": text})
+        content.append(_text_block(text))
     for call in message.get("tool_calls") or ():
         function = call.get("function") or {}
         name = function.get("name")
-        block = {"type": "tool_use", "id": call.get("id"), "name": name}
-        block["input"] = _tool_input(function.get("arguments"), name)
-        content.append(block)
+        content.append(_tool_use_block(call.get("id"), name, _tool_input(function.get("arguments"), name)))
     stop_reason, stop_sequence = _stop(choice.get("finish_reason"), choice, stops)
     return {
         "id": _message_id(chat.get("id")),
@@ -321,7 +356,8 @@ def from_chat(chat: dict[str, Any], stops: tuple[str, ...] = (), model: str | No
         "content": content,
         "stop_reason": stop_reason,
         "stop_sequence": stop_sequence,
-        "usage": _usage(chat.get("usage")),
+        **_NO_DETAILS,
+        "usage": {**_usage(chat.get("usage")), **_USAGE_UNKNOWN},
     }
 
 
@@ -434,8 +470,9 @@ class StreamTranslator:
                 "content": [],
                 "stop_reason": None,
                 "stop_sequence": None,
+                **_NO_DETAILS,
                 # Not known before the engine's usage chunk: message_delta carries the counts.
-                "usage": {"input_tokens": 0, "output_tokens": 0},
+                "usage": {"input_tokens": 0, "output_tokens": 0, **_USAGE_UNKNOWN},
             }
             yield sse("message_start", {"type": "message_start", "message": message})
             yield sse("ping", {"type": "ping"})
@@ -450,7 +487,7 @@ class StreamTranslator:
         text = delta.get("content")
         if isinstance(text, str) and text:
             if self._block_kind != "text":
-                yield from self._open({"type": "text", "text": ""}, "text")
+                yield from self._open(_text_block(""), "text")
             yield _text_delta(self._block, text)
         for call in delta.get("tool_calls") or ():
             yield from self._tool_delta(call)
@@ -461,13 +498,7 @@ class StreamTranslator:
         index = call.get("index", 0)
         function = _obj(call.get("function"))
         if index not in self._tool_blocks:
-            block: dict[str, Any] = {
-                "type": "tool_use",
-                "id": call.get("id"),
-                "name": function.get("name"),
-                "input": {},
-            }
-            yield from self._open(block, "tool_use")
+            yield from self._open(_tool_use_block(call.get("id"), function.get("name"), {}), "tool_use")
             self._tool_blocks[index] = self._block
         arguments = function.get("arguments")
         if isinstance(arguments, str) and arguments and self._tool_blocks[index] == self._block:
@@ -500,8 +531,8 @@ class StreamTranslator:
             "message_delta",
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                "usage": {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"]},
+                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence, **_NO_DETAILS},
+                "usage": {**usage, **_DELTA_USAGE_UNKNOWN},
             },
         )
         yield sse("message_stop", {"type": "message_stop"})

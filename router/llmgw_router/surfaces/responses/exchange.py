@@ -60,7 +60,7 @@ class ResponsesTurn:
         return self.chat, self.chat_raw
 
     async def bind(self, project: str | None, tenants: Tenants) -> tuple[dict[str, Any], bytes]:
-        """Once the key's project is known: what the turn keeps and continues (a 400 or 404 when it cannot),
+        """Once the key's project is known: what the turn keeps and continues (a 400 when it cannot),
         and the chat form with the stored conversation prepended. No store round trip unless it continues one."""
         spec = tenants.projects.get(project) if project is not None else None
         retention = spec.retention if spec is not None else None

@@ -5,8 +5,8 @@ read once at its edge like its other secrets) through `llmgw.store.content.Conte
 already writes usage to (docs/traffic.md, Where content is sealed). The vault is reached through the `Vault`
 protocol here, so the request path imports no store driver; app.py builds the real one.
 
-Every lookup is by the asking key's project: another project's id reads as absent, a 404 like an unknown or
-expired one, so a response's existence does not leak across projects.
+Every lookup is by the asking key's project: another project's id reads as absent, answered as an unknown or
+expired one is (kept.not_found), so a response's existence does not leak across projects.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class ResponseKeeper:
         self._failing = False  # a failed keep is warned once, and said again when one works
 
     async def load(self, project: str, response_id: str, param: str) -> dict[str, Any]:
-        """The kept record of `response_id` in `project`, or OpenAI's 404 naming `param`."""
+        """The kept record of `response_id` in `project`, or OpenAI's not-found naming `param` (`not_found`)."""
         try:
             kept = await self.vault.get(KIND, project, response_id, self.clock())
         except StoreError as exc:

@@ -4,9 +4,11 @@ what a kept response holds. The vault and the HTTP handlers around it are surfac
 A response is kept only for a project that opted in to content retention (`Project.spec.retention`, issue 21's
 one retention mechanism) on a router that holds the content key. OpenAI's default for `store` is true; here an
 absent `store` means "keep it if the project keeps content", so a client that never sets it is served as
-before by every other project (its Response says `store: false`). Asking for it explicitly (`store: true`,
-`previous_response_id`) where nothing can be kept is a 400 that says why: silently not keeping what a client
-asked to keep would break its next turn.
+before by every other project (its Response says `store: false`). Asking for it explicitly where nothing can
+be kept is a 400 that says why: `store: true` is `store_unsupported` (silently not keeping what a client asked
+to keep would break its next turn), and `previous_response_id` is OpenAI's own answer for a response it does
+not hold (400 `previous_response_not_found`, which clients recognise and recover from by sending the whole
+conversation), its message saying why nothing is held.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Storage(NamedTuple):
 NO_STORAGE = Storage()
 
 
-def _unsupported(field: str, project: str | None, keyless: bool) -> ApiError:
+def _unsupported(field: str, project: str | None, keyless: bool, previous: str = "") -> ApiError:
     if keyless:
         why = "this router holds no content key (--content-key-file), so it keeps no content"
     elif project is None:
@@ -59,10 +61,18 @@ def _unsupported(field: str, project: str | None, keyless: bool) -> ApiError:
             f"project `{project}` does not keep content (content-retention opt-in: "
             "`spec.retention: {content: true, ttl: 7d}` in its Project document)"
         )
+    because = f"stored responses need the per-project content-retention opt-in, and {why}"
+    if field == "previous_response_id":  # OpenAI's answer for a response it does not hold, and why
+        return ApiError(
+            400,
+            f"Previous response with id '{previous[:200]}' not found: {because}. Send the whole conversation "
+            "in `input` instead.",
+            "previous_response_not_found",
+            param=field,
+        )
     return ApiError(
         400,
-        f"`{field}`: stored responses need the per-project content-retention opt-in, and {why}; send the "
-        "whole conversation in `input` instead, and `store` false or absent.",
+        f"`{field}`: {because}; send the whole conversation in `input` instead, and `store` false or absent.",
         "store_unsupported",
         param=field.split(":")[0],
     )
@@ -106,24 +116,23 @@ def plan_storage(
     opted_in = _ttl_s(project, retention) is not None
     ttl = _ttl_s(project, retention) if has_key else None
     if ttl is None:
-        for field, asked in (("previous_response_id", previous is not None), ("store: true", store is True)):
-            if asked:
-                raise _unsupported(field, project, keyless=opted_in)
+        if previous is not None:
+            raise _unsupported("previous_response_id", project, keyless=opted_in, previous=previous)
+        if store is True:
+            raise _unsupported("store: true", project, keyless=opted_in)
         return NO_STORAGE
     return Storage(None if store is False else ttl, previous)
 
 
 def not_found(response_id: str, param: str) -> ApiError:
-    """OpenAI's 404 for a response this project cannot see: never kept, deleted, expired, or another
-    project's (the same answer for each: existence is not leaked across projects)."""
+    """OpenAI's answer for a response this project cannot see: never kept, deleted, expired, or another
+    project's (the same answer for each: existence is not leaked across projects). Retrieving or deleting
+    one is a 404; continuing one is a 400, as OpenAI answers a `previous_response_id` it does not hold."""
     if param == "previous_response_id":
-        message, code = (
-            f"Previous response with id '{response_id[:200]}' not found.",
-            "previous_response_not_found",
-        )
-    else:
-        message, code = f"Response with id '{response_id[:200]}' not found.", "response_not_found"
-    return ApiError(404, message, code, param=param)
+        message = f"Previous response with id '{response_id[:200]}' not found."
+        return ApiError(400, message, "previous_response_not_found", param=param)
+    message = f"Response with id '{response_id[:200]}' not found."
+    return ApiError(404, message, "response_not_found", param=param)
 
 
 def input_items(value: Any) -> list[dict[str, Any]]:

@@ -186,14 +186,17 @@ class StreamTranslator:
         if self._finish is None:
             response = self._response("failed")
             response["error"] = {"code": "server_error", "message": "The engine's stream ended early."}
-            response["usage"] = self._usage
-            return out, "response.failed", response
+            return out, "response.failed", self._with_usage(response)
         status, incomplete = finish_status(self._finish)
         response = self._response(status)
         response["incomplete_details"] = incomplete
-        response["usage"] = self._usage
         kind = "response.completed" if status == "completed" else "response.incomplete"
-        return out, kind, response
+        return out, kind, self._with_usage(response)
+
+    def _with_usage(self, response: dict[str, Any]) -> dict[str, Any]:
+        if self._usage is not None:  # else absent: the schema has no null usage, and unknown is not zero
+            response["usage"] = self._usage
+        return response
 
     def terminal(self, kind: str, response: dict[str, Any]) -> bytes:
         return self._event(kind, response=response)

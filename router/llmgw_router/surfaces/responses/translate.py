@@ -2,7 +2,8 @@
 completion in, a Response object out. The stream's translation is surfaces/responses/stream.py's.
 
 The subset the official SDK's `responses.create` and `responses.stream` use: `input` as a string or items
-(messages with input_text / input_image / output_text parts, function_call and function_call_output items),
+(messages with input_text / input_image / output_text parts, function_call and function_call_output items,
+reasoning items passed back from an earlier turn, which are not sent),
 `instructions`, function tools, `tool_choice`, `parallel_tool_calls`, `max_output_tokens`, `temperature`,
 `top_p`, `text.format` (onto `response_format`), `metadata` (echoed, not sent: engines do not read it), `user`,
 `stream`, and `store` / `previous_response_id` (stored responses, for projects that opted in to content
@@ -155,16 +156,37 @@ def _messages(value: Any) -> list[dict[str, Any]]:
             else:
                 out.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
-            output = item.get("output")
-            text = output if isinstance(output, str) else json.dumps(output)
+            text = _call_output(item.get("output"), where)
             out.append({"role": "tool", "tool_call_id": _text(item, "call_id", where), "content": text})
+        elif kind == "reasoning":
+            continue  # a model's own reasoning passed back from an earlier turn: chat has no place for it
         else:
             raise _bad(
                 f"`{where}.type` is {json.dumps(kind)[:40]}; translated onto chat completions an input item is "
-                "a message, a function_call or a function_call_output.",
+                "a message, a function_call, a function_call_output or a reasoning item (not sent).",
                 where + ".type",
             )
     return out
+
+
+def _call_output(output: Any, where: str) -> str:
+    """A function call's output as a tool message's text: a string as it is, a list of `input_text` parts
+    joined, anything else as JSON."""
+    if isinstance(output, str):
+        return output
+    if not isinstance(output, list):
+        return json.dumps(output)
+    texts = []
+    for j, part in enumerate(output):
+        if (
+            not isinstance(part, dict)
+            or part.get("type") != "input_text"
+            or not isinstance(part.get("text"), str)
+        ):
+            at = f"{where}.output[{j}]"
+            raise _bad(f"`{at}` must be an input_text part: a chat tool message carries text only.", at)
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def _text(item: dict[str, Any], name: str, where: str) -> str:
@@ -255,8 +277,10 @@ def _response_format(text: Any) -> dict[str, Any] | None:
 
 
 def response_shell(request: dict[str, Any], ids: ResponseIds, model: str, status: str) -> dict[str, Any]:
-    """A Response object with the request's settings echoed and no output yet (what a stream starts with)."""
-    return {
+    """A Response object with the request's settings echoed and no output yet (what a stream starts with).
+    `usage` is absent until it is known, and `user` unless the request gave one: OpenAI's published Response
+    schema types both as objects/strings, not null."""
+    shell: dict[str, Any] = {
         "id": ids.response,
         "object": "response",
         "created_at": ids.created_at,
@@ -273,13 +297,25 @@ def response_shell(request: dict[str, Any], ids: ResponseIds, model: str, status
         "temperature": request.get("temperature"),
         "text": request.get("text") or {"format": {"type": "text"}},
         "tool_choice": request.get("tool_choice") or "auto",
-        "tools": request.get("tools") or [],
+        "tools": _echo_tools(request.get("tools")),
         "top_p": request.get("top_p"),
         "truncation": "disabled",
-        "usage": None,
-        "user": request.get("user"),
         "metadata": request.get("metadata") or {},
     }
+    if request.get("user") is not None:
+        shell["user"] = request["user"]
+    return shell
+
+
+def _echo_tools(tools: Any) -> list[Any]:
+    """The request's tools as a Response shows them: a function tool always says its `parameters` and
+    `strict` (null when the request did not), as OpenAI's FunctionTool schema requires."""
+    return [
+        {**t, "parameters": t.get("parameters"), "strict": t.get("strict")}
+        if isinstance(t, dict) and t.get("type") == "function"
+        else t
+        for t in tools or []
+    ]
 
 
 def usage_of(chat_usage: Any) -> dict[str, Any] | None:
@@ -353,5 +389,7 @@ def from_chat(chat: dict[str, Any], request: dict[str, Any], ids: ResponseIds) -
     response = response_shell(request, ids, str(chat.get("model", request.get("model"))), status)
     response["incomplete_details"] = incomplete
     response["output"] = output
-    response["usage"] = usage_of(chat.get("usage"))
+    usage = usage_of(chat.get("usage"))
+    if usage is not None:
+        response["usage"] = usage
     return response

@@ -205,7 +205,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--pairs", type=int, default=200, help="c=1 TTFT pairs per engine (>= 200 for the record)")
     p.add_argument("--rounds", type=int, default=4, help="c=16 rounds each way, per mode and engine")
     p.add_argument("--requests", type=int, default=32, help="requests per c=16 round")
-    p.add_argument("--engines", default="vllm,llamacpp", help="which, comma-separated (the record is of both)")
+    p.add_argument("--engines", default="vllm,llamacpp", help="comma-separated (the record: both)")
     p.add_argument("--vllm-python", default=os.environ.get("LLMGW_VLLM_PYTHON"), help="the vLLM env's python")
     p.add_argument("--gguf", default=os.environ.get("LLMGW_TEST_MODEL"), help="llama.cpp's model (a GGUF)")
     return p.parse_args()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +25,18 @@ from llmgw.adapters.mirror import MirrorStore
 from llmgw.cli.main import app
 from llmgw.core.security import engine_key
 
-__all__ = ["KEY", "MODEL", "SEED", "Fleet", "adapter_yaml", "model_yaml", "policy_yaml", "start_fleet"]
+__all__ = [
+    "KEY",
+    "MODEL",
+    "VLLM_GROUP",
+    "VLLM_TIMEOUT",
+    "Fleet",
+    "adapter_yaml",
+    "command_line",
+    "descendants",
+    "policy_yaml",
+    "start_fleet",
+]
 
 # Every vLLM test on one worker, one after another: two replicas take 6 GiB and both cores.
 VLLM_GROUP = pytest.mark.xdist_group("vllm")
@@ -42,7 +51,7 @@ SOURCE = "llmgw-tests/tiny-llama"
 SEED = "42"
 CONTEXT = 2048
 SLOTS = 8
-# Replicas of two cores' machine: a vLLM start is mostly imports and process spawns, slower when loaded.
+# Two replicas on a 2-core machine: a vLLM start is mostly imports and process spawns, slower when loaded.
 READY_S = 420
 # The first vLLM test also waits for the fleet (the session fixture starts it within that test's time).
 VLLM_TIMEOUT = pytest.mark.timeout(READY_S + 180)
@@ -230,9 +239,3 @@ def command_line(pid: int) -> str:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     return ""
-
-
-def signal_all(pids: list[int], sig: int = signal.SIGKILL) -> None:
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)

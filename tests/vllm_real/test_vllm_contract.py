@@ -9,6 +9,7 @@ the model's own tokenizer and chat template), and the runtime LoRA endpoints.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -199,7 +200,7 @@ def test_the_agents_flags_are_taken(engine: Engine) -> None:
     assert taken >= AGENT_FLAGS, sorted(AGENT_FLAGS - taken)
     assert _status(engine, "/health")[0] == 200
     assert [m["id"] for m in _models(engine)] == [engine.served]
-    assert _status(Engine(**{**engine.__dict__, "key": "wrong"}), "/v1/models")[0] == 401
+    assert _status(dataclasses.replace(engine, key="wrong"), "/v1/models")[0] == 401
 
 
 def test_metric_names_and_types(engine: Engine) -> None:

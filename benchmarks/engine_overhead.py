@@ -164,12 +164,30 @@ def median_interval(diffs: list[float]) -> tuple[float, float, float]:
     return statistics.median(ordered), ordered[lo], ordered[hi]
 
 
+async def serving(http: aiohttp.ClientSession, target: Target, limit_s: float = 120.0) -> None:
+    """Until `target` answers a request: a router has no usable endpoint before its first look at the engine
+    (503 model_unavailable meanwhile)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        async with http.post(
+            target.url + "/v1/chat/completions", json=_body(False, 1), headers=target.headers
+        ) as r:
+            if r.status == 200:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{target.name}: still HTTP {r.status} after {limit_s:g} s: {await r.text()}"
+                )
+        await asyncio.sleep(0.5)
+
+
 async def measure(engine: Engine, pairs: int, rounds: int, requests: int) -> dict[str, float]:
     # A connection per request, both ways alike: llama-server closes idle kept-alive connections, and a request
     # written to one it just closed fails.
     connector = aiohttp.TCPConnector(limit=0, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=600)) as http:
         for target in (engine.direct, engine.through):  # warm: connections, the router's first scrape
+            await serving(http, target)
             await burst(http, target, True, 16, 4)
         diffs, straight = [], []
         for i in range(pairs):

@@ -1,7 +1,8 @@
 # Two commands do everything on a fresh Debian/Ubuntu machine with Python 3.11+:
 #   make up    - create the environment, install llama.cpp and the tiny model, run `llmgw up` on the example repo
 #   make test  - create the environment, install what the tests need (PostgreSQL, sshd, promtool, llama.cpp,
-#                the tiny model), then lint, type-check, check import layers and run the whole suite
+#                the tiny model, Node.js and the npm clients), then lint, type-check, check import layers and
+#                run the whole suite
 # Every Python environment is exactly uv.lock (docs/architecture.md, "Dependencies"); `make lock` changes it.
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -26,7 +27,8 @@ SYNC := $(UV) sync --frozen --all-packages --extra dev --group clients
 # and the machine swaps. One job per core.
 BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
-.PHONY: env tools llamacpp model vllm vllm-lock system-deps lint test test-fast test-latest lock audit coverage up schemas docs clean
+.PHONY: env tools llamacpp model vllm vllm-lock system-deps node-clients lint test test-fast test-latest lock audit \
+	coverage up schemas docs clean
 
 tools: $(UV)
 
@@ -101,6 +103,16 @@ $(SYSTEM_STAMP):
 	bash scripts/install-system-deps.sh
 	mkdir -p $(dir $@) && touch $@
 
+# The npm clients tests/clients drives (the openai Node SDK, the Vercel AI SDK): exactly package-lock.json, by
+# `npm ci`, again only when the lock changes (npm's own cache spares the downloads after the first time).
+NODE_CLIENTS := tests/clients/node
+NODE_STAMP := $(NODE_CLIENTS)/node_modules/.installed
+node-clients: $(NODE_STAMP)
+
+$(NODE_STAMP): $(NODE_CLIENTS)/package-lock.json $(NODE_CLIENTS)/package.json | $(SYSTEM_STAMP)
+	npm ci --prefix $(NODE_CLIENTS) --no-audit --no-fund --loglevel=error
+	touch $@
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -110,7 +122,7 @@ lint: $(STAMP)
 # Four pytest-xdist workers on two cores: most integration tests wait on processes they started, not on the CPU.
 # `--dist loadgroup` keeps each `xdist_group` (tests/support.py: DEFAULT_AGENT_PORTS) on one worker.
 XDIST := -n 4 --dist loadgroup
-test: env llamacpp model vllm system-deps lint
+test: env llamacpp model vllm system-deps node-clients lint
 	LLMGW_VLLM_PYTHON=$$(cat $(VLLM_PYTHON_FILE)) LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q $(XDIST)
 
 # The quick loop while iterating: the tests that start no engine, database or sshd (no lint, no system deps, no
@@ -141,7 +153,7 @@ test-latest: $(UV)
 
 # The whole suite under coverage (routers, agents and controllers it starts included); fails below the floor
 # in pyproject.toml ([tool.coverage.report] fail_under). Slower than `make test`, which runs without it.
-coverage: env llamacpp model vllm system-deps
+coverage: env llamacpp model vllm system-deps node-clients
 	mkdir -p .cache/coverage
 	LLMGW_VLLM_PYTHON=$$(cat $(VLLM_PYTHON_FILE)) LLMGW_TEST_MODEL=$(MODEL) $(BIN)/pytest -q --cov --cov-report=term --cov-report=html
 
@@ -167,4 +179,4 @@ schemas: $(STAMP)
 	$(BIN)/llmgw schemas docs docs/cluster-repo.md
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .mypy_cache .ruff_cache $(NODE_CLIENTS)/node_modules

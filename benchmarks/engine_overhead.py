@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
 import os
@@ -90,10 +91,15 @@ def front(procs: Procs, work: Path, name: str, engine_url: str) -> Engine:
     return Engine(name, direct, through)
 
 
+_SENT = itertools.count()
+
+
 def _body(stream: bool, max_tokens: int = MAX_TOKENS) -> dict[str, object]:
+    # Each prompt its own (a number at its end): the router's response cache (every check is on) never answers
+    # one, and both ways see the same kind of prompts.
     body: dict[str, object] = {
         "model": MODEL,
-        "messages": [{"role": "user", "content": PROMPT}],
+        "messages": [{"role": "user", "content": f"{PROMPT} ({next(_SENT)})"}],
         "max_tokens": max_tokens,
         "stream": stream,
         "ignore_eos": True,  # both engines: every answer is MAX_TOKENS long, whatever the model says

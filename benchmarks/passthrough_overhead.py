@@ -80,6 +80,7 @@ async def one_stream(http: aiohttp.ClientSession, base: str, tokens: int) -> int
         "model": MODEL,
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": tokens,
+        "ignore_eos": True,  # the sim runs to max_tokens, not its own end
         "stream": True,
     }
     count = 0

@@ -4,7 +4,9 @@ Each start_* returns a Target, or None with a one-line message when the peer can
 here (only PyPI and npm are reachable; nothing is downloaded otherwise). Peers install into throwaway places
 under the temp directory and are reused by later runs:
   floor        a ~20-line aiohttp pass-through: the least any Python proxy does
-  llmgw        llmgw-router with store keys, pooled limits, scheduling, scraping and usage accounting on
+  llmgw        llmgw-router with every check on (benchmarks/every_check.py: keys, limits at three levels,
+               admission, the prefix policy over 4 endpoints, an input guardrail, the response cache, tags,
+               tracing configured, usage rows)
   vllm-router  PyPI `vllm-router` (Rust), one worker, round robin; no client auth, limits or accounting
   portkey      npm `@portkey-ai/gateway` (Node), headless, provider openai with a custom host; no client keys,
                limits or usage store, but it parses and rebuilds each body for the provider
@@ -24,17 +26,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import every_check
+from every_check import ENGINE_KEY, MODEL
 from harness import Procs, free_port, wait_http
 
-MODEL = "bench-model"
-TRANSLATED = "bench-translated"
-ENGINE_KEY = "engine-key"
 THROWAWAY = Path(tempfile.gettempdir())
 LITELLM_VENV = THROWAWAY / "llmgw-bench-litellm"
 LITELLM_KEY = "sk-bench-litellm-master"
 VLLM_ROUTER_VENV = THROWAWAY / "llmgw-bench-vllm-router"
 PORTKEY_DIR = THROWAWAY / "llmgw-bench-portkey"
 PEERS = ("vllm", "portkey", "litellm")
+ENDPOINT_ENV = (
+    "OTEL_EXPORTER_OTLP_ENDPOINT"  # llmgw.adapters.tracing's: an OTLP endpoint from the environment
+)
 
 
 @dataclass
@@ -107,49 +111,6 @@ BENCH_GUARD = {
 }
 
 
-def _llmgw_snapshot(
-    upstream: str,
-    guard: dict[str, object] | None = None,
-    cache: dict[str, object] | None = None,
-    engine: str = "vllm",
-) -> dict[str, object]:
-    project: dict[str, object] = {
-        "organization": "acme",
-        "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000},
-    }
-    if cache is not None:  # router_overhead.py's cache rows
-        project["response_cache"] = cache
-    return {
-        **({"guard": guard} if guard is not None else {}),
-        "revision": "bench",
-        # TRANSLATED: the same mock behind an engine kind that does not serve /v1/responses, so a Responses
-        # request to it is translated onto chat (router_overhead.py's Responses row).
-        "models": {m: {"context_length": 8192, "capabilities": ["chat"]} for m in (MODEL, TRANSLATED)},
-        "policies": {"balanced": {"picker": "p2c", "weights": {"queue": 2, "kv": 2, "inflight": 1}}},
-        "router": {"default_policy": "balanced"},
-        "tenants": {
-            "organizations": {"acme": {"limits": {"rpm": 100_000_000}}},
-            "projects": {"bench": project},
-        },
-        "endpoints": [
-            {
-                "replica_id": "mock-0",
-                "model": MODEL,
-                "engine": engine,
-                "base_url": upstream,
-                "api_key": ENGINE_KEY,
-            },
-            {
-                "replica_id": "mock-1",
-                "model": TRANSLATED,
-                "engine": "sim",
-                "base_url": upstream,
-                "api_key": ENGINE_KEY,
-            },
-        ],
-    }
-
-
 def start_llmgw(
     procs: Procs,
     work: Path,
@@ -164,26 +125,29 @@ def start_llmgw(
     cache: dict[str, object] | None = None,
     engine: str = "vllm",
 ) -> Target:
-    """llmgw-router in `work` (its store, snapshot and state); `extra` flags and `env` (a PYTHONPATH naming
-    another tree, for benchmarks/tracing_compare.py) when given; `cache`: the project's response_cache;
-    `engine`: the upstream's engine kind (benchmarks/engine_overhead.py fronts real ones)."""
+    """llmgw-router in `work` (its store, snapshot and state) with every check on (every_check.py); `extra`
+    flags and `env` (a PYTHONPATH naming another tree, for benchmarks/tracing_compare.py) when given; `guard`
+    and `cache` replace the configuration's guardrails and the project's response_cache; `engine`: the
+    upstream's engine kind (engine_overhead.py fronts real ones)."""
     work.mkdir(parents=True, exist_ok=True)
     dsn = f"sqlite:///{work / 'store.db'}"
     key = asyncio.run(_make_store_key(dsn))
-    (work / "snapshot.json").write_text(json.dumps(_llmgw_snapshot(upstream, guard, cache, engine)))
+    (work / "snapshot.json").write_text(json.dumps(every_check.snapshot(upstream, guard, cache, engine)))
     port = free_port()
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn]
     argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]
-    argv += ["--log-level", "WARNING", *extra]
+    argv += ["--log-level", "WARNING", *every_check.ROUTER_FLAGS, *extra]
     # Never the checkout's .llmgw/router: two benchmarks at once would share its usage spool.
     if "--state-dir" not in extra:
         argv += ["--state-dir", str(work / "state")]
     if workers > 1:  # only then, so the benchmark runs on a router that has no --workers yet
         argv += ["--workers", str(workers)]
+    # Tracing configured without an endpoint: the standard variable would name one.
+    env = {k: v for k, v in (env or os.environ).items() if k != ENDPOINT_ENV}
     proc = procs.start(argv, env=env, cpus=cpus)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/ready", proc=proc)
-    return Target(name, url, {"Authorization": f"Bearer {key}"}, proc)
+    return Target(name, url, {"Authorization": f"Bearer {key}", **every_check.REQUEST_HEADERS}, proc)
 
 
 def _skipped(name: str, procs: Procs, proc: subprocess.Popen[bytes] | None, exc: BaseException) -> None:

@@ -4,7 +4,7 @@ The same mock upstream (an OpenAI-shaped aiohttp app answering instantly, vLLM m
 for the vLLM router) is reached in one run:
   direct       - wrk straight to the mock
   floor        - a minimal aiohttp pass-through proxy (~20 lines): the floor for any Python proxy
-  llmgw        - llmgw-router with auth (store keys), pooled limits, scheduling, scraping and usage accounting on
+  llmgw        - llmgw-router with every check on (benchmarks/every_check.py), named on the last line
   vllm-router  - PyPI `vllm-router` (Rust), one worker, round robin: no client auth, limits or accounting
   portkey      - npm `@portkey-ai/gateway` (Node), headless, provider openai at the mock's address
   litellm      - LiteLLM's proxy, one worker, no database
@@ -14,10 +14,12 @@ measured with wrk. Prints a table of p50/p99 latency added over direct, requests
 per request (user + system of its whole process tree from /proc, workers and children included, over the wrk
 run); the last line is machine-readable:
 
-  router_overhead: added_p50_ms_c1=X rps_c16=X floor_rps_c16=X litellm_rps_c16=X cpu_us_per_req_c16=X
-  floor_cpu_us_per_req_c16=X vllm_router_rps_c16=X portkey_rps_c16=X
+  router_overhead: features=keys+limits3+... added_p50_ms_c1=X rps_c16=X floor_rps_c16=X litellm_rps_c16=X
+  cpu_us_per_req_c16=X floor_cpu_us_per_req_c16=X vllm_router_rps_c16=X portkey_rps_c16=X p99_ms_c64=X
+  floor_p99_ms_c64=X
 
-(one line; a peer that was skipped or not asked for reads `none`). `--pin` runs every proxy under `taskset -c 0`
+(one line; a peer that was skipped or not asked for, or a level not run, reads `none`). `features` names the
+configuration the llmgw rows run: every check on, committed in benchmarks/every_check.py. `--pin` runs every proxy under `taskset -c 0`
 and wrk and the mock on CPU 1, so the proxies never compete with the load for a core; `--workers N` starts
 llmgw-router with `--workers N` (N > 1 only).
 
@@ -47,13 +49,14 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import every_check
 import tracing_compare
+from every_check import TRANSLATED
 from harness import Procs, free_port, pinned, tree_cpu_seconds, wait_http
 from peers import (
     BENCH_GUARD,
     MODEL,
     PEERS,
-    TRANSLATED,
     Target,
     start_floor,
     start_litellm,
@@ -449,12 +452,18 @@ def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) 
         value = None if r is None else r.rps if what == "rps" else r.cpu_us_per_req
         return "none" if value is None else f"{value:.0f}"
 
+    def p99_at64(name: str) -> str:
+        r = results.get((name, False, 64))
+        return "none" if r is None or not r.requests else f"{r.p99_ms:.2f}"
+
     added = results[("llmgw", False, c1)].p50_ms - results[("direct", False, c1)].p50_ms
     return (
-        f"router_overhead: added_p50_ms_c1={added:.3f} rps_c16={at16('llmgw', 'rps')} "
+        f"router_overhead: features={every_check.features()} "
+        f"added_p50_ms_c1={added:.3f} rps_c16={at16('llmgw', 'rps')} "
         f"floor_rps_c16={at16('floor', 'rps')} litellm_rps_c16={at16('litellm', 'rps')} "
         f"cpu_us_per_req_c16={at16('llmgw', 'cpu')} floor_cpu_us_per_req_c16={at16('floor', 'cpu')} "
-        f"vllm_router_rps_c16={at16('vllm-router', 'rps')} portkey_rps_c16={at16('portkey', 'rps')}"
+        f"vllm_router_rps_c16={at16('vllm-router', 'rps')} portkey_rps_c16={at16('portkey', 'rps')} "
+        f"p99_ms_c64={p99_at64('llmgw')} floor_p99_ms_c64={p99_at64('floor')}"
     )
 
 

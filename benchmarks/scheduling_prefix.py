@@ -207,7 +207,13 @@ async def _one(
     http: aiohttp.ClientSession, url: str, messages: list[dict[str, str]], sent: float | None = None
 ) -> Sample:
     """One streamed request; its TTFT from `sent` (the open loop's scheduled time: client lag counts), else now."""
-    body = {"model": MODEL, "messages": messages, "max_tokens": OUT_TOKENS, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": OUT_TOKENS,
+        "ignore_eos": True,
+        "stream": True,
+    }
     loop = asyncio.get_running_loop()
     sent, ttft = loop.time() if sent is None else sent, math.inf
     try:

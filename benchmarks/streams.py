@@ -2,7 +2,7 @@
 
 One run, one mock upstream, the proxies one after another (each started just before its turn and stopped
 after it, so an idle one costs the next nothing):
-  llmgw        llmgw-router with store keys, pooled limits, scheduling, scraping and usage accounting on
+  llmgw        llmgw-router with every check on (benchmarks/every_check.py, named on the last line)
   floor        a ~20-line aiohttp pass-through: the least any Python proxy does
   vllm-router  PyPI `vllm-router` (Rust), one worker, round robin; skipped with a message when it cannot start
 
@@ -22,7 +22,7 @@ Measured per proxy (its whole process tree, from /proc):
   stalls            events whose added gap exceeds 1 s
 The last line is machine-readable (llmgw's figures, the floor's and the vLLM router's CPU beside them):
 
-  streams: n=2000 kb_per_stream=X cpu_us_per_event=X floor_cpu_us_per_event=X vllm_router_cpu_us_per_event=X
+  streams: features=keys+limits3+... n=2000 kb_per_stream=X cpu_us_per_event=X floor_cpu_us_per_event=X vllm_router_cpu_us_per_event=X
   added_p99_ms=X stalls=N
 
 2,000 streams need about 2 x 2,000 open files in the proxy (client and upstream sockets) and 2,000 here: the
@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import every_check
 from harness import Procs, free_port, raise_fd_limit, tree_cpu_seconds, tree_pids, tree_rss_bytes, wait_http
 from peers import MODEL, Target, start_floor, start_llmgw, start_vllm_router
 
@@ -389,7 +390,7 @@ def final_line(n: int, reports: dict[str, Report]) -> str:
 
     llmgw = reports["llmgw"]
     return (
-        f"streams: n={n} kb_per_stream={llmgw.kb_per_stream:.1f} cpu_us_per_event={cpu('llmgw')} "
+        f"streams: features={every_check.features()} n={n} kb_per_stream={llmgw.kb_per_stream:.1f} cpu_us_per_event={cpu('llmgw')} "
         f"floor_cpu_us_per_event={cpu('floor')} vllm_router_cpu_us_per_event={cpu('vllm-router')} "
         f"added_p99_ms={llmgw.added_ms(0.99):.2f} stalls={llmgw.stalls}"
     )

@@ -2,8 +2,10 @@
 # Installs the system programs the test suite runs for real: PostgreSQL 15 server binaries, OpenSSH's sshd,
 # promtool (Debian's `prometheus` package), Chromium (the web console's browser tests,
 # driven by Playwright through its executable_path), wrk and systemd-analyze (Debian's `systemd`: it verifies the agent's
-# unit files without systemd running). Nothing is started here: the tests start their own
-# PostgreSQL (initdb + pg_ctl on a free port) and sshd (own config on a loopback port).
+# unit files without systemd running), valgrind (benchmarks/request_path_cost.py counts the request path's
+# instructions under callgrind, in .ci/run), Node.js (20 or newer) and npm, which run the npm clients of
+# tests/clients. Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on a free port)
+# and sshd (own config on a loopback port).
 set -euo pipefail
 need=()
 command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || need+=(openssh-server)
@@ -11,7 +13,11 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+# Node.js and npm: tests/clients drives the openai Node SDK and the Vercel AI SDK (`make node-clients`).
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 if [ ${#need[@]} -eq 0 ]; then
   echo "system deps: all present"
   exit 0

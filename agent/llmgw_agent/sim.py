@@ -268,13 +268,15 @@ class SimEngine:
         self, body: dict[str, Any], prompt: list[str], limit: int | None, room: int | None, chat: bool
     ) -> tuple[list[str], str]:
         """The words of a text answer and its finish_reason. A configured or schema answer has its own
-        length; generated words stop after `default_max_tokens` (the sim's end-of-sequence) unless the
-        client set a limit: then they run until it (a client asking for N tokens is how load is sized)."""
+        length; generated words stop after `default_max_tokens` (the sim's end-of-sequence), sooner when the
+        client's limit or the context cuts them. `ignore_eos` (vLLM's and llama.cpp's own field) makes them run
+        until the limit, as on those engines: that is how a benchmark sizes its load."""
         chosen = self._chosen_words(body) if chat else None
         if chosen is not None:
             count, finish = answer_length(len(chosen), limit, room)
             return chosen[:count], finish
-        natural = self.cfg.default_max_tokens if limit is None else None
+        runs_to_limit = body.get("ignore_eos") is True and limit is not None
+        natural = None if runs_to_limit else self.cfg.default_max_tokens
         count, finish = answer_length(natural, limit, room)
         return output_tokens(prompt, count), finish
 

@@ -61,6 +61,7 @@ async def _one(
         "model": target["model"],
         "messages": [{"role": "user", "content": bench_prompt(prompt_tokens, tag)}],
         "max_tokens": max_tokens,
+        "ignore_eos": True,  # every answer runs to max_tokens (vLLM, llama.cpp, sim): the step's load is known
         "stream": True,
         "stream_options": {"include_usage": True},  # the prompt tokens the engine counted
     }

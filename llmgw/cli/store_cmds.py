@@ -5,9 +5,11 @@ controller on 127.0.0.1:7070, with an `admin`-scope token): the controller write
 routers read. Only with `--store DSN` (or LLMGW_STORE) does it open a store directly, for an operator who
 means that store; without either it never makes a local SQLite file that no router reads.
 
-For the other commands the store comes from `--store DSN`, else the LLMGW_STORE environment variable, else the single-machine
-default `sqlite:///.llmgw/state/llmgw.db` (relative to the working directory). Errors say which of those
-chose the address, because "cannot open" is only useful next to where the address came from.
+For the other commands the store is the deployment's, found as llmgw.cli.store_find says (`--store`,
+LLMGW_STORE, the controller's configuration, its admin API, the local store `llmgw up` made); each says on
+standard error which one chose it, and a store that is not there is an error, never an empty store made on
+the spot. Errors say which of those chose the address, because "cannot open" is only useful next to where the
+address came from.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from rich.table import Column, Table
 
 from llmgw.adapters import keys as keymod
 from llmgw.cli import admin_client, output
+from llmgw.cli.store_find import CONFIG_ENV, StoreNotFoundError, StoreWhere, find_store
 from llmgw.core.words import count, duration_words, money, parse_duration
 from llmgw.store import (
     DEFAULT_DSN,
@@ -55,7 +58,16 @@ StoreOpt = Annotated[
     str | None,
     typer.Option(
         "--store",
-        help=f"Store DSN (sqlite:///path or postgresql://...); env LLMGW_STORE; default {DEFAULT_DSN}",
+        help="Store DSN (sqlite:///path, postgresql://..., @file); env LLMGW_STORE; else the controller's "
+        f"(--controller-config, ${admin_client.CONTROLLER_ENV}), else {DEFAULT_DSN} when it exists",
+    ),
+]
+ControllerConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--controller-config",
+        envvar=CONFIG_ENV,
+        help="The controller's settings file: its `store:` is the store opened",
     ),
 ]
 JsonOpt = output.JsonOpt
@@ -118,20 +130,18 @@ def _api_key(body: dict[str, Any]) -> ApiKey:
     )  # fmt: skip
 
 
-def _resolve(store: str | None) -> tuple[str, str]:
-    if store:
-        return store, "--store"
-    env = os.environ.get("LLMGW_STORE")
-    if env:
-        return env, "LLMGW_STORE"
-    return DEFAULT_DSN, "the default"
-
-
-def _run(store: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
-    dsn, source = _resolve(store)
+def _run(where: StoreWhere, action: Callable[[Store], Awaitable[T]], *, announce: bool = True) -> T:
+    """Open the store `where` finds, run `action`; `announce`: say on standard error which store and what
+    chose it (the key commands, given their store explicitly, print only the key)."""
+    try:
+        found = find_store(where)
+    except StoreNotFoundError as exc:
+        _fail(str(exc))
+    if announce:
+        output.console(stderr=True).print(f"store {found.shown()}", highlight=False, markup=False)
 
     async def go() -> T:
-        opened = await Store.open(dsn)
+        opened = await Store.open(found.dsn)
         try:
             return await action(opened)
         finally:
@@ -140,7 +150,7 @@ def _run(store: str | None, action: Callable[[Store], Awaitable[T]]) -> T:
     try:
         return asyncio.run(go())
     except StoreError as exc:
-        _fail(f"{exc} (store chosen by {source})")
+        _fail(f"{exc} (store chosen by {found.source})")
 
 
 async def _audit_direct(store: Store, action: str, obj: str, outcome: AuditOutcome, reason: str = "") -> None:
@@ -210,7 +220,7 @@ def keys_create(
             await _audit_direct(s, "key.create", f"{made.key.id} (project {project})", "accepted")
             return made
 
-        new = _run(store, create)
+        new = _run(StoreWhere(store, may_create=True), create, announce=False)
     if as_json:
         print(json.dumps({**_key_json(new.key, time.time()), "key": new.plaintext}))
         return
@@ -237,7 +247,7 @@ def keys_list(
         listed = _api(_controller(controller, token_file), "GET", f"/api/v1/keys{query}")
         found = [_api_key(k) for k in listed["keys"]]
     else:
-        found = _run(store, lambda s: s.list_keys(project))
+        found = _run(StoreWhere(store, may_create=True), lambda s: s.list_keys(project), announce=False)
     now = time.time()
     if as_json:
         output.print_json([_key_json(k, now) for k in found])
@@ -270,7 +280,7 @@ def keys_revoke(
             await _audit_direct(s, "key.revoke", key_id, "accepted" if done else "refused", reason)
             return done
 
-        if not _run(store, revoke):
+        if not _run(StoreWhere(store, may_create=True), revoke, announce=False):
             _fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
     print(f"revoked {key_id}")
 
@@ -310,11 +320,12 @@ def _plain(value: object) -> object:
 
 
 def _usage_totals(
-    by: str, start: float | None, store: str | None, controller: str | None, token_file: Path | None
+    by: str, start: float | None, where: StoreWhere, controller: str | None, token_file: Path | None
 ) -> list[UsageTotal]:
     """From the store, or with --controller through the admin API's GET /api/v1/usage (an admin token)."""
     tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
     if controller is not None:
+        output.console(stderr=True).print(f"usage from the controller at {controller}", highlight=False)
         query = {"by": by} | ({"since": repr(start)} if start is not None else {})
         data = _api(
             _controller(controller, token_file), "GET", "/api/v1/usage?" + urllib.parse.urlencode(query)
@@ -327,9 +338,9 @@ def _usage_totals(
             for t in data["totals"]
         ]  # fmt: skip
     if tag is not None:
-        return _run(store, lambda s: s.usage_totals_by_tag(tag, since=start))
+        return _run(where, lambda s: s.usage_totals_by_tag(tag, since=start))
     group: UsageGroup = by  # type: ignore[assignment]  # the caller checked it is one of USAGE_GROUPS
-    return _run(store, lambda s: s.usage_totals(group, since=start))
+    return _run(where, lambda s: s.usage_totals(group, since=start))
 
 
 def usage(
@@ -343,6 +354,7 @@ def usage(
     since: Annotated[str | None, typer.Option("--since", help="Only the last 7d, 24h, ...")] = None,
     as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,
     store: StoreOpt = None,
+    controller_config: ControllerConfigOpt = None,
     controller: Annotated[
         str | None,
         typer.Option(
@@ -364,7 +376,7 @@ def usage(
         start = time.time() - parse_duration(since, bare_seconds=False, positive=True) if since else None
     except ValueError as exc:
         _fail(f"--since: {exc}")
-    totals = _usage_totals(by, start, store, controller, token_file)
+    totals = _usage_totals(by, start, StoreWhere(store, controller_config), controller, token_file)
     header = [*(["key", "name", "project"] if group == "key" else [by]), "requests", "errors", "tokens_in",
               "tokens_out", "cost", "avg_latency_ms"]  # fmt: skip
     rows = [
@@ -404,14 +416,15 @@ def usage(
 
 
 @store_app.command("migrate")
-def store_migrate(store: StoreOpt = None) -> None:
-    """Bring the store's schema up to date (also done by every process at start-up)."""
+def store_migrate(store: StoreOpt = None, controller_config: ControllerConfigOpt = None) -> None:
+    """Bring the store's schema up to date (also done by every process at start-up); with --store (or
+    LLMGW_STORE) naming a SQLite file that does not exist, make it."""
 
     async def go(s: Store) -> tuple[list[int], int]:
         return await s.migrate(), await s.schema_version()
 
     # Store.open already migrates; report the resulting version.
-    _, version = _run(store, go)
+    _, version = _run(StoreWhere(store, controller_config, may_create=True), go)
     print(f"store at schema version {version}")
 
 
@@ -419,6 +432,7 @@ def store_migrate(store: StoreOpt = None) -> None:
 def store_move(
     to: Annotated[str, typer.Option("--to", help="Destination DSN; must be empty.")],
     store: StoreOpt = None,
+    controller_config: ControllerConfigOpt = None,
 ) -> None:
     """Copy every table to another store (for example SQLite to PostgreSQL). Stop the writers first."""
     console = output.console(stderr=True)
@@ -433,7 +447,7 @@ def store_move(
             await dst.close()
         return report.copied
 
-    copied = _run(store, go)
+    copied = _run(StoreWhere(store, controller_config), go)
     print(f"moved {sum(copied.values())} rows; point --store / LLMGW_STORE at the new store")
 
 

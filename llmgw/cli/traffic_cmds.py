@@ -1,7 +1,8 @@
 """`llmgw traffic export` and `llmgw traffic import`: recorded request shapes as a trace, and back.
 
-The trace format is llmgw.core.trace's (docs/traffic.md). The store is chosen as for `llmgw usage`
-(`--store`, LLMGW_STORE, the single-machine default).
+The trace format is llmgw.core.trace's (docs/traffic.md). The store is the deployment's, found as for `llmgw
+usage` (llmgw.cli.store_find: `--store`, LLMGW_STORE, the controller's configuration or admin API, the local
+store `llmgw up` made), named on standard error; a missing one is an error, not an empty trace.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import typer
 
 from llmgw.adapters.traffic import ImportResult, export_lines, import_trace
 from llmgw.cli import output
-from llmgw.cli.store_cmds import StoreOpt, _fail, _run
+from llmgw.cli.store_cmds import ControllerConfigOpt, StoreOpt, _fail, _run
+from llmgw.cli.store_find import StoreWhere
 from llmgw.core.trace import TraceError, parse_trace
 from llmgw.core.words import parse_duration
 from llmgw.store import Store
@@ -36,6 +38,7 @@ def traffic_export(
         Path | None, typer.Option("-o", "--output", help="Write here (default: standard output)")
     ] = None,
     store: StoreOpt = None,
+    controller_config: ControllerConfigOpt = None,
 ) -> None:
     """Write a trace (JSON lines: a header, then one request per line in arrival order) from the store."""
     try:
@@ -53,7 +56,7 @@ def traffic_export(
         return written
 
     try:
-        count = _run(store, go)
+        count = _run(StoreWhere(store, controller_config), go)
     finally:
         if out is not None:
             target.close()
@@ -79,6 +82,7 @@ def traffic_import(
         ),
     ] = False,
     store: StoreOpt = None,
+    controller_config: ControllerConfigOpt = None,
 ) -> None:
     """Load a trace into the store as usage rows marked `import:<source>`; bad lines are skipped and named."""
     try:
@@ -95,7 +99,9 @@ def traffic_import(
     digest = hashlib.sha256(text.encode()).hexdigest()
     if ends_now:
         trace = replace(trace, header=replace(trace.header, start=time.time() - trace.header.duration_s))
-    result: ImportResult = _run(store, lambda s: import_trace(s, trace, name, digest))
+    # Rows written where --store (or LLMGW_STORE) names: a new store there is what was asked for.
+    where = StoreWhere(store, controller_config, may_create=True)
+    result: ImportResult = _run(where, lambda s: import_trace(s, trace, name, digest))
     console = output.console(stderr=True)
     for problem in result.skipped:
         console.print(f"{file}: {problem} (skipped)", highlight=False, markup=False)

@@ -72,6 +72,8 @@ class UpSettings:
     controller_metrics_listen: str | None = None
     llamacpp: bool = True
     insecure_token_only_remote_nodes: bool = False
+    # The local agent's engine ports (LO, HI); None is the agent's own default (20000-20999).
+    engine_ports: tuple[int, int] | None = None
 
     @property
     def store_dsn(self) -> str:
@@ -349,7 +351,23 @@ def agent_argv(
     ]
     if llamacpp is not None:
         argv += ["--engine", f"llamacpp={llamacpp}@{LLAMACPP_VERSION}"]
+    if settings.engine_ports is not None:
+        argv += ["--port-range", "{}-{}".format(*settings.engine_ports)]
     return argv
+
+
+def engine_ports(text: str) -> tuple[int, int]:
+    """`--engine-ports LO-HI` as two ports, or UpError saying what a right value looks like."""
+    low, sep, high = text.partition("-")
+    try:
+        ports = (int(low), int(high))
+    except ValueError:
+        ports = (0, 0)
+    if not sep or not 1 <= ports[0] <= ports[1] <= 65535:
+        raise UpError(
+            f"--engine-ports {text!r}: want LO-HI, two ports within 1-65535, low first (e.g. 21000-21099)"
+        )
+    return ports
 
 
 def write_private(path: Path, text: str) -> Path:

@@ -53,6 +53,14 @@ def up(
     no_llamacpp: Annotated[
         bool, typer.Option("--no-llamacpp", help="Do not offer llama.cpp to the agent (sim models only)")
     ] = False,
+    engine_ports: Annotated[
+        str | None,
+        typer.Option(
+            metavar="LO-HI",
+            envvar="LLMGW_UP_ENGINE_PORTS",
+            help="Ports the local agent gives its engines (default: the agent's, 20000-20999)",
+        ),
+    ] = None,
     insecure_token_only_remote_nodes: Annotated[
         bool,
         typer.Option(
@@ -63,8 +71,12 @@ def up(
 ) -> None:
     """Run the controller, a router and a local agent on this machine until Ctrl-C, following PATH
     (a change to a file is a new revision). Prints the OpenAI base URL and a key for the repo's first project."""
-    from llmgw.cli.up import UpSettings, run_up
+    from llmgw.cli.up import UpError, UpSettings, engine_ports as parse_ports, run_up
 
+    try:
+        ports = parse_ports(engine_ports) if engine_ports is not None else None
+    except UpError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--engine-ports") from None
     settings = UpSettings(
         repo=path,
         state_dir=state_dir,
@@ -74,5 +86,6 @@ def up(
         controller_metrics_listen=controller_metrics_listen,
         llamacpp=not no_llamacpp,
         insecure_token_only_remote_nodes=insecure_token_only_remote_nodes,
+        engine_ports=ports,
     )
     raise typer.Exit(run_up(settings))

@@ -594,6 +594,8 @@ ROUTES: tuple[tuple[str, str, Handler, Scope | None], ...] = (
     # table says (`admin` may do everything), each issue audited with the token's name.
     ("GET", "/api/v1/credentials/router", router_credential, "admin"),
     ("GET", "/api/v1/credentials/node/{node}", node_credential, "admin"),
+    # Where the store is (no password): what the CLI's store commands open when run elsewhere.
+    ("GET", "/api/v1/store", admin_ops.store_location, "admin"),
     ("POST", "/api/v1/webhook", webhook, None),
     ("POST", "/api/v1/demand/{model}", demand, None),
     ("POST", "/api/v1/usage-seen", usage_seen, None),

@@ -22,6 +22,7 @@ from llmgw.controller.admin_tokens import Principal
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.core.security import bearer_token
 from llmgw.store import AuditEntry, Delivery, StoreError
+from llmgw.store.db import shareable_dsn
 
 log = logging.getLogger("llmgw.controller.admin")
 
@@ -49,10 +50,11 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/upgrade"): "fleet.upgrade",
     ("GET", "/api/v1/credentials/router"): "credential.router",
     ("GET", "/api/v1/credentials/node/{node}"): "credential.node",
+    ("GET", "/api/v1/store"): "store.location",
 }
 # Reads that hand out a credential: audited like a change, so the log says which admin took a router's or a
 # node's token (it opens what that holder opens).
-AUDITED_READS = frozenset({"/api/v1/credentials/router", "/api/v1/credentials/node/{node}"})
+AUDITED_READS = frozenset({"/api/v1/credentials/router", "/api/v1/credentials/node/{node}", "/api/v1/store"})
 
 
 def action_of(method: str, path: str) -> str:
@@ -190,3 +192,12 @@ async def notifications(request: web.Request) -> web.Response:
     return web.json_response(
         {"deliveries": [delivery_json(d) for d in found], "waiting": waiting, "dead": dead_count}
     )
+
+
+async def store_location(request: web.Request) -> web.Response:
+    """Where this controller's store is, for the CLI's store commands (`llmgw usage`, `traffic`, `store`) run
+    elsewhere: a `@file` reference as configured (the DSN stays in the file), a SQLite file's absolute path,
+    a PostgreSQL DSN without its password (libpq's PGPASSWORD or ~/.pgpass gives it)."""
+    c = request.app[CONTROLLER]
+    shown = shareable_dsn(c.store.dsn, configured=c.settings.store)
+    return web.json_response({"store": shown, "dialect": c.store.dsn.dialect})

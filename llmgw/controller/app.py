@@ -75,7 +75,9 @@ def make_app(controller: Controller, source: Source) -> web.Application:
         if settings.commit_status_token_file is None:
             raise CommitStatusError("commit_status_url needs commit_status_token_file (the forge token)")
         poster = StatusPoster(settings.commit_status_url, read_token(settings.commit_status_token_file))
-        controller.event_hooks.append(CommitStatuses(controller, poster).on_event)
+        statuses = CommitStatuses(controller, poster)
+        controller.event_hooks.append(statuses.on_event)
+        app.cleanup_ctx.append(_background("commit-statuses", lambda a: statuses.run()))
     app.router.add_get(AGENT_PATH, controller.hub.handle)
     app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
     app.router.add_get("/healthz", _healthz)
@@ -416,20 +418,15 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
             "llmgw-controller", endpoint, sample=settings.trace_sample
         )
         controller.commit_tracer = CommitTracer(tracer)
+    ws = controller.worker_state
+    ws.settle_until = controller.clock() + settings.settle_s
+    await controller.load_earlier_state()
     try:
-        for record in await store.list_replicas():
-            controller.worker_state.known_records[record.id] = record
-        ws = controller.worker_state
-        ws.expected_nodes = {n.name for n in await store.list_nodes() if n.state != "Lost"}
-        ws.settle_until = controller.clock() + settings.settle_s
-        controller.set_stored_nodes({n.name: n.state for n in await store.list_nodes()})
-        ws.drained = await store.list_node_drains()  # a drain outlives the controller that was told
-        controller.model_checks.load(await store.list_model_checks())
         last = await store.last_accepted_revision()
         if last is not None:
             log.info("last applied revision in the store: %s from %s", last.sha[:12], last.source)
     except Exception as exc:
-        log.warning("could not read earlier state from the store: %s", exc)
+        log.warning("could not read the revision history from the store: %s", exc)
     runners: list[web.AppRunner] = []
     try:
         app = make_app(controller, make_source(settings))

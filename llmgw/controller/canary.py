@@ -11,7 +11,11 @@ roll). This loop, once a second:
   routers' load reports; the verdict is an event, a metric, a webhook for Notifications that ask for it, and
   the phase the reconciler reads: promoted (the roll goes on) or failed (the canary is drained and stopped,
   the stable replicas serve on until the repo changes).
-The record lives in memory: a controller restarted mid-canary starts it again from the beginning.
+Each run is kept in the store (`canary_runs`, llmgw.controller.canary_record) as it moves on, and read back by
+a restarted controller or a new leader, which goes on from where it was: a running canary keeps its start and
+baseline, a verdict stays given (no second `canary_started`, no second status), a held model stays held.
+A held model (its canary failed) is reconciled against the model as it was before the change (`held_views`),
+so a stable replica that fails comes back with the stable profile, not the rejected one.
 """
 
 from __future__ import annotations
@@ -19,55 +23,91 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
+from llmgw.controller.canary_record import (
+    CanaryRun,
+    run_from_record,
+    run_record,
+    stable_from_json,
+    stable_json,
+)
 from llmgw.controller.engine_http import engine_session
 from llmgw.controller.evals_run import judges_for, ready_targets, run_suite
 from llmgw.core.canary import Traffic, judge_canary
+from llmgw.core.catalog import ModelEntry
+from llmgw.core.fleet import ModelView
 from llmgw.core.reconcile import CanaryPhase
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
+    from llmgw.controller.desired import Desired
     from llmgw.controller.state import ReplicaRec
+    from llmgw.store.intent import CanaryRunRow
 
 log = logging.getLogger("llmgw.controller.canary")
 
-__all__ = ["CanaryBook", "CanaryRun", "canary_loop", "canary_tick", "live_canaries", "split"]
+__all__ = [
+    "CanaryBook",
+    "CanaryRun",
+    "canary_loop",
+    "canary_tick",
+    "held_views",
+    "live_canaries",
+    "split",
+]
 
 TICK_S = 1.0
-Phase = Literal["running", "promoted", "failed"]
-
-
-@dataclass
-class CanaryRun:
-    model: str
-    fingerprints: dict[str, str]  # the catalog's profile fingerprints this canary tries
-    started_at: float  # controller wall time
-    baseline: dict[str, tuple[int, int]]  # stable replica -> (requests, errors) when it started
-    phase: Phase = "running"
-    replicas: set[str] = field(default_factory=set)  # the canary replicas
-    waiting: str = "starting the canary replica"
-    verdict: str = ""
-    decided_at: float | None = None
-    evals: dict[str, bool | None] = field(default_factory=dict)  # suite -> passed (None: not yet)
-    eval_results: list[dict[str, Any]] = field(default_factory=list)
-    eval_task: asyncio.Task[None] | None = None
-
-    def json(self) -> dict[str, Any]:
-        return {
-            "phase": self.phase,
-            "replicas": sorted(self.replicas),
-            "started_at": self.started_at,
-            "waiting": self.waiting if self.phase == "running" else "",
-            "verdict": self.verdict,
-            "decided_at": self.decided_at,
-            "evals": self.eval_results,
-        }
 
 
 @dataclass
 class CanaryBook:
     runs: dict[str, CanaryRun] = field(default_factory=dict)
+    # Per canary model a revision changed: the model as it was (the stable one), for the run that change
+    # begins, with the fingerprints of the change.
+    before: dict[str, tuple[dict[str, str], ModelEntry]] = field(default_factory=dict)
+
+    def note_revision(self, previous: Desired | None, desired: Desired) -> None:
+        """A revision is applied: for each canary model whose fingerprints it changes, keep the model it
+        replaces as the stable one (a held model's stable one stays: the stable replicas still run it)."""
+        if previous is None:
+            return
+        for name, entry in desired.models.items():
+            old = previous.models.get(name)
+            spec = entry.spec.rollout
+            wanted = {p.name: p.fingerprint for p in entry.profiles}
+            if (
+                old is None
+                or spec.strategy != "canary"
+                or wanted == {p.name: p.fingerprint for p in old.profiles}
+            ):
+                continue
+            run = self.runs.get(name)
+            held = run.stable if run is not None and run.phase == "failed" else None
+            self.before[name] = (wanted, held or old)
+
+    def load(self, rows: list[CanaryRunRow]) -> None:
+        """The runs the store holds (at start, on taking over); a row that cannot be read is said and left."""
+        self.cancel()
+        self.runs.clear()
+        for row in rows:
+            try:
+                run = run_from_record(row.model, row.run, stable_from_json(row.stable))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning(
+                    "the canary run of %s in the store cannot be read (%s): it starts again", row.model, exc
+                )
+                continue
+            run.saved = run_record(run)
+            self.runs[row.model] = run
+
+    def held(self, name: str, desired: Desired | None) -> bool:
+        """The model's canary of the applied revision failed: it is held on its stable replicas."""
+        run = self.runs.get(name)
+        entry = desired.models.get(name) if desired is not None else None
+        if run is None or run.phase != "failed" or entry is None:
+            return False
+        return run.fingerprints == {p.profile.name: p.fingerprint for p in entry.profiles}
 
     def phases(self) -> dict[str, CanaryPhase]:
         return {m: CanaryPhase(r.phase, frozenset(r.replicas)) for m, r in self.runs.items()}
@@ -85,7 +125,8 @@ class CanaryBook:
 async def canary_loop(c: Controller) -> None:
     try:
         while True:
-            if c.leading():
+            # Not before the runs the last leader left are read: a canary would start a second time.
+            if c.leading() and c.worker_state.earlier_state_read:
                 try:
                     await canary_tick(c)
                 except Exception:  # a bug here must not stop the next tick; the stable replicas serve on
@@ -97,14 +138,14 @@ async def canary_loop(c: Controller) -> None:
 
 def split(c: Controller, name: str) -> tuple[list[ReplicaRec], list[ReplicaRec]] | None:
     """A canary model's (stable, fresh) replicas, not stopping; None when it is not a canary model. Stable:
-    stale ones (another fingerprint, or a profile gone); adopted ones are never rolled without an operator,
-    so they are neither."""
+    stale ones (another fingerprint, or a profile gone), adopted ones too (a controller restart or a
+    fail-over changes nothing a canary was doing)."""
     d = c.desired
     entry = d.models.get(name) if d is not None else None
     if entry is None or entry.spec.rollout.strategy != "canary" or entry.spec.rollout.canary is None:
         return None
     wanted = {p.profile.name: p.fingerprint for p in entry.profiles}
-    mine = [r for r in c.replicas.values() if r.model == name and not r.stopping and not r.adopted]
+    mine = [r for r in c.replicas.values() if r.model == name and not r.stopping]
 
     def stale(r: ReplicaRec) -> bool:
         return r.profile not in wanted or (
@@ -142,12 +183,12 @@ async def canary_tick(c: Controller) -> None:
         return
     book: CanaryBook = c.canaries
     for name in [m for m in book.runs if m not in d.models]:
-        book.runs.pop(name)
+        await _forget(c, name)
     for name, entry in d.models.items():
         found = split(c, name)
         spec = entry.spec.rollout.canary
         if found is None or spec is None:
-            book.runs.pop(name, None)
+            await _forget(c, name)
             continue
         stale, fresh = found
         run = book.runs.get(name)
@@ -155,19 +196,72 @@ async def canary_tick(c: Controller) -> None:
             if run is not None and run.eval_task is not None:
                 run.eval_task.cancel()
             if not stale:
-                book.runs.pop(name, None)
+                await _forget(c, name)
                 continue
             wanted = {p.profile.name: p.fingerprint for p in entry.profiles}
-            run = book.runs[name] = CanaryRun(name, wanted, c.wall(), _counts(c, {r.id for r in stale}))
+            before = book.before.pop(name, None)
+            stable = before[1] if before is not None and before[0] == wanted else None
+            run = CanaryRun(name, wanted, c.wall(), _counts(c, {r.id for r in stale}), stable=stable)
+            book.runs[name] = run
+            await _save(c, run, with_stable=True)
             await c.event("canary_started", name, f"{len(stale)} stable replica(s); {_share(spec)}")
             c.notify("canary started")
         if run.phase != "running":
             continue
-        before = set(run.replicas)
+        before_ids = set(run.replicas)
         run.replicas = {r.id for r in fresh}
-        if run.replicas != before:
+        if run.replicas != before_ids:
             c.notify("canary replicas changed")  # the snapshot marks them
         await _judge(c, run, {r.id for r in stale})
+        await _save(c, run)
+
+
+async def _forget(c: Controller, name: str) -> None:
+    run = c.canaries.runs.pop(name, None)
+    if run is None:
+        return
+    if run.eval_task is not None:
+        run.eval_task.cancel()
+    try:
+        await c.store.delete_canary_run(name)
+    except Exception as exc:  # a row left behind is read back as a run whose fingerprints changed: replaced
+        log.warning("the canary run of %s could not be deleted from the store: %s", name, exc)
+
+
+async def _save(c: Controller, run: CanaryRun, *, with_stable: bool = False) -> None:
+    """Write the run when it changed since it was last written; a store that is down is tried again at the
+    next tick (the run goes on in memory meanwhile)."""
+    record = run_record(run)
+    if record == run.saved and not with_stable:
+        return
+    try:
+        await c.store.save_canary_run(
+            run.model, record, stable_json(run.stable) if with_stable else None, c.wall()
+        )
+        run.saved = record
+    except Exception as exc:
+        log.warning(
+            "the canary run of %s could not be written to the store (tried again): %s", run.model, exc
+        )
+
+
+def held_views(c: Controller) -> dict[str, tuple[ModelEntry, ModelView]]:
+    """Per held model (its canary failed, the revision unchanged since) whose stable model is known: that
+    model, and its view as the reconciler reads it (the revision's class and quotas, the stable profiles)."""
+    d = c.desired
+    out: dict[str, tuple[ModelEntry, ModelView]] = {}
+    if d is None:
+        return out
+    for name, run in c.canaries.runs.items():
+        current = d.fleet_models.get(name)
+        if run.stable is None or current is None or not c.canaries.held(name, d):
+            continue
+        prints = {p.name: p.fingerprint for p in run.stable.profiles}
+        out[name] = (
+            run.stable,
+            current._replace(spec=run.stable.spec, fingerprints=prints, manifest_digest=None),
+        )
+    return out
 
 
 async def _judge(c: Controller, run: CanaryRun, stable: set[str]) -> None:
@@ -200,6 +294,7 @@ async def _judge(c: Controller, run: CanaryRun, stable: set[str]) -> None:
     kind = "canary_promoted" if run.phase == "promoted" else "canary_failed"
     words = "promoted" if run.phase == "promoted" else "failed: rolled back, the stable replicas keep serving"
     c.metrics.canary_verdicts.labels(run.model, run.phase).inc()
+    await _save(c, run)  # the verdict is kept before it is told: a new leader never judges it again
     await c.event(kind, run.model, f"canary {words} ({verdict.words})")
     c.notify(kind)
 

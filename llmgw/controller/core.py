@@ -182,6 +182,7 @@ class Controller:
         ws = self.worker_state
         ws.expected_nodes = {LOADING_NODE}
         ws.settle_until = self.clock() + self.settings.settle_s
+        ws.earlier_state_read = False  # read again: what the last leader left is newer than our start
         self.background.spawn(self._take_over(), key="take-over")
         self.notify("leadership changed")
 
@@ -196,27 +197,42 @@ class Controller:
         self.hub.nodes.clear()
         self.replicas.clear()
         self.worker_state.stored_states.clear()
+        # The next leader goes on from the store; this one reads it again if it leads again.
+        self.worker_state.earlier_state_read = False
+        self.canaries.cancel()
+        self.canaries.runs.clear()
         self.notify("leadership changed")
 
     async def _take_over(self) -> None:
-        """A new leader reads what the last one left in the store: replicas (for adoption) and the nodes it
-        knew."""
+        """A new leader reads what the last one left in the store and resumes it (`load_earlier_state`)."""
         ws = self.worker_state
-        try:
-            nodes = await self.store.list_nodes()
-            for record in await self.store.list_replicas():
-                ws.known_records[record.id] = record
-            self.set_stored_nodes({n.name: n.state for n in nodes})
-            ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
-            ws.drained = await self.store.list_node_drains()
-            self.model_checks.load(await self.store.list_model_checks())
-        except Exception as exc:  # the store is what elected us, so this is a blip: settle_s bounds the wait
-            log.warning("new leader could not read earlier state from the store (%s); waiting settle_s", exc)
-            ws.expected_nodes = set()
+        if not await self.load_earlier_state():
+            ws.expected_nodes = set()  # the store elected us, so this is a blip: settle_s bounds the wait
         ws.settle_until = self.clock() + self.settings.settle_s
         await self.event("leader", self.lease.holder if self.lease else "", "this controller leads")
         await self._record_serving()
         self.notify("took over")
+
+    async def load_earlier_state(self) -> bool:
+        """What the last controller (this one before a restart, or the last leader) left in the store: the
+        replicas (adopted as themselves), the nodes it knew (waited for before placing), drains, model-check
+        verdicts and canary runs. False when the store could not be read (said in the log)."""
+        ws = self.worker_state
+        try:
+            for record in await self.store.list_replicas():
+                ws.known_records[record.id] = record
+            nodes = await self.store.list_nodes()
+            self.set_stored_nodes({n.name: n.state for n in nodes})
+            ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
+            ws.drained = await self.store.list_node_drains()  # a drain outlives the controller that was told
+            self.model_checks.load(await self.store.list_model_checks())
+            self.canaries.load(await self.store.list_canary_runs())
+            return True
+        except Exception as exc:
+            log.warning("could not read earlier state from the store: %s", exc)
+            return False
+        finally:
+            ws.earlier_state_read = True
 
     async def _record_serving(self) -> None:
         """A standby applies revisions without recording them (`_record`); once it leads, the one it serves
@@ -455,6 +471,9 @@ class Controller:
 
     async def _apply(self, desired: Desired, actor: str, actor_detail: str) -> None:
         previous = self.desired
+        self.canaries.note_revision(
+            previous, desired
+        )  # the stable model a canary of this change rolls back to
         self.desired = desired  # the one atomic swap; readers keep what they took
         self.applied_at = self.wall()
         if self.refused is not None:

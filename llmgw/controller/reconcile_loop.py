@@ -30,6 +30,7 @@ from llmgw.adapters.secrets import SecretError, read_bound_secret
 from llmgw.controller import views, yielding
 from llmgw.controller.autoscaler import autoscale
 from llmgw.controller.background import Background
+from llmgw.controller.canary import held_views
 from llmgw.controller.capacity_admin import load_capacities
 from llmgw.controller.core import Controller
 from llmgw.controller.engine_orders import EngineOrders
@@ -37,6 +38,7 @@ from llmgw.controller.hub import AgentError, NodeLink
 from llmgw.controller.state import ReplicaRec
 from llmgw.core import distributed
 from llmgw.core.autoscale import ScalePolicy
+from llmgw.core.catalog import ModelEntry
 from llmgw.core.config.models import LORA_ENGINES, Source
 from llmgw.core.fetch_plan import weight_source
 from llmgw.core.fleet import NodeView, ReplicaView
@@ -122,8 +124,11 @@ class Reconciler:
                 if c.commit_tracer is not None:
                     c.commit_tracer.ready(rec.id)
         scaled = autoscale(c, now, self.scale_policy())
+        # A held model (its canary failed) is reconciled as it was before the change: a stable replica that
+        # fails comes back with the stable profile, not the rejected one.
+        models = {**d.fleet_models, **{n: view for n, (_, view) in held_views(c).items()}}
         decision = reconcile(
-            d.fleet_models,
+            models,
             nodes,
             replicas,
             now=now,
@@ -227,9 +232,7 @@ class Reconciler:
             if r.state in ("draining", "stopping", "stopped"):
                 continue
             entry = d.fleet_models.get(r.model) if d else None
-            auto = (
-                entry is not None and entry.spec.restarts_on_change and not r.adopted and is_stale(r, entry)
-            )
+            auto = entry is not None and entry.spec.restarts_on_change and is_stale(r, entry)
             if r.restart or auto:
                 rolling.add(r.model)
         for model, record in ws.models.items():
@@ -317,20 +320,36 @@ class Reconciler:
         )
         c.replicas[rec.id] = rec
         await self._upsert(rec, "pending")
+        held = (
+            " (the stable profile: the model is held after its canary failed)"
+            if self._model(rec.model)[1]
+            else ""
+        )
         await c.event(
-            "replica_start", rec.id, f"{rec.model}/{rec.profile} on {', '.join(rec.nodes)}: {placement.why}"
+            "replica_start",
+            rec.id,
+            f"{rec.model}/{rec.profile} on {', '.join(rec.nodes)}: {placement.why}{held}",
         )
         specs = [(s, self._spec(placement, s, key, sources[s.node])) for s in placement.start_order()]
         if c.commit_tracer is not None:
             c.commit_tracer.starting(rec.id, rec.model, list(rec.nodes))
         self.background.spawn(self._send_start(rec, specs))
 
+    def _model(self, name: str) -> tuple[ModelEntry, bool]:
+        """The model a replica is started from: the revision's, or a held model's stable one (True)."""
+        d = self.c.desired
+        assert d is not None
+        held = held_views(self.c).get(name)
+        return (held[0], True) if held is not None else (d.models[name], False)
+
     def _weights(self, model_name: str, node: str) -> WeightSource | None:
         """What `node` is told about the model's weights (core.fetch_plan), the origin token read here."""
         d = self.c.desired
         assert d is not None
-        src = d.models[model_name].spec.source
-        return None if src is None else self._fetchable(src, node, d.manifests.get(model_name))
+        entry, held = self._model(model_name)
+        src = entry.spec.source
+        manifest = None if held else d.manifests.get(model_name)
+        return None if src is None else self._fetchable(src, node, manifest)
 
     def _fetchable(self, src: Source, node: str, manifest: tuple[ManifestFile, ...] | None) -> WeightSource:
         """A weights or adapter source as `node` fetches it: through the mirror, its token read here, only
@@ -355,7 +374,7 @@ class Reconciler:
     ) -> ShardSpec:
         d = self.c.desired
         assert d is not None
-        model = d.models[placement.model]
+        model = self._model(placement.model)[0]
         entry = model.profile(placement.profile)
         assert entry is not None
         profile = entry.profile
@@ -456,6 +475,7 @@ class Reconciler:
             # No output tail: events are read with a plan token and sent to the repo's webhooks, and engine
             # output can carry prompts (`llmgw logs`, admin scope, has it).
             await c.event("replica_failed", rec.id, f"{reason}: {detail} (its output: llmgw logs {rec.id})")
+            await c.event("drift", rec.model, self._drift_words(rec, detail))
             c.metrics.replica_restarts.labels(rec.model).inc()  # its replacement follows (after backoff)
         rec.stopping = True
         rec.draining = drain
@@ -465,6 +485,17 @@ class Reconciler:
         await c.event("replica_stop", rec.id, reason + (" (draining first)" if drain else ""))
         c.notify("replica stopping")  # routers drop it from their endpoints now
         self.background.spawn(self._send_stop(rec))
+
+    def _drift_words(self, rec: ReplicaRec, detail: str) -> str:
+        """What differs from the applied revision when a replica stopped without being asked (an engine killed
+        or stopped by hand, a crash): said as the `drift` event, as `llmgw plan` shows it."""
+        d = self.c.desired
+        entry = d.models.get(rec.model) if d is not None else None
+        declared = f"{entry.spec.scaling.min} replica(s)" if entry is not None else "no replica"
+        return (
+            f"{rec.id} ({rec.model}/{rec.profile}) on {', '.join(rec.nodes)} is not running ({detail}); the "
+            f"revision declares {declared} of {rec.model}: replaced"
+        )
 
     async def drain_node(self, node: str, reason: str) -> int:
         """Drain and stop every replica with a shard on `node` (a Node removed from the repo); the views cordon
@@ -538,7 +569,11 @@ class Reconciler:
     # ---------------------------------------------------------------------------------- adoption
 
     def adopt(self, link: NodeLink, register: Register) -> None:
-        """Shards an agent reports at Register that this controller does not know: adopted, never restarted."""
+        """Shards an agent reports at Register that this controller does not know. One the store knows is
+        that replica again: its profile, age and part in a roll (what it replaces, a restart asked) as the
+        last leader wrote them, and the fingerprint the agent says it runs; so a controller restart changes
+        nothing a commit asked for, and a stale one is rolled like any other. `adopted` only says that this
+        controller did not start it (its load time is unknown)."""
         c = self.c
         for shard in register.shards:
             if shard.state not in ADOPTABLE:
@@ -556,18 +591,21 @@ class Reconciler:
                 id=shard.replica_id,
                 model=shard.model,
                 profile=profile,
-                fingerprint=shard.fingerprint,
+                fingerprint=shard.fingerprint or (known.fingerprint if known else ""),
                 created_at=known.created_at if known else c.wall(),
                 # The GPUs the agent says the shard holds: placement counts them as taken (with none, a
                 # restarted controller would place another replica on the same cards).
                 shards=(ShardPlacement(link.name, shard.shard_rank, tuple(shard.gpus)),),
                 adopted=True,
                 start_sent_at=c.clock(),
+                replaces=known.replaces if known else None,
+                restart=known.restart_asked if known else False,
             )
             c.replicas[rec.id] = rec
             log.info("adopted replica %s (%s, pid %s) on %s", rec.id, rec.model, shard.pid, link.name)
+            where = "known to the store" if known else "not in the store"
             self.background.spawn(
-                c.event("replica_adopted", rec.id, f"found running on {link.name} (pid {shard.pid})")
+                c.event("replica_adopted", rec.id, f"found running on {link.name} (pid {shard.pid}; {where})")
             )
 
     def _profile_by_fingerprint(self, model: str, fingerprint: str) -> str:
@@ -594,7 +632,7 @@ class Reconciler:
         stored = self.c.worker_state.stored_states
         for rec in list(self.c.replicas.values()):
             state = views.replica_state(self.c, rec)
-            if stored.get(rec.id) != state:
+            if stored.get(rec.id) != (state, rec.restart):
                 await self._upsert(rec, state)
 
     async def _upsert(self, rec: ReplicaRec, state: str) -> None:
@@ -610,9 +648,11 @@ class Reconciler:
                     rec.fingerprint,
                     rec.created_at,
                     c.wall(),
+                    replaces=rec.replaces,
+                    restart_asked=rec.restart,
                 )
             )
-            c.worker_state.stored_states[rec.id] = state
+            c.worker_state.stored_states[rec.id] = (state, rec.restart)
         except Exception as exc:
             log.warning("could not record replica %s in the store: %s", rec.id, exc)
 

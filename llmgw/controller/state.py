@@ -182,8 +182,12 @@ class WorkerState:
     passes: int = 0
     last_pass_at: float | None = None
     last_actions: list[str] = field(default_factory=list)
-    stored_states: dict[str, str] = field(default_factory=dict)  # replica id -> state last written
+    # replica id -> (state, restart asked) last written
+    stored_states: dict[str, tuple[str, bool]] = field(default_factory=dict)
     known_records: dict[str, ReplicaRecord] = field(default_factory=dict)  # from the store at start
+    # What the last leader left (replicas, canary runs, owed statuses) has been read, or could not be: the
+    # canary loop waits for it, so a run is resumed rather than begun a second time.
+    earlier_state_read: bool = False
     # Nodes that were up before this controller started: no replica is started until they are back (or the
     # settle window ends), so their running replicas are adopted instead of being placed a second time.
     expected_nodes: set[str] = field(default_factory=set)

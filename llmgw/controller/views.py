@@ -326,8 +326,10 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
     # Read from the replicas, not only from the last pass: `apply --wait` right after an apply must not see
     # Healthy before the pass that starts the roll has run.
     canary = c.canaries.json(name)
-    auto = auto or (canary is not None and canary["phase"] != "failed")
-    rolling = record.rolling or restarting > 0 or (auto and any(stale(c, r) and not r.adopted for r in mine))
+    # A canary model rolls on a change through its canary (none begun yet is one about to begin) unless the
+    # canary of this revision failed: then its stale replicas are the stable ones it is held on.
+    auto = auto or (model.spec.rollout.strategy == "canary" and not c.canaries.held(name, d))
+    rolling = record.rolling or restarting > 0 or (auto and any(stale(c, r) for r in mine))
     if (not model.spec.profiles or ready >= target) and not rolling:
         health = "Healthy"
     elif record.unplaceable is not None or failing(record.backoff) or "failed" in states:

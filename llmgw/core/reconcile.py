@@ -21,7 +21,8 @@ Rules (each learned the hard way, see docs/placement.md):
 - a replica whose profile fingerprint differs from the catalog's is marked stale; it is rolled only when the
   model says `rollout.on_change: restart` (or an operator asks, `llmgw restart`): make-before-break, at most
   `max_surge` replicas beyond the target and at most `max_unavailable` ready ones missing below it;
-- adopted replicas (found running after a controller restart) are kept, rolled only when an operator asks;
+- adopted replicas (found running after a controller restart or a fail-over) are those replicas again: one
+  whose fingerprint differs is rolled like any other, so a restart changes nothing a commit asked for;
 - models are placed highest capacity class first; one that still cannot be placed has replicas of strictly
   lower classes drained and stopped to make room (llmgw.core.placement.preempt), and is placed once they
   are gone.
@@ -400,7 +401,7 @@ def _gone_words(r: ReplicaView, held_nodes: frozenset[str]) -> str:
 
 def _stale(mp: _ModelPass, phase: CanaryPhase) -> None:
     """Mark stale replicas; note the ones to roll: stale ones when the model rolls on a change (adopted ones
-    only when asked), and every one an operator asked to restart. A canary model rolls on a change through
+    too: a controller restart changes nothing a commit asked for), and every one an operator asked to restart. A canary model rolls on a change through
     its canary; once the canary failed its stale replicas are held (they are the stable ones) and its
     canary replicas are stopped, drained."""
     canary = mp.entry.spec.rollout.strategy == "canary"
@@ -413,7 +414,7 @@ def _stale(mp: _ModelPass, phase: CanaryPhase) -> None:
         stale = is_stale(r, mp.entry)
         if stale and not r.stale:
             mp.actions.append(MarkStale(r.id, f"profile {r.profile} changed since {r.id} was placed"))
-        if r.restart or (stale and auto and not r.adopted):
+        if r.restart or (stale and auto):
             mp.rolling.append(r)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,6 +47,30 @@ class Dsn:
         info.pop("password", None)
         host = info.get("host", "")
         return f"postgresql://{info.get('user', '')}@{host}:{info.get('port', '')}/{info.get('dbname', '')}"
+
+
+def shareable_dsn(dsn: Dsn, configured: str | None = None) -> str:
+    """A DSN another process can open, without a password: an `@file` reference as `configured` (the DSN
+    stays in the file); a SQLite file's absolute path; a PostgreSQL conninfo with the password left out
+    (libpq's PGPASSWORD or ~/.pgpass supplies it)."""
+    if configured is not None and configured.strip().startswith("@"):
+        return "@" + str(Path(configured.strip()[1:]).expanduser().resolve())
+    if dsn.dialect == "sqlite":
+        return f"sqlite:///{Path(dsn.target).expanduser().resolve()}"
+    try:
+        info = psycopg.conninfo.conninfo_to_dict(dsn.target)
+    except psycopg.ProgrammingError as exc:
+        raise StoreError(f"store DSN {dsn.redacted()} cannot be read: {exc}") from exc
+    info.pop("password", None)
+    rest = {k: str(v) for k, v in info.items() if v is not None}
+    user, host, port, dbname = (rest.pop(k, "") for k in ("user", "host", "port", "dbname"))
+    if "/" in host or "," in host:  # a socket directory or several hosts: libpq reads them from the query
+        rest["host"], host = host, ""
+    if port and not host:
+        rest["port"], port = port, ""
+    netloc = (urllib.parse.quote(user) + "@" if user else "") + host + (f":{port}" if port else "")
+    query = "?" + urllib.parse.urlencode(rest) if rest else ""
+    return f"postgresql://{netloc}/{urllib.parse.quote(dbname)}{query}"
 
 
 def parse_dsn(text: str) -> Dsn:

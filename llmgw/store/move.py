@@ -20,7 +20,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "id", "revision", "source", "applied_at", "actor", "actor_detail", "status", "errors",
     ),
     "nodes": ("name", "first_seen", "last_seen", "state", "inventory"),
-    "replicas": ("id", "model", "profile", "nodes", "state", "fingerprint", "created_at", "updated_at"),
+    "replicas": (
+        "id", "model", "profile", "nodes", "state", "fingerprint", "created_at", "updated_at", "replaces",
+        "restart_asked",
+    ),
     "events": ("id", "time", "kind", "object", "message"),
     "api_keys": ("id", "prefix", "hash", "project", "name", "created_at", "expires_at", "revoked_at", "last_used_at"),
     "usage": (
@@ -50,6 +53,8 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "content": ("kind", "project", "id", "created_at", "expires_at", "key_id", "sealed"),
     "model_checks": ("model", "engine", "engine_version", "verdict", "at"),
+    "canary_runs": ("model", "run", "stable", "updated_at"),
+    "commit_status_outbox": ("id", "seq", "sha", "state", "context", "description", "target_url"),
 }  # fmt: skip
 _ORDER = {
     "limit_counters": "limit_key, window_start",

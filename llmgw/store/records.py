@@ -58,6 +58,8 @@ class ReplicaRecord:
     fingerprint: str
     created_at: float
     updated_at: float
+    replaces: str | None = None  # the replica it was started to take the place of (a roll's surge)
+    restart_asked: bool = False  # an operator asked for its restart (`llmgw restart`)
 
 
 @dataclass(frozen=True)

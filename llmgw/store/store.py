@@ -15,6 +15,7 @@ from llmgw.store.capacity import CapacityQueries
 from llmgw.store.content import ContentQueries
 from llmgw.store.db import Backend, Dsn, Row, open_backend
 from llmgw.store.errors import StoreError
+from llmgw.store.intent import IntentQueries
 from llmgw.store.migrate import current_version, migrate
 from llmgw.store.oplog import OpLogQueries
 from llmgw.store.records import (
@@ -57,6 +58,8 @@ TABLES: tuple[str, ...] = (
     "usage_minutes",
     "content",
     "model_checks",
+    "canary_runs",
+    "commit_status_outbox",
 )
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
@@ -96,7 +99,7 @@ def _last_use_updates(records: Sequence[UsageRecord]) -> list[tuple[str, list[An
     return [(sql, [t, key_id, t]) for key_id, t in sorted(newest.items())]
 
 
-class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, ContentQueries):
+class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, ContentQueries, IntentQueries):
     """Typed access to the llmgw database. Open with `await Store.open(dsn)`; close with `await close()`."""
 
     def __init__(self, db: Backend) -> None:
@@ -235,10 +238,11 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
     async def upsert_replica(self, replica: ReplicaRecord) -> None:
         async with self.db.tx() as tx:
             await tx.execute(
-                "INSERT INTO replicas (id, model, profile, nodes, state, fingerprint, created_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET model = excluded.model, "
-                "profile = excluded.profile, nodes = excluded.nodes, state = excluded.state, "
-                "fingerprint = excluded.fingerprint, updated_at = excluded.updated_at",
+                "INSERT INTO replicas (id, model, profile, nodes, state, fingerprint, created_at, updated_at, "
+                "replaces, restart_asked) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+                "model = excluded.model, profile = excluded.profile, nodes = excluded.nodes, "
+                "state = excluded.state, fingerprint = excluded.fingerprint, updated_at = excluded.updated_at, "
+                "replaces = excluded.replaces, restart_asked = excluded.restart_asked",
                 (
                     replica.id,
                     replica.model,
@@ -248,6 +252,8 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
                     replica.fingerprint,
                     replica.created_at,
                     replica.updated_at,
+                    replica.replaces,
+                    int(replica.restart_asked),
                 ),
             )
 
@@ -255,12 +261,14 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
         where, params = ("WHERE model = ?", (model,)) if model else ("", ())
         async with self.db.tx() as tx:
             rows = await tx.fetch(
-                "SELECT id, model, profile, nodes, state, fingerprint, created_at, updated_at FROM replicas "
+                "SELECT id, model, profile, nodes, state, fingerprint, created_at, updated_at, replaces, "
+                "restart_asked FROM replicas "
                 f"{where} ORDER BY model, id",
                 params,
             )
         return [
-            ReplicaRecord(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], r[5], r[6], r[7]) for r in rows
+            ReplicaRecord(r[0], r[1], r[2], tuple(json.loads(r[3])), r[4], r[5], r[6], r[7], r[8], bool(r[9]))
+            for r in rows
         ]
 
     async def delete_replica(self, replica_id: str) -> bool:

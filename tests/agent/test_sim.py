@@ -133,7 +133,7 @@ async def test_queues_beyond_concurrency_in_arrival_order(sim: tuple[SimEngine, 
     async def call(http: aiohttp.ClientSession, name: str) -> dict[str, Any]:
         # 50 tokens at 20 ms: a second per request, so `a` still runs while b and c queue and the metrics are
         # read, even on a machine busy enough to stall this loop for a few hundred milliseconds.
-        body = {"model": "sim-model", "prompt": f"request {name}", "max_tokens": 50}
+        body = {"model": "sim-model", "prompt": f"request {name}", "max_tokens": 50, "ignore_eos": True}
         async with http.post(f"{url}/v1/completions", json=body, headers=auth()) as resp:
             data: dict[str, Any] = await resp.json()
         finished.append(name)

@@ -14,8 +14,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = re.compile(
-    r"^router_overhead: added_p50_ms_c1=(\S+) rps_c16=(\d+) floor_rps_c16=(\d+) litellm_rps_c16=(\S+) "
-    r"cpu_us_per_req_c16=(\d+) floor_cpu_us_per_req_c16=(\d+) vllm_router_rps_c16=(\S+) portkey_rps_c16=(\S+)$",
+    r"^router_overhead: features=(?:keys\+limits3\+\S+) added_p50_ms_c1=(\S+) rps_c16=(\d+) floor_rps_c16=(\d+) litellm_rps_c16=(\S+) "
+    r"cpu_us_per_req_c16=(\d+) floor_cpu_us_per_req_c16=(\d+) vllm_router_rps_c16=(\S+) portkey_rps_c16=(\S+) "
+    r"p99_ms_c64=(\S+) floor_p99_ms_c64=(\S+)$",
     re.M,
 )
 
@@ -61,6 +62,7 @@ def test_tiny_run_measures_each_target_and_ends_with_the_final_line() -> None:
     assert int(match[5]) > 0 and int(match[6]) > 0
     assert (match[7] == "none") == ("vllm-router" not in served)
     assert (match[8] == "none") == (not portkey)
+    assert match[9] == match[10] == "none"  # no run at concurrency 64
 
 
 TRACING = re.compile(

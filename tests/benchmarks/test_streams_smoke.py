@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = re.compile(
-    r"^streams: n=(\d+) kb_per_stream=(\S+) cpu_us_per_event=(\S+) floor_cpu_us_per_event=(\S+) "
+    r"^streams: features=(?:keys\+limits3\+\S+) n=(\d+) kb_per_stream=(\S+) cpu_us_per_event=(\S+) floor_cpu_us_per_event=(\S+) "
     r"vllm_router_cpu_us_per_event=(\S+) added_p99_ms=(\S+) stalls=(\d+)$",
     re.M,
 )

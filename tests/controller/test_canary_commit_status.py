@@ -107,7 +107,10 @@ async def test_a_canary_posts_pending_then_its_verdict_on_the_commit_it_tried(
         await wait_for(
             lambda: on(tried, "llmgw/canary/m") == ["pending", "success"] or None, 90, "the verdict"
         )
-        assert on(tried, "llmgw/apply") == ["success"]
+        # The apply is pending until the fleet runs the revision (the canary promoted, the roll done).
+        await wait_for(
+            lambda: on(tried, "llmgw/apply") == ["pending", "success"] or None, 60, "apply healthy"
+        )
         first = forge.got[0]
         assert first["answered"] == 502 and forge.got[1]["body"] == first["body"]  # the same status again
         verdict = next(

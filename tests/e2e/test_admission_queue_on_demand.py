@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import DEFAULT_AGENT_PORTS, free_port, wait_for
 
-from .test_up import EXAMPLE, START_S, Up, printed
+from .up_process import EXAMPLE, START_S, Up, printed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), DEFAULT_AGENT_PORTS]
 

@@ -15,11 +15,9 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,15 +26,13 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support import DEFAULT_AGENT_PORTS, free_port, wait_until
 
+from .up_process import EXAMPLE, STOP_S, Up, llmgw_command, printed
+
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp, pytest.mark.timeout(600), DEFAULT_AGENT_PORTS]
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "cluster-repo"
 MODEL_FILE = Path.home() / ".cache" / "llmgw" / "models" / "gemma-3-270m-q4_k_m.gguf"  # the example's path
 GEMMA = "gemma-3-270m"
-START_S = 60.0  # up to the printed key (controller, router, key; no model needed)
 LOAD_S = 240.0  # every model Healthy: llama.cpp loads gemma in well under a minute on 2 idle cores
-STOP_S = 60.0  # engines get a 10 s grace each, the agent 15 s
 
 
 def tools_required() -> bool:
@@ -80,126 +76,6 @@ def group_members(pgids: set[int]) -> list[str]:
     return found
 
 
-def llmgw_command() -> list[str]:
-    script = Path(sys.executable).parent / "llmgw"
-    return (
-        [str(script)]
-        if script.exists()
-        else [sys.executable, "-c", "from llmgw.cli.main import main; main()"]
-    )
-
-
-@dataclass
-class Up:
-    """One `llmgw up` subprocess and what it printed."""
-
-    tmp: Path
-    ports: dict[str, int]
-    llamacpp: bool = True
-    repo: Path = EXAMPLE
-    proc: subprocess.Popen[bytes] | None = None
-    log: Path = field(init=False)
-    runs: int = 0
-
-    def __post_init__(self) -> None:
-        self.log = self.tmp / "up.out"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.tmp / ".llmgw"  # the default, in the working directory: what `make up` does
-
-    def start(self) -> None:
-        self.runs += 1
-        self.log = self.tmp / f"up-{self.runs}.out"
-        argv = [
-            *llmgw_command(),
-            "up",
-            str(self.repo),
-            "--router-listen",
-            f"127.0.0.1:{self.ports['router']}",
-            "--router-metrics-listen",
-            f"127.0.0.1:{self.ports['router_metrics']}",
-            "--controller-listen",
-            f"127.0.0.1:{self.ports['controller']}",
-            "--controller-metrics-listen",
-            f"127.0.0.1:{self.ports['controller_metrics']}",
-        ]
-        if not self.llamacpp:
-            argv.append("--no-llamacpp")
-        with self.log.open("wb") as out:
-            # Its own session, as a terminal would give it: the test can check its whole process group.
-            self.proc = subprocess.Popen(
-                argv, cwd=self.tmp, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-            )
-
-    def output(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-    def running(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def printed(self, pattern: str, limit_s: float, what: str) -> re.Match[str]:
-        def find() -> re.Match[str] | None:
-            stopped = not self.running()  # read before the output: what it printed before it exited counts
-            found = re.search(pattern, self.output(), re.MULTILINE)
-            if found is None and stopped:
-                raise AssertionError(f"llmgw up exited ({self.proc and self.proc.returncode})")
-            return found
-
-        try:
-            return wait_until(find, limit_s, what)
-        except AssertionError as exc:
-            raise AssertionError(
-                f"{exc}\n--- llmgw up printed:\n{self.output()}\n--- agent log:\n{self.agent_log()}"
-            ) from None
-
-    def agent_log(self) -> str:
-        path = self.state_dir / "agent" / "agent.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-40:]) if path.exists() else ""
-
-    def engine_records(self) -> list[dict[str, Any]]:
-        return [
-            json.loads(p.read_text()) for p in sorted((self.state_dir / "agent" / "shards").glob("*.json"))
-        ]
-
-    def interrupt(self, sig: int = signal.SIGINT) -> int:
-        """SIGINT (as Ctrl-C sends it) or SIGTERM, and wait for the exit code."""
-        assert self.proc is not None
-        self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout=STOP_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"llmgw up did not stop within {STOP_S}s of SIGINT:\n{self.output()}"
-            ) from None
-
-    def kill_everything(self) -> None:
-        """Teardown when a test failed half-way: nothing of this run may outlive the module."""
-        groups = {int(r["pgid"]) for r in self.engine_records() if r.get("pgid")}
-        if self.proc is not None:
-            groups.add(self.proc.pid)
-            if self.proc.poll() is None:
-                self.proc.send_signal(signal.SIGINT)
-                try:
-                    self.proc.wait(timeout=STOP_S)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
-        agent = re.search(r"^agent: node \S+, pid (\d+)", self.output(), re.MULTILINE)
-        if agent:
-            groups.add(int(agent.group(1)))
-        for pgid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-
-
-@dataclass(frozen=True)
-class Printed:
-    base_url: str
-    key: str
-    agent_pid: int
-
-
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     try:
@@ -217,13 +93,6 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         yield run
     finally:
         run.kill_everything()
-
-
-def printed(up: Up) -> Printed:
-    base = up.printed(r"^OpenAI base URL: (\S+)$", START_S, "the printed base URL")
-    key = up.printed(r"^API key \(project playground\): (sk-llmgw-\S+)$", START_S, "the printed key")
-    agent = up.printed(r"^agent: node local, pid (\d+)", START_S, "the agent line")
-    return Printed(base.group(1), key.group(1), int(agent.group(1)))
 
 
 class NoRedirect(urllib.request.HTTPRedirectHandler):

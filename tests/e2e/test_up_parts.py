@@ -17,6 +17,8 @@ from llmgw.cli.up import (
     UpError,
     UpSettings,
     admin_hint,
+    agent_argv,
+    engine_ports,
     ensure_key,
     fetch_detail,
     replica_detail,
@@ -92,6 +94,18 @@ def test_progress_words() -> None:
     line = ModelLine("gemma-3-270m", "Progressing", 0, 1, "1 starting")
     assert line.render() == "model gemma-3-270m: Progressing, 0/1 ready (1 starting)"
     assert ModelLine("sim-chat", "Healthy", 2, 2).render() == "model sim-chat: Healthy, 2/2 ready"
+
+
+def test_engine_ports_reach_the_agent_and_a_bad_range_says_what_is_right(tmp_path: Path) -> None:
+    token = tmp_path / "node-token"
+    default = agent_argv(UpSettings(repo=EXAMPLE), "local", "http://127.0.0.1:7070", token, None)
+    assert "--port-range" not in default, "no flag: the agent's own default range"
+    moved = UpSettings(repo=EXAMPLE, engine_ports=engine_ports("21000-21099"))
+    argv = agent_argv(moved, "local", "http://127.0.0.1:7070", token, None)
+    assert argv[argv.index("--port-range") + 1] == "21000-21099"
+    for bad in ("21000", "21099-21000", "0-10", "a-b", "21000-70000"):
+        with pytest.raises(UpError, match=r"--engine-ports .*want LO-HI, two ports within 1-65535"):
+            engine_ports(bad)
 
 
 def test_usage_text_is_ready_to_paste() -> None:

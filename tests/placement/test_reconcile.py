@@ -284,17 +284,25 @@ def test_a_removed_nodes_replica_that_is_not_serving_stops_at_once():
     assert [a.replica_id for a in d.of(StopReplica)] == [old.id] and len(d.of(StartReplica)) == 1
 
 
-def test_adopted_replicas_are_kept_and_never_restarted():
+def test_adopted_replicas_are_rolled_like_any_other_and_a_current_one_is_kept():
+    """Adopted (found running by a restarted controller or a new leader): the one whose fingerprint is the
+    revision's is kept as it is; the stale one is rolled make-before-break, as `rollout.on_change` says."""
     view = entry(cpu_profile(), restart_on_profile_change=True)
-    adopted = replica("old-1", "m", "cpu", ("a", ()), fingerprint="fp-from-before", adopted=True)
-    unknown = replica("old-2", "m", "cpu", ("b", ()), fingerprint="", adopted=True)
-    f = fleet({"m": replace_scaling(view, 2)}, cpu_node("a"), cpu_node("b"))
-    f.replicas = {r.id: r for r in (adopted, unknown)}
+    current = replica("old-1", "m", "cpu", ("a", ()), fingerprint=view.fingerprints["cpu"], adopted=True)
+    stale = replica("old-2", "m", "cpu", ("b", ()), fingerprint="fp-from-before", adopted=True)
+    f = fleet({"m": replace_scaling(view, 2)}, cpu_node("a"), cpu_node("b"), cpu_node("c"))
+    f.replicas = {r.id: r for r in (current, stale)}
     d = f.step()
-    # the changed fingerprint is shown, the empty one (older agent) is unknown, not stale; nothing restarts
-    assert d.actions == (MarkStale("old-1", "profile cpu changed since old-1 was placed"),)
-    assert set(f.replicas) == {"old-1", "old-2"}
-    assert f.step().actions == ()
+    assert d.of(MarkStale) == [MarkStale("old-2", "profile cpu changed since old-2 was placed")]
+    (start,) = d.of(StartReplica)
+    assert start.replaces == "old-2" and start.placement.fingerprint == view.fingerprints["cpu"]
+    assert d.of(RestartReplica) == [] and d.of(StopReplica) == []  # its replacement first
+    f.ready_all()
+    d = f.step()
+    assert d.of(RestartReplica) == [
+        RestartReplica("old-2", "profile cpu changed (rollout.on_change: restart)")
+    ]
+    assert "old-1" in f.replicas  # the current one is never touched
 
 
 def replace_scaling(view: ModelView, n: int) -> ModelView:

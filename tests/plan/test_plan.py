@@ -168,7 +168,9 @@ def test_plan_value(plan):
     assert [(s.model, s.nodes) for s in plan.starts] == [("gemma", ("cpu-2",)), ("sim-chat", ("gpu-1",))]
     assert [(r.replica_id, r.new_nodes) for r in plan.restarts] == [("qwen-gpu-1", ("gpu-1",))]
     assert [(s.replica_id, s.drain) for s in plan.stops] == [("old-cpu-1", True)]
-    assert [s.replica_id for s in plan.stale] == ["tiny-cpu-1"]  # adopted: shown, never restarted
+    assert [s.replica_id for s in plan.stale] == [
+        "tiny-cpu-1"
+    ]  # adopted under on_change: manual: shown, kept like any other
     assert [(n.node, n.change) for n in plan.nodes] == [("gpu-new", "bootstrap"), ("retired", "drain")]
     (big,) = plan.unplaceable
     reasons = {p: dict(rejected) for p, _, rejected in big.profiles}
@@ -251,6 +253,45 @@ def test_no_changes():
     assert not plan.has_changes
     assert render_text(plan).endswith("No changes. The fleet matches the cluster repo.\n")
     assert json.loads(render_json(plan))["has_changes"] is False
+
+
+def test_an_engine_killed_by_hand_is_drift_against_the_revision_and_the_plan_heals_it():
+    """The repo did not change, the fleet did: a replica whose engine was killed (or stopped) outside llmgw
+    is drift, said as such, and the plan's actions put back what the revision declares."""
+    desired = {"tiny": entry(cpu_profile(cores=1, memory_gb=1), min=2, max=2)}
+    fp = desired["tiny"].fingerprints["cpu"]
+
+    def replica(rid: str, state: str) -> LiveReplica:
+        return LiveReplica(
+            id=rid,
+            model="tiny",
+            profile="cpu",
+            fingerprint=fp,
+            shards=[LiveShard(node="n", state=state)],
+            state="ready",
+        )
+
+    live = LiveState(
+        revision="abc",
+        nodes=[LiveNode(name="n", cpu_cores=4, memory_bytes=8 * GIB, engines={"llamacpp": "b1"})],
+        replicas=[replica("tiny-cpu-1", "ready"), replica("tiny-cpu-2", "failed")],
+        models={"tiny": desired["tiny"].spec},
+    )
+    plan = make_plan(desired, live, nodes={"n": DesiredNode("n")}, revision="abc")
+    [drift] = plan.drift
+    assert drift.replica_id == "tiny-cpu-2" and "is not running (shard 0 on n failed" in drift.words
+    assert "the revision declares 2 replica(s) of tiny: replaced" in drift.words
+    assert [s.replica_id for s in plan.stops] == ["tiny-cpu-2"]
+    assert [s.reason for s in plan.starts] == ["replaces tiny-cpu-2 (failed)"]
+    text = render_text(plan)
+    assert (
+        "Drift (where the fleet differs from the applied revision):\n  ! tiny-cpu-2 (tiny/cpu) on n" in text
+    )
+    assert json.loads(render_json(plan))["drift"][0]["replica"] == "tiny-cpu-2"
+    healthy = live.model_copy(
+        update={"replicas": [replica("tiny-cpu-1", "ready"), replica("tiny-cpu-3", "ready")]}
+    )
+    assert make_plan(desired, healthy, nodes={"n": DesiredNode("n")}, revision="abc").drift == ()
 
 
 def test_undeclared_nodes_say_whether_the_controller_removes_or_keeps_them():

@@ -248,7 +248,13 @@ async def test_a_busy_model_answers_queue_timeout_at_the_queue_deadline(sims: di
         table = router.table
         assert table is not None
         headers = {"Authorization": f"Bearer {KEY_SMALL}"}
-        body = {"model": "sim-slow", "messages": [{"role": "user", "content": "x"}], "max_tokens": 500}
+        # ignore_eos: the sim writes all 500 words, so the slot stays held past the queue's deadline.
+        body = {
+            "model": "sim-slow",
+            "messages": [{"role": "user", "content": "x"}],
+            "max_tokens": 500,
+            "ignore_eos": True,
+        }
         busy = asyncio.create_task(s.post(url + "/v1/chat/completions", json=body, headers=headers))
         await wait_for(lambda: table.endpoints["sim-slow"][0].inflight == 1, 30, "the slot held")
         async with s.post(url + "/v1/chat/completions", json=dict(body, max_tokens=1), headers=headers) as r:

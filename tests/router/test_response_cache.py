@@ -263,9 +263,10 @@ async def test_memory_stays_under_the_bound_with_many_distinct_requests(
             0
         ] == "miss", "the least recently used answer goes first"
         # An answer above max_entry_bytes is not kept at all.
-        big = await chat(c, max_tokens=2000)
+        long = {"max_tokens": 2000, "extra_body": {"ignore_eos": True}}  # the sim writes all 2,000 words
+        big = await chat(c, **long)
         assert len(big[1].choices[0].message.content) > 4096
-        assert big[0] == "miss" and (await chat(c, max_tokens=2000))[0] == "miss"
+        assert big[0] == "miss" and (await chat(c, **long))[0] == "miss"
     tiny = router.cache.store.projects["tiny"]
     assert 0 < len(tiny.entries) < 300 and router.cache.store.evictions > 0
     evictions = router.metrics.registry.get_sample_value("llmgw_router_cache_evictions_total")
@@ -274,3 +275,20 @@ async def test_memory_stays_under_the_bound_with_many_distinct_requests(
         "llmgw_router_cache_requests_total", {"model": "sim-chat", "result": "hit"}
     )
     assert hits == 1.0
+
+
+async def test_a_canary_answer_is_never_kept_so_a_rolled_back_canary_leaves_nothing(
+    gateway: tuple[Router, str, Usage, Clock], sim: SimProcess
+) -> None:
+    router, url, _, _ = gateway
+    on_trial = snapshot(sim).model_dump(mode="json", by_alias=True)
+    on_trial["models"]["sim-chat"]["canary"] = {"weight": 100}
+    on_trial["endpoints"] = [endpoint(sim, "rep-canary", canary=True)]
+    router.apply_snapshot(RouterSnapshot.model_validate(on_trial))
+    async with client(url) as c:
+        before = engine_requests(sim)
+        marks = [(await chat(c, max_tokens=4))[0] for _ in range(2)]
+        assert marks == ["miss", "miss"], "a canary's answer was kept"
+        assert engine_requests(sim) == before + 2
+        router.apply_snapshot(snapshot(sim))  # the canary rolled back: the stable replica serves
+        assert [(await chat(c, max_tokens=4))[0] for _ in range(2)] == ["miss", "hit"]

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from llmgw_router.fleet.tag_metrics import OTHER, TagMetrics
+from llmgw_router.fleet.metrics import RouterMetrics
+from llmgw_router.fleet.tag_metrics import OTHER
 from llmgw_router.path.tags import MAX_KEY, MAX_TAGS, MAX_VALUE, request_tags
 from llmgw_router.server.errors import ApiError
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import generate_latest
 
 from llmgw.core.config.models import RouterSettings
 
@@ -50,8 +51,8 @@ def test_tags_out_of_bounds_are_a_400_that_names_the_place(
 
 
 def test_only_declared_keys_become_labels_and_values_are_bounded() -> None:
-    registry = CollectorRegistry()
-    metrics = TagMetrics(registry, "llmgw_router_")
+    router_metrics = RouterMetrics(lambda: None, lambda: 0.0)
+    metrics, registry = router_metrics.tags, router_metrics.registry
     settings = RouterSettings(tag_labels=["app"], tag_label_values=2)
     for app in ("chat", "search", "chat", "third", "fourth"):
         metrics.observe({"app": app, "user": "alice"}, settings, "m", 10, 2, 0.5)
@@ -63,6 +64,9 @@ def test_only_declared_keys_become_labels_and_values_are_bounded() -> None:
     assert 'tag="user"' not in page, "a key the repo did not declare is no label"
     assert 'llmgw_router_tag_tokens_total{direction="prompt",tag="app",value="chat"} 20.0' in page
     assert 'llmgw_router_tag_cost_total{tag="app",value="other"} 1.0' in page
+    # Counted in a plain dict, added to the series when the registry is collected: a second page, nothing
+    # counted since, says the same (nothing added twice).
+    assert generate_latest(registry).decode() == page
 
 
 def test_the_schema_refuses_a_tag_key_that_needs_quoting() -> None:

@@ -118,7 +118,9 @@ async def test_h5_provider_without_max_tokens_is_sent_the_rest_of_the_context(
     write_bindings(tmp_path, ["$LLMGW_SECRET_SIM_KEY: {purposes: [provider-key], hosts: [127.0.0.1]}"])
     secrets = SecretPolicy(tmp_path)
     _, listeners, _, url = await start_router(published(cat, []), limiter=limiter, secrets=secrets)
-    raw = json.dumps({"model": "ext", "messages": [{"role": "user", "content": "hello"}]}).encode()
+    # ignore_eos: the sim writes to the cap it is sent rather than ending by itself.
+    message = {"model": "ext", "messages": [{"role": "user", "content": "hello"}], "ignore_eos": True}
+    raw = json.dumps(message).encode()
     try:
         status, body = await post(url, raw)
     finally:

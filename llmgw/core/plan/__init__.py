@@ -28,6 +28,7 @@ from llmgw.core.plan.impact import Impact, ImpactItem, plan_impact, unknown_impa
 from llmgw.core.plan.render import Format, render, render_json, render_markdown, render_text, to_dict
 from llmgw.core.plan.values import (
     DocumentChange,
+    Drift,
     FieldChange,
     ModelChange,
     NodeChange,
@@ -42,6 +43,7 @@ from llmgw.core.plan.values import (
 __all__ = [
     "PLAN_FORMAT",
     "DocumentChange",
+    "Drift",
     "FieldChange",
     "Format",
     "Impact",

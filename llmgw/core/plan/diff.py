@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +50,7 @@ from llmgw.core.plan.values import (
     KIND_ORDER,
     AdapterCarry,
     DocumentChange,
+    Drift,
     FieldChange,
     ModelChange,
     NodeChange,
@@ -131,7 +132,37 @@ def make_plan(
             else ()
         ),
         documents_known=documents is None or live.documents is not None,
+        drift=_drift(live, replicas),
     )
+
+
+_RUNNING = frozenset({"pending", "starting", "ready"})
+
+
+def _drift(live: LiveState, replicas: Sequence[ReplicaView]) -> tuple[Drift, ...]:
+    """Against what was applied (the live state's models): replicas that stopped running without the
+    controller asking (failed: an engine killed or stopped by hand, a crash), and models short of `min`."""
+    applied = live.models or {}
+    out: list[Drift] = []
+    for r in replicas:
+        spec = applied.get(r.model)
+        if spec is None or r.effective_state() != "failed":
+            continue
+        failed = [f"shard {s.rank} on {s.node}" for s in r.shards if s.state == "failed"] or ["its engine"]
+        words = (
+            f"{r.id} ({r.model}/{r.profile}) on {', '.join(r.nodes)} is not running ({', '.join(failed)} "
+            f"failed: stopped or killed outside llmgw, or crashed); the revision declares "
+            f"{spec.scaling.min} replica(s) of {r.model}: replaced"
+        )
+        out.append(Drift(r.model, r.id, words))
+    said = {d.model for d in out}
+    for name, spec in sorted(applied.items()):
+        running = [r for r in replicas if r.model == name and r.effective_state() in _RUNNING]
+        if spec.profiles and len(running) < spec.scaling.min and name not in said:
+            least = spec.scaling.min
+            words = f"{name} has {len(running)} replica(s) running; the revision declares at least {least}"
+            out.append(Drift(name, None, words))
+    return tuple(out)
 
 
 def plan_for_catalog(catalog: Catalog, live: LiveState) -> Plan:
@@ -224,8 +255,6 @@ def _stop(a: StopReplica, r: ReplicaView) -> ReplicaStop:
 
 
 def _stale_words(r: ReplicaView, view: ModelView) -> str:
-    if r.adopted:
-        return "profile changed; kept (adopted replicas are restarted only by `llmgw restart`)"
     if view.spec.restarts_on_change:
         pace = view.spec.rollout
         return (

@@ -70,26 +70,7 @@ def _lines(plan: Plan) -> list[str]:
             out.append(f"  {_SYMBOL[d.change]} {d.kind} {d.name}")
             out += [f"      {_SYMBOL[d.change]} {f.path}: {_field_words(d, f)}" for f in d.fields]
         out.append("")
-    if plan.starts or plan.restarts or plan.stops or plan.stale:
-        out.append("Replicas:")
-        for s in plan.starts:
-            out.append(f"  + start {s.replica_id} ({s.model}/{s.profile}) on {_where(s.nodes)}: {s.reason}")
-            out.append(f"      why there: {s.why_there}")
-        for r in plan.restarts:
-            new = f"; replacement on {_where(r.new_nodes)}" if r.new_nodes else "; replaced once room is free"
-            out.append(
-                f"  -/+ restart {r.replica_id} ({r.model}/{r.profile}) on {_where(r.nodes)}: {r.reason}{new}"
-            )
-        for sp in plan.stops:
-            drain = " (drain first)" if sp.drain else ""
-            out.append(
-                f"  - stop {sp.replica_id} ({sp.model}/{sp.profile}) on {_where(sp.nodes)}: {sp.reason}{drain}"
-            )
-        for st in plan.stale:
-            out.append(
-                f"  ~ stale {st.replica_id} ({st.model}/{st.profile}) on {_where(st.nodes)}: {st.reason}"
-            )
-        out.append("")
+    out += _replica_lines(plan)
     if plan.adapters:
         out.append("Adapters (each replica of the base loads them at start):")
         for a in plan.adapters:
@@ -139,6 +120,36 @@ def _source_line(v: SourceVerdict) -> str:
     return f"! {v.where}: {v.model}: {v.source}: {v.detail}"
 
 
+def _replica_lines(plan: Plan) -> list[str]:
+    """Drift against the applied revision, then what happens to replicas."""
+    out: list[str] = []
+    if plan.drift:
+        out.append("Drift (where the fleet differs from the applied revision):")
+        out += [f"  ! {d.words}" for d in plan.drift]
+        out.append("")
+    if plan.starts or plan.restarts or plan.stops or plan.stale:
+        out.append("Replicas:")
+        for s in plan.starts:
+            out.append(f"  + start {s.replica_id} ({s.model}/{s.profile}) on {_where(s.nodes)}: {s.reason}")
+            out.append(f"      why there: {s.why_there}")
+        for r in plan.restarts:
+            new = f"; replacement on {_where(r.new_nodes)}" if r.new_nodes else "; replaced once room is free"
+            out.append(
+                f"  -/+ restart {r.replica_id} ({r.model}/{r.profile}) on {_where(r.nodes)}: {r.reason}{new}"
+            )
+        for sp in plan.stops:
+            drain = " (drain first)" if sp.drain else ""
+            out.append(
+                f"  - stop {sp.replica_id} ({sp.model}/{sp.profile}) on {_where(sp.nodes)}: {sp.reason}{drain}"
+            )
+        for st in plan.stale:
+            out.append(
+                f"  ~ stale {st.replica_id} ({st.model}/{st.profile}) on {_where(st.nodes)}: {st.reason}"
+            )
+        out.append("")
+    return out
+
+
 def render_text(plan: Plan) -> str:
     head = f"llmgw plan: revision {plan.revision or '(working tree)'} against applied {plan.live_revision or '(none)'}"
     body = _lines(plan)
@@ -157,6 +168,7 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             "has_changes": plan.has_changes,
             "summary": plan.summary(),
             "models_known": plan.models_known,
+            "drift": [{"model": d.model, "replica": d.replica_id, "words": d.words} for d in plan.drift],
             "models": [
                 {
                     "model": m.model,
@@ -283,6 +295,8 @@ def render_markdown(plan: Plan) -> str:
     for m in plan.models:
         detail = m.summary or "; ".join(f"`{f.path}`: {f.old} -> {f.new}" for f in m.fields)
         rows.append((_SYMBOL[m.change], f"model `{m.model}`", "", detail))
+    for dr in plan.drift:
+        rows.append(("!", f"drift `{dr.replica_id or dr.model}`", "", dr.words))
     for s in plan.starts:
         rows.append(("+", f"start `{s.replica_id}`", _where(s.nodes), f"{s.reason}; {s.why_there}"))
     for r in plan.restarts:

@@ -109,6 +109,17 @@ class StaleReplica:
 
 
 @dataclass(frozen=True, slots=True)
+class Drift:
+    """Where the fleet differs from the applied revision without a repo change: a replica stopped or an
+    engine killed by hand, a model short of its replicas. The controller heals it (the plan's starts and
+    stops show how); shown so nobody reads the plan's actions as a change of the repo."""
+
+    model: str
+    replica_id: str | None  # None: the model as a whole (short of replicas)
+    words: str
+
+
+@dataclass(frozen=True, slots=True)
 class NodeChange:
     """`keep`: a node the repo does not declare that the controller leaves as it is — not a change, shown so
     nobody reads "no changes" as "that machine is out of the fleet"."""
@@ -163,6 +174,7 @@ class Plan:
     # part of the plan's digest: usage moves on while the actions stay the same.
     impact: Impact | None = None
     adapters: tuple[AdapterCarry, ...] = ()  # base models with Adapter documents, and who carries them
+    drift: tuple[Drift, ...] = ()  # the fleet against the applied revision (healed by the controller)
 
     @property
     def misfits(self) -> tuple[ProfileFit, ...]:

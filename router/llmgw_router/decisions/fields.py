@@ -138,10 +138,21 @@ _ENGINE_EXTRAS: Mapping[str, frozenset[str]] = {
         ]
     ),
     "llamacpp": frozenset(
-        ["top_k", "min_p", "typical_p", "repeat_penalty", "repeat_last_n", "grammar", "json_schema"]
+        [
+            "top_k",
+            "min_p",
+            "typical_p",
+            "repeat_penalty",
+            "repeat_last_n",
+            "grammar",
+            "json_schema",
+            "ignore_eos",
+        ]
     ),
     "trtllm": frozenset(["top_k", "min_p", "repetition_penalty"]),
-    "sim": frozenset(),
+    "sim": frozenset(
+        ["ignore_eos"]
+    ),  # as vLLM's: an answer that runs to max_tokens (how `llmgw bench` sizes load)
 }
 SALTED_ENGINES = frozenset({"vllm", "sim"})  # the sim keys its prefix cache by the salt as vLLM does
 

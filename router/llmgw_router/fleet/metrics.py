@@ -140,7 +140,7 @@ class RouterMetrics:
         self._declare_routing_metrics(r, queue_depth)
         r.register(_EndpointCollector(table, clock))
         r.register(_BudgetCollector(budgets))
-        self.tags = TagMetrics(r, PREFIX)  # only the keys the repo declares (router.tag_labels)
+        self.tags = TagMetrics(r, PREFIX, self.count)  # only the keys the repo declares (router.tag_labels)
 
         # labels() costs a lock and a dict build per call; the request path asks for the same few children
         # over and over, so they are kept (bounded by models x statuses x codes, a small set).

@@ -129,6 +129,9 @@ class Call:
     )
     # Answered by the response cache: the usage row's decision (llmgw_router.path.cache).
     cache: dict[str, Any] | None = None
+    # Sent to a canary replica (the last endpoint picked): its answer is never cached, so a canary rolled back
+    # leaves nothing of itself behind.
+    canary: bool = False
     adapter: str | None = None  # the LoRA adapter asked for (llmgw_router.path.lora); `model` is its base
 
     @property

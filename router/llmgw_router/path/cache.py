@@ -30,6 +30,7 @@ from llmgw_router.decisions.response_cache import (
     cache_key,
     directive,
 )
+from llmgw_router.fleet.tag_metrics import Count
 from llmgw_router.path.accounting import Call
 from llmgw_router.server.exchange import Exchange, Headers, Reply
 from llmgw_router.surfaces.responses.exchange import ResponsesExchange
@@ -123,8 +124,11 @@ class RecordingExchange:
 class CachePath:
     """The router's response cache and its metrics."""
 
-    def __init__(self, registry: CollectorRegistry, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, count: Count, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store = ResponseCache(clock)
+        self._count = count  # RouterMetrics.count: a plain dict, added to the series when they are collected
         self.requests = Counter(
             _PREFIX + "requests",
             "Requests the response cache saw, by model and result (hit, miss, refresh: no-cache, bypass: no-store)",
@@ -154,7 +158,7 @@ class CachePath:
         key = cache_key(project, kind, adapter or model, body)  # an adapter answers otherwise than its base
         hit = cache.get(key, self.store.clock()) if said == "use" else None
         result = "hit" if hit is not None else {"use": "miss", "refresh": "refresh", "bypass": "bypass"}[said]
-        self.requests.labels(model, result).inc()
+        self._count(self.requests, (model, result), 1.0)
         limit = None if said == "bypass" else cache.spec.max_entry_bytes
         recorder = RecordingExchange(exchange, result, limit)
         return CachedRequest(cache, key, said, model, body.get("stream") is True, recorder, hit)
@@ -204,8 +208,8 @@ class CachePath:
         """After a miss (or refresh) went to an engine: keep its complete answer; mark a whole one."""
         if reply is not None:
             reply.headers[HEADER] = cached.exchange.mark
-        if cached.directive == "bypass" or call.served != cached.model:
-            return reply  # not kept, or a fallback's answer: not the model asked for
+        if cached.directive == "bypass" or call.served != cached.model or call.canary:
+            return reply  # not kept; a fallback's answer (not the model asked for); a canary's (on trial)
         result = call.result
         if result is None or result.status != 200 or result.upstream_failed or result.client_gone:
             return reply

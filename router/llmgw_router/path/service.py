@@ -124,7 +124,8 @@ class RequestService:
         self.provider_health = ProviderHealth(self.metrics.provider_unavailable)
         self.recent = RecentRequests()  # the last requests finished, for `llmgw request ID` (lookup.py)
         self.tracer: RequestTracer | None = None  # set when an OTLP endpoint is configured (app.py)
-        self.cache = CachePath(self.metrics.registry)  # the projects' response caches (path/cache.py)
+        # The projects' response caches (path/cache.py), counted as the request metrics are.
+        self.cache = CachePath(self.metrics.registry, self.metrics.count)
         self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (path/lora.py)
         self.kept_responses: ResponseKeeper | None = None  # with a content key: stored responses (app.py)
 
@@ -357,22 +358,27 @@ class RequestService:
         if adapter is not None:
             call.serving = call.serving[:1]  # a fallback model does not carry the adapter
         if tenant_project is not None:
-            call.chain = table.chain(tenant_project)
-            if call.chain is not None:
-                serving = [table.models[m] for m in call.serving]
-                began = time.monotonic()
-                try:
-                    call.lease = await self.limiter.acquire(
-                        call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
-                    )
-                    if call.lease.admission is not None:
-                        call.ending = functools.partial(self.limiter.end, call.lease)
-                finally:  # a 429 is a limits span too
-                    if call.trace is not None:
-                        call.trace.span("limits", began)
+            await self._admit(table, tenant_project, call)
         if guards:  # a judge is asked for admitted requests only (M12)
             await self.guard.judge_request(guards, judged, screened, call, self._ask_judge)
         return await self._answer(exchange, kind, table, canonical, raw, body, call, guards, tenant_project)
+
+    async def _admit(self, table: RoutingTable, tenant_project: str, call: Call) -> None:
+        """Takes the request's place under its project's limits (429 when there is none)."""
+        call.chain = table.chain(tenant_project)
+        if call.chain is None:
+            return
+        serving = [table.models[m] for m in call.serving]
+        began = time.monotonic()
+        try:
+            call.lease = await self.limiter.acquire(
+                call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
+            )
+            if call.lease.admission is not None:  # its slots go back before the answer's last bytes
+                call.ending = functools.partial(self.limiter.end, call.lease)
+        finally:  # a 429 is a limits span too
+            if call.trace is not None:
+                call.trace.span("limits", began)
 
     async def _answer(
         self, exchange: Exchange, kind: Kind, table: RoutingTable, canonical: str, raw: bytes,
@@ -439,7 +445,7 @@ class RequestService:
             call.served = served
             waited = time.monotonic() - asked  # the queue time: both picks, when a retry picks again
             call.queue_s = waited if call.queue_s is None else call.queue_s + waited
-            call.endpoint, call.decision = ep.id, picked.decision
+            call.endpoint, call.decision, call.canary = ep.id, picked.decision, ep.spec.canary
             if call.trace is not None:
                 call.trace.scheduled(asked, picked)
             self.last_used[served] = self.clock()

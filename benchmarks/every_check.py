@@ -73,9 +73,11 @@ def snapshot(
     upstream: str,
     guard: dict[str, Any] | None = None,
     cache: dict[str, Any] | None = None,
+    engine: str = "vllm",
 ) -> dict[str, Any]:
     """The router snapshot of every check on, its endpoints at `upstream`; `guard` and `cache` replace the
-    input guardrail and the project's response cache (router_overhead.py's --guardrails and cache rows)."""
+    input guardrail and the project's response cache (router_overhead.py's --guardrails and cache rows);
+    `engine`: what serves MODEL there (engine_overhead.py fronts real llama.cpp too)."""
     project: dict[str, Any] = {
         "team": "research",
         "limits": {"rpm": 100_000_000, "tpm": 10_000_000_000, "concurrency": 100_000},
@@ -85,7 +87,7 @@ def snapshot(
         {
             "replica_id": f"mock-{i}",
             "model": MODEL,
-            "engine": "vllm",
+            "engine": engine,
             "base_url": upstream,
             "api_key": ENGINE_KEY,
             "slots": 64,

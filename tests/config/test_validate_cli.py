@@ -78,7 +78,7 @@ MISTAKES = [
     ("alias-is-model", "models/all.yaml", 15, "alias `m` is the name of model `m`"),
     ("missing-fallback", "models/m.yaml", 7, "fallback `sim-chatt` is not a model or alias"),
     ("fallback-cycle", "models/ab.yaml", 6, "fallbacks loop: a -> b -> c -> a"),
-    ("vllm-without-gpu-class", "models/m.yaml", 8, "engine vllm needs a GPU"),
+    ("sglang-without-gpu-class", "models/m.yaml", 8, "engine sglang needs a GPU"),
     ("llamacpp-tp2", "models/m.yaml", 12, "llama.cpp does not do tensor parallelism"),
     ("llamacpp-embeddings-without-flag", "models/m.yaml", 9, "serves it only when started with --embeddings"),
     ("min-above-max", "models/m.yaml", 8, "min 3 is above max 1"),

@@ -3,8 +3,9 @@ CLI's flags, refusing others) with `--kv-events-config` on a port it allocates o
 relays them behind the engine key, and a real router reads the relay the controller publishes and fills its
 precise index from the events.
 
-vLLM itself needs a GPU and does not run here: the stand-in imitates its publisher (ZMQ PUB, `[topic, seq,
-msgpack KVEventBatch]`, block hashes by vLLM's sha256 algorithm from PYTHONHASHSEED) with a word per token."""
+The stand-in imitates vLLM's publisher (ZMQ PUB, `[topic, seq, msgpack KVEventBatch]`, block hashes by vLLM's
+sha256 algorithm from PYTHONHASHSEED) with a word per token, held to the real one (vLLM's CPU build) by
+tests/vllm_real/test_vllm_contract.py; tests/vllm_real/test_vllm_real.py routes on a real vLLM's events."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def test_the_vllm_command_line_asks_for_events_on_the_address_the_agent_gives() 
     assert json.loads(plan.argv[at + 1]) == {
         "enable_kv_cache_events": True,
         "publisher": "zmq",
-        "endpoint": "tcp://127.0.0.1:20002",
+        "endpoint": "tcp://[::ffff:127.0.0.1]:20002",  # IPv4-mapped: vLLM binds it (engines.py)
         "topic": "kv-events",
     }
     assert plan.argv[plan.argv.index("--prefix-caching-hash-algo") + 1] == "sha256"

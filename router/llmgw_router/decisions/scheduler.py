@@ -55,6 +55,9 @@ class Candidate:
     # KV events), "approx" (what this router sent it) or None (no prefix scoring for this request).
     prefix: float = 0.0
     prefix_source: str | None = None
+    # The last of the prompt's leading blocks its engine said it stored (a BlockStored hash): what "precise"
+    # rests on, named in the rationale. None: it holds none, or the source is approximate.
+    prefix_hash: int | None = None
 
     @property
     def full(self) -> bool:
@@ -89,6 +92,7 @@ class Decision:
     # The endpoint holds the prompt's prefix within the prefix load bound: forwarded even when full, as a
     # session's target is (the engine queues it briefly instead of another replica prefilling it all).
     prefix_holder: bool = False
+    prefix_hashes: tuple[tuple[str, int], ...] = ()  # (endpoint, the last block hash it holds) when precise
 
     def rationale(self) -> str:
         """One line for a debug header or a log: the choice, what decided it, scores, filters."""
@@ -97,6 +101,8 @@ class Decision:
             parts.append(f"session_target={self.session_target}")
         if self.prefix_sources:
             parts.append("prefix_by=" + ",".join(f"{ep}:{src}" for ep, src in self.prefix_sources))
+        if self.prefix_hashes:
+            parts.append("prefix_held=" + ",".join(f"{ep}:{h}" for ep, h in self.prefix_hashes))
         for s in self.scores:
             inner = ",".join(f"{k}:{v:.3g}" for k, v in s.scores.items())
             parts.append(f"{s.id}={s.total:.3g}[{inner}]")
@@ -317,6 +323,7 @@ def schedule(
     sources = tuple(
         (c.id, SPILL if c.id == spill else c.prefix_source) for c in kept if c.prefix_source is not None
     )
+    held = tuple((c.id, c.prefix_hash) for c in kept if c.prefix_hash is not None)
     return Decision(
-        chosen.id, policy.picker, reason, tuple(scored), dropped, target, sources, chosen.id in holders
+        chosen.id, policy.picker, reason, tuple(scored), dropped, target, sources, chosen.id in holders, held
     )

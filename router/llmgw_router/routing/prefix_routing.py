@@ -208,7 +208,9 @@ class PrefixRouting:
                     c.prefix = 0.0  # holds none of it: the whole prompt need not be hashed
                     continue
                 hashes = self._engine_hashes(ep, key, policy, project) or (first,)
-                c.prefix = self.events.match(eid, hashes) / len(hashes)
+                held = self.events.match(eid, hashes)
+                c.prefix = held / len(hashes)
+                c.prefix_hash = hashes[held - 1]
             elif key.approx:
                 c.prefix = self.approx.match(eid, key.approx) / len(key.approx)
                 c.prefix_source = "approx"

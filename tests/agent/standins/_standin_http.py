@@ -104,7 +104,16 @@ def serve(
                     )
                     return
                 adapters[lora] = str(request.get("lora_path"))
-                self._send(200, json.dumps(f"Success: LoRA adapter '{lora}' added successfully."))
+                # vLLM answers its success in plain text, not JSON
+                self._send(200, f"Success: LoRA adapter '{lora}' added successfully.", "text/plain")
+                return
+            if runtime_lora and adapters is not None and self.path == "/v1/unload_lora_adapter":
+                lora = str(request.get("lora_name"))
+                if adapters.pop(lora, None) is None:
+                    message = f"The lora adapter '{lora}' cannot be found."
+                    self._send(404, json.dumps({"error": {"message": message, "type": "NotFoundError"}}))
+                    return
+                self._send(200, f"Success: LoRA adapter '{lora}' removed successfully.", "text/plain")
                 return
             if adapters is not None and request.get("model") not in (model, *adapters):
                 self._send(

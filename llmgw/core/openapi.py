@@ -19,6 +19,14 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from llmgw.core.admin_api import ErrorAnswer
 
+__all__ = [
+    "Auth",
+    "Endpoint",
+    "Query",
+    "document",
+    "render",
+]
+
 JsonObject = dict[str, Any]
 Auth = Literal["plan", "apply", "admin", "router", "none"]
 REF = "#/components/schemas/{model}"

@@ -19,6 +19,7 @@ import re
 
 __all__ = [
     "DURATION_HELP",
+    "DURATION_OR_SECONDS_PATTERN",
     "DURATION_PATTERN",
     "DURATION_UNITS",
     "count",

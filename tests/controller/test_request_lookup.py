@@ -163,8 +163,9 @@ async def test_llmgw_request_shows_the_decision_and_timings(tmp_path: Path) -> N
     for words in ("b-live", "round_robin", "failed first", "a-broken", "engine answered 503", "picked"):
         assert words in readable.output, (words, readable.output)
     # The same store through the admin API's usage totals: the tagged request, and the untagged one as null.
+    # stdout alone: the command names its source (the controller) on stderr, which the runner also collects.
     assert by_user.exit_code == 0, by_user.output
-    assert {r["tag:user"]: r["requests"] for r in json.loads(by_user.output)} == {"alice": 1, None: 1}
+    assert {r["tag:user"]: r["requests"] for r in json.loads(by_user.stdout)} == {"alice": 1, None: 1}
 
 
 async def test_a_request_with_no_usage_row_is_found_in_the_routers_buffer(tmp_path: Path) -> None:

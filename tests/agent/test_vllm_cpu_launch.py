@@ -51,8 +51,11 @@ def test_an_installed_vllm_runs_as_the_module_of_its_environments_python() -> No
         "/models/tiny",
     ]
     assert [runs_as_module(b) for b in ("python", "/e/bin/python3", "/e/bin/python3.11", "/e/bin/vllm")] == [
-        True, True, True, False,
-    ]  # fmt: skip
+        True,
+        True,
+        True,
+        False,
+    ]
 
 
 def test_its_probe_imports_vllm_where_a_script_is_asked_its_version() -> None:

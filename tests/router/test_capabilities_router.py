@@ -106,9 +106,8 @@ async def test_a_fallback_lacking_the_capability_is_not_tried(
     table = router.table
     assert table is not None
     # open's only replica gone: an image request does not fall to `base`, which lacks vision; plain chat does.
-    router.apply_snapshot(RouterSnapshot.model_validate({**table.snapshot.model_dump(), "endpoints": [
-        e.model_dump() for e in table.snapshot.endpoints if e.model != "open"
-    ]}))  # fmt: skip
+    kept = [e.model_dump() for e in table.snapshot.endpoints if e.model != "open"]
+    router.apply_snapshot(RouterSnapshot.model_validate({**table.snapshot.model_dump(), "endpoints": kept}))
     raw = await c.chat.completions.with_raw_response.create(model="open", messages=ASK, max_tokens=2)
     assert raw.headers["x-llmgw-model"] == "base"
     with pytest.raises(openai.APIStatusError) as image:

@@ -32,7 +32,7 @@ from llmgw_router.decisions.response_cache import (
 )
 from llmgw_router.fleet.tag_metrics import Count
 from llmgw_router.path.accounting import Call
-from llmgw_router.server.exchange import Exchange, Reply, WrappedExchange
+from llmgw_router.server.exchange import Exchange, Headers, Reply
 from llmgw_router.surfaces.responses.exchange import ResponsesExchange
 from llmgw_router.upstream.proxy import ProxyResult
 
@@ -55,12 +55,15 @@ class CachedRequest:
     hit: CacheEntry | None = None
 
 
-class RecordingExchange(WrappedExchange):
+class RecordingExchange:
     """The client's exchange, with `x-llmgw-cache` on the answer's head and a stream's bytes kept (up to
     `limit`; past it nothing more is kept and the stream is not stored)."""
 
     def __init__(self, inner: Exchange, mark: str, limit: int | None) -> None:
-        super().__init__(inner)
+        self.inner = inner
+        self.method = inner.method
+        self.path = inner.path
+        self.headers: Headers = inner.headers
         self.mark = mark
         self._limit = limit  # None: keep nothing
         self._chunks: list[bytes] = []
@@ -70,6 +73,20 @@ class RecordingExchange(WrappedExchange):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    @property
+    def remote(self) -> str | None:
+        return self.inner.remote
+
+    @property
+    def started(self) -> bool:
+        return self.inner.started
+
+    def authenticated(self) -> None:
+        self.inner.authenticated()
+
+    async def read_body(self, limit: int) -> bytes:
+        return await self.inner.read_body(limit)
 
     def respond(self, reply: Reply) -> None:
         reply.headers[HEADER] = self.mark
@@ -95,6 +112,9 @@ class RecordingExchange(WrappedExchange):
         self._keep(last)
         await self.inner.write_eof(limit_s, last)
         self.ended = True
+
+    def abort(self) -> None:
+        self.inner.abort()
 
     def kept(self) -> bytes | None:
         """The whole stream as the client got it, or None when it was not kept whole."""

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from llmgw.core.errors import LlmgwError
 
-__all__ = ["ClientStalled", "Exchange", "Headers", "Reply", "WrappedExchange", "json_reply"]
+__all__ = ["ClientStalled", "Exchange", "Headers", "Reply", "json_reply"]
 
 
 class ClientStalled(LlmgwError, ConnectionResetError):
@@ -80,44 +80,3 @@ class Exchange(Protocol):
         ...
 
     def abort(self) -> None: ...
-
-
-class WrappedExchange:
-    """An Exchange around another (the client's): everything passes through to `inner` unless a wrapper
-    overrides it. The Messages and Responses surfaces, the response cache and the output guardrails each
-    change a few of these, and only those."""
-
-    def __init__(self, inner: Exchange) -> None:
-        self.inner = inner
-        self.method: str = inner.method
-        self.path: str = inner.path
-        self.headers: Headers = inner.headers
-
-    @property
-    def remote(self) -> str | None:
-        return self.inner.remote
-
-    @property
-    def started(self) -> bool:
-        return self.inner.started
-
-    def authenticated(self) -> None:
-        self.inner.authenticated()
-
-    async def read_body(self, limit: int) -> bytes:
-        return await self.inner.read_body(limit)
-
-    def respond(self, reply: Reply) -> None:
-        self.inner.respond(reply)
-
-    def start_stream(self, status: int, headers: dict[str, str]) -> None:
-        self.inner.start_stream(status, headers)
-
-    async def write(self, chunk: bytes, limit_s: float) -> None:
-        await self.inner.write(chunk, limit_s)
-
-    async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
-        await self.inner.write_eof(limit_s, last)
-
-    def abort(self) -> None:
-        self.inner.abort()

@@ -55,7 +55,7 @@ from harness import free_port, wait_http
 
 from llmgw.adapters.keys import hash_key
 from llmgw.controller.app import RunningController, start_controller
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerSettings
 
 KEY = "sk-llmgw-" + "b" * 43
 CAPACITY = 4  # the sim's max_concurrency: sequences one replica serves at once

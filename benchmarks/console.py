@@ -33,9 +33,9 @@ import aiohttp
 from llmgw_agent.protocol import Disk, EngineInstall, Gpu, Inventory, ShardStatus
 
 from llmgw.controller.app import RunningController, start_controller
-from llmgw.controller.hub import NodeLink
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.state import ReplicaRec, ShardPlacement
+from llmgw.controller.parts.hub import NodeLink
+from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.state import ReplicaRec, ShardPlacement
 
 TARGET_MS = 200.0
 TARGET_KB = 300.0

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from llmgw_agent.installs import EngineRegistry
 
-from llmgw.controller.engine_orders import engine_orders
+from llmgw.controller.wire.engine_orders import engine_orders
 from llmgw.core.config.models import EngineSettings
 
 VERSION = "0.32.0"

@@ -26,13 +26,13 @@ KNOWN_OUTSIDE_ROUTER = {
     frozenset({"llmgw.core.plan.diff", "llmgw.core.plan.impact", "llmgw.core.plan.values"}),
     frozenset(
         {
-            "llmgw.controller.autoscaler",
-            "llmgw.controller.canary",
-            "llmgw.controller.capacity_view",
+            "llmgw.controller.loops.autoscaler",
+            "llmgw.controller.loops.canary",
+            "llmgw.controller.status.capacity",
             "llmgw.controller.core",
-            "llmgw.controller.evals_run",
-            "llmgw.controller.model_checks_run",
-            "llmgw.controller.views",
+            "llmgw.controller.loops.evals",
+            "llmgw.controller.loops.model_checks",
+            "llmgw.controller.status.fleet",
         }
     ),
 }

@@ -65,7 +65,7 @@ class GitSource:
         as fetched now contains that commit; None when it does not (or the source cannot be read).
 
         What lets an admin apply carry a git SHA as its label only when the files it sent are that commit's
-        (llmgw.controller.admin)."""
+        (llmgw.controller.api.admin)."""
         return await asyncio.to_thread(self._content_hash_at_sync, sha)
 
     async def branch_tip(self) -> str | None:

@@ -31,7 +31,7 @@ from llmgw.core.health import CLOCK_WARN_S
 from llmgw.core.words import duration_words, short
 
 if TYPE_CHECKING:
-    from llmgw.controller.settings import ControllerSettings
+    from llmgw.controller.parts.settings import ControllerSettings
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:7070"
 
@@ -190,7 +190,7 @@ def controller_settings(config: Path | None, flags: dict[str, Any], poll: str | 
     """The settings from the --config file with the flags given over it; a mistake exits with its message."""
     from pydantic import ValidationError
 
-    from llmgw.controller.settings import (
+    from llmgw.controller.parts.settings import (
         ControllerSettings,
         SettingsError,
         load_settings_file,
@@ -206,7 +206,7 @@ def controller_settings(config: Path | None, flags: dict[str, Any], poll: str | 
             _fail("--repo is required (a git URL, or a path to the cluster repo)")
         settings = ControllerSettings(**values)
         if settings.admin_tokens_file is not None:
-            from llmgw.controller.admin_tokens import check_tokens_file
+            from llmgw.controller.parts.admin_tokens import check_tokens_file
 
             check_tokens_file(settings.admin_tokens_file)  # a mistake here is said now, not as a traceback
     except (SettingsError, ValueError) as exc:
@@ -348,7 +348,7 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
 
 
 def _print_capacity(console: Any, cap: dict[str, Any] | None) -> None:
-    """Fleet capacity at a glance (llmgw.controller.capacity_view): GPUs per class, cores, free nodes, idle."""
+    """Fleet capacity at a glance (llmgw.controller.status.capacity): GPUs per class, cores, free nodes, idle."""
     if not cap:
         return
     rows = Table("CAPACITY", "TOTAL", "USED", "FREE", "USED BY CLASS")

@@ -27,7 +27,7 @@ from llmgw.adapters.model_files import InspectError, inspect_source
 from llmgw.cli import output
 from llmgw.cli.admin_client import AdminError
 from llmgw.cli.controller_cmds import _client as controller_client
-from llmgw.controller.settings import parse_hostport
+from llmgw.controller.parts.settings import parse_hostport
 from llmgw.core.fetch_plan import DEFAULT_REVISION
 from llmgw.core.fit_table import GPU_COUNTS, FitRow, fit_table
 from llmgw.core.fleet import LiveState

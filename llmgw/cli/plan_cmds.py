@@ -391,7 +391,7 @@ def apply(
     ] = None,
 ) -> None:
     """Send the cluster repo (or a saved plan) to the controller; with --wait, follow it to Healthy."""
-    from llmgw.controller.settings import SettingsError, setting_duration
+    from llmgw.controller.parts.settings import SettingsError, setting_duration
 
     try:
         limit_s = setting_duration("--timeout", timeout)

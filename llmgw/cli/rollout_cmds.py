@@ -35,7 +35,7 @@ def _post(client: AdminClient, path: str, body: dict[str, Any]) -> Any:
 
 
 def _seconds(text: str) -> float:
-    from llmgw.controller.settings import SettingsError, setting_duration
+    from llmgw.controller.parts.settings import SettingsError, setting_duration
 
     try:
         return setting_duration("--timeout", text)

@@ -56,7 +56,7 @@ def openapi(
 ) -> None:
     """Write the controller's admin API as OpenAPI 3.1, generated from its route table."""
     # Here, not at the top: the other commands need none of the controller.
-    from llmgw.controller.admin_routes import openapi_document
+    from llmgw.controller.api.routes import openapi_document
     from llmgw.core.openapi import render
 
     target.parent.mkdir(parents=True, exist_ok=True)

@@ -92,7 +92,7 @@ def _from_controller(where: StoreWhere, env: os._Environ[str]) -> FoundStore | N
 
 
 def _from_config(path: Path, named_by: str) -> FoundStore:
-    from llmgw.controller.settings import SettingsError, load_settings_file
+    from llmgw.controller.parts.settings import SettingsError, load_settings_file
 
     try:
         values = load_settings_file(path)

@@ -39,7 +39,7 @@ from llmgw.adapters.tracing import configured_endpoint
 from llmgw.cli.follow import ModelLine
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.console.sessions import ONE_TIME_LINK_S
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerSettings
 from llmgw.core.binding_report import binding_report
 from llmgw.core.config.models import ClusterSpec
 from llmgw.core.errors import LlmgwError
@@ -164,7 +164,7 @@ def replica_detail(states: Sequence[str], fetches: Sequence[str], errors: Sequen
 
 def model_lines(running: RunningController) -> list[ModelLine]:
     """The model lines of the controller running in this process (read on its event loop)."""
-    from llmgw.controller import views
+    from llmgw.controller.status import fleet as views
 
     c = running.controller
     if c.desired is None:

@@ -1,6 +1,6 @@
 """`llmgw upgrade`: roll a new agent version across the nodes bootstrapped over SSH, a node (or N) at a time.
 
-The controller does the work (`POST /api/v1/upgrade`, llmgw.controller.upgrades) and answers once every node is
+The controller does the work (`POST /api/v1/upgrade`, llmgw.controller.api.upgrades) and answers once every node is
 done or the first one failed; this prints what happened to each node. Exit status 1 when a node failed."""
 
 from __future__ import annotations

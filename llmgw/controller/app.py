@@ -26,20 +26,23 @@ from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.adapters.mirror import mirror_app
 from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
-from llmgw.controller import admin, admin_routes, console, lease, views
-from llmgw.controller.admin_tokens import AdminTokens
-from llmgw.controller.auto_checks import auto_check_loop
-from llmgw.controller.canary import canary_loop
-from llmgw.controller.commit_statuses import CommitStatuses
+from llmgw.controller import console
+from llmgw.controller.api import admin, routes as admin_routes
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
-from llmgw.controller.credentials import loopback_address
-from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.notifier import Notifier
-from llmgw.controller.publisher import router_stream
-from llmgw.controller.reconcile_loop import Reconciler
-from llmgw.controller.retention import Retention
-from llmgw.controller.settings import ControllerSettings, parse_hostport
-from llmgw.controller.state import SeenRevision
+from llmgw.controller.loops.auto_checks import auto_check_loop
+from llmgw.controller.loops.canary import canary_loop
+from llmgw.controller.loops.commit_statuses import CommitStatuses
+from llmgw.controller.loops.notifier import Notifier
+from llmgw.controller.loops.reconcile import Reconciler
+from llmgw.controller.loops.retention import Retention
+from llmgw.controller.parts import lease
+from llmgw.controller.parts.admin_tokens import AdminTokens
+from llmgw.controller.parts.credentials import loopback_address
+from llmgw.controller.parts.metrics import ControllerMetrics
+from llmgw.controller.parts.settings import ControllerSettings, parse_hostport
+from llmgw.controller.parts.state import SeenRevision
+from llmgw.controller.status import fleet as views
+from llmgw.controller.wire.publisher import router_stream
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.controller")
@@ -179,8 +182,8 @@ async def _reconcile_ctx(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _nodes_ctx(app: web.Application) -> AsyncIterator[None]:
-    """SSH bootstrap of the repo's remote Nodes and teardown of removed ones (llmgw.controller.nodes_loop)."""
-    from llmgw.controller.nodes_loop import NodesLoop  # asyncssh and the bootstrap steps: loaded only here
+    """SSH bootstrap of the repo's remote Nodes and teardown of removed ones (llmgw.controller.loops.nodes)."""
+    from llmgw.controller.loops.nodes import NodesLoop  # asyncssh and the bootstrap steps: loaded only here
 
     nodes = NodesLoop(app[CONTROLLER], app[RECONCILER].drain_node)
     task = asyncio.get_running_loop().create_task(nodes.run(), name="llmgw-controller-nodes")
@@ -412,7 +415,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
     endpoint = configured_endpoint(settings.otlp_endpoint)
     if endpoint is not None:
         # Imported only now: a controller without an endpoint never loads OpenTelemetry.
-        from llmgw.controller.tracing import CommitTracer
+        from llmgw.controller.parts.tracing import CommitTracer
 
         tracer, controller.trace_shutdown = otlp_tracer(
             "llmgw-controller", endpoint, sample=settings.trace_sample

@@ -20,11 +20,12 @@ from aiohttp import web
 
 from llmgw.adapters.secrets import SecretError, load_or_create, read_secret
 from llmgw.adapters.sources import Checkout
-from llmgw.controller.admin_tokens import AdminTokens
-from llmgw.controller.audit import AuditLog
-from llmgw.controller.background import Background
-from llmgw.controller.canary import CanaryBook
-from llmgw.controller.credentials import (
+from llmgw.controller.loops.canary import CanaryBook
+from llmgw.controller.loops.model_checks import CheckBook
+from llmgw.controller.parts.admin_tokens import AdminTokens
+from llmgw.controller.parts.audit import AuditLog
+from llmgw.controller.parts.background import Background
+from llmgw.controller.parts.credentials import (
     GENERATIONS_FILE,
     Grant,
     NodeGenerations,
@@ -33,13 +34,12 @@ from llmgw.controller.credentials import (
     node_token_refusal,
     router_token_ok,
 )
-from llmgw.controller.desired import Desired, build_desired
-from llmgw.controller.hub import AgentClient, AgentHub, HubTimings
-from llmgw.controller.lease import LeaderLease, Leadership, LeaseConfig
-from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.model_checks_run import CheckBook
-from llmgw.controller.settings import ControllerSettings
-from llmgw.controller.state import (
+from llmgw.controller.parts.desired import Desired, build_desired
+from llmgw.controller.parts.hub import AgentClient, AgentHub, HubTimings
+from llmgw.controller.parts.lease import LeaderLease, Leadership, LeaseConfig
+from llmgw.controller.parts.metrics import ControllerMetrics
+from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.state import (
     EventLog,
     NodeOps,
     NodeRecord,
@@ -58,7 +58,7 @@ from llmgw.store.records import Fence, Revision
 from llmgw.store.store import Store
 
 if TYPE_CHECKING:
-    from llmgw.controller.tracing import CommitTracer
+    from llmgw.controller.parts.tracing import CommitTracer
 
 log = logging.getLogger("llmgw.controller")
 
@@ -104,7 +104,7 @@ class Controller:
         # (model, profile) -> what `llmgw bench --save` measured one replica to serve (read from the store).
         self.capacities: dict[tuple[str, str], Capacity] = {}
         self.events = EventLog()
-        self.canaries = CanaryBook()  # each canary model's run (llmgw.controller.canary)
+        self.canaries = CanaryBook()  # each canary model's run (llmgw.controller.loops.canary)
         # Model-check verdicts per model and engine version; `auto`: the controller checks new ones itself.
         self.model_checks = CheckBook(auto=settings.model_checks_auto)
         self.changed = asyncio.Event()
@@ -143,15 +143,17 @@ class Controller:
         self.revision_write_error: str | None = None
         self._revision_retry: asyncio.Task[None] | None = None
         self._revision_lock = asyncio.Lock()
-        self.audit = AuditLog(store)  # admin actions, written off the request path (llmgw.controller.audit)
-        # With an OTLP endpoint: the commit path's spans (llmgw.controller.tracing); None: not traced.
+        self.audit = AuditLog(
+            store
+        )  # admin actions, written off the request path (llmgw.controller.parts.audit)
+        # With an OTLP endpoint: the commit path's spans (llmgw.controller.parts.tracing); None: not traced.
         self.commit_tracer: CommitTracer | None = None
         self.trace_shutdown: Callable[[], None] | None = None
         # Called with each event the leader records (kind, object, message, time): the notifier's way in.
         self.event_hooks: list[Callable[[str, str, str, float], Coroutine[Any, Any, None]]] = []
 
     def leading(self) -> bool:
-        """Whether this controller may place, stop and command agents now (see llmgw.controller.lease)."""
+        """Whether this controller may place, stop and command agents now (see llmgw.controller.parts.lease)."""
         return self.lease is None or self.lease.leading()
 
     def fence(self) -> Fence | None:
@@ -511,7 +513,7 @@ class Controller:
     async def _record(self, revision: Revision) -> None:
         """Revision history is the leader's: a standby's "accepted" would move `applied_at` of a revision the
         fleet may not run (the leader may still be on another). A new leader records what it serves when it
-        takes over (`llmgw.controller.lease`).
+        takes over (`llmgw.controller.parts.lease`).
 
         A write that fails (the store down) is queued and retried in order until it lands: the history must
         not silently miss a revision the fleet ran. Each record keeps its id, so a retry is written once."""

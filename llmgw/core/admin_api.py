@@ -1,4 +1,4 @@
-"""The admin API's bodies and answers as pydantic models: what the route table (llmgw.controller.admin_routes)
+"""The admin API's bodies and answers as pydantic models: what the route table (llmgw.controller.api.routes)
 declares each endpoint reads and answers with, what docs/admin-openapi.json is generated from, and what a
 client (the CLI, the console) validates an answer against.
 

@@ -1,6 +1,6 @@
 """Eval suites, pure: the request a case sends, how its answer is checked, and the suite's verdict.
 
-The I/O shell (llmgw/controller/evals_run.py) sends the requests and hands the answers back here; a judge
+The I/O shell (llmgw/controller/loops/evals.py) sends the requests and hands the answers back here; a judge
 check is two requests, the case's and the judge's, and `judge_request`/`judge_verdict` are the second half.
 """
 

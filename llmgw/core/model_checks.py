@@ -6,7 +6,7 @@ One probe per declared capability that an engine can get wrong while still answe
 - `response_format` (capability chat): a json_schema response_format, answered with JSON valid against it;
 - `stream_usage` (capability chat): a stream with `stream_options.include_usage` ends with a usage chunk.
 
-A verdict is recorded per model, engine and engine version (llmgw/controller/model_checks_run.py keeps them):
+A verdict is recorded per model, engine and engine version (llmgw/controller/loops/model_checks.py keeps them):
 the same weights on another engine version may answer differently.
 """
 

@@ -2,7 +2,7 @@
 models, error answers and the scope its token needs; the models' JSON Schemas (pydantic's, JSON Schema 2020-12,
 which OpenAPI 3.1 takes as it is) land under components/schemas.
 
-Pure: the controller's route table (llmgw.controller.admin_routes) hands its endpoints here, and the same
+Pure: the controller's route table (llmgw.controller.api.routes) hands its endpoints here, and the same
 document is committed (docs/admin-openapi.json, `llmgw schemas openapi`) and served (/api/v1/openapi.json).
 """
 
@@ -163,7 +163,7 @@ def document(endpoints: Iterable[Endpoint]) -> JsonObject:
         "info": {
             "title": "llmgw controller admin API",
             "version": "1",
-            "description": "Generated from the controller's route table (llmgw.controller.admin_routes): "
+            "description": "Generated from the controller's route table (llmgw.controller.api.routes): "
             "`llmgw schemas openapi` writes it, GET /api/v1/openapi.json serves it. See docs/controller.md.",
         },
         "paths": paths,

@@ -18,7 +18,7 @@ import pytest
 from llmgw_agent.installs import MARKER, EngineRegistry, install_dir, order_digest
 from llmgw_agent.protocol import EngineOrder
 
-from llmgw.controller.engine_orders import engine_orders
+from llmgw.controller.wire.engine_orders import engine_orders
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
-from llmgw.controller.publisher import published_models
+from llmgw.controller.wire.publisher import published_models
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import Cluster, Model
 from llmgw.core.config.semantic import check

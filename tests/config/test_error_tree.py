@@ -14,7 +14,7 @@ from llmgw_router.upstream.proxy import UpstreamUnavailable
 
 import llmgw
 from llmgw.adapters.sources import SourceUnavailable
-from llmgw.controller.desired import build_desired
+from llmgw.controller.parts.desired import build_desired
 from llmgw.core.errors import ConfigInvalidError, LlmgwError, TransientError
 from llmgw.store import StoreError, StoreUnavailable
 

@@ -39,7 +39,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 async def _replica_states(c: Cluster) -> list[str]:
-    from llmgw.controller import views
+    from llmgw.controller.status import fleet as views
 
     ctl = c.running.controller
     return [views.replica_state(ctl, r) for r in list(ctl.replicas.values())]

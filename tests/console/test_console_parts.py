@@ -82,7 +82,7 @@ async def test_without_a_session_pages_send_to_login_and_htmx_gets_401(tmp_path:
 
 
 class _Standby:
-    """Stands for a leader lease held by another controller (llmgw.controller.lease.LeaderLease's answer)."""
+    """Stands for a leader lease held by another controller (llmgw.controller.parts.lease.LeaderLease's answer)."""
 
     def leading(self) -> bool:
         return False

@@ -3,7 +3,7 @@ the stable model it rolls back to, and the commit statuses still owed; on SQLite
 
 from __future__ import annotations
 
-from llmgw.controller.canary_record import (
+from llmgw.controller.parts.canary_record import (
     CanaryRun,
     run_from_record,
     run_record,

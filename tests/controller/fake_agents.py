@@ -28,9 +28,9 @@ from llmgw_agent.protocol import (
 from support import write_bindings
 
 from llmgw.controller.core import Controller
-from llmgw.controller.hub import AgentError, NodeLink
-from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.controller.loops.reconcile import Reconciler
+from llmgw.controller.parts.hub import AgentError, NodeLink
+from llmgw.controller.parts.metrics import ControllerMetrics
 from llmgw.store.store import Store
 
 from .helpers import settings_for

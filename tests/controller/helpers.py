@@ -17,7 +17,7 @@ import git
 from support import free_port_range
 
 from llmgw.controller.app import RunningController, start_controller
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerSettings
 
 CLUSTER = """\
 apiVersion: llmgw/v1

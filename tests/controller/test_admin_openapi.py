@@ -10,7 +10,7 @@ import aiohttp
 from aiohttp import web
 
 from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, start
-from llmgw.controller.admin_routes import OPENAPI_PATH, openapi_document
+from llmgw.controller.api.routes import OPENAPI_PATH, openapi_document
 from llmgw.core.openapi import render
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ import pytest
 from support import free_port, wait_for
 
 from controller.helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start
-from llmgw.controller.admin_routes import OPENAPI_PATH, ROUTES
+from llmgw.controller.api.routes import OPENAPI_PATH, ROUTES
 
 pytestmark = pytest.mark.integration
 

@@ -14,10 +14,10 @@ import pytest
 from llmgw_agent.protocol import Gpu
 from support import wait_for
 
-from llmgw.controller import views
 from llmgw.controller.core import Controller
-from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.publisher import note_load
+from llmgw.controller.parts.metrics import ControllerMetrics
+from llmgw.controller.status import fleet as views
+from llmgw.controller.wire.publisher import note_load
 from llmgw.store.store import Store
 
 from .fake_agents import FakeAgents

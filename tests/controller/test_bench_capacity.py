@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from llmgw.cli.bench_cmds import bench_prompt, prompt_tags
 from llmgw.cli.main import app
-from llmgw.controller.autoscaler import capacity_of
+from llmgw.controller.loops.autoscaler import capacity_of
 from llmgw.core.bench import RequestSample, Step, conclude, percentile, split_probes, summarize_step
 from llmgw.core.engine_model import fit_engine_model
 from llmgw.store import Store

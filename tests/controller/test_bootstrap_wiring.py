@@ -15,7 +15,7 @@ from support import wait_for
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
-from llmgw.controller.nodes_loop import (
+from llmgw.controller.loops.nodes import (
     LinkSeen,
     NodesLoop,
     needs_bootstrap,
@@ -23,7 +23,7 @@ from llmgw.controller.nodes_loop import (
     retry_delay,
     to_bootstrap,
 )
-from llmgw.controller.state import NodeOps
+from llmgw.controller.parts.state import NodeOps
 
 from .helpers import Repo, settings_for, start
 

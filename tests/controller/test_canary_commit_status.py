@@ -134,7 +134,7 @@ async def test_a_forge_that_refuses_is_an_event_and_one_warning_and_the_canary_g
     tmp_path: Path, forge: Forge, caplog: pytest.LogCaptureFixture
 ) -> None:
     cluster = _cluster(tmp_path, forge, token="a-revoked-token")
-    caplog.set_level(logging.WARNING, logger="llmgw.controller.commit_statuses")
+    caplog.set_level(logging.WARNING, logger="llmgw.controller.loops.commit_statuses")
     try:
         await bring_up(cluster, ["n1"], {"models/m.yaml": sim_model("m", 1, extra=ROLLOUT)})
         await cluster.wait_ready("m", 1)

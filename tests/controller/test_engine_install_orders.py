@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from llmgw.controller.background import Background
-from llmgw.controller.engine_orders import EngineOrders, engine_orders
+from llmgw.controller.parts.background import Background
+from llmgw.controller.wire.engine_orders import EngineOrders, engine_orders
 from llmgw.core.config.models import EngineSettings
 
 from .fake_agents import FakeAgents

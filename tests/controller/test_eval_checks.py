@@ -15,7 +15,7 @@ from llmgw_agent.sim_model import LatencyConfig
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
-from llmgw.controller.evals_run import EngineTarget, run_suite
+from llmgw.controller.loops.evals import EngineTarget, run_suite
 from llmgw.core.config.eval_spec import EvalCheck, EvalSuiteSpec
 from llmgw.core.evals import check_answer, judge_verdict
 

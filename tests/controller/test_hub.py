@@ -26,7 +26,7 @@ from llmgw_agent.protocol import (
 )
 from support import wait_for
 
-from llmgw.controller import views
+from llmgw.controller.status import fleet as views
 from llmgw.core.placement.rooms import build_rooms
 from llmgw.core.security import engine_key
 

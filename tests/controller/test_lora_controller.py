@@ -9,9 +9,9 @@ from llmgw_agent.protocol import EngineInstall
 from support import wait_for
 
 from llmgw.controller.core import Controller
-from llmgw.controller.desired import build_desired
-from llmgw.controller.publisher import snapshot
-from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.controller.loops.reconcile import Reconciler
+from llmgw.controller.parts.desired import build_desired
+from llmgw.controller.wire.publisher import snapshot
 
 from .fake_agents import FakeAgents
 from .helpers import Repo, cluster_yaml

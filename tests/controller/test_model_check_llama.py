@@ -10,8 +10,8 @@ import asyncio
 import pytest
 from fixtures.llama import LlamaServer
 
-from llmgw.controller.evals_run import EngineTarget
-from llmgw.controller.model_checks_run import probe_target
+from llmgw.controller.loops.evals import EngineTarget
+from llmgw.controller.loops.model_checks import probe_target
 
 pytestmark = [pytest.mark.integration, pytest.mark.llamacpp]
 

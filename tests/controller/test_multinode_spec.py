@@ -7,8 +7,8 @@ from __future__ import annotations
 from llmgw_agent.protocol import EngineInstall, Gpu
 
 from llmgw.controller.core import Controller
-from llmgw.controller.desired import build_desired
-from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.controller.loops.reconcile import Reconciler
+from llmgw.controller.parts.desired import build_desired
 from llmgw.core.distributed import rendezvous_port
 
 from .fake_agents import FakeAgents

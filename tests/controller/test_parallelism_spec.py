@@ -8,8 +8,8 @@ from llmgw_agent.engines import LaunchContext, launch_plan
 from llmgw_agent.protocol import EngineInstall, Gpu
 
 from llmgw.controller.core import Controller
-from llmgw.controller.desired import build_desired
-from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.controller.loops.reconcile import Reconciler
+from llmgw.controller.parts.desired import build_desired
 
 from .fake_agents import FakeAgents
 from .helpers import Repo, cluster_yaml

@@ -13,7 +13,7 @@ from faults.cluster import Cluster
 from support import wait_for
 
 from controller.fleet_ops import Load, bring_up, openai_client, routed, router_for, sim_model
-from llmgw.controller import yielding
+from llmgw.controller.loops import yielding
 
 pytestmark = pytest.mark.integration
 

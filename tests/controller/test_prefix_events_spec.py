@@ -15,10 +15,10 @@ import pytest
 from support import wait_for
 
 from llmgw.controller.core import Controller
-from llmgw.controller.desired import build_desired
-from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.publisher import endpoints
-from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.controller.loops.reconcile import Reconciler
+from llmgw.controller.parts.desired import build_desired
+from llmgw.controller.parts.metrics import ControllerMetrics
+from llmgw.controller.wire.publisher import endpoints
 from llmgw.store.store import Store
 
 from .fake_agents import FakeAgents

@@ -13,11 +13,11 @@ import pytest
 from llmgw_agent.protocol import ShardStatus
 from support import wait_for
 
-from llmgw.controller import views
 from llmgw.controller.core import Controller
-from llmgw.controller.desired import build_desired
-from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.controller.loops.reconcile import Reconciler
+from llmgw.controller.parts.desired import build_desired
+from llmgw.controller.parts.metrics import ControllerMetrics
+from llmgw.controller.status import fleet as views
 from llmgw.store.store import Store
 
 from .fake_agents import FakeAgents

@@ -9,8 +9,13 @@ import pytest
 
 from llmgw.cli.admin_client import DEFAULT_STATE_DIR, TOKEN_FILE_NAME
 from llmgw.controller.core import admin_token_from
-from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.settings import ControllerSettings, SettingsError, load_settings_file, setting_duration
+from llmgw.controller.parts.metrics import ControllerMetrics
+from llmgw.controller.parts.settings import (
+    ControllerSettings,
+    SettingsError,
+    load_settings_file,
+    setting_duration,
+)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "controller.md"
 ROW = re.compile(r"^\| `(llmgw_controller_[a-z_]+)` \| (\w+) \|", re.MULTILINE)

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from llmgw.controller.background import Background
-from llmgw.controller.state import WorkerState
+from llmgw.controller.parts.background import Background
+from llmgw.controller.parts.state import WorkerState
 from llmgw.core.fleet import ModelState
 
 

@@ -15,10 +15,10 @@ import pytest
 from support import wait_for
 
 from llmgw.controller.core import Controller
-from llmgw.controller.metrics import ControllerMetrics
-from llmgw.controller.publisher import snapshot
-from llmgw.controller.retention import Retention
-from llmgw.controller.settings import ControllerSettings, load_settings_file
+from llmgw.controller.loops.retention import Retention
+from llmgw.controller.parts.metrics import ControllerMetrics
+from llmgw.controller.parts.settings import ControllerSettings, load_settings_file
+from llmgw.controller.wire.publisher import snapshot
 from llmgw.core.limits import window_bounds
 from llmgw.core.traffic import trace_salt
 from llmgw.store import UsageRecord

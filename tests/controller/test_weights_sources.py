@@ -17,10 +17,10 @@ import pytest
 from support import wait_for
 
 from llmgw.cli.controller_cmds import fetch_words
-from llmgw.controller import views
 from llmgw.controller.core import Controller
-from llmgw.controller.desired import build_desired
-from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.controller.loops.reconcile import Reconciler
+from llmgw.controller.parts.desired import build_desired
+from llmgw.controller.status import fleet as views
 
 from .fake_agents import FakeAgents, reconciling
 from .helpers import Repo, cluster_yaml

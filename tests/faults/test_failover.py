@@ -28,7 +28,7 @@ from faults.procs import (
     start_controller_proc,
     start_router_following,
 )
-from llmgw.controller.lease import LEASE_NAME
+from llmgw.controller.parts.lease import LEASE_NAME
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 

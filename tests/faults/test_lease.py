@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from llmgw.controller.lease import (
+from llmgw.controller.parts.lease import (
     STANDBY_REFUSAL,
     LeaderLease,
     Leadership,

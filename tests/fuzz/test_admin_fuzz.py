@@ -110,7 +110,7 @@ def test_every_endpoint_refuses_without_the_token(controller: ControllerProc) ->
 
 
 def test_the_admin_api_listens_on_loopback_by_default() -> None:
-    from llmgw.controller.settings import ControllerSettings
+    from llmgw.controller.parts.settings import ControllerSettings
 
     defaults = ControllerSettings(repo=".", store="x")
     assert defaults.listen_hostport[0] == "127.0.0.1"

@@ -189,7 +189,7 @@ def test_token_order_and_messages(tmp_path: Path) -> None:
 def test_token_file_location_agrees_with_the_controller(tmp_path: Path) -> None:
     """plan/apply find the token `llmgw up`/`llmgw controller` generate: the same default place."""
     from llmgw.controller.core import admin_token_from
-    from llmgw.controller.settings import ControllerSettings
+    from llmgw.controller.parts.settings import ControllerSettings
 
     assert ControllerSettings.model_fields["state_dir"].default == admin_client.DEFAULT_STATE_DIR
     settings = ControllerSettings(repo=".", store="sqlite:///x.db", state_dir=tmp_path / "state")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmgw.controller.publisher import published_models
+from llmgw.controller.wire.publisher import published_models
 from llmgw.core.catalog import Catalog
 from llmgw.core.repo import validate_files
 from llmgw.core.snapshot import RouterSnapshot

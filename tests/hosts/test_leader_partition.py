@@ -17,7 +17,7 @@ from controller.helpers import model_yaml
 from support import wait_until
 
 from hosts.lab import HostLab
-from llmgw.controller.lease import LEASE_NAME
+from llmgw.controller.parts.lease import LEASE_NAME
 from llmgw.store import Fence, LeaseFenced, ReplicaRecord, Store
 
 pytestmark = [pytest.mark.hosts, pytest.mark.postgres]

@@ -19,7 +19,7 @@ from controller.helpers import model_yaml
 from support import wait_until
 
 from hosts.lab import HostLab
-from llmgw.controller.views import PENDING_GRACE_S
+from llmgw.controller.status.fleet import PENDING_GRACE_S
 
 pytestmark = [pytest.mark.hosts, pytest.mark.postgres, pytest.mark.ssh]
 

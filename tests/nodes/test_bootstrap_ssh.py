@@ -207,7 +207,7 @@ async def test_bootstrapped_agent_registers_with_the_real_controller_over_mtls(
     sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path, node_root: Path
 ) -> None:
     from llmgw.controller.app import start_controller
-    from llmgw.controller.settings import ControllerSettings
+    from llmgw.controller.parts.settings import ControllerSettings
 
     repo = tmp_path / "repo"
     repo.mkdir()

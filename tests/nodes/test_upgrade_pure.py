@@ -12,8 +12,14 @@ from llmgw_agent.protocol import Inventory, ShardStatus
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.upgrade import switch_command
 from llmgw.cli.upgrade_cmds import print_answer
-from llmgw.controller.hub import NodeLink
-from llmgw.controller.upgrades import NOT_MANAGED, UpgradeRequest, back_problem, parse_request, upgrade_order
+from llmgw.controller.api.upgrades import (
+    NOT_MANAGED,
+    UpgradeRequest,
+    back_problem,
+    parse_request,
+    upgrade_order,
+)
+from llmgw.controller.parts.hub import NodeLink
 
 
 def test_order_batches_managed_nodes_by_name_and_names_the_rest() -> None:

@@ -24,7 +24,7 @@ from llmgw_router.path.service import RequestService
 from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 
-from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.parts.metrics import ControllerMetrics
 
 from .tools import require_tool
 

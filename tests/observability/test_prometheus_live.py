@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from ruamel.yaml import YAML
 from support import free_port, wait_for
 
-from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.parts.metrics import ControllerMetrics
 
 from .tools import require_tool
 

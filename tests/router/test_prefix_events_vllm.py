@@ -26,7 +26,7 @@ from llmgw_router.decisions.prefix import vllm_block_hashes
 from llmgw_router.path.service import Router, RouterOptions
 from support import free_port_range, wait_for
 
-from llmgw.controller.publisher import kv_events_address
+from llmgw.controller.wire.publisher import kv_events_address
 from llmgw.core.snapshot import RouterSnapshot
 
 from .test_prefix_tokenizer import MESSAGES, write_model_dir

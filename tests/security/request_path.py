@@ -13,7 +13,7 @@ from llmgw_router.path.ratelimit import Limiter, memory_limiter
 from llmgw_router.path.service import Router, RouterOptions
 
 from llmgw.adapters.keys import hash_key
-from llmgw.controller.publisher import published_models, published_tenants
+from llmgw.controller.wire.publisher import published_models, published_tenants
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import Cluster, Model, Organization, Project
 from llmgw.core.secretrefs import SecretPolicy

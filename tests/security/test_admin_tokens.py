@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from llmgw.adapters import keys
 from llmgw.adapters.repo_files import content_hash
 from llmgw.cli.main import app
-from llmgw.controller import admin_routes
-from llmgw.controller.admin_tokens import AdminTokenError, AdminTokens
+from llmgw.controller.api import routes as admin_routes
+from llmgw.controller.parts.admin_tokens import AdminTokenError, AdminTokens
 from llmgw.store import Store
 
 PLAN_TOKEN = "plan-token-for-pull-requests"
@@ -236,7 +236,7 @@ def test_every_admin_endpoint_declares_its_scope() -> None:
     assert served == declared
     unscoped = {r.endpoint.path for r in admin_routes.ROUTES if r.endpoint.auth in ("router", "none")}
     # Only these authenticate otherwise: the webhook trusts nothing in its body, the other two take a router's
-    # token (llmgw.controller.publisher.token_ok).
+    # token (llmgw.controller.wire.publisher.token_ok).
     assert unscoped == {"/api/v1/webhook", "/api/v1/demand/{model}", "/api/v1/usage-seen"}
     scopes = {r.endpoint.path: r.endpoint.auth for r in admin_routes.ROUTES if r.endpoint.method == "POST"}
     assert scopes["/api/v1/apply"] == "apply" and scopes["/api/v1/keys"] == "admin"

@@ -29,8 +29,8 @@ from support import serving, wait_for, write_bindings
 
 from llmgw.adapters.secrets import write_starter_bindings
 from llmgw.controller.core import Controller
-from llmgw.controller.desired import build_desired
-from llmgw.controller.reconcile_loop import Reconciler
+from llmgw.controller.loops.reconcile import Reconciler
+from llmgw.controller.parts.desired import build_desired
 from llmgw.core.config.models import SecretRef
 from llmgw.core.secret_bindings import SecretBindingError, SecretUse, binding_problem, parse_bindings
 from llmgw.core.secretrefs import SecretPolicy, SecretRefError, read_bindings, resolve_bound

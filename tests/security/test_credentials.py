@@ -32,8 +32,8 @@ from llmgw.adapters.ssh.ca import ClusterCA, IssuedCert
 from llmgw.cli.main import app
 from llmgw.controller.app import RunningController
 from llmgw.controller.core import Controller
-from llmgw.controller.hub import AgentHub, HubTimings, NodeLink
-from llmgw.controller.nodes_loop import NodesLoop
+from llmgw.controller.loops.nodes import NodesLoop
+from llmgw.controller.parts.hub import AgentHub, HubTimings, NodeLink
 
 KEY = "sk-llmgw-" + "c" * 43
 
@@ -540,7 +540,7 @@ def test_l6_hub_refuses_new_names_past_its_bound() -> None:
         on_change=lambda _: None,
         max_nodes=2,
     )
-    from llmgw.controller.credentials import Grant
+    from llmgw.controller.parts.credentials import Grant
 
     for name in ("a", "b"):
         hub.nodes[name] = NodeLink(name, Inventory(), "t", "?", connected_at=0.0, last_seen=0.0)

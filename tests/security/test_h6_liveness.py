@@ -23,7 +23,7 @@ from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import wait_for
 
 from llmgw.adapters.keys import hash_key
-from llmgw.controller.publisher import published_models
+from llmgw.controller.wire.publisher import published_models
 from llmgw.core.repo import validate_files
 from llmgw.core.snapshot import RouterSnapshot
 

@@ -27,7 +27,7 @@ from llmgw_router.path.service import Router, RouterOptions
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 
 from llmgw.adapters.keys import hash_key
-from llmgw.controller.publisher import published_models
+from llmgw.controller.wire.publisher import published_models
 from llmgw.core import guardrails as gr
 from llmgw.core.config.guardrail_spec import GuardrailSpec
 from llmgw.core.repo import validate_files

@@ -20,11 +20,11 @@ from controller.test_reconcile_loop import Loop, loop  # noqa: F401  (the fixtur
 from support import answering, wait_for
 
 from llmgw.adapters.egress import checked_connector
-from llmgw.controller import admin
-from llmgw.controller.admin_ops import PRINCIPAL
-from llmgw.controller.admin_tokens import Principal
+from llmgw.controller.api import admin
+from llmgw.controller.api.audited import PRINCIPAL
 from llmgw.controller.core import CONTROLLER
-from llmgw.controller.notifier import WEBHOOK_ANSWER_BYTES, Notifier
+from llmgw.controller.loops.notifier import WEBHOOK_ANSWER_BYTES, Notifier
+from llmgw.controller.parts.admin_tokens import Principal
 from llmgw.core.config.models import NotificationSpec
 from llmgw.store.records import Delivery
 

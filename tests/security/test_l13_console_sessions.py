@@ -19,9 +19,9 @@ import pytest
 from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for
 
 from llmgw.adapters import keys as keymod
-from llmgw.controller.admin_tokens import Principal
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.console.sessions import KEY_RECHECK_S, MAX_SESSIONS, Sessions
+from llmgw.controller.parts.admin_tokens import Principal
 from llmgw.store import StoreError
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from controller.test_reconcile_loop import Loop, loop  # noqa: F401  (the fixture)
 
-from llmgw.controller.applied_files import KEPT, MAX_BYTES
+from llmgw.controller.api.applied_files import KEPT, MAX_BYTES
 
 from .test_admin_tokens import APPLY_TOKEN, Controller, _files, controller  # noqa: F401  (the fixture)
 

@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 from support import answering
 
-from llmgw.controller.engine_http import MAX_ANSWER_BYTES, EngineTarget, engine_session
-from llmgw.controller.evals_run import run_suite
-from llmgw.controller.model_checks_run import probe_target
+from llmgw.controller.loops.evals import run_suite
+from llmgw.controller.loops.model_checks import probe_target
+from llmgw.controller.wire.engine_http import MAX_ANSWER_BYTES, EngineTarget, engine_session
 from llmgw.core.config.eval_spec import EvalSuiteSpec
 
 pytestmark = pytest.mark.integration

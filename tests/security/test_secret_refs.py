@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from llmgw.adapters.secrets import SecretError, read_secret
 from llmgw.adapters.ssh.remote import StepFailed, target_for
 from llmgw.cli.main import app
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerSettings
 from llmgw.core.config.models import Node, SecretRef
 from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve
 

@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from llmgw.adapters.ssh import bootstrap, render
-from llmgw.controller.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerSettings
 
 
 class LocalShell:

@@ -1,4 +1,4 @@
-"""What each console page shows, taken from the admin API's own view functions (llmgw.controller.views,
+"""What each console page shows, taken from the admin API's own view functions (llmgw.controller.status.fleet,
 logs_admin, the store's queries): the console presents those facts, it never derives its own.
 
 Lists are filtered and cut into pages here, on the server, so a page at 1,000 nodes or 500 models carries one
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from llmgw.controller import views
 from llmgw.controller.core import Controller
+from llmgw.controller.status import fleet as views
 from llmgw.core.plan.diff import plan_for_catalog
 from llmgw.core.plan.render import render_text
 

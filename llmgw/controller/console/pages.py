@@ -8,12 +8,13 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgw.controller import logs_admin, views
-from llmgw.controller.admin_ops import audit_json
-from llmgw.controller.admin_requests import usage_total_json
+from llmgw.controller.api import logs as logs_admin
+from llmgw.controller.api.audited import audit_json
+from llmgw.controller.api.request_lookup import usage_total_json
 from llmgw.controller.console import facts
 from llmgw.controller.console.web import CONSOLE, controller, render, session_of
-from llmgw.controller.hub import AgentError
+from llmgw.controller.parts.hub import AgentError
+from llmgw.controller.status import fleet as views
 from llmgw.store import AuditEntry, StoreError, UsageBucket
 
 log = logging.getLogger("llmgw.controller.console")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmgw.controller.admin_tokens import Principal, Scope, allows
+from llmgw.controller.parts.admin_tokens import Principal, Scope, allows
 
 Kind = Literal["admin", "tenant"]
 COOKIE = "llmgw_console"

@@ -1,7 +1,7 @@
 """The controller's stream: a WebSocket at ws://CONTROLLER/router/v1.
 
 Down (controller -> router): a complete RouterSnapshot as JSON on connect and on every change (either bare or
-wrapped as {"type": "snapshot", "snapshot": {...}}). Up (router -> controller), as llmgw.controller.publisher reads:
+wrapped as {"type": "snapshot", "snapshot": {...}}). Up (router -> controller), as llmgw.controller.wire.publisher reads:
   {"type": "demand", "model": NAME}        an on-demand model was asked for (sent again while it stays asked)
   {"type": "usage", "models": [NAME...]}  every use_interval, the models used since the last message
   {"type": "load", "models": {NAME: {"queued": int, "inflight": int, "ttft_p99_ms": float|null,

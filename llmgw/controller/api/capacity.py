@@ -1,0 +1,222 @@
+"""Measured capacity in the admin API: where `llmgw bench` drives its load, what it saves, what is known.
+
+- `GET /api/v1/bench/{model}[?profile=P]` (scope admin): a ready replica of the model to drive, with its engine
+  key (so the run measures the replica, not the router in front of it), its profile, GPU class, engine, the
+  model's objective and how long the replica took from its start to ready.
+- `POST /api/v1/capacity` (scope admin): a run's conclusion, stored (replacing the one before for that model,
+  profile and GPU class) and used by the autoscaler from then on.
+- `GET /api/v1/capacity` (scope plan): per model and profile of the applied revision, what is measured and
+  when, else what is assumed (slots), else unknown.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from llmgw.controller.api.audited import PRINCIPAL
+from llmgw.controller.core import CONTROLLER
+from llmgw.controller.status import fleet as views
+from llmgw.core.autoscale import Capacity, assumed_capacity
+from llmgw.core.security import engine_key
+from llmgw.store.capacity import CapacityRecord
+
+if TYPE_CHECKING:
+    from llmgw.controller.core import Controller
+
+__all__ = ["BenchResult", "bench_target", "capacity_list", "capacity_save", "load_capacities"]
+
+log = logging.getLogger("llmgw.controller.capacity")
+
+
+def _controller(request: web.Request) -> Controller:
+    if PRINCIPAL not in request:  # behind the route table's scope check; fails closed without one
+        raise web.HTTPUnauthorized(
+            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
+            content_type="application/json",
+        )
+    return request.app[CONTROLLER]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+def _gpu_class(c: Controller, model: str, profile: str) -> str:
+    d = c.desired
+    entry = d.models.get(model) if d else None
+    found = entry.profile(profile) if entry else None
+    return (found.profile.gpu_class or "") if found is not None else ""
+
+
+def remember(c: Controller, rec: CapacityRecord) -> None:
+    """Keep a stored measurement for the autoscaler (by model and profile; a concurrency of None is unknown)."""
+    c.capacities[(rec.model, rec.profile)] = Capacity(rec.concurrency, "measured", rec.measured_at)
+    if rec.load_s is not None:  # by model: a router holds a model's requests, whichever profile loads
+        model = c.worker_state.model(rec.model)
+        model.bench_load_s = max(rec.load_s, model.bench_load_s or 0.0)
+
+
+async def load_capacities(c: Controller) -> None:
+    """Read what was measured into the controller (at start); a store that does not answer is retried by the
+    caller's next attempt, and until then capacity is assumed from slots."""
+    for rec in await c.store.list_capacity():
+        if rec.gpu_class == _gpu_class(c, rec.model, rec.profile):
+            remember(c, rec)
+
+
+async def bench_target(request: web.Request) -> web.Response:
+    c = _controller(request)
+    d = c.desired
+    name = request.match_info["model"]
+    entry = d.resolve(name) if d else None
+    if d is None or entry is None:
+        return _error(404, f"model {name!r} is not in the applied revision")
+    profile = request.query.get("profile")
+    if profile is not None and entry.profile(profile) is None:
+        names = ", ".join(p.name for p in entry.profiles) or "none"
+        return _error(404, f"model {entry.name} has no profile {profile!r} (its profiles: {names})")
+    for rec in sorted(c.replicas.values(), key=lambda r: r.id):
+        if rec.model != entry.name or (profile is not None and rec.profile != profile):
+            continue
+        shard = views.shard_status(c, rec)
+        if views.replica_state(c, rec) != "ready" or shard is None or shard.base_url is None:
+            continue
+        slo = entry.spec.slo
+        load_s = (
+            None if rec.ready_since is None or rec.adopted else round(rec.ready_since - rec.created_at, 3)
+        )
+        return web.json_response(
+            {
+                "model": entry.name,
+                "replica": rec.id,
+                "profile": rec.profile,
+                "gpu_class": _gpu_class(c, entry.name, rec.profile),
+                "engine": shard.engine,
+                "base_url": shard.base_url,
+                "api_key": engine_key(c.cluster_secret().encode(), rec.id),
+                "objective_ms": slo.ttft_p99_ms if slo is not None else None,
+                "load_s": load_s,
+            }
+        )
+    which = f"profile {profile} of " if profile else ""
+    return _error(
+        409, f"no ready replica of {which}{entry.name} to measure (llmgw replicas --model {entry.name})"
+    )
+
+
+class _Step(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    concurrency: int = Field(ge=1)
+    requests: int = Field(ge=0)
+    failed: int = Field(ge=0)
+    seconds: float = Field(ge=0)
+    ttft_p50_ms: float | None = None
+    ttft_p99_ms: float | None = None
+    itl_p50_ms: float | None = None
+    itl_p99_ms: float | None = None
+    tokens_per_s: float = Field(ge=0)
+    prompt_tokens: float | None = Field(None, ge=0)  # what the engine counted; absent from older benches
+    itl_mean_ms: float | None = Field(None, ge=0)  # absent from older benches
+    role: Literal["ladder", "short", "long"] = "ladder"  # older benches name none
+
+
+class BenchResult(BaseModel):
+    """A bench run's conclusion (`llmgw bench` posts it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str
+    profile: str
+    replica: str = ""
+    engine: str
+    objective_ms: float | None = Field(None, gt=0)
+    concurrency: int | None = Field(None, ge=1)
+    tokens_per_s: float | None = Field(None, ge=0)
+    prefill_ms_per_token: float | None = Field(None, ge=0)
+    decode_ms_per_token: float | None = Field(None, ge=0)
+    load_s: float | None = Field(None, ge=0)
+    curve: list[_Step] = Field(default_factory=list, max_length=64)
+
+
+async def capacity_save(request: web.Request) -> web.Response:
+    c = _controller(request)
+    try:
+        body = BenchResult.model_validate(await request.json())
+    except (ValueError, ValidationError) as exc:
+        return _error(400, f"not a bench result: {exc}")
+    d = c.desired
+    entry = d.models.get(body.model) if d else None
+    if entry is None or entry.profile(body.profile) is None:
+        return _error(
+            404, f"model {body.model!r} with profile {body.profile!r} is not in the applied revision"
+        )
+    rec = CapacityRecord(
+        model=body.model,
+        profile=body.profile,
+        gpu_class=_gpu_class(c, body.model, body.profile),
+        engine=body.engine,
+        measured_at=c.wall(),
+        objective_ms=body.objective_ms,
+        concurrency=body.concurrency,
+        tokens_per_s=body.tokens_per_s,
+        prefill_ms_per_token=body.prefill_ms_per_token,
+        decode_ms_per_token=body.decode_ms_per_token,
+        load_s=body.load_s,
+        replica=body.replica,
+        curve=[s.model_dump() for s in body.curve],
+    )
+    await c.store.save_capacity(rec)
+    remember(c, rec)
+    c.notify(f"capacity of {rec.model}/{rec.profile} measured")
+    await c.event("capacity_measured", f"{rec.model}/{rec.profile}", _words(rec))
+    return web.json_response({"saved": _record_json(rec)})
+
+
+def _words(rec: CapacityRecord) -> str:
+    where = f" on {rec.gpu_class}" if rec.gpu_class else ""
+    slo = f"p99 TTFT under {rec.objective_ms:g} ms" if rec.objective_ms is not None else "no objective (knee)"
+    if rec.concurrency is None:
+        return f"{rec.engine}{where}: no concurrency met {slo}"
+    return f"{rec.engine}{where}: {rec.concurrency} concurrent sequences, {rec.tokens_per_s or 0:.1f} tokens/s ({slo})"
+
+
+def _record_json(rec: CapacityRecord) -> dict[str, Any]:
+    return {
+        "model": rec.model,
+        "profile": rec.profile,
+        "gpu_class": rec.gpu_class or None,
+        "engine": rec.engine,
+        "measured_at": rec.measured_at,
+        "objective_ms": rec.objective_ms,
+        "concurrency": rec.concurrency,
+        "tokens_per_s": rec.tokens_per_s,
+        "prefill_ms_per_token": rec.prefill_ms_per_token,
+        "decode_ms_per_token": rec.decode_ms_per_token,
+        "load_s": rec.load_s,
+        "replica": rec.replica,
+        "curve": rec.curve,
+    }
+
+
+async def capacity_list(request: web.Request) -> web.Response:
+    c = _controller(request)
+    d = c.desired
+    stored = {(r.model, r.profile, r.gpu_class): r for r in await c.store.list_capacity()}
+    out: list[dict[str, Any]] = []
+    for name, entry in sorted((d.models if d else {}).items()):
+        for p in entry.profiles:
+            rec = stored.get((name, p.name, p.profile.gpu_class or ""))
+            slots = assumed_capacity(p.profile.slots, p.profile.engine, p.profile.args)
+            row: dict[str, Any] = {
+                "model": name,
+                "profile": p.name,
+                "gpu_class": p.profile.gpu_class,
+                "source": "measured" if rec is not None else "slots" if slots is not None else "unknown",
+                "assumed_slots": slots,
+                "measured": None if rec is None else _record_json(rec),
+            }
+            out.append(row)
+    return web.json_response({"capacity": out})

@@ -1,0 +1,150 @@
+"""The admin API's fleet operations: restart a model or a replica (rolled make-before-break), drain a node
+for maintenance and uncordon it. Each needs scope `apply` (whoever may change what runs by a revision may
+bounce it) and is audited (llmgw.controller.api.audited).
+
+The reconcile loop does the work: these handlers only mark what an operator asked for (a replica's restart
+flag, a model's roll pace, a node's drain) and wake it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from aiohttp import web
+
+from llmgw.controller.api.audited import AUDIT_DETAIL, AUDIT_OBJECT, PRINCIPAL
+from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.core import jsonsafe
+from llmgw.store import StoreError
+
+__all__ = ["drain", "restart", "uncordon"]
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+def _checked(request: web.Request) -> Controller:
+    if PRINCIPAL not in request:  # fails closed if a route lost its scope check
+        raise web.HTTPUnauthorized(
+            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
+            content_type="application/json",
+        )
+    return request.app[CONTROLLER]
+
+
+def _count(body: dict[str, Any], field: str) -> int | None:
+    value = body.get(field)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"{field} must be a whole number >= 0 (or left out: the model's rollout block)")
+    return value
+
+
+async def restart(request: web.Request) -> web.Response:
+    """`{"target": MODEL|REPLICA, "max_surge": N, "max_unavailable": M}`: every replica of the model (or the
+    one replica) is replaced, make-before-break, at that pace (default: the model's `rollout`)."""
+    c = _checked(request)
+    try:
+        body = jsonsafe.loads(await request.read() or b"{}")
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("target"), str) or not body["target"]:
+        return _error(400, 'body must be {"target": MODEL or REPLICA, "max_surge": N, "max_unavailable": M}')
+    target = body["target"]
+    request[AUDIT_OBJECT] = target
+    try:
+        surge, unavailable = _count(body, "max_surge"), _count(body, "max_unavailable")
+    except ValueError as exc:
+        return _error(400, str(exc))
+    d = c.desired
+    if d is None:
+        return _error(409, "no revision is applied yet: there is nothing to restart")
+    rec = c.replicas.get(target)
+    if rec is not None:
+        model, picked = rec.model, [rec]
+    else:
+        entry = d.resolve(target)
+        if entry is None:
+            return _error(404, f"{target!r} is neither a model of the applied revision nor a replica id")
+        model = entry.name
+        picked = [r for r in c.replicas.values() if r.model == model and not r.stopping]
+    if model not in d.models:
+        return _error(
+            409, f"model {model} is no longer in the applied revision: its replicas are being stopped"
+        )
+    rollout = d.models[model].spec.rollout
+    pace = (
+        rollout.max_surge if surge is None else surge,
+        rollout.max_unavailable if unavailable is None else unavailable,
+    )
+    if pace == (0, 0):
+        return _error(400, "max_surge 0 and max_unavailable 0 cannot make progress: give one of them >= 1")
+    for r in picked:
+        r.restart = True
+    c.worker_state.model(model).pace = pace
+    request[AUDIT_DETAIL] = f"max_surge {pace[0]}, max_unavailable {pace[1]}"
+    ids = sorted(r.id for r in picked)
+    await c.event(
+        "restart_asked",
+        target,
+        f"{len(ids)} replica(s) of {model} by {request[PRINCIPAL].name}, max_surge {pace[0]}, "
+        f"max_unavailable {pace[1]}",
+    )
+    c.notify("restart asked")
+    return web.json_response(
+        {"model": model, "replicas": ids, "max_surge": pace[0], "max_unavailable": pace[1]}, status=202
+    )
+
+
+def _node(request: web.Request, c: Controller) -> str | web.Response:
+    node = request.match_info["node"]
+    request[AUDIT_OBJECT] = node
+    if node not in c.agents.nodes:
+        known = ", ".join(sorted(c.agents.nodes)) or "none"
+        return _error(404, f"node {node!r} has never connected to this controller (nodes: {known})")
+    return node
+
+
+async def drain(request: web.Request) -> web.Response:
+    """Cordon the node (nothing new is placed there) and move its replicas elsewhere, make-before-break:
+    each stops once its replacement is ready; one nothing can replace keeps serving and is reported."""
+    c = _checked(request)
+    node = _node(request, c)
+    if isinstance(node, web.Response):
+        return node
+    when = datetime.fromtimestamp(c.wall(), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    words = f"by {request[PRINCIPAL].name} at {when}"
+    try:  # recorded first: a drain a restarted controller would forget is not one to rely on
+        await c.store.set_node_drain(node, words, c.wall())
+    except StoreError as exc:
+        return _error(503, f"the store did not take the drain, nothing changed: {exc}")
+    c.worker_state.drained[node] = words
+    moving = sorted(r.id for r in c.replicas.values() if node in r.nodes and not r.stopping)
+    await c.event(
+        "node_drain", node, f"drained by {request[PRINCIPAL].name}: moving {len(moving)} replica(s)"
+    )
+    c.notify("node drained")
+    return web.json_response({"node": node, "drained": True, "moving": moving}, status=202)
+
+
+async def uncordon(request: web.Request) -> web.Response:
+    """Undo a drain: the node takes new replicas again (those moved away stay where they went)."""
+    c = _checked(request)
+    node = _node(request, c)
+    if isinstance(node, web.Response):
+        return node
+    try:
+        await c.store.clear_node_drain(node)
+    except StoreError as exc:
+        return _error(503, f"the store did not take the uncordon, nothing changed: {exc}")
+    was = c.worker_state.drained.pop(node, None)
+    d = c.desired
+    declared = d.catalog.nodes.get(node) if d is not None else None
+    in_repo = bool(declared and declared.spec.cordoned)
+    note = "; still cordoned by the repo (spec.cordoned: true)" if in_repo else ""
+    await c.event("node_uncordon", node, f"uncordoned by {request[PRINCIPAL].name}" + note)
+    c.notify("node uncordoned")
+    return web.json_response({"node": node, "was_drained": was is not None, "cordoned_in_repo": in_repo})

@@ -1,0 +1,696 @@
+"""The reconcile worker: one loop, one pass at a time, on every change and on a timer.
+
+A pass builds views, asks the pure decision (`llmgw.core.reconcile.reconcile`) what to do, and starts each action as a task
+whose outcome comes back as a change (so a slow agent never blocks the next pass). A failed action is never
+logged and forgotten: it marks the replica or model and sets a backoff after which the pass tries again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from llmgw_agent import repo_rules
+from llmgw_agent.protocol import (
+    KvEventsRequest,
+    Register,
+    Rendezvous,
+    ShardAdapter,
+    ShardSpec,
+    WeightSource,
+)
+
+from llmgw.adapters import logformat
+from llmgw.adapters.secrets import SecretError, read_bound_secret
+from llmgw.controller.api.capacity import load_capacities
+from llmgw.controller.core import Controller
+from llmgw.controller.loops import yielding
+from llmgw.controller.loops.autoscaler import autoscale
+from llmgw.controller.loops.canary import held_views
+from llmgw.controller.parts.background import Background
+from llmgw.controller.parts.hub import AgentError, NodeLink
+from llmgw.controller.parts.state import ReplicaRec
+from llmgw.controller.status import fleet as views
+from llmgw.controller.wire.engine_orders import EngineOrders
+from llmgw.core import distributed
+from llmgw.core.autoscale import ScalePolicy
+from llmgw.core.catalog import ModelEntry
+from llmgw.core.config.models import LORA_ENGINES, Source
+from llmgw.core.fetch_plan import weight_source
+from llmgw.core.fleet import NodeView, ReplicaView
+from llmgw.core.manifest import ManifestFile
+from llmgw.core.placement import Placement, ShardPlacement, explain as placement_explain
+from llmgw.core.reconcile import (
+    BackoffPolicy,
+    MarkStale,
+    RestartReplica,
+    RollPace,
+    StartReplica,
+    StopReplica,
+    Wait,
+    is_stale,
+    reconcile,
+)
+from llmgw.core.secret_bindings import source_use
+from llmgw.core.security import engine_key
+from llmgw.store.errors import LeaseFenced
+from llmgw.store.records import ReplicaRecord
+
+log = logging.getLogger("llmgw.controller.reconcile")
+
+STOP_RETRY_S = 5.0
+ADOPTABLE = frozenset({"fetching", "starting", "ready"})
+DEMAND_FRESH_S = 60.0  # a router's demand for an on-demand model, before a replica exists, counts this long
+DRAIN_POLL_S = 0.1  # how often a drain looks at the routers' load reports for the replica's last request
+
+
+def new_replica_id(model: str, profile: str) -> str:
+    return f"{model}-{profile}-{uuid.uuid4().hex[:6]}"
+
+
+class Reconciler:
+    """Commands go to the agents through `controller.agents` (an `AgentClient`); `adopt` is the hub's
+    `on_register` (app.py wires it)."""
+
+    def __init__(self, controller: Controller, rng: random.Random | None = None) -> None:
+        self.c = controller
+        self.agents = controller.agents
+        self.rng = rng or random.Random()
+        self.background = Background("reconcile")  # starts, drains and stops in flight
+        self.engine_orders = EngineOrders()
+        self.capacities_loaded = False  # what `llmgw bench --save` stored, read once a revision is applied
+        self.capacities_warned = False
+
+    # ---------------------------------------------------------------------------------- loop
+
+    async def run(self) -> None:
+        c = self.c
+        while True:
+            try:
+                wake = await self.pass_once()
+            except Exception:  # a bug in one pass must not end reconciling; the next pass starts afresh
+                log.exception("reconcile pass failed; retrying in 1s")
+                c.metrics.reconcile_errors.inc()
+                wake = 1.0
+            with contextlib.suppress(TimeoutError):
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races the event
+                async with asyncio.timeout(wake):
+                    await c.changed.wait()
+            c.changed.clear()
+
+    async def pass_once(self) -> float:
+        """One pass; returns seconds until the next timed pass."""
+        c = self.c
+        d = c.desired
+        if d is None:
+            return 5.0
+        if not c.leading():
+            return 1.0  # a standby decides nothing; woken when it becomes the leader
+        self.engine_orders.send_due(self.agents, d.cluster.engines, self.background)
+        await self._load_capacities()
+        ws = c.worker_state
+        now = c.wall()
+        nodes = views.node_views(c)
+        replicas = views.replica_views(c)
+        for r in replicas:
+            rec = c.replicas.get(r.id)
+            if rec is not None and rec.ready_since is None and r.effective_state() == "ready":
+                rec.ready_since = now
+                if not rec.adopted:  # an adopted replica was started before this controller looked
+                    ws.model(rec.model).loaded(c.clock() - rec.start_sent_at)
+                if c.commit_tracer is not None:
+                    c.commit_tracer.ready(rec.id)
+        scaled = autoscale(c, now, self.scale_policy())
+        # A held model (its canary failed) is reconciled as it was before the change: a stable replica that
+        # fails comes back with the stable profile, not the rejected one.
+        models = {**d.fleet_models, **{n: view for n, (_, view) in held_views(c).items()}}
+        decision = reconcile(
+            models,
+            nodes,
+            replicas,
+            now=now,
+            rng=self.rng,
+            backoff=ws.backoff(),
+            last_used=ws.last_used(),
+            demand=self._demand(now),
+            policy=BackoffPolicy(base=c.settings.backoff_base_s),
+            new_id=new_replica_id,
+            scale_to=scaled.scale_to,
+            idleness=ws.replica_idleness(),
+            paces={m: RollPace(*r.pace) for m, r in ws.models.items() if r.pace is not None},
+            canaries=c.canaries.phases(),
+        )
+        for model, words, up in scaled.events:
+            c.metrics.scale_events.labels(model, "up" if up else "down").inc()
+            await c.event("model_scaled", model, words)
+        for record in ws.models.values():
+            record.clear_pass()
+        self._note_rolls(decision.of(RestartReplica), replicas)
+        for model, state in decision.backoff.items():
+            ws.model(model).backoff = state
+        for model, target in decision.targets.items():
+            ws.model(model).target = target
+        for action in decision.actions:
+            if isinstance(action, Wait):
+                ws.model(action.model).wait = action.reason
+        for model, reasons in self._why_unplaced(decision.unplaced, nodes, replicas).items():
+            ws.model(model).unplaceable = reasons
+        ws.passes += 1
+        ws.last_pass_at = now
+        acting = [a for a in decision.actions if not isinstance(a, Wait)]
+        if acting:
+            ws.last_actions = [_describe(a) for a in acting]
+        c.metrics.reconcile_passes.inc()
+        settling = self._settling()
+        traced = c.commit_tracer.reconcile_begin(ws.last_actions) if c.commit_tracer and acting else None
+        try:
+            await self._act(acting, settling)
+        finally:
+            if traced is not None and c.commit_tracer is not None:
+                c.commit_tracer.reconcile_end(traced)
+        await self._persist_states()
+        wake = [d.resync_interval_s] + ([0.5] if settling else [])
+        if any(r.state == "pending" for r in replicas):
+            wake.append(1.0)
+        if decision.wake_at is not None:
+            wake.append(max(0.05, decision.wake_at - now))
+        if scaled.wake_at is not None:
+            wake.append(max(0.05, scaled.wake_at - now))
+        return min(wake)
+
+    async def _act(
+        self, acting: list[StartReplica | StopReplica | RestartReplica | MarkStale], settling: bool
+    ) -> None:
+        for action in acting:
+            if isinstance(action, StartReplica):
+                if not settling:  # placed once the nodes that were up have had their chance to report
+                    await self._start(action)
+            elif isinstance(action, StopReplica):
+                await self._stop(
+                    action.replica_id,
+                    action.reason,
+                    drain=action.drain,
+                    forget=action.forget,
+                    preempted_by=action.preempted_by,
+                )
+            elif isinstance(action, RestartReplica):
+                await self._stop(action.replica_id, action.reason, drain=True, forget=False)
+            elif isinstance(action, MarkStale):
+                await self._mark_stale(action)
+
+    async def _load_capacities(self) -> None:
+        """What `llmgw bench --save` stored, read once (a revision is applied by now, so profiles are known)."""
+        if self.capacities_loaded:
+            return
+        try:
+            await load_capacities(self.c)
+            self.capacities_loaded = True
+        except Exception as exc:  # the store is down: slots are assumed meanwhile, tried again next pass
+            if not self.capacities_warned:
+                self.capacities_warned = True
+                log.warning("measured capacities not read from the store yet (slots assumed): %s", exc)
+
+    def scale_policy(self) -> ScalePolicy:
+        s = self.c.settings
+        return ScalePolicy(
+            up_cooldown=s.scale_up_cooldown_s,
+            down_cooldown=s.scale_down_cooldown_s,
+            down_utilization=s.scale_down_utilization,
+            stale_after=s.load_stale_s,
+        )
+
+    def _note_rolls(self, restarts: list[RestartReplica], replicas: list[ReplicaView]) -> None:
+        """Which models are rolling (status, `apply --wait`); a pace given by `llmgw restart` is forgotten
+        once its roll is over."""
+        ws = self.c.worker_state
+        d = self.c.desired
+        rolling = {self.c.replicas[a.replica_id].model for a in restarts if a.replica_id in self.c.replicas}
+        for r in replicas:
+            if r.state in ("draining", "stopping", "stopped"):
+                continue
+            entry = d.fleet_models.get(r.model) if d else None
+            auto = entry is not None and entry.spec.restarts_on_change and is_stale(r, entry)
+            if r.restart or auto:
+                rolling.add(r.model)
+        for model, record in ws.models.items():
+            record.rolling = model in rolling
+            if model not in rolling:
+                record.pace = None
+        for model in rolling:
+            ws.model(model).rolling = True
+
+    def _demand(self, now: float) -> dict[str, int]:
+        """A model asked for recently, with nothing running yet, wants one replica (the router's signal)."""
+        c = self.c
+        running = {r.model for r in c.replicas.values() if not r.stopping}
+        return {
+            m: 1
+            for m, at in c.worker_state.demand().items()
+            if now - at < DEMAND_FRESH_S and m not in running
+        }
+
+    def _why_unplaced(
+        self, unplaced: Mapping[str, int], nodes: list[NodeView], replicas: list[ReplicaView]
+    ) -> dict[str, dict[str, str]]:
+        d = self.c.desired
+        out: dict[str, dict[str, str]] = {}
+        if d is None:
+            return out
+        for model in unplaced:
+            found = placement_explain(model, d.fleet_models, nodes, replicas)
+            reasons: dict[str, str] = {}
+            for profile, by_node in found.rejections().items():
+                for node, why in by_node.items():
+                    reasons.setdefault(node, f"{profile}: {why}")
+            if not nodes:
+                reasons["*"] = "no node is connected"
+            if found.problem:
+                reasons["*"] = found.problem
+            out[model] = reasons
+        return out
+
+    def _settling(self) -> bool:
+        ws = self.c.worker_state
+        if not ws.expected_nodes or self.c.clock() >= ws.settle_until:
+            return False
+        back = {n for n, link in self.agents.nodes.items() if link.connected}
+        if ws.expected_nodes <= back:
+            ws.expected_nodes = set()
+            return False
+        return True
+
+    async def close(self) -> None:
+        await self.background.close()
+
+    # ---------------------------------------------------------------------------------- actions
+
+    async def _start(self, action: StartReplica) -> None:
+        placement = action.placement
+        c = self.c
+        d = c.desired
+        assert d is not None
+        try:
+            key = engine_key(c.cluster_secret().encode(), placement.replica_id)
+        except SecretError as exc:
+            # Nothing was started, so the next pass (at the latest the resync) decides to start it again.
+            c.metrics.reconcile_errors.inc()
+            c.worker_state.model(placement.model).wait = f"cannot start: {exc}"
+            log.warning("cannot start a replica of %s: %s", placement.model, exc)
+            return
+        try:
+            sources = {s.node: self._weights(placement.model, s.node) for s in placement.shards}
+        except (SecretError, ValueError) as exc:
+            # The message names the model and the secret reference or the missing mirror, never a token.
+            c.metrics.reconcile_errors.inc()
+            c.worker_state.model(placement.model).wait = f"cannot start: {exc}"
+            log.warning("cannot start a replica of %s: %s", placement.model, exc)
+            return
+        rec = ReplicaRec(
+            id=placement.replica_id,
+            model=placement.model,
+            profile=placement.profile,
+            fingerprint=placement.fingerprint,
+            created_at=c.wall(),
+            shards=placement.shards,
+            start_sent_at=c.clock(),
+            replaces=action.replaces,
+        )
+        c.replicas[rec.id] = rec
+        await self._upsert(rec, "pending")
+        held = (
+            " (the stable profile: the model is held after its canary failed)"
+            if self._model(rec.model)[1]
+            else ""
+        )
+        await c.event(
+            "replica_start",
+            rec.id,
+            f"{rec.model}/{rec.profile} on {', '.join(rec.nodes)}: {placement.why}{held}",
+        )
+        specs = [(s, self._spec(placement, s, key, sources[s.node])) for s in placement.start_order()]
+        if c.commit_tracer is not None:
+            c.commit_tracer.starting(rec.id, rec.model, list(rec.nodes))
+        self.background.spawn(self._send_start(rec, specs))
+
+    def _model(self, name: str) -> tuple[ModelEntry, bool]:
+        """The model a replica is started from: the revision's, or a held model's stable one (True)."""
+        d = self.c.desired
+        assert d is not None
+        held = held_views(self.c).get(name)
+        return (held[0], True) if held is not None else (d.models[name], False)
+
+    def _weights(self, model_name: str, node: str) -> WeightSource | None:
+        """What `node` is told about the model's weights (core.fetch_plan), the origin token read here."""
+        d = self.c.desired
+        assert d is not None
+        entry, held = self._model(model_name)
+        src = entry.spec.source
+        manifest = None if held else d.manifests.get(model_name)
+        return None if src is None else self._fetchable(src, node, manifest)
+
+    def _fetchable(self, src: Source, node: str, manifest: tuple[ManifestFile, ...] | None) -> WeightSource:
+        """A weights or adapter source as `node` fetches it: through the mirror, its token read here, only
+        when the operator's binding map lets it go to the host it would be sent to."""
+        c = self.c
+        d = c.desired
+        assert d is not None
+        use = source_use(src, d.cluster.mirror.origin)
+        policy = c.settings.secret_policy()
+        token = None if use is None else read_bound_secret(use, policy, c.reserved_secret_names())
+        entry = d.catalog.nodes.get(node)
+        return weight_source(
+            src,
+            d.cluster.mirror,
+            airgapped=entry is not None and entry.spec.airgapped,
+            manifest=manifest,
+            token=token,
+        )
+
+    def _spec(
+        self, placement: Placement, shard: ShardPlacement, key: str, source: WeightSource | None
+    ) -> ShardSpec:
+        d = self.c.desired
+        assert d is not None
+        model = self._model(placement.model)[0]
+        entry = model.profile(placement.profile)
+        assert entry is not None
+        profile = entry.profile
+        cluster_engine = d.cluster.engines.get(profile.engine)
+        return ShardSpec(
+            replica_id=placement.replica_id,
+            shard_rank=shard.rank,
+            shard_count=len(placement.shards),
+            model=placement.model,
+            profile=profile.name,
+            engine=profile.engine,
+            engine_version=profile.engine_version or (cluster_engine.version if cluster_engine else None),
+            source=source,
+            context_length=model.spec.context_length,
+            slots=profile.slots,
+            cpu_cores=profile.cpu_cores,
+            gpus=list(shard.gpus),
+            tp=profile.tp,
+            pp=profile.pp,
+            args=dict(profile.args),
+            # Catalog.build already refused a disallowed name; filtering again keeps the rule in one function.
+            env=repo_rules.filter_env(profile.engine, profile.env)[0],
+            api_key=key,
+            fingerprint=placement.fingerprint,
+            served_model_name=placement.model,
+            trust_remote_code=placement.model in d.cluster.security.trust_remote_code,
+            **self._meeting(placement, shard),
+            adapters=[
+                ShardAdapter(name=n, source=self._fetchable(a.source, shard.node, None), rank=a.rank)
+                for n, a in d.catalog.adapters_of(placement.model)
+            ]
+            if profile.engine in LORA_ENGINES
+            else [],
+            kv_events=self._kv_events(placement.model),
+        )
+
+    def _kv_events(self, model: str) -> KvEventsRequest | None:
+        """Ask for the engine's KV-cache events when the model's routing policy weighs prefixes (the router
+        scores them precisely from the events; an engine with no publisher ignores it)."""
+        d = self.c.desired
+        assert d is not None
+        policy = d.catalog.policy_for(model)
+        return KvEventsRequest(hash_seed=policy.prefix.hash_seed) if policy.weights.prefix > 0 else None
+
+    def _fabric_address(self, node: str) -> str | None:
+        d = self.c.desired
+        assert d is not None
+        entry = d.catalog.nodes.get(node)
+        link = self.c.hub.nodes.get(node)
+        seen = link.address if link is not None and link.address != "?" else None
+        if entry is None:
+            return seen
+        spec = entry.spec
+        return distributed.fabric_address(spec.fabric_address, spec.address, spec.local, seen)
+
+    def _meeting(self, placement: Placement, shard: ShardPlacement) -> dict[str, Any]:
+        """A multi-node shard's rendezvous (rank 0's fabric address and the replica's port) and its own
+        fabric address; nothing for a single-node one."""
+        if len(placement.shards) < 2:
+            return {}
+        head = next(s for s in placement.shards if s.rank == 0)
+        host = self._fabric_address(head.node)
+        own = self._fabric_address(shard.node)
+        if host is None or own is None:
+            return {}  # the agent refuses the shard and says what is missing
+        port = distributed.rendezvous_port(placement.replica_id)
+        return {"rendezvous": Rendezvous(host=host, port=port), "fabric_address": own}
+
+    async def _send_start(self, rec: ReplicaRec, specs: list[tuple[ShardPlacement, ShardSpec]]) -> None:
+        c = self.c
+        logformat.bind(replica_id=rec.id)  # its own background task: the binding ends with it
+        try:
+            for shard, spec in specs:  # workers before rank 0
+                await self.agents.start_shard(shard.node, spec, c.settings.command_timeout_s)
+        except AgentError as exc:
+            rec.error = str(exc)
+            c.metrics.reconcile_errors.inc()
+            log.warning("starting replica %s failed, retried after backoff: %s", rec.id, exc)
+            await c.event("replica_start_failed", rec.id, str(exc))
+        if c.commit_tracer is not None:
+            c.commit_tracer.started(rec.id, rec.error)
+        c.notify("start sent")
+
+    async def _stop(
+        self, replica_id: str, reason: str, *, drain: bool, forget: bool, preempted_by: str | None = None
+    ) -> None:
+        c = self.c
+        rec = c.replicas.get(replica_id)
+        if rec is None or rec.stopping:
+            return
+        if forget:
+            await c.event("replica_lost", rec.id, reason)
+            await self._drop(rec)
+            return
+        if views.replica_view(c, rec).effective_state() == "failed":
+            status = views.shard_status(c, rec)
+            detail = rec.error or (status.message if status else "") or "engine exited"
+            # No output tail: events are read with a plan token and sent to the repo's webhooks, and engine
+            # output can carry prompts (`llmgw logs`, admin scope, has it).
+            await c.event("replica_failed", rec.id, f"{reason}: {detail} (its output: llmgw logs {rec.id})")
+            await c.event("drift", rec.model, self._drift_words(rec, detail))
+            c.metrics.replica_restarts.labels(rec.model).inc()  # its replacement follows (after backoff)
+        rec.stopping = True
+        rec.draining = drain
+        rec.preempted_by = preempted_by
+        if preempted_by is not None:
+            await c.event("replica_preempted", rec.id, reason)
+        await c.event("replica_stop", rec.id, reason + (" (draining first)" if drain else ""))
+        c.notify("replica stopping")  # routers drop it from their endpoints now
+        self.background.spawn(self._send_stop(rec))
+
+    def _drift_words(self, rec: ReplicaRec, detail: str) -> str:
+        """What differs from the applied revision when a replica stopped without being asked (an engine killed
+        or stopped by hand, a crash): said as the `drift` event, as `llmgw plan` shows it."""
+        d = self.c.desired
+        entry = d.models.get(rec.model) if d is not None else None
+        declared = f"{entry.spec.scaling.min} replica(s)" if entry is not None else "no replica"
+        return (
+            f"{rec.id} ({rec.model}/{rec.profile}) on {', '.join(rec.nodes)} is not running ({detail}); the "
+            f"revision declares {declared} of {rec.model}: replaced"
+        )
+
+    async def drain_node(self, node: str, reason: str) -> int:
+        """Drain and stop every replica with a shard on `node` (a Node removed from the repo); the views cordon
+        the node, so the next pass places their replacements elsewhere. Returns how many were asked to stop."""
+        recs = [r for r in self.c.replicas.values() if node in r.nodes and not r.stopping]
+        for rec in recs:
+            await self._stop(rec.id, reason, drain=True, forget=False)
+        return len(recs)
+
+    async def _mark_stale(self, action: MarkStale) -> None:
+        rec = self.c.replicas.get(action.replica_id)
+        if rec is not None and not rec.stale:
+            rec.stale = True
+            await self.c.event("replica_stale", rec.id, action.reason or "stale profile")
+
+    async def _send_stop(self, rec: ReplicaRec) -> None:
+        c = self.c
+        logformat.bind(replica_id=rec.id)
+        if rec.draining and rec.preempted_by is not None:
+            await yielding.grace(c, rec)
+            rec.draining = False
+        elif rec.draining:
+            await self._drain(rec)
+            rec.draining = False
+        pending = sorted(rec.shards, key=lambda s: s.rank)
+        while pending and rec.id in c.replicas:
+            shard = pending[0]
+            link = self.agents.nodes.get(shard.node)
+            if link is None or link.state == "Lost":
+                pending.pop(0)  # nothing to tell; the node's agent forgets it or we adopt and stop it later
+                continue
+            try:
+                await self.agents.stop_shard(shard.node, rec.id, shard.rank, c.settings.command_timeout_s)
+            except AgentError as exc:
+                c.metrics.reconcile_errors.inc()
+                log.info("stopping replica %s failed, retrying in %.0fs: %s", rec.id, STOP_RETRY_S, exc)
+                await asyncio.sleep(STOP_RETRY_S)
+                continue
+            pending.pop(0)
+        await self._drop(rec)
+        c.notify("replica stopped")
+
+    async def _drain(self, rec: ReplicaRec) -> None:
+        """Routers were told to stop sending it requests. Wait until every router reporting load says it no
+        longer routes to it and has nothing in flight there (so no request is cut), at most `drain`; with no
+        router reporting load that is unknown, and the whole `drain` is waited."""
+        c = self.c
+        loop = asyncio.get_running_loop()
+        since = c.wall()
+        deadline = loop.time() + c.settings.drain_s
+        while (left := deadline - loop.time()) > 0:
+            if c.worker_state.replica_drained(rec.id, since):
+                return
+            await asyncio.sleep(min(DRAIN_POLL_S, left))
+
+    async def _drop(self, rec: ReplicaRec) -> None:
+        c = self.c
+        if c.replicas.get(rec.id) is not rec:
+            return
+        del c.replicas[rec.id]
+        c.worker_state.stored_states.pop(rec.id, None)
+        for shard in rec.shards:
+            link = self.agents.nodes.get(shard.node)
+            if link is not None:
+                link.shards.pop(f"{rec.id}-{shard.rank}", None)
+        try:
+            await c.store.delete_replica(rec.id, fence=c.fence())
+        except LeaseFenced as exc:
+            c.fenced_out(exc)
+        except Exception as exc:
+            log.warning("could not delete replica %s from the store: %s", rec.id, exc)
+
+    # ---------------------------------------------------------------------------------- adoption
+
+    def adopt(self, link: NodeLink, register: Register) -> None:
+        """Shards an agent reports at Register that this controller does not know. One the store knows is
+        that replica again: its profile, age and part in a roll (what it replaces, a restart asked) as the
+        last leader wrote them, and the fingerprint the agent says it runs; so a controller restart changes
+        nothing a commit asked for, and a stale one is rolled like any other. `adopted` only says that this
+        controller did not start it (its load time is unknown). Replicas the node ran that its agent no longer
+        reports: failed now (`_vanished`)."""
+        self._vanished(link, register)
+        c = self.c
+        for shard in register.shards:
+            if shard.state not in ADOPTABLE:
+                continue
+            existing = c.replicas.get(shard.replica_id)
+            if existing is not None:
+                # Another shard of a multi-node replica adopted from another node: add where this one runs.
+                if existing.adopted and shard.shard_rank not in {s.rank for s in existing.shards}:
+                    placed = ShardPlacement(link.name, shard.shard_rank, tuple(shard.gpus))
+                    existing.shards = tuple(sorted((*existing.shards, placed), key=lambda s: s.rank))
+                continue
+            known = c.worker_state.known_records.get(shard.replica_id)
+            profile = known.profile if known else self._profile_by_fingerprint(shard.model, shard.fingerprint)
+            rec = ReplicaRec(
+                id=shard.replica_id,
+                model=shard.model,
+                profile=profile,
+                fingerprint=shard.fingerprint or (known.fingerprint if known else ""),
+                created_at=known.created_at if known else c.wall(),
+                # The GPUs the agent says the shard holds: placement counts them as taken (with none, a
+                # restarted controller would place another replica on the same cards).
+                shards=(ShardPlacement(link.name, shard.shard_rank, tuple(shard.gpus)),),
+                adopted=True,
+                start_sent_at=c.clock(),
+                replaces=known.replaces if known else None,
+                restart=known.restart_asked if known else False,
+            )
+            c.replicas[rec.id] = rec
+            log.info("adopted replica %s (%s, pid %s) on %s", rec.id, rec.model, shard.pid, link.name)
+            where = "known to the store" if known else "not in the store"
+            self.background.spawn(
+                c.event("replica_adopted", rec.id, f"found running on {link.name} (pid {shard.pid}; {where})")
+            )
+
+    def _vanished(self, link: NodeLink, register: Register) -> None:
+        """A replica that ran on this node (seen ready, or adopted from it) and that its agent, registering
+        again, does not report: its engine died with the agent (the host rebooted, the agent's state was lost).
+        It is failed at once, and replaced like any failed replica, instead of waiting out the grace a start
+        not yet reported gets (a minute and more)."""
+        c = self.c
+        reported = {s.shard_id for s in register.shards}
+        for rec in list(c.replicas.values()):
+            if rec.stopping or rec.error or (rec.ready_since is None and not rec.adopted):
+                continue
+            gone = [s for s in rec.shards if s.node == link.name and f"{rec.id}-{s.rank}" not in reported]
+            if not gone:
+                continue
+            rec.error = f"gone from {link.name}: its agent registered again without it (the host restarted?)"
+            log.warning("replica %s %s", rec.id, rec.error)
+            self.background.spawn(c.event("replica_vanished", rec.id, rec.error))
+
+    def _profile_by_fingerprint(self, model: str, fingerprint: str) -> str:
+        d = self.c.desired
+        entry = d.models.get(model) if d else None
+        if entry is None:
+            return ""
+        match = next((p.name for p in entry.profiles if p.fingerprint == fingerprint), None)
+        return match or (entry.profiles[0].name if entry.profiles else "")
+
+    # ---------------------------------------------------------------------------------- store
+
+    async def _persist_states(self) -> None:
+        c = self.c
+        for name, link in list(self.agents.nodes.items()):
+            record = c.node(name)
+            if record.stored_state != link.state:
+                try:
+                    inventory = link.inventory.model_dump(mode="json", by_alias=True)
+                    await c.store.upsert_node(name, link.state, inventory, c.wall())
+                    record.stored_state = link.state
+                except Exception as exc:
+                    log.warning("could not record node %s in the store: %s", name, exc)
+        stored = self.c.worker_state.stored_states
+        for rec in list(self.c.replicas.values()):
+            state = views.replica_state(self.c, rec)
+            if stored.get(rec.id) != (state, rec.restart):
+                await self._upsert(rec, state)
+
+    async def _upsert(self, rec: ReplicaRec, state: str) -> None:
+        c = self.c
+        try:
+            await c.store.upsert_replica(
+                ReplicaRecord(
+                    rec.id,
+                    rec.model,
+                    rec.profile,
+                    rec.nodes,
+                    state + (" (adopted)" if rec.adopted else ""),
+                    rec.fingerprint,
+                    rec.created_at,
+                    c.wall(),
+                    replaces=rec.replaces,
+                    restart_asked=rec.restart,
+                ),
+                fence=c.fence(),
+            )
+            c.worker_state.stored_states[rec.id] = (state, rec.restart)
+        except LeaseFenced as exc:
+            c.fenced_out(exc)
+        except Exception as exc:
+            log.warning("could not record replica %s in the store: %s", rec.id, exc)
+
+
+def _describe(action: StartReplica | StopReplica | RestartReplica | MarkStale | Wait) -> str:
+    if isinstance(action, StartReplica):
+        p = action.placement
+        return f"start {p.replica_id} ({p.model}/{p.profile}) on {', '.join(p.nodes)}: {action.reason}"
+    if isinstance(action, StopReplica):
+        return f"{'forget' if action.forget else 'stop'} {action.replica_id}: {action.reason}"
+    if isinstance(action, RestartReplica):
+        return f"restart {action.replica_id}: {action.reason}"
+    if isinstance(action, MarkStale):
+        return f"mark {action.replica_id} stale: {action.reason}"
+    return f"wait {action.model}: {action.reason}"

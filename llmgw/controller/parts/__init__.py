@@ -1,0 +1,1 @@
+"""What the Controller holds: its records, settings and credentials, and its collaborators (hub, lease)."""

@@ -1,0 +1,133 @@
+"""Fleet capacity at a glance, for `llmgw status` and `/api/v1/status` `capacity`: derived from the same records
+the node and replica tables show, so it cannot disagree with them.
+
+- per GPU class: total, used by replicas (by the models' class), free, and held by something else (a GPU in
+  use outside llmgw is neither used by a model nor free: counting it free is how a fleet looks roomier than
+  it is); GPUs of nodes that are not Ready are not counted;
+- CPU cores the same way (a node that reports no core count is `unknown`, never 0);
+- free whole nodes per fabric: Ready, not cordoned, nothing placed there (what a multi-node replica needs);
+- models that cannot be placed, with why (placement's words per node);
+- ready replicas by idleness: requests in flight and seconds since the last request any router saw (None, "-"
+  in the table, when no router has said: unknown is not idle).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from llmgw.controller.core import Controller
+    from llmgw.controller.parts.state import ReplicaRec
+
+StateOf = Callable[["Controller", "ReplicaRec"], str]
+
+__all__ = ["capacity_json"]
+
+
+def _gpu_classes(c: Controller) -> dict[str, dict[str, Any]]:
+    d = c.desired
+    out: dict[str, dict[str, Any]] = {}
+    held: dict[tuple[str, int], str] = {}  # (node, gpu index) -> the model class of the replica on it
+    for rec in c.replicas.values():
+        entry = d.models.get(rec.model) if d else None
+        klass = (entry.spec.model_class if entry else None) or "-"
+        for shard in rec.shards:
+            for g in shard.gpus:
+                held[(shard.node, g)] = klass
+    for link in c.agents.nodes.values():
+        if link.state != "Ready":
+            continue
+        for gpu in link.inventory.gpus or []:
+            row = out.setdefault(
+                gpu.gpu_class or "unknown", {"total": 0, "used": 0, "free": 0, "by_class": {}}
+            )
+            row["total"] += 1
+            holder = held.get((link.name, gpu.index))
+            if holder is not None:
+                row["used"] += 1
+                row["by_class"][holder] = row["by_class"].get(holder, 0) + 1
+            else:
+                row["free"] += 1
+    return dict(sorted(out.items()))
+
+
+def _cpu(c: Controller) -> dict[str, Any]:
+    d = c.desired
+    total, used, unknown = 0, 0, 0
+    by_class: dict[str, int] = {}
+    for link in c.agents.nodes.values():
+        if link.state != "Ready":
+            continue
+        if link.inventory.cpu_cores is None:
+            unknown += 1
+            continue
+        total += link.inventory.cpu_cores
+    for rec in c.replicas.values():
+        entry = d.models.get(rec.model) if d else None
+        found = entry.profile(rec.profile) if entry else None
+        cores = found.profile.cpu_cores if found is not None else None
+        if cores is None or found is None or found.profile.gpu_class is not None:
+            continue
+        n = cores * len(rec.shards)
+        used += n
+        klass = (entry.spec.model_class if entry else None) or "-"
+        by_class[klass] = by_class.get(klass, 0) + n
+    return {
+        "total": total,
+        "used": used,
+        "free": max(0, total - used),
+        "by_class": by_class,
+        "nodes_unknown": unknown,
+    }
+
+
+def _free_nodes(c: Controller) -> dict[str, list[str]]:
+    d = c.desired
+    busy = {n for r in c.replicas.values() for n in r.nodes}
+    out: dict[str, list[str]] = {}
+    for name, link in sorted(c.agents.nodes.items()):
+        declared = d.catalog.nodes.get(name) if d else None
+        if link.state != "Ready" or name in busy or (declared is not None and declared.spec.cordoned):
+            continue
+        fabric = (declared.spec.fabric if declared is not None else None) or "-"
+        out.setdefault(fabric, []).append(name)
+    return out
+
+
+def _idle(c: Controller, state_of: StateOf) -> list[dict[str, Any]]:
+    now = c.wall()
+    seen = c.worker_state.replica_idleness()
+    out: list[dict[str, Any]] = []
+    for rec in sorted(c.replicas.values(), key=lambda r: r.id):
+        if state_of(c, rec) != "ready":
+            continue
+        inflight, last = seen.get(rec.id, (None, None))
+        out.append(
+            {
+                "replica": rec.id,
+                "model": rec.model,
+                "inflight": inflight,
+                "idle_s": None if last is None else round(max(0.0, now - last), 1),
+            }
+        )
+    # The idlest first; unknown last (not the idlest: nobody said).
+    out.sort(key=lambda r: (r["idle_s"] is None, r["inflight"] or 0, -(r["idle_s"] or 0.0)))
+    return out
+
+
+def capacity_json(c: Controller, state_of: StateOf) -> dict[str, Any]:
+    """`state_of`: a replica's state in words (views.replica_state)."""
+    ws = c.worker_state
+    unplaceable = {
+        name: {"reasons": dict(rec.unplaceable), "waiting": rec.wait}
+        for name, rec in sorted(ws.models.items())
+        if rec.unplaceable is not None
+    }
+    return {
+        "gpus": _gpu_classes(c),
+        "cpu_cores": _cpu(c),
+        "free_nodes": _free_nodes(c),
+        "unplaceable": unplaceable,
+        "replicas_by_idleness": _idle(c, state_of),
+    }

@@ -20,11 +20,11 @@ from aiohttp import web
 
 from llmgw.adapters.secrets import SecretError, load_or_create, read_secret
 from llmgw.adapters.sources import Checkout
-from llmgw.controller.loops.canary import CanaryBook
-from llmgw.controller.loops.model_checks import CheckBook
 from llmgw.controller.parts.admin_tokens import AdminTokens
 from llmgw.controller.parts.audit import AuditLog
 from llmgw.controller.parts.background import Background
+from llmgw.controller.parts.canary_record import CanaryBook
+from llmgw.controller.parts.check_book import CheckBook
 from llmgw.controller.parts.credentials import (
     GENERATIONS_FILE,
     Grant,

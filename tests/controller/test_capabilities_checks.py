@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from llmgw.controller.loops.model_checks import CheckBook, CheckVerdict
+from llmgw.controller.parts.check_book import CheckBook, CheckVerdict
 from llmgw.core.config.models import effective_capabilities
 from llmgw.core.model_checks import ProbeResult, probes_for
 

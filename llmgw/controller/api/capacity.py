@@ -19,15 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmgw.controller.api.audited import PRINCIPAL
 from llmgw.controller.core import CONTROLLER
+from llmgw.controller.loops.autoscaler import gpu_class_of, remember
 from llmgw.controller.status import fleet as views
-from llmgw.core.autoscale import Capacity, assumed_capacity
+from llmgw.core.autoscale import assumed_capacity
 from llmgw.core.security import engine_key
 from llmgw.store.capacity import CapacityRecord
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
 
-__all__ = ["BenchResult", "bench_target", "capacity_list", "capacity_save", "load_capacities"]
+__all__ = ["BenchResult", "bench_target", "capacity_list", "capacity_save"]
 
 log = logging.getLogger("llmgw.controller.capacity")
 
@@ -43,29 +44,6 @@ def _controller(request: web.Request) -> Controller:
 
 def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
-
-
-def _gpu_class(c: Controller, model: str, profile: str) -> str:
-    d = c.desired
-    entry = d.models.get(model) if d else None
-    found = entry.profile(profile) if entry else None
-    return (found.profile.gpu_class or "") if found is not None else ""
-
-
-def remember(c: Controller, rec: CapacityRecord) -> None:
-    """Keep a stored measurement for the autoscaler (by model and profile; a concurrency of None is unknown)."""
-    c.capacities[(rec.model, rec.profile)] = Capacity(rec.concurrency, "measured", rec.measured_at)
-    if rec.load_s is not None:  # by model: a router holds a model's requests, whichever profile loads
-        model = c.worker_state.model(rec.model)
-        model.bench_load_s = max(rec.load_s, model.bench_load_s or 0.0)
-
-
-async def load_capacities(c: Controller) -> None:
-    """Read what was measured into the controller (at start); a store that does not answer is retried by the
-    caller's next attempt, and until then capacity is assumed from slots."""
-    for rec in await c.store.list_capacity():
-        if rec.gpu_class == _gpu_class(c, rec.model, rec.profile):
-            remember(c, rec)
 
 
 async def bench_target(request: web.Request) -> web.Response:
@@ -94,7 +72,7 @@ async def bench_target(request: web.Request) -> web.Response:
                 "model": entry.name,
                 "replica": rec.id,
                 "profile": rec.profile,
-                "gpu_class": _gpu_class(c, entry.name, rec.profile),
+                "gpu_class": gpu_class_of(c, entry.name, rec.profile),
                 "engine": shard.engine,
                 "base_url": shard.base_url,
                 "api_key": engine_key(c.cluster_secret().encode(), rec.id),
@@ -156,7 +134,7 @@ async def capacity_save(request: web.Request) -> web.Response:
     rec = CapacityRecord(
         model=body.model,
         profile=body.profile,
-        gpu_class=_gpu_class(c, body.model, body.profile),
+        gpu_class=gpu_class_of(c, body.model, body.profile),
         engine=body.engine,
         measured_at=c.wall(),
         objective_ms=body.objective_ms,

@@ -7,16 +7,16 @@ them) and hands the reconciler the counts; a change of count is an event ("scale
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from llmgw.core.autoscale import Capacity, ScaleDecision, ScalePolicy, assumed_capacity, decide
+from llmgw.core.autoscale import Capacity, ScalePolicy, assumed_capacity, decide
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
+    from llmgw.store.capacity import CapacityRecord
 
-__all__ = ["ScalePass", "autoscale", "capacity_of", "decision_json"]
+__all__ = ["ScalePass", "autoscale", "capacity_of", "gpu_class_of", "load_capacities", "remember"]
 
 
 @dataclass(frozen=True)
@@ -90,17 +90,27 @@ def autoscale(c: Controller, now: float, policy: ScalePolicy) -> ScalePass:
     return ScalePass(scale_to, min(wakes) if wakes else None, events)
 
 
-def decision_json(
-    decision: ScaleDecision | None, demand: Mapping[str, Any] | None = None
-) -> dict[str, Any] | None:
-    """The last decision and its inputs, for status and the admin API."""
-    if decision is None:
-        return None
-    return {
-        "desired": decision.desired,
-        "reason": decision.reason,
-        "last_scale_up_at": decision.state.last_up_at,
-        "low_since": decision.state.low_since,
-        "next_decision_at": decision.wake_at,
-        **({"demand": dict(demand)} if demand is not None else {}),
-    }
+# END
+
+
+def gpu_class_of(c: Controller, model: str, profile: str) -> str:
+    d = c.desired
+    entry = d.models.get(model) if d else None
+    found = entry.profile(profile) if entry else None
+    return (found.profile.gpu_class or "") if found is not None else ""
+
+
+def remember(c: Controller, rec: CapacityRecord) -> None:
+    """Keep a stored measurement for the autoscaler (by model and profile; a concurrency of None is unknown)."""
+    c.capacities[(rec.model, rec.profile)] = Capacity(rec.concurrency, "measured", rec.measured_at)
+    if rec.load_s is not None:  # by model: a router holds a model's requests, whichever profile loads
+        model = c.worker_state.model(rec.model)
+        model.bench_load_s = max(rec.load_s, model.bench_load_s or 0.0)
+
+
+async def load_capacities(c: Controller) -> None:
+    """Read what was measured into the controller (at start); a store that does not answer is retried by the
+    caller's next attempt, and until then capacity is assumed from slots."""
+    for rec in await c.store.list_capacity():
+        if rec.gpu_class == gpu_class_of(c, rec.model, rec.profile):
+            remember(c, rec)

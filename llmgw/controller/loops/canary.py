@@ -22,104 +22,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from llmgw.controller.loops.evals import judges_for, ready_targets, run_suite
-from llmgw.controller.parts.canary_record import (
-    CanaryRun,
-    run_from_record,
-    run_record,
-    stable_from_json,
-    stable_json,
-)
+from llmgw.controller.parts.canary_record import CanaryBook, CanaryRun, run_record, stable_json
+from llmgw.controller.status.canaries import changed, split
 from llmgw.controller.wire.engine_http import engine_session
 from llmgw.core.canary import Traffic, judge_canary
 from llmgw.core.catalog import ModelEntry
 from llmgw.core.fleet import ModelView
-from llmgw.core.reconcile import CanaryPhase
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
-    from llmgw.controller.parts.desired import Desired
-    from llmgw.controller.parts.state import ReplicaRec
-    from llmgw.store.intent import CanaryRunRow
 
 log = logging.getLogger("llmgw.controller.loops.canary")
 
 __all__ = [
-    "CanaryBook",
-    "CanaryRun",
     "canary_loop",
     "canary_tick",
     "held_views",
-    "live_canaries",
-    "split",
 ]
 
 TICK_S = 1.0
-
-
-@dataclass
-class CanaryBook:
-    runs: dict[str, CanaryRun] = field(default_factory=dict)
-    # Per canary model a revision changed: the model as it was (the stable one), for the run that change
-    # begins, with the fingerprints of the change.
-    before: dict[str, tuple[dict[str, str], ModelEntry]] = field(default_factory=dict)
-
-    def note_revision(self, previous: Desired | None, desired: Desired) -> None:
-        """A revision is applied: for each canary model whose fingerprints it changes, keep the model it
-        replaces as the stable one (a held model's stable one stays: the stable replicas still run it)."""
-        if previous is None:
-            return
-        for name, entry in desired.models.items():
-            old = previous.models.get(name)
-            spec = entry.spec.rollout
-            wanted = {p.name: p.fingerprint for p in entry.profiles}
-            if (
-                old is None
-                or spec.strategy != "canary"
-                or wanted == {p.name: p.fingerprint for p in old.profiles}
-            ):
-                continue
-            run = self.runs.get(name)
-            held = run.stable if run is not None and run.phase == "failed" else None
-            self.before[name] = (wanted, held or old)
-
-    def load(self, rows: list[CanaryRunRow]) -> None:
-        """The runs the store holds (at start, on taking over); a row that cannot be read is said and left."""
-        self.cancel()
-        self.runs.clear()
-        for row in rows:
-            try:
-                run = run_from_record(row.model, row.run, stable_from_json(row.stable))
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning(
-                    "the canary run of %s in the store cannot be read (%s): it starts again", row.model, exc
-                )
-                continue
-            run.saved = run_record(run)
-            self.runs[row.model] = run
-
-    def held(self, name: str, desired: Desired | None) -> bool:
-        """The model's canary of the applied revision failed: it is held on its stable replicas."""
-        run = self.runs.get(name)
-        entry = desired.models.get(name) if desired is not None else None
-        if run is None or run.phase != "failed" or entry is None:
-            return False
-        return run.fingerprints == {p.profile.name: p.fingerprint for p in entry.profiles}
-
-    def phases(self) -> dict[str, CanaryPhase]:
-        return {m: CanaryPhase(r.phase, frozenset(r.replicas)) for m, r in self.runs.items()}
-
-    def json(self, model: str) -> dict[str, Any] | None:
-        run = self.runs.get(model)
-        return None if run is None else run.json()
-
-    def cancel(self) -> None:
-        for run in self.runs.values():
-            if run.eval_task is not None:
-                run.eval_task.cancel()
 
 
 async def canary_loop(c: Controller) -> None:
@@ -134,47 +58,6 @@ async def canary_loop(c: Controller) -> None:
             await asyncio.sleep(TICK_S)
     finally:
         c.canaries.cancel()
-
-
-def split(c: Controller, name: str) -> tuple[list[ReplicaRec], list[ReplicaRec]] | None:
-    """A canary model's (stable, fresh) replicas, not stopping; None when it is not a canary model. Stable:
-    stale ones (another fingerprint, or a profile gone), adopted ones too (a controller restart or a
-    fail-over changes nothing a canary was doing)."""
-    d = c.desired
-    entry = d.models.get(name) if d is not None else None
-    if entry is None or entry.spec.rollout.strategy != "canary" or entry.spec.rollout.canary is None:
-        return None
-    wanted = {p.profile.name: p.fingerprint for p in entry.profiles}
-    mine = [r for r in c.replicas.values() if r.model == name and not r.stopping]
-
-    def stale(r: ReplicaRec) -> bool:
-        return r.profile not in wanted or (
-            bool(r.fingerprint) and wanted[r.profile] not in ("", r.fingerprint)
-        )
-
-    return [r for r in mine if stale(r)], [r for r in mine if not stale(r)]
-
-
-def live_canaries(c: Controller) -> dict[str, frozenset[str]]:
-    """Per canary model whose canary is in progress (or about to be: stale replicas and no verdict for
-    this change yet), its canary replicas: what the snapshot marks, from the first moment one exists."""
-    d = c.desired
-    out: dict[str, frozenset[str]] = {}
-    for name in d.models if d is not None else ():
-        found = split(c, name)
-        run = c.canaries.runs.get(name)
-        if found is None or not found[0]:
-            continue
-        fresh = frozenset(r.id for r in found[1])
-        if run is None or run.phase == "running" or _changed(c, name, run):
-            out[name] = fresh
-    return out
-
-
-def _changed(c: Controller, name: str, run: CanaryRun) -> bool:
-    d = c.desired
-    assert d is not None
-    return run.fingerprints != {p.profile.name: p.fingerprint for p in d.models[name].profiles}
 
 
 async def canary_tick(c: Controller) -> None:
@@ -192,7 +75,7 @@ async def canary_tick(c: Controller) -> None:
             continue
         stale, fresh = found
         run = book.runs.get(name)
-        if run is None or _changed(c, name, run):
+        if run is None or changed(c, name, run):
             if run is not None and run.eval_task is not None:
                 run.eval_task.cancel()
             if not stale:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import aiohttp
 
+from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.engine_http import EngineTarget, post_json
 from llmgw.core.config.eval_spec import EvalCase, EvalSuiteSpec
 from llmgw.core.errors import LlmgwError
@@ -43,10 +44,6 @@ class EvalError(LlmgwError, ValueError):
 
 def ready_targets(c: Controller, model: str) -> list[EngineTarget]:
     """The model's ready replicas that are not stopping, oldest first."""
-    from llmgw.controller.status import (
-        fleet as views,  # the views import the controller's records; imported when used
-    )
-
     out: list[EngineTarget] = []
     secret = c.cluster_secret().encode()
     for rec in sorted(c.replicas.values(), key=lambda r: (r.created_at, r.id)):

@@ -13,16 +13,16 @@ starts or takes the lead).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import aiohttp
 
 from llmgw.controller.loops.evals import EvalError, target_for
+from llmgw.controller.parts.check_book import CheckVerdict
+from llmgw.controller.status.fleet import engine_version_of
 from llmgw.controller.wire.engine_http import EngineTarget, engine_session, post_json, post_stream
 from llmgw.core.model_checks import (
     ProbeResult,
@@ -42,126 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llmgw.controller.model_checks")
 
-__all__ = ["CheckBook", "CheckVerdict", "engine_version_of", "probe_target", "run_model_check"]
+__all__ = ["probe_target", "run_model_check"]
 
 _TIMEOUT_S = 120.0  # a CPU engine's first answer can be slow; the probe asks for little
-
-
-@dataclass(frozen=True, slots=True)
-class CheckVerdict:
-    model: str
-    engine: str
-    engine_version: str  # "unknown" when neither the repo nor the node's inventory says
-    replica: str
-    at: float  # controller wall time
-    probes: tuple[ProbeResult, ...]
-
-    @property
-    def passed(self) -> bool:
-        return all(p.passed for p in self.probes)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CheckVerdict:
-        probes = tuple(
-            ProbeResult(str(p["probe"]), bool(p["passed"]), str(p["detail"])) for p in data["probes"]
-        )
-        return cls(
-            str(data["model"]),
-            str(data["engine"]),
-            str(data["engine_version"]),
-            str(data["replica"]),
-            float(data["at"]),
-            probes,
-        )
-
-    def json(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "engine": self.engine,
-            "engine_version": self.engine_version,
-            "replica": self.replica,
-            "at": self.at,
-            "passed": self.passed,
-            "probes": [p.json() for p in self.probes],
-        }
-
-
-@dataclass
-class CheckBook:
-    """The last result of each probe per (model, engine, engine version), as one verdict per key."""
-
-    verdicts: dict[tuple[str, str, str], CheckVerdict] = field(default_factory=dict)
-    running: set[tuple[str, str, str]] = field(default_factory=set)  # checks under way, by key
-    auto: bool = True  # the controller checks each new (model, engine, version) itself (auto_checks.py)
-
-    def record(self, verdict: CheckVerdict) -> CheckVerdict:
-        """Keep `verdict`'s probe results over the key's earlier ones, and the earlier results of the probes
-        it did not run; the key's verdict as kept now (its replica and time: the last check's)."""
-        key = (verdict.model, verdict.engine, verdict.engine_version)
-        earlier = self.verdicts.get(key)
-        ran = {p.probe for p in verdict.probes}
-        kept = tuple(p for p in earlier.probes if p.probe not in ran) if earlier is not None else ()
-        merged = dataclasses.replace(verdict, probes=(*kept, *verdict.probes))
-        self.verdicts[key] = merged
-        return merged
-
-    def load(self, texts: list[str]) -> int:
-        """Verdicts kept in the store (`CheckVerdict.json`); one that cannot be read is skipped, said once."""
-        loaded = 0
-        for text in texts:
-            try:
-                self.record(CheckVerdict.from_json(json.loads(text)))
-                loaded += 1
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("a stored model-check verdict was skipped: %s", exc)
-        return loaded
-
-    def missing(self, model: str, engine: str, version: str, probes: Sequence[str]) -> list[str]:
-        """The probes of `probes` that key has no result for (all of them: never checked)."""
-        verdict = self.verdicts.get((model, engine, version))
-        done = {p.probe for p in verdict.probes} if verdict is not None else set()
-        return [p for p in probes if p not in done]
-
-    def checking(self, model: str, engine: str, version: str, probes: Sequence[str]) -> bool:
-        """A check of that key is running, or due: automatic checks are on and one of the model's `probes`
-        has no result for the key yet (the next tick runs it). Routers say "in progress" rather than
-        "never"."""
-        key = (model, engine, version)
-        return key in self.running or (self.auto and bool(self.missing(model, engine, version, probes)))
-
-    def details_of(self, model: str, engine: str, version: str) -> dict[str, str]:
-        """Per failed probe, what the check said."""
-        verdict = self.verdicts.get((model, engine, version))
-        return {p.probe: p.detail for p in verdict.probes if not p.passed} if verdict else {}
-
-    def probes_of(self, model: str, engine: str, version: str) -> tuple[list[str], list[str]]:
-        """(passed, failed) probe names for that model on that engine version; both empty: never checked."""
-        verdict = self.verdicts.get((model, engine, version))
-        if verdict is None:
-            return [], []
-        return [p.probe for p in verdict.probes if p.passed], [
-            p.probe for p in verdict.probes if not p.passed
-        ]
-
-
-def engine_version_of(c: Controller, replica_id: str) -> str:
-    """The repo's version for the replica's engine (profile, then Cluster), else its node's inventory's."""
-    rec = c.replicas.get(replica_id)
-    d = c.desired
-    if rec is None or d is None:
-        return "unknown"
-    entry = d.models.get(rec.model)
-    profile = entry.profile(rec.profile) if entry else None
-    engine = profile.profile.engine if profile else None
-    if profile is not None and profile.profile.engine_version:
-        return profile.profile.engine_version
-    declared = d.cluster.engines.get(engine) if engine else None
-    if declared is not None and declared.version:
-        return declared.version
-    link = c.agents.nodes.get(rec.node)
-    engines = link.inventory.engines if link is not None else None
-    found = engines.get(engine) if engines and engine else None
-    return found.version if found is not None and found.version else "unknown"
 
 
 async def run_model_check(

@@ -27,10 +27,9 @@ from llmgw_agent.protocol import (
 
 from llmgw.adapters import logformat
 from llmgw.adapters.secrets import SecretError, read_bound_secret
-from llmgw.controller.api.capacity import load_capacities
 from llmgw.controller.core import Controller
 from llmgw.controller.loops import yielding
-from llmgw.controller.loops.autoscaler import autoscale
+from llmgw.controller.loops.autoscaler import autoscale, load_capacities
 from llmgw.controller.loops.canary import held_views
 from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.hub import AgentError, NodeLink

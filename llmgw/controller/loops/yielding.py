@@ -14,6 +14,7 @@ import aiohttp
 from llmgw_agent.engines import metric_mapping
 
 from llmgw.adapters.egress import read_at_most
+from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.engine_http import MAX_ANSWER_BYTES, engine_session
 from llmgw.core.security import engine_key
 from llmgw.core.words import parse_duration
@@ -44,10 +45,6 @@ def running_from_text(text: str, name: str) -> float | None:
 
 async def in_flight(c: Controller, rec: ReplicaRec, session: aiohttp.ClientSession) -> int | None:
     """Requests running on the replica's engine now (rank 0 serves them); None when it cannot be asked."""
-    from llmgw.controller.status import (
-        fleet as views,  # views imports the controller's core: at call time, not at import
-    )
-
     d = c.desired
     status = views.shard_status(c, rec)
     if d is None or status is None or not status.base_url:

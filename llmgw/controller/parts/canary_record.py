@@ -15,13 +15,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from llmgw.core.catalog import ModelEntry, ProfileEntry
 from llmgw.core.config.models import ModelSpec
+from llmgw.core.reconcile import CanaryPhase
 
-__all__ = ["CanaryRun", "Phase", "run_from_record", "run_record", "stable_from_json", "stable_json"]
+if TYPE_CHECKING:
+    from llmgw.controller.parts.desired import Desired
+    from llmgw.store.intent import CanaryRunRow
+
+__all__ = [
+    "CanaryBook",
+    "CanaryRun",
+    "Phase",
+    "run_from_record",
+    "run_record",
+    "stable_from_json",
+    "stable_json",
+]
+
+log = logging.getLogger("llmgw.controller.loops.canary")
 
 Phase = Literal["running", "promoted", "failed"]
 
@@ -113,3 +129,65 @@ def stable_from_json(text: str) -> ModelEntry | None:
     prints: dict[str, str] = data["fingerprints"]
     profiles = tuple(ProfileEntry(p, prints[p.name]) for p in spec.profiles if p.name in prints)
     return ModelEntry(str(data["name"]), spec, dict(data["labels"]), profiles)
+
+
+@dataclass
+class CanaryBook:
+    runs: dict[str, CanaryRun] = field(default_factory=dict)
+    # Per canary model a revision changed: the model as it was (the stable one), for the run that change
+    # begins, with the fingerprints of the change.
+    before: dict[str, tuple[dict[str, str], ModelEntry]] = field(default_factory=dict)
+
+    def note_revision(self, previous: Desired | None, desired: Desired) -> None:
+        """A revision is applied: for each canary model whose fingerprints it changes, keep the model it
+        replaces as the stable one (a held model's stable one stays: the stable replicas still run it)."""
+        if previous is None:
+            return
+        for name, entry in desired.models.items():
+            old = previous.models.get(name)
+            spec = entry.spec.rollout
+            wanted = {p.name: p.fingerprint for p in entry.profiles}
+            if (
+                old is None
+                or spec.strategy != "canary"
+                or wanted == {p.name: p.fingerprint for p in old.profiles}
+            ):
+                continue
+            run = self.runs.get(name)
+            held = run.stable if run is not None and run.phase == "failed" else None
+            self.before[name] = (wanted, held or old)
+
+    def load(self, rows: list[CanaryRunRow]) -> None:
+        """The runs the store holds (at start, on taking over); a row that cannot be read is said and left."""
+        self.cancel()
+        self.runs.clear()
+        for row in rows:
+            try:
+                run = run_from_record(row.model, row.run, stable_from_json(row.stable))
+            except (ValueError, KeyError, TypeError) as exc:
+                log.warning(
+                    "the canary run of %s in the store cannot be read (%s): it starts again", row.model, exc
+                )
+                continue
+            run.saved = run_record(run)
+            self.runs[row.model] = run
+
+    def held(self, name: str, desired: Desired | None) -> bool:
+        """The model's canary of the applied revision failed: it is held on its stable replicas."""
+        run = self.runs.get(name)
+        entry = desired.models.get(name) if desired is not None else None
+        if run is None or run.phase != "failed" or entry is None:
+            return False
+        return run.fingerprints == {p.profile.name: p.fingerprint for p in entry.profiles}
+
+    def phases(self) -> dict[str, CanaryPhase]:
+        return {m: CanaryPhase(r.phase, frozenset(r.replicas)) for m, r in self.runs.items()}
+
+    def json(self, model: str) -> dict[str, Any] | None:
+        run = self.runs.get(model)
+        return None if run is None else run.json()
+
+    def cancel(self) -> None:
+        for run in self.runs.values():
+            if run.eval_task is not None:
+                run.eval_task.cancel()

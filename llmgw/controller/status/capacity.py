@@ -13,8 +13,10 @@ the node and replica tables show, so it cannot disagree with them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
+
+from llmgw.core.autoscale import ScaleDecision
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
@@ -22,7 +24,7 @@ if TYPE_CHECKING:
 
 StateOf = Callable[["Controller", "ReplicaRec"], str]
 
-__all__ = ["capacity_json"]
+__all__ = ["capacity_json", "decision_json"]
 
 
 def _gpu_classes(c: Controller) -> dict[str, dict[str, Any]]:
@@ -130,4 +132,20 @@ def capacity_json(c: Controller, state_of: StateOf) -> dict[str, Any]:
         "free_nodes": _free_nodes(c),
         "unplaceable": unplaceable,
         "replicas_by_idleness": _idle(c, state_of),
+    }
+
+
+def decision_json(
+    decision: ScaleDecision | None, demand: Mapping[str, Any] | None = None
+) -> dict[str, Any] | None:
+    """The last decision and its inputs, for status and the admin API."""
+    if decision is None:
+        return None
+    return {
+        "desired": decision.desired,
+        "reason": decision.reason,
+        "last_scale_up_at": decision.state.last_up_at,
+        "low_since": decision.state.low_since,
+        "next_decision_at": decision.wake_at,
+        **({"demand": dict(demand)} if demand is not None else {}),
     }

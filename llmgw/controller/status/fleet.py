@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw_agent.protocol import Inventory, ShardStatus
 
-from llmgw.controller.loops.autoscaler import decision_json
 from llmgw.controller.parts.state import ModelRecord
-from llmgw.controller.status.capacity import capacity_json
+from llmgw.controller.status.capacity import capacity_json, decision_json
 from llmgw.core import placement as node_facts
 from llmgw.core.fleet import (
     GpuView,
@@ -520,3 +519,23 @@ def live_state(c: Controller) -> LiveState:
     )
     nodes = [n.model_copy(update={"if_undeclared": if_undeclared(c, n.name)}) for n in state.nodes]
     return state.model_copy(update={"nodes": nodes})
+
+
+def engine_version_of(c: Controller, replica_id: str) -> str:
+    """The repo's version for the replica's engine (profile, then Cluster), else its node's inventory's."""
+    rec = c.replicas.get(replica_id)
+    d = c.desired
+    if rec is None or d is None:
+        return "unknown"
+    entry = d.models.get(rec.model)
+    profile = entry.profile(rec.profile) if entry else None
+    engine = profile.profile.engine if profile else None
+    if profile is not None and profile.profile.engine_version:
+        return profile.profile.engine_version
+    declared = d.cluster.engines.get(engine) if engine else None
+    if declared is not None and declared.version:
+        return declared.version
+    link = c.agents.nodes.get(rec.node)
+    engines = link.inventory.engines if link is not None else None
+    found = engines.get(engine) if engines and engine else None
+    return found.version if found is not None and found.version else "unknown"

@@ -22,12 +22,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmgw.adapters.secrets import SecretError
 from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.loops.canary import live_canaries
-from llmgw.controller.loops.model_checks import engine_version_of
 from llmgw.controller.parts.credentials import valid_node_name
 from llmgw.controller.parts.desired import Desired
 from llmgw.controller.parts.state import EngineReading, ReplicaLoad, ReplicaRec, RouterLoad
 from llmgw.controller.status import fleet as views
+from llmgw.controller.status.canaries import live_canaries
 from llmgw.core import jsonsafe
 from llmgw.core.autoscale import Demand, published_load_seconds
 from llmgw.core.catalog import Catalog
@@ -69,7 +68,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
             continue
         entry = d.models.get(rec.model) if d else None
         profile = entry.profile(rec.profile) if entry else None
-        version = engine_version_of(c, rec.id)
+        version = views.engine_version_of(c, rec.id)
         verified, failed = c.model_checks.probes_of(rec.model, shard.engine, version)
         probes = probes_for(entry.spec.effective_capabilities) if entry else []
         out.append(

@@ -55,7 +55,7 @@ from harness import free_port, wait_http
 
 from llmgw.adapters.keys import hash_key
 from llmgw.controller.app import RunningController, start_controller
-from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerOptions
 
 KEY = "sk-llmgw-" + "b" * 43
 CAPACITY = 4  # the sim's max_concurrency: sequences one replica serves at once
@@ -124,7 +124,7 @@ class Fleet:
         token = self.work / "token"
         token.write_text("bench-token\n")
         port = free_port()
-        settings = ControllerSettings(
+        settings = ControllerOptions(
             repo=str(self.work / "repo"), store=f"sqlite:///{self.work / 'c.db'}", listen=f"127.0.0.1:{port}",
             metrics_listen=None, admin_token_file=token, state_dir=self.work / "state", dir_poll_s=0.5,
             drain_s=30.0, scale_down_cooldown_s=self.down_cooldown,

@@ -34,7 +34,7 @@ from llmgw_agent.protocol import Disk, EngineInstall, Gpu, Inventory, ShardStatu
 
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.parts.hub import NodeLink
-from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.controller.parts.state import ReplicaRec, ShardPlacement
 
 TARGET_MS = 200.0
@@ -128,7 +128,7 @@ async def run(nodes: int, models: int, repeat: int) -> int:
         (tmp / "token").write_text("bench-admin-token\n")
         digest = hashlib.sha256(PLAN_TOKEN.encode()).hexdigest()
         (tmp / "tokens.yaml").write_text(f"bench-plan: {{scope: plan, sha256: {digest}}}\n")
-        settings = ControllerSettings(repo=str(tmp / "repo"), source="directory", store=f"sqlite:///{tmp / 'c.db'}",
+        settings = ControllerOptions(repo=str(tmp / "repo"), source="directory", store=f"sqlite:///{tmp / 'c.db'}",
                                       listen="127.0.0.1:0", metrics_listen=None, admin_token_file=tmp / "token",
                                       admin_tokens_file=tmp / "tokens.yaml", state_dir=tmp / "state",
                                       settle_s=0.0, dir_poll_s=0.5)  # fmt: skip

@@ -38,7 +38,7 @@ from llmgw.core.security import is_loopback_host
 AnswerT = TypeVar("AnswerT", bound=BaseModel)
 TOKEN_ENV = "LLMGW_TOKEN"
 CONTROLLER_ENV = "LLMGW_CONTROLLER"
-# Must match llmgw.controller.parts.settings.ControllerSettings.state_dir's default and the file name
+# Must match llmgw.controller.parts.settings.ControllerOptions.state_dir's default and the file name
 # llmgw.controller.core.admin_token_from generates: a test checks they agree.
 DEFAULT_STATE_DIR = Path(".llmgw") / "controller"
 TOKEN_FILE_NAME = "admin-token"

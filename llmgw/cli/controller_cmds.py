@@ -31,7 +31,7 @@ from llmgw.core.health import CLOCK_WARN_S
 from llmgw.core.words import duration_words, short
 
 if TYPE_CHECKING:
-    from llmgw.controller.parts.settings import ControllerSettings
+    from llmgw.controller.parts.settings import ControllerOptions
 
 DEFAULT_CONTROLLER = "http://127.0.0.1:7070"
 
@@ -186,12 +186,12 @@ def controller(
     asyncio.run(_run_until_signal(run_controller, settings))
 
 
-def controller_settings(config: Path | None, flags: dict[str, Any], poll: str | None) -> ControllerSettings:
+def controller_settings(config: Path | None, flags: dict[str, Any], poll: str | None) -> ControllerOptions:
     """The settings from the --config file with the flags given over it; a mistake exits with its message."""
     from pydantic import ValidationError
 
     from llmgw.controller.parts.settings import (
-        ControllerSettings,
+        ControllerOptions,
         SettingsError,
         load_settings_file,
         setting_duration,
@@ -204,7 +204,7 @@ def controller_settings(config: Path | None, flags: dict[str, Any], poll: str | 
         values.setdefault("store", "sqlite:///.llmgw/state/llmgw.db")
         if "repo" not in values:
             _fail("--repo is required (a git URL, or a path to the cluster repo)")
-        settings = ControllerSettings(**values)
+        settings = ControllerOptions(**values)
         if settings.admin_tokens_file is not None:
             from llmgw.controller.parts.admin_tokens import check_tokens_file
 

@@ -39,7 +39,7 @@ from llmgw.adapters.tracing import configured_endpoint
 from llmgw.cli.follow import ModelLine
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.console.sessions import ONE_TIME_LINK_S
-from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.core.binding_report import binding_report
 from llmgw.core.config.models import ClusterSpec
 from llmgw.core.errors import LlmgwError
@@ -655,7 +655,7 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
 
 
 async def _start_controller(settings: UpSettings, cluster: ClusterSpec) -> RunningController:
-    controller_settings = ControllerSettings(
+    controller_settings = ControllerOptions(
         repo=str(settings.repo),
         source="directory",
         store=settings.store_dsn,

@@ -39,10 +39,10 @@ from llmgw.controller.parts import lease
 from llmgw.controller.parts.admin_tokens import AdminTokens
 from llmgw.controller.parts.credentials import loopback_address
 from llmgw.controller.parts.metrics import ControllerMetrics
-from llmgw.controller.parts.settings import ControllerSettings, parse_hostport
+from llmgw.controller.parts.settings import ControllerOptions, parse_hostport
 from llmgw.controller.parts.state import SeenRevision
 from llmgw.controller.status import fleet as views
-from llmgw.controller.wire.publisher import router_stream
+from llmgw.controller.wire.publisher import SnapshotCache, router_stream
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.controller")
@@ -55,7 +55,7 @@ ROUTER_PATH = "/router/v1"
 EXPIRE_EVERY_S = 0.5
 
 
-def make_source(settings: ControllerSettings) -> Source:
+def make_source(settings: ControllerOptions) -> Source:
     if settings.source_kind() == "git":
         return GitSource(
             settings.repo, settings.branch, settings.subpath, settings.state_dir, settings.poll_s
@@ -82,7 +82,9 @@ def make_app(controller: Controller, source: Source) -> web.Application:
         controller.event_hooks.append(statuses.on_event)
         app.cleanup_ctx.append(_background("commit-statuses", lambda a: statuses.run()))
     app.router.add_get(AGENT_PATH, controller.hub.handle)
-    app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller))
+    snapshots = SnapshotCache()  # one build per change for all routers
+    controller.change_listeners.append(snapshots.invalidate)
+    app.router.add_get(ROUTER_PATH, functools.partial(router_stream, c=controller, snapshots=snapshots))
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/healthz/leader", _healthz_leader)
     admin_routes.add_routes(app)
@@ -261,7 +263,7 @@ def refresh_metrics(c: Controller) -> None:
 PeerCheck = Callable[[bytes | None], str]
 
 
-def router_tls_check(settings: ControllerSettings) -> PeerCheck | None:
+def router_tls_check(settings: ControllerOptions) -> PeerCheck | None:
     """With the cluster CA: the check `/router/v1` makes of a router's client certificate (its role)."""
     if settings.ca_dir is None:
         return None
@@ -272,7 +274,7 @@ def router_tls_check(settings: ControllerSettings) -> PeerCheck | None:
 
 
 def tls_setup(
-    settings: ControllerSettings,
+    settings: ControllerOptions,
 ) -> tuple[ssl.SSLContext | None, PeerCheck | None]:
     """The listener's TLS context and, with mutual TLS, the check that names the node a certificate proves.
 
@@ -350,11 +352,11 @@ class RunningController:
             await asyncio.to_thread(self.controller.trace_shutdown)  # the last spans, flushed off the loop
 
 
-def default_ca_dir(settings: ControllerSettings) -> Path:
+def default_ca_dir(settings: ControllerOptions) -> Path:
     return settings.state_dir / "ca"
 
 
-def repo_remote_nodes(settings: ControllerSettings) -> tuple[str, list[str]] | None:
+def repo_remote_nodes(settings: ControllerOptions) -> tuple[str, list[str]] | None:
     """The controller address and the remote Nodes of the repo as it is on disk now (a local repo, or the
     clone an earlier run left in the state dir); None when it cannot be read yet."""
     from llmgw.adapters.repo_files import load_repo
@@ -372,7 +374,7 @@ def repo_remote_nodes(settings: ControllerSettings) -> tuple[str, list[str]] | N
     return catalog.cluster.controller.address, remote
 
 
-def with_default_ca(settings: ControllerSettings) -> ControllerSettings:
+def with_default_ca(settings: ControllerOptions) -> ControllerOptions:
     """Remote nodes default to mutual TLS: with no CA and no TLS of its own, a controller whose repo declares
     remote Nodes dialling a non-loopback address uses (creating it the first time) the CA in STATE_DIR/ca.
     Without it their agents would send their token in clear and take commands from whoever answers."""
@@ -400,7 +402,7 @@ def with_default_ca(settings: ControllerSettings) -> ControllerSettings:
     return settings.model_copy(update={"ca_dir": ca_dir})
 
 
-async def start_controller(settings: ControllerSettings) -> RunningController:
+async def start_controller(settings: ControllerOptions) -> RunningController:
     """Open the store, start listeners and loops; returns once the listeners are bound."""
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     settings = with_default_ca(settings)
@@ -476,7 +478,7 @@ async def _serve(
     return f"{scheme}://{shown}:{port}"
 
 
-async def run_controller(settings: ControllerSettings, stop: asyncio.Event | None = None) -> None:
+async def run_controller(settings: ControllerOptions, stop: asyncio.Event | None = None) -> None:
     """Run until `stop` is set (or the task is cancelled); everything started is stopped on the way out."""
     running = await start_controller(settings)
     try:

@@ -38,11 +38,11 @@ from llmgw.controller.parts.desired import Desired, build_desired
 from llmgw.controller.parts.hub import AgentClient, AgentHub, HubTimings
 from llmgw.controller.parts.lease import LeaderLease, Leadership, LeaseConfig
 from llmgw.controller.parts.metrics import ControllerMetrics
-from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.controller.parts.state import (
+    ControllerNode,
     EventLog,
     NodeOps,
-    NodeRecord,
     RefusedRevision,
     ReplicaRec,
     SeenRevision,
@@ -75,7 +75,7 @@ DEFAULT_TIMINGS = HubTimings(heartbeat_interval_s=5.0, unreachable_after_s=20.0,
 class Controller:
     def __init__(
         self,
-        settings: ControllerSettings,
+        settings: ControllerOptions,
         store: Store,
         metrics: ControllerMetrics,
         *,
@@ -113,7 +113,7 @@ class Controller:
         self.router_peers: dict[web.WebSocketResponse, str] = {}  # the address each router connected from
         self.metrics_address: tuple[str, int] | None = None  # the metrics listener, once bound
         self.worker_state = WorkerState()
-        self.nodes: dict[str, NodeRecord] = {}  # per node: SSH bootstrap and removal, the state stored
+        self.nodes: dict[str, ControllerNode] = {}  # per node: SSH bootstrap and removal, the state stored
         self.node_generations = NodeGenerations(Path(settings.state_dir) / GENERATIONS_FILE)
         self.node_token_index = NodeTokenIndex()
         self.background = Background(
@@ -262,11 +262,11 @@ class Controller:
 
     # ---------------------------------------------------------------------------------- nodes
 
-    def node(self, name: str) -> NodeRecord:
+    def node(self, name: str) -> ControllerNode:
         """Node `name`'s record, made on first use."""
         rec = self.nodes.get(name)
         if rec is None:
-            rec = self.nodes[name] = NodeRecord(name)
+            rec = self.nodes[name] = ControllerNode(name)
         return rec
 
     def ops(self, name: str) -> NodeOps | None:
@@ -608,7 +608,7 @@ class Controller:
 CONTROLLER: web.AppKey[Controller] = web.AppKey("controller", Controller)
 
 
-def admin_token_from(settings: ControllerSettings) -> str:
+def admin_token_from(settings: ControllerOptions) -> str:
     """The admin token from --admin-token-file, or one generated once into the state dir."""
     if settings.admin_token_file is not None:
         try:

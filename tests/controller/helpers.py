@@ -17,7 +17,7 @@ import git
 from support import free_port_range
 
 from llmgw.controller.app import RunningController, start_controller
-from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerOptions
 
 CLUSTER = """\
 apiVersion: llmgw/v1
@@ -120,7 +120,7 @@ class Admin:
             return await r.text()
 
 
-def settings_for(tmp: Path, repo: Path, **extra: Any) -> ControllerSettings:
+def settings_for(tmp: Path, repo: Path, **extra: Any) -> ControllerOptions:
     token = tmp / "token"
     token.write_text("test-token\n")
     values: dict[str, Any] = {
@@ -140,10 +140,10 @@ def settings_for(tmp: Path, repo: Path, **extra: Any) -> ControllerSettings:
         "webhook_min_interval_s": 0.2,
     }
     values.update(extra)
-    return ControllerSettings(**values)
+    return ControllerOptions(**values)
 
 
-async def start(settings: ControllerSettings) -> tuple[RunningController, Admin]:
+async def start(settings: ControllerOptions) -> tuple[RunningController, Admin]:
     running = await start_controller(settings)
     return running, Admin(running)
 

@@ -17,7 +17,7 @@ from support import wait_for
 from llmgw.controller.core import Controller
 from llmgw.controller.loops.retention import Retention
 from llmgw.controller.parts.metrics import ControllerMetrics
-from llmgw.controller.parts.settings import ControllerSettings, load_settings_file
+from llmgw.controller.parts.settings import ControllerOptions, load_settings_file
 from llmgw.controller.wire.publisher import snapshot
 from llmgw.core.limits import window_bounds
 from llmgw.core.traffic import trace_salt
@@ -137,7 +137,7 @@ def test_retention_settings_read_durations(tmp_path: Path) -> None:
     path.write_text(
         "repo: .\nstore: x\nusage-retention: 7d\nusage-minutes-retention: 1w\nretention-check: 1m\n"
     )
-    settings = ControllerSettings(**load_settings_file(path))
+    settings = ControllerOptions(**load_settings_file(path))
     assert (settings.usage_retention_s, settings.usage_minutes_retention_s) == (7 * DAY, 7 * DAY)
     assert settings.retention_check_s == 60.0
 

@@ -35,9 +35,9 @@ from llmgw.adapters.keys import hash_key
 _CONTROLLER_MAIN = """
 import asyncio, json, logging, signal, sys
 from llmgw.controller.app import run_controller
-from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerOptions
 logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-settings = ControllerSettings(**json.loads(sys.argv[1]))
+settings = ControllerOptions(**json.loads(sys.argv[1]))
 async def main():
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

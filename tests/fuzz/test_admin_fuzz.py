@@ -110,9 +110,9 @@ def test_every_endpoint_refuses_without_the_token(controller: ControllerProc) ->
 
 
 def test_the_admin_api_listens_on_loopback_by_default() -> None:
-    from llmgw.controller.parts.settings import ControllerSettings
+    from llmgw.controller.parts.settings import ControllerOptions
 
-    defaults = ControllerSettings(repo=".", store="x")
+    defaults = ControllerOptions(repo=".", store="x")
     assert defaults.listen_hostport[0] == "127.0.0.1"
     assert defaults.metrics_hostport is not None and defaults.metrics_hostport[0] == "127.0.0.1"
 

@@ -189,10 +189,10 @@ def test_token_order_and_messages(tmp_path: Path) -> None:
 def test_token_file_location_agrees_with_the_controller(tmp_path: Path) -> None:
     """plan/apply find the token `llmgw up`/`llmgw controller` generate: the same default place."""
     from llmgw.controller.core import admin_token_from
-    from llmgw.controller.parts.settings import ControllerSettings
+    from llmgw.controller.parts.settings import ControllerOptions
 
-    assert ControllerSettings.model_fields["state_dir"].default == admin_client.DEFAULT_STATE_DIR
-    settings = ControllerSettings(repo=".", store="sqlite:///x.db", state_dir=tmp_path / "state")
+    assert ControllerOptions.model_fields["state_dir"].default == admin_client.DEFAULT_STATE_DIR
+    settings = ControllerOptions(repo=".", store="sqlite:///x.db", state_dir=tmp_path / "state")
     token = admin_token_from(settings)
     made = tmp_path / "state" / admin_client.TOKEN_FILE_NAME
     assert made.read_text().strip() == token

@@ -207,14 +207,14 @@ async def test_bootstrapped_agent_registers_with_the_real_controller_over_mtls(
     sshd_server: SshServer, wheelhouse: Wheelhouse, tmp_path: Path, node_root: Path
 ) -> None:
     from llmgw.controller.app import start_controller
-    from llmgw.controller.parts.settings import ControllerSettings
+    from llmgw.controller.parts.settings import ControllerOptions
 
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / "cluster.yaml").write_text(CLUSTER_YAML)
     ca = ClusterCA.open(tmp_path / "ca")
     (tmp_path / "admin-token").write_text("admin-token-for-test\n")
-    settings = ControllerSettings(
+    settings = ControllerOptions(
         repo=str(repo),
         store=f"sqlite:///{tmp_path / 'controller.db'}",
         listen="127.0.0.1:0",

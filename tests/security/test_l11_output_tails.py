@@ -24,7 +24,7 @@ from llmgw.controller.api import admin
 from llmgw.controller.api.audited import PRINCIPAL
 from llmgw.controller.core import CONTROLLER
 from llmgw.controller.loops.notifier import WEBHOOK_ANSWER_BYTES, Notifier
-from llmgw.controller.parts.admin_tokens import Principal
+from llmgw.controller.parts.admin_tokens import AdminPrincipal
 from llmgw.core.config.models import NotificationSpec
 from llmgw.store.records import Delivery
 
@@ -45,7 +45,7 @@ async def _replicas_as(loop: Loop, scope: str) -> list[dict[str, object]]:  # no
     app = web.Application()
     app[CONTROLLER] = loop.c
     request = make_mocked_request("GET", "/api/v1/replicas", app=app)
-    request[PRINCIPAL] = Principal(f"a-{scope}-token", scope)  # type: ignore[arg-type]
+    request[PRINCIPAL] = AdminPrincipal(f"a-{scope}-token", scope)  # type: ignore[arg-type]
     response = await admin.replicas(request)
     assert response.text is not None
     items: list[dict[str, object]] = json.loads(response.text)["replicas"]

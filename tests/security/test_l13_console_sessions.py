@@ -21,7 +21,7 @@ from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for
 from llmgw.adapters import keys as keymod
 from llmgw.controller.app import RunningController, start_controller
 from llmgw.controller.console.sessions import KEY_RECHECK_S, MAX_SESSIONS, Sessions
-from llmgw.controller.parts.admin_tokens import Principal
+from llmgw.controller.parts.admin_tokens import AdminPrincipal
 from llmgw.store import StoreError
 
 pytestmark = pytest.mark.integration
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 def test_l13_a_login_loop_with_one_project_key_never_logs_an_admin_out() -> None:
     now = [1000.0]
     sessions = Sessions(lambda: now[0], ttl_s=8 * 3600.0)
-    admin = sessions.open_admin(Principal("admin", "admin"))
+    admin = sessions.open_admin(AdminPrincipal("admin", "admin"))
     for _ in range(MAX_SESSIONS + 1):
         now[0] += 0.001  # each later login expires later: the admin's is the soonest to expire
         sessions.open_tenant("key-of-mallory", "playground", "llmgw-key")

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from llmgw.adapters.secrets import SecretError, read_secret
 from llmgw.adapters.ssh.remote import StepFailed, target_for
 from llmgw.cli.main import app
-from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.core.config.models import Node, SecretRef
 from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve
 
@@ -156,7 +156,7 @@ def test_h3_controller_reads_cluster_secrets_from_its_secrets_dir_never_the_cwd_
     elsewhere.mkdir()
     (elsewhere / "cluster-secret").write_text(OUTSIDE + "\n")
     monkeypatch.chdir(elsewhere)
-    settings = ControllerSettings(repo=str(tmp_path / "repo"), store="sqlite:///x.db", state_dir=state)
+    settings = ControllerOptions(repo=str(tmp_path / "repo"), store="sqlite:///x.db", state_dir=state)
     policy = settings.secret_policy()
     assert policy.secrets_dir == state / "secrets" and policy.env_prefix == "LLMGW_SECRET_"
     monkeypatch.chdir(tmp_path)  # made absolute at settings time: a later chdir changes nothing

@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from llmgw.adapters.ssh import bootstrap, render
-from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerOptions
 
 
 class LocalShell:
@@ -89,7 +89,7 @@ def test_l8_node_prefix_is_validated(prefix: str, rule: str) -> None:
     with pytest.raises(ValueError, match=re.escape(rule)):
         render.Layout(prefix=prefix)
     with pytest.raises(ValidationError, match="node prefix"):
-        ControllerSettings(repo="/repo", node_prefix=prefix)
+        ControllerOptions(repo="/repo", node_prefix=prefix)
 
 
 def test_l8_good_prefixes_pass() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -24,10 +23,11 @@ from pydantic import ValidationError
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.sources import Checkout, GitSource, Source
-from llmgw.controller.api import applied_files, audited as admin_ops, weights as weights_admin
-from llmgw.controller.api.audited import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT, PRINCIPAL
+from llmgw.controller.api import applied_files, audited as admin_ops, guard, weights as weights_admin
+from llmgw.controller.api.audited import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT
+from llmgw.controller.api.guard import error, require
 from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.parts.admin_tokens import Principal, Scope, allows
+from llmgw.controller.parts.admin_tokens import allows
 from llmgw.controller.parts.hub import AgentError
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.publisher import (
@@ -50,58 +50,6 @@ GIT_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1 or SHA-256 objec
 ACTOR_DETAIL_MAX = 200
 
 
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-def _caller(request: web.Request, need: Scope) -> tuple[Controller, Principal]:
-    """The controller and who is calling, when their token has scope `need`; else 401 or 403."""
-    c = request.app[CONTROLLER]
-    presented = bearer_token(request.headers.get("Authorization"))
-    principal = c.admin_tokens.principal(presented) if presented is not None else None
-    if principal is None:
-        raise web.HTTPUnauthorized(
-            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
-            content_type="application/json",
-        )
-    if not allows(principal.scope, need):
-        message = (
-            f"token {principal.name!r} has scope {principal.scope}; {request.method} {request.path} needs "
-            f"scope {need} (scopes: plan reads, apply also applies revisions, admin does everything; "
-            "see docs/controller.md, Admin tokens)"
-        )
-        raise web.HTTPForbidden(
-            text=json.dumps({"error": {"message": message, "scope": principal.scope, "needs": need}}),
-            content_type="application/json",
-        )
-    return c, principal
-
-
-def scoped(need: Scope, handler: Handler) -> Handler:
-    """`handler` behind the check that the caller's token has scope `need` (the route table's)."""
-
-    async def checked(request: web.Request) -> web.StreamResponse:
-        request[PRINCIPAL] = _caller(request, need)[1]
-        return await handler(request)
-
-    return checked
-
-
-def _admin(request: web.Request) -> Controller:
-    """The controller, for a handler the route table put behind a scope check (fails closed without one)."""
-    if PRINCIPAL not in request:
-        raise web.HTTPUnauthorized(
-            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
-            content_type="application/json",
-        )
-    return request.app[CONTROLLER]
-
-
-def _principal(request: web.Request) -> Principal:
-    _admin(request)
-    return request[PRINCIPAL]
-
-
 def _router_or_admin(request: web.Request) -> Controller:
     c = request.app[CONTROLLER]
     if not token_ok(c, request):
@@ -113,24 +61,26 @@ def _router_or_admin(request: web.Request) -> Controller:
 
 
 async def status(request: web.Request) -> web.Response:
-    return web.json_response(views.status_json(_admin(request)))
+    return web.json_response(views.status_json(require(request, "plan")))
 
 
 async def nodes(request: web.Request) -> web.Response:
-    return web.json_response({"nodes": views.nodes_json(_admin(request))})
+    return web.json_response({"nodes": views.nodes_json(require(request, "plan"))})
 
 
 async def replicas(request: web.Request) -> web.Response:
-    c = _admin(request)
+    c = require(request, "plan")
     model = request.query.get("model")
-    output = allows(_principal(request).scope, "admin")  # engine output tails, as /logs: admin scope only
+    output = allows(
+        guard.principal(request).scope, "admin"
+    )  # engine output tails, as /logs: admin scope only
     recs = sorted(c.replicas.values(), key=lambda r: (r.model, r.id))
     items = [views.replica_json(c, r, with_output=output) for r in recs]
     return web.json_response({"replicas": [r for r in items if model in (None, r["model"])]})
 
 
 async def models(request: web.Request) -> web.Response:
-    c = _admin(request)
+    c = require(request, "plan")
     d = c.desired
     if d is None:
         return web.json_response({"models": []})
@@ -153,12 +103,12 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def explain(request: web.Request) -> web.Response:
-    c = _admin(request)
+    c = require(request, "plan")
     d = c.desired
     name = request.match_info["model"]
     entry = d.resolve(name) if d else None
     if d is None or entry is None:
-        return _error(404, f"model {name!r} is not in the applied revision")
+        return error(404, f"model {name!r} is not in the applied revision")
     found = placement.explain(entry.name, d.fleet_models, views.node_views(c), views.replica_views(c))
     chosen = found.chosen
     return web.json_response(
@@ -195,37 +145,37 @@ async def explain(request: web.Request) -> web.Response:
 
 
 async def weights_list(request: web.Request) -> web.Response:
-    return web.json_response({"nodes": weights_admin.weights_json(_admin(request))})
+    return web.json_response({"nodes": weights_admin.weights_json(require(request, "plan"))})
 
 
 async def weights_collect(request: web.Request) -> web.Response:
-    c = _admin(request)
+    c = require(request, "apply")
     try:
         body = jsonsafe.loads(await request.read() or b"{}")
     except ValueError:
-        return _error(400, 'body must be JSON: {"dry_run": true|false, "node": NAME (optional)}')
+        return error(400, 'body must be JSON: {"dry_run": true|false, "node": NAME (optional)}')
     dry_run, node = (body.get("dry_run", True), body.get("node")) if isinstance(body, dict) else (None, None)
     if not isinstance(dry_run, bool) or not (node is None or isinstance(node, str)):
-        return _error(400, 'body must be {"dry_run": true|false, "node": NAME (optional)}')
+        return error(400, 'body must be {"dry_run": true|false, "node": NAME (optional)}')
     try:
         results = await weights_admin.collect(c, dry_run, node)
     except weights_admin.NothingApplied as exc:
-        return _error(409, str(exc))
+        return error(409, str(exc))
     except AgentError as exc:
-        return _error(404, str(exc))
+        return error(404, str(exc))
     return web.json_response({"dry_run": dry_run, "nodes": results})
 
 
 async def state(request: web.Request) -> web.Response:
-    return web.json_response(views.live_state(_admin(request)).model_dump(mode="json"))
+    return web.json_response(views.live_state(require(request, "plan")).model_dump(mode="json"))
 
 
 async def events(request: web.Request) -> web.Response:
     """Recent events, newest first: from the store (they survive a restart), else from memory."""
-    c = _admin(request)
+    c = require(request, "plan")
     limit = admin_ops.whole_number(request.query.get("limit", "100"), 1, admin_ops.LIST_MAX)
     if limit is None:
-        return _error(400, f"limit must be a whole number from 1 to {admin_ops.LIST_MAX}")
+        return error(400, f"limit must be a whole number from 1 to {admin_ops.LIST_MAX}")
     try:
         stored = await c.store.recent_events(limit=limit)
         stored.sort(key=lambda e: -e.time)
@@ -250,7 +200,7 @@ async def webhook(request: web.Request) -> web.Response:
         )
         if refusal is not None:
             log.warning("webhook from %s refused: %s", request.remote, refusal)
-            return _error(401, refusal)
+            return error(401, refusal)
     trigger = request.app[POLL_NOW]
     trigger.set()
     return web.json_response({"polling": True}, status=202)
@@ -271,15 +221,15 @@ def webhook_signature_refusal(secret_file: Path, body: bytes, header: str | None
 
 
 async def apply(request: web.Request) -> web.Response:
-    c, principal = _admin(request), _principal(request)
+    c, principal = require(request, "apply"), guard.principal(request)
     if not c.settings.apply_from_admin:
-        return _error(403, "this controller does not accept revisions over the admin API")
+        return error(403, "this controller does not accept revisions over the admin API")
     try:
         body = jsonsafe.loads(await request.read())
     except ValueError:
-        return _error(400, 'body must be JSON: {"path": DIR} or {"files": {"rel/path.yaml": "..."}}')
+        return error(400, 'body must be JSON: {"path": DIR} or {"files": {"rel/path.yaml": "..."}}')
     if not isinstance(body, dict):
-        return _error(400, "body must be a JSON object")
+        return error(400, "body must be a JSON object")
     try:
         root = _apply_root(c, body)
     except PathNotAllowed as exc:
@@ -287,13 +237,13 @@ async def apply(request: web.Request) -> web.Response:
         message = {"message": str(exc), "allowed": [str(p) for p in exc.allowed]}
         return web.json_response({"error": message}, status=400)
     except ValueError as exc:
-        return _error(400, str(exc))
+        return error(400, str(exc))
     force = bool(body.get("force", False))
     request[AUDIT_ACTION] = "apply.force" if force else "apply"
     request[AUDIT_DETAIL] = str(body.get("actor") or "")[:ACTOR_DETAIL_MAX]
     asked = body.get("revision")
     if asked is not None and not isinstance(asked, str):
-        return _error(400, "revision must be a string (a git commit SHA of the source, or left out)")
+        return error(400, "revision must be a string (a git commit SHA of the source, or left out)")
     source = request.app.get(SOURCE)
     try:
         revision = await label_for_apply(source, root, asked or None)
@@ -432,58 +382,58 @@ def _key_json(key: ApiKey, now: float) -> dict[str, Any]:
 
 async def keys_create(request: web.Request) -> web.Response:
     """A key for a project, returned once in `key` (the store keeps only its hash)."""
-    c, principal = _admin(request), _principal(request)
+    c, principal = require(request, "admin"), guard.principal(request)
     try:
         body = jsonsafe.loads(await request.read())
     except ValueError:
-        return _error(400, 'body must be JSON: {"project": NAME, "name": LABEL, "expires_in_s": SECONDS}')
+        return error(400, 'body must be JSON: {"project": NAME, "name": LABEL, "expires_in_s": SECONDS}')
     if not isinstance(body, dict) or not isinstance(body.get("project"), str) or not body["project"]:
-        return _error(400, 'give "project": the project the key spends against')
+        return error(400, 'give "project": the project the key spends against')
     project, name = body["project"], body.get("name")
     if name is not None and not isinstance(name, str):
-        return _error(400, "name must be a string (a label for the key) or left out")
+        return error(400, "name must be a string (a label for the key) or left out")
     expires = body.get("expires_in_s")
     # bool is an int to Python, not a number to JSON: `true` is no number of seconds
     if expires is not None and (
         not isinstance(expires, int | float) or isinstance(expires, bool) or expires <= 0
     ):
-        return _error(400, "expires_in_s must be a positive number of seconds")
+        return error(400, "expires_in_s must be a positive number of seconds")
     d = c.desired
     known = sorted(d.catalog.projects) if d is not None else []
     if d is not None and known and project not in d.catalog.projects:
-        return _error(
+        return error(
             404, f"project {project!r} is not in the applied revision (projects: {', '.join(known)})"
         )
     now = c.wall()
     try:
         new = await keymod.create_key(c.store, project, now, name=name or "", expires_in=expires)
     except StoreError as exc:
-        return _error(503, f"the store did not take the key: {exc}")
+        return error(503, f"the store did not take the key: {exc}")
     request[AUDIT_OBJECT] = f"{new.key.id} (project {project})"
     await c.event("key_created", new.key.id, f"for project {project} by {principal.name}")
     return web.json_response({**_key_json(new.key, now), "key": new.plaintext}, status=201)
 
 
 async def keys_list(request: web.Request) -> web.Response:
-    c = _admin(request)
+    c = require(request, "admin")
     try:
         found = await c.store.list_keys(request.query.get("project") or None)
     except StoreError as exc:
-        return _error(503, f"the store is unavailable: {exc}")
+        return error(503, f"the store is unavailable: {exc}")
     now = c.wall()
     return web.json_response({"keys": [_key_json(k, now) for k in found]})
 
 
 async def keys_revoke(request: web.Request) -> web.Response:
-    c, principal = _admin(request), _principal(request)
+    c, principal = require(request, "admin"), guard.principal(request)
     key_id = request.match_info["key_id"]
     request[AUDIT_OBJECT] = key_id
     try:
         revoked = await c.store.revoke_key(key_id, c.wall())
     except StoreError as exc:
-        return _error(503, f"the store is unavailable: {exc}")
+        return error(503, f"the store is unavailable: {exc}")
     if not revoked:
-        return _error(404, f"no key with id {key_id!r} (see `llmgw keys list`)")
+        return error(404, f"no key with id {key_id!r} (see `llmgw keys list`)")
     await c.event("key_revoked", key_id, f"by {principal.name}")
     return web.json_response({"revoked": key_id})
 
@@ -499,7 +449,7 @@ async def demand(request: web.Request) -> web.Response:
     c = _router_or_admin(request)
     name = note_demand(c, request.match_info["model"])
     if name is None:
-        return _error(404, f"model {request.match_info['model']!r} is not in the applied revision")
+        return error(404, f"model {request.match_info['model']!r} is not in the applied revision")
     return web.json_response({"model": name, "health": views.model_health(c, name)}, status=202)
 
 
@@ -508,41 +458,14 @@ async def usage_seen(request: web.Request) -> web.Response:
     try:
         body = jsonsafe.loads(await request.read())
     except ValueError:
-        return _error(400, 'body must be JSON: {"models": ["name", ...]}')
+        return error(400, 'body must be JSON: {"models": ["name", ...]}')
     try:
         seen = UsageSeenBody.model_validate(body, strict=True)  # a count of false is no count
     except ValidationError as exc:
-        return _error(
+        return error(
             400, f'body must be {{"models": ["name", ...]}} or {{"models": {{"name": count}}}}: {exc}'
         )
     return web.json_response({"known": note_usage(c, seen.models)})
 
 
-@web.middleware
-async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every error from this app is JSON (`{"error": {"message": ...}}`), including aiohttp's own 404, 405
-    and 413, and a bug is a 500 with no traceback in the body (it goes to the log)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400 or exc.content_type == "application/json":
-            raise
-        if exc.status == 404:
-            message = f"no such endpoint: {request.method} {request.path} (see docs/controller.md)"
-        elif exc.status == 405:
-            message = (
-                f"{request.method} is not allowed on {request.path}; allowed: {exc.headers.get('Allow', '')}"
-            )
-        elif exc.status == 413:
-            message = f"request body too large (the limit is {request.app._client_max_size} bytes)"
-        else:
-            message = exc.reason
-        keep = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
-        return web.json_response({"error": {"message": message}}, status=exc.status, headers=keep)
-    except ConnectionResetError:
-        # The client went away while sending its body: nobody is left to answer, and it is not our error.
-        log.info("admin request %s %s: the client went away", request.method, request.path)
-        return web.Response(status=400)
-    except Exception:
-        log.exception("admin request %s %s failed", request.method, request.path)
-        return _error(500, "internal error in the controller (its log has the details)")
+# END

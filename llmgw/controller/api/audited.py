@@ -18,8 +18,9 @@ from typing import Any
 
 from aiohttp import web
 
+from llmgw.controller.api.guard import PRINCIPAL, error, require
 from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.parts.admin_tokens import Principal
+from llmgw.controller.parts.admin_tokens import AdminPrincipal
 from llmgw.core.security import bearer_token
 from llmgw.store import AuditEntry, Delivery, StoreError
 from llmgw.store.db import shareable_dsn
@@ -27,7 +28,6 @@ from llmgw.store.db import shareable_dsn
 log = logging.getLogger("llmgw.controller.api.admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-PRINCIPAL: web.RequestKey[Principal] = web.RequestKey("principal", Principal)
 # What a changing handler tells the audit: the object it acted on, the action when it is more than the
 # route's (apply.force), and what the client said of itself.
 AUDIT_OBJECT: web.RequestKey[str] = web.RequestKey("audit_object", str)
@@ -73,7 +73,7 @@ def _reason(status: int, body: bytes | None) -> str:
     return f"{status}: {message}"[:REASON_MAX] if message else f"HTTP {status}"
 
 
-def _actor(request: web.Request, c: Controller) -> Principal | None:
+def _actor(request: web.Request, c: Controller) -> AdminPrincipal | None:
     if PRINCIPAL in request:
         return request[PRINCIPAL]
     presented = bearer_token(request.headers.get("Authorization"))
@@ -124,19 +124,6 @@ def audited(action: str, handler: Handler) -> Handler:
 # ------------------------------------------------------------------------------------------------ reads
 
 
-def _checked(request: web.Request) -> Controller:
-    if PRINCIPAL not in request:  # fails closed if a route lost its scope check
-        raise web.HTTPUnauthorized(
-            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
-            content_type="application/json",
-        )
-    return request.app[CONTROLLER]
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
 def whole_number(text: str, low: int, high: int) -> int | None:
     """`text` as a whole number from `low` to `high`, else None: a query's limit out of range is refused, never
     quietly clamped (the caller would take a short list for all there is)."""
@@ -166,17 +153,17 @@ def audit_json(e: AuditEntry) -> dict[str, Any]:
 
 async def audit(request: web.Request) -> web.Response:
     """`?since=EPOCH_SECONDS&actor=NAME&limit=N`: entries newest first."""
-    c = _checked(request)
+    c = require(request, "plan")
     since: float | None = None
     if "since" in request.query:
         try:
             since = float(request.query["since"])
         except ValueError:
-            return _error(400, "since must be a time in seconds since the epoch (llmgw audit --since 1d)")
+            return error(400, "since must be a time in seconds since the epoch (llmgw audit --since 1d)")
     try:
         found = await c.store.list_audit(since, request.query.get("actor") or None, _limit(request))
     except StoreError as exc:
-        return _error(503, f"the store is unavailable: {exc}")
+        return error(503, f"the store is unavailable: {exc}")
     return web.json_response({"entries": [audit_json(e) for e in found], "unwritten": len(c.audit.pending)})
 
 
@@ -190,20 +177,18 @@ def delivery_json(d: Delivery) -> dict[str, Any]:
 
 async def notifications(request: web.Request) -> web.Response:
     """`?dead=1`: only dead letters; `?dead=0`: only those waiting; neither: both, oldest first."""
-    c = _checked(request)
+    c = require(request, "plan")
     asked = request.query.get("dead")
     dead = None if asked is None else {"1": True, "true": True, "0": False, "false": False}.get(asked.lower())
     if asked is not None and dead is None:
-        return _error(
-            400, f"dead={asked!r}: true (only dead letters), false (only those waiting) or left out"
-        )
+        return error(400, f"dead={asked!r}: true (only dead letters), false (only those waiting) or left out")
     try:
         # Counts first: the list read after them is never older than they are (a delivery dying meanwhile
         # shows in the list, not only in the count).
         waiting, dead_count = await c.store.delivery_counts()
         found = await c.store.list_deliveries(dead, _limit(request))
     except StoreError as exc:
-        return _error(503, f"the store is unavailable: {exc}")
+        return error(503, f"the store is unavailable: {exc}")
     return web.json_response(
         {"deliveries": [delivery_json(d) for d in found], "waiting": waiting, "dead": dead_count}
     )

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llmgw.controller.api.audited import PRINCIPAL
-from llmgw.controller.core import CONTROLLER
+from llmgw.controller.api.guard import error, require
 from llmgw.controller.loops.autoscaler import gpu_class_of, remember
 from llmgw.controller.status import fleet as views
 from llmgw.core.autoscale import assumed_capacity
@@ -26,37 +25,24 @@ from llmgw.core.security import engine_key
 from llmgw.store.capacity import CapacityRecord
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
+    pass
 
 __all__ = ["BenchResult", "bench_target", "capacity_list", "capacity_save"]
 
 log = logging.getLogger("llmgw.controller.capacity")
 
 
-def _controller(request: web.Request) -> Controller:
-    if PRINCIPAL not in request:  # behind the route table's scope check; fails closed without one
-        raise web.HTTPUnauthorized(
-            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
-            content_type="application/json",
-        )
-    return request.app[CONTROLLER]
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
 async def bench_target(request: web.Request) -> web.Response:
-    c = _controller(request)
+    c = require(request, "admin")
     d = c.desired
     name = request.match_info["model"]
     entry = d.resolve(name) if d else None
     if d is None or entry is None:
-        return _error(404, f"model {name!r} is not in the applied revision")
+        return error(404, f"model {name!r} is not in the applied revision")
     profile = request.query.get("profile")
     if profile is not None and entry.profile(profile) is None:
         names = ", ".join(p.name for p in entry.profiles) or "none"
-        return _error(404, f"model {entry.name} has no profile {profile!r} (its profiles: {names})")
+        return error(404, f"model {entry.name} has no profile {profile!r} (its profiles: {names})")
     for rec in sorted(c.replicas.values(), key=lambda r: r.id):
         if rec.model != entry.name or (profile is not None and rec.profile != profile):
             continue
@@ -81,7 +67,7 @@ async def bench_target(request: web.Request) -> web.Response:
             }
         )
     which = f"profile {profile} of " if profile else ""
-    return _error(
+    return error(
         409, f"no ready replica of {which}{entry.name} to measure (llmgw replicas --model {entry.name})"
     )
 
@@ -120,15 +106,15 @@ class BenchResult(BaseModel):
 
 
 async def capacity_save(request: web.Request) -> web.Response:
-    c = _controller(request)
+    c = require(request, "admin")
     try:
         body = BenchResult.model_validate(await request.json())
     except (ValueError, ValidationError) as exc:
-        return _error(400, f"not a bench result: {exc}")
+        return error(400, f"not a bench result: {exc}")
     d = c.desired
     entry = d.models.get(body.model) if d else None
     if entry is None or entry.profile(body.profile) is None:
-        return _error(
+        return error(
             404, f"model {body.model!r} with profile {body.profile!r} is not in the applied revision"
         )
     rec = CapacityRecord(
@@ -180,7 +166,7 @@ def _record_json(rec: CapacityRecord) -> dict[str, Any]:
 
 
 async def capacity_list(request: web.Request) -> web.Response:
-    c = _controller(request)
+    c = require(request, "plan")
     d = c.desired
     stored = {(r.model, r.profile, r.gpu_class): r for r in await c.store.list_capacity()}
     out: list[dict[str, Any]] = []

@@ -17,8 +17,9 @@ from aiohttp import web
 from llmgw_agent.protocol import Command
 
 from llmgw.adapters.cert_files import not_after
-from llmgw.controller.api.audited import AUDIT_OBJECT, PRINCIPAL
-from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.controller.api.audited import AUDIT_OBJECT
+from llmgw.controller.api.guard import require
+from llmgw.controller.core import Controller
 from llmgw.controller.parts.hub import AgentError
 from llmgw.core import health
 from llmgw.core.words import short
@@ -26,15 +27,6 @@ from llmgw.store import StoreError
 
 STORE_TIMEOUT_S = 5.0
 NODE_DOCTOR_WAIT_S = 120.0  # each engine probe is bounded at 30s by the agent
-
-
-def _controller(request: web.Request) -> Controller:
-    if PRINCIPAL not in request:  # fails closed if the route lost its scope check
-        raise web.HTTPUnauthorized(
-            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
-            content_type="application/json",
-        )
-    return request.app[CONTROLLER]
 
 
 async def _store(c: Controller) -> health.Check:
@@ -102,12 +94,12 @@ def _answer(subject: str, checks: list[dict[str, Any]], **extra: Any) -> web.Res
 
 
 async def controller_doctor(request: web.Request) -> web.Response:
-    c = _controller(request)
+    c = require(request, "plan")
     return _answer("controller", [ch.as_json() for ch in await controller_checks(c)])
 
 
 async def node_doctor(request: web.Request) -> web.Response:
-    c = _controller(request)
+    c = require(request, "plan")
     node = request.match_info["node"]
     request[AUDIT_OBJECT] = node
     link = c.hub.nodes.get(node)

@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from llmgw.controller.api.audited import AUDIT_OBJECT
+from llmgw.controller.api.guard import error
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.loops.evals import EvalError, judges_for, run_suite, target_for
 from llmgw.controller.loops.model_checks import run_model_check
@@ -17,10 +18,6 @@ from llmgw.controller.wire.engine_http import engine_session
 from llmgw.core import jsonsafe
 
 __all__ = ["eval_run", "model_check", "model_checks"]
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
 
 
 async def _body(request: web.Request) -> dict[str, Any] | None:
@@ -43,23 +40,23 @@ async def eval_run(request: web.Request) -> web.Response:
     c: Controller = request.app[CONTROLLER]
     body = await _body(request)
     if body is None or not isinstance(body.get("suite"), str) or not isinstance(body.get("model"), str):
-        return _error(400, 'body must be {"suite": SUITE, "model": MODEL, "replica": REPLICA (optional)}')
+        return error(400, 'body must be {"suite": SUITE, "model": MODEL, "replica": REPLICA (optional)}')
     d = c.desired
     if d is None:
-        return _error(409, "no revision is applied yet")
+        return error(409, "no revision is applied yet")
     suite = body["suite"]
     request[AUDIT_OBJECT] = suite
     spec = d.catalog.eval_suites.get(suite)
     if spec is None:
         known = ", ".join(sorted(d.catalog.eval_suites)) or "none"
-        return _error(404, f"EvalSuite {suite!r} is not in the applied revision (known: {known})")
+        return error(404, f"EvalSuite {suite!r} is not in the applied revision (known: {known})")
     entry = d.resolve(body["model"])
     if entry is None:
-        return _error(404, f"model {body['model']!r} is not in the applied revision")
+        return error(404, f"model {body['model']!r} is not in the applied revision")
     try:
         target = target_for(c, entry.name, _replica(body))
     except EvalError as exc:
-        return _error(409, str(exc))
+        return error(409, str(exc))
     async with engine_session() as session:
         result = await run_suite(session, suite, spec, target, judges_for(c, spec))
     await c.event("eval_run", entry.name, f"{result.words()} on {target.replica}")
@@ -72,17 +69,17 @@ async def model_check(request: web.Request) -> web.Response:
     c: Controller = request.app[CONTROLLER]
     body = await _body(request)
     if body is None:
-        return _error(400, 'body must be {"replica": REPLICA (optional)}')
+        return error(400, 'body must be {"replica": REPLICA (optional)}')
     d = c.desired
     model = request.match_info["model"]
     request[AUDIT_OBJECT] = model
     entry = d.resolve(model) if d else None
     if entry is None:
-        return _error(404, f"model {model!r} is not in the applied revision")
+        return error(404, f"model {model!r} is not in the applied revision")
     try:
         verdict = await run_model_check(c, entry.name, _replica(body))
     except EvalError as exc:
-        return _error(409, str(exc))
+        return error(409, str(exc))
     return web.json_response(verdict.json())
 
 

@@ -13,25 +13,13 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgw.controller.api.audited import AUDIT_DETAIL, AUDIT_OBJECT, PRINCIPAL
-from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.controller.api.audited import AUDIT_DETAIL, AUDIT_OBJECT
+from llmgw.controller.api.guard import PRINCIPAL, error, require
+from llmgw.controller.core import Controller
 from llmgw.core import jsonsafe
 from llmgw.store import StoreError
 
 __all__ = ["drain", "restart", "uncordon"]
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": {"message": message}}, status=status)
-
-
-def _checked(request: web.Request) -> Controller:
-    if PRINCIPAL not in request:  # fails closed if a route lost its scope check
-        raise web.HTTPUnauthorized(
-            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
-            content_type="application/json",
-        )
-    return request.app[CONTROLLER]
 
 
 def _count(body: dict[str, Any], field: str) -> int | None:
@@ -46,33 +34,33 @@ def _count(body: dict[str, Any], field: str) -> int | None:
 async def restart(request: web.Request) -> web.Response:
     """`{"target": MODEL|REPLICA, "max_surge": N, "max_unavailable": M}`: every replica of the model (or the
     one replica) is replaced, make-before-break, at that pace (default: the model's `rollout`)."""
-    c = _checked(request)
+    c = require(request, "apply")
     try:
         body = jsonsafe.loads(await request.read() or b"{}")
     except ValueError:
         body = None
     if not isinstance(body, dict) or not isinstance(body.get("target"), str) or not body["target"]:
-        return _error(400, 'body must be {"target": MODEL or REPLICA, "max_surge": N, "max_unavailable": M}')
+        return error(400, 'body must be {"target": MODEL or REPLICA, "max_surge": N, "max_unavailable": M}')
     target = body["target"]
     request[AUDIT_OBJECT] = target
     try:
         surge, unavailable = _count(body, "max_surge"), _count(body, "max_unavailable")
     except ValueError as exc:
-        return _error(400, str(exc))
+        return error(400, str(exc))
     d = c.desired
     if d is None:
-        return _error(409, "no revision is applied yet: there is nothing to restart")
+        return error(409, "no revision is applied yet: there is nothing to restart")
     rec = c.replicas.get(target)
     if rec is not None:
         model, picked = rec.model, [rec]
     else:
         entry = d.resolve(target)
         if entry is None:
-            return _error(404, f"{target!r} is neither a model of the applied revision nor a replica id")
+            return error(404, f"{target!r} is neither a model of the applied revision nor a replica id")
         model = entry.name
         picked = [r for r in c.replicas.values() if r.model == model and not r.stopping]
     if model not in d.models:
-        return _error(
+        return error(
             409, f"model {model} is no longer in the applied revision: its replicas are being stopped"
         )
     rollout = d.models[model].spec.rollout
@@ -81,7 +69,7 @@ async def restart(request: web.Request) -> web.Response:
         rollout.max_unavailable if unavailable is None else unavailable,
     )
     if pace == (0, 0):
-        return _error(400, "max_surge 0 and max_unavailable 0 cannot make progress: give one of them >= 1")
+        return error(400, "max_surge 0 and max_unavailable 0 cannot make progress: give one of them >= 1")
     for r in picked:
         r.restart = True
     c.worker_state.model(model).pace = pace
@@ -104,14 +92,14 @@ def _node(request: web.Request, c: Controller) -> str | web.Response:
     request[AUDIT_OBJECT] = node
     if node not in c.agents.nodes:
         known = ", ".join(sorted(c.agents.nodes)) or "none"
-        return _error(404, f"node {node!r} has never connected to this controller (nodes: {known})")
+        return error(404, f"node {node!r} has never connected to this controller (nodes: {known})")
     return node
 
 
 async def drain(request: web.Request) -> web.Response:
     """Cordon the node (nothing new is placed there) and move its replicas elsewhere, make-before-break:
     each stops once its replacement is ready; one nothing can replace keeps serving and is reported."""
-    c = _checked(request)
+    c = require(request, "apply")
     node = _node(request, c)
     if isinstance(node, web.Response):
         return node
@@ -120,7 +108,7 @@ async def drain(request: web.Request) -> web.Response:
     try:  # recorded first: a drain a restarted controller would forget is not one to rely on
         await c.store.set_node_drain(node, words, c.wall())
     except StoreError as exc:
-        return _error(503, f"the store did not take the drain, nothing changed: {exc}")
+        return error(503, f"the store did not take the drain, nothing changed: {exc}")
     c.worker_state.drained[node] = words
     moving = sorted(r.id for r in c.replicas.values() if node in r.nodes and not r.stopping)
     await c.event(
@@ -132,14 +120,14 @@ async def drain(request: web.Request) -> web.Response:
 
 async def uncordon(request: web.Request) -> web.Response:
     """Undo a drain: the node takes new replicas again (those moved away stay where they went)."""
-    c = _checked(request)
+    c = require(request, "apply")
     node = _node(request, c)
     if isinstance(node, web.Response):
         return node
     try:
         await c.store.clear_node_drain(node)
     except StoreError as exc:
-        return _error(503, f"the store did not take the uncordon, nothing changed: {exc}")
+        return error(503, f"the store did not take the uncordon, nothing changed: {exc}")
     was = c.worker_state.drained.pop(node, None)
     d = c.desired
     declared = d.catalog.nodes.get(node) if d is not None else None

@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from llmgw.controller.api.audited import PRINCIPAL
-from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.controller.api.guard import require
+from llmgw.controller.core import Controller
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
 
@@ -62,11 +62,6 @@ def target_groups(c: Controller, asked_host: str) -> list[dict[str, Any]]:
 
 
 async def prometheus_targets(request: web.Request) -> web.Response:
-    if PRINCIPAL not in request:  # fails closed if the route lost its scope check
-        raise web.HTTPUnauthorized(
-            text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
-            content_type="application/json",
-        )
-    c = request.app[CONTROLLER]
+    c = require(request, "plan")
     asked = urlsplit(f"//{request.host}").hostname or "127.0.0.1"
     return web.json_response(target_groups(c, asked))

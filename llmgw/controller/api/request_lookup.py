@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgw.controller.api.audited import _checked, _error
+from llmgw.controller.api.guard import error, require
 from llmgw.store import USAGE_GROUPS, StoreError, UsageTotal
 from llmgw.store.records import TAG_GROUP_PREFIX
 from llmgw.store.request_queries import record_view
@@ -26,14 +26,14 @@ __all__ = ["request_lookup", "usage_total_json", "usage_totals"]
 
 
 async def request_lookup(request: web.Request) -> web.Response:
-    c = _checked(request)
+    c = require(request, "admin")
     request_id = request.match_info["request_id"]
     try:
         found = await c.store.usage_by_request(request_id)
     except StoreError as exc:
-        return _error(503, f"the store is unavailable: {exc}")
+        return error(503, f"the store is unavailable: {exc}")
     if not found:
-        return _error(
+        return error(
             404,
             f"no usage row for request {request_id!r}: routers write usage within about a second of the "
             "answer, and a request made without a project's key has no row (the router that served it keeps "
@@ -54,24 +54,24 @@ def usage_total_json(t: UsageTotal, by: str) -> dict[str, Any]:
 
 
 async def usage_totals(request: web.Request) -> web.Response:
-    c = _checked(request)
+    c = require(request, "admin")
     by = request.query.get("by", "project")
     since: float | None = None
     if "since" in request.query:
         try:
             since = float(request.query["since"])
         except ValueError:
-            return _error(400, "since must be a time in seconds since the epoch (llmgw usage --since 1d)")
+            return error(400, "since must be a time in seconds since the epoch (llmgw usage --since 1d)")
     tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
     if tag is None and by not in USAGE_GROUPS:
-        return _error(400, f"by={by!r}: expected one of {', '.join(USAGE_GROUPS)} or tag:KEY (tag:app)")
+        return error(400, f"by={by!r}: expected one of {', '.join(USAGE_GROUPS)} or tag:KEY (tag:app)")
     if tag is not None and not tag:
-        return _error(400, "by=tag: names no tag key; e.g. by=tag:app")
+        return error(400, "by=tag: names no tag key; e.g. by=tag:app")
     try:
         if tag is not None:
             totals = await c.store.usage_totals_by_tag(tag, since=since)
         else:
             totals = await c.store.usage_totals(by, since=since)  # type: ignore[arg-type]  # checked above
     except StoreError as exc:
-        return _error(503, f"the store is unavailable: {exc}")
+        return error(503, f"the store is unavailable: {exc}")
     return web.json_response({"by": by, "totals": [usage_total_json(t, by) for t in totals]})

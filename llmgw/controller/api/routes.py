@@ -21,12 +21,13 @@ from llmgw.controller.api import (
     doctor,
     evals as admin_evals,
     fleet as admin_fleet,
+    guard,
     logs as logs_admin,
     prom_sd,
     request_lookup as admin_requests,
     usage_summary as usage_summary_admin,
 )
-from llmgw.controller.api.admin import Handler
+from llmgw.controller.api.guard import Handler
 from llmgw.controller.parts.admin_tokens import Scope
 from llmgw.controller.wire.publisher import node_credential, router_credential
 from llmgw.core import admin_api as m
@@ -479,13 +480,13 @@ def openapi_document() -> m.JsonObject:
 def add_routes(app: web.Application) -> None:
     """Every admin route, from `ROUTES` only: each behind its scope check, and every change an admin token makes
     (and every credential it is handed) audited."""
-    app.middlewares.append(admin.json_errors)
+    app.middlewares.append(guard.json_errors)
     for route in ROUTES:
         e = route.endpoint
         checked = route.handler
         scope = SCOPES.get(e.auth)
         if scope is not None:
-            checked = admin.scoped(scope, checked)
+            checked = guard.scoped(scope, checked)
             if e.method != "GET" or e.path in admin_ops.AUDITED_READS:
                 checked = admin_ops.audited(admin_ops.action_of(e.method, e.path), checked)
         app.router.add_route(e.method, e.path, checked)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.controller.api.audited import _checked, _error
+from llmgw.controller.api.guard import error, require
 from llmgw.core.words import parse_duration
 from llmgw.store import StoreError
 from llmgw.store.usage_summary import read_usage_summary
@@ -22,17 +22,17 @@ MAX_WINDOW_S = 90 * 86400.0
 
 
 async def usage_summary(request: web.Request) -> web.Response:
-    c = _checked(request)
+    c = require(request, "plan")
     text = request.query.get("window", DEFAULT_WINDOW)
     try:
         window_s = parse_duration(text, positive=True)
     except ValueError as exc:
-        return _error(400, f"window={text!r}: {exc}")
+        return error(400, f"window={text!r}: {exc}")
     if window_s > MAX_WINDOW_S:
-        return _error(400, f"window={text!r}: at most 90d (a plan judges against recent traffic)")
+        return error(400, f"window={text!r}: at most 90d (a plan judges against recent traffic)")
     until = c.wall()
     try:
         summary = await read_usage_summary(c.store, since=until - window_s, until=until)
     except StoreError as exc:
-        return _error(503, f"the store is unavailable: {exc}")
+        return error(503, f"the store is unavailable: {exc}")
     return web.json_response(summary.model_dump(mode="json"))

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from llmgw.controller.parts.admin_tokens import Principal, Scope, allows
+from llmgw.controller.parts.admin_tokens import AdminPrincipal, Scope, allows
 
 Kind = Literal["admin", "tenant"]
 COOKIE = "llmgw_console"
@@ -55,9 +55,9 @@ class Sessions:
     wall: Callable[[], float]
     ttl_s: float
     by_id: dict[str, Session] = field(default_factory=dict)
-    links: dict[str, tuple[Principal, float]] = field(default_factory=dict)
+    links: dict[str, tuple[AdminPrincipal, float]] = field(default_factory=dict)
 
-    def open_admin(self, principal: Principal) -> Session:
+    def open_admin(self, principal: AdminPrincipal) -> Session:
         return self._open("admin", principal.name, principal.scope, None, None)
 
     def open_tenant(self, key_id: str, project: str, key: str) -> Session:
@@ -99,7 +99,7 @@ class Sessions:
         if session_id:
             self.by_id.pop(session_id, None)
 
-    def one_time_link(self, principal: Principal) -> str:
+    def one_time_link(self, principal: AdminPrincipal) -> str:
         """A nonce that opens one session for `principal`, once, within ONE_TIME_LINK_S."""
         nonce = secrets.token_urlsafe(32)
         self.links[nonce] = (principal, self.wall() + ONE_TIME_LINK_S)

@@ -43,7 +43,7 @@ from llmgw.adapters.ssh.remote import SshTarget, StepFailed, target_for
 from llmgw.adapters.ssh.render import Layout
 from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.credentials import loopback_address
-from llmgw.controller.parts.settings import ControllerSettings
+from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.controller.parts.state import NodeOps
 from llmgw.core.config.models import Metadata, Node
 from llmgw.core.reconcile import BackoffPolicy
@@ -129,7 +129,7 @@ def _summary(result: NodeResult) -> str:
     return "changed " + ", ".join(changed) if changed else "nothing to change"
 
 
-def remote_link_problem(node: str, address: str, has_ca: bool, settings: ControllerSettings) -> str | None:
+def remote_link_problem(node: str, address: str, has_ca: bool, settings: ControllerOptions) -> str | None:
     """Why node `node` must not be bootstrapped to dial `address` as things are set, or None.
 
     Token only (no cluster CA) over a network, the node's token crosses it in clear and anyone on the path can

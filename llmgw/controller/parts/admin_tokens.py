@@ -52,7 +52,7 @@ def token_digest(token: str) -> str:
 
 
 @dataclass(frozen=True)
-class Principal:
+class AdminPrincipal:
     """Who called: a token's name and scope (never its value)."""
 
     name: str
@@ -61,7 +61,7 @@ class Principal:
 
 @dataclass(frozen=True)
 class _Entry:
-    principal: Principal
+    principal: AdminPrincipal
     digest: str  # hex SHA-256 of the token
 
     def __repr__(self) -> str:  # the digest is not the token, but still nothing for a log
@@ -92,12 +92,12 @@ class AdminTokens:
 
     @classmethod
     def single(cls, admin_token: str) -> AdminTokens:
-        return cls([_Entry(Principal(ADMIN_NAME, "admin"), token_digest(admin_token))])
+        return cls([_Entry(AdminPrincipal(ADMIN_NAME, "admin"), token_digest(admin_token))])
 
     @classmethod
     def load(cls, admin_token: str, tokens_file: Path | None) -> AdminTokens:
         """The controller's own token as `admin`, plus every token the tokens file names."""
-        own = _Entry(Principal(ADMIN_NAME, "admin"), token_digest(admin_token))
+        own = _Entry(AdminPrincipal(ADMIN_NAME, "admin"), token_digest(admin_token))
         more = _read_tokens_file(tokens_file) if tokens_file is not None else []
         for entry in more:
             if entry.digest == own.digest:
@@ -107,11 +107,11 @@ class AdminTokens:
                 )
         return cls([own, *more])
 
-    def principal(self, presented: str) -> Principal | None:
+    def principal(self, presented: str) -> AdminPrincipal | None:
         """The token's owner, or None. Every entry is compared (constant time each), so the time taken
         does not say which entry came close."""
         digest = token_digest(presented).encode()
-        found: Principal | None = None
+        found: AdminPrincipal | None = None
         for entry in self._entries:
             if hmac.compare_digest(digest, entry.digest.encode()):
                 found = found or entry.principal
@@ -170,7 +170,7 @@ def _read_tokens_file(path: Path) -> list[_Entry]:
                 "its own, or the audit trail cannot tell them apart"
             )
         seen_digests[digest] = name
-        entries.append(_Entry(Principal(name, spec.scope), digest))
+        entries.append(_Entry(AdminPrincipal(name, spec.scope), digest))
     return entries
 
 

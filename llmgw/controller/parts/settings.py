@@ -36,7 +36,7 @@ def parse_hostport(text: str, what: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class ControllerSettings(BaseModel):
+class ControllerOptions(BaseModel):
     """Everything `llmgw controller` needs to start. Frozen: built once, passed down."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

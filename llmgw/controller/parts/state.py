@@ -165,7 +165,7 @@ class NodeOps:
 
 
 @dataclass
-class NodeRecord:
+class ControllerNode:
     """The controller's own facts about one node. What its agent says while linked is the hub's `NodeLink`
     (the agent wire's record, which the hub replaces on every reconnect and the fake agents own in tests)."""
 

@@ -15,6 +15,7 @@ import contextlib
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import WSMsgType, web
@@ -264,7 +265,39 @@ def router_certificate_refusal(c: Controller, request: web.Request) -> str | Non
     return None
 
 
-async def router_stream(request: web.Request, *, c: Controller) -> web.StreamResponse:
+@dataclass(frozen=True, slots=True)
+class BuiltSnapshot:
+    text: str  # the JSON every router is sent
+    digest: str
+
+
+@dataclass
+class SnapshotCache:
+    """The routers' snapshot, built once per change for every router socket, not once per socket: a change
+    (`Controller.notify`) wakes them all at once. What changes without a notice (a pending shard's grace running
+    out) is picked up by the sockets' own 5-second wake, so a build is reused for at most `fresh_s`."""
+
+    fresh_s: float = 0.5
+    _built: BuiltSnapshot | None = None
+    _at: float | None = None  # the event loop's clock at the last build; None: changed since
+
+    def invalidate(self) -> None:
+        self._at = None
+
+    def current(self, c: Controller) -> BuiltSnapshot | None:
+        """The snapshot to send now; None while there is nothing to send (no revision, the fleet incomplete)."""
+        now = asyncio.get_running_loop().time()
+        if self._at is None or now - self._at >= self.fresh_s:
+            snap = None if fleet_incomplete(c) else snapshot(c)
+            data = {} if snap is None else snap.model_dump(mode="json")
+            self._built = None if snap is None else BuiltSnapshot(json.dumps(data), _digest(data))
+            self._at = now
+        return self._built
+
+
+async def router_stream(
+    request: web.Request, *, c: Controller, snapshots: SnapshotCache
+) -> web.StreamResponse:
     if not token_ok(c, request):
         raise web.HTTPUnauthorized(text="missing or wrong Authorization: Bearer token (a router's)\n")
     refusal = router_certificate_refusal(c, request)
@@ -282,12 +315,10 @@ async def router_stream(request: web.Request, *, c: Controller) -> web.StreamRes
     try:
         sent = ""
         while not ws.closed and not reader.done():
-            snap = None if fleet_incomplete(c) else snapshot(c)
-            data = {} if snap is None else snap.model_dump(mode="json")
-            digest = _digest(data)
-            if snap is not None and digest != sent:
-                await ws.send_str(json.dumps(data))
-                sent = digest
+            built = snapshots.current(c)
+            if built is not None and built.digest != sent:
+                await ws.send_str(built.text)
+                sent = built.digest
             wake.clear()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(5.0):

@@ -1,0 +1,118 @@
+"""The admin API's one check and one error shape.
+
+`scoped` is the route table's check (llmgw.controller.api.routes wraps every scoped route in it): the caller's
+token must have the route's scope, else 401 (no known token) or 403 (naming the scope needed). A handler reaches
+the Controller through `require(request, scope)`, which fails closed: a handler whose route lost its scope check
+answers 401, never serves. Every error is `{"error": {"message": ...}}` (`error`, and `json_errors` for aiohttp's
+own and for a bug).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.controller.parts.admin_tokens import AdminPrincipal, Scope, allows
+from llmgw.core.security import bearer_token
+
+__all__ = ["PRINCIPAL", "Handler", "error", "json_errors", "principal", "require", "scoped"]
+
+log = logging.getLogger("llmgw.controller.api.admin")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Who is calling, set by `scoped` once the token's scope is checked.
+PRINCIPAL: web.RequestKey[AdminPrincipal] = web.RequestKey("principal", AdminPrincipal)
+
+
+def error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": {"message": message}}, status=status)
+
+
+def _unknown_token() -> web.HTTPUnauthorized:
+    return web.HTTPUnauthorized(
+        text='{"error": {"message": "admin token required: Authorization: Bearer <token>"}}',
+        content_type="application/json",
+    )
+
+
+def _allowed(request: web.Request, principal: AdminPrincipal, need: Scope) -> AdminPrincipal:
+    """`principal` when its scope covers `need`, else 403 naming both."""
+    if not allows(principal.scope, need):
+        message = (
+            f"token {principal.name!r} has scope {principal.scope}; {request.method} {request.path} needs "
+            f"scope {need} (scopes: plan reads, apply also applies revisions, admin does everything; "
+            "see docs/controller.md, Admin tokens)"
+        )
+        raise web.HTTPForbidden(
+            text=json.dumps({"error": {"message": message, "scope": principal.scope, "needs": need}}),
+            content_type="application/json",
+        )
+    return principal
+
+
+def _caller(request: web.Request, need: Scope) -> AdminPrincipal:
+    """Who is calling, when their token has scope `need`; else 401 or 403."""
+    presented = bearer_token(request.headers.get("Authorization"))
+    tokens = request.app[CONTROLLER].admin_tokens
+    found = tokens.principal(presented) if presented is not None else None
+    if found is None:
+        raise _unknown_token()
+    return _allowed(request, found, need)
+
+
+def scoped(need: Scope, handler: Handler) -> Handler:
+    """`handler` behind the check that the caller's token has scope `need` (the route table's)."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        request[PRINCIPAL] = _caller(request, need)
+        return await handler(request)
+
+    return checked
+
+
+def principal(request: web.Request) -> AdminPrincipal:
+    """Who is calling, for a handler behind the route table's check (401 without one: fails closed)."""
+    if PRINCIPAL not in request:
+        raise _unknown_token()
+    return request[PRINCIPAL]
+
+
+def require(request: web.Request, scope: Scope) -> Controller:
+    """The Controller, for a handler whose route needs `scope`: the route table's check ran and the caller's
+    token has that scope; else 401 or 403 (fails closed if a route lost its check)."""
+    _allowed(request, principal(request), scope)
+    return request.app[CONTROLLER]
+
+
+@web.middleware
+async def json_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error from this app is JSON (`{"error": {"message": ...}}`), including aiohttp's own 404, 405
+    and 413, and a bug is a 500 with no traceback in the body (it goes to the log)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400 or exc.content_type == "application/json":
+            raise
+        if exc.status == 404:
+            message = f"no such endpoint: {request.method} {request.path} (see docs/controller.md)"
+        elif exc.status == 405:
+            message = (
+                f"{request.method} is not allowed on {request.path}; allowed: {exc.headers.get('Allow', '')}"
+            )
+        elif exc.status == 413:
+            message = f"request body too large (the limit is {request.app._client_max_size} bytes)"
+        else:
+            message = exc.reason
+        keep = {k: v for k, v in exc.headers.items() if k.lower() not in ("content-type", "content-length")}
+        return web.json_response({"error": {"message": message}}, status=exc.status, headers=keep)
+    except ConnectionResetError:
+        # The client went away while sending its body: nobody is left to answer, and it is not our error.
+        log.info("admin request %s %s: the client went away", request.method, request.path)
+        return web.Response(status=400)
+    except Exception:
+        log.exception("admin request %s %s failed", request.method, request.path)
+        return error(500, "internal error in the controller (its log has the details)")

@@ -8,10 +8,8 @@ object plus what the hub reports.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +36,7 @@ from llmgw.controller.parts.desired import Desired, build_desired
 from llmgw.controller.parts.hub import AgentClient, AgentHub, HubTimings
 from llmgw.controller.parts.lease import LeaderLease, Leadership, LeaseConfig
 from llmgw.controller.parts.metrics import ControllerMetrics
+from llmgw.controller.parts.revision_history import RevisionHistory
 from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.controller.parts.state import (
     ControllerNode,
@@ -61,10 +60,6 @@ if TYPE_CHECKING:
     from llmgw.controller.parts.tracing import CommitTracer
 
 log = logging.getLogger("llmgw.controller")
-
-REVISION_QUEUE_MAX = 10_000  # a store down for days: the oldest records go first, said in the log
-REVISION_RETRY_FIRST_S = 0.5
-REVISION_RETRY_MAX_S = 30.0
 
 # An expected node that never connects: holds placement until the new leader has read the earlier state.
 LOADING_NODE = "\0loading earlier state"
@@ -116,36 +111,18 @@ class Controller:
         self.nodes: dict[str, ControllerNode] = {}  # per node: SSH bootstrap and removal, the state stored
         self.node_generations = NodeGenerations(Path(settings.state_dir) / GENERATIONS_FILE)
         self.node_token_index = NodeTokenIndex()
-        self.background = Background(
-            "controller"
-        )  # short tasks (closing sockets, taking over): awaited at stop
-        # With settings.ha, a lease says whether this controller leads (standby until its first attempt wins);
-        # without, it always leads.
+        # Short tasks (closing sockets, taking over): awaited at stop.
+        self.background = Background("controller")
         self.lease: LeaderLease | None = self._make_lease() if settings.ha else None
-        self.hub = AgentHub(
-            grant=self._hub_grant,
-            node_check=self._node_check,
-            timings=self.timings,
-            clock=clock,
-            on_change=self.notify,
-            peer_check=peer_check,
-            declared=self._declared_nodes,
-            gate=self.lease.refusal if self.lease is not None else None,
-            wall=wall,
-        )
+        self.hub = self._make_hub(peer_check)
         # What the reconcile loop and the views read the fleet through: the hub, or a test's fake.
         self.agents: AgentClient = agents if agents is not None else self.hub
         self._generated_secret: str | None = None
         # With the cluster CA: the router a client certificate names, or an exception saying why it is none.
         self.router_peer_check: Callable[[bytes | None], str] | None = None
-        # History records the store has not taken yet (it was down), oldest first; retried until written.
-        self.pending_revisions: deque[Revision] = deque(maxlen=REVISION_QUEUE_MAX)
-        self.revision_write_error: str | None = None
-        self._revision_retry: asyncio.Task[None] | None = None
-        self._revision_lock = asyncio.Lock()
-        self.audit = AuditLog(
-            store
-        )  # admin actions, written off the request path (llmgw.controller.parts.audit)
+        self.history = RevisionHistory(store)  # what the store has not taken yet, retried until written
+        # Admin actions, written off the request path (llmgw.controller.parts.audit).
+        self.audit = AuditLog(store)
         # With an OTLP endpoint: the commit path's spans (llmgw.controller.parts.tracing); None: not traced.
         self.commit_tracer: CommitTracer | None = None
         self.trace_shutdown: Callable[[], None] | None = None
@@ -174,6 +151,8 @@ class Controller:
     # ---------------------------------------------------------------------------------- leadership
 
     def _make_lease(self) -> LeaderLease:
+        """With settings.ha, a lease says whether this controller leads (standby until its first attempt wins);
+        without one, it always leads."""
         s = self.settings
         cfg = LeaseConfig(ttl_s=s.lease_ttl_s, renew_s=s.lease_renew_s, margin_s=min(3.0, s.lease_ttl_s / 5))
         self.metrics.is_leader.set(0)
@@ -185,6 +164,20 @@ class Controller:
             clock=self.clock,
             on_lead=self._took_lead,
             on_step_down=self._stepped_down,
+        )
+
+    def _make_hub(self, peer_check: Callable[[bytes | None], str] | None) -> AgentHub:
+        """The agents' WebSocket hub, asking this controller who may connect (and, with ha, whether it leads)."""
+        return AgentHub(
+            grant=self._hub_grant,
+            node_check=self._node_check,
+            timings=self.timings,
+            clock=self.clock,
+            on_change=self.notify,
+            peer_check=peer_check,
+            declared=self._declared_nodes,
+            gate=self.lease.refusal if self.lease is not None else None,
+            wall=self.wall,
         )
 
     def _took_lead(self, new: Leadership) -> None:
@@ -501,6 +494,13 @@ class Controller:
         await self.record_applied(desired, f"from {desired.source}{by}", actor, actor_detail)
         self.notify("revision applied")
 
+    async def _record(self, revision: Revision) -> None:
+        """Revision history is the leader's: a standby's "accepted" would move `applied_at` of a revision the
+        fleet may not run (the leader may still be on another). A new leader records what it serves when it
+        takes over (`llmgw.controller.parts.lease`)."""
+        if self.leading():
+            await self.history.record(revision)
+
     async def record_applied(
         self, desired: Desired, message: str, actor: str = "controller", actor_detail: str = ""
     ) -> None:
@@ -510,79 +510,12 @@ class Controller:
         )
         await self.event("revision_applied", short(desired.revision), message)
 
-    async def _record(self, revision: Revision) -> None:
-        """Revision history is the leader's: a standby's "accepted" would move `applied_at` of a revision the
-        fleet may not run (the leader may still be on another). A new leader records what it serves when it
-        takes over (`llmgw.controller.parts.lease`).
-
-        A write that fails (the store down) is queued and retried in order until it lands: the history must
-        not silently miss a revision the fleet ran. Each record keeps its id, so a retry is written once."""
-        if not self.leading():
-            return
-        if len(self.pending_revisions) == REVISION_QUEUE_MAX:
-            lost = self.pending_revisions[0]
-            log.error(
-                "revision history queue full: dropping the oldest unwritten record (%s by %s at %s)",
-                short(lost.sha),
-                lost.applied_by,
-                lost.applied_at,
-            )
-        behind = bool(self.pending_revisions)
-        self.pending_revisions.append(revision)
-        if behind:  # the retry is writing older records: this one goes after them, without waiting here
-            self._start_revision_retry()
-            return
-        if not await self.flush_revisions():
-            log.warning(
-                "could not record revision %s in the store; %d record(s) queued, retrying",
-                short(revision.sha),
-                len(self.pending_revisions),
-            )
-            self._start_revision_retry()
-
-    async def flush_revisions(self) -> bool:
-        """Write queued history records, oldest first; False (the rest kept) when the store refuses."""
-        async with self._revision_lock:  # one writer: two would write the head twice and drop the next
-            while self.pending_revisions:
-                try:
-                    await self.store.record_revision(self.pending_revisions[0])
-                except Exception as exc:
-                    self.revision_write_error = str(exc)
-                    return False
-                self.pending_revisions.popleft()
-            self.revision_write_error = None
-            return True
-
-    def _start_revision_retry(self) -> None:
-        if self._revision_retry is not None and not self._revision_retry.done():
-            return
-        self._revision_retry = asyncio.get_running_loop().create_task(
-            self._retry_revisions(), name="llmgw-revision-retry"
-        )
-
-    async def _retry_revisions(self) -> None:
-        delay = REVISION_RETRY_FIRST_S
-        while not await self.flush_revisions():
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, REVISION_RETRY_MAX_S)
-        log.info("revision history caught up with the store")
-
     async def stop_background(self) -> None:
         """Stop the retry task and the short background tasks (a controller shutting down; what is still
         queued is logged)."""
         await self.background.close()
         await self.audit.close()
-        task, self._revision_retry = self._revision_retry, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        if self.pending_revisions:
-            log.warning(
-                "stopping with %d revision record(s) not written to the store: %s",
-                len(self.pending_revisions),
-                ", ".join(f"{short(r.sha)} by {r.applied_by}" for r in self.pending_revisions),
-            )
+        await self.history.close()
 
     def source_showed(self, revision: str) -> None:
         """The source was read outside a poll (an admin apply's label check fetched the branch) and showed

@@ -195,13 +195,13 @@ async def test_m10_history_written_while_the_store_is_down_is_retried(tmp_path: 
             ):
                 assert r.status == 200, await r.text()
                 label = (await r.json())["revision"]
-            assert label in [p.sha for p in controller.pending_revisions]
-            assert controller.revision_write_error
+            assert label in [p.sha for p in controller.history.pending]
+            assert controller.history.write_error
         finally:
             pg_server.start()
 
         async def recorded() -> Any:
-            return not controller.pending_revisions and any(
+            return not controller.history.pending and any(
                 r.sha == label and r.applied_by == "ci-apply" for r in await controller.store.list_revisions()
             )
 

@@ -146,9 +146,16 @@ def _limit(request: web.Request) -> int:
 
 def audit_json(e: AuditEntry) -> dict[str, Any]:
     return {
-        "id": e.id, "time": e.time, "actor": e.actor, "actor_detail": e.actor_detail, "action": e.action,
-        "object": e.object, "outcome": e.outcome, "reason": e.reason, "via": e.via,
-    }  # fmt: skip
+        "id": e.id,
+        "time": e.time,
+        "actor": e.actor,
+        "actor_detail": e.actor_detail,
+        "action": e.action,
+        "object": e.object,
+        "outcome": e.outcome,
+        "reason": e.reason,
+        "via": e.via,
+    }
 
 
 async def audit(request: web.Request) -> web.Response:
@@ -169,10 +176,17 @@ async def audit(request: web.Request) -> web.Response:
 
 def delivery_json(d: Delivery) -> dict[str, Any]:
     return {
-        "id": d.id, "notification": d.notification, "event": d.event, "object": d.object,
-        "created_at": d.created_at, "attempts": d.attempts, "next_at": None if d.dead_at else d.next_at,
-        "last_error": d.last_error, "dead_at": d.dead_at, "body": d.body,
-    }  # fmt: skip
+        "id": d.id,
+        "notification": d.notification,
+        "event": d.event,
+        "object": d.object,
+        "created_at": d.created_at,
+        "attempts": d.attempts,
+        "next_at": None if d.dead_at else d.next_at,
+        "last_error": d.last_error,
+        "dead_at": d.dead_at,
+        "body": d.body,
+    }
 
 
 async def notifications(request: web.Request) -> web.Response:

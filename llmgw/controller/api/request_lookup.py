@@ -48,9 +48,13 @@ def usage_total_json(t: UsageTotal, by: str) -> dict[str, Any]:
     if by == "key":
         row |= {"key_name": t.key_name, "key_project": t.key_project}
     return row | {
-        "requests": t.requests, "errors": t.errors, "tokens_in": t.tokens_in, "tokens_out": t.tokens_out,
-        "cost": t.cost, "avg_latency_ms": t.avg_latency_ms,
-    }  # fmt: skip
+        "requests": t.requests,
+        "errors": t.errors,
+        "tokens_in": t.tokens_in,
+        "tokens_out": t.tokens_out,
+        "cost": t.cost,
+        "avg_latency_ms": t.avg_latency_ms,
+    }
 
 
 async def usage_totals(request: web.Request) -> web.Response:

@@ -125,6 +125,9 @@ async def decision(request: web.Request) -> web.StreamResponse:
     rows = [r for r in rows if session.project in (None, r["project"])]
     if not rows:
         # 202, not 404: not written yet is no error (routers write usage about every second); the page asks again.
-        return web.Response(text='<p data-pending="1">waiting for the router\'s usage row…</p>', status=202,
-                            content_type="text/html")  # fmt: skip
+        return web.Response(
+            text='<p data-pending="1">waiting for the router\'s usage row…</p>',
+            status=202,
+            content_type="text/html",
+        )
     return render(request, "chat_decision.html", row=rows[0])

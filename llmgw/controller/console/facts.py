@@ -110,8 +110,15 @@ def nodes_page(c: Controller, flt: NodeFilter, number: int) -> dict[str, Any]:
     rows = [node_row(c, n, held) for n in page.items]
     classes = sorted({cls for n in every for cls in gpu_classes(n)})
     fabrics = sorted({f for n in every if (f := fabric_of(c, n["name"]))})
-    return {"page": page, "rows": rows, "filter": flt, "states": NODE_STATES, "classes": classes,
-            "fabrics": fabrics, "fleet": len(every)}  # fmt: skip
+    return {
+        "page": page,
+        "rows": rows,
+        "filter": flt,
+        "states": NODE_STATES,
+        "classes": classes,
+        "fabrics": fabrics,
+        "fleet": len(every),
+    }
 
 
 def node_row(c: Controller, node: dict[str, Any], held: dict[tuple[str, int], str]) -> dict[str, Any]:

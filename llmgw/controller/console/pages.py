@@ -35,9 +35,11 @@ async def overview(request: web.Request) -> web.StreamResponse:
 async def nodes(request: web.Request) -> web.StreamResponse:
     q = request.query
     flt = facts.NodeFilter(
-        state=q.get("state", ""), gpu_class=q.get("gpu_class", ""), label=q.get("label", ""),
+        state=q.get("state", ""),
+        gpu_class=q.get("gpu_class", ""),
+        label=q.get("label", ""),
         fabric=q.get("fabric", ""),
-    )  # fmt: skip
+    )
     return render(
         request, "nodes.html", **facts.nodes_page(controller(request), flt, facts.page_number(q.get("page")))
     )
@@ -92,9 +94,18 @@ async def plan(request: web.Request) -> web.StreamResponse:
         history, history_error = [], f"the store is unavailable: {exc}"
     made_s = round(c.clock() - made_at)
     status = views.status_json(c)  # the source's HEAD (seen), and whether it was refused
-    return render(request, "plan.html", revision=revision, plan=text, made_s=made_s, history=history,
-                  history_error=history_error, seen=status["seen"], refused=status["refused"],
-                  sync=status["sync"])  # fmt: skip
+    return render(
+        request,
+        "plan.html",
+        revision=revision,
+        plan=text,
+        made_s=made_s,
+        history=history,
+        history_error=history_error,
+        seen=status["seen"],
+        refused=status["refused"],
+        sync=status["sync"],
+    )
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -104,11 +115,27 @@ async def events(request: web.Request) -> web.StreamResponse:
     error = ""
     try:
         for e in await c.store.recent_events(limit=EVENTS_READ):
-            rows.append({"time": e.time, "stream": "event", "kind": e.kind, "object": e.object,
-                         "message": e.message, "actor": ""})  # fmt: skip
+            rows.append(
+                {
+                    "time": e.time,
+                    "stream": "event",
+                    "kind": e.kind,
+                    "object": e.object,
+                    "message": e.message,
+                    "actor": "",
+                }
+            )
         for a in map(audit_json, await c.store.list_audit(None, None, EVENTS_READ)):
-            rows.append({"time": a["time"], "stream": "audit", "kind": a["action"], "object": a["object"],
-                         "message": f"{a['outcome']} {a['reason'] or ''}".strip(), "actor": a["actor"]})  # fmt: skip
+            rows.append(
+                {
+                    "time": a["time"],
+                    "stream": "audit",
+                    "kind": a["action"],
+                    "object": a["object"],
+                    "message": f"{a['outcome']} {a['reason'] or ''}".strip(),
+                    "actor": a["actor"],
+                }
+            )
     except StoreError as exc:
         error = f"the store is unavailable ({exc}): showing what this process saw"
         rows = [r | {"stream": "event", "actor": ""} for r in list(c.events.items)[-EVENTS_READ:]]
@@ -143,8 +170,17 @@ async def tenants(request: web.Request) -> web.StreamResponse:
     now = c.wall()
     key_rows = [{"key": k, "state": k.state(now)} for k in keys]
     chart = _chart(buckets, since, now)
-    return render(request, "tenants.html", tree=tree, usage=usage, keys=key_rows, chart=chart,
-                  error=error, only=only, applied=d is not None)  # fmt: skip
+    return render(
+        request,
+        "tenants.html",
+        tree=tree,
+        usage=usage,
+        keys=key_rows,
+        chart=chart,
+        error=error,
+        only=only,
+        applied=d is not None,
+    )
 
 
 def _tenant_tree(c: Any, only: str | None) -> list[dict[str, Any]]:
@@ -162,20 +198,31 @@ def _tenant_tree(c: Any, only: str | None) -> list[dict[str, Any]]:
             team.parent if team is not None else (p.parent if p.parent_kind == "Organization" else None)
         )
         org = cat.organizations.get(org_name or "")
-        out.append({
-            "project": name, "limits": cat.project_limits(name), "models": p.models,
-            "team": team, "org": org,
-        })  # fmt: skip
+        out.append(
+            {
+                "project": name,
+                "limits": cat.project_limits(name),
+                "models": p.models,
+                "team": team,
+                "org": org,
+            }
+        )
     return out
 
 
 def _own_totals(buckets: list[UsageBucket], project: str) -> list[dict[str, Any]]:
     mine = [b for b in buckets if b.project == project]
-    return [{
-        "group": project, "requests": sum(b.requests for b in mine), "errors": sum(b.errors for b in mine),
-        "tokens_in": sum(b.tokens_in for b in mine), "tokens_out": sum(b.tokens_out for b in mine),
-        "cost": sum(b.cost for b in mine), "avg_latency_ms": None,
-    }]  # fmt: skip
+    return [
+        {
+            "group": project,
+            "requests": sum(b.requests for b in mine),
+            "errors": sum(b.errors for b in mine),
+            "tokens_in": sum(b.tokens_in for b in mine),
+            "tokens_out": sum(b.tokens_out for b in mine),
+            "cost": sum(b.cost for b in mine),
+            "avg_latency_ms": None,
+        }
+    ]
 
 
 CHART_GROUPS = {"project": "(no project)", "model": "(no model)", "key": "(no key)"}
@@ -211,6 +258,16 @@ async def revoke_key(request: web.Request) -> web.StreamResponse:
     if not revoked:
         return _not_found(request, f"no active key with id {key_id!r}")
     await c.event("key_revoked", key_id, f"by {session.name} (console)")
-    c.audit.record(AuditEntry(time=c.wall(), actor=session.name, action="key.revoke", object=key_id,
-                              outcome="accepted", reason="", actor_detail="", via="console"))  # fmt: skip
+    c.audit.record(
+        AuditEntry(
+            time=c.wall(),
+            actor=session.name,
+            action="key.revoke",
+            object=key_id,
+            outcome="accepted",
+            reason="",
+            actor_detail="",
+            via="console",
+        )
+    )
     raise web.HTTPSeeOther("/ui/tenants#keys")

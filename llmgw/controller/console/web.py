@@ -183,14 +183,30 @@ def guarded(access: Access, handler: Handler) -> Handler:
             return secure(_to_login(request, expired))
         request[SESSION] = session
         if request.method == "POST" and not await _csrf_presented(request, session):
-            return secure(render(request, "error.html", 403, title="Refused", message=(
-                "this form carries no valid CSRF token for your session (reload the page and try again)")))  # fmt: skip
+            return secure(
+                render(
+                    request,
+                    "error.html",
+                    403,
+                    title="Refused",
+                    message=(
+                        "this form carries no valid CSRF token for your session (reload the page and try again)"
+                    ),
+                )
+            )
         if not _may(session, access):
             message = f"{request.path} needs {_need_words(access)}; you are logged in as {session.who}"
             return secure(render(request, "error.html", 403, title="Not for this login", message=message))
         if request.method == "POST" and not c_leading(request):
-            return secure(render(request, "error.html", 503, title="Standby", message=(
-                "this controller is a standby (read-only): changes are made on the leader")))  # fmt: skip
+            return secure(
+                render(
+                    request,
+                    "error.html",
+                    503,
+                    title="Standby",
+                    message=("this controller is a standby (read-only): changes are made on the leader"),
+                )
+            )
         return secure(await handler(request))
 
     return checked
@@ -272,14 +288,27 @@ async def login(request: web.Request) -> web.StreamResponse:
     form = await request.post()
     presented, expected = form.get("csrf"), request.cookies.get(LOGIN_COOKIE)
     if not isinstance(presented, str) or not expected or not secrets.compare_digest(presented, expected):
-        return secure(render(request, "error.html", 403, title="Refused", message=(
-            "the login form carries no valid CSRF token (open /ui/login again)")))  # fmt: skip
+        return secure(
+            render(
+                request,
+                "error.html",
+                403,
+                title="Refused",
+                message=("the login form carries no valid CSRF token (open /ui/login again)"),
+            )
+        )
     token = form.get("token")
     token = token.strip() if isinstance(token, str) else ""
     session = await _open_session(request, token)
     if session is None:
-        response = render(request, "login.html", 401, csrf=presented, expired=False, error=(
-            "not an admin token nor an active project key"))  # fmt: skip
+        response = render(
+            request,
+            "login.html",
+            401,
+            csrf=presented,
+            expired=False,
+            error=("not an admin token nor an active project key"),
+        )
         return secure(response)
     response = web.HTTPSeeOther("/ui/" if session.kind == "admin" else "/ui/tenants")
     _set_session_cookie(response, session, request)
@@ -307,8 +336,17 @@ async def _open_session(request: web.Request, token: str) -> Session | None:
 async def login_once(request: web.Request) -> web.StreamResponse:
     session = request.app[CONSOLE].sessions.redeem(request.match_info["nonce"])
     if session is None:
-        return secure(render(request, "error.html", 403, title="Link used or expired", message=(
-            "a one-time login link opens one session, once, within 10 minutes; log in with the admin token")))  # fmt: skip
+        return secure(
+            render(
+                request,
+                "error.html",
+                403,
+                title="Link used or expired",
+                message=(
+                    "a one-time login link opens one session, once, within 10 minutes; log in with the admin token"
+                ),
+            )
+        )
     response = web.HTTPSeeOther("/ui/")
     _set_session_cookie(response, session, request)
     raise response

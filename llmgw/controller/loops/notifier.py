@@ -164,8 +164,11 @@ class Notifier:
                 await self.c.store.prune_marks(self.c.wall() - MARKS_KEPT_S)
                 self.budget_checks += 1
             except Exception as exc:  # the store down: the next check reads the same usage
-                log.warning("budget check for notifications failed, retried in %.0fs: %s",
-                            self.c.settings.budget_check_s, exc)  # fmt: skip
+                log.warning(
+                    "budget check for notifications failed, retried in %.0fs: %s",
+                    self.c.settings.budget_check_s,
+                    exc,
+                )
             await asyncio.sleep(self.c.settings.budget_check_s)
 
     # ---------------------------------------------------------------------------------- sending
@@ -218,24 +221,36 @@ class Notifier:
             await c.store.delivery_done(delivery.id)
             c.metrics.notification_deliveries.labels("delivered").inc()
             if delivery.attempts:
-                log.info("notification %s to %s delivered after %d attempt(s)", delivery.event,
-                         delivery.notification, attempts)  # fmt: skip
+                log.info(
+                    "notification %s to %s delivered after %d attempt(s)",
+                    delivery.event,
+                    delivery.notification,
+                    attempts,
+                )
         elif isinstance(verdict, notify.RetryAt):
             await c.store.delivery_retry(delivery.id, attempts, verdict.at, verdict.error)
             c.metrics.notification_deliveries.labels("retried").inc()
             if (
                 attempts == 1
             ):  # said once per delivery; the row keeps the last error for `llmgw notifications`
-                log.warning("notification %s to %s failed (%s); retrying with backoff", delivery.event,
-                            delivery.notification, verdict.error)  # fmt: skip
+                log.warning(
+                    "notification %s to %s failed (%s); retrying with backoff",
+                    delivery.event,
+                    delivery.notification,
+                    verdict.error,
+                )
         else:
             await self._dead(delivery, attempts, verdict.error)
 
     async def _dead(self, delivery: Delivery, attempts: int, why: str) -> None:
         await self.c.store.delivery_dead(delivery.id, attempts, why, self.c.wall())
         self.c.metrics.notification_deliveries.labels("dead").inc()
-        log.error("notification %s to %s dead-lettered: %s (see `llmgw notifications --dead`)",
-                  delivery.event, delivery.notification, why)  # fmt: skip
+        log.error(
+            "notification %s to %s dead-lettered: %s (see `llmgw notifications --dead`)",
+            delivery.event,
+            delivery.notification,
+            why,
+        )
 
     async def _post(
         self, session: aiohttp.ClientSession, spec: NotificationSpec, delivery: Delivery
@@ -261,8 +276,9 @@ class Notifier:
             return notify.Attempt(403, f"{spec.url} is refused: {why}")
         timeout = aiohttp.ClientTimeout(total=parse_duration(spec.retry.timeout))
         try:
-            async with session.post(spec.url, data=body, headers=headers, timeout=timeout,
-                                    allow_redirects=False) as response:  # fmt: skip
+            async with session.post(
+                spec.url, data=body, headers=headers, timeout=timeout, allow_redirects=False
+            ) as response:
                 with contextlib.suppress(AnswerTooLarge):  # the status is the answer; the body is not kept
                     await read_at_most(response, WEBHOOK_ANSWER_BYTES, spec.url)
                 return notify.Attempt(response.status)

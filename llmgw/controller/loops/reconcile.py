@@ -13,39 +13,30 @@ import logging
 import random
 import uuid
 from collections.abc import Mapping
-from typing import Any
 
-from llmgw_agent import repo_rules
 from llmgw_agent.protocol import (
-    KvEventsRequest,
     Register,
-    Rendezvous,
-    ShardAdapter,
     ShardSpec,
-    WeightSource,
 )
 
 from llmgw.adapters import logformat
-from llmgw.adapters.secrets import SecretError, read_bound_secret
+from llmgw.adapters.secrets import SecretError
 from llmgw.controller.core import Controller
 from llmgw.controller.loops import yielding
 from llmgw.controller.loops.autoscaler import autoscale, load_capacities
 from llmgw.controller.loops.canary import held_views
+from llmgw.controller.loops.shard_specs import StartInputs
 from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.hub import AgentError, NodeLink
 from llmgw.controller.parts.state import ReplicaRec
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.engine_orders import EngineOrders
-from llmgw.core import distributed
 from llmgw.core.autoscale import ScalePolicy
-from llmgw.core.catalog import ModelEntry
-from llmgw.core.config.models import LORA_ENGINES, Source
-from llmgw.core.fetch_plan import weight_source
 from llmgw.core.fleet import NodeView, ReplicaView
-from llmgw.core.manifest import ManifestFile
-from llmgw.core.placement import Placement, ShardPlacement, explain as placement_explain
+from llmgw.core.placement import ShardPlacement, explain as placement_explain
 from llmgw.core.reconcile import (
     BackoffPolicy,
+    Decision,
     MarkStale,
     RestartReplica,
     RollPace,
@@ -55,7 +46,6 @@ from llmgw.core.reconcile import (
     is_stale,
     reconcile,
 )
-from llmgw.core.secret_bindings import source_use
 from llmgw.core.security import engine_key
 from llmgw.store.errors import LeaseFenced
 from llmgw.store.records import ReplicaRecord
@@ -116,14 +106,7 @@ class Reconciler:
         now = c.wall()
         nodes = views.node_views(c)
         replicas = views.replica_views(c)
-        for r in replicas:
-            rec = c.replicas.get(r.id)
-            if rec is not None and rec.ready_since is None and r.effective_state() == "ready":
-                rec.ready_since = now
-                if not rec.adopted:  # an adopted replica was started before this controller looked
-                    ws.model(rec.model).loaded(c.clock() - rec.start_sent_at)
-                if c.commit_tracer is not None:
-                    c.commit_tracer.ready(rec.id)
+        self._note_ready(replicas, now)
         scaled = autoscale(c, now, self.scale_policy())
         # A held model (its canary failed) is reconciled as it was before the change: a stable replica that
         # fails comes back with the stable profile, not the rejected one.
@@ -147,6 +130,42 @@ class Reconciler:
         for model, words, up in scaled.events:
             c.metrics.scale_events.labels(model, "up" if up else "down").inc()
             await c.event("model_scaled", model, words)
+        acting = self._note_pass(decision, nodes, replicas, now)
+        settling = self._settling()
+        traced = c.commit_tracer.reconcile_begin(ws.last_actions) if c.commit_tracer and acting else None
+        try:
+            await self._act(acting, settling)
+        finally:
+            if traced is not None and c.commit_tracer is not None:
+                c.commit_tracer.reconcile_end(traced)
+        await self._persist_states()
+        wake = [d.resync_interval_s] + ([0.5] if settling else [])
+        if any(r.state == "pending" for r in replicas):
+            wake.append(1.0)
+        if decision.wake_at is not None:
+            wake.append(max(0.05, decision.wake_at - now))
+        if scaled.wake_at is not None:
+            wake.append(max(0.05, scaled.wake_at - now))
+        return min(wake)
+
+    def _note_ready(self, replicas: list[ReplicaView], now: float) -> None:
+        """Replicas ready for the first time: when, how long the load took, and the commit's trace."""
+        c, ws = self.c, self.c.worker_state
+        for r in replicas:
+            rec = c.replicas.get(r.id)
+            if rec is not None and rec.ready_since is None and r.effective_state() == "ready":
+                rec.ready_since = now
+                if not rec.adopted:  # an adopted replica was started before this controller looked
+                    ws.model(rec.model).loaded(c.clock() - rec.start_sent_at)
+                if c.commit_tracer is not None:
+                    c.commit_tracer.ready(rec.id)
+
+    def _note_pass(
+        self, decision: Decision, nodes: list[NodeView], replicas: list[ReplicaView], now: float
+    ) -> list[StartReplica | StopReplica | RestartReplica | MarkStale]:
+        """What the pass decided, kept per model for status (backoff, target, wait, why unplaced) and for the
+        pass count; returns the actions to take (every one but a wait)."""
+        ws = self.c.worker_state
         for record in ws.models.values():
             record.clear_pass()
         self._note_rolls(decision.of(RestartReplica), replicas)
@@ -164,23 +183,8 @@ class Reconciler:
         acting = [a for a in decision.actions if not isinstance(a, Wait)]
         if acting:
             ws.last_actions = [_describe(a) for a in acting]
-        c.metrics.reconcile_passes.inc()
-        settling = self._settling()
-        traced = c.commit_tracer.reconcile_begin(ws.last_actions) if c.commit_tracer and acting else None
-        try:
-            await self._act(acting, settling)
-        finally:
-            if traced is not None and c.commit_tracer is not None:
-                c.commit_tracer.reconcile_end(traced)
-        await self._persist_states()
-        wake = [d.resync_interval_s] + ([0.5] if settling else [])
-        if any(r.state == "pending" for r in replicas):
-            wake.append(1.0)
-        if decision.wake_at is not None:
-            wake.append(max(0.05, decision.wake_at - now))
-        if scaled.wake_at is not None:
-            wake.append(max(0.05, scaled.wake_at - now))
-        return min(wake)
+        self.c.metrics.reconcile_passes.inc()
+        return acting
 
     async def _act(
         self, acting: list[StartReplica | StopReplica | RestartReplica | MarkStale], settling: bool
@@ -302,7 +306,8 @@ class Reconciler:
             log.warning("cannot start a replica of %s: %s", placement.model, exc)
             return
         try:
-            sources = {s.node: self._weights(placement.model, s.node) for s in placement.shards}
+            inputs = self._start_inputs()
+            sources = {s.node: inputs.weights(placement.model, s.node) for s in placement.shards}
         except (SecretError, ValueError) as exc:
             # The message names the model and the secret reference or the missing mirror, never a token.
             c.metrics.reconcile_errors.inc()
@@ -321,9 +326,10 @@ class Reconciler:
         )
         c.replicas[rec.id] = rec
         await self._upsert(rec, "pending")
+        inputs = self._start_inputs()  # again: the canary may have been judged while the store was written
         held = (
             " (the stable profile: the model is held after its canary failed)"
-            if self._model(rec.model)[1]
+            if inputs.model(rec.model)[1]
             else ""
         )
         await c.event(
@@ -331,118 +337,17 @@ class Reconciler:
             rec.id,
             f"{rec.model}/{rec.profile} on {', '.join(rec.nodes)}: {placement.why}{held}",
         )
-        specs = [(s, self._spec(placement, s, key, sources[s.node])) for s in placement.start_order()]
+        specs = [(s, inputs.spec(placement, s, key, sources[s.node])) for s in placement.start_order()]
         if c.commit_tracer is not None:
             c.commit_tracer.starting(rec.id, rec.model, list(rec.nodes))
         self.background.spawn(self._send_start(rec, specs))
 
-    def _model(self, name: str) -> tuple[ModelEntry, bool]:
-        """The model a replica is started from: the revision's, or a held model's stable one (True)."""
-        d = self.c.desired
-        assert d is not None
-        held = held_views(self.c).get(name)
-        return (held[0], True) if held is not None else (d.models[name], False)
-
-    def _weights(self, model_name: str, node: str) -> WeightSource | None:
-        """What `node` is told about the model's weights (core.fetch_plan), the origin token read here."""
-        d = self.c.desired
-        assert d is not None
-        entry, held = self._model(model_name)
-        src = entry.spec.source
-        manifest = None if held else d.manifests.get(model_name)
-        return None if src is None else self._fetchable(src, node, manifest)
-
-    def _fetchable(self, src: Source, node: str, manifest: tuple[ManifestFile, ...] | None) -> WeightSource:
-        """A weights or adapter source as `node` fetches it: through the mirror, its token read here, only
-        when the operator's binding map lets it go to the host it would be sent to."""
+    def _start_inputs(self) -> StartInputs:
         c = self.c
-        d = c.desired
-        assert d is not None
-        use = source_use(src, d.cluster.mirror.origin)
-        policy = c.settings.secret_policy()
-        token = None if use is None else read_bound_secret(use, policy, c.reserved_secret_names())
-        entry = d.catalog.nodes.get(node)
-        return weight_source(
-            src,
-            d.cluster.mirror,
-            airgapped=entry is not None and entry.spec.airgapped,
-            manifest=manifest,
-            token=token,
+        assert c.desired is not None
+        return StartInputs(
+            c.desired, held_views(c), c.hub.nodes, c.settings.secret_policy(), c.reserved_secret_names()
         )
-
-    def _spec(
-        self, placement: Placement, shard: ShardPlacement, key: str, source: WeightSource | None
-    ) -> ShardSpec:
-        d = self.c.desired
-        assert d is not None
-        model = self._model(placement.model)[0]
-        entry = model.profile(placement.profile)
-        assert entry is not None
-        profile = entry.profile
-        cluster_engine = d.cluster.engines.get(profile.engine)
-        return ShardSpec(
-            replica_id=placement.replica_id,
-            shard_rank=shard.rank,
-            shard_count=len(placement.shards),
-            model=placement.model,
-            profile=profile.name,
-            engine=profile.engine,
-            engine_version=profile.engine_version or (cluster_engine.version if cluster_engine else None),
-            source=source,
-            context_length=model.spec.context_length,
-            slots=profile.slots,
-            cpu_cores=profile.cpu_cores,
-            gpus=list(shard.gpus),
-            tp=profile.tp,
-            pp=profile.pp,
-            args=dict(profile.args),
-            # Catalog.build already refused a disallowed name; filtering again keeps the rule in one function.
-            env=repo_rules.filter_env(profile.engine, profile.env)[0],
-            api_key=key,
-            fingerprint=placement.fingerprint,
-            served_model_name=placement.model,
-            trust_remote_code=placement.model in d.cluster.security.trust_remote_code,
-            **self._meeting(placement, shard),
-            adapters=[
-                ShardAdapter(name=n, source=self._fetchable(a.source, shard.node, None), rank=a.rank)
-                for n, a in d.catalog.adapters_of(placement.model)
-            ]
-            if profile.engine in LORA_ENGINES
-            else [],
-            kv_events=self._kv_events(placement.model),
-        )
-
-    def _kv_events(self, model: str) -> KvEventsRequest | None:
-        """Ask for the engine's KV-cache events when the model's routing policy weighs prefixes (the router
-        scores them precisely from the events; an engine with no publisher ignores it)."""
-        d = self.c.desired
-        assert d is not None
-        policy = d.catalog.policy_for(model)
-        return KvEventsRequest(hash_seed=policy.prefix.hash_seed) if policy.weights.prefix > 0 else None
-
-    def _fabric_address(self, node: str) -> str | None:
-        d = self.c.desired
-        assert d is not None
-        entry = d.catalog.nodes.get(node)
-        link = self.c.hub.nodes.get(node)
-        seen = link.address if link is not None and link.address != "?" else None
-        if entry is None:
-            return seen
-        spec = entry.spec
-        return distributed.fabric_address(spec.fabric_address, spec.address, spec.local, seen)
-
-    def _meeting(self, placement: Placement, shard: ShardPlacement) -> dict[str, Any]:
-        """A multi-node shard's rendezvous (rank 0's fabric address and the replica's port) and its own
-        fabric address; nothing for a single-node one."""
-        if len(placement.shards) < 2:
-            return {}
-        head = next(s for s in placement.shards if s.rank == 0)
-        host = self._fabric_address(head.node)
-        own = self._fabric_address(shard.node)
-        if host is None or own is None:
-            return {}  # the agent refuses the shard and says what is missing
-        port = distributed.rendezvous_port(placement.replica_id)
-        return {"rendezvous": Rendezvous(host=host, port=port), "fabric_address": own}
 
     async def _send_start(self, rec: ReplicaRec, specs: list[tuple[ShardPlacement, ShardSpec]]) -> None:
         c = self.c

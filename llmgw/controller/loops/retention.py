@@ -95,8 +95,11 @@ class Retention:
         keyless = frozenset(keeping) if self.vault is None else frozenset()
         if keyless != self._keyless:
             if keyless:
-                log.warning("projects %s opt in to keep content, but this controller has no content_key_file: "
-                            "nothing is kept for them", ", ".join(sorted(keyless)))  # fmt: skip
+                log.warning(
+                    "projects %s opt in to keep content, but this controller has no content_key_file: "
+                    "nothing is kept for them",
+                    ", ".join(sorted(keyless)),
+                )
             else:
                 log.info("no project opts in to keep content without a content key any more")
             self._keyless = keyless

@@ -35,8 +35,13 @@ class AuditLog:
         """Queue `entry` and have it written; returns at once."""
         if len(self.pending) >= AUDIT_QUEUE_MAX:
             lost = self.pending.popleft()
-            log.error("audit queue full: dropping the oldest unwritten entry (%s %s by %s at %s)",
-                      lost.action, lost.object, lost.actor, lost.time)  # fmt: skip
+            log.error(
+                "audit queue full: dropping the oldest unwritten entry (%s %s by %s at %s)",
+                lost.action,
+                lost.object,
+                lost.actor,
+                lost.time,
+            )
         self.pending.append(entry)
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._write(), name="llmgw-audit-writer")
@@ -49,8 +54,11 @@ class AuditLog:
                     await self.store.record_audit(self.pending[0])
                 except Exception as exc:
                     if self.write_error is None:
-                        log.warning("audit entries cannot be written to the store (%s); %d queued, retrying",
-                                    exc, len(self.pending))  # fmt: skip
+                        log.warning(
+                            "audit entries cannot be written to the store (%s); %d queued, retrying",
+                            exc,
+                            len(self.pending),
+                        )
                     self.write_error = str(exc)
                     return False
                 self.pending.popleft()
@@ -75,5 +83,11 @@ class AuditLog:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.flush(), timeout=2.0)
         for entry in self.pending:
-            log.warning("stopping with an audit entry not written to the store: %s %s by %s (%s) at %s",
-                        entry.action, entry.object, entry.actor, entry.outcome, entry.time)  # fmt: skip
+            log.warning(
+                "stopping with an audit entry not written to the store: %s %s by %s (%s) at %s",
+                entry.action,
+                entry.object,
+                entry.actor,
+                entry.outcome,
+                entry.time,
+            )

@@ -15,50 +15,8 @@ class ControllerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.revision_applied_info = Gauge(
-            PREFIX + "revision_applied_info",
-            "The applied cluster repo revision (value 1)",
-            ["revision"],
-            registry=r,
-        )
-        self.revision_refused = Gauge(
-            PREFIX + "revision_refused", "1 while the newest revision seen was refused as invalid", registry=r
-        )
-        self.sync_status = Gauge(
-            PREFIX + "sync_status",
-            "1 for the current sync status (Synced, OutOfSync, Unknown)",
-            ["status"],
-            registry=r,
-        )
-        self.source_up = Gauge(
-            PREFIX + "source_up", "1 when the cluster repo could be read at the last poll", registry=r
-        )
-        self.source_polls = Counter(
-            PREFIX + "source_polls",
-            "Polls of the cluster repo (timed, or asked for by a webhook)",
-            registry=r,
-        )
-        self.nodes = Gauge(
-            PREFIX + "nodes", "Nodes by state (Ready, Unreachable, Lost)", ["state"], registry=r
-        )
-        self.replicas = Gauge(
-            PREFIX + "replicas", "Replicas by model and state", ["model", "state"], registry=r
-        )
-        self.model_health = Gauge(
-            PREFIX + "model_health", "1 for each model's current health", ["model", "health"], registry=r
-        )
-        self.reconcile_passes = Counter(PREFIX + "reconcile_passes", "Reconcile passes run", registry=r)
-        self.reconcile_errors = Counter(
-            PREFIX + "reconcile_errors",
-            "Reconcile actions that failed (each is retried after a backoff)",
-            registry=r,
-        )
-        self.replica_restarts = Counter(
-            PREFIX + "replica_restarts",
-            "Replicas of a model started again after their engine exited or failed",
-            ["model"],
-            registry=r,
-        )
+        self._declare_revisions(r)
+        self._declare_replicas(r)
         self._declare_scaling(r)
         self.gpus = Gauge(
             PREFIX + "gpus",
@@ -82,6 +40,56 @@ class ControllerMetrics:
         )
         self.is_leader.set(1)
         self._declare_notifications(r)
+
+    def _declare_revisions(self, r: CollectorRegistry) -> None:
+        """The revision pipeline's: what is applied, refused, in sync, and whether the source answers."""
+        self.revision_applied_info = Gauge(
+            PREFIX + "revision_applied_info",
+            "The applied cluster repo revision (value 1)",
+            ["revision"],
+            registry=r,
+        )
+        self.revision_refused = Gauge(
+            PREFIX + "revision_refused", "1 while the newest revision seen was refused as invalid", registry=r
+        )
+        self.sync_status = Gauge(
+            PREFIX + "sync_status",
+            "1 for the current sync status (Synced, OutOfSync, Unknown)",
+            ["status"],
+            registry=r,
+        )
+        self.source_up = Gauge(
+            PREFIX + "source_up", "1 when the cluster repo could be read at the last poll", registry=r
+        )
+        self.source_polls = Counter(
+            PREFIX + "source_polls",
+            "Polls of the cluster repo (timed, or asked for by a webhook)",
+            registry=r,
+        )
+
+    def _declare_replicas(self, r: CollectorRegistry) -> None:
+        """The fleet's and the reconcile loop's: nodes and replicas by state, health, passes and failures."""
+        self.nodes = Gauge(
+            PREFIX + "nodes", "Nodes by state (Ready, Unreachable, Lost)", ["state"], registry=r
+        )
+        self.replicas = Gauge(
+            PREFIX + "replicas", "Replicas by model and state", ["model", "state"], registry=r
+        )
+        self.model_health = Gauge(
+            PREFIX + "model_health", "1 for each model's current health", ["model", "health"], registry=r
+        )
+        self.reconcile_passes = Counter(PREFIX + "reconcile_passes", "Reconcile passes run", registry=r)
+        self.reconcile_errors = Counter(
+            PREFIX + "reconcile_errors",
+            "Reconcile actions that failed (each is retried after a backoff)",
+            registry=r,
+        )
+        self.replica_restarts = Counter(
+            PREFIX + "replica_restarts",
+            "Replicas of a model started again after their engine exited or failed",
+            ["model"],
+            registry=r,
+        )
 
     def _declare_notifications(self, r: CollectorRegistry) -> None:
         """The webhook sender's: attempts by outcome and what waits in the outbox."""

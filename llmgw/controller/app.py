@@ -255,7 +255,7 @@ def refresh_metrics(c: Controller) -> None:
     # the cluster's, so it reports none.
     m.node_bootstrap.clear()
     if c.leading():
-        for name, op in c.all_ops().items():
+        for name, op in c.nodes.all_ops().items():
             if op.removal is None:
                 m.node_bootstrap.labels(name, op.state).set(1)
 

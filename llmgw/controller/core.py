@@ -33,15 +33,15 @@ from llmgw.controller.parts.credentials import (
     router_token_ok,
 )
 from llmgw.controller.parts.desired import Desired, build_desired
+from llmgw.controller.parts.fleet import LiveFleet
 from llmgw.controller.parts.hub import AgentClient, AgentHub, HubTimings
 from llmgw.controller.parts.lease import LeaderLease, Leadership, LeaseConfig
 from llmgw.controller.parts.metrics import ControllerMetrics
 from llmgw.controller.parts.revision_history import RevisionHistory
 from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.controller.parts.state import (
-    ControllerNode,
     EventLog,
-    NodeOps,
+    NodeBook,
     RefusedRevision,
     ReplicaRec,
     SeenRevision,
@@ -95,20 +95,12 @@ class Controller:
         self.source_revision: str | None = None  # what the source showed at its last poll
         self.refused: RefusedRevision | None = None
         self.source_error: str | None = None
-        self.replicas: dict[str, ReplicaRec] = {}
-        # (model, profile) -> what `llmgw bench --save` measured one replica to serve (read from the store).
-        self.capacities: dict[tuple[str, str], Capacity] = {}
-        self.events = EventLog()
-        self.canaries = CanaryBook()  # each canary model's run (llmgw.controller.loops.canary)
-        # Model-check verdicts per model and engine version; `auto`: the controller checks new ones itself.
-        self.model_checks = CheckBook(auto=settings.model_checks_auto)
+        self.fleet = LiveFleet(model_checks=CheckBook(auto=settings.model_checks_auto))
         self.changed = asyncio.Event()
         self.change_listeners: list[Callable[[], None]] = []
         self.router_sockets: set[web.WebSocketResponse] = set()
         self.router_peers: dict[web.WebSocketResponse, str] = {}  # the address each router connected from
         self.metrics_address: tuple[str, int] | None = None  # the metrics listener, once bound
-        self.worker_state = WorkerState()
-        self.nodes: dict[str, ControllerNode] = {}  # per node: SSH bootstrap and removal, the state stored
         self.node_generations = NodeGenerations(Path(settings.state_dir) / GENERATIONS_FILE)
         self.node_token_index = NodeTokenIndex()
         # Short tasks (closing sockets, taking over): awaited at stop.
@@ -128,6 +120,35 @@ class Controller:
         self.trace_shutdown: Callable[[], None] | None = None
         # Called with each event the leader records (kind, object, message, time): the notifier's way in.
         self.event_hooks: list[Callable[[str, str, str, float], Coroutine[Any, Any, None]]] = []
+
+    # The live fleet's records, read through the Controller by what has not yet been given the part itself.
+    @property
+    def replicas(self) -> dict[str, ReplicaRec]:
+        return self.fleet.replicas
+
+    @property
+    def capacities(self) -> dict[tuple[str, str], Capacity]:
+        return self.fleet.capacities
+
+    @property
+    def events(self) -> EventLog:
+        return self.fleet.events
+
+    @property
+    def canaries(self) -> CanaryBook:
+        return self.fleet.canaries
+
+    @property
+    def model_checks(self) -> CheckBook:
+        return self.fleet.model_checks
+
+    @property
+    def worker_state(self) -> WorkerState:
+        return self.fleet.worker_state
+
+    @property
+    def nodes(self) -> NodeBook:
+        return self.fleet.nodes
 
     def leading(self) -> bool:
         """Whether this controller may place, stop and command agents now (see llmgw.controller.parts.lease)."""
@@ -227,7 +248,7 @@ class Controller:
             for record in await self.store.list_replicas():
                 ws.known_records[record.id] = record
             nodes = await self.store.list_nodes()
-            self.set_stored_nodes({n.name: n.state for n in nodes})
+            self.nodes.set_stored({n.name: n.state for n in nodes})
             ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
             ws.drained = await self.store.list_node_drains()  # a drain outlives the controller that was told
             self.model_checks.load(await self.store.list_model_checks())
@@ -252,37 +273,6 @@ class Controller:
             return
         if last is None or last.sha != d.revision:
             await self.record_applied(d, f"from {d.source}, on taking over as leader")
-
-    # ---------------------------------------------------------------------------------- nodes
-
-    def node(self, name: str) -> ControllerNode:
-        """Node `name`'s record, made on first use."""
-        rec = self.nodes.get(name)
-        if rec is None:
-            rec = self.nodes[name] = ControllerNode(name)
-        return rec
-
-    def ops(self, name: str) -> NodeOps | None:
-        """The SSH work on node `name`, if any was begun."""
-        rec = self.nodes.get(name)
-        return rec.ops if rec is not None else None
-
-    def ops_for(self, name: str) -> NodeOps:
-        """The SSH work on node `name`, begun now if it was not."""
-        rec = self.node(name)
-        if rec.ops is None:
-            rec.ops = NodeOps(name)
-        return rec.ops
-
-    def all_ops(self) -> dict[str, NodeOps]:
-        return {n: r.ops for n, r in self.nodes.items() if r.ops is not None}
-
-    def set_stored_nodes(self, states: dict[str, str]) -> None:
-        """What the store holds of the nodes (read at start or on taking over): the states last written."""
-        for rec in self.nodes.values():
-            rec.stored_state = None
-        for name, state in states.items():
-            self.node(name).stored_state = state
 
     # ---------------------------------------------------------------------------------- wiring
 

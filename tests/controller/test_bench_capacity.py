@@ -204,8 +204,8 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     assert after["capacity"][0]["source"] == "measured" and measured["concurrency"] == 2
     assert measured["objective_ms"] == 150 and len(measured["curve"]) == 5
     assert measured["curve"][1]["prompt_tokens"] == short["prompt_tokens"]  # stored, for the engine model
-    assert capacity_of(running.controller, "sim-bench").per_replica == 2
-    assert capacity_of(running.controller, "sim-bench").source == "measured"
+    assert capacity_of(running.controller.desired, running.controller.fleet, "sim-bench").per_replica == 2
+    assert capacity_of(running.controller.desired, running.controller.fleet, "sim-bench").source == "measured"
     # The bench's load time is what routers hold requests for until this controller watches a load itself.
     assert running.controller.worker_state.model("sim-bench").bench_load_s == target["load_s"]
     events = (await admin.get("/api/v1/events"))["events"]

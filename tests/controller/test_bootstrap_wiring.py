@@ -166,22 +166,22 @@ async def test_unreachable_node_is_reported_per_node_and_retried_after_a_backoff
         # A standby does nothing: past its backoff, the node is not tried again.
         c = running.controller
         c.leading = lambda: False  # type: ignore[method-assign]
-        c.ops_for("gone").retry_at = c.clock()
+        c.nodes.ops_for("gone").retry_at = c.clock()
         loop = NodesLoop(c, _no_drain)
         await loop.pass_once()
-        assert loop.tasks == {} and c.ops_for("gone").attempts == 1
+        assert loop.tasks == {} and c.nodes.ops_for("gone").attempts == 1
         c.leading = lambda: True  # type: ignore[method-assign]
-        c.ops_for("gone").upgrading = True
+        c.nodes.ops_for("gone").upgrading = True
         await loop.pass_once()
         assert loop.tasks == {}  # `llmgw upgrade` is restarting its agent: no bootstrap races it
-        c.ops_for("gone").upgrading = False
+        c.nodes.ops_for("gone").upgrading = False
         await loop.pass_once()
         assert set(loop.tasks) == {"gone"}  # the leader does
         task = loop.tasks["gone"]
         c.leading = lambda: False  # type: ignore[method-assign]
         await loop.pass_once()  # stepped down: its attempt ends, left to the new leader
         await wait_for(task.done, 5, "the attempt cancelled")
-        assert task.cancelled() and c.ops_for("gone").state == "pending"
+        assert task.cancelled() and c.nodes.ops_for("gone").state == "pending"
         assert "llmgw_controller_node_bootstrap{" not in await admin.metrics()
         await loop.close()
     finally:

@@ -322,11 +322,11 @@ async def test_h1_torn_down_node_token_is_refused(tmp_path: Path) -> None:
         repo.write({"nodes/gone.yaml": None})
 
         async def torn_down() -> bool:
-            op = running.controller.ops("gone")
+            op = running.controller.nodes.ops("gone")
             return op is not None and op.removal in ("done", "failed")
 
         await wait_for(torn_down, 60, "node gone torn down")
-        assert "node token revoked" in running.controller.ops_for("gone").removal_message
+        assert "node token revoked" in running.controller.nodes.ops_for("gone").removal_message
         again = await _hello(running, "gone", kept)
         assert again["type"] == "refused" and "not node 'gone'" in again["reason"], again
         assert running.controller.node_token("gone") != kept  # a node declared again gets a new one

@@ -58,7 +58,7 @@ async def bench_target(request: web.Request) -> web.Response:
                 "model": entry.name,
                 "replica": rec.id,
                 "profile": rec.profile,
-                "gpu_class": gpu_class_of(c, entry.name, rec.profile),
+                "gpu_class": gpu_class_of(c.desired, entry.name, rec.profile),
                 "engine": shard.engine,
                 "base_url": shard.base_url,
                 "api_key": engine_key(c.cluster_secret().encode(), rec.id),
@@ -120,7 +120,7 @@ async def capacity_save(request: web.Request) -> web.Response:
     rec = CapacityRecord(
         model=body.model,
         profile=body.profile,
-        gpu_class=gpu_class_of(c, body.model, body.profile),
+        gpu_class=gpu_class_of(c.desired, body.model, body.profile),
         engine=body.engine,
         measured_at=c.wall(),
         objective_ms=body.objective_ms,
@@ -133,7 +133,7 @@ async def capacity_save(request: web.Request) -> web.Response:
         curve=[s.model_dump() for s in body.curve],
     )
     await c.store.save_capacity(rec)
-    remember(c, rec)
+    remember(c.fleet, rec)
     c.notify(f"capacity of {rec.model}/{rec.profile} measured")
     await c.event("capacity_measured", f"{rec.model}/{rec.profile}", _words(rec))
     return web.json_response({"saved": _record_json(rec)})

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmgw.controller.upgrade")
 
 NOT_MANAGED = "not managed by llmgw (not a remote Node bootstrapped over SSH): upgrade it yourself"
-_RUNNING: weakref.WeakKeyDictionary[Controller, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
 @dataclass(frozen=True)
@@ -125,7 +123,7 @@ async def upgrade(request: web.Request) -> web.Response:
     order = upgrade_order(asked.nodes, managed, set(c.hub.nodes) | set(d.catalog.nodes), asked.parallel)
     if order.unknown:
         return _bad(f"unknown node(s) {', '.join(order.unknown)}; `llmgw nodes` lists them")
-    lock = _RUNNING.setdefault(c, asyncio.Lock())
+    lock = c.nodes.upgrade_lock
     if lock.locked():
         return web.json_response({"error": {"message": "an upgrade is already running"}}, status=409)
     async with lock:
@@ -199,7 +197,7 @@ async def _one(c: Controller, node: str, house: wheels.Wheelhouse, wait_s: float
         timeout=wait_s,
         rollback_timeout=max(wait_s, c.settings.node_register_timeout_s),
     )
-    op = c.ops_for(node)
+    op = c.nodes.ops_for(node)
     op.upgrading = True
     try:
         result = await upgrade_node(target, opts)

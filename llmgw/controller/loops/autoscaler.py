@@ -13,8 +13,10 @@ from typing import TYPE_CHECKING
 from llmgw.core.autoscale import Capacity, ScalePolicy, assumed_capacity, decide
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
+    from llmgw.controller.parts.desired import Desired
+    from llmgw.controller.parts.fleet import LiveFleet
     from llmgw.store.capacity import CapacityRecord
+    from llmgw.store.store import Store
 
 __all__ = ["ScalePass", "autoscale", "capacity_of", "gpu_class_of", "load_capacities", "remember"]
 
@@ -26,19 +28,17 @@ class ScalePass:
     events: list[tuple[str, str, bool]]  # (model, words, up) for each count that moved
 
 
-def capacity_of(c: Controller, model: str) -> Capacity:
+def capacity_of(d: Desired, fleet: LiveFleet, model: str) -> Capacity:
     """What one replica of `model` serves at once: measured for the profile most of its replicas run (else
     its first), else that profile's slots; unknown when neither is there."""
-    d = c.desired
-    assert d is not None
     entry = d.models[model]
-    running = [r.profile for r in c.replicas.values() if r.model == model and not r.stopping]
+    running = [r.profile for r in fleet.replicas.values() if r.model == model and not r.stopping]
     names = [p.name for p in entry.profiles]
     profile = max(set(running), key=running.count) if running else (names[0] if names else None)
     found = entry.profile(profile) if profile is not None else None
     if found is None:
         return Capacity(None, "unknown")
-    measured = c.capacities.get((model, found.profile.name))
+    measured = fleet.capacities.get((model, found.profile.name))
     if measured is not None:
         return measured
     p = found.profile
@@ -46,10 +46,9 @@ def capacity_of(c: Controller, model: str) -> Capacity:
     return Capacity(per, "slots" if per is not None else "unknown")
 
 
-def autoscale(c: Controller, now: float, policy: ScalePolicy) -> ScalePass:
+def autoscale(d: Desired | None, fleet: LiveFleet, now: float, policy: ScalePolicy) -> ScalePass:
     """Decide every model whose scaling leaves room (max above min) and that runs on replicas."""
-    d = c.desired
-    ws = c.worker_state
+    ws = fleet.worker_state
     if d is None:
         return ScalePass({}, None, [])
     demand = ws.model_demand()
@@ -62,7 +61,7 @@ def autoscale(c: Controller, now: float, policy: ScalePolicy) -> ScalePass:
         if not entry.spec.profiles or scaling.max <= scaling.min:
             record.scale, record.scaled = None, None
             continue
-        current = sum(1 for r in c.replicas.values() if r.model == name and not r.stopping)
+        current = sum(1 for r in fleet.replicas.values() if r.model == name and not r.stopping)
         slo = entry.spec.slo
         # An on-demand model (min 0) is scaled between 1 and max while it runs: going to none is
         # idle_timeout's (the reconciler's), not a quiet minute's.
@@ -73,7 +72,7 @@ def autoscale(c: Controller, now: float, policy: ScalePolicy) -> ScalePass:
             max_replicas=scaling.max,
             current=current,
             demand=demand.get(name),
-            capacity=capacity_of(c, name),
+            capacity=capacity_of(d, fleet, name),
             objective_ms=slo.ttft_p99_ms if slo is not None else None,
             now=now,
             state=record.scale,
@@ -93,24 +92,23 @@ def autoscale(c: Controller, now: float, policy: ScalePolicy) -> ScalePass:
 # END
 
 
-def gpu_class_of(c: Controller, model: str, profile: str) -> str:
-    d = c.desired
+def gpu_class_of(d: Desired | None, model: str, profile: str) -> str:
     entry = d.models.get(model) if d else None
     found = entry.profile(profile) if entry else None
     return (found.profile.gpu_class or "") if found is not None else ""
 
 
-def remember(c: Controller, rec: CapacityRecord) -> None:
+def remember(fleet: LiveFleet, rec: CapacityRecord) -> None:
     """Keep a stored measurement for the autoscaler (by model and profile; a concurrency of None is unknown)."""
-    c.capacities[(rec.model, rec.profile)] = Capacity(rec.concurrency, "measured", rec.measured_at)
+    fleet.capacities[(rec.model, rec.profile)] = Capacity(rec.concurrency, "measured", rec.measured_at)
     if rec.load_s is not None:  # by model: a router holds a model's requests, whichever profile loads
-        model = c.worker_state.model(rec.model)
+        model = fleet.worker_state.model(rec.model)
         model.bench_load_s = max(rec.load_s, model.bench_load_s or 0.0)
 
 
-async def load_capacities(c: Controller) -> None:
+async def load_capacities(store: Store, d: Desired | None, fleet: LiveFleet) -> None:
     """Read what was measured into the controller (at start); a store that does not answer is retried by the
     caller's next attempt, and until then capacity is assumed from slots."""
-    for rec in await c.store.list_capacity():
-        if rec.gpu_class == gpu_class_of(c, rec.model, rec.profile):
-            remember(c, rec)
+    for rec in await store.list_capacity():
+        if rec.gpu_class == gpu_class_of(d, rec.model, rec.profile):
+            remember(fleet, rec)

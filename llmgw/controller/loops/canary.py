@@ -68,14 +68,14 @@ async def canary_tick(c: Controller) -> None:
     for name in [m for m in book.runs if m not in d.models]:
         await _forget(c, name)
     for name, entry in d.models.items():
-        found = split(c, name)
+        found = split(d, c.replicas, name)
         spec = entry.spec.rollout.canary
         if found is None or spec is None:
             await _forget(c, name)
             continue
         stale, fresh = found
         run = book.runs.get(name)
-        if run is None or changed(c, name, run):
+        if run is None or changed(d, name, run):
             if run is not None and run.eval_task is not None:
                 run.eval_task.cancel()
             if not stale:

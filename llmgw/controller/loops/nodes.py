@@ -228,7 +228,7 @@ class NodesLoop:
         self._remember(d, remote)
         links = {n: LinkSeen(link.connected, link.state) for n, link in c.hub.nodes.items()}
         for name in remote:
-            op = c.ops_for(name)
+            op = c.nodes.ops_for(name)
             if op.removal is not None:  # declared again: it is wanted after all
                 op.removal, op.removal_message, op.drain_started = None, "", None
             link = links.get(name)
@@ -239,8 +239,8 @@ class NodesLoop:
         settling = ws.expected_nodes if now < ws.settle_until else set()
         # A node being upgraded restarts its agent on purpose: a bootstrap then would pip into the venv the
         # upgrade just switched to and race its rollback.
-        busy = set(self.tasks) | {n for n, op in c.all_ops().items() if op.upgrading}
-        for name in to_bootstrap(remote, links, c.all_ops(), now=now, busy=busy, settling=settling):
+        busy = set(self.tasks) | {n for n, op in c.nodes.all_ops().items() if op.upgrading}
+        for name in to_bootstrap(remote, links, c.nodes.all_ops(), now=now, busy=busy, settling=settling):
             self._spawn(name, functools.partial(self._bootstrap, name))
         for name in sorted(set(self.known) - set(remote)):
             await self._advance_removal(name, now)
@@ -249,7 +249,7 @@ class NodesLoop:
         """No longer the leader: the new leader does the SSH work; two controllers must not act on one node."""
         for name, task in list(self.tasks.items()):
             task.cancel()
-            op = self.c.ops(name)
+            op = self.c.nodes.ops(name)
             if op is not None and op.removal is None:
                 op.state, op.message = "pending", "left to the leader"
 
@@ -280,7 +280,7 @@ class NodesLoop:
     # ------------------------------------------------------------------------------------------ bootstrap
 
     def _on_step(self, node: str, step: Step) -> None:
-        op = self.c.ops(node)
+        op = self.c.nodes.ops(node)
         if op is None:
             return
         op.step = step.name
@@ -292,7 +292,7 @@ class NodesLoop:
 
     async def _bootstrap(self, name: str) -> None:
         c = self.c
-        op = c.ops_for(name)
+        op = c.nodes.ops_for(name)
         op.state, op.step, op.message = "pending", "", "waiting for a free bootstrap slot"
         async with self._slots:
             d = c.desired
@@ -379,7 +379,7 @@ class NodesLoop:
 
     async def _advance_removal(self, name: str, now: float) -> None:
         c = self.c
-        op = c.ops_for(name)
+        op = c.nodes.ops_for(name)
         left = sum(1 for r in c.replicas.values() if name in r.nodes)
         timeout = c.settings.drain_s + c.settings.command_timeout_s + DRAIN_GRACE_S
         step = removal_step(op, left, now=now, drain_timeout=timeout, replace_wait=REPLACE_WAIT_S)
@@ -410,7 +410,7 @@ class NodesLoop:
 
     async def _teardown(self, name: str, left: int) -> None:
         c = self.c
-        op = c.ops_for(name)
+        op = c.nodes.ops_for(name)
         target = self.known[name]
         s = c.settings
         try:

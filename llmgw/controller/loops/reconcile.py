@@ -107,7 +107,7 @@ class Reconciler:
         nodes = views.node_views(c)
         replicas = views.replica_views(c)
         self._note_ready(replicas, now)
-        scaled = autoscale(c, now, self.scale_policy())
+        scaled = autoscale(c.desired, c.fleet, now, self.scale_policy())
         # A held model (its canary failed) is reconciled as it was before the change: a stable replica that
         # fails comes back with the stable profile, not the rejected one.
         models = {**d.fleet_models, **{n: view for n, (_, view) in held_views(c).items()}}
@@ -211,7 +211,7 @@ class Reconciler:
         if self.capacities_loaded:
             return
         try:
-            await load_capacities(self.c)
+            await load_capacities(self.c.store, self.c.desired, self.c.fleet)
             self.capacities_loaded = True
         except Exception as exc:  # the store is down: slots are assumed meanwhile, tried again next pass
             if not self.capacities_warned:
@@ -548,7 +548,7 @@ class Reconciler:
     async def _persist_states(self) -> None:
         c = self.c
         for name, link in list(self.agents.nodes.items()):
-            record = c.node(name)
+            record = c.nodes.node(name)
             if record.stored_state != link.state:
                 try:
                     inventory = link.inventory.model_dump(mode="json", by_alias=True)

@@ -6,6 +6,7 @@ views read and write these, and nothing else keeps a parallel map of the same fa
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -172,6 +173,44 @@ class ControllerNode:
     name: str
     ops: NodeOps | None = None  # the SSH work on it: remote Nodes only
     stored_state: str | None = None  # the state last written to the store (Ready, Unreachable, Lost)
+
+
+@dataclass
+class NodeBook:
+    """The controller's own facts about its nodes, one `ControllerNode` each (made on first use), and the lock
+    that lets one agent upgrade run at a time (llmgw.controller.api.upgrades)."""
+
+    records: dict[str, ControllerNode] = field(default_factory=dict)
+    upgrade_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def node(self, name: str) -> ControllerNode:
+        """Node `name`'s record, made on first use."""
+        rec = self.records.get(name)
+        if rec is None:
+            rec = self.records[name] = ControllerNode(name)
+        return rec
+
+    def ops(self, name: str) -> NodeOps | None:
+        """The SSH work on node `name`, if any was begun."""
+        rec = self.records.get(name)
+        return rec.ops if rec is not None else None
+
+    def ops_for(self, name: str) -> NodeOps:
+        """The SSH work on node `name`, begun now if it was not."""
+        rec = self.node(name)
+        if rec.ops is None:
+            rec.ops = NodeOps(name)
+        return rec.ops
+
+    def all_ops(self) -> dict[str, NodeOps]:
+        return {n: r.ops for n, r in self.records.items() if r.ops is not None}
+
+    def set_stored(self, states: dict[str, str]) -> None:
+        """What the store holds of the nodes (read at start or on taking over): the states last written."""
+        for rec in self.records.values():
+            rec.stored_state = None
+        for name, state in states.items():
+            self.node(name).stored_state = state
 
 
 @dataclass

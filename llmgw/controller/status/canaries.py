@@ -1,28 +1,33 @@
 """Which replicas of a canary model are its canary: derived from the applied revision and the replicas, for the
-snapshot routers get (llmgw.controller.wire.publisher) and the canary loop (llmgw.controller.loops.canary)."""
+snapshot routers get (llmgw.controller.wire.publisher) and the canary loop (llmgw.controller.loops.canary).
+
+Each function takes the parts it reads (the revision, the replica records, the canary runs), not the Controller.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
-    from llmgw.controller.parts.canary_record import CanaryRun
+    from llmgw.controller.parts.canary_record import CanaryBook, CanaryRun
+    from llmgw.controller.parts.desired import Desired
     from llmgw.controller.parts.state import ReplicaRec
 
 __all__ = ["changed", "live_canaries", "split"]
 
 
-def split(c: Controller, name: str) -> tuple[list[ReplicaRec], list[ReplicaRec]] | None:
+def split(
+    desired: Desired | None, replicas: Mapping[str, ReplicaRec], name: str
+) -> tuple[list[ReplicaRec], list[ReplicaRec]] | None:
     """A canary model's (stable, fresh) replicas, not stopping; None when it is not a canary model. Stable:
     stale ones (another fingerprint, or a profile gone), adopted ones too (a controller restart or a
     fail-over changes nothing a canary was doing)."""
-    d = c.desired
-    entry = d.models.get(name) if d is not None else None
+    entry = desired.models.get(name) if desired is not None else None
     if entry is None or entry.spec.rollout.strategy != "canary" or entry.spec.rollout.canary is None:
         return None
     wanted = {p.profile.name: p.fingerprint for p in entry.profiles}
-    mine = [r for r in c.replicas.values() if r.model == name and not r.stopping]
+    mine = [r for r in replicas.values() if r.model == name and not r.stopping]
 
     def stale(r: ReplicaRec) -> bool:
         return r.profile not in wanted or (
@@ -32,23 +37,25 @@ def split(c: Controller, name: str) -> tuple[list[ReplicaRec], list[ReplicaRec]]
     return [r for r in mine if stale(r)], [r for r in mine if not stale(r)]
 
 
-def live_canaries(c: Controller) -> dict[str, frozenset[str]]:
+def live_canaries(
+    desired: Desired | None, replicas: Mapping[str, ReplicaRec], canaries: CanaryBook
+) -> dict[str, frozenset[str]]:
     """Per canary model whose canary is in progress (or about to be: stale replicas and no verdict for
     this change yet), its canary replicas: what the snapshot marks, from the first moment one exists."""
-    d = c.desired
     out: dict[str, frozenset[str]] = {}
-    for name in d.models if d is not None else ():
-        found = split(c, name)
-        run = c.canaries.runs.get(name)
+    if desired is None:
+        return out
+    for name in desired.models:
+        found = split(desired, replicas, name)
+        run = canaries.runs.get(name)
         if found is None or not found[0]:
             continue
         fresh = frozenset(r.id for r in found[1])
-        if run is None or run.phase == "running" or changed(c, name, run):
+        if run is None or run.phase == "running" or changed(desired, name, run):
             out[name] = fresh
     return out
 
 
-def changed(c: Controller, name: str, run: CanaryRun) -> bool:
-    d = c.desired
-    assert d is not None
-    return run.fingerprints != {p.profile.name: p.fingerprint for p in d.models[name].profiles}
+def changed(desired: Desired, name: str, run: CanaryRun) -> bool:
+    """The run tries other fingerprints than the revision's: the model changed since it began."""
+    return run.fingerprints != {p.profile.name: p.fingerprint for p in desired.models[name].profiles}

@@ -164,7 +164,7 @@ def _cordon_words(c: Controller, node: str) -> str:
 
 
 def _removing(c: Controller, node: str) -> bool:
-    op = c.ops(node)
+    op = c.nodes.ops(node)
     return op is not None and op.removal is not None
 
 
@@ -469,7 +469,7 @@ def nodes_json(c: Controller) -> list[dict[str, Any]]:
 
 def _node_ops_json(c: Controller, node: str) -> dict[str, Any]:
     """The node's SSH bootstrap and removal, as llmgw.controller.loops.nodes keeps them (None: not done here)."""
-    op = c.ops(node)
+    op = c.nodes.ops(node)
     return {
         "bootstrap": None if op is None else op.bootstrap_json(c.clock()),
         "removal": None if op is None else op.removal_json(),
@@ -481,7 +481,7 @@ def _unlinked_nodes_json(c: Controller) -> list[dict[str, Any]]:
     d = c.desired
     declared = {n: e for n, e in (d.catalog.nodes.items() if d else ()) if not e.spec.local}
     out: list[dict[str, Any]] = []
-    for name in sorted((set(declared) | set(c.all_ops())) - set(c.agents.nodes)):
+    for name in sorted((set(declared) | set(c.nodes.all_ops())) - set(c.agents.nodes)):
         entry = declared.get(name)
         out.append(
             {

@@ -58,7 +58,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
     except SecretError as exc:
         log.warning("no endpoints published: %s", exc)
         return out
-    canaries = {i for ids in live_canaries(c).values() for i in ids}
+    canaries = {i for ids in live_canaries(c.desired, c.replicas, c.canaries).values() for i in ids}
     for rec in sorted(c.replicas.values(), key=lambda r: r.id):
         shard = views.shard_status(c, rec)
         if shard is None or shard.state != "ready" or rec.stopping or shard.base_url is None:
@@ -123,7 +123,7 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
             if name in models:
                 rank = class_rank(cat.cluster.classes, entry.spec.model_class)
                 models[name] = models[name].model_copy(update={"class_rank": rank})
-    for name in live_canaries(c):
+    for name in live_canaries(c.desired, c.replicas, c.canaries):
         spec = cat.models[name].spec.rollout.canary if name in cat.models else None
         if spec is not None and name in models:
             route = CanaryRoute(weight=spec.weight or 0, header=spec.header)

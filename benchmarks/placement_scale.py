@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from llmgw.core.config.models import ModelSpec
-from llmgw.core.fleet import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
+from llmgw.core.fleet.views import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
 from llmgw.core.placement import PlacementResult, place
 from llmgw.core.reconcile import Decision, StartReplica, reconcile
 

@@ -7,11 +7,11 @@ slots, the default routing policy, as a controller would publish them):
   gemma  the real gemma-3-270m on llama.cpp's llama-server, 2 slots (`-np 2`; LLMGW_TEST_MODEL)
 
 For each fleet, in turn:
-1. `llmgw bench`'s own stepped load (`llmgw.cli.bench_cmds.run_bench`, concurrency 1 and 2) measures one
+1. `llmgw bench`'s own stepped load (`llmgw.cli.data.bench_cmds.run_bench`, concurrency 1 and 2) measures one
    replica directly, as `llmgw bench --save` does;
-2. the engine model is fitted from that measurement (`llmgw.core.engine_model.fit_engine_model`, what
+2. the engine model is fitted from that measurement (`llmgw.core.capacity.engine_model.fit_engine_model`, what
    `plan --simulate` fits from the stored capacity) — the sim's own arguments are never read;
-3. a synthetic trace (`llmgw.core.synthetic_trace.steady`, Poisson) at LOAD of the fitted fleet's capacity
+3. a synthetic trace (`llmgw.core.traffic.synthetic_trace.steady`, Poisson) at LOAD of the fitted fleet's capacity
    runs for `--minutes` through the router: an open-loop client sends each streamed request at its time and
    measures the TTFT from that time (so client lag counts against the measurement, as it would for a user),
    and records what the engine counted (`usage`), as a router records a trace;
@@ -62,14 +62,14 @@ from harness import Procs, free_port, wait_http
 from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.cli.bench_cmds import bench_prompt, run_bench
+from llmgw.cli.data.bench_cmds import bench_prompt, run_bench
 from llmgw.cli.main import app
-from llmgw.core.bench import Measured, percentile
-from llmgw.core.engine_model import EngineModel, fit_engine_model
-from llmgw.core.fleet import LiveNode, LiveReplica, LiveShard, LiveState, model_views
+from llmgw.core.capacity.bench import Measured, percentile
+from llmgw.core.capacity.engine_model import EngineModel, fit_engine_model
+from llmgw.core.fleet.views import LiveNode, LiveReplica, LiveShard, LiveState, model_views
 from llmgw.core.plan import catalog_documents
-from llmgw.core.synthetic_trace import Shape, steady
-from llmgw.core.trace import TracedRequest, TraceHeader, format_trace
+from llmgw.core.traffic.synthetic_trace import Shape, steady
+from llmgw.core.traffic.trace import TracedRequest, TraceHeader, format_trace
 
 LOAD = 0.8
 SIM_REPLICAS = 4
@@ -110,7 +110,7 @@ TRACE_TAG = secrets.token_hex(3)  # apart from the bench's own tags, which llama
 
 
 def prompt_text(words: int, i: int) -> str:
-    # The bench's own prompt shape (llmgw/cli/bench_cmds.py): distinct per request, and from every earlier
+    # The bench's own prompt shape (llmgw/cli/data/bench_cmds.py): distinct per request, and from every earlier
     # prompt this server saw, so no prefix cache helps.
     return bench_prompt(words, f"{TRACE_TAG}t{i:05d}")
 

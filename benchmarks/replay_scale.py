@@ -1,10 +1,10 @@
 """How long `plan --simulate` takes on a day of a 50-node fleet's traffic.
 
 The fleet: `--nodes` nodes (50), one replica each, spread over `--models` models (5); every replica's engine
-model is fitted (`llmgw.core.engine_model.fit_engine_model`) from CURVE, a stored `llmgw bench --save`
+model is fitted (`llmgw.core.capacity.engine_model.fit_engine_model`) from CURVE, a stored `llmgw bench --save`
 measurement of a GPU replica with 8 slots whose inter-token latency grows with its load and a tenth of whose
 prefills holds the replica (the share the fit reads from what it completed at 8). Each model
-gets a 24-hour diurnal trace (`llmgw.core.synthetic_trace.diurnal`: trough at 04:00, peak at 16:00) whose peak
+gets a 24-hour diurnal trace (`llmgw.core.traffic.synthetic_trace.diurnal`: trough at 04:00, peak at 16:00) whose peak
 is `--peak` (0.8) of its replicas' modelled capacity; requests have 256-token prompts and ~600-token answers
 (+-50%), so a day is about a million requests. The replay (`llmgw_router.decisions.replay`: the router's scheduler and
 fair queue, per request) runs in this one process, so it uses one core however many the machine has.
@@ -26,13 +26,13 @@ import time
 
 from llmgw_router.decisions.replay import SimFleet, SimReplica, replay
 
-from llmgw.core.engine_model import fit_engine_model
-from llmgw.core.synthetic_trace import Shape, diurnal
-from llmgw.core.trace import TracedRequest
+from llmgw.core.capacity.engine_model import fit_engine_model
+from llmgw.core.traffic.synthetic_trace import Shape, diurnal
+from llmgw.core.traffic.trace import TracedRequest
 
 # A measured curve of the shape `llmgw bench --save` stores (ms; steps at concurrency 1..16 of an 8-slot replica,
 # 256-token prompts, 800-token answers, and the short step at 64 tokens); at 8 it completed what a share of 0.1
-# of each prefill holding the replica gives (`llmgw.core.engine_model`).
+# of each prefill holding the replica gives (`llmgw.core.capacity.engine_model`).
 CURVE = {
     "concurrency": 8,
     "prefill_ms_per_token": 0.4,

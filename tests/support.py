@@ -173,7 +173,7 @@ async def serving(app: web.Application) -> AsyncIterator[int]:
 
 
 def write_bindings(secrets_dir: Path, lines: list[str]) -> Path:
-    """The operator's secret binding map (llmgw.core.secret_bindings) in `secrets_dir`: one line per secret,
+    """The operator's secret binding map (llmgw.core.config.secret_bindings) in `secrets_dir`: one line per secret,
     e.g. `hf-token: {purposes: [source-token], hosts: [huggingface.co]}`."""
     secrets_dir.mkdir(parents=True, exist_ok=True)
     path = secrets_dir / "bindings.yaml"

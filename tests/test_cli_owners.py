@@ -31,8 +31,8 @@ def test_a_command_runs_with_only_its_own_module_imported() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     loaded = out.strip().splitlines()[-1]
-    assert "llmgw.cli.validate" in loaded
-    assert "llmgw.cli.bench_cmds" not in loaded and "llmgw.cli.store_cmds" not in loaded, loaded
+    assert "llmgw.cli.repo.validate" in loaded
+    assert "llmgw.cli.data.bench_cmds" not in loaded and "llmgw.cli.data.store_cmds" not in loaded, loaded
 
 
 def test_a_subcommand_another_module_adds_to_a_group_is_there_when_run_on_its_own() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from llmgw.core.config.models import ContentRetention
-from llmgw.core.limits import window_bounds
-from llmgw.core.traffic import (
+from llmgw.core.tenancy.limits import window_bounds
+from llmgw.core.traffic.recorded import (
     Finished,
     aggregate_minutes,
     content_ttl,

@@ -93,7 +93,7 @@ class CachedWeights(_Model):
     a shard used.
 
     Named by the source's identity (`url` or `path`, and `sha256` when declared; a directory by its name and
-    manifest digest): the controller computes the same key from a Model's source (llmgw.core.fleet)."""
+    manifest digest): the controller computes the same key from a Model's source (llmgw.core.fleet.views)."""
 
     url: str | None = None
     path: str | None = None

@@ -12,7 +12,11 @@ import secrets
 from dataclasses import dataclass
 
 # Re-exported: the key's shape and hash live in the core, where the router reads them without the store.
-from llmgw.core.keys import KEY_PREFIX as KEY_PREFIX, hash_key as hash_key, looks_like_key as looks_like_key
+from llmgw.core.tenancy.keys import (
+    KEY_PREFIX as KEY_PREFIX,
+    hash_key as hash_key,
+    looks_like_key as looks_like_key,
+)
 from llmgw.store import ApiKey, KeyLookup, Store, StoreError
 
 KEY_RANDOM_BYTES = 32

@@ -28,10 +28,10 @@ from llmgw_agent.protocol import DirectoryManifest, FetchBase, WeightFile, Weigh
 from llmgw_agent.weights import WeightsError, checked_session
 
 from llmgw.core.errors import LlmgwError
-from llmgw.core.fetch_plan import DEFAULT_REVISION
-from llmgw.core.manifest import ManifestFile, manifest_json
-from llmgw.core.model_headers import ModelShape
 from llmgw.core.security import bearer_token
+from llmgw.core.weights.fetch_plan import DEFAULT_REVISION
+from llmgw.core.weights.manifest import ManifestFile, manifest_json
+from llmgw.core.weights.model_headers import ModelShape
 
 MANIFEST = repo_rules.MANIFEST_FILE
 _CHUNK = 1 << 20

@@ -1,4 +1,4 @@
-"""Read a model's headers (llmgw.core.model_headers parses them) from a local file or directory, or over HTTP
+"""Read a model's headers (llmgw.core.weights.model_headers parses them) from a local file or directory, or over HTTP
 with Range requests that ask for the header's bytes only, never the weights.
 
 A GGUF header is read in growing prefixes (1 MiB, then as much as the parser says it needs) up to
@@ -25,7 +25,7 @@ from llmgw_agent.protocol import FetchBase, WeightSource
 from llmgw_agent.weights import WeightsError, checked_session, following
 
 from llmgw.core.errors import LlmgwError
-from llmgw.core.model_headers import (
+from llmgw.core.weights.model_headers import (
     MAX_HEADER_BYTES,
     HeaderError,
     ModelShape,

@@ -10,7 +10,7 @@ from typing import Any
 from llmgw.core.config.errors import ConfigError
 from llmgw.core.config.models import DOCUMENT_KINDS
 from llmgw.core.config.schemas import schema_file_name
-from llmgw.core.repo import LoadResult, content_hash_of, validate_files
+from llmgw.core.desired.repo import LoadResult, content_hash_of, validate_files
 
 YAML_SUFFIXES = (".yaml", ".yml")
 # schemas/ beside the llmgw package in a checkout (an editable install); absent in a wheel.

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from llmgw.core.config.models import SecretRef
+from llmgw.core.config.secret_bindings import BINDINGS_FILE, SecretUse
+from llmgw.core.config.secretrefs import SecretPolicy, SecretRefError, resolve, resolve_bound
 from llmgw.core.errors import LlmgwError
-from llmgw.core.secret_bindings import BINDINGS_FILE, SecretUse
-from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve, resolve_bound
 
 
 class SecretError(LlmgwError):
@@ -33,7 +33,7 @@ def read_bound_secret(
     environ: Mapping[str, str] | None = None,
 ) -> str:
     """A Model's, Adapter's or Notification's secret, only where the operator's binding map lets it go
-    (llmgw.core.secret_bindings); the message of a refusal names the line to add."""
+    (llmgw.core.config.secret_bindings); the message of a refusal names the line to add."""
     try:
         return resolve_bound(use, policy, reserved, environ)
     except SecretRefError as exc:

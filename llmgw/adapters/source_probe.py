@@ -1,4 +1,4 @@
-"""The I/O half of `llmgw plan`'s source check (llmgw.core.source_check decides what to ask and what the
+"""The I/O half of `llmgw plan`'s source check (llmgw.core.plan.source_check decides what to ask and what the
 answers mean): HEAD requests, a bounded number at once with a short timeout, and the published manifest of a
 directory the repo holds none for.
 
@@ -25,8 +25,7 @@ from llmgw_agent.protocol import DirectoryManifest
 from llmgw_agent.weights import WeightsError, checked_session, following
 from pydantic import ValidationError
 
-from llmgw.core.manifest import ManifestFile
-from llmgw.core.source_check import (
+from llmgw.core.plan.source_check import (
     Answer,
     SourceToCheck,
     SourceVerdict,
@@ -34,6 +33,7 @@ from llmgw.core.source_check import (
     not_checked,
     probes_for,
 )
+from llmgw.core.weights.manifest import ManifestFile
 
 __all__ = ["PARALLEL", "TIMEOUT_S", "check_sources"]
 

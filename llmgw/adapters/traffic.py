@@ -1,4 +1,4 @@
-"""`llmgw traffic export` and `import`: usage rows as a trace (llmgw.core.trace) and a trace back as rows.
+"""`llmgw traffic export` and `import`: usage rows as a trace (llmgw.core.traffic.trace) and a trace back as rows.
 
 Export reads the store page by page in completion order and writes requests in arrival order
 (arrival = completion - duration), holding back only the requests that may still be overtaken: a row is
@@ -14,14 +14,14 @@ import heapq
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
-from llmgw.core.trace import Trace, TracedRequest, TraceHeader, format_trace
-from llmgw.core.traffic import IMPORT_PREFIX
+from llmgw.core.traffic.recorded import IMPORT_PREFIX
+from llmgw.core.traffic.trace import Trace, TracedRequest, TraceHeader, format_trace
 from llmgw.store import Store, UsageRecord
 
 __all__ = ["REORDER_S", "ImportResult", "export_lines", "import_trace", "traced", "usage_row"]
 
 # A request that ran longer than this may be written after one that arrived later than it; a reader sorts
-# by `t` anyway (llmgw.core.trace.parse_trace), so such a trace still reads right.
+# by `t` anyway (llmgw.core.traffic.trace.parse_trace), so such a trace still reads right.
 REORDER_S = 3600.0
 _PAGE = 2000
 _IMPORT_BATCH = 500

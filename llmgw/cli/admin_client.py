@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError
 
 from llmgw.core.errors import LlmgwError
-from llmgw.core.fleet import LiveState
+from llmgw.core.fleet.views import LiveState
 from llmgw.core.security import is_loopback_host
 
 AnswerT = TypeVar("AnswerT", bound=BaseModel)
@@ -205,7 +205,7 @@ class AdminClient:
         return body
 
     def get_as(self, path: str, model: type[AnswerT]) -> AnswerT:
-        """GET, read as the model the controller's route table declares for it (llmgw.core.admin_api); an
+        """GET, read as the model the controller's route table declares for it (llmgw.core.api.admin_api); an
         answer of another shape is an AdminError naming the path, not a KeyError further on."""
         return read_answer(self.get(path), model, self.url + path)
 

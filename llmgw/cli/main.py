@@ -17,36 +17,36 @@ import typer
 
 # module under llmgw.cli -> the top-level commands and groups its `register(app)` adds.
 OWNERS: dict[str, tuple[str, ...]] = {
-    "validate": ("validate",),
-    "schemas": ("schemas",),
-    "store_cmds": ("usage", "keys", "store"),
-    "plan_cmds": ("plan", "apply"),
-    "controller_cmds": ("controller", "status", "nodes", "replicas", "models", "explain"),
-    "node_cmds": ("engine-check", "node"),
-    "up_cmd": ("up",),
-    "mirror_cmds": ("model", "mirror"),
-    "weights_cmds": ("weights",),
-    "ops_cmds": ("audit", "notifications"),
-    "doctor_cmds": ("doctor",),
-    "bench_cmds": ("bench", "capacity"),
-    "request_cmds": ("request",),
-    "rollout_cmds": ("restart",),
-    "logs_cmds": ("logs", "events"),
-    "upgrade_cmds": ("upgrade",),
-    "traffic_cmds": ("traffic",),
-    "guard_cmds": ("guard",),
-    "eval_cmds": ("eval",),
+    "repo.validate": ("validate",),
+    "repo.schemas": ("schemas",),
+    "data.store_cmds": ("usage", "keys", "store"),
+    "repo.plan_cmds": ("plan", "apply"),
+    "fleet.controller_cmds": ("controller", "status", "nodes", "replicas", "models", "explain"),
+    "deploy.node_cmds": ("engine-check", "node"),
+    "deploy.up_cmd": ("up",),
+    "data.mirror_cmds": ("model", "mirror"),
+    "fleet.weights_cmds": ("weights",),
+    "fleet.ops_cmds": ("audit", "notifications"),
+    "fleet.doctor_cmds": ("doctor",),
+    "data.bench_cmds": ("bench", "capacity"),
+    "fleet.request_cmds": ("request",),
+    "fleet.rollout_cmds": ("restart",),
+    "fleet.logs_cmds": ("logs", "events"),
+    "deploy.upgrade_cmds": ("upgrade",),
+    "data.traffic_cmds": ("traffic",),
+    "repo.guard_cmds": ("guard",),
+    "fleet.eval_cmds": ("eval",),
 }
 # Groups another module adds subcommands to: `model check` is eval_cmds', beside mirror_cmds' `model`.
-EXTENDS: dict[str, tuple[str, ...]] = {"model": ("eval_cmds",)}
+EXTENDS: dict[str, tuple[str, ...]] = {"model": ("fleet.eval_cmds",)}
 _OWNER = {command: module for module, commands in OWNERS.items() for command in commands}
 
 
 def _register(target: typer.Typer, module_name: str) -> None:
     module = importlib.import_module(f"llmgw.cli.{module_name}")
-    if module_name == "validate":
+    if module_name == "repo.validate":
         target.command("validate")(module.validate)
-    elif module_name == "schemas":
+    elif module_name == "repo.schemas":
         target.add_typer(module.app, name="schemas")
     else:
         module.register(target)

@@ -47,9 +47,9 @@ from llmgw.controller.parts.state import (
     SeenRevision,
     WorkerState,
 )
-from llmgw.core.autoscale import Capacity
+from llmgw.core.config.secret_bindings import reserved_names
 from llmgw.core.errors import ConfigInvalidError
-from llmgw.core.secret_bindings import reserved_names
+from llmgw.core.fleet.autoscale import Capacity
 from llmgw.core.security import node_token, router_token
 from llmgw.core.words import short
 from llmgw.store.errors import LeaseFenced

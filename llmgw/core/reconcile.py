@@ -17,7 +17,7 @@ Rules (each learned the hard way, see docs/placement.md):
   the model has its target ready without them (make-before-break); right away when nothing can replace them;
 - scale-down drains before stopping, the idlest replica first (fewest requests in flight, longest since its
   last request; one no router reported on is not taken for idle); between min and max the autoscaler's count
-  (`scale_to`, llmgw.core.autoscale) replaces "keep what runs";
+  (`scale_to`, llmgw.core.fleet.autoscale) replaces "keep what runs";
 - a replica whose profile fingerprint differs from the catalog's is marked stale; it is rolled only when the
   model says `rollout.on_change: restart` (or an operator asks, `llmgw restart`): make-before-break, at most
   `max_surge` replicas beyond the target and at most `max_unavailable` ready ones missing below it;
@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
-from llmgw.core.fleet import ModelState, ModelView, NodeView, ReplicaView
+from llmgw.core.fleet.views import ModelState, ModelView, NodeView, ReplicaView
 from llmgw.core.placement import (
     IdFactory,
     Placement,
@@ -206,7 +206,7 @@ def reconcile(
     canaries: Mapping[str, CanaryPhase] | None = None,
 ) -> Decision:
     """One reconcile pass. `demand`: replicas asked for per model (the router's on-demand signal);
-    `scale_to`: the autoscaler's count per model (llmgw.core.autoscale), kept within [min, max];
+    `scale_to`: the autoscaler's count per model (llmgw.core.fleet.autoscale), kept within [min, max];
     `idleness`: per replica id, requests in flight and when it last took one (None: unknown), so a scale-down
     stops the idlest replica;
     `last_used`: when each model last served a request. `mode="plan"` shows the whole way to the desired

@@ -202,10 +202,10 @@ class RouterSnapshot(_Wire):
     reserved_secrets: list[str] = Field(
         default_factory=list,
         description="Names of the secrets the Cluster and Nodes use (the cluster secret, the agent token, SSH "
-        "keys): a provider key naming one is refused whatever the binding map says (llmgw.core.secret_bindings)",
+        "keys): a provider key naming one is refused whatever the binding map says (llmgw.core.config.secret_bindings)",
     )
     trace_salt: str | None = Field(
         None,
-        description="What routers salt a usage row's prefix hash with (llmgw.core.traffic); None: each router "
+        description="What routers salt a usage row's prefix hash with (llmgw.core.traffic.recorded); None: each router "
         "uses a secret of its own, so hashes match only within one router process",
     )

@@ -149,9 +149,11 @@ class UsageRecord:
     tags: dict[str, str] | None = (
         None  # metadata, x-llmgw-tags and `user` (llmgw_router.path.tags); None: none
     )
-    # The request's shape for a traffic trace (migration 0009, llmgw.core.trace). None: not known.
+    # The request's shape for a traffic trace (migration 0009, llmgw.core.traffic.trace). None: not known.
     stream: bool | None = None  # the client asked for a stream
-    prefix: str | None = None  # salted hash of its session/prefix key (llmgw.core.traffic.prefix_hash)
+    prefix: str | None = (
+        None  # salted hash of its session/prefix key (llmgw.core.traffic.recorded.prefix_hash)
+    )
     # The guardrails' verdicts by stage (migration 0012): {"input": {"action": ..., "rules": [...]}, ...}.
     # None: no guardrail applied to the request.
     guard: dict[str, Any] | None = None

@@ -11,13 +11,15 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from llmgw.store.capacity import CapacityQueries
-from llmgw.store.content import ContentQueries
 from llmgw.store.db import Backend, Dsn, Row, Tx, open_backend
 from llmgw.store.errors import LeaseFenced, StoreError
-from llmgw.store.intent import IntentQueries
 from llmgw.store.migrate import current_version, migrate
-from llmgw.store.oplog import OpLogQueries
+from llmgw.store.queries.capacity import CapacityQueries
+from llmgw.store.queries.content import ContentQueries
+from llmgw.store.queries.intent import IntentQueries
+from llmgw.store.queries.oplog import OpLogQueries
+from llmgw.store.queries.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS, RequestQueries, usage_record
+from llmgw.store.queries.traffic import TrafficQueries
 from llmgw.store.records import (
     USAGE_GROUPS,
     ApiKey,
@@ -34,8 +36,6 @@ from llmgw.store.records import (
     UsageRecord,
     UsageTotal,
 )
-from llmgw.store.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS, RequestQueries, usage_record
-from llmgw.store.traffic import TrafficQueries
 
 # Every table, parents before children (usage references api_keys). `store move` copies in this order and
 # a test derives the foreign keys from the schema to check it.

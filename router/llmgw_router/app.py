@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.core.snapshot import Tenants
-from llmgw.store.request_queries import record_view
+from llmgw.store.queries.request_queries import record_view
 from llmgw_router.fleet.kv_events import kv_events_loop
 from llmgw_router.fleet.link import ControllerLink, controller_url
 from llmgw_router.fleet.ports import UsageSink
@@ -279,12 +279,12 @@ async def build_router(
     usage: UsageSink | None = None
     pending: Callable[[], float] | None = None
     if store is not None:
-        from llmgw.store.grace_ledger import GraceLedger
-        from llmgw.store.limiter import Limiter as PoolLimiter
-        from llmgw.store.slots import PooledSlots, holder_id
+        from llmgw.store.limits.grace_ledger import GraceLedger
+        from llmgw.store.limits.limiter import Limiter as PoolLimiter
+        from llmgw.store.limits.slots import PooledSlots, holder_id
         from llmgw.store.store import Store
-        from llmgw.store.usage_spool import SpoolError
-        from llmgw.store.usage_writer import UsageWriter
+        from llmgw.store.usage.usage_spool import SpoolError
+        from llmgw.store.usage.usage_writer import UsageWriter
 
         opened = await Store.open(store)
         stack.push_async_callback(opened.close)
@@ -307,7 +307,7 @@ async def build_router(
     if content_key is not None:
         if store is None:
             raise ValueError("a content key needs a store (--store DSN): stored responses are kept there")
-        from llmgw.store.content import ContentVault
+        from llmgw.store.queries.content import ContentVault
 
         service.kept_responses = ResponseKeeper(ContentVault(opened, content_key), content_clock)
     if options.otlp_endpoint is not None:

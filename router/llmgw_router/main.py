@@ -24,7 +24,7 @@ from typing import Any
 
 from llmgw.adapters import logformat
 from llmgw.adapters.tracing import ENDPOINT_ENV, configured_endpoint
-from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
+from llmgw.core.config.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw_router import heap, workers
 from llmgw_router.app import build_router, serve
@@ -264,7 +264,7 @@ def content_key(path: str | None) -> bytes | None:
     """The content key, read once at start: a bad file stops the router, naming it (ValueError)."""
     if path is None:
         return None
-    from llmgw.store.content import ContentError, parse_content_key
+    from llmgw.store.queries.content import ContentError, parse_content_key
 
     where = f"--content-key-file {path}"
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.config.secretrefs import SecretPolicy
 from llmgw_router.decisions import breaker as brk
 from llmgw_router.upstream.provider_keys import DEFAULT_SECRETS_DIR
 

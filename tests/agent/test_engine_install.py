@@ -36,7 +36,7 @@ from typer.testing import CliRunner
 
 from llmgw.cli.main import app
 from llmgw.core.config.models import CpuFlag, EngineSettings
-from llmgw.core.fleet import NodeView
+from llmgw.core.fleet.views import NodeView
 from llmgw.core.placement import ConditionFact, PlatformFacts, engine_refusals, explain
 
 from .fake_controller import FakeController

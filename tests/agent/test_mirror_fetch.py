@@ -14,8 +14,8 @@ from llmgw_agent.protocol import WeightFile, WeightSource
 from llmgw_agent.weights import WeightsError
 
 from llmgw.core.config.models import MirrorSettings, Source
-from llmgw.core.fetch_plan import weight_source
-from llmgw.core.manifest import ManifestFile
+from llmgw.core.weights.fetch_plan import weight_source
+from llmgw.core.weights.manifest import ManifestFile
 
 from .file_server import FileServer, model_files, sha
 

@@ -18,7 +18,7 @@ from llmgw_agent.protocol import ShardStatus
 from llmgw_agent.ray_launch import active_nodes
 from support import wait_for
 
-from llmgw.core.distributed import rendezvous_port
+from llmgw.core.fleet.distributed import rendezvous_port
 
 from .fake_controller import FakeController
 from .test_daemon import AgentProcs, registered, until_state

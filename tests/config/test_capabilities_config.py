@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from llmgw.cli.main import app
 from llmgw.controller.wire.publisher import published_models
-from llmgw.core.catalog import Catalog
+from llmgw.core.config.checks.semantic import check
 from llmgw.core.config.models import Cluster, Model
-from llmgw.core.config.semantic import check
+from llmgw.core.desired.catalog import Catalog
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.main import app
-from llmgw.core.fleet import model_views
+from llmgw.core.fleet.views import model_views
 
 CLUSTER = """\
 apiVersion: llmgw/v1

@@ -8,11 +8,11 @@ from typing import Any
 import pytest
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.core.catalog import Catalog, profile_fingerprint
+from llmgw.core.config.checks.semantic import is_mig_class
 from llmgw.core.config.models import Model, Organization, Project, RoutingPolicy, Team
-from llmgw.core.config.semantic import is_mig_class
+from llmgw.core.desired.catalog import Catalog, profile_fingerprint
 from llmgw.core.errors import CatalogError, LlmgwError
-from llmgw.core.tenancy import tenant_chain
+from llmgw.core.tenancy.projects import tenant_chain
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from llmgw.core.config.checks.semantic import check
 from llmgw.core.config.models import Model
-from llmgw.core.config.semantic import check
 
 
 def model(capabilities: list[str], args: dict[str, Any], engine: str = "llamacpp") -> Model:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.adapters.repo_files import content_hash, load_repo
-from llmgw.core.repo import LoadResult, validate_files
+from llmgw.core.desired.repo import LoadResult, validate_files
 
 MODEL = """\
 apiVersion: llmgw/v1

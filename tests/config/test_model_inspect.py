@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from llmgw.adapters.model_files import InspectError, inspect_source
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.main import app
-from llmgw.core.model_headers import HeaderError, NeedMoreBytes, parse_gguf, parse_safetensors
+from llmgw.core.weights.model_headers import HeaderError, NeedMoreBytes, parse_gguf, parse_safetensors
 
 GEMMA = os.environ.get("LLMGW_TEST_MODEL", "")
 GEMMA_SIZE = Path(GEMMA).stat().st_size if Path(GEMMA).is_file() else 0

@@ -11,7 +11,7 @@ from ruamel.yaml import YAML
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.core.config.models import DOCUMENT_KINDS
-from llmgw.core.repo import LoadResult, default_schemas, validate_files
+from llmgw.core.desired.repo import LoadResult, default_schemas, validate_files
 
 SCHEMAS = default_schemas()  # generated once, not once per example
 

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.main import app
-from llmgw.core.traffic import content_ttl
+from llmgw.core.traffic.recorded import content_ttl
 
 TENANTS = """\
 apiVersion: llmgw/v1

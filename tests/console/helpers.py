@@ -21,7 +21,7 @@ import pytest
 from controller.helpers import Agents, Repo, cluster_yaml, model_yaml, settings_for
 
 from llmgw.adapters import keys as keymod
-from llmgw.cli.up import LocalRouter, start_router
+from llmgw.cli.deploy.up import LocalRouter, start_router
 from llmgw.controller.app import RunningController, start_controller
 
 T = TypeVar("T")

@@ -12,7 +12,7 @@ import aiohttp
 from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for
 
 from llmgw.adapters.keys import create_key
-from llmgw.cli.up import console_text
+from llmgw.cli.deploy.up import console_text
 from llmgw.controller.app import start_controller
 
 STATIC = Path(__file__).resolve().parents[2] / "llmgw" / "controller" / "console" / "static"

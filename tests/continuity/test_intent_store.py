@@ -10,10 +10,10 @@ from llmgw.controller.parts.canary_record import (
     stable_from_json,
     stable_json,
 )
-from llmgw.core.catalog import ModelEntry, ProfileEntry
 from llmgw.core.config.models import ModelSpec
+from llmgw.core.desired.catalog import ModelEntry, ProfileEntry
 from llmgw.store import Store
-from llmgw.store.intent import OwedStatus
+from llmgw.store.queries.intent import OwedStatus
 from llmgw.store.records import ReplicaRecord
 
 

@@ -168,7 +168,7 @@ async def reconciling(
     tmp: Path, repo: Path, secrets: dict[str, str], bindings: list[str]
 ) -> AsyncIterator[tuple[Controller, FakeAgents, Reconciler]]:
     """A real controller (its store, the repo at `repo`) reconciling against FakeAgents, with `secrets` written
-    to its secrets directory and `bindings` as its binding map (llmgw.core.secret_bindings)."""
+    to its secrets directory and `bindings` as its binding map (llmgw.core.config.secret_bindings)."""
     settings = settings_for(tmp, repo)
     for name, value in secrets.items():
         (tmp / "secrets").mkdir(exist_ok=True)

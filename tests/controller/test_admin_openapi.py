@@ -11,7 +11,7 @@ from aiohttp import web
 
 from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for, start
 from llmgw.controller.api.routes import OPENAPI_PATH, openapi_document
-from llmgw.core.openapi import render
+from llmgw.core.api.openapi import render
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = ROOT / "docs" / "admin-openapi.json"

@@ -1,4 +1,4 @@
-"""The autoscaler's pure decision (llmgw.core.autoscale), its properties, and how the reconciler follows it."""
+"""The autoscaler's pure decision (llmgw.core.fleet.autoscale), its properties, and how the reconciler follows it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from llmgw.core.autoscale import (
+from llmgw.core.config.models import ModelSpec
+from llmgw.core.fleet.autoscale import (
     LOAD_TIMES_KEPT,
     Capacity,
     Demand,
@@ -17,8 +18,7 @@ from llmgw.core.autoscale import (
     merge_demand,
     published_load_seconds,
 )
-from llmgw.core.config.models import ModelSpec
-from llmgw.core.fleet import ModelView, NodeView, ReplicaView, ShardView
+from llmgw.core.fleet.views import ModelView, NodeView, ReplicaView, ShardView
 from llmgw.core.reconcile import StartReplica, StopReplica, Wait, reconcile
 
 POLICY = ScalePolicy(up_cooldown=10.0, down_cooldown=30.0, down_utilization=0.7, stale_after=5.0)

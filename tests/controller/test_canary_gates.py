@@ -1,12 +1,12 @@
-"""A canary's gates (llmgw.core.canary) and the router's split (llmgw_router.decisions.canary_route), pure."""
+"""A canary's gates (llmgw.core.evals.canary) and the router's split (llmgw_router.decisions.canary_route), pure."""
 
 from __future__ import annotations
 
 from llmgw_router.decisions.canary_route import steered_away
 from llmgw_router.decisions.capabilities import refusal
 
-from llmgw.core.canary import Traffic, judge_canary
-from llmgw.core.config.eval_spec import CanarySpec
+from llmgw.core.config.specs.eval_spec import CanarySpec
+from llmgw.core.evals.canary import Traffic, judge_canary
 from llmgw.core.snapshot import CanaryRoute, Endpoint, PublishedModel
 
 

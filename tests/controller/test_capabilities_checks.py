@@ -9,7 +9,7 @@ import json
 
 from llmgw.controller.parts.check_book import CheckBook, CheckVerdict
 from llmgw.core.config.models import effective_capabilities
-from llmgw.core.model_checks import ProbeResult, probes_for
+from llmgw.core.evals.model_checks import ProbeResult, probes_for
 
 KEY = ("m", "sim", "unknown")
 OK_FORMAT = ProbeResult("response_format", True, "ok: JSON valid against the schema")

@@ -19,7 +19,7 @@ from support import wait_for
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app as cli_app
-from llmgw.core import health
+from llmgw.core.fleet import health
 
 from .helpers import Agents, Repo, cluster_yaml, settings_for, start
 
@@ -153,7 +153,7 @@ def test_a_certificate_files_expiry_or_why_it_cannot_be_read(tmp_path: Path) -> 
 
 
 def test_llmgw_nodes_says_a_skewed_clock_and_nothing_for_a_good_one() -> None:
-    from llmgw.cli.controller_cmds import clock_lines
+    from llmgw.cli.fleet.controller_cmds import clock_lines
 
     assert clock_lines({"name": "gpu-1", "clock_offset_s": -7.5}) == [
         "clock 7.5s behind the controller's: fix NTP (`llmgw doctor gpu-1`)"

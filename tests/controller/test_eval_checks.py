@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from llmgw.cli.main import app
 from llmgw.controller.loops.evals import EngineTarget, run_suite
-from llmgw.core.config.eval_spec import EvalCheck, EvalSuiteSpec
-from llmgw.core.evals import check_answer, judge_verdict
+from llmgw.core.config.specs.eval_spec import EvalCheck, EvalSuiteSpec
+from llmgw.core.evals.suites import check_answer, judge_verdict
 
 FAST = LatencyConfig(prefill_ms_per_token=0.0, decode_ms_per_token=0.0, max_concurrency=4)
 

@@ -15,7 +15,7 @@ import pytest
 from support import free_port, pid_alive, wait_for
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.core.fleet import LiveState
+from llmgw.core.fleet.views import LiveState
 from llmgw.core.plan import plan_for_catalog
 
 from .helpers import Admin, Agents, Repo, cluster_yaml, model_yaml, settings_for, start

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from llmgw.controller.parts.check_book import CheckBook, CheckVerdict
-from llmgw.core.model_checks import ProbeResult, probes_for
+from llmgw.core.evals.model_checks import ProbeResult, probes_for
 
 
 def test_verdicts_round_trip_and_say_which_probes_passed() -> None:

@@ -9,7 +9,7 @@ from llmgw_agent.protocol import EngineInstall, Gpu
 from llmgw.controller.core import Controller
 from llmgw.controller.loops.reconcile import Reconciler
 from llmgw.controller.parts.desired import build_desired
-from llmgw.core.distributed import rendezvous_port
+from llmgw.core.fleet.distributed import rendezvous_port
 
 from .fake_agents import FakeAgents
 from .helpers import Repo, cluster_yaml

@@ -9,7 +9,7 @@ import pytest
 
 from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.state import WorkerState
-from llmgw.core.fleet import ModelState
+from llmgw.core.fleet.views import ModelState
 
 
 async def test_background_close_cancels_and_awaits_every_task_and_its_cleanup() -> None:

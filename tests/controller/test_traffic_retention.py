@@ -19,10 +19,10 @@ from llmgw.controller.loops.retention import Retention
 from llmgw.controller.parts.metrics import ControllerMetrics
 from llmgw.controller.parts.settings import ControllerOptions, load_settings_file
 from llmgw.controller.wire.publisher import snapshot
-from llmgw.core.limits import window_bounds
-from llmgw.core.traffic import trace_salt
+from llmgw.core.tenancy.limits import window_bounds
+from llmgw.core.traffic.recorded import trace_salt
 from llmgw.store import UsageRecord
-from llmgw.store.content import ContentError
+from llmgw.store.queries.content import ContentError
 from llmgw.store.store import Store
 
 from .fake_agents import FakeAgents

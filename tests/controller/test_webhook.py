@@ -16,7 +16,7 @@ from aiohttp import web
 from support import wait_for
 
 from llmgw.adapters.repo_files import content_hash, load_repo
-from llmgw.core import notify
+from llmgw.core.api import notify
 from llmgw.store import Store, UsageRecord
 
 from .helpers import Admin, Repo, cluster_yaml, model_yaml, settings_for, start, status_if_applied

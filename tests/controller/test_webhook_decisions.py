@@ -1,10 +1,10 @@
-"""llmgw.core.notify's pure decisions: what is retried and when, what is final, what is news once."""
+"""llmgw.core.api.notify's pure decisions: what is retried and when, what is final, what is news once."""
 
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from llmgw.core import notify
+from llmgw.core.api import notify
 from llmgw.core.config.models import NotificationRetry, NotificationSpec
 
 SPEC = NotificationSpec(

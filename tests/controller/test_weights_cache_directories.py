@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from llmgw.adapters.mirror import hash_directory
 from llmgw.cli.main import app
-from llmgw.core.manifest import digest
+from llmgw.core.weights.manifest import digest
 
 from .helpers import Admin
 from .test_mirror_e2e import MODEL, setup  # noqa: F401  (the fixture: controller, mirror, agents)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from llmgw.cli.controller_cmds import fetch_words
+from llmgw.cli.fleet.controller_cmds import fetch_words
 from llmgw.controller.core import Controller
 from llmgw.controller.loops.reconcile import Reconciler
 from llmgw.controller.parts.desired import build_desired

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.cli.follow import ModelLine
-from llmgw.cli.up import (
+from llmgw.cli.deploy.up import (
     ProgressLog,
     UpError,
     UpSettings,
@@ -26,6 +25,7 @@ from llmgw.cli.up import (
     run_up,
     usage_text,
 )
+from llmgw.cli.repo.follow import ModelLine
 from llmgw.store import Store
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"

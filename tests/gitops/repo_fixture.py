@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.core.fleet import LiveNode, LiveReplica, LiveShard, LiveState, model_views
+from llmgw.core.fleet.views import LiveNode, LiveReplica, LiveShard, LiveState, model_views
 from llmgw.core.plan import catalog_documents
 
 CLUSTER = """\

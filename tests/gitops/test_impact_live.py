@@ -23,7 +23,7 @@ from support import wait_for
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
-from llmgw.store.capacity import CapacityRecord
+from llmgw.store.queries.capacity import CapacityRecord
 
 pytestmark = pytest.mark.integration
 

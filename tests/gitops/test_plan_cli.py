@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from gitops.repo_fixture import live_state, sim_model, write_repo
 from llmgw.adapters.repo_files import load_repo
-from llmgw.cli import admin_client, follow
+from llmgw.cli import admin_client
 from llmgw.cli.main import app
-from llmgw.cli.plan_cmds import check_saved_plan, read_plan_file
+from llmgw.cli.repo import follow
+from llmgw.cli.repo.plan_cmds import check_saved_plan, read_plan_file
 from llmgw.core.plan import StalePlan
 
 SUMMARY = "Plan: 1 to start, 1 to restart, 1 to stop. 1 model cannot be placed."

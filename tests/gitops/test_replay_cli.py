@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.main import app
-from llmgw.core.fleet import LiveNode, LiveReplica, LiveShard, LiveState, model_views
+from llmgw.core.fleet.views import LiveNode, LiveReplica, LiveShard, LiveState, model_views
 from llmgw.core.plan import catalog_documents
-from llmgw.core.trace import TracedRequest, TraceHeader, format_trace
+from llmgw.core.traffic.trace import TracedRequest, TraceHeader, format_trace
 
 CLUSTER = """\
 apiVersion: llmgw/v1

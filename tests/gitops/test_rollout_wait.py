@@ -3,7 +3,7 @@ every replica ready, and the progress line says it is rolling."""
 
 from __future__ import annotations
 
-from llmgw.cli import follow
+from llmgw.cli.repo import follow
 
 
 def test_a_rolling_model_keeps_apply_wait_waiting() -> None:

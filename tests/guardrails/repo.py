@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from llmgw.controller.wire.publisher import published_models
-from llmgw.core.catalog import Catalog
-from llmgw.core.repo import validate_files
+from llmgw.core.desired.catalog import Catalog
+from llmgw.core.desired.repo import validate_files
 from llmgw.core.snapshot import RouterSnapshot
 
 TENANTS = """

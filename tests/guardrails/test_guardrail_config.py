@@ -3,7 +3,7 @@ resolves down the tenant tree for routers."""
 
 from __future__ import annotations
 
-from llmgw.core.repo import validate_files
+from llmgw.core.desired.repo import validate_files
 
 from .repo import catalog, files
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llmgw.core import guardrails as gr
-from llmgw.core.config.guardrail_spec import GuardrailSpec
+from llmgw.core.config.specs.guardrail_spec import GuardrailSpec
+from llmgw.core.evals import guardrails as gr
 
 # Llama Guard 3's prompt as its model card publishes it (the 8B and 1B cards; the HF chat template renders the
 # same bytes): the S1-S14 categories of the MLCommons taxonomy and the instruction wording, word for word.

@@ -11,8 +11,8 @@ import pytest
 from llmgw_router.path.guard_stream import GuardCut, GuardedStream
 from llmgw_router.server.exchange import Headers, Reply
 
-from llmgw.core import guardrails as gr
-from llmgw.core.config.guardrail_spec import GuardrailSpec
+from llmgw.core.config.specs.guardrail_spec import GuardrailSpec
+from llmgw.core.evals import guardrails as gr
 
 
 class Client:

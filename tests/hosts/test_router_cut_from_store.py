@@ -20,7 +20,7 @@ from tenancy.helpers import create_key, in_one_window, window_start_offset
 
 from hosts.lab import HostLab
 from llmgw.store import Store
-from llmgw.store.limiter import SharePolicy
+from llmgw.store.limits.limiter import SharePolicy
 
 pytestmark = [pytest.mark.hosts, pytest.mark.postgres]
 

@@ -19,7 +19,7 @@ from llmgw.adapters.ssh.remote import target_for
 from llmgw.adapters.ssh.wheels import Wheelhouse
 from llmgw.cli.main import app
 from llmgw.core.config.models import Node
-from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.config.secretrefs import SecretPolicy
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 

@@ -13,7 +13,7 @@ from llmgw.adapters.ssh.engines import engine_command
 from llmgw.adapters.ssh.remote import StepFailed, target_for
 from llmgw.adapters.ssh.wheels import Wheelhouse, compatibility_problem
 from llmgw.core.config.models import EngineSettings, Node
-from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.config.secretrefs import SecretPolicy
 
 PROBE = """arch=x86_64
 mem_kb=16303120

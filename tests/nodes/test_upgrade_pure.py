@@ -11,7 +11,7 @@ from llmgw_agent.protocol import Inventory, ShardStatus
 
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.upgrade import switch_command
-from llmgw.cli.upgrade_cmds import print_answer
+from llmgw.cli.deploy.upgrade_cmds import print_answer
 from llmgw.controller.api.upgrades import (
     NOT_MANAGED,
     UpgradeRequest,

@@ -1,4 +1,4 @@
-"""The admin API's log cursor and the merge of several agents' pages (llmgw.core.logpage), and the JSON log
+"""The admin API's log cursor and the merge of several agents' pages (llmgw.core.api.logpage), and the JSON log
 lines of the controller and router (llmgw.adapters.logformat)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from llmgw.adapters import logformat
-from llmgw.core.logpage import NodePage, Position, decode_cursor, encode_cursor, merge_pages
+from llmgw.core.api.logpage import NodePage, Position, decode_cursor, encode_cursor, merge_pages
 
 
 def _line(seq: int, time: float) -> dict[str, object]:

@@ -6,7 +6,7 @@ import hashlib
 from typing import Any
 
 from llmgw.core.config.models import ModelSpec, Profile
-from llmgw.core.fleet import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
+from llmgw.core.fleet.views import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
 
 
 def gpu_node(

@@ -3,7 +3,7 @@ runs; promoted, the roll goes on from it; failed, it is stopped and the stable r
 
 from __future__ import annotations
 
-from llmgw.core.fleet import ModelView
+from llmgw.core.fleet.views import ModelView
 from llmgw.core.reconcile import CanaryPhase, RestartReplica, StartReplica, StopReplica, Wait, reconcile
 
 from .builders import cpu_node, cpu_profile, entry

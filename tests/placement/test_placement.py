@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from llmgw.core.config.models import Source
-from llmgw.core.fleet import NodeView, weights_key
+from llmgw.core.fleet.views import NodeView, weights_key
 from llmgw.core.placement import Placement, explain, place
 from llmgw.core.placement.rooms import build_rooms, dynamic_fits, static_fits, verdict
 

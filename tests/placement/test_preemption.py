@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from hypothesis import given, settings, strategies as st
 
-from llmgw.core.fleet import ModelView, ReplicaView
+from llmgw.core.fleet.views import ModelView, ReplicaView
 from llmgw.core.placement import Placer, find_preemption
 from llmgw.core.placement.rooms import fit_check
 from llmgw.core.reconcile import StartReplica, StopReplica, Wait

@@ -3,7 +3,7 @@ stop of one batch replica, naming the model it yields to, and nothing else of ba
 
 from __future__ import annotations
 
-from llmgw.core.fleet import LiveNode, LiveReplica, LiveState
+from llmgw.core.fleet.views import LiveNode, LiveReplica, LiveState
 from llmgw.core.plan import make_plan, render_text
 
 from .builders import gpu_node

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from hypothesis import given, settings, strategies as st
 
-from llmgw.core.fleet import GIB, GpuView, NodeView
+from llmgw.core.fleet.views import GIB, GpuView, NodeView
 from llmgw.core.placement import place
 
 from .builders import cpu_profile, entry, gpu_profile, replica

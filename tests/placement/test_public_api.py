@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import llmgw.core
-import llmgw.core.fleet
+import llmgw.core.fleet.views
 import llmgw.core.placement
 import llmgw.core.plan
 import llmgw.core.reconcile
@@ -51,7 +51,7 @@ def test_public_api():
         "check_plan_current",
         "StalePlan",
     }
-    assert set(llmgw.core.fleet.__all__) >= {
+    assert set(llmgw.core.fleet.views.__all__) >= {
         "LiveState",
         "NodeView",
         "ReplicaView",
@@ -61,7 +61,9 @@ def test_public_api():
 
 
 def test_the_faces_are_found():
-    assert {"llmgw.core.catalog", "llmgw.core.errors", "llmgw.core.plan", "llmgw.core.words"} <= set(FACES)
+    assert {"llmgw.core.desired.catalog", "llmgw.core.errors", "llmgw.core.plan", "llmgw.core.words"} <= set(
+        FACES
+    )
 
 
 @pytest.mark.parametrize("face", FACES)

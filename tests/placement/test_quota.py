@@ -4,7 +4,7 @@ how much is left."""
 
 from __future__ import annotations
 
-from llmgw.core.fleet import QuotaScope
+from llmgw.core.fleet.views import QuotaScope
 from llmgw.core.placement import explain, place, quota_room, quota_use
 
 from .builders import entry, gpu_node, gpu_profile, replica

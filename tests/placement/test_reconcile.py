@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field, replace
 
-from llmgw.core.fleet import ModelState, ModelView, NodeView, ReplicaView, ShardView
+from llmgw.core.fleet.views import ModelState, ModelView, NodeView, ReplicaView, ShardView
 from llmgw.core.reconcile import (
     BackoffPolicy,
     Decision,

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from hypothesis import given, settings, strategies as st
 
-from llmgw.core.fleet import ModelView
+from llmgw.core.fleet.views import ModelView
 from llmgw.core.reconcile import RestartReplica, RollPace, StartReplica, reconcile
 
 from .builders import cpu_node, cpu_profile, entry

@@ -5,7 +5,7 @@ on every node mounting it; the weights cache's own filesystem is what is charged
 from __future__ import annotations
 
 from llmgw.core.config.models import Source
-from llmgw.core.fleet import GIB, held_weights_key, held_weights_keys, weights_key
+from llmgw.core.fleet.views import GIB, held_weights_key, held_weights_keys, weights_key
 from llmgw.core.placement import CacheDisk, cache_disk, explain, place
 
 from .builders import cpu_node, cpu_profile, entry

@@ -21,10 +21,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.core.fleet import LiveNode, LiveReplica, LiveShard, LiveState, model_views
+from llmgw.core.fleet.views import LiveNode, LiveReplica, LiveShard, LiveState, model_views
 from llmgw.core.plan import catalog_documents
 from llmgw.store import Store, UsageRecord
-from llmgw.store.capacity import CapacityRecord
+from llmgw.store.queries.capacity import CapacityRecord
 
 NOW = 1_790_000_040.0  # the end of the window; a whole minute (60 * 29_833_334)
 WEEK = 7 * 86400.0

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.core.catalog import Catalog
-from llmgw.core.fleet import LiveState
+from llmgw.core.desired.catalog import Catalog
+from llmgw.core.fleet.views import LiveState
 from llmgw.core.plan import (
     Plan,
     plan_digest,
@@ -27,9 +27,9 @@ from llmgw.core.plan import (
     to_dict,
 )
 from llmgw.core.plan.impact import Impact, plan_impact
-from llmgw.core.usage_summary import UsageSummary
+from llmgw.core.traffic.usage_summary import UsageSummary
 from llmgw.store import Store
-from llmgw.store.usage_summary import read_usage_summary
+from llmgw.store.usage.usage_summary import read_usage_summary
 from plan.impact_fixture import BURST_AT, NOW, WEEK, live_state, record, write_repo
 from plan.test_plan import golden
 

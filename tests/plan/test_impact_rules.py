@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 from llmgw.adapters.repo_files import load_repo
 from llmgw.core.plan import plan_for_catalog, render_markdown, render_text
 from llmgw.core.plan.impact import NOT_IN_SAVED_STATE, plan_impact, unknown_impact
-from llmgw.core.usage_summary import UsageFolder, UsageRow, UsageSummary, peak_overlap
+from llmgw.core.traffic.usage_summary import UsageFolder, UsageRow, UsageSummary, peak_overlap
 from plan.impact_fixture import NOW, WEEK, live_state, write_repo
 
 

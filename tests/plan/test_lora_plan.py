@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.core.fleet import LiveState
+from llmgw.core.fleet.views import LiveState
 from llmgw.core.plan import plan_for_catalog, render_json, render_text
 
 REPO = """\

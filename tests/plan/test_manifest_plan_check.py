@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from llmgw.adapters.mirror import MirrorStore, hash_directory, manifest_text, mirror_app
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.main import app
-from llmgw.core.fleet import LiveState
+from llmgw.core.fleet.views import LiveState
 from llmgw.core.plan import catalog_documents
 
 MODEL = """\

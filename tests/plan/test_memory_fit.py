@@ -1,4 +1,4 @@
-"""The memory-fit arithmetic (llmgw.core.memory_fit): golden numbers for a 7B and a 70B shape (as their
+"""The memory-fit arithmetic (llmgw.core.weights.memory_fit): golden numbers for a 7B and a 70B shape (as their
 config.json and safetensors headers give them) against 24 GB and 80 GB cards, and properties that hold for
 every shape: more parallelism never needs more per GPU, the KV cache is linear in context and sequences, more
 memory never turns a fit into a misfit, and an unknown field is never a pass."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from hypothesis import given, strategies as st
 
-from llmgw.core.memory_fit import GIB, RUNTIME_OVERHEAD, memory_fit
-from llmgw.core.model_headers import ModelShape
+from llmgw.core.weights.memory_fit import GIB, RUNTIME_OVERHEAD, memory_fit
+from llmgw.core.weights.model_headers import ModelShape
 
 # Mistral-7B-like (GQA: 8 KV heads of 32) and Llama-70B-like, bf16: what their headers say.
 SEVEN_B = ModelShape(

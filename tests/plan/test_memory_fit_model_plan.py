@@ -1,4 +1,4 @@
-"""`llmgw model plan`: every precision x card count x GPU class, with the numbers (llmgw.core.fit_table)."""
+"""`llmgw model plan`: every precision x card count x GPU class, with the numbers (llmgw.core.weights.fit_table)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
-from llmgw.core.fit_table import fit_table, precisions
-from llmgw.core.memory_fit import GIB
+from llmgw.core.weights.fit_table import fit_table, precisions
+from llmgw.core.weights.memory_fit import GIB
 
 from .test_memory_fit import SEVEN_B, SEVENTY_B
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
-from llmgw.core.fleet import LiveGpu, LiveNode, LiveState
+from llmgw.core.fleet.views import LiveGpu, LiveNode, LiveState
 
 GIB = 1024**3
 CONFIGS = {

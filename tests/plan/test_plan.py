@@ -14,7 +14,7 @@ import pytest
 from placement.builders import cpu_profile, entry, gpu_profile
 
 from llmgw.core.config.models import ModelSpec
-from llmgw.core.fleet import (
+from llmgw.core.fleet.views import (
     GIB,
     DesiredNode,
     IfUndeclared,

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.core.catalog import Catalog
+from llmgw.core.desired.catalog import Catalog
 from llmgw.core.errors import LlmgwError
-from llmgw.core.fleet import LiveState
+from llmgw.core.fleet.views import LiveState
 from llmgw.core.plan import (
     PLAN_FORMAT,
     StalePlan,

@@ -1,5 +1,5 @@
 """The engine model read from a bench curve: the fit recovers the parameters that generated a curve, the run
-(`llmgw.core.engine_run`) does what the equations say, and what is assumed is said."""
+(`llmgw.core.capacity.engine_run`) does what the equations say, and what is assumed is said."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from typing import Any
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from llmgw.core.engine_model import (
+from llmgw.core.capacity.engine_model import (
     ASSUMED_SLOTS,
     EngineModel,
     assumed_model,
     closed_loop_per_ms,
     fit_engine_model,
 )
-from llmgw.core.engine_run import EngineRun, RunEvent
+from llmgw.core.capacity.engine_run import EngineRun, RunEvent
 
 
 def _curve(

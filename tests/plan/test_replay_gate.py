@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from llmgw.core.capacity.replay_gate import Figures, percent, regressions, render_text
 from llmgw.core.config.models import SimulateSettings
-from llmgw.core.replay_gate import Figures, percent, regressions, render_text
 
 NONE = {"queue_full": 0, "queue_timeout": 0, "unavailable": 0}
 

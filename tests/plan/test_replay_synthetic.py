@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from llmgw.core.synthetic_trace import Shape, diurnal, diurnal_rate, steady
+from llmgw.core.traffic.synthetic_trace import Shape, diurnal, diurnal_rate, steady
 
 
 def test_steady_arrivals_come_at_each_models_rate() -> None:

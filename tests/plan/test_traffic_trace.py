@@ -1,10 +1,10 @@
-"""The trace format (llmgw/core/trace.py): what export writes, import and the replay read back."""
+"""The trace format (llmgw/core/traffic/trace.py): what export writes, import and the replay read back."""
 
 from __future__ import annotations
 
 import pytest
 
-from llmgw.core.trace import TracedRequest, TraceError, TraceHeader, format_trace, parse_trace
+from llmgw.core.traffic.trace import TracedRequest, TraceError, TraceHeader, format_trace, parse_trace
 
 
 def test_a_trace_reads_back_what_was_written_in_arrival_order() -> None:

@@ -10,8 +10,8 @@ from llmgw_router.server.errors import ApiError
 from llmgw_router.server.exchange import Reply
 from llmgw_router.upstream.proxy import UpstreamCall, _stream
 
-from llmgw.core.limits import LevelLimits, Tenant
-from llmgw.core.tenancy import TenantChain
+from llmgw.core.tenancy.limits import LevelLimits, Tenant
+from llmgw.core.tenancy.projects import TenantChain
 
 CHAIN = TenantChain(
     project="p",

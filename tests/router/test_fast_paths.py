@@ -15,7 +15,7 @@ from llmgw_router.upstream.proxy import _parse_answer
 from prometheus_client import CollectorRegistry
 
 from llmgw.store.records import UsageRecord
-from llmgw.store.usage_spool import decode, encode
+from llmgw.store.usage.usage_spool import decode, encode
 
 BIG = 123456789012345678901234567890  # beyond 64 bits: orjson would read it as a float
 

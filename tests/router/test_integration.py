@@ -17,7 +17,7 @@ from llmgw_router.path.service import Router, RouterOptions
 from support import wait_for, write_bindings
 
 from llmgw.adapters.keys import hash_key
-from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.config.secretrefs import SecretPolicy
 from llmgw.core.snapshot import RouterSnapshot
 
 from .helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
@@ -504,7 +504,7 @@ async def test_external_provider_as_a_model_and_as_a_fallback(
     sims: list[SimProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("LLMGW_SECRET_TEST_PROVIDER", sims[0].key)  # the provider (a sim) demands its key
-    # The operator binds the key to the provider's host (llmgw.core.secret_bindings).
+    # The operator binds the key to the provider's host (llmgw.core.config.secret_bindings).
     write_bindings(tmp_path, ["$LLMGW_SECRET_TEST_PROVIDER: {purposes: [provider-key], hosts: [127.0.0.1]}"])
     models = snapshot(sims).model_dump(mode="json")["models"]
     models["ext"] = {

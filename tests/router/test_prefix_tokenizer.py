@@ -243,8 +243,8 @@ def test_completion_prompts_hash_the_encoded_prompt_or_the_given_ids(model_dir: 
 
 def test_the_models_tokenizer_dir_reaches_the_routers_snapshot_as_written() -> None:
     from llmgw.controller.wire.publisher import published_models
-    from llmgw.core.catalog import Catalog
     from llmgw.core.config.models import Model
+    from llmgw.core.desired.catalog import Catalog
 
     def model(name: str, **spec: object) -> Model:
         return Model.model_validate(

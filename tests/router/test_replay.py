@@ -9,9 +9,9 @@ import random
 from hypothesis import given, settings, strategies as st
 from llmgw_router.decisions.replay import SimFleet, SimReplica, replay
 
+from llmgw.core.capacity.engine_model import EngineModel, fit_engine_model
 from llmgw.core.config.models import RoutingPolicySpec
-from llmgw.core.engine_model import EngineModel, fit_engine_model
-from llmgw.core.trace import TracedRequest
+from llmgw.core.traffic.trace import TracedRequest
 
 CURVE = {
     "prefill_ms_per_token": 0.5,

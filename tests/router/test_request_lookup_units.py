@@ -36,7 +36,7 @@ def test_the_decision_keeps_the_winner_and_the_best_candidates_only() -> None:
 
 
 def test_a_record_with_its_decision_tags_and_attempts_survives_the_spool() -> None:
-    from llmgw.store.usage_spool import decode, encode
+    from llmgw.store.usage.usage_spool import decode, encode
 
     scores = (EndpointScore("e1", {"inflight": 0.5}, 0.5),)
     rec = UsageRecord(

@@ -27,7 +27,7 @@ from llmgw_router.surfaces.responses.kept import (
 
 from llmgw.core.config.models import ContentRetention
 from llmgw.core.snapshot import Tenants
-from llmgw.store.content import ContentVault
+from llmgw.store.queries.content import ContentVault
 from llmgw.store.store import Store
 
 KEEPS = ContentRetention(content=True, ttl="2h")

@@ -13,7 +13,7 @@ from support import wait_for
 from llmgw.adapters.keys import hash_key
 from llmgw.core.security import ENGINE_KEY_PREFIX, engine_key, forbidden_address_reason
 from llmgw.core.snapshot import RouterSnapshot
-from llmgw.core.tenancy import allowed, tenant_chain
+from llmgw.core.tenancy.projects import allowed, tenant_chain
 from llmgw.store.records import KeyLookup
 
 KEY = "sk-llmgw-" + "k" * 43

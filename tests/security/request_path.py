@@ -14,9 +14,9 @@ from llmgw_router.path.service import Router, RouterOptions
 
 from llmgw.adapters.keys import hash_key
 from llmgw.controller.wire.publisher import published_models, published_tenants
-from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import Cluster, Model, Organization, Project
-from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.config.secretrefs import SecretPolicy
+from llmgw.core.desired.catalog import Catalog
 from llmgw.core.snapshot import RouterSnapshot
 
 KEY = "sk-llmgw-" + "s" * 43  # project `tenant`

@@ -32,8 +32,8 @@ from llmgw.controller.core import Controller
 from llmgw.controller.loops.reconcile import Reconciler
 from llmgw.controller.parts.desired import build_desired
 from llmgw.core.config.models import SecretRef
-from llmgw.core.secret_bindings import SecretBindingError, SecretUse, binding_problem, parse_bindings
-from llmgw.core.secretrefs import SecretPolicy, SecretRefError, read_bindings, resolve_bound
+from llmgw.core.config.secret_bindings import SecretBindingError, SecretUse, binding_problem, parse_bindings
+from llmgw.core.config.secretrefs import SecretPolicy, SecretRefError, read_bindings, resolve_bound
 
 from .repo_attack import ROOT, attack_repo, validate
 from .request_path import KEY, catalog, model, published, start_router

@@ -196,7 +196,7 @@ spec:
 
 
 def test_m1_listening_on_all_addresses_is_a_warning_with_its_place() -> None:
-    from llmgw.core.repo import validate_files
+    from llmgw.core.desired.repo import validate_files
 
     result = validate_files({"n.yaml": (NODE + "  serving_listen_all: true\n").encode()})
     assert result.ok

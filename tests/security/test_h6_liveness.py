@@ -24,7 +24,7 @@ from support import wait_for
 
 from llmgw.adapters.keys import hash_key
 from llmgw.controller.wire.publisher import published_models
-from llmgw.core.repo import validate_files
+from llmgw.core.desired.repo import validate_files
 from llmgw.core.snapshot import RouterSnapshot
 
 pytestmark = pytest.mark.integration

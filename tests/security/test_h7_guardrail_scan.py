@@ -28,9 +28,9 @@ from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 
 from llmgw.adapters.keys import hash_key
 from llmgw.controller.wire.publisher import published_models
-from llmgw.core import guardrails as gr
-from llmgw.core.config.guardrail_spec import GuardrailSpec
-from llmgw.core.repo import validate_files
+from llmgw.core.config.specs.guardrail_spec import GuardrailSpec
+from llmgw.core.desired.repo import validate_files
+from llmgw.core.evals import guardrails as gr
 from llmgw.core.snapshot import RouterSnapshot
 
 KEY = "sk-llmgw-" + "h" * 43

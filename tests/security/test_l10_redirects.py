@@ -21,7 +21,7 @@ from support import answering
 
 from llmgw.adapters.model_files import InspectError, inspect_source
 from llmgw.adapters.source_probe import check_sources
-from llmgw.core.source_check import SourceToCheck
+from llmgw.core.plan.source_check import SourceToCheck
 
 pytestmark = pytest.mark.integration
 

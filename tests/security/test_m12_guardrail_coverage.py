@@ -29,7 +29,7 @@ from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 
 from llmgw.adapters.keys import hash_key
 from llmgw.controller.wire.publisher import published_models
-from llmgw.core.repo import validate_files
+from llmgw.core.desired.repo import validate_files
 from llmgw.core.snapshot import RouterSnapshot
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from support import answering
 from llmgw.controller.loops.evals import run_suite
 from llmgw.controller.loops.model_checks import probe_target
 from llmgw.controller.wire.engine_http import MAX_ANSWER_BYTES, EngineTarget, engine_session
-from llmgw.core.config.eval_spec import EvalSuiteSpec
+from llmgw.core.config.specs.eval_spec import EvalSuiteSpec
 
 pytestmark = pytest.mark.integration
 

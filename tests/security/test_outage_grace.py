@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from llmgw.core.limits import Estimate, LevelLimits, Tenant
+from llmgw.core.tenancy.limits import Estimate, LevelLimits, Tenant
 from llmgw.store import Store
-from llmgw.store.grace_ledger import GraceLedger
-from llmgw.store.limiter import Admission, Limiter, SharePolicy
+from llmgw.store.limits.grace_ledger import GraceLedger
+from llmgw.store.limits.limiter import Admission, Limiter, SharePolicy
 
 T0 = 1_200_000.0  # the start of a minute window
 

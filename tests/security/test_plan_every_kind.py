@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.core.fleet import LiveNode, LiveState
+from llmgw.core.fleet.views import LiveNode, LiveState
 from llmgw.core.plan import catalog_documents, plan_for_catalog, render_json, render_markdown, render_text
 
 GOLDEN = Path(__file__).parents[1] / "plan" / "golden" / "kinds"

@@ -21,10 +21,10 @@ from llmgw_router.path.ratelimit import Lease, memory_limiter
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import wait_for, write_bindings
 
+from llmgw.core.config.secretrefs import SecretPolicy
 from llmgw.core.errors import CatalogError
-from llmgw.core.limits import Tenant
-from llmgw.core.secretrefs import SecretPolicy
-from llmgw.core.tenancy import TenantChain
+from llmgw.core.tenancy.limits import Tenant
+from llmgw.core.tenancy.projects import TenantChain
 
 from .request_path import KEY, catalog, model, published, start_router
 

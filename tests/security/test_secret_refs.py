@@ -27,7 +27,7 @@ from llmgw.adapters.ssh.remote import StepFailed, target_for
 from llmgw.cli.main import app
 from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.core.config.models import Node, SecretRef
-from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve
+from llmgw.core.config.secretrefs import SecretPolicy, SecretRefError, resolve
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "cluster-repo"
 OUTSIDE = "outside-secret-value-never-sent"

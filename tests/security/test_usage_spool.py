@@ -27,7 +27,7 @@ from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import free_port, wait_until
 from tenancy.helpers import create_key, usage_rows
 
-from llmgw.store.usage_spool import UsageSpool
+from llmgw.store.usage.usage_spool import UsageSpool
 
 CLIENTS = 3  # client threads per router: the most requests a killed router can have in flight
 PROJECT = "spool"

@@ -4,8 +4,8 @@ that share a completion time, and the capacities it carries. The folding itself 
 from __future__ import annotations
 
 from llmgw.store import Store, UsageRecord
-from llmgw.store.capacity import CapacityRecord
-from llmgw.store.usage_summary import read_usage_summary
+from llmgw.store.queries.capacity import CapacityRecord
+from llmgw.store.usage.usage_summary import read_usage_summary
 
 T = 1_790_000_040.0
 

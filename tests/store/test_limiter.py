@@ -8,9 +8,9 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from llmgw.core.limits import Budget, Estimate, LevelLimits, Refused, Tenant
+from llmgw.core.tenancy.limits import Budget, Estimate, LevelLimits, Refused, Tenant
 from llmgw.store import Store, UsageRecord
-from llmgw.store.limiter import Admission, Limiter, SharePolicy
+from llmgw.store.limits.limiter import Admission, Limiter, SharePolicy
 
 from .fakes import FakeStore
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from llmgw.core.limits import Estimate, LevelLimits, Refused, Tenant
+from llmgw.core.tenancy.limits import Estimate, LevelLimits, Refused, Tenant
 from llmgw.store import ShareGrant
-from llmgw.store.limiter import Admission, Limiter, SharePolicy
+from llmgw.store.limits.limiter import Admission, Limiter, SharePolicy
 
 from .fakes import FakeStore
 

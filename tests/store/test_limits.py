@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from llmgw.core.limits import (
+from llmgw.core.tenancy.limits import (
     MICROS,
     Allowed,
     Budget,
@@ -104,7 +104,7 @@ def test_format_reset() -> None:
 
 def test_level_limits_from_the_cluster_repo_document() -> None:
     from llmgw.core.config import models as config
-    from llmgw.core.limits import level_limits
+    from llmgw.core.tenancy.limits import level_limits
 
     declared = config.Limits(rpm=600, tpm=200000, budget=config.Budget(amount=500, period="30d"))
     assert level_limits(declared) == LevelLimits(rpm=600, tpm=200000, budget=Budget(500, 30 * 86400))

@@ -1,5 +1,5 @@
 """Concurrency pooled through the store: holds per router process, their expiry, idle slots given back, and
-the outage rule (llmgw.store.slots)."""
+the outage rule (llmgw.store.limits.slots)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import time
 
 from support import wait_for
 
-from llmgw.core.limits import Estimate, LevelLimits, Refused, Tenant
+from llmgw.core.tenancy.limits import Estimate, LevelLimits, Refused, Tenant
 from llmgw.store import Store
-from llmgw.store.limiter import Admission, Limiter
-from llmgw.store.slots import PooledSlots
+from llmgw.store.limits.limiter import Admission, Limiter
+from llmgw.store.limits.slots import PooledSlots
 
 from .fakes import FakeStore
 

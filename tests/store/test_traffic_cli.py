@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmgw.cli.main import app
-from llmgw.core.trace import parse_trace
+from llmgw.core.traffic.trace import parse_trace
 from llmgw.store import Store, UsageRecord
 
 runner = CliRunner(env={"COLUMNS": "200"})

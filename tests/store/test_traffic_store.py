@@ -9,10 +9,10 @@ import os
 import pytest
 
 from llmgw.adapters.traffic import export_lines, import_trace
-from llmgw.core.trace import parse_trace
-from llmgw.core.traffic import IMPORT_PREFIX
+from llmgw.core.traffic.recorded import IMPORT_PREFIX
+from llmgw.core.traffic.trace import parse_trace
 from llmgw.store import Store, UsageRecord
-from llmgw.store.content import ContentError, ContentVault, parse_content_key
+from llmgw.store.queries.content import ContentError, ContentVault, parse_content_key
 
 T0 = 1_800_000_000.0  # a minute boundary (divisible by 60)
 

@@ -10,8 +10,8 @@ import pytest
 from support import wait_for
 
 from llmgw.store import Store, UsageRecord
-from llmgw.store.usage_spool import decode
-from llmgw.store.usage_writer import UsageWriter
+from llmgw.store.usage.usage_spool import decode
+from llmgw.store.usage.usage_writer import UsageWriter
 
 from .fakes import FakeStore
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from llmgw.adapters import keys
 from llmgw.cli.main import app
-from llmgw.core.limits import MINUTE
+from llmgw.core.tenancy.limits import MINUTE
 from llmgw.store import Store
 
 T = TypeVar("T")

@@ -12,10 +12,10 @@ import pytest
 from llmgw_router.path.ratelimit import MemoryCounters, TenantLimiter, memory_limiter
 from llmgw_router.path.service import Router
 
-from llmgw.core.limits import Budget, LevelLimits, Tenant
 from llmgw.core.snapshot import RouterSnapshot
+from llmgw.core.tenancy.limits import Budget, LevelLimits, Tenant
 from llmgw.store.db import StoreUnavailable
-from llmgw.store.limiter import Limiter as PoolLimiter, SharePolicy
+from llmgw.store.limits.limiter import Limiter as PoolLimiter, SharePolicy
 
 NOW = 1_000_000.0
 RATIO = "llmgw_router_budget_used_ratio"

@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 from llmgw_router.path.ratelimit import MemoryCounters
 
-from llmgw.core.limits import Budget, Estimate, LevelLimits, Refused, Tenant
-from llmgw.store.limiter import Admission, Limiter
+from llmgw.core.tenancy.limits import Budget, Estimate, LevelLimits, Refused, Tenant
+from llmgw.store.limits.limiter import Admission, Limiter
 
 T0 = 1_200_000.0  # the start of a minute window
 

@@ -14,8 +14,8 @@ from llmgw_router.decisions.rules import conversation_key
 from support import wait_until
 
 from llmgw.core.config.models import RoutingPolicySpec
-from llmgw.core.trace import parse_trace
-from llmgw.core.traffic import prefix_hash
+from llmgw.core.traffic.recorded import prefix_hash
+from llmgw.core.traffic.trace import parse_trace
 from llmgw.store import Store, UsageRecord
 
 from .helpers import FAST, cli, create_key, start_router

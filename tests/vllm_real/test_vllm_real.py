@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from support import pid_alive, wait_for, wait_until
 
-from llmgw.core.manifest import read_manifest
-from llmgw.core.memory_fit import memory_fit
+from llmgw.core.weights.manifest import read_manifest
+from llmgw.core.weights.memory_fit import memory_fit
 
 from .engine_io import (
     decision_of,

@@ -26,8 +26,8 @@ with warnings.catch_warnings():
     import asyncssh
 
 from llmgw.core.config.models import Node, SecretRef
+from llmgw.core.config.secretrefs import SecretPolicy, SecretRefError, resolve, resolve_path
 from llmgw.core.errors import LlmgwError
-from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve, resolve_path
 
 
 class StepFailed(LlmgwError):

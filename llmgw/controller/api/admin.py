@@ -36,7 +36,7 @@ from llmgw.controller.wire.publisher import (
     token_ok,
 )
 from llmgw.core import jsonsafe, placement
-from llmgw.core.admin_api import UsageSeenBody
+from llmgw.core.api.admin_api import UsageSeenBody
 from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
 from llmgw.store import ApiKey, StoreError

@@ -20,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from llmgw.controller.api.guard import error, require
 from llmgw.controller.loops.autoscaler import gpu_class_of, remember
 from llmgw.controller.status import fleet as views
-from llmgw.core.autoscale import assumed_capacity
+from llmgw.core.fleet.autoscale import assumed_capacity
 from llmgw.core.security import engine_key
-from llmgw.store.capacity import CapacityRecord
+from llmgw.store.queries.capacity import CapacityRecord
 
 if TYPE_CHECKING:
     pass

@@ -3,7 +3,7 @@
 The controller's: the store answers, the cluster repo is read and applied, the certificate files it serves or
 trusts are valid and not near expiry, routers are subscribed, agents connected. A node's: the agent runs its
 own checks (llmgw_agent.doctor, the `doctor` command) and the controller adds what it sees of the node (its
-clock offset on heartbeats, whether it is connected). The decisions are llmgw.core.health's.
+clock offset on heartbeats, whether it is connected). The decisions are llmgw.core.fleet.health's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from llmgw.controller.api.audited import AUDIT_OBJECT
 from llmgw.controller.api.guard import require
 from llmgw.controller.core import Controller
 from llmgw.controller.parts.hub import AgentError
-from llmgw.core import health
+from llmgw.core.fleet import health
 from llmgw.core.words import short
 from llmgw.store import StoreError
 

@@ -28,8 +28,8 @@ from llmgw_agent.protocol import Command, LogQuery
 
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.parts.hub import AgentError
+from llmgw.core.api.logpage import NodePage, Position, decode_cursor, encode_cursor, merge_pages
 from llmgw.core.errors import LlmgwError
-from llmgw.core.logpage import NodePage, Position, decode_cursor, encode_cursor, merge_pages
 from llmgw.core.words import parse_duration
 
 FOLLOW_WAIT_S = 10.0  # each long poll: the agent answers sooner when a line comes

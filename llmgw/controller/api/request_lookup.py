@@ -19,8 +19,8 @@ from aiohttp import web
 
 from llmgw.controller.api.guard import error, require
 from llmgw.store import USAGE_GROUPS, StoreError, UsageTotal
+from llmgw.store.queries.request_queries import record_view
 from llmgw.store.records import TAG_GROUP_PREFIX
-from llmgw.store.request_queries import record_view
 
 __all__ = ["request_lookup", "usage_total_json", "usage_totals"]
 

@@ -1,5 +1,5 @@
 """The admin API's route table: the one place its routes are registered from (`add_routes`), and what its OpenAPI
-document is generated from (llmgw.core.openapi; committed as docs/admin-openapi.json, served at
+document is generated from (llmgw.core.api.openapi; committed as docs/admin-openapi.json, served at
 /api/v1/openapi.json). Each route: its endpoint (method, path, query, body, answers, errors, the scope its
 token needs) and its handler. Scopes: `plan` reads, `apply` applies revisions, `admin` does everything else
 (llmgw.controller.parts.admin_tokens); `router`: a router's token or an admin one; `none`: the webhook, which
@@ -30,10 +30,10 @@ from llmgw.controller.api import (
 from llmgw.controller.api.guard import Handler
 from llmgw.controller.parts.admin_tokens import Scope
 from llmgw.controller.wire.publisher import node_credential, router_credential
-from llmgw.core import admin_api as m
-from llmgw.core.fleet import LiveState
-from llmgw.core.openapi import Auth, Endpoint, Query, document
-from llmgw.core.usage_summary import UsageSummary
+from llmgw.core.api import admin_api as m
+from llmgw.core.api.openapi import Auth, Endpoint, Query, document
+from llmgw.core.fleet.views import LiveState
+from llmgw.core.traffic.usage_summary import UsageSummary
 from llmgw.core.words import DURATION_OR_SECONDS_PATTERN, DURATION_PATTERN
 from llmgw.store import USAGE_GROUPS
 from llmgw.store.records import TAG_GROUP_PREFIX

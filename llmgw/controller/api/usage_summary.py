@@ -13,7 +13,7 @@ from aiohttp import web
 from llmgw.controller.api.guard import error, require
 from llmgw.core.words import parse_duration
 from llmgw.store import StoreError
-from llmgw.store.usage_summary import read_usage_summary
+from llmgw.store.usage.usage_summary import read_usage_summary
 
 __all__ = ["DEFAULT_WINDOW", "MAX_WINDOW_S", "usage_summary"]
 

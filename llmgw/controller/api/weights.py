@@ -17,8 +17,8 @@ from llmgw_agent.protocol import Command, WeightSource
 
 from llmgw.controller.parts.hub import AgentError
 from llmgw.core.errors import LlmgwError
-from llmgw.core.fetch_plan import directory_key
-from llmgw.core.fleet import held_weights_keys, weights_key
+from llmgw.core.fleet.views import held_weights_keys, weights_key
+from llmgw.core.weights.fetch_plan import directory_key
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller

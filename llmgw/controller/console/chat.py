@@ -18,7 +18,7 @@ from aiohttp import web
 from llmgw.controller.console.web import CONSOLE, controller, render, session_of
 from llmgw.core import jsonsafe
 from llmgw.store import StoreError
-from llmgw.store.request_queries import record_view
+from llmgw.store.queries.request_queries import record_view
 
 MAX_MESSAGES = 100
 CONNECT_S = 10.0

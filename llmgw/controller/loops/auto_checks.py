@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from llmgw.controller.loops.evals import EvalError, ready_targets
 from llmgw.controller.loops.model_checks import run_model_check
 from llmgw.controller.status.fleet import engine_version_of
-from llmgw.core.model_checks import probes_for
+from llmgw.core.evals.model_checks import probes_for
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller

@@ -1,4 +1,4 @@
-"""The autoscaler's shell: each pass, the pure decision (llmgw.core.autoscale) for every model that may scale,
+"""The autoscaler's shell: each pass, the pure decision (llmgw.core.fleet.autoscale) for every model that may scale,
 from the routers' load reports and each replica's capacity (measured, else the profile's slots).
 
 It keeps each model's state and last decision on its `ModelRecord` (status, the admin API and metrics show
@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from llmgw.core.autoscale import Capacity, ScalePolicy, assumed_capacity, decide
+from llmgw.core.fleet.autoscale import Capacity, ScalePolicy, assumed_capacity, decide
 
 if TYPE_CHECKING:
     from llmgw.controller.parts.desired import Desired
     from llmgw.controller.parts.fleet import LiveFleet
-    from llmgw.store.capacity import CapacityRecord
+    from llmgw.store.queries.capacity import CapacityRecord
     from llmgw.store.store import Store
 
 __all__ = ["ScalePass", "autoscale", "capacity_of", "gpu_class_of", "load_capacities", "remember"]

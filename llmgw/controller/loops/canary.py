@@ -1,4 +1,4 @@
-"""Canaries: the controller's record of each model's canary, and the loop that judges it (llmgw.core.canary).
+"""Canaries: the controller's record of each model's canary, and the loop that judges it (llmgw.core.evals.canary).
 
 A change to a model with `rollout.strategy: canary` (a profile, its engine version, the weights source: what
 the profile fingerprint covers) starts one new replica beside the stable ones (llmgw.core.reconcile holds the
@@ -28,9 +28,9 @@ from llmgw.controller.loops.evals import judges_for, ready_targets, run_suite
 from llmgw.controller.parts.canary_record import CanaryBook, CanaryRun, run_record, stable_json
 from llmgw.controller.status.canaries import changed, split
 from llmgw.controller.wire.engine_http import engine_session
-from llmgw.core.canary import Traffic, judge_canary
-from llmgw.core.catalog import ModelEntry
-from llmgw.core.fleet import ModelView
+from llmgw.core.desired.catalog import ModelEntry
+from llmgw.core.evals.canary import Traffic, judge_canary
+from llmgw.core.fleet.views import ModelView
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 from llmgw.adapters.commit_status import CommitStatus, State, StatusPoster, is_commit_sha
 from llmgw.controller.status import fleet as views
-from llmgw.store.intent import OwedStatus
+from llmgw.store.queries.intent import OwedStatus
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller

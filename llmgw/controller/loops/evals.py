@@ -1,4 +1,4 @@
-"""Runs eval suites against one replica, straight to its engine (the decisions are llmgw.core.evals).
+"""Runs eval suites against one replica, straight to its engine (the decisions are llmgw.core.evals.suites).
 
 Straight to the replica, not through a router: a canary's gate must judge exactly the canary replica, which
 no router can be asked to pick, and `llmgw eval --replica R` means the same thing. The controller knows
@@ -15,9 +15,9 @@ import aiohttp
 
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.engine_http import EngineTarget, post_json
-from llmgw.core.config.eval_spec import EvalCase, EvalSuiteSpec
+from llmgw.core.config.specs.eval_spec import EvalCase, EvalSuiteSpec
 from llmgw.core.errors import LlmgwError
-from llmgw.core.evals import (
+from llmgw.core.evals.suites import (
     CaseResult,
     SuiteResult,
     answer_text,

@@ -1,4 +1,4 @@
-"""`llmgw model check MODEL`: the built-in probes (llmgw.core.model_checks) run against one replica, and the
+"""`llmgw model check MODEL`: the built-in probes (llmgw.core.evals.model_checks) run against one replica, and the
 verdicts kept per model, engine and engine version, one result per probe: a check that runs some probes
 replaces those and keeps the others, so a capability declared later is checked by itself (the probes never
 run for a key are due) and never hidden by a verdict that did not cover it.
@@ -24,7 +24,7 @@ from llmgw.controller.loops.evals import EvalError, target_for
 from llmgw.controller.parts.check_book import CheckVerdict
 from llmgw.controller.status.fleet import engine_version_of
 from llmgw.controller.wire.engine_http import EngineTarget, engine_session, post_json, post_stream
-from llmgw.core.model_checks import (
+from llmgw.core.evals.model_checks import (
     ProbeResult,
     probes_for,
     response_format_request,

@@ -51,7 +51,7 @@ from llmgw.core.reconcile import BackoffPolicy
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
     from llmgw.controller.parts.desired import Desired
-    from llmgw.core.catalog import NodeEntry
+    from llmgw.core.desired.catalog import NodeEntry
 
 log = logging.getLogger("llmgw.controller.nodes")
 

@@ -1,4 +1,4 @@
-"""Webhook notifications: the thin I/O shell around llmgw.core.notify.
+"""Webhook notifications: the thin I/O shell around llmgw.core.api.notify.
 
 An event the repo's Notifications select is written to the store's outbox when it happens (`emit`), and the
 sender loop (`run`) delivers what is due: signed, retried with jittered backoff, dead-lettered after the
@@ -22,11 +22,11 @@ import aiohttp
 
 from llmgw.adapters.egress import AnswerTooLarge, ForbiddenAddress, checked_connector, read_at_most
 from llmgw.adapters.secrets import SecretError, read_bound_secret
-from llmgw.core import notify
+from llmgw.core.api import notify
 from llmgw.core.config.models import NotificationSpec
-from llmgw.core.limits import window_bounds
-from llmgw.core.secret_bindings import SecretUse
+from llmgw.core.config.secret_bindings import SecretUse
 from llmgw.core.security import forbidden_address_reason
+from llmgw.core.tenancy.limits import window_bounds
 from llmgw.core.words import parse_duration
 from llmgw.store.records import Delivery, time_ordered_id
 

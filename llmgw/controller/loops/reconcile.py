@@ -31,8 +31,8 @@ from llmgw.controller.parts.hub import AgentError, NodeLink
 from llmgw.controller.parts.state import ReplicaRec
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.engine_orders import EngineOrders
-from llmgw.core.autoscale import ScalePolicy
-from llmgw.core.fleet import NodeView, ReplicaView
+from llmgw.core.fleet.autoscale import ScalePolicy
+from llmgw.core.fleet.views import NodeView, ReplicaView
 from llmgw.core.placement import ShardPlacement, explain as placement_explain
 from llmgw.core.reconcile import (
     BackoffPolicy,

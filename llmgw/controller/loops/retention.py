@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmgw.controller.core import Controller
-from llmgw.core.catalog import Catalog
-from llmgw.core.traffic import content_ttl, usage_cutoff
+from llmgw.core.desired.catalog import Catalog
+from llmgw.core.traffic.recorded import content_ttl, usage_cutoff
 from llmgw.core.words import parse_duration
-from llmgw.store.content import ContentError, ContentVault, parse_content_key
+from llmgw.store.queries.content import ContentError, ContentVault, parse_content_key
 
 log = logging.getLogger("llmgw.controller.loops.retention")
 

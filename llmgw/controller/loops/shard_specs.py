@@ -16,15 +16,15 @@ from llmgw_agent.protocol import KvEventsRequest, Rendezvous, ShardAdapter, Shar
 from llmgw.adapters.secrets import read_bound_secret
 from llmgw.controller.parts.desired import Desired
 from llmgw.controller.parts.hub import NodeLink
-from llmgw.core import distributed
-from llmgw.core.catalog import ModelEntry
 from llmgw.core.config.models import LORA_ENGINES, Source
-from llmgw.core.fetch_plan import weight_source
-from llmgw.core.fleet import ModelView
-from llmgw.core.manifest import ManifestFile
+from llmgw.core.config.secret_bindings import source_use
+from llmgw.core.config.secretrefs import SecretPolicy
+from llmgw.core.desired.catalog import ModelEntry
+from llmgw.core.fleet import distributed
+from llmgw.core.fleet.views import ModelView
 from llmgw.core.placement import Placement, ShardPlacement
-from llmgw.core.secret_bindings import source_use
-from llmgw.core.secretrefs import SecretPolicy
+from llmgw.core.weights.fetch_plan import weight_source
+from llmgw.core.weights.manifest import ManifestFile
 
 __all__ = ["StartInputs"]
 

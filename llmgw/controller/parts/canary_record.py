@@ -19,13 +19,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from llmgw.core.catalog import ModelEntry, ProfileEntry
 from llmgw.core.config.models import ModelSpec
+from llmgw.core.desired.catalog import ModelEntry, ProfileEntry
 from llmgw.core.reconcile import CanaryPhase
 
 if TYPE_CHECKING:
     from llmgw.controller.parts.desired import Desired
-    from llmgw.store.intent import CanaryRunRow
+    from llmgw.store.queries.intent import CanaryRunRow
 
 __all__ = [
     "CanaryBook",

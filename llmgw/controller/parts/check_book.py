@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmgw.core.model_checks import ProbeResult
+from llmgw.core.evals.model_checks import ProbeResult
 
 log = logging.getLogger("llmgw.controller.model_checks")
 

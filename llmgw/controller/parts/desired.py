@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.core.catalog import Catalog, ModelEntry
 from llmgw.core.config.models import ClusterSpec
+from llmgw.core.desired.catalog import Catalog, ModelEntry
 from llmgw.core.errors import ConfigInvalidError
-from llmgw.core.fleet import ModelView, model_views
-from llmgw.core.manifest import ManifestFile
+from llmgw.core.fleet.views import ModelView, model_views
+from llmgw.core.weights.manifest import ManifestFile
 from llmgw.core.words import parse_duration
 
 

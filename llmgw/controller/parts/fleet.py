@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from llmgw.controller.parts.canary_record import CanaryBook
 from llmgw.controller.parts.check_book import CheckBook
 from llmgw.controller.parts.state import EventLog, NodeBook, ReplicaRec, WorkerState
-from llmgw.core.autoscale import Capacity
+from llmgw.core.fleet.autoscale import Capacity
 
 __all__ = ["LiveFleet"]
 

@@ -40,7 +40,7 @@ from llmgw.adapters import logformat
 from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.credentials import Grant, valid_node_name
 from llmgw.core.errors import LlmgwError
-from llmgw.core.health import CLOCK_SAMPLES, clock_offset
+from llmgw.core.fleet.health import CLOCK_SAMPLES, clock_offset
 from llmgw.core.security import bearer_token
 
 log = logging.getLogger("llmgw.controller.parts.hub")
@@ -71,7 +71,7 @@ class NodeLink:
     pending: dict[str, asyncio.Future[Reply]] = field(default_factory=dict)
     registered_shards: tuple[str, ...] = ()  # shard ids the agent reported at its last Register
     metrics_address: str | None = None  # the agent's node-health listener, host:port (None: it has none)
-    # `agent sent_at - controller received_at` of the last heartbeats (llmgw.core.health.clock_offset).
+    # `agent sent_at - controller received_at` of the last heartbeats (llmgw.core.fleet.health.clock_offset).
     clock_samples: deque[float] = field(default_factory=lambda: deque(maxlen=CLOCK_SAMPLES))
 
     @property

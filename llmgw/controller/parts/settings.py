@@ -11,8 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from llmgw.core.config.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.errors import LlmgwError
-from llmgw.core.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy
 from llmgw.core.words import parse_duration
 
 

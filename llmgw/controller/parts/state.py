@@ -11,8 +11,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llmgw.core.autoscale import LOAD_TIMES_KEPT, Demand, ScaleDecision, ScaleState, merge_demand
-from llmgw.core.fleet import ModelState
+from llmgw.core.fleet.autoscale import LOAD_TIMES_KEPT, Demand, ScaleDecision, ScaleState, merge_demand
+from llmgw.core.fleet.views import ModelState
 from llmgw.core.placement import ShardPlacement
 from llmgw.store.records import ReplicaRecord
 

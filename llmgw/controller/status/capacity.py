@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from llmgw.core.autoscale import ScaleDecision
+from llmgw.core.fleet.autoscale import ScaleDecision
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller

@@ -12,7 +12,7 @@ from llmgw_agent.protocol import Inventory, ShardStatus
 from llmgw.controller.parts.state import ModelRecord
 from llmgw.controller.status.capacity import capacity_json, decision_json
 from llmgw.core import placement as node_facts
-from llmgw.core.fleet import (
+from llmgw.core.fleet.views import (
     GpuView,
     IfUndeclared,
     LiveState,

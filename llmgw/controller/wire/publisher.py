@@ -29,11 +29,11 @@ from llmgw.controller.parts.state import EngineReading, ReplicaLoad, ReplicaRec,
 from llmgw.controller.status import fleet as views
 from llmgw.controller.status.canaries import live_canaries
 from llmgw.core import jsonsafe
-from llmgw.core.autoscale import Demand, published_load_seconds
-from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import LORA_ENGINES
-from llmgw.core.fleet import class_rank
-from llmgw.core.model_checks import probes_for
+from llmgw.core.desired.catalog import Catalog
+from llmgw.core.evals.model_checks import probes_for
+from llmgw.core.fleet.autoscale import Demand, published_load_seconds
+from llmgw.core.fleet.views import class_rank
 from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import (
     CanaryRoute,
@@ -44,7 +44,7 @@ from llmgw.core.snapshot import (
     RouterSnapshot,
     Tenants,
 )
-from llmgw.core.traffic import trace_salt
+from llmgw.core.traffic.recorded import trace_salt
 
 log = logging.getLogger("llmgw.controller.wire.publisher")
 

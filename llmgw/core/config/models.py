@@ -2,7 +2,7 @@
 
 Every document is `apiVersion: llmgw/v1`, `kind`, `metadata`, `spec`. Models are frozen and forbid unknown keys
 so a typo is an error, never a silently ignored field. Checks that need one document only live here; checks that
-need the whole repo (names unique, fallbacks resolve, ...) live in llmgw.core.catalog.
+need the whole repo (names unique, fallbacks resolve, ...) live in llmgw.core.desired.catalog.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, model_validator
 
-from llmgw.core.config.adapter_spec import LORA_ENGINES as LORA_ENGINES, AdapterSpec as AdapterSpec
 from llmgw.core.config.base import (
     API_VERSION as API_VERSION,
     CPU_ENGINES as CPU_ENGINES,
@@ -24,8 +23,9 @@ from llmgw.core.config.base import (
     SecretRef as SecretRef,
     Strict as Strict,
 )
-from llmgw.core.config.cache_spec import ResponseCacheSpec as ResponseCacheSpec
-from llmgw.core.config.engine_spec import (
+from llmgw.core.config.specs.adapter_spec import LORA_ENGINES as LORA_ENGINES, AdapterSpec as AdapterSpec
+from llmgw.core.config.specs.cache_spec import ResponseCacheSpec as ResponseCacheSpec
+from llmgw.core.config.specs.engine_spec import (
     CpuFlag as CpuFlag,
     EngineArchive as EngineArchive,
     EngineInstallSettings as EngineInstallSettings,
@@ -33,20 +33,23 @@ from llmgw.core.config.engine_spec import (
     EngineSettings as EngineSettings,
     MetricMapping as MetricMapping,
 )
-from llmgw.core.config.eval_spec import CanarySpec as CanarySpec, EvalSuiteSpec as EvalSuiteSpec
-from llmgw.core.config.guardrail_spec import GuardrailSpec as GuardrailSpec
-from llmgw.core.config.listener_spec import ListenerSettings as ListenerSettings
-from llmgw.core.config.notification_spec import (
+from llmgw.core.config.specs.eval_spec import CanarySpec as CanarySpec, EvalSuiteSpec as EvalSuiteSpec
+from llmgw.core.config.specs.guardrail_spec import GuardrailSpec as GuardrailSpec
+from llmgw.core.config.specs.listener_spec import ListenerSettings as ListenerSettings
+from llmgw.core.config.specs.notification_spec import (
     NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
     NotificationEvent as NotificationEvent,
     NotificationFormat as NotificationFormat,
     NotificationRetry as NotificationRetry,
     NotificationSpec as NotificationSpec,
 )
-from llmgw.core.config.plan_spec import PlanSettings as PlanSettings, SimulateSettings as SimulateSettings
-from llmgw.core.config.prefix_spec import PrefixSettings as PrefixSettings
-from llmgw.core.config.retention_spec import ContentRetention as ContentRetention
-from llmgw.core.config.source_spec import Source as Source
+from llmgw.core.config.specs.plan_spec import (
+    PlanSettings as PlanSettings,
+    SimulateSettings as SimulateSettings,
+)
+from llmgw.core.config.specs.prefix_spec import PrefixSettings as PrefixSettings
+from llmgw.core.config.specs.retention_spec import ContentRetention as ContentRetention
+from llmgw.core.config.specs.source_spec import Source as Source
 
 # ---------------------------------------------------------------------------------------------------- Cluster
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.core.config.models import Profile
-from llmgw.core.fleet import ModelView, NodeView, ReplicaView
+from llmgw.core.fleet.views import ModelView, NodeView, ReplicaView
 from llmgw.core.placement.quota import quota_refusal, quota_use
 from llmgw.core.placement.rooms import (
     NodeVerdict,

@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from llmgw.core.config.models import Profile
-from llmgw.core.fleet import GIB, ModelView, ReplicaView
+from llmgw.core.fleet.views import GIB, ModelView, ReplicaView
 from llmgw.core.placement.place import Placer
 from llmgw.core.placement.quota import quota_refusal
 from llmgw.core.placement.rooms import DiskPool, Room, fit_check, gpus_needed, static_fits

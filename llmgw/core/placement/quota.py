@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.core.config.models import Profile
-from llmgw.core.fleet import ModelView, ReplicaView
+from llmgw.core.fleet.views import ModelView, ReplicaView
 
 __all__ = ["QuotaUse", "quota_refusal", "quota_room", "quota_use", "replica_gpus"]
 

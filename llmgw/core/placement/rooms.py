@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llmgw.core.config.models import Profile
-from llmgw.core.fleet import GIB, ModelView, NodeView, ReplicaView
+from llmgw.core.fleet.views import GIB, ModelView, NodeView, ReplicaView
 
 # Engines built into the agent: installed everywhere.
 BUILTIN_ENGINES = frozenset({"sim"})

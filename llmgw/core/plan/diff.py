@@ -33,7 +33,7 @@ from llmgw.core.config.models import (
     SecretRef,
     TeamSpec,
 )
-from llmgw.core.fleet import (
+from llmgw.core.fleet.views import (
     DesiredNode,
     LiveState,
     ModelView,
@@ -44,7 +44,6 @@ from llmgw.core.fleet import (
     model_views,
     undeclared_words,
 )
-from llmgw.core.memory_fit import GIB, class_memory, profile_fits
 from llmgw.core.placement import Placer
 from llmgw.core.plan.values import (
     KIND_ORDER,
@@ -62,6 +61,7 @@ from llmgw.core.plan.values import (
     Unplaceable,
 )
 from llmgw.core.reconcile import RestartReplica, StartReplica, StopReplica, is_stale, reconcile
+from llmgw.core.weights.memory_fit import GIB, class_memory, profile_fits
 
 __all__ = [
     "catalog_documents",
@@ -72,7 +72,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from llmgw.core.catalog import Catalog
+    from llmgw.core.desired.catalog import Catalog
 
 SECRET = "(secret)"
 ABSENT = "(absent)"

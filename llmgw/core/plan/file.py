@@ -16,14 +16,14 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from llmgw.core.errors import LlmgwError
-from llmgw.core.fleet import LiveState
+from llmgw.core.fleet.views import LiveState
 from llmgw.core.plan.diff import plan_for_catalog
 from llmgw.core.plan.render import to_dict
 from llmgw.core.plan.values import Plan
 from llmgw.core.words import short
 
 if TYPE_CHECKING:
-    from llmgw.core.catalog import Catalog
+    from llmgw.core.desired.catalog import Catalog
 
 __all__ = ["PLAN_FORMAT", "StalePlan", "check_plan_current", "parse_saved_plan", "plan_digest", "saved_plan"]
 

@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ValidationError
 
-from llmgw.core.autoscale import assumed_capacity
 from llmgw.core.config.models import Limits, ModelSpec, OrganizationSpec, ProjectSpec, TeamSpec
+from llmgw.core.fleet.autoscale import assumed_capacity
 from llmgw.core.plan.diff import catalog_documents
 from llmgw.core.plan.values import Plan
 from llmgw.core.snapshot import Tenants
-from llmgw.core.tenancy import allowed, has_tenants
-from llmgw.core.usage_summary import TenantLevel, UsageSummary
+from llmgw.core.tenancy.projects import allowed, has_tenants
+from llmgw.core.traffic.usage_summary import TenantLevel, UsageSummary
 from llmgw.core.words import count, duration_words, money, parse_duration
 
 if TYPE_CHECKING:
-    from llmgw.core.catalog import Catalog
-    from llmgw.core.fleet import LiveState
+    from llmgw.core.desired.catalog import Catalog
+    from llmgw.core.fleet.views import LiveState
 
 __all__ = [
     "MONTH_S",

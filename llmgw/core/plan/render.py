@@ -7,7 +7,6 @@ import json
 from dataclasses import replace
 from typing import Any, Literal
 
-from llmgw.core.memory_fit import ProfileFit
 from llmgw.core.plan.impact import impact_dict, impact_lines, impact_markdown
 from llmgw.core.plan.values import (
     UNKNOWN_DOCUMENTS,
@@ -20,6 +19,7 @@ from llmgw.core.plan.values import (
     SourceVerdict,
     StaleReplica,
 )
+from llmgw.core.weights.memory_fit import ProfileFit
 
 __all__ = ["Format", "render", "render_json", "render_markdown", "render_text", "to_dict"]
 

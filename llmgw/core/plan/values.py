@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from llmgw.core.memory_fit import ProfileFit
-from llmgw.core.source_check import SourceVerdict
+from llmgw.core.plan.source_check import SourceVerdict
+from llmgw.core.weights.memory_fit import ProfileFit
 
 if TYPE_CHECKING:
     from llmgw.core.plan.impact import Impact
@@ -165,7 +165,7 @@ class Plan:
     # False: the repo's documents were to be compared but the live state does not carry the applied ones (a
     # state saved by an older controller), so nothing can say they are equal.
     documents_known: bool = True
-    # New or changed weights sources, checked against their servers by the CLI (llmgw.core.source_check);
+    # New or changed weights sources, checked against their servers by the CLI (llmgw.core.plan.source_check);
     # empty when none changed. Not part of what the plan would do (its digest): a server's answer is no action.
     sources: tuple[SourceVerdict, ...] = ()
     # Every GPU profile of a model whose shape its manifest records, against its class's memory in the fleet.

@@ -12,7 +12,7 @@ order, and each request's end. Every arrival takes the router's path for a reque
 - each end frees a slot and the queue's first entry schedules again, then the next, until one finds no room
   (admission.py's wake-up chain, without the asyncio).
 
-Each replica's engine model (`llmgw.core.engine_model`) runs as an `llmgw.core.engine_run.EngineRun`: a request's
+Each replica's engine model (`llmgw.core.capacity.engine_model`) runs as an `llmgw.core.capacity.engine_run.EngineRun`: a request's
 first token and end come from the sequences on its replica as they change (a prefill that arrives later stalls
 the ones decoding, on an engine whose prefills hold the replica). The replica's readings are exact (the real router reads them from a scrape a moment old), and
 a higher band never displaces a waiting lower one from a full queue: the replay refuses the newcomer.
@@ -28,11 +28,11 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from llmgw.core.bench import percentile
+from llmgw.core.capacity.bench import percentile
+from llmgw.core.capacity.engine_model import EngineModel
+from llmgw.core.capacity.engine_run import EngineRun
 from llmgw.core.config.models import RoutingPolicySpec
-from llmgw.core.engine_model import EngineModel
-from llmgw.core.engine_run import EngineRun
-from llmgw.core.trace import TracedRequest
+from llmgw.core.traffic.trace import TracedRequest
 from llmgw_router.decisions.fairqueue import Band, Entry, FairQueue, band_of
 from llmgw_router.decisions.scheduler import Candidate, RequestInfo, schedule
 

@@ -193,7 +193,7 @@ def conversation_key(
     headers: Mapping[str, str], body: dict[str, Any], policy: RoutingPolicySpec
 ) -> str | None:
     """The key `session_key` sticks by, whether or not the policy weighs sessions: a usage row keeps a salted
-    hash of it (llmgw.core.traffic.prefix_hash), so a trace shows which requests shared a session or prefix.
+    hash of it (llmgw.core.traffic.recorded.prefix_hash), so a trace shows which requests shared a session or prefix.
     None: the request has none."""
     settings = policy.session
     header = headers.get(settings.header)

@@ -18,7 +18,7 @@ came with its last); `last_request_at` is wall time (null: none since this route
 `routed` says the replica is in this router's table (false: dropped, only its requests in flight remain).
 A replica's `requests` and `errors` count every attempt sent to it since this router started (an error: a
 5xx or an engine that could not be reached, retried elsewhere or not), and its `ttft_p99_ms` is over the
-same window as the model's: what a canary's gates compare (llmgw.core.canary). `engine` is the router's
+same window as the model's: what a canary's gates compare (llmgw.core.evals.canary). `engine` is the router's
 last scrape of a routed replica's metrics (null values: not scraped yet, or the engine does not publish it),
 so the console can show a replica's live metrics without the controller scraping engines itself; a replica
 no longer routed has no `engine`.

@@ -14,7 +14,7 @@ from llmgw_agent.engines import metric_mapping
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
-from llmgw.core.tenancy import TenantChain, allowed, tenant_chain
+from llmgw.core.tenancy.projects import TenantChain, allowed, tenant_chain
 from llmgw.core.words import parse_duration
 from llmgw_router.decisions.breaker import BreakerState
 from llmgw_router.decisions.scheduler import Candidate

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from llmgw.core.config.models import Prices
-from llmgw.core.tenancy import TenantChain
-from llmgw.core.traffic import prefix_hash
+from llmgw.core.tenancy.projects import TenantChain
+from llmgw.core.traffic.recorded import prefix_hash
 from llmgw.store.records import UsageRecord
 from llmgw_router.decisions.rules import Sizing
 from llmgw_router.decisions.scheduler import Decision

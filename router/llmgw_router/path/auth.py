@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from llmgw.core.keys import hash_key, looks_like_key
 from llmgw.core.security import bearer_token
+from llmgw.core.tenancy.keys import hash_key, looks_like_key
 from llmgw.store.errors import StoreError
 from llmgw.store.records import KeyLookup
 from llmgw_router.server.errors import ApiError

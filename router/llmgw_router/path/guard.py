@@ -1,7 +1,7 @@
 """Guardrails on the request path: which apply to a request, the input screen (block, redact, warn), the
 judge call, the output screen of a whole answer, and the sliding-window screen of a stream (guard_stream.py).
 
-The decisions are llmgw.core.guardrails'; this is the shell: it compiles the snapshot's guardrails once per
+The decisions are llmgw.core.evals.guardrails'; this is the shell: it compiles the snapshot's guardrails once per
 table, asks a judge model's endpoint for a raw completion in Llama Guard 3's format, counts verdicts, and
 remembers each guardrail's judge trouble for the status page. The catalog resolved every attachment down the
 tenant tree; the router reads `snapshot.guard` as published.
@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from llmgw.core import guardrails as gr
+from llmgw.core.evals import guardrails as gr
 from llmgw.core.words import parse_duration
 from llmgw_router.decisions.scheduler import RequestInfo
 from llmgw_router.fleet.metrics import PREFIX

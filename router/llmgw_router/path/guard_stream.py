@@ -14,8 +14,8 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from llmgw.core import guardrails as gr
 from llmgw.core.errors import LlmgwError
+from llmgw.core.evals import guardrails as gr
 from llmgw_router.server.exchange import Exchange, Headers, Reply
 
 __all__ = ["GuardCut", "GuardedStream"]

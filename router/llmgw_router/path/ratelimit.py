@@ -1,4 +1,4 @@
-"""Tenant limits on the request path: the store's pooled limiter (llmgw.store.limiter) behind one interface.
+"""Tenant limits on the request path: the store's pooled limiter (llmgw.store.limits.limiter) behind one interface.
 
 With a store, limits are pools shared by every router (each leases shares). With no store, the same limiter
 runs against `MemoryCounters`, which grants this router the whole pool: one router, one pool. Budgets in
@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from llmgw.core.limits import Estimate, Level, LevelLimits, Refused, Tenant, level_limits, to_micros
 from llmgw.core.snapshot import Tenants
-from llmgw.core.tenancy import TenantChain
-from llmgw.store.limiter import Admission, CounterStore, Limiter as PoolLimiter, SharePolicy
+from llmgw.core.tenancy.limits import Estimate, Level, LevelLimits, Refused, Tenant, level_limits, to_micros
+from llmgw.core.tenancy.projects import TenantChain
+from llmgw.store.limits.limiter import Admission, CounterStore, Limiter as PoolLimiter, SharePolicy
 from llmgw.store.records import ShareGrant
 from llmgw_router.server.errors import ApiError
 

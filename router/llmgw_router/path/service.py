@@ -25,9 +25,9 @@ from urllib.parse import unquote
 import aiohttp
 
 from llmgw.adapters import logformat
-from llmgw.core.guardrails import CompiledGuardrail
+from llmgw.core.evals.guardrails import CompiledGuardrail
 from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
-from llmgw.core.tenancy import has_tenants
+from llmgw.core.tenancy.projects import has_tenants
 from llmgw_router.decisions.canary_route import steered_away
 from llmgw_router.decisions.capabilities import (
     CHECKING_RETRY_AFTER_S,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from llmgw.core.config.listener_spec import ListenerSettings
+from llmgw.core.config.specs.listener_spec import ListenerSettings
 from llmgw.core.words import parse_duration
 from llmgw_router.server.exchange import Headers
 

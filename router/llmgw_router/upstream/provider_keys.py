@@ -17,8 +17,8 @@ from pathlib import Path
 
 from prometheus_client import Gauge
 
-from llmgw.core.secret_bindings import SecretUse
-from llmgw.core.secretrefs import SecretPolicy, SecretRefError, resolve_bound
+from llmgw.core.config.secret_bindings import SecretUse
+from llmgw.core.config.secretrefs import SecretPolicy, SecretRefError, resolve_bound
 from llmgw.core.security import forbidden_address_reason
 from llmgw.core.snapshot import PublishedModel, RouterSnapshot
 
@@ -35,7 +35,7 @@ def provider_key(
     reserved: frozenset[str] = frozenset(),
 ) -> str | None:
     """The provider's key (None when the model declares none), only when the operator's binding map lets it
-    go to the provider's host (llmgw.core.secret_bindings) and it is none of the `reserved` names (the
+    go to the provider's host (llmgw.core.config.secret_bindings) and it is none of the `reserved` names (the
     cluster's own); ValueError with the rule or the reason."""
     provider = model.provider
     if provider is None or provider.key is None:

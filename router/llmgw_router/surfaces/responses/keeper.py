@@ -1,7 +1,7 @@
 """Stored responses on the vault: load one to continue from, keep one, and `GET` / `DELETE /v1/responses/{id}`.
 
 The router seals and opens them itself, with the content key it was given at start (`--content-key-file`,
-read once at its edge like its other secrets) through `llmgw.store.content.ContentVault` on the store it
+read once at its edge like its other secrets) through `llmgw.store.queries.content.ContentVault` on the store it
 already writes usage to (docs/traffic.md, Where content is sealed). The vault is reached through the `Vault`
 protocol here, so the request path imports no store driver; app.py builds the real one.
 
@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from llmgw.core.errors import LlmgwError
 from llmgw.core.snapshot import Tenants
-from llmgw.core.traffic import content_ttl
+from llmgw.core.traffic.recorded import content_ttl
 from llmgw.store.errors import StoreError
 from llmgw_router.server.errors import ApiError, error_response
 from llmgw_router.server.exchange import Exchange, json_reply
@@ -35,7 +35,7 @@ class Opened(Protocol):
 
 
 class Vault(Protocol):
-    """llmgw.store.content.ContentVault's surface, as the router uses it."""
+    """llmgw.store.queries.content.ContentVault's surface, as the router uses it."""
 
     async def put(
         self, kind: str, project: str, id_: str, data: bytes, ttl_s: float, now: float

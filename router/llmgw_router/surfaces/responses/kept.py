@@ -18,7 +18,7 @@ import json
 from typing import Any, NamedTuple
 
 from llmgw.core.config.models import ContentRetention
-from llmgw.core.traffic import content_ttl
+from llmgw.core.traffic.recorded import content_ttl
 from llmgw_router.server.errors import ApiError
 
 __all__ = [

@@ -1,0 +1,476 @@
+"""`llmgw keys ...`, `llmgw usage` and `llmgw store ...`: the store's commands.
+
+`llmgw keys` talks to the controller's admin API (`--controller`/LLMGW_CONTROLLER, default the local
+controller on 127.0.0.1:7070, with an `admin`-scope token): the controller writes the key into the store its
+routers read. Only with `--store DSN` (or LLMGW_STORE) does it open a store directly, for an operator who
+means that store; without either it never makes a local SQLite file that no router reads.
+
+For the other commands the store is the deployment's, found as llmgw.cli.data.store_find says (`--store`,
+LLMGW_STORE, the controller's configuration, its admin API, the local store `llmgw up` made); each says on
+standard error which one chose it, and a store that is not there is an error, never an empty store made on
+the spot. Errors say which of those chose the address, because "cannot open" is only useful next to where the
+address came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import datetime as dt
+import getpass
+import json
+import os
+import sys
+import time
+import urllib.parse
+from collections.abc import Awaitable, Callable
+from decimal import Decimal
+from pathlib import Path
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.markup import escape
+from rich.table import Column, Table
+
+from llmgw.adapters import keys as keymod
+from llmgw.cli import admin_client, output
+from llmgw.cli.admin_client import AnswerT
+from llmgw.cli.data.store_find import CONFIG_ENV, StoreNotFoundError, StoreWhere, find_store
+from llmgw.core.api.admin_api import KeyCreated, KeyRevoked, KeysAnswer, KeyView, UsageAnswer
+from llmgw.core.words import count, duration_words, money, parse_duration
+from llmgw.store import (
+    DEFAULT_DSN,
+    USAGE_GROUPS,
+    ApiKey,
+    AuditEntry,
+    Store,
+    StoreError,
+    UsageGroup,
+    UsageTotal,
+)
+from llmgw.store.move import move_store
+from llmgw.store.records import TAG_GROUP_PREFIX, AuditOutcome
+
+T = TypeVar("T")
+
+keys_app = typer.Typer(help="API keys: create (shown once), list, revoke.", no_args_is_help=True)
+store_app = typer.Typer(help="The store: migrate it, or move it to another database.", no_args_is_help=True)
+
+StoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help="Store DSN (sqlite:///path, postgresql://..., @file); env LLMGW_STORE; else the controller's "
+        f"(--controller-config, ${admin_client.CONTROLLER_ENV}), else {DEFAULT_DSN} when it exists",
+    ),
+]
+ControllerConfigOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--controller-config",
+        envvar=CONFIG_ENV,
+        help="The controller's settings file: its `store:` is the store opened",
+    ),
+]
+JsonOpt = output.JsonOpt
+KeysStoreOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar="LLMGW_STORE",
+        help="Open this store directly (sqlite:///path or postgresql://...) instead of asking the controller",
+    ),
+]
+ControllerOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--controller",
+        envvar=admin_client.CONTROLLER_ENV,
+        help=f"The controller's admin URL (default {admin_client.DEFAULT_CONTROLLER}); needs an admin token",
+    ),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        help=f"Admin token file (default: ${admin_client.TOKEN_ENV}, else the token a local controller made)",
+    ),
+]
+
+
+def _controller(controller: str | None, token_file: Path | None) -> admin_client.AdminClient:
+    env = admin_client.environ()
+    try:
+        token = admin_client.resolve_token(
+            token_file, env, admin_client.default_token_files(None, Path.cwd())
+        )
+        client = admin_client.AdminClient(controller or admin_client.DEFAULT_CONTROLLER, token)
+    except admin_client.AdminError as exc:
+        _fail(f"{exc} (keys are made through the controller; --store DSN opens a store directly)")
+    warning = admin_client.plaintext_warning(client.url)
+    if warning is not None:
+        output.console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    return client
+
+
+def _api(
+    client: admin_client.AdminClient, method: str, path: str, payload: Any, model: type[AnswerT]
+) -> AnswerT:
+    """The answer as `model` (the route table's, llmgw.core.api.admin_api); a message and exit 1 on any failure."""
+    try:
+        if method == "GET":
+            return client.get_as(path, model)
+        body = client.post(path, payload, ok=(200, 201))[1]
+        return admin_client.read_answer(body, model, client.url + path)
+    except admin_client.AdminError as exc:
+        hint = ""
+        if exc.status is None:
+            hint = " (keys are made through the controller's admin API; --store DSN opens a store directly)"
+        _fail(f"{exc}{hint}")
+
+
+def _api_key(view: KeyView) -> ApiKey:
+    return ApiKey(
+        view.id,
+        view.prefix,
+        view.project,
+        view.name,
+        view.created_at,
+        view.expires_at,
+        view.revoked_at,
+        view.last_used_at,
+    )
+
+
+def _run(where: StoreWhere, action: Callable[[Store], Awaitable[T]], *, announce: bool = True) -> T:
+    """Open the store `where` finds, run `action`; `announce`: say on standard error which store and what
+    chose it (the key commands, given their store explicitly, print only the key)."""
+    try:
+        found = find_store(where)
+    except StoreNotFoundError as exc:
+        _fail(str(exc))
+    if announce:
+        output.console(stderr=True).print(f"store {found.shown()}", highlight=False, markup=False)
+
+    async def go() -> T:
+        opened = await Store.open(found.dsn)
+        try:
+            return await action(opened)
+        finally:
+            await opened.close()
+
+    try:
+        return asyncio.run(go())
+    except StoreError as exc:
+        _fail(f"{exc} (store chosen by {found.source})")
+
+
+async def _audit_direct(store: Store, action: str, obj: str, outcome: AuditOutcome, reason: str = "") -> None:
+    """A key command that opened the store itself is audited there, with the local user as its actor (no
+    admin token named anyone). A failed write is said, and does not undo the action it records."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (a container): the uid still says who
+        user = f"uid {os.getuid()}"
+    entry = AuditEntry(time.time(), f"local:{user}", action, obj, outcome, reason, via="cli-store")
+    try:
+        await store.record_audit(entry)
+    except StoreError as exc:
+        output.console(stderr=True).print(
+            f"[yellow]warning:[/yellow] {action} done, not audited: {exc}", highlight=False
+        )
+
+
+def _fail(message: str) -> NoReturn:
+    output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(1)
+
+
+def _when(ts: float | None) -> str:
+    if ts is None:
+        return ""
+    return dt.datetime.fromtimestamp(ts, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _key_json(key: ApiKey, now: float) -> dict[str, Any]:
+    return {
+        "id": key.id,
+        "prefix": key.prefix,
+        "project": key.project,
+        "name": key.name,
+        "state": key.state(now),
+        "created_at": _when(key.created_at),
+        "expires_at": _when(key.expires_at) or None,
+        "revoked_at": _when(key.revoked_at) or None,
+        "last_used_at": _when(key.last_used_at) or None,
+    }
+
+
+@keys_app.command("create")
+def keys_create(
+    project: Annotated[str, typer.Option("--project", help="Project the key spends against.")],
+    name: Annotated[str, typer.Option("--name", help="A label for the key.")] = "",
+    expires: Annotated[str | None, typer.Option("--expires", help="Lifetime such as 30d, 12h, 2w.")] = None,
+    store: KeysStoreOpt = None,
+    controller: ControllerOpt = None,
+    token_file: TokenFileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create a key and print it once: only its hash is kept."""
+    try:
+        expires_in = parse_duration(expires, bare_seconds=False, positive=True) if expires else None
+    except ValueError as exc:
+        _fail(f"--expires: {exc}")
+    if store is None:
+        body = {"project": project, "name": name, "expires_in_s": expires_in}
+        made = _api(_controller(controller, token_file), "POST", "/api/v1/keys", body, KeyCreated)
+        new = keymod.NewKey(_api_key(made), made.key)
+    else:
+
+        async def create(s: Store) -> keymod.NewKey:
+            made = await keymod.create_key(s, project, time.time(), name=name, expires_in=expires_in)
+            await _audit_direct(s, "key.create", f"{made.key.id} (project {project})", "accepted")
+            return made
+
+        new = _run(StoreWhere(store, may_create=True), create, announce=False)
+    if as_json:
+        print(json.dumps({**_key_json(new.key, time.time()), "key": new.plaintext}))
+        return
+    print(new.plaintext)
+    output.console(stderr=True).print(
+        f"key {new.key.id} for project {project!r}"
+        + (f", expires {_when(new.key.expires_at)}" if new.key.expires_at else "")
+        + ". This is the only time the key is shown: store it now.",
+        highlight=False,
+    )
+
+
+@keys_app.command("list")
+def keys_list(
+    project: Annotated[str | None, typer.Option("--project", help="Only this project's keys.")] = None,
+    store: KeysStoreOpt = None,
+    controller: ControllerOpt = None,
+    token_file: TokenFileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """List keys (prefix only; the keys themselves are not kept)."""
+    if store is None:
+        query = f"?project={urllib.parse.quote(project)}" if project else ""
+        listed = _api(_controller(controller, token_file), "GET", f"/api/v1/keys{query}", None, KeysAnswer)
+        found = [_api_key(k) for k in listed.keys]
+    else:
+        found = _run(StoreWhere(store, may_create=True), lambda s: s.list_keys(project), announce=False)
+    now = time.time()
+    if as_json:
+        output.print_json([_key_json(k, now) for k in found])
+        return
+    table = Table(Column("ID", no_wrap=True), Column("Prefix", no_wrap=True), "Project", "Name", "State",
+                  "Created", "Expires", "Last used")  # fmt: skip
+    for k in found:
+        table.add_row(
+            k.id, k.prefix + "…", k.project, k.name, k.state(now), _when(k.created_at), _when(k.expires_at),
+            _when(k.last_used_at) or "never",
+        )  # fmt: skip
+    output.console().print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    key_id: Annotated[str, typer.Argument(help="The key's id (see keys list).")],
+    store: KeysStoreOpt = None,
+    controller: ControllerOpt = None,
+    token_file: TokenFileOpt = None,
+) -> None:
+    """Revoke a key: the router answers 401 "revoked" from then on (after its cache expires)."""
+    if store is None:
+        path = f"/api/v1/keys/{urllib.parse.quote(key_id)}/revoke"
+        _api(_controller(controller, token_file), "POST", path, None, KeyRevoked)
+    else:
+
+        async def revoke(s: Store) -> bool:
+            done = await s.revoke_key(key_id, time.time())
+            reason = "" if done else "no such key"
+            await _audit_direct(s, "key.revoke", key_id, "accepted" if done else "refused", reason)
+            return done
+
+        if not _run(StoreWhere(store, may_create=True), revoke, announce=False):
+            _fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
+    print(f"revoked {key_id}")
+
+
+# How the table and CSV show what JSON gives as null: a request made without a key, and a key whose row
+# is gone from api_keys (its name and project are unknown, which is not the same as empty).
+NO_KEY = "(no key)"
+KEY_NOT_IN_STORE = "(key not in store)"
+UNKNOWN = "(unknown)"
+UNTAGGED = "(untagged)"
+
+
+def _group_column(t: UsageTotal, tag: str | None, as_json: bool) -> str | None:
+    """A group's name; by tag, the requests without the tag: null in JSON, (untagged) in a table or CSV."""
+    if tag is None or t.group:
+        return t.group
+    return None if as_json else UNTAGGED
+
+
+def _key_columns(t: UsageTotal, *, labelled: bool) -> list[str | None]:
+    """key, name, project of a by-key total: JSON keeps nulls, the table and CSV say what they mean."""
+    key_id = t.group or None
+    if not labelled:
+        return [key_id, t.key_name, t.key_project]
+    if key_id is None:
+        return [NO_KEY, "", ""]
+    if t.key_name is None:
+        return [key_id, KEY_NOT_IN_STORE, UNKNOWN]
+    return [key_id, t.key_name, t.key_project]
+
+
+def _plain(value: object) -> object:
+    """A float as a plain decimal (no exponent); anything else as it is."""
+    if isinstance(value, float):
+        return format(Decimal(repr(value)), "f")
+    return value
+
+
+def _usage_totals(
+    by: str, start: float | None, where: StoreWhere, controller: str | None, token_file: Path | None
+) -> list[UsageTotal]:
+    """From the store, or with --controller through the admin API's GET /api/v1/usage (an admin token)."""
+    tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
+    if controller is not None:
+        output.console(stderr=True).print(f"usage from the controller at {controller}", highlight=False)
+        query = {"by": by} | ({"since": repr(start)} if start is not None else {})
+        path = "/api/v1/usage?" + urllib.parse.urlencode(query)
+        data = _api(_controller(controller, token_file), "GET", path, None, UsageAnswer)
+        return [
+            UsageTotal(
+                t.group or "",
+                t.requests,
+                t.tokens_in,
+                t.tokens_out,
+                t.cost,
+                t.avg_latency_ms,
+                t.errors,
+                key_name=t.key_name,
+                key_project=t.key_project,
+            )
+            for t in data.totals
+        ]
+    if tag is not None:
+        return _run(where, lambda s: s.usage_totals_by_tag(tag, since=start))
+    group: UsageGroup = by  # type: ignore[assignment]  # the caller checked it is one of USAGE_GROUPS
+    return _run(where, lambda s: s.usage_totals(group, since=start))
+
+
+def usage(
+    by: Annotated[
+        str,
+        typer.Option(
+            "--by",
+            help="Group by project, team, org, key, model, router (imported rows: import:SOURCE), or tag:KEY.",
+        ),
+    ] = "project",
+    since: Annotated[str | None, typer.Option("--since", help="Only the last 7d, 24h, ...")] = None,
+    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,
+    store: StoreOpt = None,
+    controller_config: ControllerConfigOpt = None,
+    controller: Annotated[
+        str | None,
+        typer.Option(
+            "--controller", help="Ask this controller's admin API (an admin token) instead of a store"
+        ),
+    ] = None,
+    token_file: TokenFileOpt = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Requests, tokens and cost, grouped (by key: with each key's name and project; by tag:KEY: by the value
+    of that request tag, requests without it in one untagged group)."""
+    tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
+    if tag is None and by not in USAGE_GROUPS:
+        _fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}, or tag:KEY (e.g. --by tag:app)")
+    if tag is not None and not tag:
+        _fail("--by tag: names no tag key (e.g. --by tag:app)")
+    group = by
+    try:
+        start = time.time() - parse_duration(since, bare_seconds=False, positive=True) if since else None
+    except ValueError as exc:
+        _fail(f"--since: {exc}")
+    totals = _usage_totals(by, start, StoreWhere(store, controller_config), controller, token_file)
+    header = [*(["key", "name", "project"] if group == "key" else [by]), "requests", "errors", "tokens_in",
+              "tokens_out", "cost", "avg_latency_ms"]  # fmt: skip
+    rows = [
+        [
+            *(_key_columns(t, labelled=not as_json) if group == "key" else [_group_column(t, tag, as_json)]),
+            t.requests,
+            t.errors,
+            t.tokens_in,
+            t.tokens_out,
+            round(t.cost, 6),
+            round(t.avg_latency_ms, 1),
+        ]
+        for t in totals
+    ]
+    if as_json:
+        output.print_json([dict(zip(header, r, strict=True)) for r in rows])
+    elif as_csv:
+        writer = csv.writer(sys.stdout)
+        writer.writerow(header)
+        # Plain decimals: a spreadsheet reads `0.000001`; `1e-06` is what the issue tracker got pasted.
+        writer.writerows([_plain(v) for v in r] for r in rows)
+    else:
+        table = Table(*header)
+        labels = len(header) - 6  # the group's columns; then the numbers, printed as people read them
+        for r, t in zip(rows, totals, strict=True):
+            numbers = [
+                count(t.requests),
+                count(t.errors),
+                count(t.tokens_in),
+                count(t.tokens_out),
+                money(t.cost),
+            ]
+            latency = duration_words(t.avg_latency_ms / 1000) if t.requests else "-"
+            # A key's name is operator text, not markup.
+            table.add_row(*(escape(str(v)) for v in r[:labels]), *numbers, latency)
+        output.console().print(table)
+
+
+@store_app.command("migrate")
+def store_migrate(store: StoreOpt = None, controller_config: ControllerConfigOpt = None) -> None:
+    """Bring the store's schema up to date (also done by every process at start-up); with --store (or
+    LLMGW_STORE) naming a SQLite file that does not exist, make it."""
+
+    async def go(s: Store) -> tuple[list[int], int]:
+        return await s.migrate(), await s.schema_version()
+
+    # Store.open already migrates; report the resulting version.
+    _, version = _run(StoreWhere(store, controller_config, may_create=True), go)
+    print(f"store at schema version {version}")
+
+
+@store_app.command("move")
+def store_move(
+    to: Annotated[str, typer.Option("--to", help="Destination DSN; must be empty.")],
+    store: StoreOpt = None,
+    controller_config: ControllerConfigOpt = None,
+) -> None:
+    """Copy every table to another store (for example SQLite to PostgreSQL). Stop the writers first."""
+    console = output.console(stderr=True)
+
+    async def go(src: Store) -> dict[str, int]:
+        dst = await Store.open(to)
+        try:
+            report = await move_store(
+                src, dst, lambda t, n: console.print(f"copied {t}: {n} rows", highlight=False)
+            )
+        finally:
+            await dst.close()
+        return report.copied
+
+    copied = _run(StoreWhere(store, controller_config), go)
+    print(f"moved {sum(copied.values())} rows; point --store / LLMGW_STORE at the new store")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(keys_app, name="keys")
+    app.add_typer(store_app, name="store")
+    app.command("usage")(usage)

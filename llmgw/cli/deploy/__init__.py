@@ -1,0 +1,1 @@
+"""Putting llmgw on machines: `llmgw up`, `node add|bootstrap`, `upgrade`."""

@@ -1,0 +1,196 @@
+"""`llmgw plan --simulate`: replay a trace against the current and the planned fleet, in virtual time.
+
+The current fleet is the live state's replicas that serve or are about to (not draining, stopping, stopped or
+failed); the planned fleet is that minus the plan's stops, plus its starts (a restart keeps its place). Each
+replica's engine model is fitted from what `llmgw bench --save` measured for its model and profile
+(`GET /api/v1/capacity`, or `--capacity FILE` saved from `llmgw capacity --json` for CI without the cluster);
+what nobody measured is assumed and printed. Both fleets replay the same trace with the same seed, through
+`llmgw_router.decisions.replay` (the router's own scheduler and fair queue), and `llmgw.core.capacity.replay_gate` judges.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llmgw_router.decisions.replay import ModelOutcome, SimFleet, SimReplica, replay
+
+from llmgw.core.capacity.engine_model import EngineModel, fit_engine_model
+from llmgw.core.capacity.replay_gate import Figures, regressions, render_text
+from llmgw.core.config.models import ModelSpec
+from llmgw.core.desired.catalog import Catalog
+from llmgw.core.errors import LlmgwError
+from llmgw.core.fleet.views import LiveState, class_rank
+from llmgw.core.plan import Plan
+from llmgw.core.traffic.synthetic_trace import DEFAULT_LOAD, DEFAULT_MINUTES, Shape, steady
+from llmgw.core.traffic.trace import Trace, TracedRequest, TraceError, parse_trace
+from llmgw.core.words import parse_duration
+
+__all__ = ["SimulateError", "Simulated", "read_capacity_file", "simulate"]
+
+_GONE = ("draining", "stopping", "stopped", "failed")
+Measurements = Mapping[tuple[str, str], Mapping[str, Any] | None]  # (model, profile) -> `measured` or None
+
+
+class SimulateError(LlmgwError):
+    """The simulation cannot run: a trace or capacity file that cannot be read."""
+
+
+@dataclass(frozen=True)
+class Simulated:
+    text: str
+    regressions: tuple[str, ...]
+
+
+def measurements(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any] | None]:
+    """`GET /api/v1/capacity`'s rows by model and profile."""
+    return {(str(r["model"]), str(r["profile"])): r.get("measured") for r in rows}
+
+
+def read_capacity_file(path: Path) -> dict[tuple[str, str], Mapping[str, Any] | None]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        rows = data["capacity"]
+        return measurements(rows)
+    except OSError as exc:
+        raise SimulateError(f"--capacity {path}: cannot read it: {exc.strerror or exc}") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SimulateError(
+            f'--capacity {path}: not the output of `llmgw capacity --json` ({{"capacity": [...]}}): {exc}'
+        ) from exc
+
+
+def read_trace(path: Path) -> Trace:
+    try:
+        with path.open(encoding="utf-8") as fh:
+            return parse_trace(fh)
+    except OSError as exc:
+        raise SimulateError(f"trace {path}: cannot read it: {exc.strerror or exc}") from exc
+    except TraceError as exc:
+        raise SimulateError(f"trace {path}: {exc}") from exc
+
+
+class _Models:
+    """Engine models per (model, profile), fitted once, with every assumption said once."""
+
+    def __init__(self, measured: Measurements) -> None:
+        self.measured = measured
+        self.cache: dict[tuple[str, str, int | None], EngineModel] = {}
+        self.assumptions: list[str] = []
+
+    def get(self, model: str, profile: str, slots: int | None) -> EngineModel:
+        key = (model, profile, slots)
+        found = self.cache.get(key)
+        if found is None:
+            found = self.cache[key] = fit_engine_model(
+                self.measured.get((model, profile)), slots, f"{model}/{profile}"
+            )
+            self.assumptions.extend(a for a in found.assumptions if a not in self.assumptions)
+        return found
+
+
+def _slots(specs: Mapping[str, ModelSpec], model: str, profile: str) -> int | None:
+    spec = specs.get(model)
+    found = next((p for p in spec.profiles if p.name == profile), None) if spec is not None else None
+    return found.slots if found is not None else None
+
+
+def _fleets(live: LiveState, made: Plan) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
+    current = [(r.id, r.model, r.profile) for r in live.replicas if r.state not in _GONE]
+    stopped = {s.replica_id for s in made.stops}
+    planned = [r for r in current if r[0] not in stopped]
+    planned += [(s.replica_id, s.model, s.profile) for s in made.starts]
+    return current, planned
+
+
+def _sim_fleet(
+    catalog: Catalog, replicas: list[tuple[str, str, str]], specs: Mapping[str, ModelSpec], models: _Models
+) -> SimFleet:
+    admission = catalog.cluster.router.admission
+    names = {m for _, m, _ in replicas} | set(catalog.models)
+    sims = tuple(
+        SimReplica(rid, model, models.get(model, profile, slots), slots)
+        for rid, model, profile in replicas
+        for slots in (_slots(specs, model, profile),)
+    )
+    ranks = {
+        name: class_rank(catalog.cluster.classes, entry.spec.model_class)
+        for name, entry in catalog.models.items()
+    }
+    projects = {name: (p.priority, p.share) for name, p in catalog.tenants().projects.items()}
+    return SimFleet(
+        replicas=sims,
+        policies={m: catalog.policy_for(m) for m in names if m in catalog.models},
+        queue_size=admission.queue_size,
+        model_queue_size=admission.model_queue_size,
+        queue_timeout_s=parse_duration(admission.timeout),
+        class_ranks=ranks,
+        projects=projects,
+    )
+
+
+def _synthetic(fleet: SimFleet, other: SimFleet, seed: int) -> tuple[list[TracedRequest], str]:
+    """DEFAULT_LOAD of what the current fleet completes per second per model (the planned fleet's for a
+    model only it serves), for DEFAULT_MINUTES (llmgw.core.traffic.synthetic_trace)."""
+    shape = Shape()
+    rates: dict[str, float] = {}
+    for source in (other, fleet):  # the current fleet's figure wins
+        per: dict[str, float] = {}
+        for r in source.replicas:
+            per[r.model] = per.get(r.model, 0.0) + r.engine.requests_per_s(
+                shape.prompt_tokens, shape.completion_tokens
+            )
+        rates.update({m: DEFAULT_LOAD * v for m, v in per.items()})
+    _, requests = steady(rates, DEFAULT_MINUTES * 60.0, random.Random(seed), shape)
+    words = (
+        f"a synthetic trace: {DEFAULT_LOAD:.0%} of the current fleet's modelled capacity per model for "
+        f"{DEFAULT_MINUTES:g} minutes, {shape.prompt_tokens} prompt and ~{shape.completion_tokens} completion "
+        f"tokens per request, {len(requests)} requests"
+    )
+    return requests, words
+
+
+def _figures(outcomes: Mapping[str, ModelOutcome]) -> dict[str, Figures]:
+    return {
+        m: Figures(m, o.requests, o.served, dict(o.refused), o.ttft_p50_ms, o.ttft_p99_ms, o.utilization)
+        for m, o in outcomes.items()
+        if o.requests
+    }
+
+
+def simulate(
+    catalog: Catalog,
+    live: LiveState,
+    made: Plan,
+    trace_path: Path | None,
+    measured: Measurements,
+    *,
+    seed: int = 0,
+) -> Simulated:
+    """Replay the trace (a synthetic one without `trace_path`) against both fleets; the section's text and
+    the regressions past the Cluster's thresholds."""
+    models = _Models(measured)
+    current_replicas, planned_replicas = _fleets(live, made)
+    planned_specs = {name: entry.spec for name, entry in catalog.models.items()}
+    current_specs = live.models if live.models is not None else planned_specs
+    current = _sim_fleet(catalog, current_replicas, current_specs, models)
+    planned = _sim_fleet(catalog, planned_replicas, planned_specs, models)
+    notes: list[str] = []
+    duration: float | None
+    if trace_path is None:
+        requests, source = _synthetic(current, planned, seed)
+        duration = DEFAULT_MINUTES * 60.0
+    else:
+        trace = read_trace(trace_path)
+        requests, duration = list(trace.requests), trace.header.duration_s or None
+        source = f"trace {trace_path}: {len(requests)} requests"
+        notes.extend(f"trace {trace_path}: {s} (skipped)" for s in trace.skipped)
+    now = _figures(replay(current, requests, seed=seed, duration_s=duration).models)
+    then = _figures(replay(planned, requests, seed=seed, duration_s=duration).models)
+    found = regressions(now, then, catalog.cluster.plan.simulate)
+    text = render_text(source, now, then, found, [*notes, *models.assumptions])
+    return Simulated(text, tuple(found))

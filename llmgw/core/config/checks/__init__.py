@@ -1,0 +1,1 @@
+"""Whole-repo checks: semantic.check and the per-kind checks it calls."""

@@ -1,0 +1,1 @@
+"""Judging answers: eval suites, `model check`'s probes, a canary's gates, guardrails."""

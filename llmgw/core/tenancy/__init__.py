@@ -1,0 +1,1 @@
+"""Who may use what, and how much: tenants' limits and admission, projects, API key shapes."""

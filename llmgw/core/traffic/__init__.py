@@ -1,0 +1,1 @@
+"""What was served: recorded request shapes, traces (recorded and synthetic), usage summaries."""

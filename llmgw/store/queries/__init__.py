@@ -1,0 +1,1 @@
+"""The store's queries by subject, each a mixin of `Store`."""

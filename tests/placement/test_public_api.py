@@ -1,8 +1,9 @@
 """The names other parts import from the core: each face's `__all__` says them, and nothing else is reached.
 
-A face is a module or package directly under `llmgw.core` (`llmgw.core.config` has none: its modules are
-imported by name). Removing a name from an `__all__` is a breaking change; importing a name a face does not
-export is reaching into its inside.
+A face is a module or package of `llmgw.core`, directly or in one of its rooms (a package whose `__init__` holds
+only its docstring, docs/architecture.md: `llmgw.core.fleet`, `llmgw.core.desired`, ...); `llmgw.core.config`
+has none: its modules are imported by name. Removing a name from an `__all__` is a breaking change; importing a
+name a face does not export is reaching into its inside.
 """
 
 from __future__ import annotations
@@ -21,8 +22,30 @@ import llmgw.core.plan
 import llmgw.core.reconcile
 
 ROOT = Path(__file__).parents[2]
-FACES = sorted(
-    f"llmgw.core.{info.name}" for info in pkgutil.iter_modules(llmgw.core.__path__) if info.name != "config"
+
+
+def _is_room(package: str) -> bool:
+    """A room only groups modules: its `__init__` is its docstring and nothing else."""
+    init = ROOT.joinpath(*package.split("."), "__init__.py")
+    body = ast.parse(init.read_text(encoding="utf-8")).body
+    return len(body) == 1 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+
+
+def _faces(package: str) -> list[str]:
+    found = []
+    for info in pkgutil.iter_modules([str(ROOT.joinpath(*package.split(".")))]):
+        name = f"{package}.{info.name}"
+        if name == "llmgw.core.config":
+            continue
+        found += _faces(name) if info.ispkg and _is_room(name) else [name]
+    return found
+
+
+FACES = sorted(_faces("llmgw.core"))
+ROOMS = sorted(
+    f"llmgw.core.{info.name}"
+    for info in pkgutil.iter_modules(llmgw.core.__path__)
+    if info.ispkg and _is_room(f"llmgw.core.{info.name}")
 )
 
 
@@ -61,9 +84,15 @@ def test_public_api():
 
 
 def test_the_faces_are_found():
-    assert {"llmgw.core.desired.catalog", "llmgw.core.errors", "llmgw.core.plan", "llmgw.core.words"} <= set(
-        FACES
-    )
+    assert {
+        "llmgw.core.desired.catalog",
+        "llmgw.core.errors",
+        "llmgw.core.plan",
+        "llmgw.core.words",
+        "llmgw.core.reconcile",
+    } <= set(FACES)
+    assert {"llmgw.core.fleet", "llmgw.core.desired", "llmgw.core.tenancy"} <= set(ROOMS)
+    assert not set(ROOMS) & set(FACES)
 
 
 @pytest.mark.parametrize("face", FACES)
@@ -95,16 +124,14 @@ def test_everything_imported_from_a_face_is_in_its_all() -> None:
     outside = [
         f"{where}: {name} from {face}"
         for where, face, name in uses
-        if not face.startswith(_package_of(where)) and name not in importlib.import_module(face).__all__
+        if not _inside(where, face) and name not in importlib.import_module(face).__all__
     ]
     assert outside == [], "import these through the face's __all__ (or add them to it):\n" + "\n".join(
         outside
     )
 
 
-def _package_of(where: str) -> str:
-    """A face's own modules may use its inside; `llmgw/core/plan/diff.py:3` -> `llmgw.core.plan`."""
-    parts = where.split(":", 1)[0].removesuffix(".py").split("/")
-    if parts[0] == "router":
-        parts = parts[1:]
-    return ".".join(parts[:3]) if parts[:2] == ["llmgw", "core"] and len(parts) > 3 else "\0"
+def _inside(where: str, face: str) -> bool:
+    """A face's own modules may use its inside: `llmgw/core/plan/diff.py:3` is inside `llmgw.core.plan`."""
+    module = where.split(":", 1)[0].removesuffix(".py").replace("/", ".")
+    return module.startswith(face + ".")

@@ -4,8 +4,8 @@ how much is left."""
 
 from __future__ import annotations
 
-from llmgw.core.fleet.views import QuotaScope
 from llmgw.core.placement import explain, place, quota_room, quota_use
+from llmgw.core.tenancy.limits import QuotaScope
 
 from .builders import entry, gpu_node, gpu_profile, replica
 

@@ -26,7 +26,8 @@ from llmgw.core.plan import (
     render_text,
     to_dict,
 )
-from llmgw.core.plan.impact import Impact, plan_impact
+from llmgw.core.plan.impact import plan_impact
+from llmgw.core.plan.values import Impact
 from llmgw.core.traffic.usage_summary import UsageSummary
 from llmgw.store import Store
 from llmgw.store.usage.usage_summary import read_usage_summary

@@ -48,9 +48,9 @@ from llmgw.core.config.models import (
     TeamSpec,
 )
 from llmgw.core.errors import CatalogError
-from llmgw.core.fleet.views import QuotaScope
 from llmgw.core.snapshot import PublishedGuard, Tenants
 from llmgw.core.tenancy import projects as tenancy
+from llmgw.core.tenancy.limits import QuotaScope
 from llmgw.core.weights.manifest import ManifestFile, digest as manifest_digest
 from llmgw.core.weights.model_headers import ModelShape
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmgw.core.config.models import ModelSpec, Rollout, Source
+from llmgw.core.tenancy.limits import QuotaScope
 from llmgw.core.weights.fetch_plan import directory_key
 
 if TYPE_CHECKING:  # only for annotations: the adapters below read two attributes of a Catalog
@@ -38,7 +39,6 @@ __all__ = [
     "ModelView",
     "NodeState",
     "NodeView",
-    "QuotaScope",
     "ReplicaState",
     "ReplicaView",
     "ShardState",
@@ -58,14 +58,6 @@ NodeState = Literal["Ready", "Unreachable", "Lost"]
 ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
 # The controller's own word for where a replica is in its life; a failed shard overrides it (see effective_state).
 ReplicaState = Literal["pending", "starting", "ready", "failed", "draining", "stopping", "stopped"]
-
-
-@dataclass(frozen=True, slots=True)
-class QuotaScope:
-    """A tenant's GPU quota a model counts against: at most `gpus[class]` GPUs of each class."""
-
-    name: str  # "Team ml", "Organization acme"
-    gpus: Mapping[str, int]
 
 
 class ModelView(NamedTuple):

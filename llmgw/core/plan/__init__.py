@@ -1,10 +1,12 @@
 """`llmgw plan`: the difference between the cluster repo and the live fleet, as a value, and its renderings.
 
-    values.py   the plan as frozen values (Plan, ReplicaStart, DocumentChange, ...)
+    values.py   the plan as frozen values (Plan, ReplicaStart, DocumentChange, ..., its Impact)
     diff.py     make_plan / plan_for_catalog (pure: the reconciler in plan mode) and the document diffs
     render.py   text (Terraform's symbols), json (to_dict, stable keys), markdown (a pull-request comment)
     file.py     a saved plan's body and digest, and the rule that refuses a stale one
     impact.py   plan_impact: what each change does to a recent window's traffic (the Impact section)
+    source_check.py  which weights sources a plan checks, and what the servers' answers mean (the checking
+                is adapters/source_probe.py's; it imports this module by name)
 
 Import from here; the modules are the package's inside.
 """
@@ -24,12 +26,14 @@ from llmgw.core.plan.file import (
     plan_digest,
     saved_plan,
 )
-from llmgw.core.plan.impact import Impact, ImpactItem, plan_impact, unknown_impact
+from llmgw.core.plan.impact import plan_impact, unknown_impact
 from llmgw.core.plan.render import Format, render, render_json, render_markdown, render_text, to_dict
 from llmgw.core.plan.values import (
     DocumentChange,
     Drift,
     FieldChange,
+    Impact,
+    ImpactItem,
     ModelChange,
     NodeChange,
     Plan,

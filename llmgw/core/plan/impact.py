@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
 from llmgw.core.config.models import Limits, ModelSpec, OrganizationSpec, ProjectSpec, TeamSpec
 from llmgw.core.fleet.autoscale import assumed_capacity
 from llmgw.core.plan.diff import catalog_documents
-from llmgw.core.plan.values import Plan
+from llmgw.core.plan.values import Impact, ImpactItem, Plan, Topic
 from llmgw.core.snapshot import Tenants
 from llmgw.core.tenancy.projects import allowed, has_tenants
 from llmgw.core.traffic.usage_summary import TenantLevel, UsageSummary
@@ -40,8 +39,6 @@ if TYPE_CHECKING:
 __all__ = [
     "MONTH_S",
     "NOT_IN_SAVED_STATE",
-    "Impact",
-    "ImpactItem",
     "impact_dict",
     "impact_lines",
     "impact_markdown",
@@ -51,48 +48,8 @@ __all__ = [
 
 MONTH_S = 30 * 86400.0
 NOT_IN_SAVED_STATE = "usage: not in this saved state (saved without a usage summary); no Impact"
-Severity = Literal["loss", "note"]
-Topic = Literal["access", "limit", "capacity", "cost"]
 _KIND = {"organization": "Organization", "team": "Team", "project": "Project"}
 _LEVEL = {v: k for k, v in _KIND.items()}
-
-
-@dataclass(frozen=True, slots=True)
-class ImpactItem:
-    severity: Severity
-    topic: Topic
-    subject: str  # what it is about: `project playground`, `model gemma`, `team research`
-    words: str  # the sentence a reviewer reads
-
-
-@dataclass(frozen=True, slots=True)
-class Impact:
-    """The items, losses first; `known` False: no usage to judge by, and `reason` says why."""
-
-    known: bool
-    reason: str = ""
-    window: str = ""  # "the last 7 days"
-    coverage: str = ""  # "" when the records cover the window, else what they cover
-    requests: int = 0
-    items: tuple[ImpactItem, ...] = ()
-
-    @property
-    def losses(self) -> tuple[ImpactItem, ...]:
-        return tuple(i for i in self.items if i.severity == "loss")
-
-    def headline(self) -> str:
-        if not self.known:
-            return self.reason
-        n = len(self.losses)
-        more = f"; {self.coverage}" if self.coverage else ""
-        base = f"traffic of {self.window} ({count(self.requests)} requests{more})"
-        if n:
-            return f"{n} change{'s' * (n != 1)} would cut off, refuse or queue {base}."
-        if self.items:
-            return (
-                f"Nothing used is lost against {base}; {len(self.items)} note{'s' * (len(self.items) != 1)}."
-            )
-        return f"No change touches {base}."
 
 
 def unknown_impact(reason: str) -> Impact:

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from llmgw.core.plan.source_check import SourceVerdict
 from llmgw.core.weights.memory_fit import ProfileFit
-
-if TYPE_CHECKING:
-    from llmgw.core.plan.impact import Impact
+from llmgw.core.words import count
 
 __all__ = [
     "KIND_ORDER",
     "UNKNOWN_DOCUMENTS",
     "DocumentChange",
     "FieldChange",
+    "Impact",
+    "ImpactItem",
     "ModelChange",
     "NodeChange",
     "Plan",
@@ -38,6 +38,49 @@ KIND_ORDER = {
         ("Cluster", "Node", "RoutingPolicy", "Organization", "Team", "Project", "Model", "Adapter", "model")
     )
 }
+
+
+# The Impact (impact.plan_impact: what each change does to a recent window's traffic) is part of the plan's value.
+Severity = Literal["loss", "note"]
+Topic = Literal["access", "limit", "capacity", "cost"]
+
+
+@dataclass(frozen=True, slots=True)
+class ImpactItem:
+    severity: Severity
+    topic: Topic
+    subject: str  # what it is about: `project playground`, `model gemma`, `team research`
+    words: str  # the sentence a reviewer reads
+
+
+@dataclass(frozen=True, slots=True)
+class Impact:
+    """The items, losses first; `known` False: no usage to judge by, and `reason` says why."""
+
+    known: bool
+    reason: str = ""
+    window: str = ""  # "the last 7 days"
+    coverage: str = ""  # "" when the records cover the window, else what they cover
+    requests: int = 0
+    items: tuple[ImpactItem, ...] = ()
+
+    @property
+    def losses(self) -> tuple[ImpactItem, ...]:
+        return tuple(i for i in self.items if i.severity == "loss")
+
+    def headline(self) -> str:
+        if not self.known:
+            return self.reason
+        n = len(self.losses)
+        more = f"; {self.coverage}" if self.coverage else ""
+        base = f"traffic of {self.window} ({count(self.requests)} requests{more})"
+        if n:
+            return f"{n} change{'s' * (n != 1)} would cut off, refuse or queue {base}."
+        if self.items:
+            return (
+                f"Nothing used is lost against {base}; {len(self.items)} note{'s' * (len(self.items) != 1)}."
+            )
+        return f"No change touches {base}."
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,7 @@ says when to retry, with the x-ratelimit-* header values OpenAI's clients alread
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -29,6 +29,7 @@ __all__ = [
     "LevelState",
     "Meter",
     "Metric",
+    "QuotaScope",
     "RateMetric",
     "Refused",
     "Tenant",
@@ -52,6 +53,14 @@ RateMetric = Literal["requests", "tokens"]
 RATE_HEADER_METRICS: tuple[RateMetric, ...] = ("requests", "tokens")  # the x-ratelimit-* headers OpenAI sends
 MINUTE = 60.0
 MICROS = 1_000_000  # budgets are counted in millionths of the currency unit, so counters stay integers
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaScope:
+    """A tenant's GPU quota a model counts against: at most `gpus[class]` GPUs of each class."""
+
+    name: str  # "Team ml", "Organization acme"
+    gpus: Mapping[str, int]
 
 
 @dataclass(frozen=True)

@@ -27,15 +27,7 @@ from rich.table import Table
 
 from llmgw.cli import output
 from llmgw.cli.admin_client import AdminError
-from llmgw.cli.fleet.controller_cmds import (
-    ControllerOpt,
-    JsonOpt,
-    TokenOpt,
-    _client,
-    _fail,
-    _get,
-    _print_json,
-)
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
 from llmgw.core.capacity.bench import Measured, RequestSample, Step, conclude, summarize_step
 
 __all__ = ["register"]
@@ -202,12 +194,12 @@ def bench(
     try:
         levels = sorted({int(s) for s in steps.split(",") if s.strip()})
     except ValueError:
-        _fail(f"--steps {steps!r}: expected whole numbers separated by commas, e.g. 1,2,4,8")
+        fail(f"--steps {steps!r}: expected whole numbers separated by commas, e.g. 1,2,4,8")
     if not levels or levels[0] < 1:
-        _fail(f"--steps {steps!r}: every step is at least 1")
-    client = _client(controller, token_file)
+        fail(f"--steps {steps!r}: every step is at least 1")
+    client = controller_client(controller, token_file)
     query = f"?profile={profile}" if profile else ""
-    target = _get(client, f"/api/v1/bench/{model}{query}")
+    target = get_or_fail(client, f"/api/v1/bench/{model}{query}")
     goal = objective if objective is not None else target.get("objective_ms")
     measured = asyncio.run(run_bench(target, levels, step_time, prompt_tokens, max_tokens, goal))
     result = {
@@ -229,7 +221,7 @@ def bench(
         except AdminError as exc:  # the run cost its time already: print it, say the save failed
             output.console(stderr=True).print(f"[yellow]not saved:[/yellow] {exc}", highlight=False)
     if as_json:
-        _print_json(result)
+        output.print_json(result)
         return
     _print_bench(result, target, save)
 
@@ -272,9 +264,9 @@ def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) ->
 
 def capacity(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Per model and profile: the measured capacity and when, else what is assumed (slots), else unknown."""
-    data = _get(_client(controller, token_file), "/api/v1/capacity")
+    data = get_or_fail(controller_client(controller, token_file), "/api/v1/capacity")
     if as_json:
-        _print_json(data)
+        output.print_json(data)
         return
     table = Table(
         "MODEL", "PROFILE", "GPU CLASS", "SOURCE", "CONCURRENT", "TOKENS/S", "OBJECTIVE", "MEASURED"

@@ -26,7 +26,7 @@ from llmgw.adapters.mirror import (
 from llmgw.adapters.model_files import InspectError, inspect_source
 from llmgw.cli import output
 from llmgw.cli.admin_client import AdminError
-from llmgw.cli.fleet.controller_cmds import _client as controller_client
+from llmgw.cli.reach import controller_client
 from llmgw.controller.parts.settings import parse_hostport
 from llmgw.core.fleet.views import LiveState
 from llmgw.core.weights.fetch_plan import DEFAULT_REVISION

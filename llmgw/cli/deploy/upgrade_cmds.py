@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from llmgw.cli import output
 from llmgw.cli.admin_client import AdminError
-from llmgw.cli.fleet.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _fail, _print_json
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
 
 # A node's upgrade waits up to the controller's node_register_timeout_s (120s) for its agent, twice on a rollback;
 # the HTTP request waits for the whole run.
@@ -60,14 +60,14 @@ def upgrade(
         body["wheelhouse"] = str(wheelhouse.resolve())
     if timeout is not None:
         body["timeout_s"] = timeout
-    client = _client(controller, token_file)
+    client = controller_client(controller, token_file)
     client.timeout_s = TIMEOUT_S
     try:
         _, answer = client.post("/api/v1/upgrade", body)
     except AdminError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
-        _print_json(answer)
+        output.print_json(answer)
     else:
         print_answer(answer)
     if not answer.get("ok"):

@@ -11,38 +11,21 @@ import asyncio
 import signal
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
 
 from llmgw.cli import output
 from llmgw.cli.admin_client import (
-    CONTROLLER_ENV,
-    AdminClient,
     AdminError,
-    AnswerT,
-    default_token_files,
-    environ,
-    plaintext_warning,
-    resolve_token,
 )
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
 from llmgw.core.fleet.health import CLOCK_WARN_S
 from llmgw.core.words import duration_words, short
 
 if TYPE_CHECKING:
     from llmgw.controller.parts.settings import ControllerOptions
-
-DEFAULT_CONTROLLER = "http://127.0.0.1:7070"
-
-ControllerOpt = Annotated[
-    str | None,
-    typer.Option("--controller", help=f"Controller URL (env {CONTROLLER_ENV}; default {DEFAULT_CONTROLLER})"),
-]
-TokenOpt = Annotated[
-    Path | None, typer.Option("--token-file", help="File holding the admin token (env LLMGW_TOKEN)")
-]
-JsonOpt = output.JsonOpt
 
 HEALTH_STYLE = {"Healthy": "green", "Progressing": "yellow", "Degraded": "red", "Missing": "red"}
 STATE_STYLE = {"Ready": "green", "ready": "green", "Unreachable": "yellow", "Lost": "red", "failed": "red"}
@@ -203,7 +186,7 @@ def controller_settings(config: Path | None, flags: dict[str, Any], poll: str | 
         values.update({k: v for k, v in flags.items() if v is not None})
         values.setdefault("store", "sqlite:///.llmgw/state/llmgw.db")
         if "repo" not in values:
-            _fail("--repo is required (a git URL, or a path to the cluster repo)")
+            fail("--repo is required (a git URL, or a path to the cluster repo)")
         settings = ControllerOptions(**values)
         if settings.admin_tokens_file is not None:
             from llmgw.controller.parts.admin_tokens import check_tokens_file
@@ -212,8 +195,8 @@ def controller_settings(config: Path | None, flags: dict[str, Any], poll: str | 
     except (SettingsError, ValueError) as exc:
         if isinstance(exc, ValidationError):
             first = exc.errors()[0]
-            _fail(f"controller setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
-        _fail(str(exc))
+            fail(f"controller setting {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        fail(str(exc))
     return settings
 
 
@@ -226,43 +209,6 @@ async def _run_until_signal(run: Any, settings: Any) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- views
-
-
-def _client(controller_url: str | None, token_file: Path | None) -> AdminClient:
-    env = environ()
-    url = controller_url or env.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER
-    try:
-        token = resolve_token(token_file, env, default_token_files(None, Path.cwd()))
-        client = AdminClient(url, token)
-    except AdminError as exc:
-        _fail(str(exc))
-    warning = plaintext_warning(client.url)
-    if warning is not None:
-        output.console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
-    return client
-
-
-def _get(client: AdminClient, path: str) -> Any:
-    try:
-        return client.get(path)
-    except AdminError as exc:
-        _fail(str(exc))
-
-
-def _get_as(client: AdminClient, path: str, model: type[AnswerT]) -> AnswerT:
-    try:
-        return client.get_as(path, model)
-    except AdminError as exc:
-        _fail(str(exc))
-
-
-def _fail(message: str) -> NoReturn:
-    output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(1)
-
-
-def _print_json(data: Any) -> None:
-    output.print_json(data)
 
 
 def _styled(value: str, styles: dict[str, str]) -> str:
@@ -278,9 +224,9 @@ def _ago(at: float | None) -> str:
 
 def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Applied revision, sync (Synced/OutOfSync) and every model's health."""
-    data = _get(_client(controller, token_file), "/api/v1/status")
+    data = get_or_fail(controller_client(controller, token_file), "/api/v1/status")
     if as_json:
-        _print_json(data)
+        output.print_json(data)
         return
     console = output.console()
     applied, seen = data.get("applied"), data.get("seen")
@@ -384,9 +330,9 @@ def _duration(seconds: float) -> str:
 
 def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Nodes, their state (Ready/Unreachable/Lost), inventory and replicas."""
-    data = _get(_client(controller, token_file), "/api/v1/nodes")
+    data = get_or_fail(controller_client(controller, token_file), "/api/v1/nodes")
     if as_json:
-        _print_json(data)
+        output.print_json(data)
         return
     table = Table(
         "NODE", "STATE", "AGENT", "SEEN", "CPU", "MEMORY", "DISK", "GPUS", "ENGINES", "REPLICAS", "BOOTSTRAP"
@@ -505,9 +451,9 @@ def replicas(
 ) -> None:
     """Replicas: model, profile, node, state, adopted, stale profile."""
     path = "/api/v1/replicas" + (f"?model={model}" if model else "")
-    data = _get(_client(controller, token_file), path)
+    data = get_or_fail(controller_client(controller, token_file), path)
     if as_json:
-        _print_json(data)
+        output.print_json(data)
         return
     table = Table("REPLICA", "MODEL", "PROFILE", "NODE", "STATE", "PID", "MEMORY", "NOTE")
     for r in data["replicas"]:
@@ -530,9 +476,9 @@ def replicas(
 
 def models(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Models of the applied revision with their health and profiles."""
-    data = _get(_client(controller, token_file), "/api/v1/models")
+    data = get_or_fail(controller_client(controller, token_file), "/api/v1/models")
     if as_json:
-        _print_json(data)
+        output.print_json(data)
         return
     table = Table("MODEL", "ALIASES", "HEALTH", "READY", "MIN/MAX", "PROFILES", "FALLBACKS")
     for m in data["models"]:
@@ -555,15 +501,15 @@ def explain(
     as_json: JsonOpt = False,
 ) -> None:
     """Where one more replica of MODEL would go, and why every other node would not take it."""
-    client = _client(controller, token_file)
+    client = controller_client(controller, token_file)
     try:
         data = client.explain(model)
     except AdminError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if data is None:
-        _fail(f"model {model!r} is not in the applied revision (llmgw models lists them)")
+        fail(f"model {model!r} is not in the applied revision (llmgw models lists them)")
     if as_json:
-        _print_json(data)
+        output.print_json(data)
         return
     console = output.console()
     health = data["health"]

@@ -11,15 +11,7 @@ from rich.markup import escape
 
 from llmgw.cli import output
 from llmgw.cli.admin_client import AdminError
-from llmgw.cli.fleet.controller_cmds import (
-    ControllerOpt,
-    JsonOpt,
-    TokenOpt,
-    _client,
-    _fail,
-    _get,
-    _print_json,
-)
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
 
 MARK = {"ok": "[green]ok  [/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]fail[/red]"}
 # A node's checks run engine probes (30s each at most, by the agent): wait longer than the admin client's default.
@@ -44,17 +36,17 @@ def doctor(
     Without NODE: the store, the cluster repo, the certificates the controller uses, routers and agents. With
     NODE: the GPU driver, each installed engine's probe, free space for weights, the clock against the
     controller's, every controller address from the node, the node's certificate."""
-    client = _client(controller, token_file)
+    client = controller_client(controller, token_file)
     if node is None:
-        answer = _get(client, "/api/v1/doctor")
+        answer = get_or_fail(client, "/api/v1/doctor")
     else:
         client.timeout_s = NODE_TIMEOUT_S
         try:
             _, answer = client.post(f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}/doctor", {})
         except AdminError as exc:
-            _fail(str(exc))
+            fail(str(exc))
     if as_json:
-        _print_json(answer)
+        output.print_json(answer)
     else:
         _print(answer)
     if answer.get("status") == "fail":

@@ -10,9 +10,10 @@ from typing import Annotated, Any
 
 import typer
 
+from llmgw.cli import output
 from llmgw.cli.admin_client import AdminError
 from llmgw.cli.data.mirror_cmds import model_app
-from llmgw.cli.fleet.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _fail, _print_json
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
 
 ReplicaOpt = Annotated[
     str | None, typer.Option("--replica", help="One replica id (default: the model's oldest ready one)")
@@ -26,12 +27,12 @@ def register(app: typer.Typer) -> None:
 
 
 def _post(controller: str | None, token_file: Any, path: str, body: dict[str, Any]) -> Any:
-    client = _client(controller, token_file)
+    client = controller_client(controller, token_file)
     client.timeout_s = _SLOW_S
     try:
         return client.post(path, body)[1]
     except AdminError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def eval_suite(
@@ -48,7 +49,7 @@ def eval_suite(
         body["replica"] = replica
     data = _post(controller, token_file, "/api/v1/evals/run", body)
     if as_json:
-        _print_json(data)
+        output.print_json(data)
     else:
         typer.echo(f"suite {data['suite']} on {data['model']} (replica {data['replica']})")
         for case in data["cases"]:
@@ -75,7 +76,7 @@ def model_check(
     body: dict[str, Any] = {} if replica is None else {"replica": replica}
     data = _post(controller, token_file, f"/api/v1/models/{urllib.parse.quote(model, safe='')}/check", body)
     if as_json:
-        _print_json(data)
+        output.print_json(data)
     else:
         typer.echo(
             f"{data['model']} on {data['engine']} {data['engine_version']} (replica {data['replica']})"

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from llmgw.cli import output
 from llmgw.cli.admin_client import AdminClient, AdminError
-from llmgw.cli.fleet.controller_cmds import ControllerOpt, TokenOpt, _client, _fail, _get, _get_as
+from llmgw.cli.reach import ControllerOpt, TokenOpt, controller_client, fail, get_as_or_fail, get_or_fail
 from llmgw.core.api.admin_api import EventsAnswer
 from llmgw.core.words import parse_duration
 
@@ -56,7 +56,7 @@ def _note(message: str) -> None:
 
 def logs_path(client: AdminClient, target: str) -> str:
     """A node's logs when TARGET names a node the controller knows, else the replica's."""
-    nodes = {n["name"] for n in _get(client, "/api/v1/nodes")["nodes"]}
+    nodes = {n["name"] for n in get_or_fail(client, "/api/v1/nodes")["nodes"]}
     kind = "nodes" if target in nodes else "replicas"
     return f"/api/v1/{kind}/{urllib.parse.quote(target, safe='')}/logs"
 
@@ -87,10 +87,10 @@ def logs(
         try:
             parse_duration(since, bare_seconds=False, positive=True)
         except ValueError as exc:
-            _fail(f"--since {since!r}: {exc}")
+            fail(f"--since {since!r}: {exc}")
     if limit < 1:
-        _fail(f"--limit {limit}: at least 1")
-    client = _client(controller, token_file)
+        fail(f"--limit {limit}: at least 1")
+    client = controller_client(controller, token_file)
     path = logs_path(client, target)
     query = {k: v for k, v in {"since": since, "grep": grep, "source": source}.items() if v}
     try:
@@ -99,7 +99,7 @@ def logs(
         else:
             _pages(client, path, query, limit, as_json)
     except AdminError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -156,7 +156,9 @@ def events(
     as_json: output.JsonOpt = False,
 ) -> None:
     """What the controller did and saw, newest first: revisions, replicas started, failed, stopped."""
-    data = _get_as(_client(controller, token_file), f"/api/v1/events?limit={limit}", EventsAnswer)
+    data = get_as_or_fail(
+        controller_client(controller, token_file), f"/api/v1/events?limit={limit}", EventsAnswer
+    )
     if as_json:
         output.print_json(data.model_dump(mode="json"))
         return

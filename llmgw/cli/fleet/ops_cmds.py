@@ -12,15 +12,14 @@ import typer
 from rich.table import Table
 
 from llmgw.cli import output
-from llmgw.cli.fleet.controller_cmds import (
+from llmgw.cli.reach import (
     ControllerOpt,
     JsonOpt,
     TokenOpt,
-    _client,
-    _fail,
-    _get,
-    _get_as,
-    _print_json,
+    controller_client,
+    fail,
+    get_as_or_fail,
+    get_or_fail,
 )
 from llmgw.core.api.admin_api import AuditAnswer
 from llmgw.core.words import parse_duration
@@ -53,13 +52,13 @@ def audit(
         try:
             query["since"] = repr(time.time() - parse_duration(since))
         except ValueError as exc:
-            _fail(f"--since {since!r}: {exc} (e.g. --since 1d, 6h, 30m)")
+            fail(f"--since {since!r}: {exc} (e.g. --since 1d, 6h, 30m)")
     if actor:
         query["actor"] = actor
     path = "/api/v1/audit?" + urllib.parse.urlencode(query)
-    data = _get_as(_client(controller, token_file), path, AuditAnswer)
+    data = get_as_or_fail(controller_client(controller, token_file), path, AuditAnswer)
     if as_json:
-        _print_json([e.model_dump(mode="json") for e in data.entries])
+        output.print_json([e.model_dump(mode="json") for e in data.entries])
         return
     table = Table("Time (UTC)", "Actor", "Action", "Object", "Outcome", "Reason / detail")
     for e in data.entries:
@@ -84,9 +83,9 @@ def notifications(
 ) -> None:
     """Webhook deliveries still owed (waiting or backing off) and dead letters, oldest first."""
     path = "/api/v1/notifications" + ("?dead=1" if dead else "")
-    data = _get(_client(controller, token_file), path)
+    data = get_or_fail(controller_client(controller, token_file), path)
     if as_json:
-        _print_json(data)
+        output.print_json(data)
         return
     table = Table("Created (UTC)", "Notification", "Event", "Object", "Attempts", "State", "Last error")
     for d in data["deliveries"]:

@@ -24,15 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmgw.cli import output
-from llmgw.cli.fleet.controller_cmds import (
-    ControllerOpt,
-    JsonOpt,
-    TokenOpt,
-    _client,
-    _fail,
-    _get,
-    _print_json,
-)
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
 from llmgw.core.words import count, duration_words, money
 
 __all__ = ["register", "request"]
@@ -63,13 +55,13 @@ def _router_token(path: Path | None) -> str:
         try:
             token = path.read_text(encoding="utf-8").strip()
         except (OSError, UnicodeDecodeError) as exc:
-            _fail(f"cannot read --router-token-file {path}: {exc}")
+            fail(f"cannot read --router-token-file {path}: {exc}")
         if not token:
-            _fail(f"--router-token-file {path} is empty: it should hold the router's operator token")
+            fail(f"--router-token-file {path} is empty: it should hold the router's operator token")
         return token
     token = os.environ.get(ROUTER_TOKEN_ENV, "").strip()
     if not token:
-        _fail(
+        fail(
             f"--router needs the router's operator token: give --router-token-file FILE or set "
             f"{ROUTER_TOKEN_ENV} (the router's --operator-token-file)"
         )
@@ -84,10 +76,10 @@ def _from_router(url: str, request_id: str, token: str) -> Any:
             return json.loads(answer.read())
     except urllib.error.HTTPError as exc:
         if exc.code in (401, 403):
-            _fail(f"router {url} refused the lookup ({exc.code}): it needs its --operator-token-file token")
-        _fail(f"router {url}: {exc}")
+            fail(f"router {url} refused the lookup ({exc.code}): it needs its --operator-token-file token")
+        fail(f"router {url}: {exc}")
     except (urllib.error.URLError, OSError, ValueError) as exc:
-        _fail(f"router {url}: {exc} (--router is the router's metrics listener, e.g. http://127.0.0.1:9091)")
+        fail(f"router {url}: {exc} (--router is the router's metrics listener, e.g. http://127.0.0.1:9091)")
 
 
 def _decision_table(decision: dict[str, Any]) -> Table:
@@ -191,12 +183,12 @@ def request(
     if router is not None:
         found = _from_router(router, request_id, _router_token(router_token_file))["requests"]
         if not found:
-            _fail(f"router {router} has no request {request_id!r} in its buffer of the last requests")
+            fail(f"router {router} has no request {request_id!r} in its buffer of the last requests")
     else:
         path = "/api/v1/requests/" + urllib.parse.quote(request_id, safe="")
-        found = _get(_client(controller, token_file), path)["requests"]
+        found = get_or_fail(controller_client(controller, token_file), path)["requests"]
     if as_json:
-        _print_json(found)
+        output.print_json(found)
         return
     for i, row in enumerate(found):
         if i:

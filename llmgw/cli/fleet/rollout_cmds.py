@@ -12,9 +12,10 @@ from typing import Annotated, Any
 
 import typer
 
+from llmgw.cli import output
 from llmgw.cli.admin_client import AdminClient, AdminError
 from llmgw.cli.deploy.node_cmds import node_app
-from llmgw.cli.fleet.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _fail, _print_json
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
 from llmgw.cli.repo.follow import EXIT_TIMEOUT
 
 WaitOpt = Annotated[bool, typer.Option("--wait/--no-wait", help="Follow until done (default) or return")]
@@ -31,7 +32,7 @@ def _post(client: AdminClient, path: str, body: dict[str, Any]) -> Any:
     try:
         return client.post(path, body, ok=(200, 202))[1]
     except AdminError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _seconds(text: str) -> float:
@@ -40,7 +41,7 @@ def _seconds(text: str) -> float:
     try:
         return setting_duration("--timeout", text)
     except SettingsError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _poll(check: Callable[[], tuple[bool, str]], timeout_s: float, interval_s: float = 1.0) -> bool:
@@ -78,11 +79,11 @@ def restart(
 ) -> None:
     """Replace a model's replicas (or one replica), make-before-break: new ones ready before old ones stop.
     The pace defaults to the model's `rollout` block."""
-    client = _client(controller, token_file)
+    client = controller_client(controller, token_file)
     body = {"target": target, "max_surge": max_surge, "max_unavailable": max_unavailable}
     reply = _post(client, "/api/v1/restart", body)
     if as_json:
-        _print_json(reply)
+        output.print_json(reply)
     else:
         typer.echo(
             f"Restarting {len(reply['replicas'])} replica(s) of {reply['model']} (max_surge "
@@ -118,10 +119,10 @@ def drain(
 ) -> None:
     """Cordon NODE and move its replicas elsewhere, make-before-break (each stops once its replacement is
     ready); one nothing can replace keeps serving, and the wait says so. `llmgw node uncordon` undoes it."""
-    client = _client(controller, token_file)
+    client = controller_client(controller, token_file)
     reply = _post(client, f"/api/v1/nodes/{urllib.parse.quote(node)}/drain", {})
     if as_json:
-        _print_json(reply)
+        output.print_json(reply)
     else:
         typer.echo(f"Node {node} cordoned; moving {len(reply['moving'])} replica(s) elsewhere.")
     if not wait:
@@ -150,10 +151,10 @@ def uncordon(
     as_json: JsonOpt = False,
 ) -> None:
     """Let NODE take new replicas again after a drain (what moved away stays where it went)."""
-    client = _client(controller, token_file)
+    client = controller_client(controller, token_file)
     reply = _post(client, f"/api/v1/nodes/{urllib.parse.quote(node)}/uncordon", {})
     if as_json:
-        _print_json(reply)
+        output.print_json(reply)
         return
     if reply.get("cordoned_in_repo"):
         typer.echo(f"Node {node} is no longer drained, but the repo still cordons it (spec.cordoned: true).")

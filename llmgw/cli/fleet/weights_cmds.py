@@ -10,16 +10,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from llmgw.cli import output
 from llmgw.cli.admin_client import AdminError
-from llmgw.cli.fleet.controller_cmds import (
-    ControllerOpt,
-    JsonOpt,
-    TokenOpt,
-    _client,
-    _fail,
-    _get,
-    _print_json,
-)
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
 
 weights_app = typer.Typer(help="Weights on nodes: list them, collect what nothing references.")
 
@@ -59,9 +52,9 @@ def list_weights(
 ) -> None:
     """Per node: each weights file or directory, its size, and what uses it (running replicas, declared
     models)."""
-    data = _get(_client(controller, token_file), "/api/v1/weights")
+    data = get_or_fail(controller_client(controller, token_file), "/api/v1/weights")
     if as_json:
-        _print_json(data)
+        output.print_json(data)
         return
     table = Table("NODE", "FILE", "SIZE", "FETCHED", "USED BY")
     for node in data["nodes"]:
@@ -89,14 +82,14 @@ def collect(
     as_json: JsonOpt = False,
 ) -> None:
     """Remove weights llmgw fetched that no running replica uses and no declared model references."""
-    client = _client(controller, token_file)
+    client = controller_client(controller, token_file)
     body: dict[str, Any] = {"dry_run": dry_run} | ({"node": node} if node else {})
     try:
         _, data = client.post("/api/v1/weights/collect", body)
     except AdminError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     if as_json:
-        _print_json(data)
+        output.print_json(data)
         return
     console = Console()
     verb = "would remove" if dry_run else "removed"

@@ -1,0 +1,74 @@
+"""How a command reaches a running controller: the `--controller` and `--token-file` options, the admin client
+they make, and a failed call as one clear line on stderr and exit status 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from llmgw.cli import output
+from llmgw.cli.admin_client import (
+    CONTROLLER_ENV,
+    DEFAULT_CONTROLLER,
+    AdminClient,
+    AdminError,
+    AnswerT,
+    default_token_files,
+    environ,
+    plaintext_warning,
+    resolve_token,
+)
+
+__all__ = [
+    "ControllerOpt",
+    "JsonOpt",
+    "TokenOpt",
+    "controller_client",
+    "fail",
+    "get_as_or_fail",
+    "get_or_fail",
+]
+
+ControllerOpt = Annotated[
+    str | None,
+    typer.Option("--controller", help=f"Controller URL (env {CONTROLLER_ENV}; default {DEFAULT_CONTROLLER})"),
+]
+TokenOpt = Annotated[
+    Path | None, typer.Option("--token-file", help="File holding the admin token (env LLMGW_TOKEN)")
+]
+JsonOpt = output.JsonOpt
+
+
+def controller_client(controller_url: str | None, token_file: Path | None) -> AdminClient:
+    env = environ()
+    url = controller_url or env.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER
+    try:
+        token = resolve_token(token_file, env, default_token_files(None, Path.cwd()))
+        client = AdminClient(url, token)
+    except AdminError as exc:
+        fail(str(exc))
+    warning = plaintext_warning(client.url)
+    if warning is not None:
+        output.console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    return client
+
+
+def get_or_fail(client: AdminClient, path: str) -> Any:
+    try:
+        return client.get(path)
+    except AdminError as exc:
+        fail(str(exc))
+
+
+def get_as_or_fail(client: AdminClient, path: str, model: type[AnswerT]) -> AnswerT:
+    try:
+        return client.get_as(path, model)
+    except AdminError as exc:
+        fail(str(exc))
+
+
+def fail(message: str) -> NoReturn:
+    output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
+    raise typer.Exit(1)

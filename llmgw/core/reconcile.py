@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, TypeVar
 
+from llmgw.core.fleet.states import GONE_STATES, is_stale
 from llmgw.core.fleet.views import ModelState, ModelView, NodeView, ReplicaView
 from llmgw.core.placement import (
     IdFactory,
@@ -59,12 +60,11 @@ __all__ = [
     "StartReplica",
     "StopReplica",
     "Wait",
-    "is_stale",
     "reconcile",
+    "replica_stale",
 ]
 
 Mode = Literal["run", "plan"]
-_GONE = frozenset({"draining", "stopping", "stopped"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,12 +161,11 @@ class Decision:
         return [a for a in self.actions if isinstance(a, kind)]
 
 
-def is_stale(replica: ReplicaView, entry: ModelView) -> bool:
-    """Profile gone, or fingerprint differs. An empty fingerprint is unknown (older agent), not stale."""
-    if all(p.name != replica.profile for p in entry.spec.profiles):
-        return True
-    wanted = entry.fingerprints.get(replica.profile, "")
-    return bool(replica.fingerprint) and bool(wanted) and replica.fingerprint != wanted
+def replica_stale(replica: ReplicaView, entry: ModelView) -> bool:
+    """The replica against its model's entry, by the fleet's one rule (fleet/states.is_stale)."""
+    declared = any(p.name == replica.profile for p in entry.spec.profiles)
+    wanted = entry.fingerprints.get(replica.profile, "") if declared else None
+    return is_stale(replica.fingerprint, wanted)
 
 
 @dataclass(slots=True)
@@ -279,7 +278,7 @@ def _removed_models(
         lost = _lost(r, node_state)
         if lost:
             yield StopReplica(r.id, f"{reason}; node {', '.join(lost)} is Lost", drain=False, forget=True)
-        elif r.effective_state() not in _GONE:
+        elif r.effective_state() not in GONE_STATES:
             yield StopReplica(r.id, reason, drain=r.effective_state() != "failed")
 
 
@@ -301,10 +300,10 @@ def _failed_and_lost(
             where = ", ".join(lost)
             reason = f"node {where} is Lost; replaced elsewhere"
             mp.actions.append(StopReplica(r.id, reason, drain=False, forget=True))
-            if eff not in _GONE:
+            if eff not in GONE_STATES:
                 mp.start_reasons.append((f"replaces {r.id} (node {where} is Lost)", r.id))
             continue
-        if eff in _GONE:
+        if eff in GONE_STATES:
             continue
         if eff == "failed":
             mp.actions.append(StopReplica(r.id, _failure_words(r), drain=False))
@@ -411,7 +410,7 @@ def _stale(mp: _ModelPass, phase: CanaryPhase) -> None:
             mp.alive.remove(r)
             mp.actions.append(StopReplica(r.id, "canary failed its gates: rolled back", drain=True))
     for r in mp.alive:
-        stale = is_stale(r, mp.entry)
+        stale = replica_stale(r, mp.entry)
         if stale and not r.stale:
             mp.actions.append(MarkStale(r.id, f"profile {r.profile} changed since {r.id} was placed"))
         if r.restart or (stale and auto):
@@ -580,7 +579,7 @@ def _scale_down(
         inflight, last = seen if seen is not None else (0, None)
         return (
             r.effective_state() == "ready",
-            not is_stale(r, mp.entry),
+            not replica_stale(r, mp.entry),
             seen is None,
             inflight,
             last if last is not None else -math.inf,

@@ -24,6 +24,7 @@ from llmgw.core.capacity.replay_gate import Figures, regressions, render_text
 from llmgw.core.config.models import ModelSpec
 from llmgw.core.desired.catalog import Catalog
 from llmgw.core.errors import LlmgwError
+from llmgw.core.fleet.states import ACTIVE_STATES
 from llmgw.core.fleet.views import LiveState, class_rank
 from llmgw.core.plan import Plan
 from llmgw.core.traffic.synthetic_trace import DEFAULT_LOAD, DEFAULT_MINUTES, Shape, steady
@@ -32,7 +33,6 @@ from llmgw.core.words import parse_duration
 
 __all__ = ["SimulateError", "Simulated", "read_capacity_file", "simulate"]
 
-_GONE = ("draining", "stopping", "stopped", "failed")
 Measurements = Mapping[tuple[str, str], Mapping[str, Any] | None]  # (model, profile) -> `measured` or None
 
 
@@ -100,7 +100,7 @@ def _slots(specs: Mapping[str, ModelSpec], model: str, profile: str) -> int | No
 
 
 def _fleets(live: LiveState, made: Plan) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
-    current = [(r.id, r.model, r.profile) for r in live.replicas if r.state not in _GONE]
+    current = [(r.id, r.model, r.profile) for r in live.replicas if r.state in ACTIVE_STATES]
     stopped = {s.replica_id for s in made.stops}
     planned = [r for r in current if r[0] not in stopped]
     planned += [(s.replica_id, s.model, s.profile) for s in made.starts]

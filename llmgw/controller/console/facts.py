@@ -15,12 +15,12 @@ from typing import Any, TypeVar
 
 from llmgw.controller.core import Controller
 from llmgw.controller.status import fleet as views
+from llmgw.core.fleet.states import NODE_WORDS
 from llmgw.core.plan.diff import plan_for_catalog
 from llmgw.core.plan.render import render_text
 
 T = TypeVar("T")
 PAGE_SIZE = 50
-NODE_STATES = ("Ready", "Unreachable", "Lost", "NotJoined", "Removed")
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def nodes_page(c: Controller, flt: NodeFilter, number: int) -> dict[str, Any]:
         "page": page,
         "rows": rows,
         "filter": flt,
-        "states": NODE_STATES,
+        "states": NODE_WORDS,
         "classes": classes,
         "fabrics": fabrics,
         "fleet": len(every),

@@ -32,6 +32,7 @@ from llmgw.controller.parts.state import ReplicaRec
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.engine_orders import EngineOrders
 from llmgw.core.fleet.autoscale import ScalePolicy
+from llmgw.core.fleet.states import ADOPTABLE_SHARD_STATES
 from llmgw.core.fleet.views import NodeView, ReplicaView
 from llmgw.core.placement import ShardPlacement, explain as placement_explain
 from llmgw.core.reconcile import (
@@ -43,8 +44,8 @@ from llmgw.core.reconcile import (
     StartReplica,
     StopReplica,
     Wait,
-    is_stale,
     reconcile,
+    replica_stale,
 )
 from llmgw.core.security import engine_key
 from llmgw.store.errors import LeaseFenced
@@ -53,7 +54,6 @@ from llmgw.store.records import ReplicaRecord
 log = logging.getLogger("llmgw.controller.reconcile")
 
 STOP_RETRY_S = 5.0
-ADOPTABLE = frozenset({"fetching", "starting", "ready"})
 DEMAND_FRESH_S = 60.0  # a router's demand for an on-demand model, before a replica exists, counts this long
 DRAIN_POLL_S = 0.1  # how often a drain looks at the routers' load reports for the replica's last request
 
@@ -237,7 +237,7 @@ class Reconciler:
             if r.state in ("draining", "stopping", "stopped"):
                 continue
             entry = d.fleet_models.get(r.model) if d else None
-            auto = entry is not None and entry.spec.restarts_on_change and is_stale(r, entry)
+            auto = entry is not None and entry.spec.restarts_on_change and replica_stale(r, entry)
             if r.restart or auto:
                 rolling.add(r.model)
         for model, record in ws.models.items():
@@ -486,7 +486,7 @@ class Reconciler:
         self._vanished(link, register)
         c = self.c
         for shard in register.shards:
-            if shard.state not in ADOPTABLE:
+            if shard.state not in ADOPTABLE_SHARD_STATES:
                 continue
             existing = c.replicas.get(shard.replica_id)
             if existing is not None:

@@ -16,7 +16,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from aiohttp import WSMsgType, web
 from llmgw_agent.protocol import (
@@ -41,12 +41,11 @@ from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.credentials import Grant, valid_node_name
 from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet.health import CLOCK_SAMPLES, clock_offset
+from llmgw.core.fleet.states import NodeState
 from llmgw.core.security import bearer_token
 
 log = logging.getLogger("llmgw.controller.parts.hub")
 
-NodeState = Literal["Ready", "Unreachable", "Lost"]
-NODE_STATES: tuple[NodeState, ...] = ("Ready", "Unreachable", "Lost")
 REGISTER_TIMEOUT_S = 10.0
 MAX_NODES = 4096  # links kept at once; a flood of made-up names past this is refused
 

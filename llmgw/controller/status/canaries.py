@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from llmgw.core.fleet.states import is_stale
+
 if TYPE_CHECKING:
     from llmgw.controller.parts.canary_record import CanaryBook, CanaryRun
     from llmgw.controller.parts.desired import Desired
@@ -30,9 +32,7 @@ def split(
     mine = [r for r in replicas.values() if r.model == name and not r.stopping]
 
     def stale(r: ReplicaRec) -> bool:
-        return r.profile not in wanted or (
-            bool(r.fingerprint) and wanted[r.profile] not in ("", r.fingerprint)
-        )
+        return is_stale(r.fingerprint, wanted.get(r.profile))
 
     return [r for r in mine if stale(r)], [r for r in mine if not stale(r)]
 

@@ -12,20 +12,18 @@ from llmgw_agent.protocol import Inventory, ShardStatus
 from llmgw.controller.parts.state import ModelRecord
 from llmgw.controller.status.capacity import capacity_json, decision_json
 from llmgw.core import placement as node_facts
+from llmgw.core.fleet.states import ACTIVE_STATES, ReplicaState, ShardState as FleetShardState, is_stale
 from llmgw.core.fleet.views import (
     GpuView,
     IfUndeclared,
     LiveState,
     ModelState,
     NodeView,
-    ReplicaState,
     ReplicaView,
-    ShardState as FleetShardState,
     ShardView,
     held_weights_keys,
     undeclared_words,
 )
-from llmgw.core.placement import ACTIVE_STATES
 from llmgw.core.plan import catalog_documents
 
 if TYPE_CHECKING:
@@ -215,11 +213,11 @@ def replica_views(c: Controller) -> list[ReplicaView]:
 
 
 def stale(c: Controller, rec: ReplicaRec) -> bool:
-    """A replica whose profile changed since it was placed. An empty fingerprint is unknown, not stale."""
+    """A replica whose profile changed since it was placed, or is gone: the fleet's one rule (fleet/states)."""
     d = c.desired
-    if d is None or not rec.fingerprint or rec.model not in d.models:
+    if d is None or rec.model not in d.models:
         return False
-    return d.fingerprint(rec.model, rec.profile) != rec.fingerprint
+    return is_stale(rec.fingerprint, d.fingerprint(rec.model, rec.profile))
 
 
 def fetches(c: Controller, rec: ReplicaRec) -> list[dict[str, Any]]:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from llmgw.core.config.models import ModelSpec, Rollout, Source
+from llmgw.core.fleet.states import GONE_STATES, NodeState, ReplicaState, ShardState
 from llmgw.core.tenancy.limits import QuotaScope
 from llmgw.core.weights.fetch_plan import directory_key
 
@@ -37,11 +38,8 @@ __all__ = [
     "LiveState",
     "ModelState",
     "ModelView",
-    "NodeState",
     "NodeView",
-    "ReplicaState",
     "ReplicaView",
-    "ShardState",
     "ShardView",
     "class_rank",
     "desired_nodes",
@@ -54,10 +52,6 @@ __all__ = [
 
 GIB = 1024**3
 _DEFAULT_ROLLOUT = Rollout().model_dump(mode="json")
-NodeState = Literal["Ready", "Unreachable", "Lost"]
-ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
-# The controller's own word for where a replica is in its life; a failed shard overrides it (see effective_state).
-ReplicaState = Literal["pending", "starting", "ready", "failed", "draining", "stopping", "stopped"]
 
 
 class ModelView(NamedTuple):
@@ -227,7 +221,7 @@ class ReplicaView:
 
     def effective_state(self) -> ReplicaState:
         """The replica's state with its shards taken into account: one failed shard fails the replica."""
-        if self.state in ("draining", "stopping", "stopped"):
+        if self.state in GONE_STATES:
             return self.state
         if any(s.state == "failed" for s in self.shards):
             return "failed"

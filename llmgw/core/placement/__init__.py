@@ -12,7 +12,6 @@ from llmgw.core.placement.node_facts import (
     requires_problems,
 )
 from llmgw.core.placement.place import (
-    ACTIVE_STATES,
     Explanation,
     IdFactory,
     Placement,
@@ -31,7 +30,6 @@ from llmgw.core.placement.quota import QuotaUse, quota_refusal, quota_room, quot
 from llmgw.core.placement.rooms import NodeVerdict, version_matches
 
 __all__ = [
-    "ACTIVE_STATES",
     "CacheDisk",
     "ConditionFact",
     "Explanation",

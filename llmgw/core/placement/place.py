@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from llmgw.core.config.models import Profile
+from llmgw.core.fleet.states import ACTIVE_STATES
 from llmgw.core.fleet.views import ModelView, NodeView, ReplicaView
 from llmgw.core.placement.quota import quota_refusal, quota_use
 from llmgw.core.placement.rooms import (
@@ -27,9 +28,6 @@ from llmgw.core.placement.rooms import (
     static_fits,
     verdict,
 )
-
-# Replicas in these states count toward a model's running replicas.
-ACTIVE_STATES = frozenset({"pending", "starting", "ready"})
 
 
 @dataclass(frozen=True, slots=True)

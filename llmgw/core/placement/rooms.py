@@ -16,11 +16,11 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from llmgw.core.config.models import Profile
+from llmgw.core.fleet.states import HELD_STATES
 from llmgw.core.fleet.views import GIB, ModelView, NodeView, ReplicaView
 
 # Engines built into the agent: installed everywhere.
 BUILTIN_ENGINES = frozenset({"sim"})
-_HELD_STATES = frozenset({"pending", "starting", "ready", "failed", "draining", "stopping"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +129,7 @@ def build_rooms(
             disk=_pool_for(node, shared),
         )
     for replica in sorted(replicas, key=lambda r: r.id):
-        if replica.state not in _HELD_STATES:
+        if replica.state not in HELD_STATES:
             continue
         entry = models.get(replica.model)
         profile = _find_profile(entry, replica.profile)

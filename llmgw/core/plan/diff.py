@@ -60,7 +60,7 @@ from llmgw.core.plan.values import (
     StaleReplica,
     Unplaceable,
 )
-from llmgw.core.reconcile import RestartReplica, StartReplica, StopReplica, is_stale, reconcile
+from llmgw.core.reconcile import RestartReplica, StartReplica, StopReplica, reconcile, replica_stale
 from llmgw.core.weights.memory_fit import GIB, class_memory, profile_fits
 
 __all__ = [
@@ -111,7 +111,7 @@ def make_plan(
         if r.model in desired
         and r.id not in leaving
         and r.effective_state() not in ("stopping", "stopped")
-        and is_stale(r, desired[r.model])
+        and replica_stale(r, desired[r.model])
     )
     return Plan(
         revision=revision,

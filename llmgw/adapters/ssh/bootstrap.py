@@ -29,6 +29,7 @@ MIN_PYTHON = (3, 11)
 # True once that node has a live link registered at or after that time.
 Registered = Callable[[str, float], Awaitable[bool]]
 OnStep = Callable[[str, "Step"], None]
+StepFn = Callable[[Remote], Awaitable[tuple[Status, str]]]  # one step on one node: its status and the words
 
 
 @dataclass(frozen=True)
@@ -210,7 +211,7 @@ class _Run:
         if self.opts.on_step is not None:
             self.opts.on_step(self.target.node, step)
 
-    def steps(self) -> list[tuple[str, Callable[[Remote], Awaitable[tuple[Status, str]]]]]:
+    def steps(self) -> list[tuple[str, StepFn]]:
         return [
             ("check", self.check),
             ("wheels", self.wheels),
@@ -227,16 +228,7 @@ class _Run:
         return await run_on_node(self.target, self.result, self.record, self.steps, self._steps)
 
     async def _steps(self, remote: Remote) -> None:
-        for name, step in self.steps():
-            try:
-                status, detail = await step(remote)
-            except StepFailed as exc:
-                self.record(name, "failed", str(exc))
-                return
-            except Exception as exc:  # a bug or a dropped connection: this node fails, the others go on
-                self.record(name, "failed", f"{type(exc).__name__}: {exc}")
-                return
-            self.record(name, status, detail)
+        await run_steps(remote, self.steps(), self.record)
 
     # ---------------------------------------------------------------------------------------------- steps
 
@@ -435,11 +427,38 @@ class _Run:
         )
 
 
+async def run_steps(
+    remote: Remote,
+    steps: Sequence[tuple[str, StepFn]],
+    record: Callable[[str, Status, str], None],
+    skip: Callable[[str], str | None] = lambda name: None,
+) -> bool:
+    """Run the steps in order, recording each; the first that fails ends the run, recorded failed. `skip(name)`
+    gives a reason to record a step unchanged without running it. False when a step failed: how bootstrap and
+    upgrade both walk a node."""
+    for name, step in steps:
+        reason = skip(name)
+        if reason is not None:
+            record(name, "unchanged", reason)
+            continue
+        try:
+            status, detail = await step(remote)
+        except (
+            Exception
+        ) as exc:  # StepFailed, a bug or a dropped connection: this node fails, the others go on
+            record(
+                name, "failed", str(exc) if isinstance(exc, StepFailed) else f"{type(exc).__name__}: {exc}"
+            )
+            return False
+        record(name, status, detail)
+    return True
+
+
 async def run_on_node(
     target: SshTarget,
     result: NodeResult,
     record: Callable[[str, Status, str], None],
-    steps: Callable[[], list[tuple[str, Callable[[Remote], Awaitable[tuple[Status, str]]]]]],
+    steps: Callable[[], list[tuple[str, StepFn]]],
     body: Callable[[Remote], Awaitable[None]],
 ) -> NodeResult:
     """Connect to the node, run `body` over the connection, and mark every step it did not reach skipped:

@@ -34,9 +34,11 @@ from llmgw.adapters.ssh.bootstrap import (
     OnStep,
     Status,
     Step,
+    StepFn,
     _Run,
     pip_install_command,
     run_on_node,
+    run_steps,
 )
 from llmgw.adapters.ssh.remote import Remote, RemoteFile, SshTarget, StepFailed
 from llmgw.adapters.ssh.wheels import Wheelhouse
@@ -114,7 +116,7 @@ class _Upgrade:
         if self.opts.on_step is not None:
             self.opts.on_step(self.target.node, step)
 
-    def steps(self) -> list[tuple[str, Callable[[Remote], Awaitable[tuple[Status, str]]]]]:
+    def steps(self) -> list[tuple[str, StepFn]]:
         return [
             ("check", self.check),
             ("wheels", self.boot.wheels),
@@ -129,19 +131,11 @@ class _Upgrade:
         return await run_on_node(self.target, self.result, self.record, self.steps, self._steps)
 
     async def _steps(self, remote: Remote) -> None:
-        for name, step in self.steps():
-            try:
-                if self.current and name not in ("check",):
-                    self.record(name, "unchanged", "already runs this wheelhouse")
-                    continue
-                status, detail = await step(remote)
-            except Exception as exc:  # StepFailed, a bug or a dropped connection: this node fails
-                detail = str(exc) if isinstance(exc, StepFailed) else f"{type(exc).__name__}: {exc}"
-                self.record(name, "failed", detail)
-                if self.previous is not None:
-                    await self._rollback(remote)
-                return
-            self.record(name, status, detail)
+        if not await run_steps(remote, self.steps(), self.record, self._skip) and self.previous is not None:
+            await self._rollback(remote)
+
+    def _skip(self, name: str) -> str | None:
+        return "already runs this wheelhouse" if self.current and name != "check" else None
 
     async def check(self, remote: Remote) -> tuple[Status, str]:
         status, detail = await self.boot.check(remote)

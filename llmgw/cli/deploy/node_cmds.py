@@ -20,7 +20,7 @@ from ruamel.yaml import YAML
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import output
-from llmgw.core.config.models import NAME_PATTERN, Cluster, Node, SecretRef
+from llmgw.core.config.models import NAME_PATTERN, Cluster, Node, SecretRef, node_document
 from llmgw.core.config.schemas import ID_BASE, schema_file_name
 from llmgw.core.config.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy, SecretRefError, resolve
 
@@ -69,7 +69,7 @@ def _labels(items: list[str]) -> dict[str, str]:
     return labels
 
 
-def node_document(
+def added_node_document(
     name: str,
     address: str,
     user: str,
@@ -84,13 +84,10 @@ def node_document(
         ssh["identity"] = {"file": identity_file}
     if host_key:
         ssh["host_key"] = host_key
-    metadata: dict[str, Any] = {"name": name}
-    if labels:
-        metadata["labels"] = labels
     spec: dict[str, Any] = {"address": address, "ssh": ssh}
     if fabric:
         spec["fabric"] = fabric
-    return {"apiVersion": "llmgw/v1", "kind": "Node", "metadata": metadata, "spec": spec}
+    return node_document(name, labels, spec)
 
 
 def render_node(repo: Path, doc: dict[str, Any]) -> str:
@@ -138,7 +135,9 @@ def node_add(
     if any(d.kind == "Node" and d.name == name for d in loaded.documents):
         other = next(d.file for d in loaded.documents if d.kind == "Node" and d.name == name)
         _fail(f"a Node named {name} is already declared in {other}")
-    doc = node_document(name, address, user, port, identity_file, _labels(label or []), host_key, fabric)
+    doc = added_node_document(
+        name, address, user, port, identity_file, _labels(label or []), host_key, fabric
+    )
     try:
         text = render_node(repo, doc)
     except ValueError as exc:

@@ -30,7 +30,6 @@ from llmgw.adapters.ssh.render import Layout
 from llmgw.adapters.ssh.upgrade import UpgradeOptions, upgrade_node
 from llmgw.controller.api.audited import AUDIT_OBJECT
 from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.loops.nodes import node_document
 
 if TYPE_CHECKING:
     from llmgw.controller.parts.hub import NodeLink
@@ -178,9 +177,7 @@ async def _one(c: Controller, node: str, house: wheels.Wheelhouse, wait_s: float
     before_version = link.agent_version
     engines = {sid: s.pid for sid, s in link.shards.items() if s.pid is not None}
     try:
-        target = target_for(
-            node_document(node, entry), d.root, os.environ, secrets=c.settings.secret_policy()
-        )
+        target = target_for(entry.document(), d.root, os.environ, secrets=c.settings.secret_policy())
     except (StepFailed, SecretError) as exc:
         return _entry(node, "failed", str(exc))
 

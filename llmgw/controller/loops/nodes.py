@@ -45,7 +45,6 @@ from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.credentials import loopback_address
 from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.controller.parts.state import NodeOps
-from llmgw.core.config.models import Metadata, Node
 from llmgw.core.reconcile import BackoffPolicy
 
 if TYPE_CHECKING:
@@ -141,18 +140,6 @@ def remote_link_problem(node: str, address: str, has_ca: bool, settings: Control
         "in clear (anyone on the path could read it and pose as the controller); give the controller a CA "
         "(ca_dir, created in STATE_DIR/ca by default when the repo declares remote Nodes) or, knowingly, set "
         "insecure_token_only_remote_nodes"
-    )
-
-
-def node_document(name: str, entry: NodeEntry) -> Node:
-    """The Node document `target_for` reads, rebuilt from the catalog's entry."""
-    return Node.model_validate(
-        {
-            "apiVersion": "llmgw/v1",
-            "kind": "Node",
-            "metadata": Metadata(name=name, labels=dict(entry.labels)),
-            "spec": entry.spec,
-        }
     )
 
 
@@ -261,9 +248,7 @@ class NodesLoop:
             # A problem here (identity variable unset) is reported by the node's bootstrap attempt.
             with contextlib.suppress(StepFailed):
                 self.known[name] = pin_identity(
-                    target_for(
-                        node_document(name, entry), d.root, self.env, secrets=self.c.settings.secret_policy()
-                    )
+                    target_for(entry.document(), d.root, self.env, secrets=self.c.settings.secret_policy())
                 )
 
     def _spawn(self, name: str, work: Callable[[], Awaitable[None]]) -> None:
@@ -304,7 +289,7 @@ class NodesLoop:
             result: NodeResult | None = None
             try:
                 target = target_for(
-                    node_document(name, entry), d.root, self.env, secrets=self.c.settings.secret_policy()
+                    entry.document(), d.root, self.env, secrets=self.c.settings.secret_policy()
                 )
                 op.message = f"connecting to {target.where}"
                 opts = await self._options(d, name, entry)

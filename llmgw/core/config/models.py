@@ -7,7 +7,7 @@ need the whole repo (names unique, fallbacks resolve, ...) live in llmgw.core.de
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, model_validator
@@ -682,6 +682,15 @@ class Node(_Document):
 
     kind: Literal["Node"]
     spec: NodeSpec
+
+
+def node_document(name: str, labels: Mapping[str, str], spec: Mapping[str, Any] | NodeSpec) -> dict[str, Any]:
+    """A Node document as the repo holds it: what `llmgw node add` writes, and what the controller rebuilds from
+    a catalog entry to reach the node (`NodeEntry.document`). `Node.model_validate` checks it."""
+    metadata: dict[str, Any] = {"name": name}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {"apiVersion": API_VERSION, "kind": "Node", "metadata": metadata, "spec": spec}
 
 
 class Model(_Document):

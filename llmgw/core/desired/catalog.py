@@ -46,6 +46,7 @@ from llmgw.core.config.models import (
     RoutingPolicySpec,
     Team,
     TeamSpec,
+    node_document,
 )
 from llmgw.core.errors import CatalogError
 from llmgw.core.snapshot import PublishedGuard, Tenants
@@ -136,6 +137,10 @@ class NodeEntry:
     name: str
     labels: Mapping[str, str]
     spec: NodeSpec
+
+    def document(self) -> Node:
+        """The Node document this entry was read from (what the SSH steps and upgrades read)."""
+        return Node.model_validate(node_document(self.name, self.labels, self.spec))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from llmgw.core.config.models import ModelSpec
 from llmgw.core.fleet.views import GIB, GpuView, ModelView, NodeView, ReplicaView, ShardView
 from llmgw.core.placement import PlacementResult, place
-from llmgw.core.reconcile import Decision, StartReplica, reconcile
+from llmgw.core.reconcile import ReconcileDecision, StartReplica, reconcile
 
 CLASSES = ("h100-80g", "a100-80g", "l40s-48g")
 
@@ -123,7 +123,7 @@ def main() -> None:
     rng = random.Random(0)
     cold, _ = timed(args.repeat, lambda: reconcile(models, nodes, [], now=0.0, rng=rng))
     warm, converged = timed(args.repeat, lambda: reconcile(models, nodes, running, now=0.0, rng=rng))
-    assert isinstance(converged, Decision) and not converged.of(StartReplica)
+    assert isinstance(converged, ReconcileDecision) and not converged.of(StartReplica)
 
     gpus = sum(len(s.gpus) for p in placed.placements for s in p.shards)
     unplaced = sum(u.missing for u in placed.unplaced)

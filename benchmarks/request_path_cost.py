@@ -375,7 +375,7 @@ async def _assemble(stack: contextlib.AsyncExitStack, dsn: str, work: Path) -> t
     from llmgw_router.path.ratelimit import TenantLimiter
     from llmgw_router.path.service import RequestService
 
-    from llmgw.store.limits.limiter import Limiter as PoolLimiter
+    from llmgw.store.limits.limiter import PoolLimiter
     from llmgw.store.limits.slots import PooledSlots
     from llmgw.store.store import Store
     from llmgw.store.usage.usage_writer import UsageWriter

@@ -30,7 +30,7 @@ class Checkout:
     where: str  # where it came from, for the store and status ("git URL@branch", "dir PATH")
 
 
-class Source(Protocol):
+class RevisionSource(Protocol):
     description: str
     interval_s: float
 

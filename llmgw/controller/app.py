@@ -24,7 +24,7 @@ from llmgw_agent.protocol import AGENT_PATH
 from llmgw.adapters.commit_status import CommitStatusError, StatusPoster, read_token
 from llmgw.adapters.httplog import quiet_bad_requests
 from llmgw.adapters.mirror import mirror_app
-from llmgw.adapters.sources import DirectorySource, GitSource, Source, SourceUnavailable
+from llmgw.adapters.sources import DirectorySource, GitSource, RevisionSource, SourceUnavailable
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
 from llmgw.controller import console
 from llmgw.controller.api import admin, routes as admin_routes
@@ -55,7 +55,7 @@ ROUTER_PATH = "/router/v1"
 EXPIRE_EVERY_S = 0.5
 
 
-def make_source(settings: ControllerOptions) -> Source:
+def make_source(settings: ControllerOptions) -> RevisionSource:
     if settings.source_kind() == "git":
         return GitSource(
             settings.repo, settings.branch, settings.subpath, settings.state_dir, settings.poll_s
@@ -64,7 +64,7 @@ def make_source(settings: ControllerOptions) -> Source:
     return DirectorySource(root, settings.dir_poll_s)
 
 
-def make_app(controller: Controller, source: Source) -> web.Application:
+def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app = web.Application(client_max_size=32 * 1024 * 1024)
     app[CONTROLLER] = controller
     app[admin.POLL_NOW] = asyncio.Event()

@@ -53,8 +53,8 @@ __all__ = [
     "Action",
     "BackoffPolicy",
     "CanaryPhase",
-    "Decision",
     "MarkStale",
+    "ReconcileDecision",
     "RestartReplica",
     "RollPace",
     "StartReplica",
@@ -149,7 +149,7 @@ class RollPace:
 
 
 @dataclass(frozen=True, slots=True)
-class Decision:
+class ReconcileDecision:
     actions: tuple[Action, ...]
     backoff: Mapping[str, ModelState]
     wake_at: float | None  # the next time something is due (backoff end, idle deadline); None: nothing
@@ -203,7 +203,7 @@ def reconcile(
     idleness: Mapping[str, tuple[int, float | None]] | None = None,
     paces: Mapping[str, RollPace] | None = None,
     canaries: Mapping[str, CanaryPhase] | None = None,
-) -> Decision:
+) -> ReconcileDecision:
     """One reconcile pass. `demand`: replicas asked for per model (the router's on-demand signal);
     `scale_to`: the autoscaler's count per model (llmgw.core.fleet.autoscale), kept within [min, max];
     `idleness`: per replica id, requests in flight and when it last took one (None: unknown), so a scale-down
@@ -254,7 +254,7 @@ def reconcile(
     wakes = [w for mp in passes for w in mp.wakes if w > now]
     wake_at = min(wakes) if wakes else None
     targets = {mp.name: mp.target for mp in passes}
-    return Decision(tuple(_ordered(actions)), new_backoff, wake_at, unplaced, targets)
+    return ReconcileDecision(tuple(_ordered(actions)), new_backoff, wake_at, unplaced, targets)
 
 
 def _ordered(actions: Sequence[Action]) -> list[Action]:

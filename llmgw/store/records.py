@@ -40,7 +40,7 @@ class Revision:
 
 
 @dataclass(frozen=True)
-class NodeRecord:
+class NodeRow:
     name: str
     first_seen: float
     last_seen: float
@@ -201,7 +201,7 @@ class ShareGrant:
 
 
 @dataclass(frozen=True)
-class Lease:
+class LeaseRow:
     name: str
     holder: str
     expires_at: float
@@ -223,7 +223,7 @@ class LeaseResult:
     """`held` is true when the caller holds the lease after the call; `current` is whoever does."""
 
     held: bool
-    current: Lease | None
+    current: LeaseRow | None
 
 
 AuditOutcome = Literal["accepted", "refused"]

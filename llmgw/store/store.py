@@ -26,9 +26,9 @@ from llmgw.store.records import (
     Event,
     Fence,
     KeyLookup,
-    Lease,
     LeaseResult,
-    NodeRecord,
+    LeaseRow,
+    NodeRow,
     ReplicaRecord,
     Revision,
     ShareGrant,
@@ -188,12 +188,12 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
         async with self.db.tx() as tx:
             return await tx.execute("UPDATE nodes SET state = ? WHERE name = ?", (state, name)) > 0
 
-    async def list_nodes(self) -> list[NodeRecord]:
+    async def list_nodes(self) -> list[NodeRow]:
         async with self.db.tx() as tx:
             rows = await tx.fetch(
                 "SELECT name, first_seen, last_seen, state, inventory FROM nodes ORDER BY name"
             )
-        return [NodeRecord(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
+        return [NodeRow(r[0], r[1], r[2], r[3], json.loads(r[4])) for r in rows]
 
     async def delete_node(self, name: str) -> bool:
         async with self.db.tx() as tx:
@@ -604,19 +604,21 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
                 (name, holder, now + ttl, now),
             )
             if rows:
-                return LeaseResult(True, Lease(name, str(rows[0][0]), float(rows[0][1]), int(rows[0][2])))
+                return LeaseResult(True, LeaseRow(name, str(rows[0][0]), float(rows[0][1]), int(rows[0][2])))
             current = await tx.fetch("SELECT holder, expires_at, epoch FROM leases WHERE name = ?", (name,))
-        lease = Lease(name, str(current[0][0]), float(current[0][1]), int(current[0][2])) if current else None
+        lease = (
+            LeaseRow(name, str(current[0][0]), float(current[0][1]), int(current[0][2])) if current else None
+        )
         return LeaseResult(False, lease)
 
     async def release_lease(self, name: str, holder: str) -> bool:
         async with self.db.tx() as tx:
             return await tx.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)) > 0
 
-    async def get_lease(self, name: str) -> Lease | None:
+    async def get_lease(self, name: str) -> LeaseRow | None:
         async with self.db.tx() as tx:
             rows = await tx.fetch("SELECT holder, expires_at, epoch FROM leases WHERE name = ?", (name,))
-        return Lease(name, str(rows[0][0]), float(rows[0][1]), int(rows[0][2])) if rows else None
+        return LeaseRow(name, str(rows[0][0]), float(rows[0][1]), int(rows[0][2])) if rows else None
 
 
 async def _check_fence(tx: Tx, fence: Fence | None) -> None:

@@ -280,7 +280,7 @@ async def build_router(
     pending: Callable[[], float] | None = None
     if store is not None:
         from llmgw.store.limits.grace_ledger import GraceLedger
-        from llmgw.store.limits.limiter import Limiter as PoolLimiter
+        from llmgw.store.limits.limiter import PoolLimiter
         from llmgw.store.limits.slots import PooledSlots, holder_id
         from llmgw.store.store import Store
         from llmgw.store.usage.usage_spool import SpoolError

@@ -18,7 +18,7 @@ from llmgw.controller.parts.lease import (
     decide,
     leader_address,
 )
-from llmgw.store import Lease, LeaseFenced, LeaseResult, ReplicaRecord, Store
+from llmgw.store import LeaseFenced, LeaseResult, LeaseRow, ReplicaRecord, Store
 
 CFG = LeaseConfig(ttl_s=15.0, renew_s=3.0, margin_s=3.0)
 
@@ -37,14 +37,14 @@ def standby(holder: str = "me@a") -> Leadership:
 
 def test_taking_makes_leader_until_sent_at_plus_ttl_minus_margin() -> None:
     s = decide(
-        standby(), now=101.0, cfg=CFG, result=LeaseResult(True, Lease("l", "me@a", 115.0)), sent_at=100.0
+        standby(), now=101.0, cfg=CFG, result=LeaseResult(True, LeaseRow("l", "me@a", 115.0)), sent_at=100.0
     )
     assert s.leading and s.leader == "me@a" and s.valid_until == 100.0 + 15.0 - 3.0 and s.since == 101.0
 
 
 def test_someone_else_holding_makes_standby_naming_them() -> None:
     leader = Leadership(role="leader", holder="me@a", leader="me@a", valid_until=200.0)
-    s = decide(leader, now=150.0, cfg=CFG, result=LeaseResult(False, Lease("l", "other@b", 160.0)))
+    s = decide(leader, now=150.0, cfg=CFG, result=LeaseResult(False, LeaseRow("l", "other@b", 160.0)))
     assert not s.leading and s.leader == "other@b" and s.since == 150.0
 
 

@@ -58,7 +58,7 @@ def test_public_api():
         "MarkStale",
         "RestartReplica",
         "Wait",
-        "Decision",
+        "ReconcileDecision",
         "BackoffPolicy",
     }
     assert set(llmgw.core.plan.__all__) >= {

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from llmgw.core.fleet.views import ModelState, ModelView, NodeView, ReplicaView, ShardView
 from llmgw.core.reconcile import (
     BackoffPolicy,
-    Decision,
     MarkStale,
+    ReconcileDecision,
     RestartReplica,
     StartReplica,
     StopReplica,
@@ -36,7 +36,7 @@ class FakeFleet:
     stopped: list[StopReplica] = field(default_factory=list)
     shard_starts: list[tuple[str, int]] = field(default_factory=list)
 
-    def decide(self) -> Decision:
+    def decide(self) -> ReconcileDecision:
         d = reconcile(
             self.models,
             self.nodes.values(),
@@ -50,7 +50,7 @@ class FakeFleet:
         self.backoff = dict(d.backoff)
         return d
 
-    def apply(self, d: Decision) -> None:
+    def apply(self, d: ReconcileDecision) -> None:
         for a in d.actions:
             if isinstance(a, StartReplica):
                 p = a.placement
@@ -74,7 +74,7 @@ class FakeFleet:
             elif isinstance(a, MarkStale):
                 self.replicas[a.replica_id] = replace(self.replicas[a.replica_id], stale=True)
 
-    def step(self) -> Decision:
+    def step(self) -> ReconcileDecision:
         d = self.decide()
         self.apply(d)
         return d

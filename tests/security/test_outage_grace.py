@@ -14,7 +14,7 @@ import pytest
 from llmgw.core.tenancy.limits import Estimate, LevelLimits, Tenant
 from llmgw.store import Store
 from llmgw.store.limits.grace_ledger import GraceLedger
-from llmgw.store.limits.limiter import Admission, Limiter, SharePolicy
+from llmgw.store.limits.limiter import PoolAdmission, PoolLimiter, SharePolicy
 
 T0 = 1_200_000.0  # the start of a minute window
 
@@ -27,8 +27,8 @@ def _chain() -> tuple[Tenant, ...]:
     )
 
 
-async def _served(limiter: Limiter, n: int) -> int:
-    return sum([isinstance(await limiter.admit(_chain(), Estimate(1)), Admission) for _ in range(n)])
+async def _served(limiter: PoolLimiter, n: int) -> int:
+    return sum([isinstance(await limiter.admit(_chain(), Estimate(1)), PoolAdmission) for _ in range(n)])
 
 
 @pytest.mark.postgres
@@ -41,8 +41,8 @@ async def test_l2_router_restarted_during_an_outage_takes_no_second_grace_share(
     now = [T0]
     ledger_path = tmp_path / "grace" / "router-1.jsonl"
 
-    def router() -> Limiter:  # one router process, started again on the same state dir
-        return Limiter(
+    def router() -> PoolLimiter:  # one router process, started again on the same state dir
+        return PoolLimiter(
             store,
             clock=lambda: now[0],
             policy=SharePolicy(fraction=0.1),

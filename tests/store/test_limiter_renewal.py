@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from llmgw.core.tenancy.limits import Estimate, LevelLimits, Refused, Tenant
+from llmgw.core.tenancy.limits import Estimate, LevelLimits, LimitRefused, Tenant
 from llmgw.store import ShareGrant
-from llmgw.store.limits.limiter import Admission, Limiter, SharePolicy
+from llmgw.store.limits.limiter import PoolAdmission, PoolLimiter, SharePolicy
 
 from .fakes import FakeStore
 
@@ -49,23 +49,25 @@ async def turns_until(done: object, limit: int = 200) -> int:
 
 async def test_a_request_its_shares_cover_is_not_held_behind_another_projects_renewal() -> None:
     store = GatedStore()
-    limiter = Limiter(store, clock=lambda: T0)
+    limiter = PoolLimiter(store, clock=lambda: T0)
     store.gate.set()
-    assert isinstance(await limiter.admit(project("b", rpm=100), Estimate(1)), Admission)  # b holds a share
+    assert isinstance(
+        await limiter.admit(project("b", rpm=100), Estimate(1)), PoolAdmission
+    )  # b holds a share
     store.gate.clear()
     renewing = asyncio.create_task(limiter.admit(project("a", rpm=100), Estimate(1)))
     assert await turns_until(lambda: store.waiting == 1) <= 10  # a's renewal is parked in the store
     covered = asyncio.create_task(limiter.admit(project("b", rpm=100), Estimate(1)))
     await asyncio.sleep(0)
-    assert covered.done() and isinstance(covered.result(), Admission)  # decided in its first step
+    assert covered.done() and isinstance(covered.result(), PoolAdmission)  # decided in its first step
     assert not renewing.done()
     store.gate.set()
-    assert isinstance(await renewing, Admission)
+    assert isinstance(await renewing, PoolAdmission)
 
 
 async def test_everyone_waiting_on_a_renewal_is_let_in_in_one_step_once_it_ends() -> None:
     store = GatedStore()
-    limiter = Limiter(store, clock=lambda: T0)
+    limiter = PoolLimiter(store, clock=lambda: T0)
     tenants = project("a", rpm=10_000)  # a share of 1,000 covers all of them
     tasks = [asyncio.create_task(limiter.admit(tenants, Estimate(1))) for _ in range(50)]
     assert await turns_until(lambda: store.waiting == 1) <= 10  # one renewal, the other 49 behind it
@@ -74,25 +76,25 @@ async def test_everyone_waiting_on_a_renewal_is_let_in_in_one_step_once_it_ends(
     store.gate.set()
     # Handed over one waiter per loop step (an asyncio.Lock), the last of 50 would need 50 steps.
     assert await turns_until(lambda: all(t.done() for t in tasks)) <= 5
-    assert all(isinstance(t.result(), Admission) for t in tasks)
+    assert all(isinstance(t.result(), PoolAdmission) for t in tasks)
     assert store.calls == 1
 
 
 async def test_a_renewed_share_spent_meanwhile_is_renewed_again_not_refused() -> None:
     tenants = project("a", rpm=10, tpm=1000)  # shares of 1 request and 100 tokens
     store = GatedStore(gated={"project:a:tokens"})
-    limiter = Limiter(store, clock=lambda: T0, policy=SharePolicy(fraction=0.1))
+    limiter = PoolLimiter(store, clock=lambda: T0, policy=SharePolicy(fraction=0.1))
     store.gate.set()
     first = await limiter.admit(tenants, Estimate(tokens=60))  # holds 40 tokens, no request left
-    assert isinstance(first, Admission)
+    assert isinstance(first, PoolAdmission)
     store.gate.clear()
     # Needs a request (renewed at once) and more tokens than the 40 held (renewal parked at the gate).
     big = asyncio.create_task(limiter.admit(tenants, Estimate(tokens=80)))
     assert await turns_until(lambda: store.waiting == 1) <= 10
     # Covered by the renewed request unit and the 40 tokens held: let in from the shares meanwhile.
     small = await limiter.admit(tenants, Estimate(tokens=10))
-    assert isinstance(small, Admission)
+    assert isinstance(small, PoolAdmission)
     store.gate.set()
     got = await big
-    assert not isinstance(got, Refused), got  # the pool had 7 requests left: one more share, not a 429
+    assert not isinstance(got, LimitRefused), got  # the pool had 7 requests left: one more share, not a 429
     assert store.counters[("project:a:requests", T0)] == 3

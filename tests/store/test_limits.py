@@ -9,8 +9,8 @@ from llmgw.core.tenancy.limits import (
     Estimate,
     LevelLimits,
     LevelState,
+    LimitRefused,
     Meter,
-    Refused,
     Tenant,
     decide,
     format_reset,
@@ -52,7 +52,7 @@ def test_allowed_with_openai_headers() -> None:
 def test_rpm_refuses_the_request_after_the_last() -> None:
     assert isinstance(decide(states(req_left=1), Estimate(tokens=1), NOW), Allowed)
     d = decide(states(req_left=0), Estimate(tokens=1), NOW)
-    assert isinstance(d, Refused)
+    assert isinstance(d, LimitRefused)
     assert (d.level, d.tenant, d.metric) == ("project", "playground", "requests")
     assert d.retry_after == 30 and d.headers["retry-after"] == "30"
     assert d.headers["x-ratelimit-remaining-requests"] == "0"
@@ -61,21 +61,21 @@ def test_rpm_refuses_the_request_after_the_last() -> None:
 
 def test_team_pool_refuses_for_its_projects() -> None:
     d = decide(states(team_left=0), Estimate(tokens=1), NOW)
-    assert isinstance(d, Refused) and (d.level, d.tenant, d.metric) == ("team", "research", "requests")
+    assert isinstance(d, LimitRefused) and (d.level, d.tenant, d.metric) == ("team", "research", "requests")
 
 
 def test_tpm_refuses_when_estimate_does_not_fit() -> None:
     assert isinstance(decide(states(tok_left=100), Estimate(tokens=100), NOW), Allowed)
     d = decide(states(tok_left=99), Estimate(tokens=100), NOW)
-    assert isinstance(d, Refused) and d.metric == "tokens" and not d.never_fits
+    assert isinstance(d, LimitRefused) and d.metric == "tokens" and not d.never_fits
     too_big = decide(states(), Estimate(tokens=5000), NOW)
-    assert isinstance(too_big, Refused) and too_big.never_fits and "never" in too_big.message
+    assert isinstance(too_big, LimitRefused) and too_big.never_fits and "never" in too_big.message
 
 
 def test_concurrency_refuses_at_the_limit_with_short_retry() -> None:
     assert isinstance(decide(states(inflight=1), Estimate(tokens=1), NOW), Allowed)
     d = decide(states(inflight=2), Estimate(tokens=1), NOW)
-    assert isinstance(d, Refused) and (d.metric, d.retry_after) == ("concurrency", 1)
+    assert isinstance(d, LimitRefused) and (d.metric, d.retry_after) == ("concurrency", 1)
 
 
 def test_budget_refuses_at_the_org_when_spent() -> None:
@@ -83,14 +83,16 @@ def test_budget_refuses_at_the_org_when_spent() -> None:
     assert cost == 0.004
     assert isinstance(decide(states(budget_left=to_micros(cost)), Estimate(1, cost), NOW), Allowed)
     d = decide(states(budget_left=to_micros(cost) - 1), Estimate(1, cost), NOW)
-    assert isinstance(d, Refused) and (d.level, d.tenant, d.metric) == ("organization", "acme", "budget")
+    assert isinstance(d, LimitRefused) and (d.level, d.tenant, d.metric) == ("organization", "acme", "budget")
     assert d.retry_after == round(window_bounds(NOW, 30 * 86400)[1] - NOW)
     assert "budget of 500" in d.message
 
 
 def test_the_limit_that_frees_last_is_named() -> None:
     d = decide(states(req_left=0, budget_left=0), Estimate(1, 0.01), NOW)
-    assert isinstance(d, Refused) and d.metric == "budget"  # retrying when the minute ends would not help
+    assert (
+        isinstance(d, LimitRefused) and d.metric == "budget"
+    )  # retrying when the minute ends would not help
 
 
 def test_unlimited_tenant_has_no_headers() -> None:

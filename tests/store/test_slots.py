@@ -8,9 +8,9 @@ import time
 
 from support import wait_for
 
-from llmgw.core.tenancy.limits import Estimate, LevelLimits, Refused, Tenant
+from llmgw.core.tenancy.limits import Estimate, LevelLimits, LimitRefused, Tenant
 from llmgw.store import Store
-from llmgw.store.limits.limiter import Admission, Limiter
+from llmgw.store.limits.limiter import PoolAdmission, PoolLimiter
 from llmgw.store.limits.slots import PooledSlots
 
 from .fakes import FakeStore
@@ -56,11 +56,11 @@ async def test_two_pooled_processes_reach_the_limit_and_give_idle_slots_back(sto
     for pool in pools:
         await pool.start()
     try:
-        routers = [Limiter(store, slots=pools[0]), Limiter(second, slots=pools[1])]
+        routers = [PoolLimiter(store, slots=pools[0]), PoolLimiter(second, slots=pools[1])]
         tenants = capped(16)
         first = await asyncio.gather(*(routers[i % 2].admit(tenants, Estimate(1)) for i in range(20)))
-        admitted = [(i % 2, a) for i, a in enumerate(first) if isinstance(a, Admission)]
-        refused = [a for a in first if isinstance(a, Refused)]
+        admitted = [(i % 2, a) for i, a in enumerate(first) if isinstance(a, PoolAdmission)]
+        refused = [a for a in first if isinstance(a, LimitRefused)]
         assert len(admitted) == 16 and len(refused) == 4
         assert all((r.level, r.metric, r.limit) == ("project", "concurrency", 16) for r in refused)
         # Router 0 finishes all it had: router 1 gets them once router 0 gave them back.
@@ -71,7 +71,7 @@ async def test_two_pooled_processes_reach_the_limit_and_give_idle_slots_back(sto
             lambda: _admit_all(routers[1], tenants, len(mine)), 10, "router 2 admitted the freed slots"
         )
         assert len(more) == len(mine)
-        assert isinstance(await routers[1].admit(tenants, Estimate(1)), Refused)
+        assert isinstance(await routers[1].admit(tenants, Estimate(1)), LimitRefused)
         assert await store.slots_held(KEY, time.time()) == 16
     finally:
         for pool in pools:
@@ -80,9 +80,9 @@ async def test_two_pooled_processes_reach_the_limit_and_give_idle_slots_back(sto
     assert await store.slots_held(KEY, 0.0) == 0  # closing gave every slot back
 
 
-async def _admit_all(router: Limiter, tenants: tuple[Tenant, ...], n: int) -> list[Admission] | None:
+async def _admit_all(router: PoolLimiter, tenants: tuple[Tenant, ...], n: int) -> list[PoolAdmission] | None:
     got = [await router.admit(tenants, Estimate(1)) for _ in range(n)]
-    ok = [a for a in got if isinstance(a, Admission)]
+    ok = [a for a in got if isinstance(a, PoolAdmission)]
     if len(ok) == n:
         return ok
     for a in ok:
@@ -93,19 +93,19 @@ async def _admit_all(router: Limiter, tenants: tuple[Tenant, ...], n: int) -> li
 async def test_outage_serves_held_slots_then_one_grace_share_then_refuses() -> None:
     fake = FakeStore()
     pool = PooledSlots(fake, "r1", clock=lambda: T0, linger=3600)  # no returns during the test
-    router = Limiter(fake, clock=lambda: T0, slots=pool)
+    router = PoolLimiter(fake, clock=lambda: T0, slots=pool)
     tenants = capped(16)
     held = [await router.admit(tenants, Estimate(1)) for _ in range(3)]
-    assert all(isinstance(a, Admission) for a in held)
+    assert all(isinstance(a, PoolAdmission) for a in held)
     first = held[0]
-    assert isinstance(first, Admission)
+    assert isinstance(first, PoolAdmission)
     router.finish(first, 1, 0.0)  # one of its 3 held slots is idle now
     fake.down = True
     during = [await router.admit(tenants, Estimate(1)) for _ in range(6)]
     # 1 idle held slot, then the grace share (10% of 16 = 2), then refusals naming concurrency.
-    assert [isinstance(a, Admission) for a in during] == [True, True, True, False, False, False]
+    assert [isinstance(a, PoolAdmission) for a in during] == [True, True, True, False, False, False]
     refusal = during[-1]
-    assert isinstance(refusal, Refused) and refusal.metric == "concurrency"
+    assert isinstance(refusal, LimitRefused) and refusal.metric == "concurrency"
     fake.down = False
     await pool._end_grace()  # what the background loop does once the store answers
     assert fake.holds[(KEY, "r1")][0] == 5  # what is in flight, held again
@@ -134,10 +134,10 @@ async def test_a_fluctuating_load_keeps_its_slots_and_an_ended_one_gives_them_ba
     stops, the slots go back after one more pass."""
     fake = FakeStore()
     pool = PooledSlots(fake, "r1", clock=lambda: T0)
-    router = Limiter(fake, clock=lambda: T0, slots=pool)
+    router = PoolLimiter(fake, clock=lambda: T0, slots=pool)
     tenants = capped(100)
     running = [await router.admit(tenants, Estimate(1)) for _ in range(16)]
-    busy = [a for a in running if isinstance(a, Admission)]
+    busy = [a for a in running if isinstance(a, PoolAdmission)]
     assert len(busy) == 16
     asks = _counting_asks(fake)
     for _ in range(50):
@@ -145,7 +145,7 @@ async def test_a_fluctuating_load_keeps_its_slots_and_an_ended_one_gives_them_ba
             router.finish(a, 1, 0.0)
         await pool._return_idle()
         again = [await router.admit(tenants, Estimate(1)) for _ in range(4)]
-        busy = busy[4:] + [a for a in again if isinstance(a, Admission)]
+        busy = busy[4:] + [a for a in again if isinstance(a, PoolAdmission)]
     assert len(busy) == 16
     assert asks == [], "a steady load of 16 asked the store for slots again"
     for a in busy:
@@ -162,11 +162,11 @@ async def test_a_slot_kept_idle_in_one_process_goes_to_the_request_another_one_h
     while a's next pass reads that and gives back every idle slot, and b's next ask gets one."""
     fake = FakeStore()
     a, b = PooledSlots(fake, "a", clock=lambda: T0), PooledSlots(fake, "b", clock=lambda: T0)
-    in_a, in_b = Limiter(fake, clock=lambda: T0, slots=a), Limiter(fake, clock=lambda: T0, slots=b)
+    in_a, in_b = PoolLimiter(fake, clock=lambda: T0, slots=a), PoolLimiter(fake, clock=lambda: T0, slots=b)
     tenants = capped(4)
     ended = [await in_a.admit(tenants, Estimate(1)) for _ in range(4)]
     for admission in ended:
-        assert isinstance(admission, Admission)
+        assert isinstance(admission, PoolAdmission)
         in_a.finish(admission, 1, 0.0)
     assert fake.holds[(KEY, "a")][0] == 4  # idle, lingering in a
     waiting = asyncio.create_task(in_b.admit(tenants, Estimate(1)))
@@ -175,7 +175,7 @@ async def test_a_slot_kept_idle_in_one_process_goes_to_the_request_another_one_h
     await a._return_idle()  # a's next pass (the background loop runs it after the linger)
     assert fake.holds[(KEY, "a")][0] == 0, "a kept idle slots another process wanted"
     async with asyncio.timeout(5):
-        assert isinstance(await waiting, Admission)
+        assert isinstance(await waiting, PoolAdmission)
     assert fake.holds[(KEY, "b")][0] >= 1
 
 
@@ -184,14 +184,14 @@ async def test_a_request_over_the_limit_is_still_refused_after_its_wait() -> Non
     naming the limit; one whose own process fills the limit is refused without waiting for anything."""
     fake = FakeStore()
     a, b = PooledSlots(fake, "a", clock=lambda: T0), PooledSlots(fake, "b", clock=lambda: T0)
-    in_a = Limiter(fake, clock=lambda: T0, slots=a)
-    in_b = Limiter(fake, clock=lambda: T0, slots=b, slot_wait=0.3)
+    in_a = PoolLimiter(fake, clock=lambda: T0, slots=a)
+    in_b = PoolLimiter(fake, clock=lambda: T0, slots=b, slot_wait=0.3)
     tenants = capped(4)
     busy = [await in_a.admit(tenants, Estimate(1)) for _ in range(4)]
-    assert all(isinstance(x, Admission) for x in busy)
+    assert all(isinstance(x, PoolAdmission) for x in busy)
     refused = await in_b.admit(tenants, Estimate(1))
-    assert isinstance(refused, Refused) and refused.metric == "concurrency"
+    assert isinstance(refused, LimitRefused) and refused.metric == "concurrency"
     asks = _counting_asks(fake)
     own = await in_a.admit(tenants, Estimate(1))
-    assert isinstance(own, Refused) and own.metric == "concurrency"
+    assert isinstance(own, LimitRefused) and own.metric == "concurrency"
     assert asks == [], "a limit full of this process's own requests was asked for more"

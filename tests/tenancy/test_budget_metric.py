@@ -15,7 +15,7 @@ from llmgw_router.path.service import Router
 from llmgw.core.snapshot import RouterSnapshot
 from llmgw.core.tenancy.limits import Budget, LevelLimits, Tenant
 from llmgw.store.db import StoreUnavailable
-from llmgw.store.limits.limiter import Limiter as PoolLimiter, SharePolicy
+from llmgw.store.limits.limiter import PoolLimiter, SharePolicy
 
 NOW = 1_000_000.0
 RATIO = "llmgw_router_budget_used_ratio"

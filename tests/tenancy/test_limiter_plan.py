@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings, strategies as st
 from llmgw_router.path.ratelimit import MemoryCounters
 
-from llmgw.core.tenancy.limits import Budget, Estimate, LevelLimits, Refused, Tenant
-from llmgw.store.limits.limiter import Admission, Limiter
+from llmgw.core.tenancy.limits import Budget, Estimate, LevelLimits, LimitRefused, Tenant
+from llmgw.store.limits.limiter import PoolAdmission, PoolLimiter
 
 T0 = 1_200_000.0  # the start of a minute window
 
@@ -32,36 +32,36 @@ ops = st.lists(
 )
 
 
-class GeneralPathOnly(Limiter):
+class GeneralPathOnly(PoolLimiter):
     """The limiter with its no-wait path switched off: every request goes through `decide`."""
 
     def _admit_from_shares(self, *args: object) -> None:
         return None
 
 
-class CountingFastPath(Limiter):
+class CountingFastPath(PoolLimiter):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.fast = 0
 
-    def _admit_from_shares(self, *args: object) -> Admission | None:
+    def _admit_from_shares(self, *args: object) -> PoolAdmission | None:
         got = super()._admit_from_shares(*args)  # type: ignore[arg-type]
         self.fast += got is not None
         return got
 
 
 async def _run(
-    steps: list[tuple[int, int, bool, float]], reuse: bool, kind: type[Limiter] = Limiter
+    steps: list[tuple[int, int, bool, float]], reuse: bool, kind: type[PoolLimiter] = PoolLimiter
 ) -> list[object]:
     now = [T0]
     limiter = kind(MemoryCounters(), clock=lambda: now[0])
     shared = chain()
     out: list[object] = []
-    held: list[Admission] = []
+    held: list[PoolAdmission] = []
     for estimate, used, at_once, step in steps:
         now[0] += step
         got = await limiter.admit(shared if reuse else chain(), Estimate(estimate, estimate / 1e4))
-        if isinstance(got, Refused):
+        if isinstance(got, LimitRefused):
             out.append((got.level, got.metric, got.retry_after, got.headers))
             if held:
                 limiter.finish(held.pop(0), used, used / 1e4)
@@ -93,16 +93,16 @@ async def test_most_requests_take_the_shortcut() -> None:
     limiter = CountingFastPath(MemoryCounters(), clock=lambda: T0 + 1)
     for _ in range(50):
         assert isinstance(
-            await limiter.admit(chain(rpm=1000, tpm=10**6, concurrency=100), Estimate(10)), Admission
+            await limiter.admit(chain(rpm=1000, tpm=10**6, concurrency=100), Estimate(10)), PoolAdmission
         )
     assert limiter.fast >= 40  # only the requests that found a share short went to the store
 
 
 async def test_a_new_revision_s_limits_apply_at_once() -> None:
-    limiter = Limiter(MemoryCounters(), clock=lambda: T0 + 1)
+    limiter = PoolLimiter(MemoryCounters(), clock=lambda: T0 + 1)
     old = chain(rpm=5, concurrency=100)
     for _ in range(3):
-        assert isinstance(await limiter.admit(old, Estimate(1)), Admission)
+        assert isinstance(await limiter.admit(old, Estimate(1)), PoolAdmission)
     tighter = await limiter.admit(chain(rpm=3, concurrency=100), Estimate(1))
-    assert isinstance(tighter, Refused) and (tighter.metric, tighter.limit) == ("requests", 3)
-    assert isinstance(await limiter.admit(chain(rpm=10, concurrency=100), Estimate(1)), Admission)
+    assert isinstance(tighter, LimitRefused) and (tighter.metric, tighter.limit) == ("requests", 3)
+    assert isinstance(await limiter.admit(chain(rpm=10, concurrency=100), Estimate(1)), PoolAdmission)

@@ -50,7 +50,7 @@ class Send(StrEnum):
     files = "files"
 
 
-class Refused(LlmgwError):
+class CommandRefused(LlmgwError):
     """The command cannot go on; the message says why and what to do. Exit code 1."""
 
 
@@ -183,7 +183,7 @@ def plan(
         made = _with_sources(made, result, live, offline, mirror_token_file)
         if out is not None and not (made.source_errors or made.misfits):
             _write_plan_file(out, path, result, made, source)
-    except (AdminError, Refused) as exc:
+    except (AdminError, CommandRefused) as exc:
         _fail(str(exc))
     typer.echo(plans.render(made, output.value), nl=False)
     if made.source_errors or made.misfits:
@@ -285,7 +285,7 @@ def _read_secret(path: Path, flag: str) -> str:
     try:
         return path.read_text(encoding="utf-8").strip()
     except OSError as exc:
-        raise Refused(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from exc
+        raise CommandRefused(f"{flag} {path}: cannot read it: {exc.strerror or exc}") from exc
 
 
 def _invalid(result: LoadResult, output: PlanFormat) -> None:
@@ -304,11 +304,11 @@ def _invalid(result: LoadResult, output: PlanFormat) -> None:
 def _read_state(path: Path, controller: str | None) -> tuple[LiveState, plan_usage.Usage | None, str]:
     """The saved live state, the usage saved with it, and the words naming where the state came from."""
     if controller is not None:
-        raise Refused("give --controller or --state, not both")
+        raise CommandRefused("give --controller or --state, not both")
     try:
         live, usage = plan_usage.read_state(path)
     except plan_usage.BadState as exc:
-        raise Refused(str(exc)) from exc
+        raise CommandRefused(str(exc)) from exc
     return live, usage, f"saved state {path}"
 
 
@@ -421,7 +421,7 @@ def apply(
         rev = result.repo.revision or _content_hash(path)
         reply = _send(client, path, rev, send, actor or _actor(admin_client.environ()))
         _nudge(client)
-    except LlmgwError as exc:  # AdminError, Refused, StalePlan: each says what to do
+    except LlmgwError as exc:  # AdminError, CommandRefused, StalePlan: each says what to do
         _fail(str(exc))
     if reply.get("result") == "refused":
         errors = [str(e) for e in reply.get("errors", [])]
@@ -480,7 +480,9 @@ def _send(client: AdminClient, path: Path, revision: str, send: Send, actor: str
     if send is Send.path:
         body["path"] = str(path.resolve() if path.is_dir() else path.resolve().parent)
         if not path.is_dir():
-            raise Refused("--send path needs a repo directory; use --send files for a single YAML file")
+            raise CommandRefused(
+                "--send path needs a repo directory; use --send files for a single YAML file"
+            )
     else:
         body["files"] = repo_files(path)
     try:
@@ -494,7 +496,7 @@ def _send(client: AdminClient, path: Path, revision: str, send: Send, actor: str
         body["files"] = repo_files(path)
         status, reply = client.post("/api/v1/apply", body, ok=(200, 422))
     if not isinstance(reply, dict):
-        raise Refused(f"the controller answered {status} without a JSON object")
+        raise CommandRefused(f"the controller answered {status} without a JSON object")
     return reply
 
 

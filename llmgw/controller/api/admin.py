@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
-from llmgw.adapters.sources import Checkout, GitSource, Source
+from llmgw.adapters.sources import Checkout, GitSource, RevisionSource
 from llmgw.controller.api import applied_files, audited as admin_ops, guard, weights as weights_admin
 from llmgw.controller.api.audited import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT
 from llmgw.controller.api.guard import error, require
@@ -45,7 +45,7 @@ log = logging.getLogger("llmgw.controller.api.admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 POLL_NOW: web.AppKey[asyncio.Event] = web.AppKey("poll_now", asyncio.Event)
-SOURCE: web.AppKey[Source] = web.AppKey("source", object)  # type: ignore[arg-type]
+SOURCE: web.AppKey[RevisionSource] = web.AppKey("source", object)  # type: ignore[arg-type]
 GIT_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1 or SHA-256 object names
 ACTOR_DETAIL_MAX = 200
 
@@ -279,7 +279,7 @@ class LabelRefused(LlmgwError, ValueError):
     """An admin apply asked for a git SHA label that the files it sent are not."""
 
 
-async def label_for_apply(source: Source | None, root: Path, asked: str | None) -> str:
+async def label_for_apply(source: RevisionSource | None, root: Path, asked: str | None) -> str:
     """The label an admin apply is recorded and served under.
 
     * `apply:<content hash>` by default: it says an admin sent it, and what it was;

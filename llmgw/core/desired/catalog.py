@@ -61,7 +61,7 @@ __all__ = [
     "ModelEntry",
     "NodeEntry",
     "ProfileEntry",
-    "Tenant",
+    "TenantEntry",
     "profile_fingerprint",
 ]
 
@@ -144,7 +144,7 @@ class NodeEntry:
 
 
 @dataclass(frozen=True)
-class Tenant:
+class TenantEntry:
     """An organization, team or project. `models` None means "as the parent" (all, at the top)."""
 
     kind: str  # Organization, Team or Project
@@ -170,9 +170,9 @@ class Catalog:
     cluster: ClusterSpec
     cluster_name: str | None  # None: the repo has no Cluster document and defaults apply
     nodes: Mapping[str, NodeEntry]
-    organizations: Mapping[str, Tenant]
-    teams: Mapping[str, Tenant]
-    projects: Mapping[str, Tenant]
+    organizations: Mapping[str, TenantEntry]
+    teams: Mapping[str, TenantEntry]
+    projects: Mapping[str, TenantEntry]
     revision: str | None = None
     warnings: tuple[SemanticError, ...] = ()
     notifications: Mapping[str, NotificationSpec] = field(default_factory=lambda: MappingProxyType({}))
@@ -206,7 +206,7 @@ class Catalog:
         aliases: dict[str, str] = {}
         policies: dict[str, RoutingPolicySpec] = {}
         nodes: dict[str, NodeEntry] = {}
-        tenants: dict[str, dict[str, Tenant]] = {"Organization": {}, "Team": {}, "Project": {}}
+        tenants: dict[str, dict[str, TenantEntry]] = {"Organization": {}, "Team": {}, "Project": {}}
         notifications: dict[str, NotificationSpec] = {}
         guardrails: dict[str, GuardrailSpec] = {}
         adapters = {d.metadata.name: d.spec for d in documents if isinstance(d, Adapter)}
@@ -311,7 +311,7 @@ class Catalog:
         its Organization, or the Organization of that name. An owner naming no tenant counts against none."""
         if owner is None:
             return ()
-        chain: list[Tenant] = []
+        chain: list[TenantEntry] = []
         team = self.teams.get(owner)
         if team is not None:
             chain.append(team)
@@ -418,7 +418,7 @@ def _adapters_of(adapters: Mapping[str, AdapterSpec], model: str) -> tuple[tuple
     return tuple(sorted((n, a) for n, a in adapters.items() if a.base == model))
 
 
-def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Tenant:
+def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> TenantEntry:
     parent: str | None = None
     parent_kind: str | None = None
     if isinstance(doc, Team):
@@ -432,7 +432,7 @@ def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Te
     quota = dict(doc.spec.gpu_quota) if isinstance(doc, Organization | Team) else {}
     retention = doc.spec.retention if isinstance(doc, Project) else None
     cache = doc.spec.response_cache if isinstance(doc, Project) else None
-    return Tenant(
+    return TenantEntry(
         doc.kind,
         doc.metadata.name,
         parent,

@@ -27,11 +27,11 @@ __all__ = [
     "Level",
     "LevelLimits",
     "LevelState",
+    "LimitRefused",
     "Meter",
     "Metric",
     "QuotaScope",
     "RateMetric",
-    "Refused",
     "Tenant",
     "decide",
     "format_reset",
@@ -141,7 +141,7 @@ class Allowed:
 
 
 @dataclass(slots=True)
-class Refused:
+class LimitRefused:
     level: Level
     tenant: str
     metric: Metric
@@ -152,7 +152,7 @@ class Refused:
     never_fits: bool = False  # the request alone is larger than the limit: retrying will not help
 
 
-Decision = Allowed | Refused
+Decision = Allowed | LimitRefused
 
 
 def window_bounds(now: float, length: float) -> tuple[float, float]:
@@ -269,7 +269,7 @@ _WHAT = {
 }
 
 
-def _refusal(state: LevelState, metric: Metric, meter: Meter, estimate: Estimate, now: float) -> Refused:
+def _refusal(state: LevelState, metric: Metric, meter: Meter, estimate: Estimate, now: float) -> LimitRefused:
     tenant = state.tenant
     needed = need(metric, estimate)
     never = metric in ("tokens", "budget") and needed > meter.limit
@@ -291,7 +291,7 @@ def _refusal(state: LevelState, metric: Metric, meter: Meter, estimate: Estimate
             f"Rate limit reached: {tenant.level} {tenant.name!r} has used its {limit_text}. "
             f"Retry after {retry} s."
         )
-    return Refused(tenant.level, tenant.name, metric, meter.limit, retry, message, {}, never)
+    return LimitRefused(tenant.level, tenant.name, metric, meter.limit, retry, message, {}, never)
 
 
 def _amount(metric: Metric, value: float) -> str:
@@ -306,7 +306,7 @@ def decide(states: Sequence[LevelState], estimate: Estimate, now: float) -> Deci
     Every level of the chain is checked; when several refuse, the one that frees up last is named (retrying
     earlier would only be refused again by it), ties going to the most specific level.
     """
-    worst: Refused | None = None
+    worst: LimitRefused | None = None
     needs = {metric: need(metric, estimate) for metric in METRICS}
     for state in reversed(states):  # project first: the most specific level wins ties
         for metric in METRICS:
@@ -320,7 +320,7 @@ def decide(states: Sequence[LevelState], estimate: Estimate, now: float) -> Deci
         return Allowed(rate_headers(states, estimate, now, charged=True))
     headers = rate_headers(states, estimate, now, charged=False)
     headers["retry-after"] = str(worst.retry_after)
-    return Refused(
+    return LimitRefused(
         worst.level, worst.tenant, worst.metric, worst.limit, worst.retry_after, worst.message, headers,
         worst.never_fits,
     )  # fmt: skip

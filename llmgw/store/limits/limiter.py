@@ -31,9 +31,9 @@ from llmgw.core.tenancy.limits import (
     Allowed,
     Estimate,
     LevelState,
+    LimitRefused,
     Meter,
     Metric,
-    Refused,
     Tenant,
     decide,
     limit_key,
@@ -137,7 +137,7 @@ def _needs(estimate: Estimate) -> dict[Metric, float]:
 # Not frozen: built on every request, and a frozen dataclass costs about three times as much to construct
 # (object.__setattr__ per field). Nothing mutates these after construction.
 @dataclass(slots=True)
-class Admission:
+class PoolAdmission:
     """A request let in: hand it to `end` as its answer's last bytes go out, and to `finish` when the request
     ends (whatever its outcome)."""
 
@@ -148,7 +148,7 @@ class Admission:
     ended: bool = False  # its concurrency slots are given back (`end`)
 
 
-class Limiter:
+class PoolLimiter:
     """Per-router admission against pooled limits. One per router process; async-safe (one lock).
 
     `admit` is the entry point: it renews shares through the store only when one runs short, so most
@@ -202,7 +202,7 @@ class Limiter:
             return None
         return max(0, share.taken - share.balance)
 
-    async def admit(self, chain: Sequence[Tenant], estimate: Estimate) -> Admission | Refused:
+    async def admit(self, chain: Sequence[Tenant], estimate: Estimate) -> PoolAdmission | LimitRefused:
         """Let a request in, or refuse it naming the level and limit. Charges every level of the chain.
 
         A request refused on a concurrency limit whose other slots other router processes hold waits up to
@@ -212,11 +212,11 @@ class Limiter:
         plan = self._plan(chain)
         needs = _needs(estimate)
         got = await self._admit(plan, estimate, needs)
-        if not isinstance(got, Refused) or got.metric != "concurrency":
+        if not isinstance(got, LimitRefused) or got.metric != "concurrency":
             return got
         deadline = time.monotonic() + self._slot_wait
         with self._slots.waiting(key for key, _cap in plan.capped):
-            while isinstance(got, Refused) and got.metric == "concurrency":
+            while isinstance(got, LimitRefused) and got.metric == "concurrency":
                 key = limit_key(Tenant(got.level, got.tenant), "concurrency")
                 if not await self._slots.wait_for_room(key, int(got.limit), deadline):
                     break
@@ -225,7 +225,7 @@ class Limiter:
 
     async def _admit(
         self, plan: _Plan, estimate: Estimate, needs: dict[Metric, float]
-    ) -> Admission | Refused:
+    ) -> PoolAdmission | LimitRefused:
         # The common case (every share covers the request, nothing capped is full) needs no store and no
         # await: decided here in one step of the event loop, even while another request renews a share.
         admitted = self._admit_from_shares(plan, estimate, needs, self._clock())
@@ -248,7 +248,7 @@ class Limiter:
 
     async def _admit_renewing(
         self, plan: _Plan, estimate: Estimate, needs: dict[Metric, float]
-    ) -> Admission | Refused:
+    ) -> PoolAdmission | LimitRefused:
         """Renew what falls short (through the store), then decide. Requests admitted from the shares while
         this one awaits may spend what it renewed: the shares are looked at again until none falls short or a
         renewal brings nothing more (the pool is empty, or the store is away and the grace share is spent)."""
@@ -268,7 +268,7 @@ class Limiter:
                 break
         states = [self._state(tenant, pools) for tenant, pools in plan.pools]
         decision = decide(states, estimate, now)
-        if isinstance(decision, Refused):
+        if isinstance(decision, LimitRefused):
             return decision
         return self._charge(plan, estimate, needs, decision)
 
@@ -277,7 +277,7 @@ class Limiter:
 
     def _admit_from_shares(
         self, plan: _Plan, estimate: Estimate, needs: dict[Metric, float], now: float
-    ) -> Admission | None:
+    ) -> PoolAdmission | None:
         """Admit without renewing anything, or None when a share falls short or a concurrency cap is
         reached. When every share covers the request `decide` can only allow it, so this skips building
         its inputs and sets the same headers it would: the tightest level per metric, after the charge."""
@@ -304,7 +304,7 @@ class Limiter:
                 )
         return self._charge(plan, estimate, needs, Allowed(headers))
 
-    def end(self, admission: Admission) -> None:
+    def end(self, admission: PoolAdmission) -> None:
         """The answer's last bytes are about to go out: give back its concurrency slots (once), before the
         client can read them and send its next request. `finish` does it too for a request that never got
         that far."""
@@ -314,7 +314,7 @@ class Limiter:
         for key, _cap in self._plan(admission.chain).capped:
             self._slots.release(key)
 
-    def finish(self, admission: Admission, tokens: int, cost: float) -> None:
+    def finish(self, admission: PoolAdmission, tokens: int, cost: float) -> None:
         """The request ended: release its concurrency (unless `end` did) and correct the token and budget
         estimates."""
         self.end(admission)
@@ -405,7 +405,7 @@ class Limiter:
 
     def _charge(
         self, plan: _Plan, estimate: Estimate, needs: dict[Metric, float], allowed: Allowed
-    ) -> Admission:
+    ) -> PoolAdmission:
         charged: dict[str, float] = {}
         for _tenant, pools in plan.pools:
             for pool in pools:
@@ -414,4 +414,4 @@ class Limiter:
                 charged[pool.key] = share.window_start
         for key, _cap in plan.capped:
             self._slots.take(key)
-        return Admission(plan.chain, estimate, allowed.headers, charged)
+        return PoolAdmission(plan.chain, estimate, allowed.headers, charged)

@@ -31,7 +31,7 @@ from llmgw.store.usage.usage_spool import UsageSpool, fsync_file
 log = logging.getLogger(__name__)
 
 
-class UsageSink(Protocol):
+class UsageInserter(Protocol):
     async def insert_usage(self, records: Sequence[UsageRecord]) -> None: ...
 
 
@@ -46,7 +46,7 @@ class WriterStats:
 class UsageWriter:
     def __init__(
         self,
-        sink: UsageSink,
+        sink: UsageInserter,
         *,
         batch_size: int = 200,
         flush_interval: float = 1.0,

@@ -12,9 +12,17 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from llmgw.core.snapshot import Tenants
-from llmgw.core.tenancy.limits import Estimate, Level, LevelLimits, Refused, Tenant, level_limits, to_micros
+from llmgw.core.tenancy.limits import (
+    Estimate,
+    Level,
+    LevelLimits,
+    LimitRefused,
+    Tenant,
+    level_limits,
+    to_micros,
+)
 from llmgw.core.tenancy.projects import TenantChain
-from llmgw.store.limits.limiter import Admission, CounterStore, Limiter as PoolLimiter, SharePolicy
+from llmgw.store.limits.limiter import CounterStore, PoolAdmission, PoolLimiter, SharePolicy
 from llmgw.store.records import ShareGrant
 from llmgw_router.server.errors import ApiError
 
@@ -34,7 +42,7 @@ __all__ = [
 # (object.__setattr__ per field). Nothing mutates these after construction.
 @dataclass(slots=True)
 class Lease:
-    admission: Admission | None
+    admission: PoolAdmission | None
 
 
 class Limiter(Protocol):
@@ -86,7 +94,7 @@ class TenantLimiter:
         if not limited:
             return Lease(None)
         got = await self._pool.admit(tenants, Estimate(tokens, cost))
-        if isinstance(got, Refused):
+        if isinstance(got, LimitRefused):
             # One Retry-After: the decision's headers already carry it (a second, differently cased key
             # would go out as a second header line, read by clients as "60, 60").
             headers = {k: v for k, v in got.headers.items() if k.lower() != "retry-after"}

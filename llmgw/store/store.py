@@ -450,10 +450,17 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
             requests, tokens_in, tokens_out, cost, latency, errors = r[n:]
             totals.append(
                 UsageTotal(
-                    str(r[0]), int(requests), int(tokens_in), int(tokens_out), float(cost), float(latency),
-                    int(errors), key_name=name, key_project=project,
+                    str(r[0]),
+                    int(requests),
+                    int(tokens_in),
+                    int(tokens_out),
+                    float(cost),
+                    float(latency),
+                    int(errors),
+                    key_name=name,
+                    key_project=project,
                 )
-            )  # fmt: skip
+            )
         return totals
 
     async def spend(self, level: str, name: str, since: float, until: float | None = None) -> float:
@@ -488,11 +495,24 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
                 f"granted = CASE WHEN {t} + ? <= ? THEN ? WHEN {t} >= ? THEN 0 ELSE ? - {t} END, "
                 "updated_at = excluded.updated_at RETURNING taken, granted",
                 (
-                    limit_key, window_start, window_end, first, first, now,
-                    want, limit, want, limit, limit,
-                    want, limit, want, limit, limit,
+                    limit_key,
+                    window_start,
+                    window_end,
+                    first,
+                    first,
+                    now,
+                    want,
+                    limit,
+                    want,
+                    limit,
+                    limit,
+                    want,
+                    limit,
+                    want,
+                    limit,
+                    limit,
                 ),
-            )  # fmt: skip
+            )
         return ShareGrant(granted=int(rows[0][1]), taken=int(rows[0][0]))
 
     async def seed_counter(
@@ -546,10 +566,19 @@ class Store(OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, Conte
                 "ON CONFLICT (limit_key, holder) DO UPDATE SET slots = excluded.slots, "
                 "expires_at = excluded.expires_at RETURNING slots",
                 (
-                    limit_key, holder, want, limit, want, limit, limit, expires_at,
-                    limit_key, holder, now,
+                    limit_key,
+                    holder,
+                    want,
+                    limit,
+                    want,
+                    limit,
+                    limit,
+                    expires_at,
+                    limit_key,
+                    holder,
+                    now,
                 ),
-            )  # fmt: skip
+            )
             held = int(rows[0][0])
             if held < want:  # told to the holders keeping idle slots of this limit (slots_wanted_at)
                 await tx.execute(

@@ -112,9 +112,15 @@ def _session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
 
 
 async def _step(
-    target: dict[str, Any], concurrency: int, seconds: float, prompt_tokens: int, max_tokens: int,
-    tags: Iterator[str], role: str = "ladder", request_s: float = 0.0,
-) -> Step:  # fmt: skip
+    target: dict[str, Any],
+    concurrency: int,
+    seconds: float,
+    prompt_tokens: int,
+    max_tokens: int,
+    tags: Iterator[str],
+    role: str = "ladder",
+    request_s: float = 0.0,
+) -> Step:
     """One step's closed loop. Its workers start `request_s / concurrency` apart: started together they stay
     in lockstep, and llama.cpp then prefills each round's prompts in one batch (two 392-token prompts in
     3.2 s where one alone took 2.2 s), which traffic arriving on its own schedule seldom gets, so the step
@@ -135,9 +141,13 @@ async def _step(
 
 
 async def run_bench(
-    target: dict[str, Any], steps: list[int], seconds: float, prompt_tokens: int, max_tokens: int,
+    target: dict[str, Any],
+    steps: list[int],
+    seconds: float,
+    prompt_tokens: int,
+    max_tokens: int,
     objective_ms: float | None,
-) -> Measured:  # fmt: skip
+) -> Measured:
     """Drive the target at each concurrency in turn (after one request that warms it up); stop early once a
     step misses the objective or fails. After a concurrency-1 step that served, one more with prompts a
     quarter as long (the short step) and one with prompts twice as long (the long step)."""
@@ -229,8 +239,10 @@ def bench(
 def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) -> None:
     console = output.console()
     where = f" on {target['gpu_class']}" if target.get("gpu_class") else ""
-    console.print(f"{result['model']}/{result['profile']} ({result['engine']}{where}), replica {result['replica']}",
-                  highlight=False)  # fmt: skip
+    console.print(
+        f"{result['model']}/{result['profile']} ({result['engine']}{where}), replica {result['replica']}",
+        highlight=False,
+    )
     table = Table(
         "CONCURRENCY",
         "PROMPT",
@@ -244,9 +256,17 @@ def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) ->
     )
     for s in result["curve"]:
         probe = f" ({s['role']})" if s.get("role", "ladder") != "ladder" else ""
-        table.add_row(str(s["concurrency"]) + probe, _ms(s.get("prompt_tokens")), str(s["requests"]), str(s["failed"]), _ms(s["ttft_p50_ms"]),
-                      _ms(s["ttft_p99_ms"]), _ms(s["itl_p50_ms"]), _ms(s["itl_p99_ms"]),
-                      f"{s['tokens_per_s']:.1f}")  # fmt: skip
+        table.add_row(
+            str(s["concurrency"]) + probe,
+            _ms(s.get("prompt_tokens")),
+            str(s["requests"]),
+            str(s["failed"]),
+            _ms(s["ttft_p50_ms"]),
+            _ms(s["ttft_p99_ms"]),
+            _ms(s["itl_p50_ms"]),
+            _ms(s["itl_p99_ms"]),
+            f"{s['tokens_per_s']:.1f}",
+        )
     console.print(table)
     goal = result["objective_ms"]
     against = f"p99 TTFT under {goal:g} ms" if goal is not None else "no objective: the throughput knee"
@@ -257,9 +277,12 @@ def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) ->
         else f"{cap} concurrent, {result['tokens_per_s']:.1f} tokens/s"
     )
     console.print(f"capacity ({against}): {words}", highlight=False)
-    console.print(f"prefill {_ms(result['prefill_ms_per_token'])} ms/token, decode "
-                  f"{_ms(result['decode_ms_per_token'])} ms/token, load {result['load_s'] or '-'} s"
-                  + (" (saved)" if saved else ""), highlight=False)  # fmt: skip
+    console.print(
+        f"prefill {_ms(result['prefill_ms_per_token'])} ms/token, decode "
+        f"{_ms(result['decode_ms_per_token'])} ms/token, load {result['load_s'] or '-'} s"
+        + (" (saved)" if saved else ""),
+        highlight=False,
+    )
 
 
 def capacity(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:

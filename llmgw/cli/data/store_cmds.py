@@ -264,13 +264,27 @@ def keys_list(
     if as_json:
         output.print_json([_key_json(k, now) for k in found])
         return
-    table = Table(Column("ID", no_wrap=True), Column("Prefix", no_wrap=True), "Project", "Name", "State",
-                  "Created", "Expires", "Last used")  # fmt: skip
+    table = Table(
+        Column("ID", no_wrap=True),
+        Column("Prefix", no_wrap=True),
+        "Project",
+        "Name",
+        "State",
+        "Created",
+        "Expires",
+        "Last used",
+    )
     for k in found:
         table.add_row(
-            k.id, k.prefix + "…", k.project, k.name, k.state(now), _when(k.created_at), _when(k.expires_at),
+            k.id,
+            k.prefix + "…",
+            k.project,
+            k.name,
+            k.state(now),
+            _when(k.created_at),
+            _when(k.expires_at),
             _when(k.last_used_at) or "never",
-        )  # fmt: skip
+        )
     output.console().print(table)
 
 
@@ -396,8 +410,15 @@ def usage(
     except ValueError as exc:
         _fail(f"--since: {exc}")
     totals = _usage_totals(by, start, StoreWhere(store, controller_config), controller, token_file)
-    header = [*(["key", "name", "project"] if group == "key" else [by]), "requests", "errors", "tokens_in",
-              "tokens_out", "cost", "avg_latency_ms"]  # fmt: skip
+    header = [
+        *(["key", "name", "project"] if group == "key" else [by]),
+        "requests",
+        "errors",
+        "tokens_in",
+        "tokens_out",
+        "cost",
+        "avg_latency_ms",
+    ]
     rows = [
         [
             *(_key_columns(t, labelled=not as_json) if group == "key" else [_group_column(t, tag, as_json)]),

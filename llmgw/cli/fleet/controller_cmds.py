@@ -249,8 +249,10 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
         label = "removing" if n.get("action") == "remove" else "undeclared"
         console.print(f"  [yellow]{label}[/yellow] {n['node']}: {n['message']}", highlight=False)
     for cond in data.get("node_conditions") or []:
-        console.print(f"  [yellow]condition[/yellow] {cond['node']}: {condition_lines({'conditions': [cond]})[0]}",
-                      highlight=False)  # fmt: skip
+        console.print(
+            f"  [yellow]condition[/yellow] {cond['node']}: {condition_lines({'conditions': [cond]})[0]}",
+            highlight=False,
+        )
     lead = data.get("leadership") or {}
     if lead.get("ha"):
         where = lead.get("leader_address") or "unknown"

@@ -91,9 +91,14 @@ def notifications(
     for d in data["deliveries"]:
         state = f"[red]dead {_when(d['dead_at'])}[/red]" if d["dead_at"] else f"next {_when(d['next_at'])}"
         table.add_row(
-            _when(d["created_at"]), d["notification"], d["event"], d["object"], str(d["attempts"]), state,
+            _when(d["created_at"]),
+            d["notification"],
+            d["event"],
+            d["object"],
+            str(d["attempts"]),
+            state,
             d["last_error"],
-        )  # fmt: skip
+        )
     console = output.console()
     console.print(table)
     console.print(f"{data['waiting']} waiting, {data['dead']} dead", highlight=False)

@@ -66,8 +66,9 @@ def list_weights(
             table.add_row(node["node"], "(none)", "", "", "")
         for f in files:
             source = _what(f)
-            table.add_row(node["node"], source, _size(f.get("size_bytes")), "yes" if f["fetched"] else "no",
-                          _used_by(f))  # fmt: skip
+            table.add_row(
+                node["node"], source, _size(f.get("size_bytes")), "yes" if f["fetched"] else "no", _used_by(f)
+            )
     Console().print(table)
 
 

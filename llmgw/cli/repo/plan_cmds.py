@@ -209,9 +209,14 @@ def _valid_repo(path: Path, revision: str | None, bindings: Path | None, output:
 
 
 def _simulate(
-    catalog: Any, live: LiveState, made: Plan, trace: Path | None, capacity: Path | None, client: Any,
+    catalog: Any,
+    live: LiveState,
+    made: Plan,
+    trace: Path | None,
+    capacity: Path | None,
+    client: Any,
     output: PlanFormat,
-) -> None:  # fmt: skip
+) -> None:
     """The `--simulate` section (llmgw/cli/repo/plan_simulate.py) after the plan: in a fenced block of the PR
     comment, on stderr beside JSON (stdout stays one document); exit 3 on a regression."""
     from llmgw.cli.repo import plan_simulate as sim

@@ -80,9 +80,7 @@ def merge_pages(pages: Mapping[str, NodePage], limit: int, *, tail: bool) -> Mer
     """Lines of every node's page in time order, at most `limit`: the newest when `tail`, else the oldest (a
     forward page). Each node's position moves to just before its first line left out, or to the end of what
     its agent scanned when none was left out, so the next page neither repeats nor skips a line."""
-    tagged = [
-        {**line, "node": node} for node, page in pages.items() for line in page.lines
-    ]  # fmt: skip
+    tagged = [{**line, "node": node} for node, page in pages.items() for line in page.lines]
     tagged.sort(key=lambda x: (x["time"], x["node"], x["seq"]))
     kept, cut = (tagged[-limit:], tagged[:-limit]) if tail else (tagged[:limit], tagged[limit:])
     positions = {node: Position(page.boot, page.next_after) for node, page in pages.items()}

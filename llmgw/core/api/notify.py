@@ -214,9 +214,14 @@ def budget_events(reading: BudgetReading, now: float, cluster: str = "") -> list
                 f"{reading.amount:g} ({min(share, 999.0) * 100:.0f}%) in the period ending {reading.window_end:.0f}"
             )
             fields: dict[str, object] = {
-                "mark": mark, "level": reading.level, "tenant": reading.name, "spent": reading.spent,
-                "budget": reading.amount, "percent": percent, "window_start": reading.window_start,
+                "mark": mark,
+                "level": reading.level,
+                "tenant": reading.name,
+                "spent": reading.spent,
+                "budget": reading.amount,
+                "percent": percent,
+                "window_start": reading.window_start,
                 "window_end": reading.window_end,
-            }  # fmt: skip
+            }
             out.append(NotifyEvent(kind, f"{reading.level}/{reading.name}", message, now, cluster, fields))
     return out

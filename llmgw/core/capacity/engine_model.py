@@ -145,8 +145,13 @@ def _ladder(
     keys = []
     for step in served:
         n = step.get("prompt_tokens")
-        keys.append((int(step["concurrency"]), float(n) if isinstance(n, int | float) else None,
-                     str(step.get("role") or "ladder")))  # fmt: skip
+        keys.append(
+            (
+                int(step["concurrency"]),
+                float(n) if isinstance(n, int | float) else None,
+                str(step.get("role") or "ladder"),
+            )
+        )
     probes = {at for at in probe_positions(keys) if at is not None}
     return [s for i, s in enumerate(served) if i not in probes], [served[i] for i in sorted(probes)]
 

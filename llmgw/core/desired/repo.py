@@ -210,8 +210,11 @@ def _fit_problems(good: list[LoadedDocument], read: Mapping[str, Manifest]) -> l
             pos = doc.positions.value(path)
             words = f"on {fit.gpu_class} ({classes[fit.gpu_class].memory_gb:g} GiB): {fit.words()}"
             hint = "more tp or pp, a larger gpu_class, fewer slots or a shorter context_length"
-            out.append(ConfigError(doc.file, pos.line if pos else 1, pos.col if pos else 1, format_path(path),
-                                   words, hint))  # fmt: skip
+            out.append(
+                ConfigError(
+                    doc.file, pos.line if pos else 1, pos.col if pos else 1, format_path(path), words, hint
+                )
+            )
     return out
 
 

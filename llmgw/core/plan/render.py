@@ -234,8 +234,13 @@ def _fit_dict(f: ProfileFit) -> dict[str, Any]:
             "headroom": f.fit.headroom,
         }
     )
-    return {"model": f.model, "profile": f.profile, "gpu_class": f.gpu_class, "state": f.state,
-            "words": f.words()} | numbers  # fmt: skip
+    return {
+        "model": f.model,
+        "profile": f.profile,
+        "gpu_class": f.gpu_class,
+        "state": f.state,
+        "words": f.words(),
+    } | numbers
 
 
 def _source_dict(v: SourceVerdict) -> dict[str, Any]:

@@ -321,6 +321,12 @@ def decide(states: Sequence[LevelState], estimate: Estimate, now: float) -> Deci
     headers = rate_headers(states, estimate, now, charged=False)
     headers["retry-after"] = str(worst.retry_after)
     return LimitRefused(
-        worst.level, worst.tenant, worst.metric, worst.limit, worst.retry_after, worst.message, headers,
+        worst.level,
+        worst.tenant,
+        worst.metric,
+        worst.limit,
+        worst.retry_after,
+        worst.message,
+        headers,
         worst.never_fits,
-    )  # fmt: skip
+    )

@@ -215,13 +215,32 @@ class UsageFolder:
         self._tenants: dict[tuple[TenantLevel, str], _Tenant] = {}
 
     def add(self, row: UsageRow) -> None:
-        self.add_values(row.time, row.org, row.team, row.project, row.model, row.tokens_in, row.tokens_out,
-                        row.cost, row.latency_ms, row.status)  # fmt: skip
+        self.add_values(
+            row.time,
+            row.org,
+            row.team,
+            row.project,
+            row.model,
+            row.tokens_in,
+            row.tokens_out,
+            row.cost,
+            row.latency_ms,
+            row.status,
+        )
 
     def add_values(
-        self, time: float, org: str, team: str, project: str, model: str,
-        tokens_in: int, tokens_out: int, cost: float, latency_ms: float, status: int,
-    ) -> None:  # fmt: skip
+        self,
+        time: float,
+        org: str,
+        team: str,
+        project: str,
+        model: str,
+        tokens_in: int,
+        tokens_out: int,
+        cost: float,
+        latency_ms: float,
+        status: int,
+    ) -> None:
         if time < self._last:
             raise ValueError(f"usage rows must come oldest first: {time} after {self._last}")
         if self.earliest is None:
@@ -275,24 +294,45 @@ class UsageFolder:
             iv = self._busy.get(name)
             peak, at = peak_overlap(iv.starts, iv.ends) if iv else (0, None)
             models.append(
-                ModelUsage(model=name, requests=t.requests, tokens_in=t.tokens_in, tokens_out=t.tokens_out,
-                           cost=t.cost, peak_concurrency=peak, peak_concurrency_at=at)
-            )  # fmt: skip
+                ModelUsage(
+                    model=name,
+                    requests=t.requests,
+                    tokens_in=t.tokens_in,
+                    tokens_out=t.tokens_out,
+                    cost=t.cost,
+                    peak_concurrency=peak,
+                    peak_concurrency_at=at,
+                )
+            )
         tenants = []
         for (level, name), acc in sorted(
             self._tenants.items(), key=lambda kv: (LEVELS.index(kv[0][0]), kv[0][1])
         ):
             acc.close_minute()  # the last minute is as whole as it will get
             tenants.append(
-                TenantPeak(level=level, name=name, peak_tpm=acc.tpm, peak_tpm_at=acc.tpm_at, peak_rpm=acc.rpm,
-                           peak_rpm_at=acc.rpm_at, peak_concurrency=peak_overlap(acc.busy.starts, acc.busy.ends)[0],
-                           cost=acc.spent)
-            )  # fmt: skip
+                TenantPeak(
+                    level=level,
+                    name=name,
+                    peak_tpm=acc.tpm,
+                    peak_tpm_at=acc.tpm_at,
+                    peak_rpm=acc.rpm,
+                    peak_rpm_at=acc.rpm_at,
+                    peak_concurrency=peak_overlap(acc.busy.starts, acc.busy.ends)[0],
+                    cost=acc.spent,
+                )
+            )
         pairs = [
-            PairUsage(project=p, model=m, requests=t.requests, errors=t.errors, tokens_in=t.tokens_in,
-                      tokens_out=t.tokens_out, cost=t.cost)
+            PairUsage(
+                project=p,
+                model=m,
+                requests=t.requests,
+                errors=t.errors,
+                tokens_in=t.tokens_in,
+                tokens_out=t.tokens_out,
+                cost=t.cost,
+            )
             for (p, m), t in sorted(self._pairs.items())
-        ]  # fmt: skip
+        ]
         return UsageSummary(
             since=self.since,
             until=self.until,

@@ -262,8 +262,11 @@ class PooledSlots:
         self._down_until = now + self._retry_interval
         if not self._down:
             self._down = True
-            log.warning("limit store unreachable: concurrency is served on held slots and one grace share "
-                        "per limit (%s)", exc)  # fmt: skip
+            log.warning(
+                "limit store unreachable: concurrency is served on held slots and one grace share "
+                "per limit (%s)",
+                exc,
+            )
 
     def _answered(self) -> None:
         if self._down:

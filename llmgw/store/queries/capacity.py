@@ -41,11 +41,20 @@ def _opt(value: Any) -> float | None:
 
 def _record(r: Row) -> CapacityRecord:
     return CapacityRecord(
-        model=r[0], profile=r[1], gpu_class=r[2], engine=r[3], measured_at=float(r[4]),
-        objective_ms=_opt(r[5]), concurrency=None if r[6] is None else int(r[6]), tokens_per_s=_opt(r[7]),
-        prefill_ms_per_token=_opt(r[8]), decode_ms_per_token=_opt(r[9]), load_s=_opt(r[10]), replica=r[11],
+        model=r[0],
+        profile=r[1],
+        gpu_class=r[2],
+        engine=r[3],
+        measured_at=float(r[4]),
+        objective_ms=_opt(r[5]),
+        concurrency=None if r[6] is None else int(r[6]),
+        tokens_per_s=_opt(r[7]),
+        prefill_ms_per_token=_opt(r[8]),
+        decode_ms_per_token=_opt(r[9]),
+        load_s=_opt(r[10]),
+        replica=r[11],
         curve=json.loads(r[12]),
-    )  # fmt: skip
+    )
 
 
 class CapacityQueries:
@@ -63,11 +72,21 @@ class CapacityQueries:
                 "decode_ms_per_token = excluded.decode_ms_per_token, load_s = excluded.load_s, "
                 "replica = excluded.replica, curve = excluded.curve",
                 (
-                    rec.model, rec.profile, rec.gpu_class, rec.engine, rec.measured_at, rec.objective_ms,
-                    rec.concurrency, rec.tokens_per_s, rec.prefill_ms_per_token, rec.decode_ms_per_token,
-                    rec.load_s, rec.replica, json.dumps(rec.curve, sort_keys=True),
+                    rec.model,
+                    rec.profile,
+                    rec.gpu_class,
+                    rec.engine,
+                    rec.measured_at,
+                    rec.objective_ms,
+                    rec.concurrency,
+                    rec.tokens_per_s,
+                    rec.prefill_ms_per_token,
+                    rec.decode_ms_per_token,
+                    rec.load_s,
+                    rec.replica,
+                    json.dumps(rec.curve, sort_keys=True),
                 ),
-            )  # fmt: skip
+            )
 
     async def list_capacity(self, model: str | None = None) -> list[CapacityRecord]:
         where, params = ("WHERE model = ?", (model,)) if model else ("", ())

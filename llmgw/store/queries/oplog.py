@@ -17,17 +17,31 @@ _OUTBOX_COLUMNS = "id, notification, event, object, body, created_at, attempts, 
 
 def _audit(r: Row) -> AuditEntry:
     return AuditEntry(
-        time=float(r[1]), actor=r[2], actor_detail=r[3], action=r[4], object=r[5], outcome=r[6],
-        reason=r[7], via=r[8], id=r[0],
-    )  # fmt: skip
+        time=float(r[1]),
+        actor=r[2],
+        actor_detail=r[3],
+        action=r[4],
+        object=r[5],
+        outcome=r[6],
+        reason=r[7],
+        via=r[8],
+        id=r[0],
+    )
 
 
 def _delivery(r: Row) -> Delivery:
     return Delivery(
-        id=r[0], notification=r[1], event=r[2], object=r[3], body=r[4], created_at=float(r[5]),
-        attempts=int(r[6]), next_at=float(r[7]), last_error=r[8],
+        id=r[0],
+        notification=r[1],
+        event=r[2],
+        object=r[3],
+        body=r[4],
+        created_at=float(r[5]),
+        attempts=int(r[6]),
+        next_at=float(r[7]),
+        last_error=r[8],
         dead_at=float(r[9]) if r[9] is not None else None,
-    )  # fmt: skip
+    )
 
 
 class OpLogQueries:
@@ -42,10 +56,17 @@ class OpLogQueries:
                 f"INSERT INTO audit_log ({_AUDIT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (id) DO NOTHING",
                 (
-                    entry.id, entry.time, entry.actor, entry.actor_detail, entry.action, entry.object,
-                    entry.outcome, entry.reason, entry.via,
+                    entry.id,
+                    entry.time,
+                    entry.actor,
+                    entry.actor_detail,
+                    entry.action,
+                    entry.object,
+                    entry.outcome,
+                    entry.reason,
+                    entry.via,
                 ),
-            )  # fmt: skip
+            )
 
     async def list_audit(
         self, since: float | None = None, actor: str | None = None, limit: int = 200
@@ -70,11 +91,18 @@ class OpLogQueries:
                 f"INSERT INTO notification_outbox ({_OUTBOX_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                 "ON CONFLICT (id) DO NOTHING",
                 (
-                    delivery.id, delivery.notification, delivery.event, delivery.object, delivery.body,
-                    delivery.created_at, delivery.attempts, delivery.next_at, delivery.last_error,
+                    delivery.id,
+                    delivery.notification,
+                    delivery.event,
+                    delivery.object,
+                    delivery.body,
+                    delivery.created_at,
+                    delivery.attempts,
+                    delivery.next_at,
+                    delivery.last_error,
                     delivery.dead_at,
                 ),
-            )  # fmt: skip
+            )
 
     async def due_deliveries(self, now: float, limit: int = 50) -> list[Delivery]:
         """Live (not dead) deliveries whose next attempt is due, oldest first."""

@@ -26,15 +26,32 @@ LOOKUP_MAX = 50  # rows one request id may return (a client's own ids can repeat
 
 def usage_record(r: Row, tags: dict[str, str] | None = None) -> UsageRecord:
     return UsageRecord(
-        id=r[0], time=r[1], request_id=r[2], project=r[3], team=r[4], org=r[5], key_id=r[6], model=r[7],
-        tokens_in=r[8], tokens_out=r[9], cost=r[10], latency_ms=r[11], status=r[12],
-        fallback_used=bool(r[13]), router_id=r[14], endpoint=r[15],
+        id=r[0],
+        time=r[1],
+        request_id=r[2],
+        project=r[3],
+        team=r[4],
+        org=r[5],
+        key_id=r[6],
+        model=r[7],
+        tokens_in=r[8],
+        tokens_out=r[9],
+        cost=r[10],
+        latency_ms=r[11],
+        status=r[12],
+        fallback_used=bool(r[13]),
+        router_id=r[14],
+        endpoint=r[15],
         queue_ms=float(r[16]) if r[16] is not None else None,
         ttft_ms=float(r[17]) if r[17] is not None else None,
-        attempts=_json_or_none(r[18]), decision=_json_or_none(r[19]), code=r[20], tags=tags or None,
-        stream=bool(r[21]) if r[21] is not None else None, prefix=r[22],
+        attempts=_json_or_none(r[18]),
+        decision=_json_or_none(r[19]),
+        code=r[20],
+        tags=tags or None,
+        stream=bool(r[21]) if r[21] is not None else None,
+        prefix=r[22],
         guard=_json_or_none(r[23]),
-    )  # fmt: skip
+    )
 
 
 def _json_or_none(text: str | None) -> Any:

@@ -43,8 +43,9 @@ class PruneResult:
 
 def _finished(r: Row) -> Finished:
     source = r[5] if str(r[5]).startswith(IMPORT_PREFIX) else ""
-    return Finished(float(r[1]), float(r[2]) / 1000.0, r[3], r[4], source, int(r[6]), int(r[7]), int(r[8]),
-                    float(r[9]))  # fmt: skip
+    return Finished(
+        float(r[1]), float(r[2]) / 1000.0, r[3], r[4], source, int(r[6]), int(r[7]), int(r[8]), float(r[9])
+    )
 
 
 def _minute(r: Row) -> MinuteTotal:
@@ -180,7 +181,17 @@ async def _upsert_minutes(tx: Tx, totals: Sequence[MinuteTotal]) -> int:
             "ON CONFLICT (minute, model, project, source) DO UPDATE SET requests = excluded.requests, "
             "errors = excluded.errors, tokens_in = excluded.tokens_in, tokens_out = excluded.tokens_out, "
             "cost = excluded.cost, peak_concurrency = excluded.peak_concurrency",
-            (m.minute, m.model, m.project, m.source, m.requests, m.errors, m.tokens_in, m.tokens_out, m.cost,
-             m.peak_concurrency),
-        )  # fmt: skip
+            (
+                m.minute,
+                m.model,
+                m.project,
+                m.source,
+                m.requests,
+                m.errors,
+                m.tokens_in,
+                m.tokens_out,
+                m.cost,
+                m.peak_concurrency,
+            ),
+        )
     return len(totals)

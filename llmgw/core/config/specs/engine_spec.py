@@ -93,9 +93,24 @@ class EngineInstallSettings(Strict):
 # The CPU flags agents report (llmgw_agent.inventory.CPU_FLAGS_REPORTED; a test holds the two equal): a build
 # can only require one a node can say it has, or every node would be refused.
 CpuFlag = Literal[
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-    "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2",
-]  # fmt: skip
+    "sse4_2",
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+    "asimd",
+    "sve",
+    "sve2",
+]
 
 
 class EngineRequires(Strict):

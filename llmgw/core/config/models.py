@@ -25,6 +25,16 @@ from llmgw.core.config.base import (
 )
 from llmgw.core.config.specs.adapter_spec import LORA_ENGINES as LORA_ENGINES, AdapterSpec as AdapterSpec
 from llmgw.core.config.specs.cache_spec import ResponseCacheSpec as ResponseCacheSpec
+from llmgw.core.config.specs.cluster_spec import (
+    AdmissionSettings as AdmissionSettings,
+    ClusterSpec as ClusterSpec,
+    ControllerSettings as ControllerSettings,
+    GpuClass as GpuClass,
+    MirrorSettings as MirrorSettings,
+    RouterSettings as RouterSettings,
+    SecuritySettings as SecuritySettings,
+    TenancySettings as TenancySettings,
+)
 from llmgw.core.config.specs.engine_spec import (
     CpuFlag as CpuFlag,
     EngineArchive as EngineArchive,
@@ -36,6 +46,11 @@ from llmgw.core.config.specs.engine_spec import (
 from llmgw.core.config.specs.eval_spec import CanarySpec as CanarySpec, EvalSuiteSpec as EvalSuiteSpec
 from llmgw.core.config.specs.guardrail_spec import GuardrailSpec as GuardrailSpec
 from llmgw.core.config.specs.listener_spec import ListenerSettings as ListenerSettings
+from llmgw.core.config.specs.node_spec import (
+    NodeAgentSettings as NodeAgentSettings,
+    NodeSpec as NodeSpec,
+    SshSettings as SshSettings,
+)
 from llmgw.core.config.specs.notification_spec import (
     NOTIFICATION_EVENTS as NOTIFICATION_EVENTS,
     NotificationEvent as NotificationEvent,
@@ -50,285 +65,6 @@ from llmgw.core.config.specs.plan_spec import (
 from llmgw.core.config.specs.prefix_spec import PrefixSettings as PrefixSettings
 from llmgw.core.config.specs.retention_spec import ContentRetention as ContentRetention
 from llmgw.core.config.specs.source_spec import Source as Source
-
-# ---------------------------------------------------------------------------------------------------- Cluster
-
-
-class ControllerSettings(Strict):
-    """Where the controller listens and how it judges node health."""
-
-    address: str = Field(
-        "127.0.0.1:7070", description="host:port where agents, routers and `llmgw plan` reach it"
-    )
-    metrics_listen: str = Field(
-        "127.0.0.1:9090", description="host:port of the controller's Prometheus listener"
-    )
-    heartbeat_interval: Duration = Field("5s", description="How often agents heartbeat")
-    unreachable_after: Duration = Field(
-        "20s", description="Missed heartbeats for this long: node Unreachable"
-    )
-    lost_after: Duration = Field("5m", description="Unreachable for this long: node Lost, its replicas move")
-    resync_interval: Duration = Field("30s", description="Full reconcile pass even when nothing changed")
-    token: SecretRef | None = Field(
-        None, description="Shared token agents and routers present (development mode)"
-    )
-
-
-class AdmissionSettings(Strict):
-    """The router's queue for requests that find no free capacity."""
-
-    queue_size: int = Field(256, ge=0, description="Requests that may wait across all models before 429")
-    model_queue_size: int = Field(128, ge=0, description="Requests that may wait for one model before 429")
-    timeout: Duration = Field(
-        "30s", description="Longest a request waits for a busy model's replicas before 429 queue_timeout"
-    )
-    load_timeout: Duration = Field(
-        "120s",
-        description="Longest a request waits for a model with no replica yet (on demand, scaling up) before "
-        "503 model_loading, when its load time is not measured (measured: 1.5 x the load time + 5 s)",
-    )
-
-
-RequestFieldName = Annotated[
-    str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="A top-level request body field")
-]
-TagKey = Annotated[
-    str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,64}$", description="A request tag's key (llmgw_router.path.tags)")
-]
-MediaHost = Annotated[
-    str,
-    Field(
-        pattern=r"^(\*\.)?[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$",
-        description="A host name (lowercase), or `*.` and a domain for every host beneath it",
-    ),
-]
-
-
-class RouterSettings(Strict):
-    """Where the router listens, its default routing policy and admission queue."""
-
-    listen: str = Field("127.0.0.1:8080", description="host:port of the OpenAI API")
-    metrics_listen: str = Field("127.0.0.1:9091", description="host:port of the router's Prometheus listener")
-    workers: int = Field(
-        1,
-        ge=1,
-        le=256,
-        description="Router processes sharing the API port (SO_REUSEPORT), metrics summed on metrics_listen; "
-        "above 1 needs a store (limits are pooled through it). Read at start by `llmgw-router --snapshot`; a "
-        "router following a controller takes `--workers`",
-    )
-    default_policy: str | None = Field(None, description="RoutingPolicy used by models that name none")
-    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="Larger request bodies get 413")
-    scrape_interval: Duration = Field("1s", description="How often each engine's metrics are scraped")
-    stale_after: Duration = Field(
-        "5s", description="An endpoint not scraped for this long counts as saturated"
-    )
-    admission: AdmissionSettings = Field(default_factory=AdmissionSettings, description="Admission queue")
-    listener: ListenerSettings = Field(
-        default_factory=ListenerSettings,
-        description="The API listener's bounds on clients not yet authenticated (body deadline, connection caps)",
-    )
-    allowed_request_fields: list[RequestFieldName] = Field(
-        default_factory=list,
-        description=(
-            "Top-level request fields forwarded to engines besides OpenAI's and each engine's sampling "
-            "parameters (e.g. chat_template_kwargs); others are dropped and named in x-llmgw-dropped-fields"
-        ),
-    )
-    tag_labels: list[TagKey] = Field(
-        default_factory=list,
-        max_length=8,
-        description=(
-            "Request tag keys (from metadata, x-llmgw-tags, `user`) counted in the router's tag metrics as "
-            "label values; other tags are kept with usage only"
-        ),
-    )
-    tag_label_values: int = Field(
-        20,
-        ge=1,
-        le=1000,
-        description="Distinct values each tag_labels key is counted under per router; later ones count as `other`",
-    )
-    media_hosts: list[MediaHost] = Field(
-        default_factory=list,
-        description=(
-            "Hosts whose http(s) URLs a request's media parts may name (image_url, video_url, audio_url, "
-            "Responses input_image, Anthropic source.url): engines fetch them from the node network, so any "
-            "other URL but `data:` is refused (400), and so is a host that resolves to a private, loopback, "
-            "link-local or metadata address"
-        ),
-    )
-
-    @model_validator(mode="after")
-    def _tag_labels_once(self) -> RouterSettings:
-        twice = sorted({k for k in self.tag_labels if self.tag_labels.count(k) > 1})
-        if twice:
-            raise ValueError(f"tag_labels names {', '.join(twice)} more than once (each key once)")
-        return self
-
-
-class TenancySettings(Strict):
-    """Defaults for tenants that leave a limit unset."""
-
-    default_project_concurrency: int | None = Field(
-        None,
-        ge=1,
-        description="Requests in flight at once for a project that declares no `limits.concurrency` "
-        "(unset: no limit)",
-    )
-
-
-class SecuritySettings(Strict):
-    """Permissions the platform grants to named models, beyond what a Model document may ask for itself."""
-
-    trust_remote_code: list[Name] = Field(
-        default_factory=list,
-        description=(
-            "Models (by name) whose profiles may set `args.trust_remote_code`, which runs Python shipped with the"
-            " model's weights on the node; any other model setting it is refused"
-        ),
-    )
-
-
-class MirrorSettings(Strict):
-    """A weights mirror with the HF layout (/{repo}/resolve/{revision}/{file}, Range GETs): nodes fetch a
-    `repo` source's files here first and from `origin` only when the mirror answers 404."""
-
-    url: str | None = Field(
-        None,
-        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
-        description="Base URL nodes reach the mirror at (`llmgw controller --mirror-dir` serves one; any HTTP "
-        "server with the HF layout will do)",
-    )
-    origin: str = Field(
-        "https://huggingface.co",
-        pattern=r"^(none|https?://[^\s/]+(/[^\s]*)?)$",
-        description="Where files the mirror lacks come from; `none`: every node is air-gapped (mirror only)",
-    )
-
-
-class GpuClass(Strict):
-    """What a GPU class is, for checks made before any node reports one (offline `validate`)."""
-
-    memory_gb: float = Field(gt=0, description="Memory of one card, in GiB (80 for an 80 GB A100)")
-
-
-class ClusterSpec(Strict):
-    """Cluster-wide settings; every field has a default."""
-
-    controller: ControllerSettings = Field(default_factory=ControllerSettings)
-    router: RouterSettings = Field(default_factory=RouterSettings)
-    tenancy: TenancySettings = Field(default_factory=TenancySettings, description="Tenant defaults")
-    engines: dict[EngineName, EngineSettings] = Field(
-        default_factory=dict, description="Engines nodes run, by name (sim, llamacpp, vllm, sglang, trtllm)"
-    )
-    secret: SecretRef | None = Field(
-        None, description="Cluster secret: engine keys are an HMAC of the replica id under it"
-    )
-    security: SecuritySettings = Field(
-        default_factory=SecuritySettings, description="Permissions granted to named models"
-    )
-    classes: list[Name] | None = Field(
-        None,
-        description="Capacity classes, highest first (e.g. [critical, interactive, batch]): a model of a higher "
-        "class that cannot be placed preempts replicas of strictly lower classes; a model without `class` "
-        "ranks as the last one. Unset: `class` is free-form and nothing is preempted",
-    )
-    preemption_grace: Duration = Field(
-        "10s",
-        description="How long a preempted replica's in-flight requests may run after it stops taking new "
-        "ones; what is still running then is cut (and counted in the event)",
-    )
-    mirror: MirrorSettings = Field(
-        default_factory=MirrorSettings, description="Weights mirror and origin for `repo` sources"
-    )
-    gpu_classes: dict[str, GpuClass] = Field(
-        default_factory=dict,
-        description="GPU classes by name, with their memory: `validate` checks each GPU profile's memory fit "
-        "against them (`plan` uses the smallest card the fleet reports, these where none does)",
-    )
-    plan: PlanSettings = Field(default_factory=PlanSettings, description="What `llmgw plan` checks")
-    guardrails_enabled: bool = Field(
-        True, description="false turns every Guardrail's checks off at once (an emergency switch; live)"
-    )
-    verified_only: bool = Field(
-        False,
-        description="Every model's default for `verified_only`: true sends a request needing a checked "
-        "capability (tools, a json_schema answer) only to replicas whose model check passed it",
-    )
-
-
-# ---------------------------------------------------------------------------------------------------- Node
-
-
-class SshSettings(Strict):
-    """How the controller logs in to bootstrap and manage the node."""
-
-    user: str = Field("llmgw", description="SSH user the controller logs in as")
-    port: int = Field(22, ge=1, le=65535, description="SSH port")
-    identity: SecretRef | None = Field(None, description="Private key file the controller uses")
-    host_key: str | None = Field(None, description="Pinned host public key (`ssh-ed25519 AAAA...`)")
-    known_hosts: str | None = Field(None, description="known_hosts file checked when no key is pinned")
-
-
-class NodeAgentSettings(Strict):
-    """What bootstrap writes into the node agent's own configuration."""
-
-    metrics_listen: str | None = Field(
-        None,
-        pattern=r"^[^\s/]+:[0-9]{1,5}$",
-        description="host:port of the agent's node-health listener for Prometheus (e.g. `0.0.0.0:9092`); "
-        "the controller's http_sd lists it. Unset: the agent opens none",
-    )
-
-
-class NodeSpec(Strict):
-    """How the controller reaches the machine, and where replicas may go on it."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "if": {"not": {"properties": {"local": {"const": True}}, "required": ["local"]}},
-            "then": {"required": ["address"]},
-        }
-    )
-
-    local: bool = Field(False, description="The machine `llmgw up` runs on; needs no SSH")
-    address: str | None = Field(None, description="Host name or IP address (required unless local)")
-    ssh: SshSettings | None = Field(None, description="SSH settings (remote nodes)")
-    fabric: str | None = Field(None, description="Nodes sharing a fabric have a fast interconnect")
-    fabric_address: str | None = Field(
-        None,
-        min_length=1,
-        pattern=r"^[^\s/:]+$",
-        description="This node's address on its fabric: where a multi-node replica's distributed sockets (Ray, "
-        "NCCL's bootstrap) bind and meet (default: `address`; 127.0.0.1 for `local`)",
-    )
-    serving_address: str | None = Field(
-        None,
-        min_length=1,
-        pattern=r"^[^\s/]+$",
-        description="Address routers reach this node's engines at; the agent's key-checking pass-through "
-        "listens there and engines themselves only on 127.0.0.1 (default: `address`; 127.0.0.1 for `local`)",
-    )
-    serving_listen_all: bool = Field(
-        False,
-        description="Listen on every address (0.0.0.0) instead of `serving_address`, e.g. behind NAT; "
-        "validate and plan warn about it",
-    )
-    cordoned: bool = Field(False, description="No new replicas are placed here; running ones stay")
-    airgapped: bool = Field(
-        False, description="Fetches weights from the Cluster's mirror only, never from an origin"
-    )
-    agent: NodeAgentSettings = Field(
-        default_factory=NodeAgentSettings, description="The node agent's settings bootstrap writes"
-    )
-
-    @model_validator(mode="after")
-    def _address_unless_local(self) -> NodeSpec:
-        if not self.local and not self.address:
-            raise ValueError("a node needs `address` unless it is `local: true`")
-        return self
-
 
 # ---------------------------------------------------------------------------------------------------- Model
 

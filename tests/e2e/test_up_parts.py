@@ -16,8 +16,6 @@ from llmgw.cli.deploy.up import (
     UpError,
     UpSettings,
     admin_hint,
-    agent_argv,
-    engine_ports,
     ensure_key,
     fetch_detail,
     replica_detail,
@@ -25,6 +23,7 @@ from llmgw.cli.deploy.up import (
     run_up,
     usage_text,
 )
+from llmgw.cli.deploy.up_processes import agent_argv, engine_ports
 from llmgw.cli.repo.follow import ModelLine
 from llmgw.store import Store
 

@@ -71,7 +71,8 @@ def up(
 ) -> None:
     """Run the controller, a router and a local agent on this machine until Ctrl-C, following PATH
     (a change to a file is a new revision). Prints the OpenAI base URL and a key for the repo's first project."""
-    from llmgw.cli.deploy.up import UpError, UpSettings, engine_ports as parse_ports, run_up
+    from llmgw.cli.deploy.up import run_up
+    from llmgw.cli.deploy.up_processes import UpError, UpSettings, engine_ports as parse_ports
 
     try:
         ports = parse_ports(engine_ports) if engine_ports is not None else None

@@ -1,7 +1,7 @@
 """The names other parts import from the core: each face's `__all__` says them, and nothing else is reached.
 
 A face is a module or package of `llmgw.core`, directly or in one of its rooms (a package whose `__init__` holds
-only its docstring, docs/architecture.md: `llmgw.core.fleet`, `llmgw.core.desired`, ...); `llmgw.core.config`
+only its docstring, docs/architecture.md: `llmgw.core.desired`, `llmgw.core.weights`, ...); `llmgw.core.config`
 has none: its modules are imported by name. Removing a name from an `__all__` is a breaking change; importing a
 name a face does not export is reaching into its inside.
 """
@@ -91,7 +91,7 @@ def test_the_faces_are_found():
         "llmgw.core.words",
         "llmgw.core.reconcile",
     } <= set(FACES)
-    assert {"llmgw.core.fleet", "llmgw.core.desired", "llmgw.core.tenancy"} <= set(ROOMS)
+    assert {"llmgw.core.desired", "llmgw.core.weights", "llmgw.core.capacity"} <= set(ROOMS)
     assert not set(ROOMS) & set(FACES)
 
 

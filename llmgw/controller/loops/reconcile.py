@@ -37,8 +37,8 @@ from llmgw.core.fleet.views import NodeView, ReplicaView
 from llmgw.core.placement import ShardPlacement, explain as placement_explain
 from llmgw.core.reconcile import (
     BackoffPolicy,
-    Decision,
     MarkStale,
+    ReconcileDecision,
     RestartReplica,
     RollPace,
     StartReplica,
@@ -161,7 +161,7 @@ class Reconciler:
                     c.commit_tracer.ready(rec.id)
 
     def _note_pass(
-        self, decision: Decision, nodes: list[NodeView], replicas: list[ReplicaView], now: float
+        self, decision: ReconcileDecision, nodes: list[NodeView], replicas: list[ReplicaView], now: float
     ) -> list[StartReplica | StopReplica | RestartReplica | MarkStale]:
         """What the pass decided, kept per model for status (backoff, target, wait, why unplaced) and for the
         pass count; returns the actions to take (every one but a wait)."""

@@ -7,6 +7,7 @@ it has already reaped (cutime, cstime), so a worker that exits mid-run is not lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -22,9 +23,18 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """One port free now. For a process that listens on several, take them with free_ports: two calls here
+    may hand out the same port twice (the first is released before the second is asked for)."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct ports, all free now: each is held bound until every one is taken."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def wait_http(

@@ -210,11 +210,11 @@ def start_vllm_router(procs: Procs, work: Path, upstream: str, cpus: str | None 
     proc = None
     try:
         _venv_install(VLLM_ROUTER_VENV, "vllm-router", exe)
-        port = free_port()
+        port, prometheus_port = free_ports(2)
         argv = [str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream]
         argv += ["--policy", "round_robin", "--log-level", "warning", "--worker-startup-check-interval", "1"]
         # Its Prometheus listener defaults to port 29000: a free one, so two runs never collide.
-        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port)]
         proc = procs.start(argv, cwd=str(work), cpus=cpus)
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", limit_s=60, proc=proc)

@@ -251,20 +251,23 @@ class Limiter:
     ) -> Admission | Refused:
         """Renew what falls short (through the store), then decide. Requests admitted from the shares while
         this one awaits may spend what it renewed: the shares are looked at again until none falls short or a
-        renewal brings nothing more (the pool is empty, or the store is away and the grace share is spent)."""
+        renewal brings nothing more (the pool is empty, or the store is away and the grace share is spent).
+        The clock is read again after the awaits: a window may have ended meanwhile, and a request admitted from
+        the shares since then has started the new window's shares, empty until renewed (they are renewed too)."""
         now = self._clock()
         while True:
-            grew = False
+            grew = short = False
             for tenant, pools in plan.pools:
                 for pool in pools:
                     share = self._share(pool, now)
                     if share.balance < needs[pool.metric]:
-                        before = share.balance
+                        short, before = True, share.balance
                         await self._renew(tenant, pool.metric, share, math.ceil(needs[pool.metric]), now)
                         grew = grew or share.balance > before
             for key, cap in plan.capped:
                 await self._slots.ensure(key, cap)
-            if not grew or self._covered(plan, needs, now):
+            now = self._clock()
+            if self._covered(plan, needs, now) or (short and not grew):
                 break
         states = [self._state(tenant, pools) for tenant, pools in plan.pools]
         decision = decide(states, estimate, now)

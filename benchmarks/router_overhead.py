@@ -47,6 +47,7 @@ import tempfile
 import urllib.error
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -266,13 +267,21 @@ def measure(
         path = RESPONSES_ROWS.get(target.name, "/v1/chat/completions")
         body = request_body(stream, path, TRANSLATED) if target.name in RESPONSES_ROWS else None
     url = target.url + path
-    wrk(url, stream, conns, 1, target.headers, cpus, body)  # warm up connections and caches
-    answered, log_at = router_answers(target), log_size(target)
+    told = f"{target.name} {'stream' if stream else 'whole'} c={conns}"
+    watched(target, f"{told} warm-up", lambda: wrk(url, stream, conns, 1, target.headers, cpus, body))
     before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
-    result = wrk(url, stream, conns, duration, target.headers, cpus, body)
+    result = watched(target, told, lambda: wrk(url, stream, conns, duration, target.headers, cpus, body))
     if target.proc and result.requests:
         result.cpu_us_per_req = (tree_cpu_seconds(target.proc.pid) - before) / result.requests * 1e6
+    return result
+
+
+def watched(target: Target, told: str, run: Callable[[], Result]) -> Result:
+    """run(), and when wrk saw failures, what the proxy says of them (_show_failed_answers)."""
+    answered, log_at = router_answers(target), log_size(target)
+    result = run()
     if result.errors:
+        print(f"  {told}: {result.errors} failed ({failures_text(result.failures)})")
         _show_failed_answers(target, answered, log_at)
     return result
 

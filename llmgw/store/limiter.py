@@ -211,11 +211,17 @@ class Limiter:
         chain = tuple(chain)
         plan = self._plan(chain)
         needs = _needs(estimate)
-        got = await self._admit(plan, estimate, needs)
-        if not isinstance(got, Refused) or got.metric != "concurrency":
-            return got
-        deadline = time.monotonic() + self._slot_wait
+        admitted = self._admit_from_shares(plan, estimate, needs, self._clock())
+        if admitted is not None:
+            return admitted
+        # It waits from here (a renewal, the store's word on a slot), counted as waiting on its levels'
+        # concurrency: whoever asks the store for a slot asks for the requests waiting too, so a burst on an
+        # idle limit costs one or two store round trips, not one per request one after another.
         with self._slots.waiting(key for key, _cap in plan.capped):
+            got = await self._admit(plan, estimate, needs)
+            if not isinstance(got, Refused) or got.metric != "concurrency":
+                return got
+            deadline = time.monotonic() + self._slot_wait
             while isinstance(got, Refused) and got.metric == "concurrency":
                 key = limit_key(Tenant(got.level, got.tenant), "concurrency")
                 if not await self._slots.wait_for_room(key, int(got.limit), deadline):

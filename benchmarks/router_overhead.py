@@ -377,7 +377,9 @@ def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Ta
         targets.append(
             replace(cached, name="llmgw-cmiss", headers={**cached.headers, "Cache-Control": "no-cache"})
         )
-        targets.append(replace(cached, name="llmgw-chit"))  # the same body: hits
+        # The same body without it (every_check's headers say no-cache): every request after the first a hit.
+        hit = {k: v for k, v in cached.headers.items() if k != "Cache-Control"}
+        targets.append(replace(cached, name="llmgw-chit", headers=hit))
     starters = {"vllm": start_vllm_router, "portkey": start_portkey, "litellm": start_litellm}
     for peer in args.peers:
         started = starters[peer](procs, work, upstream, proxy_cpus)

@@ -269,15 +269,20 @@ def measure(
     url = target.url + path
     told = f"{target.name} {'stream' if stream else 'whole'} c={conns}"
     watched(target, f"{told} warm-up", lambda: wrk(url, stream, conns, 1, target.headers, cpus, body))
-    before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
-    result = watched(target, told, lambda: wrk(url, stream, conns, duration, target.headers, cpus, body))
-    if target.proc and result.requests:
-        result.cpu_us_per_req = (tree_cpu_seconds(target.proc.pid) - before) / result.requests * 1e6
-    return result
+
+    def run() -> Result:  # the proxy's CPU over the run only, not over watched's read of its metrics
+        before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
+        result = wrk(url, stream, conns, duration, target.headers, cpus, body)
+        if target.proc and result.requests:
+            result.cpu_us_per_req = (tree_cpu_seconds(target.proc.pid) - before) / result.requests * 1e6
+        return result
+
+    return watched(target, told, run)
 
 
 def watched(target: Target, told: str, run: Callable[[], Result]) -> Result:
-    """run(), and when wrk saw failures, what the proxy says of them (_show_failed_answers)."""
+    """run(), and when wrk saw failures, what the proxy says of them (_show_failed_answers); its answers are
+    read from its metrics before the run and, only after a failed one, after it."""
     answered, log_at = router_answers(target), log_size(target)
     result = run()
     if result.errors:

@@ -51,7 +51,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import itertools
 
-from harness import free_port, wait_http
+from harness import free_port, free_ports, wait_http
 
 from llmgw.adapters.keys import hash_key
 from llmgw.controller.app import RunningController, start_controller
@@ -158,7 +158,7 @@ class Fleet:
     def _router(self, controller: str, token: Path) -> None:
         keys = self.work / "keys"
         keys.write_text(f"{hash_key(KEY)} p1 key-1\n")
-        port, mport = free_port(), free_port()
+        port, mport = free_ports(2)
         log = (self.work / "router.log").open("ab")
         argv = [
             sys.executable,

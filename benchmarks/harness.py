@@ -7,6 +7,7 @@ it has already reaped (cutime, cstime), so a worker that exits mid-run is not lo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
@@ -21,10 +22,32 @@ CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+# Every port free_ports handed out in this process: the kernel may hand the same free port to two binds in a
+# row (seen: a router's --listen and --metrics-listen the same), and a port told to a process that has not
+# bound it yet is still free to the kernel.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now and never handed out before in this process."""
+    return free_ports(1)[0]
+
+
+def free_ports(count: int) -> list[int]:
+    """`count` distinct loopback ports, free now (each held bound until all are found) and never handed out
+    before in this process: for a process listening on several, or processes started before any binds."""
+    found: list[int] = []
+    with contextlib.ExitStack() as stack:
+        for _ in range(count + 1000):
+            s = stack.enter_context(socket.socket())
+            s.bind(("127.0.0.1", 0))  # held: the kernel will not hand it out again meanwhile
+            port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                found.append(port)
+                if len(found) == count:
+                    _HANDED_OUT.update(found)
+                    return found
+    raise RuntimeError(f"no {count} fresh loopback ports after {count + 1000} binds")
 
 
 def wait_http(

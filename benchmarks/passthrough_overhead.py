@@ -19,13 +19,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import aiohttp
+from harness import free_ports
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "bench-engine-key"
@@ -47,12 +47,6 @@ def cpu_seconds(pid: int) -> float:
     raw = Path(f"/proc/{pid}/stat").read_text()
     fields = raw[raw.rfind(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def env() -> dict[str, str]:
@@ -110,7 +104,7 @@ async def load(base: str, concurrency: int, requests: int, tokens: int) -> tuple
 
 
 def main(ns: argparse.Namespace) -> None:
-    engine_port, through_port = free_port(), free_port()
+    engine_port, through_port = free_ports(2)
     sim = [sys.executable, "-m", "llmgw_agent.sim", "--host", "127.0.0.1", "--port", str(engine_port)]
     sim += ["--model", MODEL, "--decode-ms-per-token", "0", "--prefill-ms-per-token", "0"]
     sim += ["--max-concurrency", str(ns.concurrency), "--max-tokens-default", str(ns.tokens)]

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import every_check
 from every_check import ENGINE_KEY, MODEL
-from harness import Procs, free_port, wait_http
+from harness import Procs, free_port, free_ports, wait_http
 
 THROWAWAY = Path(tempfile.gettempdir())
 LITELLM_VENV = THROWAWAY / "llmgw-bench-litellm"
@@ -47,6 +47,8 @@ class Target:
     url: str
     headers: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None  # the proxy's process (the root of its tree); None for direct
+    metrics: str | None = None  # llmgw's /metrics URL: what it answered, read around each run
+    log: Path | None = None  # the proxy's output (Procs.start's file): its lines from a failed run are shown
 
 
 # The floor: the least a Python proxy can do (read, forward, stream back), about 20 lines.
@@ -133,9 +135,9 @@ def start_llmgw(
     dsn = f"sqlite:///{work / 'store.db'}"
     key = asyncio.run(_make_store_key(dsn))
     (work / "snapshot.json").write_text(json.dumps(every_check.snapshot(upstream, guard, cache, engine)))
-    port = free_port()
+    port, metrics_port = free_ports(2)
     argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn]
-    argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}"]
+    argv += ["--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}"]
     argv += ["--log-level", "WARNING", *every_check.ROUTER_FLAGS, *extra]
     # Never the checkout's .llmgw/router: two benchmarks at once would share its usage spool.
     if "--state-dir" not in extra:
@@ -147,7 +149,9 @@ def start_llmgw(
     proc = procs.start(argv, env=env, cpus=cpus)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/ready", proc=proc)
-    return Target(name, url, {"Authorization": f"Bearer {key}", **every_check.REQUEST_HEADERS}, proc)
+    headers = {"Authorization": f"Bearer {key}", **every_check.REQUEST_HEADERS}
+    metrics = f"http://127.0.0.1:{metrics_port}/metrics"
+    return Target(name, url, headers, proc, metrics=metrics, log=procs.log_path(procs.procs.index(proc)))
 
 
 def _skipped(name: str, procs: Procs, proc: subprocess.Popen[bytes] | None, exc: BaseException) -> None:
@@ -206,11 +210,11 @@ def start_vllm_router(procs: Procs, work: Path, upstream: str, cpus: str | None 
     proc = None
     try:
         _venv_install(VLLM_ROUTER_VENV, "vllm-router", exe)
-        port = free_port()
+        port, prometheus_port = free_ports(2)
         argv = [str(exe), "--host", "127.0.0.1", "--port", str(port), "--worker-urls", upstream]
         argv += ["--policy", "round_robin", "--log-level", "warning", "--worker-startup-check-interval", "1"]
         # Its Prometheus listener defaults to port 29000: a free one, so two runs never collide.
-        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        argv += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(prometheus_port)]
         proc = procs.start(argv, cwd=str(work), cpus=cpus)
         url = f"http://127.0.0.1:{port}"
         wait_http(url + "/health", limit_s=60, proc=proc)

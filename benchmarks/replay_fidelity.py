@@ -58,7 +58,7 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Procs, free_port, wait_http
+from harness import Procs, free_port, free_ports, wait_http
 from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
@@ -182,7 +182,7 @@ def start_gemma(procs: Procs, binary: str, model: str) -> str:
 
 
 def start_router(procs: Procs, work: Path, fleet: FleetSpec) -> str:
-    listen, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    listen, metrics = (f"127.0.0.1:{port}" for port in free_ports(2))
     snapshot = {
         "revision": f"fidelity-{fleet.name}",
         "router": {

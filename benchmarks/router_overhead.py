@@ -46,7 +46,9 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import every_check
@@ -64,6 +66,7 @@ from peers import (
     start_portkey,
     start_vllm_router,
 )
+from prometheus_client.parser import text_string_to_metric_families
 
 MOCK = r"""
 import json, sys
@@ -116,6 +119,7 @@ wrk.headers["Content-Type"] = "application/json"
 {HEADERS}
 """
 BENCH_CACHE: dict[str, object] = {"ttl": "1h", "max_bytes": 64 * 1024 * 1024}
+ROUTER_REQUESTS = "llmgw_router_requests"  # answered requests by model, status and error code (its metrics)
 PROXY_CPUS, LOAD_CPUS = "0", "1"  # --pin: the proxies on CPU 0, wrk and the mock on CPU 1
 
 
@@ -263,12 +267,70 @@ def measure(
         path = RESPONSES_ROWS.get(target.name, "/v1/chat/completions")
         body = request_body(stream, path, TRANSLATED) if target.name in RESPONSES_ROWS else None
     url = target.url + path
-    wrk(url, stream, conns, 1, target.headers, cpus, body)  # warm up connections and caches
-    before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
-    result = wrk(url, stream, conns, duration, target.headers, cpus, body)
-    if target.proc and result.requests:
-        result.cpu_us_per_req = (tree_cpu_seconds(target.proc.pid) - before) / result.requests * 1e6
+    told = f"{target.name} {'stream' if stream else 'whole'} c={conns}"
+    watched(target, f"{told} warm-up", lambda: wrk(url, stream, conns, 1, target.headers, cpus, body))
+
+    def run() -> Result:  # the proxy's CPU over the run only, not over watched's read of its metrics
+        before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
+        result = wrk(url, stream, conns, duration, target.headers, cpus, body)
+        if target.proc and result.requests:
+            result.cpu_us_per_req = (tree_cpu_seconds(target.proc.pid) - before) / result.requests * 1e6
+        return result
+
+    return watched(target, told, run)
+
+
+def watched(target: Target, told: str, run: Callable[[], Result]) -> Result:
+    """run(), and when wrk saw failures, what the proxy says of them (_show_failed_answers); its answers are
+    read from its metrics before the run and, only after a failed one, after it."""
+    answered, log_at = router_answers(target), log_size(target)
+    result = run()
+    if result.errors:
+        print(f"  {told}: {result.errors} failed ({failures_text(result.failures)})")
+        _show_failed_answers(target, answered, log_at)
     return result
+
+
+def router_answers(target: Target) -> Counter[tuple[str, str]] | None:
+    """llmgw's answers so far by (status, error code), from its requests counter on /metrics; None for a
+    target without one or when it cannot be read (said so)."""
+    if target.metrics is None:
+        return None
+    try:
+        with urllib.request.urlopen(target.metrics, timeout=10) as r:
+            text = r.read().decode()
+    except OSError as exc:
+        print(f"  {target.name}: its metrics unreadable: {type(exc).__name__}: {exc}")
+        return None
+    counts: Counter[tuple[str, str]] = Counter()
+    for family in text_string_to_metric_families(text):
+        if family.name != ROUTER_REQUESTS:
+            continue
+        for sample in family.samples:
+            if sample.name == ROUTER_REQUESTS + "_total":
+                counts[(sample.labels["status"], sample.labels["code"])] += int(sample.value)
+    return counts
+
+
+def log_size(target: Target) -> int:
+    return target.log.stat().st_size if target.log is not None and target.log.exists() else 0
+
+
+def _show_failed_answers(target: Target, before: Counter[tuple[str, str]] | None, log_at: int) -> None:
+    """What the proxy itself says of a run in which wrk saw failures: llmgw's answers of 300 or more by
+    status and error code (its metrics, before and after), and the lines it logged meanwhile."""
+    after = router_answers(target)
+    if before is not None and after is not None:
+        failed = {k: n for k, n in (after - before).items() if not k[0].startswith("2")}
+        said = ", ".join(f"{status} {code or '-'}: {n}" for (status, code), n in sorted(failed.items()))
+        print(f"  {target.name} counted its answers of 300 or more in the run: {said or 'none'}")
+    if target.log is not None and target.log.exists():
+        with target.log.open("rb") as f:
+            f.seek(log_at)
+            lines = f.read().decode(errors="replace").splitlines()
+        print(f"  {target.name} logged in the run: {len(lines)} lines")
+        for line in lines[-20:]:
+            print(f"    {line[:400]}")
 
 
 def start_mock(procs: Procs, work: Path, load_cpus: str | None) -> str:
@@ -289,7 +351,7 @@ def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Ta
     llmgw = start_llmgw(procs, work, upstream, args.workers, proxy_cpus)
     targets.append(llmgw)
     for name in RESPONSES_ROWS:  # the same router process, asked the other way
-        targets.append(Target(name, llmgw.url, llmgw.headers, llmgw.proc))
+        targets.append(replace(llmgw, name=name))
     if args.guardrails:  # a second router with a deterministic guardrail on every request, in and out
         guarded = work / "guarded"
         state = ("--state-dir", str(guarded / "state"))  # its own usage spool: one router per directory
@@ -318,9 +380,11 @@ def start_targets(procs: Procs, work: Path, args: argparse.Namespace) -> list[Ta
         )
         # Every request says no-cache: keyed, recorded and stored like a miss, never answered from memory.
         targets.append(
-            Target("llmgw-cmiss", cached.url, {**cached.headers, "Cache-Control": "no-cache"}, cached.proc)
+            replace(cached, name="llmgw-cmiss", headers={**cached.headers, "Cache-Control": "no-cache"})
         )
-        targets.append(Target("llmgw-chit", cached.url, cached.headers, cached.proc))  # the same body: hits
+        # The same body without it (every_check's headers say no-cache): every request after the first a hit.
+        hit = {k: v for k, v in cached.headers.items() if k != "Cache-Control"}
+        targets.append(replace(cached, name="llmgw-chit", headers=hit))
     starters = {"vllm": start_vllm_router, "portkey": start_portkey, "litellm": start_litellm}
     for peer in args.peers:
         started = starters[peer](procs, work, upstream, proxy_cpus)

@@ -61,7 +61,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -74,6 +73,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from harness import free_port, free_ports
 from ruamel.yaml import YAML
 
 from llmgw.core.config.models import RoutingPolicySpec
@@ -211,12 +211,6 @@ def mean_prompt_tokens(workload: str) -> float:
 # ------------------------------------------------------------------------------------------------ processes
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_http(url: str, limit_s: float, proc: subprocess.Popen[bytes], log: Path) -> None:
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
@@ -312,7 +306,7 @@ def snapshot_for(s: Strategy, sims: list[str], listen: str, metrics: str) -> dic
 def start_routers(procs: Procs, work: Path, strats: list[Strategy], sims: list[str]) -> dict[str, str]:
     started = []
     for s in strats:
-        listen, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        listen, metrics = (f"127.0.0.1:{port}" for port in free_ports(2))
         snap = work / f"snapshot-{s.name}.json"
         snap.write_text(json.dumps(snapshot_for(s, sims, listen, metrics), indent=1))
         argv = [

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from harness import free_ports
 from llmgw_agent.kv_relay import RELAY_PATH
 from llmgw_agent.passthrough import fronted_argv
 from scheduling import (
@@ -51,7 +52,6 @@ from scheduling import (
     _ms,
     _ratio,
     engine_counters,
-    free_port,
     percentile,
     wait_http,
     wait_idle,
@@ -107,7 +107,7 @@ def start_prefix_sims(procs: Procs) -> list[Sim]:
     (no key: the benchmark's endpoints have none, so the relay checks none)."""
     sims = []
     for i in range(REPLICAS):
-        port, engine_port, events = free_port(), free_port(), free_port()
+        port, engine_port, events = free_ports(3)
         engine = [
             sys.executable, "-m", "llmgw_agent.sim", "--port", str(engine_port), "--model", MODEL,
             "--prefill-ms-per-token", str(PREFILL_MS), "--decode-ms-per-token", str(DECODE_MS),
@@ -155,7 +155,7 @@ def start_prefix_routers(
 ) -> dict[str, str]:
     started = []
     for s, events in strats:
-        listen, metrics = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+        listen, metrics = (f"127.0.0.1:{port}" for port in free_ports(2))
         snap = work / f"snapshot-prefix-{s.name}.json"
         snap.write_text(json.dumps(_snapshot(s, events, sims, listen, metrics), indent=1))
         argv = [

@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,14 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
+from harness import free_port, free_ports
 
 MODEL = "sim-soak"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:
@@ -141,11 +135,11 @@ def start_cluster(procs: Procs, work: Path, engines: int) -> tuple[str, int, str
         "endpoints": endpoints,
     }
     (work / "snapshot.json").write_text(json.dumps(snapshot))
-    port = free_port()
+    port, metrics_port = free_ports(2)
     router = procs.start(
         [
             sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn,
-            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{free_port()}",
+            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
             "--log-level", "WARNING", "--router-id", "soak",
         ],
         work / "router.log",

@@ -81,7 +81,12 @@ class Repo:
             return ""
         self.git.git.add("-A")
         self.git.index.commit(message)
-        return self.git.head.commit.hexsha
+        sha = self.git.head.commit.hexsha
+        # Reading objects starts GitPython's persistent `git cat-file` processes, which an open Repo keeps
+        # running until it is collected (a test's fixture may hold it to the end of the worker). Closed
+        # now; the next commit starts them again.
+        self.git.close()
+        return sha
 
 
 class Admin:

@@ -215,3 +215,18 @@ async def test_a_git_poll_and_a_verification_leave_no_git_process_running(tmp_pa
         assert set(_git_children()) - before == set()
     finally:
         gc.enable()
+
+
+def test_the_test_repo_leaves_no_git_process_running_after_a_commit(tmp_path: Path) -> None:
+    # The tests' own cluster repo (helpers.Repo) kept GitPython's `git cat-file` processes of every git repo
+    # a test made running until the collector took it, into the tests after it on the same worker.
+    before = set(_git_children())
+    gc.disable()
+    try:
+        repo = Repo(tmp_path / "repo", use_git=True)
+        first = repo.write({"cluster.yaml": cluster_yaml()}, "cluster")
+        second = repo.write({"models/a.yaml": model_yaml("sim-a")}, "a model")
+        assert repo.git is not None and repo.git.git.rev_parse("HEAD") == second != first
+        assert set(_git_children()) - before == set()
+    finally:
+        gc.enable()

@@ -278,7 +278,8 @@ async def test_git_remote_unreachable_keeps_the_last_good_revision(cluster: Clus
     admin = await cluster.bring_up(["n1"], {"models/a.yaml": model_yaml("sim-a", min_=1)})
     before = pids(await cluster.wait_ready("sim-a", 1))
     applied = (await admin.get("/api/v1/status"))["applied"]["revision"]
-    assert applied == cluster.repo.git.head.commit.hexsha if cluster.repo.git else applied
+    # rev-parse, not head.commit: a one-off git process, not GitPython's persistent cat-file ones
+    assert applied == cluster.repo.git.git.rev_parse("HEAD") if cluster.repo.git else applied
 
     gone = cluster.repo.path.with_name("origin-unreachable")
     cluster.repo.path.rename(gone)

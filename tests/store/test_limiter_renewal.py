@@ -1,6 +1,7 @@
 """A share's renewal holds up only the requests that need it: a request its held shares cover is admitted
-while another renews, everyone waiting on a renewal is let in together once it ends, and a renewed share that
-a request admitted meanwhile has spent is renewed again rather than refused."""
+while another renews, everyone waiting on a renewal is let in together once it ends, a renewed share that
+a request admitted meanwhile has spent is renewed again rather than refused, and so is a window that ended
+meanwhile."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 from llmgw.core.tenancy.limits import Estimate, LevelLimits, LimitRefused, Tenant
 from llmgw.store import ShareGrant
 from llmgw.store.limits.limiter import PoolAdmission, PoolLimiter, SharePolicy
+from llmgw.store.limits.slots import PooledSlots
 
 from .fakes import FakeStore
 
@@ -98,3 +100,42 @@ async def test_a_renewed_share_spent_meanwhile_is_renewed_again_not_refused() ->
     got = await big
     assert not isinstance(got, LimitRefused), got  # the pool had 7 requests left: one more share, not a 429
     assert store.counters[("project:a:requests", T0)] == 3
+
+
+class SlotGatedStore(FakeStore):
+    """hold_slots waits for `gate`, as a slow store would (the concurrency slot a request asks for)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.gate.set()
+        self.waiting = 0
+
+    async def hold_slots(
+        self, limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float
+    ) -> int:
+        self.waiting += 1
+        await self.gate.wait()
+        self.waiting -= 1
+        return await super().hold_slots(limit_key, holder, want, limit, now, expires_at)
+
+
+async def test_a_window_ending_while_a_request_waits_for_a_slot_is_not_a_used_up_limit() -> None:
+    # Seen in benchmarks/router_overhead.py: one 429 "used its requests per minute" in a run far below its
+    # limits, when a minute ended while a request waited for the store to hold it a concurrency slot.
+    now = [T0 + 59.9]
+    store = SlotGatedStore()
+    slots = PooledSlots(store, "router-1", clock=lambda: now[0])
+    limiter = PoolLimiter(store, clock=lambda: now[0], slots=slots)
+    tenants = (Tenant("project", "a", LevelLimits(rpm=1000, concurrency=10)),)
+    assert isinstance(await limiter.admit(tenants, Estimate(1)), PoolAdmission)  # holds 1 slot, 99 requests
+    store.gate.clear()
+    waiting = asyncio.create_task(limiter.admit(tenants, Estimate(1)))  # asks the store for a 2nd slot
+    assert await turns_until(lambda: store.waiting == 1) <= 10
+    now[0] = T0 + 60.1  # the minute ends; a request of the next one finds no share of it yet
+    later = asyncio.create_task(limiter.admit(tenants, Estimate(1)))
+    await asyncio.sleep(0)
+    store.gate.set()
+    for task in (waiting, later):
+        got = await task
+        assert isinstance(got, PoolAdmission), got  # 1000 a minute, 3 asked for: never a 429

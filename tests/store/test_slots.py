@@ -195,3 +195,16 @@ async def test_a_request_over_the_limit_is_still_refused_after_its_wait() -> Non
     own = await in_a.admit(tenants, Estimate(1))
     assert isinstance(own, LimitRefused) and own.metric == "concurrency"
     assert asks == [], "a limit full of this process's own requests was asked for more"
+
+
+async def test_a_burst_on_an_idle_limit_asks_the_store_for_its_slots_together() -> None:
+    """16 requests at once on a limit with no slot held (a client's burst after a quiet moment): the ask for a
+    slot asks for every request waiting behind it too, so the 16th is not let in only after 16 store round
+    trips one after another (each a write transaction: seen stalling benchmarks/router_overhead.py's runs)."""
+    fake = FakeStore()
+    pool = PooledSlots(fake, "r1", clock=lambda: T0, linger=3600)  # no returns during the test
+    router = PoolLimiter(fake, clock=lambda: T0, slots=pool)
+    asks = _counting_asks(fake)
+    got = await asyncio.gather(*(router.admit(capped(100), Estimate(1)) for _ in range(16)))
+    assert all(isinstance(a, PoolAdmission) for a in got), got
+    assert len(asks) <= 2 and asks[-1] == 16, asks

@@ -211,11 +211,17 @@ class PoolLimiter:
         chain = tuple(chain)
         plan = self._plan(chain)
         needs = _needs(estimate)
-        got = await self._admit(plan, estimate, needs)
-        if not isinstance(got, LimitRefused) or got.metric != "concurrency":
-            return got
-        deadline = time.monotonic() + self._slot_wait
+        admitted = self._admit_from_shares(plan, estimate, needs, self._clock())
+        if admitted is not None:
+            return admitted
+        # It waits from here (a renewal, the store's word on a slot), counted as waiting on its levels'
+        # concurrency: whoever asks the store for a slot asks for the requests waiting too, so a burst on an
+        # idle limit costs one or two store round trips, not one per request one after another.
         with self._slots.waiting(key for key, _cap in plan.capped):
+            got = await self._admit(plan, estimate, needs)
+            if not isinstance(got, LimitRefused) or got.metric != "concurrency":
+                return got
+            deadline = time.monotonic() + self._slot_wait
             while isinstance(got, LimitRefused) and got.metric == "concurrency":
                 key = limit_key(Tenant(got.level, got.tenant), "concurrency")
                 if not await self._slots.wait_for_room(key, int(got.limit), deadline):
@@ -251,20 +257,23 @@ class PoolLimiter:
     ) -> PoolAdmission | LimitRefused:
         """Renew what falls short (through the store), then decide. Requests admitted from the shares while
         this one awaits may spend what it renewed: the shares are looked at again until none falls short or a
-        renewal brings nothing more (the pool is empty, or the store is away and the grace share is spent)."""
+        renewal brings nothing more (the pool is empty, or the store is away and the grace share is spent).
+        The clock is read again after the awaits: a window may have ended meanwhile, and a request admitted from
+        the shares since then has started the new window's shares, empty until renewed (they are renewed too)."""
         now = self._clock()
         while True:
-            grew = False
+            grew = short = False
             for tenant, pools in plan.pools:
                 for pool in pools:
                     share = self._share(pool, now)
                     if share.balance < needs[pool.metric]:
-                        before = share.balance
+                        short, before = True, share.balance
                         await self._renew(tenant, pool.metric, share, math.ceil(needs[pool.metric]), now)
                         grew = grew or share.balance > before
             for key, cap in plan.capped:
                 await self._slots.ensure(key, cap)
-            if not grew or self._covered(plan, needs, now):
+            now = self._clock()
+            if self._covered(plan, needs, now) or (short and not grew):
                 break
         states = [self._state(tenant, pools) for tenant, pools in plan.pools]
         decision = decide(states, estimate, now)

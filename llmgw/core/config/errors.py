@@ -89,7 +89,7 @@ class SemanticError:
 
 
 class IssueAdder(Protocol):
-    """How a whole-repo check reports an issue at a document's path (semantic._Checker.add)."""
+    """How a whole-repo check reports an issue at a document's path (checks/checker.Checker.add)."""
 
     def __call__(
         self,

@@ -10,7 +10,7 @@ from llmgw.core.config.validation import did_you_mean
 
 __all__ = ["check_adapters"]
 
-# (index, path, message, hint) -> None: semantic._Checker.add
+# (index, path, message, hint) -> None: checker.Checker.add
 Add = Callable[..., None]
 
 

@@ -10,22 +10,27 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from urllib.parse import urlsplit
-
-from llmgw_agent import repo_rules
-from pydantic import BaseModel
 
 from llmgw.core.config.checks.adapter_checks import check_adapters
 from llmgw.core.config.checks.capacity_checks import check_capacity
+from llmgw.core.config.checks.checker import Checker, Document as Document
 from llmgw.core.config.checks.eval_checks import check_evals
 from llmgw.core.config.checks.guardrail_checks import check_guardrails
+from llmgw.core.config.checks.reach_checks import (
+    addresses,
+    cluster_secrets_stay_home,
+    mirror_addresses,
+    node_reach,
+    repo_reachable,
+    secret_refs,
+    trust_grants,
+    webhook_url,
+)
 from llmgw.core.config.errors import PathPart, SemanticError
 from llmgw.core.config.models import (
     CPU_ENGINES,
     ENDPOINT_CAPABILITIES,
     Cluster,
-    Document as DocumentUnion,
     Model,
     ModelSpec,
     Node,
@@ -34,15 +39,10 @@ from llmgw.core.config.models import (
     Profile,
     Project,
     RoutingPolicy,
-    SecretRef,
     Team,
 )
-from llmgw.core.config.secret_bindings import documents_reserved_names, ref_name, secret_uses
-from llmgw.core.config.secretrefs import ref_problem
 from llmgw.core.config.validation import did_you_mean
-from llmgw.core.security import forbidden_address_reason
 
-Document = DocumentUnion
 _MIG = re.compile(r"(^mig-)|(\d+g\.\d+gb)", re.IGNORECASE)
 GPU_ENGINES = frozenset({"vllm", "sglang", "trtllm"})
 
@@ -52,51 +52,11 @@ def is_mig_class(gpu_class: str) -> bool:
     return bool(_MIG.search(gpu_class))
 
 
-@dataclass
-class _Checker:
-    documents: Sequence[Document]
-    tolerate: Mapping[str, frozenset[str]]
-    errors: list[SemanticError] = field(default_factory=list)
-    model_names: dict[str, int] = field(default_factory=dict)  # name or alias -> document index
-    canonical: dict[str, str] = field(default_factory=dict)  # name or alias -> model name
-
-    def add(
-        self,
-        index: int,
-        path: tuple[PathPart, ...],
-        message: str,
-        hint: str | None = None,
-        *,
-        warning: bool = False,
-    ) -> None:
-        doc = self.documents[index]
-        self.errors.append(
-            SemanticError(
-                index,
-                path,
-                message,
-                hint,
-                "warning" if warning else "error",
-                subject=f"{doc.kind} {doc.metadata.name}",
-            )
-        )
-
-    def tolerated(self, kind: str, name: str) -> bool:
-        return name in self.tolerate.get(kind, frozenset())
-
-    def names_of(self, kind: type[Document]) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for index, doc in enumerate(self.documents):
-            if isinstance(doc, kind) and doc.metadata.name not in out:
-                out[doc.metadata.name] = index
-        return out
-
-
 def check(
     documents: Sequence[Document], tolerate: Mapping[str, frozenset[str]] | None = None
 ) -> list[SemanticError]:
     """Every whole-repo problem of `documents` (errors and warnings)."""
-    checker = _Checker(documents, tolerate or {})
+    checker = Checker(documents, tolerate or {})
     _unique_names(checker)
     _model_names(checker)
     for index, doc in enumerate(documents):
@@ -105,9 +65,9 @@ def check(
         elif isinstance(doc, Node):
             _node_serving(checker, index, doc)
         elif isinstance(doc, Notification):
-            _webhook_url(checker, index, doc)
-    _trust_grants(checker)
-    _mirror_addresses(checker)
+            webhook_url(checker, index, doc)
+    trust_grants(checker)
+    mirror_addresses(checker)
     _fallback_cycles(checker)
     _references(checker)
     check_capacity(documents, checker.add)
@@ -115,12 +75,12 @@ def check(
     check_adapters(documents, checker.add)
     check_evals(documents, checker.add)
     for index, doc in enumerate(documents):
-        _secret_refs(checker, index, doc, ())
-    _cluster_secrets_stay_home(checker)
+        secret_refs(checker, index, doc, ())
+    cluster_secrets_stay_home(checker)
     return checker.errors
 
 
-def _unique_names(c: _Checker) -> None:
+def _unique_names(c: Checker) -> None:
     seen: dict[tuple[str, str], int] = {}
     cluster_first: int | None = None
     for index, doc in enumerate(c.documents):
@@ -149,7 +109,7 @@ def _unique_names(c: _Checker) -> None:
             seen[key] = index
 
 
-def _model_names(c: _Checker) -> None:
+def _model_names(c: Checker) -> None:
     for index, doc in enumerate(c.documents):
         if not isinstance(doc, Model):
             continue
@@ -193,7 +153,7 @@ def _model_names(c: _Checker) -> None:
                 c.model_names[alias] = index
 
 
-def _node_serving(c: _Checker, index: int, doc: Node) -> None:
+def _node_serving(c: Checker, index: int, doc: Node) -> None:
     # Engines are behind the agent's key check either way; listening everywhere still widens who can try keys.
     if doc.spec.serving_listen_all:
         c.add(
@@ -212,7 +172,7 @@ def _node_serving(c: _Checker, index: int, doc: Node) -> None:
         )
 
 
-def _model(c: _Checker, index: int, doc: Model) -> None:
+def _model(c: Checker, index: int, doc: Model) -> None:
     spec = doc.spec
     scaling = spec.scaling
     if scaling.min > scaling.max:
@@ -244,9 +204,9 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
             "a model needs `profiles` or a `provider`",
             "add a profile, e.g. {name: cpu, engine: llamacpp}",
         )
-    _addresses(c, index, doc)
-    _node_reach(c, index, doc)
-    _repo_reachable(c, index, doc)
+    addresses(c, index, doc)
+    node_reach(c, index, doc)
+    repo_reachable(c, index, doc)
     _capabilities(c, index, spec)
     profile_names: set[str] = set()
     for pos, profile in enumerate(spec.profiles):
@@ -279,180 +239,7 @@ def _model(c: _Checker, index: int, doc: Model) -> None:
             c.add(index, path, f"fallback `{fallback}` is this model itself", "remove it")
 
 
-def _secret_refs(c: _Checker, index: int, value: object, path: tuple[PathPart, ...]) -> None:
-    """Every SecretRef in a document stays inside what the controller and router processes allow (their
-    secrets directory, their env prefix); said at review time, and checked again when the process reads it.
-    The prefix checked here is the default one (`llmgw validate` runs without the processes' settings)."""
-    if isinstance(value, SecretRef):
-        problem = ref_problem(value)
-        if problem is not None:
-            c.add(index, (*path, problem.field), problem.message, problem.hint)
-    elif isinstance(value, BaseModel):
-        for name in type(value).model_fields:
-            _secret_refs(c, index, getattr(value, name), (*path, name))
-    elif isinstance(value, list | tuple):
-        for pos, item in enumerate(value):
-            _secret_refs(c, index, item, (*path, pos))
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if isinstance(key, str):
-                _secret_refs(c, index, item, (*path, key))
-
-
-def _cluster_secrets_stay_home(c: _Checker) -> None:
-    """A Model, Adapter or Notification reference that names a secret the Cluster or a Node names (the cluster
-    secret, the agent token, an SSH key) would send the cluster's own credential to a URL its author chose:
-    refused whatever the operator's binding map says (llmgw.core.config.secret_bindings)."""
-    reserved = documents_reserved_names(c.documents)
-    if not reserved:
-        return
-    cluster = next((d for d in c.documents if isinstance(d, Cluster)), None)
-    origin = cluster.spec.mirror.origin if cluster is not None else "none"
-    for index, doc in enumerate(c.documents):
-        for path, use in secret_uses(doc, origin):
-            if ref_name(use.ref) in reserved:
-                c.add(
-                    index,
-                    (*path, "file" if use.ref.file is not None else "env"),
-                    f"{use.purpose} names {ref_name(use.ref)}, the cluster's own secret (a Cluster or Node document names "
-                    "it); it would be sent to " + use.destination,
-                    "give this reference a secret of its own, bound to its host in the secrets directory's "
-                    "bindings.yaml",
-                )
-
-
-def _addresses(c: _Checker, index: int, doc: Model) -> None:
-    """A weights URL or provider URL must not reach a link-local or cloud metadata address: whoever can edit
-    the repo would otherwise have nodes or routers fetch the instance's credentials. Said here, at review
-    time, rather than by an agent refusing the fetch minutes after the merge."""
-    spec = doc.spec
-    urls: list[tuple[tuple[PathPart, ...], str]] = []
-    if spec.source is not None and spec.source.url:
-        urls.append((("spec", "source", "url"), spec.source.url))
-    if spec.provider is not None:
-        urls.append((("spec", "provider", "url"), spec.provider.url))
-    for path, url in urls:
-        why = forbidden_address_reason(url)
-        if why is not None:
-            c.add(index, path, f"{url} is refused: {why}", "use the model's own mirror or provider address")
-
-
-def _repo_reachable(c: _Checker, index: int, doc: Model) -> None:
-    """A `repo` source needs somewhere to come from: the Cluster's mirror, or an origin (not `none`)."""
-    source = doc.spec.source
-    if source is None or source.repo is None:
-        return
-    mirror = next((d.spec.mirror for d in c.documents if isinstance(d, Cluster)), None)
-    if mirror is not None and mirror.url is None and mirror.origin == "none":
-        c.add(
-            index,
-            ("spec", "source", "repo"),
-            f"{source.repo} has nowhere to come from: the Cluster declares no mirror.url and mirror.origin is none",
-            "declare the Cluster's mirror.url, or an origin such as https://huggingface.co",
-        )
-
-
-def _webhook_url(c: _Checker, index: int, doc: Notification) -> None:
-    """A webhook is egress from the controller: http(s) only, and never a link-local or metadata address
-    (the controller checks the resolved address again when it connects)."""
-    url = doc.spec.url
-    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
-        c.add(index, ("spec", "url"), f"{url!r} is not an http(s) URL", "write https://host/path")
-        return
-    why = forbidden_address_reason(url)
-    if why is not None:
-        c.add(index, ("spec", "url"), f"{url} is refused: {why}", "use the receiver's own address")
-
-
-def _granted_trust(c: _Checker) -> frozenset[str]:
-    for doc in c.documents:
-        if isinstance(doc, Cluster):
-            return frozenset(doc.spec.security.trust_remote_code)
-    return frozenset()
-
-
-def _node_reach(c: _Checker, index: int, doc: Model) -> None:
-    """What a Model may make a node do stops at running the model: its weights file name stays in the cache,
-    its profiles set only allowlisted environment names, path args stay under the replica's work directory,
-    and trust_remote_code needs the Cluster's grant. The rules are the agent's (llmgw_agent.repo_rules),
-    which enforces them again on whatever reaches it."""
-    spec = doc.spec
-    if spec.source is not None and spec.source.url:
-        problem = repo_rules.weights_name_problem(spec.source.url)
-        if problem:
-            c.add(
-                index,
-                ("spec", "source", "url"),
-                f"{spec.source.url} is refused: {problem}",
-                "the URL's last path segment is the file name on the node: a plain name such as model.gguf",
-            )
-    granted = _granted_trust(c)
-    for pos, profile in enumerate(spec.profiles):
-        path: tuple[PathPart, ...] = ("spec", "profiles", pos)
-        for name in profile.env:
-            problem = repo_rules.env_name_problem(profile.engine, name)
-            if problem:
-                c.add(
-                    index,
-                    (*path, "env", name),
-                    problem,
-                    f"{profile.engine} profiles may set {repo_rules.allowed_env_summary(profile.engine)}",
-                )
-        for key, value in profile.args.items():
-            problem = repo_rules.path_arg_problem(profile.engine, key, value)
-            if problem:
-                c.add(
-                    index,
-                    (*path, "args", key),
-                    problem,
-                    "write a path relative to the replica's work directory, without `..`",
-                )
-        if profile.args.get(repo_rules.TRUST_REMOTE_CODE) and doc.metadata.name not in granted:
-            c.add(
-                index,
-                (*path, "args", repo_rules.TRUST_REMOTE_CODE),
-                f"trust_remote_code runs the model's own Python on the node; the Cluster does not grant it to "
-                f"model `{doc.metadata.name}`",
-                f"the platform team adds `{doc.metadata.name}` to the Cluster's spec.security.trust_remote_code,"
-                " or remove the arg",
-            )
-
-
-def _mirror_addresses(c: _Checker) -> None:
-    """The mirror and the origin are fetched by every node: the metadata-address rule of a Model's URL."""
-    for index, doc in enumerate(c.documents):
-        if not isinstance(doc, Cluster):
-            continue
-        mirror = doc.spec.mirror
-        for field_name, url in (("url", mirror.url), ("origin", mirror.origin)):
-            why = None if url in (None, "none") else forbidden_address_reason(url)
-            if why is not None:
-                c.add(
-                    index,
-                    ("spec", "mirror", field_name),
-                    f"{url} is refused: {why}",
-                    "the mirror's own address",
-                )
-
-
-def _trust_grants(c: _Checker) -> None:
-    for index, doc in enumerate(c.documents):
-        if not isinstance(doc, Cluster):
-            continue
-        for pos, name in enumerate(doc.spec.security.trust_remote_code):
-            if c.canonical.get(name) != name and not c.tolerated("Model", name):
-                alias_of = c.canonical.get(name)
-                c.add(
-                    index,
-                    ("spec", "security", "trust_remote_code", pos),
-                    f"`{name}` is an alias of model `{alias_of}`" if alias_of else f"`{name}` is not a model",
-                    f"name the model itself: `{alias_of}`" if alias_of else did_you_mean(name, c.canonical),
-                    warning=alias_of is None,
-                )
-        return
-
-
-def _profile(c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile) -> None:
+def _profile(c: Checker, index: int, path: tuple[PathPart, ...], p: Profile) -> None:
     if p.gpu_class is None:
         if p.engine not in CPU_ENGINES:
             c.add(
@@ -509,7 +296,7 @@ def _profile(c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile) ->
             )
 
 
-def _capabilities(c: _Checker, index: int, spec: ModelSpec) -> None:
+def _capabilities(c: Checker, index: int, spec: ModelSpec) -> None:
     """`without` contradicts no declared capability, and leaves the model an endpoint to serve."""
     for pos, capability in enumerate(spec.without):
         if capability in spec.capabilities:
@@ -535,7 +322,7 @@ _LLAMACPP_CAPABILITY_ARGS = {"embeddings": "embeddings", "rerank": "rerank"}
 
 
 def _llamacpp_endpoint_flags(
-    c: _Checker, index: int, path: tuple[PathPart, ...], p: Profile, capabilities: Sequence[str]
+    c: Checker, index: int, path: tuple[PathPart, ...], p: Profile, capabilities: Sequence[str]
 ) -> None:
     if p.engine != "llamacpp":
         return
@@ -552,7 +339,7 @@ def _llamacpp_endpoint_flags(
             )
 
 
-def _fallback_cycles(c: _Checker) -> None:
+def _fallback_cycles(c: Checker) -> None:
     graph: dict[str, list[tuple[int, str]]] = {}
     for index, doc in enumerate(c.documents):
         if isinstance(doc, Model) and c.model_names.get(doc.metadata.name) == index:
@@ -570,7 +357,7 @@ def _fallback_cycles(c: _Checker) -> None:
 
 
 def _walk(
-    c: _Checker,
+    c: Checker,
     graph: Mapping[str, list[tuple[int, str]]],
     node: str,
     stack: list[tuple[str, int]],
@@ -601,7 +388,7 @@ def _walk(
     done.add(node)
 
 
-def _references(c: _Checker) -> None:
+def _references(c: Checker) -> None:
     policies = c.names_of(RoutingPolicy)
     orgs = c.names_of(Organization)
     teams = c.names_of(Team)
@@ -641,7 +428,7 @@ def _references(c: _Checker) -> None:
 
 
 def _parent(
-    c: _Checker, index: int, path: tuple[PathPart, ...], kind: str, name: str, known: Mapping[str, int]
+    c: Checker, index: int, path: tuple[PathPart, ...], kind: str, name: str, known: Mapping[str, int]
 ) -> None:
     if name not in known and not c.tolerated(kind, name):
         c.add(

@@ -32,6 +32,7 @@ from llmgw_router.decisions.response_cache import (
 )
 from llmgw_router.fleet.tag_metrics import Count
 from llmgw_router.path.accounting import Call
+from llmgw_router.server import sse
 from llmgw_router.server.exchange import Exchange, Headers, Reply
 from llmgw_router.surfaces.responses.exchange import ResponsesExchange
 from llmgw_router.upstream.proxy import ProxyResult
@@ -264,27 +265,21 @@ def _refreshed_whole(body: bytes, fresh: str, created: int) -> bytes:
 def _refreshed_stream(stream: bytes, fresh: str, created: int) -> bytes:
     """The stored SSE stream with each data event's id and created replaced (one id for the whole stream)."""
     out: list[bytes] = []
-    for event in stream.split(b"\n\n"):
-        if not event:
-            continue
-        at = 0 if event.startswith(b"data: ") else event.find(b"\ndata: ") + 1  # the field, not a value
-        head, data = event[:at], event[at + 6 :]
-        if (at == 0 and not event.startswith(b"data: ")) or data.startswith(b"[DONE]"):
-            out.append(event)
-            continue
+    for raw in sse.split(stream):
+        event = sse.parse(raw)
         try:
-            obj = orjson.loads(data)
+            obj = orjson.loads(event.data) if event.data is not None and not event.done else None
         except orjson.JSONDecodeError:
-            out.append(event)
+            obj = None
+        if not isinstance(obj, dict):
+            out.append(raw)
             continue
-        if isinstance(obj, dict):
-            if "id" in obj:
-                obj["id"] = _new_id(obj["id"], fresh)
-            if "created" in obj:
-                obj["created"] = created
-            data = orjson.dumps(obj)
-        out.append(head + b"data: " + data)
-    return b"\n\n".join(out) + b"\n\n"
+        if "id" in obj:
+            obj["id"] = _new_id(obj["id"], fresh)
+        if "created" in obj:
+            obj["created"] = created
+        out.append(sse.format_event(orjson.dumps(obj), event.name, event.id))
+    return b"".join(out)
 
 
 class _CacheCollector(Collector):

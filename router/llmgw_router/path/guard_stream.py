@@ -10,12 +10,12 @@ token): with an output judge the stream is held, judged whole at its end, and on
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmgw.core import guardrails as gr
 from llmgw.core.errors import LlmgwError
+from llmgw_router.server import sse
 from llmgw_router.server.exchange import Exchange, Headers, Reply
 
 __all__ = ["GuardCut", "GuardedStream"]
@@ -145,23 +145,15 @@ class GuardedStream:
                 "code": "guardrail_blocked",
             }
         }
-        await self.inner.write_eof(limit_s, b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
+        await self.inner.write_eof(limit_s, sse.format_json(err) + sse.DONE_EVENT)
         raise GuardCut("an output guardrail cut the stream")
 
 
 def _pieces(chunk: bytes) -> list[str]:
     """The generated text in a chunk of SSE events: chat deltas' content, completions' text."""
     out: list[str] = []
-    for line in chunk.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if not payload or payload == b"[DONE]":
-            continue
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            continue
+    for raw in sse.split(chunk):
+        obj = sse.parse(raw).json()
         choices = obj.get("choices") if isinstance(obj, dict) else None
         for c in choices if isinstance(choices, list) else ():
             if not isinstance(c, dict):

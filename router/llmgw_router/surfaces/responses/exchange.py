@@ -23,6 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from llmgw.core.snapshot import Tenants
+from llmgw_router.server import sse
 from llmgw_router.server.exchange import Exchange, Headers, Reply, json_reply
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
 from llmgw_router.surfaces.responses.kept import (
@@ -112,7 +113,7 @@ class ResponsesExchange:
         self.headers: Headers = inner.headers
         self._stream: StreamTranslator | None = None
         self._pending: list[bytes] = []
-        self._buf = b""
+        self._reader = sse.EventReader()
 
     @property
     def remote(self) -> str | None:
@@ -161,27 +162,23 @@ class ResponsesExchange:
             self._pending = self._stream.start()
         self._inner.start_stream(status, headers)
 
-    def _translate(self, chunk: bytes) -> bytes:
+    def _translate(self, chunk: bytes, end: bool = False) -> bytes:
+        """The Responses events for these chat events (`end`: the stream ended, an incomplete one included)."""
         stream = self._stream
         assert stream is not None
         out, self._pending = self._pending, []
-        self._buf += chunk
-        while (i := self._buf.find(b"\n\n")) >= 0:
-            event, self._buf = self._buf[:i], self._buf[i + 2 :]
-            for line in event.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    if self.turn.storage.ttl_s is None:  # a kept stream ends in write_eof, once kept
-                        out += stream.finish()
-                    continue
-                try:
-                    obj = json.loads(data)
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    out += stream.feed(obj)
+        events = self._reader.feed(chunk)
+        if end and (rest := self._reader.take_pending()).strip():
+            events.append(rest)
+        for raw in events:
+            event = sse.parse(raw)
+            if event.done:
+                if self.turn.storage.ttl_s is None:  # a kept stream ends in write_eof, once kept
+                    out += stream.finish()
+                continue
+            obj = event.json()
+            if isinstance(obj, dict):
+                out += stream.feed(obj)
         return b"".join(out)
 
     async def write(self, chunk: bytes, limit_s: float) -> None:
@@ -196,7 +193,7 @@ class ResponsesExchange:
         if self._stream is None:
             await self._inner.write_eof(limit_s, last)
             return
-        out = self._translate(last + (b"\n\n" if self._buf else b""))
+        out = self._translate(last, end=True)
         # A stream that broke off without [DONE] still ends in a terminal event (response.failed).
         if self._stream.done:
             await self._inner.write_eof(limit_s, out)

@@ -59,9 +59,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         await router.handle(MessagesExchange(exchange), "chat")  # Anthropic's API on the chat path
 
     async def responses(exchange: Exchange) -> None:
-        turn = ResponsesExchange(exchange, keeper)
-        await router.handle(turn, "responses")
-        await turn.flush()  # a stored response is kept before it is sent
+        wrapped = ResponsesExchange(exchange, keeper)
+        await router.handle(wrapped, "responses", wrapped.turn)
+        await wrapped.flush()  # a stored response is kept before it is sent
 
     def tenants() -> Tenants | None:
         table = router.table

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from llmgw_router.path.guard_stream import GuardCut, GuardedStream
-from llmgw_router.server.exchange import Headers, Reply
+from llmgw_router.server.exchange import AS_SENT, Headers, Reply
 
 from llmgw.core import guardrails as gr
 from llmgw.core.config.guardrail_spec import GuardrailSpec
@@ -19,6 +19,7 @@ class Client:
     """What a client received: the stream's bytes, and whether it was ended."""
 
     method, path = "POST", "/v1/chat/completions"
+    surface = AS_SENT
 
     def __init__(self) -> None:
         self.headers = Headers()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from llmgw_router.path.ratelimit import Lease, memory_limiter
 from llmgw_router.server.errors import ApiError
-from llmgw_router.server.exchange import Reply
+from llmgw_router.server.exchange import AS_SENT, Reply
 from llmgw_router.upstream.proxy import UpstreamCall, _stream
 
 from llmgw.core.limits import LevelLimits, Tenant
@@ -58,6 +58,7 @@ class Client:
     headers: dict[str, str] = {}
     remote = None
     started = False
+    surface = AS_SENT
 
     def __init__(self, lease: Lease) -> None:
         self.lease = lease

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from llmgw_router.server.errors import ApiError
-from llmgw_router.server.exchange import Headers, Reply
+from llmgw_router.server.exchange import AS_SENT, Headers, Reply
 from llmgw_router.surfaces.responses.exchange import ResponsesExchange
 from llmgw_router.surfaces.responses.translate import ResponseIds, from_chat, to_chat
 
@@ -158,6 +158,7 @@ class Recorder:
     """The client's side of an exchange: what was written, and whether it ended."""
 
     method, path, headers, remote = "POST", "/v1/responses", Headers(), None
+    surface = AS_SENT
 
     def __init__(self) -> None:
         self.out = b""

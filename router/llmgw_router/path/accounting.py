@@ -26,6 +26,7 @@ from llmgw_router.fleet.table import RoutingTable
 from llmgw_router.path.auth import Principal
 from llmgw_router.path.lookup import RecentRequests, decision_summary
 from llmgw_router.path.ratelimit import Lease, Limiter
+from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.upstream.proxy import ProxyResult
 
 if TYPE_CHECKING:
@@ -133,6 +134,7 @@ class Call:
     # leaves nothing of itself behind.
     canary: bool = False
     adapter: str | None = None  # the LoRA adapter asked for (llmgw_router.path.lora); `model` is its base
+    turn: ResponsesTurn | None = None  # a Responses API turn, served as the chat it translates to
 
     @property
     def reserved(self) -> Reservation:

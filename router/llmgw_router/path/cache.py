@@ -33,8 +33,7 @@ from llmgw_router.decisions.response_cache import (
 from llmgw_router.fleet.tag_metrics import Count
 from llmgw_router.path.accounting import Call
 from llmgw_router.server import sse
-from llmgw_router.server.exchange import Exchange, Headers, Reply
-from llmgw_router.surfaces.responses.exchange import ResponsesExchange
+from llmgw_router.server.exchange import Exchange, Reply, WrappedExchange
 from llmgw_router.upstream.proxy import ProxyResult
 
 __all__ = ["HEADER", "CachePath", "CachedRequest", "RecordingExchange"]
@@ -56,38 +55,18 @@ class CachedRequest:
     hit: CacheEntry | None = None
 
 
-class RecordingExchange:
+class RecordingExchange(WrappedExchange):
     """The client's exchange, with `x-llmgw-cache` on the answer's head and a stream's bytes kept (up to
     `limit`; past it nothing more is kept and the stream is not stored)."""
 
     def __init__(self, inner: Exchange, mark: str, limit: int | None) -> None:
-        self.inner = inner
-        self.method = inner.method
-        self.path = inner.path
-        self.headers: Headers = inner.headers
+        super().__init__(inner)
         self.mark = mark
         self._limit = limit  # None: keep nothing
         self._chunks: list[bytes] = []
         self._kept = 0
         self.overflowed = limit is None
         self.ended = False
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    @property
-    def remote(self) -> str | None:
-        return self.inner.remote
-
-    @property
-    def started(self) -> bool:
-        return self.inner.started
-
-    def authenticated(self) -> None:
-        self.inner.authenticated()
-
-    async def read_body(self, limit: int) -> bytes:
-        return await self.inner.read_body(limit)
 
     def respond(self, reply: Reply) -> None:
         reply.headers[HEADER] = self.mark
@@ -113,9 +92,6 @@ class RecordingExchange:
         self._keep(last)
         await self.inner.write_eof(limit_s, last)
         self.ended = True
-
-    def abort(self) -> None:
-        self.inner.abort()
 
     def kept(self) -> bytes | None:
         """The whole stream as the client got it, or None when it was not kept whole."""
@@ -153,7 +129,7 @@ class CachePath:
         """The cache's part in this request (None: the project keeps no cache of this model, or a Responses
         turn, whose answer is rebuilt from stored state); a hit is in `.hit`."""
         cache = self.store.for_request(project, model)
-        if cache is None or project is None or isinstance(exchange, ResponsesExchange):
+        if cache is None or project is None or not exchange.surface.cacheable:
             return None
         said = directive(exchange.headers.get("cache-control"))
         key = cache_key(project, kind, adapter or model, body)  # an adapter answers otherwise than its base

@@ -16,7 +16,7 @@ from typing import Any
 from llmgw.core import guardrails as gr
 from llmgw.core.errors import LlmgwError
 from llmgw_router.server import sse
-from llmgw_router.server.exchange import Exchange, Headers, Reply
+from llmgw_router.server.exchange import Exchange, WrappedExchange
 
 __all__ = ["GuardCut", "GuardedStream"]
 
@@ -25,7 +25,7 @@ class GuardCut(LlmgwError, ConnectionResetError):
     """An output guardrail cut the stream (the client has its final error event)."""
 
 
-class GuardedStream:
+class GuardedStream(WrappedExchange):
     """An Exchange that screens what is written through it; everything else is the client's exchange."""
 
     def __init__(
@@ -35,10 +35,7 @@ class GuardedStream:
         on_verdict: Any,
         judge: Callable[[str], Awaitable[gr.Verdict]] | None = None,
     ) -> None:
-        self.inner = inner
-        self.method = inner.method
-        self.path = inner.path
-        self.headers: Headers = inner.headers
+        super().__init__(inner)
         self.guards = guards
         self.window = max(g.spec.window_chars for g in guards)
         self.tail = ""
@@ -53,25 +50,8 @@ class GuardedStream:
         self._answer: list[str] = []
 
     @property
-    def remote(self) -> str | None:
-        return self.inner.remote
-
-    @property
-    def started(self) -> bool:
-        return self.inner.started
-
-    @property
     def cut(self) -> bool:
         return self.verdict is not None and self.verdict.action == "block"
-
-    def authenticated(self) -> None:
-        self.inner.authenticated()
-
-    async def read_body(self, limit: int) -> bytes:
-        return await self.inner.read_body(limit)
-
-    def respond(self, reply: Reply) -> None:
-        self.inner.respond(reply)
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
         if self._held is not None:
@@ -111,9 +91,6 @@ class GuardedStream:
             self._head = None
         for chunk in held if chunks and held else ():
             await self.inner.write(chunk, limit_s)
-
-    def abort(self) -> None:
-        self.inner.abort()
 
     def _screen(self, chunk: bytes) -> bool:
         """Read the chunk's text into the window and check it; True when a block trips."""

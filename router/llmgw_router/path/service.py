@@ -57,7 +57,7 @@ from llmgw_router.routing.admission import Admission
 from llmgw_router.routing.forwarding import Forwarding, Picked, fallback_chain
 from llmgw_router.server.errors import ApiError, error_response
 from llmgw_router.server.exchange import Exchange, Reply, json_reply
-from llmgw_router.surfaces.responses.exchange import ResponsesExchange
+from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
 from llmgw_router.surfaces.responses.translate import PASSED_THROUGH_FIELDS
 from llmgw_router.upstream.http1 import EngineClient
@@ -249,8 +249,11 @@ class RequestService:
 
     # ------------------------------------------------------------------ the request path
 
-    async def handle(self, exchange: Exchange, kind: Kind) -> None:
+    async def handle(self, exchange: Exchange, kind: Kind, turn: ResponsesTurn | None = None) -> None:
+        """Serve one request. `turn`: a Responses API turn (its exchange a ResponsesExchange), served as the
+        chat it translates to."""
         call = Call(_request_id(exchange.headers.get("x-request-id")), time.monotonic())
+        call.turn = turn
         logformat.bind(request_id=call.request_id)  # every line this request's task logs carries it
         traceparent = exchange.headers.get("traceparent")
         if self.tracer is not None:
@@ -298,8 +301,8 @@ class RequestService:
             raise _not_ready()
         raw = await exchange.read_body(table.snapshot.router.max_body_bytes)
         body = parse(raw)
-        if isinstance(exchange, ResponsesExchange):  # sized, limited and routed as the chat it becomes
-            body, raw = exchange.turn.begin(body, raw, call.request_id)
+        if call.turn is not None:  # sized, limited and routed as the chat it becomes
+            body, raw = call.turn.begin(body, raw, call.request_id)
             kind = "chat"
         # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
         # which models exist (404) nor their context lengths (400).
@@ -336,8 +339,8 @@ class RequestService:
             raise _refused(unsupported(canonical, model, missing))
         project = call.principal.project
         # A stored response (kept, or continued from) is the key's project's: decided once it is known.
-        if isinstance(exchange, ResponsesExchange):
-            body, raw = await exchange.turn.bind(project, table.snapshot.tenants)
+        if call.turn is not None:
+            body, raw = await call.turn.bind(project, table.snapshot.tenants)
         if kind == "chat":  # a Responses or Messages turn too: the chat it became (M13)
             await check_media(body, table.snapshot.router.media_hosts)
         guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
@@ -454,9 +457,9 @@ class RequestService:
                     assert self.session is not None, "opened with the listeners"
                     await self.adapters.ensure_loaded(self.session, ep, call.adapter, adapter)
                 sent_kind, sent_raw, sent_body = kind, raw, body
-                if isinstance(exchange, ResponsesExchange):
+                if call.turn is not None:
                     engine = None if ep.is_provider else ep.spec.engine
-                    sent_kind, sent_raw, sent_body = exchange.turn.for_engine(engine)  # type: ignore[assignment]
+                    sent_kind, sent_raw, sent_body = call.turn.for_engine(engine)  # type: ignore[assignment]
                 up = self._upstream_call(
                     sent_kind, table, canonical, sent_raw, sent_body, call, picked, debug, attempt
                 )

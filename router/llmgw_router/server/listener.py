@@ -46,7 +46,7 @@ import httptools
 from llmgw.core.errors import LlmgwError
 from llmgw_router.server import accept, peers
 from llmgw_router.server.errors import ApiError, error_body, error_response
-from llmgw_router.server.exchange import ClientStalled, Exchange, Headers, Reply
+from llmgw_router.server.exchange import AS_SENT, ClientStalled, Exchange, Headers, Reply
 
 __all__ = ["ApiListener", "Handler", "HttpExchange"]
 
@@ -125,6 +125,8 @@ class HttpExchange:
         "timed_out",
         "too_big",
     )
+
+    surface = AS_SENT  # the client's request as it came: no surface translates it
 
     def __init__(self, conn: _Connection) -> None:
         self._conn = conn

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from llmgw_router.path.guard_stream import GuardCut, GuardedStream
-from llmgw_router.server.exchange import AS_SENT, Headers, Reply
+from llmgw_router.server.exchange import AS_SENT, Headers, HttpReply
 
 from llmgw.core import guardrails as gr
 from llmgw.core.config.guardrail_spec import GuardrailSpec
@@ -37,7 +37,7 @@ class Client:
     async def read_body(self, limit: int) -> bytes:
         return b""
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         raise AssertionError("a stream is not answered whole")
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from llmgw_router.server.errors import ApiError
-from llmgw_router.server.exchange import AS_SENT, Headers, Reply
+from llmgw_router.server.exchange import AS_SENT, Headers, HttpReply
 from llmgw_router.surfaces.responses.exchange import ResponsesExchange
 from llmgw_router.surfaces.responses.translate import ResponseIds, from_chat, to_chat
 
@@ -163,7 +163,7 @@ class Recorder:
     def __init__(self) -> None:
         self.out = b""
         self.ended = False
-        self.reply: Reply | None = None
+        self.reply: HttpReply | None = None
 
     @property
     def started(self) -> bool:
@@ -172,7 +172,7 @@ class Recorder:
     async def read_body(self, limit: int) -> bytes:
         return b""
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         self.reply = reply
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
@@ -267,11 +267,11 @@ async def test_errors_and_passthrough_replies_are_not_translated() -> None:
     client = Recorder()
     exchange = ResponsesExchange(client)
     exchange.turn.begin({"model": "m", "input": "x"}, b"{}", "req1")
-    error = Reply(429, b'{"error": {"message": "slow down"}}', {"Content-Type": "application/json"})
+    error = HttpReply(429, b'{"error": {"message": "slow down"}}', {"Content-Type": "application/json"})
     exchange.respond(error)
     assert client.reply is error
     exchange.turn.for_engine("vllm")  # the native engine answered a Response already
-    native = Reply(200, b'{"object": "response"}', {})
+    native = HttpReply(200, b'{"object": "response"}', {})
     exchange.respond(native)
     assert client.reply is native
 

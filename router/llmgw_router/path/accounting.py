@@ -23,9 +23,9 @@ from llmgw_router.decisions.scheduler import Decision
 from llmgw_router.fleet.metrics import RouterMetrics
 from llmgw_router.fleet.ports import UsageSink
 from llmgw_router.fleet.table import RoutingTable
-from llmgw_router.path.auth import Principal
+from llmgw_router.path.auth import KeyPrincipal
 from llmgw_router.path.lookup import RecentRequests, decision_summary
-from llmgw_router.path.ratelimit import Lease, Limiter
+from llmgw_router.path.ratelimit import Limiter, LimitGrant
 from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.upstream.proxy import ProxyResult
 
@@ -103,14 +103,14 @@ class Call:
     started: float  # time.monotonic()
     model: str = "unknown"
     served: str | None = None
-    principal: Principal | None = None
+    principal: KeyPrincipal | None = None
     chain: TenantChain | None = None
     serving: tuple[str, ...] = ()  # the requested model, then the fallbacks this request may use, in order
     sizing: Sizing = _UNSIZED  # what it may cost, from its body and the model (rules.size)
     status: int = 500
     code: str = ""
     result: ProxyResult | None = None
-    lease: Lease | None = None
+    lease: LimitGrant | None = None
     # Gives the lease's concurrency slots back; called as the answer's last bytes go out (set with the lease).
     ending: Callable[[], None] | None = None
     # The way it went, for `llmgw request ID` (llmgw_router.path.lookup) and the tags (llmgw_router.path.tags).
@@ -163,7 +163,7 @@ def gone(call: Call) -> tuple[int, str]:
 _PROCESS_SALT = secrets.token_bytes(32)
 
 
-def _prefix(table: RoutingTable, principal: Principal | None, key: str) -> str:
+def _prefix(table: RoutingTable, principal: KeyPrincipal | None, key: str) -> str:
     salt = table.snapshot.trace_salt
     project = (principal.project or "") if principal else ""
     return prefix_hash(salt.encode() if salt else _PROCESS_SALT, project, key)

@@ -33,7 +33,7 @@ from llmgw_router.decisions.response_cache import (
 from llmgw_router.fleet.tag_metrics import Count
 from llmgw_router.path.accounting import Call
 from llmgw_router.server import sse
-from llmgw_router.server.exchange import Exchange, Reply, WrappedExchange
+from llmgw_router.server.exchange import Exchange, HttpReply, WrappedExchange
 from llmgw_router.upstream.proxy import ProxyResult
 
 __all__ = ["HEADER", "CachePath", "CachedRequest", "RecordingExchange"]
@@ -68,7 +68,7 @@ class RecordingExchange(WrappedExchange):
         self.overflowed = limit is None
         self.ended = False
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         reply.headers[HEADER] = self.mark
         self.inner.respond(reply)
 
@@ -140,7 +140,7 @@ class CachePath:
         recorder = RecordingExchange(exchange, result, limit)
         return CachedRequest(cache, key, said, model, body.get("stream") is True, recorder, hit)
 
-    async def serve(self, cached: CachedRequest, call: Call, write_timeout: float) -> Reply | None:
+    async def serve(self, cached: CachedRequest, call: Call, write_timeout: float) -> HttpReply | None:
         """Answer from the cache: the stored body, or the stored stream replayed, each with a fresh id and
         created; the call charged `hit_charge` of the stored usage."""
         entry = cached.hit
@@ -169,7 +169,7 @@ class CachePath:
         fresh_id, created = f"{random.getrandbits(128):032x}", int(now)
         if not entry.stream:
             headers["Content-Type"] = entry.content_type
-            return Reply(200, _refreshed_whole(entry.body, fresh_id, created), headers)
+            return HttpReply(200, _refreshed_whole(entry.body, fresh_id, created), headers)
         exchange = cached.exchange.inner  # a hit is marked by the headers above, not by the recorder
         exchange.start_stream(
             200, {"Content-Type": entry.content_type, "Cache-Control": "no-cache", **headers}
@@ -181,7 +181,7 @@ class CachePath:
         call.result.events = entry.events
         return None
 
-    def finish(self, cached: CachedRequest, call: Call, reply: Reply | None) -> Reply | None:
+    def finish(self, cached: CachedRequest, call: Call, reply: HttpReply | None) -> HttpReply | None:
         """After a miss (or refresh) went to an engine: keep its complete answer; mark a whole one."""
         if reply is not None:
             reply.headers[HEADER] = cached.exchange.mark

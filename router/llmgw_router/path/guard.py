@@ -33,7 +33,7 @@ from llmgw_router.path.accounting import Call
 from llmgw_router.path.guard_stream import GuardedStream
 from llmgw_router.routing.forwarding import Forwarding
 from llmgw_router.server.errors import ApiError, error_response
-from llmgw_router.server.exchange import Exchange, Reply
+from llmgw_router.server.exchange import Exchange, HttpReply
 
 __all__ = ["GUARDED_KINDS", "Guard", "JudgeAsk", "Screened", "ask_judge", "blocked_error"]
 
@@ -307,8 +307,8 @@ class Guard:
         body: dict[str, Any],
         call: Call,
         ask: JudgeAsk,
-        forward: Callable[[Exchange], Awaitable[Reply | None]],
-    ) -> Reply | None:
+        forward: Callable[[Exchange], Awaitable[HttpReply | None]],
+    ) -> HttpReply | None:
         """Forward with the output screen: a stream through GuardedStream (cut on a block; held and judged
         whole when a judge applies), a whole answer checked before the client sees it (a block replaces it
         with the 400). A Responses or Messages stream under an output guardrail was refused before

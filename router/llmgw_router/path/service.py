@@ -56,7 +56,7 @@ from llmgw_router.path.tags import HEADER as TAGS_HEADER, request_tags
 from llmgw_router.routing.admission import Admission
 from llmgw_router.routing.forwarding import Forwarding, Picked, fallback_chain
 from llmgw_router.server.errors import ApiError, error_response
-from llmgw_router.server.exchange import Exchange, Reply, json_reply
+from llmgw_router.server.exchange import Exchange, HttpReply, json_reply
 from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
 from llmgw_router.surfaces.responses.translate import PASSED_THROUGH_FIELDS
@@ -197,7 +197,7 @@ class RequestService:
         not exist when this caller may not see it (never telling which)."""
         exchange.respond(await self._models(exchange, unquote(exchange.path.removeprefix("/v1/models/"))))
 
-    async def _models(self, exchange: Exchange, one: str | None = None) -> Reply:
+    async def _models(self, exchange: Exchange, one: str | None = None) -> HttpReply:
         table = self.table
         if table is None:
             return error_response(_not_ready())
@@ -262,7 +262,7 @@ class RequestService:
             )
         elif traceparent is not None:
             call.traceparent = valid_traceparent(traceparent)
-        response: Reply | None
+        response: HttpReply | None
         try:
             response = await self._handle(exchange, kind, call)
             left = call.result is not None and call.result.client_gone
@@ -295,7 +295,7 @@ class RequestService:
         finally:
             self._account(call)
 
-    async def _handle(self, exchange: Exchange, kind: Kind, call: Call) -> Reply | None:
+    async def _handle(self, exchange: Exchange, kind: Kind, call: Call) -> HttpReply | None:
         table = self.table
         if table is None:
             raise _not_ready()
@@ -386,7 +386,7 @@ class RequestService:
     async def _answer(
         self, exchange: Exchange, kind: Kind, table: RoutingTable, canonical: str, raw: bytes,
         body: dict[str, Any], call: Call, guards: tuple[CompiledGuardrail, ...], tenant_project: str | None,
-    ) -> Reply | None:  # fmt: skip
+    ) -> HttpReply | None:  # fmt: skip
         """Forward the admitted request: through the output guardrails when any apply, else through the
         project's response cache (a hit never reaches an engine)."""
         if any(g.checks("output") for g in guards):
@@ -419,7 +419,7 @@ class RequestService:
         raw: bytes,
         body: dict[str, Any],
         call: Call,
-    ) -> Reply | None:
+    ) -> HttpReply | None:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
         pick made once more, then it is a 502."""
         headers = exchange.headers

@@ -18,7 +18,7 @@ __all__ = [
     "ClientStalled",
     "Exchange",
     "Headers",
-    "Reply",
+    "HttpReply",
     "Surface",
     "WrappedExchange",
     "json_reply",
@@ -46,7 +46,7 @@ class Headers(dict[str, str]):
 
 
 @dataclass(slots=True)
-class Reply:
+class HttpReply:
     """A whole answer: status, body bytes (sent as they are) and headers (Content-Type among them)."""
 
     status: int
@@ -54,8 +54,10 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def json_reply(obj: object, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
-    return Reply(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
+def json_reply(obj: object, status: int = 200, headers: dict[str, str] | None = None) -> HttpReply:
+    return HttpReply(
+        status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})}
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +102,7 @@ class Exchange(Protocol):
         """The request's key was accepted: its connection no longer counts as anonymous (listener.py)."""
         ...
 
-    def respond(self, reply: Reply) -> None: ...
+    def respond(self, reply: HttpReply) -> None: ...
     def start_stream(self, status: int, headers: dict[str, str]) -> None: ...
     async def write(self, chunk: bytes, limit_s: float) -> None: ...
     async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
@@ -138,7 +140,7 @@ class WrappedExchange:
     async def read_body(self, limit: int) -> bytes:
         return await self.inner.read_body(limit)
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         self.inner.respond(reply)
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:

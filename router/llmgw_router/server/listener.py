@@ -46,7 +46,7 @@ import httptools
 from llmgw.core.errors import LlmgwError
 from llmgw_router.server import accept, peers
 from llmgw_router.server.errors import ApiError, error_body, error_response
-from llmgw_router.server.exchange import AS_SENT, ClientStalled, Exchange, Headers, Reply
+from llmgw_router.server.exchange import AS_SENT, ClientStalled, Exchange, Headers, HttpReply
 
 __all__ = ["ApiListener", "Handler", "HttpExchange"]
 
@@ -194,7 +194,7 @@ class HttpExchange:
     def _closes(self) -> bool:
         return not (self.keep_alive and self.complete) or self._conn.closing
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         conn = self._conn
         if conn.closed:
             raise ConnectionResetError("the client went away")
@@ -293,7 +293,7 @@ class _Connection(asyncio.Protocol):
         self._url: list[bytes] = []
         self._head_size = 0
         self._cap = 0
-        self._queue: deque[HttpExchange | Reply] = deque()
+        self._queue: deque[HttpExchange | HttpReply] = deque()
         self._running: asyncio.Task[None] | None = None
         self._read_paused = False
         self._lingering = False
@@ -456,7 +456,7 @@ class _Connection(asyncio.Protocol):
 
     def _next(self) -> None:
         item = self._queue.popleft()
-        if isinstance(item, Reply):
+        if isinstance(item, HttpReply):
             self._send_refusal(item)
             return
         handler = self.listener.route(item)
@@ -503,7 +503,7 @@ class _Connection(asyncio.Protocol):
         if self._running is None:
             self._next()
 
-    def _send_refusal(self, reply: Reply) -> None:
+    def _send_refusal(self, reply: HttpReply) -> None:
         head = _head(reply.status, reply.headers, f"Content-Length: {len(reply.body)}\r\n", True)
         self.transport.write(head + reply.body)
         self._close(linger=True)
@@ -569,8 +569,8 @@ _IDLE, _HEAD, _BODY = "idle", "head", "body"
 _EVICTION_LOG_EVERY = 60.0
 
 
-def _error_reply(status: int, message: str, code: str, type_: str = "invalid_request_error") -> Reply:
-    return Reply(status, error_body(message, type_, code), {"Content-Type": "application/json"})
+def _error_reply(status: int, message: str, code: str, type_: str = "invalid_request_error") -> HttpReply:
+    return HttpReply(status, error_body(message, type_, code), {"Content-Type": "application/json"})
 
 
 class ApiListener:

@@ -19,7 +19,7 @@ import orjson
 from llmgw.core.errors import TransientError
 from llmgw_router.server import sse
 from llmgw_router.server.errors import ApiError, error_response
-from llmgw_router.server.exchange import Exchange, Reply
+from llmgw_router.server.exchange import Exchange, HttpReply
 from llmgw_router.upstream.egress import ForbiddenAddress
 from llmgw_router.upstream.http1 import EngineClient, UpstreamHttpError
 
@@ -54,7 +54,7 @@ class UpstreamCall:
 
 @dataclass(slots=True)
 class ProxyResult:
-    response: Reply | None  # None: a stream, already written to the client through the exchange
+    response: HttpReply | None  # None: a stream, already written to the client through the exchange
     status: int
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -188,7 +188,7 @@ async def forward(
     # The engine's bytes as they came (parsed only to read the usage), unless the model name was changed.
     headers = call.reply_headers
     headers["Content-Type"] = upstream.header("Content-Type", "application/json")
-    result.response = Reply(upstream.status, data, headers)
+    result.response = HttpReply(upstream.status, data, headers)
     return result
 
 

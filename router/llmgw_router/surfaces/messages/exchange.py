@@ -15,9 +15,9 @@ import json
 from llmgw_router.decisions.fields import DROPPED_HEADER
 from llmgw_router.decisions.rules import parse
 from llmgw_router.server.errors import ApiError
-from llmgw_router.server.exchange import Exchange, Headers, Reply, Surface, WrappedExchange
+from llmgw_router.server.exchange import Exchange, Headers, HttpReply, Surface, WrappedExchange
 from llmgw_router.surfaces.messages.translate import (
-    StreamTranslator,
+    MessagesStreamTranslator,
     anthropic_error,
     error_to_anthropic,
     from_chat,
@@ -42,7 +42,7 @@ class MessagesExchange(WrappedExchange):
             dict.__setitem__(self.headers, "authorization", f"Bearer {api_key}")
         self._stops: tuple[str, ...] = ()
         self._dropped: tuple[str, ...] = ()
-        self._stream: StreamTranslator | None = None
+        self._stream: MessagesStreamTranslator | None = None
 
     async def read_body(self, limit: int) -> bytes:
         """The chat body for the client's Messages body (400 in Anthropic's words when it cannot be one)."""
@@ -57,7 +57,7 @@ class MessagesExchange(WrappedExchange):
             out[DROPPED_HEADER] = ",".join(named)
         return out
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         headers = self._headers(reply.headers)
         headers["Content-Type"] = "application/json"
         status, body = reply.status, reply.body
@@ -73,10 +73,10 @@ class MessagesExchange(WrappedExchange):
         if status != 200:
             # Anthropic's error bodies name their request (null allowed); ours is what `llmgw request` finds.
             message["request_id"] = reply.headers.get("x-request-id")
-        self.inner.respond(Reply(status, json.dumps(message).encode(), headers))
+        self.inner.respond(HttpReply(status, json.dumps(message).encode(), headers))
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
-        self._stream = StreamTranslator(self._stops, headers.get("x-llmgw-model"))
+        self._stream = MessagesStreamTranslator(self._stops, headers.get("x-llmgw-model"))
         self.inner.start_stream(status, self._headers(headers))
 
     async def write(self, chunk: bytes, limit_s: float) -> None:

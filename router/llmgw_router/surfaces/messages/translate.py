@@ -2,7 +2,7 @@
 
 `to_chat` turns a `/v1/messages` request into the chat completions request the rest of the path serves (or
 raises an `ApiError` saying what is wrong, as Anthropic would); `from_chat` turns the engine's chat completion
-back into an Anthropic message; `error_to_anthropic` gives any error body Anthropic's shape; `StreamTranslator`
+back into an Anthropic message; `error_to_anthropic` gives any error body Anthropic's shape; `MessagesStreamTranslator`
 is fed the engine's chat SSE bytes and yields Anthropic's event sequence. What is not translated is in
 docs/router.md (*Anthropic Messages*).
 """
@@ -19,7 +19,7 @@ from llmgw_router.server.errors import ApiError
 
 __all__ = [
     "MessagesRequest",
-    "StreamTranslator",
+    "MessagesStreamTranslator",
     "anthropic_error",
     "error_to_anthropic",
     "from_chat",
@@ -400,7 +400,7 @@ def _text_delta(index: int, text: str) -> bytes:
 
 
 @dataclass
-class StreamTranslator:
+class MessagesStreamTranslator:
     """Chat completion chunks in, Anthropic stream events out: message_start and a ping at the first chunk,
     one content block per text run or tool call (start, deltas, stop), message_delta with the stop reason and
     usage, message_stop at `[DONE]`. A stream that ends without `[DONE]`, or carries an engine's error event,

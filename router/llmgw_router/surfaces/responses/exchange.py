@@ -24,7 +24,7 @@ from typing import Any
 
 from llmgw.core.snapshot import Tenants
 from llmgw_router.server import sse
-from llmgw_router.server.exchange import Exchange, Reply, Surface, WrappedExchange, json_reply
+from llmgw_router.server.exchange import Exchange, HttpReply, Surface, WrappedExchange, json_reply
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
 from llmgw_router.surfaces.responses.kept import (
     NO_STORAGE,
@@ -33,7 +33,7 @@ from llmgw_router.surfaces.responses.kept import (
     kept_record,
     plan_storage,
 )
-from llmgw_router.surfaces.responses.stream import StreamTranslator
+from llmgw_router.surfaces.responses.stream import ResponsesStreamTranslator
 from llmgw_router.surfaces.responses.translate import NATIVE_ENGINES, ResponseIds, from_chat, to_chat
 
 __all__ = ["ResponsesExchange", "ResponsesTurn"]
@@ -110,13 +110,13 @@ class ResponsesExchange(WrappedExchange):
         super().__init__(inner)
         self.surface = _RESPONSES
         self.turn = ResponsesTurn(keeper)
-        self._held: Reply | None = None  # a whole answer to keep before it is sent (flush)
+        self._held: HttpReply | None = None  # a whole answer to keep before it is sent (flush)
         self._held_response: dict[str, Any] = {}
-        self._stream: StreamTranslator | None = None
+        self._stream: ResponsesStreamTranslator | None = None
         self._pending: list[bytes] = []
         self._reader = sse.EventReader()
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         if self.turn.translated and reply.status == 200:
             try:
                 chat = json.loads(reply.body)
@@ -126,7 +126,7 @@ class ResponsesExchange(WrappedExchange):
                 obj = from_chat(chat, self.turn.original, self.turn.ids)
                 headers = {k: v for k, v in reply.headers.items() if k.lower() != "content-type"}
                 if self.turn.storage.ttl_s is not None:
-                    self._held, self._held_response = Reply(200, b"", headers), obj
+                    self._held, self._held_response = HttpReply(200, b"", headers), obj
                     return
                 reply = json_reply(obj, 200, headers)
         self.inner.respond(reply)
@@ -142,7 +142,7 @@ class ResponsesExchange(WrappedExchange):
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
         if self.turn.translated and status == 200:
             model = str(self.turn.original.get("model", ""))
-            self._stream = StreamTranslator(self.turn.original, self.turn.ids, model)
+            self._stream = ResponsesStreamTranslator(self.turn.original, self.turn.ids, model)
             self._pending = self._stream.start()
         self.inner.start_stream(status, headers)
 

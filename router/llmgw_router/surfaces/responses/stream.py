@@ -32,7 +32,7 @@ from llmgw_router.surfaces.responses.translate import (
     usage_of,
 )
 
-__all__ = ["StreamTranslator"]
+__all__ = ["ResponsesStreamTranslator"]
 
 
 @dataclass(slots=True)
@@ -45,7 +45,7 @@ class _Open:
     tool_index: int | None = None
 
 
-class StreamTranslator:
+class ResponsesStreamTranslator:
     def __init__(self, request: dict[str, Any], ids: ResponseIds, model: str) -> None:
         self._request = request
         self._ids = ids

@@ -107,7 +107,7 @@ class ResponseKeeper:
 
 
 class Asker(Protocol):
-    """Who asks, as these routes read it (path/auth.py's Principal)."""
+    """Who asks, as these routes read it (path/auth.py's KeyPrincipal)."""
 
     @property
     def project(self) -> str | None: ...

@@ -384,9 +384,17 @@ class RequestService:
                 call.trace.span("limits", began)
 
     async def _answer(
-        self, exchange: Exchange, kind: Kind, table: RoutingTable, canonical: str, raw: bytes,
-        body: dict[str, Any], call: Call, guards: tuple[CompiledGuardrail, ...], tenant_project: str | None,
-    ) -> HttpReply | None:  # fmt: skip
+        self,
+        exchange: Exchange,
+        kind: Kind,
+        table: RoutingTable,
+        canonical: str,
+        raw: bytes,
+        body: dict[str, Any],
+        call: Call,
+        guards: tuple[CompiledGuardrail, ...],
+        tenant_project: str | None,
+    ) -> HttpReply | None:
         """Forward the admitted request: through the output guardrails when any apply, else through the
         project's response cache (a hit never reaches an engine)."""
         if any(g.checks("output") for g in guards):

@@ -149,17 +149,7 @@ async def forward(
         if upstream.status in _RETRYABLE_STATUS and call.retry_on_5xx:
             raise UpstreamUnavailable(f"engine answered {upstream.status}")
         if 300 <= upstream.status < 400:
-            # Not followed, not relayed (its body may be the redirect target's bait), not retried elsewhere
-            # (the endpoint answered; it answered wrongly): a 502 the client can read.
-            upstream.close()
-            err = ApiError(
-                502,
-                f"The upstream answered {upstream.status} (a redirect); the router follows no redirects.",
-                "upstream_redirect",
-                "server_error",
-                headers=call.reply_headers,
-            )
-            return ProxyResult(error_response(err), 502)
+            return _redirect_refused(upstream, call)
         if call.stream and upstream.status == 200:
             streamed = await _stream(exchange, upstream, call, streaming, write_timeout, ending)
             # Back to the pool when the engine's message is complete (after [DONE] its end is usually
@@ -174,6 +164,25 @@ async def forward(
         upstream.close()
         raise
     upstream.release()
+    return _whole(upstream, data, call)
+
+
+def _redirect_refused(upstream: Upstream, call: UpstreamCall) -> ProxyResult:
+    """A 3xx: not followed, not relayed (its body may be the redirect target's bait), not retried elsewhere
+    (the endpoint answered; it answered wrongly): a 502 the client can read."""
+    upstream.close()
+    err = ApiError(
+        502,
+        f"The upstream answered {upstream.status} (a redirect); the router follows no redirects.",
+        "upstream_redirect",
+        "server_error",
+        headers=call.reply_headers,
+    )
+    return ProxyResult(error_response(err), 502)
+
+
+def _whole(upstream: Upstream, data: bytes, call: UpstreamCall) -> ProxyResult:
+    """A whole answer as it goes back: its usage read, a provider's model renamed."""
     obj = _parse_answer(data, exact=call.rewrite_model is not None)
     if not isinstance(obj, dict):
         # Truncated JSON, an HTML error page, a proxy's banner: not an answer the client can use, and not one
@@ -260,44 +269,12 @@ async def _stream(
     result = ProxyResult(None, 200)
     if started is not None:
         started(result)
-    exchange.start_stream(
-        200, {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **call.reply_headers}
-    )
-    reader = sse.EventReader()
+    headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **call.reply_headers}
+    exchange.start_stream(200, headers)
     try:
-        while True:
-            chunk = reader.feed_block(data)  # the complete events; the rest waits for more bytes
-            if call.rewrite_model is not None or b'"usage"' in chunk:
-                chunk = _scanned(chunk, result, call)
-            if len(reader.pending) > _FLUSH_WITHOUT_SEPARATOR:
-                chunk += reader.take_pending()
-            if chunk:
-                # Counted by their `data:` field at a line's start (a value's own "data:" is inside a line).
-                result.events += (
-                    chunk.count(b"\ndata:") + chunk.startswith(b"data:") - chunk.count(sse.DONE_LINE)
-                )
-                if sse.DONE_LINE in chunk:
-                    # The OpenAI stream's last event: end the client's answer now (with it, one write)
-                    # rather than after the engine's end of message. A client may hang up right after
-                    # [DONE]; waiting for the engine's final bytes first made that look like a request cut
-                    # short (499, no usage).
-                    if ending is not None:
-                        ending()
-                    await exchange.write_eof(write_timeout, chunk)
-                    if result.first_byte_at is None:
-                        result.first_byte_at = time.monotonic()
-                    result.finished = True
-                    return result
-                await exchange.write(chunk, write_timeout)
-                if result.first_byte_at is None:
-                    result.first_byte_at = time.monotonic()
-            data = await upstream.readany()
-            if not data:
-                break
-        if (
-            rest := reader.take_pending()
-        ):  # what the engine sent after its last complete event, before it ended
-            await exchange.write(rest, write_timeout)
+        await _pass_events(exchange, upstream, call, result, data, write_timeout, ending)
+        if result.finished:
+            return result
     except ConnectionResetError:  # the client left (or stalled): drop the upstream so the engine stops too
         result.client_gone = True
         upstream.close()
@@ -317,6 +294,48 @@ async def _stream(
     except ConnectionResetError:
         result.client_gone = True
     return result
+
+
+async def _pass_events(
+    exchange: Exchange,
+    upstream: Upstream,
+    call: UpstreamCall,
+    result: ProxyResult,
+    data: bytes,
+    write_timeout: float,
+    ending: Callable[[], None] | None,
+) -> None:
+    """The engine's events to the client as they complete, until its `data: [DONE]` (then the client's answer
+    is ended, `result.finished`) or the engine's end (the caller ends the client's)."""
+    reader = sse.EventReader()
+    while True:
+        chunk = reader.feed_block(data)  # the complete events; the rest waits for more bytes
+        if call.rewrite_model is not None or b'"usage"' in chunk:
+            chunk = _scanned(chunk, result, call)
+        if len(reader.pending) > _FLUSH_WITHOUT_SEPARATOR:
+            chunk += reader.take_pending()
+        if chunk:
+            # Counted by their `data:` field at a line's start (a value's own "data:" is inside a line).
+            result.events += chunk.count(b"\ndata:") + chunk.startswith(b"data:") - chunk.count(sse.DONE_LINE)
+            if sse.DONE_LINE in chunk:
+                # The OpenAI stream's last event: end the client's answer now (with it, one write) rather
+                # than after the engine's end of message. A client may hang up right after [DONE]; waiting
+                # for the engine's final bytes first made that look like a request cut short (499, no usage).
+                if ending is not None:
+                    ending()
+                await exchange.write_eof(write_timeout, chunk)
+                if result.first_byte_at is None:
+                    result.first_byte_at = time.monotonic()
+                result.finished = True
+                return
+            await exchange.write(chunk, write_timeout)
+            if result.first_byte_at is None:
+                result.first_byte_at = time.monotonic()
+        data = await upstream.readany()
+        if not data:
+            break
+    if rest := reader.take_pending():  # what the engine sent after its last complete event, before it ended
+        await exchange.write(rest, write_timeout)
 
 
 def _scanned(block: bytes, result: ProxyResult, call: UpstreamCall) -> bytes:

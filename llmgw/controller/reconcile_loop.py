@@ -40,6 +40,7 @@ from llmgw.core import distributed
 from llmgw.core.autoscale import ScalePolicy
 from llmgw.core.catalog import ModelEntry
 from llmgw.core.config.models import LORA_ENGINES, Source
+from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.fetch_plan import weight_source
 from llmgw.core.fleet import NodeView, ReplicaView
 from llmgw.core.manifest import ManifestFile
@@ -63,6 +64,8 @@ from llmgw.store.records import ReplicaRecord
 log = logging.getLogger("llmgw.controller.reconcile")
 
 STOP_RETRY_S = 5.0
+PASS_RETRY_S = 1.0  # after a failed pass, the next one this soon (unless the error says when)
+PASS_RETRY_MAX_S = 30.0  # and never later than this, whatever it says
 ADOPTABLE = frozenset({"fetching", "starting", "ready"})
 DEMAND_FRESH_S = 60.0  # a router's demand for an on-demand model, before a replica exists, counts this long
 DRAIN_POLL_S = 0.1  # how often a drain looks at the routers' load reports for the replica's last request
@@ -89,18 +92,29 @@ class Reconciler:
 
     async def run(self) -> None:
         c = self.c
+        failing = Outage(log, "a reconcile pass")
         while True:
             try:
                 wake = await self.pass_once()
-            except Exception:  # a bug in one pass must not end reconciling; the next pass starts afresh
-                log.exception("reconcile pass failed; retrying in 1s")
+                failing.recovered()
+            except TransientError as exc:  # the store did not answer: retried when the raiser says
+                wake = retry_after(exc, default=PASS_RETRY_S, most=PASS_RETRY_MAX_S)
+                failing.failed(exc, wake)
                 c.metrics.reconcile_errors.inc()
-                wake = 1.0
-            with contextlib.suppress(TimeoutError):
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races the event
-                async with asyncio.timeout(wake):
-                    await c.changed.wait()
-            c.changed.clear()
+            except Exception as exc:  # a bug in one pass must not end reconciling; the next starts afresh
+                wake = PASS_RETRY_S
+                failing.failed(exc, wake)
+                c.metrics.reconcile_errors.inc()
+            await self._wait_for_change(wake)
+
+    async def _wait_for_change(self, seconds: float) -> None:
+        """Until a change is notified, at most `seconds` (the next timed pass)."""
+        c = self.c
+        with contextlib.suppress(TimeoutError):
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races the event
+            async with asyncio.timeout(seconds):
+                await c.changed.wait()
+        c.changed.clear()
 
     async def pass_once(self) -> float:
         """One pass; returns seconds until the next timed pass."""

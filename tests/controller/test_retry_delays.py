@@ -11,16 +11,21 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from support import wait_for
 
+from llmgw.adapters.commit_status import StatusPoster
 from llmgw.adapters.sources import Checkout, SourceUnavailable
 from llmgw.controller import admin
 from llmgw.controller.app import SOURCE, _source_loop
+from llmgw.controller.commit_statuses import CommitStatuses
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.notifier import IDLE_WAIT_S, Notifier
 from llmgw.controller.reconcile_loop import PASS_RETRY_MAX_S, PASS_RETRY_S, Reconciler
+from llmgw.controller.retention import PassResult, Retention
 from llmgw.core.errors import TransientError
 from llmgw.store import StoreUnavailable
 from llmgw.store.store import Store
@@ -44,6 +49,26 @@ async def controller(tmp_path: Path) -> AsyncIterator[Controller]:
     yield c
     await c.stop_background()
     await store.close()
+
+
+class Script:
+    """What a loop's work does on each call: raise the next error, or return the next value; and the waits
+    the loop asks for, recorded (the last one ends the loop)."""
+
+    def __init__(self, outcomes: list[BaseException | float]) -> None:
+        self.outcomes = outcomes
+        self.waits: list[float] = []
+
+    def next(self) -> float:
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+    def wait(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        if not self.outcomes:
+            raise Stop
 
 
 class FailingPasses(Reconciler):
@@ -122,3 +147,93 @@ async def test_the_source_loop_polls_again_after_the_delay_the_source_gives(
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
+
+
+class ScriptedNotifier(Notifier):
+    def __init__(self, c: Controller, script: Script) -> None:
+        super().__init__(c)
+        self.script = script
+
+    async def deliver_due(self, session: aiohttp.ClientSession) -> float:
+        return self.script.next()
+
+    async def check_budgets(self) -> int:
+        self.script.next()
+        return 0
+
+    async def _wait_for_wake(self, seconds: float) -> None:
+        self.script.wait(seconds)
+
+    async def _pause(self, seconds: float) -> None:
+        self.script.wait(seconds)
+
+
+async def test_the_notification_sender_waits_the_delay_the_store_gives(controller: Controller) -> None:
+    script = Script([StoreUnavailable("down", delay=7.0), StoreUnavailable("down", delay=3600.0), 4.0])
+    with pytest.raises(Stop):
+        await asyncio.wait_for(ScriptedNotifier(controller, script).run(), 10)
+    assert script.waits == [7.0, IDLE_WAIT_S, 4.0]
+
+
+async def test_the_budget_check_waits_the_delay_the_store_gives(controller: Controller) -> None:
+    every = controller.settings.budget_check_s
+    script = Script([StoreUnavailable("down", delay=every / 4), StoreUnavailable("down"), 0.0])
+    with pytest.raises(Stop):
+        await asyncio.wait_for(ScriptedNotifier(controller, script).budget_loop(), 10)
+    assert script.waits == [every / 4, every, every]
+
+
+class ScriptedRetention(Retention):
+    def __init__(self, c: Controller, script: Script) -> None:
+        super().__init__(c)
+        self.script = script
+
+    async def prune_once(self) -> PassResult:
+        self.script.next()
+        return PassResult()
+
+    async def _pause(self, seconds: float) -> None:
+        self.script.wait(seconds)
+
+
+async def test_pruning_waits_the_delay_the_store_gives(
+    controller: Controller, caplog: pytest.LogCaptureFixture
+) -> None:
+    every = controller.settings.retention_check_s
+    script = Script([StoreUnavailable("down", delay=every / 2), RuntimeError("a bug"), 0.0])
+    with caplog.at_level(logging.INFO, logger="llmgw.controller.retention"), pytest.raises(Stop):
+        await asyncio.wait_for(ScriptedRetention(controller, script).run(), 10)
+    assert script.waits == [every / 2, every, every]
+    said = [r.getMessage() for r in caplog.records if r.name == "llmgw.controller.retention"]
+    assert said == [
+        f"pruning usage and content failed, retrying in {every / 2:.1f}s until it works: down",
+        "pruning usage and content works again (after 2 failed attempt(s))",
+    ]
+
+
+class ScriptedStatuses(CommitStatuses):
+    def __init__(self, c: Controller, script: Script) -> None:
+        super().__init__(c, StatusPoster("http://127.0.0.1:9/repos/o/r", "token"))
+        self.script = script
+        self.deliveries = 0
+
+    async def deliver(self) -> None:
+        self.deliveries += 1
+        self.script.next()
+
+    async def _healthy(self) -> None:
+        return None
+
+    async def _pause(self, seconds: float) -> None:
+        self.script.wait(seconds)
+
+
+async def test_commit_statuses_wait_the_delay_the_store_gives(controller: Controller) -> None:
+    controller.worker_state.earlier_state_read = True
+    script = Script([StoreUnavailable("down", delay=2.5), StoreUnavailable("down", delay=3600.0), 0.0])
+    statuses = ScriptedStatuses(controller, script)
+    with pytest.raises(Stop):
+        await asyncio.wait_for(statuses.run(), 10)
+    # What is owed is delivered again after each failure, then once only.
+    assert script.waits == [2.5, CommitStatuses.RETRY_MAX_S, CommitStatuses.TICK_S]
+    assert statuses.deliveries == 3

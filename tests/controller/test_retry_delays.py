@@ -18,11 +18,12 @@ from support import wait_for
 
 from llmgw.adapters.commit_status import StatusPoster
 from llmgw.adapters.sources import Checkout, SourceUnavailable
-from llmgw.controller import admin
+from llmgw.controller import admin, nodes_loop
 from llmgw.controller.app import SOURCE, _source_loop
 from llmgw.controller.commit_statuses import CommitStatuses
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.metrics import ControllerMetrics
+from llmgw.controller.nodes_loop import NodesLoop
 from llmgw.controller.notifier import IDLE_WAIT_S, Notifier
 from llmgw.controller.reconcile_loop import PASS_RETRY_MAX_S, PASS_RETRY_S, Reconciler
 from llmgw.controller.retention import PassResult, Retention
@@ -237,3 +238,30 @@ async def test_commit_statuses_wait_the_delay_the_store_gives(controller: Contro
     # What is owed is delivered again after each failure, then once only.
     assert script.waits == [2.5, CommitStatuses.RETRY_MAX_S, CommitStatuses.TICK_S]
     assert statuses.deliveries == 3
+
+
+async def no_drain(node: str, why: str) -> int:
+    return 0
+
+
+class ScriptedNodes(NodesLoop):
+    def __init__(self, c: Controller, script: Script) -> None:
+        super().__init__(c, drain_node=no_drain)
+        self.script = script
+
+    async def pass_once(self) -> None:
+        self.script.next()
+
+    async def _wait_for_wake(self, seconds: float) -> None:
+        self.script.wait(seconds)
+
+
+async def test_the_nodes_loop_waits_the_delay_the_store_gives(controller: Controller) -> None:
+    script = Script([StoreUnavailable("down", delay=12.0), RuntimeError("a bug"), 0.0])
+    nodes = ScriptedNodes(controller, script)
+    try:
+        with pytest.raises(Stop):
+            await asyncio.wait_for(nodes.run(), 10)
+    finally:
+        await nodes.close()
+    assert script.waits == [12.0, nodes_loop.TICK_S, nodes_loop.TICK_S]

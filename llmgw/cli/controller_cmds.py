@@ -20,7 +20,6 @@ from llmgw.cli import output
 from llmgw.cli.admin_client import (
     CONTROLLER_ENV,
     AdminClient,
-    AdminError,
     AnswerT,
     default_token_files,
     environ,
@@ -231,11 +230,8 @@ async def _run_until_signal(run: Any, settings: Any) -> None:
 def _client(controller_url: str | None, token_file: Path | None) -> AdminClient:
     env = environ()
     url = controller_url or env.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER
-    try:
-        token = resolve_token(token_file, env, default_token_files(None, Path.cwd()))
-        client = AdminClient(url, token)
-    except AdminError as exc:
-        _fail(str(exc))
+    token = resolve_token(token_file, env, default_token_files(None, Path.cwd()))
+    client = AdminClient(url, token)
     warning = plaintext_warning(client.url)
     if warning is not None:
         output.console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
@@ -243,17 +239,11 @@ def _client(controller_url: str | None, token_file: Path | None) -> AdminClient:
 
 
 def _get(client: AdminClient, path: str) -> Any:
-    try:
-        return client.get(path)
-    except AdminError as exc:
-        _fail(str(exc))
+    return client.get(path)
 
 
 def _get_as(client: AdminClient, path: str, model: type[AnswerT]) -> AnswerT:
-    try:
-        return client.get_as(path, model)
-    except AdminError as exc:
-        _fail(str(exc))
+    return client.get_as(path, model)
 
 
 def _fail(message: str) -> NoReturn:
@@ -556,10 +546,7 @@ def explain(
 ) -> None:
     """Where one more replica of MODEL would go, and why every other node would not take it."""
     client = _client(controller, token_file)
-    try:
-        data = client.explain(model)
-    except AdminError as exc:
-        _fail(str(exc))
+    data = client.explain(model)
     if data is None:
         _fail(f"model {model!r} is not in the applied revision (llmgw models lists them)")
     if as_json:

@@ -10,8 +10,7 @@ import typer
 from rich.markup import escape
 
 from llmgw.cli import output
-from llmgw.cli.admin_client import AdminError
-from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _fail, _get, _print_json
+from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _get, _print_json
 
 MARK = {"ok": "[green]ok  [/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]fail[/red]"}
 # A node's checks run engine probes (30s each at most, by the agent): wait longer than the admin client's default.
@@ -41,10 +40,7 @@ def doctor(
         answer = _get(client, "/api/v1/doctor")
     else:
         client.timeout_s = NODE_TIMEOUT_S
-        try:
-            _, answer = client.post(f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}/doctor", {})
-        except AdminError as exc:
-            _fail(str(exc))
+        _, answer = client.post(f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}/doctor", {})
     if as_json:
         _print_json(answer)
     else:

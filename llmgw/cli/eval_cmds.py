@@ -10,8 +10,7 @@ from typing import Annotated, Any
 
 import typer
 
-from llmgw.cli.admin_client import AdminError
-from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _fail, _print_json
+from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _print_json
 from llmgw.cli.mirror_cmds import model_app
 
 ReplicaOpt = Annotated[
@@ -28,10 +27,7 @@ def register(app: typer.Typer) -> None:
 def _post(controller: str | None, token_file: Any, path: str, body: dict[str, Any]) -> Any:
     client = _client(controller, token_file)
     client.timeout_s = _SLOW_S
-    try:
-        return client.post(path, body)[1]
-    except AdminError as exc:
-        _fail(str(exc))
+    return client.post(path, body)[1]
 
 
 def eval_suite(

@@ -98,8 +98,6 @@ def logs(
             _follow(client, path, {**query, "limit": str(min(limit, PAGE))}, as_json)
         else:
             _pages(client, path, query, limit, as_json)
-    except AdminError as exc:
-        _fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

@@ -12,8 +12,7 @@ import typer
 from rich.markup import escape
 
 from llmgw.cli import output
-from llmgw.cli.admin_client import AdminError
-from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _fail, _print_json
+from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _print_json
 
 # A node's upgrade waits up to the controller's node_register_timeout_s (120s) for its agent, twice on a rollback;
 # the HTTP request waits for the whole run.
@@ -62,10 +61,7 @@ def upgrade(
         body["timeout_s"] = timeout
     client = _client(controller, token_file)
     client.timeout_s = TIMEOUT_S
-    try:
-        _, answer = client.post("/api/v1/upgrade", body)
-    except AdminError as exc:
-        _fail(str(exc))
+    _, answer = client.post("/api/v1/upgrade", body)
     if as_json:
         _print_json(answer)
     else:

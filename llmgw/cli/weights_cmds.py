@@ -10,8 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmgw.cli.admin_client import AdminError
-from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _fail, _get, _print_json
+from llmgw.cli.controller_cmds import ControllerOpt, JsonOpt, TokenOpt, _client, _get, _print_json
 
 weights_app = typer.Typer(help="Weights on nodes: list them, collect what nothing references.")
 
@@ -83,10 +82,7 @@ def collect(
     """Remove weights llmgw fetched that no running replica uses and no declared model references."""
     client = _client(controller, token_file)
     body: dict[str, Any] = {"dry_run": dry_run} | ({"node": node} if node else {})
-    try:
-        _, data = client.post("/api/v1/weights/collect", body)
-    except AdminError as exc:
-        _fail(str(exc))
+    _, data = client.post("/api/v1/weights/collect", body)
     if as_json:
         _print_json(data)
         return

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from llmgw.adapters.commit_status import CommitStatus, State, StatusPoster, is_commit_sha
 from llmgw.controller import views
 from llmgw.core.errors import Outage, TransientError, retry_after
+from llmgw.store.errors import StoreError
 from llmgw.store.intent import OwedStatus
 
 if TYPE_CHECKING:
@@ -112,7 +113,7 @@ class CommitStatuses:
         (a status said twice is better than one never said)."""
         try:
             return await self.c.store.mark_once(mark, now)
-        except Exception as exc:
+        except StoreError as exc:
             log.warning(
                 "commit statuses: the store cannot say whether %s was posted (%s): posting it", mark, exc
             )
@@ -140,7 +141,7 @@ class CommitStatuses:
         )
         try:
             await self.c.store.owe_commit_status(owed)
-        except Exception as exc:  # posted all the same; only a controller dying now would lose it
+        except StoreError as exc:  # posted all the same; only a controller dying now would lose it
             log.warning("commit status %s not written to the outbox: %s", status.context, exc)
             await self._post(owed)
             return

@@ -29,6 +29,7 @@ from llmgw.core.limits import window_bounds
 from llmgw.core.secret_bindings import SecretUse
 from llmgw.core.security import forbidden_address_reason
 from llmgw.core.words import parse_duration
+from llmgw.store.errors import StoreError
 from llmgw.store.records import Delivery, time_ordered_id
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class Notifier:
             try:
                 if not await c.store.mark_once(mark, c.wall()):
                     return 0  # already said (this window, this hour)
-            except Exception as exc:  # better twice than never: send it, say why it may repeat
+            except StoreError as exc:  # better twice than never: send it, say why it may repeat
                 log.warning("could not check whether %s was already announced (%s); sending it", mark, exc)
         now = c.wall()
         for name in names:
@@ -90,7 +91,7 @@ class Notifier:
             while self.pending:
                 try:
                     await self.c.store.enqueue_delivery(self.pending[0])
-                except Exception as exc:
+                except StoreError as exc:
                     log.warning(
                         "notification outbox write failed (%d waiting in memory): %s", len(self.pending), exc
                     )

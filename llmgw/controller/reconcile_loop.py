@@ -58,7 +58,7 @@ from llmgw.core.reconcile import (
 )
 from llmgw.core.secret_bindings import source_use
 from llmgw.core.security import engine_key
-from llmgw.store.errors import LeaseFenced
+from llmgw.store.errors import LeaseFenced, StoreError
 from llmgw.store.records import ReplicaRecord
 
 log = logging.getLogger("llmgw.controller.reconcile")
@@ -223,7 +223,7 @@ class Reconciler:
         try:
             await load_capacities(self.c)
             self.capacities_loaded = True
-        except Exception as exc:  # the store is down: slots are assumed meanwhile, tried again next pass
+        except StoreError as exc:  # the store is down: slots are assumed meanwhile, tried again next pass
             if not self.capacities_warned:
                 self.capacities_warned = True
                 log.warning("measured capacities not read from the store yet (slots assumed): %s", exc)
@@ -580,7 +580,7 @@ class Reconciler:
             await c.store.delete_replica(rec.id, fence=c.fence())
         except LeaseFenced as exc:
             c.fenced_out(exc)
-        except Exception as exc:
+        except StoreError as exc:
             log.warning("could not delete replica %s from the store: %s", rec.id, exc)
 
     # ---------------------------------------------------------------------------------- adoption
@@ -663,7 +663,7 @@ class Reconciler:
                     inventory = link.inventory.model_dump(mode="json", by_alias=True)
                     await c.store.upsert_node(name, link.state, inventory, c.wall())
                     record.stored_state = link.state
-                except Exception as exc:
+                except StoreError as exc:
                     log.warning("could not record node %s in the store: %s", name, exc)
         stored = self.c.worker_state.stored_states
         for rec in list(self.c.replicas.values()):
@@ -692,7 +692,7 @@ class Reconciler:
             c.worker_state.stored_states[rec.id] = (state, rec.restart)
         except LeaseFenced as exc:
             c.fenced_out(exc)
-        except Exception as exc:
+        except StoreError as exc:
             log.warning("could not record replica %s in the store: %s", rec.id, exc)
 
 

@@ -41,6 +41,7 @@ from llmgw.controller.retention import Retention
 from llmgw.controller.settings import ControllerSettings, parse_hostport
 from llmgw.controller.state import SeenRevision
 from llmgw.core.errors import Outage, retry_after
+from llmgw.store.errors import StoreError
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.controller")
@@ -430,7 +431,7 @@ async def start_controller(settings: ControllerSettings) -> RunningController:
         last = await store.last_accepted_revision()
         if last is not None:
             log.info("last applied revision in the store: %s from %s", last.sha[:12], last.source)
-    except Exception as exc:
+    except StoreError as exc:
         log.warning("could not read the revision history from the store: %s", exc)
     runners: list[web.AppRunner] = []
     try:

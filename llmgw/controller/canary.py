@@ -36,8 +36,10 @@ from llmgw.controller.engine_http import engine_session
 from llmgw.controller.evals_run import judges_for, ready_targets, run_suite
 from llmgw.core.canary import Traffic, judge_canary
 from llmgw.core.catalog import ModelEntry
+from llmgw.core.errors import Outage
 from llmgw.core.fleet import ModelView
 from llmgw.core.reconcile import CanaryPhase
+from llmgw.store.errors import StoreError
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
@@ -123,14 +125,18 @@ class CanaryBook:
 
 
 async def canary_loop(c: Controller) -> None:
+    failing = Outage(log, "judging the canaries")
     try:
         while True:
             # Not before the runs the last leader left are read: a canary would start a second time.
             if c.leading() and c.worker_state.earlier_state_read:
                 try:
                     await canary_tick(c)
-                except Exception:  # a bug here must not stop the next tick; the stable replicas serve on
-                    log.exception("judging the canaries failed; trying again")
+                    failing.recovered()
+                except (
+                    Exception
+                ) as exc:  # a bug here must not stop the next tick; the stable replicas serve on
+                    failing.failed(exc, TICK_S)
             await asyncio.sleep(TICK_S)
     finally:
         c.canaries.cancel()
@@ -224,7 +230,7 @@ async def _forget(c: Controller, name: str) -> None:
         run.eval_task.cancel()
     try:
         await c.store.delete_canary_run(name)
-    except Exception as exc:  # a row left behind is read back as a run whose fingerprints changed: replaced
+    except StoreError as exc:  # a row left behind is read back as a run whose fingerprints changed: replaced
         log.warning("the canary run of %s could not be deleted from the store: %s", name, exc)
 
 
@@ -239,7 +245,7 @@ async def _save(c: Controller, run: CanaryRun, *, with_stable: bool = False) -> 
             run.model, record, stable_json(run.stable) if with_stable else None, c.wall()
         )
         run.saved = record
-    except Exception as exc:
+    except StoreError as exc:
         log.warning(
             "the canary run of %s could not be written to the store (tried again): %s", run.model, exc
         )

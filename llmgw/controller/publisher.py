@@ -32,6 +32,7 @@ from llmgw.core import jsonsafe
 from llmgw.core.autoscale import Demand, published_load_seconds
 from llmgw.core.catalog import Catalog
 from llmgw.core.config.models import LORA_ENGINES
+from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet import class_rank
 from llmgw.core.model_checks import probes_for
 from llmgw.core.security import bearer_token, engine_key
@@ -260,7 +261,7 @@ def router_certificate_refusal(c: Controller, request: web.Request) -> str | Non
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
     try:
         c.router_peer_check(der)
-    except Exception as exc:  # PeerRejected, a malformed certificate: all refusals
+    except (LlmgwError, ValueError, OSError) as exc:  # PeerRejected, CAError, a malformed certificate
         return f"client certificate refused: {exc}"
     return None
 

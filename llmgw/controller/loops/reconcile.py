@@ -31,6 +31,7 @@ from llmgw.controller.parts.hub import AgentError, NodeLink
 from llmgw.controller.parts.state import ReplicaRec
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.engine_orders import EngineOrders
+from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.fleet.autoscale import ScalePolicy
 from llmgw.core.fleet.states import ADOPTABLE_SHARD_STATES
 from llmgw.core.fleet.views import NodeView, ReplicaView
@@ -48,12 +49,14 @@ from llmgw.core.reconcile import (
     replica_stale,
 )
 from llmgw.core.security import engine_key
-from llmgw.store.errors import LeaseFenced
+from llmgw.store.errors import LeaseFenced, StoreError
 from llmgw.store.records import ReplicaRecord
 
 log = logging.getLogger("llmgw.controller.reconcile")
 
 STOP_RETRY_S = 5.0
+PASS_RETRY_S = 1.0  # after a failed pass, the next one this soon (unless the error says when)
+PASS_RETRY_MAX_S = 30.0  # and never later than this, whatever it says
 DEMAND_FRESH_S = 60.0  # a router's demand for an on-demand model, before a replica exists, counts this long
 DRAIN_POLL_S = 0.1  # how often a drain looks at the routers' load reports for the replica's last request
 
@@ -79,18 +82,29 @@ class Reconciler:
 
     async def run(self) -> None:
         c = self.c
+        failing = Outage(log, "a reconcile pass")
         while True:
             try:
                 wake = await self.pass_once()
-            except Exception:  # a bug in one pass must not end reconciling; the next pass starts afresh
-                log.exception("reconcile pass failed; retrying in 1s")
+                failing.recovered()
+            except TransientError as exc:  # the store did not answer: retried when the raiser says
+                wake = retry_after(exc, default=PASS_RETRY_S, most=PASS_RETRY_MAX_S)
+                failing.failed(exc, wake)
                 c.metrics.reconcile_errors.inc()
-                wake = 1.0
-            with contextlib.suppress(TimeoutError):
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races the event
-                async with asyncio.timeout(wake):
-                    await c.changed.wait()
-            c.changed.clear()
+            except Exception as exc:  # a bug in one pass must not end reconciling; the next starts afresh
+                wake = PASS_RETRY_S
+                failing.failed(exc, wake)
+                c.metrics.reconcile_errors.inc()
+            await self._wait_for_change(wake)
+
+    async def _wait_for_change(self, seconds: float) -> None:
+        """Until a change is notified, at most `seconds` (the next timed pass)."""
+        c = self.c
+        with contextlib.suppress(TimeoutError):
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races the event
+            async with asyncio.timeout(seconds):
+                await c.changed.wait()
+        c.changed.clear()
 
     async def pass_once(self) -> float:
         """One pass; returns seconds until the next timed pass."""
@@ -213,7 +227,7 @@ class Reconciler:
         try:
             await load_capacities(self.c.store, self.c.desired, self.c.fleet)
             self.capacities_loaded = True
-        except Exception as exc:  # the store is down: slots are assumed meanwhile, tried again next pass
+        except StoreError as exc:  # the store is down: slots are assumed meanwhile, tried again next pass
             if not self.capacities_warned:
                 self.capacities_warned = True
                 log.warning("measured capacities not read from the store yet (slots assumed): %s", exc)
@@ -471,7 +485,7 @@ class Reconciler:
             await c.store.delete_replica(rec.id, fence=c.fence())
         except LeaseFenced as exc:
             c.fenced_out(exc)
-        except Exception as exc:
+        except StoreError as exc:
             log.warning("could not delete replica %s from the store: %s", rec.id, exc)
 
     # ---------------------------------------------------------------------------------- adoption
@@ -554,7 +568,7 @@ class Reconciler:
                     inventory = link.inventory.model_dump(mode="json", by_alias=True)
                     await c.store.upsert_node(name, link.state, inventory, c.wall())
                     record.stored_state = link.state
-                except Exception as exc:
+                except StoreError as exc:
                     log.warning("could not record node %s in the store: %s", name, exc)
         stored = self.c.worker_state.stored_states
         for rec in list(self.c.replicas.values()):
@@ -583,7 +597,7 @@ class Reconciler:
             c.worker_state.stored_states[rec.id] = (state, rec.restart)
         except LeaseFenced as exc:
             c.fenced_out(exc)
-        except Exception as exc:
+        except StoreError as exc:
             log.warning("could not record replica %s in the store: %s", rec.id, exc)
 
 

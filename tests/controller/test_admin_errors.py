@@ -1,4 +1,4 @@
-"""The admin API's one edge for llmgw errors (admin.json_errors): what no handler answered becomes a JSON error
+"""The admin API's one edge for llmgw errors (guard.json_errors): what no handler answered becomes a JSON error
 with the status it means; a traceback reaches only the log."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from llmgw.controller.api import admin
+from llmgw.controller.api import guard
 from llmgw.core.errors import LlmgwError
 from llmgw.store import StoreError, StoreUnavailable
 
@@ -63,7 +63,7 @@ def _raising(exc: BaseException) -> Callable[[web.Request], Awaitable[web.Respon
 async def test_an_error_no_handler_answered_is_json_with_its_status(
     raised: BaseException, status: int, message: str, retry_after: str | None
 ) -> None:
-    app = web.Application(middlewares=[admin.json_errors])
+    app = web.Application(middlewares=[guard.json_errors])
     app.router.add_get("/api/v1/thing", _raising(raised))
     async with TestClient(TestServer(app)) as client:
         response = await client.get("/api/v1/thing")

@@ -315,14 +315,21 @@ async def test_admission_queue_full_is_429_with_retry_after(sims: list[SimProces
     try:
         async with aiohttp.ClientSession() as s:
             headers = {"Authorization": f"Bearer {KEY_P1}"}
-            long = {"model": "sim-chat", "messages": [{"role": "user", "content": "x"}], "max_tokens": 400}
+            # The sim ends an answer by itself (a stop) after a few words: ignore_eos holds the first one for
+            # its 2,000 tokens (2 s at 1 ms each), so it is in flight while the second is refused.
+            long = {
+                "model": "sim-chat",
+                "messages": [{"role": "user", "content": "x"}],
+                "max_tokens": 2000,
+                "ignore_eos": True,
+            }
             first = asyncio.create_task(s.post(url + "/v1/chat/completions", json=long, headers=headers))
             await wait_for(
                 lambda: router.table is not None and router.table.endpoints["sim-chat"][0].inflight == 1,
                 30,
                 "the first request in flight",
             )
-            short = dict(long, max_tokens=1)
+            short = dict(long, max_tokens=1, ignore_eos=False)
             async with s.post(url + "/v1/chat/completions", json=short, headers=headers) as r:
                 assert r.status == 429
                 assert (await r.json())["error"]["code"] == "queue_full"

@@ -110,7 +110,14 @@ async def test_a_dropped_replica_is_listed_until_its_last_request_ends(slow_sims
     router, listeners, _ = await start_router(snap)
     url = f"http://127.0.0.1:{listeners.api_port}/v1/chat/completions"
     headers = {"Authorization": f"Bearer {KEY_P1}"}
-    body = {"model": "sim-chat", "messages": [{"role": "user", "content": "x"}], "max_tokens": 60}
+    # ignore_eos: the sim would end the answer by itself after a few words (tens of ms on the fast sim); all
+    # 200 tokens keep it in flight while the snapshot drops its replica.
+    body = {
+        "model": "sim-chat",
+        "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": 200,
+        "ignore_eos": True,
+    }
     try:
         async with aiohttp.ClientSession() as s:
             call = asyncio.create_task(s.post(url, json=body, headers=headers))

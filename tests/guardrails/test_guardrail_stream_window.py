@@ -96,3 +96,16 @@ async def test_warn_is_recorded_once_and_the_stream_goes_on() -> None:
     assert client.sent.count(b"theta") == 2 and client.ended
     assert [v.action for v in counted] == ["warn"]
     assert stream.verdict is not None and stream.verdict.record()["rules"] == ["g/keyword"]
+
+
+async def test_events_coalesced_in_one_write_before_the_one_that_trips_reach_the_client() -> None:
+    # A busy upstream's reads coalesce: the events before the tripping one are the client's however they came.
+    client = Client()
+    stream = GuardedStream(client, (guard("block"),), [].append)
+    with pytest.raises(GuardCut):
+        await stream.write(event("beta") + event(" gamma") + event(" alpha theta") + event(" iota"), 1.0)
+    text = client.sent.decode()
+    assert "beta" in text and "gamma" in text  # sent before the cut
+    assert "theta" not in text and "iota" not in text  # the event that tripped, and what came after it
+    events = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "guardrail_blocked"

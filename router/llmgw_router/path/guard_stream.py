@@ -60,6 +60,16 @@ class GuardedStream(WrappedExchange):
             self.inner.start_stream(status, headers)
 
     async def write(self, chunk: bytes, limit_s: float) -> None:
+        events = sse.split(chunk)
+        if len(events) == 1:
+            await self._write_event(chunk, limit_s)
+            return
+        # Several events in one write (a busy upstream's reads coalesce): screened one by one, so the events
+        # before the one that trips reach the client whatever the chunking, as they do when they come apart.
+        for event in events:
+            await self._write_event(event, limit_s)
+
+    async def _write_event(self, chunk: bytes, limit_s: float) -> None:
         blocked = self._screen(chunk)
         if blocked:
             await self._release(limit_s)

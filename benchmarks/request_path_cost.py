@@ -192,6 +192,8 @@ class FakeExchange:
     method = "POST"
     path = "/v1/chat/completions"
 
+    surface: Any = None  # the client's request as it came (exchange.AS_SENT), set where the router is loaded
+
     def __init__(self, body: bytes, headers: Any) -> None:
         self.headers = headers
         self._body = body
@@ -374,6 +376,9 @@ async def _assemble(stack: contextlib.AsyncExitStack, dsn: str, work: Path) -> t
     from llmgw_router.path.auth import Authenticator, StoreKeys
     from llmgw_router.path.ratelimit import TenantLimiter
     from llmgw_router.path.service import RequestService
+    from llmgw_router.server.exchange import AS_SENT
+
+    FakeExchange.surface = AS_SENT
 
     from llmgw.store.limits.limiter import PoolLimiter
     from llmgw.store.limits.slots import PooledSlots

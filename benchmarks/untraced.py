@@ -23,7 +23,11 @@ from pathlib import Path
 __all__ = ["HOOKED_FILES", "StripError", "strip_source", "untraced_tree"]
 
 # The files the hooks live in, relative to the repository root.
-HOOKED_FILES = ("router/llmgw_router/path/service.py", "router/llmgw_router/path/accounting.py")
+HOOKED_FILES = (
+    "router/llmgw_router/path/service.py",
+    "router/llmgw_router/path/accounting.py",
+    "router/llmgw_router/path/upstream_call.py",
+)
 _HOOK_NAMES = {"tracer", "trace", "traceparent"}
 
 

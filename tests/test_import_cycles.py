@@ -1,9 +1,8 @@
 """No import circle among the project's own modules: every import counts, `TYPE_CHECKING` and function-local ones
 too (import-linter's contracts see the arrows between floors and rooms; a circle inside one room is this test's).
 
-The router and the controller hold none now. Outside them, the circles that stand today are listed by name until
-their issues cut them: a new one fails, and so does a listed one that is gone, so the
-list only shrinks, and the whole house is held the day it is empty.
+The whole house holds none (issue 40 cut the last ones, in the controller and the core): the router, the
+controller, the core, the CLI, the store, the adapters and the agent are held alike.
 """
 
 from __future__ import annotations
@@ -19,9 +18,6 @@ PACKAGES = {
     "llmgw_router": ROOT / "router" / "llmgw_router",
     "llmgw_agent": ROOT / "agent" / "llmgw_agent",
 }
-
-# Standing circles outside the router, each cut by its own issue; remove an entry when its circle is gone.
-KNOWN_OUTSIDE_ROUTER: set[frozenset[str]] = set()
 
 
 def _modules() -> dict[str, Path]:
@@ -125,16 +121,6 @@ def test_a_circle_is_found_and_named() -> None:
     assert _circles(graph) == [frozenset({"a", "b", "c"})]
 
 
-def test_the_router_has_no_import_circle() -> None:
-    circles = [sorted(c) for c in _circles(_graph()) if any(m.startswith("llmgw_router") for m in c)]
-    assert circles == [], (
-        f"import circles in the router (TYPE_CHECKING and function-local imports count): {circles}"
-    )
-
-
-def test_no_new_import_circle_outside_the_router_and_none_listed_is_gone() -> None:
-    found = {c for c in _circles(_graph()) if not any(m.startswith("llmgw_router") for m in c)}
-    new = [sorted(c) for c in found - KNOWN_OUTSIDE_ROUTER]
-    gone = [sorted(c) for c in KNOWN_OUTSIDE_ROUTER - found]
-    assert new == [], f"new import circles: {new}"
-    assert gone == [], f"these circles are gone: take them off KNOWN_OUTSIDE_ROUTER: {gone}"
+def test_no_import_circle_among_the_projects_modules() -> None:
+    circles = sorted(sorted(c) for c in _circles(_graph()))
+    assert circles == [], f"import circles (TYPE_CHECKING and function-local imports count): {circles}"

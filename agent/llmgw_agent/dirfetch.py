@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,8 +51,10 @@ DEFAULT_PARALLEL = 4
 MAX_MANIFEST_BYTES = 64 * 1024 * 1024
 # The headers a mirror request to this URL carries (the agent's hub token, to its controller's mirror only).
 Headers = Callable[[str], dict[str, str]]
-# One fetch per directory at a time on this agent: two replicas of one model share the staging directory.
-_LOCKS: dict[str, asyncio.Lock] = {}
+# One fetch per directory at a time on this agent: two replicas of one model share the staging directory. Held
+# weakly: a lock lives while a fetch of its directory holds it (or waits for it), so the table holds the
+# directories being fetched now, never every directory this agent has fetched.
+_LOCKS: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
 
 DIRECTORY_PREFIX = "dir-"  # a directory source's root in the cache: dir-<24 hex>/{staging,model}

@@ -26,7 +26,7 @@ class SpecError(ValueError):
 
 
 @dataclass(frozen=True)
-class MetricMapping:
+class EngineMetrics:
     """Prometheus sample names an engine serves. Running and waiting are mandatory; the rest may be None.
 
     `kv_usage` is a 0..1 ratio; `kv_usage_alternatives` are older names tried in order when the first is
@@ -474,8 +474,8 @@ def _trtllm_plan(spec: ShardSpec, ctx: LaunchContext) -> LaunchPlan:
 
 # ---------------- registry ----------------
 
-_MAPPINGS: dict[str, MetricMapping] = {
-    "sim": MetricMapping(
+_MAPPINGS: dict[str, EngineMetrics] = {
+    "sim": EngineMetrics(
         "/metrics",
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -483,7 +483,7 @@ _MAPPINGS: dict[str, MetricMapping] = {
         "vllm:prompt_tokens_total",
         "vllm:generation_tokens_total",
     ),
-    "llamacpp": MetricMapping(
+    "llamacpp": EngineMetrics(
         "/metrics",
         "llamacpp:requests_processing",
         "llamacpp:requests_deferred",
@@ -492,7 +492,7 @@ _MAPPINGS: dict[str, MetricMapping] = {
         "llamacpp:tokens_predicted_total",
         metrics_needs_key=True,
     ),
-    "vllm": MetricMapping(
+    "vllm": EngineMetrics(
         "/metrics",
         "vllm:num_requests_running",
         "vllm:num_requests_waiting",
@@ -501,7 +501,7 @@ _MAPPINGS: dict[str, MetricMapping] = {
         "vllm:generation_tokens_total",
         kv_usage_alternatives=("vllm:gpu_cache_usage_perc",),
     ),
-    "sglang": MetricMapping(
+    "sglang": EngineMetrics(
         "/metrics",
         "sglang:num_running_reqs",
         "sglang:num_queue_reqs",
@@ -509,7 +509,7 @@ _MAPPINGS: dict[str, MetricMapping] = {
         "sglang:prompt_tokens_total",
         "sglang:generation_tokens_total",
     ),
-    "trtllm": MetricMapping(
+    "trtllm": EngineMetrics(
         "/prometheus/metrics",
         "trtllm_num_requests_running",
         "trtllm_num_requests_waiting",
@@ -535,7 +535,7 @@ EXECUTABLES: dict[str, tuple[str, ...]] = {
 }
 
 
-def metric_mapping(engine: str) -> MetricMapping:
+def metric_mapping(engine: str) -> EngineMetrics:
     """The metric names `engine` serves; raises KeyError naming the known engines."""
     try:
         return _MAPPINGS[engine]

@@ -326,9 +326,13 @@ class EngineRegistry:
             kind: ConditionType = exc.kind if isinstance(exc, _Stage) else "EngineProbeFailed"
             log.warning("engine %s %s: %s", engine, order.version or "", exc)
             self.conditions[engine] = NodeCondition(
-                type=kind, engine=engine, version=order.version, message=str(exc), tail=exc.tail,
+                type=kind,
+                engine=engine,
+                version=order.version,
+                message=str(exc),
+                tail=exc.tail,
                 since=time.time(),
-            )  # fmt: skip
+            )
             return None
         if engine in self.conditions:
             log.info("engine %s %s: now installed and probed", engine, order.version or "")
@@ -348,10 +352,12 @@ class EngineRegistry:
         if what is None:
             raise _Stage("EngineInstallFailed", f"the {order.engine} order names no way to obtain it")
         self.conditions[order.engine] = NodeCondition(
-            type="EngineInstalling", engine=order.engine, version=order.version,
+            type="EngineInstalling",
+            engine=order.engine,
+            version=order.version,
             message=f"installing {order.engine} {order.version or ''} from its {what}".replace("  ", " "),
             since=time.time(),
-        )  # fmt: skip
+        )
         self.on_change()
         shutil.rmtree(target, ignore_errors=True)  # a half-finished earlier attempt
         target.mkdir(parents=True)

@@ -40,10 +40,25 @@ SHARED_FSTYPE_PREFIXES = ("fuse.", "9p")
 # CPU features an engine build may need (`requires.cpu_flags`): vector and matrix extensions, as cpuinfo names them.
 CPU_FLAGS_REPORTED = frozenset(
     {
-        "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni",
-        "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2",
+        "sse4_2",
+        "avx",
+        "avx2",
+        "fma",
+        "f16c",
+        "avx512f",
+        "avx512bw",
+        "avx512vl",
+        "avx512_vnni",
+        "avx512_bf16",
+        "avx_vnni",
+        "amx_tile",
+        "amx_bf16",
+        "amx_int8",
+        "asimd",
+        "sve",
+        "sve2",
     }
-)  # fmt: skip
+)
 _UNREPORTED = {"[n/a]", "[not supported]", "n/a", "[unknown error]", ""}
 
 

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from llmgw_agent import daemon, sim
+    from llmgw_agent import daemon, sim_cli
 
     parser = argparse.ArgumentParser(prog="llmgw-agent", description="llmgw node agent")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the agent daemon")
     daemon.add_arguments(run)
-    sim.build_parser(sub.add_parser("sim-engine", help="run the simulated OpenAI-compatible engine"))
+    sim_cli.build_parser(sub.add_parser("sim-engine", help="run the simulated OpenAI-compatible engine"))
     return parser
 
 

@@ -122,28 +122,74 @@ _FORBIDDEN_PREFIXES: tuple[tuple[str, str], ...] = (
 # VLLM_TRACE_FUNCTION).
 REFUSED_WORDS = frozenset(
     {
-        "PATH", "DIR", "FILE", "ROOT", "CACHE", "LIB", "SO", "PLUGIN", "PLUGINS", "PRELOAD", "CONFIG",
-        "MODULE", "HOST", "IP", "PORT", "ADDR", "ADDRESS", "URL", "URI", "ENDPOINT", "IFNAME", "SERVER", "ID",
-        "TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "CREDENTIALS", "AUTH",
-        "ALLOW", "ALLOWED", "DEV", "UNSAFE", "INSECURE", "TRUST",
-        "LOG", "LOGS", "LOGGING", "TRACE", "TRACING",
+        "PATH",
+        "DIR",
+        "FILE",
+        "ROOT",
+        "CACHE",
+        "LIB",
+        "SO",
+        "PLUGIN",
+        "PLUGINS",
+        "PRELOAD",
+        "CONFIG",
+        "MODULE",
+        "HOST",
+        "IP",
+        "PORT",
+        "ADDR",
+        "ADDRESS",
+        "URL",
+        "URI",
+        "ENDPOINT",
+        "IFNAME",
+        "SERVER",
+        "ID",
+        "TOKEN",
+        "SECRET",
+        "KEY",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIALS",
+        "AUTH",
+        "ALLOW",
+        "ALLOWED",
+        "DEV",
+        "UNSAFE",
+        "INSECURE",
+        "TRUST",
+        "LOG",
+        "LOGS",
+        "LOGGING",
+        "TRACE",
+        "TRACING",
     }
-)  # fmt: skip
+)
 _SECRET_WORDS = frozenset({"TOKEN", "SECRET", "KEY", "PASSWORD", "PASSWD", "CREDENTIALS", "AUTH"})
 # Exact names every engine takes: thread counts and offline switches (no path but HF_HOME, the Hugging Face
 # cache the engine may write to).
 _COMMON_ENV = frozenset(
     {
-        "OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-        "TOKENIZERS_PARALLELISM", "TZ",
+        "OMP_NUM_THREADS",
+        "OMP_PROC_BIND",
+        "OMP_PLACES",
+        "MKL_NUM_THREADS",
+        "OPENBLAS_NUM_THREADS",
+        "TOKENIZERS_PARALLELISM",
+        "TZ",
     }
-)  # fmt: skip
+)
 _HF_ENV = frozenset(
     {
-        "HF_HOME", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "HF_HUB_DISABLE_TELEMETRY",
-        "HF_HUB_ENABLE_HF_TRANSFER", "HF_HUB_DOWNLOAD_TIMEOUT",
+        "HF_HOME",
+        "HF_HUB_OFFLINE",
+        "TRANSFORMERS_OFFLINE",
+        "HF_DATASETS_OFFLINE",
+        "HF_HUB_DISABLE_TELEMETRY",
+        "HF_HUB_ENABLE_HF_TRANSFER",
+        "HF_HUB_DOWNLOAD_TIMEOUT",
     }
-)  # fmt: skip
+)
 _TORCH_ENV = frozenset({"PYTORCH_CUDA_ALLOC_CONF", "CUDA_DEVICE_MAX_CONNECTIONS", "CUDA_MODULE_LOADING"})
 
 

@@ -13,30 +13,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import hmac
 import json
 import os
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from llmgw_agent.sim_cli import behaviour_from_args, build_parser
 from llmgw_agent.sim_events import KvEventPublisher, batch_events
 from llmgw_agent.sim_model import (
     ErrorPacer,
     LatencyConfig,
     PrefixCache,
-    Timing,
     ToolCall,
     answer_length,
     canned_answer,
     embedding,
     output_tokens,
-    parse_answers,
     plan_timing,
     relevance,
     response_schema,
@@ -45,95 +42,18 @@ from llmgw_agent.sim_model import (
     tool_calls,
 )
 
+# Behaviour and Work are built by the sim's callers (tests, evals) beside SimEngine: named here too.
+from llmgw_agent.sim_parts import (
+    Behaviour as Behaviour,
+    FifoSlots,
+    SimStats,
+    Work as Work,
+    openai_error,
+    tool_call_obj,
+)
+
 OWNED_BY = "llmgw-sim"
 SIM_INFO_HEADER = "X-Llmgw-Sim-Info"  # a request carrying it gets the `llmgw_sim` timing field in its body
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
-
-
-def openai_error(status: int, message: str, type_: str, code: str | None = None) -> web.Response:
-    body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
-    return web.json_response(body, status=status)
-
-
-@dataclass
-class SimStats:
-    running: int = 0
-    kv_tokens: int = 0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    requests_finished: int = 0
-    ttft_counts: list[int] = field(default_factory=lambda: [0] * len(TTFT_BUCKETS))
-    ttft_sum: float = 0.0
-    ttft_count: int = 0
-
-    def observe_ttft(self, seconds: float) -> None:
-        for i, bound in enumerate(TTFT_BUCKETS):
-            if seconds <= bound:
-                self.ttft_counts[i] += 1
-        self.ttft_sum += seconds
-        self.ttft_count += 1
-
-
-class FifoSlots:
-    """At most `limit` holders; waiters are admitted strictly in arrival order."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.held = 0
-        self._queue: collections.deque[asyncio.Future[None]] = collections.deque()
-
-    @property
-    def waiting(self) -> int:
-        return len(self._queue)
-
-    async def acquire(self) -> None:
-        if self.held < self.limit and not self._queue:
-            self.held += 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append(fut)
-        try:
-            await fut
-        except asyncio.CancelledError:
-            if fut in self._queue:
-                self._queue.remove(fut)
-            elif fut.done() and not fut.cancelled():
-                self.release()  # admitted and cancelled at once: hand the slot on
-            raise
-
-    def release(self) -> None:
-        while self._queue:
-            fut = self._queue.popleft()
-            if not fut.done():
-                fut.set_result(None)  # the slot passes straight to the next waiter
-                return
-        self.held -= 1
-
-
-@dataclass
-class Work:
-    prompt: list[str]
-    max_tokens: int  # the longest answer it may get: what it holds of the KV cache
-    timing: Timing | None = None
-    queue_ms: float = 0.0
-    started: float = 0.0
-    salt: str | None = None  # vLLM's cache_salt: an extra key of the first block's hash
-    token_due: float = 0.0  # when the next decoded token is due on the engine's own clock (see decode_one)
-
-
-PROBES = ("tools", "response_format", "stream_usage")
-
-
-@dataclass(frozen=True)
-class Behaviour:
-    """What the sim gets right or wrong on purpose, for canaries, evals and model checks to find:
-    `error_rate` of the chat/completion requests answered 503; `answers` (key, text): a chat whose last
-    message contains key is answered text; `fail_probes`: tools answered in words, response_format
-    ignored, stream usage never sent."""
-
-    error_rate: float = 0.0
-    answers: tuple[tuple[str, str], ...] = ()
-    fail_probes: frozenset[str] = frozenset()
 
 
 class SimEngine:
@@ -371,7 +291,7 @@ class SimEngine:
             choice, obj, prefix = {"index": 0, "text": text}, "text_completion", "cmpl-"
         choice["finish_reason"] = finish
         if calls:
-            tool_objs = [_tool_call_obj(c) for c in calls]
+            tool_objs = [tool_call_obj(c) for c in calls]
             choice["message"] = {"role": "assistant", "content": None, "tool_calls": tool_objs}
             choice["finish_reason"] = "tool_calls"
         if chat:
@@ -469,7 +389,7 @@ class SimEngine:
     async def _stream_tool_call(self, send: Any, index: int, call: ToolCall, work: Work) -> int:
         """A tool call as OpenAI streams one (the `index`-th of the answer's): the id and name first, then the
         arguments word by word."""
-        head = _tool_call_obj((call[0], call[1], ""))
+        head = tool_call_obj((call[0], call[1], ""))
         await send([{"index": 0, "delta": {"tool_calls": [{"index": index, **head}]}, "finish_reason": None}])
         pieces = call[2].split(" ")
         for i, piece in enumerate(pieces):
@@ -615,13 +535,7 @@ class SimEngine:
             "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", self.cache.hits_tokens
         )
         family("vllm:request_success_total", "counter", "Count of finished requests.", s.requests_finished)
-        name = "vllm:time_to_first_token_seconds"
-        lines += [f"# HELP {name} Histogram of time to first token in seconds.", f"# TYPE {name} histogram"]
-        for bound, count in zip(TTFT_BUCKETS, s.ttft_counts, strict=True):
-            lines.append(f'{name}_bucket{{{labels},le="{bound}"}} {float(count)!r}')
-        lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {float(s.ttft_count)!r}')
-        lines.append(f"{name}_count{{{labels}}} {float(s.ttft_count)!r}")
-        lines.append(f"{name}_sum{{{labels}}} {s.ttft_sum!r}")
+        lines += s.ttft_histogram(labels)
         return "\n".join(lines) + "\n"
 
     def app(self) -> web.Application:
@@ -636,86 +550,6 @@ class SimEngine:
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/metrics", self.metrics)
         return app
-
-
-def _tool_call_obj(call: ToolCall) -> dict[str, Any]:
-    return {"id": call[0], "type": "function", "function": {"name": call[1], "arguments": call[2]}}
-
-
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="llmgw-agent sim-engine", description=__doc__)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
-    p.add_argument("--model", required=True, help="the model name it serves")
-    p.add_argument(
-        "--api-key-env", default="VLLM_API_KEY", help="environment variable holding the key (unset: no key)"
-    )
-    p.add_argument("--prefill-ms-per-token", type=float, default=1.0)
-    p.add_argument("--decode-ms-per-token", type=float, default=10.0)
-    p.add_argument("--max-concurrency", type=int, default=4)
-    p.add_argument(
-        "--prefix-cache", type=int, default=4096, help="cache capacity in blocks (0: no prefix cache)"
-    )
-    p.add_argument("--block-size", type=int, default=16, help="tokens per prefix-cache block")
-    p.add_argument("--kv-capacity-tokens", type=int, default=65536)
-    p.add_argument(
-        "--kv-events-port",
-        type=int,
-        help="publish KV-cache events (vLLM's ZMQ format) on this port of --kv-events-host (unset: none)",
-    )
-    p.add_argument(
-        "--kv-events-host",
-        default="127.0.0.1",
-        help="the address the KV-event publisher binds (default 127.0.0.1: it has no authentication, and the "
-        "agent's pass-through relays it to key holders)",
-    )
-    p.add_argument("--hash-seed", default="0", help="the block hashes' root, as vLLM's PYTHONHASHSEED")
-    p.add_argument(
-        "--max-tokens-default",
-        type=int,
-        default=16,
-        help="an answer's own length when the client sets no max_tokens (it then ends with `stop`)",
-    )
-    p.add_argument(
-        "--context-length",
-        type=int,
-        default=None,
-        help="prompt plus answer at most: a longer prompt is refused, a longer answer cut (`length`)",
-    )
-    p.add_argument(
-        "--judge-unsafe",
-        action="append",
-        default=None,
-        metavar="WORD=S1,S9",
-        help="answer completions as a Llama Guard 3 judge: unsafe (with these categories) when the judged "
-        "conversation contains WORD, else safe; repeatable",
-    )
-    p.add_argument(
-        "--load-ms",
-        type=float,
-        default=0.0,
-        help="declared load time: the port is opened only after this long, as an engine loading weights",
-    )
-    p.add_argument("--error-rate", type=float, default=0.0, help="fraction of requests answered 503 (0..1)")
-    p.add_argument("--answers", default="", help="key=answer;...: a chat whose last message contains key")
-    p.add_argument(
-        "--fail-probes", default="", help=f"comma-separated probes to fail on purpose: {', '.join(PROBES)}"
-    )
-    return p
-
-
-def behaviour_from_args(ns: argparse.Namespace) -> Behaviour:
-    if not 0 <= ns.error_rate <= 1:
-        raise SystemExit("--error-rate must be between 0 and 1")
-    probes = frozenset(p.strip() for p in ns.fail_probes.split(",") if p.strip())
-    unknown = sorted(probes - set(PROBES))
-    if unknown:
-        raise SystemExit(f"--fail-probes: unknown probe(s) {', '.join(unknown)}; known: {', '.join(PROBES)}")
-    try:
-        answers = parse_answers(ns.answers)
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
-    return Behaviour(ns.error_rate, answers, probes)
 
 
 def engine_from_args(ns: argparse.Namespace) -> SimEngine:

@@ -15,14 +15,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +27,17 @@ import aiohttp
 
 from llmgw_agent import compute, dirfetch, engine_memory, engines, redact, repo_rules, weights
 from llmgw_agent.cache_index import INDEX_FILE, WeightsIndex
+from llmgw_agent.engine_process import (
+    OUTPUT_FILE,
+    OUTPUT_LINES,
+    describe_exit,
+    engine_environment,
+    group_alive,
+    head_lines,
+    proc_environ,
+    proc_start_time,
+    redact_argv,
+)
 from llmgw_agent.kv_relay import RELAY_PATH
 from llmgw_agent.logring import LogRing, OutputTail
 from llmgw_agent.passthrough import (
@@ -41,109 +49,12 @@ from llmgw_agent.passthrough import (
     needs_passthrough,
 )
 from llmgw_agent.protocol import ShardSpec, ShardStatus
+from llmgw_agent.shards import Shard, file_tail, free_cpus, free_port, read_record, write_record
+from llmgw_agent.supervisor_config import (
+    SupervisorConfig as SupervisorConfig,  # daemon and `llmgw up` build it here
+)
 
 log = logging.getLogger(__name__)
-OUTPUT_LINES = 50
-OUTPUT_FILE = "output.log"
-
-
-def proc_start_time(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat (start time in clock ticks since boot), or None when there is no such pid."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-    fields = raw[raw.rfind(")") + 2 :].split()
-    if len(fields) < 20 or fields[0] == "Z":
-        return None  # a zombie has exited
-    return int(fields[19])
-
-
-def proc_environ(pid: int) -> dict[str, str]:
-    """The environment a process started with (/proc/PID/environ), or {} when it cannot be read."""
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.decode("utf-8", "replace").partition("=") for item in raw.split(b"\0") if item)
-    return {name: value for name, _, value in pairs}
-
-
-def group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def tail_lines(path: Path, count: int = OUTPUT_LINES) -> list[str]:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(f.tell() - 64 * 1024, 0))
-            data = f.read()
-    except FileNotFoundError:
-        return []
-    return [line.decode("utf-8", "replace") for line in data.splitlines()[-count:]]
-
-
-def head_lines(path: Path, limit_bytes: int = 256 * 1024) -> list[str]:
-    """The first lines of an output file: where engines say what they found at start."""
-    try:
-        with path.open("rb") as f:
-            data = f.read(limit_bytes)
-    except FileNotFoundError:
-        return []
-    return [line.decode("utf-8", "replace") for line in data.splitlines()]
-
-
-@dataclass
-class SupervisorConfig:
-    state_dir: Path
-    advertise_host: str
-    # The serving address routers reach: the pass-through (or, where the engine's own key covers every path and
-    # the address is loopback, the engine itself) listens here. None: the advertised address. Listening on all
-    # addresses (0.0.0.0, ::) is an explicit choice, never the default.
-    bind_host: str | None = None
-    port_range: tuple[int, int] = (20000, 20999)
-    engine_binaries: dict[str, str] = field(default_factory=dict)
-    weights_dir: Path | None = None
-    max_download_bytes: int = weights.DEFAULT_MAX_DOWNLOAD_BYTES
-    fetch_parallelism: int = dirfetch.DEFAULT_PARALLEL  # files of one directory source fetched at once
-    # The Authorization header the agent presents to a weights mirror: its own node token (re-read each time).
-    mirror_headers: Callable[[str], dict[str, str]] = dirfetch.no_headers  # url -> headers (mirror_auth)
-    ready_timeout_s: float = 600.0
-    stop_grace_s: float = 10.0
-    poll_interval_s: float = 0.5
-    output_poll_s: float = 0.25  # how often new engine output is read into the log ring
-    memory_every_s: float = 5.0  # how often each engine's memory is measured
-    nvidia_smi: str | None = None  # None: found on PATH (absent: GPU memory unknown)
-
-
-@dataclass
-class Shard:
-    spec: ShardSpec
-    status: ShardStatus
-    workdir: Path
-    health_path: str = "/health"
-    probe_url: str | None = None  # where the agent itself checks readiness (the engine's own loopback port)
-    engine_port: int | None = None  # the engine's loopback port when a pass-through fronts it
-    # Hides the engine key and secret-looking env values in the output tail (rebuilt from the spec on adoption,
-    # when the key itself is no longer known: the patterns still apply).
-    redact: Callable[[str], str] = field(default=lambda line: line)
-    output: OutputTail | None = None  # follows the output file into the log ring while the engine runs
-    pgid: int | None = None
-    start_ticks: int | None = None
-    proc: asyncio.subprocess.Process | None = None
-    task: asyncio.Task[None] | None = None
-    exited: asyncio.Event = field(default_factory=asyncio.Event)
-    stopping: bool = False
-    adapter_paths: tuple[tuple[str, str], ...] = ()  # (name, local path) of each LoRA adapter, once fetched
-    cpus: tuple[int, ...] = ()  # the cores given to an engine that binds its threads (engines.pins_cpus)
 
 
 class Supervisor:
@@ -180,7 +91,7 @@ class Supervisor:
         if shard.output is not None:
             shard.output.drain()
         lines = self.ring.tail(shard.spec.replica_id, shard.spec.shard_rank, OUTPUT_LINES)
-        return lines or _file_tail(shard)
+        return lines or file_tail(shard)
 
     def _follow_output(self, shard: Shard, *, from_end: bool) -> None:
         path = shard.workdir / OUTPUT_FILE
@@ -368,36 +279,10 @@ class Supervisor:
                 self.on_update(shard.status.model_copy())
 
     def _pick_port(self, host: str, taken: frozenset[int] = frozenset()) -> int:
-        used = {
-            p
-            for s in self.shards.values()
-            if s.status.state not in ("stopped", "failed")
-            for p in (s.status.port, s.engine_port, s.status.kv_events_port)
-            if p is not None
-        } | taken
-        lo, hi = self.cfg.port_range
-        for port in range(lo, hi + 1):
-            if port in used:
-                continue
-            with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
-                try:
-                    sock.bind((host, port))
-                except OSError:
-                    continue
-            return port
-        raise RuntimeError(f"no free port in {lo}-{hi} on {host}")
+        return free_port(self.shards.values(), self.cfg.port_range, host, taken)
 
     def _pick_cpus(self, shard: Shard) -> tuple[int, ...]:
-        """The shard's cores (its profile's cpu_cores, else one): the node's usable cores the fewest live
-        shards hold. Without this two vLLM replicas bind the same core (vLLM's `auto` takes core 0 on every
-        one of them)."""
-        in_use = [
-            core
-            for s in self.shards.values()
-            if s is not shard and s.status.state not in ("stopped", "failed")
-            for core in s.cpus
-        ]
-        return engines.pick_cpus(sorted(os.sched_getaffinity(0)), in_use, shard.spec.cpu_cores or 1)
+        return free_cpus(self.shards.values(), shard)
 
     def _kv_events(self, shard: Shard, fronted: bool) -> tuple[str, int] | None:
         """Where the engine's KV-event publisher binds: 127.0.0.1 only, on a port of its own (the events carry
@@ -412,12 +297,17 @@ class Supervisor:
         shard.status.kv_events_path = RELAY_PATH
         return ENGINE_HOST, shard.status.kv_events_port
 
-    async def _launch(self, shard: Shard, model_path: str | None) -> None:
+    def _launch_context(
+        self, shard: Shard, model_path: str | None
+    ) -> tuple[engines.LaunchContext, ShardSpec, bool, int]:
+        """Where and how the engine runs: its context (address, port, cores, adapters, KV events), the spec it
+        is launched with, whether a pass-through fronts it, and the serving port. Ports and cores are claimed
+        here, before any await, so a concurrent start picks others."""
         spec = shard.spec
         serving = self.serving_host
         fronted = needs_passthrough(spec.engine, serving)
         port = self._pick_port(serving)
-        shard.status.port = port  # claimed before the next await, so a concurrent start picks another
+        shard.status.port = port
         if fronted:
             shard.engine_port = self._pick_port(ENGINE_HOST, frozenset({port}))
             # The pass-through is the key check for every path; an argv-only key would only leak through /proc.
@@ -427,10 +317,16 @@ class Supervisor:
             launch_spec = spec
             ctx = self._context(spec, port, model_path, host=serving)
         if engines.pins_cpus(spec):
-            shard.cpus = self._pick_cpus(shard)  # before the next await, as the port
+            shard.cpus = self._pick_cpus(shard)
         ctx = dataclasses.replace(
             ctx, adapters=shard.adapter_paths, kv_events=self._kv_events(shard, fronted), cpus=shard.cpus
         )
+        return ctx, launch_spec, fronted, port
+
+    async def _launch(self, shard: Shard, model_path: str | None) -> None:
+        spec = shard.spec
+        serving = self.serving_host
+        ctx, launch_spec, fronted, port = self._launch_context(shard, model_path)
         plan = engines.launch_plan(launch_spec, ctx)
         argv, front_env = plan.argv, {}
         if fronted:
@@ -449,7 +345,7 @@ class Supervisor:
         engines.check_path_args(spec, shard.workdir, self._cache_dir())  # again: a symlink may have appeared
         env = engine_environment(spec, {**plan.env, **front_env})
         shard.redact = redact.redactor(redact.secret_values({**os.environ, **env}, extra=[spec.api_key]))
-        log.info("starting shard %s: %s", spec.shard_id, " ".join(_redact(argv, spec.api_key)))
+        log.info("starting shard %s: %s", spec.shard_id, " ".join(redact_argv(argv, spec.api_key)))
         with (shard.workdir / OUTPUT_FILE).open("wb") as out:
             shard.proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -549,7 +445,7 @@ class Supervisor:
         key = (shard.spec.model, shard.spec.engine)
         self.engine_exits[key] = self.engine_exits.get(key, 0) + 1
         self._kill_leftovers(shard)
-        how = "exit status unknown (adopted process)" if code is None else _describe(code)
+        how = "exit status unknown (adopted process)" if code is None else describe_exit(code)
         self._set(
             shard, state="failed", exit_code=code, last_output_lines=lines, message=f"engine exited: {how}"
         )
@@ -634,25 +530,7 @@ class Supervisor:
         return self.cfg.state_dir / "shards" / f"{shard_id}.json"
 
     def _persist(self, shard: Shard) -> None:
-        record = {
-            "spec": shard.spec.model_dump(
-                mode="json", exclude={"api_key"}
-            ),  # the key is never written to disk
-            "status": shard.status.model_dump(mode="json", exclude={"last_output_lines"}),
-            "pid": shard.status.pid,
-            "pgid": shard.pgid,
-            "start_ticks": shard.start_ticks,
-            "port": shard.status.port,
-            "health_path": shard.health_path,
-            "probe_url": shard.probe_url,
-            "engine_port": shard.engine_port,
-            "cpus": list(shard.cpus),
-            "started_at": shard.status.started_at,
-        }
-        path = self._state_file(shard.spec.shard_id)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record, indent=1))
-        os.replace(tmp, path)
+        write_record(self._state_file(shard.spec.shard_id), shard)
 
     def _forget(self, shard: Shard) -> None:
         self._state_file(shard.spec.shard_id).unlink(missing_ok=True)
@@ -663,13 +541,11 @@ class Supervisor:
         adopted: list[ShardStatus] = []
         for path in sorted((self.cfg.state_dir / "shards").glob("*.json")):
             try:
-                record = json.loads(path.read_text())
-                spec = ShardSpec.model_validate(record["spec"])
-                status = ShardStatus.model_validate(record["status"])
-                pid, ticks = int(record["pid"]), record["start_ticks"]
-            except (ValueError, KeyError, TypeError) as exc:
+                record = read_record(path)
+            except ValueError as exc:
                 log.warning("ignoring unreadable shard state %s: %s", path, exc)
                 continue
+            spec, status, pid, ticks = record.spec, record.status, record.pid, record.start_ticks
             problem = repo_rules.replica_id_problem(spec.replica_id)
             if problem:  # written by an agent that predates the check: its work dir may be anywhere
                 log.warning("ignoring shard state %s: %s", path, problem)
@@ -678,19 +554,10 @@ class Supervisor:
                 log.info("shard %s: pid %s is gone or is another process; not adopting", spec.shard_id, pid)
                 path.unlink(missing_ok=True)
                 continue
-            shard = Shard(spec, status, self.cfg.state_dir / "work" / spec.shard_id)
-            shard.pgid, shard.start_ticks = record.get("pgid") or pid, ticks
+            shard = record.shard(self.cfg.state_dir / "work" / spec.shard_id)
             # The key is not in the state file; the engine's own environment still holds it (same user).
             shard.redact = redact.redactor(redact.secret_values(os.environ, spec.env, proc_environ(pid)))
             self._follow_output(shard, from_end=True)
-            shard.health_path = record.get("health_path", "/health")
-            shard.probe_url = record.get("probe_url")
-            shard.engine_port = record.get("engine_port")
-            shard.cpus = tuple(int(c) for c in record.get("cpus") or ())
-            shard.status.message = "adopted after agent restart"
-            shard.status.gpus = list(
-                spec.gpus
-            )  # a record written before statuses carried them has the spec's
             self.shards[spec.shard_id] = shard
             self.engine_exits.setdefault((spec.model, spec.engine), 0)
             shard.task = asyncio.create_task(self._watch_adopted(shard), name=f"adopted-{spec.shard_id}")
@@ -727,41 +594,3 @@ class Supervisor:
     async def stop_all(self) -> None:
         for shard in list(self.shards.values()):
             await self._stop_one(shard)
-
-
-def _file_tail(shard: Shard) -> list[str]:
-    return [shard.redact(line) for line in tail_lines(shard.workdir / OUTPUT_FILE)]
-
-
-# What an engine inherits from the agent: enough to find executables and decode text, nothing else (the agent's
-# own environment may hold its token path, proxies or a PYTHONPATH that is nobody else's business).
-_INHERITED = ("PATH", "LANG", "LC_ALL")
-
-
-def engine_environment(spec: ShardSpec, own: dict[str, str]) -> dict[str, str]:
-    """The environment an engine starts with: the inherited minimum, the profile's env filtered again through
-    the allowlist `llmgw validate` applies (a spec may come from a controller that did not), then what the
-    agent sets itself (key, GPUs), which no profile can override."""
-    kept, dropped = repo_rules.filter_env(spec.engine, spec.env)
-    if dropped:
-        log.warning(
-            "shard %s: dropped environment %s (%s)",
-            spec.shard_id,
-            ", ".join(dropped),
-            "; ".join(p for n in dropped if (p := repo_rules.env_name_problem(spec.engine, n))),
-        )
-    base = {k: os.environ[k] for k in _INHERITED if k in os.environ}
-    return {**base, **kept, **own}
-
-
-def _describe(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
-
-
-def _redact(argv: list[str], secret: str | None) -> list[str]:
-    return [("***" if secret and a == secret else a) for a in argv]

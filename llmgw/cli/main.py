@@ -4,6 +4,9 @@ A command imports only the module that owns it: importing every group (the store
 every pydantic model) took twice as long as `llmgw plan` needs, and `validate` and `plan` run on every pull
 request. `llmgw --help`, an unknown command and `app` (what tests and the console script use) build the whole
 app. Adding a command group is one line in OWNERS; tests/test_cli_owners.py checks the table against the app.
+
+Every command's errors that derive from `LlmgwError` end at one edge, `Commands.invoke`: the message on stderr and
+exit code 1, never a traceback. A command catches one itself only to add to it or to go on.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import typer
+from typer.core import TyperGroup
+
+from llmgw.core.errors import ConfigInvalidError, LlmgwError
 
 # module under llmgw.cli -> the top-level commands and groups its `register(app)` adds.
 OWNERS: dict[str, tuple[str, ...]] = {
@@ -42,6 +48,18 @@ EXTENDS: dict[str, tuple[str, ...]] = {"model": ("fleet.eval_cmds",)}
 _OWNER = {command: module for module, commands in OWNERS.items() for command in commands}
 
 
+class Commands(TyperGroup):
+    """The app's top group: the one place a command's `LlmgwError` becomes `error: MESSAGE` and exit code 1."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's own click Context
+        try:
+            return super().invoke(ctx)
+        except LlmgwError as exc:
+            from llmgw.cli import output
+
+            output.fail(str(exc), exc.errors if isinstance(exc, ConfigInvalidError) else ())
+
+
 def _register(target: typer.Typer, module_name: str) -> None:
     module = importlib.import_module(f"llmgw.cli.{module_name}")
     if module_name == "repo.validate":
@@ -55,6 +73,7 @@ def _register(target: typer.Typer, module_name: str) -> None:
 def build(modules: Iterable[str] | None = None) -> typer.Typer:
     """The app with the given command modules (all of them by default)."""
     built = typer.Typer(
+        cls=Commands,
         name="llmgw",
         help="Declarative, git-driven controller for a fleet of LLM inference engines.",
         no_args_is_help=True,

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-__all__ = ["WIDE", "JsonOpt", "console", "print_json", "print_json_line"]
+__all__ = ["WIDE", "JsonOpt", "console", "fail", "print_json", "print_json_line"]
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
@@ -38,3 +39,12 @@ def print_json(data: Any) -> None:
 
 def print_json_line(data: Any) -> None:
     typer.echo(json.dumps(data, sort_keys=True, separators=(",", ":")))
+
+
+def fail(message: str, details: tuple[str, ...] | list[str] = ()) -> NoReturn:
+    """Stop the command: `error: MESSAGE` (and each detail line) on stderr, exit code 1."""
+    err = console(stderr=True)
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    for line in details:
+        err.print(f"  {escape(line)}", highlight=False)
+    raise typer.Exit(1)

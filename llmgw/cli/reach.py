@@ -4,7 +4,7 @@ they make, and a failed call as one clear line on stderr and exit status 1."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -13,8 +13,6 @@ from llmgw.cli.admin_client import (
     CONTROLLER_ENV,
     DEFAULT_CONTROLLER,
     AdminClient,
-    AdminError,
-    AnswerT,
     default_token_files,
     environ,
     plaintext_warning,
@@ -27,8 +25,6 @@ __all__ = [
     "TokenOpt",
     "controller_client",
     "fail",
-    "get_as_or_fail",
-    "get_or_fail",
 ]
 
 ControllerOpt = Annotated[
@@ -44,29 +40,12 @@ JsonOpt = output.JsonOpt
 def controller_client(controller_url: str | None, token_file: Path | None) -> AdminClient:
     env = environ()
     url = controller_url or env.get(CONTROLLER_ENV) or DEFAULT_CONTROLLER
-    try:
-        token = resolve_token(token_file, env, default_token_files(None, Path.cwd()))
-        client = AdminClient(url, token)
-    except AdminError as exc:
-        fail(str(exc))
+    token = resolve_token(token_file, env, default_token_files(None, Path.cwd()))
+    client = AdminClient(url, token)
     warning = plaintext_warning(client.url)
     if warning is not None:
         output.console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     return client
-
-
-def get_or_fail(client: AdminClient, path: str) -> Any:
-    try:
-        return client.get(path)
-    except AdminError as exc:
-        fail(str(exc))
-
-
-def get_as_or_fail(client: AdminClient, path: str, model: type[AnswerT]) -> AnswerT:
-    try:
-        return client.get_as(path, model)
-    except AdminError as exc:
-        fail(str(exc))
 
 
 def fail(message: str) -> NoReturn:

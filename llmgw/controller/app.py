@@ -43,6 +43,8 @@ from llmgw.controller.parts.settings import ControllerOptions, parse_hostport
 from llmgw.controller.parts.state import SeenRevision
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.publisher import SnapshotCache, router_stream
+from llmgw.core.errors import Outage, retry_after
+from llmgw.store.errors import StoreError
 from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.controller")
@@ -151,21 +153,25 @@ async def _source_loop(app: web.Application) -> None:
     loop = asyncio.get_running_loop()
     # A webhook asks for a poll sooner, never more often than this: a flood of them is one poll per gap.
     gap = min(c.settings.webhook_min_interval_s, source.interval_s)
+    bug = Outage(log, f"polling {source.description}")
     while True:
         polled_at = loop.time()
         c.metrics.source_polls.inc()
+        wait = source.interval_s
         try:
             checkout = await source.poll()
             c.metrics.source_up.set(1)
             await c.offer(checkout)
             c.polled = SeenRevision(checkout.revision, checkout.where, c.wall())
-        except SourceUnavailable as exc:
+            bug.recovered()
+        except SourceUnavailable as exc:  # said once per message by set_source_error
             c.metrics.source_up.set(0)
             c.set_source_error(str(exc))
-        except Exception:  # a bug here must not stop the controller following the repo; retried next poll
-            log.exception("polling %s failed; retrying at the next poll", source.description)
+            wait = retry_after(exc, default=source.interval_s, most=source.interval_s)
+        except Exception as exc:  # a bug here must not stop the controller following the repo
+            bug.failed(exc, wait)
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(source.interval_s):
+            async with asyncio.timeout(wait):
                 await poll_now.wait()
         early = polled_at + gap - loop.time()
         if poll_now.is_set() and early > 0:
@@ -430,7 +436,7 @@ async def start_controller(settings: ControllerOptions) -> RunningController:
         last = await store.last_accepted_revision()
         if last is not None:
             log.info("last applied revision in the store: %s from %s", last.sha[:12], last.source)
-    except Exception as exc:
+    except StoreError as exc:
         log.warning("could not read the revision history from the store: %s", exc)
     runners: list[web.AppRunner] = []
     try:

@@ -52,7 +52,7 @@ from llmgw.core.errors import ConfigInvalidError
 from llmgw.core.fleet.autoscale import Capacity
 from llmgw.core.security import node_token, router_token
 from llmgw.core.words import short
-from llmgw.store.errors import LeaseFenced
+from llmgw.store.errors import LeaseFenced, StoreError
 from llmgw.store.records import Fence, Revision
 from llmgw.store.store import Store
 
@@ -254,7 +254,7 @@ class Controller:
             self.model_checks.load(await self.store.list_model_checks())
             self.canaries.load(await self.store.list_canary_runs())
             return True
-        except Exception as exc:
+        except StoreError as exc:
             log.warning("could not read earlier state from the store: %s", exc)
             return False
         finally:
@@ -268,7 +268,7 @@ class Controller:
             return
         try:
             last = await self.store.last_accepted_revision()
-        except Exception as exc:  # the next revision applied is recorded; this one said in the log
+        except StoreError as exc:  # the next revision applied is recorded; this one said in the log
             log.warning("new leader could not read the revision history (%s); serving %s", exc, d.revision)
             return
         if last is None or last.sha != d.revision:
@@ -389,7 +389,7 @@ class Controller:
             self.background.spawn(hook(kind, obj, message, now))
         try:
             await self.store.add_event(kind, obj, message, now)
-        except Exception as exc:  # the store being down must not stop the controller acting
+        except StoreError as exc:  # the store being down must not stop the controller acting
             log.warning("could not record event in the store: %s", exc)
 
     # ---------------------------------------------------------------------------------- revisions

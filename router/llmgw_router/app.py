@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from aiohttp import web
@@ -38,6 +39,9 @@ from llmgw_router.surfaces.responses.keeper import ResponseKeeper, kept_routes
 from llmgw_router.upstream.egress import client_connector
 from llmgw_router.upstream.http1 import EngineClient
 
+if TYPE_CHECKING:
+    from llmgw_router.path.tracing import RequestTracer
+
 __all__ = ["BuiltRouter", "Listeners", "api_routes", "build_router", "create_metrics_app", "serve"]
 
 log = logging.getLogger(__name__)
@@ -59,9 +63,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         await router.handle(MessagesExchange(exchange), "chat")  # Anthropic's API on the chat path
 
     async def responses(exchange: Exchange) -> None:
-        turn = ResponsesExchange(exchange, keeper)
-        await router.handle(turn, "responses")
-        await turn.flush()  # a stored response is kept before it is sent
+        wrapped = ResponsesExchange(exchange, keeper)
+        await router.handle(wrapped, "responses", wrapped.turn)
+        await wrapped.flush()  # a stored response is kept before it is sent
 
     def tenants() -> Tenants | None:
         table = router.table
@@ -254,6 +258,52 @@ class BuiltRouter:
     link: ControllerLink | None
 
 
+async def _on_store(
+    stack: contextlib.AsyncExitStack,
+    store: str,
+    options: RouterOptions,
+    limits_clock: Callable[[], float],
+    usage_spool: Path | None,
+    usage_flush_interval: float,
+    grace_ledger: Path | None,
+) -> tuple[Any, KeyStore, Limiter, UsageSink, Callable[[], float]]:
+    """A router on a store: the store opened, keys, pooled limits and the usage writer from it (each closed
+    on `stack`), and what reads the writer's backlog. ValueError when the usage spool cannot be used."""
+    from llmgw.store.limits.grace_ledger import GraceLedger
+    from llmgw.store.limits.limiter import PoolLimiter
+    from llmgw.store.limits.slots import PooledSlots, holder_id
+    from llmgw.store.store import Store
+    from llmgw.store.usage.usage_spool import SpoolError
+    from llmgw.store.usage.usage_writer import UsageWriter
+
+    opened = await Store.open(store)
+    stack.push_async_callback(opened.close)
+    ledger = GraceLedger(grace_ledger) if grace_ledger is not None else None
+    # Concurrency pooled across every router process on this store, like the windowed limits.
+    slots = PooledSlots(opened, holder_id(options.router_id), clock=limits_clock)
+    await slots.start()
+    stack.push_async_callback(slots.close)
+    limiter = TenantLimiter(PoolLimiter(opened, clock=limits_clock, grace_ledger=ledger, slots=slots))
+    writer = UsageWriter(opened, flush_interval=usage_flush_interval, spool_dir=usage_spool)
+    try:
+        await writer.start()
+    except SpoolError as exc:
+        raise ValueError(str(exc)) from None
+    stack.push_async_callback(writer.close)
+    return opened, StoreKeys(opened), limiter, writer, lambda: writer.stats.pending
+
+
+def _tracer(stack: contextlib.AsyncExitStack, endpoint: str, sample: float) -> RequestTracer:
+    """The request tracer exporting to an OTLP `endpoint`; its last spans flushed when `stack` closes."""
+    # Imported here: a router without an endpoint never loads OpenTelemetry (llmgw.adapters.tracing).
+    from llmgw.adapters.tracing import otlp_tracer
+    from llmgw_router.path.tracing import RequestTracer
+
+    tracer, shutdown = otlp_tracer("llmgw-router", endpoint, sample=sample)
+    stack.push_async_callback(asyncio.to_thread, shutdown)  # flushes the last spans, off the loop
+    return RequestTracer(tracer)
+
+
 async def build_router(
     stack: contextlib.AsyncExitStack,
     options: RouterOptions,
@@ -278,31 +328,11 @@ async def build_router(
     limiter: Limiter = memory_limiter(limits_clock)
     usage: UsageSink | None = None
     pending: Callable[[], float] | None = None
+    opened: Any = None
     if store is not None:
-        from llmgw.store.limits.grace_ledger import GraceLedger
-        from llmgw.store.limits.limiter import PoolLimiter
-        from llmgw.store.limits.slots import PooledSlots, holder_id
-        from llmgw.store.store import Store
-        from llmgw.store.usage.usage_spool import SpoolError
-        from llmgw.store.usage.usage_writer import UsageWriter
-
-        opened = await Store.open(store)
-        stack.push_async_callback(opened.close)
-        keys = StoreKeys(opened)
-        ledger = GraceLedger(grace_ledger) if grace_ledger is not None else None
-        # Concurrency pooled across every router process on this store, like the windowed limits.
-        slots = PooledSlots(opened, holder_id(options.router_id), clock=limits_clock)
-        await slots.start()
-        stack.push_async_callback(slots.close)
-        limiter = TenantLimiter(PoolLimiter(opened, clock=limits_clock, grace_ledger=ledger, slots=slots))
-        writer = UsageWriter(opened, flush_interval=usage_flush_interval, spool_dir=usage_spool)
-        try:
-            await writer.start()
-        except SpoolError as exc:
-            raise ValueError(str(exc)) from None
-        stack.push_async_callback(writer.close)
-        usage = writer
-        pending = lambda: writer.stats.pending  # noqa: E731
+        opened, keys, limiter, usage, pending = await _on_store(
+            stack, store, options, limits_clock, usage_spool, usage_flush_interval, grace_ledger
+        )
     service = RequestService(options, Authenticator(keys, ttl=options.key_cache_ttl), limiter, usage)
     if content_key is not None:
         if store is None:
@@ -311,13 +341,7 @@ async def build_router(
 
         service.kept_responses = ResponseKeeper(ContentVault(opened, content_key), content_clock)
     if options.otlp_endpoint is not None:
-        # Imported here: a router without an endpoint never loads OpenTelemetry (llmgw.adapters.tracing).
-        from llmgw.adapters.tracing import otlp_tracer
-        from llmgw_router.path.tracing import RequestTracer
-
-        tracer, shutdown = otlp_tracer("llmgw-router", options.otlp_endpoint, sample=options.trace_sample)
-        stack.push_async_callback(asyncio.to_thread, shutdown)  # flushes the last spans, off the loop
-        service.tracer = RequestTracer(tracer)
+        service.tracer = _tracer(stack, options.otlp_endpoint, options.trace_sample)
     if pending is not None:
         service.metrics.usage_pending.set_function(pending)
     link: ControllerLink | None = None

@@ -275,10 +275,8 @@ def content_key(path: str | None) -> bytes | None:
         raise ValueError(str(exc)) from None
 
 
-async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None) -> None:
-    snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
-    listen = ns.listen or (snapshot.router.listen if snapshot else "127.0.0.1:8080")
-    metrics_listen = ns.metrics_listen or (snapshot.router.metrics_listen if snapshot else "127.0.0.1:9091")
+def _keys(ns: argparse.Namespace, listen: str) -> KeyStore | None:
+    """The keys file's keys without a store (the store's are read from it); None: --no-auth, said loudly."""
     keys: KeyStore | None = None
     if ns.store is None and ns.keys_file:
         keys = StaticKeys.from_file(ns.keys_file)
@@ -290,6 +288,14 @@ async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None)
         log.warning(
             "AUTHENTICATION IS DISABLED (--no-auth): anyone who reaches %s can use every model", listen
         )
+    return keys
+
+
+async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None) -> None:
+    snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
+    listen = ns.listen or (snapshot.router.listen if snapshot else "127.0.0.1:8080")
+    metrics_listen = ns.metrics_listen or (snapshot.router.metrics_listen if snapshot else "127.0.0.1:9091")
+    keys = _keys(ns, listen)
     options = RouterOptions(
         router_id=ns.router_id,
         on_demand_wait=ns.on_demand_wait,

@@ -178,8 +178,13 @@ class _Supervisor:
             ns["usage_spool"] = str(_suffixed(base.absolute(), w.index))
         grace = Path(ns["state_dir"]) / "grace" / f"{ns['router_id']}.jsonl"
         ns["grace_file"] = str(_suffixed(grace.absolute(), w.index))
-        seat = {"index": w.index, "host": self.host, "port": self.port, "report_fd": report_fd,
-                "parent_pid": os.getpid()}  # fmt: skip
+        seat = {
+            "index": w.index,
+            "host": self.host,
+            "port": self.port,
+            "report_fd": report_fd,
+            "parent_pid": os.getpid(),
+        }
         return json.dumps({"ns": ns, "seat": seat}, default=str)
 
     async def start(self, w: _Worker) -> bool:
@@ -221,8 +226,12 @@ class _Supervisor:
                 return
             lived = time.monotonic() - w.started
             w.delay = 0.0 if lived > 10.0 else min(30.0, max(0.5, w.delay * 2))
-            log.warning("router worker %d exited with %s; starting it again%s", w.index, _describe(status),
-                        f" in {w.delay:.1f}s" if w.delay else "")  # fmt: skip
+            log.warning(
+                "router worker %d exited with %s; starting it again%s",
+                w.index,
+                _describe(status),
+                f" in {w.delay:.1f}s" if w.delay else "",
+            )
             self.restarts.inc()
             await asyncio.sleep(w.delay)
 
@@ -324,8 +333,11 @@ async def supervise(ns: argparse.Namespace, count: int, listen: str, metrics_lis
             return next((w.proc.returncode for w in sup.workers if w.proc and w.proc.returncode), 1) or 1
         tasks = [asyncio.create_task(sup.keep(w)) for w in sup.workers]
         mport = runner.addresses[0][1] if runner.addresses else metrics_listen
-        print(f"llmgw-router listening on {host}:{sup.port} with {count} workers "
-              f"(api port {sup.port}, metrics port {mport})", flush=True)  # fmt: skip
+        print(
+            f"llmgw-router listening on {host}:{sup.port} with {count} workers "
+            f"(api port {sup.port}, metrics port {mport})",
+            flush=True,
+        )
         await stop.wait()
         await sup.stop()
         for task in tasks:

@@ -5,6 +5,8 @@ Against a real HTTP server on loopback (tests/agent/file_server.py)."""
 from __future__ import annotations
 
 import argparse
+import asyncio
+import gc
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -157,3 +159,19 @@ def test_fetch_parallelism_is_a_setting_and_a_flag_with_bounds(tmp_path: Path) -
     assert config.load(parser.parse_args([*base, "--fetch-parallelism", "8"])).fetch_parallelism == 8
     with pytest.raises(SystemExit, match="fetch_parallelism"):
         config.load(parser.parse_args([*base, "--fetch-parallelism", "0"]))
+
+
+async def test_the_per_directory_locks_are_held_only_while_a_fetch_needs_them(
+    origin: FileServer, tmp_path: Path
+) -> None:
+    # Two fetches of one directory at once share its lock (the second waits, then finds it published); once
+    # both are done no lock is left, so fetching many directories over an agent's life holds none of them.
+    files = model_files()
+    first, second = await asyncio.gather(
+        dirfetch.resolve_directory(source(origin, manifest(files)), tmp_path / "a", lambda d, t: None),
+        dirfetch.resolve_directory(source(origin, manifest(files)), tmp_path / "a", lambda d, t: None),
+    )
+    assert first == second
+    assert len(origin.asked(PREFIX + "config.json")) == 1  # the second waited for the first's lock
+    gc.collect()
+    assert "org/model@main" not in dirfetch._LOCKS

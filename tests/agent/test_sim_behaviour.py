@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from llmgw_agent.sim import behaviour_from_args, build_parser
+from llmgw_agent.sim_cli import behaviour_from_args, build_parser
 from llmgw_agent.sim_model import ErrorPacer, canned_answer, parse_answers, schema_sample
 
 

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from llmgw_agent.engine_process import proc_start_time, tail_lines
 from llmgw_agent.protocol import (
     Command,
     Gpu,
@@ -21,7 +22,7 @@ from llmgw_agent.protocol import (
     parse_agent_message,
     parse_controller_message,
 )
-from llmgw_agent.supervisor import Supervisor, SupervisorConfig, proc_start_time, tail_lines
+from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from support import free_port_range, pid_alive, wait_for
 
 from .helpers import group_alive

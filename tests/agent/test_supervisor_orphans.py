@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 from llmgw_agent.engine_memory import process_groups
+from llmgw_agent.engine_process import group_alive
 from llmgw_agent.protocol import ShardSpec, ShardStatus
-from llmgw_agent.supervisor import Supervisor, SupervisorConfig, group_alive
+from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from support import free_port_range, wait_for
 
 pytestmark = pytest.mark.integration

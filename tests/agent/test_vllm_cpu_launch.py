@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 from llmgw_agent import engines
+from llmgw_agent.engine_process import proc_start_time
 from llmgw_agent.engines import LaunchContext, launch_plan, pick_cpus, runs_as_module, vllm_omp_threads_bind
 from llmgw_agent.installs import DEFAULT_BINARY, InstallError, probe, probe_argv
 from llmgw_agent.protocol import KvEventsRequest, ShardSpec, ShardStatus
-from llmgw_agent.supervisor import Shard, Supervisor, SupervisorConfig, proc_start_time
+from llmgw_agent.shards import Shard
+from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from support import free_port_range, wait_for
 
 from .helpers import group_alive

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import pkgutil
 from pathlib import Path
 from types import ModuleType
@@ -15,7 +16,7 @@ from llmgw_router.upstream.proxy import UpstreamUnavailable
 import llmgw
 from llmgw.adapters.sources import SourceUnavailable
 from llmgw.controller.parts.desired import build_desired
-from llmgw.core.errors import ConfigInvalidError, LlmgwError, TransientError
+from llmgw.core.errors import ConfigInvalidError, LlmgwError, Outage, TransientError, retry_after
 from llmgw.store import StoreError, StoreUnavailable
 
 
@@ -76,3 +77,29 @@ async def test_a_source_that_cannot_be_read_says_when_it_is_tried_again(tmp_path
     with pytest.raises(SourceUnavailable, match="not a directory") as caught:
         await DirectorySource(tmp_path / "missing", interval_s=2.5).poll()
     assert caught.value.delay == 2.5
+
+
+def test_a_loop_waits_the_raisers_delay_within_its_own_bound() -> None:
+    assert retry_after(TransientError("down", delay=3.0), default=1.0, most=10.0) == 3.0
+    assert retry_after(TransientError("down", delay=60.0), default=1.0, most=10.0) == 10.0
+    assert retry_after(TransientError("down", delay=0.0), default=1.0, most=10.0) == 0.0
+    # No delay said, or not a transient error at all: the loop's own schedule.
+    assert retry_after(TransientError("down"), default=1.0, most=10.0) == 1.0
+    assert retry_after(RuntimeError("bug"), default=1.0, most=10.0) == 1.0
+
+
+def test_an_outage_is_said_once_and_its_end_once(caplog: pytest.LogCaptureFixture) -> None:
+    outage = Outage(logging.getLogger("llmgw.test.outage"), "the test loop")
+    with caplog.at_level(logging.INFO, logger="llmgw.test.outage"):
+        for _ in range(3):
+            outage.failed(TransientError("store down"), retry_in=2.0)
+        assert outage.down and outage.failures == 3
+        outage.recovered()
+        outage.recovered()  # nothing was failing: nothing to say
+        outage.failed(RuntimeError("a bug"), retry_in=2.0)
+    said = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert said == [
+        ("WARNING", "the test loop failed, retrying in 2.0s until it works: store down", False),
+        ("INFO", "the test loop works again (after 3 failed attempt(s))", False),
+        ("ERROR", "the test loop failed, retrying in 2.0s until it works", True),
+    ]

@@ -9,7 +9,7 @@ import json
 
 import pytest
 from llmgw_router.path.guard_stream import GuardCut, GuardedStream
-from llmgw_router.server.exchange import Headers, Reply
+from llmgw_router.server.exchange import AS_SENT, Headers, HttpReply
 
 from llmgw.core.config.specs.guardrail_spec import GuardrailSpec
 from llmgw.core.evals import guardrails as gr
@@ -19,6 +19,7 @@ class Client:
     """What a client received: the stream's bytes, and whether it was ended."""
 
     method, path = "POST", "/v1/chat/completions"
+    surface = AS_SENT
 
     def __init__(self) -> None:
         self.headers = Headers()
@@ -36,7 +37,7 @@ class Client:
     async def read_body(self, limit: int) -> bytes:
         return b""
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         raise AssertionError("a stream is not answered whole")
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:

@@ -5,9 +5,9 @@ once, whatever ends the request afterwards."""
 from __future__ import annotations
 
 import pytest
-from llmgw_router.path.ratelimit import Lease, memory_limiter
+from llmgw_router.path.ratelimit import LimitGrant, memory_limiter
 from llmgw_router.server.errors import ApiError
-from llmgw_router.server.exchange import Reply
+from llmgw_router.server.exchange import AS_SENT, HttpReply
 from llmgw_router.upstream.proxy import UpstreamCall, _stream
 
 from llmgw.core.tenancy.limits import LevelLimits, Tenant
@@ -58,8 +58,9 @@ class Client:
     headers: dict[str, str] = {}
     remote = None
     started = False
+    surface = AS_SENT
 
-    def __init__(self, lease: Lease) -> None:
+    def __init__(self, lease: LimitGrant) -> None:
         self.lease = lease
         self.writes: list[tuple[str, bool]] = []
 
@@ -73,7 +74,7 @@ class Client:
     def authenticated(self) -> None:
         return None
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         self._note("respond")
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:

@@ -9,7 +9,7 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 from llmgw_router.fleet.metrics import RouterMetrics
-from llmgw_router.server.listener import _head
+from llmgw_router.server.http_exchange import response_head
 from llmgw_router.upstream.http1 import UpstreamHttpError, _parse_head
 from llmgw_router.upstream.proxy import _parse_answer
 from prometheus_client import CollectorRegistry
@@ -66,11 +66,13 @@ def test_a_spooled_line_reads_back_as_the_record_written(rec: UsageRecord) -> No
 
 
 def test_the_head_is_one_piece_and_no_value_splits_it() -> None:
-    head = _head(200, {"Content-Type": "application/json", "x-a": "1"}, "Content-Length: 2\r\n", False)
+    head = response_head(
+        200, {"Content-Type": "application/json", "x-a": "1"}, "Content-Length: 2\r\n", False
+    )
     lines = head.decode().split("\r\n")
     assert lines[0] == "HTTP/1.1 200 OK" and lines[1].startswith("Date: ")
     assert lines[2:] == ["Content-Type: application/json", "x-a: 1", "Content-Length: 2", "", ""]
-    bad = _head(400, {"x-llmgw-dropped-fields": "a\r\nSet-Cookie: x\0"}, "", True).decode()
+    bad = response_head(400, {"x-llmgw-dropped-fields": "a\r\nSet-Cookie: x\0"}, "", True).decode()
     assert "\r\nSet-Cookie" not in bad and "\0" not in bad
     assert "x-llmgw-dropped-fields: a  Set-Cookie: x \r\n" in bad and bad.endswith(
         "Connection: close\r\n\r\n"

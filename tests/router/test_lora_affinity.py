@@ -5,11 +5,11 @@ room, and a request is never left with nowhere to go."""
 from __future__ import annotations
 
 from hypothesis import given, strategies as st
-from llmgw_router.decisions.adapter_affinity import Candidate, choose
+from llmgw_router.decisions.adapter_affinity import AdapterReplica, choose
 
 candidates = st.lists(
     st.builds(
-        Candidate,
+        AdapterReplica,
         id=st.text("abcdef", min_size=1, max_size=3),
         holds=st.booleans(),
         loadable=st.booleans(),
@@ -23,7 +23,7 @@ candidates = st.lists(
 
 
 @given(candidates)
-def test_a_holder_with_room_is_always_preferred(fleet: list[Candidate]) -> None:
+def test_a_holder_with_room_is_always_preferred(fleet: list[AdapterReplica]) -> None:
     choice = choose(fleet)
     ready = {c.id for c in fleet if c.holds and not c.saturated}
     if ready:
@@ -32,7 +32,7 @@ def test_a_holder_with_room_is_always_preferred(fleet: list[Candidate]) -> None:
 
 @given(candidates)
 def test_a_load_goes_to_one_unsaturated_replica_that_can_load_and_is_least_loaded(
-    fleet: list[Candidate],
+    fleet: list[AdapterReplica],
 ) -> None:
     choice = choose(fleet)
     if choice.load_on is None:
@@ -46,7 +46,7 @@ def test_a_load_goes_to_one_unsaturated_replica_that_can_load_and_is_least_loade
 
 
 @given(candidates)
-def test_a_request_always_has_somewhere_to_go_among_the_candidates(fleet: list[Candidate]) -> None:
+def test_a_request_always_has_somewhere_to_go_among_the_candidates(fleet: list[AdapterReplica]) -> None:
     choice = choose(fleet)
     assert choice.allowed and choice.allowed <= {c.id for c in fleet}
     holders = {c.id for c in fleet if c.holds}
@@ -55,7 +55,9 @@ def test_a_request_always_has_somewhere_to_go_among_the_candidates(fleet: list[C
 
 
 @given(candidates, st.randoms())
-def test_the_choice_does_not_depend_on_the_order_replicas_are_listed(fleet: list[Candidate], rng) -> None:  # type: ignore[no-untyped-def]
+def test_the_choice_does_not_depend_on_the_order_replicas_are_listed(
+    fleet: list[AdapterReplica], rng
+) -> None:  # type: ignore[no-untyped-def]
     shuffled = list(fleet)
     rng.shuffle(shuffled)
     assert choose(shuffled) == choose(fleet)
@@ -63,11 +65,11 @@ def test_the_choice_does_not_depend_on_the_order_replicas_are_listed(fleet: list
 
 def test_two_holders_one_saturated_leave_the_other() -> None:
     fleet = [
-        Candidate("a", holds=True, loadable=True, load=1.0, saturated=True),
-        Candidate("b", holds=True, loadable=True, load=0.5, saturated=False),
-        Candidate("c", holds=False, loadable=True, load=0.0, saturated=False),
+        AdapterReplica("a", holds=True, loadable=True, load=1.0, saturated=True),
+        AdapterReplica("b", holds=True, loadable=True, load=0.5, saturated=False),
+        AdapterReplica("c", holds=False, loadable=True, load=0.0, saturated=False),
     ]
     assert choose(fleet).allowed == {"b"}
-    fleet[1] = Candidate("b", holds=True, loadable=True, load=1.0, saturated=True)
+    fleet[1] = AdapterReplica("b", holds=True, loadable=True, load=1.0, saturated=True)
     choice = choose(fleet)
     assert (choice.allowed, choice.load_on) == ({"c"}, "c")  # both holders full: load it on the idle one

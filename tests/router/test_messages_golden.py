@@ -13,7 +13,12 @@ from typing import Any
 
 import pytest
 from llmgw_router.server.errors import ApiError
-from llmgw_router.surfaces.messages.translate import StreamTranslator, error_to_anthropic, from_chat, to_chat
+from llmgw_router.surfaces.messages.translate import (
+    MessagesStreamTranslator,
+    error_to_anthropic,
+    from_chat,
+    to_chat,
+)
 
 GOLDEN = Path(__file__).parent / "golden" / "messages"
 
@@ -207,11 +212,11 @@ STREAMS: dict[str, bytes] = {
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
 def test_chat_streams_translate_to_message_events(name: str) -> None:
-    whole = StreamTranslator()
+    whole = MessagesStreamTranslator()
     text = (whole.feed(STREAMS[name]) + whole.finish()).decode()
     check_golden(name + ".sse", text)
     # The same events however the engine's bytes are cut up on the way.
-    piecewise = StreamTranslator()
+    piecewise = MessagesStreamTranslator()
     parts = [piecewise.feed(STREAMS[name][i : i + 7]) for i in range(0, len(STREAMS[name]), 7)]
     assert (b"".join(parts) + piecewise.finish()).decode() == text
 

@@ -176,7 +176,8 @@ def test_canary_and_adapter_steering_keep_the_prompts_prefix_and_project() -> No
     """Steering narrows a request's endpoints; it rebuilt the request's info from three of its five fields,
     so a canary model or a LoRA request lost its prefix score without a word."""
     from llmgw_router.path.lora import Adapters
-    from llmgw_router.path.service import Router, RouterOptions, _Steering
+    from llmgw_router.path.service import Router, RouterOptions
+    from llmgw_router.path.steering import Steering
 
     from llmgw.core.snapshot import PublishedAdapter, RouterSnapshot
 
@@ -189,7 +190,7 @@ def test_canary_and_adapter_steering_keep_the_prompts_prefix_and_project() -> No
     assert table is not None
     info = RequestInfo(session_key="s", rr_counter=3, prefix=_key("system: g"), project="p1")
     specs = {"m": [ep.spec for ep in table.endpoints["m"]]}
-    steered = _Steering(specs, frozenset(), 1.0).info(table, ("m",), {}, info, 0.0)
+    steered = Steering(specs, frozenset(), 1.0).info(table, ("m",), {}, info, 0.0)
     assert (steered.prefix, steered.project, steered.session_key) == (info.prefix, "p1", "s")
     adapted, _ = Adapters().steer(table, "m", "lora-x", PublishedAdapter(base="m", path="/x"), info)
     assert (adapted.prefix, adapted.project, adapted.rr_counter) == (info.prefix, "p1", 3)

@@ -2,11 +2,11 @@
 
 import uuid
 
-from llmgw_router.path.service import _new_request_id
+from llmgw_router.path.lookup import new_request_id
 
 
 def test_request_ids_are_uuid4_hex_and_distinct() -> None:
-    ids = [_new_request_id() for _ in range(2000)]
+    ids = [new_request_id() for _ in range(2000)]
     assert len(set(ids)) == len(ids)
     for rid in ids:
         parsed = uuid.UUID(hex=rid)

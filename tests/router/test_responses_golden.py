@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from llmgw_router.server.errors import ApiError
-from llmgw_router.server.exchange import Headers, Reply
+from llmgw_router.server.exchange import AS_SENT, Headers, HttpReply
 from llmgw_router.surfaces.responses.exchange import ResponsesExchange
 from llmgw_router.surfaces.responses.translate import ResponseIds, from_chat, to_chat
 
@@ -158,11 +158,12 @@ class Recorder:
     """The client's side of an exchange: what was written, and whether it ended."""
 
     method, path, headers, remote = "POST", "/v1/responses", Headers(), None
+    surface = AS_SENT
 
     def __init__(self) -> None:
         self.out = b""
         self.ended = False
-        self.reply: Reply | None = None
+        self.reply: HttpReply | None = None
 
     @property
     def started(self) -> bool:
@@ -171,7 +172,7 @@ class Recorder:
     async def read_body(self, limit: int) -> bytes:
         return b""
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         self.reply = reply
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
@@ -266,11 +267,11 @@ async def test_errors_and_passthrough_replies_are_not_translated() -> None:
     client = Recorder()
     exchange = ResponsesExchange(client)
     exchange.turn.begin({"model": "m", "input": "x"}, b"{}", "req1")
-    error = Reply(429, b'{"error": {"message": "slow down"}}', {"Content-Type": "application/json"})
+    error = HttpReply(429, b'{"error": {"message": "slow down"}}', {"Content-Type": "application/json"})
     exchange.respond(error)
     assert client.reply is error
     exchange.turn.for_engine("vllm")  # the native engine answered a Response already
-    native = Reply(200, b'{"object": "response"}', {})
+    native = HttpReply(200, b'{"object": "response"}', {})
     exchange.respond(native)
     assert client.reply is native
 

@@ -13,11 +13,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 from llmgw_agent import sim
+from llmgw_agent.engine_process import proc_start_time
 from llmgw_agent.engines import SpecError
 from llmgw_agent.protocol import ShardSpec, ShardStatus
 from llmgw_agent.sim import SimEngine
 from llmgw_agent.sim_model import LatencyConfig
-from llmgw_agent.supervisor import Supervisor, SupervisorConfig, proc_start_time
+from llmgw_agent.supervisor import Supervisor, SupervisorConfig
 from support import free_port_range, wait_for
 
 

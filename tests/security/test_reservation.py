@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from llmgw_router.path.ratelimit import Lease, memory_limiter
+from llmgw_router.path.ratelimit import LimitGrant, memory_limiter
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 from support import wait_for, write_bindings
 
@@ -41,14 +41,14 @@ class Recording:
         self.inner = memory_limiter(time.time)
         self.reserved: list[tuple[int, float]] = []
 
-    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
+    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> LimitGrant:
         self.reserved.append((tokens, cost))
         return await self.inner.acquire(chain, tokens, cost)
 
-    def end(self, lease: Lease) -> None:
+    def end(self, lease: LimitGrant) -> None:
         self.inner.end(lease)
 
-    def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
+    def release(self, lease: LimitGrant, tokens_used: int, cost: float) -> None:
         self.inner.release(lease, tokens_used, cost)
 
     def budget_spent(self, tenant: Tenant) -> int | None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from support import wait_for
 
-from llmgw.store import Store, UsageRecord
+from llmgw.store import Store, StoreUnavailable, UsageRecord
 from llmgw.store.usage.usage_spool import decode
 from llmgw.store.usage.usage_writer import UsageWriter
 
@@ -143,3 +144,30 @@ def test_a_writer_outside_a_loop_spools_at_once(tmp_path: Path) -> None:
     writer.record(one)
     [segment] = tmp_path.glob("usage-*.jsonl")
     assert decode(segment.read_bytes()) == one
+
+
+class DownThenUp:
+    """A usage sink the store behind is down for `down` writes, saying to try again at once."""
+
+    def __init__(self, down: int) -> None:
+        self.down = down
+        self.attempts = 0
+        self.usage: list[UsageRecord] = []
+
+    async def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        self.attempts += 1
+        if self.attempts <= self.down:
+            raise StoreUnavailable("the store is restarting", delay=0.0)
+        self.usage.extend(records)
+
+
+async def test_a_failed_write_is_retried_after_the_delay_the_store_gives() -> None:
+    sink = DownThenUp(down=3)
+    # The writer's own backoff is an hour: only the store's delay (none) brings the retries this soon.
+    writer = UsageWriter(sink, batch_size=10, flush_interval=0.01, retry_initial=3600, retry_max=3600)
+    await writer.start()
+    for i in range(5):
+        writer.record(rec(i))
+    await wait_for(lambda: len(sink.usage) == 5, 10, "the 5 records written after 3 refusals")
+    assert sink.attempts == 4 and writer.stats.failures == 3
+    await writer.close()

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from llmgw.cli import output
 from llmgw.cli.admin_client import AdminError
-from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
 from llmgw.core.capacity.bench import Measured, RequestSample, Step, conclude, summarize_step
 
 __all__ = ["register"]
@@ -209,7 +209,7 @@ def bench(
         fail(f"--steps {steps!r}: every step is at least 1")
     client = controller_client(controller, token_file)
     query = f"?profile={profile}" if profile else ""
-    target = get_or_fail(client, f"/api/v1/bench/{model}{query}")
+    target = client.get(f"/api/v1/bench/{model}{query}")
     goal = objective if objective is not None else target.get("objective_ms")
     measured = asyncio.run(run_bench(target, levels, step_time, prompt_tokens, max_tokens, goal))
     result = {
@@ -287,7 +287,7 @@ def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) ->
 
 def capacity(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Per model and profile: the measured capacity and when, else what is assumed (slots), else unknown."""
-    data = get_or_fail(controller_client(controller, token_file), "/api/v1/capacity")
+    data = controller_client(controller, token_file).get("/api/v1/capacity")
     if as_json:
         output.print_json(data)
         return

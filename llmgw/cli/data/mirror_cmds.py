@@ -16,7 +16,6 @@ from rich.console import Console
 from rich.table import Table
 
 from llmgw.adapters.mirror import (
-    MirrorError,
     MirrorStore,
     hash_directory,
     manifest_text,
@@ -25,7 +24,6 @@ from llmgw.adapters.mirror import (
 )
 from llmgw.adapters.model_files import InspectError, inspect_source
 from llmgw.cli import output
-from llmgw.cli.admin_client import AdminError
 from llmgw.cli.reach import controller_client
 from llmgw.controller.parts.settings import parse_hostport
 from llmgw.core.fleet.views import LiveState
@@ -84,13 +82,10 @@ def manifest(
     """Write a directory source's manifest (names, sizes, sha256, and the model's shape from its headers) for
     spec.source.manifest."""
     token = _token(token_file)
-    try:
-        if _is_url(source):
-            files = asyncio.run(published_manifest(source, token))
-        else:
-            files = hash_directory(Path(source))
-    except MirrorError as exc:
-        raise _fail(str(exc)) from exc
+    if _is_url(source):
+        files = asyncio.run(published_manifest(source, token))
+    else:
+        files = hash_directory(Path(source))
     try:
         where = source if not _is_url(source) or source.endswith("/") else source + "/"
         shape = asyncio.run(inspect_source(where, token))
@@ -120,10 +115,7 @@ def inspect(
 ) -> None:
     """Print a model's shape from its own headers: architecture, layers, trained context, quantization or
     dtype, parameters, tensor bytes, attention and KV heads."""
-    try:
-        shape = asyncio.run(inspect_source(source, _token(token_file)))
-    except InspectError as exc:
-        raise _fail(str(exc)) from exc
+    shape = asyncio.run(inspect_source(source, _token(token_file)))
     if as_json:
         output.print_json(shape.to_json())
         return
@@ -160,10 +152,7 @@ def _classes(
             where = f"saved state {state}"
         else:
             client = controller_client(controller, token_file)
-            try:
-                live = client.state()
-            except AdminError as exc:
-                raise _fail(str(exc)) from exc
+            live = client.state()
             where = client.url
         found = class_memory((g.gpu_class, g.memory_bytes) for n in live.node_views() for g in n.gpus or ())
         if not found:
@@ -202,10 +191,7 @@ def plan(
 ) -> None:
     """Every way the model could run on every GPU class: precision (and the engine that serves it), cards per
     replica, and per card the weights, KV cache and overhead against what is usable."""
-    try:
-        shape = asyncio.run(inspect_source(source, _token(token_file)))
-    except InspectError as exc:
-        raise _fail(str(exc)) from exc
+    shape = asyncio.run(inspect_source(source, _token(token_file)))
     context = context_length or shape.trained_context
     if context is None:
         raise _fail("the headers give no trained context: give --context TOKENS")
@@ -292,13 +278,10 @@ def add(
 ) -> None:
     """Put a model directory into the mirror as {repo}/{revision}, with its manifest; never replaces one."""
     store = MirrorStore(mirror_dir)
-    try:
-        if _is_url(source):
-            files: list[ManifestFile] = asyncio.run(store.add_url(source, repo, revision, _token(token_file)))
-        else:
-            files = store.add_directory(Path(source), repo, revision)
-    except MirrorError as exc:
-        raise _fail(str(exc)) from exc
+    if _is_url(source):
+        files: list[ManifestFile] = asyncio.run(store.add_url(source, repo, revision, _token(token_file)))
+    else:
+        files = store.add_directory(Path(source), repo, revision)
     typer.echo(f"added {repo}@{revision}: {len(files)} files, {_size(total_bytes(files))}")
 
 

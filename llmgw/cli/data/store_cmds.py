@@ -35,7 +35,7 @@ from rich.table import Column, Table
 from llmgw.adapters import keys as keymod
 from llmgw.cli import admin_client, output
 from llmgw.cli.admin_client import AnswerT
-from llmgw.cli.data.store_find import CONFIG_ENV, StoreNotFoundError, StoreWhere, find_store
+from llmgw.cli.data.store_find import CONFIG_ENV, StoreWhere, find_store
 from llmgw.core.api.admin_api import KeyCreated, KeyRevoked, KeysAnswer, KeyView, UsageAnswer
 from llmgw.core.words import count, duration_words, money, parse_duration
 from llmgw.store import (
@@ -145,10 +145,7 @@ def _api_key(view: KeyView) -> ApiKey:
 def _run(where: StoreWhere, action: Callable[[Store], Awaitable[T]], *, announce: bool = True) -> T:
     """Open the store `where` finds, run `action`; `announce`: say on standard error which store and what
     chose it (the key commands, given their store explicitly, print only the key)."""
-    try:
-        found = find_store(where)
-    except StoreNotFoundError as exc:
-        _fail(str(exc))
+    found = find_store(where)
     if announce:
         output.console(stderr=True).print(f"store {found.shown()}", highlight=False, markup=False)
 

@@ -12,8 +12,7 @@ import typer
 from rich.markup import escape
 
 from llmgw.cli import output
-from llmgw.cli.admin_client import AdminError
-from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client
 
 # A node's upgrade waits up to the controller's node_register_timeout_s (120s) for its agent, twice on a rollback;
 # the HTTP request waits for the whole run.
@@ -62,10 +61,7 @@ def upgrade(
         body["timeout_s"] = timeout
     client = controller_client(controller, token_file)
     client.timeout_s = TIMEOUT_S
-    try:
-        _, answer = client.post("/api/v1/upgrade", body)
-    except AdminError as exc:
-        fail(str(exc))
+    _, answer = client.post("/api/v1/upgrade", body)
     if as_json:
         output.print_json(answer)
     else:

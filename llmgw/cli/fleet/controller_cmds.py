@@ -17,10 +17,7 @@ import typer
 from rich.table import Table
 
 from llmgw.cli import output
-from llmgw.cli.admin_client import (
-    AdminError,
-)
-from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
 from llmgw.core.fleet.health import CLOCK_WARN_S
 from llmgw.core.words import duration_words, short
 
@@ -224,7 +221,7 @@ def _ago(at: float | None) -> str:
 
 def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Applied revision, sync (Synced/OutOfSync) and every model's health."""
-    data = get_or_fail(controller_client(controller, token_file), "/api/v1/status")
+    data = controller_client(controller, token_file).get("/api/v1/status")
     if as_json:
         output.print_json(data)
         return
@@ -332,7 +329,7 @@ def _duration(seconds: float) -> str:
 
 def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Nodes, their state (Ready/Unreachable/Lost), inventory and replicas."""
-    data = get_or_fail(controller_client(controller, token_file), "/api/v1/nodes")
+    data = controller_client(controller, token_file).get("/api/v1/nodes")
     if as_json:
         output.print_json(data)
         return
@@ -453,7 +450,7 @@ def replicas(
 ) -> None:
     """Replicas: model, profile, node, state, adopted, stale profile."""
     path = "/api/v1/replicas" + (f"?model={model}" if model else "")
-    data = get_or_fail(controller_client(controller, token_file), path)
+    data = controller_client(controller, token_file).get(path)
     if as_json:
         output.print_json(data)
         return
@@ -478,7 +475,7 @@ def replicas(
 
 def models(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False) -> None:
     """Models of the applied revision with their health and profiles."""
-    data = get_or_fail(controller_client(controller, token_file), "/api/v1/models")
+    data = controller_client(controller, token_file).get("/api/v1/models")
     if as_json:
         output.print_json(data)
         return
@@ -504,10 +501,7 @@ def explain(
 ) -> None:
     """Where one more replica of MODEL would go, and why every other node would not take it."""
     client = controller_client(controller, token_file)
-    try:
-        data = client.explain(model)
-    except AdminError as exc:
-        fail(str(exc))
+    data = client.explain(model)
     if data is None:
         fail(f"model {model!r} is not in the applied revision (llmgw models lists them)")
     if as_json:

@@ -10,8 +10,7 @@ import typer
 from rich.markup import escape
 
 from llmgw.cli import output
-from llmgw.cli.admin_client import AdminError
-from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client
 
 MARK = {"ok": "[green]ok  [/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]fail[/red]"}
 # A node's checks run engine probes (30s each at most, by the agent): wait longer than the admin client's default.
@@ -38,13 +37,10 @@ def doctor(
     controller's, every controller address from the node, the node's certificate."""
     client = controller_client(controller, token_file)
     if node is None:
-        answer = get_or_fail(client, "/api/v1/doctor")
+        answer = client.get("/api/v1/doctor")
     else:
         client.timeout_s = NODE_TIMEOUT_S
-        try:
-            _, answer = client.post(f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}/doctor", {})
-        except AdminError as exc:
-            fail(str(exc))
+        _, answer = client.post(f"/api/v1/nodes/{urllib.parse.quote(node, safe='')}/doctor", {})
     if as_json:
         output.print_json(answer)
     else:

@@ -11,9 +11,8 @@ from typing import Annotated, Any
 import typer
 
 from llmgw.cli import output
-from llmgw.cli.admin_client import AdminError
 from llmgw.cli.data.mirror_cmds import model_app
-from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client
 
 ReplicaOpt = Annotated[
     str | None, typer.Option("--replica", help="One replica id (default: the model's oldest ready one)")
@@ -29,10 +28,7 @@ def register(app: typer.Typer) -> None:
 def _post(controller: str | None, token_file: Any, path: str, body: dict[str, Any]) -> Any:
     client = controller_client(controller, token_file)
     client.timeout_s = _SLOW_S
-    try:
-        return client.post(path, body)[1]
-    except AdminError as exc:
-        fail(str(exc))
+    return client.post(path, body)[1]
 
 
 def eval_suite(

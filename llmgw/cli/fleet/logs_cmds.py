@@ -19,7 +19,7 @@ from rich.text import Text
 
 from llmgw.cli import output
 from llmgw.cli.admin_client import AdminClient, AdminError
-from llmgw.cli.reach import ControllerOpt, TokenOpt, controller_client, fail, get_as_or_fail, get_or_fail
+from llmgw.cli.reach import ControllerOpt, TokenOpt, controller_client, fail
 from llmgw.core.api.admin_api import EventsAnswer
 from llmgw.core.words import parse_duration
 
@@ -56,7 +56,7 @@ def _note(message: str) -> None:
 
 def logs_path(client: AdminClient, target: str) -> str:
     """A node's logs when TARGET names a node the controller knows, else the replica's."""
-    nodes = {n["name"] for n in get_or_fail(client, "/api/v1/nodes")["nodes"]}
+    nodes = {n["name"] for n in client.get("/api/v1/nodes")["nodes"]}
     kind = "nodes" if target in nodes else "replicas"
     return f"/api/v1/{kind}/{urllib.parse.quote(target, safe='')}/logs"
 
@@ -98,8 +98,6 @@ def logs(
             _follow(client, path, {**query, "limit": str(min(limit, PAGE))}, as_json)
         else:
             _pages(client, path, query, limit, as_json)
-    except AdminError as exc:
-        fail(str(exc))
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 
@@ -156,9 +154,7 @@ def events(
     as_json: output.JsonOpt = False,
 ) -> None:
     """What the controller did and saw, newest first: revisions, replicas started, failed, stopped."""
-    data = get_as_or_fail(
-        controller_client(controller, token_file), f"/api/v1/events?limit={limit}", EventsAnswer
-    )
+    data = controller_client(controller, token_file).get_as(f"/api/v1/events?limit={limit}", EventsAnswer)
     if as_json:
         output.print_json(data.model_dump(mode="json"))
         return

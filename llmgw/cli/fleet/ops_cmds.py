@@ -18,8 +18,6 @@ from llmgw.cli.reach import (
     TokenOpt,
     controller_client,
     fail,
-    get_as_or_fail,
-    get_or_fail,
 )
 from llmgw.core.api.admin_api import AuditAnswer
 from llmgw.core.words import parse_duration
@@ -56,7 +54,7 @@ def audit(
     if actor:
         query["actor"] = actor
     path = "/api/v1/audit?" + urllib.parse.urlencode(query)
-    data = get_as_or_fail(controller_client(controller, token_file), path, AuditAnswer)
+    data = controller_client(controller, token_file).get_as(path, AuditAnswer)
     if as_json:
         output.print_json([e.model_dump(mode="json") for e in data.entries])
         return
@@ -83,7 +81,7 @@ def notifications(
 ) -> None:
     """Webhook deliveries still owed (waiting or backing off) and dead letters, oldest first."""
     path = "/api/v1/notifications" + ("?dead=1" if dead else "")
-    data = get_or_fail(controller_client(controller, token_file), path)
+    data = controller_client(controller, token_file).get(path)
     if as_json:
         output.print_json(data)
         return

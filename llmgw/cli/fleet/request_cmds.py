@@ -24,7 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmgw.cli import output
-from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
 from llmgw.core.words import count, duration_words, money
 
 __all__ = ["register", "request"]
@@ -186,7 +186,7 @@ def request(
             fail(f"router {router} has no request {request_id!r} in its buffer of the last requests")
     else:
         path = "/api/v1/requests/" + urllib.parse.quote(request_id, safe="")
-        found = get_or_fail(controller_client(controller, token_file), path)["requests"]
+        found = controller_client(controller, token_file).get(path)["requests"]
     if as_json:
         output.print_json(found)
         return

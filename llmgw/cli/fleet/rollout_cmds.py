@@ -29,10 +29,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _post(client: AdminClient, path: str, body: dict[str, Any]) -> Any:
-    try:
-        return client.post(path, body, ok=(200, 202))[1]
-    except AdminError as exc:
-        fail(str(exc))
+    return client.post(path, body, ok=(200, 202))[1]
 
 
 def _seconds(text: str) -> float:

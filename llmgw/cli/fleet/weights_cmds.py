@@ -11,8 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from llmgw.cli import output
-from llmgw.cli.admin_client import AdminError
-from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail, get_or_fail
+from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client
 
 weights_app = typer.Typer(help="Weights on nodes: list them, collect what nothing references.")
 
@@ -52,7 +51,7 @@ def list_weights(
 ) -> None:
     """Per node: each weights file or directory, its size, and what uses it (running replicas, declared
     models)."""
-    data = get_or_fail(controller_client(controller, token_file), "/api/v1/weights")
+    data = controller_client(controller, token_file).get("/api/v1/weights")
     if as_json:
         output.print_json(data)
         return
@@ -85,10 +84,7 @@ def collect(
     """Remove weights llmgw fetched that no running replica uses and no declared model references."""
     client = controller_client(controller, token_file)
     body: dict[str, Any] = {"dry_run": dry_run} | ({"node": node} if node else {})
-    try:
-        _, data = client.post("/api/v1/weights/collect", body)
-    except AdminError as exc:
-        fail(str(exc))
+    _, data = client.post("/api/v1/weights/collect", body)
     if as_json:
         output.print_json(data)
         return

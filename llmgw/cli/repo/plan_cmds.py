@@ -163,28 +163,25 @@ def plan(
     result = _valid_repo(path, revision, bindings, output)
     assert result.repo is not None
     catalog = result.repo.catalog
-    try:
-        if state is not None:
-            live, usage, source = _read_state(state, controller)
-            client: AdminClient | None = None
-        else:
-            client = _client(controller, token_file, path, catalog.cluster.controller.address)
-            live = client.state()
-            usage = plan_usage.fetch_usage(client, usage_window)
-            source = client.url
-            named = None if revision is not None else revision_like_source(path, client.status())
-            if named is not None:
-                result = load_repo(path, revision=named)
-                assert result.repo is not None
-                catalog = result.repo.catalog
-        if save_state is not None:
-            plan_usage.write_state(save_state, live, usage)
-        made = plan_usage.with_impact(plans.plan_for_catalog(catalog, live), usage, catalog, live)
-        made = _with_sources(made, result, live, offline, mirror_token_file)
-        if out is not None and not (made.source_errors or made.misfits):
-            _write_plan_file(out, path, result, made, source)
-    except (AdminError, CommandRefused) as exc:
-        _fail(str(exc))
+    if state is not None:
+        live, usage, source = _read_state(state, controller)
+        client: AdminClient | None = None
+    else:
+        client = _client(controller, token_file, path, catalog.cluster.controller.address)
+        live = client.state()
+        usage = plan_usage.fetch_usage(client, usage_window)
+        source = client.url
+        named = None if revision is not None else revision_like_source(path, client.status())
+        if named is not None:
+            result = load_repo(path, revision=named)
+            assert result.repo is not None
+            catalog = result.repo.catalog
+    if save_state is not None:
+        plan_usage.write_state(save_state, live, usage)
+    made = plan_usage.with_impact(plans.plan_for_catalog(catalog, live), usage, catalog, live)
+    made = _with_sources(made, result, live, offline, mirror_token_file)
+    if out is not None and not (made.source_errors or made.misfits):
+        _write_plan_file(out, path, result, made, source)
     typer.echo(plans.render(made, output.value), nl=False)
     if made.source_errors or made.misfits:
         _refuse(made, saved=out is not None)
@@ -415,19 +412,16 @@ def apply(
         typer.echo(v.render(result, v.Format.text), nl=False, err=True)
         typer.echo("Nothing was applied: the cluster repo is invalid.", err=True)
         raise typer.Exit(1)
-    try:
-        client = _client(controller, token_file, path, result.repo.catalog.cluster.controller.address)
-        if revision is None and saved is None:
-            named = revision_like_source(path, client.status())
-            result = result if named is None else load_repo(path, revision=named)
-        if saved is not None:
-            check_saved_plan(saved, result, client.state())
-        assert result.repo is not None
-        rev = result.repo.revision or _content_hash(path)
-        reply = _send(client, path, rev, send, actor or _actor(admin_client.environ()))
-        _nudge(client)
-    except LlmgwError as exc:  # AdminError, CommandRefused, StalePlan: each says what to do
-        _fail(str(exc))
+    client = _client(controller, token_file, path, result.repo.catalog.cluster.controller.address)
+    if revision is None and saved is None:
+        named = revision_like_source(path, client.status())
+        result = result if named is None else load_repo(path, revision=named)
+    if saved is not None:
+        check_saved_plan(saved, result, client.state())
+    assert result.repo is not None
+    rev = result.repo.revision or _content_hash(path)
+    reply = _send(client, path, rev, send, actor or _actor(admin_client.environ()))
+    _nudge(client)
     if reply.get("result") == "refused":
         errors = [str(e) for e in reply.get("errors", [])]
         typer.echo(f"The controller refused revision {short(rev)}:", err=True)

@@ -180,7 +180,7 @@ async def events(request: web.Request) -> web.Response:
         stored = await c.store.recent_events(limit=limit)
         stored.sort(key=lambda e: -e.time)
         items = [{"time": e.time, "kind": e.kind, "object": e.object, "message": e.message} for e in stored]
-    except Exception as exc:  # the store down: what this process saw is still worth showing
+    except StoreError as exc:  # the store down: what this process saw is still worth showing
         log.warning("events from the store unavailable, showing this process's: %s", exc)
         items = list(c.events.items)[-limit:][::-1]
     return web.json_response({"events": items})

@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
 from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.parts.admin_tokens import AdminPrincipal, Scope, allows
+from llmgw.core.errors import LlmgwError, TransientError
 from llmgw.core.security import bearer_token
+from llmgw.store.errors import StoreError
 
 __all__ = ["PRINCIPAL", "Handler", "error", "json_errors", "principal", "require", "scoped"]
 
@@ -113,6 +116,21 @@ async def json_errors(request: web.Request, handler: Handler) -> web.StreamRespo
         # The client went away while sending its body: nobody is left to answer, and it is not our error.
         log.info("admin request %s %s: the client went away", request.method, request.path)
         return web.Response(status=400)
+    except LlmgwError as exc:
+        return _llmgw_error(request, exc)
     except Exception:
         log.exception("admin request %s %s failed", request.method, request.path)
         return error(500, "internal error in the controller (its log has the details)")
+
+
+def _llmgw_error(request: web.Request, exc: LlmgwError) -> web.Response:
+    """An llmgw error no handler answered. Worth asking again (transient, or the store's) is 503, with
+    Retry-After when the error says how long; anything else is 500 with its message (written to be read),
+    the traceback in the log."""
+    if isinstance(exc, TransientError | StoreError):
+        message = f"the store is unavailable: {exc}" if isinstance(exc, StoreError) else str(exc)
+        delay = exc.delay if isinstance(exc, TransientError) else None
+        headers = {} if delay is None else {"Retry-After": str(math.ceil(delay))}
+        return web.json_response({"error": {"message": message}}, status=503, headers=headers)
+    log.error("admin request %s %s failed: %s", request.method, request.path, exc, exc_info=exc)
+    return error(500, str(exc))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from llmgw.controller.loops.evals import EvalError, ready_targets
 from llmgw.controller.loops.model_checks import run_model_check
 from llmgw.controller.status.fleet import engine_version_of
+from llmgw.core.errors import Outage
 from llmgw.core.evals.model_checks import probes_for
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ def due_checks(c: Controller) -> dict[tuple[str, str, str], DueCheck]:
 
 async def auto_check_loop(c: Controller) -> None:
     tasks: dict[tuple[str, str, str], asyncio.Task[None]] = {}
+    failing = Outage(log, "finding the replicas to check")
     try:
         while True:
             if c.leading() and c.model_checks.auto:
@@ -75,8 +77,9 @@ async def auto_check_loop(c: Controller) -> None:
                             tasks[key] = asyncio.get_running_loop().create_task(
                                 _check(c, due), name=f"llmgw-model-check-{due.model}"
                             )
-                except Exception:  # a bug here must not stop the next tick
-                    log.exception("finding the replicas to check failed; trying again")
+                    failing.recovered()
+                except Exception as exc:  # a bug here must not stop the next tick
+                    failing.failed(exc, TICK_S)
             for key in [k for k, t in tasks.items() if t.done()]:
                 tasks.pop(key)
             await asyncio.sleep(TICK_S)

@@ -29,8 +29,10 @@ from llmgw.controller.parts.canary_record import CanaryBook, CanaryRun, run_reco
 from llmgw.controller.status.canaries import changed, split
 from llmgw.controller.wire.engine_http import engine_session
 from llmgw.core.desired.catalog import ModelEntry
+from llmgw.core.errors import Outage
 from llmgw.core.evals.canary import Traffic, judge_canary
 from llmgw.core.fleet.views import ModelView
+from llmgw.store.errors import StoreError
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
@@ -47,14 +49,18 @@ TICK_S = 1.0
 
 
 async def canary_loop(c: Controller) -> None:
+    failing = Outage(log, "judging the canaries")
     try:
         while True:
             # Not before the runs the last leader left are read: a canary would start a second time.
             if c.leading() and c.worker_state.earlier_state_read:
                 try:
                     await canary_tick(c)
-                except Exception:  # a bug here must not stop the next tick; the stable replicas serve on
-                    log.exception("judging the canaries failed; trying again")
+                    failing.recovered()
+                except (
+                    Exception
+                ) as exc:  # a bug here must not stop the next tick; the stable replicas serve on
+                    failing.failed(exc, TICK_S)
             await asyncio.sleep(TICK_S)
     finally:
         c.canaries.cancel()
@@ -107,7 +113,7 @@ async def _forget(c: Controller, name: str) -> None:
         run.eval_task.cancel()
     try:
         await c.store.delete_canary_run(name)
-    except Exception as exc:  # a row left behind is read back as a run whose fingerprints changed: replaced
+    except StoreError as exc:  # a row left behind is read back as a run whose fingerprints changed: replaced
         log.warning("the canary run of %s could not be deleted from the store: %s", name, exc)
 
 
@@ -122,7 +128,7 @@ async def _save(c: Controller, run: CanaryRun, *, with_stable: bool = False) -> 
             run.model, record, stable_json(run.stable) if with_stable else None, c.wall()
         )
         run.saved = record
-    except Exception as exc:
+    except StoreError as exc:
         log.warning(
             "the canary run of %s could not be written to the store (tried again): %s", run.model, exc
         )

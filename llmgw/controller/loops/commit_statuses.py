@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 
 from llmgw.adapters.commit_status import CommitStatus, State, StatusPoster, is_commit_sha
 from llmgw.controller.status import fleet as views
+from llmgw.core.errors import Outage, TransientError, retry_after
+from llmgw.store.errors import StoreError
 from llmgw.store.queries.intent import OwedStatus
 
 if TYPE_CHECKING:
@@ -74,6 +76,7 @@ class CommitStatuses:
     controller before this one owed and the apply's success once the fleet runs the revision."""
 
     TICK_S = 1.0
+    RETRY_MAX_S = 30.0  # after a failure, the next tick never later than this, whatever the error says
 
     def __init__(self, c: Controller, poster: StatusPoster) -> None:
         self.c, self.poster = c, poster
@@ -110,7 +113,7 @@ class CommitStatuses:
         (a status said twice is better than one never said)."""
         try:
             return await self.c.store.mark_once(mark, now)
-        except Exception as exc:
+        except StoreError as exc:
             log.warning(
                 "commit statuses: the store cannot say whether %s was posted (%s): posting it", mark, exc
             )
@@ -138,7 +141,7 @@ class CommitStatuses:
         )
         try:
             await self.c.store.owe_commit_status(owed)
-        except Exception as exc:  # posted all the same; only a controller dying now would lose it
+        except StoreError as exc:  # posted all the same; only a controller dying now would lose it
             log.warning("commit status %s not written to the outbox: %s", status.context, exc)
             await self._post(owed)
             return
@@ -176,18 +179,28 @@ class CommitStatuses:
         """On becoming the leader (or at start), post what is owed; then, once a second, the apply's success
         when every model of the applied revision is Healthy."""
         was_leading = False
+        failing = Outage(log, "commit statuses")
         while True:
             leading = self.c.leading() and self.c.worker_state.earlier_state_read
+            wait = self.TICK_S
             try:
                 if leading and not was_leading:
                     await self.deliver()
                 if leading:
                     await self._healthy()
-            except Exception as exc:  # the store is down: tried again at the next tick
-                log.warning("commit statuses: %s (tried again)", exc)
+                failing.recovered()
+            except TransientError as exc:  # the store is down: delivered again once it answers
+                wait = retry_after(exc, default=self.TICK_S, most=self.RETRY_MAX_S)
+                failing.failed(exc, wait)
+                leading = False
+            except Exception as exc:  # a bug must not end the posting; delivered again at the next tick
+                failing.failed(exc, wait)
                 leading = False
             was_leading = leading
-            await asyncio.sleep(self.TICK_S)
+            await self._pause(wait)
+
+    async def _pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     async def _healthy(self) -> None:
         c = self.c

@@ -36,6 +36,7 @@ from llmgw.core.evals.model_checks import (
     tools_result_verdict,
     tools_verdict,
 )
+from llmgw.store.errors import StoreError
 
 if TYPE_CHECKING:
     from llmgw.controller.core import Controller
@@ -83,7 +84,7 @@ async def run_model_check(
         await c.store.save_model_check(
             model, verdict.engine, verdict.engine_version, json.dumps(verdict.json()), verdict.at
         )
-    except Exception as exc:
+    except StoreError as exc:
         log.warning("the model-check verdict of %s is not kept in the store: %s", model, exc)
     words = "; ".join(f"{p.probe}: {'ok' if p.passed else p.detail}" for p in results)
     await c.event(

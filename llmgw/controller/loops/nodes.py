@@ -45,6 +45,7 @@ from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.credentials import loopback_address
 from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.controller.parts.state import NodeOps
+from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.reconcile import BackoffPolicy
 
 if TYPE_CHECKING:
@@ -185,17 +186,27 @@ class NodesLoop:
         controller.change_listeners.append(self.wake.set)
 
     async def run(self) -> None:
+        failing = Outage(log, "a node bootstrap pass")
         while True:
+            wait = TICK_S
             try:
                 await self.pass_once()
-            except Exception:  # a bug in one pass must not end bootstrapping; the next pass starts afresh
-                log.exception("node bootstrap pass failed; retrying in %.0fs", TICK_S)
-            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that arrives as the event is
-            # set (it is set on every heartbeat), and the app's shutdown would wait for this task forever.
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(TICK_S):
-                    await self.wake.wait()
-            self.wake.clear()
+                failing.recovered()
+            except TransientError as exc:  # the store did not answer: retried when the raiser says
+                wait = retry_after(exc, default=TICK_S, most=RETRY_CAP_S)
+                failing.failed(exc, wait)
+            except Exception as exc:  # a bug in one pass must not end bootstrapping; the next starts afresh
+                failing.failed(exc, wait)
+            await self._wait_for_wake(wait)
+
+    async def _wait_for_wake(self, seconds: float) -> None:
+        """Until a change (a heartbeat, a revision) wakes the loop, at most `seconds`."""
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that arrives as the event is
+        # set (it is set on every heartbeat), and the app's shutdown would wait for this task forever.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.wake.wait()
+        self.wake.clear()
 
     async def close(self) -> None:
         await self.background.close()

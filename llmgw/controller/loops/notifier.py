@@ -25,9 +25,11 @@ from llmgw.adapters.secrets import SecretError, read_bound_secret
 from llmgw.core.api import notify
 from llmgw.core.config.models import NotificationSpec
 from llmgw.core.config.secret_bindings import SecretUse
+from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.security import forbidden_address_reason
 from llmgw.core.tenancy.limits import window_bounds
 from llmgw.core.words import parse_duration
+from llmgw.store.errors import StoreError
 from llmgw.store.records import Delivery, time_ordered_id
 
 if TYPE_CHECKING:
@@ -72,7 +74,7 @@ class Notifier:
             try:
                 if not await c.store.mark_once(mark, c.wall()):
                     return 0  # already said (this window, this hour)
-            except Exception as exc:  # better twice than never: send it, say why it may repeat
+            except StoreError as exc:  # better twice than never: send it, say why it may repeat
                 log.warning("could not check whether %s was already announced (%s); sending it", mark, exc)
         now = c.wall()
         for name in names:
@@ -89,7 +91,7 @@ class Notifier:
             while self.pending:
                 try:
                     await self.c.store.enqueue_delivery(self.pending[0])
-                except Exception as exc:
+                except StoreError as exc:
                     log.warning(
                         "notification outbox write failed (%d waiting in memory): %s", len(self.pending), exc
                     )
@@ -158,36 +160,51 @@ class Notifier:
         return queued
 
     async def budget_loop(self) -> None:
+        failing = Outage(log, "the budget check for notifications")
         while True:
+            every = self.c.settings.budget_check_s
+            wait = every
             try:
                 await self.check_budgets()
                 await self.c.store.prune_marks(self.c.wall() - MARKS_KEPT_S)
                 self.budget_checks += 1
-            except Exception as exc:  # the store down: the next check reads the same usage
-                log.warning(
-                    "budget check for notifications failed, retried in %.0fs: %s",
-                    self.c.settings.budget_check_s,
-                    exc,
-                )
-            await asyncio.sleep(self.c.settings.budget_check_s)
+                failing.recovered()
+            except TransientError as exc:  # the store down: the next check reads the same usage
+                wait = retry_after(exc, default=every, most=every)
+                failing.failed(exc, wait)
+            except Exception as exc:  # a bug must not end the checks
+                failing.failed(exc, wait)
+            await self._pause(wait)
+
+    async def _pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
 
     # ---------------------------------------------------------------------------------- sending
 
     async def run(self) -> None:
         """Deliver what is due, for ever (only while leading)."""
+        failing = Outage(log, "the notification sender")
         async with aiohttp.ClientSession(connector=checked_connector("a webhook", limit=8)) as session:
             while True:
                 wait = IDLE_WAIT_S
                 try:
                     if self.c.leading():
                         wait = await self.deliver_due(session)
-                except Exception as exc:  # the store down: nothing is lost, the rows wait there
-                    log.warning("notification sender: %s; retrying in %.0fs", exc, STORE_RETRY_S)
+                    failing.recovered()
+                except TransientError as exc:  # the store down: nothing is lost, the rows wait there
+                    wait = retry_after(exc, default=STORE_RETRY_S, most=IDLE_WAIT_S)
+                    failing.failed(exc, wait)
+                except Exception as exc:  # a bug must not end the sending
                     wait = STORE_RETRY_S
-                self.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.0, wait)):
-                        await self.wake.wait()
+                    failing.failed(exc, wait)
+                await self._wait_for_wake(wait)
+
+    async def _wait_for_wake(self, seconds: float) -> None:
+        """Until `emit` (or a revision) wakes the sender, at most `seconds` (the next row due)."""
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(0.0, seconds)):
+                await self.wake.wait()
 
     async def deliver_due(self, session: aiohttp.ClientSession) -> float:
         """One pass over the due rows; returns how long until the next is due."""

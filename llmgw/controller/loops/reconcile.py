@@ -22,7 +22,7 @@ from llmgw_agent.protocol import (
 from llmgw.adapters import logformat
 from llmgw.adapters.secrets import SecretError
 from llmgw.controller.core import Controller
-from llmgw.controller.loops import yielding
+from llmgw.controller.loops import adoption, yielding
 from llmgw.controller.loops.autoscaler import autoscale, load_capacities
 from llmgw.controller.loops.canary import held_views
 from llmgw.controller.loops.shard_specs import StartInputs
@@ -31,8 +31,8 @@ from llmgw.controller.parts.hub import AgentError, NodeLink
 from llmgw.controller.parts.state import ReplicaRec
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.engine_orders import EngineOrders
+from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.fleet.autoscale import ScalePolicy
-from llmgw.core.fleet.states import ADOPTABLE_SHARD_STATES
 from llmgw.core.fleet.views import NodeView, ReplicaView
 from llmgw.core.placement import ShardPlacement, explain as placement_explain
 from llmgw.core.reconcile import (
@@ -48,12 +48,14 @@ from llmgw.core.reconcile import (
     replica_stale,
 )
 from llmgw.core.security import engine_key
-from llmgw.store.errors import LeaseFenced
+from llmgw.store.errors import LeaseFenced, StoreError
 from llmgw.store.records import ReplicaRecord
 
 log = logging.getLogger("llmgw.controller.reconcile")
 
 STOP_RETRY_S = 5.0
+PASS_RETRY_S = 1.0  # after a failed pass, the next one this soon (unless the error says when)
+PASS_RETRY_MAX_S = 30.0  # and never later than this, whatever it says
 DEMAND_FRESH_S = 60.0  # a router's demand for an on-demand model, before a replica exists, counts this long
 DRAIN_POLL_S = 0.1  # how often a drain looks at the routers' load reports for the replica's last request
 
@@ -79,18 +81,29 @@ class Reconciler:
 
     async def run(self) -> None:
         c = self.c
+        failing = Outage(log, "a reconcile pass")
         while True:
             try:
                 wake = await self.pass_once()
-            except Exception:  # a bug in one pass must not end reconciling; the next pass starts afresh
-                log.exception("reconcile pass failed; retrying in 1s")
+                failing.recovered()
+            except TransientError as exc:  # the store did not answer: retried when the raiser says
+                wake = retry_after(exc, default=PASS_RETRY_S, most=PASS_RETRY_MAX_S)
+                failing.failed(exc, wake)
                 c.metrics.reconcile_errors.inc()
-                wake = 1.0
-            with contextlib.suppress(TimeoutError):
-                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races the event
-                async with asyncio.timeout(wake):
-                    await c.changed.wait()
-            c.changed.clear()
+            except Exception as exc:  # a bug in one pass must not end reconciling; the next starts afresh
+                wake = PASS_RETRY_S
+                failing.failed(exc, wake)
+                c.metrics.reconcile_errors.inc()
+            await self._wait_for_change(wake)
+
+    async def _wait_for_change(self, seconds: float) -> None:
+        """Until a change is notified, at most `seconds` (the next timed pass)."""
+        c = self.c
+        with contextlib.suppress(TimeoutError):
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that races the event
+            async with asyncio.timeout(seconds):
+                await c.changed.wait()
+        c.changed.clear()
 
     async def pass_once(self) -> float:
         """One pass; returns seconds until the next timed pass."""
@@ -213,7 +226,7 @@ class Reconciler:
         try:
             await load_capacities(self.c.store, self.c.desired, self.c.fleet)
             self.capacities_loaded = True
-        except Exception as exc:  # the store is down: slots are assumed meanwhile, tried again next pass
+        except StoreError as exc:  # the store is down: slots are assumed meanwhile, tried again next pass
             if not self.capacities_warned:
                 self.capacities_warned = True
                 log.warning("measured capacities not read from the store yet (slots assumed): %s", exc)
@@ -471,77 +484,14 @@ class Reconciler:
             await c.store.delete_replica(rec.id, fence=c.fence())
         except LeaseFenced as exc:
             c.fenced_out(exc)
-        except Exception as exc:
+        except StoreError as exc:
             log.warning("could not delete replica %s from the store: %s", rec.id, exc)
 
     # ---------------------------------------------------------------------------------- adoption
 
     def adopt(self, link: NodeLink, register: Register) -> None:
-        """Shards an agent reports at Register that this controller does not know. One the store knows is
-        that replica again: its profile, age and part in a roll (what it replaces, a restart asked) as the
-        last leader wrote them, and the fingerprint the agent says it runs; so a controller restart changes
-        nothing a commit asked for, and a stale one is rolled like any other. `adopted` only says that this
-        controller did not start it (its load time is unknown). Replicas the node ran that its agent no longer
-        reports: failed now (`_vanished`)."""
-        self._vanished(link, register)
-        c = self.c
-        for shard in register.shards:
-            if shard.state not in ADOPTABLE_SHARD_STATES:
-                continue
-            existing = c.replicas.get(shard.replica_id)
-            if existing is not None:
-                # Another shard of a multi-node replica adopted from another node: add where this one runs.
-                if existing.adopted and shard.shard_rank not in {s.rank for s in existing.shards}:
-                    placed = ShardPlacement(link.name, shard.shard_rank, tuple(shard.gpus))
-                    existing.shards = tuple(sorted((*existing.shards, placed), key=lambda s: s.rank))
-                continue
-            known = c.worker_state.known_records.get(shard.replica_id)
-            profile = known.profile if known else self._profile_by_fingerprint(shard.model, shard.fingerprint)
-            rec = ReplicaRec(
-                id=shard.replica_id,
-                model=shard.model,
-                profile=profile,
-                fingerprint=shard.fingerprint or (known.fingerprint if known else ""),
-                created_at=known.created_at if known else c.wall(),
-                # The GPUs the agent says the shard holds: placement counts them as taken (with none, a
-                # restarted controller would place another replica on the same cards).
-                shards=(ShardPlacement(link.name, shard.shard_rank, tuple(shard.gpus)),),
-                adopted=True,
-                start_sent_at=c.clock(),
-                replaces=known.replaces if known else None,
-                restart=known.restart_asked if known else False,
-            )
-            c.replicas[rec.id] = rec
-            log.info("adopted replica %s (%s, pid %s) on %s", rec.id, rec.model, shard.pid, link.name)
-            where = "known to the store" if known else "not in the store"
-            self.background.spawn(
-                c.event("replica_adopted", rec.id, f"found running on {link.name} (pid {shard.pid}; {where})")
-            )
-
-    def _vanished(self, link: NodeLink, register: Register) -> None:
-        """A replica that ran on this node (seen ready, or adopted from it) and that its agent, registering
-        again, does not report: its engine died with the agent (the host rebooted, the agent's state was lost).
-        It is failed at once, and replaced like any failed replica, instead of waiting out the grace a start
-        not yet reported gets (a minute and more)."""
-        c = self.c
-        reported = {s.shard_id for s in register.shards}
-        for rec in list(c.replicas.values()):
-            if rec.stopping or rec.error or (rec.ready_since is None and not rec.adopted):
-                continue
-            gone = [s for s in rec.shards if s.node == link.name and f"{rec.id}-{s.rank}" not in reported]
-            if not gone:
-                continue
-            rec.error = f"gone from {link.name}: its agent registered again without it (the host restarted?)"
-            log.warning("replica %s %s", rec.id, rec.error)
-            self.background.spawn(c.event("replica_vanished", rec.id, rec.error))
-
-    def _profile_by_fingerprint(self, model: str, fingerprint: str) -> str:
-        d = self.c.desired
-        entry = d.models.get(model) if d else None
-        if entry is None:
-            return ""
-        match = next((p.name for p in entry.profiles if p.fingerprint == fingerprint), None)
-        return match or (entry.profiles[0].name if entry.profiles else "")
+        """What an agent reports at Register that this controller does not know (loops/adoption.py)."""
+        adoption.adopt(self.c, self.background, link, register)
 
     # ---------------------------------------------------------------------------------- store
 
@@ -554,7 +504,7 @@ class Reconciler:
                     inventory = link.inventory.model_dump(mode="json", by_alias=True)
                     await c.store.upsert_node(name, link.state, inventory, c.wall())
                     record.stored_state = link.state
-                except Exception as exc:
+                except StoreError as exc:
                     log.warning("could not record node %s in the store: %s", name, exc)
         stored = self.c.worker_state.stored_states
         for rec in list(self.c.replicas.values()):
@@ -583,7 +533,7 @@ class Reconciler:
             c.worker_state.stored_states[rec.id] = (state, rec.restart)
         except LeaseFenced as exc:
             c.fenced_out(exc)
-        except Exception as exc:
+        except StoreError as exc:
             log.warning("could not record replica %s in the store: %s", rec.id, exc)
 
 

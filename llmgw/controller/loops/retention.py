@@ -16,6 +16,7 @@ from pathlib import Path
 
 from llmgw.controller.core import Controller
 from llmgw.core.desired.catalog import Catalog
+from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.traffic.recorded import content_ttl, usage_cutoff
 from llmgw.core.words import parse_duration
 from llmgw.store.queries.content import ContentError, ContentVault, parse_content_key
@@ -56,7 +57,7 @@ class Retention:
         self.c = c
         self.passes = 0  # completed passes (tests and status read it)
         self.last: PassResult | None = None
-        self._failing = False  # warned once; said again when a pass works
+        self._failing = Outage(log, "pruning usage and content")
         self._keyless: frozenset[str] = frozenset()  # projects opted in without a content key, warned once
         # Read now so a bad key file stops the controller at start, naming the file; the vault is what a
         # content API (Responses `store`) is to use.
@@ -113,21 +114,20 @@ class Retention:
 
     async def run(self) -> None:
         while True:
+            wait = self.c.settings.retention_check_s
             if self.c.leading():
                 try:
                     self.last = await self.prune_once()
                     self.passes += 1
-                    if self._failing:
-                        log.info("usage and content pruning works again")
-                        self._failing = False
+                    self._failing.recovered()
                     if self.last.usage_rows or self.last.content_expired or self.last.content_withdrawn:
                         log.info("pruned %s", self.last)
-                except Exception as exc:  # the store down: the next pass prunes the same rows
-                    if not self._failing:
-                        log.warning(
-                            "pruning usage and content failed, retried every %.0fs: %s",
-                            self.c.settings.retention_check_s,
-                            exc,
-                        )
-                    self._failing = True
-            await asyncio.sleep(self.c.settings.retention_check_s)
+                except TransientError as exc:  # the store down: the next pass prunes the same rows
+                    wait = retry_after(exc, default=wait, most=wait)
+                    self._failing.failed(exc, wait)
+                except Exception as exc:  # a bug must not end pruning
+                    self._failing.failed(exc, wait)
+            await self._pause(wait)
+
+    async def _pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)

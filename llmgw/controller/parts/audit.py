@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections import deque
 
+from llmgw.store.errors import StoreError
 from llmgw.store.records import AuditEntry
 from llmgw.store.store import Store
 
@@ -52,7 +53,7 @@ class AuditLog:
             while self.pending:
                 try:
                     await self.store.record_audit(self.pending[0])
-                except Exception as exc:
+                except StoreError as exc:
                     if self.write_error is None:
                         log.warning(
                             "audit entries cannot be written to the store (%s); %d queued, retrying",

@@ -212,7 +212,7 @@ class AgentHub:
         der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
         try:
             named = self._peer_check(der)
-        except Exception as exc:  # PeerRejected, CAError, a malformed certificate: all refusals
+        except (LlmgwError, ValueError, OSError) as exc:  # PeerRejected, CAError, a malformed certificate
             return f"client certificate refused: {exc}"
         if named != node:
             return f"the client certificate is for node {named!r}, not {node!r}"

@@ -13,6 +13,7 @@ import logging
 from collections import deque
 
 from llmgw.core.words import short
+from llmgw.store.errors import StoreError
 from llmgw.store.records import Revision
 from llmgw.store.store import Store
 
@@ -62,7 +63,7 @@ class RevisionHistory:
             while self.pending:
                 try:
                     await self.store.record_revision(self.pending[0])
-                except Exception as exc:
+                except StoreError as exc:
                     self.write_error = str(exc)
                     return False
                 self.pending.popleft()

@@ -31,6 +31,7 @@ from llmgw.controller.status.canaries import live_canaries
 from llmgw.core import jsonsafe
 from llmgw.core.config.models import LORA_ENGINES
 from llmgw.core.desired.catalog import Catalog
+from llmgw.core.errors import LlmgwError
 from llmgw.core.evals.model_checks import probes_for
 from llmgw.core.fleet.autoscale import Demand, published_load_seconds
 from llmgw.core.fleet.views import class_rank
@@ -260,7 +261,7 @@ def router_certificate_refusal(c: Controller, request: web.Request) -> str | Non
     der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
     try:
         c.router_peer_check(der)
-    except Exception as exc:  # PeerRejected, a malformed certificate: all refusals
+    except (LlmgwError, ValueError, OSError) as exc:  # PeerRejected, CAError, a malformed certificate
         return f"client certificate refused: {exc}"
     return None
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from llmgw.core.errors import Outage, retry_after
 from llmgw.store.errors import StoreError
 from llmgw.store.records import UsageRecord
 from llmgw.store.usage.usage_spool import UsageSpool, fsync_file
@@ -165,7 +166,8 @@ class UsageWriter:
             self._spool.release(self._segments[0] if self._segments else None)
 
     async def _run(self) -> None:
-        delay = self._retry_initial
+        delay = self._retry_initial  # the writer's own backoff, doubled each failure up to retry_max
+        failing = Outage(log, "usage write")  # the records are kept meanwhile, none dropped
         while not self._closing:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self._interval):
@@ -184,10 +186,13 @@ class UsageWriter:
                     if len(self._pending) < self._batch_size:
                         break
                 delay = self._retry_initial
+                failing.recovered()
             except Exception as exc:  # kept and retried, never dropped: a bug here must not lose usage
-                log.warning("usage write failed, %d records kept for retry: %s", len(self._pending), exc)
+                # The store's own delay when it says one (StoreUnavailable is transient), else the backoff.
+                wait = retry_after(exc, default=delay, most=self._retry_max)
+                failing.failed(exc, wait)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
+                    async with asyncio.timeout(wait):
                         await self._closed.wait()
                 delay = min(delay * 2, self._retry_max)
                 self._wake.set()

@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["AffinityChoice", "Candidate", "choose"]
+__all__ = ["AdapterReplica", "AffinityChoice", "choose"]
 
 
 @dataclass(frozen=True, slots=True)
-class Candidate:
+class AdapterReplica:
     id: str
     holds: bool  # the adapter is loaded there (at start, or by a runtime load this router made)
     loadable: bool  # it can load the adapter now (vLLM with the runtime API, the adapter's path known)
@@ -32,7 +32,7 @@ class AffinityChoice:
     load_on: str | None  # a replica to load the adapter on first (the only one allowed then)
 
 
-def choose(candidates: Sequence[Candidate]) -> AffinityChoice:
+def choose(candidates: Sequence[AdapterReplica]) -> AffinityChoice:
     holders = [c for c in candidates if c.holds]
     with_room = [c for c in holders if not c.saturated]
     if with_room:

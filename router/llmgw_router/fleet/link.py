@@ -24,11 +24,16 @@ from typing import Any
 import aiohttp
 from pydantic import ValidationError
 
+from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.snapshot import RouterSnapshot
 
-__all__ = ["ControllerLink", "controller_url"]
+__all__ = ["ControllerLink", "ControllerUnreachable", "controller_url"]
 
 log = logging.getLogger(__name__)
+
+
+class ControllerUnreachable(TransientError):
+    """The controller's stream could not be opened, or was lost; `delay` None: the link's own backoff."""
 
 
 def controller_url(address: str) -> str:
@@ -81,6 +86,8 @@ class ControllerLink:
         self._max_backoff = max_backoff
         self._outbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=1000)
         self.revision: str | None = None
+        # Said once per outage, not per attempt (a standby refusing, every address in turn, every backoff).
+        self._lost = Outage(log, "the controller stream (serving the last snapshot meanwhile)")
 
     @property
     def url(self) -> str:
@@ -98,25 +105,38 @@ class ControllerLink:
     async def run(self, session: aiohttp.ClientSession) -> None:
         backoff = 0.2
         while True:
+            wait = backoff * (0.5 + random.random())
             try:
                 await self._session(session)
                 backoff = 0.2  # a session that worked starts the backoff again
-            except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-                log.warning("controller stream %s: %s; serving the last snapshot, retrying", self.url, exc)
+                wait = backoff * (0.5 + random.random())
+            except ControllerUnreachable as exc:
+                wait = retry_after(exc, default=wait, most=self._max_backoff)
+                self._lost.failed(exc, wait)
             finally:
                 self._on_connected(False)
             self._index += 1
             if len(self.urls) > 1 and self._index % len(self.urls):
-                await asyncio.sleep(0.05)  # the next address has not been tried yet: no reason to wait
+                await self._pause(0.05)  # the next address has not been tried yet: no reason to wait
                 continue
-            await asyncio.sleep(backoff * (0.5 + random.random()))
+            await self._pause(wait)
             backoff = min(backoff * 2, self._max_backoff)
 
+    async def _pause(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+
     async def _session(self, session: aiohttp.ClientSession) -> None:
+        try:
+            await self._stream(session)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ControllerUnreachable(f"controller stream {self.url}: {exc}") from exc
+
+    async def _stream(self, session: aiohttp.ClientSession) -> None:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
         tls: ssl.SSLContext | bool = self._ssl if self._ssl is not None else True
         async with session.ws_connect(self.url, headers=headers, heartbeat=10.0, ssl=tls) as ws:
             log.info("connected to the controller at %s", self.url)
+            self._lost.recovered()
             self._on_connected(True)
             sender = asyncio.create_task(self._send(ws))
             try:

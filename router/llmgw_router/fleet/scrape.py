@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import aiohttp
 
+from llmgw.core.errors import Outage
 from llmgw_router.decisions.scrape_parse import Sample, ScrapeError, parse_metrics
 from llmgw_router.fleet.metrics import RouterMetrics
 from llmgw_router.fleet.table import LiveEndpoint, RoutingTable
@@ -113,17 +114,19 @@ async def scrape_loop(
 ) -> None:
     """Scrape every endpoint of the current table once per its scrape_interval, until cancelled."""
     loop = asyncio.get_running_loop()
+    failing = Outage(log, "a scrape round")
     while True:
         started = loop.time()
         current = table()
         interval = current.scrape_interval if current else 1.0
         if current is not None:
             # Like every background loop: a round that fails (a bug, a page the parser chokes on) is logged
-            # and the next one tries again; a dead scrape loop would leave every reading to go stale.
+            # once and the next one tries again; a dead scrape loop would leave every reading to go stale.
             try:
                 await scrape_once(session, current, metrics, clock)
                 if on_round is not None:
                     on_round()
-            except Exception:
-                log.exception("scrape round failed; trying again in %.1fs", interval)
+                failing.recovered()
+            except Exception as exc:
+                failing.failed(exc, interval)
         await asyncio.sleep(max(0.05, interval - (loop.time() - started)))

@@ -23,9 +23,10 @@ from llmgw_router.decisions.scheduler import Decision
 from llmgw_router.fleet.metrics import RouterMetrics
 from llmgw_router.fleet.ports import UsageSink
 from llmgw_router.fleet.table import RoutingTable
-from llmgw_router.path.auth import Principal
+from llmgw_router.path.auth import KeyPrincipal
 from llmgw_router.path.lookup import RecentRequests, decision_summary
-from llmgw_router.path.ratelimit import Lease, Limiter
+from llmgw_router.path.ratelimit import Limiter, LimitGrant
+from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.upstream.proxy import ProxyResult
 
 if TYPE_CHECKING:
@@ -102,14 +103,14 @@ class Call:
     started: float  # time.monotonic()
     model: str = "unknown"
     served: str | None = None
-    principal: Principal | None = None
+    principal: KeyPrincipal | None = None
     chain: TenantChain | None = None
     serving: tuple[str, ...] = ()  # the requested model, then the fallbacks this request may use, in order
     sizing: Sizing = _UNSIZED  # what it may cost, from its body and the model (rules.size)
     status: int = 500
     code: str = ""
     result: ProxyResult | None = None
-    lease: Lease | None = None
+    lease: LimitGrant | None = None
     # Gives the lease's concurrency slots back; called as the answer's last bytes go out (set with the lease).
     ending: Callable[[], None] | None = None
     # The way it went, for `llmgw request ID` (llmgw_router.path.lookup) and the tags (llmgw_router.path.tags).
@@ -133,6 +134,7 @@ class Call:
     # leaves nothing of itself behind.
     canary: bool = False
     adapter: str | None = None  # the LoRA adapter asked for (llmgw_router.path.lora); `model` is its base
+    turn: ResponsesTurn | None = None  # a Responses API turn, served as the chat it translates to
 
     @property
     def reserved(self) -> Reservation:
@@ -161,7 +163,7 @@ def gone(call: Call) -> tuple[int, str]:
 _PROCESS_SALT = secrets.token_bytes(32)
 
 
-def _prefix(table: RoutingTable, principal: Principal | None, key: str) -> str:
+def _prefix(table: RoutingTable, principal: KeyPrincipal | None, key: str) -> str:
     salt = table.snapshot.trace_salt
     project = (principal.project or "") if principal else ""
     return prefix_hash(salt.encode() if salt else _PROCESS_SALT, project, key)
@@ -180,37 +182,55 @@ def settle(
     """Record a finished request: metrics, the limiter's release, and a usage record for a tenant's key
     (every request's record also goes to `recent`, the router's buffer of the last ones)."""
     elapsed = time.monotonic() - call.started
-    result = call.result
     served = call.served or call.model
     prices = table.models[served].prices if table is not None and served in table.models else None
-    bill = charge(result, call.reserved, prices, status=call.status, engine_reached=call.served is not None)
-    m = metrics
+    bill = charge(
+        call.result, call.reserved, prices, status=call.status, engine_reached=call.served is not None
+    )
+    _observe(call, table, metrics, served, elapsed, bill)
+    if call.lease is not None:
+        limiter.release(call.lease, bill.used, bill.cost)
+    principal = call.principal
+    if table is None or (recent is None and (principal is None or principal.project is None)):
+        return
+    rec = _usage_record(call, table, served, elapsed, bill, clock(), router_id)
+    if recent is not None:
+        recent.add(rec)
+    if principal is not None and principal.project is not None:
+        usage.record(rec)
+
+
+def _observe(
+    call: Call, table: RoutingTable | None, m: RouterMetrics, served: str, elapsed: float, bill: Charge
+) -> None:
+    """The request in the router's metrics: counts, durations, first tokens, tokens, tags."""
+    result = call.result
     m.count(m.requests, (call.model, str(call.status), call.code))
     m.observe(m.duration, (call.model,), elapsed)
     if result is not None and result.first_byte_at is not None:
         m.observe(m.ttft, (call.model,), result.first_byte_at - call.started)
         m.load.first_token(served, result.first_byte_at - call.started, call.endpoint)
     elif result is not None and call.status == 200:
-        m.load.first_token(
-            served, elapsed, call.endpoint
-        )  # not streamed: the client has its first token with the last
+        # Not streamed: the client has its first token with the last.
+        m.load.first_token(served, elapsed, call.endpoint)
     m.load.finished(call.model, call.status, call.code)
     if bill.prompt is not None:
         m.observe_tokens(served, bill.prompt, bill.completion)
-    if call.lease is not None:
-        limiter.release(call.lease, bill.used, bill.cost)
     if call.tags and table is not None and table.snapshot.router.tag_labels:
         m.tags.observe(call.tags, table.snapshot.router, served, bill.prompt, bill.completion, bill.cost)
-    principal = call.principal
-    if table is None or (recent is None and (principal is None or principal.project is None)):
-        return
-    chain = call.chain
-    ttft = result.first_byte_at if result is not None else None
+
+
+def _usage_record(
+    call: Call, table: RoutingTable, served: str, elapsed: float, bill: Charge, now: float, router_id: str
+) -> UsageRecord:
+    """The request's usage row (the project's, and `llmgw request ID`'s)."""
+    principal, chain = call.principal, call.chain
+    ttft = call.result.first_byte_at if call.result is not None else None
     decision = decision_summary(call.decision) if call.decision is not None else call.cache
     if call.adapter is not None:  # billed to its base model's prices; which adapter it was is kept here
         decision = {**(decision or {}), "adapter": call.adapter}
-    rec = UsageRecord(
-        time=clock(),
+    return UsageRecord(
+        time=now,
         request_id=call.request_id,
         project=(principal.project or "") if principal else "",
         model=served,
@@ -235,7 +255,3 @@ def settle(
         prefix=_prefix(table, principal, call.session) if call.session is not None else None,
         guard=call.guard,
     )
-    if recent is not None:
-        recent.add(rec)
-    if principal is not None and principal.project is not None:
-        usage.record(rec)

@@ -28,8 +28,8 @@ from llmgw_router.server.exchange import Exchange
 
 __all__ = [
     "Authenticator",
+    "KeyPrincipal",
     "KeyStore",
-    "Principal",
     "StaticKeys",
     "StoreKeys",
     "auth_disabled_principal",
@@ -49,13 +49,13 @@ class KeyStore(Protocol):
 # Not frozen: built on every request, and a frozen dataclass costs about three times as much to construct
 # (object.__setattr__ per field). Nothing mutates these after construction.
 @dataclass(slots=True)
-class Principal:
+class KeyPrincipal:
     key_id: str | None
     project: str | None  # None only when auth is disabled
 
 
-def auth_disabled_principal() -> Principal:
-    return Principal(None, None)
+def auth_disabled_principal() -> KeyPrincipal:
+    return KeyPrincipal(None, None)
 
 
 class StoreKeys:
@@ -142,14 +142,14 @@ class Authenticator:
     def enabled(self) -> bool:
         return self._store is not None
 
-    async def caller(self, exchange: Exchange) -> Principal:
+    async def caller(self, exchange: Exchange) -> KeyPrincipal:
         """Who sent this request (401 ApiError when no valid key); once known, its connection no longer
         counts as anonymous against the listener's caps (listener.py, H6)."""
         principal = await self.authenticate(exchange.headers.get("authorization"))
         exchange.authenticated()
         return principal
 
-    async def authenticate(self, header: str | None) -> Principal:
+    async def authenticate(self, header: str | None) -> KeyPrincipal:
         if self._store is None:
             return auth_disabled_principal()
         if not header:
@@ -195,7 +195,7 @@ class Authenticator:
         now: float,
         cached: tuple[float, KeyLookup | None] | None,
         exc: Exception,
-    ) -> Principal:
+    ) -> KeyPrincipal:
         """The store is unreachable: a key answered before keeps its last answer (an outage must not turn
         every request into an error; a key revoked meanwhile is refused once the store is back). A key never
         seen is a 503 the client may retry, never a 500."""
@@ -213,7 +213,7 @@ class Authenticator:
         )
 
 
-def _principal(found: KeyLookup | None, token: str, now: float) -> Principal:
+def _principal(found: KeyLookup | None, token: str, now: float) -> KeyPrincipal:
     shown = token[:8] + "..." if len(token) > 12 else "(short key)"
     if found is None:
         raise ApiError(401, f"Incorrect API key provided: {shown} is not a known key.", "invalid_api_key")
@@ -221,4 +221,4 @@ def _principal(found: KeyLookup | None, token: str, now: float) -> Principal:
         raise ApiError(401, f"API key {shown} (id {found.key_id}) has been revoked.", "key_revoked")
     if found.state == "expired" or (found.expires_at is not None and found.expires_at <= now):
         raise ApiError(401, f"API key {shown} (id {found.key_id}) has expired.", "key_expired")
-    return Principal(found.key_id, found.project)
+    return KeyPrincipal(found.key_id, found.project)

@@ -32,8 +32,8 @@ from llmgw_router.decisions.response_cache import (
 )
 from llmgw_router.fleet.tag_metrics import Count
 from llmgw_router.path.accounting import Call
-from llmgw_router.server.exchange import Exchange, Headers, Reply
-from llmgw_router.surfaces.responses.exchange import ResponsesExchange
+from llmgw_router.server import sse
+from llmgw_router.server.exchange import Exchange, HttpReply, WrappedExchange
 from llmgw_router.upstream.proxy import ProxyResult
 
 __all__ = ["HEADER", "CachePath", "CachedRequest", "RecordingExchange"]
@@ -55,15 +55,12 @@ class CachedRequest:
     hit: CacheEntry | None = None
 
 
-class RecordingExchange:
+class RecordingExchange(WrappedExchange):
     """The client's exchange, with `x-llmgw-cache` on the answer's head and a stream's bytes kept (up to
     `limit`; past it nothing more is kept and the stream is not stored)."""
 
     def __init__(self, inner: Exchange, mark: str, limit: int | None) -> None:
-        self.inner = inner
-        self.method = inner.method
-        self.path = inner.path
-        self.headers: Headers = inner.headers
+        super().__init__(inner)
         self.mark = mark
         self._limit = limit  # None: keep nothing
         self._chunks: list[bytes] = []
@@ -71,24 +68,7 @@ class RecordingExchange:
         self.overflowed = limit is None
         self.ended = False
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    @property
-    def remote(self) -> str | None:
-        return self.inner.remote
-
-    @property
-    def started(self) -> bool:
-        return self.inner.started
-
-    def authenticated(self) -> None:
-        self.inner.authenticated()
-
-    async def read_body(self, limit: int) -> bytes:
-        return await self.inner.read_body(limit)
-
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         reply.headers[HEADER] = self.mark
         self.inner.respond(reply)
 
@@ -112,9 +92,6 @@ class RecordingExchange:
         self._keep(last)
         await self.inner.write_eof(limit_s, last)
         self.ended = True
-
-    def abort(self) -> None:
-        self.inner.abort()
 
     def kept(self) -> bytes | None:
         """The whole stream as the client got it, or None when it was not kept whole."""
@@ -152,7 +129,7 @@ class CachePath:
         """The cache's part in this request (None: the project keeps no cache of this model, or a Responses
         turn, whose answer is rebuilt from stored state); a hit is in `.hit`."""
         cache = self.store.for_request(project, model)
-        if cache is None or project is None or isinstance(exchange, ResponsesExchange):
+        if cache is None or project is None or not exchange.surface.cacheable:
             return None
         said = directive(exchange.headers.get("cache-control"))
         key = cache_key(project, kind, adapter or model, body)  # an adapter answers otherwise than its base
@@ -163,7 +140,7 @@ class CachePath:
         recorder = RecordingExchange(exchange, result, limit)
         return CachedRequest(cache, key, said, model, body.get("stream") is True, recorder, hit)
 
-    async def serve(self, cached: CachedRequest, call: Call, write_timeout: float) -> Reply | None:
+    async def serve(self, cached: CachedRequest, call: Call, write_timeout: float) -> HttpReply | None:
         """Answer from the cache: the stored body, or the stored stream replayed, each with a fresh id and
         created; the call charged `hit_charge` of the stored usage."""
         entry = cached.hit
@@ -192,7 +169,7 @@ class CachePath:
         fresh_id, created = f"{random.getrandbits(128):032x}", int(now)
         if not entry.stream:
             headers["Content-Type"] = entry.content_type
-            return Reply(200, _refreshed_whole(entry.body, fresh_id, created), headers)
+            return HttpReply(200, _refreshed_whole(entry.body, fresh_id, created), headers)
         exchange = cached.exchange.inner  # a hit is marked by the headers above, not by the recorder
         exchange.start_stream(
             200, {"Content-Type": entry.content_type, "Cache-Control": "no-cache", **headers}
@@ -204,7 +181,7 @@ class CachePath:
         call.result.events = entry.events
         return None
 
-    def finish(self, cached: CachedRequest, call: Call, reply: Reply | None) -> Reply | None:
+    def finish(self, cached: CachedRequest, call: Call, reply: HttpReply | None) -> HttpReply | None:
         """After a miss (or refresh) went to an engine: keep its complete answer; mark a whole one."""
         if reply is not None:
             reply.headers[HEADER] = cached.exchange.mark
@@ -264,27 +241,21 @@ def _refreshed_whole(body: bytes, fresh: str, created: int) -> bytes:
 def _refreshed_stream(stream: bytes, fresh: str, created: int) -> bytes:
     """The stored SSE stream with each data event's id and created replaced (one id for the whole stream)."""
     out: list[bytes] = []
-    for event in stream.split(b"\n\n"):
-        if not event:
-            continue
-        at = 0 if event.startswith(b"data: ") else event.find(b"\ndata: ") + 1  # the field, not a value
-        head, data = event[:at], event[at + 6 :]
-        if (at == 0 and not event.startswith(b"data: ")) or data.startswith(b"[DONE]"):
-            out.append(event)
-            continue
+    for raw in sse.split(stream):
+        event = sse.parse(raw)
         try:
-            obj = orjson.loads(data)
+            obj = orjson.loads(event.data) if event.data is not None and not event.done else None
         except orjson.JSONDecodeError:
-            out.append(event)
+            obj = None
+        if not isinstance(obj, dict):
+            out.append(raw)
             continue
-        if isinstance(obj, dict):
-            if "id" in obj:
-                obj["id"] = _new_id(obj["id"], fresh)
-            if "created" in obj:
-                obj["created"] = created
-            data = orjson.dumps(obj)
-        out.append(head + b"data: " + data)
-    return b"\n\n".join(out) + b"\n\n"
+        if "id" in obj:
+            obj["id"] = _new_id(obj["id"], fresh)
+        if "created" in obj:
+            obj["created"] = created
+        out.append(sse.format_event(orjson.dumps(obj), event.name, event.id))
+    return b"".join(out)
 
 
 class _CacheCollector(Collector):

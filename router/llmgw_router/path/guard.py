@@ -33,9 +33,7 @@ from llmgw_router.path.accounting import Call
 from llmgw_router.path.guard_stream import GuardedStream
 from llmgw_router.routing.forwarding import Forwarding
 from llmgw_router.server.errors import ApiError, error_response
-from llmgw_router.server.exchange import Exchange, Reply
-from llmgw_router.surfaces.messages.exchange import MessagesExchange
-from llmgw_router.surfaces.responses.exchange import ResponsesExchange
+from llmgw_router.server.exchange import Exchange, HttpReply
 
 __all__ = ["GUARDED_KINDS", "Guard", "JudgeAsk", "Screened", "ask_judge", "blocked_error"]
 
@@ -272,7 +270,7 @@ class Guard:
         screened = await self.screen_input(guards, body)
         verdict = screened.verdict
         call.guard = {"input": verdict.record()}
-        if verdict.action == "redact" and isinstance(exchange, ResponsesExchange):
+        if verdict.action == "redact" and not exchange.surface.redacts_in_place:
             # A Responses turn is rebuilt from its own input for each engine: redacting the chat it became
             # would not reach the engine, so what would be redacted is refused instead.
             verdict = dataclasses.replace(verdict, action="block")
@@ -309,14 +307,14 @@ class Guard:
         body: dict[str, Any],
         call: Call,
         ask: JudgeAsk,
-        forward: Callable[[Exchange], Awaitable[Reply | None]],
-    ) -> Reply | None:
+        forward: Callable[[Exchange], Awaitable[HttpReply | None]],
+    ) -> HttpReply | None:
         """Forward with the output screen: a stream through GuardedStream (cut on a block; held and judged
         whole when a judge applies), a whole answer checked before the client sees it (a block replaces it
         with the 400). A Responses or Messages stream under an output guardrail was refused before
         (`unscreenable`): its exchange translates event by event and has no place for a chat error event."""
         mine = tuple(g for g in guards if g.checks("output"))
-        if body.get("stream") is True and not isinstance(exchange, ResponsesExchange | MessagesExchange):
+        if body.get("stream") is True and not exchange.surface.streams_translated:
 
             async def judge(text: str) -> gr.Verdict:
                 return await self.judge_answer(mine, body, text, ask)
@@ -373,11 +371,7 @@ def unscreenable(
             param="prompt",
         )
     screening = next((g for g in guards if g.checks("output")), None)
-    if (
-        screening is not None
-        and body.get("stream") is True
-        and isinstance(exchange, ResponsesExchange | MessagesExchange)
-    ):
+    if screening is not None and body.get("stream") is True and exchange.surface.streams_translated:
         return ApiError(
             400,
             f"Guardrail `{screening.name}` checks this model's answers, and a streamed answer of this API "

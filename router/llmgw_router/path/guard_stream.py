@@ -10,13 +10,13 @@ token): with an output judge the stream is held, judged whole at its end, and on
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from llmgw.core.errors import LlmgwError
 from llmgw.core.evals import guardrails as gr
-from llmgw_router.server.exchange import Exchange, Headers, Reply
+from llmgw_router.server import sse
+from llmgw_router.server.exchange import Exchange, WrappedExchange
 
 __all__ = ["GuardCut", "GuardedStream"]
 
@@ -25,7 +25,7 @@ class GuardCut(LlmgwError, ConnectionResetError):
     """An output guardrail cut the stream (the client has its final error event)."""
 
 
-class GuardedStream:
+class GuardedStream(WrappedExchange):
     """An Exchange that screens what is written through it; everything else is the client's exchange."""
 
     def __init__(
@@ -35,10 +35,7 @@ class GuardedStream:
         on_verdict: Any,
         judge: Callable[[str], Awaitable[gr.Verdict]] | None = None,
     ) -> None:
-        self.inner = inner
-        self.method = inner.method
-        self.path = inner.path
-        self.headers: Headers = inner.headers
+        super().__init__(inner)
         self.guards = guards
         self.window = max(g.spec.window_chars for g in guards)
         self.tail = ""
@@ -53,25 +50,8 @@ class GuardedStream:
         self._answer: list[str] = []
 
     @property
-    def remote(self) -> str | None:
-        return self.inner.remote
-
-    @property
-    def started(self) -> bool:
-        return self.inner.started
-
-    @property
     def cut(self) -> bool:
         return self.verdict is not None and self.verdict.action == "block"
-
-    def authenticated(self) -> None:
-        self.inner.authenticated()
-
-    async def read_body(self, limit: int) -> bytes:
-        return await self.inner.read_body(limit)
-
-    def respond(self, reply: Reply) -> None:
-        self.inner.respond(reply)
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
         if self._held is not None:
@@ -112,9 +92,6 @@ class GuardedStream:
         for chunk in held if chunks and held else ():
             await self.inner.write(chunk, limit_s)
 
-    def abort(self) -> None:
-        self.inner.abort()
-
     def _screen(self, chunk: bytes) -> bool:
         """Read the chunk's text into the window and check it; True when a block trips."""
         piece = "".join(_pieces(chunk))
@@ -145,23 +122,15 @@ class GuardedStream:
                 "code": "guardrail_blocked",
             }
         }
-        await self.inner.write_eof(limit_s, b"data: " + json.dumps(err).encode() + b"\n\ndata: [DONE]\n\n")
+        await self.inner.write_eof(limit_s, sse.format_json(err) + sse.DONE_EVENT)
         raise GuardCut("an output guardrail cut the stream")
 
 
 def _pieces(chunk: bytes) -> list[str]:
     """The generated text in a chunk of SSE events: chat deltas' content, completions' text."""
     out: list[str] = []
-    for line in chunk.split(b"\n"):
-        if not line.startswith(b"data:"):
-            continue
-        payload = line[5:].strip()
-        if not payload or payload == b"[DONE]":
-            continue
-        try:
-            obj = json.loads(payload)
-        except ValueError:
-            continue
+    for raw in sse.split(chunk):
+        obj = sse.parse(raw).json()
         choices = obj.get("choices") if isinstance(obj, dict) else None
         for c in choices if isinstance(choices, list) else ():
             if not isinstance(c, dict):

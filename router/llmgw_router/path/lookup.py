@@ -14,13 +14,14 @@ routers behind a load balancer; the row is in the one store every router writes,
 
 from __future__ import annotations
 
+import random
 from collections import OrderedDict
 from typing import Any
 
 from llmgw.store.records import UsageRecord
 from llmgw_router.decisions.scheduler import Decision
 
-__all__ = ["RECENT_DEFAULT", "RecentRequests", "decision_summary"]
+__all__ = ["RECENT_DEFAULT", "RecentRequests", "decision_summary", "new_request_id", "request_id_for"]
 
 RECENT_DEFAULT = 4096
 CANDIDATES_KEPT = 8  # candidates a row keeps of one decision (the best by total, the winner always)
@@ -80,3 +81,25 @@ class RecentRequests:
 
     def __len__(self) -> int:
         return self._count
+
+
+# A random UUID4 in hex, the same text uuid.uuid4().hex gives, without building a UUID object and from the
+# process's PRNG (seeded from the OS at start): a request id must be unique, not unpredictable, and
+# os.urandom costs a system call per request.
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
+_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
+
+
+def new_request_id() -> str:
+    return f"{random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
+
+
+_REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+
+
+def request_id_for(sent: str | None) -> str:
+    """The client's x-request-id when it is a plain token (it goes to the engine, into logs and usage rows),
+    else a new one."""
+    if sent and len(sent) <= 128 and _REQUEST_ID_CHARS.issuperset(sent):
+        return sent
+    return new_request_id()

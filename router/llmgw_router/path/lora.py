@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from llmgw.core.snapshot import PublishedAdapter
-from llmgw_router.decisions.adapter_affinity import Candidate, choose
+from llmgw_router.decisions.adapter_affinity import AdapterReplica, choose
 from llmgw_router.decisions.scheduler import RequestInfo
 from llmgw_router.fleet.table import LiveEndpoint, RoutingTable
 from llmgw_router.server.errors import ApiError
@@ -70,7 +70,7 @@ class Adapters:
     ) -> tuple[RequestInfo, str | None]:
         """The request's endpoints narrowed to what affinity allows, and the endpoint to load it on first."""
         candidates = [
-            Candidate(
+            AdapterReplica(
                 ep.id,
                 self.holds(ep, name),
                 ep.spec.engine == "vllm" and adapter.path is not None,

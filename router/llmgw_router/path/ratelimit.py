@@ -27,7 +27,7 @@ from llmgw.store.records import ShareGrant
 from llmgw_router.server.errors import ApiError
 
 __all__ = [
-    "Lease",
+    "LimitGrant",
     "Limiter",
     "MemoryCounters",
     "NoLimits",
@@ -41,31 +41,31 @@ __all__ = [
 # Not frozen: built on every request, and a frozen dataclass costs about three times as much to construct
 # (object.__setattr__ per field). Nothing mutates these after construction.
 @dataclass(slots=True)
-class Lease:
+class LimitGrant:
     admission: PoolAdmission | None
 
 
 class Limiter(Protocol):
-    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
-        """Let the request in (a Lease) or raise a 429 ApiError naming the limit."""
+    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> LimitGrant:
+        """Let the request in (a LimitGrant) or raise a 429 ApiError naming the limit."""
 
-    def end(self, lease: Lease) -> None:
+    def end(self, lease: LimitGrant) -> None:
         """The answer's last bytes are about to go out: its concurrency slots go back now (once)."""
 
-    def release(self, lease: Lease, tokens_used: int, cost: float) -> None: ...
+    def release(self, lease: LimitGrant, tokens_used: int, cost: float) -> None: ...
 
     def budget_spent(self, tenant: Tenant) -> int | None:
         """Micro-units of the tenant's budget spent in the current period; None when unknown."""
 
 
 class NoLimits:
-    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
-        return Lease(None)
+    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> LimitGrant:
+        return LimitGrant(None)
 
-    def end(self, lease: Lease) -> None:
+    def end(self, lease: LimitGrant) -> None:
         return None
 
-    def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
+    def release(self, lease: LimitGrant, tokens_used: int, cost: float) -> None:
         return None
 
     def budget_spent(self, tenant: Tenant) -> int | None:
@@ -79,7 +79,7 @@ class TenantLimiter:
         # the hot path does not hash the chain's limits on every request. Entry: (chain, tenants, limited).
         self._tenants: dict[int, tuple[TenantChain, tuple[Tenant, ...], bool]] = {}
 
-    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> Lease:
+    async def acquire(self, chain: TenantChain, tokens: int, cost: float) -> LimitGrant:
         found = self._tenants.get(id(chain))
         if found is None or found[0] is not chain:  # the entry holds the chain, so its id is not reused
             if len(self._tenants) > 10_000:
@@ -92,7 +92,7 @@ class TenantLimiter:
             )
         _chain, tenants, limited = found
         if not limited:
-            return Lease(None)
+            return LimitGrant(None)
         got = await self._pool.admit(tenants, Estimate(tokens, cost))
         if isinstance(got, LimitRefused):
             # One Retry-After: the decision's headers already carry it (a second, differently cased key
@@ -100,13 +100,13 @@ class TenantLimiter:
             headers = {k: v for k, v in got.headers.items() if k.lower() != "retry-after"}
             headers["Retry-After"] = str(got.retry_after)
             raise ApiError(429, got.message, "rate_limit_exceeded", type_="rate_limit_error", headers=headers)
-        return Lease(got)
+        return LimitGrant(got)
 
-    def end(self, lease: Lease) -> None:
+    def end(self, lease: LimitGrant) -> None:
         if lease.admission is not None:
             self._pool.end(lease.admission)
 
-    def release(self, lease: Lease, tokens_used: int, cost: float) -> None:
+    def release(self, lease: LimitGrant, tokens_used: int, cost: float) -> None:
         if lease.admission is not None:
             self._pool.finish(lease.admission, tokens_used, cost)
 

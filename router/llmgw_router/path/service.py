@@ -19,26 +19,21 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import aiohttp
 
 from llmgw.adapters import logformat
 from llmgw.core.evals.guardrails import CompiledGuardrail
-from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
+from llmgw.core.snapshot import PublishedAdapter, PublishedModel, RouterSnapshot
 from llmgw.core.tenancy.projects import has_tenants
-from llmgw_router.decisions.canary_route import steered_away
 from llmgw_router.decisions.capabilities import (
-    CHECKING_RETRY_AFTER_S,
-    Refusal,
     lacked,
     needs_of,
-    refusal,
     unsupported,
 )
-from llmgw_router.decisions.fields import DROPPED_HEADER, plan_fields
-from llmgw_router.decisions.rules import NO_COMPLETION, conversation_key, fits, parse, payload, sent_cap, size
+from llmgw_router.decisions.rules import NO_COMPLETION, conversation_key, fits, parse, size
 from llmgw_router.decisions.scheduler import RequestInfo
 from llmgw_router.fleet.metrics import RouterMetrics
 from llmgw_router.fleet.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
@@ -48,18 +43,20 @@ from llmgw_router.path.accounting import Call, gone, settle
 from llmgw_router.path.auth import Authenticator
 from llmgw_router.path.cache import CachePath
 from llmgw_router.path.guard import GUARDED_KINDS, Guard, ask_judge
-from llmgw_router.path.lookup import RecentRequests
+from llmgw_router.path.lookup import RecentRequests, request_id_for
 from llmgw_router.path.lora import Adapters
 from llmgw_router.path.media import check_media
+from llmgw_router.path.models_page import models_page
 from llmgw_router.path.ratelimit import Limiter, NoLimits, budget_use
+from llmgw_router.path.steering import Steering, refused_error
 from llmgw_router.path.tags import HEADER as TAGS_HEADER, request_tags
+from llmgw_router.path.upstream_call import Kind, upstream_call
 from llmgw_router.routing.admission import Admission
-from llmgw_router.routing.forwarding import Forwarding, Picked, fallback_chain
+from llmgw_router.routing.forwarding import Forwarding, Picked, Place, fallback_chain
 from llmgw_router.server.errors import ApiError, error_response
-from llmgw_router.server.exchange import Exchange, Reply, json_reply
-from llmgw_router.surfaces.responses.exchange import ResponsesExchange
+from llmgw_router.server.exchange import Exchange, HttpReply
+from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
-from llmgw_router.surfaces.responses.translate import PASSED_THROUGH_FIELDS
 from llmgw_router.upstream.http1 import EngineClient
 from llmgw_router.upstream.provider_keys import ProviderHealth, usable_providers
 from llmgw_router.upstream.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, forward
@@ -71,17 +68,6 @@ __all__ = ["Kind", "RequestService", "Router", "RouterOptions"]
 
 log = logging.getLogger(__name__)
 
-Kind = Literal["chat", "completions", "embeddings", "responses", "rerank", "score"]
-_PATHS: dict[str, str] = {
-    "chat": "/chat/completions",
-    "completions": "/completions",
-    "embeddings": "/embeddings",
-    "responses": "/responses",
-    "rerank": "/rerank",
-    "score": "/score",
-}
-# An API surface sent as it came to an engine that serves it (vLLM's /v1/responses): the fields it accepts.
-_SURFACE_FIELDS: dict[str, frozenset[str]] = {"responses": PASSED_THROUGH_FIELDS}
 _DEFAULT_MAX_BODY = 4 * 1024 * 1024
 _GONE = (asyncio.CancelledError, ConnectionResetError, aiohttp.ClientConnectionResetError)
 
@@ -197,7 +183,7 @@ class RequestService:
         not exist when this caller may not see it (never telling which)."""
         exchange.respond(await self._models(exchange, unquote(exchange.path.removeprefix("/v1/models/"))))
 
-    async def _models(self, exchange: Exchange, one: str | None = None) -> Reply:
+    async def _models(self, exchange: Exchange, one: str | None = None) -> HttpReply:
         table = self.table
         if table is None:
             return error_response(_not_ready())
@@ -205,52 +191,15 @@ class RequestService:
             principal = await self.auth.caller(exchange)
         except ApiError as err:
             return error_response(err)
-        data = []
-        project = principal.project
-        listed = project is not None and has_tenants(table.snapshot.tenants)
-        for name, model in table.models.items() if one is None else _one(table, one):
-            if listed and project is not None and not table.allowed(project, name, one or name):
-                continue
-            if not (model.on_demand or self.forwarding.schedulable(table, name)):
-                continue
-            data.append(
-                {
-                    "id": name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "llmgw-simulated" if model.simulated else "llmgw",
-                    "context_length": model.context_length,
-                    **_capability_card(model, [ep.spec for ep in table.endpoints.get(name, ())]),
-                    "aliases": list(model.aliases),
-                    "on_demand": model.on_demand,
-                }
-            )
-        data += self.adapters.cards(
-            table,
-            one,
-            project,
-            lambda base, asked: (
-                (not listed or project is None or table.allowed(project, base, asked))
-                and (table.models[base].on_demand or self.forwarding.schedulable(table, base))
-            ),
-        )
-        if one is None:
-            return json_reply({"object": "list", "data": data})
-        if not data:
-            return error_response(
-                ApiError(
-                    404,
-                    f"The model `{one[:200]}` does not exist or you do not have access to it.",
-                    "model_not_found",
-                    param="model",
-                )
-            )
-        return json_reply(data[0])
+        return models_page(table, principal.project, one, self.forwarding.schedulable, self.adapters)
 
     # ------------------------------------------------------------------ the request path
 
-    async def handle(self, exchange: Exchange, kind: Kind) -> None:
-        call = Call(_request_id(exchange.headers.get("x-request-id")), time.monotonic())
+    async def handle(self, exchange: Exchange, kind: Kind, turn: ResponsesTurn | None = None) -> None:
+        """Serve one request. `turn`: a Responses API turn (its exchange a ResponsesExchange), served as the
+        chat it translates to."""
+        call = Call(request_id_for(exchange.headers.get("x-request-id")), time.monotonic())
+        call.turn = turn
         logformat.bind(request_id=call.request_id)  # every line this request's task logs carries it
         traceparent = exchange.headers.get("traceparent")
         if self.tracer is not None:
@@ -259,7 +208,7 @@ class RequestService:
             )
         elif traceparent is not None:
             call.traceparent = valid_traceparent(traceparent)
-        response: Reply | None
+        response: HttpReply | None
         try:
             response = await self._handle(exchange, kind, call)
             left = call.result is not None and call.result.client_gone
@@ -292,14 +241,14 @@ class RequestService:
         finally:
             self._account(call)
 
-    async def _handle(self, exchange: Exchange, kind: Kind, call: Call) -> Reply | None:
+    async def _handle(self, exchange: Exchange, kind: Kind, call: Call) -> HttpReply | None:
         table = self.table
         if table is None:
             raise _not_ready()
         raw = await exchange.read_body(table.snapshot.router.max_body_bytes)
         body = parse(raw)
-        if isinstance(exchange, ResponsesExchange):  # sized, limited and routed as the chat it becomes
-            body, raw = exchange.turn.begin(body, raw, call.request_id)
+        if call.turn is not None:  # sized, limited and routed as the chat it becomes
+            body, raw = call.turn.begin(body, raw, call.request_id)
             kind = "chat"
         # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
         # which models exist (404) nor their context lengths (400).
@@ -308,22 +257,7 @@ class RequestService:
         if call.trace is not None:
             call.trace.span("auth", began)
         call.tags = request_tags(body, exchange.headers.get(TAGS_HEADER))
-        name = body.get("model")
-        if not isinstance(name, str) or not name:
-            raise ApiError(
-                400, "The request needs a `model` field naming a model.", "missing_model", param="model"
-            )
-        canonical = table.resolve(name)
-        adapter = self.adapters.resolve(table, name) if canonical is None else None
-        if adapter is not None:  # a LoRA adapter: served by its base model's replicas
-            canonical, call.adapter = adapter.base, name
-        if canonical is None:
-            raise ApiError(
-                404,
-                f"The model `{name}` does not exist or you do not have access to it.",
-                "model_not_found",
-                param="model",
-            )
+        name, canonical, adapter = self._resolve(table, body, call)
         call.model = canonical
         model = table.models[canonical]
         tenant_project = _tenant_project(table, call.principal.project, canonical, name)
@@ -333,11 +267,11 @@ class RequestService:
         needs = needs_of(body, vision=_lacks_vision(table, canonical)) if kind == "chat" else frozenset()
         missing = lacked(model, kind, needs)
         if missing is not None:
-            raise _refused(unsupported(canonical, model, missing))
+            raise refused_error(unsupported(canonical, model, missing))
         project = call.principal.project
         # A stored response (kept, or continued from) is the key's project's: decided once it is known.
-        if isinstance(exchange, ResponsesExchange):
-            body, raw = await exchange.turn.bind(project, table.snapshot.tenants)
+        if call.turn is not None:
+            body, raw = await call.turn.bind(project, table.snapshot.tenants)
         if kind == "chat":  # a Responses or Messages turn too: the chat it became (M13)
             await check_media(body, table.snapshot.router.media_hosts)
         guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
@@ -363,6 +297,28 @@ class RequestService:
             await self.guard.judge_request(guards, judged, screened, call, self._ask_judge)
         return await self._answer(exchange, kind, table, canonical, raw, body, call, guards, tenant_project)
 
+    def _resolve(
+        self, table: RoutingTable, body: dict[str, Any], call: Call
+    ) -> tuple[str, str, PublishedAdapter | None]:
+        """The name the request asks for, the model that serves it, and the LoRA adapter it names (if any)."""
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise ApiError(
+                400, "The request needs a `model` field naming a model.", "missing_model", param="model"
+            )
+        canonical = table.resolve(name)
+        adapter = self.adapters.resolve(table, name) if canonical is None else None
+        if adapter is not None:  # a LoRA adapter: served by its base model's replicas
+            canonical, call.adapter = adapter.base, name
+        if canonical is None:
+            raise ApiError(
+                404,
+                f"The model `{name}` does not exist or you do not have access to it.",
+                "model_not_found",
+                param="model",
+            )
+        return name, canonical, adapter
+
     async def _admit(self, table: RoutingTable, tenant_project: str, call: Call) -> None:
         """Takes the request's place under its project's limits (429 when there is none)."""
         call.chain = table.chain(tenant_project)
@@ -381,9 +337,17 @@ class RequestService:
                 call.trace.span("limits", began)
 
     async def _answer(
-        self, exchange: Exchange, kind: Kind, table: RoutingTable, canonical: str, raw: bytes,
-        body: dict[str, Any], call: Call, guards: tuple[CompiledGuardrail, ...], tenant_project: str | None,
-    ) -> Reply | None:  # fmt: skip
+        self,
+        exchange: Exchange,
+        kind: Kind,
+        table: RoutingTable,
+        canonical: str,
+        raw: bytes,
+        body: dict[str, Any],
+        call: Call,
+        guards: tuple[CompiledGuardrail, ...],
+        tenant_project: str | None,
+    ) -> HttpReply | None:
         """Forward the admitted request: through the output guardrails when any apply, else through the
         project's response cache (a hit never reaches an engine)."""
         if any(g.checks("output") for g in guards):
@@ -416,7 +380,7 @@ class RequestService:
         raw: bytes,
         body: dict[str, Any],
         call: Call,
-    ) -> Reply | None:
+    ) -> HttpReply | None:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
         pick made once more, then it is a 502."""
         headers = exchange.headers
@@ -428,54 +392,25 @@ class RequestService:
             headers.get("x-llmgw-debug", "").encode("utf-8", "surrogateescape"),
             self.options.debug_token.encode(),
         )
-        steer = _Steering.of(table, call.serving, body, self.rng)
+        steer = Steering.of(table, call.serving, body, self.rng)
         for attempt in (0, 1):
             asked = time.monotonic()
             load_on = None
             if adapter is not None and call.adapter is not None:
                 info, load_on = self.adapters.steer(table, canonical, call.adapter, adapter, info)
             steered = steer.info(table, call.serving, headers, info, self.clock())
-            try:
-                picked = await self.forwarding.pick(table, canonical, call.serving, steered, place)
-            except ApiError as err:  # queue full or timed out, no endpoint, still loading
-                if call.trace is not None:
-                    call.trace.span("schedule", asked, None, {"llmgw.refused": err.code or str(err.status)})
-                raise
+            picked = await self._pick(table, canonical, call, steered, place, asked)
             ep, served = picked.endpoint, picked.served
-            call.served = served
-            waited = time.monotonic() - asked  # the queue time: both picks, when a retry picks again
-            call.queue_s = waited if call.queue_s is None else call.queue_s + waited
-            call.endpoint, call.decision, call.canary = ep.id, picked.decision, ep.spec.canary
-            if call.trace is not None:
-                call.trace.scheduled(asked, picked)
-            self.last_used[served] = self.clock()
             try:
                 if load_on == ep.id and adapter is not None and call.adapter is not None:
                     assert self.session is not None, "opened with the listeners"
                     await self.adapters.ensure_loaded(self.session, ep, call.adapter, adapter)
-                sent_kind, sent_raw, sent_body = kind, raw, body
-                if isinstance(exchange, ResponsesExchange):
-                    engine = None if ep.is_provider else ep.spec.engine
-                    sent_kind, sent_raw, sent_body = exchange.turn.for_engine(engine)  # type: ignore[assignment]
-                up = self._upstream_call(
-                    sent_kind, table, canonical, sent_raw, sent_body, call, picked, debug, attempt
-                )
+                up = self._upstream_call(kind, table, canonical, raw, body, call, picked, debug, attempt)
                 call.result = await self._send(exchange, up, call)
                 if call.trace is not None:
                     call.trace.upstream_end(call.result)
             except UpstreamUnavailable as exc:
-                if call.trace is not None:
-                    call.trace.upstream_end(None, exc.reason)
-                self.forwarding.failed(ep, exc.reason)
-                failed = {"endpoint": ep.id, "model": served, "reason": exc.reason}
-                call.attempts = [*(call.attempts or ()), failed]
-                if attempt == 1:
-                    raise ApiError(
-                        502,
-                        f"The engine serving `{served}` could not be reached ({exc.reason}); retried once.",
-                        "upstream_unavailable",
-                        "server_error",
-                    ) from None
+                self._unreachable(picked, exc, call, last=attempt == 1)
                 info = dataclasses.replace(info, exclude=info.exclude | {ep.id})
                 self.metrics.retries.labels(canonical).inc()
                 continue
@@ -488,18 +423,31 @@ class RequestService:
             return call.result.response
         raise AssertionError("unreachable: the loop returns or raises")
 
-    def _request_info(
-        self, table: RoutingTable, canonical: str, body: dict[str, Any], call: Call, project: str | None
-    ) -> RequestInfo:
-        """What the scheduler is told about the request: its session, its prompt's prefix, its project."""
-        policy = table.policy_for(canonical)
-        published = table.models.get(canonical)
-        tokenizer_dir = None if published is None else published.tokenizer_dir
-        return RequestInfo(
-            session_key=call.session if policy.weights.session > 0 else None,
-            prefix=self.forwarding.prefix.key(body, policy, project, tokenizer_dir),
-            project=project or "",
-        )
+    async def _pick(
+        self,
+        table: RoutingTable,
+        canonical: str,
+        call: Call,
+        info: RequestInfo,
+        place: Place,
+        asked: float,
+    ) -> Picked:
+        """An endpoint for this attempt (waiting in the line when none has room), noted on the call."""
+        try:
+            picked = await self.forwarding.pick(table, canonical, call.serving, info, place)
+        except ApiError as err:  # queue full or timed out, no endpoint, still loading
+            if call.trace is not None:
+                call.trace.span("schedule", asked, None, {"llmgw.refused": err.code or str(err.status)})
+            raise
+        ep, served = picked.endpoint, picked.served
+        call.served = served
+        waited = time.monotonic() - asked  # the queue time: both picks, when a retry picks again
+        call.queue_s = waited if call.queue_s is None else call.queue_s + waited
+        call.endpoint, call.decision, call.canary = ep.id, picked.decision, ep.spec.canary
+        if call.trace is not None:
+            call.trace.scheduled(asked, picked)
+        self.last_used[served] = self.clock()
+        return picked
 
     def _upstream_call(
         self,
@@ -513,62 +461,39 @@ class RequestService:
         debug: bool,
         attempt: int,
     ) -> UpstreamCall:
-        """The request as this endpoint is sent it, and the headers its answer goes back with."""
+        """The request as the picked endpoint is sent it (a Responses turn: translated or not, by engine)."""
+        if call.turn is not None:
+            ep = picked.endpoint
+            kind, raw, body = call.turn.for_engine(None if ep.is_provider else ep.spec.engine)  # type: ignore[assignment]
+        return upstream_call(kind, table, canonical, raw, body, call, picked, debug, attempt, self.adapters)
+
+    def _unreachable(self, picked: Picked, exc: UpstreamUnavailable, call: Call, last: bool) -> None:
+        """An endpoint that could not be reached: noted (the breaker, the call's attempts); a 502 when it was
+        the last attempt."""
         ep, served = picked.endpoint, picked.served
-        client_stream = body.get("stream") is True and kind not in NO_COMPLETION
-        stream_opts = body.get("stream_options")
-        # The Responses API has no stream_options: its usage is in its last event, never to be stripped.
-        client_usage = kind == "responses" or (
-            isinstance(stream_opts, dict) and stream_opts.get("include_usage") is True
-        )
-        reply = {"x-request-id": call.request_id, "x-llmgw-model": served}
-        if call.lease is not None and call.lease.admission is not None:
-            reply.update(call.lease.admission.headers)  # x-ratelimit-* on every answer, as OpenAI does
-        if served != canonical:
-            reply["x-llmgw-fallback"] = served
-        if debug:
-            reply["x-llmgw-decision"] = picked.decision.rationale()
-        # A request that names no max_tokens is sent the cap it reserved: the reservation bounds the spend.
-        cap = (
-            sent_cap(table.models.get(served), call.sizing, ep.is_provider)
-            if kind not in NO_COMPLETION and kind != "responses"  # max_tokens is not a Responses field
-            else None
-        )
-        # A stream is always asked for its usage (and the extra chunk stripped again), so it can be charged.
-        want_usage = client_stream and not client_usage
-        ask_usage = (stream_opts if isinstance(stream_opts, dict) else {}) if want_usage else None
-        fields = None
-        if not ep.is_provider:
-            project = call.principal.project if call.principal else None
-            allowed = table.snapshot.router.allowed_request_fields
-            surface = _SURFACE_FIELDS.get(kind)
-            fields = plan_fields(ep.spec.engine, kind, body, allowed, project, ep.spec.api_key, surface)
-            # Never silently: the client learns which of its fields the engine did not get.
-            if fields is not None and fields.drop:
-                reply[DROPPED_HEADER] = ",".join(fields.drop)
-        sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage, fields)
-        if call.adapter is not None or ep.spec.adapters:
-            sent = self.adapters.rewrite(
-                sent, ep, call.adapter, table.snapshot.adapters.get(call.adapter or "")
-            )
-        key = ep.provider_key if ep.is_provider else ep.spec.api_key
-        headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
-        url = ep.api_base + _PATHS[kind]
-        # W3C trace context for the engine (vLLM continues it): the router's upstream span, or the client's.
-        traceparent = call.trace.upstream_start(ep.id, served, url) if call.trace else call.traceparent
-        if traceparent is not None and not ep.is_provider:  # an outside provider learns no trace ids
-            headers["traceparent"] = traceparent
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        return UpstreamCall(
-            url=url,
-            payload=sent,
-            headers=headers,
-            stream=client_stream,
-            strip_usage_chunk=want_usage,
-            rewrite_model=served if ep.is_provider else None,
-            reply_headers=reply,
-            retry_on_5xx=attempt == 0,
+        if call.trace is not None:
+            call.trace.upstream_end(None, exc.reason)
+        self.forwarding.failed(ep, exc.reason)
+        call.attempts = [*(call.attempts or ()), {"endpoint": ep.id, "model": served, "reason": exc.reason}]
+        if last:
+            raise ApiError(
+                502,
+                f"The engine serving `{served}` could not be reached ({exc.reason}); retried once.",
+                "upstream_unavailable",
+                "server_error",
+            ) from None
+
+    def _request_info(
+        self, table: RoutingTable, canonical: str, body: dict[str, Any], call: Call, project: str | None
+    ) -> RequestInfo:
+        """What the scheduler is told about the request: its session, its prompt's prefix, its project."""
+        policy = table.policy_for(canonical)
+        published = table.models.get(canonical)
+        tokenizer_dir = None if published is None else published.tokenizer_dir
+        return RequestInfo(
+            session_key=call.session if policy.weights.session > 0 else None,
+            prefix=self.forwarding.prefix.key(body, policy, project, tokenizer_dir),
+            project=project or "",
         )
 
     async def _send(self, exchange: Exchange, up: UpstreamCall, call: Call) -> ProxyResult:
@@ -626,74 +551,6 @@ def _tenant_project(table: RoutingTable, project: str | None, canonical: str, as
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-# A random UUID4 in hex, the same text uuid.uuid4().hex gives, without building a UUID object and from the
-# process's PRNG (seeded from the OS at start): a request id must be unique, not unpredictable, and
-# os.urandom costs a system call per request.
-_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
-_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
-
-
-def _new_request_id() -> str:
-    return f"{random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
-
-
-class _Steering:
-    """A canary's share and the model checks' verdicts for one request (llmgw_router.decisions.canary_route); a
-    request for a model with neither (most) skips it."""
-
-    def __init__(self, specs: dict[str, list[Endpoint]], needs: frozenset[str], draw: float) -> None:
-        self.specs, self.needs, self.draw = specs, needs, draw
-
-    @classmethod
-    def of(
-        cls, table: RoutingTable, chain: tuple[str, ...], body: dict[str, Any], rng: random.Random
-    ) -> _Steering:
-        needs = needs_of(body)
-        canary = any(m in table.models and table.models[m].canary is not None for m in chain)
-        if not needs and not canary:
-            return _NO_STEERING  # most requests: nothing to check, nothing to steer
-        specs = {m: [ep.spec for ep in table.endpoints.get(m, ())] for m in chain} if needs or canary else {}
-        refused = refusal(specs, table.models, chain, needs)
-        if refused is not None:  # 503 while a check runs (retry soon helps), else 400 (an operator must act)
-            raise _refused(refused)
-        return cls(specs, needs, rng.random() if canary else 1.0)
-
-    def info(
-        self, table: RoutingTable, chain: tuple[str, ...], headers: Any, info: RequestInfo, now: float
-    ) -> RequestInfo:
-        """`info` with the endpoints this attempt must not use added to its exclusions. Endpoints that
-        cannot take it now (breaker open, not ready) count as failed: the other group serves instead."""
-        if not self.specs:
-            return info
-        down = {
-            ep.id
-            for m in chain
-            for ep in table.endpoints.get(m, ())
-            if ep.spec.state != "ready" or ep.breaker.is_open(now)
-        }
-        away = steered_away(
-            self.specs,
-            table.models,
-            chain,
-            headers=headers,
-            draw=self.draw,
-            needs=self.needs,
-            failed=info.exclude | down,
-        )
-        return dataclasses.replace(info, exclude=info.exclude | away)  # its prefix and project kept
-
-
-_NO_STEERING = _Steering({}, frozenset(), 1.0)
-
-
-def _refused(refused: Refusal) -> ApiError:
-    """A capability refusal in OpenAI's shape: 503 with Retry-After while a check that decides runs (asking
-    again soon helps), else 400 (an operator must act, and the message says how)."""
-    retry = {"Retry-After": str(CHECKING_RETRY_AFTER_S)} if refused.checking else None
-    kind = "server_error" if refused.checking else "invalid_request_error"
-    return ApiError(refused.status, refused.message, refused.code, kind, refused.param, retry)
-
-
 def _lacks_vision(table: RoutingTable, canonical: str) -> bool:
     """A model of the request's published chain says it lacks vision: only then are its messages searched
     for images (most requests are not)."""
@@ -705,31 +562,6 @@ def _lacks_vision(table: RoutingTable, canonical: str) -> bool:
     )
 
 
-def _capability_card(model: PublishedModel, endpoints: list[Endpoint]) -> dict[str, Any]:
-    """What /v1/models says of a model's capabilities: the effective set (its kind's defaults, plus what it
-    declares, less `without`), what it lacks, and the checked ones passed (`verified_capabilities`) and
-    failed on every replica serving now (`failed_capabilities`: a request needing one is refused)."""
-    failed = set.intersection(*(set(ep.failed) for ep in endpoints)) if endpoints else set()
-    return {
-        "capabilities": list(model.capabilities),
-        "without": list(model.without),
-        "verified_capabilities": sorted({p for ep in endpoints for p in ep.verified}),
-        "failed_capabilities": sorted(failed),
-        "verified_only": model.verified_only,
-    }
-
-
-_REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
-
-
-def _request_id(sent: str | None) -> str:
-    """The client's x-request-id when it is a plain token (it goes to the engine, into logs and usage rows),
-    else a new one."""
-    if sent and len(sent) <= 128 and _REQUEST_ID_CHARS.issuperset(sent):
-        return sent
-    return _new_request_id()
-
-
 _TRACEPARENT_CHARS = frozenset("0123456789abcdef-")
 
 
@@ -739,12 +571,6 @@ def valid_traceparent(sent: str) -> str | None:
     if len(sent) == 55 and sent[2] == sent[35] == sent[52] == "-" and _TRACEPARENT_CHARS.issuperset(sent):
         return sent
     return None
-
-
-def _one(table: RoutingTable, name: str) -> list[tuple[str, PublishedModel]]:
-    """The model `name` names, by its id or an alias (what a request may name, retrieve may ask about)."""
-    canonical = table.resolve(name)
-    return [] if canonical is None else [(canonical, table.models[canonical])]
 
 
 def _not_ready() -> ApiError:

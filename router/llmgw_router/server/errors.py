@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 
 from llmgw.core.errors import LlmgwError
-from llmgw_router.server.exchange import Reply
+from llmgw_router.server.exchange import HttpReply
 
 __all__ = ["ApiError", "error_body", "error_response"]
 
@@ -41,6 +41,6 @@ def error_body(message: str, type_: str, code: str | None, param: str | None = N
     return json.dumps(err).encode()
 
 
-def error_response(err: ApiError) -> Reply:
+def error_response(err: ApiError) -> HttpReply:
     body = error_body(err.message, err.type, err.code, err.param)
-    return Reply(err.status, body, {"Content-Type": "application/json", **err.headers})
+    return HttpReply(err.status, body, {"Content-Type": "application/json", **err.headers})

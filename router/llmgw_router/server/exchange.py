@@ -13,7 +13,16 @@ from typing import Any, Protocol
 
 from llmgw.core.errors import LlmgwError
 
-__all__ = ["ClientStalled", "Exchange", "Headers", "Reply", "json_reply"]
+__all__ = [
+    "AS_SENT",
+    "ClientStalled",
+    "Exchange",
+    "Headers",
+    "HttpReply",
+    "Surface",
+    "WrappedExchange",
+    "json_reply",
+]
 
 
 class ClientStalled(LlmgwError, ConnectionResetError):
@@ -37,7 +46,7 @@ class Headers(dict[str, str]):
 
 
 @dataclass(slots=True)
-class Reply:
+class HttpReply:
     """A whole answer: status, body bytes (sent as they are) and headers (Content-Type among them)."""
 
     status: int
@@ -45,8 +54,28 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-def json_reply(obj: object, status: int = 200, headers: dict[str, str] | None = None) -> Reply:
-    return Reply(status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})})
+def json_reply(obj: object, status: int = 200, headers: dict[str, str] | None = None) -> HttpReply:
+    return HttpReply(
+        status, json.dumps(obj).encode(), {"Content-Type": "application/json", **(headers or {})}
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Surface:
+    """What the API a client called asks of the request path, beside the chat it is served as."""
+
+    name: str  # "as sent" (the client's request goes to the engine as it came), "responses", "messages"
+    # Its answer may be stored and replayed (a Responses turn's is rebuilt from its kept state: not cached).
+    cacheable: bool = True
+    # A redacted chat body is what the engine gets (a Responses turn is rebuilt per engine from its own input,
+    # so a redaction of the chat it became would not reach the engine).
+    redacts_in_place: bool = True
+    # Its streams are translated event by event into another API's events: no place for a chat error event,
+    # so an output guardrail cannot cut one.
+    streams_translated: bool = False
+
+
+AS_SENT = Surface("as sent")
 
 
 class Exchange(Protocol):
@@ -58,6 +87,7 @@ class Exchange(Protocol):
     method: str
     path: str
     headers: Headers
+    surface: Surface
 
     @property
     def remote(self) -> str | None: ...
@@ -72,7 +102,7 @@ class Exchange(Protocol):
         """The request's key was accepted: its connection no longer counts as anonymous (listener.py)."""
         ...
 
-    def respond(self, reply: Reply) -> None: ...
+    def respond(self, reply: HttpReply) -> None: ...
     def start_stream(self, status: int, headers: dict[str, str]) -> None: ...
     async def write(self, chunk: bytes, limit_s: float) -> None: ...
     async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
@@ -80,3 +110,47 @@ class Exchange(Protocol):
         ...
 
     def abort(self) -> None: ...
+
+
+class WrappedExchange:
+    """An Exchange around another (the client's): everything passes through to `inner` unless a subclass
+    overrides it. The Messages and Responses surfaces, the response cache's recorder and the output guardrails'
+    stream each change a few of these, and only those."""
+
+    surface: Surface = AS_SENT
+
+    def __init__(self, inner: Exchange) -> None:
+        self.inner = inner
+        self.method: str = inner.method
+        self.path: str = inner.path
+        self.headers: Headers = inner.headers
+        self.surface = inner.surface
+
+    @property
+    def remote(self) -> str | None:
+        return self.inner.remote
+
+    @property
+    def started(self) -> bool:
+        return self.inner.started
+
+    def authenticated(self) -> None:
+        self.inner.authenticated()
+
+    async def read_body(self, limit: int) -> bytes:
+        return await self.inner.read_body(limit)
+
+    def respond(self, reply: HttpReply) -> None:
+        self.inner.respond(reply)
+
+    def start_stream(self, status: int, headers: dict[str, str]) -> None:
+        self.inner.start_stream(status, headers)
+
+    async def write(self, chunk: bytes, limit_s: float) -> None:
+        await self.inner.write(chunk, limit_s)
+
+    async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
+        await self.inner.write_eof(limit_s, last)
+
+    def abort(self) -> None:
+        self.inner.abort()

@@ -34,11 +34,8 @@ import contextlib
 import logging
 import resource
 import socket
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from email.utils import formatdate
-from http import HTTPStatus
 from typing import cast
 
 import httptools
@@ -46,7 +43,8 @@ import httptools
 from llmgw.core.errors import LlmgwError
 from llmgw_router.server import accept, peers
 from llmgw_router.server.errors import ApiError, error_body, error_response
-from llmgw_router.server.exchange import ClientStalled, Exchange, Headers, Reply
+from llmgw_router.server.exchange import ClientStalled, Exchange, HttpReply
+from llmgw_router.server.http_exchange import HttpExchange, response_head
 
 __all__ = ["ApiListener", "Handler", "HttpExchange"]
 
@@ -58,9 +56,6 @@ MAX_TARGET = 8 * 1024  # request target; the API's are a few dozen bytes
 MAX_HEAD = 64 * 1024  # header names and values together
 MAX_HEADERS = 100
 _WRITE_HIGH = 64 * 1024  # bytes queued for a client before writers wait (aiohttp's figure)
-_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_STATUS_LINES = {s.value: f"HTTP/1.1 {s.value} {s.phrase}\r\n" for s in HTTPStatus}
-_BAD_HEADER_CHARS = ("\r", "\n", "\0")
 
 
 class _Refused(LlmgwError):
@@ -69,209 +64,6 @@ class _Refused(LlmgwError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-_date_cache: tuple[int, str] = (0, "")
-
-
-def _date() -> str:
-    global _date_cache
-    now = int(time.time())
-    if _date_cache[0] != now:
-        _date_cache = (now, formatdate(now, usegmt=True))
-    return _date_cache[1]
-
-
-def _head(status: int, headers: Mapping[str, str], framing: str, close: bool) -> bytes:
-    line = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Unknown\r\n"
-    # One scan of every value at once (three `in` on a joined string), not a generator per header: the
-    # common head has ten fields and none of them holds a bad character.
-    values = "".join(headers.values())
-    if "\r" in values or "\n" in values or "\0" in values:
-        # A value taken from a request (a field name in x-llmgw-dropped-fields) must not split the head.
-        headers = {name: _clean(value) for name, value in headers.items()}
-    fields = "".join([f"{name}: {value}\r\n" for name, value in headers.items()])
-    end = "Connection: close\r\n\r\n" if close else "\r\n"
-    return f"{line}Date: {_date()}\r\n{fields}{framing}{end}".encode("utf-8", "surrogateescape")
-
-
-def _clean(value: str) -> str:
-    for c in _BAD_HEADER_CHARS:
-        value = value.replace(c, " ")
-    return value
-
-
-class HttpExchange:
-    """One request on a connection, and its answer (implements exchange.Exchange)."""
-
-    __slots__ = (
-        "_chunked",
-        "_conn",
-        "_expect_continue",
-        "_pending_head",
-        "_waiter",
-        "chunks",
-        "complete",
-        "content_length",
-        "finished",
-        "head_only",
-        "headers",
-        "http10",
-        "keep_alive",
-        "method",
-        "path",
-        "size",
-        "started",
-        "timed_out",
-        "too_big",
-    )
-
-    def __init__(self, conn: _Connection) -> None:
-        self._conn = conn
-        self.method = ""
-        self.path = ""
-        self.headers = Headers()
-        self.keep_alive = True
-        self.http10 = False
-        self.content_length: int | None = None
-        self.too_big = False
-        self.size = 0
-        self.chunks: list[bytes] = []
-        self.complete = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._expect_continue = False
-        self.started = False
-        self._chunked = False
-        self._pending_head = b""  # a stream's head, sent with its first bytes: one send(2), not two
-        self.finished = False  # the whole answer went out
-        self.head_only = False  # HEAD: the answer's head without its body
-        self.timed_out = False  # the body did not arrive within its deadline: answered 408, never read
-
-    @property
-    def remote(self) -> str | None:
-        return self._conn.remote
-
-    def _too_large(self, limit: int) -> ApiError:
-        self.keep_alive = False  # the rest of the body is not read as a next request
-        return ApiError(413, f"Request body larger than {limit} bytes.", "request_too_large")
-
-    def authenticated(self) -> None:
-        self._conn.authenticated()
-
-    def _too_slow(self) -> ApiError:
-        seconds = self._conn.listener.rules().body_timeout
-        return ApiError(
-            408,
-            f"The request body did not arrive in time ({seconds:g} s after the head, plus 1 s per "
-            f"{peers.BODY_MIN_RATE // 1024} KiB received).",
-            "request_timeout",
-        )
-
-    async def read_body(self, limit: int) -> bytes:
-        if self.too_big or (self.content_length is not None and self.content_length > limit):
-            raise self._too_large(limit)
-        if self.timed_out:
-            raise self._too_slow()
-        if not self.complete:
-            if self._conn.closed:
-                raise ConnectionResetError("the client went away")
-            if self._expect_continue:
-                self._expect_continue = False
-                self._conn.transport.write(_CONTINUE)
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-            if self.timed_out:
-                raise self._too_slow()
-            if self.too_big:
-                raise self._too_large(limit)
-        if self.size > limit:
-            raise self._too_large(limit)
-        chunks = self.chunks
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def _closes(self) -> bool:
-        return not (self.keep_alive and self.complete) or self._conn.closing
-
-    def respond(self, reply: Reply) -> None:
-        conn = self._conn
-        if conn.closed:
-            raise ConnectionResetError("the client went away")
-        body = reply.body
-        head = _head(reply.status, reply.headers, f"Content-Length: {len(body)}\r\n", self._closes())
-        self.started = self.finished = True
-        if self.head_only:
-            conn.transport.write(head)
-        elif len(body) < 16384:
-            conn.transport.write(head + body)
-        else:  # not copied into one buffer: the engine's bytes go out as they came
-            conn.transport.write(head)
-            conn.transport.write(body)
-
-    def start_stream(self, status: int, headers: dict[str, str]) -> None:
-        conn = self._conn
-        if conn.closed:
-            raise ConnectionResetError("the client went away")
-        if self.http10:  # no chunked encoding in HTTP/1.0: the stream ends when the connection does
-            self.keep_alive = False
-            framing = ""
-        else:
-            self._chunked = True
-            framing = "Transfer-Encoding: chunked\r\n"
-        self.started = True
-        self._pending_head = _head(status, headers, framing, self._closes())
-
-    async def write(self, chunk: bytes, limit_s: float) -> None:
-        conn = self._conn
-        if conn.closed:
-            raise ConnectionResetError("the client went away")
-        if not chunk:
-            return
-        data = b"%x\r\n%b\r\n" % (len(chunk), chunk) if self._chunked else chunk
-        if self._pending_head:
-            data = self._pending_head + data
-            self._pending_head = b""
-        conn.transport.write(data)
-        if conn.write_paused:
-            await conn.drain(limit_s)
-
-    async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
-        conn = self._conn
-        if conn.closed:
-            raise ConnectionResetError("the client went away")
-        data = self._pending_head
-        self._pending_head = b""
-        if last:
-            data += b"%x\r\n%b\r\n" % (len(last), last) if self._chunked else last
-        if self._chunked:
-            data += b"0\r\n\r\n"
-        if data:
-            conn.transport.write(data)
-        self.finished = True
-        if conn.write_paused:
-            await conn.drain(limit_s)
-
-    def abort(self) -> None:
-        self._conn.transport.abort()  # drop what is queued for the client: nothing more is sent to it
-
-    # ------------------------------------------------------------------ fed by the connection
-
-    def _body_done(self) -> None:
-        self.complete = True
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def _gone(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(ConnectionResetError("the client went away"))
-
-    def _body_expired(self) -> None:
-        self.timed_out = True
-        self.keep_alive = False
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)  # read_body raises the 408
 
 
 class _Connection(asyncio.Protocol):
@@ -291,7 +83,7 @@ class _Connection(asyncio.Protocol):
         self._url: list[bytes] = []
         self._head_size = 0
         self._cap = 0
-        self._queue: deque[HttpExchange | Reply] = deque()
+        self._queue: deque[HttpExchange | HttpReply] = deque()
         self._running: asyncio.Task[None] | None = None
         self._read_paused = False
         self._lingering = False
@@ -300,6 +92,10 @@ class _Connection(asyncio.Protocol):
         self.peer: str | None = None  # the client counted against the caps: the remote, or who a proxy named
         self.via_proxy = False  # the remote is a trusted proxy
         self.is_authenticated = False  # a request with a valid key came on this connection
+
+    def body_timeout(self) -> float:
+        """Seconds from a request's head to the end of its body (before the per-KiB allowance)."""
+        return self.listener.rules().body_timeout
 
     # ------------------------------------------------------------------ transport events
 
@@ -454,7 +250,7 @@ class _Connection(asyncio.Protocol):
 
     def _next(self) -> None:
         item = self._queue.popleft()
-        if isinstance(item, Reply):
+        if isinstance(item, HttpReply):
             self._send_refusal(item)
             return
         handler = self.listener.route(item)
@@ -501,8 +297,8 @@ class _Connection(asyncio.Protocol):
         if self._running is None:
             self._next()
 
-    def _send_refusal(self, reply: Reply) -> None:
-        head = _head(reply.status, reply.headers, f"Content-Length: {len(reply.body)}\r\n", True)
+    def _send_refusal(self, reply: HttpReply) -> None:
+        head = response_head(reply.status, reply.headers, f"Content-Length: {len(reply.body)}\r\n", True)
         self.transport.write(head + reply.body)
         self._close(linger=True)
 
@@ -548,7 +344,9 @@ class _Connection(asyncio.Protocol):
             log.info("a request head from %s did not arrive in time: 408", self.remote)
             self._lingering = True
             reply = _error_reply(408, "The request head did not arrive in time.", "request_timeout")
-            self.transport.write(_head(408, reply.headers, f"Content-Length: {len(reply.body)}\r\n", True))
+            self.transport.write(
+                response_head(408, reply.headers, f"Content-Length: {len(reply.body)}\r\n", True)
+            )
             self.transport.write(reply.body)
             self.transport.close()
         else:
@@ -567,8 +365,8 @@ _IDLE, _HEAD, _BODY = "idle", "head", "body"
 _EVICTION_LOG_EVERY = 60.0
 
 
-def _error_reply(status: int, message: str, code: str, type_: str = "invalid_request_error") -> Reply:
-    return Reply(status, error_body(message, type_, code), {"Content-Type": "application/json"})
+def _error_reply(status: int, message: str, code: str, type_: str = "invalid_request_error") -> HttpReply:
+    return HttpReply(status, error_body(message, type_, code), {"Content-Type": "application/json"})
 
 
 class ApiListener:

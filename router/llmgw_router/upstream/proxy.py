@@ -17,8 +17,9 @@ import aiohttp
 import orjson
 
 from llmgw.core.errors import TransientError
+from llmgw_router.server import sse
 from llmgw_router.server.errors import ApiError, error_response
-from llmgw_router.server.exchange import Exchange, Reply
+from llmgw_router.server.exchange import Exchange, HttpReply
 from llmgw_router.upstream.egress import ForbiddenAddress
 from llmgw_router.upstream.http1 import EngineClient, UpstreamHttpError
 
@@ -53,7 +54,7 @@ class UpstreamCall:
 
 @dataclass(slots=True)
 class ProxyResult:
-    response: Reply | None  # None: a stream, already written to the client through the exchange
+    response: HttpReply | None  # None: a stream, already written to the client through the exchange
     status: int
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
@@ -148,17 +149,7 @@ async def forward(
         if upstream.status in _RETRYABLE_STATUS and call.retry_on_5xx:
             raise UpstreamUnavailable(f"engine answered {upstream.status}")
         if 300 <= upstream.status < 400:
-            # Not followed, not relayed (its body may be the redirect target's bait), not retried elsewhere
-            # (the endpoint answered; it answered wrongly): a 502 the client can read.
-            upstream.close()
-            err = ApiError(
-                502,
-                f"The upstream answered {upstream.status} (a redirect); the router follows no redirects.",
-                "upstream_redirect",
-                "server_error",
-                headers=call.reply_headers,
-            )
-            return ProxyResult(error_response(err), 502)
+            return _redirect_refused(upstream, call)
         if call.stream and upstream.status == 200:
             streamed = await _stream(exchange, upstream, call, streaming, write_timeout, ending)
             # Back to the pool when the engine's message is complete (after [DONE] its end is usually
@@ -173,6 +164,25 @@ async def forward(
         upstream.close()
         raise
     upstream.release()
+    return _whole(upstream, data, call)
+
+
+def _redirect_refused(upstream: Upstream, call: UpstreamCall) -> ProxyResult:
+    """A 3xx: not followed, not relayed (its body may be the redirect target's bait), not retried elsewhere
+    (the endpoint answered; it answered wrongly): a 502 the client can read."""
+    upstream.close()
+    err = ApiError(
+        502,
+        f"The upstream answered {upstream.status} (a redirect); the router follows no redirects.",
+        "upstream_redirect",
+        "server_error",
+        headers=call.reply_headers,
+    )
+    return ProxyResult(error_response(err), 502)
+
+
+def _whole(upstream: Upstream, data: bytes, call: UpstreamCall) -> ProxyResult:
+    """A whole answer as it goes back: its usage read, a provider's model renamed."""
     obj = _parse_answer(data, exact=call.rewrite_model is not None)
     if not isinstance(obj, dict):
         # Truncated JSON, an HTML error page, a proxy's banner: not an answer the client can use, and not one
@@ -187,7 +197,7 @@ async def forward(
     # The engine's bytes as they came (parsed only to read the usage), unless the model name was changed.
     headers = call.reply_headers
     headers["Content-Type"] = upstream.header("Content-Type", "application/json")
-    result.response = Reply(upstream.status, data, headers)
+    result.response = HttpReply(upstream.status, data, headers)
     return result
 
 
@@ -207,24 +217,12 @@ def _parse_answer(data: bytes, exact: bool) -> Any:
         return None
 
 
-def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes | None:
+def _scan_event(raw: bytes, result: ProxyResult, call: UpstreamCall) -> bytes | None:
     """Take usage from the stream's usage event; return the event to send (None to drop it)."""
-    if call.rewrite_model is None and b'"usage"' not in event:
-        return event
-    body = event.strip()
-    head = b""
-    if body.startswith(b"event:"):  # a Responses stream names each event before its data
-        name, _, body = body.partition(b"\n")
-        head = name + b"\n"
-    if not body.startswith(b"data:"):
-        return event
-    payload = body[5:].strip()
-    if payload == b"[DONE]":
-        return event
-    try:
-        obj = json.loads(payload)
-    except ValueError:
-        return event
+    if call.rewrite_model is None and b'"usage"' not in raw:
+        return raw
+    event = sse.parse(raw)
+    obj = event.json()
     prompt, completion = _usage(obj)
     is_usage_event = prompt is not None and isinstance(obj, dict) and not obj.get("choices")
     if prompt is not None:
@@ -233,17 +231,8 @@ def _scan_event(event: bytes, result: ProxyResult, call: UpstreamCall) -> bytes 
         return None
     if call.rewrite_model is not None and isinstance(obj, dict):
         obj["model"] = call.rewrite_model
-        return head + b"data: " + json.dumps(obj).encode() + b"\n\n"
-    return event
-
-
-_SSE_FIELDS = (b"data:", b"event:", b"id:", b"retry:", b":")
-
-
-def _looks_like_sse(first: bytes) -> bool:
-    """The first bytes of a stream start an SSE field (or could, if the chunk is that short)."""
-    head = first.lstrip()[:6]
-    return not head or any(f.startswith(head) or head.startswith(f) for f in _SSE_FIELDS)
+        return sse.format_event(json.dumps(obj).encode(), event.name, event.id)
+    return raw
 
 
 def _reason(exc: BaseException) -> str:
@@ -254,6 +243,20 @@ def _reason(exc: BaseException) -> str:
     return str(cause) if isinstance(cause, ForbiddenAddress) else type(exc).__name__
 
 
+async def _first_bytes(upstream: Upstream) -> bytes:
+    """Wait for the stream's first bytes before answering the client: a replica that dies before producing
+    anything is still a retry, not a broken stream."""
+    try:
+        first = await upstream.readany()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise UpstreamUnavailable(f"connection lost before the first byte: {_reason(exc)}") from None
+    if not first:
+        raise UpstreamUnavailable("engine closed the stream before sending anything")
+    if not sse.could_start(first):
+        raise UpstreamUnavailable("engine's stream is not server-sent events")
+    return first
+
+
 async def _stream(
     exchange: Exchange,
     upstream: Upstream,
@@ -262,49 +265,16 @@ async def _stream(
     write_timeout: float,
     ending: Callable[[], None] | None = None,
 ) -> ProxyResult:
-    # Wait for the first bytes before answering the client: a replica that dies before producing anything is
-    # still a retry, not a broken stream.
-    try:
-        first = await upstream.readany()
-    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-        raise UpstreamUnavailable(f"connection lost before the first byte: {_reason(exc)}") from None
-    if not first:
-        raise UpstreamUnavailable("engine closed the stream before sending anything")
-    if not _looks_like_sse(first):
-        raise UpstreamUnavailable("engine's stream is not server-sent events")
+    data = await _first_bytes(upstream)
     result = ProxyResult(None, 200)
     if started is not None:
         started(result)
     headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", **call.reply_headers}
     exchange.start_stream(200, headers)
-    buf = first
     try:
-        while True:
-            out, buf = _complete_events(buf, result, call)
-            if out:
-                chunk = b"".join(out)
-                result.events += chunk.count(b"data:") - chunk.count(b"data: [DONE]")
-                if b"data: [DONE]" in chunk:
-                    # The OpenAI stream's last event: end the client's answer now (with it, one write)
-                    # rather than after the engine's end of message. A client may hang up right after
-                    # [DONE]; waiting for the engine's final bytes first made that look like a request cut
-                    # short (499, no usage).
-                    if ending is not None:
-                        ending()
-                    await exchange.write_eof(write_timeout, chunk)
-                    if result.first_byte_at is None:
-                        result.first_byte_at = time.monotonic()
-                    result.finished = True
-                    return result
-                await exchange.write(chunk, write_timeout)
-                if result.first_byte_at is None:
-                    result.first_byte_at = time.monotonic()
-            data = await upstream.readany()
-            if not data:
-                break
-            buf += data
-        if buf:  # what the engine sent after its last complete event, before it ended
-            await exchange.write(buf, write_timeout)
+        await _pass_events(exchange, upstream, call, result, data, write_timeout, ending)
+        if result.finished:
+            return result
     except ConnectionResetError:  # the client left (or stalled): drop the upstream so the engine stops too
         result.client_gone = True
         upstream.close()
@@ -326,26 +296,49 @@ async def _stream(
     return result
 
 
-def _complete_events(buf: bytes, result: ProxyResult, call: UpstreamCall) -> tuple[list[bytes], bytes]:
-    """The complete events at the head of `buf`, as they go to the client (usage noted, the usage chunk
-    dropped, the model renamed), and what is left to wait for more bytes."""
-    out: list[bytes] = []
-    if call.rewrite_model is None and b'"usage"' not in buf:
-        # No complete event here can need a change (_scan_event would return each as it is): pass them on in
-        # one piece instead of splitting and scanning event by event.
-        i = buf.rfind(b"\n\n")
-        if i >= 0:
-            out.append(buf[: i + 2])
-            buf = buf[i + 2 :]
+async def _pass_events(
+    exchange: Exchange,
+    upstream: Upstream,
+    call: UpstreamCall,
+    result: ProxyResult,
+    data: bytes,
+    write_timeout: float,
+    ending: Callable[[], None] | None,
+) -> None:
+    """The engine's events to the client as they complete, until its `data: [DONE]` (then the client's answer
+    is ended, `result.finished`) or the engine's end (the caller ends the client's)."""
+    reader = sse.EventReader()
     while True:
-        i = buf.find(b"\n\n")
-        if i < 0:
+        chunk = reader.feed_block(data)  # the complete events; the rest waits for more bytes
+        if call.rewrite_model is not None or b'"usage"' in chunk:
+            chunk = _scanned(chunk, result, call)
+        if len(reader.pending) > _FLUSH_WITHOUT_SEPARATOR:
+            chunk += reader.take_pending()
+        if chunk:
+            # Counted by their `data:` field at a line's start (a value's own "data:" is inside a line).
+            result.events += chunk.count(b"\ndata:") + chunk.startswith(b"data:") - chunk.count(sse.DONE_LINE)
+            if sse.DONE_LINE in chunk:
+                # The OpenAI stream's last event: end the client's answer now (with it, one write) rather
+                # than after the engine's end of message. A client may hang up right after [DONE]; waiting
+                # for the engine's final bytes first made that look like a request cut short (499, no usage).
+                if ending is not None:
+                    ending()
+                await exchange.write_eof(write_timeout, chunk)
+                if result.first_byte_at is None:
+                    result.first_byte_at = time.monotonic()
+                result.finished = True
+                return
+            await exchange.write(chunk, write_timeout)
+            if result.first_byte_at is None:
+                result.first_byte_at = time.monotonic()
+        data = await upstream.readany()
+        if not data:
             break
-        event = _scan_event(buf[: i + 2], result, call)
-        buf = buf[i + 2 :]
-        if event is not None:
-            out.append(event)
-    if len(buf) > _FLUSH_WITHOUT_SEPARATOR:
-        out.append(buf)
-        buf = b""
-    return out, buf
+    if rest := reader.take_pending():  # what the engine sent after its last complete event, before it ended
+        await exchange.write(rest, write_timeout)
+
+
+def _scanned(block: bytes, result: ProxyResult, call: UpstreamCall) -> bytes:
+    """The events of `block` as they go to the client: usage noted, the usage chunk dropped, the model renamed
+    (only a block that may hold a change is split and scanned event by event)."""
+    return b"".join(e for raw in sse.split(block) if (e := _scan_event(raw, result, call)) is not None)

@@ -11,14 +11,13 @@ and not required (nothing here depends on it).
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from llmgw_router.decisions.fields import DROPPED_HEADER
 from llmgw_router.decisions.rules import parse
 from llmgw_router.server.errors import ApiError
-from llmgw_router.server.exchange import Exchange, Headers, Reply
+from llmgw_router.server.exchange import Exchange, Headers, HttpReply, Surface, WrappedExchange
 from llmgw_router.surfaces.messages.translate import (
-    StreamTranslator,
+    MessagesStreamTranslator,
     anthropic_error,
     error_to_anthropic,
     from_chat,
@@ -28,39 +27,26 @@ from llmgw_router.surfaces.messages.translate import (
 __all__ = ["MessagesExchange"]
 
 
-class MessagesExchange:
+_MESSAGES = Surface("messages", streams_translated=True)
+
+
+class MessagesExchange(WrappedExchange):
     """Wraps the client's exchange for the chat path; anything else is the wrapped exchange's."""
 
     def __init__(self, inner: Exchange) -> None:
-        self._inner = inner
-        self.method = inner.method
-        self.path = inner.path
-        self.headers = inner.headers
+        super().__init__(inner)
+        self.surface = _MESSAGES
         api_key = inner.headers.get("x-api-key")
         if api_key and "authorization" not in inner.headers:
             self.headers = Headers(inner.headers)
             dict.__setitem__(self.headers, "authorization", f"Bearer {api_key}")
         self._stops: tuple[str, ...] = ()
         self._dropped: tuple[str, ...] = ()
-        self._stream: StreamTranslator | None = None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    @property
-    def remote(self) -> str | None:
-        return self._inner.remote
-
-    @property
-    def started(self) -> bool:
-        return self._inner.started
-
-    def authenticated(self) -> None:
-        self._inner.authenticated()
+        self._stream: MessagesStreamTranslator | None = None
 
     async def read_body(self, limit: int) -> bytes:
         """The chat body for the client's Messages body (400 in Anthropic's words when it cannot be one)."""
-        translated = to_chat(parse(await self._inner.read_body(limit)))
+        translated = to_chat(parse(await self.inner.read_body(limit)))
         self._stops, self._dropped = translated.stop_sequences, translated.dropped
         return json.dumps(translated.chat).encode()
 
@@ -71,7 +57,7 @@ class MessagesExchange:
             out[DROPPED_HEADER] = ",".join(named)
         return out
 
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         headers = self._headers(reply.headers)
         headers["Content-Type"] = "application/json"
         status, body = reply.status, reply.body
@@ -87,21 +73,18 @@ class MessagesExchange:
         if status != 200:
             # Anthropic's error bodies name their request (null allowed); ours is what `llmgw request` finds.
             message["request_id"] = reply.headers.get("x-request-id")
-        self._inner.respond(Reply(status, json.dumps(message).encode(), headers))
+        self.inner.respond(HttpReply(status, json.dumps(message).encode(), headers))
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
-        self._stream = StreamTranslator(self._stops, headers.get("x-llmgw-model"))
-        self._inner.start_stream(status, self._headers(headers))
+        self._stream = MessagesStreamTranslator(self._stops, headers.get("x-llmgw-model"))
+        self.inner.start_stream(status, self._headers(headers))
 
     async def write(self, chunk: bytes, limit_s: float) -> None:
         assert self._stream is not None, "start_stream comes first"
         out = self._stream.feed(chunk)
         if out:
-            await self._inner.write(out, limit_s)
+            await self.inner.write(out, limit_s)
 
     async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
         assert self._stream is not None, "start_stream comes first"
-        await self._inner.write_eof(limit_s, self._stream.feed(last) + self._stream.finish())
-
-    def abort(self) -> None:
-        self._inner.abort()
+        await self.inner.write_eof(limit_s, self._stream.feed(last) + self._stream.finish())

@@ -2,7 +2,7 @@
 
 `to_chat` turns a `/v1/messages` request into the chat completions request the rest of the path serves (or
 raises an `ApiError` saying what is wrong, as Anthropic would); `from_chat` turns the engine's chat completion
-back into an Anthropic message; `error_to_anthropic` gives any error body Anthropic's shape; `StreamTranslator`
+back into an Anthropic message; `error_to_anthropic` gives any error body Anthropic's shape; `MessagesStreamTranslator`
 is fed the engine's chat SSE bytes and yields Anthropic's event sequence. What is not translated is in
 docs/router.md (*Anthropic Messages*).
 """
@@ -14,11 +14,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw_router.server import sse
 from llmgw_router.server.errors import ApiError
 
 __all__ = [
     "MessagesRequest",
-    "StreamTranslator",
+    "MessagesStreamTranslator",
     "anthropic_error",
     "error_to_anthropic",
     "from_chat",
@@ -388,18 +389,18 @@ def error_to_anthropic(status: int, body: bytes) -> dict[str, Any]:
 _compact = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def sse(event: str, data: dict[str, Any]) -> bytes:
-    return f"event: {event}\ndata: {_compact(data)}\n\n".encode()
+def _sse(event: str, data: dict[str, Any]) -> bytes:
+    return sse.format_event(_compact(data).encode(), event)
 
 
 def _text_delta(index: int, text: str) -> bytes:
-    """sse("content_block_delta", ...) for a text delta, spelled out: the one event a stream is mostly made of."""
-    head = 'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
-    return f'{head}{index},"delta":{{"type":"text_delta","text":{_compact(text)}}}}}\n\n'.encode()
+    """_sse("content_block_delta", ...) for a text delta, spelled out: the one event a stream is mostly made of."""
+    data = f'{{"type":"content_block_delta","index":{index},"delta":{{"type":"text_delta","text":{_compact(text)}}}}}'
+    return sse.format_event(data.encode(), b"content_block_delta")
 
 
 @dataclass
-class StreamTranslator:
+class MessagesStreamTranslator:
     """Chat completion chunks in, Anthropic stream events out: message_start and a ping at the first chunk,
     one content block per text run or tool call (start, deltas, stop), message_delta with the stop reason and
     usage, message_stop at `[DONE]`. A stream that ends without `[DONE]`, or carries an engine's error event,
@@ -409,7 +410,7 @@ class StreamTranslator:
     model: str | None = None  # the name to show; else each chunk's own
     started: bool = False
     done: bool = False
-    _buf: bytes = b""
+    _reader: sse.EventReader = field(default_factory=sse.EventReader)
     _block: int = -1  # the open content block's index, -1: none
     _block_kind: str = ""
     _tool_blocks: dict[int, int] = field(default_factory=dict)  # chat tool_call index -> block index
@@ -418,14 +419,11 @@ class StreamTranslator:
 
     def feed(self, data: bytes) -> bytes:
         """The Anthropic events for these engine bytes (complete events only; the rest waits)."""
-        self._buf += data
         out: list[bytes] = []
-        while not self.done:
-            i = self._buf.find(b"\n\n")
-            if i < 0:
+        for raw in self._reader.feed(data):
+            if self.done:
                 break
-            event, self._buf = self._buf[:i], self._buf[i + 2 :]
-            out.extend(self._event(event))
+            out.extend(self._event(sse.parse(raw)))
         return b"".join(out)
 
     def finish(self) -> bytes:
@@ -437,22 +435,15 @@ class StreamTranslator:
 
     def _error(self, message: str) -> bytes:
         self.done = True
-        return sse("error", anthropic_error(500, message))
+        return _sse("error", anthropic_error(500, message))
 
-    def _event(self, event: bytes) -> Iterator[bytes]:
-        for line in event.split(b"\n"):
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                yield from self._end()
-                return
-            try:
-                chunk = json.loads(payload)
-            except ValueError:
-                continue
-            if isinstance(chunk, dict):
-                yield from self._chunk(chunk)
+    def _event(self, event: sse.Event) -> Iterator[bytes]:
+        if event.done:
+            yield from self._end()
+            return
+        chunk = event.json()
+        if isinstance(chunk, dict):
+            yield from self._chunk(chunk)
 
     def _chunk(self, chunk: dict[str, Any]) -> Iterator[bytes]:
         if "error" in chunk:  # vLLM and SGLang report a failure mid-stream as a data event
@@ -474,8 +465,8 @@ class StreamTranslator:
                 # Not known before the engine's usage chunk: message_delta carries the counts.
                 "usage": {"input_tokens": 0, "output_tokens": 0, **_USAGE_UNKNOWN},
             }
-            yield sse("message_start", {"type": "message_start", "message": message})
-            yield sse("ping", {"type": "ping"})
+            yield _sse("message_start", {"type": "message_start", "message": message})
+            yield _sse("ping", {"type": "ping"})
         if isinstance(chunk.get("usage"), dict):
             self._usage = _usage(chunk["usage"])
         for choice in chunk.get("choices") or ():
@@ -508,18 +499,18 @@ class StreamTranslator:
         yield from self._close()
         self._block += 1
         self._block_kind = kind
-        yield sse(
+        yield _sse(
             "content_block_start",
             {"type": "content_block_start", "index": self._block, "content_block": block},
         )
 
     def _close(self) -> Iterator[bytes]:
         if self._block_kind:
-            yield sse("content_block_stop", {"type": "content_block_stop", "index": self._block})
+            yield _sse("content_block_stop", {"type": "content_block_stop", "index": self._block})
             self._block_kind = ""
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
-        return sse(
+        return _sse(
             "content_block_delta", {"type": "content_block_delta", "index": self._block, "delta": delta}
         )
 
@@ -527,7 +518,7 @@ class StreamTranslator:
         yield from self._close()
         stop_reason, stop_sequence = self._stop
         usage = self._usage or {"input_tokens": 0, "output_tokens": 0}
-        yield sse(
+        yield _sse(
             "message_delta",
             {
                 "type": "message_delta",
@@ -535,5 +526,5 @@ class StreamTranslator:
                 "usage": {**usage, **_DELTA_USAGE_UNKNOWN},
             },
         )
-        yield sse("message_stop", {"type": "message_stop"})
+        yield _sse("message_stop", {"type": "message_stop"})
         self.done = True

@@ -23,7 +23,8 @@ from dataclasses import replace
 from typing import Any
 
 from llmgw.core.snapshot import Tenants
-from llmgw_router.server.exchange import Exchange, Headers, Reply, json_reply
+from llmgw_router.server import sse
+from llmgw_router.server.exchange import Exchange, HttpReply, Surface, WrappedExchange, json_reply
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
 from llmgw_router.surfaces.responses.kept import (
     NO_STORAGE,
@@ -32,7 +33,7 @@ from llmgw_router.surfaces.responses.kept import (
     kept_record,
     plan_storage,
 )
-from llmgw_router.surfaces.responses.stream import StreamTranslator
+from llmgw_router.surfaces.responses.stream import ResponsesStreamTranslator
 from llmgw_router.surfaces.responses.translate import NATIVE_ENGINES, ResponseIds, from_chat, to_chat
 
 __all__ = ["ResponsesExchange", "ResponsesTurn"]
@@ -99,39 +100,23 @@ class ResponsesTurn:
         return "responses", self.original_raw, self.original
 
 
-class ResponsesExchange:
+_RESPONSES = Surface("responses", cacheable=False, redacts_in_place=False, streams_translated=True)
+
+
+class ResponsesExchange(WrappedExchange):
     """An Exchange that translates the chat answer written through it (when its turn was translated)."""
 
     def __init__(self, inner: Exchange, keeper: ResponseKeeper | None = None) -> None:
-        self._inner = inner
+        super().__init__(inner)
+        self.surface = _RESPONSES
         self.turn = ResponsesTurn(keeper)
-        self._held: Reply | None = None  # a whole answer to keep before it is sent (flush)
+        self._held: HttpReply | None = None  # a whole answer to keep before it is sent (flush)
         self._held_response: dict[str, Any] = {}
-        self.method: str = inner.method
-        self.path: str = inner.path
-        self.headers: Headers = inner.headers
-        self._stream: StreamTranslator | None = None
+        self._stream: ResponsesStreamTranslator | None = None
         self._pending: list[bytes] = []
-        self._buf = b""
+        self._reader = sse.EventReader()
 
-    @property
-    def remote(self) -> str | None:
-        return self._inner.remote
-
-    @property
-    def started(self) -> bool:
-        return self._inner.started
-
-    def authenticated(self) -> None:
-        self._inner.authenticated()
-
-    async def read_body(self, limit: int) -> bytes:
-        return await self._inner.read_body(limit)
-
-    def abort(self) -> None:
-        self._inner.abort()
-
-    def respond(self, reply: Reply) -> None:
+    def respond(self, reply: HttpReply) -> None:
         if self.turn.translated and reply.status == 200:
             try:
                 chat = json.loads(reply.body)
@@ -141,10 +126,10 @@ class ResponsesExchange:
                 obj = from_chat(chat, self.turn.original, self.turn.ids)
                 headers = {k: v for k, v in reply.headers.items() if k.lower() != "content-type"}
                 if self.turn.storage.ttl_s is not None:
-                    self._held, self._held_response = Reply(200, b"", headers), obj
+                    self._held, self._held_response = HttpReply(200, b"", headers), obj
                     return
                 reply = json_reply(obj, 200, headers)
-        self._inner.respond(reply)
+        self.inner.respond(reply)
 
     async def flush(self) -> None:
         """Keep a held answer, then send it (the route's handler calls this once the request path ended)."""
@@ -152,56 +137,52 @@ class ResponsesExchange:
         if held is None:
             return
         await self.turn.keep(self._held_response)
-        self._inner.respond(json_reply(self._held_response, 200, held.headers))
+        self.inner.respond(json_reply(self._held_response, 200, held.headers))
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
         if self.turn.translated and status == 200:
             model = str(self.turn.original.get("model", ""))
-            self._stream = StreamTranslator(self.turn.original, self.turn.ids, model)
+            self._stream = ResponsesStreamTranslator(self.turn.original, self.turn.ids, model)
             self._pending = self._stream.start()
-        self._inner.start_stream(status, headers)
+        self.inner.start_stream(status, headers)
 
-    def _translate(self, chunk: bytes) -> bytes:
+    def _translate(self, chunk: bytes, end: bool = False) -> bytes:
+        """The Responses events for these chat events (`end`: the stream ended, an incomplete one included)."""
         stream = self._stream
         assert stream is not None
         out, self._pending = self._pending, []
-        self._buf += chunk
-        while (i := self._buf.find(b"\n\n")) >= 0:
-            event, self._buf = self._buf[:i], self._buf[i + 2 :]
-            for line in event.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    if self.turn.storage.ttl_s is None:  # a kept stream ends in write_eof, once kept
-                        out += stream.finish()
-                    continue
-                try:
-                    obj = json.loads(data)
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    out += stream.feed(obj)
+        events = self._reader.feed(chunk)
+        if end and (rest := self._reader.take_pending()).strip():
+            events.append(rest)
+        for raw in events:
+            event = sse.parse(raw)
+            if event.done:
+                if self.turn.storage.ttl_s is None:  # a kept stream ends in write_eof, once kept
+                    out += stream.finish()
+                continue
+            obj = event.json()
+            if isinstance(obj, dict):
+                out += stream.feed(obj)
         return b"".join(out)
 
     async def write(self, chunk: bytes, limit_s: float) -> None:
         if self._stream is None:
-            await self._inner.write(chunk, limit_s)
+            await self.inner.write(chunk, limit_s)
             return
         out = self._translate(chunk)
         if out:
-            await self._inner.write(out, limit_s)
+            await self.inner.write(out, limit_s)
 
     async def write_eof(self, limit_s: float, last: bytes = b"") -> None:
         if self._stream is None:
-            await self._inner.write_eof(limit_s, last)
+            await self.inner.write_eof(limit_s, last)
             return
-        out = self._translate(last + (b"\n\n" if self._buf else b""))
+        out = self._translate(last, end=True)
         # A stream that broke off without [DONE] still ends in a terminal event (response.failed).
         if self._stream.done:
-            await self._inner.write_eof(limit_s, out)
+            await self.inner.write_eof(limit_s, out)
             return
         closing, kind, response = self._stream.ending()
         await self.turn.keep(response)  # what was streamed, kept before the client hears it ended
         out += b"".join(closing) + self._stream.terminal(kind, response)
-        await self._inner.write_eof(limit_s, out)
+        await self.inner.write_eof(limit_s, out)

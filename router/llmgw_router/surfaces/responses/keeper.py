@@ -77,8 +77,13 @@ class ResponseKeeper:
         try:
             return read_record(kept.data)
         except ValueError:
-            raise ApiError(500, f"Response {response_id} was kept in a form this router does not read.",
-                           "content_unreadable", "server_error", param=param) from None  # fmt: skip
+            raise ApiError(
+                500,
+                f"Response {response_id} was kept in a form this router does not read.",
+                "content_unreadable",
+                "server_error",
+                param=param,
+            ) from None
 
     async def keep(self, project: str, response_id: str, record: bytes, ttl_s: float) -> bool:
         """Seal and keep a response; False when the store refused (warned once: the Response then says
@@ -107,7 +112,7 @@ class ResponseKeeper:
 
 
 class Asker(Protocol):
-    """Who asks, as these routes read it (path/auth.py's Principal)."""
+    """Who asks, as these routes read it (path/auth.py's KeyPrincipal)."""
 
     @property
     def project(self) -> str | None: ...

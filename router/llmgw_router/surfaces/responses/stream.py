@@ -21,6 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from llmgw_router.server import sse
 from llmgw_router.surfaces.responses.translate import (
     ResponseIds,
     call_item,
@@ -31,7 +32,7 @@ from llmgw_router.surfaces.responses.translate import (
     usage_of,
 )
 
-__all__ = ["StreamTranslator"]
+__all__ = ["ResponsesStreamTranslator"]
 
 
 @dataclass(slots=True)
@@ -44,7 +45,7 @@ class _Open:
     tool_index: int | None = None
 
 
-class StreamTranslator:
+class ResponsesStreamTranslator:
     def __init__(self, request: dict[str, Any], ids: ResponseIds, model: str) -> None:
         self._request = request
         self._ids = ids
@@ -59,7 +60,7 @@ class StreamTranslator:
     def _event(self, kind: str, **fields: Any) -> bytes:
         obj = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
-        return f"event: {kind}\ndata: {json.dumps(obj)}\n\n".encode()
+        return sse.format_json(obj, kind)
 
     def _delta(self, kind: str, opened: _Open, piece: str, tail: str) -> bytes:
         """A delta event, the one sent per token: formatted directly (json.dumps of the whole dict costs
@@ -71,7 +72,7 @@ class StreamTranslator:
             f'"output_index": {opened.index}, {tail}"delta": {json.dumps(piece)}'
         )
         extra = ', "logprobs": []}' if kind == "response.output_text.delta" else "}"
-        return f"event: {kind}\ndata: {data}{extra}\n\n".encode()
+        return sse.format_event(f"{data}{extra}".encode(), kind)
 
     def _response(self, status: str) -> dict[str, Any]:
         response = response_shell(self._request, self._ids, self._model, status)

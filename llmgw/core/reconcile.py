@@ -101,6 +101,23 @@ class _ModelPass:
     rolling: list[ReplicaView] = field(default_factory=list)  # alive replicas to be replaced (stale, asked)
 
 
+@dataclass(frozen=True, slots=True)
+class _Nodes:
+    """The nodes as one pass reads them."""
+
+    state: Mapping[str, str]  # by node name; a node nobody reports is absent
+    leaving: frozenset[str]  # removed from the repo or drained: their replicas move elsewhere
+    held: frozenset[str]  # drained but still in the repo
+
+    @classmethod
+    def of(cls, nodes: Sequence[NodeView]) -> _Nodes:
+        return cls(
+            state={n.name: n.state for n in nodes},
+            leaving=frozenset(n.name for n in nodes if n.leaving or n.drained),
+            held=frozenset(n.name for n in nodes if n.drained and not n.leaving),
+        )
+
+
 def reconcile(
     models: Mapping[str, ModelView],
     nodes: Iterable[NodeView],
@@ -140,19 +157,13 @@ def reconcile(
     idleness = idleness or {}
     paces = paces or {}
     canaries = canaries or {}
-    node_state = {n.name: n.state for n in nodes}
-    leaving_nodes = frozenset(n.name for n in nodes if n.leaving or n.drained)
-    held_nodes = frozenset(n.name for n in nodes if n.drained and not n.leaving)
+    fleet = _Nodes.of(nodes)
 
-    actions: list[Action] = list(_removed_models(models, replicas, node_state))
+    actions: list[Action] = list(_removed_models(models, replicas, fleet.state))
     passes = []
     for name in sorted(models):
         mp = _ModelPass(name, models[name], backoff.get(name, ModelState()))
-        mine = [r for r in replicas if r.model == name]
-        _failed_and_lost(mp, mine, node_state, now, rng, policy)
-        _reset_backoff(mp, now, policy)
-        _unreachable(mp, node_state)
-        _leaving(mp, leaving_nodes, held_nodes)
+        _take_stock(mp, [r for r in replicas if r.model == name], fleet, now, rng, policy)
         phase = canaries.get(name, CanaryPhase()) if mode == "run" else CanaryPhase("promoted")
         _stale(mp, phase)
         pace = paces.get(name) or _pace_of(mp.entry)
@@ -164,8 +175,15 @@ def reconcile(
     placer = Placer(models, nodes, replicas, new_id)
     unplaced = _place_all(passes, placer, replicas, mode)
     for mp in passes:
-        _release_leaving(mp, leaving_nodes, held_nodes, unplaced.get(mp.name, 0))
+        _release_leaving(mp, fleet.leaving, fleet.held, unplaced.get(mp.name, 0))
         actions.extend(mp.actions)
+    return _decision(actions, passes, unplaced, now)
+
+
+def _decision(
+    actions: Sequence[Action], passes: Sequence[_ModelPass], unplaced: dict[str, int], now: float
+) -> ReconcileDecision:
+    """The pass's outcome: the actions in order, the backoff to carry, the next wake-up, each model's target."""
     new_backoff = {mp.name: mp.state for mp in passes if mp.state != ModelState()}
     wakes = [w for mp in passes for w in mp.wakes if w > now]
     wake_at = min(wakes) if wakes else None
@@ -196,6 +214,22 @@ def _removed_models(
             yield StopReplica(r.id, f"{reason}; node {', '.join(lost)} is Lost", drain=False, forget=True)
         elif r.effective_state() not in GONE_STATES:
             yield StopReplica(r.id, reason, drain=r.effective_state() != "failed")
+
+
+def _take_stock(
+    mp: _ModelPass,
+    mine: Sequence[ReplicaView],
+    fleet: _Nodes,
+    now: float,
+    rng: random.Random,
+    policy: BackoffPolicy,
+) -> None:
+    """What became of the model's replicas: failed and lost ones replaced (the backoff counts failures), ones on
+    Unreachable nodes kept, ones on leaving nodes set to move."""
+    _failed_and_lost(mp, mine, fleet.state, now, rng, policy)
+    _reset_backoff(mp, now, policy)
+    _unreachable(mp, fleet.state)
+    _leaving(mp, fleet.leaving, fleet.held)
 
 
 def _failed_and_lost(

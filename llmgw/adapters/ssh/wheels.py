@@ -177,48 +177,64 @@ def build(directory: Path, source: Path | None = None, *, python: str = sys.exec
         out = Path(tmp) / "wheels"
         constraints_file = Path(tmp) / CONSTRAINTS
         constraints_file.write_text(constraints, encoding="utf-8")
-        proc = subprocess.run(
-            [
-                python,
-                "-m",
-                "pip",
-                "wheel",
-                "--quiet",
-                "--wheel-dir",
-                str(out),
-                "--constraint",
-                str(constraints_file),
-                str(copy),
-            ],
-            capture_output=True,
-            text=True,
-            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-        )
-        if proc.returncode != 0:
-            raise WheelhouseError(f"pip wheel ./agent failed: {(proc.stderr or proc.stdout).strip()[-1500:]}")
-        wheels = {p.name: sha256_file(p) for p in sorted(out.glob("*.whl"))}
-        agents = [name for name in wheels if name.startswith(AGENT_DIST + "-")]
-        if len(agents) != 1:
-            raise WheelhouseError(f"pip wheel produced {len(agents)} agent wheels in {out}")
-        unpinned = _pin_problems(wheels, pins)
-        if unpinned:
-            raise WheelhouseError(
-                "pip wheel resolved agent dependencies other than the versions installed beside the "
-                f"controller: {', '.join(unpinned)}"
-            )
-        manifest = {
-            "wheels": wheels,
-            "agent_wheel": agents[0],
-            "agent_version": agents[0].split("-")[1],
-            "source_digest": wanted,
-        }
-        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        (out / REQUIREMENTS).write_text(requirements_text(wheels))
-        (out / CONSTRAINTS).write_text(constraints)
+        _pip_wheel(python, copy, out, constraints_file)
+        wheels, agent = _built_wheels(out, pins)
+        _write_manifest(out, wheels, agent, wanted, constraints)
         if directory.exists():
             shutil.rmtree(directory)
         os.replace(out, directory)
     return load(directory)
+
+
+def _pip_wheel(python: str, source: Path, out: Path, constraints_file: Path) -> None:
+    """The agent and its dependencies as wheels in `out`, pinned by `constraints_file`."""
+    proc = subprocess.run(
+        [
+            python,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--wheel-dir",
+            str(out),
+            "--constraint",
+            str(constraints_file),
+            str(source),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    if proc.returncode != 0:
+        raise WheelhouseError(f"pip wheel ./agent failed: {(proc.stderr or proc.stdout).strip()[-1500:]}")
+
+
+def _built_wheels(out: Path, pins: dict[str, str]) -> tuple[dict[str, str], str]:
+    """The wheels pip built (file name -> sha256) and the agent's among them, checked against the pins."""
+    wheels = {p.name: sha256_file(p) for p in sorted(out.glob("*.whl"))}
+    agents = [name for name in wheels if name.startswith(AGENT_DIST + "-")]
+    if len(agents) != 1:
+        raise WheelhouseError(f"pip wheel produced {len(agents)} agent wheels in {out}")
+    unpinned = _pin_problems(wheels, pins)
+    if unpinned:
+        raise WheelhouseError(
+            "pip wheel resolved agent dependencies other than the versions installed beside the "
+            f"controller: {', '.join(unpinned)}"
+        )
+    return wheels, agents[0]
+
+
+def _write_manifest(out: Path, wheels: dict[str, str], agent: str, digest: str, constraints: str) -> None:
+    """Beside the wheels, what a node installs them by: the manifest, the requirements and the pins."""
+    manifest = {
+        "wheels": wheels,
+        "agent_wheel": agent,
+        "agent_version": agent.split("-")[1],
+        "source_digest": digest,
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    (out / REQUIREMENTS).write_text(requirements_text(wheels))
+    (out / CONSTRAINTS).write_text(constraints)
 
 
 _WHEEL_TAGS = re.compile(r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")

@@ -396,19 +396,37 @@ def usage(
 ) -> None:
     """Requests, tokens and cost, grouped (by key: with each key's name and project; by tag:KEY: by the value
     of that request tag, requests without it in one untagged group)."""
+    tag = _usage_tag(by)
+    start = _usage_start(since)
+    totals = _usage_totals(by, start, StoreWhere(store, controller_config), controller, token_file)
+    header, rows = _usage_rows(totals, by, tag, as_json)
+    _print_usage(header, rows, totals, as_json=as_json, as_csv=as_csv)
+
+
+def _usage_tag(by: str) -> str | None:
+    """The tag key `--by tag:KEY` names, None for the other groups; an unknown group fails."""
     tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
     if tag is None and by not in USAGE_GROUPS:
         _fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}, or tag:KEY (e.g. --by tag:app)")
     if tag is not None and not tag:
         _fail("--by tag: names no tag key (e.g. --by tag:app)")
-    group = by
+    return tag
+
+
+def _usage_start(since: str | None) -> float | None:
+    """When `--since` starts (None: no --since, every row counts)."""
     try:
-        start = time.time() - parse_duration(since, bare_seconds=False, positive=True) if since else None
+        return time.time() - parse_duration(since, bare_seconds=False, positive=True) if since else None
     except ValueError as exc:
         _fail(f"--since: {exc}")
-    totals = _usage_totals(by, start, StoreWhere(store, controller_config), controller, token_file)
+
+
+def _usage_rows(
+    totals: list[UsageTotal], by: str, tag: str | None, as_json: bool
+) -> tuple[list[str], list[list[Any]]]:
+    """The header and one row per group: the group's columns, then the numbers."""
     header = [
-        *(["key", "name", "project"] if group == "key" else [by]),
+        *(["key", "name", "project"] if by == "key" else [by]),
         "requests",
         "errors",
         "tokens_in",
@@ -418,7 +436,7 @@ def usage(
     ]
     rows = [
         [
-            *(_key_columns(t, labelled=not as_json) if group == "key" else [_group_column(t, tag, as_json)]),
+            *(_key_columns(t, labelled=not as_json) if by == "key" else [_group_column(t, tag, as_json)]),
             t.requests,
             t.errors,
             t.tokens_in,
@@ -428,6 +446,13 @@ def usage(
         ]
         for t in totals
     ]
+    return header, rows
+
+
+def _print_usage(
+    header: list[str], rows: list[list[Any]], totals: list[UsageTotal], *, as_json: bool, as_csv: bool
+) -> None:
+    """As JSON, as CSV, or as a table people read."""
     if as_json:
         output.print_json([dict(zip(header, r, strict=True)) for r in rows])
     elif as_csv:

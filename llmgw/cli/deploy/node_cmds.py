@@ -26,6 +26,8 @@ from llmgw.core.config.secretrefs import DEFAULT_ENV_PREFIX, SecretPolicy, Secre
 
 if TYPE_CHECKING:
     from llmgw.adapters.ssh.bootstrap import Step
+    from llmgw.adapters.ssh.remote import SshTarget
+    from llmgw.adapters.ssh.wheels import Wheelhouse
 
 RepoOpt = Annotated[Path, typer.Option("--repo", help="Cluster repo directory")]
 CaOpt = Annotated[
@@ -248,6 +250,43 @@ _InsecureAcceptHostKeyOpt = Annotated[
 ]
 
 
+def _check_bootstrap_flags(auth: str, service: str, prefix: str) -> None:
+    from llmgw.adapters.ssh.render import prefix_problem
+
+    if auth not in ("tls", "token") or service not in ("auto", "systemd", "process"):
+        _fail("--auth takes tls or token; --service takes auto, systemd or process")
+    if problem := prefix_problem(prefix):
+        _fail(f"--prefix: {problem}")
+
+
+def _controller_token(auth: str, cluster: Cluster | None, secrets: SecretPolicy) -> str | None:
+    """The Cluster's controller token, which `--auth token` needs (None: the Cluster gives none)."""
+    settings = cluster.spec if cluster is not None else None
+    if auth == "token" and (settings is None or settings.controller.token is None):
+        _fail("--auth token needs spec.controller.token in the Cluster document")
+    if settings is not None and settings.controller.token is not None:
+        # Written beside the certificate too: the controller's hub asks agents for both.
+        return _secret(settings.controller.token, secrets)
+    return None
+
+
+def _target_and_wheels(
+    node: Node, repo: Path, secrets: SecretPolicy, wheelhouse: Path | None, insecure_accept_host_key: bool
+) -> tuple[SshTarget, Wheelhouse]:
+    """How to reach the node over SSH, and the wheels to install there (`--wheelhouse`, else built)."""
+    from llmgw.adapters.ssh import wheels
+    from llmgw.adapters.ssh.remote import StepFailed, target_for
+
+    try:
+        target = target_for(
+            node, repo, os.environ, secrets=secrets, insecure_accept_host_key=insecure_accept_host_key
+        )
+        house = wheels.load(wheelhouse) if wheelhouse else wheels.build(DEFAULT_STATE / "wheelhouse")
+    except (StepFailed, wheels.WheelhouseError) as exc:
+        _fail(str(exc))
+    return target, house
+
+
 @node_app.command("bootstrap")
 def node_bootstrap(
     name: Annotated[str, typer.Argument(help="Node declared in the repo")],
@@ -266,34 +305,18 @@ def node_bootstrap(
     secret_env_prefix: EnvPrefixOpt = DEFAULT_ENV_PREFIX,
 ) -> None:
     """Bootstrap one node now: check, install the agent, configure, start, wait for it to register."""
-    from llmgw.adapters.ssh import wheels
     from llmgw.adapters.ssh.bootstrap import BootstrapOptions, bootstrap_node
     from llmgw.adapters.ssh.ca import ClusterCA
-    from llmgw.adapters.ssh.remote import StepFailed, target_for
-    from llmgw.adapters.ssh.render import Layout, prefix_problem
+    from llmgw.adapters.ssh.render import Layout
 
-    if auth not in ("tls", "token") or service not in ("auto", "systemd", "process"):
-        _fail("--auth takes tls or token; --service takes auto, systemd or process")
-    if problem := prefix_problem(prefix):
-        _fail(f"--prefix: {problem}")
+    _check_bootstrap_flags(auth, service, prefix)
     node, cluster = _load(repo, name)
     secrets = _policy(secrets_dir, secret_env_prefix)
     settings = cluster.spec if cluster is not None else None
     address = settings.controller.address if settings else "127.0.0.1:7070"
     ca = ClusterCA.open(ca_dir) if auth == "tls" else None
-    token = None
-    if auth == "token" and (settings is None or settings.controller.token is None):
-        _fail("--auth token needs spec.controller.token in the Cluster document")
-    if settings is not None and settings.controller.token is not None:
-        # Written beside the certificate too: the controller's hub asks agents for both.
-        token = _secret(settings.controller.token, secrets)
-    try:
-        target = target_for(
-            node, repo, os.environ, secrets=secrets, insecure_accept_host_key=insecure_accept_host_key
-        )
-        house = wheels.load(wheelhouse) if wheelhouse else wheels.build(DEFAULT_STATE / "wheelhouse")
-    except (StepFailed, wheels.WheelhouseError) as exc:
-        _fail(str(exc))
+    token = _controller_token(auth, cluster, secrets)
+    target, house = _target_and_wheels(node, repo, secrets, wheelhouse, insecure_accept_host_key)
 
     opts = BootstrapOptions(
         controllers=(address,),

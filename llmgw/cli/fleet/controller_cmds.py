@@ -226,6 +226,16 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
         output.print_json(data)
         return
     console = output.console()
+    _print_revision(console, data)
+    _print_nodes(console, data)
+    _print_leadership(console, data.get("leadership") or {})
+    _print_repo_problems(console, data)
+    console.print(_models_table(data))
+    _print_capacity(console, data.get("capacity"))
+
+
+def _print_revision(console: Any, data: dict[str, Any]) -> None:
+    """The revision applied, and whether it is the one last seen in the repo."""
     applied, seen = data.get("applied"), data.get("seen")
     console.print(
         f"revision [bold]{short(applied and applied['revision'], missing='-')}[/bold] applied {_ago(applied and applied['applied_at'])}"
@@ -237,6 +247,10 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
         f"sync     {_styled(sync, {'Synced': 'green', 'OutOfSync': 'yellow'})} (seen {short(seen and seen['revision'], missing='-')})",
         highlight=False,
     )
+
+
+def _print_nodes(console: Any, data: dict[str, Any]) -> None:
+    """The nodes by state, then each node the repo does not declare and each node condition."""
     nodes = data.get("nodes", {})
     console.print(
         f"nodes    {nodes.get('Ready', 0)} Ready, {nodes.get('Unreachable', 0)} Unreachable, {nodes.get('Lost', 0)} Lost"
@@ -250,12 +264,19 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
             f"  [yellow]condition[/yellow] {cond['node']}: {condition_lines({'conditions': [cond]})[0]}",
             highlight=False,
         )
-    lead = data.get("leadership") or {}
+
+
+def _print_leadership(console: Any, lead: dict[str, Any]) -> None:
+    """With several controllers (HA): this one's role and who leads."""
     if lead.get("ha"):
         where = lead.get("leader_address") or "unknown"
         console.print(f"role     {lead.get('role')} (leader: {where})", highlight=False)
         if lead.get("store_error"):
             console.print(f"[yellow]lease store error:[/yellow] {lead['store_error']}", highlight=False)
+
+
+def _print_repo_problems(console: Any, data: dict[str, Any]) -> None:
+    """The cluster repo out of reach, or its newest revision refused (with why)."""
     if data.get("source_error"):
         console.print(f"[yellow]cluster repo unavailable:[/yellow] {data['source_error']}", highlight=False)
     refused = data.get("refused")
@@ -265,20 +286,12 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
         )
         for line in refused["errors"]:
             console.print(f"  {line}", highlight=False, markup=False)
+
+
+def _models_table(data: dict[str, Any]) -> Table:
     table = Table("MODEL", "HEALTH", "READY", "TARGET", "MIN/MAX", "MEMORY", "NOTE")
     for m in data.get("models", []):
-        note = m.get("waiting") or ("; ".join(f"{n}: {w}" for n, w in m.get("unplaceable", {}).items()) or "")
-        if m.get("stale_replicas"):
-            note = f"{m['stale_replicas']} stale profile" + (f"; {note}" if note else "")
-        fetching = "; ".join(fetch_words(f) for f in m.get("fetching") or [])
-        note = "; ".join(w for w in (fetching, note) if w)
-        canary = m.get("canary")
-        if canary:  # in progress: what it waits for; decided: the verdict
-            words = canary["waiting"] if canary["phase"] == "running" else canary["verdict"]
-            note = "; ".join(w for w in (f"canary {canary['phase']}: {words}", note) if w)
-        scaled = m.get("autoscale")
-        if scaled:
-            note = "; ".join(w for w in (note, scaled["reason"]) if w)
+        note = _model_note(m)
         table.add_row(
             m["model"],
             _styled(m["health"], HEALTH_STYLE),
@@ -288,8 +301,24 @@ def status(controller: ControllerOpt = None, token_file: TokenOpt = None, as_jso
             memory_words(m.get("memory")),
             note,
         )
-    console.print(table)
-    _print_capacity(console, data.get("capacity"))
+    return table
+
+
+def _model_note(m: dict[str, Any]) -> str:
+    """What a model's row says beyond the numbers: fetching, waiting, stale profiles, its canary, the autoscaler."""
+    note = m.get("waiting") or ("; ".join(f"{n}: {w}" for n, w in m.get("unplaceable", {}).items()) or "")
+    if m.get("stale_replicas"):
+        note = f"{m['stale_replicas']} stale profile" + (f"; {note}" if note else "")
+    fetching = "; ".join(fetch_words(f) for f in m.get("fetching") or [])
+    note = "; ".join(w for w in (fetching, note) if w)
+    canary = m.get("canary")
+    if canary:  # in progress: what it waits for; decided: the verdict
+        words = canary["waiting"] if canary["phase"] == "running" else canary["verdict"]
+        note = "; ".join(w for w in (f"canary {canary['phase']}: {words}", note) if w)
+    scaled = m.get("autoscale")
+    if scaled:
+        note = "; ".join(w for w in (note, scaled["reason"]) if w)
+    return note
 
 
 def _print_capacity(console: Any, cap: dict[str, Any] | None) -> None:

@@ -111,6 +111,29 @@ CapacityOpt = Annotated[
         help="Measured capacity for --simulate (`llmgw capacity --json`); default: the controller's",
     ),
 ]
+StateOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state",
+        help="Plan against a saved live state (JSON, from --save-state: it holds the applied revision's "
+        "documents) instead",
+    ),
+]
+FormatOpt = Annotated[PlanFormat, typer.Option("--format", "-f", help="text, json, or markdown")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="Save the plan for `llmgw apply PLANFILE`")]
+SaveStateOpt = Annotated[
+    Path | None, typer.Option("--save-state", help="Also write the live state taken to FILE (JSON)")
+]
+DetailedExitcodeOpt = Annotated[
+    bool, typer.Option("--detailed-exitcode", help="Exit 0 no changes, 1 error, 2 changes")
+]
+OfflineOpt = Annotated[
+    bool,
+    typer.Option(
+        "--offline",
+        help="Ask no weights server: each new or changed source is listed as not checked",
+    ),
+]
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -119,35 +142,14 @@ CapacityOpt = Annotated[
 def plan(
     path: PathArg = Path("."),
     controller: ControllerOpt = None,
-    state: Annotated[
-        Path | None,
-        typer.Option(
-            "--state",
-            help="Plan against a saved live state (JSON, from --save-state: it holds the applied revision's "
-            "documents) instead",
-        ),
-    ] = None,
-    output: Annotated[PlanFormat, typer.Option("--format", "-f", help="text, json, or markdown")] = (
-        PlanFormat.text
-    ),
-    out: Annotated[
-        Path | None, typer.Option("--out", help="Save the plan for `llmgw apply PLANFILE`")
-    ] = None,
-    save_state: Annotated[
-        Path | None, typer.Option("--save-state", help="Also write the live state taken to FILE (JSON)")
-    ] = None,
-    detailed_exitcode: Annotated[
-        bool, typer.Option("--detailed-exitcode", help="Exit 0 no changes, 1 error, 2 changes")
-    ] = False,
+    state: StateOpt = None,
+    output: FormatOpt = PlanFormat.text,
+    out: OutOpt = None,
+    save_state: SaveStateOpt = None,
+    detailed_exitcode: DetailedExitcodeOpt = False,
     token_file: TokenOpt = None,
     revision: RevisionOpt = None,
-    offline: Annotated[
-        bool,
-        typer.Option(
-            "--offline",
-            help="Ask no weights server: each new or changed source is listed as not checked",
-        ),
-    ] = False,
+    offline: OfflineOpt = False,
     mirror_token_file: MirrorTokenOpt = None,
     usage_window: plan_usage.WindowOpt = "7d",
     impact_exitcode: plan_usage.ImpactExitOpt = False,
@@ -361,37 +363,41 @@ def _content_hash(path: Path) -> str:
 
 # ------------------------------------------------------------------------------------------------ apply
 
+TargetArg = Annotated[Path, typer.Argument(help="Cluster repo directory, or a plan file from `plan --out`")]
+WaitOpt = Annotated[bool, typer.Option("--wait", help="Follow until Synced and Healthy")]
+TimeoutOpt = Annotated[str, typer.Option(help="How long --wait waits (e.g. 90s, 10m)")]
+DegradedForOpt = Annotated[
+    str, typer.Option(help="With --wait, give up once a model has been Degraded this long (0s: at once)")
+]
+SendOpt = Annotated[
+    Send,
+    typer.Option(
+        help="How the repo reaches the controller: its path (a controller on this machine), its files, "
+        "or auto (path for a loopback controller)"
+    ),
+]
+IntervalOpt = Annotated[float, typer.Option(help="Seconds between status polls with --wait", hidden=True)]
+ActorOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--actor",
+        help="Who is applying, for the revision history beside the token's name (default: "
+        "github-run:$GITHUB_RUN_ID in GitHub Actions, else user@host)",
+    ),
+]
+
 
 def apply(
-    target: Annotated[
-        Path, typer.Argument(help="Cluster repo directory, or a plan file from `plan --out`")
-    ] = (Path(".")),
+    target: TargetArg = Path("."),
     controller: ControllerOpt = None,
-    wait: Annotated[bool, typer.Option("--wait", help="Follow until Synced and Healthy")] = False,
-    timeout: Annotated[str, typer.Option(help="How long --wait waits (e.g. 90s, 10m)")] = "10m",
-    degraded_for: Annotated[
-        str, typer.Option(help="With --wait, give up once a model has been Degraded this long (0s: at once)")
-    ] = "30s",
+    wait: WaitOpt = False,
+    timeout: TimeoutOpt = "10m",
+    degraded_for: DegradedForOpt = "30s",
     token_file: TokenOpt = None,
     revision: RevisionOpt = None,
-    send: Annotated[
-        Send,
-        typer.Option(
-            help="How the repo reaches the controller: its path (a controller on this machine), its files, "
-            "or auto (path for a loopback controller)"
-        ),
-    ] = Send.auto,
-    interval: Annotated[
-        float, typer.Option(help="Seconds between status polls with --wait", hidden=True)
-    ] = 1.0,
-    actor: Annotated[
-        str | None,
-        typer.Option(
-            "--actor",
-            help="Who is applying, for the revision history beside the token's name (default: "
-            "github-run:$GITHUB_RUN_ID in GitHub Actions, else user@host)",
-        ),
-    ] = None,
+    send: SendOpt = Send.auto,
+    interval: IntervalOpt = 1.0,
+    actor: ActorOpt = None,
 ) -> None:
     """Send the cluster repo (or a saved plan) to the controller; with --wait, follow it to Healthy."""
     from llmgw.controller.parts.settings import SettingsError, setting_duration
@@ -423,11 +429,7 @@ def apply(
     reply = _send(client, path, rev, send, actor or _actor(admin_client.environ()))
     _nudge(client)
     if reply.get("result") == "refused":
-        errors = [str(e) for e in reply.get("errors", [])]
-        typer.echo(f"The controller refused revision {short(rev)}:", err=True)
-        for line in errors:
-            typer.echo(f"  {line}", err=True)
-        raise typer.Exit(1)
+        _refused(rev, reply)
     # The controller names what it applied (an unverifiable label becomes apply:<content hash>): follow that.
     rev = str(reply.get("revision") or rev)
     word = {"applied": "applied", "unchanged": "already applied"}.get(str(reply.get("result")), "sent")
@@ -435,6 +437,15 @@ def apply(
     if not wait:
         raise typer.Exit(0)
     raise typer.Exit(follow.follow(client, rev, limit_s, interval, sys.stdout.isatty(), degraded_s))
+
+
+def _refused(rev: str, reply: dict[str, Any]) -> NoReturn:
+    """The controller's reasons for refusing `rev`, on stderr; exit 1."""
+    errors = [str(e) for e in reply.get("errors", [])]
+    typer.echo(f"The controller refused revision {short(rev)}:", err=True)
+    for line in errors:
+        typer.echo(f"  {line}", err=True)
+    raise typer.Exit(1)
 
 
 def revision_like_source(path: Path, status: dict[str, Any]) -> str | None:

@@ -202,43 +202,31 @@ class Catalog:
         errors = [p for p in problems if p.severity == "error"]
         if errors:
             raise CatalogError(errors)
+        # Kinds whose spec is kept as written, by name.
+        adapters = {d.metadata.name: d.spec for d in documents if isinstance(d, Adapter)}
+        policies = {d.metadata.name: d.spec for d in documents if isinstance(d, RoutingPolicy)}
+        notifications = {d.metadata.name: d.spec for d in documents if isinstance(d, Notification)}
+        guardrails = {d.metadata.name: d.spec for d in documents if isinstance(d, Guardrail)}
+        suites = {d.metadata.name: d.spec for d in documents if isinstance(d, EvalSuite)}
+        # Kinds made into entries.
         models: dict[str, ModelEntry] = {}
         aliases: dict[str, str] = {}
-        policies: dict[str, RoutingPolicySpec] = {}
         nodes: dict[str, NodeEntry] = {}
         tenants: dict[str, dict[str, TenantEntry]] = {"Organization": {}, "Team": {}, "Project": {}}
-        notifications: dict[str, NotificationSpec] = {}
-        guardrails: dict[str, GuardrailSpec] = {}
-        adapters = {d.metadata.name: d.spec for d in documents if isinstance(d, Adapter)}
-        suites: dict[str, EvalSuiteSpec] = {}
         cluster: Cluster | None = None
         for doc in documents:
             name = doc.metadata.name
             labels = MappingProxyType(dict(doc.metadata.labels))
             if isinstance(doc, Model):
                 manifest = (manifests or {}).get(name)
-                digest = None if manifest is None else manifest_digest(manifest)
-                carried = _adapters_of(adapters, name)
-                entries = tuple(
-                    ProfileEntry(p, profile_fingerprint(p, doc.spec, digest, carried))
-                    for p in doc.spec.profiles
-                )
-                models[name] = ModelEntry(name, doc.spec, labels, entries, manifest, (shapes or {}).get(name))
+                models[name] = _model_entry(doc, labels, adapters, manifest, (shapes or {}).get(name))
                 aliases.update({alias: name for alias in doc.spec.aliases})
-            elif isinstance(doc, RoutingPolicy):
-                policies[name] = doc.spec
             elif isinstance(doc, Node):
                 nodes[name] = NodeEntry(name, labels, doc.spec)
             elif isinstance(doc, Cluster):
                 cluster = doc
             elif isinstance(doc, Organization | Team | Project):
                 tenants[doc.kind][name] = _tenant(doc, labels)
-            elif isinstance(doc, Notification):
-                notifications[name] = doc.spec
-            elif isinstance(doc, Guardrail):
-                guardrails[name] = doc.spec
-            elif isinstance(doc, EvalSuite):
-                suites[name] = doc.spec
         return cls(
             models=MappingProxyType(models),
             aliases=MappingProxyType(aliases),
@@ -416,6 +404,23 @@ def _listed(models: tuple[str, ...] | None) -> list[str] | None:
 
 def _adapters_of(adapters: Mapping[str, AdapterSpec], model: str) -> tuple[tuple[str, AdapterSpec], ...]:
     return tuple(sorted((n, a) for n, a in adapters.items() if a.base == model))
+
+
+def _model_entry(
+    doc: Model,
+    labels: Mapping[str, str],
+    adapters: Mapping[str, AdapterSpec],
+    manifest: tuple[ManifestFile, ...] | None,
+    shape: ModelShape | None,
+) -> ModelEntry:
+    """`doc` with each profile's fingerprint (its manifest and the adapters it carries are part of it)."""
+    name = doc.metadata.name
+    digest = None if manifest is None else manifest_digest(manifest)
+    carried = _adapters_of(adapters, name)
+    entries = tuple(
+        ProfileEntry(p, profile_fingerprint(p, doc.spec, digest, carried)) for p in doc.spec.profiles
+    )
+    return ModelEntry(name, doc.spec, labels, entries, manifest, shape)
 
 
 def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> TenantEntry:

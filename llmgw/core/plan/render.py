@@ -291,50 +291,7 @@ def render_markdown(plan: Plan) -> str:
     out = ["### llmgw plan", "", f"**{plan.summary()}**", ""]
     if plan.sources:
         out += [f"**{plan.source_summary()}**", ""]
-    rows: list[tuple[str, str, str, str]] = []
-    for d in plan.documents:
-        detail = "; ".join(f"`{f.path}`: {_field_words(d, f)}" for f in d.fields) or d.change
-        rows.append((_SYMBOL[d.change], f"{d.kind} `{d.name}`", "", detail))
-    if not plan.documents_known:
-        rows.append(("?", "Cluster, nodes, policies, tenants", "", UNKNOWN_DOCUMENTS))
-    for m in plan.models:
-        detail = m.summary or "; ".join(f"`{f.path}`: {f.old} -> {f.new}" for f in m.fields)
-        rows.append((_SYMBOL[m.change], f"model `{m.model}`", "", detail))
-    for dr in plan.drift:
-        rows.append(("!", f"drift `{dr.replica_id or dr.model}`", "", dr.words))
-    for s in plan.starts:
-        rows.append(("+", f"start `{s.replica_id}`", _where(s.nodes), f"{s.reason}; {s.why_there}"))
-    for r in plan.restarts:
-        rows.append(("-/+", f"restart `{r.replica_id}`", _where(r.nodes), r.reason))
-    for sp in plan.stops:
-        rows.append(
-            (
-                "-",
-                f"stop `{sp.replica_id}`",
-                _where(sp.nodes),
-                sp.reason + (" (drain first)" if sp.drain else ""),
-            )
-        )
-    for st in plan.stale:
-        rows.append(("~", f"stale `{st.replica_id}`", _where(st.nodes), st.reason))
-    for n in plan.nodes:
-        rows.append(("+" if n.change == "bootstrap" else "-", f"{n.change} `{n.node}`", n.node, n.reason))
-    for n in plan.kept:
-        rows.append(("=", f"keep `{n.node}`", n.node, n.reason))
-    for u in plan.unplaceable:
-        rows.append(
-            (
-                "!",
-                f"cannot place `{u.model}`",
-                "",
-                f"{u.missing} replica{'s' * (u.missing != 1)}; see details",
-            )
-        )
-    for f in plan.misfits:
-        rows.append(("!", f"`{f.model}/{f.profile}` does not fit {f.gpu_class}", "", f.words()))
-    for v in plan.sources:
-        symbol = {"checked": "=", "not checked": "?", "error": "!"}[v.state]
-        rows.append((symbol, f"{v.state} source `{v.source}` of `{v.model}`", v.where, v.detail))
+    rows = [*_change_rows(plan), *_action_rows(plan), *_finding_rows(plan)]
     if rows:
         out += ["| | change | where | why |", "| --- | --- | --- | --- |"]
         out += [f"| `{a}` | {_cell(b)} | {_cell(c)} | {_cell(d)} |" for a, b, c, d in rows]
@@ -354,3 +311,68 @@ def render_markdown(plan: Plan) -> str:
         f"<sub>revision {revision}, live state {plan.live_state_hash[:12]}</sub>",
     ]
     return "\n".join(out) + "\n"
+
+
+# A row of the pull-request table: symbol, change, where, why.
+_Row = tuple[str, str, str, str]
+
+
+def _change_rows(plan: Plan) -> list[_Row]:
+    """What the repo changes: its documents and models, and where the fleet drifted from it."""
+    rows: list[_Row] = []
+    for d in plan.documents:
+        detail = "; ".join(f"`{f.path}`: {_field_words(d, f)}" for f in d.fields) or d.change
+        rows.append((_SYMBOL[d.change], f"{d.kind} `{d.name}`", "", detail))
+    if not plan.documents_known:
+        rows.append(("?", "Cluster, nodes, policies, tenants", "", UNKNOWN_DOCUMENTS))
+    for m in plan.models:
+        detail = m.summary or "; ".join(f"`{f.path}`: {f.old} -> {f.new}" for f in m.fields)
+        rows.append((_SYMBOL[m.change], f"model `{m.model}`", "", detail))
+    for dr in plan.drift:
+        rows.append(("!", f"drift `{dr.replica_id or dr.model}`", "", dr.words))
+    return rows
+
+
+def _action_rows(plan: Plan) -> list[_Row]:
+    """What applying does to replicas and nodes."""
+    rows: list[_Row] = []
+    for s in plan.starts:
+        rows.append(("+", f"start `{s.replica_id}`", _where(s.nodes), f"{s.reason}; {s.why_there}"))
+    for r in plan.restarts:
+        rows.append(("-/+", f"restart `{r.replica_id}`", _where(r.nodes), r.reason))
+    for sp in plan.stops:
+        rows.append(
+            (
+                "-",
+                f"stop `{sp.replica_id}`",
+                _where(sp.nodes),
+                sp.reason + (" (drain first)" if sp.drain else ""),
+            )
+        )
+    for st in plan.stale:
+        rows.append(("~", f"stale `{st.replica_id}`", _where(st.nodes), st.reason))
+    for n in plan.nodes:
+        rows.append(("+" if n.change == "bootstrap" else "-", f"{n.change} `{n.node}`", n.node, n.reason))
+    for n in plan.kept:
+        rows.append(("=", f"keep `{n.node}`", n.node, n.reason))
+    return rows
+
+
+def _finding_rows(plan: Plan) -> list[_Row]:
+    """What cannot be placed or fit, and what was found checking the sources."""
+    rows: list[_Row] = []
+    for u in plan.unplaceable:
+        rows.append(
+            (
+                "!",
+                f"cannot place `{u.model}`",
+                "",
+                f"{u.missing} replica{'s' * (u.missing != 1)}; see details",
+            )
+        )
+    for f in plan.misfits:
+        rows.append(("!", f"`{f.model}/{f.profile}` does not fit {f.gpu_class}", "", f.words()))
+    for v in plan.sources:
+        symbol = {"checked": "=", "not checked": "?", "error": "!"}[v.state]
+        rows.append((symbol, f"{v.state} source `{v.source}` of `{v.model}`", v.where, v.detail))
+    return rows

@@ -282,6 +282,19 @@ class UsageFolder:
                 t.busy.ends.append(time)
 
     def summary(self, capacity: list[MeasuredCapacity] | None = None) -> UsageSummary:
+        return UsageSummary(
+            since=self.since,
+            until=self.until,
+            rows=self.rows,
+            earliest=self.earliest,
+            pairs=self._pair_usage(),
+            models=self._model_usage(),
+            tenants=self._tenant_peaks(),
+            capacity=sorted(capacity or [], key=lambda c: (c.model, c.profile, c.gpu_class)),
+        )
+
+    def _model_usage(self) -> list[ModelUsage]:
+        """Per model: the pairs' totals summed over projects, and its busiest moment."""
         by_model: dict[str, _Totals] = {}
         for (_, model), p in self._pairs.items():
             m = by_model.setdefault(model, _Totals())
@@ -304,6 +317,10 @@ class UsageFolder:
                     peak_concurrency_at=at,
                 )
             )
+        return models
+
+    def _tenant_peaks(self) -> list[TenantPeak]:
+        """Per organization, team and project: its peak rates and concurrency, and what it spent."""
         tenants = []
         for (level, name), acc in sorted(
             self._tenants.items(), key=lambda kv: (LEVELS.index(kv[0][0]), kv[0][1])
@@ -321,7 +338,10 @@ class UsageFolder:
                     cost=acc.spent,
                 )
             )
-        pairs = [
+        return tenants
+
+    def _pair_usage(self) -> list[PairUsage]:
+        return [
             PairUsage(
                 project=p,
                 model=m,
@@ -333,13 +353,3 @@ class UsageFolder:
             )
             for (p, m), t in sorted(self._pairs.items())
         ]
-        return UsageSummary(
-            since=self.since,
-            until=self.until,
-            rows=self.rows,
-            earliest=self.earliest,
-            pairs=pairs,
-            models=models,
-            tenants=tenants,
-            capacity=sorted(capacity or [], key=lambda c: (c.model, c.profile, c.gpu_class)),
-        )

@@ -44,13 +44,18 @@ def check_guardrails(documents: Sequence[object], add: IssueAdder) -> None:
 def _one(
     index: int, doc: Guardrail, models: dict[str, Model], tenants: dict[str, set[str]], add: IssueAdder
 ) -> None:
-    spec = doc.spec
-    for pos, pattern in enumerate(spec.regex):
+    _check_regexes(index, doc, add)
+    _check_judge(index, doc, models, add)
+    _check_attachments(index, doc, models, tenants, add)
+    _check_stages(index, doc, add)
+
+
+def _check_regexes(index: int, doc: Guardrail, add: IssueAdder) -> None:
+    for pos, pattern in enumerate(doc.spec.regex):
         try:
             re.compile(pattern)
-            regex.compile(
-                pattern
-            )  # what the router searches with (a deadline; llmgw/core/evals/guardrails.py)
+            # What the router searches with (a deadline; llmgw/core/evals/guardrails.py).
+            regex.compile(pattern)
         except (re.error, regex.error) as err:
             add(index, ("spec", "regex", pos), f"not a regular expression: {err}", "a Python `re` pattern")
             continue
@@ -63,24 +68,35 @@ def _one(
                 "one repetition over a character class (`[\\w\\s]+`), a possessive quantifier (`\\w++`) or "
                 "an atomic group (`(?>...)`)",
             )
-    if spec.judge is not None:
-        judge = models.get(spec.judge.model)
-        if judge is None:
-            add(
-                index,
-                ("spec", "judge", "model"),
-                f"judge model `{spec.judge.model}` is not defined",
-                did_you_mean(spec.judge.model, models) or "a Model document with `role: guard`",
-            )
-        elif judge.spec.role != "guard":
-            add(
-                index,
-                ("spec", "judge", "model"),
-                f"model `{spec.judge.model}` is not a judge",
-                "give it `role: guard` (a Llama Guard 3 model), or name one that has it",
-            )
+
+
+def _check_judge(index: int, doc: Guardrail, models: dict[str, Model], add: IssueAdder) -> None:
+    judge_ref = doc.spec.judge
+    if judge_ref is None:
+        return
+    judge = models.get(judge_ref.model)
+    if judge is None:
+        add(
+            index,
+            ("spec", "judge", "model"),
+            f"judge model `{judge_ref.model}` is not defined",
+            did_you_mean(judge_ref.model, models) or "a Model document with `role: guard`",
+        )
+    elif judge.spec.role != "guard":
+        add(
+            index,
+            ("spec", "judge", "model"),
+            f"model `{judge_ref.model}` is not a judge",
+            "give it `role: guard` (a Llama Guard 3 model), or name one that has it",
+        )
+
+
+def _check_attachments(
+    index: int, doc: Guardrail, models: dict[str, Model], tenants: dict[str, set[str]], add: IssueAdder
+) -> None:
+    attach = doc.spec.attach
     for level in ("organizations", "teams", "projects"):
-        for pos, name in enumerate(getattr(spec.attach, level)):
+        for pos, name in enumerate(getattr(attach, level)):
             if name not in tenants[level]:
                 what = level[:-1].capitalize()
                 add(
@@ -89,7 +105,7 @@ def _one(
                     f"{what.lower()} `{name}` is not defined",
                     did_you_mean(name, tenants[level]) or f"add a {what} document with that name",
                 )
-    for pos, name in enumerate(spec.attach.models):
+    for pos, name in enumerate(attach.models):
         if name not in models:
             add(
                 index,
@@ -97,6 +113,11 @@ def _one(
                 f"model `{name}` is not defined",
                 did_you_mean(name, models) or "a model name or alias",
             )
+
+
+def _check_stages(index: int, doc: Guardrail, add: IssueAdder) -> None:
+    """What the mode and the prompt bound mean for the stages the guardrail checks."""
+    spec = doc.spec
     if spec.mode == "redact" and "output" in spec.stages:
         add(
             index,

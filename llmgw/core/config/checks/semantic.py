@@ -173,7 +173,17 @@ def _node_serving(c: Checker, index: int, doc: Node) -> None:
 
 
 def _model(c: Checker, index: int, doc: Model) -> None:
-    spec = doc.spec
+    _model_bounds(c, index, doc.spec)
+    addresses(c, index, doc)
+    node_reach(c, index, doc)
+    repo_reachable(c, index, doc)
+    _capabilities(c, index, doc.spec)
+    _model_profiles(c, index, doc.spec)
+    _model_fallbacks(c, index, doc)
+
+
+def _model_bounds(c: Checker, index: int, spec: ModelSpec) -> None:
+    """Scaling, output length and what serves the model: the numbers and choices that must agree."""
     scaling = spec.scaling
     if scaling.min > scaling.max:
         c.add(
@@ -204,10 +214,9 @@ def _model(c: Checker, index: int, doc: Model) -> None:
             "a model needs `profiles` or a `provider`",
             "add a profile, e.g. {name: cpu, engine: llamacpp}",
         )
-    addresses(c, index, doc)
-    node_reach(c, index, doc)
-    repo_reachable(c, index, doc)
-    _capabilities(c, index, spec)
+
+
+def _model_profiles(c: Checker, index: int, spec: ModelSpec) -> None:
     profile_names: set[str] = set()
     for pos, profile in enumerate(spec.profiles):
         path: tuple[PathPart, ...] = ("spec", "profiles", pos)
@@ -228,7 +237,10 @@ def _model(c: Checker, index: int, doc: Model) -> None:
             )
         _profile(c, index, path, profile)
         _llamacpp_endpoint_flags(c, index, path, profile, spec.effective_capabilities)
-    for pos, fallback in enumerate(spec.fallbacks):
+
+
+def _model_fallbacks(c: Checker, index: int, doc: Model) -> None:
+    for pos, fallback in enumerate(doc.spec.fallbacks):
         path = ("spec", "fallbacks", pos)
         target = c.canonical.get(fallback)
         if target is None:

@@ -33,18 +33,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from llmgw.core.fleet.states import GONE_STATES, is_stale
 from llmgw.core.fleet.views import ModelState, ModelView, NodeView, ReplicaView
 from llmgw.core.placement import (
     IdFactory,
-    Placement,
     Placer,
-    Preemption,
-    ShardPlacement,
-    commit_preemption,
-    find_preemption,
 )
 from llmgw.core.reconcile_actions import (
     Action,
@@ -59,6 +54,7 @@ from llmgw.core.reconcile_actions import (
     StopReplica,
     Wait,
 )
+from llmgw.core.reconcile_placing import ModelPass, place_all
 from llmgw.core.words import parse_duration
 
 __all__ = [
@@ -82,23 +78,6 @@ def replica_stale(replica: ReplicaView, entry: ModelView) -> bool:
     declared = any(p.name == replica.profile for p in entry.spec.profiles)
     wanted = entry.fingerprints.get(replica.profile, "") if declared else None
     return is_stale(replica.fingerprint, wanted)
-
-
-@dataclass(slots=True)
-class _ModelPass:
-    """The working notes of one model in one pass."""
-
-    name: str
-    entry: ModelView
-    state: ModelState
-    alive: list[ReplicaView] = field(default_factory=list)
-    actions: list[Action] = field(default_factory=list)
-    # One per replica to place, in order: (reason, id of the replica it replaces or None).
-    start_reasons: list[tuple[str, str | None]] = field(default_factory=list)
-    wakes: list[float] = field(default_factory=list)
-    target: int = 0
-    leaving: list[ReplicaView] = field(default_factory=list)  # on nodes removed from the repo or drained
-    rolling: list[ReplicaView] = field(default_factory=list)  # alive replicas to be replaced (stale, asked)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,7 +141,7 @@ def reconcile(
     actions: list[Action] = list(_removed_models(models, replicas, fleet.state))
     passes = []
     for name in sorted(models):
-        mp = _ModelPass(name, models[name], backoff.get(name, ModelState()))
+        mp = ModelPass(name, models[name], backoff.get(name, ModelState()))
         _take_stock(mp, [r for r in replicas if r.model == name], fleet, now, rng, policy)
         phase = canaries.get(name, CanaryPhase()) if mode == "run" else CanaryPhase("promoted")
         _stale(mp, phase)
@@ -173,7 +152,7 @@ def reconcile(
         passes.append(mp)
 
     placer = Placer(models, nodes, replicas, new_id)
-    unplaced = _place_all(passes, placer, replicas, mode)
+    unplaced = place_all(passes, placer, replicas, mode)
     for mp in passes:
         _release_leaving(mp, fleet.leaving, fleet.held, unplaced.get(mp.name, 0))
         actions.extend(mp.actions)
@@ -181,7 +160,7 @@ def reconcile(
 
 
 def _decision(
-    actions: Sequence[Action], passes: Sequence[_ModelPass], unplaced: dict[str, int], now: float
+    actions: Sequence[Action], passes: Sequence[ModelPass], unplaced: dict[str, int], now: float
 ) -> ReconcileDecision:
     """The pass's outcome: the actions in order, the backoff to carry, the next wake-up, each model's target."""
     new_backoff = {mp.name: mp.state for mp in passes if mp.state != ModelState()}
@@ -217,7 +196,7 @@ def _removed_models(
 
 
 def _take_stock(
-    mp: _ModelPass,
+    mp: ModelPass,
     mine: Sequence[ReplicaView],
     fleet: _Nodes,
     now: float,
@@ -233,7 +212,7 @@ def _take_stock(
 
 
 def _failed_and_lost(
-    mp: _ModelPass,
+    mp: ModelPass,
     mine: Sequence[ReplicaView],
     node_state: Mapping[str, str],
     now: float,
@@ -279,7 +258,7 @@ def _failure_words(r: ReplicaView) -> str:
     return f"{which} failed{others}"
 
 
-def _reset_backoff(mp: _ModelPass, now: float, policy: BackoffPolicy) -> None:
+def _reset_backoff(mp: ModelPass, now: float, policy: BackoffPolicy) -> None:
     if mp.state.failures == 0:
         return
     since = [r.ready_since for r in mp.alive if r.ready_since is not None and r.effective_state() == "ready"]
@@ -289,7 +268,7 @@ def _reset_backoff(mp: _ModelPass, now: float, policy: BackoffPolicy) -> None:
         mp.wakes.append(min(since) + policy.reset_after)
 
 
-def _unreachable(mp: _ModelPass, node_state: Mapping[str, str]) -> None:
+def _unreachable(mp: ModelPass, node_state: Mapping[str, str]) -> None:
     for r in mp.alive:
         away = sorted({s.node for s in r.shards if node_state.get(s.node) == "Unreachable"})
         if away:
@@ -297,7 +276,7 @@ def _unreachable(mp: _ModelPass, node_state: Mapping[str, str]) -> None:
             mp.actions.append(Wait(mp.name, None, reason))
 
 
-def _leaving(mp: _ModelPass, leaving_nodes: frozenset[str], held_nodes: frozenset[str]) -> None:
+def _leaving(mp: ModelPass, leaving_nodes: frozenset[str], held_nodes: frozenset[str]) -> None:
     """Take replicas on nodes removed from the repo out of `alive` and ask for their replacements; they keep
     serving until `_release_leaving` lets them go."""
     if not leaving_nodes:
@@ -310,7 +289,7 @@ def _leaving(mp: _ModelPass, leaving_nodes: frozenset[str], held_nodes: frozense
 
 
 def _release_leaving(
-    mp: _ModelPass, leaving_nodes: frozenset[str], held_nodes: frozenset[str], unplaced: int
+    mp: ModelPass, leaving_nodes: frozenset[str], held_nodes: frozenset[str], unplaced: int
 ) -> None:
     """Make-before-break: leaving replicas keep serving while they stand in for replicas elsewhere that are
     not ready yet, so a model at min 1 is never without a ready replica. What the model will have elsewhere
@@ -348,7 +327,7 @@ def _gone_words(r: ReplicaView, held_nodes: frozenset[str]) -> str:
     return "drained" if any(s.node in held_nodes for s in r.shards) else "removed from the repo"
 
 
-def _stale(mp: _ModelPass, phase: CanaryPhase) -> None:
+def _stale(mp: ModelPass, phase: CanaryPhase) -> None:
     """Mark stale replicas; note the ones to roll: stale ones when the model rolls on a change (adopted ones
     too: a controller restart changes nothing a commit asked for), and every one an operator asked to restart. A canary model rolls on a change through
     its canary; once the canary failed its stale replicas are held (they are the stable ones) and its
@@ -383,7 +362,7 @@ class _ScaleAsk:
 
 
 def _scale(
-    mp: _ModelPass,
+    mp: ModelPass,
     pace: RollPace,
     now: float,
     ask: _ScaleAsk,
@@ -442,7 +421,7 @@ def _roll_why(r: ReplicaView) -> str:
     return f"profile {r.profile} changed (rollout.on_change: restart)"
 
 
-def _roll(mp: _ModelPass, target: int, pace: RollPace, *, blocked: bool) -> None:
+def _roll(mp: ModelPass, target: int, pace: RollPace, *, blocked: bool) -> None:
     """Make-before-break: stop old replicas while at least `target - max_unavailable` stay ready, start
     their replacements while at most `target + max_surge` run. Not-ready old ones go first (they serve
     nothing); a plan (`mode="plan"`) shows the whole way at once."""
@@ -476,7 +455,7 @@ def _roll(mp: _ModelPass, target: int, pace: RollPace, *, blocked: bool) -> None
     mp.actions.append(Wait(mp.name, None, words))
 
 
-def _canary_hold(mp: _ModelPass, *, blocked: bool) -> None:
+def _canary_hold(mp: ModelPass, *, blocked: bool) -> None:
     """A change under a canary: one new replica beside the stable (stale) ones, started as the first
     stale one's replacement so it counts as a surge, not as one more; nothing stale stops until the
     canary is promoted, when the roll goes on from it (`_roll`)."""
@@ -491,7 +470,7 @@ def _canary_hold(mp: _ModelPass, *, blocked: bool) -> None:
     mp.actions.append(Wait(mp.name, None, words))
 
 
-def _want(mp: _ModelPass, missing: int, target: int, ask: _ScaleAsk, now: float, mode: Mode) -> None:
+def _want(mp: ModelPass, missing: int, target: int, ask: _ScaleAsk, now: float, mode: Mode) -> None:
     if mode == "run" and mp.state.not_before > now:
         failures = mp.state.failures
         mp.actions.append(
@@ -513,7 +492,7 @@ def _want(mp: _ModelPass, missing: int, target: int, ask: _ScaleAsk, now: float,
 
 
 def _scale_down(
-    mp: _ModelPass,
+    mp: ModelPass,
     extra: int,
     target: int,
     idle_words: str,
@@ -541,87 +520,3 @@ def _scale_down(
     for r in sorted(mp.alive, key=order)[:extra]:
         mp.alive.remove(r)
         mp.actions.append(StopReplica(r.id, f"scale down to {target}{idle_words}", drain=True))
-
-
-def _place_all(
-    passes: Sequence[_ModelPass], placer: Placer, replicas: Sequence[ReplicaView], mode: Mode
-) -> dict[str, int]:
-    """Highest capacity class first; within a class, round-robin over models, one replica each per round,
-    every placement taken out of the rooms. What a class cannot place preempts lower classes (`_preempt`).
-    Returns the replicas that could not be placed (nor made room for), per model."""
-    unplaced: dict[str, int] = {}
-    spoken_for: set[str] = set()
-    for rank in sorted({mp.entry.rank for mp in passes}):
-        queue = {mp.name: mp for mp in passes if mp.start_reasons and mp.entry.rank == rank}
-        progress = {name: 0 for name in queue}
-        while queue:
-            for name in list(queue):
-                mp = queue[name]
-                i = progress[name]
-                placement = placer.place_one(name)
-                if placement is None:
-                    missing = len(mp.start_reasons) - i
-                    missing -= _preempt(mp, missing, placer, replicas, spoken_for, mode)
-                    if missing:
-                        reason = (
-                            f"{missing} replica{'s' * (missing != 1)} cannot be placed: no node fits any "
-                            f"profile (llmgw explain {name})"
-                        )
-                        mp.actions.append(Wait(name, None, reason))
-                        unplaced[name] = missing
-                    del queue[name]
-                    continue
-                reason, replaces = mp.start_reasons[i]
-                mp.actions.append(StartReplica(placement, reason, replaces))
-                progress[name] = i + 1
-                if progress[name] == len(mp.start_reasons):
-                    del queue[name]
-    return unplaced
-
-
-def _preempt(
-    mp: _ModelPass,
-    missing: int,
-    placer: Placer,
-    replicas: Sequence[ReplicaView],
-    spoken_for: set[str],
-    mode: Mode,
-) -> int:
-    """Make room for up to `missing` replicas of `mp`'s model by stopping replicas of lower classes; the
-    room is held for it for the rest of the pass and it is placed once they are gone (a plan shows that
-    start now, in the room they leave). Returns how many replicas it made (or is making) room for."""
-    made = 0
-    by_id = {r.id: r for r in replicas}
-    while made < missing:
-        found = find_preemption(placer, mp.name, replicas, frozenset(spoken_for))
-        if found is None:
-            break
-        preemption, room = found
-        commit_preemption(placer, preemption, room)
-        spoken_for.update(preemption.victims, preemption.yielding)
-        words = preemption.words(placer.models, by_id)
-        for victim in preemption.victims:
-            reason = f"preempted: {words} ({mp.name} cannot be placed otherwise)"
-            mp.actions.append(StopReplica(victim, reason, drain=True, preempted_by=mp.name))
-        waiting = ", ".join(preemption.victims + preemption.yielding)
-        if mode == "plan":
-            mp.actions.append(_start_in_made_room(mp, placer, preemption, waiting))
-        else:
-            mp.actions.append(
-                Wait(mp.name, None, f"room on {preemption.node} is made: waiting for {waiting} to stop")
-            )
-        made += 1
-    return made
-
-
-def _start_in_made_room(mp: _ModelPass, placer: Placer, preemption: Preemption, waiting: str) -> StartReplica:
-    """What a plan shows for a replica placed in the room its victims leave."""
-    placement = Placement(
-        replica_id=placer.new_id(mp.name, preemption.profile),
-        model=mp.name,
-        profile=preemption.profile,
-        fingerprint=mp.entry.fingerprints.get(preemption.profile, ""),
-        shards=(ShardPlacement(preemption.node, 0, preemption.gpus),),
-        why=f"preemption: in the room {waiting} leave{'s' * (waiting.count(',') == 0)} on {preemption.node}",
-    )
-    return StartReplica(placement, f"scale to min {mp.entry.spec.scaling.min} once {waiting} stopped")

@@ -3,7 +3,7 @@ pipeline, the credentials and the wire. A function that reads only these takes t
 
 A read-only view that needs more than the records takes a FleetReader (or a StatusReader): the parts it reads,
 named as protocols the Controller satisfies as it is, so such a view cannot reach the credentials, the store or
-the wire. `desired` is read at each call (a new revision replaces the reference): live views, not snapshots.
+the wire. A loop that acts on the fleet takes a FleetActor (an EngineCaller when it calls engines itself). `desired` is read at each call (a new revision replaces the reference): live views, not snapshots.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from llmgw.controller.parts.canary_record import CanaryBook
 from llmgw.controller.parts.check_book import CheckBook
 from llmgw.controller.parts.desired import Desired
 from llmgw.controller.parts.hub import AgentClient
+from llmgw.controller.parts.metrics import ControllerMetrics
 from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.controller.parts.state import (
     EventLog,
@@ -26,8 +27,9 @@ from llmgw.controller.parts.state import (
     WorkerState,
 )
 from llmgw.core.fleet.autoscale import Capacity
+from llmgw.store.store import Store
 
-__all__ = ["FleetReader", "LiveFleet", "StatusReader"]
+__all__ = ["EngineCaller", "FleetActor", "FleetReader", "LiveFleet", "StatusReader"]
 
 
 @dataclass
@@ -86,3 +88,26 @@ class StatusReader(FleetReader, Protocol):
     def sync_status(self) -> str: ...
 
     def leadership(self) -> dict[str, object]: ...
+
+
+class FleetActor(FleetReader, Protocol):
+    """A FleetReader that acts: writes the store, counts metrics, records events, wakes the reconcile worker
+    and the router publisher, and asks whether this controller leads (see llmgw.controller.parts.lease)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def metrics(self) -> ControllerMetrics: ...
+
+    async def event(self, kind: str, obj: str, message: str) -> None: ...
+
+    def notify(self, why: str = "") -> None: ...
+
+    def leading(self) -> bool: ...
+
+
+class EngineCaller(FleetActor, Protocol):
+    """A FleetActor that calls the engines itself: their keys derive from the cluster secret."""
+
+    def cluster_secret(self) -> str: ...

@@ -13,6 +13,7 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -22,7 +23,7 @@ from llmgw.core.errors import LlmgwError, TransientError
 from llmgw.core.security import bearer_token
 from llmgw.store.errors import StoreError
 
-__all__ = ["PRINCIPAL", "Handler", "error", "json_errors", "principal", "require", "scoped"]
+__all__ = ["PRINCIPAL", "Handler", "error", "json_errors", "principal", "require", "require_parts", "scoped"]
 
 log = logging.getLogger("llmgw.controller.api.admin")
 
@@ -89,6 +90,16 @@ def require(request: web.Request, scope: Scope) -> Controller:
     token has that scope; else 401 or 403 (fails closed if a route lost its check)."""
     _allowed(request, principal(request), scope)
     return request.app[CONTROLLER]
+
+
+Parts = TypeVar("Parts")
+
+
+def require_parts(request: web.Request, scope: Scope, key: web.AppKey[Parts]) -> Parts:
+    """As `require`, for a handler given only the parts it reads: what the composition root (app.py) put
+    under `key`, typed as the protocol naming them."""
+    _allowed(request, principal(request), scope)
+    return request.app[key]
 
 
 @web.middleware

@@ -27,7 +27,7 @@ from llmgw.adapters.mirror import mirror_app
 from llmgw.adapters.sources import DirectorySource, GitSource, RevisionSource, SourceUnavailable
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
 from llmgw.controller import console
-from llmgw.controller.api import admin, doctor, prom_sd, routes as admin_routes
+from llmgw.controller.api import admin, doctor, logs as logs_admin, prom_sd, routes as admin_routes
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.loops.auto_checks import auto_check_loop
 from llmgw.controller.loops.canary import canary_loop
@@ -69,8 +69,10 @@ def make_source(settings: ControllerOptions) -> RevisionSource:
 def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app = web.Application(client_max_size=32 * 1024 * 1024)
     app[CONTROLLER] = controller
-    app[prom_sd.PARTS] = controller  # the http_sd targets read only these parts
-    app[doctor.PARTS] = controller  # and the controller's checks these
+    # Handlers given only the parts they read, each under its module's key, typed as the protocol naming them.
+    app[prom_sd.PARTS] = controller
+    app[doctor.PARTS] = controller
+    app[logs_admin.PARTS] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)

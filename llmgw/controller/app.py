@@ -27,7 +27,14 @@ from llmgw.adapters.mirror import mirror_app
 from llmgw.adapters.sources import DirectorySource, GitSource, RevisionSource, SourceUnavailable
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
 from llmgw.controller import console
-from llmgw.controller.api import admin, doctor, logs as logs_admin, prom_sd, routes as admin_routes
+from llmgw.controller.api import (
+    admin,
+    doctor,
+    evals as admin_evals,
+    logs as logs_admin,
+    prom_sd,
+    routes as admin_routes,
+)
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.loops.auto_checks import auto_check_loop
 from llmgw.controller.loops.canary import canary_loop
@@ -73,6 +80,7 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app[prom_sd.PARTS] = controller
     app[doctor.PARTS] = controller
     app[logs_admin.PARTS] = controller
+    app[admin_evals.PARTS] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)

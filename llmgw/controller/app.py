@@ -31,6 +31,7 @@ from llmgw.controller.api import (
     admin,
     doctor,
     evals as admin_evals,
+    fleet as admin_fleet,
     logs as logs_admin,
     prom_sd,
     routes as admin_routes,
@@ -81,6 +82,7 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app[doctor.PARTS] = controller
     app[logs_admin.PARTS] = controller
     app[admin_evals.PARTS] = controller
+    app[admin_fleet.PARTS] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)

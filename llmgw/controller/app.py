@@ -35,6 +35,7 @@ from llmgw.controller.api import (
     logs as logs_admin,
     prom_sd,
     routes as admin_routes,
+    upgrades,
 )
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.loops.auto_checks import auto_check_loop
@@ -83,6 +84,7 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app[logs_admin.PARTS] = controller
     app[admin_evals.PARTS] = controller
     app[admin_fleet.PARTS] = controller
+    app[upgrades.PARTS] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)

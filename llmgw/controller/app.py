@@ -29,6 +29,7 @@ from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
 from llmgw.controller import console
 from llmgw.controller.api import (
     admin,
+    audited,
     doctor,
     evals as admin_evals,
     fleet as admin_fleet,
@@ -85,6 +86,7 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app[admin_evals.PARTS] = controller
     app[admin_fleet.PARTS] = controller
     app[upgrades.PARTS] = controller
+    app[audited.PARTS] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)

@@ -30,13 +30,16 @@ from llmgw.controller import console
 from llmgw.controller.api import (
     admin,
     audited,
+    capacity as capacity_admin,
     doctor,
     evals as admin_evals,
     fleet as admin_fleet,
     logs as logs_admin,
     prom_sd,
+    request_lookup as admin_requests,
     routes as admin_routes,
     upgrades,
+    usage_summary as usage_summary_admin,
 )
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.loops.auto_checks import auto_check_loop
@@ -87,6 +90,9 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app[admin_fleet.PARTS] = controller
     app[upgrades.PARTS] = controller
     app[audited.PARTS] = controller
+    app[capacity_admin.PARTS] = controller
+    app[admin_requests.PARTS] = controller
+    app[usage_summary_admin.PARTS] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)

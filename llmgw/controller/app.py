@@ -114,7 +114,7 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/healthz/leader", _healthz_leader)
     admin_routes.add_routes(app)
-    console.add_routes(app)
+    console.add_routes(app, controller)
     if controller.lease is not None:
         app.middlewares.append(
             lease.standby_middleware(controller.lease, ROUTER_PATH, controller.router_token_ok)

@@ -34,6 +34,7 @@ from llmgw.controller.api import (
     doctor,
     evals as admin_evals,
     fleet as admin_fleet,
+    guard,
     logs as logs_admin,
     prom_sd,
     request_lookup as admin_requests,
@@ -82,6 +83,7 @@ def make_source(settings: ControllerOptions) -> RevisionSource:
 def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app = web.Application(client_max_size=32 * 1024 * 1024)
     app[CONTROLLER] = controller
+    app[guard.TOKENS] = controller  # who holds the admin tokens the route table's check asks
     # Handlers given only the parts they read, each under its module's key, typed as the protocol naming them.
     app[prom_sd.PARTS] = controller
     app[doctor.PARTS] = controller

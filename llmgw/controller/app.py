@@ -27,7 +27,21 @@ from llmgw.adapters.mirror import mirror_app
 from llmgw.adapters.sources import DirectorySource, GitSource, RevisionSource, SourceUnavailable
 from llmgw.adapters.tracing import configured_endpoint, otlp_tracer
 from llmgw.controller import console
-from llmgw.controller.api import admin, routes as admin_routes
+from llmgw.controller.api import (
+    admin,
+    audited,
+    capacity as capacity_admin,
+    doctor,
+    evals as admin_evals,
+    fleet as admin_fleet,
+    guard,
+    logs as logs_admin,
+    prom_sd,
+    request_lookup as admin_requests,
+    routes as admin_routes,
+    upgrades,
+    usage_summary as usage_summary_admin,
+)
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.loops.auto_checks import auto_check_loop
 from llmgw.controller.loops.canary import canary_loop
@@ -69,6 +83,18 @@ def make_source(settings: ControllerOptions) -> RevisionSource:
 def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app = web.Application(client_max_size=32 * 1024 * 1024)
     app[CONTROLLER] = controller
+    app[guard.TOKENS] = controller  # who holds the admin tokens the route table's check asks
+    # Handlers given only the parts they read, each under its module's key, typed as the protocol naming them.
+    app[prom_sd.PARTS] = controller
+    app[doctor.PARTS] = controller
+    app[logs_admin.PARTS] = controller
+    app[admin_evals.PARTS] = controller
+    app[admin_fleet.PARTS] = controller
+    app[upgrades.PARTS] = controller
+    app[audited.PARTS] = controller
+    app[capacity_admin.PARTS] = controller
+    app[admin_requests.PARTS] = controller
+    app[usage_summary_admin.PARTS] = controller
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)
@@ -90,7 +116,7 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/healthz/leader", _healthz_leader)
     admin_routes.add_routes(app)
-    console.add_routes(app)
+    console.add_routes(app, controller)
     if controller.lease is not None:
         app.middlewares.append(
             lease.standby_middleware(controller.lease, ROUTER_PATH, controller.router_token_ok)

@@ -22,12 +22,14 @@ from pydantic import ValidationError
 
 from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
+from llmgw.adapters.secrets import SecretError
 from llmgw.adapters.sources import Checkout, GitSource, RevisionSource
 from llmgw.controller.api import applied_files, audited as admin_ops, guard, weights as weights_admin
 from llmgw.controller.api.audited import AUDIT_ACTION, AUDIT_DETAIL, AUDIT_OBJECT
-from llmgw.controller.api.guard import error, require
+from llmgw.controller.api.guard import error, require_parts
 from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.parts.admin_tokens import allows
+from llmgw.controller.parts.admin_tokens import Scope, allows
+from llmgw.controller.parts.credentials import valid_node_name
 from llmgw.controller.parts.hub import AgentError
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.publisher import (
@@ -48,6 +50,12 @@ POLL_NOW: web.AppKey[asyncio.Event] = web.AppKey("poll_now", asyncio.Event)
 SOURCE: web.AppKey[RevisionSource] = web.AppKey("source", object)  # type: ignore[arg-type]
 GIT_SHA = re.compile(r"^[0-9a-f]{40}([0-9a-f]{24})?$")  # SHA-1 or SHA-256 object names
 ACTOR_DETAIL_MAX = 200
+
+
+def require(request: web.Request, scope: Scope) -> Controller:
+    """The whole Controller, for a handler here whose route needs `scope` (guard.require_parts): these read most
+    of it (the revision pipeline, the store, the credentials, the status) until they are split by subject."""
+    return require_parts(request, scope, CONTROLLER)
 
 
 def _router_or_admin(request: web.Request) -> Controller:
@@ -469,3 +477,26 @@ async def usage_seen(request: web.Request) -> web.Response:
 
 
 # END
+
+
+async def router_credential(request: web.Request) -> web.Response:
+    """GET /api/v1/credentials/router (scope `admin`, audited): the token routers present on `/router/v1`."""
+    c = request.app[CONTROLLER]
+    try:
+        return web.json_response({"token": c.router_token()})
+    except SecretError as exc:
+        return web.json_response({"error": {"message": str(exc)}}, status=503)
+
+
+async def node_credential(request: web.Request) -> web.Response:
+    """GET /api/v1/credentials/node/NAME (scope `admin`, audited): node NAME's token, for an agent installed
+    by hand."""
+    c = request.app[CONTROLLER]
+    node = request.match_info["node"]
+    bad = valid_node_name(node)
+    if bad is not None:
+        return web.json_response({"error": {"message": bad}}, status=400)
+    try:
+        return web.json_response({"node": node, "token": c.node_token(node)})
+    except SecretError as exc:
+        return web.json_response({"error": {"message": str(exc)}}, status=503)

@@ -14,16 +14,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from llmgw.controller.api.guard import PRINCIPAL, error, require
-from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.parts.admin_tokens import AdminPrincipal
+from llmgw.controller.api.guard import PRINCIPAL, error, require_parts
+from llmgw.controller.parts.admin_tokens import AdminPrincipal, AdminTokens
+from llmgw.controller.parts.audit import AuditLog
+from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.core.security import bearer_token
 from llmgw.store import AuditEntry, Delivery, StoreError
 from llmgw.store.db import shareable_dsn
+from llmgw.store.store import Store
 
 log = logging.getLogger("llmgw.controller.api.admin")
 
@@ -57,6 +59,29 @@ ACTIONS: dict[tuple[str, str], str] = {
 AUDITED_READS = frozenset({"/api/v1/credentials/router", "/api/v1/credentials/node/{node}", "/api/v1/store"})
 
 
+class AuditParts(Protocol):
+    """What the audit trail, the notification outbox and the store's location read: who a token is, the audit
+    log, the store, the settings (the store as configured) and the wall clock."""
+
+    @property
+    def admin_tokens(self) -> AdminTokens: ...
+
+    @property
+    def audit(self) -> AuditLog: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def settings(self) -> ControllerOptions: ...
+
+    @property
+    def wall(self) -> Callable[[], float]: ...
+
+
+PARTS: web.AppKey[AuditParts] = web.AppKey("audit_parts")
+
+
 def action_of(method: str, path: str) -> str:
     return ACTIONS.get((method, path), f"{method} {path}")
 
@@ -73,7 +98,7 @@ def _reason(status: int, body: bytes | None) -> str:
     return f"{status}: {message}"[:REASON_MAX] if message else f"HTTP {status}"
 
 
-def _actor(request: web.Request, c: Controller) -> AdminPrincipal | None:
+def _actor(request: web.Request, c: AuditParts) -> AdminPrincipal | None:
     if PRINCIPAL in request:
         return request[PRINCIPAL]
     presented = bearer_token(request.headers.get("Authorization"))
@@ -81,7 +106,7 @@ def _actor(request: web.Request, c: Controller) -> AdminPrincipal | None:
 
 
 def _record(request: web.Request, action: str, status: int, body: bytes | None) -> None:
-    c = request.app[CONTROLLER]
+    c = request.app[PARTS]
     principal = _actor(request, c)
     if principal is None:
         return
@@ -160,7 +185,7 @@ def audit_json(e: AuditEntry) -> dict[str, Any]:
 
 async def audit(request: web.Request) -> web.Response:
     """`?since=EPOCH_SECONDS&actor=NAME&limit=N`: entries newest first."""
-    c = require(request, "plan")
+    c = require_parts(request, "plan", PARTS)
     since: float | None = None
     if "since" in request.query:
         try:
@@ -191,7 +216,7 @@ def delivery_json(d: Delivery) -> dict[str, Any]:
 
 async def notifications(request: web.Request) -> web.Response:
     """`?dead=1`: only dead letters; `?dead=0`: only those waiting; neither: both, oldest first."""
-    c = require(request, "plan")
+    c = require_parts(request, "plan", PARTS)
     asked = request.query.get("dead")
     dead = None if asked is None else {"1": True, "true": True, "0": False, "false": False}.get(asked.lower())
     if asked is not None and dead is None:
@@ -212,6 +237,6 @@ async def store_location(request: web.Request) -> web.Response:
     """Where this controller's store is, for the CLI's store commands (`llmgw usage`, `traffic`, `store`) run
     elsewhere: a `@file` reference as configured (the DSN stays in the file), a SQLite file's absolute path,
     a PostgreSQL DSN without its password (libpq's PGPASSWORD or ~/.pgpass gives it)."""
-    c = request.app[CONTROLLER]
+    c = request.app[PARTS]
     shown = shareable_dsn(c.store.dsn, configured=c.settings.store)
     return web.json_response({"store": shown, "dialect": c.store.dsn.dialect})

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llmgw.controller.api.guard import error, require
+from llmgw.controller.api.guard import error, require_parts
 from llmgw.controller.loops.autoscaler import gpu_class_of, remember
+from llmgw.controller.parts.fleet import EngineCaller
 from llmgw.controller.status import fleet as views
 from llmgw.core.fleet.autoscale import assumed_capacity
 from llmgw.core.security import engine_key
@@ -27,13 +28,16 @@ from llmgw.store.queries.capacity import CapacityRecord
 if TYPE_CHECKING:
     pass
 
-__all__ = ["BenchResult", "bench_target", "capacity_list", "capacity_save"]
+__all__ = ["PARTS", "BenchResult", "bench_target", "capacity_list", "capacity_save"]
+
+# What the handlers read: the fleet, its engines' keys, the store (app.py puts the Controller here).
+PARTS: web.AppKey[EngineCaller] = web.AppKey("capacity_parts")
 
 log = logging.getLogger("llmgw.controller.capacity")
 
 
 async def bench_target(request: web.Request) -> web.Response:
-    c = require(request, "admin")
+    c = require_parts(request, "admin", PARTS)
     d = c.desired
     name = request.match_info["model"]
     entry = d.resolve(name) if d else None
@@ -43,7 +47,7 @@ async def bench_target(request: web.Request) -> web.Response:
     if profile is not None and entry.profile(profile) is None:
         names = ", ".join(p.name for p in entry.profiles) or "none"
         return error(404, f"model {entry.name} has no profile {profile!r} (its profiles: {names})")
-    for rec in sorted(c.replicas.values(), key=lambda r: r.id):
+    for rec in sorted(c.fleet.replicas.values(), key=lambda r: r.id):
         if rec.model != entry.name or (profile is not None and rec.profile != profile):
             continue
         shard = views.shard_status(c, rec)
@@ -106,7 +110,7 @@ class BenchResult(BaseModel):
 
 
 async def capacity_save(request: web.Request) -> web.Response:
-    c = require(request, "admin")
+    c = require_parts(request, "admin", PARTS)
     try:
         body = BenchResult.model_validate(await request.json())
     except (ValueError, ValidationError) as exc:
@@ -166,7 +170,7 @@ def _record_json(rec: CapacityRecord) -> dict[str, Any]:
 
 
 async def capacity_list(request: web.Request) -> web.Response:
-    c = require(request, "plan")
+    c = require_parts(request, "plan", PARTS)
     d = c.desired
     stored = {(r.model, r.profile, r.gpu_class): r for r in await c.store.list_capacity()}
     out: list[dict[str, Any]] = []

@@ -10,26 +10,64 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from llmgw_agent.protocol import Command
 
 from llmgw.adapters.cert_files import not_after
 from llmgw.controller.api.audited import AUDIT_OBJECT
-from llmgw.controller.api.guard import require
-from llmgw.controller.core import Controller
-from llmgw.controller.parts.hub import AgentError
+from llmgw.controller.api.guard import require_parts
+from llmgw.controller.parts.desired import Desired
+from llmgw.controller.parts.hub import AgentError, AgentHub
+from llmgw.controller.parts.settings import ControllerOptions
+from llmgw.controller.parts.state import RefusedRevision
 from llmgw.core.fleet import health
 from llmgw.core.words import short
 from llmgw.store import StoreError
+from llmgw.store.store import Store
 
 STORE_TIMEOUT_S = 5.0
 NODE_DOCTOR_WAIT_S = 120.0  # each engine probe is bounded at 30s by the agent
 
 
-async def _store(c: Controller) -> health.Check:
+class DoctorParts(Protocol):
+    """What the checks read: the store, the settings (the certificate files), the hub's links, the revision
+    pipeline's state, the router sockets, whether this controller leads, and the wall clock."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def settings(self) -> ControllerOptions: ...
+
+    @property
+    def hub(self) -> AgentHub: ...
+
+    @property
+    def desired(self) -> Desired | None: ...
+
+    @property
+    def refused(self) -> RefusedRevision | None: ...
+
+    @property
+    def source_error(self) -> str | None: ...
+
+    @property
+    def router_sockets(self) -> set[web.WebSocketResponse]: ...
+
+    @property
+    def wall(self) -> Callable[[], float]: ...
+
+    def leading(self) -> bool: ...
+
+
+PARTS: web.AppKey[DoctorParts] = web.AppKey("doctor_parts")
+
+
+async def _store(c: DoctorParts) -> health.Check:
     try:
         async with asyncio.timeout(STORE_TIMEOUT_S):
             version = await c.store.schema_version()
@@ -40,7 +78,7 @@ async def _store(c: Controller) -> health.Check:
     return health.store_check(None, version)
 
 
-def certificate_files(c: Controller) -> list[tuple[str, Path]]:
+def certificate_files(c: DoctorParts) -> list[tuple[str, Path]]:
     """(what, path) of each certificate the controller serves with or trusts."""
     s = c.settings
     files = [("tls_cert", s.tls_cert), ("tls_client_ca", s.tls_client_ca)]
@@ -50,7 +88,7 @@ def certificate_files(c: Controller) -> list[tuple[str, Path]]:
     return found
 
 
-def _agents(c: Controller) -> health.Check:
+def _agents(c: DoctorParts) -> health.Check:
     links = c.hub.nodes.values()
     lost = sorted(n.name for n in links if n.state == "Lost")
     away = sorted(n.name for n in links if n.state == "Unreachable")
@@ -67,7 +105,7 @@ def _agents(c: Controller) -> health.Check:
     return health.Check("agents", "ok", f"{ready} agent(s) connected")
 
 
-async def controller_checks(c: Controller) -> list[health.Check]:
+async def controller_checks(c: DoctorParts) -> list[health.Check]:
     now = c.wall()
     refused = c.refused
     checks = [
@@ -94,12 +132,12 @@ def _answer(subject: str, checks: list[dict[str, Any]], **extra: Any) -> web.Res
 
 
 async def controller_doctor(request: web.Request) -> web.Response:
-    c = require(request, "plan")
+    c = require_parts(request, "plan", PARTS)
     return _answer("controller", [ch.as_json() for ch in await controller_checks(c)])
 
 
 async def node_doctor(request: web.Request) -> web.Response:
-    c = require(request, "plan")
+    c = require_parts(request, "plan", PARTS)
     node = request.match_info["node"]
     request[AUDIT_OBJECT] = node
     link = c.hub.nodes.get(node)

@@ -11,13 +11,16 @@ from aiohttp import web
 
 from llmgw.controller.api.audited import AUDIT_OBJECT
 from llmgw.controller.api.guard import error
-from llmgw.controller.core import CONTROLLER, Controller
 from llmgw.controller.loops.evals import EvalError, judges_for, run_suite, target_for
 from llmgw.controller.loops.model_checks import run_model_check
+from llmgw.controller.parts.fleet import EngineCaller
 from llmgw.controller.wire.engine_http import engine_session
 from llmgw.core import jsonsafe
 
-__all__ = ["eval_run", "model_check", "model_checks"]
+__all__ = ["PARTS", "eval_run", "model_check", "model_checks"]
+
+# What the handlers read: the fleet, and its engines through their keys (app.py puts the Controller here).
+PARTS: web.AppKey[EngineCaller] = web.AppKey("evals_parts")
 
 
 async def _body(request: web.Request) -> dict[str, Any] | None:
@@ -37,7 +40,7 @@ def _replica(body: dict[str, Any]) -> str | None:
 
 async def eval_run(request: web.Request) -> web.Response:
     """`{"suite": S, "model": M, "replica": R?}`: the suite's per-case results on one ready replica."""
-    c: Controller = request.app[CONTROLLER]
+    c = request.app[PARTS]
     body = await _body(request)
     if body is None or not isinstance(body.get("suite"), str) or not isinstance(body.get("model"), str):
         return error(400, 'body must be {"suite": SUITE, "model": MODEL, "replica": REPLICA (optional)}')
@@ -66,7 +69,7 @@ async def eval_run(request: web.Request) -> web.Response:
 async def model_check(request: web.Request) -> web.Response:
     """`{"replica": R?}`: the built-in probes of the model's capabilities on one replica; the verdict is
     recorded for the model and the replica's engine version."""
-    c: Controller = request.app[CONTROLLER]
+    c = request.app[PARTS]
     body = await _body(request)
     if body is None:
         return error(400, 'body must be {"replica": REPLICA (optional)}')
@@ -85,6 +88,8 @@ async def model_check(request: web.Request) -> web.Response:
 
 async def model_checks(request: web.Request) -> web.Response:
     """Every recorded verdict (the last per model, engine and engine version)."""
-    c: Controller = request.app[CONTROLLER]
-    items = sorted(c.model_checks.verdicts.values(), key=lambda v: (v.model, v.engine, v.engine_version))
+    c = request.app[PARTS]
+    items = sorted(
+        c.fleet.model_checks.verdicts.values(), key=lambda v: (v.model, v.engine, v.engine_version)
+    )
     return web.json_response({"checks": [v.json() for v in items]})

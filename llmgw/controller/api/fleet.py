@@ -14,12 +14,17 @@ from typing import Any
 from aiohttp import web
 
 from llmgw.controller.api.audited import AUDIT_DETAIL, AUDIT_OBJECT
-from llmgw.controller.api.guard import PRINCIPAL, error, require
-from llmgw.controller.core import Controller
+from llmgw.controller.api.guard import PRINCIPAL, error, require_parts
+from llmgw.controller.parts.fleet import FleetActor
 from llmgw.core import jsonsafe
 from llmgw.store import StoreError
 
-__all__ = ["drain", "restart", "uncordon"]
+__all__ = ["PARTS", "drain", "restart", "uncordon"]
+
+
+# What the handlers read and do: the fleet's records, the store, events and notices (app.py puts the
+# Controller here).
+PARTS: web.AppKey[FleetActor] = web.AppKey("fleet_parts")
 
 
 def _count(body: dict[str, Any], field: str) -> int | None:
@@ -34,7 +39,7 @@ def _count(body: dict[str, Any], field: str) -> int | None:
 async def restart(request: web.Request) -> web.Response:
     """`{"target": MODEL|REPLICA, "max_surge": N, "max_unavailable": M}`: every replica of the model (or the
     one replica) is replaced, make-before-break, at that pace (default: the model's `rollout`)."""
-    c = require(request, "apply")
+    c = require_parts(request, "apply", PARTS)
     try:
         body = jsonsafe.loads(await request.read() or b"{}")
     except ValueError:
@@ -50,7 +55,7 @@ async def restart(request: web.Request) -> web.Response:
     d = c.desired
     if d is None:
         return error(409, "no revision is applied yet: there is nothing to restart")
-    rec = c.replicas.get(target)
+    rec = c.fleet.replicas.get(target)
     if rec is not None:
         model, picked = rec.model, [rec]
     else:
@@ -58,7 +63,7 @@ async def restart(request: web.Request) -> web.Response:
         if entry is None:
             return error(404, f"{target!r} is neither a model of the applied revision nor a replica id")
         model = entry.name
-        picked = [r for r in c.replicas.values() if r.model == model and not r.stopping]
+        picked = [r for r in c.fleet.replicas.values() if r.model == model and not r.stopping]
     if model not in d.models:
         return error(
             409, f"model {model} is no longer in the applied revision: its replicas are being stopped"
@@ -72,7 +77,7 @@ async def restart(request: web.Request) -> web.Response:
         return error(400, "max_surge 0 and max_unavailable 0 cannot make progress: give one of them >= 1")
     for r in picked:
         r.restart = True
-    c.worker_state.model(model).pace = pace
+    c.fleet.worker_state.model(model).pace = pace
     request[AUDIT_DETAIL] = f"max_surge {pace[0]}, max_unavailable {pace[1]}"
     ids = sorted(r.id for r in picked)
     await c.event(
@@ -87,7 +92,7 @@ async def restart(request: web.Request) -> web.Response:
     )
 
 
-def _node(request: web.Request, c: Controller) -> str | web.Response:
+def _node(request: web.Request, c: FleetActor) -> str | web.Response:
     node = request.match_info["node"]
     request[AUDIT_OBJECT] = node
     if node not in c.agents.nodes:
@@ -99,7 +104,7 @@ def _node(request: web.Request, c: Controller) -> str | web.Response:
 async def drain(request: web.Request) -> web.Response:
     """Cordon the node (nothing new is placed there) and move its replicas elsewhere, make-before-break:
     each stops once its replacement is ready; one nothing can replace keeps serving and is reported."""
-    c = require(request, "apply")
+    c = require_parts(request, "apply", PARTS)
     node = _node(request, c)
     if isinstance(node, web.Response):
         return node
@@ -109,8 +114,8 @@ async def drain(request: web.Request) -> web.Response:
         await c.store.set_node_drain(node, words, c.wall())
     except StoreError as exc:
         return error(503, f"the store did not take the drain, nothing changed: {exc}")
-    c.worker_state.drained[node] = words
-    moving = sorted(r.id for r in c.replicas.values() if node in r.nodes and not r.stopping)
+    c.fleet.worker_state.drained[node] = words
+    moving = sorted(r.id for r in c.fleet.replicas.values() if node in r.nodes and not r.stopping)
     await c.event(
         "node_drain", node, f"drained by {request[PRINCIPAL].name}: moving {len(moving)} replica(s)"
     )
@@ -120,7 +125,7 @@ async def drain(request: web.Request) -> web.Response:
 
 async def uncordon(request: web.Request) -> web.Response:
     """Undo a drain: the node takes new replicas again (those moved away stay where they went)."""
-    c = require(request, "apply")
+    c = require_parts(request, "apply", PARTS)
     node = _node(request, c)
     if isinstance(node, web.Response):
         return node
@@ -128,7 +133,7 @@ async def uncordon(request: web.Request) -> web.Response:
         await c.store.clear_node_drain(node)
     except StoreError as exc:
         return error(503, f"the store did not take the uncordon, nothing changed: {exc}")
-    was = c.worker_state.drained.pop(node, None)
+    was = c.fleet.worker_state.drained.pop(node, None)
     d = c.desired
     declared = d.catalog.nodes.get(node) if d is not None else None
     in_repo = bool(declared and declared.spec.cordoned)

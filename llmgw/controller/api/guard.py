@@ -2,8 +2,8 @@
 
 `scoped` is the route table's check (llmgw.controller.api.routes wraps every scoped route in it): the caller's
 token must have the route's scope, else 401 (no known token) or 403 (naming the scope needed). A handler reaches
-the Controller through `require(request, scope)`, which fails closed: a handler whose route lost its scope check
-answers 401, never serves. Every error is `{"error": {"message": ...}}` (`error`, and `json_errors` for aiohttp's
+the parts it reads through `require_parts(request, scope, PARTS)`, which fails closed: a handler whose route lost
+its scope check answers 401, never serves. Every error is `{"error": {"message": ...}}` (`error`, and `json_errors` for aiohttp's
 own and for a bug).
 """
 
@@ -13,22 +13,32 @@ import json
 import logging
 import math
 from collections.abc import Awaitable, Callable
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 
-from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.parts.admin_tokens import AdminPrincipal, Scope, allows
+from llmgw.controller.parts.admin_tokens import AdminPrincipal, AdminTokens, Scope, allows
 from llmgw.core.errors import LlmgwError, TransientError
 from llmgw.core.security import bearer_token
 from llmgw.store.errors import StoreError
 
-__all__ = ["PRINCIPAL", "Handler", "error", "json_errors", "principal", "require", "scoped"]
+__all__ = ["PRINCIPAL", "TOKENS", "Handler", "error", "json_errors", "principal", "require_parts", "scoped"]
 
 log = logging.getLogger("llmgw.controller.api.admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Who is calling, set by `scoped` once the token's scope is checked.
 PRINCIPAL: web.RequestKey[AdminPrincipal] = web.RequestKey("principal", AdminPrincipal)
+
+
+class TokenHolder(Protocol):
+    """Who holds the admin tokens the check asks (the Controller: read at each request)."""
+
+    @property
+    def admin_tokens(self) -> AdminTokens: ...
+
+
+TOKENS: web.AppKey[TokenHolder] = web.AppKey("admin_token_holder")
 
 
 def error(status: int, message: str) -> web.Response:
@@ -60,7 +70,7 @@ def _allowed(request: web.Request, principal: AdminPrincipal, need: Scope) -> Ad
 def _caller(request: web.Request, need: Scope) -> AdminPrincipal:
     """Who is calling, when their token has scope `need`; else 401 or 403."""
     presented = bearer_token(request.headers.get("Authorization"))
-    tokens = request.app[CONTROLLER].admin_tokens
+    tokens = request.app[TOKENS].admin_tokens
     found = tokens.principal(presented) if presented is not None else None
     if found is None:
         raise _unknown_token()
@@ -84,11 +94,15 @@ def principal(request: web.Request) -> AdminPrincipal:
     return request[PRINCIPAL]
 
 
-def require(request: web.Request, scope: Scope) -> Controller:
-    """The Controller, for a handler whose route needs `scope`: the route table's check ran and the caller's
-    token has that scope; else 401 or 403 (fails closed if a route lost its check)."""
+Parts = TypeVar("Parts")
+
+
+def require_parts(request: web.Request, scope: Scope, key: web.AppKey[Parts]) -> Parts:
+    """What the composition root (app.py) put under `key`, typed as the protocol naming the parts the handler
+    reads, for a handler whose route needs `scope`: the route table's check ran and the caller's token has that
+    scope; else 401 or 403 (fails closed if a route lost its check)."""
     _allowed(request, principal(request), scope)
-    return request.app[CONTROLLER]
+    return request.app[key]
 
 
 @web.middleware

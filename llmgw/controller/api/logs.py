@@ -21,13 +21,13 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from llmgw_agent.protocol import Command, LogQuery
 
-from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.parts.hub import AgentError
+from llmgw.controller.parts.fleet import FleetReader
+from llmgw.controller.parts.hub import AgentError, AgentHub
 from llmgw.core.api.logpage import NodePage, Position, decode_cursor, encode_cursor, merge_pages
 from llmgw.core.errors import LlmgwError
 from llmgw.core.words import parse_duration
@@ -36,6 +36,16 @@ FOLLOW_WAIT_S = 10.0  # each long poll: the agent answers sooner when a line com
 RETRY_S = 2.0  # a node that is not connected is asked again this often while following
 DEFAULT_LIMIT = 200
 Write = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class LogsParts(FleetReader, Protocol):
+    """What the logs read besides a FleetReader: the hub (a follow ends when it closes)."""
+
+    @property
+    def hub(self) -> AgentHub: ...
+
+
+PARTS: web.AppKey[LogsParts] = web.AppKey("logs_parts")
 
 
 class BadQuery(LlmgwError, ValueError):
@@ -106,7 +116,7 @@ def _query(ask: Ask, target: Target, node: str, wait_s: float = 0.0) -> LogQuery
     )
 
 
-async def _ask_node(c: Controller, node: str, query: LogQuery) -> NodePage:
+async def _ask_node(c: LogsParts, node: str, query: LogQuery) -> NodePage:
     wait = c.settings.command_timeout_s + query.wait_s
     reply = await c.agents.command(node, Command(id=uuid.uuid4().hex[:12], action="logs", logs=query), wait)
     if not reply.ok:
@@ -117,7 +127,7 @@ async def _ask_node(c: Controller, node: str, query: LogQuery) -> NodePage:
         raise AgentError(f"node {node} answered logs with something else ({exc}): an older agent?") from None
 
 
-async def read_page(c: Controller, target: Target, ask: Ask) -> dict[str, Any]:
+async def read_page(c: LogsParts, target: Target, ask: Ask) -> dict[str, Any]:
     """One page across the target's nodes; a node that cannot answer is named in `unavailable`."""
     answers = await asyncio.gather(
         *(_ask_node(c, node, _query(ask, target, node)) for node in target.nodes), return_exceptions=True
@@ -148,15 +158,15 @@ def _refusal(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-def node_target(c: Controller, node: str, source: str | None) -> Target | None:
+def node_target(c: LogsParts, node: str, source: str | None) -> Target | None:
     if node not in c.agents.nodes:
         return None
     return Target({"node": node}, (node,), source or None)
 
 
-def replica_target(c: Controller, replica_id: str) -> Target | None:
+def replica_target(c: LogsParts, replica_id: str) -> Target | None:
     """The nodes of a replica the controller keeps, or (forgotten already) of any shard an agent reports."""
-    rec = c.replicas.get(replica_id)
+    rec = c.fleet.replicas.get(replica_id)
     nodes = list(dict.fromkeys(rec.nodes)) if rec is not None else []
     if not nodes:
         nodes = sorted(
@@ -168,7 +178,7 @@ def replica_target(c: Controller, replica_id: str) -> Target | None:
 
 
 async def serve(request: web.Request, target: Target) -> web.StreamResponse:
-    c = request.app[CONTROLLER]
+    c = request.app[PARTS]
     try:
         ask = parse_ask(request.query, c.wall())
     except BadQuery as exc:
@@ -182,7 +192,7 @@ async def serve(request: web.Request, target: Target) -> web.StreamResponse:
     return web.json_response(page)
 
 
-async def _follow(request: web.Request, c: Controller, target: Target, ask: Ask) -> web.StreamResponse:
+async def _follow(request: web.Request, c: LogsParts, target: Target, ask: Ask) -> web.StreamResponse:
     first = await read_page(c, target, ask)
     response = web.StreamResponse(
         headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-cache"}
@@ -213,7 +223,7 @@ async def _follow(request: web.Request, c: Controller, target: Target, ask: Ask)
 
 
 async def _follow_node(
-    c: Controller, target: Target, ask: Ask, node: str, positions: dict[str, Position], write: Write
+    c: LogsParts, target: Target, ask: Ask, node: str, positions: dict[str, Position], write: Write
 ) -> None:
     """Long-polls one node's ring past its position until the client goes (a write then raises)."""
     down: str | None = None
@@ -244,7 +254,7 @@ async def _follow_node(
 
 
 async def node_logs(request: web.Request) -> web.StreamResponse:
-    c = request.app[CONTROLLER]
+    c = request.app[PARTS]
     node = request.match_info["node"]
     target = node_target(c, node, request.query.get("source"))
     if target is None:
@@ -254,7 +264,7 @@ async def node_logs(request: web.Request) -> web.StreamResponse:
 
 
 async def replica_logs(request: web.Request) -> web.StreamResponse:
-    c = request.app[CONTROLLER]
+    c = request.app[PARTS]
     replica_id = request.match_info["replica_id"]
     target = replica_target(c, replica_id)
     if target is None:

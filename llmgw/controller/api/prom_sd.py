@@ -14,15 +14,39 @@ its own listener alone.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from llmgw.controller.api.guard import require
-from llmgw.controller.core import Controller
+from llmgw.controller.api.guard import require_parts
+from llmgw.controller.parts.desired import Desired
+from llmgw.controller.parts.hub import AgentHub
 
 WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+class PromSdParts(Protocol):
+    """What the targets are read from: the metrics listener, the applied revision (the routers' metrics port),
+    whether this controller leads, the routers' addresses and the hub's links."""
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None: ...
+
+    @property
+    def desired(self) -> Desired | None: ...
+
+    @property
+    def router_peers(self) -> Mapping[web.WebSocketResponse, str]: ...
+
+    @property
+    def hub(self) -> AgentHub: ...
+
+    def leading(self) -> bool: ...
+
+
+PARTS: web.AppKey[PromSdParts] = web.AppKey("prom_sd_parts")
 
 
 def _hostport(host: str, port: int) -> str:
@@ -34,7 +58,7 @@ def _port_of(listen: str) -> int | None:
     return int(port) if sep and port.isdigit() else None
 
 
-def target_groups(c: Controller, asked_host: str) -> list[dict[str, Any]]:
+def target_groups(c: PromSdParts, asked_host: str) -> list[dict[str, Any]]:
     """The http_sd groups; `asked_host` replaces a wildcard bind address (the host Prometheus asked)."""
     groups: list[dict[str, Any]] = []
     if c.metrics_address is not None:
@@ -62,6 +86,6 @@ def target_groups(c: Controller, asked_host: str) -> list[dict[str, Any]]:
 
 
 async def prometheus_targets(request: web.Request) -> web.Response:
-    c = require(request, "plan")
+    c = require_parts(request, "plan", PARTS)
     asked = urlsplit(f"//{request.host}").hostname or "127.0.0.1"
     return web.json_response(target_groups(c, asked))

@@ -17,16 +17,19 @@ from typing import Any
 
 from aiohttp import web
 
-from llmgw.controller.api.guard import error, require
+from llmgw.controller.api.guard import error, require_parts
+from llmgw.controller.api.usage_summary import UsageParts
 from llmgw.store import USAGE_GROUPS, StoreError, UsageTotal
 from llmgw.store.queries.request_queries import record_view
 from llmgw.store.records import TAG_GROUP_PREFIX
 
-__all__ = ["request_lookup", "usage_total_json", "usage_totals"]
+__all__ = ["PARTS", "request_lookup", "usage_total_json", "usage_totals"]
+
+PARTS: web.AppKey[UsageParts] = web.AppKey("request_lookup_parts")
 
 
 async def request_lookup(request: web.Request) -> web.Response:
-    c = require(request, "admin")
+    c = require_parts(request, "admin", PARTS)
     request_id = request.match_info["request_id"]
     try:
         found = await c.store.usage_by_request(request_id)
@@ -58,7 +61,7 @@ def usage_total_json(t: UsageTotal, by: str) -> dict[str, Any]:
 
 
 async def usage_totals(request: web.Request) -> web.Response:
-    c = require(request, "admin")
+    c = require_parts(request, "admin", PARTS)
     by = request.query.get("by", "project")
     since: float | None = None
     if "since" in request.query:

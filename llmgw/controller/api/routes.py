@@ -29,7 +29,6 @@ from llmgw.controller.api import (
 )
 from llmgw.controller.api.guard import Handler
 from llmgw.controller.parts.admin_tokens import Scope
-from llmgw.controller.wire.publisher import node_credential, router_credential
 from llmgw.core.api import admin_api as m
 from llmgw.core.api.openapi import Auth, Endpoint, Query, document
 from llmgw.core.fleet.views import LiveState
@@ -418,7 +417,7 @@ ROUTES: tuple[Route, ...] = (
         "/api/v1/credentials/router",
         "admin",
         "The token routers present",
-        router_credential,
+        admin.router_credential,
         answers={200: m.RouterCredential},
         errors={503: "The secret cannot be read"},
     ),
@@ -427,7 +426,7 @@ ROUTES: tuple[Route, ...] = (
         "/api/v1/credentials/node/{node}",
         "admin",
         "A node's token, for an agent installed by hand",
-        node_credential,
+        admin.node_credential,
         answers={200: m.NodeCredential},
         errors={400: "Not a node name", 503: "The secret cannot be read"},
     ),

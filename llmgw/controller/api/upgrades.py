@@ -18,7 +18,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aiohttp import web
 
@@ -29,7 +29,8 @@ from llmgw.adapters.ssh.remote import StepFailed, target_for
 from llmgw.adapters.ssh.render import Layout
 from llmgw.adapters.ssh.upgrade import UpgradeOptions, upgrade_node
 from llmgw.controller.api.audited import AUDIT_OBJECT
-from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.controller.parts.fleet import FleetActor
+from llmgw.controller.parts.hub import AgentHub
 
 if TYPE_CHECKING:
     from llmgw.controller.parts.hub import NodeLink
@@ -37,6 +38,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("llmgw.controller.upgrade")
 
 NOT_MANAGED = "not managed by llmgw (not a remote Node bootstrapped over SSH): upgrade it yourself"
+
+
+class UpgradeParts(FleetActor, Protocol):
+    """What an upgrade reads besides a FleetActor: the hub's own links (an agent back on its new version)."""
+
+    @property
+    def hub(self) -> AgentHub: ...
+
+
+PARTS: web.AppKey[UpgradeParts] = web.AppKey("upgrade_parts")
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,7 @@ def parse_request(body: Any) -> UpgradeRequest | str:
 
 
 async def upgrade(request: web.Request) -> web.Response:
-    c = request.app[CONTROLLER]
+    c = request.app[PARTS]
     try:
         body = await request.json()
     except ValueError:
@@ -122,7 +133,7 @@ async def upgrade(request: web.Request) -> web.Response:
     order = upgrade_order(asked.nodes, managed, set(c.hub.nodes) | set(d.catalog.nodes), asked.parallel)
     if order.unknown:
         return _bad(f"unknown node(s) {', '.join(order.unknown)}; `llmgw nodes` lists them")
-    lock = c.nodes.upgrade_lock
+    lock = c.fleet.nodes.upgrade_lock
     if lock.locked():
         return web.json_response({"error": {"message": "an upgrade is already running"}}, status=409)
     async with lock:
@@ -136,7 +147,7 @@ async def upgrade(request: web.Request) -> web.Response:
     return web.json_response(answer)
 
 
-def _wheelhouse(c: Controller, asked: Path | None) -> wheels.Wheelhouse:
+def _wheelhouse(c: UpgradeParts, asked: Path | None) -> wheels.Wheelhouse:
     """The wheelhouse named, the controller's prebuilt one, or one built from the agent source beside it."""
     if asked is not None:
         return wheels.load(asked)
@@ -146,7 +157,7 @@ def _wheelhouse(c: Controller, asked: Path | None) -> wheels.Wheelhouse:
 
 
 async def _run(
-    c: Controller, order: UpgradeOrder, house: wheels.Wheelhouse, wait_s: float
+    c: UpgradeParts, order: UpgradeOrder, house: wheels.Wheelhouse, wait_s: float
 ) -> list[dict[str, Any]]:
     out = [
         {"node": n, "status": "not_managed", "message": NOT_MANAGED, "steps": []} for n in order.not_managed
@@ -166,7 +177,7 @@ def _entry(node: str, status: str, message: str, **more: Any) -> dict[str, Any]:
     return {"node": node, "status": status, "message": message, "steps": [], **more}
 
 
-async def _one(c: Controller, node: str, house: wheels.Wheelhouse, wait_s: float) -> dict[str, Any]:
+async def _one(c: UpgradeParts, node: str, house: wheels.Wheelhouse, wait_s: float) -> dict[str, Any]:
     d = c.desired
     entry = d.catalog.nodes.get(node) if d is not None else None
     link = c.hub.nodes.get(node)
@@ -194,7 +205,7 @@ async def _one(c: Controller, node: str, house: wheels.Wheelhouse, wait_s: float
         timeout=wait_s,
         rollback_timeout=max(wait_s, c.settings.node_register_timeout_s),
     )
-    op = c.nodes.ops_for(node)
+    op = c.fleet.nodes.ops_for(node)
     op.upgrading = True
     try:
         result = await upgrade_node(target, opts)
@@ -204,7 +215,7 @@ async def _one(c: Controller, node: str, house: wheels.Wheelhouse, wait_s: float
 
 
 async def _reported(
-    c: Controller, result: NodeResult, before: str, house: wheels.Wheelhouse
+    c: UpgradeParts, result: NodeResult, before: str, house: wheels.Wheelhouse
 ) -> dict[str, Any]:
     node = result.node
     steps = [{"step": s.name, "status": s.status, "detail": s.detail} for s in result.steps]

@@ -8,21 +8,38 @@ capacities too, so `plan --save-state` writes all that a plan without the cluste
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 from aiohttp import web
 
-from llmgw.controller.api.guard import error, require
+from llmgw.controller.api.guard import error, require_parts
 from llmgw.core.words import parse_duration
 from llmgw.store import StoreError
+from llmgw.store.store import Store
 from llmgw.store.usage.usage_summary import read_usage_summary
 
-__all__ = ["DEFAULT_WINDOW", "MAX_WINDOW_S", "usage_summary"]
+__all__ = ["DEFAULT_WINDOW", "MAX_WINDOW_S", "PARTS", "UsageParts", "usage_summary"]
+
+
+class UsageParts(Protocol):
+    """What the usage reads read: the store, and the wall clock (a window ends now)."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def wall(self) -> Callable[[], float]: ...
+
+
+PARTS: web.AppKey[UsageParts] = web.AppKey("usage_summary_parts")
 
 DEFAULT_WINDOW = "7d"
 MAX_WINDOW_S = 90 * 86400.0
 
 
 async def usage_summary(request: web.Request) -> web.Response:
-    c = require(request, "plan")
+    c = require_parts(request, "plan", PARTS)
     text = request.query.get("window", DEFAULT_WINDOW)
     try:
         window_s = parse_duration(text, positive=True)

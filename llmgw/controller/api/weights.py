@@ -21,7 +21,7 @@ from llmgw.core.fleet.views import held_weights_keys, weights_key
 from llmgw.core.weights.fetch_plan import directory_key
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
+    from llmgw.controller.parts.fleet import FleetReader
 
 COLLECT_WAIT_S = 60.0  # deleting files of a hundred GB is not instant on every filesystem
 
@@ -30,7 +30,7 @@ class NothingApplied(LlmgwError, ValueError):
     """No revision is applied: what is referenced is not known."""
 
 
-def declared_by(c: Controller) -> dict[str, list[str]]:
+def declared_by(c: FleetReader) -> dict[str, list[str]]:
     """weights key -> the declared models whose source it is."""
     out: dict[str, list[str]] = {}
     d = c.desired
@@ -41,7 +41,7 @@ def declared_by(c: Controller) -> dict[str, list[str]]:
     return out
 
 
-def weights_json(c: Controller) -> list[dict[str, Any]]:
+def weights_json(c: FleetReader) -> list[dict[str, Any]]:
     declared = declared_by(c)
     out: list[dict[str, Any]] = []
     for name, link in sorted(c.agents.nodes.items()):
@@ -65,7 +65,7 @@ def weights_json(c: Controller) -> list[dict[str, Any]]:
     return out
 
 
-def kept_sources(c: Controller) -> list[WeightSource]:
+def kept_sources(c: FleetReader) -> list[WeightSource]:
     d = c.desired
     if d is None:
         raise NothingApplied("no revision is applied: nothing is collected until one is")
@@ -80,7 +80,7 @@ def kept_sources(c: Controller) -> list[WeightSource]:
     return kept
 
 
-async def collect(c: Controller, dry_run: bool, node: str | None = None) -> list[dict[str, Any]]:
+async def collect(c: FleetReader, dry_run: bool, node: str | None = None) -> list[dict[str, Any]]:
     """Ask every connected node (or one) to collect; each node's answer, or why it gave none."""
     keep = kept_sources(c)
     names = [n for n, link in sorted(c.agents.nodes.items()) if link.connected and node in (None, n)]

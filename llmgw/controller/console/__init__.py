@@ -9,7 +9,9 @@ from aiohttp import web
 from llmgw.controller.console import chat, pages
 from llmgw.controller.console.web import (
     CONSOLE,
+    CONSOLE_PARTS,
     Access,
+    ConsoleParts,
     ConsoleState,
     Handler,
     guarded,
@@ -21,7 +23,6 @@ from llmgw.controller.console.web import (
     secure,
     static,
 )
-from llmgw.controller.core import CONTROLLER
 
 __all__ = ["CONSOLE", "PAGES", "ConsoleState", "add_routes"]
 
@@ -47,8 +48,9 @@ async def _home(request: web.Request) -> web.StreamResponse:
     raise web.HTTPFound("/ui/")
 
 
-def add_routes(app: web.Application) -> None:
-    app[CONSOLE] = make_state(app[CONTROLLER])
+def add_routes(app: web.Application, parts: ConsoleParts) -> None:
+    app[CONSOLE_PARTS] = parts
+    app[CONSOLE] = make_state(parts)
     app.router.add_get("/ui", _home)
     app.router.add_get("/ui/login", login_form)
     app.router.add_post("/ui/login", _plain(login))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from llmgw.controller.core import Controller
+from llmgw.controller.parts.fleet import FleetReader, StatusReader
 from llmgw.controller.status import fleet as views
 from llmgw.core.fleet.states import NODE_WORDS
 from llmgw.core.plan.diff import plan_for_catalog
@@ -47,7 +47,7 @@ def page_number(raw: str | None) -> int:
 # ------------------------------------------------------------------------------------------------ overview
 
 
-def overview(c: Controller) -> dict[str, Any]:
+def overview(c: StatusReader) -> dict[str, Any]:
     status = views.status_json(c)
     health: dict[str, int] = {}
     for m in status["models"]:
@@ -86,23 +86,23 @@ def gpu_classes(node: dict[str, Any]) -> set[str]:
     return {g.get("class") or "" for g in inv.get("gpus") or []} - {""}
 
 
-def fabric_of(c: Controller, name: str) -> str | None:
+def fabric_of(c: FleetReader, name: str) -> str | None:
     d = c.desired
     entry = d.catalog.nodes.get(name) if d is not None else None
     return entry.spec.fabric if entry is not None else None
 
 
-def gpu_allocation(c: Controller) -> dict[tuple[str, int], str]:
+def gpu_allocation(c: FleetReader) -> dict[tuple[str, int], str]:
     """(node, GPU index) -> the replica holding it."""
     held: dict[tuple[str, int], str] = {}
-    for rec in c.replicas.values():
+    for rec in c.fleet.replicas.values():
         for shard in rec.shards:
             for gpu in shard.gpus:
                 held[(shard.node, gpu)] = rec.id
     return held
 
 
-def nodes_page(c: Controller, flt: NodeFilter, number: int) -> dict[str, Any]:
+def nodes_page(c: FleetReader, flt: NodeFilter, number: int) -> dict[str, Any]:
     every = views.nodes_json(c)
     kept = [n for n in every if flt.keeps(n, fabric_of(c, n["name"]))]
     page = paginate(kept, number)
@@ -121,7 +121,7 @@ def nodes_page(c: Controller, flt: NodeFilter, number: int) -> dict[str, Any]:
     }
 
 
-def node_row(c: Controller, node: dict[str, Any], held: dict[tuple[str, int], str]) -> dict[str, Any]:
+def node_row(c: FleetReader, node: dict[str, Any], held: dict[tuple[str, int], str]) -> dict[str, Any]:
     inv = node.get("inventory") or {}
     gpus = [
         g | {"held_by": held.get((node["name"], g["index"]))} for g in inv.get("gpus") or []
@@ -135,18 +135,20 @@ def node_row(c: Controller, node: dict[str, Any], held: dict[tuple[str, int], st
     }
 
 
-def node_detail(c: Controller, name: str) -> dict[str, Any] | None:
+def node_detail(c: FleetReader, name: str) -> dict[str, Any] | None:
     found = next((n for n in views.nodes_json(c) if n["name"] == name), None)
     if found is None:
         return None
-    replicas = [views.replica_json(c, c.replicas[r]) for r in found["replicas"] if r in c.replicas]
+    replicas = [
+        views.replica_json(c, c.fleet.replicas[r]) for r in found["replicas"] if r in c.fleet.replicas
+    ]
     return {"node": node_row(c, found, gpu_allocation(c)), "replicas": replicas}
 
 
 # ------------------------------------------------------------------------------------------------ models
 
 
-def models_page(c: Controller, query: str, number: int) -> dict[str, Any]:
+def models_page(c: FleetReader, query: str, number: int) -> dict[str, Any]:
     d = c.desired
     names = sorted(d.models) if d is not None else []
     query = query.strip().lower()
@@ -156,12 +158,14 @@ def models_page(c: Controller, query: str, number: int) -> dict[str, Any]:
     return {"page": page, "rows": rows, "q": query, "fleet": len(names)}
 
 
-def model_row(c: Controller, name: str) -> dict[str, Any]:
+def model_row(c: FleetReader, name: str) -> dict[str, Any]:
     d = c.desired
     assert d is not None
     m = d.models[name]
     replicas = [
-        views.replica_json(c, r) for r in sorted(c.replicas.values(), key=lambda r: r.id) if r.model == name
+        views.replica_json(c, r)
+        for r in sorted(c.fleet.replicas.values(), key=lambda r: r.id)
+        if r.model == name
     ]
     policy = m.spec.routing_policy or "(the cluster's)"
     return {
@@ -175,19 +179,19 @@ def model_row(c: Controller, name: str) -> dict[str, Any]:
     }
 
 
-def replica_detail(c: Controller, replica_id: str) -> dict[str, Any] | None:
-    rec = c.replicas.get(replica_id)
+def replica_detail(c: FleetReader, replica_id: str) -> dict[str, Any] | None:
+    rec = c.fleet.replicas.get(replica_id)
     if rec is None:
         return None
     return {"replica": views.replica_json(c, rec), "seen_by": replica_seen_by(c, replica_id)}
 
 
-def replica_seen_by(c: Controller, replica_id: str) -> list[dict[str, Any]]:
+def replica_seen_by(c: FleetReader, replica_id: str) -> list[dict[str, Any]]:
     """The replica as each router's last load report saw it (its requests and its engine's scraped metrics),
     newest report first: the controller scrapes no engine itself, the routers do."""
     now = c.wall()
     rows: list[dict[str, Any]] = []
-    for router, load in c.worker_state.loads.items():
+    for router, load in c.fleet.worker_state.loads.items():
         seen = load.replicas.get(replica_id)
         if seen is not None:
             rows.append({"router": router, "age_s": max(0.0, now - load.at), "load": seen})
@@ -212,7 +216,7 @@ class PlanCache:
 PLAN_FRESH_S = 15.0
 
 
-async def plan_text(c: Controller, cache: PlanCache) -> tuple[str | None, str, float]:
+async def plan_text(c: FleetReader, cache: PlanCache) -> tuple[str | None, str, float]:
     """What `llmgw plan` prints for the applied revision against the live state (drift since it was applied),
     and when it was made (monotonic). The live state is taken on the loop; the plan is made in a thread."""
     d = c.desired

@@ -138,7 +138,7 @@ async def events(request: web.Request) -> web.StreamResponse:
             )
     except StoreError as exc:
         error = f"the store is unavailable ({exc}): showing what this process saw"
-        rows = [r | {"stream": "event", "actor": ""} for r in list(c.events.items)[-EVENTS_READ:]]
+        rows = [r | {"stream": "event", "actor": ""} for r in list(c.fleet.events.items)[-EVENTS_READ:]]
     kinds = sorted({r["kind"] for r in rows})
     if kind:
         rows = [r for r in rows if r["kind"] == kind]

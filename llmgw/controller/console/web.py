@@ -13,7 +13,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import jinja2
 from aiohttp import web
@@ -30,9 +30,13 @@ from llmgw.controller.console.sessions import (
     csrf_ok,
     tenant_session_stays,
 )
-from llmgw.controller.core import CONTROLLER, Controller
+from llmgw.controller.parts.admin_tokens import AdminTokens
+from llmgw.controller.parts.audit import AuditLog
+from llmgw.controller.parts.fleet import StatusReader
+from llmgw.controller.parts.hub import AgentHub
 from llmgw.core.security import is_loopback_host
 from llmgw.store import StoreError
+from llmgw.store.store import Store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # plan: an admin token of any scope; admin: an admin-scope token; tenant: a tenant, or an admin-scope token
@@ -70,7 +74,32 @@ class ConsoleState:
 CONSOLE: web.AppKey[ConsoleState] = web.AppKey("console", ConsoleState)
 
 
-def make_state(c: Controller) -> ConsoleState:
+class ConsoleParts(StatusReader, Protocol):
+    """What the console reads besides a StatusReader (its facts are the status views'): the store (keys,
+    usage, events), who a token is, the audit log, the hub (node logs), events it records, and whether this
+    controller leads."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def admin_tokens(self) -> AdminTokens: ...
+
+    @property
+    def audit(self) -> AuditLog: ...
+
+    @property
+    def hub(self) -> AgentHub: ...
+
+    async def event(self, kind: str, obj: str, message: str) -> None: ...
+
+    def leading(self) -> bool: ...
+
+
+CONSOLE_PARTS: web.AppKey[ConsoleParts] = web.AppKey("console_parts")
+
+
+def make_state(c: ConsoleParts) -> ConsoleState:
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("llmgw.controller.console", "templates"),
         autoescape=True,
@@ -100,7 +129,7 @@ def make_state(c: Controller) -> ConsoleState:
     )
 
 
-def _ago(c: Controller) -> Callable[[float | None], str]:
+def _ago(c: ConsoleParts) -> Callable[[float | None], str]:
     def ago(at: float | None) -> str:
         if at is None:
             return "never"
@@ -147,8 +176,8 @@ def render(request: web.Request, template: str, code: int = 200, **values: Any) 
     return web.Response(text=body, content_type="text/html", charset="utf-8", status=code)
 
 
-def controller(request: web.Request) -> Controller:
-    return request.app[CONTROLLER]
+def controller(request: web.Request) -> ConsoleParts:
+    return request.app[CONSOLE_PARTS]
 
 
 def session_of(request: web.Request) -> Session:
@@ -231,8 +260,7 @@ async def _key_still_active(request: web.Request, session: Session) -> bool:
 
 
 def c_leading(request: web.Request) -> bool:
-    lease = controller(request).lease
-    return lease is None or lease.leading()
+    return controller(request).leading()
 
 
 async def _csrf_presented(request: web.Request, session: Session) -> bool:

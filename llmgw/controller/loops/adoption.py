@@ -7,8 +7,8 @@ import logging
 
 from llmgw_agent.protocol import Register
 
-from llmgw.controller.core import Controller
 from llmgw.controller.parts.background import Background
+from llmgw.controller.parts.fleet import FleetActor
 from llmgw.controller.parts.hub import NodeLink
 from llmgw.controller.parts.state import ReplicaRec
 from llmgw.core.fleet.states import ADOPTABLE_SHARD_STATES
@@ -17,7 +17,7 @@ from llmgw.core.placement import ShardPlacement
 log = logging.getLogger("llmgw.controller.reconcile")
 
 
-def adopt(c: Controller, background: Background, link: NodeLink, register: Register) -> None:
+def adopt(c: FleetActor, background: Background, link: NodeLink, register: Register) -> None:
     """Shards an agent reports at Register that this controller does not know. One the store knows is
     that replica again: its profile, age and part in a roll (what it replaces, a restart asked) as the
     last leader wrote them, and the fingerprint the agent says it runs; so a controller restart changes
@@ -28,14 +28,14 @@ def adopt(c: Controller, background: Background, link: NodeLink, register: Regis
     for shard in register.shards:
         if shard.state not in ADOPTABLE_SHARD_STATES:
             continue
-        existing = c.replicas.get(shard.replica_id)
+        existing = c.fleet.replicas.get(shard.replica_id)
         if existing is not None:
             # Another shard of a multi-node replica adopted from another node: add where this one runs.
             if existing.adopted and shard.shard_rank not in {s.rank for s in existing.shards}:
                 placed = ShardPlacement(link.name, shard.shard_rank, tuple(shard.gpus))
                 existing.shards = tuple(sorted((*existing.shards, placed), key=lambda s: s.rank))
             continue
-        known = c.worker_state.known_records.get(shard.replica_id)
+        known = c.fleet.worker_state.known_records.get(shard.replica_id)
         profile = known.profile if known else profile_by_fingerprint(c, shard.model, shard.fingerprint)
         rec = ReplicaRec(
             id=shard.replica_id,
@@ -51,7 +51,7 @@ def adopt(c: Controller, background: Background, link: NodeLink, register: Regis
             replaces=known.replaces if known else None,
             restart=known.restart_asked if known else False,
         )
-        c.replicas[rec.id] = rec
+        c.fleet.replicas[rec.id] = rec
         log.info("adopted replica %s (%s, pid %s) on %s", rec.id, rec.model, shard.pid, link.name)
         where = "known to the store" if known else "not in the store"
         background.spawn(
@@ -59,13 +59,13 @@ def adopt(c: Controller, background: Background, link: NodeLink, register: Regis
         )
 
 
-def vanished(c: Controller, background: Background, link: NodeLink, register: Register) -> None:
+def vanished(c: FleetActor, background: Background, link: NodeLink, register: Register) -> None:
     """A replica that ran on this node (seen ready, or adopted from it) and that its agent, registering
     again, does not report: its engine died with the agent (the host rebooted, the agent's state was lost).
     It is failed at once, and replaced like any failed replica, instead of waiting out the grace a start
     not yet reported gets (a minute and more)."""
     reported = {s.shard_id for s in register.shards}
-    for rec in list(c.replicas.values()):
+    for rec in list(c.fleet.replicas.values()):
         if rec.stopping or rec.error or (rec.ready_since is None and not rec.adopted):
             continue
         gone = [s for s in rec.shards if s.node == link.name and f"{rec.id}-{s.rank}" not in reported]
@@ -76,7 +76,7 @@ def vanished(c: Controller, background: Background, link: NodeLink, register: Re
         background.spawn(c.event("replica_vanished", rec.id, rec.error))
 
 
-def profile_by_fingerprint(c: Controller, model: str, fingerprint: str) -> str:
+def profile_by_fingerprint(c: FleetActor, model: str, fingerprint: str) -> str:
     d = c.desired
     entry = d.models.get(model) if d else None
     if entry is None:

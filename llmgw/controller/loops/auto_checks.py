@@ -27,7 +27,7 @@ from llmgw.core.errors import Outage
 from llmgw.core.evals.model_checks import probes_for
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
+    from llmgw.controller.parts.fleet import EngineCaller
 
 log = logging.getLogger("llmgw.controller.loops.auto_checks")
 
@@ -43,11 +43,11 @@ class DueCheck:
     probes: tuple[str, ...]  # the ones the key has no result for
 
 
-def due_checks(c: Controller) -> dict[tuple[str, str, str], DueCheck]:
+def due_checks(c: EngineCaller) -> dict[tuple[str, str, str], DueCheck]:
     """Per (model, engine, version) with a ready replica, a probe of its model's capabilities without a
     result and no check running: what to run where."""
     d = c.desired
-    book = c.model_checks
+    book = c.fleet.model_checks
     out: dict[tuple[str, str, str], DueCheck] = {}
     if d is None:
         return out
@@ -65,12 +65,12 @@ def due_checks(c: Controller) -> dict[tuple[str, str, str], DueCheck]:
     return out
 
 
-async def auto_check_loop(c: Controller) -> None:
+async def auto_check_loop(c: EngineCaller) -> None:
     tasks: dict[tuple[str, str, str], asyncio.Task[None]] = {}
     failing = Outage(log, "finding the replicas to check")
     try:
         while True:
-            if c.leading() and c.model_checks.auto:
+            if c.leading() and c.fleet.model_checks.auto:
                 try:
                     for key, due in due_checks(c).items():
                         if key not in tasks:
@@ -89,7 +89,7 @@ async def auto_check_loop(c: Controller) -> None:
         await asyncio.gather(*tasks.values(), return_exceptions=True)
 
 
-async def _check(c: Controller, due: DueCheck) -> None:
+async def _check(c: EngineCaller, due: DueCheck) -> None:
     try:
         await run_model_check(c, due.model, due.replica, automatic=True, only=due.probes)
     except EvalError as exc:  # gone or no longer ready: the next tick finds another replica

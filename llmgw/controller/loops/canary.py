@@ -35,7 +35,7 @@ from llmgw.core.fleet.views import ModelView
 from llmgw.store.errors import StoreError
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
+    from llmgw.controller.parts.fleet import EngineCaller
 
 log = logging.getLogger("llmgw.controller.loops.canary")
 
@@ -48,12 +48,12 @@ __all__ = [
 TICK_S = 1.0
 
 
-async def canary_loop(c: Controller) -> None:
+async def canary_loop(c: EngineCaller) -> None:
     failing = Outage(log, "judging the canaries")
     try:
         while True:
             # Not before the runs the last leader left are read: a canary would start a second time.
-            if c.leading() and c.worker_state.earlier_state_read:
+            if c.leading() and c.fleet.worker_state.earlier_state_read:
                 try:
                     await canary_tick(c)
                     failing.recovered()
@@ -63,18 +63,18 @@ async def canary_loop(c: Controller) -> None:
                     failing.failed(exc, TICK_S)
             await asyncio.sleep(TICK_S)
     finally:
-        c.canaries.cancel()
+        c.fleet.canaries.cancel()
 
 
-async def canary_tick(c: Controller) -> None:
+async def canary_tick(c: EngineCaller) -> None:
     d = c.desired
     if d is None:
         return
-    book: CanaryBook = c.canaries
+    book: CanaryBook = c.fleet.canaries
     for name in [m for m in book.runs if m not in d.models]:
         await _forget(c, name)
     for name, entry in d.models.items():
-        found = split(d, c.replicas, name)
+        found = split(d, c.fleet.replicas, name)
         spec = entry.spec.rollout.canary
         if found is None or spec is None:
             await _forget(c, name)
@@ -105,8 +105,8 @@ async def canary_tick(c: Controller) -> None:
         await _save(c, run)
 
 
-async def _forget(c: Controller, name: str) -> None:
-    run = c.canaries.runs.pop(name, None)
+async def _forget(c: EngineCaller, name: str) -> None:
+    run = c.fleet.canaries.runs.pop(name, None)
     if run is None:
         return
     if run.eval_task is not None:
@@ -117,7 +117,7 @@ async def _forget(c: Controller, name: str) -> None:
         log.warning("the canary run of %s could not be deleted from the store: %s", name, exc)
 
 
-async def _save(c: Controller, run: CanaryRun, *, with_stable: bool = False) -> None:
+async def _save(c: EngineCaller, run: CanaryRun, *, with_stable: bool = False) -> None:
     """Write the run when it changed since it was last written; a store that is down is tried again at the
     next tick (the run goes on in memory meanwhile)."""
     record = run_record(run)
@@ -134,16 +134,16 @@ async def _save(c: Controller, run: CanaryRun, *, with_stable: bool = False) -> 
         )
 
 
-def held_views(c: Controller) -> dict[str, tuple[ModelEntry, ModelView]]:
+def held_views(c: EngineCaller) -> dict[str, tuple[ModelEntry, ModelView]]:
     """Per held model (its canary failed, the revision unchanged since) whose stable model is known: that
     model, and its view as the reconciler reads it (the revision's class and quotas, the stable profiles)."""
     d = c.desired
     out: dict[str, tuple[ModelEntry, ModelView]] = {}
     if d is None:
         return out
-    for name, run in c.canaries.runs.items():
+    for name, run in c.fleet.canaries.runs.items():
         current = d.fleet_models.get(name)
-        if run.stable is None or current is None or not c.canaries.held(name, d):
+        if run.stable is None or current is None or not c.fleet.canaries.held(name, d):
             continue
         prints = {p.name: p.fingerprint for p in run.stable.profiles}
         out[name] = (
@@ -153,12 +153,12 @@ def held_views(c: Controller) -> dict[str, tuple[ModelEntry, ModelView]]:
     return out
 
 
-async def _judge(c: Controller, run: CanaryRun, stable: set[str]) -> None:
+async def _judge(c: EngineCaller, run: CanaryRun, stable: set[str]) -> None:
     d = c.desired
     assert d is not None
     spec = d.models[run.model].spec.rollout.canary
     assert spec is not None
-    ready = [c.replicas[i] for i in sorted(run.replicas) if i in c.replicas]
+    ready = [c.fleet.replicas[i] for i in sorted(run.replicas) if i in c.fleet.replicas]
     since = min((r.ready_since for r in ready if r.ready_since is not None), default=None)
     if since is not None and spec.gates.evals and run.eval_task is None:
         run.evals = {s: None for s in spec.gates.evals}
@@ -188,7 +188,7 @@ async def _judge(c: Controller, run: CanaryRun, stable: set[str]) -> None:
     c.notify(kind)
 
 
-async def _run_evals(c: Controller, run: CanaryRun) -> None:
+async def _run_evals(c: EngineCaller, run: CanaryRun) -> None:
     try:
         await _evals_on_canary(c, run)
     except asyncio.CancelledError:
@@ -201,7 +201,7 @@ async def _run_evals(c: Controller, run: CanaryRun) -> None:
                 run.eval_results.append({"suite": suite, "passed": False, "detail": f"could not run: {exc}"})
 
 
-async def _evals_on_canary(c: Controller, run: CanaryRun) -> None:
+async def _evals_on_canary(c: EngineCaller, run: CanaryRun) -> None:
     d = c.desired
     assert d is not None
     targets = [t for t in ready_targets(c, run.model) if t.replica in run.replicas]
@@ -223,10 +223,10 @@ async def _evals_on_canary(c: Controller, run: CanaryRun) -> None:
             await c.event("canary_eval", run.model, f"{result.words()} on {targets[0].replica}")
 
 
-def _counts(c: Controller, replicas: set[str]) -> dict[str, tuple[int, int]]:
+def _counts(c: EngineCaller, replicas: set[str]) -> dict[str, tuple[int, int]]:
     """Requests and errors per replica, summed over the routers' last reports."""
     out: dict[str, tuple[int, int]] = {}
-    for load in c.worker_state.loads.values():
+    for load in c.fleet.worker_state.loads.values():
         for rid, seen in load.replicas.items():
             if rid in replicas:
                 req, err = out.get(rid, (0, 0))
@@ -234,7 +234,7 @@ def _counts(c: Controller, replicas: set[str]) -> dict[str, tuple[int, int]]:
     return out
 
 
-def _traffic(c: Controller, replicas: set[str], baseline: dict[str, tuple[int, int]]) -> Traffic:
+def _traffic(c: EngineCaller, replicas: set[str], baseline: dict[str, tuple[int, int]]) -> Traffic:
     counts = _counts(c, replicas)
     requests = errors = 0
     for rid, (req, err) in counts.items():
@@ -244,7 +244,7 @@ def _traffic(c: Controller, replicas: set[str], baseline: dict[str, tuple[int, i
         errors += err - base_err if err >= base_err else err
     p99s = [
         seen.ttft_p99_ms
-        for load in c.worker_state.loads.values()
+        for load in c.fleet.worker_state.loads.values()
         for rid, seen in load.replicas.items()
         if rid in replicas and seen.ttft_p99_ms is not None
     ]

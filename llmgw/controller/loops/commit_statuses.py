@@ -24,16 +24,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from llmgw.adapters.commit_status import CommitStatus, State, StatusPoster, is_commit_sha
+from llmgw.controller.parts.fleet import FleetActor
+from llmgw.controller.parts.state import RefusedRevision
 from llmgw.controller.status import fleet as views
 from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.store.errors import StoreError
 from llmgw.store.queries.intent import OwedStatus
-
-if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
 
 log = logging.getLogger("llmgw.controller.loops.commit_statuses")
 
@@ -71,6 +70,13 @@ def status_for(
     return None
 
 
+class StatusesParts(FleetActor, Protocol):
+    """What commit statuses read besides a FleetActor: the refused revision (a refused commit is marked)."""
+
+    @property
+    def refused(self) -> RefusedRevision | None: ...
+
+
 class CommitStatuses:
     """An event hook of the controller (`Controller.event_hooks`), and a loop (`run`) that posts what a
     controller before this one owed and the apply's success once the fleet runs the revision."""
@@ -78,7 +84,7 @@ class CommitStatuses:
     TICK_S = 1.0
     RETRY_MAX_S = 30.0  # after a failure, the next tick never later than this, whatever the error says
 
-    def __init__(self, c: Controller, poster: StatusPoster) -> None:
+    def __init__(self, c: StatusesParts, poster: StatusPoster) -> None:
         self.c, self.poster = c, poster
         self.failing = False  # warned, until a post succeeds
         self.told_not_commit = False
@@ -181,7 +187,7 @@ class CommitStatuses:
         was_leading = False
         failing = Outage(log, "commit statuses")
         while True:
-            leading = self.c.leading() and self.c.worker_state.earlier_state_read
+            leading = self.c.leading() and self.c.fleet.worker_state.earlier_state_read
             wait = self.TICK_S
             try:
                 if leading and not was_leading:
@@ -209,7 +215,7 @@ class CommitStatuses:
             return
         if any(views.model_health(c, name)["health"] != "Healthy" for name in d.models):
             return
-        if any(c.canaries.held(name, d) for name in d.models):
+        if any(c.fleet.canaries.held(name, d) for name in d.models):
             return  # a canary of this revision failed: the fleet runs the stable model, not the revision
         if not await self._first(f"commit-status healthy {d.revision}", c.wall()):
             return  # said already (by this leader or one before)

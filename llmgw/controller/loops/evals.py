@@ -31,7 +31,7 @@ from llmgw.core.security import engine_key
 from llmgw.core.words import parse_duration
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
+    from llmgw.controller.parts.fleet import EngineCaller
 
 log = logging.getLogger("llmgw.controller.evals")
 
@@ -42,11 +42,11 @@ class EvalError(LlmgwError, ValueError):
     """A suite, model or replica that cannot be evaluated (the admin API answers 400/404 with it)."""
 
 
-def ready_targets(c: Controller, model: str) -> list[EngineTarget]:
+def ready_targets(c: EngineCaller, model: str) -> list[EngineTarget]:
     """The model's ready replicas that are not stopping, oldest first."""
     out: list[EngineTarget] = []
     secret = c.cluster_secret().encode()
-    for rec in sorted(c.replicas.values(), key=lambda r: (r.created_at, r.id)):
+    for rec in sorted(c.fleet.replicas.values(), key=lambda r: (r.created_at, r.id)):
         if rec.model != model or rec.stopping or views.replica_state(c, rec) != "ready":
             continue
         shard = views.shard_status(c, rec)
@@ -56,7 +56,7 @@ def ready_targets(c: Controller, model: str) -> list[EngineTarget]:
     return out
 
 
-def target_for(c: Controller, model: str, replica: str | None) -> EngineTarget:
+def target_for(c: EngineCaller, model: str, replica: str | None) -> EngineTarget:
     """The replica asked for, or the model's oldest ready one; EvalError says what is missing."""
     targets = ready_targets(c, model)
     if replica is not None:
@@ -117,7 +117,7 @@ async def _case(
     return CaseResult(case.name, ok, detail, answer)
 
 
-def judges_for(c: Controller, spec: EvalSuiteSpec) -> dict[str, EngineTarget]:
+def judges_for(c: EngineCaller, spec: EvalSuiteSpec) -> dict[str, EngineTarget]:
     """A ready replica per judge model the suite names."""
     names = {spec.judge} | {case.check.judge.model for case in spec.cases if case.check.judge is not None}
     out: dict[str, EngineTarget] = {}

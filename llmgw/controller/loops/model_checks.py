@@ -39,7 +39,7 @@ from llmgw.core.evals.model_checks import (
 from llmgw.store.errors import StoreError
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
+    from llmgw.controller.parts.fleet import EngineCaller
 
 log = logging.getLogger("llmgw.controller.model_checks")
 
@@ -49,7 +49,7 @@ _TIMEOUT_S = 120.0  # a CPU engine's first answer can be slow; the probe asks fo
 
 
 async def run_model_check(
-    c: Controller,
+    c: EngineCaller,
     model: str,
     replica: str | None,
     *,
@@ -72,14 +72,14 @@ async def run_model_check(
     target = target_for(c, model, replica)
     version = engine_version_of(c, target.replica)
     key = (model, target.engine, version)
-    c.model_checks.running.add(key)
+    c.fleet.model_checks.running.add(key)
     c.notify("model check started")  # the snapshot says "in progress" to routers meanwhile
     try:
         results = await probe_target(target, probes)
     finally:
-        c.model_checks.running.discard(key)
+        c.fleet.model_checks.running.discard(key)
     ran = CheckVerdict(model, target.engine, version, target.replica, c.wall(), tuple(results))
-    verdict = c.model_checks.record(ran)
+    verdict = c.fleet.model_checks.record(ran)
     try:  # kept across a restart; the store down loses only that
         await c.store.save_model_check(
             model, verdict.engine, verdict.engine_version, json.dumps(verdict.json()), verdict.at

@@ -26,7 +26,7 @@ import os
 import random
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from llmgw.adapters.secrets import SecretError
 from llmgw.adapters.ssh import wheels
@@ -43,13 +43,14 @@ from llmgw.adapters.ssh.remote import SshTarget, StepFailed, target_for
 from llmgw.adapters.ssh.render import Layout
 from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.credentials import loopback_address
+from llmgw.controller.parts.fleet import FleetActor
+from llmgw.controller.parts.hub import AgentHub
 from llmgw.controller.parts.settings import ControllerOptions
 from llmgw.controller.parts.state import NodeOps
 from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.reconcile import BackoffPolicy
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
     from llmgw.controller.parts.desired import Desired
     from llmgw.core.desired.catalog import NodeEntry
 
@@ -159,12 +160,27 @@ def pin_identity(target: SshTarget) -> SshTarget:
 # ---------------------------------------------------------------------------------------------- the loop
 
 
+class NodeParts(FleetActor, Protocol):
+    """What the nodes loop reads besides a FleetActor: the hub's own links (not a test's fake agents), the
+    change listeners (a revision applied wakes it) and the node tokens it writes to and revokes from nodes."""
+
+    @property
+    def hub(self) -> AgentHub: ...
+
+    @property
+    def change_listeners(self) -> list[Callable[[], None]]: ...
+
+    def node_token(self, node: str) -> str: ...
+
+    def revoke_node_token(self, node: str) -> int: ...
+
+
 class NodesLoop:
     """Runs until cancelled (`run`); `close()` ends the attempts in flight."""
 
     def __init__(
         self,
-        controller: Controller,
+        controller: NodeParts,
         drain_node: DrainNode,
         *,
         rng: random.Random | None = None,
@@ -226,19 +242,21 @@ class NodesLoop:
         self._remember(d, remote)
         links = {n: LinkSeen(link.connected, link.state) for n, link in c.hub.nodes.items()}
         for name in remote:
-            op = c.nodes.ops_for(name)
+            op = c.fleet.nodes.ops_for(name)
             if op.removal is not None:  # declared again: it is wanted after all
                 op.removal, op.removal_message, op.drain_started = None, "", None
             link = links.get(name)
             if link is not None and link.connected and name not in self.tasks and op.state != "done":
                 op.state, op.failures, op.retry_at = "done", 0, None
                 op.message = op.message if op.attempts else "agent connected"
-        ws = c.worker_state
+        ws = c.fleet.worker_state
         settling = ws.expected_nodes if now < ws.settle_until else set()
         # A node being upgraded restarts its agent on purpose: a bootstrap then would pip into the venv the
         # upgrade just switched to and race its rollback.
-        busy = set(self.tasks) | {n for n, op in c.nodes.all_ops().items() if op.upgrading}
-        for name in to_bootstrap(remote, links, c.nodes.all_ops(), now=now, busy=busy, settling=settling):
+        busy = set(self.tasks) | {n for n, op in c.fleet.nodes.all_ops().items() if op.upgrading}
+        for name in to_bootstrap(
+            remote, links, c.fleet.nodes.all_ops(), now=now, busy=busy, settling=settling
+        ):
             self._spawn(name, functools.partial(self._bootstrap, name))
         for name in sorted(set(self.known) - set(remote)):
             await self._advance_removal(name, now)
@@ -247,7 +265,7 @@ class NodesLoop:
         """No longer the leader: the new leader does the SSH work; two controllers must not act on one node."""
         for name, task in list(self.tasks.items()):
             task.cancel()
-            op = self.c.nodes.ops(name)
+            op = self.c.fleet.nodes.ops(name)
             if op is not None and op.removal is None:
                 op.state, op.message = "pending", "left to the leader"
 
@@ -276,7 +294,7 @@ class NodesLoop:
     # ------------------------------------------------------------------------------------------ bootstrap
 
     def _on_step(self, node: str, step: Step) -> None:
-        op = self.c.nodes.ops(node)
+        op = self.c.fleet.nodes.ops(node)
         if op is None:
             return
         op.step = step.name
@@ -288,7 +306,7 @@ class NodesLoop:
 
     async def _bootstrap(self, name: str) -> None:
         c = self.c
-        op = c.nodes.ops_for(name)
+        op = c.fleet.nodes.ops_for(name)
         op.state, op.step, op.message = "pending", "", "waiting for a free bootstrap slot"
         async with self._slots:
             d = c.desired
@@ -375,8 +393,8 @@ class NodesLoop:
 
     async def _advance_removal(self, name: str, now: float) -> None:
         c = self.c
-        op = c.nodes.ops_for(name)
-        left = sum(1 for r in c.replicas.values() if name in r.nodes)
+        op = c.fleet.nodes.ops_for(name)
+        left = sum(1 for r in c.fleet.replicas.values() if name in r.nodes)
         timeout = c.settings.drain_s + c.settings.command_timeout_s + DRAIN_GRACE_S
         step = removal_step(op, left, now=now, drain_timeout=timeout, replace_wait=REPLACE_WAIT_S)
         if step == "drain":
@@ -406,7 +424,7 @@ class NodesLoop:
 
     async def _teardown(self, name: str, left: int) -> None:
         c = self.c
-        op = c.nodes.ops_for(name)
+        op = c.fleet.nodes.ops_for(name)
         target = self.known[name]
         s = c.settings
         try:

@@ -16,12 +16,15 @@ import logging
 import random
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Protocol
 
 import aiohttp
 
 from llmgw.adapters.egress import AnswerTooLarge, ForbiddenAddress, checked_connector, read_at_most
 from llmgw.adapters.secrets import SecretError, read_bound_secret
+from llmgw.controller.parts.fleet import FleetActor
+from llmgw.controller.parts.state import RefusedRevision
 from llmgw.core.api import notify
 from llmgw.core.config.models import NotificationSpec
 from llmgw.core.config.secret_bindings import SecretUse
@@ -31,9 +34,6 @@ from llmgw.core.tenancy.limits import window_bounds
 from llmgw.core.words import parse_duration
 from llmgw.store.errors import StoreError
 from llmgw.store.records import Delivery, time_ordered_id
-
-if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
 
 log = logging.getLogger("llmgw.controller.loops.notifier")
 
@@ -45,8 +45,21 @@ WEBHOOK_ANSWER_BYTES = 64 * 1024  # of a receiver's answer, read and dropped (on
 _LEVELS = (("Organization", "org"), ("Team", "team"), ("Project", "project"))
 
 
+class NotifierParts(FleetActor, Protocol):
+    """What the notifier reads besides a FleetActor: the refused revision (its event's fields), the change
+    listeners (a revision applied wakes it) and the names the Cluster's own secrets hold (never a webhook's)."""
+
+    @property
+    def refused(self) -> RefusedRevision | None: ...
+
+    @property
+    def change_listeners(self) -> list[Callable[[], None]]: ...
+
+    def reserved_secret_names(self) -> frozenset[str]: ...
+
+
 class Notifier:
-    def __init__(self, c: Controller, *, rng: random.Random | None = None) -> None:
+    def __init__(self, c: NotifierParts, *, rng: random.Random | None = None) -> None:
         self.c = c
         self.rng = rng or random.Random()
         self.wake = asyncio.Event()
@@ -105,7 +118,7 @@ class Notifier:
         d = c.desired
         fields: dict[str, object] = {}
         if kind in ("replica_failed", "replica_start_failed"):
-            rec = c.replicas.get(obj)
+            rec = c.fleet.replicas.get(obj)
             fields = {
                 "replica": obj,
                 "model": rec.model if rec else "",

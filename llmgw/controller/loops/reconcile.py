@@ -13,6 +13,7 @@ import logging
 import random
 import uuid
 from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
 from llmgw_agent.protocol import (
     Register,
@@ -21,13 +22,13 @@ from llmgw_agent.protocol import (
 
 from llmgw.adapters import logformat
 from llmgw.adapters.secrets import SecretError
-from llmgw.controller.core import Controller
 from llmgw.controller.loops import adoption, yielding
 from llmgw.controller.loops.autoscaler import autoscale, load_capacities
 from llmgw.controller.loops.canary import held_views
 from llmgw.controller.loops.shard_specs import StartInputs
 from llmgw.controller.parts.background import Background
-from llmgw.controller.parts.hub import AgentError, NodeLink
+from llmgw.controller.parts.fleet import EngineCaller
+from llmgw.controller.parts.hub import AgentError, AgentHub, NodeLink
 from llmgw.controller.parts.state import ReplicaRec
 from llmgw.controller.status import fleet as views
 from llmgw.controller.wire.engine_orders import EngineOrders
@@ -49,7 +50,10 @@ from llmgw.core.reconcile import (
 )
 from llmgw.core.security import engine_key
 from llmgw.store.errors import LeaseFenced, StoreError
-from llmgw.store.records import ReplicaRecord
+from llmgw.store.records import Fence, ReplicaRecord
+
+if TYPE_CHECKING:
+    from llmgw.controller.parts.tracing import CommitTracer
 
 log = logging.getLogger("llmgw.controller.reconcile")
 
@@ -64,11 +68,31 @@ def new_replica_id(model: str, profile: str) -> str:
     return f"{model}-{profile}-{uuid.uuid4().hex[:6]}"
 
 
+class ReconcileParts(EngineCaller, Protocol):
+    """What the reconcile worker reads besides an EngineCaller: its wake-up, the commit path's spans, the hub's
+    links, the lease's fence on its store writes and the names the Cluster's own secrets hold."""
+
+    @property
+    def changed(self) -> asyncio.Event: ...
+
+    @property
+    def commit_tracer(self) -> CommitTracer | None: ...
+
+    @property
+    def hub(self) -> AgentHub: ...
+
+    def fence(self) -> Fence | None: ...
+
+    def fenced_out(self, exc: LeaseFenced) -> None: ...
+
+    def reserved_secret_names(self) -> frozenset[str]: ...
+
+
 class Reconciler:
     """Commands go to the agents through `controller.agents` (an `AgentClient`); `adopt` is the hub's
     `on_register` (app.py wires it)."""
 
-    def __init__(self, controller: Controller, rng: random.Random | None = None) -> None:
+    def __init__(self, controller: ReconcileParts, rng: random.Random | None = None) -> None:
         self.c = controller
         self.agents = controller.agents
         self.rng = rng or random.Random()
@@ -115,7 +139,7 @@ class Reconciler:
             return 1.0  # a standby decides nothing; woken when it becomes the leader
         self.engine_orders.send_due(self.agents, d.cluster.engines, self.background)
         await self._load_capacities()
-        ws = c.worker_state
+        ws = c.fleet.worker_state
         now = c.wall()
         nodes = views.node_views(c)
         replicas = views.replica_views(c)
@@ -138,7 +162,7 @@ class Reconciler:
             scale_to=scaled.scale_to,
             idleness=ws.replica_idleness(),
             paces={m: RollPace(*r.pace) for m, r in ws.models.items() if r.pace is not None},
-            canaries=c.canaries.phases(),
+            canaries=c.fleet.canaries.phases(),
         )
         for model, words, up in scaled.events:
             c.metrics.scale_events.labels(model, "up" if up else "down").inc()
@@ -163,9 +187,9 @@ class Reconciler:
 
     def _note_ready(self, replicas: list[ReplicaView], now: float) -> None:
         """Replicas ready for the first time: when, how long the load took, and the commit's trace."""
-        c, ws = self.c, self.c.worker_state
+        c, ws = self.c, self.c.fleet.worker_state
         for r in replicas:
-            rec = c.replicas.get(r.id)
+            rec = c.fleet.replicas.get(r.id)
             if rec is not None and rec.ready_since is None and r.effective_state() == "ready":
                 rec.ready_since = now
                 if not rec.adopted:  # an adopted replica was started before this controller looked
@@ -178,7 +202,7 @@ class Reconciler:
     ) -> list[StartReplica | StopReplica | RestartReplica | MarkStale]:
         """What the pass decided, kept per model for status (backoff, target, wait, why unplaced) and for the
         pass count; returns the actions to take (every one but a wait)."""
-        ws = self.c.worker_state
+        ws = self.c.fleet.worker_state
         for record in ws.models.values():
             record.clear_pass()
         self._note_rolls(decision.of(RestartReplica), replicas)
@@ -243,9 +267,13 @@ class Reconciler:
     def _note_rolls(self, restarts: list[RestartReplica], replicas: list[ReplicaView]) -> None:
         """Which models are rolling (status, `apply --wait`); a pace given by `llmgw restart` is forgotten
         once its roll is over."""
-        ws = self.c.worker_state
+        ws = self.c.fleet.worker_state
         d = self.c.desired
-        rolling = {self.c.replicas[a.replica_id].model for a in restarts if a.replica_id in self.c.replicas}
+        rolling = {
+            self.c.fleet.replicas[a.replica_id].model
+            for a in restarts
+            if a.replica_id in self.c.fleet.replicas
+        }
         for r in replicas:
             if r.state in ("draining", "stopping", "stopped"):
                 continue
@@ -263,10 +291,10 @@ class Reconciler:
     def _demand(self, now: float) -> dict[str, int]:
         """A model asked for recently, with nothing running yet, wants one replica (the router's signal)."""
         c = self.c
-        running = {r.model for r in c.replicas.values() if not r.stopping}
+        running = {r.model for r in c.fleet.replicas.values() if not r.stopping}
         return {
             m: 1
-            for m, at in c.worker_state.demand().items()
+            for m, at in c.fleet.worker_state.demand().items()
             if now - at < DEMAND_FRESH_S and m not in running
         }
 
@@ -291,7 +319,7 @@ class Reconciler:
         return out
 
     def _settling(self) -> bool:
-        ws = self.c.worker_state
+        ws = self.c.fleet.worker_state
         if not ws.expected_nodes or self.c.clock() >= ws.settle_until:
             return False
         back = {n for n, link in self.agents.nodes.items() if link.connected}
@@ -315,7 +343,7 @@ class Reconciler:
         except SecretError as exc:
             # Nothing was started, so the next pass (at the latest the resync) decides to start it again.
             c.metrics.reconcile_errors.inc()
-            c.worker_state.model(placement.model).wait = f"cannot start: {exc}"
+            c.fleet.worker_state.model(placement.model).wait = f"cannot start: {exc}"
             log.warning("cannot start a replica of %s: %s", placement.model, exc)
             return
         try:
@@ -324,7 +352,7 @@ class Reconciler:
         except (SecretError, ValueError) as exc:
             # The message names the model and the secret reference or the missing mirror, never a token.
             c.metrics.reconcile_errors.inc()
-            c.worker_state.model(placement.model).wait = f"cannot start: {exc}"
+            c.fleet.worker_state.model(placement.model).wait = f"cannot start: {exc}"
             log.warning("cannot start a replica of %s: %s", placement.model, exc)
             return
         rec = ReplicaRec(
@@ -337,7 +365,7 @@ class Reconciler:
             start_sent_at=c.clock(),
             replaces=action.replaces,
         )
-        c.replicas[rec.id] = rec
+        c.fleet.replicas[rec.id] = rec
         await self._upsert(rec, "pending")
         inputs = self._start_inputs()  # again: the canary may have been judged while the store was written
         held = (
@@ -381,7 +409,7 @@ class Reconciler:
         self, replica_id: str, reason: str, *, drain: bool, forget: bool, preempted_by: str | None = None
     ) -> None:
         c = self.c
-        rec = c.replicas.get(replica_id)
+        rec = c.fleet.replicas.get(replica_id)
         if rec is None or rec.stopping:
             return
         if forget:
@@ -419,13 +447,13 @@ class Reconciler:
     async def drain_node(self, node: str, reason: str) -> int:
         """Drain and stop every replica with a shard on `node` (a Node removed from the repo); the views cordon
         the node, so the next pass places their replacements elsewhere. Returns how many were asked to stop."""
-        recs = [r for r in self.c.replicas.values() if node in r.nodes and not r.stopping]
+        recs = [r for r in self.c.fleet.replicas.values() if node in r.nodes and not r.stopping]
         for rec in recs:
             await self._stop(rec.id, reason, drain=True, forget=False)
         return len(recs)
 
     async def _mark_stale(self, action: MarkStale) -> None:
-        rec = self.c.replicas.get(action.replica_id)
+        rec = self.c.fleet.replicas.get(action.replica_id)
         if rec is not None and not rec.stale:
             rec.stale = True
             await self.c.event("replica_stale", rec.id, action.reason or "stale profile")
@@ -440,7 +468,7 @@ class Reconciler:
             await self._drain(rec)
             rec.draining = False
         pending = sorted(rec.shards, key=lambda s: s.rank)
-        while pending and rec.id in c.replicas:
+        while pending and rec.id in c.fleet.replicas:
             shard = pending[0]
             link = self.agents.nodes.get(shard.node)
             if link is None or link.state == "Lost":
@@ -466,16 +494,16 @@ class Reconciler:
         since = c.wall()
         deadline = loop.time() + c.settings.drain_s
         while (left := deadline - loop.time()) > 0:
-            if c.worker_state.replica_drained(rec.id, since):
+            if c.fleet.worker_state.replica_drained(rec.id, since):
                 return
             await asyncio.sleep(min(DRAIN_POLL_S, left))
 
     async def _drop(self, rec: ReplicaRec) -> None:
         c = self.c
-        if c.replicas.get(rec.id) is not rec:
+        if c.fleet.replicas.get(rec.id) is not rec:
             return
-        del c.replicas[rec.id]
-        c.worker_state.stored_states.pop(rec.id, None)
+        del c.fleet.replicas[rec.id]
+        c.fleet.worker_state.stored_states.pop(rec.id, None)
         for shard in rec.shards:
             link = self.agents.nodes.get(shard.node)
             if link is not None:
@@ -498,7 +526,7 @@ class Reconciler:
     async def _persist_states(self) -> None:
         c = self.c
         for name, link in list(self.agents.nodes.items()):
-            record = c.nodes.node(name)
+            record = c.fleet.nodes.node(name)
             if record.stored_state != link.state:
                 try:
                     inventory = link.inventory.model_dump(mode="json", by_alias=True)
@@ -506,8 +534,8 @@ class Reconciler:
                     record.stored_state = link.state
                 except StoreError as exc:
                     log.warning("could not record node %s in the store: %s", name, exc)
-        stored = self.c.worker_state.stored_states
-        for rec in list(self.c.replicas.values()):
+        stored = self.c.fleet.worker_state.stored_states
+        for rec in list(self.c.fleet.replicas.values()):
             state = views.replica_state(self.c, rec)
             if stored.get(rec.id) != (state, rec.restart):
                 await self._upsert(rec, state)
@@ -530,7 +558,7 @@ class Reconciler:
                 ),
                 fence=c.fence(),
             )
-            c.worker_state.stored_states[rec.id] = (state, rec.restart)
+            c.fleet.worker_state.stored_states[rec.id] = (state, rec.restart)
         except LeaseFenced as exc:
             c.fenced_out(exc)
         except StoreError as exc:

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmgw.controller.core import Controller
+from llmgw.controller.parts.fleet import FleetActor
 from llmgw.core.desired.catalog import Catalog
 from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.traffic.recorded import content_ttl, usage_cutoff
@@ -35,7 +35,7 @@ class PassResult:
     content_withdrawn: int = 0
 
 
-def load_content_vault(c: Controller) -> ContentVault | None:
+def load_content_vault(c: FleetActor) -> ContentVault | None:
     """The vault under the configured content key; None without one (no content is kept)."""
     path: Path | None = c.settings.content_key_file
     if path is None:
@@ -53,7 +53,7 @@ def _budget_periods(catalog: Catalog) -> list[float]:
 
 
 class Retention:
-    def __init__(self, c: Controller) -> None:
+    def __init__(self, c: FleetActor) -> None:
         self.c = c
         self.passes = 0  # completed passes (tests and status read it)
         self.last: PassResult | None = None

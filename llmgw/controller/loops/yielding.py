@@ -20,7 +20,7 @@ from llmgw.core.security import engine_key
 from llmgw.core.words import parse_duration
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
+    from llmgw.controller.parts.fleet import EngineCaller
     from llmgw.controller.parts.state import ReplicaRec
 
 log = logging.getLogger("llmgw.controller.reconcile")
@@ -43,7 +43,7 @@ def running_from_text(text: str, name: str) -> float | None:
     return total
 
 
-async def in_flight(c: Controller, rec: ReplicaRec, session: aiohttp.ClientSession) -> int | None:
+async def in_flight(c: EngineCaller, rec: ReplicaRec, session: aiohttp.ClientSession) -> int | None:
     """Requests running on the replica's engine now (rank 0 serves them); None when it cannot be asked."""
     d = c.desired
     status = views.shard_status(c, rec)
@@ -77,7 +77,7 @@ async def in_flight(c: Controller, rec: ReplicaRec, session: aiohttp.ClientSessi
     return None if value is None else int(value)
 
 
-async def grace(c: Controller, rec: ReplicaRec) -> None:
+async def grace(c: EngineCaller, rec: ReplicaRec) -> None:
     """Wait until the replica's in-flight requests finish or the grace ends; say what was cut."""
     d = c.desired
     grace_s = parse_duration(d.cluster.preemption_grace) if d is not None else 10.0

@@ -19,19 +19,19 @@ from typing import TYPE_CHECKING, Any
 from llmgw.core.fleet.autoscale import ScaleDecision
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
+    from llmgw.controller.parts.fleet import FleetReader
     from llmgw.controller.parts.state import ReplicaRec
 
-StateOf = Callable[["Controller", "ReplicaRec"], str]
+StateOf = Callable[["FleetReader", "ReplicaRec"], str]
 
 __all__ = ["capacity_json", "decision_json"]
 
 
-def _gpu_classes(c: Controller) -> dict[str, dict[str, Any]]:
+def _gpu_classes(c: FleetReader) -> dict[str, dict[str, Any]]:
     d = c.desired
     out: dict[str, dict[str, Any]] = {}
     held: dict[tuple[str, int], str] = {}  # (node, gpu index) -> the model class of the replica on it
-    for rec in c.replicas.values():
+    for rec in c.fleet.replicas.values():
         entry = d.models.get(rec.model) if d else None
         klass = (entry.spec.model_class if entry else None) or "-"
         for shard in rec.shards:
@@ -54,7 +54,7 @@ def _gpu_classes(c: Controller) -> dict[str, dict[str, Any]]:
     return dict(sorted(out.items()))
 
 
-def _cpu(c: Controller) -> dict[str, Any]:
+def _cpu(c: FleetReader) -> dict[str, Any]:
     d = c.desired
     total, used, unknown = 0, 0, 0
     by_class: dict[str, int] = {}
@@ -65,7 +65,7 @@ def _cpu(c: Controller) -> dict[str, Any]:
             unknown += 1
             continue
         total += link.inventory.cpu_cores
-    for rec in c.replicas.values():
+    for rec in c.fleet.replicas.values():
         entry = d.models.get(rec.model) if d else None
         found = entry.profile(rec.profile) if entry else None
         cores = found.profile.cpu_cores if found is not None else None
@@ -84,9 +84,9 @@ def _cpu(c: Controller) -> dict[str, Any]:
     }
 
 
-def _free_nodes(c: Controller) -> dict[str, list[str]]:
+def _free_nodes(c: FleetReader) -> dict[str, list[str]]:
     d = c.desired
-    busy = {n for r in c.replicas.values() for n in r.nodes}
+    busy = {n for r in c.fleet.replicas.values() for n in r.nodes}
     out: dict[str, list[str]] = {}
     for name, link in sorted(c.agents.nodes.items()):
         declared = d.catalog.nodes.get(name) if d else None
@@ -97,11 +97,11 @@ def _free_nodes(c: Controller) -> dict[str, list[str]]:
     return out
 
 
-def _idle(c: Controller, state_of: StateOf) -> list[dict[str, Any]]:
+def _idle(c: FleetReader, state_of: StateOf) -> list[dict[str, Any]]:
     now = c.wall()
-    seen = c.worker_state.replica_idleness()
+    seen = c.fleet.worker_state.replica_idleness()
     out: list[dict[str, Any]] = []
-    for rec in sorted(c.replicas.values(), key=lambda r: r.id):
+    for rec in sorted(c.fleet.replicas.values(), key=lambda r: r.id):
         if state_of(c, rec) != "ready":
             continue
         inflight, last = seen.get(rec.id, (None, None))
@@ -118,9 +118,9 @@ def _idle(c: Controller, state_of: StateOf) -> list[dict[str, Any]]:
     return out
 
 
-def capacity_json(c: Controller, state_of: StateOf) -> dict[str, Any]:
+def capacity_json(c: FleetReader, state_of: StateOf) -> dict[str, Any]:
     """`state_of`: a replica's state in words (views.replica_state)."""
-    ws = c.worker_state
+    ws = c.fleet.worker_state
     unplaceable = {
         name: {"reasons": dict(rec.unplaceable), "waiting": rec.wait}
         for name, rec in sorted(ws.models.items())

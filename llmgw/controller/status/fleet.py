@@ -1,6 +1,7 @@
 """Read-only views of the controller: what the decisions read, and what the admin API shows.
 
-Functions of a Controller taken at one moment; they never change it.
+Functions of the controller's parts taken at one moment (a FleetReader: llmgw.controller.parts.fleet); they
+never change them.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw_agent.protocol import Inventory, ShardStatus
 
+from llmgw.controller.parts.fleet import FleetReader, StatusReader
 from llmgw.controller.parts.state import ModelRecord
 from llmgw.controller.status.capacity import capacity_json, decision_json
 from llmgw.core import placement as node_facts
@@ -27,19 +29,18 @@ from llmgw.core.fleet.views import (
 from llmgw.core.plan import catalog_documents
 
 if TYPE_CHECKING:
-    from llmgw.controller.core import Controller
     from llmgw.controller.parts.state import ReplicaRec
 
 PENDING_GRACE_S = 60.0  # a started shard the agent never reported is failed after this
 
 
-def shard_status(c: Controller, rec: ReplicaRec, rank: int = 0) -> ShardStatus | None:
+def shard_status(c: FleetReader, rec: ReplicaRec, rank: int = 0) -> ShardStatus | None:
     shard = next((s for s in rec.shards if s.rank == rank), None)
     link = c.agents.nodes.get(shard.node) if shard else None
     return None if link is None else link.shards.get(f"{rec.id}-{rank}")
 
 
-def replica_view(c: Controller, rec: ReplicaRec) -> ReplicaView:
+def replica_view(c: FleetReader, rec: ReplicaRec) -> ReplicaView:
     shards: list[ShardView] = []
     reported = False
     for placed in rec.shards:
@@ -71,11 +72,11 @@ def replica_view(c: Controller, rec: ReplicaRec) -> ReplicaView:
         stale=rec.stale,
         ready_since=rec.ready_since,
         restart=rec.restart,
-        replaces=rec.replaces if rec.replaces in c.replicas else None,
+        replaces=rec.replaces if rec.replaces in c.fleet.replicas else None,
     )
 
 
-def replica_state(c: Controller, rec: ReplicaRec) -> str:
+def replica_state(c: FleetReader, rec: ReplicaRec) -> str:
     """The replica's state in words: the fleet's states, plus `lost` and `unknown` (node Unreachable)."""
     states = {c.agents.nodes[n].state if n in c.agents.nodes else "Lost" for n in rec.nodes}
     if "Lost" in states:
@@ -87,7 +88,7 @@ def replica_state(c: Controller, rec: ReplicaRec) -> str:
     return state
 
 
-def node_views(c: Controller) -> list[NodeView]:
+def node_views(c: FleetReader) -> list[NodeView]:
     d = c.desired
     out: list[NodeView] = []
     for link in c.agents.nodes.values():
@@ -113,10 +114,10 @@ def node_views(c: Controller) -> list[NodeView]:
                 labels=labels,
                 cordoned=bool(declared and declared.spec.cordoned)
                 or _removing(c, link.name)
-                or link.name in c.worker_state.drained,
+                or link.name in c.fleet.worker_state.drained,
                 cordon_reason=_cordon_words(c, link.name),
                 leaving=_removing(c, link.name),
-                drained=link.name in c.worker_state.drained,
+                drained=link.name in c.fleet.worker_state.drained,
                 fabric=declared.spec.fabric if declared else None,
                 cpu_cores=inv.cpu_cores,
                 memory_bytes=inv.memory_bytes,
@@ -139,7 +140,7 @@ def node_views(c: Controller) -> list[NodeView]:
     return sorted(out, key=lambda n: n.name)
 
 
-def _engine_refusals(c: Controller, inv: Inventory) -> dict[str, str]:
+def _engine_refusals(c: FleetReader, inv: Inventory) -> dict[str, str]:
     d = c.desired
     facts = node_facts.PlatformFacts(
         cpu_flags=None if inv.cpu_flags is None else frozenset(inv.cpu_flags),
@@ -154,19 +155,19 @@ def _engine_refusals(c: Controller, inv: Inventory) -> dict[str, str]:
     return node_facts.engine_refusals(engines, facts, conditions)
 
 
-def _cordon_words(c: Controller, node: str) -> str:
+def _cordon_words(c: FleetReader, node: str) -> str:
     if _removing(c, node):
         return "removed from the repo"
-    drained = c.worker_state.drained.get(node)
+    drained = c.fleet.worker_state.drained.get(node)
     return f"drained ({drained}; llmgw node uncordon {node})" if drained is not None else ""
 
 
-def _removing(c: Controller, node: str) -> bool:
-    op = c.nodes.ops(node)
+def _removing(c: FleetReader, node: str) -> bool:
+    op = c.fleet.nodes.ops(node)
     return op is not None and op.removal is not None
 
 
-def if_undeclared(c: Controller, node: str) -> IfUndeclared:
+def if_undeclared(c: FleetReader, node: str) -> IfUndeclared:
     """What this controller does with `node` while the repo does not declare it. It removes only remote nodes
     its applied revision declares (or that it is removing now): those it saw the repo ask for and can reach
     over SSH (nodes_loop). Any other agent with the token — a node removed from the repo while no controller
@@ -180,11 +181,11 @@ def if_undeclared(c: Controller, node: str) -> IfUndeclared:
     return "remove" if remote and c.settings.bootstrap_nodes else "keep"
 
 
-def replicas_by_node(c: Controller) -> dict[str, list[str]]:
+def replicas_by_node(c: FleetReader) -> dict[str, list[str]]:
     """Each node's replica ids, sorted; built once per view (asking every replica for each of 1,000 nodes
     made the status and the node list take seconds)."""
     out: dict[str, list[str]] = {}
-    for rec in c.replicas.values():
+    for rec in c.fleet.replicas.values():
         for node in set(rec.nodes):
             out.setdefault(node, []).append(rec.id)
     for ids in out.values():
@@ -192,7 +193,7 @@ def replicas_by_node(c: Controller) -> dict[str, list[str]]:
     return out
 
 
-def undeclared_json(c: Controller) -> list[dict[str, Any]]:
+def undeclared_json(c: FleetReader) -> list[dict[str, Any]]:
     """Connected nodes the applied revision does not declare, and what happens to them (for status)."""
     d = c.desired
     out: list[dict[str, Any]] = []
@@ -208,11 +209,11 @@ def undeclared_json(c: Controller) -> list[dict[str, Any]]:
     return out
 
 
-def replica_views(c: Controller) -> list[ReplicaView]:
-    return [replica_view(c, r) for r in sorted(c.replicas.values(), key=lambda r: r.id)]
+def replica_views(c: FleetReader) -> list[ReplicaView]:
+    return [replica_view(c, r) for r in sorted(c.fleet.replicas.values(), key=lambda r: r.id)]
 
 
-def stale(c: Controller, rec: ReplicaRec) -> bool:
+def stale(c: FleetReader, rec: ReplicaRec) -> bool:
     """A replica whose profile changed since it was placed, or is gone: the fleet's one rule (fleet/states)."""
     d = c.desired
     if d is None or rec.model not in d.models:
@@ -220,7 +221,7 @@ def stale(c: Controller, rec: ReplicaRec) -> bool:
     return is_stale(rec.fingerprint, d.fingerprint(rec.model, rec.profile))
 
 
-def fetches(c: Controller, rec: ReplicaRec) -> list[dict[str, Any]]:
+def fetches(c: FleetReader, rec: ReplicaRec) -> list[dict[str, Any]]:
     """Each shard still fetching weights: bytes done and the total (None when the server sent no length:
     no percentage is made up). A shard past `fetching` drops out, so a finished fetch is never shown."""
     out = []
@@ -246,7 +247,7 @@ def _sum_known(values: list[int | None]) -> int | None:
     return None if not values or any(v is None for v in values) else sum(v for v in values if v is not None)
 
 
-def replica_memory(c: Controller, rec: ReplicaRec) -> dict[str, int | None]:
+def replica_memory(c: FleetReader, rec: ReplicaRec) -> dict[str, int | None]:
     """What the replica's engines hold against what its profile reserved; None where unknown (no report, no
     nvidia-smi, no min_memory_gb, no GPU). Resident memory is the sum over every shard's process group."""
     statuses = [shard_status(c, rec, placed.rank) for placed in rec.shards]
@@ -273,7 +274,7 @@ def _output_tail(shard: ShardStatus | None, state: str) -> list[str]:
     return shard.last_output_lines[-OUTPUT_TAIL_LINES:] if shard and state in ("starting", "failed") else []
 
 
-def replica_json(c: Controller, rec: ReplicaRec, *, with_output: bool = False) -> dict[str, Any]:
+def replica_json(c: FleetReader, rec: ReplicaRec, *, with_output: bool = False) -> dict[str, Any]:
     """The replica as the admin API shows it. An engine's output can carry what clients sent (prompts), so its
     tail is there only `with_output` (an admin-scope caller, as for `/logs`); otherwise `last_output_lines` is
     null: not shown, which is not the same as no output."""
@@ -307,25 +308,25 @@ def failing(state: ModelState | None) -> bool:
     return state is not None and state.failures > 0
 
 
-def model_health(c: Controller, name: str) -> dict[str, Any]:
+def model_health(c: FleetReader, name: str) -> dict[str, Any]:
     """Argo CD's words: Healthy, Progressing, Degraded, Missing."""
     d = c.desired
     assert d is not None
     model = d.models[name]
-    states = [replica_state(c, r) for r in c.replicas.values() if r.model == name]
+    states = [replica_state(c, r) for r in c.fleet.replicas.values() if r.model == name]
     ready = states.count("ready")
     live = sum(1 for s in states if s in ACTIVE_STATES)
-    record = c.worker_state.models.get(name) or ModelRecord()
+    record = c.fleet.worker_state.models.get(name) or ModelRecord()
     target = record.target if record.target is not None else model.spec.scaling.min
-    mine = [r for r in c.replicas.values() if r.model == name and not r.stopping]
+    mine = [r for r in c.fleet.replicas.values() if r.model == name and not r.stopping]
     restarting = sum(1 for r in mine if r.restart)
     auto = model.spec.restarts_on_change
     # Read from the replicas, not only from the last pass: `apply --wait` right after an apply must not see
     # Healthy before the pass that starts the roll has run.
-    canary = c.canaries.json(name)
+    canary = c.fleet.canaries.json(name)
     # A canary model rolls on a change through its canary (none begun yet is one about to begin) unless the
     # canary of this revision failed: then its stale replicas are the stable ones it is held on.
-    auto = auto or (model.spec.rollout.strategy == "canary" and not c.canaries.held(name, d))
+    auto = auto or (model.spec.rollout.strategy == "canary" and not c.fleet.canaries.held(name, d))
     rolling = record.rolling or restarting > 0 or (auto and any(stale(c, r) for r in mine))
     if (not model.spec.profiles or ready >= target) and not rolling:
         health = "Healthy"
@@ -348,21 +349,21 @@ def model_health(c: Controller, name: str) -> dict[str, Any]:
         "unplaceable": dict(record.unplaceable or {}),
         "failures": record.backoff.failures if record.backoff is not None else 0,
         "waiting": record.wait,
-        "stale_replicas": sum(1 for r in c.replicas.values() if r.model == name and stale(c, r)),
+        "stale_replicas": sum(1 for r in c.fleet.replicas.values() if r.model == name and stale(c, r)),
         "restarting": restarting,
         "rolling": rolling,
         "canary": canary,
-        "fetching": [f for r in c.replicas.values() if r.model == name for f in fetches(c, r)],
+        "fetching": [f for r in c.fleet.replicas.values() if r.model == name for f in fetches(c, r)],
         "autoscale": decision_json(record.scaled, _demand_json(c, name)),
         "memory": model_memory(c, name),
     }
 
 
-def model_memory(c: Controller, name: str) -> dict[str, int | None]:
+def model_memory(c: FleetReader, name: str) -> dict[str, int | None]:
     """The model's ready replicas' memory, summed (None when any of them is unknown, or none is ready)."""
     each = [
         replica_memory(c, r)
-        for r in c.replicas.values()
+        for r in c.fleet.replicas.values()
         if r.model == name and replica_state(c, r) == "ready"
     ]
     return {
@@ -371,8 +372,8 @@ def model_memory(c: Controller, name: str) -> dict[str, int | None]:
     }
 
 
-def _demand_json(c: Controller, name: str) -> dict[str, Any] | None:
-    demand = c.worker_state.model_demand().get(name)
+def _demand_json(c: FleetReader, name: str) -> dict[str, Any] | None:
+    demand = c.fleet.worker_state.model_demand().get(name)
     if demand is None:
         return None
     return {
@@ -384,7 +385,7 @@ def _demand_json(c: Controller, name: str) -> dict[str, Any] | None:
     }
 
 
-def status_json(c: Controller) -> dict[str, Any]:
+def status_json(c: StatusReader) -> dict[str, Any]:
     d = c.desired
     return {
         "applied": None
@@ -423,17 +424,17 @@ def status_json(c: Controller) -> dict[str, Any]:
             for name, link in sorted(c.agents.nodes.items())
             for cond in link.inventory.conditions
         ],
-        "replicas": len(c.replicas),
+        "replicas": len(c.fleet.replicas),
         "capacity": capacity_json(c, replica_state),
         "reconcile": {
-            "passes": c.worker_state.passes,
-            "last_pass_at": c.worker_state.last_pass_at,
-            "last_actions": list(c.worker_state.last_actions),
+            "passes": c.fleet.worker_state.passes,
+            "last_pass_at": c.fleet.worker_state.last_pass_at,
+            "last_actions": list(c.fleet.worker_state.last_actions),
         },
     }
 
 
-def nodes_json(c: Controller) -> list[dict[str, Any]]:
+def nodes_json(c: FleetReader) -> list[dict[str, Any]]:
     d = c.desired
     out: list[dict[str, Any]] = []
     held = replicas_by_node(c)
@@ -465,21 +466,21 @@ def nodes_json(c: Controller) -> list[dict[str, Any]]:
     return out
 
 
-def _node_ops_json(c: Controller, node: str) -> dict[str, Any]:
+def _node_ops_json(c: FleetReader, node: str) -> dict[str, Any]:
     """The node's SSH bootstrap and removal, as llmgw.controller.loops.nodes keeps them (None: not done here)."""
-    op = c.nodes.ops(node)
+    op = c.fleet.nodes.ops(node)
     return {
         "bootstrap": None if op is None else op.bootstrap_json(c.clock()),
         "removal": None if op is None else op.removal_json(),
     }
 
 
-def _unlinked_nodes_json(c: Controller) -> list[dict[str, Any]]:
+def _unlinked_nodes_json(c: FleetReader) -> list[dict[str, Any]]:
     """Remote nodes declared (or being removed) whose agent has not connected: `NotJoined` / `Removed`."""
     d = c.desired
     declared = {n: e for n, e in (d.catalog.nodes.items() if d else ()) if not e.spec.local}
     out: list[dict[str, Any]] = []
-    for name in sorted((set(declared) | set(c.nodes.all_ops())) - set(c.agents.nodes)):
+    for name in sorted((set(declared) | set(c.fleet.nodes.all_ops())) - set(c.agents.nodes)):
         entry = declared.get(name)
         out.append(
             {
@@ -496,14 +497,14 @@ def _unlinked_nodes_json(c: Controller) -> list[dict[str, Any]]:
                 "labels": dict(entry.labels) if entry is not None else {},
                 "inventory": None,
                 "shards": 0,
-                "replicas": sorted(r.id for r in c.replicas.values() if name in r.nodes),
+                "replicas": sorted(r.id for r in c.fleet.replicas.values() if name in r.nodes),
                 **_node_ops_json(c, name),
             }
         )
     return out
 
 
-def live_state(c: Controller) -> LiveState:
+def live_state(c: FleetReader) -> LiveState:
     """What `llmgw plan` compares the repo against. Secrets (engine keys) are never part of it."""
     d = c.desired
     state = LiveState.from_views(
@@ -519,9 +520,9 @@ def live_state(c: Controller) -> LiveState:
     return state.model_copy(update={"nodes": nodes})
 
 
-def engine_version_of(c: Controller, replica_id: str) -> str:
+def engine_version_of(c: FleetReader, replica_id: str) -> str:
     """The repo's version for the replica's engine (profile, then Cluster), else its node's inventory's."""
-    rec = c.replicas.get(replica_id)
+    rec = c.fleet.replicas.get(replica_id)
     d = c.desired
     if rec is None or d is None:
         return "unknown"

@@ -15,16 +15,18 @@ import contextlib
 import hashlib
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import WSMsgType, web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmgw.adapters.secrets import SecretError
-from llmgw.controller.core import CONTROLLER, Controller
-from llmgw.controller.parts.credentials import valid_node_name
 from llmgw.controller.parts.desired import Desired
+from llmgw.controller.parts.fleet import FleetReader
+from llmgw.controller.parts.hub import AgentHub
+from llmgw.controller.parts.metrics import ControllerMetrics
 from llmgw.controller.parts.state import EngineReading, ReplicaLoad, ReplicaRec, RouterLoad
 from llmgw.controller.status import fleet as views
 from llmgw.controller.status.canaries import live_canaries
@@ -50,7 +52,50 @@ from llmgw.core.traffic.recorded import trace_salt
 log = logging.getLogger("llmgw.controller.wire.publisher")
 
 
-def endpoints(c: Controller) -> list[Endpoint]:
+class SnapshotParts(FleetReader, Protocol):
+    """What the routers' snapshot is built from besides a FleetReader: the hub's links (whether the nodes that
+    were up are back), the cluster secret (the engine keys, the trace salt) and the names the Cluster's own
+    secrets hold."""
+
+    @property
+    def hub(self) -> AgentHub: ...
+
+    def cluster_secret(self) -> str: ...
+
+    def reserved_secret_names(self) -> frozenset[str]: ...
+
+
+class LoadParts(FleetReader, Protocol):
+    """What the routers' reports are noted into besides a FleetReader: a change wakes the reconcile worker."""
+
+    def notify(self, why: str = "") -> None: ...
+
+
+class RouterTokenCheck(Protocol):
+    def router_token_ok(self, presented: str) -> bool: ...
+
+
+class RouterStreamParts(SnapshotParts, LoadParts, RouterTokenCheck, Protocol):
+    """What the router stream reads besides the snapshot's and the reports' parts: the router sockets and their
+    peers, the change listeners that wake them, the client certificate check and the metrics."""
+
+    @property
+    def metrics(self) -> ControllerMetrics: ...
+
+    @property
+    def change_listeners(self) -> list[Callable[[], None]]: ...
+
+    @property
+    def router_sockets(self) -> set[web.WebSocketResponse]: ...
+
+    @property
+    def router_peers(self) -> dict[web.WebSocketResponse, str]: ...
+
+    @property
+    def router_peer_check(self) -> Callable[[bytes | None], str] | None: ...
+
+
+def endpoints(c: SnapshotParts) -> list[Endpoint]:
     """Ready replicas as the router sees them; each carries its engine key (the router holds it, no one else)."""
     d = c.desired
     out: list[Endpoint] = []
@@ -59,8 +104,10 @@ def endpoints(c: Controller) -> list[Endpoint]:
     except SecretError as exc:
         log.warning("no endpoints published: %s", exc)
         return out
-    canaries = {i for ids in live_canaries(c.desired, c.replicas, c.canaries).values() for i in ids}
-    for rec in sorted(c.replicas.values(), key=lambda r: r.id):
+    canaries = {
+        i for ids in live_canaries(c.desired, c.fleet.replicas, c.fleet.canaries).values() for i in ids
+    }
+    for rec in sorted(c.fleet.replicas.values(), key=lambda r: r.id):
         shard = views.shard_status(c, rec)
         if shard is None or shard.state != "ready" or rec.stopping or shard.base_url is None:
             continue
@@ -71,7 +118,7 @@ def endpoints(c: Controller) -> list[Endpoint]:
         entry = d.models.get(rec.model) if d else None
         profile = entry.profile(rec.profile) if entry else None
         version = views.engine_version_of(c, rec.id)
-        verified, failed = c.model_checks.probes_of(rec.model, shard.engine, version)
+        verified, failed = c.fleet.model_checks.probes_of(rec.model, shard.engine, version)
         probes = probes_for(entry.spec.effective_capabilities) if entry else []
         out.append(
             Endpoint(
@@ -88,8 +135,8 @@ def endpoints(c: Controller) -> list[Endpoint]:
                 canary=rec.id in canaries,
                 verified=verified,
                 failed=failed,
-                failed_details=c.model_checks.details_of(rec.model, shard.engine, version),
-                checking=c.model_checks.checking(rec.model, shard.engine, version, probes),
+                failed_details=c.fleet.model_checks.details_of(rec.model, shard.engine, version),
+                checking=c.fleet.model_checks.checking(rec.model, shard.engine, version, probes),
                 kv_events=kv_events_address(shard.base_url, shard.kv_events_path),
             )
         )
@@ -105,7 +152,7 @@ def kv_events_address(base_url: str | None, path: str | None) -> str | None:
     return base_url.rstrip("/") + path
 
 
-def snapshot(c: Controller) -> RouterSnapshot | None:
+def snapshot(c: SnapshotParts) -> RouterSnapshot | None:
     d = c.desired
     if d is None:
         return None
@@ -115,7 +162,7 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
     for name, count in starting_replicas(c).items():
         if name in models:
             models[name] = models[name].model_copy(update={"starting": count})
-    for name, rec in c.worker_state.models.items():
+    for name, rec in c.fleet.worker_state.models.items():
         load_s = published_load_seconds(rec.load_times, rec.bench_load_s)
         if load_s is not None and name in models:
             models[name] = models[name].model_copy(update={"load_seconds": round(load_s, 1)})
@@ -124,7 +171,7 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
             if name in models:
                 rank = class_rank(cat.cluster.classes, entry.spec.model_class)
                 models[name] = models[name].model_copy(update={"class_rank": rank})
-    for name in live_canaries(c.desired, c.replicas, c.canaries):
+    for name in live_canaries(c.desired, c.fleet.replicas, c.fleet.canaries):
         spec = cat.models[name].spec.rollout.canary if name in cat.models else None
         if spec is not None and name in models:
             route = CanaryRoute(weight=spec.weight or 0, header=spec.header)
@@ -147,7 +194,7 @@ def snapshot(c: Controller) -> RouterSnapshot | None:
     )
 
 
-def _trace_salt(c: Controller) -> str | None:
+def _trace_salt(c: SnapshotParts) -> str | None:
     try:
         return trace_salt(c.cluster_secret().encode())
     except SecretError:
@@ -163,11 +210,11 @@ def _carried(d: Desired, rec: ReplicaRec) -> list[str]:
     return [name for name, _ in d.catalog.adapters_of(rec.model)]
 
 
-def starting_replicas(c: Controller) -> dict[str, int]:
+def starting_replicas(c: FleetReader) -> dict[str, int]:
     """Replicas on their way per model (placed, not ready yet, not stopping): a router holds a busy or
     replica-less model's requests for them instead of refusing at once."""
     counts: dict[str, int] = {}
-    for rec in c.replicas.values():
+    for rec in c.fleet.replicas.values():
         if not rec.stopping and views.replica_state(c, rec) in ("pending", "starting"):
             counts[rec.model] = counts.get(rec.model, 0) + 1
     return counts
@@ -210,48 +257,25 @@ def _digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
-def token_ok(c: Controller, request: web.Request) -> bool:
+def token_ok(c: RouterTokenCheck, request: web.Request) -> bool:
     """A router's credential (the router token, or the admin token): never a node's, since the stream
     carries every replica's engine key."""
     presented = bearer_token(request.headers.get("Authorization"))
     return presented is not None and c.router_token_ok(presented)
 
 
-async def router_credential(request: web.Request) -> web.Response:
-    """GET /api/v1/credentials/router (scope `admin`, audited): the token routers present on `/router/v1`."""
-    c = request.app[CONTROLLER]
-    try:
-        return web.json_response({"token": c.router_token()})
-    except SecretError as exc:
-        return web.json_response({"error": {"message": str(exc)}}, status=503)
-
-
-async def node_credential(request: web.Request) -> web.Response:
-    """GET /api/v1/credentials/node/NAME (scope `admin`, audited): node NAME's token, for an agent installed
-    by hand."""
-    c = request.app[CONTROLLER]
-    node = request.match_info["node"]
-    bad = valid_node_name(node)
-    if bad is not None:
-        return web.json_response({"error": {"message": bad}}, status=400)
-    try:
-        return web.json_response({"node": node, "token": c.node_token(node)})
-    except SecretError as exc:
-        return web.json_response({"error": {"message": str(exc)}}, status=503)
-
-
-def fleet_incomplete(c: Controller) -> bool:
+def fleet_incomplete(c: SnapshotParts) -> bool:
     """Just started (or just took over as leader): nodes that were up have not all reconnected and the settle
     window is open. What this controller knows of the replicas is then a part of the fleet, and a snapshot
     from it would tell routers to drop endpoints that are serving; routers keep their last one meanwhile."""
-    ws = c.worker_state
+    ws = c.fleet.worker_state
     if not ws.expected_nodes or c.clock() >= ws.settle_until:
         return False
     back = {name for name, link in c.hub.nodes.items() if link.connected}
     return not ws.expected_nodes <= back
 
 
-def router_certificate_refusal(c: Controller, request: web.Request) -> str | None:
+def router_certificate_refusal(c: RouterStreamParts, request: web.Request) -> str | None:
     """With the cluster CA, a router also proves its role with a client certificate (`router:NAME`); a
     node's certificate (or none) does not open the stream that carries every engine key."""
     if c.router_peer_check is None:
@@ -285,7 +309,7 @@ class SnapshotCache:
     def invalidate(self) -> None:
         self._at = None
 
-    def current(self, c: Controller) -> BuiltSnapshot | None:
+    def current(self, c: SnapshotParts) -> BuiltSnapshot | None:
         """The snapshot to send now; None while there is nothing to send (no revision, the fleet incomplete)."""
         now = asyncio.get_running_loop().time()
         if self._at is None or now - self._at >= self.fresh_s:
@@ -297,7 +321,7 @@ class SnapshotCache:
 
 
 async def router_stream(
-    request: web.Request, *, c: Controller, snapshots: SnapshotCache
+    request: web.Request, *, c: RouterStreamParts, snapshots: SnapshotCache
 ) -> web.StreamResponse:
     if not token_ok(c, request):
         raise web.HTTPUnauthorized(text="missing or wrong Authorization: Bearer token (a router's)\n")
@@ -330,7 +354,9 @@ async def router_stream(
         c.change_listeners.remove(wake.set)
         c.router_sockets.discard(ws)
         c.router_peers.pop(ws, None)
-        c.worker_state.loads.pop(str(id(ws)), None)  # a router gone reports nothing: its load is unknown
+        c.fleet.worker_state.loads.pop(
+            str(id(ws)), None
+        )  # a router gone reports nothing: its load is unknown
         c.metrics.router_connections.dec()
         reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -338,7 +364,7 @@ async def router_stream(
     return ws
 
 
-async def _read_router(ws: web.WebSocketResponse, c: Controller, key: str) -> None:
+async def _read_router(ws: web.WebSocketResponse, c: RouterStreamParts, key: str) -> None:
     async for msg in ws:
         if msg.type != WSMsgType.TEXT:
             continue
@@ -394,7 +420,7 @@ class _LoadMessage(BaseModel):
 _bad_load_warned: set[str] = set()
 
 
-def note_load(c: Controller, router: str, data: dict[str, Any]) -> bool:
+def note_load(c: LoadParts, router: str, data: dict[str, Any]) -> bool:
     """Keep router `router`'s load report (replacing its last); a malformed one is dropped, said once."""
     try:
         msg = _LoadMessage.model_validate(data)
@@ -422,8 +448,8 @@ def note_load(c: Controller, router: str, data: dict[str, Any]) -> bool:
         )
         for rid, r in msg.replicas.items()
     }
-    previous = c.worker_state.loads.get(router)
-    c.worker_state.loads[router] = RouterLoad(now, models, replicas)
+    previous = c.fleet.worker_state.loads.get(router)
+    c.fleet.worker_state.loads[router] = RouterLoad(now, models, replicas)
     if _load_moved(previous, models):
         c.notify("load report")
     return True
@@ -443,7 +469,7 @@ def _load_moved(previous: RouterLoad | None, models: dict[str, Demand]) -> bool:
     return False
 
 
-def note_usage(c: Controller, models: Any) -> int:
+def note_usage(c: LoadParts, models: Any) -> int:
     """Models used (a list of names, or a map of name -> count); returns how many were known."""
     d = c.desired
     names = list(models) if isinstance(models, list | dict) else []
@@ -451,20 +477,20 @@ def note_usage(c: Controller, models: Any) -> int:
     for name in names:
         view = d.resolve(str(name)) if d else None
         if view is not None:
-            c.worker_state.model(view.name).used_at = c.wall()
+            c.fleet.worker_state.model(view.name).used_at = c.wall()
             known += 1
     return known
 
 
-def note_demand(c: Controller, name: str) -> str | None:
+def note_demand(c: LoadParts, name: str) -> str | None:
     """A router wants an on-demand model loaded; returns the model's name, or None when unknown."""
     d = c.desired
     view = d.resolve(name) if d else None
     if view is None:
         return None
-    record = c.worker_state.model(view.name)
+    record = c.fleet.worker_state.model(view.name)
     first = record.demand_at is None
     record.demand_at = c.wall()
-    if first or not any(r.model == view.name for r in c.replicas.values()):
+    if first or not any(r.model == view.name for r in c.fleet.replicas.values()):
         c.notify(f"demand for {view.name}")
     return view.name

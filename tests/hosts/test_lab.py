@@ -86,12 +86,14 @@ def test_the_lab_leaves_no_namespace(lab: HostLab) -> None:
 
 def test_a_dead_runs_lab_is_swept_with_its_processes(tmp_path: Path) -> None:
     """A lab whose pytest process is gone (killed before its teardown): the sweep kills its hosts' processes
-    and deletes its namespaces; a live process's lab is left alone."""
+    and deletes its namespaces; a live process's lab is left alone.
+
+    Every worker sweeps when its first host test starts, so another worker may sweep this dead lab first: the
+    owner dies only once the lab is built, and what is checked is that the lab is gone, whoever swept it."""
     if os.geteuid() != 0:
         pytest.skip("the host lab makes network namespaces: run tests/hosts as root")
-    dead = subprocess.Popen(["true"])
-    dead.wait()  # its pid now names no process (reused only after the kernel wraps round)
-    lab = Lab(worker_name(), owner=dead.pid).open()
+    owner = subprocess.Popen(["sleep", "600"])  # the run that dies: alive while its lab is built
+    lab = Lab(worker_name(), owner=owner.pid).open()
     try:
         ns = lab.add_host("a")
         host = Host("a", ns, lab.addresses["a"], tmp_path / "a").boot()
@@ -99,12 +101,17 @@ def test_a_dead_runs_lab_is_swept_with_its_processes(tmp_path: Path) -> None:
         init = host.init_pid
         alive = Lab(worker_name()).open()  # this process's: kept
         try:
+            owner.kill()
+            owner.wait()  # its pid now names no process (reused only after the kernel wraps round)
             swept = sweep_stale()
-            assert set(swept) == {lab.switch, ns}
+            assert not {lab.switch, ns} & set(namespaces()), swept
+            assert not set(swept) & set(namespaces())
             wait_until(lambda: not pid_alive(init), 10, "the dead run's host init killed")
             assert alive.switch in namespaces()
         finally:
             alive.close()
         host.init.wait(10)
     finally:
+        owner.kill()
+        owner.wait()
         lab.close()

@@ -4,7 +4,7 @@ they make, and a failed call as one clear line on stderr and exit status 1."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
@@ -18,6 +18,7 @@ from llmgw.cli.admin_client import (
     plaintext_warning,
     resolve_token,
 )
+from llmgw.cli.output import fail
 
 __all__ = [
     "ControllerOpt",
@@ -46,8 +47,3 @@ def controller_client(controller_url: str | None, token_file: Path | None) -> Ad
     if warning is not None:
         output.console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
     return client
-
-
-def fail(message: str) -> NoReturn:
-    output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(1)

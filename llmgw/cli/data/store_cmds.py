@@ -26,7 +26,7 @@ import urllib.parse
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
@@ -106,7 +106,7 @@ def _controller(controller: str | None, token_file: Path | None) -> admin_client
         )
         client = admin_client.AdminClient(controller or admin_client.DEFAULT_CONTROLLER, token)
     except admin_client.AdminError as exc:
-        _fail(f"{exc} (keys are made through the controller; --store DSN opens a store directly)")
+        output.fail(f"{exc} (keys are made through the controller; --store DSN opens a store directly)")
     warning = admin_client.plaintext_warning(client.url)
     if warning is not None:
         output.console(stderr=True).print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
@@ -126,7 +126,7 @@ def _api(
         hint = ""
         if exc.status is None:
             hint = " (keys are made through the controller's admin API; --store DSN opens a store directly)"
-        _fail(f"{exc}{hint}")
+        output.fail(f"{exc}{hint}")
 
 
 def _api_key(view: KeyView) -> ApiKey:
@@ -159,7 +159,7 @@ def _run(where: StoreWhere, action: Callable[[Store], Awaitable[T]], *, announce
     try:
         return asyncio.run(go())
     except StoreError as exc:
-        _fail(f"{exc} (store chosen by {found.source})")
+        output.fail(f"{exc} (store chosen by {found.source})")
 
 
 async def _audit_direct(store: Store, action: str, obj: str, outcome: AuditOutcome, reason: str = "") -> None:
@@ -176,11 +176,6 @@ async def _audit_direct(store: Store, action: str, obj: str, outcome: AuditOutco
         output.console(stderr=True).print(
             f"[yellow]warning:[/yellow] {action} done, not audited: {exc}", highlight=False
         )
-
-
-def _fail(message: str) -> NoReturn:
-    output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(1)
 
 
 def _when(ts: float | None) -> str:
@@ -217,7 +212,7 @@ def keys_create(
     try:
         expires_in = parse_duration(expires, bare_seconds=False, positive=True) if expires else None
     except ValueError as exc:
-        _fail(f"--expires: {exc}")
+        output.fail(f"--expires: {exc}")
     if store is None:
         body = {"project": project, "name": name, "expires_in_s": expires_in}
         made = _api(_controller(controller, token_file), "POST", "/api/v1/keys", body, KeyCreated)
@@ -305,7 +300,7 @@ def keys_revoke(
             return done
 
         if not _run(StoreWhere(store, may_create=True), revoke, announce=False):
-            _fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
+            output.fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
     print(f"revoked {key_id}")
 
 
@@ -407,9 +402,9 @@ def _usage_tag(by: str) -> str | None:
     """The tag key `--by tag:KEY` names, None for the other groups; an unknown group fails."""
     tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
     if tag is None and by not in USAGE_GROUPS:
-        _fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}, or tag:KEY (e.g. --by tag:app)")
+        output.fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}, or tag:KEY (e.g. --by tag:app)")
     if tag is not None and not tag:
-        _fail("--by tag: names no tag key (e.g. --by tag:app)")
+        output.fail("--by tag: names no tag key (e.g. --by tag:app)")
     return tag
 
 
@@ -418,7 +413,7 @@ def _usage_start(since: str | None) -> float | None:
     try:
         return time.time() - parse_duration(since, bare_seconds=False, positive=True) if since else None
     except ValueError as exc:
-        _fail(f"--since: {exc}")
+        output.fail(f"--since: {exc}")
 
 
 def _usage_rows(

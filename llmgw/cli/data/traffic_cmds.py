@@ -18,8 +18,9 @@ import typer
 
 from llmgw.adapters.traffic import ImportResult, export_lines, import_trace
 from llmgw.cli import output
-from llmgw.cli.data.store_cmds import ControllerConfigOpt, StoreOpt, _fail, _run
+from llmgw.cli.data.store_cmds import ControllerConfigOpt, StoreOpt, _run
 from llmgw.cli.data.store_find import StoreWhere
+from llmgw.cli.output import fail
 from llmgw.core.traffic.trace import TraceError, parse_trace
 from llmgw.core.words import parse_duration
 from llmgw.store import Store
@@ -44,7 +45,7 @@ def traffic_export(
     try:
         window = parse_duration(since, bare_seconds=False, positive=True)
     except ValueError as exc:
-        _fail(f"--since: {exc}")
+        fail(f"--since: {exc}")
     until = time.time()
     target = out.open("w", encoding="utf-8") if out is not None else sys.stdout
 
@@ -88,14 +89,14 @@ def traffic_import(
     try:
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}")
+        fail(f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}")
     try:
         trace = parse_trace(text.splitlines())
     except TraceError as exc:
-        _fail(f"{file}: {exc}")
+        fail(f"{file}: {exc}")
     name = source or file.name
     if not name.strip():
-        _fail("--source: the rows need a non-empty name")
+        fail("--source: the rows need a non-empty name")
     digest = hashlib.sha256(text.encode()).hexdigest()
     if ends_now:
         trace = replace(trace, header=replace(trace.header, start=time.time() - trace.header.duration_s))

@@ -13,7 +13,7 @@ import os
 import re
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, cast
+from typing import TYPE_CHECKING, Annotated, Any, Literal, cast
 
 import typer
 from ruamel.yaml import YAML
@@ -46,11 +46,6 @@ def register(app: typer.Typer) -> None:
     app.command("engine-check")(engine_check)
 
 
-def _fail(message: str) -> NoReturn:
-    output.console(stderr=True).print(f"[red]error:[/red] {message}", highlight=False)
-    raise typer.Exit(1)
-
-
 # ---------------------------------------------------------------------------------------------- node add
 
 
@@ -66,7 +61,7 @@ def _labels(items: list[str]) -> dict[str, str]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            _fail(f"--label {item!r}: write KEY=VALUE")
+            output.fail(f"--label {item!r}: write KEY=VALUE")
         labels[key] = value
     return labels
 
@@ -127,23 +122,23 @@ def node_add(
 ) -> None:
     """Write nodes/NAME.yaml into the cluster repo for review; never overwrites."""
     if not re.fullmatch(NAME_PATTERN, name):
-        _fail(f"node name {name!r}: use lower-case letters, digits, '.', '_' and '-' (at most 63)")
+        output.fail(f"node name {name!r}: use lower-case letters, digits, '.', '_' and '-' (at most 63)")
     if not repo.is_dir():
-        _fail(f"--repo {repo}: not a directory")
+        output.fail(f"--repo {repo}: not a directory")
     path = repo / "nodes" / f"{name}.yaml"
     if path.exists():
-        _fail(f"{path} exists; edit it instead (node add never overwrites)")
+        output.fail(f"{path} exists; edit it instead (node add never overwrites)")
     loaded = load_repo(repo)
     if any(d.kind == "Node" and d.name == name for d in loaded.documents):
         other = next(d.file for d in loaded.documents if d.kind == "Node" and d.name == name)
-        _fail(f"a Node named {name} is already declared in {other}")
+        output.fail(f"a Node named {name} is already declared in {other}")
     doc = added_node_document(
         name, address, user, port, identity_file, _labels(label or []), host_key, fabric
     )
     try:
         text = render_node(repo, doc)
     except ValueError as exc:
-        _fail(f"the node would not validate: {exc}")
+        output.fail(f"the node would not validate: {exc}")
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("x", encoding="utf-8") as fh:  # "x": a file appearing meanwhile is not overwritten
         fh.write(text)
@@ -157,11 +152,13 @@ def _load(repo: Path, name: str) -> tuple[Node, Cluster | None]:
     result = load_repo(repo)
     if not result.ok:
         first = result.errors[0].format_text() if result.errors else "invalid"
-        _fail(f"the cluster repo {repo} does not validate ({len(result.errors)} errors); first: {first}")
+        output.fail(
+            f"the cluster repo {repo} does not validate ({len(result.errors)} errors); first: {first}"
+        )
     node = next((d.document for d in result.documents if d.kind == "Node" and d.name == name), None)
     if not isinstance(node, Node):
         known = ", ".join(d.name for d in result.documents if d.kind == "Node") or "none"
-        _fail(f"no Node named {name} in {repo} (nodes: {known})")
+        output.fail(f"no Node named {name} in {repo} (nodes: {known})")
     cluster = next((d.document for d in result.documents if d.kind == "Cluster"), None)
     return node, cluster if isinstance(cluster, Cluster) else None
 
@@ -170,7 +167,7 @@ def _secret(ref: SecretRef, secrets: SecretPolicy) -> str:
     try:
         return resolve(ref, secrets)
     except SecretRefError as exc:
-        _fail(f"the agent token (spec.controller.token): {exc}")
+        output.fail(f"the agent token (spec.controller.token): {exc}")
 
 
 def _policy(secrets_dir: Path, env_prefix: str) -> SecretPolicy:
@@ -206,7 +203,7 @@ def node_router_cert(
         ca = ClusterCA.open(ca_dir, create=False)
         issued = ca.router_cert(name)
     except CAError as exc:
-        _fail(str(exc))
+        output.fail(str(exc))
     out.mkdir(parents=True, exist_ok=True, mode=0o700)
     for file, data, mode in (
         ("router.crt", issued.cert_pem, 0o644),
@@ -254,16 +251,16 @@ def _check_bootstrap_flags(auth: str, service: str, prefix: str) -> None:
     from llmgw.adapters.ssh.render import prefix_problem
 
     if auth not in ("tls", "token") or service not in ("auto", "systemd", "process"):
-        _fail("--auth takes tls or token; --service takes auto, systemd or process")
+        output.fail("--auth takes tls or token; --service takes auto, systemd or process")
     if problem := prefix_problem(prefix):
-        _fail(f"--prefix: {problem}")
+        output.fail(f"--prefix: {problem}")
 
 
 def _controller_token(auth: str, cluster: Cluster | None, secrets: SecretPolicy) -> str | None:
     """The Cluster's controller token, which `--auth token` needs (None: the Cluster gives none)."""
     settings = cluster.spec if cluster is not None else None
     if auth == "token" and (settings is None or settings.controller.token is None):
-        _fail("--auth token needs spec.controller.token in the Cluster document")
+        output.fail("--auth token needs spec.controller.token in the Cluster document")
     if settings is not None and settings.controller.token is not None:
         # Written beside the certificate too: the controller's hub asks agents for both.
         return _secret(settings.controller.token, secrets)
@@ -283,7 +280,7 @@ def _target_and_wheels(
         )
         house = wheels.load(wheelhouse) if wheelhouse else wheels.build(DEFAULT_STATE / "wheelhouse")
     except (StepFailed, wheels.WheelhouseError) as exc:
-        _fail(str(exc))
+        output.fail(str(exc))
     return target, house
 
 
@@ -358,7 +355,7 @@ def _registration_check(
         # The repo's controller.address only for a local controller's own token (L5, admin_client).
         client = AdminClient(choose_controller(controller, address, admin_token), admin_token)
     except AdminError as exc:
-        _fail(f"{exc} (or pass --no-wait)")
+        output.fail(f"{exc} (or pass --no-wait)")
 
     async def registered(node_name: str, since: float) -> bool:
         try:
@@ -400,7 +397,7 @@ def engine_check(
     from llmgw.adapters.ssh.render import Layout, prefix_problem
 
     if problem := prefix_problem(prefix):
-        _fail(f"--prefix: {problem}")
+        output.fail(f"--prefix: {problem}")
     node, cluster = _load(repo, node_name)
     engines = {str(k): v for k, v in cluster.spec.engines.items()} if cluster is not None else {}
     try:
@@ -416,7 +413,7 @@ def engine_check(
             )
             result = asyncio.run(check_remote(target, engine, engines, Layout(prefix=prefix)))
     except StepFailed as exc:
-        _fail(str(exc))
+        output.fail(str(exc))
     typer.echo(f"$ {result.command}   # on {node_name}")
     typer.echo(result.output)
     if not result.ok:

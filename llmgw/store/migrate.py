@@ -2,6 +2,10 @@
 
 Running them is idempotent, so every process calls `migrate` at start-up; a store written by a newer
 llmgw (a version we do not know) is refused rather than half-understood.
+
+Most are written once for both stores (`NNNN_name.sql`). What only one dialect has (SQLite's FTS5 virtual
+tables and triggers, PostgreSQL's generated tsvector columns) comes as a pair under one number,
+`NNNN_name.sqlite.sql` and `NNNN_name.postgres.sql`: each store applies its own, so both end at the same version.
 """
 
 from __future__ import annotations
@@ -11,10 +15,10 @@ import time
 from dataclasses import dataclass
 from importlib import resources
 
-from llmgw.store.db import Backend
+from llmgw.store.db import Backend, Dialect
 from llmgw.store.errors import StoreError
 
-_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)(?:\.(sqlite|postgres))?\.sql$")
 
 # Created here rather than in a migration because it records the migrations themselves. BIGINT, not INTEGER:
 # INTEGER is 64 bits in SQLite but 32 in PostgreSQL.
@@ -32,12 +36,38 @@ class Migration:
     version: int
     name: str
     statements: tuple[str, ...]
+    dialect: Dialect | None = None  # None: both stores run it
+
+
+_DIALECT_OF_SUFFIX: dict[str | None, Dialect | None] = {
+    None: None,
+    "sqlite": "sqlite",
+    "postgres": "postgres",
+}
+_BEGIN = re.compile(r"\bBEGIN\b", re.I)
+_END = re.compile(r"\bEND\s*$", re.I)
+
+
+def _body_open(statement: str) -> bool:
+    return bool(_BEGIN.search(statement)) and not _END.search(statement)
 
 
 def split_statements(sql: str) -> tuple[str, ...]:
-    """Statements of a migration file; `--` comment lines dropped, split on `;` (none occur inside strings)."""
+    """Statements of a migration file; `--` comment lines dropped, split on `;` (none occur inside strings),
+    except inside a trigger's `BEGIN ... END` body, whose own statements end with `;` too."""
     lines = [line for line in sql.splitlines() if not line.lstrip().startswith("--")]
-    return tuple(s.strip() for s in "\n".join(lines).split(";") if s.strip())
+    out: list[str] = []
+    pending = ""
+    for piece in "\n".join(lines).split(";"):
+        pending = f"{pending};{piece}" if pending else piece
+        if _body_open(pending.strip()):
+            continue  # a trigger body not closed yet: its `;` was one of its statements
+        if pending.strip():
+            out.append(pending.strip())
+        pending = ""
+    if pending.strip():
+        raise StoreError(f"a trigger body is never closed with END: {pending.strip()[:80]!r}")
+    return tuple(out)
 
 
 def load_migrations() -> list[Migration]:
@@ -46,14 +76,24 @@ def load_migrations() -> list[Migration]:
         match = _NAME.match(entry.name)
         if match is None:
             continue
-        found.append(
-            Migration(int(match.group(1)), match.group(2), split_statements(entry.read_text("utf-8")))
-        )
-    found.sort(key=lambda m: m.version)
-    versions = [m.version for m in found]
-    if len(set(versions)) != len(versions):
-        raise StoreError(f"two migrations share a number: {versions}")
+        statements = split_statements(entry.read_text("utf-8"))
+        dialect = _DIALECT_OF_SUFFIX[match.group(3)]
+        found.append(Migration(int(match.group(1)), match.group(2), statements, dialect))
+    found.sort(key=lambda m: (m.version, m.dialect or ""))
+    check_pairs(found)
     return found
+
+
+def check_pairs(migrations: list[Migration]) -> None:
+    """Each store sees every number once, and a migration for one dialect has its twin for the other."""
+    for dialect in ("sqlite", "postgres"):
+        versions = [m.version for m in migrations if m.dialect in (None, dialect)]
+        if len(set(versions)) != len(versions):
+            raise StoreError(f"two migrations share a number on {dialect}: {versions}")
+    for version in sorted({m.version for m in migrations if m.dialect}):
+        dialects = sorted(str(m.dialect) for m in migrations if m.version == version)
+        if dialects != ["postgres", "sqlite"]:
+            raise StoreError(f"migration {version:04d} is written for {dialects} only: write both")
 
 
 async def current_version(db: Backend) -> int:
@@ -65,7 +105,11 @@ async def current_version(db: Backend) -> int:
 
 async def migrate(db: Backend, migrations: list[Migration] | None = None) -> list[int]:
     """Apply every migration not yet applied, each in its own transaction; returns the versions applied."""
-    todo = load_migrations() if migrations is None else migrations
+    todo = [
+        m
+        for m in (load_migrations() if migrations is None else migrations)
+        if m.dialect in (None, db.dialect)
+    ]
     have = await current_version(db)
     known = max((m.version for m in todo), default=0)
     if have > known:

@@ -128,6 +128,10 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "model_checks": ("model", "engine", "engine_version", "verdict", "at"),
     "canary_runs": ("model", "run", "stable", "updated_at"),
     "commit_status_outbox": ("id", "seq", "sha", "state", "context", "description", "target_url"),
+    "chat_threads": ("id", "person", "title", "model", "created_at", "updated_at"),
+    "chat_messages": ("thread_id", "seq", "role", "content", "created_at"),
+    # Not `search` (PostgreSQL's generated tsvector) nor SQLite's FTS5 rows: each store derives its own index.
+    "notes": ("id", "person", "title", "body", "created_at", "updated_at"),
 }
 _ORDER = {
     "limit_counters": "limit_key, window_start",
@@ -137,6 +141,7 @@ _ORDER = {
     "usage_minutes": "minute, model, project, source",
     "content": "kind, project, id",
     "model_checks": "model, engine, engine_version",
+    "chat_messages": "thread_id, seq",
 }
 PAGE = 1000
 

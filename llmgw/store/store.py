@@ -17,9 +17,11 @@ from llmgw.store.migrate import current_version, migrate
 from llmgw.store.queries.capacity import CapacityQueries
 from llmgw.store.queries.content import ContentQueries
 from llmgw.store.queries.intent import IntentQueries
+from llmgw.store.queries.notes import NotesQueries
 from llmgw.store.queries.oplog import OpLogQueries
 from llmgw.store.queries.pools import PoolQueries
 from llmgw.store.queries.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS, RequestQueries, usage_record
+from llmgw.store.queries.threads import ThreadQueries
 from llmgw.store.queries.traffic import TrafficQueries
 from llmgw.store.records import (
     USAGE_GROUPS,
@@ -61,6 +63,9 @@ TABLES: tuple[str, ...] = (
     "model_checks",
     "canary_runs",
     "commit_status_outbox",
+    "chat_threads",
+    "chat_messages",
+    "notes",
 )
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
@@ -101,7 +106,15 @@ def _last_use_updates(records: Sequence[UsageRecord]) -> list[tuple[str, list[An
 
 
 class Store(
-    OpLogQueries, CapacityQueries, RequestQueries, TrafficQueries, ContentQueries, IntentQueries, PoolQueries
+    OpLogQueries,
+    CapacityQueries,
+    RequestQueries,
+    TrafficQueries,
+    ContentQueries,
+    IntentQueries,
+    PoolQueries,
+    ThreadQueries,
+    NotesQueries,
 ):
     """Typed access to the llmgw database. Open with `await Store.open(dsn)`; close with `await close()`."""
 

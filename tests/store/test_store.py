@@ -20,7 +20,7 @@ from llmgw.store import (
     UsageRecord,
     parse_dsn,
 )
-from llmgw.store.migrate import load_migrations, migrate
+from llmgw.store.migrate import check_pairs, load_migrations, migrate, split_statements
 
 from .orphans import delete_key_behind_the_foreign_key
 
@@ -39,6 +39,21 @@ async def test_store_from_the_future_is_refused(store: Store) -> None:
         await tx.execute("INSERT INTO schema_version (version, name, applied_at) VALUES (9999, 'future', 0)")
     with pytest.raises(StoreError, match="newer than this llmgw knows"):
         await store.migrate()
+
+
+def test_a_dialect_migration_comes_in_pairs_and_keeps_trigger_bodies_whole() -> None:
+    """`NNNN_x.sqlite.sql` needs its `NNNN_x.postgres.sql`; a trigger's `;`-ended body stays one statement."""
+    statements = split_statements(
+        "CREATE TABLE t (a TEXT);\nCREATE TRIGGER g AFTER INSERT ON t BEGIN\n  INSERT INTO u VALUES (1);\n"
+        "  INSERT INTO u VALUES (2);\nEND;\nSELECT 1;"
+    )
+    assert [s.split()[1] for s in statements] == ["TABLE", "TRIGGER", "1"]
+    assert statements[1].endswith("INSERT INTO u VALUES (2);\nEND")
+    with pytest.raises(StoreError, match="never closed with END"):
+        split_statements("CREATE TRIGGER g AFTER INSERT ON t BEGIN INSERT INTO u VALUES (1);")
+    sqlite_only = [m for m in load_migrations() if m.dialect != "postgres"]
+    with pytest.raises(StoreError, match="written for \\['sqlite'\\] only"):
+        check_pairs(sqlite_only)
 
 
 def test_move_order_respects_foreign_keys() -> None:

@@ -20,6 +20,7 @@ from llmgw.core.config.models import (
     GuardrailSpec,
     MetricMapping,
     OrganizationSpec,
+    PersonSpec,
     Prices,
     ProjectSpec,
     RouterSettings,
@@ -137,6 +138,10 @@ class Tenants(_Wire):
     organizations: dict[str, OrganizationSpec] = Field(default_factory=dict)
     teams: dict[str, TeamSpec] = Field(default_factory=dict)
     projects: dict[str, ProjectSpec] = Field(default_factory=dict)
+    people: dict[str, PersonSpec] = Field(
+        default_factory=dict,
+        description="The repo's Person documents: memberships and limits (docs/tenancy.md)",
+    )
 
 
 class PublishedGuard(_Wire):

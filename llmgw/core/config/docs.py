@@ -27,7 +27,7 @@ as `.github/`, are skipped). A file holds one or more documents separated by `--
 
 ```yaml
 apiVersion: llmgw/v1
-kind: Model            # Cluster, Node, Model, RoutingPolicy, Organization, Team, Project, Notification, Guardrail, Adapter or EvalSuite
+kind: Model            # Cluster, Node, Model, RoutingPolicy, Organization, Team, Project, Person, Notification, Guardrail, Adapter or EvalSuite
 metadata:
   name: gemma-3-270m   # unique within its kind (models: unique across names and aliases)
   labels: {}           # optional

@@ -58,6 +58,11 @@ from llmgw.core.config.specs.notification_spec import (
     NotificationRetry as NotificationRetry,
     NotificationSpec as NotificationSpec,
 )
+from llmgw.core.config.specs.person_spec import (
+    MembershipSpec as MembershipSpec,
+    PersonLimits as PersonLimits,
+    PersonSpec as PersonSpec,
+)
 from llmgw.core.config.specs.plan_spec import (
     PlanSettings as PlanSettings,
     SimulateSettings as SimulateSettings,
@@ -343,11 +348,18 @@ GPU_QUOTA_DESCRIPTION = (
 )
 
 
+PER_MEMBER_DESCRIPTION = (
+    "Each person's own share here: every person's requests through this scope are held to these limits "
+    "apart from everyone else's (unset: no share per member)"
+)
+
+
 class OrganizationSpec(Strict):
     """Allowed models and limits of the organization."""
 
     models: list[str] | None = Field(None, description="Allowed models: names, aliases or globs (unset: all)")
     limits: Limits = Field(default_factory=Limits)
+    per_member: PersonLimits | None = Field(None, description=PER_MEMBER_DESCRIPTION)
     gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
 
 
@@ -357,6 +369,7 @@ class TeamSpec(Strict):
     organization: Name = Field(description="Organization this team belongs to")
     models: list[str] | None = Field(None, description="Allowed models (unset: as the organization)")
     limits: Limits = Field(default_factory=Limits)
+    per_member: PersonLimits | None = Field(None, description=PER_MEMBER_DESCRIPTION)
     gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
 
 
@@ -371,6 +384,7 @@ class ProjectSpec(Strict):
     organization: Name | None = Field(None, description="Organization, for a project directly under one")
     models: list[str] | None = Field(None, description="Allowed models (unset: as its team)")
     limits: Limits = Field(default_factory=Limits)
+    per_member: PersonLimits | None = Field(None, description=PER_MEMBER_DESCRIPTION)
     priority: int = Field(
         0,
         ge=-1000,
@@ -464,6 +478,13 @@ class Project(_Document):
     spec: ProjectSpec
 
 
+class Person(_Document):
+    """A person: their email and the organizations, teams and projects they belong to. Never a credential."""
+
+    kind: Literal["Person"]
+    spec: PersonSpec
+
+
 class Adapter(_Document):
     """A LoRA adapter on a base model, asked for by its own name (docs/lora.md)."""
 
@@ -500,6 +521,7 @@ Document = Annotated[
     | Organization
     | Team
     | Project
+    | Person
     | Notification
     | Guardrail
     | Adapter
@@ -514,6 +536,7 @@ DOCUMENT_KINDS: dict[str, type[_Document]] = {
     "Organization": Organization,
     "Team": Team,
     "Project": Project,
+    "Person": Person,
     "Notification": Notification,
     "Guardrail": Guardrail,
     "Adapter": Adapter,

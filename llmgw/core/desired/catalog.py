@@ -38,6 +38,9 @@ from llmgw.core.config.models import (
     NotificationSpec,
     Organization,
     OrganizationSpec,
+    Person,
+    PersonLimits,
+    PersonSpec,
     Profile,
     Project,
     ProjectSpec,
@@ -157,6 +160,7 @@ class TenantEntry:
     gpu_quota: Mapping[str, int] = field(default_factory=dict)  # GPU class -> most GPUs (Team, Organization)
     retention: ContentRetention | None = None  # a Project's content retention; None: keeps no content
     response_cache: ResponseCacheSpec | None = None  # a Project's, published to routers as written
+    per_member: PersonLimits | None = None  # each member's own share here (docs/tenancy.md, People)
 
 
 _DEFAULT_POLICY = RoutingPolicySpec()
@@ -179,6 +183,7 @@ class Catalog:
     guardrails: Mapping[str, GuardrailSpec] = field(default_factory=lambda: MappingProxyType({}))
     adapters: Mapping[str, AdapterSpec] = field(default_factory=lambda: MappingProxyType({}))  # docs/lora.md
     eval_suites: Mapping[str, EvalSuiteSpec] = field(default_factory=lambda: MappingProxyType({}))
+    people: Mapping[str, PersonSpec] = field(default_factory=lambda: MappingProxyType({}))  # Person documents
     _key: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -208,6 +213,7 @@ class Catalog:
         notifications = {d.metadata.name: d.spec for d in documents if isinstance(d, Notification)}
         guardrails = {d.metadata.name: d.spec for d in documents if isinstance(d, Guardrail)}
         suites = {d.metadata.name: d.spec for d in documents if isinstance(d, EvalSuite)}
+        people = {d.metadata.name: d.spec for d in documents if isinstance(d, Person)}
         # Kinds made into entries.
         models: dict[str, ModelEntry] = {}
         aliases: dict[str, str] = {}
@@ -243,6 +249,7 @@ class Catalog:
             guardrails=MappingProxyType(guardrails),
             adapters=MappingProxyType(adapters),
             eval_suites=MappingProxyType(suites),
+            people=MappingProxyType(people),
             _key=_BUILD_KEY,
         )
 
@@ -329,11 +336,16 @@ class Catalog:
     def _tenants(self) -> Tenants:
         return Tenants(
             organizations={
-                n: OrganizationSpec(models=_listed(t.models), limits=t.limits)
+                n: OrganizationSpec(models=_listed(t.models), limits=t.limits, per_member=t.per_member)
                 for n, t in self.organizations.items()
             },
             teams={
-                n: TeamSpec(organization=t.parent or "", models=_listed(t.models), limits=t.limits)
+                n: TeamSpec(
+                    organization=t.parent or "",
+                    models=_listed(t.models),
+                    limits=t.limits,
+                    per_member=t.per_member,
+                )
                 for n, t in self.teams.items()
             },
             projects={
@@ -344,9 +356,11 @@ class Catalog:
                     limits=self.project_limits(n),
                     retention=t.retention,
                     response_cache=t.response_cache,
+                    per_member=t.per_member,
                 )
                 for n, t in self.projects.items()
             },
+            people=dict(self.people),
         )
 
     def allowed(self, project: str, model_name: str) -> bool:
@@ -448,4 +462,5 @@ def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Te
         quota,
         retention,
         cache,
+        doc.spec.per_member,
     )

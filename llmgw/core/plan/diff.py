@@ -28,6 +28,7 @@ from llmgw.core.config.models import (
     ModelSpec,
     NodeSpec,
     OrganizationSpec,
+    PersonSpec,
     ProjectSpec,
     RoutingPolicySpec,
     SecretRef,
@@ -404,6 +405,7 @@ _SPECS: dict[str, type[BaseModel]] = {
     "Team": TeamSpec,
     "Project": ProjectSpec,
     "Guardrail": GuardrailSpec,
+    "Person": PersonSpec,
 }
 
 
@@ -435,10 +437,16 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
             models = list(t.models) if t.models is not None else None
             spec: BaseModel
             if t.kind == "Organization":
-                spec = OrganizationSpec(models=models, limits=t.limits, gpu_quota=dict(t.gpu_quota))
+                spec = OrganizationSpec(
+                    models=models, limits=t.limits, per_member=t.per_member, gpu_quota=dict(t.gpu_quota)
+                )
             elif t.kind == "Team":
                 spec = TeamSpec(
-                    organization=t.parent or "", models=models, limits=t.limits, gpu_quota=dict(t.gpu_quota)
+                    organization=t.parent or "",
+                    models=models,
+                    limits=t.limits,
+                    per_member=t.per_member,
+                    gpu_quota=dict(t.gpu_quota),
                 )
             else:
                 team = t.parent if t.parent_kind == "Team" else None
@@ -448,6 +456,7 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
                     organization=org,
                     models=models,
                     limits=t.limits,
+                    per_member=t.per_member,
                     response_cache=t.response_cache,
                 )
             put(t.kind, name, spec, t.labels)
@@ -455,6 +464,8 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
         put("Guardrail", name, guardrail, {})
     for name, adapter in catalog.adapters.items():
         put("Adapter", name, adapter, {})
+    for name, person in catalog.people.items():  # a membership removed is access taken away: reviewed
+        put("Person", name, person, {})
     return dict(sorted(out.items()))
 
 

@@ -16,6 +16,7 @@ from llmgw.core.config.checks.capacity_checks import check_capacity
 from llmgw.core.config.checks.checker import Checker, Document as Document
 from llmgw.core.config.checks.eval_checks import check_evals
 from llmgw.core.config.checks.guardrail_checks import check_guardrails
+from llmgw.core.config.checks.person_checks import check_people
 from llmgw.core.config.checks.reach_checks import (
     addresses,
     cluster_secrets_stay_home,
@@ -74,6 +75,7 @@ def check(
     check_guardrails(documents, checker.add)
     check_adapters(documents, checker.add)
     check_evals(documents, checker.add)
+    check_people(documents, checker.add)
     for index, doc in enumerate(documents):
         secret_refs(checker, index, doc, ())
     cluster_secrets_stay_home(checker)

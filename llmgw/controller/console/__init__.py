@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.controller.console import chat, pages
+from llmgw.controller.console import chat, pages, threads
 from llmgw.controller.console.web import (
     CONSOLE,
     CONSOLE_PARTS,
@@ -40,6 +40,11 @@ PAGES: tuple[tuple[str, str, Handler, Access], ...] = (
     ("GET", "/ui/chat", chat.page, "any"),
     ("POST", "/ui/chat/send", chat.send, "any"),
     ("GET", "/ui/chat/decision/{request_id}", chat.decision, "any"),
+    ("GET", "/ui/chat/threads", threads.threads_page, "person"),
+    ("POST", "/ui/chat/threads/{thread_id}/delete", threads.delete_thread, "person"),
+    ("GET", "/ui/notes", threads.notes_page, "person"),
+    ("POST", "/ui/notes", threads.save_note, "person"),
+    ("POST", "/ui/notes/{note_id}/delete", threads.delete_note, "person"),
     ("POST", "/ui/logout", logout, "any"),
 )
 

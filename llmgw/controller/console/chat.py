@@ -5,6 +5,10 @@ the router with the session's project key (a tenant) or the key typed into the f
 token is not an API key, and the router would rightly refuse it), under a request id it made, and passes the
 router's event stream back unchanged. The decision (endpoint, time to first token, tokens, cost) is then read
 from the usage row the router writes, the same row `llmgw request ID` shows.
+
+A signed-in person's exchanges are kept on a thread of theirs (llmgw.controller.console.threads): the request
+names one, or a new one is started and its id comes back in `x-llmgw-thread`; the answer is kept once it has
+streamed whole.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from llmgw.controller.console import threads
 from llmgw.controller.console.web import CONSOLE, controller, render, session_of
 from llmgw.core import jsonsafe
 from llmgw.store import StoreError
 from llmgw.store.queries.request_queries import record_view
 
 MAX_MESSAGES = 100
+KEEP_STREAM_BYTES = 4 * 1024 * 1024  # of a person's answer stream, kept to take the answer's text from
 CONNECT_S = 10.0
 
 
@@ -35,18 +41,29 @@ def allowed_models(request: web.Request) -> list[str]:
 
 async def page(request: web.Request) -> web.StreamResponse:
     router = request.app[CONSOLE].router_url
-    return render(request, "chat.html", models=allowed_models(request), router=router)
+    history = None
+    wanted = request.query.get("thread")
+    if wanted and session_of(request).kind == "person":
+        history = await threads.thread_history(request, wanted)
+        if history is None:
+            return render(
+                request, "error.html", 404, title="Not found", message=f"you have no thread {wanted}"
+            )
+    return render(request, "chat.html", models=allowed_models(request), router=router, history=history)
 
 
 def _bad(message: str, status: int = 400) -> web.Response:
     return web.json_response({"error": {"message": message}}, status=status)
 
 
-def _body(raw: Any, models: list[str]) -> tuple[str, list[dict[str, str]], str] | str:
-    """(model, messages, key typed) or what is wrong with the body."""
+def _body(raw: Any, models: list[str]) -> tuple[str, list[dict[str, str]], str, str] | str:
+    """(model, messages, key typed, thread id or '') or what is wrong with the body."""
     if not isinstance(raw, dict):
-        return 'body must be {"model": NAME, "messages": [{"role": ..., "content": ...}], "key": KEY?}'
+        return 'body must be {"model": NAME, "messages": [{"role": ..., "content": ...}], "key": KEY?, "thread": ID?}'
     model, messages, key = raw.get("model"), raw.get("messages"), raw.get("key") or ""
+    thread = raw.get("thread") or ""
+    if not isinstance(thread, str):
+        return "thread must be a thread id (a string)"
     if not isinstance(model, str) or model not in models:
         return f"model {model!r} is not one this login may use ({', '.join(models) or 'none'})"
     if not isinstance(messages, list) or not 0 < len(messages) <= MAX_MESSAGES:
@@ -60,7 +77,7 @@ def _body(raw: Any, models: list[str]) -> tuple[str, list[dict[str, str]], str] 
         clean.append({"role": m["role"], "content": m["content"]})
     if not isinstance(key, str):
         return "key must be a string"
-    return model, clean, key.strip()
+    return model, clean, key.strip(), thread
 
 
 async def send(request: web.Request) -> web.StreamResponse:
@@ -73,10 +90,19 @@ async def send(request: web.Request) -> web.StreamResponse:
         parsed = "body must be JSON"
     if isinstance(parsed, str):
         return _bad(parsed)
-    model, messages, typed = parsed
-    key = session_of(request).key or typed
+    model, messages, typed, wanted_thread = parsed
+    session = session_of(request)
+    key = session.key or typed
     if not key:
-        return _bad("an admin login chats with a project's API key: paste one into the key field")
+        return _bad(
+            "chatting as an admin or a person takes a project's API key: paste one into the key field"
+        )
+    thread_id = None
+    if session.kind == "person":
+        asked = messages[-1]["content"]
+        thread_id = await threads.thread_for(request, wanted_thread or None, model, asked)
+        if thread_id is None:
+            return _bad(f"you have no thread {wanted_thread} (deleted, or older than its retention)", 404)
     request_id = "console-" + secrets.token_hex(12)
     headers = {"Authorization": f"Bearer {key}", "x-request-id": request_id, "x-llmgw-tags": "via=console"}
     payload = {
@@ -98,13 +124,19 @@ async def send(request: web.Request) -> web.StreamResponse:
                 return web.Response(
                     body=await upstream.read(), status=upstream.status, content_type="application/json"
                 )
-            response = web.StreamResponse(
-                headers={"Content-Type": "text/event-stream", "x-request-id": request_id}
-            )
+            headers = {"Content-Type": "text/event-stream", "x-request-id": request_id}
+            if thread_id is not None:
+                headers["x-llmgw-thread"] = thread_id
+            response = web.StreamResponse(headers=headers)
             await response.prepare(request)
+            kept = bytearray()
             async for chunk in upstream.content.iter_any():
                 await response.write(chunk)
+                if thread_id is not None and len(kept) < KEEP_STREAM_BYTES:
+                    kept += chunk
             await response.write_eof()
+            if thread_id is not None:
+                await threads.keep_exchange(request, thread_id, messages[-1]["content"], bytes(kept))
             return response
 
 

@@ -1,7 +1,8 @@
 """Console sessions: who is logged in, until when, and the CSRF token their forms carry.
 
-A session is made by presenting an admin token (the admin API's principals, with their scope) or a project's
-API key (a tenant: their project only). The browser holds only a random session id in an HttpOnly,
+A session is made by presenting an admin token (the admin API's principals, with their scope), a project's
+API key (a tenant: their project only), or by a person signing in as themselves (a password, or the Cluster's
+OpenID Connect provider: llmgw.controller.console.signin). The browser holds only a random session id in an HttpOnly,
 SameSite=Strict cookie; the token or key stays on the server, in this process's memory: a restart logs
 everyone out, which is the safe way round. One-time login links (`llmgw up` prints one) are single-use and
 short-lived.
@@ -17,7 +18,8 @@ from typing import Literal
 
 from llmgw.controller.parts.admin_tokens import AdminPrincipal, Scope, allows
 
-Kind = Literal["admin", "tenant"]
+Kind = Literal["admin", "tenant", "person"]
+Via = Literal["password", "oidc"]
 COOKIE = "llmgw_console"
 LOGIN_COOKIE = "llmgw_console_login"  # the login form's CSRF double-submit (no session exists yet)
 ONE_TIME_LINK_S = 600.0
@@ -26,6 +28,8 @@ MAX_SESSIONS = 10_000  # a login loop must not grow this process without bound
 # One admin token or one project key holds at most this many sessions: its own soonest-expiring one goes first,
 # so a login loop with one key pushes out only that key's sessions, never an admin's (L13).
 MAX_SESSIONS_PER_PRINCIPAL = 20
+# A person holds fewer: a browser or two each; a new sign-in beyond them ends their oldest session.
+MAX_SESSIONS_PER_PERSON = 5
 
 
 @dataclass
@@ -39,13 +43,27 @@ class Session:
     expires_at: float
     key: str | None = field(default=None, repr=False)  # a tenant's key, for the chat page (never sent back)
     key_checked_at: float = 0.0  # when a tenant's key was last found active in the store
+    person: PersonSignIn | None = None  # a person's: how they signed in, what the provider said of them
 
     def may(self, need: Scope) -> bool:
         return self.scope is not None and allows(self.scope, need)
 
     @property
     def who(self) -> str:
+        if self.kind == "person":
+            return f"{self.name} (person)"
         return f"{self.name} ({self.scope})" if self.kind == "admin" else f"project {self.project}"
+
+
+@dataclass
+class PersonSignIn:
+    """What a person's session knows besides their name: how they signed in and, through a provider, the
+    groups it last said they are in (asked again every `recheck_s`, with the access token it gave)."""
+
+    via: Via
+    groups: tuple[str, ...] = ()
+    groups_checked_at: float = 0.0
+    access_token: str | None = field(default=None, repr=False)
 
 
 @dataclass
@@ -62,6 +80,18 @@ class Sessions:
 
     def open_tenant(self, key_id: str, project: str, key: str) -> Session:
         return self._open("tenant", key_id, None, project, key)
+
+    def open_person(self, name: str, signed_in: PersonSignIn) -> Session:
+        session = self._open("person", name, None, None, None)
+        session.person = signed_in
+        return session
+
+    def close_person(self, name: str) -> int:
+        """End every session of the person (their password was reset, or they left): how many ended."""
+        ids = [sid for sid, s in self.by_id.items() if (s.kind, s.name) == ("person", name)]
+        for sid in ids:
+            del self.by_id[sid]
+        return len(ids)
 
     def _open(
         self, kind: Kind, name: str, scope: Scope | None, project: str | None, key: str | None
@@ -121,20 +151,22 @@ class Sessions:
 
 def evictions(sessions: list[Session], kind: Kind, name: str) -> list[str]:
     """The sessions to close before (`kind`, `name`) opens one more: its own soonest-expiring ones down to
-    MAX_SESSIONS_PER_PRINCIPAL - 1; then, at MAX_SESSIONS, one of the principal holding the most tenant sessions
-    (an admin's only when no tenant holds any). Pure: the caller deletes them."""
+    MAX_SESSIONS_PER_PRINCIPAL - 1 (a person's: MAX_SESSIONS_PER_PERSON - 1); then, at MAX_SESSIONS, one of the
+    principal holding the most tenant or person sessions (an admin's only when none holds any). Pure: the caller
+    deletes them."""
     mine = sorted((s for s in sessions if (s.kind, s.name) == (kind, name)), key=lambda s: s.expires_at)
-    out = [s.id for s in mine[: max(0, len(mine) - MAX_SESSIONS_PER_PRINCIPAL + 1)]]
+    cap = MAX_SESSIONS_PER_PERSON if kind == "person" else MAX_SESSIONS_PER_PRINCIPAL
+    out = [s.id for s in mine[: max(0, len(mine) - cap + 1)]]
     if len(sessions) - len(out) < MAX_SESSIONS:
         return out
     left = [s for s in sessions if s.id not in set(out)]
-    tenants = [s for s in left if s.kind == "tenant"]
+    tenants = [s for s in left if s.kind != "admin"]
     pool = tenants or left
-    counts: dict[str, int] = {}
+    counts: dict[tuple[Kind, str], int] = {}
     for s in pool:
-        counts[s.name] = counts.get(s.name, 0) + 1
+        counts[(s.kind, s.name)] = counts.get((s.kind, s.name), 0) + 1
     hog = max(counts, key=lambda n: counts[n])
-    out.append(min((s for s in pool if s.name == hog), key=lambda s: s.expires_at).id)
+    out.append(min((s for s in pool if (s.kind, s.name) == hog), key=lambda s: s.expires_at).id)
     return out
 
 

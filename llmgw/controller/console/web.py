@@ -40,8 +40,9 @@ from llmgw.store.store import Store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # plan: an admin token of any scope; admin: an admin-scope token; tenant: a tenant, or an admin-scope token
-# (usage says who used what, as the admin API's usage needs admin); any: anyone logged in.
-Access = Literal["plan", "admin", "tenant", "any"]
+# (usage says who used what, as the admin API's usage needs admin); person: a person signed in as themselves;
+# any: anyone logged in.
+Access = Literal["plan", "admin", "tenant", "person", "any"]
 SESSION: web.RequestKey[Session] = web.RequestKey("console_session", Session)
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -189,6 +190,8 @@ def _may(session: Session, access: Access) -> bool:
         return True
     if access == "tenant":
         return session.kind == "tenant" or session.may("admin")
+    if access == "person":
+        return session.kind == "person"
     return session.kind == "admin" and session.may(access)
 
 
@@ -197,6 +200,7 @@ def _need_words(access: Access) -> str:
         "plan": "an admin token (any scope)",
         "admin": "an admin token of scope admin",
         "tenant": "a project key, or an admin token of scope admin",
+        "person": "signing in as a person (your own threads and notes)",
         "any": "a login",
     }[access]
 

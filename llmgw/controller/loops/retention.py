@@ -1,5 +1,6 @@
 """The store kept bounded (issue 21): the leader prunes per-request usage rows into per-minute aggregates,
-old aggregates, expired content, and the content of projects that no longer keep any.
+old aggregates, expired content, the content of projects that no longer keep any, and people's chat threads
+older than the Cluster's `console.threads.retention` (issue 44).
 
 Each pass works in bounded batches (`retention_batch` rows a transaction) and yields to the event loop
 between them, so a large backlog (a first run on a store kept for a year) drains over several passes without
@@ -33,6 +34,7 @@ class PassResult:
     minutes_deleted: int = 0
     content_expired: int = 0
     content_withdrawn: int = 0
+    threads_pruned: int = 0
 
 
 def load_content_vault(c: FleetActor) -> ContentVault | None:
@@ -84,6 +86,9 @@ class Retention:
             if gone < s.retention_batch:
                 break
         result.content_withdrawn = await self._withdrawn()
+        if d is not None:  # without an applied revision the retention is not known: nothing is deleted
+            retention_s = parse_duration(d.cluster.console.threads.retention)
+            result.threads_pruned = await c.store.prune_threads(now - retention_s)
         return result
 
     async def _withdrawn(self) -> int:
@@ -120,7 +125,13 @@ class Retention:
                     self.last = await self.prune_once()
                     self.passes += 1
                     self._failing.recovered()
-                    if self.last.usage_rows or self.last.content_expired or self.last.content_withdrawn:
+                    last = self.last
+                    if (
+                        last.usage_rows
+                        or last.content_expired
+                        or last.content_withdrawn
+                        or last.threads_pruned
+                    ):
                         log.info("pruned %s", self.last)
                 except TransientError as exc:  # the store down: the next pass prunes the same rows
                     wait = retry_after(exc, default=wait, most=wait)

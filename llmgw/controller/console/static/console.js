@@ -71,6 +71,19 @@ function setupChat(form) {
   const log = document.getElementById("chat-log");
   const decision = document.getElementById("chat-decision");
   const history = [];
+  // A person's thread: the one the page was opened on (its messages shown again), or the one the first answer
+  // starts (its id comes back in x-llmgw-thread).
+  let thread = "";
+  const kept = document.getElementById("chat-thread");
+  if (kept) {
+    const seeded = JSON.parse(kept.textContent);
+    thread = seeded.id;
+    document.getElementById("chat-model").value = seeded.model;
+    for (const m of seeded.messages) {
+      history.push(m);
+      addLine(log, m.role, m.content).parentElement.dataset.done = "1";
+    }
+  }
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const input = document.getElementById("chat-input");
@@ -84,6 +97,7 @@ function setupChat(form) {
     out.parentElement.setAttribute("aria-busy", "true");
     const body = { model: document.getElementById("chat-model").value, messages: history };
     if (key) body.key = key.value;
+    if (thread) body.thread = thread;
     const response = await fetch("/ui/chat/send", {
       method: "POST",
       credentials: "same-origin",
@@ -104,6 +118,7 @@ function setupChat(form) {
       return;
     }
     const requestId = response.headers.get("x-request-id");
+    thread = response.headers.get("x-llmgw-thread") || thread;
     const text = await readStream(response, out);
     out.parentElement.removeAttribute("aria-busy");
     out.parentElement.dataset.done = "1";

@@ -14,6 +14,7 @@ from llmgw.core.config.base import (
     SecretRef,
     Strict,
 )
+from llmgw.core.config.specs.console_spec import ConsoleSettings
 from llmgw.core.config.specs.engine_spec import (
     EngineSettings,
 )
@@ -217,6 +218,10 @@ class ClusterSpec(Strict):
         "against them (`plan` uses the smallest card the fleet reports, these where none does)",
     )
     plan: PlanSettings = Field(default_factory=PlanSettings, description="What `llmgw plan` checks")
+    console: ConsoleSettings = Field(
+        default_factory=ConsoleSettings,
+        description="The web console: how people sign in, how long chats are kept",
+    )
     guardrails_enabled: bool = Field(
         True, description="false turns every Guardrail's checks off at once (an emergency switch; live)"
     )

@@ -128,6 +128,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "model_checks": ("model", "engine", "engine_version", "verdict", "at"),
     "canary_runs": ("model", "run", "stable", "updated_at"),
     "commit_status_outbox": ("id", "seq", "sha", "state", "context", "description", "target_url"),
+    "console_passwords": ("person", "hash", "set_at"),
     "chat_threads": ("id", "person", "title", "model", "created_at", "updated_at"),
     "chat_messages": ("thread_id", "seq", "role", "content", "created_at"),
     # Not `search` (PostgreSQL's generated tsvector) nor SQLite's FTS5 rows: each store derives its own index.

@@ -19,6 +19,7 @@ from llmgw.store.queries.content import ContentQueries
 from llmgw.store.queries.intent import IntentQueries
 from llmgw.store.queries.notes import NotesQueries
 from llmgw.store.queries.oplog import OpLogQueries
+from llmgw.store.queries.passwords import PasswordQueries
 from llmgw.store.queries.pools import PoolQueries
 from llmgw.store.queries.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS, RequestQueries, usage_record
 from llmgw.store.queries.threads import ThreadQueries
@@ -63,6 +64,7 @@ TABLES: tuple[str, ...] = (
     "model_checks",
     "canary_runs",
     "commit_status_outbox",
+    "console_passwords",
     "chat_threads",
     "chat_messages",
     "notes",
@@ -115,6 +117,7 @@ class Store(
     PoolQueries,
     ThreadQueries,
     NotesQueries,
+    PasswordQueries,
 ):
     """Typed access to the llmgw database. Open with `await Store.open(dsn)`; close with `await close()`."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.controller.console import chat, pages, threads
+from llmgw.controller.console import chat, pages, signin, threads
 from llmgw.controller.console.web import (
     CONSOLE,
     CONSOLE_PARTS,
@@ -37,6 +37,8 @@ PAGES: tuple[tuple[str, str, Handler, Access], ...] = (
     ("GET", "/ui/events", pages.events, "plan"),
     ("GET", "/ui/tenants", pages.tenants, "tenant"),
     ("POST", "/ui/keys/{key_id}/revoke", pages.revoke_key, "admin"),
+    ("GET", "/ui/people", signin.people_page, "admin"),
+    ("POST", "/ui/people/{person}/password-link", signin.issue_password_link, "admin"),
     ("GET", "/ui/chat", chat.page, "any"),
     ("POST", "/ui/chat/send", chat.send, "any"),
     ("GET", "/ui/chat/decision/{request_id}", chat.decision, "any"),
@@ -60,6 +62,10 @@ def add_routes(app: web.Application, parts: ConsoleParts) -> None:
     app.router.add_get("/ui/login", login_form)
     app.router.add_post("/ui/login", _plain(login))
     app.router.add_get("/ui/login/once/{nonce}", login_once)
+    app.router.add_post("/ui/login/person", _plain(signin.password_login))
+    app.router.add_get("/ui/password/{nonce}", _plain(signin.password_form))
+    app.router.add_post("/ui/password/{nonce}", _plain(signin.password_set))
+    app[CONSOLE].checks.append(signin.person_stays)
     app.router.add_get("/ui/static/{name}", static)
     for method, path, handler, access in PAGES:
         app.router.add_route(method, path, guarded(access, handler))

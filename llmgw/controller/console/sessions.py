@@ -23,6 +23,7 @@ Via = Literal["password", "oidc"]
 COOKIE = "llmgw_console"
 LOGIN_COOKIE = "llmgw_console_login"  # the login form's CSRF double-submit (no session exists yet)
 ONE_TIME_LINK_S = 600.0
+PASSWORD_LINK_S = 24 * 3600.0  # a link an admin sends a person by mail: a day to open it
 KEY_RECHECK_S = 30.0  # a tenant session ends within this long of its key being revoked or expiring
 MAX_SESSIONS = 10_000  # a login loop must not grow this process without bound
 # One admin token or one project key holds at most this many sessions: its own soonest-expiring one goes first,
@@ -74,6 +75,8 @@ class Sessions:
     ttl_s: float
     by_id: dict[str, Session] = field(default_factory=dict)
     links: dict[str, tuple[AdminPrincipal, float]] = field(default_factory=dict)
+    password_links: dict[str, tuple[str, float]] = field(default_factory=dict)  # nonce -> (person, until)
+    failures: dict[str, list[float]] = field(default_factory=dict)  # person -> failed sign-ins' times
 
     def open_admin(self, principal: AdminPrincipal) -> Session:
         return self._open("admin", principal.name, principal.scope, None, None)
@@ -141,12 +144,31 @@ class Sessions:
             return None
         return self.open_admin(entry[0])
 
+    def password_link(self, person: str) -> str:
+        """A nonce that lets `person` set their password, once, within PASSWORD_LINK_S; an earlier one of
+        theirs stops working (the admin issued a new one because the old went astray)."""
+        self._prune()
+        for nonce in [k for k, (who, _) in self.password_links.items() if who == person]:
+            del self.password_links[nonce]
+        nonce = secrets.token_urlsafe(32)
+        self.password_links[nonce] = (person, self.wall() + PASSWORD_LINK_S)
+        return nonce
+
+    def password_link_person(self, nonce: str, take: bool) -> str | None:
+        """Whose password link `nonce` is (None: unknown, used or expired); `take` uses it up."""
+        entry = self.password_links.pop(nonce, None) if take else self.password_links.get(nonce)
+        if entry is None or entry[1] <= self.wall():
+            return None
+        return entry[0]
+
     def _prune(self) -> None:
         now = self.wall()
         for sid in [k for k, s in self.by_id.items() if s.expires_at <= now]:
             del self.by_id[sid]
         for nonce in [k for k, (_, until) in self.links.items() if until <= now]:
             del self.links[nonce]
+        for nonce in [k for k, (_, until) in self.password_links.items() if until <= now]:
+            del self.password_links[nonce]
 
 
 def evictions(sessions: list[Session], kind: Kind, name: str) -> list[str]:

@@ -39,6 +39,8 @@ from llmgw.store import StoreError
 from llmgw.store.store import Store
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Asked on every request of a live session: False ends it (a person the repo no longer declares, say).
+SessionCheck = Callable[[web.Request, Session], Awaitable[bool]]
 # plan: an admin token of any scope; admin: an admin-scope token; tenant: a tenant, or an admin-scope token
 # (usage says who used what, as the admin API's usage needs admin); person: a person signed in as themselves;
 # any: anyone logged in.
@@ -70,6 +72,7 @@ class ConsoleState:
     templates: jinja2.Environment = field(repr=False)
     static: dict[str, bytes] = field(default_factory=dict, repr=False)
     plan: PlanCache = field(default_factory=PlanCache)
+    checks: list[SessionCheck] = field(default_factory=list)
 
 
 CONSOLE: web.AppKey[ConsoleState] = web.AppKey("console", ConsoleState)
@@ -209,7 +212,7 @@ def guarded(access: Access, handler: Handler) -> Handler:
     async def checked(request: web.Request) -> web.StreamResponse:
         state = request.app[CONSOLE]
         session, expired = state.sessions.get(request.cookies.get(COOKIE))
-        if session is not None and not await _key_still_active(request, session):
+        if session is not None and not await _session_stays(request, session):
             state.sessions.close(session.id)
             session, expired = None, True
         if session is None:
@@ -243,6 +246,15 @@ def guarded(access: Access, handler: Handler) -> Handler:
         return secure(await handler(request))
 
     return checked
+
+
+async def _session_stays(request: web.Request, session: Session) -> bool:
+    if not await _key_still_active(request, session):
+        return False
+    for check in request.app[CONSOLE].checks:
+        if not await check(request, session):
+            return False
+    return True
 
 
 async def _key_still_active(request: web.Request, session: Session) -> bool:
@@ -293,7 +305,7 @@ def _cookie_secure(request: web.Request) -> bool:
     return cookie_secure(settings.console_cookie_secure, request.secure, loopback)
 
 
-def _set_session_cookie(response: web.StreamResponse, session: Session, request: web.Request) -> None:
+def set_session_cookie(response: web.StreamResponse, session: Session, request: web.Request) -> None:
     response.set_cookie(
         COOKIE,
         session.id,
@@ -311,24 +323,25 @@ def _set_session_cookie(response: web.StreamResponse, session: Session, request:
 async def login_form(request: web.Request) -> web.StreamResponse:
     nonce = secrets.token_urlsafe(24)
     expired = request.query.get("expired") == "1"
-    response = render(request, "login.html", csrf=nonce, expired=expired, error="")
+    response = render(request, "login.html", csrf=nonce, expired=expired, error="", **login_choices(request))
     response.set_cookie(LOGIN_COOKIE, nonce, max_age=600, path="/ui/", httponly=True, samesite="Strict")
     return secure(response)
 
 
+def login_csrf(request: web.Request, presented: object) -> str | web.StreamResponse:
+    """A login form's CSRF token when it is the login cookie's (no session exists yet), or the refusal."""
+    expected = request.cookies.get(LOGIN_COOKIE)
+    if isinstance(presented, str) and expected and secrets.compare_digest(presented, expected):
+        return presented
+    message = "the login form carries no valid CSRF token (open /ui/login again)"
+    return secure(render(request, "error.html", 403, title="Refused", message=message))
+
+
 async def login(request: web.Request) -> web.StreamResponse:
     form = await request.post()
-    presented, expected = form.get("csrf"), request.cookies.get(LOGIN_COOKIE)
-    if not isinstance(presented, str) or not expected or not secrets.compare_digest(presented, expected):
-        return secure(
-            render(
-                request,
-                "error.html",
-                403,
-                title="Refused",
-                message=("the login form carries no valid CSRF token (open /ui/login again)"),
-            )
-        )
+    presented = login_csrf(request, form.get("csrf"))
+    if isinstance(presented, web.StreamResponse):
+        return presented
     token = form.get("token")
     token = token.strip() if isinstance(token, str) else ""
     session = await _open_session(request, token)
@@ -340,12 +353,24 @@ async def login(request: web.Request) -> web.StreamResponse:
             csrf=presented,
             expired=False,
             error=("not an admin token nor an active project key"),
+            **login_choices(request),
         )
         return secure(response)
     response = web.HTTPSeeOther("/ui/" if session.kind == "admin" else "/ui/tenants")
-    _set_session_cookie(response, session, request)
+    set_session_cookie(response, session, request)
     response.del_cookie(LOGIN_COOKIE, path="/ui/")
     raise response
+
+
+def login_choices(request: web.Request) -> dict[str, Any]:
+    """What the login page offers people besides the token form: the Cluster's identity provider (its issuer),
+    or, where none is configured, a password."""
+    d = controller(request).desired
+    provider = d.cluster.console.identity_provider if d is not None else None
+    return {
+        "provider": provider.issuer if provider is not None else None,
+        "notice": request.query.get("done", ""),
+    }
 
 
 async def _open_session(request: web.Request, token: str) -> Session | None:
@@ -380,7 +405,7 @@ async def login_once(request: web.Request) -> web.StreamResponse:
             )
         )
     response = web.HTTPSeeOther("/ui/")
-    _set_session_cookie(response, session, request)
+    set_session_cookie(response, session, request)
     raise response
 
 

@@ -1,5 +1,14 @@
--- The console's chat page keeps a person's conversations and notes (issue 44). Numbered 0019 on the `oidc44`
--- branch; renumber at merge if taken.
+-- The console's people (issue 44): their passwords where no identity provider is configured, their chat
+-- threads and notes. Numbered 0019 on the `oidc44` branch; renumber at merge if taken.
+--
+-- A person's console password, as scrypt makes it (`scrypt$N$r$p$salt$hash`, base64): set through a one-time
+-- link an admin issues; never the password. The repo declares who the person is; this row only lets them in.
+CREATE TABLE IF NOT EXISTS console_passwords (
+    person TEXT PRIMARY KEY,
+    hash   TEXT NOT NULL,
+    set_at DOUBLE PRECISION NOT NULL
+);
+
 --
 -- A thread belongs to one person (the name the repo declares them under) and lives until `updated_at` is older
 -- than the Cluster's declared retention (`console.threads.retention`): the controller prunes it then, or the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.controller.console import chat, pages, signin, threads
+from llmgw.controller.console import chat, oidc, pages, signin, threads
 from llmgw.controller.console.web import (
     CONSOLE,
     CONSOLE_PARTS,
@@ -65,7 +65,10 @@ def add_routes(app: web.Application, parts: ConsoleParts) -> None:
     app.router.add_post("/ui/login/person", _plain(signin.password_login))
     app.router.add_get("/ui/password/{nonce}", _plain(signin.password_form))
     app.router.add_post("/ui/password/{nonce}", _plain(signin.password_set))
-    app[CONSOLE].checks.append(signin.person_stays)
+    app.router.add_get("/ui/login/oidc", _plain(oidc.start))
+    app.router.add_get("/ui/login/oidc/callback", _plain(oidc.callback))
+    app[oidc.OIDC] = oidc.OidcClient()
+    app[CONSOLE].checks.extend([signin.person_stays, oidc.recheck])
     app.router.add_get("/ui/static/{name}", static)
     for method, path, handler, access in PAGES:
         app.router.add_route(method, path, guarded(access, handler))

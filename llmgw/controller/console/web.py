@@ -99,6 +99,8 @@ class ConsoleParts(StatusReader, Protocol):
 
     def leading(self) -> bool: ...
 
+    def reserved_secret_names(self) -> frozenset[str]: ...
+
 
 CONSOLE_PARTS: web.AppKey[ConsoleParts] = web.AppKey("console_parts")
 
@@ -299,7 +301,7 @@ def _to_login(request: web.Request, expired: bool) -> web.Response:
     raise web.HTTPSeeOther(where)
 
 
-def _cookie_secure(request: web.Request) -> bool:
+def cookie_is_secure(request: web.Request) -> bool:
     settings = controller(request).settings
     loopback = is_loopback_host(settings.listen_hostport[0])
     return cookie_secure(settings.console_cookie_secure, request.secure, loopback)
@@ -313,7 +315,7 @@ def set_session_cookie(response: web.StreamResponse, session: Session, request: 
         path="/ui/",
         httponly=True,
         samesite="Strict",
-        secure=_cookie_secure(request),
+        secure=cookie_is_secure(request),
     )
 
 

@@ -65,12 +65,13 @@ __all__ = [
 
 BINDINGS_FILE = "bindings.yaml"
 
-Purpose = Literal["source-token", "provider-key", "notification-secret"]
+Purpose = Literal["source-token", "provider-key", "notification-secret", "oidc-client-secret"]
 PURPOSES: tuple[Purpose, ...] = get_args(Purpose)
 # The purposes whose secret itself travels to the destination (as a Bearer token). A Notification's signing
 # secret never leaves the controller (the webhook gets an HMAC under it), so it needs no binding; it still
 # may not name the cluster's own secret.
-SENT: frozenset[Purpose] = frozenset({"source-token", "provider-key"})
+# The console's OpenID Connect client secret goes to the provider's token endpoint (HTTP Basic).
+SENT: frozenset[Purpose] = frozenset({"source-token", "provider-key", "oidc-client-secret"})
 
 
 class SecretBindingError(LlmgwError):
@@ -265,4 +266,8 @@ def secret_uses(doc: object, origin: str) -> list[tuple[tuple[str, ...], SecretU
             out.append((("spec", "provider", "key"), SecretUse(provider.key, "provider-key", provider.url)))
     if isinstance(doc, Notification) and doc.spec.secret is not None:
         out.append((("spec", "secret"), SecretUse(doc.spec.secret, "notification-secret", doc.spec.url)))
+    if isinstance(doc, Cluster) and doc.spec.console.identity_provider is not None:
+        idp = doc.spec.console.identity_provider
+        where = ("spec", "console", "identity_provider", "client_secret")
+        out.append((where, SecretUse(idp.client_secret, "oidc-client-secret", idp.issuer)))
     return out

@@ -82,9 +82,10 @@ class IdentityProvider(Strict):
         "(docs/tenancy.md, Groups)",
     )
     recheck: Duration = Field(
-        "5m",
-        description="How often a signed-in person's groups are asked of the provider again (its userinfo "
-        "endpoint, with their access token); a person removed from a group loses what it gave by then",
+        "30s",
+        description="A signed-in person's groups are asked of the provider again (its userinfo endpoint, with "
+        "their access token) at their first request this long after the last answer; a person removed from a "
+        "group loses what it gave then. 0s: at every request",
     )
 
     @field_validator("issuer")

@@ -1,6 +1,7 @@
 """People sign in to the console in Chromium (issue 44): through a real OpenID Connect provider on loopback (npm
 `oidc-provider`, OpenID Certified: its own login and consent pages, PKCE required of the client, ID tokens signed
-with a key of its JWKS), and with a password set through the link an admin issues on the People page."""
+with a key of its JWKS), holding what the provider's groups give until the provider stops listing them; and with a
+password set through the link an admin issues on the People page."""
 
 from __future__ import annotations
 
@@ -73,9 +74,8 @@ def provider(tmp: Path, redirect_uri: str) -> Iterator[Provider]:
         pytest.fail("node and oidc-provider are needed: `make system-deps node-clients` installs them")
     port = free_port()
     accounts = tmp / "accounts.json"
-    accounts.write_text(
-        json.dumps({"ada": {"email": "ada@example.com", "email_verified": True, "groups": []}})
-    )
+    ada = {"email": "ada@example.com", "email_verified": True, "groups": ["ml-team", "unmapped"]}
+    accounts.write_text(json.dumps({"ada": ada}))
     config = tmp / "provider.json"
     config.write_text(json.dumps({
         "port": port, "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
@@ -112,7 +112,10 @@ def idp_cluster(issuer: str) -> str:
       groups_claim: groups
       recheck: 0s
       groups:
-        ml-team: [{{team: research, role: maintainer}}, {{project: evals, role: viewer}}]
+        ml-team:
+          - {{team: research, role: maintainer}}
+          - {{project: evals, role: viewer}}
+          - {{project: playground, role: viewer}}  # the repo makes ada a member there: the repo wins
 """
     )
 
@@ -137,6 +140,17 @@ async def browser() -> AsyncIterator[Browser]:
 async def _signed_in_as(page: Page, person: str) -> None:
     await page.wait_for_url(re.compile(r".*/ui/chat$"))
     assert f"{person} (person)" in await page.locator(".who").inner_text()
+
+
+async def _held(page: Page, base: str) -> dict[str, tuple[str, str]]:
+    """The You page's memberships: scope -> (role, where it comes from)."""
+    await page.goto(base + "/ui/me")
+    rows = await page.locator("tr[data-scope]").all()
+    out = {}
+    for row in rows:
+        cells = await row.locator("td").all_inner_texts()
+        out[str(await row.get_attribute("data-scope"))] = (cells[2], cells[3])
+    return out
 
 
 async def test_a_person_signs_in_through_the_identity_provider(tmp_path: Path, browser: Browser) -> None:
@@ -165,6 +179,17 @@ async def test_a_person_signs_in_through_the_identity_provider(tmp_path: Path, b
             await _signed_in_as(page, "ada")
             await page.goto(running.url + "/ui/chat/threads")
             assert await page.get_by_role("heading", name="Your threads", level=1).is_visible()
+
+            assert await _held(page, running.url) == {
+                "project/playground": ("member", "repo"),
+                "team/research": ("maintainer", "group ml-team"),
+                "project/evals": ("viewer", "group ml-team"),
+            }
+            assert await page.locator("#usable").inner_text() == "playground", (
+                "a viewer may not send requests"
+            )
+            idp.set_groups("ada", [])  # removed from the group at the provider: lost at the next request
+            assert await _held(page, running.url) == {"project/playground": ("member", "repo")}
             await page.close()
     finally:
         await running.stop()

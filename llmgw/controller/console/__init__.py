@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from llmgw.controller.console import chat, oidc, pages, signin, threads
+from llmgw.controller.console import chat, oidc, pages, signin, threads, you
 from llmgw.controller.console.web import (
     CONSOLE,
     CONSOLE_PARTS,
@@ -45,6 +45,7 @@ PAGES: tuple[tuple[str, str, Handler, Access], ...] = (
     ("GET", "/ui/chat/threads", threads.threads_page, "person"),
     ("POST", "/ui/chat/threads/{thread_id}/delete", threads.delete_thread, "person"),
     ("GET", "/ui/notes", threads.notes_page, "person"),
+    ("GET", "/ui/me", you.page, "person"),
     ("POST", "/ui/notes", threads.save_note, "person"),
     ("POST", "/ui/notes/{note_id}/delete", threads.delete_note, "person"),
     ("POST", "/ui/logout", logout, "any"),

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from llmgw.controller.console import threads
+from llmgw.controller.console import threads, you
 from llmgw.controller.console.web import CONSOLE, controller, render, session_of
 from llmgw.core import jsonsafe
 from llmgw.store import StoreError
@@ -31,11 +31,17 @@ CONNECT_S = 10.0
 
 
 def allowed_models(request: web.Request) -> list[str]:
+    """A tenant's project's models; a person's: those of the projects they may use (the repo's memberships and
+    their groups'); an admin's: every model."""
     d = controller(request).desired
     if d is None:
         return []
-    project = session_of(request).project
+    session = session_of(request)
     names = sorted(d.models)
+    if session.kind == "person":
+        projects = you.usable_projects(request)
+        return [n for n in names if any(d.catalog.allowed(p, n) for p in projects)]
+    project = session.project
     return names if project is None else [n for n in names if d.catalog.allowed(project, n)]
 
 

@@ -1,0 +1,50 @@
+"""The rule combining an identity provider's groups with the repo's memberships (issue 44, docs/tenancy.md,
+Groups): a union; where the repo gives a role in a scope it holds there; among groups the strongest; a project's
+role the strongest over it, its team and its organization. The browser test shows it live (test_oidc_browser.py)."""
+
+from __future__ import annotations
+
+from llmgw.core.config.specs.console_spec import GroupGrant
+from llmgw.core.snapshot import Tenants
+from llmgw.core.tenancy.groups import Held, combined, from_groups, project_role_among
+from llmgw.core.tenancy.people import Membership
+
+TENANTS = Tenants.model_validate({
+    "organizations": {"acme": {}},
+    "teams": {"research": {"organization": "acme"}},
+    "projects": {"playground": {"team": "research"}, "evals": {"organization": "acme"}},
+})  # fmt: skip
+MAPPING = {
+    "ml": [GroupGrant(team="research", role="maintainer"), GroupGrant(project="evals", role="viewer")],
+    "evals-owners": [GroupGrant(project="evals", role="maintainer")],
+    "readers": [GroupGrant(project="playground", role="viewer")],
+}
+
+
+def _roles(held: list[Held]) -> dict[tuple[str, str], tuple[str, str]]:
+    return {(h.membership.scope_kind, h.membership.scope_name): (h.membership.role, h.source) for h in held}
+
+
+def test_groups_give_their_grants_the_strongest_per_scope() -> None:
+    assert _roles(from_groups(["ml", "evals-owners", "not-mapped"], MAPPING)) == {
+        ("team", "research"): ("maintainer", "group ml"),
+        ("project", "evals"): ("maintainer", "group evals-owners"),
+    }
+    assert from_groups([], MAPPING) == []
+
+
+def test_the_repo_wins_where_it_gives_a_role_and_the_rest_is_a_union() -> None:
+    repo = [Membership("project", "evals", "viewer"), Membership("organization", "acme", "viewer")]
+    held = combined(repo, from_groups(["ml", "evals-owners"], MAPPING))
+    assert _roles(held) == {
+        ("project", "evals"): ("viewer", "repo"),  # evals-owners' maintainer does not override the repo
+        ("organization", "acme"): ("viewer", "repo"),
+        ("team", "research"): ("maintainer", "group ml"),
+    }
+    assert project_role_among(held, "playground", TENANTS) == "maintainer", "through team research"
+    assert project_role_among(held, "evals", TENANTS) == "viewer", "acme's and evals' own: viewer"
+    assert project_role_among(held, "nowhere", TENANTS) is None
+    demoted = combined([Membership("project", "playground", "member")], from_groups(["readers"], MAPPING))
+    assert project_role_among(demoted, "playground", TENANTS) == "member", (
+        "a weaker group role changes nothing"
+    )

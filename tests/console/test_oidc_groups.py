@@ -4,6 +4,9 @@ role the strongest over it, its team and its organization. The browser test show
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from llmgw.adapters.repo_files import load_repo
 from llmgw.core.config.specs.console_spec import GroupGrant
 from llmgw.core.snapshot import Tenants
 from llmgw.core.tenancy.groups import Held, combined, from_groups, project_role_among
@@ -48,3 +51,23 @@ def test_the_repo_wins_where_it_gives_a_role_and_the_rest_is_a_union() -> None:
     assert project_role_among(demoted, "playground", TENANTS) == "member", (
         "a weaker group role changes nothing"
     )
+
+
+def test_a_group_granting_a_role_in_an_undeclared_scope_is_refused_at_its_place(tmp_path: Path) -> None:
+    (tmp_path / "tenants.yaml").write_text(
+        "apiVersion: llmgw/v1\nkind: Organization\nmetadata: {name: acme}\nspec: {}\n---\n"
+        "apiVersion: llmgw/v1\nkind: Team\nmetadata: {name: research}\nspec: {organization: acme}\n"
+    )
+    (tmp_path / "cluster.yaml").write_text(
+        "apiVersion: llmgw/v1\nkind: Cluster\nmetadata: {name: c}\nspec:\n  console:\n    identity_provider:\n"
+        "      issuer: https://login.example.com\n      client_id: c\n      client_secret: {file: oidc}\n"
+        "      groups_claim: groups\n      groups:\n        ml: [{team: reserch}]\n"
+    )
+    result = load_repo(tmp_path)
+    errors = [str(e).replace(str(tmp_path) + "/", "") for e in result.errors]
+    assert any(
+        e.startswith("cluster.yaml:")
+        and "group `ml` grants a role in Team `reserch`" in e
+        and "research" in e
+        for e in errors
+    ), errors

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from llmgw.core.config.checks.adapter_checks import check_adapters
 from llmgw.core.config.checks.capacity_checks import check_capacity
 from llmgw.core.config.checks.checker import Checker, Document as Document
+from llmgw.core.config.checks.console_checks import check_console
 from llmgw.core.config.checks.eval_checks import check_evals
 from llmgw.core.config.checks.guardrail_checks import check_guardrails
 from llmgw.core.config.checks.person_checks import check_people
@@ -76,6 +77,7 @@ def check(
     check_adapters(documents, checker.add)
     check_evals(documents, checker.add)
     check_people(documents, checker.add)
+    check_console(documents, checker.add)
     for index, doc in enumerate(documents):
         secret_refs(checker, index, doc, ())
     cluster_secrets_stay_home(checker)

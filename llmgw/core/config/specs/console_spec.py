@@ -4,18 +4,19 @@ docs/tenancy.md, Signing in, says how these are used."""
 
 from __future__ import annotations
 
-from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from llmgw.core.config.base import Duration, Name, SecretRef, Strict
+from llmgw.core.config.base import Duration, SecretRef, Strict
+from llmgw.core.config.specs.person_spec import MembershipSpec
 from llmgw.core.security import is_loopback_host
 from llmgw.core.words import parse_duration
 
 __all__ = ["ConsoleSettings", "GroupGrant", "IdentityProvider", "ThreadSettings"]
 
-GrantRole = Literal["member", "maintainer", "viewer"]
+# What a group gives its members: a role in one organization, team or project, written as a Person's membership is.
+GroupGrant = MembershipSpec
 
 
 class ThreadSettings(Strict):
@@ -33,27 +34,6 @@ class ThreadSettings(Strict):
         if parse_duration(value) <= 0:
             raise ValueError(f"retention must be longer than zero (got {value!r}; e.g. 30d)")
         return value
-
-
-class GroupGrant(Strict):
-    """What one of the provider's groups gives its members: a role in exactly one team, project or organization."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "oneOf": [{"required": ["organization"]}, {"required": ["team"]}, {"required": ["project"]}]
-        }
-    )
-
-    organization: Name | None = Field(None, description="An Organization (covers its teams and projects)")
-    team: Name | None = Field(None, description="A Team (covers its projects)")
-    project: Name | None = Field(None, description="A Project")
-    role: GrantRole = Field("member", description="member, maintainer or viewer (docs/tenancy.md, Roles)")
-
-    @model_validator(mode="after")
-    def _one_scope(self) -> GroupGrant:
-        if len([s for s in (self.organization, self.team, self.project) if s is not None]) != 1:
-            raise ValueError("a group grant names exactly one of `organization`, `team` or `project`")
-        return self
 
 
 class IdentityProvider(Strict):

@@ -10,6 +10,7 @@ from llmgw_router.path.auth import KeyPrincipal, personal_principal
 from llmgw_router.server.errors import ApiError
 
 from llmgw.adapters.repo_files import load_repo
+from llmgw.core.plan import catalog_documents, document_changes
 from llmgw.core.snapshot import Tenants
 from llmgw.core.tenancy.limits import limit_key
 from llmgw.core.tenancy.people import (
@@ -71,6 +72,7 @@ spec: {email: carol@example.com}
 
 
 def load(tmp_path: Path, text: str = TENANTS):  # type: ignore[no-untyped-def]
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "tenants.yaml").write_text(text)
     return load_repo(tmp_path)
 
@@ -193,3 +195,13 @@ def test_a_personal_key_is_served_only_where_its_owner_may_use_models(tenants: T
     with pytest.raises(ApiError) as refused:
         personal_principal(bob, tenants, "nowhere")
     assert refused.value.code == "unknown_project"
+
+
+def test_the_plan_shows_a_membership_taken_away(tmp_path: Path) -> None:
+    before = load(tmp_path / "before", TENANTS)
+    after = load(tmp_path / "after", TENANTS.replace("    - {project: evals, role: maintainer}\n", ""))
+    assert before.repo is not None and after.repo is not None
+    changes = document_changes(catalog_documents(before.repo.catalog), catalog_documents(after.repo.catalog))
+    (change,) = changes
+    assert (change.kind, change.name, change.change) == ("Person", "alice", "change")
+    assert any(f.path.startswith("spec.memberships") and "evals" in f.old for f in change.fields), change

@@ -11,15 +11,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageParam
 
-from .helpers import FAST, cli, error_of, in_one_window, start_router, window_start_offset
+from .helpers import cli, in_one_window, outcome, start_router, window_start_offset
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
-HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 OWN_RPM, SHARE_RPM = 6, 4
 
 
@@ -50,15 +47,6 @@ def personal_key(dsn: str, owner: str, project: str) -> str:
     return str(made["key"])
 
 
-def _outcome(client: openai.OpenAI) -> str:
-    """'ok', or the refusal's message."""
-    try:
-        client.chat.completions.create(model=FAST, messages=HELLO, max_tokens=1)
-    except openai.RateLimitError as exc:
-        return str(error_of(exc)["message"])
-    return "ok"
-
-
 def test_person_and_member_limits_hold_across_two_routers(
     pg_dsn: str, snap: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -80,10 +68,10 @@ def test_person_and_member_limits_hold_across_two_routers(
         # One request of each person through each router first, so both are known to serve them (pat's two
         # keys through both); then all the rest at once.
         first = {(p, r): c for p, r, c in reversed(clients)}
-        out = [(p, r, _outcome(c)) for (p, r), c in first.items()]
+        out = [(p, r, outcome(c)) for (p, r), c in first.items()]
         with ThreadPoolExecutor(8) as pool:
             jobs = [(p, r, c) for p, r, c in clients for _ in range(sent)][len(out) :]
-            out += pool.map(lambda job: (job[0], job[1], _outcome(job[2])), jobs)
+            out += pool.map(lambda job: (job[0], job[1], outcome(job[2])), jobs)
         return out
 
     try:

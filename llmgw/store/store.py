@@ -91,6 +91,25 @@ def _key(row: Row) -> ApiKey:
     return ApiKey(row[0], row[1], row[2] or None, row[3], row[4], row[5], row[6], row[7], row[8])
 
 
+def _spend_filter(level: str, name: str) -> tuple[str, tuple[str, ...]]:
+    """The usage rows a level's budget counts: its column's, a person's, or a person's within one scope."""
+    if level == "person":
+        return "person = ?", (name,)
+    if level == "member":  # PERSON@KIND/SCOPE (llmgw.core.tenancy.people.member_level)
+        person, _, scope = name.partition("@")
+        kind, _, scope_name = scope.partition("/")
+        column = _LEVEL_COLUMN.get(kind)
+        if column is None or not person or not scope_name:
+            raise StoreError(
+                f"member level {name!r}: expected PERSON@KIND/SCOPE, KIND project, team or organization"
+            )
+        return f"person = ? AND {column} = ?", (person, scope_name)
+    column = _LEVEL_COLUMN.get(level)
+    if column is None:
+        raise StoreError(f"unknown tenant level {level!r}: expected project, team, org, person or member")
+    return f"{column} = ?", (name,)
+
+
 def _last_use_updates(records: Sequence[UsageRecord]) -> list[tuple[str, list[Any]]]:
     """One UPDATE per key in the batch, raising its last use to the batch's newest request and never
     lowering it (a spooled batch written late carries older times)."""
@@ -473,15 +492,14 @@ class Store(
         return totals
 
     async def spend(self, level: str, name: str, since: float, until: float | None = None) -> float:
-        """Money spent by one tenant (project, team or org) in [since, until): the budget's source of truth."""
-        column = _LEVEL_COLUMN.get(level)
-        if column is None:
-            raise StoreError(f"unknown tenant level {level!r}: expected project, team or org")
+        """Money spent in [since, until) by one tenant (project, team or org), one person (`person`, by name),
+        or one person in one scope (`member`, `PERSON@KIND/SCOPE`): the budget's source of truth."""
+        where, values = _spend_filter(level, name)
         async with self.db.tx() as tx:
             rows = await tx.fetch(
                 f"SELECT CAST(COALESCE(SUM(cost), 0) AS DOUBLE PRECISION) FROM usage "
-                f"WHERE {column} = ? AND time >= ? AND time < ?",
-                (name, since, until if until is not None else float("inf")),
+                f"WHERE {where} AND time >= ? AND time < ?",
+                (*values, since, until if until is not None else float("inf")),
             )
         return float(rows[0][0])
 

@@ -4,10 +4,16 @@ before the migration keeps its keys as project keys and its usage as nobody's.""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from llmgw.adapters import keys
+from llmgw.core.config.models import PersonLimits
+from llmgw.core.tenancy.limits import Budget, Estimate, LevelLimits, Tenant
+from llmgw.core.tenancy.people import member_level
 from llmgw.store import Store, StoreError, UsageRecord
+from llmgw.store.limits.limiter import PoolAdmission, PoolLimiter, SharePolicy
 from llmgw.store.migrate import load_migrations, migrate
 
 
@@ -67,3 +73,35 @@ async def test_keys_and_usage_from_before_the_migration_are_nobodys(store_dsn: s
         assert [(t.group, t.requests) for t in await opened.usage_totals("person")] == [("", 1)]
     finally:
         await opened.close()
+
+
+async def test_a_persons_and_a_members_budget_count_what_they_spent_before(store: Store) -> None:
+    """Budgets of people are seeded from usage as the tenants' are: a person's across every project, a
+    member's share within its scope only."""
+    period = 30 * 86400.0
+    now = math.floor(1_200_000.0 / period) * period + 10
+    await store.insert_usage([
+        UsageRecord(time=now - 5, request_id="a", project="evals", model="m", status=200, person="alice", cost=0.6),
+        UsageRecord(time=now - 4, request_id="b", project="other", model="m", status=200, person="alice", cost=0.3),
+        UsageRecord(time=now - 3, request_id="c", project="evals", model="m", status=200, person="bob", cost=5.0),
+        UsageRecord(time=now - 2, request_id="d", project="evals", model="m", status=200, cost=5.0),
+    ])  # fmt: skip
+    assert await store.spend("person", "alice", now - period) == pytest.approx(0.9)
+    assert await store.spend("member", "alice@project/evals", now - period) == pytest.approx(0.6)
+    with pytest.raises(StoreError, match="PERSON@KIND/SCOPE"):
+        await store.spend("member", "alice", now - period)
+    share = PersonLimits.model_validate({"budget": {"amount": 1.0, "period": "30d"}})
+    chains = {
+        "person": (Tenant("project", "evals"), Tenant("person", "alice", LevelLimits(budget=Budget(1.0, period)))),
+        "member": (Tenant("project", "evals"), member_level("alice", "project", "evals", share)),
+    }  # fmt: skip
+    for level, chain in chains.items():
+        limiter = PoolLimiter(store, clock=lambda: now, policy=SharePolicy(budget_fraction=0.01))
+        served = 0
+        while isinstance(
+            decision := await limiter.admit(chain, Estimate(tokens=1, cost=0.01)), PoolAdmission
+        ):
+            limiter.finish(decision, tokens=1, cost=0.01)
+            served += 1
+        assert (decision.level, decision.metric) == (level, "budget")
+        assert served == {"person": 10, "member": 40}[level]  # 1.0 less 0.9 spent, or less 0.6

@@ -12,7 +12,7 @@ from llmgw_router.server.errors import ApiError
 from llmgw.adapters.repo_files import load_repo
 from llmgw.core.plan import catalog_documents, document_changes
 from llmgw.core.snapshot import Tenants
-from llmgw.core.tenancy.limits import limit_key
+from llmgw.core.tenancy.limits import Budget, limit_key
 from llmgw.core.tenancy.people import (
     ACTIONS,
     ROLE_TABLE,
@@ -51,7 +51,7 @@ kind: Person
 metadata: {name: alice}
 spec:
   email: alice@example.com
-  limits: {rpm: 30}
+  limits: {rpm: 30, budget: {amount: 2.5, period: 7d}}
   memberships:
     - {team: research, role: viewer}
     - {project: evals, role: maintainer}
@@ -166,6 +166,7 @@ def test_a_persons_chain_adds_their_shares_and_own_limits(tenants: Tenants) -> N
     assert chain.levels[3].limits.rpm == 5
     assert (chain.levels[4].limits.tpm, chain.levels[4].limits.concurrency) == (1000, 2)
     assert chain.levels[5].limits.rpm == 30
+    assert chain.levels[5].limits.budget == Budget(2.5, 7 * 86400)
     # bob sets no limits of his own: no person level; the shares are his.
     bob = person_chain(base, "bob", tenants)
     assert [t.name for t in bob.levels[3:]] == ["bob@organization/acme", "bob@project/evals"]

@@ -14,8 +14,9 @@ from typing import Literal
 
 from llmgw.core.config.specs.person_spec import MemberRole, PersonLimits
 from llmgw.core.snapshot import Tenants
-from llmgw.core.tenancy.limits import LevelLimits, Tenant
+from llmgw.core.tenancy.limits import Budget, LevelLimits, Tenant
 from llmgw.core.tenancy.projects import TenantChain
+from llmgw.core.words import parse_duration
 
 __all__ = [
     "ACTIONS",
@@ -138,7 +139,13 @@ def project_role(person_name: str, project: str, desired_state: Tenants) -> Role
 
 
 def _limits(declared: PersonLimits) -> LevelLimits:
-    return LevelLimits(rpm=declared.rpm, tpm=declared.tpm, concurrency=declared.concurrency)
+    budget = declared.budget
+    return LevelLimits(
+        rpm=declared.rpm,
+        tpm=declared.tpm,
+        concurrency=declared.concurrency,
+        budget=Budget(budget.amount, parse_duration(budget.period)) if budget is not None else None,
+    )
 
 
 def member_level(person_name: str, scope_kind: ScopeKind, scope_name: str, share: PersonLimits) -> Tenant:

@@ -36,19 +36,28 @@ def generate_key() -> str:
 
 
 async def create_key(
-    store: Store, project: str, now: float, *, name: str = "", expires_in: float | None = None
+    store: Store,
+    project: str | None,
+    now: float,
+    *,
+    name: str = "",
+    expires_in: float | None = None,
+    owner: str | None = None,
 ) -> NewKey:
-    if not project:
-        raise StoreError("a key needs a project")
+    """A project's key (`owner` None), or a person's: `owner` names the Person, `project` is then the key's
+    default project (None: every request names one, docs/tenancy.md, Personal keys)."""
+    if not project and owner is None:
+        raise StoreError("a key needs a project, or an owner (a person's own key)")
     plaintext = generate_key()
     key = ApiKey(
         id="key_" + secrets.token_hex(8),
         prefix=plaintext[: len(KEY_PREFIX) + DISPLAY_CHARS],
-        project=project,
+        project=project or None,
         name=name,
         created_at=now,
         expires_at=now + expires_in if expires_in is not None else None,
         revoked_at=None,
+        owner=owner,
     )
     await store.insert_key(key, hash_key(plaintext))
     return NewKey(key, plaintext)

@@ -42,6 +42,7 @@ from llmgw.controller.api import (
     upgrades,
     usage_summary as usage_summary_admin,
 )
+from llmgw.controller.api.people import access as people_access
 from llmgw.controller.core import CONTROLLER, Controller, admin_token_from
 from llmgw.controller.loops.auto_checks import auto_check_loop
 from llmgw.controller.loops.canary import canary_loop
@@ -95,6 +96,10 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app[capacity_admin.PARTS] = controller
     app[admin_requests.PARTS] = controller
     app[usage_summary_admin.PARTS] = controller
+    app[people_access.PARTS] = controller
+    app[guard.PEOPLE] = people_access.KeyPeople(
+        controller
+    )  # whose own key a token is, on the routes people call
     app[admin.POLL_NOW] = asyncio.Event()
     app[SOURCE] = source
     reconciler = app[RECONCILER] = Reconciler(controller)

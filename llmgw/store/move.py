@@ -50,6 +50,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "expires_at",
         "revoked_at",
         "last_used_at",
+        "owner",
     ),
     "usage": (
         "id",
@@ -76,6 +77,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "stream",
         "prefix",
         "guard",
+        "person",
     ),
     "usage_tags": ("usage_id", "key", "value"),
     "limit_counters": ("limit_key", "window_start", "window_end", "taken", "granted", "updated_at"),

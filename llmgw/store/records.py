@@ -10,9 +10,9 @@ from typing import Any, Literal
 
 RevisionStatus = Literal["accepted", "refused"]
 KeyState = Literal["active", "revoked", "expired"]
-UsageGroup = Literal["project", "team", "org", "key", "model", "router"]
+UsageGroup = Literal["project", "team", "org", "key", "model", "router", "person"]
 # `router`: the router_id that wrote the row; imported rows read `import:<source>` (docs/traffic.md).
-USAGE_GROUPS: tuple[UsageGroup, ...] = ("project", "team", "org", "key", "model", "router")
+USAGE_GROUPS: tuple[UsageGroup, ...] = ("project", "team", "org", "key", "model", "router", "person")
 TAG_GROUP_PREFIX = "tag:"  # `usage --by tag:app` groups by the value of one request tag
 
 
@@ -77,7 +77,7 @@ class ApiKey:
 
     id: str
     prefix: str
-    project: str
+    project: str | None  # None: a personal key without a default project (names one per request)
     name: str
     created_at: float
     expires_at: float | None
@@ -85,6 +85,7 @@ class ApiKey:
     # The newest request recorded with this key, whatever its outcome (a revoked key still being tried shows
     # here); None when none was ever recorded.
     last_used_at: float | None = None
+    owner: str | None = None  # the Person a personal key belongs to; None: a project key
 
     def state(self, now: float) -> KeyState:
         if self.revoked_at is not None:
@@ -99,9 +100,10 @@ class KeyLookup:
     """What the router needs to answer a request's key: which project, and whether it may be used."""
 
     key_id: str
-    project: str
+    project: str | None  # None: a personal key without a default project
     state: KeyState
     expires_at: float | None
+    owner: str | None = None  # a personal key's Person; None: a project key
 
 
 def time_ordered_id() -> str:
@@ -137,6 +139,7 @@ class UsageRecord:
     fallback_used: bool = False
     router_id: str = ""
     id: str = field(default_factory=time_ordered_id)
+    person: str | None = None  # who spent it: a personal key's owner; None for a project key or none
     # What `llmgw request ID` shows of the way the request went (migration 0006). None: not known (an
     # answer sent whole has no time to first token; a request refused before the queue waited for nothing).
     endpoint: str = ""  # the replica (or provider endpoint) that served; "" when none was picked

@@ -81,19 +81,40 @@ _GROUP_COLUMNS: dict[UsageGroup, tuple[str, ...]] = {
     "key": ("COALESCE(u.key_id, '')", "k.name", "k.project"),
     "model": ("u.model",),
     "router": ("u.router_id",),
+    "person": ("COALESCE(u.person, '')",),
 }
 _GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.id = u.key_id"}
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
-_KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at, last_used_at"
-# 24 columns x 41 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
-_USAGE_ROWS_PER_INSERT = 41
-_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 24) + ")"
+_KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at, last_used_at, owner"
+# 25 columns x 39 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
+_USAGE_ROWS_PER_INSERT = 39
+_USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 25) + ")"
 _TAG_ROWS_PER_INSERT = 300
 
 
 def _key(row: Row) -> ApiKey:
-    return ApiKey(row[0], row[1], row[2], row[3], row[4], row[5], row[6], row[7])
+    # A personal key without a default project is stored with project '' (the column is NOT NULL).
+    return ApiKey(row[0], row[1], row[2] or None, row[3], row[4], row[5], row[6], row[7], row[8])
+
+
+def _spend_filter(level: str, name: str) -> tuple[str, tuple[str, ...]]:
+    """The usage rows a level's budget counts: its column's, a person's, or a person's within one scope."""
+    if level == "person":
+        return "person = ?", (name,)
+    if level == "member":  # PERSON@KIND/SCOPE (llmgw.core.tenancy.people.member_level)
+        person, _, scope = name.partition("@")
+        kind, _, scope_name = scope.partition("/")
+        column = _LEVEL_COLUMN.get(kind)
+        if column is None or not person or not scope_name:
+            raise StoreError(
+                f"member level {name!r}: expected PERSON@KIND/SCOPE, KIND project, team or organization"
+            )
+        return f"person = ? AND {column} = ?", (person, scope_name)
+    column = _LEVEL_COLUMN.get(level)
+    if column is None:
+        raise StoreError(f"unknown tenant level {level!r}: expected project, team, org, person or member")
+    return f"{column} = ?", (name,)
 
 
 def _last_use_updates(records: Sequence[UsageRecord]) -> list[tuple[str, list[Any]]]:
@@ -328,16 +349,17 @@ class Store(
     async def insert_key(self, key: ApiKey, key_hash: str) -> None:
         async with self.db.tx() as tx:
             await tx.execute(
-                f"INSERT INTO api_keys ({_KEY_COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO api_keys ({_KEY_COLUMNS}, hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     key.id,
                     key.prefix,
-                    key.project,
+                    key.project or "",
                     key.name,
                     key.created_at,
                     key.expires_at,
                     key.revoked_at,
                     key.last_used_at,
+                    key.owner,
                     key_hash,
                 ),
             )
@@ -347,8 +369,11 @@ class Store(
             rows = await tx.fetch(f"SELECT {_KEY_COLUMNS} FROM api_keys WHERE id = ?", (key_id,))
         return _key(rows[0]) if rows else None
 
-    async def list_keys(self, project: str | None = None) -> list[ApiKey]:
-        where, params = ("WHERE project = ?", (project,)) if project else ("", ())
+    async def list_keys(self, project: str | None = None, owner: str | None = None) -> list[ApiKey]:
+        """Every key, or those of one project (its default project) and/or of one owner."""
+        clauses = [c for c, v in (("project = ?", project), ("owner = ?", owner)) if v]
+        where = "WHERE " + " AND ".join(clauses) if clauses else ""
+        params = tuple(v for v in (project, owner) if v)
         async with self.db.tx() as tx:
             rows = await tx.fetch(
                 f"SELECT {_KEY_COLUMNS} FROM api_keys {where} ORDER BY created_at, id", params
@@ -371,7 +396,7 @@ class Store(
         if not rows:
             return None
         key = _key(rows[0])
-        return KeyLookup(key.id, key.project, key.state(now), key.expires_at)
+        return KeyLookup(key.id, key.project, key.state(now), key.expires_at, key.owner)
 
     # ------------------------------------------------------------------------------------ usage
 
@@ -405,6 +430,7 @@ class Store(
                 int(r.stream) if r.stream is not None else None,
                 r.prefix,
                 json.dumps(r.guard, separators=(",", ":")) if r.guard else "",
+                r.person,
             )
             for r in records
         ]
@@ -482,15 +508,14 @@ class Store(
         return totals
 
     async def spend(self, level: str, name: str, since: float, until: float | None = None) -> float:
-        """Money spent by one tenant (project, team or org) in [since, until): the budget's source of truth."""
-        column = _LEVEL_COLUMN.get(level)
-        if column is None:
-            raise StoreError(f"unknown tenant level {level!r}: expected project, team or org")
+        """Money spent in [since, until) by one tenant (project, team or org), one person (`person`, by name),
+        or one person in one scope (`member`, `PERSON@KIND/SCOPE`): the budget's source of truth."""
+        where, values = _spend_filter(level, name)
         async with self.db.tx() as tx:
             rows = await tx.fetch(
                 f"SELECT CAST(COALESCE(SUM(cost), 0) AS DOUBLE PRECISION) FROM usage "
-                f"WHERE {column} = ? AND time >= ? AND time < ?",
-                (name, since, until if until is not None else float("inf")),
+                f"WHERE {where} AND time >= ? AND time < ?",
+                (*values, since, until if until is not None else float("inf")),
             )
         return float(rows[0][0])
 

@@ -167,6 +167,17 @@ def in_one_window(offset: float, run: Callable[[], T]) -> T:
     return result
 
 
+def outcome(client: openai.OpenAI) -> str:
+    """One short chat request: 'ok', or the 429's message."""
+    try:
+        client.chat.completions.create(
+            model=FAST, messages=[{"role": "user", "content": "hello"}], max_tokens=1
+        )
+    except openai.RateLimitError as exc:
+        return str(error_of(exc)["message"])
+    return "ok"
+
+
 def error_of(exc: openai.APIStatusError) -> dict[str, Any]:
     body = exc.body
     assert isinstance(body, dict), f"not an OpenAI error body: {body!r}"

@@ -6,18 +6,24 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from llmgw_router.path.auth import KeyPrincipal, personal_principal
+from llmgw_router.server.errors import ApiError
 
 from llmgw.adapters.repo_files import load_repo
+from llmgw.core.plan import catalog_documents, document_changes
 from llmgw.core.snapshot import Tenants
+from llmgw.core.tenancy.limits import Budget, limit_key
 from llmgw.core.tenancy.people import (
     ACTIONS,
     ROLE_TABLE,
     Membership,
     may,
     memberships_of,
+    person_chain,
     project_role,
     scope_role,
 )
+from llmgw.core.tenancy.projects import tenant_chain
 
 TENANTS = """\
 apiVersion: llmgw/v1
@@ -45,7 +51,7 @@ kind: Person
 metadata: {name: alice}
 spec:
   email: alice@example.com
-  limits: {rpm: 30}
+  limits: {rpm: 30, budget: {amount: 2.5, period: 7d}}
   memberships:
     - {team: research, role: viewer}
     - {project: evals, role: maintainer}
@@ -66,6 +72,7 @@ spec: {email: carol@example.com}
 
 
 def load(tmp_path: Path, text: str = TENANTS):  # type: ignore[no-untyped-def]
+    tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "tenants.yaml").write_text(text)
     return load_repo(tmp_path)
 
@@ -142,3 +149,60 @@ def test_a_bad_person_is_refused_at_its_place(tmp_path: Path, person: str, says:
     assert not result.ok
     errors = [str(e).replace(str(tmp_path) + "/", "") for e in result.errors]
     assert any(e.startswith("tenants.yaml:") and says in e for e in errors), errors
+
+
+def test_a_persons_chain_adds_their_shares_and_own_limits(tenants: Tenants) -> None:
+    base = tenant_chain(tenants, "evals")
+    assert base is not None
+    chain = person_chain(base, "alice", tenants)
+    assert [(t.level, t.name) for t in chain.levels] == [
+        ("organization", "acme"),
+        ("team", "research"),
+        ("project", "evals"),
+        ("member", "alice@organization/acme"),
+        ("member", "alice@project/evals"),
+        ("person", "alice"),
+    ]
+    assert chain.levels[3].limits.rpm == 5
+    assert (chain.levels[4].limits.tpm, chain.levels[4].limits.concurrency) == (1000, 2)
+    assert chain.levels[5].limits.rpm == 30
+    assert chain.levels[5].limits.budget == Budget(2.5, 7 * 86400)
+    # bob sets no limits of his own: no person level; the shares are his.
+    bob = person_chain(base, "bob", tenants)
+    assert [t.name for t in bob.levels[3:]] == ["bob@organization/acme", "bob@project/evals"]
+    # The limiter's keys keep each person's pool apart.
+    assert limit_key(chain.levels[4], "tokens") == "member:alice@project/evals:tokens"
+
+
+def test_a_personal_key_is_served_only_where_its_owner_may_use_models(tenants: Tenants) -> None:
+    bob = KeyPrincipal("key_b", "evals", "bob")
+    assert personal_principal(bob, tenants, None).project == "evals"  # the key's default
+    assert personal_principal(bob, tenants, "direct").project == "direct"  # the header's, a member there too
+    alice = KeyPrincipal("key_a", None, "alice")
+    with pytest.raises(ApiError) as refused:
+        personal_principal(alice, tenants, None)
+    assert (refused.value.status, refused.value.code) == (400, "project_required")
+    with pytest.raises(ApiError) as refused:
+        personal_principal(alice, tenants, "direct")
+    assert (refused.value.status, refused.value.code) == (403, "not_a_member")
+    carol = KeyPrincipal("key_c", "evals", "carol")
+    with pytest.raises(ApiError) as refused:
+        personal_principal(carol, tenants, None)
+    assert refused.value.code == "not_a_member" and "is not a member" in refused.value.message
+    gone = KeyPrincipal("key_g", "evals", "gone")
+    with pytest.raises(ApiError) as refused:
+        personal_principal(gone, tenants, None)
+    assert refused.value.code == "person_not_declared"
+    with pytest.raises(ApiError) as refused:
+        personal_principal(bob, tenants, "nowhere")
+    assert refused.value.code == "unknown_project"
+
+
+def test_the_plan_shows_a_membership_taken_away(tmp_path: Path) -> None:
+    before = load(tmp_path / "before", TENANTS)
+    after = load(tmp_path / "after", TENANTS.replace("    - {project: evals, role: maintainer}\n", ""))
+    assert before.repo is not None and after.repo is not None
+    changes = document_changes(catalog_documents(before.repo.catalog), catalog_documents(after.repo.catalog))
+    (change,) = changes
+    assert (change.kind, change.name, change.change) == ("Person", "alice", "change")
+    assert any(f.path.startswith("spec.memberships") and "evals" in f.old for f in change.fields), change

@@ -8,24 +8,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
-from openai.types.chat import ChatCompletionMessageParam
 
-from .helpers import FAST, create_key, error_of, in_one_window, start_router, window_start_offset
+from .helpers import create_key, in_one_window, outcome, start_router, window_start_offset
 
 pytestmark = pytest.mark.integration
-
-HELLO: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
-
-
-def _outcome(client: openai.OpenAI) -> str:
-    """'ok', or the refusal's message."""
-    try:
-        client.chat.completions.create(model=FAST, messages=HELLO, max_tokens=1)
-    except openai.RateLimitError as exc:
-        return str(error_of(exc)["message"])
-    return "ok"
 
 
 @pytest.mark.parametrize(
@@ -44,7 +31,7 @@ def test_projects_share_their_parents_rpm(
         clients = [router.client(k) for k in keys]
 
         def alternate() -> list[str]:
-            return [_outcome(clients[i % 2]) for i in range(10)]
+            return [outcome(clients[i % 2]) for i in range(10)]
 
         outcomes = in_one_window(offset, alternate)
         for c in clients:
@@ -68,9 +55,9 @@ def test_two_routers_together_stay_within_the_rpm(pg_dsn: str, snap: dict[str, A
 
         def burst() -> list[tuple[int, str]]:
             # one request through each router first, so both are known to serve; then all at once
-            out = [(i, _outcome(clients[i])) for i in (0, 1)]
+            out = [(i, outcome(clients[i])) for i in (0, 1)]
             with ThreadPoolExecutor(8) as pool:
-                out += pool.map(lambda n: (n % 2, _outcome(clients[n % 2])), range(requests - 2))
+                out += pool.map(lambda n: (n % 2, outcome(clients[n % 2])), range(requests - 2))
             return out
 
         outcomes = in_one_window(offset, burst)

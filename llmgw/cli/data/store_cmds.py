@@ -139,6 +139,7 @@ def _api_key(view: KeyView) -> ApiKey:
         view.expires_at,
         view.revoked_at,
         view.last_used_at,
+        view.owner,
     )
 
 
@@ -189,6 +190,7 @@ def _key_json(key: ApiKey, now: float) -> dict[str, Any]:
         "id": key.id,
         "prefix": key.prefix,
         "project": key.project,
+        "owner": key.owner,
         "name": key.name,
         "state": key.state(now),
         "created_at": _when(key.created_at),
@@ -200,7 +202,14 @@ def _key_json(key: ApiKey, now: float) -> dict[str, Any]:
 
 @keys_app.command("create")
 def keys_create(
-    project: Annotated[str, typer.Option("--project", help="Project the key spends against.")],
+    project: Annotated[
+        str | None,
+        typer.Option("--project", help="Project the key spends against (with --owner: the key's default)."),
+    ] = None,
+    owner: Annotated[
+        str | None,
+        typer.Option("--owner", help="A Person: a personal key, charged to them (docs/tenancy.md)."),
+    ] = None,
     name: Annotated[str, typer.Option("--name", help="A label for the key.")] = "",
     expires: Annotated[str | None, typer.Option("--expires", help="Lifetime such as 30d, 12h, 2w.")] = None,
     store: KeysStoreOpt = None,
@@ -209,19 +218,30 @@ def keys_create(
     as_json: JsonOpt = False,
 ) -> None:
     """Create a key and print it once: only its hash is kept."""
+    if project is None and owner is None:
+        output.fail(
+            "give --project (a project's key) or --owner (a person's own key; --project is then its default)"
+        )
     try:
         expires_in = parse_duration(expires, bare_seconds=False, positive=True) if expires else None
     except ValueError as exc:
         output.fail(f"--expires: {exc}")
     if store is None:
-        body = {"project": project, "name": name, "expires_in_s": expires_in}
+        body = {"project": project, "owner": owner, "name": name, "expires_in_s": expires_in}
         made = _api(_controller(controller, token_file), "POST", "/api/v1/keys", body, KeyCreated)
         new = keymod.NewKey(_api_key(made), made.key)
     else:
 
         async def create(s: Store) -> keymod.NewKey:
-            made = await keymod.create_key(s, project, time.time(), name=name, expires_in=expires_in)
-            await _audit_direct(s, "key.create", f"{made.key.id} (project {project})", "accepted")
+            made = await keymod.create_key(
+                s, project, time.time(), name=name, expires_in=expires_in, owner=owner
+            )
+            whose = (
+                f"project {project}"
+                if owner is None
+                else f"person {owner}, project {project or '(names one)'}"
+            )
+            await _audit_direct(s, "key.create", f"{made.key.id} ({whose})", "accepted")
             return made
 
         new = _run(StoreWhere(store, may_create=True), create, announce=False)
@@ -230,16 +250,24 @@ def keys_create(
         return
     print(new.plaintext)
     output.console(stderr=True).print(
-        f"key {new.key.id} for project {project!r}"
+        f"key {new.key.id} {_key_for(project, owner)}"
         + (f", expires {_when(new.key.expires_at)}" if new.key.expires_at else "")
         + ". This is the only time the key is shown: store it now.",
         highlight=False,
     )
 
 
+def _key_for(project: str | None, owner: str | None) -> str:
+    """Whose a new key is, as the messages say it."""
+    if owner is None:
+        return f"for project {project!r}"
+    return f"of person {owner!r}" + (f", default project {project!r}" if project else ", no default project")
+
+
 @keys_app.command("list")
 def keys_list(
     project: Annotated[str | None, typer.Option("--project", help="Only this project's keys.")] = None,
+    owner: Annotated[str | None, typer.Option("--owner", help="Only this person's keys.")] = None,
     store: KeysStoreOpt = None,
     controller: ControllerOpt = None,
     token_file: TokenFileOpt = None,
@@ -247,11 +275,13 @@ def keys_list(
 ) -> None:
     """List keys (prefix only; the keys themselves are not kept)."""
     if store is None:
-        query = f"?project={urllib.parse.quote(project)}" if project else ""
+        params = {k: v for k, v in (("project", project), ("owner", owner)) if v}
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
         listed = _api(_controller(controller, token_file), "GET", f"/api/v1/keys{query}", None, KeysAnswer)
         found = [_api_key(k) for k in listed.keys]
     else:
-        found = _run(StoreWhere(store, may_create=True), lambda s: s.list_keys(project), announce=False)
+        where = StoreWhere(store, may_create=True)
+        found = _run(where, lambda s: s.list_keys(project, owner), announce=False)
     now = time.time()
     if as_json:
         output.print_json([_key_json(k, now) for k in found])
@@ -260,6 +290,7 @@ def keys_list(
         Column("ID", no_wrap=True),
         Column("Prefix", no_wrap=True),
         "Project",
+        "Owner",
         "Name",
         "State",
         "Created",
@@ -270,7 +301,8 @@ def keys_list(
         table.add_row(
             k.id,
             k.prefix + "…",
-            k.project,
+            k.project or "(names one)",
+            k.owner or "",
             k.name,
             k.state(now),
             _when(k.created_at),
@@ -310,13 +342,17 @@ NO_KEY = "(no key)"
 KEY_NOT_IN_STORE = "(key not in store)"
 UNKNOWN = "(unknown)"
 UNTAGGED = "(untagged)"
+NO_PERSON = "(no person)"  # by person: requests made with a project's key (or none), nobody's own
 
 
-def _group_column(t: UsageTotal, tag: str | None, as_json: bool) -> str | None:
-    """A group's name; by tag, the requests without the tag: null in JSON, (untagged) in a table or CSV."""
-    if tag is None or t.group:
+def _group_column(t: UsageTotal, by: str, tag: str | None, as_json: bool) -> str | None:
+    """A group's name; by tag, the requests without the tag: null in JSON, (untagged) in a table or CSV; by
+    person, the requests of no person's key: null in JSON, (no person) in a table or CSV."""
+    if t.group or (tag is None and by != "person"):
         return t.group
-    return None if as_json else UNTAGGED
+    if as_json:
+        return None
+    return UNTAGGED if tag is not None else NO_PERSON
 
 
 def _key_columns(t: UsageTotal, *, labelled: bool) -> list[str | None]:
@@ -373,7 +409,8 @@ def usage(
         str,
         typer.Option(
             "--by",
-            help="Group by project, team, org, key, model, router (imported rows: import:SOURCE), or tag:KEY.",
+            help="Group by project, team, org, key, model, router (imported rows: import:SOURCE), person, "
+            "or tag:KEY.",
         ),
     ] = "project",
     since: Annotated[str | None, typer.Option("--since", help="Only the last 7d, 24h, ...")] = None,
@@ -431,7 +468,7 @@ def _usage_rows(
     ]
     rows = [
         [
-            *(_key_columns(t, labelled=not as_json) if by == "key" else [_group_column(t, tag, as_json)]),
+            *(_key_columns(t, labelled=not as_json) if by == "key" else [_group_column(t, by, tag, as_json)]),
             t.requests,
             t.errors,
             t.tokens_in,

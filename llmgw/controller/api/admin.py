@@ -20,7 +20,6 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from llmgw.adapters import keys as keymod
 from llmgw.adapters.repo_files import content_hash
 from llmgw.adapters.secrets import SecretError
 from llmgw.adapters.sources import Checkout, GitSource, RevisionSource
@@ -41,7 +40,7 @@ from llmgw.core import jsonsafe, placement
 from llmgw.core.api.admin_api import UsageSeenBody
 from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
-from llmgw.store import ApiKey, StoreError
+from llmgw.store import StoreError
 
 log = logging.getLogger("llmgw.controller.api.admin")
 
@@ -369,81 +368,6 @@ def _apply_root(c: Controller, body: dict[str, Any]) -> Path:
     root = applied_files.write_files(applied_dir, files)
     applied_files.prune(applied_dir, {root} | ({c.desired.root} if c.desired is not None else set()))
     return root
-
-
-# ------------------------------------------------------------------------------------------------ keys
-
-
-def _key_json(key: ApiKey, now: float) -> dict[str, Any]:
-    return {
-        "id": key.id,
-        "prefix": key.prefix,
-        "project": key.project,
-        "name": key.name,
-        "state": key.state(now),
-        "created_at": key.created_at,
-        "expires_at": key.expires_at,
-        "revoked_at": key.revoked_at,
-        "last_used_at": key.last_used_at,
-    }
-
-
-async def keys_create(request: web.Request) -> web.Response:
-    """A key for a project, returned once in `key` (the store keeps only its hash)."""
-    c, principal = require(request, "admin"), guard.principal(request)
-    try:
-        body = jsonsafe.loads(await request.read())
-    except ValueError:
-        return error(400, 'body must be JSON: {"project": NAME, "name": LABEL, "expires_in_s": SECONDS}')
-    if not isinstance(body, dict) or not isinstance(body.get("project"), str) or not body["project"]:
-        return error(400, 'give "project": the project the key spends against')
-    project, name = body["project"], body.get("name")
-    if name is not None and not isinstance(name, str):
-        return error(400, "name must be a string (a label for the key) or left out")
-    expires = body.get("expires_in_s")
-    # bool is an int to Python, not a number to JSON: `true` is no number of seconds
-    if expires is not None and (
-        not isinstance(expires, int | float) or isinstance(expires, bool) or expires <= 0
-    ):
-        return error(400, "expires_in_s must be a positive number of seconds")
-    d = c.desired
-    known = sorted(d.catalog.projects) if d is not None else []
-    if d is not None and known and project not in d.catalog.projects:
-        return error(
-            404, f"project {project!r} is not in the applied revision (projects: {', '.join(known)})"
-        )
-    now = c.wall()
-    try:
-        new = await keymod.create_key(c.store, project, now, name=name or "", expires_in=expires)
-    except StoreError as exc:
-        return error(503, f"the store did not take the key: {exc}")
-    request[AUDIT_OBJECT] = f"{new.key.id} (project {project})"
-    await c.event("key_created", new.key.id, f"for project {project} by {principal.name}")
-    return web.json_response({**_key_json(new.key, now), "key": new.plaintext}, status=201)
-
-
-async def keys_list(request: web.Request) -> web.Response:
-    c = require(request, "admin")
-    try:
-        found = await c.store.list_keys(request.query.get("project") or None)
-    except StoreError as exc:
-        return error(503, f"the store is unavailable: {exc}")
-    now = c.wall()
-    return web.json_response({"keys": [_key_json(k, now) for k in found]})
-
-
-async def keys_revoke(request: web.Request) -> web.Response:
-    c, principal = require(request, "admin"), guard.principal(request)
-    key_id = request.match_info["key_id"]
-    request[AUDIT_OBJECT] = key_id
-    try:
-        revoked = await c.store.revoke_key(key_id, c.wall())
-    except StoreError as exc:
-        return error(503, f"the store is unavailable: {exc}")
-    if not revoked:
-        return error(404, f"no key with id {key_id!r} (see `llmgw keys list`)")
-    await c.event("key_revoked", key_id, f"by {principal.name}")
-    return web.json_response({"revoked": key_id})
 
 
 async def upgrade(request: web.Request) -> web.Response:

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from llmgw.controller.api.guard import PRINCIPAL, error, require_parts
+from llmgw.controller.api.guard import PERSON, PRINCIPAL, error, require_parts
 from llmgw.controller.parts.admin_tokens import AdminPrincipal, AdminTokens
 from llmgw.controller.parts.audit import AuditLog
 from llmgw.controller.parts.settings import ControllerOptions
@@ -101,6 +101,8 @@ def _reason(status: int, body: bytes | None) -> str:
 def _actor(request: web.Request, c: AuditParts) -> AdminPrincipal | None:
     if PRINCIPAL in request:
         return request[PRINCIPAL]
+    if PERSON in request:  # a person's own key: audited under their name (the scope is not theirs to use)
+        return AdminPrincipal(f"person:{request[PERSON]}", "plan")
     presented = bearer_token(request.headers.get("Authorization"))
     return c.admin_tokens.principal(presented) if presented is not None else None  # a 403: known, not allowed
 

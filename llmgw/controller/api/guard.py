@@ -22,13 +22,38 @@ from llmgw.core.errors import LlmgwError, TransientError
 from llmgw.core.security import bearer_token
 from llmgw.store.errors import StoreError
 
-__all__ = ["PRINCIPAL", "TOKENS", "Handler", "error", "json_errors", "principal", "require_parts", "scoped"]
+__all__ = [
+    "PEOPLE",
+    "PERSON",
+    "PRINCIPAL",
+    "TOKENS",
+    "Handler",
+    "PersonFinder",
+    "error",
+    "json_errors",
+    "person_or_scoped",
+    "principal",
+    "require_parts",
+    "scoped",
+]
 
 log = logging.getLogger("llmgw.controller.api.admin")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # Who is calling, set by `scoped` once the token's scope is checked.
 PRINCIPAL: web.RequestKey[AdminPrincipal] = web.RequestKey("principal", AdminPrincipal)
+# Or, on a route people may call too (`person_or_scoped`), the Person whose own active key was presented: what
+# they may do there is their role's (llmgw.core.tenancy.people.may), which the route's handler asks.
+PERSON: web.RequestKey[str] = web.RequestKey("person", str)
+
+
+class PersonFinder(Protocol):
+    """Whose own key a bearer token is: the Person's name while the key is active and they are declared."""
+
+    async def person_of_key(self, token: str) -> str | None: ...
+
+
+PEOPLE: web.AppKey[PersonFinder] = web.AppKey("people", PersonFinder)
 
 
 class TokenHolder(Protocol):
@@ -82,6 +107,29 @@ def scoped(need: Scope, handler: Handler) -> Handler:
 
     async def checked(request: web.Request) -> web.StreamResponse:
         request[PRINCIPAL] = _caller(request, need)
+        return await handler(request)
+
+    return checked
+
+
+def person_or_scoped(need: Scope, handler: Handler) -> Handler:
+    """`handler` behind the check that the caller holds an admin token of scope `need`, or is a person
+    presenting their own active key (`PERSON`; the handler then checks their role). A token that is neither
+    is 401, as on every route."""
+
+    async def checked(request: web.Request) -> web.StreamResponse:
+        presented = bearer_token(request.headers.get("Authorization"))
+        if presented is None or request.app[TOKENS].admin_tokens.principal(presented) is not None:
+            request[PRINCIPAL] = _caller(request, need)
+        else:
+            person = await request.app[PEOPLE].person_of_key(presented)
+            if person is None:
+                raise web.HTTPUnauthorized(
+                    text='{"error": {"message": "an admin token or a person\'s own active key required: '
+                    'Authorization: Bearer <token>"}}',
+                    content_type="application/json",
+                )
+            request[PERSON] = person
         return await handler(request)
 
     return checked

@@ -7,7 +7,7 @@ tags. The row holds the decision (see llmgw_router.path.lookup for why); a reque
 without a project's key) or not yet flushed (a router writes usage every second) is in that router's own
 buffer, at `GET /requests/{request_id}` on its metrics listener, which the 404 names.
 
-`GET /api/v1/usage?by=project|team|org|key|model|router|tag:KEY&since=EPOCH_SECONDS`: the totals `llmgw usage`
+`GET /api/v1/usage?by=project|team|org|key|model|router|person|tag:KEY&since=EPOCH_SECONDS`: the totals `llmgw usage`
 prints.
 """
 

@@ -28,6 +28,7 @@ from llmgw.controller.api import (
     usage_summary as usage_summary_admin,
 )
 from llmgw.controller.api.guard import Handler
+from llmgw.controller.api.people import keys as keys_api
 from llmgw.controller.parts.admin_tokens import Scope
 from llmgw.core.api import admin_api as m
 from llmgw.core.api.openapi import Auth, Endpoint, Query, document
@@ -75,10 +76,15 @@ LOGS_ERRORS = {400: "A query parameter is wrong", 404: "No such target", 503: "N
 class Route:
     endpoint: Endpoint
     handler: Handler
+    # People may call it too, with their own key, within their role (guard.person_or_scoped; the handler asks
+    # the roles table): the API keys.
+    people: bool = False
 
 
-def _r(method: str, path: str, auth: Auth, summary: str, handler: Handler, **kw: Any) -> Route:
-    return Route(Endpoint(method, path, auth, summary, **kw), handler)
+def _r(
+    method: str, path: str, auth: Auth, summary: str, handler: Handler, *, people: bool = False, **kw: Any
+) -> Route:
+    return Route(Endpoint(method, path, auth, summary, **kw), handler, people)
 
 
 async def _openapi(request: web.Request) -> web.Response:
@@ -259,7 +265,8 @@ ROUTES: tuple[Route, ...] = (
         "/api/v1/keys",
         "admin",
         "API keys",
-        admin.keys_list,
+        keys_api.keys_list,
+        people=True,
         answers={200: m.KeysAnswer},
         query=(Query("project", {"type": "string"}, "Only this project's"),),
         errors={503: STORE_DOWN},
@@ -269,7 +276,8 @@ ROUTES: tuple[Route, ...] = (
         "/api/v1/keys",
         "admin",
         "A new API key, shown once",
-        admin.keys_create,
+        keys_api.keys_create,
+        people=True,
         body=m.KeyCreateBody,
         answers={201: m.KeyCreated},
         errors={400: BAD_BODY, 404: "No such project in the applied revision", 503: STORE_DOWN},
@@ -279,7 +287,8 @@ ROUTES: tuple[Route, ...] = (
         "/api/v1/keys/{key_id}/revoke",
         "admin",
         "Revoke an API key",
-        admin.keys_revoke,
+        keys_api.keys_revoke,
+        people=True,
         answers={200: m.KeyRevoked},
         errors={404: "No such key", 503: STORE_DOWN},
     ),
@@ -316,7 +325,7 @@ ROUTES: tuple[Route, ...] = (
             Query(
                 "by",
                 {"type": "string", "default": "project", "pattern": USAGE_BY_PATTERN},
-                "project, team, org, key, model, router or tag:KEY",
+                "project, team, org, key, model, router, person or tag:KEY",
             ),
             SINCE,
         ),
@@ -485,7 +494,7 @@ def add_routes(app: web.Application) -> None:
         checked = route.handler
         scope = SCOPES.get(e.auth)
         if scope is not None:
-            checked = guard.scoped(scope, checked)
+            checked = (guard.person_or_scoped if route.people else guard.scoped)(scope, checked)
             if e.method != "GET" or e.path in admin_ops.AUDITED_READS:
                 checked = admin_ops.audited(admin_ops.action_of(e.method, e.path), checked)
         app.router.add_route(e.method, e.path, checked)

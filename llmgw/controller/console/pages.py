@@ -159,7 +159,7 @@ async def tenants(request: web.Request) -> web.StreamResponse:
     error = ""
     try:
         keys = [k for k in await c.store.list_keys(only) if only in (None, k.project)]
-        for by in ("project", "model", "key"):
+        for by in ("project", "model", "key", "person"):
             totals = [usage_total_json(t, by) for t in await c.store.usage_totals(by, since=since)]
             usage[by] = totals if only is None else []
         buckets = await c.store.usage_per_bucket(since, c.wall() + CHART_BUCKET_S, CHART_BUCKET_S, only)

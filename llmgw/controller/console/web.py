@@ -387,7 +387,8 @@ async def _open_session(request: web.Request, token: str) -> Session | None:
         found = await keymod.lookup(c.store, token, c.wall())
     except StoreError:
         return None
-    if found is None or found.state != "active":
+    # A personal key is not a project's console login: a person signs in as themselves (docs/console.md).
+    if found is None or found.state != "active" or found.owner is not None or found.project is None:
         return None
     return sessions.open_tenant(found.key_id, found.project, token)
 

@@ -326,7 +326,10 @@ class UncordonAnswer(Answer):
 class KeyView(Answer):
     id: str
     prefix: str
-    project: str
+    project: str | None = Field(
+        description="The project it spends against; a personal key's default (null: none)"
+    )
+    owner: str | None = Field(None, description="The Person a personal key belongs to; null: a project key")
     name: str
     state: str
     created_at: float
@@ -340,7 +343,14 @@ class KeysAnswer(Answer):
 
 
 class KeyCreateBody(Body):
-    project: str = Field(min_length=1, description="The project the key spends against")
+    project: str | None = Field(
+        None,
+        min_length=1,
+        description="The project the key spends against (a personal key's default; a project key needs one)",
+    )
+    owner: str | None = Field(
+        None, min_length=1, description="A Person: the key is theirs, charged to them (docs/tenancy.md)"
+    )
     name: str | None = Field(None, description="A label")
     expires_in_s: float | None = Field(
         None, gt=0, description="Seconds until it expires; never when left out"

@@ -68,3 +68,10 @@ class Metadata(Strict):
     annotations: dict[str, str] = Field(
         default_factory=dict, description="Free-form notes, never interpreted"
     )
+
+
+class Budget(Strict):
+    """Money that may be spent per period (a tenant's, a person's, a member's share)."""
+
+    amount: float = Field(ge=0, description="Money per period, in the currency of the model prices")
+    period: Duration = Field(description="Budget period, e.g. 30d")

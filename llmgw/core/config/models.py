@@ -16,6 +16,7 @@ from llmgw.core.config.base import (
     API_VERSION as API_VERSION,
     CPU_ENGINES as CPU_ENGINES,
     NAME_PATTERN as NAME_PATTERN,
+    Budget as Budget,
     Duration as Duration,
     EngineName as EngineName,
     Metadata as Metadata,
@@ -323,13 +324,6 @@ class RoutingPolicySpec(Strict):
 
 
 # ---------------------------------------------------------------------------------------------------- Tenants
-
-
-class Budget(Strict):
-    """Money that may be spent per period."""
-
-    amount: float = Field(ge=0, description="Money per period, in the currency of the model prices")
-    period: Duration = Field(description="Budget period, e.g. 30d")
 
 
 class Limits(Strict):

@@ -46,7 +46,9 @@ __all__ = [
     "windowed_limits",
 ]
 
-Level = Literal["organization", "team", "project"]
+# person: one person across every key and project; member: one person's share of a scope (`per_member`), named
+# `PERSON@KIND/SCOPE` (llmgw.core.tenancy.people.person_chain).
+Level = Literal["organization", "team", "project", "member", "person"]
 Metric = Literal["requests", "tokens", "concurrency", "budget"]
 METRICS: tuple[Metric, ...] = ("concurrency", "requests", "tokens", "budget")
 RateMetric = Literal["requests", "tokens"]

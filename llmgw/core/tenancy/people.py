@@ -12,8 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from llmgw.core.config.specs.person_spec import MemberRole
+from llmgw.core.config.specs.person_spec import MemberRole, PersonLimits
 from llmgw.core.snapshot import Tenants
+from llmgw.core.tenancy.limits import Budget, LevelLimits, Tenant
+from llmgw.core.tenancy.projects import TenantChain
+from llmgw.core.words import parse_duration
 
 __all__ = [
     "ACTIONS",
@@ -24,7 +27,9 @@ __all__ = [
     "Role",
     "ScopeKind",
     "may",
+    "member_level",
     "memberships_of",
+    "person_chain",
     "project_role",
     "scope_role",
 ]
@@ -131,3 +136,46 @@ def project_role(person_name: str, project: str, desired_state: Tenants) -> Role
         covering.add(("organization", org))
     held = memberships_of(person_name, desired_state)
     return _strongest([m.role for m in held if (m.scope_kind, m.scope_name) in covering])
+
+
+def _limits(declared: PersonLimits) -> LevelLimits:
+    budget = declared.budget
+    return LevelLimits(
+        rpm=declared.rpm,
+        tpm=declared.tpm,
+        concurrency=declared.concurrency,
+        budget=Budget(budget.amount, parse_duration(budget.period)) if budget is not None else None,
+    )
+
+
+def member_level(person_name: str, scope_kind: ScopeKind, scope_name: str, share: PersonLimits) -> Tenant:
+    """One person's own share of a scope's `per_member` limits: a pool of its own, `PERSON@KIND/SCOPE`."""
+    return Tenant("member", f"{person_name}@{scope_kind}/{scope_name}", _limits(share))
+
+
+def _per_member(desired_state: Tenants, level: Tenant) -> PersonLimits | None:
+    """The `per_member` share a level of a project's chain declares (None: none)."""
+    if level.level == "organization":
+        org = desired_state.organizations.get(level.name)
+        return org.per_member if org is not None else None
+    if level.level == "team":
+        team = desired_state.teams.get(level.name)
+        return team.per_member if team is not None else None
+    project = desired_state.projects.get(level.name)
+    return project.per_member if project is not None else None
+
+
+def person_chain(chain: TenantChain, person_name: str, desired_state: Tenants) -> TenantChain:
+    """The levels a person's request in `chain`'s project is charged to: the project's chain, then their share
+    of every scope of it that sets `per_member`, then the person's own limits (across every key and project).
+    Levels that limit nothing are left out, as the limiter would skip them anyway."""
+    shares: list[Tenant] = []
+    for level in chain.levels:  # organization, team, project
+        share = _per_member(desired_state, level)
+        if share is not None:
+            kind: ScopeKind = level.level  # type: ignore[assignment]  # the chain holds these three only
+            shares.append(member_level(person_name, kind, level.name, share))
+    person = desired_state.people.get(person_name)
+    if person is not None and _limits(person.limits) != LevelLimits():
+        shares.append(Tenant("person", person_name, _limits(person.limits)))
+    return TenantChain(chain.project, chain.team, chain.organization, chain.levels + tuple(shares))

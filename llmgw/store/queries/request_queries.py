@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # annotations only: a router imports `record_view` without lo
 USAGE_COLUMNS = (
     "id, time, request_id, project, team, org, key_id, model, tokens_in, tokens_out, cost, latency_ms, "
     "status, fallback_used, router_id, endpoint, queue_ms, ttft_ms, attempts, decision, code, stream, prefix, "
-    "guard"
+    "guard, person"
 )
 LOOKUP_MAX = 50  # rows one request id may return (a client's own ids can repeat)
 
@@ -51,6 +51,7 @@ def usage_record(r: Row, tags: dict[str, str] | None = None) -> UsageRecord:
         stream=bool(r[21]) if r[21] is not None else None,
         prefix=r[22],
         guard=_json_or_none(r[23]),
+        person=r[24],
     )
 
 

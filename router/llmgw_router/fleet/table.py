@@ -14,6 +14,7 @@ from llmgw_agent.engines import metric_mapping
 
 from llmgw.core.config.models import RoutingPolicySpec
 from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
+from llmgw.core.tenancy.people import person_chain
 from llmgw.core.tenancy.projects import TenantChain, allowed, tenant_chain
 from llmgw.core.words import parse_duration
 from llmgw_router.decisions.breaker import BreakerState
@@ -102,6 +103,9 @@ class RoutingTable:
     # Decisions that depend only on this snapshot, memoised: the request path asks the same few questions.
     _allowed: dict[tuple[str, str, str], bool] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[str, TenantChain | None] = field(default_factory=dict, compare=False, repr=False)
+    _person_chains: dict[tuple[str, str], TenantChain] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def allowed(self, project: str, model: str, asked_as: str) -> bool:
         """May `project` use `model` (asked for by the name `asked_as`)? Per the snapshot's tenants."""
@@ -120,6 +124,19 @@ class RoutingTable:
                 self._chains.clear()
             self._chains[project] = tenant_chain(self.snapshot.tenants, project)
         return self._chains[project]
+
+    def person_chain(self, project: str, person: str) -> TenantChain:
+        """`project`'s chain with `person`'s shares and own limits after it (the project is in the tenants).
+        One object per (project, person) and snapshot: the limiter keys its plans by the chain's identity."""
+        key = (project, person)
+        found = self._person_chains.get(key)
+        if found is None:
+            base = self.chain(project)
+            assert base is not None, "a project of the snapshot's tenants"
+            if len(self._person_chains) > 100_000:
+                self._person_chains.clear()
+            found = self._person_chains[key] = person_chain(base, person, self.snapshot.tenants)
+        return found
 
     @property
     def models(self) -> dict[str, PublishedModel]:

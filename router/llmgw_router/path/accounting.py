@@ -238,6 +238,7 @@ def _usage_record(
         team=(chain.team or "") if chain else "",
         org=(chain.organization or "") if chain else "",
         key_id=principal.key_id if principal else None,
+        person=principal.person if principal else None,
         tokens_in=bill.prompt or 0,
         tokens_out=bill.completion,
         cost=bill.cost,

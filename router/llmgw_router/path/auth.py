@@ -20,13 +20,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from llmgw.core.security import bearer_token
+from llmgw.core.snapshot import Tenants
 from llmgw.core.tenancy.keys import hash_key, looks_like_key
+from llmgw.core.tenancy.people import may, project_role
 from llmgw.store.errors import StoreError
 from llmgw.store.records import KeyLookup
 from llmgw_router.server.errors import ApiError
 from llmgw_router.server.exchange import Exchange
 
 __all__ = [
+    "PROJECT_HEADER",
     "Authenticator",
     "KeyPrincipal",
     "KeyStore",
@@ -34,7 +37,11 @@ __all__ = [
     "StoreKeys",
     "auth_disabled_principal",
     "is_operator",
+    "personal_principal",
 ]
+
+# A personal key's request names the project it is for here (else the key's default project is used).
+PROJECT_HEADER = "x-llmgw-project"
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +58,8 @@ class KeyStore(Protocol):
 @dataclass(slots=True)
 class KeyPrincipal:
     key_id: str | None
-    project: str | None  # None only when auth is disabled
+    project: str | None  # None only when auth is disabled (or, until `personal_principal`, a personal key's)
+    person: str | None = None  # a personal key's owner: charged with the project, held to their limits
 
 
 def auth_disabled_principal() -> KeyPrincipal:
@@ -137,6 +145,9 @@ class Authenticator:
         # Only our own key shape is worth a store query; an in-memory keys file answers any token for free.
         self._shape_checked = not getattr(store, "any_token", False)
         self._store_error: str | None = None  # set while the key store is unreachable
+        # The snapshot's tenants, read at each personal key's request (the request service sets it): whom a
+        # person's key may serve is decided there, never cached with the key.
+        self.tenants: Callable[[], Tenants] = Tenants
 
     @property
     def enabled(self) -> bool:
@@ -147,6 +158,8 @@ class Authenticator:
         counts as anonymous against the listener's caps (listener.py, H6)."""
         principal = await self.authenticate(exchange.headers.get("authorization"))
         exchange.authenticated()
+        if principal.person is not None:  # a person's own key: the project it names, if they belong there
+            return personal_principal(principal, self.tenants(), exchange.headers.get(PROJECT_HEADER))
         return principal
 
     async def authenticate(self, header: str | None) -> KeyPrincipal:
@@ -221,4 +234,39 @@ def _principal(found: KeyLookup | None, token: str, now: float) -> KeyPrincipal:
         raise ApiError(401, f"API key {shown} (id {found.key_id}) has been revoked.", "key_revoked")
     if found.state == "expired" or (found.expires_at is not None and found.expires_at <= now):
         raise ApiError(401, f"API key {shown} (id {found.key_id}) has expired.", "key_expired")
-    return KeyPrincipal(found.key_id, found.project)
+    return KeyPrincipal(found.key_id, found.project, found.owner)
+
+
+def personal_principal(principal: KeyPrincipal, tenants: Tenants, named: str | None) -> KeyPrincipal:
+    """A personal key's request, for the project it names (`x-llmgw-project`, else the key's default): allowed
+    only while the snapshot's people say its owner may use models there, so a person removed from a project
+    by a commit is refused on the first request after the snapshot that says so (the key cache holds the
+    key's owner, never a membership). 400 when no project is named, 403 when the person may not use it."""
+    person = principal.person
+    assert person is not None, "a personal key's principal"
+    if person not in tenants.people:
+        raise ApiError(
+            403,
+            f"API key {principal.key_id} belongs to person `{person}`, who is not in the cluster repo.",
+            "person_not_declared",
+            "permission_error",
+        )
+    project = named or principal.project
+    if not project:
+        raise ApiError(
+            400,
+            f"API key {principal.key_id} is person `{person}`'s own with no default project: name the project "
+            f"with the `{PROJECT_HEADER}` header.",
+            "project_required",
+        )
+    if project not in tenants.projects:
+        raise ApiError(
+            403, f"Project `{project}` is not in the cluster repo.", "unknown_project", "permission_error"
+        )
+    role = project_role(person, project, tenants)
+    if not may(role, "use_models"):
+        held = f"is a {role} there, who may not use models" if role else "is not a member"
+        raise ApiError(
+            403, f"Person `{person}` {held} of project `{project}`.", "not_a_member", "permission_error"
+        )
+    return KeyPrincipal(principal.key_id, project, person)

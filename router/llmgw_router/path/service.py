@@ -26,7 +26,7 @@ import aiohttp
 
 from llmgw.adapters import logformat
 from llmgw.core.evals.guardrails import CompiledGuardrail
-from llmgw.core.snapshot import PublishedAdapter, PublishedModel, RouterSnapshot
+from llmgw.core.snapshot import PublishedAdapter, PublishedModel, RouterSnapshot, Tenants
 from llmgw.core.tenancy.projects import has_tenants
 from llmgw_router.decisions.capabilities import (
     lacked,
@@ -85,6 +85,7 @@ class RequestService:
     ) -> None:
         self.options = options or RouterOptions()
         self.auth = auth or Authenticator(None)
+        self.auth.tenants = self._tenants  # a personal key's memberships: today's snapshot's, at each request
         self.limiter: Limiter = limiter or NoLimits()
         self.usage: UsageSink = usage or NullUsage()
         self.clock = clock
@@ -192,6 +193,9 @@ class RequestService:
         except ApiError as err:
             return error_response(err)
         return models_page(table, principal.project, one, self.forwarding.schedulable, self.adapters)
+
+    def _tenants(self) -> Tenants:
+        return self.table.snapshot.tenants if self.table is not None else Tenants()
 
     # ------------------------------------------------------------------ the request path
 
@@ -324,6 +328,9 @@ class RequestService:
         call.chain = table.chain(tenant_project)
         if call.chain is None:
             return
+        person = call.principal.person if call.principal is not None else None
+        if person is not None:  # their share of each scope, and their own limits, pooled as the scopes'
+            call.chain = table.person_chain(tenant_project, person)
         serving = [table.models[m] for m in call.serving]
         began = time.monotonic()
         try:

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
-from llmgw.core.config.base import Name, Strict
+from llmgw.core.config.base import Budget, Name, Strict
 
 __all__ = ["EMAIL_PATTERN", "MemberRole", "MembershipSpec", "PersonLimits", "PersonSpec"]
 
@@ -41,11 +41,13 @@ class MembershipSpec(Strict):
 
 
 class PersonLimits(Strict):
-    """A person's own limits, across every key and project they spend through (unset: none of their own)."""
+    """A person's own limits, across every key and project they spend through, or each member's share of a
+    scope (`per_member`); unset: none."""
 
     rpm: int | None = Field(None, ge=0, description="Requests per minute")
     tpm: int | None = Field(None, ge=0, description="Tokens per minute (prompt + completion)")
     concurrency: int | None = Field(None, ge=0, description="Requests in flight at once")
+    budget: Budget | None = Field(None, description="Spending limit per period")
 
 
 class PersonSpec(Strict):

@@ -1,0 +1,1 @@
+"""What people may do through the admin API: who is calling (`access`) and the API keys they make (`keys`)."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from llmgw.core.config.specs.console_spec import GroupGrant
 from llmgw.core.snapshot import Tenants
-from llmgw.core.tenancy.people import ROLES, Membership, Role, ScopeKind
+from llmgw.core.tenancy.people import ROLES, Membership, Role, ScopeKind, role_in_project
 
 __all__ = ["Held", "combined", "from_groups", "project_role_among"]
 
@@ -61,20 +61,5 @@ def combined(repo: Iterable[Membership], granted: Iterable[Held]) -> list[Held]:
 
 
 def project_role_among(held: Iterable[Held], project: str, tenants: Tenants) -> Role | None:
-    """The strongest role `held` gives in `project`: on it, its team or its organization. None: no role there
-    (or the project is not declared)."""
-    spec = tenants.projects.get(project)
-    if spec is None:
-        return None
-    covering: set[tuple[str, str]] = {("project", project)}
-    org = spec.organization
-    if spec.team is not None:
-        covering.add(("team", spec.team))
-        team = tenants.teams.get(spec.team)
-        org = team.organization if team is not None else None
-    if org is not None:
-        covering.add(("organization", org))
-    roles = [
-        h.membership.role for h in held if (h.membership.scope_kind, h.membership.scope_name) in covering
-    ]
-    return max(roles, key=ROLES.index) if roles else None
+    """The strongest role `held` gives in `project` (people.role_in_project, over memberships of any source)."""
+    return role_in_project((h.membership for h in held), project, tenants)

@@ -9,6 +9,7 @@ docs/tenancy.md, People, has the roles table this module's `ROLE_TABLE` is.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -31,6 +32,7 @@ __all__ = [
     "memberships_of",
     "person_chain",
     "project_role",
+    "role_in_project",
     "scope_role",
 ]
 
@@ -123,6 +125,12 @@ def scope_role(
 def project_role(person_name: str, project: str, desired_state: Tenants) -> Role | None:
     """The person's role in `project`: the strongest of their roles on it, its team and its organization.
     None when they hold none there, or the project is not declared."""
+    return role_in_project(memberships_of(person_name, desired_state), project, desired_state)
+
+
+def role_in_project(held: Iterable[Membership], project: str, desired_state: Tenants) -> Role | None:
+    """The strongest role `held` gives in `project`: on it, its team or its organization. None: no role there
+    (or the project is not declared). The one place a project's covering scopes are worked out."""
     spec = desired_state.projects.get(project)
     if spec is None:
         return None
@@ -134,7 +142,6 @@ def project_role(person_name: str, project: str, desired_state: Tenants) -> Role
         org = team.organization if team is not None else None
     if org is not None:
         covering.add(("organization", org))
-    held = memberships_of(person_name, desired_state)
     return _strongest([m.role for m in held if (m.scope_kind, m.scope_name) in covering])
 
 

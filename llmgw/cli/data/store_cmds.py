@@ -54,7 +54,10 @@ from llmgw.store.records import TAG_GROUP_PREFIX, AuditOutcome
 T = TypeVar("T")
 
 keys_app = typer.Typer(help="API keys: create (shown once), list, revoke.", no_args_is_help=True)
-store_app = typer.Typer(help="The store: migrate it, or move it to another database.", no_args_is_help=True)
+store_app = typer.Typer(
+    help="The store: migrate it, move it to another database, back it up and restore it.",
+    no_args_is_help=True,
+)
 
 StoreOpt = Annotated[
     str | None,
@@ -487,28 +490,42 @@ def store_migrate(store: StoreOpt = None, controller_config: ControllerConfigOpt
 
 @store_app.command("move")
 def store_move(
-    to: Annotated[str, typer.Option("--to", help="Destination DSN; must be empty.")],
+    to: Annotated[str, typer.Option("--to", help="Destination DSN; must be empty (see --replace).")],
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Delete the destination's rows first instead of refusing")
+    ] = False,
     store: StoreOpt = None,
     controller_config: ControllerConfigOpt = None,
 ) -> None:
-    """Copy every table to another store (for example SQLite to PostgreSQL). Stop the writers first."""
+    """Copy every table to another store (for example SQLite to PostgreSQL), then check each table's row count
+    in both. Stop the writers first."""
     console = output.console(stderr=True)
 
     async def go(src: Store) -> dict[str, int]:
         dst = await Store.open(to)
         try:
             report = await move_store(
-                src, dst, lambda t, n: console.print(f"copied {t}: {n} rows", highlight=False)
+                src,
+                dst,
+                lambda t, n: console.print(f"copied {t}: {n} rows", highlight=False),
+                replace=replace,
             )
         finally:
             await dst.close()
         return report.copied
 
     copied = _run(StoreWhere(store, controller_config), go)
-    print(f"moved {sum(copied.values())} rows; point --store / LLMGW_STORE at the new store")
+    print(
+        f"moved {sum(copied.values())} rows, each table's count checked in both stores; "
+        "point --store / LLMGW_STORE at the new store"
+    )
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(keys_app, name="keys")
+    from llmgw.cli.data import backup_cmds
+
+    store_app.command("backup")(backup_cmds.backup)
+    store_app.command("restore")(backup_cmds.restore)
     app.add_typer(store_app, name="store")
     app.command("usage")(usage)

@@ -104,16 +104,17 @@ def load_down_migrations() -> dict[int, Migration]:
     return found
 
 
-async def migrate_down(db: Backend, to_version: int) -> list[int]:
+async def migrate_down(db: Backend, to_version: int, downs: dict[int, Migration] | None = None) -> list[int]:
     """Undo every applied migration above `to_version`, newest first, each in its own transaction with its
-    schema_version row; refuses before undoing anything when one of them has no down file."""
+    schema_version row; refuses before undoing anything when one of them has no down file. `downs`: the
+    package's (load_down_migrations) unless given."""
     have = await current_version(db)
     async with db.tx() as tx:
         rows = await tx.fetch(
             "SELECT version FROM schema_version WHERE version > ? ORDER BY version DESC", (to_version,)
         )
     versions = [int(r[0]) for r in rows]
-    downs = load_down_migrations()
+    downs = load_down_migrations() if downs is None else downs
     missing = [v for v in versions if v not in downs]
     if missing:
         raise StoreError(

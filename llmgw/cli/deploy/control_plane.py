@@ -25,6 +25,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -272,12 +273,10 @@ def run(plan_path: Path, to: str | None, *, rollback: bool, allow_irreversible: 
     if target == running:
         output.fail(f"the control plane already runs {running}")
     have = store_version(plan.store)
-    step = store_step(
-        have,
-        release_migrations(plan, running),
-        release_migrations(plan, target),
-        allow_irreversible=allow_irreversible,
-    )
+    with ThreadPoolExecutor(max_workers=2) as pool:  # two releases asked at once: each starts a process
+        asked = pool.map(lambda release: release_migrations(plan, release), (running, target))
+        running_has, target_has = list(asked)
+    step = store_step(have, running_has, target_has, allow_irreversible=allow_irreversible)
     if step.refusal is not None:
         output.fail(step.refusal)
     err = output.console(stderr=True)

@@ -16,12 +16,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 from llmgw.cli import output
+from llmgw.cli.admin_client import probe_status
 
 START_LIMIT_S = 90.0
 
@@ -60,18 +59,6 @@ def _admin_token(values: dict[str, Any]) -> str:
         output.fail(f"check: the admin token {path} is not there after the restore: {exc.strerror}")
 
 
-def _status(url: str, token: str | None, tls: ssl.SSLContext | None) -> int | None:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=3, context=tls) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return None
-
-
 def start_controller(config: Path) -> str:
     """Start, probe and stop the controller; what it showed, or exit 1 with its log's end."""
     values = _settings(config)
@@ -94,7 +81,7 @@ def start_controller(config: Path) -> str:
         proc = subprocess.Popen(argv, stdout=log, stderr=log, start_new_session=True)
         try:
             healthy = _wait(proc, url + "/healthz", tls)
-            answered = _status(url + "/api/v1/status", token, tls) if healthy else None
+            answered = probe_status(url + "/api/v1/status", token, tls) if healthy else None
         finally:
             _stop(proc)
         if healthy and answered == 200:
@@ -110,7 +97,7 @@ def _wait(proc: subprocess.Popen[bytes], url: str, tls: ssl.SSLContext | None) -
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return False
-        if _status(url, None, tls) == 200:
+        if probe_status(url, None, tls) == 200:
             return True
         time.sleep(0.2)
     return False

@@ -23,8 +23,6 @@ import json
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmgw.cli import output
+from llmgw.cli.admin_client import probe_status
 from llmgw.store import Store, StoreError
 
 Role = Literal["standby", "leader", "router"]
@@ -197,19 +196,9 @@ def store_version(dsn: str) -> int:
         output.fail(f"the plan's store: {exc}")
 
 
-def http_status(url: str) -> int | None:
-    try:
-        with urllib.request.urlopen(url, timeout=3) as reply:
-            return int(reply.status)
-    except urllib.error.HTTPError as exc:
-        return int(exc.code)
-    except (urllib.error.URLError, OSError):
-        return None
-
-
 def wait_status(url: str, want: int, limit_s: float, what: str) -> None:
     deadline = time.monotonic() + limit_s
-    while http_status(url) != want:
+    while probe_status(url) != want:
         if time.monotonic() > deadline:
             output.fail(f"{what}: {url} did not answer {want} within {limit_s:.0f}s; the roll stops here")
         time.sleep(0.2)
@@ -229,7 +218,7 @@ def restart(member: Member, release: str) -> None:
 def roll(plan: ControlPlanePlan, release: str) -> list[str]:
     """Restart every member on `release` in order, each waited for; what was done, in words."""
     base = {c.name: c.url.rstrip("/") for c in plan.controllers}
-    leading = {name: http_status(url + "/healthz/leader") == 200 for name, url in base.items()}
+    leading = {name: probe_status(url + "/healthz/leader") == 200 for name, url in base.items()}
     done: list[str] = []
     for role, member in order(plan.controllers, leading, plan.routers):
         url = member.url.rstrip("/")
@@ -249,7 +238,7 @@ def roll(plan: ControlPlanePlan, release: str) -> list[str]:
 
 def _wait_any_leader(urls: list[str], limit_s: float) -> None:
     deadline = time.monotonic() + limit_s
-    while not any(http_status(u + "/healthz/leader") == 200 for u in urls):
+    while not any(probe_status(u + "/healthz/leader") == 200 for u in urls):
         if time.monotonic() > deadline:
             output.fail(f"no controller leads {limit_s:.0f}s after the leader restarted; the roll stops here")
         time.sleep(0.2)

@@ -101,13 +101,17 @@ def unseal(sealed: bytes, passphrase: bytes) -> list[SealedEntry]:
             extracted = tar.extractfile(member)
             if extracted is None:
                 continue
+            if ".." in Path(member.name).parts:  # sealed by us from resolved paths: never there
+                raise SealedFilesError(
+                    f"the sealed archive names {member.name!r}, outside any path it sealed"
+                )
             entries.append(SealedEntry(Path("/") / member.name, member.mode & 0o7777, extracted.read()))
     return entries
 
 
-def write_entries(entries: list[SealedEntry], *, replace: bool) -> list[Path]:
-    """Put the files back at their paths, with their modes (directories made 0700). A file already there with
-    other content is refused unless `replace`; the paths written."""
+def check_clashes(entries: list[SealedEntry], *, replace: bool) -> None:
+    """Refuse (unless `replace`) when a file to restore exists with other content: said before anything is
+    written, so a refused restore leaves the store and the files as they were."""
     clashes = [e.path for e in entries if e.path.exists() and e.path.read_bytes() != e.content]
     if clashes and not replace:
         listed = ", ".join(str(p) for p in clashes[:5])
@@ -115,6 +119,11 @@ def write_entries(entries: list[SealedEntry], *, replace: bool) -> list[Path]:
             f"{len(clashes)} file(s) to restore exist with other content ({listed}): give --replace to "
             "overwrite them, or restore on a machine without them"
         )
+
+
+def write_entries(entries: list[SealedEntry], *, replace: bool) -> list[Path]:
+    """Put the files back at their paths, with their modes (directories made 0700); the paths written."""
+    check_clashes(entries, replace=replace)
     for entry in entries:
         entry.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         fd = os.open(entry.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, entry.mode or 0o600)

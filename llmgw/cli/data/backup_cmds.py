@@ -220,6 +220,7 @@ def restore(
         )
     if asyncio.run(store_has_tables(dsn)) and not replace:
         output.fail(f"the store {dsn.redacted()} already has tables: give --replace to overwrite it")
+    sealed_files.check_clashes(entries, replace=replace)
     work = backup_file.with_name(f".{backup_file.name}.restoring")
     try:
         work.write_bytes(dump)

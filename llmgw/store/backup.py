@@ -9,13 +9,20 @@ migrations made. The secrets that must travel with the store are sealed elsewher
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import sqlite3
 import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import psycopg
 
 from llmgw.store.db import Dsn, open_backend
 from llmgw.store.errors import StoreError
+from llmgw.store.store import TABLES
 
 # Where Debian puts the server's own tools when /usr/bin has only the wrappers of another major version.
 _PG_BIN_GLOB = "/usr/lib/postgresql/*/bin"
@@ -42,12 +49,55 @@ def _major(bindir: Path) -> int:
     return int(version) if version.isdigit() else 0
 
 
-def dump_store(dsn: Dsn, out: Path) -> None:
+@dataclass(frozen=True)
+class Dumped:
+    """What a dump holds, counted in the same snapshot the dump was taken from (writers keep going)."""
+
+    schema_version: int
+    rows: dict[str, int]
+
+
+def dump_store(dsn: Dsn, out: Path) -> Dumped:
     """Write the store `dsn` to `out`: a SQLite database file, or a pg_dump custom-format archive."""
     if dsn.dialect == "sqlite":
         _sqlite_copy(Path(dsn.target), out)
-        return
-    _run([pg_tool("pg_dump"), "--format=custom", "--no-owner", "--no-privileges", "--file", str(out)], dsn)
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{out}?mode=ro", uri=True)) as copy:
+                return _count(lambda sql: copy.execute(sql).fetchone())
+        except sqlite3.Error as exc:
+            raise StoreError(f"counting the rows of the SQLite backup {out}: {exc}") from exc
+    # pg_dump reads the snapshot this transaction exported, so the counts are of exactly what it dumps.
+    try:
+        with psycopg.connect(dsn.target, connect_timeout=10) as conn:
+            conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            snapshot = _one(conn.execute("SELECT pg_export_snapshot()").fetchone())
+            dumped = _count(lambda sql: conn.execute(sql).fetchone())
+            argv = [
+                pg_tool("pg_dump"),
+                "--format=custom",
+                "--no-owner",
+                "--no-privileges",
+                "--file",
+                str(out),
+            ]
+            _run([*argv, f"--snapshot={snapshot}"], dsn)
+            conn.rollback()
+    except psycopg.Error as exc:
+        raise StoreError(f"PostgreSQL store {dsn.redacted()}: {exc}") from exc
+    return dumped
+
+
+def _one(row: tuple[Any, ...] | None) -> Any:
+    if row is None:
+        raise StoreError("the store answered no row to a count")
+    return row[0]
+
+
+def _count(fetch_one: Callable[[str], tuple[Any, ...] | None]) -> Dumped:
+    version = _one(fetch_one("SELECT COALESCE(MAX(version), 0) FROM schema_version"))
+    rows = {table: int(_one(fetch_one(f"SELECT COUNT(*) FROM {table}"))) for table in TABLES}
+    return Dumped(int(version), rows)
 
 
 def load_store(dsn: Dsn, dump: Path, *, replace: bool) -> None:

@@ -6,9 +6,9 @@ reads, with its .down.sql). Two controllers (HA, one PostgreSQL store) and two r
 a service manager would run them (tests/controller/service_shim.py restarts one on a release); the routers sit
 behind HAProxy, which checks each one's /ready. Sim agents serve the model.
 
-While two clients send requests through HAProxy: the upgrade is refused while B's migration cannot be undone
-(nothing restarted); then it rolls standby, leader, router, router onto B; then --rollback goes back to A, the
-migration undone first. No request fails at any point, and the store holds one usage row per request answered.
+While two clients send requests through HAProxy, it rolls standby, leader, router, router onto B; then --rollback
+goes back to A, the migration undone first (a migration that cannot be undone is refused before anything
+restarts: test_control_plane_upgrade_plan.py). No request fails at any point, and the store holds one usage row per request answered.
 """
 
 from __future__ import annotations
@@ -236,10 +236,11 @@ def running_release(service: Service) -> str:
 
 
 def store_state(dsn: str) -> tuple[int, int]:
-    """The store's schema version and its usage rows."""
+    """The store's schema version and its usage rows of answered requests (a probe refused while the model was
+    not served yet is a row too, of another status)."""
     with psycopg.connect(dsn) as conn:
         version = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-        usage = conn.execute("SELECT COUNT(*) FROM usage").fetchone()
+        usage = conn.execute("SELECT COUNT(*) FROM usage WHERE status = 200").fetchone()
     assert version is not None and usage is not None
     return int(version[0]), int(usage[0])
 
@@ -332,18 +333,6 @@ def test_rolling_upgrade_and_rollback_lose_no_request(lab: Lab) -> None:
     services = [*controllers, *routers]
     clients.start(2)
     try:
-        # B's migration without its way back: refused before anything restarts.
-        down = next((release_b / "llmgw" / "store" / "migrations").glob("*.down.sql"))
-        kept = down.read_text()
-        down.unlink()
-        pids = {s.name: s.pidfile.read_text() for s in services}
-        assert store_state(lab.dsn)[0] == top
-        code, said = upgrade(plan, "--to", str(release_b))
-        assert code == 1 and "cannot be undone" in said, said
-        assert {s.name: s.pidfile.read_text() for s in services} == pids
-        assert store_state(lab.dsn)[0] == top
-        down.write_text(kept)
-
         code, said = upgrade(plan, "--to", str(release_b))
         assert code == 0, said + "".join(lab.log_tail(s.name) for s in services)
         rolled = [line.split(":")[0] for line in said.splitlines() if "restarting on" in line]

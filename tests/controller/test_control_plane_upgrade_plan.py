@@ -4,10 +4,16 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import sys
+from pathlib import Path
 
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 from llmgw.cli.deploy.control_plane import Member, MigrationInfo, order, store_step
+from llmgw.cli.main import app
 from llmgw.store import Store, StoreError
 from llmgw.store.migrate import Migration, load_migrations, migrate, migrate_down
 
@@ -84,3 +90,70 @@ def test_migrate_down_undoes_with_its_down_file_or_refuses(store_dsn: str) -> No
             await store.close()
 
     asyncio.run(go())
+
+
+FAKE_LLMGW = """\
+import sys
+from pathlib import Path
+release, asked = Path(sys.argv[1]), sys.argv[2:]
+assert asked == ["store", "migrations", "--json"], asked
+print((release / "migrations.json").read_text())
+"""
+
+
+def _release(path: Path, migrations: list[MigrationInfo]) -> Path:
+    path.mkdir()
+    listed = [{"version": m.version, "name": m.name, "reversible": m.reversible} for m in migrations]
+    (path / "migrations.json").write_text(json.dumps(listed))
+    return path
+
+
+def test_the_command_refuses_before_restarting_anything(tmp_path: Path) -> None:
+    """The CLI's wiring: each release asked through the plan's `llmgw`, the refusal said before any restart
+    command runs; told to go on, it restarts, and a process that does not come back stops the roll unrecorded."""
+    shipped = [MigrationInfo(m.version, m.name, False) for m in load_migrations()]
+    top = shipped[-1].version
+    old = _release(tmp_path / "a", shipped)
+    new = _release(tmp_path / "b", [*shipped, MigrationInfo(top + 1, "rewrite", False)])
+    store = f"sqlite:///{tmp_path / 'llmgw.db'}"
+    asyncio.run(_migrated(store))
+    fake = tmp_path / "fake_llmgw.py"
+    fake.write_text(FAKE_LLMGW)
+    restarted = tmp_path / "restarted"
+    plan = {
+        "store": store,
+        "llmgw": [sys.executable, str(fake), "{release}"],
+        "release": str(old),
+        "controllers": [
+            {
+                "name": "c1",
+                "url": "http://127.0.0.1:9",  # nothing answers there
+                "restart": [sys.executable, "-c", f"open({str(restarted)!r}, 'w').write('{{release}}')"],
+            }
+        ],
+        "ready_timeout_s": 0.5,
+    }
+    plan_file = tmp_path / "plane.yaml"
+    plan_file.write_text(yaml.safe_dump(plan))
+    runner = CliRunner()
+
+    def upgrade(*args: str) -> tuple[int, str]:
+        result = runner.invoke(app, ["upgrade", "--control-plane", "--plan", str(plan_file), *args])
+        return result.exit_code, result.output
+
+    code, said = upgrade("--to", str(new))
+    assert code == 1 and f"{top + 1:04d} rewrite, which cannot be undone" in said, said
+    assert not restarted.exists(), "refused before any restart"
+    code, said = upgrade("--to", str(new), "--allow-irreversible")
+    assert code == 1 and "did not answer 200" in said and "the roll stops here" in said, said
+    assert restarted.read_text() == str(new)
+    assert not plan_file.with_suffix(".state.json").exists(), "a roll that stopped is not recorded as done"
+    code, said = upgrade("--rollback")
+    assert code == 1 and "no release to go back to" in said
+    code, said = upgrade("--to", str(old))
+    assert code == 1 and "already runs" in said
+
+
+async def _migrated(dsn: str) -> None:
+    store = await Store.open(dsn)
+    await store.close()

@@ -9,6 +9,7 @@ import os
 import shutil
 import stat
 import tarfile
+import threading
 from pathlib import Path
 
 import psycopg
@@ -107,6 +108,36 @@ async def _seed(dsn: str) -> None:
         await store.close()
 
 
+class Writer:
+    """Usage rows written one by one from a thread of its own until the `with` block ends."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.written = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._write()), daemon=True)
+
+    async def _write(self) -> None:
+        store = await Store.open(self.dsn)
+        try:
+            while not self.stop.is_set() or self.written == 0:
+                record = UsageRecord(
+                    time=100.0, request_id=f"w{self.written}", project="p", model="m", status=200
+                )
+                await store.insert_usage([record])
+                self.written += 1
+        finally:
+            await store.close()
+
+    def __enter__(self) -> Writer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(30)
+
+
 def test_backup_wipe_restore_serves(store_dsn: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     pg_admin = request.getfixturevalue("pg_server").admin_dsn if store_dsn.startswith("postgres") else None
     d = Deployment(tmp_path, store_dsn)
@@ -120,9 +151,14 @@ def test_backup_wipe_restore_serves(store_dsn: str, tmp_path: Path, request: pyt
 
     backup = tmp_path / "backups" / "llmgw.backup"
     backup.parent.mkdir()
-    code, out = invoke("store", "backup", str(backup), *d.flags())
+    with Writer(store_dsn) as writer:  # a router keeps writing usage while the backup is taken
+        code, out = invoke("store", "backup", str(backup), *d.flags())
     assert code == 0, out
-    assert "backed up 27 rows" in out  # 25 usage rows, the key, the key's audit entry
+    assert writer.written > 0
+    rows = int(out.split("backed up ")[1].split()[0])
+    assert (
+        27 <= rows <= 27 + writer.written
+    )  # 25 usage rows, the key, its audit entry: and some written meanwhile
     assert stat.S_IMODE(backup.stat().st_mode) == 0o600
     with tarfile.open(backup) as tar:  # the secrets travel sealed: none of them is readable in the file
         raw = b"".join(_read(tar, m) for m in tar.getmembers() if m.isfile())

@@ -130,8 +130,8 @@ def backup(
     work = out.with_name(f".{out.name}.part")
     dump = out.with_name(f".{out.name}.store")
     try:
-        dump_store(dsn, dump)
-        version, rows = asyncio.run(_counts(found.dsn))
+        dumped = dump_store(dsn, dump)
+        version, rows = dumped.schema_version, dumped.rows
         manifest = Manifest(dsn.dialect, version, rows, [str(p) for p in paths], time.time())
         fd = os.open(work, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as fh, tarfile.open(fileobj=fh, mode="w") as tar:
@@ -148,14 +148,6 @@ def backup(
     print(
         f"backed up {sum(rows.values())} rows at schema version {version} and {len(paths)} secret paths to {out}"
     )
-
-
-async def _counts(dsn: str) -> tuple[int, dict[str, int]]:
-    opened = await Store.open(dsn, migrate_schema=False)
-    try:
-        return await opened.schema_version(), await opened.row_counts()
-    finally:
-        await opened.close()
 
 
 def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:

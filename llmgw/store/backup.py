@@ -111,8 +111,10 @@ def load_store(dsn: Dsn, dump: Path, *, replace: bool) -> None:
         target.parent.mkdir(parents=True, exist_ok=True)
         _sqlite_copy(dump, target)
         return
+    # One transaction: a restore that fails leaves the database as it was, never half-loaded.
     clean = ["--clean", "--if-exists"] if replace else []
-    _run([pg_tool("pg_restore"), "--no-owner", "--no-privileges", "--exit-on-error", *clean, str(dump)], dsn)
+    flags = ["--no-owner", "--no-privileges", "--exit-on-error", "--single-transaction", *clean]
+    _run([pg_tool("pg_restore"), *flags, str(dump)], dsn)
 
 
 def _sqlite_copy(source: Path, target: Path) -> None:

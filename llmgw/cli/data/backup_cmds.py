@@ -18,11 +18,12 @@ import asyncio
 import io
 import json
 import os
+import shutil
 import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import IO, Annotated, Any
 
 import typer
 
@@ -156,29 +157,35 @@ def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def _read_backup(path: Path) -> tuple[Manifest, bytes, bytes]:
-    """The manifest, the store's dump and the sealed secrets (empty when the backup has none)."""
+def _read_backup(path: Path) -> tuple[Manifest, bytes]:
+    """The manifest and the sealed secrets (empty when the backup has none); the store stays in the file."""
     try:
         with tarfile.open(path, mode="r") as tar:
-            members = {m.name: m for m in tar.getmembers()}
-            raw = json.loads(_member(tar, members, MANIFEST, path))
+            raw = json.loads(_member(tar, MANIFEST, path).read())
             if raw.pop("format", None) != FORMAT:
                 output.fail(f"{path}: not an llmgw backup of format {FORMAT}")
             manifest = Manifest(**raw)
-            dump = _member(tar, members, STORE_MEMBER[manifest.dialect], path)
-            sealed = _member(tar, members, SEALED, path) if SEALED in members else b""
+            sealed = _member(tar, SEALED, path).read() if SEALED in tar.getnames() else b""
     except (OSError, tarfile.TarError, json.JSONDecodeError, TypeError, KeyError) as exc:
         output.fail(f"{path}: cannot read the backup ({exc})")
-    return manifest, dump, sealed
+    return manifest, sealed
 
 
-def _member(tar: tarfile.TarFile, members: dict[str, tarfile.TarInfo], name: str, path: Path) -> bytes:
-    if name not in members:
+def _extract_store(path: Path, manifest: Manifest, out: Path) -> None:
+    """The store's dump out of the backup into `out` (0600), streamed: a dump may be larger than memory."""
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with tarfile.open(path, mode="r") as tar, os.fdopen(fd, "wb") as fh:
+        shutil.copyfileobj(_member(tar, STORE_MEMBER[manifest.dialect], path), fh)
+
+
+def _member(tar: tarfile.TarFile, name: str, path: Path) -> IO[bytes]:
+    try:
+        extracted = tar.extractfile(name)
+    except KeyError:
         output.fail(f"{path}: the backup has no {name}")
-    extracted = tar.extractfile(members[name])
     if extracted is None:
         output.fail(f"{path}: {name} in the backup is not a file")
-    return extracted.read()
+    return extracted
 
 
 def restore(
@@ -199,7 +206,7 @@ def restore(
 ) -> None:
     """Restore a backup into the configured store (empty, unless --replace) and put the sealed secrets back
     where they were; then check that it serves. Stop the controllers and routers first."""
-    manifest, dump, sealed = _read_backup(backup_file)
+    manifest, sealed = _read_backup(backup_file)
     entries: list[sealed_files.SealedEntry] = []
     if sealed:  # opened before the store is touched: a wrong passphrase changes nothing
         entries = sealed_files.unseal(sealed, sealed_files.read_passphrase(passphrase_file, os.environ))
@@ -215,7 +222,7 @@ def restore(
     sealed_files.check_clashes(entries, replace=replace)
     work = backup_file.with_name(f".{backup_file.name}.restoring")
     try:
-        work.write_bytes(dump)
+        _extract_store(backup_file, manifest, work)
         load_store(dsn, work, replace=replace)
     finally:
         work.unlink(missing_ok=True)

@@ -56,6 +56,7 @@ class ControlPlanePlan(BaseModel):
     controllers: list[Member] = Field(default_factory=list)
     routers: list[Member] = Field(default_factory=list)
     ready_timeout_s: float = Field(120.0, gt=0)
+    restart_timeout_s: float = Field(300.0, gt=0, description="How long a restart command may take")
     lb_settle_s: float = Field(0.0, ge=0, description="After a router is ready, before the next one drains")
 
 
@@ -204,11 +205,19 @@ def wait_status(url: str, want: int, limit_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def restart(member: Member, release: str) -> None:
+def restart(member: Member, release: str, limit_s: float) -> None:
     argv = _filled(member.restart, release)
-    done = subprocess.run(
-        argv, capture_output=True, text=True, check=False, env=os.environ | {"LLMGW_RELEASE": release}
-    )
+    try:
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            env=os.environ | {"LLMGW_RELEASE": release},
+            timeout=limit_s,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        output.fail(f"{member.name}: `{' '.join(argv)}`: {exc}; the roll stops here")
     if done.returncode != 0:
         output.fail(
             f"{member.name}: `{' '.join(argv)}` exited {done.returncode}: {done.stderr.strip()[-1500:]}"
@@ -223,7 +232,7 @@ def roll(plan: ControlPlanePlan, release: str) -> list[str]:
     for role, member in order(plan.controllers, leading, plan.routers):
         url = member.url.rstrip("/")
         output.console(stderr=True).print(f"{member.name} ({role}): restarting on {release}", highlight=False)
-        restart(member, release)
+        restart(member, release, plan.restart_timeout_s)
         if role == "router":
             wait_status(url + "/ready", 200, plan.ready_timeout_s, f"router {member.name}")
             time.sleep(plan.lb_settle_s)  # the balancer's checks see it up before the next one drains

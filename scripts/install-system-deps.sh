@@ -5,7 +5,8 @@
 # unit files without systemd running), valgrind (benchmarks/request_path_cost.py counts the request path's
 # instructions under callgrind, in .ci/run), Node.js (20 or newer) and npm, which run the npm clients of
 # tests/clients, iproute2 and util-linux's unshare/nsenter (tests/hosts: several hosts on this machine, each a
-# network and PID namespace). Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on
+# network and PID namespace), HAProxy (tests/controller/test_control_plane_upgrade*.py: two routers behind
+# a load balancer's health check during a rolling upgrade). Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on
 # a free port) and sshd (own config on a loopback port).
 set -euo pipefail
 need=()
@@ -17,6 +18,7 @@ command -v wrk >/dev/null 2>&1 || need+=(wrk)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 # Node.js and npm: tests/clients drives the openai Node SDK and the Vercel AI SDK (`make node-clients`).
 command -v node >/dev/null 2>&1 || need+=(nodejs)

@@ -159,6 +159,20 @@ def controller_url(address: str) -> str:
     return f"http://{address}"
 
 
+def probe_status(url: str, token: str | None = None, tls: ssl.SSLContext | None = None) -> int | None:
+    """The HTTP status a GET of `url` answers (a health or readiness probe), None when nothing answers."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with urllib.request.urlopen(
+            urllib.request.Request(url, headers=headers), timeout=3, context=tls
+        ) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except (urllib.error.URLError, OSError):
+        return None
+
+
 def plaintext_warning(url: str) -> str | None:
     """What to tell the user before an admin token goes over plain http to another machine."""
     if url.startswith("http://") and not is_loopback_host(url_host(url)):

@@ -131,3 +131,43 @@ async def migrate(db: Backend, migrations: list[Migration] | None = None) -> lis
             )
         applied.append(migration.version)
     return applied
+
+
+_DOWN = re.compile(r"^(\d{4})_([a-z0-9_]+)\.down\.sql$")
+
+
+def load_down_migrations() -> dict[int, Migration]:
+    """The migrations that can be undone: `NNNN_name.down.sql` beside `NNNN_name.sql`, by version. Only these
+    may be crossed by an upgrade that must be able to roll back (`llmgw upgrade --control-plane`)."""
+    found: dict[int, Migration] = {}
+    for entry in resources.files("llmgw.store").joinpath("migrations").iterdir():
+        match = _DOWN.match(entry.name)
+        if match is not None:
+            version = int(match.group(1))
+            found[version] = Migration(version, match.group(2), split_statements(entry.read_text("utf-8")))
+    return found
+
+
+async def migrate_down(db: Backend, to_version: int, downs: dict[int, Migration] | None = None) -> list[int]:
+    """Undo every applied migration above `to_version`, newest first, each in its own transaction with its
+    schema_version row; refuses before undoing anything when one of them has no down file. `downs`: the
+    package's (load_down_migrations) unless given."""
+    have = await current_version(db)
+    async with db.tx() as tx:
+        rows = await tx.fetch(
+            "SELECT version FROM schema_version WHERE version > ? ORDER BY version DESC", (to_version,)
+        )
+    versions = [int(r[0]) for r in rows]
+    downs = load_down_migrations() if downs is None else downs
+    missing = [v for v in versions if v not in downs]
+    if missing:
+        raise StoreError(
+            f"the store {db.dsn.redacted()} is at schema version {have}; migrations {missing} have no .down.sql, "
+            f"so it cannot go back to {to_version}: restore a backup taken before them instead"
+        )
+    for version in versions:
+        async with db.tx() as tx:
+            for statement in downs[version].statements:
+                await tx.execute(statement)
+            await tx.execute("DELETE FROM schema_version WHERE version = ?", (version,))
+    return versions

@@ -155,20 +155,23 @@ class MoveReport:
 
 
 async def move_store(
-    src: Store, dst: Store, progress: Callable[[str, int], None] | None = None
+    src: Store, dst: Store, progress: Callable[[str, int], None] | None = None, *, replace: bool = False
 ) -> MoveReport:
-    """Copy src into dst (both already migrated). Refuses a destination holding any row."""
+    """Copy src into dst (both already migrated), then check that every table holds as many rows in both.
+    Refuses a destination holding any row, unless `replace`: then its rows are deleted first."""
     if src.dsn == dst.dsn:
         raise StoreError(f"source and destination are the same store ({src.dsn.redacted()})")
     src_version, dst_version = await src.schema_version(), await dst.schema_version()
     if src_version != dst_version:
         raise StoreError(f"schema versions differ: source {src_version}, destination {dst_version}")
     nonempty = {t: n for t, n in (await dst.row_counts()).items() if n}
-    if nonempty:
+    if nonempty and replace:
+        await _empty(dst)
+    elif nonempty:
         listed = ", ".join(f"{t} ({n} rows)" for t, n in nonempty.items())
         raise StoreError(
             f"the destination {dst.dsn.redacted()} is not empty: {listed}. "
-            "store move copies into an empty store only; drop and recreate it, or pick another"
+            "store move copies into an empty store only; give --replace to delete its rows first, or pick another"
         )
     copied: dict[str, int] = {}
     for table in TABLES:
@@ -189,4 +192,24 @@ async def move_store(
         copied[table] = count
         if progress is not None:
             progress(table, count)
+    await _check_counts(src, dst)
     return MoveReport(copied)
+
+
+async def _empty(store: Store) -> None:
+    """Delete every row of every table, children before parents, in one transaction."""
+    async with store.db.tx() as tx:
+        for table in reversed(TABLES):
+            await tx.execute(f"DELETE FROM {table}")
+
+
+async def _check_counts(src: Store, dst: Store) -> None:
+    """Both stores hold as many rows per table: a writer that kept going, or a row lost, is said."""
+    before, after = await src.row_counts(), await dst.row_counts()
+    differ = {t: (before[t], after.get(t)) for t in before if before[t] != after.get(t)}
+    if differ:
+        listed = ", ".join(f"{t} (source {a}, destination {b})" for t, (a, b) in differ.items())
+        raise StoreError(
+            f"after the copy the row counts differ: {listed}. Was a writer still running on the source? "
+            "Stop the controller and routers, then move again with --replace"
+        )

@@ -78,7 +78,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         # Anyone (a load balancer) learns ready or not; the revision and the guardrails' setup only an
         # operator's token (L12: an anonymous client learns nothing but that).
         table = router.table
-        if table is None:
+        if router.draining:  # SIGTERM: a load balancer sends new requests elsewhere while these finish
+            exchange.respond(json_reply({"status": "draining"}, 503))
+        elif table is None:
             exchange.respond(json_reply({"status": "waiting for a snapshot"}, 503))
         elif not is_operator(exchange.headers.get("authorization"), router.options.operator_token):
             exchange.respond(json_reply({"status": "ready"}))
@@ -216,10 +218,11 @@ async def serve(
     *,
     api_socket: socket.socket | None = None,
     metrics_socket: socket.socket | None = None,
+    drain_timeout: float = 5.0,
 ) -> Listeners:
     """Start the background loops, the API listener (on `api_socket` when given: bound already, e.g. a
     worker's SO_REUSEPORT socket; else on `listen`) and the metrics listener (on `metrics_socket`, bound and
-    listening, when given)."""
+    listening, when given). Closing gives requests in flight `drain_timeout` seconds to finish."""
     stack = contextlib.AsyncExitStack()
     try:
         await stack.enter_async_context(_background(router, link, scrape))
@@ -227,7 +230,7 @@ async def serve(
         api = ApiListener(api_routes(router), router.body_limit, rules=rules)
         host, port = _split(listen)
         api_port = await api.start(host, port, api_socket)
-        stack.push_async_callback(api.close)
+        stack.push_async_callback(api.close, drain_timeout)
         quiet_bad_requests()  # the metrics listener (aiohttp): a malformed request is one warning line
         met = web.AppRunner(create_metrics_app(router), access_log=None)
         await met.setup()

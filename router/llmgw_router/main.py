@@ -30,6 +30,7 @@ from llmgw_router import heap, workers
 from llmgw_router.app import build_router, serve
 from llmgw_router.options import RouterOptions
 from llmgw_router.path.auth import KeyStore, StaticKeys
+from llmgw_router.path.service import RequestService
 
 __all__ = ["build_parser", "load_snapshot_file", "main", "run"]
 
@@ -70,6 +71,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     )
     _add_trust_flags(p)
     _add_request_flags(p)
+    _add_drain_flags(p)
     _add_state_flags(p)
     p.add_argument("--log-level", default="INFO")
     p.add_argument(
@@ -96,6 +98,25 @@ def _add_trust_flags(p: argparse.ArgumentParser) -> None:
         help="this router's client certificate (router:NAME, `llmgw node router-cert`), asked for with a CA",
     )
     p.add_argument("--controller-key", metavar="FILE", help="the key of --controller-cert")
+
+
+def _add_drain_flags(p: argparse.ArgumentParser) -> None:
+    """How a router stops on SIGTERM behind a load balancer (`_drain`)."""
+    p.add_argument(
+        "--drain-delay",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="on SIGTERM, /ready answers 503 draining this long while requests are still served, so a load "
+        "balancer's health check sends new ones elsewhere first (its check interval x fall count)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="after the drain delay, requests in flight get this long to finish before they are cut off",
+    )
 
 
 def _add_request_flags(p: argparse.ArgumentParser) -> None:
@@ -330,7 +351,9 @@ async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None)
         given: dict[str, Any] = seat.sockets() if seat is not None else {}
         # What start-up built lives as long as the process: out of the GC's walk, before any request waits.
         heap.settle_after_start()
-        listeners = await serve(built.service, listen, metrics_listen, built.link, **given)
+        listeners = await serve(
+            built.service, listen, metrics_listen, built.link, drain_timeout=ns.drain_timeout, **given
+        )
         stack.push_async_callback(listeners.close)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -338,13 +361,23 @@ async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None)
             loop.add_signal_handler(sig, stop.set)
         if seat is not None:  # one of several workers: the parent says where the router listens
             seat.report(listeners.metrics_port)
-            await stop.wait()
-            return
-        print(
-            f"llmgw-router listening on {listen} (api port {listeners.api_port}, metrics port {listeners.metrics_port})",
-            flush=True,
-        )
+        else:
+            print(
+                f"llmgw-router listening on {listen} (api port {listeners.api_port}, metrics port {listeners.metrics_port})",
+                flush=True,
+            )
         await stop.wait()
+        await _drain(built.service, ns.drain_delay)
+
+
+async def _drain(service: RequestService, delay: float) -> None:
+    """Say not-ready while still serving for `delay` seconds: a load balancer's health check takes this router
+    out before it stops listening, so no new request meets a closed port. Then the listeners close, and the
+    requests in flight get --drain-timeout to finish (Listeners.close); the usage writer flushes after them."""
+    service.draining = True
+    log.info("draining: /ready says so for %.1fs, then the listeners close", delay)
+    if delay > 0:
+        await asyncio.sleep(delay)
 
 
 def raise_descriptor_limit() -> int:

@@ -203,3 +203,30 @@ def test_store_move_sqlite_to_postgres_keeps_keys_usable(sqlite_dsn: str, pg_dsn
     assert code == 1  # the destination is no longer empty
     result = runner.invoke(app, ["store", "move", "--to", pg_dsn, "--store", sqlite_dsn])
     assert "not empty" in result.output
+    assert "--replace" in result.output  # the refusal names the way through
+
+    # Told to, it empties the destination and copies again: every table's count checked against the source.
+    asyncio.run(_add_usage(sqlite_dsn, "r2"))
+    code, out = invoke("store", "move", "--to", pg_dsn, "--store", sqlite_dsn, "--replace")
+    assert code == 0, out
+    assert "count checked" in out
+
+    async def counts() -> tuple[dict[str, int], dict[str, int]]:
+        src, dst = await Store.open(sqlite_dsn), await Store.open(pg_dsn)
+        try:
+            return await src.row_counts(), await dst.row_counts()
+        finally:
+            await src.close()
+            await dst.close()
+
+    before, after = asyncio.run(counts())
+    assert before == after and after["usage"] == 2
+
+
+async def _add_usage(dsn: str, request_id: str) -> None:
+    store = await Store.open(dsn)
+    try:
+        record = UsageRecord(time=2.0, request_id=request_id, project="playground", model="m", status=200)
+        await store.insert_usage([record])
+    finally:
+        await store.close()

@@ -48,13 +48,17 @@ from llmgw.store import (
     UsageGroup,
     UsageTotal,
 )
+from llmgw.store.migrate import load_down_migrations, load_migrations, migrate_down
 from llmgw.store.move import move_store
 from llmgw.store.records import TAG_GROUP_PREFIX, AuditOutcome
 
 T = TypeVar("T")
 
 keys_app = typer.Typer(help="API keys: create (shown once), list, revoke.", no_args_is_help=True)
-store_app = typer.Typer(help="The store: migrate it, or move it to another database.", no_args_is_help=True)
+store_app = typer.Typer(
+    help="The store: migrate it, move it to another database, back it up and restore it.",
+    no_args_is_help=True,
+)
 
 StoreOpt = Annotated[
     str | None,
@@ -510,42 +514,97 @@ def _print_usage(
 
 
 @store_app.command("migrate")
-def store_migrate(store: StoreOpt = None, controller_config: ControllerConfigOpt = None) -> None:
+def store_migrate(
+    store: StoreOpt = None,
+    controller_config: ControllerConfigOpt = None,
+    down_to: Annotated[
+        int | None,
+        typer.Option(
+            "--down-to",
+            help="Undo the migrations above this version instead (each must ship a .down.sql): a rollback",
+        ),
+    ] = None,
+) -> None:
     """Bring the store's schema up to date (also done by every process at start-up); with --store (or
-    LLMGW_STORE) naming a SQLite file that does not exist, make it."""
+    LLMGW_STORE) naming a SQLite file that does not exist, make it. --down-to goes back instead."""
 
     async def go(s: Store) -> tuple[list[int], int]:
+        if down_to is not None:
+            return await migrate_down(s.db, down_to), await s.schema_version()
         return await s.migrate(), await s.schema_version()
 
+    if down_to is not None:
+        found = find_store(StoreWhere(store, controller_config))
+        undone, version = asyncio.run(_unmigrated(found.dsn, go))
+        print(f"undid migrations {undone or 'none'}; store at schema version {version}")
+        return
     # Store.open already migrates; report the resulting version.
     _, version = _run(StoreWhere(store, controller_config, may_create=True), go)
     print(f"store at schema version {version}")
 
 
+async def _unmigrated(dsn: str, action: Callable[[Store], Awaitable[T]]) -> T:
+    """`action` on the store opened without migrating it first (what --down-to must not have done)."""
+    opened = await Store.open(dsn, migrate_schema=False)
+    try:
+        return await action(opened)
+    finally:
+        await opened.close()
+
+
+@store_app.command("migrations")
+def store_migrations(as_json: JsonOpt = False) -> None:
+    """The schema migrations this llmgw ships, and whether each can be undone (a .down.sql): what
+    `llmgw upgrade --control-plane` asks each release before crossing them."""
+    downs = load_down_migrations()
+    listed = [
+        {"version": m.version, "name": m.name, "reversible": m.version in downs} for m in load_migrations()
+    ]
+    if as_json:
+        output.print_json(listed)
+        return
+    for m in listed:
+        print(f"{m['version']:04d} {m['name']}{'' if m['reversible'] else ' (cannot be undone)'}")
+
+
 @store_app.command("move")
 def store_move(
-    to: Annotated[str, typer.Option("--to", help="Destination DSN; must be empty.")],
+    to: Annotated[str, typer.Option("--to", help="Destination DSN; must be empty (see --replace).")],
+    replace: Annotated[
+        bool, typer.Option("--replace", help="Delete the destination's rows first instead of refusing")
+    ] = False,
     store: StoreOpt = None,
     controller_config: ControllerConfigOpt = None,
 ) -> None:
-    """Copy every table to another store (for example SQLite to PostgreSQL). Stop the writers first."""
+    """Copy every table to another store (for example SQLite to PostgreSQL), then check each table's row count
+    in both. Stop the writers first."""
     console = output.console(stderr=True)
 
     async def go(src: Store) -> dict[str, int]:
         dst = await Store.open(to)
         try:
             report = await move_store(
-                src, dst, lambda t, n: console.print(f"copied {t}: {n} rows", highlight=False)
+                src,
+                dst,
+                lambda t, n: console.print(f"copied {t}: {n} rows", highlight=False),
+                replace=replace,
             )
         finally:
             await dst.close()
         return report.copied
 
     copied = _run(StoreWhere(store, controller_config), go)
-    print(f"moved {sum(copied.values())} rows; point --store / LLMGW_STORE at the new store")
+    print(
+        f"moved {sum(copied.values())} rows, each table's count checked in both stores; "
+        "point --store / LLMGW_STORE at the new store"
+    )
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(keys_app, name="keys")
+    from llmgw.cli.data import backup_cmds
+
+    store_app.command("backup")(backup_cmds.backup)
+    store_app.command("restore")(backup_cmds.restore)
     app.add_typer(store_app, name="store")
     app.command("usage")(usage)

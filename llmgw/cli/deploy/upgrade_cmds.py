@@ -30,6 +30,27 @@ MARK = {
 }
 
 
+ControlPlaneOpt = Annotated[
+    bool,
+    typer.Option(
+        "--control-plane", help="Upgrade the controllers and routers of --plan instead of the agents"
+    ),
+]
+PlanOpt = Annotated[
+    Path | None, typer.Option("--plan", help="With --control-plane: the control plane's plan file")
+]
+ToOpt = Annotated[str | None, typer.Option("--to", help="With --control-plane: the release to move to")]
+RollbackOpt = Annotated[
+    bool, typer.Option("--rollback", help="With --control-plane: back to the release before")
+]
+AllowIrreversibleOpt = Annotated[
+    bool,
+    typer.Option(
+        "--allow-irreversible", help="With --control-plane: cross store migrations that cannot be undone"
+    ),
+]
+
+
 def register(app: typer.Typer) -> None:
     app.command("upgrade")(upgrade)
 
@@ -49,9 +70,23 @@ def upgrade(
     controller: ControllerOpt = None,
     token_file: TokenOpt = None,
     as_json: JsonOpt = False,
+    control_plane: ControlPlaneOpt = False,
+    plan: PlanOpt = None,
+    to: ToOpt = None,
+    rollback: RollbackOpt = False,
+    allow_irreversible: AllowIrreversibleOpt = False,
 ) -> None:
     """Install a new agent on each node beside the old, switch, restart the agent only, and wait until it is
-    back Ready with its engines adopted; stop at the first node that fails, leaving it on its old version."""
+    back Ready with its engines adopted; stop at the first node that fails, leaving it on its old version.
+    With --control-plane: roll the controllers (standbys, then the leader) and the routers (one at a time)
+    of --plan onto --to RELEASE, or back with --rollback (docs/operations.md)."""
+    if control_plane or rollback or to is not None:
+        if not control_plane or plan is None:
+            output.fail("--to and --rollback are for --control-plane, which needs --plan FILE")
+        from llmgw.cli.deploy import control_plane as cp
+
+        cp.run(plan, to, rollback=rollback, allow_irreversible=allow_irreversible)
+        return
     body: dict[str, Any] = {"parallel": parallel}
     if nodes:
         body["nodes"] = [n.strip() for n in nodes.split(",") if n.strip()]

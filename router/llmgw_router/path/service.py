@@ -115,6 +115,7 @@ class RequestService:
         self.cache = CachePath(self.metrics.registry, self.metrics.count)
         self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (path/lora.py)
         self.kept_responses: ResponseKeeper | None = None  # with a content key: stored responses (app.py)
+        self.draining = False  # stopping (main.py): /ready says not ready while requests still come in
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.fleet.load)."""

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from llmgw.adapters import keys
-from llmgw.cli.data import store_cmds as cli
+from llmgw.cli.data import usage_cmds as cli
 from llmgw.cli.main import app
 from llmgw.store import ApiKey, Store, UsageRecord
 from llmgw.store.move import COLUMNS

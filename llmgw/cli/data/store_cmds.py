@@ -1,4 +1,4 @@
-"""`llmgw keys ...`, `llmgw usage` and `llmgw store ...`: the store's commands.
+"""`llmgw keys ...` and `llmgw store ...`: the store's commands (`llmgw usage` is usage_cmds).
 
 `llmgw keys` talks to the controller's admin API (`--controller`/LLMGW_CONTROLLER, default the local
 controller on 127.0.0.1:7070, with an `admin`-scope token): the controller writes the key into the store its
@@ -15,42 +15,35 @@ address came from.
 from __future__ import annotations
 
 import asyncio
-import csv
 import datetime as dt
 import getpass
 import json
 import os
-import sys
 import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
-from decimal import Decimal
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.markup import escape
 from rich.table import Column, Table
 
 from llmgw.adapters import keys as keymod
 from llmgw.cli import admin_client, output
 from llmgw.cli.admin_client import AnswerT
 from llmgw.cli.data.store_find import CONFIG_ENV, StoreWhere, find_store
-from llmgw.core.api.admin_api import KeyCreated, KeyRevoked, KeysAnswer, KeyView, UsageAnswer
-from llmgw.core.words import count, duration_words, money, parse_duration
+from llmgw.core.api.admin_api import KeyCreated, KeyRevoked, KeysAnswer, KeyView
+from llmgw.core.words import parse_duration
 from llmgw.store import (
     DEFAULT_DSN,
-    USAGE_GROUPS,
     ApiKey,
     AuditEntry,
     Store,
     StoreError,
-    UsageGroup,
-    UsageTotal,
 )
 from llmgw.store.migrate import load_down_migrations, load_migrations, migrate_down
 from llmgw.store.move import move_store
-from llmgw.store.records import TAG_GROUP_PREFIX, AuditOutcome
+from llmgw.store.records import AuditOutcome
 
 T = TypeVar("T")
 
@@ -102,7 +95,7 @@ TokenFileOpt = Annotated[
 ]
 
 
-def _controller(controller: str | None, token_file: Path | None) -> admin_client.AdminClient:
+def controller_client(controller: str | None, token_file: Path | None) -> admin_client.AdminClient:
     env = admin_client.environ()
     try:
         token = admin_client.resolve_token(
@@ -117,7 +110,7 @@ def _controller(controller: str | None, token_file: Path | None) -> admin_client
     return client
 
 
-def _api(
+def admin_call(
     client: admin_client.AdminClient, method: str, path: str, payload: Any, model: type[AnswerT]
 ) -> AnswerT:
     """The answer as `model` (the route table's, llmgw.core.api.admin_api); a message and exit 1 on any failure."""
@@ -147,7 +140,7 @@ def _api_key(view: KeyView) -> ApiKey:
     )
 
 
-def _run(where: StoreWhere, action: Callable[[Store], Awaitable[T]], *, announce: bool = True) -> T:
+def run_on_store(where: StoreWhere, action: Callable[[Store], Awaitable[T]], *, announce: bool = True) -> T:
     """Open the store `where` finds, run `action`; `announce`: say on standard error which store and what
     chose it (the key commands, given their store explicitly, print only the key)."""
     found = find_store(where)
@@ -232,7 +225,7 @@ def keys_create(
         output.fail(f"--expires: {exc}")
     if store is None:
         body = {"project": project, "owner": owner, "name": name, "expires_in_s": expires_in}
-        made = _api(_controller(controller, token_file), "POST", "/api/v1/keys", body, KeyCreated)
+        made = admin_call(controller_client(controller, token_file), "POST", "/api/v1/keys", body, KeyCreated)
         new = keymod.NewKey(_api_key(made), made.key)
     else:
 
@@ -248,7 +241,7 @@ def keys_create(
             await _audit_direct(s, "key.create", f"{made.key.id} ({whose})", "accepted")
             return made
 
-        new = _run(StoreWhere(store, may_create=True), create, announce=False)
+        new = run_on_store(StoreWhere(store, may_create=True), create, announce=False)
     if as_json:
         print(json.dumps({**_key_json(new.key, time.time()), "key": new.plaintext}))
         return
@@ -281,11 +274,13 @@ def keys_list(
     if store is None:
         params = {k: v for k, v in (("project", project), ("owner", owner)) if v}
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        listed = _api(_controller(controller, token_file), "GET", f"/api/v1/keys{query}", None, KeysAnswer)
+        listed = admin_call(
+            controller_client(controller, token_file), "GET", f"/api/v1/keys{query}", None, KeysAnswer
+        )
         found = [_api_key(k) for k in listed.keys]
     else:
         where = StoreWhere(store, may_create=True)
-        found = _run(where, lambda s: s.list_keys(project, owner), announce=False)
+        found = run_on_store(where, lambda s: s.list_keys(project, owner), announce=False)
     now = time.time()
     if as_json:
         output.print_json([_key_json(k, now) for k in found])
@@ -326,7 +321,7 @@ def keys_revoke(
     """Revoke a key: the router answers 401 "revoked" from then on (after its cache expires)."""
     if store is None:
         path = f"/api/v1/keys/{urllib.parse.quote(key_id)}/revoke"
-        _api(_controller(controller, token_file), "POST", path, None, KeyRevoked)
+        admin_call(controller_client(controller, token_file), "POST", path, None, KeyRevoked)
     else:
 
         async def revoke(s: Store) -> bool:
@@ -335,182 +330,9 @@ def keys_revoke(
             await _audit_direct(s, "key.revoke", key_id, "accepted" if done else "refused", reason)
             return done
 
-        if not _run(StoreWhere(store, may_create=True), revoke, announce=False):
+        if not run_on_store(StoreWhere(store, may_create=True), revoke, announce=False):
             output.fail(f"no key with id {key_id!r} (see `llmgw keys list`)")
     print(f"revoked {key_id}")
-
-
-# How the table and CSV show what JSON gives as null: a request made without a key, and a key whose row
-# is gone from api_keys (its name and project are unknown, which is not the same as empty).
-NO_KEY = "(no key)"
-KEY_NOT_IN_STORE = "(key not in store)"
-UNKNOWN = "(unknown)"
-UNTAGGED = "(untagged)"
-NO_PERSON = "(no person)"  # by person: requests made with a project's key (or none), nobody's own
-
-
-def _group_column(t: UsageTotal, by: str, tag: str | None, as_json: bool) -> str | None:
-    """A group's name; by tag, the requests without the tag: null in JSON, (untagged) in a table or CSV; by
-    person, the requests of no person's key: null in JSON, (no person) in a table or CSV."""
-    if t.group or (tag is None and by != "person"):
-        return t.group
-    if as_json:
-        return None
-    return UNTAGGED if tag is not None else NO_PERSON
-
-
-def _key_columns(t: UsageTotal, *, labelled: bool) -> list[str | None]:
-    """key, name, project of a by-key total: JSON keeps nulls, the table and CSV say what they mean."""
-    key_id = t.group or None
-    if not labelled:
-        return [key_id, t.key_name, t.key_project]
-    if key_id is None:
-        return [NO_KEY, "", ""]
-    if t.key_name is None:
-        return [key_id, KEY_NOT_IN_STORE, UNKNOWN]
-    return [key_id, t.key_name, t.key_project]
-
-
-def _plain(value: object) -> object:
-    """A float as a plain decimal (no exponent); anything else as it is."""
-    if isinstance(value, float):
-        return format(Decimal(repr(value)), "f")
-    return value
-
-
-def _usage_totals(
-    by: str, start: float | None, where: StoreWhere, controller: str | None, token_file: Path | None
-) -> list[UsageTotal]:
-    """From the store, or with --controller through the admin API's GET /api/v1/usage (an admin token)."""
-    tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
-    if controller is not None:
-        output.console(stderr=True).print(f"usage from the controller at {controller}", highlight=False)
-        query = {"by": by} | ({"since": repr(start)} if start is not None else {})
-        path = "/api/v1/usage?" + urllib.parse.urlencode(query)
-        data = _api(_controller(controller, token_file), "GET", path, None, UsageAnswer)
-        return [
-            UsageTotal(
-                t.group or "",
-                t.requests,
-                t.tokens_in,
-                t.tokens_out,
-                t.cost,
-                t.avg_latency_ms,
-                t.errors,
-                key_name=t.key_name,
-                key_project=t.key_project,
-            )
-            for t in data.totals
-        ]
-    if tag is not None:
-        return _run(where, lambda s: s.usage_totals_by_tag(tag, since=start))
-    group: UsageGroup = by  # type: ignore[assignment]  # the caller checked it is one of USAGE_GROUPS
-    return _run(where, lambda s: s.usage_totals(group, since=start))
-
-
-def usage(
-    by: Annotated[
-        str,
-        typer.Option(
-            "--by",
-            help="Group by project, team, org, key, model, router (imported rows: import:SOURCE), person, "
-            "or tag:KEY.",
-        ),
-    ] = "project",
-    since: Annotated[str | None, typer.Option("--since", help="Only the last 7d, 24h, ...")] = None,
-    as_csv: Annotated[bool, typer.Option("--csv", help="Print CSV.")] = False,
-    store: StoreOpt = None,
-    controller_config: ControllerConfigOpt = None,
-    controller: Annotated[
-        str | None,
-        typer.Option(
-            "--controller", help="Ask this controller's admin API (an admin token) instead of a store"
-        ),
-    ] = None,
-    token_file: TokenFileOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
-    """Requests, tokens and cost, grouped (by key: with each key's name and project; by tag:KEY: by the value
-    of that request tag, requests without it in one untagged group)."""
-    tag = _usage_tag(by)
-    start = _usage_start(since)
-    totals = _usage_totals(by, start, StoreWhere(store, controller_config), controller, token_file)
-    header, rows = _usage_rows(totals, by, tag, as_json)
-    _print_usage(header, rows, totals, as_json=as_json, as_csv=as_csv)
-
-
-def _usage_tag(by: str) -> str | None:
-    """The tag key `--by tag:KEY` names, None for the other groups; an unknown group fails."""
-    tag = by.removeprefix(TAG_GROUP_PREFIX) if by.startswith(TAG_GROUP_PREFIX) else None
-    if tag is None and by not in USAGE_GROUPS:
-        output.fail(f"--by {by!r}: expected one of {', '.join(USAGE_GROUPS)}, or tag:KEY (e.g. --by tag:app)")
-    if tag is not None and not tag:
-        output.fail("--by tag: names no tag key (e.g. --by tag:app)")
-    return tag
-
-
-def _usage_start(since: str | None) -> float | None:
-    """When `--since` starts (None: no --since, every row counts)."""
-    try:
-        return time.time() - parse_duration(since, bare_seconds=False, positive=True) if since else None
-    except ValueError as exc:
-        output.fail(f"--since: {exc}")
-
-
-def _usage_rows(
-    totals: list[UsageTotal], by: str, tag: str | None, as_json: bool
-) -> tuple[list[str], list[list[Any]]]:
-    """The header and one row per group: the group's columns, then the numbers."""
-    header = [
-        *(["key", "name", "project"] if by == "key" else [by]),
-        "requests",
-        "errors",
-        "tokens_in",
-        "tokens_out",
-        "cost",
-        "avg_latency_ms",
-    ]
-    rows = [
-        [
-            *(_key_columns(t, labelled=not as_json) if by == "key" else [_group_column(t, by, tag, as_json)]),
-            t.requests,
-            t.errors,
-            t.tokens_in,
-            t.tokens_out,
-            round(t.cost, 6),
-            round(t.avg_latency_ms, 1),
-        ]
-        for t in totals
-    ]
-    return header, rows
-
-
-def _print_usage(
-    header: list[str], rows: list[list[Any]], totals: list[UsageTotal], *, as_json: bool, as_csv: bool
-) -> None:
-    """As JSON, as CSV, or as a table people read."""
-    if as_json:
-        output.print_json([dict(zip(header, r, strict=True)) for r in rows])
-    elif as_csv:
-        writer = csv.writer(sys.stdout)
-        writer.writerow(header)
-        # Plain decimals: a spreadsheet reads `0.000001`; `1e-06` is what the issue tracker got pasted.
-        writer.writerows([_plain(v) for v in r] for r in rows)
-    else:
-        table = Table(*header)
-        labels = len(header) - 6  # the group's columns; then the numbers, printed as people read them
-        for r, t in zip(rows, totals, strict=True):
-            numbers = [
-                count(t.requests),
-                count(t.errors),
-                count(t.tokens_in),
-                count(t.tokens_out),
-                money(t.cost),
-            ]
-            latency = duration_words(t.avg_latency_ms / 1000) if t.requests else "-"
-            # A key's name is operator text, not markup.
-            table.add_row(*(escape(str(v)) for v in r[:labels]), *numbers, latency)
-        output.console().print(table)
 
 
 @store_app.command("migrate")
@@ -539,7 +361,7 @@ def store_migrate(
         print(f"undid migrations {undone or 'none'}; store at schema version {version}")
         return
     # Store.open already migrates; report the resulting version.
-    _, version = _run(StoreWhere(store, controller_config, may_create=True), go)
+    _, version = run_on_store(StoreWhere(store, controller_config, may_create=True), go)
     print(f"store at schema version {version}")
 
 
@@ -593,7 +415,7 @@ def store_move(
             await dst.close()
         return report.copied
 
-    copied = _run(StoreWhere(store, controller_config), go)
+    copied = run_on_store(StoreWhere(store, controller_config), go)
     print(
         f"moved {sum(copied.values())} rows, each table's count checked in both stores; "
         "point --store / LLMGW_STORE at the new store"
@@ -607,4 +429,6 @@ def register(app: typer.Typer) -> None:
     store_app.command("backup")(backup_cmds.backup)
     store_app.command("restore")(backup_cmds.restore)
     app.add_typer(store_app, name="store")
-    app.command("usage")(usage)
+    from llmgw.cli.data import usage_cmds
+
+    app.command("usage")(usage_cmds.usage)

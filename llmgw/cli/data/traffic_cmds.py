@@ -18,7 +18,7 @@ import typer
 
 from llmgw.adapters.traffic import ImportResult, export_lines, import_trace
 from llmgw.cli import output
-from llmgw.cli.data.store_cmds import ControllerConfigOpt, StoreOpt, _run
+from llmgw.cli.data.store_cmds import ControllerConfigOpt, StoreOpt, run_on_store
 from llmgw.cli.data.store_find import StoreWhere
 from llmgw.cli.output import fail
 from llmgw.core.traffic.trace import TraceError, parse_trace
@@ -57,7 +57,7 @@ def traffic_export(
         return written
 
     try:
-        count = _run(StoreWhere(store, controller_config), go)
+        count = run_on_store(StoreWhere(store, controller_config), go)
     finally:
         if out is not None:
             target.close()
@@ -102,7 +102,7 @@ def traffic_import(
         trace = replace(trace, header=replace(trace.header, start=time.time() - trace.header.duration_s))
     # Rows written where --store (or LLMGW_STORE) names: a new store there is what was asked for.
     where = StoreWhere(store, controller_config, may_create=True)
-    result: ImportResult = _run(where, lambda s: import_trace(s, trace, name, digest))
+    result: ImportResult = run_on_store(where, lambda s: import_trace(s, trace, name, digest))
     console = output.console(stderr=True)
     for problem in result.skipped:
         console.print(f"{file}: {problem} (skipped)", highlight=False, markup=False)

@@ -216,9 +216,10 @@ async def serve(
     *,
     api_socket: socket.socket | None = None,
     metrics_socket: socket.socket | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> Listeners:
     """Start the background loops, the API listener (on `api_socket` when given: bound already, e.g. a
-    worker's SO_REUSEPORT socket; else on `listen`) and the metrics listener (on `metrics_socket`, bound and
+    worker's SO_REUSEPORT socket; else on `listen`; over TLS with `tls`) and the metrics listener (on `metrics_socket`, bound and
     listening, when given)."""
     stack = contextlib.AsyncExitStack()
     try:
@@ -226,7 +227,7 @@ async def serve(
         rules = SnapshotRules(lambda: router.table.snapshot.router.listener if router.table else None)
         api = ApiListener(api_routes(router), router.body_limit, rules=rules)
         host, port = _split(listen)
-        api_port = await api.start(host, port, api_socket)
+        api_port = await api.start(host, port, api_socket, tls)
         stack.push_async_callback(api.close)
         quiet_bad_requests()  # the metrics listener (aiohttp): a malformed request is one warning line
         met = web.AppRunner(create_metrics_app(router), access_log=None)

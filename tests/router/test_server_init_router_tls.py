@@ -18,7 +18,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import yaml
 from llmgw_router.main import parse_args
 from support import free_port, wait_until
 
@@ -64,7 +63,7 @@ def tls_router(tmp_path: Path) -> Iterator[tuple[int, Path, subprocess.Popen[byt
         "tls_cert": str(issued.cert_path),
         "tls_key": str(issued.key_path),
     }
-    (tmp_path / "router.yaml").write_text(yaml.safe_dump(config))
+    (tmp_path / "router.yaml").write_text(json.dumps(config)  # JSON is YAML)
     argv = [sys.executable, "-c", "from llmgw_router.main import main; main()"]
     log = (tmp_path / "router.log").open("ab")
     proc = subprocess.Popen(

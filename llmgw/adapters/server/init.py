@@ -15,6 +15,7 @@ units, ownership, then each service started and its /health awaited over TLS.
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 import shutil
 from collections.abc import Awaitable, Callable, Mapping
@@ -129,8 +130,7 @@ class Init:
         name = release.get("PRETTY_NAME", "an unknown system").strip('"')
         if not ids & {"debian", "ubuntu"}:
             raise StepFailed(f"llmgw server init installs on Debian or Ubuntu; this machine runs {name}")
-        _, uid = await m.status("id -u")
-        if uid.strip() != "0" and not self.opts.dry_run:
+        if os.geteuid() != 0 and not self.opts.dry_run:
             raise StepFailed("llmgw server init acts as root (it adds an account, units, packages): use sudo")
         missing = [b for b in ("llmgw", "llmgw-router") if not m.path(f"{self.opts.bin_dir}/{b}").exists()]
         if missing:

@@ -196,6 +196,18 @@ def systemd_unit(layout: Layout, node: str, *, gpus: bool = False, exec_start: s
     )
 
 
+def _devices(gpus: bool) -> str:
+    if not gpus:
+        return "PrivateDevices=yes\n"
+    return (
+        "DevicePolicy=closed\n"
+        "DeviceAllow=char-nvidia-frontend rw\n"
+        "DeviceAllow=char-nvidia-uvm rw\n"
+        "DeviceAllow=char-nvidia-caps rw\n"
+        "DeviceAllow=char-nvidia-nvswitch rw\n"
+    )
+
+
 def sandboxed_unit(
     description: str,
     exec_start: str,
@@ -212,16 +224,7 @@ def sandboxed_unit(
     except `read_write`, a private /tmp, no home directories (`protect_home` read-only when the interpreter
     itself lives under one), no capabilities; devices are the standard pseudo-devices plus, on GPU nodes, the
     NVIDIA ones. `environment` lines are `NAME=VALUE`."""
-    if gpus:
-        devices = (
-            "DevicePolicy=closed\n"
-            "DeviceAllow=char-nvidia-frontend rw\n"
-            "DeviceAllow=char-nvidia-uvm rw\n"
-            "DeviceAllow=char-nvidia-caps rw\n"
-            "DeviceAllow=char-nvidia-nvswitch rw\n"
-        )
-    else:
-        devices = "PrivateDevices=yes\n"
+    devices = _devices(gpus)
     env = "".join(f"Environment={line}\n" for line in environment)
     return f"""[Unit]
 Description={description}

@@ -9,11 +9,14 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 import typer
 
 from llmgw.cli import output
+
+if TYPE_CHECKING:
+    from llmgw.adapters.ssh.bootstrap import Step
 
 server_app = typer.Typer(help="Install and extend the control plane on servers.", no_args_is_help=True)
 
@@ -44,76 +47,76 @@ def _environment(pairs: list[str]) -> dict[str, str]:
     return env
 
 
+_RepoOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--repo", help="Cluster repo the controller follows: a git URL or path (default: a starter)"
+    ),
+]
+_StarterOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--starter", help="Directory the starter repo is copied from (default: examples/cluster-repo)"
+    ),
+]
+_StoreOpt = Annotated[
+    str | None,
+    typer.Option("--store", help="An existing store's DSN (default: PostgreSQL on this machine, installed)"),
+]
+_CaDirOpt = Annotated[
+    Path | None, typer.Option("--ca-dir", help="An existing cluster CA directory (ca.key, ca.crt) to take")
+]
+_AddressOpt = Annotated[
+    list[str] | None,
+    typer.Option("--address", help="Another name or address clients use, for the certificate (repeat)"),
+]
+_AdvertiseOpt = Annotated[
+    str | None, typer.Option("--advertise", help="Address routers and agents dial (default: the first one)")
+]
+_NameOpt = Annotated[
+    str, typer.Option("--name", help="This machine's router name (and node name with --node)")
+]
+_NodeOpt = Annotated[bool, typer.Option("--node", help="Also run an agent here: the machine is a node too")]
+_ServiceOpt = Annotated[str, typer.Option("--service", help="auto, systemd or process")]
+_EnvOpt = Annotated[
+    list[str] | None, typer.Option("--env", help="NAME=VALUE given to every service (repeat)")
+]
+_BinDirOpt = Annotated[
+    str | None, typer.Option("--bin-dir", help="Where llmgw's executables are (default: this one's)")
+]
+_RootOpt = Annotated[
+    Path, typer.Option("--root", help="Act on the system tree in this directory (commands through chroot)")
+]
+_HealthOpt = Annotated[float, typer.Option("--health-timeout", help="Seconds each service has to answer")]
+_DryRunOpt = Annotated[
+    bool, typer.Option("--dry-run", help="Look and say what each step would do; act on nothing")
+]
+
+
 @server_app.command("init")
 def init(
-    repo: Annotated[
-        str | None,
-        typer.Option(
-            "--repo", help="Cluster repo the controller follows: a git URL or path (default: a starter)"
-        ),
-    ] = None,
-    starter: Annotated[
-        Path | None,
-        typer.Option(
-            "--starter", help="Directory the starter repo is copied from (default: examples/cluster-repo)"
-        ),
-    ] = None,
-    store: Annotated[
-        str | None,
-        typer.Option(
-            "--store", help="An existing store's DSN (default: PostgreSQL on this machine, installed)"
-        ),
-    ] = None,
-    ca_dir: Annotated[
-        Path | None,
-        typer.Option("--ca-dir", help="An existing cluster CA directory (ca.key, ca.crt) to take"),
-    ] = None,
-    address: Annotated[
-        list[str] | None,
-        typer.Option("--address", help="Another name or address clients use, for the certificate (repeat)"),
-    ] = None,
-    advertise: Annotated[
-        str | None,
-        typer.Option("--advertise", help="Address routers and agents dial (default: the first one)"),
-    ] = None,
-    name: Annotated[
-        str, typer.Option("--name", help="This machine's router name (and node name with --node)")
-    ] = "server",
-    node: Annotated[
-        bool, typer.Option("--node", help="Also run an agent here: the machine is a node too")
-    ] = False,
-    service: Annotated[str, typer.Option("--service", help="auto, systemd or process")] = "auto",
-    env: Annotated[
-        list[str] | None, typer.Option("--env", help="NAME=VALUE given to every service (repeat)")
-    ] = None,
-    bin_dir: Annotated[
-        str | None, typer.Option("--bin-dir", help="Where llmgw's executables are (default: this one's)")
-    ] = None,
-    root: Annotated[
-        Path,
-        typer.Option("--root", help="Act on the system tree in this directory (commands through chroot)"),
-    ] = Path("/"),
-    health_timeout: Annotated[
-        float, typer.Option("--health-timeout", help="Seconds each service has")
-    ] = 120.0,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Look and say what each step would do; act on nothing")
-    ] = False,
+    repo: _RepoOpt = None,
+    starter: _StarterOpt = None,
+    store: _StoreOpt = None,
+    ca_dir: _CaDirOpt = None,
+    address: _AddressOpt = None,
+    advertise: _AdvertiseOpt = None,
+    name: _NameOpt = "server",
+    node: _NodeOpt = False,
+    service: _ServiceOpt = "auto",
+    env: _EnvOpt = None,
+    bin_dir: _BinDirOpt = None,
+    root: _RootOpt = Path("/"),
+    health_timeout: _HealthOpt = 120.0,
+    dry_run: _DryRunOpt = False,
 ) -> None:
     """Install the control plane on this Debian or Ubuntu machine: account, CA, certificate, store, repo,
     settings, units; start the controller and the router and wait for their /health over TLS."""
     from llmgw.adapters.server.init import InitOptions, init_machine
     from llmgw.adapters.server.machine import Machine
-    from llmgw.adapters.ssh.bootstrap import Step
 
     if service not in ("auto", "systemd", "process"):
         output.fail(f"--service {service!r}: expected auto, systemd or process")
-
-    def show(step: Step) -> None:
-        output.console().print(
-            f"{step.name:<13} [{_STYLE[step.status]}]{step.status:<9}[/]  {step.detail}", highlight=False
-        )
-
     opts = InitOptions(
         bin_dir=bin_dir or str(Path(sys.executable).parent),
         repo=repo,
@@ -128,7 +131,7 @@ def init(
         environment=_environment(env or []),
         health_timeout=health_timeout,
         dry_run=dry_run,
-        on_step=show,
+        on_step=_show,
     )
     result = asyncio.run(init_machine(Machine(root), opts))
     if not result.ok:
@@ -137,3 +140,9 @@ def init(
         typer.echo("dry run: nothing was changed")
     elif not result.changed:
         typer.echo("everything was in place: nothing changed")
+
+
+def _show(step: Step) -> None:
+    output.console().print(
+        f"{step.name:<13} [{_STYLE[step.status]}]{step.status:<9}[/]  {step.detail}", highlight=False
+    )

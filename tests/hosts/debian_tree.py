@@ -1,0 +1,96 @@
+"""A Debian machine's root file system for a lab host: a minimal bookworm made by `debootstrap`, cached between
+runs, with the packages `llmgw server init` installs (PostgreSQL, git) downloaded but not installed, so init's
+`apt-get install` runs for real inside a lab host, which has no route to the internet.
+
+The test's own interpreter, virtual environment and source tree are bind-mounted into the tree at their paths
+(inside the host's mount namespace only), so the units' commands are the ones this checkout installed; the
+interpreter needs libsqlite3 from the tree (installed when it is made).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import llmgw
+from hosts.machine import Host
+
+__all__ = ["PROJECT", "debian_tree", "mount_into", "tree_copy"]
+
+SUITE = "bookworm"
+VERSION = 1  # bump to rebuild every cached tree (what goes into it changed)
+MIRROR = os.environ.get("LLMGW_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+DOWNLOADED = ("postgresql", "git")  # what init installs: its .debs, not installed
+INSTALLED = ("libsqlite3-0",)  # what the bind-mounted interpreter needs
+PROJECT = Path(llmgw.__file__).resolve().parents[1]
+
+
+def _cache() -> Path:
+    base = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
+    return base / f"debian-{SUITE}-server-v{VERSION}"
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)  # xdist workers: one builds, the others wait for it
+        yield
+
+
+def debian_tree() -> Path:
+    """The cached tree, made the first time (debootstrap takes about half a minute from a near mirror)."""
+    cache = _cache()
+    with _locked(cache.with_name(cache.name + ".lock")):
+        if (cache / ".llmgw-complete").exists():
+            return cache
+        partial = cache.with_name(cache.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        include = "--include=" + ",".join(INSTALLED)
+        argv = ["debootstrap", "--variant=minbase", include, SUITE, str(partial), MIRROR]
+        _run(argv, 900)
+        apt = ["chroot", str(partial), "apt-get", "install", "--download-only", "-y", "-q"]
+        _run([*apt, "--no-install-recommends", *DOWNLOADED], 600)
+        (partial / ".llmgw-complete").write_text(f"{SUITE} v{VERSION}\n")
+        shutil.rmtree(cache, ignore_errors=True)
+        partial.rename(cache)
+        return cache
+
+
+def _run(argv: list[str], timeout: float) -> None:
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive", "LC_ALL": "C"}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:3])}... failed ({done.returncode}): {done.stderr[-2000:]}")
+
+
+def tree_copy(target: Path) -> Path:
+    """A copy of the cached tree of the test's own (init changes it)."""
+    subprocess.run(["cp", "-a", "--reflink=auto", str(debian_tree()), str(target)], check=True, timeout=300)
+    return target
+
+
+def interpreter_paths() -> list[Path]:
+    """What the test's interpreter needs at its own paths: its installation, its venv, this checkout."""
+    paths = {Path(sys.base_prefix).resolve(), Path(sys.prefix), PROJECT}
+    return sorted(p for p in paths if not any(q != p and q in p.parents for q in paths))
+
+
+def mount_into(host: Host, tree: Path) -> None:
+    """/proc, /dev and the interpreter's paths mounted into `tree`, in the host's mount namespace only."""
+    lines = [f"mount -t proc proc {tree}/proc", f"mount --rbind /dev {tree}/dev"]
+    for path in interpreter_paths():
+        inside = tree / path.relative_to("/")
+        inside.mkdir(parents=True, exist_ok=True)
+        for parent in [inside, *inside.parents]:  # the service account must reach the interpreter
+            if parent == tree:
+                break
+            parent.chmod(parent.stat().st_mode | 0o011)
+        lines.append(f"mount --bind {path} {inside}")
+    host.run(["sh", "-c", " && ".join(lines)])

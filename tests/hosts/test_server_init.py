@@ -1,0 +1,124 @@
+"""`llmgw server init` on a Debian machine with nothing of llmgw's and no PostgreSQL: a lab host whose root file
+system is a debootstrapped bookworm (tests/hosts/debian_tree.py), init acting on it with `--root`.
+
+Real: apt-get installs PostgreSQL and git in the tree (from the .debs the cached tree holds: the host has no
+route out), the account, the CA, the certificate for every address of the host, the role and database with a
+generated password, the migrations, the starter repo, the settings and the units, which `systemd-analyze verify`
+accepts. systemd is not PID 1 here, so init starts each unit's own command as the llmgw account (its process
+mode) and waits for /health over TLS. Then an administrator's key is made through the controller, a request goes
+to the router over TLS verified against init's CA at the host's address, and a second init changes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import ssl
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+from support import wait_until
+
+from hosts.debian_tree import PROJECT, mount_into, tree_copy
+from hosts.lab import HostLab
+from hosts.machine import Host
+
+pytestmark = [pytest.mark.hosts]
+
+BIN = Path(sys.executable).parent
+SOURCE_PATH = os.pathsep.join(str(PROJECT / p) for p in (".", "router", "agent"))
+
+
+def _init(host: Host, tree: Path, *extra: str) -> dict[str, tuple[str, str]]:
+    argv = [str(BIN / "llmgw"), "server", "init", "--root", str(tree), "--bin-dir", str(BIN)]
+    argv += ["--env", f"PYTHONPATH={SOURCE_PATH}", "--starter", str(PROJECT / "examples" / "cluster-repo")]
+    argv += ["--name", "edge1", "--health-timeout", "120", *extra]
+    # The steps' lines are the answer even when a step failed: the exit status comes last, after them.
+    out = host.run(["sh", "-c", shlex.join(argv) + ' 2>&1; echo "exit status $?"'], timeout=600)
+    assert out.rstrip().endswith("exit status 0"), out
+    steps = {}
+    for line in out.splitlines():
+        name, _, rest = line.partition(" ")
+        status, _, detail = rest.strip().partition(" ")
+        if status in ("changed", "unchanged", "skipped", "failed"):
+            steps[name] = (status, detail.strip())
+    assert steps and all(s != "failed" for s, _ in steps.values()), out
+    return steps
+
+
+def _verify_unit(path: Path) -> None:
+    analyze = shutil.which("systemd-analyze")
+    assert analyze is not None, "systemd-analyze not installed (scripts/install-system-deps.sh)"
+    proc = subprocess.run([analyze, "verify", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not proc.stderr.strip(), proc.stderr
+
+
+def _exec_start(unit: Path) -> list[str]:
+    line = next(ln for ln in unit.read_text().splitlines() if ln.startswith("ExecStart="))
+    return shlex.split(line.removeprefix("ExecStart="))
+
+
+def _running_as(host: Host, tree: Path, service: str) -> tuple[list[str], str]:
+    pid = (tree / "run" / "llmgw" / f"{service}.pid").read_text().strip()
+    cmdline = host.run(["cat", f"/proc/{pid}/cmdline"]).split("\0")[:-1]
+    uid = host.run(["stat", "-c", "%u", f"/proc/{pid}"]).strip()
+    return cmdline, uid
+
+
+def _create_key(host: Host, tree: Path) -> str:
+    argv = ["env", f"SSL_CERT_FILE={tree}/etc/llmgw/tls/ca.crt", str(BIN / "llmgw"), "keys", "create"]
+    argv += ["--project", "playground", "--controller", "https://127.0.0.1:7070"]
+    argv += ["--token-file", f"{tree}/etc/llmgw/secrets/admin-token", "--json"]
+
+    def made() -> str | None:
+        try:
+            return str(json.loads(host.run(argv))["key"])
+        except RuntimeError:  # the controller has not read the starter repo's projects yet
+            return None
+
+    return str(wait_until(made, 60, "a key from the controller"))
+
+
+def test_server_init_installs_a_serving_control_plane(lab: HostLab, tmp_path: Path) -> None:
+    tree = tree_copy(tmp_path / "root")
+    assert not (tree / "usr/lib/postgresql").exists(), "the cached tree must come without PostgreSQL"
+    host = lab.add_host("server")
+    mount_into(host, tree)
+
+    dry = _init(host, tree, "--dry-run")
+    assert dry["packages"] == ("skipped", "would install git postgresql with apt-get")
+    assert dry["controller"][0] == "skipped" and not (tree / "etc" / "llmgw").exists()
+
+    first = _init(host, tree)
+    for step in ("packages", "account", "ca", "certificates", "store", "migrations", "repo", "config"):
+        assert first[step][0] == "changed", (step, first[step])
+    assert host.address in first["certificates"][1]  # the certificate names the host's own address
+    assert first["controller"][0] == first["router"][0] == "changed"
+    assert (tree / "usr/lib/postgresql").is_dir()
+
+    passwd = (tree / "etc" / "passwd").read_text()
+    uid = next(ln.split(":")[2] for ln in passwd.splitlines() if ln.startswith("llmgw:"))
+    for service in ("controller", "router"):
+        unit = tree / "etc" / "systemd" / "system" / f"llmgw-{service}.service"
+        _verify_unit(unit)
+        cmdline, runs_as = _running_as(host, tree, service)
+        want = _exec_start(unit)
+        assert cmdline[-len(want) :] == want, (service, cmdline)  # the unit's own command
+        assert runs_as == uid, f"the {service} runs as uid {runs_as}, not llmgw's {uid}"
+
+    key = _create_key(host, tree)
+    ca = ssl.create_default_context(cafile=str(tree / "etc" / "llmgw" / "tls" / "ca.crt"))
+    request = urllib.request.Request(
+        f"https://{host.address}:8443/v1/models", headers={"Authorization": f"Bearer {key}"}
+    )
+    with urllib.request.urlopen(request, timeout=10, context=ca) as resp:
+        assert resp.status == 200
+        assert json.loads(resp.read())["object"] == "list"
+
+    second = _init(host, tree)
+    assert {s for s, _ in second.values()} == {"unchanged"}, second

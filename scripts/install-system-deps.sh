@@ -5,7 +5,8 @@
 # unit files without systemd running), valgrind (benchmarks/request_path_cost.py counts the request path's
 # instructions under callgrind, in .ci/run), Node.js (20 or newer) and npm, which run the npm clients of
 # tests/clients, iproute2 and util-linux's unshare/nsenter (tests/hosts: several hosts on this machine, each a
-# network and PID namespace). Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on
+# network and PID namespace), debootstrap (tests/hosts/test_server_init.py: `llmgw server init` on a minimal
+# Debian tree, made once and cached under ~/.cache/llmgw; it downloads from deb.debian.org). Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on
 # a free port) and sshd (own config on a loopback port).
 set -euo pipefail
 need=()
@@ -16,6 +17,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 # Node.js and npm: tests/clients drives the openai Node SDK and the Vercel AI SDK (`make node-clients`).

@@ -21,7 +21,7 @@ from pathlib import Path
 import llmgw
 from hosts.machine import Host
 
-__all__ = ["PROJECT", "debian_tree", "mount_into", "tree_copy"]
+__all__ = ["PROJECT", "cached_tree_ready", "debian_tree", "mount_into", "tree_copy"]
 
 SUITE = "bookworm"
 VERSION = 1  # bump to rebuild every cached tree (what goes into it changed)
@@ -42,6 +42,10 @@ def _locked(path: Path) -> Iterator[None]:
     with path.open("w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)  # xdist workers: one builds, the others wait for it
         yield
+
+
+def cached_tree_ready() -> bool:
+    return (_cache() / ".llmgw-complete").exists()
 
 
 def debian_tree() -> Path:

@@ -1,12 +1,14 @@
 """`llmgw server init` on a Debian machine with nothing of llmgw's and no PostgreSQL: a lab host whose root file
 system is a debootstrapped bookworm (tests/hosts/debian_tree.py), init acting on it with `--root`.
 
-Real: apt-get installs PostgreSQL and git in the tree (from the .debs the cached tree holds: the host has no
+The machine is a node too (`--node`): its agent registers and runs the starter repo's sim models. Real: apt-get
+installs PostgreSQL and git in the tree (from the .debs the cached tree holds: the host has no
 route out), the account, the CA, the certificate for every address of the host, the role and database with a
 generated password, the migrations, the starter repo, the settings and the units, which `systemd-analyze verify`
 accepts. systemd is not PID 1 here, so init starts each unit's own command as the llmgw account (its process
-mode) and waits for /health over TLS. Then an administrator's key is made through the controller, a request goes
-to the router over TLS verified against init's CA at the host's address, and a second init changes nothing.
+mode) and waits for /health over TLS (the agent: its node Ready). Then a key is made through the controller, a
+chat completion is served by the router over TLS verified against init's CA at the host's address, and a second
+init changes nothing.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -37,7 +40,7 @@ SOURCE_PATH = os.pathsep.join(str(PROJECT / p) for p in (".", "router", "agent")
 def _init(host: Host, tree: Path, *extra: str) -> dict[str, tuple[str, str]]:
     argv = [str(BIN / "llmgw"), "server", "init", "--root", str(tree), "--bin-dir", str(BIN)]
     argv += ["--env", f"PYTHONPATH={SOURCE_PATH}", "--starter", str(PROJECT / "examples" / "cluster-repo")]
-    argv += ["--name", "edge1", "--health-timeout", "120", *extra]
+    argv += ["--name", "edge1", "--node", "--health-timeout", "120", *extra]
     # The steps' lines are the answer even when a step failed: the exit status comes last, after them.
     out = host.run(["sh", "-c", shlex.join(argv) + ' 2>&1; echo "exit status $?"'], timeout=600)
     assert out.rstrip().endswith("exit status 0"), out
@@ -108,7 +111,7 @@ def test_server_init_installs_a_serving_control_plane(lab: HostLab, tmp_path: Pa
 
     passwd = (tree / "etc" / "passwd").read_text()
     uid = next(ln.split(":")[2] for ln in passwd.splitlines() if ln.startswith("llmgw:"))
-    for service in ("controller", "router"):
+    for service in ("controller", "router", "agent"):
         unit = tree / "etc" / "systemd" / "system" / f"llmgw-{service}.service"
         _verify_unit(unit)
         cmdline, runs_as = _running_as(host, tree, service)
@@ -118,12 +121,24 @@ def test_server_init_installs_a_serving_control_plane(lab: HostLab, tmp_path: Pa
 
     key = _create_key(host, tree)
     ca = ssl.create_default_context(cafile=str(tree / "etc" / "llmgw" / "tls" / "ca.crt"))
-    request = urllib.request.Request(
-        f"https://{host.address}:8443/v1/models", headers={"Authorization": f"Bearer {key}"}
-    )
-    with urllib.request.urlopen(request, timeout=10, context=ca) as resp:
-        assert resp.status == 200
-        assert json.loads(resp.read())["object"] == "list"
+    body = {"model": "sim-chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+    def served() -> dict[str, object] | None:
+        request = urllib.request.Request(
+            f"https://{host.address}:8443/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=ca) as resp:
+                answer: dict[str, object] = json.loads(resp.read())
+                return answer
+        except urllib.error.HTTPError as exc:  # 503 until the node's sim replicas are ready
+            assert exc.code == 503, exc.read()
+            return None
+
+    answer = wait_until(served, 90, "a chat completion over TLS from the router at the host's address")
+    assert answer["object"] == "chat.completion" and answer["choices"], answer
 
     second = _init(host, tree)
     assert {s for s, _ in second.values()} == {"unchanged"}, second

@@ -73,8 +73,8 @@ class Init:
             advertise=advertise,
             environment=dict(opts.environment),
         )
-        self.services = Services(machine, self.lay, self.settings, opts, self.act)
         self.dirty: set[str] = set()  # services whose inputs this run changed: restarted
+        self.services = Services(machine, self.lay, self.settings, opts, self.act, self.dirty)
 
     def record(self, name: str, status: Status, detail: str = "") -> None:
         step = Step(name, status, detail)
@@ -104,12 +104,12 @@ class Init:
             ("repo", self.repo),
             ("config", self.config),
             ("ownership", self.ownership),
-            ("controller", lambda m: s.service("controller", self.dirty)),
+            ("controller", lambda m: s.service("controller")),
             ("router-token", s.router_token),
-            ("router", lambda m: s.service("router", self.dirty)),
+            ("router", lambda m: s.service("router")),
         ]
         if self.opts.node:
-            chosen.append(("agent", lambda m: s.service("agent", self.dirty)))
+            chosen += [("node-token", s.node_token), ("agent", lambda m: s.service("agent"))]
         return chosen
 
     async def run(self) -> NodeResult:
@@ -309,7 +309,9 @@ class Init:
 
     async def ownership(self, m: Machine) -> Outcome:
         """What init wrote as root is the account's where the account writes, readable by it where it reads."""
-        owned = " ".join(self.lay.owned())
+        nl = render.Layout()
+        node = [nl.etc, nl.state, nl.weights, nl.models] if self.opts.node else []
+        owned = " ".join([*self.lay.owned(), *node])
         u = L.USER
         look = (
             f"a=$(find {owned} \\( ! -user {u} -o ! -group {u} \\) -print -quit 2>/dev/null); "

@@ -38,9 +38,16 @@ HEALTH = {"controller": "/healthz", "router": "/health"}
 
 class Services:
     def __init__(
-        self, m: Machine, lay: L.ServerLayout, s: L.ServerSettings, opts: InitOptions, act: Act
+        self,
+        m: Machine,
+        lay: L.ServerLayout,
+        s: L.ServerSettings,
+        opts: InitOptions,
+        act: Act,
+        dirty: set[str],
     ) -> None:
         self.m, self.lay, self.s, self.opts, self.act = m, lay, s, opts, act
+        self.dirty = dirty  # services whose inputs this run changed (restarted), shared with the Init
 
     def mode(self) -> Literal["systemd", "process"]:
         if self.opts.service != "auto":
@@ -133,16 +140,25 @@ class Services:
     # ------------------------------------------------------------------------------------ credentials
 
     async def router_token(self, m: Machine) -> Outcome:
+        return await self._credential(m, "/api/v1/credentials/router", self.lay.router_token)
+
+    async def node_token(self, m: Machine) -> Outcome:
+        """With --node: the agent's hub asks for the node's token beside its certificate."""
+        return await self._credential(m, f"/api/v1/credentials/node/{self.opts.name}", render.Layout().token)
+
+    async def _credential(self, m: Machine, path: str, file_path: str) -> Outcome:
+        """A token the controller derives (from the cluster secret) fetched into `file_path`, the account's."""
         if self.opts.dry_run:
-            return "skipped", f"would fetch the router token from the controller into {self.lay.router_token}"
+            return "skipped", f"would fetch {path} from the controller into {file_path}"
         admin = (m.read_text(self.lay.admin_token) or "").strip()
-        url = f"https://127.0.0.1:{self.s.controller_port}/api/v1/credentials/router"
+        url = f"https://127.0.0.1:{self.s.controller_port}{path}"
         token = str(json.loads(await asyncio.to_thread(self._get, url, admin))["token"])
-        file = RemoteFile(self.lay.router_token, token.encode() + b"\n", 0o600)
+        file = RemoteFile(file_path, token.encode() + b"\n", 0o600)
         if not await m.sync_files([file]):
-            return "unchanged", self.lay.router_token
-        await m.run(f"chown {L.USER}:{L.USER} {self.lay.router_token}")
-        return "changed", f"wrote {self.lay.router_token}"
+            return "unchanged", file_path
+        await m.run(f"chown {L.USER}:{L.USER} {file_path}")
+        self.dirty.add("router" if file_path == self.lay.router_token else "agent")
+        return "changed", f"wrote {file_path}"
 
     def _get(self, url: str, token: str | None = None) -> bytes:
         ctx = ssl.create_default_context(cafile=str(self.m.path(self.lay.ca_cert)))
@@ -158,7 +174,7 @@ class Services:
             node=self.opts.name,
             controllers=(self.s.controller_address,),
             tls=True,
-            token=False,
+            token=True,  # the hub asks for the node's token beside its certificate (node_token step)
             advertise_host=self.s.advertise,
         )
         return [
@@ -168,9 +184,9 @@ class Services:
 
     # ------------------------------------------------------------------------------------ services
 
-    async def service(self, name: str, dirty: set[str]) -> Outcome:
+    async def service(self, name: str) -> Outcome:
         pid = await self._running(name)
-        if pid is not None and name not in dirty:
+        if pid is not None and name not in self.dirty:
             waited = await self._healthy(name)
             return "unchanged", f"running (pid {pid}){waited}"
         verb = "restart" if pid is not None else "start"
@@ -228,23 +244,32 @@ class Services:
 
     async def _healthy(self, name: str) -> str:
         """Waits for the service's /health over TLS; words for the step. StepFailed with its log's end."""
-        path = HEALTH.get(name)
-        if path is None:
-            return ""
         port = self.s.controller_port if name == "controller" else self.s.router_port
-        url = f"https://127.0.0.1:{port}{path}"
+        url = f"https://127.0.0.1:{port}{HEALTH.get(name, '')}"
         start = time.monotonic()
         last = ""
         while time.monotonic() - start < self.opts.health_timeout:
             try:
-                await asyncio.to_thread(self._get, url)
-                return f", {path} answered over TLS after {time.monotonic() - start:.1f}s"
+                if name != "agent":
+                    await asyncio.to_thread(self._get, url)
+                    return f", {HEALTH[name]} answered over TLS after {time.monotonic() - start:.1f}s"
+                last = await self._node_state()
+                if last == "Ready":
+                    return f", node {self.opts.name} Ready after {time.monotonic() - start:.1f}s"
             except (OSError, urllib.error.URLError) as exc:
                 last = str(exc)
             if await self._running(name) is None:
                 break
             await asyncio.sleep(0.5)
-        raise StepFailed(f"the {name}'s {url} did not answer ({last}): {await self._log_tail(name)}")
+        what = f"node {self.opts.name} did not become Ready" if name == "agent" else f"{url} did not answer"
+        raise StepFailed(f"the {name}: {what} ({last}): {await self._log_tail(name)}")
+
+    async def _node_state(self) -> str:
+        """This machine's node as the controller sees it (the agent's health is its registration)."""
+        admin = (self.m.read_text(self.lay.admin_token) or "").strip()
+        url = f"https://127.0.0.1:{self.s.controller_port}/api/v1/nodes"
+        nodes = json.loads(await asyncio.to_thread(self._get, url, admin))["nodes"]
+        return next((str(n["state"]) for n in nodes if n["name"] == self.opts.name), "not registered")
 
     async def _log_tail(self, name: str) -> str:
         if self.mode() == "systemd":

@@ -15,6 +15,7 @@ units, ownership, then each service started and its /health awaited over TLS.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import secrets
 import shutil
@@ -62,9 +63,7 @@ class Init:
         self.lay = lay or L.ServerLayout()
         self.result = NodeResult("this machine")
         self.addresses = sorted({*machine_addresses(), *opts.addresses, opts.listen_host})
-        advertise = opts.advertise or next(
-            (a for a in self.addresses if a[0].isdigit() and not a.startswith(("127.", "0."))), "127.0.0.1"
-        )
+        advertise = opts.advertise or _first_routable_ipv4(self.addresses)
         self.settings = L.ServerSettings(
             repo=opts.repo or self.lay.repo,
             bin_dir=opts.bin_dir,
@@ -323,6 +322,19 @@ class Init:
             return "unchanged", f"{u} owns {owned}"
         fix = f"chown -R {u}:{u} {owned} && find {self.lay.etc} -path {self.lay.secrets} -prune -o -exec chgrp {u} {{}} +"
         return await self.act(f"give {u} what it owns (found {stray[0]})", lambda: m.run(fix))
+
+
+def _first_routable_ipv4(addresses: list[str]) -> str:
+    """The address others dial by default: the machine's first IPv4 address beyond loopback (a bare IPv6 one
+    would need brackets in every host:port), else loopback (one machine)."""
+    for a in addresses:
+        try:
+            ip = ipaddress.ip_address(a)
+        except ValueError:
+            continue  # a name
+        if ip.version == 4 and not (ip.is_loopback or ip.is_unspecified or ip.is_link_local):
+            return a
+    return "127.0.0.1"
 
 
 def _state(file: RemoteFile) -> tuple[str, int]:

@@ -7,6 +7,7 @@ so. Exit status 1 when a step failed (the steps after it are listed as skipped).
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Literal, cast
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, cast
 import typer
 
 from llmgw.cli import output
+from llmgw.core.config.models import NAME_PATTERN
 
 if TYPE_CHECKING:
     from llmgw.adapters.ssh.bootstrap import Step
@@ -117,6 +119,12 @@ def init(
 
     if service not in ("auto", "systemd", "process"):
         output.fail(f"--service {service!r}: expected auto, systemd or process")
+    if not re.fullmatch(NAME_PATTERN, name):
+        output.fail(
+            f"--name {name!r}: lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
+        )
+    if repo is not None and "://" not in repo and not repo.startswith("git@"):
+        repo = str(Path(repo).absolute())  # the controller runs with / as its working directory
     opts = InitOptions(
         bin_dir=bin_dir or str(Path(sys.executable).parent),
         repo=repo,

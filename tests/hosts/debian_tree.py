@@ -2,7 +2,8 @@
 runs, with the packages `llmgw server init` installs (PostgreSQL, git) downloaded but not installed, so init's
 `apt-get install` runs for real inside a lab host, which has no route to the internet.
 
-The test's own interpreter, virtual environment and source tree are bind-mounted into the tree at their paths
+Each test sees the cached tree through an overlay whose upper directory takes what init changes. The test's own
+interpreter, virtual environment and source tree are bind-mounted into the tree at their paths
 (inside the host's mount namespace only), so the units' commands are the ones this checkout installed; the
 interpreter needs libsqlite3 from the tree (installed when it is made).
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 import llmgw
 from hosts.machine import Host
 
-__all__ = ["PROJECT", "cached_tree_ready", "debian_tree", "mount_into", "tree_copy"]
+__all__ = ["PROJECT", "cached_tree_ready", "debian_tree", "mount_into", "overlay"]
 
 SUITE = "bookworm"
 VERSION = 1  # bump to rebuild every cached tree (what goes into it changed)
@@ -74,10 +75,17 @@ def _run(argv: list[str], timeout: float) -> None:
         raise RuntimeError(f"{' '.join(argv[:3])}... failed ({done.returncode}): {done.stderr[-2000:]}")
 
 
-def tree_copy(target: Path) -> Path:
-    """A copy of the cached tree of the test's own (init changes it)."""
-    subprocess.run(["cp", "-a", "--reflink=auto", str(debian_tree()), str(target)], check=True, timeout=300)
-    return target
+def overlay(host: Host, tmp: Path) -> tuple[Path, Path]:
+    """The cached tree as the host's root-to-be: an overlay (in the host's mount namespace only) whose upper
+    directory takes every change, so the cache is never written and nothing is copied. Returns the merged tree
+    (what the host sees; from the test's namespace an empty directory) and the upper one (what init changed,
+    readable from the test)."""
+    merged, upper, work = tmp / "root", tmp / "upper", tmp / "work"
+    for d in (merged, upper, work):
+        d.mkdir()
+    options = f"lowerdir={debian_tree()},upperdir={upper},workdir={work}"
+    host.run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)])
+    return merged, upper
 
 
 def interpreter_paths() -> list[Path]:
@@ -91,10 +99,7 @@ def mount_into(host: Host, tree: Path) -> None:
     lines = [f"mount -t proc proc {tree}/proc", f"mount --rbind /dev {tree}/dev"]
     for path in interpreter_paths():
         inside = tree / path.relative_to("/")
-        inside.mkdir(parents=True, exist_ok=True)
-        for parent in [inside, *inside.parents]:  # the service account must reach the interpreter
-            if parent == tree:
-                break
-            parent.chmod(parent.stat().st_mode | 0o011)
-        lines.append(f"mount --bind {path} {inside}")
+        # The service account must reach the interpreter: search permission on each directory down to it.
+        ancestors = [str(p) for p in [inside, *inside.parents] if tree in p.parents]
+        lines += [f"mkdir -p {inside}", f"chmod o+x {' '.join(ancestors)}", f"mount --bind {path} {inside}"]
     host.run(["sh", "-c", " && ".join(lines)])

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from support import wait_until
 
-from hosts.debian_tree import PROJECT, cached_tree_ready, mount_into, tree_copy
+from hosts.debian_tree import PROJECT, cached_tree_ready, debian_tree, interpreter_paths, mount_into, overlay
 from hosts.lab import HostLab
 from hosts.machine import Host
 
@@ -93,34 +93,36 @@ def test_server_init_installs_a_serving_control_plane(lab: HostLab, tmp_path: Pa
         if os.environ.get("CI") or os.environ.get("LLMGW_REQUIRE_TOOLS"):
             pytest.fail(reason)
         pytest.skip(reason)
-    tree = tree_copy(tmp_path / "root")
-    assert not (tree / "usr/lib/postgresql").exists(), "the cached tree must come without PostgreSQL"
     host = lab.add_host("server")
+    tree, changed = overlay(host, tmp_path)  # init acts on `tree`; what it wrote is in `changed`
     mount_into(host, tree)
+    assert not (debian_tree() / "usr/lib/postgresql").exists(), "the cached tree must come without PostgreSQL"
 
     dry = _init(host, tree, "--dry-run")
     assert dry["packages"] == ("skipped", "would install git postgresql with apt-get")
-    assert dry["controller"][0] == "skipped" and not (tree / "etc" / "llmgw").exists()
+    assert dry["controller"][0] == "skipped"
+    mounted = {p.relative_to("/").parts[0] for p in interpreter_paths()}
+    assert {p.name for p in changed.iterdir()} <= mounted, "the dry run wrote something"
 
     first = _init(host, tree)
     for step in ("packages", "account", "ca", "certificates", "store", "migrations", "repo", "config"):
         assert first[step][0] == "changed", (step, first[step])
     assert host.address in first["certificates"][1]  # the certificate names the host's own address
     assert first["controller"][0] == first["router"][0] == "changed"
-    assert (tree / "usr/lib/postgresql").is_dir()
+    assert (changed / "usr/lib/postgresql").is_dir()
 
-    passwd = (tree / "etc" / "passwd").read_text()
+    passwd = (changed / "etc" / "passwd").read_text()
     uid = next(ln.split(":")[2] for ln in passwd.splitlines() if ln.startswith("llmgw:"))
     for service in ("controller", "router", "agent"):
-        unit = tree / "etc" / "systemd" / "system" / f"llmgw-{service}.service"
+        unit = changed / "etc" / "systemd" / "system" / f"llmgw-{service}.service"
         _verify_unit(unit)
-        cmdline, runs_as = _running_as(host, tree, service)
+        cmdline, runs_as = _running_as(host, changed, service)
         want = _exec_start(unit)
         assert cmdline[-len(want) :] == want, (service, cmdline)  # the unit's own command
         assert runs_as == uid, f"the {service} runs as uid {runs_as}, not llmgw's {uid}"
 
     key = _create_key(host, tree)
-    ca = ssl.create_default_context(cafile=str(tree / "etc" / "llmgw" / "tls" / "ca.crt"))
+    ca = ssl.create_default_context(cafile=str(changed / "etc" / "llmgw" / "tls" / "ca.crt"))
     body = {"model": "sim-chat", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
     def served() -> dict[str, object] | None:

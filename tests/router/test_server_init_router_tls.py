@@ -63,7 +63,7 @@ def tls_router(tmp_path: Path) -> Iterator[tuple[int, Path, subprocess.Popen[byt
         "tls_cert": str(issued.cert_path),
         "tls_key": str(issued.key_path),
     }
-    (tmp_path / "router.yaml").write_text(json.dumps(config)  # JSON is YAML)
+    (tmp_path / "router.yaml").write_text(json.dumps(config))  # JSON is YAML
     argv = [sys.executable, "-c", "from llmgw_router.main import main; main()"]
     log = (tmp_path / "router.log").open("ab")
     proc = subprocess.Popen(

@@ -162,8 +162,9 @@ class Init:
             (lay.controller_state, u, u, "700"),
             (lay.router_state, u, u, "700"),
             (lay.log, u, u, "750"),
-            (lay.run, "root", "root", "755"),
         ]
+        if self.services.mode() == "process":  # pid files of the services init starts itself
+            dirs.append((lay.run, "root", "root", "755"))
         if self.opts.node:
             nl = render.Layout()
             dirs += [(nl.prefix, "root", u, "750"), (nl.etc, u, u, "700")]

@@ -7,12 +7,13 @@ route out), the account, the CA, the certificate for every address of the host, 
 generated password, the migrations, the starter repo, the settings and the units, which `systemd-analyze verify`
 accepts. systemd is not PID 1 here, so init starts each unit's own command as the llmgw account (its process
 mode) and waits for /health over TLS (the agent: its node Ready). Then a key is made through the controller, a
-chat completion is served by the router over TLS verified against init's CA at the host's address, and a second
-init changes nothing.
+chat completion is served by the router over TLS verified against init's CA at the host's address, the console
+(the controller's, over TLS) gives a Secure session cookie, and a second init changes nothing.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shlex
@@ -21,7 +22,9 @@ import ssl
 import subprocess
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
+from http.cookies import SimpleCookie
 from pathlib import Path
 
 import pytest
@@ -87,6 +90,26 @@ def _create_key(host: Host, tree: Path) -> str:
     return str(wait_until(made, 60, "a key from the controller"))
 
 
+def _console_session_cookie(address: str, ca: ssl.SSLContext, admin_token: str) -> str:
+    """The web console's session cookie after signing in with the admin token, over the controller's TLS."""
+    conn = http.client.HTTPSConnection(address, 7070, context=ca, timeout=10)
+    try:
+        conn.request("GET", "/ui/login")
+        form = conn.getresponse()
+        form.read()
+        login = SimpleCookie(form.getheader("Set-Cookie", ""))
+        name, morsel = next(iter(login.items()))
+        body = urllib.parse.urlencode({"csrf": morsel.value, "token": admin_token})
+        headers = {"Content-Type": "application/x-www-form-urlencoded", "Cookie": f"{name}={morsel.value}"}
+        conn.request("POST", "/ui/login", body, headers)
+        signed_in = conn.getresponse()
+        signed_in.read()
+        assert signed_in.status == 303, signed_in.status
+        return next(c for c in signed_in.headers.get_all("Set-Cookie") or [] if not c.startswith(name + "="))
+    finally:
+        conn.close()
+
+
 def test_server_init_installs_a_serving_control_plane(lab: HostLab, tmp_path: Path) -> None:
     if shutil.which("debootstrap") is None and not cached_tree_ready():
         reason = "debootstrap not installed (scripts/install-system-deps.sh) and no cached Debian tree"
@@ -141,6 +164,11 @@ def test_server_init_installs_a_serving_control_plane(lab: HostLab, tmp_path: Pa
 
     answer = wait_until(served, 90, "a chat completion over TLS from the router at the host's address")
     assert answer["object"] == "chat.completion" and answer["choices"], answer
+
+    # The console is the controller's, served over TLS: its session cookie is Secure.
+    admin = (changed / "etc" / "llmgw" / "secrets" / "admin-token").read_text().strip()
+    cookie = _console_session_cookie(host.address, ca, admin)
+    assert "secure" in cookie.lower().split("; "), cookie
 
     second = _init(host, tree)
     assert {s for s, _ in second.values()} == {"unchanged"}, second

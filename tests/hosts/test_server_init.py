@@ -81,13 +81,19 @@ def _create_key(host: Host, tree: Path) -> str:
     argv += ["--project", "playground", "--controller", "https://127.0.0.1:7070"]
     argv += ["--token-file", f"{tree}/etc/llmgw/secrets/admin-token", "--json"]
 
+    refusals: list[str] = []
+
     def made() -> str | None:
         try:
             return str(json.loads(host.run(argv))["key"])
-        except RuntimeError:  # the controller has not read the starter repo's projects yet
+        except RuntimeError as exc:  # the controller has not read the starter repo's projects yet
+            refusals.append(str(exc)[-500:])
             return None
 
-    return str(wait_until(made, 60, "a key from the controller"))
+    try:
+        return str(wait_until(made, 60, "a key from the controller"))
+    except AssertionError:
+        raise AssertionError(f"no key from the controller; last refusal: {refusals[-1:]}") from None
 
 
 def _console_session_cookie(address: str, ca: ssl.SSLContext, admin_token: str) -> str:

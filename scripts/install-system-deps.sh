@@ -6,7 +6,9 @@
 # instructions under callgrind, in .ci/run), Node.js (20 or newer) and npm, which run the npm clients of
 # tests/clients, iproute2 and util-linux's unshare/nsenter (tests/hosts: several hosts on this machine, each a
 # network and PID namespace), HAProxy (tests/controller/test_control_plane_upgrade*.py: two routers behind
-# a load balancer's health check during a rolling upgrade). Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on
+# a load balancer's health check during a rolling upgrade), debootstrap (tests/hosts/test_server_init.py:
+# `llmgw server init` on a minimal Debian tree, made once and cached under ~/.cache/llmgw; it downloads from
+# deb.debian.org). Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on
 # a free port) and sshd (own config on a loopback port).
 set -euo pipefail
 need=()
@@ -17,6 +19,7 @@ command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 command -v wrk >/dev/null 2>&1 || need+=(wrk)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)

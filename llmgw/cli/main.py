@@ -30,6 +30,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "fleet.controller_cmds": ("controller", "status", "nodes", "replicas", "models", "explain"),
     "deploy.node_cmds": ("engine-check", "node"),
     "deploy.up_cmd": ("up",),
+    "deploy.server_cmds": ("server",),
     "data.mirror_cmds": ("model", "mirror"),
     "fleet.weights_cmds": ("weights",),
     "fleet.ops_cmds": ("audit", "notifications"),

@@ -219,17 +219,19 @@ async def serve(
     api_socket: socket.socket | None = None,
     metrics_socket: socket.socket | None = None,
     drain_timeout: float = 5.0,
+    tls: ssl.SSLContext | None = None,
 ) -> Listeners:
     """Start the background loops, the API listener (on `api_socket` when given: bound already, e.g. a
-    worker's SO_REUSEPORT socket; else on `listen`) and the metrics listener (on `metrics_socket`, bound and
-    listening, when given). Closing gives requests in flight `drain_timeout` seconds to finish."""
+    worker's SO_REUSEPORT socket; else on `listen`; over TLS with `tls`) and the metrics listener (on
+    `metrics_socket`, bound and listening, when given). Closing gives requests in flight `drain_timeout`
+    seconds to finish."""
     stack = contextlib.AsyncExitStack()
     try:
         await stack.enter_async_context(_background(router, link, scrape))
         rules = SnapshotRules(lambda: router.table.snapshot.router.listener if router.table else None)
         api = ApiListener(api_routes(router), router.body_limit, rules=rules)
         host, port = _split(listen)
-        api_port = await api.start(host, port, api_socket)
+        api_port = await api.start(host, port, api_socket, tls)
         stack.push_async_callback(api.close, drain_timeout)
         quiet_bad_requests()  # the metrics listener (aiohttp): a malformed request is one warning line
         met = web.AppRunner(create_metrics_app(router), access_log=None)

@@ -32,7 +32,7 @@ from llmgw_router.options import RouterOptions
 from llmgw_router.path.auth import KeyStore, StaticKeys
 from llmgw_router.path.service import RequestService
 
-__all__ = ["build_parser", "load_snapshot_file", "main", "run"]
+__all__ = ["build_parser", "load_snapshot_file", "main", "parse_args", "run"]
 
 log = logging.getLogger("llmgw_router")
 
@@ -55,7 +55,13 @@ def load_snapshot_file(path: str | Path) -> RouterSnapshot:
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="llmgw-router", description=__doc__)
-    source = p.add_mutually_exclusive_group(required=True)
+    p.add_argument(
+        "--config",
+        metavar="FILE",
+        help="YAML mapping of these settings, named as the flags (`tls_cert: /etc/...`; flags win)",
+    )
+    # One of the two is required: checked after the --config file's settings are in (parse_args).
+    source = p.add_mutually_exclusive_group()
     source.add_argument(
         "--controller",
         metavar="ADDR",
@@ -98,6 +104,12 @@ def _add_trust_flags(p: argparse.ArgumentParser) -> None:
         help="this router's client certificate (router:NAME, `llmgw node router-cert`), asked for with a CA",
     )
     p.add_argument("--controller-key", metavar="FILE", help="the key of --controller-cert")
+    p.add_argument(
+        "--tls-cert",
+        metavar="FILE",
+        help="serve the API over TLS with this certificate (PEM, chain after the leaf); ALPN http/1.1",
+    )
+    p.add_argument("--tls-key", metavar="FILE", help="the key of --tls-cert")
 
 
 def _add_drain_flags(p: argparse.ArgumentParser) -> None:
@@ -241,6 +253,23 @@ def controller_tls(ca: str | None, cert: str | None, key: str | None) -> ssl.SSL
     return ctx
 
 
+def api_tls(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The API listener's server context (TLS 1.2 or newer, ALPN http/1.1: the listener speaks HTTP/1.1 only);
+    None without --tls-cert. A file that cannot be read stops the router, naming it (ValueError)."""
+    if cert is None and key is None:
+        return None
+    if cert is None or key is None:
+        raise ValueError("--tls-cert and --tls-key go together")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"--tls-cert {cert} / --tls-key {key}: {exc.strerror or exc}") from None
+    return ctx
+
+
 def grace_ledger_path(ns: argparse.Namespace) -> Path:
     """The outage grace shares this router id took (docs/tenancy.md): kept across its restarts. A worker
     of several is told its own file (a ledger has one writer)."""
@@ -312,12 +341,9 @@ def _keys(ns: argparse.Namespace, listen: str) -> KeyStore | None:
     return keys
 
 
-async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None) -> None:
-    snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
-    listen = ns.listen or (snapshot.router.listen if snapshot else "127.0.0.1:8080")
-    metrics_listen = ns.metrics_listen or (snapshot.router.metrics_listen if snapshot else "127.0.0.1:9091")
-    keys = _keys(ns, listen)
-    options = RouterOptions(
+def _options(ns: argparse.Namespace) -> RouterOptions:
+    """What the request path is told from the command line (and --config)."""
+    return RouterOptions(
         router_id=ns.router_id,
         on_demand_wait=ns.on_demand_wait,
         debug_token=_read_secret(ns.debug_token_file),
@@ -329,6 +355,15 @@ async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None)
         otlp_endpoint=configured_endpoint(ns.otlp_endpoint),
         trace_sample=ns.trace_sample,
     )
+
+
+async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None) -> None:
+    snapshot = load_snapshot_file(ns.snapshot) if ns.snapshot else None
+    listen = ns.listen or (snapshot.router.listen if snapshot else "127.0.0.1:8080")
+    metrics_listen = ns.metrics_listen or (snapshot.router.metrics_listen if snapshot else "127.0.0.1:9091")
+    keys = _keys(ns, listen)
+    tls = api_tls(ns.tls_cert, ns.tls_key)
+    options = _options(ns)
     async with contextlib.AsyncExitStack() as stack:
         built = await build_router(
             stack,
@@ -352,7 +387,13 @@ async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None)
         # What start-up built lives as long as the process: out of the GC's walk, before any request waits.
         heap.settle_after_start()
         listeners = await serve(
-            built.service, listen, metrics_listen, built.link, drain_timeout=ns.drain_timeout, **given
+            built.service,
+            listen,
+            metrics_listen,
+            built.link,
+            drain_timeout=ns.drain_timeout,
+            tls=tls,
+            **given,
         )
         stack.push_async_callback(listeners.close)
         stop = asyncio.Event()
@@ -363,7 +404,7 @@ async def _amain(ns: argparse.Namespace, seat: workers.WorkerSeat | None = None)
             seat.report(listeners.metrics_port)
         else:
             print(
-                f"llmgw-router listening on {listen} (api port {listeners.api_port}, metrics port {listeners.metrics_port})",
+                f"llmgw-router listening on {listen}{' (TLS)' if tls else ''} (api port {listeners.api_port}, metrics port {listeners.metrics_port})",
                 flush=True,
             )
         await stop.wait()
@@ -425,6 +466,53 @@ def _supervise_workers(ns: argparse.Namespace) -> bool:
     return True
 
 
+def config_defaults(path: Path, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """The --config file's settings as the parser's defaults; ValueError naming the file and the key when
+    one is not a flag of the router."""
+    from ruamel.yaml import YAML
+    from ruamel.yaml.error import YAMLError
+
+    try:
+        raw: Any = YAML(typ="safe").load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ValueError(f"--config {path}: {exc.strerror}") from None
+    except YAMLError as exc:
+        raise ValueError(f"--config {path}: not YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"--config {path}: expected a mapping of settings (listen: 0.0.0.0:8443, ...)")
+    known = {a.dest for a in parser._actions} - {"help", "config"}
+    values: dict[str, Any] = {}
+    for key, value in raw.items():
+        dest = str(key).replace("-", "_")
+        if dest not in known:
+            raise ValueError(
+                f"--config {path}: {key!r} is not a router setting (one of: {', '.join(sorted(known))})"
+            )
+        values[dest] = [value] if dest == "controller" and isinstance(value, str) else value
+    return values
+
+
+def parse_args(args: Sequence[str]) -> argparse.Namespace:
+    """The flags over the --config file's settings."""
+    parser = build_parser()
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    given, _ = pre.parse_known_args(args)
+    if given.config:
+        try:
+            parser.set_defaults(**config_defaults(Path(given.config), parser))
+        except ValueError as exc:
+            parser.error(str(exc))
+    ns = parser.parse_args(args)
+    if not ns.controller and not ns.snapshot:
+        parser.error(
+            "one of --controller ADDR and --snapshot FILE is required (or `controller:` in --config)"
+        )
+    if ns.controller and ns.snapshot:
+        parser.error("--controller and --snapshot are exclusive (one may come from --config)")
+    return ns
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == [workers.WORKER_FLAG]:  # one of several workers, started by the supervisor (workers.py)
@@ -433,4 +521,4 @@ def main(argv: Sequence[str] | None = None) -> None:
         ns, seat = workers.take_seat(args[1])
         run(ns, seat=seat)
         return
-    run(build_parser().parse_args(args))
+    run(parse_args(args))

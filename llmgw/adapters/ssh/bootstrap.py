@@ -15,7 +15,7 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, TypeVar
 
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.ca import ClusterCA
@@ -30,6 +30,9 @@ MIN_PYTHON = (3, 11)
 Registered = Callable[[str, float], Awaitable[bool]]
 OnStep = Callable[[str, "Step"], None]
 StepFn = Callable[[Remote], Awaitable[tuple[Status, str]]]  # one step on one node: its status and the words
+On = TypeVar(
+    "On"
+)  # what the steps act on: a node over SSH (Remote), or the machine `llmgw server init` runs on
 
 
 @dataclass(frozen=True)
@@ -428,14 +431,14 @@ class _Run:
 
 
 async def run_steps(
-    remote: Remote,
-    steps: Sequence[tuple[str, StepFn]],
+    remote: On,
+    steps: Sequence[tuple[str, Callable[[On], Awaitable[tuple[Status, str]]]]],
     record: Callable[[str, Status, str], None],
     skip: Callable[[str], str | None] = lambda name: None,
 ) -> bool:
     """Run the steps in order, recording each; the first that fails ends the run, recorded failed. `skip(name)`
     gives a reason to record a step unchanged without running it. False when a step failed: how bootstrap and
-    upgrade both walk a node."""
+    upgrade both walk a node, and `llmgw server init` the machine it runs on."""
     for name, step in steps:
         reason = skip(name)
         if reason is not None:

@@ -177,43 +177,70 @@ def agent_config(layout: Layout, settings: AgentSettings) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
-def systemd_unit(layout: Layout, node: str, *, gpus: bool = False) -> bytes:
+def systemd_unit(layout: Layout, node: str, *, gpus: bool = False, exec_start: str | None = None) -> bytes:
     """The agent's unit. Engines are the agent's children, so they inherit its user and its sandbox.
 
     KillMode=process: stopping or restarting the agent leaves its engines running; the next agent re-adopts
-    them (the agent is built for that), so an agent upgrade does not drop replicas. The sandbox: an
-    unprivileged user, no privilege gain (setuid binaries do nothing), the whole file system read-only except
-    the state directory (work dirs, engine logs, shard records) and the weights cache, a private /tmp, no home
-    directories, no capabilities; devices are the standard pseudo-devices plus, on GPU nodes, the NVIDIA ones.
+    them (the agent is built for that), so an agent upgrade does not drop replicas. The sandbox is
+    `sandboxed_unit`'s; the agent writes only its state directory (work dirs, engine logs, shard records) and
+    the weights cache. `exec_start` replaces the bootstrapped venv's agent (an agent installed beside the control
+    plane by `llmgw server init --node`).
     """
-    if gpus:
-        devices = (
-            "DevicePolicy=closed\n"
-            "DeviceAllow=char-nvidia-frontend rw\n"
-            "DeviceAllow=char-nvidia-uvm rw\n"
-            "DeviceAllow=char-nvidia-caps rw\n"
-            "DeviceAllow=char-nvidia-nvswitch rw\n"
-        )
-    else:
-        devices = "PrivateDevices=yes\n"
+    return sandboxed_unit(
+        f"llmgw agent (node {node})",
+        exec_start or f"{layout.agent_bin} run --config {layout.config}",
+        home=layout.state,
+        read_write=(layout.state, layout.weights),
+        gpus=gpus,
+        service_extra="Restart=always\nRestartSec=2\nKillMode=process\n",
+    )
+
+
+def _devices(gpus: bool) -> str:
+    if not gpus:
+        return "PrivateDevices=yes\n"
+    return (
+        "DevicePolicy=closed\n"
+        "DeviceAllow=char-nvidia-frontend rw\n"
+        "DeviceAllow=char-nvidia-uvm rw\n"
+        "DeviceAllow=char-nvidia-caps rw\n"
+        "DeviceAllow=char-nvidia-nvswitch rw\n"
+    )
+
+
+def sandboxed_unit(
+    description: str,
+    exec_start: str,
+    *,
+    home: str,
+    read_write: tuple[str, ...],
+    gpus: bool = False,
+    service_extra: str = "",
+    environment: tuple[str, ...] = (),
+    protect_home: str = "yes",
+) -> bytes:
+    """A unit for one of llmgw's services (agent, controller, router), each in the same sandbox: the
+    unprivileged `llmgw` user, no privilege gain (setuid binaries do nothing), the whole file system read-only
+    except `read_write`, a private /tmp, no home directories (`protect_home` read-only when the interpreter
+    itself lives under one), no capabilities; devices are the standard pseudo-devices plus, on GPU nodes, the
+    NVIDIA ones. `environment` lines are `NAME=VALUE`."""
+    devices = _devices(gpus)
+    env = "".join(f"Environment={line}\n" for line in environment)
     return f"""[Unit]
-Description=llmgw agent (node {node})
+Description={description}
 After=network-online.target
 Wants=network-online.target
 
 [Service]
 User={AGENT_USER}
 Group={AGENT_USER}
-Environment=HOME={layout.state}
-ExecStart={layout.agent_bin} run --config {layout.config}
-Restart=always
-RestartSec=2
-KillMode=process
-UMask=0077
+Environment=HOME={home}
+{env}ExecStart={exec_start}
+{service_extra}UMask=0077
 NoNewPrivileges=yes
 ProtectSystem=strict
-ReadWritePaths={layout.state} {layout.weights}
-ProtectHome=yes
+ReadWritePaths={" ".join(read_write)}
+ProtectHome={protect_home}
 PrivateTmp=yes
 {devices}CapabilityBoundingSet=
 AmbientCapabilities=

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 from collections.abc import Callable
 
 __all__ = ["ACCEPT_BATCH", "Acceptor", "bind"]
@@ -24,6 +25,7 @@ log = logging.getLogger(__name__)
 
 ACCEPT_BATCH = 256  # connections taken per wake-up at most: the loop's other work is not starved either
 BACKLOG = 1024
+TLS_HANDSHAKE_TIMEOUT = 10.0  # a client that opens a connection and never finishes its handshake is dropped
 
 
 def bind(host: str, port: int) -> list[socket.socket]:
@@ -49,11 +51,18 @@ def bind(host: str, port: int) -> list[socket.socket]:
 
 
 class Acceptor:
-    """Accepts on `socks` (bound; listened on here) and hands each connection to `factory`'s protocol."""
+    """Accepts on `socks` (bound; listened on here) and hands each connection to `factory`'s protocol, over TLS
+    when given a server context (the handshake is the loop's, before the protocol sees a byte)."""
 
-    def __init__(self, socks: list[socket.socket], factory: Callable[[], asyncio.Protocol]) -> None:
+    def __init__(
+        self,
+        socks: list[socket.socket],
+        factory: Callable[[], asyncio.Protocol],
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.sockets = socks
         self._factory = factory
+        self._tls = tls
         self._loop = asyncio.get_running_loop()
         self._handing: set[asyncio.Task[object]] = set()  # connections being handed to the loop
         self._refused_logged = False
@@ -85,8 +94,13 @@ class Acceptor:
 
     async def _hand_over(self, conn: socket.socket) -> None:
         try:
-            await self._loop.connect_accepted_socket(self._factory, conn)
-        except OSError as exc:  # the client left before its transport was made
+            if self._tls is None:
+                await self._loop.connect_accepted_socket(self._factory, conn)
+            else:
+                await self._loop.connect_accepted_socket(
+                    self._factory, conn, ssl=self._tls, ssl_handshake_timeout=TLS_HANDSHAKE_TIMEOUT
+                )
+        except (OSError, TimeoutError) as exc:  # the client left (or never finished its handshake)
             log.debug("a connection went away as it was accepted: %s", exc)
             conn.close()
 

@@ -34,6 +34,7 @@ import contextlib
 import logging
 import resource
 import socket
+import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from typing import cast
@@ -446,13 +447,15 @@ class ApiListener:
             return _refusal(405, f"{ex.method} is not allowed on {ex.path}.", "method_not_allowed", allow)
         return handler
 
-    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> int:
+    async def start(
+        self, host: str, port: int, sock: socket.socket | None = None, tls: ssl.SSLContext | None = None
+    ) -> int:
         """Listen on `sock` when given (already bound, e.g. with SO_REUSEPORT by a parent), else on
-        host:port. Returns the port in use."""
+        host:port; over TLS with `tls` (a server context). Returns the port in use."""
         loop = asyncio.get_running_loop()
         # Our own accept loop, not loop.create_server: see llmgw_router/server/accept.py for why.
         socks = [sock] if sock is not None else accept.bind(host, port)
-        self._acceptor = accept.Acceptor(socks, lambda: _Connection(self))
+        self._acceptor = accept.Acceptor(socks, lambda: _Connection(self), tls)
         self._sweeper = loop.call_later(self._sweep_every, self._sweep)
         return int(socks[0].getsockname()[1]) if socks else port
 

@@ -1,0 +1,346 @@
+"""`llmgw server init`: the control plane installed on the machine init runs on, step by step.
+
+Every step looks (what exists), decides, and only then acts, thinly; each records what it found and what it did,
+through the step runner node bootstrap uses (llmgw.adapters.ssh.bootstrap.run_steps). A second run finds
+everything in place and records every step `unchanged`. With `dry_run` a step that would act records `skipped`
+with the words "would ...", and nothing is written or started.
+
+The steps: check the machine, install the packages it lacks (git; PostgreSQL when the store is local), the
+service account and its directories, the cluster CA (made, or an existing one taken), the control plane's
+certificate for every address of the machine, the admin token, the store (role, database, generated password,
+migrations), the cluster repo (a URL to follow, or a starter made from the example), the settings files and
+units, ownership, then each service started and its /health awaited over TLS.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import secrets
+import shutil
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from llmgw.adapters.server import layout as L, starter
+from llmgw.adapters.server.machine import Machine, machine_addresses
+from llmgw.adapters.server.services import Services
+from llmgw.adapters.ssh import render
+from llmgw.adapters.ssh.bootstrap import NodeResult, Status, Step, run_steps
+from llmgw.adapters.ssh.ca import CAError, ClusterCA
+from llmgw.adapters.ssh.remote import RemoteFile, StepFailed
+
+Outcome = tuple[Status, str]
+
+
+@dataclass(frozen=True)
+class InitOptions:
+    bin_dir: str  # where llmgw, llmgw-router and llmgw-agent are installed
+    repo: str | None = None  # a git URL or path to follow; None: a starter repo made from `starter`
+    starter: Path | None = None
+    store: str | None = None  # an existing store's DSN; None: PostgreSQL on this machine
+    ca_from: Path | None = None  # an existing cluster CA directory (ca.key, ca.crt) to take
+    addresses: tuple[str, ...] = ()  # names and addresses besides the machine's own, for the certificate
+    advertise: str | None = None  # the address agents and routers dial; default: the first non-loopback one
+    listen_host: str = "0.0.0.0"
+    node: bool = False  # the machine is also a node (an agent beside the control plane)
+    name: str = "server"  # the router's name, and the node's with `node`
+    service: Literal["auto", "systemd", "process"] = "auto"
+    environment: Mapping[str, str] = field(default_factory=dict)
+    health_timeout: float = 120.0
+    dry_run: bool = False
+    on_step: Callable[[Step], None] | None = None
+
+
+class Init:
+    """One run of init on one machine: the steps in order, each recorded as it ends."""
+
+    def __init__(self, machine: Machine, opts: InitOptions, lay: L.ServerLayout | None = None) -> None:
+        self.m = machine
+        self.opts = opts
+        self.lay = lay or L.ServerLayout()
+        self.result = NodeResult("this machine")
+        self.addresses = sorted({*machine_addresses(), *opts.addresses, opts.listen_host})
+        advertise = opts.advertise or _first_routable_ipv4(self.addresses)
+        self.settings = L.ServerSettings(
+            repo=opts.repo or self.lay.repo,
+            bin_dir=opts.bin_dir,
+            router_name=opts.name,
+            listen_host=opts.listen_host,
+            advertise=advertise,
+            environment=dict(opts.environment),
+        )
+        self.dirty: set[str] = set()  # services whose inputs this run changed: restarted
+        self.services = Services(machine, self.lay, self.settings, opts, self.act, self.dirty)
+
+    def record(self, name: str, status: Status, detail: str = "") -> None:
+        step = Step(name, status, detail)
+        self.result.steps.append(step)
+        if self.opts.on_step is not None:
+            self.opts.on_step(step)
+
+    async def act(self, words: str, do: Callable[[], Awaitable[object]]) -> Outcome:
+        """The thin act after a step's look decided: done (changed), or only said under dry_run (skipped)."""
+        if self.opts.dry_run:
+            return "skipped", "would " + words
+        await do()
+        return "changed", words
+
+    def steps(self) -> list[tuple[str, Callable[[Machine], Awaitable[Outcome]]]]:
+        s = self.services
+        chosen: list[tuple[str, Callable[[Machine], Awaitable[Outcome]]]] = [
+            ("check", self.check),
+            ("packages", s.packages),
+            ("account", self.account),
+            ("directories", self.directories),
+            ("ca", self.ca),
+            ("certificates", self.certificates),
+            ("admin-token", self.admin_token),
+            ("store", s.store),
+            ("migrations", s.migrations),
+            ("repo", self.repo),
+            ("config", self.config),
+            ("ownership", self.ownership),
+            ("controller", lambda m: s.service("controller")),
+            ("router-token", s.router_token),
+            ("router", lambda m: s.service("router")),
+        ]
+        if self.opts.node:
+            chosen += [("node-token", s.node_token), ("agent", lambda m: s.service("agent"))]
+        return chosen
+
+    async def run(self) -> NodeResult:
+        await run_steps(self.m, self.steps(), self.record)
+        done = {s.name for s in self.result.steps}
+        for name, _ in self.steps():
+            if name not in done:
+                self.record(name, "skipped", "an earlier step failed")
+        return self.result
+
+    # ------------------------------------------------------------------------------------------ steps
+
+    async def check(self, m: Machine) -> Outcome:
+        release = dict(
+            line.split("=", 1) for line in (m.read_text("/etc/os-release") or "").splitlines() if "=" in line
+        )
+        ids = {release.get("ID", "").strip('"'), *release.get("ID_LIKE", "").strip('"').split()}
+        name = release.get("PRETTY_NAME", "an unknown system").strip('"')
+        if not ids & {"debian", "ubuntu"}:
+            raise StepFailed(f"llmgw server init installs on Debian or Ubuntu; this machine runs {name}")
+        if os.geteuid() != 0 and not self.opts.dry_run:
+            raise StepFailed("llmgw server init acts as root (it adds an account, units, packages): use sudo")
+        missing = [b for b in ("llmgw", "llmgw-router") if not m.path(f"{self.opts.bin_dir}/{b}").exists()]
+        if missing:
+            raise StepFailed(
+                f"{', '.join(missing)} not found in {self.opts.bin_dir}: give --bin-dir, the directory "
+                "holding the installed llmgw executables"
+            )
+        mode = self.services.mode()
+        how = "systemd units" if mode == "systemd" else "no systemd running: services run as processes"
+        return "unchanged", f"{name}, {how}, llmgw in {self.opts.bin_dir}"
+
+    async def account(self, m: Machine) -> Outcome:
+        code, _ = await m.status(f"id -u {L.USER}")
+        if code == 0:
+            return "unchanged", f"the {L.USER} account exists"
+        command = (
+            "shell=$(command -v nologin || echo /bin/false); useradd --system --user-group --home-dir "
+            f'{self.lay.state} --no-create-home --shell "$shell" {L.USER}'
+        )
+        return await self.act(f"add the system account {L.USER}", lambda: m.run(command))
+
+    def _wanted_dirs(self) -> list[tuple[str, str, str, str]]:
+        """(path, owner, group, mode) of every directory init makes."""
+        lay, u = self.lay, L.USER
+        dirs = [
+            (lay.etc, "root", u, "750"),
+            (lay.tls, "root", u, "750"),
+            (lay.secrets, u, u, "700"),
+            (lay.state, u, u, "750"),
+            (lay.controller_state, u, u, "700"),
+            (lay.router_state, u, u, "700"),
+            (lay.log, u, u, "750"),
+        ]
+        if self.services.mode() == "process":  # pid files of the services init starts itself
+            dirs.append((lay.run, "root", "root", "755"))
+        if self.opts.node:
+            nl = render.Layout()
+            dirs += [(nl.prefix, "root", u, "750"), (nl.etc, u, u, "700")]
+            dirs += [(p, u, u, "750") for p in (nl.state, nl.weights, nl.models)]
+        return dirs
+
+    async def directories(self, m: Machine) -> Outcome:
+        wanted = self._wanted_dirs()
+        paths = " ".join(p for p, *_ in wanted)
+        _, out = await m.status(f"for d in {paths}; do stat -c '%n %U %G %a' \"$d\" 2>/dev/null; done")
+        found = {line.split()[0]: tuple(line.split()[1:]) for line in out.splitlines() if line.strip()}
+        fix = [(p, o, g, mode) for p, o, g, mode in wanted if found.get(p) != (o, g, mode)]
+        if not fix:
+            return "unchanged", f"{len(wanted)} directories in place"
+        command = "\n".join(
+            f"mkdir -p {p} && chown {o}:{g} {p} && chmod {mode} {p} || exit 1" for p, o, g, mode in fix
+        )
+        return await self.act("make or fix " + ", ".join(p for p, *_ in fix), lambda: m.run(command))
+
+    async def ca(self, m: Machine) -> Outcome:
+        here = m.path(self.lay.ca_dir)
+        present = (here / "ca.key").exists() and (here / "ca.crt").exists()
+        given = self.opts.ca_from
+        if given is not None:
+            theirs = (given / "ca.crt").read_bytes() if (given / "ca.crt").exists() else None
+            if theirs is None or not (given / "ca.key").exists():
+                raise StepFailed(f"--ca-dir {given}: expected ca.key and ca.crt there")
+            if present and (here / "ca.crt").read_bytes() != theirs:
+                raise StepFailed(
+                    f"a different cluster CA is already in {self.lay.ca_dir}: move it away to take {given}"
+                )
+            if present:
+                return "unchanged", f"the CA from {given} in {self.lay.ca_dir}"
+
+            async def take() -> None:
+                here.mkdir(parents=True, exist_ok=True, mode=0o700)
+                for name in ("ca.key", "ca.crt"):
+                    shutil.copyfile(given / name, here / name)
+                    (here / name).chmod(0o600 if name == "ca.key" else 0o644)
+                ClusterCA.open(here, create=False)  # readable, one key for its certificate
+
+            return await self.act(f"take the cluster CA from {given}", take)
+        if present:
+            try:
+                ClusterCA.open(here, create=False)
+            except CAError as exc:
+                raise StepFailed(str(exc)) from None
+            return "unchanged", f"the cluster CA in {self.lay.ca_dir}"
+
+        async def make() -> None:
+            ClusterCA.open(here, create=True)
+
+        return await self.act(f"make the cluster CA in {self.lay.ca_dir}", make)
+
+    async def certificates(self, m: Machine) -> Outcome:
+        here = m.path(self.lay.ca_dir)
+        names = ", ".join(self.addresses)
+        if not (here / "ca.crt").exists():
+            return "skipped", f"would issue the control plane's certificate for {names} (no CA yet)"
+        ca = ClusterCA.open(here, create=False)
+        kept = (here / "controller.crt").read_bytes() if (here / "controller.crt").exists() else b""
+        if self.opts.dry_run:
+            return "skipped", f"would make sure the control plane's certificate covers {names}"
+        server = ca.controller_cert(self.addresses)  # kept while it covers them all (llmgw.adapters.ssh.ca)
+        client = ca.router_cert(self.opts.name)
+        lay = self.lay
+        files = [
+            RemoteFile(lay.ca_cert, ca.cert_pem, 0o644),
+            RemoteFile(lay.server_cert, server.cert_pem, 0o644),
+            RemoteFile(lay.server_key, server.key_pem, 0o640),
+            RemoteFile(lay.router_client_cert, client.cert_pem, 0o644),
+            RemoteFile(lay.router_client_key, client.key_pem, 0o640),
+        ]
+        if self.opts.node:
+            nl, node = render.Layout(), ca.node_cert(self.opts.name)
+            files += [
+                RemoteFile(nl.tls_cert, node.cert_pem, 0o600),
+                RemoteFile(nl.tls_key, node.key_pem, 0o600),
+                RemoteFile(nl.tls_ca, ca.cert_pem, 0o600),
+            ]
+        written = await m.sync_files(files)
+        if not written and server.cert_pem == kept:
+            return "unchanged", f"serial {server.serial:x} covers {names}"
+        self.dirty.update({"controller", "router", "agent"})
+        return "changed", f"serial {server.serial:x} for {names}; wrote {len(written)} files"
+
+    async def admin_token(self, m: Machine) -> Outcome:
+        if (m.read_text(self.lay.admin_token) or "").strip():
+            return "unchanged", self.lay.admin_token
+        token = secrets.token_urlsafe(32)
+        file = RemoteFile(self.lay.admin_token, token.encode() + b"\n", 0o600)
+        self.dirty.add("controller")
+        return await self.act(f"generate the admin token in {self.lay.admin_token}", lambda: m.put(file))
+
+    async def repo(self, m: Machine) -> Outcome:
+        if self.opts.repo is not None:
+            return "unchanged", f"the controller follows {self.opts.repo}"
+        if m.path(self.lay.repo + "/.git").exists():
+            return "unchanged", f"the starter repo in {self.lay.repo}"
+        source = self.opts.starter
+        if source is None or not (source / "cluster.yaml").exists():
+            raise StepFailed(
+                f"no cluster repo: give --repo (a git URL or path) or --starter (a directory like the project's "
+                f"examples/cluster-repo; {source} has no cluster.yaml)"
+            )
+
+        async def make() -> None:
+            target = m.path(self.lay.repo)
+            starter.write(source, target, self.settings, node=self.opts.name if self.opts.node else None)
+            await m.run(starter.commit_command(self.lay.repo))
+
+        return await self.act(f"make the starter repo in {self.lay.repo} from {source}", make)
+
+    async def config(self, m: Machine) -> Outcome:
+        lay, s = self.lay, self.settings
+        files = {
+            "controller": [
+                RemoteFile(lay.controller_config, L.controller_config(lay, s), 0o640),
+                RemoteFile(lay.unit_path("controller"), L.unit(lay, s, "controller"), 0o644),
+            ],
+            "router": [
+                RemoteFile(lay.router_config, L.router_config(lay, s), 0o640),
+                RemoteFile(lay.unit_path("router"), L.unit(lay, s, "router"), 0o644),
+            ],
+        }
+        if self.opts.node:
+            files["agent"] = self.services.agent_files()
+        states = await m.file_states([f.path for fs in files.values() for f in fs])
+        stale = {svc: [f for f in fs if states.get(f.path) != _state(f)] for svc, fs in files.items()}
+        stale = {svc: fs for svc, fs in stale.items() if fs}
+        if not stale:
+            return "unchanged", ", ".join(f.path for fs in files.values() for f in fs)
+
+        async def write() -> None:
+            changed = [f for fs in stale.values() for f in fs]
+            await m.put_many(changed)
+            self.dirty.update(stale)
+            if self.services.mode() == "systemd" and any(f.path.endswith(".service") for f in changed):
+                await m.run("systemctl daemon-reload")
+
+        return await self.act("write " + ", ".join(f.path for fs in stale.values() for f in fs), write)
+
+    async def ownership(self, m: Machine) -> Outcome:
+        """What init wrote as root is the account's where the account writes, readable by it where it reads."""
+        nl = render.Layout()
+        node = [nl.etc, nl.state, nl.weights, nl.models] if self.opts.node else []
+        owned = " ".join([*self.lay.owned(), *node])
+        u = L.USER
+        look = (
+            f"a=$(find {owned} \\( ! -user {u} -o ! -group {u} \\) -print -quit 2>/dev/null); "
+            f"b=$(find {self.lay.etc} -path {self.lay.secrets} -prune -o ! -group {u} -print -quit 2>/dev/null); "
+            'printf "%s\\n%s\\n" "$a" "$b"'
+        )
+        stray = [line for line in (await m.run(look)).splitlines() if line.strip()]
+        if not stray:
+            return "unchanged", f"{u} owns {owned}"
+        fix = f"chown -R {u}:{u} {owned} && find {self.lay.etc} -path {self.lay.secrets} -prune -o -exec chgrp {u} {{}} +"
+        return await self.act(f"give {u} what it owns (found {stray[0]})", lambda: m.run(fix))
+
+
+def _first_routable_ipv4(addresses: list[str]) -> str:
+    """The address others dial by default: the machine's first IPv4 address beyond loopback (a bare IPv6 one
+    would need brackets in every host:port), else loopback (one machine)."""
+    for a in addresses:
+        try:
+            ip = ipaddress.ip_address(a)
+        except ValueError:
+            continue  # a name
+        if ip.version == 4 and not (ip.is_loopback or ip.is_unspecified or ip.is_link_local):
+            return a
+    return "127.0.0.1"
+
+
+def _state(file: RemoteFile) -> tuple[str, int]:
+    return hashlib.sha256(file.data).hexdigest(), file.mode
+
+
+async def init_machine(machine: Machine, opts: InitOptions) -> NodeResult:
+    return await Init(machine, opts).run()

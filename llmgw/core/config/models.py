@@ -44,6 +44,13 @@ from llmgw.core.config.specs.engine_spec import (
     MetricMapping as MetricMapping,
 )
 from llmgw.core.config.specs.eval_spec import CanarySpec as CanarySpec, EvalSuiteSpec as EvalSuiteSpec
+from llmgw.core.config.specs.facility_spec import (
+    FACILITY_LABEL_PREFIX as FACILITY_LABEL_PREFIX,
+    FACILITY_LEVELS as FACILITY_LEVELS,
+    DomainRef as DomainRef,
+    FacilityLevel as FacilityLevel,
+    FacilitySettings as FacilitySettings,
+)
 from llmgw.core.config.specs.guardrail_spec import GuardrailSpec as GuardrailSpec
 from llmgw.core.config.specs.listener_spec import ListenerSettings as ListenerSettings
 from llmgw.core.config.specs.node_spec import (
@@ -180,6 +187,11 @@ class Profile(Strict):
     engine_version: str | None = Field(None, description="Engine version the node must have installed")
     weight: float = Field(1.0, gt=0, description="Relative capacity, used by the `weight` scorer")
     args: dict[str, ArgValue] = Field(default_factory=dict, description="Engine-specific options")
+    keep_within: FacilityLevel | None = Field(
+        None,
+        description="A multi-node replica's nodes all stand in one domain of this level (rack, pdu, row, "
+        "room, site; nodes say where with `llmgw.io/<level>` labels); unset: anywhere on one fabric",
+    )
     env: dict[str, str] = Field(
         default_factory=dict,
         description=(

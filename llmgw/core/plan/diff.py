@@ -45,6 +45,7 @@ from llmgw.core.fleet.views import (
     undeclared_words,
 )
 from llmgw.core.placement import Placer
+from llmgw.core.placement.facility import node_power_caps
 from llmgw.core.plan.values import (
     KIND_ORDER,
     AdapterCarry,
@@ -203,7 +204,7 @@ def exit_code(plan: Plan) -> int:
 
 
 def _node_views(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> tuple[NodeView, ...]:
-    """Live nodes with the repo's word on labels, fabric and cordon. An undeclared node takes nothing new
+    """Live nodes with the repo's word on labels, fabric, cordon and power (declared draw, caps, cards' watts). An undeclared node takes nothing new
     unless the controller says it keeps such a node as it is (`LiveNode.if_undeclared`)."""
     views = []
     keep = {n.name for n in live.nodes if n.if_undeclared == "keep"}
@@ -218,7 +219,19 @@ def _node_views(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> 
             views.append(replace(node, cordoned=True, cordon_reason="no longer declared", leaving=True))
         else:
             labels = {**node.labels, **d.labels}
-            views.append(replace(node, labels=labels, fabric=d.fabric or node.fabric, cordoned=d.cordoned))
+            views.append(
+                replace(
+                    node,
+                    labels=labels,
+                    fabric=d.fabric or node.fabric,
+                    cordoned=d.cordoned,
+                    power_watts=d.power_watts,
+                    power_caps=node_power_caps(labels, d.power_caps),
+                    gpus=None
+                    if node.gpus is None
+                    else tuple(replace(g, watts=d.gpu_watts.get(g.gpu_class or "")) for g in node.gpus),
+                )
+            )
     return tuple(views)
 
 

@@ -17,6 +17,7 @@ from llmgw.core.config.base import (
 from llmgw.core.config.specs.engine_spec import (
     EngineSettings,
 )
+from llmgw.core.config.specs.facility_spec import FacilitySettings
 from llmgw.core.config.specs.listener_spec import ListenerSettings
 from llmgw.core.config.specs.plan_spec import (
     PlanSettings,
@@ -180,6 +181,12 @@ class GpuClass(Strict):
     """What a GPU class is, for checks made before any node reports one (offline `validate`)."""
 
     memory_gb: float = Field(gt=0, description="Memory of one card, in GiB (80 for an 80 GB A100)")
+    watts: float | None = Field(
+        None,
+        gt=0,
+        description="Power one busy card draws (its TDP), counted against facility power caps (unset: the "
+        "class's draw is not known; a node's measured draw still counts)",
+    )
 
 
 class ClusterSpec(Strict):
@@ -217,6 +224,10 @@ class ClusterSpec(Strict):
         "against them (`plan` uses the smallest card the fleet reports, these where none does)",
     )
     plan: PlanSettings = Field(default_factory=PlanSettings, description="What `llmgw plan` checks")
+    facilities: FacilitySettings = Field(
+        default_factory=FacilitySettings,
+        description="Spread across racks and PDUs, and power caps per domain (docs/placement.md, Facilities)",
+    )
     guardrails_enabled: bool = Field(
         True, description="false turns every Guardrail's checks off at once (an emergency switch; live)"
     )

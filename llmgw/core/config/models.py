@@ -70,6 +70,13 @@ from llmgw.core.config.specs.plan_spec import (
     SimulateSettings as SimulateSettings,
 )
 from llmgw.core.config.specs.prefix_spec import PrefixSettings as PrefixSettings
+from llmgw.core.config.specs.quota_spec import (
+    CAPACITY_DESCRIPTION as CAPACITY_DESCRIPTION,
+    CPU_CLASS as CPU_CLASS,
+    Amounts as Amounts,
+    Capacity as Capacity,
+    ClassCapacity as ClassCapacity,
+)
 from llmgw.core.config.specs.retention_spec import ContentRetention as ContentRetention
 from llmgw.core.config.specs.source_spec import Source as Source
 
@@ -253,8 +260,8 @@ class ModelSpec(Strict):
     )
     owner: str | None = Field(
         None,
-        description="Team (or organization) responsible; the GPU quotas of a Team or Organization of this "
-        "name, and of its organization, count this model's replicas",
+        description="Project, Team or Organization responsible; the GPU quotas and capacity (guarantees, "
+        "limits) of the tenant of this name, and of those above it, count this model's replicas",
     )
     routing_policy: str | None = Field(
         None, description="RoutingPolicy for this model (default: the cluster's)"
@@ -361,6 +368,7 @@ class OrganizationSpec(Strict):
     models: list[str] | None = Field(None, description="Allowed models: names, aliases or globs (unset: all)")
     limits: Limits = Field(default_factory=Limits)
     gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
+    capacity: Capacity = Field(default_factory=dict, description=CAPACITY_DESCRIPTION)
 
 
 class TeamSpec(Strict):
@@ -370,6 +378,7 @@ class TeamSpec(Strict):
     models: list[str] | None = Field(None, description="Allowed models (unset: as the organization)")
     limits: Limits = Field(default_factory=Limits)
     gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
+    capacity: Capacity = Field(default_factory=dict, description=CAPACITY_DESCRIPTION)
 
 
 class ProjectSpec(Strict):
@@ -383,6 +392,7 @@ class ProjectSpec(Strict):
     organization: Name | None = Field(None, description="Organization, for a project directly under one")
     models: list[str] | None = Field(None, description="Allowed models (unset: as its team)")
     limits: Limits = Field(default_factory=Limits)
+    capacity: Capacity = Field(default_factory=dict, description=CAPACITY_DESCRIPTION)
     priority: int = Field(
         0,
         ge=-1000,

@@ -556,3 +556,5 @@ def _as_before_capacity(body: dict[str, Any]) -> None:
             spec.pop("power_watts")
         elif kind in ("Organization", "Team") and spec.get("gpu_quota") == {}:
             spec.pop("gpu_quota", None)
+        if kind in ("Organization", "Team", "Project") and spec.get("capacity", 0) == {}:
+            spec.pop("capacity")

@@ -19,7 +19,7 @@ from llmgw.core.config.models import Profile
 from llmgw.core.fleet.states import ACTIVE_STATES
 from llmgw.core.fleet.views import ModelView, NodeView, ReplicaView
 from llmgw.core.placement.facility import SPREAD_LEVELS, domain, power_book, spread_book
-from llmgw.core.placement.quota import quota_refusal, quota_use
+from llmgw.core.placement.quota import quota_refusal, quota_use, shard_need
 from llmgw.core.placement.rooms import (
     NodeVerdict,
     Room,
@@ -185,8 +185,7 @@ class Placer:
         room.take(model, profile, gpus, wkey)
         self._rebucket(room, before)
         self.power.take(room.node, profile.gpu_class, len(gpus))
-        if profile.gpu_class is not None and gpus:
-            self.quota.add(self.models[model], profile.gpu_class, len(gpus))
+        self.quota.add(self.models[model], *shard_need(profile, len(gpus)))
 
     def replace_room(self, room: Room) -> None:
         """Put `room` (a changed copy of one of this pass's rooms, see placement.preempt) in its place."""

@@ -448,10 +448,16 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
             models = list(t.models) if t.models is not None else None
             spec: BaseModel
             if t.kind == "Organization":
-                spec = OrganizationSpec(models=models, limits=t.limits, gpu_quota=dict(t.gpu_quota))
+                spec = OrganizationSpec(
+                    models=models, limits=t.limits, gpu_quota=dict(t.gpu_quota), capacity=dict(t.capacity)
+                )
             elif t.kind == "Team":
                 spec = TeamSpec(
-                    organization=t.parent or "", models=models, limits=t.limits, gpu_quota=dict(t.gpu_quota)
+                    organization=t.parent or "",
+                    models=models,
+                    limits=t.limits,
+                    gpu_quota=dict(t.gpu_quota),
+                    capacity=dict(t.capacity),
                 )
             else:
                 team = t.parent if t.parent_kind == "Team" else None
@@ -462,6 +468,7 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
                     models=models,
                     limits=t.limits,
                     response_cache=t.response_cache,
+                    capacity=dict(t.capacity),
                 )
             put(t.kind, name, spec, t.labels)
     for name, guardrail in catalog.guardrails.items():  # reviewed like the rest: plan shows what changes

@@ -11,8 +11,9 @@ from pydantic import ValidationError
 
 from llmgw.core.config.models import ClassCapacity, Organization, Project, Team
 from llmgw.core.desired.catalog import Catalog
-from llmgw.core.fleet.views import ModelView
+from llmgw.core.fleet.views import LiveState, ModelView
 from llmgw.core.placement import explain
+from llmgw.core.plan import make_plan, render_text, to_dict
 from llmgw.core.reconcile import StartReplica, StopReplica
 from llmgw.core.tenancy.limits import QuotaScope, quota_scope
 
@@ -157,3 +158,30 @@ def test_a_project_owner_counts_against_its_project_team_and_organization() -> N
 
 def _doc(kind: str, name: str, spec: dict) -> dict:
     return {"apiVersion": "llmgw/v1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+def test_plan_shows_guarantees_borrowing_and_what_a_change_takes_back() -> None:
+    models = gpu_teams(2, 4)
+    live = LiveState.from_views([gpu_node("g")], b_fills_the_node(), revision="abc", taken_at=0.0)
+    plan = make_plan(models, live)
+    text = render_text(plan)
+    assert "  = Team a, h100-80g: guaranteed 2 h100-80g; holds 0 h100-80g, 2 h100-80g once applied\n" in text
+    assert (
+        "  = Team b, h100-80g: guaranteed 4 h100-80g; holds 8 h100-80g, 6 h100-80g once applied "
+        "(2 h100-80g borrowed); taken back: batch-3"
+    ) in text
+    [stop] = plan.stops
+    assert stop.replica_id == "batch-3" and "taken back within Team a's guarantee" in stop.reason
+    # chat's replica goes into the room batch-3 leaves: it counts once applied.
+    assert [s.model for s in plan.starts] == ["chat"]
+    [a] = [c for c in to_dict(plan)["capacity"] if c["scope"] == "Team a"]
+    assert a == {
+        "scope": "Team a",
+        "class": "h100-80g",
+        "guaranteed": "2 h100-80g",
+        "limit": None,
+        "holds": "0 h100-80g",
+        "holds_once_applied": "2 h100-80g",
+        "borrowed": None,
+        "taken_back": [],
+    }

@@ -36,8 +36,9 @@ from llmgw.core.placement.quota import (
 )
 from llmgw.core.placement.rooms import DiskPool, Room, fit_check, gpus_needed, static_fits
 
-__all__ = ["Preemption", "commit_preemption", "find_preemption"]
+__all__ = ["TAKEN_BACK", "Preemption", "commit_preemption", "find_preemption"]
 
+TAKEN_BACK = "taken back within {scope}'s guarantee"  # in a preempted replica's reason (plan lists them)
 EXHAUSTIVE_MAX = 10  # candidates on one node searched over every subset; beyond, greedy then pruned
 _ALIVE = frozenset({"pending", "starting", "ready", "failed"})
 _YIELDING = frozenset({"draining", "stopping"})
@@ -66,7 +67,7 @@ class Preemption:
         text = f"{who or 'nothing new'} yield{'s' * (len(self.victims) == 1)} {self.node} to "
         text += _who_model(models, self.model)
         if self.taken_back:
-            text += f", taken back within {self.guarantee}'s guarantee"
+            text += ", " + TAKEN_BACK.format(scope=self.guarantee)
         return text
 
 

@@ -46,6 +46,7 @@ from llmgw.core.fleet.views import (
 )
 from llmgw.core.placement import Placer
 from llmgw.core.placement.facility import node_power_caps
+from llmgw.core.plan.capacity import scope_capacity
 from llmgw.core.plan.values import (
     KIND_ORDER,
     AdapterCarry,
@@ -134,6 +135,7 @@ def make_plan(
         ),
         documents_known=documents is None or live.documents is not None,
         drift=_drift(live, replicas),
+        capacity=scope_capacity(desired, replicas, starts, leaving, stops),
     )
 
 

@@ -68,43 +68,51 @@ def watts(value: float) -> str:
 # ---------------------------------------------------------------------------------------------- spread
 
 
+_NOWHERE = (0,) * len(SPREAD_LEVELS)
+
+
 @dataclass(slots=True)
 class SpreadBook:
     """Replicas of each model per rack and per PDU during a pass (placements add to it). A replica counts
     once per domain, however many of its shards stand there."""
 
-    counts: dict[tuple[str, str], dict[str, int]] = field(
-        default_factory=dict
-    )  # (level, value) -> model -> n
+    by_model: dict[str, dict[tuple[str, str], int]] = field(default_factory=dict)  # model -> domain -> n
+    # node -> its (level, value) for each spread level, None where it does not say (worked out once a pass)
+    where: dict[str, tuple[tuple[str, str] | None, ...]] = field(default_factory=dict)
+
+    def _where(self, node: NodeView) -> tuple[tuple[str, str] | None, ...]:
+        found = self.where.get(node.name)
+        if found is None:
+            found = tuple(
+                None if (value := domain(node.labels, level)) is None else (level, value)
+                for level in SPREAD_LEVELS
+            )
+            self.where[node.name] = found
+        return found
 
     def add(self, model: str, nodes: Iterable[NodeView]) -> None:
-        seen: set[tuple[str, str]] = set()
-        for node in nodes:
-            for level in SPREAD_LEVELS:
-                value = domain(node.labels, level)
-                if value is not None:
-                    seen.add((level, value))
+        seen = {d for node in nodes for d in self._where(node) if d is not None}
+        counts = self.by_model.setdefault(model, {})
         for key in seen:
-            per_model = self.counts.setdefault(key, {})
-            per_model[model] = per_model.get(model, 0) + 1
+            counts[key] = counts.get(key, 0) + 1
 
     def key(self, model: str, node: NodeView) -> tuple[int, ...]:
         """The model's replicas in the node's rack, then its PDU (0 where the node does not say)."""
-        out: list[int] = []
-        for level in SPREAD_LEVELS:
-            value = domain(node.labels, level)
-            out.append(0 if value is None else self.counts.get((level, value), {}).get(model, 0))
-        return tuple(out)
+        counts = self.by_model.get(model)
+        if not counts:
+            return _NOWHERE
+        return tuple(0 if d is None else counts.get(d, 0) for d in self._where(node))
 
     def crowded(self, model: str, nodes: Sequence[NodeView]) -> list[str]:
         """Words for the domains of `nodes` that already hold a replica of `model` (for a placement's why)."""
+        counts = self.by_model.get(model, {})
         out: list[str] = []
-        for level in SPREAD_LEVELS:
-            values = sorted({v for n in nodes if (v := domain(n.labels, level)) is not None})
-            for value in values:
-                n = self.counts.get((level, value), {}).get(model, 0)
+        for i, level in enumerate(SPREAD_LEVELS):
+            values = {where[i] for n in nodes if (where := self._where(n))[i] is not None}
+            for d in sorted(v for v in values if v is not None):
+                n = counts.get(d, 0)
                 if n:
-                    out.append(f"{level} {value} holds {n} already")
+                    out.append(f"{level} {d[1]} holds {n} already")
         return out
 
 

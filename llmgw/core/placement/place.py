@@ -227,6 +227,8 @@ class Placer:
     def _fit_check(self, profile: Profile, wkey: str | None) -> Callable[[Room], bool]:
         """The room's own filters (rooms.fit_check), then its domains' power caps."""
         fits = fit_check(profile, wkey)
+        if not self.power.caps:
+            return fits
         need = gpus_needed(profile)
         cls = profile.gpu_class
         refusal = self.power.refusal

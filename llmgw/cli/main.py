@@ -38,6 +38,7 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "data.bench_cmds": ("bench", "capacity"),
     "fleet.request_cmds": ("request",),
     "fleet.rollout_cmds": ("restart",),
+    "fleet.facility_cmds": ("facility",),
     "fleet.logs_cmds": ("logs", "events"),
     "deploy.upgrade_cmds": ("upgrade",),
     "data.traffic_cmds": ("traffic",),

@@ -241,7 +241,7 @@ class Controller:
 
     async def load_earlier_state(self) -> bool:
         """What the last controller (this one before a restart, or the last leader) left in the store: the
-        replicas (adopted as themselves), the nodes it knew (waited for before placing), drains, model-check
+        replicas (adopted as themselves), the nodes it knew (waited for before placing), drains, holds, model-check
         verdicts and canary runs. False when the store could not be read (said in the log)."""
         ws = self.worker_state
         try:
@@ -251,6 +251,7 @@ class Controller:
             self.nodes.set_stored({n.name: n.state for n in nodes})
             ws.expected_nodes = {n.name for n in nodes if n.state != "Lost"}
             ws.drained = await self.store.list_node_drains()  # a drain outlives the controller that was told
+            ws.holds = await self.store.list_facility_holds()  # so does a facility hold
             self.model_checks.load(await self.store.list_model_checks())
             self.canaries.load(await self.store.list_canary_runs())
             return True

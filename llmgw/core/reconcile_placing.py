@@ -16,6 +16,7 @@ from llmgw.core.placement import (
     commit_preemption,
     find_preemption,
 )
+from llmgw.core.placement.quota import within_guarantee
 from llmgw.core.reconcile_actions import Action, Mode, StartReplica, StopReplica, Wait
 
 __all__ = ["ModelPass", "place_all"]
@@ -41,13 +42,17 @@ class ModelPass:
 def place_all(
     passes: Sequence[ModelPass], placer: Placer, replicas: Sequence[ReplicaView], mode: Mode
 ) -> dict[str, int]:
-    """Highest capacity class first; within a class, round-robin over models, one replica each per round,
+    """Models within their owner's guarantee first, then the rest; each highest capacity class first; within a
+    class, round-robin over models, one replica each per round,
     every placement taken out of the rooms. What a class cannot place preempts lower classes (`_preempt`).
     Returns the replicas that could not be placed (nor made room for), per model."""
     unplaced: dict[str, int] = {}
     spoken_for: set[str] = set()
-    for rank in sorted({mp.entry.rank for mp in passes}):
-        queue = {mp.name: mp for mp in passes if mp.start_reasons and mp.entry.rank == rank}
+    # Models whose owner is still within its guarantee go first, whatever their class: the room a take-back
+    # frees (or a yielding replica leaves) is theirs, not the borrower's replacement's.
+    phase = {mp.name: (0 if _within_guarantee(mp, placer) else 1, mp.entry.rank) for mp in passes}
+    for step in sorted(set(phase.values())):
+        queue = {mp.name: mp for mp in passes if mp.start_reasons and phase[mp.name] == step}
         progress = {name: 0 for name in queue}
         while queue:
             for name in list(queue):
@@ -72,6 +77,11 @@ def place_all(
                 if progress[name] == len(mp.start_reasons):
                     del queue[name]
     return unplaced
+
+
+def _within_guarantee(mp: ModelPass, placer: Placer) -> bool:
+    profiles = mp.entry.spec.profiles
+    return bool(profiles) and within_guarantee(mp.entry, profiles[0], placer.quota) is not None
 
 
 def _preempt(

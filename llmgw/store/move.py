@@ -114,6 +114,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "curve",
     ),
     "node_drains": ("node", "words", "at"),
+    "facility_holds": ("domain", "words", "drain", "at"),
     "usage_minutes": (
         "minute",
         "model",

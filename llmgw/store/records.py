@@ -49,6 +49,14 @@ class NodeRow:
 
 
 @dataclass(frozen=True)
+class FacilityHold:
+    """A held facility domain (`rack=r1`): who held it and when, in words; `drain`: its replicas move too."""
+
+    words: str
+    drain: bool = False
+
+
+@dataclass(frozen=True)
 class ReplicaRecord:
     id: str
     model: str

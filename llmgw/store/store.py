@@ -28,6 +28,7 @@ from llmgw.store.records import (
     USAGE_GROUPS,
     ApiKey,
     Event,
+    FacilityHold,
     Fence,
     KeyLookup,
     LeaseResult,
@@ -59,6 +60,7 @@ TABLES: tuple[str, ...] = (
     "notification_marks",
     "capacity",
     "node_drains",
+    "facility_holds",
     "usage_minutes",
     "content",
     "model_checks",
@@ -256,6 +258,26 @@ class Store(
         async with self.db.tx() as tx:
             rows = await tx.fetch("SELECT node, words FROM node_drains ORDER BY node")
         return {str(r[0]): str(r[1]) for r in rows}
+
+    async def set_facility_hold(self, domain: str, hold: FacilityHold, now: float) -> None:
+        """Record that facility `domain` (`rack=r1`) is held until `clear_facility_hold`."""
+        async with self.db.tx() as tx:
+            await tx.execute(
+                "INSERT INTO facility_holds (domain, words, drain, at) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (domain) DO UPDATE SET words = excluded.words, drain = excluded.drain, "
+                "at = excluded.at",
+                (domain, hold.words, int(hold.drain), now),
+            )
+
+    async def clear_facility_hold(self, domain: str) -> bool:
+        async with self.db.tx() as tx:
+            return await tx.execute("DELETE FROM facility_holds WHERE domain = ?", (domain,)) > 0
+
+    async def list_facility_holds(self) -> dict[str, FacilityHold]:
+        """Held domain -> its hold."""
+        async with self.db.tx() as tx:
+            rows = await tx.fetch("SELECT domain, words, drain FROM facility_holds ORDER BY domain")
+        return {str(r[0]): FacilityHold(str(r[1]), bool(r[2])) for r in rows}
 
     async def save_model_check(self, model: str, engine: str, version: str, verdict: str, now: float) -> None:
         """Keep the last `llmgw model check` verdict (its JSON) for the model on that engine version."""

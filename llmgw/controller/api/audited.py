@@ -46,6 +46,8 @@ ACTIONS: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/restart"): "restart",
     ("POST", "/api/v1/nodes/{node}/drain"): "node.drain",
     ("POST", "/api/v1/nodes/{node}/uncordon"): "node.uncordon",
+    ("POST", "/api/v1/facility/holds/{domain}"): "facility.hold",
+    ("POST", "/api/v1/facility/holds/{domain}/release"): "facility.release",
     ("POST", "/api/v1/keys"): "key.create",
     ("POST", "/api/v1/keys/{key_id}/revoke"): "key.revoke",
     ("POST", "/api/v1/nodes/{node}/doctor"): "node.doctor",

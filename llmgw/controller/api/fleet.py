@@ -1,5 +1,5 @@
 """The admin API's fleet operations: restart a model or a replica (rolled make-before-break), drain a node
-for maintenance and uncordon it. Each needs scope `apply` (whoever may change what runs by a revision may
+for maintenance and uncordon it, hold a facility domain (a rack, a PDU...) and release it. Each needs scope `apply` (whoever may change what runs by a revision may
 bounce it) and is audited (llmgw.controller.api.audited).
 
 The reconcile loop does the work: these handlers only mark what an operator asked for (a replica's restart
@@ -17,9 +17,11 @@ from llmgw.controller.api.audited import AUDIT_DETAIL, AUDIT_OBJECT
 from llmgw.controller.api.guard import PRINCIPAL, error, require_parts
 from llmgw.controller.parts.fleet import FleetActor
 from llmgw.core import jsonsafe
-from llmgw.store import StoreError
+from llmgw.core.config.models import FACILITY_LEVELS
+from llmgw.core.placement.facility import domain_refs
+from llmgw.store import FacilityHold, StoreError
 
-__all__ = ["PARTS", "drain", "restart", "uncordon"]
+__all__ = ["PARTS", "drain", "hold", "holds", "release", "restart", "uncordon"]
 
 
 # What the handlers read and do: the fleet's records, the store, events and notices (app.py puts the
@@ -141,3 +143,93 @@ async def uncordon(request: web.Request) -> web.Response:
     await c.event("node_uncordon", node, f"uncordoned by {request[PRINCIPAL].name}" + note)
     c.notify("node uncordoned")
     return web.json_response({"node": node, "was_drained": was is not None, "cordoned_in_repo": in_repo})
+
+
+def _domain(request: web.Request) -> str | web.Response:
+    ref = request.match_info["domain"]
+    request[AUDIT_OBJECT] = ref
+    level, _, value = ref.partition("=")
+    if level not in FACILITY_LEVELS or not value:
+        levels = ", ".join(FACILITY_LEVELS)
+        return error(
+            400, f"{ref!r} is not a facility domain: write LEVEL=VALUE, LEVEL one of {levels} (rack=r12)"
+        )
+    return ref
+
+
+def _nodes_in(c: FleetActor, ref: str) -> list[str]:
+    return sorted(name for name, link in c.agents.nodes.items() if ref in domain_refs(_labels(c, name, link)))
+
+
+def _labels(c: FleetActor, name: str, link: Any) -> dict[str, str]:
+    labels = dict(link.inventory.labels)
+    d = c.desired
+    declared = d.catalog.nodes.get(name) if d is not None else None
+    if declared is not None:
+        labels.update(declared.labels)
+    return labels
+
+
+async def hold(request: web.Request) -> web.Response:
+    """`{"drain": bool}`: nothing new is placed on the domain's nodes until it is released; with drain, their
+    replicas move elsewhere too (make-before-break, as a node drain)."""
+    c = require_parts(request, "apply", PARTS)
+    ref = _domain(request)
+    if isinstance(ref, web.Response):
+        return ref
+    try:
+        body = jsonsafe.loads(await request.read() or b"{}")
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not isinstance(body.get("drain", False), bool):
+        return error(400, 'body must be {"drain": true|false} (or empty)')
+    drain_too = bool(body.get("drain", False))
+    when = datetime.fromtimestamp(c.wall(), UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    held = FacilityHold(f"by {request[PRINCIPAL].name} at {when}; llmgw facility release {ref}", drain_too)
+    try:  # recorded first, as a drain: a hold a restarted controller would forget is not one to rely on
+        await c.store.set_facility_hold(ref, held, c.wall())
+    except StoreError as exc:
+        return error(503, f"the store did not take the hold, nothing changed: {exc}")
+    c.fleet.worker_state.holds[ref] = held
+    nodes = _nodes_in(c, ref)
+    moving = (
+        sorted(r.id for r in c.fleet.replicas.values() if set(r.nodes) & set(nodes) and not r.stopping)
+        if drain_too
+        else []
+    )
+    request[AUDIT_DETAIL] = "drain" if drain_too else "hold"
+    words = f"held by {request[PRINCIPAL].name}: {len(nodes)} node(s)"
+    await c.event("facility_hold", ref, words + (f", moving {len(moving)} replica(s)" if drain_too else ""))
+    c.notify("facility held")
+    return web.json_response(
+        {"domain": ref, "drain": drain_too, "nodes": nodes, "moving": moving}, status=202
+    )
+
+
+async def release(request: web.Request) -> web.Response:
+    """Undo a hold: the domain's nodes take new replicas again (what moved away stays where it went)."""
+    c = require_parts(request, "apply", PARTS)
+    ref = _domain(request)
+    if isinstance(ref, web.Response):
+        return ref
+    try:
+        await c.store.clear_facility_hold(ref)
+    except StoreError as exc:
+        return error(503, f"the store did not take the release, nothing changed: {exc}")
+    was = c.fleet.worker_state.holds.pop(ref, None)
+    await c.event("facility_release", ref, f"released by {request[PRINCIPAL].name}")
+    c.notify("facility released")
+    return web.json_response({"domain": ref, "was_held": was is not None, "nodes": _nodes_in(c, ref)})
+
+
+async def holds(request: web.Request) -> web.Response:
+    """Every held domain, with its words, whether it drains and the nodes standing in it now."""
+    c = require_parts(request, "plan", PARTS)
+    return web.json_response(
+        {
+            "holds": [
+                {"domain": ref, "words": h.words, "drain": h.drain, "nodes": _nodes_in(c, ref)}
+                for ref, h in sorted(c.fleet.worker_state.holds.items())
+            ]
+        }
+    )

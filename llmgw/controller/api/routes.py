@@ -45,6 +45,11 @@ NOT_APPLIED = "No revision is applied yet"
 NO_MODEL = "The model is not in the applied revision"
 NO_NODE = "No such node has connected to this controller"
 STORE_DOWN = "The store is unavailable"
+DOMAIN = {
+    "type": "string",
+    "pattern": r"^(site|room|row|rack|pdu)=[^/]+$",
+    "description": "LEVEL=VALUE, e.g. rack=r12",
+}
 BAD_BODY = "The body is not JSON of the shape the schema gives; the message says what is wrong"
 SINCE = Query("since", {"type": "number"}, "Seconds since the epoch: only what came after")
 LIMIT = Query("limit", {"type": "integer", "minimum": 1, "maximum": 1000}, "At most this many")
@@ -259,6 +264,36 @@ ROUTES: tuple[Route, ...] = (
         admin_fleet.uncordon,
         answers={200: m.UncordonAnswer},
         errors={404: NO_NODE, 503: STORE_DOWN},
+    ),
+    _r(
+        "POST",
+        "/api/v1/facility/holds/{domain}",
+        "apply",
+        "Hold a facility domain (LEVEL=VALUE): nothing new is placed on its nodes",
+        admin_fleet.hold,
+        path_schemas={"domain": DOMAIN},
+        body=m.HoldBody,
+        body_optional=True,
+        answers={202: m.HoldAnswer},
+        errors={400: BAD_BODY, 503: STORE_DOWN},
+    ),
+    _r(
+        "POST",
+        "/api/v1/facility/holds/{domain}/release",
+        "apply",
+        "Release a held facility domain",
+        admin_fleet.release,
+        path_schemas={"domain": DOMAIN},
+        answers={200: m.ReleaseAnswer},
+        errors={400: BAD_BODY, 503: STORE_DOWN},
+    ),
+    _r(
+        "GET",
+        "/api/v1/facility/holds",
+        "plan",
+        "Held facility domains",
+        admin_fleet.holds,
+        answers={200: m.HoldsAnswer},
     ),
     _r(
         "GET",

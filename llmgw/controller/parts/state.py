@@ -14,7 +14,7 @@ from typing import Any, Literal
 from llmgw.core.fleet.autoscale import LOAD_TIMES_KEPT, Demand, ScaleDecision, ScaleState, merge_demand
 from llmgw.core.fleet.views import ModelState
 from llmgw.core.placement import ShardPlacement
-from llmgw.store.records import ReplicaRecord
+from llmgw.store.records import FacilityHold, ReplicaRecord
 
 BootstrapState = Literal["pending", "running", "done", "failed"]
 RemovalState = Literal["draining", "removing", "done", "failed"]
@@ -235,6 +235,9 @@ class WorkerState:
     # Nodes an operator drained (`llmgw node drain`): node -> who and when, in words. Cordoned until
     # uncordoned; kept in the store too (node_drains), read back at start and on taking over.
     drained: dict[str, str] = field(default_factory=dict)
+    # Facility domains an operator held (`llmgw facility hold rack=r1`): nothing new is placed on their nodes;
+    # with `drain`, their replicas move elsewhere too. Kept in the store (facility_holds) like drains.
+    holds: dict[str, FacilityHold] = field(default_factory=dict)
 
     def model(self, name: str) -> ModelRecord:
         """Model `name`'s record, made on first use."""

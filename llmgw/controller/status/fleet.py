@@ -26,6 +26,7 @@ from llmgw.core.fleet.views import (
     held_weights_keys,
     undeclared_words,
 )
+from llmgw.core.placement.facility import domain_refs, hold_words, node_power_caps
 from llmgw.core.plan import catalog_documents
 
 if TYPE_CHECKING:
@@ -97,6 +98,9 @@ def node_views(c: FleetReader) -> list[NodeView]:
         labels = dict(inv.labels)
         if declared is not None:
             labels.update(declared.labels)
+        holds = c.fleet.worker_state.holds
+        held = hold_words(labels, {ref: h.words for ref, h in holds.items()})
+        draining = any(holds[ref].drain for ref in domain_refs(labels) if ref in holds)
         disk_free, shared_disk = node_facts.cache_disk(
             None
             if inv.disks is None
@@ -117,15 +121,16 @@ def node_views(c: FleetReader) -> list[NodeView]:
                 or link.name in c.fleet.worker_state.drained,
                 cordon_reason=_cordon_words(c, link.name),
                 leaving=_removing(c, link.name),
-                drained=link.name in c.fleet.worker_state.drained,
+                drained=link.name in c.fleet.worker_state.drained or draining,
+                held=held,
+                power_watts=declared.spec.power_watts if declared else None,
+                power_caps=node_power_caps(labels, d.cluster.facilities.power_caps) if d else {},
                 fabric=declared.spec.fabric if declared else None,
                 cpu_cores=inv.cpu_cores,
                 memory_bytes=inv.memory_bytes,
                 disk_free_bytes=disk_free,
                 shared_disk=shared_disk,
-                gpus=None
-                if inv.gpus is None
-                else tuple(GpuView(g.index, g.gpu_class, g.memory_bytes, fault=g.fault) for g in inv.gpus),
+                gpus=_gpus(c, inv),
                 engines=None if inv.engines is None else {k: v.version for k, v in inv.engines.items()},
                 engine_refusals=_engine_refusals(c, inv),
                 weights=None
@@ -138,6 +143,23 @@ def node_views(c: FleetReader) -> list[NodeView]:
             )
         )
     return sorted(out, key=lambda n: n.name)
+
+
+def _gpus(c: FleetReader, inv: Inventory) -> tuple[GpuView, ...] | None:
+    """The node's cards as placement reads them, each with its class's declared watts (power caps)."""
+    if inv.gpus is None:
+        return None
+    classes = c.desired.cluster.gpu_classes if c.desired else {}
+    return tuple(
+        GpuView(
+            g.index,
+            g.gpu_class,
+            g.memory_bytes,
+            fault=g.fault,
+            watts=classes[g.gpu_class].watts if g.gpu_class in classes else None,
+        )
+        for g in inv.gpus
+    )
 
 
 def _engine_refusals(c: FleetReader, inv: Inventory) -> dict[str, str]:
@@ -459,6 +481,7 @@ def nodes_json(c: FleetReader) -> list[dict[str, Any]]:
                 "cordoned": view.cordoned,
                 "cordon_reason": view.cordon_reason or ("cordoned in the repo" if view.cordoned else ""),
                 "drained": view.drained,
+                "held": view.held,
                 **_node_ops_json(c, view.name),
             }
         )

@@ -37,6 +37,10 @@ __all__ = [
     "EventView",
     "EventsAnswer",
     "ExplainAnswer",
+    "HeldDomain",
+    "HoldAnswer",
+    "HoldBody",
+    "HoldsAnswer",
     "JsonObject",
     "KeyCreateBody",
     "KeyCreated",
@@ -55,6 +59,7 @@ __all__ = [
     "NodesAnswer",
     "OpenApiDocument",
     "PollAsked",
+    "ReleaseAnswer",
     "ReplicaView",
     "ReplicasAnswer",
     "RequestsAnswer",
@@ -159,6 +164,7 @@ class NodeView(Answer):
     cordoned: bool | None = None
     cordon_reason: str | None = None
     drained: bool | None = None
+    held: str | None = Field(None, description="The facility hold keeping new replicas off it, in words")
     bootstrap: JsonObject | None
     removal: JsonObject | None
 
@@ -318,6 +324,34 @@ class UncordonAnswer(Answer):
     node: str
     was_drained: bool
     cordoned_in_repo: bool
+
+
+class HoldBody(Body):
+    drain: bool = Field(False, description="Move the domain's replicas elsewhere too (make-before-break)")
+
+
+class HoldAnswer(Answer):
+    domain: str
+    drain: bool
+    nodes: list[str]
+    moving: list[str]
+
+
+class ReleaseAnswer(Answer):
+    domain: str
+    was_held: bool
+    nodes: list[str]
+
+
+class HeldDomain(Answer):
+    domain: str
+    words: str
+    drain: bool
+    nodes: list[str]
+
+
+class HoldsAnswer(Answer):
+    holds: list[HeldDomain]
 
 
 # ------------------------------------------------------------------------------------------------ keys

@@ -56,7 +56,7 @@ class Endpoint:
     `auth`: the token's scope (plan, apply, admin), `router` (a router's token or an admin one), or `none` (the
     webhook: it trusts nothing it is sent). `answers`: success status -> model; `errors`: status -> when.
     `streams`: another media type the 200 may be (a followed log is NDJSON). `body_optional`: no body is read as
-    the model's defaults.
+    the model's defaults. `path_schemas`: a path parameter's schema when it is more than a non-empty string.
     """
 
     method: str
@@ -69,6 +69,7 @@ class Endpoint:
     query: tuple[Query, ...] = ()
     streams: str | None = None
     body_optional: bool = False
+    path_schemas: Mapping[str, JsonObject] = field(default_factory=dict)  # a path parameter's own schema
 
     @property
     def operation_id(self) -> str:
@@ -123,7 +124,12 @@ def _operation(e: Endpoint, refs: Mapping[tuple[type[BaseModel], str], JsonObjec
     for status, words in sorted(errors.items()):
         responses[str(status)] = {"description": words, "content": _json(error_ref)}
     parameters: list[JsonObject] = [
-        {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+        {
+            "name": name,
+            "in": "path",
+            "required": True,
+            "schema": e.path_schemas.get(name, {"type": "string", "minLength": 1}),
+        }
         for name in re.findall(r"{(\w+)}", e.path)
     ]
     parameters += [

@@ -45,6 +45,13 @@ from llmgw.core.config.specs.engine_spec import (
     MetricMapping as MetricMapping,
 )
 from llmgw.core.config.specs.eval_spec import CanarySpec as CanarySpec, EvalSuiteSpec as EvalSuiteSpec
+from llmgw.core.config.specs.facility_spec import (
+    FACILITY_LABEL_PREFIX as FACILITY_LABEL_PREFIX,
+    FACILITY_LEVELS as FACILITY_LEVELS,
+    DomainRef as DomainRef,
+    FacilityLevel as FacilityLevel,
+    FacilitySettings as FacilitySettings,
+)
 from llmgw.core.config.specs.guardrail_spec import GuardrailSpec as GuardrailSpec
 from llmgw.core.config.specs.listener_spec import ListenerSettings as ListenerSettings
 from llmgw.core.config.specs.node_spec import (
@@ -69,6 +76,13 @@ from llmgw.core.config.specs.plan_spec import (
     SimulateSettings as SimulateSettings,
 )
 from llmgw.core.config.specs.prefix_spec import PrefixSettings as PrefixSettings
+from llmgw.core.config.specs.quota_spec import (
+    CAPACITY_DESCRIPTION as CAPACITY_DESCRIPTION,
+    CPU_CLASS as CPU_CLASS,
+    Amounts as Amounts,
+    Capacity as Capacity,
+    ClassCapacity as ClassCapacity,
+)
 from llmgw.core.config.specs.retention_spec import ContentRetention as ContentRetention
 from llmgw.core.config.specs.source_spec import Source as Source
 
@@ -186,6 +200,11 @@ class Profile(Strict):
     engine_version: str | None = Field(None, description="Engine version the node must have installed")
     weight: float = Field(1.0, gt=0, description="Relative capacity, used by the `weight` scorer")
     args: dict[str, ArgValue] = Field(default_factory=dict, description="Engine-specific options")
+    keep_within: FacilityLevel | None = Field(
+        None,
+        description="A multi-node replica's nodes all stand in one domain of this level (rack, pdu, row, "
+        "room, site; nodes say where with `llmgw.io/<level>` labels); unset: anywhere on one fabric",
+    )
     env: dict[str, str] = Field(
         default_factory=dict,
         description=(
@@ -247,8 +266,8 @@ class ModelSpec(Strict):
     )
     owner: str | None = Field(
         None,
-        description="Team (or organization) responsible; the GPU quotas of a Team or Organization of this "
-        "name, and of its organization, count this model's replicas",
+        description="Project, Team or Organization responsible; the GPU quotas and capacity (guarantees, "
+        "limits) of the tenant of this name, and of those above it, count this model's replicas",
     )
     routing_policy: str | None = Field(
         None, description="RoutingPolicy for this model (default: the cluster's)"
@@ -355,6 +374,7 @@ class OrganizationSpec(Strict):
     limits: Limits = Field(default_factory=Limits)
     per_member: PersonLimits | None = Field(None, description=PER_MEMBER_DESCRIPTION)
     gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
+    capacity: Capacity = Field(default_factory=dict, description=CAPACITY_DESCRIPTION)
 
 
 class TeamSpec(Strict):
@@ -365,6 +385,7 @@ class TeamSpec(Strict):
     limits: Limits = Field(default_factory=Limits)
     per_member: PersonLimits | None = Field(None, description=PER_MEMBER_DESCRIPTION)
     gpu_quota: GpuQuota = Field(default_factory=dict, description=GPU_QUOTA_DESCRIPTION)
+    capacity: Capacity = Field(default_factory=dict, description=CAPACITY_DESCRIPTION)
 
 
 class ProjectSpec(Strict):
@@ -379,6 +400,7 @@ class ProjectSpec(Strict):
     models: list[str] | None = Field(None, description="Allowed models (unset: as its team)")
     limits: Limits = Field(default_factory=Limits)
     per_member: PersonLimits | None = Field(None, description=PER_MEMBER_DESCRIPTION)
+    capacity: Capacity = Field(default_factory=dict, description=CAPACITY_DESCRIPTION)
     priority: int = Field(
         0,
         ge=-1000,

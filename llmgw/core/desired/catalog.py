@@ -22,6 +22,7 @@ from llmgw.core.config.models import (
     LORA_ENGINES,
     Adapter,
     AdapterSpec,
+    ClassCapacity,
     Cluster,
     ClusterSpec,
     ContentRetention,
@@ -54,7 +55,7 @@ from llmgw.core.config.models import (
 from llmgw.core.errors import CatalogError
 from llmgw.core.snapshot import PublishedGuard, Tenants
 from llmgw.core.tenancy import projects as tenancy
-from llmgw.core.tenancy.limits import QuotaScope
+from llmgw.core.tenancy.limits import QuotaScope, quota_scope
 from llmgw.core.weights.manifest import ManifestFile, digest as manifest_digest
 from llmgw.core.weights.model_headers import ModelShape
 
@@ -161,6 +162,7 @@ class TenantEntry:
     retention: ContentRetention | None = None  # a Project's content retention; None: keeps no content
     response_cache: ResponseCacheSpec | None = None  # a Project's, published to routers as written
     per_member: PersonLimits | None = None  # each member's own share here (docs/tenancy.md, People)
+    capacity: Mapping[str, ClassCapacity] = field(default_factory=dict)  # class -> guaranteed and limit
 
 
 _DEFAULT_POLICY = RoutingPolicySpec()
@@ -302,20 +304,28 @@ class Catalog:
     # ------------------------------------------------------------------------------------------ tenants
 
     def quota_scopes(self, owner: str | None) -> tuple[QuotaScope, ...]:
-        """The GPU quotas a model owned by `owner` counts against, nearest first: the Team of that name and
-        its Organization, or the Organization of that name. An owner naming no tenant counts against none."""
+        """The quotas (GPU quotas, capacity guarantees and limits) a model owned by `owner` counts against,
+        nearest first: the Project of that name, its Team, their Organization; or the Team of that name and its
+        Organization; or the Organization of that name. An owner naming no tenant counts against none."""
         if owner is None:
             return ()
         chain: list[TenantEntry] = []
         team = self.teams.get(owner)
+        project = self.projects.get(owner)
+        if project is not None:
+            chain.append(project)
+            owner = project.parent or ""
+            team = self.teams.get(owner) if project.parent_kind == "Team" else None
         if team is not None:
             chain.append(team)
-            org = self.organizations.get(team.parent or "")
-            if org is not None:
-                chain.append(org)
-        elif owner in self.organizations:
+            owner = team.parent or ""
+        if owner in self.organizations:
             chain.append(self.organizations[owner])
-        return tuple(QuotaScope(f"{t.kind} {t.name}", dict(t.gpu_quota)) for t in chain if t.gpu_quota)
+        return tuple(
+            quota_scope(f"{t.kind} {t.name}", t.gpu_quota, t.capacity)
+            for t in chain
+            if t.gpu_quota or t.capacity
+        )
 
     def project_limits(self, project: str) -> Limits:
         """The project's limits as enforced: its own, with the Cluster's tenancy defaults filling what it
@@ -463,4 +473,5 @@ def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Te
         retention,
         cache,
         doc.spec.per_member,
+        dict(doc.spec.capacity),
     )

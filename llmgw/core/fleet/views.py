@@ -103,8 +103,18 @@ def model_views(catalog: Catalog) -> dict[str, ModelView]:
 
 def desired_nodes(catalog: Catalog) -> dict[str, DesiredNode]:
     """The catalog's Node documents as `plan` reads them."""
+    facilities = catalog.cluster.facilities
+    gpu_watts = {name: c.watts for name, c in catalog.cluster.gpu_classes.items() if c.watts is not None}
     return {
-        name: DesiredNode(name, dict(node.labels), node.spec.fabric, node.spec.cordoned)
+        name: DesiredNode(
+            name,
+            dict(node.labels),
+            node.spec.fabric,
+            node.spec.cordoned,
+            node.spec.power_watts,
+            dict(facilities.power_caps),
+            gpu_watts,
+        )
         for name, node in sorted(catalog.nodes.items())
     }
 
@@ -159,6 +169,8 @@ class GpuView:
     # Why nothing may be placed on it, as the agent saw it (uncorrectable ECC errors, lost): None when healthy or
     # not reported. A replica already on it keeps running; the node's health alerts say what to do.
     fault: str | None = None
+    # What one busy card of its class draws (the Cluster's gpu_classes[class].watts); None: not declared.
+    watts: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +202,14 @@ class NodeView:
     # Drained by an operator (`llmgw node drain`): replaced elsewhere first, then stopped; unlike a leaving
     # node, a replica nothing can replace keeps serving here.
     drained: bool = False
+    # Held by an operator (`llmgw facility hold rack=r1`): nothing new is placed here; the hold in words.
+    held: str = ""
+    # Declared draw with GPUs idle (Node spec.power_watts) and measured draw (the agent's heartbeat); None: not
+    # known (unmeasured is absent, never zero).
+    power_watts: float | None = None
+    power_draw_watts: float | None = None
+    # The power caps of the facility domains the node stands in: `pdu=pdu-a1` -> watts (Cluster facilities).
+    power_caps: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -247,6 +267,10 @@ class DesiredNode:
     labels: Mapping[str, str] = field(default_factory=dict)
     fabric: str | None = None
     cordoned: bool = False
+    power_watts: float | None = None
+    # The Cluster's power caps (every domain's) and its GPU classes' watts, as this revision declares them.
+    power_caps: Mapping[str, float] = field(default_factory=dict)
+    gpu_watts: Mapping[str, float] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------- boundary
@@ -283,6 +307,7 @@ class LiveGpu(_Live):
     gpu_class: str | None = None
     memory_bytes: int | None = None
     allocated: bool = False
+    watts: float | None = None
 
 
 class LiveNode(_Live):
@@ -299,6 +324,10 @@ class LiveNode(_Live):
     engines: dict[str, str | None] | None = None
     engine_refusals: dict[str, str] = Field(default_factory=dict)
     weights: list[str] | None = None
+    held: str = Field("", description="The facility hold that keeps new replicas off it, in words")
+    power_watts: float | None = None
+    power_draw_watts: float | None = Field(None, description="Measured draw; None: not measured")
+    power_caps: dict[str, float] = Field(default_factory=dict)
     if_undeclared: IfUndeclared | None = Field(
         None,
         description="What the controller does while the repo does not declare this node: remove (drain its "
@@ -323,12 +352,20 @@ class LiveNode(_Live):
             if n.gpus is None
             else [
                 LiveGpu(
-                    index=g.index, gpu_class=g.gpu_class, memory_bytes=g.memory_bytes, allocated=g.allocated
+                    index=g.index,
+                    gpu_class=g.gpu_class,
+                    memory_bytes=g.memory_bytes,
+                    allocated=g.allocated,
+                    watts=g.watts,
                 )
                 for g in n.gpus
             ],
             engines=None if n.engines is None else dict(n.engines),
             weights=None if n.weights is None else sorted(n.weights),
+            held=n.held,
+            power_watts=n.power_watts,
+            power_draw_watts=n.power_draw_watts,
+            power_caps=dict(n.power_caps),
         )
 
     def view(self) -> NodeView:
@@ -345,9 +382,15 @@ class LiveNode(_Live):
             engine_refusals=dict(self.engine_refusals),
             gpus=None
             if self.gpus is None
-            else tuple(GpuView(g.index, g.gpu_class, g.memory_bytes, g.allocated) for g in self.gpus),
+            else tuple(
+                GpuView(g.index, g.gpu_class, g.memory_bytes, g.allocated, watts=g.watts) for g in self.gpus
+            ),
             engines=None if self.engines is None else dict(self.engines),
             weights=None if self.weights is None else frozenset(self.weights),
+            held=self.held,
+            power_watts=self.power_watts,
+            power_draw_watts=self.power_draw_watts,
+            power_caps=dict(self.power_caps),
         )
 
 
@@ -454,6 +497,7 @@ class LiveState(_Live):
         for node in body["nodes"]:
             if node.get("if_undeclared") is None:  # as before the field existed: saved plans stay current
                 node.pop("if_undeclared", None)
+            _as_before_facilities(node)
         body["replicas"].sort(key=lambda r: r["id"])
         if body.get("documents") is None:  # as before the field existed: saved plans stay current
             body.pop("documents", None)
@@ -465,15 +509,29 @@ class LiveState(_Live):
         return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _as_before_facilities(node: dict[str, Any]) -> None:
+    """A live node's body as before holds and power existed, where they are at their defaults (saved plans
+    stay current)."""
+    for key, default in (("held", ""), ("power_watts", None), ("power_draw_watts", None), ("power_caps", {})):
+        if node.get(key, default) == default:
+            node.pop(key, None)
+    for gpu in node.get("gpus") or ():
+        if gpu.get("watts") is None:
+            gpu.pop("watts", None)
+
+
 def _as_before_capacity(body: dict[str, Any]) -> None:
-    """A live state's body as before classes, quotas and the rollout block existed, where they are at their
-    defaults: a plan saved by an earlier llmgw stays current (its hash is the same)."""
+    """A live state's body as before classes, quotas, the rollout block and facilities existed, where they are
+    at their defaults: a plan saved by an earlier llmgw stays current (its hash is the same)."""
 
     def model(spec: dict[str, Any]) -> None:
         if spec.get("rollout") == _DEFAULT_ROLLOUT:
             spec.pop("rollout")
         if spec.get("restart_on_profile_change") is None:
             spec["restart_on_profile_change"] = False
+        for profile in spec.get("profiles") or ():
+            if isinstance(profile, dict) and profile.get("keep_within", 0) is None:
+                profile.pop("keep_within")
 
     for spec in (body.get("models") or {}).values():
         model(spec)
@@ -489,5 +547,14 @@ def _as_before_capacity(body: dict[str, Any]) -> None:
                 spec.pop("classes", None)
             if spec.get("preemption_grace") == "10s":
                 spec.pop("preemption_grace", None)
+            if spec.get("facilities") == {"power_caps": {}}:
+                spec.pop("facilities")
+            for gpu_class in (spec.get("gpu_classes") or {}).values():
+                if isinstance(gpu_class, dict) and gpu_class.get("watts", 0) is None:
+                    gpu_class.pop("watts")
+        elif kind == "Node" and spec.get("power_watts", 0) is None:
+            spec.pop("power_watts")
         elif kind in ("Organization", "Team") and spec.get("gpu_quota") == {}:
             spec.pop("gpu_quota", None)
+        if kind in ("Organization", "Team", "Project") and spec.get("capacity", 0) == {}:
+            spec.pop("capacity")

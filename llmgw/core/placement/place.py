@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from llmgw.core.config.models import Profile
 from llmgw.core.fleet.states import ACTIVE_STATES
 from llmgw.core.fleet.views import ModelView, NodeView, ReplicaView
-from llmgw.core.placement.quota import quota_refusal, quota_use
+from llmgw.core.placement.facility import SPREAD_LEVELS, domain, power_book, spread_book
+from llmgw.core.placement.quota import quota_refusal, quota_use, shard_need
 from llmgw.core.placement.rooms import (
     NodeVerdict,
     Room,
@@ -91,6 +92,10 @@ class PlacementResult:
     unplaced: tuple[Unplaced, ...]
 
 
+_ALONE = (0,) * (
+    1 + len(SPREAD_LEVELS)
+)  # a ranking's crowd part for a room with no replica of the model on its node, rack or PDU
+
 IdFactory = Callable[[str, str], str]  # (model, profile) -> new replica id
 
 
@@ -136,6 +141,9 @@ class Placer:
                     self._buckets.setdefault(cls, {}).setdefault(len(free), {})[room.name] = room
         self.new_id = new_id or sequential_ids(r.id for r in replicas)
         self.quota = quota_use(models, replicas)
+        views = {name: room.node for name, room in self.rooms.items()}
+        self.spread = spread_book(views, replicas)
+        self.power = power_book(views.values(), replicas)
 
     use_buckets = True  # tests turn it off to hold the bucketed search to the plain one
 
@@ -159,6 +167,7 @@ class Placer:
             )
             for room, taken in zip(rooms, gpus, strict=True):
                 self.take(room, model, profile, taken, wkey)
+            self.spread.add(model, [r.node for r in rooms])
             return Placement(
                 replica_id=self.new_id(model, profile.name),
                 model=model,
@@ -170,12 +179,13 @@ class Placer:
         return None
 
     def take(self, room: Room, model: str, profile: Profile, gpus: tuple[int, ...], wkey: str | None) -> None:
-        """Take one shard's resources out of `room` (and count its GPUs against the model's quotas)."""
+        """Take one shard's resources out of `room` (and count its GPUs against the model's quotas and its
+        domains' power caps)."""
         before = {cls: len(free) for cls, free in room.free_gpus.items()}
         room.take(model, profile, gpus, wkey)
         self._rebucket(room, before)
-        if profile.gpu_class is not None and gpus:
-            self.quota.add(self.models[model], profile.gpu_class, len(gpus))
+        self.power.take(room.node, profile.gpu_class, len(gpus))
+        self.quota.add(self.models[model], *shard_need(profile, len(gpus)))
 
     def replace_room(self, room: Room) -> None:
         """Put `room` (a changed copy of one of this pass's rooms, see placement.preempt) in its place."""
@@ -214,8 +224,22 @@ class Placer:
             self._static[key] = found
         return found
 
-    def _candidates(self, profile: Profile, wkey: str | None) -> list[Room]:
+    def _fit_check(self, profile: Profile, wkey: str | None) -> Callable[[Room], bool]:
+        """The room's own filters (rooms.fit_check), then its domains' power caps."""
         fits = fit_check(profile, wkey)
+        if not self.power.caps:
+            return fits
+        need = gpus_needed(profile)
+        cls = profile.gpu_class
+        refusal = self.power.refusal
+
+        def fits_here(room: Room) -> bool:
+            return fits(room) and refusal(room.node, cls, need) is None
+
+        return fits_here
+
+    def _candidates(self, profile: Profile, wkey: str | None) -> list[Room]:
+        fits = self._fit_check(profile, wkey)
         return [r for r in self._static_fit(profile)[0] if fits(r)]
 
     def _binpack_one(self, model: str, profile: Profile, wkey: str | None) -> Room | None:
@@ -223,8 +247,8 @@ class Placer:
         without a replica of this model in the lowest bucket that has one cannot be beaten further up."""
         assert profile.gpu_class is not None
         static = self._static_fit(profile)[1]
-        fits = fit_check(profile, wkey)
-        rank = _ranking(model, profile, wkey)
+        fits = self._fit_check(profile, wkey)
+        rank = self._ranking(model, profile, wkey)
         buckets = self._buckets.get(profile.gpu_class, {})
         best: tuple[tuple[object, ...], Room] | None = None
         for count in sorted(c for c in buckets if c >= gpus_needed(profile)):
@@ -233,14 +257,14 @@ class Placer:
                     key = rank(room)
                     if best is None or key < best[0]:
                         best = (key, room)
-            if best is not None and best[0][0] == 0:
+            if best is not None and best[0][0] == _ALONE:  # alone on its node, rack and PDU
                 break
         return None if best is None else best[1]
 
     def _choose(
         self, model: str, profile: Profile, wkey: str | None
     ) -> tuple[list[Room], list[tuple[int, ...]], str] | None:
-        rank = _ranking(model, profile, wkey)
+        rank = self._ranking(model, profile, wkey)
         if profile.nodes == 1 and profile.gpu_class is not None and self.use_buckets:
             room = self._binpack_one(model, profile, wkey)
             if room is None:
@@ -251,14 +275,127 @@ class Placer:
             if not candidates:
                 return None
             if profile.nodes > 1:
-                picked = _pick_fabric(candidates, profile.nodes, rank)
+                picked = self._pick_group(candidates, profile, rank)
                 if picked is None:
                     return None
                 rooms = picked
             else:
                 rooms = [min(candidates, key=rank)]
         gpus = [_pick_gpus(r, profile) for r in rooms]
-        return rooms, gpus, _why(model, profile, rooms, wkey)
+        return rooms, gpus, self._why(model, profile, rooms, wkey)
+
+    # ------------------------------------------------------------------------------------------ ranking
+
+    def _ranking(
+        self, model: str, profile: Profile, wkey: str | None
+    ) -> Callable[[Room], tuple[object, ...]]:
+        """The sort key among rooms that fit. Its first part says how crowded the room is with the model:
+        its replicas on the node, then in the node's rack, then its PDU (all zero: nothing beats it)."""
+        spread = self.spread
+        if gpus_needed(profile):
+            cls = profile.gpu_class
+
+            def binpack(r: Room) -> tuple[object, ...]:
+                free = len(r.free_gpus.get(cls) or ()) if cls is not None else r.free_gpu_count(None)
+                crowd = (r.per_model.get(model, 0), *spread.key(model, r.node))
+                return (crowd, free, not r.has_weights(wkey), r.name)
+
+            return binpack
+
+        def spread_cpu(r: Room) -> tuple[object, ...]:
+            cores = r.cpu_free
+            return (
+                (r.per_model.get(model, 0), *spread.key(model, r.node)),
+                cores is None,  # a node that said how many cores it has ranks before one that did not
+                -(cores or 0),
+                not r.has_weights(wkey),
+                r.name,
+            )
+
+        return spread_cpu
+
+    def _pick_group(
+        self, candidates: list[Room], profile: Profile, rank: Callable[[Room], tuple[object, ...]]
+    ) -> list[Room] | None:
+        """`profile.nodes` rooms of one fabric (and of one `keep_within` domain), the best ranked group whose
+        shards together keep their domains within their power caps."""
+        count = profile.nodes
+        groups: dict[tuple[str, str], list[Room]] = {}
+        for room in candidates:
+            key = _group_key(room, profile)
+            if key is not None:
+                groups.setdefault(key, []).append(room)
+        best: tuple[tuple[object, ...], list[Room]] | None = None
+        for key in sorted(groups):
+            rooms = sorted(groups[key], key=rank)[:count]
+            if len(rooms) < count or self._group_power(rooms, profile) is not None:
+                continue
+            score = (tuple(rank(r) for r in rooms), key)
+            if best is None or score < best[0]:
+                best = (score, rooms)
+        return None if best is None else best[1]
+
+    def _group_power(self, rooms: list[Room], profile: Profile) -> str | None:
+        """Why these shards together would take a domain past its cap (each alone may fit); None when not."""
+        need = gpus_needed(profile)
+        extra: dict[str, float] = {}
+        for room in rooms:
+            node = room.node
+            shared = max((extra.get(ref, 0.0) for ref in node.power_caps), default=0.0)
+            refusal = self.power.refusal(node, profile.gpu_class, need, shared)
+            if refusal is not None:
+                return refusal
+            watts = self.power.shard_watts(node, profile.gpu_class, need) or 0.0
+            for ref in node.power_caps:
+                extra[ref] = extra.get(ref, 0.0) + watts
+        return None
+
+    def _why(self, model: str, profile: Profile, rooms: list[Room], wkey: str | None) -> str:
+        """Why these nodes, in words (computed before the room is taken)."""
+        room = rooms[0]
+        need = gpus_needed(profile)
+        others = room.per_model.get(model, 0)
+        if need:
+            cls = profile.gpu_class or "GPUs"
+            if len(rooms) > 1:
+                within = ""
+                if profile.keep_within is not None:
+                    within = f", all in {profile.keep_within} {domain(room.node.labels, profile.keep_within)}"
+                text = (
+                    f"bin-pack: fabric {room.node.fabric} has {len(rooms)} nodes with {need} free {cls} "
+                    f"each{within}"
+                )
+            else:
+                free = room.free_gpu_count(profile.gpu_class)
+                text = f"bin-pack: fewest free {cls} that fit ({free} free, needs {need})"
+        else:
+            text = f"spread: {others} replicas of {model} there"
+            if room.cpu_free is not None:
+                text += f", {room.cpu_free} free CPU cores"
+        if need and others:
+            text += f"; {others} replicas of {model} there already (no node without one fits)"
+        crowded = self.spread.crowded(model, [r.node for r in rooms])
+        if crowded:
+            text += f"; spread yields: {', '.join(crowded)} (no node fits in a rack or PDU without one)"
+        if room.has_weights(wkey):
+            text += "; weights already there"
+        notes = sorted({n for r in rooms for n in self._verdict(r, profile, wkey).notes})
+        if notes:
+            text += f" ({'; '.join(notes)})"
+        return text
+
+    def _verdict(self, room: Room, profile: Profile, wkey: str | None) -> NodeVerdict:
+        """rooms.verdict, with the domains' power caps (and what they could not count)."""
+        v = verdict(room, profile, wkey)
+        need = gpus_needed(profile)
+        refusal = self.power.refusal(room.node, profile.gpu_class, need)
+        if refusal is not None:
+            return NodeVerdict(v.node, False, (*v.reasons, refusal), v.notes)
+        if v.accepted:
+            notes = self.power.notes(room.node, profile.gpu_class, need)
+            if notes:
+                return NodeVerdict(v.node, True, v.reasons, (*v.notes, *notes))
+        return v
 
     # ------------------------------------------------------------------------------------------ explaining
 
@@ -272,7 +409,7 @@ class Placer:
         if not self.rooms:
             return Explanation(model, (), None, problem="no node has been seen")
         wkey = entry.weights_key
-        profiles = tuple(self._explain_profile(entry, p, wkey) for p in entry.spec.profiles)
+        profiles = tuple(self._explain_profile(model, entry, p, wkey) for p in entry.spec.profiles)
         chosen = None
         for profile in entry.spec.profiles:
             if quota_refusal(entry, profile, self.quota) is not None:
@@ -288,8 +425,10 @@ class Placer:
                 break
         return Explanation(model, profiles, chosen)
 
-    def _explain_profile(self, entry: ModelView, profile: Profile, wkey: str | None) -> ProfileExplanation:
-        verdicts = [verdict(r, profile, wkey) for r in self._ordered]
+    def _explain_profile(
+        self, model: str, entry: ModelView, profile: Profile, wkey: str | None
+    ) -> ProfileExplanation:
+        verdicts = [self._verdict(r, profile, wkey) for r in self._ordered]
         fit = [v for v in verdicts if v.accepted]
         refusal = quota_refusal(entry, profile, self.quota)
         if refusal is not None:  # no node can take it, whatever each has free
@@ -298,61 +437,51 @@ class Placer:
         if profile.nodes <= 1:
             summary = f"{len(fit)} of {len(verdicts)} nodes fit"
             return ProfileExplanation(profile.name, tuple(verdicts), summary)
-        # Multi-node: a node that fits but has no fabric cannot join; say so on the node.
-        by_fabric: dict[str, int] = {}
+        return self._explain_group(model, profile, verdicts)
+
+    def _explain_group(self, model: str, profile: Profile, verdicts: list[NodeVerdict]) -> ProfileExplanation:
+        """A multi-node profile: a node that fits but has no fabric (or no label of its `keep_within` level)
+        cannot join; say so on the node, and count what each fabric (and domain) has."""
+        within = profile.keep_within
+        groups: dict[tuple[str, str], list[Room]] = {}
         out: list[NodeVerdict] = []
         for v in verdicts:
-            fabric = self.rooms[v.node].node.fabric
-            if v.accepted and fabric is None:
+            room = self.rooms[v.node]
+            if v.accepted and room.node.fabric is None:
                 reason = f"no fabric declared, a {profile.nodes}-node replica needs one"
                 v = NodeVerdict(v.node, False, (reason,), v.notes)
-            elif v.accepted and fabric is not None:
-                by_fabric[fabric] = by_fabric.get(fabric, 0) + 1
+            elif v.accepted and within is not None and domain(room.node.labels, within) is None:
+                reason = f"no llmgw.io/{within} label: keep_within {within} needs to know where it stands"
+                v = NodeVerdict(v.node, False, (reason,), v.notes)
+            elif v.accepted:
+                key = _group_key(room, profile)
+                assert key is not None
+                groups.setdefault(key, []).append(room)
             out.append(v)
-        parts = ", ".join(f"{f} has {n}" for f, n in sorted(by_fabric.items())) or "no fabric has any"
-        summary = f"needs {profile.nodes} nodes of one fabric that fit: {parts}"
+        parts: list[str] = []
+        for (fabric, value), rooms in sorted(groups.items()):
+            where = f"{fabric} {within} {value}" if within is not None else fabric
+            text = f"{where} has {len(rooms)}"
+            if len(rooms) >= profile.nodes:
+                ranked = sorted(rooms, key=self._ranking(model, profile, None))[: profile.nodes]
+                power = self._group_power(ranked, profile)
+                if power is not None:
+                    text += f" (together: {power})"
+            parts.append(text)
+        one = "one fabric" if within is None else f"one fabric and one {within}"
+        summary = f"needs {profile.nodes} nodes of {one} that fit: {', '.join(parts) or 'none has any'}"
         return ProfileExplanation(profile.name, tuple(out), summary)
 
 
-def _ranking(model: str, profile: Profile, wkey: str | None) -> Callable[[Room], tuple[object, ...]]:
-    if gpus_needed(profile):
-        cls = profile.gpu_class
-
-        def binpack(r: Room) -> tuple[object, ...]:
-            free = len(r.free_gpus.get(cls) or ()) if cls is not None else r.free_gpu_count(None)
-            return (r.per_model.get(model, 0), free, not r.has_weights(wkey), r.name)
-
-        return binpack
-
-    def spread(r: Room) -> tuple[object, ...]:
-        cores = r.cpu_free
-        return (
-            r.per_model.get(model, 0),
-            cores is None,  # a node that said how many cores it has ranks before one that did not
-            -(cores or 0),
-            not r.has_weights(wkey),
-            r.name,
-        )
-
-    return spread
-
-
-def _pick_fabric(
-    candidates: list[Room], count: int, rank: Callable[[Room], tuple[object, ...]]
-) -> list[Room] | None:
-    groups: dict[str, list[Room]] = {}
-    for room in candidates:
-        if room.node.fabric is not None:
-            groups.setdefault(room.node.fabric, []).append(room)
-    best: tuple[tuple[object, ...], list[Room]] | None = None
-    for fabric in sorted(groups):
-        rooms = sorted(groups[fabric], key=rank)[:count]
-        if len(rooms) < count:
-            continue
-        score = (tuple(rank(r) for r in rooms), fabric)
-        if best is None or score < best[0]:
-            best = (score, rooms)
-    return None if best is None else best[1]
+def _group_key(room: Room, profile: Profile) -> tuple[str, str] | None:
+    """(fabric, keep_within domain) a room of a multi-node replica belongs to; None when it can join none."""
+    fabric = room.node.fabric
+    if fabric is None:
+        return None
+    if profile.keep_within is None:
+        return fabric, ""
+    value = domain(room.node.labels, profile.keep_within)
+    return None if value is None else (fabric, value)
 
 
 def _pick_gpus(room: Room, profile: Profile) -> tuple[int, ...]:
@@ -364,32 +493,6 @@ def _pick_gpus(room: Room, profile: Profile) -> tuple[int, ...]:
     else:
         free = sorted(i for v in room.free_gpus.values() for i in v)
     return tuple(free[:need])
-
-
-def _why(model: str, profile: Profile, rooms: list[Room], wkey: str | None) -> str:
-    """Why these nodes, in words (computed before the room is taken)."""
-    room = rooms[0]
-    need = gpus_needed(profile)
-    others = room.per_model.get(model, 0)
-    if need:
-        cls = profile.gpu_class or "GPUs"
-        if len(rooms) > 1:
-            text = f"bin-pack: fabric {room.node.fabric} has {len(rooms)} nodes with {need} free {cls} each"
-        else:
-            free = room.free_gpu_count(profile.gpu_class)
-            text = f"bin-pack: fewest free {cls} that fit ({free} free, needs {need})"
-    else:
-        text = f"spread: {others} replicas of {model} there"
-        if room.cpu_free is not None:
-            text += f", {room.cpu_free} free CPU cores"
-    if need and others:
-        text += f"; {others} replicas of {model} there already (no node without one fits)"
-    if room.has_weights(wkey):
-        text += "; weights already there"
-    notes = sorted({n for r in rooms for n in verdict(r, profile, wkey).notes})
-    if notes:
-        text += f" ({'; '.join(notes)})"
-    return text
 
 
 # ---------------------------------------------------------------------------------------------- entry points

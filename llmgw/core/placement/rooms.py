@@ -189,7 +189,7 @@ def version_matches(installed: str, wanted: str) -> bool:
 
 def static_fits(node: NodeView, profile: Profile) -> bool:
     """The filters that do not change during a pass: state, cordon, labels, engine, GPUs of the class."""
-    if node.state != "Ready" or node.cordoned:
+    if node.state != "Ready" or node.cordoned or node.held:
         return False
     need = gpus_needed(profile)
     if need:
@@ -271,6 +271,8 @@ def verdict(room: Room, profile: Profile, weights_key: str | None) -> NodeVerdic
         reasons.append(f"node is {node.state}")
     if node.cordoned:
         reasons.append(node.cordon_reason or "cordoned")
+    if node.held:
+        reasons.append(node.held)
     for key, value in sorted(profile.node_selector.items()):
         if node.labels.get(key) != value:
             reasons.append(f"does not carry {key}={value}")

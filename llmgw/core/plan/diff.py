@@ -46,6 +46,8 @@ from llmgw.core.fleet.views import (
     undeclared_words,
 )
 from llmgw.core.placement import Placer
+from llmgw.core.placement.facility import node_power_caps
+from llmgw.core.plan.capacity import scope_capacity
 from llmgw.core.plan.values import (
     KIND_ORDER,
     AdapterCarry,
@@ -134,6 +136,7 @@ def make_plan(
         ),
         documents_known=documents is None or live.documents is not None,
         drift=_drift(live, replicas),
+        capacity=scope_capacity(desired, replicas, starts, leaving, stops),
     )
 
 
@@ -204,7 +207,7 @@ def exit_code(plan: Plan) -> int:
 
 
 def _node_views(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> tuple[NodeView, ...]:
-    """Live nodes with the repo's word on labels, fabric and cordon. An undeclared node takes nothing new
+    """Live nodes with the repo's word on labels, fabric, cordon and power (declared draw, caps, cards' watts). An undeclared node takes nothing new
     unless the controller says it keeps such a node as it is (`LiveNode.if_undeclared`)."""
     views = []
     keep = {n.name for n in live.nodes if n.if_undeclared == "keep"}
@@ -219,7 +222,19 @@ def _node_views(live: LiveState, declared: Mapping[str, DesiredNode] | None) -> 
             views.append(replace(node, cordoned=True, cordon_reason="no longer declared", leaving=True))
         else:
             labels = {**node.labels, **d.labels}
-            views.append(replace(node, labels=labels, fabric=d.fabric or node.fabric, cordoned=d.cordoned))
+            views.append(
+                replace(
+                    node,
+                    labels=labels,
+                    fabric=d.fabric or node.fabric,
+                    cordoned=d.cordoned,
+                    power_watts=d.power_watts,
+                    power_caps=node_power_caps(labels, d.power_caps),
+                    gpus=None
+                    if node.gpus is None
+                    else tuple(replace(g, watts=d.gpu_watts.get(g.gpu_class or "")) for g in node.gpus),
+                )
+            )
     return tuple(views)
 
 
@@ -438,7 +453,11 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
             spec: BaseModel
             if t.kind == "Organization":
                 spec = OrganizationSpec(
-                    models=models, limits=t.limits, per_member=t.per_member, gpu_quota=dict(t.gpu_quota)
+                    models=models,
+                    limits=t.limits,
+                    per_member=t.per_member,
+                    gpu_quota=dict(t.gpu_quota),
+                    capacity=dict(t.capacity),
                 )
             elif t.kind == "Team":
                 spec = TeamSpec(
@@ -447,6 +466,7 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
                     limits=t.limits,
                     per_member=t.per_member,
                     gpu_quota=dict(t.gpu_quota),
+                    capacity=dict(t.capacity),
                 )
             else:
                 team = t.parent if t.parent_kind == "Team" else None
@@ -458,6 +478,7 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
                     limits=t.limits,
                     per_member=t.per_member,
                     response_cache=t.response_cache,
+                    capacity=dict(t.capacity),
                 )
             put(t.kind, name, spec, t.labels)
     for name, guardrail in catalog.guardrails.items():  # reviewed like the rest: plan shows what changes

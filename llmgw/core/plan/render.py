@@ -16,6 +16,7 @@ from llmgw.core.plan.values import (
     ReplicaRestart,
     ReplicaStart,
     ReplicaStop,
+    ScopeCapacity,
     SourceVerdict,
     StaleReplica,
 )
@@ -97,6 +98,17 @@ def _lines(plan: Plan) -> list[str]:
             for profile, summary, rejected in u.profiles:
                 out.append(f"      profile {profile} ({summary}):")
                 out += [f"        {node}: {words}" for node, words in rejected]
+        out.append("")
+    out += _check_lines(plan)
+    return out
+
+
+def _check_lines(plan: Plan) -> list[str]:
+    """Tenants' capacity, memory fit and weights sources: what the plan was checked against."""
+    out: list[str] = []
+    if plan.capacity:
+        out.append("Capacity (guarantees and limits of the models' owners):")
+        out += [f"  = {c.words()}" for c in plan.capacity]
         out.append("")
     if plan.fits:
         out.append("Memory fit (per GPU, from the model's headers):")
@@ -205,19 +217,34 @@ def to_dict(plan: Plan) -> dict[str, Any]:
             ],
         }
         | ({"sources": [_source_dict(v) for v in plan.sources]} if plan.sources else {})
-        | ({"memory_fit": [_fit_dict(f) for f in plan.fits]} if plan.fits else {})
-        | ({"impact": impact_dict(plan.impact)} if plan.impact is not None else {})
-        | (
-            {
-                "adapters": [
-                    {"model": a.model, "adapters": list(a.adapters), "replicas": list(a.replicas)}
-                    for a in plan.adapters
-                ]
-            }
-            if plan.adapters
-            else {}
-        )
+        | _optional_dict(plan)
     )
+
+
+def _optional_dict(plan: Plan) -> dict[str, Any]:
+    """The keys a plan has only when they say something (plans without them keep their old JSON)."""
+    adapters = [
+        {"model": a.model, "adapters": list(a.adapters), "replicas": list(a.replicas)} for a in plan.adapters
+    ]
+    return (
+        ({"memory_fit": [_fit_dict(f) for f in plan.fits]} if plan.fits else {})
+        | ({"capacity": [_capacity_dict(c) for c in plan.capacity]} if plan.capacity else {})
+        | ({"impact": impact_dict(plan.impact)} if plan.impact is not None else {})
+        | ({"adapters": adapters} if plan.adapters else {})
+    )
+
+
+def _capacity_dict(c: ScopeCapacity) -> dict[str, Any]:
+    return {
+        "scope": c.scope,
+        "class": c.cls,
+        "guaranteed": c.guaranteed or None,
+        "limit": c.limit or None,
+        "holds": c.held,
+        "holds_once_applied": c.after,
+        "borrowed": c.borrowed or None,
+        "taken_back": list(c.taken_back),
+    }
 
 
 def _fit_dict(f: ProfileFit) -> dict[str, Any]:
@@ -372,6 +399,9 @@ def _finding_rows(plan: Plan) -> list[_Row]:
         )
     for f in plan.misfits:
         rows.append(("!", f"`{f.model}/{f.profile}` does not fit {f.gpu_class}", "", f.words()))
+    for c in plan.capacity:
+        if c.borrowed or c.taken_back:
+            rows.append(("=", f"capacity `{c.scope}` {c.cls}", "", c.words()))
     for v in plan.sources:
         symbol = {"checked": "=", "not checked": "?", "error": "!"}[v.state]
         rows.append((symbol, f"{v.state} source `{v.source}` of `{v.model}`", v.where, v.detail))

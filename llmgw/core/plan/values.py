@@ -22,6 +22,7 @@ __all__ = [
     "ReplicaRestart",
     "ReplicaStart",
     "ReplicaStop",
+    "ScopeCapacity",
     "SourceVerdict",
     "StaleReplica",
     "Unplaceable",
@@ -141,6 +142,31 @@ class ReplicaRestart:
 
 
 @dataclass(frozen=True, slots=True)
+class ScopeCapacity:
+    """One scope's one class, in words (`4 CPU cores`, `8 h100-80g, 64 CPU cores on h100-80g`)."""
+
+    scope: str
+    cls: str
+    guaranteed: str  # "" when none
+    limit: str  # "" when none
+    held: str  # now
+    after: str  # once the plan is applied
+    borrowed: str  # once applied, beyond the guarantee; "" when nothing is
+    taken_back: tuple[str, ...]  # its replicas this plan stops for a tenant within its guarantee
+
+    def words(self) -> str:
+        terms = [f"guaranteed {self.guaranteed}" if self.guaranteed else "no guarantee"]
+        if self.limit:
+            terms.append(f"limit {self.limit}")
+        text = f"{self.scope}, {self.cls}: {'; '.join(terms)}; holds {self.held}, {self.after} once applied"
+        if self.borrowed:
+            text += f" ({self.borrowed} borrowed)"
+        if self.taken_back:
+            text += f"; taken back: {', '.join(self.taken_back)}"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
 class StaleReplica:
     """A stale-profile replica that is kept: shown so the cluster never reads as matching its repo."""
 
@@ -218,6 +244,8 @@ class Plan:
     impact: Impact | None = None
     adapters: tuple[AdapterCarry, ...] = ()  # base models with Adapter documents, and who carries them
     drift: tuple[Drift, ...] = ()  # the fleet against the applied revision (healed by the controller)
+    # Tenants' guarantees and limits, what they hold now and once applied, borrowed, and taken back.
+    capacity: tuple[ScopeCapacity, ...] = ()
 
     @property
     def misfits(self) -> tuple[ProfileFit, ...]:

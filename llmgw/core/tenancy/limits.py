@@ -32,6 +32,7 @@ __all__ = [
     "Metric",
     "QuotaScope",
     "RateMetric",
+    "Resources",
     "Tenant",
     "decide",
     "format_reset",
@@ -39,6 +40,7 @@ __all__ = [
     "limit_key",
     "need",
     "put_rate_headers",
+    "quota_scope",
     "rate_headers",
     "request_cost",
     "to_micros",
@@ -58,11 +60,48 @@ MICROS = 1_000_000  # budgets are counted in millionths of the currency unit, so
 
 
 @dataclass(frozen=True, slots=True)
-class QuotaScope:
-    """A tenant's GPU quota a model counts against: at most `gpus[class]` GPUs of each class."""
+class Resources:
+    """GPUs, CPU cores and memory (bytes) of one class; None: not said (no guarantee or no limit of it)."""
 
-    name: str  # "Team ml", "Organization acme"
+    gpus: int | None = None
+    cpu_cores: int | None = None
+    memory_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaScope:
+    """A tenant's quota a model counts against, per class (a GPU class, or `cpu`): at most `gpus[class]` GPUs
+    (its `gpu_quota` and capacity GPU limits), at most `limits[class]` cores and memory, and `guaranteed[class]`
+    kept for it whatever else wants room (docs/placement.md, Quotas with guarantees)."""
+
+    name: str  # "Team ml", "Organization acme", "Project chat"
     gpus: Mapping[str, int]
+    limits: Mapping[str, Resources] = field(default_factory=dict)
+    guaranteed: Mapping[str, Resources] = field(default_factory=dict)
+
+
+def _resources(amounts: config.Amounts) -> Resources:
+    memory = None if amounts.memory_gb is None else int(amounts.memory_gb * 1024**3)
+    return Resources(amounts.gpus, amounts.cpu_cores, memory)
+
+
+def quota_scope(
+    name: str, gpu_quota: Mapping[str, int], capacity: Mapping[str, config.ClassCapacity]
+) -> QuotaScope:
+    """The scope a tenant document declares: `gpu_quota` and `capacity` merged (validate refuses a class's
+    GPU limit said in both)."""
+    gpus = dict(gpu_quota)
+    limits: dict[str, Resources] = {}
+    guaranteed: dict[str, Resources] = {}
+    for cls, declared in capacity.items():
+        if declared.limit.gpus is not None:
+            gpus[cls] = declared.limit.gpus
+        limit, given = _resources(declared.limit), _resources(declared.guaranteed)
+        if limit != Resources():
+            limits[cls] = limit
+        if given != Resources():
+            guaranteed[cls] = given
+    return QuotaScope(name, gpus, limits, guaranteed)
 
 
 @dataclass(frozen=True)

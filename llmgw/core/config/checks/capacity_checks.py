@@ -3,6 +3,8 @@
 - the Cluster's `classes` are unique, and when it declares them a model's `class` names one;
 - `rollout` can make progress (max_surge and max_unavailable are not both 0), and the deprecated
   `restart_on_profile_change` is a warning that says what to write instead;
+- a tenant's GPU limit is said once (`gpu_quota` or `capacity.<class>.limit.gpus`), and a model's owner names
+  a tenant when any tenant declares capacity;
 - a Team's or Organization's `gpu_quota` holds what its models' `scaling.min` needs with their preferred
   profiles (placement may fall back to another profile; a minimum that cannot fit in the quota at all is a
   repo that can never be Healthy).
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from llmgw.core.config.errors import IssueAdder
-from llmgw.core.config.models import Cluster, Model, Organization, Team
+from llmgw.core.config.models import Cluster, Model, Organization, Project, Team
 from llmgw.core.config.validation import did_you_mean
 
 __all__ = ["check_capacity"]
@@ -23,14 +25,20 @@ def check_capacity(documents: Sequence[object], add: IssueAdder) -> None:
     classes = _classes(documents, add)
     teams: dict[str, str] = {}  # team -> organization
     orgs: set[str] = set()
+    projects: set[str] = set()
     quotas = False
-    for doc in documents:
+    for index, doc in enumerate(documents):
         if isinstance(doc, Team):
             teams.setdefault(doc.metadata.name, doc.spec.organization)
         if isinstance(doc, Organization):
             orgs.add(doc.metadata.name)
+        if isinstance(doc, Project):
+            projects.add(doc.metadata.name)
         if isinstance(doc, Team | Organization) and doc.spec.gpu_quota:
             quotas = True
+        if isinstance(doc, Team | Organization | Project) and doc.spec.capacity:
+            quotas = True
+            _gpu_limit_once(index, doc, add)
     needs: dict[str, dict[str, list[tuple[str, int]]]] = {}  # scope -> class -> (model, GPUs)
     for index, doc in enumerate(documents):
         if not isinstance(doc, Model):
@@ -39,18 +47,34 @@ def check_capacity(documents: Sequence[object], add: IssueAdder) -> None:
         _rollout(index, doc, add)
         _count_need(doc, teams, needs)
         owner = doc.spec.owner
-        if quotas and owner is not None and owner not in teams and owner not in orgs:
+        if quotas and owner is not None and owner not in {*teams, *orgs, *projects}:
             add(
                 index,
                 ("spec", "owner"),
-                f"owner `{owner}` names no Team or Organization: this model counts against no GPU quota",
-                did_you_mean(owner, [*teams, *orgs]) or "name the team that owns it, if a quota should apply",
+                f"owner `{owner}` names no Project, Team or Organization: this model counts against no GPU "
+                "quota, guarantee or limit",
+                did_you_mean(owner, [*projects, *teams, *orgs])
+                or "name the team that owns it, if a quota should apply",
                 warning=True,
             )
     for index, doc in enumerate(documents):
         if isinstance(doc, Team | Organization):
             scope = f"{doc.kind} {doc.metadata.name}"
             _quota(index, scope, doc.spec.gpu_quota, needs.get(scope, {}), add)
+
+
+def _gpu_limit_once(index: int, doc: Team | Organization | Project, add: IssueAdder) -> None:
+    """A class's GPU limit is said once: in `gpu_quota` or in `capacity.<class>.limit.gpus`."""
+    old = doc.spec.gpu_quota if isinstance(doc, Team | Organization) else {}
+    for gpu_class, capacity in sorted(doc.spec.capacity.items()):
+        if gpu_class in old and capacity.limit.gpus is not None:
+            add(
+                index,
+                ("spec", "capacity", gpu_class, "limit", "gpus"),
+                f"{gpu_class}'s GPU limit is given twice: gpu_quota says {old[gpu_class]}, capacity says "
+                f"{capacity.limit.gpus}",
+                f"keep capacity.{gpu_class}.limit.gpus and drop gpu_quota.{gpu_class}",
+            )
 
 
 def _classes(documents: Sequence[object], add: IssueAdder) -> list[str] | None:

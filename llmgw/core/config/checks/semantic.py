@@ -16,6 +16,7 @@ from llmgw.core.config.checks.capacity_checks import check_capacity
 from llmgw.core.config.checks.checker import Checker, Document as Document
 from llmgw.core.config.checks.console_checks import check_console
 from llmgw.core.config.checks.eval_checks import check_evals
+from llmgw.core.config.checks.facility_checks import check_facilities
 from llmgw.core.config.checks.guardrail_checks import check_guardrails
 from llmgw.core.config.checks.person_checks import check_people
 from llmgw.core.config.checks.reach_checks import (
@@ -73,6 +74,7 @@ def check(
     _fallback_cycles(checker)
     _references(checker)
     check_capacity(documents, checker.add)
+    check_facilities(documents, checker.add)
     check_guardrails(documents, checker.add)
     check_adapters(documents, checker.add)
     check_evals(documents, checker.add)

@@ -18,6 +18,7 @@ from llmgw.core.config.specs.console_spec import ConsoleSettings
 from llmgw.core.config.specs.engine_spec import (
     EngineSettings,
 )
+from llmgw.core.config.specs.facility_spec import FacilitySettings
 from llmgw.core.config.specs.listener_spec import ListenerSettings
 from llmgw.core.config.specs.plan_spec import (
     PlanSettings,
@@ -181,6 +182,12 @@ class GpuClass(Strict):
     """What a GPU class is, for checks made before any node reports one (offline `validate`)."""
 
     memory_gb: float = Field(gt=0, description="Memory of one card, in GiB (80 for an 80 GB A100)")
+    watts: float | None = Field(
+        None,
+        gt=0,
+        description="Power one busy card draws (its TDP), counted against facility power caps (unset: the "
+        "class's draw is not known; a node's measured draw still counts)",
+    )
 
 
 class ClusterSpec(Strict):
@@ -221,6 +228,10 @@ class ClusterSpec(Strict):
     console: ConsoleSettings = Field(
         default_factory=ConsoleSettings,
         description="The web console: how people sign in, how long chats are kept",
+    )
+    facilities: FacilitySettings = Field(
+        default_factory=FacilitySettings,
+        description="Spread across racks and PDUs, and power caps per domain (docs/placement.md, Facilities)",
     )
     guardrails_enabled: bool = Field(
         True, description="false turns every Guardrail's checks off at once (an emergency switch; live)"

@@ -66,6 +66,12 @@ class NodeSpec(Strict):
         "validate and plan warn about it",
     )
     cordoned: bool = Field(False, description="No new replicas are placed here; running ones stay")
+    power_watts: float | None = Field(
+        None,
+        gt=0,
+        description="What the node draws with its GPUs idle (host, fans, idle cards), counted against its "
+        "facility domains' power caps; busy GPUs add their class's `watts` (unset: not known)",
+    )
     airgapped: bool = Field(
         False, description="Fetches weights from the Cluster's mirror only, never from an origin"
     )

@@ -64,6 +64,13 @@ class Gpu(_Model):
     # Why placement must leave it alone (uncorrectable ECC errors since the driver loaded, lost to an Xid):
     # None when healthy, or from an agent before the field.
     fault: str | None = None
+    # A MIG instance (llmgw_agent.mig): the card it was carved from and its profile ("3g.40gb"); its uuid is the
+    # `MIG-...` CUDA_VISIBLE_DEVICES takes. None: a whole card, or an agent before MIG.
+    mig_card: int | None = None
+    mig_profile: str | None = None
+    # Why it cannot be given to an engine although healthy (a card in MIG mode with no instance carved): placement
+    # leaves it out and says this. None: usable.
+    unusable: str | None = None
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -222,6 +229,9 @@ class ShardSpec(_Model):
     slots: int | None = None
     cpu_cores: int | None = None
     gpus: list[int] = Field(default_factory=list)
+    # What CUDA_VISIBLE_DEVICES names, one per entry of `gpus`, where a GPU is a MIG instance (`MIG-<uuid>`; a
+    # whole card by its index). Empty: the indices of `gpus` (no MIG instance, or an older controller).
+    cuda_devices: list[str] = Field(default_factory=list)
     # The profile's tensor and pipeline parallel sizes, which become the engine's own flags. None: a controller
     # before the fields (the agent then takes tensor parallelism from the GPU count, as it did).
     tp: int | None = Field(default=None, ge=1)

@@ -125,7 +125,10 @@ def node_views(c: FleetReader) -> list[NodeView]:
                 shared_disk=shared_disk,
                 gpus=None
                 if inv.gpus is None
-                else tuple(GpuView(g.index, g.gpu_class, g.memory_bytes, fault=g.fault) for g in inv.gpus),
+                else tuple(
+                    GpuView(g.index, g.gpu_class, g.memory_bytes, fault=g.fault, unusable=g.unusable)
+                    for g in inv.gpus
+                ),
                 engines=None if inv.engines is None else {k: v.version for k, v in inv.engines.items()},
                 engine_refusals=_engine_refusals(c, inv),
                 weights=None

@@ -159,6 +159,9 @@ class GpuView:
     # Why nothing may be placed on it, as the agent saw it (uncorrectable ECC errors, lost): None when healthy or
     # not reported. A replica already on it keeps running; the node's health alerts say what to do.
     fault: str | None = None
+    # Why it cannot be given to an engine although healthy, in the agent's words (a card in MIG mode with no
+    # instance carved): left out of placement like a fault, said as such. None: usable.
+    unusable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmgw_agent.protocol import NodeThermals
+
 PREFIX = "llmgw_agent_"
 # Order matters: parse_gpu_health reads the columns by position.
 GPU_FIELDS = (
@@ -68,6 +70,22 @@ FAMILIES: tuple[Family, ...] = (
         "gauge",
         "Uncorrectable ECC errors: volatile (since the driver loaded) or aggregate (the card's lifetime)",
         ("gpu", "scope"),
+    ),
+    Family(PREFIX + "gpu_memory_temperature_celsius", "gauge", "GPU memory (HBM) temperature", ("gpu",)),
+    Family(PREFIX + "gpu_power_limit_watts", "gauge", "GPU power limit the driver enforces", ("gpu",)),
+    Family(
+        PREFIX + "gpu_throttled",
+        "gauge",
+        "1 for each reason the GPU's clocks are held down now (sw_power_cap, hw_thermal_slowdown, ...)",
+        ("gpu", "reason"),
+    ),
+    Family(PREFIX + "cpu_temperature_celsius", "gauge", "The hottest CPU package temperature (hwmon)"),
+    Family(PREFIX + "inlet_temperature_celsius", "gauge", "The hottest inlet/ambient temperature (hwmon)"),
+    Family(
+        PREFIX + "cpu_package_power_watts", "gauge", "CPU package power (RAPL), by package zone", ("package",)
+    ),
+    Family(
+        PREFIX + "power_draw_watts", "gauge", "What the node was measured to draw: GPUs plus CPU packages"
     ),
     Family(PREFIX + "cpu_seconds", "counter", "CPU time of all cores by mode, from /proc/stat", ("mode",)),
     Family(PREFIX + "cpu_cores", "gauge", "CPU cores the kernel lists"),
@@ -228,6 +246,7 @@ class Sample:
     memory: dict[str, int] = field(default_factory=dict)
     filesystems: list[tuple[str, str, int, int]] = field(default_factory=list)  # role, path, size, free
     network: dict[str, tuple[int, int]] = field(default_factory=dict)
+    thermals: NodeThermals | None = None  # the agent's last heat-and-power sample (llmgw_agent.thermals)
 
 
 @dataclass(frozen=True)
@@ -348,6 +367,29 @@ def _gpu_series(gpus: Sequence[GpuHealth]) -> dict[str, Series]:
     return out
 
 
+def _thermal_series(t: NodeThermals) -> dict[str, Series]:
+    """The heat-and-power families; a reading not measured has no series (GPU core temperature and draw are
+    the health query's own families)."""
+    out: dict[str, Series] = {}
+
+    def put(name: str, labels: Mapping[str, str], value: float | None) -> None:
+        if value is not None:
+            out.setdefault(PREFIX + name, []).append((labels, value))
+
+    for g in t.gpus or []:
+        gpu = {"gpu": str(g.index)}
+        put("gpu_memory_temperature_celsius", gpu, g.memory_temperature_c)
+        put("gpu_power_limit_watts", gpu, g.power_limit_w)
+        for reason in g.throttle_reasons or []:
+            put("gpu_throttled", {**gpu, "reason": reason}, 1)
+    put("cpu_temperature_celsius", {}, t.cpu_temperature_c)
+    put("inlet_temperature_celsius", {}, t.inlet_temperature_c)
+    for package, watts in sorted((t.cpu_package_power_w or {}).items()):
+        put("cpu_package_power_watts", {"package": package}, watts)
+    put("power_draw_watts", {}, t.power_draw_watts())
+    return out
+
+
 def series_of(
     s: Sample, *, version: str, node: str, engine_exits: Mapping[tuple[str, str], int]
 ) -> dict[str, Series]:
@@ -359,6 +401,8 @@ def series_of(
     if s.smi_up is not None:
         out[PREFIX + "nvidia_smi_up"] = [({}, 1 if s.smi_up else 0)]
     out.update(_gpu_series(s.gpus or []))
+    if s.thermals is not None:
+        out.update(_thermal_series(s.thermals))
     if s.cpu_seconds:
         out[PREFIX + "cpu_seconds"] = [({"mode": m}, v) for m, v in s.cpu_seconds.items()]
     if s.cpu_cores is not None:

@@ -137,6 +137,35 @@ class Inventory(_Model):
     conditions: list[NodeCondition] = Field(default_factory=list)
 
 
+class GpuThermal(_Model):
+    """One GPU's heat and power as nvidia-smi measured it; None: not measured (`[N/A]`, `[Not Supported]`)."""
+
+    index: int
+    temperature_c: float | None = None
+    memory_temperature_c: float | None = None  # HBM; cards with GDDR report none
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None  # the enforced limit
+    # Why its clocks are held down now (sw_power_cap, hw_thermal_slowdown, ...); [] none; None: not measured.
+    throttle_reasons: list[str] | None = None
+
+
+class NodeThermals(_Model):
+    """Heat and power of the node at `taken_at` (llmgw_agent.thermals). Absent is not measured, never zero."""
+
+    taken_at: float
+    gpus: list[GpuThermal] | None = None  # None: no nvidia-smi, or it failed
+    cpu_temperature_c: float | None = None  # the hottest CPU package sensor (hwmon coretemp, k10temp, ...)
+    inlet_temperature_c: float | None = None  # the hottest hwmon sensor labelled inlet or ambient
+    # RAPL package power over the last sampling interval, by package zone ("package-0"); None: not readable.
+    cpu_package_power_w: dict[str, float] | None = None
+
+    def power_draw_watts(self) -> float | None:
+        """What the node was measured to draw: its GPUs plus its CPU packages; None when nothing was."""
+        parts = [g.power_draw_w for g in self.gpus or [] if g.power_draw_w is not None]
+        parts += list((self.cpu_package_power_w or {}).values())
+        return round(sum(parts), 3) if parts else None
+
+
 # ---- shards ----
 
 
@@ -364,6 +393,8 @@ class Heartbeat(_Model):
     type: Literal["heartbeat"] = "heartbeat"
     shards: list[ShardStatus] = Field(default_factory=list)
     inventory: Inventory | None = None
+    # Heat and power, sampled at most every 10 s (the latest sample rides each beat). None: an older agent.
+    thermals: NodeThermals | None = None
     sent_at: float | None = None  # as in Register
 
 

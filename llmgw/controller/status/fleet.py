@@ -131,6 +131,7 @@ def node_views(c: FleetReader) -> list[NodeView]:
                 ),
                 engines=None if inv.engines is None else {k: v.version for k, v in inv.engines.items()},
                 engine_refusals=_engine_refusals(c, inv),
+                power_draw_watts=link.thermals.power_draw_watts() if link.thermals is not None else None,
                 weights=None
                 if inv.weights is None
                 else frozenset(
@@ -457,6 +458,8 @@ def nodes_json(c: FleetReader) -> list[dict[str, Any]]:
                 "last_seen_s": round(c.clock() - link.last_seen, 1),
                 "labels": dict(view.labels),
                 "inventory": link.inventory.model_dump(mode="json", by_alias=True),
+                "thermals": None if link.thermals is None else link.thermals.model_dump(mode="json"),
+                "power_draw_watts": view.power_draw_watts,
                 "shards": len(link.shards),
                 "replicas": held.get(view.name, []),
                 "cordoned": view.cordoned,

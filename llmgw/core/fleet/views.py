@@ -193,6 +193,9 @@ class NodeView:
     # Drained by an operator (`llmgw node drain`): replaced elsewhere first, then stopped; unlike a leaving
     # node, a replica nothing can replace keeps serving here.
     drained: bool = False
+    # What the node was measured to draw (its GPUs plus its CPU packages, llmgw_agent.thermals), watts; None
+    # when nothing was measured (no sample yet, no sensor readable): unknown, never zero.
+    power_draw_watts: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

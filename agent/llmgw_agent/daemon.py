@@ -367,6 +367,10 @@ class Agent:
         ]
         checks = [
             *doctor.check_driver(smi),
+            doctor.check_cpu(
+                self.inventory.arch if self.inventory else None,
+                self.inventory.cpu_flags if self.inventory else None,
+            ),
             *await doctor.check_engines(engines, self.engine_check, conditions),
             *doctor.check_disk(filesystems, str(self.supervisor.cache_dir), self.cfg.doctor_min_free_bytes),
             doctor.check_clock(received, controller_time),

@@ -306,6 +306,18 @@ def run_driver_query(binary: str | None = None) -> str | None:
     return _field(first[0]) if out.returncode == 0 and first else None
 
 
+def parse_cuda_version(xml_text: str) -> str | None:
+    """The CUDA version the driver supports, `<cuda_version>` of `nvidia-smi -q -x` (its `CUDA Version`)."""
+    m = re.search(r"<cuda_version>\s*([^<]*?)\s*</cuda_version>", xml_text)
+    return _field(m.group(1)) if m else None
+
+
+def run_cuda_query(binary: str | None = None) -> str | None:
+    exe = binary or shutil.which("nvidia-smi")
+    text = _smi_text(exe, "-q", "-x") if exe else None
+    return parse_cuda_version(text) if text is not None else None
+
+
 def _read(path: str) -> str | None:
     try:
         return Path(path).read_text()
@@ -359,6 +371,7 @@ def collect(
         arch=platform.machine() or None,
         glibc=glibc_version(),
         gpu_driver=run_driver_query() if gpus else None,
+        cuda_version=run_cuda_query() if gpus else None,
         conditions=list(conditions),
     )
     if override_file:

@@ -19,7 +19,7 @@ AGENT_PATH = "/agent/v1"
 EngineName = Literal["sim", "llamacpp", "vllm", "sglang", "trtllm"]
 ENGINE_NAMES: tuple[str, ...] = ("sim", "llamacpp", "vllm", "sglang", "trtllm")
 ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
-ConditionType = Literal["EngineInstalling", "EngineInstallFailed", "EngineProbeFailed"]
+ConditionType = Literal["EngineInstalling", "EngineInstallFailed", "EngineProbeFailed", "EngineCheckFailed"]
 Action = Literal[
     "start_shard",
     "stop_shard",
@@ -81,6 +81,8 @@ class EngineInstall(_Model):
     # How the agent came to have it: "installed" (by the agent, from the Cluster's install), "declared" (a
     # path in the agent's or the Cluster's configuration), "builtin" (sim). None: an agent before the field.
     origin: str | None = None
+    # Which of the Cluster's builds of the version this is (cuda13, cpu). None: the engine declares no builds.
+    build: str | None = None
 
 
 class NodeCondition(_Model):
@@ -134,6 +136,7 @@ class Inventory(_Model):
     arch: str | None = None  # platform.machine(): x86_64, aarch64
     glibc: str | None = None  # "2.36"; None: not glibc, or not known
     gpu_driver: str | None = None  # NVIDIA driver version, from nvidia-smi
+    cuda_version: str | None = None  # the CUDA version the driver supports (nvidia-smi -q -x's cuda_version)
     conditions: list[NodeCondition] = Field(default_factory=list)
 
 
@@ -353,6 +356,12 @@ class EngineOrder(_Model):
     binary: str | None = None
     locate: str | None = None
     probe_timeout_s: float = 30.0
+    # Which of the Cluster's builds this is (None: the engine declares no builds), and the check its install
+    # passes on the device before it counts: argv (`{binary}` is the executable), a regex its output must match.
+    build: str | None = None
+    check_argv: list[str] | None = None
+    check_expect: str | None = None
+    check_timeout_s: float = 60.0
 
 
 class LogQuery(_Model):

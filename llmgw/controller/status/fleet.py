@@ -12,6 +12,7 @@ from llmgw_agent.protocol import Inventory, ShardStatus
 
 from llmgw.controller.parts.fleet import FleetReader, StatusReader
 from llmgw.controller.parts.state import ModelRecord
+from llmgw.controller.status import node_builds
 from llmgw.controller.status.capacity import capacity_json, decision_json
 from llmgw.core import placement as node_facts
 from llmgw.core.fleet.states import ACTIVE_STATES, ReplicaState, ShardState as FleetShardState, is_stale
@@ -94,9 +95,7 @@ def node_views(c: FleetReader) -> list[NodeView]:
     for link in c.agents.nodes.values():
         inv = link.inventory
         declared = d.catalog.nodes.get(link.name) if d else None
-        labels = dict(inv.labels)
-        if declared is not None:
-            labels.update(declared.labels)
+        labels = node_builds.node_labels(c, link.name, inv)
         disk_free, shared_disk = node_facts.cache_disk(
             None
             if inv.disks is None
@@ -130,7 +129,12 @@ def node_views(c: FleetReader) -> list[NodeView]:
                     for g in inv.gpus
                 ),
                 engines=None if inv.engines is None else {k: v.version for k, v in inv.engines.items()},
-                engine_refusals=_engine_refusals(c, inv),
+                engine_refusals=_engine_refusals(c, link.name, inv),
+                engine_warnings={
+                    e: ch.warning
+                    for e, ch in node_builds.build_choices(c, link.name, inv).items()
+                    if ch.warning
+                },
                 power_draw_watts=link.thermals.power_draw_watts() if link.thermals is not None else None,
                 weights=None
                 if inv.weights is None
@@ -144,19 +148,14 @@ def node_views(c: FleetReader) -> list[NodeView]:
     return sorted(out, key=lambda n: n.name)
 
 
-def _engine_refusals(c: FleetReader, inv: Inventory) -> dict[str, str]:
+def _engine_refusals(c: FleetReader, name: str, inv: Inventory) -> dict[str, str]:
     d = c.desired
-    facts = node_facts.PlatformFacts(
-        cpu_flags=None if inv.cpu_flags is None else frozenset(inv.cpu_flags),
-        arch=inv.arch,
-        glibc=inv.glibc,
-        gpu_driver=inv.gpu_driver,
-    )
     conditions = [
         node_facts.ConditionFact(x.type, x.engine, x.message, tuple(x.tail)) for x in inv.conditions
     ]
-    engines = {str(name): settings for name, settings in (d.cluster.engines.items() if d else ())}
-    return node_facts.engine_refusals(engines, facts, conditions)
+    engines = {str(engine): settings for engine, settings in (d.cluster.engines.items() if d else ())}
+    built = {e: ch.refusal for e, ch in node_builds.build_choices(c, name, inv).items() if ch.refusal}
+    return node_facts.engine_refusals(engines, node_builds.platform_facts(inv), conditions, built)
 
 
 def _cordon_words(c: FleetReader, node: str) -> str:

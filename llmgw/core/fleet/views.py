@@ -186,6 +186,8 @@ class NodeView:
     engines: Mapping[str, str | None] | None = None
     # Engine name -> why this node cannot run it (its install or probe failed, a requirement it lacks).
     engine_refusals: Mapping[str, str] = field(default_factory=dict)
+    # Engine name -> what to know of the build this node runs of it (a CPU without AVX2 for a CPU build).
+    engine_warnings: Mapping[str, str] = field(default_factory=dict)
     # weights_key() of the weights the node already holds. None: the node was never asked to look.
     weights: frozenset[str] | None = None
     # Removed from the repo: its replicas are replaced elsewhere first, then stopped (make-before-break).
@@ -304,6 +306,7 @@ class LiveNode(_Live):
     gpus: list[LiveGpu] | None = None
     engines: dict[str, str | None] | None = None
     engine_refusals: dict[str, str] = Field(default_factory=dict)
+    engine_warnings: dict[str, str] = Field(default_factory=dict)
     weights: list[str] | None = None
     if_undeclared: IfUndeclared | None = Field(
         None,
@@ -325,6 +328,7 @@ class LiveNode(_Live):
             disk_free_bytes=n.disk_free_bytes,
             shared_disk=n.shared_disk,
             engine_refusals=dict(n.engine_refusals),
+            engine_warnings=dict(n.engine_warnings),
             gpus=None
             if n.gpus is None
             else [
@@ -349,6 +353,7 @@ class LiveNode(_Live):
             disk_free_bytes=self.disk_free_bytes,
             shared_disk=self.shared_disk,
             engine_refusals=dict(self.engine_refusals),
+            engine_warnings=dict(self.engine_warnings),
             gpus=None
             if self.gpus is None
             else tuple(GpuView(g.index, g.gpu_class, g.memory_bytes, g.allocated) for g in self.gpus),

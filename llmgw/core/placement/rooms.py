@@ -292,6 +292,9 @@ def _engine_words(node: NodeView, profile: Profile, reasons: list[str], notes: l
     if refusal is not None:
         reasons.append(refusal)
         return
+    warning = node.engine_warnings.get(profile.engine)
+    if warning is not None and profile.gpu_class is None:  # a CPU profile runs the engine's CPU build
+        notes.append(warning)
     if node.engines is None:
         notes.append("engines not reported")
         return

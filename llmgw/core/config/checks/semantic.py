@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from llmgw.core.config.checks.adapter_checks import check_adapters
 from llmgw.core.config.checks.capacity_checks import check_capacity
 from llmgw.core.config.checks.checker import Checker, Document as Document
+from llmgw.core.config.checks.engine_build_checks import check_engine_builds
 from llmgw.core.config.checks.eval_checks import check_evals
 from llmgw.core.config.checks.guardrail_checks import check_guardrails
 from llmgw.core.config.checks.reach_checks import (
@@ -74,6 +75,7 @@ def check(
     check_guardrails(documents, checker.add)
     check_adapters(documents, checker.add)
     check_evals(documents, checker.add)
+    check_engine_builds(documents, checker.add)
     for index, doc in enumerate(documents):
         secret_refs(checker, index, doc, ())
     cluster_secrets_stay_home(checker)

@@ -136,3 +136,21 @@ def test_validate_refuses_an_override_naming_no_build_and_warns_of_a_cpu_build_w
         ClusterSpec.model_validate(
             {"engines": {"llamacpp": {"path": "/x", "builds": ENGINES["llamacpp"]["builds"]}}}
         )
+
+
+def test_the_agent_reads_the_cuda_version_its_driver_supports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    from llmgw_agent import inventory
+
+    state = tmp_path / "smi.json"
+    state.write_text(
+        json.dumps({"driver_version": "580.65.06", "cuda_version": "13.0", "gpus": [{"uuid": "GPU-0"}]})
+    )
+    monkeypatch.setenv("LLMGW_NVIDIA_SMI_STATE", str(state))
+    standin = str(Path(__file__).parents[1] / "agent" / "standins" / "nvidia-smi")
+    assert inventory.run_cuda_query(standin) == "13.0"
+    state.write_text(json.dumps({"gpus": [{"uuid": "GPU-0"}]}))  # a driver that says no CUDA version
+    assert inventory.run_cuda_query(standin) is None

@@ -138,13 +138,15 @@ class GpuHealth:
     lost: bool = False  # a column read "[GPU is lost]": the driver lost the card (an Xid error)
 
 
-def _field(raw: str) -> str | None:
+def smi_field(raw: str) -> str | None:
+    """A value nvidia-smi printed, or None for what it did not measure (`[N/A]`, `[Not Supported]`, ...)."""
     value = raw.strip()
     return None if value.lower() in _UNREPORTED else value
 
 
-def _number(raw: str) -> float | None:
-    value = _field(raw)
+def smi_number(raw: str) -> float | None:
+    """A number nvidia-smi printed (finite), or None for what it did not measure or printed otherwise."""
+    value = smi_field(raw)
     if value is None:
         return None
     try:
@@ -155,12 +157,12 @@ def _number(raw: str) -> float | None:
 
 
 def _mib(raw: str) -> int | None:
-    value = _number(raw)
+    value = smi_number(raw)
     return None if value is None else int(value) * 2**20
 
 
 def _count(raw: str) -> int | None:
-    value = _number(raw)
+    value = smi_number(raw)
     return None if value is None else int(value)
 
 
@@ -177,17 +179,17 @@ def parse_gpu_health(text: str) -> list[GpuHealth]:
         if len(cols) < len(GPU_FIELDS) or not cols[0].isdigit():
             raise ValueError(f"nvidia-smi row has {len(cols)} columns, expected {len(GPU_FIELDS)}: {line!r}")
         numbers = cols[-tail:]
-        util = _number(numbers[0])
+        util = smi_number(numbers[0])
         gpus.append(
             GpuHealth(
                 index=int(cols[0]),
-                uuid=_field(cols[1]),
-                name=_field(", ".join(cols[2:-tail])),
+                uuid=smi_field(cols[1]),
+                name=smi_field(", ".join(cols[2:-tail])),
                 utilisation_ratio=None if util is None else util / 100.0,
                 memory_used_bytes=_mib(numbers[1]),
                 memory_total_bytes=_mib(numbers[2]),
-                temperature_celsius=_number(numbers[3]),
-                power_watts=_number(numbers[4]),
+                temperature_celsius=smi_number(numbers[3]),
+                power_watts=smi_number(numbers[4]),
                 ecc_volatile=_count(numbers[5]),
                 ecc_aggregate=_count(numbers[6]),
                 lost=any(c.lower() == "[gpu is lost]" for c in cols[1:]),

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmgw_agent.health import smi_field, smi_number
 from llmgw_agent.protocol import GpuThermal, NodeThermals
 
 __all__ = [
@@ -61,27 +62,16 @@ THROTTLE_BITS = {
     0x80: "hw_power_brake_slowdown",
     0x100: "display_clock_setting",
 }
-_UNMEASURED = {"[n/a]", "[not supported]", "n/a", "[unknown error]", "[gpu is lost]", ""}
 CPU_CHIPS = frozenset({"coretemp", "k10temp", "zenpower", "cpu_thermal", "soc_thermal"})
 _INLET = re.compile(r"inlet|ambient|intake", re.IGNORECASE)
 _PACKAGE = re.compile(r"^(package id \d+|tdie|tctl)$", re.IGNORECASE)
 _RAPL_ZONE = re.compile(r"^intel-rapl:\d+$")
 
 
-def _number(raw: str) -> float | None:
-    text = raw.strip()
-    if text.lower() in _UNMEASURED:
-        return None
-    try:
-        return float(text)
-    except ValueError:
-        return None
-
-
 def throttle_reasons(raw: str) -> list[str] | None:
     """The reasons a `clocks_throttle_reasons.active` mask (`0x0000000000000044`) names; None: not measured."""
-    text = raw.strip()
-    if text.lower() in _UNMEASURED:
+    text = smi_field(raw)
+    if text is None:
         return None
     try:
         mask = int(text, 16)
@@ -104,10 +94,10 @@ def parse_gpu_thermals(text: str) -> list[GpuThermal]:
         out.append(
             GpuThermal(
                 index=int(cols[0]),
-                temperature_c=_number(cols[1]),
-                memory_temperature_c=_number(cols[2]),
-                power_draw_w=_number(cols[3]),
-                power_limit_w=_number(cols[4]),
+                temperature_c=smi_number(cols[1]),
+                memory_temperature_c=smi_number(cols[2]),
+                power_draw_w=smi_number(cols[3]),
+                power_limit_w=smi_number(cols[4]),
                 throttle_reasons=throttle_reasons(cols[5]),
             )
         )

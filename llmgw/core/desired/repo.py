@@ -226,18 +226,15 @@ def _context_problems(doc: LoadedDocument, manifest: Manifest, display: str) -> 
     declared = getattr(getattr(doc.document, "spec", None), "context_length", None)
     if trained is None or not isinstance(declared, int) or declared <= trained:
         return []
-    path = ("spec", "context_length")
+    words = f"{declared} is above the model's trained context {trained} (recorded in {display})"
+    return [_error_at(doc, ("spec", "context_length"), words, f"at most {trained}")]
+
+
+def _error_at(doc: LoadedDocument, path: tuple[str, ...], message: str, hint: str) -> ConfigError:
     pos = doc.positions.value(path)
-    return [
-        ConfigError(
-            doc.file,
-            pos.line if pos else 1,
-            pos.col if pos else 1,
-            format_path(path),
-            f"{declared} is above the model's trained context {trained} (recorded in {display})",
-            f"at most {trained}",
-        )
-    ]
+    return ConfigError(
+        doc.file, pos.line if pos else 1, pos.col if pos else 1, format_path(path), message, hint
+    )
 
 
 def _gguf_problems(doc: LoadedDocument, manifest: Manifest, display: str) -> list[ConfigError]:
@@ -249,18 +246,11 @@ def _gguf_problems(doc: LoadedDocument, manifest: Manifest, display: str) -> lis
     entry = gguf_entry(f.name for f in manifest.files)
     if entry.problem is None:
         return []
-    path = ("spec", "source", "manifest")
-    pos = doc.positions.value(path)
-    return [
-        ConfigError(
-            doc.file,
-            pos.line if pos else 1,
-            pos.col if pos else 1,
-            format_path(path),
-            f"llama.cpp profiles need one GGUF model in the directory; {display}: {entry.problem}",
-            "list the .gguf file, or every part of the split set (NAME-00001-of-0000N.gguf ...), in the manifest",
-        )
-    ]
+    words = f"llama.cpp profiles need one GGUF model in the directory; {display}: {entry.problem}"
+    hint = (
+        "list the .gguf file, or every part of the split set (NAME-00001-of-0000N.gguf ...), in the manifest"
+    )
+    return [_error_at(doc, ("spec", "source", "manifest"), words, hint)]
 
 
 def _check_document(

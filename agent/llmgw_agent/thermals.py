@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -186,8 +187,14 @@ class ThermalSampler:
         self.samples = 0  # how many were measured (not served from the last one)
         self._taken = 0.0
         self._rapl: tuple[float, dict[str, Rapl]] | None = None
+        # The heartbeat's thread and a scrape's may ask at once: one measures, the other gets its sample.
+        self._lock = threading.Lock()
 
     def sample(self) -> NodeThermals:
+        with self._lock:
+            return self._sample()
+
+    def _sample(self) -> NodeThermals:
         now = self.clock()
         if self.last is not None and now - self._taken < self.min_interval_s:
             return self.last

@@ -16,7 +16,7 @@ from llmgw_agent import engines, inventory, mig
 from llmgw_agent.protocol import Gpu, Inventory, ShardSpec
 
 from llmgw.controller.loops.shard_specs import StartInputs
-from llmgw.core.fleet.views import GpuView, NodeView
+from llmgw.core.fleet.views import GpuView, LiveNode, NodeView
 from llmgw.core.placement import ShardPlacement, place
 
 from .builders import entry, gpu_profile
@@ -94,6 +94,7 @@ def test_placement_takes_instances_as_gpus_of_their_class_and_says_why_a_card_is
     assert [s.gpus for s in only(place(sliced, [node], [])).shards] == [(1000,)]
     whole = {"m": entry(gpu_profile(gpus=2, gpu_class="a100-80g"))}
     assert place(whole, [node], []).unplaced[0].missing == 1
+    assert LiveNode.from_view(node).view().gpus == node.gpus  # `plan` reads the same through its live state
     (words,) = reasons_for("m", whole, [node]).values()
     assert words.startswith(
         "has 1 free a100-80g, needs 2 (1 left out: gpu 1: in MIG mode with no MIG instance"

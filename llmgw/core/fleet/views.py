@@ -291,6 +291,8 @@ class LiveGpu(_Live):
     gpu_class: str | None = None
     memory_bytes: int | None = None
     allocated: bool = False
+    fault: str | None = None  # as GpuView: `plan` leaves a faulty or unusable GPU out as placement does
+    unusable: str | None = None
 
 
 class LiveNode(_Live):
@@ -333,7 +335,12 @@ class LiveNode(_Live):
             if n.gpus is None
             else [
                 LiveGpu(
-                    index=g.index, gpu_class=g.gpu_class, memory_bytes=g.memory_bytes, allocated=g.allocated
+                    index=g.index,
+                    gpu_class=g.gpu_class,
+                    memory_bytes=g.memory_bytes,
+                    allocated=g.allocated,
+                    fault=g.fault,
+                    unusable=g.unusable,
                 )
                 for g in n.gpus
             ],
@@ -356,7 +363,10 @@ class LiveNode(_Live):
             engine_warnings=dict(self.engine_warnings),
             gpus=None
             if self.gpus is None
-            else tuple(GpuView(g.index, g.gpu_class, g.memory_bytes, g.allocated) for g in self.gpus),
+            else tuple(
+                GpuView(g.index, g.gpu_class, g.memory_bytes, g.allocated, g.fault, g.unusable)
+                for g in self.gpus
+            ),
             engines=None if self.engines is None else dict(self.engines),
             weights=None if self.weights is None else frozenset(self.weights),
         )

@@ -42,6 +42,7 @@ from llmgw_agent.protocol import (
     parse_controller_message,
 )
 from llmgw_agent.supervisor import Supervisor, SupervisorConfig
+from llmgw_agent.thermals import ThermalSampler
 
 log = logging.getLogger("llmgw_agent")
 INVENTORY_EVERY = 12  # heartbeats between inventory refreshes
@@ -103,11 +104,13 @@ class Agent:
         )
         self.supervisor.weights_index.on_change = self.inventory_changed.set
         self._installs: set[asyncio.Task[None]] = set()
+        self.thermals = ThermalSampler()
         self.exporter = Exporter(
             version=__version__,
             node=cfg.node,
             paths=self.used_paths,
             engine_exits=lambda: dict(self.supervisor.engine_exits),
+            thermals=self.thermals,
         )
         self.metrics_address: str | None = None
 
@@ -295,7 +298,10 @@ class Agent:
             inv = None
             if beats % INVENTORY_EVERY == 0 or self.inventory_changed.is_set():
                 inv = self.inventory = await self.collect_inventory()
-            beat = Heartbeat(shards=self.supervisor.statuses(), inventory=inv, sent_at=time.time())
+            thermals = await asyncio.to_thread(self.thermals.sample)  # measured at most every 10 s
+            beat = Heartbeat(
+                shards=self.supervisor.statuses(), inventory=inv, thermals=thermals, sent_at=time.time()
+            )
             await send(dump(beat))
 
     async def _forward_updates(self, send: Any) -> None:
@@ -361,6 +367,10 @@ class Agent:
         ]
         checks = [
             *doctor.check_driver(smi),
+            doctor.check_cpu(
+                self.inventory.arch if self.inventory else None,
+                self.inventory.cpu_flags if self.inventory else None,
+            ),
             *await doctor.check_engines(engines, self.engine_check, conditions),
             *doctor.check_disk(filesystems, str(self.supervisor.cache_dir), self.cfg.doctor_min_free_bytes),
             doctor.check_clock(received, controller_time),

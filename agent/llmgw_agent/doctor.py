@@ -70,6 +70,29 @@ def check_driver(smi: health.SmiResult | None) -> list[Check]:
     return checks
 
 
+def check_cpu(arch: str | None, flags: Sequence[str] | None) -> Check:
+    """An x86 CPU without AVX2: CPU engine builds (llama.cpp's ggml-cpu, vLLM's CPU backend) are vectorised
+    for it and run several times slower without it, or stop at their first AVX2 instruction."""
+    if flags is None:
+        return Check("cpu", "ok", "CPU flags not readable here (/proc/cpuinfo): nothing to say about them")
+    if arch not in (None, "x86_64", "amd64"):
+        return Check("cpu", "ok", f"{arch} CPU (AVX2 is an x86 matter)")
+    if "avx2" in flags:
+        return Check(
+            "cpu",
+            "ok",
+            "the CPU has AVX2 (and " + (", ".join(f for f in flags if f != "avx2") or "no more") + ")",
+        )
+    return Check(
+        "cpu",
+        "warn",
+        "the CPU lacks AVX2: CPU builds of llama.cpp and vLLM run several times slower on it, or stop with "
+        "`Illegal instruction`",
+        "serve CPU profiles from nodes with AVX2 (a `node_selector`, or `engine_overrides` disabling the engine "
+        "here), or declare a build for older CPUs first in the engine's `builds`",
+    )
+
+
 def check_disk(
     filesystems: Sequence[tuple[str, str, int, int]], weights_path: str, min_free_bytes: int
 ) -> list[Check]:

@@ -97,7 +97,12 @@ def _extra_flags(engine: str, args: Mapping[str, Any], known: _ArgFlags) -> list
 
 
 def _gpu_env(spec: ShardSpec) -> dict[str, str]:
-    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus)} if spec.gpus else {}
+    """CUDA_VISIBLE_DEVICES: the devices the controller named (a MIG instance as `MIG-<uuid>`), else the indices."""
+    if not spec.gpus:
+        return {}
+    if len(spec.cuda_devices) == len(spec.gpus):
+        return {"CUDA_VISIBLE_DEVICES": ",".join(spec.cuda_devices)}
+    return {"CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in spec.gpus)}
 
 
 def _served(spec: ShardSpec) -> str:

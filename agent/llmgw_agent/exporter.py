@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from aiohttp import web
 
 from llmgw_agent import health
+from llmgw_agent.thermals import ThermalSampler
 
 MIN_SAMPLE_AGE_S = 2.0
 
@@ -27,12 +28,14 @@ class Exporter:
         paths: Callable[[], Sequence[tuple[str, str]]],
         engine_exits: Callable[[], Mapping[tuple[str, str], int]],
         smi_binary: str | None = None,
+        thermals: ThermalSampler | None = None,
     ) -> None:
         self.version = version
         self.node = node
         self._paths = paths
         self._engine_exits = engine_exits
         self._smi_binary = smi_binary
+        self._thermals = thermals
         self._last: health.Sample | None = None
         self._taken: float = 0.0
         self._lock = asyncio.Lock()
@@ -44,6 +47,8 @@ class Exporter:
             if self._last is None or time.monotonic() - self._taken >= MIN_SAMPLE_AGE_S:
                 paths = list(self._paths())
                 self._last = await asyncio.to_thread(health.sample, paths, self._smi_binary)
+                if self._thermals is not None:  # its own pace: at most one measure per 10 s
+                    self._last.thermals = await asyncio.to_thread(self._thermals.sample)
                 self._taken = time.monotonic()
             return self._last
 

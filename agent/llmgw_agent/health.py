@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llmgw_agent.protocol import NodeThermals
+
 PREFIX = "llmgw_agent_"
 # Order matters: parse_gpu_health reads the columns by position.
 GPU_FIELDS = (
@@ -68,6 +70,22 @@ FAMILIES: tuple[Family, ...] = (
         "gauge",
         "Uncorrectable ECC errors: volatile (since the driver loaded) or aggregate (the card's lifetime)",
         ("gpu", "scope"),
+    ),
+    Family(PREFIX + "gpu_memory_temperature_celsius", "gauge", "GPU memory (HBM) temperature", ("gpu",)),
+    Family(PREFIX + "gpu_power_limit_watts", "gauge", "GPU power limit the driver enforces", ("gpu",)),
+    Family(
+        PREFIX + "gpu_throttled",
+        "gauge",
+        "1 for each reason the GPU's clocks are held down now (sw_power_cap, hw_thermal_slowdown, ...)",
+        ("gpu", "reason"),
+    ),
+    Family(PREFIX + "cpu_temperature_celsius", "gauge", "The hottest CPU package temperature (hwmon)"),
+    Family(PREFIX + "inlet_temperature_celsius", "gauge", "The hottest inlet/ambient temperature (hwmon)"),
+    Family(
+        PREFIX + "cpu_package_power_watts", "gauge", "CPU package power (RAPL), by package zone", ("package",)
+    ),
+    Family(
+        PREFIX + "power_draw_watts", "gauge", "What the node was measured to draw: GPUs plus CPU packages"
     ),
     Family(PREFIX + "cpu_seconds", "counter", "CPU time of all cores by mode, from /proc/stat", ("mode",)),
     Family(PREFIX + "cpu_cores", "gauge", "CPU cores the kernel lists"),
@@ -120,13 +138,15 @@ class GpuHealth:
     lost: bool = False  # a column read "[GPU is lost]": the driver lost the card (an Xid error)
 
 
-def _field(raw: str) -> str | None:
+def smi_field(raw: str) -> str | None:
+    """A value nvidia-smi printed, or None for what it did not measure (`[N/A]`, `[Not Supported]`, ...)."""
     value = raw.strip()
     return None if value.lower() in _UNREPORTED else value
 
 
-def _number(raw: str) -> float | None:
-    value = _field(raw)
+def smi_number(raw: str) -> float | None:
+    """A number nvidia-smi printed (finite), or None for what it did not measure or printed otherwise."""
+    value = smi_field(raw)
     if value is None:
         return None
     try:
@@ -137,12 +157,12 @@ def _number(raw: str) -> float | None:
 
 
 def _mib(raw: str) -> int | None:
-    value = _number(raw)
+    value = smi_number(raw)
     return None if value is None else int(value) * 2**20
 
 
 def _count(raw: str) -> int | None:
-    value = _number(raw)
+    value = smi_number(raw)
     return None if value is None else int(value)
 
 
@@ -159,17 +179,17 @@ def parse_gpu_health(text: str) -> list[GpuHealth]:
         if len(cols) < len(GPU_FIELDS) or not cols[0].isdigit():
             raise ValueError(f"nvidia-smi row has {len(cols)} columns, expected {len(GPU_FIELDS)}: {line!r}")
         numbers = cols[-tail:]
-        util = _number(numbers[0])
+        util = smi_number(numbers[0])
         gpus.append(
             GpuHealth(
                 index=int(cols[0]),
-                uuid=_field(cols[1]),
-                name=_field(", ".join(cols[2:-tail])),
+                uuid=smi_field(cols[1]),
+                name=smi_field(", ".join(cols[2:-tail])),
                 utilisation_ratio=None if util is None else util / 100.0,
                 memory_used_bytes=_mib(numbers[1]),
                 memory_total_bytes=_mib(numbers[2]),
-                temperature_celsius=_number(numbers[3]),
-                power_watts=_number(numbers[4]),
+                temperature_celsius=smi_number(numbers[3]),
+                power_watts=smi_number(numbers[4]),
                 ecc_volatile=_count(numbers[5]),
                 ecc_aggregate=_count(numbers[6]),
                 lost=any(c.lower() == "[gpu is lost]" for c in cols[1:]),
@@ -228,6 +248,7 @@ class Sample:
     memory: dict[str, int] = field(default_factory=dict)
     filesystems: list[tuple[str, str, int, int]] = field(default_factory=list)  # role, path, size, free
     network: dict[str, tuple[int, int]] = field(default_factory=dict)
+    thermals: NodeThermals | None = None  # the agent's last heat-and-power sample (llmgw_agent.thermals)
 
 
 @dataclass(frozen=True)
@@ -348,6 +369,29 @@ def _gpu_series(gpus: Sequence[GpuHealth]) -> dict[str, Series]:
     return out
 
 
+def _thermal_series(t: NodeThermals) -> dict[str, Series]:
+    """The heat-and-power families; a reading not measured has no series (GPU core temperature and draw are
+    the health query's own families)."""
+    out: dict[str, Series] = {}
+
+    def put(name: str, labels: Mapping[str, str], value: float | None) -> None:
+        if value is not None:
+            out.setdefault(PREFIX + name, []).append((labels, value))
+
+    for g in t.gpus or []:
+        gpu = {"gpu": str(g.index)}
+        put("gpu_memory_temperature_celsius", gpu, g.memory_temperature_c)
+        put("gpu_power_limit_watts", gpu, g.power_limit_w)
+        for reason in g.throttle_reasons or []:
+            put("gpu_throttled", {**gpu, "reason": reason}, 1)
+    put("cpu_temperature_celsius", {}, t.cpu_temperature_c)
+    put("inlet_temperature_celsius", {}, t.inlet_temperature_c)
+    for package, watts in sorted((t.cpu_package_power_w or {}).items()):
+        put("cpu_package_power_watts", {"package": package}, watts)
+    put("power_draw_watts", {}, t.power_draw_watts())
+    return out
+
+
 def series_of(
     s: Sample, *, version: str, node: str, engine_exits: Mapping[tuple[str, str], int]
 ) -> dict[str, Series]:
@@ -359,6 +403,8 @@ def series_of(
     if s.smi_up is not None:
         out[PREFIX + "nvidia_smi_up"] = [({}, 1 if s.smi_up else 0)]
     out.update(_gpu_series(s.gpus or []))
+    if s.thermals is not None:
+        out.update(_thermal_series(s.thermals))
     if s.cpu_seconds:
         out[PREFIX + "cpu_seconds"] = [({"mode": m}, v) for m, v in s.cpu_seconds.items()]
     if s.cpu_cores is not None:

@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -56,11 +57,13 @@ class InstallError(Exception):
 
 # Fields added to orders later, left out of the digest while unset: an order written before them keeps its
 # digest, and so its finished install.
-_LATER_FIELDS = {"no_deps": False, "extra_index_url": None}
+_LATER_FIELDS = {"no_deps": False, "extra_index_url": None, "build": None}
+# What is checked after an install is not what is installed: a changed check runs again, never reinstalls.
+_NOT_INSTALLED = {"probe_timeout_s", "check_argv", "check_expect", "check_timeout_s"}
 
 
 def order_digest(order: EngineOrder) -> str:
-    dumped = order.model_dump(mode="json", exclude={"probe_timeout_s"})
+    dumped = order.model_dump(mode="json", exclude=_NOT_INSTALLED)
     for name, unset in _LATER_FIELDS.items():
         if dumped[name] == unset:
             del dumped[name]
@@ -125,6 +128,28 @@ async def probe(engine: str, binary: str, timeout_s: float) -> list[str]:
     if code != 0:
         raise InstallError(f"`{' '.join(argv[1:])}` of {binary} exited with {code}", _tail(out))
     return _tail(out, 3)
+
+
+async def device_check(order: EngineOrder, binary: str) -> None:
+    """The order's check on the device its build computes on (a CUDA build's `--list-devices` naming a CUDA
+    device, torch computing on the GPU): raise InstallError, with what it printed, unless it exits 0 in time
+    and its output matches `check_expect`. No check ordered: nothing to do."""
+    if not order.check_argv:
+        return
+    argv = [arg.replace("{binary}", binary) for arg in order.check_argv]
+    try:
+        code, out = await run_bounded(argv, order.check_timeout_s)
+    except OSError as exc:
+        raise InstallError(f"the device check `{' '.join(argv)}` cannot be run: {exc}") from exc
+    shown = " ".join(argv[1:])[:120]
+    if code != 0:
+        raise InstallError(f"the device check `{shown}` exited with {code}", _tail(out))
+    if order.check_expect is not None and re.search(order.check_expect, out) is None:
+        raise InstallError(
+            f"the device check `{shown}` did not find the device (its output does not match "
+            f"{order.check_expect!r})",
+            _tail(out),
+        )
 
 
 # ---------------------------------------------------------------------------------------------- install ways
@@ -322,6 +347,10 @@ class EngineRegistry:
             else:
                 binary, origin = await self._installed(order), "installed"
             await probe(engine, binary, order.probe_timeout_s)
+            try:
+                await device_check(order, binary)
+            except InstallError as exc:
+                raise _Stage("EngineCheckFailed", str(exc), exc.tail) from exc
         except InstallError as exc:
             kind: ConditionType = exc.kind if isinstance(exc, _Stage) else "EngineProbeFailed"
             log.warning("engine %s %s: %s", engine, order.version or "", exc)
@@ -337,7 +366,7 @@ class EngineRegistry:
         if engine in self.conditions:
             log.info("engine %s %s: now installed and probed", engine, order.version or "")
         self.conditions.pop(engine, None)
-        return EngineInstall(path=binary, version=order.version, origin=origin)
+        return EngineInstall(path=binary, version=order.version, origin=origin, build=order.build)
 
     async def _installed(self, order: EngineOrder) -> str:
         """The executable of this order's install, installing it first when no finished one is there."""

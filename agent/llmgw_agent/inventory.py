@@ -16,11 +16,11 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from llmgw_agent import health
+from llmgw_agent import health, mig
 from llmgw_agent.protocol import CachedWeights, Disk, EngineInstall, Gpu, Inventory, NodeCondition
 
 NVIDIA_SMI_QUERY = [
-    "--query-gpu=index,uuid,name,memory.total,utilization.gpu",
+    "--query-gpu=index,uuid,name,memory.total,utilization.gpu,mig.mode.current",
     "--format=csv,noheader,nounits",
 ]
 SHARED_FSTYPES = {
@@ -127,6 +127,15 @@ def parse_nvidia_smi(text: str) -> list[Gpu]:
     return gpus
 
 
+def parse_cards(text: str) -> tuple[list[Gpu], dict[int, str]]:
+    """Rows of NVIDIA_SMI_QUERY: the cards, and each one's `mig.mode.current` (Enabled, Disabled, [N/A])."""
+    rows = [line.rsplit(",", 1) for line in text.splitlines() if line.strip()]
+    if any(len(row) < 2 for row in rows):
+        raise ValueError("nvidia-smi rows lack the mig.mode.current column")
+    cards = parse_nvidia_smi("\n".join(row[0] for row in rows))
+    return cards, {card.index: row[1].strip() for card, row in zip(cards, rows, strict=True)}
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -151,9 +160,37 @@ def run_nvidia_smi(binary: str | None = None) -> list[Gpu] | None:
         text = (out.stdout + out.stderr).lower()
         return [] if "no devices were found" in text else None
     try:
-        return parse_nvidia_smi(out.stdout)
+        cards, modes = parse_cards(out.stdout)
     except ValueError:
         return None
+    if not any(m.strip().lower() == "enabled" for m in modes.values()):
+        return cards
+    return mig_gpus(exe, cards, modes)
+
+
+def _smi_text(exe: str, *args: str) -> str | None:
+    try:
+        out = subprocess.run([exe, *args], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def mig_gpus(exe: str, cards: list[Gpu], modes: Mapping[int, str]) -> list[Gpu]:
+    """The cards with those in MIG mode as their instances (`nvidia-smi -L` for UUIDs and profiles, `-q -x` for
+    memory). When either cannot be read, a MIG card is left out with that reason: its instances are unknown."""
+    listing, xml_text = _smi_text(exe, "-L"), _smi_text(exe, "-q", "-x")
+    try:
+        memory = mig.parse_memory(xml_text) if xml_text is not None else None
+    except ValueError:
+        memory = None
+    if listing is None or memory is None:
+        why = "in MIG mode, and nvidia-smi -L / -q -x did not answer: its MIG instances are unknown"
+        return [
+            c.model_copy(update={"unusable": why}) if modes.get(c.index, "").lower() == "enabled" else c
+            for c in cards
+        ]
+    return mig.instances_of(cards, modes, mig.parse_listing(listing), memory)
 
 
 def parse_mounts(text: str) -> dict[str, str]:
@@ -269,6 +306,18 @@ def run_driver_query(binary: str | None = None) -> str | None:
     return _field(first[0]) if out.returncode == 0 and first else None
 
 
+def parse_cuda_version(xml_text: str) -> str | None:
+    """The CUDA version the driver supports, `<cuda_version>` of `nvidia-smi -q -x` (its `CUDA Version`)."""
+    m = re.search(r"<cuda_version>\s*([^<]*?)\s*</cuda_version>", xml_text)
+    return _field(m.group(1)) if m else None
+
+
+def run_cuda_query(binary: str | None = None) -> str | None:
+    exe = binary or shutil.which("nvidia-smi")
+    text = _smi_text(exe, "-q", "-x") if exe else None
+    return parse_cuda_version(text) if text is not None else None
+
+
 def _read(path: str) -> str | None:
     try:
         return Path(path).read_text()
@@ -284,7 +333,12 @@ def with_faults(gpus: list[Gpu] | None, smi: health.SmiResult | None = None) -> 
         return gpus
     smi = smi if smi is not None else health.run_gpu_query()
     faults = health.gpu_faults(smi.gpus) if smi is not None and smi.gpus else {}
-    return [g.model_copy(update={"fault": faults[g.index]}) if g.index in faults else g for g in gpus]
+    # A MIG instance shares its card's fault.
+    out = []
+    for g in gpus:
+        fault = faults.get(g.mig_card if g.mig_card is not None else g.index)
+        out.append(g.model_copy(update={"fault": fault}) if fault is not None else g)
+    return out
 
 
 def collect(
@@ -317,6 +371,7 @@ def collect(
         arch=platform.machine() or None,
         glibc=glibc_version(),
         gpu_driver=run_driver_query() if gpus else None,
+        cuda_version=run_cuda_query() if gpus else None,
         conditions=list(conditions),
     )
     if override_file:

@@ -19,7 +19,7 @@ AGENT_PATH = "/agent/v1"
 EngineName = Literal["sim", "llamacpp", "vllm", "sglang", "trtllm"]
 ENGINE_NAMES: tuple[str, ...] = ("sim", "llamacpp", "vllm", "sglang", "trtllm")
 ShardState = Literal["fetching", "starting", "ready", "failed", "stopping", "stopped"]
-ConditionType = Literal["EngineInstalling", "EngineInstallFailed", "EngineProbeFailed"]
+ConditionType = Literal["EngineInstalling", "EngineInstallFailed", "EngineProbeFailed", "EngineCheckFailed"]
 Action = Literal[
     "start_shard",
     "stop_shard",
@@ -64,6 +64,13 @@ class Gpu(_Model):
     # Why placement must leave it alone (uncorrectable ECC errors since the driver loaded, lost to an Xid):
     # None when healthy, or from an agent before the field.
     fault: str | None = None
+    # A MIG instance (llmgw_agent.mig): the card it was carved from and its profile ("3g.40gb"); its uuid is the
+    # `MIG-...` CUDA_VISIBLE_DEVICES takes. None: a whole card, or an agent before MIG.
+    mig_card: int | None = None
+    mig_profile: str | None = None
+    # Why it cannot be given to an engine although healthy (a card in MIG mode with no instance carved): placement
+    # leaves it out and says this. None: usable.
+    unusable: str | None = None
 
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -74,6 +81,8 @@ class EngineInstall(_Model):
     # How the agent came to have it: "installed" (by the agent, from the Cluster's install), "declared" (a
     # path in the agent's or the Cluster's configuration), "builtin" (sim). None: an agent before the field.
     origin: str | None = None
+    # Which of the Cluster's builds of the version this is (cuda13, cpu). None: the engine declares no builds.
+    build: str | None = None
 
 
 class NodeCondition(_Model):
@@ -127,7 +136,37 @@ class Inventory(_Model):
     arch: str | None = None  # platform.machine(): x86_64, aarch64
     glibc: str | None = None  # "2.36"; None: not glibc, or not known
     gpu_driver: str | None = None  # NVIDIA driver version, from nvidia-smi
+    cuda_version: str | None = None  # the CUDA version the driver supports (nvidia-smi -q -x's cuda_version)
     conditions: list[NodeCondition] = Field(default_factory=list)
+
+
+class GpuThermal(_Model):
+    """One GPU's heat and power as nvidia-smi measured it; None: not measured (`[N/A]`, `[Not Supported]`)."""
+
+    index: int
+    temperature_c: float | None = None
+    memory_temperature_c: float | None = None  # HBM; cards with GDDR report none
+    power_draw_w: float | None = None
+    power_limit_w: float | None = None  # the enforced limit
+    # Why its clocks are held down now (sw_power_cap, hw_thermal_slowdown, ...); [] none; None: not measured.
+    throttle_reasons: list[str] | None = None
+
+
+class NodeThermals(_Model):
+    """Heat and power of the node at `taken_at` (llmgw_agent.thermals). Absent is not measured, never zero."""
+
+    taken_at: float
+    gpus: list[GpuThermal] | None = None  # None: no nvidia-smi, or it failed
+    cpu_temperature_c: float | None = None  # the hottest CPU package sensor (hwmon coretemp, k10temp, ...)
+    inlet_temperature_c: float | None = None  # the hottest hwmon sensor labelled inlet or ambient
+    # RAPL package power over the last sampling interval, by package zone ("package-0"); None: not readable.
+    cpu_package_power_w: dict[str, float] | None = None
+
+    def power_draw_watts(self) -> float | None:
+        """What the node was measured to draw: its GPUs plus its CPU packages; None when nothing was."""
+        parts = [g.power_draw_w for g in self.gpus or [] if g.power_draw_w is not None]
+        parts += list((self.cpu_package_power_w or {}).values())
+        return round(sum(parts), 3) if parts else None
 
 
 # ---- shards ----
@@ -222,6 +261,9 @@ class ShardSpec(_Model):
     slots: int | None = None
     cpu_cores: int | None = None
     gpus: list[int] = Field(default_factory=list)
+    # What CUDA_VISIBLE_DEVICES names, one per entry of `gpus`, where a GPU is a MIG instance (`MIG-<uuid>`; a
+    # whole card by its index). Empty: the indices of `gpus` (no MIG instance, or an older controller).
+    cuda_devices: list[str] = Field(default_factory=list)
     # The profile's tensor and pipeline parallel sizes, which become the engine's own flags. None: a controller
     # before the fields (the agent then takes tensor parallelism from the GPU count, as it did).
     tp: int | None = Field(default=None, ge=1)
@@ -314,6 +356,12 @@ class EngineOrder(_Model):
     binary: str | None = None
     locate: str | None = None
     probe_timeout_s: float = 30.0
+    # Which of the Cluster's builds this is (None: the engine declares no builds), and the check its install
+    # passes on the device before it counts: argv (`{binary}` is the executable), a regex its output must match.
+    build: str | None = None
+    check_argv: list[str] | None = None
+    check_expect: str | None = None
+    check_timeout_s: float = 60.0
 
 
 class LogQuery(_Model):
@@ -354,6 +402,8 @@ class Heartbeat(_Model):
     type: Literal["heartbeat"] = "heartbeat"
     shards: list[ShardStatus] = Field(default_factory=list)
     inventory: Inventory | None = None
+    # Heat and power, sampled at most every 10 s (the latest sample rides each beat). None: an older agent.
+    thermals: NodeThermals | None = None
     sent_at: float | None = None  # as in Register
 
 

@@ -189,7 +189,7 @@ class Supervisor:
 
     async def _run(self, shard: Shard) -> None:
         try:
-            model_path = await self._fetch(shard)
+            model_path = weights.engine_model_path(shard.spec.engine, await self._fetch(shard))
             shard.adapter_paths = await self._fetch_adapters(shard)
             await self._launch(shard, model_path)
             await self._wait_ready(shard)

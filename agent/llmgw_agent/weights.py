@@ -27,6 +27,7 @@ from aiohappyeyeballs import AddrInfoType
 from aiohttp.abc import AbstractResolver, ResolveResult
 
 from llmgw_agent import repo_rules
+from llmgw_agent.gguf_parts import gguf_entry
 from llmgw_agent.protocol import WeightSource
 
 Progress = Callable[[int, int | None], None]
@@ -306,3 +307,17 @@ def _too_large(url: str, limit: int, source: WeightSource) -> str:
         f"fetching {url}: more than {limit} bytes with no size_bytes declared "
         "(declare spec.source.size_bytes, or raise the agent's max_download_bytes)"
     )
+
+
+def engine_model_path(engine: str, path: str | None) -> str | None:
+    """What the engine is given for the weights at `path`: the path itself, except a directory for llama.cpp,
+    which loads one GGUF file: its single GGUF, or the first part of its split set (llama-server finds the
+    other parts beside it). Raises WeightsError naming the directory when it holds no usable GGUF."""
+    if engine != "llamacpp" or path is None or not os.path.isdir(path):
+        return path
+    root = Path(path)
+    names = [p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file()]
+    entry = gguf_entry(names)
+    if entry.path is None:
+        raise WeightsError(f"llamacpp: {path}: {entry.problem}")
+    return str(root / entry.path)

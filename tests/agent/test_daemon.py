@@ -125,6 +125,8 @@ async def test_register_heartbeat_start_kill_and_stop(ctl: FakeController, agent
     assert reg.inventory.memory_bytes and reg.inventory.cpu_cores
     assert reg.inventory.engines is not None and "sim" in reg.inventory.engines
     await wait_for(lambda: len(ctl.heartbeats) >= 2, limit_s=20, what="two heartbeats")
+    # Each beat carries the heat-and-power sample (what this machine lets be measured; absent is None).
+    assert all(h.thermals is not None for h in ctl.heartbeats)
 
     status = await start_ready(ctl, agents, sim_spec())
     async with aiohttp.ClientSession() as http:

@@ -50,7 +50,7 @@ def fake_smi(tmp_path: Path, body: str) -> str:
 
 def test_nvidia_smi_runs_with_the_exact_query(tmp_path: Path) -> None:
     args_file = tmp_path / "args"
-    smi = fake_smi(tmp_path, f'echo "$@" > {args_file}\nprintf "%s" "{ONE_CARD.strip()}"\n')
+    smi = fake_smi(tmp_path, f'echo "$@" > {args_file}\nprintf "%s" "{ONE_CARD.strip()}, Disabled"\n')
     gpus = inventory.run_nvidia_smi(smi)
     assert gpus is not None and len(gpus) == 1
     assert args_file.read_text().split() == inventory.NVIDIA_SMI_QUERY

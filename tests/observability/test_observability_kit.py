@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 from llmgw_agent import health
+from llmgw_agent.protocol import NodeThermals
+from llmgw_agent.thermals import parse_gpu_thermals
 from llmgw_router.fleet.metrics import RouterMetrics
 from llmgw_router.path.service import RequestService
 from prometheus_client import generate_latest
@@ -206,6 +208,13 @@ def _agent_sample() -> health.Sample:
         memory={"MemTotal": 2**34, "MemAvailable": 2**33},
         filesystems=[("weights", "/var/lib/llmgw/weights", 10**12, 10**11)],
         network={"eth0": (1000, 2000)},
+        thermals=NodeThermals(
+            taken_at=1.7e9,
+            gpus=parse_gpu_thermals("0, 41, 52, 72.50, 72.00, 0x0000000000000004\n"),
+            cpu_temperature_c=55.0,
+            inlet_temperature_c=22.0,
+            cpu_package_power_w={"package-0": 95.5},
+        ),
     )
 
 

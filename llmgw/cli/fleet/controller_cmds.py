@@ -385,6 +385,11 @@ def nodes(controller: ControllerOpt = None, token_file: TokenOpt = None, as_json
             _node_ops_words(n),
         )
         conditions += [f"{n['name']}: {line}" for line in condition_lines(inv)]
+        conditions += [
+            f"{n['name']}: gpu {g['index']} left out: {g['unusable']}"
+            for g in gpus or []
+            if g.get("unusable")
+        ]
         conditions += [f"{n['name']}: {line}" for line in clock_lines(n)]
     console = output.console()
     console.print(table)

@@ -35,6 +35,8 @@ from llmgw.core.evals.model_checks import (
     tools_result_request,
     tools_result_verdict,
     tools_verdict,
+    vision_request,
+    vision_verdict,
 )
 from llmgw.store.errors import StoreError
 
@@ -68,7 +70,7 @@ async def run_model_check(
     if only is not None:
         probes = [p for p in probes if p in only]
     if not probes:
-        raise EvalError(f"model {model} serves no capability with a built-in probe (tools, chat)")
+        raise EvalError(f"model {model} serves no capability with a built-in probe (tools, chat, vision)")
     target = target_for(c, model, replica)
     version = engine_version_of(c, target.replica)
     key = (model, target.engine, version)
@@ -121,5 +123,8 @@ async def _probe(session: aiohttp.ClientSession, target: EngineTarget, probe: st
             session, target, path, response_format_request(target.model), _TIMEOUT_S
         )
         return ProbeResult(probe, False, error) if error is not None else response_format_verdict(response)
+    if probe == "vision":
+        response, error = await post_json(session, target, path, vision_request(target.model), _TIMEOUT_S)
+        return vision_verdict(response, error, target.engine)
     chunks, error = await post_stream(session, target, path, stream_usage_request(target.model), _TIMEOUT_S)
     return ProbeResult(probe, False, error) if error is not None else stream_usage_verdict(chunks)

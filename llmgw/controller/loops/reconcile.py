@@ -30,7 +30,7 @@ from llmgw.controller.parts.background import Background
 from llmgw.controller.parts.fleet import EngineCaller
 from llmgw.controller.parts.hub import AgentError, AgentHub, NodeLink
 from llmgw.controller.parts.state import ReplicaRec
-from llmgw.controller.status import fleet as views
+from llmgw.controller.status import fleet as views, node_builds
 from llmgw.controller.wire.engine_orders import EngineOrders
 from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.fleet.autoscale import ScalePolicy
@@ -137,7 +137,12 @@ class Reconciler:
             return 5.0
         if not c.leading():
             return 1.0  # a standby decides nothing; woken when it becomes the leader
-        self.engine_orders.send_due(self.agents, d.cluster.engines, self.background)
+        self.engine_orders.send_due(
+            self.agents,
+            d.cluster.engines,
+            self.background,
+            lambda n, inv: node_builds.build_choices(c, n, inv),
+        )
         await self._load_capacities()
         ws = c.fleet.worker_state
         now = c.wall()

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from llmgw_agent import repo_rules
+from llmgw_agent import mig, repo_rules
 from llmgw_agent.protocol import KvEventsRequest, Rendezvous, ShardAdapter, ShardSpec, WeightSource
 
 from llmgw.adapters.secrets import read_bound_secret
@@ -89,6 +89,7 @@ class StartInputs:
             slots=profile.slots,
             cpu_cores=profile.cpu_cores,
             gpus=list(shard.gpus),
+            cuda_devices=self._cuda_devices(shard),
             tp=profile.tp,
             pp=profile.pp,
             args=dict(profile.args),
@@ -107,6 +108,11 @@ class StartInputs:
             else [],
             kv_events=self._kv_events(placement.model),
         )
+
+    def _cuda_devices(self, shard: ShardPlacement) -> list[str]:
+        """CUDA_VISIBLE_DEVICES for a shard placed on MIG instances, from what its node reported."""
+        link = self.links.get(shard.node)
+        return mig.cuda_devices(link.inventory.gpus or [] if link is not None else [], shard.gpus)
 
     def _kv_events(self, model: str) -> KvEventsRequest | None:
         """Ask for the engine's KV-cache events when the model's routing policy weighs prefixes (the router

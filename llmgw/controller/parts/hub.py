@@ -24,6 +24,7 @@ from llmgw_agent.protocol import (
     Command,
     Heartbeat,
     Inventory,
+    NodeThermals,
     Refused,
     Register,
     Reply,
@@ -70,6 +71,7 @@ class NodeLink:
     pending: dict[str, asyncio.Future[Reply]] = field(default_factory=dict)
     registered_shards: tuple[str, ...] = ()  # shard ids the agent reported at its last Register
     metrics_address: str | None = None  # the agent's node-health listener, host:port (None: it has none)
+    thermals: NodeThermals | None = None  # heat and power, the agent's last sample (None: none sent yet)
     # `agent sent_at - controller received_at` of the last heartbeats (llmgw.core.fleet.health.clock_offset).
     clock_samples: deque[float] = field(default_factory=lambda: deque(maxlen=CLOCK_SAMPLES))
 
@@ -300,6 +302,8 @@ class AgentHub:
             link.shards = {s.shard_id: s for s in message.shards}
             if message.inventory is not None:
                 link.inventory = message.inventory
+            if message.thermals is not None:
+                link.thermals = message.thermals
             if came_back or before != {k: (s.state, s.pid) for k, s in link.shards.items()}:
                 self._on_change(f"node {link.name} heartbeat changed shards")
         elif isinstance(message, ShardUpdate):

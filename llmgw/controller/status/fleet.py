@@ -12,6 +12,7 @@ from llmgw_agent.protocol import Inventory, ShardStatus
 
 from llmgw.controller.parts.fleet import FleetReader, StatusReader
 from llmgw.controller.parts.state import ModelRecord
+from llmgw.controller.status import node_builds
 from llmgw.controller.status.capacity import capacity_json, decision_json
 from llmgw.core import placement as node_facts
 from llmgw.core.fleet.states import ACTIVE_STATES, ReplicaState, ShardState as FleetShardState, is_stale
@@ -95,9 +96,7 @@ def node_views(c: FleetReader) -> list[NodeView]:
     for link in c.agents.nodes.values():
         inv = link.inventory
         declared = d.catalog.nodes.get(link.name) if d else None
-        labels = dict(inv.labels)
-        if declared is not None:
-            labels.update(declared.labels)
+        labels = node_builds.node_labels(c, link.name, inv)
         holds = c.fleet.worker_state.holds
         held = hold_words(labels, {ref: h.words for ref, h in holds.items()})
         draining = any(holds[ref].drain for ref in domain_refs(labels) if ref in holds)
@@ -132,7 +131,13 @@ def node_views(c: FleetReader) -> list[NodeView]:
                 shared_disk=shared_disk,
                 gpus=_gpus(c, inv),
                 engines=None if inv.engines is None else {k: v.version for k, v in inv.engines.items()},
-                engine_refusals=_engine_refusals(c, inv),
+                engine_refusals=_engine_refusals(c, link.name, inv),
+                engine_warnings={
+                    e: ch.warning
+                    for e, ch in node_builds.build_choices(c, link.name, inv).items()
+                    if ch.warning
+                },
+                power_draw_watts=link.thermals.power_draw_watts() if link.thermals is not None else None,
                 weights=None
                 if inv.weights is None
                 else frozenset(
@@ -156,25 +161,21 @@ def _gpus(c: FleetReader, inv: Inventory) -> tuple[GpuView, ...] | None:
             g.gpu_class,
             g.memory_bytes,
             fault=g.fault,
+            unusable=g.unusable,
             watts=classes[g.gpu_class].watts if g.gpu_class in classes else None,
         )
         for g in inv.gpus
     )
 
 
-def _engine_refusals(c: FleetReader, inv: Inventory) -> dict[str, str]:
+def _engine_refusals(c: FleetReader, name: str, inv: Inventory) -> dict[str, str]:
     d = c.desired
-    facts = node_facts.PlatformFacts(
-        cpu_flags=None if inv.cpu_flags is None else frozenset(inv.cpu_flags),
-        arch=inv.arch,
-        glibc=inv.glibc,
-        gpu_driver=inv.gpu_driver,
-    )
     conditions = [
         node_facts.ConditionFact(x.type, x.engine, x.message, tuple(x.tail)) for x in inv.conditions
     ]
-    engines = {str(name): settings for name, settings in (d.cluster.engines.items() if d else ())}
-    return node_facts.engine_refusals(engines, facts, conditions)
+    engines = {str(engine): settings for engine, settings in (d.cluster.engines.items() if d else ())}
+    built = {e: ch.refusal for e, ch in node_builds.build_choices(c, name, inv).items() if ch.refusal}
+    return node_facts.engine_refusals(engines, node_builds.platform_facts(inv), conditions, built)
 
 
 def _cordon_words(c: FleetReader, node: str) -> str:
@@ -476,6 +477,8 @@ def nodes_json(c: FleetReader) -> list[dict[str, Any]]:
                 "last_seen_s": round(c.clock() - link.last_seen, 1),
                 "labels": dict(view.labels),
                 "inventory": link.inventory.model_dump(mode="json", by_alias=True),
+                "thermals": None if link.thermals is None else link.thermals.model_dump(mode="json"),
+                "power_draw_watts": view.power_draw_watts,
                 "shards": len(link.shards),
                 "replicas": held.get(view.name, []),
                 "cordoned": view.cordoned,

@@ -11,13 +11,14 @@ import hashlib
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from llmgw_agent.protocol import Command, EngineOrder
+from llmgw_agent.protocol import Command, EngineOrder, Inventory
 
 from llmgw.controller.parts.hub import AgentError
-from llmgw.core.config.models import EngineName, EngineSettings
+from llmgw.core.config.models import EngineInstallSettings, EngineName, EngineSettings
+from llmgw.core.placement.engine_builds import BuildChoice, default_check
 from llmgw.core.words import parse_duration
 
 if TYPE_CHECKING:
@@ -28,28 +29,52 @@ log = logging.getLogger("llmgw.controller.engines")
 SEND_WAIT_S = 15.0
 
 
-def engine_orders(engines: Mapping[EngineName, EngineSettings]) -> list[EngineOrder]:
-    """One order per engine the Cluster says how to obtain (`path` or `install`); others are the agent's."""
+def _install_fields(
+    engine: str, version: str | None, path: str | None, i: EngineInstallSettings | None
+) -> dict[str, object]:
+    fields: dict[str, object] = {"engine": engine, "version": version, "path": path}
+    if i is not None:
+        fields |= {
+            "requirements": i.requirements,
+            "find_links": i.find_links,
+            "index_url": i.index_url,
+            "extra_index_url": i.extra_index_url,
+            "no_deps": i.no_deps,
+            "binary": i.binary if i.archive is None else i.archive.binary,
+            "locate": i.locate,
+            "archive_url": i.archive.url if i.archive else None,
+            "archive_sha256": i.archive.sha256 if i.archive else None,
+            "probe_timeout_s": parse_duration(i.probe_timeout),
+        }
+    return fields
+
+
+def engine_orders(
+    engines: Mapping[EngineName, EngineSettings], choices: Mapping[str, BuildChoice] | None = None
+) -> list[EngineOrder]:
+    """One order per engine the Cluster says how to obtain (`path` or `install`, or the node's build of its
+    `builds`: `choices`, llmgw.core.placement.engine_builds); others are the agent's. An engine with builds
+    but none for this node (refused, disabled) is not ordered: placement says why it is not there."""
     orders: list[EngineOrder] = []
     for name, s in sorted(engines.items()):
+        if s.builds:
+            choice = (choices or {}).get(name)
+            build = choice.build if choice is not None else None
+            if build is None:
+                continue
+            fields = _install_fields(name, s.version, build.path, build.install) | {"build": build.name}
+            check = default_check(name, build)
+            if check is not None:
+                fields |= {
+                    "check_argv": check.argv,
+                    "check_expect": check.expect,
+                    "check_timeout_s": parse_duration(check.timeout),
+                }
+            orders.append(EngineOrder.model_validate(fields))
+            continue
         if s.path is None and s.install is None:
             continue
-        fields: dict[str, object] = {"engine": name, "version": s.version, "path": s.path}
-        if s.install is not None:
-            i = s.install
-            fields |= {
-                "requirements": i.requirements,
-                "find_links": i.find_links,
-                "index_url": i.index_url,
-                "extra_index_url": i.extra_index_url,
-                "no_deps": i.no_deps,
-                "binary": i.binary if i.archive is None else i.archive.binary,
-                "locate": i.locate,
-                "archive_url": i.archive.url if i.archive else None,
-                "archive_sha256": i.archive.sha256 if i.archive else None,
-                "probe_timeout_s": parse_duration(i.probe_timeout),
-            }
-        orders.append(EngineOrder.model_validate(fields))
+        orders.append(EngineOrder.model_validate(_install_fields(name, s.version, s.path, s.install)))
     return orders
 
 
@@ -65,11 +90,17 @@ class EngineOrders:
         self.sent: dict[str, tuple[float, str]] = {}
 
     def send_due(
-        self, agents: AgentClient, engines: Mapping[EngineName, EngineSettings], background: Background
+        self,
+        agents: AgentClient,
+        engines: Mapping[EngineName, EngineSettings],
+        background: Background,
+        choices: Callable[[str, Inventory], Mapping[str, BuildChoice]] = lambda _n, _i: {},
     ) -> None:
-        orders = engine_orders(engines)
-        digest = orders_digest(orders)
+        """Tell each connected node its orders when they changed: its own, where an engine has builds
+        (`choices`: node name and inventory -> its build of each engine)."""
         for name, link in agents.nodes.items():
+            orders = engine_orders(engines, choices(name, link.inventory))
+            digest = orders_digest(orders)
             if not link.connected or self.sent.get(name) == (link.connected_at, digest):
                 continue
             if not orders and name not in self.sent:

@@ -159,6 +159,12 @@ class NodeView(Answer):
     last_seen_s: float | None = Field(description="Seconds since it was last heard; null: never connected")
     labels: dict[str, str]
     inventory: JsonObject | None
+    thermals: JsonObject | None = Field(
+        None, description="Heat and power, the agent's last sample (taken at most every 10 s); null: none yet"
+    )
+    power_draw_watts: float | None = Field(
+        None, description="What the node was measured to draw: GPUs plus CPU packages; null: nothing measured"
+    )
     shards: int = Field(ge=0)
     replicas: list[str]
     cordoned: bool | None = None

@@ -36,9 +36,14 @@ from llmgw.core.config.specs.cluster_spec import (
     SecuritySettings as SecuritySettings,
     TenancySettings as TenancySettings,
 )
+from llmgw.core.config.specs.engine_build_spec import (
+    EngineBuildCheck as EngineBuildCheck,
+    EngineOverride as EngineOverride,
+)
 from llmgw.core.config.specs.engine_spec import (
     CpuFlag as CpuFlag,
     EngineArchive as EngineArchive,
+    EngineBuild as EngineBuild,
     EngineInstallSettings as EngineInstallSettings,
     EngineRequires as EngineRequires,
     EngineSettings as EngineSettings,

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmgw_agent.gguf_parts import gguf_entry
 from pydantic import BaseModel
 
 from llmgw.core.config.checks.semantic import Document, check
@@ -187,6 +188,7 @@ def _manifests(
         if manifest is not None:
             out[doc.name] = manifest
             errors.extend(_context_problems(doc, manifest, display))
+            errors.extend(_gguf_problems(doc, manifest, display))
     return out
 
 
@@ -224,18 +226,31 @@ def _context_problems(doc: LoadedDocument, manifest: Manifest, display: str) -> 
     declared = getattr(getattr(doc.document, "spec", None), "context_length", None)
     if trained is None or not isinstance(declared, int) or declared <= trained:
         return []
-    path = ("spec", "context_length")
+    words = f"{declared} is above the model's trained context {trained} (recorded in {display})"
+    return [_error_at(doc, ("spec", "context_length"), words, f"at most {trained}")]
+
+
+def _error_at(doc: LoadedDocument, path: tuple[str, ...], message: str, hint: str) -> ConfigError:
     pos = doc.positions.value(path)
-    return [
-        ConfigError(
-            doc.file,
-            pos.line if pos else 1,
-            pos.col if pos else 1,
-            format_path(path),
-            f"{declared} is above the model's trained context {trained} (recorded in {display})",
-            f"at most {trained}",
-        )
-    ]
+    return ConfigError(
+        doc.file, pos.line if pos else 1, pos.col if pos else 1, format_path(path), message, hint
+    )
+
+
+def _gguf_problems(doc: LoadedDocument, manifest: Manifest, display: str) -> list[ConfigError]:
+    """A llama.cpp profile over a directory with no GGUF, several, or a split set missing parts: llama-server is
+    given one file (the first part of a split) and would fail at start."""
+    spec = getattr(doc.document, "spec", None)
+    if not isinstance(spec, ModelSpec) or not any(p.engine == "llamacpp" for p in spec.profiles):
+        return []
+    entry = gguf_entry(f.name for f in manifest.files)
+    if entry.problem is None:
+        return []
+    words = f"llama.cpp profiles need one GGUF model in the directory; {display}: {entry.problem}"
+    hint = (
+        "list the .gguf file, or every part of the split set (NAME-00001-of-0000N.gguf ...), in the manifest"
+    )
+    return [_error_at(doc, ("spec", "source", "manifest"), words, hint)]
 
 
 def _check_document(

@@ -4,7 +4,10 @@ One probe per declared capability that an engine can get wrong while still answe
 - `tools` (capability tools): a tool-call round trip: the engine must answer a request offering one tool
   with a `tool_calls` entry naming it with JSON arguments, then answer the tool's result in words;
 - `response_format` (capability chat): a json_schema response_format, answered with JSON valid against it;
-- `stream_usage` (capability chat): a stream with `stream_options.include_usage` ends with a usage chunk.
+- `stream_usage` (capability chat): a stream with `stream_options.include_usage` ends with a usage chunk;
+- `vision` (capability vision): a small PNG sent as an `image_url` data URL is answered in words, where an
+  engine started without the model's image encoder refuses it (llama-server without `--mmproj`: 500 "image input
+  is not supported").
 
 A verdict is recorded per model, engine and engine version (llmgw/controller/loops/model_checks.py keeps them):
 the same weights on another engine version may answer differently.
@@ -12,7 +15,10 @@ the same weights on another engine version may answer differently.
 
 from __future__ import annotations
 
+import base64
 import json
+import struct
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +37,8 @@ __all__ = [
     "tools_result_request",
     "tools_result_verdict",
     "tools_verdict",
+    "vision_request",
+    "vision_verdict",
 ]
 
 # probe -> the capability it verifies (what a router may rely on once it passed)
@@ -38,6 +46,7 @@ PROBE_CAPABILITY: dict[str, str] = {
     "tools": "tools",
     "response_format": "response_format",
     "stream_usage": "stream_usage",
+    "vision": "vision",
 }
 
 _TOOL = {
@@ -85,6 +94,8 @@ def probes_for(capabilities: Sequence[str]) -> list[str]:
         out.append("tools")
     if "chat" in capabilities:
         out += ["response_format", "stream_usage"]
+    if "vision" in capabilities:
+        out.append("vision")
     return out
 
 
@@ -194,6 +205,55 @@ def stream_usage_verdict(chunks: Sequence[Any]) -> ProbeResult:
     if not isinstance(usage.get("completion_tokens"), int):
         return ProbeResult("stream_usage", False, f"the usage chunk has no completion_tokens: {usage}")
     return ProbeResult("stream_usage", True, f"ok: usage {usage.get('completion_tokens')} completion tokens")
+
+
+def _png(width: int, height: int, rgb: tuple[int, int, int]) -> bytes:
+    """A solid-colour RGB PNG (signature, IHDR, one IDAT, IEND), built here rather than kept as a blob."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit truecolour, no interlace
+    rows = b"".join(b"\x00" + bytes(rgb) * width for _ in range(height))  # filter 0 on each row
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows))
+        + chunk(b"IEND", b"")
+    )
+
+
+_RED_SQUARE = "data:image/png;base64," + base64.b64encode(_png(32, 32, (220, 20, 20))).decode()
+_VISION_HINTS = {
+    "llamacpp": "llama-server reads images only with the model's multimodal projector (--mmproj FILE) loaded",
+    "vllm": "serve a vision model (its processor and image encoder) in vLLM; a text-only model has none",
+    "sglang": "serve a vision model in SGLang; a text-only model has no image encoder",
+}
+
+
+def vision_request(model: str) -> dict[str, Any]:
+    content = [
+        {"type": "text", "text": "What colour is this square? Answer in one word."},
+        {"type": "image_url", "image_url": {"url": _RED_SQUARE}},
+    ]
+    return {
+        "model": model,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+
+
+def vision_verdict(response: Any, error: str | None, engine: str) -> ProbeResult:
+    """An image answered in words passes; a refusal of it (or no words) fails, with what to change."""
+    hint = _VISION_HINTS.get(engine, "serve a model with an image encoder")
+    if error is not None:
+        return ProbeResult("vision", False, f"{error} — {hint}")
+    message = _message(response)
+    content = message.get("content") if message else None
+    if isinstance(content, str) and content.strip():
+        return ProbeResult("vision", True, "ok: an image answered in words")
+    return ProbeResult("vision", False, f"an image got no answer in words (no message.content) — {hint}")
 
 
 def _message(response: Any) -> dict[str, Any] | None:

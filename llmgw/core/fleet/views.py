@@ -171,6 +171,9 @@ class GpuView:
     fault: str | None = None
     # What one busy card of its class draws (the Cluster's gpu_classes[class].watts); None: not declared.
     watts: float | None = None
+    # Why it cannot be given to an engine although healthy, in the agent's words (a card in MIG mode with no
+    # instance carved): left out of placement like a fault, said as such. None: usable.
+    unusable: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +198,8 @@ class NodeView:
     engines: Mapping[str, str | None] | None = None
     # Engine name -> why this node cannot run it (its install or probe failed, a requirement it lacks).
     engine_refusals: Mapping[str, str] = field(default_factory=dict)
+    # Engine name -> what to know of the build this node runs of it (a CPU without AVX2 for a CPU build).
+    engine_warnings: Mapping[str, str] = field(default_factory=dict)
     # weights_key() of the weights the node already holds. None: the node was never asked to look.
     weights: frozenset[str] | None = None
     # Removed from the repo: its replicas are replaced elsewhere first, then stopped (make-before-break).
@@ -307,6 +312,8 @@ class LiveGpu(_Live):
     gpu_class: str | None = None
     memory_bytes: int | None = None
     allocated: bool = False
+    fault: str | None = None  # as GpuView: `plan` leaves a faulty or unusable GPU out as placement does
+    unusable: str | None = None
     watts: float | None = None
 
 
@@ -323,6 +330,7 @@ class LiveNode(_Live):
     gpus: list[LiveGpu] | None = None
     engines: dict[str, str | None] | None = None
     engine_refusals: dict[str, str] = Field(default_factory=dict)
+    engine_warnings: dict[str, str] = Field(default_factory=dict)
     weights: list[str] | None = None
     held: str = Field("", description="The facility hold that keeps new replicas off it, in words")
     power_watts: float | None = None
@@ -348,6 +356,7 @@ class LiveNode(_Live):
             disk_free_bytes=n.disk_free_bytes,
             shared_disk=n.shared_disk,
             engine_refusals=dict(n.engine_refusals),
+            engine_warnings=dict(n.engine_warnings),
             gpus=None
             if n.gpus is None
             else [
@@ -356,6 +365,8 @@ class LiveNode(_Live):
                     gpu_class=g.gpu_class,
                     memory_bytes=g.memory_bytes,
                     allocated=g.allocated,
+                    fault=g.fault,
+                    unusable=g.unusable,
                     watts=g.watts,
                 )
                 for g in n.gpus
@@ -380,10 +391,20 @@ class LiveNode(_Live):
             disk_free_bytes=self.disk_free_bytes,
             shared_disk=self.shared_disk,
             engine_refusals=dict(self.engine_refusals),
+            engine_warnings=dict(self.engine_warnings),
             gpus=None
             if self.gpus is None
             else tuple(
-                GpuView(g.index, g.gpu_class, g.memory_bytes, g.allocated, watts=g.watts) for g in self.gpus
+                GpuView(
+                    g.index,
+                    g.gpu_class,
+                    g.memory_bytes,
+                    g.allocated,
+                    fault=g.fault,
+                    unusable=g.unusable,
+                    watts=g.watts,
+                )
+                for g in self.gpus
             ),
             engines=None if self.engines is None else dict(self.engines),
             weights=None if self.weights is None else frozenset(self.weights),

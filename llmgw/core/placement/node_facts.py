@@ -31,6 +31,7 @@ class PlatformFacts:
     arch: str | None = None
     glibc: str | None = None
     gpu_driver: str | None = None
+    cuda: str | None = None  # the CUDA version the driver supports (nvidia-smi's `CUDA Version`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,11 @@ def requires_problems(req: EngineRequires, facts: PlatformFacts) -> list[str]:
             problems.append(f"reports no NVIDIA driver, needs {req.min_gpu_driver}")
         elif _older(facts.gpu_driver, req.min_gpu_driver):
             problems.append(f"has NVIDIA driver {facts.gpu_driver}, needs {req.min_gpu_driver}")
+    if req.min_cuda is not None:
+        if facts.cuda is None:
+            problems.append(f"reports no CUDA version, needs {req.min_cuda}")
+        elif _older(facts.cuda, req.min_cuda):
+            problems.append(f"has CUDA {facts.cuda}, needs {req.min_cuda}")
     return problems
 
 
@@ -81,6 +87,7 @@ _CONDITION_WORDS = {
     "EngineInstalling": "{engine} is being installed: {message}",
     "EngineInstallFailed": "{engine} install failed: {message}",
     "EngineProbeFailed": "{engine} probe failed: {message}",
+    "EngineCheckFailed": "{engine} device check failed: {message}",
 }
 
 
@@ -88,9 +95,11 @@ def engine_refusals(
     engines: Mapping[str, EngineSettings],
     facts: PlatformFacts,
     conditions: Iterable[ConditionFact],
+    build_refusals: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
-    """Engine -> why this node cannot run it: the build's requirements it lacks (said first: installing
-    would not help), else the node's own words about a failed install or probe, with the last output line."""
+    """Engine -> why this node cannot run it: the build's requirements it lacks, or why no build of it is
+    the node's (`build_refusals`, from placement.engine_builds; said first: installing would not help), else
+    the node's own words about a failed install, probe or device check, with the last output line."""
     out: dict[str, str] = {}
     for cond in conditions:
         words = _CONDITION_WORDS.get(cond.type, "{engine}: {message}").format(
@@ -100,6 +109,9 @@ def engine_refusals(
             words += f" ({cond.tail[-1]})"
         out[cond.engine] = words
     for name, settings in engines.items():
+        if build_refusals and name in build_refusals:
+            out[name] = build_refusals[name]
+            continue
         if settings.requires is None:
             continue
         problems = requires_problems(settings.requires, facts)

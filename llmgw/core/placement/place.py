@@ -162,6 +162,9 @@ class Placer:
             if chosen is None:
                 continue
             rooms, gpus, why = chosen
+            warned = {r.node.engine_warnings.get(profile.engine) for r in rooms} - {None}
+            if warned and profile.gpu_class is None:  # said where the replica is planned and started
+                why += "; warning: " + "; ".join(sorted(w for w in warned if w))
             shards = tuple(
                 ShardPlacement(r.name, rank, g) for rank, (r, g) in enumerate(zip(rooms, gpus, strict=True))
             )

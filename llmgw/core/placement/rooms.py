@@ -118,7 +118,7 @@ def build_rooms(
     for node in ordered:
         free: dict[str | None, list[int]] = {}
         for gpu in sorted(node.gpus or (), key=lambda g: g.index):
-            if not gpu.allocated and gpu.fault is None:
+            if not gpu.allocated and gpu.fault is None and gpu.unusable is None:
                 free.setdefault(gpu.gpu_class, []).append(gpu.index)
         rooms[node.name] = Room(
             name=node.name,
@@ -199,7 +199,10 @@ def static_fits(node: NodeView, profile: Profile) -> bool:
         usable = sum(
             1
             for g in node.gpus
-            if not g.allocated and g.fault is None and (cls is None or g.gpu_class == cls)
+            if not g.allocated
+            and g.fault is None
+            and g.unusable is None
+            and (cls is None or g.gpu_class == cls)
         )
         if usable < need:
             return False
@@ -291,6 +294,9 @@ def _engine_words(node: NodeView, profile: Profile, reasons: list[str], notes: l
     if refusal is not None:
         reasons.append(refusal)
         return
+    warning = node.engine_warnings.get(profile.engine)
+    if warning is not None and profile.gpu_class is None:  # a CPU profile runs the engine's CPU build
+        notes.append(warning)
     if node.engines is None:
         notes.append("engines not reported")
         return
@@ -319,13 +325,17 @@ def _gpu_words(room: Room, profile: Profile, reasons: list[str]) -> None:
     free = room.free_gpu_count(cls)
     if free >= need:
         return
+    # A card left out (MIG mode, nothing carved) is said whatever the class asked: its instances would be
+    # of another class, and the card's own class is what an operator looks for.
+    out = [f"gpu {g.index}: {g.unusable}" for g in room.node.gpus if g.unusable is not None]
+    left_out = f" ({len(out)} left out: {'; '.join(out)})" if out else ""
     of_class = [g for g in room.node.gpus if cls is None or g.gpu_class == cls]
     if not of_class:
-        reasons.append(f"has no {what}, needs {need}")
+        reasons.append(f"has no {what}, needs {need}{left_out}")
         return
     faulty = [f"gpu {g.index}: {g.fault}" for g in of_class if g.fault is not None]
     excluded = f" ({len(faulty)} excluded as faulty: {'; '.join(faulty)})" if faulty else ""
-    reasons.append(f"has {free} free {what}, needs {need}{excluded}")
+    reasons.append(f"has {free} free {what}, needs {need}{excluded}{left_out}")
 
 
 def _memory_words(room: Room, profile: Profile, reasons: list[str], notes: list[str]) -> None:

@@ -3,11 +3,11 @@ serve what it asks. Pure: the published models and endpoints and the request's b
 
 A request needs an endpoint capability (chat, completions, embeddings, rerank, score: its path) and, for a
 chat request, the features it uses (`needs_of`: tools offered to call, a json_schema answer, images when a
-model of its chain lacks vision). It is refused, in this order, when:
+model of its chain declares vision or lacks it). It is refused, in this order, when:
 - the model does not serve the endpoint (not in its effective set: its kind's defaults plus what it declares,
   less `without`), or lacks a feature it uses (`without`): 400 `unsupported_capability`, naming the repo
   change that would lift it (`unsupported`); a fallback that lacks it is left out of the chain;
-- every replica of the chain failed the model check of a checked feature (tools, response_format): 400
+- every replica of the chain failed the model check of a checked feature (tools, response_format, vision): 400
   `capability_check_failed`, with the check's hint (fix the engine, then `llmgw model check` again);
 - the model is `verified_only` and no replica passed that check: 400 `capability_unverified` (run the
   check), or 503 with Retry-After while the check that decides runs.
@@ -39,7 +39,7 @@ __all__ = [
 CHECKING_RETRY_AFTER_S = 5
 
 # The needs a model check verifies (a probe of the same name); the others are decided by the repo alone.
-CHECKED = frozenset({"tools", "response_format"})
+CHECKED = frozenset({"tools", "response_format", "vision"})
 
 _DOCS = "docs/router.md, Capabilities"
 
@@ -47,8 +47,8 @@ _DOCS = "docs/router.md, Capabilities"
 def needs_of(body: Mapping[str, Any], *, vision: bool = False) -> frozenset[str]:
     """The features a chat request uses: `tools` when it offers tools it lets the model call (a tool_choice
     of "none" does not), `response_format` when it asks for a json_schema answer, and with `vision` (asked
-    only when a model of the chain lacks it: the messages are not walked otherwise) `vision` when a message
-    carries an image. Stream usage is not a need: the router asks every stream for it (its own accounting)."""
+    only when a model of the chain declares or lacks it: the messages are not walked otherwise) `vision` when
+    a message carries an image. Stream usage is not a need: the router asks every stream for it (its own accounting)."""
     out = set()
     tools = body.get("tools")
     if isinstance(tools, list) and tools and body.get("tool_choice") != "none":

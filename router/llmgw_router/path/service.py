@@ -269,7 +269,7 @@ class RequestService:
         if adapter is not None:
             self.adapters.check(name, adapter, tenant_project)
         # What it needs of a model: a fallback lacking it is left out of the chain, the model refuses it.
-        needs = needs_of(body, vision=_lacks_vision(table, canonical)) if kind == "chat" else frozenset()
+        needs = needs_of(body, vision=_vision_matters(table, canonical)) if kind == "chat" else frozenset()
         missing = lacked(model, kind, needs)
         if missing is not None:
             raise refused_error(unsupported(canonical, model, missing))
@@ -559,12 +559,12 @@ def _tenant_project(table: RoutingTable, project: str | None, canonical: str, as
 # ---------------------------------------------------------------------------------------------- helpers
 
 
-def _lacks_vision(table: RoutingTable, canonical: str) -> bool:
-    """A model of the request's published chain says it lacks vision: only then are its messages searched
-    for images (most requests are not)."""
+def _vision_matters(table: RoutingTable, canonical: str) -> bool:
+    """A model of the request's published chain says it lacks vision, or declares it (its model check may
+    have failed it): only then are its messages searched for images (most requests are not)."""
     model = table.models[canonical]
     return any(
-        "vision" in m.without
+        "vision" in m.without or "vision" in m.capabilities
         for m in (model, *(table.models.get(fb) for fb in model.fallbacks))
         if m is not None
     )

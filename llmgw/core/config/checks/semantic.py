@@ -15,6 +15,7 @@ from llmgw.core.config.checks.adapter_checks import check_adapters
 from llmgw.core.config.checks.capacity_checks import check_capacity
 from llmgw.core.config.checks.checker import Checker, Document as Document
 from llmgw.core.config.checks.console_checks import check_console
+from llmgw.core.config.checks.engine_build_checks import check_engine_builds
 from llmgw.core.config.checks.eval_checks import check_evals
 from llmgw.core.config.checks.facility_checks import check_facilities
 from llmgw.core.config.checks.guardrail_checks import check_guardrails
@@ -80,6 +81,7 @@ def check(
     check_evals(documents, checker.add)
     check_people(documents, checker.add)
     check_console(documents, checker.add)
+    check_engine_builds(documents, checker.add)
     for index, doc in enumerate(documents):
         secret_refs(checker, index, doc, ())
     cluster_secrets_stay_home(checker)

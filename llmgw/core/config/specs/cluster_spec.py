@@ -15,6 +15,7 @@ from llmgw.core.config.base import (
     Strict,
 )
 from llmgw.core.config.specs.console_spec import ConsoleSettings
+from llmgw.core.config.specs.engine_build_spec import EngineOverride
 from llmgw.core.config.specs.engine_spec import (
     EngineSettings,
 )
@@ -198,6 +199,10 @@ class ClusterSpec(Strict):
     tenancy: TenancySettings = Field(default_factory=TenancySettings, description="Tenant defaults")
     engines: dict[EngineName, EngineSettings] = Field(
         default_factory=dict, description="Engines nodes run, by name (sim, llamacpp, vllm, sglang, trtllm)"
+    )
+    engine_overrides: list[EngineOverride] = Field(
+        default_factory=list,
+        description="Which build of an engine some nodes run, or that they run none (by node, labels or GPU class)",
     )
     secret: SecretRef | None = Field(
         None, description="Cluster secret: engine keys are an HMAC of the replica id under it"

@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from llmgw.core.config.base import Duration as Duration, Strict
+from llmgw.core.config.specs.engine_build_spec import Accelerator, EngineBuildCheck
 
 
 class MetricMapping(Strict):
@@ -124,6 +125,38 @@ class EngineRequires(Strict):
     min_gpu_driver: str | None = Field(
         None, pattern=r"^\d+(\.\d+)*$", description="Oldest NVIDIA driver, e.g. 550.54"
     )
+    min_cuda: str | None = Field(
+        None,
+        pattern=r"^\d+(\.\d+)*$",
+        description="Oldest CUDA version the node's driver supports (nvidia-smi's `CUDA Version`), e.g. 12.9",
+    )
+
+
+class EngineBuild(Strict):
+    """One build of the engine version: what it computes on, what a node needs to run it, how it is obtained
+    and the check its install passes on the device. A node runs the first build it meets the `requires` of,
+    unless an `engine_overrides` entry says otherwise."""
+
+    name: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9._-]{0,62}$", description="The build's name, e.g. cuda13, cpu"
+    )
+    accelerator: Accelerator = Field(description="What it computes on: `cuda` (NVIDIA GPUs) or `cpu`")
+    requires: EngineRequires | None = Field(
+        None, description="What a node needs to run it (driver, CUDA version, CPU flags, architecture, glibc)"
+    )
+    path: str | None = Field(None, description="Executable already on the nodes that run this build")
+    install: EngineInstallSettings | None = Field(None, description="How agents install this build")
+    check: EngineBuildCheck | None = Field(
+        None,
+        description="Run after the install's probe, on the device; default for llamacpp: `--list-devices` naming "
+        "a CUDA device (cuda builds)",
+    )
+
+    @model_validator(mode="after")
+    def _one_way(self) -> EngineBuild:
+        if (self.path is None) == (self.install is None):
+            raise ValueError("a build takes exactly one of `path` or `install`")
+        return self
 
 
 class EngineSettings(Strict):
@@ -139,10 +172,22 @@ class EngineSettings(Strict):
         None, description="How agents install this version (instead of `path`)"
     )
     requires: EngineRequires | None = Field(None, description="What a node needs to run this build")
+    builds: list[EngineBuild] | None = Field(
+        None,
+        min_length=1,
+        description="Builds of this version (CUDA variants, CPU), instead of `path`/`install`/`requires`: each "
+        "node runs the first it meets the requirements of (docs/engines.md, Builds per node)",
+    )
     metrics: MetricMapping | None = Field(None, description="Override of the engine's built-in metric names")
 
     @model_validator(mode="after")
     def _path_or_install(self) -> EngineSettings:
         if self.path is not None and self.install is not None:
             raise ValueError("an engine takes `path` or `install`, not both")
+        if self.builds is not None:
+            if self.path is not None or self.install is not None or self.requires is not None:
+                raise ValueError("`builds` replace `path`, `install` and `requires`: give each build its own")
+            names = [b.name for b in self.builds]
+            if len(names) != len(set(names)):
+                raise ValueError(f"build names repeat: {', '.join(names)}")
         return self

@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from llmgw.core.desired.catalog import Catalog
+    from llmgw.core.desired.catalog import Catalog, TenantEntry
 
 SECRET = "(secret)"
 ABSENT = "(absent)"
@@ -424,6 +424,39 @@ _SPECS: dict[str, type[BaseModel]] = {
 }
 
 
+def _tenant_spec(t: TenantEntry) -> BaseModel:
+    """An Organization, Team or Project as the controller reads it (catalog_documents)."""
+    models = list(t.models) if t.models is not None else None
+    if t.kind == "Organization":
+        return OrganizationSpec(
+            models=models,
+            limits=t.limits,
+            per_member=t.per_member,
+            gpu_quota=dict(t.gpu_quota),
+            capacity=dict(t.capacity),
+        )
+    if t.kind == "Team":
+        return TeamSpec(
+            organization=t.parent or "",
+            models=models,
+            limits=t.limits,
+            per_member=t.per_member,
+            gpu_quota=dict(t.gpu_quota),
+            capacity=dict(t.capacity),
+        )
+    team = t.parent if t.parent_kind == "Team" else None
+    org = t.parent if t.parent_kind == "Organization" else None
+    return ProjectSpec(
+        team=team,
+        organization=org,
+        models=models,
+        limits=t.limits,
+        per_member=t.per_member,
+        response_cache=t.response_cache,
+        capacity=dict(t.capacity),
+    )
+
+
 def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
     """Every document of a validated catalog, as canonical JSON keyed `Kind/name`: what the controller reads of
     it (spec with its defaults filled in, labels), so two revisions the controller treats alike compare equal.
@@ -449,38 +482,7 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
             out[f"Model/{name}"]["manifest_sha256"] = model.manifest_digest
     for tenants in (catalog.organizations, catalog.teams, catalog.projects):
         for name, t in tenants.items():
-            models = list(t.models) if t.models is not None else None
-            spec: BaseModel
-            if t.kind == "Organization":
-                spec = OrganizationSpec(
-                    models=models,
-                    limits=t.limits,
-                    per_member=t.per_member,
-                    gpu_quota=dict(t.gpu_quota),
-                    capacity=dict(t.capacity),
-                )
-            elif t.kind == "Team":
-                spec = TeamSpec(
-                    organization=t.parent or "",
-                    models=models,
-                    limits=t.limits,
-                    per_member=t.per_member,
-                    gpu_quota=dict(t.gpu_quota),
-                    capacity=dict(t.capacity),
-                )
-            else:
-                team = t.parent if t.parent_kind == "Team" else None
-                org = t.parent if t.parent_kind == "Organization" else None
-                spec = ProjectSpec(
-                    team=team,
-                    organization=org,
-                    models=models,
-                    limits=t.limits,
-                    per_member=t.per_member,
-                    response_cache=t.response_cache,
-                    capacity=dict(t.capacity),
-                )
-            put(t.kind, name, spec, t.labels)
+            put(t.kind, name, _tenant_spec(t), t.labels)
     for name, guardrail in catalog.guardrails.items():  # reviewed like the rest: plan shows what changes
         put("Guardrail", name, guardrail, {})
     for name, adapter in catalog.adapters.items():

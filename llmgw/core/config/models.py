@@ -25,7 +25,6 @@ from llmgw.core.config.base import (
     Strict as Strict,
 )
 from llmgw.core.config.specs.adapter_spec import LORA_ENGINES as LORA_ENGINES, AdapterSpec as AdapterSpec
-from llmgw.core.config.specs.cache_spec import ResponseCacheSpec as ResponseCacheSpec
 from llmgw.core.config.specs.cluster_spec import (
     AdmissionSettings as AdmissionSettings,
     ClusterSpec as ClusterSpec,
@@ -71,25 +70,26 @@ from llmgw.core.config.specs.notification_spec import (
     NotificationRetry as NotificationRetry,
     NotificationSpec as NotificationSpec,
 )
-from llmgw.core.config.specs.person_spec import (
-    MembershipSpec as MembershipSpec,
-    PersonLimits as PersonLimits,
-    PersonSpec as PersonSpec,
-)
 from llmgw.core.config.specs.plan_spec import (
     PlanSettings as PlanSettings,
     SimulateSettings as SimulateSettings,
 )
 from llmgw.core.config.specs.prefix_spec import PrefixSettings as PrefixSettings
-from llmgw.core.config.specs.quota_spec import (
+from llmgw.core.config.specs.source_spec import Source as Source
+from llmgw.core.config.specs.tenant.cache_spec import ResponseCacheSpec as ResponseCacheSpec
+from llmgw.core.config.specs.tenant.person_spec import (
+    MembershipSpec as MembershipSpec,
+    PersonLimits as PersonLimits,
+    PersonSpec as PersonSpec,
+)
+from llmgw.core.config.specs.tenant.quota_spec import (
     CAPACITY_DESCRIPTION as CAPACITY_DESCRIPTION,
     CPU_CLASS as CPU_CLASS,
     Amounts as Amounts,
     Capacity as Capacity,
     ClassCapacity as ClassCapacity,
 )
-from llmgw.core.config.specs.retention_spec import ContentRetention as ContentRetention
-from llmgw.core.config.specs.source_spec import Source as Source
+from llmgw.core.config.specs.tenant.retention_spec import ContentRetention as ContentRetention
 
 # ---------------------------------------------------------------------------------------------------- Model
 

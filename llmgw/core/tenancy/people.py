@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from llmgw.core.config.specs.person_spec import MemberRole, PersonLimits
+from llmgw.core.config.specs.tenant.person_spec import MemberRole, PersonLimits
 from llmgw.core.snapshot import Tenants
 from llmgw.core.tenancy.limits import Budget, LevelLimits, Tenant
 from llmgw.core.tenancy.projects import TenantChain

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from pydantic import Field, field_validator, model_validator
 
 from llmgw.core.config.base import Duration, SecretRef, Strict
-from llmgw.core.config.specs.person_spec import MembershipSpec
+from llmgw.core.config.specs.tenant.person_spec import MembershipSpec
 from llmgw.core.security import is_loopback_host
 from llmgw.core.words import parse_duration
 

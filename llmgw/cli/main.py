@@ -25,7 +25,8 @@ from llmgw.core.errors import ConfigInvalidError, LlmgwError
 OWNERS: dict[str, tuple[str, ...]] = {
     "repo.validate": ("validate",),
     "repo.schemas": ("schemas",),
-    "data.store_cmds": ("usage", "keys", "store"),
+    "data.store_cmds": ("keys", "store"),
+    "data.usage_cmds": ("usage",),
     "repo.plan_cmds": ("plan", "apply"),
     "fleet.controller_cmds": ("controller", "status", "nodes", "replicas", "models", "explain"),
     "deploy.node_cmds": ("engine-check", "node"),

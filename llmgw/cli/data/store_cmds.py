@@ -429,6 +429,3 @@ def register(app: typer.Typer) -> None:
     store_app.command("backup")(backup_cmds.backup)
     store_app.command("restore")(backup_cmds.restore)
     app.add_typer(store_app, name="store")
-    from llmgw.cli.data import usage_cmds
-
-    app.command("usage")(usage_cmds.usage)

@@ -205,3 +205,7 @@ def _print_usage(
             # A key's name is operator text, not markup.
             table.add_row(*(escape(str(v)) for v in r[:labels]), *numbers, latency)
         output.console().print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("usage")(usage)

@@ -17,8 +17,9 @@ from llmgw_router.main import parse_args
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.adapters.server import layout as L, starter
-from llmgw.adapters.server.init import Init, InitOptions
+from llmgw.adapters.server.init import Init
 from llmgw.adapters.server.machine import Machine
+from llmgw.adapters.server.options import InitOptions
 from llmgw.adapters.server.services import _password
 from llmgw.cli.fleet.controller_cmds import controller_settings
 

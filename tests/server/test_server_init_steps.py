@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from llmgw.adapters.server.init import Init, InitOptions, _first_routable_ipv4
+from llmgw.adapters.server.init import Init, _first_routable_ipv4
 from llmgw.adapters.server.machine import Machine
+from llmgw.adapters.server.options import InitOptions
 from llmgw.adapters.ssh.ca import ClusterCA
 from llmgw.adapters.ssh.remote import StepFailed
 

@@ -19,13 +19,11 @@ import ipaddress
 import os
 import secrets
 import shutil
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal
+from collections.abc import Awaitable, Callable
 
 from llmgw.adapters.server import layout as L, starter
 from llmgw.adapters.server.machine import Machine, machine_addresses
+from llmgw.adapters.server.options import InitOptions
 from llmgw.adapters.server.services import Services
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.bootstrap import NodeResult, Status, Step, run_steps
@@ -33,25 +31,6 @@ from llmgw.adapters.ssh.ca import CAError, ClusterCA
 from llmgw.adapters.ssh.remote import RemoteFile, StepFailed
 
 Outcome = tuple[Status, str]
-
-
-@dataclass(frozen=True)
-class InitOptions:
-    bin_dir: str  # where llmgw, llmgw-router and llmgw-agent are installed
-    repo: str | None = None  # a git URL or path to follow; None: a starter repo made from `starter`
-    starter: Path | None = None
-    store: str | None = None  # an existing store's DSN; None: PostgreSQL on this machine
-    ca_from: Path | None = None  # an existing cluster CA directory (ca.key, ca.crt) to take
-    addresses: tuple[str, ...] = ()  # names and addresses besides the machine's own, for the certificate
-    advertise: str | None = None  # the address agents and routers dial; default: the first non-loopback one
-    listen_host: str = "0.0.0.0"
-    node: bool = False  # the machine is also a node (an agent beside the control plane)
-    name: str = "server"  # the router's name, and the node's with `node`
-    service: Literal["auto", "systemd", "process"] = "auto"
-    environment: Mapping[str, str] = field(default_factory=dict)
-    health_timeout: float = 120.0
-    dry_run: bool = False
-    on_step: Callable[[Step], None] | None = None
 
 
 class Init:

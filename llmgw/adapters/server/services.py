@@ -29,7 +29,7 @@ from llmgw.adapters.ssh.bootstrap import Status
 from llmgw.adapters.ssh.remote import RemoteFile, StepFailed
 
 if TYPE_CHECKING:
-    from llmgw.adapters.server.init import InitOptions
+    from llmgw.adapters.server.options import InitOptions
 
 Outcome = tuple[Status, str]
 Act = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[Outcome]]

@@ -114,8 +114,9 @@ def init(
 ) -> None:
     """Install the control plane on this Debian or Ubuntu machine: account, CA, certificate, store, repo,
     settings, units; start the controller and the router and wait for their /health over TLS."""
-    from llmgw.adapters.server.init import InitOptions, init_machine
+    from llmgw.adapters.server.init import init_machine
     from llmgw.adapters.server.machine import Machine
+    from llmgw.adapters.server.options import InitOptions
 
     if service not in ("auto", "systemd", "process"):
         output.fail(f"--service {service!r}: expected auto, systemd or process")

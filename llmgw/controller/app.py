@@ -47,6 +47,7 @@ from llmgw.controller.loops.auto_checks import auto_check_loop
 from llmgw.controller.loops.canary import canary_loop
 from llmgw.controller.loops.commit_statuses import CommitStatuses
 from llmgw.controller.loops.notifier import Notifier
+from llmgw.controller.loops.peers import PeerWatch
 from llmgw.controller.loops.reconcile import Reconciler
 from llmgw.controller.loops.retention import Retention
 from llmgw.controller.parts import lease
@@ -131,6 +132,8 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app.cleanup_ctx.append(_background("retention", lambda a: retention.run()))
     app.cleanup_ctx.append(_background("canary", lambda a: canary_loop(a[CONTROLLER])))
     app.cleanup_ctx.append(_background("model-checks", lambda a: auto_check_loop(a[CONTROLLER])))
+    peers = PeerWatch(controller)
+    app.cleanup_ctx.append(_background("peers", lambda a: peers.run()))
     return app
 
 

@@ -135,6 +135,9 @@ class Call:
     canary: bool = False
     adapter: str | None = None  # the LoRA adapter asked for (llmgw_router.path.lora); `model` is its base
     turn: ResponsesTurn | None = None  # a Responses API turn, served as the chat it translates to
+    hops: str | None = (
+        None  # the x-llmgw-hop it came with: the clusters it passed through (decisions.federation)
+    )
 
     @property
     def reserved(self) -> Reservation:

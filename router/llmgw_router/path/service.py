@@ -53,6 +53,7 @@ from llmgw_router.path.tags import HEADER as TAGS_HEADER, request_tags
 from llmgw_router.path.upstream_call import Kind, upstream_call
 from llmgw_router.routing.admission import Admission
 from llmgw_router.routing.forwarding import Forwarding, Picked, Place, fallback_chain
+from llmgw_router.routing.peering import HOP_HEADER, arrived, peer_chain, refuse_withdrawn
 from llmgw_router.server.errors import ApiError, error_response
 from llmgw_router.server.exchange import Exchange, HttpReply
 from llmgw_router.surfaces.responses.exchange import ResponsesTurn
@@ -245,6 +246,7 @@ class RequestService:
         table = self.table
         if table is None:
             raise _not_ready()
+        call.hops = arrived(table, exchange.headers.get(HOP_HEADER))  # from a peer: 508 round a loop
         raw = await exchange.read_body(table.snapshot.router.max_body_bytes)
         body = parse(raw)
         if call.turn is not None:  # sized, limited and routed as the chat it becomes
@@ -261,6 +263,8 @@ class RequestService:
         call.model = canonical
         model = table.models[canonical]
         tenant_project = _tenant_project(table, call.principal.project, canonical, name)
+        if model.peer is not None:  # a peer's model it no longer offers serves nothing: say why first
+            refuse_withdrawn(canonical, model.peer)
         if adapter is not None:
             self.adapters.check(name, adapter, tenant_project)
         # What it needs of a model: a fallback lacking it is left out of the chain, the model refuses it.
@@ -291,6 +295,8 @@ class RequestService:
         )
         if adapter is not None:
             call.serving = call.serving[:1]  # a fallback model does not carry the adapter
+        if table.peered:
+            call.serving = peer_chain(table, canonical, call.serving, tenant_project)
         if tenant_project is not None:
             await self._admit(table, tenant_project, call)
         if guards:  # a judge is asked for admitted requests only (M12)

@@ -129,6 +129,8 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app.cleanup_ctx.append(_background("notifier", lambda a: a[NOTIFIER].run()))
     app.cleanup_ctx.append(_background("budgets", lambda a: a[NOTIFIER].budget_loop()))
     retention = app[RETENTION] = Retention(controller)
+    app[admin_requests.VAULT] = retention.vault  # kept bodies: `llmgw request ID --body` and `--replay`
+    app[admin_requests.REPLAY_PARTS] = controller
     app.cleanup_ctx.append(_background("retention", lambda a: retention.run()))
     app.cleanup_ctx.append(_background("canary", lambda a: canary_loop(a[CONTROLLER])))
     app.cleanup_ctx.append(_background("model-checks", lambda a: auto_check_loop(a[CONTROLLER])))

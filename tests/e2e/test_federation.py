@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from support import free_port, free_port_range, wait_until
 
-from .up_process import Up, printed
+from .up_process import Up, admin_call, printed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -137,21 +137,6 @@ def _post(up: Up, key: str, model: str, timeout: float = 30) -> tuple[int, dict[
         return exc.code, json.loads(exc.read() or b"{}"), exc.headers.get("x-request-id", "")
 
 
-def _admin(up: Up, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
-    token = (up.state_dir / "controller" / "admin-token").read_text().strip()
-    ask = urllib.request.Request(
-        f"http://127.0.0.1:{up.ports['controller']}{path}",
-        data=None if body is None else json.dumps(body).encode(),
-        method=method,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
-    try:
-        with urllib.request.urlopen(ask, timeout=10) as answer:
-            return answer.status, json.loads(answer.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
-
-
 def _served(up: Up, key: str, model: str) -> tuple[dict[str, Any], str]:
     """The first 200 answer for `model` (its replica, or the peer's models, may still be on their way)."""
 
@@ -165,7 +150,7 @@ def _served(up: Up, key: str, model: str) -> tuple[dict[str, Any], str]:
 
 def _usage_row(up: Up, request_id: str) -> dict[str, Any]:
     def row() -> dict[str, Any] | None:  # a router writes usage within about a second of the answer
-        status, found = _admin(up, "GET", f"/api/v1/requests/{request_id}")
+        status, found = admin_call(up, "GET", f"/api/v1/requests/{request_id}")
         return found["requests"][0] if status == 200 else None
 
     found: dict[str, Any] = wait_until(row, 10.0, f"the usage row of {request_id}")
@@ -201,7 +186,7 @@ def test_a_request_that_comes_back_round_the_peers_is_answered_508(pair: dict[st
 
 def test_a_project_with_residency_never_reaches_the_peer(pair: dict[str, Up]) -> None:
     east, west = pair["east"], pair["west"]
-    status, made = _admin(east, "POST", "/api/v1/keys", {"project": "homebody"})
+    status, made = admin_call(east, "POST", "/api/v1/keys", {"project": "homebody"})
     assert status == 201, made
     status, answer, request_id = _post(east, made["key"], "west/sim-chat")
     assert status == 403, answer
@@ -210,7 +195,7 @@ def test_a_project_with_residency_never_reaches_the_peer(pair: dict[str, Up]) ->
     assert "peer `west` declares region `west`" in answer["error"]["message"]
     # Served at home, the same project is answered: the rule keeps it off the peer only.
     assert _served(east, made["key"], "sim-chat")[0]["model"] == "sim-chat"
-    assert _admin(west, "GET", f"/api/v1/requests/{request_id}")[0] == 404
+    assert admin_call(west, "GET", f"/api/v1/requests/{request_id}")[0] == 404
 
 
 def test_a_model_a_fallback_names_and_the_peer_does_not_offer_is_withdrawn(pair: dict[str, Up]) -> None:

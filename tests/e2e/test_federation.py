@@ -10,7 +10,9 @@ Both `up`s start at once and are shared by the module's tests, which run in file
 from __future__ import annotations
 
 import json
+import shutil
 import signal
+import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ from typing import Any
 import pytest
 from support import free_port, free_port_range, wait_until
 
-from .up_process import Up, admin_call, printed
+from .up_process import Up, admin_call, llmgw_command, printed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -204,6 +206,38 @@ def test_a_model_a_fallback_names_and_the_peer_does_not_offer_is_withdrawn(pair:
     assert status == 404, answer
     assert answer["error"]["code"] == "model_withdrawn"
     assert "withdrawn by peer `west`" in answer["error"]["message"]
+
+
+def test_plan_says_what_a_peer_change_does(pair: dict[str, Up], tmp_path: Path) -> None:
+    east = pair["east"]
+    _served(east, printed(east).key, "west/sim-chat")  # traffic to the peer in the window
+    changed = tmp_path / "changed"
+    shutil.copytree(east.repo, changed)
+    cluster = changed / "cluster.yaml"
+    text = cluster.read_text(encoding="utf-8")
+    text = text.replace(
+        "  peers:\n", "  peers:\n    - {name: north, url: 'http://127.0.0.1:9', region: north}\n", 1
+    )
+    text = text.replace(
+        'metadata: {name: playground}\nspec: {organization: org, models: ["*"]}',
+        'metadata: {name: playground}\nspec: {organization: org, models: ["*"], no_store: true}',
+    )
+    cluster.write_text(text, encoding="utf-8")
+    argv = [*llmgw_command(), "plan", str(changed), "--format", "json"]
+    argv += ["--controller", f"http://127.0.0.1:{east.ports['controller']}"]
+    argv += ["--token-file", str(east.state_dir / "controller" / "admin-token")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=east.tmp)
+    assert done.returncode == 0, done.stderr + done.stdout
+    items = {i["words"] for i in json.loads(done.stdout)["impact"]["items"]}
+    said = "\n".join(sorted(items))
+    assert any(
+        w.startswith("keeps project playground off peer west, where project playground sent") for w in items
+    ), said
+    assert any("(no_store: true)" in w for w in items), said
+    assert any(w.startswith("adds peer north (http://127.0.0.1:9)") for w in items), said
+    assert any(
+        w.startswith("a fallback names west/retired, which peer west does not offer now") for w in items
+    ), said
 
 
 def test_a_stopped_peer_leaves_routing_and_comes_back(pair: dict[str, Up]) -> None:

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from llmgw.core.config.models import Capability
+from llmgw.core.config.models import Capability, ProjectSpec
 from llmgw.core.config.specs.peer_spec import PEER_SEPARATOR, Peer
 from llmgw.core.snapshot import PublishedModel, PublishedPeer, PublishedProvider
 
-__all__ = ["PeerCard", "PeerView", "parse_peer_models", "peer_models"]
+__all__ = ["PeerCard", "PeerView", "kept_home", "parse_peer_models", "peer_models"]
 
 _CAPABILITIES = frozenset(get_args(Capability))
 
@@ -101,3 +101,18 @@ def peer_models(
                 ),
             )
     return out
+
+
+def kept_home(project: str, spec: ProjectSpec, peer: str, region: str | None) -> str | None:
+    """Why `project`'s requests may not go to `peer` (of `region`), naming the rule; None when they may. The
+    router refuses by it (403 kept_home), `plan` says which projects a change keeps off a peer."""
+    if spec.no_store:
+        return (
+            f"Project `{project}` keeps its requests in this cluster (no_store: true); `{peer}` is a peer "
+            "cluster, whose keeping of what it is sent is not this cluster's to govern."
+        )
+    if spec.residency is not None and region not in spec.residency:
+        where = f"region `{region}`" if region else "no region"
+        allowed = ", ".join(spec.residency) or "none: its requests stay in this cluster"
+        return f"Project `{project}`'s residency allows regions {allowed}; peer `{peer}` declares {where}."
+    return None

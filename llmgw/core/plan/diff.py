@@ -449,6 +449,8 @@ def catalog_documents(catalog: Catalog) -> dict[str, dict[str, Any]]:
                     models=models,
                     limits=t.limits,
                     response_cache=t.response_cache,
+                    residency=None if t.residency is None else list(t.residency),
+                    no_store=t.no_store,
                 )
             put(t.kind, name, spec, t.labels)
     for name, guardrail in catalog.guardrails.items():  # reviewed like the rest: plan shows what changes

@@ -14,6 +14,7 @@ are decided here:
 from __future__ import annotations
 
 from llmgw.core.config.models import ProjectSpec
+from llmgw.core.fleet.federation import kept_home
 from llmgw.core.snapshot import PublishedModel, PublishedPeer
 from llmgw_router.server.errors import ApiError
 
@@ -54,22 +55,8 @@ def next_hops(header: str | None, cluster: str | None) -> str:
 
 
 def _kept_home(project: str, spec: ProjectSpec, model: PublishedModel) -> str | None:
-    """Why `project` may not have `model` (a peer's) serve it, naming the rule; None when it may."""
     peer = model.peer
-    if peer is None:
-        return None
-    if spec.no_store:
-        return (
-            f"Project `{project}` keeps its requests in this cluster (no_store: true); `{peer.name}` is a peer "
-            "cluster, whose keeping of what it is sent is not this cluster's to govern."
-        )
-    if spec.residency is not None and peer.region not in spec.residency:
-        where = f"region `{peer.region}`" if peer.region else "no region"
-        allowed = ", ".join(spec.residency) or "none: its requests stay in this cluster"
-        return (
-            f"Project `{project}`'s residency allows regions {allowed}; peer `{peer.name}` declares {where}."
-        )
-    return None
+    return None if peer is None else kept_home(project, spec, peer.name, peer.region)
 
 
 def peer_usable(model: PublishedModel, project: str | None, spec: ProjectSpec | None) -> bool:

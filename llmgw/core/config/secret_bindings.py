@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmgw.core.config.base import SecretRef
+from llmgw.core.config.errors import PathPart
 from llmgw.core.config.models import (
     Adapter,
     Cluster,
@@ -252,10 +253,10 @@ def source_use(source: Source, origin: str) -> SecretUse | None:
     return SecretUse(source.token, "source-token", where)
 
 
-def secret_uses(doc: object, origin: str) -> list[tuple[tuple[str, ...], SecretUse]]:
+def secret_uses(doc: object, origin: str) -> list[tuple[tuple[PathPart, ...], SecretUse]]:
     """Every reference of `doc` that is sent somewhere, with its path in the document. `origin`: the
     Cluster's `mirror.origin`."""
-    out: list[tuple[tuple[str, ...], SecretUse]] = []
+    out: list[tuple[tuple[PathPart, ...], SecretUse]] = []
     if isinstance(doc, Model | Adapter) and doc.spec.source is not None:
         use = source_use(doc.spec.source, origin)
         if use is not None:
@@ -267,9 +268,7 @@ def secret_uses(doc: object, origin: str) -> list[tuple[tuple[str, ...], SecretU
     if isinstance(doc, Cluster):  # a peer's key goes to the peer's router (docs/routing.md, Federation)
         for pos, peer in enumerate(doc.spec.peers):
             if peer.key is not None:
-                out.append(
-                    (("spec", "peers", str(pos), "key"), SecretUse(peer.key, "provider-key", peer.url))
-                )
+                out.append((("spec", "peers", pos, "key"), SecretUse(peer.key, "provider-key", peer.url)))
     if isinstance(doc, Notification) and doc.spec.secret is not None:
         out.append((("spec", "secret"), SecretUse(doc.spec.secret, "notification-secret", doc.spec.url)))
     return out

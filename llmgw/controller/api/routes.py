@@ -311,7 +311,12 @@ ROUTES: tuple[Route, ...] = (
         "The request's kept bodies (a project's retention.bodies)",
         admin_requests.request_body,
         answers={200: m.KeptBodyAnswer},
-        errors={404: "No body kept for it", 409: "No content key", 503: STORE_DOWN},
+        errors={
+            404: "No body kept for it",
+            409: "No content key",
+            500: "The kept body cannot be opened",
+            503: STORE_DOWN,
+        },
     ),
     _r(
         "POST",
@@ -319,8 +324,15 @@ ROUTES: tuple[Route, ...] = (
         "admin",
         "The kept request sent to a ready replica of another model; both answers",
         admin_requests.request_replay,
+        body=m.ReplayBody,
         answers={200: m.ReplayAnswer},
-        errors={400: BAD_BODY, 404: "No body kept, or no such model", 409: "Not replayable now"},
+        errors={
+            400: BAD_BODY,
+            404: "No body kept, or no such model",
+            409: "Not replayable now",
+            500: "The kept body cannot be opened",
+            503: STORE_DOWN,
+        },
     ),
     _r(
         "GET",

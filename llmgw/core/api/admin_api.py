@@ -57,6 +57,7 @@ __all__ = [
     "OpenApiDocument",
     "PollAsked",
     "ReplayAnswer",
+    "ReplayBody",
     "ReplicaView",
     "ReplicasAnswer",
     "RequestsAnswer",
@@ -399,6 +400,10 @@ class KeptBodyAnswer(Answer):
     redacted: bool
     time: float
     answer_text: str | None = Field(description="The answer's text (a stream's deltas put together)")
+
+
+class ReplayBody(Body):
+    model: str = Field(description="The model to send the kept request to (a ready replica of it)")
 
 
 class ReplayAnswer(Answer):

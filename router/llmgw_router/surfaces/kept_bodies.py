@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import logging
 import time
@@ -147,7 +148,12 @@ def _pii_of(guards: Sequence[CompiledGuardrail]) -> CompiledGuardrail:
     """One guardrail of the PII shapes the applying guardrails check (their patterns and keywords are theirs
     to act on, not the keeping's); every shape when none names one."""
     kinds = {k for g in guards for k in g.spec.pii} or set(_EVERY_PII)
-    return compile_guardrail("kept-bodies", GuardrailSpec(pii=[k for k in _EVERY_PII if k in kinds]))
+    return _pii_guardrail(tuple(k for k in _EVERY_PII if k in kinds))
+
+
+@functools.cache  # at most the 15 sets of the four shapes: compiled once each, not per request
+def _pii_guardrail(kinds: tuple[PiiKind, ...]) -> CompiledGuardrail:
+    return compile_guardrail("kept-bodies", GuardrailSpec(pii=list(kinds)))
 
 
 def _record(

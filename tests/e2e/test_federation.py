@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from support import free_port, free_port_range, wait_until
 
-from .up_process import Up, admin_call, llmgw_command, printed
+from .up_process import LOCAL_NODE_AND_ORG, Up, admin_call, llmgw_command, printed
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -47,17 +47,7 @@ spec:
       region: {other}
       check_interval: {PEER_CHECK}
       timeout: 1s
----
-apiVersion: llmgw/v1
-kind: Node
-metadata: {{name: local}}
-spec: {{local: true}}
----
-apiVersion: llmgw/v1
-kind: Organization
-metadata: {{name: org}}
-spec: {{}}
----
+{LOCAL_NODE_AND_ORG}---
 apiVersion: llmgw/v1
 kind: Project
 metadata: {{name: playground}}

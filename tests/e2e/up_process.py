@@ -21,6 +21,19 @@ from support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cluster-repo"
+# What a test's own repo for `up` holds beside its Cluster, Models and Projects: the local node `up` runs its
+# agent as, and an organization `org` for the projects.
+LOCAL_NODE_AND_ORG = """---
+apiVersion: llmgw/v1
+kind: Node
+metadata: {name: local}
+spec: {local: true}
+---
+apiVersion: llmgw/v1
+kind: Organization
+metadata: {name: org}
+spec: {}
+"""
 START_S = 60.0  # up to the printed key (controller, router, key; no model needed)
 STOP_S = 60.0  # engines get a 10 s grace each, the agent 15 s
 

@@ -11,9 +11,11 @@ State lives under one directory (default `.llmgw`), laid out so the other comman
 when run from the same working directory: the store at `state/llmgw.db` (the store's default DSN), the
 controller's admin token at `controller/admin-token` (where `llmgw plan/apply/status` look), the local
 node's own token at `controller/node-token` (the agent's credential; the router is given the router token in
-memory, and neither holds the admin token), the agent's state at `agent/`, and the example key at `up/api-key` (mode 0600; reused by the next `up`), the content key projects' kept content is sealed under at `up/content-key`. `up/lock` keeps a
-second `up` off the same state dir; `up/agent.pid` lets the next `up` stop an agent a killed `up` left behind
-(its engines are then adopted by the new agent, not restarted).
+memory, and neither holds the admin token), the agent's state at `agent/`, the example key at `up/api-key`
+(mode 0600; reused by the next `up`), and the content key what projects keep is sealed under at
+`up/content-key` (the same). `up/lock` keeps a second `up` off the same state dir; `up/agent.pid` lets the
+next `up` stop an agent a killed `up` left behind (its engines are then adopted by the new agent, not
+restarted).
 """
 
 from __future__ import annotations

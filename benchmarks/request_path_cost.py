@@ -11,7 +11,8 @@ instructions are read from its own dump and divided by the batch's requests.
 Stages are the features of "every check on" (benchmarks/every_check.py), switched on one after another:
 `core` is the path with every optional feature off (no keys, no tenants, one endpoint, no guardrail, no cache,
 no tags, no trace context, no usage rows), and each further stage is what turning its feature on adds, so the
-stages add up to every check on. Both answers are measured: `whole` (one JSON body) and `stream` (the SSE
+stages add up to every check on; then `bodies`, a project keeping every request's bodies (not one of every
+check on: a project opts in), on top of them all. Both answers are measured: `whole` (one JSON body) and `stream` (the SSE
 events). `off` is core again with those features configured for other models and projects (a guardrail, a
 response cache, tag labels): what a feature that does not apply to a request costs it, shown beside core.
 
@@ -58,7 +59,10 @@ import every_check
 HERE = Path(__file__).resolve().parent
 BUDGETS = HERE / "request_path_budget.json"
 MODES = ("whole", "stream")
-STAGES = ("core", *every_check.FEATURES)
+# `bodies` is not one of every check on (a project opts in to it): measured last, on top of them all.
+STAGES = ("core", *every_check.FEATURES, "bodies")
+# The project's retention in the `bodies` stage: every request's request and answer bodies kept (docs/traffic.md).
+BODIES = {"content": True, "ttl": "1h", "bodies": {"share": 1}}
 MARGIN = 0.10  # a budget is the measured count plus at most this
 # ... or plus this share of the core's count when that is more: two runs' stage counts differ by up to ~0.7 %
 # of core (a guardrail's scan crosses threads, and where the scheduler switches is not the same every run).
@@ -317,6 +321,10 @@ def snapshot_for(config: Config) -> dict[str, Any]:
             }
     if "tags2" not in on and not other:
         snap["router"] = {k: v for k, v in snap["router"].items() if k != "tag_labels"}
+    if "bodies" in on:
+        project["retention"] = BODIES
+    elif other:
+        snap["tenants"]["projects"].setdefault("other", {"team": "research"})["retention"] = BODIES
     return snap
 
 
@@ -400,6 +408,18 @@ async def _assemble(stack: contextlib.AsyncExitStack, dsn: str, work: Path) -> t
     return RequestService(options, auth, limiter, writer), writer
 
 
+async def _body_keeper(stack: contextlib.AsyncExitStack, dsn: str) -> Any:
+    """Kept bodies on the content vault, as app.build_router makes them with a content key."""
+    from llmgw_router.surfaces.kept_bodies import BodyKeeper
+
+    from llmgw.store.queries.content import KEY_BYTES, ContentVault
+    from llmgw.store.store import Store
+
+    store = await Store.open(dsn)
+    stack.push_async_callback(store.close)
+    return BodyKeeper(ContentVault(store, b"k" * KEY_BYTES))
+
+
 def marker() -> None:
     """callgrind dumps its counts here (--dump-before=getppid): the end of one segment, the start of the next."""
     os.getppid()
@@ -441,6 +461,7 @@ async def inner(work: Path, requests: int) -> list[str]:
 
         service.session = aiohttp.ClientSession()  # never used: every endpoint is the fake engine's
         stack.push_async_callback(service.session.close)
+        keeper = await _body_keeper(stack, dsn)
         for config in configs():
             service.apply_snapshot(RouterSnapshot.model_validate(snapshot_for(config)))
             # As llmgw-router does once it is built; again for each configuration, so that no measured batch
@@ -449,6 +470,9 @@ async def inner(work: Path, requests: int) -> list[str]:
             service.auth = auth if "keys" in config.on else Authenticator(None)
             service.limiter = limiter if "limits3" in config.on else NoLimits()
             service.usage = writer if "usage" in config.on else NullUsage()
+            # A content key given (as with `--content-key-file`): `off` shows what it costs a request whose
+            # project keeps no body, `bodies` what keeping every one adds.
+            service.kept_bodies = keeper if "bodies" in config.on or config.off_configured else None
             headers = headers_for(config, key)
             for mode in MODES:
                 body = request_body(mode == "stream")
@@ -457,6 +481,7 @@ async def inner(work: Path, requests: int) -> list[str]:
                     await one_request(service, body, headers, f"{config.label}/{mode}")
                 if "usage" in config.on:
                     await writer.flush()
+                await keeper.drain()
                 # Every batch starts with the collector's counts at zero, so the young collections that fall
                 # in it are the same in every run (else a batch meets one more or one less by chance).
                 gc.collect()
@@ -466,6 +491,7 @@ async def inner(work: Path, requests: int) -> list[str]:
                     await one_request(service, body, headers, f"{config.label}/{mode}")
                 if "usage" in config.on:
                     await writer.flush()
+                await keeper.drain()  # the bodies sealed and written: counted in the batch, as usage is
                 marker()
                 labels.append(f"{config.label}/{mode}")
     labels.append("end")

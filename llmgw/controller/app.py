@@ -48,6 +48,7 @@ from llmgw.controller.loops.auto_checks import auto_check_loop
 from llmgw.controller.loops.canary import canary_loop
 from llmgw.controller.loops.commit_statuses import CommitStatuses
 from llmgw.controller.loops.notifier import Notifier
+from llmgw.controller.loops.peers import PeerWatch
 from llmgw.controller.loops.reconcile import Reconciler
 from llmgw.controller.loops.retention import Retention
 from llmgw.controller.parts import lease
@@ -133,9 +134,13 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app.cleanup_ctx.append(_background("notifier", lambda a: a[NOTIFIER].run()))
     app.cleanup_ctx.append(_background("budgets", lambda a: a[NOTIFIER].budget_loop()))
     retention = app[RETENTION] = Retention(controller)
+    app[admin_requests.VAULT] = retention.vault  # kept bodies: `llmgw request ID --body` and `--replay`
+    app[admin_requests.REPLAY_PARTS] = controller
     app.cleanup_ctx.append(_background("retention", lambda a: retention.run()))
     app.cleanup_ctx.append(_background("canary", lambda a: canary_loop(a[CONTROLLER])))
     app.cleanup_ctx.append(_background("model-checks", lambda a: auto_check_loop(a[CONTROLLER])))
+    peers = PeerWatch(controller)
+    app.cleanup_ctx.append(_background("peers", lambda a: peers.run()))
     return app
 
 

@@ -34,9 +34,11 @@ __all__ = [
     "CanaryRoute",
     "Endpoint",
     "EndpointState",
+    "PeerState",
     "PublishedAdapter",
     "PublishedGuard",
     "PublishedModel",
+    "PublishedPeer",
     "PublishedProvider",
     "RouterSnapshot",
     "Tenants",
@@ -59,6 +61,23 @@ class PublishedProvider(_Wire):
     url: str = Field(description="Base URL including /v1, e.g. https://api.example.com/v1")
     model: str = Field(description="Model name at the provider; the router rewrites requests to it")
     key: SecretRef | None = Field(None, description="Where the provider's key is; read by the router")
+
+
+PeerState = Literal["up", "down", "withdrawn"]
+
+
+class PublishedPeer(_Wire):
+    """A peer's model offered here as PEER/MODEL (docs/routing.md, Federation): served through `provider`, the
+    peer's router, with the hop header; `state` says whether it may be sent anything now."""
+
+    name: str = Field(description="The peer (Cluster `peers[].name`)")
+    region: str | None = Field(None, description="The peer's region, which a project's residency may list")
+    state: PeerState = Field(
+        "up",
+        description="up: routed to; down: its /ready fails, out of routing until it answers again; withdrawn: "
+        "the peer no longer offers the model, which a fallback still names",
+    )
+    why: str | None = Field(None, description="What made it down or withdrawn, in words")
 
 
 class CanaryRoute(_Wire):
@@ -114,6 +133,9 @@ class PublishedModel(_Wire):
         "band; None: unranked, after every ranked class",
     )
     provider: PublishedProvider | None = None
+    peer: PublishedPeer | None = Field(
+        None, description="Set on a peer's model (PEER/MODEL): whose, and its state"
+    )
     canary: CanaryRoute | None = Field(None, description="While a canary runs: how its share is chosen")
     tokenizer_dir: str | None = Field(
         None,
@@ -208,6 +230,11 @@ class RouterSnapshot(_Wire):
         default_factory=list,
         description="Names of the secrets the Cluster and Nodes use (the cluster secret, the agent token, SSH "
         "keys): a provider key naming one is refused whatever the binding map says (llmgw.core.config.secret_bindings)",
+    )
+    cluster: str | None = Field(
+        None,
+        description="This cluster's name (the Cluster document's): what the x-llmgw-hop header names it by, so "
+        "a request that comes back to it through peers is refused (508)",
     )
     trace_salt: str | None = Field(
         None,

@@ -33,6 +33,7 @@ from llmgw_router.path.service import Kind, RequestService
 from llmgw_router.server.exchange import Exchange, json_reply
 from llmgw_router.server.listener import ApiListener, Handler
 from llmgw_router.server.peers import SnapshotRules
+from llmgw_router.surfaces.kept_bodies import BodyKeeper
 from llmgw_router.surfaces.messages.exchange import MessagesExchange
 from llmgw_router.surfaces.responses.exchange import ResponsesExchange
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper, kept_routes
@@ -344,7 +345,9 @@ async def build_router(
             raise ValueError("a content key needs a store (--store DSN): stored responses are kept there")
         from llmgw.store.queries.content import ContentVault
 
-        service.kept_responses = ResponseKeeper(ContentVault(opened, content_key), content_clock)
+        vault = ContentVault(opened, content_key)
+        service.kept_responses = ResponseKeeper(vault, content_clock)
+        service.kept_bodies = BodyKeeper(vault, content_clock)  # the same vault keeps request bodies
     if options.otlp_endpoint is not None:
         service.tracer = _tracer(stack, options.otlp_endpoint, options.trace_sample)
     if pending is not None:

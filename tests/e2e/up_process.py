@@ -11,6 +11,8 @@ import re
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,19 @@ from support import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cluster-repo"
+# What a test's own repo for `up` holds beside its Cluster, Models and Projects: the local node `up` runs its
+# agent as, and an organization `org` for the projects.
+LOCAL_NODE_AND_ORG = """---
+apiVersion: llmgw/v1
+kind: Node
+metadata: {name: local}
+spec: {local: true}
+---
+apiVersion: llmgw/v1
+kind: Organization
+metadata: {name: org}
+spec: {}
+"""
 START_S = 60.0  # up to the printed key (controller, router, key; no model needed)
 STOP_S = 60.0  # engines get a 10 s grace each, the agent 15 s
 
@@ -137,6 +152,22 @@ class Up:
         for pgid in groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, signal.SIGKILL)
+
+
+def admin_call(up: Up, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """The controller's admin API of `up`, with the admin token `up` wrote: (status, the JSON answer)."""
+    token = (up.state_dir / "controller" / "admin-token").read_text().strip()
+    ask = urllib.request.Request(
+        f"http://127.0.0.1:{up.ports['controller']}{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(ask, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,17 @@ State lives under one directory (default `.llmgw`), laid out so the other comman
 when run from the same working directory: the store at `state/llmgw.db` (the store's default DSN), the
 controller's admin token at `controller/admin-token` (where `llmgw plan/apply/status` look), the local
 node's own token at `controller/node-token` (the agent's credential; the router is given the router token in
-memory, and neither holds the admin token), the agent's state at `agent/`, and the example key at `up/api-key` (mode 0600; reused by the next `up`). `up/lock` keeps a
-second `up` off the same state dir; `up/agent.pid` lets the next `up` stop an agent a killed `up` left behind
-(its engines are then adopted by the new agent, not restarted).
+memory, and neither holds the admin token), the agent's state at `agent/`, the example key at `up/api-key`
+(mode 0600; reused by the next `up`), and the content key what projects keep is sealed under at
+`up/content-key` (the same). `up/lock` keeps a second `up` off the same state dir; `up/agent.pid` lets the
+next `up` stop an agent a killed `up` left behind (its engines are then adopted by the new agent, not
+restarted).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import logging
@@ -455,6 +458,15 @@ async def _up(settings: UpSettings, facts: RepoFacts, out: TextIO, err: TextIO) 
         lock.close()
 
 
+def up_content_key(state_dir: Path) -> Path:
+    """The content key `up` seals kept content under (stored responses, kept bodies), made at `up/content-key`
+    (mode 0600) on the first run and the same one ever after, so what a project keeps opens after a restart."""
+    path = state_dir / "up" / "content-key"
+    if not path.exists():
+        write_private(path, base64.b64encode(os.urandom(32)).decode())
+    return path
+
+
 async def _start_controller(settings: UpSettings, cluster: ClusterSpec) -> RunningController:
     controller_settings = ControllerOptions(
         repo=str(settings.repo),
@@ -469,6 +481,7 @@ async def _start_controller(settings: UpSettings, cluster: ClusterSpec) -> Runni
         default_ca=False,
         insecure_token_only_remote_nodes=settings.insecure_token_only_remote_nodes,
         secrets_dir=settings.secrets_dir,
+        content_key_file=up_content_key(settings.state_dir),
     )
     try:
         return await start_controller(controller_settings)

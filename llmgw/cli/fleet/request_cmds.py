@@ -24,6 +24,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from llmgw.cli import output
+from llmgw.cli.fleet.request_bodies import show_body, show_replay
 from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
 from llmgw.core.words import count, duration_words, money
 
@@ -174,12 +175,35 @@ def request(
             help=f"With --router: file holding the router's operator token (env {ROUTER_TOKEN_ENV})",
         ),
     ] = None,
+    body: Annotated[
+        bool,
+        typer.Option(
+            "--body", help="Show its kept request and answer bodies (a project's retention.bodies)."
+        ),
+    ] = False,
+    replay: Annotated[
+        str | None,
+        typer.Option(
+            "--replay",
+            metavar="MODEL",
+            help="Send its kept request to MODEL and show the two answers side by side.",
+        ),
+    ] = None,
     controller: ControllerOpt = None,
     token_file: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """One request end to end: status, endpoint, queue time, first token, duration, tokens, cost, the
-    endpoints that failed first, the scheduling decision and its tags."""
+    endpoints that failed first, the scheduling decision and its tags; with --body its kept bodies, with
+    --replay MODEL its kept request answered again by MODEL."""
+    if (body or replay is not None) and router is not None:
+        fail("--body and --replay read the kept bodies through the controller: leave out --router")
+    if replay is not None:
+        show_replay(controller_client(controller, token_file), request_id, replay, as_json)
+        return
+    if body:
+        show_body(controller_client(controller, token_file), request_id, as_json)
+        return
     if router is not None:
         found = _from_router(router, request_id, _router_token(router_token_file))["requests"]
         if not found:

@@ -27,6 +27,7 @@ from llmgw.controller.parts.state import (
     WorkerState,
 )
 from llmgw.core.fleet.autoscale import Capacity
+from llmgw.core.fleet.federation import PeerView
 from llmgw.store.store import Store
 
 __all__ = ["EngineCaller", "FleetActor", "FleetReader", "LiveFleet", "StatusReader"]
@@ -43,6 +44,9 @@ class LiveFleet:
     model_checks: CheckBook = field(default_factory=CheckBook)
     worker_state: WorkerState = field(default_factory=WorkerState)  # what the reconcile worker carries
     nodes: NodeBook = field(default_factory=NodeBook)  # per node: SSH bootstrap and removal, the state stored
+    peers: dict[str, PeerView] = field(
+        default_factory=dict
+    )  # per peer: what its checks found (loops/peers.py)
 
 
 class FleetReader(Protocol):

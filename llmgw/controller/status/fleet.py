@@ -19,6 +19,7 @@ from llmgw.core.fleet.states import ACTIVE_STATES, ReplicaState, ShardState as F
 from llmgw.core.fleet.views import (
     GpuView,
     IfUndeclared,
+    LivePeer,
     LiveState,
     ModelState,
     NodeView,
@@ -543,7 +544,8 @@ def live_state(c: FleetReader) -> LiveState:
         documents=catalog_documents(d.catalog) if d else {},
     )
     nodes = [n.model_copy(update={"if_undeclared": if_undeclared(c, n.name)}) for n in state.nodes]
-    return state.model_copy(update={"nodes": nodes})
+    peers = {name: LivePeer(up=v.up, models=sorted(v.models)) for name, v in c.fleet.peers.items()}
+    return state.model_copy(update={"nodes": nodes, "peers": peers})
 
 
 def engine_version_of(c: FleetReader, replica_id: str) -> str:

@@ -36,6 +36,7 @@ from llmgw.core.desired.catalog import Catalog
 from llmgw.core.errors import LlmgwError
 from llmgw.core.evals.model_checks import probes_for
 from llmgw.core.fleet.autoscale import Demand, published_load_seconds
+from llmgw.core.fleet.federation import peer_models
 from llmgw.core.fleet.views import class_rank
 from llmgw.core.security import bearer_token, engine_key
 from llmgw.core.snapshot import (
@@ -159,6 +160,7 @@ def snapshot(c: SnapshotParts) -> RouterSnapshot | None:
     cat = d.catalog
     mappings = {k: v.metrics for k, v in cat.cluster.engines.items() if v.metrics is not None}
     models = published_models(cat)
+    models |= peer_models(cat.cluster.peers, c.fleet.peers, cat.peer_fallbacks())  # PEER/MODEL (Federation)
     for name, count in starting_replicas(c).items():
         if name in models:
             models[name] = models[name].model_copy(update={"starting": count})
@@ -178,6 +180,7 @@ def snapshot(c: SnapshotParts) -> RouterSnapshot | None:
             models[name] = models[name].model_copy(update={"canary": route})
     return RouterSnapshot(
         revision=d.revision,
+        cluster=cat.cluster_name,
         router=cat.cluster.router,
         models=models,
         policies=dict(cat.policies),

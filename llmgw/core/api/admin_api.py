@@ -42,6 +42,7 @@ __all__ = [
     "HoldBody",
     "HoldsAnswer",
     "JsonObject",
+    "KeptBodyAnswer",
     "KeyCreateBody",
     "KeyCreated",
     "KeyRevoked",
@@ -60,6 +61,8 @@ __all__ = [
     "OpenApiDocument",
     "PollAsked",
     "ReleaseAnswer",
+    "ReplayAnswer",
+    "ReplayBody",
     "ReplicaView",
     "ReplicasAnswer",
     "RequestsAnswer",
@@ -427,6 +430,36 @@ class AuditAnswer(Answer):
 
 class RequestsAnswer(Answer):
     requests: list[JsonObject]
+
+
+class KeptBodyAnswer(Answer):
+    """A request's kept bodies (docs/tenancy.md, Bodies kept and replayed)."""
+
+    request_id: str
+    project: str
+    model: str = Field(description="The model asked for")
+    served: str | None = Field(description="The model that answered; null: none did")
+    status: int
+    stream: bool
+    request: str = Field(
+        description="The request body as the client sent it (redacted unless `redacted` false)"
+    )
+    answer: str | None = Field(description="The answer body (a stream's events as text); null: none")
+    request_cut: bool = Field(description="The request was longer than max_bytes: kept cut")
+    answer_cut: bool
+    redacted: bool
+    time: float
+    answer_text: str | None = Field(description="The answer's text (a stream's deltas put together)")
+
+
+class ReplayBody(Body):
+    model: str = Field(description="The model to send the kept request to (a ready replica of it)")
+
+
+class ReplayAnswer(Answer):
+    request_id: str
+    original: KeptBodyAnswer
+    replay: JsonObject = Field(description="model, replica, answer (null on failure), answer_text, error")
 
 
 class UsageTotalView(Answer):

@@ -425,11 +425,23 @@ class ProjectSpec(Strict):
         None,
         description="Reuse this project's identical requests' answers (unset: never; docs/response-cache.md)",
     )
+    residency: list[Name] | None = Field(
+        None,
+        description="The regions a peer must declare to be sent this project's requests (unset: any peer; "
+        "[]: none, its requests stay in this cluster)",
+    )
+    no_store: bool = Field(
+        False,
+        description="Nothing of its requests is kept: never sent to a peer (whose keeping is not this "
+        "cluster's to govern) and no body kept (`retention.bodies` is refused)",
+    )
 
     @model_validator(mode="after")
     def _one_parent(self) -> ProjectSpec:
         if (self.team is None) == (self.organization is None):
             raise ValueError("a project takes exactly one parent: `team` or `organization`")
+        if self.no_store and self.retention is not None and self.retention.bodies is not None:
+            raise ValueError("no_store keeps no body: remove `retention.bodies` or `no_store`")
         return self
 
 

@@ -15,7 +15,8 @@ A `{file: NAME}` reference is named by its file name, an `{env: NAME}` one by `$
 (case-insensitive) or `*.example.com` for its subdomains, with `:PORT` to pin a port.
 
 The Cluster's and the Nodes' own references (the cluster secret, the shared agent token, SSH identities) need no
-binding: the controller uses them itself. Whatever they name is the cluster's own, and no other kind's
+binding: the controller uses them itself. A Cluster's peer keys (`peers[].key`) are sent to the peer, and bound
+as provider keys to its host. Whatever they name is the cluster's own, and no other kind's
 reference may name it, bound or not (`reserved_names`): the cluster secret derives every other credential.
 
 `binding_problem` is the decision; `secret_uses` lists every reference of a document it applies to, for
@@ -33,6 +34,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from llmgw.core.config.base import SecretRef
+from llmgw.core.config.errors import PathPart
 from llmgw.core.config.models import (
     Adapter,
     Cluster,
@@ -252,10 +254,10 @@ def source_use(source: Source, origin: str) -> SecretUse | None:
     return SecretUse(source.token, "source-token", where)
 
 
-def secret_uses(doc: object, origin: str) -> list[tuple[tuple[str, ...], SecretUse]]:
+def secret_uses(doc: object, origin: str) -> list[tuple[tuple[PathPart, ...], SecretUse]]:
     """Every reference of `doc` that is sent somewhere, with its path in the document. `origin`: the
     Cluster's `mirror.origin`."""
-    out: list[tuple[tuple[str, ...], SecretUse]] = []
+    out: list[tuple[tuple[PathPart, ...], SecretUse]] = []
     if isinstance(doc, Model | Adapter) and doc.spec.source is not None:
         use = source_use(doc.spec.source, origin)
         if use is not None:
@@ -264,6 +266,10 @@ def secret_uses(doc: object, origin: str) -> list[tuple[tuple[str, ...], SecretU
         provider = doc.spec.provider
         if provider.key is not None:
             out.append((("spec", "provider", "key"), SecretUse(provider.key, "provider-key", provider.url)))
+    if isinstance(doc, Cluster):  # a peer's key goes to the peer's router (docs/routing.md, Federation)
+        for pos, peer in enumerate(doc.spec.peers):
+            if peer.key is not None:
+                out.append((("spec", "peers", pos, "key"), SecretUse(peer.key, "provider-key", peer.url)))
     if isinstance(doc, Notification) and doc.spec.secret is not None:
         out.append((("spec", "secret"), SecretUse(doc.spec.secret, "notification-secret", doc.spec.url)))
     if isinstance(doc, Cluster) and doc.spec.console.identity_provider is not None:

@@ -52,6 +52,7 @@ from llmgw.core.config.models import (
     TeamSpec,
     node_document,
 )
+from llmgw.core.config.specs.peer_spec import peer_of
 from llmgw.core.errors import CatalogError
 from llmgw.core.snapshot import PublishedGuard, Tenants
 from llmgw.core.tenancy import projects as tenancy
@@ -163,6 +164,8 @@ class TenantEntry:
     response_cache: ResponseCacheSpec | None = None  # a Project's, published to routers as written
     per_member: PersonLimits | None = None  # each member's own share here (docs/tenancy.md, People)
     capacity: Mapping[str, ClassCapacity] = field(default_factory=dict)  # class -> guaranteed and limit
+    residency: tuple[str, ...] | None = None  # a Project's regions its requests may go to (Federation)
+    no_store: bool = False  # a Project's: nothing of its requests kept, none sent to a peer
 
 
 _DEFAULT_POLICY = RoutingPolicySpec()
@@ -284,11 +287,29 @@ class Catalog:
             current = queue.pop(0)
             for fallback in current.spec.fallbacks:
                 target = self.resolve(fallback)
-                if target is not None and target.name not in seen:
+                if target is None and fallback not in seen and self.peer_model(fallback) is not None:
+                    seen.add(fallback)  # a peer's model: its own fallbacks are the peer's, not followed here
+                    chain.append(fallback)
+                elif target is not None and target.name not in seen:
                     seen.add(target.name)
                     chain.append(target.name)
                     queue.append(target)
         return tuple(chain)
+
+    def peer_model(self, name: str) -> tuple[str, str] | None:
+        """(peer, model) when `name` is `PEER/MODEL` of a declared peer (docs/routing.md, Federation)."""
+        return peer_of(name, {p.name for p in self.cluster.peers})
+
+    def peer_fallbacks(self) -> dict[str, tuple[str, ...]]:
+        """`PEER/MODEL` names the models' fallbacks hold, by peer: a peer's model a fallback names is kept
+        (withdrawn) when the peer stops offering it, never vanishes."""
+        named: dict[str, list[str]] = {}
+        for entry in self.models.values():
+            for fallback in entry.spec.fallbacks:
+                found = self.peer_model(fallback) if self.resolve(fallback) is None else None
+                if found is not None and fallback not in named.setdefault(found[0], []):
+                    named[found[0]].append(fallback)
+        return {peer: tuple(names) for peer, names in named.items()}
 
     def policy_name_for(self, model: str) -> str | None:
         """The RoutingPolicy a model uses: its own, else the cluster's default; None for built-in defaults."""
@@ -367,6 +388,8 @@ class Catalog:
                     retention=t.retention,
                     response_cache=t.response_cache,
                     per_member=t.per_member,
+                    residency=None if t.residency is None else list(t.residency),
+                    no_store=t.no_store,
                 )
                 for n, t in self.projects.items()
             },
@@ -474,4 +497,6 @@ def _tenant(doc: Organization | Team | Project, labels: Mapping[str, str]) -> Te
         cache,
         doc.spec.per_member,
         dict(doc.spec.capacity),
+        tuple(doc.spec.residency) if isinstance(doc, Project) and doc.spec.residency is not None else None,
+        isinstance(doc, Project) and doc.spec.no_store,
     )

@@ -33,6 +33,7 @@ __all__ = [
     "IfUndeclared",
     "LiveGpu",
     "LiveNode",
+    "LivePeer",
     "LiveReplica",
     "LiveShard",
     "LiveState",
@@ -464,6 +465,13 @@ class LiveReplica(_Live):
         )
 
 
+class LivePeer(_Live):
+    """A peer as the controller last found it (docs/routing.md, Federation)."""
+
+    up: bool | None = Field(None, description="Its /ready answered at the last check; None: not checked yet")
+    models: list[str] = Field(default_factory=list, description="What its /v1/models listed last")
+
+
 class LiveState(_Live):
     """What the fleet is running, as the controller knows it: the input of `llmgw plan`."""
 
@@ -480,6 +488,9 @@ class LiveState(_Live):
         description="Every document of the applied revision as canonical JSON keyed `Kind/name` (what `plan` "
         "diffs tenants, policies, nodes and Cluster settings against; secret references by name, never values); "
         "None: not known",
+    )
+    peers: dict[str, LivePeer] | None = Field(
+        None, description="The declared peers as last checked (what they offer now); None: not known"
     )
 
     @classmethod

@@ -454,6 +454,8 @@ def _tenant_spec(t: TenantEntry) -> BaseModel:
         per_member=t.per_member,
         response_cache=t.response_cache,
         capacity=dict(t.capacity),
+        residency=None if t.residency is None else list(t.residency),
+        no_store=t.no_store,
     )
 
 

@@ -8,7 +8,8 @@ what it takes away or refuses and how much:
   concurrency, its spend at the window's rate;
 - capacity: a model's replicas lowered (scaling.max) or its preferred profile changed, against its peak
   concurrency and the capacity of one replica (measured by `llmgw bench --save`, else assumed from slots);
-- cost: changed prices or a removed model, projected to a 30-day month at the window's traffic.
+- cost: changed prices or a removed model, projected to a 30-day month at the window's traffic;
+- peers (peer_impact.py): a peer removed, or a project kept off one, and notes on what a peer change does.
 
 An item is a "loss" when traffic like the window's would be cut off, refused or queued; everything else is
 a "note". `--impact-exitcode` fails a plan with a loss (exit 3). Only what changes is judged: a project
@@ -26,6 +27,7 @@ from pydantic import ValidationError
 from llmgw.core.config.models import Limits, ModelSpec, OrganizationSpec, ProjectSpec, TeamSpec
 from llmgw.core.fleet.autoscale import assumed_capacity
 from llmgw.core.plan.diff import catalog_documents
+from llmgw.core.plan.peer_impact import peer_impact
 from llmgw.core.plan.values import Impact, ImpactItem, Plan, Topic
 from llmgw.core.snapshot import Tenants
 from llmgw.core.tenancy.projects import allowed, has_tenants
@@ -66,6 +68,7 @@ def plan_impact(plan: Plan, usage: UsageSummary, catalog: Catalog, live: LiveSta
         *_limits(usage, live.documents, new_docs, window, span),
         *_capacity(plan, usage, catalog, live, window),
         *_cost(plan, usage, catalog, live, window, span),
+        *peer_impact(usage, catalog, live, window),
     ]
     items.sort(key=lambda i: (i.severity != "loss", _TOPICS.index(i.topic), i.subject))
     return Impact(

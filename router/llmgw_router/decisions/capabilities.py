@@ -33,6 +33,7 @@ __all__ = [
     "refusal",
     "unsupported",
     "usable",
+    "vision_matters",
 ]
 
 # A check in progress ends in seconds (a few short requests to one replica): the client may ask again then.
@@ -171,3 +172,14 @@ def refusal(
 
 def _param(need: str) -> str:
     return {"tools": "tools", "response_format": "response_format", "vision": "messages"}.get(need, "model")
+
+
+def vision_matters(models: Mapping[str, PublishedModel], canonical: str) -> bool:
+    """A model of the request's published chain says it lacks vision, or declares it (its model check may
+    have failed it): only then are its messages searched for images (most requests are not)."""
+    model = models[canonical]
+    return any(
+        "vision" in m.without or "vision" in m.capabilities
+        for m in (model, *(models.get(fb) for fb in model.fallbacks))
+        if m is not None
+    )

@@ -32,6 +32,7 @@ __all__ = [
     "sent_cap",
     "session_key",
     "size",
+    "valid_traceparent",
 ]
 
 
@@ -252,3 +253,14 @@ def payload(
     if fields is not None:
         apply_plan(changed, fields)
     return json.dumps(changed).encode()
+
+
+_TRACEPARENT_CHARS = frozenset("0123456789abcdef-")
+
+
+def valid_traceparent(sent: str) -> str | None:
+    """The client's W3C traceparent when it has the shape `vv-<32 hex>-<16 hex>-ff` (passed to the engine
+    untouched while the router does not trace), else None: nothing else of the client's goes there."""
+    if len(sent) == 55 and sent[2] == sent[35] == sent[52] == "-" and _TRACEPARENT_CHARS.issuperset(sent):
+        return sent
+    return None

@@ -100,6 +100,7 @@ class RoutingTable:
     stale_after: float
     admission_timeout: float
     load_timeout: float  # the hold for a model with no replica yet, when its load time is not measured
+    peered: bool = False  # a model is a peer's (PEER/MODEL): the request path asks the federation rules
     # Decisions that depend only on this snapshot, memoised: the request path asks the same few questions.
     _allowed: dict[tuple[str, str, str], bool] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[str, TenantChain | None] = field(default_factory=dict, compare=False, repr=False)
@@ -178,9 +179,12 @@ class RoutingTable:
                 continue
             by_model[ep.model].append(_live(snapshot, ep, previous.get(ep.replica_id), now))
         for name, model in snapshot.models.items():
-            if model.provider is not None:
+            # A peer's model while its peer is down or it is withdrawn: no endpoint, out of routing (its
+            # fallbacks serve; llmgw_router.decisions.federation says why when none can).
+            if model.provider is not None and (model.peer is None or model.peer.state == "up"):
+                kind = "provider" if model.peer is None else "peer"  # usage's endpoint names the peer
                 spec = Endpoint(
-                    replica_id=f"provider:{name}", model=name, engine="provider", base_url=model.provider.url
+                    replica_id=f"{kind}:{name}", model=name, engine=kind, base_url=model.provider.url
                 )
                 old = previous.get(spec.replica_id)
                 live = LiveEndpoint(
@@ -205,6 +209,7 @@ class RoutingTable:
             stale_after=parse_duration(settings.stale_after),
             admission_timeout=parse_duration(settings.admission.timeout),
             load_timeout=parse_duration(settings.admission.load_timeout),
+            peered=any(m.peer is not None for m in snapshot.models.values()),
         )
 
 

@@ -26,6 +26,7 @@ from llmgw_router.fleet.table import RoutingTable
 from llmgw_router.path.auth import KeyPrincipal
 from llmgw_router.path.lookup import RecentRequests, decision_summary
 from llmgw_router.path.ratelimit import Limiter, LimitGrant
+from llmgw_router.surfaces.kept_bodies import Keeping
 from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.upstream.proxy import ProxyResult
 
@@ -135,6 +136,9 @@ class Call:
     canary: bool = False
     adapter: str | None = None  # the LoRA adapter asked for (llmgw_router.path.lora); `model` is its base
     turn: ResponsesTurn | None = None  # a Responses API turn, served as the chat it translates to
+    # The x-llmgw-hop it came with: the clusters it passed through (decisions.federation).
+    hops: str | None = None
+    keeping: Keeping | None = None  # its bodies are kept (surfaces.kept_bodies): set just before forwarding
 
     @property
     def reserved(self) -> Reservation:

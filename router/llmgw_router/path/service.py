@@ -32,8 +32,16 @@ from llmgw_router.decisions.capabilities import (
     lacked,
     needs_of,
     unsupported,
+    vision_matters,
 )
-from llmgw_router.decisions.rules import NO_COMPLETION, conversation_key, fits, parse, size
+from llmgw_router.decisions.rules import (
+    NO_COMPLETION,
+    conversation_key,
+    fits,
+    parse,
+    size,
+    valid_traceparent,
+)
 from llmgw_router.decisions.scheduler import RequestInfo
 from llmgw_router.fleet.metrics import RouterMetrics
 from llmgw_router.fleet.ports import ControllerCallbacks, NoController, NullUsage, UsageSink
@@ -53,8 +61,10 @@ from llmgw_router.path.tags import HEADER as TAGS_HEADER, request_tags
 from llmgw_router.path.upstream_call import Kind, upstream_call
 from llmgw_router.routing.admission import Admission
 from llmgw_router.routing.forwarding import Forwarding, Picked, Place, fallback_chain
+from llmgw_router.routing.peering import HOP_HEADER, arrived, refuse_withdrawn
 from llmgw_router.server.errors import ApiError, error_response
 from llmgw_router.server.exchange import Exchange, HttpReply
+from llmgw_router.surfaces.kept_bodies import BodyKeeper
 from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
 from llmgw_router.upstream.http1 import EngineClient
@@ -116,6 +126,7 @@ class RequestService:
         self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (path/lora.py)
         self.kept_responses: ResponseKeeper | None = None  # with a content key: stored responses (app.py)
         self.draining = False  # stopping (main.py): /ready says not ready while requests still come in
+        self.kept_bodies: BodyKeeper | None = None  # with a content key: projects' kept bodies (app.py)
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.fleet.load)."""
@@ -245,12 +256,17 @@ class RequestService:
             raise
         finally:
             self._account(call)
+            if call.keeping is not None and self.kept_bodies is not None:
+                self.kept_bodies.finish(
+                    call.keeping, call.request_id, call.model, call.served, call.status, response
+                )
 
     async def _handle(self, exchange: Exchange, kind: Kind, call: Call) -> HttpReply | None:
         table = self.table
         if table is None:
             raise _not_ready()
-        raw = await exchange.read_body(table.snapshot.router.max_body_bytes)
+        call.hops = arrived(table, exchange.headers.get(HOP_HEADER))  # from a peer: 508 round a loop
+        raw = client_raw = await exchange.read_body(table.snapshot.router.max_body_bytes)  # a kept body's
         body = parse(raw)
         if call.turn is not None:  # sized, limited and routed as the chat it becomes
             body, raw = call.turn.begin(body, raw, call.request_id)
@@ -269,7 +285,9 @@ class RequestService:
         if adapter is not None:
             self.adapters.check(name, adapter, tenant_project)
         # What it needs of a model: a fallback lacking it is left out of the chain, the model refuses it.
-        needs = needs_of(body, vision=_vision_matters(table, canonical)) if kind == "chat" else frozenset()
+        needs = (
+            needs_of(body, vision=vision_matters(table.models, canonical)) if kind == "chat" else frozenset()
+        )
         missing = lacked(model, kind, needs)
         if missing is not None:
             raise refused_error(unsupported(canonical, model, missing))
@@ -300,6 +318,10 @@ class RequestService:
             await self._admit(table, tenant_project, call)
         if guards:  # a judge is asked for admitted requests only (M12)
             await self.guard.judge_request(guards, judged, screened, call, self._ask_judge)
+        if self.kept_bodies is not None and tenant_project is not None:
+            exchange, call.keeping = self.kept_bodies.begin(
+                exchange, table.snapshot.tenants, tenant_project, call.request_id, client_raw, guards
+            )
         return await self._answer(exchange, kind, table, canonical, raw, body, call, guards, tenant_project)
 
     def _resolve(
@@ -322,6 +344,9 @@ class RequestService:
                 "model_not_found",
                 param="model",
             )
+        peer = table.models[canonical].peer
+        if peer is not None:  # a peer's model it no longer offers serves nothing: said before anything
+            refuse_withdrawn(canonical, peer)
         return name, canonical, adapter
 
     async def _admit(self, table: RoutingTable, tenant_project: str, call: Call) -> None:
@@ -557,28 +582,6 @@ def _tenant_project(table: RoutingTable, project: str | None, canonical: str, as
 
 
 # ---------------------------------------------------------------------------------------------- helpers
-
-
-def _vision_matters(table: RoutingTable, canonical: str) -> bool:
-    """A model of the request's published chain says it lacks vision, or declares it (its model check may
-    have failed it): only then are its messages searched for images (most requests are not)."""
-    model = table.models[canonical]
-    return any(
-        "vision" in m.without or "vision" in m.capabilities
-        for m in (model, *(table.models.get(fb) for fb in model.fallbacks))
-        if m is not None
-    )
-
-
-_TRACEPARENT_CHARS = frozenset("0123456789abcdef-")
-
-
-def valid_traceparent(sent: str) -> str | None:
-    """The client's W3C traceparent when it has the shape `vv-<32 hex>-<16 hex>-ff` (passed to the engine
-    untouched while the router does not trace), else None: nothing else of the client's goes there."""
-    if len(sent) == 55 and sent[2] == sent[35] == sent[52] == "-" and _TRACEPARENT_CHARS.issuperset(sent):
-        return sent
-    return None
 
 
 def _not_ready() -> ApiError:

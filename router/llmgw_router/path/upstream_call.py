@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from llmgw_router.decisions.federation import HOP_HEADER, next_hops
 from llmgw_router.decisions.fields import DROPPED_HEADER, plan_fields
 from llmgw_router.decisions.rules import NO_COMPLETION, payload, sent_cap
 from llmgw_router.fleet.table import RoutingTable
@@ -80,7 +81,7 @@ def upstream_call(
     return UpstreamCall(
         url=url,
         payload=sent,
-        headers=_headers(call, picked, url),
+        headers=_headers(call, picked, url, table.snapshot.cluster),
         stream=client_stream,
         strip_usage_chunk=want_usage,
         rewrite_model=served if ep.is_provider else None,
@@ -101,11 +102,14 @@ def _reply_headers(call: Call, picked: Picked, canonical: str, debug: bool) -> d
     return reply
 
 
-def _headers(call: Call, picked: Picked, url: str) -> dict[str, str]:
-    """The request's headers to the endpoint: its key, the request id, the trace context (an engine's only)."""
+def _headers(call: Call, picked: Picked, url: str, cluster: str | None) -> dict[str, str]:
+    """The request's headers to the endpoint: its key, the request id, the trace context (an engine's only),
+    the clusters it passed through (a peer's only)."""
     ep = picked.endpoint
     key = ep.provider_key if ep.is_provider else ep.spec.api_key
     headers = {"Content-Type": "application/json", "x-request-id": call.request_id}
+    if ep.spec.engine == "peer":
+        headers[HOP_HEADER] = next_hops(call.hops, cluster)
     # W3C trace context for the engine (vLLM continues it): the router's upstream span, or the client's.
     traceparent = call.trace.upstream_start(ep.id, picked.served, url) if call.trace else call.traceparent
     if traceparent is not None and not ep.is_provider:  # an outside provider learns no trace ids

@@ -24,6 +24,7 @@ from llmgw_router.fleet.ports import ControllerCallbacks
 from llmgw_router.fleet.table import LiveEndpoint, RoutingTable
 from llmgw_router.options import RouterOptions
 from llmgw_router.routing.admission import DEFAULT_BAND, Admission
+from llmgw_router.routing.peering import peer_chain
 from llmgw_router.routing.prefix_routing import PrefixRouting
 from llmgw_router.server.errors import ApiError
 
@@ -70,8 +71,9 @@ def fallback_chain(
 ) -> tuple[str, ...]:
     """The requested model, then its fallback chain as published, minus every model this request cannot use:
     one `project` may not use (a full allowed model must never hand its traffic to a model the project was
-    not given), one without the capability, one whose context cannot hold the request (`fits`). `project` is
-    None when no tenants apply (auth disabled, or a snapshot without tenants)."""
+    not given), one without the capability, one whose context cannot hold the request (`fits`), a peer's it may
+    not reach now (routing.peering). `project` is None when no tenants apply (auth disabled, or a snapshot
+    without tenants)."""
     chain = [canonical]
     for fb in table.models[canonical].fallbacks:
         m = table.models.get(fb)
@@ -80,6 +82,8 @@ def fallback_chain(
         if project is not None and not table.allowed(project, fb, fb):
             continue
         chain.append(fb)
+    if table.peered:  # without the peers' models it may not reach now; the asked-for one refused saying why
+        return peer_chain(table, canonical, tuple(chain), project)
     return tuple(chain)
 
 

@@ -45,6 +45,7 @@ from llmgw.core.config.models import (
     RoutingPolicy,
     Team,
 )
+from llmgw.core.config.specs.peer_spec import peer_of
 from llmgw.core.config.validation import did_you_mean
 
 _MIG = re.compile(r"(^mig-)|(\d+g\.\d+gb)", re.IGNORECASE)
@@ -247,10 +248,18 @@ def _model_profiles(c: Checker, index: int, spec: ModelSpec) -> None:
         _llamacpp_endpoint_flags(c, index, path, profile, spec.effective_capabilities)
 
 
+def declared_peers(documents: Sequence[Document]) -> frozenset[str]:
+    """The names of the peers the repo's Cluster declares."""
+    return frozenset(p.name for d in documents if isinstance(d, Cluster) for p in d.spec.peers)
+
+
 def _model_fallbacks(c: Checker, index: int, doc: Model) -> None:
+    peers = declared_peers(c.documents)
     for pos, fallback in enumerate(doc.spec.fallbacks):
         path = ("spec", "fallbacks", pos)
         target = c.canonical.get(fallback)
+        if target is None and peer_of(fallback, peers) is not None:
+            continue  # a peer's model: what the peer offers is known online (plan, the controller), not here
         if target is None:
             if not c.tolerated("Model", fallback):
                 hint = did_you_mean(fallback, c.canonical) or "name a model or an alias defined in the repo"

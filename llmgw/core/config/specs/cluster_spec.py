@@ -21,6 +21,7 @@ from llmgw.core.config.specs.engine_spec import (
 )
 from llmgw.core.config.specs.facility_spec import FacilitySettings
 from llmgw.core.config.specs.listener_spec import ListenerSettings
+from llmgw.core.config.specs.peer_spec import Peer
 from llmgw.core.config.specs.plan_spec import (
     PlanSettings,
 )
@@ -246,3 +247,20 @@ class ClusterSpec(Strict):
         description="Every model's default for `verified_only`: true sends a request needing a checked "
         "capability (tools, a json_schema answer) only to replicas whose model check passed it",
     )
+    peers: list[Peer] = Field(
+        default_factory=list,
+        description="Other llmgw clusters whose models are offered here as PEER/MODEL (docs/routing.md, "
+        "Federation)",
+    )
+    region: Name | None = Field(
+        None, description="Where this cluster serves, for the peers that name it and for reports"
+    )
+
+    @model_validator(mode="after")
+    def _peers_unique(self) -> ClusterSpec:
+        seen: set[str] = set()
+        for peer in self.peers:
+            if peer.name in seen:
+                raise ValueError(f"peers: `{peer.name}` is declared twice; give each peer one entry")
+            seen.add(peer.name)
+        return self

@@ -2,12 +2,31 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmgw.core.config.base import Duration, Strict
 from llmgw.core.words import parse_duration
 
-__all__ = ["ContentRetention"]
+__all__ = ["BodyRetention", "ContentRetention"]
+
+
+class BodyRetention(Strict):
+    """Request and answer bodies kept for `llmgw request ID --body` and `--replay MODEL` (docs/tenancy.md)."""
+
+    share: float = Field(
+        gt=0, le=1, description="Share of the project's requests whose bodies are kept (1: every one)"
+    )
+    max_bytes: int = Field(
+        65536,
+        ge=256,
+        description="Longest request or answer body kept, in bytes; a longer one is kept cut at this size "
+        "and said to be cut",
+    )
+    redact: bool = Field(
+        True,
+        description="Kept bodies have what the project's guardrails' PII rules find replaced by their "
+        "placeholders, whatever those rules do to the request itself",
+    )
 
 
 class ContentRetention(Strict):
@@ -20,6 +39,15 @@ class ContentRetention(Strict):
         "without it such requests are refused or served without keeping anything",
     )
     ttl: Duration = Field("7d", description="How long kept content lives before the controller deletes it")
+    bodies: BodyRetention | None = Field(
+        None, description="Keep a share of its requests' and answers' bodies (needs `content: true`)"
+    )
+
+    @model_validator(mode="after")
+    def _bodies_are_content(self) -> ContentRetention:
+        if self.bodies is not None and not self.content:
+            raise ValueError("bodies are kept content: set `content: true` beside `bodies`")
+        return self
 
     @field_validator("ttl")
     @classmethod

@@ -21,7 +21,12 @@ from llmgw.store.queries.notes import NotesQueries
 from llmgw.store.queries.oplog import OpLogQueries
 from llmgw.store.queries.passwords import PasswordQueries
 from llmgw.store.queries.pools import PoolQueries
-from llmgw.store.queries.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS, RequestQueries, usage_record
+from llmgw.store.queries.request_queries import (
+    USAGE_COLUMNS as _USAGE_COLUMNS,
+    RequestQueries,
+    json_column,
+    usage_record,
+)
 from llmgw.store.queries.threads import ThreadQueries
 from llmgw.store.queries.traffic import TrafficQueries
 from llmgw.store.records import (
@@ -424,12 +429,12 @@ class Store(
                 r.endpoint,
                 r.queue_ms,
                 r.ttft_ms,
-                json.dumps(r.attempts) if r.attempts else "",
-                json.dumps(r.decision, separators=(",", ":")) if r.decision else "",
+                json_column(r.attempts) if r.attempts else "",
+                json_column(r.decision) if r.decision else "",
                 r.code,
                 int(r.stream) if r.stream is not None else None,
                 r.prefix,
-                json.dumps(r.guard, separators=(",", ":")) if r.guard else "",
+                json_column(r.guard) if r.guard else "",
                 r.person,
             )
             for r in records

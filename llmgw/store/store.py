@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from llmgw.store.db import Backend, Dsn, Row, Tx, open_backend
@@ -450,7 +451,7 @@ class Store(
                 + ", ".join([_USAGE_ROW_PLACEHOLDERS] * len(chunk))
                 + " ON CONFLICT (id) DO NOTHING"
             )
-            statements.append((sql, [value for row in chunk for value in row]))
+            statements.append((sql, list(chain.from_iterable(chunk))))  # the rows' values in order, in C
         for i in range(0, len(tags), _TAG_ROWS_PER_INSERT):  # after their usage rows: the foreign key
             part = tags[i : i + _TAG_ROWS_PER_INSERT]
             sql = (
@@ -458,7 +459,7 @@ class Store(
                 + ", ".join(["(?, ?, ?)"] * len(part))
                 + " ON CONFLICT (usage_id, key) DO NOTHING"
             )
-            statements.append((sql, [value for row in part for value in row]))
+            statements.append((sql, list(chain.from_iterable(part))))
         statements.extend(_last_use_updates(records))
         await self.db.run_in_tx(statements)
 

@@ -5,8 +5,8 @@ line (`features=...`); request_path_cost.py drives the same stages in process. W
   keys           a key from the store (SQLite), checked on every request (its cache of lookups included)
   limits3        limits at three levels: the organization's rpm, the team's tpm, the project's rpm, tpm and
                  concurrency (the concurrency slots: acquired, released before the answer's last bytes)
-  admission      the admission queue configured (sizes and a timeout); endpoints declare slots, so a pick
-                 checks for room
+  admission      the admission queue configured (sizes and a timeout); endpoints declare slots (SLOTS, more
+                 than any benchmark holds open), so a pick checks for room and always finds it
   prefix4        the prefix-aware policy (prefix, queue, kv and in-flight scorers) over 4 endpoints of the model
   guard_in       a guardrail of deterministic checks on the input (PII shapes, keywords, a regex, a topic, a
                  bound), attached to the model; no output stage (streams are measured without one)
@@ -27,6 +27,10 @@ MODEL = "bench-model"
 TRANSLATED = "bench-translated"
 ENGINE_KEY = "engine-key"
 ENDPOINTS = 4  # replicas of MODEL, all at the one mock
+# Each endpoint's slots: checked on every pick, never full in a benchmark, as the limits are never reached.
+# streams.py holds 2,000 streams open at once, 500 an endpoint: with 64 slots it served 256 and the
+# admission queue refused the rest with 429.
+SLOTS = 1024
 FEATURES = (
     "keys",
     "limits3",
@@ -90,7 +94,7 @@ def snapshot(
             "engine": engine,
             "base_url": upstream,
             "api_key": ENGINE_KEY,
-            "slots": 64,
+            "slots": SLOTS,
         }
         for i in range(ENDPOINTS)
     ]

@@ -28,7 +28,14 @@ the request path comes with its line in the budget file (docs/router.md, Overhea
 What callgrind counts is user-space instructions: system calls (the sockets' writes, the spool's fsync) cost
 kernel time it does not see; the wall-clock benchmarks (router_overhead.py, streams.py) see both.
 
+Before the table, the floor's line (benchmarks/server_cost.py): llmgw-router with every check on and the floor of
+router_overhead.py (~20 lines of aiohttp), each a whole server under callgrind, and llmgw's instructions per
+request over the floor's, whole and streamed, a ratio the machine's load does not move:
+
+  request_path_floor: instr_ratio_whole=X instr_ratio_stream=X
+
 Run: .venv/bin/python benchmarks/request_path_cost.py [--requests 50] [--write-budgets] [--counts FILE]
+  --no-floor         leave the two whole servers out (the budgets only)
   --counts FILE      compare the counts recorded in FILE (JSON, as --save writes) instead of measuring
   --save FILE        keep the measured counts
   --write-budgets    write the budget file from this run (measured + 10 %, rounded up)
@@ -546,6 +553,17 @@ def measure(requests: int) -> tuple[dict[str, dict[str, float]], dict[str, int]]
         shutil.rmtree(work, ignore_errors=True)
 
 
+def measure_servers(requests: int) -> dict[str, dict[str, float]]:
+    """The floor's and llmgw-router's counts as whole servers (server_cost.py)."""
+    import server_cost
+
+    work = Path(tempfile.mkdtemp(prefix="llmgw-server-cost-"))
+    try:
+        return server_cost.measure(work, requests)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--requests", type=int, default=50, help="measured requests per configuration and mode")
@@ -553,6 +571,7 @@ def main() -> None:
     ap.add_argument("--save", type=Path, help="write the measured counts here (JSON)")
     ap.add_argument("--budgets", type=Path, default=BUDGETS)
     ap.add_argument("--write-budgets", action="store_true", help="write the budget file from this run")
+    ap.add_argument("--no-floor", action="store_true", help="leave out the whole servers' counts and ratio")
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner is not None:
@@ -565,19 +584,27 @@ def main() -> None:
         (args.inner / "labels.json").write_text(json.dumps(labels))
         return
     began = time.monotonic()
+    servers = None
     if args.counts is not None:
         recorded = json.loads(args.counts.read_text())
-        stages, off = recorded["stages"], recorded["off"]
+        stages, off, servers = recorded["stages"], recorded["off"], recorded.get("servers")
     else:
         per, off = measure(args.requests)
         stages = stage_counts(per)
+        if not args.no_floor:
+            servers = measure_servers(args.requests)
     if args.save is not None:
-        args.save.write_text(json.dumps({"stages": stages, "off": off}, indent=2) + "\n")
+        args.save.write_text(json.dumps({"stages": stages, "off": off, "servers": servers}, indent=2) + "\n")
     if args.write_budgets:
         args.budgets.write_text(json.dumps(budgets_for(stages), indent=2) + "\n")
     budgets = json.loads(args.budgets.read_text()) if args.budgets.exists() else {}
     text = report(stages, budgets, off)
     print(f"(measured in {time.monotonic() - began:.0f} s)" if args.counts is None else "(recorded counts)")
+    if servers is not None:
+        import server_cost
+
+        totals = {m: sum(stages[m].values()) for m in MODES}
+        print("\n".join(server_cost.ratio_lines(servers, totals)))
     print(text)
     if not text.endswith(" over=0"):
         sys.exit(1)

@@ -21,7 +21,11 @@ run); the last line is machine-readable:
 (one line; a peer that was skipped or not asked for, or a level not run, reads `none`). `features` names the
 configuration the llmgw rows run: every check on, committed in benchmarks/every_check.py. `--pin` runs every proxy under `taskset -c 0`
 and wrk and the mock on CPU 1, so the proxies never compete with the load for a core; `--workers N` starts
-llmgw-router with `--workers N` (N > 1 only).
+llmgw-router with `--workers N` (N > 1 only). The line before the last sets llmgw's and the floor's req/s at
+c=16 (whole) beside the bound the machine allows when the proxy and the load share its cores, cores / (proxy
+CPU + load CPU) per request, the load being wrk (its own rusage) and the mock (its tree, from /proc):
+
+  router_overhead_bound: cores=N llmgw_rps_c16=X llmgw_cpu_us=X llmgw_load_cpu_us=X llmgw_bound_rps_c16=X ...
 
 Run: .venv/bin/python benchmarks/router_overhead.py [--duration 5] [--peers vllm,portkey,litellm] [--no-litellm]
      [--workers 2] [--pin] [--guardrails] [--no-cache]
@@ -40,6 +44,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -121,6 +126,7 @@ wrk.headers["Content-Type"] = "application/json"
 BENCH_CACHE: dict[str, object] = {"ttl": "1h", "max_bytes": 64 * 1024 * 1024}
 ROUTER_REQUESTS = "llmgw_router_requests"  # answered requests by model, status and error code (its metrics)
 PROXY_CPUS, LOAD_CPUS = "0", "1"  # --pin: the proxies on CPU 0, wrk and the mock on CPU 1
+MOCK_PID: list[int] = []  # the mock's process, once started: its CPU is the load's, with wrk's
 
 
 @dataclass
@@ -131,6 +137,8 @@ class Result:
     errors: int
     requests: int
     cpu_us_per_req: float | None = None  # the proxy's process tree; None for direct
+    load_cpu_us_per_req: float | None = None  # wrk's and the mock's CPU over the run, per request
+    wrk_cpu_s: float = 0.0  # wrk's own user + system CPU (the run's child, reaped)
     failures: dict[str, int] = field(default_factory=dict)  # by kind (wrk_failures); sums to errors
 
 
@@ -211,12 +219,15 @@ def wrk(
         script = f.name
     threads = 1 if conns == 1 else 2
     argv = ["wrk", f"-t{threads}", f"-c{conns}", f"-d{duration}s", "--latency", "-s", script, url]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         out = subprocess.run(
             pinned(argv, cpus), capture_output=True, text=True, timeout=duration + 60, check=True
         ).stdout
     finally:
         os.unlink(script)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wrk_cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if re.search(r"Non-2xx|Socket errors", out):
         _show_error(url, body, headers, out)
     p50 = re.search(r"^\s+50%\s+(\S+)", out, re.M)
@@ -231,6 +242,7 @@ def wrk(
         sum(failures.values()),
         int(done.group(1)) if done else 0,
         failures=failures,
+        wrk_cpu_s=wrk_cpu,
     )
 
 
@@ -272,9 +284,13 @@ def measure(
 
     def run() -> Result:  # the proxy's CPU over the run only, not over watched's read of its metrics
         before = tree_cpu_seconds(target.proc.pid) if target.proc else 0.0
+        mock_before = tree_cpu_seconds(MOCK_PID[0]) if MOCK_PID else 0.0
         result = wrk(url, stream, conns, duration, target.headers, cpus, body)
         if target.proc and result.requests:
             result.cpu_us_per_req = (tree_cpu_seconds(target.proc.pid) - before) / result.requests * 1e6
+        if MOCK_PID and result.requests:
+            mock = tree_cpu_seconds(MOCK_PID[0]) - mock_before
+            result.load_cpu_us_per_req = (result.wrk_cpu_s + mock) / result.requests * 1e6
         return result
 
     return watched(target, told, run)
@@ -338,6 +354,7 @@ def start_mock(procs: Procs, work: Path, load_cpus: str | None) -> str:
     mock_port = free_port()
     (work / "mock.py").write_text(MOCK)
     mock = procs.start([sys.executable, str(work / "mock.py"), str(mock_port)], cpus=load_cpus)
+    MOCK_PID[:] = [mock.pid]
     upstream = f"http://127.0.0.1:{mock_port}"
     wait_http(upstream + "/health", proc=mock)
     return upstream
@@ -507,6 +524,24 @@ def cache_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) 
     return "router_overhead_cache: " + " ".join(parts)
 
 
+def bound_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
+    """Requests/s at c=16 (whole) beside what the machine's cores allow when the proxy and the load (wrk and
+    the mock) share them: cores / (proxy CPU + load CPU) per request. With --workers N, N workers' CPU."""
+    c16 = 16 if 16 in levels else levels[-1]
+    parts = [f"router_overhead_bound: cores={os.cpu_count()}"]
+    for name in ("llmgw", "floor"):
+        r = results.get((name, False, c16))
+        if r is None or r.cpu_us_per_req is None or r.load_cpu_us_per_req is None:
+            parts.append(f"{name}_bound_rps_c{c16}=none")
+            continue
+        bound = (os.cpu_count() or 1) * 1e6 / (r.cpu_us_per_req + r.load_cpu_us_per_req)
+        parts.append(
+            f"{name}_rps_c{c16}={r.rps:.0f} {name}_cpu_us={r.cpu_us_per_req:.0f} "
+            f"{name}_load_cpu_us={r.load_cpu_us_per_req:.0f} {name}_bound_rps_c{c16}={bound:.0f}"
+        )
+    return " ".join(parts)
+
+
 def final_line(levels: list[int], results: dict[tuple[str, bool, int], Result]) -> str:
     c1 = levels[0]
     c16 = 16 if 16 in levels else levels[-1]
@@ -609,6 +644,7 @@ def main() -> None:
             print(guardrails_line(levels, results))
         if args.cache:
             print(cache_line(levels, results))
+        print(bound_line(levels, results))
         print(final_line(levels, results))
     finally:
         procs.stop_all()

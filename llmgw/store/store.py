@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from itertools import chain
 from typing import Any
 
 from llmgw.store.db import Backend, Dsn, Row, Tx, open_backend
@@ -21,7 +22,12 @@ from llmgw.store.queries.notes import NotesQueries
 from llmgw.store.queries.oplog import OpLogQueries
 from llmgw.store.queries.passwords import PasswordQueries
 from llmgw.store.queries.pools import PoolQueries
-from llmgw.store.queries.request_queries import USAGE_COLUMNS as _USAGE_COLUMNS, RequestQueries, usage_record
+from llmgw.store.queries.request_queries import (
+    USAGE_COLUMNS as _USAGE_COLUMNS,
+    RequestQueries,
+    json_column,
+    usage_record,
+)
 from llmgw.store.queries.threads import ThreadQueries
 from llmgw.store.queries.traffic import TrafficQueries
 from llmgw.store.records import (
@@ -446,12 +452,12 @@ class Store(
                 r.endpoint,
                 r.queue_ms,
                 r.ttft_ms,
-                json.dumps(r.attempts) if r.attempts else "",
-                json.dumps(r.decision, separators=(",", ":")) if r.decision else "",
+                json_column(r.attempts) if r.attempts else "",
+                json_column(r.decision) if r.decision else "",
                 r.code,
                 int(r.stream) if r.stream is not None else None,
                 r.prefix,
-                json.dumps(r.guard, separators=(",", ":")) if r.guard else "",
+                json_column(r.guard) if r.guard else "",
                 r.person,
             )
             for r in records
@@ -467,7 +473,7 @@ class Store(
                 + ", ".join([_USAGE_ROW_PLACEHOLDERS] * len(chunk))
                 + " ON CONFLICT (id) DO NOTHING"
             )
-            statements.append((sql, [value for row in chunk for value in row]))
+            statements.append((sql, list(chain.from_iterable(chunk))))  # the rows' values in order, in C
         for i in range(0, len(tags), _TAG_ROWS_PER_INSERT):  # after their usage rows: the foreign key
             part = tags[i : i + _TAG_ROWS_PER_INSERT]
             sql = (
@@ -475,7 +481,7 @@ class Store(
                 + ", ".join(["(?, ?, ?)"] * len(part))
                 + " ON CONFLICT (usage_id, key) DO NOTHING"
             )
-            statements.append((sql, [value for row in part for value in row]))
+            statements.append((sql, list(chain.from_iterable(part))))
         statements.extend(_last_use_updates(records))
         await self.db.run_in_tx(statements)
 

@@ -99,3 +99,25 @@ def test_a_stage_without_a_budget_line_is_over() -> None:
     assert over_budget(stages, budgets) == [
         "whole/new_stage: 1 has no budget line in request_path_budget.json"
     ]
+
+
+def test_the_floor_line_gives_llmgw_over_the_floor_and_what_the_listener_and_client_add(
+    tmp_path: Path,
+) -> None:
+    budgets = committed_budgets()
+    servers = {
+        "floor": {"whole": 500_000, "stream": 600_000},
+        "llmgw": {"whole": 1_250_000, "stream": 1_800_000},
+    }
+    counts = {"stages": budgets, "off": {m: budgets[m]["core"] for m in MODES}, "servers": servers}
+    (tmp_path / "counts.json").write_text(json.dumps(counts))
+    script = [sys.executable, str(ROOT / "benchmarks" / "request_path_cost.py"), "--counts"]
+    done = subprocess.run(
+        [*script, str(tmp_path / "counts.json")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "request_path_floor: instr_ratio_whole=2.50 instr_ratio_stream=3.00" in done.stdout.splitlines()
+    listener = next(line for line in done.stdout.splitlines() if "of which listener+client" in line).split()
+    in_process = {m: sum(budgets[m].values()) for m in MODES}
+    assert listener[3:5] == [f"{1_250_000 - in_process['whole']:,}", f"{1_800_000 - in_process['stream']:,}"]
+    assert done.stdout.rstrip().endswith(" over=0"), done.stdout  # the budgets' line stays the last

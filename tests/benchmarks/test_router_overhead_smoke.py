@@ -54,6 +54,18 @@ def test_tiny_run_measures_each_target_and_ends_with_the_final_line() -> None:
         assert re.search(rf"^{mode} +[1-9]\d* +\d+ +\d+ +\d+ +0$", out, re.M), out
     cache = re.search(r"^router_overhead_cache: (.*)$", out, re.M)  # a miss's cost and a hit's latency
     assert cache is not None and "hit_p50_ms_whole_c16=" in cache[1] and "none" not in cache[1], out
+    # The machine's bound beside llmgw's and the floor's req/s: cores / (proxy + wrk + mock CPU) per request.
+    bound = re.search(
+        r"^router_overhead_bound: cores=\d+ "
+        + " ".join(
+            rf"{n}_rps_c16=(\d+) {n}_cpu_us=(\d+) {n}_load_cpu_us=(\d+) {n}_bound_rps_c16=(\d+)"
+            for n in ("llmgw", "floor")
+        )
+        + "$",
+        out,
+        re.M,
+    )
+    assert bound is not None and all(int(v) > 0 for v in bound.groups()), out
     match = FINAL.search(out)
     assert match is not None, out
     assert out.rstrip().endswith(match.group(0))

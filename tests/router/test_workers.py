@@ -1,6 +1,8 @@
 """`llmgw-router --workers 2` as real processes: both workers serve the one API port, the parent's /metrics is
 the sum of the workers' own pages, a worker killed with -9 is logged once and started again without the
-summed counters going backwards, SIGTERM stops them all; and more than one worker without a store is refused."""
+summed counters going backwards, SIGTERM stops them all; a project's rpm holds exactly over both workers (its
+limit answered, the rest refused, and the parent's page sums both kinds); and more than one worker without a
+store is refused."""
 
 from __future__ import annotations
 
@@ -12,11 +14,13 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import openai
 import pytest
 from faults.procs import RouterProc, start_router_proc
 from support import pid_alive, wait_until
-from tenancy.helpers import create_key
+from tenancy.helpers import create_key, in_one_window, window_start_offset
 
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 
@@ -77,13 +81,67 @@ def _ask(router: RouterProc, key: str, n: int) -> None:
             )
 
 
-def _start(tmp: Path, sim: SimProcess, dsn: str) -> RouterProc:
+def _start(
+    tmp: Path, sim: SimProcess, dsn: str, rpm: int | None = None, clock_offset: float = 0.0
+) -> RouterProc:
+    project: dict[str, Any] = {"organization": "o", **({"limits": {"rpm": rpm}} if rpm else {})}
     snap = {"revision": "w-1", "models": {MODEL: {"context_length": 4096}}, "endpoints": [endpoint(sim, "s-0")],
-            "tenants": {"organizations": {"o": {}}, "projects": {"p": {"organization": "o"}}}}  # fmt: skip
+            "tenants": {"organizations": {"o": {}}, "projects": {"p": project}}}  # fmt: skip
     (tmp / "snap.json").write_text(json.dumps(snap))
     args = ["--snapshot", str(tmp / "snap.json"), "--store", dsn, "--workers", "2", "--router-id", "w",
-            "--state-dir", str(tmp / "state")]  # fmt: skip
+            "--state-dir", str(tmp / "state"), "--limits-clock-offset", repr(clock_offset)]  # fmt: skip
     return start_router_proc(tmp / "router.log", args)
+
+
+def _statuses(url: str) -> dict[str, float]:
+    """The page's llmgw_router_requests_total for MODEL, by status."""
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("llmgw_router_requests_total{") and f'model="{MODEL}"' in line:
+            status = line.split('status="', 1)[1].split('"', 1)[0]
+            out[status] = out.get(status, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def _ask_counting(router: RouterProc, key: str, n: int) -> dict[int, int]:
+    """`n` chats, each on a fresh connection (spread over the workers by the kernel): how many got each status."""
+    got: dict[int, int] = {}
+    for _ in range(n):
+        with router.client(key) as client:
+            try:
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2
+                )
+                status = 200
+            except openai.RateLimitError as exc:
+                status = exc.status_code
+        got[status] = got.get(status, 0) + 1
+    return got
+
+
+def test_an_rpm_limit_holds_exactly_over_two_workers_and_the_page_sums_both_kinds(
+    sim: SimProcess, tmp_path: Path
+) -> None:
+    dsn = f"sqlite:///{tmp_path / 'llmgw.db'}"
+    key = create_key(dsn, "p")
+    offset = window_start_offset()  # a whole minute window from the start: the pool is not renewed meanwhile
+    router = _start(tmp_path, sim, dsn, rpm=20, clock_offset=offset)
+    try:
+        workers = wait_until(
+            lambda: len(_children(router.pid)) == 2 and _children(router.pid), 30, "2 workers"
+        )
+        got = in_one_window(offset, lambda: _ask_counting(router, key, 40))
+        assert got == {200: 20, 429: 20}, got
+        api_port = int(router.api.rsplit(":", 1)[1])
+        private = [next(p for p in _listening_ports(pid) if p != api_port) for pid in workers]
+        each = [_statuses(f"http://127.0.0.1:{port}") for port in private]
+        assert all(e.get("200", 0) > 0 for e in each), f"one worker answered every admitted request: {each}"
+        assert _statuses(router.metrics) == {"200": 20.0, "429": 20.0}
+        assert [sum(e.get(s, 0.0) for e in each) for s in ("200", "429")] == [20.0, 20.0]
+    finally:
+        assert router.stop() == 0, router.text()[-3000:]
 
 
 def test_workers_share_the_port_sum_their_metrics_and_come_back(sim: SimProcess, tmp_path: Path) -> None:

@@ -8,6 +8,8 @@
 * A text longer than what a guardrail scans is a finding (`max_scan_chars`), never a tail passed unscanned.
 * A repo regex that backtracks is searched with a deadline (a `regex[N].deadline` finding), and `validate`
   refuses nested quantifiers where they are written, saying what would be right.
+* A short prompt is scanned on the loop only when every repo regex tries a bounded number of ways at each
+  position (a literal, a class, a fixed count); under any other regex, or when longer, in a worker thread.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ import re
 import sys
 import textwrap
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 from llmgw_router.app import Listeners, serve
 from llmgw_router.path.auth import Authenticator, StaticKeys
+from llmgw_router.path.guard import scan_off_loop
 from llmgw_router.path.service import Router, RouterOptions
 from router.helpers import SimProcess, endpoint, start_sim, wait_healthy_sync
 
 from llmgw.adapters.keys import hash_key
 from llmgw.controller.wire.publisher import published_models
+from llmgw.core.config.checks.regex_checks import bounded_work
 from llmgw.core.config.specs.guardrail_spec import GuardrailSpec
 from llmgw.core.desired.repo import validate_files
 from llmgw.core.evals import guardrails as gr
@@ -203,3 +208,58 @@ def test_validate_accepts_the_possessive_and_atomic_forms() -> None:
         doc = DOCS.replace("  pii: [email]\n", f"  pii: [email]\n  regex: ['{pattern}']\n")
         result = validate_files({"docs.yaml": doc.encode()})
         assert result.repo is not None, [str(e) for e in result.errors]
+
+
+@pytest.mark.parametrize(
+    ("pattern", "bounded"),
+    [
+        (r"(?i)secret[-_ ]key", True),
+        (r"\bAKIA[0-9A-Z]{16}\b", True),
+        (r"(?:ab|cd){2}(?=!)", True),
+        (r"\d{3}-?\d{4}", True),
+        (r"a+", False),  # open repetitions: the ways at one position grow with the text
+        (r"sk-[A-Za-z0-9]{20,}", False),
+        (r"(a)\1", False),  # a backreference
+        (r"x{0,200}", False),  # more than MAX_WAYS ways
+        (r"(?:foo){e<=1}", False),  # fuzzy matching to the `regex` module, literals to `re`'s parser
+        (r"\p{L}", False),  # what `re`'s parser cannot read
+    ],
+)
+def test_a_pattern_of_bounded_work_is_told_from_one_that_may_backtrack(pattern: str, bounded: bool) -> None:
+    assert bounded_work(pattern) is bounded
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    def __init__(self) -> None:
+        super().__init__(max_workers=1)
+        self.jobs = 0
+
+    def submit(self, *args: Any, **kwargs: Any) -> Any:
+        self.jobs += 1
+        return super().submit(*args, **kwargs)
+
+
+def _scan_in(pattern: str, text: str) -> tuple[list[str], int]:
+    """The rules `scan_off_loop` finds for one repo regex over `text`, and how many jobs went to a thread."""
+    g = gr.compile_guardrail("words", GuardrailSpec(regex=[pattern]))
+
+    async def scan() -> list[gr.Finding]:
+        return await scan_off_loop([g], text, "input", [])
+
+    executor = _CountingExecutor()
+    loop = asyncio.new_event_loop()
+    try:
+        loop.set_default_executor(executor)
+        found = loop.run_until_complete(scan())
+    finally:
+        loop.close()
+        executor.shutdown()
+    return [f.rule for f in found], executor.jobs
+
+
+def test_a_short_prompt_under_a_bounded_regex_is_scanned_on_the_loop_and_others_in_a_thread() -> None:
+    assert _scan_in(r"(?i)secret[-_ ]key", "my Secret-Key is here") == (["regex[0]"], 0)
+    assert _scan_in(r"(?i)secret[-_ ]key", "nothing to see") == ([], 0)
+    assert _scan_in(r"sk-[a-z]{20,}", "sk-" + "a" * 20) == (["regex[0]"], 1)
+    # However bounded the regex, a long text is scanned in the worker thread, under the scan's deadline.
+    assert _scan_in(r"(?i)secret[-_ ]key", "x" * 9_000 + " secret key") == (["regex[0]"], 1)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import re
 from importlib import resources
+from typing import Any
 
 import pytest
 
@@ -185,6 +188,44 @@ async def test_usage_insert_is_idempotent_and_totals_add_up(store: Store) -> Non
         await store.usage_totals("user")  # type: ignore[arg-type]
     back = (await store.list_usage(since=3.0, limit=1))[0]
     assert back == records[3]
+
+
+async def test_a_usage_rows_json_columns_read_back_as_the_values_written(store: Store) -> None:
+    # orjson writes most of them; what it would write as another value (a NaN, an infinity) or cannot write
+    # (an integer past 64 bits, a lone surrogate, a key that is not a string) is json's, read back alike.
+    values: list[dict[str, Any]] = [
+        {
+            "endpoint": "e1",
+            "by": None,
+            "candidates": [{"id": "e1", "total": 0.5, "scores": {"prefix": 1e-07}}],
+        },
+        {"endpoint": "é—ü", "by": "kv", "candidates": []},
+        {"endpoint": "e2", "score": math.inf, "by": None},
+        {"endpoint": "e3", "big": 2**70},
+        {"endpoint": "\ud800"},
+        {"endpoint": "e4", "dropped": {7: 1}},
+    ]
+    records = [
+        UsageRecord(
+            time=float(i),
+            request_id=f"json{i}",
+            project="p",
+            model="m",
+            status=200,
+            decision=v,
+            guard={"input": {"action": "pass", "rules": [], "judge": None}},
+            attempts=[{"endpoint": str(i)}],
+        )
+        for i, v in enumerate(values)
+    ]
+    await store.insert_usage(records)
+    back = {r.request_id: r for r in await store.list_usage()}
+    for rec in records:
+        got = back[rec.request_id]
+        assert json.dumps(got.decision, sort_keys=True) == json.dumps(
+            rec.decision, sort_keys=True, default=str
+        )
+        assert (got.guard, got.attempts) == (rec.guard, rec.attempts)
 
 
 async def test_usage_by_key_names_each_key_and_still_counts_keys_gone_from_the_store(store: Store) -> None:

@@ -171,3 +171,36 @@ async def test_a_failed_write_is_retried_after_the_delay_the_store_gives() -> No
     await wait_for(lambda: len(sink.usage) == 5, 10, "the 5 records written after 3 refusals")
     assert sink.attempts == 4 and writer.stats.failures == 3
     await writer.close()
+
+
+class HeldSink:
+    """A usage sink whose writes wait until `go` is set: a batch caught in flight."""
+
+    def __init__(self) -> None:
+        self.go = asyncio.Event()
+        self.writing = 0
+        self.usage: list[UsageRecord] = []
+
+    async def insert_usage(self, records: Sequence[UsageRecord]) -> None:
+        self.writing += 1
+        await self.go.wait()
+        self.usage.extend(records)
+
+
+async def test_a_flush_while_the_background_batch_is_in_flight_writes_each_record_once() -> None:
+    sink = HeldSink()
+    writer = UsageWriter(sink, batch_size=10, flush_interval=3600)
+    await writer.start()
+    for i in range(10):  # a full batch: the background task takes it and waits in the store
+        writer.record(rec(i))
+    await wait_for(lambda: sink.writing == 1, 10, "the background batch in flight")
+    flushing = asyncio.create_task(writer.flush())
+    await asyncio.sleep(0)
+    for i in range(10, 13):
+        writer.record(rec(i))
+    sink.go.set()
+    await asyncio.wait_for(flushing, 10)
+    await wait_for(lambda: writer.stats.pending == 0, 10, "every record written")
+    assert sorted(r.request_id for r in sink.usage) == sorted(f"r{i}" for i in range(13))
+    assert writer.stats.written == 13
+    await writer.close()

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 import regex
 
+from llmgw.core.config.checks.regex_checks import bounded_work
 from llmgw.core.config.specs.guardrail_spec import HAZARD_CODES, GuardrailSpec
 
 __all__ = [
@@ -192,6 +193,9 @@ class CompiledGuardrail:
     spec: GuardrailSpec
     patterns: tuple[tuple[str, Matcher], ...] = ()  # (rule, matcher): regex and keywords
     topics: tuple[tuple[str, Matcher], ...] = ()
+    # Every repo regex tries a bounded number of ways at each position (regex_checks.bounded_work): a scan of
+    # a short text takes microseconds, whatever the text.
+    bounded: bool = True
 
     def checks(self, stage: Stage) -> bool:
         return stage in self.spec.stages
@@ -275,7 +279,8 @@ def compile_guardrail(name: str, spec: GuardrailSpec) -> CompiledGuardrail:
         for topic, words in spec.blocked_topics.items()
         if any(w.strip() for w in words)
     )
-    return CompiledGuardrail(name, spec, tuple(patterns), topics)
+    bounded = all(bounded_work(p) for p in spec.regex)
+    return CompiledGuardrail(name, spec, tuple(patterns), topics, bounded)
 
 
 def scan(g: CompiledGuardrail, text: str, stage: Stage) -> list[Finding]:

@@ -69,6 +69,7 @@ class UsageWriter:
         self._segments: deque[int] = deque()  # with a spool: the segment of each pending record
         self._spool_write_due = False  # a call to _write_spool is scheduled
         self._wake = asyncio.Event()
+        self._batch_lock = asyncio.Lock()  # one batch in flight (_write_one_batch)
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._closed = asyncio.Event()  # cuts a retry back-off short at shutdown
@@ -150,20 +151,26 @@ class UsageWriter:
             self._spool.close(everything_written=not self._pending)
 
     async def _write_one_batch(self) -> None:
-        batch = [self._pending[i] for i in range(min(self._batch_size, len(self._pending)))]
-        try:
-            await self._sink.insert_usage(batch)
-        except StoreError:
-            self._failures += 1
-            raise
-        # Written: remove exactly those (new records were only appended behind them meanwhile).
-        for _ in batch:
-            self._pending.popleft()
-        self._written += len(batch)
-        if self._spool is not None:
+        # One batch in flight at a time: flush() (or close()) beside the background task would otherwise take
+        # the same records, and each would then remove its batch's count from the queue, dropping records
+        # that were never written.
+        async with self._batch_lock:
+            if not self._pending:
+                return
+            batch = [self._pending[i] for i in range(min(self._batch_size, len(self._pending)))]
+            try:
+                await self._sink.insert_usage(batch)
+            except StoreError:
+                self._failures += 1
+                raise
+            # Written: remove exactly those (new records were only appended behind them meanwhile).
             for _ in batch:
-                self._segments.popleft()
-            self._spool.release(self._segments[0] if self._segments else None)
+                self._pending.popleft()
+            self._written += len(batch)
+            if self._spool is not None:
+                for _ in batch:
+                    self._segments.popleft()
+                self._spool.release(self._segments[0] if self._segments else None)
 
     async def _run(self) -> None:
         delay = self._retry_initial  # the writer's own backoff, doubled each failure up to retry_max

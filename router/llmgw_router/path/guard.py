@@ -384,7 +384,9 @@ def unscreenable(
 
 
 # A text this short is scanned on the loop (linear checks over it take microseconds; a thread's hand-off costs
-# more); a longer one, or any text a repo regex reads, in a worker thread with SCAN_DEADLINE_S.
+# more), unless a repo regex could backtrack over it; a longer one, or one such a regex reads, in a worker
+# thread with SCAN_DEADLINE_S. A regex that tries a bounded number of ways at each position (a literal, a
+# class, a fixed count: CompiledGuardrail.bounded) is as linear as the built-in checks.
 _INLINE_SCAN_CHARS = 8192
 SCAN_DEADLINE_S = 5.0
 
@@ -397,7 +399,7 @@ async def scan_off_loop(
     closed is a `scan_deadline` finding (refused), open is recorded as not checked (`unjudged`)."""
     if not guards:
         return []
-    if len(text) <= _INLINE_SCAN_CHARS and not any(g.spec.regex for g in guards):
+    if len(text) <= _INLINE_SCAN_CHARS and all(g.bounded for g in guards):
         return _scan_all(guards, text, stage)
     # The loop's executor and a timeout on this task: what asyncio.to_thread and wait_for do, without the
     # context copy, the wrapping task and the extra future they add to every screened request.

@@ -222,7 +222,9 @@ def _scan_event(raw: bytes, result: ProxyResult, call: UpstreamCall) -> bytes | 
     if call.rewrite_model is None and b'"usage"' not in raw:
         return raw
     event = sse.parse(raw)
-    obj = event.json()
+    # Parsed as a whole answer is (orjson first), unless the event is encoded again with its model renamed.
+    data = event.data
+    obj = None if data is None or event.done else _parse_answer(data, call.rewrite_model is not None)
     prompt, completion = _usage(obj)
     is_usage_event = prompt is not None and isinstance(obj, dict) and not obj.get("choices")
     if prompt is not None:

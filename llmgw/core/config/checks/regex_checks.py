@@ -19,9 +19,12 @@ from typing import Any
 sre: Any = importlib.import_module("re._constants")
 sre_parse: Any = importlib.import_module("re._parser")
 
-__all__ = ["backtracking_reason"]
+__all__ = ["backtracking_reason", "bounded_work"]
 
 _REPEATS = {sre.MAX_REPEAT, sre.MIN_REPEAT}  # POSSESSIVE_REPEAT never gives back what it took
+# The most ways a bounded pattern may try at one position of a text (bounded_work).
+MAX_WAYS = 64
+_ONE_WAY = {sre.NOT_LITERAL, sre.ANY, sre.IN, sre.AT}
 
 
 def backtracking_reason(pattern: str) -> str | None:
@@ -85,3 +88,56 @@ def _count(low: int, high: Any) -> str:
     if (low, high) == (0, 1):
         return "`?`"
     return f"`{{{low}}}`" if low == high else f"`{{{low},{high}}}`"
+
+
+def bounded_work(pattern: str) -> bool:
+    """Whether matching `pattern` at one position of a text tries at most MAX_WAYS ways, however the text
+    goes on: literals, classes and anchors, groups and lookarounds of them, alternations and repetitions of a
+    fixed most (`{3}`, `{0,2}`, `?`), never an open one (`*`, `+`, `{2,}`) nor a backreference. Such a
+    pattern searches a text in time linear in its length, with a small constant: a guardrail's scan of a
+    short prompt can run on the event loop (llmgw_router.path.guard). Conservative: a `{` read as a literal
+    is refused too (the `regex` module reads `{e<=1}` as fuzzy matching, which `re`'s parser does not know),
+    and so is whatever `re`'s parser cannot read."""
+    try:
+        tree = sre_parse.parse(pattern)
+    except (re.error, RecursionError, OverflowError):
+        return False
+    return _ways(list(tree)) is not None
+
+
+def _ways(items: list[tuple[Any, Any]]) -> int | None:
+    """How many ways `items` in sequence may be tried at one position; None past MAX_WAYS or unbounded."""
+    total = 1
+    for op, av in items:
+        ways = _ways_one(op, av)
+        if ways is None or total * ways > MAX_WAYS:
+            return None
+        total *= ways
+    return total
+
+
+def _ways_one(op: Any, av: Any) -> int | None:
+    if op == sre.LITERAL:
+        return None if av == ord("{") else 1
+    if op in _ONE_WAY:
+        return 1
+    if op == sre.SUBPATTERN:
+        return _ways(list(av[3]))
+    if op in (sre.ASSERT, sre.ASSERT_NOT):
+        return _ways(list(av[1]))
+    if op == sre.BRANCH:
+        counts = [_ways(list(b)) for b in av[1]]
+        total = sum(c for c in counts if c is not None)
+        return None if None in counts or total > MAX_WAYS else total
+    if op in (*_REPEATS, sre.POSSESSIVE_REPEAT):
+        low, high, body = av
+        once = _ways(list(body))
+        if high == sre.MAXREPEAT or once is None:
+            return None
+        total = 0
+        for times in range(low, high + 1):  # each count of repetitions tried, each with its ways
+            total += once**times
+            if total > MAX_WAYS:
+                return None
+        return total
+    return None  # a backreference, a conditional, an atomic group: not counted, so not bounded

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from llmgw.adapters.llamacpp_build import installed_architectures
 from llmgw.adapters.mirror import (
     MirrorStore,
     hash_directory,
@@ -29,6 +30,7 @@ from llmgw.controller.parts.settings import parse_hostport
 from llmgw.core.fleet.views import LiveState
 from llmgw.core.weights.fetch_plan import DEFAULT_REVISION
 from llmgw.core.weights.fit_table import GPU_COUNTS, FitRow, fit_table
+from llmgw.core.weights.gguf_arch import architecture_problem
 from llmgw.core.weights.manifest import ManifestFile, total_bytes
 from llmgw.core.weights.memory_fit import GIB, class_memory
 
@@ -116,12 +118,21 @@ def inspect(
     """Print a model's shape from its own headers: architecture, layers, trained context, quantization or
     dtype, parameters, tensor bytes, attention and KV heads."""
     shape = asyncio.run(inspect_source(source, _token(token_file)))
+    shown_json = shape.to_json()
+    if shape.format == "gguf":  # whether llama.cpp loads it: the answer is in the header
+        build = installed_architectures()
+        problem = architecture_problem(shape.architecture, build)
+        shown_json["llamacpp"] = {"build": build.build, "from": build.source, "loads": problem is None}
+        shown_json["llamacpp"] |= {"problem": problem} if problem else {}
     if as_json:
-        output.print_json(shape.to_json())
+        output.print_json(shown_json)
         return
     for key, value in shape.to_json().items():
         shown = "(not in the headers)" if value is None else f"{value:,}" if isinstance(value, int) else value
         typer.echo(f"{key.replace('_', ' ') + ':':18} {shown}")
+    if shape.format == "gguf":
+        words = "loads it" if problem is None else f"does not load it: {problem}"
+        typer.echo(f"{'llama.cpp:':18} {build.words()} {words}")
 
 
 COMMON_CLASSES = {"l4-24g": 24, "a100-40g": 40, "l40s-48g": 48, "h100-80g": 80}  # GiB per card

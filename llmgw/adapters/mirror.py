@@ -50,6 +50,16 @@ class MirrorEntry:
     problem: str | None  # why the entry is not servable as listed (no manifest, a file missing or resized)
 
 
+@dataclass(frozen=True)
+class CheckedFile:
+    """A file to add under `name`, with the size and sha256 it must have."""
+
+    name: str
+    source: Path
+    sha256: str
+    size: int
+
+
 def hash_directory(directory: Path) -> list[ManifestFile]:
     """Every regular file under `directory` with its size and sha256, names relative and `/`-separated.
     Dot-files and dot-directories (.git, .gitattributes, .cache) are not part of a model and are skipped."""
@@ -135,6 +145,31 @@ class MirrorStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return files
+
+    def add_checked(self, files: list[CheckedFile], repo: str, revision: str) -> list[ManifestFile]:
+        """Copy single files in under the names given, each checked against the size and sha256 it was named by
+        (an Ollama blob's digest): a file that does not match is refused and nothing is added."""
+        target = self._free(repo, revision)
+        staging = self._staging(repo)
+        out: list[ManifestFile] = []
+        try:
+            for f in files:
+                if not f.source.is_file():
+                    raise MirrorError(f"{f.source}: no such file ({f.name} of {repo})")
+                dest = staging / f.name
+                shutil.copyfile(f.source, dest)
+                size, sha = dest.stat().st_size, _sha256(dest)
+                if sha != f.sha256 or size != f.size:
+                    raise MirrorError(
+                        f"{f.source}: {size} bytes with sha256 {sha}, but it was named by sha256 {f.sha256} "
+                        f"and {f.size} bytes: corrupt or changed, not added (pull it again)"
+                    )
+                out.append(ManifestFile(f.name, size, sha))
+            (staging / MANIFEST).write_text(manifest_text(out))
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return out
 
     async def add_url(
         self, url: str, repo: str, revision: str = DEFAULT_REVISION, token: str | None = None

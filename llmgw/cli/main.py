@@ -42,9 +42,14 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "data.traffic_cmds": ("traffic",),
     "repo.guard_cmds": ("guard",),
     "fleet.eval_cmds": ("eval",),
+    "data.mirror_upkeep_cmds": (),
 }
-# Groups another module adds subcommands to: `model check` is eval_cmds', beside mirror_cmds' `model`.
-EXTENDS: dict[str, tuple[str, ...]] = {"model": ("fleet.eval_cmds",)}
+# Groups another module adds subcommands to: `model check` is eval_cmds', beside mirror_cmds' `model`;
+# `mirror import-ollama` is mirror_upkeep_cmds'.
+EXTENDS: dict[str, tuple[str, ...]] = {
+    "model": ("fleet.eval_cmds", "data.mirror_upkeep_cmds"),
+    "mirror": ("data.mirror_upkeep_cmds",),
+}
 _OWNER = {command: module for module, commands in OWNERS.items() for command in commands}
 
 

@@ -37,7 +37,7 @@ from llmgw.core.weights.memory_fit import GIB, class_memory
 model_app = typer.Typer(help="Model sources.", no_args_is_help=True)
 mirror_app = typer.Typer(help="The weights mirror (HF layout) on this machine.", no_args_is_help=True)
 
-_MirrorDir = Annotated[
+MirrorDirOpt = Annotated[
     Path, typer.Option("--mirror-dir", envvar="LLMGW_MIRROR_DIR", help="The mirror's directory")
 ]
 _TokenFile = Annotated[
@@ -281,7 +281,7 @@ def add(
         str, typer.Argument(help="A local model directory, or a URL whose server publishes one")
     ],
     repo: Annotated[str, typer.Option("--repo", help="The name nodes ask for, e.g. Qwen/Qwen2.5-0.5B")],
-    mirror_dir: _MirrorDir,
+    mirror_dir: MirrorDirOpt,
     revision: Annotated[
         str, typer.Option("--revision", help="Revision it is filed under")
     ] = DEFAULT_REVISION,
@@ -298,7 +298,7 @@ def add(
 
 @mirror_app.command("list")
 def list_(
-    mirror_dir: _MirrorDir,
+    mirror_dir: MirrorDirOpt,
     as_json: output.JsonOpt = False,
 ) -> None:
     """What the mirror holds: each repo@revision with its file count and size, and what is wrong with it."""
@@ -320,7 +320,7 @@ def list_(
 
 @mirror_app.command("serve")
 def serve(
-    mirror_dir: _MirrorDir,
+    mirror_dir: MirrorDirOpt,
     listen: Annotated[str, typer.Option("--listen", help="host:port")] = "127.0.0.1:7073",
     token_file: Annotated[
         Path | None, typer.Option("--token-file", help="Only this bearer token may read (default: anyone)")

@@ -202,6 +202,24 @@ class MirrorStore:
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
 
+    def remove(self, repo: str, revision: str) -> int:
+        """Delete `{repo}/{revision}` (its bytes, as a number, are returned). The directory is first renamed aside,
+        so the server answers 404 for the whole version at once, never a half-deleted one."""
+        target = self.version_dir(repo, revision)
+        if not (target / MANIFEST).is_file():
+            raise MirrorError(
+                f"the mirror holds no {repo}@{revision} ({target}); `llmgw mirror list` shows what it does"
+            )
+        size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+        aside = Path(tempfile.mkdtemp(prefix=".removing-", dir=target.parent))
+        os.rename(target, aside / "version")
+        shutil.rmtree(aside)
+        parent = target.parent
+        while parent != self.root and parent.is_relative_to(self.root) and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+        return size
+
     def entries(self) -> list[MirrorEntry]:
         """Every version the mirror holds (a directory with files under ROOT/{repo}/{revision})."""
         found: list[MirrorEntry] = []

@@ -1,4 +1,4 @@
-"""`llmgw mirror import-ollama`: what else fills and keeps the mirror, beside mirror_cmds' `add|list|serve`.
+"""`llmgw mirror import-ollama|unused|remove`: what else fills and keeps the mirror, beside mirror_cmds' `add|list|serve`.
 
 Like those, these work on the mirror host's directory.
 """
@@ -11,8 +11,11 @@ from typing import Annotated
 
 import typer
 
-from llmgw.adapters.mirror import CheckedFile, MirrorStore
+from llmgw.adapters.mirror import CheckedFile, MirrorError, MirrorStore
+from llmgw.adapters.repo_files import load_repo
+from llmgw.cli import output
 from llmgw.cli.data.mirror_cmds import MirrorDirOpt, mirror_app
+from llmgw.core.weights.mirror_use import Version, parse_version, unused_versions, users_of_versions
 from llmgw.core.weights.ollama import OllamaError, blob_path, parse_name, weight_blobs
 
 __all__ = ["register"]
@@ -61,5 +64,68 @@ def import_ollama(
     typer.echo(f"imported {name.words()} as {target_repo}@{target_revision}: {listed}")
 
 
+_CatalogRepo = Annotated[
+    Path,
+    typer.Option(
+        "--repo", help="The cluster repo whose catalog says what is in use (a checkout of what is applied)"
+    ),
+]
+
+
+def _users(repo: Path) -> dict[Version, list[str]]:
+    """Who uses which mirror version, from the cluster repo at `repo`; refuses when it cannot read it: an
+    unreadable catalog would call everything unused."""
+    loaded = load_repo(repo)
+    if loaded.repo is None:
+        first = loaded.errors[0] if loaded.errors else "no catalog"
+        raise MirrorError(
+            f"cannot read the catalog at {repo} ({first}; {len(loaded.errors)} error(s), `llmgw validate "
+            f"{repo}` lists them): what the mirror holds is not judged unused without it"
+        )
+    catalog = loaded.repo.catalog
+    return users_of_versions(
+        {n: m.spec.source for n, m in catalog.models.items()},
+        {n: a.source for n, a in catalog.adapters.items()},
+    )
+
+
+def unused(mirror_dir: MirrorDirOpt, repo: _CatalogRepo, as_json: output.JsonOpt = False) -> None:
+    """What the mirror holds that no Model or Adapter of the cluster repo's catalog uses."""
+    entries = MirrorStore(mirror_dir).entries()
+    held = {(e.repo, e.revision): e for e in entries}
+    found = [held[v] for v in unused_versions(held, _users(repo))]
+    if as_json:
+        output.print_json(
+            [{"repo": e.repo, "revision": e.revision, "size_bytes": e.size_bytes} for e in found]
+        )
+        return
+    if not found:
+        typer.echo(f"every version the mirror holds ({len(entries)}) is used by the catalog at {repo}")
+    for e in found:
+        typer.echo(f"{e.repo}@{e.revision}  {e.size_bytes} bytes  used by nothing in {repo}")
+
+
+def remove(
+    version: Annotated[str, typer.Argument(help="REPO@REVISION as `llmgw mirror list` prints it")],
+    mirror_dir: MirrorDirOpt,
+    repo: _CatalogRepo,
+) -> None:
+    """Delete a version from the mirror, once the catalog no longer uses it."""
+    try:
+        name, revision = parse_version(version)
+    except ValueError as exc:
+        raise MirrorError(str(exc)) from exc
+    users = _users(repo).get((name, revision))
+    if users:
+        raise MirrorError(
+            f"{version} is still used by {', '.join(users)} in {repo}: retire the entry first (remove it or point "
+            "its source elsewhere, and apply), then remove the files; a node that has to fetch them again could not"
+        )
+    size = MirrorStore(mirror_dir).remove(name, revision)
+    typer.echo(f"removed {version} ({size} bytes)")
+
+
 def register(_app: typer.Typer) -> None:
     mirror_app.command("import-ollama")(import_ollama)
+    mirror_app.command("unused")(unused)
+    mirror_app.command("remove")(remove)

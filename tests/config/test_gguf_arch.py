@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from llmgw.adapters.llamacpp_build import installed_architectures
-from llmgw.adapters.model_files import inspect_source
+from llmgw.adapters.model_files import inspect_source, installed_architectures
 from llmgw.cli.main import app
 from llmgw.core.weights.gguf_arch import (
     PINNED,

@@ -15,7 +15,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from llmgw.adapters.llamacpp_build import installed_architectures
 from llmgw.adapters.mirror import (
     MirrorStore,
     hash_directory,
@@ -23,7 +22,7 @@ from llmgw.adapters.mirror import (
     published_manifest,
     run_forever,
 )
-from llmgw.adapters.model_files import InspectError, inspect_source
+from llmgw.adapters.model_files import InspectError, inspect_source, installed_architectures
 from llmgw.cli import output
 from llmgw.cli.reach import controller_client
 from llmgw.controller.parts.settings import parse_hostport

@@ -1,5 +1,5 @@
 """Whether llama.cpp can load a GGUF's `general.architecture`: judged against the architectures a llama.cpp build
-knows (its LLM_ARCH_NAMES). Pure: names in, words out (llmgw.adapters.llamacpp_build reads an installed build).
+knows (its LLM_ARCH_NAMES). Pure: names in, words out (llmgw.adapters.model_files reads an installed build).
 
 A file whose architecture the build does not know is fetched, placed and then fails on every node, while the
 answer is in its first kilobytes; so `validate`/`plan` refuse it at the profile and `llmgw model inspect` says it.

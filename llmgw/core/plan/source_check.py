@@ -72,6 +72,9 @@ class Answer:
     size: int | None = None
     sha256: str | None = None
     error: str | None = None  # no answer: why (connection refused, timed out, name not resolved)
+    commit: str | None = (
+        None  # the revision the server says the file is at (HF's X-Repo-Commit); None: not said
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -133,6 +133,13 @@ def write_repo(tmp_path: Path, origin: Origin) -> Path:
     return repo
 
 
+def fingerprints(repo: Path) -> dict[tuple[str, str], str]:
+    loaded = load_repo(repo)
+    assert loaded.repo is not None, loaded.errors
+    models = loaded.repo.catalog.models
+    return {(m, p.name): p.fingerprint for m, e in models.items() for p in e.profiles}
+
+
 def updates(repo: Path) -> dict[str, dict[str, object]]:
     result = CliRunner().invoke(app, ["model", "updates", str(repo), "--json"])
     assert result.exit_code == 0, result.output
@@ -146,6 +153,7 @@ def test_updates_lists_the_change_update_writes_the_pins_and_revert_restores_the
     origin.plain = b"tiny v1"
     repo = write_repo(tmp_path, origin)
     before = {p: (repo / p).read_text() for p in ("models.yaml", "manifests/small.json")}
+    first = fingerprints(repo)
     found = updates(repo)
     assert found["small"]["state"] == "current" and found["tiny"]["state"] == "current", found
 
@@ -175,12 +183,16 @@ def test_updates_lists_the_change_update_writes_the_pins_and_revert_restores_the
     manifest = loaded.repo.catalog.models["small"].manifest
     assert manifest is not None and {f.sha256 for f in manifest} >= {new_sha}
     assert all(u["state"] == "current" for u in updates(repo).values())
+    # What the plan rolls: every profile's fingerprint moved (the replicas are stale and roll per `rollout`).
+    updated = fingerprints(repo)
+    assert all(updated[k] != first[k] for k in first)
     again = CliRunner().invoke(app, ["model", "update", "small", str(repo)])
     assert again.exit_code == 1 and "nothing to update" in again.output
 
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "update small and tiny")
     git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "revert", "--no-edit", "HEAD")
     assert {p: (repo / p).read_text() for p in before} == before  # the old pins and checksums, byte for byte
+    assert fingerprints(repo) == first  # the replicas started on the update are the stale ones now
     assert updates(repo)["small"]["state"] == "changed"  # the origin still has the new files
 
 

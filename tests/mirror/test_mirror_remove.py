@@ -54,6 +54,10 @@ def test_unused_lists_only_what_no_model_names_by_repo_or_by_url_path(tmp_path: 
     code, out = run("unused", "--mirror-dir", str(mirror), "--repo", str(repo), "--json")
     assert code == 0, out
     assert json.loads(out) == [{"repo": "org/c", "revision": "v3", "size_bytes": 2000}]
+    origins = {e.revision: e.origin for e in MirrorStore(mirror).entries()}
+    assert (
+        origins["v3"] == f"local directory {(tmp_path / 'files' / 'v3').resolve()}"
+    )  # traced after the fact
 
 
 def test_remove_refuses_what_the_catalog_uses_by_name_and_deletes_the_rest(tmp_path: Path) -> None:

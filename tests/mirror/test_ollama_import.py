@@ -86,6 +86,16 @@ def test_a_pulled_model_and_its_projector_are_imported_checked_by_digest(
     assert (version / "mmproj.gguf").read_bytes() == PROJECTOR
     [entry] = MirrorStore(mirror).entries()
     assert (entry.repo, entry.files, entry.problem) == ("ollama/gemma3", 2, None)
+    assert entry.origin is not None and entry.origin.startswith("ollama gemma3:270m (")
+    recorded = json.loads((version / "llmgw-origin.json").read_text())["files"]
+    assert recorded[0] == {
+        "name": "model.gguf",
+        "from": str(source / "blobs" / f"sha256-{gemma_sha}"),
+        "sha256": gemma_sha,
+        "size": Path(GEMMA).stat().st_size,
+    }
+    listed = CliRunner().invoke(app, ["mirror", "list", "--mirror-dir", str(mirror), "--json"])
+    assert json.loads(listed.stdout)[0]["origin"] == entry.origin
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 1 and "already holds" in again.output  # a revision names fixed bytes
 

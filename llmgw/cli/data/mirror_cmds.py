@@ -300,7 +300,7 @@ def list_(
     mirror_dir: MirrorDirOpt,
     as_json: output.JsonOpt = False,
 ) -> None:
-    """What the mirror holds: each repo@revision with its file count and size, and what is wrong with it."""
+    """What the mirror holds: each repo@revision with its file count, size, origin, and what is wrong with it."""
     entries = MirrorStore(mirror_dir).entries()
     if as_json:
         output.print_json([e.__dict__ for e in entries])
@@ -311,9 +311,10 @@ def list_(
             + ("" if mirror_dir.is_dir() else " (no such directory)")
         )
         return
-    table = Table("REPO", "REVISION", "FILES", "SIZE", "PROBLEM")
+    table = Table("REPO", "REVISION", "FILES", "SIZE", "ORIGIN", "PROBLEM")
     for e in entries:
-        table.add_row(e.repo, e.revision, str(e.files), _size(e.size_bytes), e.problem or "")
+        origin = e.origin or "(not recorded)"
+        table.add_row(e.repo, e.revision, str(e.files), _size(e.size_bytes), origin, e.problem or "")
     Console().print(table)
 
 

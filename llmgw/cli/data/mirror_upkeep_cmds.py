@@ -59,7 +59,8 @@ def import_ollama(
     files = [CheckedFile(b.file_name, root / blob_path(b.sha256), b.sha256, b.size) for b in blobs]
     target_repo = repo or f"ollama/{name.name}"
     target_revision = revision or f"{name.tag}-{blobs[0].sha256[:12]}"
-    added = MirrorStore(mirror_dir).add_checked(files, target_repo, target_revision)
+    origin = f"ollama {name.words()} ({manifest})"
+    added = MirrorStore(mirror_dir).add_checked(files, target_repo, target_revision, origin)
     listed = ", ".join(f"{f.name} ({f.size} bytes)" for f in added)
     typer.echo(f"imported {name.words()} as {target_repo}@{target_revision}: {listed}")
 

@@ -18,11 +18,12 @@ Without that package, or when its library holds no such run, the list pinned fro
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
@@ -31,7 +32,8 @@ from llmgw_agent.protocol import FetchBase, WeightSource
 from llmgw_agent.weights import WeightsError, checked_session, following
 
 from llmgw.core.errors import LlmgwError
-from llmgw.core.weights.gguf_arch import PINNED, ArchitectureList, from_library
+from llmgw.core.plan.source_check import SourceVerdict, gguf_headers_to_read
+from llmgw.core.weights.gguf_arch import PINNED, ArchitectureList, architecture_problem, from_library
 from llmgw.core.weights.model_headers import (
     MAX_HEADER_BYTES,
     HeaderError,
@@ -44,7 +46,16 @@ from llmgw.core.weights.model_headers import (
     safetensors_header_length,
 )
 
-__all__ = ["InspectError", "inspect_source", "installed_architectures", "shape_of_directory"]
+if TYPE_CHECKING:
+    from llmgw.core.desired.catalog import Catalog
+
+__all__ = [
+    "InspectError",
+    "gguf_architecture_verdicts",
+    "inspect_source",
+    "installed_architectures",
+    "shape_of_directory",
+]
 
 FIRST_READ = 1 << 20
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -217,3 +228,27 @@ def installed_architectures() -> ArchitectureList:
         if found is not None:
             return found
     return PINNED
+
+
+async def gguf_architecture_verdicts(
+    catalog: Catalog, verdicts: Sequence[SourceVerdict]
+) -> list[SourceVerdict]:
+    """`plan`'s verdicts with each checked `.gguf` URL source of a llamacpp model judged by its header's
+    architecture (the header alone, with Range): an architecture the installed build does not load is an error
+    naming the build's list; a header that cannot be read leaves the verdict as it was, saying so."""
+    reads = gguf_headers_to_read(catalog, verdicts)
+    if not reads:
+        return list(verdicts)
+    build = installed_architectures()
+    out = list(verdicts)
+    for index, url in reads.items():
+        v = out[index]
+        try:
+            shape = await inspect_source(url)
+        except InspectError as exc:
+            out[index] = dataclasses.replace(v, detail=f"{v.detail}; its GGUF header was not read ({exc})")
+            continue
+        problem = architecture_problem(shape.architecture, build)
+        if problem is not None:
+            out[index] = SourceVerdict(v.model, v.source, "error", problem, v.where, (problem,))
+    return out

@@ -144,3 +144,56 @@ def test_the_real_llama_server_refuses_the_patched_copy_as_the_judgement_says(pa
     )
     assert done.returncode != 0
     assert f"unknown model architecture: '{UNKNOWN}'" in done.stderr + done.stdout
+
+
+URL_MODEL = """\
+apiVersion: llmgw/v1
+kind: Model
+metadata: {name: NAME}
+spec:
+  context_length: 4096
+  source: {url: 'URL'}
+  profiles:
+    - {name: cpu, engine: llamacpp}
+"""
+
+
+async def test_plan_reads_a_gguf_url_header_and_refuses_an_architecture_the_build_does_not_load(
+    tmp_path: Path, patched: Path
+) -> None:
+    from aiohttp import web
+
+    from llmgw.core.fleet.views import LiveState
+
+    served = {"/gemma.gguf": Path(GEMMA), "/kevlar.gguf": patched}
+
+    async def serve(request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(served[request.path])  # answers Range: only the header is read
+
+    server = web.Application()
+    server.router.add_get("/{name}", serve)
+    runner = web.AppRunner(server, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "cluster.yaml").write_text(CLUSTER)
+    state = tmp_path / "state.json"
+    state.write_text(LiveState().model_dump_json())
+
+    def plan(name: str) -> tuple[int, str]:
+        (repo / "models.yaml").write_text(
+            URL_MODEL.replace("NAME", name).replace("URL", f"{base}/{name}.gguf")
+        )
+        result = CliRunner().invoke(app, ["plan", str(repo), "--state", str(state)])
+        return result.exit_code, result.output
+
+    try:
+        good = await asyncio.to_thread(plan, "gemma")
+        bad = await asyncio.to_thread(plan, "kevlar")
+    finally:
+        await runner.cleanup()
+    assert good[0] == 0 and "kevlar" not in good[1], good[1]
+    assert bad[0] == 1 and "architecture 'kevlar' is not one llama.cpp b11434" in bad[1], bad[1]
+    assert "gemma3" in bad[1]  # the build's list

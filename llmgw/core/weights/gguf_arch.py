@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
+    "PINNED",
     "PINNED_ARCHITECTURES",
     "PINNED_BUILD",
     "PROJECTOR",

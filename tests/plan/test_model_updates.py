@@ -41,8 +41,13 @@ class Origin:
 
     async def resolve(self, request: web.Request) -> web.Response:
         revision = request.match_info["rev"]
-        commit = self.main if revision == "main" else revision
-        body = self.commits.get(commit, {}).get(request.match_info["file"])
+        commit = (
+            self.main if revision == "main" else next((c for c in self.commits if c.startswith(revision)), "")
+        )
+        files = self.commits.get(commit, {})
+        if request.match_info["file"] == "llmgw-manifest.json" and files:  # as the mirror publishes it
+            return web.json_response(manifest_json(files_of(files)))
+        body = files.get(request.match_info["file"])
         if request.match_info["repo"] != "org/small" or body is None:
             raise web.HTTPNotFound()
         sha = hashlib.sha256(body).hexdigest()
@@ -106,6 +111,14 @@ spec:
     sha256: SHA
     size_bytes: SIZE
   profiles: [{name: cpu, engine: sim}]
+---
+apiVersion: llmgw/v1
+kind: Model
+metadata: {name: served}
+spec:
+  context_length: 4096
+  source: {repo: org/small, revision: 'REV'}
+  profiles: [{name: cpu, engine: sim}]
 """
 
 
@@ -118,7 +131,7 @@ def write_repo(tmp_path: Path, origin: Origin) -> Path:
     (repo / "manifests").mkdir(parents=True)
     url = f"http://127.0.0.1:{origin.port}"
     (repo / "cluster.yaml").write_text(
-        f"apiVersion: llmgw/v1\nkind: Cluster\nmetadata: {{name: t}}\nspec:\n  mirror: {{origin: '{url}'}}\n"
+        f"apiVersion: llmgw/v1\nkind: Cluster\nmetadata: {{name: t}}\nspec:\n  mirror: {{url: '{url}', origin: '{url}'}}\n"
     )
     manifest = manifest_json(files_of(origin.commits[C1]))
     (repo / "manifests" / "small.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -155,7 +168,7 @@ def test_updates_lists_the_change_update_writes_the_pins_and_revert_restores_the
     before = {p: (repo / p).read_text() for p in ("models.yaml", "manifests/small.json")}
     first = fingerprints(repo)
     found = updates(repo)
-    assert found["small"]["state"] == "current" and found["tiny"]["state"] == "current", found
+    assert {u["state"] for u in found.values()} == {"current"}, found
 
     origin.push(C2, {"config.json": b"{}", "model.gguf": b"new weights" * 120})
     origin.plain = b"tiny v2!"
@@ -166,15 +179,19 @@ def test_updates_lists_the_change_update_writes_the_pins_and_revert_restores_the
         and "model.gguf changed upstream at" in found["small"]["detail"]
     )
     assert found["tiny"]["state"] == "changed" and found["tiny"]["changed"] == ["tiny.gguf"]
+    # No manifest in the repo: the files are the ones the mirror publishes for the pinned revision.
+    assert found["served"]["state"] == "changed" and found["served"]["changed"] == ["model.gguf"]
 
     dry = CliRunner().invoke(app, ["model", "update", "small", str(repo)])
     assert dry.exit_code == 0 and "would write" in dry.stdout and "give --write" in dry.stdout, dry.output
     assert (repo / "models.yaml").read_text() == before["models.yaml"]
-    for model in ("small", "tiny"):
+    for model in ("small", "tiny", "served"):
         done = CliRunner().invoke(app, ["model", "update", model, str(repo), "--write"])
         assert done.exit_code == 0, done.output
     text = (repo / "models.yaml").read_text()
-    assert f"revision: '{C2}'" in text and "# pinned by hand" in text  # edited in place, comments kept
+    assert (
+        text.count(f"revision: '{C2}'") == 2 and "# pinned by hand" in text
+    )  # edited in place, comments kept
     new_sha = hashlib.sha256(b"new weights" * 120).hexdigest()
     assert new_sha in (repo / "manifests" / "small.json").read_text()
     assert f"sha256: {hashlib.sha256(b'tiny v2!').hexdigest()}" in text and "size_bytes: 8" in text

@@ -14,14 +14,15 @@ from typing import Annotated
 
 import typer
 
+from llmgw.adapters.mirror import MirrorError, published_manifest
 from llmgw.adapters.repo_files import load_repo
 from llmgw.adapters.source_probe import head_all
 from llmgw.cli import output
 from llmgw.cli.data.mirror_cmds import model_app
 from llmgw.core.desired.repo import LoadedDocument, Repo
 from llmgw.core.errors import LlmgwError
-from llmgw.core.plan.weight_updates import FOLLOW, Update, judge_update, tracked
-from llmgw.core.weights.manifest import manifest_json
+from llmgw.core.plan.weight_updates import FOLLOW, Update, judge_update, mirror_manifests_to_read, tracked
+from llmgw.core.weights.manifest import ManifestFile, manifest_json
 from llmgw.core.weights.pin_edit import replace_scalar
 
 __all__ = ["register"]
@@ -46,11 +47,24 @@ def _load(repo: Path) -> Repo:
 
 
 def _ask(repo: Repo, follow: str, model: str | None = None) -> list[Update]:
-    items = [t for t in tracked(repo.catalog, follow) if model is None or t.model == model]
-    if model is not None and not items:
+    if model is not None and model not in repo.catalog.models:
         raise UpdateError(f"no Model {model!r} in the repo")
+    to_read = {m: url for m, url in mirror_manifests_to_read(repo.catalog).items() if model in (None, m)}
+    published = asyncio.run(_published(to_read))
+    items = [t for t in tracked(repo.catalog, follow, published) if model is None or t.model == model]
     answers = asyncio.run(head_all([f.url for t in items for f in t.files]))
     return [judge_update(t, answers) for t in items]
+
+
+async def _published(urls: dict[str, str]) -> dict[str, tuple[ManifestFile, ...] | str]:
+    """Model -> the manifest its mirror publishes, or why it could not be read."""
+    out: dict[str, tuple[ManifestFile, ...] | str] = {}
+    for model, url in urls.items():
+        try:
+            out[model] = tuple(await published_manifest(url))
+        except MirrorError as exc:
+            out[model] = str(exc)
+    return out
 
 
 def updates(repo: _RepoArg, follow: _FollowOpt = FOLLOW, as_json: output.JsonOpt = False) -> None:
@@ -111,10 +125,10 @@ def _edits(doc: LoadedDocument, repo: Repo, found: Update) -> dict[Path, str]:
         if source.revision is None or found.revision is None:
             raise UpdateError(f"{doc.name}: spec.source pins no revision to move (add `revision:` first)")
         text = _pin(doc, text, "revision", source.revision, found.revision)
-        assert source.manifest is not None
-        manifest_path = Path(repo.root) / source.manifest.removeprefix("./")
-        shape = repo.catalog.models[doc.name].shape
-        out[manifest_path] = json.dumps(manifest_json(found.files, shape), indent=1) + "\n"
+        if source.manifest is not None:  # else the mirror publishes the new revision's (add it there first)
+            manifest_path = Path(repo.root) / source.manifest.removeprefix("./")
+            shape = repo.catalog.models[doc.name].shape
+            out[manifest_path] = json.dumps(manifest_json(found.files, shape), indent=1) + "\n"
     else:
         [now] = found.files
         if source.sha256 is not None:

@@ -2,7 +2,8 @@
 (llmgw.adapters.source_probe.head_all sends the HEAD requests; `llmgw model updates|update` is the shell).
 
 What is tracked is what the repo pins: a `source: {repo, revision, manifest}` pins a revision and, through the
-manifest in the repo, each file's size and sha256; a single-file `source.url` pins `sha256` and/or `size_bytes`.
+manifest in the repo, each file's size and sha256 (without a manifest in the repo, the one the Cluster's mirror
+publishes for that revision: the files its nodes were served); a single-file `source.url` pins `sha256` and/or `size_bytes`.
 The origin is asked for the same files where they move on: `{mirror.origin}/{repo}/resolve/{follow}/{file}`
 (`follow` is `main` unless told; the origin names the commit it is at, HF's `X-Repo-Commit`, and each file's
 sha256, `X-Linked-Etag`) or the URL itself. A model has an update when a file's bytes differ there; a new
@@ -28,7 +29,17 @@ from llmgw.core.weights.manifest import ManifestFile
 if TYPE_CHECKING:
     from llmgw.core.desired.catalog import Catalog, ModelEntry
 
-__all__ = ["FOLLOW", "Tracked", "TrackedFile", "Update", "judge_update", "same_commit", "tracked"]
+__all__ = [
+    "FOLLOW",
+    "Published",
+    "Tracked",
+    "TrackedFile",
+    "Update",
+    "judge_update",
+    "mirror_manifests_to_read",
+    "same_commit",
+    "tracked",
+]
 
 FOLLOW = "main"
 UpdateState = Literal["current", "changed", "not checked"]
@@ -62,13 +73,36 @@ class Update:
     changed: tuple[str, ...] = ()  # the names whose bytes differ
 
 
-def tracked(catalog: Catalog, follow: str = FOLLOW) -> list[Tracked]:
-    """What to ask about each model of `catalog` that has a source, by name."""
+Published = Mapping[
+    str, "tuple[ManifestFile, ...] | str"
+]  # model -> the mirror's manifest, or why it was not read
+
+
+def mirror_manifests_to_read(catalog: Catalog) -> dict[str, str]:
+    """Model -> the mirror URL of the manifest it publishes, for each `repo` source whose repo holds no manifest:
+    the files its nodes were served are the ones the mirror lists for the pinned revision."""
+    mirror = catalog.cluster.mirror.url
+    out: dict[str, str] = {}
+    for name, entry in sorted(catalog.models.items()):
+        source = entry.spec.source
+        if mirror and source is not None and source.repo is not None and entry.manifest is None:
+            out[name] = hf_base(mirror, source.repo, source.revision or DEFAULT_REVISION)
+    return out
+
+
+def tracked(catalog: Catalog, follow: str = FOLLOW, published: Published | None = None) -> list[Tracked]:
+    """What to ask about each model of `catalog` that has a source, by name. `published`: the manifests read from
+    the mirror for the models `mirror_manifests_to_read` named."""
     origin = catalog.cluster.mirror.origin
-    return [_tracked(name, entry, origin, follow) for name, entry in sorted(catalog.models.items())]
+    return [
+        _tracked(name, entry, origin, follow, (published or {}).get(name))
+        for name, entry in sorted(catalog.models.items())
+    ]
 
 
-def _tracked(name: str, entry: ModelEntry, origin: str, follow: str) -> Tracked:
+def _tracked(
+    name: str, entry: ModelEntry, origin: str, follow: str, published: tuple[ManifestFile, ...] | str | None
+) -> Tracked:
     source = entry.spec.source
     if source is None or source.path is not None:
         where = "no source" if source is None else "a path on the node"
@@ -80,11 +114,13 @@ def _tracked(name: str, entry: ModelEntry, origin: str, follow: str) -> Tracked:
             return Tracked(
                 name, words, revision, unchecked="the Cluster's mirror.origin is none: no origin to ask"
             )
-        if entry.manifest is None:
+        pinned = entry.manifest if entry.manifest is not None else published
+        if pinned is None or isinstance(pinned, str):
             why = "no manifest in the repo pins its files (spec.source.manifest, `llmgw model manifest`)"
+            why += "" if pinned is None else f", and the mirror's could not be read: {pinned}"
             return Tracked(name, words, revision, unchecked=why)
         base = hf_base(origin, source.repo, follow)
-        files = tuple(TrackedFile(f.name, base + quote(f.name), f.size, f.sha256) for f in entry.manifest)
+        files = tuple(TrackedFile(f.name, base + quote(f.name), f.size, f.sha256) for f in pinned)
         return Tracked(name, words, revision, files)
     assert source.url is not None
     if source.directory:

@@ -79,16 +79,14 @@ def updates(repo: _RepoArg, follow: _FollowOpt = FOLLOW, as_json: output.JsonOpt
 
 def _json(u: Update) -> dict[str, object]:
     files = [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in u.files]
-    return {
+    keys = {
         "model": u.model,
         "source": u.source,
         "state": u.state,
         "detail": u.detail,
         "revision": u.revision,
-    } | {
-        "changed": list(u.changed),
-        "files": files,
     }
+    return keys | {"changed": list(u.changed), "files": files}
 
 
 def update(
@@ -100,7 +98,8 @@ def update(
     ] = False,
 ) -> None:
     """Move a model's pins to what the origin has now: `revision` and its manifest, or `sha256`/`size_bytes`.
-    Commit the edit: the plan rolls it out one replica at a time; reverting the commit is the rollback."""
+    Commit the edit: the plan shows the model's replicas stale and they roll as its `rollout` says; reverting the
+    commit is the rollback."""
     loaded = _load(repo)
     [found] = _ask(loaded, follow, model)
     if found.state != "changed":

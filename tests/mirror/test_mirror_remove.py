@@ -51,7 +51,7 @@ def run(*args: str) -> tuple[int, str]:
 
 def test_unused_lists_only_what_no_model_names_by_repo_or_by_url_path(tmp_path: Path) -> None:
     mirror, repo = mirror_and_repo(tmp_path)
-    code, out = run("unused", "--mirror-dir", str(mirror), "--repo", str(repo), "--json")
+    code, out = run("unused", "--mirror-dir", str(mirror), "--cluster-repo", str(repo), "--json")
     assert code == 0, out
     assert json.loads(out) == [{"repo": "org/c", "revision": "v3", "size_bytes": 2000}]
     origins = {e.revision: e.origin for e in MirrorStore(mirror).entries()}
@@ -62,7 +62,7 @@ def test_unused_lists_only_what_no_model_names_by_repo_or_by_url_path(tmp_path: 
 
 def test_remove_refuses_what_the_catalog_uses_by_name_and_deletes_the_rest(tmp_path: Path) -> None:
     mirror, repo = mirror_and_repo(tmp_path)
-    where = ["--mirror-dir", str(mirror), "--repo", str(repo)]
+    where = ["--mirror-dir", str(mirror), "--cluster-repo", str(repo)]
     code, out = run("remove", "org/b@v2", *where)
     assert code == 1 and "org/b@v2 is still used by Model/by-url" in out and "retire the entry first" in out
     on_disk = sum(p.stat().st_size for p in (mirror / "org" / "c" / "v3").iterdir())  # its manifest too
@@ -84,6 +84,6 @@ def test_an_unreadable_catalog_is_refused_not_read_as_empty(tmp_path: Path) -> N
         MODELS.replace("context_length: 4096\n  source: {repo", "source: {repo")
     )
     for args in (("unused",), ("remove", "org/c@v3")):
-        code, out = run(*args, "--mirror-dir", str(mirror), "--repo", str(repo))
+        code, out = run(*args, "--mirror-dir", str(mirror), "--cluster-repo", str(repo))
         assert code == 1 and f"cannot read the catalog at {repo}" in out and "context_length" in out, out
     assert len(MirrorStore(mirror).entries()) == 3

@@ -16,7 +16,7 @@ from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import output
 from llmgw.cli.data.mirror_cmds import MirrorDirOpt, mirror_app
 from llmgw.core.weights.mirror_use import Version, parse_version, unused_versions, users_of_versions
-from llmgw.core.weights.ollama import OllamaError, blob_path, parse_name, weight_blobs
+from llmgw.core.weights.ollama import MODEL_FILE, OllamaError, blob_path, parse_name, weight_blobs
 
 __all__ = ["register"]
 
@@ -58,7 +58,8 @@ def import_ollama(
     blobs = weight_blobs(body, str(manifest))
     files = [CheckedFile(b.file_name, root / blob_path(b.sha256), b.sha256, b.size) for b in blobs]
     target_repo = repo or f"ollama/{name.name}"
-    target_revision = revision or f"{name.tag}-{blobs[0].sha256[:12]}"
+    model_sha = next(b.sha256 for b in blobs if b.file_name == MODEL_FILE)
+    target_revision = revision or f"{name.tag}-{model_sha[:12]}"
     origin = f"ollama {name.words()} ({manifest})"
     added = MirrorStore(mirror_dir).add_checked(files, target_repo, target_revision, origin)
     listed = ", ".join(f"{f.name} ({f.size} bytes)" for f in added)
@@ -68,7 +69,8 @@ def import_ollama(
 _CatalogRepo = Annotated[
     Path,
     typer.Option(
-        "--repo", help="The cluster repo whose catalog says what is in use (a checkout of what is applied)"
+        "--cluster-repo",
+        help="The cluster repo whose catalog says what is in use (a checkout of what is applied)",
     ),
 ]
 

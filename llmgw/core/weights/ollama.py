@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from llmgw.core.errors import LlmgwError
 
 __all__ = [
+    "MODEL_FILE",
     "MODEL_MEDIA_TYPE",
     "PROJECTOR_MEDIA_TYPE",
     "OllamaBlob",
@@ -32,7 +33,8 @@ __all__ = [
 MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"
 PROJECTOR_MEDIA_TYPE = "application/vnd.ollama.image.projector"
 REGISTRY = "registry.ollama.ai"
-_FILE_NAMES = {MODEL_MEDIA_TYPE: "model.gguf", PROJECTOR_MEDIA_TYPE: "mmproj.gguf"}
+MODEL_FILE, PROJECTOR_FILE = "model.gguf", "mmproj.gguf"  # what the mirror calls them
+_FILE_NAMES = {MODEL_MEDIA_TYPE: MODEL_FILE, PROJECTOR_MEDIA_TYPE: PROJECTOR_FILE}
 _PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 
@@ -107,7 +109,7 @@ def weight_blobs(body: bytes, where: str) -> list[OllamaBlob]:
         if any(b.file_name == file_name for b in out):
             raise OllamaError(f"{where}: more than one layer of type {layer.mediaType}")
         out.append(OllamaBlob(file_name, digest.group(1), layer.size))
-    if not any(b.file_name == "model.gguf" for b in out):
+    if not any(b.file_name == MODEL_FILE for b in out):
         raise OllamaError(f"{where}: no layer of type {MODEL_MEDIA_TYPE} (the model's GGUF)")
     return out
 

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from llmgw.adapters.mirror import MirrorStore
 from llmgw.cli.main import app
 from llmgw.core.weights.ollama import OllamaError, parse_name
+from tests.gguf_patch import patch_architecture
 
 GEMMA = os.environ.get("LLMGW_TEST_MODEL", "")
 pytestmark = pytest.mark.skipif(not Path(GEMMA).is_file(), reason="LLMGW_TEST_MODEL is not a file")
@@ -34,12 +35,15 @@ def gemma_sha() -> str:
     return sha256_of(Path(GEMMA))
 
 
-def ollama_dir(root: Path, gemma_sha: str, projector: bytes | None = PROJECTOR) -> Path:
-    """Ollama's models directory holding `gemma3:270m` (and a projector when given), blobs by digest."""
+def ollama_dir(
+    root: Path, gemma_sha: str, projector: bytes | None = PROJECTOR, model: Path = Path(GEMMA)
+) -> Path:
+    """Ollama's models directory holding `gemma3:270m` (and a projector when given), blobs by digest; `model`
+    is the model blob, whose sha256 is `gemma_sha`."""
     blobs = root / "blobs"
     blobs.mkdir(parents=True)
-    os.link(GEMMA, blobs / f"sha256-{gemma_sha}")
-    size = Path(GEMMA).stat().st_size
+    os.link(model, blobs / f"sha256-{gemma_sha}")
+    size = model.stat().st_size
     model = {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{gemma_sha}", "size": size}
     template = {
         "mediaType": "application/vnd.ollama.image.template",
@@ -137,3 +141,27 @@ def test_a_missing_model_or_a_bad_name_says_what_to_do(tmp_path: Path) -> None:
     assert parse_name("me/tiny").words() == "me/tiny:latest"
     with pytest.raises(OllamaError, match="NAME\\[:TAG\\]"):
         parse_name("a/b/c:1")
+
+
+def test_a_model_whose_architecture_llamacpp_does_not_load_is_refused_unless_anyway(tmp_path: Path) -> None:
+    kevlar = tmp_path / "kevlar.gguf"
+    patch_architecture(Path(GEMMA), kevlar, "kevlar")
+    source = ollama_dir(tmp_path / "ollama", sha256_of(kevlar), projector=None, model=kevlar)
+    mirror = tmp_path / "mirror"
+    args = [
+        "mirror",
+        "import-ollama",
+        "gemma3:270m",
+        "--ollama-dir",
+        str(source),
+        "--mirror-dir",
+        str(mirror),
+    ]
+    refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 1
+    assert (
+        "architecture 'kevlar' is not one llama.cpp b11434" in refused.output and "--anyway" in refused.output
+    )
+    assert MirrorStore(mirror).entries() == []
+    anyway = CliRunner().invoke(app, [*args, "--anyway"])
+    assert anyway.exit_code == 0 and "model.gguf" in anyway.stdout, anyway.output

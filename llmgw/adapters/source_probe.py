@@ -35,7 +35,7 @@ from llmgw.core.plan.source_check import (
 )
 from llmgw.core.weights.manifest import ManifestFile
 
-__all__ = ["PARALLEL", "TIMEOUT_S", "check_sources"]
+__all__ = ["PARALLEL", "TIMEOUT_S", "check_sources", "head_all"]
 
 PARALLEL = 8  # HEAD requests in flight at once, over every source
 TIMEOUT_S = 10.0  # per request: a plan waits seconds for a server, not minutes
@@ -59,6 +59,22 @@ async def check_sources(
     async with checked_session(resolver) as session:
         asker.session = session
         return list(await asyncio.gather(*(asker.verdict(item) for item in items)))
+
+
+async def head_all(
+    urls: Sequence[str], *, parallel: int = PARALLEL, timeout_s: float = TIMEOUT_S
+) -> dict[str, Answer]:
+    """What each URL answers to HEAD (size, sha256 and commit where the server names them), asked as the plan's
+    check asks: through the checked session, a bounded number at once. No token is sent."""
+    asker = _Asker(parallel, timeout_s, None, None)
+    async with checked_session() as session:
+        asker.session = session
+
+        async def one(url: str) -> tuple[str, Answer]:
+            async with asker.gate:
+                return url, await asker._head(url)
+
+        return dict(await asyncio.gather(*(one(u) for u in dict.fromkeys(urls))))
 
 
 class _Asker:
@@ -98,13 +114,15 @@ class _Asker:
         assert self.session is not None
         size: int | None = None
         sha: str | None = None
+        commit: str | None = None
 
         def linked(
             resp: aiohttp.ClientResponse,
-        ) -> None:  # the Hub's first hop names the file's size and hash
-            nonlocal size, sha
+        ) -> None:  # the Hub's first hop names the file's size, hash and commit
+            nonlocal size, sha, commit
             size = size if size is not None else _int(resp.headers.get("X-Linked-Size"))
             sha = sha or _sha256(resp.headers.get("X-Linked-Etag"))
+            commit = commit or resp.headers.get("X-Repo-Commit")
 
         try:
             async with following(
@@ -118,7 +136,7 @@ class _Asker:
                 if 200 <= resp.status < 300:
                     size = size if size is not None else resp.content_length
                     sha = sha or _sha256(resp.headers.get("ETag"))
-                return Answer(resp.status, size, sha)
+                return Answer(resp.status, size, sha, commit=commit)
         except WeightsError as exc:
             return Answer(None, error=str(exc))
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:

@@ -45,9 +45,15 @@ OWNERS: dict[str, tuple[str, ...]] = {
     "data.traffic_cmds": ("traffic",),
     "repo.guard_cmds": ("guard",),
     "fleet.eval_cmds": ("eval",),
+    "data.mirror_upkeep_cmds": (),
+    "data.model_update_cmds": (),
 }
-# Groups another module adds subcommands to: `model check` is eval_cmds', beside mirror_cmds' `model`.
-EXTENDS: dict[str, tuple[str, ...]] = {"model": ("fleet.eval_cmds",)}
+# Groups another module adds subcommands to: `model check` is eval_cmds', beside mirror_cmds' `model`;
+# `mirror import-ollama|unused|remove` are mirror_upkeep_cmds', `model updates|update` model_update_cmds'.
+EXTENDS: dict[str, tuple[str, ...]] = {
+    "model": ("fleet.eval_cmds", "data.model_update_cmds"),
+    "mirror": ("data.mirror_upkeep_cmds",),
+}
 _OWNER = {command: module for module, commands in OWNERS.items() for command in commands}
 
 

@@ -8,6 +8,7 @@ import hashlib
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -73,8 +74,16 @@ def test_mirror_add_lists_and_refuses_to_replace_a_revision(tmp_path: Path) -> N
     assert code == 1 and "already holds org/model@v1" in out
     code, out = cli("mirror", "list", "--mirror-dir", str(mirror), "--json")
     total = sum(len(b) for b in model_files().values())
+    origin = f"local directory {src.resolve()}"
     assert json.loads(out) == [
-        {"repo": "org/model", "revision": "v1", "files": 4, "size_bytes": total, "problem": None}
+        {
+            "repo": "org/model",
+            "revision": "v1",
+            "files": 4,
+            "size_bytes": total,
+            "problem": None,
+            "origin": origin,
+        }
     ]
     (mirror / "org/model/v1/config.json").unlink()  # a file removed by hand is said, not hidden
     assert (
@@ -130,6 +139,11 @@ async def test_add_from_a_url_reads_the_manifest_it_publishes(
     assert {f.name for f in files} == set(model_files())
     for name, body in model_files().items():
         assert (tmp_path / "second/org/model/main" / name).read_bytes() == body
+    # Where each file was fetched from is kept beside it, with the checksum it arrived with.
+    origin = json.loads((tmp_path / "second/org/model/main/llmgw-origin.json").read_text())
+    assert origin["origin"] == url
+    assert {f["name"]: f["from"] for f in origin["files"]} == {n: url + quote(n) for n in model_files()}
+    assert {f["name"]: f["sha256"] for f in origin["files"]} == {f.name: f.sha256 for f in files}
 
 
 async def test_manifest_of_a_url_without_a_published_one_is_refused_clearly(tmp_path: Path) -> None:

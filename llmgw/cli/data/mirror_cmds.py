@@ -22,20 +22,21 @@ from llmgw.adapters.mirror import (
     published_manifest,
     run_forever,
 )
-from llmgw.adapters.model_files import InspectError, inspect_source
+from llmgw.adapters.model_files import InspectError, inspect_source, installed_architectures
 from llmgw.cli import output
 from llmgw.cli.reach import controller_client
 from llmgw.controller.parts.settings import parse_hostport
 from llmgw.core.fleet.views import LiveState
 from llmgw.core.weights.fetch_plan import DEFAULT_REVISION
 from llmgw.core.weights.fit_table import GPU_COUNTS, FitRow, fit_table
+from llmgw.core.weights.gguf_arch import architecture_problem
 from llmgw.core.weights.manifest import ManifestFile, total_bytes
 from llmgw.core.weights.memory_fit import GIB, class_memory
 
 model_app = typer.Typer(help="Model sources.", no_args_is_help=True)
 mirror_app = typer.Typer(help="The weights mirror (HF layout) on this machine.", no_args_is_help=True)
 
-_MirrorDir = Annotated[
+MirrorDirOpt = Annotated[
     Path, typer.Option("--mirror-dir", envvar="LLMGW_MIRROR_DIR", help="The mirror's directory")
 ]
 _TokenFile = Annotated[
@@ -116,12 +117,21 @@ def inspect(
     """Print a model's shape from its own headers: architecture, layers, trained context, quantization or
     dtype, parameters, tensor bytes, attention and KV heads."""
     shape = asyncio.run(inspect_source(source, _token(token_file)))
+    shown_json = shape.to_json()
+    if shape.format == "gguf":  # whether llama.cpp loads it: the answer is in the header
+        build = installed_architectures()
+        problem = architecture_problem(shape.architecture, build)
+        shown_json["llamacpp"] = {"build": build.build, "from": build.source, "loads": problem is None}
+        shown_json["llamacpp"] |= {"problem": problem} if problem else {}
     if as_json:
-        output.print_json(shape.to_json())
+        output.print_json(shown_json)
         return
     for key, value in shape.to_json().items():
         shown = "(not in the headers)" if value is None else f"{value:,}" if isinstance(value, int) else value
         typer.echo(f"{key.replace('_', ' ') + ':':18} {shown}")
+    if shape.format == "gguf":
+        words = "loads it" if problem is None else f"does not load it: {problem}"
+        typer.echo(f"{'llama.cpp:':18} {build.words()} {words}")
 
 
 COMMON_CLASSES = {"l4-24g": 24, "a100-40g": 40, "l40s-48g": 48, "h100-80g": 80}  # GiB per card
@@ -270,7 +280,7 @@ def add(
         str, typer.Argument(help="A local model directory, or a URL whose server publishes one")
     ],
     repo: Annotated[str, typer.Option("--repo", help="The name nodes ask for, e.g. Qwen/Qwen2.5-0.5B")],
-    mirror_dir: _MirrorDir,
+    mirror_dir: MirrorDirOpt,
     revision: Annotated[
         str, typer.Option("--revision", help="Revision it is filed under")
     ] = DEFAULT_REVISION,
@@ -287,10 +297,10 @@ def add(
 
 @mirror_app.command("list")
 def list_(
-    mirror_dir: _MirrorDir,
+    mirror_dir: MirrorDirOpt,
     as_json: output.JsonOpt = False,
 ) -> None:
-    """What the mirror holds: each repo@revision with its file count and size, and what is wrong with it."""
+    """What the mirror holds: each repo@revision with its file count, size, origin, and what is wrong with it."""
     entries = MirrorStore(mirror_dir).entries()
     if as_json:
         output.print_json([e.__dict__ for e in entries])
@@ -301,15 +311,16 @@ def list_(
             + ("" if mirror_dir.is_dir() else " (no such directory)")
         )
         return
-    table = Table("REPO", "REVISION", "FILES", "SIZE", "PROBLEM")
+    table = Table("REPO", "REVISION", "FILES", "SIZE", "ORIGIN", "PROBLEM")
     for e in entries:
-        table.add_row(e.repo, e.revision, str(e.files), _size(e.size_bytes), e.problem or "")
+        origin = e.origin or "(not recorded)"
+        table.add_row(e.repo, e.revision, str(e.files), _size(e.size_bytes), origin, e.problem or "")
     Console().print(table)
 
 
 @mirror_app.command("serve")
 def serve(
-    mirror_dir: _MirrorDir,
+    mirror_dir: MirrorDirOpt,
     listen: Annotated[str, typer.Option("--listen", help="host:port")] = "127.0.0.1:7073",
     token_file: Annotated[
         Path | None, typer.Option("--token-file", help="Only this bearer token may read (default: anyone)")

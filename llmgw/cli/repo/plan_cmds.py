@@ -258,6 +258,7 @@ def _with_sources(made: Plan, result: LoadResult, live: LiveState, offline: bool
     import asyncio
     import dataclasses
 
+    from llmgw.adapters.model_files import gguf_architecture_verdicts
     from llmgw.adapters.source_probe import check_sources
     from llmgw.core.plan.source_check import not_checked, to_check
 
@@ -271,6 +272,7 @@ def _with_sources(made: Plan, result: LoadResult, live: LiveState, offline: bool
         verdicts = asyncio.run(
             check_sources(items, mirror_url=catalog.cluster.mirror.url, mirror_token=mirror_token)
         )
+        verdicts = asyncio.run(gguf_architecture_verdicts(catalog, verdicts))  # docs/engines.md, llamacpp
     return dataclasses.replace(made, sources=tuple(verdicts))
 
 

@@ -25,6 +25,7 @@ from llmgw.core.config.validation import DocumentChecker, make_validators
 from llmgw.core.config.yamlpos import ParsedDocument, Positions, parse_yaml
 from llmgw.core.desired.catalog import Catalog
 from llmgw.core.errors import CatalogError
+from llmgw.core.weights.gguf_arch import PINNED, ArchitectureList, architecture_problem
 from llmgw.core.weights.manifest import Manifest, ManifestFile, read_manifest
 from llmgw.core.weights.memory_fit import GIB, profile_fits
 from llmgw.core.weights.model_headers import ModelShape
@@ -134,6 +135,7 @@ def validate_files(
     errors.extend(e for e in mapped if e.severity == "error")
     read = _manifests(good, data or {}, errors)
     errors.extend(_fit_problems(good, read))
+    errors.extend(_architecture_problems(good, read, PINNED))
     manifests = {name: m.files for name, m in read.items()}
     shapes = {name: m.shape for name, m in read.items() if m.shape is not None}
     warnings = tuple(sorted({e for e in mapped if e.severity == "warning"}, key=_order))
@@ -215,6 +217,35 @@ def _fit_problems(good: list[LoadedDocument], read: Mapping[str, Manifest]) -> l
             out.append(
                 ConfigError(
                     doc.file, pos.line if pos else 1, pos.col if pos else 1, format_path(path), words, hint
+                )
+            )
+    return out
+
+
+def _architecture_problems(
+    good: list[LoadedDocument], read: Mapping[str, Manifest], llamacpp: ArchitectureList
+) -> list[ConfigError]:
+    """A llamacpp profile of a GGUF whose recorded architecture the llama.cpp build does not load, at the
+    profile, with the build's list: it would be fetched and placed, then fail on every node."""
+    out: list[ConfigError] = []
+    for doc in good:
+        manifest = read.get(doc.name) if doc.kind == "Model" else None
+        spec = getattr(doc.document, "spec", None)
+        shape = manifest.shape if manifest is not None else None
+        if shape is None or shape.format != "gguf" or not isinstance(spec, ModelSpec):
+            continue
+        problem = architecture_problem(shape.architecture, llamacpp)
+        if problem is None:
+            continue
+        for index, profile in enumerate(spec.profiles):
+            if profile.engine != "llamacpp":
+                continue
+            path: tuple[str | int, ...] = ("spec", "profiles", index)
+            pos = doc.positions.value(path)
+            hint = "a GGUF of an architecture that build loads, or a newer llama.cpp (docs/engines.md)"
+            out.append(
+                ConfigError(
+                    doc.file, pos.line if pos else 1, pos.col if pos else 1, format_path(path), problem, hint
                 )
             )
     return out

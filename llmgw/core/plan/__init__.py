@@ -7,6 +7,8 @@
     impact.py   plan_impact: what each change does to a recent window's traffic (the Impact section)
     source_check.py  which weights sources a plan checks, and what the servers' answers mean (the checking
                 is adapters/source_probe.py's; it imports this module by name)
+    weight_updates.py  new weights upstream: which files of the pinned sources to ask the origin about, and
+                whether they changed there (`llmgw model updates|update`; imported by name)
 
 Import from here; the modules are the package's inside.
 """

@@ -32,6 +32,7 @@ __all__ = [
     "Probe",
     "SourceToCheck",
     "SourceVerdict",
+    "gguf_headers_to_read",
     "judge",
     "not_checked",
     "probes_for",
@@ -72,6 +73,9 @@ class Answer:
     size: int | None = None
     sha256: str | None = None
     error: str | None = None  # no answer: why (connection refused, timed out, name not resolved)
+    commit: str | None = (
+        None  # the revision the server says the file is at (HF's X-Repo-Commit); None: not said
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +159,29 @@ def probes_for(files: Iterable[ManifestFile], bases: Sequence[str]) -> tuple[Pro
 
 def _url_name(url: str) -> str:
     return unquote(urlsplit(url).path.rsplit("/", 1)[-1]) or url
+
+
+def gguf_headers_to_read(catalog: Catalog, verdicts: Sequence[SourceVerdict]) -> dict[int, str]:
+    """Verdict index -> the URL whose GGUF header to read for its architecture: a checked single-file `.gguf`
+    URL source of a model with a llamacpp profile (a directory's records its shape in its manifest, which
+    validate judges; a path lies on a node)."""
+    out: dict[int, str] = {}
+    for i, verdict in enumerate(verdicts):
+        entry = catalog.models.get(verdict.model)
+        source = entry.spec.source if entry is not None else None
+        if (
+            entry is None
+            or source is None
+            or source.url is None
+            or source.directory
+            or verdict.state != "checked"
+        ):
+            continue
+        if urlsplit(source.url).path.lower().endswith(".gguf") and any(
+            p.profile.engine == "llamacpp" for p in entry.profiles
+        ):
+            out[i] = source.url
+    return out
 
 
 def not_checked(item: SourceToCheck, why: str) -> SourceVerdict:

@@ -1,0 +1,150 @@
+"""`llmgw model updates` and `llmgw model update MODEL --write`: new weights upstream for the repo's models.
+
+The shell around llmgw.core.plan.weight_updates (what to ask, what the answers mean): it reads the cluster repo,
+sends the HEAD requests (llmgw.adapters.source_probe.head_all) and, for `update --write`, edits the repo's pins
+in place (llmgw.core.weights.pin_edit): the commit that follows is the update, and its revert the rollback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from llmgw.adapters.mirror import MirrorError, published_manifest
+from llmgw.adapters.repo_files import load_repo
+from llmgw.adapters.source_probe import head_all
+from llmgw.cli import output
+from llmgw.cli.data.mirror_cmds import model_app
+from llmgw.core.desired.repo import LoadedDocument, Repo
+from llmgw.core.errors import LlmgwError
+from llmgw.core.plan.weight_updates import FOLLOW, Update, judge_update, mirror_manifests_to_read, tracked
+from llmgw.core.weights.manifest import ManifestFile, manifest_json
+from llmgw.core.weights.pin_edit import replace_scalar
+
+__all__ = ["register"]
+
+
+class UpdateError(LlmgwError):
+    """An update that cannot be listed or written; the message says what and why."""
+
+
+_RepoArg = Annotated[Path, typer.Argument(help="The cluster repo (a checkout)")]
+_FollowOpt = Annotated[str, typer.Option("--follow", help="The origin's branch to compare against")]
+
+
+def _load(repo: Path) -> Repo:
+    loaded = load_repo(repo)
+    if loaded.repo is None:
+        first = loaded.errors[0] if loaded.errors else "no catalog"
+        raise UpdateError(
+            f"{repo}: the repo does not load ({first}); `llmgw validate {repo}` lists every error"
+        )
+    return loaded.repo
+
+
+def _ask(repo: Repo, follow: str, model: str | None = None) -> list[Update]:
+    if model is not None and model not in repo.catalog.models:
+        raise UpdateError(f"no Model {model!r} in the repo")
+    to_read = {m: url for m, url in mirror_manifests_to_read(repo.catalog).items() if model in (None, m)}
+    published = asyncio.run(_published(to_read))
+    items = [t for t in tracked(repo.catalog, follow, published) if model is None or t.model == model]
+    answers = asyncio.run(head_all([f.url for t in items for f in t.files]))
+    return [judge_update(t, answers) for t in items]
+
+
+async def _published(urls: dict[str, str]) -> dict[str, tuple[ManifestFile, ...] | str]:
+    """Model -> the manifest its mirror publishes, or why it could not be read."""
+    out: dict[str, tuple[ManifestFile, ...] | str] = {}
+    for model, url in urls.items():
+        try:
+            out[model] = tuple(await published_manifest(url))
+        except MirrorError as exc:
+            out[model] = str(exc)
+    return out
+
+
+def updates(repo: _RepoArg, follow: _FollowOpt = FOLLOW, as_json: output.JsonOpt = False) -> None:
+    """Ask the origin whether the files each model pins changed there: current, changed, or not checked (why)."""
+    found = _ask(_load(repo), follow)
+    if as_json:
+        output.print_json([_json(u) for u in found])
+        return
+    for u in found:
+        typer.echo(f"{u.model:24} {u.state:12} {u.source}: {u.detail}")
+
+
+def _json(u: Update) -> dict[str, object]:
+    files = [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in u.files]
+    keys = {
+        "model": u.model,
+        "source": u.source,
+        "state": u.state,
+        "detail": u.detail,
+        "revision": u.revision,
+    }
+    return keys | {"changed": list(u.changed), "files": files}
+
+
+def update(
+    model: Annotated[str, typer.Argument(help="The Model to move to the origin's new files")],
+    repo: _RepoArg,
+    follow: _FollowOpt = FOLLOW,
+    write: Annotated[
+        bool, typer.Option("--write", help="Edit the repo's pins (default: only say what would)")
+    ] = False,
+) -> None:
+    """Move a model's pins to what the origin has now: `revision` and its manifest, or `sha256`/`size_bytes`.
+    Commit the edit: the plan shows the model's replicas stale and they roll as its `rollout` says; reverting the
+    commit is the rollback."""
+    loaded = _load(repo)
+    [found] = _ask(loaded, follow, model)
+    if found.state != "changed":
+        raise UpdateError(f"{model}: {found.state}: {found.detail}; nothing to update")
+    doc = next(d for d in loaded.documents if d.kind == "Model" and d.name == model)
+    edits = _edits(doc, loaded, found)
+    for path, text in edits.items():
+        typer.echo(f"{'wrote' if write else 'would write'} {path}")
+        if write:
+            path.write_text(text)
+    typer.echo(f"{model}: {found.detail}" + ("" if write else " (give --write to edit the repo)"))
+
+
+def _edits(doc: LoadedDocument, repo: Repo, found: Update) -> dict[Path, str]:
+    """File -> its new text: the YAML pins edited in place and, for a `repo` source, its manifest rewritten."""
+    source = repo.catalog.models[doc.name].spec.source
+    assert source is not None
+    yaml_path = Path(doc.file)
+    text = yaml_path.read_text()
+    out: dict[Path, str] = {}
+    if source.repo is not None:
+        if source.revision is None or found.revision is None:
+            raise UpdateError(f"{doc.name}: spec.source pins no revision to move (add `revision:` first)")
+        text = _pin(doc, text, "revision", source.revision, found.revision)
+        if source.manifest is not None:  # else the mirror publishes the new revision's (add it there first)
+            manifest_path = Path(repo.root) / source.manifest.removeprefix("./")
+            shape = repo.catalog.models[doc.name].shape
+            out[manifest_path] = json.dumps(manifest_json(found.files, shape), indent=1) + "\n"
+    else:
+        [now] = found.files
+        if source.sha256 is not None:
+            text = _pin(doc, text, "sha256", source.sha256, now.sha256)
+        if source.size_bytes is not None:
+            text = _pin(doc, text, "size_bytes", str(source.size_bytes), str(now.size))
+    out[yaml_path] = text
+    return out
+
+
+def _pin(doc: LoadedDocument, text: str, key: str, old: str, new: str) -> str:
+    pos = doc.positions.values.get(("spec", "source", key))
+    if pos is None:
+        raise UpdateError(f"{doc.file}: Model {doc.name} has no spec.source.{key} where it was read")
+    return replace_scalar(text, pos.line, pos.col, old, new)
+
+
+def register(_app: typer.Typer) -> None:
+    model_app.command("updates")(updates)
+    model_app.command("update")(update)

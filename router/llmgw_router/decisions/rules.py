@@ -77,7 +77,7 @@ def _check_types(body: dict[str, Any]) -> None:
 
 
 # Kinds that generate nothing: charged for the input only, never streamed, never sent a max_tokens.
-NO_COMPLETION = frozenset({"embeddings", "rerank", "score"})
+NO_COMPLETION = frozenset({"embeddings", "rerank", "score", "images"})
 
 # OpenAI's /v1/completions generates 16 tokens when max_tokens is not given (vLLM does the same; llama.cpp would
 # run to the end of the context): kept as the cap such a request reserves and is sent.

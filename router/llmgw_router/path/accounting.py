@@ -44,6 +44,8 @@ class Answer(Protocol):
     def completion_tokens(self) -> int | None: ...
     @property
     def events(self) -> int: ...  # stream events forwarded to the client
+    @property
+    def images(self) -> int | None: ...  # pictures made (an images model's answer)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,8 @@ def charge(
     cost = 0.0
     if prices is not None and prompt is not None:
         cost = (prompt * prices.input_per_million + completion * prices.output_per_million) / 1e6
+    if prices is not None and answer is not None and answer.images:  # pictures are priced each
+        cost += answer.images * prices.per_image
     return Charge(prompt, completion, used, cost)
 
 
@@ -229,6 +233,8 @@ def _usage_record(
     decision = decision_summary(call.decision) if call.decision is not None else call.cache
     if call.adapter is not None:  # billed to its base model's prices; which adapter it was is kept here
         decision = {**(decision or {}), "adapter": call.adapter}
+    if call.result is not None and call.result.images is not None:  # what a picture answer was billed by
+        decision = {**(decision or {}), "images": call.result.images}
     return UsageRecord(
         time=now,
         request_id=call.request_id,

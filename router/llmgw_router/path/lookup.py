@@ -21,7 +21,14 @@ from typing import Any
 from llmgw.store.records import UsageRecord
 from llmgw_router.decisions.scheduler import Decision
 
-__all__ = ["RECENT_DEFAULT", "RecentRequests", "decision_summary", "new_request_id", "request_id_for"]
+__all__ = [
+    "RECENT_DEFAULT",
+    "RecentRequests",
+    "decision_summary",
+    "new_request_id",
+    "request_id_for",
+    "valid_traceparent",
+]
 
 RECENT_DEFAULT = 4096
 CANDIDATES_KEPT = 8  # candidates a row keeps of one decision (the best by total, the winner always)
@@ -103,3 +110,14 @@ def request_id_for(sent: str | None) -> str:
     if sent and len(sent) <= 128 and _REQUEST_ID_CHARS.issuperset(sent):
         return sent
     return new_request_id()
+
+
+_TRACEPARENT_CHARS = frozenset("0123456789abcdef-")
+
+
+def valid_traceparent(sent: str) -> str | None:
+    """The client's W3C traceparent when it has the shape `vv-<32 hex>-<16 hex>-ff` (passed to the engine
+    untouched while the router does not trace), else None: nothing else of the client's goes there."""
+    if len(sent) == 55 and sent[2] == sent[35] == sent[52] == "-" and _TRACEPARENT_CHARS.issuperset(sent):
+        return sent
+    return None

@@ -28,11 +28,8 @@ from llmgw.adapters import logformat
 from llmgw.core.evals.guardrails import CompiledGuardrail
 from llmgw.core.snapshot import PublishedAdapter, PublishedModel, RouterSnapshot, Tenants
 from llmgw.core.tenancy.projects import has_tenants
-from llmgw_router.decisions.capabilities import (
-    lacked,
-    needs_of,
-    unsupported,
-)
+from llmgw_router.decisions.capabilities import lacked, needs_of, unsupported
+from llmgw_router.decisions.images import image_request
 from llmgw_router.decisions.rules import NO_COMPLETION, conversation_key, fits, parse, size
 from llmgw_router.decisions.scheduler import RequestInfo
 from llmgw_router.fleet.metrics import RouterMetrics
@@ -43,7 +40,7 @@ from llmgw_router.path.accounting import Call, gone, settle
 from llmgw_router.path.auth import Authenticator
 from llmgw_router.path.cache import CachePath
 from llmgw_router.path.guard import GUARDED_KINDS, Guard, ask_judge
-from llmgw_router.path.lookup import RecentRequests, request_id_for
+from llmgw_router.path.lookup import RecentRequests, request_id_for, valid_traceparent
 from llmgw_router.path.lora import Adapters
 from llmgw_router.path.media import check_media
 from llmgw_router.path.models_page import models_page
@@ -55,6 +52,7 @@ from llmgw_router.routing.admission import Admission
 from llmgw_router.routing.forwarding import Forwarding, Picked, Place, fallback_chain
 from llmgw_router.server.errors import ApiError, error_response
 from llmgw_router.server.exchange import Exchange, HttpReply
+from llmgw_router.surfaces.images.generate import WorkflowFiles, generate_images
 from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
 from llmgw_router.upstream.http1 import EngineClient
@@ -115,6 +113,7 @@ class RequestService:
         self.cache = CachePath(self.metrics.registry, self.metrics.count)
         self.adapters = Adapters()  # LoRA adapters: names, affinity, runtime loads (path/lora.py)
         self.kept_responses: ResponseKeeper | None = None  # with a content key: stored responses (app.py)
+        self.workflows = WorkflowFiles()  # ComfyUI models' workflow files (surfaces/images)
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.fleet.load)."""
@@ -278,6 +277,8 @@ class RequestService:
             body, raw = await call.turn.bind(project, table.snapshot.tenants)
         if kind == "chat":  # a Responses or Messages turn too: the chat it became (M13)
             await check_media(body, table.snapshot.router.media_hosts)
+        elif kind == "images":  # a bad size or count is a 400 before it takes a place under the limits
+            image_request(body)
         guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
         if guards:  # before sizing: a redacted prompt is what the engine is sent and charged for
             judged = body  # the judge reads the prompt as the tenant wrote it, not its redaction
@@ -356,7 +357,10 @@ class RequestService:
         tenant_project: str | None,
     ) -> HttpReply | None:
         """Forward the admitted request: through the output guardrails when any apply, else through the
-        project's response cache (a hit never reaches an engine)."""
+        project's response cache (a hit never reaches an engine). Pictures are neither (no text to screen,
+        and a drawn seed makes each answer another)."""
+        if kind == "images":
+            return await self._forward(exchange, kind, table, canonical, raw, body, call)
         if any(g.checks("output") for g in guards):
             # Screened answers are not cached: a stream cut by a rule is no answer to replay.
             return await self.guard.forward_screened(
@@ -413,7 +417,7 @@ class RequestService:
                     assert self.session is not None, "opened with the listeners"
                     await self.adapters.ensure_loaded(self.session, ep, call.adapter, adapter)
                 up = self._upstream_call(kind, table, canonical, raw, body, call, picked, debug, attempt)
-                call.result = await self._send(exchange, up, call)
+                call.result = await self._send(exchange, up, call, table.models[served], body)
                 if call.trace is not None:
                     call.trace.upstream_end(call.result)
             except UpstreamUnavailable as exc:
@@ -503,8 +507,17 @@ class RequestService:
             project=project or "",
         )
 
-    async def _send(self, exchange: Exchange, up: UpstreamCall, call: Call) -> ProxyResult:
+    async def _send(
+        self, exchange: Exchange, up: UpstreamCall, call: Call, served: PublishedModel, body: dict[str, Any]
+    ) -> ProxyResult:
         assert self.session is not None, "the client session is opened with the listeners (app.serve)"
+        comfyui = (
+            served.provider if served.provider is not None and served.provider.api == "comfyui" else None
+        )
+        if comfyui is not None:  # a workflow, run at the ComfyUI server (surfaces/images)
+            flow = self.workflows.workflow(comfyui.workflow)
+            base = comfyui.url.rstrip("/")
+            return await generate_images(self.session, base, flow, body, up, self.rng)
         return await forward(
             self.session,
             exchange,
@@ -567,17 +580,6 @@ def _lacks_vision(table: RoutingTable, canonical: str) -> bool:
         for m in (model, *(table.models.get(fb) for fb in model.fallbacks))
         if m is not None
     )
-
-
-_TRACEPARENT_CHARS = frozenset("0123456789abcdef-")
-
-
-def valid_traceparent(sent: str) -> str | None:
-    """The client's W3C traceparent when it has the shape `vv-<32 hex>-<16 hex>-ff` (passed to the engine
-    untouched while the router does not trace), else None: nothing else of the client's goes there."""
-    if len(sent) == 55 and sent[2] == sent[35] == sent[52] == "-" and _TRACEPARENT_CHARS.issuperset(sent):
-        return sent
-    return None
 
 
 def _not_ready() -> ApiError:

@@ -21,7 +21,7 @@ from llmgw_router.upstream.proxy import UpstreamCall
 
 __all__ = ["Kind", "upstream_call"]
 
-Kind = Literal["chat", "completions", "embeddings", "responses", "rerank", "score"]
+Kind = Literal["chat", "completions", "embeddings", "responses", "rerank", "score", "images"]
 _PATHS: dict[str, str] = {
     "chat": "/chat/completions",
     "completions": "/completions",
@@ -29,6 +29,7 @@ _PATHS: dict[str, str] = {
     "responses": "/responses",
     "rerank": "/rerank",
     "score": "/score",
+    "images": "/images/generations",
 }
 # An API surface sent as it came to an engine that serves it (vLLM's /v1/responses): the fields it accepts.
 _SURFACE_FIELDS: dict[str, frozenset[str]] = {"responses": PASSED_THROUGH_FIELDS}

@@ -63,6 +63,7 @@ class ProxyResult:
     client_gone: bool = False  # the client disconnected mid-stream (its upstream request is closed with it)
     finished: bool = False  # the client has the whole answer (a stream's `data: [DONE]` went out)
     events: int = 0  # stream events forwarded to the client (what a stream cut short is charged by)
+    images: int | None = None  # pictures made (an images model's answer; None: not a picture answer)
 
 
 def _usage(obj: Any) -> tuple[int | None, int | None]:

@@ -20,6 +20,7 @@ class Answer:
     completion_tokens: int | None = None
     events: int = 0
     images: int | None = None
+    audio_seconds: float | None = None
 
 
 def test_reported_usage_is_charged_as_reported() -> None:

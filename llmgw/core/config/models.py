@@ -79,10 +79,21 @@ from llmgw.core.config.specs.source_spec import (
 
 # ---------------------------------------------------------------------------------------------------- Model
 
-Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "rerank", "score", "images"]
+Capability = Literal[
+    "chat",
+    "completions",
+    "embeddings",
+    "tools",
+    "vision",
+    "rerank",
+    "score",
+    "images",
+    "transcriptions",
+    "translations",
+]
 CAPABILITY_ORDER: tuple[Capability, ...] = get_args(Capability)
 ArgValue = str | int | float | bool
-ModelKind = Literal["chat", "embeddings", "rerank", "images"]
+ModelKind = Literal["chat", "embeddings", "rerank", "images", "audio"]
 # What a model of each kind serves unless it says it lacks it (`without`); declared capabilities add to these.
 # A chat model is assumed to take tools (the gateway forwards a tools array to any chat model; the model check
 # verifies it on each engine version): docs/router.md, Capabilities.
@@ -91,12 +102,13 @@ KIND_CAPABILITIES: dict[ModelKind, tuple[Capability, ...]] = {
     "embeddings": ("embeddings",),
     "rerank": ("rerank", "score"),
     "images": ("images",),
+    "audio": ("transcriptions", "translations"),
 }
 DEFAULT_CAPABILITIES: tuple[Capability, ...] = KIND_CAPABILITIES["chat"]
 # The capabilities that are API endpoints: a model serves only those in its effective set (its kind's, plus
 # what it declares). The others (tools, vision) are features of a chat request.
 ENDPOINT_CAPABILITIES: frozenset[str] = frozenset(
-    {"chat", "completions", "embeddings", "rerank", "score", "images"}
+    {"chat", "completions", "embeddings", "rerank", "score", "images", "transcriptions", "translations"}
 )
 
 
@@ -111,6 +123,8 @@ def model_kind(declared: Sequence[str]) -> ModelKind:
         return "rerank"
     if "images" in declared:
         return "images"
+    if "transcriptions" in declared or "translations" in declared:
+        return "audio"
     return "chat"
 
 
@@ -127,6 +141,9 @@ class Prices(Strict):
     input_per_million: float = Field(0.0, ge=0, description="Price of one million prompt tokens")
     output_per_million: float = Field(0.0, ge=0, description="Price of one million completion tokens")
     per_image: float = Field(0.0, ge=0, description="Price of one picture made (an images model)")
+    per_audio_minute: float = Field(
+        0.0, ge=0, description="Price of one minute of audio transcribed or translated"
+    )
 
 
 class Scaling(Strict):

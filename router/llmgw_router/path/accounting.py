@@ -18,6 +18,7 @@ from llmgw.core.config.models import Prices
 from llmgw.core.tenancy.projects import TenantChain
 from llmgw.core.traffic.recorded import prefix_hash
 from llmgw.store.records import UsageRecord
+from llmgw_router.decisions.forms import FormPart
 from llmgw_router.decisions.rules import Sizing
 from llmgw_router.decisions.scheduler import Decision
 from llmgw_router.fleet.metrics import RouterMetrics
@@ -46,6 +47,8 @@ class Answer(Protocol):
     def events(self) -> int: ...  # stream events forwarded to the client
     @property
     def images(self) -> int | None: ...  # pictures made (an images model's answer)
+    @property
+    def audio_seconds(self) -> float | None: ...  # audio transcribed or translated
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,8 @@ def charge(
         cost = (prompt * prices.input_per_million + completion * prices.output_per_million) / 1e6
     if prices is not None and answer is not None and answer.images:  # pictures are priced each
         cost += answer.images * prices.per_image
+    if prices is not None and answer is not None and answer.audio_seconds:  # audio by the minute
+        cost += answer.audio_seconds / 60 * prices.per_audio_minute
     return Charge(prompt, completion, used, cost)
 
 
@@ -139,6 +144,7 @@ class Call:
     canary: bool = False
     adapter: str | None = None  # the LoRA adapter asked for (llmgw_router.path.lora); `model` is its base
     turn: ResponsesTurn | None = None  # a Responses API turn, served as the chat it translates to
+    form: list[FormPart] | None = None  # a speech request's multipart form (decisions/forms.py)
 
     @property
     def reserved(self) -> Reservation:
@@ -235,6 +241,8 @@ def _usage_record(
         decision = {**(decision or {}), "adapter": call.adapter}
     if call.result is not None and call.result.images is not None:  # what a picture answer was billed by
         decision = {**(decision or {}), "images": call.result.images}
+    if call.result is not None and call.result.audio_seconds is not None:
+        decision = {**(decision or {}), "audio_seconds": call.result.audio_seconds}
     return UsageRecord(
         time=now,
         request_id=call.request_id,

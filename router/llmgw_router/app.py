@@ -99,6 +99,9 @@ def api_routes(router: RequestService) -> Mapping[str, Mapping[str, Handler]]:
         "/v1/responses": {"POST": responses},
         "/v1/responses/*": kept_routes(router.auth, keeper, tenants),  # GET, DELETE a stored response
         "/v1/rerank": {"POST": completion("rerank")},
+        "/v1/images/generations": {"POST": completion("images")},
+        "/v1/audio/transcriptions": {"POST": completion("transcriptions")},
+        "/v1/audio/translations": {"POST": completion("translations")},
         "/v1/score": {"POST": completion("score")},
         "/v1/models": {"GET": router.models},
         "/v1/models/*": {"GET": router.model},  # `*`: the rest of the path, the model's id

@@ -74,6 +74,12 @@ def test_vllm_command_line() -> None:
     assert plan.env == {"CUDA_VISIBLE_DEVICES": "0,1", "VLLM_API_KEY": "sekrit"}
 
 
+def test_a_whisper_profile_may_raise_vllms_step_budget() -> None:
+    # Whisper's encoder takes 1,500 positions at once; vLLM refuses to start below that (docs/engines.md, Speech).
+    plan = launch_plan(spec("vllm", args={"max_num_batched_tokens": 2048}), CTX)
+    assert plan.argv[plan.argv.index("--max-num-batched-tokens") + 1] == "2048"
+
+
 def test_sglang_command_line_key_is_an_argument() -> None:
     plan = launch_plan(spec("sglang", gpus=[0, 1, 2, 3], slots=8), CTX)
     assert plan.argv[:4] == ["python3", "-m", "sglang.launch_server", "--model-path"]

@@ -19,6 +19,8 @@ class Answer:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     events: int = 0
+    images: int | None = None
+    audio_seconds: float | None = None
 
 
 def test_reported_usage_is_charged_as_reported() -> None:

@@ -244,7 +244,11 @@ def published_models(cat: Catalog) -> dict[str, PublishedModel]:
             provider=None
             if m.spec.provider is None
             else PublishedProvider(
-                url=m.spec.provider.url, model=m.spec.provider.model, key=m.spec.provider.key
+                url=m.spec.provider.url,
+                model=m.spec.provider.model,
+                key=m.spec.provider.key,
+                api=m.spec.provider.api,
+                workflow=m.spec.provider.workflow,
             ),
             tokenizer_dir=m.spec.tokenizer_dir,
         )

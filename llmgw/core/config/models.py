@@ -75,7 +75,12 @@ from llmgw.core.config.specs.plan_spec import (
     SimulateSettings as SimulateSettings,
 )
 from llmgw.core.config.specs.prefix_spec import PrefixSettings as PrefixSettings
-from llmgw.core.config.specs.source_spec import Source as Source
+from llmgw.core.config.specs.source_spec import (
+    BUILTIN_WORKFLOWS as BUILTIN_WORKFLOWS,
+    Provider as Provider,
+    ProviderApi as ProviderApi,
+    Source as Source,
+)
 from llmgw.core.config.specs.tenant.cache_spec import ResponseCacheSpec as ResponseCacheSpec
 from llmgw.core.config.specs.tenant.person_spec import (
     MembershipSpec as MembershipSpec,
@@ -93,10 +98,21 @@ from llmgw.core.config.specs.tenant.retention_spec import ContentRetention as Co
 
 # ---------------------------------------------------------------------------------------------------- Model
 
-Capability = Literal["chat", "completions", "embeddings", "tools", "vision", "rerank", "score"]
+Capability = Literal[
+    "chat",
+    "completions",
+    "embeddings",
+    "tools",
+    "vision",
+    "rerank",
+    "score",
+    "images",
+    "transcriptions",
+    "translations",
+]
 CAPABILITY_ORDER: tuple[Capability, ...] = get_args(Capability)
 ArgValue = str | int | float | bool
-ModelKind = Literal["chat", "embeddings", "rerank"]
+ModelKind = Literal["chat", "embeddings", "rerank", "images", "audio"]
 # What a model of each kind serves unless it says it lacks it (`without`); declared capabilities add to these.
 # A chat model is assumed to take tools (the gateway forwards a tools array to any chat model; the model check
 # verifies it on each engine version): docs/router.md, Capabilities.
@@ -104,11 +120,15 @@ KIND_CAPABILITIES: dict[ModelKind, tuple[Capability, ...]] = {
     "chat": ("chat", "completions", "tools"),
     "embeddings": ("embeddings",),
     "rerank": ("rerank", "score"),
+    "images": ("images",),
+    "audio": ("transcriptions", "translations"),
 }
 DEFAULT_CAPABILITIES: tuple[Capability, ...] = KIND_CAPABILITIES["chat"]
 # The capabilities that are API endpoints: a model serves only those in its effective set (its kind's, plus
 # what it declares). The others (tools, vision) are features of a chat request.
-ENDPOINT_CAPABILITIES: frozenset[str] = frozenset({"chat", "completions", "embeddings", "rerank", "score"})
+ENDPOINT_CAPABILITIES: frozenset[str] = frozenset(
+    {"chat", "completions", "embeddings", "rerank", "score", "images", "transcriptions", "translations"}
+)
 
 
 def model_kind(declared: Sequence[str]) -> ModelKind:
@@ -120,6 +140,10 @@ def model_kind(declared: Sequence[str]) -> ModelKind:
         return "embeddings"
     if "rerank" in declared or "score" in declared:
         return "rerank"
+    if "images" in declared:
+        return "images"
+    if "transcriptions" in declared or "translations" in declared:
+        return "audio"
     return "chat"
 
 
@@ -130,19 +154,15 @@ def effective_capabilities(declared: Sequence[str], without: Sequence[str]) -> l
     return [c for c in CAPABILITY_ORDER if c in has]
 
 
-class Provider(Strict):
-    """An external OpenAI-compatible service that serves this model instead of replicas."""
-
-    url: str = Field(description="Base URL, e.g. https://api.example.com/v1")
-    model: str = Field(description="Model name at the provider")
-    key: SecretRef | None = Field(None, description="API key for the provider")
-
-
 class Prices(Strict):
     """What a model costs, charged against tenant budgets."""
 
     input_per_million: float = Field(0.0, ge=0, description="Price of one million prompt tokens")
     output_per_million: float = Field(0.0, ge=0, description="Price of one million completion tokens")
+    per_image: float = Field(0.0, ge=0, description="Price of one picture made (an images model)")
+    per_audio_minute: float = Field(
+        0.0, ge=0, description="Price of one minute of audio transcribed or translated"
+    )
 
 
 class Scaling(Strict):
@@ -288,6 +308,21 @@ class ModelSpec(Strict):
     role: Literal["guard"] | None = Field(
         None, description="guard: a judge model Guardrails may ask (prompted in Llama Guard 3's format)"
     )
+
+    @model_validator(mode="after")
+    def _pictures_from_comfyui(self) -> ModelSpec:
+        # Only a ComfyUI server makes pictures here, and it makes nothing else.
+        comfyui = self.provider is not None and self.provider.api == "comfyui"
+        if comfyui and self.capabilities != ["images"]:
+            raise ValueError(
+                "a model with `provider.api: comfyui` makes pictures only: write `capabilities: [images]`"
+            )
+        if "images" in self.capabilities and not comfyui:
+            raise ValueError(
+                "`images` is served only through a ComfyUI server: give the model "
+                "`provider: {api: comfyui, url: http://HOST:8188, model: NAME}`"
+            )
+        return self
 
     @property
     def effective_capabilities(self) -> list[Capability]:

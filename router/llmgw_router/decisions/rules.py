@@ -78,7 +78,7 @@ def _check_types(body: dict[str, Any]) -> None:
 
 
 # Kinds that generate nothing: charged for the input only, never streamed, never sent a max_tokens.
-NO_COMPLETION = frozenset({"embeddings", "rerank", "score"})
+NO_COMPLETION = frozenset({"embeddings", "rerank", "score", "images", "transcriptions", "translations"})
 
 # OpenAI's /v1/completions generates 16 tokens when max_tokens is not given (vLLM does the same; llama.cpp would
 # run to the end of the context): kept as the cap such a request reserves and is sent.
@@ -105,6 +105,8 @@ def size(raw_bytes: int, body: dict[str, Any], kind: str, model: PublishedModel)
     `max_output_tokens`, else whatever the context leaves after the prompt: what the engine would really
     generate; at most 16 for legacy completions, that API's default), and how many sequences (`n`,
     `best_of`). Raises when it cannot fit."""
+    if kind in ("transcriptions", "translations"):  # a form: its text fields, not the audio, are the prompt
+        raw_bytes = sum(len(v) for v in body.values() if isinstance(v, str))
     prompt = int(raw_bytes / 4 * 1.1)
     if kind in NO_COMPLETION:
         sizing = Sizing(prompt, None, 0, 1)

@@ -18,6 +18,7 @@ from llmgw.core.config.models import Prices
 from llmgw.core.tenancy.projects import TenantChain
 from llmgw.core.traffic.recorded import prefix_hash
 from llmgw.store.records import UsageRecord
+from llmgw_router.decisions.forms import FormPart
 from llmgw_router.decisions.rules import Sizing
 from llmgw_router.decisions.scheduler import Decision
 from llmgw_router.fleet.metrics import RouterMetrics
@@ -45,6 +46,10 @@ class Answer(Protocol):
     def completion_tokens(self) -> int | None: ...
     @property
     def events(self) -> int: ...  # stream events forwarded to the client
+    @property
+    def images(self) -> int | None: ...  # pictures made (an images model's answer)
+    @property
+    def audio_seconds(self) -> float | None: ...  # audio transcribed or translated
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,10 @@ def charge(
     cost = 0.0
     if prices is not None and prompt is not None:
         cost = (prompt * prices.input_per_million + completion * prices.output_per_million) / 1e6
+    if prices is not None and answer is not None and answer.images:  # pictures are priced each
+        cost += answer.images * prices.per_image
+    if prices is not None and answer is not None and answer.audio_seconds:  # audio by the minute
+        cost += answer.audio_seconds / 60 * prices.per_audio_minute
     return Charge(prompt, completion, used, cost)
 
 
@@ -139,6 +148,7 @@ class Call:
     # The x-llmgw-hop it came with: the clusters it passed through (decisions.federation).
     hops: str | None = None
     keeping: Keeping | None = None  # its bodies are kept (surfaces.kept_bodies): set just before forwarding
+    form: list[FormPart] | None = None  # a speech request's multipart form (decisions/forms.py)
 
     @property
     def reserved(self) -> Reservation:
@@ -233,6 +243,10 @@ def _usage_record(
     decision = decision_summary(call.decision) if call.decision is not None else call.cache
     if call.adapter is not None:  # billed to its base model's prices; which adapter it was is kept here
         decision = {**(decision or {}), "adapter": call.adapter}
+    if call.result is not None and call.result.images is not None:  # what a picture answer was billed by
+        decision = {**(decision or {}), "images": call.result.images}
+    if call.result is not None and call.result.audio_seconds is not None:
+        decision = {**(decision or {}), "audio_seconds": call.result.audio_seconds}
     return UsageRecord(
         time=now,
         request_id=call.request_id,

@@ -37,7 +37,7 @@ from llmgw_router.server.exchange import Exchange, HttpReply
 
 __all__ = ["GUARDED_KINDS", "Guard", "JudgeAsk", "Screened", "ask_judge", "blocked_error"]
 
-GUARDED_KINDS = frozenset({"chat", "completions", "responses"})  # the kinds whose text is a prompt
+GUARDED_KINDS = frozenset({"chat", "completions", "responses", "images"})  # the kinds whose text is a prompt
 
 log = logging.getLogger(__name__)
 

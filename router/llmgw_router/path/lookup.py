@@ -21,7 +21,13 @@ from typing import Any
 from llmgw.store.records import UsageRecord
 from llmgw_router.decisions.scheduler import Decision
 
-__all__ = ["RECENT_DEFAULT", "RecentRequests", "decision_summary", "new_request_id", "request_id_for"]
+__all__ = [
+    "RECENT_DEFAULT",
+    "RecentRequests",
+    "decision_summary",
+    "new_request_id",
+    "request_id_for",
+]
 
 RECENT_DEFAULT = 4096
 CANDIDATES_KEPT = 8  # candidates a row keeps of one decision (the best by total, the winner always)

@@ -27,13 +27,14 @@ import aiohttp
 from llmgw.adapters import logformat
 from llmgw.core.evals.guardrails import CompiledGuardrail
 from llmgw.core.snapshot import PublishedAdapter, PublishedModel, RouterSnapshot, Tenants
-from llmgw.core.tenancy.projects import has_tenants
 from llmgw_router.decisions.capabilities import (
     lacked,
     needs_of,
     unsupported,
     vision_matters,
 )
+from llmgw_router.decisions.forms import AUDIO_KINDS, audio_form, form_parts
+from llmgw_router.decisions.images import image_request
 from llmgw_router.decisions.rules import (
     NO_COMPLETION,
     conversation_key,
@@ -59,11 +60,13 @@ from llmgw_router.path.ratelimit import Limiter, NoLimits, budget_use
 from llmgw_router.path.steering import Steering, refused_error
 from llmgw_router.path.tags import HEADER as TAGS_HEADER, request_tags
 from llmgw_router.path.upstream_call import Kind, upstream_call
+from llmgw_router.routing import allowlist
 from llmgw_router.routing.admission import Admission
 from llmgw_router.routing.forwarding import Forwarding, Picked, Place, fallback_chain
 from llmgw_router.routing.peering import HOP_HEADER, arrived, refuse_withdrawn
 from llmgw_router.server.errors import ApiError, error_response
 from llmgw_router.server.exchange import Exchange, HttpReply
+from llmgw_router.surfaces.images.generate import WorkflowFiles, generate_images
 from llmgw_router.surfaces.kept_bodies import BodyKeeper
 from llmgw_router.surfaces.responses.exchange import ResponsesTurn
 from llmgw_router.surfaces.responses.keeper import ResponseKeeper
@@ -127,6 +130,7 @@ class RequestService:
         self.kept_responses: ResponseKeeper | None = None  # with a content key: stored responses (app.py)
         self.draining = False  # stopping (main.py): /ready says not ready while requests still come in
         self.kept_bodies: BodyKeeper | None = None  # with a content key: projects' kept bodies (app.py)
+        self.workflows = WorkflowFiles()  # ComfyUI models' workflow files (surfaces/images)
 
     def load_report(self) -> dict[str, Any]:
         """The `load` message the controller link sends (llmgw_router.fleet.load)."""
@@ -267,7 +271,9 @@ class RequestService:
             raise _not_ready()
         call.hops = arrived(table, exchange.headers.get(HOP_HEADER))  # from a peer: 508 round a loop
         raw = client_raw = await exchange.read_body(table.snapshot.router.max_body_bytes)  # a kept body's
-        body = parse(raw)
+        if kind in AUDIO_KINDS:  # a multipart form, read once (decisions/forms.py)
+            call.form = form_parts(raw, exchange.headers.get("content-type"))
+        body = parse(raw) if call.form is None else audio_form(call.form)
         if call.turn is not None:  # sized, limited and routed as the chat it becomes
             body, raw = call.turn.begin(body, raw, call.request_id)
             kind = "chat"
@@ -281,7 +287,7 @@ class RequestService:
         name, canonical, adapter = self._resolve(table, body, call)
         call.model = canonical
         model = table.models[canonical]
-        tenant_project = _tenant_project(table, call.principal.project, canonical, name)
+        tenant_project = allowlist.tenant_project(table, call.principal.project, canonical, name)
         if adapter is not None:
             self.adapters.check(name, adapter, tenant_project)
         # What it needs of a model: a fallback lacking it is left out of the chain, the model refuses it.
@@ -297,6 +303,8 @@ class RequestService:
             body, raw = await call.turn.bind(project, table.snapshot.tenants)
         if kind == "chat":  # a Responses or Messages turn too: the chat it became (M13)
             await check_media(body, table.snapshot.router.media_hosts)
+        elif kind == "images":  # a bad size or count is a 400 before it takes a place under the limits
+            image_request(body)
         guards = self.guard.guards_for(table, project, canonical) if kind in GUARDED_KINDS else ()
         if guards:  # before sizing: a redacted prompt is what the engine is sent and charged for
             judged = body  # the judge reads the prompt as the tenant wrote it, not its redaction
@@ -382,7 +390,10 @@ class RequestService:
         tenant_project: str | None,
     ) -> HttpReply | None:
         """Forward the admitted request: through the output guardrails when any apply, else through the
-        project's response cache (a hit never reaches an engine)."""
+        project's response cache (a hit never reaches an engine). Pictures are neither (no text to screen,
+        and a drawn seed makes each answer another)."""
+        if kind == "images" or kind in AUDIO_KINDS:
+            return await self._forward(exchange, kind, table, canonical, raw, body, call)
         if any(g.checks("output") for g in guards):
             # Screened answers are not cached: a stream cut by a rule is no answer to replay.
             return await self.guard.forward_screened(
@@ -439,7 +450,7 @@ class RequestService:
                     assert self.session is not None, "opened with the listeners"
                     await self.adapters.ensure_loaded(self.session, ep, call.adapter, adapter)
                 up = self._upstream_call(kind, table, canonical, raw, body, call, picked, debug, attempt)
-                call.result = await self._send(exchange, up, call)
+                call.result = await self._send(exchange, up, call, table.models[served], body)
                 if call.trace is not None:
                     call.trace.upstream_end(call.result)
             except UpstreamUnavailable as exc:
@@ -529,8 +540,17 @@ class RequestService:
             project=project or "",
         )
 
-    async def _send(self, exchange: Exchange, up: UpstreamCall, call: Call) -> ProxyResult:
+    async def _send(
+        self, exchange: Exchange, up: UpstreamCall, call: Call, served: PublishedModel, body: dict[str, Any]
+    ) -> ProxyResult:
         assert self.session is not None, "the client session is opened with the listeners (app.serve)"
+        comfyui = (
+            served.provider if served.provider is not None and served.provider.api == "comfyui" else None
+        )
+        if comfyui is not None:  # a workflow, run at the ComfyUI server (surfaces/images)
+            flow = self.workflows.workflow(comfyui.workflow)
+            base = comfyui.url.rstrip("/")
+            return await generate_images(self.session, base, flow, body, up, self.rng)
         return await forward(
             self.session,
             exchange,
@@ -560,25 +580,6 @@ class RequestService:
 
 # Most tests and callers still say Router: the same class.
 Router = RequestService
-
-
-def _tenant_project(table: RoutingTable, project: str | None, canonical: str, asked_as: str) -> str | None:
-    """The tenant project whose allowlist and limits apply (None: no tenants apply), or 403."""
-    tenants = table.snapshot.tenants
-    if project is not None and project not in tenants.projects and has_tenants(tenants):
-        raise ApiError(
-            403, f"Project `{project}` is not in the cluster repo.", "unknown_project", "permission_error"
-        )
-    tenant_project = project if project is not None and project in tenants.projects else None
-    if tenant_project is not None and not table.allowed(tenant_project, canonical, asked_as):
-        raise ApiError(
-            403,
-            f"Project `{tenant_project}` may not use model `{canonical}`.",
-            "model_not_allowed",
-            "permission_error",
-            param="model",
-        )
-    return tenant_project
 
 
 # ---------------------------------------------------------------------------------------------- helpers

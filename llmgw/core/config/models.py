@@ -35,6 +35,10 @@ from llmgw.core.config.specs.cluster_spec import (
     SecuritySettings as SecuritySettings,
     TenancySettings as TenancySettings,
 )
+from llmgw.core.config.specs.disagg_spec import (
+    Disaggregation as Disaggregation,
+    ProfileRole as ProfileRole,
+)
 from llmgw.core.config.specs.engine_spec import (
     CpuFlag as CpuFlag,
     EngineArchive as EngineArchive,
@@ -184,6 +188,11 @@ class Profile(Strict):
     node_selector: dict[str, str] = Field(default_factory=dict, description="Labels a node must carry")
     engine_version: str | None = Field(None, description="Engine version the node must have installed")
     weight: float = Field(1.0, gt=0, description="Relative capacity, used by the `weight` scorer")
+    role: ProfileRole = Field(
+        "both",
+        description="both: a plain replica; prefill or decode: a replica of a disaggregated model's pool "
+        "(the model named by another's `disaggregation`)",
+    )
     args: dict[str, ArgValue] = Field(default_factory=dict, description="Engine-specific options")
     env: dict[str, str] = Field(
         default_factory=dict,
@@ -262,6 +271,11 @@ class ModelSpec(Strict):
     )
     role: Literal["guard"] | None = Field(
         None, description="guard: a judge model Guardrails may ask (prompted in Llama Guard 3's format)"
+    )
+    disaggregation: Disaggregation | None = Field(
+        None,
+        description="Serve requests in two steps: prefill on one model's replicas, decode on another's "
+        "(docs/routing.md, Disaggregated serving)",
     )
 
     @property

@@ -218,6 +218,25 @@ class RouterMetrics:
             ["model"],
             registry=r,
         )
+        # Disaggregated serving (docs/routing.md): each step of a two-step request, by role.
+        self.pd_steps = Counter(
+            PREFIX + "disaggregated_steps",
+            "Steps of two-step (prefill, decode) requests, by model, role and outcome (ok|failed)",
+            ["model", "role", "outcome"],
+            registry=r,
+        )
+        self.pd_step_seconds = Histogram(
+            PREFIX + "disaggregated_step_seconds",
+            "Time a prefill step took, or a decode step to its first byte, by model and role",
+            ["model", "role"],
+            registry=r,
+        )
+        self.pd_fallbacks = Counter(
+            PREFIX + "disaggregated_fallbacks",
+            "Two-step requests whose decode failed, by model and what followed (plain|retry|fail)",
+            ["model", "policy"],
+            registry=r,
+        )
         self.snapshot_revision = Gauge(
             PREFIX + "snapshot_info",
             "1, labelled with the revision of the snapshot in use",

@@ -42,6 +42,7 @@ from llmgw_router.options import RouterOptions
 from llmgw_router.path.accounting import Call, gone, settle
 from llmgw_router.path.auth import Authenticator
 from llmgw_router.path.cache import CachePath
+from llmgw_router.path.disaggregated import serve_disaggregated
 from llmgw_router.path.guard import GUARDED_KINDS, Guard, ask_judge
 from llmgw_router.path.lookup import RecentRequests, request_id_for
 from llmgw_router.path.lora import Adapters
@@ -380,9 +381,13 @@ class RequestService:
         raw: bytes,
         body: dict[str, Any],
         call: Call,
+        plain: bool = False,
     ) -> HttpReply | None:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
-        pick made once more, then it is a 502."""
+        pick made once more, then it is a 502. A disaggregated model's request goes in two steps unless
+        `plain` (its own replicas serving it whole: path/disaggregated.py)."""
+        if not plain and (pd := table.models[canonical].disaggregation) is not None:
+            return await serve_disaggregated(self, exchange, kind, table, canonical, raw, body, call, pd)
         headers = exchange.headers
         project = call.principal.project if call.principal else None
         info = self._request_info(table, canonical, body, call, project)

@@ -55,7 +55,15 @@ def test_mistakes_are_refused_where_they_are_written(tmp_path: Path) -> None:
     said = "\n".join(errors(result))
     assert "prefill pool `m-prefil` is not a model or alias" in said and "did you mean `m-prefill`?" in said
     assert "decode pool `m` is this model itself" in said
-    assert "profile `p` has role decode: no model's `disaggregation` names this model as its decode pool" in said
-    assert "profile `p` has role prefill: no model's `disaggregation` names this model as its prefill pool" in said
-    assert "profile `p` has role both in a model serving as a decode pool" in said and "set `role: decode`" in said
+    assert (
+        "profile `p` has role decode: no model's `disaggregation` names this model as its decode pool" in said
+    )
+    assert (
+        "profile `p` has role prefill: no model's `disaggregation` names this model as its prefill pool"
+        in said
+    )
+    assert (
+        "profile `p` has role both in a model serving as a decode pool" in said
+        and "set `role: decode`" in said
+    )
     assert "engine llamacpp does not speak vLLM's prefill/decode protocol" in said

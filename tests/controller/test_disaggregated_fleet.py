@@ -15,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 from faults.cluster import Cluster
+from faults.procs import RouterProc, start_router_proc
 from support import wait_for
 
-from controller.fleet_ops import KEY, bring_up, openai_client, routed
-from faults.procs import RouterProc, start_router_proc
-from llmgw.adapters.keys import hash_key
+from controller.fleet_ops import bring_up, routed
+from llmgw.adapters import keys
 from llmgw.store.records import UsageRecord
 
 pytestmark = pytest.mark.integration
@@ -52,12 +53,20 @@ spec:
 """
 
 
-def _router(tmp: Path, cluster: Cluster) -> RouterProc:
-    """A router following the controller that writes its usage rows to the controller's store."""
-    keys = tmp / "keys"
-    keys.write_text(f"{hash_key(KEY)} p1 key-1\n")
-    args = ["--controller", cluster.address, "--token-file", str(tmp / "token"), "--keys-file", str(keys)]
-    return start_router_proc(tmp / "router.log", [*args, "--store", cluster.settings.store])
+async def _router(tmp: Path, cluster: Cluster) -> tuple[RouterProc, openai.AsyncOpenAI]:
+    """A router following the controller, its keys and usage rows in the controller's store; a client."""
+    assert cluster.running is not None
+    key = (await keys.create_key(cluster.running.controller.store, "web", time.time())).plaintext
+    args = [
+        "--controller",
+        cluster.address,
+        "--token-file",
+        str(tmp / "token"),
+        "--store",
+        cluster.settings.store,
+    ]
+    router = await asyncio.to_thread(start_router_proc, tmp / "router.log", args)
+    return router, openai.AsyncOpenAI(base_url=router.api + "/v1", api_key=key, max_retries=0, timeout=30)
 
 
 async def _engine_keys(cluster: Cluster, count: int) -> dict[str, str]:
@@ -89,7 +98,9 @@ async def _sim_metrics(replica: dict[str, Any], keys: dict[str, str]) -> dict[st
 
 
 def _transfers(metrics: dict[str, float], direction: str) -> float:
-    return sum(v for k, v in metrics.items() if k.startswith("llmgw_sim_kv_transfers_total") and direction in k)
+    return sum(
+        v for k, v in metrics.items() if k.startswith("llmgw_sim_kv_transfers_total") and direction in k
+    )
 
 
 async def _rows(cluster: Cluster, count: int) -> list[UsageRecord]:
@@ -113,8 +124,7 @@ async def test_a_disaggregated_model_is_served_in_two_steps(tmp_path: Path) -> N
         [prefill] = await cluster.wait_ready("m-prefill", 1)
         decodes = await cluster.wait_ready("m-decode", 2, "two decode replicas beside one prefill replica")
         [plain] = await cluster.wait_ready("m", 1)
-        router = _router(tmp_path, cluster)
-        client = openai_client(router)
+        router, client = await _router(tmp_path, cluster)
         await routed(client, "m-decode")  # the router has the pools' endpoints
         keys = await _engine_keys(cluster, 4)
         before = [_transfers(await _sim_metrics(d, keys), "received") for d in decodes]
@@ -144,7 +154,9 @@ async def test_a_disaggregated_model_is_served_in_two_steps(tmp_path: Path) -> N
         assert row.tokens_out == 5 and row.tokens_in == usage.prompt_tokens  # the prompt counted once
 
         # Each pool is scaled by its own count: two prefill replicas, one decode replica.
-        cluster.repo.write({"models/p.yaml": pool("prefill", 2), "models/d.yaml": pool("decode", 1)}, "rescale")
+        cluster.repo.write(
+            {"models/p.yaml": pool("prefill", 2), "models/d.yaml": pool("decode", 1)}, "rescale"
+        )
         await cluster.wait_ready("m-prefill", 2, "the prefill pool grown to two")
         [decode] = await cluster.wait_ready("m-decode", 1, "the decode pool shrunk to one")
         keys = await _engine_keys(cluster, 4)
@@ -176,8 +188,10 @@ async def test_a_disaggregated_model_is_served_in_two_steps(tmp_path: Path) -> N
         assert last.attempts and last.attempts[0]["reason"].startswith("decode:"), last.attempts
         async with aiohttp.ClientSession() as s, s.get(router.metrics + "/metrics") as r:
             page = await r.text()
-        assert 'llmgw_disaggregated_fallbacks_total{model="m",policy="plain"} 1.0' in page
-        assert 'llmgw_disaggregated_steps_total{model="m-decode",outcome="ok",role="decode"} 1.0' in page
+        assert 'llmgw_router_disaggregated_fallbacks_total{model="m",policy="plain"} 1.0' in page
+        assert (
+            'llmgw_router_disaggregated_steps_total{model="m-decode",outcome="ok",role="decode"} 1.0' in page
+        )
         await client.close()
     finally:
         if router is not None:

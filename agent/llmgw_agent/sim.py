@@ -255,11 +255,7 @@ class SimEngine:
         return web.json_response(resp)
 
     async def generate(
-        self,
-        request: web.Request,
-        body: dict[str, Any],
-        prompt: list[str],
-        chat: bool,
+        self, request: web.Request, body: dict[str, Any], prompt: list[str], chat: bool
     ) -> web.StreamResponse:
         limit = self.limit(body)
         if isinstance(limit, web.Response):

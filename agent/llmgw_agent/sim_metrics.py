@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from llmgw_agent.sim import SimEngine
+from llmgw_agent.sim_model import LatencyConfig, PrefixCache
+from llmgw_agent.sim_parts import FifoSlots, SimStats
+from llmgw_agent.sim_pd import Disaggregation
 
-__all__ = ["render_metrics"]
+__all__ = ["MetricsSource", "render_metrics"]
 
 
-def render_metrics(engine: SimEngine) -> str:
+class MetricsSource(Protocol):
+    """What the page reads of a sim engine (sim.SimEngine is one)."""
+
+    model: str
+    stats: SimStats
+    cfg: LatencyConfig
+    slots: FifoSlots
+    cache: PrefixCache
+    pd: Disaggregation
+
+
+def render_metrics(engine: MetricsSource) -> str:
     """The engine's /metrics page: vLLM's names for what vLLM reports, and the sim's own P/D counts."""
     labels = f'model_name="{engine.model}",engine="0"'
     s = engine.stats

@@ -23,6 +23,10 @@ from llmgw.core.config.base import (
     SecretRef as SecretRef,
     Strict as Strict,
 )
+from llmgw.core.config.disaggregation import (
+    Disaggregation as Disaggregation,
+    ProfileRole as ProfileRole,
+)
 from llmgw.core.config.specs.adapter_spec import LORA_ENGINES as LORA_ENGINES, AdapterSpec as AdapterSpec
 from llmgw.core.config.specs.cache_spec import ResponseCacheSpec as ResponseCacheSpec
 from llmgw.core.config.specs.cluster_spec import (
@@ -34,10 +38,6 @@ from llmgw.core.config.specs.cluster_spec import (
     RouterSettings as RouterSettings,
     SecuritySettings as SecuritySettings,
     TenancySettings as TenancySettings,
-)
-from llmgw.core.config.specs.disagg_spec import (
-    Disaggregation as Disaggregation,
-    ProfileRole as ProfileRole,
 )
 from llmgw.core.config.specs.engine_spec import (
     CpuFlag as CpuFlag,

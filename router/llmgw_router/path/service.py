@@ -42,7 +42,7 @@ from llmgw_router.options import RouterOptions
 from llmgw_router.path.accounting import Call, gone, settle
 from llmgw_router.path.auth import Authenticator
 from llmgw_router.path.cache import CachePath
-from llmgw_router.path.disaggregated import serve_disaggregated
+from llmgw_router.path.disaggregated.two_steps import serve_disaggregated
 from llmgw_router.path.guard import GUARDED_KINDS, Guard, ask_judge
 from llmgw_router.path.lookup import RecentRequests, request_id_for
 from llmgw_router.path.lora import Adapters
@@ -385,7 +385,7 @@ class RequestService:
     ) -> HttpReply | None:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
         pick made once more, then it is a 502. A disaggregated model's request goes in two steps unless
-        `plain` (its own replicas serving it whole: path/disaggregated.py)."""
+        `plain` (its own replicas serving it whole: path/disaggregated/two_steps.py)."""
         if not plain and (pd := table.models[canonical].disaggregation) is not None:
             return await serve_disaggregated(self, exchange, kind, table, canonical, raw, body, call, pd)
         headers = exchange.headers

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from llmgw.core.config.disaggregation import PD_ENGINES
 from llmgw.core.config.errors import IssueAdder
 from llmgw.core.config.models import Model
-from llmgw.core.config.specs.disagg_spec import PD_ENGINES
 from llmgw.core.config.validation import did_you_mean
 
 __all__ = ["check_disaggregation"]

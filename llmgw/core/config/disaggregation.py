@@ -4,7 +4,8 @@ A disaggregated model serves a request in two steps (vLLM's `kv_transfer_params`
 prefill pool computes the prompt's KV cache and keeps it for a remote decode, then a replica of its decode pool
 takes that KV and generates. Each pool is a Model of its own (its profiles carry the pool's `role`), so it is
 placed, scaled and shown by `plan` and `explain` like any replica; the pairing only tells routers to go through
-both. Apart from llmgw.core.config.models so that file stays under its size; models re-exports the names.
+both. Apart from llmgw.core.config.models so that file stays under its size (and specs/ under its module count);
+models re-exports the names.
 """
 
 from __future__ import annotations

@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
+import aiohttp
 import orjson
 
 from llmgw.core.config.models import Disaggregation
@@ -30,20 +32,50 @@ from llmgw_router.decisions.disagg import (
     returned_params,
 )
 from llmgw_router.decisions.scheduler import RequestInfo
+from llmgw_router.fleet.metrics import RouterMetrics
 from llmgw_router.fleet.table import RoutingTable
 from llmgw_router.path.accounting import Call
+from llmgw_router.path.lora import Adapters
 from llmgw_router.path.upstream_call import Kind, upstream_call
-from llmgw_router.routing.forwarding import Picked
+from llmgw_router.routing.forwarding import Forwarding, Picked
 from llmgw_router.server.errors import ApiError
 from llmgw_router.server.exchange import Exchange, HttpReply
-from llmgw_router.upstream.proxy import ProxyResult, UpstreamUnavailable, fetch
-
-if TYPE_CHECKING:
-    from llmgw_router.path.service import RequestService
+from llmgw_router.upstream.http1 import EngineClient
+from llmgw_router.upstream.proxy import ProxyResult, UpstreamCall, UpstreamUnavailable, fetch
 
 __all__ = ["TWO_STEP_KINDS", "serve_disaggregated"]
 
 TWO_STEP_KINDS = frozenset({"chat", "completions"})  # what vLLM's P/D serves; the rest go to plain replicas
+
+
+class RequestService(Protocol):
+    """What the two steps use of the request service (path/service.py's RequestService), which calls them."""
+
+    forwarding: Forwarding
+    metrics: RouterMetrics
+    session: aiohttp.ClientSession | None
+    engines: EngineClient | None
+    adapters: Adapters
+    last_used: dict[str, float]
+    clock: Callable[[], float]
+
+    def _request_info(
+        self, table: RoutingTable, canonical: str, body: dict[str, Any], call: Call, project: str | None
+    ) -> RequestInfo: ...
+
+    async def _send(self, exchange: Exchange, up: UpstreamCall, call: Call) -> ProxyResult: ...
+
+    async def _forward(
+        self,
+        exchange: Exchange,
+        kind: Kind,
+        table: RoutingTable,
+        canonical: str,
+        raw: bytes,
+        body: dict[str, Any],
+        call: Call,
+        plain: bool = False,
+    ) -> HttpReply | None: ...
 
 
 class _StepFailed(UpstreamUnavailable):

@@ -26,7 +26,7 @@ PD_ENGINES = frozenset({"vllm", "sim"})
 
 
 class Disaggregation(Strict):
-    """Which models hold this model's prefill and decode pools, and what a failed decode does."""
+    """Which models hold this model's prefill and decode pools, and what a failed step does."""
 
     prefill: str = Field(
         description="The model whose replicas prefill (its profiles have `role: prefill`): asked for one token "

@@ -124,6 +124,12 @@ async def test_a_disaggregated_model_is_served_in_two_steps(tmp_path: Path) -> N
         [prefill] = await cluster.wait_ready("m-prefill", 1)
         decodes = await cluster.wait_ready("m-decode", 2, "two decode replicas beside one prefill replica")
         [plain] = await cluster.wait_ready("m", 1)
+        assert cluster.admin is not None
+        pools = (await cluster.admin.get("/api/v1/explain/m"))["pools"]  # `llmgw explain m` shows both pools
+        assert {r: (p["model"], p["health"]["ready"]) for r, p in pools.items()} == {
+            "prefill": ("m-prefill", 1),
+            "decode": ("m-decode", 2),
+        }
         router, client = await _router(tmp_path, cluster)
         await routed(client, "m-decode")  # the router has the pools' endpoints
         keys = await _engine_keys(cluster, 4)

@@ -254,6 +254,9 @@ async def _decode(
     ep, pool = picked.endpoint, picked.served
     started = time.monotonic()
     call.endpoint, call.decision, call.canary = ep.id, picked.decision, ep.spec.canary
+    # One usage row, under the model asked for and at its prices; set before the stream starts, so a client
+    # gone mid-stream is charged as on any path.
+    call.served = canonical
     try:
         up = upstream_call(kind, table, pool, raw, body, call, picked, False, 0, svc.adapters)
         if params is not None:
@@ -261,12 +264,12 @@ async def _decode(
         up.reply_headers["x-llmgw-model"] = canonical  # the model asked for, served in two steps
         call.result = await svc._send(exchange, up, call)
     except UpstreamUnavailable as exc:
+        call.served = None  # nothing served yet: the fallback or the 502 says what happened
         _step_done(svc, pool, "decode", started, ok=False)
         svc.forwarding.failed(ep, f"decode: {exc.reason}")
         raise _StepFailed("decode", ep.id, exc.reason) from None
     finally:
         svc.forwarding.release(ep, pool)
-    call.served = canonical  # one usage row, under the model asked for and at its prices
     if call.trace is not None:
         call.trace.upstream_end(call.result)
     broke = call.result.status >= 500 or call.result.upstream_failed

@@ -386,7 +386,7 @@ class RequestService:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
         pick made once more, then it is a 502. A disaggregated model's request goes in two steps unless
         `plain` (its own replicas serving it whole: path/disaggregated/two_steps.py)."""
-        if not plain and (pd := table.models[canonical].disaggregation) is not None:
+        if table.disaggregated and not plain and (pd := table.disaggregated.get(canonical)) is not None:
             return await serve_disaggregated(self, exchange, kind, table, canonical, raw, body, call, pd)
         headers = exchange.headers
         project = call.principal.project if call.principal else None

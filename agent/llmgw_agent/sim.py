@@ -25,6 +25,7 @@ from aiohttp import web
 
 from llmgw_agent.sim_cli import behaviour_from_args, build_parser
 from llmgw_agent.sim_events import KvEventPublisher, batch_events
+from llmgw_agent.sim_metrics import render_metrics
 from llmgw_agent.sim_model import (
     ErrorPacer,
     LatencyConfig,
@@ -41,8 +42,6 @@ from llmgw_agent.sim_model import (
     tokenize,
     tool_calls,
 )
-
-# Behaviour and Work are built by the sim's callers (tests, evals) beside SimEngine: named here too.
 from llmgw_agent.sim_parts import (
     Behaviour as Behaviour,
     FifoSlots,
@@ -51,6 +50,9 @@ from llmgw_agent.sim_parts import (
     openai_error,
     tool_call_obj,
 )
+
+# Behaviour and Work are built by the sim's callers (tests, evals) beside SimEngine: named here too.
+from llmgw_agent.sim_pd import KV_PATH, Disaggregation
 
 OWNED_BY = "llmgw-sim"
 SIM_INFO_HEADER = "X-Llmgw-Sim-Info"  # a request carrying it gets the `llmgw_sim` timing field in its body
@@ -72,6 +74,7 @@ class SimEngine:
         self.created = int(time.time())
         # A judge (`--judge-unsafe WORD=S1,S9`): completions answer as Llama Guard 3 does. None: not a judge.
         self.judge_rules: list[tuple[str, str]] | None = None
+        self.pd = Disaggregation()  # vLLM's prefill/decode protocol (sim_pd.py)
 
     # ---- the model ----
 
@@ -82,7 +85,8 @@ class SimEngine:
         self.stats.running += 1
         work.started = time.monotonic()
         work.queue_ms = (work.started - arrived) * 1000
-        cached = self.cache.lookup(work.prompt, work.salt)
+        # A decode that brought its prompt's KV from a prefill engine computes none of it.
+        cached = max(self.cache.lookup(work.prompt, work.salt), work.remote_kv)
         work.timing = plan_timing(self.cfg, len(work.prompt), cached)
         self.stats.kv_tokens += len(work.prompt) + work.max_tokens
         self.stats.prompt_tokens += len(work.prompt)
@@ -251,11 +255,7 @@ class SimEngine:
         return web.json_response(resp)
 
     async def generate(
-        self,
-        request: web.Request,
-        body: dict[str, Any],
-        prompt: list[str],
-        chat: bool,
+        self, request: web.Request, body: dict[str, Any], prompt: list[str], chat: bool
     ) -> web.StreamResponse:
         limit = self.limit(body)
         if isinstance(limit, web.Response):
@@ -269,6 +269,7 @@ class SimEngine:
         words, finish = self.answer(body, prompt, limit, room, chat)
         reserved = len(words) if limit is None else limit
         work = Work(prompt, reserved, salt=salt if isinstance(salt, str) and salt else None)
+        work.remote_kv = await self.pd.take(body, prompt)
         calls = tool_calls(body) if chat and "tools" not in self.behaviour.fail_probes else []
         if body.get("stream"):
             return await self.stream(request, body, work, chat, (words, finish))
@@ -305,6 +306,8 @@ class SimEngine:
             "choices": [choice],
             "usage": self.usage(work, len(words)),
         }
+        if self.pd.keeps_kv(body):  # a prefill for a remote decode: where its KV is kept
+            resp["kv_transfer_params"] = self.pd.hold(prompt)
         if request.headers.get(SIM_INFO_HEADER):
             resp["llmgw_sim"] = self.sim_info(work, len(words))
         return web.json_response(resp, headers=self._headers(work))
@@ -502,41 +505,7 @@ class SimEngine:
         return web.Response(text="")
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(text=self.render_metrics(), content_type="text/plain", charset="utf-8")
-
-    def render_metrics(self) -> str:
-        labels = f'model_name="{self.model}",engine="0"'
-        s = self.stats
-        kv = min(s.kv_tokens / self.cfg.kv_capacity_tokens, 1.0) if self.cfg.kv_capacity_tokens else 0.0
-        lines: list[str] = []
-
-        def family(name: str, kind: str, help_: str, value: float) -> None:
-            lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {value!r}"])
-
-        family(
-            "vllm:num_requests_running", "gauge", "Number of requests in model execution batches.", s.running
-        )
-        family(
-            "vllm:num_requests_waiting",
-            "gauge",
-            "Number of requests waiting to be processed.",
-            self.slots.waiting,
-        )
-        family("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", float(kv))
-        family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", s.prompt_tokens)
-        family("vllm:generation_tokens_total", "counter", "Number of generation tokens.", s.generation_tokens)
-        family(
-            "vllm:prefix_cache_queries_total",
-            "counter",
-            "Prefix cache queries, in tokens.",
-            self.cache.queries_tokens,
-        )
-        family(
-            "vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in tokens.", self.cache.hits_tokens
-        )
-        family("vllm:request_success_total", "counter", "Count of finished requests.", s.requests_finished)
-        lines += s.ttft_histogram(labels)
-        return "\n".join(lines) + "\n"
+        return web.Response(text=render_metrics(self), content_type="text/plain", charset="utf-8")
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -549,6 +518,7 @@ class SimEngine:
         app.router.add_get("/health", self.health)
         app.router.add_post("/reset_prefix_cache", self.reset_prefix_cache)
         app.router.add_get("/metrics", self.metrics)
+        app.router.add_post(KV_PATH, self.pd.serve_pull)
         return app
 
 
@@ -585,6 +555,7 @@ def run(ns: argparse.Namespace) -> None:
         print(f"llmgw sim engine: loading {ns.model} for {ns.load_ms:g} ms", flush=True)
         time.sleep(ns.load_ms / 1000)  # nothing listens yet: health checks are refused, as while vLLM loads
     print(f"llmgw sim engine: model {ns.model} on http://{ns.host}:{ns.port}", flush=True)
+    engine.pd.host, engine.pd.port = ns.host, ns.port
     web.run_app(engine.app(), host=ns.host, port=ns.port, print=None, access_log=None)
 
 

@@ -108,6 +108,7 @@ class Work:
     started: float = 0.0
     salt: str | None = None  # vLLM's cache_salt: an extra key of the first block's hash
     token_due: float = 0.0  # when the next decoded token is due on the engine's own clock (see decode_one)
+    remote_kv: int = 0  # prompt tokens whose KV a prefill engine handed over (sim_pd.py)
 
 
 PROBES = ("tools", "response_format", "stream_usage")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from llmgw.core.config.models import (
     DEFAULT_CAPABILITIES,
     Capability,
+    Disaggregation,
     GuardrailSpec,
     MetricMapping,
     OrganizationSpec,
@@ -146,6 +147,11 @@ class PublishedModel(_Wire):
         description="The Model's tokenizer_dir: a directory on the routers' machines with the model's "
         "tokenizer.json (and tokenizer_config.json), or a .gguf file, to hash prompts as its vLLM/SGLang replicas do; None: "
         "those replicas' prefixes are scored approximately",
+    )
+    disaggregation: Disaggregation | None = Field(
+        None,
+        description="Served in two steps: the prefill and decode pools' model names (never aliases) and what "
+        "a failed decode does; None: a plain model",
     )
 
 

@@ -9,7 +9,7 @@ import wave
 
 import aiohttp
 import pytest
-from llmgw_router.decisions.forms import FormPart, audio_form, encode_form, form_parts, wav_seconds
+from llmgw_router.decisions.media.forms import FormPart, audio_form, encode_form, form_parts, wav_seconds
 from llmgw_router.decisions.rules import size
 from llmgw_router.server.errors import ApiError
 

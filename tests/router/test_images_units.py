@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from llmgw_router.decisions.images import (
+from llmgw_router.decisions.media.images import (
     BUILTIN,
     ImageRequest,
     fill,

@@ -550,6 +550,9 @@ def explain(
     )
     if data.get("problem"):
         console.print(data["problem"])
+    for role, pool in (data.get("pools") or {}).items():  # a disaggregated model: its two pools
+        h = pool["health"]
+        console.print(f"{role} pool {pool['model']}: {h['ready']} ready of {h['target']} ({h['health']})")
     chosen = data.get("would_place")
     if chosen:
         console.print(

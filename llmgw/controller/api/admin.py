@@ -38,6 +38,7 @@ from llmgw.controller.wire.publisher import (
 )
 from llmgw.core import jsonsafe, placement
 from llmgw.core.api.admin_api import UsageSeenBody
+from llmgw.core.config.models import Disaggregation
 from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
 from llmgw.store import StoreError
@@ -122,6 +123,7 @@ async def explain(request: web.Request) -> web.Response:
         {
             "model": entry.name,
             "health": views.model_health(c, entry.name),
+            "pools": _pools(c, entry.spec.disaggregation),
             "problem": found.problem,
             "would_place": None
             if chosen is None
@@ -149,6 +151,17 @@ async def explain(request: web.Request) -> web.Response:
             ],
         }
     )
+
+
+def _pools(c: Controller, pd: Disaggregation | None) -> dict[str, Any] | None:
+    """A disaggregated model's prefill and decode pools, each with its health (None: a plain model)."""
+    d = c.desired
+    if pd is None or d is None:
+        return None
+    pools = {role: d.resolve(name) for role, name in (("prefill", pd.prefill), ("decode", pd.decode))}
+    return {
+        role: {"model": e.name, "health": views.model_health(c, e.name)} for role, e in pools.items() if e
+    }
 
 
 async def weights_list(request: web.Request) -> web.Response:

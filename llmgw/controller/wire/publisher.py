@@ -31,7 +31,7 @@ from llmgw.controller.parts.state import EngineReading, ReplicaLoad, ReplicaRec,
 from llmgw.controller.status import fleet as views
 from llmgw.controller.status.canaries import live_canaries
 from llmgw.core import jsonsafe
-from llmgw.core.config.models import LORA_ENGINES
+from llmgw.core.config.models import LORA_ENGINES, Disaggregation
 from llmgw.core.desired.catalog import Catalog
 from llmgw.core.errors import LlmgwError
 from llmgw.core.evals.model_checks import probes_for
@@ -251,9 +251,19 @@ def published_models(cat: Catalog) -> dict[str, PublishedModel]:
                 workflow=m.spec.provider.workflow,
             ),
             tokenizer_dir=m.spec.tokenizer_dir,
+            disaggregation=_pools(cat, m.spec.disaggregation),
         )
         for name, m in cat.models.items()
     }
+
+
+def _pools(cat: Catalog, pd: Disaggregation | None) -> Disaggregation | None:
+    """A model's pairing with its pools named as routers key them: by name, aliases resolved."""
+    if pd is None:
+        return None
+    prefill, decode = cat.resolve(pd.prefill), cat.resolve(pd.decode)
+    assert prefill is not None and decode is not None, "validated: both pools are models"
+    return pd.model_copy(update={"prefill": prefill.name, "decode": decode.name})
 
 
 def published_tenants(cat: Catalog) -> Tenants:

@@ -8,6 +8,9 @@ engine gets OpenAI's fields for the endpoint plus the sampling parameters it doc
 dropped, named in the answer's `x-llmgw-dropped-fields` header (never silently), unless the Cluster's
 `spec.router.allowed_request_fields` names it.
 
+`kv_transfer_params` asks an engine to keep a prompt's KV cache for another engine, or to take one: the client's
+is dropped like the rest, and the router sets its own on a disaggregated model's two steps (decisions/disagg.py).
+
 vLLM shares its prefix cache across requests; a tenant that can time a cache hit learns whether another
 sent the same prefix. vLLM keys the cache by `cache_salt` as well, so the router sets it on every request
 to a vLLM engine: an HMAC of the project under the engine's key (a secret derived from the cluster secret,

@@ -138,6 +138,7 @@ class RouterMetrics:
         r.register(_Publish(self.publish))
         self._declare_request_metrics(r)
         self._declare_routing_metrics(r, queue_depth)
+        self._declare_disaggregated_metrics(r)
         r.register(_EndpointCollector(table, clock))
         r.register(_BudgetCollector(budgets))
         self.tags = TagMetrics(r, PREFIX, self.count)  # only the keys the repo declares (router.tag_labels)
@@ -147,6 +148,27 @@ class RouterMetrics:
         self._children: dict[tuple[str, ...], Any] = {}
         # What the controller link reports as load (not Prometheus: the autoscaler's input, llmgw_router.fleet.load).
         self.load = LoadTracker(clock=clock)
+
+    def _declare_disaggregated_metrics(self, r: CollectorRegistry) -> None:
+        """Disaggregated serving (docs/routing.md): each step of a two-step request, by role."""
+        self.pd_steps = Counter(
+            PREFIX + "disaggregated_steps",
+            "Steps of two-step (prefill, decode) requests, by model, role and outcome (ok|failed)",
+            ["model", "role", "outcome"],
+            registry=r,
+        )
+        self.pd_step_seconds = Histogram(
+            PREFIX + "disaggregated_step_seconds",
+            "Time a prefill step took, or a decode step to its first byte, by model and role",
+            ["model", "role"],
+            registry=r,
+        )
+        self.pd_fallbacks = Counter(
+            PREFIX + "disaggregated_fallbacks",
+            "Two-step requests with a failed step, by model and what followed (plain|retry|fail)",
+            ["model", "policy"],
+            registry=r,
+        )
 
     def _declare_request_metrics(self, r: CollectorRegistry) -> None:
         """What every answered request adds to: counts, durations, tokens."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from llmgw_agent.engines import metric_mapping
 
-from llmgw.core.config.models import RoutingPolicySpec
+from llmgw.core.config.models import Disaggregation, RoutingPolicySpec
 from llmgw.core.snapshot import Endpoint, PublishedModel, RouterSnapshot
 from llmgw.core.tenancy.people import person_chain
 from llmgw.core.tenancy.projects import TenantChain, allowed, tenant_chain
@@ -101,6 +101,8 @@ class RoutingTable:
     admission_timeout: float
     load_timeout: float  # the hold for a model with no replica yet, when its load time is not measured
     peered: bool = False  # a model is a peer's (PEER/MODEL): the request path asks the federation rules
+    # The models served in two steps, with their pairings: read on every request (most snapshots: none).
+    disaggregated: dict[str, Disaggregation] = field(default_factory=dict)
     # Decisions that depend only on this snapshot, memoised: the request path asks the same few questions.
     _allowed: dict[tuple[str, str, str], bool] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[str, TenantChain | None] = field(default_factory=dict, compare=False, repr=False)
@@ -210,6 +212,7 @@ class RoutingTable:
             admission_timeout=parse_duration(settings.admission.timeout),
             load_timeout=parse_duration(settings.admission.load_timeout),
             peered=any(m.peer is not None for m in snapshot.models.values()),
+            disaggregated={n: m.disaggregation for n, m in snapshot.models.items() if m.disaggregation},
         )
 
 

@@ -18,7 +18,7 @@ from llmgw.core.config.models import Prices
 from llmgw.core.tenancy.projects import TenantChain
 from llmgw.core.traffic.recorded import prefix_hash
 from llmgw.store.records import UsageRecord
-from llmgw_router.decisions.forms import FormPart
+from llmgw_router.decisions.media.forms import FormPart
 from llmgw_router.decisions.rules import Sizing
 from llmgw_router.decisions.scheduler import Decision
 from llmgw_router.fleet.metrics import RouterMetrics
@@ -148,7 +148,7 @@ class Call:
     # The x-llmgw-hop it came with: the clusters it passed through (decisions.federation).
     hops: str | None = None
     keeping: Keeping | None = None  # its bodies are kept (surfaces.kept_bodies): set just before forwarding
-    form: list[FormPart] | None = None  # a speech request's multipart form (decisions/forms.py)
+    form: list[FormPart] | None = None  # a speech request's multipart form (decisions/media/forms.py)
 
     @property
     def reserved(self) -> Reservation:

@@ -7,11 +7,11 @@ that mode count only what this router process has spent since it started.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from llmgw.core.snapshot import Tenants
+from llmgw.core.snapshot import PublishedModel, Tenants
 from llmgw.core.tenancy.limits import (
     Estimate,
     Level,
@@ -35,6 +35,7 @@ __all__ = [
     "budget_levels",
     "budget_use",
     "memory_limiter",
+    "upfront_cost",
 ]
 
 
@@ -178,3 +179,9 @@ def memory_limiter(clock: Callable[[], float]) -> TenantLimiter:
     return TenantLimiter(
         PoolLimiter(MemoryCounters(), clock=clock, policy=SharePolicy(fraction=1.0, budget_fraction=1.0))
     )
+
+
+def upfront_cost(models: Sequence[PublishedModel], tokens: int) -> float:
+    """What a request is charged against budgets before it is served: its tokens at the dearest price of any
+    model that may serve it (a fallback may cost more than the model asked for), corrected when it ends."""
+    return tokens * max(max(m.prices.input_per_million, m.prices.output_per_million) for m in models) / 1e6

@@ -33,8 +33,8 @@ from llmgw_router.decisions.capabilities import (
     unsupported,
     vision_matters,
 )
-from llmgw_router.decisions.forms import AUDIO_KINDS, audio_form, form_parts
-from llmgw_router.decisions.images import image_request
+from llmgw_router.decisions.media.forms import AUDIO_KINDS, audio_form, form_parts
+from llmgw_router.decisions.media.images import image_request
 from llmgw_router.decisions.rules import (
     NO_COMPLETION,
     conversation_key,
@@ -51,12 +51,13 @@ from llmgw_router.options import RouterOptions
 from llmgw_router.path.accounting import Call, gone, settle
 from llmgw_router.path.auth import Authenticator
 from llmgw_router.path.cache import CachePath
+from llmgw_router.path.disaggregated.two_steps import serve_disaggregated
 from llmgw_router.path.guard import GUARDED_KINDS, Guard, ask_judge
 from llmgw_router.path.lookup import RecentRequests, request_id_for
 from llmgw_router.path.lora import Adapters
 from llmgw_router.path.media import check_media
 from llmgw_router.path.models_page import models_page
-from llmgw_router.path.ratelimit import Limiter, NoLimits, budget_use
+from llmgw_router.path.ratelimit import Limiter, NoLimits, budget_use, upfront_cost
 from llmgw_router.path.steering import Steering, refused_error
 from llmgw_router.path.tags import HEADER as TAGS_HEADER, request_tags
 from llmgw_router.path.upstream_call import Kind, upstream_call
@@ -174,14 +175,6 @@ class RequestService:
         table = self.table
         return budget_use(self.limiter, table.snapshot.tenants) if table is not None else []
 
-    @staticmethod
-    def _estimate_cost(models: list[PublishedModel], tokens: int) -> float:
-        # Charged against budgets up front at the dearest price of any model that may serve the request (a
-        # fallback may cost more than the model asked for), corrected when the request ends.
-        return (
-            tokens * max(max(m.prices.input_per_million, m.prices.output_per_million) for m in models) / 1e6
-        )
-
     def _on_reject(self, reason: str) -> None:
         self.metrics.rejections.labels(reason).inc()
 
@@ -270,13 +263,7 @@ class RequestService:
         if table is None:
             raise _not_ready()
         call.hops = arrived(table, exchange.headers.get(HOP_HEADER))  # from a peer: 508 round a loop
-        raw = client_raw = await exchange.read_body(table.snapshot.router.max_body_bytes)  # a kept body's
-        if kind in AUDIO_KINDS:  # a multipart form, read once (decisions/forms.py)
-            call.form = form_parts(raw, exchange.headers.get("content-type"))
-        body = parse(raw) if call.form is None else audio_form(call.form)
-        if call.turn is not None:  # sized, limited and routed as the chat it becomes
-            body, raw = call.turn.begin(body, raw, call.request_id)
-            kind = "chat"
+        client_raw, raw, body, kind = await self._read(exchange, kind, table, call)
         # Who is asking comes before anything that depends on the catalog: an anonymous client learns neither
         # which models exist (404) nor their context lengths (400).
         began = time.monotonic()
@@ -332,6 +319,20 @@ class RequestService:
             )
         return await self._answer(exchange, kind, table, canonical, raw, body, call, guards, tenant_project)
 
+    async def _read(
+        self, exchange: Exchange, kind: Kind, table: RoutingTable, call: Call
+    ) -> tuple[bytes, bytes, dict[str, Any], Kind]:
+        """The body as the client sent it (a kept body's), and as the path reads it: parsed once, a speech
+        request's form fields, a Responses turn's chat (sized, limited and routed as the chat it becomes)."""
+        raw = client_raw = await exchange.read_body(table.snapshot.router.max_body_bytes)
+        if kind in AUDIO_KINDS:  # a multipart form, read once (decisions/media/forms.py)
+            call.form = form_parts(raw, exchange.headers.get("content-type"))
+        body = parse(raw) if call.form is None else audio_form(call.form)
+        if call.turn is not None:
+            body, raw = call.turn.begin(body, raw, call.request_id)
+            kind = "chat"
+        return client_raw, raw, body, kind
+
     def _resolve(
         self, table: RoutingTable, body: dict[str, Any], call: Call
     ) -> tuple[str, str, PublishedAdapter | None]:
@@ -369,7 +370,7 @@ class RequestService:
         began = time.monotonic()
         try:
             call.lease = await self.limiter.acquire(
-                call.chain, call.estimate, self._estimate_cost(serving, call.estimate)
+                call.chain, call.estimate, upfront_cost(serving, call.estimate)
             )
             if call.lease.admission is not None:  # its slots go back before the answer's last bytes
                 call.ending = functools.partial(self.limiter.end, call.lease)
@@ -424,9 +425,13 @@ class RequestService:
         raw: bytes,
         body: dict[str, Any],
         call: Call,
+        plain: bool = False,
     ) -> HttpReply | None:
         """Pick an endpoint and send the request there; an engine that cannot be reached is excluded and the
-        pick made once more, then it is a 502."""
+        pick made once more, then it is a 502. A disaggregated model's request goes in two steps unless
+        `plain` (its own replicas serving it whole: path/disaggregated/two_steps.py)."""
+        if table.disaggregated and not plain and (pd := table.disaggregated.get(canonical)) is not None:
+            return await serve_disaggregated(self, exchange, kind, table, canonical, raw, body, call, pd)
         headers = exchange.headers
         project = call.principal.project if call.principal else None
         info = self._request_info(table, canonical, body, call, project)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from llmgw_router.decisions.federation import HOP_HEADER, next_hops
 from llmgw_router.decisions.fields import DROPPED_HEADER, plan_fields
-from llmgw_router.decisions.forms import encode_form, wav_seconds
+from llmgw_router.decisions.media.forms import encode_form, wav_seconds
 from llmgw_router.decisions.rules import NO_COMPLETION, payload, sent_cap
 from llmgw_router.fleet.table import RoutingTable
 from llmgw_router.path.accounting import Call
@@ -88,7 +88,9 @@ def upstream_call(
         # Never silently: the client learns which of its fields the engine did not get.
         if fields is not None and fields.drop:
             reply[DROPPED_HEADER] = ",".join(fields.drop)
-    if call.form is not None:  # a speech request's multipart form, its model renamed (decisions/forms.py)
+    if (
+        call.form is not None
+    ):  # a speech request's multipart form, its model renamed (decisions/media/forms.py)
         return _form_call(kind, call, picked, reply, attempt, table.snapshot.cluster)
     sent = payload(raw, body, ep.upstream_model or served, cap, ask_usage, fields)
     if call.adapter is not None or ep.spec.adapters:

@@ -23,7 +23,7 @@ from llmgw_router.server.exchange import Exchange, HttpReply
 from llmgw_router.upstream.egress import ForbiddenAddress
 from llmgw_router.upstream.http1 import EngineClient, UpstreamHttpError
 
-__all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "forward"]
+__all__ = ["ProxyResult", "UpstreamCall", "UpstreamUnavailable", "fetch", "forward"]
 
 _RETRYABLE_STATUS = frozenset({502, 503})
 _FLUSH_WITHOUT_SEPARATOR = 64 * 1024
@@ -169,6 +169,28 @@ async def forward(
         raise
     upstream.release()
     return _whole(upstream, data, call)
+
+
+async def fetch(
+    session: aiohttp.ClientSession, engines: EngineClient | None, call: UpstreamCall
+) -> tuple[int, Any]:
+    """Send `call` and read its whole answer for the router itself (a disaggregated request's prefill step):
+    the status and the parsed JSON body. Nothing reaches the client; an endpoint that cannot be reached, or
+    answers what is not JSON, raises `UpstreamUnavailable` as `forward` does."""
+    try:
+        upstream = await _open(session, engines, call)
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise UpstreamUnavailable(f"connect failed: {_reason(exc)}") from None
+    try:
+        data = await upstream.read()
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        upstream.close()
+        raise UpstreamUnavailable(f"connection lost: {_reason(exc)}") from None
+    upstream.release()
+    obj = _parse_answer(data, exact=False)
+    if not isinstance(obj, dict):
+        raise UpstreamUnavailable(f"engine answered {upstream.status} with a body that is not a JSON object")
+    return upstream.status, obj
 
 
 def _redirect_refused(upstream: Upstream, call: UpstreamCall) -> ProxyResult:

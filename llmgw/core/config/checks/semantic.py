@@ -15,6 +15,7 @@ from llmgw.core.config.checks.adapter_checks import check_adapters
 from llmgw.core.config.checks.capacity_checks import check_capacity
 from llmgw.core.config.checks.checker import Checker, Document as Document
 from llmgw.core.config.checks.console_checks import check_console
+from llmgw.core.config.checks.disagg_checks import check_disaggregation
 from llmgw.core.config.checks.engine_build_checks import check_engine_builds
 from llmgw.core.config.checks.eval_checks import check_evals
 from llmgw.core.config.checks.facility_checks import check_facilities
@@ -78,6 +79,7 @@ def check(
     check_capacity(documents, checker.add)
     check_facilities(documents, checker.add)
     check_guardrails(documents, checker.add)
+    check_disaggregation(documents, checker.add)
     check_adapters(documents, checker.add)
     check_evals(documents, checker.add)
     check_people(documents, checker.add)

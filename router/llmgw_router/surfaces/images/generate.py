@@ -15,7 +15,7 @@ from typing import Any
 
 import aiohttp
 
-from llmgw_router.decisions.images import BUILTIN, fill, history_images, image_request, parse_workflow
+from llmgw_router.decisions.media.images import BUILTIN, fill, history_images, image_request, parse_workflow
 from llmgw_router.server.errors import ApiError
 from llmgw_router.server.exchange import json_reply
 from llmgw_router.upstream.comfyui import ComfyRun, run_workflow

@@ -386,6 +386,16 @@ class KeysAnswer(Answer):
 
 
 class KeyCreateBody(Body):
+    # A key spends against a project, or is a person's own: the schema says one of the two is given.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["project"], "properties": {"project": {"type": "string"}}},
+                {"required": ["owner"], "properties": {"owner": {"type": "string"}}},
+            ]
+        }
+    )
+
     project: str | None = Field(
         None,
         min_length=1,

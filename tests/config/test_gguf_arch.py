@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from gguf_patch import patch_architecture
+from support import free_port
 from typer.testing import CliRunner
 
 from llmgw.adapters.model_files import inspect_source, installed_architectures
@@ -23,8 +25,6 @@ from llmgw.core.weights.gguf_arch import (
     names_in_library,
 )
 from llmgw.core.weights.model_headers import parse_gguf
-from tests.gguf_patch import patch_architecture
-from tests.support import free_port
 
 GEMMA = os.environ.get("LLMGW_TEST_MODEL", "")
 pytestmark = pytest.mark.skipif(not Path(GEMMA).is_file(), reason="LLMGW_TEST_MODEL is not a file")

@@ -10,12 +10,12 @@ import os
 from pathlib import Path
 
 import pytest
+from gguf_patch import patch_architecture
 from typer.testing import CliRunner
 
 from llmgw.adapters.mirror import MirrorStore
 from llmgw.cli.main import app
 from llmgw.core.weights.ollama import OllamaError, parse_name
-from tests.gguf_patch import patch_architecture
 
 GEMMA = os.environ.get("LLMGW_TEST_MODEL", "")
 pytestmark = pytest.mark.skipif(not Path(GEMMA).is_file(), reason="LLMGW_TEST_MODEL is not a file")

@@ -24,7 +24,8 @@ from support import free_port, free_port_range, wait_until
 
 from .up_process import LOCAL_NODE_AND_ORG, Up, admin_call, llmgw_command, printed
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# One worker runs the module: its tests share the two `llmgw up` (a worker of its own would start two more).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.xdist_group("e2e-federation")]
 
 READY_S = 60.0  # a sim replica ready and the peer's models listed on the other side
 PEER_CHECK = "1s"  # how often each side checks the other: a stopped peer is seen within a few seconds
@@ -106,6 +107,8 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Up]]:
             key_file = ups[side].state_dir / "controller" / "secrets" / f"peer-{other}"
             key_file.write_text(keys[other] + "\n")
             key_file.chmod(0o600)
+        for side, other in (("east", "west"), ("west", "east")):  # each side has read the other's models
+            _served(ups[side], keys[side], f"{other}/sim-chat")
         yield ups
     finally:
         for up in ups.values():

@@ -20,7 +20,8 @@ from support import free_port, free_port_range, wait_until
 
 from .up_process import LOCAL_NODE_AND_ORG, Up, admin_call, llmgw_command, printed
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# One worker runs the module: its tests share one `llmgw up` (a worker of its own would start another).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), pytest.mark.xdist_group("e2e-replay")]
 
 BRIEF_TTL_S = 10  # project `brief`: long enough to see its body kept, short enough to see it go
 READY_S = 60.0
@@ -85,6 +86,9 @@ def up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
     )
     run.start()
     try:
+        printed(run)  # up is serving: its key is made
+        token = run.state_dir / "controller" / "admin-token"
+        wait_until(token.exists, READY_S, "the controller's admin token")
         yield run
     finally:
         run.kill_everything()

@@ -195,7 +195,7 @@ class Services:
         if pid is not None:
             await self._stop(name, pid)
         await self._start(name)
-        pid = await self._running(name)
+        pid = await self._started(name)
         if pid is None:
             raise StepFailed(f"the {name} did not start: {await self._log_tail(name)}")
         waited = await self._healthy(name)
@@ -213,6 +213,19 @@ class Services:
         text = self.m.read_text(self.lay.pid_file(name))
         pid = int(text) if text and text.strip().isdigit() else None
         return pid if pid is not None and _runs(pid, L.exec_argv(self.lay, self.s, name)) else None
+
+    async def _started(self, name: str) -> int | None:
+        """The started service's pid once the process is its command: just after the spawn it is still
+        `setsid`, `setpriv` or `env` on its way there (a check at once failed a start that went fine). None when
+        the process ended first, or is not its command within START_S."""
+        deadline = time.monotonic() + START_S
+        while True:
+            pid = await self._running(name)
+            if pid is not None or time.monotonic() > deadline:
+                return pid
+            if self.mode() != "systemd" and not _alive(self.m.read_text(self.lay.pid_file(name))):
+                return None
+            await asyncio.sleep(0.1)
 
     async def _start(self, name: str) -> None:
         if self.mode() == "systemd":
@@ -277,6 +290,14 @@ class Services:
         else:
             out = "\n".join((self.m.read_text(self.lay.log_file(name)) or "").splitlines()[-10:])
         return out.strip()[-1500:] or "(its log is empty)"
+
+
+START_S = 30.0  # from the spawn until the process is the service's command (a loaded machine: seconds)
+
+
+def _alive(pid_text: str | None) -> bool:
+    """Whether the process a pid file names still exists (whatever it runs by now)."""
+    return bool(pid_text and pid_text.strip().isdigit() and Path(f"/proc/{pid_text.strip()}").exists())
 
 
 def _runs(pid: int, argv: list[str]) -> bool:

@@ -130,6 +130,31 @@ def test_shares_split_a_long_backlog_in_proportion() -> None:
     assert served.count("large") == 150 and served.count("small") == 50
 
 
+@pytest.mark.parametrize("batch", [2, 3, 4])
+def test_shares_hold_when_several_slots_free_at_once(batch: int) -> None:
+    # Slots freed together hand out `batch` wake-ups before any is used: each pick must count the ones
+    # already promised, or the project at the head takes the whole batch (shares of 1:3 served as 1:2).
+    queue: FairQueue[int] = FairQueue()
+    for i in range(400):
+        queue.push(i, "small", (0, 0), 1.0)
+        queue.push(i, "large", (0, 0), 3.0)
+    served: list[str] = []
+    while len(served) < 240:
+        promised: list[Entry[int]] = []
+
+        def is_promised(e: Entry[int], batch_so_far: list[Entry[int]] = promised) -> bool:
+            return e in batch_so_far
+
+        for _ in range(batch):
+            entry = queue.first(promised=is_promised)
+            assert entry is not None
+            promised.append(entry)
+        for entry in promised:
+            queue.served(entry)
+            served.append(entry.project)
+    assert served.count("small") == 60, served.count("small")
+
+
 def test_an_idle_project_banks_no_credit() -> None:
     # `b` waited for nothing while `a` was served alone: on arrival it starts at the queue's virtual time,
     # so it does not get a long run of its own to catch up.

@@ -107,12 +107,10 @@ def chat(url: str, key: str) -> openai.AsyncOpenAI:
 async def test_two_projects_flooding_one_model_are_served_in_proportion_to_their_shares(
     sims: dict[str, SimProcess],
 ) -> None:
-    # Each project keeps 16 requests going against 2 slots of about 160 ms each: both always have requests
-    # waiting (the bound below holds only while both wait). The client and the router share this test's
-    # event loop: with short answers (40 ms) a loaded CI machine made that loop the bottleneck, the large
-    # project's requests sat in the client between answers instead of in the queue, and the small project
-    # took the slots it left (32 answered against 24).
-    total, per_project, answer_tokens = 96, 16, 16
+    # Each project keeps 12 requests going against 2 slots of about 40 ms each: both always have requests
+    # waiting, even while a client is slow to send its next one on a busy machine (the bound below holds
+    # only while both wait).
+    total, per_project = 96, 12
     answered = {name: 0 for name in SHARES}
     done = asyncio.Event()
 
@@ -121,7 +119,7 @@ async def test_two_projects_flooding_one_model_are_served_in_proportion_to_their
         async def flood(name: str, c: openai.AsyncOpenAI) -> None:
             while not done.is_set():
                 await c.chat.completions.create(
-                    model="sim-fair", messages=[{"role": "user", "content": name}], max_tokens=answer_tokens
+                    model="sim-fair", messages=[{"role": "user", "content": name}], max_tokens=4
                 )
                 if sum(answered.values()) < total:
                     answered[name] += 1

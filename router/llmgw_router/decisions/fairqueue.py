@@ -80,17 +80,34 @@ class FairQueue(Generic[T]):
         """The virtual start of `project`'s next request: never before the queue's virtual time."""
         return max(self._finish.get(project, 0.0), self._vtime)
 
-    def first(self, skip: Callable[[Entry[T]], bool] | None = None) -> Entry[T] | None:
-        """The entry served next, passing over those `skip` says (they keep their places)."""
+    def first(
+        self,
+        skip: Callable[[Entry[T]], bool] | None = None,
+        promised: Callable[[Entry[T]], bool] | None = None,
+    ) -> Entry[T] | None:
+        """The entry served next, passing over those `skip` says (they keep their places).
+
+        `promised` entries were already picked and are on their way to being served (a wake-up handed out,
+        not yet used): they are passed over too, and each counts against its project's start as if served.
+        Several slots freed at once hand out several wake-ups before any is used; without this, every one
+        would go to the same project's next entries (its start not yet charged), and a batch of two turned
+        shares of 1:3 into 1:2."""
         best: Entry[T] | None = None
         best_key: tuple[Band, float, int] | None = None
         for (band, project), flow in self._flows.items():
             if best_key is not None and band > best_key[0]:
                 continue
-            head = next((e for e in flow if skip is None or not skip(e)), None)
+            start = self.start_of(project)
+            head: Entry[T] | None = None
+            for entry in flow:
+                if promised is not None and promised(entry):
+                    start += 1.0 / entry.share
+                elif skip is None or not skip(entry):
+                    head = entry
+                    break
             if head is None:
                 continue
-            key = (band, self.start_of(project), head.seq)
+            key = (band, start, head.seq)
             if best_key is None or key < best_key:
                 best, best_key = head, key
         return best

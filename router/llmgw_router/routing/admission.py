@@ -208,7 +208,7 @@ class Admission:
     def _wake(queue: FairQueue[_Waiter], wake: _WakeUp) -> None:
         """Wake the first waiter in the queue's order that neither holds a wake-up nor tried this one."""
         tried = wake.tried
-        first = queue.first(lambda e: e.item.fut.done() or e in tried)
+        first = queue.first(skip=lambda e: e in tried, promised=lambda e: e.item.fut.done())
         if first is not None:
             first.item.fut.set_result(wake)
 

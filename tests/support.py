@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import random
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -27,8 +28,6 @@ from aiohttp import web
 # pytest_collection_modifyitems (pytest-xdist issue 1386: seen without it, two `llmgw up` at once on gw1 and gw3).
 DEFAULT_AGENT_PORTS = pytest.mark.xdist_group("default-agent-ports")
 
-_HANDED_OUT: set[int] = set()
-
 
 def worker_name() -> str:
     """This pytest process's name under pytest-xdist (`gw0`, `gw1`, ...), `main` when not run by xdist: for what is
@@ -44,7 +43,8 @@ def worker_cache(name: str) -> Path:
 
 
 def _ephemeral_ports() -> range:
-    """The ports the kernel hands out for port 0 (Linux: ip_local_port_range, 32768-60999 by default)."""
+    """The ports the kernel hands out for port 0 and for outgoing connections (Linux: ip_local_port_range,
+    32768-60999 by default)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
             low, high = (int(word) for word in f.read().split())
@@ -63,31 +63,42 @@ def _worker_slice(ports: range) -> range:
     return range(ports.start + index * width, ports.start + (index + 1) * width)
 
 
+def _single_ports() -> range:
+    """Where `free_port` takes its ports: above the agent's default engine range (20000-20999) and below the
+    kernel's ephemeral range. A port the kernel could hand out was once taken, between the check and a
+    router's bind, by an outgoing connection of another test (CI: a router's port already in use)."""
+    return range(21000, min(_ephemeral_ports().start, 32768))
+
+
 def port_share() -> range:
-    """The ephemeral ports `free_port` may hand out in this process: its worker's slice, so two workers asking
-    at the same moment are never handed the same port."""
-    return _worker_slice(_ephemeral_ports())
+    """The ports `free_port` may hand out in this process: its worker's slice, so two workers asking at the
+    same moment are never handed the same port."""
+    return _worker_slice(_single_ports())
+
+
+# From a random point: two test runs at once on one machine (a developer's beside CI's) do not walk the same
+# ports in step.
+_port_numbers = itertools.count(random.randrange(1 << 16))
 
 
 def free_port() -> int:
-    """A port nothing listens on right now, picked by the kernel (bind to port 0 on loopback), and never one
-    this test process was given before: the kernel may hand the same free port to two calls in a row, and two
-    engines told the same port leave one of them answering for both (seen: an engine refusing the other's key).
-    Only ports of this worker's `port_share`."""
+    """A port nothing listens on right now, from this worker's `port_share`, taken in turn round the share: the
+    longest time before one is handed out again (two engines told the same port leave one of them answering
+    for both; seen once: an engine refusing the other's key)."""
     share = port_share()
-    tries = 100 * len(_ephemeral_ports()) // len(share)
-    for _ in range(tries):
+    for _ in range(len(share)):
+        port = share.start + next(_port_numbers) % len(share)
         with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port in share and port not in _HANDED_OUT:
-            _HANDED_OUT.add(port)
-            return port
-    raise RuntimeError(f"no fresh loopback port in {share} after {tries} tries")
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # something listens there (a test's engine not yet gone, another program)
+        return port
+    raise RuntimeError(f"no free loopback port in {share}")
 
 
 # Where `free_port_range` takes its blocks: below the kernel's ephemeral range, so no port the kernel hands out
-# (free_port, an outgoing connection) lands in a block, and below the agent's default engine range (20000-20999).
+# (an outgoing connection) lands in a block, and below the agent's default engine range (20000-20999).
 BLOCK_PORTS = range(10000, 20000)
 # Blocks go round this worker's slice in order: the longest time before one is handed out again.
 _block_numbers = itertools.count()
@@ -95,7 +106,7 @@ _block_numbers = itertools.count()
 
 def free_port_range(count: int) -> int:
     """The first of `count` consecutive ports that are all free to bind now, from this worker's slice of
-    BLOCK_PORTS (as `port_share` slices the ephemeral range): a block an agent picks its engines' ports from,
+    BLOCK_PORTS (as `port_share` slices its own range): a block an agent picks its engines' ports from,
     which no other worker's agent picks from at the same time."""
     share = _worker_slice(BLOCK_PORTS)
     blocks = len(share) // count

@@ -18,6 +18,7 @@ from llmgw.core.tenancy.people import person_chain
 from llmgw.core.tenancy.projects import TenantChain, allowed, tenant_chain
 from llmgw.core.words import parse_duration
 from llmgw_router.decisions.breaker import BreakerState
+from llmgw_router.decisions.capabilities import vision_matters
 from llmgw_router.decisions.scheduler import Candidate
 from llmgw_router.decisions.scrape_parse import MetricNames, Sample
 
@@ -103,6 +104,9 @@ class RoutingTable:
     peered: bool = False  # a model is a peer's (PEER/MODEL): the request path asks the federation rules
     # The models served in two steps, with their pairings: read on every request (most snapshots: none).
     disaggregated: dict[str, Disaggregation] = field(default_factory=dict)
+    # The models whose chat requests are searched for images (`vision_matters`): decided once per snapshot,
+    # not walked down the fallback chain on every request.
+    vision_checked: frozenset[str] = frozenset()
     # Decisions that depend only on this snapshot, memoised: the request path asks the same few questions.
     _allowed: dict[tuple[str, str, str], bool] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[str, TenantChain | None] = field(default_factory=dict, compare=False, repr=False)
@@ -213,6 +217,7 @@ class RoutingTable:
             load_timeout=parse_duration(settings.admission.load_timeout),
             peered=any(m.peer is not None for m in snapshot.models.values()),
             disaggregated={n: m.disaggregation for n, m in snapshot.models.items() if m.disaggregation},
+            vision_checked=frozenset(n for n in snapshot.models if vision_matters(snapshot.models, n)),
         )
 
 

@@ -27,12 +27,7 @@ import aiohttp
 from llmgw.adapters import logformat
 from llmgw.core.evals.guardrails import CompiledGuardrail
 from llmgw.core.snapshot import PublishedAdapter, PublishedModel, RouterSnapshot, Tenants
-from llmgw_router.decisions.capabilities import (
-    lacked,
-    needs_of,
-    unsupported,
-    vision_matters,
-)
+from llmgw_router.decisions.capabilities import lacked, needs_of, unsupported
 from llmgw_router.decisions.media.forms import AUDIO_KINDS, audio_form, form_parts
 from llmgw_router.decisions.media.images import image_request
 from llmgw_router.decisions.rules import (
@@ -278,9 +273,7 @@ class RequestService:
         if adapter is not None:
             self.adapters.check(name, adapter, tenant_project)
         # What it needs of a model: a fallback lacking it is left out of the chain, the model refuses it.
-        needs = (
-            needs_of(body, vision=vision_matters(table.models, canonical)) if kind == "chat" else frozenset()
-        )
+        needs = needs_of(body, vision=canonical in table.vision_checked) if kind == "chat" else frozenset()
         missing = lacked(model, kind, needs)
         if missing is not None:
             raise refused_error(unsupported(canonical, model, missing))

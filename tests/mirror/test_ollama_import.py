@@ -67,20 +67,17 @@ def ollama_dir(
     return root
 
 
+def import_args(name: str, ollama: Path, mirror: Path) -> list[str]:
+    """`llmgw mirror import-ollama NAME` from the Ollama directory `ollama` into the mirror `mirror`."""
+    return ["mirror", "import-ollama", name, "--ollama-dir", str(ollama), "--mirror-dir", str(mirror)]
+
+
 def test_a_pulled_model_and_its_projector_are_imported_checked_by_digest(
     tmp_path: Path, gemma_sha: str
 ) -> None:
     source = ollama_dir(tmp_path / "ollama", gemma_sha)
     mirror = tmp_path / "mirror"
-    args = [
-        "mirror",
-        "import-ollama",
-        "gemma3:270m",
-        "--ollama-dir",
-        str(source),
-        "--mirror-dir",
-        str(mirror),
-    ]
+    args = import_args("gemma3:270m", source, mirror)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     revision = f"270m-{gemma_sha[:12]}"
@@ -109,15 +106,7 @@ def test_a_corrupted_blob_is_refused_and_nothing_is_added(tmp_path: Path, gemma_
     sha = hashlib.sha256(PROJECTOR).hexdigest()
     (source / "blobs" / f"sha256-{sha}").write_bytes(PROJECTOR[:-1] + b"!")  # same size, other bytes
     mirror = tmp_path / "mirror"
-    args = [
-        "mirror",
-        "import-ollama",
-        "gemma3:270m",
-        "--ollama-dir",
-        str(source),
-        "--mirror-dir",
-        str(mirror),
-    ]
+    args = import_args("gemma3:270m", source, mirror)
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1
     assert f"sha256-{sha}" in result.output and f"named by sha256 {sha}" in result.output
@@ -127,15 +116,7 @@ def test_a_corrupted_blob_is_refused_and_nothing_is_added(tmp_path: Path, gemma_
 
 
 def test_a_missing_model_or_a_bad_name_says_what_to_do(tmp_path: Path) -> None:
-    args = [
-        "mirror",
-        "import-ollama",
-        "qwen3:8b",
-        "--ollama-dir",
-        str(tmp_path),
-        "--mirror-dir",
-        str(tmp_path / "m"),
-    ]
+    args = import_args("qwen3:8b", tmp_path, tmp_path / "m")
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1 and "ollama pull qwen3:8b" in result.output
     assert parse_name("me/tiny").words() == "me/tiny:latest"
@@ -148,15 +129,7 @@ def test_a_model_whose_architecture_llamacpp_does_not_load_is_refused_unless_any
     patch_architecture(Path(GEMMA), kevlar, "kevlar")
     source = ollama_dir(tmp_path / "ollama", sha256_of(kevlar), projector=None, model=kevlar)
     mirror = tmp_path / "mirror"
-    args = [
-        "mirror",
-        "import-ollama",
-        "gemma3:270m",
-        "--ollama-dir",
-        str(source),
-        "--mirror-dir",
-        str(mirror),
-    ]
+    args = import_args("gemma3:270m", source, mirror)
     refused = CliRunner().invoke(app, args)
     assert refused.exit_code == 1
     assert (

@@ -36,7 +36,7 @@ class DecodeStream(WrappedExchange):
         self.head_sent = False  # the stream's head went to the client
         self.end_held = False  # the stream broke: its end was held back (the client's stream is still open)
         self._done: Streamed | None = None  # continuing: what the broken stream had given the client
-        self._first_byte_at: float | None = None
+        self.first_byte_at: float | None = None  # when the client had the broken stream's first bytes
 
     @property
     def broke(self) -> bool:
@@ -50,7 +50,7 @@ class DecodeStream(WrappedExchange):
     def continuing(self, done: Streamed) -> None:
         """What is written from now on continues the stream the client has."""
         result = self._call.result
-        self._first_byte_at = result.first_byte_at if result is not None else None
+        self.first_byte_at = result.first_byte_at if result is not None else None
         self._done, self._kept, self.end_held = done, [], False
 
     def start_stream(self, status: int, headers: dict[str, str]) -> None:
@@ -59,12 +59,11 @@ class DecodeStream(WrappedExchange):
             self.inner.start_stream(status, headers)
             return
         # The continuation's stream started (its result is the call's now): the client has the head already.
-        # The result carries the first stream's tokens and first byte, so a continuation cut short (the client
-        # gone) is still charged both, and the first token's time is the first stream's.
+        # The result carries the first stream's tokens, so a continuation cut short (the client gone) is still
+        # charged both.
         result = self._call.result
         if result is not None:
             result.events += self._done.tokens
-            result.first_byte_at = self._first_byte_at
 
     async def write(self, chunk: bytes, limit_s: float) -> None:
         if self._done is not None:

@@ -371,11 +371,17 @@ async def _continuation(
         stream.continuing(done)
         result = call.result = await svc._send(stream, up, call, table.models[pool], body)
     except UpstreamUnavailable as exc:
+        if call.trace is not None:
+            call.trace.upstream_end(None, exc.reason)
         _step_done(svc, pool, "continue", started, ok=False)
         svc.forwarding.failed(ep, f"continuation: {exc.reason}")
         return f"the continuation on {ep.id} failed ({exc.reason})"
     finally:
         svc.forwarding.release(ep, pool)
+    if call.trace is not None:
+        call.trace.upstream_end(result)
+    if stream.first_byte_at is not None:  # the request's first token is the broken stream's
+        result.first_byte_at = stream.first_byte_at
     why = None
     if result.response is not None:  # a whole answer to a stream: the engine refused it
         why = f"the continuation on {ep.id} was answered {result.status}"

@@ -127,9 +127,6 @@ async def serve_disaggregated(
             reply = await _two_steps(
                 svc, stream or exchange, kind, table, canonical, raw, body, call, pd, failed
             )
-            if stream is not None and stream.broke:
-                await _continue(svc, stream, kind, table, canonical, raw, body, call, pd)
-            return reply
         except _StepFailed as exc:
             svc.metrics.pd_fallbacks.labels(canonical, pd.on_failure).inc()
             call.attempts = [
@@ -148,6 +145,10 @@ async def serve_disaggregated(
                     "upstream_unavailable",
                     "server_error",
                 ) from None
+            continue  # retry: both steps once more
+        if stream is not None and stream.broke:  # the client has part of the answer: no step fails now
+            await _continue(svc, stream, kind, table, canonical, raw, body, call, pd)
+        return reply
     raise AssertionError("unreachable: the loop returns or raises")
 
 

@@ -33,6 +33,7 @@ from llmgw_agent.sim_model import (
     ToolCall,
     answer_length,
     canned_answer,
+    continuation_refusal,
     embedding,
     output_tokens,
     plan_timing,
@@ -211,6 +212,9 @@ class SimEngine:
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             return openai_error(400, "messages must be a non-empty list", "invalid_request_error")
+        refused = continuation_refusal(body)
+        if refused is not None:
+            return openai_error(400, refused, "invalid_request_error")
         parts: list[str] = []
         for m in messages:
             content = m.get("content", "") if isinstance(m, dict) else ""
@@ -283,7 +287,7 @@ class SimEngine:
                 await self.decode_one(work)
         finally:
             self.finish(work, len(words))
-        text = " ".join(words)
+        text = (" " if _continues(body) and words else "") + " ".join(words)
         rid = uuid.uuid4().hex
         if chat:
             choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
@@ -372,7 +376,7 @@ class SimEngine:
                 sent += await self._stream_tool_call(send, index, call, work)
             for i, word in enumerate(words if not calls else ()):
                 await self.decode_one(work)
-                piece = word if i == 0 else " " + word
+                piece = word if i == 0 and not _continues(body) else " " + word
                 delta: dict[str, Any] = {"delta": {"content": piece}} if chat else {"text": piece}
                 await send([{"index": 0, **delta, "finish_reason": None, "logprobs": None}])
                 sent += 1
@@ -520,6 +524,11 @@ class SimEngine:
         app.router.add_get("/metrics", self.metrics)
         app.router.add_post(KV_PATH, self.pd.serve_pull)
         return app
+
+
+def _continues(body: dict[str, Any]) -> bool:
+    """A chat continuing its final assistant message: its first word follows that message's last."""
+    return body.get("continue_final_message") is True
 
 
 def engine_from_args(ns: argparse.Namespace) -> SimEngine:

@@ -379,3 +379,17 @@ class ErrorPacer:
     def fail(self) -> bool:
         self.seen += 1
         return math.floor(self.seen * self.rate) > math.floor((self.seen - 1) * self.rate)
+
+
+def continuation_refusal(body: dict[str, Any]) -> str | None:
+    """Why vLLM would refuse a chat's `continue_final_message` (continue the final assistant message rather than
+    answer anew), else None: it takes `add_generation_prompt: false` with it, and a final message to continue."""
+    if body.get("continue_final_message") is not True:
+        return None
+    if body.get("add_generation_prompt", True) is not False:
+        return "Cannot set both `continue_final_message` and `add_generation_prompt` to True."
+    messages = body.get("messages")
+    last = messages[-1] if isinstance(messages, list) and messages else None
+    if _obj(last).get("role") != "assistant":
+        return "continue_final_message is set but the final message is not the assistant's."
+    return None

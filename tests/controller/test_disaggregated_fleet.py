@@ -2,7 +2,8 @@
 model's request is served in two steps with one usage row, the decode carries the prefill's
 `kv_transfer_params` (the decode sim could only take the prompt's KV with them), a decode replica killed while
 the request is in its prefill step falls back to the model's plain replica as `on_failure: plain` says, and
-the prefill and decode pools are scaled each by its own replica count."""
+the prefill and decode pools are scaled each by its own replica count. A decode replica killed once the client
+has the first words of its stream is continued, in the same stream, on the model's plain replica."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ spec:
 """
 
 
-def pool(role: str, replicas: int) -> str:
+def pool(role: str, replicas: int, decode_ms: int = 1) -> str:
     # The prefill pool's prompt costs 2 ms a token: a long prompt holds the prefill step long enough to act on.
     return f"""\
 apiVersion: llmgw/v1
@@ -49,7 +50,7 @@ spec:
   context_length: 8192
   scaling: {{min: {replicas}, max: {replicas}}}
   profiles:
-    - {{name: sim, engine: sim, cpu_cores: 1, role: {role}, args: {{decode_ms_per_token: 1, prefill_ms_per_token: 2}}}}
+    - {{name: sim, engine: sim, cpu_cores: 1, role: {role}, args: {{decode_ms_per_token: {decode_ms}, prefill_ms_per_token: 2}}}}
 """
 
 
@@ -198,6 +199,68 @@ async def test_a_disaggregated_model_is_served_in_two_steps(tmp_path: Path) -> N
         assert (
             'llmgw_router_disaggregated_steps_total{model="m-decode",outcome="ok",role="decode"} 1.0' in page
         )
+        await client.close()
+    finally:
+        if router is not None:
+            router.stop()
+        await cluster.close()
+        cluster.agents.cleanup()
+
+
+async def test_a_decode_killed_mid_stream_is_continued_on_a_plain_replica(tmp_path: Path) -> None:
+    cluster = Cluster(tmp_path)
+    router = None
+    # The decode sim takes 150 ms a word: the client has its first word long before the twelfth is due.
+    models = {
+        "models/m.yaml": FRONT,
+        "models/p.yaml": pool("prefill", 1),
+        "models/d.yaml": pool("decode", 1, 150),
+    }
+    try:
+        await bring_up(cluster, ["n1"], models)
+        await cluster.wait_ready("m-prefill", 1)
+        [decode] = await cluster.wait_ready("m-decode", 1)
+        [plain] = await cluster.wait_ready("m", 1)
+        router, client = await _router(tmp_path, cluster)
+        await routed(client, "m-decode")
+        prompt = "tell me a long story"
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": prompt}],
+            max_tokens=12,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = []
+        killed = False
+        async for chunk in stream:  # the decode is killed as soon as the client has its first word
+            chunks.append(chunk)
+            if not killed and any(c.delta.content for c in chunk.choices):
+                os.kill(int(decode["pid"]), signal.SIGKILL)
+                killed = True
+        words = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices).split()
+        usage = chunks[-1].usage
+        # One coherent stream: one id, one opening, twelve words (the cap), the usage counting both decodes.
+        assert {c.id for c in chunks} == {chunks[0].id}
+        assert sum(1 for c in chunks if c.choices and c.choices[0].delta.role) == 1
+        assert usage is not None and usage.completion_tokens == 12 and len(words) == 12
+
+        [row] = await _rows(cluster, 1)
+        assert (row.model, row.status, row.endpoint) == ("m", 200, plain["id"])
+        assert row.attempts is not None and row.attempts[-1]["endpoint"] == decode["id"], row.attempts
+        broke = row.attempts[-1]["reason"]
+        assert broke.startswith("decode: the stream broke after "), broke
+        given = int(broke.split()[-2])
+        assert 1 <= given < 12
+        # The plain sim read the prompt and the words streamed before the kill as its answer's start (it
+        # refuses vLLM's continue flags without a final assistant message): its prompt is both, as the sim
+        # counts words, "role: content" a message.
+        asked = len(f"user: {prompt}".split()) + len(("assistant: " + " ".join(words[:given])).split())
+        assert usage.prompt_tokens == asked and (row.tokens_in, row.tokens_out) == (asked, 12)
+        async with aiohttp.ClientSession() as s, s.get(router.metrics + "/metrics") as r:
+            page = await r.text()
+        assert 'llmgw_router_disaggregated_fallbacks_total{model="m",policy="plain"} 1.0' in page
+        assert 'disaggregated_steps_total{model="m",outcome="ok",role="continue"} 1.0' in page
         await client.close()
     finally:
         if router is not None:

@@ -15,7 +15,7 @@ import aiohttp
 import openai
 import pytest
 from aiohttp import web
-from faults.procs import FakeEngine, start_router_proc
+from faults.procs import FakeEngine, RouterProc, start_router_proc
 from support import wait_for
 
 pytestmark = pytest.mark.integration
@@ -130,6 +130,143 @@ async def test_a_refused_decode_is_retried_with_both_steps_elsewhere(tmp_path: P
         engine_ids = {d["kv_transfer_params"]["remote_engine_id"] for d in decodes}
         assert engine_ids == {"p1", "p2"}, "the retry's prefill ran on the other replica"
         assert decodes[1]["max_tokens"] == 20
+    finally:
+        if router is not None:
+            router.stop()
+        for _, engine in engines.values():
+            engine.stop()
+
+
+# ---- a decode that breaks after the client has bytes (the continuation: path/disaggregated/midstream.py)
+
+
+def _event(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def _chunk(rid: str, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return {"id": rid, "object": "chat.completion.chunk", "created": 7, "model": "md", "choices": [choice]}
+
+
+def _streaming(seen: list[tuple[str, dict[str, Any]]], name: str, calls: list[int]) -> FakeEngine:
+    """A decode replica whose first stream (of all such replicas': `calls` is shared) breaks after three words,
+    the engine's connection dropped; any later one streams four words to its end, with its usage."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        seen.append((name, body))
+        calls.append(1)
+        breaks = len(calls) == 1
+        rid = "chatcmpl-first" if breaks else "chatcmpl-second"
+        answer = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await answer.prepare(request)
+        await answer.write(_event(_chunk(rid, {"role": "assistant", "content": ""})))
+        words = ["one", " two", " three"] if breaks else [" four", " five", " six", " seven"]
+        for word in words:
+            await answer.write(_event(_chunk(rid, {"content": word})))
+        if breaks:
+            assert request.transport is not None
+            request.transport.abort()  # the engine is gone mid-stream
+            return answer
+        await answer.write(_event(_chunk(rid, {}, "stop")))
+        usage = {"prompt_tokens": 11, "completion_tokens": 4, "total_tokens": 15}
+        await answer.write(_event({**_chunk(rid, {}), "choices": [], "usage": usage}))
+        await answer.write(b"data: [DONE]\n\n")
+        return answer
+
+    return FakeEngine(behave={"/v1/chat/completions": chat, "/metrics": _metrics}).start()
+
+
+async def _router_for(tmp: Path, engines: dict[str, tuple[str, FakeEngine]], policy: str) -> RouterProc:
+    snapshot = _snapshot(engines)
+    snapshot["models"]["m"]["disaggregation"]["on_failure"] = policy
+    (tmp / "snapshot.json").write_text(json.dumps(snapshot))
+    args = ["--snapshot", str(tmp / "snapshot.json"), "--no-auth"]
+    router = await asyncio.to_thread(start_router_proc, tmp / "router.log", args)
+
+    async def ready() -> bool:
+        async with aiohttp.ClientSession() as s, s.get(router.metrics + "/metrics") as r:
+            page = await r.text()
+        return all(f'endpoint="{rid}"' in page and 'state="ready"' in page for rid in engines)
+
+    await wait_for(ready, 30, "the endpoints scraped")
+    return router
+
+
+async def _events(router: RouterProc) -> list[Any]:
+    """The client's stream, each data event parsed ([DONE] as the string)."""
+    ask = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "count"}],
+        "max_tokens": 20,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    async with aiohttp.ClientSession() as s, s.post(router.api + "/v1/chat/completions", json=ask) as r:
+        assert r.status == 200, await r.text()
+        text = await r.text()
+    datas = [line[6:] for line in text.split("\n") if line.startswith("data: ")]
+    return [d if d == "[DONE]" else json.loads(d) for d in datas]
+
+
+async def test_a_decode_broken_mid_stream_is_continued_on_another_decode_replica(tmp_path: Path) -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+    calls: list[int] = []
+    engines = {
+        "p1": ("mp", _prefill("p1", [])),
+        "d1": ("md", _streaming(seen, "d1", calls)),
+        "d2": ("md", _streaming(seen, "d2", calls)),
+    }
+    router = None
+    try:
+        router = await _router_for(tmp_path, engines, "retry")
+        events = await _events(router)
+        # One stream: one id, one opening, the three words the broken decode gave and the four of the other,
+        # its end and [DONE]; the usage counts the continuation's prompt and both decodes' words.
+        assert events[-1] == "[DONE]"
+        chunks = events[:-1]
+        assert {c["id"] for c in chunks} == {"chatcmpl-first"} and {c["created"] for c in chunks} == {7}
+        openings = [c for c in chunks if c["choices"] and "role" in c["choices"][0]["delta"]]
+        assert len(openings) == 1
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+        assert text == "one two three four five six seven"
+        assert chunks[-1]["usage"] == {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+
+        # The continuation went to the other decode replica: the request with the words streamed as the start
+        # of the answer, vLLM's continue flags, the cap what is left of it, and no KV to take.
+        (broke, first), (went, second) = seen
+        assert {broke, went} == {"d1", "d2"} and "kv_transfer_params" in first
+        assert second["messages"] == [
+            {"role": "user", "content": "count"},
+            {"role": "assistant", "content": "one two three"},
+        ]
+        assert second["continue_final_message"] is True and second["add_generation_prompt"] is False
+        assert second["max_tokens"] == 17 and second["stream"] is True
+        assert "kv_transfer_params" not in second
+        async with aiohttp.ClientSession() as s, s.get(router.metrics + "/metrics") as r:
+            page = await r.text()
+        assert 'llmgw_router_disaggregated_fallbacks_total{model="m",policy="retry"} 1.0' in page
+        assert 'disaggregated_steps_total{model="md",outcome="ok",role="continue"} 1.0' in page
+    finally:
+        if router is not None:
+            router.stop()
+        for _, engine in engines.values():
+            engine.stop()
+
+
+async def test_a_decode_broken_mid_stream_under_fail_ends_with_an_error_event(tmp_path: Path) -> None:
+    seen: list[tuple[str, dict[str, Any]]] = []
+    engines = {"p1": ("mp", _prefill("p1", [])), "d1": ("md", _streaming(seen, "d1", []))}
+    router = None
+    try:
+        router = await _router_for(tmp_path, engines, "fail")
+        events = await _events(router)
+        assert events[-1] == "[DONE]" and len(seen) == 1  # nothing continued it
+        error = events[-2]["error"]
+        assert error["code"] == "upstream_unavailable" and "on_failure is fail" in error["message"], error
+        text = "".join(c["choices"][0]["delta"].get("content") or "" for c in events[:-2] if c["choices"])
+        assert text == "one two three"
     finally:
         if router is not None:
             router.stop()

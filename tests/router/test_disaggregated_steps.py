@@ -1,9 +1,19 @@
-"""The two requests of a disaggregated request, as vLLM's P/D protocol has them (decisions/disagg.py), and the
-client's own `kv_transfer_params` never reaching an engine (decisions/fields.py)."""
+"""The two requests of a disaggregated request, as vLLM's P/D protocol has them (decisions/disagg.py), the
+continuation of a decode that broke mid-stream, and the client's own `kv_transfer_params` never reaching an
+engine (decisions/fields.py)."""
 
 from __future__ import annotations
 
-from llmgw_router.decisions.disagg import decode_body, kv_host, near_kv, prefill_body, returned_params
+from llmgw_router.decisions.disagg import (
+    continued_body,
+    continued_event,
+    decode_body,
+    kv_host,
+    near_kv,
+    prefill_body,
+    returned_params,
+    streamed,
+)
 from llmgw_router.decisions.fields import plan_fields
 
 SENT = {
@@ -63,3 +73,53 @@ def test_the_clients_own_kv_transfer_params_are_dropped() -> None:
     body = {"model": "m", "messages": [], "kv_transfer_params": {"do_remote_prefill": True}}
     plan = plan_fields("vllm", "chat", body, (), "p1", "key")
     assert plan is not None and plan.drop == ("kv_transfer_params",)
+
+
+def _delta(**delta: object) -> dict[str, object]:
+    return {"id": "c-1", "created": 5, "model": "m-decode", "choices": [{"index": 0, "delta": delta}]}
+
+
+def test_a_broken_chat_stream_is_continued_from_its_text() -> None:
+    given = streamed(
+        [_delta(role="assistant", content=""), _delta(content="Once"), _delta(content=" upon"), None]
+    )
+    assert (given.text, given.tokens, given.continuable) == ("Once upon", 2, True)
+    assert given.head == {"id": "c-1", "created": 5, "model": "m-decode"}
+    sent = {**SENT, "kv_transfer_params": {"do_remote_prefill": True}}
+    body = continued_body("chat", sent, given)
+    assert body is not None and body["messages"][-1] == {"role": "assistant", "content": "Once upon"}
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["max_completion_tokens"] == 48 and "kv_transfer_params" not in body
+    assert len(sent["messages"]) == 1  # the request itself is left as it was
+
+    # Its events carry the first stream's id, time and model; its opening is dropped; its usage counts both.
+    later = {"id": "c-2", "created": 9, "model": "m", "choices": [{"index": 0, "delta": {"content": " a"}}]}
+    assert continued_event(later, given) == {**later, "id": "c-1", "created": 5, "model": "m-decode"}
+    assert (
+        continued_event({**later, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}, given) is None
+    )
+    usage = {"prompt_tokens": 9, "completion_tokens": 3, "total_tokens": 12}
+    got = continued_event({"id": "c-2", "choices": [], "usage": usage}, given)
+    assert got is not None and got["usage"] == {
+        "prompt_tokens": 9,
+        "completion_tokens": 5,
+        "total_tokens": 14,
+    }
+
+
+def test_what_cannot_be_continued_is_said() -> None:
+    call = _delta(tool_calls=[{"index": 0, "function": {"arguments": "{"}}])
+    assert continued_body("chat", SENT, streamed([call])) is None  # a tool call half made
+    two = {"choices": [{"index": 1, "delta": {"content": "b"}}]}
+    assert continued_body("chat", SENT, streamed([_delta(content="a"), two])) is None  # several choices
+    thinking = _delta(reasoning_content="hmm")
+    assert continued_body("chat", SENT, streamed([thinking])) is None
+    spent = streamed([_delta(content="x")] * 50)
+    assert continued_body("chat", SENT, spent) is None  # its cap is spent
+    text = streamed([{"choices": [{"index": 0, "text": " and"}]}])
+    body = continued_body("completions", {"prompt": "cats", "max_tokens": 4}, text)
+    assert body == {"prompt": "cats and", "max_tokens": 3}
+    assert continued_body("completions", {"prompt": [1, 2], "max_tokens": 4}, text) is None
+    nothing = continued_body("chat", SENT, streamed([_delta(role="assistant", content="")]))
+    assert nothing is not None and nothing["messages"] == SENT["messages"]  # nothing streamed: asked again
+    assert "continue_final_message" not in nothing

@@ -40,5 +40,7 @@ class Disaggregation(Strict):
         "plain",
         description="A step that fails before the client saw a byte (a prefill, or a decode replica gone or "
         "refusing): plain (serve the whole request on this model's own replicas, then its fallbacks), retry "
-        "(both steps once more, on other replicas), or fail (a 502)",
+        "(both steps once more, on other replicas), or fail (a 502). A decode that breaks mid-stream is "
+        "continued in the same stream on one of this model's own replicas (plain) or another decode replica "
+        "(retry), or its stream ends with an error event (fail)",
     )

@@ -15,10 +15,23 @@ allows it): only the router asks an engine to keep or take a KV cache.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["KV_FIELD", "PREFILL_ASK", "decode_body", "kv_host", "near_kv", "prefill_body", "returned_params"]
+__all__ = [
+    "KV_FIELD",
+    "PREFILL_ASK",
+    "Streamed",
+    "continued_body",
+    "continued_event",
+    "decode_body",
+    "kv_host",
+    "near_kv",
+    "prefill_body",
+    "returned_params",
+    "streamed",
+]
 
 KV_FIELD = "kv_transfer_params"
 # What a prefill asks: keep the KV for a decode elsewhere; nothing is to be taken from anywhere.
@@ -70,3 +83,113 @@ def near_kv(endpoints: Iterable[tuple[str, str]], host: str | None) -> frozenset
     if host is None:
         return frozenset()
     return frozenset(ep for ep, base in endpoints if urlsplit(base).hostname == host)
+
+
+# ---- a decode that broke mid-stream, continued (path/disaggregated/midstream.py)
+#
+# The client has some of the answer already; the continuation is the request again with that text as the start
+# of the answer: for chat, an assistant message holding it, which vLLM continues rather than answering anew when
+# asked `continue_final_message: true, add_generation_prompt: false` (its chat template's documented fields;
+# SGLang reads the same); for completions, the prompt with the text appended. Its cap is what the client's cap
+# leaves. Its events are stamped with the first stream's id, creation time and model, so the client reads one
+# stream; the opening role-only event of the second is dropped (the client had one).
+
+_CONTINUE_CHAT = {"continue_final_message": True, "add_generation_prompt": False}
+# What a delta may carry that the continuation could not take up (a call's arguments, a model's reasoning).
+_NOT_PLAIN = ("tool_calls", "function_call", "reasoning_content", "reasoning")
+
+
+@dataclass(frozen=True, slots=True)
+class Streamed:
+    """What a broken stream gave the client: its text, its tokens (one per event carrying text, as the
+    engines stream them), the first event's `id`, `created` and `model`, and whether it can be continued (one
+    choice of plain text: a tool call, or several choices, cannot be taken up by another engine)."""
+
+    text: str
+    tokens: int
+    head: Mapping[str, Any]
+    continuable: bool
+
+
+def streamed(events: Iterable[Any]) -> Streamed:
+    """Read the parsed data events a client was sent (`sse.Event.json()` of each: None for [DONE], a comment,
+    or what is not JSON)."""
+    pieces: list[str] = []
+    head: dict[str, Any] = {}
+    continuable = True
+    for obj in events:
+        if not isinstance(obj, dict):
+            continue
+        if not head:
+            head = {k: obj[k] for k in ("id", "created", "model") if k in obj}
+        choices = obj.get("choices")
+        for choice in choices if isinstance(choices, list) else ():
+            piece, plain = _piece(choice)
+            continuable = continuable and plain
+            if piece:
+                pieces.append(piece)
+    return Streamed("".join(pieces), len(pieces), head, continuable)
+
+
+def _piece(choice: Any) -> tuple[str, bool]:
+    """A streamed choice's text (chat delta's content, completion's text), and whether it is plain text of
+    the first choice."""
+    if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+        return "", False
+    delta = choice.get("delta")
+    if isinstance(delta, dict):
+        if any(delta.get(k) for k in _NOT_PLAIN):
+            return "", False
+        text = delta.get("content")
+    else:
+        text = choice.get("text")
+    return (text, True) if isinstance(text, str) else ("", text is None)
+
+
+def continued_body(kind: str, sent: Mapping[str, Any], done: Streamed) -> dict[str, Any] | None:
+    """The continuation's body, from the body the endpoint would be sent for the whole request (fields already
+    planned); None when it cannot be continued (not plain text, a prompt that is not one string, or the cap
+    spent already)."""
+    if not done.continuable:
+        return None
+    body = {k: v for k, v in sent.items() if k != KV_FIELD}
+    cap = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
+    if isinstance(body.get(cap), int):
+        body[cap] -= done.tokens
+        if body[cap] < 1:
+            return None
+    if not done.text:
+        return body
+    if kind == "chat" and isinstance(sent.get("messages"), list):
+        body["messages"] = [*sent["messages"], {"role": "assistant", "content": done.text}]
+        body.update(_CONTINUE_CHAT)
+        return body
+    if kind == "completions" and isinstance(sent.get("prompt"), str) and not sent.get("echo"):
+        body["prompt"] = sent["prompt"] + done.text
+        return body
+    return None
+
+
+def continued_event(obj: dict[str, Any], done: Streamed) -> dict[str, Any] | None:
+    """One event of the continuation as the client gets it: stamped as the first stream's, its usage counting
+    the first stream's tokens too; None for its opening role-only event."""
+    if _opening(obj):
+        return None
+    stamped = {**obj, **done.head}
+    usage = obj.get("usage")
+    if isinstance(usage, dict) and isinstance(usage.get("completion_tokens"), int):
+        usage = {**usage, "completion_tokens": usage["completion_tokens"] + done.tokens}
+        if isinstance(usage.get("total_tokens"), int):
+            usage["total_tokens"] += done.tokens
+        stamped["usage"] = usage
+    return stamped
+
+
+def _opening(obj: dict[str, Any]) -> bool:
+    """A chat stream's opening event: one choice whose delta names the role and carries no text."""
+    choices = obj.get("choices")
+    if not isinstance(choices, list) or len(choices) != 1 or not isinstance(choices[0], dict):
+        return False
+    delta = choices[0].get("delta")
+    opens = isinstance(delta, dict) and set(delta) <= {"role", "content"} and not delta.get("content")
+    return opens and choices[0].get("finish_reason") is None

@@ -9,8 +9,14 @@ One usage row: the decode's answer is the request's (its usage counts the prompt
 the prefill's one token is the router's own and not charged), recorded under the model the client asked for.
 A step that fails before the client saw a byte (a replica unreachable, gone, answering 5xx, or a prefill answer
 without `kv_transfer_params`) is handled as the model's `disaggregation.on_failure` says: the whole request on
-the model's own plain replicas (then its fallbacks), both steps once more elsewhere, or a 502. A decode that
-breaks after its first bytes ends the client's stream, as any stream does: what was sent cannot be unsent.
+the model's own plain replicas (then its fallbacks), both steps once more elsewhere, or a 502.
+
+A streamed decode that breaks after the client has bytes (what was sent cannot be unsent) is continued in the same
+stream as `on_failure` says (midstream.py): `plain` on one of the model's own replicas, `retry` on another decode
+replica, each sent the request with the text already streamed as the start of its answer; `fail`, a stream that
+cannot be continued (a tool call, several choices), or a continuation that fails too, ends the stream with an
+error event. The usage row then counts the continuation's prompt (the client's and the text it read again) and
+both attempts' completion tokens.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import orjson
 from llmgw.core.config.models import Disaggregation
 from llmgw.core.snapshot import PublishedModel
 from llmgw_router.decisions.disagg import (
+    Streamed,
+    continued_body,
     decode_body,
     kv_host,
     near_kv,
@@ -35,7 +43,9 @@ from llmgw_router.decisions.disagg import (
 from llmgw_router.decisions.scheduler import RequestInfo
 from llmgw_router.fleet.metrics import RouterMetrics
 from llmgw_router.fleet.table import RoutingTable
+from llmgw_router.options import RouterOptions
 from llmgw_router.path.accounting import Call
+from llmgw_router.path.disaggregated.midstream import DecodeStream
 from llmgw_router.path.lora import Adapters
 from llmgw_router.path.upstream_call import Kind, upstream_call
 from llmgw_router.routing.forwarding import Forwarding, Picked
@@ -59,6 +69,7 @@ class RequestService(Protocol):
     adapters: Adapters
     last_used: dict[str, float]
     clock: Callable[[], float]
+    options: RouterOptions
 
     def _request_info(
         self, table: RoutingTable, canonical: str, body: dict[str, Any], call: Call, project: str | None
@@ -108,10 +119,14 @@ async def serve_disaggregated(
 
     if kind not in TWO_STEP_KINDS or call.turn is not None or call.adapter is not None:
         return await plain()
+    # A stream is written through a DecodeStream, so a decode that breaks mid-stream can be continued.
+    stream = DecodeStream(exchange, call) if call.stream else None
     failed: frozenset[str] = frozenset()
     for attempt in (0, 1):
         try:
-            return await _two_steps(svc, exchange, kind, table, canonical, raw, body, call, pd, failed)
+            reply = await _two_steps(
+                svc, stream or exchange, kind, table, canonical, raw, body, call, pd, failed
+            )
         except _StepFailed as exc:
             svc.metrics.pd_fallbacks.labels(canonical, pd.on_failure).inc()
             call.attempts = [
@@ -130,6 +145,10 @@ async def serve_disaggregated(
                     "upstream_unavailable",
                     "server_error",
                 ) from None
+            continue  # retry: both steps once more
+        if stream is not None and stream.broke:  # the client has part of the answer: no step fails now
+            await _continue(svc, stream, kind, table, canonical, raw, body, call, pd)
+        return reply
     raise AssertionError("unreachable: the loop returns or raises")
 
 
@@ -275,13 +294,106 @@ async def _decode(
         svc.forwarding.release(ep, pool)
     if call.trace is not None:
         call.trace.upstream_end(call.result)
-    broke = call.result.status >= 500 or call.result.upstream_failed
+    result = call.result
+    # A stream that ended without its [DONE] broke too, whether the engine's connection failed or just closed.
+    cut = result.response is None and not result.finished and not result.client_gone
+    broke = result.status >= 500 or result.upstream_failed or cut
     if broke:
         svc.forwarding.failed(ep, f"decode: status {call.result.status}")
     else:
         svc.forwarding.succeeded(ep)
     _step_done(svc, pool, "decode", started, ok=not broke)
     return call.result.response
+
+
+async def _continue(
+    svc: RequestService,
+    stream: DecodeStream,
+    kind: Kind,
+    table: RoutingTable,
+    canonical: str,
+    raw: bytes,
+    body: dict[str, Any],
+    call: Call,
+    pd: Disaggregation,
+) -> None:
+    """The decode broke after the client had bytes: continue its stream as `pd.on_failure` says, else end it
+    with an error event."""
+    done = stream.given()
+    svc.metrics.pd_fallbacks.labels(canonical, pd.on_failure).inc()
+    broken = f"decode: the stream broke after {done.tokens} tokens"
+    call.attempts = [
+        *(call.attempts or ()),
+        {"endpoint": call.endpoint, "model": canonical, "reason": broken},
+    ]
+    why: str | None = "on_failure is fail"
+    if pd.on_failure != "fail" and continued_body(kind, body, done) is None:
+        why = "it cannot be continued (not one choice of plain text, or its max_tokens spent)"
+    elif pd.on_failure != "fail":
+        pool = canonical if pd.on_failure == "plain" else pd.decode
+        try:
+            why = await _continuation(svc, stream, kind, table, pool, raw, body, call, done)
+        except _StepFailed as exc:  # no replica to continue on
+            why = exc.reason
+        except ApiError as err:  # the line to the replicas refused it (full, timed out)
+            why = err.message
+    if why is None or (call.result is not None and call.result.client_gone):
+        return
+    call.code = "upstream_unavailable"
+    message = f"The decode of `{canonical}` broke off mid-stream and was not continued: {why}."
+    await stream.fail(svc.options.write_timeout, message)
+
+
+async def _continuation(
+    svc: RequestService,
+    stream: DecodeStream,
+    kind: Kind,
+    table: RoutingTable,
+    pool: str,
+    raw: bytes,
+    body: dict[str, Any],
+    call: Call,
+    done: Streamed,
+) -> str | None:
+    """Send the continuation to a replica of `pool` (not the one that broke), into the client's stream; None when
+    it finished the stream, else why not."""
+    project = call.principal.project if call.principal else None
+    info = RequestInfo(project=project or "", exclude=frozenset({call.endpoint}))
+    picked = await _pick(svc, table, pool, call, info, "continue")
+    ep = picked.endpoint
+    call.endpoint, call.decision, call.canary = ep.id, picked.decision, ep.spec.canary
+    started = time.monotonic()
+    try:
+        up = upstream_call(kind, table, pool, raw, body, call, picked, False, 1, svc.adapters)
+        sent = continued_body(kind, orjson.loads(up.payload), done)
+        if sent is None:
+            return "its max_tokens is spent"
+        up.payload = orjson.dumps(sent)
+        stream.continuing(done)
+        result = call.result = await svc._send(stream, up, call, table.models[pool], body)
+    except UpstreamUnavailable as exc:
+        if call.trace is not None:
+            call.trace.upstream_end(None, exc.reason)
+        _step_done(svc, pool, "continue", started, ok=False)
+        svc.forwarding.failed(ep, f"continuation: {exc.reason}")
+        return f"the continuation on {ep.id} failed ({exc.reason})"
+    finally:
+        svc.forwarding.release(ep, pool)
+    if call.trace is not None:
+        call.trace.upstream_end(result)
+    if stream.first_byte_at is not None:  # the request's first token is the broken stream's
+        result.first_byte_at = stream.first_byte_at
+    why = None
+    if result.response is not None:  # a whole answer to a stream: the engine refused it
+        why = f"the continuation on {ep.id} was answered {result.status}"
+    elif stream.end_held:
+        why = f"the continuation on {ep.id} broke too"
+    _step_done(svc, pool, "continue", started, ok=why is None)
+    if why is not None:
+        svc.forwarding.failed(ep, f"continuation: {why}")
+    else:
+        svc.forwarding.succeeded(ep)
+    return why
 
 
 def _step_done(svc: RequestService, pool: str, role: str, started: float, *, ok: bool) -> None:

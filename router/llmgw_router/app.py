@@ -232,11 +232,9 @@ async def serve(
     stack = contextlib.AsyncExitStack()
     try:
         await stack.enter_async_context(_background(router, link, scrape))
-        rules = SnapshotRules(lambda: router.table.snapshot.router.listener if router.table else None)
-        api = ApiListener(api_routes(router), router.body_limit, rules=rules)
-        host, port = _split(listen)
-        api_port = await api.start(host, port, api_socket, tls)
-        stack.push_async_callback(api.close, drain_timeout)
+        # The metrics listener first: once the API answers /health, everything the router serves is up
+        # (a caller that saw /health and asked /metrics at once was refused on a loaded machine), and on
+        # close the API drains first while /metrics still answers.
         quiet_bad_requests()  # the metrics listener (aiohttp): a malformed request is one warning line
         met = web.AppRunner(create_metrics_app(router), access_log=None)
         await met.setup()
@@ -251,6 +249,11 @@ async def serve(
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         metrics_port = sockets[0].getsockname()[1] if sockets else mport
+        rules = SnapshotRules(lambda: router.table.snapshot.router.listener if router.table else None)
+        api = ApiListener(api_routes(router), router.body_limit, rules=rules)
+        host, port = _split(listen)
+        api_port = await api.start(host, port, api_socket, tls)
+        stack.push_async_callback(api.close, drain_timeout)
     except BaseException:
         await stack.aclose()
         raise

@@ -167,8 +167,10 @@ async def test_an_update_rolls_one_replica_at_a_time_and_its_revert_restores_the
 
     assert cluster.repo.git is not None
     since = wall()
+    fetched_old = dict(origin.gets)
     cluster.repo.git.git.revert("--no-edit", "HEAD")
     cluster.repo.git.close()
     third = await settled(cluster, set(first) | set(second))
     await rolled_one_at_a_time(cluster, second, third, since)
     assert {n: served(tmp_path, n, set(third)) for n in NODES} == dict.fromkeys(NODES, checksums(OLD))
+    assert origin.gets == fetched_old  # the old files were still in each node's cache: nothing fetched again

@@ -70,7 +70,8 @@ def updates(
     token_file: TokenOpt = None,
     as_json: output.JsonOpt = False,
 ) -> None:
-    """Ask the origin whether the files each model pins changed there: current, changed, or not checked (why)."""
+    """Ask the origin whether the files each model pins changed there: current, changed, or not checked (why).
+    With --last, show what the controller found at its last periodic check (the Cluster's mirror.check_every)."""
     if last:
         if repo is not None:
             raise UpdateError("--last reads the controller's last check: give no repo with it")

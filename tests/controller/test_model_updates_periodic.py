@@ -65,6 +65,8 @@ def test_news_is_what_differs_from_the_answer_before() -> None:
     )
     assert news({"m": changed}, [moved_again]) == [moved_again]
     assert news({"m": changed}, [unchecked]) == [unchecked]  # the origin stopped answering: never silent
+    nothing_to_ask = Update("p", "a path on the node", "not checked", "nothing upstream to ask", asked=False)
+    assert news({}, [nothing_to_ask]) == [] and news({"p": current}, [nothing_to_ask]) == [nothing_to_ask]
 
 
 @pytest.fixture

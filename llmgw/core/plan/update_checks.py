@@ -5,7 +5,8 @@ and keeps the answer; what the answers mean is llmgw.core.plan.weight_updates'.
 
 News is a model whose answer differs from the one before it (its state, the origin's commit, which files
 changed): a pending update is one event, not one every period, and an origin that stops answering is one too
-(never a silent pass). A model first seen current is no news.
+(never a silent pass). A model first seen current is no news, nor one first seen with nothing to ask (no source,
+a node path, the origin `none`, nothing pinned: the answer says so, and says it at every check).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def news(previous: Mapping[str, Update], found: Sequence[Update]) -> list[Update
     out: list[Update] = []
     for u in found:
         before = previous.get(u.model)
-        if before is None and u.state == "current":
+        if before is None and (u.state == "current" or not u.asked):
             continue
         if before is None or _key(before) != _key(u):
             out.append(u)

@@ -17,6 +17,7 @@ import asyncio
 import re
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -25,6 +26,7 @@ from llmgw_agent.protocol import DirectoryManifest
 from llmgw_agent.weights import WeightsError, checked_session, following
 from pydantic import ValidationError
 
+from llmgw.adapters.mirror import MirrorError, published_manifest
 from llmgw.core.plan.source_check import (
     Answer,
     SourceToCheck,
@@ -33,9 +35,13 @@ from llmgw.core.plan.source_check import (
     not_checked,
     probes_for,
 )
+from llmgw.core.plan.weight_updates import FOLLOW, Update, judge_update, mirror_manifests_to_read, tracked
 from llmgw.core.weights.manifest import ManifestFile
 
-__all__ = ["PARALLEL", "TIMEOUT_S", "check_sources", "head_all"]
+if TYPE_CHECKING:
+    from llmgw.core.desired.catalog import Catalog
+
+__all__ = ["PARALLEL", "TIMEOUT_S", "ask_updates", "check_sources", "head_all"]
 
 PARALLEL = 8  # HEAD requests in flight at once, over every source
 TIMEOUT_S = 10.0  # per request: a plan waits seconds for a server, not minutes
@@ -75,6 +81,23 @@ async def head_all(
                 return url, await asker._head(url)
 
         return dict(await asyncio.gather(*(one(u) for u in dict.fromkeys(urls))))
+
+
+async def ask_updates(catalog: Catalog, follow: str = FOLLOW, model: str | None = None) -> list[Update]:
+    """Whether the files each model of `catalog` pins (or only `model`) changed at the origin: the manifests the
+    mirror publishes for models whose repo holds none, then HEAD of every tracked file (llmgw.core.plan.
+    weight_updates says what to ask and what the answers mean). `llmgw model updates` and the controller's
+    periodic check both ask this way."""
+    to_read = {m: url for m, url in mirror_manifests_to_read(catalog).items() if model in (None, m)}
+    published: dict[str, tuple[ManifestFile, ...] | str] = {}
+    for name, url in to_read.items():
+        try:
+            published[name] = tuple(await published_manifest(url))
+        except MirrorError as exc:
+            published[name] = str(exc)
+    items = [t for t in tracked(catalog, follow, published) if model in (None, t.model)]
+    answers = await head_all([f.url for t in items for f in t.files])
+    return [judge_update(t, answers) for t in items]
 
 
 class _Asker:

@@ -51,6 +51,7 @@ from llmgw.controller.loops.notifier import Notifier
 from llmgw.controller.loops.peers import PeerWatch
 from llmgw.controller.loops.reconcile import Reconciler
 from llmgw.controller.loops.retention import Retention
+from llmgw.controller.loops.update_checks import UPDATE_CHECKS, UpdateChecks
 from llmgw.controller.parts import lease
 from llmgw.controller.parts.admin_tokens import AdminTokens
 from llmgw.controller.parts.credentials import loopback_address
@@ -137,11 +138,19 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app[admin_requests.VAULT] = retention.vault  # kept bodies: `llmgw request ID --body` and `--replay`
     app[admin_requests.REPLAY_PARTS] = controller
     app.cleanup_ctx.append(_background("retention", lambda a: retention.run()))
+    _add_checks(app, controller)
+    return app
+
+
+def _add_checks(app: web.Application, controller: Controller) -> None:
+    """The loops that judge what is running or offered against what it should be: canaries, model checks,
+    new weights upstream, the peers."""
     app.cleanup_ctx.append(_background("canary", lambda a: canary_loop(a[CONTROLLER])))
     app.cleanup_ctx.append(_background("model-checks", lambda a: auto_check_loop(a[CONTROLLER])))
+    update_checks = app[UPDATE_CHECKS] = UpdateChecks(controller)
+    app.cleanup_ctx.append(_background("update-checks", lambda a: update_checks.run()))
     peers = PeerWatch(controller)
     app.cleanup_ctx.append(_background("peers", lambda a: peers.run()))
-    return app
 
 
 def make_metrics_app(controller: Controller) -> web.Application:

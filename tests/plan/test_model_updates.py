@@ -1,94 +1,31 @@
-"""`llmgw model updates` and `model update --write` against a local HTTP origin whose files change: an aiohttp
-server in the HF layout (`/{repo}/resolve/{revision}/{file}`, naming its commit in X-Repo-Commit and each file's
-sha256 in X-Linked-Etag, as the Hub does) and a plain file URL with a sha256 ETag. The update is a commit to a
-git repo; `git revert` is the rollback and restores the old pins and checksums; an origin that stops answering
-is "not checked", never "current"."""
+"""`llmgw model updates` and `model update --write` against a local HTTP origin whose files change
+(tests/hf_origin.py: the HF layout, and a plain file URL with a sha256 ETag). The update is a commit to a git repo;
+`git revert` is the rollback and restores the old pins and checksums; an origin that stops answering is "not
+checked", never "current". The rollout through a real controller and agents: test_model_updates_rollout.py."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
+from hf_origin import Origin, files_of, running_origin
 from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.main import app
-from llmgw.core.weights.manifest import ManifestFile, manifest_json
+from llmgw.core.weights.manifest import manifest_json
 
 C1, C2 = "1" * 7 + "a" * 33, "2" * 7 + "b" * 33
 
 
-class Origin:
-    """Files by commit; `main` is the commit last pushed. Runs on its own loop in a thread (the CLI runs its own)."""
-
-    def __init__(self) -> None:
-        self.commits: dict[str, dict[str, bytes]] = {}
-        self.main = ""
-        self.plain = b""  # /files/tiny.gguf
-        self.loop = asyncio.new_event_loop()
-        self.runner: web.AppRunner | None = None
-        self.port = 0
-
-    def push(self, commit: str, files: dict[str, bytes]) -> None:
-        self.commits[commit], self.main = files, commit
-
-    async def resolve(self, request: web.Request) -> web.Response:
-        revision = request.match_info["rev"]
-        commit = (
-            self.main if revision == "main" else next((c for c in self.commits if c.startswith(revision)), "")
-        )
-        files = self.commits.get(commit, {})
-        if request.match_info["file"] == "llmgw-manifest.json" and files:  # as the mirror publishes it
-            return web.json_response(manifest_json(files_of(files)))
-        body = files.get(request.match_info["file"])
-        if request.match_info["repo"] != "org/small" or body is None:
-            raise web.HTTPNotFound()
-        sha = hashlib.sha256(body).hexdigest()
-        return web.Response(body=body, headers={"X-Repo-Commit": commit, "X-Linked-Etag": f'"{sha}"'})
-
-    async def plain_file(self, _request: web.Request) -> web.Response:
-        return web.Response(body=self.plain, headers={"ETag": f'"{hashlib.sha256(self.plain).hexdigest()}"'})
-
-    async def _start(self) -> None:
-        server = web.Application()
-        server.router.add_get("/{repo:.+}/resolve/{rev}/{file}", self.resolve)
-        server.router.add_get("/files/tiny.gguf", self.plain_file)
-        self.runner = web.AppRunner(server, access_log=None)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = self.runner.addresses[0][1]
-
-    def stop(self) -> None:
-        if self.runner is not None:
-            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-            self.runner = None
-
-
 @pytest.fixture
 def origin() -> Iterator[Origin]:
-    o = Origin()
-    thread = threading.Thread(target=o.loop.run_forever, daemon=True)
-    thread.start()
-    asyncio.run_coroutine_threadsafe(o._start(), o.loop).result(30)
-    try:
+    with running_origin() as o:
         yield o
-    finally:
-        o.stop()
-        o.loop.call_soon_threadsafe(o.loop.stop)
-        thread.join(30)
-        o.loop.close()
-
-
-def files_of(contents: dict[str, bytes]) -> list[ManifestFile]:
-    return [ManifestFile(n, len(b), hashlib.sha256(b).hexdigest()) for n, b in sorted(contents.items())]
 
 
 MODELS = """\

@@ -1,7 +1,7 @@
 """`llmgw model updates` and `llmgw model update MODEL --write`: new weights upstream for the repo's models.
 
 The shell around llmgw.core.plan.weight_updates (what to ask, what the answers mean): it reads the cluster repo,
-sends the HEAD requests (llmgw.adapters.source_probe.head_all) and, for `update --write`, edits the repo's pins
+asks the origin (llmgw.adapters.source_probe.ask_updates) and, for `update --write`, edits the repo's pins
 in place (llmgw.core.weights.pin_edit): the commit that follows is the update, and its revert the rollback.
 """
 
@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from llmgw.adapters.mirror import MirrorError, published_manifest
 from llmgw.adapters.repo_files import load_repo
-from llmgw.adapters.source_probe import head_all
+from llmgw.adapters.source_probe import ask_updates
 from llmgw.cli import output
 from llmgw.cli.data.mirror_cmds import model_app
+from llmgw.cli.reach import ControllerOpt, TokenOpt, controller_client
+from llmgw.core.api.weight_updates import UpdateChecksAnswer
 from llmgw.core.desired.repo import LoadedDocument, Repo
 from llmgw.core.errors import LlmgwError
-from llmgw.core.plan.weight_updates import FOLLOW, Update, judge_update, mirror_manifests_to_read, tracked
-from llmgw.core.weights.manifest import ManifestFile, manifest_json
+from llmgw.core.plan.update_checks import update_json
+from llmgw.core.plan.weight_updates import FOLLOW, Update
+from llmgw.core.weights.manifest import manifest_json
 from llmgw.core.weights.pin_edit import replace_scalar
 
 __all__ = ["register"]
@@ -49,44 +52,66 @@ def _load(repo: Path) -> Repo:
 def _ask(repo: Repo, follow: str, model: str | None = None) -> list[Update]:
     if model is not None and model not in repo.catalog.models:
         raise UpdateError(f"no Model {model!r} in the repo")
-    to_read = {m: url for m, url in mirror_manifests_to_read(repo.catalog).items() if model in (None, m)}
-    published = asyncio.run(_published(to_read))
-    items = [t for t in tracked(repo.catalog, follow, published) if model is None or t.model == model]
-    answers = asyncio.run(head_all([f.url for t in items for f in t.files]))
-    return [judge_update(t, answers) for t in items]
+    return asyncio.run(ask_updates(repo.catalog, follow, model))
 
 
-async def _published(urls: dict[str, str]) -> dict[str, tuple[ManifestFile, ...] | str]:
-    """Model -> the manifest its mirror publishes, or why it could not be read."""
-    out: dict[str, tuple[ManifestFile, ...] | str] = {}
-    for model, url in urls.items():
-        try:
-            out[model] = tuple(await published_manifest(url))
-        except MirrorError as exc:
-            out[model] = str(exc)
-    return out
-
-
-def updates(repo: _RepoArg, follow: _FollowOpt = FOLLOW, as_json: output.JsonOpt = False) -> None:
-    """Ask the origin whether the files each model pins changed there: current, changed, or not checked (why)."""
-    found = _ask(_load(repo), follow)
-    if as_json:
-        output.print_json([_json(u) for u in found])
+def updates(
+    repo: Annotated[
+        Path | None, typer.Argument(help="The cluster repo (a checkout); not with --last")
+    ] = None,
+    follow: _FollowOpt = FOLLOW,
+    last: Annotated[
+        bool,
+        typer.Option(
+            "--last", help="Show the controller's last periodic check; nothing is asked of the origin"
+        ),
+    ] = False,
+    controller: ControllerOpt = None,
+    token_file: TokenOpt = None,
+    as_json: output.JsonOpt = False,
+) -> None:
+    """Ask the origin whether the files each model pins changed there: current, changed, or not checked (why).
+    With --last, show what the controller found at its last periodic check (the Cluster's mirror.check_every)."""
+    if last:
+        if repo is not None:
+            raise UpdateError("--last reads the controller's last check: give no repo with it")
+        _print_last(
+            controller_client(controller, token_file).get_as("/api/v1/weights/updates", UpdateChecksAnswer),
+            as_json,
+        )
         return
-    for u in found:
-        typer.echo(f"{u.model:24} {u.state:12} {u.source}: {u.detail}")
+    if repo is None:
+        raise UpdateError(
+            "give the cluster repo to ask the origin now, or --last for the controller's last check"
+        )
+    found = [update_json(u) for u in _ask(_load(repo), follow)]
+    if as_json:
+        output.print_json(found)
+        return
+    _print_rows(found)
 
 
-def _json(u: Update) -> dict[str, object]:
-    files = [{"name": f.name, "size": f.size, "sha256": f.sha256} for f in u.files]
-    keys = {
-        "model": u.model,
-        "source": u.source,
-        "state": u.state,
-        "detail": u.detail,
-        "revision": u.revision,
-    }
-    return keys | {"changed": list(u.changed), "files": files}
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    for u in rows:
+        typer.echo(f"{u['model']:24} {u['state']:12} {u['source']}: {u['detail']}")
+
+
+def _print_last(answer: UpdateChecksAnswer, as_json: bool) -> None:
+    if as_json:
+        output.print_json(answer.model_dump(mode="json"))
+        return
+    every = answer.check_every or "unknown (no revision applied)"
+    if answer.checked_at is None:
+        typer.echo(f"No check since this controller began leading (mirror.check_every: {every}).")
+    else:
+        typer.echo(f"Checked {_when(answer.checked_at)} (mirror.check_every: {every}).")
+    if answer.next_at is not None:
+        typer.echo(f"Next check {_when(answer.next_at)}.")
+    _print_rows([u.model_dump(mode="json") for u in answer.updates])
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def update(

@@ -26,12 +26,14 @@ from llmgw.controller.api import (
     prom_sd,
     request_lookup as admin_requests,
     usage_summary as usage_summary_admin,
+    weights as weights_admin,
 )
 from llmgw.controller.api.guard import Handler
 from llmgw.controller.api.people import keys as keys_api
 from llmgw.controller.parts.admin_tokens import Scope
 from llmgw.core.api import admin_api as m
 from llmgw.core.api.openapi import Auth, Endpoint, Query, document
+from llmgw.core.api.weight_updates import UpdateChecksAnswer
 from llmgw.core.fleet.views import LiveState
 from llmgw.core.traffic.usage_summary import UsageSummary
 from llmgw.core.words import DURATION_OR_SECONDS_PATTERN, DURATION_PATTERN
@@ -182,6 +184,14 @@ ROUTES: tuple[Route, ...] = (
         body_optional=True,
         answers={200: m.WeightsCollected},
         errors={400: BAD_BODY, 404: NO_NODE, 409: NOT_APPLIED},
+    ),
+    _r(
+        "GET",
+        "/api/v1/weights/updates",
+        "plan",
+        "The controller's last check for new weights upstream (nothing is asked by this call)",
+        weights_admin.update_checks,
+        answers={200: UpdateChecksAnswer},
     ),
     _r(
         "GET",

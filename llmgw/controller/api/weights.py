@@ -1,5 +1,6 @@
-"""Weights on nodes, for the admin API: what each node holds (`GET /api/v1/weights`) and collecting what no
-declared model references (`POST /api/v1/weights/collect`).
+"""Weights on nodes, for the admin API: what each node holds (`GET /api/v1/weights`), collecting what no
+declared model references (`POST /api/v1/weights/collect`), and the controller's last check for new weights
+upstream (`GET /api/v1/weights/updates`, llmgw.controller.loops.update_checks).
 
 The controller knows the catalog and the node knows its disk, so each does its half: the controller sends the
 sources every declared model still names, and the agent deletes only files it fetched itself, that no running
@@ -13,8 +14,11 @@ import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from aiohttp import web
 from llmgw_agent.protocol import Command, WeightSource
 
+from llmgw.controller.api.guard import require_parts
+from llmgw.controller.loops.update_checks import UPDATE_CHECKS
 from llmgw.controller.parts.hub import AgentError
 from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet.views import held_weights_keys, weights_key
@@ -98,3 +102,8 @@ async def collect(c: FleetReader, dry_run: bool, node: str | None = None) -> lis
         return {"node": name, **reply.payload}
 
     return list(await asyncio.gather(*(one(n) for n in names)))
+
+
+async def update_checks(request: web.Request) -> web.Response:
+    """The last periodic check against the origin, as it was answered: nothing is asked here."""
+    return web.json_response(require_parts(request, "plan", UPDATE_CHECKS).answer())

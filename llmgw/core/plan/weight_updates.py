@@ -71,6 +71,8 @@ class Update:
     revision: str | None = None  # the origin's commit (a `repo` source that changed); None: not said or a URL
     files: tuple[ManifestFile, ...] = ()  # every file as the origin has it now (when changed)
     changed: tuple[str, ...] = ()  # the names whose bytes differ
+    # False: nothing could be asked at all (no source, a node path, no origin, nothing pinned)
+    asked: bool = True
 
 
 Published = Mapping[
@@ -146,7 +148,7 @@ def same_commit(a: str, b: str) -> bool:
 def judge_update(item: Tracked, answers: Mapping[str, Answer]) -> Update:
     """The origin's answers for `item`'s files -> current, changed (with the new files) or not checked."""
     if item.unchecked is not None:
-        return Update(item.model, item.source, "not checked", item.unchecked)
+        return Update(item.model, item.source, "not checked", item.unchecked, asked=False)
     now: list[ManifestFile] = []
     changed: list[str] = []
     commits: set[str] = set()

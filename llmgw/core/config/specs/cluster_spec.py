@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from llmgw.core.config.base import (
     Duration,
@@ -25,6 +25,7 @@ from llmgw.core.config.specs.peer_spec import Peer
 from llmgw.core.config.specs.plan_spec import (
     PlanSettings,
 )
+from llmgw.core.words import DURATION_PATTERN, parse_duration
 
 
 class ControllerSettings(Strict):
@@ -178,6 +179,20 @@ class MirrorSettings(Strict):
         pattern=r"^(none|https?://[^\s/]+(/[^\s]*)?)$",
         description="Where files the mirror lacks come from; `none`: every node is air-gapped (mirror only)",
     )
+    check_every: str = Field(
+        "24h",
+        pattern=rf"^(off|{DURATION_PATTERN.strip('^$')})$",
+        description="How often the leading controller asks `origin` whether the files each model pins changed "
+        "there (`llmgw model updates --controller` shows its last answer, and each change is an event); "
+        "`off`: never (run `llmgw model updates` yourself)",
+    )
+
+    @field_validator("check_every")
+    @classmethod
+    def _positive(cls, value: str) -> str:
+        if value != "off" and parse_duration(value) <= 0:
+            raise ValueError(f"check_every must be longer than zero (got {value!r}; e.g. 24h, or off)")
+        return value
 
 
 class GpuClass(Strict):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -50,7 +51,7 @@ GOOD_SLO = "    ttft_p99_ms: 800"
 GOOD_COSTS = "    gpu_per_hour: {h100-80g: 2.5, l4-24g: 0.7}\n    cpu_node_per_hour: {c7: 0.3}"
 
 
-def validate(tmp: Path, slo: str = GOOD_SLO, costs: str = GOOD_COSTS) -> tuple[int, list[dict]]:
+def validate(tmp: Path, slo: str = GOOD_SLO, costs: str = GOOD_COSTS) -> tuple[int, list[dict[str, Any]]]:
     (tmp / "cluster.yaml").write_text(CLUSTER % {"costs": costs})
     (tmp / "models").mkdir(exist_ok=True)
     (tmp / "models" / "chat.yaml").write_text(MODEL % {"slo": slo})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from typing import Any
 
 from llmgw.core.suggest.evaluate import Need
 from llmgw.core.suggest.space import Choice, Limits, Option, Problem, options_for
@@ -54,3 +55,37 @@ def brute_force(problem: Problem) -> float | None:
         cost = sum(o.cost_per_hour for o in combo)
         best = cost if best is None or cost < best else best
     return best
+
+
+def bench_row(
+    model: str, profile: str, prefill_ms_per_token: float, itl_ms: float, slots: int
+) -> dict[str, Any]:
+    """A `llmgw capacity --json` row as `llmgw bench --save` would store it for an engine whose prefill costs
+    `prefill_ms_per_token` and whose gap between tokens is `itl_ms` at any concurrency, prefills holding
+    nothing up: two prompt lengths at concurrency 1, and a step at the slots that completed what they do."""
+    completion = 33
+
+    def step(concurrency: int, prompt: int) -> dict[str, Any]:
+        prefill = prompt * prefill_ms_per_token
+        cycle_ms = prefill + (completion - 1) * itl_ms
+        requests = 24 * concurrency
+        seconds = requests * cycle_ms / concurrency / 1000.0
+        return {
+            "concurrency": concurrency,
+            "requests": requests,
+            "failed": 0,
+            "seconds": seconds,
+            "ttft_p50_ms": prefill,
+            "itl_p50_ms": itl_ms,
+            "tokens_per_s": requests * completion / seconds,
+            "prompt_tokens": float(prompt),
+        }
+
+    curve = [step(1, 128), step(1, 32), step(slots, 128)]
+    measured = {
+        "concurrency": slots,
+        "prefill_ms_per_token": prefill_ms_per_token,
+        "decode_ms_per_token": itl_ms,
+        "curve": curve,
+    }
+    return {"model": model, "profile": profile, "source": "measured", "measured": measured}

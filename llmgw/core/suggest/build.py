@@ -132,6 +132,7 @@ def _choice(
         tuple(s.name for s in catalog.quota_scopes(spec.owner)) if profile.gpu_class is not None else (),
         table,
         spec.slo.ttft_p99_ms if spec.slo is not None else None,
+        targets,
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from llmgw.core.capacity.bench import percentile
 from llmgw.core.traffic.trace import TracedRequest
 
-__all__ = ["HOUR_S", "ClassDemand", "Demand", "demand_by_hour"]
+__all__ = ["HOUR_S", "ClassDemand", "Demand", "busiest", "demand_by_hour", "periods_of"]
 
 HOUR_S = 3600.0
 
@@ -55,9 +55,8 @@ def _class(project: str, requests: Sequence[TracedRequest], seconds: float) -> C
 def demand_by_hour(requests: Sequence[TracedRequest], duration_s: float) -> dict[str, list[Demand]]:
     """Per model, its demand in each hour of the trace (one period for a trace of an hour or less); an hour
     with no request of the model is left out (it needs no replica beyond the minimum)."""
-    span = max(duration_s, requests[-1].t if requests else 0.0, 1.0)
-    periods = max(1, math.ceil(span / HOUR_S - 1e-9))
-    seconds = span if periods == 1 else HOUR_S
+    periods = periods_of(requests, duration_s)
+    seconds = max(duration_s, requests[-1].t if requests else 0.0, 1.0) if periods == 1 else HOUR_S
     buckets: dict[tuple[str, int], list[TracedRequest]] = {}
     for r in requests:
         buckets.setdefault((r.model, min(periods - 1, int(r.t // seconds))), []).append(r)
@@ -78,3 +77,20 @@ def demand_by_hour(requests: Sequence[TracedRequest], duration_s: float) -> dict
             )
         )
     return out
+
+
+def periods_of(requests: Sequence[TracedRequest], duration_s: float) -> int:
+    """How many periods `demand_by_hour` cuts the trace into."""
+    span = max(duration_s, requests[-1].t if requests else 0.0, 1.0)
+    return max(1, math.ceil(span / HOUR_S - 1e-9))
+
+
+def busiest(requests: Sequence[TracedRequest], duration_s: float) -> int:
+    """The period with the most requests (the first of equals)."""
+    periods = periods_of(requests, duration_s)
+    if periods == 1:
+        return 0
+    counts = [0] * periods
+    for r in requests:
+        counts[min(periods - 1, int(r.t // HOUR_S))] += 1
+    return counts.index(max(counts))

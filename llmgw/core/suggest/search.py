@@ -361,7 +361,7 @@ def _result(
         more = key[-1] - ranked[0][0][-1]
         lost = f"costs {more:+.2f} per hour" if objective == "cost" else f"p99 TTFT/objective {key[0]:.2f}"
         runners.append(Candidate(combo, lost))
-    rejected = rejected + _alternatives(problem, best, limits, objective)
+    rejected = list(dict.fromkeys([*rejected, *_alternatives(problem, best, limits, objective)]))
     return Result(method, size, count, Candidate(best), tuple(runners), tuple(rejected), bound, words)
 
 

@@ -34,6 +34,7 @@ class Choice:
     scopes: tuple[str, ...] = ()  # the quota scopes (`Team ml`) that count its replicas
     table: Mapping[int, Sequence[Mapping[str, Estimate]]] = field(default_factory=dict)  # period -> [n-1]
     ttft_target_ms: float | None = None  # the model's own p99 TTFT objective (what `latency` ranks against)
+    targets: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # by project: its objectives
 
     def ttft_p99_ms(self, period: int, replicas: int) -> float:
         """The worst class's estimated p99 TTFT with `replicas` running in `period` (0 without its table)."""

@@ -45,6 +45,7 @@ class Suggested:
     markdown: str
     writes: Mapping[Path, str]  # file -> its new text (what --write saves)
     found: bool  # a configuration met every objective in the search and in the replay
+    replayed: tuple[Confirmed, ...] = ()  # the suggestion and its runners-up, replayed for the busiest hour
 
 
 def _requests(
@@ -187,7 +188,7 @@ def suggest(
         limits.resources,
     )
     found = result.best is not None and bool(replayed) and replayed[0].met
-    return Suggested(render_text(report), render_markdown(report), writes, found)
+    return Suggested(render_text(report), render_markdown(report), writes, found, tuple(replayed))
 
 
 # ------------------------------------------------------------------------------------------------ the command

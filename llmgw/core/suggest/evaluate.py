@@ -11,7 +11,8 @@ For one model in one period, with its replicas' engine model (llmgw.core.capacit
   replica holds on average), plus the wait behind other prompts' exclusive prefills (the engine model's
   `exclusive` share: the replica does nothing else meanwhile; exponential tail), plus its wait for a slot;
 - its time per output token is the gap at the replica's p99 concurrency (mean plus 2.33 standard deviations of
-  a Poisson count, at most the slots), stretched by the share of time exclusive prefills hold the replica;
+  a Poisson count, at most the slots), plus the exclusive prefills of the requests arriving at its replica while
+  it decodes (their p99 count, spread over its tokens);
 - availability is the share that does not wait past the admission timeout (a full queue is not modelled).
 
 Every figure is an estimate of a model fitted to a bench (or assumed where nothing was measured); more replicas
@@ -63,6 +64,15 @@ def _wait_s(p_wait: float, drain_per_s: float, q: float) -> float:
     return math.log(p_wait / (1 - q)) / drain_per_s
 
 
+def _tpot_p99(gap_ms: float, stall_ms: float, per_replica: float, completion: float) -> float:
+    """A p99 request's time per output token: its gaps, plus the exclusive prefills of the requests that
+    arrive at its replica while it decodes (a Poisson count; its p99 by the normal approximation)."""
+    tokens = max(completion - 1, 1.0)
+    arrivals = per_replica * tokens * gap_ms / 1000.0
+    stalls = arrivals + 2.33 * math.sqrt(arrivals)
+    return gap_ms + stalls * stall_ms / tokens
+
+
 def estimate(
     engine: EngineModel, slots: int, replicas: int, demand: Demand, cls: ClassDemand, timeout_s: float
 ) -> Estimate:
@@ -87,10 +97,11 @@ def estimate(
         return own + behind * math.log(1 / (1 - q)) + 1000.0 * _wait_s(p_wait, drain, q)
 
     busiest = min(float(slots), in_flight + 2.33 * math.sqrt(in_flight))
+    gap = engine.itl(math.ceil(busiest))
     return Estimate(
         ttft(cls.prompt_p90, 0.9),
         ttft(cls.prompt_p99, 0.99),
-        engine.itl(math.ceil(busiest)) / (1 - held),
+        _tpot_p99(gap, engine.exclusive * mean_prefill, per_replica, cls.completion_mean),
         1.0 - p_wait * math.exp(-drain * timeout_s),
         rho,
     )

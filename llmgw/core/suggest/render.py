@@ -60,8 +60,10 @@ def _headroom(best: Candidate, busiest: int, limits: Mapping[str, int]) -> list[
             parts = [f"utilization {figures.utilization:.2f}"]
             for objective, target in c.targets.get(project, {}).items():
                 value = figures.figure(objective)
-                spare = (value - target) / target if objective == "availability" else 1 - value / target
-                parts.append(f"{objective} {value:.4g} of {target:g} ({spare:.0%} spare)")
+                if objective == "availability":
+                    parts.append(f"{objective} {value:.5f} of {target:g}")
+                else:
+                    parts.append(f"{objective} {value:.4g} of {target:g} ({1 - value / target:.0%} spare)")
             out.append(f"{o.model} ({project}): {n} x {c.profile}, " + ", ".join(parts))
     for resource, n in sorted(held.items()):
         cap = limits.get(resource)

@@ -32,21 +32,20 @@ def check_serving(documents: Sequence[object], add: IssueAdder) -> None:
 def _priced(index: int, doc: Model, costs: Costs, add: IssueAdder) -> None:
     for pos, profile in enumerate(doc.spec.profiles):
         if profile.gpu_class is not None:
-            if costs.gpu_price(profile.gpu_class) is None:
-                add(
-                    index,
-                    ("spec", "profiles", pos, "gpu_class"),
-                    f"GPU class `{profile.gpu_class}` has no price: the plan cannot say what this profile costs",
-                    f"set the Cluster's costs.gpu_per_hour.{profile.gpu_class} or costs.default_gpu_per_hour",
-                    warning=True,
-                )
-            continue
-        kind = profile.node_selector.get(CPU_KIND_LABEL, DEFAULT_CPU_KIND)
-        if costs.cpu_price(kind) is None:
+            what, field, named = "GPU class", "gpu_class", profile.gpu_class
+            price, keys = costs.gpu_price(named), ("gpu_per_hour", "default_gpu_per_hour")
+        else:
+            what, field, named = (
+                "CPU node kind",
+                "node_selector",
+                profile.node_selector.get(CPU_KIND_LABEL, DEFAULT_CPU_KIND),
+            )
+            price, keys = costs.cpu_price(named), ("cpu_node_per_hour", "default_cpu_node_per_hour")
+        if price is None:
             add(
                 index,
-                ("spec", "profiles", pos, "node_selector"),
-                f"CPU node kind `{kind}` has no price: the plan cannot say what this profile costs",
-                f"set the Cluster's costs.cpu_node_per_hour.{kind} or costs.default_cpu_node_per_hour",
+                ("spec", "profiles", pos, field),
+                f"{what} `{named}` has no price: the plan cannot say what this profile costs",
+                f"set the Cluster's costs.{keys[0]}.{named} or costs.{keys[1]}",
                 warning=True,
             )

@@ -172,3 +172,17 @@ def test_simulate_says_what_the_fleets_cost_and_which_objectives_the_replay_met(
     assert "Objectives on the planned fleet (replay; docs/gitops.md, Suggested fleets):" in out
     assert "  chat (web) ttft_p99_ms " in out and ": MISSED" in out  # one h100 for 6 requests a second
     assert "  chat (batch) tpot_p99_ms " in out
+
+
+def test_a_profile_nobody_measured_is_said_to_be_assumed(files: dict[str, Path]) -> None:
+    files["capacity"].write_text(json.dumps({"capacity": CAPACITY["capacity"][:1]}))  # chat/h100 only
+    code, out, _ = suggest(files, 8)
+    assert code == 0, out
+    assert "chat/h100: bench on this profile" in out
+    assert "chat/l4: assumption: chat/l4: not measured (`llmgw bench MODEL --profile P --save`)" in out
+
+
+def test_the_latency_objective_buys_the_fast_cards(files: dict[str, Path]) -> None:
+    code, out, _ = suggest(files, 8, "--objective", "latency")
+    assert code == 0, out
+    assert "Suggested fleet (objective latency):\n  chat: h100 (h100-80g)" in out

@@ -34,29 +34,31 @@ class ModelEdit:
     max: int
 
 
-def _guess_indent(text: str) -> tuple[int, int]:
-    """(mapping indent, a block sequence's dash offset) as the document writes them: the first key nested
-    under a `key:` line, the first `- ` item under one."""
-    indent = offset = None
+def _guess_indent(text: str) -> tuple[int, int, int]:
+    """(mapping indent, block sequence indent, its dash's offset) as the document writes them: the first key
+    nested under a `key:` line, the first `- ` item under one (where its dash and its content stand)."""
+    indent = sequence = offset = None
     lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
     for parent, child in itertools.pairwise(lines):
         if not parent.rstrip().endswith(":"):
             continue
-        depth = len(child) - len(child.lstrip())
+        dash = len(child) - len(child.lstrip())
         base = len(parent) - len(parent.lstrip().lstrip("- "))
-        if child.lstrip().startswith("- "):
-            offset = depth - base if offset is None else offset
-        elif depth > base and indent is None:
-            indent = depth - base
-    return indent or 2, max(0, offset or 0)
+        if child.lstrip().startswith("- ") and offset is None:
+            item = child[dash + 1 :]
+            offset, sequence = dash - base, dash + 1 + len(item) - len(item.lstrip()) - base
+        elif not child.lstrip().startswith("- ") and dash > base and indent is None:
+            indent = dash - base
+    offset = max(0, offset or 0)
+    return indent or 2, max(sequence or 0, offset + 2), offset
 
 
 def _yaml(text: str) -> YAML:
-    indent, offset = _guess_indent(text)
+    indent, sequence, offset = _guess_indent(text)
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
     yaml.width = 4096  # never re-wrap a long line
-    yaml.indent(mapping=indent, sequence=offset + 2, offset=offset)
+    yaml.indent(mapping=indent, sequence=sequence, offset=offset)
     yaml.explicit_start = text.lstrip().startswith("---")
     return yaml
 

@@ -186,3 +186,21 @@ def test_the_latency_objective_buys_the_fast_cards(files: dict[str, Path]) -> No
     code, out, _ = suggest(files, 8, "--objective", "latency")
     assert code == 0, out
     assert "Suggested fleet (objective latency):\n  chat: h100 (h100-80g)" in out
+
+
+def test_beside_json_the_suggestion_goes_to_stderr_and_stdout_stays_one_document(
+    files: dict[str, Path],
+) -> None:
+    code, out, err = suggest(files, 8, "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["summary"] is not None
+    assert "Suggested fleet (objective cost):" in err and "Suggested fleet" not in out
+
+
+def test_a_fleet_with_an_unpriced_class_has_an_unknown_cost_never_zero(files: dict[str, Path]) -> None:
+    cluster = files["root"] / "cluster.yaml"
+    cluster.write_text(cluster.read_text().replace("{l4-24g: 0.8, h100-80g: 3.0}", "{l4-24g: 0.8}"))
+    args = ["plan", str(files["root"]), "--state", str(files["tmp"] / "state-8.json"), "--simulate"]
+    args += ["--capacity", str(files["capacity"]), "--trace", str(files["trace"])]
+    out = CliRunner().invoke(app, args).stdout
+    assert "Cost of the planned fleet: cost unknown: no price for chat/h100 (the Cluster's costs)" in out

@@ -25,7 +25,7 @@ import typer
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli import admin_client
 from llmgw.cli.admin_client import AdminClient, AdminError
-from llmgw.cli.repo import follow, plan_usage
+from llmgw.cli.repo import follow, plan_suggest, plan_usage
 from llmgw.cli.repo.validate import BindingsOpt, with_bindings
 from llmgw.core.desired.repo import LoadResult
 from llmgw.core.errors import LlmgwError
@@ -157,6 +157,9 @@ def plan(
     trace: TraceOpt = None,
     capacity: CapacityOpt = None,
     bindings: BindingsOpt = None,
+    suggest: plan_suggest.SuggestOpt = False,
+    objective: plan_suggest.ObjectiveOpt = plan_suggest.ObjectiveChoice.cost,
+    write: plan_suggest.WriteOpt = False,
 ) -> None:
     """Show what applying the cluster repo would change in the fleet, and check that each new or changed
     weights source exists with the repo's sizes (and digests where the server names them)."""
@@ -189,7 +192,11 @@ def plan(
         _refuse(made, saved=out is not None)
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
-    if simulate or trace is not None:
+    if suggest:
+        plan_suggest.run(
+            catalog, result.documents, live, trace, capacity, client, output.value, objective, write
+        )
+    if simulate or (trace is not None and not suggest):
         _simulate(catalog, live, made, trace, capacity, client, output)
     raise typer.Exit(plan_usage.exit_code(made, detailed=detailed_exitcode, impact=impact_exitcode))
 
@@ -221,12 +228,7 @@ def _simulate(
     from llmgw.cli.repo import plan_simulate as sim
 
     try:
-        if capacity is not None:
-            measured = sim.read_capacity_file(capacity)
-        elif client is not None:
-            measured = sim.measurements(client.get("/api/v1/capacity").get("capacity", []))
-        else:
-            measured = {}
+        measured = sim.fetch_measurements(capacity, client)
         result = sim.simulate(catalog, live, made, trace, measured)
     except (AdminError, sim.SimulateError) as exc:
         _fail(str(exc))

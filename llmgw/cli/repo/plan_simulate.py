@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llmgw_router.decisions.replay import ModelOutcome, SimFleet, SimReplica, replay
+from llmgw_router.decisions.replay import ModelOutcome, Replay, SimFleet, SimReplica, replay
 
 from llmgw.core.capacity.engine_model import EngineModel, fit_engine_model
 from llmgw.core.capacity.replay_gate import Figures, regressions, render_text
@@ -27,11 +27,22 @@ from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet.states import ACTIVE_STATES
 from llmgw.core.fleet.views import LiveState, class_rank
 from llmgw.core.plan import Plan
+from llmgw.core.suggest.served import Served, render_costs, render_slos, slo_rows
 from llmgw.core.traffic.synthetic_trace import DEFAULT_LOAD, DEFAULT_MINUTES, Shape, steady
 from llmgw.core.traffic.trace import Trace, TracedRequest, TraceError, parse_trace
 from llmgw.core.words import parse_duration
 
-__all__ = ["SimulateError", "Simulated", "read_capacity_file", "simulate"]
+__all__ = [
+    "EngineModels",
+    "SimulateError",
+    "Simulated",
+    "fetch_measurements",
+    "read_capacity_file",
+    "served",
+    "sim_fleet",
+    "simulate",
+    "synthetic",
+]
 
 Measurements = Mapping[tuple[str, str], Mapping[str, Any] | None]  # (model, profile) -> `measured` or None
 
@@ -64,6 +75,15 @@ def read_capacity_file(path: Path) -> dict[tuple[str, str], Mapping[str, Any] | 
         ) from exc
 
 
+def fetch_measurements(capacity: Path | None, client: Any) -> dict[tuple[str, str], Mapping[str, Any] | None]:
+    """What `llmgw bench --save` stored: from `--capacity FILE`, else the controller's (none without one)."""
+    if capacity is not None:
+        return read_capacity_file(capacity)
+    if client is not None:
+        return measurements(client.get("/api/v1/capacity").get("capacity", []))
+    return {}
+
+
 def read_trace(path: Path) -> Trace:
     try:
         with path.open(encoding="utf-8") as fh:
@@ -74,7 +94,7 @@ def read_trace(path: Path) -> Trace:
         raise SimulateError(f"trace {path}: {exc}") from exc
 
 
-class _Models:
+class EngineModels:
     """Engine models per (model, profile), fitted once, with every assumption said once."""
 
     def __init__(self, measured: Measurements) -> None:
@@ -107,8 +127,11 @@ def _fleets(live: LiveState, made: Plan) -> tuple[list[tuple[str, str, str]], li
     return current, planned
 
 
-def _sim_fleet(
-    catalog: Catalog, replicas: list[tuple[str, str, str]], specs: Mapping[str, ModelSpec], models: _Models
+def sim_fleet(
+    catalog: Catalog,
+    replicas: list[tuple[str, str, str]],
+    specs: Mapping[str, ModelSpec],
+    models: EngineModels,
 ) -> SimFleet:
     admission = catalog.cluster.router.admission
     names = {m for _, m, _ in replicas} | set(catalog.models)
@@ -133,7 +156,7 @@ def _sim_fleet(
     )
 
 
-def _synthetic(fleet: SimFleet, other: SimFleet, seed: int) -> tuple[list[TracedRequest], str]:
+def synthetic(fleet: SimFleet, other: SimFleet, seed: int) -> tuple[list[TracedRequest], str]:
     """DEFAULT_LOAD of what the current fleet completes per second per model (the planned fleet's for a
     model only it serves), for DEFAULT_MINUTES (llmgw.core.traffic.synthetic_trace)."""
     shape = Shape()
@@ -173,24 +196,62 @@ def simulate(
 ) -> Simulated:
     """Replay the trace (a synthetic one without `trace_path`) against both fleets; the section's text and
     the regressions past the Cluster's thresholds."""
-    models = _Models(measured)
+    models = EngineModels(measured)
     current_replicas, planned_replicas = _fleets(live, made)
     planned_specs = {name: entry.spec for name, entry in catalog.models.items()}
     current_specs = live.models if live.models is not None else planned_specs
-    current = _sim_fleet(catalog, current_replicas, current_specs, models)
-    planned = _sim_fleet(catalog, planned_replicas, planned_specs, models)
+    current = sim_fleet(catalog, current_replicas, current_specs, models)
+    planned = sim_fleet(catalog, planned_replicas, planned_specs, models)
     notes: list[str] = []
     duration: float | None
     if trace_path is None:
-        requests, source = _synthetic(current, planned, seed)
+        requests, source = synthetic(current, planned, seed)
         duration = DEFAULT_MINUTES * 60.0
     else:
         trace = read_trace(trace_path)
         requests, duration = list(trace.requests), trace.header.duration_s or None
         source = f"trace {trace_path}: {len(requests)} requests"
         notes.extend(f"trace {trace_path}: {s} (skipped)" for s in trace.skipped)
-    now = _figures(replay(current, requests, seed=seed, duration_s=duration).models)
-    then = _figures(replay(planned, requests, seed=seed, duration_s=duration).models)
+    now_run = replay(current, requests, seed=seed, duration_s=duration)
+    then_run = replay(planned, requests, seed=seed, duration_s=duration)
+    now, then = _figures(now_run.models), _figures(then_run.models)
     found = regressions(now, then, catalog.cluster.plan.simulate)
     text = render_text(source, now, then, found, [*notes, *models.assumptions])
+    seconds = duration or (requests[-1].t if requests else 1.0)
+    runs = ((current_replicas, now_run, "current"), (planned_replicas, then_run, "planned"))
+    text += _serving(catalog, requests, runs, seconds)
     return Simulated(text, tuple(found))
+
+
+def served(requests: Sequence[TracedRequest], run: Replay) -> list[Served]:
+    """The replay's outcomes as `llmgw.core.suggest.served` reads them."""
+    return [
+        Served(
+            r.model,
+            r.project,
+            r.prompt_tokens + r.completion_tokens,
+            o.ttft_ms,
+            o.tpot_ms,
+            o.refused is not None,
+        )
+        for r, o in zip(requests, run.outcomes, strict=True)
+    ]
+
+
+def _serving(
+    catalog: Catalog,
+    requests: Sequence[TracedRequest],
+    runs: Iterable[tuple[Sequence[tuple[str, str, str]], Replay, str]],
+    seconds: float,
+) -> str:
+    """The fleets' costs (once the Cluster prices anything) and the planned fleet's objectives, in the replay."""
+    lines: list[str] = []
+    for replicas, run, label in runs:
+        outcomes = served(requests, run)
+        if catalog.cluster.costs.declared:
+            pairs = [(m, p) for _, m, p in replicas]
+            lines.append(render_costs(f"Cost of the {label} fleet", catalog, pairs, outcomes, seconds))
+        if label == "planned" and (rows := slo_rows(catalog, outcomes)):
+            lines.append("Objectives on the planned fleet (replay; docs/gitops.md, Suggested fleets):")
+            lines.extend(render_slos(rows))
+    return "\n".join(lines) + "\n" if lines else ""

@@ -79,6 +79,7 @@ from llmgw.core.config.specs.plan_spec import (
     SimulateSettings as SimulateSettings,
 )
 from llmgw.core.config.specs.prefix_spec import PrefixSettings as PrefixSettings
+from llmgw.core.config.specs.serving.slo_spec import Slo as Slo, SloTargets as SloTargets
 from llmgw.core.config.specs.source_spec import (
     BUILTIN_WORKFLOWS as BUILTIN_WORKFLOWS,
     Provider as Provider,
@@ -184,12 +185,6 @@ class Scaling(Strict):
     min: int = Field(1, ge=0, description="Replicas kept running; 0 makes the model on demand")
     max: int = Field(1, ge=0, description="Most replicas")
     idle_timeout: Duration | None = Field(None, description="Unused this long, replicas above min stop")
-
-
-class Slo(Strict):
-    """The model's latency objective: what `llmgw bench` measures capacity against and the autoscaler keeps."""
-
-    ttft_p99_ms: float = Field(gt=0, description="p99 time to first token a replica must stay under, in ms")
 
 
 RolloutStrategy = Literal["rolling", "canary"]

@@ -82,6 +82,7 @@ class Outcome:
     ttft_ms: float | None = None
     waited_ms: float = 0.0
     refused: str | None = None
+    tpot_ms: float | None = None  # time per output token after the first (None: one token, or not served)
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,6 +203,10 @@ class _Sim:
 
     def finish(self, lv: _Live, index: int, now: float) -> None:
         begun = lv.started.pop(index)
+        out, request = self.outcomes[index], self.requests[index]
+        if out.ttft_ms is not None and request.completion_tokens > 1:
+            decode_ms = now * 1000.0 - (request.t * 1000.0 + out.ttft_ms)
+            out.tpot_ms = decode_ms / (request.completion_tokens - 1)
         # Utilization is over the trace's span: a backlog served after its end counts up to the end only.
         lv.busy_ms += max(0.0, min(now, self.horizon) - begun) * 1000.0
         self.account(begun, now - begun)

@@ -31,6 +31,7 @@ from llmgw.core.config.checks.reach_checks import (
     trust_grants,
     webhook_url,
 )
+from llmgw.core.config.checks.serving_checks import check_serving
 from llmgw.core.config.errors import PathPart, SemanticError
 from llmgw.core.config.models import (
     CPU_ENGINES,
@@ -85,6 +86,7 @@ def check(
     check_people(documents, checker.add)
     check_console(documents, checker.add)
     check_engine_builds(documents, checker.add)
+    check_serving(documents, checker.add)
     for index, doc in enumerate(documents):
         secret_refs(checker, index, doc, ())
     cluster_secrets_stay_home(checker)

@@ -25,6 +25,7 @@ from llmgw.core.config.specs.peer_spec import Peer
 from llmgw.core.config.specs.plan_spec import (
     PlanSettings,
 )
+from llmgw.core.config.specs.serving.cost_spec import Costs, unknown_gpu_classes
 from llmgw.core.words import DURATION_PATTERN, parse_duration
 
 
@@ -246,6 +247,11 @@ class ClusterSpec(Strict):
         "against them (`plan` uses the smallest card the fleet reports, these where none does)",
     )
     plan: PlanSettings = Field(default_factory=PlanSettings, description="What `llmgw plan` checks")
+    costs: Costs = Field(
+        default_factory=Costs,
+        description="What each GPU class and CPU node kind costs per hour: `plan` says what a fleet costs, "
+        "`plan --suggest` looks for the cheapest that meets the models' objectives",
+    )
     console: ConsoleSettings = Field(
         default_factory=ConsoleSettings,
         description="The web console: how people sign in, how long chats are kept",
@@ -278,4 +284,14 @@ class ClusterSpec(Strict):
             if peer.name in seen:
                 raise ValueError(f"peers: `{peer.name}` is declared twice; give each peer one entry")
             seen.add(peer.name)
+        return self
+
+    @model_validator(mode="after")
+    def _priced_classes_declared(self) -> ClusterSpec:
+        unknown = unknown_gpu_classes(self.costs, self.gpu_classes)
+        if unknown:
+            raise ValueError(
+                f"costs.gpu_per_hour prices {', '.join(unknown)}, not among gpu_classes "
+                f"({', '.join(sorted(self.gpu_classes))}): price a declared class or declare it"
+            )
         return self

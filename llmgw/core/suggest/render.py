@@ -1,0 +1,194 @@
+"""`plan --suggest`'s report: the suggested configuration, its headroom at the busiest hour, the replay of the
+best candidates, the runners-up and the alternatives with why each lost, where every figure came from and what
+could not be checked; as text for a terminal and as markdown (tables, the diff, a Mermaid chart) for the PR
+comment. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from llmgw.core.suggest.build import pool_figures
+from llmgw.core.suggest.search import Candidate, Result
+from llmgw.core.suggest.space import Option
+
+__all__ = ["Confirmed", "Report", "chart", "render_markdown", "render_text"]
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    """A candidate replayed: the worst figures over its models and classes, and whether every objective held."""
+
+    candidate: Candidate
+    ttft_p99_ms: float | None
+    tpot_p99_ms: float | None
+    availability: float | None
+    ttft_share: float | None  # the worst p99 TTFT as a share of its objective (None: no objective)
+    met: bool
+    missed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Report:
+    result: Result
+    objective: str
+    currency: str
+    periods: int
+    busiest: int  # the hour replayed (the trace's busiest)
+    replayed: Sequence[Confirmed] = ()
+    replay_words: str = ""
+    provenance: Sequence[str] = ()
+    unchecked: Sequence[str] = ()
+    changes: Sequence[str] = ()  # in words, one per edited model
+    diff: str = ""
+    limits: Mapping[str, int] = field(default_factory=dict)
+
+
+def _config(o: Option, currency: str) -> str:
+    hours = " ".join(str(n) for n in o.replicas)
+    return f"{o.label()}, {o.cost_per_hour:.2f} {currency}/h on average (replicas by hour: {hours})"
+
+
+def _headroom(best: Candidate, busiest: int, limits: Mapping[str, int]) -> list[str]:
+    out = []
+    held: dict[str, int] = {}
+    for o in best.options:
+        n = o.replicas[busiest]
+        c = o.choice
+        held[c.resource] = held.get(c.resource, 0) + n * c.units
+        for project, figures in pool_figures(c, busiest, n).items():
+            parts = [f"utilization {figures.utilization:.2f}"]
+            for objective, target in c.targets.get(project, {}).items():
+                value = figures.figure(objective)
+                if objective == "availability":
+                    parts.append(f"{objective} {value:.5f} of {target:g}")
+                else:
+                    parts.append(f"{objective} {value:.4g} of {target:g} ({1 - value / target:.0%} spare)")
+            out.append(f"{o.model} ({project}): {n} x {c.profile}, " + ", ".join(parts))
+    for resource, n in sorted(held.items()):
+        cap = limits.get(resource)
+        out.append(f"{resource}: {n} held" + ("" if cap is None else f" of {cap} ({cap - n} free)"))
+    return out
+
+
+def _method(report: Report) -> str:
+    r = report.result
+    words = f"{r.method}: {r.space} configurations, {r.evaluated} weighed"
+    if r.words:
+        words += f"; {r.words}"
+    if r.bound is not None and r.best is not None and r.bound > 0:
+        words += f"; at most {r.best.cost_per_hour / r.bound:.3f}x the optimum (lower bound {r.bound:.2f})"
+    return words
+
+
+def _replay_rows(report: Report) -> list[tuple[str, ...]]:
+    rows: list[tuple[str, ...]] = []
+    for i, c in enumerate(report.replayed):
+        name = "suggested" if i == 0 else f"runner-up {i}"
+        profiles = ", ".join(
+            f"{o.model}: {o.choice.profile} x {o.replicas[report.busiest]}" for o in c.candidate.options
+        )
+        rows.append(
+            (
+                f"{name} ({profiles})",
+                f"{c.candidate.cost_per_hour:.2f}",
+                "-" if c.ttft_p99_ms is None else f"{c.ttft_p99_ms:.0f}",
+                "-" if c.tpot_p99_ms is None else f"{c.tpot_p99_ms:.1f}",
+                "-" if c.availability is None else f"{c.availability:.4f}",
+                "met" if c.met else "MISSED: " + "; ".join(c.missed),
+            )
+        )
+    return rows
+
+
+HEADER = ("candidate", "cost/h", "p99 TTFT ms", "p99 TPOT ms", "availability", "objectives")
+
+
+def _sections(report: Report) -> list[tuple[str, list[str]]]:
+    """The report's sections as (title, lines), shared by both renderings."""
+    r, cur = report.result, report.currency
+    out: list[tuple[str, list[str]]] = []
+    if r.best is None:
+        out.append(("No configuration meets every objective within the limits", []))
+    else:
+        lines = [_config(o, cur) for o in r.best.options]
+        peak = sum(o.replicas[report.busiest] * o.choice.price_per_hour for o in r.best.options)
+        lines.append(
+            f"fleet: {r.best.cost_per_hour:.2f} {cur}/h on average over {report.periods} hour(s), "
+            f"{peak:.2f} {cur}/h at the busiest (hour {report.busiest})"
+        )
+        out.append((f"Suggested fleet (objective {report.objective})", lines))
+        out.append(
+            (
+                f"Headroom at the busiest hour ({report.busiest})",
+                _headroom(r.best, report.busiest, report.limits),
+            )
+        )
+    out.append(("Search", [_method(report)]))
+    if report.changes:
+        out.append(("Change (`llmgw plan --suggest --write` makes it)", list(report.changes)))
+    runners = [f"{' + '.join(o.label() for o in c.options)}: {c.lost}" for c in r.runners_up]
+    if runners:
+        out.append(("Runners-up", runners))
+    if r.rejected:
+        out.append(("Alternatives and why they lost", [f"{what}: {why}" for what, why in r.rejected]))
+    out.append(("Figures from", list(report.provenance)))
+    out.append(("Not checked", list(report.unchecked)))
+    return out
+
+
+def render_text(report: Report) -> str:
+    lines = [""]
+    for title, body in _sections(report):
+        lines.append(f"{title}:")
+        lines.extend(f"  {line}" for line in body)
+        if title.startswith("Headroom") and report.replayed:
+            lines.append(f"Replay ({report.replay_words}):")
+            lines.append("  " + " | ".join(HEADER))
+            lines.extend("  " + " | ".join(row) for row in _replay_rows(report))
+    return "\n".join(lines) + "\n"
+
+
+def chart(report: Report) -> str:
+    """A Mermaid xychart: each replayed candidate's cost per hour against its worst p99 TTFT as a share of the
+    objective, the objective's line at 100 %."""
+    shown = [c for c in report.replayed if c.ttft_share is not None]
+    if not shown:
+        return ""
+    labels = ", ".join(f'"{c.candidate.cost_per_hour:.2f}"' for c in shown)
+    shares = [round(100 * (c.ttft_share or 0.0)) for c in shown]
+    top = max([*shares, 100]) * 1.2
+    return "\n".join(
+        [
+            "```mermaid",
+            "xychart-beta",
+            '    title "Candidates: cost per hour against p99 TTFT (replay)"',
+            f'    x-axis "{report.currency} per hour" [{labels}]',
+            f'    y-axis "worst p99 TTFT, % of its objective" 0 --> {top:.0f}',
+            f"    bar [{', '.join(str(s) for s in shares)}]",
+            f"    line [{', '.join('100' for _ in shown)}]",
+            "```",
+        ]
+    )
+
+
+def render_markdown(report: Report) -> str:
+    lines = ["", "#### Suggested fleet", ""]
+    for title, body in _sections(report):
+        lines.append(f"**{title}**")
+        lines.append("")
+        lines.extend(f"- {line}" for line in body)
+        lines.append("")
+        if title.startswith("Headroom") and report.replayed:
+            lines.append(f"**Replay** ({report.replay_words})")
+            lines.append("")
+            lines.append("| " + " | ".join(HEADER) + " |")
+            lines.append("|" + "---|" * len(HEADER))
+            lines.extend("| " + " | ".join(row) + " |" for row in _replay_rows(report))
+            lines.append("")
+            drawn = chart(report)
+            if drawn:
+                lines.extend([drawn, ""])
+    if report.diff:
+        lines.extend(["**Suggested change**", "", "```diff", report.diff.rstrip("\n"), "```", ""])
+    return "\n".join(lines)

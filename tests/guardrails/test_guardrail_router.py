@@ -32,7 +32,9 @@ KEYS = {p: "sk-llmgw-" + c * 43 for p, c in (("p1", "a"), ("p2", "b"), ("p3", "c
 def sims() -> Iterator[dict[str, SimProcess]]:
     procs = {
         "sim-chat": start_sim("sim-chat", "k-chat"),
-        "sim-out": start_sim("sim-out", "k-out"),
+        # 20 ms a word: the stream reaches the output rule piece by piece even on a loaded machine (at 1 ms the
+        # router could read all 24 words in one go, and the cut came before any piece was let through).
+        "sim-out": start_sim("sim-out", "k-out", decode_ms=20.0),
         "guard": start_sim(
             "guard", "k-guard", extra=["--judge-unsafe", "bomb=S9", "--judge-unsafe", "hate=S10"]
         ),

@@ -27,7 +27,7 @@ from llmgw.adapters.server.options import AddOptions
 from llmgw.adapters.server.remote_services import RemoteServices
 from llmgw.adapters.server.services import fetch_token
 from llmgw.adapters.server.steps import Outcome
-from llmgw.adapters.ssh.bootstrap import NodeResult, Status, Step, run_on_node, run_steps
+from llmgw.adapters.ssh.bootstrap import NodeResult, run_on_node, run_steps
 from llmgw.adapters.ssh.ca import ClusterCA
 from llmgw.adapters.ssh.remote import Remote, RemoteFile, StepFailed
 
@@ -36,31 +36,19 @@ _SEEN = "cat /etc/os-release; echo; id -u; [ -d /run/systemd/system ] && echo sy
 _ADDRESSES = "ip -o addr show; echo '--'; hostname; hostname -f 2>/dev/null; true"
 
 
-class Add:
+class Add(steps.Walk):
     """One run of add: this machine's control plane read, the other machine's steps in order."""
 
     def __init__(self, here: Machine, opts: AddOptions, lay: L.ServerLayout | None = None) -> None:
+        super().__init__(opts.target.node, opts.dry_run, opts.on_step)
         self.here, self.opts = here, opts
         self.lay = lay or L.ServerLayout()
-        self.result = NodeResult(opts.target.node)
         self.dirty: set[str] = set()  # the other machine's services whose inputs this run changed
         self.mode: Literal["systemd", "process"] = "process"
         self.address = ""  # the other machine's address (the one it is dialed at)
         self.addresses: list[str] = []  # every address and name of the other machine, for its certificate
         self.first: dict[str, Any] = {}  # this machine's controller settings
         self.first_host = ""  # this machine's address, as its controller advertises it
-
-    def record(self, name: str, status: Status, detail: str = "") -> None:
-        step = Step(name, status, detail)
-        self.result.steps.append(step)
-        if self.opts.on_step is not None:
-            self.opts.on_step(step)
-
-    async def act(self, words: str, do: Callable[[], Awaitable[object]]) -> Outcome:
-        if self.opts.dry_run:
-            return "skipped", "would " + words
-        await do()
-        return "changed", words
 
     def steps(self) -> list[tuple[str, RemoteStep]]:
         chosen: list[tuple[str, RemoteStep]] = [

@@ -25,21 +25,21 @@ from llmgw.adapters.server.machine import Machine, first_routable_ipv4, machine_
 from llmgw.adapters.server.options import InitOptions
 from llmgw.adapters.server.services import Services
 from llmgw.adapters.ssh import render
-from llmgw.adapters.ssh.bootstrap import NodeResult, Status, Step, run_steps
+from llmgw.adapters.ssh.bootstrap import NodeResult, Status, run_steps
 from llmgw.adapters.ssh.ca import CAError, ClusterCA
 from llmgw.adapters.ssh.remote import RemoteFile, StepFailed
 
 Outcome = tuple[Status, str]
 
 
-class Init:
+class Init(steps.Walk):
     """One run of init on one machine: the steps in order, each recorded as it ends."""
 
     def __init__(self, machine: Machine, opts: InitOptions, lay: L.ServerLayout | None = None) -> None:
+        super().__init__("this machine", opts.dry_run, opts.on_step)
         self.m = machine
         self.opts = opts
         self.lay = lay or L.ServerLayout()
-        self.result = NodeResult("this machine")
         self.addresses = sorted({*machine_addresses(), *opts.addresses, opts.listen_host})
         advertise = opts.advertise or first_routable_ipv4(self.addresses)
         self.settings = L.ServerSettings(
@@ -53,19 +53,6 @@ class Init:
         )
         self.dirty: set[str] = set()  # services whose inputs this run changed: restarted
         self.services = Services(machine, self.lay, self.settings, opts, self.act, self.dirty)
-
-    def record(self, name: str, status: Status, detail: str = "") -> None:
-        step = Step(name, status, detail)
-        self.result.steps.append(step)
-        if self.opts.on_step is not None:
-            self.opts.on_step(step)
-
-    async def act(self, words: str, do: Callable[[], Awaitable[object]]) -> Outcome:
-        """The thin act after a step's look decided: done (changed), or only said under dry_run (skipped)."""
-        if self.opts.dry_run:
-            return "skipped", "would " + words
-        await do()
-        return "changed", words
 
     def steps(self) -> list[tuple[str, Callable[[Machine], Awaitable[Outcome]]]]:
         s = self.services

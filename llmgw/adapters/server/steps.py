@@ -10,11 +10,33 @@ from typing import Protocol
 
 from llmgw.adapters.server import layout as L
 from llmgw.adapters.ssh import render
-from llmgw.adapters.ssh.bootstrap import Status
+from llmgw.adapters.ssh.bootstrap import NodeResult, Status, Step
 
 Outcome = tuple[Status, str]
 Act = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[Outcome]]
 Dir = tuple[str, str, str, str]  # path, owner, group, mode
+
+
+class Walk:
+    """One run of steps on one machine (init's, add's): each recorded as it ends, shown as it is recorded."""
+
+    def __init__(self, who: str, dry_run: bool, on_step: Callable[[Step], None] | None) -> None:
+        self.result = NodeResult(who)
+        self.dry_run = dry_run
+        self.on_step = on_step
+
+    def record(self, name: str, status: Status, detail: str = "") -> None:
+        step = Step(name, status, detail)
+        self.result.steps.append(step)
+        if self.on_step is not None:
+            self.on_step(step)
+
+    async def act(self, words: str, do: Callable[[], Awaitable[object]]) -> Outcome:
+        """The thin act after a step's look decided: done (changed), or only said under dry_run (skipped)."""
+        if self.dry_run:
+            return "skipped", "would " + words
+        await do()
+        return "changed", words
 
 
 class Shell(Protocol):

@@ -87,13 +87,7 @@ class Add(steps.Walk):
         seen = await r.run(_SEEN)
         release, _, rest = seen.partition("\n\n")
         lines = rest.split()
-        fields = dict(ln.split("=", 1) for ln in release.splitlines() if "=" in ln)
-        ids = {fields.get("ID", "").strip('"'), *fields.get("ID_LIKE", "").strip('"').split()}
-        name = fields.get("PRETTY_NAME", "an unknown system").strip('"')
-        if not ids & {"debian", "ubuntu"}:
-            raise StepFailed(
-                f"llmgw server add installs on Debian or Ubuntu; {self.opts.target.host} runs {name}"
-            )
+        name = steps.debian_or_ubuntu(release, "llmgw server add", self.opts.target.host)
         if not lines or lines[0] != "0":
             raise StepFailed(
                 f"{self.opts.target.where} is not root: log in as root (it adds an account, units)"

@@ -89,13 +89,7 @@ class Init(steps.Walk):
     # ------------------------------------------------------------------------------------------ steps
 
     async def check(self, m: Machine) -> Outcome:
-        release = dict(
-            line.split("=", 1) for line in (m.read_text("/etc/os-release") or "").splitlines() if "=" in line
-        )
-        ids = {release.get("ID", "").strip('"'), *release.get("ID_LIKE", "").strip('"').split()}
-        name = release.get("PRETTY_NAME", "an unknown system").strip('"')
-        if not ids & {"debian", "ubuntu"}:
-            raise StepFailed(f"llmgw server init installs on Debian or Ubuntu; this machine runs {name}")
+        name = steps.debian_or_ubuntu(m.read_text("/etc/os-release"), "llmgw server init", "this machine")
         if os.geteuid() != 0 and not self.opts.dry_run:
             raise StepFailed("llmgw server init acts as root (it adds an account, units, packages): use sudo")
         missing = [b for b in ("llmgw", "llmgw-router") if not m.path(f"{self.opts.bin_dir}/{b}").exists()]

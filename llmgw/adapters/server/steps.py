@@ -11,6 +11,7 @@ from typing import Protocol
 from llmgw.adapters.server import layout as L
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.bootstrap import NodeResult, Status, Step
+from llmgw.adapters.ssh.remote import StepFailed
 
 Outcome = tuple[Status, str]
 Act = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[Outcome]]
@@ -45,6 +46,16 @@ class Shell(Protocol):
     async def run(self, command: str, *, check: bool = True, input: str | None = None) -> str: ...
 
     async def status(self, command: str) -> tuple[int, str]: ...
+
+
+def debian_or_ubuntu(os_release: str | None, command: str, where: str) -> str:
+    """The system's name from its /etc/os-release; StepFailed unless it is Debian, Ubuntu or one of theirs."""
+    fields = dict(ln.split("=", 1) for ln in (os_release or "").splitlines() if "=" in ln)
+    ids = {fields.get("ID", "").strip('"'), *fields.get("ID_LIKE", "").strip('"').split()}
+    name = fields.get("PRETTY_NAME", "an unknown system").strip('"')
+    if not ids & {"debian", "ubuntu"}:
+        raise StepFailed(f"{command} installs on Debian or Ubuntu; {where} runs {name}")
+    return name
 
 
 async def packages(m: Shell, wanted: list[str], act: Act) -> Outcome:

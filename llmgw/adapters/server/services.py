@@ -239,11 +239,20 @@ class Services:
                     return f", node {self.opts.name} Ready after {time.monotonic() - start:.1f}s"
             except (OSError, urllib.error.URLError) as exc:
                 last = str(exc)
-            if await self._running(name) is None:
+            if (gone := await self._gone(name)) is not None:
+                last += f"; {gone}"
                 break
             await asyncio.sleep(0.5)
         what = f"node {self.opts.name} did not become Ready" if name == "agent" else f"{url} did not answer"
         raise StepFailed(f"the {name}: {what} ({last}): {await self._log_tail(name)}")
+
+    async def _gone(self, name: str) -> str | None:
+        """Why the service will not answer (its process ended), or None while it runs. Without systemd the pid's
+        process counts while it exists: a command line read as it changes (or not at all) is no end."""
+        if self.mode() == "systemd":
+            return None if await self._running(name) is not None else "its unit is not active"
+        text = (self.m.read_text(self.lay.pid_file(name)) or "").strip()
+        return None if _alive(text) else f"its process {text or '(no pid file)'} ended"
 
     async def _node_state(self) -> str:
         """This machine's node as the controller sees it (the agent's health is its registration)."""

@@ -182,9 +182,9 @@ class Add(steps.Walk):
         """The other machine's own certificate (its addresses) and router certificate, issued here by the CA
         (in a scratch copy: this machine's certificates stay as they are), kept there while they cover it."""
         lay = self.lay
-        pairs = {  # the other machine's file: the name the CA keeps it under
-            f"{lay.ca_dir}/controller.crt": "controller.crt",
-            f"{lay.ca_dir}/controller.key": "controller.key",
+        pairs = {  # the other machine's file (written in either role): the name the CA keeps it under
+            lay.server_cert: "controller.crt",
+            lay.server_key: "controller.key",
             lay.router_client_cert: f"routers/{self.opts.name}.crt",
             lay.router_client_key: f"routers/{self.opts.name}.key",
         }
@@ -225,9 +225,8 @@ class Add(steps.Walk):
                 RemoteFile(f"{lay.ca_dir}/ca.key", here.path(f"{lay.ca_dir}/ca.key").read_bytes(), 0o600),
                 RemoteFile(f"{lay.ca_dir}/ca.crt", here.path(f"{lay.ca_dir}/ca.crt").read_bytes(), 0o644),
             ]
-        return await self._sync(
-            r, files, f"the CA, the admin token, the cluster secret, the store's DSN ({lay.secrets})"
-        )
+        what = "the CA, the admin token, the cluster secret, " if self.opts.controller else ""
+        return await self._sync(r, files, f"{what}the store's DSN ({lay.secrets})")
 
     async def store(self, r: Remote) -> Outcome:
         """The other machine logs in to the store, with its interpreter and the DSN it was given."""

@@ -1,7 +1,7 @@
 """`llmgw server add`'s decisions that need no second machine: the store's DSN as the other machine dials it, the
 PostgreSQL lines that let it in (its address alone, its role alone, by password), the settings a standby and its
 router are given, and the refusals of a first machine it cannot make a standby of (no lease, a repo only it can
-read, init never ran).
+read, init never ran), and the command's help.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ from pathlib import Path
 
 import pytest
 from ruamel.yaml import YAML
+from typer.testing import CliRunner
 
 from llmgw.adapters.server import layout as L, store_access
 from llmgw.adapters.server.add import Add
 from llmgw.adapters.server.machine import Machine
 from llmgw.adapters.server.options import AddOptions
 from llmgw.adapters.ssh.remote import SshTarget, StepFailed
+from llmgw.cli.main import app
 
 
 def test_the_dsn_keeps_role_password_port_and_database_at_the_first_machines_address() -> None:
@@ -97,3 +99,13 @@ def test_a_standby_leases_and_its_router_follows_it_then_the_first(tmp_path: Pat
     assert store_access.dsn_for(add.here.read_text(lay.store_dsn) or "", add.first_host).startswith(
         "postgresql://llmgw:pw@10.0.0.5:5432/"
     )
+
+
+def test_the_command_explains_itself_and_refuses_a_bad_name() -> None:
+    runner = CliRunner()
+    shown = runner.invoke(app, ["server", "add", "--help"], terminal_width=200)
+    assert shown.exit_code == 0, shown.output
+    for flag in ("--dry-run", "--known-hosts", "--no-controller", "--no-router", "--repo"):
+        assert flag in shown.output, flag
+    refused = runner.invoke(app, ["server", "add", "10.0.0.6", "--name", "Edge 2"])
+    assert refused.exit_code != 0 and "--name 'Edge 2'" in refused.output, refused.output

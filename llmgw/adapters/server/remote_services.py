@@ -82,10 +82,23 @@ class RemoteServices:
                 return f", {url} answered over TLS after {time.monotonic() - start:.1f}s"
             except (OSError, urllib.error.URLError) as exc:
                 last = str(exc)
-            if await self.running(name) is None:
+            if (gone := await self.gone(name)) is not None:
+                last += f"; {gone}"
                 break
             await asyncio.sleep(0.5)
         raise StepFailed(f"the {name}: {url} did not answer ({last}): {await self.log_tail(name)}")
+
+    async def gone(self, name: str) -> str | None:
+        """Why the service will not answer (its process ended), or None while it runs: as init waits
+        (services.Services._gone), the pid's process counts while it exists."""
+        if self.mode == "systemd":
+            return None if await self.running(name) is not None else "its unit is not active"
+        pid_file = self.lay.pid_file(name)
+        out = await self.r.run(
+            f'pid=$(cat {pid_file} 2>/dev/null); if [ -n "$pid" ] && [ -d "/proc/$pid" ]; then echo alive; '
+            'else echo "${pid:-(no pid file)}"; fi'
+        )
+        return None if out.strip() == "alive" else f"its process {out.strip()} ended"
 
     async def log_tail(self, name: str) -> str:
         if self.mode == "systemd":

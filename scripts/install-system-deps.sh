@@ -8,7 +8,7 @@
 # network and PID namespace), HAProxy (tests/controller/test_control_plane_upgrade*.py: two routers behind
 # a load balancer's health check during a rolling upgrade), debootstrap (tests/hosts/test_server_init.py:
 # `llmgw server init` on a minimal Debian tree, made once and cached under ~/.cache/llmgw; it downloads from
-# deb.debian.org). Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on
+# deb.debian.org), git (its daemon serves the starter repo to the standby `llmgw server add` makes there). Nothing is started here: the tests start their own PostgreSQL (initdb + pg_ctl on
 # a free port) and sshd (own config on a loopback port).
 set -euo pipefail
 need=()
@@ -20,6 +20,7 @@ command -v wrk >/dev/null 2>&1 || need+=(wrk)
 [ -x /usr/bin/chromium ] || need+=(chromium)
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || need+=(debootstrap)
+command -v git >/dev/null 2>&1 || need+=(git)
 command -v valgrind >/dev/null 2>&1 || need+=(valgrind)
 command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need+=(haproxy)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)

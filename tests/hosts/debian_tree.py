@@ -1,6 +1,8 @@
 """A Debian machine's root file system for a lab host: a minimal bookworm made by `debootstrap`, cached between
-runs, with the packages `llmgw server init` installs (PostgreSQL, git) downloaded but not installed, so init's
-`apt-get install` runs for real inside a lab host, which has no route to the internet.
+runs, with PostgreSQL (which `llmgw server init` installs) downloaded but not installed, so init's `apt-get
+install` runs for real inside a lab host, which has no route to the internet. git, which init and `llmgw server
+add` also install when missing, comes installed: unpacking it (and the perl it needs) on each of the tests' two
+hosts took most of a minute, and init's install of PostgreSQL already runs the same step for real.
 
 Each test sees the cached tree through an overlay whose upper directory takes what init changes. The test's own
 interpreter, virtual environment and source tree are bind-mounted into the tree at their paths
@@ -25,10 +27,10 @@ from hosts.machine import Host
 __all__ = ["PROJECT", "cached_tree_ready", "debian_tree", "mount_into", "overlay"]
 
 SUITE = "bookworm"
-VERSION = 1  # bump to rebuild every cached tree (what goes into it changed)
+VERSION = 2  # bump to rebuild every cached tree (what goes into it changed)
 MIRROR = os.environ.get("LLMGW_DEBIAN_MIRROR", "http://deb.debian.org/debian")
-DOWNLOADED = ("postgresql", "git")  # what init installs: its .debs, not installed
-INSTALLED = ("libsqlite3-0",)  # what the bind-mounted interpreter needs
+DOWNLOADED = ("postgresql",)  # what init installs: its .debs, not installed
+INSTALLED = ("libsqlite3-0", "git")  # what the bind-mounted interpreter needs; git (see above)
 PROJECT = Path(llmgw.__file__).resolve().parents[1]
 
 

@@ -139,8 +139,9 @@ class HostLab:
         self.dsn = f"postgresql://postgres@{host.address}:5432/llmgw"
         return self.dsn
 
-    def start_sshd(self, name: str) -> HostProc:
-        """sshd on host `name`, port 22 of its own address; root logs in with the lab's client key."""
+    def start_sshd(self, name: str, extra: tuple[str, ...] = ()) -> HostProc:
+        """sshd on host `name`, port 22 of its own address; root logs in with the lab's client key. `extra`:
+        more sshd_config lines (a ChrootDirectory: the host's own root file system)."""
         host = self.hosts[name]
         keys = self.tmp / "ssh"
         if self.client_key is None:
@@ -164,6 +165,7 @@ class HostLab:
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
             "PermitRootLogin prohibit-password",
+            *extra,
         ]
         config.write_text("\n".join(lines) + "\n")
         Path("/run/sshd").mkdir(parents=True, exist_ok=True)

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
-from llmgw.adapters.server.init import Init, _first_routable_ipv4
-from llmgw.adapters.server.machine import Machine
+from llmgw.adapters.server.init import Init
+from llmgw.adapters.server.machine import Machine, first_routable_ipv4
 from llmgw.adapters.server.options import InitOptions
 from llmgw.adapters.ssh.ca import ClusterCA
 from llmgw.adapters.ssh.remote import StepFailed
@@ -81,5 +81,5 @@ def test_a_given_store_is_kept_and_migrated(tmp_path: Path, pg_dsn: str) -> None
 
 
 def test_the_address_others_dial_is_a_routable_ipv4_one() -> None:
-    assert _first_routable_ipv4(["0.0.0.0", "127.0.0.1", "2001:db8::1", "gw", "10.1.2.3"]) == "10.1.2.3"
-    assert _first_routable_ipv4(["::1", "localhost"]) == "127.0.0.1"
+    assert first_routable_ipv4(["0.0.0.0", "127.0.0.1", "2001:db8::1", "gw", "10.1.2.3"]) == "10.1.2.3"
+    assert first_routable_ipv4(["::1", "localhost"]) == "127.0.0.1"

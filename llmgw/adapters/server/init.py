@@ -15,34 +15,33 @@ units, ownership, then each service started and its /health awaited over TLS.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import os
 import secrets
 import shutil
 from collections.abc import Awaitable, Callable
 
-from llmgw.adapters.server import layout as L, starter
-from llmgw.adapters.server.machine import Machine, machine_addresses
+from llmgw.adapters.server import layout as L, starter, steps
+from llmgw.adapters.server.machine import Machine, first_routable_ipv4, machine_addresses
 from llmgw.adapters.server.options import InitOptions
 from llmgw.adapters.server.services import Services
 from llmgw.adapters.ssh import render
-from llmgw.adapters.ssh.bootstrap import NodeResult, Status, Step, run_steps
+from llmgw.adapters.ssh.bootstrap import NodeResult, Status, run_steps
 from llmgw.adapters.ssh.ca import CAError, ClusterCA
 from llmgw.adapters.ssh.remote import RemoteFile, StepFailed
 
 Outcome = tuple[Status, str]
 
 
-class Init:
+class Init(steps.Walk):
     """One run of init on one machine: the steps in order, each recorded as it ends."""
 
     def __init__(self, machine: Machine, opts: InitOptions, lay: L.ServerLayout | None = None) -> None:
+        super().__init__("this machine", opts.dry_run, opts.on_step)
         self.m = machine
         self.opts = opts
         self.lay = lay or L.ServerLayout()
-        self.result = NodeResult("this machine")
         self.addresses = sorted({*machine_addresses(), *opts.addresses, opts.listen_host})
-        advertise = opts.advertise or _first_routable_ipv4(self.addresses)
+        advertise = opts.advertise or first_routable_ipv4(self.addresses)
         self.settings = L.ServerSettings(
             repo=opts.repo or self.lay.repo,
             bin_dir=opts.bin_dir,
@@ -50,22 +49,10 @@ class Init:
             listen_host=opts.listen_host,
             advertise=advertise,
             environment=dict(opts.environment),
+            ha=opts.store is None or opts.store.startswith(("postgres://", "postgresql://")),
         )
         self.dirty: set[str] = set()  # services whose inputs this run changed: restarted
         self.services = Services(machine, self.lay, self.settings, opts, self.act, self.dirty)
-
-    def record(self, name: str, status: Status, detail: str = "") -> None:
-        step = Step(name, status, detail)
-        self.result.steps.append(step)
-        if self.opts.on_step is not None:
-            self.opts.on_step(step)
-
-    async def act(self, words: str, do: Callable[[], Awaitable[object]]) -> Outcome:
-        """The thin act after a step's look decided: done (changed), or only said under dry_run (skipped)."""
-        if self.opts.dry_run:
-            return "skipped", "would " + words
-        await do()
-        return "changed", words
 
     def steps(self) -> list[tuple[str, Callable[[Machine], Awaitable[Outcome]]]]:
         s = self.services
@@ -77,6 +64,7 @@ class Init:
             ("ca", self.ca),
             ("certificates", self.certificates),
             ("admin-token", self.admin_token),
+            ("cluster-secret", self.cluster_secret),
             ("store", s.store),
             ("migrations", s.migrations),
             ("repo", self.repo),
@@ -101,13 +89,7 @@ class Init:
     # ------------------------------------------------------------------------------------------ steps
 
     async def check(self, m: Machine) -> Outcome:
-        release = dict(
-            line.split("=", 1) for line in (m.read_text("/etc/os-release") or "").splitlines() if "=" in line
-        )
-        ids = {release.get("ID", "").strip('"'), *release.get("ID_LIKE", "").strip('"').split()}
-        name = release.get("PRETTY_NAME", "an unknown system").strip('"')
-        if not ids & {"debian", "ubuntu"}:
-            raise StepFailed(f"llmgw server init installs on Debian or Ubuntu; this machine runs {name}")
+        name = steps.debian_or_ubuntu(m.read_text("/etc/os-release"), "llmgw server init", "this machine")
         if os.geteuid() != 0 and not self.opts.dry_run:
             raise StepFailed("llmgw server init acts as root (it adds an account, units, packages): use sudo")
         missing = [b for b in ("llmgw", "llmgw-router") if not m.path(f"{self.opts.bin_dir}/{b}").exists()]
@@ -121,47 +103,12 @@ class Init:
         return "unchanged", f"{name}, {how}, llmgw in {self.opts.bin_dir}"
 
     async def account(self, m: Machine) -> Outcome:
-        code, _ = await m.status(f"id -u {L.USER}")
-        if code == 0:
-            return "unchanged", f"the {L.USER} account exists"
-        command = (
-            "shell=$(command -v nologin || echo /bin/false); useradd --system --user-group --home-dir "
-            f'{self.lay.state} --no-create-home --shell "$shell" {L.USER}'
-        )
-        return await self.act(f"add the system account {L.USER}", lambda: m.run(command))
-
-    def _wanted_dirs(self) -> list[tuple[str, str, str, str]]:
-        """(path, owner, group, mode) of every directory init makes."""
-        lay, u = self.lay, L.USER
-        dirs = [
-            (lay.etc, "root", u, "750"),
-            (lay.tls, "root", u, "750"),
-            (lay.secrets, u, u, "700"),
-            (lay.state, u, u, "750"),
-            (lay.controller_state, u, u, "700"),
-            (lay.router_state, u, u, "700"),
-            (lay.log, u, u, "750"),
-        ]
-        if self.services.mode() == "process":  # pid files of the services init starts itself
-            dirs.append((lay.run, "root", "root", "755"))
-        if self.opts.node:
-            nl = render.Layout()
-            dirs += [(nl.prefix, "root", u, "750"), (nl.etc, u, u, "700")]
-            dirs += [(p, u, u, "750") for p in (nl.state, nl.weights, nl.models)]
-        return dirs
+        return await steps.account(m, self.lay, self.act)
 
     async def directories(self, m: Machine) -> Outcome:
-        wanted = self._wanted_dirs()
-        paths = " ".join(p for p, *_ in wanted)
-        _, out = await m.status(f"for d in {paths}; do stat -c '%n %U %G %a' \"$d\" 2>/dev/null; done")
-        found = {line.split()[0]: tuple(line.split()[1:]) for line in out.splitlines() if line.strip()}
-        fix = [(p, o, g, mode) for p, o, g, mode in wanted if found.get(p) != (o, g, mode)]
-        if not fix:
-            return "unchanged", f"{len(wanted)} directories in place"
-        command = "\n".join(
-            f"mkdir -p {p} && chown {o}:{g} {p} && chmod {mode} {p} || exit 1" for p, o, g, mode in fix
-        )
-        return await self.act("make or fix " + ", ".join(p for p, *_ in fix), lambda: m.run(command))
+        process = self.services.mode() == "process"
+        wanted = steps.wanted_dirs(self.lay, node=self.opts.node, process_mode=process)
+        return await steps.directories(m, wanted, self.act)
 
     async def ca(self, m: Machine) -> Outcome:
         here = m.path(self.lay.ca_dir)
@@ -231,12 +178,19 @@ class Init:
         return "changed", f"serial {server.serial:x} for {names}; wrote {len(written)} files"
 
     async def admin_token(self, m: Machine) -> Outcome:
-        if (m.read_text(self.lay.admin_token) or "").strip():
-            return "unchanged", self.lay.admin_token
-        token = secrets.token_urlsafe(32)
-        file = RemoteFile(self.lay.admin_token, token.encode() + b"\n", 0o600)
+        return await self._generated(m, self.lay.admin_token, "the admin token")
+
+    async def cluster_secret(self, m: Machine) -> Outcome:
+        """The secret the starter's Cluster names: kept here, not in the controller's state, so that a standby
+        (`llmgw server add`) is given the same one."""
+        return await self._generated(m, self.lay.cluster_secret, "the cluster secret")
+
+    async def _generated(self, m: Machine, path: str, what: str) -> Outcome:
+        if (m.read_text(path) or "").strip():
+            return "unchanged", path
+        file = RemoteFile(path, secrets.token_urlsafe(32).encode() + b"\n", 0o600)
         self.dirty.add("controller")
-        return await self.act(f"generate the admin token in {self.lay.admin_token}", lambda: m.put(file))
+        return await self.act(f"generate {what} in {path}", lambda: m.put(file))
 
     async def repo(self, m: Machine) -> Outcome:
         if self.opts.repo is not None:
@@ -287,34 +241,7 @@ class Init:
         return await self.act("write " + ", ".join(f.path for fs in stale.values() for f in fs), write)
 
     async def ownership(self, m: Machine) -> Outcome:
-        """What init wrote as root is the account's where the account writes, readable by it where it reads."""
-        nl = render.Layout()
-        node = [nl.etc, nl.state, nl.weights, nl.models] if self.opts.node else []
-        owned = " ".join([*self.lay.owned(), *node])
-        u = L.USER
-        look = (
-            f"a=$(find {owned} \\( ! -user {u} -o ! -group {u} \\) -print -quit 2>/dev/null); "
-            f"b=$(find {self.lay.etc} -path {self.lay.secrets} -prune -o ! -group {u} -print -quit 2>/dev/null); "
-            'printf "%s\\n%s\\n" "$a" "$b"'
-        )
-        stray = [line for line in (await m.run(look)).splitlines() if line.strip()]
-        if not stray:
-            return "unchanged", f"{u} owns {owned}"
-        fix = f"chown -R {u}:{u} {owned} && find {self.lay.etc} -path {self.lay.secrets} -prune -o -exec chgrp {u} {{}} +"
-        return await self.act(f"give {u} what it owns (found {stray[0]})", lambda: m.run(fix))
-
-
-def _first_routable_ipv4(addresses: list[str]) -> str:
-    """The address others dial by default: the machine's first IPv4 address beyond loopback (a bare IPv6 one
-    would need brackets in every host:port), else loopback (one machine)."""
-    for a in addresses:
-        try:
-            ip = ipaddress.ip_address(a)
-        except ValueError:
-            continue  # a name
-        if ip.version == 4 and not (ip.is_loopback or ip.is_unspecified or ip.is_link_local):
-            return a
-    return "127.0.0.1"
+        return await steps.ownership(m, self.lay, self.act, node=self.opts.node)
 
 
 def _state(file: RemoteFile) -> tuple[str, int]:

@@ -95,6 +95,12 @@ class ServerLayout:
         return f"{self.secrets}/admin-token"
 
     @property
+    def cluster_secret(self) -> str:
+        """What engine keys and tokens derive from: one file, the same on every controller (the starter's Cluster
+        names it as `secret: {file: cluster-secret}`, read from the secrets directory)."""
+        return f"{self.secrets}/cluster-secret"
+
+    @property
     def store_dsn(self) -> str:
         return f"{self.secrets}/store.dsn"
 
@@ -132,6 +138,9 @@ class ServerSettings:
     router_port: int = ROUTER_PORT
     advertise: str = "127.0.0.1"  # the address the router and agents dial the controller at
     environment: Mapping[str, str] = field(default_factory=dict)  # NAME=VALUE every service is given
+    # On a PostgreSQL store the controller holds a lease there, so a standby (`llmgw server add`) can join.
+    ha: bool = False
+    peers: tuple[str, ...] = ()  # other controllers (host:port) the router follows after this machine's own
 
     @property
     def controller_listen(self) -> str:
@@ -156,8 +165,10 @@ def _yaml(doc: Mapping[str, object]) -> bytes:
 
 def controller_config(lay: ServerLayout, s: ServerSettings) -> bytes:
     """The controller's settings file (llmgw.controller.parts.settings.ControllerOptions)."""
+    ha: dict[str, object] = {"ha": True, "advertise": f"https://{s.controller_address}"} if s.ha else {}
     return _yaml(
         {
+            **ha,
             "repo": s.repo,
             "store": "@" + lay.store_dsn,
             "listen": s.controller_listen,
@@ -175,7 +186,7 @@ def router_config(lay: ServerLayout, s: ServerSettings) -> bytes:
     """The router's settings file (`llmgw-router --config`): TLS on the API, the controller over mutual TLS."""
     return _yaml(
         {
-            "controller": [f"https://{s.controller_address}"],
+            "controller": [f"https://{a}" for a in (s.controller_address, *s.peers)],
             "controller_ca": lay.ca_cert,
             "controller_cert": lay.router_client_cert,
             "controller_key": lay.router_client_key,

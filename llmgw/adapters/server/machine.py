@@ -32,6 +32,11 @@ class Machine:
     def chrooted(self) -> bool:
         return self.root != Path("/")
 
+    @property
+    def systemd(self) -> bool:
+        """Whether systemd runs this machine (never the tree under another root)."""
+        return not self.chrooted and Path("/run/systemd/system").is_dir()
+
     def path(self, path: str) -> Path:
         """Where the machine's `path` is from here."""
         return self.root / path.lstrip("/")
@@ -106,20 +111,36 @@ class Machine:
 
 
 def machine_addresses() -> list[str]:
-    """Every address and name this machine is reached by: its interfaces' addresses (link-local left out:
-    they need a zone), its host name and fully qualified name."""
-    found: set[str] = {"127.0.0.1", "::1", "localhost"}
+    """Every address and name this machine is reached by (`addresses_from`)."""
     try:
         out = subprocess.run(["ip", "-o", "addr", "show"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.TimeoutExpired):
         out = ""
-    for line in out.splitlines():
+    return addresses_from(out, [socket.gethostname(), socket.getfqdn()])
+
+
+def addresses_from(ip_addr_output: str, names: list[str]) -> list[str]:
+    """The addresses in `ip -o addr show`'s output (link-local left out: they need a zone), loopback, and the
+    machine's names: what a machine's certificate covers, here or over SSH (`llmgw server add`)."""
+    found: set[str] = {"127.0.0.1", "::1", "localhost"}
+    for line in ip_addr_output.splitlines():
         fields = line.split()
         if len(fields) > 3 and fields[2] in ("inet", "inet6"):
             addr = ipaddress.ip_address(fields[3].split("/")[0])
             if not addr.is_link_local:
                 found.add(str(addr))
-    for name in (socket.gethostname(), socket.getfqdn()):
-        if name:
-            found.add(name)
+    found.update(n for n in names if n)
     return sorted(found)
+
+
+def first_routable_ipv4(addresses: list[str]) -> str:
+    """The address others dial by default: the machine's first IPv4 address beyond loopback (a bare IPv6 one
+    would need brackets in every host:port), else loopback (one machine)."""
+    for a in addresses:
+        try:
+            ip = ipaddress.ip_address(a)
+        except ValueError:
+            continue  # a name
+        if ip.version == 4 and not (ip.is_loopback or ip.is_unspecified or ip.is_link_local):
+            return a
+    return "127.0.0.1"

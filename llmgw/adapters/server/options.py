@@ -1,5 +1,5 @@
-"""What `llmgw server init` is asked to do (the CLI's flags as a record): read by the steps (init) and by the
-services they start (services), so it lives apart from both."""
+"""What `llmgw server init` and `llmgw server add` are asked to do (the CLI's flags as records): read by the
+steps (init, add) and by the services they start (services), so they live apart from both."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Literal
 
 from llmgw.adapters.ssh.bootstrap import Step
+from llmgw.adapters.ssh.remote import SshTarget
 
-__all__ = ["InitOptions"]
+__all__ = ["AddOptions", "InitOptions"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,25 @@ class InitOptions:
     listen_host: str = "0.0.0.0"
     node: bool = False  # the machine is also a node (an agent beside the control plane)
     name: str = "server"  # the router's name, and the node's with `node`
+    service: Literal["auto", "systemd", "process"] = "auto"
+    environment: Mapping[str, str] = field(default_factory=dict)
+    health_timeout: float = 120.0
+    dry_run: bool = False
+    on_step: Callable[[Step], None] | None = None
+
+
+@dataclass(frozen=True)
+class AddOptions:
+    target: SshTarget  # the other machine, logged in to as root
+    bin_dir: str  # where llmgw and llmgw-router are installed on the other machine
+    controller: bool = True  # a standby controller there
+    router: bool = True  # a router there
+    name: str = "server2"  # the other machine's router name
+    advertise: str | None = None  # the address the other machine is dialed at (default: the SSH host's)
+    addresses: tuple[str, ...] = ()  # names and addresses besides its own, for its certificate
+    repo: str | None = (
+        None  # the git URL the standby follows (default: the one this machine's controller does)
+    )
     service: Literal["auto", "systemd", "process"] = "auto"
     environment: Mapping[str, str] = field(default_factory=dict)
     health_timeout: float = 120.0

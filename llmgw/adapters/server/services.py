@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from llmgw.adapters.server import layout as L
+from llmgw.adapters.server import layout as L, steps
 from llmgw.adapters.server.machine import Machine
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.bootstrap import Status
@@ -52,24 +52,12 @@ class Services:
     def mode(self) -> Literal["systemd", "process"]:
         if self.opts.service != "auto":
             return self.opts.service
-        return "systemd" if not self.m.chrooted and Path("/run/systemd/system").is_dir() else "process"
+        return "systemd" if self.m.systemd else "process"
 
     # ------------------------------------------------------------------------------------ packages, store
 
     async def packages(self, m: Machine) -> Outcome:
-        wanted = ["git"] + ([] if self.opts.store else ["postgresql"])
-        _, out = await m.status("dpkg-query -W -f='${Package} ${Status}\\n' " + " ".join(wanted))
-        installed = {ln.split()[0] for ln in out.splitlines() if ln.endswith("install ok installed")}
-        missing = [p for p in wanted if p not in installed]
-        if not missing:
-            return "unchanged", " and ".join(wanted) + " installed"
-        lists = any(m.path("/var/lib/apt/lists").glob("*_Packages*"))
-        command = (
-            "" if lists else "apt-get update -q && "
-        ) + "apt-get install -y -q --no-install-recommends "
-        return await self.act(
-            f"install {' '.join(missing)} with apt-get", lambda: m.run(command + " ".join(missing))
-        )
+        return await steps.packages(m, ["git"] + ([] if self.opts.store else ["postgresql"]), self.act)
 
     async def store(self, m: Machine) -> Outcome:
         if self.opts.store is not None:
@@ -152,7 +140,7 @@ class Services:
             return "skipped", f"would fetch {path} from the controller into {file_path}"
         admin = (m.read_text(self.lay.admin_token) or "").strip()
         url = f"https://127.0.0.1:{self.s.controller_port}{path}"
-        token = str(json.loads(await asyncio.to_thread(self._get, url, admin))["token"])
+        token = await fetch_token(url, m.path(self.lay.ca_cert), admin, self.opts.health_timeout)
         file = RemoteFile(file_path, token.encode() + b"\n", 0o600)
         if not await m.sync_files([file]):
             return "unchanged", file_path
@@ -161,12 +149,7 @@ class Services:
         return "changed", f"wrote {file_path}"
 
     def _get(self, url: str, token: str | None = None) -> bytes:
-        ctx = ssl.create_default_context(cafile=str(self.m.path(self.lay.ca_cert)))
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        with urllib.request.urlopen(
-            urllib.request.Request(url, headers=headers), timeout=5, context=ctx
-        ) as r:
-            return bytes(r.read())
+        return fetch(url, self.m.path(self.lay.ca_cert), token)
 
     def agent_files(self) -> list[RemoteFile]:
         nl = render.Layout()
@@ -231,22 +214,7 @@ class Services:
         if self.mode() == "systemd":
             await self.m.run(f"systemctl enable llmgw-{name} && systemctl restart llmgw-{name}")
             return
-        lay = self.lay
-        home = {"controller": lay.controller_state, "router": lay.router_state}.get(
-            name, render.Layout().state
-        )
-        env = [f"HOME={home}", *(f"{k}={v}" for k, v in sorted(self.s.environment.items()))]
-        drop = f"setpriv --reuid={L.USER} --regid={L.USER} --init-groups --reset-env --"
-        argv = shlex.join(["env", *env, *L.exec_argv(lay, self.s, name)])
-        log = lay.log_file(name)
-        # The unit's command, as its user, in a session of its own; separate statements so the shell's output
-        # is not held open by a backgrounded list (render.start_supervisor_command says why).
-        await self.m.run(
-            f"mkdir -p {lay.run} {lay.log} || exit 1\numask 077\n"
-            f"touch {log} && chown {L.USER}:{L.USER} {log} || exit 1\n"
-            f"setsid nohup {drop} {argv} >> {log} 2>&1 < /dev/null &\n"
-            f"echo $! > {lay.pid_file(name)}\n"
-        )
+        await self.m.run(process_start_script(self.lay, self.s, name))
 
     async def _stop(self, name: str, pid: int) -> None:
         if self.mode() == "systemd":
@@ -271,11 +239,20 @@ class Services:
                     return f", node {self.opts.name} Ready after {time.monotonic() - start:.1f}s"
             except (OSError, urllib.error.URLError) as exc:
                 last = str(exc)
-            if await self._running(name) is None:
+            if (gone := await self._gone(name)) is not None:
+                last += f"; {gone}"
                 break
             await asyncio.sleep(0.5)
         what = f"node {self.opts.name} did not become Ready" if name == "agent" else f"{url} did not answer"
         raise StepFailed(f"the {name}: {what} ({last}): {await self._log_tail(name)}")
+
+    async def _gone(self, name: str) -> str | None:
+        """Why the service will not answer (its process ended), or None while it runs. Without systemd the pid's
+        process counts while it exists: a command line read as it changes (or not at all) is no end."""
+        if self.mode() == "systemd":
+            return None if await self._running(name) is not None else "its unit is not active"
+        text = (self.m.read_text(self.lay.pid_file(name)) or "").strip()
+        return None if _alive(text) else f"its process {text or '(no pid file)'} ended"
 
     async def _node_state(self) -> str:
         """This machine's node as the controller sees it (the agent's health is its registration)."""
@@ -290,6 +267,45 @@ class Services:
         else:
             out = "\n".join((self.m.read_text(self.lay.log_file(name)) or "").splitlines()[-10:])
         return out.strip()[-1500:] or "(its log is empty)"
+
+
+def fetch(url: str, ca_file: Path, token: str | None = None) -> bytes:
+    """GET over TLS verified against the cluster CA's certificate, with the bearer token when given."""
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5, context=ctx) as r:
+        return bytes(r.read())
+
+
+async def fetch_token(url: str, ca_file: Path, admin: str, limit_s: float) -> str:
+    """The token a credentials endpoint answers. A controller just started answers 503 until it has read the
+    repo's Cluster (whose secret tokens derive from, with a lease): asked again for `limit_s`."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            return str(json.loads(await asyncio.to_thread(fetch, url, ca_file, admin))["token"])
+        except urllib.error.HTTPError as exc:
+            said = exc.read().decode(errors="replace")[-300:]
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise StepFailed(f"{url} answered {exc.code}: {said}") from None
+        await asyncio.sleep(0.5)
+
+
+def process_start_script(lay: L.ServerLayout, s: L.ServerSettings, name: str) -> str:
+    """Where systemd does not run: the unit's command, as its user, in a session of its own, its pid kept.
+    Separate statements so the shell's output is not held open by a backgrounded list
+    (render.start_supervisor_command says why)."""
+    home = {"controller": lay.controller_state, "router": lay.router_state}.get(name, render.Layout().state)
+    env = [f"HOME={home}", *(f"{k}={v}" for k, v in sorted(s.environment.items()))]
+    drop = f"setpriv --reuid={L.USER} --regid={L.USER} --init-groups --reset-env --"
+    argv = shlex.join(["env", *env, *L.exec_argv(lay, s, name)])
+    log = lay.log_file(name)
+    return (
+        f"mkdir -p {lay.run} {lay.log} || exit 1\numask 077\n"
+        f"touch {log} && chown {L.USER}:{L.USER} {log} || exit 1\n"
+        f"setsid nohup {drop} {argv} >> {log} 2>&1 < /dev/null &\n"
+        f"echo $! > {lay.pid_file(name)}\n"
+    )
 
 
 START_S = 30.0  # from the spawn until the process is the service's command (a loaded machine: seconds)

@@ -1,6 +1,7 @@
 """The starter cluster repo `llmgw server init` makes when not given one: a copy of the example (the project's
-examples/cluster-repo) told where this machine's controller and router are, committed as a git repository the
-controller follows. The laptop's local Node is dropped, or with `--node` renamed to this machine's node.
+examples/cluster-repo) told where this machine's controller and router are and where the cluster secret is,
+committed as a git repository the controller follows. The laptop's local Node is dropped, or with `--node`
+renamed to this machine's node.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ def _cluster(text: str, s: L.ServerSettings) -> str:
     spec.setdefault("controller", {})["address"] = s.controller_address
     router = spec.setdefault("router", {})
     router["listen"] = s.router_listen
+    # Every controller (a standby made by `llmgw server add` too) derives the same keys from one secret.
+    spec.setdefault("secret", {"file": L.ServerLayout().cluster_secret.rsplit("/", 1)[1]})
     out = io.StringIO()
     y.dump(doc, out)
     return out.getvalue()

@@ -160,6 +160,7 @@ def plan(
     suggest: plan_suggest.SuggestOpt = False,
     objective: plan_suggest.ObjectiveOpt = plan_suggest.ObjectiveChoice.cost,
     write: plan_suggest.WriteOpt = False,
+    post: plan_suggest.PostOpt = False,
 ) -> None:
     """Show what applying the cluster repo would change in the fleet, and check that each new or changed
     weights source exists with the repo's sizes (and digests where the server names them)."""
@@ -193,9 +194,8 @@ def plan(
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
     if suggest:
-        plan_suggest.run(
-            catalog, result.documents, live, trace, capacity, client, output.value, objective, write
-        )
+        asked = plan_suggest.Asked(objective, write, post)
+        plan_suggest.run(result, live, trace, capacity, client, output.value, asked)
     if simulate or (trace is not None and not suggest):
         _simulate(catalog, live, made, trace, capacity, client, output)
     raise typer.Exit(plan_usage.exit_code(made, detailed=detailed_exitcode, impact=impact_exitcode))

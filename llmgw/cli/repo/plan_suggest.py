@@ -21,20 +21,20 @@ from llmgw_router.decisions.replay import replay
 from llmgw.cli.admin_client import AdminError
 from llmgw.cli.repo import plan_simulate as sim
 from llmgw.core.desired.catalog import Catalog
-from llmgw.core.desired.repo import LoadedDocument
+from llmgw.core.desired.repo import LoadedDocument, LoadResult
 from llmgw.core.errors import LlmgwError
 from llmgw.core.fleet.states import ACTIVE_STATES
 from llmgw.core.fleet.views import LiveState
 from llmgw.core.suggest.build import NOT_CHECKED, build_problem, fleet_limits
 from llmgw.core.suggest.demand import HOUR_S, busiest, demand_by_hour, periods_of
-from llmgw.core.suggest.render import Confirmed, Report, render_markdown, render_text
+from llmgw.core.suggest.render import Confirmed, Report, document, render_markdown, render_text
 from llmgw.core.suggest.search import Candidate, Objective, Result, search
 from llmgw.core.suggest.served import slo_rows
 from llmgw.core.suggest.yaml_edit import ModelEdit, edit_models, unified
 from llmgw.core.traffic.synthetic_trace import DEFAULT_MINUTES
 from llmgw.core.traffic.trace import TracedRequest
 
-__all__ = ["ObjectiveChoice", "Suggested", "confirm", "run", "suggest"]
+__all__ = ["Asked", "ObjectiveChoice", "Suggested", "confirm", "run", "suggest"]
 
 MIN_SEARCHED = 8  # the most replicas searched per model: at least this, or twice the largest scaling.max
 
@@ -46,6 +46,7 @@ class Suggested:
     writes: Mapping[Path, str]  # file -> its new text (what --write saves)
     found: bool  # a configuration met every objective in the search and in the replay
     replayed: tuple[Confirmed, ...] = ()  # the suggestion and its runners-up, replayed for the busiest hour
+    document: Mapping[str, object] | None = None  # what --post sends (llmgw.core.api.suggestions)
 
 
 def _requests(
@@ -157,6 +158,7 @@ def suggest(
     *,
     objective: Objective = "cost",
     seed: int = 0,
+    revision: str = "",
 ) -> Suggested:
     """Search, replay the best three for the busiest hour, and say it all (see the module's words)."""
     models = sim.EngineModels(measured)
@@ -188,7 +190,8 @@ def suggest(
         limits.resources,
     )
     found = result.best is not None and bool(replayed) and replayed[0].met
-    return Suggested(render_text(report), render_markdown(report), writes, found, tuple(replayed))
+    posted = document(report, revision, found) if revision else None
+    return Suggested(render_text(report), render_markdown(report), writes, found, tuple(replayed), posted)
 
 
 # ------------------------------------------------------------------------------------------------ the command
@@ -217,31 +220,57 @@ ObjectiveOpt = Annotated[
 WriteOpt = Annotated[
     bool, typer.Option("--write", help="Edit the repo's Model files to the --suggest fleet (comments kept)")
 ]
+PostOpt = Annotated[
+    bool,
+    typer.Option(
+        "--post",
+        help="Send the --suggest candidates to the controller, whose console's plan page draws them "
+        "(a plan-scope token suffices: it changes nothing the controller does)",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What the command line asked of --suggest."""
+
+    objective: ObjectiveChoice = ObjectiveChoice.cost
+    write: bool = False
+    post: bool = False
 
 
 def run(
-    catalog: Catalog,
-    documents: Sequence[LoadedDocument],
+    loaded: LoadResult,
     live: LiveState,
     trace: Path | None,
     capacity: Path | None,
     client: Any,
     output: str,
-    objective: ObjectiveChoice,
-    write: bool,
+    asked: Asked,
 ) -> None:
     """The `--suggest` section after the plan (stderr beside JSON, so stdout stays one document); `--write`
-    saves the edited files and says which."""
+    saves the edited files and says which; `--post` sends the candidates to the controller."""
+    assert loaded.repo is not None  # the plan refused an invalid repo before
+    catalog, documents, revision = loaded.repo.catalog, loaded.documents, loaded.repo.revision or ""
+    if asked.post and client is None:
+        typer.echo("error: --post sends the suggestion to the controller: drop --state", err=True)
+        raise typer.Exit(1)
     try:
         measured = sim.fetch_measurements(capacity, client)
-        found = suggest(catalog, documents, live, trace, measured, objective=objective.value)
-        if write:
+        found = suggest(
+            catalog, documents, live, trace, measured, objective=asked.objective.value, revision=revision
+        )
+        if asked.write:
             for path, text in found.writes.items():
                 path.write_text(text, encoding="utf-8")
+        if asked.post:
+            client.post("/api/v1/suggestions", found.document)
     except (AdminError, LlmgwError, OSError) as exc:
         typer.echo(f"error: --suggest: {exc}", err=True)
         raise typer.Exit(1) from exc
     typer.echo(found.markdown if output == "markdown" else found.text, nl=False, err=output == "json")
-    if write:
+    if asked.write:
         written = ", ".join(str(p) for p in found.writes) or "nothing (the repo already runs it)"
         typer.echo(f"--write: edited {written}", err=True)
+    if asked.post:
+        typer.echo(f"--post: the console's plan page shows the suggestion for {revision}", err=True)

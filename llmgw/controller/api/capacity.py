@@ -7,20 +7,25 @@
   profile and GPU class) and used by the autoscaler from then on.
 - `GET /api/v1/capacity` (scope plan): per model and profile of the applied revision, what is measured and
   when, else what is assumed (slots), else unknown.
+- `POST /api/v1/suggestions` (scope plan: a report to read, it changes nothing the controller does) and
+  `GET /api/v1/suggestions`: the fleets `llmgw plan --suggest --post` proposed from those measurements, the
+  newest per revision, kept in this controller's memory for the console's plan page (`Suggestions`).
 """
 
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from llmgw.controller.api.guard import error, require_parts
+from llmgw.controller.api.guard import error, principal, require_parts
 from llmgw.controller.loops.autoscaler import gpu_class_of, remember
 from llmgw.controller.parts.fleet import EngineCaller
 from llmgw.controller.status import fleet as views
+from llmgw.core.api.suggestions import PostedSuggestion, SuggestionBody
 from llmgw.core.fleet.autoscale import assumed_capacity
 from llmgw.core.security import engine_key
 from llmgw.store.queries.capacity import CapacityRecord
@@ -28,7 +33,17 @@ from llmgw.store.queries.capacity import CapacityRecord
 if TYPE_CHECKING:
     pass
 
-__all__ = ["PARTS", "BenchResult", "bench_target", "capacity_list", "capacity_save"]
+__all__ = [
+    "PARTS",
+    "SUGGESTIONS",
+    "BenchResult",
+    "Suggestions",
+    "bench_target",
+    "capacity_list",
+    "capacity_save",
+    "suggestion_save",
+    "suggestions_list",
+]
 
 # What the handlers read: the fleet, its engines' keys, the store (app.py puts the Controller here).
 PARTS: web.AppKey[EngineCaller] = web.AppKey("capacity_parts")
@@ -188,3 +203,46 @@ async def capacity_list(request: web.Request) -> web.Response:
             }
             out.append(row)
     return web.json_response({"capacity": out})
+
+
+class Suggestions:
+    """The newest suggestion posted per repo revision, the most recently posted first, at most KEPT of them.
+    In memory: a restart (or another controller) has none until the next `plan --suggest --post`, and the
+    console says so rather than showing an old one as current."""
+
+    KEPT = 20
+
+    def __init__(self) -> None:
+        self._by_revision: OrderedDict[str, PostedSuggestion] = OrderedDict()
+
+    def add(self, posted: PostedSuggestion) -> None:
+        self._by_revision.pop(posted.suggestion.revision, None)
+        self._by_revision[posted.suggestion.revision] = posted
+        while len(self._by_revision) > self.KEPT:
+            self._by_revision.popitem(last=False)
+
+    def newest_first(self) -> list[PostedSuggestion]:
+        return list(reversed(self._by_revision.values()))
+
+
+SUGGESTIONS: web.AppKey[Suggestions] = web.AppKey("suggestions", Suggestions)
+
+
+async def suggestion_save(request: web.Request) -> web.Response:
+    c = require_parts(request, "plan", PARTS)
+    try:
+        body = SuggestionBody.model_validate(await request.json())
+    except (ValueError, ValidationError) as exc:
+        return error(400, f"not a suggestion of llmgw plan --suggest --post: {exc}")
+    posted = PostedSuggestion(suggestion=body, posted_at=c.wall(), posted_by=principal(request).name)
+    request.app[SUGGESTIONS].add(posted)
+    chosen = next((x for x in body.candidates if x.chosen), None)
+    words = f"{chosen.configuration}, {chosen.cost_per_hour:.2f} {body.currency}/h" if chosen else "none met"
+    await c.event("fleet_suggested", body.revision, f"by {posted.posted_by}: {words}")
+    return web.json_response(posted.model_dump(mode="json"))
+
+
+async def suggestions_list(request: web.Request) -> web.Response:
+    require_parts(request, "plan", PARTS)
+    found = request.app[SUGGESTIONS].newest_first()
+    return web.json_response({"suggestions": [p.model_dump(mode="json") for p in found]})

@@ -33,6 +33,7 @@ from llmgw.controller.api.people import keys as keys_api
 from llmgw.controller.parts.admin_tokens import Scope
 from llmgw.core.api import admin_api as m
 from llmgw.core.api.openapi import Auth, Endpoint, Query, document
+from llmgw.core.api.suggestions import PostedSuggestion, SuggestionBody, SuggestionsAnswer
 from llmgw.core.api.weight_updates import UpdateChecksAnswer
 from llmgw.core.fleet.views import LiveState
 from llmgw.core.traffic.usage_summary import UsageSummary
@@ -483,6 +484,24 @@ ROUTES: tuple[Route, ...] = (
         body=capacity_admin.BenchResult,
         answers={200: m.CapacitySaved},
         errors={400: BAD_BODY, 404: "No such model and profile in the applied revision"},
+    ),
+    _r(
+        "POST",
+        "/api/v1/suggestions",
+        "plan",
+        "Keep a fleet `llmgw plan --suggest --post` proposed, for the console's plan page",
+        capacity_admin.suggestion_save,
+        body=SuggestionBody,
+        answers={200: PostedSuggestion},
+        errors={400: BAD_BODY},
+    ),
+    _r(
+        "GET",
+        "/api/v1/suggestions",
+        "plan",
+        "The suggested fleets posted since this controller started, the newest per revision first",
+        capacity_admin.suggestions_list,
+        answers={200: SuggestionsAnswer},
     ),
     _r(
         "GET",

@@ -12,7 +12,7 @@ from llmgw.core.suggest.build import pool_figures
 from llmgw.core.suggest.search import Candidate, Result
 from llmgw.core.suggest.space import Option
 
-__all__ = ["Confirmed", "Report", "chart", "render_markdown", "render_text"]
+__all__ = ["Confirmed", "Report", "chart", "document", "render_markdown", "render_text"]
 
 
 @dataclass(frozen=True)
@@ -81,13 +81,18 @@ def _method(report: Report) -> str:
     return words
 
 
+def _name(i: int) -> str:
+    return "suggested" if i == 0 else f"runner-up {i}"
+
+
+def _profiles(c: Confirmed, busiest: int) -> str:
+    return ", ".join(f"{o.model}: {o.choice.profile} x {o.replicas[busiest]}" for o in c.candidate.options)
+
+
 def _replay_rows(report: Report) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for i, c in enumerate(report.replayed):
-        name = "suggested" if i == 0 else f"runner-up {i}"
-        profiles = ", ".join(
-            f"{o.model}: {o.choice.profile} x {o.replicas[report.busiest]}" for o in c.candidate.options
-        )
+        name, profiles = _name(i), _profiles(c, report.busiest)
         rows.append(
             (
                 f"{name} ({profiles})",
@@ -192,3 +197,34 @@ def render_markdown(report: Report) -> str:
     if report.diff:
         lines.extend(["**Suggested change**", "", "```diff", report.diff.rstrip("\n"), "```", ""])
     return "\n".join(lines)
+
+
+def document(report: Report, revision: str, found: bool) -> dict[str, object]:
+    """The suggestion as `plan --suggest --post` sends it (llmgw.core.api.suggestions.SuggestionBody): the
+    replayed candidates, the first the suggestion when the search found one, and the report's text."""
+    candidates = [
+        {
+            "name": _name(i),
+            "configuration": _profiles(c, report.busiest),
+            "chosen": i == 0 and report.result.best is not None,
+            "cost_per_hour": c.candidate.cost_per_hour,
+            "ttft_p99_ms": c.ttft_p99_ms,
+            "ttft_share": c.ttft_share,
+            "tpot_p99_ms": c.tpot_p99_ms,
+            "availability": c.availability,
+            "met": c.met,
+            "missed": list(c.missed),
+        }
+        for i, c in enumerate(report.replayed)
+    ]
+    return {
+        "revision": revision,
+        "objective": report.objective,
+        "currency": report.currency,
+        "busiest_hour": report.busiest,
+        "found": found,
+        "method": _method(report),
+        "replay": report.replay_words,
+        "candidates": candidates,
+        "text": render_text(report),
+    }

@@ -326,3 +326,75 @@ def test_a_replica_page_shows_its_engine_metrics_as_the_routers_scrape_them(
     assert all(v.isdigit() for v in (inflight, requests, errors, running, waiting))
     assert 0 <= float(kv.rstrip(" %")) <= 100
     assert tab.problems == []
+
+
+def _candidate(name: str, cost: float, share: float | None, *, chosen: bool = False) -> dict[str, Any]:
+    met = share is None or share <= 1
+    return {
+        "name": name,
+        "configuration": f"chat: {name} x 2",
+        "chosen": chosen,
+        "cost_per_hour": cost,
+        "ttft_p99_ms": None if share is None else 800 * share,
+        "ttft_share": share,
+        "tpot_p99_ms": 30.0,
+        "availability": 1.0,
+        "met": met,
+        "missed": [] if met else [f"chat (web) ttft_p99_ms {800 * (share or 0):.0f}"],
+    }
+
+
+SUGGESTION = {
+    "revision": "c0ffee0c0ffee0c0ffee",
+    "objective": "cost",
+    "currency": "USD",
+    "busiest_hour": 9,
+    "found": True,
+    "method": "exhaustive: 72 configurations, 72 weighed",
+    "replay": "trace day.jsonl; hour 9, 21600 requests, seed 0",
+    "candidates": [
+        _candidate("suggested", 5.6, 0.7, chosen=True),
+        _candidate("runner-up 1", 9.0, 0.4),
+        _candidate("runner-up 2", 4.8, 1.3),
+        _candidate("runner-up 3", 7.0, None),
+    ],
+    "text": "\nSuggested fleet (objective cost):\n  chat: l4 (l4-24g) x 1..7\n",
+}
+
+
+def test_the_plan_page_draws_the_posted_suggestion_with_its_table(fleet: Cluster, tab: Watched) -> None:
+    headers = {"Authorization": f"Bearer {fleet.admin_token}", "Content-Type": "application/json"}
+    url = fleet.url + "/api/v1/suggestions"
+    assert _post(url, json.dumps({**SUGGESTION, "objective": "speed"}).encode(), headers) == 400
+    assert _post(url, json.dumps(SUGGESTION).encode(), headers) == 200
+    login(tab, fleet.url, fleet.admin_token)
+    tab.page.goto(fleet.url + "/ui/plan")
+    figure = tab.page.get_by_role("img", name="Candidates: cost per hour against p99 TTFT (replay)")
+    assert figure.count() == 1
+    points = tab.page.locator("#suggest-chart g.candidate")
+    assert points.count() == 3, "one point per candidate with a TTFT objective"
+    assert "runner-up 3" in tab.page.locator("figcaption").inner_text(), "the undrawn one is named"
+    chosen = tab.page.locator("#suggest-chart g.candidate.chosen")
+    assert chosen.count() == 1 and chosen.get_attribute("data-name") == "suggested"
+    assert "suggested" in (chosen.text_content() or "")
+    slo = float(tab.page.locator("#suggest-slo").get_attribute("y1") or "nan")
+    ys = {
+        points.nth(i).get_attribute("data-name"): float(
+            points.nth(i).locator("circle").last.get_attribute("cy") or "nan"
+        )
+        for i in range(3)
+    }
+    assert ys["runner-up 2"] < slo < ys["suggested"] < ys["runner-up 1"], (
+        "above the line: missed (SVG y is down)"
+    )
+    xs = [float(points.nth(i).locator("circle").last.get_attribute("cx") or "nan") for i in range(3)]
+    assert xs[2] < xs[0] < xs[1], "x follows the cost per hour"
+    rows = tab.page.locator("#suggest-table tbody tr")
+    assert rows.count() == 4
+    first = rows.first.inner_text()
+    assert first.startswith("suggested") and "5.60" in first and "70 %" in first and "met" in first
+    assert "missed: chat (web) ttft_p99_ms 1040" in rows.nth(2).inner_text()
+    assert "no objective" in rows.nth(3).inner_text()
+    assert axe_serious(tab) == []
+    shot(tab, "admin-plan-suggested")
+    assert tab.problems == []

@@ -10,8 +10,9 @@ from aiohttp import web
 
 from llmgw.controller.api import logs as logs_admin
 from llmgw.controller.api.audited import audit_json
+from llmgw.controller.api.capacity import SUGGESTIONS
 from llmgw.controller.api.request_lookup import usage_total_json
-from llmgw.controller.console import facts
+from llmgw.controller.console import facts, suggested
 from llmgw.controller.console.web import CONSOLE, controller, render, session_of
 from llmgw.controller.parts.hub import AgentError
 from llmgw.controller.status import fleet as views
@@ -94,6 +95,7 @@ async def plan(request: web.Request) -> web.StreamResponse:
         history, history_error = [], f"the store is unavailable: {exc}"
     made_s = round(c.clock() - made_at)
     status = views.status_json(c)  # the source's HEAD (seen), and whether it was refused
+    posted = request.app[SUGGESTIONS].newest_first()
     return render(
         request,
         "plan.html",
@@ -105,6 +107,10 @@ async def plan(request: web.Request) -> web.StreamResponse:
         seen=status["seen"],
         refused=status["refused"],
         sync=status["sync"],
+        suggestion=posted[0] if posted else None,
+        suggestion_chart=suggested.chart(posted[0]) if posted else None,
+        suggestions_more=len(posted) - 1,
+        chart_size=(suggested.WIDTH, suggested.HEIGHT),
     )
 
 

@@ -6,9 +6,13 @@ posted one."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import urllib.request
 from pathlib import Path
 
 import pytest
+from controller.helpers import Repo, cluster_yaml, model_yaml, settings_for
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
@@ -16,6 +20,7 @@ from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.main import app
 from llmgw.cli.repo import plan_simulate as sim
 from llmgw.cli.repo.plan_suggest import suggest
+from llmgw.controller.app import start_controller
 from llmgw.controller.console.suggested import chart
 from llmgw.core.api.suggestions import PostedSuggestion, SuggestionBody
 from llmgw.core.fleet.views import LiveState
@@ -70,3 +75,37 @@ def test_post_without_a_controller_is_refused(files: dict[str, Path]) -> None:
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 1
     assert "error: --post sends the suggestion to the controller: drop --state" in result.stderr
+
+
+def _suggestions(url: str, token: str) -> list[dict[str, object]]:
+    ask = urllib.request.Request(url + "/api/v1/suggestions", headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(ask, timeout=10) as r:
+        return list(json.loads(r.read())["suggestions"])
+
+
+async def test_post_keeps_the_suggestion_on_the_controller(files: dict[str, Path], tmp_path: Path) -> None:
+    repo = Repo(tmp_path / "applied", use_git=False)
+    repo.write({"cluster.yaml": cluster_yaml(), "models/a.yaml": model_yaml("sim-a", min_=0)})
+    running = await start_controller(settings_for(tmp_path, repo.path))
+    try:
+        token = tmp_path / "admin-token"
+        token.write_text(running.admin_token + "\n")
+        args = ["plan", str(files["root"]), "--controller", running.url, "--token-file", str(token)]
+        args += ["--suggest", "--post", "--capacity", str(files["capacity"]), "--trace", str(files["trace"])]
+        result = await asyncio.to_thread(CliRunner().invoke, app, args)  # its client blocks: off the loop
+        assert result.exit_code == 0, (result.stdout, result.stderr)
+        loaded = load_repo(files["root"])
+        assert loaded.repo is not None and loaded.repo.revision
+        assert (
+            f"--post: the console's plan page shows the suggestion for {loaded.repo.revision}"
+            in result.stderr
+        )
+        kept = await asyncio.to_thread(_suggestions, running.url, running.admin_token)
+        assert len(kept) == 1 and kept[0]["posted_by"] == "admin"
+        body = SuggestionBody.model_validate(kept[0]["suggestion"])
+        assert body.revision == loaded.repo.revision and body.found
+        # The controller runs no node: it limits no GPU class, and the cheapest fleet is chosen.
+        assert body.candidates[0].chosen and body.candidates[0].configuration == "chat: l4 x 7"
+        assert "Suggested fleet (objective cost):" in body.text
+    finally:
+        await running.stop()

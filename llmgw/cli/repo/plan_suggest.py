@@ -224,7 +224,7 @@ PostOpt = Annotated[
     bool,
     typer.Option(
         "--post",
-        help="Send the --suggest candidates to the controller, whose console's plan page draws them "
+        help="With --suggest: send its candidates to the controller, whose console's Plan page draws them "
         "(a plan-scope token suffices: it changes nothing the controller does)",
     ),
 ]

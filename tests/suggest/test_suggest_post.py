@@ -67,6 +67,12 @@ def test_a_body_out_of_shape_is_refused_saying_where(files: dict[str, Path]) -> 
     body["candidates"][0]["availability"] = 1.5
     with pytest.raises(ValidationError, match=r"candidates\.0\.availability"):
         SuggestionBody.model_validate(body)
+    body["candidates"][0]["availability"] = 1.0
+    body["candidates"][0]["cost_per_hour"] = "5.60"  # a string is no cost, as the schema says
+    with pytest.raises(ValidationError, match=r"candidates\.0\.cost_per_hour"):
+        SuggestionBody.model_validate(body)
+    body["candidates"][0]["cost_per_hour"] = 5.6
+    assert SuggestionBody.model_validate({**body, "busiest_hour": 9.0}).busiest_hour == 9, "JSON's 9.0 is 9"
 
 
 def test_post_without_a_controller_is_refused(files: dict[str, Path]) -> None:

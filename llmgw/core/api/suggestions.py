@@ -5,9 +5,9 @@ share of its objective, and the report as `plan --suggest` prints it. docs/gitop
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from llmgw.core.api.admin_api import Answer
 
@@ -20,7 +20,7 @@ MAX_TEXT = 200_000
 class SuggestedCandidate(BaseModel):
     """One configuration replayed: the suggestion (`chosen`) or a runner-up."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # "5.6" is no cost, 1 no yes
     name: str = Field(min_length=1, max_length=64, description="suggested, runner-up 1, ...")
     configuration: str = Field(
         min_length=1, max_length=2000, description="Each model's profile and replicas at the busiest hour"
@@ -40,18 +40,28 @@ class SuggestedCandidate(BaseModel):
 class SuggestionBody(BaseModel):
     """A `plan --suggest` run, as `--post` sends it."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
     revision: str = Field(
         min_length=1, max_length=200, description="The repo revision the search was made on"
     )
     objective: Literal["cost", "latency"]
     currency: str = Field(min_length=1, max_length=16)
-    busiest_hour: int = Field(ge=0, description="The trace's hour the candidates were replayed for")
+    busiest_hour: int = Field(
+        ge=0, strict=False, description="The trace's hour the candidates were replayed for"
+    )
     found: bool = Field(description="A configuration met every objective in the search and in the replay")
     method: str = Field(max_length=2000, description="exhaustive or heuristic, the space and the bound")
     replay: str = Field(max_length=2000, description="What was replayed: the trace, the hour, the seed")
     candidates: list[SuggestedCandidate] = Field(max_length=MAX_CANDIDATES)
     text: str = Field(max_length=MAX_TEXT, description="The report as `plan --suggest` prints it")
+
+    @field_validator("busiest_hour", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        # JSON's 9.0 is the integer 9 (as JSON Schema has it); "9" and true are not numbers.
+        if isinstance(value, str | bool):
+            raise ValueError("the hour is a whole number, not a string or a boolean")
+        return value
 
 
 class PostedSuggestion(Answer):

@@ -263,8 +263,6 @@ def run(
         if asked.write:
             for path, text in found.writes.items():
                 path.write_text(text, encoding="utf-8")
-        if asked.post:
-            client.post("/api/v1/suggestions", found.document)
     except (AdminError, LlmgwError, OSError) as exc:
         typer.echo(f"error: --suggest: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -273,4 +271,14 @@ def run(
         written = ", ".join(str(p) for p in found.writes) or "nothing (the repo already runs it)"
         typer.echo(f"--write: edited {written}", err=True)
     if asked.post:
-        typer.echo(f"--post: the console's plan page shows the suggestion for {revision}", err=True)
+        _post(client, found, revision)
+
+
+def _post(client: Any, found: Suggested, revision: str) -> None:
+    """After the suggestion is printed (a PR comment keeps it even when the controller refuses it)."""
+    try:
+        client.post("/api/v1/suggestions", found.document)
+    except AdminError as exc:
+        typer.echo(f"error: --post: the controller did not keep the suggestion: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(f"--post: the console's plan page shows the suggestion for {revision}", err=True)

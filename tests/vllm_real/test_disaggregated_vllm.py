@@ -71,11 +71,13 @@ class Engine:
         except OSError:
             return False
 
-    def stop(self) -> None:
-        """The whole session: vLLM's multiprocessing resource tracker ignores SIGTERM and outlives the server for
-        a moment, so the group is waited for, then killed."""
+    def terminate(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
+
+    def wait_gone(self) -> None:
+        """The whole session gone after `terminate`: vLLM's multiprocessing resource tracker ignores SIGTERM and
+        outlives the server for a moment, so the group is waited for, then killed."""
         try:
             self.proc.wait(30)
             wait_until(lambda: not group_alive(self.proc.pid), 10, f"vLLM {self.name}'s processes gone")
@@ -136,8 +138,10 @@ def pd_engines(
         )
         yield engines[0], engines[1], store
     finally:
+        for engine in engines:  # both told at once: each takes seconds to shut down
+            engine.terminate()
         for engine in engines:
-            engine.stop()
+            engine.wait_gone()
 
 
 def _snapshot(prefill: Engine, decode: Engine) -> dict[str, Any]:

@@ -58,13 +58,18 @@ class Engine:
     proc: subprocess.Popen[bytes]
     log: Path
 
+    def alive(self) -> None:
+        if self.proc.poll() is not None:
+            tail = self.log.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"vLLM {self.name} exited {self.proc.returncode}; its log ends:\n{tail}")
+
     def metrics(self) -> str:
-        assert self.proc.poll() is None, f"vLLM {self.name} exited {self.proc.returncode}: see {self.log}"
+        self.alive()
         with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
             return str(r.read().decode())
 
     def healthy(self) -> bool:
-        assert self.proc.poll() is None, f"vLLM {self.name} exited {self.proc.returncode}: see {self.log}"
+        self.alive()
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                 return bool(r.status == 200)
@@ -252,6 +257,10 @@ def test_the_router_serves_in_two_steps_and_the_decode_takes_the_prefills_kv(
     assert grown["transferred"] == sum(map(_moved, prompts)) > 0, grown
     assert grown["computed"] == sum(prompts) - grown["transferred"], grown
     assert len(list(store.iterdir())) == 2, "one stored KV per prompt"
+    with urllib.request.urlopen(router.metrics + "/metrics", timeout=5) as r:
+        page = r.read().decode()
+    for pool, role in (("mp", "prefill"), ("md", "decode")):
+        assert f'disaggregated_steps_total{{model="{pool}",outcome="ok",role="{role}"}} 2.0' in page, role
 
     # The same whole request on the decode alone, the store emptied: it computes the prompt itself and writes
     # the same text, so the KV it loaded above was this prompt's.

@@ -60,12 +60,16 @@ def metric_types(text: str) -> dict[str, str]:
     return dict(m.groups() for m in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.M))
 
 
-def metric_value(text: str, name: str) -> float:
-    """The sum of `name`'s samples on the page (every label set); AssertionError when it has none."""
+def metric_value(text: str, name: str, labels: dict[str, str] | None = None) -> float:
+    """The sum of `name`'s samples on the page (every label set, or those carrying all of `labels`);
+    AssertionError when it has none."""
+    wanted = [f'{k}="{v}"' for k, v in (labels or {}).items()]
     values = [
-        float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M)
+        float(m.group(2))
+        for m in re.finditer(rf"^{re.escape(name)}(?:{{([^}}]*)}})? (\S+)$", text, re.M)
+        if all(w in (m.group(1) or "").split(",") for w in wanted)
     ]
-    assert values, f"no sample of {name} on the page"
+    assert values, f"no sample of {name} with {labels or 'any labels'} on the page"
     return sum(values)
 
 

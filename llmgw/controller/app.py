@@ -96,7 +96,6 @@ def make_app(controller: Controller, source: RevisionSource) -> web.Application:
     app[upgrades.PARTS] = controller
     app[audited.PARTS] = controller
     app[capacity_admin.PARTS] = controller
-    app[capacity_admin.SUGGESTIONS] = capacity_admin.Suggestions()  # what `plan --suggest --post` sent
     app[admin_requests.PARTS] = controller
     app[usage_summary_admin.PARTS] = controller
     app[people_access.PARTS] = controller

@@ -136,6 +136,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     "chat_messages": ("thread_id", "seq", "role", "content", "created_at"),
     # Not `search` (PostgreSQL's generated tsvector) nor SQLite's FTS5 rows: each store derives its own index.
     "notes": ("id", "person", "title", "body", "created_at", "updated_at"),
+    "fleet_suggestions": ("revision", "posted_at", "posted_by", "document"),
 }
 _ORDER = {
     "limit_counters": "limit_key, window_start",

@@ -17,6 +17,7 @@ from llmgw.store.errors import LeaseFenced, StoreError
 from llmgw.store.migrate import current_version, migrate
 from llmgw.store.queries.capacity import CapacityQueries
 from llmgw.store.queries.content import ContentQueries
+from llmgw.store.queries.holds import HoldQueries
 from llmgw.store.queries.intent import IntentQueries
 from llmgw.store.queries.notes import NotesQueries
 from llmgw.store.queries.oplog import OpLogQueries
@@ -28,13 +29,13 @@ from llmgw.store.queries.request_queries import (
     json_column,
     usage_record,
 )
+from llmgw.store.queries.suggestions import SuggestionQueries
 from llmgw.store.queries.threads import ThreadQueries
 from llmgw.store.queries.traffic import TrafficQueries
 from llmgw.store.records import (
     USAGE_GROUPS,
     ApiKey,
     Event,
-    FacilityHold,
     Fence,
     KeyLookup,
     LeaseResult,
@@ -76,6 +77,7 @@ TABLES: tuple[str, ...] = (
     "chat_threads",
     "chat_messages",
     "notes",
+    "fleet_suggestions",
 )
 
 # Grouping columns come from this fixed table, never from the caller's text, so an unknown one is an error
@@ -147,6 +149,8 @@ class Store(
     ThreadQueries,
     NotesQueries,
     PasswordQueries,
+    HoldQueries,
+    SuggestionQueries,
 ):
     """Typed access to the llmgw database. Open with `await Store.open(dsn)`; close with `await close()`."""
 
@@ -245,45 +249,6 @@ class Store(
     async def delete_node(self, name: str) -> bool:
         async with self.db.tx() as tx:
             return await tx.execute("DELETE FROM nodes WHERE name = ?", (name,)) > 0
-
-    async def set_node_drain(self, node: str, words: str, now: float) -> None:
-        """Record that `node` is drained (cordoned until `clear_node_drain`), in `words`."""
-        async with self.db.tx() as tx:
-            await tx.execute(
-                "INSERT INTO node_drains (node, words, at) VALUES (?, ?, ?) "
-                "ON CONFLICT (node) DO UPDATE SET words = excluded.words, at = excluded.at",
-                (node, words, now),
-            )
-
-    async def clear_node_drain(self, node: str) -> bool:
-        async with self.db.tx() as tx:
-            return await tx.execute("DELETE FROM node_drains WHERE node = ?", (node,)) > 0
-
-    async def list_node_drains(self) -> dict[str, str]:
-        """Drained node -> the words recorded with its drain."""
-        async with self.db.tx() as tx:
-            rows = await tx.fetch("SELECT node, words FROM node_drains ORDER BY node")
-        return {str(r[0]): str(r[1]) for r in rows}
-
-    async def set_facility_hold(self, domain: str, hold: FacilityHold, now: float) -> None:
-        """Record that facility `domain` (`rack=r1`) is held until `clear_facility_hold`."""
-        async with self.db.tx() as tx:
-            await tx.execute(
-                "INSERT INTO facility_holds (domain, words, drain, at) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (domain) DO UPDATE SET words = excluded.words, drain = excluded.drain, "
-                "at = excluded.at",
-                (domain, hold.words, int(hold.drain), now),
-            )
-
-    async def clear_facility_hold(self, domain: str) -> bool:
-        async with self.db.tx() as tx:
-            return await tx.execute("DELETE FROM facility_holds WHERE domain = ?", (domain,)) > 0
-
-    async def list_facility_holds(self) -> dict[str, FacilityHold]:
-        """Held domain -> its hold."""
-        async with self.db.tx() as tx:
-            rows = await tx.fetch("SELECT domain, words, drain FROM facility_holds ORDER BY domain")
-        return {str(r[0]): FacilityHold(str(r[1]), bool(r[2])) for r in rows}
 
     async def save_model_check(self, model: str, engine: str, version: str, verdict: str, now: float) -> None:
         """Keep the last `llmgw model check` verdict (its JSON) for the model on that engine version."""

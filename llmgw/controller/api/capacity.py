@@ -9,13 +9,12 @@
   when, else what is assumed (slots), else unknown.
 - `POST /api/v1/suggestions` (scope plan: a report to read, it changes nothing the controller does) and
   `GET /api/v1/suggestions`: the fleets `llmgw plan --suggest --post` proposed from those measurements, the
-  newest per revision, kept in this controller's memory for the console's plan page (`Suggestions`).
+  newest per revision, kept in the store for the console's plan page (llmgw.store.queries.suggestions).
 """
 
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Literal
 
 from aiohttp import web
@@ -29,18 +28,18 @@ from llmgw.core.api.suggestions import PostedSuggestion, SuggestionBody
 from llmgw.core.fleet.autoscale import assumed_capacity
 from llmgw.core.security import engine_key
 from llmgw.store.queries.capacity import CapacityRecord
+from llmgw.store.queries.suggestions import StoredSuggestion, SuggestionQueries
 
 if TYPE_CHECKING:
     pass
 
 __all__ = [
     "PARTS",
-    "SUGGESTIONS",
     "BenchResult",
-    "Suggestions",
     "bench_target",
     "capacity_list",
     "capacity_save",
+    "posted_suggestions",
     "suggestion_save",
     "suggestions_list",
 ]
@@ -205,27 +204,18 @@ async def capacity_list(request: web.Request) -> web.Response:
     return web.json_response({"capacity": out})
 
 
-class Suggestions:
-    """The newest suggestion posted per repo revision, the most recently posted first, at most KEPT of them.
-    In memory: a restart (or another controller) has none until the next `plan --suggest --post`, and the
-    console says so rather than showing an old one as current."""
-
-    KEPT = 20
-
-    def __init__(self) -> None:
-        self._by_revision: OrderedDict[str, PostedSuggestion] = OrderedDict()
-
-    def add(self, posted: PostedSuggestion) -> None:
-        self._by_revision.pop(posted.suggestion.revision, None)
-        self._by_revision[posted.suggestion.revision] = posted
-        while len(self._by_revision) > self.KEPT:
-            self._by_revision.popitem(last=False)
-
-    def newest_first(self) -> list[PostedSuggestion]:
-        return list(reversed(self._by_revision.values()))
-
-
-SUGGESTIONS: web.AppKey[Suggestions] = web.AppKey("suggestions", Suggestions)
+async def posted_suggestions(store: SuggestionQueries) -> list[PostedSuggestion]:
+    """The kept suggestions, the most recently posted first. One kept by an older llmgw whose shape this one
+    no longer reads is left out, said once per read in the log, rather than failing the page."""
+    found: list[PostedSuggestion] = []
+    for kept in await store.list_suggestions():
+        try:
+            body = SuggestionBody.model_validate_json(kept.document)
+        except ValidationError as exc:
+            log.warning("the suggestion kept for revision %s no longer reads: %s", kept.revision, exc)
+            continue
+        found.append(PostedSuggestion(suggestion=body, posted_at=kept.posted_at, posted_by=kept.posted_by))
+    return found
 
 
 async def suggestion_save(request: web.Request) -> web.Response:
@@ -235,7 +225,10 @@ async def suggestion_save(request: web.Request) -> web.Response:
     except (ValueError, ValidationError) as exc:
         return error(400, f"not a suggestion of llmgw plan --suggest --post: {exc}")
     posted = PostedSuggestion(suggestion=body, posted_at=c.wall(), posted_by=principal(request).name)
-    request.app[SUGGESTIONS].add(posted)
+    document = body.model_dump_json()
+    await c.store.save_suggestion(
+        StoredSuggestion(body.revision, posted.posted_at, posted.posted_by, document)
+    )
     chosen = next((x for x in body.candidates if x.chosen), None)
     words = f"{chosen.configuration}, {chosen.cost_per_hour:.2f} {body.currency}/h" if chosen else "none met"
     await c.event("fleet_suggested", body.revision, f"by {posted.posted_by}: {words}")
@@ -243,6 +236,6 @@ async def suggestion_save(request: web.Request) -> web.Response:
 
 
 async def suggestions_list(request: web.Request) -> web.Response:
-    require_parts(request, "plan", PARTS)
-    found = request.app[SUGGESTIONS].newest_first()
+    c = require_parts(request, "plan", PARTS)
+    found = await posted_suggestions(c.store)
     return web.json_response({"suggestions": [p.model_dump(mode="json") for p in found]})

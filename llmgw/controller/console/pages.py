@@ -10,7 +10,7 @@ from aiohttp import web
 
 from llmgw.controller.api import logs as logs_admin
 from llmgw.controller.api.audited import audit_json
-from llmgw.controller.api.capacity import SUGGESTIONS
+from llmgw.controller.api.capacity import posted_suggestions
 from llmgw.controller.api.request_lookup import usage_total_json
 from llmgw.controller.console import facts, suggested
 from llmgw.controller.console.web import CONSOLE, controller, render, session_of
@@ -90,12 +90,12 @@ async def plan(request: web.Request) -> web.StreamResponse:
     revision, text, made_at = await facts.plan_text(c, request.app[CONSOLE].plan)
     try:
         history = await c.store.list_revisions(limit=50)
+        posted = await posted_suggestions(c.store)
         history_error = ""
     except StoreError as exc:
-        history, history_error = [], f"the store is unavailable: {exc}"
+        history, posted, history_error = [], [], f"the store is unavailable: {exc}"
     made_s = round(c.clock() - made_at)
     status = views.status_json(c)  # the source's HEAD (seen), and whether it was refused
-    posted = request.app[SUGGESTIONS].newest_first()
     return render(
         request,
         "plan.html",

@@ -72,5 +72,5 @@ class PostedSuggestion(Answer):
 
 class SuggestionsAnswer(Answer):
     suggestions: list[PostedSuggestion] = Field(
-        description="The newest first, one per revision; kept in the controller's memory (a restart forgets)"
+        description="The newest first, one per revision, the last 20 revisions; kept in the store"
     )

@@ -25,6 +25,7 @@ from urllib.parse import quote
 
 from aiohttp import web
 from llmgw_agent import dirfetch, repo_rules
+from llmgw_agent.origins import ORIGIN_FILE, FileOrigin, OriginRecord, read_record, write_record
 from llmgw_agent.protocol import DirectoryManifest, FetchBase, WeightFile, WeightSource
 from llmgw_agent.weights import WeightsError, checked_session
 
@@ -36,8 +37,9 @@ from llmgw.core.weights.model_headers import ModelShape
 
 MANIFEST = repo_rules.MANIFEST_FILE
 # Beside the manifest: where each file came from (the URL fetched, the blob or file copied) with its sha256 as
-# added, so a version can be traced to its origin after the mirror restarts or moves.
-ORIGIN = "llmgw-origin.json"
+# added, so a version can be traced to its origin after the mirror restarts or moves (llmgw_agent.origins: the
+# agents' weights caches keep the same record).
+ORIGIN = ORIGIN_FILE
 _CHUNK = 1 << 20
 
 
@@ -95,21 +97,21 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def origin_text(origin: str, files: list[ManifestFile], sources: list[str]) -> str:
+def origin_record(
+    origin: str,
+    files: list[ManifestFile],
+    sources: list[str],
+    repo: str | None = None,
+    revision: str | None = None,
+) -> OriginRecord:
     """The origin record: where the version came from and, per file, what it was copied or fetched from."""
-    listed = [
-        {"name": f.name, "from": at, "sha256": f.sha256, "size": f.size}
-        for f, at in zip(files, sources, strict=True)
-    ]
-    return json.dumps({"origin": origin, "files": listed}, indent=1) + "\n"
+    listed = [FileOrigin.now(f.name, at, f.sha256, f.size) for f, at in zip(files, sources, strict=True)]
+    return OriginRecord(origin=origin, repository=repo, revision=revision, files=listed)
 
 
 def read_origin(version: Path) -> str | None:
-    try:
-        origin = json.loads((version / ORIGIN).read_bytes()).get("origin")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return origin if isinstance(origin, str) else None
+    record = read_record(version)
+    return None if record is None else record.origin
 
 
 def manifest_text(files: list[ManifestFile], shape: ModelShape | None = None) -> str:
@@ -165,7 +167,7 @@ class MirrorStore:
             (staging / MANIFEST).write_text(manifest_text(files))
             where = source.resolve()
             sources = [str(where / f.name) for f in files]
-            (staging / ORIGIN).write_text(origin_text(f"local directory {where}", files, sources))
+            write_record(staging, origin_record(f"local directory {where}", files, sources))
             os.rename(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -193,7 +195,7 @@ class MirrorStore:
                     )
                 out.append(ManifestFile(f.name, size, sha))
             (staging / MANIFEST).write_text(manifest_text(out))
-            (staging / ORIGIN).write_text(origin_text(origin, out, [str(f.source) for f in files]))
+            write_record(staging, origin_record(origin, out, [str(f.source) for f in files]))
             os.rename(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -213,7 +215,7 @@ class MirrorStore:
             source = WeightSource(directory=url, files=listed, bases=[base])
             fetched = Path(await dirfetch.resolve_directory(source, staging, lambda _d, _t: None))
             (fetched / MANIFEST).write_text(manifest_text(files))
-            (fetched / ORIGIN).write_text(origin_text(url, files, [url + quote(f.name) for f in files]))
+            write_record(fetched, origin_record(url, files, [url + quote(f.name) for f in files]))
             os.rename(fetched, target)
         except WeightsError as exc:
             raise MirrorError(str(exc)) from exc

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from llmgw.core.weights.manifest import ManifestFile, manifest_json
 
-__all__ = ["Origin", "files_of", "running_origin"]
+__all__ = ["Origin", "files_of", "running_app", "running_origin"]
 
 
 class Origin:
@@ -89,6 +89,28 @@ def running_origin() -> Iterator[Origin]:
         o.loop.call_soon_threadsafe(o.loop.stop)
         thread.join(30)
         o.loop.close()
+
+
+@contextlib.contextmanager
+def running_app(app: web.Application) -> Iterator[str]:
+    """`app` (a mirror, say) served on its own loop in a thread, as the origin is; yields its URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None)
+
+    async def start() -> str:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
 
 
 def files_of(contents: dict[str, bytes]) -> list[ManifestFile]:

@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+import aiohttp
 from aiohttp import web
 from llmgw_agent import dirfetch, repo_rules
 from llmgw_agent.origins import ORIGIN_FILE, FileOrigin, OriginRecord, read_record, write_record
 from llmgw_agent.protocol import DirectoryManifest, FetchBase, WeightFile, WeightSource
-from llmgw_agent.weights import WeightsError, checked_session
+from llmgw_agent.weights import WeightsError, checked_session, following
+from pydantic import ValidationError
 
 from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
@@ -41,6 +43,7 @@ MANIFEST = repo_rules.MANIFEST_FILE
 # agents' weights caches keep the same record).
 ORIGIN = ORIGIN_FILE
 _CHUNK = 1 << 20
+_MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 
 class MirrorError(LlmgwError):
@@ -135,6 +138,28 @@ async def published_manifest(url: str, token: str | None = None) -> list[Manifes
     return [ManifestFile(f.name, f.size, f.sha256) for f in files]
 
 
+async def published_origin(directory_url: str) -> OriginRecord | None:
+    """The origin record a mirror publishes for a version (DIRECTORY/llmgw-origin.json), None when it holds none
+    (a version added before the record existed, or a server that is not a mirror); MirrorError when it cannot be
+    asked or what it answers is not a record."""
+    url = directory_url.rstrip("/") + "/" + ORIGIN
+    try:
+        async with checked_session() as session, following(session, url) as resp:
+            if resp.status == 404:
+                return None
+            if resp.status != 200:
+                raise MirrorError(f"{url}: HTTP {resp.status}")
+            body = await resp.content.read(_MAX_RECORD_BYTES + 1)
+    except WeightsError as exc:
+        raise MirrorError(str(exc)) from exc
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise MirrorError(f"{url}: no answer ({exc or type(exc).__name__})") from exc
+    try:
+        return OriginRecord.model_validate_json(body[:_MAX_RECORD_BYTES])
+    except ValidationError as exc:
+        raise MirrorError(f"{url}: not an origin record ({exc.errors()[0]['msg']})") from exc
+
+
 class MirrorStore:
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -205,8 +230,24 @@ class MirrorStore:
         self, url: str, repo: str, revision: str = DEFAULT_REVISION, token: str | None = None
     ) -> list[ManifestFile]:
         """Download the directory at `url` (its server publishes a manifest), verifying every file."""
-        target = self._free(repo, revision)
+        self._free(repo, revision)
         files = await published_manifest(url, token)
+        await self.add_listed(url, files, repo, revision, token)
+        return files
+
+    async def add_listed(
+        self,
+        url: str,
+        files: list[ManifestFile],
+        repo: str,
+        revision: str,
+        token: str | None = None,
+        upstream: tuple[str, str] | None = None,
+    ) -> None:
+        """Download `files` from the directory at `url`, each verified against its listed size and sha256 (a
+        registry's, which publishes no manifest: the sizes and sha256 it named). `upstream`: the registry's
+        repository and revision, for the origin record."""
+        target = self._free(repo, revision)
         url = url if url.endswith("/") else url + "/"
         staging = self._staging(repo)
         try:
@@ -215,13 +256,15 @@ class MirrorStore:
             source = WeightSource(directory=url, files=listed, bases=[base])
             fetched = Path(await dirfetch.resolve_directory(source, staging, lambda _d, _t: None))
             (fetched / MANIFEST).write_text(manifest_text(files))
-            write_record(fetched, origin_record(url, files, [url + quote(f.name) for f in files]))
+            record = origin_record(
+                url, files, [url + quote(f.name) for f in files], *(upstream or (None, None))
+            )
+            write_record(fetched, record)
             os.rename(fetched, target)
         except WeightsError as exc:
             raise MirrorError(str(exc)) from exc
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return files
 
     def _free(self, repo: str, revision: str) -> Path:
         target = self.version_dir(repo, revision)

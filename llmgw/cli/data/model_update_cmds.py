@@ -94,6 +94,8 @@ def updates(
 def _print_rows(rows: list[dict[str, Any]]) -> None:
     for u in rows:
         typer.echo(f"{u['model']:24} {u['state']:12} {u['source']}: {u['detail']}")
+        if u.get("origin"):
+            typer.echo(f"{'':37} asked {u['origin']}")
 
 
 def _print_last(answer: UpdateChecksAnswer, as_json: bool) -> None:

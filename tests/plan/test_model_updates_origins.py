@@ -11,6 +11,7 @@ from, so the next `updates` follows the new version's record too."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -82,7 +83,9 @@ def fill_mirror(tmp_path: Path, recorded: Origin) -> MirrorStore:
     return store
 
 
-def test_updates_asks_each_versions_recorded_origin(tmp_path: Path, origins: tuple[Origin, Origin]) -> None:
+def test_updates_asks_each_versions_recorded_origin_and_update_fills_the_mirror_first(
+    tmp_path: Path, origins: tuple[Origin, Origin]
+) -> None:
     recorded, configured = origins
     recorded.push(C1, OLD)
     store = fill_mirror(tmp_path, recorded)
@@ -96,3 +99,34 @@ def test_updates_asks_each_versions_recorded_origin(tmp_path: Path, origins: tup
         assert str(found["local"]["origin"]).startswith(f"{configured.url} (the Cluster's mirror.origin: ")
         assert "names 'local directory " in str(found["local"]["origin"])
         assert f"asked {recorded.url} (recorded" in cli("model", "updates", str(repo))
+
+        recorded.push(C2, NEW)
+        found = updates(repo)
+        assert (found["small"]["state"], found["small"]["revision"]) == ("changed", C2)
+        said = cli("model", "update", "small", str(repo))
+        assert f"not put into the mirror ({mirror_url}): no --mirror-dir given" in said
+        said = cli("model", "update", "small", str(repo), "--mirror-dir", str(store.root))
+        assert (
+            f"would add org/small@{C2} to the mirror" in said
+            and not store.version_dir("org/small", C2).exists()
+        )
+        said = cli("model", "update", "small", str(repo), "--mirror-dir", str(store.root), "--write")
+        assert (
+            f"added org/small@{C2} to the mirror at {store.root} from {recorded.url}/org/small/resolve/{C2}/"
+            in said
+        )
+        assert f"revision: '{C2}'" in (repo / "models.yaml").read_text()
+
+        version = store.version_dir("org/small", C2)
+        assert {n: (version / n).read_bytes() for n in NEW} == NEW
+        record = json.loads((version / "llmgw-origin.json").read_text())
+        assert (record["repository"], record["revision"]) == ("org/small", C2)
+        base = f"{recorded.url}/org/small/resolve/{C2}/"
+        assert {f["name"]: (f["from"], f["sha256"]) for f in record["files"]} == {
+            n: (base + n, hashlib.sha256(b).hexdigest()) for n, b in NEW.items()
+        }
+        assert recorded.gets[f"{C2}/model.gguf"] == 1
+        # The next check follows the new version's record: the files the mirror now serves, at their origin.
+        found = updates(repo)
+        assert found["small"]["state"] == "current"
+        assert found["small"]["origin"] == f"{recorded.url} (recorded by the mirror for org/small@{C2})"

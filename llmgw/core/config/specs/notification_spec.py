@@ -12,7 +12,13 @@ from pydantic import Field
 from llmgw.core.config.base import Duration, SecretRef, Strict
 
 NotificationEvent = Literal[
-    "revision_refused", "replica_failed", "node_lost", "budget_80", "budget_100", "canary_verdict"
+    "revision_refused",
+    "replica_failed",
+    "node_lost",
+    "budget_80",
+    "budget_100",
+    "canary_verdict",
+    "weights_update",
 ]
 NOTIFICATION_EVENTS: tuple[str, ...] = (
     "revision_refused",
@@ -21,6 +27,7 @@ NOTIFICATION_EVENTS: tuple[str, ...] = (
     "budget_80",
     "budget_100",
     "canary_verdict",
+    "weights_update",
 )
 NotificationFormat = Literal["json", "slack"]
 
@@ -48,7 +55,8 @@ class NotificationSpec(Strict):
         description="The events to send: revision_refused, replica_failed (also a crash loop: at most one "
         "message per model an hour), node_lost, budget_80 and budget_100 (a tenant's spend in its budget "
         "period, once per period), canary_verdict (a canary promoted or failed, with the revision it tried: "
-        "what a CI sets a commit status from)",
+        "what a CI sets a commit status from), weights_update (the controller's periodic check found a model's "
+        "weights changed upstream, or could not ask its origin: docs/weights.md)",
     )
     format: NotificationFormat = Field(
         "json", description='json (llmgw\'s documented body) or slack (a Slack-compatible {"text": ...})'

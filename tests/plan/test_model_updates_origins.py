@@ -130,3 +130,24 @@ def test_updates_asks_each_versions_recorded_origin_and_update_fills_the_mirror_
         found = updates(repo)
         assert found["small"]["state"] == "current"
         assert found["small"]["origin"] == f"{recorded.url} (recorded by the mirror for org/small@{C2})"
+
+
+def test_an_update_whose_files_do_not_match_at_the_origin_adds_nothing_and_moves_no_pin(
+    tmp_path: Path, origins: tuple[Origin, Origin]
+) -> None:
+    recorded, configured = origins
+    recorded.push(C1, OLD)
+    store = fill_mirror(tmp_path, recorded)
+    recorded.push(C2, NEW)
+    recorded.corrupt = {"model.gguf"}  # HEAD names the new sha256; GET sends other bytes
+    with running_app(mirror_app(store.root, lambda _token: True)) as mirror_url:
+        repo = write_repo(tmp_path, mirror_url, configured)
+        before = (repo / "models.yaml").read_text()
+        args = ["model", "update", "small", str(repo), "--mirror-dir", str(store.root), "--write"]
+        refused = CliRunner().invoke(app, args)
+    assert refused.exit_code == 1, refused.output
+    assert f"org/small@{C2}: not put into the mirror, so the pins are not moved" in refused.output
+    assert "model.gguf" in refused.output and "sha256" in refused.output
+    assert (repo / "models.yaml").read_text() == before
+    assert not store.version_dir("org/small", C2).exists()
+    assert not list(store.root.glob("org/small/.adding-*"))  # nothing half-added

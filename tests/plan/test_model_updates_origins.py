@@ -14,6 +14,7 @@ import asyncio
 import hashlib
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -83,68 +84,78 @@ def fill_mirror(tmp_path: Path, recorded: Origin) -> MirrorStore:
     return store
 
 
-def test_updates_asks_each_versions_recorded_origin_and_update_fills_the_mirror_first(
-    tmp_path: Path, origins: tuple[Origin, Origin]
-) -> None:
+@dataclass(frozen=True)
+class Served:
+    recorded: Origin
+    store: MirrorStore
+    mirror_url: str
+    repo: Path
+
+
+@pytest.fixture
+def served(tmp_path: Path, origins: tuple[Origin, Origin]) -> Iterator[Served]:
+    """org/small@C1 in a served mirror, added from `recorded`; a cluster repo pinning it and org/local."""
     recorded, configured = origins
     recorded.push(C1, OLD)
     store = fill_mirror(tmp_path, recorded)
     with running_app(mirror_app(store.root, lambda _token: True)) as mirror_url:
-        repo = write_repo(tmp_path, mirror_url, configured)
-        found = updates(repo)
-        assert found["small"]["state"] == "current", found
-        assert found["small"]["origin"] == f"{recorded.url} (recorded by the mirror for org/small@{C1[:7]})"
-        # Added from a directory: no registry recorded, so the configured origin is asked (it has nothing).
-        assert found["local"]["state"] == "not checked" and "HTTP 404" in str(found["local"]["detail"])
-        assert str(found["local"]["origin"]).startswith(f"{configured.url} (the Cluster's mirror.origin: ")
-        assert "names 'local directory " in str(found["local"]["origin"])
-        assert f"asked {recorded.url} (recorded" in cli("model", "updates", str(repo))
+        yield Served(recorded, store, mirror_url, write_repo(tmp_path, mirror_url, configured))
 
-        recorded.push(C2, NEW)
-        found = updates(repo)
-        assert (found["small"]["state"], found["small"]["revision"]) == ("changed", C2)
-        said = cli("model", "update", "small", str(repo))
-        assert f"not put into the mirror ({mirror_url}): no --mirror-dir given" in said
-        said = cli("model", "update", "small", str(repo), "--mirror-dir", str(store.root))
-        assert (
-            f"would add org/small@{C2} to the mirror" in said
-            and not store.version_dir("org/small", C2).exists()
-        )
-        said = cli("model", "update", "small", str(repo), "--mirror-dir", str(store.root), "--write")
-        assert (
-            f"added org/small@{C2} to the mirror at {store.root} from {recorded.url}/org/small/resolve/{C2}/"
-            in said
-        )
-        assert f"revision: '{C2}'" in (repo / "models.yaml").read_text()
 
-        version = store.version_dir("org/small", C2)
-        assert {n: (version / n).read_bytes() for n in NEW} == NEW
-        record = json.loads((version / "llmgw-origin.json").read_text())
-        assert (record["repository"], record["revision"]) == ("org/small", C2)
-        base = f"{recorded.url}/org/small/resolve/{C2}/"
-        assert {f["name"]: (f["from"], f["sha256"]) for f in record["files"]} == {
-            n: (base + n, hashlib.sha256(b).hexdigest()) for n, b in NEW.items()
-        }
-        assert recorded.gets[f"{C2}/model.gguf"] == 1
-        # The next check follows the new version's record: the files the mirror now serves, at their origin.
-        found = updates(repo)
-        assert found["small"]["state"] == "current"
-        assert found["small"]["origin"] == f"{recorded.url} (recorded by the mirror for org/small@{C2})"
+def test_updates_asks_each_versions_recorded_origin_and_update_fills_the_mirror_first(
+    served: Served, origins: tuple[Origin, Origin]
+) -> None:
+    recorded, store, mirror_url, repo = served.recorded, served.store, served.mirror_url, served.repo
+    configured = origins[1]
+    found = updates(repo)
+    assert found["small"]["state"] == "current", found
+    assert found["small"]["origin"] == f"{recorded.url} (recorded by the mirror for org/small@{C1[:7]})"
+    # Added from a directory: no registry recorded, so the configured origin is asked (it has nothing).
+    assert found["local"]["state"] == "not checked" and "HTTP 404" in str(found["local"]["detail"])
+    assert str(found["local"]["origin"]).startswith(f"{configured.url} (the Cluster's mirror.origin: ")
+    assert "names 'local directory " in str(found["local"]["origin"])
+    assert f"asked {recorded.url} (recorded" in cli("model", "updates", str(repo))
+
+    recorded.push(C2, NEW)
+    found = updates(repo)
+    assert (found["small"]["state"], found["small"]["revision"]) == ("changed", C2)
+    said = cli("model", "update", "small", str(repo))
+    assert f"not put into the mirror ({mirror_url}): no --mirror-dir given" in said
+    said = cli("model", "update", "small", str(repo), "--mirror-dir", str(store.root))
+    assert (
+        f"would add org/small@{C2} to the mirror" in said and not store.version_dir("org/small", C2).exists()
+    )
+    said = cli("model", "update", "small", str(repo), "--mirror-dir", str(store.root), "--write")
+    assert (
+        f"added org/small@{C2} to the mirror at {store.root} from {recorded.url}/org/small/resolve/{C2}/"
+        in said
+    )
+    assert f"revision: '{C2}'" in (repo / "models.yaml").read_text()
+
+    version = store.version_dir("org/small", C2)
+    assert {n: (version / n).read_bytes() for n in NEW} == NEW
+    record = json.loads((version / "llmgw-origin.json").read_text())
+    assert (record["repository"], record["revision"]) == ("org/small", C2)
+    base = f"{recorded.url}/org/small/resolve/{C2}/"
+    assert {f["name"]: (f["from"], f["sha256"]) for f in record["files"]} == {
+        n: (base + n, hashlib.sha256(b).hexdigest()) for n, b in NEW.items()
+    }
+    assert recorded.gets[f"{C2}/model.gguf"] == 1
+    # The next check follows the new version's record: the files the mirror now serves, at their origin.
+    found = updates(repo)
+    assert found["small"]["state"] == "current"
+    assert found["small"]["origin"] == f"{recorded.url} (recorded by the mirror for org/small@{C2})"
 
 
 def test_an_update_whose_files_do_not_match_at_the_origin_adds_nothing_and_moves_no_pin(
-    tmp_path: Path, origins: tuple[Origin, Origin]
+    served: Served,
 ) -> None:
-    recorded, configured = origins
-    recorded.push(C1, OLD)
-    store = fill_mirror(tmp_path, recorded)
-    recorded.push(C2, NEW)
-    recorded.corrupt = {"model.gguf"}  # HEAD names the new sha256; GET sends other bytes
-    with running_app(mirror_app(store.root, lambda _token: True)) as mirror_url:
-        repo = write_repo(tmp_path, mirror_url, configured)
-        before = (repo / "models.yaml").read_text()
-        args = ["model", "update", "small", str(repo), "--mirror-dir", str(store.root), "--write"]
-        refused = CliRunner().invoke(app, args)
+    store, repo = served.store, served.repo
+    served.recorded.push(C2, NEW)
+    served.recorded.corrupt = {"model.gguf"}  # HEAD names the new sha256; GET sends other bytes
+    before = (repo / "models.yaml").read_text()
+    args = ["model", "update", "small", str(repo), "--mirror-dir", str(store.root), "--write"]
+    refused = CliRunner().invoke(app, args)
     assert refused.exit_code == 1, refused.output
     assert f"org/small@{C2}: not put into the mirror, so the pins are not moved" in refused.output
     assert "model.gguf" in refused.output and "sha256" in refused.output

@@ -5,7 +5,7 @@ Apart from llmgw.core.config.models so that file stays one concept per screen; m
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
@@ -20,15 +20,7 @@ NotificationEvent = Literal[
     "canary_verdict",
     "weights_update",
 ]
-NOTIFICATION_EVENTS: tuple[str, ...] = (
-    "revision_refused",
-    "replica_failed",
-    "node_lost",
-    "budget_80",
-    "budget_100",
-    "canary_verdict",
-    "weights_update",
-)
+NOTIFICATION_EVENTS: tuple[str, ...] = get_args(NotificationEvent)
 NotificationFormat = Literal["json", "slack"]
 
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from llmgw.core.weights.manifest import ManifestFile, manifest_json
 
-__all__ = ["Origin", "files_of", "running_origin"]
+__all__ = ["Origin", "files_of", "running_app", "running_origin"]
 
 
 class Origin:
@@ -27,6 +27,9 @@ class Origin:
         self.main = ""
         self.plain = b""  # /files/tiny.gguf
         self.gets: dict[str, int] = {}  # "{commit}/{file}" -> GETs of it (not HEADs)
+        self.corrupt: set[str] = (
+            set()
+        )  # file names whose GET sends other bytes than HEAD named (a bad CDN copy)
         self.loop = asyncio.new_event_loop()
         self.runner: web.AppRunner | None = None
         self.port = 0
@@ -52,9 +55,11 @@ class Origin:
         body = files.get(name)
         if request.match_info["repo"] != self.repo or body is None:
             raise web.HTTPNotFound()
+        sha = hashlib.sha256(body).hexdigest()
         if request.method == "GET":
             self.gets[f"{commit}/{name}"] = self.gets.get(f"{commit}/{name}", 0) + 1
-        sha = hashlib.sha256(body).hexdigest()
+            if name in self.corrupt:
+                body = bytes(b ^ 1 for b in body)  # the same size, other bytes
         return web.Response(body=body, headers={"X-Repo-Commit": commit, "X-Linked-Etag": f'"{sha}"'})
 
     async def plain_file(self, _request: web.Request) -> web.Response:
@@ -89,6 +94,28 @@ def running_origin() -> Iterator[Origin]:
         o.loop.call_soon_threadsafe(o.loop.stop)
         thread.join(30)
         o.loop.close()
+
+
+@contextlib.contextmanager
+def running_app(app: web.Application) -> Iterator[str]:
+    """`app` (a mirror, say) served on its own loop in a thread, as the origin is; yields its URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app, access_log=None)
+
+    async def start() -> str:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield asyncio.run_coroutine_threadsafe(start(), loop).result(30)
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+        loop.close()
 
 
 def files_of(contents: dict[str, bytes]) -> list[ManifestFile]:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from llmgw_agent.dirfetch import DIRECTORY_PREFIX, PUBLISHED
+from llmgw_agent.origins import read_record
 from llmgw_agent.protocol import CachedWeights, WeightSource
 from llmgw_agent.weights import WeightsError, cache_path
 
@@ -186,6 +187,8 @@ class WeightsIndex:
                     fetched=entry.fetched,
                     used_by=sorted({_replica_of(u) for u in entry.users}),
                     last_used=entry.last_used,
+                    # Beside `model/` in its dir-<hash> root (llmgw_agent.dirfetch writes it as files arrive).
+                    origin=read_record(Path(entry.local_path).parent) if entry.directory else None,
                 )
             )
         return out

@@ -4,6 +4,8 @@ A replica never starts on half a model: files are fetched (a bounded number at o
 into `NAME.part`, each verified against the manifest's size and sha256) into `<cache>/<key>/staging/`, and only
 when all are there is `staging` renamed to `model`, which is what the engine is given. A corrupt file publishes
 nothing and the error names it. An interrupted fetch keeps the files already verified and resumes the rest.
+Beside `model/`, `<cache>/<key>/llmgw-origin.json` notes each file as it is verified: the URL it came from, its
+sha256 and size, when (llmgw_agent.origins, the record the mirror keeps too).
 
 Each file is tried at the bases in order (the mirror, then the origin) and the next base only when one answers
 404. The agent's own node token goes to the mirror; the origin's token (from the controller) to the origin's host
@@ -28,6 +30,7 @@ from aiohttp.abc import AbstractResolver
 from pydantic import ValidationError
 
 from llmgw_agent import repo_rules
+from llmgw_agent.origins import FileOrigin, OriginRecord, read_record, write_record
 from llmgw_agent.protocol import (
     DirectoryManifest,
     FetchBase,
@@ -150,7 +153,8 @@ async def fetch_directory(
             progress(total, total)
             return Published(str(final), files)
         staging.mkdir(parents=True, exist_ok=True)
-        fetcher = _Fetcher(session, source.bases, staging, progress, total, mirror_headers)
+        notes = _OriginNotes(root, source)
+        fetcher = _Fetcher(session, source.bases, staging, progress, total, mirror_headers, notes)
         semaphore = asyncio.Semaphore(max(1, parallel))
 
         async def one(f: WeightFile) -> None:
@@ -179,6 +183,26 @@ def _check_published(final: Path, files: list[WeightFile], key: str) -> None:
             )
 
 
+class _OriginNotes:
+    """The directory's llmgw-origin.json (llmgw_agent.origins), beside `model/` in its root: each file noted as it
+    is verified, so an interrupted fetch keeps the notes of the files it kept."""
+
+    def __init__(self, root: Path, source: WeightSource) -> None:
+        self.root = root
+        earlier = read_record(root)
+        self.files = {f.name: f for f in earlier.files} if earlier is not None else {}
+        self.record = OriginRecord(
+            origin="; ".join(f"{b.kind} {b.url}" for b in source.bases),
+            repository=source.repo,
+            revision=source.revision,
+        )
+
+    def fetched(self, note: FileOrigin) -> None:
+        self.files[note.name] = note
+        self.record.files = sorted(self.files.values(), key=lambda f: f.name)
+        write_record(self.root, self.record)
+
+
 class _Fetcher:
     def __init__(
         self,
@@ -188,9 +212,11 @@ class _Fetcher:
         progress: Progress,
         total: int,
         mirror_headers: Headers,
+        origins: _OriginNotes,
     ) -> None:
         self.session, self.bases, self.staging = session, bases, staging
         self.report, self.total, self.mirror_headers = progress, total, mirror_headers
+        self.origins = origins
         self.done: dict[str, int] = {}
 
     def _progress(self, name: str) -> Progress:
@@ -217,6 +243,7 @@ class _Fetcher:
                     self.session, url, target, spec, update, f.size, _auth(base, self.mirror_headers)
                 )
                 update(f.size, f.size)  # a resume that found the .part complete (416) reported nothing
+                self.origins.fetched(FileOrigin.now(f.name, url, f.sha256, f.size))
                 return
             except NotAtSource:
                 log.info("%s: not at the %s (404); trying the next source", f.name, base.kind)

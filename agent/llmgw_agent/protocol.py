@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from llmgw_agent.origins import OriginRecord
+
 PROTOCOL_VERSION = 1
 AGENT_PATH = "/agent/v1"
 
@@ -118,6 +120,9 @@ class CachedWeights(_Model):
     fetched: bool
     used_by: list[str] = Field(default_factory=list)  # replica ids of shards running on it
     last_used: float | None = None
+    # A fetched directory's llmgw-origin.json (llmgw_agent.origins): where each file came from. None: not
+    # recorded (a single file, an operator's path, or a directory fetched before the record existed).
+    origin: OriginRecord | None = None
 
 
 class Inventory(_Model):
@@ -218,6 +223,10 @@ class WeightSource(_Model):
     directory: str | None = None
     files: list[WeightFile] | None = None
     bases: list[FetchBase] = Field(default_factory=list)
+    # A `repo` source's repository and revision, recorded beside the fetched files (llmgw_agent.origins). None:
+    # a URL directory, or a controller before the fields.
+    repo: str | None = None
+    revision: str | None = None
     # collect_weights' `keep` only: a kept directory's manifest digest (None: every digest under its name).
     manifest_sha256: str | None = None
 

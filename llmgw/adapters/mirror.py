@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
+import aiohttp
 from aiohttp import web
 from llmgw_agent import dirfetch, repo_rules
+from llmgw_agent.origins import ORIGIN_FILE, FileOrigin, OriginRecord, read_record, write_record
 from llmgw_agent.protocol import DirectoryManifest, FetchBase, WeightFile, WeightSource
-from llmgw_agent.weights import WeightsError, checked_session
+from llmgw_agent.weights import WeightsError, checked_session, following
+from pydantic import ValidationError
 
 from llmgw.core.errors import LlmgwError
 from llmgw.core.security import bearer_token
@@ -36,9 +39,11 @@ from llmgw.core.weights.model_headers import ModelShape
 
 MANIFEST = repo_rules.MANIFEST_FILE
 # Beside the manifest: where each file came from (the URL fetched, the blob or file copied) with its sha256 as
-# added, so a version can be traced to its origin after the mirror restarts or moves.
-ORIGIN = "llmgw-origin.json"
+# added, so a version can be traced to its origin after the mirror restarts or moves (llmgw_agent.origins: the
+# agents' weights caches keep the same record).
+ORIGIN = ORIGIN_FILE
 _CHUNK = 1 << 20
+_MAX_RECORD_BYTES = 16 * 1024 * 1024
 
 
 class MirrorError(LlmgwError):
@@ -95,21 +100,21 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def origin_text(origin: str, files: list[ManifestFile], sources: list[str]) -> str:
+def origin_record(
+    origin: str,
+    files: list[ManifestFile],
+    sources: list[str],
+    repo: str | None = None,
+    revision: str | None = None,
+) -> OriginRecord:
     """The origin record: where the version came from and, per file, what it was copied or fetched from."""
-    listed = [
-        {"name": f.name, "from": at, "sha256": f.sha256, "size": f.size}
-        for f, at in zip(files, sources, strict=True)
-    ]
-    return json.dumps({"origin": origin, "files": listed}, indent=1) + "\n"
+    listed = [FileOrigin.now(f.name, at, f.sha256, f.size) for f, at in zip(files, sources, strict=True)]
+    return OriginRecord(origin=origin, repository=repo, revision=revision, files=listed)
 
 
 def read_origin(version: Path) -> str | None:
-    try:
-        origin = json.loads((version / ORIGIN).read_bytes()).get("origin")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return origin if isinstance(origin, str) else None
+    record = read_record(version)
+    return None if record is None else record.origin
 
 
 def manifest_text(files: list[ManifestFile], shape: ModelShape | None = None) -> str:
@@ -131,6 +136,28 @@ async def published_manifest(url: str, token: str | None = None) -> list[Manifes
             "`llmgw model manifest DIR`)"
         ) from exc
     return [ManifestFile(f.name, f.size, f.sha256) for f in files]
+
+
+async def published_origin(directory_url: str) -> OriginRecord | None:
+    """The origin record a mirror publishes for a version (DIRECTORY/llmgw-origin.json), None when it holds none
+    (a version added before the record existed, or a server that is not a mirror); MirrorError when it cannot be
+    asked or what it answers is not a record."""
+    url = directory_url.rstrip("/") + "/" + ORIGIN
+    try:
+        async with checked_session() as session, following(session, url) as resp:
+            if resp.status == 404:
+                return None
+            if resp.status != 200:
+                raise MirrorError(f"{url}: HTTP {resp.status}")
+            body = await resp.content.read(_MAX_RECORD_BYTES + 1)
+    except WeightsError as exc:
+        raise MirrorError(str(exc)) from exc
+    except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        raise MirrorError(f"{url}: no answer ({exc or type(exc).__name__})") from exc
+    try:
+        return OriginRecord.model_validate_json(body[:_MAX_RECORD_BYTES])
+    except ValidationError as exc:
+        raise MirrorError(f"{url}: not an origin record ({exc.errors()[0]['msg']})") from exc
 
 
 class MirrorStore:
@@ -165,7 +192,7 @@ class MirrorStore:
             (staging / MANIFEST).write_text(manifest_text(files))
             where = source.resolve()
             sources = [str(where / f.name) for f in files]
-            (staging / ORIGIN).write_text(origin_text(f"local directory {where}", files, sources))
+            write_record(staging, origin_record(f"local directory {where}", files, sources))
             os.rename(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -193,7 +220,7 @@ class MirrorStore:
                     )
                 out.append(ManifestFile(f.name, size, sha))
             (staging / MANIFEST).write_text(manifest_text(out))
-            (staging / ORIGIN).write_text(origin_text(origin, out, [str(f.source) for f in files]))
+            write_record(staging, origin_record(origin, out, [str(f.source) for f in files]))
             os.rename(staging, target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -203,8 +230,24 @@ class MirrorStore:
         self, url: str, repo: str, revision: str = DEFAULT_REVISION, token: str | None = None
     ) -> list[ManifestFile]:
         """Download the directory at `url` (its server publishes a manifest), verifying every file."""
-        target = self._free(repo, revision)
+        self._free(repo, revision)
         files = await published_manifest(url, token)
+        await self.add_listed(url, files, repo, revision, token)
+        return files
+
+    async def add_listed(
+        self,
+        url: str,
+        files: list[ManifestFile],
+        repo: str,
+        revision: str,
+        token: str | None = None,
+        upstream: tuple[str, str] | None = None,
+    ) -> None:
+        """Download `files` from the directory at `url`, each verified against its listed size and sha256 (a
+        registry's, which publishes no manifest: the sizes and sha256 it named). `upstream`: the registry's
+        repository and revision, for the origin record."""
+        target = self._free(repo, revision)
         url = url if url.endswith("/") else url + "/"
         staging = self._staging(repo)
         try:
@@ -213,13 +256,15 @@ class MirrorStore:
             source = WeightSource(directory=url, files=listed, bases=[base])
             fetched = Path(await dirfetch.resolve_directory(source, staging, lambda _d, _t: None))
             (fetched / MANIFEST).write_text(manifest_text(files))
-            (fetched / ORIGIN).write_text(origin_text(url, files, [url + quote(f.name) for f in files]))
+            record = origin_record(
+                url, files, [url + quote(f.name) for f in files], *(upstream or (None, None))
+            )
+            write_record(fetched, record)
             os.rename(fetched, target)
         except WeightsError as exc:
             raise MirrorError(str(exc)) from exc
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        return files
 
     def _free(self, repo: str, revision: str) -> Path:
         target = self.version_dir(repo, revision)

@@ -22,11 +22,12 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp.abc import AbstractResolver
 from llmgw_agent import repo_rules
+from llmgw_agent.origins import OriginRecord
 from llmgw_agent.protocol import DirectoryManifest
 from llmgw_agent.weights import WeightsError, checked_session, following
 from pydantic import ValidationError
 
-from llmgw.adapters.mirror import MirrorError, published_manifest
+from llmgw.adapters.mirror import MirrorError, published_manifest, published_origin
 from llmgw.core.plan.source_check import (
     Answer,
     SourceToCheck,
@@ -35,7 +36,14 @@ from llmgw.core.plan.source_check import (
     not_checked,
     probes_for,
 )
-from llmgw.core.plan.weight_updates import FOLLOW, Update, judge_update, mirror_manifests_to_read, tracked
+from llmgw.core.plan.weight_updates import (
+    FOLLOW,
+    Update,
+    judge_update,
+    mirror_manifests_to_read,
+    mirror_versions,
+    tracked,
+)
 from llmgw.core.weights.manifest import ManifestFile
 
 if TYPE_CHECKING:
@@ -85,8 +93,8 @@ async def head_all(
 
 async def ask_updates(catalog: Catalog, follow: str = FOLLOW, model: str | None = None) -> list[Update]:
     """Whether the files each model of `catalog` pins (or only `model`) changed at the origin: the manifests the
-    mirror publishes for models whose repo holds none, then HEAD of every tracked file (llmgw.core.plan.
-    weight_updates says what to ask and what the answers mean). `llmgw model updates` and the controller's
+    mirror publishes for models whose repo holds none and the origin it recorded for each pinned version, then
+    HEAD of every tracked file (llmgw.core.plan.weight_updates says what to ask and what the answers mean). `llmgw model updates` and the controller's
     periodic check both ask this way."""
     to_read = {m: url for m, url in mirror_manifests_to_read(catalog).items() if model in (None, m)}
     published: dict[str, tuple[ManifestFile, ...] | str] = {}
@@ -95,9 +103,25 @@ async def ask_updates(catalog: Catalog, follow: str = FOLLOW, model: str | None 
             published[name] = tuple(await published_manifest(url))
         except MirrorError as exc:
             published[name] = str(exc)
-    items = [t for t in tracked(catalog, follow, published) if model in (None, t.model)]
+    recorded = await _recorded_origins(catalog, model)
+    items = [t for t in tracked(catalog, follow, published, recorded) if model in (None, t.model)]
     answers = await head_all([f.url for t in items for f in t.files])
     return [judge_update(t, answers) for t in items]
+
+
+async def _recorded_origins(catalog: Catalog, model: str | None) -> dict[str, OriginRecord | str | None]:
+    """Model -> the origin record the mirror publishes for its pinned revision (None: none; str: why not read),
+    each version read once however many models pin it."""
+    versions = {m: url for m, url in mirror_versions(catalog).items() if model in (None, m)}
+
+    async def one(url: str) -> tuple[str, OriginRecord | str | None]:
+        try:
+            return url, await published_origin(url)
+        except MirrorError as exc:
+            return url, str(exc)
+
+    found = dict(await asyncio.gather(*(one(u) for u in set(versions.values()))))
+    return {m: found[url] for m, url in versions.items()}
 
 
 class _Asker:

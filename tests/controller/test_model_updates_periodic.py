@@ -20,6 +20,7 @@ from support import wait_for
 
 from controller.fleet_ops import cli
 from controller.helpers import cluster_yaml, status_if_applied
+from controller.test_webhook import Receiver, notification_yaml, receiver  # noqa: F401  (the fixture)
 from llmgw.core.config.specs.cluster_spec import MirrorSettings
 from llmgw.core.plan.update_checks import check_interval, news, next_check_at
 from llmgw.core.plan.weight_updates import Update
@@ -80,14 +81,21 @@ def cluster_doc(origin: Origin, every: str) -> str:
 
 
 @pytest.fixture
-async def cluster(tmp_path: Path, origin: Origin) -> AsyncIterator[Cluster]:
+async def cluster(
+    tmp_path: Path,
+    origin: Origin,
+    receiver: Receiver,  # noqa: F811
+) -> AsyncIterator[Cluster]:
     origin.push(C1, OLD)
     c = Cluster(tmp_path)
     manifest = json.dumps(manifest_json(files_of(OLD)), indent=1) + "\n"
+    (tmp_path / "secrets").mkdir(exist_ok=True)
+    (tmp_path / "secrets" / "hook-secret").write_text("s")
     files = {
         "cluster.yaml": cluster_doc(origin, "1s"),
         "manifests/small.json": manifest,
         "models/small.yaml": MODEL,
+        "hook.yaml": notification_yaml(receiver.url, name="weights", events="[weights_update]"),
     }
     revision = c.repo.write(files, "small, checked every second")
     try:
@@ -111,7 +119,9 @@ async def small_is(cluster: Cluster, state: str) -> dict[str, Any] | None:
 
 
 async def test_the_controller_checks_on_schedule_says_the_news_once_and_the_cli_reads_its_last_answer(
-    cluster: Cluster, origin: Origin
+    cluster: Cluster,
+    origin: Origin,
+    receiver: Receiver,  # noqa: F811
 ) -> None:
     quiet = await wait_for(lambda: small_is(cluster, "current"), 30, "a check finding small current")
     assert quiet["check_every"] == "1s" and quiet["checked_at"] is not None and quiet["next_at"] is not None
@@ -131,6 +141,14 @@ async def test_the_controller_checks_on_schedule_says_the_news_once_and_the_cli_
         ("small", True)
     ]
     assert "llmgw model update small" in said[0]["message"]
+    # A Notification on weights_update: the same news, once, to the webhook.
+    await wait_for(lambda: receiver.delivered(), 30, "the update delivered")
+    [(headers, body)] = receiver.delivered()
+    sent = json.loads(body)
+    assert (headers["X-Llmgw-Event"], sent["object"], sent["fields"]["model"]) == ("weights_update",) + (
+        "small",
+    ) * 2
+    assert sent["message"] == said[0]["message"]
 
     # Off: the next revision stops the checks; the last answer stays, and the CLI reads it with the origin down.
     off = cluster.repo.write({"cluster.yaml": cluster_doc(origin, "off")}, "checks off")

@@ -102,18 +102,39 @@ async def settled(cluster: Cluster, not_in: set[str]) -> dict[str, float]:
     return found
 
 
-def served(tmp: Path, node: str, replicas: set[str]) -> dict[str, str]:
-    """File name -> sha256 the node's shard of one of `replicas` was given (its record on the agent), each
-    checked against the file the node's weights cache holds for it."""
+def cached_root(tmp: Path, node: str, replicas: set[str]) -> tuple[Path, list[WeightFile]]:
+    """The weights cache's dir-<hash> root the node's shard of one of `replicas` runs on, and the files its
+    record on the agent says it was given."""
     state = tmp / "agents" / node / "state"
     records = [json.loads(p.read_text()) for p in (state / "shards").glob("*.json")]
     [spec] = [r["spec"] for r in records if r["spec"]["replica_id"] in replicas]
     source = spec["source"]
     files = [WeightFile.model_validate(f) for f in source["files"]]
-    root = directory_root(state / "weights", source["directory"], files) / "model"
+    return directory_root(state / "weights", source["directory"], files), files
+
+
+def served(tmp: Path, node: str, replicas: set[str]) -> dict[str, str]:
+    """File name -> sha256 the node's shard of one of `replicas` was given, each checked against the file the
+    node's weights cache holds for it."""
+    root, files = cached_root(tmp, node, replicas)
     for f in files:
-        assert hashlib.sha256((root / f.name).read_bytes()).hexdigest() == f.sha256, (node, f.name)
+        assert hashlib.sha256((root / "model" / f.name).read_bytes()).hexdigest() == f.sha256, (node, f.name)
     return {f.name: f.sha256 for f in files}
+
+
+def recorded(tmp: Path, node: str, replicas: set[str]) -> tuple[str, str, dict[str, tuple[str, str]]]:
+    """The cache's origin record beside those files (llmgw-origin.json): repository, revision, and per file
+    where it was fetched from and its sha256, each fetch time set."""
+    root, _ = cached_root(tmp, node, replicas)
+    record = json.loads((root / "llmgw-origin.json").read_text())
+    assert all(isinstance(f["fetched_at"], float) for f in record["files"]), record
+    files = {f["name"]: (f["from"], f["sha256"]) for f in record["files"]}
+    return record["repository"], record["revision"], files
+
+
+def from_origin(origin: Origin, revision: str, files: dict[str, bytes]) -> dict[str, tuple[str, str]]:
+    base = f"{origin.url}/org/small/resolve/{revision}/"
+    return {name: (base + name, sha) for name, sha in checksums(files).items()}
 
 
 def checksums(files: dict[str, bytes]) -> dict[str, str]:
@@ -137,6 +158,21 @@ async def rolled_one_at_a_time(
     assert all(t >= first_stop for t in starts), f"a replacement started before any old one stopped: {events}"
 
 
+async def listed_origins(cluster: Cluster, tmp: Path, origin: Origin) -> None:
+    """`llmgw weights list` names each node's cached versions with where their files came from."""
+    admin = cluster.admin
+    assert admin is not None
+    nodes = (await admin.get("/api/v1/weights"))["nodes"]
+    versions = {(n["node"], f["origin"]["revision"]) for n in nodes for f in n["files"] if f["origin"]}
+    assert versions == {(n, r) for n in NODES for r in (C1[:7], C2)}, nodes
+    token = tmp / "admin-token"
+    token.write_text(admin.headers["Authorization"].removeprefix("Bearer "))
+    args = ["weights", "list", "--controller", admin.url, "--token-file", str(token)]
+    shown = await asyncio.to_thread(CliRunner().invoke, app, args, env={"COLUMNS": "400"})  # one line a row
+    assert shown.exit_code == 0, shown.output
+    assert f"org/small@{C2}: 2 file(s) from {origin.url}/org/small/resolve/{C2}/" in shown.output
+
+
 def cli(*args: str) -> str:
     result = CliRunner().invoke(app, list(args))
     assert result.exit_code == 0, result.output
@@ -150,6 +186,9 @@ async def test_an_update_rolls_one_replica_at_a_time_and_its_revert_restores_the
     cluster.repo.write({"models/small.yaml": MODEL}, "small")
     first = await settled(cluster, set())
     assert {n: served(tmp_path, n, set(first)) for n in NODES} == dict.fromkeys(NODES, checksums(OLD))
+    # Each node's cache records where the files of the version it runs came from.
+    old_origin = ("org/small", C1[:7], from_origin(origin, C1[:7], OLD))
+    assert {n: recorded(tmp_path, n, set(first)) for n in NODES} == dict.fromkeys(NODES, old_origin)
 
     origin.push(C2, NEW)
     repo = str(cluster.repo.path)
@@ -164,6 +203,9 @@ async def test_an_update_rolls_one_replica_at_a_time_and_its_revert_restores_the
     await rolled_one_at_a_time(cluster, first, second, since)
     assert {n: served(tmp_path, n, set(second)) for n in NODES} == dict.fromkeys(NODES, checksums(NEW))
     assert origin.gets[f"{C2}/model.gguf"] == len(NODES)  # each node fetched the new file from the origin
+    new_origin = ("org/small", C2, from_origin(origin, C2, NEW))
+    assert {n: recorded(tmp_path, n, set(second)) for n in NODES} == dict.fromkeys(NODES, new_origin)
+    await listed_origins(cluster, tmp_path, origin)  # both versions, as the operator sees them
 
     assert cluster.repo.git is not None
     since = wall()

@@ -89,6 +89,7 @@ def test_a_pulled_model_and_its_projector_are_imported_checked_by_digest(
     assert (entry.repo, entry.files, entry.problem) == ("ollama/gemma3", 2, None)
     assert entry.origin is not None and entry.origin.startswith("ollama gemma3:270m (")
     recorded = json.loads((version / "llmgw-origin.json").read_text())["files"]
+    assert isinstance(recorded[0].pop("fetched_at"), float)  # when it was copied and checked
     assert recorded[0] == {
         "name": "model.gguf",
         "from": str(source / "blobs" / f"sha256-{gemma_sha}"),

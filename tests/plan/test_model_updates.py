@@ -106,6 +106,9 @@ def test_updates_lists_the_change_update_writes_the_pins_and_revert_restores_the
     first = fingerprints(repo)
     found = updates(repo)
     assert {u["state"] for u in found.values()} == {"current"}, found
+    # This mirror publishes no origin record (llmgw-origin.json): the configured origin is asked, and said.
+    said = f"{origin.url} (the Cluster's mirror.origin: the mirror records no origin for org/small@{C1[:7]})"
+    assert found["small"]["origin"] == said and found["tiny"]["origin"] is None
 
     origin.push(C2, {"config.json": b"{}", "model.gguf": b"new weights" * 120})
     origin.plain = b"tiny v2!"

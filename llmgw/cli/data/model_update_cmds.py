@@ -15,6 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
+from llmgw.adapters.mirror import MirrorError, MirrorStore
 from llmgw.adapters.repo_files import load_repo
 from llmgw.adapters.source_probe import ask_updates
 from llmgw.cli import output
@@ -94,6 +95,8 @@ def updates(
 def _print_rows(rows: list[dict[str, Any]]) -> None:
     for u in rows:
         typer.echo(f"{u['model']:24} {u['state']:12} {u['source']}: {u['detail']}")
+        if u.get("origin"):
+            typer.echo(f"{'':37} asked {u['origin']}")
 
 
 def _print_last(answer: UpdateChecksAnswer, as_json: bool) -> None:
@@ -121,21 +124,68 @@ def update(
     write: Annotated[
         bool, typer.Option("--write", help="Edit the repo's pins (default: only say what would)")
     ] = False,
+    mirror_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--mirror-dir",
+            envvar="LLMGW_MIRROR_DIR",
+            help="The Cluster's mirror directory (on the mirror host): the new revision is put there first",
+        ),
+    ] = None,
 ) -> None:
     """Move a model's pins to what the origin has now: `revision` and its manifest, or `sha256`/`size_bytes`.
-    Commit the edit: the plan shows the model's replicas stale and they roll as its `rollout` says; reverting the
-    commit is the rollback."""
+    When the Cluster has a mirror, the new revision's files go into it first (with --mirror-dir), so nodes fetch
+    them from the mirror as any other version. Commit the edit: the plan shows the model's replicas stale and they
+    roll as its `rollout` says; reverting the commit is the rollback."""
     loaded = _load(repo)
     [found] = _ask(loaded, follow, model)
     if found.state != "changed":
         raise UpdateError(f"{model}: {found.state}: {found.detail}; nothing to update")
     doc = next(d for d in loaded.documents if d.kind == "Model" and d.name == model)
     edits = _edits(doc, loaded, found)
+    _to_mirror(loaded, model, found, mirror_dir, write)
     for path, text in edits.items():
         typer.echo(f"{'wrote' if write else 'would write'} {path}")
         if write:
             path.write_text(text)
     typer.echo(f"{model}: {found.detail}" + ("" if write else " (give --write to edit the repo)"))
+
+
+def _to_mirror(repo: Repo, model: str, found: Update, mirror_dir: Path | None, write: bool) -> None:
+    """Put a `repo` source's new revision into the Cluster's mirror before the pins move (nodes then fetch it
+    from the mirror, never the origin), or say why it is not put there."""
+    source = repo.catalog.models[model].spec.source
+    mirror = repo.catalog.cluster.mirror.url
+    if source is None or source.repo is None or found.fetch_from is None or found.revision is None:
+        return
+    version = f"{source.repo}@{found.revision}"
+    if not mirror:
+        typer.echo(f"the Cluster names no mirror: nodes fetch {version} from the origin")
+        return
+    if mirror_dir is None:
+        typer.echo(
+            f"not put into the mirror ({mirror}): no --mirror-dir given. Nodes ask the mirror for {version}, "
+            "get 404 and fetch from the origin; an air-gapped node cannot. Run this on the mirror host with "
+            "--mirror-dir (or `llmgw mirror add`) before applying the commit"
+        )
+        return
+    store = MirrorStore(mirror_dir)
+    if store.version_dir(source.repo, found.revision).exists():
+        typer.echo(f"the mirror at {mirror_dir} already holds {version}")
+        return
+    if not write:
+        typer.echo(f"would add {version} to the mirror at {mirror_dir} from {found.fetch_from}")
+        return
+    upstream = (found.upstream or source.repo, found.revision)
+    try:
+        asyncio.run(
+            store.add_listed(
+                found.fetch_from, list(found.files), source.repo, found.revision, upstream=upstream
+            )
+        )
+    except MirrorError as exc:
+        raise UpdateError(f"{version}: not put into the mirror, so the pins are not moved: {exc}") from exc
+    typer.echo(f"added {version} to the mirror at {mirror_dir} from {found.fetch_from}")
 
 
 def _edits(doc: LoadedDocument, repo: Repo, found: Update) -> dict[Path, str]:

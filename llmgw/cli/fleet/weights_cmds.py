@@ -4,7 +4,9 @@ checks every path again before it deletes anything)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import typer
 from rich.console import Console
@@ -45,29 +47,44 @@ def _what(f: dict[str, Any]) -> str:
     return str(f.get("url") or f.get("path") or f["local_path"])
 
 
+def _origin(f: dict[str, Any]) -> str:
+    """A fetched directory's llmgw-origin.json in a line: the version, where its files came from, when."""
+    record = f.get("origin")
+    if record is None:
+        return "(not recorded)" if f.get("directory") else ""
+    files = record.get("files") or []
+    # Each file's URL less its name: the mirror's or the origin's directory it was fetched from.
+    bases = sorted({str(x["from"]).removesuffix(quote(x["name"])) for x in files if x.get("from")})
+    times = [x["fetched_at"] for x in files if x.get("fetched_at") is not None]
+    version = (
+        f"{record['repository']}@{record['revision']}" if record.get("repository") else "a URL directory"
+    )
+    when = f", last {datetime.fromtimestamp(max(times), UTC):%Y-%m-%d %H:%M UTC}" if times else ""
+    return f"{version}: {len(files)} file(s) from {', '.join(bases) or 'not recorded'}{when}"
+
+
 @weights_app.command("list")
 def list_weights(
     controller: ControllerOpt = None, token_file: TokenOpt = None, as_json: JsonOpt = False
 ) -> None:
-    """Per node: each weights file or directory, its size, and what uses it (running replicas, declared
-    models)."""
+    """Per node: each weights file or directory, its size, what uses it (running replicas, declared models) and,
+    for a fetched directory, where its files came from (its llmgw-origin.json; --json: `origin`)."""
     data = controller_client(controller, token_file).get("/api/v1/weights")
     if as_json:
         output.print_json(data)
         return
-    table = Table("NODE", "FILE", "SIZE", "FETCHED", "USED BY")
+    table = Table("NODE", "FILE", "SIZE", "FETCHED", "USED BY", "ORIGIN")
     for node in data["nodes"]:
         files = node.get("files")
         if files is None:
-            table.add_row(node["node"], "(the agent keeps no weights index)", "", "", "")
+            table.add_row(node["node"], "(the agent keeps no weights index)", "", "", "", "")
             continue
         if not files:
-            table.add_row(node["node"], "(none)", "", "", "")
+            table.add_row(node["node"], "(none)", "", "", "", "")
         for f in files:
-            source = _what(f)
-            table.add_row(
-                node["node"], source, _size(f.get("size_bytes")), "yes" if f["fetched"] else "no", _used_by(f)
-            )
+            fetched = "yes" if f["fetched"] else "no"
+            size = _size(f.get("size_bytes"))
+            table.add_row(node["node"], _what(f), size, fetched, _used_by(f), _origin(f))
     Console().print(table)
 
 

@@ -127,6 +127,8 @@ class Notifier:
             kind = "replica_failed"
         elif kind == "node_lost":
             fields = {"node": obj}
+        elif kind == "weights_update":
+            fields = {"model": obj, "mark": notify.weights_update_mark(obj, message, now)}
         elif kind in ("canary_promoted", "canary_failed"):
             verdict = "promoted" if kind == "canary_promoted" else "failed"
             fields = {"model": obj, "verdict": verdict, "revision": d.revision if d is not None else ""}

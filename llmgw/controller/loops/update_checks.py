@@ -2,7 +2,7 @@
 Cluster (default 24h, `off` turns it off) the leader asks whether the files each model pins changed there, as
 `llmgw model updates` does (llmgw.adapters.source_probe.ask_updates), keeps the answer for the admin API
 (`GET /api/v1/weights/updates`, `llmgw model updates --last`) and records each model's news as a
-`weights_update` event in the store (`llmgw events`; not a Notification event).
+`weights_update` event (`llmgw events`; a Notification may select it: a webhook).
 
 What is due and what is news are llmgw.core.plan.update_checks' pure decisions. The first check waits one
 interval after this controller began leading. Nothing is written to the repo: an update stays a commit someone

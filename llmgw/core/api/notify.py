@@ -80,6 +80,13 @@ def dedupe_mark(event: NotifyEvent) -> str | None:
     return str(mark) if mark is not None else None
 
 
+def weights_update_mark(model: str, message: str, now: float) -> str:
+    """A weights_update is announced once a day per model and news, whichever controller leads: a new leader's
+    first check says again what the last one said (its answers are kept in memory), and that is no news."""
+    digest = hashlib.sha256(message.encode()).hexdigest()[:16]
+    return f"weights_update:{model}:{digest}:{int(now // 86400)}"
+
+
 def render(fmt: str, event: NotifyEvent, delivery_id: str) -> str:
     """The body sent for `event`: llmgw's json (documented in docs/operations.md) or Slack's {"text"}."""
     if fmt == "slack":

@@ -27,6 +27,11 @@ class UpdateView(Answer):
     revision: str | None = Field(description="The origin's commit (null: not named, or a URL source)")
     changed: list[str] = Field(description="The files whose bytes differ at the origin")
     files: list[UpdateFileView] = Field(description="Every file as the origin has it now (when changed)")
+    origin: str | None = Field(
+        None,
+        description="Which origin was asked and why that one: the registry the mirror's llmgw-origin.json records "
+        "for the pinned revision, else the Cluster's mirror.origin (null: a URL source, asked at itself)",
+    )
 
 
 class UpdateChecksAnswer(Answer):

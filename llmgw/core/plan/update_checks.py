@@ -65,5 +65,6 @@ def update_json(u: Update) -> dict[str, Any]:
         "state": u.state,
         "detail": u.detail,
         "revision": u.revision,
+        "origin": u.origin,
     }
     return keys | {"changed": list(u.changed), "files": files}

@@ -4,9 +4,11 @@
 What is tracked is what the repo pins: a `source: {repo, revision, manifest}` pins a revision and, through the
 manifest in the repo, each file's size and sha256 (without a manifest in the repo, the one the Cluster's mirror
 publishes for that revision: the files its nodes were served); a single-file `source.url` pins `sha256` and/or `size_bytes`.
-The origin is asked for the same files where they move on: `{mirror.origin}/{repo}/resolve/{follow}/{file}`
-(`follow` is `main` unless told; the origin names the commit it is at, HF's `X-Repo-Commit`, and each file's
-sha256, `X-Linked-Etag`) or the URL itself. A model has an update when a file's bytes differ there; a new
+The origin is asked for the same files where they move on: `{origin}/{repo}/resolve/{follow}/{file}` (`follow`
+is `main` unless told; the origin names the commit it is at, HF's `X-Repo-Commit`, and each file's sha256,
+`X-Linked-Etag`) or the URL itself. The origin of a `repo` source is the one its version recorded: the registry
+the mirror's `llmgw-origin.json` for the pinned revision names (`recorded_origin`), else the Cluster's
+`mirror.origin`, and each answer says which it asked and why. A model has an update when a file's bytes differ there; a new
 commit whose files are the same is no update. Commits compare shortened (the repo may pin `a09a354` of a
 40-digit commit). Never a silent pass: what cannot be asked or answered is `not checked`, with why.
 
@@ -18,9 +20,11 @@ going back is reverting that commit, which restores the old pins and so the old 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, unquote, urlsplit
+
+from llmgw_agent.origins import OriginRecord
 
 from llmgw.core.plan.source_check import Answer
 from llmgw.core.weights.fetch_plan import DEFAULT_REVISION, hf_base
@@ -31,12 +35,16 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FOLLOW",
+    "AskedOrigin",
     "Published",
+    "Recorded",
     "Tracked",
     "TrackedFile",
     "Update",
     "judge_update",
     "mirror_manifests_to_read",
+    "mirror_versions",
+    "recorded_origin",
     "same_commit",
     "tracked",
 ]
@@ -54,12 +62,23 @@ class TrackedFile:
 
 
 @dataclass(frozen=True, slots=True)
+class AskedOrigin:
+    """The registry a `repo` source is asked at: its root URL, the repository's name there, and which origin
+    this is in words (the one its version recorded, or the configured one and why)."""
+
+    base: str
+    repo: str
+    words: str
+
+
+@dataclass(frozen=True, slots=True)
 class Tracked:
     model: str
     source: str  # in words: org/name@rev, or the URL
     revision: str | None  # the pinned revision of a `repo` source; None for a URL
     files: tuple[TrackedFile, ...] = ()
     unchecked: str | None = None  # why it cannot be asked at all
+    origin: AskedOrigin | None = None  # a `repo` source's registry; None: a URL (asked at itself)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,11 +92,63 @@ class Update:
     changed: tuple[str, ...] = ()  # the names whose bytes differ
     # False: nothing could be asked at all (no source, a node path, no origin, nothing pinned)
     asked: bool = True
+    origin: str | None = None  # which origin was asked, and why that one (a `repo` source)
+    # A changed `repo` source: the origin's directory of the new commit (HF layout), where its files are fetched,
+    # and the repository's name there.
+    fetch_from: str | None = None
+    upstream: str | None = None
 
 
 Published = Mapping[
     str, "tuple[ManifestFile, ...] | str"
 ]  # model -> the mirror's manifest, or why it was not read
+# model -> the mirror's origin record for its pinned revision; None: the mirror holds none; str: why not read
+Recorded = Mapping[str, "OriginRecord | str | None"]
+
+
+def mirror_versions(catalog: Catalog) -> dict[str, str]:
+    """Model -> the mirror's directory of its pinned revision (HF layout), for each `repo` source when the Cluster
+    names a mirror and an origin: where the version's origin record (llmgw-origin.json) is read."""
+    mirror = catalog.cluster.mirror
+    out: dict[str, str] = {}
+    for name, entry in sorted(catalog.models.items()):
+        source = entry.spec.source
+        if mirror.url and mirror.origin != "none" and source is not None and source.repo is not None:
+            out[name] = hf_base(mirror.url, source.repo, source.revision or DEFAULT_REVISION)
+    return out
+
+
+def recorded_origin(
+    configured: str, repo: str, revision: str, record: OriginRecord | str | None
+) -> AskedOrigin:
+    """The registry to ask for `repo`: the one the mirror's record for `repo@revision` names (the URL `mirror
+    add` fetched it from, `{base}/{repository}/resolve/{revision}/`), else `configured`, saying why."""
+    version = f"{repo}@{revision}"
+    if record is None:
+        why = f"the mirror records no origin for {version}"
+    elif isinstance(record, str):
+        why = f"the mirror's origin record for {version} could not be read: {record}"
+    else:
+        found = _registry(record, repo)
+        if not isinstance(found, str):
+            base, upstream = found
+            return AskedOrigin(base, upstream, f"{base} (recorded by the mirror for {version})")
+        why = found
+    return AskedOrigin(configured, repo, f"{configured} (the Cluster's mirror.origin: {why})")
+
+
+def _registry(record: OriginRecord, repo: str) -> tuple[str, str] | str:
+    """(root URL, repository) of a record's registry URL, or why the record names none."""
+    url = record.origin
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        return f"the mirror's record names {url!r}, not a registry"
+    head, sep, _ = unquote(parts.path).partition("/resolve/")
+    upstream = record.repository or repo
+    if not sep or not head.endswith("/" + upstream):
+        return f"the mirror's record names {url}, not a registry's {upstream}/resolve/REVISION/"
+    root = head.removesuffix("/" + upstream)
+    return f"{parts.scheme}://{parts.netloc}{root}", upstream
 
 
 def mirror_manifests_to_read(catalog: Catalog) -> dict[str, str]:
@@ -92,14 +163,27 @@ def mirror_manifests_to_read(catalog: Catalog) -> dict[str, str]:
     return out
 
 
-def tracked(catalog: Catalog, follow: str = FOLLOW, published: Published | None = None) -> list[Tracked]:
+def tracked(
+    catalog: Catalog,
+    follow: str = FOLLOW,
+    published: Published | None = None,
+    recorded: Recorded | None = None,
+) -> list[Tracked]:
     """What to ask about each model of `catalog` that has a source, by name. `published`: the manifests read from
-    the mirror for the models `mirror_manifests_to_read` named."""
+    the mirror for the models `mirror_manifests_to_read` named; `recorded`: the origin records read from it for
+    the models `mirror_versions` named."""
     origin = catalog.cluster.mirror.origin
-    return [
-        _tracked(name, entry, origin, follow, (published or {}).get(name))
-        for name, entry in sorted(catalog.models.items())
-    ]
+    out: list[Tracked] = []
+    for name, entry in sorted(catalog.models.items()):
+        item = _tracked(name, entry, origin, follow, (published or {}).get(name))
+        source = entry.spec.source
+        if item.files and item.revision is not None and source is not None and source.repo is not None:
+            asked = recorded_origin(origin, source.repo, item.revision, (recorded or {}).get(name))
+            base = hf_base(asked.base, asked.repo, follow)
+            files = tuple(replace(f, url=base + quote(f.name)) for f in item.files)
+            item = replace(item, files=files, origin=asked)
+        out.append(item)
+    return out
 
 
 def _tracked(
@@ -146,7 +230,18 @@ def same_commit(a: str, b: str) -> bool:
 
 
 def judge_update(item: Tracked, answers: Mapping[str, Answer]) -> Update:
-    """The origin's answers for `item`'s files -> current, changed (with the new files) or not checked."""
+    """The origin's answers for `item`'s files -> current, changed (with the new files) or not checked; for a
+    `repo` source, which origin was asked and, when it changed, where its new commit's files are."""
+    found = _judge(item, answers)
+    if item.origin is None:
+        return found
+    at = None
+    if found.state == "changed" and found.revision is not None:
+        at = hf_base(item.origin.base, item.origin.repo, found.revision)
+    return replace(found, origin=item.origin.words, fetch_from=at, upstream=item.origin.repo)
+
+
+def _judge(item: Tracked, answers: Mapping[str, Answer]) -> Update:
     if item.unchecked is not None:
         return Update(item.model, item.source, "not checked", item.unchecked, asked=False)
     now: list[ManifestFile] = []

@@ -66,4 +66,7 @@ def weight_source(
         if not bases:
             where = "this node is air-gapped" if airgapped else "the Cluster's mirror.origin is none"
             raise ValueError(f"{source.repo}: no mirror is declared and {where}: nowhere to fetch it from")
-    return WeightSource(directory=directory_key(source), files=files, bases=bases)
+    pinned = None if source.repo is None else source.revision or DEFAULT_REVISION
+    return WeightSource(
+        directory=directory_key(source), files=files, bases=bases, repo=source.repo, revision=pinned
+    )

@@ -5,23 +5,22 @@ Apart from llmgw.core.config.models so that file stays one concept per screen; m
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field
 
 from llmgw.core.config.base import Duration, SecretRef, Strict
 
 NotificationEvent = Literal[
-    "revision_refused", "replica_failed", "node_lost", "budget_80", "budget_100", "canary_verdict"
-]
-NOTIFICATION_EVENTS: tuple[str, ...] = (
     "revision_refused",
     "replica_failed",
     "node_lost",
     "budget_80",
     "budget_100",
     "canary_verdict",
-)
+    "weights_update",
+]
+NOTIFICATION_EVENTS: tuple[str, ...] = get_args(NotificationEvent)
 NotificationFormat = Literal["json", "slack"]
 
 
@@ -48,7 +47,8 @@ class NotificationSpec(Strict):
         description="The events to send: revision_refused, replica_failed (also a crash loop: at most one "
         "message per model an hour), node_lost, budget_80 and budget_100 (a tenant's spend in its budget "
         "period, once per period), canary_verdict (a canary promoted or failed, with the revision it tried: "
-        "what a CI sets a commit status from)",
+        "what a CI sets a commit status from), weights_update (the controller's periodic check found a model's "
+        "weights changed upstream, or could not ask its origin: docs/weights.md)",
     )
     format: NotificationFormat = Field(
         "json", description='json (llmgw\'s documented body) or slack (a Slack-compatible {"text": ...})'

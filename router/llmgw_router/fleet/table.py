@@ -76,18 +76,20 @@ class LiveEndpoint:
         return now - (self.last_scraped if self.last_scraped is not None else self.added_at) > stale_after
 
     def candidate(self, now: float, stale_after: float) -> Candidate:
-        s = self.sample
+        s, spec = self.sample, self.spec
+        # `stale` inline: once per endpoint on every request.
+        scraped = self.last_scraped if self.last_scraped is not None else self.added_at
         return Candidate(
-            id=self.spec.replica_id,
+            id=spec.replica_id,
             inflight=self.inflight,
             running=None if s is None else s.running,
             waiting=None if s is None else s.waiting,
             kv_usage=None if s is None else s.kv_usage,
-            slots=self.spec.slots,
-            weight=self.spec.weight,
-            ready=self.spec.state == "ready",
+            slots=spec.slots,
+            weight=spec.weight,
+            ready=spec.state == "ready",
             breaker_open=self.breaker.is_open(now),
-            stale=self.stale(now, stale_after),
+            stale=self.names is not None and now - scraped > stale_after,
         )
 
 
@@ -107,12 +109,18 @@ class RoutingTable:
     # The models whose chat requests are searched for images (`vision_matters`): decided once per snapshot,
     # not walked down the fallback chain on every request.
     vision_checked: frozenset[str] = frozenset()
+    # The snapshot's models, read a dozen times a request: a field of the table, not a property reading the
+    # snapshot's (whose every attribute read goes through pydantic's __getattr__ hook).
+    models: dict[str, PublishedModel] = field(init=False, compare=False, repr=False)
     # Decisions that depend only on this snapshot, memoised: the request path asks the same few questions.
     _allowed: dict[tuple[str, str, str], bool] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[str, TenantChain | None] = field(default_factory=dict, compare=False, repr=False)
     _person_chains: dict[tuple[str, str], TenantChain] = field(
         default_factory=dict, compare=False, repr=False
     )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", self.snapshot.models)  # in __init__: the same keys as every table
 
     def allowed(self, project: str, model: str, asked_as: str) -> bool:
         """May `project` use `model` (asked for by the name `asked_as`)? Per the snapshot's tenants."""
@@ -144,10 +152,6 @@ class RoutingTable:
                 self._person_chains.clear()
             found = self._person_chains[key] = person_chain(base, person, self.snapshot.tenants)
         return found
-
-    @property
-    def models(self) -> dict[str, PublishedModel]:
-        return self.snapshot.models
 
     def resolve(self, name: str) -> str | None:
         return self.lookup.get(name)

@@ -267,7 +267,7 @@ def _pick(
     if picker == "p2c":
         first = next((s for s in scored if s.id == target), None)
         if first is None:
-            a, b = rng.sample(scored, 2)
+            a, b = _two_of(scored, rng)
         else:
             a, b = first, rng.choice([s for s in scored if s is not first])
         return a if a.total >= b.total else b
@@ -279,6 +279,20 @@ def _pick(
         ordered = sorted(scored, key=lambda s: s.id)
         return ordered[info.rr_counter % n]
     return rng.choice(scored)  # random
+
+
+def _two_of(scored: list[EndpointScore], rng: random.Random) -> tuple[EndpointScore, EndpointScore]:
+    """`rng.sample(scored, 2)`, the same two for the same generator's state: for a list of up to 21, sample
+    draws an index below n, then one below n - 1 standing for the last item where it hits the first pick.
+    Drawn here with `choice` over ranges (the same draws), without sample's checks and copies (the abc
+    check that the population is a Sequence cost more than the draws)."""
+    n = len(scored)
+    if n > 21:  # sample then keeps a set of what it drew instead: other draws
+        a, b = rng.sample(scored, 2)
+        return a, b
+    i = rng.choice(range(n))
+    j = rng.choice(range(n - 1))
+    return scored[i], scored[n - 1 if j == i else j]
 
 
 def _winner_reason(

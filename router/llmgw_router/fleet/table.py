@@ -118,6 +118,9 @@ class RoutingTable:
     _person_chains: dict[tuple[str, str], TenantChain] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _steered: dict[tuple[str, ...], tuple[bool, bool]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "models", self.snapshot.models)  # in __init__: the same keys as every table
@@ -151,6 +154,20 @@ class RoutingTable:
             if len(self._person_chains) > 100_000:
                 self._person_chains.clear()
             found = self._person_chains[key] = person_chain(base, person, self.snapshot.tenants)
+        return found
+
+    def steered(self, chain: tuple[str, ...]) -> tuple[bool, bool]:
+        """Whether a model of `chain` declares vision (its check decides images), and whether one has a
+        canary: what path.steering asks of every request, once per chain and snapshot."""
+        found = self._steered.get(chain)
+        if found is None:
+            if len(self._steered) > 100_000:
+                self._steered.clear()
+            models = [self.models[m] for m in chain if m in self.models]
+            found = self._steered[chain] = (
+                any("vision" in m.capabilities for m in models),
+                any(m.canary is not None for m in models),
+            )
         return found
 
     def resolve(self, name: str) -> str | None:

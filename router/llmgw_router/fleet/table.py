@@ -118,6 +118,7 @@ class RoutingTable:
     _person_chains: dict[tuple[str, str], TenantChain] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _policies: dict[str, RoutingPolicySpec] = field(default_factory=dict, compare=False, repr=False)
     _steered: dict[tuple[str, ...], tuple[bool, bool]] = field(
         default_factory=dict, compare=False, repr=False
     )
@@ -174,11 +175,17 @@ class RoutingTable:
         return self.lookup.get(name)
 
     def policy_for(self, model: str) -> RoutingPolicySpec:
-        published = self.snapshot.models.get(model)
-        name = (published.routing_policy if published else None) or self.snapshot.router.default_policy
-        if name is None:
-            return _DEFAULT_POLICY
-        return self.snapshot.policies.get(name, _DEFAULT_POLICY)
+        """`model`'s routing policy (its own, else the router's default, else the built-in), once per model
+        and snapshot: asked three times a request."""
+        found = self._policies.get(model)
+        if found is None:
+            if len(self._policies) > 100_000:
+                self._policies.clear()
+            published = self.snapshot.models.get(model)
+            name = (published.routing_policy if published else None) or self.snapshot.router.default_policy
+            found = _DEFAULT_POLICY if name is None else self.snapshot.policies.get(name, _DEFAULT_POLICY)
+            self._policies[model] = found
+        return found
 
     def all_endpoints(self) -> list[LiveEndpoint]:
         return [ep for eps in self.endpoints.values() for ep in eps]

@@ -177,7 +177,7 @@ def _session_target(key: str, usable: Sequence[Candidate], load_bound: float) ->
 def _over_bound(usable: Sequence[Candidate], load_bound: float) -> frozenset[str]:
     """The endpoints too loaded to be drawn by their prefix: in-flight (this request added) past load_bound
     times the mean, or past load_bound times their slots when that is larger (as `_session_target`)."""
-    total = sum(c.inflight for c in usable) + 1
+    total = sum([c.inflight for c in usable]) + 1  # a list, not a generator resumed per endpoint
     mean_ceiling = math.ceil(load_bound * total / len(usable))
     over = set()
     for c in usable:
@@ -337,7 +337,7 @@ def schedule(
     else:
         kept = usable
     weights = _weights(policy, has_session)
-    max_weight = max(c.weight for c in kept)
+    max_weight = max([c.weight for c in kept])  # lists here: no generator resumed per endpoint
     prefix, spill = _prefix_scores(kept, over, policy, info) if weights["prefix"] else ({}, None)
     scored = []
     for c in kept:
@@ -346,9 +346,9 @@ def schedule(
     chosen = _pick(scored, policy, info, rng, target)
     reason = _winner_reason(chosen, scored, weights, policy.picker)
     sources = tuple(
-        (c.id, SPILL if c.id == spill else c.prefix_source) for c in kept if c.prefix_source is not None
+        [(c.id, SPILL if c.id == spill else c.prefix_source) for c in kept if c.prefix_source is not None]
     )
-    held = tuple((c.id, c.prefix_hash) for c in kept if c.prefix_hash is not None)
+    held = tuple([(c.id, c.prefix_hash) for c in kept if c.prefix_hash is not None])
     return Decision(
         chosen.id, policy.picker, reason, tuple(scored), dropped, target, sources, chosen.id in holders, held
     )

@@ -603,7 +603,8 @@ def main() -> None:
     if servers is not None:
         import server_cost
 
-        totals = {m: sum(stages[m].values()) for m in MODES}
+        # llmgw-router runs every check on, not the kept bodies: its in-process part is the stages up to them.
+        totals = {m: sum(v for k, v in stages[m].items() if k != "bodies") for m in MODES}
         print("\n".join(server_cost.ratio_lines(servers, totals)))
     print(text)
     if not text.endswith(" over=0"):

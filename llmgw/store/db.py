@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import sqlite3
 import urllib.parse
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,6 +120,20 @@ class Backend(Protocol):
         """Run writes in one transaction, in one trip to the database (no reads between them)."""
 
     async def close(self) -> None: ...
+
+
+def row_chunks(rows: Sequence[T], most: int) -> Iterator[Sequence[T]]:
+    """`rows` in chunks of `most` (a power of two), the rest in chunks of falling powers of two, for
+    multi-row statements: each shape is compiled once (SQLite's statement cache, psycopg's prepared
+    statements) and a batch of any size uses at most log2(most) + 1 shapes, all cached after the first few
+    batches. A statement per batch size was compiled anew at each size not seen lately, which cost about
+    as much as inserting its rows."""
+    i, size = 0, most
+    while i < len(rows):
+        while len(rows) - i < size:
+            size //= 2
+        yield rows[i : i + size]
+        i += size
 
 
 def _to_pyformat(sql: str) -> str:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from itertools import chain
 from typing import Any
 
-from llmgw.store.db import Backend, Dsn, Row, Tx, open_backend
+from llmgw.store.db import Backend, Dsn, Row, Tx, open_backend, row_chunks
 from llmgw.store.errors import LeaseFenced, StoreError
 from llmgw.store.migrate import current_version, migrate
 from llmgw.store.queries.capacity import CapacityQueries
@@ -97,10 +97,10 @@ _GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
 _KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at, last_used_at, owner"
-# 25 columns x 39 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 300.
-_USAGE_ROWS_PER_INSERT = 39
+# 25 columns x 32 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 256.
+_USAGE_ROWS_PER_INSERT = 32
 _USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 25) + ")"
-_TAG_ROWS_PER_INSERT = 300
+_TAG_ROWS_PER_INSERT = 256
 
 
 def _key(row: Row) -> ApiKey:
@@ -431,16 +431,14 @@ class Store(
         # Many rows per statement: SQLite's executemany steps (and drops and retakes the GIL) once per row,
         # which contends with the router's event loop; one statement per chunk does it once per chunk.
         statements = []
-        for i in range(0, len(rows), _USAGE_ROWS_PER_INSERT):
-            chunk = rows[i : i + _USAGE_ROWS_PER_INSERT]
+        for chunk in row_chunks(rows, _USAGE_ROWS_PER_INSERT):
             sql = (
                 f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES "
                 + ", ".join([_USAGE_ROW_PLACEHOLDERS] * len(chunk))
                 + " ON CONFLICT (id) DO NOTHING"
             )
             statements.append((sql, list(chain.from_iterable(chunk))))  # the rows' values in order, in C
-        for i in range(0, len(tags), _TAG_ROWS_PER_INSERT):  # after their usage rows: the foreign key
-            part = tags[i : i + _TAG_ROWS_PER_INSERT]
+        for part in row_chunks(tags, _TAG_ROWS_PER_INSERT):  # after their usage rows: the foreign key
             sql = (
                 "INSERT INTO usage_tags (usage_id, key, value) VALUES "
                 + ", ".join(["(?, ?, ?)"] * len(part))

@@ -204,3 +204,14 @@ def test_without_slots_the_session_target_is_the_bounded_load_target(
     d = schedule(cands, p, RequestInfo(session_key=key), random.Random(0))
     expected = bounded_load_target(key, [(c.id, c.inflight) for c in cands], bound)
     assert d.session_target == expected and d.endpoint == expected
+
+
+def test_p2c_draws_its_two_endpoints_as_random_sample_does() -> None:
+    from llmgw_router.decisions.scheduler import _two_of
+
+    for n in range(2, 30):  # past 21 too, where sample keeps a set of its draws
+        for seed in range(100):
+            ours, theirs = random.Random(seed), random.Random(seed)
+            population: list = list(range(n))
+            assert list(_two_of(population, ours)) == theirs.sample(population, 2)
+            assert ours.random() == theirs.random()  # and the generator is left where sample leaves it

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import aiohttp
 import pytest
@@ -34,7 +34,8 @@ class _FailsOnce(RoutingTable):
 async def test_scrape_loop_logs_a_failed_round_and_keeps_scraping(caplog: pytest.LogCaptureFixture) -> None:
     snapshot = RouterSnapshot.model_validate({"revision": "r1", "router": {"scrape_interval": "1ms"}})
     built = RoutingTable.build(snapshot, {}, 0.0, {})
-    table = _FailsOnce(**{k: getattr(built, k) for k in built.__dataclass_fields__ if not k.startswith("_")})
+    given = [f.name for f in fields(built) if f.init and not f.name.startswith("_")]
+    table = _FailsOnce(**{k: getattr(built, k) for k in given})
     metrics = RouterMetrics(lambda: None, lambda: 0.0)
     table.armed.append(True)
     rounds: list[int] = []

@@ -251,15 +251,27 @@ async def test_usage_by_key_names_each_key_and_still_counts_keys_gone_from_the_s
 async def test_a_batch_larger_than_one_insert_statement_is_written_whole_or_not_at_all(store: Store) -> None:
     records = [UsageRecord(time=float(i), request_id=f"r{i}", project="p", model="m", status=200, tokens_in=i)
                for i in range(150)]  # fmt: skip
-    await store.insert_usage(records)  # three statements of at most 60 rows, one transaction
+    await store.insert_usage(records)  # statements of 32, 32, 32, 32, 16, 4 and 2 rows, one transaction
     await store.insert_usage(records[50:130])  # a retried batch across statement boundaries: skipped
     written = await store.list_usage(limit=1000)
     assert [r.request_id for r in written] == [f"r{i}" for i in range(150)]
     bad = [*records[:70], UsageRecord(time=1.0, request_id="x", project="p", model="m", status=200,
                                       key_id="no-such-key")]  # fmt: skip
     with pytest.raises(StoreError):
-        await store.insert_usage(bad)  # the foreign key fails in the second statement
+        await store.insert_usage(bad)  # the foreign key fails in the last statement (32, 32, 4, 2, 1)
     assert len(await store.list_usage(limit=1000)) == 150  # and the first statement was rolled back with it
+
+
+def test_rows_go_in_chunks_of_few_shapes_in_order() -> None:
+    from llmgw.store.db import row_chunks
+
+    shapes: set[int] = set()
+    for n in range(200):
+        chunks = list(row_chunks(list(range(n)), 32))
+        assert [x for c in chunks for x in c] == list(range(n))
+        shapes.update(len(c) for c in chunks)
+    assert shapes == {1, 2, 4, 8, 16, 32}  # six statements to compile whatever the batches' sizes
+    assert [len(c) for c in row_chunks(list(range(50)), 32)] == [32, 16, 2]
 
 
 def test_usage_ids_are_uuid7_and_grow_with_time() -> None:

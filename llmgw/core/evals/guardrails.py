@@ -249,18 +249,26 @@ MAX_SCAN_CHARS = 1_000_000
 # GIL while it matches. validate refuses the nested quantifiers that backtrack exponentially (regex_checks.py);
 # this bounds what is left (a polynomial pattern over a long text).
 PATTERN_DEADLINE_S = 0.25
+# A text this short is searched by a regex of bounded work (regex_checks.bounded_work: a bounded number of
+# ways tried at each position) without the deadline: it takes microseconds, and watching a deadline (a clock
+# read as it goes) and letting go of the GIL cost more than the search. The router scans such a text on its
+# event loop (llmgw_router.path.guard).
+SHORT_TEXT_CHARS = 8192
 
 
 class _RepoPattern:
     """A repo regex, searched with a deadline: one that does not finish is a finding of its own
     (`regex[N].deadline`, never a pass), and a text it cannot redact in time is redacted whole."""
 
-    __slots__ = ("compiled",)
+    __slots__ = ("bounded", "compiled")
 
     def __init__(self, pattern: str) -> None:
         self.compiled = regex.compile(pattern)
+        self.bounded = bounded_work(pattern)
 
     def search(self, text: str) -> object:
+        if self.bounded and len(text) <= SHORT_TEXT_CHARS:
+            return self.compiled.search(text)
         return self.compiled.search(text, timeout=PATTERN_DEADLINE_S, concurrent=True)
 
     def sub(self, repl: str, text: str) -> str:
@@ -271,7 +279,8 @@ class _RepoPattern:
 
 
 def compile_guardrail(name: str, spec: GuardrailSpec) -> CompiledGuardrail:
-    patterns: list[tuple[str, Matcher]] = [(f"regex[{i}]", _RepoPattern(p)) for i, p in enumerate(spec.regex)]
+    repo = [_RepoPattern(p) for p in spec.regex]
+    patterns: list[tuple[str, Matcher]] = [(f"regex[{i}]", p) for i, p in enumerate(repo)]
     if any(k.strip() for k in spec.keywords):
         patterns.append(("keyword", _Phrases(spec.keywords)))
     topics = tuple(
@@ -279,8 +288,7 @@ def compile_guardrail(name: str, spec: GuardrailSpec) -> CompiledGuardrail:
         for topic, words in spec.blocked_topics.items()
         if any(w.strip() for w in words)
     )
-    bounded = all(bounded_work(p) for p in spec.regex)
-    return CompiledGuardrail(name, spec, tuple(patterns), topics, bounded)
+    return CompiledGuardrail(name, spec, tuple(patterns), topics, all(p.bounded for p in repo))
 
 
 def scan(g: CompiledGuardrail, text: str, stage: Stage) -> list[Finding]:

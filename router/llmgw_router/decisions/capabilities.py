@@ -55,7 +55,12 @@ def needs_of(body: Mapping[str, Any], *, vision: bool = False) -> frozenset[str]
     if isinstance(tools, list) and tools and body.get("tool_choice") != "none":
         out.add("tools")
     response_format = body.get("response_format")
-    if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+    # Not None first: isinstance against an abc costs a cache lookup, and most requests name no format.
+    if (
+        response_format is not None
+        and isinstance(response_format, Mapping)
+        and response_format.get("type") == "json_schema"
+    ):
         out.add("response_format")
     if vision and _has_image(body.get("messages")):
         out.add("vision")

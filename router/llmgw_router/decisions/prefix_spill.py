@@ -50,7 +50,7 @@ def prefix_scores(
     """Each candidate's prefix score, and the spill replica when the prefix was replicated (else None).
 
     `over` names the candidates past the load bound; `key` names the prompt's head for the rendezvous order."""
-    best = max((c.prefix for c in cands), default=0.0)
+    best = max([c.prefix for c in cands], default=0.0)  # a list: no generator resumed per candidate
     if best <= 0.0 or best < min_share:
         return {c.id: 0.0 for c in cands}, None
     holders = [c for c in cands if c.prefix >= min_share]

@@ -242,7 +242,7 @@ def payload(
         if ask_usage is not None and "stream_options" not in body:
             added.append(b'"stream_options":{"include_usage":true}')
         if salt is not None and "cache_salt" not in body:
-            added.append(b'"cache_salt":' + json.dumps(salt).encode())
+            added.append(b'"cache_salt":' + orjson.dumps(salt))  # hex: json's text too, a fifth the cost
         if len(added) == (cap is not None) + (ask_usage is not None) + (salt is not None):
             spliced = append_fields(raw, bool(body), b",".join(added))
             if spliced is not None:

@@ -177,7 +177,7 @@ def _session_target(key: str, usable: Sequence[Candidate], load_bound: float) ->
 def _over_bound(usable: Sequence[Candidate], load_bound: float) -> frozenset[str]:
     """The endpoints too loaded to be drawn by their prefix: in-flight (this request added) past load_bound
     times the mean, or past load_bound times their slots when that is larger (as `_session_target`)."""
-    total = sum(c.inflight for c in usable) + 1
+    total = sum([c.inflight for c in usable]) + 1  # a list, not a generator resumed per endpoint
     mean_ceiling = math.ceil(load_bound * total / len(usable))
     over = set()
     for c in usable:
@@ -224,6 +224,16 @@ def _scores(
     }
 
 
+def _weighted(weights: dict[str, float], raw: dict[str, float]) -> float:
+    """The scores' weighted sum, added in the scores' order from 0.0: bit for bit what sum() over a generator
+    gives on Python 3.11 (whose float sum is plain addition), without resuming a generator per term (seven
+    terms per endpoint, on every request)."""
+    total = 0.0
+    for name, value in raw.items():
+        total += weights[name] * value
+    return total
+
+
 def _weights(policy: RoutingPolicySpec, has_session: bool) -> dict[str, float]:
     w = policy.weights
     weights = {
@@ -257,7 +267,7 @@ def _pick(
     if picker == "p2c":
         first = next((s for s in scored if s.id == target), None)
         if first is None:
-            a, b = rng.sample(scored, 2)
+            a, b = _two_of(scored, rng)
         else:
             a, b = first, rng.choice([s for s in scored if s is not first])
         return a if a.total >= b.total else b
@@ -271,18 +281,34 @@ def _pick(
     return rng.choice(scored)  # random
 
 
+def _two_of(scored: list[EndpointScore], rng: random.Random) -> tuple[EndpointScore, EndpointScore]:
+    """`rng.sample(scored, 2)`, the same two for the same generator's state: for a list of up to 21, sample
+    draws an index below n, then one below n - 1 standing for the last item where it hits the first pick.
+    Drawn here with `choice` over ranges (the same draws), without sample's checks and copies (the abc
+    check that the population is a Sequence cost more than the draws)."""
+    n = len(scored)
+    if n > 21:  # sample then keeps a set of what it drew instead: other draws
+        a, b = rng.sample(scored, 2)
+        return a, b
+    i = rng.choice(range(n))
+    j = rng.choice(range(n - 1))
+    return scored[i], scored[n - 1 if j == i else j]
+
+
 def _winner_reason(
     chosen: EndpointScore, scored: list[EndpointScore], weights: dict[str, float], picker: str
 ) -> str:
     if len(scored) == 1:
         return "only"
-    others = [s for s in scored if s is not chosen]
+    others = [s.scores for s in scored if s is not chosen]
     best_name, best_gain = picker, 0.0
     for name, weight in weights.items():
         if not weight:
             continue
-        mean_other = sum(o.scores[name] for o in others) / len(others)
-        gain = weight * (chosen.scores[name] - mean_other)
+        summed = 0.0  # in order, as _weighted adds (no generator resumed per endpoint)
+        for other in others:
+            summed += other[name]
+        gain = weight * (chosen.scores[name] - summed / len(others))
         if gain > best_gain:
             best_name, best_gain = name, gain
     return best_name
@@ -311,19 +337,18 @@ def schedule(
     else:
         kept = usable
     weights = _weights(policy, has_session)
-    max_weight = max(c.weight for c in kept)
+    max_weight = max([c.weight for c in kept])  # lists here: no generator resumed per endpoint
     prefix, spill = _prefix_scores(kept, over, policy, info) if weights["prefix"] else ({}, None)
     scored = []
     for c in kept:
         raw = _scores(c, policy, max_weight, target, prefix)
-        total = sum(weights[name] * value for name, value in raw.items())
-        scored.append(EndpointScore(c.id, raw, total))
+        scored.append(EndpointScore(c.id, raw, _weighted(weights, raw)))
     chosen = _pick(scored, policy, info, rng, target)
     reason = _winner_reason(chosen, scored, weights, policy.picker)
     sources = tuple(
-        (c.id, SPILL if c.id == spill else c.prefix_source) for c in kept if c.prefix_source is not None
+        [(c.id, SPILL if c.id == spill else c.prefix_source) for c in kept if c.prefix_source is not None]
     )
-    held = tuple((c.id, c.prefix_hash) for c in kept if c.prefix_hash is not None)
+    held = tuple([(c.id, c.prefix_hash) for c in kept if c.prefix_hash is not None])
     return Decision(
         chosen.id, policy.picker, reason, tuple(scored), dropped, target, sources, chosen.id in holders, held
     )

@@ -76,18 +76,20 @@ class LiveEndpoint:
         return now - (self.last_scraped if self.last_scraped is not None else self.added_at) > stale_after
 
     def candidate(self, now: float, stale_after: float) -> Candidate:
-        s = self.sample
+        s, spec = self.sample, self.spec
+        # `stale` inline: once per endpoint on every request.
+        scraped = self.last_scraped if self.last_scraped is not None else self.added_at
         return Candidate(
-            id=self.spec.replica_id,
+            id=spec.replica_id,
             inflight=self.inflight,
             running=None if s is None else s.running,
             waiting=None if s is None else s.waiting,
             kv_usage=None if s is None else s.kv_usage,
-            slots=self.spec.slots,
-            weight=self.spec.weight,
-            ready=self.spec.state == "ready",
+            slots=spec.slots,
+            weight=spec.weight,
+            ready=spec.state == "ready",
             breaker_open=self.breaker.is_open(now),
-            stale=self.stale(now, stale_after),
+            stale=self.names is not None and now - scraped > stale_after,
         )
 
 
@@ -107,12 +109,22 @@ class RoutingTable:
     # The models whose chat requests are searched for images (`vision_matters`): decided once per snapshot,
     # not walked down the fallback chain on every request.
     vision_checked: frozenset[str] = frozenset()
+    # The snapshot's models, read a dozen times a request: a field of the table, not a property reading the
+    # snapshot's (whose every attribute read goes through pydantic's __getattr__ hook).
+    models: dict[str, PublishedModel] = field(init=False, compare=False, repr=False)
     # Decisions that depend only on this snapshot, memoised: the request path asks the same few questions.
     _allowed: dict[tuple[str, str, str], bool] = field(default_factory=dict, compare=False, repr=False)
     _chains: dict[str, TenantChain | None] = field(default_factory=dict, compare=False, repr=False)
     _person_chains: dict[tuple[str, str], TenantChain] = field(
         default_factory=dict, compare=False, repr=False
     )
+    _policies: dict[str, RoutingPolicySpec] = field(default_factory=dict, compare=False, repr=False)
+    _steered: dict[tuple[str, ...], tuple[bool, bool]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "models", self.snapshot.models)  # in __init__: the same keys as every table
 
     def allowed(self, project: str, model: str, asked_as: str) -> bool:
         """May `project` use `model` (asked for by the name `asked_as`)? Per the snapshot's tenants."""
@@ -145,19 +157,35 @@ class RoutingTable:
             found = self._person_chains[key] = person_chain(base, person, self.snapshot.tenants)
         return found
 
-    @property
-    def models(self) -> dict[str, PublishedModel]:
-        return self.snapshot.models
+    def steered(self, chain: tuple[str, ...]) -> tuple[bool, bool]:
+        """Whether a model of `chain` declares vision (its check decides images), and whether one has a
+        canary: what path.steering asks of every request, once per chain and snapshot."""
+        found = self._steered.get(chain)
+        if found is None:
+            if len(self._steered) > 100_000:
+                self._steered.clear()
+            models = [self.models[m] for m in chain if m in self.models]
+            found = self._steered[chain] = (
+                any("vision" in m.capabilities for m in models),
+                any(m.canary is not None for m in models),
+            )
+        return found
 
     def resolve(self, name: str) -> str | None:
         return self.lookup.get(name)
 
     def policy_for(self, model: str) -> RoutingPolicySpec:
-        published = self.snapshot.models.get(model)
-        name = (published.routing_policy if published else None) or self.snapshot.router.default_policy
-        if name is None:
-            return _DEFAULT_POLICY
-        return self.snapshot.policies.get(name, _DEFAULT_POLICY)
+        """`model`'s routing policy (its own, else the router's default, else the built-in), once per model
+        and snapshot: asked three times a request."""
+        found = self._policies.get(model)
+        if found is None:
+            if len(self._policies) > 100_000:
+                self._policies.clear()
+            published = self.snapshot.models.get(model)
+            name = (published.routing_policy if published else None) or self.snapshot.router.default_policy
+            found = _DEFAULT_POLICY if name is None else self.snapshot.policies.get(name, _DEFAULT_POLICY)
+            self._policies[model] = found
+        return found
 
     def all_endpoints(self) -> list[LiveEndpoint]:
         return [ep for eps in self.endpoints.values() for ep in eps]

@@ -387,7 +387,7 @@ def unscreenable(
 # more), unless a repo regex could backtrack over it; a longer one, or one such a regex reads, in a worker
 # thread with SCAN_DEADLINE_S. A regex that tries a bounded number of ways at each position (a literal, a
 # class, a fixed count: CompiledGuardrail.bounded) is as linear as the built-in checks.
-_INLINE_SCAN_CHARS = 8192
+_INLINE_SCAN_CHARS = gr.SHORT_TEXT_CHARS  # and its bounded regexes search it without their deadline
 SCAN_DEADLINE_S = 5.0
 
 

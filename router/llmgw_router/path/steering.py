@@ -32,9 +32,8 @@ class Steering:
         cls, table: RoutingTable, chain: tuple[str, ...], body: dict[str, Any], rng: random.Random
     ) -> Steering:
         # Images are a checked need only where a model of the chain declares vision (its check may have failed).
-        vision = any(m in table.models and "vision" in table.models[m].capabilities for m in chain)
+        vision, canary = table.steered(chain)
         needs = needs_of(body, vision=vision)
-        canary = any(m in table.models and table.models[m].canary is not None for m in chain)
         if not needs and not canary:
             return NO_STEERING  # most requests: nothing to check, nothing to steer
         specs = {m: [ep.spec for ep in table.endpoints.get(m, ())] for m in chain} if needs or canary else {}

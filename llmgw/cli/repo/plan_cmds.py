@@ -217,7 +217,8 @@ def _simulate(
     output: PlanFormat,
 ) -> None:
     """The `--simulate` section (llmgw/cli/repo/plan_simulate.py) after the plan: in a fenced block of the PR
-    comment, on stderr beside JSON (stdout stays one document); exit 3 on a regression."""
+    comment, on stderr beside JSON (stdout stays one document); exit 3 on a regression, 4 on a verdict the
+    measured spread leaves undecided (and none certain)."""
     from llmgw.cli.repo import plan_simulate as sim
 
     try:
@@ -237,6 +238,12 @@ def _simulate(
     if result.regressions:
         typer.echo(f"error: the planned fleet regresses ({len(result.regressions)}); exit 3", err=True)
         raise typer.Exit(3)
+    if result.undecided:  # neither a pass nor a failure: the measured spread cannot tell
+        typer.echo(
+            f"warning: undecided ({len(result.undecided)}): the interval straddles a threshold; exit 4",
+            err=True,
+        )
+        raise typer.Exit(4)
 
 
 def _refuse(made: Plan, *, saved: bool) -> NoReturn:

@@ -15,10 +15,11 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from llmgw_router.decisions.replay import ModelOutcome, SimFleet, SimReplica, replay
 
+from llmgw.cli.repo.plan_spread import PassModels, assess, figures_of
 from llmgw.core.capacity.engine_model import EngineModel, fit_engine_model
 from llmgw.core.capacity.replay_gate import Figures, regressions, render_text
 from llmgw.core.config.models import ModelSpec
@@ -44,6 +45,7 @@ class SimulateError(LlmgwError):
 class Simulated:
     text: str
     regressions: tuple[str, ...]
+    undecided: tuple[str, ...] = ()  # verdicts whose interval straddles a threshold (plan_spread)
 
 
 def measurements(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any] | None]:
@@ -93,6 +95,10 @@ class _Models:
         return found
 
 
+class ModelSource(Protocol):
+    def get(self, model: str, profile: str, slots: int | None) -> EngineModel: ...
+
+
 def _slots(specs: Mapping[str, ModelSpec], model: str, profile: str) -> int | None:
     spec = specs.get(model)
     found = next((p for p in spec.profiles if p.name == profile), None) if spec is not None else None
@@ -108,7 +114,10 @@ def _fleets(live: LiveState, made: Plan) -> tuple[list[tuple[str, str, str]], li
 
 
 def _sim_fleet(
-    catalog: Catalog, replicas: list[tuple[str, str, str]], specs: Mapping[str, ModelSpec], models: _Models
+    catalog: Catalog,
+    replicas: list[tuple[str, str, str]],
+    specs: Mapping[str, ModelSpec],
+    models: ModelSource,
 ) -> SimFleet:
     admission = catalog.cluster.router.admission
     names = {m for _, m, _ in replicas} | set(catalog.models)
@@ -155,11 +164,7 @@ def _synthetic(fleet: SimFleet, other: SimFleet, seed: int) -> tuple[list[Traced
 
 
 def _figures(outcomes: Mapping[str, ModelOutcome]) -> dict[str, Figures]:
-    return {
-        m: Figures(m, o.requests, o.served, dict(o.refused), o.ttft_p50_ms, o.ttft_p99_ms, o.utilization)
-        for m, o in outcomes.items()
-        if o.requests
-    }
+    return figures_of(outcomes)
 
 
 def simulate(
@@ -191,6 +196,28 @@ def simulate(
         notes.extend(f"trace {trace_path}: {s} (skipped)" for s in trace.skipped)
     now = _figures(replay(current, requests, seed=seed, duration_s=duration).models)
     then = _figures(replay(planned, requests, seed=seed, duration_s=duration).models)
-    found = regressions(now, then, catalog.cluster.plan.simulate)
-    text = render_text(source, now, then, found, [*notes, *models.assumptions])
-    return Simulated(text, tuple(found))
+    limits = catalog.cluster.plan.simulate
+
+    def build(source: PassModels | None, is_planned: bool) -> SimFleet:
+        if source is None:
+            return planned if is_planned else current
+        if is_planned:
+            return _sim_fleet(catalog, planned_replicas, planned_specs, source)
+        return _sim_fleet(catalog, current_replicas, current_specs, source)
+
+    slos = {name: e.spec.slo.ttft_p99_ms for name, e in catalog.models.items() if e.spec.slo is not None}
+    spread = assess(build, measured, list(models.cache), requests, duration, seed, limits, slos, (now, then))
+    if spread is None:
+        found = regressions(now, then, limits)
+        text = render_text(source, now, then, found, [*notes, *models.assumptions])
+        return Simulated(text, tuple(found))
+    text = render_text(
+        source,
+        now,
+        then,
+        spread.regressions,
+        [*notes, *models.assumptions],
+        extra=spread.lines,
+        undecided=spread.undecided,
+    )
+    return Simulated(text, spread.regressions, spread.undecided)

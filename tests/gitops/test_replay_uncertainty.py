@@ -22,6 +22,7 @@ from llmgw.core.capacity.replay_spread import (
     figure_spread,
     judge_ratio,
     judge_slo,
+    quantile_interval,
     reliable_load,
     spread_of,
 )
@@ -40,6 +41,16 @@ def test_a_figure_is_the_pooled_replay_with_the_passes_prediction_interval() -> 
     assert wide.mid == narrow.mid == 100.0  # the figure shown is the pooled fit's replay
     assert wide.low < 80.0 and wide.high > 125.0  # one more pass may land past the three seen
     assert narrow.relative < 0.1 < wide.relative
+
+
+def test_a_percentile_carries_the_traces_own_sampling() -> None:
+    values = [float(v) for v in range(1, 401)]  # 400 requests, TTFTs 1..400 ms
+    p99 = quantile_interval(values, 0.99)
+    # The p99 is the 396th; with 400 draws the 90 % ranks span 396 ± 1.645·√(400·0.99·0.01) = ±3.3.
+    assert p99 is not None and (p99.low, p99.mid, p99.high) == (392.0, 396.0, 400.0)
+    p50 = quantile_interval(values, 0.5)
+    assert p50 is not None and p50.low == 183.0 and p50.mid == 200.0 and p50.high == 217.0
+    assert quantile_interval([], 0.5) is None
 
 
 def test_a_ratio_past_the_threshold_fails_within_passes_and_astride_is_undecided() -> None:

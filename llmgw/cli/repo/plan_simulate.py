@@ -194,8 +194,9 @@ def simulate(
         requests, duration = list(trace.requests), trace.header.duration_s or None
         source = f"trace {trace_path}: {len(requests)} requests"
         notes.extend(f"trace {trace_path}: {s} (skipped)" for s in trace.skipped)
-    now = _figures(replay(current, requests, seed=seed, duration_s=duration).models)
-    then = _figures(replay(planned, requests, seed=seed, duration_s=duration).models)
+    now_replay = replay(current, requests, seed=seed, duration_s=duration)
+    then_replay = replay(planned, requests, seed=seed, duration_s=duration)
+    now, then = _figures(now_replay.models), _figures(then_replay.models)
     limits = catalog.cluster.plan.simulate
 
     def build(source: PassModels | None, is_planned: bool) -> SimFleet:
@@ -206,7 +207,9 @@ def simulate(
         return _sim_fleet(catalog, current_replicas, current_specs, source)
 
     slos = {name: e.spec.slo.ttft_p99_ms for name, e in catalog.models.items() if e.spec.slo is not None}
-    spread = assess(build, measured, list(models.cache), requests, duration, seed, limits, slos, (now, then))
+    spread = assess(
+        build, measured, list(models.cache), requests, duration, seed, limits, slos, (now_replay, then_replay)
+    )
     if spread is None:
         found = regressions(now, then, limits)
         text = render_text(source, now, then, found, [*notes, *models.assumptions])

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from llmgw_router.decisions.replay import ModelOutcome, SimFleet, replay
+from llmgw_router.decisions.replay import ModelOutcome, Replay, SimFleet, replay
 
 from llmgw.core.capacity.engine_model import EngineModel
 from llmgw.core.capacity.engine_spread import EngineSpread, fit_engine_spread
@@ -72,6 +72,7 @@ class Run:
     loads: Mapping[str, tuple[float, float]]
     pass_loads: Sequence[Mapping[str, tuple[float, float]]]
     replicas: Mapping[str, int]
+    ttfts: Mapping[str, list[float]]  # the pooled replay's, per model: its percentiles' sampling
 
 
 def _engines(fleet: SimFleet) -> dict[str, list[EngineModel]]:
@@ -90,6 +91,7 @@ def _spreads(run: Run) -> dict[str, Spread]:
             [p.get(model) for p in run.passes],
             load[1] if load else None,
             [p[model][1] if model in p else None for p in run.pass_loads],
+            run.ttfts.get(model, ()),
         )
     return out
 
@@ -144,9 +146,17 @@ def _notes(spreads: Mapping[str, Spread], run: Run, slos: Mapping[str, float], l
     return out
 
 
+def _ttfts(replayed: Replay) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for o in replayed.outcomes:
+        if o.ttft_ms is not None:
+            out.setdefault(o.model, []).append(o.ttft_ms)
+    return out
+
+
 def _run(
     build: Callable[[PassModels | None], SimFleet],
-    figures: Mapping[str, Figures],
+    pooled: Replay,
     spreads: Mapping[Key, EngineSpread],
     passes: int,
     replayed: Callable[[SimFleet], Mapping[str, Figures]],
@@ -158,7 +168,12 @@ def _run(
     for r in central.replicas:
         replicas[r.model] = replicas.get(r.model, 0) + 1
     return Run(
-        figures, [replayed(f) for f in fleets], load_of(central), [load_of(f) for f in fleets], replicas
+        figures_of(pooled.models),
+        [replayed(f) for f in fleets],
+        load_of(central),
+        [load_of(f) for f in fleets],
+        replicas,
+        _ttfts(pooled),
     )
 
 
@@ -171,11 +186,11 @@ def assess(
     seed: int,
     limits: SimulateSettings,
     slos: Mapping[str, float],
-    central: tuple[Mapping[str, Figures], Mapping[str, Figures]],
+    central: tuple[Replay, Replay],
 ) -> SpreadResult | None:
     """The intervals and verdicts, or None where no measurement has two passes. `build(models, planned)`
     makes the current (False) or planned (True) fleet with those models (None: the pooled fits);
-    `central`: the current and planned fleets' figures replayed with the pooled fits."""
+    `central`: the current and planned fleets replayed with the pooled fits."""
     spreads = {key: fit_engine_spread(measured.get(key[:2]), key[2], f"{key[0]}/{key[1]}") for key in keys}
     passes = max((len(s.passes) for s in spreads.values()), default=0)
     if passes < 2:

@@ -37,8 +37,10 @@ __all__ = [
     "judge_ratio",
     "judge_slo",
     "offered_load",
+    "quantile_interval",
     "reliable_load",
     "spread_of",
+    "widen",
 ]
 
 RELIABLE = 0.35  # ±: the widest interval a reviewer can act on (the fidelity issue's target)
@@ -56,6 +58,42 @@ def spread_of(central: float | None, passes: Sequence[float | None]) -> Interval
     # The figure shown is the pooled fit's replay; the passes say how far from it a day's figure may land.
     low, high = central * factor.low / factor.mid, central * factor.high / factor.mid
     return Interval(min(low, central), central, max(high, central), len(ratios))
+
+
+_Z = {0.9: 1.645, 0.95: 1.960}  # the normal's two-sided quantiles, for the order statistics' ranks
+
+
+def quantile_interval(values: Sequence[float], q: float, confidence: float = CONFIDENCE) -> Interval | None:
+    """Where the q-quantile of `values` lands when the same number of requests is drawn again: the order
+    statistics whose ranks bound it (distribution-free; the binomial's normal approximation). The replay
+    gives each request one TTFT, a real engine a little more or less: a trace of a few hundred requests has
+    only a few in its top percent, and its p99 moves with them. None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    n = len(ordered)
+    half = _Z[confidence] * math.sqrt(n * q * (1 - q))
+    low = ordered[max(0, math.floor(n * q - half) - 1)]
+    high = ordered[min(n - 1, math.ceil(n * q + half) - 1)]
+    mid = ordered[max(0, min(n - 1, math.ceil(q * n) - 1))]  # bench.percentile's nearest rank
+    return Interval(low, mid, high, n)
+
+
+def widen(spread: Interval | None, sampling: Interval | None) -> Interval | None:
+    """The passes' interval stretched to cover the sampling one too (around the same figure)."""
+    if spread is None or sampling is None:
+        return spread
+    low = (
+        spread.mid * min(spread.low / spread.mid, sampling.low / sampling.mid)
+        if spread.mid > 0
+        else spread.low
+    )
+    high = (
+        spread.mid * max(spread.high / spread.mid, sampling.high / sampling.mid)
+        if spread.mid > 0
+        else spread.high
+    )
+    return Interval(min(low, spread.low), spread.mid, max(high, spread.high), max(spread.n, 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +114,21 @@ def figure_spread(
     passes: Sequence[Figures | None],
     load: float | None = None,
     pass_loads: Sequence[float | None] = (),
+    ttfts: Sequence[float] = (),
 ) -> Spread:
+    """A model's figures with their intervals: over the passes' replays, widened by the trace's own sampling
+    of its percentiles (`quantile_interval` over the pooled replay's TTFTs, `ttfts`) where given."""
     refused = [sum(central.refused.values())] + [sum(p.refused.values()) for p in passes if p is not None]
     return Spread(
         central.model,
-        spread_of(central.ttft_p50_ms, [p.ttft_p50_ms if p else None for p in passes]),
-        spread_of(central.ttft_p99_ms, [p.ttft_p99_ms if p else None for p in passes]),
+        widen(
+            spread_of(central.ttft_p50_ms, [p.ttft_p50_ms if p else None for p in passes]),
+            quantile_interval(ttfts, 0.5),
+        ),
+        widen(
+            spread_of(central.ttft_p99_ms, [p.ttft_p99_ms if p else None for p in passes]),
+            quantile_interval(ttfts, 0.99),
+        ),
         spread_of(load, pass_loads),
         (min(refused), refused[0], max(refused)),
         central.requests,
@@ -214,8 +261,8 @@ def spread_section(
     """The lines `plan --simulate` adds: the intervals' meaning, each model's figures with them, the notes."""
     lines = [
         "",
-        f"With their intervals ({CONFIDENCE:.0%}: one replay per bench pass, {passes} passes, around the "
-        "pooled fit's replay):",
+        f"With their intervals ({CONFIDENCE:.0%}: one replay per bench pass, {passes} passes, and the trace's "
+        "own sampling of its percentiles, around the pooled fit's replay):",
     ]
     for model in sorted(set(current) | set(planned)):
         lines.append(f"model {model}")

@@ -96,9 +96,11 @@ from llmgw.core.traffic.trace import TracedRequest, TraceHeader, format_trace
 
 DEFAULT_LOAD = 0.8
 LOAD_FLOOR = 0.3  # --load auto never goes below this: a near-idle fleet measures only the engine
-RUN_MINUTES = 3.0
-REPEATS = 5
+RUN_MINUTES = 2.5
+GEMMA_MINUTES = 4.0
+REPEATS = 3
 DRIFT_ATTEMPTS = 3
+PROBE_REQUESTS = 4  # a side: a gemma request takes 5-30 s on the loaded machine; by chance apart once in 35
 PROMPT_SIGMA = 0.6  # log-normal spread of the prompts' lengths
 FLEETS = ("sim", "gemma", "vllm")
 
@@ -301,7 +303,14 @@ async def bench_steady(fleet: FleetSpec, repeats: int) -> tuple[BenchRun, int]:
     shape = fleet.shape
     for attempt in range(1, DRIFT_ATTEMPTS + 1):
         run = await run_bench_passes(
-            target, [1, 2], fleet.bench_seconds, shape.prompt_tokens, shape.completion_tokens, None, repeats
+            target,
+            [1, 2],
+            fleet.bench_seconds,
+            shape.prompt_tokens,
+            shape.completion_tokens,
+            None,
+            repeats,
+            probe_requests=PROBE_REQUESTS,
         )
         print(
             f"  bench attempt {attempt}: {run.drift.words() if run.drift else 'drift not checked'} ({load()})"
@@ -353,10 +362,11 @@ async def run_fleet(
     per_replica = spread.central.requests_per_s(mean_tokens, fleet.shape.completion_tokens)
     rate = share * per_replica * len(fleet.urls)
     rng = random.Random(args.seed + run_no * 7 + len(fleet.name))
-    header, requests = steady({fleet.model: rate}, args.minutes * 60.0, rng, fleet.shape)
+    minutes = max(args.minutes, GEMMA_MINUTES) if fleet.name == "gemma" else args.minutes
+    header, requests = steady({fleet.model: rate}, minutes * 60.0, rng, fleet.shape)
     requests = spread_prompts(requests, fleet.shape.prompt_tokens, rng)
     if len(requests) < 20:  # percentiles of a handful say nothing
-        return Compared({}, {}, f"{rate:.3f} req/s for {args.minutes:g} min is {len(requests)} requests")
+        return Compared({}, {}, f"{rate:.3f} req/s for {minutes:g} min is {len(requests)} requests")
     url, router = start_router(procs, work, fleet, f"r{run_no}")
     try:
         real = await run_for_real(url, fleet, requests, f"{secrets.token_hex(3)}r{run_no}")
@@ -364,7 +374,7 @@ async def run_fleet(
         procs.stop(router)
     print(f"  capacity {per_replica * len(fleet.urls):.2f} req/s modelled (speed ±{speed:.0%} over the passes) "
           f"at {mean_tokens} prompt tokens; offered {rate:.2f} req/s ({share:.0%}, --load {args.load}) for "
-          f"{args.minutes:g} min: {len(requests)} requests, {real.refused} refused, {real.failed} failed "
+          f"{minutes:g} min: {len(requests)} requests, {real.refused} refused, {real.failed} failed "
           f"({load()} at the end)")  # fmt: skip
     inputs = write_plan_inputs(work / f"plan-{fleet.name}-r{run_no}", fleet, stored, header, real.recorded)
     p50, p99, notes = replayed_by_plan(inputs)
@@ -408,11 +418,14 @@ def summary(runs: list[dict[str, Compared]], fleets: tuple[str, ...]) -> str:
 
 
 async def start_fleets(
-    procs: Procs, work: Path, only: tuple[str, ...], words: int
+    procs: Procs, work: Path, only: tuple[str, ...], words: int | None
 ) -> tuple[list[FleetSpec], dict[str, str]]:
+    """The fleets asked for, started; why not for those that cannot run here. Gemma's prompts are shorter
+    and its answers 6 tokens, and its trace runs at least GEMMA_MINUTES: on this loaded 2-core machine it
+    decodes at 0.5-0.8 s a token, and a shorter trace held too few requests for a p99."""
     fleets, why = [], {}
     if "sim" in only:
-        shape = Shape(prompt_tokens=words, completion_tokens=48, project="bench")
+        shape = Shape(prompt_tokens=words or 64, completion_tokens=48, project="bench")
         fleets.append(
             FleetSpec(
                 "sim",
@@ -430,7 +443,7 @@ async def start_fleets(
         if isinstance(found, str):
             why["gemma"] = found
         else:
-            shape = Shape(prompt_tokens=words, completion_tokens=24, project="bench")
+            shape = Shape(prompt_tokens=words or 16, completion_tokens=6, project="bench")
             url = start_gemma(procs, *found)
             fleets.append(FleetSpec("gemma", "gemma", (url,), GEMMA_SLOTS, "llamacpp", shape,
                                     {"ignore_eos": True}, 8.0, found[1]))  # fmt: skip
@@ -442,7 +455,7 @@ async def start_fleets(
             started = time.monotonic()
             url = await asyncio.to_thread(start_vllm, procs, work, python, model)
             print(f"vllm: ready in {time.monotonic() - started:.0f} s")
-            shape = Shape(prompt_tokens=words, completion_tokens=48, project="bench")
+            shape = Shape(prompt_tokens=words or 64, completion_tokens=48, project="bench")
             fleets.append(FleetSpec("vllm", "tiny", (url,), VLLM_SLOTS, "vllm", shape, {"ignore_eos": True},
                                     4.0, str(model)))  # fmt: skip
     return fleets, why
@@ -459,6 +472,8 @@ async def main_async(args: argparse.Namespace) -> int:
             print(f"{fleet}: not run: {reason}")
         for run_no in range(1, args.runs + 1):
             print(f"\n=== run {run_no} of {args.runs} ({load()})")
+            if args.bench_seconds:
+                fleets = [replace(f, bench_seconds=args.bench_seconds) for f in fleets]
             results = {f.name: await run_fleet(procs, work, f, args, run_no) for f in fleets}
             for name, c in results.items():
                 show(name, c)
@@ -474,8 +489,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3, help="runs in a row, each benching afresh")
     p.add_argument("--minutes", type=float, default=RUN_MINUTES, help="how long each fleet's trace runs")
-    p.add_argument("--prompt-words", type=int, default=64)
+    p.add_argument(
+        "--prompt-words", type=int, default=None, help="the prompts' mean (sim 64, gemma 16, vllm 64)"
+    )
     p.add_argument("--repeats", type=int, default=REPEATS, help="the bench's passes")
+    p.add_argument(
+        "--bench-seconds", type=float, default=None, help="each bench step (sim 5, gemma 8, vllm 4)"
+    )
     p.add_argument(
         "--load", default="auto", help="share of modelled capacity, or auto (the plan's reliable load)"
     )

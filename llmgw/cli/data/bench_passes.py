@@ -49,13 +49,13 @@ class _Plan:
 
 
 async def _probe(
-    target: dict[str, Any], prompt_tokens: int, max_tokens: int, tags: Iterator[str]
+    target: dict[str, Any], prompt_tokens: int, max_tokens: int, tags: Iterator[str], requests: int
 ) -> list[float]:
     """Each probe request's whole time (first token and the rest), in ms, one after the other."""
     out: list[float] = []
     timeout = aiohttp.ClientTimeout(total=120.0)
     async with bench_session(timeout) as session:
-        for _ in range(PROBE_REQUESTS):
+        for _ in range(requests):
             started = time.monotonic()
             sample = await one_request(session, target, next(tags), prompt_tokens, max_tokens)
             if sample.ok:
@@ -126,13 +126,15 @@ async def run_bench_passes(
     max_tokens: int,
     objective_ms: float | None,
     repeats: int,
+    probe_requests: int = PROBE_REQUESTS,
 ) -> BenchRun:
-    """Warm up, probe, the first pass (it decides the steps), the other passes over the same steps, probe."""
+    """Warm up, probe, the first pass (it decides the steps), the other passes over the same steps, probe.
+    Fewer `probe_requests` cost less on a slow engine and part by chance more often (four a side: once in 35)."""
     tags = prompt_tags()
     timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
     async with bench_session(timeout) as session:
         await one_request(session, target, next(tags), prompt_tokens, max_tokens)  # pages the weights in
-    start = await _probe(target, prompt_tokens, max_tokens, tags)
+    start = await _probe(target, prompt_tokens, max_tokens, tags, probe_requests)
     pooled: Pooled = {}
     request_s = statistics.median(start) / 1000.0 if start else 0.0
     first = await _first_pass(
@@ -142,7 +144,7 @@ async def run_bench_passes(
     passes = [tuple(first)]
     for k in range(2, repeats + 1):
         passes.append(tuple(await _pass(target, plan, seconds, max_tokens, tags, k, pooled)))
-    end = await _probe(target, prompt_tokens, max_tokens, tags)
+    end = await _probe(target, prompt_tokens, max_tokens, tags, probe_requests)
     curve = [summarize_step(n, samples, took, role) for (n, role), (samples, took) in pooled.items()]
     drift = judge_drift(start, end) if start and end else None
     return BenchRun(conclude(curve, objective_ms, prompt_tokens), tuple(passes), drift)

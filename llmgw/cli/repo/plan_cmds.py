@@ -98,7 +98,8 @@ SimulateOpt = Annotated[
     typer.Option(
         "--simulate",
         help="Replay a trace against the current and the planned fleet; exit 3 on a regression past "
-        "spec.plan.simulate (without --trace: a synthetic trace, docs/gitops.md)",
+        "spec.plan.simulate, 4 when the bench's spread leaves it undecided (without --trace: a synthetic "
+        "trace, docs/gitops.md)",
     ),
 ]
 TraceOpt = Annotated[

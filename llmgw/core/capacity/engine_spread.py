@@ -87,5 +87,12 @@ def fit_engine_spread(measured: Mapping[str, Any] | None, slots: int | None, whe
     if len(passes) < 2:
         return EngineSpread(central, (), {})
     values = [parameters_of(m) for m in passes]
-    intervals = {name: mean_interval([v[name] for v in values]) for name in PARAMETERS}
+    intervals = {name: _within(name, mean_interval([v[name] for v in values])) for name in PARAMETERS}
     return EngineSpread(central, tuple(passes), intervals)
+
+
+def _within(name: str, i: Interval) -> Interval:
+    """The interval kept to what the parameter can be: no cost below 0, no share above 1 (t's symmetric
+    interval over three passes can reach past both)."""
+    high = min(i.high, 1.0) if name == "exclusive" else i.high
+    return Interval(max(0.0, i.low), i.mid, high, i.n)

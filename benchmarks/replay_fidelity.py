@@ -97,7 +97,8 @@ from llmgw.core.traffic.trace import TracedRequest, TraceHeader, format_trace
 DEFAULT_LOAD = 0.8
 LOAD_FLOOR = 0.3  # --load auto never goes below this: a near-idle fleet measures only the engine
 RUN_MINUTES = 2.5
-GEMMA_MINUTES = 4.0
+MIN_REQUESTS = 30
+MAX_MINUTES = 6.0
 REPEATS = 3
 DRIFT_ATTEMPTS = 3
 PROBE_REQUESTS = 4  # a side: a gemma request takes 5-30 s on the loaded machine; by chance apart once in 35
@@ -362,7 +363,9 @@ async def run_fleet(
     per_replica = spread.central.requests_per_s(mean_tokens, fleet.shape.completion_tokens)
     rate = share * per_replica * len(fleet.urls)
     rng = random.Random(args.seed + run_no * 7 + len(fleet.name))
-    minutes = max(args.minutes, GEMMA_MINUTES) if fleet.name == "gemma" else args.minutes
+    # Long enough for MIN_REQUESTS at the chosen rate (a slow engine at a low load gets a longer trace), up
+    # to MAX_MINUTES: a p99 of a dozen requests is their maximum.
+    minutes = min(MAX_MINUTES, max(args.minutes, MIN_REQUESTS / max(rate, 1e-9) / 60.0))
     header, requests = steady({fleet.model: rate}, minutes * 60.0, rng, fleet.shape)
     requests = spread_prompts(requests, fleet.shape.prompt_tokens, rng)
     if len(requests) < 20:  # percentiles of a handful say nothing
@@ -421,8 +424,7 @@ async def start_fleets(
     procs: Procs, work: Path, only: tuple[str, ...], words: int | None
 ) -> tuple[list[FleetSpec], dict[str, str]]:
     """The fleets asked for, started; why not for those that cannot run here. Gemma's prompts are shorter
-    and its answers 6 tokens, and its trace runs at least GEMMA_MINUTES: on this loaded 2-core machine it
-    decodes at 0.5-0.8 s a token, and a shorter trace held too few requests for a p99."""
+    and its answers 6 tokens: on this loaded 2-core machine it decodes at 0.5-0.8 s a token."""
     fleets, why = [], {}
     if "sim" in only:
         shape = Shape(prompt_tokens=words or 64, completion_tokens=48, project="bench")

@@ -85,6 +85,11 @@ def test_near_capacity_the_plan_says_so_and_shows_the_headroom_that_would_make_i
     assert (
         cliff_words(_spread(Interval(900.0, 1000.0, 1200.0, 3), Interval(0.45, 0.5, 0.55, 3)), 2, 1.0) is None
     )
+    # At the reliable load already (49 % against 1 - 0.18/0.35 = 48.6 %): more replicas would not help.
+    at_limit = cliff_words(_spread(Interval(100.0, 167.0, 234.0, 3), Interval(0.4, 0.49, 0.58, 3)), 1, 13.0)
+    assert (
+        at_limit is not None and "not the load's doing" in at_limit and "replicas instead" not in at_limit
+    ), at_limit
     noisy = cliff_words(_spread(Interval(100.0, 1000.0, 3000.0, 3), Interval(0.3, 0.5, 0.8, 3)), 2, 1.0)
     assert noisy is not None and "bench again in a quieter hour" in noisy
 

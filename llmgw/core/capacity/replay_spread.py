@@ -226,8 +226,11 @@ def cliff_words(spread: Spread, replicas: int, rate_per_s: float) -> str | None:
         return head
     if limit is None:
         return f"{head}; the engine's speed itself spreads ±{speed:.0%}: bench again in a quieter hour"
-    if spread.load.mid <= limit:
-        return f"{head}; the spread is the engine's own, not the load's (reliable to ±{RELIABLE:.0%} up to {limit:.0%})"
+    if spread.load.mid <= limit * 1.05:  # at the limit already (within its own rounding): not the load's
+        return (
+            f"{head}; not the load's doing (at most {limit:.0%} of capacity keeps it within ±{RELIABLE:.0%}): "
+            "the engine's own spread, or the few requests in the trace's top percent"
+        )
     need = math.ceil(replicas * spread.load.mid / limit)
     return (
         f"{head}; it holds to ±{RELIABLE:.0%} up to ~{limit:.0%} of capacity: {need} replicas instead of "

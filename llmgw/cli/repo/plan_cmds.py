@@ -98,7 +98,8 @@ SimulateOpt = Annotated[
     typer.Option(
         "--simulate",
         help="Replay a trace against the current and the planned fleet; exit 3 on a regression past "
-        "spec.plan.simulate (without --trace: a synthetic trace, docs/gitops.md)",
+        "spec.plan.simulate, 4 when the bench's spread leaves it undecided (without --trace: a synthetic "
+        "trace, docs/gitops.md)",
     ),
 ]
 TraceOpt = Annotated[
@@ -224,7 +225,8 @@ def _simulate(
     output: PlanFormat,
 ) -> None:
     """The `--simulate` section (llmgw/cli/repo/plan_simulate.py) after the plan: in a fenced block of the PR
-    comment, on stderr beside JSON (stdout stays one document); exit 3 on a regression."""
+    comment, on stderr beside JSON (stdout stays one document); exit 3 on a regression, 4 on a verdict the
+    measured spread leaves undecided (and none certain)."""
     from llmgw.cli.repo import plan_simulate as sim
 
     try:
@@ -239,6 +241,12 @@ def _simulate(
     if result.regressions:
         typer.echo(f"error: the planned fleet regresses ({len(result.regressions)}); exit 3", err=True)
         raise typer.Exit(3)
+    if result.undecided:  # neither a pass nor a failure: the measured spread cannot tell
+        typer.echo(
+            f"warning: undecided ({len(result.undecided)}): the interval straddles a threshold; exit 4",
+            err=True,
+        )
+        raise typer.Exit(4)
 
 
 def _refuse(made: Plan, *, saved: bool) -> NoReturn:

@@ -15,10 +15,11 @@ import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from llmgw_router.decisions.replay import ModelOutcome, Replay, SimFleet, SimReplica, replay
 
+from llmgw.cli.repo.plan_spread import PassModels, assess, figures_of
 from llmgw.core.capacity.engine_model import EngineModel, fit_engine_model
 from llmgw.core.capacity.replay_gate import Figures, regressions, render_text
 from llmgw.core.config.models import ModelSpec
@@ -55,6 +56,7 @@ class SimulateError(LlmgwError):
 class Simulated:
     text: str
     regressions: tuple[str, ...]
+    undecided: tuple[str, ...] = ()  # verdicts whose interval straddles a threshold (plan_spread)
 
 
 def measurements(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], Mapping[str, Any] | None]:
@@ -113,6 +115,10 @@ class EngineModels:
         return found
 
 
+class ModelSource(Protocol):
+    def get(self, model: str, profile: str, slots: int | None) -> EngineModel: ...
+
+
 def _slots(specs: Mapping[str, ModelSpec], model: str, profile: str) -> int | None:
     spec = specs.get(model)
     found = next((p for p in spec.profiles if p.name == profile), None) if spec is not None else None
@@ -131,7 +137,7 @@ def sim_fleet(
     catalog: Catalog,
     replicas: list[tuple[str, str, str]],
     specs: Mapping[str, ModelSpec],
-    models: EngineModels,
+    models: ModelSource,
 ) -> SimFleet:
     admission = catalog.cluster.router.admission
     names = {m for _, m, _ in replicas} | set(catalog.models)
@@ -178,11 +184,7 @@ def synthetic(fleet: SimFleet, other: SimFleet, seed: int) -> tuple[list[TracedR
 
 
 def _figures(outcomes: Mapping[str, ModelOutcome]) -> dict[str, Figures]:
-    return {
-        m: Figures(m, o.requests, o.served, dict(o.refused), o.ttft_p50_ms, o.ttft_p99_ms, o.utilization)
-        for m, o in outcomes.items()
-        if o.requests
-    }
+    return figures_of(outcomes)
 
 
 def simulate(
@@ -215,12 +217,36 @@ def simulate(
     now_run = replay(current, requests, seed=seed, duration_s=duration)
     then_run = replay(planned, requests, seed=seed, duration_s=duration)
     now, then = _figures(now_run.models), _figures(then_run.models)
-    found = regressions(now, then, catalog.cluster.plan.simulate)
-    text = render_text(source, now, then, found, [*notes, *models.assumptions])
+    limits = catalog.cluster.plan.simulate
     seconds = duration or (requests[-1].t if requests else 1.0)
     runs = ((current_replicas, now_run, "current"), (planned_replicas, then_run, "planned"))
-    text += _serving(catalog, requests, runs, seconds)
-    return Simulated(text, tuple(found))
+    serving = _serving(catalog, requests, runs, seconds)
+
+    def build(source: PassModels | None, is_planned: bool) -> SimFleet:
+        if source is None:
+            return planned if is_planned else current
+        if is_planned:
+            return sim_fleet(catalog, planned_replicas, planned_specs, source)
+        return sim_fleet(catalog, current_replicas, current_specs, source)
+
+    slos = {name: e.spec.slo.ttft_p99_ms for name, e in catalog.models.items() if e.spec.slo is not None}
+    spread = assess(
+        build, measured, list(models.cache), requests, duration, seed, limits, slos, (now_run, then_run)
+    )
+    if spread is None:
+        found = regressions(now, then, limits)
+        text = render_text(source, now, then, found, [*notes, *models.assumptions])
+        return Simulated(text + serving, tuple(found))
+    text = render_text(
+        source,
+        now,
+        then,
+        spread.regressions,
+        [*notes, *models.assumptions],
+        extra=spread.lines,
+        undecided=spread.undecided,
+    )
+    return Simulated(text + serving, spread.regressions, spread.undecided)
 
 
 def served(requests: Sequence[TracedRequest], run: Replay) -> list[Served]:

@@ -104,6 +104,7 @@ class _Step(BaseModel):
     prompt_tokens: float | None = Field(None, ge=0)  # what the engine counted; absent from older benches
     itl_mean_ms: float | None = Field(None, ge=0)  # absent from older benches
     role: Literal["ladder", "short", "long"] = "ladder"  # older benches name none
+    repeat: int | None = Field(None, ge=1)  # one pass of `llmgw bench --repeats`; None: the passes pooled
 
 
 class BenchResult(BaseModel):

@@ -55,6 +55,7 @@ class Step:
     prompt_tokens: float | None = None  # the mean the engine counted; None: it did not say
     itl_mean_ms: float | None = None  # what a completion's tokens cost on average: its tail counts
     role: str = "ladder"  # or "short" / "long": a concurrency-1 probe of the prompt's cost, not a rung
+    repeat: int | None = None  # which pass of `--repeats` (1, 2, ...); None: all passes pooled
 
     def json(self) -> dict[str, Any]:
         return asdict(self)

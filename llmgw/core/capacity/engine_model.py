@@ -131,8 +131,12 @@ def assumed_model(slots: int | None, why: str) -> EngineModel:
 
 
 def _served(step: Mapping[str, Any]) -> bool:
-    return isinstance(step.get("concurrency"), int) and (step.get("requests") or 0) > (
-        step.get("failed") or 0
+    """A pooled step that served. A step of one repeat (`repeat` set: `llmgw bench --repeats`) is one pass's
+    share of a pooled step beside it, read by `llmgw.core.capacity.engine_spread`, not here."""
+    return (
+        step.get("repeat") is None
+        and isinstance(step.get("concurrency"), int)
+        and (step.get("requests") or 0) > (step.get("failed") or 0)
     )
 
 

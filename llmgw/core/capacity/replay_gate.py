@@ -91,19 +91,28 @@ def render_text(
     planned: Mapping[str, Figures],
     found: Sequence[str],
     assumptions: Sequence[str],
+    *,
+    extra: Sequence[str] = (),
+    undecided: Sequence[str] = (),
 ) -> str:
-    """The section `plan --simulate` prints after the plan."""
+    """The section `plan --simulate` prints after the plan. `extra`: lines after the figures (their intervals,
+    `llmgw.core.capacity.replay_spread`); `undecided`: verdicts whose interval straddles a threshold, said as
+    neither passed nor failed."""
     lines = ["", f"Simulated serving (virtual time, {source}):"]
     for model in sorted(set(current) | set(planned)):
         lines.append(f"model {model}")
         lines.append(_row("current", current.get(model)))
         lines.append(_row("planned", planned.get(model)))
+    lines.extend(extra)
     if assumptions:
         lines.append("Assumed (not measured):")
         lines.extend(f"  {a}" for a in assumptions)
     if found:
         lines.append(f"Regressions ({len(found)}):")
         lines.extend(f"  {r}" for r in found)
-    else:
+    if undecided:
+        lines.append(f"Undecided ({len(undecided)}; the interval straddles the threshold):")
+        lines.extend(f"  {r}" for r in undecided)
+    if not found and not undecided:
         lines.append("No regression past spec.plan.simulate's thresholds.")
     return "\n".join(lines) + "\n"

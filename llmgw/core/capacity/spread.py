@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "CONFIDENCE",
     "DRIFT_LIMIT",
     "Drift",
     "Interval",

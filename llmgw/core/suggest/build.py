@@ -19,7 +19,16 @@ from llmgw.core.suggest.evaluate import Estimate, needed, pool_rows
 from llmgw.core.suggest.space import Choice, Limits, Problem, options_for
 from llmgw.core.words import parse_duration
 
-__all__ = ["Built", "build_problem", "engine_source", "fleet_limits", "price_of", "resource_of"]
+__all__ = [
+    "NOT_CHECKED",
+    "Built",
+    "build_problem",
+    "engine_source",
+    "fleet_limits",
+    "pool_figures",
+    "price_of",
+    "resource_of",
+]
 
 Measurements = Mapping[tuple[str, str], Mapping[str, Any] | None]
 

@@ -200,13 +200,7 @@ class Add(steps.Walk):
             ca = ClusterCA.open(tmp, create=False)
             server = ca.controller_cert(self.addresses)
             client = ca.router_cert(self.opts.name)
-        files = [
-            RemoteFile(lay.ca_cert, ca.cert_pem, 0o644),
-            RemoteFile(lay.server_cert, server.cert_pem, 0o644),
-            RemoteFile(lay.server_key, server.key_pem, 0o640),
-            RemoteFile(lay.router_client_cert, client.cert_pem, 0o644),
-            RemoteFile(lay.router_client_key, client.key_pem, 0o640),
-        ]
+        files = steps.control_plane_tls(lay, ca.cert_pem, server, client)
         if self.opts.controller:  # what the standby serves its agents and routers with
             files += [
                 RemoteFile(f"{lay.ca_dir}/controller.crt", server.cert_pem, 0o644),

@@ -157,13 +157,7 @@ class Init(steps.Walk):
         server = ca.controller_cert(self.addresses)  # kept while it covers them all (llmgw.adapters.ssh.ca)
         client = ca.router_cert(self.opts.name)
         lay = self.lay
-        files = [
-            RemoteFile(lay.ca_cert, ca.cert_pem, 0o644),
-            RemoteFile(lay.server_cert, server.cert_pem, 0o644),
-            RemoteFile(lay.server_key, server.key_pem, 0o640),
-            RemoteFile(lay.router_client_cert, client.cert_pem, 0o644),
-            RemoteFile(lay.router_client_key, client.key_pem, 0o640),
-        ]
+        files = steps.control_plane_tls(lay, ca.cert_pem, server, client)
         if self.opts.node:
             nl, node = render.Layout(), ca.node_cert(self.opts.name)
             files += [

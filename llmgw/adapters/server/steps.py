@@ -11,7 +11,8 @@ from typing import Protocol
 from llmgw.adapters.server import layout as L
 from llmgw.adapters.ssh import render
 from llmgw.adapters.ssh.bootstrap import NodeResult, Status, Step
-from llmgw.adapters.ssh.remote import StepFailed
+from llmgw.adapters.ssh.ca import IssuedCert
+from llmgw.adapters.ssh.remote import RemoteFile, StepFailed
 
 Outcome = tuple[Status, str]
 Act = Callable[[str, Callable[[], Awaitable[object]]], Awaitable[Outcome]]
@@ -79,6 +80,20 @@ async def account(m: Shell, lay: L.ServerLayout, act: Act) -> Outcome:
         f'{lay.state} --no-create-home --shell "$shell" {L.USER}'
     )
     return await act(f"add the system account {L.USER}", lambda: m.run(command))
+
+
+def control_plane_tls(
+    lay: L.ServerLayout, ca_pem: bytes, server: IssuedCert, client: IssuedCert
+) -> list[RemoteFile]:
+    """The cluster CA, the control plane's server certificate and its router's client certificate, with their
+    modes (keys readable by the service's group only): what init writes on its machine and add on another."""
+    return [
+        RemoteFile(lay.ca_cert, ca_pem, 0o644),
+        RemoteFile(lay.server_cert, server.cert_pem, 0o644),
+        RemoteFile(lay.server_key, server.key_pem, 0o640),
+        RemoteFile(lay.router_client_cert, client.cert_pem, 0o644),
+        RemoteFile(lay.router_client_key, client.key_pem, 0o640),
+    ]
 
 
 def wanted_dirs(lay: L.ServerLayout, *, node: bool, process_mode: bool) -> list[Dir]:

@@ -82,7 +82,7 @@ from harness import Procs
 from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.cli.data.bench_cmds import bench_prompt
+from llmgw.cli.data.bench_load import bench_prompt
 from llmgw.cli.data.bench_passes import BenchRun, bench_result, run_bench_passes
 from llmgw.cli.main import app
 from llmgw.core.capacity.bench import percentile
@@ -135,7 +135,7 @@ class Compared:
 
 
 def prompt_text(words: int, tag: str) -> str:
-    # The bench's own prompt shape (llmgw/cli/data/bench_cmds.py): distinct per request, and from every earlier
+    # The bench's own prompt shape (llmgw/cli/data/bench_load.py): distinct per request, and from every earlier
     # prompt this server saw (each run has its own tag), so no prefix cache helps.
     return bench_prompt(words, tag)
 

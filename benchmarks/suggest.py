@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Procs, free_port, free_ports, wait_http
 
 from llmgw.adapters.repo_files import load_repo
-from llmgw.cli.data.bench_cmds import bench_prompt, run_bench
+from llmgw.cli.data.bench_load import bench_prompt, run_bench
 from llmgw.cli.repo.plan_suggest import suggest
 from llmgw.core.capacity.bench import percentile
 from llmgw.core.desired.catalog import Catalog

@@ -15,7 +15,7 @@ import pytest
 from support import serving, wait_for
 from typer.testing import CliRunner
 
-from llmgw.cli.data.bench_cmds import bench_prompt, prompt_tags
+from llmgw.cli.data.bench_load import bench_prompt, prompt_tags
 from llmgw.cli.main import app
 from llmgw.controller.loops.autoscaler import capacity_of
 from llmgw.core.capacity.bench import RequestSample, Step, conclude, percentile, split_probes, summarize_step
@@ -252,7 +252,7 @@ async def test_a_steps_workers_start_a_requests_time_apart_not_in_lockstep() -> 
     which traffic on its own schedule seldom gets; the workers start `request_s / concurrency` apart."""
     from aiohttp import web
 
-    from llmgw.cli.data.bench_cmds import _step
+    from llmgw.cli.data.bench_load import _step
 
     arrivals: list[float] = []
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import aiohttp
 
-from llmgw.cli.data.bench_cmds import bench_session, one_request, prompt_tags, step_samples
+from llmgw.cli.data.bench_load import bench_session, one_request, prompt_tags, step_samples
 from llmgw.core.capacity.bench import Measured, RequestSample, Step, conclude, summarize_step
 from llmgw.core.capacity.engine_spread import PARAMETERS, fit_engine_spread, parameters_of
 from llmgw.core.capacity.spread import CONFIDENCE, Drift, judge_drift
@@ -42,7 +42,7 @@ class BenchRun:
 @dataclass(frozen=True)
 class _Plan:
     """What a pass runs, in order: (concurrency, prompt words, role); `request_s`, what one request takes
-    alone, staggers a step's workers (`bench_cmds._step`: started together, llama.cpp batches their prompts)."""
+    alone, staggers a step's workers (`bench_load._step`: started together, llama.cpp batches their prompts)."""
 
     steps: tuple[tuple[int, int, str], ...]
     request_s: float = 0.0

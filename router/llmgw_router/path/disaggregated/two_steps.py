@@ -92,6 +92,24 @@ class RequestService(Protocol):
     ) -> HttpReply | None: ...
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Asked:
+    """The request being served in two steps, as every step reads it (the exchange it writes to varies: the
+    client's, or the DecodeStream in front of it)."""
+
+    svc: RequestService
+    kind: Kind
+    table: RoutingTable
+    canonical: str
+    raw: bytes
+    body: dict[str, Any]
+    call: Call
+
+    @property
+    def project(self) -> str | None:
+        return self.call.principal.project if self.call.principal else None
+
+
 class _StepFailed(UpstreamUnavailable):
     """One step failed before the client saw a byte: the request is still whole to serve elsewhere."""
 
@@ -113,6 +131,7 @@ async def serve_disaggregated(
     pd: Disaggregation,
 ) -> HttpReply | None:
     """Serve the request in two steps; on a failed step, as `pd.on_failure` says."""
+    asked = _Asked(svc, kind, table, canonical, raw, body, call)
 
     async def plain() -> HttpReply | None:
         return await svc._forward(exchange, kind, table, canonical, raw, body, call, plain=True)
@@ -124,9 +143,7 @@ async def serve_disaggregated(
     failed: frozenset[str] = frozenset()
     for attempt in (0, 1):
         try:
-            reply = await _two_steps(
-                svc, stream or exchange, kind, table, canonical, raw, body, call, pd, failed
-            )
+            reply = await _two_steps(asked, stream or exchange, pd, failed)
         except _StepFailed as exc:
             svc.metrics.pd_fallbacks.labels(canonical, pd.on_failure).inc()
             call.attempts = [
@@ -147,27 +164,20 @@ async def serve_disaggregated(
                 ) from None
             continue  # retry: both steps once more
         if stream is not None and stream.broke:  # the client has part of the answer: no step fails now
-            await _continue(svc, stream, kind, table, canonical, raw, body, call, pd)
+            await _continue(asked, stream, pd)
         return reply
     raise AssertionError("unreachable: the loop returns or raises")
 
 
 async def _two_steps(
-    svc: RequestService,
-    exchange: Exchange,
-    kind: Kind,
-    table: RoutingTable,
-    canonical: str,
-    raw: bytes,
-    body: dict[str, Any],
-    call: Call,
-    pd: Disaggregation,
-    failed: frozenset[str],
+    asked: _Asked, exchange: Exchange, pd: Disaggregation, failed: frozenset[str]
 ) -> HttpReply | None:
-    project = call.principal.project if call.principal else None
-    info = dataclasses.replace(svc._request_info(table, pd.prefill, body, call, project), exclude=failed)
+    svc, table, call, project = asked.svc, asked.table, asked.call, asked.project
+    info = dataclasses.replace(
+        svc._request_info(table, pd.prefill, asked.body, call, project), exclude=failed
+    )
     prefill = await _pick(svc, table, pd.prefill, call, info, "prefill")
-    answer = await _prefill(svc, kind, table, raw, body, call, prefill)
+    answer = await _prefill(asked, prefill)
     if isinstance(answer, HttpReply):  # the engine refused the request itself (a 4xx): the client's to read
         call.result = ProxyResult(answer, answer.status)
         return answer
@@ -176,7 +186,7 @@ async def _two_steps(
         decode = await _pick(
             svc, table, pd.decode, call, RequestInfo(project=project or "", exclude=failed), "decode"
         )
-    return await _decode(svc, exchange, kind, table, canonical, raw, body, call, decode, answer)
+    return await _decode(asked, exchange, decode, answer)
 
 
 async def _pick(
@@ -222,17 +232,10 @@ def _near(
     return Picked(got[0], pool, got[1])
 
 
-async def _prefill(
-    svc: RequestService,
-    kind: Kind,
-    table: RoutingTable,
-    raw: bytes,
-    body: dict[str, Any],
-    call: Call,
-    picked: Picked,
-) -> dict[str, Any] | HttpReply | None:
+async def _prefill(asked: _Asked, picked: Picked) -> dict[str, Any] | HttpReply | None:
     """The prefill step: the KV's `kv_transfer_params` from its answer (None: it returned none), or the
     engine's refusal of the request."""
+    svc, kind, table, raw, body, call = asked.svc, asked.kind, asked.table, asked.raw, asked.body, asked.call
     ep, pool = picked.endpoint, picked.served
     started = time.monotonic()
     assert svc.session is not None, "opened with the listeners"
@@ -261,18 +264,11 @@ async def _prefill(
 
 
 async def _decode(
-    svc: RequestService,
-    exchange: Exchange,
-    kind: Kind,
-    table: RoutingTable,
-    canonical: str,
-    raw: bytes,
-    body: dict[str, Any],
-    call: Call,
-    picked: Picked,
-    params: dict[str, Any] | None,
+    asked: _Asked, exchange: Exchange, picked: Picked, params: dict[str, Any] | None
 ) -> HttpReply | None:
     """The decode step, streamed to the client when it asked: the request's answer and its usage row."""
+    svc, kind, table, canonical, call = asked.svc, asked.kind, asked.table, asked.canonical, asked.call
+    raw, body = asked.raw, asked.body
     ep, pool = picked.endpoint, picked.served
     started = time.monotonic()
     call.endpoint, call.decision, call.canary = ep.id, picked.decision, ep.spec.canary
@@ -306,19 +302,10 @@ async def _decode(
     return call.result.response
 
 
-async def _continue(
-    svc: RequestService,
-    stream: DecodeStream,
-    kind: Kind,
-    table: RoutingTable,
-    canonical: str,
-    raw: bytes,
-    body: dict[str, Any],
-    call: Call,
-    pd: Disaggregation,
-) -> None:
+async def _continue(asked: _Asked, stream: DecodeStream, pd: Disaggregation) -> None:
     """The decode broke after the client had bytes: continue its stream as `pd.on_failure` says, else end it
     with an error event."""
+    svc, kind, canonical, body, call = asked.svc, asked.kind, asked.canonical, asked.body, asked.call
     done = stream.given()
     svc.metrics.pd_fallbacks.labels(canonical, pd.on_failure).inc()
     broken = f"decode: the stream broke after {done.tokens} tokens"
@@ -332,7 +319,7 @@ async def _continue(
     elif pd.on_failure != "fail":
         pool = canonical if pd.on_failure == "plain" else pd.decode
         try:
-            why = await _continuation(svc, stream, kind, table, pool, raw, body, call, done)
+            why = await _continuation(asked, stream, pool, done)
         except _StepFailed as exc:  # no replica to continue on
             why = exc.reason
         except ApiError as err:  # the line to the replicas refused it (full, timed out)
@@ -344,21 +331,11 @@ async def _continue(
     await stream.fail(svc.options.write_timeout, message)
 
 
-async def _continuation(
-    svc: RequestService,
-    stream: DecodeStream,
-    kind: Kind,
-    table: RoutingTable,
-    pool: str,
-    raw: bytes,
-    body: dict[str, Any],
-    call: Call,
-    done: Streamed,
-) -> str | None:
+async def _continuation(asked: _Asked, stream: DecodeStream, pool: str, done: Streamed) -> str | None:
     """Send the continuation to a replica of `pool` (not the one that broke), into the client's stream; None when
     it finished the stream, else why not."""
-    project = call.principal.project if call.principal else None
-    info = RequestInfo(project=project or "", exclude=frozenset({call.endpoint}))
+    svc, kind, table, raw, body, call = asked.svc, asked.kind, asked.table, asked.raw, asked.body, asked.call
+    info = RequestInfo(project=asked.project or "", exclude=frozenset({call.endpoint}))
     picked = await _pick(svc, table, pool, call, info, "continue")
     ep = picked.endpoint
     call.endpoint, call.decision, call.canary = ep.id, picked.decision, ep.spec.canary

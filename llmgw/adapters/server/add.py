@@ -262,7 +262,7 @@ class Add(steps.Walk):
             ]
         every = [f for fs in files.values() for f in fs]
         states = await r.file_states([f.path for f in every])
-        stale = [f for f in every if states.get(f.path) != (_sha(f.data), f.mode)]
+        stale = [f for f in every if states.get(f.path) != f.state]
         if not stale:
             return "unchanged", ", ".join(f.path for f in every)
 
@@ -305,7 +305,7 @@ class Add(steps.Walk):
 
     async def _sync(self, r: Remote, files: list[RemoteFile], what: str) -> Outcome:
         states = await r.file_states([f.path for f in files])
-        stale = [f for f in files if states.get(f.path) != (_sha(f.data), f.mode)]
+        stale = [f for f in files if states.get(f.path) != f.state]
         if not stale:
             return "unchanged", what
 
@@ -321,12 +321,6 @@ def _ip_or_none(host: str) -> str | None:
         return str(ipaddress.ip_address(host))
     except ValueError:
         return None
-
-
-def _sha(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
 
 
 async def add_machine(here: Machine, opts: AddOptions) -> NodeResult:

@@ -14,7 +14,6 @@ units, ownership, then each service started and its /health awaited over TLS.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import secrets
 import shutil
@@ -220,7 +219,7 @@ class Init(steps.Walk):
         if self.opts.node:
             files["agent"] = self.services.agent_files()
         states = await m.file_states([f.path for fs in files.values() for f in fs])
-        stale = {svc: [f for f in fs if states.get(f.path) != _state(f)] for svc, fs in files.items()}
+        stale = {svc: [f for f in fs if states.get(f.path) != f.state] for svc, fs in files.items()}
         stale = {svc: fs for svc, fs in stale.items() if fs}
         if not stale:
             return "unchanged", ", ".join(f.path for fs in files.values() for f in fs)
@@ -236,10 +235,6 @@ class Init(steps.Walk):
 
     async def ownership(self, m: Machine) -> Outcome:
         return await steps.ownership(m, self.lay, self.act, node=self.opts.node)
-
-
-def _state(file: RemoteFile) -> tuple[str, int]:
-    return hashlib.sha256(file.data).hexdigest(), file.mode
 
 
 async def init_machine(machine: Machine, opts: InitOptions) -> NodeResult:

@@ -98,7 +98,7 @@ class Machine:
     async def sync_files(self, files: list[RemoteFile]) -> list[str]:
         """Write the files whose content or mode differs; returns the paths written (empty: unchanged)."""
         states = await self.file_states([f.path for f in files])
-        changed = [f for f in files if states.get(f.path) != (hashlib.sha256(f.data).hexdigest(), f.mode)]
+        changed = [f for f in files if states.get(f.path) != f.state]
         await self.put_many(changed)
         return [f.path for f in changed]
 

@@ -62,7 +62,7 @@ class Services:
     async def store(self, m: Machine) -> Outcome:
         if self.opts.store is not None:
             file = RemoteFile(self.lay.store_dsn, self.opts.store.encode() + b"\n", 0o600)
-            if (await m.file_states([file.path])).get(file.path, ("", 0))[0] == _sha(file.data):
+            if (await m.file_states([file.path])).get(file.path, ("", 0))[0] == file.state[0]:
                 return "unchanged", f"the store given, its DSN in {self.lay.store_dsn}"
             return await self.act(f"keep the store's DSN in {self.lay.store_dsn}", lambda: m.put(file))
         code, out = await m.status("pg_lsclusters -h")
@@ -334,12 +334,6 @@ def _wait_gone(pid: int, limit_s: float) -> bool:
             return False
         time.sleep(0.2)
     return True
-
-
-def _sha(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()
 
 
 def _password(dsn_text: str | None) -> str | None:

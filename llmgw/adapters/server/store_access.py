@@ -78,7 +78,7 @@ async def open_store(m: Machine, here: str, other: str, systemd: bool, act: Act)
     if hba is None:
         raise StepFailed(f"{hba_path} not found: is PostgreSQL {pg.version}/{pg.name} Debian's?")
     line = hba_line(other)
-    listening = (await m.file_states([conf_path])).get(conf_path, ("", 0))[0] == _sha(conf.data)
+    listening = (await m.file_states([conf_path])).get(conf_path, ("", 0))[0] == conf.state[0]
     admitted = line in hba.splitlines()
     where = f"PostgreSQL {pg.version}/{pg.name} listens on {here}:{pg.port}"
     if listening and admitted:
@@ -95,9 +95,3 @@ async def open_store(m: Machine, here: str, other: str, systemd: bool, act: Act)
             await m.run(f"pg_ctlcluster {pg.version} {pg.name} reload")
 
     return await act(f"make {where} and let {L.USER} in from {other} ({line})", open_)
-
-
-def _sha(data: bytes) -> str:
-    import hashlib
-
-    return hashlib.sha256(data).hexdigest()

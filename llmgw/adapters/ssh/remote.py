@@ -209,6 +209,11 @@ class RemoteFile:
     data: bytes
     mode: int
 
+    @property
+    def state(self) -> tuple[str, int]:
+        """(sha256, permission bits) as `file_states` reports a file already so: nothing to write."""
+        return hashlib.sha256(self.data).hexdigest(), self.mode
+
 
 class Remote:
     """Commands and files on a connected node. Every method raises StepFailed with the command's words."""
@@ -283,6 +288,6 @@ class Remote:
     async def sync_files(self, files: list[RemoteFile]) -> list[str]:
         """Write the files whose content or mode differs; returns the paths written (empty: unchanged)."""
         states = await self.file_states([f.path for f in files])
-        changed = [f for f in files if states.get(f.path) != (hashlib.sha256(f.data).hexdigest(), f.mode)]
+        changed = [f for f in files if states.get(f.path) != f.state]
         await self.put_many(changed)
         return [f.path for f in changed]

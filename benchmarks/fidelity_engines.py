@@ -123,8 +123,14 @@ def start_vllm(procs: Procs, work: Path, python: str, model_dir: Path) -> str:
     does not reload, and every start would compile again)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
-            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_CACHE_ROOT": str(work / "vllm-cache")}  # fmt: skip
+    env |= {
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CACHE_ROOT": str(work / "vllm-cache"),
+    }
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
     argv += ["--max-model-len", str(VLLM_CONTEXT), "--max-num-seqs", str(VLLM_SLOTS)]
@@ -147,15 +153,32 @@ def start_router(procs: Procs, work: Path, fleet: FleetSpec, tag: str) -> tuple[
         },
         "models": {fleet.model: {"context_length": 4096, "capabilities": ["chat"]}},
         "endpoints": [
-            {"replica_id": f"{fleet.name}-{i}", "model": fleet.model, "engine": fleet.engine, "base_url": url,
-             "slots": fleet.slots}
+            {
+                "replica_id": f"{fleet.name}-{i}",
+                "model": fleet.model,
+                "engine": fleet.engine,
+                "base_url": url,
+                "slots": fleet.slots,
+            }
             for i, url in enumerate(fleet.urls)
         ],
-    }  # fmt: skip
+    }
     path = work / f"snapshot-{fleet.name}-{tag}.json"
     path.write_text(json.dumps(snapshot, indent=1))
-    argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(path), "--no-auth", "--listen", listen,
-            "--metrics-listen", metrics, "--log-level", "WARNING"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "llmgw_router",
+        "--snapshot",
+        str(path),
+        "--no-auth",
+        "--listen",
+        listen,
+        "--metrics-listen",
+        metrics,
+        "--log-level",
+        "WARNING",
+    ]
     proc = procs.start(argv)
     url = f"http://{listen}"
     wait_http(url + "/v1/models", 60)

@@ -299,8 +299,14 @@ def _ms(v: float | None) -> str:
 
 async def bench_steady(fleet: FleetSpec, repeats: int) -> tuple[BenchRun, int]:
     """The bench's passes, again while the engine drifted (up to DRIFT_ATTEMPTS); the last run and attempts."""
-    target = {"model": fleet.model, "base_url": fleet.urls[0], "api_key": "none", "profile": fleet.name,
-              "replica": f"{fleet.name}-0", "engine": fleet.engine}  # fmt: skip
+    target = {
+        "model": fleet.model,
+        "base_url": fleet.urls[0],
+        "api_key": "none",
+        "profile": fleet.name,
+        "replica": f"{fleet.name}-0",
+        "engine": fleet.engine,
+    }
     shape = fleet.shape
     for attempt in range(1, DRIFT_ATTEMPTS + 1):
         run = await run_bench_passes(
@@ -323,9 +329,11 @@ async def bench_steady(fleet: FleetSpec, repeats: int) -> tuple[BenchRun, int]:
 
 def describe(fleet: FleetSpec, spread: EngineSpread) -> None:
     e = spread.central
-    print(f"  fitted: prefill {e.fixed_ms:.0f} ms + {e.prefill_ms_per_token:.2f} ms/token + "
-          f"{e.prefill_ms_per_token_sq * 1000:.2f} us/token^2, {e.exclusive:.2f} of it exclusive, "
-          f"+{e.contention:.2f} per other in flight; itl {', '.join(f'{v:.0f}' for _, v in e.itl_ms)} ms")  # fmt: skip
+    print(
+        f"  fitted: prefill {e.fixed_ms:.0f} ms + {e.prefill_ms_per_token:.2f} ms/token + "
+        f"{e.prefill_ms_per_token_sq * 1000:.2f} us/token^2, {e.exclusive:.2f} of it exclusive, "
+        f"+{e.contention:.2f} per other in flight; itl {', '.join(f'{v:.0f}' for _, v in e.itl_ms)} ms"
+    )
     for name, i in spread.parameters.items():
         print(f"    {name:<26} [{i.low:.3f}, {i.high:.3f}] over {i.n} passes")
     for note in e.assumptions:
@@ -351,8 +359,9 @@ async def run_fleet(
     bench, attempts = await bench_steady(fleet, args.repeats)
     if bench.drift is not None and bench.drift.drifted:
         return Compared({}, {}, f"the engine drifted in all {attempts} benches")
-    stored = bench_result({"model": fleet.model, "profile": fleet.name, "replica": "", "engine": fleet.engine},
-                          None, bench)  # fmt: skip
+    stored = bench_result(
+        {"model": fleet.model, "profile": fleet.name, "replica": "", "engine": fleet.engine}, None, bench
+    )
     spread = fit_engine_spread(stored, fleet.slots, f"{fleet.model}/{fleet.name}")
     if not spread.central.measured:
         return Compared({}, {}, f"the bench measured nothing ({'; '.join(spread.central.assumptions)})")
@@ -375,16 +384,20 @@ async def run_fleet(
         real = await run_for_real(url, fleet, requests, f"{secrets.token_hex(3)}r{run_no}")
     finally:
         procs.stop(router)
-    print(f"  capacity {per_replica * len(fleet.urls):.2f} req/s modelled (speed ±{speed:.0%} over the passes) "
-          f"at {mean_tokens} prompt tokens; offered {rate:.2f} req/s ({share:.0%}, --load {args.load}) for "
-          f"{minutes:g} min: {len(requests)} requests, {real.refused} refused, {real.failed} failed "
-          f"({load()} at the end)")  # fmt: skip
+    print(
+        f"  capacity {per_replica * len(fleet.urls):.2f} req/s modelled (speed ±{speed:.0%} over the passes) "
+        f"at {mean_tokens} prompt tokens; offered {rate:.2f} req/s ({share:.0%}, --load {args.load}) for "
+        f"{minutes:g} min: {len(requests)} requests, {real.refused} refused, {real.failed} failed "
+        f"({load()} at the end)"
+    )
     inputs = write_plan_inputs(work / f"plan-{fleet.name}-r{run_no}", fleet, stored, header, real.recorded)
     p50, p99, notes = replayed_by_plan(inputs)
     for note in notes:
         print(f"  plan: {note}")
-    return Compared({"p50": percentile(real.ttft_ms, 0.5), "p99": percentile(real.ttft_ms, 0.99)},
-                    {"p50": p50, "p99": p99})  # fmt: skip
+    return Compared(
+        {"p50": percentile(real.ttft_ms, 0.5), "p99": percentile(real.ttft_ms, 0.99)},
+        {"p50": p50, "p99": p99},
+    )
 
 
 def show(fleet: str, c: Compared) -> None:
@@ -398,7 +411,9 @@ def show(fleet: str, c: Compared) -> None:
         inside = "-" if m is None or p is None else ("yes" if p.contains(m) else "no")
         width = "-" if p is None else f"±{p.relative:.0%}"
         shown = "-" if p is None else p.text()
-        print(f"  {figure + ' TTFT':<10}{_ms(m):>10}{shown:>28}{'-' if e is None else f'{e:.2f}':>8}{inside:>8}{width:>8}")  # fmt: skip
+        print(
+            f"  {figure + ' TTFT':<10}{_ms(m):>10}{shown:>28}{'-' if e is None else f'{e:.2f}':>8}{inside:>8}{width:>8}"
+        )
     print(f"  covered: {'yes' if c.covered() else 'no'}")
 
 
@@ -447,8 +462,19 @@ async def start_fleets(
         else:
             shape = Shape(prompt_tokens=words or 16, completion_tokens=6, project="bench")
             url = start_gemma(procs, *found)
-            fleets.append(FleetSpec("gemma", "gemma", (url,), GEMMA_SLOTS, "llamacpp", shape,
-                                    {"ignore_eos": True}, 8.0, found[1]))  # fmt: skip
+            fleets.append(
+                FleetSpec(
+                    "gemma",
+                    "gemma",
+                    (url,),
+                    GEMMA_SLOTS,
+                    "llamacpp",
+                    shape,
+                    {"ignore_eos": True},
+                    8.0,
+                    found[1],
+                )
+            )
     if "vllm" in only:
         python, model = vllm_python(), tiny_llama(work)
         if python is None or isinstance(model, str):
@@ -458,8 +484,11 @@ async def start_fleets(
             url = await asyncio.to_thread(start_vllm, procs, work, python, model)
             print(f"vllm: ready in {time.monotonic() - started:.0f} s")
             shape = Shape(prompt_tokens=words or 64, completion_tokens=48, project="bench")
-            fleets.append(FleetSpec("vllm", "tiny", (url,), VLLM_SLOTS, "vllm", shape, {"ignore_eos": True},
-                                    4.0, str(model)))  # fmt: skip
+            fleets.append(
+                FleetSpec(
+                    "vllm", "tiny", (url,), VLLM_SLOTS, "vllm", shape, {"ignore_eos": True}, 4.0, str(model)
+                )
+            )
     return fleets, why
 
 

@@ -24,8 +24,22 @@ FINAL = re.compile(
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_tiny_sim_run_prints_measured_predicted_with_intervals_and_a_final_line() -> None:
-    argv = [sys.executable, str(ROOT / "benchmarks" / "replay_fidelity.py"), "--only", "sim", "--runs", "1",
-            "--minutes", "0.15", "--bench-seconds", "1.5", "--prompt-words", "16", "--repeats", "2"]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "replay_fidelity.py"),
+        "--only",
+        "sim",
+        "--runs",
+        "1",
+        "--minutes",
+        "0.15",
+        "--bench-seconds",
+        "1.5",
+        "--prompt-words",
+        "16",
+        "--repeats",
+        "2",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout

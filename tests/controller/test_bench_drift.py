@@ -76,10 +76,20 @@ def _curve(scale: float, repeat: int | None) -> list[dict[str, Any]]:
     out = []
     for n, role, prompt, ttft, itl in steps:
         requests = 48 if n == 2 else 40
-        out.append({"concurrency": n, "requests": requests, "failed": 0, "seconds": 9.984 * scale,
-                    "ttft_p50_ms": ttft * scale, "itl_p50_ms": itl * scale,
-                    "tokens_per_s": (158.654 if n == 2 else 132.0) / scale, "prompt_tokens": prompt,
-                    "role": role, "repeat": repeat})  # fmt: skip
+        out.append(
+            {
+                "concurrency": n,
+                "requests": requests,
+                "failed": 0,
+                "seconds": 9.984 * scale,
+                "ttft_p50_ms": ttft * scale,
+                "itl_p50_ms": itl * scale,
+                "tokens_per_s": (158.654 if n == 2 else 132.0) / scale,
+                "prompt_tokens": prompt,
+                "role": role,
+                "repeat": repeat,
+            }
+        )
     return out
 
 
@@ -119,8 +129,14 @@ async def sim() -> AsyncIterator[tuple[SimEngine, dict[str, Any]]]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    target = {"model": "sim-drift", "base_url": f"http://127.0.0.1:{port}", "api_key": "none",
-              "profile": "sim", "replica": "sim-drift-1", "engine": "sim"}  # fmt: skip
+    target = {
+        "model": "sim-drift",
+        "base_url": f"http://127.0.0.1:{port}",
+        "api_key": "none",
+        "profile": "sim",
+        "replica": "sim-drift-1",
+        "engine": "sim",
+    }
     yield engine, target
     await runner.cleanup()
 

@@ -25,11 +25,23 @@ A100 = "NVIDIA A100-SXM4-80GB"
 SMI = {
     "driver_version": "550.54.15",
     "gpus": [
-        {"uuid": "GPU-0", "name": A100, "memory.total": 81920, "utilization.gpu": 0, "mig.mode.current": "Enabled",
-         "mig_devices": [{"profile": "3g.40gb", "uuid": MIG_A, "memory": 40192}]},
-        {"uuid": "GPU-1", "name": A100, "memory.total": 81920, "utilization.gpu": 0, "mig.mode.current": "Enabled"},
+        {
+            "uuid": "GPU-0",
+            "name": A100,
+            "memory.total": 81920,
+            "utilization.gpu": 0,
+            "mig.mode.current": "Enabled",
+            "mig_devices": [{"profile": "3g.40gb", "uuid": MIG_A, "memory": 40192}],
+        },
+        {
+            "uuid": "GPU-1",
+            "name": A100,
+            "memory.total": 81920,
+            "utilization.gpu": 0,
+            "mig.mode.current": "Enabled",
+        },
     ],
-}  # fmt: skip
+}
 MODEL = """\
 apiVersion: llmgw/v1
 kind: Model

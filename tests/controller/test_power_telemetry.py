@@ -29,12 +29,25 @@ STANDIN = str(Path(__file__).parents[1] / "agent" / "standins" / "nvidia-smi")
 SMI: dict[str, object] = {
     "driver_version": "550.54.15",
     "gpus": [
-        {"uuid": "GPU-0", "name": "NVIDIA H100 80GB HBM3", "temperature.gpu": 61, "temperature.memory": 72,
-         "power.draw": 412.5, "enforced.power.limit": 700, "clocks_throttle_reasons.active": "0x0000000000000044"},
-        {"uuid": "GPU-1", "name": "NVIDIA L4", "temperature.gpu": 44, "power.draw": 31.25,
-         "enforced.power.limit": 72, "clocks_throttle_reasons.active": "0x0000000000000000"},
+        {
+            "uuid": "GPU-0",
+            "name": "NVIDIA H100 80GB HBM3",
+            "temperature.gpu": 61,
+            "temperature.memory": 72,
+            "power.draw": 412.5,
+            "enforced.power.limit": 700,
+            "clocks_throttle_reasons.active": "0x0000000000000044",
+        },
+        {
+            "uuid": "GPU-1",
+            "name": "NVIDIA L4",
+            "temperature.gpu": 44,
+            "power.draw": 31.25,
+            "enforced.power.limit": 72,
+            "clocks_throttle_reasons.active": "0x0000000000000000",
+        },
     ],
-}  # fmt: skip
+}
 
 
 def test_the_csv_reads_throttle_bits_and_leaves_unmeasured_out() -> None:
@@ -60,16 +73,29 @@ def sysfs(root: Path) -> tuple[Path, Path]:
     """A hwmon class with an Intel coretemp chip, a board chip with an inlet sensor and an unrelated NVMe
     drive; a powercap class with two RAPL packages (and a core subzone, inside package 0's figure)."""
     hwmon, powercap = root / "hwmon", root / "powercap"
-    for name, value in {"name": "coretemp", "temp1_label": "Package id 0", "temp1_input": "67000",
-                        "temp2_label": "Core 0", "temp2_input": "71000"}.items():  # fmt: skip
+    for name, value in {
+        "name": "coretemp",
+        "temp1_label": "Package id 0",
+        "temp1_input": "67000",
+        "temp2_label": "Core 0",
+        "temp2_input": "71000",
+    }.items():
         _write(hwmon / "hwmon1" / name, value)
-    for name, value in {"name": "nct6798", "temp1_label": "SYSTIN", "temp1_input": "30000",
-                        "temp7_label": "Inlet Temp", "temp7_input": "24500"}.items():  # fmt: skip
+    for name, value in {
+        "name": "nct6798",
+        "temp1_label": "SYSTIN",
+        "temp1_input": "30000",
+        "temp7_label": "Inlet Temp",
+        "temp7_input": "24500",
+    }.items():
         _write(hwmon / "hwmon2" / name, value)
     for name, value in {"name": "nvme", "temp1_label": "Composite", "temp1_input": "45850"}.items():
         _write(hwmon / "hwmon3" / name, value)
-    for zone, name, energy in (("intel-rapl:0", "package-0", 1_000_000), ("intel-rapl:1", "package-1", 262_143_000_000),
-                               ("intel-rapl:0:0", "core", 5)):  # fmt: skip
+    for zone, name, energy in (
+        ("intel-rapl:0", "package-0", 1_000_000),
+        ("intel-rapl:1", "package-1", 262_143_000_000),
+        ("intel-rapl:0:0", "core", 5),
+    ):
         _write(powercap / zone / "name", name)
         _write(powercap / zone / "energy_uj", str(energy))
         _write(powercap / zone / "max_energy_range_uj", "262143328850")

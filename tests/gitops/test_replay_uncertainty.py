@@ -115,9 +115,16 @@ def with_passes(scales: tuple[float, ...]) -> dict[str, Any]:
     pooled = list(measured["curve"])  # a copy: the passes are appended to the curve itself
     for k, scale in enumerate(scales, start=1):
         for step in pooled:
-            measured["curve"].append({**step, "seconds": step["seconds"] * scale, "ttft_p50_ms": step["ttft_p50_ms"] * scale,
-                                      "itl_p50_ms": step["itl_p50_ms"] * scale, "tokens_per_s": step["tokens_per_s"] / scale,
-                                      "repeat": k})  # fmt: skip
+            measured["curve"].append(
+                {
+                    **step,
+                    "seconds": step["seconds"] * scale,
+                    "ttft_p50_ms": step["ttft_p50_ms"] * scale,
+                    "itl_p50_ms": step["itl_p50_ms"] * scale,
+                    "tokens_per_s": step["tokens_per_s"] / scale,
+                    "repeat": k,
+                }
+            )
     return capacity
 
 
@@ -136,8 +143,16 @@ def spread_files(tmp_path: Path) -> dict[str, Path]:
 
 
 def simulate(files: dict[str, Path], repo: Path) -> tuple[int, str, str]:
-    return run("plan", str(repo), "--state", str(files["state"]), "--trace", str(files["trace"]),
-               "--capacity", str(files["capacity"]))  # fmt: skip
+    return run(
+        "plan",
+        str(repo),
+        "--state",
+        str(files["state"]),
+        "--trace",
+        str(files["trace"]),
+        "--capacity",
+        str(files["capacity"]),
+    )
 
 
 FIGURE = re.compile(

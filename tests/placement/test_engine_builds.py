@@ -25,14 +25,22 @@ ENGINES: dict[str, Any] = {
     "llamacpp": {
         "version": "b11434",
         "builds": [
-            {"name": "cuda13", "accelerator": "cuda", "requires": {"min_gpu_driver": "580", "min_cuda": "13.0"},
-             "install": INSTALL},
+            {
+                "name": "cuda13",
+                "accelerator": "cuda",
+                "requires": {"min_gpu_driver": "580", "min_cuda": "13.0"},
+                "install": INSTALL,
+            },
             {"name": "cuda12.9", "accelerator": "cuda", "requires": {"min_cuda": "12.9"}, "install": INSTALL},
-            {"name": "cpu", "accelerator": "cpu", "requires": {"cpu_flags": ["avx2"], "arch": "x86_64"},
-             "path": "/opt/llama/bin/llama-server"},
+            {
+                "name": "cpu",
+                "accelerator": "cpu",
+                "requires": {"cpu_flags": ["avx2"], "arch": "x86_64"},
+                "path": "/opt/llama/bin/llama-server",
+            },
         ],
     }
-}  # fmt: skip
+}
 AVX2 = frozenset({"avx", "avx2", "fma"})
 
 
@@ -40,8 +48,15 @@ def cluster(overrides: list[dict[str, Any]] | None = None) -> ClusterSpec:
     return ClusterSpec.model_validate({"engines": ENGINES, "engine_overrides": overrides or []})
 
 
-def node(name: str, driver: str | None = None, cuda: str | None = None, flags: frozenset[str] = AVX2, **kw: Any) -> BuildNode:  # fmt: skip
-    return BuildNode(name, kw.get("labels", {}), kw.get("classes", frozenset()), PlatformFacts(flags, "x86_64", "2.36", driver, cuda))  # fmt: skip
+def node(
+    name: str, driver: str | None = None, cuda: str | None = None, flags: frozenset[str] = AVX2, **kw: Any
+) -> BuildNode:
+    return BuildNode(
+        name,
+        kw.get("labels", {}),
+        kw.get("classes", frozenset()),
+        PlatformFacts(flags, "x86_64", "2.36", driver, cuda),
+    )
 
 
 def picked(spec: ClusterSpec, n: BuildNode) -> str:
@@ -113,8 +128,12 @@ def test_a_cpu_without_avx2_is_said_in_explain_and_plan() -> None:
 def _validate(tmp_path: Path, engines: dict[str, Any], overrides: list[dict[str, Any]]) -> list[str]:
     import yaml
 
-    doc = {"apiVersion": "llmgw/v1", "kind": "Cluster", "metadata": {"name": "c"},
-           "spec": {"engines": engines, "engine_overrides": overrides}}  # fmt: skip
+    doc = {
+        "apiVersion": "llmgw/v1",
+        "kind": "Cluster",
+        "metadata": {"name": "c"},
+        "spec": {"engines": engines, "engine_overrides": overrides},
+    }
     (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     result = load_repo(tmp_path)
     return [str(e).replace(str(tmp_path) + "/", "") for e in [*result.errors, *result.warnings]]

@@ -31,14 +31,34 @@ NODE: dict[str, Any] = {
     "driver_version": "550.54.15",
     "cuda_version": "12.4",
     "gpus": [
-        {"uuid": "GPU-0", "name": A100, "memory.total": 81920, "utilization.gpu": 0, "mig.mode.current": "Enabled",
-         "mig_devices": [{"profile": "3g.40gb", "uuid": MIG_A, "memory": 40192},
-                         {"profile": "2g.20gb", "uuid": MIG_B, "memory": 19968},
-                         {"profile": "1g.10gb", "uuid": MIG_C, "memory": 9728}]},
-        {"uuid": "GPU-1", "name": A100, "memory.total": 81920, "utilization.gpu": 0, "mig.mode.current": "Enabled"},
-        {"uuid": "GPU-2", "name": A100, "memory.total": 81920, "utilization.gpu": 5, "mig.mode.current": "Disabled"},
+        {
+            "uuid": "GPU-0",
+            "name": A100,
+            "memory.total": 81920,
+            "utilization.gpu": 0,
+            "mig.mode.current": "Enabled",
+            "mig_devices": [
+                {"profile": "3g.40gb", "uuid": MIG_A, "memory": 40192},
+                {"profile": "2g.20gb", "uuid": MIG_B, "memory": 19968},
+                {"profile": "1g.10gb", "uuid": MIG_C, "memory": 9728},
+            ],
+        },
+        {
+            "uuid": "GPU-1",
+            "name": A100,
+            "memory.total": 81920,
+            "utilization.gpu": 0,
+            "mig.mode.current": "Enabled",
+        },
+        {
+            "uuid": "GPU-2",
+            "name": A100,
+            "memory.total": 81920,
+            "utilization.gpu": 5,
+            "mig.mode.current": "Disabled",
+        },
     ],
-}  # fmt: skip
+}
 MIB = 2**20
 
 

@@ -100,9 +100,16 @@ async def gateway(
         "text": {**chat, "capabilities": ["chat", "completions"], "without": ["vision"], "simulated": True},
     }
     failed = verdicts["llamacpp"]
-    gemma = {"replica_id": "blind-1", "model": "gemma", "engine": "llamacpp", "base_url": llama_server.base,
-             "api_key": llama_server.key, "slots": 1, "failed": ["vision"],
-             "failed_details": {"vision": failed.detail}}  # fmt: skip
+    gemma = {
+        "replica_id": "blind-1",
+        "model": "gemma",
+        "engine": "llamacpp",
+        "base_url": llama_server.base,
+        "api_key": llama_server.key,
+        "slots": 1,
+        "failed": ["vision"],
+        "failed_details": {"vision": failed.detail},
+    }
     endpoints = [
         endpoint(sims["seeing"], "seeing-1", verified=["vision"]),
         gemma,

@@ -85,11 +85,27 @@ def _start(
     tmp: Path, sim: SimProcess, dsn: str, rpm: int | None = None, clock_offset: float = 0.0
 ) -> RouterProc:
     project: dict[str, Any] = {"organization": "o", **({"limits": {"rpm": rpm}} if rpm else {})}
-    snap = {"revision": "w-1", "models": {MODEL: {"context_length": 4096}}, "endpoints": [endpoint(sim, "s-0")],
-            "tenants": {"organizations": {"o": {}}, "projects": {"p": project}}}  # fmt: skip
+    snap = {
+        "revision": "w-1",
+        "models": {MODEL: {"context_length": 4096}},
+        "endpoints": [endpoint(sim, "s-0")],
+        "tenants": {"organizations": {"o": {}}, "projects": {"p": project}},
+    }
     (tmp / "snap.json").write_text(json.dumps(snap))
-    args = ["--snapshot", str(tmp / "snap.json"), "--store", dsn, "--workers", "2", "--router-id", "w",
-            "--state-dir", str(tmp / "state"), "--limits-clock-offset", repr(clock_offset)]  # fmt: skip
+    args = [
+        "--snapshot",
+        str(tmp / "snap.json"),
+        "--store",
+        dsn,
+        "--workers",
+        "2",
+        "--router-id",
+        "w",
+        "--state-dir",
+        str(tmp / "state"),
+        "--limits-clock-offset",
+        repr(clock_offset),
+    ]
     return start_router_proc(tmp / "router.log", args)
 
 

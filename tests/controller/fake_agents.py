@@ -8,6 +8,7 @@ not connected or told to refuse raises `AgentError`. Every command is recorded f
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -65,6 +66,8 @@ class FakeAgents:
     sent: list[Sent] = field(default_factory=list)
     refuse_start: dict[str, str] = field(default_factory=dict)  # node -> the agent's refusal of start_shard
     commands: list[tuple[str, Command]] = field(default_factory=list)  # other commands, as sent
+    # Set by a test to hold the agents' answers to start_shard until it is set (a slow agent); None answers now.
+    start_answered: asyncio.Event | None = None
 
     # ------------------------------------------------------------------ the agents' side, driven by a test
 
@@ -146,6 +149,8 @@ class FakeAgents:
             fingerprint=spec.fingerprint,
             gpus=list(spec.gpus),
         )
+        if self.start_answered is not None:
+            await self.start_answered.wait()
         link.shards[status.shard_id] = status
         self.on_change(f"shard {status.shard_id} is starting")
         return Reply(id=f"fake-{len(self.sent)}", ok=True)

@@ -95,7 +95,7 @@ async def setup(tmp_path: Path) -> AsyncIterator[tuple[Controller, FakeAgents, R
 
 async def settle(reconciler: Reconciler) -> None:
     await reconciler.pass_once()
-    await wait_for(lambda: len(reconciler.background) == 0, 10, "the pass's commands to finish")
+    await wait_for(lambda: reconciler.in_flight == 0, 10, "the pass's commands to finish")
 
 
 @pytest.mark.parametrize(

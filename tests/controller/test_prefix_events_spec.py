@@ -73,7 +73,7 @@ async def test_prefix_models_ask_for_kv_events_and_routers_are_told_where(
     c, agents, reconciler = setup
     agents.register("n1")
     await reconciler.pass_once()
-    await wait_for(lambda: len(reconciler.background) == 0, 10, "the pass's commands to finish")
+    await wait_for(lambda: reconciler.in_flight == 0, 10, "the pass's commands to finish")
     sent = {s.spec.model: s for s in agents.started() if s.spec is not None}
     assert set(sent) == {"shared", "chat"}
     shared, chat = sent["shared"].spec, sent["chat"].spec

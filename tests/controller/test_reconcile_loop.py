@@ -39,7 +39,7 @@ class Loop:
     async def settle(self) -> None:
         """One pass, then the commands it spawned have been carried out."""
         await self.reconciler.pass_once()
-        await wait_for(lambda: len(self.reconciler.background) == 0, 10, "the pass's commands to finish")
+        await wait_for(lambda: self.reconciler.in_flight == 0, 10, "the pass's commands to finish")
 
 
 @pytest.fixture

@@ -212,7 +212,7 @@ async def test_the_controller_ships_no_token_to_an_unbound_weights_host(
     c.desired = build_desired(repo.path, "rev-1", "test")
     agents.register("n1")
     await reconciler.pass_once()
-    await wait_for(lambda: len(reconciler.background) == 0, 10, "the pass's commands to finish")
+    await wait_for(lambda: reconciler.in_flight == 0, 10, "the pass's commands to finish")
     # Whatever the controller sent, the node's real fetcher fetches: here, the attacker's listener.
     for sent in agents.started():
         if sent.spec is not None and sent.spec.source is not None:

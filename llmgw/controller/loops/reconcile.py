@@ -96,7 +96,11 @@ class Reconciler:
         self.c = controller
         self.agents = controller.agents
         self.rng = rng or random.Random()
-        self.background = Background("reconcile")  # starts, drains and stops in flight
+        self.background = Background("reconcile")  # drains, stops and engine orders in flight
+        # Starts apart: a controller stopping lets them reach their agents (finish_in_flight), since a start
+        # cut off there leaves a replica in the store that never ran, and the next leader starts another.
+        self.starts = Background("reconcile-starts")
+        self.halted = False
         self.engine_orders = EngineOrders()
         self.capacities_loaded = False  # what `llmgw bench --save` stored, read once a revision is applied
         self.capacities_warned = False
@@ -135,6 +139,8 @@ class Reconciler:
         d = c.desired
         if d is None:
             return 5.0
+        if self.halted:
+            return 60.0  # stopping: finish_in_flight waits for the starts sent, and nothing new is decided
         if not c.leading():
             return 1.0  # a standby decides nothing; woken when it becomes the leader
         self.engine_orders.send_due(
@@ -333,7 +339,19 @@ class Reconciler:
             return False
         return True
 
+    @property
+    def in_flight(self) -> int:
+        """Commands sent and not yet answered (starts, drains, stops, engine orders)."""
+        return len(self.starts) + len(self.background)
+
+    async def finish_in_flight(self, within: float) -> None:
+        """Decide nothing more and give the starts already sent up to `within` seconds to be answered (a
+        controller stopping, before its agents' links close)."""
+        self.halted = True
+        await self.starts.settle(within)
+
     async def close(self) -> None:
+        await self.starts.close()
         await self.background.close()
 
     # ---------------------------------------------------------------------------------- actions
@@ -386,7 +404,7 @@ class Reconciler:
         specs = [(s, inputs.spec(placement, s, key, sources[s.node])) for s in placement.start_order()]
         if c.commit_tracer is not None:
             c.commit_tracer.starting(rec.id, rec.model, list(rec.nodes))
-        self.background.spawn(self._send_start(rec, specs))
+        self.starts.spawn(self._send_start(rec, specs))
 
     def _start_inputs(self) -> StartInputs:
         c = self.c

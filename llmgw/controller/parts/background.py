@@ -41,6 +41,12 @@ class Background:
     def __len__(self) -> int:
         return len(self.tasks)
 
+    async def settle(self, within: float) -> None:
+        """Wait, at most `within` seconds, for the tasks running now to end on their own (what is left is for
+        close() to cancel)."""
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=within)
+
     async def close(self) -> None:
         """Cancel what still runs and wait for each to end (a task's own cleanup included)."""
         while self.tasks:

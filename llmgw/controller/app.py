@@ -67,7 +67,7 @@ from llmgw.store.store import Store
 log = logging.getLogger("llmgw.controller")
 
 SOURCE = admin.SOURCE
-STARTS_GRACE_S = 10.0  # how long a stopping controller waits for its agents to answer starts already sent
+STARTS_GRACE_S = 10.0  # how long a stopping controller waits for its pass under way and the starts it sent
 RECONCILER: web.AppKey[Reconciler] = web.AppKey("reconciler", Reconciler)
 NOTIFIER: web.AppKey[Notifier] = web.AppKey("notifier", Notifier)
 RETENTION: web.AppKey[Retention] = web.AppKey("retention", Retention)
@@ -392,8 +392,8 @@ class RunningController:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._lease_task
             await self.controller.lease.release()
-        # Starts already sent reach their agents before the links close: one cut off would leave a replica
-        # in the store that never ran, and the next leader would start another beside its replacement.
+        # The pass under way ends and its starts reach their agents before the links close: a start cut off
+        # would leave a replica in the store that never ran, and the next leader would start another.
         await self._runners[0].app[RECONCILER].finish_in_flight(STARTS_GRACE_S)
         # Open WebSockets first: the runner would otherwise wait for them to end on their own.
         await self.controller.hub.close()

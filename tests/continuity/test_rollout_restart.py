@@ -101,9 +101,15 @@ async def test_a_restart_mid_rollout_finishes_the_same_rollout(at_phase: tuple[C
     assert watch.most <= 3, f"more than target 2 + max_surge 1 replicas at once: {watch.most}"
     # A replica started before the restart and current is the same one after it (same id, same PID).
     assert {r["id"]: r["pid"] for r in after if r["id"] in kept} == kept
-    starts = [e for e in await cluster.events() if e["kind"] == "replica_start"]
-    assert len(starts) == 4, [e["message"] for e in starts]  # two at first, one per rolled replica: no more
+    events = await cluster.events()
+    starts = [e for e in events if e["kind"] == "replica_start"]
+    assert len(starts) == 4, _story(events)  # two at first, one per rolled replica: no more
 
 
 async def _healthy(cluster: Cluster) -> bool:
     return (await _model(cluster, "m")).get("health") == "Healthy"
+
+
+def _story(events: list[dict[str, Any]]) -> str:
+    """The events oldest first, one line each: what a failure needs to tell which start was one too many."""
+    return "\n".join(f"{e['time']:.3f} {e['kind']} {e['object']} {e['message']}" for e in reversed(events))

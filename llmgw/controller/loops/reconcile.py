@@ -101,6 +101,7 @@ class Reconciler:
         # cut off there leaves a replica in the store that never ran, and the next leader starts another.
         self.starts = Background("reconcile-starts")
         self.halted = False
+        self.in_pass = asyncio.Lock()  # held by the loop through a pass: a stop lets the pass end first
         self.engine_orders = EngineOrders()
         self.capacities_loaded = False  # what `llmgw bench --save` stored, read once a revision is applied
         self.capacities_warned = False
@@ -110,9 +111,12 @@ class Reconciler:
     async def run(self) -> None:
         c = self.c
         failing = Outage(log, "a reconcile pass")
-        while True:
+        while not self.halted:  # halted: the controller is stopping (finish_in_flight)
             try:
-                wake = await self.pass_once()
+                async with self.in_pass:
+                    if self.halted:  # halted while this waited for the lock
+                        return
+                    wake = await self.pass_once()
                 failing.recovered()
             except TransientError as exc:  # the store did not answer: retried when the raiser says
                 wake = retry_after(exc, default=PASS_RETRY_S, most=PASS_RETRY_MAX_S)
@@ -139,8 +143,6 @@ class Reconciler:
         d = c.desired
         if d is None:
             return 5.0
-        if self.halted:
-            return 60.0  # stopping: finish_in_flight waits for the starts sent, and nothing new is decided
         if not c.leading():
             return 1.0  # a standby decides nothing; woken when it becomes the leader
         self.engine_orders.send_due(
@@ -345,10 +347,15 @@ class Reconciler:
         return len(self.starts) + len(self.background)
 
     async def finish_in_flight(self, within: float) -> None:
-        """Decide nothing more and give the starts already sent up to `within` seconds to be answered (a
-        controller stopping, before its agents' links close)."""
+        """Decide nothing more and give the pass under way and the starts it sent up to `within` seconds to
+        end (a controller stopping, before its agents' links close). A pass cut off between writing a replica
+        to the store and sending its start would leave the same replica that never ran."""
         self.halted = True
-        await self.starts.settle(within)
+        ends = asyncio.get_running_loop().time() + within
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(within), self.in_pass:
+                pass
+        await self.starts.settle(max(0.0, ends - asyncio.get_running_loop().time()))
 
     async def close(self) -> None:
         await self.starts.close()

@@ -98,7 +98,7 @@ DEFAULT_LOAD = 0.8
 LOAD_FLOOR = 0.3  # --load auto never goes below this: a near-idle fleet measures only the engine
 RUN_MINUTES = 2.5
 MIN_REQUESTS = 30
-MAX_MINUTES = 6.0
+MAX_MINUTES = 8.0
 REPEATS = 3
 DRIFT_ATTEMPTS = 3
 PROBE_REQUESTS = 4  # a side: a gemma request takes 5-30 s on the loaded machine; by chance apart once in 35
@@ -376,6 +376,9 @@ async def run_fleet(
     # to MAX_MINUTES: a p99 of a dozen requests is their maximum.
     minutes = min(MAX_MINUTES, max(args.minutes, MIN_REQUESTS / max(rate, 1e-9) / 60.0))
     header, requests = steady({fleet.model: rate}, minutes * 60.0, rng, fleet.shape)
+    while len(requests) < MIN_REQUESTS and minutes < MAX_MINUTES:  # a short Poisson draw: a longer trace
+        minutes = min(MAX_MINUTES, minutes * 1.25)
+        header, requests = steady({fleet.model: rate}, minutes * 60.0, rng, fleet.shape)
     requests = spread_prompts(requests, fleet.shape.prompt_tokens, rng)
     if len(requests) < 20:  # percentiles of a handful say nothing
         return Compared({}, {}, f"{rate:.3f} req/s for {minutes:g} min is {len(requests)} requests")

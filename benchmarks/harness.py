@@ -147,6 +147,16 @@ def pinned(argv: list[str], cpus: str | None) -> list[str]:
     return ["taskset", "-c", cpus, *argv] if cpus else argv
 
 
+def interrupt_on_sigterm() -> None:
+    """SIGTERM ends the benchmark as Ctrl-C does, so its `finally` stops the engines it started in sessions of
+    their own (killing the benchmark's process group would otherwise leave them running)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+
+
 class Procs:
     def __init__(self, logs: Path) -> None:
         self.procs: list[subprocess.Popen[bytes]] = []

@@ -78,7 +78,7 @@ from fidelity_engines import (
     tiny_llama,
     vllm_python,
 )
-from harness import Procs
+from harness import Procs, interrupt_on_sigterm
 from typer.testing import CliRunner
 
 from llmgw.adapters.repo_files import load_repo
@@ -538,6 +538,7 @@ def main() -> None:
     args = p.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # progress shows in a log file
     started = time.monotonic()
+    interrupt_on_sigterm()
     code = asyncio.run(main_async(args))
     print(f"(took {time.monotonic() - started:.0f} s)", file=sys.stderr)
     raise SystemExit(code)

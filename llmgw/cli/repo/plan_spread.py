@@ -1,7 +1,7 @@
 """`plan --simulate`'s intervals: the replay once more per bench pass, and the verdicts the spread allows.
 
-Where the measurements the plan reads were taken with `llmgw bench --repeats R` (R >= 2), each pass's fit
-(`llmgw.core.capacity.engine_spread`) replays the same trace against both fleets with the same seed; the
+Where the measurements the plan reads were taken with `llmgw bench --repeats R` (R >= 2), each pass's model
+(`llmgw.core.capacity.engine_spread`: the pooled fit at the pass's speed) replays the same trace against both fleets with the same seed; the
 figures' intervals, the undecided verdicts and the warning near capacity are
 `llmgw.core.capacity.replay_spread`'s. A profile measured with fewer passes than another uses its pooled fit
 for the passes it lacks (its share of the spread is then unknown, and said). Without any passes nothing runs

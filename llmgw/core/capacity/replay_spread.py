@@ -3,7 +3,7 @@
 The replay runs once with the pooled engine models (the figure shown) and once per bench pass's models
 (`llmgw.core.capacity.engine_spread`): several replays over the parameters' measured spread, not an analytic
 bound, because the replay is a router's queue and scheduler, whose answer is not a formula of the parameters,
-and because each pass's fit keeps the parameters moving together as they did. From the passes' figures (each
+and because each pass's model keeps the parameters moving together as they did. From the passes' figures (each
 over the pooled replay's, on the log scale) comes a prediction interval (`spread.prediction_interval`): where
 the figure lands on a day the engine runs like one more pass, at CONFIDENCE.
 

@@ -12,7 +12,6 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from llmgw_agent.protocol import (
@@ -31,11 +30,12 @@ from llmgw.controller.parts.fleet import EngineCaller
 from llmgw.controller.parts.hub import AgentError, AgentHub, NodeLink
 from llmgw.controller.parts.state import ReplicaRec
 from llmgw.controller.status import fleet as views, node_builds
+from llmgw.controller.status.capacity import unplaced_reasons
 from llmgw.controller.wire.engine_orders import EngineOrders
 from llmgw.core.errors import Outage, TransientError, retry_after
 from llmgw.core.fleet.autoscale import ScalePolicy
 from llmgw.core.fleet.views import NodeView, ReplicaView
-from llmgw.core.placement import ShardPlacement, explain as placement_explain
+from llmgw.core.placement import ShardPlacement
 from llmgw.core.reconcile import (
     BackoffPolicy,
     MarkStale,
@@ -226,7 +226,9 @@ class Reconciler:
         for action in decision.actions:
             if isinstance(action, Wait):
                 ws.model(action.model).wait = action.reason
-        for model, reasons in self._why_unplaced(decision.unplaced, nodes, replicas).items():
+        d = self.c.desired
+        assert d is not None  # a pass decides only with a revision applied
+        for model, reasons in unplaced_reasons(decision.unplaced, d.fleet_models, nodes, replicas).items():
             ws.model(model).unplaceable = reasons
         ws.passes += 1
         ws.last_pass_at = now
@@ -311,26 +313,6 @@ class Reconciler:
             if now - at < DEMAND_FRESH_S and m not in running
         }
 
-    def _why_unplaced(
-        self, unplaced: Mapping[str, int], nodes: list[NodeView], replicas: list[ReplicaView]
-    ) -> dict[str, dict[str, str]]:
-        d = self.c.desired
-        out: dict[str, dict[str, str]] = {}
-        if d is None:
-            return out
-        for model in unplaced:
-            found = placement_explain(model, d.fleet_models, nodes, replicas)
-            reasons: dict[str, str] = {}
-            for profile, by_node in found.rejections().items():
-                for node, why in by_node.items():
-                    reasons.setdefault(node, f"{profile}: {why}")
-            if not nodes:
-                reasons["*"] = "no node is connected"
-            if found.problem:
-                reasons["*"] = found.problem
-            out[model] = reasons
-        return out
-
     def _settling(self) -> bool:
         ws = self.c.fleet.worker_state
         if not ws.expected_nodes or self.c.clock() >= ws.settle_until:
@@ -370,17 +352,11 @@ class Reconciler:
         assert d is not None
         try:
             key = engine_key(c.cluster_secret().encode(), placement.replica_id)
-        except SecretError as exc:
-            # Nothing was started, so the next pass (at the latest the resync) decides to start it again.
-            c.metrics.reconcile_errors.inc()
-            c.fleet.worker_state.model(placement.model).wait = f"cannot start: {exc}"
-            log.warning("cannot start a replica of %s: %s", placement.model, exc)
-            return
-        try:
             inputs = self._start_inputs()
             sources = {s.node: inputs.weights(placement.model, s.node) for s in placement.shards}
         except (SecretError, ValueError) as exc:
-            # The message names the model and the secret reference or the missing mirror, never a token.
+            # Nothing was started, so the next pass (at the latest the resync) decides to start it again. The
+            # message names the model and the secret reference or the missing mirror, never a token.
             c.metrics.reconcile_errors.inc()
             c.fleet.worker_state.model(placement.model).wait = f"cannot start: {exc}"
             log.warning("cannot start a replica of %s: %s", placement.model, exc)

@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from llmgw.core.fleet.autoscale import ScaleDecision
+from llmgw.core.fleet.views import ModelView, NodeView, ReplicaView
+from llmgw.core.placement import explain
 
 if TYPE_CHECKING:
     from llmgw.controller.parts.fleet import FleetReader
@@ -24,7 +26,7 @@ if TYPE_CHECKING:
 
 StateOf = Callable[["FleetReader", "ReplicaRec"], str]
 
-__all__ = ["capacity_json", "decision_json"]
+__all__ = ["capacity_json", "decision_json", "unplaced_reasons"]
 
 
 def _gpu_classes(c: FleetReader) -> dict[str, dict[str, Any]]:
@@ -149,3 +151,26 @@ def decision_json(
         "next_decision_at": decision.wake_at,
         **({"demand": dict(demand)} if demand is not None else {}),
     }
+
+
+def unplaced_reasons(
+    unplaced: Mapping[str, int],
+    models: Mapping[str, ModelView],
+    nodes: list[NodeView],
+    replicas: list[ReplicaView],
+) -> dict[str, dict[str, str]]:
+    """Why each model a pass could not place is not placed: per node, its first profile's rejection in
+    placement's words; under "*" what stops it everywhere (no node connected, a problem of the model's own)."""
+    out: dict[str, dict[str, str]] = {}
+    for model in unplaced:
+        found = explain(model, models, nodes, replicas)
+        reasons: dict[str, str] = {}
+        for profile, by_node in found.rejections().items():
+            for node, why in by_node.items():
+                reasons.setdefault(node, f"{profile}: {why}")
+        if not nodes:
+            reasons["*"] = "no node is connected"
+        if found.problem:
+            reasons["*"] = found.problem
+        out[model] = reasons
+    return out

@@ -194,11 +194,14 @@ def plan(
         _refuse(made, saved=out is not None)
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
+    suggested = None
     if suggest:
         asked = plan_suggest.Asked(objective, write, post)
-        plan_suggest.run(result, live, trace, capacity, client, output.value, asked)
+        suggested = plan_suggest.run(result, live, trace, capacity, client, output.value, asked)
     if simulate or (trace is not None and not suggest):
         _simulate(catalog, live, made, trace, capacity, client, output)
+    if suggested is not None:
+        plan_suggest.undecided_exit(suggested)
     raise typer.Exit(plan_usage.exit_code(made, detailed=detailed_exitcode, impact=impact_exitcode))
 
 

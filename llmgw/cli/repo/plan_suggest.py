@@ -238,7 +238,7 @@ def _spread_words(mine: Spreads, passes: int) -> str:
         elif (why := no_spread_reason(spread)) is not None:
             gaps.append(f"{model}/{profile}: {why}")
     if passes == 0:
-        return f"no spread measured ({'; '.join(gaps)}): the figures are points" if gaps else ""
+        return f"no spread measured, the figures are points: {'; '.join(gaps)}" if gaps else ""
     head = (
         f"{CONFIDENCE:.0%}, one replay per bench pass ({passes} passes) and the trace's own sampling of its "
         "percentiles, around the pooled fit's replay"

@@ -121,4 +121,4 @@ def no_spread_reason(spread: EngineSpread) -> str | None:
         return "an assumption, nothing measured"
     if spread.central.assumptions:
         return "a fit estimate with one bench pass"
-    return "one bench pass (`llmgw bench --repeats 3` measures the spread)"
+    return "one bench pass, `llmgw bench --repeats 3` measures the spread"

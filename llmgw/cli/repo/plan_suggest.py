@@ -154,6 +154,44 @@ def _decide(candidate: Candidate, hour: int, j: Judged) -> str:
     return f"~{more} replicas of {option.choice.profile} instead of {n} would decide it (the evaluator's estimate)"
 
 
+def _mine(spreads: Spreads, candidate: Candidate) -> tuple[Spreads, int]:
+    """The candidate's profiles' spreads, and the passes replayed (0 where none has two)."""
+    passes = max((len(s.passes) for s in spreads.values()), default=0)
+    used = {(o.model, o.choice.profile) for o in candidate.options}
+    return {k: s for k, s in spreads.items() if (k[0], k[1]) in used}, passes if passes >= 2 else 0
+
+
+def _worst_p99(
+    run: Replay,
+    passes: Sequence[Replay],
+    samples: Mapping[tuple[str, str, str], Sequence[float]],
+    known: Mapping[str, bool],
+) -> Interval | None:
+    """The worst model's p99 TTFT (all its requests) with its interval."""
+    p99 = [
+        interval_of(
+            o.ttft_p99_ms,
+            [p.models[m].ttft_p99_ms if m in p.models else None for p in passes],
+            samples.get((m, "", "ttft_p99_ms"), ()),
+            0.99,
+            known.get(m, False),
+        )
+        for m, o in sorted(run.models.items())
+        if o.requests
+    ]
+    return max((i for i in p99 if i is not None), key=lambda i: i.mid, default=None)
+
+
+def _worst_share(judged: Sequence[Judged]) -> Interval | None:
+    """The worst p99 TTFT objective's figure as a share of it, with its interval."""
+    shares = [
+        Interval(j.figure.low / j.target, j.figure.mid / j.target, j.figure.high / j.target, j.figure.n)
+        for j in judged
+        if j.objective == "ttft_p99_ms" and j.figure is not None and j.target > 0
+    ]
+    return max(shares, key=lambda i: i.mid, default=None)
+
+
 def confirm(
     catalog: Catalog,
     candidate: Candidate,
@@ -173,40 +211,17 @@ def confirm(
         for i in range(o.replicas[hour])
     ]
     run, rows = _replay_rows(catalog, replicas, requests, seconds, models, seed)
-    spreads = spreads or {}
-    passes = max((len(s.passes) for s in spreads.values()), default=0)
-    passes = passes if passes >= 2 else 0
-    mine = {
-        k: s
-        for k, s in spreads.items()
-        if (k[0], k[1]) in {(o.model, o.choice.profile) for o in candidate.options}
-    }
+    mine, passes = _mine(spreads or {}, candidate)
     known = {model: passes > 0 and s.known and len(s.passes) == passes for (model, _, _), s in mine.items()}
     pass_runs = [
-        _replay_rows(catalog, replicas, requests, seconds, PassModels(spreads, k), seed)
+        _replay_rows(catalog, replicas, requests, seconds, PassModels(spreads or {}, k), seed)
         for k in range(passes)
     ]
     samples = _samples(requests, run)
     judged = judge(rows, [r for _, r in pass_runs], samples, known)
-    by_model = {m: o for m, o in run.models.items() if o.requests}
-    p99 = [
-        interval_of(
-            o.ttft_p99_ms,
-            [p.models[m].ttft_p99_ms if m in p.models else None for p, _ in pass_runs],
-            samples.get((m, "", "ttft_p99_ms"), ()),
-            0.99,
-            known.get(m, False),
-        )
-        for m, o in sorted(by_model.items())
-    ]
-    worst = max((i for i in p99 if i is not None), key=lambda i: i.mid, default=None)
-    available = [o.served / o.requests for o in by_model.values()]
-    shares = [
-        Interval(j.figure.low / j.target, j.figure.mid / j.target, j.figure.high / j.target, j.figure.n)
-        for j in judged
-        if j.objective == "ttft_p99_ms" and j.figure is not None and j.target > 0
-    ]
-    share = max(shares, key=lambda i: i.mid, default=None)
+    worst = _worst_p99(run, [p for p, _ in pass_runs], samples, known)
+    available = [o.served / o.requests for o in run.models.values() if o.requests]
+    share = _worst_share(judged)
     tpot = _worst(judged, "tpot_p99_ms")
     missed = tuple(j.words() for j in judged if j.state == "fail")
     undecided = tuple(j.words() for j in judged if j.state == "undecided")
@@ -415,10 +430,10 @@ def run(
     return found
 
 
-def undecided_exit(found: Suggested) -> None:
+def undecided_exit(found: Suggested | None) -> None:
     """Exit 4, as `plan --simulate` does for a verdict the measured spread leaves undecided, when the
     suggestion's replay neither meets nor misses an objective for certain."""
-    if found.undecided:
+    if found is not None and found.undecided:
         typer.echo(
             "warning: --suggest: the suggestion's replay is undecided (its interval straddles an objective); "
             "exit 4",

@@ -509,7 +509,9 @@ async def main_async(args: argparse.Namespace) -> int:
     confirmed = len(told.replayed) >= 1 and all(c.met for c in told.replayed)
     print(
         f"replay of the top {len(told.replayed)}: "
-        + ", ".join("met" if c.met else "MISSED" for c in told.replayed)
+        + ", ".join(
+            {"met": "met", "missed": "MISSED", "undecided": "UNDECIDED"}[c.verdict] for c in told.replayed
+        )
     )
     met = confirmed
     if found.best is not None:

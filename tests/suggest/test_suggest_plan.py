@@ -154,7 +154,10 @@ def test_the_pr_comment_carries_the_diff_the_replay_table_and_a_chart(files: dic
     assert "#### Suggested fleet" in out
     assert "```diff\n--- a/" in out and "-  scaling: {min: 1, max: 1}   # set by hand, long ago" in out
     assert "+  scaling: {min: 1, max: 7}   # set by hand, long ago" in out
-    assert "| candidate | cost/h | p99 TTFT ms |" in out and "| suggested (chat: l4 x 7) | 5.60 |" in out
+    assert (
+        "| candidate | cost/h | p90 TTFT ms | p99 TTFT ms |" in out
+        and "| suggested (chat: l4 x 7) | 5.60 |" in out
+    )
     chart = out[out.index("```mermaid") :]
     assert "xychart-beta" in chart and 'x-axis "USD per hour" ["5.60", "9.00"]' in chart
     assert "line [100, 100]" in chart

@@ -194,12 +194,30 @@ def plan(
         _refuse(made, saved=out is not None)
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
-    if suggest:
-        asked = plan_suggest.Asked(objective, write, post)
-        plan_suggest.run(result, live, trace, capacity, client, output.value, asked)
-    if simulate or (trace is not None and not suggest):
-        _simulate(catalog, live, made, trace, capacity, client, output)
+    asked = plan_suggest.Asked(objective, write, post) if suggest else None
+    _suggest_and_simulate(result, live, made, (trace, capacity, client), output, asked, simulate)
     raise typer.Exit(plan_usage.exit_code(made, detailed=detailed_exitcode, impact=impact_exitcode))
+
+
+def _suggest_and_simulate(
+    result: LoadResult,
+    live: LiveState,
+    made: Plan,
+    inputs: tuple[Path | None, Path | None, AdminClient | None],  # the trace, the capacity file, the client
+    output: PlanFormat,
+    asked: plan_suggest.Asked | None,
+    simulate: bool,
+) -> None:
+    """`--suggest` (when `asked`), then `--simulate` (asked, or a trace without --suggest); exit 3 or 4 on
+    --simulate's verdicts, then 4 when the suggestion is undecided."""
+    trace, capacity, client = inputs
+    assert result.repo is not None
+    suggested = (
+        plan_suggest.run(result, live, trace, capacity, client, output.value, asked) if asked else None
+    )
+    if simulate or (trace is not None and asked is None):
+        _simulate(result.repo.catalog, live, made, trace, capacity, client, output)
+    plan_suggest.undecided_exit(suggested)
 
 
 def _valid_repo(path: Path, revision: str | None, bindings: Path | None, output: PlanFormat) -> LoadResult:

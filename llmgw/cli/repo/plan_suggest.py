@@ -16,10 +16,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from llmgw_router.decisions.replay import replay
+from llmgw_router.decisions.replay import Replay, replay
 
 from llmgw.cli.admin_client import AdminError
 from llmgw.cli.repo import plan_simulate as sim
+from llmgw.cli.repo.plan_spread import PassModels
+from llmgw.core.capacity.engine_spread import EngineSpread, fit_engine_spread
+from llmgw.core.capacity.spread import CONFIDENCE, Interval
 from llmgw.core.desired.catalog import Catalog
 from llmgw.core.desired.repo import LoadedDocument, LoadResult
 from llmgw.core.errors import LlmgwError
@@ -29,12 +32,22 @@ from llmgw.core.suggest.build import NOT_CHECKED, build_problem, fleet_limits
 from llmgw.core.suggest.demand import HOUR_S, busiest, demand_by_hour, periods_of
 from llmgw.core.suggest.render import Confirmed, Report, document, render_markdown, render_text
 from llmgw.core.suggest.search import Candidate, Objective, Result, search
-from llmgw.core.suggest.served import slo_rows
+from llmgw.core.suggest.served import SloRow, slo_rows
+from llmgw.core.suggest.uncertainty import Judged, decided_at, interval_of, judge, no_spread_reason
 from llmgw.core.suggest.yaml_edit import ModelEdit, edit_models, unified
 from llmgw.core.traffic.synthetic_trace import DEFAULT_MINUTES
 from llmgw.core.traffic.trace import TracedRequest
 
-__all__ = ["Asked", "ObjectiveChoice", "Suggested", "confirm", "run", "suggest"]
+__all__ = [
+    "Asked",
+    "ObjectiveChoice",
+    "Suggested",
+    "confirm",
+    "run",
+    "spreads_of",
+    "suggest",
+    "undecided_exit",
+]
 
 MIN_SEARCHED = 8  # the most replicas searched per model: at least this, or twice the largest scaling.max
 
@@ -44,9 +57,12 @@ class Suggested:
     text: str
     markdown: str
     writes: Mapping[Path, str]  # file -> its new text (what --write saves)
-    found: bool  # a configuration met every objective in the search and in the replay
+    found: bool  # a configuration met every objective in the search and in the replay (its whole interval)
     replayed: tuple[Confirmed, ...] = ()  # the suggestion and its runners-up, replayed for the busiest hour
     document: Mapping[str, object] | None = None  # what --post sends (llmgw.core.api.suggestions)
+    undecided: bool = (
+        False  # the suggestion's replay neither met nor missed an objective: its interval straddles it
+    )
 
 
 def _requests(
@@ -77,6 +93,105 @@ def _window(requests: Sequence[TracedRequest], hour: int, periods: int) -> list[
     ]
 
 
+Spreads = Mapping[tuple[str, str, int | None], EngineSpread]
+
+
+def spreads_of(
+    catalog: Catalog, measured: sim.Measurements
+) -> tuple[dict[tuple[str, str, int | None], EngineSpread], int]:
+    """Every profile's engine model with its spread over the bench's passes (`plan --simulate`'s,
+    llmgw.core.capacity.engine_spread), and the most passes any has (below 2: no spread anywhere)."""
+    out = {
+        (name, p.name, p.slots): fit_engine_spread(measured.get((name, p.name)), p.slots, f"{name}/{p.name}")
+        for name, entry in catalog.models.items()
+        for p in entry.spec.profiles
+    }
+    return out, max((len(s.passes) for s in out.values()), default=0)
+
+
+def _replay_rows(
+    catalog: Catalog,
+    replicas: list[tuple[str, str, str]],
+    requests: Sequence[TracedRequest],
+    seconds: float,
+    models: sim.ModelSource,
+    seed: int,
+) -> tuple[Replay, list[SloRow]]:
+    specs = {name: entry.spec for name, entry in catalog.models.items()}
+    run = replay(sim.sim_fleet(catalog, replicas, specs, models), requests, seed=seed, duration_s=seconds)
+    return run, slo_rows(catalog, sim.served(requests, run))
+
+
+def _samples(requests: Sequence[TracedRequest], run: Replay) -> dict[tuple[str, str, str], list[float]]:
+    """The pooled replay's TTFTs and TPOTs per model and project (and per model alone, project ""): what its
+    percentiles are sampled from."""
+    out: dict[tuple[str, str, str], list[float]] = {}
+    for r, o in zip(requests, run.outcomes, strict=True):
+        for project in (r.project, ""):
+            if o.ttft_ms is not None:
+                for objective in ("ttft_p90_ms", "ttft_p99_ms"):
+                    out.setdefault((r.model, project, objective), []).append(o.ttft_ms)
+            if o.tpot_ms is not None:
+                out.setdefault((r.model, project, "tpot_p99_ms"), []).append(o.tpot_ms)
+    return out
+
+
+def _worst(judged: Sequence[Judged], objective: str) -> Interval | None:
+    rows = [j.figure for j in judged if j.objective == objective and j.figure is not None]
+    return max(rows, key=lambda i: i.mid, default=None)
+
+
+def _decide(candidate: Candidate, hour: int, j: Judged) -> str:
+    """What would make an undecided objective decided: more replicas, as the evaluator estimates them."""
+    option = next(o for o in candidate.options if o.model == j.model)
+    n = option.replicas[hour]
+    more = decided_at(option.choice, hour, n, j)
+    if more is None:
+        return (
+            f"no count of {option.choice.profile} replicas the search weighs decides it: a faster profile, "
+            "or a bench with a narrower spread"
+        )
+    return f"~{more} replicas of {option.choice.profile} instead of {n} would decide it (the evaluator's estimate)"
+
+
+def _mine(spreads: Spreads, candidate: Candidate) -> tuple[Spreads, int]:
+    """The candidate's profiles' spreads, and the passes replayed (0 where none has two)."""
+    passes = max((len(s.passes) for s in spreads.values()), default=0)
+    used = {(o.model, o.choice.profile) for o in candidate.options}
+    return {k: s for k, s in spreads.items() if (k[0], k[1]) in used}, passes if passes >= 2 else 0
+
+
+def _worst_p99(
+    run: Replay,
+    passes: Sequence[Replay],
+    samples: Mapping[tuple[str, str, str], Sequence[float]],
+    known: Mapping[str, bool],
+) -> Interval | None:
+    """The worst model's p99 TTFT (all its requests) with its interval."""
+    p99 = [
+        interval_of(
+            o.ttft_p99_ms,
+            [p.models[m].ttft_p99_ms if m in p.models else None for p in passes],
+            samples.get((m, "", "ttft_p99_ms"), ()),
+            0.99,
+            known.get(m, False),
+        )
+        for m, o in sorted(run.models.items())
+        if o.requests
+    ]
+    return max((i for i in p99 if i is not None), key=lambda i: i.mid, default=None)
+
+
+def _worst_share(judged: Sequence[Judged]) -> Interval | None:
+    """The worst p99 TTFT objective's figure as a share of it, with its interval."""
+    shares = [
+        Interval(j.figure.low / j.target, j.figure.mid / j.target, j.figure.high / j.target, j.figure.n)
+        for j in judged
+        if j.objective == "ttft_p99_ms" and j.figure is not None and j.target > 0
+    ]
+    return max(shares, key=lambda i: i.mid, default=None)
+
+
 def confirm(
     catalog: Catalog,
     candidate: Candidate,
@@ -85,31 +200,65 @@ def confirm(
     seconds: float,
     models: sim.EngineModels,
     seed: int,
+    spreads: Spreads | None = None,
 ) -> Confirmed:
-    """Replay `requests` (one hour's) against the candidate's replicas at that hour."""
+    """Replay `requests` (one hour's) against the candidate's replicas at that hour: with the pooled engine
+    models, and once per bench pass's models where `spreads` has two passes or more (the intervals and
+    verdicts of llmgw.core.suggest.uncertainty)."""
     replicas = [
         (f"{o.model}-{o.choice.profile}-{i}", o.model, o.choice.profile)
         for o in candidate.options
         for i in range(o.replicas[hour])
     ]
-    specs = {name: entry.spec for name, entry in catalog.models.items()}
-    run = replay(sim.sim_fleet(catalog, replicas, specs, models), requests, seed=seed, duration_s=seconds)
-    rows = slo_rows(catalog, sim.served(requests, run))
-    by_model = {m: o for m, o in run.models.items() if o.requests}
-    ttft = [o.ttft_p99_ms for o in by_model.values() if o.ttft_p99_ms is not None]
-    tpot = [r.figure for r in rows if r.objective == "tpot_p99_ms" and r.figure is not None]
-    available = [o.served / o.requests for o in by_model.values()]
-    shares = [r.figure / r.target for r in rows if r.objective == "ttft_p99_ms" and r.figure is not None]
-    missed = tuple(f"{r.model} ({r.project}) {r.objective} {r.figure}" for r in rows if r.met is not True)
+    run, rows = _replay_rows(catalog, replicas, requests, seconds, models, seed)
+    mine, passes = _mine(spreads or {}, candidate)
+    known = {model: passes > 0 and s.known and len(s.passes) == passes for (model, _, _), s in mine.items()}
+    pass_runs = [
+        _replay_rows(catalog, replicas, requests, seconds, PassModels(spreads or {}, k), seed)
+        for k in range(passes)
+    ]
+    samples = _samples(requests, run)
+    judged = judge(rows, [r for _, r in pass_runs], samples, known)
+    worst = _worst_p99(run, [p for p, _ in pass_runs], samples, known)
+    available = [o.served / o.requests for o in run.models.values() if o.requests]
+    share = _worst_share(judged)
+    tpot = _worst(judged, "tpot_p99_ms")
+    missed = tuple(j.words() for j in judged if j.state == "fail")
+    undecided = tuple(j.words() for j in judged if j.state == "undecided")
+    deciding = tuple(_decide(candidate, hour, j) for j in judged if j.state == "undecided")
     return Confirmed(
         candidate,
-        max(ttft) if ttft else None,
-        max(tpot) if tpot else None,
+        worst.mid if worst is not None else None,
+        tpot.mid if tpot is not None else None,
         min(available) if available else None,
-        max(shares) if shares else None,
-        not missed,
+        share.mid if share is not None else None,
+        not missed and not undecided,
         missed,
+        undecided,
+        _worst(judged, "ttft_p90_ms"),
+        worst,
+        tpot,
+        share,
+        _spread_words(mine, passes),
+        deciding,
     )
+
+
+def _spread_words(mine: Spreads, passes: int) -> str:
+    """Where the candidate's intervals come from, and each profile whose figures have none, and why."""
+    gaps = []
+    for (model, profile, _), spread in sorted(mine.items()):
+        if passes and spread.known and len(spread.passes) < passes:
+            gaps.append(f"{model}/{profile}: fewer bench passes than {passes}, its spread is not known")
+        elif (why := no_spread_reason(spread)) is not None:
+            gaps.append(f"{model}/{profile}: {why}")
+    if passes == 0:
+        return f"no spread measured, the figures are points: {'; '.join(gaps)}" if gaps else ""
+    head = (
+        f"{CONFIDENCE:.0%}, one replay per bench pass ({passes} passes) and the trace's own sampling of its "
+        "percentiles, around the pooled fit's replay"
+    )
+    return head + (f"; no interval for {'; '.join(gaps)}" if gaps else "")
 
 
 def _changes(
@@ -173,7 +322,8 @@ def suggest(
     window = _window(requests, hour, periods)
     seconds = HOUR_S if periods > 1 else duration
     top = [c for c in (result.best, *result.runners_up) if c is not None]
-    replayed = [confirm(catalog, c, window, hour, seconds, models, seed) for c in top]
+    spreads, _ = spreads_of(catalog, measured)
+    replayed = [confirm(catalog, c, window, hour, seconds, models, seed, spreads) for c in top]
     writes, changes, diff = _changes(catalog, documents, result.best)
     report = Report(
         result,
@@ -190,8 +340,11 @@ def suggest(
         limits.resources,
     )
     found = result.best is not None and bool(replayed) and replayed[0].met
+    undecided = result.best is not None and bool(replayed) and replayed[0].verdict == "undecided"
     posted = document(report, revision, found) if revision else None
-    return Suggested(render_text(report), render_markdown(report), writes, found, tuple(replayed), posted)
+    return Suggested(
+        render_text(report), render_markdown(report), writes, found, tuple(replayed), posted, undecided
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the command
@@ -207,7 +360,8 @@ SuggestOpt = Annotated[
     typer.Option(
         "--suggest",
         help="Propose the cheapest fleet the repo allows that meets its models' objectives in replay (with "
-        "--trace: that trace; else the synthetic one --simulate uses; docs/gitops.md, Suggested fleets)",
+        "--trace: that trace; else the synthetic one --simulate uses; docs/gitops.md, Suggested fleets); exit 4 "
+        "when the bench's spread leaves the suggestion undecided",
     ),
 ]
 ObjectiveOpt = Annotated[
@@ -247,9 +401,10 @@ def run(
     client: Any,
     output: str,
     asked: Asked,
-) -> None:
+) -> Suggested:
     """The `--suggest` section after the plan (stderr beside JSON, so stdout stays one document); `--write`
-    saves the edited files and says which; `--post` sends the candidates to the controller."""
+    saves the edited files and says which; `--post` sends the candidates to the controller. The caller exits
+    4 when the suggestion is undecided (`undecided_exit`), after `--simulate` had its say."""
     assert loaded.repo is not None  # the plan refused an invalid repo before
     catalog, documents, revision = loaded.repo.catalog, loaded.documents, loaded.repo.revision or ""
     if asked.post and client is None:
@@ -272,6 +427,19 @@ def run(
         typer.echo(f"--write: edited {written}", err=True)
     if asked.post:
         _post(client, found, revision)
+    return found
+
+
+def undecided_exit(found: Suggested | None) -> None:
+    """Exit 4, as `plan --simulate` does for a verdict the measured spread leaves undecided, when the
+    suggestion's replay neither meets nor misses an objective for certain."""
+    if found is not None and found.undecided:
+        typer.echo(
+            "warning: --suggest: the suggestion's replay is undecided (its interval straddles an objective); "
+            "exit 4",
+            err=True,
+        )
+        raise typer.Exit(4)
 
 
 def _post(client: Any, found: Suggested, revision: str) -> None:

@@ -1,12 +1,14 @@
 """The plan page's suggested fleet (`llmgw plan --suggest --post`): the chart the PR comment draws with Mermaid,
 drawn here as SVG on the server (no script, so it reads the same with JavaScript off): each replayed
 candidate's cost per hour against its worst p99 TTFT as a share of its objective, the objective's line at
-100 %, the suggestion marked. The template (plan.html) draws these coordinates; the table beside it says the
+100 %, the suggestion marked, each candidate's interval over the bench's passes a bar through its point
+(where a spread was measured). The template (plan.html) draws these coordinates; the table beside it says the
 same in words. Pure: a posted suggestion in, the figure's geometry out."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from llmgw.core.api.suggestions import PostedSuggestion, SuggestedCandidate
@@ -23,7 +25,18 @@ class Point:
     x: float
     y: float
     candidate: SuggestedCandidate
-    words: str  # its tooltip: name, cost, share
+    words: str  # its tooltip: name, cost, share (and its interval)
+    low_y: float | None = (
+        None  # the share's interval as a bar from here to `high_y` (None: no spread measured)
+    )
+    high_y: float | None = None
+
+    @property
+    def state(self) -> str:
+        """met, missed or undecided: its colour."""
+        if self.candidate.met:
+            return "met"
+        return "missed" if self.candidate.missed else "undecided"
 
 
 @dataclass(frozen=True)
@@ -62,11 +75,23 @@ def _ticks(top: float, at: float, span: float, unit: str, *, upward: bool) -> li
     return out
 
 
+def _between(c: SuggestedCandidate) -> str:
+    if c.ttft_share_low is None or c.ttft_share_high is None:
+        return " (no spread measured)"
+    return f" [{100 * c.ttft_share_low:.0f}, {100 * c.ttft_share_high:.0f} %]"
+
+
+def _bar(c: SuggestedCandidate, y_of: Callable[[float], float]) -> tuple[float | None, float | None]:
+    if c.ttft_share_low is None or c.ttft_share_high is None:
+        return None, None
+    return y_of(100 * c.ttft_share_low), y_of(100 * c.ttft_share_high)
+
+
 def chart(posted: PostedSuggestion) -> Chart:
     s = posted.suggestion
     placed = [c for c in s.candidates if c.ttft_share is not None]
     x_top = max([c.cost_per_hour for c in s.candidates] + [0.01]) * 1.15
-    y_top = max([100 * (c.ttft_share or 0) for c in placed] + [100]) * 1.2
+    y_top = max([100 * (c.ttft_share_high or c.ttft_share or 0) for c in placed] + [100]) * 1.2
     left, right, top, bottom = LEFT, WIDTH - RIGHT, TOP, HEIGHT - BOTTOM
     width, height = right - left, bottom - top
 
@@ -79,7 +104,8 @@ def chart(posted: PostedSuggestion) -> Chart:
             y_of(100 * (c.ttft_share or 0)),
             c,
             f"{c.name}: {c.cost_per_hour:.2f} {s.currency}/h, p99 TTFT {100 * (c.ttft_share or 0):.0f} % "
-            f"of its objective",
+            f"of its objective{_between(c)}",
+            *_bar(c, y_of),
         )
         for c in placed
     ]

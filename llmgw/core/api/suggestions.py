@@ -33,8 +33,19 @@ class SuggestedCandidate(BaseModel):
     )
     tpot_p99_ms: float | None = Field(ge=0, description="The worst p99 time per output token in the replay")
     availability: float | None = Field(ge=0, le=1, description="The worst share of requests served")
-    met: bool = Field(description="Every objective held in the replay")
+    met: bool = Field(description="Every objective held in the replay, its whole interval within it")
     missed: list[str] = Field(max_length=64, description="The objectives missed, with their figures")
+    undecided: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The objectives whose interval straddles them (neither met nor missed)",
+    )
+    ttft_p99_low_ms: float | None = Field(
+        default=None, ge=0, description="The p99 TTFT's interval over the bench's passes; absent: no spread"
+    )
+    ttft_p99_high_ms: float | None = Field(default=None, ge=0, description="Its upper bound")
+    ttft_share_low: float | None = Field(default=None, ge=0, description="The share's interval, lower bound")
+    ttft_share_high: float | None = Field(default=None, ge=0, description="Its upper bound")
 
 
 class SuggestionBody(BaseModel):

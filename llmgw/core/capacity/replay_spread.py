@@ -42,6 +42,7 @@ __all__ = [
     "reliable_load",
     "spread_of",
     "spread_section",
+    "verdict_state",
     "widen",
 ]
 
@@ -143,7 +144,13 @@ class Verdict:
     words: str
 
 
-def _state(interval: Interval, limit: float) -> str:
+def verdict_state(interval: Interval, limit: float, *, at_least: bool = False) -> str:
+    """ "fail" when the whole interval is past `limit`, "pass" when it is all within, else "undecided" (it
+    straddles the limit). `at_least`: the figure must reach the limit (availability), not stay under it."""
+    if at_least:
+        if interval.high < limit:
+            return "fail"
+        return "pass" if interval.low >= limit else "undecided"
     if interval.low > limit:
         return "fail"
     return "pass" if interval.high <= limit else "undecided"
@@ -162,7 +169,7 @@ def judge_ratio(
         [a / b if b > 0 else None for a, b in (p for p in passes if p is not None)],
     )
     assert ratio is not None
-    state = _state(ratio, 1 + max_increase)
+    state = verdict_state(ratio, 1 + max_increase)
     shown = ratio.text(2) if ratio.n > 1 else f"{ratio.mid:.2f} (no spread measured)"
     words = (
         f"model {model}: p99 TTFT {before:.0f} ms -> {after:.0f} ms, planned/current {shown} "
@@ -174,7 +181,7 @@ def judge_ratio(
 
 
 def judge_slo(model: str, p99: Interval, slo_ms: float) -> Verdict:
-    state = _state(p99, slo_ms)
+    state = verdict_state(p99, slo_ms)
     said = {"pass": "met", "fail": "missed", "undecided": "undecided: the interval straddles it"}[state]
     return Verdict(state, f"model {model}: p99 TTFT {p99.text()} ms against its SLO {slo_ms:g} ms: {said}")
 

@@ -8,24 +8,47 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from llmgw.core.capacity.spread import Interval
 from llmgw.core.suggest.build import pool_figures
 from llmgw.core.suggest.search import Candidate, Result
 from llmgw.core.suggest.space import Option
+from llmgw.core.suggest.uncertainty import span
 
 __all__ = ["Confirmed", "Report", "chart", "document", "render_markdown", "render_text"]
 
 
 @dataclass(frozen=True)
 class Confirmed:
-    """A candidate replayed: the worst figures over its models and classes, and whether every objective held."""
+    """A candidate replayed: the worst figures over its models and classes (each with its interval over the
+    bench's passes, `llmgw.core.suggest.uncertainty`), and whether every objective held for certain."""
 
     candidate: Candidate
     ttft_p99_ms: float | None
     tpot_p99_ms: float | None
     availability: float | None
     ttft_share: float | None  # the worst p99 TTFT as a share of its objective (None: no objective)
-    met: bool
-    missed: tuple[str, ...] = ()
+    met: bool  # every objective's whole interval within it
+    missed: tuple[str, ...] = ()  # the whole interval past it
+    undecided: tuple[str, ...] = ()  # the interval straddles it, with the replicas that would decide it
+    ttft_p90: Interval | None = None  # the worst declared p90 TTFT objective's figure
+    ttft_p99: Interval | None = None
+    tpot_p99: Interval | None = None
+    share: Interval | None = None  # `ttft_share`'s interval
+    spread: str = ""  # where the intervals come from, or why a figure has none
+    deciding: tuple[str, ...] = ()  # per `undecided`, in order: the headroom that would decide it
+
+    @property
+    def verdict(self) -> str:
+        """met, missed or undecided (missed wins: one objective surely missed is enough)."""
+        if self.missed:
+            return "missed"
+        return "undecided" if self.undecided else "met"
+
+    def point(self, value: float | None, interval: Interval | None, digits: int) -> str:
+        """The figure with its interval where one was replayed (`412 [380, 455]`)."""
+        if interval is not None:
+            return span(interval, digits)
+        return "-" if value is None else f"{value:.{digits}f}"
 
 
 @dataclass(frozen=True)
@@ -97,16 +120,25 @@ def _replay_rows(report: Report) -> list[tuple[str, ...]]:
             (
                 f"{name} ({profiles})",
                 f"{c.candidate.cost_per_hour:.2f}",
-                "-" if c.ttft_p99_ms is None else f"{c.ttft_p99_ms:.0f}",
-                "-" if c.tpot_p99_ms is None else f"{c.tpot_p99_ms:.1f}",
+                span(c.ttft_p90),
+                c.point(c.ttft_p99_ms, c.ttft_p99, 0),
+                c.point(c.tpot_p99_ms, c.tpot_p99, 1),
                 "-" if c.availability is None else f"{c.availability:.4f}",
-                "met" if c.met else "MISSED: " + "; ".join(c.missed),
+                _verdict(c),
             )
         )
     return rows
 
 
-HEADER = ("candidate", "cost/h", "p99 TTFT ms", "p99 TPOT ms", "availability", "objectives")
+def _verdict(c: Confirmed) -> str:
+    if c.verdict == "met":
+        return "met"
+    if c.verdict == "missed":
+        return "MISSED: " + "; ".join(c.missed)
+    return "UNDECIDED: " + "; ".join(c.undecided)
+
+
+HEADER = ("candidate", "cost/h", "p90 TTFT ms", "p99 TTFT ms", "p99 TPOT ms", "availability", "objectives")
 
 
 def _sections(report: Report) -> list[tuple[str, list[str]]]:
@@ -122,6 +154,16 @@ def _sections(report: Report) -> list[tuple[str, list[str]]]:
             f"fleet: {r.best.cost_per_hour:.2f} {cur}/h on average over {report.periods} hour(s), "
             f"{peak:.2f} {cur}/h at the busiest (hour {report.busiest})"
         )
+        first = report.replayed[0] if report.replayed else None
+        if first is not None and first.verdict == "undecided":
+            lines.append("not proposed as meeting every objective: its replay leaves some undecided")
+            lines.extend(f"undecided: {u}; {d}" for u, d in zip(first.undecided, first.deciding, strict=True))
+            sure = next((i for i, c in enumerate(report.replayed) if c.verdict == "met"), None)
+            if sure is not None:
+                lines.append(
+                    f"{_name(sure)} meets every objective with its whole interval, at "
+                    f"{report.replayed[sure].candidate.cost_per_hour:.2f} {report.currency}/h"
+                )
         out.append((f"Suggested fleet (objective {report.objective})", lines))
         out.append(
             (
@@ -151,30 +193,52 @@ def render_text(report: Report) -> str:
             lines.append(f"Replay ({report.replay_words}):")
             lines.append("  " + " | ".join(HEADER))
             lines.extend("  " + " | ".join(row) for row in _replay_rows(report))
+            lines.extend(f"  {line}" for line in _spread_lines(report))
     return "\n".join(lines) + "\n"
+
+
+def _spread_lines(report: Report) -> list[str]:
+    """Where each candidate's intervals come from (or why a figure has none), once when all agree."""
+    said = [c.spread for c in report.replayed if c.spread]
+    if not said:
+        return []
+    if len(set(said)) == 1:
+        return [f"intervals: {said[0]}"]
+    return [f"intervals of {_name(i)}: {c.spread}" for i, c in enumerate(report.replayed) if c.spread]
 
 
 def chart(report: Report) -> str:
     """A Mermaid xychart: each replayed candidate's cost per hour against its worst p99 TTFT as a share of the
-    objective, the objective's line at 100 %."""
+    objective, the objective's line at 100 %. xychart has no error bars: where the replay carries intervals,
+    a first bar series holds each candidate's upper bound and the second its figure; Mermaid draws a later
+    series over an earlier one at the same place (it does not group them), so the part of the first bar
+    above the second is the interval's upper side, in the GitHub and Gitea renderings alike."""
     shown = [c for c in report.replayed if c.ttft_share is not None]
     if not shown:
         return ""
     labels = ", ".join(f'"{c.candidate.cost_per_hour:.2f}"' for c in shown)
     shares = [round(100 * (c.ttft_share or 0.0)) for c in shown]
-    top = max([*shares, 100]) * 1.2
-    return "\n".join(
-        [
-            "```mermaid",
-            "xychart-beta",
-            '    title "Candidates: cost per hour against p99 TTFT (replay)"',
-            f'    x-axis "{report.currency} per hour" [{labels}]',
-            f'    y-axis "worst p99 TTFT, % of its objective" 0 --> {top:.0f}',
-            f"    bar [{', '.join(str(s) for s in shares)}]",
-            f"    line [{', '.join('100' for _ in shown)}]",
-            "```",
-        ]
-    )
+    highs = [
+        round(100 * c.share.high) if c.share is not None else s for c, s in zip(shown, shares, strict=True)
+    ]
+    spread = highs != shares
+    top = max([*highs, 100]) * 1.2
+    title = "p99 TTFT (replay; the taller bar: its interval's upper bound)" if spread else "p99 TTFT (replay)"
+    lines = [
+        "```mermaid",
+        "xychart-beta",
+        f'    title "Candidates: cost per hour against {title}"',
+        f'    x-axis "{report.currency} per hour" [{labels}]',
+        f'    y-axis "worst p99 TTFT, % of its objective" 0 --> {top:.0f}',
+    ]
+    if spread:
+        lines.append(f"    bar [{', '.join(str(h) for h in highs)}]")
+    lines += [
+        f"    bar [{', '.join(str(s) for s in shares)}]",
+        f"    line [{', '.join('100' for _ in shown)}]",
+        "```",
+    ]
+    return "\n".join(lines)
 
 
 def render_markdown(report: Report) -> str:
@@ -191,12 +255,24 @@ def render_markdown(report: Report) -> str:
             lines.append("|" + "---|" * len(HEADER))
             lines.extend("| " + " | ".join(row) + " |" for row in _replay_rows(report))
             lines.append("")
+            lines.extend(f"- {line}" for line in _spread_lines(report))
+            lines.append("")
             drawn = chart(report)
             if drawn:
                 lines.extend([drawn, ""])
     if report.diff:
         lines.extend(["**Suggested change**", "", "```diff", report.diff.rstrip("\n"), "```", ""])
     return "\n".join(lines)
+
+
+def _bounds(c: Confirmed) -> dict[str, object]:
+    """The intervals `--post` sends (absent without one: unknown is not a zero-width interval)."""
+    out: dict[str, object] = {"undecided": list(c.undecided)}
+    if c.ttft_p99 is not None and c.ttft_p99.n > 1:
+        out.update(ttft_p99_low_ms=c.ttft_p99.low, ttft_p99_high_ms=c.ttft_p99.high)
+    if c.share is not None and c.share.n > 1:
+        out.update(ttft_share_low=c.share.low, ttft_share_high=c.share.high)
+    return out
 
 
 def document(report: Report, revision: str, found: bool) -> dict[str, object]:
@@ -214,6 +290,7 @@ def document(report: Report, revision: str, found: bool) -> dict[str, object]:
             "availability": c.availability,
             "met": c.met,
             "missed": list(c.missed),
+            **_bounds(c),
         }
         for i, c in enumerate(report.replayed)
     ]

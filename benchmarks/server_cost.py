@@ -232,6 +232,7 @@ def count(name: str, work: Path, upstream: str, requests: int, warmup: int) -> d
 
 def measure(work: Path, requests: int | None = None, warmup: int = 20) -> dict[str, dict[str, float]]:
     """The floor's and llmgw-router's instructions per request, whole and streamed, against one mock."""
+    work.mkdir(parents=True, exist_ok=True)
     procs = Procs(work)
     n = requests or batch_size()
     try:
@@ -300,11 +301,15 @@ def main(argv: Any = None) -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--requests", type=int, help="per measured batch (default: the usage batch, one flush)")
     ap.add_argument("--runs", type=int, default=3, help="measure both servers this many times in a row")
+    ap.add_argument("--keep", type=Path, help="keep each run's callgrind dumps under this directory")
     args = ap.parse_args(argv)
     runs = []
-    for _ in range(args.runs):
-        with tempfile.TemporaryDirectory(prefix="llmgw-server-cost-") as tmp:
-            runs.append(measure(Path(tmp), args.requests))
+    for i in range(args.runs):
+        if args.keep is not None:  # dump 3: the whole batch, 5: the streamed one (callgrind_annotate)
+            runs.append(measure(args.keep / f"run-{i + 1}", args.requests))
+        else:
+            with tempfile.TemporaryDirectory(prefix="llmgw-server-cost-") as tmp:
+                runs.append(measure(Path(tmp), args.requests))
         print(run_lines(runs)[-1], flush=True)
     print("\n".join(ratio_lines(runs)[len(runs) :]))
 

@@ -9,8 +9,8 @@ loopback by a client in this process (keep-alive, one request at a time) and for
 router_overhead.py's mock in a process of its own; neither is counted. The count of a batch of requests is
 read from callgrind's dumps at two markers around it: a thread started before the server's code reads a pipe,
 and for each byte written to it calls `os.getppid()` (`--dump-before=getppid`) and answers. A batch ends when
-the server's CPU time stops moving (its answer's bytes leave before its accounting is done), and an idle
-segment of the same wait, measured alike, is taken off (the marker's own cost and the server's timers).
+the server's CPU time stops moving (its answer's bytes leave before its accounting is done); the marker's own
+cost and the server's timers are taken off (below).
 
 What differs from the in-process driver: real sockets (the listener's parsing and the engine client are
 counted; the system calls are not, callgrind sees user space) and the limits' windows on real time. What runs
@@ -263,9 +263,11 @@ def run_lines(runs: list[dict[str, dict[str, float]]]) -> list[str]:
     lines = []
     for i, r in enumerate(runs, 1):
         f, g = r["floor"], r["llmgw"]
+        timers = g.get("timers_per_s")  # counts recorded before it was measured have none
+        shown = "not recorded" if timers is None else f"{timers:,.0f} instr/s taken off"
         lines.append(
             f"run {i}: floor {f['whole']:,.0f} / {f['stream']:,.0f}  llmgw {g['whole']:,.0f} / "
-            f"{g['stream']:,.0f}  (whole / stream; timers {g['timers_per_s']:,.0f} instr/s taken off)"
+            f"{g['stream']:,.0f}  (whole / stream; timers {shown})"
         )
     return lines
 

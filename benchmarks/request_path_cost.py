@@ -32,10 +32,11 @@ Before the table, the floor's line (benchmarks/server_cost.py): llmgw-router wit
 router_overhead.py (~20 lines of aiohttp), each a whole server under callgrind, and llmgw's instructions per
 request over the floor's, whole and streamed, a ratio the machine's load does not move:
 
-  request_path_floor: instr_ratio_whole=X instr_ratio_stream=X
+  request_path_floor: instr_ratio_whole=X instr_ratio_stream=X spread=S
 
 Run: .venv/bin/python benchmarks/request_path_cost.py [--requests 50] [--write-budgets] [--counts FILE]
   --no-floor         leave the two whole servers out (the budgets only)
+  --floor-runs N     measure the whole servers N times in a row (spread: none for one run)
   --counts FILE      compare the counts recorded in FILE (JSON, as --save writes) instead of measuring
   --save FILE        keep the measured counts
   --write-budgets    write the budget file from this run (measured + 10 %, rounded up)
@@ -553,15 +554,18 @@ def measure(requests: int) -> tuple[dict[str, dict[str, float]], dict[str, int]]
         shutil.rmtree(work, ignore_errors=True)
 
 
-def measure_servers(requests: int) -> dict[str, dict[str, float]]:
-    """The floor's and llmgw-router's counts as whole servers (server_cost.py)."""
+def measure_servers(runs: int) -> list[dict[str, dict[str, float]]]:
+    """The floor's and llmgw-router's counts as whole servers (server_cost.py), `runs` times."""
     import server_cost
 
-    work = Path(tempfile.mkdtemp(prefix="llmgw-server-cost-"))
-    try:
-        return server_cost.measure(work, requests)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    measured = []
+    for _ in range(runs):
+        work = Path(tempfile.mkdtemp(prefix="llmgw-server-cost-"))
+        try:
+            measured.append(server_cost.measure(work))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return measured
 
 
 def main() -> None:
@@ -572,6 +576,7 @@ def main() -> None:
     ap.add_argument("--budgets", type=Path, default=BUDGETS)
     ap.add_argument("--write-budgets", action="store_true", help="write the budget file from this run")
     ap.add_argument("--no-floor", action="store_true", help="leave out the whole servers' counts and ratio")
+    ap.add_argument("--floor-runs", type=int, default=1, help="measure the whole servers this many times")
     ap.add_argument("--inner", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.inner is not None:
@@ -588,11 +593,13 @@ def main() -> None:
     if args.counts is not None:
         recorded = json.loads(args.counts.read_text())
         stages, off, servers = recorded["stages"], recorded["off"], recorded.get("servers")
+        if isinstance(servers, dict):  # recorded before --floor-runs: one run
+            servers = [servers]
     else:
         per, off = measure(args.requests)
         stages = stage_counts(per)
         if not args.no_floor:
-            servers = measure_servers(args.requests)
+            servers = measure_servers(args.floor_runs)
     if args.save is not None:
         args.save.write_text(json.dumps({"stages": stages, "off": off, "servers": servers}, indent=2) + "\n")
     if args.write_budgets:

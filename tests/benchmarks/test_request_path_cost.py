@@ -116,9 +116,31 @@ def test_the_floor_line_gives_llmgw_over_the_floor_and_what_the_listener_and_cli
         [*script, str(tmp_path / "counts.json")], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "request_path_floor: instr_ratio_whole=2.50 instr_ratio_stream=3.00" in done.stdout.splitlines()
+    assert "request_path_floor: instr_ratio_whole=2.50 instr_ratio_stream=3.00 spread=none" in (
+        done.stdout.splitlines()
+    )
     listener = next(line for line in done.stdout.splitlines() if "of which listener+client" in line).split()
     # llmgw-router runs every check on: the in-process stages up to the kept bodies, which it does not keep.
     in_process = {m: sum(v for k, v in budgets[m].items() if k != "bodies") for m in MODES}
     assert listener[3:5] == [f"{1_250_000 - in_process['whole']:,}", f"{1_800_000 - in_process['stream']:,}"]
     assert done.stdout.rstrip().endswith(" over=0"), done.stdout  # the budgets' line stays the last
+
+
+def test_several_runs_give_their_medians_ratio_and_the_spread(tmp_path: Path) -> None:
+    budgets = committed_budgets()
+    runs = [
+        {"floor": {"whole": 500_000, "stream": 600_000}, "llmgw": {"whole": 1_000_000, "stream": 1_200_000}},
+        {"floor": {"whole": 505_000, "stream": 600_000}, "llmgw": {"whole": 1_010_000, "stream": 1_200_000}},
+        {"floor": {"whole": 510_000, "stream": 600_000}, "llmgw": {"whole": 1_020_000, "stream": 1_200_000}},
+    ]
+    counts = {"stages": budgets, "off": {m: budgets[m]["core"] for m in MODES}, "servers": runs}
+    (tmp_path / "counts.json").write_text(json.dumps(counts))
+    script = [sys.executable, str(ROOT / "benchmarks" / "request_path_cost.py"), "--counts"]
+    done = subprocess.run(
+        [*script, str(tmp_path / "counts.json")], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    # The medians' ratio (1,010,000 / 505,000); the spread: the floor's whole, (510,000 - 500,000) / 505,000.
+    assert "request_path_floor: instr_ratio_whole=2.00 instr_ratio_stream=2.00 spread=2.0%" in lines
+    assert [line.split(":")[0] for line in lines if line.startswith("run ")] == ["run 1", "run 2", "run 3"]

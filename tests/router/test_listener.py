@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 from llmgw_router.app import serve
 from llmgw_router.path.service import RequestService
+from llmgw_router.server import listener as listener_mod
 from llmgw_router.server.exchange import ClientStalled, Exchange, json_reply
 from llmgw_router.server.listener import MAX_HEAD, MAX_TARGET, ApiListener, Handler
 from support import wait_for
@@ -116,6 +117,20 @@ async def test_keep_alive_serves_several_requests_on_one_connection(served: tupl
         assert status == 200 and "connection" not in headers
         assert json.loads(body) == {"path": "/echo", "len": 2, "ua": "t"}  # headers in any case
     assert len(listener.connections) == 1
+    writer.close()
+
+
+async def test_header_names_are_read_in_any_case_past_the_kept_names_bound(served: tuple) -> None:
+    """Names a client makes up are not all kept (listener._NAMES is bounded), and are read alike past it."""
+    _, _, port = served
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    for i in range(listener_mod._NAMES_KEPT // 50 + 2):
+        made_up = b"".join(b"X-Made-Up-%d-%d: v\r\n" % (i, j) for j in range(50))
+        writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\n" + made_up + b"USER-agent: t%d\r\n" % i)
+        writer.write(b"Content-Length: 2\r\n\r\n{}")
+        status, _, body = await read_reply(reader)
+        assert status == 200 and json.loads(body)["ua"] == f"t{i}"
+    assert len(listener_mod._NAMES) <= listener_mod._NAMES_KEPT
     writer.close()
 
 

@@ -56,6 +56,11 @@ Handler = Callable[[Exchange], Awaitable[None]]
 MAX_TARGET = 8 * 1024  # request target; the API's are a few dozen bytes
 MAX_HEAD = 64 * 1024  # header names and values together
 MAX_HEADERS = 100
+# Header names as sent, to their lower-case text: the same few dozen on every request, looked up once each
+# instead of decoded and lowered per field (a field's callback is the listener's largest cost per request).
+# Bounded: names a client makes up past the bound are decoded each time, never kept.
+_NAMES: dict[bytes, str] = {}
+_NAMES_KEPT = 512
 _WRITE_HIGH = 64 * 1024  # bytes queued for a client before writers wait (aiohttp's figure)
 
 
@@ -183,7 +188,12 @@ class _Connection(asyncio.Protocol):
         self._head_size += len(name) + len(value)
         if self._head_size > MAX_HEAD or len(ex.headers) >= MAX_HEADERS:
             raise _Refused(431, f"Request head over {MAX_HEADERS} fields or {MAX_HEAD} bytes.")
-        ex.headers.setdefault(name.decode("latin-1").lower(), value.decode("utf-8", "surrogateescape"))
+        text = _NAMES.get(name)
+        if text is None:
+            text = name.decode("latin-1").lower()
+            if len(_NAMES) < _NAMES_KEPT:
+                _NAMES[name] = text
+        ex.headers.setdefault(text, value.decode("utf-8", "surrogateescape"))
 
     def on_headers_complete(self) -> None:
         ex = self._current

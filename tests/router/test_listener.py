@@ -134,6 +134,21 @@ async def test_header_names_are_read_in_any_case_past_the_kept_names_bound(serve
     writer.close()
 
 
+async def test_a_header_name_longer_than_any_real_one_is_read_and_never_kept(
+    served: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, _, port = served
+    monkeypatch.setattr(listener_mod, "_NAMES", {})  # room in the table: only the length keeps it out
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    long_name = b"X-" + b"n" * 4000
+    writer.write(b"POST /echo HTTP/1.1\r\nHost: x\r\n" + long_name + b": v\r\nUser-Agent: long\r\n")
+    writer.write(b"Content-Length: 2\r\n\r\n{}")
+    status, _, body = await read_reply(reader)
+    assert status == 200 and json.loads(body)["ua"] == "long"
+    assert long_name not in listener_mod._NAMES and b"User-Agent" in listener_mod._NAMES
+    writer.close()
+
+
 async def test_pipelined_requests_are_answered_in_order(served: tuple) -> None:
     rec, _, port = served
     reader, writer = await asyncio.open_connection("127.0.0.1", port)

@@ -58,9 +58,11 @@ MAX_HEAD = 64 * 1024  # header names and values together
 MAX_HEADERS = 100
 # Header names as sent, to their lower-case text: the same few dozen on every request, looked up once each
 # instead of decoded and lowered per field (a field's callback is the listener's largest cost per request).
-# Bounded: names a client makes up past the bound are decoded each time, never kept.
+# Bounded in count and length: names a client makes up past the bound, or longer than any real header's, are
+# decoded each time, never kept (512 kept names of 64 KiB each would hold 32 MiB for the process's life).
 _NAMES: dict[bytes, str] = {}
 _NAMES_KEPT = 512
+_NAME_KEPT_BYTES = 64
 _WRITE_HIGH = 64 * 1024  # bytes queued for a client before writers wait (aiohttp's figure)
 
 
@@ -191,7 +193,7 @@ class _Connection(asyncio.Protocol):
         text = _NAMES.get(name)
         if text is None:
             text = name.decode("latin-1").lower()
-            if len(_NAMES) < _NAMES_KEPT:
+            if len(_NAMES) < _NAMES_KEPT and len(name) <= _NAME_KEPT_BYTES:
                 _NAMES[name] = text
         ex.headers.setdefault(text, value.decode("utf-8", "surrogateescape"))
 

@@ -18,7 +18,7 @@ import sys
 import time
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple, NoReturn
 
 import typer
 
@@ -195,15 +195,24 @@ def plan(
     if out is not None:
         typer.echo(f"Saved the plan to {out}; `llmgw apply {out}` applies exactly this.", err=True)
     asked = plan_suggest.Asked(objective, write, post) if suggest else None
-    _suggest_and_simulate(result, live, made, (trace, capacity, client), output, asked, simulate)
+    _suggest_and_simulate(result, live, made, Replayed(trace, capacity, client), output, asked, simulate)
     raise typer.Exit(plan_usage.exit_code(made, detailed=detailed_exitcode, impact=impact_exitcode))
+
+
+class Replayed(NamedTuple):
+    """What --suggest and --simulate replay: the trace, the capacity file, and the controller's client (None
+    when the live state came from a file)."""
+
+    trace: Path | None
+    capacity: Path | None
+    client: AdminClient | None
 
 
 def _suggest_and_simulate(
     result: LoadResult,
     live: LiveState,
     made: Plan,
-    inputs: tuple[Path | None, Path | None, AdminClient | None],  # the trace, the capacity file, the client
+    inputs: Replayed,
     output: PlanFormat,
     asked: plan_suggest.Asked | None,
     simulate: bool,

@@ -130,6 +130,9 @@ def start_vllm(procs: Procs, work: Path, python: str, model_dir: Path) -> str:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_CACHE_ROOT": str(work / "vllm-cache"),
+        # The compute on core 0: with its threads on both cores the API server forwards a stream's tokens only
+        # once it is done, and the first token's time is the whole answer's (docs/engines.md).
+        "VLLM_CPU_OMP_THREADS_BIND": "0",
     }
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]

@@ -108,10 +108,16 @@ def test_the_refusals_range_over_the_replays() -> None:
 
 
 def with_passes(scales: tuple[float, ...]) -> dict[str, Any]:
-    """The replay tests' measurement with one pass per scale: every cost times it (a slower or faster
-    moment of the same engine), each step marked by its pass."""
+    """The replay tests' measurement with one pass per scale (`append_passes`)."""
     capacity = copy.deepcopy(CAPACITY)
-    measured = capacity["capacity"][0]["measured"]
+    append_passes(capacity["capacity"][0], scales)
+    return capacity
+
+
+def append_passes(row: dict[str, Any], scales: tuple[float, ...]) -> None:
+    """One pass per scale appended to a capacity row's curve: every cost times it (a slower or faster moment
+    of the same engine), each step marked by its pass."""
+    measured = row["measured"]
     pooled = list(measured["curve"])  # a copy: the passes are appended to the curve itself
     for k, scale in enumerate(scales, start=1):
         for step in pooled:
@@ -125,7 +131,6 @@ def with_passes(scales: tuple[float, ...]) -> dict[str, Any]:
                     "repeat": k,
                 }
             )
-    return capacity
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from gitops.test_replay_uncertainty import append_passes
+
 from llmgw.controller.console.suggested import chart as svg_chart
 from llmgw.core.api.suggestions import PostedSuggestion, SuggestedCandidate, SuggestionBody
 from llmgw.core.capacity.spread import Interval
@@ -148,29 +150,11 @@ def test_the_console_svg_draws_each_interval_as_a_bar_through_its_point() -> Non
 # ------------------------------------------------------------------------------------------------ the CLI
 
 
-def with_passes(row: dict[str, Any], scales: tuple[float, ...]) -> None:
-    """One pass per scale (every cost times it) appended to the row's curve, each step marked by its pass."""
-    measured = row["measured"]
-    pooled = list(measured["curve"])
-    for k, scale in enumerate(scales, start=1):
-        for step in pooled:
-            measured["curve"].append(
-                {
-                    **step,
-                    "seconds": step["seconds"] * scale,
-                    "ttft_p50_ms": step["ttft_p50_ms"] * scale,
-                    "itl_p50_ms": step["itl_p50_ms"] * scale,
-                    "tokens_per_s": step["tokens_per_s"] / scale,
-                    "repeat": k,
-                }
-            )
-
-
 def test_plan_suggest_shows_every_figure_with_its_interval_and_an_astride_objective_exits_4(
     files: dict[str, Path],
 ) -> None:
     capacity = copy.deepcopy(case.CAPACITY)
-    with_passes(capacity["capacity"][0], (0.9, 1.0, 1.12))  # h100: three passes; l4: one
+    append_passes(capacity["capacity"][0], (0.9, 1.0, 1.12))  # h100: three passes; l4: one
     files["capacity"].write_text(json.dumps(capacity))
     code, out, err = case.suggest(files, 8)
     assert code == 0, (out, err)
@@ -181,7 +165,7 @@ def test_plan_suggest_shows_every_figure_with_its_interval_and_an_astride_object
     runner = next(line for line in out.splitlines() if line.startswith("  runner-up 1 (chat: h100 x 3)"))
     assert runner.count(" [") == 2, runner
 
-    with_passes(capacity["capacity"][1], (0.9, 1.0, 1.12))
+    append_passes(capacity["capacity"][1], (0.9, 1.0, 1.12))
     files["capacity"].write_text(json.dumps(capacity))
     code, out, err = case.suggest(files, 8)
     assert code == 0, (out, err)

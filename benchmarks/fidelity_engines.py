@@ -7,7 +7,6 @@ a fleet that cannot start is reported NA with its reason, never passed off as me
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import Procs, free_port, free_ports, wait_http
+from harness import Procs, free_port, free_ports, start_snapshot_router, wait_http
 
 from llmgw.core.traffic.synthetic_trace import Shape
 
@@ -166,26 +165,7 @@ def start_router(procs: Procs, work: Path, fleet: FleetSpec, tag: str) -> tuple[
             for i, url in enumerate(fleet.urls)
         ],
     }
-    path = work / f"snapshot-{fleet.name}-{tag}.json"
-    path.write_text(json.dumps(snapshot, indent=1))
-    argv = [
-        sys.executable,
-        "-m",
-        "llmgw_router",
-        "--snapshot",
-        str(path),
-        "--no-auth",
-        "--listen",
-        listen,
-        "--metrics-listen",
-        metrics,
-        "--log-level",
-        "WARNING",
-    ]
-    proc = procs.start(argv)
-    url = f"http://{listen}"
-    wait_http(url + "/v1/models", 60)
-    return url, proc
+    return start_snapshot_router(procs, work / f"snapshot-{fleet.name}-{tag}.json", snapshot)
 
 
 def model_yaml(fleet: FleetSpec) -> str:

@@ -8,15 +8,18 @@ it has already reaped (cutime, cstime), so a worker that exits mid-run is not lo
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import resource
 import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -145,6 +148,22 @@ def raise_fd_limit(need: int) -> int:
 def pinned(argv: list[str], cpus: str | None) -> list[str]:
     """argv run on the given CPUs (taskset execs the command, so the pid stays the command's)."""
     return ["taskset", "-c", cpus, *argv] if cpus else argv
+
+
+def start_snapshot_router(
+    procs: Procs, path: Path, snapshot: dict[str, Any]
+) -> tuple[str, subprocess.Popen[bytes]]:
+    """An llmgw-router serving a static `snapshot` (written to `path`; its `router.listen` and
+    `router.metrics_listen` are where it listens) with `--no-auth`, once it answers /v1/models: its address and
+    process."""
+    path.write_text(json.dumps(snapshot, indent=1))
+    listen, metrics = str(snapshot["router"]["listen"]), str(snapshot["router"]["metrics_listen"])
+    argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(path), "--no-auth"]
+    argv += ["--listen", listen, "--metrics-listen", metrics, "--log-level", "WARNING"]
+    proc = procs.start(argv)
+    url = f"http://{listen}"
+    wait_http(url + "/v1/models", 60)
+    return url, proc
 
 
 def interrupt_on_sigterm() -> None:

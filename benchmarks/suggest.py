@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Procs, free_port, free_ports, wait_http
+from harness import Procs, free_port, free_ports, start_snapshot_router, wait_http
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.data.bench_load import bench_prompt, run_bench
@@ -296,26 +296,7 @@ def start_router(procs: Procs, work: Path, endpoints: list[dict[str, Any]], name
         "models": {m: {"context_length": 8192, "capabilities": ["chat"]} for m in MODELS},
         "endpoints": endpoints,
     }
-    path = work / f"snapshot-{name}.json"
-    path.write_text(json.dumps(snapshot, indent=1))
-    procs.start(
-        [
-            sys.executable,
-            "-m",
-            "llmgw_router",
-            "--snapshot",
-            str(path),
-            "--no-auth",
-            "--listen",
-            listen,
-            "--metrics-listen",
-            metrics,
-            "--log-level",
-            "WARNING",
-        ]
-    )
-    url = f"http://{listen}"
-    wait_http(url + "/v1/models", 60)
+    url, _ = start_snapshot_router(procs, work / f"snapshot-{name}.json", snapshot)
     return url
 
 

@@ -42,7 +42,7 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Procs, free_port, free_ports, start_snapshot_router, wait_http
+from harness import Procs, free_port, free_ports, interrupt_on_sigterm, start_snapshot_router, wait_http
 
 from llmgw.adapters.repo_files import load_repo
 from llmgw.cli.data.bench_load import bench_prompt, run_bench
@@ -519,7 +519,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--measured", type=Path, help="a measured.json of an earlier run (no bench)")
     parser.add_argument("--search-only", action="store_true", help="no run on sim engines (slo_met: replay)")
-    raise SystemExit(asyncio.run(main_async(parser.parse_args())))
+    args = parser.parse_args()
+    interrupt_on_sigterm()  # a `timeout` or a kill stops the sims and routers it started, as Ctrl-C does
+    raise SystemExit(asyncio.run(main_async(args)))
 
 
 if __name__ == "__main__":

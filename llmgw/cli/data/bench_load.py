@@ -51,6 +51,7 @@ async def one_request(
     started = time.monotonic()
     stamps: list[float] = []
     counted: int | None = None
+    completion: int | None = None
     try:
         async with session.post(
             target["base_url"].rstrip("/") + "/v1/chat/completions", json=body, headers=headers
@@ -63,13 +64,16 @@ async def one_request(
                     chunk = _chunk(line[6:])
                     if chunk.get("choices") != []:  # the usage chunk carries no token
                         stamps.append(time.monotonic())
-                    counted = _prompt_tokens(chunk) or counted
+                    counted = _usage_count(chunk, "prompt_tokens") or counted
+                    completion = _usage_count(chunk, "completion_tokens") or completion
     except (aiohttp.ClientError, TimeoutError):
         return RequestSample(0.0, (), 0, ok=False)
     if not stamps:
         return RequestSample(0.0, (), 0, ok=False)
     gaps = tuple(b - a for a, b in itertools.pairwise(stamps))
-    return RequestSample(stamps[0] - started, gaps, len(stamps), prompt_tokens=counted)
+    return RequestSample(
+        stamps[0] - started, gaps, len(stamps), prompt_tokens=counted, completion_tokens=completion
+    )
 
 
 def _chunk(data: bytes) -> dict[str, Any]:
@@ -80,9 +84,9 @@ def _chunk(data: bytes) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def _prompt_tokens(chunk: dict[str, Any]) -> int | None:
+def _usage_count(chunk: dict[str, Any], field: str) -> int | None:
     usage = chunk.get("usage")
-    count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+    count = usage.get(field) if isinstance(usage, dict) else None
     return count if isinstance(count, int) and count > 0 else None
 
 

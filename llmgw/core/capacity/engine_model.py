@@ -16,9 +16,10 @@ inter-token latency, the prompt tokens the engine counted, and what it completed
   time, and a prompt's batch stalls every slot's next token; a sim engine only sleeps, so its share is 0).
   The exclusive parts queue first come, first served; the rest runs in the request's own slot.
 - **Decode**: while no exclusive prefill runs, each of the k sequences decoding gets a token every `itl(k)`
-  ms, the curve's mean inter-token latency at concurrency k (its p50 for a bench that did not store the mean;
-  linear between the steps, the last step's past it). The mean, not the p50: a completion takes the sum of
-  its gaps, and on a busy CPU the few long ones are most of it.
+  ms, the curve's decode cost per token at concurrency k (`itl_mean_ms`: its completions' spans over their
+  tokens after the first; its p50 gap for a bench that did not store it; linear between the steps, the last
+  step's past it). A span, not the p50 gap: a completion takes the sum of its gaps, and on a busy CPU the few
+  long ones are most of it.
 - `exclusive` is fitted so that the model completes, at the ladder's highest step within the capacity (past
   it the engine queues requests itself), what the bench measured there: at S concurrent requests of prefill p and d decode ms, a closed loop completes
   S / (S*x*p + (1-x)*p + d) per ms for share x, solved for x and kept within [0, 1].

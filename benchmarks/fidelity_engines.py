@@ -28,7 +28,8 @@ GEMMA_SLOTS = 2
 # tokens at 64 words) overflowed a 1,024-token slot and failed, which no model of the replica predicts.
 GEMMA_SLOT_CONTEXT = 2048
 VLLM_SLOTS = 4
-VLLM_CONTEXT = 4096  # the tiny Llama's positions; its tokenizer splits the bench's words finely
+VLLM_MODEL = "small-llama"  # the name vLLM serves it under
+VLLM_CONTEXT = 4096  # the Llama's positions; its tokenizer splits the bench's words finely
 VLLM_VERSION = "0.32.0"  # tests/fixtures/vllm_env.py's
 QUEUE = 4096
 TIMEOUT_S = 60.0
@@ -103,17 +104,20 @@ def vllm_python() -> str | None:
     return named if named and os.access(named, os.X_OK) else None
 
 
-def tiny_llama(work: Path) -> Path | str:
-    """A copy of the tests' tiny Llama (tests/fixtures/vllm_models.py made it; copied so a test session that
-    remakes its cache cannot pull it from under the run), or why not."""
-    cache = Path(os.environ.get("LLMGW_CACHE", Path.home() / ".cache" / "llmgw"))
-    found = sorted(cache.glob("vllm-tiny-llama-*/*/model/config.json"))
-    if not found:
-        return (
-            f"no tiny Llama under {cache} (run the vLLM tests once: tests/fixtures/vllm_models.py makes it)"
-        )
-    copy = work / "tiny-llama"
-    shutil.copytree(found[0].parent, copy)
+def small_llama(work: Path, python: str) -> Path | str:
+    """The small random Llama (tests/fixtures/make_tiny_llama.py's `small` shape: 41 M parameters, its decode steps
+    compute as a real model's are; on the tests' tiny one, a 1 ms step, vLLM's CPU build streamed some requests in
+    one burst at their end), made once into llmgw's cache and copied here so a test session that remakes it
+    cannot pull it from under the run; or why not."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from fixtures.vllm_models import make_tiny_llama
+
+    try:
+        made = make_tiny_llama(python, "small")
+    except AssertionError as exc:
+        return f"the small Llama could not be made: {exc}"
+    copy = work / "small-llama"
+    shutil.copytree(made.model, copy)
     return copy
 
 
@@ -132,9 +136,12 @@ def start_vllm(procs: Procs, work: Path, python: str, model_dir: Path) -> str:
         # The compute on core 0: with its threads on both cores the API server forwards a stream's tokens only
         # once it is done, and the first token's time is the whole answer's (docs/engines.md).
         "VLLM_CPU_OMP_THREADS_BIND": "0",
+        # oneDNN builds a kernel for each matrix shape it meets and keeps 1,024: a trace's prompts of every
+        # length thrash that, and the engine stays as slow as on first sight (docs/engines.md).
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "65536",
     }
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
-    argv += ["--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
+    argv += ["--served-model-name", VLLM_MODEL, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
     argv += ["--max-model-len", str(VLLM_CONTEXT), "--max-num-seqs", str(VLLM_SLOTS)]
     procs.start(argv, env=env)
     url = f"http://127.0.0.1:{port}"

@@ -6,13 +6,13 @@ slots, the default routing policy, as a controller would publish them; benchmark
 
   sim    four sim engines (`llmgw_agent.sim`, 2 sequences each)
   gemma  the real gemma-3-270m on llama.cpp's llama-server, 2 slots (`-np 2`; LLMGW_TEST_MODEL)
-  vllm   the real vLLM CPU build (`make vllm`) serving the tests' tiny Llama, 4 sequences (`--max-num-seqs 4`)
+  vllm   the real vLLM CPU build (`make vllm`) serving a small random Llama (41 M parameters), 4 sequences
 
 Per run, for each fleet in turn:
-1. `llmgw bench --repeats`'s own passes (`llmgw.cli.data.bench_passes.run_bench_passes`: concurrency 1 and 2
-   with the short and long prompt steps, REPEATS passes, a probe before and after) measure one replica
-   directly; an engine whose speed drifted during the bench is benched again (up to DRIFT_ATTEMPTS), as the
-   bench tells its user to: a drifted bench concludes nothing;
+1. `llmgw bench --repeats`'s own passes (`llmgw.cli.data.bench_passes.run_bench_passes`: concurrency 1, 2, ... up
+   to the replica's slots, with the short and long prompt steps, REPEATS passes, a probe before and after)
+   measure one replica directly; an engine whose speed drifted during the bench is benched again (up to
+   DRIFT_ATTEMPTS), as the bench tells its user to: a drifted bench concludes nothing;
 2. the engine model and its spread are fitted from that measurement
    (`llmgw.core.capacity.engine_spread.fit_engine_spread`) — the engine's own arguments are never read;
 3. a synthetic trace (Poisson, prompts spread log-normally around `--prompt-words` like a recorded trace's)
@@ -67,15 +67,16 @@ from fidelity_engines import (
     QUEUE,
     SIM_SLOTS,
     TIMEOUT_S,
+    VLLM_MODEL,
     VLLM_SLOTS,
     FleetSpec,
     gemma_binary,
     model_yaml,
+    small_llama,
     start_gemma,
     start_router,
     start_sims,
     start_vllm,
-    tiny_llama,
     vllm_python,
 )
 from harness import Procs, interrupt_on_sigterm
@@ -297,6 +298,19 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.0f}"
 
 
+def ladder_to(slots: int) -> list[int]:
+    """The bench's concurrency steps, doubling up to the replica's slots: the engine model reads the decode speed
+    at k sequences off the step at k and holds the top step's past it, so a ladder that stopped at 2 on a
+    4-slot vLLM priced its 4 sequences at its 2's speed (7 ms a token) and the replay ran the fleet at 60 % of
+    a capacity it did not have: p50 TTFT 84 ms predicted, 386 measured."""
+    steps = [1]
+    while steps[-1] * 2 <= slots:
+        steps.append(steps[-1] * 2)
+    if steps[-1] != slots:
+        steps.append(slots)
+    return steps
+
+
 async def bench_steady(fleet: FleetSpec, repeats: int) -> tuple[BenchRun, int]:
     """The bench's passes, again while the engine drifted (up to DRIFT_ATTEMPTS); the last run and attempts."""
     target = {
@@ -311,7 +325,7 @@ async def bench_steady(fleet: FleetSpec, repeats: int) -> tuple[BenchRun, int]:
     for attempt in range(1, DRIFT_ATTEMPTS + 1):
         run = await run_bench_passes(
             target,
-            [1, 2],
+            ladder_to(fleet.slots),
             fleet.bench_seconds,
             shape.prompt_tokens,
             shape.completion_tokens,
@@ -479,9 +493,10 @@ async def start_fleets(
                 )
             )
     if "vllm" in only:
-        python, model = vllm_python(), tiny_llama(work)
+        python = vllm_python()
+        model = "no vLLM environment (`make vllm`)" if python is None else small_llama(work, python)
         if python is None or isinstance(model, str):
-            why["vllm"] = "no vLLM environment (`make vllm`)" if python is None else str(model)
+            why["vllm"] = str(model)
         else:
             started = time.monotonic()
             url = await asyncio.to_thread(start_vllm, procs, work, python, model)
@@ -489,7 +504,15 @@ async def start_fleets(
             shape = Shape(prompt_tokens=words or 64, completion_tokens=48, project="bench")
             fleets.append(
                 FleetSpec(
-                    "vllm", "tiny", (url,), VLLM_SLOTS, "vllm", shape, {"ignore_eos": True}, 4.0, str(model)
+                    "vllm",
+                    VLLM_MODEL,
+                    (url,),
+                    VLLM_SLOTS,
+                    "vllm",
+                    shape,
+                    {"ignore_eos": True},
+                    8.0,
+                    str(model),
                 )
             )
     return fleets, why
@@ -528,7 +551,7 @@ def main() -> None:
     )
     p.add_argument("--repeats", type=int, default=REPEATS, help="the bench's passes")
     p.add_argument(
-        "--bench-seconds", type=float, default=None, help="each bench step (sim 5, gemma 8, vllm 4)"
+        "--bench-seconds", type=float, default=None, help="each bench step (sim 5, gemma 8, vllm 8)"
     )
     p.add_argument(
         "--load", default="auto", help="share of modelled capacity, or auto (the plan's reliable load)"

@@ -136,9 +136,6 @@ def start_vllm(procs: Procs, work: Path, python: str, model_dir: Path) -> str:
         # The compute on core 0: with its threads on both cores the API server forwards a stream's tokens only
         # once it is done, and the first token's time is the whole answer's (docs/engines.md).
         "VLLM_CPU_OMP_THREADS_BIND": "0",
-        # oneDNN builds a kernel for each matrix shape it meets and keeps 1,024: a trace's prompts of every
-        # length thrash that, and the engine stays as slow as on first sight (docs/engines.md).
-        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "65536",
     }
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
     argv += ["--served-model-name", VLLM_MODEL, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]

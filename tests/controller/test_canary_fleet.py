@@ -73,14 +73,15 @@ async def test_a_canary_answering_errors_is_rolled_back_with_no_request_lost(
         client = openai_client(router)
         await routed(client, "m")
         load = Load(client, "m", workers=4)
+        broken = sim_model("m", 2, extra=rollout, args="decode_ms_per_token: 2, error_rate: 1.0")
+        tried = cluster.repo.write({"models/m.yaml": broken}, "an engine that answers 503")
+        running = await wait_for(lambda: _canary_phase(cluster, "m", "running"), 30, "a canary running")
+        # The status says it is in progress, with what it waits for. Before the load starts: under it the
+        # canary's third failed request could end the canary before `status` looked (seen once in CI).
+        assert (await _model_status(cluster, "m"))["health"] == "Progressing"
+        code, out = await _in_thread(cli, cluster, "status")
+        assert code == 0 and "canary running" in out, out
         async with load.running():
-            broken = sim_model("m", 2, extra=rollout, args="decode_ms_per_token: 2, error_rate: 1.0")
-            tried = cluster.repo.write({"models/m.yaml": broken}, "an engine that answers 503")
-            running = await wait_for(lambda: _canary_phase(cluster, "m", "running"), 30, "a canary running")
-            # The status says it is in progress, with what it waits for.
-            assert (await _model_status(cluster, "m"))["health"] == "Progressing"
-            code, out = await _in_thread(cli, cluster, "status")
-            assert code == 0 and "canary running" in out, out
             failed = await wait_for(lambda: _canary_phase(cluster, "m", "failed"), 60, "the canary failed")
             canary_ids = set(failed["replicas"])
             assert canary_ids and not canary_ids & stable, (running, failed)

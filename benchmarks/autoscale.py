@@ -125,10 +125,16 @@ class Fleet:
         token.write_text("bench-token\n")
         port = free_port()
         settings = ControllerOptions(
-            repo=str(self.work / "repo"), store=f"sqlite:///{self.work / 'c.db'}", listen=f"127.0.0.1:{port}",
-            metrics_listen=None, admin_token_file=token, state_dir=self.work / "state", dir_poll_s=0.5,
-            drain_s=30.0, scale_down_cooldown_s=self.down_cooldown,
-        )  # fmt: skip
+            repo=str(self.work / "repo"),
+            store=f"sqlite:///{self.work / 'c.db'}",
+            listen=f"127.0.0.1:{port}",
+            metrics_listen=None,
+            admin_token_file=token,
+            state_dir=self.work / "state",
+            dir_poll_s=0.5,
+            drain_s=30.0,
+            scale_down_cooldown_s=self.down_cooldown,
+        )
         self.running = await start_controller(settings)
         self._agent(f"127.0.0.1:{port}", token)
         self._router(f"127.0.0.1:{port}", token)
@@ -140,10 +146,18 @@ class Fleet:
         inv.write_text(json.dumps({"cpu_cores": self.cores, "memory_bytes": 32 << 30, "gpus": []}))
         lo = 24000 + (free_port() % 40) * 100
         cfg = {
-            "node": "n1", "controllers": [controller], "token_file": str(token), "state_dir": str(base / "s"),
-            "advertise_host": "127.0.0.1", "bind_host": "127.0.0.1", "port_range": [lo, lo + 99],
-            "inventory_override": str(inv), "ready_timeout_s": 60, "stop_grace_s": 3, "max_backoff_s": 0.5,
-        }  # fmt: skip
+            "node": "n1",
+            "controllers": [controller],
+            "token_file": str(token),
+            "state_dir": str(base / "s"),
+            "advertise_host": "127.0.0.1",
+            "bind_host": "127.0.0.1",
+            "port_range": [lo, lo + 99],
+            "inventory_override": str(inv),
+            "ready_timeout_s": 60,
+            "stop_grace_s": 3,
+            "max_backoff_s": 0.5,
+        }
         (base / "agent.json").write_text(json.dumps(cfg))
         log = (base / "agent.log").open("ab")
         self.procs.append(
@@ -220,12 +234,17 @@ async def _request(
     session: aiohttp.ClientSession, api: str, run: Run, in_step: bool, model: str = "sim-scale"
 ) -> int | None:
     """One streamed chat request, counted in `run`; its HTTP status (None when the connection failed)."""
-    body = {"model": model, "messages": [{"role": "user", "content": "step"}], "max_tokens": MAX_TOKENS,
-            "stream": True}  # fmt: skip
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": "step"}],
+        "max_tokens": MAX_TOKENS,
+        "stream": True,
+    }
     started = time.monotonic()
     try:
-        async with session.post(api + "/v1/chat/completions", json=body,
-                                headers={"Authorization": f"Bearer {KEY}"}) as r:  # fmt: skip
+        async with session.post(
+            api + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}
+        ) as r:
             if r.status in (429, 503):
                 run.refused += 1
                 await r.read()

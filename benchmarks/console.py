@@ -86,18 +86,38 @@ def fill_fleet(running: RunningController, nodes: int) -> None:
             labels={"zone": f"z{i % 4}", "rack": f"r{i % 40}"},
         )
         name = f"node-{i:04d}"
-        links[name] = NodeLink(name=name, inventory=inventory, agent_version="bench", address="bench",
-                               connected_at=now, last_seen=now, ws=_OpenSocket())  # type: ignore[arg-type]  # fmt: skip
+        links[name] = NodeLink(
+            name=name,
+            inventory=inventory,
+            agent_version="bench",
+            address="bench",
+            connected_at=now,
+            last_seen=now,
+            ws=_OpenSocket(),
+        )  # type: ignore[arg-type]
     for i, model in enumerate(sorted(d.models)):
         node = f"node-{i % nodes:04d}"
         profile = d.models[model].profiles[0]
         rid = f"{model}-r{i}"
-        c.replicas[rid] = ReplicaRec(id=rid, model=model, profile=profile.name, fingerprint=profile.fingerprint,
-                                     created_at=wall, shards=(ShardPlacement(node, 0, (i % 4,)),),
-                                     ready_since=now)  # fmt: skip
-        links[node].shards[f"{rid}-0"] = ShardStatus(replica_id=rid, model=model, engine="sim", state="ready",
-                                                     host="127.0.0.1", port=20000 + i, gpus=[i % 4],
-                                                     fingerprint=profile.fingerprint)  # fmt: skip
+        c.replicas[rid] = ReplicaRec(
+            id=rid,
+            model=model,
+            profile=profile.name,
+            fingerprint=profile.fingerprint,
+            created_at=wall,
+            shards=(ShardPlacement(node, 0, (i % 4,)),),
+            ready_since=now,
+        )
+        links[node].shards[f"{rid}-0"] = ShardStatus(
+            replica_id=rid,
+            model=model,
+            engine="sim",
+            state="ready",
+            host="127.0.0.1",
+            port=20000 + i,
+            gpus=[i % 4],
+            fingerprint=profile.fingerprint,
+        )
     c.agents.nodes.update(links)
 
 
@@ -128,10 +148,18 @@ async def run(nodes: int, models: int, repeat: int) -> int:
         (tmp / "token").write_text("bench-admin-token\n")
         digest = hashlib.sha256(PLAN_TOKEN.encode()).hexdigest()
         (tmp / "tokens.yaml").write_text(f"bench-plan: {{scope: plan, sha256: {digest}}}\n")
-        settings = ControllerOptions(repo=str(tmp / "repo"), source="directory", store=f"sqlite:///{tmp / 'c.db'}",
-                                      listen="127.0.0.1:0", metrics_listen=None, admin_token_file=tmp / "token",
-                                      admin_tokens_file=tmp / "tokens.yaml", state_dir=tmp / "state",
-                                      settle_s=0.0, dir_poll_s=0.5)  # fmt: skip
+        settings = ControllerOptions(
+            repo=str(tmp / "repo"),
+            source="directory",
+            store=f"sqlite:///{tmp / 'c.db'}",
+            listen="127.0.0.1:0",
+            metrics_listen=None,
+            admin_token_file=tmp / "token",
+            admin_tokens_file=tmp / "tokens.yaml",
+            state_dir=tmp / "state",
+            settle_s=0.0,
+            dir_poll_s=0.5,
+        )
         running = await start_controller(settings)
         try:
             deadline = time.monotonic() + 60
@@ -148,8 +176,18 @@ async def run(nodes: int, models: int, repeat: int) -> int:
 
 async def _pages(running: RunningController, nodes: int, models: int, repeat: int) -> int:
     base = running.url
-    admin_pages = ["/ui/", "/ui/nodes", "/ui/nodes?gpu_class=l40s-48g&label=zone%3Dz1", "/ui/nodes?page=20",
-                   "/ui/models", "/ui/models?q=m01", "/ui/plan", "/ui/tenants", "/ui/events", "/ui/chat"]  # fmt: skip
+    admin_pages = [
+        "/ui/",
+        "/ui/nodes",
+        "/ui/nodes?gpu_class=l40s-48g&label=zone%3Dz1",
+        "/ui/nodes?page=20",
+        "/ui/models",
+        "/ui/models?q=m01",
+        "/ui/plan",
+        "/ui/tenants",
+        "/ui/events",
+        "/ui/chat",
+    ]
     plan_pages = ["/ui/nodes/node-0001", f"/ui/replicas/{next(iter(sorted(running.controller.replicas)))}"]
     rows: list[tuple[str, float, int]] = []
     for token, paths in (("bench-admin-token", admin_pages), (PLAN_TOKEN, plan_pages)):
@@ -159,8 +197,10 @@ async def _pages(running: RunningController, nodes: int, models: int, repeat: in
             for path in paths:
                 ms, size = await measure(http, base + path, repeat)
                 rows.append((path, ms, size))
-    print(f"console pages: {nodes} nodes, {models} models, {len(running.controller.replicas)} replicas; "
-          f"median of {repeat} fetch(es) each")  # fmt: skip
+    print(
+        f"console pages: {nodes} nodes, {models} models, {len(running.controller.replicas)} replicas; "
+        f"median of {repeat} fetch(es) each"
+    )
     print(f"{'page':<52} {'ms':>8} {'KB':>8}")
     for path, ms, size in rows:
         flag = " over" if ms > TARGET_MS or size / 1024 > TARGET_KB else ""
@@ -169,8 +209,10 @@ async def _pages(running: RunningController, nodes: int, models: int, repeat: in
     worst_kb = max(size for _, _, size in rows) / 1024
     over_time = sum(1 for _, ms, _ in rows if ms > TARGET_MS)
     over_size = sum(1 for _, _, size in rows if size / 1024 > TARGET_KB)
-    print(f"console: pages={len(rows)} worst_ms={worst_ms:.1f} worst_kb={worst_kb:.1f} "
-          f"over_time={over_time} over_size={over_size}")  # fmt: skip
+    print(
+        f"console: pages={len(rows)} worst_ms={worst_ms:.1f} worst_kb={worst_kb:.1f} "
+        f"over_time={over_time} over_size={over_size}"
+    )
     return 0
 
 

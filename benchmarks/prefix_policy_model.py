@@ -119,10 +119,15 @@ class Phase:
     def candidates(self, blocks: list[Any], slots: bool) -> list[Candidate]:
         """What the router would see: each replica's in-flight count and, from its cache, its precise match."""
         return [
-            Candidate(f"r{r}", inflight=self.inflight[r], slots=CONCURRENCY if slots else None,
-                      prefix=self.held(r, blocks) / len(blocks), prefix_source="precise")
+            Candidate(
+                f"r{r}",
+                inflight=self.inflight[r],
+                slots=CONCURRENCY if slots else None,
+                prefix=self.held(r, blocks) / len(blocks),
+                prefix_source="precise",
+            )
             for r in range(REPLICAS)
-        ]  # fmt: skip
+        ]
 
 
 def make_request(
@@ -167,8 +172,9 @@ def run_phase(
         req, key = make_request(load.workload, rng, weights, next(ids), t, client)
         cands = ph.candidates(req.blocks, slots)
         # the session policy with no session header hashes the first two messages: a key per request
-        info = RequestInfo(session_key=f"s{req.serial}" if load.session else None, prefix=key,
-                           rr_counter=next(rr))  # fmt: skip
+        info = RequestInfo(
+            session_key=f"s{req.serial}" if load.session else None, prefix=key, rr_counter=next(rr)
+        )
         decision = schedule(cands, policy, info, pick_rng)
         assert decision.endpoint is not None
         req.replica = int(decision.endpoint[1:])
@@ -317,8 +323,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, default=8, help="phases per strategy, each from empty caches")
     p.add_argument("--warmup", type=float, default=2.0, help="seconds not measured (the benchmark's: 2)")
     p.add_argument("--window", type=float, default=4.0, help="seconds measured (the benchmark's rounds: 4)")
-    p.add_argument("--open-fraction", type=float, default=0.8,
-                   help="the open loop's rate, as a fraction of the lowest closed-loop throughput")  # fmt: skip
+    p.add_argument(
+        "--open-fraction",
+        type=float,
+        default=0.8,
+        help="the open loop's rate, as a fraction of the lowest closed-loop throughput",
+    )
     p.add_argument("--workloads", default="prefix", help="comma-separated: prefix,lowreuse")
     ns = p.parse_args(argv)
     bounds = [float(x) for x in ns.load_bounds.split(",")]

@@ -136,8 +136,15 @@ def prefix_path(
         pr.events.apply(ep.id, events, 0.0)
         t6 = clock()
         if parts is not None:
-            for name, dt in (("key", tk - t0), ("candidates", t1 - tk), ("annotate", t2 - t1), ("schedule", t3 - t2),
-                             ("placed", t4 - t3), ("events_decode", t5 - t4), ("events_apply", t6 - t5)):  # fmt: skip
+            for name, dt in (
+                ("key", tk - t0),
+                ("candidates", t1 - tk),
+                ("annotate", t2 - t1),
+                ("schedule", t3 - t2),
+                ("placed", t4 - t3),
+                ("events_decode", t5 - t4),
+                ("events_apply", t6 - t5),
+            ):
                 spent[name] = spent.get(name, 0.0) + dt
 
     return one

@@ -238,14 +238,24 @@ def _live_state(repo: Path, fleet: FleetSpec) -> LiveState:
     view = model_views(loaded.repo.catalog)[fleet.model]
     node = LiveNode(name="bench", cpu_cores=64, memory_bytes=64 << 30, gpus=[], engines={fleet.engine: None})
     replicas = [
-        LiveReplica(id=f"{fleet.name}-{i}", model=fleet.model, profile=fleet.name,
-                    fingerprint=view.fingerprints[fleet.name], shards=[LiveShard(node="bench", state="ready")],
-                    state="ready")
+        LiveReplica(
+            id=f"{fleet.name}-{i}",
+            model=fleet.model,
+            profile=fleet.name,
+            fingerprint=view.fingerprints[fleet.name],
+            shards=[LiveShard(node="bench", state="ready")],
+            state="ready",
+        )
         for i in range(len(fleet.urls))
-    ]  # fmt: skip
+    ]
     documents = catalog_documents(loaded.repo.catalog)
-    return LiveState(revision="fidelity", nodes=[node], replicas=replicas, models={fleet.model: view.spec},
-                     documents=documents)  # fmt: skip
+    return LiveState(
+        revision="fidelity",
+        nodes=[node],
+        replicas=replicas,
+        models={fleet.model: view.spec},
+        documents=documents,
+    )
 
 
 def write_plan_inputs(
@@ -253,8 +263,12 @@ def write_plan_inputs(
 ) -> dict[str, Path]:
     """A cluster repo declaring the fleet, a saved live state running exactly it, the bench's measurement (with
     its passes) as `llmgw capacity --json` prints it, and the trace: what `plan --simulate` reads in CI."""
-    paths = {"repo": root / "repo", "state": root / "state.json", "capacity": root / "capacity.json",
-             "trace": root / "trace.jsonl"}  # fmt: skip
+    paths = {
+        "repo": root / "repo",
+        "state": root / "state.json",
+        "capacity": root / "capacity.json",
+        "trace": root / "trace.jsonl",
+    }
     (paths["repo"] / "models").mkdir(parents=True)
     (paths["repo"] / "cluster.yaml").write_text(CLUSTER)
     (paths["repo"] / "models" / "m.yaml").write_text(model_yaml(fleet))
@@ -278,8 +292,17 @@ def _interval(mid: str, low: str | None, high: str | None) -> Interval:
 def replayed_by_plan(paths: dict[str, Path]) -> tuple[Interval, Interval, list[str]]:
     """`llmgw plan --simulate` on those inputs: the current fleet's p50 and p99 TTFT with their intervals
     (the section "With their intervals"), and what it says of the cliff."""
-    argv = ["plan", str(paths["repo"]), "--state", str(paths["state"]), "--offline", "--trace",
-            str(paths["trace"]), "--capacity", str(paths["capacity"])]  # fmt: skip
+    argv = [
+        "plan",
+        str(paths["repo"]),
+        "--state",
+        str(paths["state"]),
+        "--offline",
+        "--trace",
+        str(paths["trace"]),
+        "--capacity",
+        str(paths["capacity"]),
+    ]
     result = CliRunner().invoke(app, argv)
     text = result.stdout
     section = text.split("With their intervals", 1)[-1]

@@ -38,20 +38,62 @@ CURVE = {
     "prefill_ms_per_token": 0.4,
     "decode_ms_per_token": 22.0,
     "curve": [
-        {"concurrency": 1, "requests": 60, "failed": 0, "seconds": 1059.5, "ttft_p50_ms": 102.0,
-         "itl_p50_ms": 22.0, "tokens_per_s": 45.3, "prompt_tokens": 256.0},
-        {"concurrency": 1, "requests": 60, "failed": 0, "seconds": 1056.0, "ttft_p50_ms": 25.6,
-         "itl_p50_ms": 22.0, "tokens_per_s": 45.4, "prompt_tokens": 64.0},
-        {"concurrency": 2, "requests": 80, "failed": 0, "ttft_p50_ms": 110.0, "itl_p50_ms": 23.5,
-         "prompt_tokens": 256.0},
-        {"concurrency": 4, "requests": 120, "failed": 0, "ttft_p50_ms": 131.0, "itl_p50_ms": 26.0,
-         "prompt_tokens": 256.0},
-        {"concurrency": 8, "requests": 200, "failed": 0, "seconds": 623.6, "ttft_p50_ms": 180.0,
-         "itl_p50_ms": 31.0, "tokens_per_s": 256.6, "prompt_tokens": 256.0},
-        {"concurrency": 16, "requests": 220, "failed": 0, "ttft_p50_ms": 2900.0, "itl_p50_ms": 31.5,
-         "prompt_tokens": 256.0},
+        {
+            "concurrency": 1,
+            "requests": 60,
+            "failed": 0,
+            "seconds": 1059.5,
+            "ttft_p50_ms": 102.0,
+            "itl_p50_ms": 22.0,
+            "tokens_per_s": 45.3,
+            "prompt_tokens": 256.0,
+        },
+        {
+            "concurrency": 1,
+            "requests": 60,
+            "failed": 0,
+            "seconds": 1056.0,
+            "ttft_p50_ms": 25.6,
+            "itl_p50_ms": 22.0,
+            "tokens_per_s": 45.4,
+            "prompt_tokens": 64.0,
+        },
+        {
+            "concurrency": 2,
+            "requests": 80,
+            "failed": 0,
+            "ttft_p50_ms": 110.0,
+            "itl_p50_ms": 23.5,
+            "prompt_tokens": 256.0,
+        },
+        {
+            "concurrency": 4,
+            "requests": 120,
+            "failed": 0,
+            "ttft_p50_ms": 131.0,
+            "itl_p50_ms": 26.0,
+            "prompt_tokens": 256.0,
+        },
+        {
+            "concurrency": 8,
+            "requests": 200,
+            "failed": 0,
+            "seconds": 623.6,
+            "ttft_p50_ms": 180.0,
+            "itl_p50_ms": 31.0,
+            "tokens_per_s": 256.6,
+            "prompt_tokens": 256.0,
+        },
+        {
+            "concurrency": 16,
+            "requests": 220,
+            "failed": 0,
+            "ttft_p50_ms": 2900.0,
+            "itl_p50_ms": 31.5,
+            "prompt_tokens": 256.0,
+        },
     ],
-}  # fmt: skip
+}
 SLOTS = 8
 BUCKET_S = 300.0
 SHAPE = Shape(prompt_tokens=256, completion_tokens=800, spread=0.5, project="day")
@@ -96,8 +138,10 @@ def main() -> None:
     print(f"trace: {len(requests)} requests over {args.hours:g} h, made in {made_s:.1f} s")
     print(f"replay: {seconds:.1f} s ({cpu:.1f} s of CPU); served {served}, refused {refused}")
     for m in result.models.values():
-        print(f"  {m.model}: p50 {m.ttft_p50_ms or 0:.0f} ms, p99 {m.ttft_p99_ms or 0:.0f} ms, "
-              f"utilization {m.utilization or 0:.0%}")  # fmt: skip
+        print(
+            f"  {m.model}: p50 {m.ttft_p50_ms or 0:.0f} ms, p99 {m.ttft_p99_ms or 0:.0f} ms, "
+            f"utilization {m.utilization or 0:.0%}"
+        )
     print(
         f"replay_scale: nodes={args.nodes} requests={len(requests)} peak_utilization={peak_util:.3f} "
         f"seconds={seconds:.1f}"

@@ -266,11 +266,26 @@ def start_sims(procs: Procs) -> list[str]:
     for r in FLEET:
         port = free_port()
         argv = [
-            sys.executable, "-m", "llmgw_agent.sim", "--port", str(port), "--model", MODEL,
-            "--prefill-ms-per-token", str(r.prefill_ms), "--decode-ms-per-token", str(r.decode_ms),
-            "--max-concurrency", str(r.concurrency), "--max-tokens-default", str(MAX_TOKENS),
-            "--block-size", str(BLOCK), "--prefix-cache", "20000",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "llmgw_agent.sim",
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--prefill-ms-per-token",
+            str(r.prefill_ms),
+            "--decode-ms-per-token",
+            str(r.decode_ms),
+            "--max-concurrency",
+            str(r.concurrency),
+            "--max-tokens-default",
+            str(MAX_TOKENS),
+            "--block-size",
+            str(BLOCK),
+            "--prefix-cache",
+            "20000",
+        ]
         proc, log = procs.start(r.name, argv)
         urls.append((f"http://127.0.0.1:{port}", proc, log))
     for url, proc, log in urls:
@@ -310,9 +325,19 @@ def start_routers(procs: Procs, work: Path, strats: list[Strategy], sims: list[s
         snap = work / f"snapshot-{s.name}.json"
         snap.write_text(json.dumps(snapshot_for(s, sims, listen, metrics), indent=1))
         argv = [
-            sys.executable, "-m", "llmgw_router", "--snapshot", str(snap), "--no-auth",
-            "--listen", listen, "--metrics-listen", metrics, "--log-level", "WARNING",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "llmgw_router",
+            "--snapshot",
+            str(snap),
+            "--no-auth",
+            "--listen",
+            listen,
+            "--metrics-listen",
+            metrics,
+            "--log-level",
+            "WARNING",
+        ]
         proc, log = procs.start(f"router-{s.name}", argv)
         started.append((s.name, f"http://{listen}", proc, log))
     for _, url, proc, log in started:
@@ -640,8 +665,12 @@ def parse_args(argv: list[str] | None = None) -> Plan:
     p.add_argument("--no-noslots", action="store_true", help="skip the default-noslots strategy")
     p.add_argument("--only", help="comma-separated strategy names to run (default all)")
     p.add_argument("--policies", default=str(POLICIES_FILE), help="file of RoutingPolicy documents")
-    p.add_argument("--open-fraction", type=float, default=0.8,
-                   help="prefix workloads: the open loop's rate, of the lowest closed-loop throughput")  # fmt: skip
+    p.add_argument(
+        "--open-fraction",
+        type=float,
+        default=0.8,
+        help="prefix workloads: the open loop's rate, of the lowest closed-loop throughput",
+    )
     ns = p.parse_args(argv)
     if not 0 < ns.open_fraction <= 1:
         p.error(f"--open-fraction {ns.open_fraction:g}: a fraction of the lowest throughput, in (0, 1]")
@@ -677,10 +706,13 @@ def main(argv: list[str] | None = None) -> None:
     strats = strategies(load_policies(plan.policies), plan.noslots)
     if plan.only:
         strats = [s for s in strats if s.name in plan.only]
-    print("fleet: " + ", ".join(
-        f"{r.name} (prefill {r.prefill_ms:g} ms/token, decode {r.decode_ms:g} ms/token, concurrency {r.concurrency})"
-        for r in FLEET
-    ))  # fmt: skip
+    print(
+        "fleet: "
+        + ", ".join(
+            f"{r.name} (prefill {r.prefill_ms:g} ms/token, decode {r.decode_ms:g} ms/token, concurrency {r.concurrency})"
+            for r in FLEET
+        )
+    )
     shown = plan.policies.relative_to(ROOT) if plan.policies.is_relative_to(ROOT) else plan.policies
     print(f"policies from {shown}; seed {plan.seed}, repeats {plan.repeats}")
     started = time.monotonic()

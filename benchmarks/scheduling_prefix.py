@@ -109,11 +109,28 @@ def start_prefix_sims(procs: Procs) -> list[Sim]:
     for i in range(REPLICAS):
         port, engine_port, events = free_ports(3)
         engine = [
-            sys.executable, "-m", "llmgw_agent.sim", "--port", str(engine_port), "--model", MODEL,
-            "--prefill-ms-per-token", str(PREFILL_MS), "--decode-ms-per-token", str(DECODE_MS),
-            "--max-concurrency", str(CONCURRENCY), "--max-tokens-default", str(OUT_TOKENS),
-            "--block-size", str(BLOCK), "--prefix-cache", str(CACHE_BLOCKS), "--kv-events-port", str(events),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "llmgw_agent.sim",
+            "--port",
+            str(engine_port),
+            "--model",
+            MODEL,
+            "--prefill-ms-per-token",
+            str(PREFILL_MS),
+            "--decode-ms-per-token",
+            str(DECODE_MS),
+            "--max-concurrency",
+            str(CONCURRENCY),
+            "--max-tokens-default",
+            str(OUT_TOKENS),
+            "--block-size",
+            str(BLOCK),
+            "--prefix-cache",
+            str(CACHE_BLOCKS),
+            "--kv-events-port",
+            str(events),
+        ]
         argv = fronted_argv(sys.executable, "127.0.0.1", port, engine_port, engine, events)
         proc, log = procs.start(f"prefix-sim-{i}", argv)
         sims.append((Sim(f"http://127.0.0.1:{port}"), proc, log))
@@ -159,9 +176,19 @@ def start_prefix_routers(
         snap = work / f"snapshot-prefix-{s.name}.json"
         snap.write_text(json.dumps(_snapshot(s, events, sims, listen, metrics), indent=1))
         argv = [
-            sys.executable, "-m", "llmgw_router", "--snapshot", str(snap), "--no-auth",
-            "--listen", listen, "--metrics-listen", metrics, "--log-level", "WARNING",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "llmgw_router",
+            "--snapshot",
+            str(snap),
+            "--no-auth",
+            "--listen",
+            listen,
+            "--metrics-listen",
+            metrics,
+            "--log-level",
+            "WARNING",
+        ]
         proc, log = procs.start(f"router-prefix-{s.name}", argv)
         started.append((s.name, f"http://{listen}", proc, log))
     for _, url, proc, log in started:
@@ -271,9 +298,14 @@ def open_arrivals(
 
 
 async def open_loop(
-    http: aiohttp.ClientSession, url: str, workload: str, seed: int, warmup_s: float, window_s: float,
+    http: aiohttp.ClientSession,
+    url: str,
+    workload: str,
+    seed: int,
+    warmup_s: float,
+    window_s: float,
     rate: float,
-) -> list[Sample]:  # fmt: skip
+) -> list[Sample]:
     """Requests sent at their Poisson times whatever the replies do; those scheduled within the window after
     the warm-up are kept, each waited for to its end (the router's admission timeout bounds it)."""
     loop = asyncio.get_running_loop()
@@ -334,11 +366,16 @@ def summarize_rounds(name: str, rounds: list[Round]) -> PrefixRow:
     queries, hits = sum(r.queries for r in rounds), sum(r.hits for r in rounds)
     per = [sum(col) for col in zip(*(r.per_replica for r in rounds), strict=True)] if rounds else []
     return PrefixRow(
-        name, sum(len(r.samples) for r in rounds), sum(1 for r in rounds for s in r.samples if not s.ok),
-        per_round(0.5), per_round(0.9), per_round(0.99),
+        name,
+        sum(len(r.samples) for r in rounds),
+        sum(1 for r in rounds for s in r.samples if not s.ok),
+        per_round(0.5),
+        per_round(0.9),
+        per_round(0.99),
         _median([sum(1 for s in r.samples if s.ok) / r.window_s for r in rounds]),
-        hits / queries if queries else None, [int(x) for x in per],
-    )  # fmt: skip
+        hits / queries if queries else None,
+        [int(x) for x in per],
+    )
 
 
 async def _reset(http: aiohttp.ClientSession, sims: list[Sim]) -> None:
@@ -348,9 +385,15 @@ async def _reset(http: aiohttp.ClientSession, sims: list[Sim]) -> None:
 
 
 async def _phase(
-    http: aiohttp.ClientSession, sims: list[Sim], url: str, workload: str, seed: int, warmup_s: float,
-    window_s: float, rate: float | None,
-) -> Round:  # fmt: skip
+    http: aiohttp.ClientSession,
+    sims: list[Sim],
+    url: str,
+    workload: str,
+    seed: int,
+    warmup_s: float,
+    window_s: float,
+    rate: float | None,
+) -> Round:
     """One strategy's round from empty caches: closed-loop when `rate` is None, else open-loop at `rate`."""
     urls = [s.url for s in sims]
     await wait_idle(http, urls, 60)
@@ -380,9 +423,14 @@ class PrefixPlan:
 
 
 async def _rounds(
-    http: aiohttp.ClientSession, sims: list[Sim], routers: dict[str, str], names: list[str], workload: str,
-    plan: PrefixPlan, rate: float | None,
-) -> dict[str, PrefixRow]:  # fmt: skip
+    http: aiohttp.ClientSession,
+    sims: list[Sim],
+    routers: dict[str, str],
+    names: list[str],
+    workload: str,
+    plan: PrefixPlan,
+    rate: float | None,
+) -> dict[str, PrefixRow]:
     """`plan.rounds` rounds of window_s / rounds per strategy, the order rotated each round, so a background
     load that drifts during the run (this machine is shared) hits every strategy alike."""
     got: dict[str, list[Round]] = {n: [] for n in names}
@@ -478,9 +526,15 @@ def prefix_fields(rows: Rows) -> str:
 
 
 def run_prefix_workloads(
-    procs: Procs, work: Path, policies: dict[str, RoutingPolicySpec], workloads: tuple[str, ...], seed: int,
-    window_s: float, only: tuple[str, ...] | None, open_fraction: float = 0.8,
-) -> str:  # fmt: skip
+    procs: Procs,
+    work: Path,
+    policies: dict[str, RoutingPolicySpec],
+    workloads: tuple[str, ...],
+    seed: int,
+    window_s: float,
+    only: tuple[str, ...] | None,
+    open_fraction: float = 0.8,
+) -> str:
     """Start the prefix fleet and its routers, run the workloads asked for, and return the final-line fields."""
     wanted = tuple(w for w in workloads if w in WORKLOADS)
     if not wanted:

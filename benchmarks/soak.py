@@ -105,9 +105,20 @@ def start_cluster(procs: Procs, work: Path, engines: int) -> tuple[str, int, str
     for i in range(engines):
         port, key = free_port(), f"soak-engine-key-{i}"
         argv = [
-            sys.executable, "-m", "llmgw_agent.sim", "--port", str(port), "--model", MODEL,
-            "--decode-ms-per-token", "2", "--prefill-ms-per-token", "0.05", "--max-concurrency", "32",
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "llmgw_agent.sim",
+            "--port",
+            str(port),
+            "--model",
+            MODEL,
+            "--decode-ms-per-token",
+            "2",
+            "--prefill-ms-per-token",
+            "0.05",
+            "--max-concurrency",
+            "32",
+        ]
         procs.start(argv, work / f"sim-{i}.log", env=dict(os.environ, VLLM_API_KEY=key))
         wait_http(f"http://127.0.0.1:{port}/health")
         endpoints.append(
@@ -138,12 +149,24 @@ def start_cluster(procs: Procs, work: Path, engines: int) -> tuple[str, int, str
     port, metrics_port = free_ports(2)
     router = procs.start(
         [
-            sys.executable, "-m", "llmgw_router", "--snapshot", str(work / "snapshot.json"), "--store", dsn,
-            "--listen", f"127.0.0.1:{port}", "--metrics-listen", f"127.0.0.1:{metrics_port}",
-            "--log-level", "WARNING", "--router-id", "soak",
+            sys.executable,
+            "-m",
+            "llmgw_router",
+            "--snapshot",
+            str(work / "snapshot.json"),
+            "--store",
+            dsn,
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--metrics-listen",
+            f"127.0.0.1:{metrics_port}",
+            "--log-level",
+            "WARNING",
+            "--router-id",
+            "soak",
         ],
         work / "router.log",
-    )  # fmt: skip
+    )
     wait_http(f"http://127.0.0.1:{port}/ready")
     return f"http://127.0.0.1:{port}", router.pid, key, dsn
 

@@ -65,14 +65,34 @@ def start(
         )
     state = ("--state-dir",)
     return [
-        start_llmgw(procs, work / "without", upstream, cpus=cpus, name="without",
-                    extra=(*state, str(work / "without" / "state")), env=_pythonpath(baseline)),
-        start_llmgw(procs, work / "off", upstream, cpus=cpus, name="off",
-                    extra=(*state, str(work / "off" / "state")), env=_pythonpath(ROOT)),
-        start_llmgw(procs, work / "on", upstream, cpus=cpus, name="on",
-                    extra=(*state, str(work / "on" / "state"), "--otlp-endpoint", upstream),
-                    env=_pythonpath(ROOT)),
-    ]  # fmt: skip
+        start_llmgw(
+            procs,
+            work / "without",
+            upstream,
+            cpus=cpus,
+            name="without",
+            extra=(*state, str(work / "without" / "state")),
+            env=_pythonpath(baseline),
+        ),
+        start_llmgw(
+            procs,
+            work / "off",
+            upstream,
+            cpus=cpus,
+            name="off",
+            extra=(*state, str(work / "off" / "state")),
+            env=_pythonpath(ROOT),
+        ),
+        start_llmgw(
+            procs,
+            work / "on",
+            upstream,
+            cpus=cpus,
+            name="on",
+            extra=(*state, str(work / "on" / "state"), "--otlp-endpoint", upstream),
+            env=_pythonpath(ROOT),
+        ),
+    ]
 
 
 def run(

@@ -9,9 +9,20 @@ import typer
 from llmgw.cli.main import app
 
 LIST_COMMANDS = [
-    ("status",), ("nodes",), ("replicas",), ("models",), ("explain",), ("events",), ("logs",), ("usage",),
-    ("audit",), ("notifications",), ("keys", "list"), ("weights", "list"), ("mirror", "list"),
-]  # fmt: skip
+    ("status",),
+    ("nodes",),
+    ("replicas",),
+    ("models",),
+    ("explain",),
+    ("events",),
+    ("logs",),
+    ("usage",),
+    ("audit",),
+    ("notifications",),
+    ("keys", "list"),
+    ("weights", "list"),
+    ("mirror", "list"),
+]
 
 
 def _command(path: tuple[str, ...]) -> Any:

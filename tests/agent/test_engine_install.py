@@ -179,8 +179,12 @@ async def test_a_declared_binary_that_fails_its_probe_is_not_reported_and_explai
     refusals = engine_refusals(
         {}, PlatformFacts(), [ConditionFact(cond.type, cond.engine, cond.message, tuple(cond.tail))]
     )
-    node = NodeView(name="node-a", cpu_cores=8, engines={k: v.version for k, v in inv.engines.items()},
-                    engine_refusals=refusals)  # fmt: skip
+    node = NodeView(
+        name="node-a",
+        cpu_cores=8,
+        engines={k: v.version for k, v in inv.engines.items()},
+        engine_refusals=refusals,
+    )
     (prof,) = explain("m", {"m": entry(cpu_profile())}, [node], []).profiles
     (verdict,) = prof.verdicts
     assert not verdict.accepted

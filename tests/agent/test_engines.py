@@ -34,9 +34,23 @@ def test_llamacpp_command_line_and_key_by_environment() -> None:
         spec("llamacpp", context_length=2048, slots=2, cpu_cores=3, served_model_name="gemma"), CTX
     )
     assert plan.argv == [
-        "llama-server", "-m", "/models/m.gguf", "--host", "0.0.0.0", "--port", "20001",
-        "-c", "2048", "-np", "2", "-t", "3", "--metrics", "-a", "gemma",
-    ]  # fmt: skip
+        "llama-server",
+        "-m",
+        "/models/m.gguf",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "20001",
+        "-c",
+        "2048",
+        "-np",
+        "2",
+        "-t",
+        "3",
+        "--metrics",
+        "-a",
+        "gemma",
+    ]
     assert plan.env == {"LLAMA_API_KEY": "sekrit"} and "sekrit" not in plan.argv
     assert plan.health_path == "/health" and plan.metrics_path == "/metrics"
 
@@ -68,9 +82,24 @@ def test_vllm_command_line() -> None:
     )
     plan = launch_plan(s, CTX)
     assert plan.argv == [
-        "vllm", "serve", "/models/m.gguf", "--served-model-name", "llama", "--host", "0.0.0.0", "--port", "20001",
-        "--max-model-len", "8192", "--max-num-seqs", "64", "--quantization", "fp8", "-tp", "2",
-    ]  # fmt: skip
+        "vllm",
+        "serve",
+        "/models/m.gguf",
+        "--served-model-name",
+        "llama",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "20001",
+        "--max-model-len",
+        "8192",
+        "--max-num-seqs",
+        "64",
+        "--quantization",
+        "fp8",
+        "-tp",
+        "2",
+    ]
     assert plan.env == {"CUDA_VISIBLE_DEVICES": "0,1", "VLLM_API_KEY": "sekrit"}
 
 

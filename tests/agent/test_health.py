@@ -38,10 +38,17 @@ H100 = {
     "ecc.errors.uncorrected.aggregate.total": 3,
 }
 # A consumer card: no power reading, no ECC at all.
-RTX = {"uuid": "GPU-22222222-2222-2222-2222-222222222222", "name": "NVIDIA GeForce RTX 4090",
-       "utilization.gpu": 0, "memory.used": 300, "memory.total": 24564, "temperature.gpu": 30,
-       "power.draw": "[N/A]", "ecc.errors.uncorrected.volatile.total": "[N/A]",
-       "ecc.errors.uncorrected.aggregate.total": "[N/A]"}  # fmt: skip
+RTX = {
+    "uuid": "GPU-22222222-2222-2222-2222-222222222222",
+    "name": "NVIDIA GeForce RTX 4090",
+    "utilization.gpu": 0,
+    "memory.used": 300,
+    "memory.total": 24564,
+    "temperature.gpu": 30,
+    "power.draw": "[N/A]",
+    "ecc.errors.uncorrected.volatile.total": "[N/A]",
+    "ecc.errors.uncorrected.aggregate.total": "[N/A]",
+}
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -78,9 +85,15 @@ def test_a_name_with_commas_and_a_short_row() -> None:
 def test_proc_files() -> None:
     stat = "cpu  100 5 50 1000 20 0 3 0 0 0\ncpu0 50 2 25 500 10 0 1 0 0 0\n"
     assert health.parse_proc_stat(stat, 100) == {
-        "user": 1.0, "nice": 0.05, "system": 0.5, "idle": 10.0, "iowait": 0.2, "irq": 0.0, "softirq": 0.03,
+        "user": 1.0,
+        "nice": 0.05,
+        "system": 0.5,
+        "idle": 10.0,
+        "iowait": 0.2,
+        "irq": 0.0,
+        "softirq": 0.03,
         "steal": 0.0,
-    }  # fmt: skip
+    }
     assert health.parse_meminfo("MemTotal:  2048 kB\nMemFree: 1 kB\nMemAvailable:  1024 kB\n") == {
         "MemTotal": 2048 * 1024,
         "MemAvailable": 1024 * 1024,

@@ -19,8 +19,14 @@ pytestmark = pytest.mark.integration
 
 async def test_an_engine_whose_pass_through_was_killed_is_not_left_running(tmp_path: Path) -> None:
     lo = free_port_range(10)
-    cfg = SupervisorConfig(state_dir=tmp_path, advertise_host="127.0.0.1", port_range=(lo, lo + 9),
-                           ready_timeout_s=60, stop_grace_s=1, poll_interval_s=0.05)  # fmt: skip
+    cfg = SupervisorConfig(
+        state_dir=tmp_path,
+        advertise_host="127.0.0.1",
+        port_range=(lo, lo + 9),
+        ready_timeout_s=60,
+        stop_grace_s=1,
+        poll_interval_s=0.05,
+    )
     sup = Supervisor(cfg, lambda _status: None)
     try:
         sup.start(ShardSpec(replica_id="orphan", model="m", engine="sim", api_key="key-0123456789"))

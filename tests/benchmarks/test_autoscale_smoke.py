@@ -32,8 +32,16 @@ def row(out: str, name: str, columns: int = 1) -> list[str]:
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_tiny_run_prints_both_tables_and_a_final_line_with_numbers() -> None:
-    argv = [sys.executable, str(ROOT / "benchmarks" / "autoscale.py"), "--low", "2", "--high", "8",
-            "--cooldown", "3"]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "autoscale.py"),
+        "--low",
+        "2",
+        "--high",
+        "8",
+        "--cooldown",
+        "3",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout

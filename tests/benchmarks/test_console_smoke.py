@@ -20,8 +20,16 @@ FINAL = re.compile(
 @pytest.mark.integration
 @pytest.mark.timeout(180)
 def test_tiny_run_fetches_every_page_and_prints_a_final_line() -> None:
-    argv = [sys.executable, str(ROOT / "benchmarks" / "console.py"), "--nodes", "12", "--models", "6",
-            "--repeat", "1"]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "console.py"),
+        "--nodes",
+        "12",
+        "--models",
+        "6",
+        "--repeat",
+        "1",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=170, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "12 nodes, 6 models, 6 replicas" in done.stdout

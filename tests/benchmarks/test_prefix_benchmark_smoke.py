@@ -41,9 +41,20 @@ def _tables(out: str) -> dict[str, str]:
 @pytest.mark.integration
 @pytest.mark.timeout(420)
 def test_tiny_prefix_run_prints_closed_and_open_tables_and_the_prefix_fields() -> None:
-    argv = [sys.executable, str(ROOT / "benchmarks" / "scheduling.py"), "--workloads", "prefix,lowreuse",
-            "--window", "3", "--seed", "7", "--open-fraction", "0.5",
-            "--only", ",".join(STRATEGIES)]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "scheduling.py"),
+        "--workloads",
+        "prefix,lowreuse",
+        "--window",
+        "3",
+        "--seed",
+        "7",
+        "--open-fraction",
+        "0.5",
+        "--only",
+        ",".join(STRATEGIES),
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=400, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout

@@ -22,14 +22,32 @@ def _fields(line: str) -> dict[str, float]:
 
 def test_latency_comes_from_the_open_loop_and_throughput_from_the_closed_loop() -> None:
     rows = {
-        "prefix": {n: _row(n, p90, 1.0, rps) for n, p90, rps in
-                   (("prefix", 0.2, 120.0), ("round-robin", 0.5, 90.0), ("session", 0.8, 80.0),
-                    ("least-inflight", 0.4, 96.0))},
-        "prefix-open": {n: _row(n, p90, 1.0, 60.0) for n, p90 in
-                        (("prefix", 0.02, ), ("round-robin", 0.4), ("session", 0.5), ("least-inflight", 0.4))},
+        "prefix": {
+            n: _row(n, p90, 1.0, rps)
+            for n, p90, rps in (
+                ("prefix", 0.2, 120.0),
+                ("round-robin", 0.5, 90.0),
+                ("session", 0.8, 80.0),
+                ("least-inflight", 0.4, 96.0),
+            )
+        },
+        "prefix-open": {
+            n: _row(n, p90, 1.0, 60.0)
+            for n, p90 in (
+                (
+                    "prefix",
+                    0.02,
+                ),
+                ("round-robin", 0.4),
+                ("session", 0.5),
+                ("least-inflight", 0.4),
+            )
+        },
         "lowreuse": {n: _row(n, 0.1, p99, 100.0) for n, p99 in (("prefix", 0.2), ("least-inflight", 0.16))},
-        "lowreuse-open": {n: _row(n, 0.1, p99, 80.0) for n, p99 in (("prefix", 0.1), ("least-inflight", 0.1))},
-    }  # fmt: skip
+        "lowreuse-open": {
+            n: _row(n, 0.1, p99, 80.0) for n, p99 in (("prefix", 0.1), ("least-inflight", 0.1))
+        },
+    }
     got = _fields(prefix_fields(rows))
     assert got["prefix_p90_ttft_over_rr"] == 0.05 and got["prefix_p90_ttft_over_session"] == 0.04
     assert got["prefix_throughput_over_least_inflight"] == 1.25

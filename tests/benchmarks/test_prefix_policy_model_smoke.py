@@ -22,8 +22,19 @@ OPEN = re.compile(
 
 
 def _run(*args: str) -> str:
-    argv = [sys.executable, str(ROOT / "benchmarks" / "prefix_policy_model.py"), "--seeds", "1",
-            "--warmup", "0.5", "--window", "1", "--load-bounds", "1.5", *args]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "prefix_policy_model.py"),
+        "--seeds",
+        "1",
+        "--warmup",
+        "0.5",
+        "--window",
+        "1",
+        "--load-bounds",
+        "1.5",
+        *args,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
@@ -56,12 +67,14 @@ def test_a_tiny_model_run_prints_both_phases_for_every_strategy_and_the_summary_
     assert re.search(
         r"^prefix_model: policy=prefix_lb=1.5 p90_over_rr=\S+ p90_over_session=\S+ "
         r"throughput_over_least_inflight=\S+ p90_over_rr_closed=\S+ p90_over_session_closed=\S+$",
-        out, re.M,
-    ), out  # fmt: skip
+        out,
+        re.M,
+    ), out
     assert re.search(
         r"^lowreuse_model: policy=prefix_lb=1.5 p99_over_least_inflight=\S+ p99_over_least_inflight_closed=\S+$",
-        out, re.M,
-    ), out  # fmt: skip
+        out,
+        re.M,
+    ), out
 
 
 def test_every_strategy_meets_the_same_arrivals_in_the_open_loop() -> None:

@@ -17,8 +17,14 @@ LINE = re.compile(
 
 
 def test_a_tiny_run_measures_both_paths_and_the_prefix_paths_parts() -> None:
-    argv = [sys.executable, str(ROOT / "benchmarks" / "prefix_scoring_cpu.py"), "--requests", "50",
-            "--repeats", "1"]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "prefix_scoring_cpu.py"),
+        "--requests",
+        "50",
+        "--repeats",
+        "1",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     match = LINE.search(done.stdout)
@@ -27,5 +33,11 @@ def test_a_tiny_run_measures_both_paths_and_the_prefix_paths_parts() -> None:
     assert least > 0 and prefix > 0 and events > 0 and abs(ratio - prefix / least) < 0.01 * ratio + 0.002
     parts = re.findall(r"^  (\w+) +([\d.]+) us/request", done.stdout, re.M)
     assert [p[0] for p in parts] == [
-        "key", "candidates", "annotate", "schedule", "placed", "events_decode", "events_apply"
-    ], done.stdout  # fmt: skip
+        "key",
+        "candidates",
+        "annotate",
+        "schedule",
+        "placed",
+        "events_decode",
+        "events_apply",
+    ], done.stdout

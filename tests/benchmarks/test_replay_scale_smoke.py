@@ -17,8 +17,18 @@ FINAL = re.compile(
 def test_tiny_day_prints_a_final_line_with_numbers() -> None:
     # Two hours around the 16:00 peak would need the whole day's generator: a short day from midnight is
     # enough to run every part, and its trough load must still be served without refusals.
-    argv = [sys.executable, str(ROOT / "benchmarks" / "replay_scale.py"), "--nodes", "4", "--models", "2",
-            "--hours", "0.5", "--peak", "0.9"]  # fmt: skip
+    argv = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "replay_scale.py"),
+        "--nodes",
+        "4",
+        "--models",
+        "2",
+        "--hours",
+        "0.5",
+        "--peak",
+        "0.9",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout

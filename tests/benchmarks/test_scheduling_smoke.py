@@ -28,13 +28,18 @@ def test_tiny_run_prints_tables_and_a_final_line_with_numbers() -> None:
     argv = [
         sys.executable,
         str(ROOT / "benchmarks" / "scheduling.py"),
-        "--loads", "0.8",
-        "--workloads", "short,multiturn",
-        "--window", "1.5",
-        "--drain", "30",
+        "--loads",
+        "0.8",
+        "--workloads",
+        "short,multiturn",
+        "--window",
+        "1.5",
+        "--drain",
+        "30",
         "--no-noslots",
-        "--seed", "7",
-    ]  # fmt: skip
+        "--seed",
+        "7",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=280, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout

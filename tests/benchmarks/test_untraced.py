@@ -38,9 +38,11 @@ def test_hooks_go_and_the_untraced_path_stays() -> None:
     text, removed = strip_source(SAMPLE, "sample.py")
     assert removed == 4  # the traceparent read, the begin/elif, the finally's span, the end
     assert ast.unparse(ast.parse(text)) == ast.unparse(
-        ast.parse("async def handle(self, call, headers):\n    call.lease = await self.acquire()\n"
-                  "    untraced = True\n    return call.lease\n")
-    )  # fmt: skip
+        ast.parse(
+            "async def handle(self, call, headers):\n    call.lease = await self.acquire()\n"
+            "    untraced = True\n    return call.lease\n"
+        )
+    )
 
 
 def test_a_hook_of_another_shape_fails_the_build_with_its_line() -> None:

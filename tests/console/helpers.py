@@ -99,12 +99,14 @@ class Cluster:
 
 async def _start(tmp: Path) -> tuple[RunningController, LocalRouter, Repo, keymod.NewKey, keymod.NewKey]:
     repo = Repo(tmp / "repo", use_git=False)
-    repo.write({
-        "cluster.yaml": cluster_yaml(unreachable="5s", lost="20s"),
-        "models/a.yaml": model_yaml("sim-a", min_=1),
-        "models/b.yaml": model_yaml("sim-b", min_=1),
-        "tenants/acme.yaml": TENANTS,
-    })  # fmt: skip
+    repo.write(
+        {
+            "cluster.yaml": cluster_yaml(unreachable="5s", lost="20s"),
+            "models/a.yaml": model_yaml("sim-a", min_=1),
+            "models/b.yaml": model_yaml("sim-b", min_=1),
+            "tenants/acme.yaml": TENANTS,
+        }
+    )
     settings = settings_for(tmp, repo.path)
     running = await start_controller(settings)
     router = await start_router(

@@ -102,9 +102,13 @@ async def chat(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator
         running = await start_controller(settings)
         ctl = running.controller
         router = await start_router(
-            "127.0.0.1:0", "127.0.0.1:0", running.url, ctl.router_token(), settings.store,
+            "127.0.0.1:0",
+            "127.0.0.1:0",
+            running.url,
+            ctl.router_token(),
+            settings.store,
             secrets=SecretPolicy(Path(settings.secrets_dir)),
-        )  # fmt: skip
+        )
         try:
             running.console.router_url = router.base_url
             await wait_for(

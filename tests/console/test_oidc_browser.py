@@ -77,15 +77,26 @@ def provider(tmp: Path, redirect_uri: str) -> Iterator[Provider]:
     ada = {"email": "ada@example.com", "email_verified": True, "groups": ["ml-team", "unmapped"]}
     accounts.write_text(json.dumps({"ada": ada}))
     config = tmp / "provider.json"
-    config.write_text(json.dumps({
-        "port": port, "client_id": CLIENT_ID, "client_secret": CLIENT_SECRET,
-        "redirect_uri": redirect_uri, "accounts": str(accounts),
-    }))  # fmt: skip
+    config.write_text(
+        json.dumps(
+            {
+                "port": port,
+                "client_id": CLIENT_ID,
+                "client_secret": CLIENT_SECRET,
+                "redirect_uri": redirect_uri,
+                "accounts": str(accounts),
+            }
+        )
+    )
     log = (tmp / "provider.log").open("w")
     proc = subprocess.Popen(
         [node, str(NODE_DIR / "oidc_provider.mjs"), str(config)],
-        cwd=NODE_DIR, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
-    )  # fmt: skip
+        cwd=NODE_DIR,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        text=True,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()  # the script prints once it listens, or exits (then: its log)

@@ -12,11 +12,13 @@ from llmgw.core.snapshot import Tenants
 from llmgw.core.tenancy.groups import Held, combined, from_groups, project_role_among
 from llmgw.core.tenancy.people import Membership
 
-TENANTS = Tenants.model_validate({
-    "organizations": {"acme": {}},
-    "teams": {"research": {"organization": "acme"}},
-    "projects": {"playground": {"team": "research"}, "evals": {"organization": "acme"}},
-})  # fmt: skip
+TENANTS = Tenants.model_validate(
+    {
+        "organizations": {"acme": {}},
+        "teams": {"research": {"organization": "acme"}},
+        "projects": {"playground": {"team": "research"}, "evals": {"organization": "acme"}},
+    }
+)
 MAPPING = {
     "ml": [GroupGrant(team="research", role="maintainer"), GroupGrant(project="evals", role="viewer")],
     "evals-owners": [GroupGrant(project="evals", role="maintainer")],

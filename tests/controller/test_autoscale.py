@@ -134,16 +134,29 @@ def test_never_outside_min_max(loads: list[int], bounds: tuple[int, int], cap: C
 
 
 @settings(max_examples=300, deadline=None)
-@given(load=st.integers(min_value=0, max_value=200), start=st.integers(min_value=1, max_value=10),
-       cap=cap_st, steps=st.integers(min_value=2, max_value=200))  # fmt: skip
+@given(
+    load=st.integers(min_value=0, max_value=200),
+    start=st.integers(min_value=1, max_value=10),
+    cap=cap_st,
+    steps=st.integers(min_value=2, max_value=200),
+)
 def test_constant_demand_does_not_oscillate(load: int, start: int, cap: Capacity, steps: int) -> None:
     """Whatever count it starts at, a constant load moves it at most once, in one direction, then it stays."""
     state = ScaleState(desired=start)
     current, counts = start, []
     for i in range(steps):
-        d = decide("m", min_replicas=1, max_replicas=10, current=current, capacity=cap, objective_ms=None,
-                   demand=Demand(queued=0, inflight=load, at=float(i)), now=float(i), state=state,
-                   policy=POLICY)  # fmt: skip
+        d = decide(
+            "m",
+            min_replicas=1,
+            max_replicas=10,
+            current=current,
+            capacity=cap,
+            objective_ms=None,
+            demand=Demand(queued=0, inflight=load, at=float(i)),
+            now=float(i),
+            state=state,
+            policy=POLICY,
+        )
         state, current = d.state, d.desired
         counts.append(d.desired)
     changes = [b - a for a, b in zip([start, *counts], counts, strict=False) if b != a]
@@ -174,9 +187,12 @@ def test_the_count_reached_going_down_is_not_one_the_same_load_scales_up_from(
 
 def _model(lo: int, hi: int) -> dict[str, ModelView]:
     spec = ModelSpec.model_validate(
-        {"context_length": 1024, "scaling": {"min": lo, "max": hi},
-         "profiles": [{"name": "sim", "engine": "sim", "cpu_cores": 1}]}
-    )  # fmt: skip
+        {
+            "context_length": 1024,
+            "scaling": {"min": lo, "max": hi},
+            "profiles": [{"name": "sim", "engine": "sim", "cpu_cores": 1}],
+        }
+    )
     return {"chat": ModelView(spec, {"sim": ""})}
 
 
@@ -190,16 +206,18 @@ NODES = [NodeView(f"n{i}", cpu_cores=4, memory_bytes=8 << 30, engines={"sim": No
 
 
 def test_the_reconciler_places_what_the_autoscaler_asks_for() -> None:
-    decision = reconcile(_model(1, 4), NODES, [_ready("a", "n0", 1.0)], now=10.0, rng=random.Random(1),
-                         scale_to={"chat": 3})  # fmt: skip
+    decision = reconcile(
+        _model(1, 4), NODES, [_ready("a", "n0", 1.0)], now=10.0, rng=random.Random(1), scale_to={"chat": 3}
+    )
     starts = decision.of(StartReplica)
     assert len(starts) == 2 and decision.targets["chat"] == 3
     assert {s.reason for s in starts} == {"autoscaled to 3 (the routers' load)"}
 
 
 def test_the_reconciler_keeps_the_asked_count_within_min_and_max() -> None:
-    decision = reconcile(_model(1, 2), NODES, [_ready("a", "n0", 1.0)], now=10.0, rng=random.Random(1),
-                         scale_to={"chat": 9})  # fmt: skip
+    decision = reconcile(
+        _model(1, 2), NODES, [_ready("a", "n0", 1.0)], now=10.0, rng=random.Random(1), scale_to={"chat": 9}
+    )
     assert decision.targets["chat"] == 2
 
 
@@ -207,22 +225,25 @@ def test_scale_down_drains_the_idlest_replica() -> None:
     replicas = [_ready("a", "n0", 1.0), _ready("b", "n1", 2.0), _ready("c", "n2", 3.0)]
     # a: busy; b: idle for long; c: never reported by any router (unknown is not idle).
     idleness = {"a": (3, 9.0), "b": (0, 2.0)}
-    decision = reconcile(_model(1, 4), NODES, replicas, now=10.0, rng=random.Random(1), scale_to={"chat": 2},
-                         idleness=idleness)  # fmt: skip
+    decision = reconcile(
+        _model(1, 4), NODES, replicas, now=10.0, rng=random.Random(1), scale_to={"chat": 2}, idleness=idleness
+    )
     stops = decision.of(StopReplica)
     assert [(s.replica_id, s.drain) for s in stops] == [("b", True)]
     assert stops[0].reason == "scale down to 2 (autoscaled: the routers' load fits fewer)"
     # Two down: the idle one, then the busy one, whose requests the drain lets finish. The one nobody
     # reported on is kept: it may be busy through a router that has not said.
-    decision = reconcile(_model(1, 4), NODES, replicas, now=10.0, rng=random.Random(1), scale_to={"chat": 1},
-                         idleness=idleness)  # fmt: skip
+    decision = reconcile(
+        _model(1, 4), NODES, replicas, now=10.0, rng=random.Random(1), scale_to={"chat": 1}, idleness=idleness
+    )
     assert [s.replica_id for s in decision.of(StopReplica)] == ["b", "a"]
 
 
 def test_a_scale_up_with_no_room_says_what_it_could_not_place() -> None:
     small = [NodeView("n0", cpu_cores=2, memory_bytes=8 << 30, engines={"sim": None})]
-    decision = reconcile(_model(1, 4), small, [_ready("a", "n0", 1.0)], now=10.0, rng=random.Random(1),
-                         scale_to={"chat": 4})  # fmt: skip
+    decision = reconcile(
+        _model(1, 4), small, [_ready("a", "n0", 1.0)], now=10.0, rng=random.Random(1), scale_to={"chat": 4}
+    )
     assert len(decision.of(StartReplica)) == 1  # one more core on n0
     assert decision.unplaced == {"chat": 2}
     [wait] = [w for w in decision.of(Wait) if "cannot be placed" in w.reason]

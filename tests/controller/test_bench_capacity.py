@@ -178,12 +178,37 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     assert target["objective_ms"] == 150 and target["engine"] == "sim" and target["api_key"]
     assert target["load_s"] is not None and target["load_s"] > 0
     before = await admin.get("/api/v1/capacity")
-    assert before["capacity"] == [{"model": "sim-bench", "profile": "sim", "gpu_class": None, "source": "slots",
-                                   "assumed_slots": 2, "measured": None}]  # fmt: skip
+    assert before["capacity"] == [
+        {
+            "model": "sim-bench",
+            "profile": "sim",
+            "gpu_class": None,
+            "source": "slots",
+            "assumed_slots": 2,
+            "measured": None,
+        }
+    ]
 
-    argv = ["bench", "sim-bench", "--save", "--json", "--steps", "1,2,4", "--step-seconds", "0.6", "--repeats", "2",
-            "--prompt-tokens", "8", "--max-tokens", "8", "--controller", running.url,
-            "--token-file", str(tmp_path / "token")]  # fmt: skip
+    argv = [
+        "bench",
+        "sim-bench",
+        "--save",
+        "--json",
+        "--steps",
+        "1,2,4",
+        "--step-seconds",
+        "0.6",
+        "--repeats",
+        "2",
+        "--prompt-tokens",
+        "8",
+        "--max-tokens",
+        "8",
+        "--controller",
+        running.url,
+        "--token-file",
+        str(tmp_path / "token"),
+    ]
     result = await asyncio.to_thread(CliRunner().invoke, app, argv)
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)

@@ -44,8 +44,11 @@ async def test_threads_are_their_persons_own_on_both_stores(store_dsn: str) -> N
         thread, messages = found
         assert thread.updated_at == 41.0
         assert [(m.seq, m.role, m.content) for m in messages] == [
-            (1, "user", "hi"), (2, "assistant", "hello"), (3, "user", "again"), (4, "assistant", "yes"),
-        ]  # fmt: skip
+            (1, "user", "hi"),
+            (2, "assistant", "hello"),
+            (3, "user", "again"),
+            (4, "assistant", "yes"),
+        ]
         assert await store.thread("bob", "t1") is None
         assert not await store.delete_thread("bob", "t1")
         assert await store.delete_thread("ada", "t1")

@@ -45,11 +45,23 @@ def controller_proc(tmp_path: Path) -> Iterator[tuple[str, Path, Repo, Agents, s
     port = free_port()
     log = (tmp_path / "controller.log").open("wb")
     cmd = [
-        sys.executable, "-c", "from llmgw.cli.main import main; main()", "controller",
-        "--repo", str(repo.path), "--store", f"sqlite:///{tmp_path / 'c.db'}",
-        "--listen", f"127.0.0.1:{port}", "--metrics-listen", "127.0.0.1:0",
-        "--admin-token-file", str(token), "--state-dir", str(tmp_path / "state"),
-    ]  # fmt: skip
+        sys.executable,
+        "-c",
+        "from llmgw.cli.main import main; main()",
+        "controller",
+        "--repo",
+        str(repo.path),
+        "--store",
+        f"sqlite:///{tmp_path / 'c.db'}",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--metrics-listen",
+        "127.0.0.1:0",
+        "--admin-token-file",
+        str(token),
+        "--state-dir",
+        str(tmp_path / "state"),
+    ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=log)
     agents = Agents(tmp_path, token)
     try:

@@ -99,9 +99,14 @@ class FakeAgent:
                 if cmd.action == "start_shard" and cmd.spec is not None:
                     spec = cmd.spec
                     self.shards[spec.shard_id] = ShardStatus(
-                        replica_id=spec.replica_id, model=spec.model, engine=spec.engine, state=self.start_state, pid=4242,
-                        base_url="http://127.0.0.1:9", fingerprint=spec.fingerprint,
-                    )  # fmt: skip
+                        replica_id=spec.replica_id,
+                        model=spec.model,
+                        engine=spec.engine,
+                        state=self.start_state,
+                        pid=4242,
+                        base_url="http://127.0.0.1:9",
+                        fingerprint=spec.fingerprint,
+                    )
                 elif cmd.action == "stop_shard":
                     self.shards.pop(f"{cmd.replica_id}-{cmd.shard_rank or 0}", None)
                 await self.ws.send_str(dump(Reply(id=cmd.id, ok=True)))
@@ -181,9 +186,14 @@ async def test_shards_reported_at_register_are_adopted_not_started(ctl: Admin) -
 async def test_an_adopted_shards_gpus_count_as_allocated(ctl: Admin) -> None:
     # As after a controller restart: the agent reports a running shard holding GPUs 0 and 2 of three.
     running = ShardStatus(
-        replica_id="sim-a-sim-gpu", model="sim-a", engine="sim", state="ready", pid=778,
-        base_url="http://127.0.0.1:9", gpus=[0, 2],
-    )  # fmt: skip
+        replica_id="sim-a-sim-gpu",
+        model="sim-a",
+        engine="sim",
+        state="ready",
+        pid=778,
+        base_url="http://127.0.0.1:9",
+        gpus=[0, 2],
+    )
     agent = FakeAgent(ctl, "n1")
     agent.shards[running.shard_id] = running
     await agent.connect(shards=[running], gpus=[Gpu(index=i, gpu_class="l4") for i in range(3)])

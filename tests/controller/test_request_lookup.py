@@ -41,11 +41,17 @@ def _snapshot(broken: FakeEngine, sim: SimProcess) -> dict[str, Any]:
         "tenants": {"organizations": {"acme": {}}, "projects": {"web": {"organization": "acme"}}},
         # In id order round robin tries a-broken first: it answers 503, so the request is retried on b-live.
         "endpoints": [
-            {"replica_id": "a-broken", "model": "sim-chat", "engine": "sim", "base_url": broken.base_url,
-             "api_key": "k", "slots": 8},
+            {
+                "replica_id": "a-broken",
+                "model": "sim-chat",
+                "engine": "sim",
+                "base_url": broken.base_url,
+                "api_key": "k",
+                "slots": 8,
+            },
             endpoint(sim, "b-live"),
         ],
-    }  # fmt: skip
+    }
 
 
 def _broken_engine() -> FakeEngine:

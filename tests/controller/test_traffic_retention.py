@@ -56,9 +56,14 @@ async def loop(tmp_path: Path) -> AsyncIterator[Loop]:
     key_file = tmp_path / "content.key"
     key_file.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
     settings = settings_for(
-        tmp_path, repo.path, usage_retention_s=30 * DAY, usage_minutes_retention_s=90 * DAY,
-        retention_batch=100, content_key_file=key_file, retention_check_s=0.05,
-    )  # fmt: skip
+        tmp_path,
+        repo.path,
+        usage_retention_s=30 * DAY,
+        usage_minutes_retention_s=90 * DAY,
+        retention_batch=100,
+        content_key_file=key_file,
+        retention_check_s=0.05,
+    )
     store = await Store.open(settings.store)
     agents = FakeAgents(clock=time.monotonic)
     controller = Controller(settings, store, ControllerMetrics(), admin_token="admin", agents=agents)

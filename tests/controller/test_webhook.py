@@ -37,8 +37,13 @@ spec:
 """
 
 
-def notification_yaml(url: str, name: str = "oncall", fmt: str = "json", attempts: int = 5,
-                      events: str = "[revision_refused, budget_80, budget_100]") -> str:  # fmt: skip
+def notification_yaml(
+    url: str,
+    name: str = "oncall",
+    fmt: str = "json",
+    attempts: int = 5,
+    events: str = "[revision_refused, budget_80, budget_100]",
+) -> str:
     return f"""\
 apiVersion: llmgw/v1
 kind: Notification
@@ -123,12 +128,30 @@ async def test_a_refused_revision_arrives_signed_in_both_formats(
         by_event = {json.loads(b).get("event", "slack"): (h, b) for h, b in receiver.delivered()}
         headers, body = by_event["revision_refused"]
         assert headers[notify.EVENT_HEADER] == "revision_refused"
-        assert notify.verify(SECRET.encode(), headers[notify.TIMESTAMP_HEADER], body,
-                             headers[notify.SIGNATURE_HEADER], time.time(), 300)  # fmt: skip
-        assert not notify.verify(b"another secret", headers[notify.TIMESTAMP_HEADER], body,
-                                 headers[notify.SIGNATURE_HEADER], time.time(), 300)  # fmt: skip
-        assert not notify.verify(SECRET.encode(), headers[notify.TIMESTAMP_HEADER], body + b" ",
-                                 headers[notify.SIGNATURE_HEADER], time.time(), 300)  # fmt: skip
+        assert notify.verify(
+            SECRET.encode(),
+            headers[notify.TIMESTAMP_HEADER],
+            body,
+            headers[notify.SIGNATURE_HEADER],
+            time.time(),
+            300,
+        )
+        assert not notify.verify(
+            b"another secret",
+            headers[notify.TIMESTAMP_HEADER],
+            body,
+            headers[notify.SIGNATURE_HEADER],
+            time.time(),
+            300,
+        )
+        assert not notify.verify(
+            SECRET.encode(),
+            headers[notify.TIMESTAMP_HEADER],
+            body + b" ",
+            headers[notify.SIGNATURE_HEADER],
+            time.time(),
+            300,
+        )
         payload = json.loads(body)
         assert payload["fields"]["revision"] == label and any(
             "colour" in e for e in payload["fields"]["errors"]
@@ -137,8 +160,14 @@ async def test_a_refused_revision_arrives_signed_in_both_formats(
         slack_headers, slack_body = by_event["slack"]
         text = json.loads(slack_body)["text"]
         assert text.startswith("[test] revision refused: ") and "colour" in text
-        assert notify.verify(SECRET.encode(), slack_headers[notify.TIMESTAMP_HEADER], slack_body,
-                             slack_headers[notify.SIGNATURE_HEADER], time.time(), 300)  # fmt: skip
+        assert notify.verify(
+            SECRET.encode(),
+            slack_headers[notify.TIMESTAMP_HEADER],
+            slack_body,
+            slack_headers[notify.SIGNATURE_HEADER],
+            time.time(),
+            300,
+        )
         await wait_for(lambda: _outbox_empty(running.controller.store), what="the delivered rows deleted")
     finally:
         await running.stop()

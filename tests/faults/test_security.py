@@ -275,10 +275,21 @@ async def test_no_secret_in_logs_plans_or_errors(tmp_path: Path, caplog: pytest.
             router.stop()
         plan = await asyncio.to_thread(  # a thread: the controller answering it runs on this loop
             subprocess.run,
-            [str(Path(sys.executable).parent / "llmgw"), "plan", str(cluster.repo.path), "--format", "json",
-             "--controller", cluster.running.url if cluster.running else "", "--token-file", str(tmp_path / "token")],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [
+                str(Path(sys.executable).parent / "llmgw"),
+                "plan",
+                str(cluster.repo.path),
+                "--format",
+                "json",
+                "--controller",
+                cluster.running.url if cluster.running else "",
+                "--token-file",
+                str(tmp_path / "token"),
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         texts = {
             "controller log": caplog.text,
             "router log": router.text(),

@@ -154,9 +154,15 @@ def run(*args: str) -> tuple[int, str, str]:
 def test_halving_a_busy_model_is_a_regression_with_exit_3(files: dict[str, Path]) -> None:
     planned = write_repo(files["root"] / "planned", 1)
     code, out, err = run(
-        "plan", str(planned), "--state", str(files["state"]), "--trace", str(files["trace"]),
-        "--capacity", str(files["capacity"]),
-    )  # fmt: skip
+        "plan",
+        str(planned),
+        "--state",
+        str(files["state"]),
+        "--trace",
+        str(files["trace"]),
+        "--capacity",
+        str(files["capacity"]),
+    )
     assert code == 3, (out, err)
     assert "- stop chat-" in out  # the plan itself is printed first
     assert f"Simulated serving (virtual time, trace {files['trace']}: 300 requests):" in out
@@ -172,9 +178,15 @@ def test_halving_a_busy_model_is_a_regression_with_exit_3(files: dict[str, Path]
 def test_the_same_fleet_is_no_regression(files: dict[str, Path]) -> None:
     same = write_repo(files["root"] / "same", 2)
     code, out, _ = run(
-        "plan", str(same), "--state", str(files["state"]), "--trace", str(files["trace"]),
-        "--capacity", str(files["capacity"]),
-    )  # fmt: skip
+        "plan",
+        str(same),
+        "--state",
+        str(files["state"]),
+        "--trace",
+        str(files["trace"]),
+        "--capacity",
+        str(files["capacity"]),
+    )
     assert code == 0, out
     current, planned = (line for line in out.splitlines() if line.startswith(("  current", "  planned")))
     assert current.replace("current", "planned") == planned  # one trace, one seed: the same replay
@@ -185,9 +197,15 @@ def test_thresholds_the_repo_declares_decide(files: dict[str, Path]) -> None:
     lax = "\n  plan: {simulate: {max_p99_ttft_increase: 100000%, max_refusals_increase: 100%}}"
     planned = write_repo(files["root"] / "lax", 1, lax)
     code, out, _ = run(
-        "plan", str(planned), "--state", str(files["state"]), "--trace", str(files["trace"]),
-        "--capacity", str(files["capacity"]),
-    )  # fmt: skip
+        "plan",
+        str(planned),
+        "--state",
+        str(files["state"]),
+        "--trace",
+        str(files["trace"]),
+        "--capacity",
+        str(files["capacity"]),
+    )
     assert code == 0, out
     assert "No regression" in out
 
@@ -227,9 +245,15 @@ def test_a_line_of_the_trace_that_does_not_parse_is_named_and_skipped(files: dic
     trace = files["trace"]
     trace.write_text(trace.read_text() + '{"t": -1, "model": "chat"}\n')
     code, out, _ = run(
-        "plan", str(same), "--state", str(files["state"]), "--trace", str(trace),
-        "--capacity", str(files["capacity"]),
-    )  # fmt: skip
+        "plan",
+        str(same),
+        "--state",
+        str(files["state"]),
+        "--trace",
+        str(trace),
+        "--capacity",
+        str(files["capacity"]),
+    )
     assert code == 0, out
     assert f"trace {trace}: line 302: t must be a number at or above 0 (got -1) (skipped)" in out
 

@@ -24,8 +24,12 @@ def test_the_catalog_resolves_guardrails_down_the_tenant_tree() -> None:
 
 
 def test_the_cluster_switch_is_published() -> None:
-    off = catalog(**{"cluster.yaml": "apiVersion: llmgw/v1\nkind: Cluster\nmetadata: {name: c}\n"
-                     "spec: {guardrails_enabled: false}\n"})  # fmt: skip
+    off = catalog(
+        **{
+            "cluster.yaml": "apiVersion: llmgw/v1\nkind: Cluster\nmetadata: {name: c}\n"
+            "spec: {guardrails_enabled: false}\n"
+        }
+    )
     assert off.published_guard().enabled is False
 
 

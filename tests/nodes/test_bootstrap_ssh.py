@@ -41,8 +41,17 @@ from .agent_procs import stop_agent
 pytestmark = [pytest.mark.ssh, pytest.mark.integration, pytest.mark.timeout(900), DEFAULT_AGENT_PORTS]
 
 STEPS = [
-    "connect", "check", "wheels", "venv", "agent", "credentials", "config", "account", "service", "register",
-]  # fmt: skip
+    "connect",
+    "check",
+    "wheels",
+    "venv",
+    "agent",
+    "credentials",
+    "config",
+    "account",
+    "service",
+    "register",
+]
 
 
 def _modes(layout: render.Layout) -> dict[str, int]:

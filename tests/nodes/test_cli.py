@@ -91,9 +91,21 @@ def test_bootstrap_command_then_engine_check_over_ssh(
     state = tmp_path / "state"
     layout = render.Layout(prefix=prefix)
     boot = [
-        "node", "bootstrap", "ssh-1", "--repo", str(repo), "--ca-dir", str(state / "ca"), "--prefix", prefix,
-        "--wheelhouse", str(wheelhouse.directory), "--no-wait", "--secrets-dir", str(secrets),
-    ]  # fmt: skip
+        "node",
+        "bootstrap",
+        "ssh-1",
+        "--repo",
+        str(repo),
+        "--ca-dir",
+        str(state / "ca"),
+        "--prefix",
+        prefix,
+        "--wheelhouse",
+        str(wheelhouse.directory),
+        "--no-wait",
+        "--secrets-dir",
+        str(secrets),
+    ]
     try:
         first = runner.invoke(app, boot)
         assert first.exit_code == 0, first.output

@@ -66,9 +66,14 @@ def test_rendering_is_deterministic_and_matches_the_agent_config_model() -> None
 
     layout = render.Layout(prefix="/srv/llmgw")
     settings = render.AgentSettings(
-        node="gpu-1", controllers=("10.0.0.1:7070",), tls=True, token=False, advertise_host="10.0.0.5",
-        labels={"zone": "a"}, engines={"llamacpp": {"path": "/usr/bin/llama-server", "version": "b11434"}},
-    )  # fmt: skip
+        node="gpu-1",
+        controllers=("10.0.0.1:7070",),
+        tls=True,
+        token=False,
+        advertise_host="10.0.0.5",
+        labels={"zone": "a"},
+        engines={"llamacpp": {"path": "/usr/bin/llama-server", "version": "b11434"}},
+    )
     first = render.agent_config(layout, settings)
     assert first == render.agent_config(layout, settings)
     conf = AgentConfig.model_validate(json.loads(first))
@@ -97,9 +102,13 @@ def test_engine_commands() -> None:
 
 def _node(ssh: dict[str, object]) -> Node:
     return Node.model_validate(
-        {"apiVersion": "llmgw/v1", "kind": "Node", "metadata": {"name": "gpu-1"},
-         "spec": {"address": "10.0.0.5", "ssh": ssh}}
-    )  # fmt: skip
+        {
+            "apiVersion": "llmgw/v1",
+            "kind": "Node",
+            "metadata": {"name": "gpu-1"},
+            "spec": {"address": "10.0.0.5", "ssh": ssh},
+        }
+    )
 
 
 def test_target_reads_the_identity_from_the_secrets_dir_and_known_hosts_from_the_repo(tmp_path: Path) -> None:

@@ -234,8 +234,15 @@ async def test_upgrade_rolls_the_ssh_node_while_every_engine_keeps_serving(
         NEXT_VERSION,
     )
     assert [s["step"] for s in by_node[SSH_NODE]["steps"]] == [
-        "connect", "check", "wheels", "verify", "install", "switch", "restart", "back",
-    ]  # fmt: skip
+        "connect",
+        "check",
+        "wheels",
+        "verify",
+        "install",
+        "switch",
+        "restart",
+        "back",
+    ]
     assert by_node[LOCAL_NODE]["status"] == "not_managed"
     assert "upgrade it yourself" in by_node[LOCAL_NODE]["message"]
     assert traffic.failures == [], traffic.failures[:5]
@@ -290,8 +297,11 @@ async def test_an_upgrade_whose_agent_wheel_is_corrupt_stops_at_the_first_node_o
     assert "the running agent is untouched" in failed["message"]
     steps = {s["step"]: s["status"] for s in failed["steps"]}
     assert (steps["verify"], steps["install"], steps["switch"], steps["restart"]) == (
-        "unchanged", "failed", "skipped", "skipped",
-    )  # fmt: skip
+        "unchanged",
+        "failed",
+        "skipped",
+        "skipped",
+    )
     assert by_node[LOCAL_NODE]["status"] == "not_managed"
     assert traffic.failures == [], traffic.failures[:5]
     assert _pids(await fleet.wait_ready("sim-a", 2)) == before

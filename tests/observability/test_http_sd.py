@@ -69,10 +69,13 @@ async def test_prometheus_discovers_the_controller_and_its_routers_through_http_
                 prom_port = free_port()
                 log = (tmp_path / "prometheus.log").open("wb")
                 proc = await asyncio.create_subprocess_exec(
-                    prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-                    f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-                    stdout=log, stderr=subprocess.STDOUT,
-                )  # fmt: skip
+                    prometheus_bin,
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
                 log.close()
                 api = f"http://127.0.0.1:{prom_port}/api/v1/targets"
                 last: list[Any] = []
@@ -159,10 +162,13 @@ async def test_prometheus_scrapes_an_agent_found_through_http_sd_and_the_node_ru
         prom_port = free_port()
         log = (tmp_path / "prometheus.log").open("wb")
         proc = await asyncio.create_subprocess_exec(
-            prometheus_bin, f"--config.file={tmp_path / 'prometheus.yml'}",
-            f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prom_port}",
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            prometheus_bin,
+            f"--config.file={tmp_path / 'prometheus.yml'}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         log.close()
         base = f"http://127.0.0.1:{prom_port}/api/v1"
         async with aiohttp.ClientSession() as s:

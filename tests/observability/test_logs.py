@@ -130,9 +130,18 @@ async def test_logs_follow_streams_engine_output_with_the_key_redacted(fleet: Fl
     assert fleet.running is not None
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLMGW_")}
     proc = await asyncio.create_subprocess_exec(
-        LLMGW, "logs", rid, "-f", "--controller", fleet.running.url, "--token-file", str(fleet.tmp / "token"),
-        env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        LLMGW,
+        "logs",
+        rid,
+        "-f",
+        "--controller",
+        fleet.running.url,
+        "--token-file",
+        str(fleet.tmp / "token"),
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     printed: list[str] = []
     try:
         assert proc.stdout is not None
@@ -179,8 +188,12 @@ async def test_logs_pages_with_a_cursor_and_greps_and_serves_the_agent_s_own_lin
     # Bad input is a 400 that says what would be right; reading logs needs an admin-scope token.
     assert fleet.running is not None
     async with aiohttp.ClientSession() as s:
-        for query, says in (("grep=(", "not a regular expression"), ("since=ten", "since="), ("limit=0", "1 to 1000"),
-                            ("cursor=zzz", "pass back next_cursor")):  # fmt: skip
+        for query, says in (
+            ("grep=(", "not a regular expression"),
+            ("since=ten", "since="),
+            ("limit=0", "1 to 1000"),
+            ("cursor=zzz", "pass back next_cursor"),
+        ):
             async with s.get(fleet.running.url + node_path + "?" + query, headers=admin.headers) as r:
                 assert r.status == 400 and says in (await r.json())["error"]["message"], query
         async with s.get(fleet.running.url + node_path) as r:
@@ -214,9 +227,15 @@ async def test_a_failed_start_points_to_its_log_which_only_admins_read(fleet: Fl
     assert fleet.key(rid) not in text and "api_key=***" in text
     assert fleet.running is not None
     proc = await asyncio.create_subprocess_exec(
-        LLMGW, "events", "--controller", fleet.running.url, "--token-file", str(fleet.tmp / "token"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        LLMGW,
+        "events",
+        "--controller",
+        fleet.running.url,
+        "--token-file",
+        str(fleet.tmp / "token"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert "replica_failed" in out.decode() and "CUDA out of memory" not in out.decode()
@@ -241,9 +260,15 @@ async def test_engine_memory_is_reported_against_the_profile_s_reservation(fleet
 
     assert fleet.running is not None
     proc = await asyncio.create_subprocess_exec(
-        LLMGW, "replicas", "--controller", fleet.running.url, "--token-file", str(fleet.tmp / "token"),
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
+        LLMGW,
+        "replicas",
+        "--controller",
+        fleet.running.url,
+        "--token-file",
+        str(fleet.tmp / "token"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert re.search(r"\d+\.\d/1\.0 GiB, GPU -/80\.0 GiB", out.decode()), out.decode()

@@ -18,9 +18,13 @@ def canary_entry(cores: int) -> ModelView:
 
 def step(f: FakeFleet, phase: CanaryPhase | None) -> list[object]:
     d = reconcile(
-        f.models, f.nodes.values(), f.replicas.values(), now=f.now, rng=f.rng,
+        f.models,
+        f.nodes.values(),
+        f.replicas.values(),
+        now=f.now,
+        rng=f.rng,
         canaries={} if phase is None else {"m": phase},
-    )  # fmt: skip
+    )
     f.apply(d)
     return list(d.actions)
 

@@ -42,9 +42,13 @@ def test_a_restart_asked_for_rolls_every_replica_at_the_pace_given():
         f.replicas[rid] = replace(f.replicas[rid], restart=True)
     # max_unavailable 1, max_surge 0: one old one stops first, its replacement starts in its place
     d = reconcile(
-        f.models, f.nodes.values(), f.replicas.values(), now=f.now, rng=f.rng,
+        f.models,
+        f.nodes.values(),
+        f.replicas.values(),
+        now=f.now,
+        rng=f.rng,
         paces={"m": RollPace(max_surge=0, max_unavailable=1)},
-    )  # fmt: skip
+    )
     assert len(d.of(RestartReplica)) == 1 and len(d.of(StartReplica)) == 1
     assert d.of(StartReplica)[0].replaces == d.of(RestartReplica)[0].replica_id
 
@@ -68,8 +72,14 @@ def test_property_a_roll_keeps_within_its_pace_and_ends_with_every_replica_new(c
     f = fleet({"m": view}, *nodes)
     f.step()
     f.ready_all()
-    f.models = {"m": rolled(entry(cpu_profile(cores=2), min=target, max=target), on_change="restart",
-                            max_surge=surge, max_unavailable=unavailable)}  # fmt: skip
+    f.models = {
+        "m": rolled(
+            entry(cpu_profile(cores=2), min=target, max=target),
+            on_change="restart",
+            max_surge=surge,
+            max_unavailable=unavailable,
+        )
+    }
     new_fp = f.models["m"].fingerprints["cpu"]
     for ready_now in readiness:
         f.step()

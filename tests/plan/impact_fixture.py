@@ -188,8 +188,16 @@ async def record(store: Store) -> None:
         await store.insert_usage(rows[i : i + 2000])
     await store.save_capacity(
         CapacityRecord(
-            model="sim-chat", profile="sim", gpu_class="", engine="sim", measured_at=NOW - 86400,
-            objective_ms=500.0, concurrency=8, tokens_per_s=400.0, prefill_ms_per_token=None,
-            decode_ms_per_token=None, load_s=1.0,
+            model="sim-chat",
+            profile="sim",
+            gpu_class="",
+            engine="sim",
+            measured_at=NOW - 86400,
+            objective_ms=500.0,
+            concurrency=8,
+            tokens_per_s=400.0,
+            prefill_ms_per_token=None,
+            decode_ms_per_token=None,
+            load_s=1.0,
         )
-    )  # fmt: skip
+    )

@@ -61,15 +61,23 @@ def summary(**pairs: int) -> UsageSummary:
     """A week in which each project sent `n` requests to gemma, each 1,000 tokens in and $0.01."""
     return UsageSummary.model_validate(
         {
-            "since": NOW - WEEK, "until": NOW, "rows": sum(pairs.values()), "earliest": NOW - WEEK,
-            "pairs": [{"project": p, "model": "gemma", "requests": n, "tokens_in": 1000 * n, "cost": 0.01 * n}
-                      for p, n in pairs.items()],
-            "models": [{"model": "gemma", "requests": sum(pairs.values()),
-                        "tokens_in": 1000 * sum(pairs.values())}],
-            "tenants": [{"level": "project", "name": p, "peak_tpm": 1000, "peak_rpm": 1, "cost": 0.01 * n}
-                        for p, n in pairs.items()],
+            "since": NOW - WEEK,
+            "until": NOW,
+            "rows": sum(pairs.values()),
+            "earliest": NOW - WEEK,
+            "pairs": [
+                {"project": p, "model": "gemma", "requests": n, "tokens_in": 1000 * n, "cost": 0.01 * n}
+                for p, n in pairs.items()
+            ],
+            "models": [
+                {"model": "gemma", "requests": sum(pairs.values()), "tokens_in": 1000 * sum(pairs.values())}
+            ],
+            "tenants": [
+                {"level": "project", "name": p, "peak_tpm": 1000, "peak_rpm": 1, "cost": 0.01 * n}
+                for p, n in pairs.items()
+            ],
         }
-    )  # fmt: skip
+    )
 
 
 def plan_between(tmp: Path, edit: dict[str, str | None], usage: UsageSummary) -> list[tuple[str, str]]:
@@ -101,9 +109,12 @@ def test_a_budget_below_the_spend_at_the_windows_rate_is_a_loss(tmp_path: Path) 
     # 700 requests at $0.01 in 7 days: $30 in 30 days.
     items = plan_between(tmp_path, {"extra.yaml": BUDGET % 20}, summary(extra=700))
     assert items == [
-        ("loss", "sets project extra's budget to $20.00 per 30d; at the rate of the last 7 days it spends "
-                 "$30.00 per 30d"),
-    ]  # fmt: skip
+        (
+            "loss",
+            "sets project extra's budget to $20.00 per 30d; at the rate of the last 7 days it spends "
+            "$30.00 per 30d",
+        ),
+    ]
     (tmp_path / "again").mkdir()
     items = plan_between(tmp_path / "again", {"extra.yaml": BUDGET % 40}, summary(extra=700))
     assert [s for s, _ in items] == ["note"] and items[0][1].endswith("(within it)")
@@ -112,11 +123,17 @@ def test_a_budget_below_the_spend_at_the_windows_rate_is_a_loss(tmp_path: Path) 
 def test_a_removed_model_is_lost_to_every_project_that_used_it_and_its_cost_goes(tmp_path: Path) -> None:
     items = plan_between(tmp_path, {"models/gemma.yaml": None}, summary(playground=5, prod=2))
     assert items[:2] == [
-        ("loss", "removes gemma from project playground, which sent 5 requests to it in the last 7 days: "
-                 "model gemma is removed"),
-        ("loss", "removes gemma from project prod, which sent 2 requests to it in the last 7 days: "
-                 "model gemma is removed"),
-    ]  # fmt: skip
+        (
+            "loss",
+            "removes gemma from project playground, which sent 5 requests to it in the last 7 days: "
+            "model gemma is removed",
+        ),
+        (
+            "loss",
+            "removes gemma from project prod, which sent 2 requests to it in the last 7 days: "
+            "model gemma is removed",
+        ),
+    ]
     assert items[2][0] == "note" and items[2][1].startswith(
         "removes model gemma: its traffic of the last 7 days"
     )
@@ -129,9 +146,12 @@ def test_a_removed_project_loses_what_it_used(tmp_path: Path) -> None:
     without_prod += text[text.index("---\napiVersion: llmgw/v1\nkind: Project\nmetadata: {name: legacy}") :]
     items = plan_between(tmp_path, {"tenants.yaml": without_prod}, summary(prod=3))
     assert items == [
-        ("loss", "removes gemma from project prod, which sent 3 requests to it in the last 7 days: "
-                 "Project prod is removed"),
-    ]  # fmt: skip
+        (
+            "loss",
+            "removes gemma from project prod, which sent 3 requests to it in the last 7 days: "
+            "Project prod is removed",
+        ),
+    ]
 
 
 def test_unknown_usage_is_said_once_and_gates_nothing(tmp_path: Path) -> None:
@@ -176,6 +196,9 @@ def test_a_concurrency_limit_below_the_tenants_peak_is_a_loss(tmp_path: Path) ->
     tenants = [t.model_copy(update={"peak_concurrency": 9}) for t in usage.tenants]
     items = plan_between(tmp_path, {"extra.yaml": CONCURRENCY}, usage.model_copy(update={"tenants": tenants}))
     assert items == [
-        ("loss", "sets project extra's concurrency to 5; its peak concurrency in the last 7 days was 9 requests "
-                 "at once"),
-    ]  # fmt: skip
+        (
+            "loss",
+            "sets project extra's concurrency to 5; its peak concurrency in the last 7 days was 9 requests "
+            "at once",
+        ),
+    ]

@@ -12,13 +12,27 @@ from llmgw.core.weights.model_headers import ModelShape
 
 # Mistral-7B-like (GQA: 8 KV heads of 32) and Llama-70B-like, bf16: what their headers say.
 SEVEN_B = ModelShape(
-    format="safetensors", layers=32, kv_heads=8, attention_heads=32, head_dim=128, dtype="BF16",
-    parameters=7_241_732_096, tensor_bytes=14_483_464_192, trained_context=32768,
-)  # fmt: skip
+    format="safetensors",
+    layers=32,
+    kv_heads=8,
+    attention_heads=32,
+    head_dim=128,
+    dtype="BF16",
+    parameters=7_241_732_096,
+    tensor_bytes=14_483_464_192,
+    trained_context=32768,
+)
 SEVENTY_B = ModelShape(
-    format="safetensors", layers=80, kv_heads=8, attention_heads=64, head_dim=128, dtype="BF16",
-    parameters=70_553_706_496, tensor_bytes=141_107_412_992, trained_context=131072,
-)  # fmt: skip
+    format="safetensors",
+    layers=80,
+    kv_heads=8,
+    attention_heads=64,
+    head_dim=128,
+    dtype="BF16",
+    parameters=70_553_706_496,
+    tensor_bytes=141_107_412_992,
+    trained_context=131072,
+)
 GB24, GB80 = 24 * GIB, 80 * GIB
 
 

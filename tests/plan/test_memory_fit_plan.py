@@ -16,11 +16,23 @@ from llmgw.core.fleet.views import LiveGpu, LiveNode, LiveState
 
 GIB = 1024**3
 CONFIGS = {
-    "seven": {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-              "num_key_value_heads": 8, "max_position_embeddings": 32768, "architectures": ["MistralForCausalLM"]},
-    "seventy": {"hidden_size": 8192, "num_hidden_layers": 80, "num_attention_heads": 64,
-                "num_key_value_heads": 8, "max_position_embeddings": 131072, "architectures": ["LlamaForCausalLM"]},
-}  # fmt: skip
+    "seven": {
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 32768,
+        "architectures": ["MistralForCausalLM"],
+    },
+    "seventy": {
+        "hidden_size": 8192,
+        "num_hidden_layers": 80,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 131072,
+        "architectures": ["LlamaForCausalLM"],
+    },
+}
 PARAMETERS = {"seven": 7_241_732_096, "seventy": 70_553_706_496}
 MODEL = """\
 apiVersion: llmgw/v1

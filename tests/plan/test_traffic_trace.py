@@ -11,9 +11,16 @@ def test_a_trace_reads_back_what_was_written_in_arrival_order() -> None:
     header = TraceHeader(start=1_700_000_000.0, duration_s=60.0, source="test")
     later = TracedRequest(t=2.5, model="m", project="p", prompt_tokens=10, completion_tokens=3, stream=True)
     first = TracedRequest(
-        t=0.5, model="m", project="q", prompt_tokens=7, completion_tokens=1, prefix="ab12", ttft_ms=None,
-        duration_ms=12.0, status=429,
-    )  # fmt: skip
+        t=0.5,
+        model="m",
+        project="q",
+        prompt_tokens=7,
+        completion_tokens=1,
+        prefix="ab12",
+        ttft_ms=None,
+        duration_ms=12.0,
+        status=429,
+    )
     trace = parse_trace(format_trace(header, [later, first]))
     assert trace.header == header
     assert trace.requests == (first, later)

@@ -56,10 +56,14 @@ class Receiver:
                     attrs = {a.key: _value(a.value) for a in s.attributes}
                     self.spans.append(
                         ReceivedSpan(
-                            str(resource.get("service.name")), s.name, s.trace_id.hex(), s.span_id.hex(),
-                            s.parent_span_id.hex(), attrs,
+                            str(resource.get("service.name")),
+                            s.name,
+                            s.trace_id.hex(),
+                            s.span_id.hex(),
+                            s.parent_span_id.hex(),
+                            attrs,
                         )
-                    )  # fmt: skip
+                    )
         body = ExportTraceServiceResponse().SerializeToString()
         return web.Response(body=body, content_type="application/x-protobuf")
 

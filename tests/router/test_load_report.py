@@ -152,12 +152,20 @@ async def test_the_link_sends_load_reports_on_its_interval() -> None:
     app = web.Application()
     app.router.add_get("/router/v1", stream)
     async with serving(app) as port:
-        report = {"type": "load", "models": {"m": {"queued": 3, "inflight": 1, "ttft_p99_ms": None, "refused": 0}},
-                  "replicas": {}}  # fmt: skip
+        report = {
+            "type": "load",
+            "models": {"m": {"queued": 3, "inflight": 1, "ttft_p99_ms": None, "refused": 0}},
+            "replicas": {},
+        }
         link = ControllerLink(
-            f"ws://127.0.0.1:{port}/router/v1", "r1", None, lambda _s: None, dict,
-            load=lambda: report, load_interval=0.05,
-        )  # fmt: skip
+            f"ws://127.0.0.1:{port}/router/v1",
+            "r1",
+            None,
+            lambda _s: None,
+            dict,
+            load=lambda: report,
+            load_interval=0.05,
+        )
         async with aiohttp.ClientSession() as session:
             task = asyncio.create_task(link.run(session))
             try:

@@ -56,11 +56,18 @@ class HeldUpstream:
         finally:
             with self.lock:
                 self.inflight -= 1
-        return web.json_response({
-            "id": "x", "object": "chat.completion", "created": 0, "model": MODEL,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
-        })  # fmt: skip
+        return web.json_response(
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": MODEL,
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
 
     async def _metrics(self, request: web.Request) -> web.StreamResponse:
         text = (
@@ -102,17 +109,37 @@ def _routers(tmp: Path, upstream: HeldUpstream, store_dsn: str) -> list[RouterPr
     snap = {
         "revision": "pooled-1",
         "models": {MODEL: {"context_length": 4096}},
-        "tenants": {"organizations": {"o": {}},
-                    "projects": {"capped": {"organization": "o", "limits": {"concurrency": LIMIT}}}},
-        "endpoints": [{"replica_id": "held-0", "model": MODEL, "engine": "vllm", "slots": 4 * CLIENTS,
-                       "base_url": upstream.engine.base_url, "api_key": "engine-key"}],
-    }  # fmt: skip
+        "tenants": {
+            "organizations": {"o": {}},
+            "projects": {"capped": {"organization": "o", "limits": {"concurrency": LIMIT}}},
+        },
+        "endpoints": [
+            {
+                "replica_id": "held-0",
+                "model": MODEL,
+                "engine": "vllm",
+                "slots": 4 * CLIENTS,
+                "base_url": upstream.engine.base_url,
+                "api_key": "engine-key",
+            }
+        ],
+    }
     (tmp / "snap.json").write_text(json.dumps(snap))
     routers: list[RouterProc] = []
     try:
         for name in ("r1", "r2"):
-            args = ["--snapshot", str(tmp / "snap.json"), "--store", store_dsn, "--workers", "2", "--router-id", name,
-                    "--state-dir", str(tmp / name)]  # fmt: skip
+            args = [
+                "--snapshot",
+                str(tmp / "snap.json"),
+                "--store",
+                store_dsn,
+                "--workers",
+                "2",
+                "--router-id",
+                name,
+                "--state-dir",
+                str(tmp / name),
+            ]
             routers.append(start_router_proc(tmp / f"{name}.log", args))
     except BaseException:
         for r in routers:
@@ -140,12 +167,16 @@ def _held_in_store(store_dsn: str) -> int:
     return asyncio.run(go())
 
 
-def _wave(pool: ThreadPoolExecutor, routers: list[RouterProc], key: str, upstream: HeldUpstream,
-          clients: int) -> None:  # fmt: skip
+def _wave(
+    pool: ThreadPoolExecutor, routers: list[RouterProc], key: str, upstream: HeldUpstream, clients: int
+) -> None:
     futures: list[Future[Any]] = [pool.submit(_ask, routers[i % 2], key) for i in range(clients)]
     refused = lambda: [f.result() for f in futures if f.done()]  # noqa: E731
-    wait_until(lambda: upstream.inflight == LIMIT and len(refused()) == clients - LIMIT, 60,
-               f"{LIMIT} in flight upstream and {clients - LIMIT} refused")  # fmt: skip
+    wait_until(
+        lambda: upstream.inflight == LIMIT and len(refused()) == clients - LIMIT,
+        60,
+        f"{LIMIT} in flight upstream and {clients - LIMIT} refused",
+    )
     assert upstream.peak == LIMIT, f"{upstream.peak} requests were in flight at once upstream"
     for exc in refused():
         assert isinstance(exc, openai.RateLimitError), exc

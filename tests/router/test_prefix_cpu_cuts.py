@@ -65,9 +65,14 @@ def test_none_hash_is_memoised_per_seed_and_still_distinct_between_seeds() -> No
 
 def _ep(replica: str, block_size: int, api_key: str | None = None) -> LiveEndpoint:
     spec = Endpoint(
-        replica_id=replica, model="m", engine="sim", base_url="http://127.0.0.1:1",
-        kv_events="http://127.0.0.1:2/llmgw/kv-events", kv_block_size=block_size, api_key=api_key,
-    )  # fmt: skip
+        replica_id=replica,
+        model="m",
+        engine="sim",
+        base_url="http://127.0.0.1:1",
+        kv_events="http://127.0.0.1:2/llmgw/kv-events",
+        kv_block_size=block_size,
+        api_key=api_key,
+    )
     return LiveEndpoint(spec, "http://127.0.0.1:1/v1", None, None, 0.0)
 
 

@@ -95,9 +95,13 @@ def test_the_prefix_never_draws_a_request_past_the_load_bound(
 
 def _ep(replica: str) -> LiveEndpoint:
     spec = Endpoint(
-        replica_id=replica, model="m", engine="sim", base_url="http://127.0.0.1:1",
-        kv_events="http://127.0.0.1:2/llmgw/kv-events", kv_block_size=16,
-    )  # fmt: skip
+        replica_id=replica,
+        model="m",
+        engine="sim",
+        base_url="http://127.0.0.1:1",
+        kv_events="http://127.0.0.1:2/llmgw/kv-events",
+        kv_block_size=16,
+    )
     return LiveEndpoint(spec, "http://127.0.0.1:1/v1", None, None, 0.0)
 
 
@@ -181,8 +185,10 @@ def test_canary_and_adapter_steering_keep_the_prompts_prefix_and_project() -> No
 
     from llmgw.core.snapshot import PublishedAdapter, RouterSnapshot
 
-    eps = [{"replica_id": r, "model": "m", "engine": "vllm", "base_url": f"http://127.0.0.1:{9 + i}"}
-           for i, r in enumerate(("a", "b"))]  # fmt: skip
+    eps = [
+        {"replica_id": r, "model": "m", "engine": "vllm", "base_url": f"http://127.0.0.1:{9 + i}"}
+        for i, r in enumerate(("a", "b"))
+    ]
     raw = {"revision": "r", "models": {"m": {"context_length": 4096}}, "endpoints": eps}
     router = Router(RouterOptions())
     router.apply_snapshot(RouterSnapshot.model_validate(raw))

@@ -40,8 +40,17 @@ def test_a_record_with_its_decision_tags_and_attempts_survives_the_spool() -> No
 
     scores = (EndpointScore("e1", {"inflight": 0.5}, 0.5),)
     rec = UsageRecord(
-        time=1.0, request_id="r", project="p", model="m", status=200, endpoint="e1", queue_ms=0.25,
-        ttft_ms=None, attempts=[{"endpoint": "e0", "model": "m", "reason": "engine answered 503"}],
-        decision=decision_summary(Decision("e1", "p2c", "only", scores)), code="", tags={"app": "chat"},
-    )  # fmt: skip
+        time=1.0,
+        request_id="r",
+        project="p",
+        model="m",
+        status=200,
+        endpoint="e1",
+        queue_ms=0.25,
+        ttft_ms=None,
+        attempts=[{"endpoint": "e0", "model": "m", "reason": "engine answered 503"}],
+        decision=decision_summary(Decision("e1", "p2c", "only", scores)),
+        code="",
+        tags={"app": "chat"},
+    )
     assert decode(encode(rec)) == rec

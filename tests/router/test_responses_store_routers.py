@@ -34,18 +34,30 @@ def _routers(tmp: Path, sim: SimProcess, store_dsn: str) -> list[RouterProc]:
     snap = {
         "revision": "kept-1",
         "models": {"sim-chat": {"context_length": 4096, "capabilities": ["chat"], "simulated": True}},
-        "tenants": {"organizations": {"o": {}},
-                    "projects": {"keeper": {"organization": "o", "retention": {"content": True, "ttl": "1d"}}}},
+        "tenants": {
+            "organizations": {"o": {}},
+            "projects": {"keeper": {"organization": "o", "retention": {"content": True, "ttl": "1d"}}},
+        },
         "endpoints": [endpoint(sim, "rep-a")],
-    }  # fmt: skip
+    }
     (tmp / "snap.json").write_text(json.dumps(snap))
     key_file = tmp / "content.key"
     key_file.write_text(base64.b64encode(os.urandom(32)).decode() + "\n")
     routers: list[RouterProc] = []
     try:
         for name in ("r1", "r2"):
-            args = ["--snapshot", str(tmp / "snap.json"), "--store", store_dsn, "--router-id", name,
-                    "--state-dir", str(tmp / name), "--content-key-file", str(key_file)]  # fmt: skip
+            args = [
+                "--snapshot",
+                str(tmp / "snap.json"),
+                "--store",
+                store_dsn,
+                "--router-id",
+                name,
+                "--state-dir",
+                str(tmp / name),
+                "--content-key-file",
+                str(key_file),
+            ]
             routers.append(start_router_proc(tmp / f"{name}.log", args))
     except BaseException:
         for r in routers:
@@ -79,8 +91,16 @@ def test_a_response_kept_by_one_router_is_continued_and_deleted_through_another(
 def test_a_bad_content_key_file_stops_the_router_naming_it(tmp_path: Path, sim: SimProcess) -> None:
     bad = tmp_path / "content.key"
     bad.write_text("not base64!")
-    args = ["--snapshot", str(tmp_path / "snap.json"), "--store", f"sqlite:///{tmp_path / 'llmgw.db'}",
-            "--content-key-file", str(bad), "--state-dir", str(tmp_path / "r")]  # fmt: skip
+    args = [
+        "--snapshot",
+        str(tmp_path / "snap.json"),
+        "--store",
+        f"sqlite:///{tmp_path / 'llmgw.db'}",
+        "--content-key-file",
+        str(bad),
+        "--state-dir",
+        str(tmp_path / "r"),
+    ]
     (tmp_path / "snap.json").write_text(json.dumps({"revision": "r", "endpoints": [endpoint(sim, "rep-a")]}))
     with pytest.raises(AssertionError, match="router exited at start"):
         start_router_proc(tmp_path / "r.log", args)

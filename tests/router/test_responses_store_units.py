@@ -49,8 +49,10 @@ def test_an_opted_in_project_keeps_unless_told_not_to(body: dict[str, Any], expe
     assert plan_storage(body, "p", KEEPS, has_key=True) == expected
 
 
-@pytest.mark.parametrize(("retention", "project", "has_key"), [(None, "p", True), (OFF, "p", True),
-                                                               (KEEPS, None, True), (KEEPS, "p", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("retention", "project", "has_key"),
+    [(None, "p", True), (OFF, "p", True), (KEEPS, None, True), (KEEPS, "p", False)],
+)
 def test_without_the_opt_in_absent_store_is_served_and_asking_is_a_400(
     retention: ContentRetention | None, project: str | None, has_key: bool
 ) -> None:

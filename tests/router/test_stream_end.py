@@ -158,8 +158,12 @@ async def _read_to_done(resp: aiohttp.ClientResponse) -> bytes:
     return seen
 
 
-BODY = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True,
-        "stream_options": {"include_usage": True}}  # fmt: skip
+BODY = {
+    "model": "m",
+    "messages": [{"role": "user", "content": "x"}],
+    "stream": True,
+    "stream_options": {"include_usage": True},
+}
 
 
 async def test_the_answer_ends_at_done_without_waiting_for_the_engines_last_bytes(

@@ -46,10 +46,13 @@ CLIENT_TRACEPARENT = f"00-{TRACE_ID}-{CLIENT_SPAN}-01"
 REQUEST_SPANS = {"llmgw.request", "auth", "limits", "schedule", "upstream"}
 
 CHAT = {
-    "id": "c1", "object": "chat.completion", "created": 1, "model": "m",
+    "id": "c1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": "m",
     "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
     "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4},
-}  # fmt: skip
+}
 
 
 class Engine:
@@ -95,12 +98,21 @@ def snapshot(engine: Engine) -> dict[str, Any]:
     return {
         "revision": "trace-1",
         "models": {"m": {"context_length": 4096, "capabilities": ["chat"]}},
-        "tenants": {"organizations": {"acme": {}}, "projects": {"p1": {"organization": "acme", "limits": {"rpm": 1000}}}},
+        "tenants": {
+            "organizations": {"acme": {}},
+            "projects": {"p1": {"organization": "acme", "limits": {"rpm": 1000}}},
+        },
         "endpoints": [
-            {"replica_id": "e1", "model": "m", "engine": "vllm", "base_url": f"http://127.0.0.1:{engine.port}",
-             "api_key": "engine-key", "slots": 4},
+            {
+                "replica_id": "e1",
+                "model": "m",
+                "engine": "vllm",
+                "base_url": f"http://127.0.0.1:{engine.port}",
+                "api_key": "engine-key",
+                "slots": 4,
+            },
         ],
-    }  # fmt: skip
+    }
 
 
 @pytest.fixture
@@ -149,8 +161,10 @@ async def test_one_trace_from_the_client_through_the_router_to_the_engine(engine
             )
             async for _ in stream:
                 pass
-        await wait_for(lambda: len([s for s in exporter.get_finished_spans() if s.name == "llmgw.request"]) == 2,
-                       what="both requests' root spans")  # fmt: skip
+        await wait_for(
+            lambda: len([s for s in exporter.get_finished_spans() if s.name == "llmgw.request"]) == 2,
+            what="both requests' root spans",
+        )
     finally:
         await listeners.close()
         shutdown()
@@ -213,8 +227,16 @@ async def test_a_router_process_exports_its_spans_over_otlp_http(engine: Engine,
     snap_file.write_text(json.dumps(snapshot(engine)))
     keys = tmp_path / "keys"
     keys.write_text(f"{hash_key(KEY)} p1 key-1\n")
-    args = ["--snapshot", str(snap_file), "--keys-file", str(keys), "--state-dir", str(tmp_path / "state"),
-            "--otlp-endpoint", f"http://127.0.0.1:{receiver.port}"]  # fmt: skip
+    args = [
+        "--snapshot",
+        str(snap_file),
+        "--keys-file",
+        str(keys),
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--otlp-endpoint",
+        f"http://127.0.0.1:{receiver.port}",
+    ]
     router = await asyncio.to_thread(start_router_proc, tmp_path / "router.log", args)
     try:
         async with openai.AsyncOpenAI(base_url=router.base_url, api_key=KEY, max_retries=0) as client:

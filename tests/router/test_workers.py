@@ -209,8 +209,16 @@ def _metrics_workers(router: RouterProc) -> float:
 
 def test_more_than_one_worker_without_a_store_is_refused(tmp_path: Path) -> None:
     (tmp_path / "snap.json").write_text(json.dumps({"revision": "w-1"}))
-    argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(tmp_path / "snap.json"), "--no-auth",
-            "--workers", "2"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "llmgw_router",
+        "--snapshot",
+        str(tmp_path / "snap.json"),
+        "--no-auth",
+        "--workers",
+        "2",
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "2 workers need --store DSN" in done.stderr and "N times" in done.stderr, done.stderr

@@ -257,11 +257,13 @@ def test_the_single_admin_token_keeps_working_as_admin(tmp_path: Path) -> None:
         ("ci: {scope: plan, sha256: abc}\n", "64 lowercase hex"),
         ("admin: {scope: plan, sha256: " + "a" * 64 + "}\n", "controller's own admin token"),
         ("Bad Name: {scope: plan, sha256: " + "a" * 64 + "}\n", "lowercase letters"),
-        ("a: {scope: plan, sha256: " + "b" * 64 + "}\nb: {scope: admin, sha256: " + "b" * 64 + "}\n",
-         "are the same token"),
+        (
+            "a: {scope: plan, sha256: " + "b" * 64 + "}\nb: {scope: admin, sha256: " + "b" * 64 + "}\n",
+            "are the same token",
+        ),
         ("ci: {scope: plan, file: missing}\n", "ci.file: cannot read"),
     ],
-)  # fmt: skip
+)
 def test_a_wrong_tokens_file_names_the_token_and_the_rule(tmp_path: Path, text: str, says: str) -> None:
     path = tmp_path / "admin-tokens.yaml"
     path.write_text(text)

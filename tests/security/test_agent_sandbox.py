@@ -102,8 +102,16 @@ def test_m6_bootstrap_as_root_starts_the_agent_as_llmgw() -> None:
     # rewrite its own code).
     chown = next(line for line in account.splitlines() if "chown -R" in line)
     assert chown.split() == [
-        "chown", "-R", "llmgw:llmgw", layout.etc, layout.state, layout.weights, "||", "exit", "1",
-    ]  # fmt: skip
+        "chown",
+        "-R",
+        "llmgw:llmgw",
+        layout.etc,
+        layout.state,
+        layout.weights,
+        "||",
+        "exit",
+        "1",
+    ]
 
 
 def test_m6_root_bootstrap_picks_a_python_the_llmgw_account_can_run() -> None:

@@ -128,8 +128,14 @@ async def test_h1_router_stream_needs_a_router_certificate_with_a_ca(tmp_path: P
         assert await status(ca.node_cert("n1")) == 401
         assert await status(router_cert) == 101
         hub = running.url.replace("https://", "wss://") + "/agent/v1"
-        register = {"type": "register", "protocol_version": PROTOCOL_VERSION, "node": "n1",
-                    "agent_version": "t", "inventory": {}, "shards": []}  # fmt: skip
+        register = {
+            "type": "register",
+            "protocol_version": PROTOCOL_VERSION,
+            "node": "n1",
+            "agent_version": "t",
+            "inventory": {},
+            "shards": [],
+        }
         headers = {"Authorization": f"Bearer {running.controller.node_token('n1')}"}
         async with (
             aiohttp.ClientSession() as s,
@@ -165,9 +171,20 @@ async def test_h1_router_process_follows_a_ca_controller_with_its_certificate(tm
         ):
             keys = tmp_path / f"keys-{name}"
             keys.write_text(f"{'0' * 64} p1 key-1\n")
-            args = ["--controller", running.url, "--token-file", str(token), "--keys-file", str(keys),
-                    "--controller-ca", str(out / "ca.crt"), "--controller-cert", str(cert),
-                    "--controller-key", str(key)]  # fmt: skip
+            args = [
+                "--controller",
+                running.url,
+                "--token-file",
+                str(token),
+                "--keys-file",
+                str(keys),
+                "--controller-ca",
+                str(out / "ca.crt"),
+                "--controller-cert",
+                str(cert),
+                "--controller-key",
+                str(key),
+            ]
             routers.append(start_router_proc(tmp_path / f"router-{name}.log", args))
         with_router_cert, with_node_cert = routers
 

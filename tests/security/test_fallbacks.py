@@ -104,8 +104,11 @@ async def test_h2_disallowed_fallback_is_skipped_when_the_allowed_model_is_full(
             first = asyncio.create_task(
                 s.post(url + "/v1/chat/completions", json=chat("a", 200), headers=AUTH)
             )
-            await wait_for(lambda: router.table is not None and router.table.endpoints["a"][0].inflight == 1,
-                           30, "a's only slot taken")  # fmt: skip
+            await wait_for(
+                lambda: router.table is not None and router.table.endpoints["a"][0].inflight == 1,
+                30,
+                "a's only slot taken",
+            )
             async with s.post(url + "/v1/chat/completions", json=chat("a"), headers=AUTH) as r:
                 status, headers, answer = r.status, dict(r.headers), await r.json()
             assert router.table is not None and router.table.endpoints["b"][0].inflight == 0

@@ -55,10 +55,17 @@ spec: {{team: research, models: {models}}}
 
 async def _chat(request: web.Request) -> web.StreamResponse:
     return web.json_response(
-        {"id": "x", "object": "chat.completion", "created": 0, "model": "up",
-         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
-         "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-    )  # fmt: skip
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "up",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+            ],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
+    )
 
 
 async def _status(client: openai.OpenAI, model: str) -> int:
@@ -106,10 +113,19 @@ async def test_m11_bad_provider_key_drops_only_that_provider_and_the_new_allowli
     (tmp_path / "keys").write_text(f"{hash_key(KEY)} p1 key-1\n")
     router = start_router_proc(
         tmp_path / "router.log",
-        ["--controller", running.url, "--token-file", str(tmp_path / "token"),
-         "--keys-file", str(tmp_path / "keys"), "--secrets-dir", str(router_secrets),
-         "--state-dir", str(tmp_path / "router-state")],
-    )  # fmt: skip
+        [
+            "--controller",
+            running.url,
+            "--token-file",
+            str(tmp_path / "token"),
+            "--keys-file",
+            str(tmp_path / "keys"),
+            "--secrets-dir",
+            str(router_secrets),
+            "--state-dir",
+            str(tmp_path / "router-state"),
+        ],
+    )
     client = openai.OpenAI(base_url=router.api + "/v1", api_key=KEY, max_retries=0, timeout=30)
     try:
         await wait_for(lambda: _is(client, "good", 200), 30, "p1 served `good` by the first revision")

@@ -244,8 +244,11 @@ async def test_h5_cluster_default_project_concurrency_applies_when_a_project_set
             first = asyncio.create_task(
                 s.post(url + "/v1/chat/completions", data=raw_chat(max_tokens=2000), headers=AUTH)
             )
-            await wait_for(lambda: router.table is not None and router.table.endpoints["m"][0].inflight == 1,
-                           30, "the first request in flight")  # fmt: skip
+            await wait_for(
+                lambda: router.table is not None and router.table.endpoints["m"][0].inflight == 1,
+                30,
+                "the first request in flight",
+            )
             async with s.post(url + "/v1/chat/completions", data=raw_chat(max_tokens=1), headers=AUTH) as r:
                 status, body = r.status, await r.json()
             (await first).release()

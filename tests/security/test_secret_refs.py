@@ -172,9 +172,13 @@ def test_h3_controller_reads_cluster_secrets_from_its_secrets_dir_never_the_cwd_
 
 def _node(identity: dict[str, str]) -> Node:
     return Node.model_validate(
-        {"apiVersion": "llmgw/v1", "kind": "Node", "metadata": {"name": "gpu-1"},
-         "spec": {"address": "10.0.0.5", "ssh": {"identity": identity}}}
-    )  # fmt: skip
+        {
+            "apiVersion": "llmgw/v1",
+            "kind": "Node",
+            "metadata": {"name": "gpu-1"},
+            "spec": {"address": "10.0.0.5", "ssh": {"identity": identity}},
+        }
+    )
 
 
 def test_h3_node_ssh_identity_is_confined(tmp_path: Path) -> None:
@@ -203,10 +207,17 @@ def _chat(seen: list[str]) -> Any:
     async def handle(request: web.Request) -> web.StreamResponse:
         seen.append(request.headers.get("Authorization", ""))
         return web.json_response(
-            {"id": "x", "object": "chat.completion", "created": 0, "model": "up",
-             "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
-             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-        )  # fmt: skip
+            {
+                "id": "x",
+                "object": "chat.completion",
+                "created": 0,
+                "model": "up",
+                "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        )
 
     return handle
 

@@ -68,11 +68,25 @@ class Router:
         """`llmgw-router --store DSN` with its own state dir (the spool); the same dir on every restart."""
         self.port = free_port()
         log = (self.tmp / f"{self.name}.log").open("ab")
-        argv = [sys.executable, "-m", "llmgw_router", "--snapshot", str(self.tmp / "snapshot.json"),
-                "--store", self.dsn, "--listen", f"127.0.0.1:{self.port}",
-                "--metrics-listen", f"127.0.0.1:{free_port()}", "--router-id", self.name,
-                "--state-dir", str(self.tmp / f"{self.name}-state"),
-                "--usage-flush-interval", str(self.flush_interval)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "llmgw_router",
+            "--snapshot",
+            str(self.tmp / "snapshot.json"),
+            "--store",
+            self.dsn,
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--metrics-listen",
+            f"127.0.0.1:{free_port()}",
+            "--router-id",
+            self.name,
+            "--state-dir",
+            str(self.tmp / f"{self.name}-state"),
+            "--usage-flush-interval",
+            str(self.flush_interval),
+        ]
         self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         wait_until(
@@ -189,9 +203,16 @@ def test_l1_sigkilled_routers_lose_no_answered_usage(tmp_path: Path, pg_dsn: str
 
 async def _no_usage(request: web.Request) -> web.StreamResponse:
     return web.json_response(
-        {"id": "x", "object": "chat.completion", "created": 0, "model": "up",
-         "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}
-    )  # fmt: skip
+        {
+            "id": "x",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "up",
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}
+            ],
+        }
+    )
 
 
 @pytest.mark.postgres

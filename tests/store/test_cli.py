@@ -32,8 +32,9 @@ def sqlite_dsn(tmp_path: Path) -> str:
 
 
 def test_keys_create_list_revoke(sqlite_dsn: str) -> None:
-    code, out = invoke("keys", "create", "--project", "playground", "--name", "ci", "--expires", "30d",
-                       "--store", sqlite_dsn)  # fmt: skip
+    code, out = invoke(
+        "keys", "create", "--project", "playground", "--name", "ci", "--expires", "30d", "--store", sqlite_dsn
+    )
     assert code == 0
     plaintext = out.strip().splitlines()[0]
     assert plaintext.startswith("sk-llmgw-")
@@ -68,11 +69,21 @@ def test_usage_by_project_csv_and_json(sqlite_dsn: str) -> None:
         import time as _t
 
         now = _t.time()
-        await store.insert_usage([
-            UsageRecord(time=now - i, request_id=f"r{i}", project="a" if i % 2 else "b", model="m",
-                        status=200, tokens_in=10, tokens_out=5, cost=0.25)
-            for i in range(6)
-        ])  # fmt: skip
+        await store.insert_usage(
+            [
+                UsageRecord(
+                    time=now - i,
+                    request_id=f"r{i}",
+                    project="a" if i % 2 else "b",
+                    model="m",
+                    status=200,
+                    tokens_in=10,
+                    tokens_out=5,
+                    cost=0.25,
+                )
+                for i in range(6)
+            ]
+        )
         await store.insert_usage(
             [UsageRecord(time=now - 30 * 86400, request_id="old", project="a", model="m", status=200)]
         )
@@ -84,8 +95,17 @@ def test_usage_by_project_csv_and_json(sqlite_dsn: str) -> None:
     lines = out.strip().splitlines()
     assert lines[0].startswith("project,requests") and lines[1].startswith("a,3,0,30,15,0.75")
     code, out = invoke("usage", "--by", "model", "--json", "--store", sqlite_dsn)
-    assert json.loads(out) == [{"model": "m", "requests": 7, "errors": 0, "tokens_in": 60, "tokens_out": 30,
-                                "cost": 1.5, "avg_latency_ms": 0.0}]  # fmt: skip
+    assert json.loads(out) == [
+        {
+            "model": "m",
+            "requests": 7,
+            "errors": 0,
+            "tokens_in": 60,
+            "tokens_out": 30,
+            "cost": 1.5,
+            "avg_latency_ms": 0.0,
+        }
+    ]
     assert invoke("usage", "--store", sqlite_dsn)[0] == 0
 
 
@@ -94,11 +114,20 @@ def test_usage_by_key_shows_each_keys_name_and_project(store_dsn: str) -> None:
         store = await Store.open(store_dsn)
         await store.insert_key(ApiKey("key_a", "sk-llmgw-a", "search", "[ci]", 0.0, None, None), "ha")
         await store.insert_key(ApiKey("key_b", "sk-llmgw-b", "chat", "web", 0.0, None, None), "hb")
-        await store.insert_usage([
-            UsageRecord(time=time.time() - 60, request_id=f"r{i}", project="p", model="m", status=200,
-                        key_id=key, tokens_in=10)
-            for i, key in enumerate(["key_a", "key_a", "key_b", None])
-        ])  # fmt: skip
+        await store.insert_usage(
+            [
+                UsageRecord(
+                    time=time.time() - 60,
+                    request_id=f"r{i}",
+                    project="p",
+                    model="m",
+                    status=200,
+                    key_id=key,
+                    tokens_in=10,
+                )
+                for i, key in enumerate(["key_a", "key_a", "key_b", None])
+            ]
+        )
         await delete_key_behind_the_foreign_key(store, "key_b")
         await store.close()
 
@@ -132,10 +161,21 @@ def test_usage_table_off_a_terminal_is_whole_and_reads_as_money(sqlite_dsn: str)
 
     async def seed() -> None:
         store = await Store.open(sqlite_dsn)
-        await store.insert_usage([
-            UsageRecord(time=time.time() - 5, request_id="r1", project=project, model="m", status=200,
-                        tokens_in=12_345, tokens_out=7, cost=0.000001, latency_ms=1250.0)
-        ])  # fmt: skip
+        await store.insert_usage(
+            [
+                UsageRecord(
+                    time=time.time() - 5,
+                    request_id="r1",
+                    project=project,
+                    model="m",
+                    status=200,
+                    tokens_in=12_345,
+                    tokens_out=7,
+                    cost=0.000001,
+                    latency_ms=1250.0,
+                )
+            ]
+        )
         await store.close()
 
     asyncio.run(seed())
@@ -180,8 +220,19 @@ def test_store_move_sqlite_to_postgres_keeps_keys_usable(sqlite_dsn: str, pg_dsn
         store = await Store.open(sqlite_dsn)
         key = await keys.lookup(store, plaintext, now=1.0)
         assert key is not None
-        await store.insert_usage([UsageRecord(time=1.0, request_id="r", project="playground", model="m",
-                                              status=200, key_id=key.key_id, tokens_in=7)])  # fmt: skip
+        await store.insert_usage(
+            [
+                UsageRecord(
+                    time=1.0,
+                    request_id="r",
+                    project="playground",
+                    model="m",
+                    status=200,
+                    key_id=key.key_id,
+                    tokens_in=7,
+                )
+            ]
+        )
         await store.acquire_lease("leader", "a", 10.0, now=1.0)
         await store.close()
 

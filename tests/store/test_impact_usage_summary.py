@@ -12,9 +12,19 @@ T = 1_790_000_040.0
 
 def _row(i: int, at: float, project: str = "p", model: str = "m") -> UsageRecord:
     return UsageRecord(
-        time=at, request_id=f"r{i}", project=project, team="t", org="o", model=model, status=200,
-        tokens_in=10, tokens_out=5, cost=0.25, latency_ms=1000.0, id=f"u{i:04d}",
-    )  # fmt: skip
+        time=at,
+        request_id=f"r{i}",
+        project=project,
+        team="t",
+        org="o",
+        model=model,
+        status=200,
+        tokens_in=10,
+        tokens_out=5,
+        cost=0.25,
+        latency_ms=1000.0,
+        id=f"u{i:04d}",
+    )
 
 
 async def test_every_row_in_the_window_is_read_once_across_pages_that_share_a_time(store: Store) -> None:

@@ -17,12 +17,20 @@ from .fakes import FakeStore
 T0 = 1_200_000.0  # the start of a minute window
 
 
-def chain(rpm: int | None = None, tpm: int | None = None, concurrency: int | None = None,
-          budget: float | None = None) -> tuple[Tenant, ...]:  # fmt: skip
-    org = Tenant("organization", "acme",
-                 LevelLimits(budget=Budget(budget, 30 * 86400) if budget is not None else None))  # fmt: skip
-    return (org, Tenant("team", "research"),
-            Tenant("project", "playground", LevelLimits(rpm=rpm, tpm=tpm, concurrency=concurrency)))  # fmt: skip
+def chain(
+    rpm: int | None = None,
+    tpm: int | None = None,
+    concurrency: int | None = None,
+    budget: float | None = None,
+) -> tuple[Tenant, ...]:
+    org = Tenant(
+        "organization", "acme", LevelLimits(budget=Budget(budget, 30 * 86400) if budget is not None else None)
+    )
+    return (
+        org,
+        Tenant("team", "research"),
+        Tenant("project", "playground", LevelLimits(rpm=rpm, tpm=tpm, concurrency=concurrency)),
+    )
 
 
 async def admit_many(limiters: list[PoolLimiter], tenants: tuple[Tenant, ...], n: int, est: Estimate) -> int:
@@ -129,8 +137,19 @@ async def test_budget_survives_a_router_restart_and_counts_recorded_usage(store:
     now = T0 + 10
     period_start = math.floor(now / (30 * 86400)) * (30 * 86400)
     # Spend recorded before any router ran (for instance before a store move) counts against the budget.
-    await store.insert_usage([UsageRecord(time=period_start + 1, request_id="old", project="playground",
-                                          org="acme", model="m", status=200, cost=0.9)])  # fmt: skip
+    await store.insert_usage(
+        [
+            UsageRecord(
+                time=period_start + 1,
+                request_id="old",
+                project="playground",
+                org="acme",
+                model="m",
+                status=200,
+                cost=0.9,
+            )
+        ]
+    )
     tenants = chain(budget=1.0)
     router = PoolLimiter(store, clock=lambda: now, policy=SharePolicy(budget_fraction=0.01))
     est = Estimate(tokens=10, cost=0.01)

@@ -25,18 +25,26 @@ PROJ = Tenant("project", "playground", LevelLimits(rpm=10, tpm=1000, concurrency
 NOW = 1_000_050.0  # 30 s into the minute window [1_000_020, 1_000_080): windows are aligned to the epoch
 
 
-def states(req_left: float = 10, tok_left: float = 1000, inflight: int = 0, team_left: float = 100,
-           budget_left: float = 500 * MICROS) -> list[LevelState]:  # fmt: skip
+def states(
+    req_left: float = 10,
+    tok_left: float = 1000,
+    inflight: int = 0,
+    team_left: float = 100,
+    budget_left: float = 500 * MICROS,
+) -> list[LevelState]:
     reset = window_bounds(NOW, 60)[1]
     return [
         LevelState(ORG, {"budget": Meter(500 * MICROS, budget_left, window_bounds(NOW, 30 * 86400)[1])}),
         LevelState(TEAM, {"requests": Meter(100, team_left, reset)}),
-        LevelState(PROJ, {
-            "requests": Meter(10, req_left, reset),
-            "tokens": Meter(1000, tok_left, reset),
-            "concurrency": Meter(2, 2 - inflight, None),
-        }),
-    ]  # fmt: skip
+        LevelState(
+            PROJ,
+            {
+                "requests": Meter(10, req_left, reset),
+                "tokens": Meter(1000, tok_left, reset),
+                "concurrency": Meter(2, 2 - inflight, None),
+            },
+        ),
+    ]
 
 
 def test_allowed_with_openai_headers() -> None:

@@ -38,12 +38,28 @@ async def test_a_personal_key_keeps_its_owner_and_may_have_no_project(store: Sto
 async def test_usage_records_who_spent_it_and_groups_by_person(store: Store) -> None:
     alice = await keys.create_key(store, "evals", now=1.0, owner="alice")
     rows = [
-        UsageRecord(time=10.0, request_id="a", project="evals", model="m", status=200, key_id=alice.key.id,
-                    person="alice", tokens_in=3, tokens_out=4),
-        UsageRecord(time=11.0, request_id="b", project="evals", model="m", status=429, key_id=alice.key.id,
-                    person="alice"),
+        UsageRecord(
+            time=10.0,
+            request_id="a",
+            project="evals",
+            model="m",
+            status=200,
+            key_id=alice.key.id,
+            person="alice",
+            tokens_in=3,
+            tokens_out=4,
+        ),
+        UsageRecord(
+            time=11.0,
+            request_id="b",
+            project="evals",
+            model="m",
+            status=429,
+            key_id=alice.key.id,
+            person="alice",
+        ),
         UsageRecord(time=12.0, request_id="c", project="evals", model="m", status=200, tokens_in=1),
-    ]  # fmt: skip
+    ]
     await store.insert_usage(rows)
     totals = {t.group: t for t in await store.usage_totals("person")}
     assert set(totals) == {"alice", ""}  # "": requests of nobody's own key
@@ -80,21 +96,32 @@ async def test_a_persons_and_a_members_budget_count_what_they_spent_before(store
     member's share within its scope only."""
     period = 30 * 86400.0
     now = math.floor(1_200_000.0 / period) * period + 10
-    await store.insert_usage([
-        UsageRecord(time=now - 5, request_id="a", project="evals", model="m", status=200, person="alice", cost=0.6),
-        UsageRecord(time=now - 4, request_id="b", project="other", model="m", status=200, person="alice", cost=0.3),
-        UsageRecord(time=now - 3, request_id="c", project="evals", model="m", status=200, person="bob", cost=5.0),
-        UsageRecord(time=now - 2, request_id="d", project="evals", model="m", status=200, cost=5.0),
-    ])  # fmt: skip
+    await store.insert_usage(
+        [
+            UsageRecord(
+                time=now - 5, request_id="a", project="evals", model="m", status=200, person="alice", cost=0.6
+            ),
+            UsageRecord(
+                time=now - 4, request_id="b", project="other", model="m", status=200, person="alice", cost=0.3
+            ),
+            UsageRecord(
+                time=now - 3, request_id="c", project="evals", model="m", status=200, person="bob", cost=5.0
+            ),
+            UsageRecord(time=now - 2, request_id="d", project="evals", model="m", status=200, cost=5.0),
+        ]
+    )
     assert await store.spend("person", "alice", now - period) == pytest.approx(0.9)
     assert await store.spend("member", "alice@project/evals", now - period) == pytest.approx(0.6)
     with pytest.raises(StoreError, match="PERSON@KIND/SCOPE"):
         await store.spend("member", "alice", now - period)
     share = PersonLimits.model_validate({"budget": {"amount": 1.0, "period": "30d"}})
     chains = {
-        "person": (Tenant("project", "evals"), Tenant("person", "alice", LevelLimits(budget=Budget(1.0, period)))),
+        "person": (
+            Tenant("project", "evals"),
+            Tenant("person", "alice", LevelLimits(budget=Budget(1.0, period))),
+        ),
         "member": (Tenant("project", "evals"), member_level("alice", "project", "evals", share)),
-    }  # fmt: skip
+    }
     for level, chain in chains.items():
         limiter = PoolLimiter(store, clock=lambda: now, policy=SharePolicy(budget_fraction=0.01))
         served = 0

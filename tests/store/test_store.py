@@ -164,11 +164,23 @@ async def test_keys(store: Store) -> None:
 async def test_usage_insert_is_idempotent_and_totals_add_up(store: Store) -> None:
     await store.insert_key(ApiKey("k1", "sk-llmgw-x", "p1", "", 0.0, None, None), "h1")
     records = [
-        UsageRecord(time=float(i), request_id=f"req{i}", project="p1" if i % 2 else "p2", team="t", org="o",
-                    key_id="k1" if i % 2 else None, model="m", status=200 if i < 8 else 500,
-                    tokens_in=10 + i, tokens_out=i, cost=0.5, latency_ms=100.0, fallback_used=i == 3)
+        UsageRecord(
+            time=float(i),
+            request_id=f"req{i}",
+            project="p1" if i % 2 else "p2",
+            team="t",
+            org="o",
+            key_id="k1" if i % 2 else None,
+            model="m",
+            status=200 if i < 8 else 500,
+            tokens_in=10 + i,
+            tokens_out=i,
+            cost=0.5,
+            latency_ms=100.0,
+            fallback_used=i == 3,
+        )
         for i in range(10)
-    ]  # fmt: skip
+    ]
     await store.insert_usage(records)
     await store.insert_usage(records[:4])  # a retried batch: not counted twice
     assert len(await store.list_usage()) == 10
@@ -231,13 +243,23 @@ async def test_a_usage_rows_json_columns_read_back_as_the_values_written(store: 
 async def test_usage_by_key_names_each_key_and_still_counts_keys_gone_from_the_store(store: Store) -> None:
     await store.insert_key(ApiKey("key_a", "sk-llmgw-a", "search", "ci", 0.0, None, None), "ha")
     await store.insert_key(ApiKey("key_b", "sk-llmgw-b", "chat", "web", 0.0, None, None), "hb")
-    await store.insert_usage([
-        UsageRecord(time=float(i), request_id=f"r{i}", project=project, model="m", status=200, key_id=key,
-                    tokens_in=10, cost=1.0)
-        for i, (key, project) in enumerate(
-            [("key_a", "search"), ("key_a", "search"), ("key_b", "chat"), (None, "open")]
-        )
-    ])  # fmt: skip
+    await store.insert_usage(
+        [
+            UsageRecord(
+                time=float(i),
+                request_id=f"r{i}",
+                project=project,
+                model="m",
+                status=200,
+                key_id=key,
+                tokens_in=10,
+                cost=1.0,
+            )
+            for i, (key, project) in enumerate(
+                [("key_a", "search"), ("key_a", "search"), ("key_b", "chat"), (None, "open")]
+            )
+        ]
+    )
     await delete_key_behind_the_foreign_key(store, "key_b")
     totals = await store.usage_totals("key")
     assert [(t.group, t.key_name, t.key_project, t.requests, t.tokens_in) for t in totals] == [
@@ -249,14 +271,18 @@ async def test_usage_by_key_names_each_key_and_still_counts_keys_gone_from_the_s
 
 
 async def test_a_batch_larger_than_one_insert_statement_is_written_whole_or_not_at_all(store: Store) -> None:
-    records = [UsageRecord(time=float(i), request_id=f"r{i}", project="p", model="m", status=200, tokens_in=i)
-               for i in range(150)]  # fmt: skip
+    records = [
+        UsageRecord(time=float(i), request_id=f"r{i}", project="p", model="m", status=200, tokens_in=i)
+        for i in range(150)
+    ]
     await store.insert_usage(records)  # statements of 32, 32, 32, 32, 16, 4 and 2 rows, one transaction
     await store.insert_usage(records[50:130])  # a retried batch across statement boundaries: skipped
     written = await store.list_usage(limit=1000)
     assert [r.request_id for r in written] == [f"r{i}" for i in range(150)]
-    bad = [*records[:70], UsageRecord(time=1.0, request_id="x", project="p", model="m", status=200,
-                                      key_id="no-such-key")]  # fmt: skip
+    bad = [
+        *records[:70],
+        UsageRecord(time=1.0, request_id="x", project="p", model="m", status=200, key_id="no-such-key"),
+    ]
     with pytest.raises(StoreError):
         await store.insert_usage(bad)  # the foreign key fails in the last statement (32, 32, 4, 2, 1)
     assert len(await store.list_usage(limit=1000)) == 150  # and the first statement was rolled back with it
@@ -396,12 +422,21 @@ async def test_usage_per_bucket_sums_every_row_of_each_hour(store: Store) -> Non
     """The console's chart reads these sums: every request of the window, not the newest thousand."""
     since = 36_000.0
     rows = [
-        UsageRecord(time=since + t, request_id=f"r{i}", project=p, model="m", status=s, key_id=None,
-                    tokens_in=3, tokens_out=4, cost=0.5)
+        UsageRecord(
+            time=since + t,
+            request_id=f"r{i}",
+            project=p,
+            model="m",
+            status=s,
+            key_id=None,
+            tokens_in=3,
+            tokens_out=4,
+            cost=0.5,
+        )
         for i, (t, p, s) in enumerate(
             [(0.0, "a", 200), (3599.9, "a", 500), (3600.0, "a", 200), (7300.0, "b", 200), (-1.0, "a", 200)]
         )
-    ]  # fmt: skip
+    ]
     await store.insert_usage(rows)
     got = await store.usage_per_bucket(since, since + 3 * 3600, 3600.0)
     summed = [(b.bucket, b.project, b.requests, b.errors, b.tokens_in, b.tokens_out, b.cost) for b in got]

@@ -30,15 +30,40 @@ async def _seed(dsn: str, now: float) -> None:
     try:
         await store.insert_usage(
             [
-                UsageRecord(time=now - 3600, request_id="a", project="web", model="chat", status=200, tokens_in=12,
-                            tokens_out=30, latency_ms=900.0, ttft_ms=80.0, stream=True, prefix="f" * 24,
-                            router_id="router-1"),
-                UsageRecord(time=now - 1800, request_id="b", project="batch", model="chat", status=429,
-                            latency_ms=2.0, stream=False, router_id="router-1"),
-                UsageRecord(time=now - 9 * 86400, request_id="c", project="web", model="chat", status=200,
-                            router_id="router-1"),
+                UsageRecord(
+                    time=now - 3600,
+                    request_id="a",
+                    project="web",
+                    model="chat",
+                    status=200,
+                    tokens_in=12,
+                    tokens_out=30,
+                    latency_ms=900.0,
+                    ttft_ms=80.0,
+                    stream=True,
+                    prefix="f" * 24,
+                    router_id="router-1",
+                ),
+                UsageRecord(
+                    time=now - 1800,
+                    request_id="b",
+                    project="batch",
+                    model="chat",
+                    status=429,
+                    latency_ms=2.0,
+                    stream=False,
+                    router_id="router-1",
+                ),
+                UsageRecord(
+                    time=now - 9 * 86400,
+                    request_id="c",
+                    project="web",
+                    model="chat",
+                    status=200,
+                    router_id="router-1",
+                ),
             ]
-        )  # fmt: skip
+        )
     finally:
         await store.close()
 

@@ -18,8 +18,16 @@ from .fakes import FakeStore
 
 
 def rec(i: int, project: str = "p") -> UsageRecord:
-    return UsageRecord(time=float(i), request_id=f"r{i}", project=project, model="m", status=200,
-                       tokens_in=i, tokens_out=2 * i, cost=0.001)  # fmt: skip
+    return UsageRecord(
+        time=float(i),
+        request_id=f"r{i}",
+        project=project,
+        model="m",
+        status=200,
+        tokens_in=i,
+        tokens_out=2 * i,
+        cost=0.001,
+    )
 
 
 async def test_batches_by_size_and_by_time() -> None:

@@ -95,8 +95,18 @@ def start_router(
     snap_file = tmp / "snapshot.json"
     if not snap_file.exists():
         snap_file.write_text(json.dumps(snap))
-    args = ["--snapshot", str(snap_file), "--store", dsn, "--router-id", name,
-            "--limits-clock-offset", repr(clock_offset), "--state-dir", str(tmp / f"{name}-state")]  # fmt: skip
+    args = [
+        "--snapshot",
+        str(snap_file),
+        "--store",
+        dsn,
+        "--router-id",
+        name,
+        "--limits-clock-offset",
+        repr(clock_offset),
+        "--state-dir",
+        str(tmp / f"{name}-state"),
+    ]
     if key_cache_ttl is not None:
         args += ["--key-cache-ttl", repr(key_cache_ttl)]
     return start_router_proc(tmp / f"{name}.log", args)

@@ -169,8 +169,20 @@ async def test_roles_personal_keys_and_leaving_on_every_router(tmp_path: Path, s
         token = tmp_path / "token"
         (tmp_path / "operator").write_text(OPERATOR)
         for name in ("r1", "r2"):
-            args = ["--controller", running.url, "--token-file", str(token), "--store", dsn, "--router-id", name,
-                    "--key-cache-ttl", "600", "--operator-token-file", str(tmp_path / "operator")]  # fmt: skip
+            args = [
+                "--controller",
+                running.url,
+                "--token-file",
+                str(token),
+                "--store",
+                dsn,
+                "--router-id",
+                name,
+                "--key-cache-ttl",
+                "600",
+                "--operator-token-file",
+                str(tmp_path / "operator"),
+            ]
             routers.append(start_router_proc(tmp_path / f"{name}.log", args))
         for router in routers:
             await wait_for(lambda r=router: _revision(r), 30, f"{router.api} holds the revision")  # type: ignore[misc]

@@ -16,10 +16,11 @@ inter-token latency, the prompt tokens the engine counted, and what it completed
   time, and a prompt's batch stalls every slot's next token; a sim engine only sleeps, so its share is 0).
   The exclusive parts queue first come, first served; the rest runs in the request's own slot.
 - **Decode**: while no exclusive prefill runs, each of the k sequences decoding gets a token every `itl(k)`
-  ms, the curve's decode cost per token at concurrency k (`itl_mean_ms`: its completions' spans over their
-  tokens after the first; its p50 gap for a bench that did not store it; linear between the steps, the last
-  step's past it). A span, not the p50 gap: a completion takes the sum of its gaps, and on a busy CPU the few
-  long ones are most of it.
+  ms: the p50 gap between tokens at concurrency k times the engine's own stall ratio, measured at concurrency
+  1 (`itl_mean_ms`, its completions' spans over their tokens after the first, over its p50 gap: a completion
+  takes the sum of its gaps, and on a busy CPU the few long ones are much of it); linear between the steps,
+  the last step's past it. Above concurrency 1 the spans are longer still, by the other requests' prefills
+  stalling every sequence: that time is the exclusive share's (below), not the decode's.
 - `exclusive` is fitted so that the model completes, at the ladder's highest step within the capacity (past
   it the engine queues requests itself), what the bench measured there: at S concurrent requests of prefill p and d decode ms, a closed loop completes
   S / (S*x*p + (1-x)*p + d) per ms for share x, solved for x and kept within [0, 1].
@@ -210,6 +211,22 @@ def _parabola(points: Sequence[tuple[float, float]]) -> Prefill | None:
     return (a, b, c) if c >= 0 and b >= 0 and a >= 0 else None
 
 
+def _decode_points(ladder: Sequence[Mapping[str, Any]]) -> tuple[Point, ...]:
+    """The decode cost per token at each step: its p50 gap times the engine's own stall ratio, concurrency 1's
+    mean over its p50 (nothing else runs there, so what its span adds to its gaps is the engine's own). Not
+    each step's mean: above concurrency 1 a stream's span also holds the other requests' prefills, which stall
+    every sequence on the replica (llama.cpp and vLLM run one batch at a time). Those belong to the exclusive
+    share, fitted from what the step completed; counted in the gaps too, they made the share near zero (0.07
+    on vLLM's CPU build here) and a new request's first token never waited for another's prefill, so the
+    replay of a trace that vLLM served at a p50 TTFT of 553 ms said 199 (docs/gitops.md). A bench without the
+    mean or the p50 at concurrency 1 gives the one it has."""
+    means, p50s = _points(ladder, "itl_mean_ms"), _points(ladder, "itl_p50_ms")
+    if not means or not p50s or means[0][0] != 1.0 or p50s[0][0] != 1.0 or p50s[0][1] <= 0:
+        return means or p50s
+    own = max(1.0, means[0][1] / p50s[0][1])
+    return tuple((at, gap * own) for at, gap in p50s)
+
+
 def _exclusive(model: EngineModel, top: Mapping[str, Any]) -> tuple[float, float] | None:
     """(exclusive share, contention) that make the model complete, at the ladder's top step within the
     capacity, what the bench did there (see the module's words). None where the step does not say what it
@@ -255,9 +272,7 @@ def fit_engine_model(measured: Mapping[str, Any] | None, slots: int | None, wher
         # cannot be split per token, so it stands as a fixed cost.
         prefill = (ttft[0][1], 0.0, 0.0)
         notes.append(f"{where}: no prefill cost per token measured: the prompt's length is not modelled")
-    # The mean gap, where the bench says it: a completion's time is the sum of its gaps, and on a busy CPU
-    # the tail of them (stalls of a second beside a p50 of 0.1 s) is most of it. Else the p50.
-    itl = _points(ladder, "itl_mean_ms") or _points(ladder, "itl_p50_ms")
+    itl = _decode_points(ladder)
     if not itl:
         decode = measured.get("decode_ms_per_token")
         itl = ((1.0, float(decode) if isinstance(decode, int | float) else ASSUMED_ITL_MS),)

@@ -45,7 +45,10 @@ async def test_on_a_real_sim_the_modelled_completion_lasts_as_long_as_the_measur
     assert all(s.ok and s.completion_tokens == 12 for s in samples)
     step = summarize_step(1, samples, 1.0)
     assert step.itl_mean_ms is not None and step.ttft_p50_ms is not None
-    for s in samples:
-        lasted_ms = (s.ttft_s + sum(s.gaps_s)) * 1000
-        modelled_ms = s.ttft_s * 1000 + (s.answer_tokens() - 1) * step.itl_mean_ms
-        assert modelled_ms == pytest.approx(lasted_ms, rel=0.03), (s, step)
+    # Summed over the samples, not one by one: under a loaded machine one sample's gaps run a few per cent
+    # long or short of the others' (a CI run measured one 3.2 % short of the step's cost), and the replay
+    # holds slots for the step's cost, so it is the total that must agree. The mean gap between events
+    # (the old price) puts this total 14 % short whatever the jitter: 11 priced tokens against 13 gaps.
+    lasted_ms = sum((s.ttft_s + sum(s.gaps_s)) * 1000 for s in samples)
+    modelled_ms = sum(s.ttft_s * 1000 + (s.answer_tokens() - 1) * step.itl_mean_ms for s in samples)
+    assert modelled_ms == pytest.approx(lasted_ms, rel=0.01), (samples, step)

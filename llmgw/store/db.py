@@ -109,6 +109,9 @@ class Tx(Protocol):
     async def fetch(self, sql: str, params: Params = ()) -> list[Row]: ...
     async def execute(self, sql: str, params: Params = ()) -> int: ...
     async def executemany(self, sql: str, rows: Sequence[Params]) -> None: ...
+    async def end_if_client_silent(self, seconds: float) -> None:
+        """For a transaction that takes a lock other controllers wait on: if its client goes silent for
+        `seconds` inside it (its network cut mid-transaction), the server ends it and frees the lock."""
 
 
 class Backend(Protocol):
@@ -159,6 +162,11 @@ class _SqliteTx:
 
     async def executemany(self, sql: str, rows: Sequence[Params]) -> None:
         await self._b.call(lambda conn: conn.executemany(sql, [tuple(r) for r in rows]))
+
+    async def end_if_client_silent(self, seconds: float) -> None:
+        # SQLite's locks live in the one process that holds them: a silent client is a dead process, and
+        # its locks went with it.
+        return None
 
 
 class SqliteBackend:
@@ -264,6 +272,15 @@ class _PgTx:
     async def executemany(self, sql: str, rows: Sequence[Params]) -> None:
         async with self._conn.cursor() as cur:
             await cur.executemany(_to_pyformat(sql), [tuple(r) for r in rows])
+
+    async def end_if_client_silent(self, seconds: float) -> None:
+        # Without it a client cut off between a statement and its COMMIT leaves its session idle in the
+        # transaction, holding its locks until the server's TCP gives up (hours by default). Local to this
+        # transaction: a long `store move` may rightly sit idle in its own while it reads the next page.
+        await self._conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+            (f"{round(seconds * 1000)}",),
+        )
 
 
 class PostgresBackend:

@@ -97,6 +97,15 @@ _GROUP_FROM: dict[UsageGroup, str] = {"key": "usage u LEFT JOIN api_keys k ON k.
 _LEVEL_COLUMN = {"project": "project", "team": "team", "org": "org", "organization": "org"}
 
 _KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at, last_used_at, owner"
+
+# How long a transaction holding the lease's row lock may wait on its silent client before the server ends it.
+# A leader cut from PostgreSQL between its lease statement and the COMMIT otherwise held the row locked until
+# the server's TCP gave up, hours, and the standby's takeover waited on it (the likely cause of a CI run's
+# partition test in which the standby never led).
+# Under the default lease TTL (15 s), so the lock is free before the claim has run out; and far above a
+# healthy controller's pause between two statements of one transaction (milliseconds).
+LEASE_LOCK_SILENCE_S = 10.0
+
 # 25 columns x 32 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 256.
 _USAGE_ROWS_PER_INSERT = 32
 _USAGE_ROW_PLACEHOLDERS = "(" + ", ".join(["?"] * 25) + ")"
@@ -517,6 +526,7 @@ class Store(
         free, expired, or already this holder's. Otherwise the current holder is returned, unchanged. The epoch
         is raised by one when the lease changes hands, kept on a renewal (writes are fenced by it)."""
         async with self.db.tx() as tx:
+            await tx.end_if_client_silent(LEASE_LOCK_SILENCE_S)
             rows = await tx.fetch(
                 "INSERT INTO leases (name, holder, expires_at, epoch) VALUES (?, ?, ?, 1) "
                 "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at, "
@@ -535,6 +545,7 @@ class Store(
 
     async def release_lease(self, name: str, holder: str) -> bool:
         async with self.db.tx() as tx:
+            await tx.end_if_client_silent(LEASE_LOCK_SILENCE_S)
             return await tx.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)) > 0
 
     async def get_lease(self, name: str) -> LeaseRow | None:
@@ -549,6 +560,7 @@ async def _check_fence(tx: Tx, fence: Fence | None) -> None:
     the check and the write (SQLite's transactions take the write lock up front)."""
     if fence is None:
         return
+    await tx.end_if_client_silent(LEASE_LOCK_SILENCE_S)
     held = await tx.execute(
         "UPDATE leases SET epoch = epoch WHERE name = ? AND holder = ? AND epoch = ?",
         (fence.name, fence.holder, fence.epoch),

@@ -1,0 +1,92 @@
+"""A controller cut from PostgreSQL in the middle of a lease transaction must not hold the lease's row lock
+until the server's TCP gives up. The lease statement and a fenced write's check both lock the row until
+COMMIT; a leader whose network went between the two left its session idle in the transaction, and the
+standby's takeover waited on that lock (a host-lab run's standby never led). The server now ends such a
+transaction once its client has been silent for LEASE_LOCK_SILENCE_S.
+
+Here the silence is made by holding the transaction open right after its lease statement, with the real
+store code around it; the other controller's takeover, once the claim has expired, must go through."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
+
+import pytest
+
+import llmgw.store.store as store_module
+from llmgw.store import Fence, ReplicaRecord, Store, StoreUnavailable
+from llmgw.store.db import Params, Tx
+
+pytestmark = pytest.mark.postgres
+
+
+class SilentAfterLeaseStatement:
+    """A transaction whose client goes silent right after its statement on the leases table ran."""
+
+    def __init__(self, tx: Tx, silent: asyncio.Event, never: asyncio.Event) -> None:
+        self._tx, self._silent, self._never = tx, silent, never
+
+    async def _then_silent(self, sql: str) -> None:
+        if "leases" in sql and not sql.startswith("SELECT holder"):
+            self._silent.set()
+            await self._never.wait()
+
+    async def fetch(self, sql: str, params: Params = ()) -> list[tuple[object, ...]]:
+        rows = await self._tx.fetch(sql, params)
+        await self._then_silent(sql)
+        return rows
+
+    async def execute(self, sql: str, params: Params = ()) -> int:
+        count = await self._tx.execute(sql, params)
+        await self._then_silent(sql)
+        return count
+
+    async def executemany(self, sql: str, rows: object) -> None:
+        raise AssertionError("not on the lease's path")
+
+    async def end_if_client_silent(self, seconds: float) -> None:
+        await self._tx.end_if_client_silent(seconds)
+
+
+@pytest.mark.parametrize("cut_during", ["renewal", "fenced write"])
+async def test_a_leader_silent_inside_a_lease_transaction_does_not_block_the_takeover(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, cut_during: str
+) -> None:
+    monkeypatch.setattr(store_module, "LEASE_LOCK_SILENCE_S", 1.0)
+    leader, standby = await Store.open(pg_dsn), await Store.open(pg_dsn)
+    silent, never = asyncio.Event(), asyncio.Event()
+    real_tx = leader.db.tx
+
+    @contextlib.asynccontextmanager
+    async def cut_tx() -> AsyncIterator[Tx]:
+        async with real_tx() as tx:
+            yield SilentAfterLeaseStatement(tx, silent, never)
+
+    try:
+        held = (await leader.acquire_lease("leader", "ca", ttl=10.0, now=100.0)).current
+        assert held is not None
+        monkeypatch.setattr(leader.db, "tx", cut_tx)
+        replica = ReplicaRecord("r1", "m", "sim", ("n1",), "starting", "fp", 1.0, 1.0)
+        lease_statement: Coroutine[Any, Any, object] = (
+            leader.acquire_lease("leader", "ca", ttl=10.0, now=101.0)
+            if cut_during == "renewal"
+            else leader.upsert_replica(replica, fence=Fence("leader", "ca", held.epoch))
+        )
+        cut = asyncio.create_task(lease_statement)
+        await asyncio.wait_for(silent.wait(), 10)
+        # The claim has run out (renewed to 111 at most); the standby takes it once the lock is free.
+        taken = await asyncio.wait_for(standby.acquire_lease("leader", "cb", ttl=10.0, now=112.0), 15)
+        assert taken.held and taken.current is not None
+        assert (taken.current.holder, taken.current.epoch) == ("cb", held.epoch + 1)
+        # The silent leader's transaction was ended by the server: when its client speaks again, it fails.
+        never.set()
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(cut, 10)
+        assert "r1" not in {r.id for r in await standby.list_replicas()}
+    finally:
+        never.set()
+        await leader.close()
+        await standby.close()

@@ -1,8 +1,8 @@
 """A controller cut from PostgreSQL in the middle of a lease transaction must not hold the lease's row lock
 until the server's TCP gives up. The lease statement and a fenced write's check both lock the row until
 COMMIT; a leader whose network went between the two left its session idle in the transaction, and the
-standby's takeover waited on that lock (a host-lab run's standby never led). The server now ends such a
-transaction once its client has been silent for LEASE_LOCK_SILENCE_S.
+standby's takeover waited on that lock (the likely cause of a host-lab run whose standby never led). The
+server now ends such a transaction once its client has been silent for LEASE_LOCK_SILENCE_S.
 
 Here the silence is made by holding the transaction open right after its lease statement, with the real
 store code around it; the other controller's takeover, once the claim has expired, must go through."""

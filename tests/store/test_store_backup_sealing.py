@@ -19,11 +19,13 @@ from llmgw.adapters.sealed_files import (
 )
 
 PASSPHRASE = b"a passphrase long enough"
+# Long enough that random ciphertext cannot hold it by chance: a 3-byte marker once matched in CI.
+TOKEN = b"token-9f3c1e7a5b2d4860-in-plain-text\n"
 
 
 def _tree(root: Path) -> list[Path]:
     (root / "secrets" / "nested").mkdir(parents=True)
-    (root / "secrets" / "nested" / "token").write_text("tok\n")
+    (root / "secrets" / "nested" / "token").write_bytes(TOKEN)
     (root / "ca.key").write_bytes(b"-----BEGIN PRIVATE KEY-----\n")
     os.chmod(root / "ca.key", 0o600)
     os.chmod(root / "secrets" / "nested" / "token", 0o640)
@@ -32,16 +34,16 @@ def _tree(root: Path) -> list[Path]:
 
 def test_sealed_files_come_back_where_they_were_with_their_modes(tmp_path: Path) -> None:
     sealed = seal(_tree(tmp_path), PASSPHRASE)
-    assert b"tok" not in sealed and b"PRIVATE KEY" not in sealed
+    assert TOKEN.strip() not in sealed and b"PRIVATE KEY" not in sealed
     entries = unseal(sealed, PASSPHRASE)
     assert {e.path: (e.content, e.mode) for e in entries} == {
-        tmp_path / "secrets" / "nested" / "token": (b"tok\n", 0o640),
+        tmp_path / "secrets" / "nested" / "token": (TOKEN, 0o640),
         tmp_path / "ca.key": (b"-----BEGIN PRIVATE KEY-----\n", 0o600),
     }
     for e in entries:
         e.path.unlink()
     write_entries(entries, replace=False)
-    assert (tmp_path / "secrets" / "nested" / "token").read_text() == "tok\n"
+    assert (tmp_path / "secrets" / "nested" / "token").read_bytes() == TOKEN
     assert stat.S_IMODE((tmp_path / "ca.key").stat().st_mode) == 0o600
     write_entries(entries, replace=False)  # the same content already there: nothing to refuse
 

@@ -120,8 +120,13 @@ async def test_two_controllers_one_leader_and_takeover_after_expiry(store: Store
     )
     b = LeaderLease(store, "http://b:7070", CFG, wall=wall, clock=mono)
     assert a.holder != b.holder and a.holder.endswith("@http://a:7070")
+    # Before the store has answered, neither leads and neither can say who does.
+    assert [x.status()["role"] for x in (a, b)] == ["starting", "starting"]
+    assert b.status()["leader_address"] is None
     await a.attempt()
+    assert b.status()["role"] == "starting"
     await b.attempt()
+    assert b.status()["role"] == "standby"
     assert a.leading() and not b.leading()
     assert b.state.leader == a.holder
     assert b.refusal() == f"{STANDBY_REFUSAL} (the leader is http://a:7070)"

@@ -170,6 +170,8 @@ class LeaderLease:
         self.state = Leadership(role="standby", holder=make_holder(address), since=clock())
         self.attempts = 0
         self.failures = 0
+        # Until the store has answered (or failed) once, who leads is unknown, not "someone else".
+        self.answered = False
 
     @property
     def holder(self) -> str:
@@ -223,6 +225,7 @@ class LeaderLease:
             self._set(decide(self.state, now=self.clock(), cfg=self.cfg, error=message))
         else:
             self._set(decide(self.state, now=self.clock(), cfg=self.cfg, result=result, sent_at=sent_at))
+        self.answered = True
         return self.state
 
     def tick(self) -> Leadership:
@@ -272,11 +275,14 @@ class LeaderLease:
                     )
 
     def status(self) -> dict[str, object]:
-        """For the admin API's status: role, who leads, and whether the store answered."""
+        """For the admin API's status: role, who leads, and whether the store answered.
+
+        The role is `starting` before the first take-or-renew has come back: the controller does not lead,
+        but it cannot yet say that another does."""
         s = self.state
         leading = self.leading()
         return {
-            "role": "leader" if leading else "standby",
+            "role": "leader" if leading else ("standby" if self.answered else "starting"),
             "holder": s.holder,
             "leader": s.holder if leading else s.leader,
             "leader_address": leader_address(s.holder if leading else s.leader),

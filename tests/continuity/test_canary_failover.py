@@ -140,11 +140,14 @@ def test_a_failed_canary_stays_held_across_failover_and_a_crashed_stable_replica
     _fail_over(a, b)
     held = wait_until(lambda: _ready(b, 2), 60, "the stable replicas adopted by controller b")
     assert {r["id"]: r["pid"] for r in held} == {r["id"]: r["pid"] for r in stable}
+
     # b takes its agents as soon as it leads, so the replicas can read ready a few store reads before it has
-    # read the canary runs the last leader left (a CI run asked in that gap and got no canary).
-    kept = wait_until(
-        lambda: _canary_status(b), 30, "controller b to have read the canary's run from the store"
-    )
+    # read the canary runs the last leader left: its status says `unknown` in that gap.
+    def read() -> dict[str, Any] | None:
+        canary = _canary_status(b)
+        return canary if canary is not None and canary["phase"] != "unknown" else None
+
+    kept = wait_until(read, 30, "controller b to have read the canary's run from the store")
     assert kept["phase"] == "failed", kept
     assert (kept["verdict"], kept["decided_at"]) == (verdict["verdict"], verdict["decided_at"])
 

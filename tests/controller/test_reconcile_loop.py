@@ -115,3 +115,18 @@ async def test_a_start_the_agent_refuses_backs_off_before_the_next_attempt(loop:
     assert len(loop.agents.started()) == 1, "a second start before the backoff ended"
     kinds = [e["kind"] for e in loop.c.events.items]
     assert "replica_start_failed" in kinds and "replica_failed" in kinds
+
+
+async def test_a_canary_model_reads_unknown_until_the_canary_runs_are_read(loop: Loop) -> None:
+    """Taking over as leader, a controller has not yet read the last leader's canary runs: whether a canary
+    runs or holds the model is unknown then, not none; a model without a canary rollout says none."""
+    canary = (
+        "\n  rollout:\n    strategy: canary\n    canary: {weight: 50, duration: 5s, gates: {min_requests: 0}}"
+    )
+    loop.apply({"models/c.yaml": model_yaml("c", min_=1, extra=canary)})
+    loop.c.worker_state.earlier_state_read = False
+    unread = views.model_health(loop.c, "c")["canary"]
+    assert unread["phase"] == "unknown" and "not read yet" in unread["waiting"], unread
+    assert views.model_health(loop.c, "m")["canary"] is None
+    assert await loop.c.load_earlier_state()
+    assert views.model_health(loop.c, "c")["canary"] is None  # read: the store holds no run for it

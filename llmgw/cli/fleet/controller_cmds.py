@@ -313,7 +313,7 @@ def _model_note(m: dict[str, Any]) -> str:
     note = "; ".join(w for w in (fetching, note) if w)
     canary = m.get("canary")
     if canary:  # in progress: what it waits for; decided: the verdict
-        words = canary["waiting"] if canary["phase"] == "running" else canary["verdict"]
+        words = canary["waiting"] if canary["phase"] in ("running", "unknown") else canary["verdict"]
         note = "; ".join(w for w in (f"canary {canary['phase']}: {words}", note) if w)
     scaled = m.get("autoscale")
     if scaled:

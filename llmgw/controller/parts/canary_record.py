@@ -35,6 +35,7 @@ __all__ = [
     "run_record",
     "stable_from_json",
     "stable_json",
+    "unread_json",
 ]
 
 log = logging.getLogger("llmgw.controller.loops.canary")
@@ -69,6 +70,20 @@ class CanaryRun:
             "decided_at": self.decided_at,
             "evals": self.eval_results,
         }
+
+
+def unread_json() -> dict[str, Any]:
+    """A canary model's status while this controller has not read the canary runs from the store (taking over
+    as leader, or standing by after leading): whether a canary runs, or held the model, is unknown, not none."""
+    return {
+        "phase": "unknown",
+        "replicas": [],
+        "started_at": None,
+        "waiting": "not read yet: this controller reads the canary runs from the store when it takes the lead",
+        "verdict": "",
+        "decided_at": None,
+        "evals": [],
+    }
 
 
 def run_record(run: CanaryRun) -> str:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from llmgw_agent.protocol import Inventory, ShardStatus
 
+from llmgw.controller.parts.canary_record import unread_json
 from llmgw.controller.parts.fleet import FleetReader, StatusReader
 from llmgw.controller.parts.state import ModelRecord
 from llmgw.controller.status import node_builds
@@ -348,6 +349,12 @@ def model_health(c: FleetReader, name: str) -> dict[str, Any]:
     # Read from the replicas, not only from the last pass: `apply --wait` right after an apply must not see
     # Healthy before the pass that starts the roll has run.
     canary = c.fleet.canaries.json(name)
+    if (
+        canary is None
+        and model.spec.rollout.strategy == "canary"
+        and not c.fleet.worker_state.earlier_state_read
+    ):
+        canary = unread_json()
     # A canary model rolls on a change through its canary (none begun yet is one about to begin) unless the
     # canary of this revision failed: then its stale replicas are the stable ones it is held on.
     auto = auto or (model.spec.rollout.strategy == "canary" and not c.fleet.canaries.held(name, d))

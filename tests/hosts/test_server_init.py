@@ -177,3 +177,12 @@ def test_server_add_makes_a_standby_that_takes_over(installed: Installed) -> Non
     assert _leads(second.host.address, ca) is False  # a standby, verified against the cluster's CA
     first.host.run(["kill", pid_of(first, "controller")])
     wait_until(lambda: _leads(second.host.address, ca), 60, "the standby to take the lease over")
+    # The standby reaches the store across the network over TLS alone (its pg_hba line is `hostssl`).
+    query = (
+        "SELECT count(*), bool_and(s.ssl) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) "
+        f"WHERE a.client_addr = '{second.host.address}'"
+    )
+    as_postgres = ["chroot", str(first.tree), "runuser", "-u", "postgres", "--"]
+    answer = first.host.run([*as_postgres, "psql", "-d", "llmgw", "-Atc", query])
+    connections, all_tls = answer.strip().split("|")
+    assert int(connections) >= 1 and all_tls == "t", (connections, all_tls)

@@ -24,13 +24,19 @@ from llmgw.cli.main import app
 def test_the_dsn_keeps_role_password_port_and_database_at_the_first_machines_address() -> None:
     dsn = "postgresql://llmgw:s3cret-Pw_x@127.0.0.1:5433/llmgw"
     assert store_access.is_local(dsn)
-    assert store_access.dsn_for(dsn, "10.0.0.5") == "postgresql://llmgw:s3cret-Pw_x@10.0.0.5:5433/llmgw"
+    assert (
+        store_access.dsn_for(dsn, "10.0.0.5")
+        == "postgresql://llmgw:s3cret-Pw_x@10.0.0.5:5433/llmgw?sslmode=require"
+    )
+    # Over the network the password goes over TLS only; a DSN that already says how keeps its word.
+    verified = "postgresql://llmgw:pw@127.0.0.1/llmgw?sslmode=verify-full&sslrootcert=%2Fetc%2Fca.crt"
+    assert store_access.dsn_for(verified, "10.0.0.5") == verified.replace("127.0.0.1", "10.0.0.5:5432")
     assert not store_access.is_local("postgresql://llmgw:pw@db.example:5432/llmgw")
 
 
 def test_postgresql_lets_in_one_address_one_role_by_password() -> None:
-    assert store_access.hba_line("10.0.0.6") == "host llmgw llmgw 10.0.0.6/32 scram-sha-256"
-    assert store_access.hba_line("2001:db8::6") == "host llmgw llmgw 2001:db8::6/128 scram-sha-256"
+    assert store_access.hba_line("10.0.0.6") == "hostssl llmgw llmgw 10.0.0.6/32 scram-sha-256"
+    assert store_access.hba_line("2001:db8::6") == "hostssl llmgw llmgw 2001:db8::6/128 scram-sha-256"
     with pytest.raises(ValueError):
         store_access.hba_line("standby.example")  # pg_hba takes addresses: the step asks for --advertise
     conf = store_access.listen_conf(["localhost", "10.0.0.5"]).decode()
@@ -109,3 +115,45 @@ def test_the_command_explains_itself_and_refuses_a_bad_name() -> None:
         assert flag in shown.output, flag
     refused = runner.invoke(app, ["server", "add", "10.0.0.6", "--name", "Edge 2"])
     assert refused.exit_code != 0 and "--name 'Edge 2'" in refused.output, refused.output
+
+
+def test_the_hba_line_is_added_once_and_replaces_the_plain_one_an_earlier_add_wrote() -> None:
+    debian = "local all postgres peer\nhost all all 127.0.0.1/32 scram-sha-256\n"
+    added = store_access.hba_admitting(debian, "10.0.0.6")
+    assert added == debian + "hostssl llmgw llmgw 10.0.0.6/32 scram-sha-256\n"
+    assert store_access.hba_admitting(added, "10.0.0.6") == added  # again: nothing to change
+    earlier = (
+        debian + "host llmgw llmgw 10.0.0.6/32 scram-sha-256\nhost llmgw llmgw 10.0.0.7/32 scram-sha-256\n"
+    )
+    upgraded = store_access.hba_admitting(earlier, "10.0.0.6")
+    assert upgraded.splitlines() == [
+        *debian.splitlines(),
+        "host llmgw llmgw 10.0.0.7/32 scram-sha-256",  # another machine's: its own `server add` upgrades it
+        "hostssl llmgw llmgw 10.0.0.6/32 scram-sha-256",
+    ]
+
+
+class _Conftool:
+    """A machine whose `pg_conftool ... show ssl` answers `answer` with exit status `code`."""
+
+    def __init__(self, code: int, answer: str) -> None:
+        self.code, self.answer = code, answer
+        self.asked: list[str] = []
+
+    async def status(self, command: str) -> tuple[int, str]:
+        self.asked.append(command)
+        return self.code, self.answer
+
+
+def test_a_cluster_without_tls_is_refused_before_a_line_is_written() -> None:
+    """`hostssl` admits nobody where PostgreSQL serves no TLS: the step says what to set instead."""
+    pg = store_access.PgCluster("15", "main", "5432")
+    on = _Conftool(0, "on\n")
+    asyncio.run(store_access.require_ssl(on, pg))  # type: ignore[arg-type]
+    assert on.asked == ["pg_conftool --boolean --short 15 main show ssl"]
+    for machine in (_Conftool(0, "off\n"), _Conftool(1, "")):
+        with pytest.raises(StepFailed) as refused:
+            asyncio.run(store_access.require_ssl(machine, pg))  # type: ignore[arg-type]
+        assert "set `ssl = on` with a certificate in /etc/postgresql/15/main/postgresql.conf" in str(
+            refused.value
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from llmgw.core.errors import LlmgwError, TransientError
 
-__all__ = ["LeaseFenced", "StoreError", "StoreUnavailable"]
+__all__ = ["LeaseFenced", "StoreError", "StoreUnavailable", "unreachable_words"]
 
 
 class StoreError(LlmgwError):
@@ -19,3 +19,11 @@ class StoreUnavailable(StoreError, TransientError):
 class LeaseFenced(StoreError):
     """A write only a lease's holder may make came with a holder or epoch the lease no longer has: the writer
     was deposed (its claim ran out and another took the lease) and must stop acting."""
+
+
+def unreachable_words(exc: BaseException, timeout_s: float) -> str:
+    """Why a store call failed, for a log line: the error's own words, or, for the call's deadline (a
+    TimeoutError says nothing), that the store did not answer in time."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return f"no answer within {timeout_s:g} s"
+    return str(exc) or type(exc).__name__

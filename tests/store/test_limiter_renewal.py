@@ -6,6 +6,9 @@ meanwhile."""
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from llmgw.core.tenancy.limits import Estimate, LevelLimits, LimitRefused, Tenant
 from llmgw.store import ShareGrant
@@ -139,3 +142,18 @@ async def test_a_window_ending_while_a_request_waits_for_a_slot_is_not_a_used_up
     for task in (waiting, later):
         got = await task
         assert isinstance(got, PoolAdmission), got  # 1000 a minute, 3 asked for: never a 429
+
+
+async def test_a_store_that_does_not_answer_is_logged_as_such_not_as_an_empty_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Seen in benchmarks/router_overhead.py at c=64: "limit store unreachable: ... per limit ()". The call's
+    # deadline raised a TimeoutError, whose words are empty.
+    store = SlotGatedStore()
+    store.gate.clear()  # the store never answers
+    slots = PooledSlots(store, "router-1", clock=lambda: T0, store_timeout=0.05)
+    with caplog.at_level(logging.WARNING, logger="llmgw.store.limits.slots"):
+        await slots.ensure("project:a:concurrency", 4)
+    assert slots.free("project:a:concurrency", 4)  # the grace share, while the store is away
+    [said] = [r.getMessage() for r in caplog.records]
+    assert said.endswith("per limit (no answer within 0.05 s)"), said

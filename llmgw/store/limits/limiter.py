@@ -43,7 +43,7 @@ from llmgw.core.tenancy.limits import (
     window_bounds,
     windowed_limits,
 )
-from llmgw.store.errors import StoreUnavailable
+from llmgw.store.errors import StoreUnavailable, unreachable_words
 from llmgw.store.limits.grace_ledger import GraceLedger
 from llmgw.store.limits.slots import LocalSlots, Slots
 from llmgw.store.records import ShareGrant
@@ -376,7 +376,10 @@ class PoolLimiter:
                     )
             except (StoreUnavailable, TimeoutError) as exc:
                 self._store_down_until = now + self._retry_interval
-                log.warning("limit store unreachable, serving on held shares: %s", exc)
+                log.warning(
+                    "limit store unreachable, serving on held shares: %s",
+                    unreachable_words(exc, self._timeout),
+                )
             else:
                 share.balance += grant.granted
                 share.taken = grant.taken

@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from llmgw.store.errors import StoreUnavailable
+from llmgw.store.errors import StoreUnavailable, unreachable_words
 
 log = logging.getLogger(__name__)
 
@@ -265,7 +265,7 @@ class PooledSlots:
             log.warning(
                 "limit store unreachable: concurrency is served on held slots and one grace share "
                 "per limit (%s)",
-                exc,
+                unreachable_words(exc, self._timeout),
             )
 
     def _answered(self) -> None:

@@ -64,7 +64,7 @@ def hba_line(address: str, kind: str = "hostssl") -> str:
 def hba_admitting(hba: str, address: str) -> str:
     """pg_hba.conf's text letting `address` in over TLS: the `hostssl` line appended where missing, and the
     plain `host` line an earlier `server add` wrote for the same address dropped (pg_hba takes the first line
-    that matches, so it would go on letting the password through in the clear)."""
+    that matches, so it would go on letting the llmgw role in without TLS)."""
     plain, line = hba_line(address, "host"), hba_line(address)
     kept = [existing for existing in hba.splitlines() if existing != plain]
     if line not in kept:
@@ -95,8 +95,9 @@ async def require_ssl(m: Machine, pg: PgCluster) -> None:
     if code != 0 or out.strip() != "on":
         raise StepFailed(
             f"PostgreSQL {pg.version}/{pg.name} serves no TLS (ssl: {out.strip() or 'not set'}), and the other "
-            f"machine would send the store's password and data in the clear: set `ssl = on` with a certificate "
-            f"in {pg.etc}/postgresql.conf (Debian's default, with the ssl-cert package) and run again"
+            "machine's store traffic (key hashes, usage rows) would cross the network in the clear: set "
+            f"`ssl = on` with a certificate in {pg.etc}/postgresql.conf (Debian's default, with the ssl-cert "
+            "package) and run again"
         )
 
 

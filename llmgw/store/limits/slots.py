@@ -4,10 +4,14 @@ router process through the store (`PooledSlots`).
 rpm, tpm and budget are counts over a window; concurrency is a level, and slots come back when requests end.
 A pooled router process ("holder") holds some of a limit's slots in the store: one row per (limit, holder)
 with a count and an expiry (`Store.hold_slots`). It admits a request locally while it has a held slot free,
-asks the store for one more only when all its slots are busy, and gives back the slots that stayed idle
-through a short `linger` (more than the most in flight during it), so another router can use them. Why not one row per request: two store round trips on
-every limited request; with holds, a process whose load is steady costs no round trip per request, and only
-a rising level does (one per extra slot). Why not shares of several slots at once: a slot held idle by one
+asks the store for one more only when all its slots are busy, and gives back the slots no request of its
+own used through its last `idle_passes` return passes (one pass per `linger`: about a second), so another
+router can use them. Why so long: a busy process's count of requests in flight swings by several from one
+linger to the next, and a hold cut to the last linger's busiest moment was asked up again a moment later,
+each ask one store round trip a request waited for (at 2,700 requests a second on the SQLite store, its
+p99 was 170 ms against the 5 ms median). Another process that wants them does not wait that long (below).
+Why not one row per request: two store round trips on every limited request; with holds, a process whose
+load is steady costs no round trip per request, and only a rising level does (one per extra slot). Why not shares of several slots at once: a slot held idle by one
 router is a slot another router must refuse, so a limit of 16 would not reach 16 in flight under a burst.
 
 Slots another process wants are not kept idle (issue 37: a client keeping exactly its limit in flight moves
@@ -45,8 +49,9 @@ import math
 import os
 import secrets
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from llmgw.store.errors import StoreUnavailable, unreachable_words
@@ -118,12 +123,15 @@ def holder_id(router_id: str) -> str:
 class _Hold:
     held: int = 0  # slots the store holds for us (never more than the store's row says)
     inflight: int = 0
-    peak: int = 0  # the most in flight since the last return pass: what is kept held through it
+    peak: int = 0  # the most in flight or waiting since the last return pass
+    # The peaks of the last few passes, newest last: the most of them is what is kept held.
+    recent_peaks: deque[int] = field(default_factory=deque)
     cap: int = 0  # the limit as last seen
     grace: int = 0  # slots admitted on our own authority while the store is away
     grace_used: bool = False
     waiting: int = 0  # requests here waiting for a slot another process may give back
     asked_at: float = -math.inf  # time.monotonic() of the last ask: waiters ask at most once per poll
+    asks: int = 0  # asks made: a return pass's read of the pool's mark during one is not trusted
     wanted_seen: float | None = None  # the pool's wanted_at as last read (Store.slots_wanted_at)
     short_at: float | None = None  # the `now` of our own last ask that came up short
     wanted_until: float = -math.inf  # time.monotonic(): until then idle slots go back without a linger
@@ -144,12 +152,14 @@ class PooledSlots:
         retry_interval: float = 1.0,
         grace_fraction: float = 0.1,
         wanted_for: float = 5.0,
+        idle_passes: int = 10,
     ) -> None:
         self._store = store
         self.holder = holder
         self._clock = clock
         self._ttl = ttl
         self._linger = linger
+        self._idle_passes = idle_passes  # a slot idle through this many return passes goes back
         self._poll = linger / 10  # how often a waiter asks the store again (one ask per limit at a time)
         self._wanted_for = wanted_for  # how long a limit another process came up short on stays wanted
         self._timeout = store_timeout
@@ -205,8 +215,14 @@ class PooledSlots:
         if now >= self._down_until:
             try:
                 async with self._lock:
+                    if self.available(key, cap) >= 1:
+                        # An ask that held the lock meanwhile made room. Asking anyway would set the hold to
+                        # what is in flight now, fewer than it was when this one found no room: a cut that a
+                        # busy process then asked back one slot at a time, a store trip each.
+                        return
                     want = min(cap, h.inflight + max(1, h.waiting))
                     h.asked_at = time.monotonic()
+                    h.asks += 1
                     h.held = await self._set(key, want, cap, now)
                     if h.held < want:
                         h.short_at = now  # the store marks the pool wanted with it: our own demand
@@ -248,6 +264,7 @@ class PooledSlots:
         holds = [self._hold(key) for key in keys]
         for h in holds:
             h.waiting += 1
+            h.peak = max(h.peak, h.inflight + h.waiting)  # a request waiting for a slot is demand too
         try:
             yield
         finally:
@@ -324,21 +341,32 @@ class PooledSlots:
                 self._wake.set()
 
     async def _return_one(self, key: str) -> bool:
-        """Give back what stayed idle through the last linger; True when idle slots were kept for now."""
+        """Give back what stayed idle through the last passes; True when idle slots were kept for now."""
         h = self._holds[key]
+        if h.grace:
+            return False  # an outage's grace: settled by _end_grace
+        # The store is read outside the lock: a request's ask for a slot does not wait behind this read (on
+        # a busy SQLite store, behind a usage batch too: tens of milliseconds).
+        asks_before = h.asks
+        try:
+            wanted_at = await self._read_wanted(key, h)
+        except BaseException:
+            self._idle.add(key)
+            raise
         async with self._lock:
             if h.grace:
-                return False  # an outage's grace: settled by _end_grace
-            try:
-                wanted = h.held > h.inflight and await self._wanted(key, h)
-            except BaseException:
-                self._idle.add(key)
-                raise
-            # Keep what was in use at the busiest moment of the last linger: a load that goes up and down
-            # by a few requests does not give slots back and ask for them again each time. Unless another
-            # process wants them: then every slot goes back now that no request here is in or waiting for.
+                return False
+            wanted = self._wanted(h, wanted_at, read_alone=h.asks == asks_before)
+            # Keep what was in use at the busiest moment of the last few passes: a load that goes up and
+            # down by a few requests does not give slots back and ask for them again each time. Unless
+            # another process wants them: then every slot goes back now that no request here is in or
+            # waiting for.
             busy = h.inflight + h.waiting
-            target, h.peak = (busy if wanted else max(busy, h.peak)), h.inflight
+            h.recent_peaks.append(h.peak)
+            if len(h.recent_peaks) > self._idle_passes:
+                h.recent_peaks.popleft()
+            h.peak = busy
+            target = busy if wanted else max(busy, *h.recent_peaks)
             if h.held <= target:
                 return h.held > h.inflight
             h.held = target  # lowered before asking, so no request is admitted on a slot being returned
@@ -350,13 +378,21 @@ class PooledSlots:
         self._answered()
         return h.held > h.inflight
 
-    async def _wanted(self, key: str, h: _Hold) -> bool:
-        """Whether another process came up short on this limit lately: read from the store unless known."""
-        if h.wanted_until > time.monotonic():
-            return True
+    async def _read_wanted(self, key: str, h: _Hold) -> float | None:
+        """The pool's `wanted_at` from the store; None without asking when it would change nothing: no slot
+        is idle here, or the limit is known to be wanted."""
+        if h.held <= h.inflight or h.wanted_until > time.monotonic():
+            return None
         async with asyncio.timeout(self._timeout):
-            wanted_at = await self._store.slots_wanted_at(key)
-        if wanted_at is None or wanted_at in (h.wanted_seen, h.short_at):
+            return await self._store.slots_wanted_at(key)
+
+    def _wanted(self, h: _Hold, wanted_at: float | None, read_alone: bool) -> bool:
+        """Whether another process came up short on this limit lately. A mark read while an ask of ours was
+        made may be that ask's own (its `short_at` not yet recorded when the read began): not trusted; the next
+        pass reads again."""
+        if h.wanted_until > time.monotonic():
+            return h.held > h.inflight
+        if wanted_at is None or not read_alone or wanted_at in (h.wanted_seen, h.short_at):
             return False
         h.wanted_seen = wanted_at
         h.wanted_until = time.monotonic() + self._wanted_for

@@ -45,6 +45,54 @@ async def test_auth_caches_answers_for_the_ttl() -> None:
     assert KEY not in revoked.value.message  # never echo a whole key
 
 
+
+class GatedKeys(FakeKeys):
+    """A key store whose lookups wait until the test opens the gate: what is asked while one is under way."""
+
+    def __init__(self, answer: KeyLookup | None) -> None:
+        super().__init__(answer)
+        self.gate = asyncio.Event()
+
+    async def lookup_key(self, key_hash: str) -> KeyLookup | None:
+        self.calls += 1
+        await self.gate.wait()
+        return self.answer
+
+
+async def test_auth_asks_the_store_once_for_a_burst_on_a_key_it_has_no_answer_for() -> None:
+    store = GatedKeys(KeyLookup("id1", "p1", "active", None))
+    auth = Authenticator(store, clock=lambda: 0.0, ttl=10)
+    burst = [asyncio.create_task(auth.authenticate(f"Bearer {KEY}")) for _ in range(12)]
+    await wait_for(lambda: store.calls > 0 or None, 5, "the first lookup")
+    await asyncio.sleep(0)  # every request of the burst has reached the cache by now
+    store.gate.set()
+    assert [p.project for p in await asyncio.gather(*burst)] == ["p1"] * 12
+    assert store.calls == 1
+
+
+async def test_auth_looks_a_key_in_use_up_again_before_its_answer_expires_without_making_it_wait() -> None:
+    now = [0.0]
+    store = GatedKeys(KeyLookup("id1", "p1", "active", None))
+    store.gate.set()
+    auth = Authenticator(store, clock=lambda: now[0], ttl=10)
+    assert (await auth.authenticate(f"Bearer {KEY}")).project == "p1"
+    now[0] = 7.0  # not yet in the last fifth of the TTL: no lookup
+    assert (await auth.authenticate(f"Bearer {KEY}")).project == "p1"
+    assert store.calls == 1
+    store.gate.clear()
+    store.answer = KeyLookup("id1", "p1", "revoked", None)
+    now[0] = 8.5  # in the last fifth: served from the cache at once while the store is asked again
+    assert (await auth.authenticate(f"Bearer {KEY}")).project == "p1"
+    assert (await auth.authenticate(f"Bearer {KEY}")).project == "p1"
+    await wait_for(lambda: store.calls == 2 or None, 5, "the lookup ahead of expiry")
+    store.gate.set()
+    await wait_for(lambda: not auth._lookups or None, 5, "the lookup ahead of expiry to end")
+    assert store.calls == 2
+    with pytest.raises(ApiError) as revoked:  # the new answer, asked at 8.5, holds from then
+        await auth.authenticate(f"Bearer {KEY}")
+    assert revoked.value.code == "key_revoked"
+
+
 @pytest.mark.parametrize(
     ("header", "answer", "code"),
     [

@@ -45,7 +45,6 @@ async def test_auth_caches_answers_for_the_ttl() -> None:
     assert KEY not in revoked.value.message  # never echo a whole key
 
 
-
 class GatedKeys(FakeKeys):
     """A key store whose lookups wait until the test opens the gate: what is asked while one is under way."""
 

@@ -227,6 +227,8 @@ class Fence:
     name: str
     holder: str
     epoch: int
+    # How long the lease's claim lasts unrenewed (it bounds a silent client's lock); None: the default's bound.
+    ttl_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -102,9 +102,17 @@ _KEY_COLUMNS = "id, prefix, project, name, created_at, expires_at, revoked_at, l
 # A leader cut from PostgreSQL between its lease statement and the COMMIT otherwise held the row locked until
 # the server's TCP gave up, hours, and the standby's takeover waited on it (the likely cause of a CI run's
 # partition test in which the standby never led).
-# Under the default lease TTL (15 s), so the lock is free before the claim has run out; and far above a
-# healthy controller's pause between two statements of one transaction (milliseconds).
+# Far above a healthy controller's pause between two statements of one transaction (milliseconds), and under
+# the lease's TTL (`lease_lock_silence_s`), so the lock is free before the claim has run out.
 LEASE_LOCK_SILENCE_S = 10.0
+
+
+def lease_lock_silence_s(ttl: float | None) -> float:
+    """How long a lease transaction's client may be silent before the server ends it: 10 s, or two thirds of
+    a shorter TTL. A fixed 10 s under an operator's `lease_ttl` of 6 s kept a cut leader's lock 4 s past its
+    claim, and the standby's takeover waited on it."""
+    return LEASE_LOCK_SILENCE_S if ttl is None else min(LEASE_LOCK_SILENCE_S, ttl * 2 / 3)
+
 
 # 25 columns x 32 rows stays under SQLite's oldest bound-parameter limit (999); tags: 3 x 256.
 _USAGE_ROWS_PER_INSERT = 32
@@ -526,7 +534,7 @@ class Store(
         free, expired, or already this holder's. Otherwise the current holder is returned, unchanged. The epoch
         is raised by one when the lease changes hands, kept on a renewal (writes are fenced by it)."""
         async with self.db.tx() as tx:
-            await tx.end_if_client_silent(LEASE_LOCK_SILENCE_S)
+            await tx.end_if_client_silent(lease_lock_silence_s(ttl))
             rows = await tx.fetch(
                 "INSERT INTO leases (name, holder, expires_at, epoch) VALUES (?, ?, ?, 1) "
                 "ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, expires_at = excluded.expires_at, "
@@ -543,9 +551,10 @@ class Store(
         )
         return LeaseResult(False, lease)
 
-    async def release_lease(self, name: str, holder: str) -> bool:
+    async def release_lease(self, name: str, holder: str, ttl: float | None = None) -> bool:
+        """Give `name` up if `holder` has it; `ttl`: the lease's, which bounds a silent client's lock."""
         async with self.db.tx() as tx:
-            await tx.end_if_client_silent(LEASE_LOCK_SILENCE_S)
+            await tx.end_if_client_silent(lease_lock_silence_s(ttl))
             return await tx.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder)) > 0
 
     async def get_lease(self, name: str) -> LeaseRow | None:
@@ -560,7 +569,7 @@ async def _check_fence(tx: Tx, fence: Fence | None) -> None:
     the check and the write (SQLite's transactions take the write lock up front)."""
     if fence is None:
         return
-    await tx.end_if_client_silent(LEASE_LOCK_SILENCE_S)
+    await tx.end_if_client_silent(lease_lock_silence_s(fence.ttl_s))
     held = await tx.execute(
         "UPDATE leases SET epoch = epoch WHERE name = ? AND holder = ? AND epoch = ?",
         (fence.name, fence.holder, fence.epoch),

@@ -60,6 +60,7 @@ async def test_the_leader_fences_its_writes_with_the_epoch_it_won_and_stands_by_
         a = LeaderLease(store, "a", cfg, wall=wall, clock=clock)
         b = LeaderLease(store, "b", cfg, wall=wall, clock=clock)
         assert (await a.attempt()).leading and a.fence().epoch == 1
+        assert a.fence().ttl_s == 3.0  # the store bounds a silent client's lock by it
         assert not (await b.attempt()).leading
         wall.t += 3.0  # a's claim ran out in the store (a, partitioned, has not looked yet)
         assert (await b.attempt()).leading and b.fence().epoch == 2

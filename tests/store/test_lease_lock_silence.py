@@ -90,3 +90,35 @@ async def test_a_leader_silent_inside_a_lease_transaction_does_not_block_the_tak
         never.set()
         await leader.close()
         await standby.close()
+
+
+async def test_under_a_short_lease_ttl_the_silent_leaders_lock_ends_before_its_claim(pg_dsn: str) -> None:
+    """An operator's `lease_ttl` of 1.5 s: the silent leader's lock ends after 1 s (two thirds of it), not
+    the default 10 s, so the standby takes the lease as soon as the claim has run out."""
+    assert store_module.lease_lock_silence_s(None) == store_module.LEASE_LOCK_SILENCE_S
+    assert store_module.lease_lock_silence_s(6.0) == 4.0
+    leader, standby = await Store.open(pg_dsn), await Store.open(pg_dsn)
+    silent, never = asyncio.Event(), asyncio.Event()
+    real_tx = leader.db.tx
+
+    @contextlib.asynccontextmanager
+    async def cut_tx() -> AsyncIterator[Tx]:
+        async with real_tx() as tx:
+            yield SilentAfterLeaseStatement(tx, silent, never)
+
+    try:
+        held = (await leader.acquire_lease("leader", "ca", ttl=1.5, now=100.0)).current
+        assert held is not None
+        leader.db.tx = cut_tx  # type: ignore[method-assign]
+        cut = asyncio.create_task(leader.acquire_lease("leader", "ca", ttl=1.5, now=101.0))
+        await asyncio.wait_for(silent.wait(), 10)
+        # The renewed claim runs to 102.5; with the default's 10 s the lock would outlast this wait.
+        taken = await asyncio.wait_for(standby.acquire_lease("leader", "cb", ttl=1.5, now=103.0), 5)
+        assert taken.held and taken.current is not None and taken.current.holder == "cb"
+        never.set()
+        with pytest.raises(StoreUnavailable):
+            await asyncio.wait_for(cut, 10)
+    finally:
+        never.set()
+        await leader.close()
+        await standby.close()

@@ -189,7 +189,7 @@ class LeaderLease:
     def fence(self) -> Fence:
         """What this controller's leader-only writes carry: the store refuses them once the lease changed
         hands (a controller deposed by a partition cannot act when it heals)."""
-        return Fence(self.cfg.name, self.holder, self.state.epoch)
+        return Fence(self.cfg.name, self.holder, self.state.epoch, self.cfg.ttl_s)
 
     def deposed(self, why: str) -> None:
         """The store refused a write as fenced: someone else holds the lease now; stand by at once."""
@@ -269,7 +269,7 @@ class LeaderLease:
             return
         with contextlib.suppress(Exception):
             async with asyncio.timeout(2.0):
-                if await self.store.release_lease(self.cfg.name, self.holder):
+                if await self.store.release_lease(self.cfg.name, self.holder, self.cfg.ttl_s):
                     log.warning(
                         "lease %s: released by %s for the next controller", self.cfg.name, self.holder
                     )

@@ -51,6 +51,21 @@ class SilentAfterLeaseStatement:
         await self._tx.end_if_client_silent(seconds)
 
 
+def cut_after_lease_statement(
+    store: Store, monkeypatch: pytest.MonkeyPatch, silent: asyncio.Event, never: asyncio.Event
+) -> None:
+    """From now on, each of `store`'s transactions goes silent right after its statement on the leases table
+    (`silent` is set then), until `never` is set."""
+    real_tx = store.db.tx
+
+    @contextlib.asynccontextmanager
+    async def cut_tx() -> AsyncIterator[Tx]:
+        async with real_tx() as tx:
+            yield SilentAfterLeaseStatement(tx, silent, never)
+
+    monkeypatch.setattr(store.db, "tx", cut_tx)
+
+
 @pytest.mark.parametrize("cut_during", ["renewal", "fenced write"])
 async def test_a_leader_silent_inside_a_lease_transaction_does_not_block_the_takeover(
     pg_dsn: str, monkeypatch: pytest.MonkeyPatch, cut_during: str
@@ -58,17 +73,10 @@ async def test_a_leader_silent_inside_a_lease_transaction_does_not_block_the_tak
     monkeypatch.setattr(store_module, "LEASE_LOCK_SILENCE_S", 1.0)
     leader, standby = await Store.open(pg_dsn), await Store.open(pg_dsn)
     silent, never = asyncio.Event(), asyncio.Event()
-    real_tx = leader.db.tx
-
-    @contextlib.asynccontextmanager
-    async def cut_tx() -> AsyncIterator[Tx]:
-        async with real_tx() as tx:
-            yield SilentAfterLeaseStatement(tx, silent, never)
-
     try:
         held = (await leader.acquire_lease("leader", "ca", ttl=10.0, now=100.0)).current
         assert held is not None
-        monkeypatch.setattr(leader.db, "tx", cut_tx)
+        cut_after_lease_statement(leader, monkeypatch, silent, never)
         replica = ReplicaRecord("r1", "m", "sim", ("n1",), "starting", "fp", 1.0, 1.0)
         lease_statement: Coroutine[Any, Any, object] = (
             leader.acquire_lease("leader", "ca", ttl=10.0, now=101.0)
@@ -92,24 +100,19 @@ async def test_a_leader_silent_inside_a_lease_transaction_does_not_block_the_tak
         await standby.close()
 
 
-async def test_under_a_short_lease_ttl_the_silent_leaders_lock_ends_before_its_claim(pg_dsn: str) -> None:
+async def test_under_a_short_lease_ttl_the_silent_leaders_lock_ends_before_its_claim(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """An operator's `lease_ttl` of 1.5 s: the silent leader's lock ends after 1 s (two thirds of it), not
     the default 10 s, so the standby takes the lease as soon as the claim has run out."""
     assert store_module.lease_lock_silence_s(None) == store_module.LEASE_LOCK_SILENCE_S
     assert store_module.lease_lock_silence_s(6.0) == 4.0
     leader, standby = await Store.open(pg_dsn), await Store.open(pg_dsn)
     silent, never = asyncio.Event(), asyncio.Event()
-    real_tx = leader.db.tx
-
-    @contextlib.asynccontextmanager
-    async def cut_tx() -> AsyncIterator[Tx]:
-        async with real_tx() as tx:
-            yield SilentAfterLeaseStatement(tx, silent, never)
-
     try:
         held = (await leader.acquire_lease("leader", "ca", ttl=1.5, now=100.0)).current
         assert held is not None
-        leader.db.tx = cut_tx  # type: ignore[method-assign]
+        cut_after_lease_statement(leader, monkeypatch, silent, never)
         cut = asyncio.create_task(leader.acquire_lease("leader", "ca", ttl=1.5, now=101.0))
         await asyncio.wait_for(silent.wait(), 10)
         # The renewed claim runs to 102.5; with the default's 10 s the lock would outlast this wait.

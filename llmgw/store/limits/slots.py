@@ -11,8 +11,9 @@ linger to the next, and a hold cut to the last linger's busiest moment was asked
 each ask one store round trip a request waited for (at 2,700 requests a second on the SQLite store, its
 p99 was 170 ms against the 5 ms median). Another process that wants them does not wait that long (below).
 Why not one row per request: two store round trips on every limited request; with holds, a process whose
-load is steady costs no round trip per request, and only a rising level does (one per extra slot). Why not shares of several slots at once: a slot held idle by one
-router is a slot another router must refuse, so a limit of 16 would not reach 16 in flight under a burst.
+load is steady costs no round trip per request, and only a rising level does (one per extra slot). Why not
+shares of several slots at once: a slot held idle by one router is a slot another router must refuse, so a
+limit of 16 would not reach 16 in flight under a burst.
 
 Slots another process wants are not kept idle (issue 37: a client keeping exactly its limit in flight moves
 its next request to another worker the moment it read the end of the last answer, and must not be refused

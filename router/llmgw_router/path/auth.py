@@ -217,9 +217,9 @@ class Authenticator:
             task.exception()
 
     async def _lookup(self, digest: str) -> KeyLookup | None:
+        assert self._store is not None, "authenticate looks keys up only with a store"
         # The answer holds from the moment it was asked for: a revocation meanwhile is not missed.
         asked = self._clock()
-        assert self._store is not None, "authenticate looks keys up only with a store"
         found = await self._store.lookup_key(digest)
         if self._store_error is not None:
             log.warning("key store reachable again")

@@ -130,3 +130,22 @@ async def test_a_canary_model_reads_unknown_until_the_canary_runs_are_read(loop:
     assert views.model_health(loop.c, "m")["canary"] is None
     assert await loop.c.load_earlier_state()
     assert views.model_health(loop.c, "c")["canary"] is None  # read: the store holds no run for it
+
+
+async def test_a_canary_models_health_is_unknown_while_its_stale_replicas_may_be_held(loop: Loop) -> None:
+    """A canary model whose replicas are stale after a change: until the canary runs are read, whether they
+    are the stable ones a failed canary holds it on (then it is not rolling) or about to roll is not known,
+    so its health is Unknown, not a guessed Progressing. Read, with no run held, it rolls: Progressing."""
+    canary = (
+        "\n  rollout:\n    strategy: canary\n    canary: {weight: 50, duration: 5s, gates: {min_requests: 0}}"
+    )
+    loop.agents.register("n1")
+    loop.apply({"models/c.yaml": model_yaml("c", min_=1, extra=canary)})
+    await loop.settle()
+    assert any(r.model == "c" for r in loop.c.replicas.values())
+    loop.apply({"models/c.yaml": model_yaml("c", min_=1, cores=2, extra=canary)})  # a change: stale now
+    loop.c.worker_state.earlier_state_read = False
+    assert views.model_health(loop.c, "c")["health"] == "Unknown"
+    assert views.model_health(loop.c, "m")["health"] != "Unknown"  # no canary rollout: nothing unread
+    assert await loop.c.load_earlier_state()
+    assert views.model_health(loop.c, "c")["health"] == "Progressing"

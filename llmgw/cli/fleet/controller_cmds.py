@@ -24,7 +24,13 @@ from llmgw.core.words import duration_words, short
 if TYPE_CHECKING:
     from llmgw.controller.parts.settings import ControllerOptions
 
-HEALTH_STYLE = {"Healthy": "green", "Progressing": "yellow", "Degraded": "red", "Missing": "red"}
+HEALTH_STYLE = {
+    "Healthy": "green",
+    "Progressing": "yellow",
+    "Degraded": "red",
+    "Missing": "red",
+    "Unknown": "dim",
+}
 STATE_STYLE = {"Ready": "green", "ready": "green", "Unreachable": "yellow", "Lost": "red", "failed": "red"}
 
 

@@ -235,7 +235,13 @@ def _display(tty: bool) -> tuple[Callable[[Progress | None, str], None], Callabl
         table.add_column("model")
         table.add_column("health")
         table.add_column("ready", justify="right")
-        colours = {"Healthy": "green", "Progressing": "yellow", "Degraded": "red", "Missing": "magenta"}
+        colours = {
+            "Healthy": "green",
+            "Progressing": "yellow",
+            "Degraded": "red",
+            "Missing": "magenta",
+            "Unknown": "dim",
+        }
         for m in p.models if p else ():
             colour = colours.get(m.health, "white")
             table.add_row(m.name, f"[{colour}]{m.health}[/{colour}]", f"{m.ready}/{m.target}")

@@ -334,7 +334,7 @@ def failing(state: ModelState | None) -> bool:
 
 
 def model_health(c: FleetReader, name: str) -> dict[str, Any]:
-    """Argo CD's words: Healthy, Progressing, Degraded, Missing."""
+    """Argo CD's words: Healthy, Progressing, Degraded, Missing, and Unknown (not yet assessed)."""
     d = c.desired
     assert d is not None
     model = d.models[name]
@@ -349,17 +349,22 @@ def model_health(c: FleetReader, name: str) -> dict[str, Any]:
     # Read from the replicas, not only from the last pass: `apply --wait` right after an apply must not see
     # Healthy before the pass that starts the roll has run.
     canary = c.fleet.canaries.json(name)
-    if (
+    # A new leader's first moment: the last leader's canary runs are not read yet, so whether this model's
+    # stale replicas are held on a failed canary or about to roll through one is not known.
+    canary_unread = (
         canary is None
         and model.spec.rollout.strategy == "canary"
         and not c.fleet.worker_state.earlier_state_read
-    ):
+    )
+    if canary_unread:
         canary = unread_json()
     # A canary model rolls on a change through its canary (none begun yet is one about to begin) unless the
     # canary of this revision failed: then its stale replicas are the stable ones it is held on.
     auto = auto or (model.spec.rollout.strategy == "canary" and not c.fleet.canaries.held(name, d))
     rolling = record.rolling or restarting > 0 or (auto and any(stale(c, r) for r in mine))
-    if (not model.spec.profiles or ready >= target) and not rolling:
+    if canary_unread and any(stale(c, r) for r in mine):
+        health = "Unknown"  # Argo CD's word for a health not yet assessed (Progressing would be a guess)
+    elif (not model.spec.profiles or ready >= target) and not rolling:
         health = "Healthy"
     elif record.unplaceable is not None or failing(record.backoff) or "failed" in states:
         # A model whose replicas keep failing stays Degraded while its next attempt starts: "Progressing"

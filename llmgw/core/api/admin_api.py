@@ -117,7 +117,7 @@ class ModelHealth(Answer):
     """A model's health in Argo CD's words, and the counts behind it."""
 
     model: str
-    health: Literal["Healthy", "Progressing", "Degraded", "Missing"]
+    health: Literal["Healthy", "Progressing", "Degraded", "Missing", "Unknown"]
     ready: int = Field(ge=0)
     replicas: int = Field(ge=0, description="Replicas in any state")
     target: int = Field(ge=0, description="Replicas the controller aims for now")

@@ -100,11 +100,14 @@ class BlockLog:
         return {h for event in self.stored.get(replica_id, []) for h in event["block_hashes"]}
 
 
-async def _read(http: aiohttp.ClientSession, fleet: Fleet, replica: dict[str, Any], log: BlockLog) -> None:
+async def _read(
+    http: aiohttp.ClientSession, fleet: Fleet, replica: dict[str, Any], log: BlockLog, opened: asyncio.Event
+) -> None:
     rid = replica["id"]
     headers = {"Authorization": f"Bearer {fleet.engine_key(rid)}"}
     async with http.get(replica["base_url"] + RELAY_PATH, headers=headers) as r:
         assert r.status == 200, f"relay of {rid}: {r.status} {await r.text()}"
+        opened.set()  # the relay answers once its subscription to the publisher is made
         while True:
             parts = await read_record(r.content)
             if parts is None:
@@ -115,14 +118,30 @@ async def _read(http: aiohttp.ClientSession, fleet: Fleet, replica: dict[str, An
             log.stored.setdefault(rid, []).extend(stored)
 
 
+async def _opened(tasks: list[asyncio.Task[None]], opened: list[asyncio.Event]) -> None:
+    """Every relay answered; a reader that failed first raises its error here."""
+    answered: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(o.wait() for o in opened)))
+    watched: list[asyncio.Future[Any]] = [answered, *tasks]
+    done, _ = await asyncio.wait(watched, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if answered in done:
+        return
+    answered.cancel()
+    for t in done:
+        t.result()  # a reader that ended raises why
+    raise AssertionError(f"a KV-event relay did not answer within 30 s (or its stream ended): {done}")
+
+
 @contextlib.asynccontextmanager
 async def reading_events(fleet: Fleet) -> AsyncIterator[BlockLog]:
-    """Each replica's KV events as its agent relays them (the engine's ZMQ frames, untouched) for the block."""
+    """Each replica's KV events as its agent relays them (the engine's ZMQ frames, untouched) for the block,
+    entered once every relay has answered. A publisher may still drop what it sends in the moment after a
+    subscription is made (ZMQ's late joiner): a test that needs every event waits until a batch was heard."""
     log = BlockLog()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=None)) as http:
-        tasks = [asyncio.create_task(_read(http, fleet, r, log)) for r in fleet.replicas]
-        await asyncio.sleep(0.5)  # the subscriptions open before anything is sent
+        opened = {r["id"]: asyncio.Event() for r in fleet.replicas}
+        tasks = [asyncio.create_task(_read(http, fleet, r, log, opened[r["id"]])) for r in fleet.replicas]
         try:
+            await _opened(tasks, list(opened.values()))
             yield log
         finally:
             for t in tasks:

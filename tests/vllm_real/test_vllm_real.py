@@ -11,6 +11,7 @@ verdict; the plan's KV arithmetic beside vLLM's; and no vLLM process left once t
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 import urllib.request
@@ -24,6 +25,7 @@ from llmgw.core.weights.manifest import read_manifest
 from llmgw.core.weights.memory_fit import memory_fit
 
 from .engine_io import (
+    BlockLog,
     decision_of,
     engine_get,
     engine_post,
@@ -144,6 +146,7 @@ def test_chat_completions_and_streams_with_usage(vllm_fleet: Fleet) -> None:
 async def test_a_precise_choice_names_a_hash_vllm_published(vllm_fleet: Fleet) -> None:
     system = shared_text(1)
     async with reading_events(vllm_fleet) as events:
+        await wait_for(lambda: _every_stream_heard(vllm_fleet, events), 60, "every replica's events heard")
         _, first = await _routed(vllm_fleet, chat(system, "first question"))
         chosen, _ = decision_of({"x-llmgw-decision": first})
         await wait_for(lambda: events.hashes(chosen), 30, f"a BlockStored event from {chosen}")
@@ -161,6 +164,23 @@ async def test_a_precise_choice_names_a_hash_vllm_published(vllm_fleet: Fleet) -
 
 async def _routed(fleet: Fleet, body: dict[str, Any]) -> tuple[dict[str, Any], str]:
     return await asyncio.to_thread(routed, fleet, body)
+
+
+async def _every_stream_heard(fleet: Fleet, events: BlockLog) -> bool:
+    """Has a batch each replica published reached both this test's reader and the router's index? Each call
+    makes every replica store fresh blocks (a prompt of its own, sent to it directly) and asks the router how
+    it scored a new prompt. Before both have heard, a BlockStored event could be lost to a reader not yet
+    subscribed, and vLLM does not publish a block again while it holds it."""
+    for replica in fleet.replicas:
+        body = chat(shared_text(1000 + next(_WARMUPS)), "warm up")
+        status, text = await asyncio.to_thread(engine_post, fleet, replica, "/v1/chat/completions", body)
+        assert status == 200, text
+    _, decision = await _routed(fleet, chat(shared_text(1000 + next(_WARMUPS)), "how is it scored"))
+    scored = dict(p.split(":", 1) for p in _part(decision, "prefix_by").split(","))
+    return all(scored.get(r["id"]) == "precise" and events.hashes(r["id"]) for r in fleet.replicas)
+
+
+_WARMUPS = itertools.count()
 
 
 async def _precise(fleet: Fleet, system: str, chosen: str) -> str | None:

@@ -53,13 +53,21 @@ class FakeStore:
         return sum(r.cost for r in self.usage.values() if getattr(r, col) == name and since <= r.time < end)
 
     async def hold_slots(
-        self, limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float
+        self,
+        limit_key: str,
+        holder: str,
+        want: int,
+        limit: int,
+        now: float,
+        expires_at: float,
+        spare: int = 0,
     ) -> int:
         await self._enter()
         used = sum(
             n for (k, h), (n, exp) in self.holds.items() if k == limit_key and h != holder and exp > now
         )
-        held = max(0, min(want, limit - used))  # the SQL's CASE expressions
+        # the SQL's CASE expressions
+        held = want + spare if 2 * (used + want + spare) <= limit else max(0, min(want, limit - used))
         self.holds[(limit_key, holder)] = (held, expires_at)
         if held < want:
             self.wanted[limit_key] = now

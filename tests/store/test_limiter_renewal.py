@@ -115,12 +115,19 @@ class SlotGatedStore(FakeStore):
         self.waiting = 0
 
     async def hold_slots(
-        self, limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float
+        self,
+        limit_key: str,
+        holder: str,
+        want: int,
+        limit: int,
+        now: float,
+        expires_at: float,
+        spare: int = 0,
     ) -> int:
         self.waiting += 1
         await self.gate.wait()
         self.waiting -= 1
-        return await super().hold_slots(limit_key, holder, want, limit, now, expires_at)
+        return await super().hold_slots(limit_key, holder, want, limit, now, expires_at, spare)
 
 
 async def test_a_window_ending_while_a_request_waits_for_a_slot_is_not_a_used_up_limit() -> None:
@@ -128,7 +135,7 @@ async def test_a_window_ending_while_a_request_waits_for_a_slot_is_not_a_used_up
     # limits, when a minute ended while a request waited for the store to hold it a concurrency slot.
     now = [T0 + 59.9]
     store = SlotGatedStore()
-    slots = PooledSlots(store, "router-1", clock=lambda: now[0])
+    slots = PooledSlots(store, "router-1", clock=lambda: now[0], spare_fraction=0)  # one slot asked for each
     limiter = PoolLimiter(store, clock=lambda: now[0], slots=slots)
     tenants = (Tenant("project", "a", LevelLimits(rpm=1000, concurrency=10)),)
     assert isinstance(await limiter.admit(tenants, Estimate(1)), PoolAdmission)  # holds 1 slot, 99 requests
@@ -157,3 +164,4 @@ async def test_a_store_that_does_not_answer_is_logged_as_such_not_as_an_empty_re
     assert slots.free("project:a:concurrency", 4)  # the grace share, while the store is away
     [said] = [r.getMessage() for r in caplog.records]
     assert said.endswith("per limit (no answer within 0.05 s)"), said
+

@@ -78,15 +78,27 @@ class PoolQueries:
     # ------------------------------------------------------------------------------------ concurrency slots
 
     async def hold_slots(
-        self, limit_key: str, holder: str, want: int, limit: int, now: float, expires_at: float
+        self,
+        limit_key: str,
+        holder: str,
+        want: int,
+        limit: int,
+        now: float,
+        expires_at: float,
+        spare: int = 0,
     ) -> int:
         """Set `holder`'s hold on a concurrency limit to `want` slots, or to as many as the other live holds
         leave free (never below 0); renews the hold to `expires_at`. Returns the slots now held. A decrease
         always succeeds (unless others already hold more than their due). Serialised per limit by the
         pool row, so racing holders never hold more than `limit` between them. Fewer than `want` held marks
-        the pool as wanted now (`slots_wanted_at`)."""
-        if want < 0 or limit < 0:
-            raise StoreError(f"hold_slots({limit_key!r}): want and limit must be >= 0, got {want}, {limit}")
+        the pool as wanted now (`slots_wanted_at`).
+
+        `spare` more are held too when the pool stays at most half full with them: a holder whose load swings
+        by a few does not ask again on the rise, and another holder still finds half the limit free."""
+        if want < 0 or limit < 0 or spare < 0:
+            raise StoreError(
+                f"hold_slots({limit_key!r}): want, limit and spare must be >= 0, got {want}, {limit}, {spare}"
+            )
         async with self.db.tx() as tx:
             await tx.execute(
                 "INSERT INTO concurrency_pools (limit_key, updated_at) VALUES (?, ?) "
@@ -95,7 +107,8 @@ class PoolQueries:
             )
             rows = await tx.fetch(
                 "INSERT INTO concurrency_holds (limit_key, holder, slots, expires_at) "
-                "SELECT ?, ?, CASE WHEN ? <= ? - o.used THEN ? WHEN ? - o.used > 0 THEN ? - o.used ELSE 0 END, ? "
+                "SELECT ?, ?, CASE WHEN 2 * (o.used + ?) <= ? THEN ? WHEN ? <= ? - o.used THEN ? "
+                "WHEN ? - o.used > 0 THEN ? - o.used ELSE 0 END, ? "
                 "FROM (SELECT CAST(COALESCE(SUM(slots), 0) AS BIGINT) AS used FROM concurrency_holds "
                 "WHERE limit_key = ? AND holder <> ? AND expires_at > ?) o WHERE true "
                 "ON CONFLICT (limit_key, holder) DO UPDATE SET slots = excluded.slots, "
@@ -103,6 +116,9 @@ class PoolQueries:
                 (
                     limit_key,
                     holder,
+                    want + spare,
+                    limit,
+                    want + spare,
                     want,
                     limit,
                     want,

@@ -234,18 +234,19 @@ class PoolLimiter:
     ) -> PoolAdmission | LimitRefused:
         # The common case (every share covers the request, nothing capped is full) needs no store and no
         # await: decided here in one step of the event loop, even while another request renews a share.
-        admitted = self._admit_from_shares(plan, estimate, needs, self._clock())
-        if admitted is not None:
-            return admitted
-        if self._lock.locked():
-            # Someone is renewing, most likely the share this request lacks: wait for that to end, then look
-            # again. Every such waiter wakes in the same loop step (an asyncio.Lock hands over to one waiter
-            # per step: at concurrency 64 behind a 40 ms renewal the last one waited over a second).
-            await self._unlocked.wait()
+        while True:
             admitted = self._admit_from_shares(plan, estimate, needs, self._clock())
             if admitted is not None:
                 return admitted
-        async with self._lock:
+            if not self._lock.locked():
+                break
+            # Someone is renewing, most likely what this request lacks: wait for that to end, then look again.
+            # Every such waiter wakes in the same loop step, and those still short wait for the next renewal
+            # here too, never in the lock's queue: an asyncio.Lock hands over to one waiter per loop step, so
+            # at concurrency 64 the last waited over a second behind a 40 ms renewal (and, behind a slot ask
+            # that let in only the first few, 400 ms with nothing left to renew).
+            await self._unlocked.wait()
+        async with self._lock:  # free (checked above), so taken without yielding
             self._unlocked.clear()
             try:
                 return await self._admit_renewing(plan, estimate, needs)

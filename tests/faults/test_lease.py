@@ -265,3 +265,19 @@ async def test_a_cancelled_lease_loop_stops_even_when_its_renewal_has_just_finis
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         await store.close()
+
+
+async def test_a_store_that_does_not_answer_in_time_is_named_so_not_as_a_bare_timeout(tmp_path: Path) -> None:
+    store = await Store.open(f"sqlite:///{tmp_path / 'l.db'}")
+    lease = LeaderLease(store, "http://a:7070", LeaseConfig(ttl_s=1.0, renew_s=0.05, margin_s=0.2))
+
+    async def silent(*_: object) -> LeaseResult:
+        await asyncio.Event().wait()  # a store cut mid-call: no answer, no error
+        raise AssertionError("unreachable")
+
+    store.acquire_lease = silent  # type: ignore[method-assign]
+    try:
+        await lease.attempt()
+        assert lease.state.error == "no answer within 0.05 s"  # was "TimeoutError"
+    finally:
+        await store.close()

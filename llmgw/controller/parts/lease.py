@@ -27,6 +27,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from llmgw.core.security import bearer_token
+from llmgw.store.errors import unreachable_words
 from llmgw.store.records import Fence, LeaseResult
 from llmgw.store.store import Store
 
@@ -217,7 +218,7 @@ class LeaderLease:
                 )
         except Exception as exc:  # any store failure: keep the claim while it is valid (see `decide`)
             self.failures += 1
-            message = str(exc) or type(exc).__name__
+            message = unreachable_words(exc, self.cfg.renew_s)  # a timeout says so, not 'TimeoutError'
             if self.state.error != message:
                 log.warning(
                     "lease %s: store unreachable (%s); role stays %s", self.cfg.name, message, self.state.role

@@ -361,8 +361,9 @@ def model_health(c: FleetReader, name: str) -> dict[str, Any]:
     # A canary model rolls on a change through its canary (none begun yet is one about to begin) unless the
     # canary of this revision failed: then its stale replicas are the stable ones it is held on.
     auto = auto or (model.spec.rollout.strategy == "canary" and not c.fleet.canaries.held(name, d))
-    rolling = record.rolling or restarting > 0 or (auto and any(stale(c, r) for r in mine))
-    if canary_unread and any(stale(c, r) for r in mine):
+    any_stale = any(stale(c, r) for r in mine)
+    rolling = record.rolling or restarting > 0 or (auto and any_stale)
+    if canary_unread and any_stale:
         health = "Unknown"  # Argo CD's word for a health not yet assessed (Progressing would be a guess)
     elif (not model.spec.profiles or ready >= target) and not rolling:
         health = "Healthy"

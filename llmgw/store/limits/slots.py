@@ -176,9 +176,8 @@ class PooledSlots:
         self._ttl = ttl
         self._linger = linger
         self._idle_passes = idle_passes  # a slot idle through this many return passes goes back
-        self._spare_fraction = (
-            spare_fraction  # held beyond the busiest moment while the pool is far from full
-        )
+        # held beyond the busiest moment while the pool is far from full
+        self._spare_fraction = spare_fraction
         self._poll = linger / 10  # how often a waiter asks the store again (one ask per limit at a time)
         self._wanted_for = wanted_for  # how long a limit another process came up short on stays wanted
         self._timeout = store_timeout

@@ -333,6 +333,19 @@ def failing(state: ModelState | None) -> bool:
     return state is not None and state.failures > 0
 
 
+def health_word(*, unassessed: bool, settled: bool, failing_now: bool, live: int) -> str:
+    """A model's health in Argo CD's words, from what its status found, in this order of precedence."""
+    if unassessed:
+        return "Unknown"  # Argo CD's word for a health not yet assessed (Progressing would be a guess)
+    if settled:
+        return "Healthy"
+    if failing_now:
+        # A model whose replicas keep failing stays Degraded while its next attempt starts: "Progressing"
+        # between two crashes would hide a crash loop from anyone looking at the status between them.
+        return "Degraded"
+    return "Progressing" if live > 0 else "Missing"
+
+
 def model_health(c: FleetReader, name: str) -> dict[str, Any]:
     """Argo CD's words: Healthy, Progressing, Degraded, Missing, and Unknown (not yet assessed)."""
     d = c.desired
@@ -363,18 +376,12 @@ def model_health(c: FleetReader, name: str) -> dict[str, Any]:
     auto = auto or (model.spec.rollout.strategy == "canary" and not c.fleet.canaries.held(name, d))
     any_stale = any(stale(c, r) for r in mine)
     rolling = record.rolling or restarting > 0 or (auto and any_stale)
-    if canary_unread and any_stale:
-        health = "Unknown"  # Argo CD's word for a health not yet assessed (Progressing would be a guess)
-    elif (not model.spec.profiles or ready >= target) and not rolling:
-        health = "Healthy"
-    elif record.unplaceable is not None or failing(record.backoff) or "failed" in states:
-        # A model whose replicas keep failing stays Degraded while its next attempt starts: "Progressing"
-        # between two crashes would hide a crash loop from anyone looking at the status between them.
-        health = "Degraded"
-    elif live > 0:
-        health = "Progressing"
-    else:
-        health = "Missing"
+    health = health_word(
+        unassessed=canary_unread and any_stale,
+        settled=(not model.spec.profiles or ready >= target) and not rolling,
+        failing_now=record.unplaceable is not None or failing(record.backoff) or "failed" in states,
+        live=live,
+    )
     return {
         "model": name,
         "health": health,

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 from llmgw_router.decisions.fields import SALTED_ENGINES, cache_salt
-from llmgw_router.decisions.prefix import KvEvent
+from llmgw_router.decisions.prefix import EventIndex, KvEvent
 from llmgw_router.decisions.scheduler import Candidate
 from llmgw_router.fleet.table import LiveEndpoint
 from llmgw_router.routing.prefix_routing import PrefixRouting
@@ -128,3 +128,40 @@ def _annotate_key(pr: PrefixRouting, eps: list[LiveEndpoint], key: object, now: 
     cands = [Candidate(ep.id) for ep in eps]
     pr.annotate(cands, eps, key, POLICY, "p", now)  # type: ignore[arg-type]
     return cands
+
+
+def test_a_prompt_sent_to_compute_its_blocks_draws_the_same_prefix_before_its_events_come() -> None:
+    """vLLM says a prefill's blocks a step or more after it ran; a second request with the same system prompt
+    meanwhile (an agent's parallel calls) found no replica holding it and went anywhere. The blocks a request
+    was sent to compute count as held there until their events arrive, or until `events_stale_after` without
+    them."""
+    pr, a, b = PrefixRouting(), _ep("a"), _ep("b")
+    for ep in (a, b):
+        pr.events.apply(ep.id, [KvEvent("stored", ())], now=0.0)  # both streams heard, neither holds BODY
+    key = pr.key(BODY, POLICY, "p")
+    assert key is not None
+    assert [c.prefix for c in _annotate(pr, [a, b], now=1.0)] == [0.0, 0.0]
+    pr.placed(a, key, POLICY, "p", now=1.0)  # the first request goes to a: no event yet
+    ca, cb = _annotate(pr, [a, b], now=1.1)
+    # Its first block of 4 (a prompt no engine held is not hashed whole): enough to draw the next request.
+    assert (ca.prefix, ca.prefix_source, cb.prefix) == (0.25, "precise", 0.0)
+    hashes = pr._engine_hashes(a, key, POLICY, "p")
+    pr.events.apply("a", [KvEvent("stored", hashes)], now=1.2)  # the events come: held for good
+    assert [c.prefix for c in _annotate(pr, [a, b], now=9.0)] == [1.0, 0.0]
+    # Sent to b, whose events never say it: held there only until events_stale_after (5 s) has passed.
+    pr.placed(b, key, POLICY, "p", now=10.0)
+    assert _annotate(pr, [a, b], now=14.9)[1].prefix > 0
+    pr.events.apply("b", [KvEvent("stored", ())], now=14.9)  # other events from b keep its stream fresh
+    assert _annotate(pr, [a, b], now=15.1)[1].prefix == 0.0
+
+
+def test_pending_blocks_go_when_the_engine_says_it_removed_them() -> None:
+    index = EventIndex(100, stale_after=10)
+    index.apply("a", [KvEvent("stored", ())], 0.0)
+    index.expect("a", (1, 2), 0.0)
+    assert index.match("a", [1, 2, 3], now=1.0) == 2
+    assert index.match("a", [1, 2, 3]) == 0  # without `now`: what the events said only
+    index.apply("a", [KvEvent("removed", (2,))], 2.0)
+    assert index.match("a", [1, 2, 3], now=3.0) == 1
+    index.apply("a", [KvEvent("cleared")], 4.0)
+    assert index.match("a", [1, 2, 3], now=5.0) == 0

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import pickle
 import zlib
 from collections import OrderedDict
@@ -362,6 +363,9 @@ class _Stream:
     batches: int = 0
     errors: int = 0
     block_size: int | None = None  # the engine's, as its last stored blocks said
+    # Blocks a request was just sent to compute, until its events say them (or `stale_after` passes): hash ->
+    # until when it counts as held.
+    pending: dict[int, float] = field(default_factory=dict)
 
 
 class EventIndex:
@@ -370,7 +374,12 @@ class EventIndex:
     Fresh: a batch has arrived, and no request that should have stored new blocks has gone unanswered by an
     event for longer than `stale_after` seconds. An idle engine publishes nothing and stays fresh; an engine
     whose publisher died (or was never configured) turns stale at the first request it should have answered.
-    `capacity` bounds the blocks kept per endpoint (a lost one only under-counts a match)."""
+    `capacity` bounds the blocks kept per endpoint (a lost one only under-counts a match).
+
+    Blocks a request was routed to compute count as held there until its events arrive (`expect`): the events
+    come a step or more after the prefill, and a second request with the same prefix meanwhile would find no
+    replica holding it and go anywhere (an agent's parallel calls, a retried request), computing the prefix
+    twice. They stop counting after `stale_after` seconds without an event naming them."""
 
     def __init__(self, capacity: int, stale_after: float) -> None:
         self.capacity = capacity
@@ -382,13 +391,16 @@ class EventIndex:
         for ev in events:
             if ev.kind == "cleared":
                 s.blocks.clear()
+                s.pending.clear()
             elif ev.kind == "removed":
                 for h in ev.hashes:
                     s.blocks.pop(h, None)
+                    s.pending.pop(h, None)
             else:
                 for h in ev.hashes:
                     s.blocks[h] = None
                     s.blocks.move_to_end(h)
+                    s.pending.pop(h, None)
                 s.block_size = ev.block_size or s.block_size
         while len(s.blocks) > self.capacity:
             s.blocks.popitem(last=False)
@@ -420,9 +432,30 @@ class EventIndex:
         s = self._streams.get(endpoint)
         return s is not None and s.last_event is not None
 
-    def match(self, endpoint: str, hashes: Sequence[int]) -> int:
+    def expect(self, endpoint: str, hashes: Sequence[int], now: float) -> None:
+        """A request went to `endpoint` to compute these blocks: held there until its events say so."""
         s = self._streams.get(endpoint)
-        return 0 if s is None else leading_matches(hashes, s.blocks)
+        if s is None:
+            return
+        until = now + self.stale_after
+        for h in hashes:
+            s.pending.pop(h, None)  # re-inserted last: the oldest go first when over capacity
+            s.pending[h] = until
+        while len(s.pending) > self.capacity:
+            del s.pending[next(iter(s.pending))]
+
+    def match(self, endpoint: str, hashes: Sequence[int], now: float | None = None) -> int:
+        """How many of the leading `hashes` `endpoint` holds: as its events said, and (given `now`) the blocks
+        a request is computing there now."""
+        s = self._streams.get(endpoint)
+        if s is None:
+            return 0
+        n = leading_matches(hashes, s.blocks)
+        if now is None or not s.pending:
+            return n
+        while n < len(hashes) and s.pending.get(hashes[n], -math.inf) > now:
+            n += 1
+        return n
 
     def block_size(self, endpoint: str) -> int | None:
         """The block size `endpoint`'s engine stores blocks of, as its events say; None before it said."""

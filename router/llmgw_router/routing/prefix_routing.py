@@ -204,11 +204,11 @@ class PrefixRouting:
             eid = ep.id
             if first is not None and self._fresh(eid, now):
                 c.prefix_source = "precise"
-                if not self.events.match(eid, (first,)):
+                if not self.events.match(eid, (first,), now):
                     c.prefix = 0.0  # holds none of it: the whole prompt need not be hashed
                     continue
                 hashes = self._engine_hashes(ep, key, policy, project) or (first,)
-                held = self.events.match(eid, hashes)
+                held = self.events.match(eid, hashes, now)
                 c.prefix = held / len(hashes)
                 c.prefix_hash = hashes[held - 1]
             elif key.approx:
@@ -244,9 +244,13 @@ class PrefixRouting:
                 return
             if not self.events.match(ep.id, (first,)):  # new blocks, and no need to hash them all to know
                 self.events.routed(ep.id, True, now)
+                self.events.expect(ep.id, (first,), now)  # the same prefix follows it before its events come
                 return
             hashes = self._engine_hashes(ep, key, policy, project) or (first,)
-            self.events.routed(ep.id, self.events.match(ep.id, hashes) < len(hashes), now)
+            held = self.events.match(ep.id, hashes)
+            self.events.routed(ep.id, held < len(hashes), now)
+            if held < len(hashes):
+                self.events.expect(ep.id, hashes[held:], now)
 
     def forget(self, keep: Sequence[str]) -> None:
         self.approx.forget(keep)

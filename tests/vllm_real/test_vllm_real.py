@@ -144,7 +144,9 @@ def test_chat_completions_and_streams_with_usage(vllm_fleet: Fleet) -> None:
 
 
 async def test_a_precise_choice_names_a_hash_vllm_published(vllm_fleet: Fleet) -> None:
-    system = shared_text(1)
+    # Two or three blocks: until its events come, the first request's replica holds the first block of it
+    # as pending, a share over `prefix.min_share` (0.2) that draws the next request with it (docs/routing.md).
+    system = shared_text(1, words=250)
     async with reading_events(vllm_fleet) as events:
         await wait_for(lambda: _every_stream_heard(vllm_fleet, events), 60, "every replica's events heard")
         _, first = await _routed(vllm_fleet, chat(system, "first question"))

@@ -19,11 +19,20 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-__all__ = ["WIDE", "JsonOpt", "console", "fail", "print_json", "print_json_line"]
+__all__ = ["HEALTH_STYLE", "WIDE", "JsonOpt", "console", "fail", "print_json", "print_json_line"]
 
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 
 WIDE = 100_000  # columns off a terminal: wider than any table, so none is cut
+
+# A model's health (Argo CD's words, controller/status/fleet.py `health_word`) as every command colours it.
+HEALTH_STYLE = {
+    "Healthy": "green",
+    "Progressing": "yellow",
+    "Degraded": "red",
+    "Missing": "red",
+    "Unknown": "dim",
+}
 
 
 def console(*, stderr: bool = False) -> Console:

@@ -17,6 +17,7 @@ import typer
 from rich.table import Table
 
 from llmgw.cli import output
+from llmgw.cli.output import HEALTH_STYLE
 from llmgw.cli.reach import ControllerOpt, JsonOpt, TokenOpt, controller_client, fail
 from llmgw.core.fleet.health import CLOCK_WARN_S
 from llmgw.core.words import duration_words, short
@@ -24,13 +25,6 @@ from llmgw.core.words import duration_words, short
 if TYPE_CHECKING:
     from llmgw.controller.parts.settings import ControllerOptions
 
-HEALTH_STYLE = {
-    "Healthy": "green",
-    "Progressing": "yellow",
-    "Degraded": "red",
-    "Missing": "red",
-    "Unknown": "dim",
-}
 STATE_STYLE = {"Ready": "green", "ready": "green", "Unreachable": "yellow", "Lost": "red", "failed": "red"}
 
 

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import typer
 
 from llmgw.cli.admin_client import AdminClient, AdminError
+from llmgw.cli.output import HEALTH_STYLE
 from llmgw.core.words import short
 
 EXIT_DONE = 0
@@ -235,15 +236,8 @@ def _display(tty: bool) -> tuple[Callable[[Progress | None, str], None], Callabl
         table.add_column("model")
         table.add_column("health")
         table.add_column("ready", justify="right")
-        colours = {
-            "Healthy": "green",
-            "Progressing": "yellow",
-            "Degraded": "red",
-            "Missing": "magenta",
-            "Unknown": "dim",
-        }
         for m in p.models if p else ():
-            colour = colours.get(m.health, "white")
+            colour = HEALTH_STYLE.get(m.health, "white")
             table.add_row(m.name, f"[{colour}]{m.health}[/{colour}]", f"{m.ready}/{m.target}")
         live.update(table, refresh=True)
 

@@ -144,7 +144,7 @@ kind: Model
 metadata: {name: sim-bench}
 spec:
   context_length: 4096
-  slo: {ttft_p99_ms: 150}
+  slo: {ttft_p99_ms: 300}
   scaling: {min: 1, max: 2}
   profiles:
     - {name: sim, engine: sim, cpu_cores: 1, args: {max_concurrency: 2, decode_ms_per_token: 30}}
@@ -175,7 +175,7 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
 ) -> None:
     admin, running = fleet
     target = await admin.get("/api/v1/bench/sim-bench")
-    assert target["objective_ms"] == 150 and target["engine"] == "sim" and target["api_key"]
+    assert target["objective_ms"] == 300 and target["engine"] == "sim" and target["api_key"]
     assert target["load_s"] is not None and target["load_s"] > 0
     before = await admin.get("/api/v1/capacity")
     assert before["capacity"] == [
@@ -203,7 +203,7 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
         "--prompt-tokens",
         "8",
         "--max-tokens",
-        "8",
+        "16",
         "--controller",
         running.url,
         "--token-file",
@@ -212,7 +212,8 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     result = await asyncio.to_thread(CliRunner().invoke, app, argv)
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
-    # Two sequences run at once; at four, two wait a whole request (8 x 30 ms) for a slot: over 150 ms.
+    # Two sequences run at once; at four, two wait a whole request (16 x 30 ms) for a slot: over 300 ms. The
+    # objective leaves concurrency 2 as much room for a stall on a busy CI machine (one of 150 ms failed it).
     assert out["concurrency"] == 2, out["curve"]
     # The ladder and, after its concurrency 1, the short and the long step: 2 and 16 words, counted by the
     # engine, each named by its role.
@@ -230,7 +231,7 @@ async def test_bench_save_measures_the_replica_and_the_autoscaler_uses_it(
     after = await admin.get("/api/v1/capacity")
     measured = after["capacity"][0]["measured"]
     assert after["capacity"][0]["source"] == "measured" and measured["concurrency"] == 2
-    assert measured["objective_ms"] == 150 and len(measured["curve"]) == 15
+    assert measured["objective_ms"] == 300 and len(measured["curve"]) == 15
     assert measured["curve"][1]["prompt_tokens"] == short["prompt_tokens"]  # stored, for the engine model
     assert capacity_of(running.controller.desired, running.controller.fleet, "sim-bench").per_replica == 2
     assert capacity_of(running.controller.desired, running.controller.fleet, "sim-bench").source == "measured"

@@ -32,9 +32,12 @@ BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 tools: $(UV)
 
+# --isolated: the lock names every version and hash, and a machine's own pip settings must not change what it
+# resolves. One whose pip.conf added local indexes and a constraint file had pip 23.2 resolve pip-audit's
+# `CacheControl[filecache]` to 0.15.0 beside the locked 0.14.4, and refuse it as unpinned.
 $(UV): requirements/tools.txt
 	$(PY) -m venv $(TOOLS)
-	$(TOOLS)/bin/pip install -q --disable-pip-version-check --require-hashes -r requirements/tools.txt
+	$(TOOLS)/bin/pip --isolated install -q --disable-pip-version-check --require-hashes -r requirements/tools.txt
 	touch $@
 
 env: $(STAMP)

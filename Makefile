@@ -32,12 +32,13 @@ BUILD_JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 
 tools: $(UV)
 
-# --isolated: the lock names every version and hash, and a machine's own pip settings must not change what it
-# resolves. One whose pip.conf added local indexes and a constraint file had pip 23.2 resolve pip-audit's
-# `CacheControl[filecache]` to 0.15.0 beside the locked 0.14.4, and refuse it as unpinned.
+# --no-deps: the lock is the whole resolved set, every version and hash named, so pip has nothing to resolve.
+# Left to resolve, pip 23.2 (what a new python3 venv starts with) took pip-audit's
+# `CacheControl[filecache]>=0.13.0` to the newest release the day 0.15.0 came out, beside the locked 0.14.4,
+# and refused it as unpinned.
 $(UV): requirements/tools.txt
 	$(PY) -m venv $(TOOLS)
-	$(TOOLS)/bin/pip --isolated install -q --disable-pip-version-check --require-hashes -r requirements/tools.txt
+	$(TOOLS)/bin/pip install -q --disable-pip-version-check --no-deps --require-hashes -r requirements/tools.txt
 	touch $@
 
 env: $(STAMP)

@@ -25,7 +25,7 @@ Per run, for each fleet in turn:
 
 The load: `--load 0.8` runs every fleet at 80 % of its modelled capacity. `--load auto` (the default) runs it
 where the plan's own cliff rule (`llmgw.core.capacity.replay_spread.reliable_load`) says a prediction holds
-to ±35 % given the spread this bench measured (at most 80 %, at least 30 %): what the plan advises a reviewer,
+to ±35 % given the spread this bench measured and the model's own stated error (at most 80 %, at least 30 %): what the plan advises a reviewer,
 so what the benchmark holds it to. The chosen load is printed per fleet and run.
 
 A run is covered when, for every fleet, each measured figure is inside the plan's interval and that interval

@@ -5,7 +5,8 @@ Where the measurements the plan reads were taken with `llmgw bench --repeats R` 
 figures' intervals, the undecided verdicts and the warning near capacity are
 `llmgw.core.capacity.replay_spread`'s. A profile measured with fewer passes than another uses its pooled fit
 for the passes it lacks (its share of the spread is then unknown, and said). Without any passes nothing runs
-here: the plan's figures are points, as before.
+here: the plan's figures are points, as before. With them, two replays more: the pooled fits slower and faster by
+the model's own error (MODEL_SPEED_ERROR), which every interval covers too.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ from dataclasses import dataclass
 from llmgw_router.decisions.replay import ModelOutcome, Replay, SimFleet, replay
 
 from llmgw.core.capacity.engine_model import EngineModel
-from llmgw.core.capacity.engine_spread import EngineSpread, fit_engine_spread
+from llmgw.core.capacity.engine_spread import EngineSpread, at_speed, fit_engine_spread
 from llmgw.core.capacity.replay_gate import Figures, percent
 from llmgw.core.capacity.replay_spread import (
+    MODEL_SPEED_ERROR,
     Spread,
     cliff_words,
     figure_spread,
@@ -56,6 +58,19 @@ class PassModels:
         return spread.passes[self.k] if self.k < len(spread.passes) else spread.central
 
 
+class BoundModels(PassModels):
+    """The pooled fits at one bound of the model's own error: every cost times `factor` (1 ± MODEL_SPEED_ERROR,
+    `llmgw.core.capacity.replay_spread`)."""
+
+    def __init__(self, spreads: Mapping[Key, EngineSpread], factor: float) -> None:
+        super().__init__(spreads, -1)
+        self.factor = factor
+
+    def get(self, model: str, profile: str, slots: int | None) -> EngineModel:
+        central = self.spreads[(model, profile, slots)].central
+        return at_speed(central, self.factor, self.factor) if central.measured else central
+
+
 @dataclass(frozen=True)
 class SpreadResult:
     lines: tuple[str, ...]
@@ -73,6 +88,7 @@ class Run:
     pass_loads: Sequence[Mapping[str, tuple[float, float]]]
     replicas: Mapping[str, int]
     ttfts: Mapping[str, list[float]]  # the pooled replay's, per model: its percentiles' sampling
+    bounds: Sequence[Mapping[str, Figures]]  # slower and faster by the model's own error
 
 
 def _engines(fleet: SimFleet) -> dict[str, list[EngineModel]]:
@@ -92,6 +108,7 @@ def _spreads(run: Run) -> dict[str, Spread]:
             load[1] if load else None,
             [p[model][1] if model in p else None for p in run.pass_loads],
             run.ttfts.get(model, ()),
+            [b.get(model) for b in run.bounds],
         )
     return out
 
@@ -174,6 +191,7 @@ def _run(
         [load_of(f) for f in fleets],
         replicas,
         _ttfts(pooled),
+        [replayed(build(BoundModels(spreads, 1 + e))) for e in (MODEL_SPEED_ERROR, -MODEL_SPEED_ERROR)],
     )
 
 

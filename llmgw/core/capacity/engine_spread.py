@@ -34,6 +34,7 @@ __all__ = [
     "PARAMETERS",
     "EngineSpread",
     "at_pass_speed",
+    "at_speed",
     "fit_engine_spread",
     "parameters_of",
     "pass_curves",
@@ -120,13 +121,18 @@ def at_pass_speed(
     decode = _median_ratio(pooled, steps, "itl_mean_ms", _on_ladder) or _median_ratio(
         pooled, steps, "itl_p50_ms", _on_ladder
     )
-    gap = prefill if decode is None else decode
+    return at_speed(central, prefill, prefill if decode is None else decode)
+
+
+def at_speed(model: EngineModel, prefill: float, gap: float) -> EngineModel:
+    """The model with its prefill costs times `prefill` and its gaps between tokens times `gap` (above 1:
+    slower); the shares stay: a speed moves costs, not how they overlap."""
     return replace(
-        central,
-        fixed_ms=central.fixed_ms * prefill,
-        prefill_ms_per_token=central.prefill_ms_per_token * prefill,
-        prefill_ms_per_token_sq=central.prefill_ms_per_token_sq * prefill,
-        itl_ms=tuple((at, ms * gap) for at, ms in central.itl_ms),
+        model,
+        fixed_ms=model.fixed_ms * prefill,
+        prefill_ms_per_token=model.prefill_ms_per_token * prefill,
+        prefill_ms_per_token_sq=model.prefill_ms_per_token_sq * prefill,
+        itl_ms=tuple((at, ms * gap) for at, ms in model.itl_ms),
     )
 
 

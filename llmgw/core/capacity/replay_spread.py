@@ -7,6 +7,14 @@ and because each pass's model keeps the parameters moving together as they did. 
 over the pooled replay's, on the log scale) comes a prediction interval (`spread.prediction_interval`): where
 the figure lands on a day the engine runs like one more pass, at CONFIDENCE.
 
+The passes measure how the engine's speed moves; they cannot measure how far the model itself is from the
+engine serving traffic rather than a bench. That is MODEL_SPEED_ERROR, stated, not measured per plan: twice
+more the replay runs with the pooled models that much slower and faster (`engine_spread.at_speed`), and every
+interval covers those figures too. Its value is what benchmarks/replay_fidelity.py found on vLLM's CPU build
+(docs/gitops.md): the trace served as if 6-10 % slower than the model of its bench, and at 80 % of modelled
+capacity that was a p50 TTFT of 837 ms against 474 predicted; vLLM's own timers put its prefills and decodes
+within 3-6 % of the model's, and the queue in front of them made the rest.
+
 Verdicts read the interval, not the point:
 - a regression past a threshold is one when the whole interval of the planned-over-current ratio (both fleets
   replayed with the same pass's models, so the speed they share cancels) is past it; none when the whole
@@ -15,7 +23,8 @@ Verdicts read the interval, not the point:
 - near modelled capacity (the offered load over what the models complete) a small error in the engine's
   speed moves the queue most (an M/M/1 queue's wait grows by 1/(1-load) per unit of speed lost): where the p99's
   interval is wider than RELIABLE, the plan says the prediction is least reliable there and what load (and how
-  many replicas) would bring the interval within it.
+  many replicas) would bring the interval within it, for the passes' speed spread and MODEL_SPEED_ERROR
+  together (independent, so in quadrature).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ from llmgw.core.capacity.spread import CONFIDENCE, Interval, prediction_interval
 from llmgw.core.traffic.trace import TracedRequest
 
 __all__ = [
+    "MODEL_SPEED_ERROR",
     "RELIABLE",
     "Spread",
     "Verdict",
@@ -47,6 +57,7 @@ __all__ = [
 ]
 
 RELIABLE = 0.35  # ±: the widest interval a reviewer can act on (the fidelity issue's target)
+MODEL_SPEED_ERROR = 0.10  # ±: the engine model's own speed error serving traffic (the module's words)
 
 
 def spread_of(central: float | None, passes: Sequence[float | None]) -> Interval | None:
@@ -118,24 +129,45 @@ def figure_spread(
     load: float | None = None,
     pass_loads: Sequence[float | None] = (),
     ttfts: Sequence[float] = (),
+    bounds: Sequence[Figures | None] = (),
 ) -> Spread:
     """A model's figures with their intervals: over the passes' replays, widened by the trace's own sampling
-    of its percentiles (`quantile_interval` over the pooled replay's TTFTs, `ttfts`) where given."""
+    of its percentiles (`quantile_interval` over the pooled replay's TTFTs, `ttfts`) where given, and by the
+    replays at the model's own error (`bounds`: slower and faster by MODEL_SPEED_ERROR) where given."""
     refused = [sum(central.refused.values())] + [sum(p.refused.values()) for p in passes if p is not None]
     return Spread(
         central.model,
-        widen(
-            spread_of(central.ttft_p50_ms, [p.ttft_p50_ms if p else None for p in passes]),
+        _widened(
+            central.ttft_p50_ms,
+            [p.ttft_p50_ms if p else None for p in passes],
             quantile_interval(ttfts, 0.5),
+            [b.ttft_p50_ms if b else None for b in bounds],
         ),
-        widen(
-            spread_of(central.ttft_p99_ms, [p.ttft_p99_ms if p else None for p in passes]),
+        _widened(
+            central.ttft_p99_ms,
+            [p.ttft_p99_ms if p else None for p in passes],
             quantile_interval(ttfts, 0.99),
+            [b.ttft_p99_ms if b else None for b in bounds],
         ),
         spread_of(load, pass_loads),
         (min(refused), refused[0], max(refused)),
         central.requests,
     )
+
+
+def _widened(
+    central: float | None,
+    passes: Sequence[float | None],
+    sampling: Interval | None,
+    bounds: Sequence[float | None],
+) -> Interval | None:
+    """A figure's interval: the passes', widened by the sampling's and by the bounds' figures."""
+    spread = widen(spread_of(central, passes), sampling)
+    known = [b for b in bounds if b is not None]
+    if spread is None or not known:
+        return spread
+    reach = [*known, spread.mid]
+    return widen(spread, Interval(min(reach), spread.mid, max(reach), 2))
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,12 +219,13 @@ def judge_slo(model: str, p99: Interval, slo_ms: float) -> Verdict:
 
 
 def reliable_load(speed_spread: float, target: float = RELIABLE) -> float | None:
-    """The offered load (share of modelled capacity) up to which a speed error of ±`speed_spread` moves the
-    queued TTFT by at most ±`target` (1/(1-load) amplification); None: not even an idle fleet (the engine's own
-    spread is wider than the target)."""
-    if speed_spread >= target:
+    """The offered load (share of modelled capacity) up to which a speed error of ±`speed_spread` over the
+    passes, with the model's own ±MODEL_SPEED_ERROR, moves the queued TTFT by at most ±`target` (1/(1-load)
+    amplification); None: not even an idle fleet (the engine's own spread is wider than the target)."""
+    error = math.hypot(speed_spread, MODEL_SPEED_ERROR)
+    if error >= target:
         return None
-    return 1.0 - speed_spread / target
+    return 1.0 - error / target
 
 
 def offered_load(
@@ -229,8 +262,9 @@ def cliff_words(spread: Spread, replicas: int, rate_per_s: float) -> str | None:
     limit = reliable_load(speed)
     if limit is None:
         return (
-            f"{head}: the engine's speed itself spreads ±{speed:.0%} over the bench's passes, so no load makes the "
-            "prediction reliable (it is least reliable near capacity): bench again in a quieter hour"
+            f"{head}: the engine's speed itself spreads ±{speed:.0%} over the bench's passes (beside the model's "
+            f"own ±{MODEL_SPEED_ERROR:.0%}), so no load makes the prediction reliable (it is least reliable near "
+            "capacity): bench again in a quieter hour"
         )
     if spread.load.mid <= limit * 1.05:  # at the limit already (within its own rounding): not the load's
         return (
@@ -271,8 +305,9 @@ def spread_section(
     """The lines `plan --simulate` adds: the intervals' meaning, each model's figures with them, the notes."""
     lines = [
         "",
-        f"With their intervals ({CONFIDENCE:.0%}: one replay per bench pass, {passes} passes, and the trace's "
-        "own sampling of its percentiles, around the pooled fit's replay):",
+        f"With their intervals ({CONFIDENCE:.0%}: one replay per bench pass, {passes} passes, the trace's "
+        f"own sampling of its percentiles, and the model's own ±{MODEL_SPEED_ERROR:.0%} in speed, around the "
+        "pooled fit's replay):",
     ]
     for model in sorted(set(current) | set(planned)):
         lines.append(f"model {model}")

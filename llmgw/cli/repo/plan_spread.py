@@ -6,7 +6,7 @@ figures' intervals, the undecided verdicts and the warning near capacity are
 `llmgw.core.capacity.replay_spread`'s. A profile measured with fewer passes than another uses its pooled fit
 for the passes it lacks (its share of the spread is then unknown, and said). Without any passes nothing runs
 here: the plan's figures are points, as before. With them, two replays more: the pooled fits slower and faster by
-the model's own error (MODEL_SPEED_ERROR), which every interval covers too.
+the model's own error (MODEL_SLOWER, MODEL_FASTER), which every interval covers too.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from llmgw.core.capacity.engine_model import EngineModel
 from llmgw.core.capacity.engine_spread import EngineSpread, at_speed, fit_engine_spread
 from llmgw.core.capacity.replay_gate import Figures, percent
 from llmgw.core.capacity.replay_spread import (
-    MODEL_SPEED_ERROR,
+    MODEL_FASTER,
+    MODEL_SLOWER,
     Spread,
     cliff_words,
     figure_spread,
@@ -59,8 +60,8 @@ class PassModels:
 
 
 class BoundModels(PassModels):
-    """The pooled fits at one bound of the model's own error: every cost times `factor` (1 ± MODEL_SPEED_ERROR,
-    `llmgw.core.capacity.replay_spread`)."""
+    """The pooled fits at one bound of the model's own error: every cost times `factor` (1 + MODEL_SLOWER or
+    1 - MODEL_FASTER, `llmgw.core.capacity.replay_spread`)."""
 
     def __init__(self, spreads: Mapping[Key, EngineSpread], factor: float) -> None:
         super().__init__(spreads, -1)
@@ -191,7 +192,7 @@ def _run(
         [load_of(f) for f in fleets],
         replicas,
         _ttfts(pooled),
-        [replayed(build(BoundModels(spreads, 1 + e))) for e in (MODEL_SPEED_ERROR, -MODEL_SPEED_ERROR)],
+        [replayed(build(BoundModels(spreads, 1 + e))) for e in (MODEL_SLOWER, -MODEL_FASTER)],
     )
 
 

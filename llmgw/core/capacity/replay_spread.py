@@ -8,12 +8,14 @@ over the pooled replay's, on the log scale) comes a prediction interval (`spread
 the figure lands on a day the engine runs like one more pass, at CONFIDENCE.
 
 The passes measure how the engine's speed moves; they cannot measure how far the model itself is from the
-engine serving traffic rather than a bench. That is MODEL_SPEED_ERROR, stated, not measured per plan: twice
-more the replay runs with the pooled models that much slower and faster (`engine_spread.at_speed`), and every
-interval covers those figures too. Its value is what benchmarks/replay_fidelity.py found on vLLM's CPU build
-(docs/gitops.md): the trace served as if 6-10 % slower than the model of its bench, and at 80 % of modelled
-capacity that was a p50 TTFT of 837 ms against 474 predicted; vLLM's own timers put its prefills and decodes
-within 3-6 % of the model's, and the queue in front of them made the rest.
+engine serving traffic rather than a bench. That is MODEL_SLOWER and MODEL_FASTER, stated, not measured per
+plan: twice more the replay runs with every cost of the pooled models that much higher and lower
+(`engine_spread.at_speed`), and every interval covers those figures too. Their values are what
+benchmarks/replay_fidelity.py found on vLLM's CPU build (docs/gitops.md): read with vLLM's own timers, the
+engine serving a trace was 6-13 % slower than the model of its bench (its time to first token, its decode, a
+request's whole time in it), in every run; the model replaying the bench's own top step was 3-4 % slower than
+the bench. Slower by a few per cent at 80 % of modelled capacity is a p50 TTFT of 837 ms against 474 predicted:
+the queue in front of the engine multiplies it. The sim engine runs exactly as modelled; the bounds only widen.
 
 Verdicts read the interval, not the point:
 - a regression past a threshold is one when the whole interval of the planned-over-current ratio (both fleets
@@ -23,8 +25,8 @@ Verdicts read the interval, not the point:
 - near modelled capacity (the offered load over what the models complete) a small error in the engine's
   speed moves the queue most (an M/M/1 queue's wait grows by 1/(1-load) per unit of speed lost): where the p99's
   interval is wider than RELIABLE, the plan says the prediction is least reliable there and what load (and how
-  many replicas) would bring the interval within it, for the passes' speed spread and MODEL_SPEED_ERROR
-  together (independent, so in quadrature).
+  many replicas) would bring the interval within it, for the passes' speed spread and MODEL_SLOWER together
+  (independent, so in quadrature).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ from llmgw.core.capacity.spread import CONFIDENCE, Interval, prediction_interval
 from llmgw.core.traffic.trace import TracedRequest
 
 __all__ = [
-    "MODEL_SPEED_ERROR",
+    "MODEL_FASTER",
+    "MODEL_SLOWER",
     "RELIABLE",
     "Spread",
     "Verdict",
@@ -57,7 +60,9 @@ __all__ = [
 ]
 
 RELIABLE = 0.35  # ±: the widest interval a reviewer can act on (the fidelity issue's target)
-MODEL_SPEED_ERROR = 0.10  # ±: the engine model's own speed error serving traffic (the module's words)
+# The engine model's own error serving traffic, as shares of every cost (the module's words).
+MODEL_SLOWER = 0.15
+MODEL_FASTER = 0.05
 
 
 def spread_of(central: float | None, passes: Sequence[float | None]) -> Interval | None:
@@ -133,7 +138,7 @@ def figure_spread(
 ) -> Spread:
     """A model's figures with their intervals: over the passes' replays, widened by the trace's own sampling
     of its percentiles (`quantile_interval` over the pooled replay's TTFTs, `ttfts`) where given, and by the
-    replays at the model's own error (`bounds`: slower and faster by MODEL_SPEED_ERROR) where given."""
+    replays at the model's own error (`bounds`: MODEL_SLOWER and MODEL_FASTER) where given."""
     refused = [sum(central.refused.values())] + [sum(p.refused.values()) for p in passes if p is not None]
     return Spread(
         central.model,
@@ -220,9 +225,10 @@ def judge_slo(model: str, p99: Interval, slo_ms: float) -> Verdict:
 
 def reliable_load(speed_spread: float, target: float = RELIABLE) -> float | None:
     """The offered load (share of modelled capacity) up to which a speed error of ±`speed_spread` over the
-    passes, with the model's own ±MODEL_SPEED_ERROR, moves the queued TTFT by at most ±`target` (1/(1-load)
-    amplification); None: not even an idle fleet (the engine's own spread is wider than the target)."""
-    error = math.hypot(speed_spread, MODEL_SPEED_ERROR)
+    passes, with the model's own error (MODEL_SLOWER, its wider side), moves the queued TTFT by at most
+    ±`target` (1/(1-load) amplification); None: not even an idle fleet (the engine's own spread is wider than
+    the target)."""
+    error = math.hypot(speed_spread, MODEL_SLOWER)
     if error >= target:
         return None
     return 1.0 - error / target
@@ -263,7 +269,7 @@ def cliff_words(spread: Spread, replicas: int, rate_per_s: float) -> str | None:
     if limit is None:
         return (
             f"{head}: the engine's speed itself spreads ±{speed:.0%} over the bench's passes (beside the model's "
-            f"own ±{MODEL_SPEED_ERROR:.0%}), so no load makes the prediction reliable (it is least reliable near "
+            f"own +{MODEL_SLOWER:.0%}), so no load makes the prediction reliable (it is least reliable near "
             "capacity): bench again in a quieter hour"
         )
     if spread.load.mid <= limit * 1.05:  # at the limit already (within its own rounding): not the load's
@@ -306,8 +312,8 @@ def spread_section(
     lines = [
         "",
         f"With their intervals ({CONFIDENCE:.0%}: one replay per bench pass, {passes} passes, the trace's "
-        f"own sampling of its percentiles, and the model's own ±{MODEL_SPEED_ERROR:.0%} in speed, around the "
-        "pooled fit's replay):",
+        f"own sampling of its percentiles, and the model's own error, every cost +{MODEL_SLOWER:.0%} and "
+        f"-{MODEL_FASTER:.0%}, around the pooled fit's replay):",
     ]
     for model in sorted(set(current) | set(planned)):
         lines.append(f"model {model}")

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from llmgw_router.decisions.replay import ModelOutcome, Replay, SimFleet, SimReplica, replay
 
-from llmgw.cli.repo.plan_spread import PassModels, assess, figures_of
+from llmgw.cli.repo.plan_spread import assess, figures_of
 from llmgw.core.capacity.engine_model import EngineModel, fit_engine_model
 from llmgw.core.capacity.replay_gate import Figures, regressions, render_text
 from llmgw.core.config.models import ModelSpec
@@ -222,7 +222,7 @@ def simulate(
     runs = ((current_replicas, now_run, "current"), (planned_replicas, then_run, "planned"))
     serving = _serving(catalog, requests, runs, seconds)
 
-    def build(source: PassModels | None, is_planned: bool) -> SimFleet:
+    def build(source: ModelSource | None, is_planned: bool) -> SimFleet:
         if source is None:
             return planned if is_planned else current
         if is_planned:

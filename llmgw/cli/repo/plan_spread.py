@@ -59,17 +59,19 @@ class PassModels:
         return spread.passes[self.k] if self.k < len(spread.passes) else spread.central
 
 
-class BoundModels(PassModels):
+class BoundModels:
     """The pooled fits at one bound of the model's own error: every cost times `factor` (1 + MODEL_SLOWER or
-    1 - MODEL_FASTER, `llmgw.core.capacity.replay_spread`)."""
+    1 - MODEL_FASTER, `llmgw.core.capacity.replay_spread`); an unmeasured profile's stated defaults as they are."""
 
     def __init__(self, spreads: Mapping[Key, EngineSpread], factor: float) -> None:
-        super().__init__(spreads, -1)
-        self.factor = factor
+        self.spreads, self.factor = spreads, factor
 
     def get(self, model: str, profile: str, slots: int | None) -> EngineModel:
         central = self.spreads[(model, profile, slots)].central
         return at_speed(central, self.factor, self.factor) if central.measured else central
+
+
+Models = PassModels | BoundModels  # what a replay other than the pooled one builds its fleet with
 
 
 @dataclass(frozen=True)
@@ -173,7 +175,7 @@ def _ttfts(replayed: Replay) -> dict[str, list[float]]:
 
 
 def _run(
-    build: Callable[[PassModels | None], SimFleet],
+    build: Callable[[Models | None], SimFleet],
     pooled: Replay,
     spreads: Mapping[Key, EngineSpread],
     passes: int,
@@ -197,7 +199,7 @@ def _run(
 
 
 def assess(
-    build: Callable[[PassModels | None, bool], SimFleet],
+    build: Callable[[Models | None, bool], SimFleet],
     measured: Measurements,
     keys: Iterable[Key],
     requests: Sequence[TracedRequest],

@@ -47,6 +47,7 @@ __all__ = [
     "Spread",
     "Verdict",
     "cliff_words",
+    "figure_interval",
     "figure_spread",
     "judge_ratio",
     "judge_slo",
@@ -142,13 +143,13 @@ def figure_spread(
     refused = [sum(central.refused.values())] + [sum(p.refused.values()) for p in passes if p is not None]
     return Spread(
         central.model,
-        _widened(
+        figure_interval(
             central.ttft_p50_ms,
             [p.ttft_p50_ms if p else None for p in passes],
             quantile_interval(ttfts, 0.5),
             [b.ttft_p50_ms if b else None for b in bounds],
         ),
-        _widened(
+        figure_interval(
             central.ttft_p99_ms,
             [p.ttft_p99_ms if p else None for p in passes],
             quantile_interval(ttfts, 0.99),
@@ -160,13 +161,14 @@ def figure_spread(
     )
 
 
-def _widened(
+def figure_interval(
     central: float | None,
     passes: Sequence[float | None],
     sampling: Interval | None,
-    bounds: Sequence[float | None],
+    bounds: Sequence[float | None] = (),
 ) -> Interval | None:
-    """A figure's interval: the passes', widened by the sampling's and by the bounds' figures."""
+    """A figure's interval: the passes', widened by the sampling's and by the bounds' figures (the replays at
+    the model's own error) where given; None for an unknown figure."""
     spread = widen(spread_of(central, passes), sampling)
     known = [b for b in bounds if b is not None]
     if spread is None or not known:

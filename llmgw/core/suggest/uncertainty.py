@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from llmgw.core.capacity.engine_spread import EngineSpread
-from llmgw.core.capacity.replay_spread import quantile_interval, spread_of, verdict_state, widen
+from llmgw.core.capacity.replay_spread import figure_interval, quantile_interval, verdict_state
 from llmgw.core.capacity.spread import Interval
 from llmgw.core.suggest.served import SloRow
 from llmgw.core.suggest.space import Choice
@@ -44,7 +44,7 @@ def interval_of(
         return None
     if not known:
         return Interval(central, central, central, 1)
-    return widen(spread_of(central, passes), quantile_interval(samples, q))
+    return figure_interval(central, passes, quantile_interval(samples, q))
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ Per run, for each fleet in turn:
    (`llmgw.core.capacity.engine_spread.fit_engine_spread`) — the engine's own arguments are never read;
 3. a synthetic trace (Poisson, prompts spread log-normally around `--prompt-words` like a recorded trace's)
    at the chosen load of the fitted fleet's modelled capacity runs for `--minutes` (longer where that is
-   fewer than MIN_REQUESTS requests, up to MAX_MINUTES) through the router: an open-loop client sends each
+   fewer than `--min-requests` requests, up to MAX_MINUTES) through the router: an open-loop client sends each
    streamed request at its time and measures the TTFT from that time, and records the prompt tokens the
    engine counted, as a router records a trace;
 4. `llmgw plan --simulate --trace T --capacity C --state S --offline` replays the same trace (in this process,
@@ -39,8 +39,8 @@ run, with why, above):
 Every figure is printed with the machine's load average: on a shared machine the real run's speed moves
 with everybody else's work, which is what the intervals must cover.
 
-Run: .venv/bin/python benchmarks/replay_fidelity.py [--runs 3] [--minutes 3] [--only sim,gemma,vllm]
-     [--load auto|0.8] [--repeats 5]
+Run: .venv/bin/python benchmarks/replay_fidelity.py [--runs 3] [--minutes 3] [--min-requests 250]
+     [--only sim,gemma,vllm] [--load auto|0.8] [--repeats 5]
 """
 
 from __future__ import annotations
@@ -410,12 +410,12 @@ async def run_fleet(
     per_replica = spread.central.requests_per_s(mean_tokens, fleet.shape.completion_tokens)
     rate = share * per_replica * len(fleet.urls)
     rng = random.Random(args.seed + run_no * 7 + len(fleet.name))
-    # Long enough for MIN_REQUESTS at the chosen rate (a slow engine at a low load gets a longer trace), up
+    # Long enough for --min-requests at the chosen rate (a slow engine at a low load gets a longer trace), up
     # to MAX_MINUTES: the p99 of 140 requests is their slowest one or two, and one request's luck decided it
     # (gemma at 30 %: 0.41 and 0.36 off in two runs of three).
-    minutes = min(MAX_MINUTES, max(args.minutes, MIN_REQUESTS / max(rate, 1e-9) / 60.0))
+    minutes = min(MAX_MINUTES, max(args.minutes, args.min_requests / max(rate, 1e-9) / 60.0))
     header, requests = steady({fleet.model: rate}, minutes * 60.0, rng, fleet.shape)
-    while len(requests) < MIN_REQUESTS and minutes < MAX_MINUTES:  # a short Poisson draw: a longer trace
+    while len(requests) < args.min_requests and minutes < MAX_MINUTES:  # a short Poisson draw: a longer trace
         minutes = min(MAX_MINUTES, minutes * 1.25)
         header, requests = steady({fleet.model: rate}, minutes * 60.0, rng, fleet.shape)
     requests = spread_prompts(requests, fleet.shape.prompt_tokens, rng)
@@ -571,6 +571,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=3, help="runs in a row, each benching afresh")
     p.add_argument("--minutes", type=float, default=RUN_MINUTES, help="how long each fleet's trace runs")
+    p.add_argument(
+        "--min-requests", type=int, default=MIN_REQUESTS, help="a trace runs longer until it has this many"
+    )
     p.add_argument(
         "--prompt-words", type=int, default=None, help="the prompts' mean (sim 64, gemma 16, vllm 64)"
     )

@@ -33,6 +33,8 @@ def test_tiny_sim_run_prints_measured_predicted_with_intervals_and_a_final_line(
         "1",
         "--minutes",
         "0.15",
+        "--min-requests",
+        "30",
         "--bench-seconds",
         "1.5",
         "--prompt-words",

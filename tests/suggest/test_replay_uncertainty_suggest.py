@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from gitops.test_replay_uncertainty import append_passes
 
 from llmgw.controller.console.suggested import chart as svg_chart
 from llmgw.core.api.suggestions import PostedSuggestion, SuggestedCandidate, SuggestionBody
+from llmgw.core.capacity.replay_spread import MODEL_ERROR_WORDS
 from llmgw.core.capacity.spread import Interval
 from llmgw.core.suggest.evaluate import Estimate, Need
 from llmgw.core.suggest.render import Confirmed, Report, chart
@@ -56,6 +58,18 @@ def test_without_a_measured_spread_the_figure_is_a_point_judged_as_before() -> N
     judged = judge([_row("ttft_p99_ms", 110.0, 100.0)], passes, {}, {"chat": False})[0]
     assert judged.figure == Interval(100.0, 100.0, 100.0, 1) and judged.state == "pass"
     assert "<= 110: met" in judged.words()
+
+
+def test_the_replays_at_the_models_error_widen_a_figure_the_passes_left_a_point() -> None:
+    passes = [[_row("ttft_p99_ms", 0, 100.0)] for _ in range(3)]  # the passes agree exactly
+    slower, faster = [_row("ttft_p99_ms", 0, 118.0)], [_row("ttft_p99_ms", 0, 96.0)]
+    alone = judge([_row("ttft_p99_ms", 110.0, 100.0)], passes, {}, {"chat": True})[0]
+    bounded = judge([_row("ttft_p99_ms", 110.0, 100.0)], passes, {}, {"chat": True}, [slower, faster])[0]
+    assert alone.figure is not None and (alone.figure.low, alone.figure.high) == (100.0, 100.0)
+    assert alone.state == "pass"
+    assert bounded.figure is not None and bounded.figure.mid == 100.0
+    assert bounded.figure.low <= 96.0 and bounded.figure.high >= 118.0
+    assert bounded.state == "undecided"  # 110 lies inside what the model's own error allows
 
 
 def test_availability_ranges_over_the_replays() -> None:
@@ -189,6 +203,21 @@ def test_plan_suggest_shows_every_figure_with_its_interval_and_an_astride_object
     assert "- runner-up 1 meets every objective with its whole interval, at 9.00 USD/h" in out
     assert "| UNDECIDED: chat (batch) ttft_p99_ms" in out
     assert "the taller bar: its interval's upper bound" in out
+
+
+def test_passes_that_agree_exactly_still_carry_the_models_error(files: dict[str, Path]) -> None:
+    capacity = copy.deepcopy(case.CAPACITY)
+    for row in capacity["capacity"]:
+        append_passes(row, (1.0, 1.0, 1.0))
+    files["capacity"].write_text(json.dumps(capacity))
+    code, out, err = case.suggest(files, 8)
+    assert code == 0, (out, err)
+    assert f"percentiles and {MODEL_ERROR_WORDS}, around the pooled fit's replay" in out, out
+    row = next(line for line in out.splitlines() if line.startswith("  suggested (chat: l4 x 7)"))
+    figures = [tuple(map(float, f)) for f in re.findall(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", row)]
+    assert len(figures) == 2, row  # p99 TTFT and p99 TPOT
+    for mid, _, high in figures:  # every cost 15 % higher reaches past the trace's own sampling
+        assert high >= 1.14 * mid, row
 
 
 def test_one_bench_pass_keeps_the_figures_points_and_says_why(files: dict[str, Path]) -> None:

@@ -20,8 +20,7 @@ from llmgw.core.capacity.engine_model import EngineModel
 from llmgw.core.capacity.engine_spread import EngineSpread, at_speed, fit_engine_spread
 from llmgw.core.capacity.replay_gate import Figures, percent
 from llmgw.core.capacity.replay_spread import (
-    MODEL_FASTER,
-    MODEL_SLOWER,
+    MODEL_BOUNDS,
     Spread,
     cliff_words,
     figure_spread,
@@ -60,8 +59,8 @@ class PassModels:
 
 
 class BoundModels:
-    """The pooled fits at one bound of the model's own error: every cost times `factor` (1 + MODEL_SLOWER or
-    1 - MODEL_FASTER, `llmgw.core.capacity.replay_spread`); an unmeasured profile's stated defaults as they are."""
+    """The pooled fits at one bound of the model's own error: every cost times `factor` (one of MODEL_BOUNDS,
+    `llmgw.core.capacity.replay_spread`); an unmeasured profile's stated defaults as they are."""
 
     def __init__(self, spreads: Mapping[Key, EngineSpread], factor: float) -> None:
         self.spreads, self.factor = spreads, factor
@@ -194,7 +193,7 @@ def _run(
         [load_of(f) for f in fleets],
         replicas,
         _ttfts(pooled),
-        [replayed(build(BoundModels(spreads, 1 + e))) for e in (MODEL_SLOWER, -MODEL_FASTER)],
+        [replayed(build(BoundModels(spreads, factor))) for factor in MODEL_BOUNDS],
     )
 
 

@@ -20,8 +20,9 @@ from llmgw_router.decisions.replay import Replay, replay
 
 from llmgw.cli.admin_client import AdminError
 from llmgw.cli.repo import plan_simulate as sim
-from llmgw.cli.repo.plan_spread import PassModels
+from llmgw.cli.repo.plan_spread import BoundModels, PassModels
 from llmgw.core.capacity.engine_spread import EngineSpread, fit_engine_spread
+from llmgw.core.capacity.replay_spread import MODEL_BOUNDS, MODEL_ERROR_WORDS
 from llmgw.core.capacity.spread import CONFIDENCE, Interval
 from llmgw.core.desired.catalog import Catalog
 from llmgw.core.desired.repo import LoadedDocument, LoadResult
@@ -161,20 +162,26 @@ def _mine(spreads: Spreads, candidate: Candidate) -> tuple[Spreads, int]:
     return {k: s for k, s in spreads.items() if (k[0], k[1]) in used}, passes if passes >= 2 else 0
 
 
+def _p99s(model: str, runs: Sequence[Replay]) -> list[float | None]:
+    return [r.models[model].ttft_p99_ms if model in r.models else None for r in runs]
+
+
 def _worst_p99(
     run: Replay,
     passes: Sequence[Replay],
     samples: Mapping[tuple[str, str, str], Sequence[float]],
     known: Mapping[str, bool],
+    bounds: Sequence[Replay],
 ) -> Interval | None:
     """The worst model's p99 TTFT (all its requests) with its interval."""
     p99 = [
         interval_of(
             o.ttft_p99_ms,
-            [p.models[m].ttft_p99_ms if m in p.models else None for p in passes],
+            _p99s(m, passes),
             samples.get((m, "", "ttft_p99_ms"), ()),
             0.99,
             known.get(m, False),
+            _p99s(m, bounds),
         )
         for m, o in sorted(run.models.items())
         if o.requests
@@ -203,8 +210,8 @@ def confirm(
     spreads: Spreads | None = None,
 ) -> Confirmed:
     """Replay `requests` (one hour's) against the candidate's replicas at that hour: with the pooled engine
-    models, and once per bench pass's models where `spreads` has two passes or more (the intervals and
-    verdicts of llmgw.core.suggest.uncertainty)."""
+    models, and where `spreads` has two passes or more once per bench pass's models and once at each bound of
+    the model's own error (the intervals and verdicts of llmgw.core.suggest.uncertainty)."""
     replicas = [
         (f"{o.model}-{o.choice.profile}-{i}", o.model, o.choice.profile)
         for o in candidate.options
@@ -217,9 +224,13 @@ def confirm(
         _replay_rows(catalog, replicas, requests, seconds, PassModels(spreads or {}, k), seed)
         for k in range(passes)
     ]
+    bound_runs = [
+        _replay_rows(catalog, replicas, requests, seconds, BoundModels(spreads or {}, factor), seed)
+        for factor in (MODEL_BOUNDS if passes else ())
+    ]
     samples = _samples(requests, run)
-    judged = judge(rows, [r for _, r in pass_runs], samples, known)
-    worst = _worst_p99(run, [p for p, _ in pass_runs], samples, known)
+    judged = judge(rows, [r for _, r in pass_runs], samples, known, [r for _, r in bound_runs])
+    worst = _worst_p99(run, [p for p, _ in pass_runs], samples, known, [b for b, _ in bound_runs])
     available = [o.served / o.requests for o in run.models.values() if o.requests]
     share = _worst_share(judged)
     tpot = _worst(judged, "tpot_p99_ms")
@@ -255,8 +266,8 @@ def _spread_words(mine: Spreads, passes: int) -> str:
     if passes == 0:
         return f"no spread measured, the figures are points: {'; '.join(gaps)}" if gaps else ""
     head = (
-        f"{CONFIDENCE:.0%}, one replay per bench pass ({passes} passes) and the trace's own sampling of its "
-        "percentiles, around the pooled fit's replay"
+        f"{CONFIDENCE:.0%}, one replay per bench pass ({passes} passes), the trace's own sampling of its "
+        f"percentiles and {MODEL_ERROR_WORDS}, around the pooled fit's replay"
     )
     return head + (f"; no interval for {'; '.join(gaps)}" if gaps else "")
 

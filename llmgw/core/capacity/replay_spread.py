@@ -41,6 +41,8 @@ from llmgw.core.capacity.spread import CONFIDENCE, Interval, prediction_interval
 from llmgw.core.traffic.trace import TracedRequest
 
 __all__ = [
+    "MODEL_BOUNDS",
+    "MODEL_ERROR_WORDS",
     "MODEL_FASTER",
     "MODEL_SLOWER",
     "RELIABLE",
@@ -64,6 +66,8 @@ RELIABLE = 0.35  # ±: the widest interval a reviewer can act on (the fidelity i
 # The engine model's own error serving traffic, as shares of every cost (the module's words).
 MODEL_SLOWER = 0.15
 MODEL_FASTER = 0.05
+MODEL_BOUNDS = (1 + MODEL_SLOWER, 1 - MODEL_FASTER)  # what the two bound replays scale every cost by
+MODEL_ERROR_WORDS = f"the model's own error, every cost +{MODEL_SLOWER:.0%} and -{MODEL_FASTER:.0%}"
 
 
 def spread_of(central: float | None, passes: Sequence[float | None]) -> Interval | None:
@@ -314,8 +318,7 @@ def spread_section(
     lines = [
         "",
         f"With their intervals ({CONFIDENCE:.0%}: one replay per bench pass, {passes} passes, the trace's "
-        f"own sampling of its percentiles, and the model's own error, every cost +{MODEL_SLOWER:.0%} and "
-        f"-{MODEL_FASTER:.0%}, around the pooled fit's replay):",
+        f"own sampling of its percentiles, and {MODEL_ERROR_WORDS}, around the pooled fit's replay):",
     ]
     for model in sorted(set(current) | set(planned)):
         lines.append(f"model {model}")

@@ -36,15 +36,21 @@ def span(value: Interval | None, digits: int = 0) -> str:
 
 
 def interval_of(
-    central: float | None, passes: Sequence[float | None], samples: Sequence[float], q: float, known: bool
+    central: float | None,
+    passes: Sequence[float | None],
+    samples: Sequence[float],
+    q: float,
+    known: bool,
+    bounds: Sequence[float | None] = (),
 ) -> Interval | None:
     """The pooled replay's figure with the passes' prediction interval widened by its sampling (`q`: the
-    percentile the figure is); a point where the spread is not `known`; None for an unknown figure."""
+    percentile the figure is) and by the bound replays' figures; a point where the spread is not `known`;
+    None for an unknown figure."""
     if central is None:
         return None
     if not known:
         return Interval(central, central, central, 1)
-    return figure_interval(central, passes, quantile_interval(samples, q))
+    return figure_interval(central, passes, quantile_interval(samples, q), bounds)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,24 +76,29 @@ def judge(
     passes: Sequence[Sequence[SloRow]],
     samples: Mapping[tuple[str, str, str], Sequence[float]],
     known: Mapping[str, bool],
+    bounds: Sequence[Sequence[SloRow]] = (),
 ) -> list[Judged]:
     """Each objective of the pooled replay's rows with its interval (over the same rows of each pass's
-    replay) and its verdict. Availability is no percentile: its interval is the replays' range."""
-    by_pass = [{(r.model, r.project, r.objective): r.figure for r in rows} for rows in passes]
+    replay and of each bound replay) and its verdict. Availability is no percentile: its interval is the
+    replays' range."""
+    by_pass = [_by_key(rows) for rows in passes]
+    by_bound = [_by_key(rows) for rows in bounds]
     out = []
     for r in central:
         key = (r.model, r.project, r.objective)
         others = [p.get(key) for p in by_pass]
+        at_error = [b.get(key) for b in by_bound]
         mine = known.get(r.model, False)
         if r.objective == "availability":
-            seen = [v for v in [r.figure, *others] if v is not None] if mine else []
+            seen = [v for v in [r.figure, *others, *at_error] if v is not None] if mine else []
             figure = (
                 Interval(min(seen), r.figure, max(seen), len(seen))
                 if r.figure is not None and len(seen) > 1
                 else interval_of(r.figure, (), (), 0.5, False)
             )
         else:
-            figure = interval_of(r.figure, others, samples.get(key, ()), _QUANTILE[r.objective], mine)
+            quantile = _QUANTILE[r.objective]
+            figure = interval_of(r.figure, others, samples.get(key, ()), quantile, mine, at_error)
         state = (
             "fail"
             if figure is None
@@ -95,6 +106,10 @@ def judge(
         )
         out.append(Judged(r.model, r.project, r.objective, r.target, figure, state))
     return out
+
+
+def _by_key(rows: Sequence[SloRow]) -> dict[Key, float | None]:
+    return {(r.model, r.project, r.objective): r.figure for r in rows}
 
 
 def decided_at(choice: Choice, period: int, replicas: int, judged: Judged) -> int | None:

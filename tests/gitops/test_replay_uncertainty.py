@@ -99,6 +99,14 @@ def test_near_capacity_the_plan_says_so_and_shows_the_headroom_that_would_make_i
     ), at_limit
     noisy = cliff_words(_spread(Interval(100.0, 1000.0, 3000.0, 3), Interval(0.3, 0.5, 0.8, 3)), 2, 1.0)
     assert noisy is not None and "bench again in a quieter hour" in noisy
+    # Far from capacity with a wide speed spread (±24 %: reliable up to 1 - hypot(0.24, 0.15)/0.35 = 19 %): not
+    # "near capacity", but the spread, and still the replicas that would bring it within.
+    spread_wide = cliff_words(
+        _spread(Interval(100.0, 500.0, 1000.0, 3), Interval(0.25, 0.33, 0.41, 3)), 1, 1.0
+    )
+    assert spread_wide is not None and "near capacity" not in spread_wide, spread_wide
+    assert "the engine's speed spreads ±24% over the bench's passes" in spread_wide, spread_wide
+    assert "2 replicas instead of 1" in spread_wide, spread_wide
 
 
 def test_the_refusals_range_over_the_replays() -> None:

@@ -277,9 +277,8 @@ def cliff_words(spread: Spread, replicas: int, rate_per_s: float) -> str | None:
     limit = reliable_load(speed)
     if limit is None:
         return (
-            f"{head}: the engine's speed itself spreads ±{speed:.0%} over the bench's passes (beside the model's "
-            f"own +{MODEL_SLOWER:.0%}), so no load makes the prediction reliable (it is least reliable near "
-            "capacity): bench again in a quieter hour"
+            f"{head}: the engine's speed itself {_spreads(speed)}, so no load makes the prediction reliable (it is "
+            "least reliable near capacity): bench again in a quieter hour"
         )
     if spread.load.mid <= limit * 1.05:  # at the limit already (within its own rounding): not the load's
         return (
@@ -291,13 +290,16 @@ def cliff_words(spread: Spread, replicas: int, rate_per_s: float) -> str | None:
         "near capacity the prediction is least reliable (a small error in the engine's speed moves the queue "
         "most)"
         if spread.load.mid >= NEAR_CAPACITY
-        else f"the engine's speed spreads ±{speed:.0%} over the bench's passes (beside the model's own "
-        f"+{MODEL_SLOWER:.0%}), and even this far from capacity the queue multiplies that"
+        else f"the engine's speed {_spreads(speed)}, and even this far from capacity the queue multiplies that"
     )
     return (
         f"{head}: {why}; it holds to ±{RELIABLE:.0%} up to ~{limit:.0%} of capacity: {need} replicas instead "
         f"of {replicas}, or at most {rate_per_s * limit / spread.load.mid:.2f} requests/s"
     )
+
+
+def _spreads(speed: float) -> str:
+    return f"spreads ±{speed:.0%} over the bench's passes (beside the model's own +{MODEL_SLOWER:.0%})"
 
 
 def _ms(value: Interval | None) -> str:

@@ -1,6 +1,7 @@
-"""A caller's timeout cancels the task that awaits a SQLite statement, not the statement: it keeps running in
-the store's one worker thread. These pin that such a cancel never leaves the connection inside a transaction
-(every later BEGIN would fail) and that closing never joins the worker on the event loop thread."""
+"""The store's SQLite connection. A caller's timeout cancels the task that awaits a SQLite statement, not the
+statement: it keeps running in the store's one worker thread. These pin that such a cancel never leaves the
+connection inside a transaction (every later BEGIN would fail), that closing never joins the worker on the event
+loop thread, and that SQLite's temporary files stay in memory."""
 
 from __future__ import annotations
 
@@ -73,3 +74,15 @@ async def test_close_does_not_join_the_sqlite_worker_on_the_event_loop(tmp_path:
         release.set()
         beat.cancel()
         await asyncio.gather(beat, late, return_exceptions=True)
+
+
+async def test_the_store_keeps_sqlite_temporary_files_in_memory(tmp_path: Path) -> None:
+    # A usage batch's multi-row INSERTs each keep a statement journal: on disk, one file created, written
+    # hundreds of times and deleted per batch (llmgw/store/db.py).
+    store = await Store.open(f"sqlite:///{tmp_path / 's.db'}")
+    try:
+        backend = store.db
+        assert isinstance(backend, SqliteBackend) and backend._conn is not None
+        assert backend._conn.execute("PRAGMA temp_store").fetchone() == (2,)  # 2: MEMORY
+    finally:
+        await store.close()

@@ -14,11 +14,10 @@ routers behind a load balancer; the row is in the one store every router writes,
 
 from __future__ import annotations
 
-import random
 from collections import OrderedDict
 from typing import Any
 
-from llmgw.store.records import UsageRecord
+from llmgw.store.records import UsageRecord, time_ordered_id
 from llmgw_router.decisions.scheduler import Decision
 
 __all__ = [
@@ -89,15 +88,12 @@ class RecentRequests:
         return self._count
 
 
-# A random UUID4 in hex, the same text uuid.uuid4().hex gives, without building a UUID object and from the
-# process's PRNG (seeded from the OS at start): a request id must be unique, not unpredictable, and
-# os.urandom costs a system call per request.
-_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))
-_UUID4_SET = (0x4000 << 64) | (0x8000 << 48)
-
-
 def new_request_id() -> str:
-    return f"{random.getrandbits(128) & _UUID4_CLEAR | _UUID4_SET:032x}"
+    """A UUIDv7 in hex (time_ordered_id, as usage ids are): a request id must be unique, not unpredictable,
+    and usage rows are indexed by it (`llmgw request ID`). Random UUID4s landed all over that index, so each
+    batch of rows dirtied a page of it per row (WAL frames written, then copied back at checkpoints); ids that
+    grow with time append at its end."""
+    return time_ordered_id()
 
 
 _REQUEST_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")

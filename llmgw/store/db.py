@@ -189,7 +189,7 @@ class SqliteBackend:
         conn.execute("PRAGMA busy_timeout = 10000")
         # A multi-row INSERT inside a transaction keeps a statement journal (to undo just that statement), and
         # SQLite spills it to a file in /var/tmp: every usage batch created, wrote (about 660 pwrites a batch
-        # of 300 rows, 4 system calls a request under load) and deleted one. In memory it costs a batch's pages.
+        # of 200 rows, 4 system calls a request under load) and deleted one. In memory it costs a batch's pages.
         conn.execute("PRAGMA temp_store = MEMORY")
         return conn
 

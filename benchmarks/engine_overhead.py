@@ -142,22 +142,32 @@ async def one(http: aiohttp.ClientSession, target: Target, stream: bool) -> int:
         return tokens
 
 
+async def burst_tokens(
+    http: aiohttp.ClientSession, target: Target, stream: bool, requests: int, workers: int
+) -> tuple[int, float]:
+    """`requests` requests by `workers` workers at once: the completion tokens they got, and the seconds."""
+    left = list(range(requests))
+
+    async def worker() -> int:
+        # Each worker sums its own: `shared += await one()` would read the shared total before the await and
+        # write it back after, losing what the other workers added meanwhile.
+        mine = 0
+        while left:
+            left.pop()
+            mine += await one(http, target, stream)
+        return mine
+
+    start = time.perf_counter()
+    got = await asyncio.gather(*(worker() for _ in range(workers)))
+    return sum(got), time.perf_counter() - start
+
+
 async def burst(
     http: aiohttp.ClientSession, target: Target, stream: bool, requests: int, workers: int
 ) -> float:
     """`requests` requests by `workers` workers at once: tokens per second."""
-    left = list(range(requests))
-    tokens = 0
-
-    async def worker() -> None:
-        nonlocal tokens
-        while left:
-            left.pop()
-            tokens += await one(http, target, stream)
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(workers)))
-    return tokens / (time.perf_counter() - start)
+    tokens, seconds = await burst_tokens(http, target, stream, requests, workers)
+    return tokens / seconds
 
 
 def median_interval(diffs: list[float]) -> tuple[float, float, float]:

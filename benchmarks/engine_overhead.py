@@ -280,6 +280,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     from fixtures.vllm_models import make_tiny_llama
 
+    if args.pin and (os.cpu_count() or 1) < 2:
+        sys.exit("engine_overhead: --pin needs at least 2 CPUs (the engine's on 0, the router's on 1)")
     tiny = make_tiny_llama(args.vllm_python)
     engine_cpus = ENGINE_CPUS if args.pin else None
     if args.pin:
